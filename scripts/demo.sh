@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# demo.sh - build tqkv and run the bundled model with a TurboQuant tq4 KV cache.
+# Extra arguments go to `tqkv run` (e.g. --kv tq3 --json -n 64).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/deps.sh build
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$(nproc)" --target tqkv-cli >/dev/null
+exec build/tqkv run --model models/qwen3-code-28m --kv tq4 --temp 0 -n 96 \
+  --prompt 'def fibonacci(n):
+    """Return the n-th Fibonacci number."""
+' "$@"

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# test.sh - build and run the whole test suite: Release, then ASan+UBSan, then a short
+# libFuzzer run of the state-restore fuzzer. Exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/deps.sh test
+jobs=$(nproc)
+
+echo "== Release build + ctest"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$jobs"
+(cd build && ctest --output-on-failure -j1)
+
+echo "== ASan+UBSan build + ctest"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTQKV_SANITIZE=ON >/dev/null
+cmake --build build-asan -j"$jobs"
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+   ctest --output-on-failure -j1)
+
+echo "== fuzz: state restore (${TQKV_FUZZ_SECONDS:-60} s)"
+bash fuzz/run.sh "${TQKV_FUZZ_SECONDS:-60}"

@@ -1,0 +1,502 @@
+/*
+ * attn.c - attention over the rows of a batched cache: attn_batch() and the kernel names.
+ * Owns: turning (cache rows, mask, queries) into independent work items, the decode
+ * engine (n_query == 1) and the prefill engine (n_query > 1) drivers, the per-thread
+ * scratch, the combine of KV-split partials, query rotation / output un-rotation.
+ * Must not: mutate the cache, validate public arguments beyond what keeps it memory-safe
+ * (the cache wrappers do that), or let a row's result depend on anything but that row.
+ *
+ * Kernel sets (tq = tq2/tq3/tq4 plane; the q8 window of a tq plane is rotated q8):
+ *   dense     decode every block / tile of K and V to floats in the original domain
+ *             (tq and window tokens: decode in the rotated domain, then codec_unrotate
+ *             each token), then softmax attention on the floats. f32 planes are read in
+ *             place.
+ *   deferred  rotate q once (K codec) when K is tq; decode tq / window tokens in the
+ *             rotated domain only; accumulate V rotated when V is tq and un-rotate each
+ *             output once (V codec). Non-tq planes as dense.
+ *   fused     n_query == 1: like deferred, but no K/V block is ever materialised: the
+ *             primitives decode each token chunk in registers (codebook lookup, scale
+ *             folded per token) and reuse it for every q head of the GQA group.
+ *             n_query > 1: same as deferred (the prefill engine decodes a tile once and
+ *             reuses it for up to ATTN_QV query vectors, which beats in-register decode).
+ *
+ * Engines
+ *   decode  (n_query == 1): items (row, kv head, KV segment of ATTN_SEG tokens on the
+ *           row's own token grid). Each item runs blocks of <= ATTN_BT tokens in order:
+ *           scores for all G heads of the group, online softmax, weighted V sum. Segment
+ *           partials (m, l, acc) are merged in segment order.
+ *   prefill (n_query > 1): items (row, kv head, block of ATTN_QV / G queries). Queries are
+ *           lanes: qt [dim, lanes], st [tile, lanes], ot [dim, lanes]; tiles of <= ATTN_KT
+ *           tokens on the row's token grid. Every lane is an independent chain, and a tile
+ *           a lane cannot see leaves it bit-for-bit unchanged, so a query's output
+ *           depends only on its own range.
+ * Batch invariance: every split point (segments, blocks, tiles, window/ring runs) is a
+ * function of the row's token indices and its config, never of left padding, batch
+ * size or thread count; each item is computed by one thread in a fixed order.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn/attn_internal.h"
+#include "cache/batch.h"
+#include "codec/codec.h"
+#include "util/common.h"
+
+// ---------------------------------------------------------------------------
+// Kernel names
+// ---------------------------------------------------------------------------
+static const char *const KERNEL_NAMES[TQKV_KERNEL_COUNT] = {"dense", "deferred", "fused"};
+
+tqkv_status tqkv_kernel_parse(const char *name, tqkv_kernel *out) {
+    if (!name || !out) return tqkv_fail(TQKV_EINVAL, "tqkv_kernel_parse: NULL argument");
+    for (int k = 0; k < TQKV_KERNEL_COUNT; k++) {
+        if (!strcmp(name, KERNEL_NAMES[k])) {
+            *out = (tqkv_kernel)k;
+            return TQKV_OK;
+        }
+    }
+    return tqkv_fail(TQKV_EINVAL, "unknown kernel set '%s' (expected dense, deferred or fused)",
+                     name);
+}
+
+const char *tqkv_kernel_name(tqkv_kernel k) {
+    if ((int)k < 0 || k >= TQKV_KERNEL_COUNT) return "unknown";
+    return KERNEL_NAMES[k];
+}
+
+// ---------------------------------------------------------------------------
+// Context
+// ---------------------------------------------------------------------------
+typedef struct {
+    const struct tqkv_batch *b;
+    const attn_isa *isa;
+    tqkv_kernel kernel;
+    int rows, kvh, qh, G, d, nq;
+    float scale;
+    int krot;              /* queries live in K's rotated domain */
+    int vrot;              /* outputs accumulate in V's rotated domain */
+    const float *qd;       /* [rows, q_heads, nq, d] queries (rotated when krot) */
+    const int32_t *qlo;    /* [rows, nq] first visible token */
+    const int32_t *qhi;    /* [rows, nq] end of visible tokens (== qlo: none) */
+} attn_ctx;
+
+typedef struct {
+    int r, h;              /* row, kv head */
+    int a, z;              /* decode: token range; prefill: query range */
+} attn_item;
+
+static inline int imin(int a, int b) { return a < b ? a : b; }
+static inline int imax(int a, int b) { return a > b ? a : b; }
+static inline int fmt_is_tq(tqkv_format f) {
+    return f == TQKV_TQ2 || f == TQKV_TQ3 || f == TQKV_TQ4;
+}
+
+/* Run of plane pl (row r, kv head h) that holds token t; returns the run's end. *rot is
+ * 1 when the run's values live in the plane's rotated domain. */
+static int run_at(const attn_ctx *c, const tqkv_plane *pl, int r, int h, int t, attn_src *s,
+                  int *rot) {
+    const struct tqkv_batch *b = c->b;
+    const int wstart = plane_window_start(pl, b, r);
+    s->dim = c->d;
+    s->cent = pl->codec.centroids;
+    if (t < wstart) {
+        s->fmt = pl->codec.format;
+        s->data = plane_data(pl, b, r, h, b->left_pad[r] + t);
+        s->scales = pl->codec.n_scales ? plane_scales(pl, b, r, h, b->left_pad[r] + t) : NULL;
+        s->dstride = pl->codec.payload;
+        s->sstride = (size_t)pl->codec.n_scales;
+        *rot = pl->codec.rotated;
+        return wstart;
+    }
+    s->fmt = TQKV_Q8;
+    s->data = (const uint8_t *)plane_win_data(pl, b, r, h, t);
+    s->scales = plane_win_scales(pl, b, r, h, t);
+    s->dstride = (size_t)c->d;
+    s->sstride = (size_t)(c->d / 32);
+    *rot = 1;
+    return imin(b->offset[r], t - t % b->ring + b->ring);
+}
+
+/* For the dense / deferred sets: decode a run of n tokens into tile [n, d] (original
+ * domain for dense) and point s at it. f32 runs are used in place. */
+static void materialise(const attn_ctx *c, const tqkv_plane *pl, attn_src *s, int rot, int n,
+                        float *tile) {
+    if (s->fmt == TQKV_F32) return;
+    c->isa->decode[s->fmt](s, n, tile);
+    if (c->kernel == TQKV_KERNEL_DENSE && rot)
+        for (int j = 0; j < n; j++) codec_unrotate(&pl->codec, tile + (size_t)j * c->d);
+    s->fmt = TQKV_F32;
+    s->data = (const uint8_t *)tile;
+    s->scales = NULL;
+    s->dstride = (size_t)c->d * sizeof(float);
+    s->sstride = 0;
+}
+
+// ---------------------------------------------------------------------------
+// Decode engine (n_query == 1)
+// ---------------------------------------------------------------------------
+static size_t decode_scratch_floats(int G, int d) {
+    return (size_t)ATTN_BT * d + 2 * (size_t)G * ATTN_BT + 2 * ATTN_BT;
+}
+
+/* part: [G, d] acc, then m [G], l [G]. */
+static void decode_item(const attn_ctx *c, const attn_item *it, float *scratch, float *part) {
+    const struct tqkv_batch *b = c->b;
+    const int G = c->G, d = c->d, r = it->r, h = it->h;
+    const float *q = c->qd + ((size_t)r * c->qh + (size_t)h * G) * d;   // [G, d]
+    float *acc = part;                        // [G, d]
+    float *m = part + (size_t)G * d;          // [G]
+    float *l = m + G;                         // [G]
+    float *tile = scratch;                    // [ATTN_BT, d]
+    float *sc = tile + (size_t)ATTN_BT * d;   // [G, ATTN_BT]
+    float *w = sc + (size_t)G * ATTN_BT;      // [G, ATTN_BT]
+    float *ks = w + (size_t)G * ATTN_BT;      // [ATTN_BT]
+    float *vs = ks + ATTN_BT;                 // [ATTN_BT]
+    memset(acc, 0, sizeof(float) * (size_t)G * d);
+    for (int g = 0; g < G; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+    }
+    const int fused = c->kernel == TQKV_KERNEL_FUSED;
+    for (int t = it->a, e; t < it->z; t = e) {
+        attn_src sk, sv;
+        int rk, rv;
+        e = imin(it->z, (t / ATTN_BT + 1) * ATTN_BT);
+        e = imin(e, run_at(c, &b->k, r, h, t, &sk, &rk));
+        e = imin(e, run_at(c, &b->v, r, h, t, &sv, &rv));
+        const int n = e - t;
+        // scores for the group's heads
+        if (!fused) materialise(c, &b->k, &sk, rk, n, tile);
+        if (fmt_is_tq(sk.fmt))
+            for (int j = 0; j < n; j++)
+                ks[j] = c->scale * tqkv_f16_to_f32(sk.scales[(size_t)j * sk.sstride]);
+        else
+            for (int j = 0; j < n; j++) ks[j] = c->scale;
+        for (int j = n; j < ATTN_BT; j++) ks[j] = 1.0f;
+        c->isa->score[sk.fmt](&sk, n, q, G, sc, ATTN_BT);
+        // online softmax, value weights (tq scale folded per token)
+        if (!fused) materialise(c, &b->v, &sv, rv, n, tile);
+        const float *vsp = NULL;
+        if (fmt_is_tq(sv.fmt)) {
+            for (int j = 0; j < n; j++)
+                vs[j] = tqkv_f16_to_f32(sv.scales[(size_t)j * sv.sstride]);
+            for (int j = n; j < ATTN_BT; j++) vs[j] = 1.0f;
+            vsp = vs;
+        }
+        c->isa->softmax_block(sc, ATTN_BT, n, G, ks, vsp, m, l, acc, d, w, ATTN_BT);
+        c->isa->accum[sv.fmt](&sv, n, w, ATTN_BT, G, acc);
+    }
+}
+
+/* Merge the partials of (row, q head) in segment order and write the output vector. */
+static void decode_combine(const attn_ctx *c, const float *parts, int nseg, int g,
+                           float *out) {
+    const int G = c->G, d = c->d;
+    const size_t stride = (size_t)G * (d + 2);
+    if (nseg == 0) {
+        memset(out, 0, sizeof(float) * (size_t)d);
+        return;
+    }
+    float mx = -INFINITY;
+    for (int s = 0; s < nseg; s++) {
+        const float ms = parts[s * stride + (size_t)G * d + g];
+        if (ms > mx) mx = ms;
+    }
+    float L = 0.0f;
+    for (int i = 0; i < d; i++) out[i] = 0.0f;
+    for (int s = 0; s < nseg; s++) {
+        const float *ps = parts + s * stride;
+        const float f = expf(ps[(size_t)G * d + g] - mx);
+        L += ps[(size_t)G * d + G + g] * f;
+        const float *acc = ps + (size_t)g * d;
+        for (int i = 0; i < d; i++) out[i] += acc[i] * f;
+    }
+    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+    for (int i = 0; i < d; i++) out[i] *= inv;
+    if (c->vrot && L > 0.0f) codec_unrotate(&c->b->v.codec, out);
+}
+
+// ---------------------------------------------------------------------------
+// Prefill engine (n_query > 1)
+// ---------------------------------------------------------------------------
+static int prefill_queries_per_item(int G) { return G >= ATTN_QV ? 1 : ATTN_QV / G; }
+static int prefill_lanes(int G) {
+    const int m = prefill_queries_per_item(G) * G;
+    return (m + ATTN_LANES - 1) / ATTN_LANES * ATTN_LANES;
+}
+static size_t prefill_scratch_floats(int G, int d) {
+    const size_t mp = (size_t)prefill_lanes(G);
+    // qt, ot [d, mp]; st [KT, mp]; kt, vt [KT, d]; lo, hi, m, l [mp]; vec [d]
+    return 2 * (size_t)d * mp + (size_t)ATTN_KT * mp + 2 * (size_t)ATTN_KT * d + 4 * mp + d;
+}
+
+static void prefill_item(const attn_ctx *c, const attn_item *it, float *scratch, float *out) {
+    const struct tqkv_batch *b = c->b;
+    const attn_isa *isa = c->isa;
+    const int G = c->G, d = c->d, r = it->r, h = it->h, i0 = it->a, nqb = it->z - it->a;
+    const int M = nqb * G, mp = (M + ATTN_LANES - 1) / ATTN_LANES * ATTN_LANES;
+    float *qt = scratch;                         // [d, mp]
+    float *ot = qt + (size_t)d * mp;             // [d, mp]
+    float *st = ot + (size_t)d * mp;             // [ATTN_KT, mp]
+    float *kt = st + (size_t)ATTN_KT * mp;       // [ATTN_KT, d]
+    float *vt = kt + (size_t)ATTN_KT * d;        // [ATTN_KT, d]
+    int32_t *lo = (int32_t *)(vt + (size_t)ATTN_KT * d);   // [mp]
+    int32_t *hi = lo + mp;                       // [mp]
+    float *m = (float *)(hi + mp);               // [mp]
+    float *l = m + mp;                           // [mp]
+    float *vec = l + mp;                         // [d]
+
+    // lanes: c = (i - i0) * G + g
+    int tmin = INT32_MAX, tmax = 0;
+    for (int cl = 0; cl < mp; cl++) {
+        m[cl] = -INFINITY;
+        l[cl] = 0.0f;
+        if (cl >= M) {
+            lo[cl] = hi[cl] = 0;
+            for (int k = 0; k < d; k++) qt[(size_t)k * mp + cl] = 0.0f;
+            continue;
+        }
+        const int i = i0 + cl / G, g = cl % G;
+        const float *q = c->qd + (((size_t)r * c->qh + (size_t)h * G + g) * c->nq + i) * d;
+        for (int k = 0; k < d; k++) qt[(size_t)k * mp + cl] = q[k] * c->scale;
+        lo[cl] = c->qlo[(size_t)r * c->nq + i];
+        hi[cl] = c->qhi[(size_t)r * c->nq + i];
+        if (lo[cl] >= hi[cl]) {
+            lo[cl] = hi[cl] = 0;
+        } else {
+            tmin = imin(tmin, lo[cl]);
+            tmax = imax(tmax, hi[cl]);
+        }
+    }
+    memset(ot, 0, sizeof(float) * (size_t)d * mp);
+
+    for (int t = tmin, e; t < tmax; t = e) {
+        attn_src sk, sv;
+        int rk, rv;
+        e = imin(tmax, (t / ATTN_KT + 1) * ATTN_KT);
+        e = imin(e, run_at(c, &b->k, r, h, t, &sk, &rk));
+        e = imin(e, run_at(c, &b->v, r, h, t, &sv, &rv));
+        const int n = e - t;
+        // lanes that see any token of [t, e)
+        int ga = -1, gz = -1;
+        for (int cl = 0; cl < M; cl++) {
+            if (lo[cl] < hi[cl] && lo[cl] < e && hi[cl] > t) {
+                if (ga < 0) ga = cl;
+                gz = cl;
+            }
+        }
+        if (ga < 0) continue;
+        const int l0 = ga / ATTN_LANES * ATTN_LANES;
+        const int l1 = gz / ATTN_LANES * ATTN_LANES + ATTN_LANES;
+        materialise(c, &b->k, &sk, rk, n, kt);
+        isa->tile_qk((const float *)(const void *)sk.data, sk.dstride / sizeof(float), n, d, qt,
+                     mp, l0, l1, st);
+        isa->tile_softmax(st, n, t, mp, l0, l1, lo, hi, m, l, ot, d);
+        materialise(c, &b->v, &sv, rv, n, vt);
+        isa->tile_pv((const float *)(const void *)sv.data, sv.dstride / sizeof(float), n, d, st,
+                     mp, l0, l1, ot);
+    }
+
+    for (int cl = 0; cl < M; cl++) {
+        const int i = i0 + cl / G, g = cl % G;
+        float *o = out + (((size_t)r * c->qh + (size_t)h * G + g) * c->nq + i) * d;
+        if (!(l[cl] > 0.0f)) {
+            memset(o, 0, sizeof(float) * (size_t)d);
+            continue;
+        }
+        const float inv = 1.0f / l[cl];
+        for (int k = 0; k < d; k++) vec[k] = ot[(size_t)k * mp + cl] * inv;
+        if (c->vrot) codec_unrotate(&b->v.codec, vec);
+        memcpy(o, vec, sizeof(float) * (size_t)d);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Entry
+// ---------------------------------------------------------------------------
+tqkv_status attn_batch(const struct tqkv_batch *b, const tqkv_mask *mask, const float *q,
+                       int n_query, const tqkv_attn_params *p, float *out) {
+    if (!b || !q || !p || !out) return tqkv_fail(TQKV_EINVAL, "attn_batch: NULL argument");
+    const int rows = b->rows, kvh = b->cfg.kv_heads, d = b->cfg.head_dim, nq = n_query;
+    if (kvh < 1 || p->q_heads < 1 || p->q_heads % kvh)
+        return tqkv_fail(TQKV_EINVAL, "attention: q_heads %d is not a positive multiple of "
+                                      "kv_heads %d", p->q_heads, kvh);
+    if (nq < 1) return tqkv_fail(TQKV_EINVAL, "attention: n_query %d < 1", nq);
+    if (tqkv_check_dim(d) != TQKV_OK) return tqkv_fail(TQKV_EINVAL, "attention: bad head_dim %d", d);
+    if ((int)p->kernel < 0 || p->kernel >= TQKV_KERNEL_COUNT)
+        return tqkv_fail(TQKV_EINVAL, "attention: unknown kernel set %d", (int)p->kernel);
+    if (mask && (mask->rows != rows || mask->n_query != nq || !mask->lo || !mask->hi))
+        return tqkv_fail(TQKV_EINVAL, "attention: mask is for %d rows x %d queries, call has "
+                                      "%d x %d", mask->rows, mask->n_query, rows, nq);
+    if (rows == 0) return TQKV_OK;
+
+    attn_ctx c;
+    memset(&c, 0, sizeof c);
+    c.b = b;
+    c.isa = (tqkv_cpu_has_avx2() && attn_isa_avx2()) ? attn_isa_avx2() : attn_isa_scalar();
+    c.kernel = p->kernel;
+    c.rows = rows;
+    c.kvh = kvh;
+    c.qh = p->q_heads;
+    c.G = p->q_heads / kvh;
+    c.d = d;
+    c.nq = nq;
+    c.scale = p->scale;
+    c.krot = c.kernel != TQKV_KERNEL_DENSE && b->k.codec.rotated;
+    c.vrot = c.kernel != TQKV_KERNEL_DENSE && b->v.codec.rotated;
+    const int nt = p->threads > 0 ? p->threads : 1;
+    const int G = c.G;
+
+    // ---- sizes and items --------------------------------------------------
+    int ok = 1;
+    const size_t nvec = tqkv_mul(tqkv_mul((size_t)rows, (size_t)c.qh, &ok), (size_t)nq, &ok);
+    const size_t qfloats = tqkv_mul(nvec, (size_t)d, &ok);
+    const size_t nrq = tqkv_mul((size_t)rows, (size_t)nq, &ok);
+    if (!ok) return tqkv_fail(TQKV_EINVAL, "attention: shape too large");
+
+    int32_t *qlo = tqkv_malloc(sizeof(int32_t) * nrq * 2);   // [rows, nq] lo then hi
+    float *qd = tqkv_malloc(sizeof(float) * qfloats);       // [rows, q_heads, nq, d]
+    int *nseg = NULL, *seg0 = NULL;                          // [rows] decode segments
+    if (!qlo || !qd) goto nomem;
+    int32_t *qhi = qlo + nrq;
+    for (int r = 0; r < rows; r++) {
+        const int lp = b->left_pad[r], off = b->offset[r];
+        for (int i = 0; i < nq; i++) {
+            long lo, hi;
+            if (mask) {
+                lo = (long)mask->lo[(size_t)r * nq + i] - lp;
+                hi = (long)mask->hi[(size_t)r * nq + i] - lp;
+            } else {
+                lo = 0;
+                hi = (long)off - nq + 1 + i;
+            }
+            lo = lo < 0 ? 0 : lo > off ? off : lo;
+            hi = hi < 0 ? 0 : hi > off ? off : hi;
+            if (hi < lo) hi = lo;
+            qlo[(size_t)r * nq + i] = (int32_t)lo;
+            qhi[(size_t)r * nq + i] = (int32_t)hi;
+        }
+    }
+    c.qlo = qlo;
+    c.qhi = qhi;
+
+    size_t nitems = 0;
+    if (nq == 1) {
+        nseg = tqkv_malloc(sizeof(int) * (size_t)rows);
+        seg0 = tqkv_malloc(sizeof(int) * (size_t)rows);
+        if (!nseg || !seg0) goto nomem;
+        for (int r = 0; r < rows; r++) {
+            const int lo = qlo[r], hi = qhi[r];
+            seg0[r] = lo / ATTN_SEG;
+            nseg[r] = hi > lo ? (hi - 1) / ATTN_SEG - lo / ATTN_SEG + 1 : 0;
+            nitems += (size_t)nseg[r] * kvh;
+        }
+    } else {
+        const int qpi = prefill_queries_per_item(G);
+        nitems = (size_t)rows * kvh * (size_t)((nq + qpi - 1) / qpi);
+    }
+    attn_item *items = tqkv_malloc(sizeof(attn_item) * (nitems ? nitems : 1));
+    const size_t scratch_per = nq == 1 ? decode_scratch_floats(G, d) : prefill_scratch_floats(G, d);
+    const size_t scratch_pad = (scratch_per + 15) & ~(size_t)15;   // 64-byte multiples
+    float *scratch = aligned_alloc(64, sizeof(float) * scratch_pad * (size_t)nt);
+    const size_t part_stride = (size_t)G * (d + 2);
+    float *parts = nq == 1 ? tqkv_malloc(sizeof(float) * part_stride * (nitems ? nitems : 1))
+                           : NULL;
+    if (!items || !scratch || (nq == 1 && !parts)) {
+        free(items);
+        free(scratch);
+        free(parts);
+        goto nomem;
+    }
+    memset(scratch, 0, sizeof(float) * scratch_pad * (size_t)nt);
+
+    // ---- queries into the K domain ------------------------------------------
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (size_t v = 0; v < nvec; v++) {
+        float *dst = qd + v * d;
+        memcpy(dst, q + v * d, sizeof(float) * (size_t)d);
+        if (c.krot) codec_rotate(&b->k.codec, dst);
+    }
+    c.qd = qd;
+
+    // ---- items ----------------------------------------------------------------
+    size_t n = 0;
+    if (nq == 1) {
+        for (int r = 0; r < rows; r++)
+            for (int h = 0; h < kvh; h++)
+                for (int s = 0; s < nseg[r]; s++) {
+                    attn_item *it = &items[n++];
+                    it->r = r;
+                    it->h = h;
+                    it->a = imax(qlo[r], (seg0[r] + s) * ATTN_SEG);
+                    it->z = imin(qhi[r], (seg0[r] + s + 1) * ATTN_SEG);
+                }
+    } else {
+        const int qpi = prefill_queries_per_item(G);
+        for (int r = 0; r < rows; r++)
+            for (int h = 0; h < kvh; h++)
+                for (int i0 = 0; i0 < nq; i0 += qpi) {
+                    attn_item *it = &items[n++];
+                    it->r = r;
+                    it->h = h;
+                    it->a = i0;
+                    it->z = imin(nq, i0 + qpi);
+                }
+    }
+
+    // ---- run ------------------------------------------------------------------
+    if (nq == 1) {
+#pragma omp parallel num_threads(nt)
+        {
+            float *scr = scratch + scratch_pad * (size_t)omp_get_thread_num();
+#pragma omp for schedule(dynamic, 1)
+            for (size_t i = 0; i < nitems; i++)
+                decode_item(&c, &items[i], scr, parts + i * part_stride);
+        }
+        // items of row r start at base[r] (prefix sums of nseg * kvh)
+        size_t *base = tqkv_malloc(sizeof(size_t) * (size_t)rows);
+        if (!base) {
+            free(items);
+            free(scratch);
+            free(parts);
+            goto nomem;
+        }
+        for (int r = 0, acc = 0; r < rows; r++) {
+            base[r] = (size_t)acc;
+            acc += nseg[r] * kvh;
+        }
+#pragma omp parallel for schedule(static) num_threads(nt)
+        for (size_t v = 0; v < (size_t)rows * c.qh; v++) {
+            const int r = (int)(v / c.qh), qhd = (int)(v % c.qh);
+            const int h = qhd / G, g = qhd % G;
+            const float *pr = parts + (base[r] + (size_t)h * nseg[r]) * part_stride;
+            decode_combine(&c, pr, nseg[r], g, out + v * d);
+        }
+        free(base);
+    } else {
+#pragma omp parallel num_threads(nt)
+        {
+            float *scr = scratch + scratch_pad * (size_t)omp_get_thread_num();
+#pragma omp for schedule(dynamic, 1)
+            for (size_t i = 0; i < nitems; i++) prefill_item(&c, &items[i], scr, out);
+        }
+    }
+
+    free(items);
+    free(scratch);
+    free(parts);
+    free(nseg);
+    free(seg0);
+    free(qd);
+    free(qlo);
+    return TQKV_OK;
+
+nomem:
+    free(nseg);
+    free(seg0);
+    free(qd);
+    free(qlo);
+    return tqkv_fail(TQKV_ENOMEM, "attention: out of memory for scratch");
+}

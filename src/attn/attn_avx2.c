@@ -1,0 +1,551 @@
+/*
+ * attn_avx2.c - AVX2/FMA/F16C attention primitives (chosen at run time by attn.c).
+ * Owns: in-register decode of every stored format (codebook lookups with
+ * _mm256_permutevar8x32_ps, nibble/crumb unpacking, f16/q8/q4 conversion), the fused
+ * score / accumulate loops, vector exp, the online-softmax block, and the prefill tile
+ * micro-kernels (QK^T and PV in query-minor layout).
+ * Must not: allocate, use threads, or let a result depend on anything but its own lane:
+ * every (head, token) dot product and every (head, dim) accumulator is one FMA chain in
+ * a fixed order, so how tokens / heads are grouped into registers never changes a bit.
+ */
+#include "attn/attn_internal.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define AI   __attribute__((always_inline)) inline
+
+// ---------------------------------------------------------------------------
+// Small helpers
+// ---------------------------------------------------------------------------
+AVX2 static AI __m256 ld(const float *p) { return _mm256_loadu_ps(p); }
+AVX2 static AI __m256 bc(const float *p) { return _mm256_broadcast_ss(p); }
+AVX2 static AI __m256 h2f(uint16_t h) { return _mm256_set1_ps(_cvtsh_ss(h)); }
+AVX2 static AI __m256i ldzx8(const uint8_t *p) {   // 8 bytes -> 8 uint32 lanes
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p));
+}
+AVX2 static AI __m256 perm(__m256 t, __m256i i) { return _mm256_permutevar8x32_ps(t, i); }
+static AI uint32_t ld32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* r[i] = sum of a[i]'s 8 lanes, tree ((0+1)+(2+3))+((4+5)+(6+7)) for every i. */
+AVX2 static AI __m256 hsum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5,
+                            __m256 a6, __m256 a7) {
+    const __m256 t0 = _mm256_hadd_ps(a0, a1), t1 = _mm256_hadd_ps(a2, a3);
+    const __m256 t2 = _mm256_hadd_ps(a4, a5), t3 = _mm256_hadd_ps(a6, a7);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                         _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+AVX2 static AI float hmax8(__m256 v) {
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_max_ss(x, _mm_shuffle_ps(x, x, 1));
+    return _mm_cvtss_f32(x);
+}
+
+AVX2 static AI float hsum1(__m256 v) {   // fixed order
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));
+    return _mm_cvtss_f32(x);
+}
+
+/* exp(x), ~1 ulp on [-87.3, 88.7]; exactly 0 below (and for -inf); exp(0) == 1 exactly. */
+AVX2 static AI __m256 exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.33654f), hi = _mm256_set1_ps(88.37626f);
+    const __m256 zero = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(zero, y);
+}
+
+// ---------------------------------------------------------------------------
+// In-register decode: one "pair" = 16 values of group g (32 dims), half h (0/1).
+// Chunks (8 dims each): 4-bit formats pair chunks 4g+h and 4g+2+h (low / high nibbles of
+// the same 8 bytes); every other format pairs 4g+2h and 4g+2h+1. tq values are the raw
+// codebook entries (no scale); the lookup tables T0/T1 come from luts().
+// ---------------------------------------------------------------------------
+static AI int cha(int fmt, int g, int h) {
+    return (fmt == TQKV_Q4 || fmt == TQKV_TQ4) ? 4 * g + h : 4 * g + 2 * h;
+}
+static AI int chb(int fmt, int g, int h) {
+    return (fmt == TQKV_Q4 || fmt == TQKV_TQ4) ? 4 * g + 2 + h : 4 * g + 2 * h + 1;
+}
+
+typedef struct {
+    __m256 t0, t1;
+} luts;
+
+AVX2 static AI luts luts_make(int fmt, const float *c) {
+    luts L;
+    if (fmt == TQKV_TQ4) {
+        L.t0 = ld(c);
+        L.t1 = ld(c + 8);
+    } else if (fmt == TQKV_TQ3) {   // 3-bit: low 2 bits pick within the half, bit 2 blends
+        L.t0 = _mm256_setr_ps(c[0], c[1], c[2], c[3], c[0], c[1], c[2], c[3]);
+        L.t1 = _mm256_setr_ps(c[4], c[5], c[6], c[7], c[4], c[5], c[6], c[7]);
+    } else if (fmt == TQKV_TQ2) {   // lane bit 2 is the next crumb: duplicate the table
+        L.t0 = _mm256_setr_ps(c[0], c[1], c[2], c[3], c[0], c[1], c[2], c[3]);
+        L.t1 = L.t0;
+    } else {
+        L.t0 = L.t1 = _mm256_setzero_ps();
+    }
+    return L;
+}
+
+AVX2 static AI void dec_pair(int fmt, const uint8_t *pl, const uint16_t *sc, int dim, int g,
+                             int h, luts L, __m256 *a, __m256 *b) {
+    switch (fmt) {
+    case TQKV_F32: {
+        const float *f = (const float *)(const void *)pl + 32 * g + 16 * h;
+        *a = ld(f);
+        *b = ld(f + 8);
+        break;
+    }
+    case TQKV_F16: {
+        const uint16_t *x = (const uint16_t *)(const void *)pl + 32 * g + 16 * h;
+        *a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)x));
+        *b = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(x + 8)));
+        break;
+    }
+    case TQKV_Q8: {
+        const __m256 s = h2f(sc[g]);
+        const uint8_t *x = pl + 32 * g + 16 * h;
+        *a = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                               _mm_loadl_epi64((const __m128i *)(const void *)x))), s);
+        *b = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                               _mm_loadl_epi64((const __m128i *)(const void *)(x + 8)))), s);
+        break;
+    }
+    case TQKV_Q4: {
+        const __m256 s = h2f(sc[g]);
+        const __m256 ms = _mm256_mul_ps(s, _mm256_set1_ps(-8.0f));
+        const __m256i x = ldzx8(pl + 16 * g + 8 * h);
+        *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(x, _mm256_set1_epi32(15))), s,
+                             ms);
+        *b = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(x, 4)), s, ms);
+        break;
+    }
+    case TQKV_TQ2: {
+        const __m256i x = ldzx8(pl + 8 * g);
+        if (h == 0) {
+            *a = perm(L.t0, x);
+            *b = perm(L.t0, _mm256_srli_epi32(x, 2));
+        } else {
+            *a = perm(L.t0, _mm256_srli_epi32(x, 4));
+            *b = perm(L.t0, _mm256_srli_epi32(x, 6));
+        }
+        break;
+    }
+    case TQKV_TQ3: {
+        const __m256i x = ldzx8(pl + 8 * g);
+        const uint32_t hb = ld32(pl + dim / 4 + 4 * g) >> (16 * h);
+        const __m256i sh = _mm256_setr_epi32(31, 30, 29, 28, 27, 26, 25, 24);
+        const __m256i xa = h ? _mm256_srli_epi32(x, 4) : x;
+        const __m256i xb = h ? _mm256_srli_epi32(x, 6) : _mm256_srli_epi32(x, 2);
+        const __m256i ma = _mm256_sllv_epi32(_mm256_set1_epi32((int)hb), sh);
+        const __m256i mb = _mm256_sllv_epi32(_mm256_set1_epi32((int)(hb >> 8)), sh);
+        *a = _mm256_blendv_ps(perm(L.t0, xa), perm(L.t1, xa), _mm256_castsi256_ps(ma));
+        *b = _mm256_blendv_ps(perm(L.t0, xb), perm(L.t1, xb), _mm256_castsi256_ps(mb));
+        break;
+    }
+    case TQKV_TQ4: {
+        const __m256i x = ldzx8(pl + 16 * g + 8 * h);
+        const __m256i xh = _mm256_srli_epi32(x, 4);
+        *a = _mm256_blendv_ps(perm(L.t0, x), perm(L.t1, x),
+                              _mm256_castsi256_ps(_mm256_slli_epi32(x, 28)));
+        *b = _mm256_blendv_ps(perm(L.t0, xh), perm(L.t1, xh),
+                              _mm256_castsi256_ps(_mm256_slli_epi32(x, 24)));
+        break;
+    }
+    default:
+        *a = *b = _mm256_setzero_ps();
+        break;
+    }
+}
+
+static AI int is_tq(int fmt) { return fmt == TQKV_TQ2 || fmt == TQKV_TQ3 || fmt == TQKV_TQ4; }
+
+// ---------------------------------------------------------------------------
+// decode: n tokens -> floats [n, dim]
+// ---------------------------------------------------------------------------
+AVX2 static AI void decode_gen(int fmt, const attn_src *s, int n, float *out) {
+    const int dim = s->dim, ng = dim / 32;
+    const luts L = luts_make(fmt, s->cent);
+    for (int t = 0; t < n; t++) {
+        const uint8_t *pl = s->data + (size_t)t * s->dstride;
+        const uint16_t *sc = s->scales ? s->scales + (size_t)t * s->sstride : NULL;
+        float *o = out + (size_t)t * dim;
+        const __m256 sv = is_tq(fmt) ? h2f(sc[0]) : _mm256_set1_ps(1.0f);
+        for (int g = 0; g < ng; g++) {
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                __m256 a, b;
+                dec_pair(fmt, pl, sc, dim, g, h, L, &a, &b);
+                if (is_tq(fmt)) {
+                    a = _mm256_mul_ps(a, sv);
+                    b = _mm256_mul_ps(b, sv);
+                }
+                _mm256_storeu_ps(o + 8 * cha(fmt, g, h), a);
+                _mm256_storeu_ps(o + 8 * chb(fmt, g, h), b);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// score: HB heads x TS tokens per step (HB * TS <= 8 accumulators), the token's pairs
+// decoded once and used for every head of the group.
+// ---------------------------------------------------------------------------
+AVX2 static AI void score_gen(int fmt, int HB, const attn_src *s, int n, const float *q,
+                              float *sc, int ldsc) {
+    const int dim = s->dim, ng = dim / 32;
+    const int TS = HB == 1 ? 8 : HB == 2 ? 4 : HB <= 4 ? 2 : 1;
+    const luts L = luts_make(fmt, s->cent);
+    for (int t = 0; t < n; t += TS) {
+        const uint8_t *pt[8];
+        const uint16_t *st[8];
+        for (int tt = 0; tt < TS; tt++) {
+            const int u = t + tt < n ? t + tt : n - 1;   // tail: repeat a valid token
+            pt[tt] = s->data + (size_t)u * s->dstride;
+            st[tt] = s->scales ? s->scales + (size_t)u * s->sstride : NULL;
+        }
+        __m256 acc[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+        for (int g = 0; g < ng; g++) {
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const int ca = 8 * cha(fmt, g, h), cb = 8 * chb(fmt, g, h);
+#pragma GCC unroll 8
+                for (int tt = 0; tt < TS; tt++) {
+                    __m256 a, b;
+                    dec_pair(fmt, pt[tt], st[tt], dim, g, h, L, &a, &b);
+#pragma GCC unroll 8
+                    for (int hh = 0; hh < HB; hh++) {
+                        const float *qh = q + (size_t)hh * dim;
+                        acc[tt * HB + hh] = _mm256_fmadd_ps(a, ld(qh + ca), acc[tt * HB + hh]);
+                        acc[tt * HB + hh] = _mm256_fmadd_ps(b, ld(qh + cb), acc[tt * HB + hh]);
+                    }
+                }
+            }
+        }
+        float r[8];
+        _mm256_storeu_ps(r, hsum8(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6],
+                                  acc[7]));
+        for (int tt = 0; tt < TS && t + tt < n; tt++)
+            for (int hh = 0; hh < HB; hh++) sc[(size_t)hh * ldsc + t + tt] = r[tt * HB + hh];
+    }
+}
+
+// ---------------------------------------------------------------------------
+// accum: HB heads x CP pairs of accumulators held in registers while the block's tokens
+// stream through in order; each token's pair is decoded once for all HB heads.
+// ---------------------------------------------------------------------------
+AVX2 static AI void accum_step(int fmt, int HB, int CP, const attn_src *s, int n,
+                               const float *w, int ldw, float *acc, int g0, int hs, luts L) {
+    const int dim = s->dim;
+    __m256 A[8], B[8];   // [cp * HB + hh]
+#pragma GCC unroll 4
+    for (int cp = 0; cp < CP; cp++) {
+        const int g = g0 + (CP == 1 ? 0 : cp >> 1), h = CP == 1 ? hs : (cp & 1);
+#pragma GCC unroll 4
+        for (int hh = 0; hh < HB; hh++) {
+            A[cp * HB + hh] = ld(acc + (size_t)hh * dim + 8 * cha(fmt, g, h));
+            B[cp * HB + hh] = ld(acc + (size_t)hh * dim + 8 * chb(fmt, g, h));
+        }
+    }
+    for (int t = 0; t < n; t++) {
+        const uint8_t *pl = s->data + (size_t)t * s->dstride;
+        const uint16_t *sc = s->scales ? s->scales + (size_t)t * s->sstride : NULL;
+        __m256 wt[4];
+#pragma GCC unroll 4
+        for (int hh = 0; hh < HB; hh++) wt[hh] = bc(w + (size_t)hh * ldw + t);
+#pragma GCC unroll 4
+        for (int cp = 0; cp < CP; cp++) {
+            const int g = g0 + (CP == 1 ? 0 : cp >> 1), h = CP == 1 ? hs : (cp & 1);
+            __m256 a, b;
+            dec_pair(fmt, pl, sc, dim, g, h, L, &a, &b);
+#pragma GCC unroll 4
+            for (int hh = 0; hh < HB; hh++) {
+                A[cp * HB + hh] = _mm256_fmadd_ps(wt[hh], a, A[cp * HB + hh]);
+                B[cp * HB + hh] = _mm256_fmadd_ps(wt[hh], b, B[cp * HB + hh]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int cp = 0; cp < CP; cp++) {
+        const int g = g0 + (CP == 1 ? 0 : cp >> 1), h = CP == 1 ? hs : (cp & 1);
+#pragma GCC unroll 4
+        for (int hh = 0; hh < HB; hh++) {
+            _mm256_storeu_ps(acc + (size_t)hh * dim + 8 * cha(fmt, g, h), A[cp * HB + hh]);
+            _mm256_storeu_ps(acc + (size_t)hh * dim + 8 * chb(fmt, g, h), B[cp * HB + hh]);
+        }
+    }
+}
+
+AVX2 static AI void accum_gen(int fmt, int HB, int CP, const attn_src *s, int n,
+                              const float *w, int ldw, float *acc) {
+    const int ng = s->dim / 32;
+    const int GS = CP >= 2 ? CP / 2 : 1;   // groups per step
+    const luts L = luts_make(fmt, s->cent);
+    for (int g0 = 0; g0 < ng; g0 += GS) {
+        if (CP == 1) {
+            accum_step(fmt, HB, CP, s, n, w, ldw, acc, g0, 0, L);
+            accum_step(fmt, HB, CP, s, n, w, ldw, acc, g0, 1, L);
+        } else {
+            accum_step(fmt, HB, CP, s, n, w, ldw, acc, g0, 0, L);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Instantiation: one function per format; heads are processed in passes of <= 4
+// ---------------------------------------------------------------------------
+#define ATTN_FMT_FUNCS(NAME, FMT)                                                            \
+    AVX2 static void dec_##NAME(const attn_src *s, int n, float *out) {                      \
+        decode_gen(FMT, s, n, out);                                                          \
+    }                                                                                        \
+    AVX2 static void score_##NAME(const attn_src *s, int n, const float *q, int nh,          \
+                                  float *sc, int ldsc) {                                     \
+        for (int h0 = 0; h0 < nh;) {                                                         \
+            const int left = nh - h0;                                                        \
+            const int hb = left >= 4 ? 4 : left;                                             \
+            const float *qh = q + (size_t)h0 * s->dim;                                       \
+            float *sh = sc + (size_t)h0 * ldsc;                                              \
+            if (hb == 4) score_gen(FMT, 4, s, n, qh, sh, ldsc);                              \
+            else if (hb == 3) score_gen(FMT, 3, s, n, qh, sh, ldsc);                         \
+            else if (hb == 2) score_gen(FMT, 2, s, n, qh, sh, ldsc);                         \
+            else score_gen(FMT, 1, s, n, qh, sh, ldsc);                                      \
+            h0 += hb;                                                                        \
+        }                                                                                    \
+    }                                                                                        \
+    AVX2 static void accum_##NAME(const attn_src *s, int n, const float *w, int ldw, int nh,  \
+                                  float *acc) {                                              \
+        for (int h0 = 0; h0 < nh;) {                                                         \
+            const int left = nh - h0;                                                        \
+            const int hb = left >= 4 ? 4 : left;                                             \
+            const float *wh = w + (size_t)h0 * ldw;                                          \
+            float *ah = acc + (size_t)h0 * s->dim;                                           \
+            if (hb == 4) accum_gen(FMT, 4, 1, s, n, wh, ldw, ah);                            \
+            else if (hb == 3) accum_gen(FMT, 3, 1, s, n, wh, ldw, ah);                       \
+            else if (hb == 2) accum_gen(FMT, 2, 2, s, n, wh, ldw, ah);                       \
+            else if (s->dim >= 64) accum_gen(FMT, 1, 4, s, n, wh, ldw, ah);                  \
+            else accum_gen(FMT, 1, 2, s, n, wh, ldw, ah);                                    \
+            h0 += hb;                                                                        \
+        }                                                                                    \
+    }
+
+ATTN_FMT_FUNCS(f32, TQKV_F32)
+ATTN_FMT_FUNCS(f16, TQKV_F16)
+ATTN_FMT_FUNCS(q8, TQKV_Q8)
+ATTN_FMT_FUNCS(q4, TQKV_Q4)
+ATTN_FMT_FUNCS(tq2, TQKV_TQ2)
+ATTN_FMT_FUNCS(tq3, TQKV_TQ3)
+ATTN_FMT_FUNCS(tq4, TQKV_TQ4)
+
+// ---------------------------------------------------------------------------
+// Online softmax block
+// ---------------------------------------------------------------------------
+AVX2 static void v_softmax_block(float *sc, int ldsc, int n, int nh, const float *ks,
+                                 const float *vs, float *m, float *l, float *acc, int dim,
+                                 float *w, int ldw) {
+    const int n8 = (n + 7) & ~7;
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    for (int h = 0; h < nh; h++) {
+        float *s = sc + (size_t)h * ldsc;
+        float *wh = w + (size_t)h * ldw;
+        __m256 vmax = ninf;
+        for (int t = 0; t < n8; t += 8) {
+            __m256 x = _mm256_mul_ps(ld(s + t), ld(ks + t));
+            if (t + 8 > n) {   // tail lanes -> -inf
+                const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(t),
+                                                     _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+                const __m256 keep =
+                    _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx));
+                x = _mm256_blendv_ps(ninf, x, keep);
+            }
+            _mm256_storeu_ps(s + t, x);
+            vmax = _mm256_max_ps(vmax, x);
+        }
+        const float bm = hmax8(vmax);
+        const float mn = m[h] > bm ? m[h] : bm;
+        const __m256 vmn = _mm256_set1_ps(mn);
+        const float alpha = m[h] == -INFINITY
+                                ? 0.0f
+                                : _mm256_cvtss_f32(exp8(_mm256_set1_ps(m[h] - mn)));
+        __m256 vsum = _mm256_setzero_ps();
+        for (int t = 0; t < n8; t += 8) {
+            const __m256 p = exp8(_mm256_sub_ps(ld(s + t), vmn));
+            vsum = _mm256_add_ps(vsum, p);
+            _mm256_storeu_ps(wh + t, vs ? _mm256_mul_ps(p, ld(vs + t)) : p);
+        }
+        l[h] = l[h] * alpha + hsum1(vsum);
+        if (alpha != 1.0f) {
+            const __m256 va = _mm256_set1_ps(alpha);
+            float *ah = acc + (size_t)h * dim;
+            for (int i = 0; i < dim; i += 8) _mm256_storeu_ps(ah + i, _mm256_mul_ps(ld(ah + i), va));
+        }
+        m[h] = mn;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Prefill tiles (query-minor: 16 lanes = 2 registers per strip)
+// ---------------------------------------------------------------------------
+/* st[j, c] = sum_i k[j, i] qt[i, c] for JJ tokens x 16 lanes. */
+AVX2 static AI void qk_block(int JJ, const float *k, size_t ldk, int dim, const float *qt,
+                             int mp, int c, float *st) {
+    __m256 a0[4], a1[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < JJ; j++) a0[j] = a1[j] = _mm256_setzero_ps();
+    for (int i = 0; i < dim; i++) {
+        const __m256 q0 = ld(qt + (size_t)i * mp + c), q1 = ld(qt + (size_t)i * mp + c + 8);
+#pragma GCC unroll 4
+        for (int j = 0; j < JJ; j++) {
+            const __m256 kb = bc(k + (size_t)j * ldk + i);
+            a0[j] = _mm256_fmadd_ps(kb, q0, a0[j]);
+            a1[j] = _mm256_fmadd_ps(kb, q1, a1[j]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < JJ; j++) {
+        _mm256_storeu_ps(st + (size_t)j * mp + c, a0[j]);
+        _mm256_storeu_ps(st + (size_t)j * mp + c + 8, a1[j]);
+    }
+}
+
+AVX2 static void v_tile_qk(const float *k, size_t ldk, int n, int dim, const float *qt, int mp,
+                           int l0, int l1, float *st) {
+    for (int c = l0; c < l1; c += 16) {
+        int j = 0;
+        for (; j + 4 <= n; j += 4) qk_block(4, k + (size_t)j * ldk, ldk, dim, qt, mp, c, st + (size_t)j * mp);
+        const int r = n - j;
+        if (r == 3) qk_block(3, k + (size_t)j * ldk, ldk, dim, qt, mp, c, st + (size_t)j * mp);
+        else if (r == 2) qk_block(2, k + (size_t)j * ldk, ldk, dim, qt, mp, c, st + (size_t)j * mp);
+        else if (r == 1) qk_block(1, k + (size_t)j * ldk, ldk, dim, qt, mp, c, st + (size_t)j * mp);
+    }
+}
+
+AVX2 static void v_tile_softmax(float *st, int n, int tok0, int mp, int l0, int l1,
+                                const int32_t *lo, const int32_t *hi, float *m, float *l,
+                                float *ot, int dim) {
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    for (int c = l0; c < l1; c += 8) {
+        const __m256i vlo = _mm256_loadu_si256((const __m256i *)(const void *)(lo + c));
+        const __m256i vhi = _mm256_loadu_si256((const __m256i *)(const void *)(hi + c));
+        // fully visible for the whole tile?  lo <= tok0 && tok0 + n <= hi on every lane
+        const __m256i out_lo = _mm256_cmpgt_epi32(vlo, _mm256_set1_epi32(tok0));
+        const __m256i out_hi = _mm256_cmpgt_epi32(_mm256_set1_epi32(tok0 + n), vhi);
+        const int full = _mm256_testz_si256(_mm256_or_si256(out_lo, out_hi),
+                                            _mm256_set1_epi32(-1));
+        __m256 vmax = ninf;
+        for (int j = 0; j < n; j++) {
+            float *x = st + (size_t)j * mp + c;
+            __m256 v = ld(x);
+            if (!full) {
+                const __m256i tk = _mm256_set1_epi32(tok0 + j);
+                // visible iff lo <= tk && tk < hi  <=>  !(lo > tk) && (hi > tk)
+                const __m256i vis = _mm256_andnot_si256(_mm256_cmpgt_epi32(vlo, tk),
+                                                        _mm256_cmpgt_epi32(vhi, tk));
+                v = _mm256_blendv_ps(ninf, v, _mm256_castsi256_ps(vis));
+                _mm256_storeu_ps(x, v);
+            }
+            vmax = _mm256_max_ps(vmax, v);
+        }
+        const __m256 mo = ld(m + c);
+        const __m256 mn = _mm256_max_ps(mo, vmax);
+        const __m256 ms = _mm256_blendv_ps(mn, _mm256_setzero_ps(), _mm256_cmp_ps(mn, ninf, _CMP_EQ_OQ));
+        const __m256 alpha = exp8(_mm256_sub_ps(mo, ms));
+        __m256 sum = _mm256_setzero_ps();
+        for (int j = 0; j < n; j++) {
+            float *x = st + (size_t)j * mp + c;
+            const __m256 p = exp8(_mm256_sub_ps(ld(x), ms));
+            _mm256_storeu_ps(x, p);
+            sum = _mm256_add_ps(sum, p);
+        }
+        _mm256_storeu_ps(l + c, _mm256_fmadd_ps(ld(l + c), alpha, sum));
+        _mm256_storeu_ps(m + c, mn);
+        const __m256 one = _mm256_set1_ps(1.0f);
+        if (_mm256_movemask_ps(_mm256_cmp_ps(alpha, one, _CMP_NEQ_UQ)) != 0) {
+            for (int i = 0; i < dim; i++) {
+                float *o = ot + (size_t)i * mp + c;
+                _mm256_storeu_ps(o, _mm256_mul_ps(ld(o), alpha));
+            }
+        }
+    }
+}
+
+/* ot[i, c] += sum_j v[j, i] pt[j, c] for 4 dims x 16 lanes. */
+AVX2 static void v_tile_pv(const float *v, size_t ldv, int n, int dim, const float *pt, int mp,
+                           int l0, int l1, float *ot) {
+    for (int c = l0; c < l1; c += 16) {
+        for (int i = 0; i < dim; i += 4) {
+            __m256 a0[4], a1[4];
+#pragma GCC unroll 4
+            for (int ii = 0; ii < 4; ii++) {
+                a0[ii] = ld(ot + (size_t)(i + ii) * mp + c);
+                a1[ii] = ld(ot + (size_t)(i + ii) * mp + c + 8);
+            }
+            for (int j = 0; j < n; j++) {
+                const __m256 p0 = ld(pt + (size_t)j * mp + c), p1 = ld(pt + (size_t)j * mp + c + 8);
+                const float *vj = v + (size_t)j * ldv + i;
+#pragma GCC unroll 4
+                for (int ii = 0; ii < 4; ii++) {
+                    const __m256 vb = bc(vj + ii);
+                    a0[ii] = _mm256_fmadd_ps(vb, p0, a0[ii]);
+                    a1[ii] = _mm256_fmadd_ps(vb, p1, a1[ii]);
+                }
+            }
+#pragma GCC unroll 4
+            for (int ii = 0; ii < 4; ii++) {
+                _mm256_storeu_ps(ot + (size_t)(i + ii) * mp + c, a0[ii]);
+                _mm256_storeu_ps(ot + (size_t)(i + ii) * mp + c + 8, a1[ii]);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Table
+// ---------------------------------------------------------------------------
+static const attn_isa AVX2_ISA = {
+    .name = "avx2",
+    .decode = {dec_f32, dec_f16, dec_q8, dec_q4, dec_tq2, dec_tq3, dec_tq4},
+    .score = {score_f32, score_f16, score_q8, score_q4, score_tq2, score_tq3, score_tq4},
+    .accum = {accum_f32, accum_f16, accum_q8, accum_q4, accum_tq2, accum_tq3, accum_tq4},
+    .softmax_block = v_softmax_block,
+    .tile_qk = v_tile_qk,
+    .tile_softmax = v_tile_softmax,
+    .tile_pv = v_tile_pv,
+};
+
+const attn_isa *attn_isa_avx2(void) { return &AVX2_ISA; }
+
+#else
+
+const attn_isa *attn_isa_avx2(void) { return NULL; }
+
+#endif

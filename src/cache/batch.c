@@ -1,0 +1,502 @@
+/*
+ * batch.c - the batched cache's storage: init/free, config, append (encode + q8 window),
+ * offsets, trim, capacity growth, decode of a token range, byte accounting, signature.
+ * Owns: the layout described in batch.h and its invariants:
+ *   - 0 <= win_lo[r] <= offset[r]; after every append win_lo = max(win_lo, offset - ring);
+ *   - left_pad[r] + offset[r] <= cap; columns outside tokens are never read;
+ *   - failing calls change nothing (allocate first, then mutate).
+ * Must not: run attention, requantize stored bytes, or know about models.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache/cache_impl.h"
+
+// ---------------------------------------------------------------------------
+// Config
+// ---------------------------------------------------------------------------
+
+tqkv_cache_config tqkv_cache_config_default(void) {
+    tqkv_cache_config c;
+    memset(&c, 0, sizeof c);
+    c.kv_heads = 1;
+    c.head_dim = 128;
+    c.k_format = TQKV_TQ4;
+    c.v_format = TQKV_TQ4;
+    c.seed = 0;
+    c.window = 0;
+    c.window_slack = 32;
+    return c;
+}
+
+tqkv_status batch_check_config(const tqkv_cache_config *cfg) {
+    if (!cfg) return tqkv_fail(TQKV_EINVAL, "cache config is NULL");
+    if (cfg->kv_heads < 1 || cfg->kv_heads > CACHE_MAX_KV_HEADS)
+        return tqkv_fail(TQKV_EINVAL, "kv_heads must be in [1, %d], got %d", CACHE_MAX_KV_HEADS,
+                         cfg->kv_heads);
+    if (cfg->head_dim < 32 || cfg->head_dim > 512 || (cfg->head_dim & (cfg->head_dim - 1)))
+        return tqkv_fail(TQKV_EINVAL, "head_dim must be a power of two in [32, 512], got %d",
+                         cfg->head_dim);
+    if ((unsigned)cfg->k_format >= TQKV_FORMAT_COUNT)
+        return tqkv_fail(TQKV_EINVAL, "invalid K format %d", (int)cfg->k_format);
+    if ((unsigned)cfg->v_format >= TQKV_FORMAT_COUNT)
+        return tqkv_fail(TQKV_EINVAL, "invalid V format %d", (int)cfg->v_format);
+    if (cfg->window < 0) return tqkv_fail(TQKV_EINVAL, "window must be >= 0, got %d", cfg->window);
+    if (cfg->window_slack < 0)
+        return tqkv_fail(TQKV_EINVAL, "window_slack must be >= 0, got %d", cfg->window_slack);
+    if ((long long)cfg->window + cfg->window_slack > CACHE_MAX_RING)
+        return tqkv_fail(TQKV_EINVAL, "window + window_slack must be <= %d, got %d + %d",
+                         CACHE_MAX_RING, cfg->window, cfg->window_slack);
+    for (int i = 0; i < 8; i++)
+        if (cfg->reserved[i])
+            return tqkv_fail(TQKV_EINVAL, "cache config reserved[%d] must be zero, got %d", i,
+                             cfg->reserved[i]);
+    return TQKV_OK;
+}
+
+int batch_ring_for(const tqkv_cache_config *cfg) {
+    if (cfg->window <= 0) return 0;
+    if (!tqkv_format_is_tq(cfg->k_format) && !tqkv_format_is_tq(cfg->v_format)) return 0;
+    return cfg->window + cfg->window_slack;
+}
+
+int cache_config_diff(const tqkv_cache_config *a, const tqkv_cache_config *b, char *what,
+                      size_t cap) {
+    if (a->kv_heads != b->kv_heads)
+        return snprintf(what, cap, "kv_heads %d vs %d", a->kv_heads, b->kv_heads), 1;
+    if (a->head_dim != b->head_dim)
+        return snprintf(what, cap, "head_dim %d vs %d", a->head_dim, b->head_dim), 1;
+    if (a->k_format != b->k_format)
+        return snprintf(what, cap, "K format %s vs %s", tqkv_format_name(a->k_format),
+                        tqkv_format_name(b->k_format)), 1;
+    if (a->v_format != b->v_format)
+        return snprintf(what, cap, "V format %s vs %s", tqkv_format_name(a->v_format),
+                        tqkv_format_name(b->v_format)), 1;
+    if (a->seed != b->seed)
+        return snprintf(what, cap, "seed %llu vs %llu", (unsigned long long)a->seed,
+                        (unsigned long long)b->seed), 1;
+    if (a->window != b->window)
+        return snprintf(what, cap, "window %d vs %d", a->window, b->window), 1;
+    if (a->window_slack != b->window_slack)
+        return snprintf(what, cap, "window_slack %d vs %d", a->window_slack, b->window_slack), 1;
+    if (memcmp(a->reserved, b->reserved, sizeof a->reserved))
+        return snprintf(what, cap, "reserved fields"), 1;
+    return 0;
+}
+
+// ---------------------------------------------------------------------------
+// Storage
+// ---------------------------------------------------------------------------
+
+size_t plane_vec_bytes(const tqkv_plane *p) {
+    return p->codec.payload + 2 * (size_t)p->codec.n_scales;
+}
+
+size_t plane_win_bytes(const struct tqkv_batch *b) {
+    return (size_t)b->cfg.head_dim + 2 * (size_t)(b->cfg.head_dim / 32);
+}
+
+void store_free(batch_store *s) {
+    free(s->kd); free(s->vd); free(s->ks); free(s->vs);
+    free(s->kwd); free(s->vwd); free(s->kws); free(s->vws);
+    free(s->offset); free(s->left_pad); free(s->win_lo); free(s->prefill_pad);
+    free(s->spec_base);
+    memset(s, 0, sizeof *s);
+}
+
+static void *store_calloc(size_t a, size_t b, size_t c, int *ok) {
+    size_t n = tqkv_mul(tqkv_mul(a, b, ok), c, ok);
+    if (!*ok) return NULL;
+    void *p = calloc(n ? n : 1, 1);
+    if (!p) *ok = 0;
+    return p;
+}
+
+tqkv_status store_alloc(const struct tqkv_batch *b, int rows, int cap, batch_store *s) {
+    memset(s, 0, sizeof *s);
+    s->rows = rows;
+    s->cap = cap;
+    int ok = 1;
+    size_t rh = (size_t)rows * (size_t)b->cfg.kv_heads;
+    size_t dim = (size_t)b->cfg.head_dim;
+    s->kd = store_calloc(rh, (size_t)cap, b->k.codec.payload, &ok);
+    if (ok) s->vd = store_calloc(rh, (size_t)cap, b->v.codec.payload, &ok);
+    if (ok) s->ks = store_calloc(rh, (size_t)cap, 2 * (size_t)b->k.codec.n_scales, &ok);
+    if (ok) s->vs = store_calloc(rh, (size_t)cap, 2 * (size_t)b->v.codec.n_scales, &ok);
+    if (ok && b->k.has_window) {
+        s->kwd = store_calloc(rh, (size_t)b->ring, dim, &ok);
+        if (ok) s->kws = store_calloc(rh, (size_t)b->ring, 2 * (dim / 32), &ok);
+    }
+    if (ok && b->v.has_window) {
+        s->vwd = store_calloc(rh, (size_t)b->ring, dim, &ok);
+        if (ok) s->vws = store_calloc(rh, (size_t)b->ring, 2 * (dim / 32), &ok);
+    }
+    if (ok) s->offset = store_calloc((size_t)rows, sizeof(int), 1, &ok);
+    if (ok) s->left_pad = store_calloc((size_t)rows, sizeof(int), 1, &ok);
+    if (ok) s->win_lo = store_calloc((size_t)rows, sizeof(int), 1, &ok);
+    if (ok) s->prefill_pad = store_calloc((size_t)rows, sizeof(int), 1, &ok);
+    if (ok) s->spec_base = store_calloc((size_t)rows, sizeof(int), 1, &ok);
+    if (!ok) {
+        store_free(s);
+        return tqkv_fail(TQKV_ENOMEM, "out of memory allocating cache storage (%d rows x %d "
+                         "heads x %d columns)", rows, b->cfg.kv_heads, cap);
+    }
+    return TQKV_OK;
+}
+
+void store_install(struct tqkv_batch *b, batch_store *s) {
+    free(b->k.data); free(b->k.scales); free(b->v.data); free(b->v.scales);
+    free(b->k.win_data); free(b->k.win_scales); free(b->v.win_data); free(b->v.win_scales);
+    free(b->offset); free(b->left_pad); free(b->win_lo); free(b->prefill_pad); free(b->spec_base);
+    b->rows = s->rows;
+    b->cap = s->cap;
+    b->k.data = s->kd; b->k.scales = s->ks; b->v.data = s->vd; b->v.scales = s->vs;
+    b->k.win_data = s->kwd; b->k.win_scales = s->kws;
+    b->v.win_data = s->vwd; b->v.win_scales = s->vws;
+    b->offset = s->offset; b->left_pad = s->left_pad; b->win_lo = s->win_lo;
+    b->prefill_pad = s->prefill_pad; b->spec_base = s->spec_base;
+    memset(s, 0, sizeof *s);
+}
+
+/* Copy the columns and ring of one row for one plane. */
+static void copy_plane_row(const struct tqkv_batch *src, const tqkv_plane *sp, int rs, int cs,
+                           uint8_t *dd, uint16_t *ds, int8_t *dwd, uint16_t *dws, int dcap,
+                           int rd, int cd, int n, int copy_ring) {
+    int H = src->cfg.kv_heads;
+    size_t pay = sp->codec.payload, nsc = (size_t)sp->codec.n_scales;
+    for (int h = 0; h < H; h++) {
+        size_t di = ((size_t)rd * H + h) * (size_t)dcap + (size_t)cd;
+        if (n > 0) {
+            memcpy(dd + di * pay, plane_data(sp, src, rs, h, cs), (size_t)n * pay);
+            memcpy(ds + di * nsc, plane_scales(sp, src, rs, h, cs), (size_t)n * nsc * 2);
+        }
+    }
+    if (copy_ring && sp->has_window && src->ring > 0) {
+        size_t dim = (size_t)src->cfg.head_dim, per = (size_t)H * src->ring;
+        memcpy(dwd + (size_t)rd * per * dim, sp->win_data + (size_t)rs * per * dim, per * dim);
+        memcpy(dws + (size_t)rd * per * (dim / 32), sp->win_scales + (size_t)rs * per * (dim / 32),
+               per * (dim / 32) * 2);
+    }
+}
+
+void store_copy_row(batch_store *dst, int rd, int cd, const struct tqkv_batch *src, int rs,
+                    int cs, int n, int copy_ring) {
+    copy_plane_row(src, &src->k, rs, cs, dst->kd, dst->ks, dst->kwd, dst->kws, dst->cap, rd, cd,
+                   n, copy_ring);
+    copy_plane_row(src, &src->v, rs, cs, dst->vd, dst->vs, dst->vwd, dst->vws, dst->cap, rd, cd,
+                   n, copy_ring);
+}
+
+// ---------------------------------------------------------------------------
+// Create / destroy
+// ---------------------------------------------------------------------------
+
+static void batch_set_signature(struct tqkv_batch *b, int single) {
+    const char *pre = single ? "kv:" : "kv:batched-";
+    tqkv_format kf = b->cfg.k_format, vf = b->cfg.v_format;
+    /* Rule: both tq -> "<pre>tq:<Kbits>:<Vbits>"; otherwise "<pre><K name>:<V name>". */
+    if (tqkv_format_is_tq(kf) && tqkv_format_is_tq(vf))
+        snprintf(b->signature, sizeof b->signature, "%stq:%d:%d", pre, tqkv_format_tq_bits(kf),
+                 tqkv_format_tq_bits(vf));
+    else
+        snprintf(b->signature, sizeof b->signature, "%s%s:%s", pre, tqkv_format_name(kf),
+                 tqkv_format_name(vf));
+}
+
+void batch_destroy(struct tqkv_batch *b) {
+    if (!b) return;
+    batch_store empty;
+    memset(&empty, 0, sizeof empty);
+    store_install(b, &empty);
+    codec_teardown(&b->k.codec);
+    codec_teardown(&b->k.q8);
+    codec_teardown(&b->v.codec);
+    codec_teardown(&b->v.q8);
+    free(b);
+}
+
+tqkv_status batch_create(struct tqkv_batch **out, const tqkv_cache_config *cfg, int rows,
+                         int cap, int single) {
+    tqkv_status st = batch_check_config(cfg);
+    if (st) return st;
+    struct tqkv_batch *b = calloc(1, sizeof *b);
+    if (!b) return tqkv_fail(TQKV_ENOMEM, "out of memory allocating a batch");
+    b->cfg = *cfg;
+    b->ring = batch_ring_for(cfg);
+    if ((st = codec_setup(&b->k.codec, cfg->k_format, cfg->head_dim, cfg->seed)) ||
+        (st = codec_setup(&b->v.codec, cfg->v_format, cfg->head_dim, cfg->seed)) ||
+        (st = codec_setup(&b->k.q8, TQKV_Q8, cfg->head_dim, cfg->seed)) ||
+        (st = codec_setup(&b->v.q8, TQKV_Q8, cfg->head_dim, cfg->seed))) {
+        batch_destroy(b);
+        return st ? st : tqkv_fail(TQKV_EINVAL, "codec setup failed");
+    }
+    b->k.has_window = b->ring > 0 && tqkv_format_is_tq(cfg->k_format);
+    b->v.has_window = b->ring > 0 && tqkv_format_is_tq(cfg->v_format);
+    batch_store s;
+    if ((st = store_alloc(b, rows, cap, &s))) {
+        batch_destroy(b);
+        return st;
+    }
+    store_install(b, &s);
+    batch_set_signature(b, single);
+    *out = b;
+    return TQKV_OK;
+}
+
+tqkv_status batch_reserve(struct tqkv_batch *b, int need) {
+    if (need <= b->cap) return TQKV_OK;
+    if (need > CACHE_MAX_COLUMNS)
+        return tqkv_fail(TQKV_ERANGE, "cache would need %d columns (limit %d)", need,
+                         CACHE_MAX_COLUMNS);
+    long long nc = (long long)b->cap * 2;
+    if (nc < 16) nc = 16;
+    if (nc < need) nc = need;
+    if (nc > CACHE_MAX_COLUMNS) nc = CACHE_MAX_COLUMNS;
+    batch_store s;
+    tqkv_status st = store_alloc(b, b->rows, (int)nc, &s);
+    if (st) return st;
+    for (int r = 0; r < b->rows; r++) {
+        /* whole used column range, padding included (it is zero or stale, never read) */
+        store_copy_row(&s, r, 0, b, r, 0, b->left_pad[r] + b->offset[r], 1);
+        s.offset[r] = b->offset[r];
+        s.left_pad[r] = b->left_pad[r];
+        s.win_lo[r] = b->win_lo[r];
+        s.prefill_pad[r] = b->prefill_pad[r];
+        s.spec_base[r] = b->spec_base[r];
+    }
+    store_install(b, &s);
+    return TQKV_OK;
+}
+
+int batch_window_lo(const struct tqkv_batch *b, int r) {
+    if (b->ring <= 0) return b->offset[r];
+    int s = b->offset[r] - b->cfg.window;
+    if (s < b->win_lo[r]) s = b->win_lo[r];
+    if (s < 0) s = 0;
+    if (s > b->offset[r]) s = b->offset[r];
+    return s;
+}
+
+void batch_clamp_win_lo(struct tqkv_batch *b) {
+    for (int r = 0; r < b->rows; r++)
+        if (b->win_lo[r] > b->offset[r]) b->win_lo[r] = b->offset[r];
+}
+
+// ---------------------------------------------------------------------------
+// Public: lifecycle and queries
+// ---------------------------------------------------------------------------
+
+tqkv_status tqkv_batch_init(tqkv_batch **out, const tqkv_cache_config *cfg, int rows) {
+    CACHE_CHECK(out, TQKV_EINVAL, "batch_init: out is NULL");
+    CACHE_CHECK(rows >= 0, TQKV_EINVAL, "batch_init: rows must be >= 0, got %d", rows);
+    return batch_create(out, cfg, rows, 0, 0);
+}
+
+void tqkv_batch_free(tqkv_batch *b) { batch_destroy(b); }
+
+const tqkv_cache_config *tqkv_batch_get_config(const tqkv_batch *b) { return b ? &b->cfg : NULL; }
+
+int tqkv_batch_rows(const tqkv_batch *b) { return b ? b->rows : 0; }
+
+tqkv_status tqkv_batch_offsets(const tqkv_batch *b, int *offset, int *left_pad) {
+    CACHE_CHECK(b, TQKV_EINVAL, "batch_offsets: batch is NULL");
+    if (offset && b->rows) memcpy(offset, b->offset, (size_t)b->rows * sizeof(int));
+    if (left_pad && b->rows) memcpy(left_pad, b->left_pad, (size_t)b->rows * sizeof(int));
+    return TQKV_OK;
+}
+
+int tqkv_batch_columns(const tqkv_batch *b) {
+    if (!b) return 0;
+    int c = 0;
+    for (int r = 0; r < b->rows; r++)
+        if (b->left_pad[r] + b->offset[r] > c) c = b->left_pad[r] + b->offset[r];
+    return c;
+}
+
+const char *tqkv_batch_signature(const tqkv_batch *b) { return b ? b->signature : ""; }
+
+/* Main bytes per token: kv_heads * (K vector bytes + V vector bytes). The q8 window
+ * copies are not included (they are a bounded per-row overhead, see bytes_used). */
+double tqkv_batch_bytes_per_token(const tqkv_batch *b) {
+    if (!b) return 0.0;
+    return (double)b->cfg.kv_heads * (double)(plane_vec_bytes(&b->k) + plane_vec_bytes(&b->v));
+}
+
+/* Bytes the rows hold: for each row, offset tokens of main K and V vectors, plus the
+ * valid q8 copies in the ring (offset - win_lo, at most ring) of each windowed plane.
+ * Padding columns and spare capacity are not counted. */
+size_t tqkv_batch_bytes_used(const tqkv_batch *b) {
+    if (!b) return 0;
+    size_t main = (size_t)b->cfg.kv_heads * (plane_vec_bytes(&b->k) + plane_vec_bytes(&b->v));
+    size_t win = (size_t)b->cfg.kv_heads * plane_win_bytes(b) *
+                 (size_t)(b->k.has_window + b->v.has_window);
+    size_t total = 0;
+    for (int r = 0; r < b->rows; r++) {
+        total += (size_t)b->offset[r] * main;
+        if (b->ring > 0) total += (size_t)(b->offset[r] - b->win_lo[r]) * win;
+    }
+    return total;
+}
+
+// ---------------------------------------------------------------------------
+// Append
+// ---------------------------------------------------------------------------
+
+/* Encode n consecutive tokens x [n, dim] of row r head h into plane p, starting at token t0. */
+static void plane_encode(struct tqkv_batch *b, tqkv_plane *p, int r, int h, int t0,
+                         const float *x, int n) {
+    int dim = b->cfg.head_dim;
+    int col = b->left_pad[r] + t0;
+    uint8_t *pd = (uint8_t *)plane_data(p, b, r, h, col);
+    uint16_t *ps = (uint16_t *)plane_scales(p, b, r, h, col);
+    if (!p->codec.rotated) {
+        codec_encode(&p->codec, x, (size_t)n, pd, ps);
+        return;
+    }
+    float tmp[512]; // [head_dim], rotated domain
+    for (int i = 0; i < n; i++) {
+        memcpy(tmp, x + (size_t)i * dim, (size_t)dim * sizeof(float));
+        codec_rotate(&p->codec, tmp);
+        codec_encode_rotated(&p->codec, tmp, 1, pd + (size_t)i * p->codec.payload,
+                             ps + (size_t)i * p->codec.n_scales);
+        if (p->has_window) {
+            int t = t0 + i;
+            codec_encode(&p->q8, tmp, 1, (uint8_t *)plane_win_data(p, b, r, h, t),
+                         (uint16_t *)plane_win_scales(p, b, r, h, t));
+        }
+    }
+}
+
+static int all_finite(const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return 0;
+    return 1;
+}
+
+tqkv_status tqkv_batch_append(tqkv_batch *b, const float *k, const float *v, int n) {
+    CACHE_CHECK(b, TQKV_EINVAL, "batch_append: batch is NULL");
+    CACHE_CHECK(n >= 1, TQKV_EINVAL, "batch_append: n must be >= 1, got %d", n);
+    if (b->rows == 0) return TQKV_OK;
+    CACHE_CHECK(k && v, TQKV_EINVAL, "batch_append: k or v is NULL");
+    /* The first append after prepare_prefill carries prefill_n tokens per row; row r's
+     * first prefill_pad[r] are padding: not validated, not encoded. Later appends (e.g.
+     * chunked prefill continuation before finalize) are ordinary appends. */
+    int prefill = b->prefill_active && !b->prefill_appended;
+    if (prefill && n != b->prefill_n)
+        return tqkv_fail(TQKV_EINVAL, "batch_append: the prefill append must carry %d tokens "
+                         "per row (max length), got %d", b->prefill_n, n);
+    int H = b->cfg.kv_heads, dim = b->cfg.head_dim;
+    size_t per_row = (size_t)H * (size_t)n * (size_t)dim; // [kv_heads, n, head_dim]
+    int need = 0;
+    for (int r = 0; r < b->rows; r++) {
+        int skip = prefill ? b->prefill_pad[r] : 0;
+        if ((long long)b->left_pad[r] + b->offset[r] + (n - skip) > CACHE_MAX_COLUMNS)
+            return tqkv_fail(TQKV_ERANGE, "batch_append: row %d would exceed %d columns", r,
+                             CACHE_MAX_COLUMNS);
+        int end = b->left_pad[r] + b->offset[r] + (n - skip);
+        if (end > need) need = end;
+        for (int h = 0; h < H; h++) {
+            size_t o = (size_t)r * per_row + ((size_t)h * n + skip) * dim;
+            size_t cnt = (size_t)(n - skip) * dim;
+            if (!all_finite(k + o, cnt) || !all_finite(v + o, cnt))
+                return tqkv_fail(TQKV_EINVAL,
+                                 "batch_append: non-finite value in row %d head %d (NaN/Inf "
+                                 "would poison the cache)", r, h);
+        }
+    }
+    tqkv_status st = batch_reserve(b, need);
+    if (st) return st;
+    for (int r = 0; r < b->rows; r++) {
+        int skip = prefill ? b->prefill_pad[r] : 0;
+        int cnt = n - skip;
+        for (int h = 0; h < H; h++) {
+            size_t o = (size_t)r * per_row + ((size_t)h * n + skip) * dim;
+            plane_encode(b, &b->k, r, h, b->offset[r], k + o, cnt);
+            plane_encode(b, &b->v, r, h, b->offset[r], v + o, cnt);
+        }
+        b->offset[r] += cnt;
+        if (b->ring > 0 && b->win_lo[r] < b->offset[r] - b->ring)
+            b->win_lo[r] = b->offset[r] - b->ring;
+    }
+    if (prefill) b->prefill_appended = 1;
+    return TQKV_OK;
+}
+
+// ---------------------------------------------------------------------------
+// Trim
+// ---------------------------------------------------------------------------
+
+tqkv_status tqkv_batch_trim(tqkv_batch *b, int n) {
+    CACHE_CHECK(b, TQKV_EINVAL, "batch_trim: batch is NULL");
+    CACHE_CHECK(n >= 0, TQKV_EINVAL, "batch_trim: n must be >= 0, got %d", n);
+    CACHE_CHECK(!b->prefill_active, TQKV_ESTATE,
+                "batch_trim: a prefill is in progress (finalize_prefill first)");
+    CACHE_CHECK(!b->spec_active, TQKV_ESTATE,
+                "batch_trim: a spec round is active (use spec_rollback or spec_commit)");
+    for (int r = 0; r < b->rows; r++)
+        if (n > b->offset[r])
+            return tqkv_fail(TQKV_ERANGE, "batch_trim: n = %d exceeds row %d's length %d", n, r,
+                             b->offset[r]);
+    for (int r = 0; r < b->rows; r++) b->offset[r] -= n;
+    batch_clamp_win_lo(b);
+    return TQKV_OK;
+}
+
+// ---------------------------------------------------------------------------
+// Decode
+// ---------------------------------------------------------------------------
+
+void batch_decode_range(const struct tqkv_batch *b, const tqkv_plane *p, int r, int h, int t0,
+                        int t1, int rotated, float *out) {
+    if (t1 <= t0) return;
+    int dim = b->cfg.head_dim;
+    int ws = plane_window_start(p, b, r);
+    int m1 = t1 < ws ? t1 : ws;
+    if (m1 > t0) {
+        int col = b->left_pad[r] + t0;
+        if (rotated)
+            codec_decode_rotated(&p->codec, plane_data(p, b, r, h, col),
+                                 plane_scales(p, b, r, h, col), (size_t)(m1 - t0), out);
+        else
+            codec_decode(&p->codec, plane_data(p, b, r, h, col), plane_scales(p, b, r, h, col),
+                         (size_t)(m1 - t0), out);
+    }
+    int w0 = t0 > ws ? t0 : ws;
+    for (int t = w0; t < t1; t++) {
+        float *o = out + (size_t)(t - t0) * dim;
+        /* the ring holds q8 of the rotated vector */
+        codec_decode(&p->q8, (const uint8_t *)plane_win_data(p, b, r, h, t),
+                     plane_win_scales(p, b, r, h, t), 1, o);
+        if (!rotated && p->codec.rotated) codec_unrotate(&p->codec, o);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Capture (donor): dense floats in the original domain
+// ---------------------------------------------------------------------------
+
+tqkv_status tqkv_batch_capture(const tqkv_batch *b, float *k, float *v, int *offset,
+                               int *left_pad) {
+    CACHE_CHECK(b, TQKV_EINVAL, "batch_capture: batch is NULL");
+    int cols = tqkv_batch_columns(b);
+    int H = b->cfg.kv_heads, dim = b->cfg.head_dim;
+    CACHE_CHECK((k && v) || cols == 0 || b->rows == 0, TQKV_EINVAL,
+                "batch_capture: k or v is NULL");
+    for (int r = 0; r < b->rows && cols > 0; r++) {
+        for (int h = 0; h < H; h++) {
+            size_t base = ((size_t)r * H + h) * (size_t)cols * dim; // [rows, kv_heads, cols, head_dim]
+            int lp = b->left_pad[r], off = b->offset[r];
+            memset(k + base, 0, (size_t)lp * dim * sizeof(float));
+            memset(v + base, 0, (size_t)lp * dim * sizeof(float));
+            batch_decode_range(b, &b->k, r, h, 0, off, 0, k + base + (size_t)lp * dim);
+            batch_decode_range(b, &b->v, r, h, 0, off, 0, v + base + (size_t)lp * dim);
+            size_t tail = (size_t)(cols - lp - off) * dim;
+            memset(k + base + (size_t)(lp + off) * dim, 0, tail * sizeof(float));
+            memset(v + base + (size_t)(lp + off) * dim, 0, tail * sizeof(float));
+        }
+    }
+    if (offset && b->rows) memcpy(offset, b->offset, (size_t)b->rows * sizeof(int));
+    if (left_pad && b->rows) memcpy(left_pad, b->left_pad, (size_t)b->rows * sizeof(int));
+    return TQKV_OK;
+}

@@ -1,0 +1,51 @@
+/*
+ * main.c - entry point of the tqkv CLI: dispatches to subcommands.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+typedef struct {
+    const char *name;
+    const char *sub; /* second word, or NULL */
+    int (*fn)(int, char **);
+    const char *help;
+} command;
+
+static const command COMMANDS[] = {
+    {"formats", NULL, cmd_formats, "list KV formats with bits per value"},
+    {"bench", "codec", cmd_bench_codec, "codec MSE, inner-product error and throughput"},
+    {"bench", "attention", cmd_bench_attention, "decode attention: every format and kernel set"},
+    {"tokenize", NULL, cmd_tokenize, "tokenize text with a model's tokenizer.json"},
+    {"run", NULL, cmd_run, "generate text from a prompt"},
+    {"ppl", NULL, cmd_ppl, "perplexity (and KL divergence) of a text file"},
+    {"bench", "model", cmd_bench_model, "model prefill/decode tokens per second per KV format"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: tqkv <command> [options]   (tqkv <command> --help)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "%s%s%s", COMMANDS[i].name, COMMANDS[i].sub ? " " : "",
+                 COMMANDS[i].sub ? COMMANDS[i].sub : "");
+        fprintf(f, "  %-18s %s\n", name, COMMANDS[i].help);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++) {
+        const command *c = &COMMANDS[i];
+        if (strcmp(argv[1], c->name)) continue;
+        if (!c->sub) return c->fn(argc - 2, argv + 2);
+        if (argc >= 3 && !strcmp(argv[2], c->sub)) return c->fn(argc - 3, argv + 3);
+    }
+    fprintf(stderr, "tqkv: unknown command '%s%s%s'\n", argv[1], argc >= 3 ? " " : "",
+            argc >= 3 ? argv[2] : "");
+    usage(stderr);
+    return 2;
+}

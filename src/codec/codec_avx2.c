@@ -1,0 +1,243 @@
+/*
+ * codec_avx2.c - AVX2 + F16C decode paths and Walsh-Hadamard butterflies.
+ * Owns: SIMD versions of the scalar paths in codec.c / rotation.c.
+ * Must not: differ from the scalar paths by a single bit (same operations, same
+ * order: one multiply scale * value per element; same butterflies), or be called
+ * without tqkv_cpu_has_avx2().
+ */
+#include "codec/codec_impl.h"
+
+#if TQKV_CODEC_X86
+
+#include <immintrin.h>
+#include <string.h>
+
+#include "util/common.h"
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+// ---------------------------------------------------------------------------
+// Walsh-Hadamard
+// ---------------------------------------------------------------------------
+
+/* h = 1, 2, 4 inside one register: low lanes get a + b, high lanes a - b where
+ * a is the low partner, exactly like the scalar loop. */
+AVX2 static inline __m256 fwht8(__m256 v) {
+    __m256 s = _mm256_permute_ps(v, 0xB1); /* swap neighbours */
+    v = _mm256_blend_ps(_mm256_add_ps(v, s), _mm256_sub_ps(s, v), 0xAA);
+    s = _mm256_permute_ps(v, 0x4E); /* swap pairs */
+    v = _mm256_blend_ps(_mm256_add_ps(v, s), _mm256_sub_ps(s, v), 0xCC);
+    s = _mm256_permute2f128_ps(v, v, 1); /* swap halves */
+    v = _mm256_blend_ps(_mm256_add_ps(v, s), _mm256_sub_ps(s, v), 0xF0);
+    return v;
+}
+
+AVX2 void codec_fwht_raw_avx2(float *x, int dim) {
+    // x: [dim]
+    for (int i = 0; i < dim; i += 8) _mm256_storeu_ps(x + i, fwht8(_mm256_loadu_ps(x + i)));
+    for (int h = 8; h < dim; h <<= 1)
+        for (int i = 0; i < dim; i += 2 * h)
+            for (int j = i; j < i + h; j += 8) {
+                __m256 a = _mm256_loadu_ps(x + j), b = _mm256_loadu_ps(x + j + h);
+                _mm256_storeu_ps(x + j, _mm256_add_ps(a, b));
+                _mm256_storeu_ps(x + j + h, _mm256_sub_ps(a, b));
+            }
+}
+
+AVX2 void codec_rotate_avx2(const struct tqkv_codec *c, float *x) {
+    if (!c->rotated || !c->signs) return;
+    const int d = c->dim;
+    const __m256 inv = _mm256_set1_ps(codec_inv_sqrt_dim(d));
+    for (int i = 0; i < d; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(c->signs + i)));
+    codec_fwht_raw_avx2(x, d);
+    for (int i = 0; i < d; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+}
+
+AVX2 void codec_unrotate_avx2(const struct tqkv_codec *c, float *x) {
+    if (!c->rotated || !c->signs) return;
+    const int d = c->dim;
+    const __m256 inv = _mm256_set1_ps(codec_inv_sqrt_dim(d));
+    codec_fwht_raw_avx2(x, d);
+    for (int i = 0; i < d; i += 8) {
+        __m256 f = _mm256_mul_ps(_mm256_loadu_ps(c->signs + i), inv);
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), f));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Decode helpers
+// ---------------------------------------------------------------------------
+
+/* 16 bytes -> low nibbles (elems 0..15) and high nibbles (elems 16..31). */
+AVX2 static inline void nibbles(const uint8_t *p, __m128i *lo, __m128i *hi) {
+    const __m128i m = _mm_set1_epi8(0x0F);
+    __m128i b = _mm_loadu_si128((const __m128i *)p);
+    *lo = _mm_and_si128(b, m);
+    *hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+}
+
+/* lanes 0..7 of bytes b (and b >> 64) widened to int32. */
+AVX2 static inline __m256i u8lo(__m128i b) { return _mm256_cvtepu8_epi32(b); }
+AVX2 static inline __m256i u8hi(__m128i b) { return _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)); }
+
+/* 16-entry lookup: lo table for idx < 8, hi table for idx >= 8 (bit 3 -> sign bit). */
+AVX2 static inline __m256 lut16(__m256 tlo, __m256 thi, __m256i idx) {
+    __m256 a = _mm256_permutevar8x32_ps(tlo, idx);
+    __m256 b = _mm256_permutevar8x32_ps(thi, idx);
+    return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+}
+
+/* 2-bit plane group: 8 bytes at p; k-th output vector = elems 8k..8k+7. */
+AVX2 static inline void plane2(const uint8_t *p, __m256i out[4]) {
+    const __m256i m3 = _mm256_set1_epi32(3);
+    __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    out[0] = _mm256_and_si256(v, m3);
+    out[1] = _mm256_and_si256(_mm256_srli_epi32(v, 2), m3);
+    out[2] = _mm256_and_si256(_mm256_srli_epi32(v, 4), m3);
+    out[3] = _mm256_and_si256(_mm256_srli_epi32(v, 6), m3);
+}
+
+// ---------------------------------------------------------------------------
+// Decode, one vector (rotated domain for tq)
+// ---------------------------------------------------------------------------
+
+AVX2 static void dec_f16(int d, const uint8_t *p, float *x) {
+    for (int i = 0; i < d; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 2 * i))));
+}
+
+AVX2 static void dec_q8(int d, const uint8_t *p, const uint16_t *scales, float *x) {
+    for (int b = 0; b < d / 32; b++) {
+        const __m256 s = _mm256_set1_ps(tqkv_f16_to_f32(scales[b]));
+        for (int k = 0; k < 4; k++) {
+            __m128i q = _mm_loadl_epi64((const __m128i *)(p + 32 * b + 8 * k));
+            __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+            _mm256_storeu_ps(x + 32 * b + 8 * k, _mm256_mul_ps(f, s));
+        }
+    }
+}
+
+AVX2 static void dec_q4(int d, const uint8_t *p, const uint16_t *scales, float *x) {
+    const __m256i eight = _mm256_set1_epi32(8);
+    for (int b = 0; b < d / 32; b++) {
+        const __m256 s = _mm256_set1_ps(tqkv_f16_to_f32(scales[b]));
+        __m128i lo, hi;
+        nibbles(p + 16 * b, &lo, &hi);
+        __m256i q[4] = {u8lo(lo), u8hi(lo), u8lo(hi), u8hi(hi)};
+        for (int k = 0; k < 4; k++) {
+            __m256 f = _mm256_cvtepi32_ps(_mm256_sub_epi32(q[k], eight));
+            _mm256_storeu_ps(x + 32 * b + 8 * k, _mm256_mul_ps(f, s));
+        }
+    }
+}
+
+AVX2 static void dec_tq(const struct tqkv_codec *c, const uint8_t *p, uint16_t scale, float *x) {
+    const int d = c->dim;
+    const __m256 s = _mm256_set1_ps(tqkv_f16_to_f32(scale));
+    const __m256 tlo = _mm256_loadu_ps(c->centroids);     /* entries 0..7 */
+    const __m256 thi = _mm256_loadu_ps(c->centroids + 8); /* entries 8..15 */
+    for (int g = 0; g < d / 32; g++) {
+        __m256i idx[4];
+        if (c->bits == 4) {
+            __m128i lo, hi;
+            nibbles(p + 16 * g, &lo, &hi);
+            idx[0] = u8lo(lo);
+            idx[1] = u8hi(lo);
+            idx[2] = u8lo(hi);
+            idx[3] = u8hi(hi);
+        } else {
+            plane2(p + 8 * g, idx);
+            if (c->bits == 3) {
+                const uint8_t *q = p + d / 4 + 4 * g;
+                uint32_t w = (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 |
+                             (uint32_t)q[3] << 24;
+                const __m256i wv = _mm256_set1_epi32((int)w);
+                const __m256i one = _mm256_set1_epi32(1);
+                const __m256i sh0 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                for (int k = 0; k < 4; k++) {
+                    __m256i sh = _mm256_add_epi32(sh0, _mm256_set1_epi32(8 * k));
+                    __m256i hb = _mm256_and_si256(_mm256_srlv_epi32(wv, sh), one);
+                    idx[k] = _mm256_or_si256(idx[k], _mm256_slli_epi32(hb, 2));
+                }
+            }
+        }
+        for (int k = 0; k < 4; k++) {
+            __m256 v = c->bits == 4 ? lut16(tlo, thi, idx[k]) : _mm256_permutevar8x32_ps(tlo, idx[k]);
+            _mm256_storeu_ps(x + 32 * g + 8 * k, _mm256_mul_ps(s, v));
+        }
+    }
+}
+
+AVX2 void codec_decode_one_avx2(const struct tqkv_codec *c, const uint8_t *payload,
+                                const uint16_t *scales, float *x) {
+    switch (c->format) {
+    case TQKV_F32: memcpy(x, payload, (size_t)c->dim * sizeof(float)); break;
+    case TQKV_F16: dec_f16(c->dim, payload, x); break;
+    case TQKV_Q8: dec_q8(c->dim, payload, scales, x); break;
+    case TQKV_Q4: dec_q4(c->dim, payload, scales, x); break;
+    case TQKV_TQ2:
+    case TQKV_TQ3:
+    case TQKV_TQ4: dec_tq(c, payload, scales[0], x); break;
+    default: break;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Encode pieces
+// ---------------------------------------------------------------------------
+
+AVX2 double codec_norm2_avx2(const float *x, int dim) {
+    __m256d acc = _mm256_setzero_pd(); /* lanes = a0..a3 of the scalar loop */
+    for (int i = 0; i < dim; i += 4) {
+        __m256d v = _mm256_cvtps_pd(_mm_loadu_ps(x + i));
+        acc = _mm256_add_pd(acc, _mm256_mul_pd(v, v));
+    }
+    double a[4];
+    _mm256_storeu_pd(a, acc);
+    return (a[0] + a[1]) + (a[2] + a[3]);
+}
+
+AVX2 double codec_tq_quantize_avx2(const struct tqkv_codec *c, const float *xr, float inv,
+                                   uint8_t *idx) {
+    const int d = c->dim, nb = (1 << c->bits) - 1;
+    const __m256 vinv = _mm256_set1_ps(inv);
+    const __m256 tlo = _mm256_loadu_ps(c->centroids), thi = _mm256_loadu_ps(c->centroids + 8);
+    __m256d acc = _mm256_setzero_pd(); /* lanes = c0..c3 of the scalar loop */
+    for (int i = 0; i < d; i += 8) {
+        __m256 u = _mm256_mul_ps(_mm256_loadu_ps(xr + i), vinv);
+        __m256i cnt = _mm256_setzero_si256();
+        for (int k = 0; k < nb; k++) {
+            __m256 m = _mm256_cmp_ps(u, _mm256_set1_ps(c->bounds[k]), _CMP_GT_OQ);
+            cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(m));
+        }
+        __m256 v = c->bits == 4 ? lut16(tlo, thi, cnt) : _mm256_permutevar8x32_ps(tlo, cnt);
+        __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
+        __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+        acc = _mm256_add_pd(acc, _mm256_mul_pd(lo, lo));
+        acc = _mm256_add_pd(acc, _mm256_mul_pd(hi, hi));
+        /* int32 counts (0..15) -> bytes */
+        __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(cnt), _mm256_extracti128_si256(cnt, 1));
+        _mm_storel_epi64((__m128i *)(idx + i), _mm_packus_epi16(w, w));
+    }
+    double a[4];
+    _mm256_storeu_pd(a, acc);
+    return (a[0] + a[1]) + (a[2] + a[3]);
+}
+
+AVX2 void codec_f16_encode_avx2(int dim, const float *x, uint8_t *payload) {
+    const __m128i absm = _mm_set1_epi16(0x7fff), inf = _mm_set1_epi16(0x7c00);
+    const __m128i sgn = _mm_set1_epi16((short)0x8000), qnan = _mm_set1_epi16(0x7e00);
+    for (int i = 0; i < dim; i += 8) {
+        __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT);
+        /* NaN halves (|h| > 0x7c00) -> sign | 0x7e00, as the scalar converter does */
+        __m128i nan = _mm_cmpgt_epi16(_mm_and_si128(h, absm), inf);
+        __m128i fix = _mm_or_si128(_mm_and_si128(h, sgn), qnan);
+        h = _mm_blendv_epi8(h, fix, nan);
+        _mm_storeu_si128((__m128i *)(payload + 2 * i), h);
+    }
+}
+
+#else
+typedef int codec_avx2_empty_unit; /* ISO C forbids an empty translation unit */
+#endif

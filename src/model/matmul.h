@@ -1,0 +1,44 @@
+/*
+ * matmul.h - batch-invariant matrix products for the model: y[m, n] = sum_k x[m, k] w[n, k].
+ * Owns: the CPU GEMM/GEMV kernels (AVX2/FMA with a scalar twin) and the optional BLAS path.
+ * Must not: depend on M, on tiling, or on the thread count in any output bit.
+ *
+ * Reduction order of every output element (both paths, so SIMD == scalar bit for bit):
+ *   8 partial sums s[j] (j = k mod 8) over k < K8 = K & ~7, each s[j] = fma(x, w, s[j])
+ *   in ascending k from 0; then ((s0+s4)+(s2+s6)) + ((s1+s5)+(s3+s7)); then k >= K8 in
+ *   ascending order with fma; then + bias[n] if any.
+ * Weights are [n, k] row-major (the Hugging Face layout) in f32, f16 or bf16, read in place.
+ */
+#ifndef TQKV_MATMUL_H
+#define TQKV_MATMUL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { MM_F32 = 0, MM_F16, MM_BF16 } mm_type;
+
+typedef struct {
+    const void  *data;   /* [n, k] elements of `type` */
+    mm_type      type;
+    int          n, k;
+    const float *f32;    /* optional f32 copy [n, k] for the BLAS path (NULL if none) */
+} mm_weight;
+
+/* y [m, n] = x [m, k] . w^T (+ bias [n] if not NULL). threads >= 1. Batch invariant.
+ * scratch: NULL or [m, k] floats the call may overwrite (bf16 weights use it for a
+ * permuted copy of x; without it the call allocates). */
+void mm_matmul(const float *x, int m, const mm_weight *w, const float *bias, float *y,
+               int threads, float *scratch);
+/* Same with the scalar kernel only (reference; bitwise equal to mm_matmul). */
+void mm_matmul_scalar(const float *x, int m, const mm_weight *w, const float *bias, float *y,
+                      int threads);
+/* cblas_sgemm on w->f32 (must be set); not batch invariant. */
+void mm_matmul_blas(const float *x, int m, const mm_weight *w, const float *bias, float *y,
+                    int threads);
+
+/* Element conversion helpers. */
+float mm_weight_at(const mm_weight *w, int n, int k);
+/* Row n of w to floats: out [k]. */
+void  mm_weight_row(const mm_weight *w, int n, float *out);
+
+#endif

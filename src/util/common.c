@@ -1,0 +1,136 @@
+/*
+ * common.c - error message, fp16 conversion, CPU feature detection.
+ */
+#include "common.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ------------------------------------------------------------------------- */
+/* Errors                                                                     */
+/* ------------------------------------------------------------------------- */
+
+static _Thread_local char g_err[512];
+
+tqkv_status tqkv_fail(tqkv_status s, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_err, sizeof g_err, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+void tqkv_clear_error(void) { g_err[0] = 0; }
+
+const char *tqkv_last_error(void) { return g_err; }
+
+const char *tqkv_status_name(tqkv_status s) {
+    switch (s) {
+    case TQKV_OK: return "ok";
+    case TQKV_EINVAL: return "invalid argument";
+    case TQKV_ERANGE: return "out of range";
+    case TQKV_ESTATE: return "invalid state";
+    case TQKV_ENOMEM: return "out of memory";
+    case TQKV_ECORRUPT: return "corrupt data";
+    case TQKV_EIO: return "i/o error";
+    case TQKV_EUNSUPPORTED: return "unsupported";
+    }
+    return "unknown status";
+}
+
+void *tqkv_malloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) tqkv_fail(TQKV_ENOMEM, "out of memory allocating %zu bytes", n);
+    return p;
+}
+
+void *tqkv_calloc(size_t n, size_t sz) {
+    void *p = calloc(n ? n : 1, sz ? sz : 1);
+    if (!p) tqkv_fail(TQKV_ENOMEM, "out of memory allocating %zu x %zu bytes", n, sz);
+    return p;
+}
+
+/* ------------------------------------------------------------------------- */
+/* fp16                                                                       */
+/* ------------------------------------------------------------------------- */
+
+uint16_t tqkv_f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t mant = x & 0x7fffffu;
+    int32_t exp = (int32_t)((x >> 23) & 0xffu);
+    if (exp == 0xff) /* inf / nan */
+        return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u : 0));
+    exp = exp - 127 + 15;
+    if (exp >= 31) return (uint16_t)(sign | 0x7c00u); /* overflow -> inf */
+    if (exp <= 0) {                                    /* subnormal or zero */
+        if (exp < -10) return (uint16_t)sign;
+        mant |= 0x800000u;
+        uint32_t shift = (uint32_t)(14 - exp);
+        uint32_t half = 1u << (shift - 1);
+        uint32_t rem = mant & ((1u << shift) - 1);
+        uint32_t h = mant >> shift;
+        if (rem > half || (rem == half && (h & 1))) h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)exp << 10) | (mant >> 13);
+    uint32_t rem = mant & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++; /* may carry into exp: ok */
+    return (uint16_t)(sign | h);
+}
+
+float tqkv_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+    uint32_t x;
+    if (exp == 0) {
+        if (mant == 0) {
+            x = sign;
+        } else { /* subnormal: normalize */
+            int e = -1;
+            do { mant <<= 1; e++; } while (!(mant & 0x400u));
+            mant &= 0x3ffu;
+            x = sign | ((uint32_t)(127 - 15 - e) << 23) | (mant << 13);
+        }
+    } else if (exp == 31) {
+        x = sign | 0x7f800000u | (mant << 13);
+    } else {
+        x = sign | ((exp - 15 + 127) << 23) | (mant << 13);
+    }
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+/* ------------------------------------------------------------------------- */
+/* CPU features                                                               */
+/* ------------------------------------------------------------------------- */
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+static int cpu_avx2_fma_f16c(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
+    if (!(fma && osxsave && avx && f16c)) return 0;
+    unsigned xlo, xhi;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0)); /* OS saves YMM state? */
+    if ((xlo & 6u) != 6u) return 0;
+    if (__get_cpuid_max(0, NULL) < 7) return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    return (b >> 5) & 1; /* AVX2 */
+}
+#endif
+
+int tqkv_cpu_has_avx2(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    const char *env = getenv("TQKV_NO_SIMD");
+    if (env && env[0] == '1') return 0;
+    return cpu_avx2_fma_f16c();
+#else
+    return 0;
+#endif
+}

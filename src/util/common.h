@@ -1,0 +1,47 @@
+/*
+ * common.h - small shared helpers: error reporting, fp16/bf16 conversion, CPU features.
+ * Owns: the thread-local error message behind tqkv_last_error().
+ * Must not: hold any other global state.
+ */
+#ifndef TQKV_COMMON_H
+#define TQKV_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include "tqkv.h"
+
+#if defined(__GNUC__)
+#define TQKV_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define TQKV_PRINTF(a, b)
+#endif
+
+/* Set the thread's error message and return s. Use as: return tqkv_fail(TQKV_EINVAL, "..."); */
+tqkv_status tqkv_fail(tqkv_status s, const char *fmt, ...) TQKV_PRINTF(2, 3);
+/* Clear the thread's error message (called by successful public entry points that want it). */
+void tqkv_clear_error(void);
+
+/* ---- fp16 / bf16 (scalar, exact round-to-nearest-even) ---- */
+uint16_t tqkv_f32_to_f16(float f);
+float    tqkv_f16_to_f32(uint16_t h);
+static inline float tqkv_bf16_to_f32(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* ---- CPU features (runtime dispatch) ---- */
+int tqkv_cpu_has_avx2(void); /* AVX2 + FMA + F16C; honours TQKV_NO_SIMD=1 */
+
+/* ---- checked allocation helpers ---- */
+void *tqkv_malloc(size_t n);           /* NULL on failure, sets TQKV_ENOMEM message */
+void *tqkv_calloc(size_t n, size_t sz);
+/* Overflow-checked a*b; returns 0 on overflow (and sets *ok = 0). */
+static inline size_t tqkv_mul(size_t a, size_t b, int *ok) {
+    if (a && b > SIZE_MAX / a) { *ok = 0; return 0; }
+    return a * b;
+}
+
+#endif

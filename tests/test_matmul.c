@@ -1,0 +1,152 @@
+/*
+ * test_matmul.c - the model's batch-invariant matmul: accuracy against a float64 reference,
+ * SIMD == scalar bit for bit, and invariance to M, row position, and thread count.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/matmul.h"
+#include "testutil.h"
+#include "util/common.h"
+
+// ---------------------------------------------------------------------------
+// fixtures
+// ---------------------------------------------------------------------------
+
+static uint16_t to_bf16(float f) { /* round to nearest even */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* Random weights [n, k] of type t; returns storage (free it). */
+static void *make_weight(test_rng *r, mm_type t, int n, int k, mm_weight *w) {
+    size_t cnt = (size_t)n * k;
+    void *buf = malloc(cnt * (t == MM_F32 ? 4 : 2));
+    for (size_t i = 0; i < cnt; i++) {
+        float v = (float)(rng_normal(r) * 0.05);
+        if (t == MM_F32) ((float *)buf)[i] = v;
+        else if (t == MM_F16) ((uint16_t *)buf)[i] = tqkv_f32_to_f16(v);
+        else ((uint16_t *)buf)[i] = to_bf16(v);
+    }
+    w->data = buf;
+    w->type = t;
+    w->n = n;
+    w->k = k;
+    w->f32 = NULL;
+    return buf;
+}
+
+static void ref_matmul(const float *x, int m, const mm_weight *w, const float *bias, double *y) {
+    for (int i = 0; i < m; i++)
+        for (int n = 0; n < w->n; n++) {
+            double s = bias ? bias[n] : 0;
+            for (int k = 0; k < w->k; k++) s += (double)x[(size_t)i * w->k + k] * mm_weight_at(w, n, k);
+            y[(size_t)i * w->n + n] = s;
+        }
+}
+
+// ---------------------------------------------------------------------------
+// tests
+// ---------------------------------------------------------------------------
+
+static void test_accuracy_and_scalar_twin(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed());
+    const int shapes[][3] = {{1, 37, 64}, {3, 50, 72}, {7, 29, 135}, {2, 64, 512}, {5, 17, 8}, {9, 40, 1}};
+    for (int t = 0; t < 3; t++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            int m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+            mm_weight w;
+            void *wb = make_weight(&r, (mm_type)t, n, k, &w);
+            float *x = malloc(sizeof(float) * m * k), *bias = malloc(sizeof(float) * n);
+            rng_fill_normal(&r, x, (size_t)m * k, 1.0f);
+            rng_fill_normal(&r, bias, (size_t)n, 0.1f);
+            float *y = malloc(sizeof(float) * m * n), *ys = malloc(sizeof(float) * m * n);
+            double *yr = malloc(sizeof(double) * m * n);
+            mm_matmul(x, m, &w, s % 2 ? bias : NULL, y, 2, NULL);
+            mm_matmul_scalar(x, m, &w, s % 2 ? bias : NULL, ys, 1);
+            ref_matmul(x, m, &w, s % 2 ? bias : NULL, yr);
+            assert_true(rel_l2_d(y, yr, (size_t)m * n) < 1e-5);
+            assert_memory_equal(y, ys, sizeof(float) * m * n);
+            free(wb); free(x); free(bias); free(y); free(ys); free(yr);
+        }
+}
+
+/* Row i of a product is the same bits for any M, any position in the batch, any threads. */
+static void test_batch_invariance(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() + 1);
+    for (int t = 0; t < 3; t++) {
+        int n = 77, k = 200, m = 23;
+        mm_weight w;
+        void *wb = make_weight(&r, (mm_type)t, n, k, &w);
+        float *x = malloc(sizeof(float) * m * k);
+        rng_fill_normal(&r, x, (size_t)m * k, 1.0f);
+        float *full = malloc(sizeof(float) * m * n), *part = malloc(sizeof(float) * m * n);
+        mm_matmul(x, m, &w, NULL, full, 2, NULL);
+        for (int i = 0; i < m; i++) { /* alone */
+            mm_matmul(x + (size_t)i * k, 1, &w, NULL, part, 1 + i % 2, NULL);
+            assert_memory_equal(part, full + (size_t)i * n, sizeof(float) * n);
+        }
+        for (int m0 = 0; m0 < m; m0 += 3) { /* sub-batches of every size at every offset */
+            int mm = 1 + (m0 * 7) % 9;
+            if (m0 + mm > m) mm = m - m0;
+            for (int th = 1; th <= 3; th++) {
+                mm_matmul(x + (size_t)m0 * k, mm, &w, NULL, part, th, NULL);
+                assert_memory_equal(part, full + (size_t)m0 * n, sizeof(float) * n * mm);
+            }
+        }
+        free(wb); free(x); free(full); free(part);
+    }
+}
+
+/* The scalar fallback chosen by TQKV_NO_SIMD gives the same bits. */
+static void test_no_simd_env(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() + 2);
+    int m = 6, n = 40, k = 96;
+    mm_weight w;
+    void *wb = make_weight(&r, MM_BF16, n, k, &w);
+    float *x = malloc(sizeof(float) * m * k), *a = malloc(sizeof(float) * m * n),
+          *b = malloc(sizeof(float) * m * n);
+    rng_fill_normal(&r, x, (size_t)m * k, 1.0f);
+    mm_matmul(x, m, &w, NULL, a, 2, NULL);
+    setenv("TQKV_NO_SIMD", "1", 1);
+    mm_matmul(x, m, &w, NULL, b, 2, NULL);
+    unsetenv("TQKV_NO_SIMD");
+    assert_memory_equal(a, b, sizeof(float) * m * n);
+    free(wb); free(x); free(a); free(b);
+}
+
+static void test_blas_path(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() + 3);
+    int m = 9, n = 33, k = 64;
+    mm_weight w;
+    void *wb = make_weight(&r, MM_F32, n, k, &w);
+    w.f32 = wb;
+    float *x = malloc(sizeof(float) * m * k), *y = malloc(sizeof(float) * m * n);
+    double *yr = malloc(sizeof(double) * m * n);
+    rng_fill_normal(&r, x, (size_t)m * k, 1.0f);
+    mm_matmul_blas(x, m, &w, NULL, y, 1);
+    ref_matmul(x, m, &w, NULL, yr);
+    assert_true(rel_l2_d(y, yr, (size_t)m * n) < 1e-5);
+    free(wb); free(x); free(y); free(yr);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_accuracy_and_scalar_twin),
+        cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_no_simd_env),
+        cmocka_unit_test(test_blas_path),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

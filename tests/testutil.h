@@ -1,0 +1,38 @@
+/*
+ * testutil.h - helpers shared by the tests: cmocka includes, a seeded RNG that is fresh
+ * per run (printed so a failure can be replayed with TQKV_TEST_SEED), float64 error
+ * measures, and the location of ../shared fixtures.
+ */
+#ifndef TQKV_TESTUTIL_H
+#define TQKV_TESTUTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "tqkv.h"
+
+typedef struct { uint64_t s; } test_rng;
+
+/* Seed from TQKV_TEST_SEED or the clock; prints "seed=N" once per process. */
+uint64_t test_seed(void);
+void     rng_init(test_rng *r, uint64_t seed);
+uint64_t rng_u64(test_rng *r);
+double   rng_uniform(test_rng *r);          /* [0, 1) */
+double   rng_normal(test_rng *r);
+int      rng_int(test_rng *r, int lo, int hi); /* [lo, hi] */
+void     rng_fill_normal(test_rng *r, float *x, size_t n, float sd);
+
+/* ||a - b|| / ||b|| in float64. */
+double rel_l2(const float *a, const float *b, size_t n);
+double rel_l2_d(const float *a, const double *b, size_t n);
+
+/* Absolute path of a fixture under ../shared, or NULL if ../shared is absent
+ * (TQKV_SHARED overrides). Returned string is static per call site buffer. */
+const char *shared_path(const char *rel, char *buf, size_t cap);
+/* Path of a file in the source tree. */
+const char *source_path(const char *rel, char *buf, size_t cap);
+
+#endif
