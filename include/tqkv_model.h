@@ -92,6 +92,7 @@ typedef struct {
     int weights_f32; /* convert bf16/f16 matrices to f32 at load (default: read bf16 in place) */
     int blas;        /* also keep f32 matrices for the OpenBLAS prefill path */
     int verbose;     /* progress/status lines on stderr while loading */
+    int no_pack;     /* read bf16 matrices in place instead of repacking them for GEMV */
 } tqkv_model_load_params;
 
 tqkv_model_load_params tqkv_model_load_params_default(void);

@@ -9,26 +9,37 @@
  * const pointer and may be called from several threads at once (each call keeps its
  * own word cache). A decode stream belongs to one thread.
  *
- * Pipeline of encode (HF semantics):
- *   1. added tokens are split out of the raw text: those with normalized=false are
- *      matched on the raw text, the others on the normalized text, leftmost-longest,
- *      honouring lstrip / rstrip / single_word;
- *   2. normalizer: NFC, NFD, NFKC, NFKD, Lowercase, StripAccents, Strip, Replace,
- *      Prepend, Sequence of those, or none;
+ * Pipeline of encode (HF `tokenizers` 0.2x semantics, checked against 0.23.2):
+ *   1. added tokens are split out first: those with normalized=false are matched on the
+ *      raw text, the others on the normalized text, leftmost-longest, honouring lstrip /
+ *      rstrip (Unicode White_Space), single_word (regex \w boundaries) and special (see
+ *      TQKV_ENCODE_SPECIAL_AS_TEXT). Ids follow HF's AddedVocabulary: a token whose
+ *      content is already in the vocab gets that id, a new one the next id after the
+ *      vocab; id -> token of a normalized added token is its normalized content;
+ *   2. normalizer: NFC, NFD, NFKC, NFKD, Lowercase, StripAccents, Strip, Replace (String
+ *      or Regex), Prepend, Sequence of those, or none;
  *   3. pre-tokenizer: ByteLevel (add_prefix_space, use_regex with the GPT-2 pattern),
  *      Split (String or Regex pattern; Removed / Isolated / MergedWithPrevious /
- *      MergedWithNext / Contiguous; invert), Digits, Sequence of those, or none;
- *   4. model BPE: merges by rank (lowest first, leftmost on ties), ignore_merges,
- *      byte_fallback, unk_token / fuse_unk, continuing_subword_prefix,
- *      end_of_word_suffix; merges as "a b" strings or [a, b] pairs.
- *   5. post-processor (only with TQKV_ENCODE_ADD_SPECIAL): TemplateProcessing
- *      (single), ByteLevel (no-op), Sequence of those.
- * Decoder: ByteLevel (or none: tokens joined by " "). Output of decode is valid UTF-8:
- * invalid byte sequences become U+FFFD exactly as Rust's String::from_utf8_lossy does.
+ *      MergedWithNext / Contiguous; invert), Digits, Sequence of those, or none.
+ *      Regexes are Oniguruma syntax run on PCRE2 (UTF + UCP; ^/$ match at lines);
+ *   4. model BPE: merges by rank (lowest first, leftmost on ties, as HF's heap), a
+ *      per-call word cache, ignore_merges, byte_fallback, unk_token / fuse_unk,
+ *      continuing_subword_prefix, end_of_word_suffix; merges as "a b" or [a, b];
+ *   5. post-processor, only with TQKV_ENCODE_ADD_SPECIAL: TemplateProcessing (single),
+ *      BertProcessing / RobertaProcessing (cls ... sep), ByteLevel (no-op), Sequence.
+ * Decoder: ByteLevel, or none (tokens joined by " " as HF does). decode output is valid
+ * UTF-8: invalid byte sequences become U+FFFD exactly as Rust's String::from_utf8_lossy.
  *
- * Anything else in tokenizer.json (model WordPiece/Unigram/WordLevel, normalizer
- * BertNormalizer/Precompiled, pre-tokenizer Metaspace/Whitespace/..., decoders other
- * than ByteLevel) is TQKV_EUNSUPPORTED naming the type.
+ * Not supported (TQKV_EUNSUPPORTED naming the type): models other than BPE (WordPiece,
+ * Unigram, WordLevel), BPE dropout, normalizers BertNormalizer / Precompiled / NMT /
+ * pre-tokenizers Metaspace / Whitespace / Punctuation
+ * / BertPreTokenizer / CharDelimiterSplit / UnicodeScripts, decoders other than
+ * ByteLevel; other post-processors only fail when TQKV_ENCODE_ADD_SPECIAL asks for them.
+ * truncation / padding in tokenizer.json are ignored. Pairs of sequences are not encoded.
+ * Known differences from HF: character classes come from PCRE2's and utf8proc's Unicode
+ * tables (14.0 / 15.0 here), so code points assigned or re-categorized in other Unicode
+ * versions (e.g. CJK Ext H/I, Unicode 16 scripts) may split or normalize differently, and
+ * StripAccents removes every Mn/Mc/Me mark (HF's table is older).
  *
  * Ids are int32_t. Arrays returned through `**out` are malloc'd: free() them.
  */
@@ -53,6 +64,7 @@ typedef struct tqkv_tokenizer tqkv_tokenizer;
 /* From a model directory: DIR/tokenizer.json (required), DIR/tokenizer_config.json
  * (optional: eos_token / bos_token / pad_token names, chat_template) and
  * DIR/chat_template.jinja (optional; takes precedence over the config's template).
+ * A path to a tokenizer.json file instead of a directory works like _load_file.
  * Errors: TQKV_EIO (missing/unreadable file), TQKV_ECORRUPT (malformed JSON, with file
  * and line:column; or a structurally invalid tokenizer), TQKV_EUNSUPPORTED. */
 tqkv_status tqkv_tokenizer_load(tqkv_tokenizer **out, const char *model_dir);

@@ -36,6 +36,7 @@ static void *make_weight(test_rng *r, mm_type t, int n, int k, mm_weight *w) {
     w->n = n;
     w->k = k;
     w->f32 = NULL;
+    w->packed = 0;
     return buf;
 }
 
@@ -124,6 +125,44 @@ static void test_no_simd_env(void **state) {
     free(wb); free(x); free(a); free(b);
 }
 
+/* The packed bf16 layout gives the same bits as the row layout, SIMD and scalar. */
+static void test_packed_layout(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() + 4);
+    const int shapes[][3] = {{1, 64, 512}, {2, 24, 48}, {3, 16, 32}, {7, 40, 160}, {13, 8, 16}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+        mm_weight w;
+        void *wb = make_weight(&r, MM_BF16, n, k, &w);
+        assert_true(mm_can_pack(&w));
+        uint16_t *pk = malloc(sizeof(uint16_t) * (size_t)n * k);
+        mm_pack(&w, pk);
+        mm_weight wp = w;
+        wp.data = pk;
+        wp.packed = 1;
+        assert_false(mm_can_pack(&wp));
+        for (int i = 0; i < n; i += 7)
+            for (int j = 0; j < k; j += 5) assert_true(mm_weight_at(&wp, i, j) == mm_weight_at(&w, i, j));
+        float *x = malloc(sizeof(float) * m * k), *a = malloc(sizeof(float) * m * n),
+              *b = malloc(sizeof(float) * m * n), *c = malloc(sizeof(float) * m * n),
+              *row = malloc(sizeof(float) * k);
+        rng_fill_normal(&r, x, (size_t)m * k, 1.0f);
+        mm_matmul(x, m, &w, NULL, a, 2, NULL);
+        mm_matmul(x, m, &wp, NULL, b, 1 + (int)s % 2, NULL);
+        mm_matmul_scalar(x, m, &wp, NULL, c, 1);
+        assert_memory_equal(a, b, sizeof(float) * m * n);
+        assert_memory_equal(a, c, sizeof(float) * m * n);
+        for (int i = 0; i < m; i++) { /* rows alone */
+            mm_matmul(x + (size_t)i * k, 1, &wp, NULL, b, 2, NULL);
+            assert_memory_equal(a + (size_t)i * n, b, sizeof(float) * n);
+        }
+        mm_weight_row(&wp, n - 1, row);
+        for (int j = 0; j < k; j++) assert_true(row[j] == mm_weight_at(&w, n - 1, j));
+        free(wb); free(pk); free(x); free(a); free(b); free(c); free(row);
+    }
+}
+
 static void test_blas_path(void **state) {
     (void)state;
     test_rng r;
@@ -135,7 +174,7 @@ static void test_blas_path(void **state) {
     float *x = malloc(sizeof(float) * m * k), *y = malloc(sizeof(float) * m * n);
     double *yr = malloc(sizeof(double) * m * n);
     rng_fill_normal(&r, x, (size_t)m * k, 1.0f);
-    mm_matmul_blas(x, m, &w, NULL, y, 1);
+    mm_matmul_blas(x, m, &w, NULL, y, (size_t)n, 1);
     ref_matmul(x, m, &w, NULL, yr);
     assert_true(rel_l2_d(y, yr, (size_t)m * n) < 1e-5);
     free(wb); free(x); free(y); free(yr);
@@ -146,6 +185,7 @@ int main(void) {
         cmocka_unit_test(test_accuracy_and_scalar_twin),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_no_simd_env),
+        cmocka_unit_test(test_packed_layout),
         cmocka_unit_test(test_blas_path),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -96,6 +96,19 @@ static void test_batch_roundtrip(void **state) {
             assert_string_equal(tqkv_batch_signature(b2), tqkv_batch_signature(b));
             assert_int_equal(tqkv_batch_columns(b2), tqkv_batch_columns(b));
             assert_int_equal(tqkv_batch_bytes_used(b2) <= tqkv_batch_bytes_used(b), 1);
+            /* and reads the same as the original (window tokens included) */
+            {
+                const tqkv_cache_config *c0 = tqkv_batch_get_config(b);
+                size_t nf = (size_t)tqkv_batch_rows(b) * c0->kv_heads * tqkv_batch_columns(b) *
+                            c0->head_dim + 1;
+                float *k1 = malloc(nf * 4), *v1 = malloc(nf * 4), *k2 = malloc(nf * 4),
+                      *v2 = malloc(nf * 4);
+                assert_int_equal(tqkv_batch_capture(b, k1, v1, NULL, NULL), TQKV_OK);
+                assert_int_equal(tqkv_batch_capture(b2, k2, v2, NULL, NULL), TQKV_OK);
+                assert_memory_equal(k1, k2, (nf - 1) * 4);
+                assert_memory_equal(v1, v2, (nf - 1) * 4);
+                free(k1); free(v1); free(k2); free(v2);
+            }
             /* both keep behaving the same */
             const tqkv_cache_config *cfg = tqkv_batch_get_config(b);
             int R = tqkv_batch_rows(b);
@@ -129,6 +142,8 @@ static void test_single_roundtrip(void **state) {
         tqkv_cache_config cfg = cfg_make((tqkv_format)f, TQKV_TQ3, 2, 64, rng_int(&r, 0, 8), 2, rng_u64(&r));
         seq_t s = seq_make(&r, 2, 30, 64);
         tqkv_cache *c = cache_fresh(&cfg, &s, rng_int(&r, 0, 30), &r);
+        if (rng_int(&r, 0, 1)) /* beyond the slack too: the window shrinks */
+            assert_int_equal(tqkv_cache_trim(c, rng_int(&r, 0, tqkv_cache_length(c))), TQKV_OK);
         blob x = blob_cache(c);
         tqkv_cache *c2 = NULL;
         assert_int_equal(tqkv_cache_restore(&c2, x.p, x.n), TQKV_OK);

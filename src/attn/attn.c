@@ -122,9 +122,9 @@ static int run_at(const attn_ctx *c, const tqkv_plane *pl, int r, int h, int t, 
 /* For the dense / deferred sets: decode a run of n tokens into tile [n, d] (original
  * domain for dense) and point s at it. f32 runs are used in place. */
 static void materialise(const attn_ctx *c, const tqkv_plane *pl, attn_src *s, int rot, int n,
-                        float *tile) {
+                        float *tile, const attn_pf *pf) {
     if (s->fmt == TQKV_F32) return;
-    c->isa->decode[s->fmt](s, n, tile);
+    c->isa->decode[s->fmt](s, n, tile, pf);
     if (c->kernel == TQKV_KERNEL_DENSE && rot)
         for (int j = 0; j < n; j++) codec_unrotate(&pl->codec, tile + (size_t)j * c->d);
     s->fmt = TQKV_F32;
@@ -167,17 +167,27 @@ static void decode_item(const attn_ctx *c, const attn_item *it, float *scratch, 
         e = imin(e, run_at(c, &b->k, r, h, t, &sk, &rk));
         e = imin(e, run_at(c, &b->v, r, h, t, &sv, &rv));
         const int n = e - t;
+        // prefetch: this block's V while K is read, and the next block's K
+        attn_pf pf[ATTN_NPF] = {{sv.data, sv.dstride}, {NULL, 0}};
+        if (e < it->z) {
+            attn_src nk;
+            int nr;
+            run_at(c, &b->k, r, h, e, &nk, &nr);
+            pf[1].p = nk.data;
+            pf[1].stride = nk.dstride;
+        }
         // scores for the group's heads
-        if (!fused) materialise(c, &b->k, &sk, rk, n, tile);
+        const int kdirect = fused || sk.fmt == TQKV_F32;
+        if (!fused) materialise(c, &b->k, &sk, rk, n, tile, pf);
         if (fmt_is_tq(sk.fmt))
             for (int j = 0; j < n; j++)
                 ks[j] = c->scale * tqkv_f16_to_f32(sk.scales[(size_t)j * sk.sstride]);
         else
             for (int j = 0; j < n; j++) ks[j] = c->scale;
         for (int j = n; j < ATTN_BT; j++) ks[j] = 1.0f;
-        c->isa->score[sk.fmt](&sk, n, q, G, sc, ATTN_BT);
+        c->isa->score[sk.fmt](&sk, n, q, G, sc, ATTN_BT, kdirect ? pf : NULL);
         // online softmax, value weights (tq scale folded per token)
-        if (!fused) materialise(c, &b->v, &sv, rv, n, tile);
+        if (!fused) materialise(c, &b->v, &sv, rv, n, tile, NULL);
         const float *vsp = NULL;
         if (fmt_is_tq(sv.fmt)) {
             for (int j = 0; j < n; j++)
@@ -290,11 +300,11 @@ static void prefill_item(const attn_ctx *c, const attn_item *it, float *scratch,
         if (ga < 0) continue;
         const int l0 = ga / ATTN_LANES * ATTN_LANES;
         const int l1 = gz / ATTN_LANES * ATTN_LANES + ATTN_LANES;
-        materialise(c, &b->k, &sk, rk, n, kt);
+        materialise(c, &b->k, &sk, rk, n, kt, NULL);
         isa->tile_qk((const float *)(const void *)sk.data, sk.dstride / sizeof(float), n, d, qt,
                      mp, l0, l1, st);
         isa->tile_softmax(st, n, t, mp, l0, l1, lo, hi, m, l, ot, d);
-        materialise(c, &b->v, &sv, rv, n, vt);
+        materialise(c, &b->v, &sv, rv, n, vt, NULL);
         isa->tile_pv((const float *)(const void *)sv.data, sv.dstride / sizeof(float), n, d, st,
                      mp, l0, l1, ot);
     }

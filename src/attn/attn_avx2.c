@@ -29,6 +29,12 @@ AVX2 static AI __m256i ldzx8(const uint8_t *p) {   // 8 bytes -> 8 uint32 lanes
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p));
 }
 AVX2 static AI __m256 perm(__m256 t, __m256i i) { return _mm256_permutevar8x32_ps(t, i); }
+/* Keep v in a register: stops GCC from folding a shared load back into every FMA as a
+ * memory operand (256-bit loads, 2 per cycle, are the decode kernels' tightest port). */
+#define KEEP(v) __asm__("" : "+x"(v))
+#ifndef SCORE_PAIR
+#define SCORE_PAIR(fmt) 0
+#endif
 static AI uint32_t ld32(const uint8_t *p) {
     uint32_t v;
     memcpy(&v, p, 4);
@@ -160,15 +166,21 @@ AVX2 static AI void dec_pair(int fmt, const uint8_t *pl, const uint16_t *sc, int
         break;
     }
     case TQKV_TQ3: {
+        // low 2 bits from the crumb plane, bit 2 (the 1-bit plane, moved to the sign bit)
+        // picks the table half
         const __m256i x = ldzx8(pl + 8 * g);
-        const uint32_t hb = ld32(pl + dim / 4 + 4 * g) >> (16 * h);
-        const __m256i sh = _mm256_setr_epi32(31, 30, 29, 28, 27, 26, 25, 24);
+        const __m256i hb = _mm256_castps_si256(
+            _mm256_broadcast_ss((const float *)(const void *)(pl + dim / 4 + 4 * g)));
         const __m256i xa = h ? _mm256_srli_epi32(x, 4) : x;
         const __m256i xb = h ? _mm256_srli_epi32(x, 6) : _mm256_srli_epi32(x, 2);
-        const __m256i ma = _mm256_sllv_epi32(_mm256_set1_epi32((int)hb), sh);
-        const __m256i mb = _mm256_sllv_epi32(_mm256_set1_epi32((int)(hb >> 8)), sh);
-        *a = _mm256_blendv_ps(perm(L.t0, xa), perm(L.t1, xa), _mm256_castsi256_ps(ma));
-        *b = _mm256_blendv_ps(perm(L.t0, xb), perm(L.t1, xb), _mm256_castsi256_ps(mb));
+        const __m256i sa = h ? _mm256_setr_epi32(15, 14, 13, 12, 11, 10, 9, 8)
+                             : _mm256_setr_epi32(31, 30, 29, 28, 27, 26, 25, 24);
+        const __m256i sb = h ? _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0)
+                             : _mm256_setr_epi32(23, 22, 21, 20, 19, 18, 17, 16);
+        *a = _mm256_blendv_ps(perm(L.t0, xa), perm(L.t1, xa),
+                              _mm256_castsi256_ps(_mm256_sllv_epi32(hb, sa)));
+        *b = _mm256_blendv_ps(perm(L.t0, xb), perm(L.t1, xb),
+                              _mm256_castsi256_ps(_mm256_sllv_epi32(hb, sb)));
         break;
     }
     case TQKV_TQ4: {
@@ -186,18 +198,75 @@ AVX2 static AI void dec_pair(int fmt, const uint8_t *pl, const uint16_t *sc, int
     }
 }
 
+/* Prefetch token t of each stream in pf (see attn_pf). */
+AVX2 static AI void pf_token(const attn_pf *pf, int t) {
+    if (!pf) return;
+    for (int k = 0; k < ATTN_NPF; k++) {
+        if (!pf[k].p) continue;
+        const char *p = (const char *)pf[k].p + (size_t)t * pf[k].stride;
+        for (size_t o = 0; o < pf[k].stride; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
+    }
+}
+
+/* One chunk c (natural dims 8c .. 8c+7) of a token, same values as dec_pair. */
+AVX2 static AI __m256 dec_chunk(int fmt, const uint8_t *pl, const uint16_t *sc, int dim, int c,
+                               luts L) {
+    const int g = c >> 2, k = c & 3;
+    switch (fmt) {
+    case TQKV_F32:
+        return ld((const float *)(const void *)pl + 8 * c);
+    case TQKV_F16:
+        return _mm256_cvtph_ps(
+            _mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)(const void *)pl + 8 * c)));
+    case TQKV_Q8:
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                 _mm_loadl_epi64((const __m128i *)(const void *)(pl + 8 * c)))),
+                             h2f(sc[g]));
+    case TQKV_Q4: {
+        const __m256 s = h2f(sc[g]);
+        const __m256i x = ldzx8(pl + 16 * g + 8 * (k & 1));
+        const __m256i v = k < 2 ? _mm256_and_si256(x, _mm256_set1_epi32(15)) : _mm256_srli_epi32(x, 4);
+        return _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), s, _mm256_mul_ps(s, _mm256_set1_ps(-8.0f)));
+    }
+    case TQKV_TQ2: {
+        const __m256i x = ldzx8(pl + 8 * g);
+        return perm(L.t0, k ? _mm256_srli_epi32(x, 2 * k) : x);
+    }
+    case TQKV_TQ3: {
+        const __m256i x = ldzx8(pl + 8 * g);
+        const __m256i xs = k ? _mm256_srli_epi32(x, 2 * k) : x;
+        const __m256i hb = _mm256_castps_si256(
+            _mm256_broadcast_ss((const float *)(const void *)(pl + dim / 4 + 4 * g)));
+        const __m256i sh = _mm256_sub_epi32(_mm256_set1_epi32(31 - 8 * k),
+                                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        return _mm256_blendv_ps(perm(L.t0, xs), perm(L.t1, xs),
+                                _mm256_castsi256_ps(_mm256_sllv_epi32(hb, sh)));
+    }
+    case TQKV_TQ4: {
+        const __m256i x = ldzx8(pl + 16 * g + 8 * (k & 1));
+        const __m256i xi = k < 2 ? x : _mm256_srli_epi32(x, 4);
+        return _mm256_blendv_ps(perm(L.t0, xi), perm(L.t1, xi),
+                                _mm256_castsi256_ps(_mm256_slli_epi32(x, k < 2 ? 28 : 24)));
+    }
+    default:
+        return _mm256_setzero_ps();
+    }
+}
+
 static AI int is_tq(int fmt) { return fmt == TQKV_TQ2 || fmt == TQKV_TQ3 || fmt == TQKV_TQ4; }
 
 // ---------------------------------------------------------------------------
 // decode: n tokens -> floats [n, dim]
 // ---------------------------------------------------------------------------
-AVX2 static AI void decode_gen(int fmt, const attn_src *s, int n, float *out) {
+AVX2 static AI void decode_gen(int fmt, const attn_src *s, int n, float *out,
+                               const attn_pf *pf) {
     const int dim = s->dim, ng = dim / 32;
     const luts L = luts_make(fmt, s->cent);
     for (int t = 0; t < n; t++) {
         const uint8_t *pl = s->data + (size_t)t * s->dstride;
         const uint16_t *sc = s->scales ? s->scales + (size_t)t * s->sstride : NULL;
         float *o = out + (size_t)t * dim;
+        pf_token(pf, t);
         const __m256 sv = is_tq(fmt) ? h2f(sc[0]) : _mm256_set1_ps(1.0f);
         for (int g = 0; g < ng; g++) {
 #pragma GCC unroll 2
@@ -219,9 +288,59 @@ AVX2 static AI void decode_gen(int fmt, const attn_src *s, int n, float *out) {
 // score: HB heads x TS tokens per step (HB * TS <= 8 accumulators), the token's pairs
 // decoded once and used for every head of the group.
 // ---------------------------------------------------------------------------
-AVX2 static AI void score_gen(int fmt, int HB, const attn_src *s, int n, const float *q,
-                              float *sc, int ldsc) {
+AVX2 static AI void score_pair_gen(int fmt, int HB, const attn_src *s, int n, const float *q,
+                              float *sc, int ldsc, const attn_pf *pf) {
     const int dim = s->dim, ng = dim / 32;
+    // TS tokens x HB heads x 2 chains (the pair's a and b halves) <= 8 accumulators
+    const int TS = HB == 1 ? 4 : HB == 2 ? 2 : 1;
+    const luts L = luts_make(fmt, s->cent);
+    for (int t = 0; t < n; t += TS) {
+        const uint8_t *pt[4];
+        const uint16_t *st[4];
+        for (int tt = 0; tt < TS; tt++) {
+            const int u = t + tt < n ? t + tt : n - 1;   // tail: repeat a valid token
+            pt[tt] = s->data + (size_t)u * s->dstride;
+            st[tt] = s->scales ? s->scales + (size_t)u * s->sstride : NULL;
+            pf_token(pf, u);
+        }
+        __m256 acc[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+        for (int g = 0; g < ng; g++) {
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const int ca = 8 * cha(fmt, g, h), cb = 8 * chb(fmt, g, h);
+#pragma GCC unroll 4
+                for (int tt = 0; tt < TS; tt++) {
+                    __m256 a, b;
+                    dec_pair(fmt, pt[tt], st[tt], dim, g, h, L, &a, &b);
+#pragma GCC unroll 4
+                    for (int hh = 0; hh < HB; hh++) {
+                        const float *qh = q + (size_t)hh * dim;
+                        const int i = 2 * (tt * HB + hh);
+                        acc[i] = _mm256_fmadd_ps(a, ld(qh + ca), acc[i]);
+                        acc[i + 1] = _mm256_fmadd_ps(b, ld(qh + cb), acc[i + 1]);
+                    }
+                }
+            }
+        }
+        const __m256 z = _mm256_setzero_ps();
+        const __m256 s0 = _mm256_add_ps(acc[0], acc[1]);
+        const __m256 s1 = TS * HB > 1 ? _mm256_add_ps(acc[2], acc[3]) : z;
+        const __m256 s2 = TS * HB > 2 ? _mm256_add_ps(acc[4], acc[5]) : z;
+        const __m256 s3 = TS * HB > 3 ? _mm256_add_ps(acc[6], acc[7]) : z;
+        float r[8];
+        _mm256_storeu_ps(r, hsum8(s0, s1, s2, s3, z, z, z, z));
+        for (int tt = 0; tt < TS && t + tt < n; tt++)
+            for (int hh = 0; hh < HB; hh++) sc[(size_t)hh * ldsc + t + tt] = r[tt * HB + hh];
+    }
+}
+
+/* Chunk strategy: TS tokens x HB heads accumulators; each token chunk decoded once, each
+ * q chunk loaded once per step (KEEP) and used by all TS tokens. */
+AVX2 static AI void score_chunk_gen(int fmt, int HB, const attn_src *s, int n, const float *q,
+                                    float *sc, int ldsc, const attn_pf *pf) {
+    const int dim = s->dim, nc = dim / 8;
     const int TS = HB == 1 ? 8 : HB == 2 ? 4 : HB <= 4 ? 2 : 1;
     const luts L = luts_make(fmt, s->cent);
     for (int t = 0; t < n; t += TS) {
@@ -231,24 +350,24 @@ AVX2 static AI void score_gen(int fmt, int HB, const attn_src *s, int n, const f
             const int u = t + tt < n ? t + tt : n - 1;   // tail: repeat a valid token
             pt[tt] = s->data + (size_t)u * s->dstride;
             st[tt] = s->scales ? s->scales + (size_t)u * s->sstride : NULL;
+            pf_token(pf, u);
         }
         __m256 acc[8];
 #pragma GCC unroll 8
         for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
-        for (int g = 0; g < ng; g++) {
-#pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) {
-                const int ca = 8 * cha(fmt, g, h), cb = 8 * chb(fmt, g, h);
+        for (int c = 0; c < nc; c += 4) {
+#pragma GCC unroll 4
+            for (int cc = 0; cc < 4; cc++) {
+                __m256 kv[8];
 #pragma GCC unroll 8
-                for (int tt = 0; tt < TS; tt++) {
-                    __m256 a, b;
-                    dec_pair(fmt, pt[tt], st[tt], dim, g, h, L, &a, &b);
+                for (int tt = 0; tt < TS; tt++) kv[tt] = dec_chunk(fmt, pt[tt], st[tt], dim, c + cc, L);
 #pragma GCC unroll 8
-                    for (int hh = 0; hh < HB; hh++) {
-                        const float *qh = q + (size_t)hh * dim;
-                        acc[tt * HB + hh] = _mm256_fmadd_ps(a, ld(qh + ca), acc[tt * HB + hh]);
-                        acc[tt * HB + hh] = _mm256_fmadd_ps(b, ld(qh + cb), acc[tt * HB + hh]);
-                    }
+                for (int hh = 0; hh < HB; hh++) {
+                    __m256 qc = ld(q + (size_t)hh * dim + 8 * (c + cc));
+                    if (TS > 1) KEEP(qc);
+#pragma GCC unroll 8
+                    for (int tt = 0; tt < TS; tt++)
+                        acc[tt * HB + hh] = _mm256_fmadd_ps(kv[tt], qc, acc[tt * HB + hh]);
                 }
             }
         }
@@ -258,6 +377,13 @@ AVX2 static AI void score_gen(int fmt, int HB, const attn_src *s, int n, const f
         for (int tt = 0; tt < TS && t + tt < n; tt++)
             for (int hh = 0; hh < HB; hh++) sc[(size_t)hh * ldsc + t + tt] = r[tt * HB + hh];
     }
+}
+
+/* Strategy per format (measured on Zen 4: see docs in attn.c). */
+AVX2 static AI void score_gen(int fmt, int HB, const attn_src *s, int n, const float *q,
+                              float *sc, int ldsc, const attn_pf *pf) {
+    if (SCORE_PAIR(fmt)) score_pair_gen(fmt, HB, s, n, q, sc, ldsc, pf);
+    else score_chunk_gen(fmt, HB, s, n, q, sc, ldsc, pf);
 }
 
 // ---------------------------------------------------------------------------
@@ -280,9 +406,6 @@ AVX2 static AI void accum_step(int fmt, int HB, int CP, const attn_src *s, int n
     for (int t = 0; t < n; t++) {
         const uint8_t *pl = s->data + (size_t)t * s->dstride;
         const uint16_t *sc = s->scales ? s->scales + (size_t)t * s->sstride : NULL;
-        __m256 wt[4];
-#pragma GCC unroll 4
-        for (int hh = 0; hh < HB; hh++) wt[hh] = bc(w + (size_t)hh * ldw + t);
 #pragma GCC unroll 4
         for (int cp = 0; cp < CP; cp++) {
             const int g = g0 + (CP == 1 ? 0 : cp >> 1), h = CP == 1 ? hs : (cp & 1);
@@ -290,8 +413,9 @@ AVX2 static AI void accum_step(int fmt, int HB, int CP, const attn_src *s, int n
             dec_pair(fmt, pl, sc, dim, g, h, L, &a, &b);
 #pragma GCC unroll 4
             for (int hh = 0; hh < HB; hh++) {
-                A[cp * HB + hh] = _mm256_fmadd_ps(wt[hh], a, A[cp * HB + hh]);
-                B[cp * HB + hh] = _mm256_fmadd_ps(wt[hh], b, B[cp * HB + hh]);
+                const __m256 wt = bc(w + (size_t)hh * ldw + t);
+                A[cp * HB + hh] = _mm256_fmadd_ps(wt, a, A[cp * HB + hh]);
+                B[cp * HB + hh] = _mm256_fmadd_ps(wt, b, B[cp * HB + hh]);
             }
         }
     }
@@ -325,20 +449,21 @@ AVX2 static AI void accum_gen(int fmt, int HB, int CP, const attn_src *s, int n,
 // Instantiation: one function per format; heads are processed in passes of <= 4
 // ---------------------------------------------------------------------------
 #define ATTN_FMT_FUNCS(NAME, FMT)                                                            \
-    AVX2 static void dec_##NAME(const attn_src *s, int n, float *out) {                      \
-        decode_gen(FMT, s, n, out);                                                          \
+    AVX2 static void dec_##NAME(const attn_src *s, int n, float *out, const attn_pf *pf) {   \
+        decode_gen(FMT, s, n, out, pf);                                                      \
     }                                                                                        \
     AVX2 static void score_##NAME(const attn_src *s, int n, const float *q, int nh,          \
-                                  float *sc, int ldsc) {                                     \
+                                  float *sc, int ldsc, const attn_pf *pf) {                  \
         for (int h0 = 0; h0 < nh;) {                                                         \
             const int left = nh - h0;                                                        \
             const int hb = left >= 4 ? 4 : left;                                             \
             const float *qh = q + (size_t)h0 * s->dim;                                       \
             float *sh = sc + (size_t)h0 * ldsc;                                              \
-            if (hb == 4) score_gen(FMT, 4, s, n, qh, sh, ldsc);                              \
-            else if (hb == 3) score_gen(FMT, 3, s, n, qh, sh, ldsc);                         \
-            else if (hb == 2) score_gen(FMT, 2, s, n, qh, sh, ldsc);                         \
-            else score_gen(FMT, 1, s, n, qh, sh, ldsc);                                      \
+            const attn_pf *p1 = h0 == 0 ? pf : NULL;                                         \
+            if (hb == 4) score_gen(FMT, 4, s, n, qh, sh, ldsc, p1);                          \
+            else if (hb == 3) score_gen(FMT, 3, s, n, qh, sh, ldsc, p1);                     \
+            else if (hb == 2) score_gen(FMT, 2, s, n, qh, sh, ldsc, p1);                     \
+            else score_gen(FMT, 1, s, n, qh, sh, ldsc, p1);                                  \
             h0 += hb;                                                                        \
         }                                                                                    \
     }                                                                                        \

@@ -46,11 +46,21 @@ typedef struct {
     const float    *cent;     /* tq: centroids [16] */
 } attn_src;
 
+/* Software prefetch of other token streams while a primitive walks its own n tokens:
+ * for token t it touches bytes [p + t * stride, p + t * stride + stride) of each entry
+ * with p != NULL (the V run of the block, the K run of the next block). The cache's
+ * 4 KiB pages defeat the hardware stream prefetcher; this hides DRAM latency. */
+typedef struct {
+    const uint8_t *p;
+    size_t stride;
+} attn_pf;
+#define ATTN_NPF 2
+
 /* decode: out [n, dim] = fully decoded tokens (tq: scale * c[idx], stored domain). */
-typedef void (*attn_decode_fn)(const attn_src *s, int n, float *out);
+typedef void (*attn_decode_fn)(const attn_src *s, int n, float *out, const attn_pf *pf);
 /* score: sc[h * ldsc + t] = sum_i q[h * dim + i] * u_t[i]   for h < nh, t < n. */
 typedef void (*attn_score_fn)(const attn_src *s, int n, const float *q, int nh, float *sc,
-                              int ldsc);
+                              int ldsc, const attn_pf *pf);
 /* accum: acc[h * dim + i] += sum_t w[h * ldw + t] * u_t[i], tokens in order. */
 typedef void (*attn_accum_fn)(const attn_src *s, int n, const float *w, int ldw, int nh,
                               float *acc);

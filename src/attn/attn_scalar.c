@@ -78,12 +78,15 @@ static inline const uint16_t *src_sc(const attn_src *s, int t) {
 // ---------------------------------------------------------------------------
 // Decode engine primitives
 // ---------------------------------------------------------------------------
-static void sc_decode(const attn_src *s, int n, float *out) {
+static void sc_decode(const attn_src *s, int n, float *out, const attn_pf *pf) {
+    (void)pf;
     for (int t = 0; t < n; t++)
         attn_decode_token(s, src_pl(s, t), src_sc(s, t), 1, out + (size_t)t * s->dim);
 }
 
-static void sc_score(const attn_src *s, int n, const float *q, int nh, float *sc, int ldsc) {
+static void sc_score(const attn_src *s, int n, const float *q, int nh, float *sc, int ldsc,
+                     const attn_pf *pf) {
+    (void)pf;
     const int d = s->dim;
     float u[512];   // [dim]
     for (int t = 0; t < n; t++) {

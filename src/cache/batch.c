@@ -257,8 +257,8 @@ tqkv_status batch_reserve(struct tqkv_batch *b, int need) {
     tqkv_status st = store_alloc(b, b->rows, (int)nc, &s);
     if (st) return st;
     for (int r = 0; r < b->rows; r++) {
-        /* whole used column range, padding included (it is zero or stale, never read) */
-        store_copy_row(&s, r, 0, b, r, 0, b->left_pad[r] + b->offset[r], 1);
+        /* token columns only (padding is never read; the new storage holds zeros there) */
+        store_copy_row(&s, r, b->left_pad[r], b, r, b->left_pad[r], b->offset[r], 1);
         s.offset[r] = b->offset[r];
         s.left_pad[r] = b->left_pad[r];
         s.win_lo[r] = b->win_lo[r];
@@ -427,6 +427,10 @@ tqkv_status tqkv_batch_append(tqkv_batch *b, const float *k, const float *v, int
 // Trim
 // ---------------------------------------------------------------------------
 
+/* Drop the newest n tokens of every row (0 <= n <= min offset, else ERANGE). Refused
+ * during a prefill and during a spec round (ESTATE: a round ends with spec_rollback,
+ * which knows the round's base). Bytes stay; win_lo is clamped to the new offset, so a
+ * cut by <= window_slack reads (and exports) exactly like a fresh cache. */
 tqkv_status tqkv_batch_trim(tqkv_batch *b, int n) {
     CACHE_CHECK(b, TQKV_EINVAL, "batch_trim: batch is NULL");
     CACHE_CHECK(n >= 0, TQKV_EINVAL, "batch_trim: n must be >= 0, got %d", n);

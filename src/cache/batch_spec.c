@@ -37,6 +37,9 @@ tqkv_status tqkv_batch_prepare_prefill(tqkv_batch *b, const int *lengths) {
                              lengths[r], CACHE_MAX_COLUMNS);
         if (lengths[r] > mx) mx = lengths[r];
     }
+    /* room for the prefill append now (keeps cap >= every row's end column) */
+    tqkv_status st = batch_reserve(b, mx);
+    if (st) return st;
     for (int r = 0; r < b->rows; r++) {
         b->prefill_pad[r] = mx - lengths[r];
         b->left_pad[r] = mx - lengths[r];

@@ -35,54 +35,76 @@ static inline float w_elem(const void *w, mm_type t, size_t i) {
     }
 }
 
+/* Index of element (n, k) in w's storage. Packed bf16: [n/8][k/16][8][16]. */
+static inline size_t w_index(const mm_weight *w, int n, int k) {
+    if (!w->packed) return (size_t)n * (size_t)w->k + (size_t)k;
+    return (((size_t)(n / 8) * (size_t)(w->k / 16) + (size_t)(k / 16)) * 8 + (size_t)(n % 8)) * 16 +
+           (size_t)(k % 16);
+}
+
 float mm_weight_at(const mm_weight *w, int n, int k) {
-    return w_elem(w->data, w->type, (size_t)n * (size_t)w->k + (size_t)k);
+    return w_elem(w->data, w->type, w_index(w, n, k));
 }
 
 void mm_weight_row(const mm_weight *w, int n, float *out) {
-    size_t base = (size_t)n * (size_t)w->k;
-    if (w->type == MM_F32) {
-        memcpy(out, (const float *)w->data + base, (size_t)w->k * sizeof(float));
+    if (w->type == MM_F32 && !w->packed) {
+        memcpy(out, (const float *)w->data + (size_t)n * (size_t)w->k, (size_t)w->k * sizeof(float));
         return;
     }
-    for (int k = 0; k < w->k; k++) out[k] = w_elem(w->data, w->type, base + (size_t)k);
+    for (int k = 0; k < w->k; k++) out[k] = w_elem(w->data, w->type, w_index(w, n, k));
+}
+
+int mm_can_pack(const mm_weight *w) {
+    return w->type == MM_BF16 && !w->packed && w->n % 8 == 0 && w->k % 16 == 0 && w->k > 0;
+}
+
+void mm_pack(const mm_weight *w, uint16_t *dst) {
+    const uint16_t *src = w->data;
+    for (int n = 0; n < w->n; n++)
+        for (int k = 0; k < w->k; k += 16) {
+            mm_weight pw = *w;
+            pw.packed = 1;
+            memcpy(dst + w_index(&pw, n, k), src + (size_t)n * w->k + k, 16 * sizeof(uint16_t));
+        }
 }
 
 // ---------------------------------------------------------------------------
 // scalar kernel: one output element, the canonical order
 // ---------------------------------------------------------------------------
 
-static float dot_scalar(const float *x, const void *w, mm_type t, size_t woff, int K) {
+static float dot_scalar(const float *x, const mm_weight *w, int n) {
+    const void *d = w->data;
+    const mm_type t = w->type;
+    const int K = w->k;
     float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int K8;
     if (t == MM_BF16) { /* lane j takes pair (2j, 2j+1) of each 16-block */
         K8 = K & ~15;
         for (int k = 0; k < K8; k += 16)
             for (int j = 0; j < 8; j++) {
-                s[j] = fmaf(x[k + 2 * j], w_elem(w, t, woff + (size_t)(k + 2 * j)), s[j]);
-                s[j] = fmaf(x[k + 2 * j + 1], w_elem(w, t, woff + (size_t)(k + 2 * j + 1)), s[j]);
+                s[j] = fmaf(x[k + 2 * j], w_elem(d, t, w_index(w, n, k + 2 * j)), s[j]);
+                s[j] = fmaf(x[k + 2 * j + 1], w_elem(d, t, w_index(w, n, k + 2 * j + 1)), s[j]);
             }
     } else {
         K8 = K & ~7;
         for (int k = 0; k < K8; k += 8)
-            for (int j = 0; j < 8; j++)
-                s[j] = fmaf(x[k + j], w_elem(w, t, woff + (size_t)(k + j)), s[j]);
+            for (int j = 0; j < 8; j++) s[j] = fmaf(x[k + j], w_elem(d, t, w_index(w, n, k + j)), s[j]);
     }
     float a0 = s[0] + s[4], a1 = s[1] + s[5], a2 = s[2] + s[6], a3 = s[3] + s[7];
     float r = (a0 + a2) + (a1 + a3);
-    for (int k = K8; k < K; k++) r = fmaf(x[k], w_elem(w, t, woff + (size_t)k), r);
+    for (int k = K8; k < K; k++) r = fmaf(x[k], w_elem(d, t, w_index(w, n, k)), r);
     return r;
 }
 
 /* Columns [n0, n1) of every row. */
 static void range_scalar(const float *x, int m, const mm_weight *w, const float *bias, float *y,
-                         int n0, int n1) {
-    int K = w->k, N = w->n;
+                         size_t ldy, int n0, int n1) {
+    int K = w->k;
     for (int i = 0; i < m; i++)
         for (int n = n0; n < n1; n++) {
-            float r = dot_scalar(x + (size_t)i * K, w->data, w->type, (size_t)n * K, K);
+            float r = dot_scalar(x + (size_t)i * K, w, n);
             if (bias) r += bias[n];
-            y[(size_t)i * N + n] = r;
+            y[(size_t)i * ldy + n] = r;
         }
 }
 
@@ -92,6 +114,7 @@ static void range_scalar(const float *x, int m, const mm_weight *w, const float 
 #ifdef MM_X86
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define AINL __attribute__((always_inline)) inline
+#define MM_BF16P 3 /* tile type code: bf16 in the packed layout */
 
 static AINL TGT __m256 ld8(const void *w, size_t i, const int t) {
     if (t == MM_F32) return _mm256_loadu_ps((const float *)w + i);
@@ -130,24 +153,26 @@ static AINL TGT void tile(const float *x, size_t ldx, const void *w, size_t ldw,
 #pragma GCC unroll 8
         for (int j = 0; j < NR; j++) acc[i][j] = _mm256_setzero_ps();
     const size_t esz = T == MM_F32 ? 4 : 2;
-    const int KB = T == MM_BF16 ? 16 : 8;
+    const int P = T == MM_BF16P; /* packed: row j's 16-block kb at j*16 + kb*128 */
+    const int KB = T == MM_BF16 || P ? 16 : 8;
+#define WOFF(j, k) (P ? (size_t)(j) * 16 + (size_t)((k) >> 4) * 128 : (size_t)(j) * ldw + (size_t)(k))
     const int Kb = K / KB * KB;
     const __m256i hi16 = _mm256_set1_epi32((int)0xffff0000u);
     for (int k = 0; k < Kb; k += KB) {
         /* fetch the next tile's rows (NR rows on) one cache line per row ahead of use */
-        if (NR > MR && ((size_t)k * esz) % 64 == 0) {
+        if (!P && NR > MR && ((size_t)k * esz) % 64 == 0) {
 #pragma GCC unroll 8
             for (int j = 0; j < NR; j++)
                 _mm_prefetch((const char *)w + ((size_t)(j + NR) * ldw + (size_t)k) * esz,
                              _MM_HINT_T0);
         }
-        if (T == MM_BF16) {
+        if (T == MM_BF16 || P) {
             if (NR <= MR) {
                 __m256 we[8], wo[8];
 #pragma GCC unroll 8
                 for (int j = 0; j < NR; j++) {
                     __m256i v = _mm256_loadu_si256(
-                        (const __m256i *)((const uint16_t *)w + (size_t)j * ldw + (size_t)k));
+                        (const __m256i *)((const uint16_t *)w + WOFF(j, k)));
                     we[j] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
                     wo[j] = _mm256_castsi256_ps(_mm256_and_si256(v, hi16));
                 }
@@ -171,7 +196,7 @@ static AINL TGT void tile(const float *x, size_t ldx, const void *w, size_t ldw,
 #pragma GCC unroll 8
                 for (int j = 0; j < NR; j++) {
                     __m256i v = _mm256_loadu_si256(
-                        (const __m256i *)((const uint16_t *)w + (size_t)j * ldw + (size_t)k));
+                        (const __m256i *)((const uint16_t *)w + WOFF(j, k)));
                     __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
                     __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(v, hi16));
 #pragma GCC unroll 4
@@ -209,10 +234,11 @@ static AINL TGT void tile(const float *x, size_t ldx, const void *w, size_t ldw,
         for (int j = 0; j < NR; j++) {
             float r = hsum8(acc[i][j]);
             for (int k = Kb; k < K; k++)
-                r = fmaf(x[(size_t)i * ldx + k], ld1(w, (size_t)j * ldw + (size_t)k, T), r);
+                r = fmaf(x[(size_t)i * ldx + k], ld1(w, WOFF(j, k - k % KB) + (size_t)(k % KB), P ? MM_BF16 : T), r);
             if (bias) r += bias[j];
             y[(size_t)i * ldy + j] = r;
         }
+#undef WOFF
 }
 
 typedef void (*tile_fn)(const float *, size_t, const void *, size_t, float *, size_t, int,
@@ -235,9 +261,13 @@ DEF_TILE(4, 2, MM_BF16, bf16) DEF_TILE(3, 2, MM_BF16, bf16) DEF_TILE(2, 2, MM_BF
 DEF_TILE(1, 2, MM_BF16, bf16) DEF_TILE(2, 4, MM_BF16, bf16) DEF_TILE(1, 8, MM_BF16, bf16)
 DEF_TILE(4, 1, MM_BF16, bf16) DEF_TILE(3, 1, MM_BF16, bf16) DEF_TILE(2, 1, MM_BF16, bf16)
 DEF_TILE(1, 1, MM_BF16, bf16)
+DEF_TILE(4, 2, MM_BF16P, bf16p) DEF_TILE(3, 2, MM_BF16P, bf16p) DEF_TILE(2, 2, MM_BF16P, bf16p)
+DEF_TILE(1, 2, MM_BF16P, bf16p) DEF_TILE(2, 4, MM_BF16P, bf16p) DEF_TILE(1, 8, MM_BF16P, bf16p)
+DEF_TILE(4, 1, MM_BF16P, bf16p) DEF_TILE(3, 1, MM_BF16P, bf16p) DEF_TILE(2, 1, MM_BF16P, bf16p)
+DEF_TILE(1, 1, MM_BF16P, bf16p)
 
 /* Tile function for (mr, nr) and type. */
-static tile_fn pick(int mr, int nr, mm_type t) {
+static tile_fn pick(int mr, int nr, mm_type t, int packed) {
 #define PICK(TN)                                                                                  \
     switch (mr * 16 + nr) {                                                                       \
     case 4 * 16 + 3: return tile_4x3_##TN;                                                        \
@@ -255,6 +285,21 @@ static tile_fn pick(int mr, int nr, mm_type t) {
     }
     if (t == MM_F32) { PICK(f32) }
     if (t == MM_F16) { PICK(f16) }
+    if (packed) {
+        switch (mr * 16 + nr) {
+        case 4 * 16 + 2: return tile_4x2_bf16p;
+        case 3 * 16 + 2: return tile_3x2_bf16p;
+        case 2 * 16 + 2: return tile_2x2_bf16p;
+        case 1 * 16 + 2: return tile_1x2_bf16p;
+        case 2 * 16 + 4: return tile_2x4_bf16p;
+        case 1 * 16 + 8: return tile_1x8_bf16p;
+        case 4 * 16 + 1: return tile_4x1_bf16p;
+        case 3 * 16 + 1: return tile_3x1_bf16p;
+        case 2 * 16 + 1: return tile_2x1_bf16p;
+        case 1 * 16 + 1: return tile_1x1_bf16p;
+        default: return NULL;
+        }
+    }
     switch (mr * 16 + nr) {
     case 4 * 16 + 2: return tile_4x2_bf16;
     case 3 * 16 + 2: return tile_3x2_bf16;
@@ -282,8 +327,8 @@ static int tile_nr(int m, mm_type t) {
 
 /* Columns [n0, n1) of every row with AVX2 tiles. */
 static void range_avx2(const float *x, int m, const mm_weight *w, const float *bias, float *y,
-                       int n0, int n1) {
-    int K = w->k, N = w->n;
+                       size_t ldy, int n0, int n1) {
+    int K = w->k;
     size_t esz = w->type == MM_F32 ? 4 : 2;
     const uint8_t *wb = w->data;
     int MR = m >= 4 ? 4 : m, NR = tile_nr(m, w->type);
@@ -294,9 +339,11 @@ static void range_avx2(const float *x, int m, const mm_weight *w, const float *b
             int nr = n < nfull ? NR : 1;
             for (int i = mb; i < me;) {
                 int mr = me - i >= MR ? MR : me - i;
-                tile_fn f = pick(mr, nr, w->type);
-                f(x + (size_t)i * K, (size_t)K, wb + (size_t)n * K * esz, (size_t)K,
-                  y + (size_t)i * N + n, (size_t)N, K, bias ? bias + n : NULL);
+                tile_fn f = pick(mr, nr, w->type, w->packed);
+                size_t wo = w->packed ? ((size_t)(n / 8) * (size_t)K * 8 + (size_t)(n % 8) * 16) * esz
+                                      : (size_t)n * K * esz;
+                f(x + (size_t)i * K, (size_t)K, wb + wo, (size_t)K, y + (size_t)i * ldy + n,
+                  ldy, K, bias ? bias + n : NULL);
                 i += mr;
             }
             n += nr;
@@ -309,15 +356,16 @@ static void range_avx2(const float *x, int m, const mm_weight *w, const float *b
 // drivers
 // ---------------------------------------------------------------------------
 
-typedef void (*range_fn)(const float *, int, const mm_weight *, const float *, float *, int, int);
+typedef void (*range_fn)(const float *, int, const mm_weight *, const float *, float *, size_t,
+                         int, int);
 
 static void run_split(range_fn fn, const float *x, int m, const mm_weight *w, const float *bias,
-                      float *y, int threads, int unit) {
+                      float *y, size_t ldy, int threads, int unit) {
     int N = w->n;
     int tiles = (N + unit - 1) / unit;
     if (threads > tiles) threads = tiles;
     if (threads <= 1 || (size_t)m * (size_t)N * (size_t)w->k < 32768) {
-        fn(x, m, w, bias, y, 0, N);
+        fn(x, m, w, bias, y, ldy, 0, N);
         return;
     }
 #pragma omp parallel num_threads(threads)
@@ -325,13 +373,13 @@ static void run_split(range_fn fn, const float *x, int m, const mm_weight *w, co
         int t = omp_get_thread_num(), nt = omp_get_num_threads();
         int a = (int)((long)tiles * t / nt) * unit, b = (int)((long)tiles * (t + 1) / nt) * unit;
         if (b > N) b = N;
-        if (a < b) fn(x, m, w, bias, y, a, b);
+        if (a < b) fn(x, m, w, bias, y, ldy, a, b);
     }
 }
 
 void mm_matmul_scalar(const float *x, int m, const mm_weight *w, const float *bias, float *y,
                       int threads) {
-    run_split(range_scalar, x, m, w, bias, y, threads, 8);
+    run_split(range_scalar, x, m, w, bias, y, (size_t)w->n, threads, 8);
 }
 
 /* bf16 kernels read x with each 16-block split into its even then its odd elements:
@@ -352,6 +400,11 @@ static void permute_pairs(const float *x, int m, int K, float *xp) {
 
 void mm_matmul(const float *x, int m, const mm_weight *w, const float *bias, float *y,
                int threads, float *scratch) {
+    mm_matmul_ld(x, m, w, bias, y, (size_t)w->n, threads, scratch);
+}
+
+void mm_matmul_ld(const float *x, int m, const mm_weight *w, const float *bias, float *y,
+                  size_t ldy, int threads, float *scratch) {
     if (m <= 0 || w->n <= 0) return;
 #ifdef MM_X86
     if (tqkv_cpu_has_avx2()) {
@@ -359,32 +412,32 @@ void mm_matmul(const float *x, int m, const mm_weight *w, const float *bias, flo
         if (w->type == MM_BF16) {
             xp = scratch ? scratch : malloc(sizeof(float) * (size_t)m * (size_t)w->k);
             if (!xp) { /* no memory for the permuted copy: same bits, slower */
-                mm_matmul_scalar(x, m, w, bias, y, threads);
+                run_split(range_scalar, x, m, w, bias, y, ldy, threads, 8);
                 return;
             }
             permute_pairs(x, m, w->k, xp);
         }
         int NR = tile_nr(m, w->type);
         int unit = NR * (NR <= 3 ? 4 : 1);
-        run_split(range_avx2, xp ? xp : x, m, w, bias, y, threads, unit);
+        run_split(range_avx2, xp ? xp : x, m, w, bias, y, ldy, threads, unit);
         if (xp != scratch) free(xp);
         return;
     }
 #endif
-    mm_matmul_scalar(x, m, w, bias, y, threads);
+    run_split(range_scalar, x, m, w, bias, y, ldy, threads, 8);
 }
 
 void mm_matmul_blas(const float *x, int m, const mm_weight *w, const float *bias, float *y,
-                    int threads) {
+                    size_t ldy, int threads) {
     if (m <= 0 || w->n <= 0) return;
     if (!w->f32) {
-        mm_matmul(x, m, w, bias, y, threads, NULL);
+        mm_matmul_ld(x, m, w, bias, y, ldy, threads, NULL);
         return;
     }
     openblas_set_num_threads(threads);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, w->n, w->k, 1.0f, x, w->k, w->f32,
-                w->k, 0.0f, y, w->n);
+                w->k, 0.0f, y, (int)ldy);
     if (bias)
         for (int i = 0; i < m; i++)
-            for (int n = 0; n < w->n; n++) y[(size_t)i * w->n + n] += bias[n];
+            for (int n = 0; n < w->n; n++) y[(size_t)i * ldy + n] += bias[n];
 }

@@ -22,6 +22,8 @@ typedef struct {
     mm_type      type;
     int          n, k;
     const float *f32;    /* optional f32 copy [n, k] for the BLAS path (NULL if none) */
+    int          packed; /* bf16 only: [n/8][k/16][8][16] (8 rows' 16-blocks interleaved, so a
+                            GEMV streams one contiguous run; same math, same bits) */
 } mm_weight;
 
 /* y [m, n] = x [m, k] . w^T (+ bias [n] if not NULL). threads >= 1. Batch invariant.
@@ -29,14 +31,21 @@ typedef struct {
  * permuted copy of x; without it the call allocates). */
 void mm_matmul(const float *x, int m, const mm_weight *w, const float *bias, float *y,
                int threads, float *scratch);
+/* Same with y rows ldy floats apart (ldy >= n): writes y[i * ldy + j], j < n. */
+void mm_matmul_ld(const float *x, int m, const mm_weight *w, const float *bias, float *y,
+                  size_t ldy, int threads, float *scratch);
 /* Same with the scalar kernel only (reference; bitwise equal to mm_matmul). */
 void mm_matmul_scalar(const float *x, int m, const mm_weight *w, const float *bias, float *y,
                       int threads);
 /* cblas_sgemm on w->f32 (must be set); not batch invariant. */
 void mm_matmul_blas(const float *x, int m, const mm_weight *w, const float *bias, float *y,
-                    int threads);
+                    size_t ldy, int threads);
 
-/* Element conversion helpers. */
+/* Packing (bf16, n % 8 == 0, k % 16 == 0): dst [n * k] gets w in the packed layout. */
+int   mm_can_pack(const mm_weight *w);
+void  mm_pack(const mm_weight *w, uint16_t *dst);
+
+/* Element conversion helpers (any layout). */
 float mm_weight_at(const mm_weight *w, int n, int k);
 /* Row n of w to floats: out [k]. */
 void  mm_weight_row(const mm_weight *w, int n, float *out);

@@ -117,17 +117,48 @@ tqkv_status tqkv_sampler_accept(tqkv_sampler *s, int token) {
 // ---------------------------------------------------------------------------
 
 /* Descending by value, ascending id on ties (a total order, so results are reproducible). */
-static const float *g_sort_vals; /* never used: qsort_r keeps the data pointer local */
+static int before(const float *v, int32_t i, int32_t j) { /* i sorts before j */
+    return v[i] > v[j] || (v[i] == v[j] && i < j);
+}
+
 static int cmp_desc(const void *a, const void *b, void *ctx) {
     const float *v = ctx;
     int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
-    if (v[i] > v[j]) return -1;
-    if (v[i] < v[j]) return 1;
-    return (i > j) - (i < j);
+    return before(v, i, j) ? -1 : before(v, j, i) ? 1 : 0;
+}
+
+/* The k best ids of v [n] into idx [k], sorted (heap of the k best, worst on top). */
+static void top_k_ids(const float *v, int n, int k, int32_t *idx) {
+    int h = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (h == k && !before(v, i, idx[0])) continue;
+        int pos;
+        if (h < k) {
+            pos = h++;
+            while (pos > 0) { /* sift up: parent must be worse (sort after) than child */
+                int par = (pos - 1) / 2;
+                if (!before(v, idx[par], i)) break;
+                idx[pos] = idx[par];
+                pos = par;
+            }
+            idx[pos] = i;
+            continue;
+        }
+        pos = 0; /* replace the worst, sift down */
+        for (;;) {
+            int c = 2 * pos + 1;
+            if (c >= h) break;
+            if (c + 1 < h && before(v, idx[c], idx[c + 1])) c++;
+            if (!before(v, i, idx[c])) break;
+            idx[pos] = idx[c];
+            pos = c;
+        }
+        idx[pos] = i;
+    }
+    qsort_r(idx, (size_t)h, sizeof(int32_t), cmp_desc, (void *)v);
 }
 
 tqkv_status tqkv_sampler_sample(tqkv_sampler *s, float *logits, int *token) {
-    (void)g_sort_vals;
     if (!s || !logits || !token) return tqkv_fail(TQKV_EINVAL, "sampler: NULL argument");
     int V = s->vocab;
     const tqkv_sampler_params *p = &s->p;
@@ -150,7 +181,7 @@ tqkv_status tqkv_sampler_sample(tqkv_sampler *s, float *logits, int *token) {
         *token = best;
         return TQKV_OK;
     }
-    /* temperature, then candidates: top-k by partial order, else all */
+    /* temperature; unnormalized probabilities prob = exp(l - max) (max -> 1) */
     float mx = -INFINITY;
     for (int i = 0; i < V; i++) {
         logits[i] /= p->temperature;
@@ -163,35 +194,30 @@ tqkv_status tqkv_sampler_sample(tqkv_sampler *s, float *logits, int *token) {
     }
     int n = 0;
     if (p->top_k > 0 && p->top_k < V) {
-        /* threshold = k-th largest value (ties kept by id order after the sort) */
-        for (int i = 0; i < V; i++) s->idx[i] = i;
-        qsort_r(s->idx, (size_t)V, sizeof(int32_t), cmp_desc, logits);
+        top_k_ids(logits, V, p->top_k, s->idx);
         n = p->top_k;
-    } else {
-        /* tokens whose probability is below (1 - top_p) / V can never enter the nucleus,
-         * and below min_p * max they are dropped anyway: skip them before sorting */
-        double cut = 0;
-        if (p->top_p < 1.0f) cut = (1.0 - p->top_p) / V * sum;
-        if (p->min_p > 0 && p->min_p * 1.0 > cut) cut = p->min_p * 1.0 * 1.0; /* prob of max is 1 */
+    } else if (p->top_p < 1.0f || p->min_p > 0) {
+        /* below (1 - top_p) / V of the mass a token can never enter the nucleus, and below
+         * min_p (of the max, which is 1) min-p drops it: skip those before sorting */
+        double cut = p->top_p < 1.0f ? (1.0 - p->top_p) / V * sum : 0;
+        if (p->min_p > cut) cut = p->min_p;
         for (int i = 0; i < V; i++)
             if (s->prob[i] >= cut) s->idx[n++] = i;
-        if (n == 0) s->idx[n++] = 0;
         qsort_r(s->idx, (size_t)n, sizeof(int32_t), cmp_desc, logits);
+    } else {
+        for (int i = 0; i < V; i++) s->idx[n++] = i; /* plain temperature: no order needed */
     }
-    /* renormalize over the candidates; top-p on the sorted list */
-    double tot = 0;
-    for (int i = 0; i < n; i++) tot += s->prob[s->idx[i]];
+    /* top-p on the sorted candidates, renormalized */
     if (p->top_p < 1.0f) {
-        double c = 0;
-        int keep = n;
+        double tot = 0, c = 0;
+        for (int i = 0; i < n; i++) tot += s->prob[s->idx[i]];
         for (int i = 0; i < n; i++) {
-            c += s->prob[s->idx[i]] / tot;
-            if (c >= p->top_p) {
-                keep = i + 1;
+            c += s->prob[s->idx[i]];
+            if (c >= p->top_p * tot) {
+                n = i + 1;
                 break;
             }
         }
-        n = keep;
     }
     /* min-p relative to the best candidate */
     if (p->min_p > 0) {
@@ -200,7 +226,7 @@ tqkv_status tqkv_sampler_sample(tqkv_sampler *s, float *logits, int *token) {
         while (keep < n && s->prob[s->idx[keep]] >= p->min_p * top) keep++;
         n = keep;
     }
-    tot = 0;
+    double tot = 0;
     for (int i = 0; i < n; i++) tot += s->prob[s->idx[i]];
     double u = uniform01(s->rng) * tot, c = 0;
     int pick = s->idx[n - 1];

@@ -63,26 +63,8 @@ void tkz_encoder_free(tkz_encoder *e) {
 // Normalizers
 // ---------------------------------------------------------------------------
 
-static int is_cased(int32_t c) {
-    utf8proc_category_t k = utf8proc_category(c);
-    return k == UTF8PROC_CATEGORY_LU || k == UTF8PROC_CATEGORY_LL || k == UTF8PROC_CATEGORY_LT;
-}
-
-static int is_case_ignorable(int32_t c) {
-    switch (c) {
-    case 0x27: case 0x2E: case 0x3A: case 0x5E: case 0x60: case 0xA8: case 0xAD: case 0xAF:
-    case 0xB4: case 0xB7: case 0xB8: case 0x387: case 0x55F: case 0x5F4: case 0x2018:
-    case 0x2019: case 0x2024: case 0x2027: case 0xFE13: case 0xFE52: case 0xFE55: case 0xFF07:
-    case 0xFF0E: case 0xFF1A:
-        return 1;
-    default: break;
-    }
-    utf8proc_category_t k = utf8proc_category(c);
-    return k == UTF8PROC_CATEGORY_MN || k == UTF8PROC_CATEGORY_ME || k == UTF8PROC_CATEGORY_CF ||
-           k == UTF8PROC_CATEGORY_LM || k == UTF8PROC_CATEGORY_SK;
-}
-
-/* Rust str::to_lowercase: simple mappings, U+0130 -> "i\u0307", final sigma. */
+/* HF NormalizedString::lowercase: Rust char::to_lowercase per char (no final-sigma
+ * context); U+0130 is the one multi-char mapping. */
 static tqkv_status lowercase(const char *s, size_t len, tkz_buf *out) {
     tqkv_status st = tkz_buf_reserve(out, len + 16);
     for (size_t i = 0; i < len && !st;) {
@@ -96,27 +78,6 @@ static tqkv_status lowercase(const char *s, size_t len, tkz_buf *out) {
         } else if (c == 0x130) {
             un = tkz_utf8_encode('i', u);
             un += tkz_utf8_encode(0x307, u + un);
-        } else if (c == 0x3A3) {
-            // final sigma: preceded by cased (skipping case-ignorable), not followed by cased
-            int before = 0, after = 0;
-            for (size_t j = i; j > 0;) {
-                size_t k = j - 1;
-                while (k > 0 && ((uint8_t)s[k] & 0xC0) == 0x80) k--;
-                int32_t d;
-                tkz_utf8_decode(s + k, len - k, &d);
-                j = k;
-                if (is_case_ignorable(d)) continue;
-                before = is_cased(d);
-                break;
-            }
-            for (size_t j = i + (size_t)n; j < len;) {
-                int32_t d;
-                j += (size_t)tkz_utf8_decode(s + j, len - j, &d);
-                if (is_case_ignorable(d)) continue;
-                after = is_cased(d);
-                break;
-            }
-            un = tkz_utf8_encode(before && !after ? 0x3C2 : 0x3C3, u);
         } else {
             un = tkz_utf8_encode(utf8proc_tolower(c), u);
         }
@@ -293,7 +254,14 @@ static tqkv_status split_emit(tkz_encoder *e, const tkz_matches *mm, tkz_split_b
     return TQKV_OK;
 }
 
-/* Digits: every ASCII digit is its own match (HF char-predicate pattern). */
+/* Digits: every numeric char (Rust char::is_numeric: Nd, Nl, No) is its own match (HF
+ * char-predicate pattern). */
+static int is_numeric(int32_t c) {
+    if (c < 0x80) return c >= '0' && c <= '9';
+    utf8proc_category_t k = utf8proc_category(c);
+    return k == UTF8PROC_CATEGORY_ND || k == UTF8PROC_CATEGORY_NL || k == UTF8PROC_CATEGORY_NO;
+}
+
 static tqkv_status digit_matches(const char *s, size_t len, tkz_matches *mm) {
     mm->n = 0;
     size_t need = 2 * len + 1;
@@ -308,11 +276,15 @@ static tqkv_status digit_matches(const char *s, size_t len, tkz_matches *mm) {
         return TQKV_OK;
     }
     size_t last = 0;
-    for (size_t i = 0; i < len; i++) {
-        if (s[i] < '0' || s[i] > '9') continue;
-        if (last < i) mm->m[mm->n++] = (tkz_match){last, i, 0};
-        mm->m[mm->n++] = (tkz_match){i, i + 1, 1};
-        last = i + 1;
+    for (size_t i = 0; i < len;) {
+        int32_t c;
+        size_t n = (size_t)tkz_utf8_decode(s + i, len - i, &c);
+        if (is_numeric(c)) {
+            if (last < i) mm->m[mm->n++] = (tkz_match){last, i, 0};
+            mm->m[mm->n++] = (tkz_match){i, i + n, 1};
+            last = i + n;
+        }
+        i += n;
     }
     if (last < len) mm->m[mm->n++] = (tkz_match){last, len, 0};
     return TQKV_OK;
@@ -569,7 +541,7 @@ tqkv_status tkz_bpe_word(tkz_encoder *e, const char *w, size_t len) {
     size_t koff = e->cache_keys.n;
     st = tkz_buf_append(&e->cache_keys, w, len);
     if (st) return st;
-    memcpy(e->cache_ids + e->cache_ids_n, e->ids + start, cnt * sizeof(int32_t));
+    if (cnt) memcpy(e->cache_ids + e->cache_ids_n, e->ids + start, cnt * sizeof(int32_t));
     e->cache_val[e->cache_val_n] = (tkz_span){e->cache_ids_n, cnt};
     e->cache_ids_n += cnt;
     st = tkz_strmap_put(&e->cache, e->cache_keys.p, koff, (uint32_t)len, (int32_t)e->cache_val_n);
@@ -635,8 +607,8 @@ static tqkv_status split_added(tkz_encoder *e, const tkz_matchset *set, const ch
         if ((e->flags & TQKV_ENCODE_SPECIAL_AS_TEXT) && a->special) continue;
         if (a->single_word) {
             int32_t c;
-            int start_space = start == 0 || !tkz_is_alnum(last_char(s, start));
-            int stop_space = stop == len || (tkz_utf8_decode(s + stop, len - stop, &c), !tkz_is_alnum(c));
+            int start_space = start == 0 || !tkz_is_word(last_char(s, start));
+            int stop_space = stop == len || (tkz_utf8_decode(s + stop, len - stop, &c), !tkz_is_word(c));
             if (!start_space || !stop_space) continue;
         }
         if (a->lstrip) {

@@ -5,7 +5,9 @@
  * Owns: the tokenizer struct, hash maps, piece lists, the regex wrapper, the per-call
  * encoder scratch. Must not: be included outside src/model/tokenizer*.c; hold global
  * mutable state (everything lives in a tokenizer or in one call's tkz_encoder).
- * Internal names are prefixed tkz_.
+ * Internal names are prefixed tkz_. Files: tokenizer_text.c (buffers, maps, UTF-8, regex),
+ * tokenizer_load.c (JSON -> tables), tokenizer_encode.c (text -> ids), tokenizer.c
+ * (ids -> text, streaming, lookups).
  */
 #ifndef TQKV_TOKENIZER_INTERNAL_H
 #define TQKV_TOKENIZER_INTERNAL_H
@@ -132,8 +134,9 @@ int      tkz_utf8_decode(const char *s, size_t len, int32_t *cp);
 int      tkz_utf8_encode(int32_t cp, char out[4]);
 /* Rust char::is_whitespace (Unicode White_Space). */
 int      tkz_is_whitespace(int32_t cp);
-/* Rust char::is_alphanumeric, approximated by general category (L*, N*, Mc). */
-int      tkz_is_alnum(int32_t cp);
+/* Unicode \w of Rust's regex crate (HF single_word): L*, M*, Nd, Nl, Pc, Join_Control
+ * (Alphabetic approximated by general category). */
+int      tkz_is_word(int32_t cp);
 /* Append bytes[0..len) to out with Rust String::from_utf8_lossy replacement. When
  * !final, an incomplete but so-far-valid sequence at the very end is not consumed:
  * returns the number of bytes consumed. */
@@ -200,6 +203,7 @@ struct tqkv_tokenizer {
     char       *source;      // file name for messages (malloc'd)
     tkz_buf     arena;       // all token strings, decoded bytes, added-token patterns
     int32_t     n_ids;       // vocab size: 1 + max id
+    int32_t     max_vocab_id;// largest id of model.vocab
     tkz_span   *tok;         // [n_ids] token string per id; len SIZE_MAX = no token
     tkz_span   *dec;         // [n_ids] decoder bytes per id
     uint8_t    *special;     // [n_ids] 1 if a special added token
@@ -217,7 +221,6 @@ struct tqkv_tokenizer {
     tkz_pre_step  *pre;      // [n_pre] flattened Sequence
     int            n_pre;
     tkz_regex      gpt2;     // ByteLevel use_regex pattern (code NULL if unused)
-    int            has_bytelevel_pre;
 
     // model BPE
     int32_t     unk_id;      // -1: none

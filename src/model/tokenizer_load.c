@@ -244,7 +244,6 @@ static tqkv_status parse_pretok(tqkv_tokenizer *t, const cJSON *n, int depth) {
             tqkv_status st = tkz_regex_compile(&t->gpt2, GPT2_PATTERN, sizeof GPT2_PATTERN - 1, 0, "ByteLevel");
             if (st) return st;
         }
-        t->has_bytelevel_pre = 1;
     } else if (!strcmp(type, "Split")) {
         static const char *names[] = {"Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"};
         const char *b = get_str(n, "behavior", &bad);
@@ -392,7 +391,7 @@ static int split_merge(const char *line, size_t *alen, const char **b) {
     return 1;
 }
 
-static tqkv_status parse_model(tqkv_tokenizer *t, const cJSON *model, const cJSON *added_arr) {
+static tqkv_status parse_model(tqkv_tokenizer *t, const cJSON *model) {
     const char *src = t->source;
     int bad = 0;
     if (!cJSON_IsObject(model)) return BAD("tokenizer: %s has no \"model\" object", src);
@@ -408,41 +407,17 @@ static tqkv_status parse_model(tqkv_tokenizer *t, const cJSON *model, const cJSO
     if (!cJSON_IsObject(vocab)) return BAD("tokenizer: model.vocab in %s is not an object", src);
     if (merges && !cJSON_IsArray(merges)) return BAD("tokenizer: model.merges in %s is not an array", src);
 
-    // ---- ids: size of the id table
-    int32_t max_id = -1;
-    cJSON_ArrayForEach(it, vocab) {
-        int32_t id;
-        if (!it->string || !get_id(it, &id)) return BAD("tokenizer: vocab entry '%s' in %s has a bad id", it->string ? it->string : "?", src);
-        if (id > max_id) max_id = id;
-    }
-    cJSON_ArrayForEach(it, added_arr) {
-        int32_t id;
-        if (!cJSON_IsObject(it) || !get_id(member(it, "id"), &id) || !cJSON_IsString(member(it, "content")))
-            return BAD("tokenizer: added_tokens entry in %s needs an id and a content string", src);
-        if (id > max_id) max_id = id;
-    }
-    if (max_id < 0) return BAD("tokenizer: %s has an empty vocab", src);
-    t->n_ids = max_id + 1;
-    t->tok = malloc((size_t)t->n_ids * sizeof *t->tok);
-    t->dec = malloc((size_t)t->n_ids * sizeof *t->dec);
-    t->special = calloc((size_t)t->n_ids, 1);
-    if (!t->tok || !t->dec || !t->special) return tqkv_fail(TQKV_ENOMEM, "tokenizer: out of memory (%d ids)", t->n_ids);
-    for (int32_t i = 0; i < t->n_ids; i++) {
-        t->tok[i].off = 0;
-        t->tok[i].len = SIZE_MAX;
-        t->dec[i] = t->tok[i];
-    }
-
-    // ---- model vocab
+    // ---- model vocab (the id table is sized once the added tokens have their ids)
     tqkv_status st = TQKV_OK;
+    t->max_vocab_id = -1;
     cJSON_ArrayForEach(it, vocab) {
         int32_t id = 0;
-        get_id(it, &id);
+        if (!it->string || !get_id(it, &id))
+            return BAD("tokenizer: vocab entry '%s' in %s has a bad id", it->string ? it->string : "?", src);
+        if (id > t->max_vocab_id) t->max_vocab_id = id;
         size_t off, len = strlen(it->string);
         if ((st = arena_add(t, it->string, len, &off))) return st;
         if ((st = tkz_strmap_put(&t->vocab, t->arena.p, off, (uint32_t)len, id))) return st;
-        t->tok[id].off = off;
-        t->tok[id].len = len;
     }
 
     // ---- options
@@ -521,7 +496,7 @@ static int pat_cmp(const void *x, const void *y, void *arena) {
 }
 
 static tqkv_status build_set(tqkv_tokenizer *t, tkz_matchset *set) {
-    qsort_r(set->pat, (size_t)set->n, sizeof *set->pat, pat_cmp, t->arena.p);
+    if (set->n > 1) qsort_r(set->pat, (size_t)set->n, sizeof *set->pat, pat_cmp, t->arena.p);
     int k = 0;
     for (int b = 0; b <= 256; b++) {
         while (k < set->n && (uint8_t)t->arena.p[set->pat[k].off] < b) k++;
@@ -531,69 +506,124 @@ static tqkv_status build_set(tqkv_tokenizer *t, tkz_matchset *set) {
     return TQKV_OK;
 }
 
-static tqkv_status parse_added(tqkv_tokenizer *t, const cJSON *arr) {
+/* HF AddedVocabulary::add_tokens: an added token whose content is already known (an
+ * earlier added token, then the model vocab) takes that id; a new one gets the next id
+ * after the model vocab (vocab entry count) or after the largest added id. The id in
+ * the JSON is only checked by HF (with a warning), so it is ignored here too. */
+static tqkv_status assign_added(tqkv_tokenizer *t, const cJSON *arr) {
     const char *src = t->source;
     const cJSON *it;
     int n = cJSON_GetArraySize(arr);
-    if (!n) {
-        build_set(t, &t->set_raw);
-        return build_set(t, &t->set_norm);
+    if (n && !(t->added = calloc((size_t)n, sizeof *t->added))) return tqkv_fail(TQKV_ENOMEM, "tokenizer: out of memory");
+    int32_t vocab_count = (int32_t)t->vocab.n, max_added = -1;
+    tqkv_status st = TQKV_OK;
+    cJSON_ArrayForEach(it, arr) {
+        int32_t json_id;
+        if (!cJSON_IsObject(it) || !get_id(member(it, "id"), &json_id) || !cJSON_IsString(member(it, "content")))
+            return BAD("tokenizer: added_tokens entry in %s needs an id and a content string", src);
+        const char *content = member(it, "content")->valuestring;
+        size_t len = strlen(content), off;
+        int sp = get_bool(it, "special", 0);
+        int lst = get_bool(it, "lstrip", 0), rst = get_bool(it, "rstrip", 0);
+        int sw = get_bool(it, "single_word", 0), nm = get_bool(it, "normalized", sp > 0 ? 0 : 1);
+        if (sp < 0 || lst < 0 || rst < 0 || sw < 0 || nm < 0)
+            return BAD("tokenizer: added token '%s' in %s: flags must be booleans", content, src);
+        if (tkz_utf8_valid_prefix(content, len) != len)
+            return BAD("tokenizer: added token content in %s is not valid UTF-8", src);
+        if (!len) continue;  // HF ignores empty tokens
+        tkz_added a;
+        memset(&a, 0, sizeof a);
+        a.special = (uint8_t)sp;
+        a.lstrip = (uint8_t)lst;
+        a.rstrip = (uint8_t)rst;
+        a.single_word = (uint8_t)sw;
+        a.normalized = (uint8_t)nm;
+        int32_t known = tkz_strmap_get(&t->added_map, t->arena.p, content, len);
+        if (known >= 0) {  // same content again: the later flags win, special sticks
+            for (int k = 0; k < t->n_added; k++) {
+                tkz_added *b = &t->added[k];
+                if (b->id != known) continue;
+                a.special |= b->special;
+                a.off = b->off;
+                a.len = b->len;
+                a.id = b->id;
+                *b = a;
+            }
+            continue;
+        }
+        a.id = tkz_strmap_get(&t->vocab, t->arena.p, content, len);
+        if (a.id < 0)
+            a.id = max_added < 0 ? vocab_count
+                   : (max_added >= vocab_count || vocab_count == 0) ? max_added + 1 : vocab_count;
+        if (a.id > max_added) max_added = a.id;
+        if ((st = arena_add(t, content, len, &off))) return st;
+        a.off = off;
+        a.len = (uint32_t)len;
+        if ((st = tkz_strmap_put(&t->added_map, t->arena.p, off, (uint32_t)len, a.id))) return st;
+        t->added[t->n_added++] = a;
     }
-    t->added = calloc((size_t)n, sizeof *t->added);
-    t->set_raw.pat = calloc((size_t)n, sizeof(tkz_pat));
-    t->set_norm.pat = calloc((size_t)n, sizeof(tkz_pat));
-    if (!t->added || !t->set_raw.pat || !t->set_norm.pat) return tqkv_fail(TQKV_ENOMEM, "tokenizer: out of memory");
+    return TQKV_OK;
+}
+
+/* Id table (token string per id, added tokens first) and the added-token match sets. */
+static tqkv_status build_ids(tqkv_tokenizer *t) {
+    int32_t max_id = t->max_vocab_id;
+    for (int k = 0; k < t->n_added; k++)
+        if (t->added[k].id > max_id) max_id = t->added[k].id;
+    if (max_id < 0) return BAD("tokenizer: %s has an empty vocab", t->source);
+    t->n_ids = max_id + 1;
+    t->tok = malloc((size_t)t->n_ids * sizeof *t->tok);
+    t->dec = malloc((size_t)t->n_ids * sizeof *t->dec);
+    t->special = calloc((size_t)t->n_ids, 1);
+    if (!t->tok || !t->dec || !t->special) return tqkv_fail(TQKV_ENOMEM, "tokenizer: out of memory (%d ids)", t->n_ids);
+    for (int32_t i = 0; i < t->n_ids; i++) {
+        t->tok[i].off = 0;
+        t->tok[i].len = SIZE_MAX;
+        t->dec[i] = t->tok[i];
+    }
+    for (size_t j = 0; j < t->vocab.cap; j++) {
+        const tkz_entry *e = &t->vocab.e[j];
+        if (!e->hash) continue;
+        t->tok[e->val].off = e->off;
+        t->tok[e->val].len = e->len;
+    }
+    if (t->n_added) {
+        t->set_raw.pat = calloc((size_t)t->n_added, sizeof(tkz_pat));
+        t->set_norm.pat = calloc((size_t)t->n_added, sizeof(tkz_pat));
+        if (!t->set_raw.pat || !t->set_norm.pat) return tqkv_fail(TQKV_ENOMEM, "tokenizer: out of memory");
+    }
     pcre2_match_data *md = pcre2_match_data_create(1, NULL);
     tkz_matches mm = {0};
     tkz_buf norm = {0}, tmp = {0};
     tqkv_status st = md ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "tokenizer: out of memory");
-    cJSON_ArrayForEach(it, arr) {
-        if (st) break;
-        tkz_added *a = &t->added[t->n_added];
-        const char *content = member(it, "content")->valuestring;
-        size_t len = strlen(content), off;
-        if (tkz_utf8_valid_prefix(content, len) != len) {
-            st = BAD("tokenizer: added token content in %s is not valid UTF-8", src);
-            break;
-        }
-        get_id(member(it, "id"), &a->id);
-        int sp = get_bool(it, "special", 0);
-        int lst = get_bool(it, "lstrip", 0), rst = get_bool(it, "rstrip", 0);
-        int sw = get_bool(it, "single_word", 0), nm = get_bool(it, "normalized", sp >= 0 ? !sp : 0);
-        if (sp < 0 || lst < 0 || rst < 0 || sw < 0 || nm < 0) {
-            st = BAD("tokenizer: added token '%s' in %s: flags must be booleans", content, src);
-            break;
-        }
-        a->special = (uint8_t)sp;
-        a->lstrip = (uint8_t)lst;
-        a->rstrip = (uint8_t)rst;
-        a->single_word = (uint8_t)sw;
-        a->normalized = (uint8_t)nm;
-        if ((st = arena_add(t, content, len, &off))) break;
-        a->off = off;
-        a->len = (uint32_t)len;
-        t->tok[a->id].off = off;  // added tokens take precedence in id -> token
-        t->tok[a->id].len = len;
-        if ((st = tkz_strmap_put(&t->added_map, t->arena.p, off, (uint32_t)len, a->id))) break;
-        if (sp) {
+    for (int k = 0; k < t->n_added && !st; k++) {
+        const tkz_added *a = &t->added[k];
+        t->tok[a->id].off = a->off;  // added tokens take precedence in id -> token
+        t->tok[a->id].len = a->len;
+        if (a->special) {
             t->special[a->id] = 1;
-            int32_t v = tkz_strmap_get(&t->vocab, t->arena.p, content, len);
+            int32_t v = tkz_strmap_get(&t->vocab, t->arena.p, t->arena.p + a->off, a->len);
             if (v >= 0) t->special[v] = 1;  // HF skips by token string
         }
-        if (len) {
-            tkz_matchset *set = nm ? &t->set_norm : &t->set_raw;
-            tkz_pat *p = &set->pat[set->n];
-            p->added = t->n_added;
-            p->off = off;
-            p->len = (uint32_t)len;
-            if (nm && t->n_norm) {  // matched against normalized text: normalize the pattern too
-                if ((st = tkz_normalize(t, md, &mm, content, len, &norm, &tmp))) break;
-                if ((st = arena_add(t, norm.p, norm.n, &p->off))) break;
-                p->len = (uint32_t)norm.n;
-            }
-            if (p->len) set->n++;
+        tkz_matchset *set = a->normalized ? &t->set_norm : &t->set_raw;
+        tkz_pat *p = &set->pat[set->n];
+        p->added = k;
+        p->off = a->off;
+        p->len = a->len;
+        if (a->normalized && t->n_norm) {  // matched on normalized text: normalize the pattern too
+            char *content = malloc(a->len + 1);
+            if (!content) { st = tqkv_fail(TQKV_ENOMEM, "tokenizer: out of memory"); break; }
+            memcpy(content, t->arena.p + a->off, a->len);
+            st = tkz_normalize(t, md, &mm, content, a->len, &norm, &tmp);
+            free(content);
+            if (!st) st = arena_add(t, norm.p, norm.n, &p->off);
+            p->len = (uint32_t)norm.n;
         }
-        t->n_added++;
+        if (st) break;
+        // HF id -> token gives the normalized content of a normalized token
+        t->tok[a->id].off = p->off;
+        t->tok[a->id].len = p->len;
+        if (p->len) set->n++;
     }
     if (md) pcre2_match_data_free(md);
     free(mm.m);
@@ -647,12 +677,13 @@ static tqkv_status build(tqkv_tokenizer *t, const cJSON *root) {
     if (added && !cJSON_IsArray(added)) return BAD("tokenizer: added_tokens in %s is not an array", src);
     bytelevel_tables(t);
     t->eos = t->bos = t->pad = -1;
-    tqkv_status st = parse_model(t, member(root, "model"), added);
+    tqkv_status st = parse_model(t, member(root, "model"));
     if (!st) st = parse_normalizer(t, member(root, "normalizer"), 0);
     if (!st) st = parse_pretok(t, member(root, "pre_tokenizer"), 0);
     if (!st) st = parse_decoder(t, member(root, "decoder"));
     if (!st) st = parse_post(t, member(root, "post_processor"), 0);
-    if (!st) st = parse_added(t, added);  // after the normalizer: normalized patterns
+    if (!st) st = assign_added(t, added);
+    if (!st) st = build_ids(t);  // after the normalizer: normalized patterns
     if (!st) st = build_decoded(t);
     for (int k = 0; k < t->n_post_prefix + t->n_post_suffix && !st; k++) {
         int32_t id = k < t->n_post_prefix ? t->post_prefix[k] : t->post_suffix[k - t->n_post_prefix];

@@ -260,11 +260,13 @@ int tkz_is_whitespace(int32_t c) {
            c == 0x205F || c == 0x3000;
 }
 
-int tkz_is_alnum(int32_t c) {
-    if (c < 0x80) return (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z');
+int tkz_is_word(int32_t c) {
+    if (c < 0x80)
+        return (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') || c == '_';
+    if (c == 0x200C || c == 0x200D) return 1;  // Join_Control
     utf8proc_category_t k = utf8proc_category(c);
-    return (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO) ||
-           (k >= UTF8PROC_CATEGORY_ND && k <= UTF8PROC_CATEGORY_NO) || k == UTF8PROC_CATEGORY_MC;
+    return (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_ME) || k == UTF8PROC_CATEGORY_ND ||
+           k == UTF8PROC_CATEGORY_NL || k == UTF8PROC_CATEGORY_PC;
 }
 
 /* Rust core::str::lossy::Utf8Chunks: a maximal valid prefix of a sequence that turns
@@ -294,18 +296,30 @@ size_t tkz_utf8_lossy_append(tkz_buf *out, const char *bytes, size_t len, int fi
                        (c >= 0xE1 && c <= 0xEC && d >= 0x80 && d <= 0xBF) ||
                        (c == 0xED && d >= 0x80 && d <= 0x9F) ||
                        (c >= 0xEE && c <= 0xEF && d >= 0x80 && d <= 0xBF);
-            if (!good) ok = 0;
-            else if ((GET(++i) & 0xC0) != 0x80) ok = 0;
-            else i++;
+            if (!good) {
+                ok = 0;
+            } else {
+                i++;
+                if ((GET(i) & 0xC0) != 0x80) ok = 0;
+                else i++;
+            }
         } else if (w == 4) {
             uint8_t d = GET(i);
             int good = (c == 0xF0 && d >= 0x90 && d <= 0xBF) ||
                        (c >= 0xF1 && c <= 0xF3 && d >= 0x80 && d <= 0xBF) ||
                        (c == 0xF4 && d >= 0x80 && d <= 0x8F);
-            if (!good) ok = 0;
-            else if ((GET(++i) & 0xC0) != 0x80) ok = 0;
-            else if ((GET(++i) & 0xC0) != 0x80) ok = 0;
-            else i++;
+            if (!good) {
+                ok = 0;
+            } else {
+                i++;
+                if ((GET(i) & 0xC0) != 0x80) {
+                    ok = 0;
+                } else {
+                    i++;
+                    if ((GET(i) & 0xC0) != 0x80) ok = 0;
+                    else i++;
+                }
+            }
         } else {
             ok = 0;
         }
@@ -334,8 +348,9 @@ size_t tkz_utf8_lossy_append(tkz_buf *out, const char *bytes, size_t len, int fi
 // Regex
 // ---------------------------------------------------------------------------
 
-/* Oniguruma (Ruby syntax) -> PCRE2: `\s` also matches U+0085 (White_Space), `\h` is a
- * hex digit. Everything else is passed through. */
+/* Oniguruma (Ruby syntax) -> PCRE2: `\s` must match U+0085 as Oniguruma's does (PCRE2
+ * 10.42 with UCP already does; older builds did not), `\h` is a hex digit. Everything
+ * else is passed through. */
 static tqkv_status regex_translate(const char *p, size_t len, tkz_buf *out) {
     tqkv_status st = TQKV_OK;
     int in_class = 0;

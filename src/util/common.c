@@ -129,7 +129,10 @@ int tqkv_cpu_has_avx2(void) {
 #if defined(__x86_64__) || defined(__i386__)
     const char *env = getenv("TQKV_NO_SIMD");
     if (env && env[0] == '1') return 0;
-    return cpu_avx2_fma_f16c();
+    /* cpuid traps to the hypervisor in a VM (~25 us a call): ask once per thread */
+    static _Thread_local int cached = -1;
+    if (cached < 0) cached = cpu_avx2_fma_f16c();
+    return cached;
 #else
     return 0;
 #endif

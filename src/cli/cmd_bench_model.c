@@ -1,0 +1,181 @@
+/*
+ * cmd_bench_model.c - `tqkv bench model`: prefill and decode tokens per second of the model
+ * for every (context, KV format) pair in one run.
+ * Owns: the benchmark loop, its table and --json array.
+ * Must not: contain model or cache logic.
+ *
+ * For each ctx and KV format: a fresh state, prefill ctx tokens (pp t/s = ctx / time), then
+ * --gen greedy decode steps at that depth (tg t/s = gen / time). Token ids are a fixed
+ * pseudo-random sequence (speed does not depend on the text). Best of --reps repetitions.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "model_cli.h"
+#include "tqkv_model.h"
+
+static const char *CMD = "bench model";
+
+/* Split "a,b,c" into at most cap items (pointers into a strdup'd copy). */
+static int split_list(char *s, char **items, int cap) {
+    int n = 0;
+    for (char *tok = strtok(s, ","); tok && n < cap; tok = strtok(NULL, ",")) items[n++] = tok;
+    return n;
+}
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+int cmd_bench_model(int argc, char **argv) {
+    const char *model_arg = MCLI_DEFAULT_MODEL, *ctx_list = "512,4096",
+               *kv_list = "f32,f16,q8,tq4,tq3", *prefill_kernel = "dense",
+               *decode_kernel = "fused";
+    int threads = 2, gen = 64, json = 0, window = 0, reps = 1, blas = 0, f32w = 0, rows = 1;
+    const arg_spec specs[] = {
+        {"--model", ARG_STR, &model_arg, "model directory (default " MCLI_DEFAULT_MODEL ")"},
+        {"--ctx", ARG_STR, &ctx_list, "comma-separated prefill lengths (default 512,4096)"},
+        {"--kv", ARG_STR, &kv_list, "comma-separated KV formats (default f32,f16,q8,tq4,tq3)"},
+        {"--threads", ARG_INT, &threads, "threads (default 2)"},
+        {"--gen", ARG_INT, &gen, "decode steps after the prefill (default 64)"},
+        {"--window", ARG_INT, &window, "q8 recent window of tq caches (default 0)"},
+        {"--rows", ARG_INT, &rows, "rows decoded together (default 1; prefill is per row)"},
+        {"--reps", ARG_INT, &reps, "repetitions, best kept (default 1)"},
+        {"--prefill-kernel", ARG_STR, &prefill_kernel, "attention kernel for prefill (default dense)"},
+        {"--decode-kernel", ARG_STR, &decode_kernel, "attention kernel for decode (default fused)"},
+        {"--blas", ARG_FLAG, &blas, "OpenBLAS sgemm for prefill matmuls (not batch invariant)"},
+        {"--f32-weights", ARG_FLAG, &f32w, "convert weights to f32 at load"},
+        {"--json", ARG_FLAG, &json, "print a JSON array of results on stdout"},
+    };
+    const int n_specs = (int)(sizeof specs / sizeof specs[0]);
+    if (args_parse(CMD, argc, argv, specs, n_specs) != 0) return 2;
+    if (threads < 1 || gen < 1 || reps < 1 || window < 0 || rows < 1 || rows > 64) {
+        fprintf(stderr, "tqkv bench model: --threads, --gen, --reps, --rows must be >= 1\n");
+        return 2;
+    }
+    tqkv_kernel pk, dk;
+    if (mcli_parse_kernel(CMD, prefill_kernel, &pk) || mcli_parse_kernel(CMD, decode_kernel, &dk))
+        return 2;
+    char *ctx_copy = strdup(ctx_list), *kv_copy = strdup(kv_list);
+    char *ctx_items[32], *kv_items[32];
+    int n_ctx = split_list(ctx_copy, ctx_items, 32), n_kv = split_list(kv_copy, kv_items, 32);
+    int ctxs[32];
+    tqkv_format kf[32], vf[32];
+    int bad = n_ctx == 0 || n_kv == 0;
+    for (int i = 0; i < n_ctx && !bad; i++) {
+        ctxs[i] = atoi(ctx_items[i]);
+        if (ctxs[i] < 1) {
+            fprintf(stderr, "tqkv bench model: bad --ctx item '%s'\n", ctx_items[i]);
+            bad = 1;
+        }
+    }
+    for (int i = 0; i < n_kv && !bad; i++) bad = mcli_parse_kv(CMD, kv_items[i], &kf[i], &vf[i]) != 0;
+    char dir[4096];
+    tqkv_model *m = NULL;
+    if (bad || !mcli_resolve_model(CMD, model_arg, dir, sizeof dir) ||
+        mcli_load(CMD, dir, blas, f32w, threads, &m)) {
+        free(ctx_copy);
+        free(kv_copy);
+        return bad ? 2 : 1;
+    }
+    const int V = tqkv_model_get_config(m)->vocab_size;
+    int max_ctx = 1;
+    for (int i = 0; i < n_ctx; i++) max_ctx = ctxs[i] > max_ctx ? ctxs[i] : max_ctx;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)max_ctx);
+    float *logits = malloc(sizeof(float) * (size_t)V * rows);
+    uint64_t z = 12345;
+    for (int i = 0; i < max_ctx; i++) {
+        z = z * 6364136223846793005ull + 1442695040888963407ull;
+        tok[i] = (int32_t)((z >> 33) % (uint64_t)V);
+    }
+    fprintf(stderr, "tqkv bench model: %s weights, %d threads, gen %d, rows %d, prefill kernel %s, "
+            "decode kernel %s%s\n", tqkv_model_weight_type(m), threads, gen, rows,
+            tqkv_kernel_name(pk), tqkv_kernel_name(dk), blas ? ", blas" : "");
+    printf("%s%-8s %-10s %12s %12s %14s\n", json ? "# " : "", "ctx", "kv", "pp t/s", "tg t/s",
+           "kv B/token");
+    /* warm-up: map the weights in */
+    {
+        tqkv_model_state_params sp = tqkv_model_state_params_default();
+        sp.threads = threads;
+        tqkv_model_state *s = NULL;
+        if (tqkv_model_state_init(&s, m, &sp) == TQKV_OK)
+            tqkv_model_prefill(m, s, tok, NULL, max_ctx < 64 ? max_ctx : 64, TQKV_LOGITS_LAST, logits);
+        tqkv_model_state_free(s);
+    }
+    int rc = 0, first = 1;
+    char *out = NULL;
+    size_t out_len = 0;
+    FILE *js = open_memstream(&out, &out_len);
+    fprintf(js, "[");
+    for (int c = 0; c < n_ctx && !rc; c++)
+        for (int k = 0; k < n_kv && !rc; k++) {
+            double best_pp = 0, best_tg = 0, bpt = 0;
+            for (int r = 0; r < reps && !rc; r++) {
+                tqkv_model_state_params sp = tqkv_model_state_params_default();
+                sp.rows = rows;
+                sp.k_format = kf[k];
+                sp.v_format = vf[k];
+                sp.window = window;
+                sp.threads = threads;
+                sp.prefill_kernel = pk;
+                sp.decode_kernel = dk;
+                sp.blas = blas;
+                tqkv_model_state *s = NULL;
+                if (tqkv_model_state_init(&s, m, &sp) != TQKV_OK) {
+                    fprintf(stderr, "tqkv bench model: %s\n", tqkv_last_error());
+                    rc = 1;
+                    break;
+                }
+                /* prefill: each row its own prefill would re-run the same work; rows share
+                 * one left-padded prefill of ctx tokens each */
+                int32_t *pt = malloc(sizeof(int32_t) * (size_t)ctxs[c] * rows);
+                for (int rr = 0; rr < rows; rr++) memcpy(pt + (size_t)rr * ctxs[c], tok, sizeof(int32_t) * ctxs[c]);
+                double t0 = mcli_now();
+                tqkv_status st = tqkv_model_prefill(m, s, pt, NULL, ctxs[c], TQKV_LOGITS_LAST, logits);
+                double tp = mcli_now() - t0;
+                free(pt);
+                double td = 0;
+                for (int g = 0; g < gen && st == TQKV_OK; g++) {
+                    int32_t next[64];
+                    for (int rr = 0; rr < rows && rr < 64; rr++) next[rr] = argmax(logits + (size_t)rr * V, V);
+                    t0 = mcli_now();
+                    st = tqkv_model_decode(m, s, next, logits);
+                    td += mcli_now() - t0;
+                }
+                if (st != TQKV_OK) {
+                    fprintf(stderr, "tqkv bench model: %s\n", tqkv_last_error());
+                    rc = 1;
+                }
+                double pp = (double)ctxs[c] * rows / tp, tg = (double)gen * rows / td;
+                if (pp > best_pp) best_pp = pp;
+                if (tg > best_tg) best_tg = tg;
+                bpt = tqkv_model_state_kv_bytes_per_token(s);
+                tqkv_model_state_free(s);
+            }
+            if (rc) break;
+            printf("%s%-8d %-10s %12.1f %12.1f %14.1f\n", json ? "# " : "", ctxs[c], kv_items[k],
+                   best_pp, best_tg, bpt);
+            fflush(stdout);
+            fprintf(js, "%s{\"ctx\": %d, \"kv\": \"%s\", \"prefill_tokens_per_s\": %.2f, "
+                    "\"decode_tokens_per_s\": %.2f, \"kv_bytes_per_token\": %.1f, \"threads\": %d, "
+                    "\"gen\": %d, \"rows\": %d, \"window\": %d}",
+                    first ? "" : ", ", ctxs[c], kv_items[k], best_pp, best_tg, bpt, threads, gen, rows,
+                    window);
+            first = 0;
+        }
+    fprintf(js, "]");
+    fclose(js);
+    if (json && !rc) printf("%s\n", out);
+    free(out);
+    free(tok);
+    free(logits);
+    free(ctx_copy);
+    free(kv_copy);
+    tqkv_model_free(m);
+    return rc;
+}

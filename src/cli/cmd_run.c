@@ -1,0 +1,241 @@
+/*
+ * cmd_run.c - `tqkv run`: generate text from a prompt, streamed to stdout.
+ * Owns: argument handling, the prompt (plain or ChatML), the generation loop, streaming
+ * decode output and the --json summary line.
+ * Must not: contain model, cache or tokenizer logic.
+ *
+ * Sampling defaults follow Hugging Face generate(): with generation_config.json
+ * do_sample = true, its temperature / top_k / top_p / min_p / repetition_penalty; without it
+ * (the bundled model), greedy. Any sampling flag given on the command line overrides, and
+ * --temp > 0 alone turns sampling on (top-k/top-p off unless given).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "model_cli.h"
+#include "tqkv_model.h"
+#include "tqkv_tokenizer.h"
+
+static const char *CMD = "run";
+
+int cmd_run(int argc, char **argv) {
+    const char *model_arg = MCLI_DEFAULT_MODEL, *prompt = NULL, *prompt_file = NULL;
+    const char *kv = "f32", *prefill_kernel = "dense", *decode_kernel = "fused";
+    int n_gen = 128, top_k = -1, seed = -1, window = 0, threads = 0, chat = 0, json = 0;
+    int ignore_eos = 0, kv_seed = 0, blas = 0, f32w = 0;
+    double temp = NAN, top_p = NAN, min_p = NAN, rep = NAN;
+    const arg_spec specs[] = {
+        {"--model", ARG_STR, &model_arg, "model directory (default " MCLI_DEFAULT_MODEL ")"},
+        {"--prompt", ARG_STR, &prompt, "prompt text"},
+        {"--prompt-file", ARG_STR, &prompt_file, "read the prompt from a file (- = stdin)"},
+        {"-n", ARG_INT, &n_gen, "tokens to generate (default 128)"},
+        {"--temp", ARG_DOUBLE, &temp, "temperature; 0 = greedy (default: generation_config, else greedy)"},
+        {"--top-k", ARG_INT, &top_k, "top-k (0 = off)"},
+        {"--top-p", ARG_DOUBLE, &top_p, "top-p (1 = off)"},
+        {"--min-p", ARG_DOUBLE, &min_p, "min-p (0 = off)"},
+        {"--repeat-penalty", ARG_DOUBLE, &rep, "repetition penalty (1 = off)"},
+        {"--seed", ARG_INT, &seed, "sampling seed (default: from the clock)"},
+        {"--kv", ARG_STR, &kv, "KV cache format: f32|f16|q8|q4|tq2|tq3|tq4 or K/V (default f32)"},
+        {"--window", ARG_INT, &window, "newest tokens kept at q8 beside a tq cache (default 0)"},
+        {"--kv-seed", ARG_INT, &kv_seed, "rotation seed of the KV cache (layer l: seed + l)"},
+        {"--threads", ARG_INT, &threads, "threads (default: all CPUs)"},
+        {"--chat", ARG_FLAG, &chat, "wrap the prompt in the ChatML template"},
+        {"--ignore-eos", ARG_FLAG, &ignore_eos, "do not stop at end-of-sequence tokens"},
+        {"--json", ARG_FLAG, &json, "end with a JSON summary line"},
+        {"--prefill-kernel", ARG_STR, &prefill_kernel, "attention kernel for prefill (default dense)"},
+        {"--decode-kernel", ARG_STR, &decode_kernel, "attention kernel for decode (default fused)"},
+        {"--blas", ARG_FLAG, &blas, "OpenBLAS sgemm for prefill matmuls (not batch invariant)"},
+        {"--f32-weights", ARG_FLAG, &f32w, "convert weights to f32 at load"},
+    };
+    const int n_specs = (int)(sizeof specs / sizeof specs[0]);
+    if (args_parse(CMD, argc, argv, specs, n_specs) != 0) return 2;
+    if (!prompt == !prompt_file) {
+        fprintf(stderr, "tqkv run: give exactly one of --prompt or --prompt-file\n");
+        args_usage(stderr, CMD, specs, n_specs);
+        return 2;
+    }
+    if (n_gen < 0 || window < 0 || threads < 0) {
+        fprintf(stderr, "tqkv run: -n, --window and --threads must be >= 0\n");
+        return 2;
+    }
+    if (threads == 0) threads = mcli_cpus();
+    tqkv_model_state_params sp = tqkv_model_state_params_default();
+    if (mcli_parse_kv(CMD, kv, &sp.k_format, &sp.v_format) ||
+        mcli_parse_kernel(CMD, prefill_kernel, &sp.prefill_kernel) ||
+        mcli_parse_kernel(CMD, decode_kernel, &sp.decode_kernel))
+        return 2;
+    char dir[4096];
+    if (!mcli_resolve_model(CMD, model_arg, dir, sizeof dir)) return 1;
+
+    char *ptext = NULL;
+    size_t plen = 0;
+    if (prompt_file) {
+        if (mcli_read_file(CMD, prompt_file, &ptext, &plen)) return 1;
+    } else {
+        plen = strlen(prompt);
+        ptext = malloc(plen + 1);
+        memcpy(ptext, prompt, plen + 1);
+    }
+    if (chat) {
+        const char *pre = "<|im_start|>user\n", *post = "<|im_end|>\n<|im_start|>assistant\n";
+        size_t n = strlen(pre) + plen + strlen(post);
+        char *w = malloc(n + 1);
+        snprintf(w, n + 1, "%s%s%s", pre, ptext, post);
+        free(ptext);
+        ptext = w;
+        plen = n;
+    }
+
+    int rc = 1;
+    tqkv_model *m = NULL;
+    tqkv_tokenizer *tok = NULL;
+    tqkv_model_state *s = NULL;
+    tqkv_sampler *smp = NULL;
+    tqkv_decode_stream *ds = NULL;
+    int32_t *ids = NULL, *gen = NULL;
+    size_t n_ids = 0;
+    float *logits = NULL;
+    if (mcli_load(CMD, dir, blas, f32w, threads, &m)) goto done;
+    if (tqkv_tokenizer_load(&tok, dir) != TQKV_OK) {
+        fprintf(stderr, "tqkv run: %s\n", tqkv_last_error());
+        goto done;
+    }
+    if (tqkv_tokenizer_encode(tok, ptext, plen, TQKV_ENCODE_ADD_SPECIAL, &ids, &n_ids) != TQKV_OK) {
+        fprintf(stderr, "tqkv run: %s\n", tqkv_last_error());
+        goto done;
+    }
+    if (n_ids == 0) {
+        fprintf(stderr, "tqkv run: the prompt has no tokens\n");
+        goto done;
+    }
+    const tqkv_model_config *cfg = tqkv_model_get_config(m);
+    const tqkv_generation_config *gc = tqkv_model_get_generation(m);
+
+    /* sampling parameters */
+    tqkv_sampler_params pp = tqkv_sampler_params_default();
+    if (gc->do_sample) {
+        pp.temperature = gc->temperature;
+        pp.top_k = gc->top_k;
+        pp.top_p = gc->top_p;
+        pp.min_p = gc->min_p;
+    }
+    pp.repetition_penalty = gc->repetition_penalty;
+    if (!isnan(temp)) {
+        pp.temperature = (float)temp;
+        if (!gc->do_sample) pp.top_k = 0;
+    }
+    if (top_k >= 0) pp.top_k = top_k;
+    if (!isnan(top_p)) pp.top_p = (float)top_p;
+    if (!isnan(min_p)) pp.min_p = (float)min_p;
+    if (!isnan(rep)) pp.repetition_penalty = (float)rep;
+    pp.seed = seed >= 0 ? (uint64_t)seed : (uint64_t)time(NULL);
+    if (tqkv_sampler_init(&smp, &pp, cfg->vocab_size) != TQKV_OK) {
+        fprintf(stderr, "tqkv run: %s\n", tqkv_last_error());
+        goto done;
+    }
+    for (size_t i = 0; i < n_ids; i++) tqkv_sampler_accept(smp, ids[i]);
+    int32_t im_end = -1; /* a chat turn also ends at <|im_end|> */
+    if (chat && tqkv_tokenizer_token_to_id(tok, "<|im_end|>", 10, &im_end) != TQKV_OK) im_end = -1;
+
+    sp.rows = 1;
+    sp.window = window;
+    sp.kv_seed = (uint64_t)kv_seed;
+    sp.threads = threads;
+    sp.blas = blas;
+    if (tqkv_model_state_init(&s, m, &sp) != TQKV_OK ||
+        tqkv_decode_stream_init(&ds, tok, TQKV_DECODE_SKIP_SPECIAL) != TQKV_OK) {
+        fprintf(stderr, "tqkv run: %s\n", tqkv_last_error());
+        goto done;
+    }
+    logits = malloc(sizeof(float) * (size_t)cfg->vocab_size);
+    gen = malloc(sizeof(int32_t) * (size_t)(n_gen + 1));
+    if (!logits || !gen) goto done;
+
+    fprintf(stderr, "tqkv run: %zu prompt tokens, kv %s (%.3f bits/value), %d threads, %s\n", n_ids,
+            kv, tqkv_model_state_kv_bits_per_value(s), threads,
+            pp.temperature == 0 ? "greedy" : "sampling");
+    double t0 = mcli_now();
+    if (tqkv_model_prefill(m, s, ids, NULL, (int)n_ids, TQKV_LOGITS_LAST, logits) != TQKV_OK) {
+        fprintf(stderr, "tqkv run: %s\n", tqkv_last_error());
+        goto done;
+    }
+    double t_prefill = mcli_now() - t0, t_decode = 0;
+    int n_out = 0, n_decode = 0;
+    size_t text_cap = 4096, text_len = 0;
+    char *text = malloc(text_cap);
+    int last_nl = 1;
+    while (n_out < n_gen) {
+        int t;
+        if (tqkv_sampler_sample(smp, logits, &t) != TQKV_OK) break;
+        if (!ignore_eos && (tqkv_model_is_eos(m, t) || t == im_end)) break;
+        gen[n_out++] = t;
+        tqkv_sampler_accept(smp, t);
+        const char *piece;
+        size_t plen2;
+        if (tqkv_decode_stream_push(ds, t, &piece, &plen2) == TQKV_OK && plen2) {
+            fwrite(piece, 1, plen2, stdout);
+            fflush(stdout);
+            last_nl = piece[plen2 - 1] == '\n';
+            while (text_len + plen2 + 1 > text_cap) text = realloc(text, text_cap *= 2);
+            memcpy(text + text_len, piece, plen2);
+            text_len += plen2;
+        }
+        if (n_out == n_gen) break;
+        double td = mcli_now();
+        int32_t in = t;
+        if (tqkv_model_decode(m, s, &in, logits) != TQKV_OK) {
+            fprintf(stderr, "\ntqkv run: %s\n", tqkv_last_error());
+            free(text);
+            goto done;
+        }
+        t_decode += mcli_now() - td;
+        n_decode++;
+    }
+    const char *piece;
+    size_t plen2;
+    if (tqkv_decode_stream_flush(ds, &piece, &plen2) == TQKV_OK && plen2) {
+        fwrite(piece, 1, plen2, stdout);
+        last_nl = piece[plen2 - 1] == '\n';
+        while (text_len + plen2 + 1 > text_cap) text = realloc(text, text_cap *= 2);
+        memcpy(text + text_len, piece, plen2);
+        text_len += plen2;
+    }
+    double pp_tps = t_prefill > 0 ? (double)n_ids / t_prefill : 0;
+    double tg_tps = t_decode > 0 ? n_decode / t_decode : 0;
+    fprintf(stderr, "%stqkv run: prompt %zu tokens in %.1f ms (%.1f t/s); generated %d tokens, "
+            "decode %.1f t/s\n", last_nl ? "" : "\n", n_ids, t_prefill * 1e3, pp_tps, n_out, tg_tps);
+    if (json) {
+        if (!last_nl) fputc('\n', stdout);
+        printf("{\"text\": ");
+        mcli_json_string(stdout, text, text_len);
+        printf(", \"tokens\": [");
+        for (int i = 0; i < n_out; i++) printf("%s%d", i ? ", " : "", gen[i]);
+        printf("], \"prompt_tokens\": %zu, \"kv\": ", n_ids);
+        mcli_json_string(stdout, kv, strlen(kv));
+        printf(", \"kv_bits_per_value\": %.4f, \"kv_bytes_per_token\": %.1f, "
+               "\"prefill_tokens_per_s\": %.2f, \"decode_tokens_per_s\": %.2f, \"seed\": %llu, "
+               "\"temperature\": %g}\n",
+               tqkv_model_state_kv_bits_per_value(s), tqkv_model_state_kv_bytes_per_token(s), pp_tps,
+               tg_tps, (unsigned long long)pp.seed, pp.temperature);
+    } else if (!last_nl) {
+        fputc('\n', stdout);
+    }
+    fflush(stdout);
+    free(text);
+    rc = 0;
+done:
+    free(logits);
+    free(gen);
+    free(ids);
+    free(ptext);
+    tqkv_decode_stream_free(ds);
+    tqkv_sampler_free(smp);
+    tqkv_model_state_free(s);
+    tqkv_tokenizer_free(tok);
+    tqkv_model_free(m);
+    return rc;
+}

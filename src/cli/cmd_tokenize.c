@@ -1,0 +1,150 @@
+/*
+ * cmd_tokenize.c - `tqkv tokenize`: text -> token ids with a model's tokenizer.json.
+ *
+ * Owns: argument handling and printing of the tokenize subcommand. Must not: contain
+ * tokenizer logic (that is src/model/tokenizer*.c behind tqkv_tokenizer.h).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "tqkv_tokenizer.h"
+
+// ---------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------
+
+static const char *DESCRIPTION =
+    "Tokenize text with a Hugging Face tokenizer.json (byte-level BPE), ids equal to HF tokenizers.\n"
+    "Exactly one of --text or --file (\"-\" reads stdin).\n"
+    "Output: the ids space-separated on stdout, the count on stderr.\n"
+    "With --json: one JSON object on stdout:\n"
+    "  {\"ids\": [id, ...], \"n_tokens\": N, \"tokens\": [\"piece\", ...]}\n"
+    "where tokens are the vocab strings of the ids (byte-level, e.g. \"Ġworld\" for \" world\").\n";
+
+/* Whole file (or stdin) into a malloc'd buffer. */
+static int read_all(const char *path, char **out, size_t *len) {
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f) {
+        perror(path);
+        return -1;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    int err = !buf;
+    while (!err) {
+        if (n == cap) {
+            char *p = realloc(buf, cap * 2);
+            if (!p) {
+                err = 1;
+                break;
+            }
+            buf = p;
+            cap *= 2;
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0) break;
+    }
+    err |= ferror(f) != 0;
+    if (f != stdin) fclose(f);
+    if (err) {
+        fprintf(stderr, "tqkv tokenize: cannot read %s\n", path);
+        free(buf);
+        return -1;
+    }
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
+static void json_string(FILE *f, const char *s, size_t len) {
+    fputc('"', f);
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c == '\n') fputs("\\n", f);
+        else if (c == '\t') fputs("\\t", f);
+        else if (c == '\r') fputs("\\r", f);
+        else if (c < 0x20 || c == 0x7F) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);  // UTF-8 passes through (vocab strings are valid UTF-8)
+    }
+    fputc('"', f);
+}
+
+// ---------------------------------------------------------------------------
+// Command
+// ---------------------------------------------------------------------------
+
+int cmd_tokenize(int argc, char **argv) {
+    const char *model = "models/qwen3-code-28m", *text = NULL, *file = NULL;
+    int json = 0, add_special = 0, special_as_text = 0;
+    const arg_spec specs[] = {
+        {"--model", ARG_STR, &model, "model directory or tokenizer.json (default models/qwen3-code-28m)"},
+        {"--text", ARG_STR, &text, "text to tokenize"},
+        {"--file", ARG_STR, &file, "file to tokenize (\"-\" = stdin)"},
+        {"--json", ARG_FLAG, &json, "print {\"ids\": [...], \"n_tokens\": N, \"tokens\": [...]}"},
+        {"--add-special", ARG_FLAG, &add_special, "apply the post-processor (e.g. a BOS token)"},
+        {"--special-as-text", ARG_FLAG, &special_as_text, "treat special tokens written in the text as plain text"},
+    };
+    const int n_specs = (int)(sizeof specs / sizeof specs[0]);
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(DESCRIPTION, stdout);
+            args_usage(stdout, "tokenize", specs, n_specs);
+            return 0;
+        }
+    if (args_parse("tokenize", argc, argv, specs, n_specs) != 0) return 2;
+    if (!text == !file) {
+        fprintf(stderr, "tqkv tokenize: give exactly one of --text or --file\n");
+        args_usage(stderr, "tokenize", specs, n_specs);
+        return 2;
+    }
+
+    char *buf = NULL;
+    size_t len = 0;
+    if (file) {
+        if (read_all(file, &buf, &len) != 0) return 1;
+    } else {
+        len = strlen(text);
+    }
+    tqkv_tokenizer *tok = NULL;
+    tqkv_status st = tqkv_tokenizer_load(&tok, model);
+    if (st) {
+        fprintf(stderr, "tqkv tokenize: %s\n", tqkv_last_error());
+        free(buf);
+        return 1;
+    }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    unsigned flags = (add_special ? TQKV_ENCODE_ADD_SPECIAL : 0u) | (special_as_text ? TQKV_ENCODE_SPECIAL_AS_TEXT : 0u);
+    st = tqkv_tokenizer_encode(tok, file ? buf : text, len, flags, &ids, &n);
+    free(buf);
+    if (st) {
+        fprintf(stderr, "tqkv tokenize: %s\n", tqkv_last_error());
+        tqkv_tokenizer_free(tok);
+        return 1;
+    }
+
+    if (json) {
+        fputs("{\"ids\": [", stdout);
+        for (size_t i = 0; i < n; i++) printf(i ? ", %d" : "%d", ids[i]);
+        printf("], \"n_tokens\": %zu, \"tokens\": [", n);
+        for (size_t i = 0; i < n; i++) {
+            const char *piece = "";
+            size_t plen = 0;
+            tqkv_tokenizer_id_to_token(tok, ids[i], &piece, &plen);  // ids come from encode
+            if (i) fputs(", ", stdout);
+            json_string(stdout, piece, plen);
+        }
+        fputs("]}\n", stdout);
+    } else {
+        for (size_t i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
+        fputc('\n', stdout);
+        fprintf(stderr, "%zu tokens\n", n);
+    }
+    free(ids);
+    tqkv_tokenizer_free(tok);
+    return fflush(stdout) == 0 ? 0 : 1;
+}

@@ -1,0 +1,131 @@
+/*
+ * model_cli.c - helpers shared by the model subcommands (see model_cli.h).
+ * Owns: argument-level conveniences only. Must not: contain model or cache logic.
+ */
+#include "model_cli.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+const char *mcli_resolve_model(const char *cmd, const char *arg, char *buf, size_t cap) {
+    struct stat st;
+    if (stat(arg, &st) == 0 && S_ISDIR(st.st_mode)) {
+        snprintf(buf, cap, "%s", arg);
+        return buf;
+    }
+    if (arg[0] != '/') {
+        char exe[4096];
+        ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        if (n > 0) {
+            exe[n] = 0;
+            char *slash = strrchr(exe, '/');
+            if (slash) {
+                *slash = 0;
+                snprintf(buf, cap, "%s/../%s", exe, arg);
+                if (stat(buf, &st) == 0 && S_ISDIR(st.st_mode)) return buf;
+            }
+        }
+    }
+    fprintf(stderr, "tqkv %s: model directory '%s' not found (tried the current directory and "
+            "next to the executable)\n", cmd, arg);
+    return NULL;
+}
+
+int mcli_load(const char *cmd, const char *dir, int blas, int f32_weights, int threads,
+              tqkv_model **out) {
+    tqkv_model_load_params lp = tqkv_model_load_params_default();
+    lp.blas = blas;
+    lp.weights_f32 = f32_weights;
+    lp.threads = threads;
+    lp.verbose = 1;
+    tqkv_status rc = tqkv_model_load(out, dir, &lp);
+    if (rc != TQKV_OK) {
+        fprintf(stderr, "tqkv %s: %s\n", cmd, tqkv_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+int mcli_parse_kv(const char *cmd, const char *spec, tqkv_format *k, tqkv_format *v) {
+    if (tqkv_kv_spec_parse(spec, k, v) != TQKV_OK) {
+        fprintf(stderr, "tqkv %s: --kv '%s': %s\n", cmd, spec, tqkv_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+int mcli_parse_kernel(const char *cmd, const char *name, tqkv_kernel *out) {
+    if (tqkv_kernel_parse(name, out) != TQKV_OK) {
+        fprintf(stderr, "tqkv %s: %s\n", cmd, tqkv_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+int mcli_cpus(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n >= 1 ? (int)n : 1;
+}
+
+int mcli_read_file(const char *cmd, const char *path, char **out, size_t *len) {
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f) {
+        fprintf(stderr, "tqkv %s: cannot open %s\n", cmd, path);
+        return -1;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    while (buf) {
+        if (n == cap) {
+            char *p = realloc(buf, cap * 2 + 1);
+            if (!p) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = p;
+            cap *= 2;
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0) break;
+    }
+    int err = !buf || ferror(f);
+    if (f != stdin) fclose(f);
+    if (err) {
+        fprintf(stderr, "tqkv %s: cannot read %s\n", cmd, path);
+        free(buf);
+        return -1;
+    }
+    buf[n] = 0;
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
+void mcli_json_string(FILE *f, const char *s, size_t len) {
+    fputc('"', f);
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        switch (c) {
+        case '"': fputs("\\\"", f); break;
+        case '\\': fputs("\\\\", f); break;
+        case '\n': fputs("\\n", f); break;
+        case '\r': fputs("\\r", f); break;
+        case '\t': fputs("\\t", f); break;
+        default:
+            if (c < 0x20) fprintf(f, "\\u%04x", c);
+            else fputc(c, f);
+        }
+    }
+    fputc('"', f);
+}
+
+double mcli_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}

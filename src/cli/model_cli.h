@@ -1,0 +1,32 @@
+/*
+ * model_cli.h - helpers shared by the model subcommands (run, ppl, bench model).
+ * Owns: model directory resolution, loading with status lines, KV spec / list parsing,
+ * file reading, JSON string output, timing.
+ * Must not: contain model or cache logic.
+ */
+#ifndef TQKV_MODEL_CLI_H
+#define TQKV_MODEL_CLI_H
+
+#include <stdio.h>
+
+#include "tqkv.h"
+#include "tqkv_model.h"
+
+#define MCLI_DEFAULT_MODEL "models/qwen3-code-28m"
+
+/* Resolve --model: as given (relative to cwd), else, for a relative path, relative to the
+ * executable's directory's parent ("<exe dir>/../DIR"). Returns buf or NULL (message printed). */
+const char *mcli_resolve_model(const char *cmd, const char *arg, char *buf, size_t cap);
+/* Load with progress lines on stderr; returns 0 or prints the error and returns -1. */
+int  mcli_load(const char *cmd, const char *dir, int blas, int f32_weights, int threads,
+               tqkv_model **out);
+int  mcli_parse_kv(const char *cmd, const char *spec, tqkv_format *k, tqkv_format *v);
+int  mcli_parse_kernel(const char *cmd, const char *name, tqkv_kernel *out);
+/* Number of online CPUs (>= 1). */
+int  mcli_cpus(void);
+/* Whole file into a malloc'd NUL-terminated buffer; 0 or -1 (message printed). */
+int  mcli_read_file(const char *cmd, const char *path, char **out, size_t *len);
+void mcli_json_string(FILE *f, const char *s, size_t len);
+double mcli_now(void);
+
+#endif

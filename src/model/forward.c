@@ -1,0 +1,444 @@
+/*
+ * forward.c - per-batch state and the forward pass (Qwen3 / Qwen2 / Llama graph) on the CPU.
+ * Owns: the state's caches (one tqkv_batch per layer), mask lease and scratch; the graph:
+ *   embed -> per layer [RMSNorm, q/k/v (+bias), q/k RMSNorm, RoPE, cache append,
+ *   attention, o_proj, residual, RMSNorm, SwiGLU MLP, residual] -> RMSNorm -> lm_head.
+ * Activations are kept compact, token-major ([T, dim], T = real tokens of all rows), so
+ * padding costs no matmul work; queries/keys/values are scattered to the cache's
+ * [rows, heads, n, head_dim] layout only around the cache and attention calls.
+ * Must not: make a row's result depend on other rows: every per-token kernel works on its
+ * own token, matmuls are batch invariant (matmul.c), attention is by contract.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model_impl.h"
+#include "model/ops.h"
+#include "util/common.h"
+
+// ---------------------------------------------------------------------------
+// state
+// ---------------------------------------------------------------------------
+
+tqkv_model_state_params tqkv_model_state_params_default(void) {
+    tqkv_model_state_params p;
+    memset(&p, 0, sizeof p);
+    p.rows = 1;
+    p.k_format = TQKV_F32;
+    p.v_format = TQKV_F32;
+    p.window = 0;
+    p.window_slack = 32;
+    p.kv_seed = 0;
+    p.threads = 1;
+    p.prefill_kernel = TQKV_KERNEL_DENSE;
+    p.decode_kernel = TQKV_KERNEL_FUSED;
+    p.blas = 0;
+    return p;
+}
+
+static void free_layers(tqkv_batch **layers, int n) {
+    if (!layers) return;
+    for (int l = 0; l < n; l++) tqkv_batch_free(layers[l]);
+    free(layers);
+}
+
+/* Fresh empty caches for `rows` rows. */
+static tqkv_status make_layers(const tqkv_model *m, const tqkv_model_state_params *p, int rows,
+                               tqkv_batch ***out) {
+    int L = m->cfg.n_layers;
+    tqkv_batch **layers = calloc((size_t)L, sizeof *layers);
+    if (!layers) return tqkv_fail(TQKV_ENOMEM, "out of memory");
+    for (int l = 0; l < L; l++) {
+        tqkv_cache_config cc = tqkv_cache_config_default();
+        cc.kv_heads = m->cfg.n_kv_heads;
+        cc.head_dim = m->cfg.head_dim;
+        cc.k_format = p->k_format;
+        cc.v_format = p->v_format;
+        cc.seed = p->kv_seed + (uint64_t)l;
+        cc.window = p->window;
+        cc.window_slack = p->window_slack;
+        tqkv_status rc = tqkv_batch_init(&layers[l], &cc, rows);
+        if (rc != TQKV_OK) {
+            free_layers(layers, l);
+            return rc;
+        }
+    }
+    *out = layers;
+    return TQKV_OK;
+}
+
+static void free_scratch(tqkv_model_state *s) {
+    float **f[] = {&s->x, &s->xn, &s->q, &s->k, &s->v, &s->att, &s->g, &s->u, &s->tmp,
+                   &s->mm_scratch, &s->rc, &s->rs, &s->qb, &s->kb, &s->vb, &s->ob};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        free(*f[i]);
+        *f[i] = NULL;
+    }
+    free(s->tok_row);
+    free(s->tok_col);
+    s->tok_row = s->tok_col = NULL;
+    s->cap_t = s->cap_rn = 0;
+}
+
+tqkv_status tqkv_model_state_init(tqkv_model_state **out, const tqkv_model *m,
+                                  const tqkv_model_state_params *p_in) {
+    if (!out || !m) return tqkv_fail(TQKV_EINVAL, "tqkv_model_state_init: NULL argument");
+    tqkv_model_state_params p = p_in ? *p_in : tqkv_model_state_params_default();
+    if (p.rows < 1 || p.threads < 1 || p.window < 0 || p.window_slack < 0)
+        return tqkv_fail(TQKV_EINVAL, "model state: need rows >= 1, threads >= 1, window >= 0");
+    if ((unsigned)p.prefill_kernel >= TQKV_KERNEL_COUNT ||
+        (unsigned)p.decode_kernel >= TQKV_KERNEL_COUNT)
+        return tqkv_fail(TQKV_EINVAL, "model state: invalid attention kernel");
+    tqkv_model_state *s = tqkv_calloc(1, sizeof *s);
+    if (!s) return TQKV_ENOMEM;
+    s->m = m;
+    s->p = p;
+    s->rows = p.rows;
+    tqkv_status rc = make_layers(m, &p, p.rows, &s->layers);
+    if (rc == TQKV_OK) rc = tqkv_mask_lease_init(&s->lease);
+    if (rc == TQKV_OK) {
+        s->off = calloc((size_t)p.rows, sizeof(int));
+        s->len = calloc((size_t)p.rows, sizeof(int));
+        if (!s->off || !s->len) rc = tqkv_fail(TQKV_ENOMEM, "out of memory");
+    }
+    if (rc != TQKV_OK) {
+        tqkv_model_state_free(s);
+        return rc;
+    }
+    *out = s;
+    return TQKV_OK;
+}
+
+void tqkv_model_state_free(tqkv_model_state *s) {
+    if (!s) return;
+    free_layers(s->layers, s->m->cfg.n_layers);
+    tqkv_mask_lease_free(s->lease);
+    free_scratch(s);
+    free(s->off);
+    free(s->len);
+    free(s);
+}
+
+tqkv_status tqkv_model_state_reset(tqkv_model_state *s, int rows) {
+    if (!s) return tqkv_fail(TQKV_EINVAL, "tqkv_model_state_reset: NULL");
+    if (rows < 0) return tqkv_fail(TQKV_EINVAL, "tqkv_model_state_reset: rows %d", rows);
+    if (rows == 0) rows = s->rows;
+    tqkv_batch **layers = NULL;
+    tqkv_status rc = make_layers(s->m, &s->p, rows, &layers);
+    if (rc != TQKV_OK) return rc;
+    int *off = calloc((size_t)rows, sizeof(int)), *len = calloc((size_t)rows, sizeof(int));
+    if (!off || !len) {
+        free(off);
+        free(len);
+        free_layers(layers, s->m->cfg.n_layers);
+        return tqkv_fail(TQKV_ENOMEM, "out of memory");
+    }
+    free_layers(s->layers, s->m->cfg.n_layers);
+    free(s->off);
+    free(s->len);
+    s->layers = layers;
+    s->off = off;
+    s->len = len;
+    if (rows != s->rows) s->cap_rn = 0; /* row-shaped buffers are re-sized on next use */
+    s->rows = rows;
+    s->p.rows = rows;
+    return TQKV_OK;
+}
+
+int tqkv_model_state_rows(const tqkv_model_state *s) { return s ? s->rows : 0; }
+
+tqkv_status tqkv_model_state_set_threads(tqkv_model_state *s, int threads) {
+    if (!s || threads < 1) return tqkv_fail(TQKV_EINVAL, "set_threads: need threads >= 1");
+    s->p.threads = threads;
+    return TQKV_OK;
+}
+
+tqkv_status tqkv_model_state_offsets(const tqkv_model_state *s, int *offset) {
+    if (!s || !offset) return tqkv_fail(TQKV_EINVAL, "state_offsets: NULL argument");
+    return tqkv_batch_offsets(s->layers[0], offset, NULL);
+}
+
+tqkv_batch *tqkv_model_state_layer(tqkv_model_state *s, int layer) {
+    if (!s || layer < 0 || layer >= s->m->cfg.n_layers) return NULL;
+    return s->layers[layer];
+}
+
+double tqkv_model_state_kv_bytes_per_token(const tqkv_model_state *s) {
+    if (!s) return 0;
+    double b = 0;
+    for (int l = 0; l < s->m->cfg.n_layers; l++) b += tqkv_batch_bytes_per_token(s->layers[l]);
+    return b;
+}
+
+double tqkv_model_state_kv_bits_per_value(const tqkv_model_state *s) {
+    if (!s) return 0;
+    int d = s->m->cfg.head_dim;
+    return 0.5 * (tqkv_format_bits_per_value(s->p.k_format, d) +
+                  tqkv_format_bits_per_value(s->p.v_format, d));
+}
+
+size_t tqkv_model_state_kv_bytes_used(const tqkv_model_state *s) {
+    if (!s) return 0;
+    size_t b = 0;
+    for (int l = 0; l < s->m->cfg.n_layers; l++) b += tqkv_batch_bytes_used(s->layers[l]);
+    return b;
+}
+
+// ---------------------------------------------------------------------------
+// scratch
+// ---------------------------------------------------------------------------
+
+static int grow(float **p, size_t n) {
+    float *q = realloc(*p, sizeof(float) * (n ? n : 1));
+    if (!q) return 0;
+    *p = q;
+    return 1;
+}
+
+static tqkv_status ensure_scratch(tqkv_model_state *s, size_t T, size_t RN) {
+    const tqkv_model_config *c = &s->m->cfg;
+    size_t H = (size_t)c->hidden_size, I = (size_t)c->intermediate_size, hd = (size_t)c->head_dim;
+    size_t QD = (size_t)c->n_heads * hd, KD = (size_t)c->n_kv_heads * hd;
+    size_t W = H > I ? H : I;
+    if (W < QD) W = QD;
+    if (T > s->cap_t) {
+        size_t t = T < 16 ? 16 : T;
+        int ok = grow(&s->x, t * H) && grow(&s->xn, t * H) && grow(&s->q, t * QD) &&
+                 grow(&s->k, t * KD) && grow(&s->v, t * KD) && grow(&s->att, t * QD) &&
+                 grow(&s->g, t * I) && grow(&s->u, t * I) && grow(&s->tmp, t * W) &&
+                 grow(&s->mm_scratch, t * W) && grow(&s->rc, t * hd / 2) && grow(&s->rs, t * hd / 2);
+        int32_t *a = realloc(s->tok_row, sizeof(int32_t) * t);
+        if (a) s->tok_row = a;
+        int32_t *b = realloc(s->tok_col, sizeof(int32_t) * t);
+        if (b) s->tok_col = b;
+        if (!ok || !a || !b) {
+            free_scratch(s);
+            return tqkv_fail(TQKV_ENOMEM, "out of memory for %zu tokens of activations", T);
+        }
+        s->cap_t = t;
+    }
+    if (RN > s->cap_rn) {
+        int ok = grow(&s->qb, RN * QD) && grow(&s->kb, RN * KD) && grow(&s->vb, RN * KD) &&
+                 grow(&s->ob, RN * QD);
+        if (!ok) {
+            free_scratch(s);
+            return tqkv_fail(TQKV_ENOMEM, "out of memory for the attention buffers");
+        }
+        s->cap_rn = RN;
+    }
+    return TQKV_OK;
+}
+
+// ---------------------------------------------------------------------------
+// forward
+// ---------------------------------------------------------------------------
+
+static void matmul(const tqkv_model_state *s, const float *x, int T, const mm_weight *w,
+                   const float *bias, float *y, int prefill) {
+    if (s->p.blas && prefill && w->f32 && T > 1)
+        mm_matmul_blas(x, T, w, bias, y, s->p.threads);
+    else
+        mm_matmul(x, T, w, bias, y, s->p.threads, s->mm_scratch);
+}
+
+/* Undo the appends of layers [0, done) after a failure (extend: trim n; prefill: empty). */
+static void rollback(tqkv_model_state *s, int done, int n, int prefill) {
+    for (int l = 0; l < done; l++) {
+        if (prefill) {
+            tqkv_batch *nb = NULL;
+            if (tqkv_batch_init(&nb, tqkv_batch_get_config(s->layers[l]), s->rows) == TQKV_OK) {
+                tqkv_batch_free(s->layers[l]);
+                s->layers[l] = nb;
+            }
+        } else {
+            tqkv_batch_trim(s->layers[l], n);
+        }
+    }
+}
+
+/* tokens [rows, n]; lens[r] real tokens at the end of each row (prefill) or n (extend). */
+static tqkv_status forward(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+                           const int *lengths, int n, int prefill, tqkv_logits_mode mode,
+                           float *logits) {
+    if (!m || !s || !tokens || s->m != m)
+        return tqkv_fail(TQKV_EINVAL, "forward: NULL argument or state of another model");
+    if (n < 1) return tqkv_fail(TQKV_EINVAL, "forward: n must be >= 1, got %d", n);
+    if ((unsigned)mode > TQKV_LOGITS_ALL || (mode != TQKV_LOGITS_NONE && !logits))
+        return tqkv_fail(TQKV_EINVAL, "forward: bad logits mode or NULL logits");
+    const tqkv_model_config *c = &m->cfg;
+    const int R = s->rows, H = c->hidden_size, hd = c->head_dim, NH = c->n_heads,
+              NKV = c->n_kv_heads, I = c->intermediate_size, V = c->vocab_size, half = hd / 2;
+    const int QD = NH * hd, KD = NKV * hd, th = s->p.threads;
+
+    /* validate before touching anything */
+    tqkv_status rc = tqkv_batch_offsets(s->layers[0], s->off, NULL);
+    if (rc != TQKV_OK) return rc;
+    size_t T = 0;
+    for (int r = 0; r < R; r++) {
+        int len = lengths ? lengths[r] : n;
+        if (len < 1 || len > n)
+            return tqkv_fail(TQKV_EINVAL, "prefill: lengths[%d] = %d outside [1, %d]", r, len, n);
+        if (prefill && s->off[r] != 0)
+            return tqkv_fail(TQKV_ESTATE, "prefill: row %d already holds %d tokens (reset the state "
+                             "or use extend)", r, s->off[r]);
+        s->len[r] = len;
+        T += (size_t)len;
+        for (int j = n - len; j < n; j++) {
+            int32_t t = tokens[(size_t)r * n + j];
+            if (t < 0 || t >= V)
+                return tqkv_fail(TQKV_ERANGE, "forward: token %d at row %d position %d outside "
+                                 "vocab %d", t, r, j, V);
+        }
+    }
+    rc = ensure_scratch(s, T, (size_t)R * (size_t)n);
+    if (rc != TQKV_OK) return rc;
+
+    /* compact token list, embeddings, rope tables */
+    size_t t = 0;
+    for (int r = 0; r < R; r++)
+        for (int j = n - s->len[r]; j < n; j++, t++) {
+            s->tok_row[t] = r;
+            s->tok_col[t] = j;
+        }
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
+    for (size_t i = 0; i < T; i++) {
+        int r = s->tok_row[i], j = s->tok_col[i];
+        int pos = s->off[r] + j - (n - s->len[r]);
+        mm_weight_row(&m->embed, tokens[(size_t)r * n + j], s->x + i * H);
+        ops_rope_table(pos, m->inv_freq, half, s->rc + i * half, s->rs + i * half);
+    }
+
+    const float scale = 1.0f / sqrtf((float)hd);
+    int nq_pad = 0;
+    for (int r = 0; r < R; r++) nq_pad |= s->len[r] != n;
+    for (int l = 0; l < c->n_layers; l++) {
+        const model_layer *L = &m->layers[l];
+        tqkv_batch *b = s->layers[l];
+        // ---- attention block
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
+        for (size_t i = 0; i < T; i++)
+            ops_rmsnorm(s->x + i * H, L->attn_norm, c->rms_norm_eps, H, s->xn + i * H);
+        matmul(s, s->xn, (int)T, &L->wq, L->bq, s->q, n > 1);
+        matmul(s, s->xn, (int)T, &L->wk, L->bk, s->k, n > 1);
+        matmul(s, s->xn, (int)T, &L->wv, L->bv, s->v, n > 1);
+        /* q/k norm, rope, scatter to [rows, heads, n, hd] */
+        if (nq_pad) {
+            memset(s->qb, 0, sizeof(float) * (size_t)R * n * QD);
+            memset(s->kb, 0, sizeof(float) * (size_t)R * n * KD);
+            memset(s->vb, 0, sizeof(float) * (size_t)R * n * KD);
+        }
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
+        for (size_t i = 0; i < T; i++) {
+            float *q = s->q + i * QD, *k = s->k + i * KD, *v = s->v + i * KD;
+            if (L->q_norm) {
+                for (int h = 0; h < NH; h++) ops_rmsnorm(q + h * hd, L->q_norm, c->rms_norm_eps, hd, q + h * hd);
+                for (int h = 0; h < NKV; h++) ops_rmsnorm(k + h * hd, L->k_norm, c->rms_norm_eps, hd, k + h * hd);
+            }
+            ops_rope_apply(q, NH, hd, s->rc + i * half, s->rs + i * half);
+            ops_rope_apply(k, NKV, hd, s->rc + i * half, s->rs + i * half);
+            size_t r = (size_t)s->tok_row[i], j = (size_t)s->tok_col[i];
+            for (int h = 0; h < NH; h++)
+                memcpy(s->qb + ((r * NH + h) * n + j) * hd, q + h * hd, sizeof(float) * hd);
+            for (int h = 0; h < NKV; h++) {
+                memcpy(s->kb + ((r * NKV + h) * n + j) * hd, k + h * hd, sizeof(float) * hd);
+                memcpy(s->vb + ((r * NKV + h) * n + j) * hd, v + h * hd, sizeof(float) * hd);
+            }
+        }
+        /* cache */
+        if (prefill) {
+            rc = tqkv_batch_prepare_prefill(b, s->len);
+            if (rc == TQKV_OK) rc = tqkv_batch_append(b, s->kb, s->vb, n);
+            if (rc == TQKV_OK) rc = tqkv_batch_finalize_prefill(b);
+        } else {
+            rc = tqkv_batch_append(b, s->kb, s->vb, n);
+        }
+        if (rc != TQKV_OK) {
+            rollback(s, prefill ? l + 1 : l, n, prefill);
+            return rc;
+        }
+        /* attention */
+        const tqkv_mask *mask = NULL;
+        rc = tqkv_batch_make_mask(b, s->lease, n, 0, &mask);
+        if (rc == TQKV_OK) {
+            tqkv_attn_params ap = {NH, scale, n == 1 ? s->p.decode_kernel : s->p.prefill_kernel, th};
+            rc = tqkv_batch_attend(b, mask, s->qb, n, &ap, s->ob);
+        }
+        if (rc != TQKV_OK) {
+            rollback(s, l + 1, n, prefill);
+            return rc;
+        }
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
+        for (size_t i = 0; i < T; i++) {
+            size_t r = (size_t)s->tok_row[i], j = (size_t)s->tok_col[i];
+            for (int h = 0; h < NH; h++)
+                memcpy(s->att + i * QD + (size_t)h * hd, s->ob + ((r * NH + h) * n + j) * hd,
+                       sizeof(float) * hd);
+        }
+        matmul(s, s->att, (int)T, &L->wo, L->bo, s->tmp, n > 1);
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
+        for (size_t i = 0; i < T; i++) {
+            float *x = s->x + i * H;
+            const float *o = s->tmp + i * H;
+            for (int e = 0; e < H; e++) x[e] += o[e];
+            ops_rmsnorm(x, L->ffn_norm, c->rms_norm_eps, H, s->xn + i * H);
+        }
+        // ---- MLP block
+        matmul(s, s->xn, (int)T, &L->wg, NULL, s->g, n > 1);
+        matmul(s, s->xn, (int)T, &L->wu, NULL, s->u, n > 1);
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 16)
+        for (size_t i = 0; i < T; i++) ops_swiglu(s->g + i * I, s->u + i * I, I, s->g + i * I);
+        matmul(s, s->g, (int)T, &L->wd, NULL, s->tmp, n > 1);
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
+        for (size_t i = 0; i < T; i++) {
+            float *x = s->x + i * H;
+            const float *o = s->tmp + i * H;
+            for (int e = 0; e < H; e++) x[e] += o[e];
+        }
+    }
+
+    // ---- head
+    if (mode == TQKV_LOGITS_NONE) return TQKV_OK;
+    if (mode == TQKV_LOGITS_LAST) {
+        /* each row's last token is the last compact token of the row */
+        size_t at = 0;
+        for (int r = 0; r < R; r++) {
+            at += (size_t)s->len[r];
+            ops_rmsnorm(s->x + (at - 1) * H, m->final_norm, c->rms_norm_eps, H, s->xn + (size_t)r * H);
+        }
+        matmul(s, s->xn, R, &m->lm_head, NULL, logits, 0);
+        return TQKV_OK;
+    }
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
+    for (size_t i = 0; i < T; i++) ops_rmsnorm(s->x + i * H, m->final_norm, c->rms_norm_eps, H, s->xn + i * H);
+    if (!nq_pad) { /* compact order == [rows, n] order */
+        matmul(s, s->xn, (int)T, &m->lm_head, NULL, logits, n > 1);
+        return TQKV_OK;
+    }
+    /* padded: compute per row into its slot, zero the padding positions */
+    size_t at = 0;
+    for (int r = 0; r < R; r++) {
+        int pad = n - s->len[r];
+        float *dst = logits + (size_t)r * n * V;
+        memset(dst, 0, sizeof(float) * (size_t)pad * V);
+        matmul(s, s->xn + at * H, s->len[r], &m->lm_head, NULL, dst + (size_t)pad * V, n > 1);
+        at += (size_t)s->len[r];
+    }
+    return TQKV_OK;
+}
+
+tqkv_status tqkv_model_prefill(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+                               const int *lengths, int n, tqkv_logits_mode mode, float *logits) {
+    return forward(m, s, tokens, lengths, n, 1, mode, logits);
+}
+
+tqkv_status tqkv_model_extend(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+                              int n, tqkv_logits_mode mode, float *logits) {
+    return forward(m, s, tokens, NULL, n, 0, mode, logits);
+}
+
+tqkv_status tqkv_model_decode(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+                              float *logits) {
+    return forward(m, s, tokens, NULL, 1, 0, logits ? TQKV_LOGITS_LAST : TQKV_LOGITS_NONE, logits);
+}

@@ -1,0 +1,558 @@
+/*
+ * test_attention.c - attention kernels over cache rows (src/attn).
+ * Owns: agreement of the dense / deferred / fused kernel sets with each other and with a
+ * float64 reference on the cache's decoded K/V (every format, GQA, windows, masks, SIMD
+ * and scalar), bitwise batched-vs-single equality through prefill, decode steps and a
+ * speculative round, bitwise batch invariance (padding, neighbours, thread count), and a
+ * few bad inputs through the cache wrappers.
+ * Must not: time anything.
+ */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache/batch.h"
+
+// ---------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------
+static tqkv_cache_config make_cfg(tqkv_format kf, tqkv_format vf, int kvh, int dim, int window,
+                                  int slack, uint64_t seed) {
+    tqkv_cache_config c = tqkv_cache_config_default();
+    c.k_format = kf;
+    c.v_format = vf;
+    c.kv_heads = kvh;
+    c.head_dim = dim;
+    c.window = window;
+    c.window_slack = slack;
+    c.seed = seed;
+    return c;
+}
+
+static void set_simd(int on) { setenv("TQKV_NO_SIMD", on ? "0" : "1", 1); }
+
+/* Random K/V [rows, kvh, n, dim]. */
+static float *rand_kv(test_rng *rng, int rows, int kvh, int n, int dim) {
+    size_t cnt = (size_t)rows * kvh * n * dim;
+    float *x = malloc(cnt * sizeof(float));
+    assert_non_null(x);
+    rng_fill_normal(rng, x, cnt, 1.0f);
+    return x;
+}
+
+/* Row r of a batch input [rows, kvh, n, dim], tokens [t0, n) -> [kvh, n - t0, dim]. */
+static float *row_slice(const float *x, int r, int kvh, int n, int dim, int t0) {
+    float *o = malloc(sizeof(float) * (size_t)kvh * (n - t0) * dim + 1);
+    assert_non_null(o);
+    for (int h = 0; h < kvh; h++)
+        memcpy(o + (size_t)h * (n - t0) * dim, x + (((size_t)r * kvh + h) * n + t0) * dim,
+               sizeof(float) * (size_t)(n - t0) * dim);
+    return o;
+}
+
+/* Left-padded prefill of rows with lengths len[r]; the data is kept in *kin / *vin
+ * [rows, kvh, maxlen, dim]. */
+static tqkv_batch *build_prefill(test_rng *rng, const tqkv_cache_config *cfg, int rows,
+                                 const int *len, float **kin, float **vin, int *maxlen) {
+    tqkv_batch *b = NULL;
+    assert_int_equal(tqkv_batch_init(&b, cfg, rows), TQKV_OK);
+    int mx = 0;
+    for (int r = 0; r < rows; r++) mx = len[r] > mx ? len[r] : mx;
+    float *k = rand_kv(rng, rows, cfg->kv_heads, mx, cfg->head_dim);
+    float *v = rand_kv(rng, rows, cfg->kv_heads, mx, cfg->head_dim);
+    assert_int_equal(tqkv_batch_prepare_prefill(b, len), TQKV_OK);
+    assert_int_equal(tqkv_batch_append(b, k, v, mx), TQKV_OK);
+    assert_int_equal(tqkv_batch_finalize_prefill(b), TQKV_OK);
+    if (kin) *kin = k; else free(k);
+    if (vin) *vin = v; else free(v);
+    if (maxlen) *maxlen = mx;
+    return b;
+}
+
+/* float64 attention on the cache's decoded K/V. out: [rows, qh, nq, dim]. */
+static void ref_attend(const tqkv_batch *b, const tqkv_mask *m, const float *q, int nq, int qh,
+                       float scale, double *out) {
+    const tqkv_cache_config *cfg = tqkv_batch_get_config(b);
+    const int rows = tqkv_batch_rows(b), kvh = cfg->kv_heads, d = cfg->head_dim;
+    const int cols = tqkv_batch_columns(b), G = qh / kvh;
+    float *k = malloc(sizeof(float) * (size_t)rows * kvh * cols * d + 1);
+    float *v = malloc(sizeof(float) * (size_t)rows * kvh * cols * d + 1);
+    int *off = malloc(sizeof(int) * (size_t)rows), *lp = malloc(sizeof(int) * (size_t)rows);
+    double *s = malloc(sizeof(double) * (size_t)cols + 1);
+    assert_true(k && v && off && lp && s);
+    assert_int_equal(tqkv_batch_capture(b, k, v, off, lp), TQKV_OK);
+    for (int r = 0; r < rows; r++)
+        for (int hq = 0; hq < qh; hq++)
+            for (int i = 0; i < nq; i++) {
+                const int h = hq / G;
+                const size_t qi = (((size_t)r * qh + hq) * nq + i) * d;
+                int lo = lp[r], hi = lp[r] + off[r];
+                if (m) {
+                    lo = m->lo[(size_t)r * nq + i];
+                    hi = m->hi[(size_t)r * nq + i];
+                }
+                double *o = out + qi;
+                for (int j = 0; j < d; j++) o[j] = 0;
+                if (lo >= hi) continue;
+                double mx = -INFINITY, sum = 0;
+                for (int t = lo; t < hi; t++) {
+                    const float *kt = k + (((size_t)r * kvh + h) * cols + t) * d;
+                    double a = 0;
+                    for (int j = 0; j < d; j++) a += (double)q[qi + j] * kt[j];
+                    s[t - lo] = a * scale;
+                    if (s[t - lo] > mx) mx = s[t - lo];
+                }
+                for (int t = lo; t < hi; t++) {
+                    const double p = exp(s[t - lo] - mx);
+                    sum += p;
+                    const float *vt = v + (((size_t)r * kvh + h) * cols + t) * d;
+                    for (int j = 0; j < d; j++) o[j] += p * vt[j];
+                }
+                for (int j = 0; j < d; j++) o[j] /= sum;
+            }
+    free(k);
+    free(v);
+    free(off);
+    free(lp);
+    free(s);
+}
+
+static void attend(const tqkv_batch *b, const tqkv_mask *m, const float *q, int nq, int qh,
+                   float scale, tqkv_kernel kern, int threads, float *out) {
+    tqkv_attn_params p = {.q_heads = qh, .scale = scale, .kernel = kern, .threads = threads};
+    tqkv_status st = tqkv_batch_attend(b, m, q, nq, &p, out);
+    if (st != TQKV_OK) fail_msg("batch_attend: %s", tqkv_last_error());
+}
+
+static void single_attend(const tqkv_cache *c, const float *q, int nq, int qh, float scale,
+                          tqkv_kernel kern, int threads, float *out) {
+    tqkv_attn_params p = {.q_heads = qh, .scale = scale, .kernel = kern, .threads = threads};
+    tqkv_status st = tqkv_cache_attend(c, q, nq, &p, out);
+    if (st != TQKV_OK) fail_msg("cache_attend: %s", tqkv_last_error());
+}
+
+// ---------------------------------------------------------------------------
+// Agreement: fused = deferred = dense = float64 reference
+// ---------------------------------------------------------------------------
+typedef struct {
+    tqkv_format kf, vf;
+    int kvh, qh, dim;
+    int window, slack;   /* cache q8 window */
+    int nq, mwin;        /* queries per row, mask window */
+    float scale;         /* 0: 1/sqrt(dim) */
+    int maxlen;          /* row lengths drawn from [1, maxlen] */
+    int longrow;         /* if > 0, row 0 has this many tokens */
+} agree_case;
+
+static const agree_case AGREE[] = {
+    {TQKV_F32, TQKV_F32, 2, 8, 128, 0, 0, 1, 0, 0, 200, 0},
+    {TQKV_F16, TQKV_F16, 2, 8, 128, 0, 0, 1, 0, 0, 200, 0},
+    {TQKV_Q8, TQKV_Q8, 2, 8, 128, 0, 0, 1, 0, 0, 200, 0},
+    {TQKV_Q4, TQKV_Q4, 2, 8, 128, 0, 0, 1, 0, 0, 200, 0},
+    {TQKV_TQ2, TQKV_TQ2, 2, 8, 128, 0, 0, 1, 0, 0, 200, 0},
+    {TQKV_TQ3, TQKV_TQ3, 2, 8, 128, 0, 0, 1, 0, 0, 200, 0},
+    {TQKV_TQ4, TQKV_TQ4, 2, 8, 128, 0, 0, 1, 0, 0, 200, 0},
+    {TQKV_F32, TQKV_F32, 2, 8, 128, 0, 0, 9, 0, 0, 150, 0},
+    {TQKV_F16, TQKV_F16, 2, 8, 128, 0, 0, 9, 0, 0.3f, 150, 0},
+    {TQKV_Q8, TQKV_Q8, 2, 8, 128, 0, 0, 9, 0, 0, 150, 0},
+    {TQKV_Q4, TQKV_Q4, 2, 8, 128, 0, 0, 9, 0, 0, 150, 0},
+    {TQKV_TQ2, TQKV_TQ2, 2, 8, 128, 0, 0, 9, 0, 0, 150, 0},
+    {TQKV_TQ3, TQKV_TQ3, 2, 8, 128, 0, 0, 9, 0, 0, 150, 0},
+    {TQKV_TQ4, TQKV_TQ4, 2, 8, 128, 0, 0, 9, 0, 0, 150, 0},
+    {TQKV_TQ4, TQKV_TQ3, 2, 2, 128, 8, 8, 1, 0, 0.2f, 150, 0},     /* GQA 1:1, window */
+    {TQKV_TQ4, TQKV_TQ3, 2, 2, 128, 8, 8, 21, 0, 0, 150, 0},
+    {TQKV_Q8, TQKV_TQ4, 2, 8, 128, 8, 4, 1, 0, 0, 150, 0},
+    {TQKV_Q8, TQKV_TQ4, 2, 8, 128, 8, 4, 6, 12, 0, 150, 0},
+    {TQKV_TQ4, TQKV_Q8, 1, 2, 128, 16, 8, 1, 24, 0, 150, 0},       /* mask window, nq 1 */
+    {TQKV_TQ3, TQKV_TQ3, 2, 8, 128, 8, 4, 17, 16, 0.5f, 150, 0},
+    {TQKV_TQ2, TQKV_TQ2, 1, 4, 128, 4, 4, 1, 0, 0.5f, 150, 0},
+    {TQKV_TQ4, TQKV_TQ4, 1, 8, 128, 0, 0, 1, 0, 0, 100, 0},        /* GQA 8:1 */
+    {TQKV_TQ3, TQKV_Q4, 2, 6, 128, 8, 8, 3, 0, 0, 100, 0},         /* GQA 3:1 */
+    {TQKV_TQ4, TQKV_TQ2, 1, 4, 64, 8, 8, 1, 0, 0, 150, 0},         /* dim 64 */
+    {TQKV_Q4, TQKV_TQ3, 1, 1, 32, 4, 4, 1, 0, 0, 150, 0},          /* dim 32, 1:1 */
+    {TQKV_Q4, TQKV_TQ3, 1, 1, 32, 4, 4, 5, 0, 0, 150, 0},
+    {TQKV_TQ4, TQKV_TQ4, 1, 4, 256, 8, 8, 2, 0, 0, 80, 0},         /* dim 256 */
+    {TQKV_TQ4, TQKV_TQ4, 2, 8, 128, 16, 8, 1, 0, 0, 100, 4500},    /* long: KV segments */
+    {TQKV_F16, TQKV_Q8, 1, 4, 128, 0, 0, 1, 1000, 0, 100, 2600},   /* long + mask window */
+    {TQKV_TQ3, TQKV_TQ3, 1, 4, 128, 8, 8, 70, 0, 0, 100, 700},     /* several tiles */
+};
+
+static void run_agree_case(const agree_case *c, uint64_t seed) {
+    test_rng rng;
+    rng_init(&rng, seed);
+    const int rows = 3, d = c->dim;
+    const float scale = c->scale > 0 ? c->scale : 1.0f / sqrtf((float)d);
+    tqkv_cache_config cfg = make_cfg(c->kf, c->vf, c->kvh, d, c->window, c->slack, rng_u64(&rng));
+    int len[3];
+    for (int r = 0; r < rows; r++) len[r] = rng_int(&rng, 1, c->maxlen);
+    if (c->longrow) len[0] = c->longrow;
+    tqkv_batch *b = build_prefill(&rng, &cfg, rows, len, NULL, NULL, NULL);
+    // decode steps: move the ring around
+    const int steps = rng_int(&rng, 0, 20);
+    for (int s = 0; s < steps; s++) {
+        float *k = rand_kv(&rng, rows, c->kvh, 1, d), *v = rand_kv(&rng, rows, c->kvh, 1, d);
+        assert_int_equal(tqkv_batch_append(b, k, v, 1), TQKV_OK);
+        free(k);
+        free(v);
+    }
+    float *k = rand_kv(&rng, rows, c->kvh, c->nq, d), *v = rand_kv(&rng, rows, c->kvh, c->nq, d);
+    assert_int_equal(tqkv_batch_append(b, k, v, c->nq), TQKV_OK);
+    free(k);
+    free(v);
+    tqkv_mask_lease *lease = NULL;
+    const tqkv_mask *m = NULL;
+    assert_int_equal(tqkv_mask_lease_init(&lease), TQKV_OK);
+    assert_int_equal(tqkv_batch_make_mask(b, lease, c->nq, c->mwin, &m), TQKV_OK);
+
+    const size_t n = (size_t)rows * c->qh * c->nq * d;
+    float *q = malloc(sizeof(float) * n), *out = malloc(sizeof(float) * n);
+    float *first = malloc(sizeof(float) * n);
+    double *ref = malloc(sizeof(double) * n);
+    assert_true(q && out && first && ref);
+    rng_fill_normal(&rng, q, n, 1.0f);
+    ref_attend(b, m, q, c->nq, c->qh, scale, ref);
+
+    double worst = 0, worst_x = 0;
+    for (int simd = 1; simd >= 0; simd--) {
+        set_simd(simd);
+        for (int kern = TQKV_KERNEL_COUNT - 1; kern >= 0; kern--) {
+            attend(b, m, q, c->nq, c->qh, scale, (tqkv_kernel)kern, 2, out);
+            const double e = rel_l2_d(out, ref, n);
+            if (e > worst) worst = e;
+            if (e > 1e-4)
+                fail_msg("%s/%s kvh %d qh %d d %d win %d nq %d mwin %d: %s %s vs float64 "
+                         "rel L2 %.3g", tqkv_format_name(c->kf), tqkv_format_name(c->vf), c->kvh,
+                         c->qh, d, c->window, c->nq, c->mwin, simd ? "avx2" : "scalar",
+                         tqkv_kernel_name((tqkv_kernel)kern), e);
+            if (simd && kern == TQKV_KERNEL_FUSED) {
+                memcpy(first, out, sizeof(float) * n);
+            } else {
+                const double x = rel_l2(out, first, n);
+                if (x > worst_x) worst_x = x;
+                if (x > 1e-4)
+                    fail_msg("%s/%s nq %d: %s %s vs avx2 fused rel L2 %.3g",
+                             tqkv_format_name(c->kf), tqkv_format_name(c->vf), c->nq,
+                             simd ? "avx2" : "scalar", tqkv_kernel_name((tqkv_kernel)kern), x);
+            }
+        }
+    }
+    set_simd(1);
+    printf("  %-4s/%-4s kvh %d qh %d d %3d win %2d nq %2d mwin %4d len %4d,%4d,%4d: "
+           "vs ref %.2e, vs fused %.2e\n",
+           tqkv_format_name(c->kf), tqkv_format_name(c->vf), c->kvh, c->qh, d, c->window, c->nq,
+           c->mwin, len[0], len[1], len[2], worst, worst_x);
+    free(q);
+    free(out);
+    free(first);
+    free(ref);
+    tqkv_mask_lease_free(lease);
+    tqkv_batch_free(b);
+}
+
+static void test_kernels_agree(void **state) {
+    (void)state;
+    const uint64_t seed = test_seed();
+    for (size_t i = 0; i < sizeof AGREE / sizeof AGREE[0]; i++)
+        run_agree_case(&AGREE[i], seed + 7919 * i);
+}
+
+// ---------------------------------------------------------------------------
+// Batched vs single: bitwise
+// ---------------------------------------------------------------------------
+typedef struct {
+    tqkv_format kf, vf;
+    int kvh, qh, window, slack;
+} bs_case;
+
+static const bs_case BS[] = {
+    {TQKV_TQ4, TQKV_TQ4, 2, 8, 8, 8},
+    {TQKV_TQ3, TQKV_Q8, 2, 4, 16, 8},
+    {TQKV_F16, TQKV_F16, 2, 2, 0, 0},
+    {TQKV_Q4, TQKV_TQ2, 1, 4, 4, 4},
+};
+
+/* out_b [rows, qh, nq_b, d] row r, queries [i0, i0 + nq) vs out_s [qh, nq, d]: bitwise. */
+static void expect_rows_equal(const float *out_b, int r, int qh, int nq_b, int i0,
+                              const float *out_s, int nq, int d, const char *what) {
+    for (int h = 0; h < qh; h++)
+        for (int i = 0; i < nq; i++) {
+            const float *x = out_b + (((size_t)r * qh + h) * nq_b + i0 + i) * d;
+            const float *y = out_s + ((size_t)h * nq + i) * d;
+            if (memcmp(x, y, sizeof(float) * (size_t)d))
+                fail_msg("%s: row %d head %d query %d differs (%.9g vs %.9g)", what, r, h, i,
+                         x[0], y[0]);
+        }
+}
+
+static void run_bs_case(const bs_case *c, uint64_t seed, int simd) {
+    test_rng rng;
+    rng_init(&rng, seed);
+    set_simd(simd);
+    const int rows = 3, d = 128, qh = c->qh, kvh = c->kvh;
+    const float scale = 1.0f / sqrtf((float)d);
+    tqkv_cache_config cfg = make_cfg(c->kf, c->vf, kvh, d, c->window, c->slack, rng_u64(&rng));
+    int len[3], mx;
+    for (int r = 0; r < rows; r++) len[r] = rng_int(&rng, 1, 90);
+    float *kin, *vin;
+    tqkv_batch *b = build_prefill(&rng, &cfg, rows, len, &kin, &vin, &mx);
+    tqkv_cache *single[3];
+    for (int r = 0; r < rows; r++) {
+        assert_int_equal(tqkv_cache_init(&single[r], &cfg), TQKV_OK);
+        float *ks = row_slice(kin, r, kvh, mx, d, mx - len[r]);
+        float *vs = row_slice(vin, r, kvh, mx, d, mx - len[r]);
+        assert_int_equal(tqkv_cache_append(single[r], ks, vs, len[r]), TQKV_OK);
+        free(ks);
+        free(vs);
+    }
+    tqkv_mask_lease *lease = NULL;
+    assert_int_equal(tqkv_mask_lease_init(&lease), TQKV_OK);
+    const size_t big = (size_t)rows * qh * mx * d;
+    float *q = malloc(sizeof(float) * big), *ob = malloc(sizeof(float) * big);
+    float *ob2 = malloc(sizeof(float) * big), *qs = malloc(sizeof(float) * big);
+    float *os = malloc(sizeof(float) * big);
+    assert_true(q && ob && ob2 && qs && os);
+    char what[160];
+
+    // 1. the prefill forward itself: nq = max length, padding queries see nothing
+    {
+        const tqkv_mask *m = NULL;
+        assert_int_equal(tqkv_batch_make_mask(b, lease, mx, 0, &m), TQKV_OK);
+        rng_fill_normal(&rng, q, big, 1.0f);
+        for (int kern = 0; kern < TQKV_KERNEL_COUNT; kern++) {
+            attend(b, m, q, mx, qh, scale, (tqkv_kernel)kern, 1, ob);
+            attend(b, m, q, mx, qh, scale, (tqkv_kernel)kern, 3, ob2);
+            snprintf(what, sizeof what, "%s/%s prefill %s threads 1 vs 3",
+                     tqkv_format_name(c->kf), tqkv_format_name(c->vf),
+                     tqkv_kernel_name((tqkv_kernel)kern));
+            assert_memory_equal(ob, ob2, sizeof(float) * big);
+            for (int r = 0; r < rows; r++) {
+                const int pad = mx - len[r];
+                for (int h = 0; h < qh; h++) {
+                    for (int i = 0; i < pad; i++)   // padding queries: zeros
+                        for (int j = 0; j < d; j++)
+                            assert_true(ob[(((size_t)r * qh + h) * mx + i) * d + j] == 0.0f);
+                    memcpy(qs + (size_t)h * len[r] * d, q + (((size_t)r * qh + h) * mx + pad) * d,
+                           sizeof(float) * (size_t)len[r] * d);
+                }
+                single_attend(single[r], qs, len[r], qh, scale, (tqkv_kernel)kern, 2, os);
+                snprintf(what, sizeof what, "%s/%s prefill %s", tqkv_format_name(c->kf),
+                         tqkv_format_name(c->vf), tqkv_kernel_name((tqkv_kernel)kern));
+                expect_rows_equal(ob, r, qh, mx, pad, os, len[r], d, what);
+            }
+        }
+    }
+
+    // 2. decode steps, 3. a speculative round with a per-row rollback, 4. decode again
+    for (int phase = 0; phase < 3; phase++) {
+        const int nsteps = phase == 1 ? 1 : 3;
+        for (int s = 0; s < nsteps; s++) {
+            const int n = phase == 1 ? 5 : 1;
+            if (phase == 1) assert_int_equal(tqkv_batch_spec_begin(b), TQKV_OK);
+            float *k = rand_kv(&rng, rows, kvh, n, d), *v = rand_kv(&rng, rows, kvh, n, d);
+            assert_int_equal(tqkv_batch_append(b, k, v, n), TQKV_OK);
+            for (int r = 0; r < rows; r++) {
+                float *ks = row_slice(k, r, kvh, n, d, 0), *vs = row_slice(v, r, kvh, n, d, 0);
+                assert_int_equal(tqkv_cache_append(single[r], ks, vs, n), TQKV_OK);
+                free(ks);
+                free(vs);
+            }
+            free(k);
+            free(v);
+            const tqkv_mask *m = NULL;
+            assert_int_equal(tqkv_batch_make_mask(b, lease, n, 0, &m), TQKV_OK);
+            const size_t nb = (size_t)rows * qh * n * d;
+            rng_fill_normal(&rng, q, nb, 1.0f);
+            for (int kern = 0; kern < TQKV_KERNEL_COUNT; kern++) {
+                attend(b, m, q, n, qh, scale, (tqkv_kernel)kern, 1 + (s % 3), ob);
+                attend(b, m, q, n, qh, scale, (tqkv_kernel)kern, 2, ob2);
+                assert_memory_equal(ob, ob2, sizeof(float) * nb);
+                for (int r = 0; r < rows; r++) {
+                    single_attend(single[r], q + (size_t)r * qh * n * d, n, qh, scale,
+                                  (tqkv_kernel)kern, 1, os);
+                    snprintf(what, sizeof what, "%s/%s phase %d step %d %s",
+                             tqkv_format_name(c->kf), tqkv_format_name(c->vf), phase, s,
+                             tqkv_kernel_name((tqkv_kernel)kern));
+                    expect_rows_equal(ob, r, qh, n, 0, os, n, d, what);
+                }
+            }
+            if (phase == 1) {
+                int keep[3];
+                for (int r = 0; r < rows; r++) keep[r] = rng_int(&rng, 0, n);
+                assert_int_equal(tqkv_batch_spec_rollback(b, keep, rows), TQKV_OK);
+                for (int r = 0; r < rows; r++)
+                    assert_int_equal(tqkv_cache_trim(single[r], n - keep[r]), TQKV_OK);
+            }
+        }
+    }
+    set_simd(1);
+    for (int r = 0; r < rows; r++) tqkv_cache_free(single[r]);
+    tqkv_mask_lease_free(lease);
+    tqkv_batch_free(b);
+    free(kin);
+    free(vin);
+    free(q);
+    free(ob);
+    free(ob2);
+    free(qs);
+    free(os);
+}
+
+static void test_batched_vs_single(void **state) {
+    (void)state;
+    const uint64_t seed = test_seed();
+    for (size_t i = 0; i < sizeof BS / sizeof BS[0]; i++) run_bs_case(&BS[i], seed + 31 * i, 1);
+    run_bs_case(&BS[0], seed + 1000, 0);   // scalar path too
+}
+
+// ---------------------------------------------------------------------------
+// Batch invariance: a row beside others of other lengths / padding, any thread count
+// ---------------------------------------------------------------------------
+static void run_invariance(uint64_t seed, int simd, tqkv_format kf, tqkv_format vf, int window) {
+    test_rng rng;
+    rng_init(&rng, seed);
+    set_simd(simd);
+    const int d = 128, kvh = 2, qh = 8;
+    const float scale = 0.11f;
+    tqkv_cache_config cfg = make_cfg(kf, vf, kvh, d, window, 8, rng_u64(&rng));
+    // row X (the one we watch) of length lx; batch A = [X, Y] (X longest: no padding),
+    // batch B = [Z, W, X] (Z much longer: X padded), same data for X.
+    const int lx = rng_int(&rng, 40, 300), ly = rng_int(&rng, 1, lx);
+    const int lz = lx + rng_int(&rng, 50, 2500), lw = rng_int(&rng, 1, 400);
+    const int la[2] = {lx, ly}, lb[3] = {lz, lw, lx};
+    float *ka, *va, *kb, *vb;
+    int ma, mb;
+    tqkv_batch *A = build_prefill(&rng, &cfg, 2, la, &ka, &va, &ma);
+    tqkv_batch *B = NULL;
+    assert_int_equal(tqkv_batch_init(&B, &cfg, 3), TQKV_OK);
+    mb = lz;
+    kb = rand_kv(&rng, 3, kvh, mb, d);
+    vb = rand_kv(&rng, 3, kvh, mb, d);
+    for (int h = 0; h < kvh; h++) {   // X's tokens into row 2 of B, right-aligned
+        memcpy(kb + ((size_t)(2 * kvh + h) * mb + (mb - lx)) * d, ka + ((size_t)h * ma) * d,
+               sizeof(float) * (size_t)lx * d);
+        memcpy(vb + ((size_t)(2 * kvh + h) * mb + (mb - lx)) * d, va + ((size_t)h * ma) * d,
+               sizeof(float) * (size_t)lx * d);
+    }
+    assert_int_equal(tqkv_batch_prepare_prefill(B, lb), TQKV_OK);
+    assert_int_equal(tqkv_batch_append(B, kb, vb, mb), TQKV_OK);
+    assert_int_equal(tqkv_batch_finalize_prefill(B), TQKV_OK);
+
+    tqkv_mask_lease *la_ = NULL, *lb_ = NULL;
+    assert_int_equal(tqkv_mask_lease_init(&la_), TQKV_OK);
+    assert_int_equal(tqkv_mask_lease_init(&lb_), TQKV_OK);
+    const int NQ[3] = {1, 1, 13};
+    for (int step = 0; step < 3; step++) {
+        const int n = NQ[step];
+        float *k2 = rand_kv(&rng, 3, kvh, n, d), *v2 = rand_kv(&rng, 3, kvh, n, d);
+        // A gets X's new tokens in row 0, B in row 2
+        float *k1 = malloc(sizeof(float) * 2 * kvh * n * d), *v1 = malloc(sizeof(float) * 2 * kvh * n * d);
+        assert_true(k1 && v1);
+        memcpy(k1, k2 + (size_t)2 * kvh * n * d, sizeof(float) * kvh * n * d);
+        memcpy(v1, v2 + (size_t)2 * kvh * n * d, sizeof(float) * kvh * n * d);
+        memcpy(k1 + (size_t)kvh * n * d, k2, sizeof(float) * kvh * n * d);
+        memcpy(v1 + (size_t)kvh * n * d, v2, sizeof(float) * kvh * n * d);
+        assert_int_equal(tqkv_batch_append(A, k1, v1, n), TQKV_OK);
+        assert_int_equal(tqkv_batch_append(B, k2, v2, n), TQKV_OK);
+        free(k1);
+        free(v1);
+        free(k2);
+        free(v2);
+        const int mwin = step == 2 ? 37 : 0;
+        const tqkv_mask *mA = NULL, *mB = NULL;
+        assert_int_equal(tqkv_batch_make_mask(A, la_, n, mwin, &mA), TQKV_OK);
+        assert_int_equal(tqkv_batch_make_mask(B, lb_, n, mwin, &mB), TQKV_OK);
+        const size_t per = (size_t)qh * n * d;
+        float *qa = malloc(sizeof(float) * 2 * per), *qb = malloc(sizeof(float) * 3 * per);
+        float *oa = malloc(sizeof(float) * 2 * per), *obb = malloc(sizeof(float) * 3 * per);
+        assert_true(qa && qb && oa && obb);
+        rng_fill_normal(&rng, qb, 3 * per, 1.0f);
+        memcpy(qa, qb + 2 * per, sizeof(float) * per);
+        memcpy(qa + per, qb, sizeof(float) * per);
+        for (int kern = 0; kern < TQKV_KERNEL_COUNT; kern++) {
+            attend(A, mA, qa, n, qh, scale, (tqkv_kernel)kern, 1, oa);
+            for (int th = 1; th <= 3; th++) {
+                attend(B, mB, qb, n, qh, scale, (tqkv_kernel)kern, th, obb);
+                if (memcmp(oa, obb + 2 * per, sizeof(float) * per))
+                    fail_msg("%s/%s %s step %d (nq %d): row alone-ish vs padded beside longer "
+                             "rows, threads %d: outputs differ", tqkv_format_name(kf),
+                             tqkv_format_name(vf), tqkv_kernel_name((tqkv_kernel)kern), step, n,
+                             th);
+            }
+        }
+        free(qa);
+        free(qb);
+        free(oa);
+        free(obb);
+    }
+    set_simd(1);
+    tqkv_mask_lease_free(la_);
+    tqkv_mask_lease_free(lb_);
+    tqkv_batch_free(A);
+    tqkv_batch_free(B);
+    free(ka);
+    free(va);
+    free(kb);
+    free(vb);
+}
+
+static void test_batch_invariance(void **state) {
+    (void)state;
+    const uint64_t seed = test_seed();
+    run_invariance(seed, 1, TQKV_TQ4, TQKV_TQ4, 8);
+    run_invariance(seed + 1, 1, TQKV_TQ3, TQKV_F16, 16);
+    run_invariance(seed + 2, 1, TQKV_F32, TQKV_Q4, 0);
+    run_invariance(seed + 3, 0, TQKV_TQ2, TQKV_TQ3, 8);
+}
+
+// ---------------------------------------------------------------------------
+// Names and bad inputs
+// ---------------------------------------------------------------------------
+static void test_names_and_bad_inputs(void **state) {
+    (void)state;
+    for (int k = 0; k < TQKV_KERNEL_COUNT; k++) {
+        tqkv_kernel x;
+        assert_int_equal(tqkv_kernel_parse(tqkv_kernel_name((tqkv_kernel)k), &x), TQKV_OK);
+        assert_int_equal(x, k);
+    }
+    tqkv_kernel x = TQKV_KERNEL_DENSE;
+    assert_int_equal(tqkv_kernel_parse("fast", &x), TQKV_EINVAL);
+    assert_true(strstr(tqkv_last_error(), "fast") != NULL);
+    assert_int_equal(tqkv_kernel_parse(NULL, &x), TQKV_EINVAL);
+    assert_string_equal(tqkv_kernel_name((tqkv_kernel)99), "unknown");
+
+    tqkv_cache_config cfg = make_cfg(TQKV_TQ4, TQKV_TQ4, 2, 64, 0, 0, 1);
+    tqkv_cache *c = NULL;
+    assert_int_equal(tqkv_cache_init(&c, &cfg), TQKV_OK);
+    test_rng rng;
+    rng_init(&rng, test_seed());
+    float *k = rand_kv(&rng, 1, 2, 4, 64), *v = rand_kv(&rng, 1, 2, 4, 64);
+    assert_int_equal(tqkv_cache_append(c, k, v, 4), TQKV_OK);
+    float q[3 * 64], out[3 * 64];
+    rng_fill_normal(&rng, q, 3 * 64, 1.0f);
+    tqkv_attn_params p = {.q_heads = 3, .scale = 0.125f, .kernel = TQKV_KERNEL_FUSED, .threads = 1};
+    assert_int_equal(tqkv_cache_attend(c, q, 1, &p, out), TQKV_EINVAL);   // 3 % 2 != 0
+    p.q_heads = 2;
+    p.threads = 0;
+    assert_int_equal(tqkv_cache_attend(c, q, 1, &p, out), TQKV_EINVAL);
+    p.threads = 1;
+    p.kernel = (tqkv_kernel)7;
+    assert_int_equal(tqkv_cache_attend(c, q, 1, &p, out), TQKV_EINVAL);
+    p.kernel = TQKV_KERNEL_DEFERRED;
+    assert_int_equal(tqkv_cache_attend(c, q, 1, &p, out), TQKV_OK);
+    free(k);
+    free(v);
+    tqkv_cache_free(c);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_names_and_bad_inputs),
+        cmocka_unit_test(test_kernels_agree),
+        cmocka_unit_test(test_batched_vs_single),
+        cmocka_unit_test(test_batch_invariance),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
