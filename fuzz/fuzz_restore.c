@@ -25,14 +25,12 @@ static void die(const char *what) {
     abort();
 }
 
-static void check_batch(tqkv_batch *b, const uint8_t *in, size_t n) {
+static void check_batch(tqkv_batch *b) {
     uint8_t *x = NULL, *y = NULL;
     size_t nx = 0, ny = 0;
     if (tqkv_batch_export(b, &x, &nx) != TQKV_OK) die("export of a restored batch failed");
     /* the export is canonical: a state that restores re-exports to itself unless it held
      * optional sections (dropped), so only check export -> restore -> export */
-    (void)in;
-    (void)n;
     tqkv_batch *b2 = NULL;
     if (tqkv_batch_restore(&b2, x, nx) != TQKV_OK) die("re-restore failed");
     if (tqkv_batch_export(b2, &y, &ny) != TQKV_OK) die("re-export failed");
@@ -98,7 +96,7 @@ static void check_cache(tqkv_cache *c) {
 static void try_restore(const uint8_t *p, size_t n) {
     tqkv_batch *b = NULL;
     if (tqkv_batch_restore(&b, p, n) == TQKV_OK) {
-        check_batch(b, p, n);
+        check_batch(b);
         tqkv_batch_free(b);
     } else if (!tqkv_last_error()[0]) {
         die("failing restore left no message");
@@ -131,10 +129,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 // Seed corpus
 // ---------------------------------------------------------------------------
 
-static uint64_t seed_rng = 0x9e3779b97f4a7c15ull;
-static float seed_rand(void) {
-    seed_rng = seed_rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((double)(seed_rng >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+static float seed_rand(uint64_t *state) {
+    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((double)(*state >> 11) / 9007199254740992.0 * 2.0 - 1.0);
 }
 
 static void write_file(const char *dir, int idx, const uint8_t *p, size_t n) {
@@ -155,6 +152,7 @@ static void write_seeds(const char *dir) {
         {TQKV_TQ3, TQKV_TQ3, 1, 32, 0, 4, 0, 0, 0},  {TQKV_F32, TQKV_Q8, 1, 32, 8, 8, 1, 2, 3},
     };
     int idx = 0;
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
     for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
         tqkv_cache_config cfg = tqkv_cache_config_default();
         cfg.k_format = s[i].k;
@@ -168,7 +166,7 @@ static void write_seeds(const char *dir) {
         if (tqkv_batch_init(&b, &cfg, s[i].rows) != TQKV_OK) die("seed init");
         size_t n = (size_t)s[i].rows * s[i].heads * s[i].tokens * s[i].dim;
         float *k = malloc((n ? n : 1) * sizeof(float)), *v = malloc((n ? n : 1) * sizeof(float));
-        for (size_t j = 0; j < n; j++) { k[j] = seed_rand(); v[j] = seed_rand(); }
+        for (size_t j = 0; j < n; j++) { k[j] = seed_rand(&rng); v[j] = seed_rand(&rng); }
         if (s[i].tokens && tqkv_batch_append(b, k, v, s[i].tokens) != TQKV_OK) die("seed append");
         if (s[i].rows > 1) {
             int ends[8];

@@ -178,7 +178,8 @@ tqkv_status tqkv_cache_trim(tqkv_cache *c, int n);
 double      tqkv_cache_bytes_per_token(const tqkv_cache *c);
 size_t      tqkv_cache_projected_bytes(const tqkv_cache *c, int tokens);
 /* Smallest length this cache can be trimmed back to with bytes identical to a fresh
- * cache fed the same prefix (a prompt cache may reuse any prefix at least this long). */
+ * cache fed the same prefix (a prompt cache may reuse any prefix at least this long).
+ * Above the length when no non-empty prefix qualifies (after a trim beyond window_slack). */
 int         tqkv_cache_min_reusable_offset(const tqkv_cache *c);
 /* State: versioned, checksummed. *out is malloc'd; free() it. */
 tqkv_status tqkv_cache_export(const tqkv_cache *c, uint8_t **out, size_t *len);

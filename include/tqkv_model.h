@@ -131,7 +131,7 @@ typedef struct {
                                    across M; needs a model loaded with blas = 1) */
 } tqkv_model_state_params;
 
-/* rows 1, f32/f32, window 0 (slack 32), seed 0, threads 1, prefill dense, decode fused. */
+/* rows 1, f32/f32, window 0 (slack 32), seed 0, threads 1, prefill deferred, decode fused. */
 tqkv_model_state_params tqkv_model_state_params_default(void);
 
 tqkv_status tqkv_model_state_init(tqkv_model_state **out, const tqkv_model *m,

@@ -117,6 +117,59 @@ static inline void assert_caches_same(const tqkv_cache *a, const tqkv_cache *b) 
     blob_free(&y);
 }
 
+// ---- batches
+
+/* Append tokens [t0, t0+n) of seqs[r] to row r of b (k, v: [rows, heads, n, dim]). */
+static inline tqkv_status batch_feed(tqkv_batch *b, const seq_t *seqs, int R, int t0, int n) {
+    int heads = seqs[0].heads, dim = seqs[0].dim;
+    size_t per = (size_t)heads * n * dim;
+    size_t rows = (size_t)(R > 0 ? R : 1);
+    float *k = malloc(rows * per * sizeof(float)), *v = malloc(rows * per * sizeof(float));
+    assert_non_null(k);
+    assert_non_null(v);
+    for (int r = 0; r < R; r++) {
+        seq_slice(&seqs[r], seqs[r].k, t0, n, k + r * per);
+        seq_slice(&seqs[r], seqs[r].v, t0, n, v + r * per);
+    }
+    tqkv_status st = tqkv_batch_append(b, k, v, n);
+    free(k);
+    free(v);
+    return st;
+}
+
+static inline seq_t *seqs_make(test_rng *r, int R, int heads, int T, int dim) {
+    seq_t *s = calloc((size_t)(R > 0 ? R : 1), sizeof *s);
+    for (int i = 0; i < R; i++) s[i] = seq_make(r, heads, T, dim);
+    return s;
+}
+static inline void seqs_free(seq_t *s, int R) {
+    for (int i = 0; i < R; i++) seq_free(&s[i]);
+    free(s);
+}
+
+/* Row `row` of b, extracted, has the bytes of `want`. */
+static inline void assert_row_is(const tqkv_batch *b, int row, const tqkv_cache *want) {
+    tqkv_cache *c = NULL;
+    assert_int_equal(tqkv_batch_extract(b, row, &c), TQKV_OK);
+    assert_caches_same(c, want);
+    tqkv_cache_free(c);
+}
+
+/* Batch merged from singles fed seqs[i][0, len[i]). singles[] is filled (caller frees). */
+static inline tqkv_batch *merge_singles(const tqkv_cache_config *cfg, const seq_t *seqs,
+                                        const int *len, int R, tqkv_cache **singles,
+                                        test_rng *r) {
+    tqkv_cache_ref *refs = calloc((size_t)(R > 0 ? R : 1), sizeof *refs);
+    for (int i = 0; i < R; i++) {
+        singles[i] = cache_fresh(cfg, &seqs[i], len[i], r);
+        refs[i].single = singles[i];
+    }
+    tqkv_batch *b = NULL;
+    assert_int_equal(tqkv_batch_merge(&b, refs, R), TQKV_OK);
+    free(refs);
+    return b;
+}
+
 /* The failure contract: status, a message, and an unchanged export. */
 #define ASSERT_FAILS_UNCHANGED(call, want, before_blob, export_fn, obj)                           \
     do {                                                                                         \

@@ -130,8 +130,8 @@ static void test_lloyd_max(void **state) {
         fprintf(stderr, "[lloyd] %d bits: %d iterations, max |table - derived| %.2e, "
                         "centroid condition %.2e, distortion %.9f (known %.6g)\n",
                 bits, it, maxdiff, maxcond, D, known[bits]);
-        assert_true(maxdiff < 1e-9);
-        assert_true(maxcond < 1e-12);
+        assert_true(maxdiff < 1e-12); /* a wrong digit anywhere down to the 12th fails */
+        assert_true(maxcond < 1e-13);
         assert_true(fabs(D - known[bits]) < tol[bits]);
     }
     assert_null(codec_lloyd_max(0));

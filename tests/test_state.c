@@ -309,6 +309,22 @@ static void test_crafted_states(void **state) {
         blob_free(&y);
         tqkv_batch_free(e);
     }
+    /* a single-cache state with padding: refused by the single reader */
+    {
+        tqkv_cache *sc = NULL;
+        assert_int_equal(tqkv_batch_extract(b, 1, &sc), TQKV_OK);
+        blob y = blob_cache(sc);
+        assert_int_equal(get32(y.p + AT_ROWS), 1);
+        put32(y.p + AT_ROWS + 8, 1);
+        fix_crc(y.p, y.n);
+        tqkv_cache *c2 = (tqkv_cache *)0x1;
+        tqkv_clear_error();
+        assert_int_equal(tqkv_cache_restore(&c2, y.p, y.n), TQKV_ECORRUPT);
+        assert_non_null(strstr(tqkv_last_error(), "no padding"));
+        assert_ptr_equal(c2, (tqkv_cache *)0x1);
+        blob_free(&y);
+        tqkv_cache_free(sc);
+    }
     /* arguments */
     tqkv_batch *b3 = NULL;
     assert_int_equal(tqkv_batch_restore(NULL, x.p, n), TQKV_EINVAL);

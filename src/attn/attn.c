@@ -126,7 +126,7 @@ static void materialise(const attn_ctx *c, const tqkv_plane *pl, attn_src *s, in
     if (s->fmt == TQKV_F32) return;
     c->isa->decode[s->fmt](s, n, tile, pf);
     if (c->kernel == TQKV_KERNEL_DENSE && rot)
-        for (int j = 0; j < n; j++) codec_unrotate(&pl->codec, tile + (size_t)j * c->d);
+        for (int j = 0; j < n; j++) c->isa->unrotate(pl->codec.signs, c->d, tile + (size_t)j * c->d);
     s->fmt = TQKV_F32;
     s->data = (const uint8_t *)tile;
     s->scales = NULL;
@@ -138,7 +138,7 @@ static void materialise(const attn_ctx *c, const tqkv_plane *pl, attn_src *s, in
 // Decode engine (n_query == 1)
 // ---------------------------------------------------------------------------
 static size_t decode_scratch_floats(int G, int d) {
-    return (size_t)ATTN_BT * d + 2 * (size_t)G * ATTN_BT + 2 * ATTN_BT;
+    return (size_t)ATTN_BT_MAX * d + 2 * (size_t)G * ATTN_BT_MAX + 2 * ATTN_BT_MAX;
 }
 
 /* part: [G, d] acc, then m [G], l [G]. */
@@ -149,25 +149,26 @@ static void decode_item(const attn_ctx *c, const attn_item *it, float *scratch, 
     float *acc = part;                        // [G, d]
     float *m = part + (size_t)G * d;          // [G]
     float *l = m + G;                         // [G]
-    float *tile = scratch;                    // [ATTN_BT, d]
-    float *sc = tile + (size_t)ATTN_BT * d;   // [G, ATTN_BT]
-    float *w = sc + (size_t)G * ATTN_BT;      // [G, ATTN_BT]
-    float *ks = w + (size_t)G * ATTN_BT;      // [ATTN_BT]
-    float *vs = ks + ATTN_BT;                 // [ATTN_BT]
+    const int fused = c->kernel == TQKV_KERNEL_FUSED;
+    const int BT = fused ? ATTN_BT_FUSED : ATTN_BT;
+    float *tile = scratch;                    // [BT, d]
+    float *sc = tile + (size_t)BT * d;        // [G, BT]
+    float *w = sc + (size_t)G * BT;           // [G, BT]
+    float *ks = w + (size_t)G * BT;           // [BT]
+    float *vs = ks + BT;                      // [BT]
     memset(acc, 0, sizeof(float) * (size_t)G * d);
     for (int g = 0; g < G; g++) {
         m[g] = -INFINITY;
         l[g] = 0.0f;
     }
-    const int fused = c->kernel == TQKV_KERNEL_FUSED;
     for (int t = it->a, e; t < it->z; t = e) {
         attn_src sk, sv;
         int rk, rv;
-        e = imin(it->z, (t / ATTN_BT + 1) * ATTN_BT);
+        e = imin(it->z, (t / BT + 1) * BT);
         e = imin(e, run_at(c, &b->k, r, h, t, &sk, &rk));
         e = imin(e, run_at(c, &b->v, r, h, t, &sv, &rv));
         const int n = e - t;
-        // prefetch: this block's V while K is read, and the next block's K
+        // prefetch, spread over the scoring loop: this block's V and the next block's K
         attn_pf pf[ATTN_NPF] = {{sv.data, sv.dstride}, {NULL, 0}};
         if (e < it->z) {
             attn_src nk;
@@ -177,26 +178,23 @@ static void decode_item(const attn_ctx *c, const attn_item *it, float *scratch, 
             pf[1].stride = nk.dstride;
         }
         // scores for the group's heads
-        const int kdirect = fused || sk.fmt == TQKV_F32;
-        if (!fused) materialise(c, &b->k, &sk, rk, n, tile, pf);
-        if (fmt_is_tq(sk.fmt))
-            for (int j = 0; j < n; j++)
-                ks[j] = c->scale * tqkv_f16_to_f32(sk.scales[(size_t)j * sk.sstride]);
+        if (!fused) materialise(c, &b->k, &sk, rk, n, tile, NULL);
+        if (fmt_is_tq(sk.fmt))   // one fp16 scale per tq vector: consecutive
+            c->isa->token_scales(sk.scales, n, c->scale, ks);
         else
             for (int j = 0; j < n; j++) ks[j] = c->scale;
-        for (int j = n; j < ATTN_BT; j++) ks[j] = 1.0f;
-        c->isa->score[sk.fmt](&sk, n, q, G, sc, ATTN_BT, kdirect ? pf : NULL);
+        for (int j = n; j < BT; j++) ks[j] = 1.0f;
+        c->isa->score[sk.fmt](&sk, n, q, G, sc, BT, pf);
         // online softmax, value weights (tq scale folded per token)
         if (!fused) materialise(c, &b->v, &sv, rv, n, tile, NULL);
         const float *vsp = NULL;
         if (fmt_is_tq(sv.fmt)) {
-            for (int j = 0; j < n; j++)
-                vs[j] = tqkv_f16_to_f32(sv.scales[(size_t)j * sv.sstride]);
-            for (int j = n; j < ATTN_BT; j++) vs[j] = 1.0f;
+            c->isa->token_scales(sv.scales, n, 1.0f, vs);
+            for (int j = n; j < BT; j++) vs[j] = 1.0f;
             vsp = vs;
         }
-        c->isa->softmax_block(sc, ATTN_BT, n, G, ks, vsp, m, l, acc, d, w, ATTN_BT);
-        c->isa->accum[sv.fmt](&sv, n, w, ATTN_BT, G, acc);
+        c->isa->softmax_block(sc, BT, n, G, ks, vsp, m, l, acc, d, w, BT);
+        c->isa->accum[sv.fmt](&sv, n, w, BT, G, acc, NULL);
     }
 }
 
@@ -225,7 +223,7 @@ static void decode_combine(const attn_ctx *c, const float *parts, int nseg, int 
     }
     const float inv = L > 0.0f ? 1.0f / L : 0.0f;
     for (int i = 0; i < d; i++) out[i] *= inv;
-    if (c->vrot && L > 0.0f) codec_unrotate(&c->b->v.codec, out);
+    if (c->vrot && L > 0.0f) c->isa->unrotate(c->b->v.codec.signs, d, out);
 }
 
 // ---------------------------------------------------------------------------
@@ -318,7 +316,7 @@ static void prefill_item(const attn_ctx *c, const attn_item *it, float *scratch,
         }
         const float inv = 1.0f / l[cl];
         for (int k = 0; k < d; k++) vec[k] = ot[(size_t)k * mp + cl] * inv;
-        if (c->vrot) codec_unrotate(&b->v.codec, vec);
+        if (c->vrot) c->isa->unrotate(b->v.codec.signs, d, vec);
         memcpy(o, vec, sizeof(float) * (size_t)d);
     }
 }
@@ -414,22 +412,15 @@ tqkv_status attn_batch(const struct tqkv_batch *b, const tqkv_mask *mask, const 
     const size_t part_stride = (size_t)G * (d + 2);
     float *parts = nq == 1 ? tqkv_malloc(sizeof(float) * part_stride * (nitems ? nitems : 1))
                            : NULL;
-    if (!items || !scratch || (nq == 1 && !parts)) {
+    size_t *base = nq == 1 ? tqkv_malloc(sizeof(size_t) * (size_t)rows) : NULL;   // [rows]
+    if (!items || !scratch || (nq == 1 && (!parts || !base))) {
         free(items);
         free(scratch);
         free(parts);
+        free(base);
         goto nomem;
     }
     memset(scratch, 0, sizeof(float) * scratch_pad * (size_t)nt);
-
-    // ---- queries into the K domain ------------------------------------------
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (size_t v = 0; v < nvec; v++) {
-        float *dst = qd + v * d;
-        memcpy(dst, q + v * d, sizeof(float) * (size_t)d);
-        if (c.krot) codec_rotate(&b->k.codec, dst);
-    }
-    c.qd = qd;
 
     // ---- items ----------------------------------------------------------------
     size_t n = 0;
@@ -443,6 +434,11 @@ tqkv_status attn_batch(const struct tqkv_batch *b, const tqkv_mask *mask, const 
                     it->a = imax(qlo[r], (seg0[r] + s) * ATTN_SEG);
                     it->z = imin(qhi[r], (seg0[r] + s + 1) * ATTN_SEG);
                 }
+        // items of row r start at base[r] (prefix sums of nseg * kvh)
+        for (int r = 0, acc = 0; r < rows; r++) {
+            base[r] = (size_t)acc;
+            acc += nseg[r] * kvh;
+        }
     } else {
         const int qpi = prefill_queries_per_item(G);
         for (int r = 0; r < rows; r++)
@@ -455,40 +451,31 @@ tqkv_status attn_batch(const struct tqkv_batch *b, const tqkv_mask *mask, const 
                     it->z = imin(nq, i0 + qpi);
                 }
     }
+    c.qd = qd;
 
-    // ---- run ------------------------------------------------------------------
-    if (nq == 1) {
+    // ---- run: one parallel region (queries -> items -> combine) -----------------
 #pragma omp parallel num_threads(nt)
-        {
-            float *scr = scratch + scratch_pad * (size_t)omp_get_thread_num();
+    {
+        float *scr = scratch + scratch_pad * (size_t)omp_get_thread_num();
+        // queries into the K domain
+#pragma omp for schedule(static)
+        for (size_t v = 0; v < nvec; v++) {
+            float *dst = qd + v * d;
+            memcpy(dst, q + v * d, sizeof(float) * (size_t)d);
+            if (c.krot) c.isa->rotate(b->k.codec.signs, d, dst);
+        }
+        if (nq == 1) {
 #pragma omp for schedule(dynamic, 1)
             for (size_t i = 0; i < nitems; i++)
                 decode_item(&c, &items[i], scr, parts + i * part_stride);
-        }
-        // items of row r start at base[r] (prefix sums of nseg * kvh)
-        size_t *base = tqkv_malloc(sizeof(size_t) * (size_t)rows);
-        if (!base) {
-            free(items);
-            free(scratch);
-            free(parts);
-            goto nomem;
-        }
-        for (int r = 0, acc = 0; r < rows; r++) {
-            base[r] = (size_t)acc;
-            acc += nseg[r] * kvh;
-        }
-#pragma omp parallel for schedule(static) num_threads(nt)
-        for (size_t v = 0; v < (size_t)rows * c.qh; v++) {
-            const int r = (int)(v / c.qh), qhd = (int)(v % c.qh);
-            const int h = qhd / G, g = qhd % G;
-            const float *pr = parts + (base[r] + (size_t)h * nseg[r]) * part_stride;
-            decode_combine(&c, pr, nseg[r], g, out + v * d);
-        }
-        free(base);
-    } else {
-#pragma omp parallel num_threads(nt)
-        {
-            float *scr = scratch + scratch_pad * (size_t)omp_get_thread_num();
+#pragma omp for schedule(static)
+            for (size_t v = 0; v < (size_t)rows * c.qh; v++) {
+                const int r = (int)(v / c.qh), qhd = (int)(v % c.qh);
+                const int h = qhd / G, g = qhd % G;
+                const float *pr = parts + (base[r] + (size_t)h * nseg[r]) * part_stride;
+                decode_combine(&c, pr, nseg[r], g, out + v * d);
+            }
+        } else {
 #pragma omp for schedule(dynamic, 1)
             for (size_t i = 0; i < nitems; i++) prefill_item(&c, &items[i], scr, out);
         }
@@ -497,6 +484,7 @@ tqkv_status attn_batch(const struct tqkv_batch *b, const tqkv_mask *mask, const 
     free(items);
     free(scratch);
     free(parts);
+    free(base);
     free(nseg);
     free(seg0);
     free(qd);

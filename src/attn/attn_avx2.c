@@ -29,11 +29,36 @@ AVX2 static AI __m256i ldzx8(const uint8_t *p) {   // 8 bytes -> 8 uint32 lanes
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p));
 }
 AVX2 static AI __m256 perm(__m256 t, __m256i i) { return _mm256_permutevar8x32_ps(t, i); }
+/* 4-entry lookup (bits 1..0 of each lane; the table repeated in both 128-bit halves). */
+AVX2 static AI __m256 perm4(__m256 t, __m256i i) {
+#if USE_PERMILPS
+    return _mm256_permutevar_ps(t, i);
+#else
+    return _mm256_permutevar8x32_ps(t, i);
+#endif
+}
 /* Keep v in a register: stops GCC from folding a shared load back into every FMA as a
  * memory operand (256-bit loads, 2 per cycle, are the decode kernels' tightest port). */
 #define KEEP(v) __asm__("" : "+x"(v))
+#define ATTN_PRAGMA(x) _Pragma(#x)
+#define ATTN_UNROLL(n) ATTN_PRAGMA(GCC unroll n)
+#ifndef PF_L1_MAX_STRIDE
+#define PF_L1_MAX_STRIDE 160
+#endif
+#ifndef USE_PERMILPS
+#define USE_PERMILPS 1
+#endif
+#ifndef ACCUM_UNROLL
+#define ACCUM_UNROLL 1
+#endif
+#ifndef TQ3_MODE
+#define TQ3_MODE 2 /* 0: 2 lookups + blend, 1: one lookup (compare), 2: one lookup (table) */
+#endif
+#ifndef PAIR_ACC
+#define PAIR_ACC 8
+#endif
 #ifndef SCORE_PAIR
-#define SCORE_PAIR(fmt) 0
+#define SCORE_PAIR(fmt) ((fmt) >= TQKV_Q8 && (fmt) != TQKV_TQ3)
 #endif
 static AI uint32_t ld32(const uint8_t *p) {
     uint32_t v;
@@ -106,10 +131,13 @@ typedef struct {
 
 AVX2 static AI luts luts_make(int fmt, const float *c) {
     luts L;
-    if (fmt == TQKV_TQ4) {
+    if (fmt == TQKV_TQ4) {   // c[0..7], c[8..15]
         L.t0 = ld(c);
         L.t1 = ld(c + 8);
-    } else if (fmt == TQKV_TQ3) {   // 3-bit: low 2 bits pick within the half, bit 2 blends
+    } else if (fmt == TQKV_TQ3 && TQ3_MODE != 0) {   // one 8-entry table, 3-bit index
+        L.t0 = ld(c);
+        L.t1 = L.t0;
+    } else if (fmt == TQKV_TQ3) {   // 2-bit halves, bit 2 blends
         L.t0 = _mm256_setr_ps(c[0], c[1], c[2], c[3], c[0], c[1], c[2], c[3]);
         L.t1 = _mm256_setr_ps(c[4], c[5], c[6], c[7], c[4], c[5], c[6], c[7]);
     } else if (fmt == TQKV_TQ2) {   // lane bit 2 is the next crumb: duplicate the table
@@ -119,6 +147,58 @@ AVX2 static AI luts luts_make(int fmt, const float *c) {
         L.t0 = L.t1 = _mm256_setzero_ps();
     }
     return L;
+}
+
+/* tq3 high bits: entry v, lane j = bit j of v moved to bit 2 (the index's top bit).
+ * 256 x 8 lanes, read-only (8 KiB). */
+#define HB_E(v) {((v) & 1) << 2, ((v) >> 1 & 1) << 2, ((v) >> 2 & 1) << 2, ((v) >> 3 & 1) << 2, \
+                 ((v) >> 4 & 1) << 2, ((v) >> 5 & 1) << 2, ((v) >> 6 & 1) << 2, ((v) >> 7 & 1) << 2}
+#define HB_E4(v) HB_E(v), HB_E((v) + 1), HB_E((v) + 2), HB_E((v) + 3)
+#define HB_E16(v) HB_E4(v), HB_E4((v) + 4), HB_E4((v) + 8), HB_E4((v) + 12)
+#define HB_E64(v) HB_E16(v), HB_E16((v) + 16), HB_E16((v) + 32), HB_E16((v) + 48)
+static const int32_t TQ3_HIBITS[256][8] __attribute__((aligned(32))) = {
+    HB_E64(0), HB_E64(64), HB_E64(128), HB_E64(192)};
+#undef HB_E
+#undef HB_E4
+#undef HB_E16
+#undef HB_E64
+
+/* tq3 chunk k, one lookup: crumb = bits 2k..2k+1 of the crumb byte (lanes of x), bit 2 =
+ * bit j of the 1-bit plane's byte k (hbyte), via TQ3_HIBITS. */
+AVX2 static AI __m256 lut8_tq3_tab(luts L, __m256i x, uint8_t hbyte, int k) {
+    const __m256i xs = k ? _mm256_srli_epi32(x, 2 * k) : x;
+    const __m256i idx = _mm256_or_si256(
+        _mm256_and_si256(xs, _mm256_set1_epi32(3)),
+        _mm256_load_si256((const __m256i *)(const void *)TQ3_HIBITS[hbyte]));
+    return perm(L.t0, idx);
+}
+
+/* 16-entry lookup: idx bits 0..2 pick within a half (two _mm256_permutevar8x32_ps
+ * lookups), lane bit hbit of x (the nibble's bit 3) blends in the top half. */
+AVX2 static AI __m256 lut16(luts L, __m256i x, __m256i idx, int hbit) {
+    return _mm256_blendv_ps(perm(L.t0, idx), perm(L.t1, idx),
+                            _mm256_castsi256_ps(_mm256_slli_epi32(x, 31 - hbit)));
+}
+
+/* tq3 chunk k with two 4-entry lookups and a blend on the 1-bit plane. */
+AVX2 static AI __m256 lut8_tq3_blend(luts L, __m256i x, __m256i hb, int k) {
+    const __m256i xs = k ? _mm256_srli_epi32(x, 2 * k) : x;
+    const __m256i sh = _mm256_sub_epi32(_mm256_set1_epi32(31 - 8 * k),
+                                        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    return _mm256_blendv_ps(perm4(L.t0, xs), perm4(L.t1, xs),
+                            _mm256_castsi256_ps(_mm256_sllv_epi32(hb, sh)));
+}
+
+/* 8-entry lookup for tq3 chunk k: crumb = bits 2k..2k+1 of the crumb byte (lanes of x),
+ * bit 2 = bit 8k + j of the 1-bit plane word hb (lane j); one lookup. */
+AVX2 static AI __m256 lut8_tq3(luts L, __m256i x, __m256i hb, int k) {
+    const __m256i bit = _mm256_sllv_epi32(_mm256_set1_epi32(1 << (8 * k)),
+                                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i m = _mm256_cmpeq_epi32(_mm256_and_si256(hb, bit), bit);
+    const __m256i xs = k ? _mm256_srli_epi32(x, 2 * k) : x;
+    const __m256i idx = _mm256_or_si256(_mm256_and_si256(xs, _mm256_set1_epi32(3)),
+                                        _mm256_and_si256(m, _mm256_set1_epi32(4)));
+    return perm(L.t0, idx);
 }
 
 AVX2 static AI void dec_pair(int fmt, const uint8_t *pl, const uint16_t *sc, int dim, int g,
@@ -157,39 +237,35 @@ AVX2 static AI void dec_pair(int fmt, const uint8_t *pl, const uint16_t *sc, int
     case TQKV_TQ2: {
         const __m256i x = ldzx8(pl + 8 * g);
         if (h == 0) {
-            *a = perm(L.t0, x);
-            *b = perm(L.t0, _mm256_srli_epi32(x, 2));
+            *a = perm4(L.t0, x);
+            *b = perm4(L.t0, _mm256_srli_epi32(x, 2));
         } else {
-            *a = perm(L.t0, _mm256_srli_epi32(x, 4));
-            *b = perm(L.t0, _mm256_srli_epi32(x, 6));
+            *a = perm4(L.t0, _mm256_srli_epi32(x, 4));
+            *b = perm4(L.t0, _mm256_srli_epi32(x, 6));
         }
         break;
     }
     case TQKV_TQ3: {
-        // low 2 bits from the crumb plane, bit 2 (the 1-bit plane, moved to the sign bit)
-        // picks the table half
         const __m256i x = ldzx8(pl + 8 * g);
         const __m256i hb = _mm256_castps_si256(
             _mm256_broadcast_ss((const float *)(const void *)(pl + dim / 4 + 4 * g)));
-        const __m256i xa = h ? _mm256_srli_epi32(x, 4) : x;
-        const __m256i xb = h ? _mm256_srli_epi32(x, 6) : _mm256_srli_epi32(x, 2);
-        const __m256i sa = h ? _mm256_setr_epi32(15, 14, 13, 12, 11, 10, 9, 8)
-                             : _mm256_setr_epi32(31, 30, 29, 28, 27, 26, 25, 24);
-        const __m256i sb = h ? _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0)
-                             : _mm256_setr_epi32(23, 22, 21, 20, 19, 18, 17, 16);
-        *a = _mm256_blendv_ps(perm(L.t0, xa), perm(L.t1, xa),
-                              _mm256_castsi256_ps(_mm256_sllv_epi32(hb, sa)));
-        *b = _mm256_blendv_ps(perm(L.t0, xb), perm(L.t1, xb),
-                              _mm256_castsi256_ps(_mm256_sllv_epi32(hb, sb)));
+        const uint8_t *hp = pl + dim / 4 + 4 * g + 2 * h;
+        if (TQ3_MODE == 2) {
+            *a = lut8_tq3_tab(L, x, hp[0], 2 * h);
+            *b = lut8_tq3_tab(L, x, hp[1], 2 * h + 1);
+        } else if (TQ3_MODE == 1) {
+            *a = lut8_tq3(L, x, hb, 2 * h);
+            *b = lut8_tq3(L, x, hb, 2 * h + 1);
+        } else {
+            *a = lut8_tq3_blend(L, x, hb, 2 * h);
+            *b = lut8_tq3_blend(L, x, hb, 2 * h + 1);
+        }
         break;
     }
     case TQKV_TQ4: {
         const __m256i x = ldzx8(pl + 16 * g + 8 * h);
-        const __m256i xh = _mm256_srli_epi32(x, 4);
-        *a = _mm256_blendv_ps(perm(L.t0, x), perm(L.t1, x),
-                              _mm256_castsi256_ps(_mm256_slli_epi32(x, 28)));
-        *b = _mm256_blendv_ps(perm(L.t0, xh), perm(L.t1, xh),
-                              _mm256_castsi256_ps(_mm256_slli_epi32(x, 24)));
+        *a = lut16(L, x, x, 3);
+        *b = lut16(L, x, _mm256_srli_epi32(x, 4), 7);
         break;
     }
     default:
@@ -198,13 +274,18 @@ AVX2 static AI void dec_pair(int fmt, const uint8_t *pl, const uint16_t *sc, int
     }
 }
 
-/* Prefetch token t of each stream in pf (see attn_pf). */
+/* Prefetch token t of each stream in pf (see attn_pf): compact formats (a block's worth
+ * is a few KiB) straight into L1, wide ones (f32/f16: tens of KiB) into L2. */
 AVX2 static AI void pf_token(const attn_pf *pf, int t) {
     if (!pf) return;
     for (int k = 0; k < ATTN_NPF; k++) {
         if (!pf[k].p) continue;
         const char *p = (const char *)pf[k].p + (size_t)t * pf[k].stride;
-        for (size_t o = 0; o < pf[k].stride; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
+        if (pf[k].stride <= PF_L1_MAX_STRIDE) {
+            for (size_t o = 0; o < pf[k].stride; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+        } else {
+            for (size_t o = 0; o < pf[k].stride; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
+        }
     }
 }
 
@@ -216,8 +297,8 @@ AVX2 static AI __m256 dec_chunk(int fmt, const uint8_t *pl, const uint16_t *sc, 
     case TQKV_F32:
         return ld((const float *)(const void *)pl + 8 * c);
     case TQKV_F16:
-        return _mm256_cvtph_ps(
-            _mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)(const void *)pl + 8 * c)));
+        return _mm256_cvtph_ps(_mm_loadu_si128(
+            (const __m128i *)(const void *)((const uint16_t *)(const void *)pl + 8 * c)));
     case TQKV_Q8:
         return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
                                  _mm_loadl_epi64((const __m128i *)(const void *)(pl + 8 * c)))),
@@ -225,28 +306,24 @@ AVX2 static AI __m256 dec_chunk(int fmt, const uint8_t *pl, const uint16_t *sc, 
     case TQKV_Q4: {
         const __m256 s = h2f(sc[g]);
         const __m256i x = ldzx8(pl + 16 * g + 8 * (k & 1));
-        const __m256i v = k < 2 ? _mm256_and_si256(x, _mm256_set1_epi32(15)) : _mm256_srli_epi32(x, 4);
+        const __m256i v =
+            k < 2 ? _mm256_and_si256(x, _mm256_set1_epi32(15)) : _mm256_srli_epi32(x, 4);
         return _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), s, _mm256_mul_ps(s, _mm256_set1_ps(-8.0f)));
     }
     case TQKV_TQ2: {
         const __m256i x = ldzx8(pl + 8 * g);
-        return perm(L.t0, k ? _mm256_srli_epi32(x, 2 * k) : x);
+        return perm4(L.t0, k ? _mm256_srli_epi32(x, 2 * k) : x);
     }
     case TQKV_TQ3: {
         const __m256i x = ldzx8(pl + 8 * g);
-        const __m256i xs = k ? _mm256_srli_epi32(x, 2 * k) : x;
+        if (TQ3_MODE == 2) return lut8_tq3_tab(L, x, pl[dim / 4 + 4 * g + k], k);
         const __m256i hb = _mm256_castps_si256(
             _mm256_broadcast_ss((const float *)(const void *)(pl + dim / 4 + 4 * g)));
-        const __m256i sh = _mm256_sub_epi32(_mm256_set1_epi32(31 - 8 * k),
-                                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        return _mm256_blendv_ps(perm(L.t0, xs), perm(L.t1, xs),
-                                _mm256_castsi256_ps(_mm256_sllv_epi32(hb, sh)));
+        return TQ3_MODE ? lut8_tq3(L, x, hb, k) : lut8_tq3_blend(L, x, hb, k);
     }
     case TQKV_TQ4: {
         const __m256i x = ldzx8(pl + 16 * g + 8 * (k & 1));
-        const __m256i xi = k < 2 ? x : _mm256_srli_epi32(x, 4);
-        return _mm256_blendv_ps(perm(L.t0, xi), perm(L.t1, xi),
-                                _mm256_castsi256_ps(_mm256_slli_epi32(x, k < 2 ? 28 : 24)));
+        return k < 2 ? lut16(L, x, x, 3) : lut16(L, x, _mm256_srli_epi32(x, 4), 7);
     }
     default:
         return _mm256_setzero_ps();
@@ -291,46 +368,51 @@ AVX2 static AI void decode_gen(int fmt, const attn_src *s, int n, float *out,
 AVX2 static AI void score_pair_gen(int fmt, int HB, const attn_src *s, int n, const float *q,
                               float *sc, int ldsc, const attn_pf *pf) {
     const int dim = s->dim, ng = dim / 32;
-    // TS tokens x HB heads x 2 chains (the pair's a and b halves) <= 8 accumulators
-    const int TS = HB == 1 ? 4 : HB == 2 ? 2 : 1;
+    // TS tokens x HB heads x 2 chains (the pair's a and b halves) <= PAIR_ACC accumulators
+    const int TS = PAIR_ACC / (2 * HB) > 0 ? PAIR_ACC / (2 * HB) : 1;
     const luts L = luts_make(fmt, s->cent);
     for (int t = 0; t < n; t += TS) {
-        const uint8_t *pt[4];
-        const uint16_t *st[4];
+        const uint8_t *pt[8];
+        const uint16_t *st[8];
         for (int tt = 0; tt < TS; tt++) {
             const int u = t + tt < n ? t + tt : n - 1;   // tail: repeat a valid token
             pt[tt] = s->data + (size_t)u * s->dstride;
             st[tt] = s->scales ? s->scales + (size_t)u * s->sstride : NULL;
             pf_token(pf, u);
         }
-        __m256 acc[8];
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+        __m256 acc[16];
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) acc[i] = _mm256_setzero_ps();
         for (int g = 0; g < ng; g++) {
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
                 const int ca = 8 * cha(fmt, g, h), cb = 8 * chb(fmt, g, h);
+                __m256 a[8], b[8];
+#pragma GCC unroll 8
+                for (int tt = 0; tt < TS; tt++) dec_pair(fmt, pt[tt], st[tt], dim, g, h, L, &a[tt], &b[tt]);
 #pragma GCC unroll 4
-                for (int tt = 0; tt < TS; tt++) {
-                    __m256 a, b;
-                    dec_pair(fmt, pt[tt], st[tt], dim, g, h, L, &a, &b);
-#pragma GCC unroll 4
-                    for (int hh = 0; hh < HB; hh++) {
-                        const float *qh = q + (size_t)hh * dim;
+                for (int hh = 0; hh < HB; hh++) {
+                    const float *qh = q + (size_t)hh * dim;
+                    __m256 qa = ld(qh + ca), qb = ld(qh + cb);
+                    if (TS > 1) {
+                        KEEP(qa);
+                        KEEP(qb);
+                    }
+#pragma GCC unroll 8
+                    for (int tt = 0; tt < TS; tt++) {
                         const int i = 2 * (tt * HB + hh);
-                        acc[i] = _mm256_fmadd_ps(a, ld(qh + ca), acc[i]);
-                        acc[i + 1] = _mm256_fmadd_ps(b, ld(qh + cb), acc[i + 1]);
+                        acc[i] = _mm256_fmadd_ps(a[tt], qa, acc[i]);
+                        acc[i + 1] = _mm256_fmadd_ps(b[tt], qb, acc[i + 1]);
                     }
                 }
             }
         }
         const __m256 z = _mm256_setzero_ps();
-        const __m256 s0 = _mm256_add_ps(acc[0], acc[1]);
-        const __m256 s1 = TS * HB > 1 ? _mm256_add_ps(acc[2], acc[3]) : z;
-        const __m256 s2 = TS * HB > 2 ? _mm256_add_ps(acc[4], acc[5]) : z;
-        const __m256 s3 = TS * HB > 3 ? _mm256_add_ps(acc[6], acc[7]) : z;
+        __m256 sm[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) sm[i] = i < TS * HB ? _mm256_add_ps(acc[2 * i], acc[2 * i + 1]) : z;
         float r[8];
-        _mm256_storeu_ps(r, hsum8(s0, s1, s2, s3, z, z, z, z));
+        _mm256_storeu_ps(r, hsum8(sm[0], sm[1], sm[2], sm[3], sm[4], sm[5], sm[6], sm[7]));
         for (int tt = 0; tt < TS && t + tt < n; tt++)
             for (int hh = 0; hh < HB; hh++) sc[(size_t)hh * ldsc + t + tt] = r[tt * HB + hh];
     }
@@ -391,7 +473,8 @@ AVX2 static AI void score_gen(int fmt, int HB, const attn_src *s, int n, const f
 // stream through in order; each token's pair is decoded once for all HB heads.
 // ---------------------------------------------------------------------------
 AVX2 static AI void accum_step(int fmt, int HB, int CP, const attn_src *s, int n,
-                               const float *w, int ldw, float *acc, int g0, int hs, luts L) {
+                               const float *w, int ldw, float *acc, int g0, int hs, luts L,
+                               const attn_pf *pf) {
     const int dim = s->dim;
     __m256 A[8], B[8];   // [cp * HB + hh]
 #pragma GCC unroll 4
@@ -403,9 +486,11 @@ AVX2 static AI void accum_step(int fmt, int HB, int CP, const attn_src *s, int n
             B[cp * HB + hh] = ld(acc + (size_t)hh * dim + 8 * chb(fmt, g, h));
         }
     }
+ATTN_UNROLL(ACCUM_UNROLL)
     for (int t = 0; t < n; t++) {
         const uint8_t *pl = s->data + (size_t)t * s->dstride;
         const uint16_t *sc = s->scales ? s->scales + (size_t)t * s->sstride : NULL;
+        pf_token(pf, t);
 #pragma GCC unroll 4
         for (int cp = 0; cp < CP; cp++) {
             const int g = g0 + (CP == 1 ? 0 : cp >> 1), h = CP == 1 ? hs : (cp & 1);
@@ -431,16 +516,18 @@ AVX2 static AI void accum_step(int fmt, int HB, int CP, const attn_src *s, int n
 }
 
 AVX2 static AI void accum_gen(int fmt, int HB, int CP, const attn_src *s, int n,
-                              const float *w, int ldw, float *acc) {
+                              const float *w, int ldw, float *acc, const attn_pf *pf) {
     const int ng = s->dim / 32;
     const int GS = CP >= 2 ? CP / 2 : 1;   // groups per step
     const luts L = luts_make(fmt, s->cent);
     for (int g0 = 0; g0 < ng; g0 += GS) {
+        // the prefetch stream is spread over the first pass only
+        const attn_pf *p1 = g0 == 0 ? pf : NULL;
         if (CP == 1) {
-            accum_step(fmt, HB, CP, s, n, w, ldw, acc, g0, 0, L);
-            accum_step(fmt, HB, CP, s, n, w, ldw, acc, g0, 1, L);
+            accum_step(fmt, HB, CP, s, n, w, ldw, acc, g0, 0, L, p1);
+            accum_step(fmt, HB, CP, s, n, w, ldw, acc, g0, 1, L, NULL);
         } else {
-            accum_step(fmt, HB, CP, s, n, w, ldw, acc, g0, 0, L);
+            accum_step(fmt, HB, CP, s, n, w, ldw, acc, g0, 0, L, p1);
         }
     }
 }
@@ -468,17 +555,18 @@ AVX2 static AI void accum_gen(int fmt, int HB, int CP, const attn_src *s, int n,
         }                                                                                    \
     }                                                                                        \
     AVX2 static void accum_##NAME(const attn_src *s, int n, const float *w, int ldw, int nh,  \
-                                  float *acc) {                                              \
+                                  float *acc, const attn_pf *pf) {                           \
         for (int h0 = 0; h0 < nh;) {                                                         \
             const int left = nh - h0;                                                        \
             const int hb = left >= 4 ? 4 : left;                                             \
             const float *wh = w + (size_t)h0 * ldw;                                          \
             float *ah = acc + (size_t)h0 * s->dim;                                           \
-            if (hb == 4) accum_gen(FMT, 4, 1, s, n, wh, ldw, ah);                            \
-            else if (hb == 3) accum_gen(FMT, 3, 1, s, n, wh, ldw, ah);                       \
-            else if (hb == 2) accum_gen(FMT, 2, 2, s, n, wh, ldw, ah);                       \
-            else if (s->dim >= 64) accum_gen(FMT, 1, 4, s, n, wh, ldw, ah);                  \
-            else accum_gen(FMT, 1, 2, s, n, wh, ldw, ah);                                    \
+            const attn_pf *p1 = h0 == 0 ? pf : NULL;                                         \
+            if (hb == 4) accum_gen(FMT, 4, 1, s, n, wh, ldw, ah, p1);                        \
+            else if (hb == 3) accum_gen(FMT, 3, 1, s, n, wh, ldw, ah, p1);                   \
+            else if (hb == 2) accum_gen(FMT, 2, 2, s, n, wh, ldw, ah, p1);                   \
+            else if (s->dim >= 64) accum_gen(FMT, 1, 4, s, n, wh, ldw, ah, p1);              \
+            else accum_gen(FMT, 1, 2, s, n, wh, ldw, ah, p1);                                \
             h0 += hb;                                                                        \
         }                                                                                    \
     }
@@ -535,6 +623,55 @@ AVX2 static void v_softmax_block(float *sc, int ldsc, int n, int nh, const float
         }
         m[h] = mn;
     }
+}
+
+// ---------------------------------------------------------------------------
+// Token scales, rotation
+// ---------------------------------------------------------------------------
+AVX2 static void v_token_scales(const uint16_t *sc, int n, float mul, float *out) {
+    const __m256 m = _mm256_set1_ps(mul);
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        _mm256_storeu_ps(out + j, _mm256_mul_ps(m, _mm256_cvtph_ps(_mm_loadu_si128(
+                                                       (const __m128i *)(const void *)(sc + j)))));
+    for (; j < n; j++) out[j] = mul * _cvtsh_ss(sc[j]);
+}
+
+/* Normalized-free Walsh-Hadamard butterflies in codec/rotation.c's order: stages 1, 2, 4
+ * inside each 8-block (a + b on the low lane of each pair, a - b on the high one), then
+ * stages 8 .. dim/2 across registers. Every value sees the same adds as the scalar code. */
+AVX2 static AI __m256 fwht8(__m256 v) {
+    __m256 s = _mm256_permute_ps(v, 0xB1);   // swap neighbours
+    v = _mm256_blend_ps(_mm256_add_ps(v, s), _mm256_sub_ps(s, v), 0xAA);
+    s = _mm256_permute_ps(v, 0x4E);          // swap pairs
+    v = _mm256_blend_ps(_mm256_add_ps(v, s), _mm256_sub_ps(s, v), 0xCC);
+    s = _mm256_permute2f128_ps(v, v, 1);     // swap halves
+    return _mm256_blend_ps(_mm256_add_ps(v, s), _mm256_sub_ps(s, v), 0xF0);
+}
+
+AVX2 static void v_fwht(float *x, int dim) {
+    for (int i = 0; i < dim; i += 8) _mm256_storeu_ps(x + i, fwht8(ld(x + i)));
+    for (int h = 8; h < dim; h <<= 1)
+        for (int i = 0; i < dim; i += 2 * h)
+            for (int j = i; j < i + h; j += 8) {
+                const __m256 a = ld(x + j), b = ld(x + j + h);
+                _mm256_storeu_ps(x + j, _mm256_add_ps(a, b));
+                _mm256_storeu_ps(x + j + h, _mm256_sub_ps(a, b));
+            }
+}
+
+AVX2 static void v_rotate(const float *signs, int dim, float *x) {
+    const __m256 inv = _mm256_set1_ps((float)(1.0 / sqrt((double)dim)));
+    for (int i = 0; i < dim; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(ld(x + i), ld(signs + i)));
+    v_fwht(x, dim);
+    for (int i = 0; i < dim; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(ld(x + i), inv));
+}
+
+AVX2 static void v_unrotate(const float *signs, int dim, float *x) {
+    const __m256 inv = _mm256_set1_ps((float)(1.0 / sqrt((double)dim)));
+    v_fwht(x, dim);
+    for (int i = 0; i < dim; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(ld(x + i), _mm256_mul_ps(ld(signs + i), inv)));
 }
 
 // ---------------------------------------------------------------------------
@@ -661,6 +798,9 @@ static const attn_isa AVX2_ISA = {
     .decode = {dec_f32, dec_f16, dec_q8, dec_q4, dec_tq2, dec_tq3, dec_tq4},
     .score = {score_f32, score_f16, score_q8, score_q4, score_tq2, score_tq3, score_tq4},
     .accum = {accum_f32, accum_f16, accum_q8, accum_q4, accum_tq2, accum_tq3, accum_tq4},
+    .token_scales = v_token_scales,
+    .rotate = v_rotate,
+    .unrotate = v_unrotate,
     .softmax_block = v_softmax_block,
     .tile_qk = v_tile_qk,
     .tile_softmax = v_tile_softmax,

@@ -27,8 +27,12 @@
 // Constants (changing any of them changes results bit-wise; they must not depend on
 // the batch, the thread count or a row's padding)
 // ---------------------------------------------------------------------------
-#define ATTN_BT   32    /* decode engine: tokens per online-softmax block */
-#define ATTN_SEG  2048  /* decode engine: KV split of long rows (multiple of ATTN_BT) */
+#define ATTN_BT   32    /* decode engine, dense / deferred: tokens per online-softmax block */
+#ifndef ATTN_BT_FUSED
+#define ATTN_BT_FUSED 64 /* decode engine, fused: no tile to keep in L1, so a longer block */
+#endif
+#define ATTN_BT_MAX (ATTN_BT > ATTN_BT_FUSED ? ATTN_BT : ATTN_BT_FUSED)
+#define ATTN_SEG  2048  /* decode engine: KV split of long rows (multiple of both blocks) */
 #define ATTN_KT   64    /* prefill engine: tokens per tile */
 #define ATTN_QV   128   /* prefill engine: query vectors per item (heads x queries) */
 #define ATTN_LANES 16   /* prefill engine: lane strips are multiples of this */
@@ -63,7 +67,7 @@ typedef void (*attn_score_fn)(const attn_src *s, int n, const float *q, int nh, 
                               int ldsc, const attn_pf *pf);
 /* accum: acc[h * dim + i] += sum_t w[h * ldw + t] * u_t[i], tokens in order. */
 typedef void (*attn_accum_fn)(const attn_src *s, int n, const float *w, int ldw, int nh,
-                              float *acc);
+                              float *acc, const attn_pf *pf);
 
 typedef struct {
     const char    *name;
@@ -74,6 +78,12 @@ typedef struct {
      * rounded up to 8 are scratch); ks [n] per-token score factors, vs [n] per-token value
      * factors (NULL = 1). Updates m, l [nh], rescales acc [nh, dim], writes the value
      * weights w [nh, ldw] = p * vs. */
+    /* out[j] = mul * fp16 sc[j] for j < n (consecutive per-token tq scales). */
+    void (*token_scales)(const uint16_t *sc, int n, float mul, float *out);
+    /* Randomized Hadamard rotation of one vector in place, as codec_rotate /
+     * codec_unrotate (same butterflies, same order): signs [dim] +-1. */
+    void (*rotate)(const float *signs, int dim, float *x);
+    void (*unrotate)(const float *signs, int dim, float *x);
     void (*softmax_block)(float *sc, int ldsc, int n, int nh, const float *ks,
                           const float *vs, float *m, float *l, float *acc, int dim, float *w,
                           int ldw);

@@ -100,7 +100,9 @@ static void sc_score(const attn_src *s, int n, const float *q, int nh, float *sc
     }
 }
 
-static void sc_accum(const attn_src *s, int n, const float *w, int ldw, int nh, float *acc) {
+static void sc_accum(const attn_src *s, int n, const float *w, int ldw, int nh, float *acc,
+                     const attn_pf *pf) {
+    (void)pf;
     const int d = s->dim;
     float u[512];   // [dim]
     for (int t = 0; t < n; t++) {
@@ -139,6 +141,46 @@ static void sc_softmax_block(float *sc, int ldsc, int n, int nh, const float *ks
         }
         m[h] = mn;
     }
+}
+
+static void sc_token_scales(const uint16_t *sc, int n, float mul, float *out) {
+    for (int j = 0; j < n; j++) out[j] = mul * tqkv_f16_to_f32(sc[j]);
+}
+
+/* Same operations in the same order as codec/rotation.c (scalar reference there). */
+static void sc_fwht(float *x, int dim) {
+    for (int i = 0; i < dim; i += 8) {
+        float *v = x + i;
+        for (int h = 1; h < 8; h <<= 1)
+            for (int j = 0; j < 8; j += 2 * h)
+                for (int k = j; k < j + h; k++) {
+                    const float a = v[k], b = v[k + h];
+                    v[k] = a + b;
+                    v[k + h] = a - b;
+                }
+    }
+    for (int h = 8; h < dim; h <<= 1)
+        for (int i = 0; i < dim; i += 2 * h)
+            for (int j = i; j < i + h; j++) {
+                const float a = x[j], b = x[j + h];
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+}
+
+static float inv_sqrt_dim(int dim) { return (float)(1.0 / sqrt((double)dim)); }
+
+static void sc_rotate(const float *signs, int dim, float *x) {
+    const float inv = inv_sqrt_dim(dim);
+    for (int i = 0; i < dim; i++) x[i] *= signs[i];
+    sc_fwht(x, dim);
+    for (int i = 0; i < dim; i++) x[i] *= inv;
+}
+
+static void sc_unrotate(const float *signs, int dim, float *x) {
+    const float inv = inv_sqrt_dim(dim);
+    sc_fwht(x, dim);
+    for (int i = 0; i < dim; i++) x[i] *= signs[i] * inv;
 }
 
 // ---------------------------------------------------------------------------
@@ -204,6 +246,9 @@ static const attn_isa SCALAR = {
     .decode = {sc_decode, sc_decode, sc_decode, sc_decode, sc_decode, sc_decode, sc_decode},
     .score = {sc_score, sc_score, sc_score, sc_score, sc_score, sc_score, sc_score},
     .accum = {sc_accum, sc_accum, sc_accum, sc_accum, sc_accum, sc_accum, sc_accum},
+    .token_scales = sc_token_scales,
+    .rotate = sc_rotate,
+    .unrotate = sc_unrotate,
     .softmax_block = sc_softmax_block,
     .tile_qk = sc_tile_qk,
     .tile_softmax = sc_tile_softmax,

@@ -30,10 +30,7 @@ static tqkv_status attend_check_params(const struct tqkv_batch *b, const tqkv_at
  * row's tokens: kernels never read padding or past the end. */
 static tqkv_status attend_check_mask(const struct tqkv_batch *b, const tqkv_mask *m, int n_query) {
     if (!m) {
-        int uniform = 1;
-        for (int r = 0; r < b->rows; r++)
-            if (b->left_pad[r] != 0 || b->offset[r] != b->offset[0]) uniform = 0;
-        if (n_query != 1 || !uniform)
+        if (n_query != 1 || !batch_is_uniform(b))
             return tqkv_fail(TQKV_EINVAL, "attend: mask is NULL but this batch needs one "
                              "(n_query %d, padded or uneven rows); use tqkv_batch_make_mask",
                              n_query);

@@ -97,7 +97,7 @@ size_t plane_win_bytes(const struct tqkv_batch *b) {
     return (size_t)b->cfg.head_dim + 2 * (size_t)(b->cfg.head_dim / 32);
 }
 
-void store_free(batch_store *s) {
+static void store_free(batch_store *s) {
     free(s->kd); free(s->vd); free(s->ks); free(s->vs);
     free(s->kwd); free(s->vwd); free(s->kws); free(s->vws);
     free(s->offset); free(s->left_pad); free(s->win_lo); free(s->prefill_pad);
@@ -159,20 +159,19 @@ void store_install(struct tqkv_batch *b, batch_store *s) {
     memset(s, 0, sizeof *s);
 }
 
-/* Copy the columns and ring of one row for one plane. */
+/* Copy row rs of one plane (n token columns from column cs, and the whole ring) into
+ * storage row rd at column cd. */
 static void copy_plane_row(const struct tqkv_batch *src, const tqkv_plane *sp, int rs, int cs,
                            uint8_t *dd, uint16_t *ds, int8_t *dwd, uint16_t *dws, int dcap,
-                           int rd, int cd, int n, int copy_ring) {
+                           int rd, int cd, int n) {
     int H = src->cfg.kv_heads;
     size_t pay = sp->codec.payload, nsc = (size_t)sp->codec.n_scales;
-    for (int h = 0; h < H; h++) {
+    for (int h = 0; h < H && n > 0; h++) {
         size_t di = ((size_t)rd * H + h) * (size_t)dcap + (size_t)cd;
-        if (n > 0) {
-            memcpy(dd + di * pay, plane_data(sp, src, rs, h, cs), (size_t)n * pay);
-            memcpy(ds + di * nsc, plane_scales(sp, src, rs, h, cs), (size_t)n * nsc * 2);
-        }
+        memcpy(dd + di * pay, plane_data(sp, src, rs, h, cs), (size_t)n * pay);
+        memcpy(ds + di * nsc, plane_scales(sp, src, rs, h, cs), (size_t)n * nsc * 2);
     }
-    if (copy_ring && sp->has_window && src->ring > 0) {
+    if (sp->has_window) {
         size_t dim = (size_t)src->cfg.head_dim, per = (size_t)H * src->ring;
         memcpy(dwd + (size_t)rd * per * dim, sp->win_data + (size_t)rs * per * dim, per * dim);
         memcpy(dws + (size_t)rd * per * (dim / 32), sp->win_scales + (size_t)rs * per * (dim / 32),
@@ -180,12 +179,17 @@ static void copy_plane_row(const struct tqkv_batch *src, const tqkv_plane *sp, i
     }
 }
 
-void store_copy_row(batch_store *dst, int rd, int cd, const struct tqkv_batch *src, int rs,
-                    int cs, int n, int copy_ring) {
-    copy_plane_row(src, &src->k, rs, cs, dst->kd, dst->ks, dst->kwd, dst->kws, dst->cap, rd, cd,
-                   n, copy_ring);
-    copy_plane_row(src, &src->v, rs, cs, dst->vd, dst->vs, dst->vwd, dst->vws, dst->cap, rd, cd,
-                   n, copy_ring);
+void store_move_row(batch_store *dst, int rd, int pad, const struct tqkv_batch *src, int rs) {
+    int cs = src->left_pad[rs], n = src->offset[rs];
+    copy_plane_row(src, &src->k, rs, cs, dst->kd, dst->ks, dst->kwd, dst->kws, dst->cap, rd, pad,
+                   n);
+    copy_plane_row(src, &src->v, rs, cs, dst->vd, dst->vs, dst->vwd, dst->vws, dst->cap, rd, pad,
+                   n);
+    dst->offset[rd] = n;
+    dst->left_pad[rd] = pad;
+    dst->win_lo[rd] = src->win_lo[rs];
+    dst->spec_base[rd] = src->spec_base[rs];
+    dst->prefill_pad[rd] = src->prefill_pad[rs];
 }
 
 // ---------------------------------------------------------------------------
@@ -256,26 +260,21 @@ tqkv_status batch_reserve(struct tqkv_batch *b, int need) {
     batch_store s;
     tqkv_status st = store_alloc(b, b->rows, (int)nc, &s);
     if (st) return st;
-    for (int r = 0; r < b->rows; r++) {
-        /* token columns only (padding is never read; the new storage holds zeros there) */
-        store_copy_row(&s, r, b->left_pad[r], b, r, b->left_pad[r], b->offset[r], 1);
-        s.offset[r] = b->offset[r];
-        s.left_pad[r] = b->left_pad[r];
-        s.win_lo[r] = b->win_lo[r];
-        s.prefill_pad[r] = b->prefill_pad[r];
-        s.spec_base[r] = b->spec_base[r];
-    }
+    /* token columns only (padding is never read; the new storage holds zeros there) */
+    for (int r = 0; r < b->rows; r++) store_move_row(&s, r, b->left_pad[r], b, r);
     store_install(b, &s);
     return TQKV_OK;
 }
 
 int batch_window_lo(const struct tqkv_batch *b, int r) {
-    if (b->ring <= 0) return b->offset[r];
-    int s = b->offset[r] - b->cfg.window;
-    if (s < b->win_lo[r]) s = b->win_lo[r];
-    if (s < 0) s = 0;
-    if (s > b->offset[r]) s = b->offset[r];
-    return s;
+    /* both windowed planes share win_lo; with no ring neither has a window (-> offset) */
+    return plane_window_start(b->k.has_window ? &b->k : &b->v, b, r);
+}
+
+int batch_is_uniform(const struct tqkv_batch *b) {
+    for (int r = 0; r < b->rows; r++)
+        if (b->left_pad[r] != 0 || b->offset[r] != b->offset[0]) return 0;
+    return 1;
 }
 
 void batch_clamp_win_lo(struct tqkv_batch *b) {
@@ -500,7 +499,5 @@ tqkv_status tqkv_batch_capture(const tqkv_batch *b, float *k, float *v, int *off
             memset(v + base + (size_t)(lp + off) * dim, 0, tail * sizeof(float));
         }
     }
-    if (offset && b->rows) memcpy(offset, b->offset, (size_t)b->rows * sizeof(int));
-    if (left_pad && b->rows) memcpy(left_pad, b->left_pad, (size_t)b->rows * sizeof(int));
-    return TQKV_OK;
+    return tqkv_batch_offsets(b, offset, left_pad);
 }

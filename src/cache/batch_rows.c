@@ -66,13 +66,8 @@ tqkv_status tqkv_batch_merge(tqkv_batch **out, const tqkv_cache_ref *items, int 
     int dr = 0;
     for (int i = 0; i < n_items; i++) {
         const struct tqkv_batch *ib = ref_batch(&items[i]);
-        for (int r = 0; r < ib->rows; r++, dr++) {
-            int pad = maxlen - ib->offset[r];
-            store_copy_row(&s, dr, pad, ib, r, ib->left_pad[r], ib->offset[r], 1);
-            s.offset[dr] = ib->offset[r];
-            s.left_pad[dr] = pad;
-            s.win_lo[dr] = ib->win_lo[r];
-        }
+        for (int r = 0; r < ib->rows; r++, dr++)
+            store_move_row(&s, dr, maxlen - ib->offset[r], ib, r);
     }
     store_install(nb, &s);
     *out = nb;
@@ -121,15 +116,9 @@ tqkv_status tqkv_batch_filter(tqkv_batch *b, const int *keep, int n_keep) {
     batch_store s;
     tqkv_status st = store_alloc(b, n_keep, cap, &s);
     if (st) return st;
-    for (int i = 0; i < n_keep; i++) {
-        int r = keep[i];
-        store_copy_row(&s, i, b->left_pad[r] - min_pad, b, r, b->left_pad[r], b->offset[r], 1);
-        s.offset[i] = b->offset[r];
-        s.left_pad[i] = b->left_pad[r] - min_pad;
-        s.win_lo[i] = b->win_lo[r];
-        s.spec_base[i] = b->spec_base[r]; /* a spec round survives filtering */
-        s.prefill_pad[i] = 0;
-    }
+    /* a spec round survives filtering (spec_base moves with the row) */
+    for (int i = 0; i < n_keep; i++)
+        store_move_row(&s, i, b->left_pad[keep[i]] - min_pad, b, keep[i]);
     store_install(b, &s);
     return TQKV_OK;
 }
@@ -152,9 +141,7 @@ tqkv_status tqkv_batch_extract(const tqkv_batch *b, int row, tqkv_cache **out) {
         batch_destroy(nb);
         return st;
     }
-    store_copy_row(&s, 0, 0, b, row, b->left_pad[row], b->offset[row], 1);
-    s.offset[0] = b->offset[row];
-    s.win_lo[0] = b->win_lo[row];
+    store_move_row(&s, 0, 0, b, row);
     store_install(nb, &s);
     return cache_wrap(out, nb);
 }
@@ -181,14 +168,7 @@ tqkv_status tqkv_batch_align(tqkv_batch *b, const int *left_pad) {
     batch_store s;
     tqkv_status st = store_alloc(b, b->rows, cap, &s);
     if (st) return st;
-    for (int r = 0; r < b->rows; r++) {
-        store_copy_row(&s, r, left_pad[r], b, r, b->left_pad[r], b->offset[r], 1);
-        s.offset[r] = b->offset[r];
-        s.left_pad[r] = left_pad[r];
-        s.win_lo[r] = b->win_lo[r];
-        s.spec_base[r] = b->spec_base[r];
-        s.prefill_pad[r] = b->prefill_pad[r];
-    }
+    for (int r = 0; r < b->rows; r++) store_move_row(&s, r, left_pad[r], b, r);
     store_install(b, &s);
     return TQKV_OK;
 }

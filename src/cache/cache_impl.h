@@ -36,14 +36,13 @@ typedef struct {
 
 /* Allocate zeroed storage for b's config with the given rows and cap. */
 tqkv_status store_alloc(const struct tqkv_batch *b, int rows, int cap, batch_store *s);
-void        store_free(batch_store *s);
 /* Free b's current arrays and take over s's (s is emptied). */
 void        store_install(struct tqkv_batch *b, batch_store *s);
 
-/* Copy n columns of every head of src row rs (from column cs) into storage row rd
- * at column cd; plus the whole ring of that row when copy_ring. Encoded bytes only. */
-void store_copy_row(batch_store *dst, int rd, int cd, const struct tqkv_batch *src, int rs,
-                    int cs, int n, int copy_ring);
+/* Move row rs of src into storage row rd with left padding pad: its token columns and
+ * its whole q8 ring (encoded bytes only) and its row state (offset, win_lo, spec_base,
+ * prefill_pad; left_pad = pad). */
+void store_move_row(batch_store *dst, int rd, int pad, const struct tqkv_batch *src, int rs);
 
 // ---------------------------------------------------------------------------
 // Batch object helpers
@@ -59,6 +58,8 @@ tqkv_status batch_reserve(struct tqkv_batch *b, int need);
 /* Canonical first window token of row r: max(0, offset - window, win_lo); == offset
  * when there is no ring. This is what readers see and what export writes. */
 int  batch_window_lo(const struct tqkv_batch *b, int r);
+/* 1 when every row is unpadded and all rows hold the same number of tokens. */
+int  batch_is_uniform(const struct tqkv_batch *b);
 /* After cutting rows back: keep win_lo <= offset. */
 void batch_clamp_win_lo(struct tqkv_batch *b);
 /* Bytes of one encoded main vector (payload + scales) and of one q8 window vector. */

@@ -71,15 +71,12 @@ tqkv_status tqkv_batch_make_mask(const tqkv_batch *b, tqkv_mask_lease *lease, in
     CACHE_CHECK(out, TQKV_EINVAL, "make_mask: out is NULL");
     CACHE_CHECK(n_query >= 1, TQKV_EINVAL, "make_mask: n_query must be >= 1, got %d", n_query);
     CACHE_CHECK(window >= 0, TQKV_EINVAL, "make_mask: window must be >= 0, got %d", window);
-    int uniform = 1;
-    for (int r = 0; r < b->rows; r++) {
+    for (int r = 0; r < b->rows; r++)
         if (n_query > b->left_pad[r] + b->offset[r])
             return tqkv_fail(TQKV_ERANGE, "make_mask: n_query = %d exceeds row %d's columns "
                              "(left_pad %d + offset %d)", n_query, r, b->left_pad[r],
                              b->offset[r]);
-        if (b->left_pad[r] != 0 || b->offset[r] != b->offset[0]) uniform = 0;
-    }
-    if (n_query == 1 && window == 0 && uniform) {
+    if (n_query == 1 && window == 0 && batch_is_uniform(b)) {
         *out = NULL;
         return TQKV_OK;
     }

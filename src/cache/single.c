@@ -89,14 +89,14 @@ size_t tqkv_cache_projected_bytes(const tqkv_cache *c, int tokens) {
 
 /* Smallest L such that trim to L gives the bytes of a fresh cache fed L tokens: the
  * fresh cache reads [L - window, L) from q8, so every such token must still have its
- * q8 copy (t >= win_lo): L >= win_lo + window, unless win_lo == 0 (nothing lost). */
+ * q8 copy (t >= win_lo): L >= win_lo + window, unless win_lo == 0 (nothing lost).
+ * After a cut deeper than window_slack this exceeds the length: no non-empty prefix
+ * reads like a fresh cache (not even the whole cache), so none may be reused. */
 int tqkv_cache_min_reusable_offset(const tqkv_cache *c) {
     if (!c || !c->b) return 0;
     const struct tqkv_batch *b = c->b;
     if (b->ring <= 0 || b->win_lo[0] == 0) return 0;
-    long long L = (long long)b->win_lo[0] + b->cfg.window;
-    if (L > b->offset[0]) L = b->offset[0];
-    return (int)L;
+    return b->win_lo[0] + b->cfg.window; /* <= 2^30 + 2^16: no overflow */
 }
 
 tqkv_status tqkv_cache_export(const tqkv_cache *c, uint8_t **out, size_t *len) {

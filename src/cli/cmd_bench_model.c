@@ -34,7 +34,7 @@ static int argmax(const float *x, int n) {
 
 int cmd_bench_model(int argc, char **argv) {
     const char *model_arg = MCLI_DEFAULT_MODEL, *ctx_list = "512,4096",
-               *kv_list = "f32,f16,q8,tq4,tq3", *prefill_kernel = "dense",
+               *kv_list = "f32,f16,q8,tq4,tq3", *prefill_kernel = "deferred",
                *decode_kernel = "fused";
     int threads = 2, gen = 64, json = 0, window = 0, reps = 1, blas = 0, f32w = 0, rows = 1;
     const arg_spec specs[] = {
@@ -46,7 +46,7 @@ int cmd_bench_model(int argc, char **argv) {
         {"--window", ARG_INT, &window, "q8 recent window of tq caches (default 0)"},
         {"--rows", ARG_INT, &rows, "rows decoded together (default 1; prefill is per row)"},
         {"--reps", ARG_INT, &reps, "repetitions, best kept (default 1)"},
-        {"--prefill-kernel", ARG_STR, &prefill_kernel, "attention kernel for prefill (default dense)"},
+        {"--prefill-kernel", ARG_STR, &prefill_kernel, "attention kernel for prefill (default deferred)"},
         {"--decode-kernel", ARG_STR, &decode_kernel, "attention kernel for decode (default fused)"},
         {"--blas", ARG_FLAG, &blas, "OpenBLAS sgemm for prefill matmuls (not batch invariant)"},
         {"--f32-weights", ARG_FLAG, &f32w, "convert weights to f32 at load"},

@@ -7,7 +7,8 @@
  * W = min(--max-windows, (N - 1) / ctx) windows; window i feeds tokens [ctx i, ctx (i+1))
  * and position j predicts token ctx i + j + 1, for every j in [0, ctx) (the last position's
  * target is the first token of the next window), so tokens = W * ctx predictions.
- * --kld runs an f32-cache pass over the same window and adds KL(p_f32 || p_kv) per token.
+ * --kld runs an f32-cache pass over the same window (always one prefill) and adds
+ * KL(p_f32 || p_kv) per token.
  * --chunk C feeds a window as a prefill of C tokens then extends of C tokens (default: the
  * whole window at once). With --window, chunks decide which keys are still in the q8 ring
  * when each query attends (C = 1 is exactly the per-query recent window of decoding).
@@ -50,7 +51,7 @@ static double lse(const float *x, int n) {
 
 int cmd_ppl(int argc, char **argv) {
     const char *model_arg = MCLI_DEFAULT_MODEL, *text_path = NULL, *kv = "f32";
-    const char *prefill_kernel = "dense";
+    const char *prefill_kernel = "deferred";
     int ctx = 2048, max_windows = 0, window = 0, kld = 0, threads = 0, json = 0, kv_seed = 0;
     int chunk = 0, blas = 0;
     const arg_spec specs[] = {
@@ -152,7 +153,7 @@ int cmd_ppl(int argc, char **argv) {
         const int32_t *x = ids + (size_t)w * ctx;
         double tw = mcli_now();
         if (run_window(m, s, x, ctx, chunk, lg) ||
-            (do_kld && run_window(m, ref, x, ctx, chunk, lr))) {
+            (do_kld && run_window(m, ref, x, ctx, ctx, lr))) {
             fprintf(stderr, "tqkv ppl: %s\n", tqkv_last_error());
             goto done;
         }
@@ -180,9 +181,12 @@ int cmd_ppl(int argc, char **argv) {
         }
         cnt += (size_t)ctx;
         double el = mcli_now() - t0;
-        fprintf(stderr, "window %d/%d  ppl %.4f%s%.5f  %.0f tokens/s\n", w + 1, n_win,
-                exp(nll / (double)cnt), do_kld ? "  kld " : "", do_kld ? kl / (double)cnt : 0.0,
-                (double)cnt * (do_kld ? 2 : 1) / (el > 0 ? el : 1));
+        if (do_kld)
+            fprintf(stderr, "window %d/%d  ppl %.4f  kld %.5f  %.0f tokens/s\n", w + 1, n_win,
+                    exp(nll / (double)cnt), kl / (double)cnt, (double)cnt * 2 / (el > 0 ? el : 1));
+        else
+            fprintf(stderr, "window %d/%d  ppl %.4f  %.0f tokens/s\n", w + 1, n_win,
+                    exp(nll / (double)cnt), (double)cnt / (el > 0 ? el : 1));
     }
     double ppl = exp(nll / (double)cnt);
     printf("ppl %.4f over %zu tokens (%d windows x %d), kv %s", ppl, cnt, n_win, ctx, kv);

@@ -79,11 +79,8 @@ void codec_fwht(float *x, int dim) {
 
 void codec_rotate(const struct tqkv_codec *c, float *x) {
     if (!c->rotated || !c->signs) return;
-    const int d = c->dim;
-    const float inv = codec_inv_sqrt_dim(d);
-    for (int i = 0; i < d; i++) x[i] *= c->signs[i];
-    codec_fwht_raw(x, d);
-    for (int i = 0; i < d; i++) x[i] *= inv;
+    for (int i = 0; i < c->dim; i++) x[i] *= c->signs[i];
+    codec_fwht(x, c->dim); /* butterflies, then x[i] *= inv */
 }
 
 void codec_unrotate(const struct tqkv_codec *c, float *x) {

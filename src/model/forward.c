@@ -32,7 +32,7 @@ tqkv_model_state_params tqkv_model_state_params_default(void) {
     p.window_slack = 32;
     p.kv_seed = 0;
     p.threads = 1;
-    p.prefill_kernel = TQKV_KERNEL_DENSE;
+    p.prefill_kernel = TQKV_KERNEL_DEFERRED;
     p.decode_kernel = TQKV_KERNEL_FUSED;
     p.blas = 0;
     return p;
@@ -70,7 +70,7 @@ static tqkv_status make_layers(const tqkv_model *m, const tqkv_model_state_param
 }
 
 static void free_scratch(tqkv_model_state *s) {
-    float **f[] = {&s->x, &s->xn, &s->q, &s->k, &s->v, &s->att, &s->g, &s->u, &s->tmp,
+    float **f[] = {&s->x, &s->xn, &s->qkv, &s->att, &s->gu, &s->h, &s->tmp,
                    &s->mm_scratch, &s->rc, &s->rs, &s->qb, &s->kb, &s->vb, &s->ob};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
         free(*f[i]);
@@ -205,9 +205,9 @@ static tqkv_status ensure_scratch(tqkv_model_state *s, size_t T, size_t RN) {
     if (W < QD) W = QD;
     if (T > s->cap_t) {
         size_t t = T < 16 ? 16 : T;
-        int ok = grow(&s->x, t * H) && grow(&s->xn, t * H) && grow(&s->q, t * QD) &&
-                 grow(&s->k, t * KD) && grow(&s->v, t * KD) && grow(&s->att, t * QD) &&
-                 grow(&s->g, t * I) && grow(&s->u, t * I) && grow(&s->tmp, t * W) &&
+        int ok = grow(&s->x, t * H) && grow(&s->xn, t * H) && grow(&s->qkv, t * (QD + 2 * KD)) &&
+                 grow(&s->att, t * QD) && grow(&s->gu, t * 2 * I) && grow(&s->h, t * I) &&
+                 grow(&s->tmp, t * W) &&
                  grow(&s->mm_scratch, t * W) && grow(&s->rc, t * hd / 2) && grow(&s->rs, t * hd / 2);
         int32_t *a = realloc(s->tok_row, sizeof(int32_t) * t);
         if (a) s->tok_row = a;
@@ -235,12 +235,17 @@ static tqkv_status ensure_scratch(tqkv_model_state *s, size_t T, size_t RN) {
 // forward
 // ---------------------------------------------------------------------------
 
+static void matmul_ld(const tqkv_model_state *s, const float *x, int T, const mm_weight *w,
+                      const float *bias, float *y, size_t ldy, int prefill) {
+    if (s->p.blas && prefill && w->f32 && T > 1)
+        mm_matmul_blas(x, T, w, bias, y, ldy, s->p.threads);
+    else
+        mm_matmul_ld(x, T, w, bias, y, ldy, s->p.threads, s->mm_scratch);
+}
+
 static void matmul(const tqkv_model_state *s, const float *x, int T, const mm_weight *w,
                    const float *bias, float *y, int prefill) {
-    if (s->p.blas && prefill && w->f32 && T > 1)
-        mm_matmul_blas(x, T, w, bias, y, s->p.threads);
-    else
-        mm_matmul(x, T, w, bias, y, s->p.threads, s->mm_scratch);
+    matmul_ld(s, x, T, w, bias, y, (size_t)w->n, prefill);
 }
 
 /* Undo the appends of layers [0, done) after a failure (extend: trim n; prefill: empty). */
@@ -320,9 +325,14 @@ static tqkv_status forward(const tqkv_model *m, tqkv_model_state *s, const int32
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
         for (size_t i = 0; i < T; i++)
             ops_rmsnorm(s->x + i * H, L->attn_norm, c->rms_norm_eps, H, s->xn + i * H);
-        matmul(s, s->xn, (int)T, &L->wq, L->bq, s->q, n > 1);
-        matmul(s, s->xn, (int)T, &L->wk, L->bk, s->k, n > 1);
-        matmul(s, s->xn, (int)T, &L->wv, L->bv, s->v, n > 1);
+        const size_t QS = (size_t)QD + 2 * (size_t)KD;
+        if (L->wqkv.data && !(s->p.blas && n > 1)) {
+            matmul(s, s->xn, (int)T, &L->wqkv, L->bqkv, s->qkv, n > 1);
+        } else {
+            matmul_ld(s, s->xn, (int)T, &L->wq, L->bq, s->qkv, QS, n > 1);
+            matmul_ld(s, s->xn, (int)T, &L->wk, L->bk, s->qkv + QD, QS, n > 1);
+            matmul_ld(s, s->xn, (int)T, &L->wv, L->bv, s->qkv + QD + KD, QS, n > 1);
+        }
         /* q/k norm, rope, scatter to [rows, heads, n, hd] */
         if (nq_pad) {
             memset(s->qb, 0, sizeof(float) * (size_t)R * n * QD);
@@ -331,7 +341,7 @@ static tqkv_status forward(const tqkv_model *m, tqkv_model_state *s, const int32
         }
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
         for (size_t i = 0; i < T; i++) {
-            float *q = s->q + i * QD, *k = s->k + i * KD, *v = s->v + i * KD;
+            float *q = s->qkv + i * QS, *k = q + QD, *v = k + KD;
             if (L->q_norm) {
                 for (int h = 0; h < NH; h++) ops_rmsnorm(q + h * hd, L->q_norm, c->rms_norm_eps, hd, q + h * hd);
                 for (int h = 0; h < NKV; h++) ops_rmsnorm(k + h * hd, L->k_norm, c->rms_norm_eps, hd, k + h * hd);
@@ -385,11 +395,16 @@ static tqkv_status forward(const tqkv_model *m, tqkv_model_state *s, const int32
             ops_rmsnorm(x, L->ffn_norm, c->rms_norm_eps, H, s->xn + i * H);
         }
         // ---- MLP block
-        matmul(s, s->xn, (int)T, &L->wg, NULL, s->g, n > 1);
-        matmul(s, s->xn, (int)T, &L->wu, NULL, s->u, n > 1);
+        if (L->wgu.data && !(s->p.blas && n > 1)) {
+            matmul(s, s->xn, (int)T, &L->wgu, NULL, s->gu, n > 1);
+        } else {
+            matmul_ld(s, s->xn, (int)T, &L->wg, NULL, s->gu, 2 * (size_t)I, n > 1);
+            matmul_ld(s, s->xn, (int)T, &L->wu, NULL, s->gu + I, 2 * (size_t)I, n > 1);
+        }
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 16)
-        for (size_t i = 0; i < T; i++) ops_swiglu(s->g + i * I, s->u + i * I, I, s->g + i * I);
-        matmul(s, s->g, (int)T, &L->wd, NULL, s->tmp, n > 1);
+        for (size_t i = 0; i < T; i++)
+            ops_swiglu(s->gu + i * 2 * I, s->gu + i * 2 * I + I, I, s->h + i * I);
+        matmul(s, s->h, (int)T, &L->wd, NULL, s->tmp, n > 1);
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
         for (size_t i = 0; i < T; i++) {
             float *x = s->x + i * H;

@@ -90,7 +90,8 @@ static tqkv_status load_vector(tqkv_model *m, const char *name, int n, float **o
     return TQKV_OK;
 }
 
-/* A matrix [rows, cols] read in place (or converted when asked / misaligned). */
+/* A matrix [rows, cols] read in place (or converted when asked / misaligned; bf16 packed
+ * unless lp->no_pack). */
 static tqkv_status load_matrix(tqkv_model *m, const tqkv_model_load_params *lp, const char *name,
                                int rows, int cols, mm_weight *w) {
     const st_tensor *t;
@@ -146,6 +147,32 @@ static tqkv_status load_matrix(tqkv_model *m, const tqkv_model_load_params *lp, 
     return TQKV_OK;
 }
 
+/* Pack bf16 matrices parts[0..n) (same k) into one fused packed matrix; 0 if not possible. */
+static tqkv_status fuse(tqkv_model *m, const tqkv_model_load_params *lp, mm_weight **parts, int n,
+                        mm_weight *out) {
+    memset(out, 0, sizeof *out);
+    if (lp->no_pack) return TQKV_OK;
+    int rows = 0;
+    for (int i = 0; i < n; i++) {
+        if (!mm_can_pack(parts[i]) || parts[i]->k != parts[0]->k) return TQKV_OK;
+        rows += parts[i]->n;
+    }
+    size_t k = (size_t)parts[0]->k;
+    uint16_t *buf = own(m, sizeof(uint16_t) * (size_t)rows * k);
+    if (!buf) return tqkv_fail(TQKV_ENOMEM, "out of memory fusing matrices");
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        mm_pack(parts[i], buf + at);
+        at += (size_t)parts[i]->n * k;
+    }
+    out->data = buf;
+    out->type = MM_BF16;
+    out->n = rows;
+    out->k = (int)k;
+    out->packed = 1;
+    return TQKV_OK;
+}
+
 static tqkv_status load_layer(tqkv_model *m, const tqkv_model_load_params *lp, int l) {
     const tqkv_model_config *c = &m->cfg;
     model_layer *L = &m->layers[l];
@@ -157,15 +184,21 @@ static tqkv_status load_layer(tqkv_model *m, const tqkv_model_load_params *lp, i
     do {                                                                                          \
         if ((rc = (x)) != TQKV_OK) return rc;                                                     \
     } while (0)
+    /* q/k/v and gate/up are read in place here and packed into fused matrices below */
+    tqkv_model_load_params lpu = *lp;
+    lpu.no_pack = 1;
     TRYL(load_vector(m, NAME("input_layernorm.weight"), H, &L->attn_norm));
     TRYL(load_vector(m, NAME("post_attention_layernorm.weight"), H, &L->ffn_norm));
-    TRYL(load_matrix(m, lp, NAME("self_attn.q_proj.weight"), qd, H, &L->wq));
-    TRYL(load_matrix(m, lp, NAME("self_attn.k_proj.weight"), kd, H, &L->wk));
-    TRYL(load_matrix(m, lp, NAME("self_attn.v_proj.weight"), kd, H, &L->wv));
+    TRYL(load_matrix(m, &lpu, NAME("self_attn.q_proj.weight"), qd, H, &L->wq));
+    TRYL(load_matrix(m, &lpu, NAME("self_attn.k_proj.weight"), kd, H, &L->wk));
+    TRYL(load_matrix(m, &lpu, NAME("self_attn.v_proj.weight"), kd, H, &L->wv));
     TRYL(load_matrix(m, lp, NAME("self_attn.o_proj.weight"), H, qd, &L->wo));
-    TRYL(load_matrix(m, lp, NAME("mlp.gate_proj.weight"), c->intermediate_size, H, &L->wg));
-    TRYL(load_matrix(m, lp, NAME("mlp.up_proj.weight"), c->intermediate_size, H, &L->wu));
+    TRYL(load_matrix(m, &lpu, NAME("mlp.gate_proj.weight"), c->intermediate_size, H, &L->wg));
+    TRYL(load_matrix(m, &lpu, NAME("mlp.up_proj.weight"), c->intermediate_size, H, &L->wu));
     TRYL(load_matrix(m, lp, NAME("mlp.down_proj.weight"), H, c->intermediate_size, &L->wd));
+    mm_weight *qkv[3] = {&L->wq, &L->wk, &L->wv}, *gu[2] = {&L->wg, &L->wu};
+    TRYL(fuse(m, lp, qkv, 3, &L->wqkv));
+    TRYL(fuse(m, lp, gu, 2, &L->wgu));
     if (c->qk_norm) {
         TRYL(load_vector(m, NAME("self_attn.q_norm.weight"), hd, &L->q_norm));
         TRYL(load_vector(m, NAME("self_attn.k_norm.weight"), hd, &L->k_norm));
@@ -176,6 +209,13 @@ static tqkv_status load_layer(tqkv_model *m, const tqkv_model_load_params *lp, i
         TRYL(load_vector(m, NAME("self_attn.v_proj.bias"), kd, &L->bv));
     }
     if (c->o_bias) TRYL(load_vector(m, NAME("self_attn.o_proj.bias"), H, &L->bo));
+    if (L->bq && L->wqkv.data) {
+        L->bqkv = own(m, sizeof(float) * (size_t)(qd + 2 * kd));
+        if (!L->bqkv) return tqkv_fail(TQKV_ENOMEM, "out of memory");
+        memcpy(L->bqkv, L->bq, sizeof(float) * (size_t)qd);
+        memcpy(L->bqkv + qd, L->bk, sizeof(float) * (size_t)kd);
+        memcpy(L->bqkv + qd + kd, L->bv, sizeof(float) * (size_t)kd);
+    }
 #undef NAME
 #undef TRYL
     return TQKV_OK;

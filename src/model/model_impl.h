@@ -40,6 +40,10 @@ typedef struct {
     mm_weight wg;          /* [inter, hidden] */
     mm_weight wu;          /* [inter, hidden] */
     mm_weight wd;          /* [hidden, inter] */
+    /* fused (packed bf16 only; data NULL otherwise): one GEMM instead of three / two */
+    mm_weight wqkv;        /* [n_heads*hd + 2*n_kv*hd, hidden] = q; k; v rows */
+    float    *bqkv;        /* [n_heads*hd + 2*n_kv*hd] or NULL */
+    mm_weight wgu;         /* [2*inter, hidden] = gate; up rows */
 } model_layer;
 
 struct tqkv_model {
@@ -72,10 +76,10 @@ struct tqkv_model_state {
     size_t   cap_rn;     /* rows * n */
     float   *x;          /* [T, hidden] residual stream */
     float   *xn;         /* [T, hidden] normed */
-    float   *q;          /* [T, n_heads*hd] */
-    float   *k, *v;      /* [T, n_kv*hd] */
+    float   *qkv;        /* [T, n_heads*hd + 2*n_kv*hd]: q | k | v per token */
     float   *att;        /* [T, n_heads*hd] attention output, token-major */
-    float   *g, *u;      /* [T, inter] */
+    float   *gu;         /* [T, 2*inter]: gate | up per token */
+    float   *h;          /* [T, inter] */
     float   *tmp;        /* [T, max(hidden, inter)] */
     float   *mm_scratch; /* [T, max(hidden, inter)] permuted matmul input */
     float   *rc, *rs;    /* [T, hd/2] rope cos / sin */

@@ -30,7 +30,32 @@ struct tkz_heap_e {
 
 enum { TKZ_CACHE_MAX_WORD = 256, TKZ_CACHE_MAX_ENTRIES = 1 << 20 };
 
-tqkv_status tkz_push_id(tkz_encoder *e, int32_t id) {
+/* Scratch of one encode call (word cache included): nothing in the tokenizer changes. */
+typedef struct {
+    const tqkv_tokenizer *t;
+    unsigned          flags;
+    int32_t          *ids;       // [n] output
+    size_t            n, cap;
+    pcre2_match_data *md;
+    tkz_pieces        pa, pb;    // pre-tokenizer ping-pong
+    tkz_buf           tmp;       // scratch
+    tkz_matches       matches;   // find_matches results
+    tkz_matches       matches2;  // split behavior results
+    // BPE scratch
+    struct tkz_sym   *sym;       // [sym_cap]
+    size_t            sym_cap;
+    struct tkz_heap_e *heap;     // [heap_cap]
+    size_t            heap_cap;
+    // word cache: word bytes -> ids
+    tkz_strmap        cache;
+    tkz_buf           cache_keys;
+    int32_t          *cache_ids; // pool
+    size_t            cache_ids_n, cache_ids_cap;
+    tkz_span         *cache_val; // [cache entries] span into cache_ids
+    size_t            cache_val_n, cache_val_cap;
+} tkz_encoder;
+
+static tqkv_status tkz_push_id(tkz_encoder *e, int32_t id) {
     if (e->n == e->cap) {
         size_t cap = e->cap ? e->cap * 2 : 256;
         int32_t *p = realloc(e->ids, cap * sizeof *p);
@@ -42,7 +67,7 @@ tqkv_status tkz_push_id(tkz_encoder *e, int32_t id) {
     return TQKV_OK;
 }
 
-void tkz_encoder_free(tkz_encoder *e) {
+static void tkz_encoder_free(tkz_encoder *e) {
     free(e->ids);
     if (e->md) pcre2_match_data_free(e->md);
     tkz_pieces_free(&e->pa);
@@ -324,7 +349,8 @@ static tqkv_status pre_step(tkz_encoder *e, const tkz_pre_step *ps, const char *
                       ps->individual_digits ? TKZ_SPLIT_ISOLATED : TKZ_SPLIT_CONTIGUOUS, s, out);
 }
 
-tqkv_status tkz_pretokenize(tkz_encoder *e, const char *s, size_t len) {
+/* Pre-tokenize s into e->pa (pieces are the words given to the model). */
+static tqkv_status tkz_pretokenize(tkz_encoder *e, const char *s, size_t len) {
     const tqkv_tokenizer *t = e->t;
     tkz_pieces_clear(&e->pa);
     if (!len) return TQKV_OK;
@@ -507,7 +533,8 @@ static tqkv_status bpe_compute(tkz_encoder *e, const char *w, size_t len) {
     return st;
 }
 
-tqkv_status tkz_bpe_word(tkz_encoder *e, const char *w, size_t len) {
+/* Append the ids of one word to e->ids (through the word cache). */
+static tqkv_status tkz_bpe_word(tkz_encoder *e, const char *w, size_t len) {
     if (!len) return TQKV_OK;
     int32_t ci = tkz_strmap_get(&e->cache, e->cache_keys.p, w, len);
     if (ci >= 0) {

@@ -2,9 +2,10 @@
  * tokenizer_internal.h - internal layout of tqkv_tokenizer, shared by the tokenizer_*.c
  * files (load, text/unicode helpers, pre-tokenizers, BPE, public calls).
  *
- * Owns: the tokenizer struct, hash maps, piece lists, the regex wrapper, the per-call
- * encoder scratch. Must not: be included outside src/model/tokenizer*.c; hold global
- * mutable state (everything lives in a tokenizer or in one call's tkz_encoder).
+ * Owns: the tokenizer struct, hash maps, piece lists, the regex wrapper (the per-call
+ * encoder scratch is private to tokenizer_encode.c). Must not: be included outside
+ * src/model/tokenizer*.c; hold global mutable state (everything lives in a tokenizer or
+ * in one encode call's scratch).
  * Internal names are prefixed tkz_. Files: tokenizer_text.c (buffers, maps, UTF-8, regex),
  * tokenizer_load.c (JSON -> tables), tokenizer_encode.c (text -> ids), tokenizer.c
  * (ids -> text, streaming, lookups).
@@ -66,7 +67,6 @@ typedef struct {
     size_t     cap, n;
 } tkz_strmap;
 
-uint64_t    tkz_hash(const char *s, size_t len);
 /* Insert or overwrite. */
 tqkv_status tkz_strmap_put(tkz_strmap *m, const char *arena, size_t off, uint32_t len, int32_t val);
 /* -1 when absent. */
@@ -244,39 +244,9 @@ struct tqkv_tokenizer {
     int16_t     char_byte[512];     // code point (< 512) -> byte, -1 if not a byte char
 };
 
-/* Scratch of one encode call (word cache included): nothing in the tokenizer changes. */
-typedef struct {
-    const tqkv_tokenizer *t;
-    unsigned          flags;
-    int32_t          *ids;       // [n] output
-    size_t            n, cap;
-    pcre2_match_data *md;
-    tkz_pieces        pa, pb;    // pre-tokenizer ping-pong
-    tkz_buf           tmp;       // scratch
-    tkz_matches       matches;   // find_matches results
-    tkz_matches       matches2;  // split behavior results
-    // BPE scratch
-    struct tkz_sym   *sym;       // [n_sym]
-    size_t            sym_cap;
-    struct tkz_heap_e *heap;     // [heap_n]
-    size_t            heap_cap;
-    // word cache: word bytes -> ids
-    tkz_strmap        cache;
-    tkz_buf           cache_keys;
-    int32_t          *cache_ids; // pool
-    size_t            cache_ids_n, cache_ids_cap;
-    tkz_span         *cache_val; // [cache entries] span into cache_ids
-    size_t            cache_val_n, cache_val_cap;
-} tkz_encoder;
-
-/* tokenizer_encode.c. Normalize s into out (tmp: scratch); mm: scratch matches. */
+/* tokenizer_encode.c. Normalize s into out (tmp: scratch); mm: scratch matches. Also used
+ * by the loader to normalize the patterns of normalized added tokens. */
 tqkv_status tkz_normalize(const tqkv_tokenizer *t, pcre2_match_data *md, tkz_matches *mm,
                           const char *s, size_t len, tkz_buf *out, tkz_buf *tmp);
-/* Pre-tokenize s into e->pa (pieces are the words given to the model). */
-tqkv_status tkz_pretokenize(tkz_encoder *e, const char *s, size_t len);
-/* Append the ids of one word to e->ids (through the word cache). */
-tqkv_status tkz_bpe_word(tkz_encoder *e, const char *w, size_t len);
-void        tkz_encoder_free(tkz_encoder *e);
-tqkv_status tkz_push_id(tkz_encoder *e, int32_t id);
 
 #endif

@@ -51,25 +51,29 @@ static tqkv_status read_file(const char *path, char **out, size_t *len) {
 static tqkv_status parse_json(const char *text, size_t len, const char *name, cJSON **out) {
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
-    if (!root) {
-        size_t off = end && end >= text && end <= text + len ? (size_t)(end - text) : 0;
-        size_t line = 1, col = 1;
-        for (size_t i = 0; i < off; i++) {
-            if (text[i] == '\n') { line++; col = 1; }
-            else col++;
+    size_t off = end && end >= text && end <= text + len ? (size_t)(end - text) : 0;
+    if (root) {  // only whitespace (or NUL padding) may follow the value, as in serde_json
+        while (off < len && (!text[off] || strchr(" \t\r\n", text[off]))) off++;
+        if (off == len) {
+            *out = root;
+            return TQKV_OK;
         }
-        char near[33];
-        size_t k = 0;
-        for (; k < 32 && off + k < len; k++) {
-            char c = text[off + k];
-            near[k] = (c >= 0x20 && c < 0x7F) ? c : ' ';
-        }
-        near[k] = 0;
-        return tqkv_fail(TQKV_ECORRUPT, "tokenizer: malformed JSON in %s at line %zu column %zu (byte %zu) near '%s'",
-                         name, line, col, off, near);
+        cJSON_Delete(root);  // trailing data: reported like a syntax error, where it starts
     }
-    *out = root;
-    return TQKV_OK;
+    size_t line = 1, col = 1;
+    for (size_t i = 0; i < off; i++) {
+        if (text[i] == '\n') { line++; col = 1; }
+        else col++;
+    }
+    char near[33];
+    size_t k = 0;
+    for (; k < 32 && off + k < len; k++) {
+        char c = text[off + k];
+        near[k] = (c >= 0x20 && c < 0x7F) ? c : ' ';
+    }
+    near[k] = 0;
+    return tqkv_fail(TQKV_ECORRUPT, "tokenizer: malformed JSON in %s at line %zu column %zu (byte %zu) near '%s'",
+                     name, line, col, off, near);
 }
 
 // ---------------------------------------------------------------------------
@@ -571,6 +575,12 @@ static tqkv_status build_ids(tqkv_tokenizer *t) {
     for (int k = 0; k < t->n_added; k++)
         if (t->added[k].id > max_id) max_id = t->added[k].id;
     if (max_id < 0) return BAD("tokenizer: %s has an empty vocab", t->source);
+    // the id tables are dense: refuse ids far beyond the token count (a crafted file
+    // would otherwise make a few bytes of JSON allocate and touch gigabytes)
+    long long tokens = (long long)t->vocab.n + t->n_added;
+    if (max_id > 4 * tokens + 65536)
+        return BAD("tokenizer: %s has token id %d for only %lld tokens (ids must be nearly dense)",
+                   t->source, max_id, tokens);
     t->n_ids = max_id + 1;
     t->tok = malloc((size_t)t->n_ids * sizeof *t->tok);
     t->dec = malloc((size_t)t->n_ids * sizeof *t->dec);

@@ -75,7 +75,7 @@ void tkz_pieces_free(tkz_pieces *p) {
 // Hash maps
 // ---------------------------------------------------------------------------
 
-uint64_t tkz_hash(const char *s, size_t len) {
+static uint64_t tkz_hash(const char *s, size_t len) {
     uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a, then a final mix
     for (size_t i = 0; i < len; i++) {
         h ^= (uint8_t)s[i];
