@@ -93,6 +93,8 @@ typedef struct {
     int blas;        /* also keep f32 matrices for the OpenBLAS prefill path */
     int verbose;     /* progress/status lines on stderr while loading */
     int no_pack;     /* read bf16 matrices in place instead of repacking them for GEMV */
+    int no_f32_prefill; /* no f32 copies of bf16 matrices for prefill (saves 2 bytes per
+                           weight; prefill matmuls ~1.6x slower, same bits) */
 } tqkv_model_load_params;
 
 tqkv_model_load_params tqkv_model_load_params_default(void);

@@ -37,6 +37,7 @@ static void *make_weight(test_rng *r, mm_type t, int n, int k, mm_weight *w) {
     w->k = k;
     w->f32 = NULL;
     w->packed = 0;
+    w->f32p = NULL;
     return buf;
 }
 
@@ -137,7 +138,7 @@ static void test_packed_layout(void **state) {
         void *wb = make_weight(&r, MM_BF16, n, k, &w);
         assert_true(mm_can_pack(&w));
         uint16_t *pk = malloc(sizeof(uint16_t) * (size_t)n * k);
-        mm_pack(&w, pk);
+        mm_pack(&w, pk, 2);
         mm_weight wp = w;
         wp.data = pk;
         wp.packed = 1;
@@ -157,6 +158,22 @@ static void test_packed_layout(void **state) {
             mm_matmul(x + (size_t)i * k, 1, &wp, NULL, b, 2, NULL);
             assert_memory_equal(a + (size_t)i * n, b, sizeof(float) * n);
         }
+        /* the f32 pair-permuted copy: same bits for products of many rows */
+        float *f32p = malloc(sizeof(float) * (size_t)n * k);
+        assert_true(mm_can_f32p(&w));
+        mm_make_f32p(&w, f32p, 2);
+        mm_weight wf = wp;
+        wf.f32p = f32p;
+        int mm = m + MM_F32P_MIN_ROWS;
+        float *xx = malloc(sizeof(float) * mm * k), *ya = malloc(sizeof(float) * mm * n),
+              *yb = malloc(sizeof(float) * mm * n);
+        rng_fill_normal(&r, xx, (size_t)mm * k, 1.0f);
+        mm_matmul(xx, mm, &wp, NULL, ya, 2, NULL);
+        mm_matmul(xx, mm, &wf, NULL, yb, 1 + (int)s % 2, NULL);
+        assert_memory_equal(ya, yb, sizeof(float) * mm * n);
+        mm_matmul(xx, 1, &wf, NULL, yb, 1, NULL);
+        assert_memory_equal(ya, yb, sizeof(float) * n);
+        free(f32p); free(xx); free(ya); free(yb);
         mm_weight_row(&wp, n - 1, row);
         for (int j = 0; j < k; j++) assert_true(row[j] == mm_weight_at(&w, n - 1, j));
         free(wb); free(pk); free(x); free(a); free(b); free(c); free(row);

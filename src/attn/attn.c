@@ -6,31 +6,41 @@
  * Must not: mutate the cache, validate public arguments beyond what keeps it memory-safe
  * (the cache wrappers do that), or let a row's result depend on anything but that row.
  *
+ * Visibility: with a mask, query i of row r sees columns [lo, hi) (token t is column
+ * left_pad + t; lo == hi: zeros). Without one, query i sees tokens [0, offset - nq + i + 1)
+ * (nq == 1: the whole row). Tokens t >= plane_window_start() of a windowed (tq) plane are
+ * read from its q8 ring, in the plane's rotated domain.
+ *
  * Kernel sets (tq = tq2/tq3/tq4 plane; the q8 window of a tq plane is rotated q8):
  *   dense     decode every block / tile of K and V to floats in the original domain
- *             (tq and window tokens: decode in the rotated domain, then codec_unrotate
- *             each token), then softmax attention on the floats. f32 planes are read in
- *             place.
+ *             (tq and window tokens: decode in the rotated domain, then un-rotate each
+ *             token), then softmax attention on the floats. f32 planes are read in place.
  *   deferred  rotate q once (K codec) when K is tq; decode tq / window tokens in the
  *             rotated domain only; accumulate V rotated when V is tq and un-rotate each
  *             output once (V codec). Non-tq planes as dense.
  *   fused     n_query == 1: like deferred, but no K/V block is ever materialised: the
- *             primitives decode each token chunk in registers (codebook lookup, scale
- *             folded per token) and reuse it for every q head of the GQA group.
- *             n_query > 1: same as deferred (the prefill engine decodes a tile once and
+ *             primitives decode each token chunk in registers (codebook lookup; the fp16
+ *             scale folded once per token into the score / value weight) and use it for
+ *             every q head of the GQA group. f16/q8/q4 and the q8 ring decode in registers
+ *             too. tq4 K scores use a vpshufb byte-plane lookup against a query permuted
+ *             once per item (isa->prep_q / score_prep). n_query > 1: same as deferred (the prefill engine decodes a tile once and
  *             reuses it for up to ATTN_QV query vectors, which beats in-register decode).
  *
  * Engines
  *   decode  (n_query == 1): items (row, kv head, KV segment of ATTN_SEG tokens on the
- *           row's own token grid). Each item runs blocks of <= ATTN_BT tokens in order:
- *           scores for all G heads of the group, online softmax, weighted V sum. Segment
+ *           row's own token grid). Each item runs blocks (ATTN_BT tokens, ATTN_BT_FUSED
+ *           for fused) in order: scores for all G heads of the group, online softmax,
+ *           weighted V sum; while scoring it prefetches this block's V and the next
+ *           block's K (the cache's 4 KiB pages defeat the hardware prefetcher). Segment
  *           partials (m, l, acc) are merged in segment order.
- *   prefill (n_query > 1): items (row, kv head, block of ATTN_QV / G queries). Queries are
- *           lanes: qt [dim, lanes], st [tile, lanes], ot [dim, lanes]; tiles of <= ATTN_KT
- *           tokens on the row's token grid. Every lane is an independent chain, and a tile
- *           a lane cannot see leaves it bit-for-bit unchanged, so a query's output
- *           depends only on its own range.
- * Batch invariance: every split point (segments, blocks, tiles, window/ring runs) is a
+ *   prefill (n_query > 1): items (row, kv head, block of ATTN_QV / G queries), the same for
+ *           all three sets. Query vectors are lanes: qt [dim, lanes], st [tile, lanes],
+ *           ot [dim, lanes]; tiles of <= ATTN_KT tokens on the row's token grid are decoded
+ *           once per item, then QK^T, masked online softmax and PV run as register-blocked
+ *           outer products (no horizontal sums). Lane strips that see none of a tile are
+ *           skipped; a tile a lane cannot see leaves it bit-for-bit unchanged, so a query's
+ *           output depends only on its own range.
+ * Batch invariance: every split point (segments, blocks, tiles, window / ring runs) is a
  * function of the row's token indices and its config, never of left padding, batch
  * size or thread count; each item is computed by one thread in a fixed order.
  */
@@ -43,6 +53,10 @@
 #include "cache/batch.h"
 #include "codec/codec.h"
 #include "util/common.h"
+
+/* Prefetch distances in blocks (measured: further ahead does not help). */
+#define ATTN_PF_V 0
+#define ATTN_PF_K 1
 
 // ---------------------------------------------------------------------------
 // Kernel names
@@ -138,7 +152,8 @@ static void materialise(const attn_ctx *c, const tqkv_plane *pl, attn_src *s, in
 // Decode engine (n_query == 1)
 // ---------------------------------------------------------------------------
 static size_t decode_scratch_floats(int G, int d) {
-    return (size_t)ATTN_BT_MAX * d + 2 * (size_t)G * ATTN_BT_MAX + 2 * ATTN_BT_MAX;
+    return (size_t)ATTN_BT_MAX * d + 2 * (size_t)G * ATTN_BT_MAX + 2 * ATTN_BT_MAX +
+           (size_t)G * d;
 }
 
 /* part: [G, d] acc, then m [G], l [G]. */
@@ -156,6 +171,11 @@ static void decode_item(const attn_ctx *c, const attn_item *it, float *scratch, 
     float *w = sc + (size_t)G * BT;           // [G, BT]
     float *ks = w + (size_t)G * BT;           // [BT]
     float *vs = ks + BT;                      // [BT]
+    float *qp = vs + BT;                      // [G, d] q in the K main format's layout
+    // fused: a format-specific query layout for the main K plane, prepared once per item
+    const tqkv_format kmain = b->k.codec.format;
+    const int prep = fused && c->isa->prep_q[kmain] && d >= 64;
+    if (prep) c->isa->prep_q[kmain](q, G, d, qp);
     memset(acc, 0, sizeof(float) * (size_t)G * d);
     for (int g = 0; g < G; g++) {
         m[g] = -INFINITY;
@@ -168,14 +188,24 @@ static void decode_item(const attn_ctx *c, const attn_item *it, float *scratch, 
         e = imin(e, run_at(c, &b->k, r, h, t, &sk, &rk));
         e = imin(e, run_at(c, &b->v, r, h, t, &sv, &rv));
         const int n = e - t;
-        // prefetch, spread over the scoring loop: this block's V and the next block's K
-        attn_pf pf[ATTN_NPF] = {{sv.data, sv.dstride}, {NULL, 0}};
-        if (e < it->z) {
-            attn_src nk;
-            int nr;
-            run_at(c, &b->k, r, h, e, &nk, &nr);
-            pf[1].p = nk.data;
-            pf[1].stride = nk.dstride;
+        const int run_is_main = t < plane_window_start(&b->k, b, r);
+        // prefetch, spread over the scoring loop: V ATTN_PF_V blocks ahead, K ATTN_PF_K
+        // blocks ahead (the run holding that token; a stale tail only wastes a prefetch)
+        attn_pf pf[ATTN_NPF] = {{NULL, 0}, {NULL, 0}};
+        {
+            const int tv = t + ATTN_PF_V * BT, tk = t + ATTN_PF_K * BT;
+            attn_src ps;
+            int pr;
+            if (tv < it->z) {
+                run_at(c, &b->v, r, h, tv, &ps, &pr);
+                pf[0].p = ps.data;
+                pf[0].stride = ps.dstride;
+            }
+            if (tk < it->z) {
+                run_at(c, &b->k, r, h, tk, &ps, &pr);
+                pf[1].p = ps.data;
+                pf[1].stride = ps.dstride;
+            }
         }
         // scores for the group's heads
         if (!fused) materialise(c, &b->k, &sk, rk, n, tile, NULL);
@@ -184,7 +214,10 @@ static void decode_item(const attn_ctx *c, const attn_item *it, float *scratch, 
         else
             for (int j = 0; j < n; j++) ks[j] = c->scale;
         for (int j = n; j < BT; j++) ks[j] = 1.0f;
-        c->isa->score[sk.fmt](&sk, n, q, G, sc, BT, pf);
+        if (prep && sk.fmt == kmain && run_is_main)
+            c->isa->score_prep[kmain](&sk, n, qp, G, sc, BT, pf);
+        else
+            c->isa->score[sk.fmt](&sk, n, q, G, sc, BT, pf);
         // online softmax, value weights (tq scale folded per token)
         if (!fused) materialise(c, &b->v, &sv, rv, n, tile, NULL);
         const float *vsp = NULL;

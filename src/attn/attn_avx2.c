@@ -1,8 +1,10 @@
 /*
  * attn_avx2.c - AVX2/FMA/F16C attention primitives (chosen at run time by attn.c).
- * Owns: in-register decode of every stored format (codebook lookups with
- * _mm256_permutevar8x32_ps, nibble/crumb unpacking, f16/q8/q4 conversion), the fused
- * score / accumulate loops, vector exp, the online-softmax block, and the prefill tile
+ * Owns: in-register decode of every stored format (tq4: two _mm256_permutevar8x32_ps
+ * lookups + blend, and for fused K scores a vpshufb byte-plane lookup against a query
+ * permuted once per item; tq3: one 8-entry lookup, its top index bit from a 256-entry
+ * table of the 1-bit plane byte; tq2: one in-lane 4-entry lookup; f16/q8/q4 conversion),
+ * the fused score / accumulate loops, vector exp, the online-softmax block, and the prefill tile
  * micro-kernels (QK^T and PV in query-minor layout).
  * Must not: allocate, use threads, or let a result depend on anything but its own lane:
  * every (head, token) dot product and every (head, dim) accumulator is one FMA chain in
@@ -29,42 +31,18 @@ AVX2 static AI __m256i ldzx8(const uint8_t *p) {   // 8 bytes -> 8 uint32 lanes
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p));
 }
 AVX2 static AI __m256 perm(__m256 t, __m256i i) { return _mm256_permutevar8x32_ps(t, i); }
-/* 4-entry lookup (bits 1..0 of each lane; the table repeated in both 128-bit halves). */
-AVX2 static AI __m256 perm4(__m256 t, __m256i i) {
-#if USE_PERMILPS
-    return _mm256_permutevar_ps(t, i);
-#else
-    return _mm256_permutevar8x32_ps(t, i);
-#endif
-}
+/* 4-entry lookup (bits 1..0 of each lane; the table repeated in both 128-bit halves):
+ * the in-lane vpermilps, a little cheaper than vpermps here. */
+AVX2 static AI __m256 perm4(__m256 t, __m256i i) { return _mm256_permutevar_ps(t, i); }
 /* Keep v in a register: stops GCC from folding a shared load back into every FMA as a
  * memory operand (256-bit loads, 2 per cycle, are the decode kernels' tightest port). */
 #define KEEP(v) __asm__("" : "+x"(v))
-#define ATTN_PRAGMA(x) _Pragma(#x)
-#define ATTN_UNROLL(n) ATTN_PRAGMA(GCC unroll n)
-#ifndef PF_L1_MAX_STRIDE
+/* Prefetch hint threshold: token strides up to this many bytes go to L1 (a block of a
+ * compact format is a few KiB), wider ones to L2. */
 #define PF_L1_MAX_STRIDE 160
-#endif
-#ifndef USE_PERMILPS
-#define USE_PERMILPS 1
-#endif
-#ifndef ACCUM_UNROLL
-#define ACCUM_UNROLL 1
-#endif
-#ifndef TQ3_MODE
-#define TQ3_MODE 2 /* 0: 2 lookups + blend, 1: one lookup (compare), 2: one lookup (table) */
-#endif
-#ifndef PAIR_ACC
-#define PAIR_ACC 8
-#endif
-#ifndef SCORE_PAIR
+/* Score strategy per format (measured on Zen 4): f32/f16 and tq3 decode one chunk at a time
+ * for two tokens sharing each q load; the others decode pairs, one token per step. */
 #define SCORE_PAIR(fmt) ((fmt) >= TQKV_Q8 && (fmt) != TQKV_TQ3)
-#endif
-static AI uint32_t ld32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
 
 /* r[i] = sum of a[i]'s 8 lanes, tree ((0+1)+(2+3))+((4+5)+(6+7)) for every i. */
 AVX2 static AI __m256 hsum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5,
@@ -74,6 +52,12 @@ AVX2 static AI __m256 hsum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a
     const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
                          _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* r[i] = sum of a_i's 8 lanes for i < 4 (xmm), same tree as hsum8. */
+AVX2 static AI __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
 }
 
 AVX2 static AI float hmax8(__m256 v) {
@@ -90,11 +74,12 @@ AVX2 static AI float hsum1(__m256 v) {   // fixed order
     return _mm_cvtss_f32(x);
 }
 
-/* exp(x), ~1 ulp on [-87.3, 88.7]; exactly 0 below (and for -inf); exp(0) == 1 exactly. */
+/* exp(x) for x <= 0 (every caller subtracts a running max), ~1 ulp on [-87.3, 0];
+ * exactly 0 below (and for -inf); exp(0) == 1 exactly. */
 AVX2 static AI __m256 exp8(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.33654f), hi = _mm256_set1_ps(88.37626f);
+    const __m256 lo = _mm256_set1_ps(-87.33654f);
     const __m256 zero = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    x = _mm256_max_ps(x, lo);
     const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
@@ -134,13 +119,10 @@ AVX2 static AI luts luts_make(int fmt, const float *c) {
     if (fmt == TQKV_TQ4) {   // c[0..7], c[8..15]
         L.t0 = ld(c);
         L.t1 = ld(c + 8);
-    } else if (fmt == TQKV_TQ3 && TQ3_MODE != 0) {   // one 8-entry table, 3-bit index
+    } else if (fmt == TQKV_TQ3) {   // one 8-entry table, 3-bit index
         L.t0 = ld(c);
         L.t1 = L.t0;
-    } else if (fmt == TQKV_TQ3) {   // 2-bit halves, bit 2 blends
-        L.t0 = _mm256_setr_ps(c[0], c[1], c[2], c[3], c[0], c[1], c[2], c[3]);
-        L.t1 = _mm256_setr_ps(c[4], c[5], c[6], c[7], c[4], c[5], c[6], c[7]);
-    } else if (fmt == TQKV_TQ2) {   // lane bit 2 is the next crumb: duplicate the table
+    } else if (fmt == TQKV_TQ2) {   // 4-entry in-lane table (perm4) in both 128-bit halves
         L.t0 = _mm256_setr_ps(c[0], c[1], c[2], c[3], c[0], c[1], c[2], c[3]);
         L.t1 = L.t0;
     } else {
@@ -163,13 +145,15 @@ static const int32_t TQ3_HIBITS[256][8] __attribute__((aligned(32))) = {
 #undef HB_E16
 #undef HB_E64
 
-/* tq3 chunk k, one lookup: crumb = bits 2k..2k+1 of the crumb byte (lanes of x), bit 2 =
- * bit j of the 1-bit plane's byte k (hbyte), via TQ3_HIBITS. */
-AVX2 static AI __m256 lut8_tq3_tab(luts L, __m256i x, uint8_t hbyte, int k) {
+/* tq3 chunk k of a group, one lookup. Lane j of x = crumb byte j; after the shift, lane
+ * bits 0..1 hold the crumb (bits above: later crumbs, cleared; for k = 3 none). Bit 2 comes
+ * from TQ3_HIBITS[hk] (hk = byte k of the 1-bit plane): index = crumb | h << 2; the lookup
+ * ignores higher bits. Four vector ops per 8 values (three for the first and last chunk). */
+AVX2 static AI __m256 lut8_tq3_tab(luts L, __m256i x, uint32_t hk, int k) {
     const __m256i xs = k ? _mm256_srli_epi32(x, 2 * k) : x;
+    const __m256i xc = k < 3 ? _mm256_and_si256(xs, _mm256_set1_epi32(3)) : xs;
     const __m256i idx = _mm256_or_si256(
-        _mm256_and_si256(xs, _mm256_set1_epi32(3)),
-        _mm256_load_si256((const __m256i *)(const void *)TQ3_HIBITS[hbyte]));
+        xc, _mm256_load_si256((const __m256i *)(const void *)TQ3_HIBITS[hk & 255]));
     return perm(L.t0, idx);
 }
 
@@ -178,27 +162,6 @@ AVX2 static AI __m256 lut8_tq3_tab(luts L, __m256i x, uint8_t hbyte, int k) {
 AVX2 static AI __m256 lut16(luts L, __m256i x, __m256i idx, int hbit) {
     return _mm256_blendv_ps(perm(L.t0, idx), perm(L.t1, idx),
                             _mm256_castsi256_ps(_mm256_slli_epi32(x, 31 - hbit)));
-}
-
-/* tq3 chunk k with two 4-entry lookups and a blend on the 1-bit plane. */
-AVX2 static AI __m256 lut8_tq3_blend(luts L, __m256i x, __m256i hb, int k) {
-    const __m256i xs = k ? _mm256_srli_epi32(x, 2 * k) : x;
-    const __m256i sh = _mm256_sub_epi32(_mm256_set1_epi32(31 - 8 * k),
-                                        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    return _mm256_blendv_ps(perm4(L.t0, xs), perm4(L.t1, xs),
-                            _mm256_castsi256_ps(_mm256_sllv_epi32(hb, sh)));
-}
-
-/* 8-entry lookup for tq3 chunk k: crumb = bits 2k..2k+1 of the crumb byte (lanes of x),
- * bit 2 = bit 8k + j of the 1-bit plane word hb (lane j); one lookup. */
-AVX2 static AI __m256 lut8_tq3(luts L, __m256i x, __m256i hb, int k) {
-    const __m256i bit = _mm256_sllv_epi32(_mm256_set1_epi32(1 << (8 * k)),
-                                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    const __m256i m = _mm256_cmpeq_epi32(_mm256_and_si256(hb, bit), bit);
-    const __m256i xs = k ? _mm256_srli_epi32(x, 2 * k) : x;
-    const __m256i idx = _mm256_or_si256(_mm256_and_si256(xs, _mm256_set1_epi32(3)),
-                                        _mm256_and_si256(m, _mm256_set1_epi32(4)));
-    return perm(L.t0, idx);
 }
 
 AVX2 static AI void dec_pair(int fmt, const uint8_t *pl, const uint16_t *sc, int dim, int g,
@@ -247,19 +210,9 @@ AVX2 static AI void dec_pair(int fmt, const uint8_t *pl, const uint16_t *sc, int
     }
     case TQKV_TQ3: {
         const __m256i x = ldzx8(pl + 8 * g);
-        const __m256i hb = _mm256_castps_si256(
-            _mm256_broadcast_ss((const float *)(const void *)(pl + dim / 4 + 4 * g)));
-        const uint8_t *hp = pl + dim / 4 + 4 * g + 2 * h;
-        if (TQ3_MODE == 2) {
-            *a = lut8_tq3_tab(L, x, hp[0], 2 * h);
-            *b = lut8_tq3_tab(L, x, hp[1], 2 * h + 1);
-        } else if (TQ3_MODE == 1) {
-            *a = lut8_tq3(L, x, hb, 2 * h);
-            *b = lut8_tq3(L, x, hb, 2 * h + 1);
-        } else {
-            *a = lut8_tq3_blend(L, x, hb, 2 * h);
-            *b = lut8_tq3_blend(L, x, hb, 2 * h + 1);
-        }
+        const uint8_t *hp = pl + dim / 4 + 4 * g + 2 * h;   // 1-bit plane bytes 2h, 2h+1
+        *a = lut8_tq3_tab(L, x, hp[0], 2 * h);
+        *b = lut8_tq3_tab(L, x, hp[1], 2 * h + 1);
         break;
     }
     case TQKV_TQ4: {
@@ -314,13 +267,8 @@ AVX2 static AI __m256 dec_chunk(int fmt, const uint8_t *pl, const uint16_t *sc, 
         const __m256i x = ldzx8(pl + 8 * g);
         return perm4(L.t0, k ? _mm256_srli_epi32(x, 2 * k) : x);
     }
-    case TQKV_TQ3: {
-        const __m256i x = ldzx8(pl + 8 * g);
-        if (TQ3_MODE == 2) return lut8_tq3_tab(L, x, pl[dim / 4 + 4 * g + k], k);
-        const __m256i hb = _mm256_castps_si256(
-            _mm256_broadcast_ss((const float *)(const void *)(pl + dim / 4 + 4 * g)));
-        return TQ3_MODE ? lut8_tq3(L, x, hb, k) : lut8_tq3_blend(L, x, hb, k);
-    }
+    case TQKV_TQ3:
+        return lut8_tq3_tab(L, ldzx8(pl + 8 * g), pl[dim / 4 + 4 * g + k], k);
     case TQKV_TQ4: {
         const __m256i x = ldzx8(pl + 16 * g + 8 * (k & 1));
         return k < 2 ? lut16(L, x, x, 3) : lut16(L, x, _mm256_srli_epi32(x, 4), 7);
@@ -368,8 +316,8 @@ AVX2 static AI void decode_gen(int fmt, const attn_src *s, int n, float *out,
 AVX2 static AI void score_pair_gen(int fmt, int HB, const attn_src *s, int n, const float *q,
                               float *sc, int ldsc, const attn_pf *pf) {
     const int dim = s->dim, ng = dim / 32;
-    // TS tokens x HB heads x 2 chains (the pair's a and b halves) <= PAIR_ACC accumulators
-    const int TS = PAIR_ACC / (2 * HB) > 0 ? PAIR_ACC / (2 * HB) : 1;
+    // TS tokens x HB heads x 2 chains (the pair's a and b halves) <= 8 accumulators
+    const int TS = 8 / (2 * HB) > 0 ? 8 / (2 * HB) : 1;
     const luts L = luts_make(fmt, s->cent);
     for (int t = 0; t < n; t += TS) {
         const uint8_t *pt[8];
@@ -412,7 +360,10 @@ AVX2 static AI void score_pair_gen(int fmt, int HB, const attn_src *s, int n, co
 #pragma GCC unroll 8
         for (int i = 0; i < 8; i++) sm[i] = i < TS * HB ? _mm256_add_ps(acc[2 * i], acc[2 * i + 1]) : z;
         float r[8];
-        _mm256_storeu_ps(r, hsum8(sm[0], sm[1], sm[2], sm[3], sm[4], sm[5], sm[6], sm[7]));
+        if (TS * HB <= 4)
+            _mm_storeu_ps(r, hsum4(sm[0], sm[1], sm[2], sm[3]));
+        else
+            _mm256_storeu_ps(r, hsum8(sm[0], sm[1], sm[2], sm[3], sm[4], sm[5], sm[6], sm[7]));
         for (int tt = 0; tt < TS && t + tt < n; tt++)
             for (int hh = 0; hh < HB; hh++) sc[(size_t)hh * ldsc + t + tt] = r[tt * HB + hh];
     }
@@ -486,7 +437,6 @@ AVX2 static AI void accum_step(int fmt, int HB, int CP, const attn_src *s, int n
             B[cp * HB + hh] = ld(acc + (size_t)hh * dim + 8 * chb(fmt, g, h));
         }
     }
-ATTN_UNROLL(ACCUM_UNROLL)
     for (int t = 0; t < n; t++) {
         const uint8_t *pl = s->data + (size_t)t * s->dstride;
         const uint16_t *sc = s->scales ? s->scales + (size_t)t * s->sstride : NULL;
@@ -580,6 +530,120 @@ ATTN_FMT_FUNCS(tq3, TQKV_TQ3)
 ATTN_FMT_FUNCS(tq4, TQKV_TQ4)
 
 // ---------------------------------------------------------------------------
+// tq4 scores in byte planes: the 16 centroids' 4 bytes as four 16-entry vpshufb tables;
+// 32 nibble indices -> 4 lookups + 8 unpacks -> 32 floats in "plane order" (fewer vector
+// ops than 2 x vpermps + blend per 8 values). Used for K only, against a query permuted
+// into plane order once per item (prep); V keeps natural order.
+// Plane order, per 64 dims (two groups g0 = 2 * hf, g0 + 1): vector v = 8 hf + 4 s + m
+// (s: low / high nibbles, m = 0..3) holds dims 32 g0 + 16 s + 4 m + (0..3) in lanes 0..3
+// and 32 (g0 + 1) + 16 s + 4 m + (0..3) in lanes 4..7.
+// ---------------------------------------------------------------------------
+typedef struct {
+    __m256i b0, b1, b2, b3;
+} bplanes;
+
+AVX2 static AI bplanes bplanes_make(const float *c) {
+    uint8_t t[4][32];
+    for (int k = 0; k < 16; k++) {
+        uint32_t u;
+        memcpy(&u, c + k, 4);
+        for (int j = 0; j < 4; j++) t[j][k] = t[j][k + 16] = (uint8_t)(u >> (8 * j));
+    }
+    bplanes P;
+    P.b0 = _mm256_loadu_si256((const __m256i *)(const void *)t[0]);
+    P.b1 = _mm256_loadu_si256((const __m256i *)(const void *)t[1]);
+    P.b2 = _mm256_loadu_si256((const __m256i *)(const void *)t[2]);
+    P.b3 = _mm256_loadu_si256((const __m256i *)(const void *)t[3]);
+    return P;
+}
+
+/* 32 nibble indices (bytes) -> f[0..3] (plane order, see above). */
+AVX2 static AI void bp_decode(bplanes P, __m256i idx, __m256 *f) {
+    const __m256i y0 = _mm256_shuffle_epi8(P.b0, idx), y1 = _mm256_shuffle_epi8(P.b1, idx);
+    const __m256i y2 = _mm256_shuffle_epi8(P.b2, idx), y3 = _mm256_shuffle_epi8(P.b3, idx);
+    const __m256i u0 = _mm256_unpacklo_epi8(y0, y1), u1 = _mm256_unpackhi_epi8(y0, y1);
+    const __m256i v0 = _mm256_unpacklo_epi8(y2, y3), v1 = _mm256_unpackhi_epi8(y2, y3);
+    f[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(u0, v0));
+    f[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(u0, v0));
+    f[2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(u1, v1));
+    f[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(u1, v1));
+}
+
+/* q [nh, dim] natural -> out [nh, dim] plane order (dim a multiple of 64). */
+AVX2 static void prep_q_tq4(const float *q, int nh, int dim, float *out) {
+    for (int h = 0; h < nh; h++) {
+        const float *qh = q + (size_t)h * dim;
+        float *o = out + (size_t)h * dim;
+        for (int hf = 0; hf < dim / 64; hf++)
+            for (int s = 0; s < 2; s++)
+                for (int m = 0; m < 4; m++) {
+                    const int v = 8 * hf + 4 * s + m, d0 = 64 * hf + 16 * s + 4 * m;
+                    memcpy(o + 8 * v, qh + d0, 4 * sizeof(float));
+                    memcpy(o + 8 * v + 4, qh + d0 + 32, 4 * sizeof(float));
+                }
+    }
+}
+
+/* tq4 scores of HB <= 4 heads in byte planes (q in plane order), one token per step,
+ * 2 chains per head (even / odd vectors). */
+AVX2 static AI void score_bp_gen(int HB, const attn_src *s, int n, const float *q,
+                                 float *sc, int ldsc, const attn_pf *pf) {
+    const int dim = s->dim;
+    const bplanes P = bplanes_make(s->cent);
+    const __m256i m4 = _mm256_set1_epi8(15);
+    for (int t = 0; t < n; t++) {
+        const uint8_t *pl = s->data + (size_t)t * s->dstride;
+        pf_token(pf, t);
+        __m256 acc[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+        for (int hf = 0; hf < dim / 64; hf++) {
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(pl + 32 * hf));
+#pragma GCC unroll 2
+            for (int sn = 0; sn < 2; sn++) {
+                const __m256i idx = sn ? _mm256_and_si256(_mm256_srli_epi16(x, 4), m4)
+                                       : _mm256_and_si256(x, m4);
+                __m256 f[4];
+                bp_decode(P, idx, f);
+#pragma GCC unroll 4
+                for (int m = 0; m < 4; m++) {
+                    const int v = 8 * hf + 4 * sn + m;
+#pragma GCC unroll 4
+                    for (int hh = 0; hh < HB; hh++) {
+                        const int i = 2 * hh + (m & 1);
+                        acc[i] = _mm256_fmadd_ps(f[m], ld(q + (size_t)hh * dim + 8 * v), acc[i]);
+                    }
+                }
+            }
+        }
+        __m256 sm[4];
+#pragma GCC unroll 4
+        for (int hh = 0; hh < 4; hh++)
+            sm[hh] = hh < HB ? _mm256_add_ps(acc[2 * hh], acc[2 * hh + 1]) : _mm256_setzero_ps();
+        float r[4];
+        _mm_storeu_ps(r, hsum4(sm[0], sm[1], sm[2], sm[3]));
+        for (int hh = 0; hh < HB; hh++) sc[(size_t)hh * ldsc + t] = r[hh];
+    }
+}
+
+#define ATTN_BP_SCORE(NAME, GEN)                                                             \
+    AVX2 static void NAME(const attn_src *s, int n, const float *q, int nh, float *sc,        \
+                          int ldsc, const attn_pf *pf) {                                      \
+        for (int h0 = 0; h0 < nh;) {                                                          \
+            const int hb = nh - h0 >= 4 ? 4 : nh - h0;                                        \
+            const float *qh = q + (size_t)h0 * s->dim;                                        \
+            float *sh = sc + (size_t)h0 * ldsc;                                               \
+            const attn_pf *p1 = h0 == 0 ? pf : NULL;                                          \
+            if (hb == 4) GEN(4, s, n, qh, sh, ldsc, p1);                                  \
+            else if (hb == 3) GEN(3, s, n, qh, sh, ldsc, p1);                             \
+            else if (hb == 2) GEN(2, s, n, qh, sh, ldsc, p1);                             \
+            else GEN(1, s, n, qh, sh, ldsc, p1);                                          \
+            h0 += hb;                                                                         \
+        }                                                                                     \
+    }
+ATTN_BP_SCORE(score_tq4_bp, score_bp_gen)
+
+// ---------------------------------------------------------------------------
 // Online softmax block
 // ---------------------------------------------------------------------------
 AVX2 static void v_softmax_block(float *sc, int ldsc, int n, int nh, const float *ks,
@@ -587,20 +651,18 @@ AVX2 static void v_softmax_block(float *sc, int ldsc, int n, int nh, const float
                                  float *w, int ldw) {
     const int n8 = (n + 7) & ~7;
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (int h = 0; h < nh; h++) {
-        float *s = sc + (size_t)h * ldsc;
+        const float *s = sc + (size_t)h * ldsc;
         float *wh = w + (size_t)h * ldw;
         __m256 vmax = ninf;
         for (int t = 0; t < n8; t += 8) {
             __m256 x = _mm256_mul_ps(ld(s + t), ld(ks + t));
             if (t + 8 > n) {   // tail lanes -> -inf
-                const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(t),
-                                                     _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-                const __m256 keep =
-                    _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx));
+                const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                    _mm256_set1_epi32(n), _mm256_add_epi32(_mm256_set1_epi32(t), lane)));
                 x = _mm256_blendv_ps(ninf, x, keep);
             }
-            _mm256_storeu_ps(s + t, x);
             vmax = _mm256_max_ps(vmax, x);
         }
         const float bm = hmax8(vmax);
@@ -611,7 +673,14 @@ AVX2 static void v_softmax_block(float *sc, int ldsc, int n, int nh, const float
                                 : _mm256_cvtss_f32(exp8(_mm256_set1_ps(m[h] - mn)));
         __m256 vsum = _mm256_setzero_ps();
         for (int t = 0; t < n8; t += 8) {
-            const __m256 p = exp8(_mm256_sub_ps(ld(s + t), vmn));
+            // same product as the max pass, then - mn (exact: fmsub rounds once, like sub)
+            const __m256 x = _mm256_mul_ps(ld(s + t), ld(ks + t));
+            __m256 p = exp8(_mm256_sub_ps(x, vmn));
+            if (t + 8 > n) {
+                const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                    _mm256_set1_epi32(n), _mm256_add_epi32(_mm256_set1_epi32(t), lane)));
+                p = _mm256_and_ps(p, keep);
+            }
             vsum = _mm256_add_ps(vsum, p);
             _mm256_storeu_ps(wh + t, vs ? _mm256_mul_ps(p, ld(vs + t)) : p);
         }
@@ -798,6 +867,8 @@ static const attn_isa AVX2_ISA = {
     .decode = {dec_f32, dec_f16, dec_q8, dec_q4, dec_tq2, dec_tq3, dec_tq4},
     .score = {score_f32, score_f16, score_q8, score_q4, score_tq2, score_tq3, score_tq4},
     .accum = {accum_f32, accum_f16, accum_q8, accum_q4, accum_tq2, accum_tq3, accum_tq4},
+    .prep_q = {[TQKV_TQ4] = prep_q_tq4},
+    .score_prep = {[TQKV_TQ4] = score_tq4_bp},
     .token_scales = v_token_scales,
     .rotate = v_rotate,
     .unrotate = v_unrotate,

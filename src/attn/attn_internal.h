@@ -29,7 +29,7 @@
 // ---------------------------------------------------------------------------
 #define ATTN_BT   32    /* decode engine, dense / deferred: tokens per online-softmax block */
 #ifndef ATTN_BT_FUSED
-#define ATTN_BT_FUSED 64 /* decode engine, fused: no tile to keep in L1, so a longer block */
+#define ATTN_BT_FUSED 128 /* decode engine, fused: no tile to keep in L1, so a longer block */
 #endif
 #define ATTN_BT_MAX (ATTN_BT > ATTN_BT_FUSED ? ATTN_BT : ATTN_BT_FUSED)
 #define ATTN_SEG  2048  /* decode engine: KV split of long rows (multiple of both blocks) */
@@ -78,6 +78,10 @@ typedef struct {
      * rounded up to 8 are scratch); ks [n] per-token score factors, vs [n] per-token value
      * factors (NULL = 1). Updates m, l [nh], rescales acc [nh, dim], writes the value
      * weights w [nh, ldw] = p * vs. */
+    /* Optional per-format score on a prepared query layout (NULL: none): prep_q writes
+     * q [nh, dim] into that layout once per item, score_prep then scores like score. */
+    void (*prep_q[TQKV_FORMAT_COUNT])(const float *q, int nh, int dim, float *out);
+    attn_score_fn score_prep[TQKV_FORMAT_COUNT];
     /* out[j] = mul * fp16 sc[j] for j < n (consecutive per-token tq scales). */
     void (*token_scales)(const uint16_t *sc, int n, float mul, float *out);
     /* Randomized Hadamard rotation of one vector in place, as codec_rotate /

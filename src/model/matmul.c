@@ -54,18 +54,36 @@ void mm_weight_row(const mm_weight *w, int n, float *out) {
     for (int k = 0; k < w->k; k++) out[k] = w_elem(w->data, w->type, w_index(w, n, k));
 }
 
+int mm_can_f32p(const mm_weight *w) {
+    return w->type == MM_BF16 && w->k % 16 == 0 && w->k > 0;
+}
+
+void mm_make_f32p(const mm_weight *w, float *dst, int threads) {
+    const uint16_t *src = w->data;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int n = 0; n < w->n; n++)
+        for (int k = 0; k < w->k; k += 16) {
+            const uint16_t *b = src + w_index(w, n, k); /* a 16-block is contiguous in both layouts */
+            float *d = dst + (size_t)n * w->k + k;
+            for (int j = 0; j < 8; j++) {
+                d[j] = tqkv_bf16_to_f32(b[2 * j]);
+                d[8 + j] = tqkv_bf16_to_f32(b[2 * j + 1]);
+            }
+        }
+}
+
 int mm_can_pack(const mm_weight *w) {
     return w->type == MM_BF16 && !w->packed && w->n % 8 == 0 && w->k % 16 == 0 && w->k > 0;
 }
 
-void mm_pack(const mm_weight *w, uint16_t *dst) {
+void mm_pack(const mm_weight *w, uint16_t *dst, int threads) {
     const uint16_t *src = w->data;
+    mm_weight pw = *w;
+    pw.packed = 1;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int n = 0; n < w->n; n++)
-        for (int k = 0; k < w->k; k += 16) {
-            mm_weight pw = *w;
-            pw.packed = 1;
+        for (int k = 0; k < w->k; k += 16)
             memcpy(dst + w_index(&pw, n, k), src + (size_t)n * w->k + k, 16 * sizeof(uint16_t));
-        }
 }
 
 // ---------------------------------------------------------------------------
@@ -350,6 +368,18 @@ static void range_avx2(const float *x, int m, const mm_weight *w, const float *b
         }
     }
 }
+/* Few rows on packed bf16 (batched decode): each 8-row group streams from memory once for
+ * the first row, then stays in L1 for the others; every element is still a 1x8 tile
+ * element, so the bits are those of any other tiling. */
+static void range_avx2_rowwise(const float *x, int m, const mm_weight *w, const float *bias,
+                               float *y, size_t ldy, int n0, int n1) {
+    int K = w->k;
+    const uint16_t *wb = w->data;
+    for (int n = n0; n < n1; n += 8)
+        for (int i = 0; i < m; i++)
+            tile_1x8_bf16p(x + (size_t)i * K, (size_t)K, wb + (size_t)n * K, (size_t)K,
+                           y + (size_t)i * ldy + n, ldy, K, bias ? bias + n : NULL);
+}
 #endif /* MM_X86 */
 
 // ---------------------------------------------------------------------------
@@ -417,9 +447,21 @@ void mm_matmul_ld(const float *x, int m, const mm_weight *w, const float *bias, 
             }
             permute_pairs(x, m, w->k, xp);
         }
-        int NR = tile_nr(m, w->type);
-        int unit = NR * (NR <= 3 ? 4 : 1);
-        run_split(range_avx2, xp ? xp : x, m, w, bias, y, ldy, threads, unit);
+        mm_weight wf;
+        if (xp && w->f32p && m >= MM_F32P_MIN_ROWS) { /* same order, f32 tiles */
+            wf = *w;
+            wf.data = w->f32p;
+            wf.type = MM_F32;
+            wf.packed = 0;
+            w = &wf;
+        }
+        if (w->packed && m > 1 && m < MM_F32P_MIN_ROWS) {
+            run_split(range_avx2_rowwise, xp, m, w, bias, y, ldy, threads, 8);
+        } else {
+            int NR = tile_nr(m, w->type);
+            int unit = NR * (NR <= 3 ? 4 : 1);
+            run_split(range_avx2, xp ? xp : x, m, w, bias, y, ldy, threads, unit);
+        }
         if (xp != scratch) free(xp);
         return;
     }

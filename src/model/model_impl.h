@@ -59,6 +59,7 @@ struct tqkv_model {
     int                    n_owned, cap_owned;
     size_t                 n_params;
     char                   wtype[8];
+    char                   source[1024]; /* weights file or index, for messages */
 };
 
 // ---------------------------------------------------------------------------
