@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "model/matmul.h"
+#include "model/ops.h"
 #include "testutil.h"
 #include "util/common.h"
 
@@ -197,6 +198,35 @@ static void test_blas_path(void **state) {
     free(wb); free(x); free(y); free(yr);
 }
 
+/* exp / SwiGLU: SIMD and scalar give the same bits; exp within 2e-7 relative of libm. */
+static void test_ops_exp_swiglu(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() + 5);
+    enum { N = 1003 };
+    float *x = malloc(sizeof(float) * N), *u = malloc(sizeof(float) * N), *a = malloc(sizeof(float) * N),
+          *b = malloc(sizeof(float) * N);
+    for (int i = 0; i < N; i++) x[i] = (float)(rng_uniform(&r) * 170.0 - 86.0);
+    rng_fill_normal(&r, u, N, 2.0f);
+    ops_exp(x, N, a);
+    for (int i = 0; i < N; i++) assert_true(fabs(a[i] / exp((double)x[i]) - 1) < 2e-7);
+    setenv("TQKV_NO_SIMD", "1", 1);
+    ops_exp(x, N, b);
+    unsetenv("TQKV_NO_SIMD");
+    assert_memory_equal(a, b, sizeof(float) * N);
+    for (int i = 0; i < N; i++) x[i] = (float)(rng_normal(&r) * 6);
+    ops_swiglu(x, u, N, a);
+    setenv("TQKV_NO_SIMD", "1", 1);
+    ops_swiglu(x, u, N, b);
+    unsetenv("TQKV_NO_SIMD");
+    assert_memory_equal(a, b, sizeof(float) * N);
+    for (int i = 0; i < N; i++) {
+        double ref = x[i] / (1 + exp(-(double)x[i])) * u[i];
+        assert_true(fabs(a[i] - ref) <= 1e-6 * fabs(ref) + 1e-30);
+    }
+    free(x); free(u); free(a); free(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_accuracy_and_scalar_twin),
@@ -204,6 +234,7 @@ int main(void) {
         cmocka_unit_test(test_no_simd_env),
         cmocka_unit_test(test_packed_layout),
         cmocka_unit_test(test_blas_path),
+        cmocka_unit_test(test_ops_exp_swiglu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

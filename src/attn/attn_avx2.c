@@ -242,6 +242,32 @@ AVX2 static AI void pf_token(const attn_pf *pf, int t) {
     }
 }
 
+/* Same prefetches as pf_token when every stream is NULL or at most one line per token
+ * (ok != 0): one prefetcht0 per stream and token, no loops or tests in the token loop. */
+typedef struct {
+    const char *p[ATTN_NPF];
+    size_t s[ATTN_NPF];
+    int ok;
+} pf_fast;
+static const char PF_DUMMY[64] __attribute__((aligned(64)));
+static AI pf_fast pf_fast_make(const attn_pf *pf) {
+    pf_fast F;
+    F.ok = 1;
+    for (int k = 0; k < ATTN_NPF; k++) {
+        F.p[k] = pf && pf[k].p ? (const char *)pf[k].p : PF_DUMMY;
+        F.s[k] = pf && pf[k].p ? pf[k].stride : 0;
+        if (F.s[k] > 64) F.ok = 0;
+    }
+    return F;
+}
+AVX2 static AI void pf_fast_token(const pf_fast *F, const attn_pf *pf, int t) {
+    if (F->ok) {
+        for (int k = 0; k < ATTN_NPF; k++) _mm_prefetch(F->p[k] + (size_t)t * F->s[k], _MM_HINT_T0);
+    } else {
+        pf_token(pf, t);
+    }
+}
+
 /* One chunk c (natural dims 8c .. 8c+7) of a token, same values as dec_pair. */
 AVX2 static AI __m256 dec_chunk(int fmt, const uint8_t *pl, const uint16_t *sc, int dim, int c,
                                luts L) {
@@ -557,6 +583,14 @@ AVX2 static AI bplanes bplanes_make(const float *c) {
     return P;
 }
 
+/* tq3: the 8-entry codebook, repeated for index bit 3 (never set). */
+AVX2 static AI bplanes bplanes_make8(const float *c) {
+    float c16[16];
+    memcpy(c16, c, 8 * sizeof(float));
+    memcpy(c16 + 8, c, 8 * sizeof(float));
+    return bplanes_make(c16);
+}
+
 /* 32 nibble indices (bytes) -> f[0..3] (plane order, see above). */
 AVX2 static AI void bp_decode(bplanes P, __m256i idx, __m256 *f) {
     const __m256i y0 = _mm256_shuffle_epi8(P.b0, idx), y1 = _mm256_shuffle_epi8(P.b1, idx);
@@ -586,14 +620,15 @@ AVX2 static void prep_q_tq4(const float *q, int nh, int dim, float *out) {
 
 /* tq4 scores of HB <= 4 heads in byte planes (q in plane order), one token per step,
  * 2 chains per head (even / odd vectors). */
-AVX2 static AI void score_bp_gen(int HB, const attn_src *s, int n, const float *q,
+AVX2 static AI void score_bp_gen(int HB, int DIM, const attn_src *s, int n, const float *q,
                                  float *sc, int ldsc, const attn_pf *pf) {
-    const int dim = s->dim;
+    const int dim = DIM ? DIM : s->dim;   // DIM: compile-time head dim (0: run time)
+    const pf_fast F = pf_fast_make(pf);
     const bplanes P = bplanes_make(s->cent);
     const __m256i m4 = _mm256_set1_epi8(15);
     for (int t = 0; t < n; t++) {
         const uint8_t *pl = s->data + (size_t)t * s->dstride;
-        pf_token(pf, t);
+        pf_fast_token(&F, pf, t);
         __m256 acc[8];
 #pragma GCC unroll 8
         for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
@@ -634,14 +669,87 @@ AVX2 static AI void score_bp_gen(int HB, const attn_src *s, int n, const float *
             const float *qh = q + (size_t)h0 * s->dim;                                        \
             float *sh = sc + (size_t)h0 * ldsc;                                               \
             const attn_pf *p1 = h0 == 0 ? pf : NULL;                                          \
-            if (hb == 4) GEN(4, s, n, qh, sh, ldsc, p1);                                  \
-            else if (hb == 3) GEN(3, s, n, qh, sh, ldsc, p1);                             \
-            else if (hb == 2) GEN(2, s, n, qh, sh, ldsc, p1);                             \
-            else GEN(1, s, n, qh, sh, ldsc, p1);                                          \
+            if (hb == 4 && s->dim == 128) GEN(4, 128, s, n, qh, sh, ldsc, p1);                \
+            else if (hb == 4) GEN(4, 0, s, n, qh, sh, ldsc, p1);                              \
+            else if (hb == 3) GEN(3, 0, s, n, qh, sh, ldsc, p1);                              \
+            else if (hb == 2) GEN(2, 0, s, n, qh, sh, ldsc, p1);                              \
+            else GEN(1, 0, s, n, qh, sh, ldsc, p1);                                           \
             h0 += hb;                                                                         \
         }                                                                                     \
     }
 ATTN_BP_SCORE(score_tq4_bp, score_bp_gen)
+
+// ---------------------------------------------------------------------------
+// tq3 scores in byte planes: per group the 32 3-bit indices are assembled as bytes
+// (low2 | hi << 2) with vector ops only, then looked up like tq4 (bp_decode on the
+// 8-entry codebook). Bytes come out in natural order, so bp_decode yields, for group g,
+// vector 4g + m = dims 32g + 4m + (0..3) in lanes 0..3, 32g + 16 + 4m + (0..3) in 4..7.
+// ---------------------------------------------------------------------------
+/* q [nh, dim] natural -> out [nh, dim] tq3 plane order (dim a multiple of 32). */
+AVX2 static void prep_q_tq3(const float *q, int nh, int dim, float *out) {
+    for (int h = 0; h < nh; h++) {
+        const float *qh = q + (size_t)h * dim;
+        float *o = out + (size_t)h * dim;
+        for (int g = 0; g < dim / 32; g++)
+            for (int m = 0; m < 4; m++) {
+                memcpy(o + 32 * g + 8 * m, qh + 32 * g + 4 * m, 4 * sizeof(float));
+                memcpy(o + 32 * g + 8 * m + 4, qh + 32 * g + 16 + 4 * m, 4 * sizeof(float));
+            }
+    }
+}
+
+/* Indices of group g as 32 bytes (natural order): crumbs from the 2-bit plane (qword k
+ * shifted by 2k), the top bit from the 1-bit plane (byte i/8 replicated, bit i%8 tested). */
+AVX2 static AI __m256i tq3_idx(const uint8_t *pl, int dim, int g, __m256i sh, __m256i rep,
+                              __m256i bit, __m256i m3, __m256i m4) {
+    int64_t lo;
+    int32_t hi;
+    memcpy(&lo, pl + 8 * g, 8);
+    memcpy(&hi, pl + dim / 4 + 4 * g, 4);
+    const __m256i c = _mm256_and_si256(_mm256_srlv_epi64(_mm256_set1_epi64x(lo), sh), m3);
+    const __m256i b = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(hi), rep), bit);
+    return _mm256_or_si256(c, _mm256_and_si256(_mm256_cmpeq_epi8(b, bit), m4));
+}
+
+AVX2 static AI void score_bp3_gen(int HB, int DIM, const attn_src *s, int n, const float *q,
+                                  float *sc, int ldsc, const attn_pf *pf) {
+    const int dim = DIM ? DIM : s->dim;   // DIM: compile-time head dim (0: run time)
+    const pf_fast F = pf_fast_make(pf);
+    const bplanes P = bplanes_make8(s->cent);
+    const __m256i sh = _mm256_setr_epi64x(0, 2, 4, 6);
+    const __m256i rep = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
+    for (int t = 0; t < n; t++) {
+        const uint8_t *pl = s->data + (size_t)t * s->dstride;
+        pf_fast_token(&F, pf, t);
+        __m256 acc[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+        for (int g = 0; g < dim / 32; g++) {
+            __m256 f[4];
+            bp_decode(P, tq3_idx(pl, dim, g, sh, rep, bit, m3, m4), f);
+#pragma GCC unroll 4
+            for (int m = 0; m < 4; m++) {
+#pragma GCC unroll 4
+                for (int hh = 0; hh < HB; hh++) {
+                    const int i = 2 * hh + (m & 1);
+                    acc[i] = _mm256_fmadd_ps(f[m], ld(q + (size_t)hh * dim + 32 * g + 8 * m),
+                                             acc[i]);
+                }
+            }
+        }
+        __m256 sm[4];
+#pragma GCC unroll 4
+        for (int hh = 0; hh < 4; hh++)
+            sm[hh] = hh < HB ? _mm256_add_ps(acc[2 * hh], acc[2 * hh + 1]) : _mm256_setzero_ps();
+        float r[4];
+        _mm_storeu_ps(r, hsum4(sm[0], sm[1], sm[2], sm[3]));
+        for (int hh = 0; hh < HB; hh++) sc[(size_t)hh * ldsc + t] = r[hh];
+    }
+}
+ATTN_BP_SCORE(score_tq3_bp, score_bp3_gen)
 
 // ---------------------------------------------------------------------------
 // Online softmax block
@@ -867,8 +975,8 @@ static const attn_isa AVX2_ISA = {
     .decode = {dec_f32, dec_f16, dec_q8, dec_q4, dec_tq2, dec_tq3, dec_tq4},
     .score = {score_f32, score_f16, score_q8, score_q4, score_tq2, score_tq3, score_tq4},
     .accum = {accum_f32, accum_f16, accum_q8, accum_q4, accum_tq2, accum_tq3, accum_tq4},
-    .prep_q = {[TQKV_TQ4] = prep_q_tq4},
-    .score_prep = {[TQKV_TQ4] = score_tq4_bp},
+    .prep_q = {[TQKV_TQ3] = prep_q_tq3, [TQKV_TQ4] = prep_q_tq4},
+    .score_prep = {[TQKV_TQ3] = score_tq3_bp, [TQKV_TQ4] = score_tq4_bp},
     .token_scales = v_token_scales,
     .rotate = v_rotate,
     .unrotate = v_unrotate,

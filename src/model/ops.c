@@ -1,7 +1,7 @@
 /*
  * ops.c - per-vector kernels of the forward pass (see ops.h).
  * Owns: RMSNorm, RoPE tables and rotation, SwiGLU with a vectorized exp whose scalar twin
- * gives the same bits, log-sum-exp.
+ * gives the same bits.
  * Must not: let one vector's result depend on another vector or on the SIMD choice.
  */
 #include "model/ops.h"
@@ -178,22 +178,4 @@ void ops_swiglu(const float *g, const float *u, int n, float *h) {
     }
 #endif
     for (int i = 0; i < n; i++) h[i] = g[i] / (1.0f + exp_scalar(0.0f - g[i])) * u[i];
-}
-
-// ---------------------------------------------------------------------------
-// log-sum-exp
-// ---------------------------------------------------------------------------
-
-double ops_logsumexp(const float *logits, int n) {
-    float mx = -INFINITY;
-    for (int i = 0; i < n; i++) mx = logits[i] > mx ? logits[i] : mx;
-    double s = 0;
-    float buf[256], e[256];
-    for (int i = 0; i < n; i += 256) {
-        int c = n - i < 256 ? n - i : 256;
-        for (int j = 0; j < c; j++) buf[j] = logits[i + j] - mx;
-        ops_exp(buf, c, e);
-        for (int j = 0; j < c; j++) s += e[j];
-    }
-    return (double)mx + log(s);
 }

@@ -26,9 +26,6 @@ void ops_rope_apply(float *x, int n_heads, int head_dim, const float *cos_t, con
 /* h[i] = silu(g[i]) * u[i]  (silu(g) = g / (1 + exp(-g))). [n] */
 void ops_swiglu(const float *g, const float *u, int n, float *h);
 
-/* log-softmax of logits [n] in float64: returns logsumexp; logp may be NULL. */
-double ops_logsumexp(const float *logits, int n);
-
 /* Vectorized exp (|rel err| < 2e-7 on [-87, 88]); scalar and AVX2 paths agree bitwise. */
 void ops_exp(const float *x, int n, float *out);
 
