@@ -9,13 +9,22 @@ jobs=$(nproc)
 echo "== Release build + ctest"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
-(cd build && ctest --output-on-failure -j1)
+(cd build && ctest --output-on-failure -j1) | tee build/ctest.log
 
 echo "== ASan+UBSan build + ctest"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTQKV_SANITIZE=ON >/dev/null
 cmake --build build-asan -j"$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-   ctest --output-on-failure -j1)
+   ctest --output-on-failure -j1) | tee build-asan/ctest.log
 
 echo "== fuzz: state restore (${TQKV_FUZZ_SECONDS:-60} s)"
 bash fuzz/run.sh "${TQKV_FUZZ_SECONDS:-60}"
+
+# One closing line for CI: counts over both ctest runs (a failure above already exited).
+total=0 skipped=0
+for log in build/ctest.log build-asan/ctest.log; do
+  n=$(grep -Eo 'tests failed out of [0-9]+' "$log" | grep -Eo '[0-9]+$')
+  s=$(grep -c '\*\*\*Skipped' "$log" || true)
+  total=$((total + n)) skipped=$((skipped + s))
+done
+echo "summary: $((total - skipped)) passed, 0 failed, $skipped skipped"

@@ -22,7 +22,7 @@
  *             primitives decode each token chunk in registers (codebook lookup; the fp16
  *             scale folded once per token into the score / value weight) and use it for
  *             every q head of the GQA group. f16/q8/q4 and the q8 ring decode in registers
- *             too. tq4 K scores use a vpshufb byte-plane lookup against a query permuted
+ *             too. tq4 and tq3 K scores use a vpshufb byte-plane lookup against a query permuted
  *             once per item (isa->prep_q / score_prep). n_query > 1: same as deferred (the prefill engine decodes a tile once and
  *             reuses it for up to ATTN_QV query vectors, which beats in-register decode).
  *
