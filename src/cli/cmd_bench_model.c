@@ -6,7 +6,8 @@
  *
  * For each ctx and KV format: a fresh state, prefill ctx tokens (pp t/s = ctx / time), then
  * --gen greedy decode steps at that depth (tg t/s = gen / time). Token ids are a fixed
- * pseudo-random sequence (speed does not depend on the text). Best of --reps repetitions.
+ * pseudo-random sequence (speed does not depend on the text). Best of --reps rounds;
+ * each round measures every configuration once, so noise spreads evenly.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,11 +33,43 @@ static int argmax(const float *x, int n) {
     return b;
 }
 
+/* One configuration: fresh state, prefill ctx tokens per row (all rows share one
+ * left-padded prefill), then gen greedy decode steps. Returns nonzero on failure. */
+static int measure(const tqkv_model *m, const tqkv_model_state_params *sp, const int32_t *tok,
+                   int ctx, int rows, int gen, float *logits, double *pp, double *tg,
+                   double *bpt) {
+    const int V = tqkv_model_get_config(m)->vocab_size;
+    tqkv_model_state *s = NULL;
+    if (tqkv_model_state_init(&s, m, sp) != TQKV_OK) return 1;
+    int32_t *pt = malloc(sizeof(int32_t) * (size_t)ctx * rows); // [rows, ctx]
+    if (!pt) {
+        tqkv_model_state_free(s);
+        return 1;
+    }
+    for (int r = 0; r < rows; r++) memcpy(pt + (size_t)r * ctx, tok, sizeof(int32_t) * ctx);
+    double t0 = mcli_now();
+    tqkv_status st = tqkv_model_prefill(m, s, pt, NULL, ctx, TQKV_LOGITS_LAST, logits);
+    double tp = mcli_now() - t0, td = 0;
+    free(pt);
+    for (int g = 0; g < gen && st == TQKV_OK; g++) {
+        int32_t next[64]; // [rows], rows <= 64
+        for (int r = 0; r < rows; r++) next[r] = argmax(logits + (size_t)r * V, V);
+        t0 = mcli_now();
+        st = tqkv_model_decode(m, s, next, logits);
+        td += mcli_now() - t0;
+    }
+    *pp = (double)ctx * rows / tp;
+    *tg = (double)gen * rows / td;
+    *bpt = tqkv_model_state_kv_bytes_per_token(s);
+    tqkv_model_state_free(s);
+    return st != TQKV_OK;
+}
+
 int cmd_bench_model(int argc, char **argv) {
     const char *model_arg = MCLI_DEFAULT_MODEL, *ctx_list = "512,4096",
                *kv_list = "f32,f16,q8,tq4,tq3", *prefill_kernel = "deferred",
                *decode_kernel = "fused";
-    int threads = 2, gen = 64, json = 0, window = 0, reps = 1, blas = 0, f32w = 0, rows = 1;
+    int threads = 2, gen = 64, json = 0, window = 0, reps = 3, blas = 0, f32w = 0, rows = 1;
     const arg_spec specs[] = {
         {"--model", ARG_STR, &model_arg, "model directory (default " MCLI_DEFAULT_MODEL ")"},
         {"--ctx", ARG_STR, &ctx_list, "comma-separated prefill lengths (default 512,4096)"},
@@ -45,7 +78,7 @@ int cmd_bench_model(int argc, char **argv) {
         {"--gen", ARG_INT, &gen, "decode steps after the prefill (default 64)"},
         {"--window", ARG_INT, &window, "q8 recent window of tq caches (default 0)"},
         {"--rows", ARG_INT, &rows, "rows decoded together (default 1; prefill is per row)"},
-        {"--reps", ARG_INT, &reps, "repetitions, best kept (default 1)"},
+        {"--reps", ARG_INT, &reps, "rounds over all configurations, best kept (default 3)"},
         {"--prefill-kernel", ARG_STR, &prefill_kernel, "attention kernel for prefill (default deferred)"},
         {"--decode-kernel", ARG_STR, &decode_kernel, "attention kernel for decode (default fused)"},
         {"--blas", ARG_FLAG, &blas, "OpenBLAS sgemm for prefill matmuls (not batch invariant)"},
@@ -55,7 +88,7 @@ int cmd_bench_model(int argc, char **argv) {
     const int n_specs = (int)(sizeof specs / sizeof specs[0]);
     if (args_parse(CMD, argc, argv, specs, n_specs) != 0) return 2;
     if (threads < 1 || gen < 1 || reps < 1 || window < 0 || rows < 1 || rows > 64) {
-        fprintf(stderr, "tqkv bench model: --threads, --gen, --reps, --rows must be >= 1\n");
+        fprintf(stderr, "tqkv bench model: --threads, --gen, --reps, --rows must be >= 1 (rows <= 64)\n");
         return 2;
     }
     tqkv_kernel pk, dk;
@@ -87,7 +120,16 @@ int cmd_bench_model(int argc, char **argv) {
     int max_ctx = 1;
     for (int i = 0; i < n_ctx; i++) max_ctx = ctxs[i] > max_ctx ? ctxs[i] : max_ctx;
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)max_ctx);
-    float *logits = malloc(sizeof(float) * (size_t)V * rows);
+    float *logits = malloc(sizeof(float) * (size_t)V * rows); // [rows, vocab]
+    if (!tok || !logits) {
+        fprintf(stderr, "tqkv bench model: out of memory\n");
+        free(tok);
+        free(logits);
+        free(ctx_copy);
+        free(kv_copy);
+        tqkv_model_free(m);
+        return 1;
+    }
     uint64_t z = 12345;
     for (int i = 0; i < max_ctx; i++) {
         z = z * 6364136223846793005ull + 1442695040888963407ull;
@@ -96,8 +138,9 @@ int cmd_bench_model(int argc, char **argv) {
     fprintf(stderr, "tqkv bench model: %s weights, %d threads, gen %d, rows %d, prefill kernel %s, "
             "decode kernel %s%s\n", tqkv_model_weight_type(m), threads, gen, rows,
             tqkv_kernel_name(pk), tqkv_kernel_name(dk), blas ? ", blas" : "");
-    printf("%s%-8s %-10s %12s %12s %14s\n", json ? "# " : "", "ctx", "kv", "pp t/s", "tg t/s",
-           "kv B/token");
+    /* the table is the progress display: on stderr when stdout carries JSON */
+    FILE *tab = json ? stderr : stdout;
+    fprintf(tab, "%-8s %-10s %12s %12s %14s\n", "ctx", "kv", "pp t/s", "tg t/s", "kv B/token");
     /* warm-up: map the weights in */
     {
         tqkv_model_state_params sp = tqkv_model_state_params_default();
@@ -107,15 +150,14 @@ int cmd_bench_model(int argc, char **argv) {
             tqkv_model_prefill(m, s, tok, NULL, max_ctx < 64 ? max_ctx : 64, TQKV_LOGITS_LAST, logits);
         tqkv_model_state_free(s);
     }
+    /* Repetitions are the outer loop, so every configuration is measured once per round
+     * and machine noise spreads over all of them alike; the best round is kept. */
     int rc = 0, first = 1;
-    char *out = NULL;
-    size_t out_len = 0;
-    FILE *js = open_memstream(&out, &out_len);
-    fprintf(js, "[");
-    for (int c = 0; c < n_ctx && !rc; c++)
-        for (int k = 0; k < n_kv && !rc; k++) {
-            double best_pp = 0, best_tg = 0, bpt = 0;
-            for (int r = 0; r < reps && !rc; r++) {
+    double best_pp[32 * 32] = {0}, best_tg[32 * 32] = {0}, bpt[32 * 32] = {0};
+    for (int r = 0; r < reps && !rc; r++) {
+        if (reps > 1) fprintf(stderr, "tqkv bench model: round %d/%d\n", r + 1, reps);
+        for (int c = 0; c < n_ctx && !rc; c++)
+            for (int k = 0; k < n_kv && !rc; k++) {
                 tqkv_model_state_params sp = tqkv_model_state_params_default();
                 sp.rows = rows;
                 sp.k_format = kf[k];
@@ -125,47 +167,30 @@ int cmd_bench_model(int argc, char **argv) {
                 sp.prefill_kernel = pk;
                 sp.decode_kernel = dk;
                 sp.blas = blas;
-                tqkv_model_state *s = NULL;
-                if (tqkv_model_state_init(&s, m, &sp) != TQKV_OK) {
-                    fprintf(stderr, "tqkv bench model: %s\n", tqkv_last_error());
-                    rc = 1;
-                    break;
-                }
-                /* prefill: each row its own prefill would re-run the same work; rows share
-                 * one left-padded prefill of ctx tokens each */
-                int32_t *pt = malloc(sizeof(int32_t) * (size_t)ctxs[c] * rows);
-                for (int rr = 0; rr < rows; rr++) memcpy(pt + (size_t)rr * ctxs[c], tok, sizeof(int32_t) * ctxs[c]);
-                double t0 = mcli_now();
-                tqkv_status st = tqkv_model_prefill(m, s, pt, NULL, ctxs[c], TQKV_LOGITS_LAST, logits);
-                double tp = mcli_now() - t0;
-                free(pt);
-                double td = 0;
-                for (int g = 0; g < gen && st == TQKV_OK; g++) {
-                    int32_t next[64];
-                    for (int rr = 0; rr < rows && rr < 64; rr++) next[rr] = argmax(logits + (size_t)rr * V, V);
-                    t0 = mcli_now();
-                    st = tqkv_model_decode(m, s, next, logits);
-                    td += mcli_now() - t0;
-                }
-                if (st != TQKV_OK) {
+                double pp = 0, tg = 0;
+                int i = c * 32 + k;
+                if (measure(m, &sp, tok, ctxs[c], rows, gen, logits, &pp, &tg, &bpt[i])) {
                     fprintf(stderr, "tqkv bench model: %s\n", tqkv_last_error());
                     rc = 1;
                 }
-                double pp = (double)ctxs[c] * rows / tp, tg = (double)gen * rows / td;
-                if (pp > best_pp) best_pp = pp;
-                if (tg > best_tg) best_tg = tg;
-                bpt = tqkv_model_state_kv_bytes_per_token(s);
-                tqkv_model_state_free(s);
+                if (pp > best_pp[i]) best_pp[i] = pp;
+                if (tg > best_tg[i]) best_tg[i] = tg;
             }
-            if (rc) break;
-            printf("%s%-8d %-10s %12.1f %12.1f %14.1f\n", json ? "# " : "", ctxs[c], kv_items[k],
-                   best_pp, best_tg, bpt);
-            fflush(stdout);
+    }
+    char *out = NULL;
+    size_t out_len = 0;
+    FILE *js = open_memstream(&out, &out_len);
+    fprintf(js, "[");
+    for (int c = 0; c < n_ctx && !rc; c++)
+        for (int k = 0; k < n_kv; k++) {
+            int i = c * 32 + k;
+            fprintf(tab, "%-8d %-10s %12.1f %12.1f %14.1f\n", ctxs[c], kv_items[k], best_pp[i],
+                    best_tg[i], bpt[i]);
             fprintf(js, "%s{\"ctx\": %d, \"kv\": \"%s\", \"prefill_tokens_per_s\": %.2f, "
                     "\"decode_tokens_per_s\": %.2f, \"kv_bytes_per_token\": %.1f, \"threads\": %d, "
                     "\"gen\": %d, \"rows\": %d, \"window\": %d}",
-                    first ? "" : ", ", ctxs[c], kv_items[k], best_pp, best_tg, bpt, threads, gen, rows,
-                    window);
+                    first ? "" : ", ", ctxs[c], kv_items[k], best_pp[i], best_tg[i], bpt[i], threads,
+                    gen, rows, window);
             first = 0;
         }
     fprintf(js, "]");
