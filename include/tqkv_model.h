@@ -206,7 +206,8 @@ void        tqkv_sampler_free(tqkv_sampler *s);
 void        tqkv_sampler_reset(tqkv_sampler *s, uint64_t seed);
 /* Add a token to the history (prompt and generated tokens) used by the penalty. */
 tqkv_status tqkv_sampler_accept(tqkv_sampler *s, int token);
-/* Pick a token from logits [vocab] (the array is used as scratch and modified). */
+/* Pick a token from logits [vocab] (the array is used as scratch and modified).
+ * Sampling (temperature > 0) fails with TQKV_EINVAL on NaN / +inf logits. */
 tqkv_status tqkv_sampler_sample(tqkv_sampler *s, float *logits, int *token);
 
 #ifdef __cplusplus

@@ -731,6 +731,24 @@ static void test_malformed(void **state) {
     char good[512], dir[512], a[1024], b[1024];
     tmp_dir("good", good, sizeof good);
     tiny_write(&tm, good, NULL, NULL);
+    /* a layer whose rows a scheduler filtered: forward refuses, state untouched */
+    {
+        tqkv_model *m = NULL;
+        OK(tqkv_model_load(&m, good, NULL));
+        tqkv_model_state *s = new_state(m, 2, "f32", 0, 1);
+        const int keep = 0;
+        OK(tqkv_batch_filter(tqkv_model_state_layer(s, 1), &keep, 1));
+        int32_t ids[2] = {1, 2};
+        float *lg = malloc(sizeof(float) * 2 * (size_t)TINY_SPECS[0].vocab);
+        assert_int_equal(tqkv_model_decode(m, s, ids, lg), TQKV_ESTATE);
+        assert_non_null(strstr(tqkv_last_error(), "layer 1"));
+        int off[2] = {-1, -1};
+        OK(tqkv_model_state_offsets(s, off));
+        assert_true(off[0] == 0 && off[1] == 0);
+        free(lg);
+        tqkv_model_state_free(s);
+        tqkv_model_free(m);
+    }
     /* truncated safetensors */
     tmp_dir("trunc", dir, sizeof dir);
     mkdir(dir, 0700);
@@ -796,6 +814,16 @@ static void test_malformed(void **state) {
           "\"num_key_value_heads\": 2, \"head_dim\": 32, \"rope_scaling\": {\"rope_type\": \"yarn\"}}";
     write_file(b, cfg, strlen(cfg));
     expect_load_error(dir, TQKV_EUNSUPPORTED, "config.json", "yarn");
+    cfg = "{\"architectures\": [\"Qwen3ForCausalLM\"], \"vocab_size\": 97, \"hidden_size\": 64,"
+          "\"intermediate_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+          "\"num_key_value_heads\": 2, \"head_dim\": 32, \"eos_token_id\": [2, 1e300]}";
+    write_file(b, cfg, strlen(cfg));
+    expect_load_error(dir, TQKV_ECORRUPT, "config.json", "eos_token_id");
+    cfg = "{\"architectures\": [\"Qwen3ForCausalLM\"], \"vocab_size\": 97, \"hidden_size\": 64,"
+          "\"intermediate_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+          "\"num_key_value_heads\": 2, \"head_dim\": 32, \"rms_norm_eps\": -1}";
+    write_file(b, cfg, strlen(cfg));
+    expect_load_error(dir, TQKV_ECORRUPT, "config.json", "rms_norm_eps");
     tiny_free(&tm);
 }
 

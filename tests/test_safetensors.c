@@ -128,6 +128,13 @@ static void test_damaged(void **state) {
     write_st(path_in("inv.safetensors", p, sizeof p),
              "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,4]}}", data, 40, -1);
     expect_fail(p, TQKV_ECORRUPT, "'a'", "data_offsets");
+    /* non-numeric / fractional offsets (no UB casts, no silent truncation) */
+    write_st(path_in("stroff.safetensors", p, sizeof p),
+             "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[\"0\",4]}}", data, 40, -1);
+    expect_fail(p, TQKV_ECORRUPT, "'a'", "data_offsets");
+    write_st(path_in("fracoff.safetensors", p, sizeof p),
+             "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0.5,4.5]}}", data, 40, -1);
+    expect_fail(p, TQKV_ECORRUPT, "'a'", "data_offsets");
     write_st(path_in("neg.safetensors", p, sizeof p),
              "{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", data, 40, -1);
     expect_fail(p, TQKV_ECORRUPT, "'a'", "shape");

@@ -173,11 +173,45 @@ static void test_bad_params(void **state) {
     assert_null(s);
 }
 
+/* NaN / inf logits: sampling refuses (every filter path), greedy still answers in range. */
+static void test_non_finite(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() + 11);
+    enum { V = 64 };
+    float lg[V];
+    const float bad[3] = {NAN, INFINITY, -INFINITY};
+    const float cfg[4][3] = {{1.0f, 1.0f, 0.0f}, {1.0f, 0.9f, 0.0f}, {1.0f, 1.0f, 0.1f},
+                             {1.0f, 0.9f, 0.1f}}; /* temperature, top_p, min_p */
+    for (int b = 0; b < 3; b++)
+        for (int c = 0; c < 4; c++) {
+            rng_fill_normal(&r, lg, V, 1.0f);
+            if (b == 2) { /* all -inf: no finite candidate at all */
+                for (int i = 0; i < V; i++) lg[i] = bad[b];
+            } else {
+                lg[rng_int(&r, 0, V - 1)] = bad[b];
+            }
+            tqkv_sampler *s = make(cfg[c][0], 0, cfg[c][1], cfg[c][2], 1, test_seed(), V);
+            int t = -1;
+            assert_int_equal(tqkv_sampler_sample(s, lg, &t), TQKV_EINVAL);
+            assert_int_equal(t, -1);
+            tqkv_sampler_free(s);
+        }
+    rng_fill_normal(&r, lg, V, 1.0f);
+    lg[3] = NAN;
+    tqkv_sampler *s = make(0, 0, 1, 0, 1, 0, V);
+    int t = -1;
+    assert_int_equal(tqkv_sampler_sample(s, lg, &t), TQKV_OK);
+    assert_true(t >= 0 && t < V);
+    tqkv_sampler_free(s);
+    tqkv_sampler_reset(NULL, 0); /* no-op */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_and_filters), cmocka_unit_test(test_repetition_penalty),
         cmocka_unit_test(test_reproducible),       cmocka_unit_test(test_distribution),
-        cmocka_unit_test(test_bad_params),
+        cmocka_unit_test(test_bad_params),        cmocka_unit_test(test_non_finite),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

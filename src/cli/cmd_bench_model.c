@@ -19,10 +19,13 @@
 
 static const char *CMD = "bench model";
 
-/* Split "a,b,c" into at most cap items (pointers into a strdup'd copy). */
+/* Split "a,b,c" into items (pointers into a strdup'd copy); -1 if more than cap. */
 static int split_list(char *s, char **items, int cap) {
     int n = 0;
-    for (char *tok = strtok(s, ","); tok && n < cap; tok = strtok(NULL, ",")) items[n++] = tok;
+    for (char *tok = strtok(s, ","); tok; tok = strtok(NULL, ",")) {
+        if (n == cap) return -1;
+        items[n++] = tok;
+    }
     return n;
 }
 
@@ -95,13 +98,22 @@ int cmd_bench_model(int argc, char **argv) {
     if (mcli_parse_kernel(CMD, prefill_kernel, &pk) || mcli_parse_kernel(CMD, decode_kernel, &dk))
         return 2;
     char *ctx_copy = strdup(ctx_list), *kv_copy = strdup(kv_list);
+    if (!ctx_copy || !kv_copy) {
+        fprintf(stderr, "tqkv bench model: out of memory\n");
+        free(ctx_copy);
+        free(kv_copy);
+        return 1;
+    }
     char *ctx_items[32], *kv_items[32];
     int n_ctx = split_list(ctx_copy, ctx_items, 32), n_kv = split_list(kv_copy, kv_items, 32);
     int ctxs[32];
     tqkv_format kf[32], vf[32];
-    int bad = n_ctx == 0 || n_kv == 0;
+    int bad = n_ctx <= 0 || n_kv <= 0;
+    if (bad) fprintf(stderr, "tqkv bench model: --ctx and --kv take 1 to 32 comma-separated items\n");
     for (int i = 0; i < n_ctx && !bad; i++) {
-        ctxs[i] = atoi(ctx_items[i]);
+        char *end = NULL;
+        long v = strtol(ctx_items[i], &end, 10);
+        ctxs[i] = (end && !*end && v >= 1 && v <= 1 << 20) ? (int)v : 0;
         if (ctxs[i] < 1) {
             fprintf(stderr, "tqkv bench model: bad --ctx item '%s'\n", ctx_items[i]);
             bad = 1;
@@ -180,21 +192,29 @@ int cmd_bench_model(int argc, char **argv) {
     char *out = NULL;
     size_t out_len = 0;
     FILE *js = open_memstream(&out, &out_len);
-    fprintf(js, "[");
+    if (!js) {
+        fprintf(stderr, "tqkv bench model: out of memory\n");
+        rc = 1;
+    } else {
+        fprintf(js, "[");
+    }
     for (int c = 0; c < n_ctx && !rc; c++)
         for (int k = 0; k < n_kv; k++) {
             int i = c * 32 + k;
             fprintf(tab, "%-8d %-10s %12.1f %12.1f %14.1f\n", ctxs[c], kv_items[k], best_pp[i],
                     best_tg[i], bpt[i]);
-            fprintf(js, "%s{\"ctx\": %d, \"kv\": \"%s\", \"prefill_tokens_per_s\": %.2f, "
-                    "\"decode_tokens_per_s\": %.2f, \"kv_bytes_per_token\": %.1f, \"threads\": %d, "
-                    "\"gen\": %d, \"rows\": %d, \"window\": %d}",
-                    first ? "" : ", ", ctxs[c], kv_items[k], best_pp[i], best_tg[i], bpt[i], threads,
-                    gen, rows, window);
+            fprintf(js, "%s{\"ctx\": %d, \"kv\": ", first ? "" : ", ", ctxs[c]);
+            mcli_json_string(js, kv_items[k], strlen(kv_items[k]));
+            fprintf(js, ", \"prefill_tokens_per_s\": %.2f, \"decode_tokens_per_s\": %.2f, "
+                    "\"kv_bytes_per_token\": %.1f, \"threads\": %d, \"gen\": %d, \"rows\": %d, "
+                    "\"window\": %d}",
+                    best_pp[i], best_tg[i], bpt[i], threads, gen, rows, window);
             first = 0;
         }
-    fprintf(js, "]");
-    fclose(js);
+    if (js) {
+        fprintf(js, "]");
+        fclose(js);
+    }
     if (json && !rc) printf("%s\n", out);
     free(out);
     free(tok);

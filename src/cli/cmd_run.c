@@ -22,6 +22,21 @@
 
 static const char *CMD = "run";
 
+/* Append piece [n] to the growing buffer *buf [*len of *cap]; 0 or -1 (buffer kept). */
+static int text_append(char **buf, size_t *len, size_t *cap, const char *piece, size_t n) {
+    if (*len + n + 1 > *cap) {
+        size_t nc = *cap ? *cap : 4096;
+        while (*len + n + 1 > nc) nc *= 2;
+        char *nb = realloc(*buf, nc);
+        if (!nb) return -1;
+        *buf = nb;
+        *cap = nc;
+    }
+    memcpy(*buf + *len, piece, n);
+    *len += n;
+    return 0;
+}
+
 int cmd_run(int argc, char **argv) {
     const char *model_arg = MCLI_DEFAULT_MODEL, *prompt = NULL, *prompt_file = NULL;
     const char *kv = "f32", *prefill_kernel = "deferred", *decode_kernel = "fused";
@@ -58,8 +73,8 @@ int cmd_run(int argc, char **argv) {
         args_usage(stderr, CMD, specs, n_specs);
         return 2;
     }
-    if (n_gen < 0 || window < 0 || threads < 0) {
-        fprintf(stderr, "tqkv run: -n, --window and --threads must be >= 0\n");
+    if (n_gen < 0 || n_gen > (1 << 24) || window < 0 || threads < 0) {
+        fprintf(stderr, "tqkv run: -n (at most 16777216), --window and --threads must be >= 0\n");
         return 2;
     }
     if (threads == 0) threads = mcli_cpus();
@@ -77,17 +92,24 @@ int cmd_run(int argc, char **argv) {
         if (mcli_read_file(CMD, prompt_file, &ptext, &plen)) return 1;
     } else {
         plen = strlen(prompt);
-        ptext = malloc(plen + 1);
-        memcpy(ptext, prompt, plen + 1);
+        ptext = strdup(prompt);
     }
-    if (chat) {
+    if (ptext && chat) {
         const char *pre = "<|im_start|>user\n", *post = "<|im_end|>\n<|im_start|>assistant\n";
         size_t n = strlen(pre) + plen + strlen(post);
         char *w = malloc(n + 1);
-        snprintf(w, n + 1, "%s%s%s", pre, ptext, post);
+        if (w) {
+            memcpy(w, pre, strlen(pre));
+            memcpy(w + strlen(pre), ptext, plen); /* the prompt may hold NUL bytes */
+            memcpy(w + strlen(pre) + plen, post, strlen(post) + 1);
+        }
         free(ptext);
         ptext = w;
         plen = n;
+    }
+    if (!ptext) {
+        fprintf(stderr, "tqkv run: out of memory\n");
+        return 1;
     }
 
     int rc = 1;
@@ -153,7 +175,10 @@ int cmd_run(int argc, char **argv) {
     }
     logits = malloc(sizeof(float) * (size_t)cfg->vocab_size);
     gen = malloc(sizeof(int32_t) * (size_t)(n_gen + 1));
-    if (!logits || !gen) goto done;
+    if (!logits || !gen) {
+        fprintf(stderr, "tqkv run: out of memory\n");
+        goto done;
+    }
 
     fprintf(stderr, "tqkv run: %zu prompt tokens, kv %s (%.3f bits/value), %d threads, %s\n", n_ids,
             kv, tqkv_model_state_kv_bits_per_value(s), threads,
@@ -165,12 +190,16 @@ int cmd_run(int argc, char **argv) {
     }
     double t_prefill = mcli_now() - t0, t_decode = 0;
     int n_out = 0, n_decode = 0;
-    size_t text_cap = 4096, text_len = 0;
-    char *text = malloc(text_cap);
+    size_t text_cap = 0, text_len = 0;
+    char *text = NULL;
     int last_nl = 1;
     while (n_out < n_gen) {
         int t;
-        if (tqkv_sampler_sample(smp, logits, &t) != TQKV_OK) break;
+        if (tqkv_sampler_sample(smp, logits, &t) != TQKV_OK) {
+            fprintf(stderr, "\ntqkv run: %s\n", tqkv_last_error());
+            free(text);
+            goto done;
+        }
         if (!ignore_eos && (tqkv_model_is_eos(m, t) || t == im_end)) break;
         gen[n_out++] = t;
         tqkv_sampler_accept(smp, t);
@@ -180,9 +209,7 @@ int cmd_run(int argc, char **argv) {
             fwrite(piece, 1, plen2, stdout);
             fflush(stdout);
             last_nl = piece[plen2 - 1] == '\n';
-            while (text_len + plen2 + 1 > text_cap) text = realloc(text, text_cap *= 2);
-            memcpy(text + text_len, piece, plen2);
-            text_len += plen2;
+            if (text_append(&text, &text_len, &text_cap, piece, plen2)) goto oom;
         }
         if (n_out == n_gen) break;
         double td = mcli_now();
@@ -200,9 +227,7 @@ int cmd_run(int argc, char **argv) {
     if (tqkv_decode_stream_flush(ds, &piece, &plen2) == TQKV_OK && plen2) {
         fwrite(piece, 1, plen2, stdout);
         last_nl = piece[plen2 - 1] == '\n';
-        while (text_len + plen2 + 1 > text_cap) text = realloc(text, text_cap *= 2);
-        memcpy(text + text_len, piece, plen2);
-        text_len += plen2;
+        if (text_append(&text, &text_len, &text_cap, piece, plen2)) goto oom;
     }
     double pp_tps = t_prefill > 0 ? (double)n_ids / t_prefill : 0;
     double tg_tps = t_decode > 0 ? n_decode / t_decode : 0;
@@ -227,6 +252,10 @@ int cmd_run(int argc, char **argv) {
     fflush(stdout);
     free(text);
     rc = 0;
+    goto done;
+oom:
+    fprintf(stderr, "\ntqkv run: out of memory\n");
+    free(text);
 done:
     free(logits);
     free(gen);

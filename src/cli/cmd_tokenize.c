@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "model_cli.h"
 #include "tqkv_tokenizer.h"
 
 // ---------------------------------------------------------------------------
@@ -22,56 +23,6 @@ static const char *DESCRIPTION =
     "With --json: one JSON object on stdout:\n"
     "  {\"ids\": [id, ...], \"n_tokens\": N, \"tokens\": [\"piece\", ...]}\n"
     "where tokens are the vocab strings of the ids (byte-level, e.g. \"Ġworld\" for \" world\").\n";
-
-/* Whole file (or stdin) into a malloc'd buffer. */
-static int read_all(const char *path, char **out, size_t *len) {
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) {
-        perror(path);
-        return -1;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    int err = !buf;
-    while (!err) {
-        if (n == cap) {
-            char *p = realloc(buf, cap * 2);
-            if (!p) {
-                err = 1;
-                break;
-            }
-            buf = p;
-            cap *= 2;
-        }
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (got == 0) break;
-    }
-    err |= ferror(f) != 0;
-    if (f != stdin) fclose(f);
-    if (err) {
-        fprintf(stderr, "tqkv tokenize: cannot read %s\n", path);
-        free(buf);
-        return -1;
-    }
-    *out = buf;
-    *len = n;
-    return 0;
-}
-
-static void json_string(FILE *f, const char *s, size_t len) {
-    fputc('"', f);
-    for (size_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c == '\n') fputs("\\n", f);
-        else if (c == '\t') fputs("\\t", f);
-        else if (c == '\r') fputs("\\r", f);
-        else if (c < 0x20 || c == 0x7F) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);  // UTF-8 passes through (vocab strings are valid UTF-8)
-    }
-    fputc('"', f);
-}
 
 // ---------------------------------------------------------------------------
 // Command
@@ -105,7 +56,7 @@ int cmd_tokenize(int argc, char **argv) {
     char *buf = NULL;
     size_t len = 0;
     if (file) {
-        if (read_all(file, &buf, &len) != 0) return 1;
+        if (mcli_read_file("tokenize", file, &buf, &len) != 0) return 1;
     } else {
         len = strlen(text);
     }
@@ -136,7 +87,7 @@ int cmd_tokenize(int argc, char **argv) {
             size_t plen = 0;
             tqkv_tokenizer_id_to_token(tok, ids[i], &piece, &plen);  // ids come from encode
             if (i) fputs(", ", stdout);
-            json_string(stdout, piece, plen);
+            mcli_json_string(stdout, piece, plen);
         }
         fputs("]}\n", stdout);
     } else {

@@ -117,7 +117,7 @@ void mcli_json_string(FILE *f, const char *s, size_t len) {
         case '\r': fputs("\\r", f); break;
         case '\t': fputs("\\t", f); break;
         default:
-            if (c < 0x20) fprintf(f, "\\u%04x", c);
+            if (c < 0x20 || c == 0x7F) fprintf(f, "\\u%04x", c);
             else fputc(c, f);
         }
     }

@@ -1,5 +1,5 @@
 /*
- * model_cli.h - helpers shared by the model subcommands (run, ppl, bench model).
+ * model_cli.h - helpers shared by the model subcommands (run, ppl, bench model, tokenize).
  * Owns: model directory resolution, loading with status lines, KV spec / list parsing,
  * file reading, JSON string output, timing.
  * Must not: contain model or cache logic.

@@ -127,19 +127,26 @@ static int get_bool(const cJSON *o, const char *key, int def) {
     return def;
 }
 
+/* A non-negative integer that fits an int (the cast below is then defined). */
+static int is_token_id(const cJSON *v) {
+    return cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble <= 2147483647.0 &&
+           v->valuedouble == floor(v->valuedouble);
+}
+
 /* eos_token_id: int or list of ints. Returns count (0 if absent), -1 on a bad value. */
 static int get_ids(const cJSON *o, const char *key, int *ids, int cap) {
     const cJSON *v = item(o, key);
     if (!v) return 0;
     if (cJSON_IsNumber(v)) {
+        if (!is_token_id(v)) return -1;
         ids[0] = (int)v->valuedouble;
-        return v->valuedouble >= 0 ? 1 : -1;
+        return 1;
     }
     if (!cJSON_IsArray(v)) return -1;
     int n = 0;
     const cJSON *e;
     cJSON_ArrayForEach(e, v) {
-        if (!cJSON_IsNumber(e) || e->valuedouble < 0) return -1;
+        if (!is_token_id(e)) return -1;
         if (n < cap) ids[n++] = (int)e->valuedouble;
     }
     return n;
@@ -218,6 +225,10 @@ tqkv_status model_config_parse(const char *json, size_t len, const char *name,
     }
     double eps;
     TRY(get_num(root, "rms_norm_eps", name, 1e-6, &eps));
+    if (!(eps >= 0)) {
+        cJSON_Delete(root);
+        return tqkv_fail(TQKV_ECORRUPT, "%s: \"rms_norm_eps\" must be >= 0", name);
+    }
     c.rms_norm_eps = (float)eps;
 
     /* activation and unsupported variants */
@@ -282,10 +293,11 @@ tqkv_status model_config_parse(const char *json, size_t len, const char *name,
             TRY(get_num(scal, "high_freq_factor", name, 4.0, &c.rope_high_freq_factor));
             TRY(get_int(scal, "original_max_position_embeddings", name, 8192, 1, 1 << 30,
                         &c.rope_original_max_pos));
-            if (!(c.rope_high_freq_factor > c.rope_low_freq_factor)) {
+            if (!(c.rope_high_freq_factor > c.rope_low_freq_factor) ||
+                !(c.rope_low_freq_factor > 0)) {
                 cJSON_Delete(root);
                 return tqkv_fail(TQKV_ECORRUPT, "%s: llama3 rope needs high_freq_factor > "
-                                 "low_freq_factor", name);
+                                 "low_freq_factor > 0", name);
             }
         } else {
             tqkv_status s = tqkv_fail(TQKV_EUNSUPPORTED, "%s: rope type '%s' is not supported "

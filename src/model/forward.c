@@ -277,7 +277,11 @@ static tqkv_status forward(const tqkv_model *m, tqkv_model_state *s, const int32
               NKV = c->n_kv_heads, I = c->intermediate_size, V = c->vocab_size, half = hd / 2;
     const int QD = NH * hd, KD = NKV * hd, th = s->p.threads;
 
-    /* validate before touching anything */
+    /* validate before touching anything (a scheduler may have filtered a layer's rows) */
+    for (int l = 0; l < c->n_layers; l++)
+        if (tqkv_batch_rows(s->layers[l]) != R)
+            return tqkv_fail(TQKV_ESTATE, "forward: layer %d cache holds %d rows, the state %d",
+                             l, tqkv_batch_rows(s->layers[l]), R);
     tqkv_status rc = tqkv_batch_offsets(s->layers[0], s->off, NULL);
     if (rc != TQKV_OK) return rc;
     size_t T = 0;

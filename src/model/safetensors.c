@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -193,9 +194,10 @@ static tqkv_status open_one(const char *path, int file_index, st_file *fout, st_
             count = tqkv_mul(count, (size_t)t.shape[d], &ok);
         }
         size_t nbytes = tqkv_mul(count, el, &ok);
-        double b0 = cJSON_GetArrayItem(off, 0)->valuedouble, b1 = cJSON_GetArrayItem(off, 1)->valuedouble;
-        if (!cJSON_IsNumber(cJSON_GetArrayItem(off, 0)) || !cJSON_IsNumber(cJSON_GetArrayItem(off, 1)) ||
-            b0 < 0 || b1 < b0 || b1 > 9.0e15) {
+        const cJSON *j0 = cJSON_GetArrayItem(off, 0), *j1 = cJSON_GetArrayItem(off, 1);
+        const double b0 = cJSON_IsNumber(j0) ? j0->valuedouble : -1;
+        const double b1 = cJSON_IsNumber(j1) ? j1->valuedouble : -1;
+        if (!(b0 >= 0 && b1 >= b0 && b1 <= 9.0e15) || b0 != floor(b0) || b1 != floor(b1)) {
             rc = tqkv_fail(TQKV_ECORRUPT, "%s: tensor '%s': bad data_offsets", path, name);
             goto fail;
         }

@@ -57,6 +57,7 @@ tqkv_sampler_params tqkv_sampler_params_default(void) {
 }
 
 void tqkv_sampler_reset(tqkv_sampler *s, uint64_t seed) {
+    if (!s) return;
     uint64_t z = seed;
     for (int i = 0; i < 4; i++) s->rng[i] = splitmix(&z);
     s->n_hist = 0;
@@ -192,6 +193,11 @@ tqkv_status tqkv_sampler_sample(tqkv_sampler *s, float *logits, int *token) {
         s->prob[i] = (float)exp((double)(logits[i] - mx));
         sum += s->prob[i];
     }
+    /* a NaN or +inf logit (or an overflow of l / T) makes every probability NaN, and then no
+     * candidate would survive the filters below: refuse instead of reading idx[-1] */
+    if (!isfinite(sum))
+        return tqkv_fail(TQKV_EINVAL, "sampler: logits are not finite (NaN/inf, or overflow "
+                         "at temperature %g)", (double)p->temperature);
     int n = 0;
     if (p->top_k > 0 && p->top_k < V) {
         top_k_ids(logits, V, p->top_k, s->idx);
