@@ -356,7 +356,7 @@ static void plane_encode(struct tqkv_batch *b, tqkv_plane *p, int r, int h, int 
     float tmp[512]; // [head_dim], rotated domain
     for (int i = 0; i < n; i++) {
         memcpy(tmp, x + (size_t)i * dim, (size_t)dim * sizeof(float));
-        codec_rotate(&p->codec, tmp);
+        codec_rotate_n(&p->codec, tmp, 1);
         codec_encode_rotated(&p->codec, tmp, 1, pd + (size_t)i * p->codec.payload,
                              ps + (size_t)i * p->codec.n_scales);
         if (p->has_window) {

@@ -405,13 +405,7 @@ tqkv_status tqkv_codec_decode(const tqkv_codec *c, const uint8_t *in, size_t n, 
     return TQKV_OK;
 }
 
-static tqkv_status rotate_bulk(const char *fn, const tqkv_codec *c, float *x, size_t n,
-                               int inverse) {
-    tqkv_status st = check_bulk(fn, c, x, x, n);
-    if (st != TQKV_OK) return st;
-    if (!c->rotated)
-        return tqkv_fail(TQKV_EINVAL, "%s: format %s has no rotation (tq formats only)", fn,
-                         tqkv_format_name(c->format));
+static void rotate_n(const struct tqkv_codec *c, float *x, size_t n, int inverse) {
     const int simd = tqkv_cpu_has_avx2();
     for (size_t i = 0; i < n; i++) {
         float *v = x + i * (size_t)c->dim;
@@ -427,6 +421,18 @@ static tqkv_status rotate_bulk(const char *fn, const tqkv_codec *c, float *x, si
         if (inverse) codec_unrotate(c, v);
         else codec_rotate(c, v);
     }
+}
+
+void codec_rotate_n(const struct tqkv_codec *c, float *x, size_t n) { rotate_n(c, x, n, 0); }
+
+static tqkv_status rotate_bulk(const char *fn, const tqkv_codec *c, float *x, size_t n,
+                               int inverse) {
+    tqkv_status st = check_bulk(fn, c, x, x, n);
+    if (st != TQKV_OK) return st;
+    if (!c->rotated)
+        return tqkv_fail(TQKV_EINVAL, "%s: format %s has no rotation (tq formats only)", fn,
+                         tqkv_format_name(c->format));
+    rotate_n(c, x, n, inverse);
     return TQKV_OK;
 }
 

@@ -48,6 +48,9 @@ const double *codec_lloyd_max(int bits);
 /* Rotation of one vector in place. */
 void codec_rotate(const struct tqkv_codec *c, float *x);   /* x <- H D x / sqrt(d) */
 void codec_unrotate(const struct tqkv_codec *c, float *x); /* x <- D H x / sqrt(d) */
+/* Rotate n vectors [n, dim] in place with the fastest path this CPU has (AVX2 or scalar);
+ * bitwise equal to codec_rotate on each vector. No argument checks (internal). */
+void codec_rotate_n(const struct tqkv_codec *c, float *x, size_t n);
 /* Normalized fast Walsh-Hadamard transform in place (self-inverse), O(d log d). */
 void codec_fwht(float *x, int dim);
 
