@@ -259,6 +259,18 @@ AVX2 static AI void decode_gen(int fmt, const attn_src *s, int n, float *out,
     }
 }
 
+/* Pointers to tokens t..t+TS-1 of one step (a tail past n repeats the last valid token, whose
+ * scores are computed and dropped), prefetching each. */
+AVX2 static AI void step_tokens(const attn_src *s, int t, int n, int TS, const attn_pf *pf,
+                                const uint8_t **pt, const uint16_t **st) {
+    for (int tt = 0; tt < TS; tt++) {
+        const int u = t + tt < n ? t + tt : n - 1;
+        pt[tt] = s->data + (size_t)u * s->dstride;
+        st[tt] = s->scales ? s->scales + (size_t)u * s->sstride : NULL;
+        pf_token(pf, u);
+    }
+}
+
 // ---------------------------------------------------------------------------
 // score: HB heads x TS tokens per step (HB * TS <= 8 accumulators), the token's pairs
 // decoded once and used for every head of the group.
@@ -270,14 +282,9 @@ AVX2 static AI void score_pair_gen(int fmt, int HB, const attn_src *s, int n, co
     const int TS = 8 / (2 * HB) > 0 ? 8 / (2 * HB) : 1;
     const luts L = luts_make(fmt, s->cent);
     for (int t = 0; t < n; t += TS) {
-        const uint8_t *pt[8];
-        const uint16_t *st[8];
-        for (int tt = 0; tt < TS; tt++) {
-            const int u = t + tt < n ? t + tt : n - 1;   // tail: repeat a valid token
-            pt[tt] = s->data + (size_t)u * s->dstride;
-            st[tt] = s->scales ? s->scales + (size_t)u * s->sstride : NULL;
-            pf_token(pf, u);
-        }
+        const uint8_t *pt[8];   // [TS] payload of each token of the step
+        const uint16_t *st[8];  // [TS] its scales (NULL for f32/f16)
+        step_tokens(s, t, n, TS, pf, pt, st);
         __m256 acc[16];
 #pragma GCC unroll 16
         for (int i = 0; i < 16; i++) acc[i] = _mm256_setzero_ps();
@@ -327,14 +334,9 @@ AVX2 static AI void score_chunk_gen(int fmt, int HB, const attn_src *s, int n, c
     const int TS = HB == 1 ? 8 : HB == 2 ? 4 : HB <= 4 ? 2 : 1;
     const luts L = luts_make(fmt, s->cent);
     for (int t = 0; t < n; t += TS) {
-        const uint8_t *pt[8];
-        const uint16_t *st[8];
-        for (int tt = 0; tt < TS; tt++) {
-            const int u = t + tt < n ? t + tt : n - 1;   // tail: repeat a valid token
-            pt[tt] = s->data + (size_t)u * s->dstride;
-            st[tt] = s->scales ? s->scales + (size_t)u * s->sstride : NULL;
-            pf_token(pf, u);
-        }
+        const uint8_t *pt[8];   // [TS] payload of each token of the step
+        const uint16_t *st[8];  // [TS] its scales (NULL for f32/f16)
+        step_tokens(s, t, n, TS, pf, pt, st);
         __m256 acc[8];
 #pragma GCC unroll 8
         for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
