@@ -15,6 +15,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* TQKV_API marks the exported symbols of the shared libraries (built with
+ * -fvisibility=hidden). Every public declaration carries it. */
+#ifndef TQKV_API
+#  if defined(__GNUC__) || defined(__clang__)
+#    define TQKV_API __attribute__((visibility("default")))
+#  else
+#    define TQKV_API
+#  endif
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -31,7 +41,8 @@ typedef enum {
     TQKV_ENOMEM,      /* allocation failed */
     TQKV_ECORRUPT,    /* state/file bytes truncated, corrupt or wrong version */
     TQKV_EIO,         /* file could not be read/mapped */
-    TQKV_EUNSUPPORTED /* valid input that this build does not handle */
+    TQKV_EUNSUPPORTED, /* valid input that this build does not handle */
+    TQKV_EBUSY         /* a bounded resource is full right now (queue, budget); retry later */
 } tqkv_status;
 
 /* Message for the last failing call on this thread ("" if none). */

@@ -35,6 +35,7 @@ const char *tqkv_status_name(tqkv_status s) {
     case TQKV_ECORRUPT: return "corrupt data";
     case TQKV_EIO: return "i/o error";
     case TQKV_EUNSUPPORTED: return "unsupported";
+    case TQKV_EBUSY: return "busy";
     }
     return "unknown status";
 }

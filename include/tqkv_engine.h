@@ -1,0 +1,193 @@
+/*
+ * tqkv_engine.h - public API of the serving engine: continuous batching of generation
+ * requests over one model state whose rows are the running requests, on the batched
+ * compressed KV cache.
+ *
+ * Owns: the scheduler (queue, admission by KV budget, chunked prefill of newcomers,
+ * merge into the running batch, decode steps, filter of finished rows), per-request
+ * sampling, stop strings and EOS, batched speculative decoding with a draft model, and
+ * the prefix cache of compressed rows (in memory, optionally persisted to a directory).
+ * Must not: speak HTTP or JSON, render chat templates (callers pass token ids), print.
+ *
+ * Threading: tqkv_engine_submit / _cancel / _stats / _drain are thread-safe. Either
+ * call tqkv_engine_start() once (steps run on an engine thread) or drive the engine
+ * with tqkv_engine_step() from one thread (tests, the CLI); not both.
+ *
+ * Determinism (product rule): a greedy request, or a sampled one with a seed, yields
+ * the same tokens whether it runs alone or beside any other requests, with or without
+ * a draft model, on a prefix-cache hit or a miss.
+ *
+ * Every call returns a tqkv_status with the message in tqkv_last_error(); a failing
+ * call changes nothing.
+ */
+#ifndef TQKV_ENGINE_H
+#define TQKV_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tqkv.h"
+#include "tqkv_model.h"
+#include "tqkv_tokenizer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------- */
+/* Engine parameters                                                          */
+/* ------------------------------------------------------------------------- */
+
+typedef struct {
+    const char *model_dir;        /* required: HF checkpoint directory */
+    const char *draft_dir;        /* draft model for speculation; NULL = none */
+    int         draft_tokens;     /* K tokens drafted per round (default 4) */
+    tqkv_format k_format;         /* default tq4 */
+    tqkv_format v_format;         /* default tq4 */
+    int         window;           /* q8 recent window (0 = off) */
+    int         parallel;         /* most rows decoding at once (default 16) */
+    size_t      kv_budget;        /* bytes of KV (plus per-row state) for running rows and
+                                     their projected growth; 0 = default (documented in
+                                     the implementation: a fraction of physical RAM) */
+    int         queue_max;        /* requests waiting for admission; past it submit
+                                     returns TQKV_EBUSY (default 256) */
+    int         threads;          /* compute threads (default 1) */
+    int         prefill_chunk;    /* prompt tokens prefilled per step per newcomer batch,
+                                     so running rows keep a bounded step time (default 256) */
+    size_t      prefix_cache_bytes; /* in-memory prefix cache budget; 0 = off */
+    const char *prompt_cache_dir; /* persist prefix-cache entries here (state export
+                                     format); NULL = memory only */
+    int         verbose;          /* progress lines on stderr */
+} tqkv_engine_params;
+
+TQKV_API tqkv_engine_params tqkv_engine_params_default(void);
+
+typedef struct tqkv_engine tqkv_engine;
+
+/* Loads the model (and draft) and its tokenizer. */
+TQKV_API tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *p);
+/* Stops the engine thread if any; requests still open get a final CANCELLED event. */
+TQKV_API void        tqkv_engine_free(tqkv_engine *e);
+
+TQKV_API const tqkv_model     *tqkv_engine_model(const tqkv_engine *e);
+TQKV_API const tqkv_tokenizer *tqkv_engine_tokenizer(const tqkv_engine *e);
+/* Largest prompt + generated tokens a request may reach (max_position_embeddings). */
+TQKV_API int                   tqkv_engine_context_len(const tqkv_engine *e);
+/* Model name for /v1/models: the checkpoint directory's last path component. */
+TQKV_API const char           *tqkv_engine_model_name(const tqkv_engine *e);
+
+/* ------------------------------------------------------------------------- */
+/* Requests and their events                                                  */
+/* ------------------------------------------------------------------------- */
+
+typedef enum {
+    TQKV_FINISH_NONE = 0,  /* not finished (a token event) */
+    TQKV_FINISH_STOP,      /* EOS or a stop string */
+    TQKV_FINISH_LENGTH,    /* max_tokens or the context limit */
+    TQKV_FINISH_CANCELLED, /* tqkv_engine_cancel, or engine freed */
+    TQKV_FINISH_ERROR      /* see event.error */
+} tqkv_finish_reason;
+
+#define TQKV_MAX_TOP_LOGPROBS 20
+
+/* One event per generated token, then one final event (done = 1). The final event may
+ * carry the last token too (token >= 0) or none (token = -1). Pointers in an event are
+ * valid only during the callback. */
+typedef struct {
+    int32_t            token;         /* generated token id, or -1 */
+    const char        *text;          /* UTF-8 released with this event (may be empty:
+                                         held back for stop-string matching or an
+                                         incomplete character); never includes a stop
+                                         string; concatenated over events = the output */
+    size_t             text_len;
+    float              logprob;       /* log-softmax of the model's raw logits at token */
+    int                n_top;         /* entries in top_ids / top_logprobs */
+    const int32_t     *top_ids;       /* [n_top] most likely tokens, best first */
+    const float       *top_logprobs;  /* [n_top] */
+    int                done;          /* 1 on the last event */
+    tqkv_finish_reason finish;        /* set when done */
+    const char        *error;         /* message when finish == TQKV_FINISH_ERROR */
+    int                prompt_tokens;
+    int                completion_tokens;
+    int                cached_tokens; /* prompt tokens served from the prefix cache */
+} tqkv_engine_event;
+
+/* Called on the engine's thread; must return quickly and must not call the engine
+ * except tqkv_engine_cancel. */
+typedef void (*tqkv_engine_event_fn)(void *user, uint64_t id, const tqkv_engine_event *ev);
+
+typedef struct {
+    const int32_t      *prompt;       /* [n_prompt] token ids, n_prompt >= 1 (copied) */
+    int                 n_prompt;
+    int                 max_tokens;   /* >= 1 */
+    tqkv_sampler_params sampling;     /* temperature 0 = greedy; seed used when sampling */
+    const char *const  *stop;         /* [n_stop] stop strings (copied), n_stop <= 16 */
+    int                 n_stop;
+    int                 ignore_eos;
+    int                 top_logprobs; /* -1 = no logprobs; 0..TQKV_MAX_TOP_LOGPROBS */
+    tqkv_engine_event_fn on_event;    /* required */
+    void               *user;
+} tqkv_engine_request;
+
+/* Queue a request. TQKV_EINVAL: bad field (message names it). TQKV_ERANGE: n_prompt +
+ * max_tokens exceeds tqkv_engine_context_len (message gives both). TQKV_EBUSY: the wait
+ * queue is full. TQKV_ESTATE: draining. On success *id identifies the request and
+ * events will follow (possibly before this call returns when the engine is threaded). */
+TQKV_API tqkv_status tqkv_engine_submit(tqkv_engine *e, const tqkv_engine_request *r,
+                                        uint64_t *id);
+/* The request's row is freed at the next step; its final event has FINISH_CANCELLED.
+ * Unknown or finished id: TQKV_EINVAL. */
+TQKV_API tqkv_status tqkv_engine_cancel(tqkv_engine *e, uint64_t id);
+
+/* ------------------------------------------------------------------------- */
+/* Driving the engine                                                         */
+/* ------------------------------------------------------------------------- */
+
+/* One scheduler step on the calling thread: admit, prefill a chunk, decode (or run a
+ * speculative round), emit events, retire. *busy = 1 while requests remain. */
+TQKV_API tqkv_status tqkv_engine_step(tqkv_engine *e, int *busy);
+/* Run steps on an engine thread until drained or freed. */
+TQKV_API tqkv_status tqkv_engine_start(tqkv_engine *e);
+/* Stop admission (submit -> TQKV_ESTATE), then block until every queued and running
+ * request has finished. */
+TQKV_API tqkv_status tqkv_engine_drain(tqkv_engine *e);
+
+/* ------------------------------------------------------------------------- */
+/* Statistics (for /metrics)                                                  */
+/* ------------------------------------------------------------------------- */
+
+/* Latency histogram bucket upper bounds in seconds (Prometheus "le"), +Inf implied. */
+#define TQKV_ENGINE_LAT_BUCKETS 12
+TQKV_API const double *tqkv_engine_latency_buckets(void); /* [TQKV_ENGINE_LAT_BUCKETS] */
+
+typedef struct {
+    uint64_t count;                                /* observations */
+    double   sum;                                  /* seconds */
+    uint64_t bucket[TQKV_ENGINE_LAT_BUCKETS + 1];  /* cumulative counts, last = +Inf */
+} tqkv_engine_histogram;
+
+typedef struct {
+    uint64_t requests_finished[TQKV_FINISH_ERROR + 1]; /* by finish reason */
+    uint64_t prompt_tokens;        /* prompt tokens of admitted requests */
+    uint64_t generated_tokens;
+    int      running;              /* rows in the batch */
+    int      queued;               /* requests waiting */
+    size_t   kv_bytes_used;        /* bytes the running rows' caches hold now */
+    size_t   kv_budget;
+    double   kv_bytes_per_token;   /* over all layers, K and V */
+    uint64_t prefix_hits, prefix_misses;
+    uint64_t prefix_tokens_reused;
+    size_t   prefix_cache_bytes;   /* held by the prefix cache now */
+    uint64_t spec_rounds;
+    uint64_t spec_drafted;         /* draft tokens proposed */
+    uint64_t spec_accepted;        /* of which the target accepted */
+    tqkv_engine_histogram ttft;    /* submit -> first token */
+    tqkv_engine_histogram itl;     /* between consecutive tokens of a request */
+} tqkv_engine_stats;
+
+TQKV_API tqkv_status tqkv_engine_stats_get(tqkv_engine *e, tqkv_engine_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TQKV_ENGINE_H */
