@@ -2,7 +2,7 @@
  * cmd_tokenize.c - `tqkv tokenize`: text -> token ids with a model's tokenizer.json.
  *
  * Owns: argument handling and printing of the tokenize subcommand. Must not: contain
- * tokenizer logic (that is src/model/tokenizer*.c behind tqkv_tokenizer.h).
+ * tokenizer logic (that is src/tokenizer/tokenizer*.c behind tqkv_tokenizer.h).
  */
 #include <stdio.h>
 #include <stdlib.h>

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <utf8proc.h>
 
-#include "model/tokenizer_internal.h"
+#include "tokenizer/tokenizer_internal.h"
 
 // ---------------------------------------------------------------------------
 // Byte buffers and piece lists

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/tokenizer_internal.h"
+#include "tokenizer/tokenizer_internal.h"
 
 // ---------------------------------------------------------------------------
 // Lookups

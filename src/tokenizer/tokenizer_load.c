@@ -15,7 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "model/tokenizer_internal.h"
+#include "tokenizer/tokenizer_internal.h"
 
 // ---------------------------------------------------------------------------
 // Files and JSON

@@ -4,7 +4,7 @@
  *
  * Owns: the tokenizer struct, hash maps, piece lists, the regex wrapper (the per-call
  * encoder scratch is private to tokenizer_encode.c). Must not: be included outside
- * src/model/tokenizer*.c; hold global mutable state (everything lives in a tokenizer or
+ * src/tokenizer/tokenizer*.c; hold global mutable state (everything lives in a tokenizer or
  * in one encode call's scratch).
  * Internal names are prefixed tkz_. Files: tokenizer_text.c (buffers, maps, UTF-8, regex),
  * tokenizer_load.c (JSON -> tables), tokenizer_encode.c (text -> ids), tokenizer.c
