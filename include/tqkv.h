@@ -46,8 +46,8 @@ typedef enum {
 } tqkv_status;
 
 /* Message for the last failing call on this thread ("" if none). */
-const char *tqkv_last_error(void);
-const char *tqkv_status_name(tqkv_status s);
+TQKV_API const char *tqkv_last_error(void);
+TQKV_API const char *tqkv_status_name(tqkv_status s);
 
 /* ------------------------------------------------------------------------- */
 /* Formats                                                                    */
@@ -72,15 +72,15 @@ typedef enum {
     TQKV_FORMAT_COUNT
 } tqkv_format;
 
-tqkv_status tqkv_format_parse(const char *name, tqkv_format *out);
-const char *tqkv_format_name(tqkv_format f);
-int         tqkv_format_is_tq(tqkv_format f);            /* 1 for tq2/tq3/tq4 */
-int         tqkv_format_tq_bits(tqkv_format f);          /* 2..4, 0 otherwise */
+TQKV_API tqkv_status tqkv_format_parse(const char *name, tqkv_format *out);
+TQKV_API const char *tqkv_format_name(tqkv_format f);
+TQKV_API int         tqkv_format_is_tq(tqkv_format f);            /* 1 for tq2/tq3/tq4 */
+TQKV_API int         tqkv_format_tq_bits(tqkv_format f);          /* 2..4, 0 otherwise */
 /* Bytes of one encoded vector of `dim` values; 0 if dim or format is invalid. */
-size_t      tqkv_format_bytes(tqkv_format f, int dim);
-double      tqkv_format_bits_per_value(tqkv_format f, int dim);
+TQKV_API size_t      tqkv_format_bytes(tqkv_format f, int dim);
+TQKV_API double      tqkv_format_bits_per_value(tqkv_format f, int dim);
 /* dim must be a power of two in [32, 512]. */
-tqkv_status tqkv_check_dim(int dim);
+TQKV_API tqkv_status tqkv_check_dim(int dim);
 
 /* ------------------------------------------------------------------------- */
 /* Codec: one format at one dim, with its rotation                            */
@@ -89,16 +89,16 @@ tqkv_status tqkv_check_dim(int dim);
 typedef struct tqkv_codec tqkv_codec;
 
 /* seed picks the rotation's sign flips (tq formats); it is part of a cache's state. */
-tqkv_status tqkv_codec_init(tqkv_codec **out, tqkv_format f, int dim, uint64_t seed);
-void        tqkv_codec_free(tqkv_codec *c);
-size_t      tqkv_codec_bytes(const tqkv_codec *c);       /* bytes per vector */
+TQKV_API tqkv_status tqkv_codec_init(tqkv_codec **out, tqkv_format f, int dim, uint64_t seed);
+TQKV_API void        tqkv_codec_free(tqkv_codec *c);
+TQKV_API size_t      tqkv_codec_bytes(const tqkv_codec *c);       /* bytes per vector */
 /* x: [n, dim] floats -> out: [n, bytes] (payload then scales, see docs/FORMATS.md) */
-tqkv_status tqkv_codec_encode(const tqkv_codec *c, const float *x, size_t n, uint8_t *out);
+TQKV_API tqkv_status tqkv_codec_encode(const tqkv_codec *c, const float *x, size_t n, uint8_t *out);
 /* in: [n, bytes] -> x: [n, dim] */
-tqkv_status tqkv_codec_decode(const tqkv_codec *c, const uint8_t *in, size_t n, float *x);
+TQKV_API tqkv_status tqkv_codec_decode(const tqkv_codec *c, const uint8_t *in, size_t n, float *x);
 /* Randomized Hadamard rotation of n vectors in place: x <- H D x / sqrt(dim). */
-tqkv_status tqkv_codec_rotate(const tqkv_codec *c, float *x, size_t n);
-tqkv_status tqkv_codec_unrotate(const tqkv_codec *c, float *x, size_t n);
+TQKV_API tqkv_status tqkv_codec_rotate(const tqkv_codec *c, float *x, size_t n);
+TQKV_API tqkv_status tqkv_codec_unrotate(const tqkv_codec *c, float *x, size_t n);
 
 /* ------------------------------------------------------------------------- */
 /* Cache configuration                                                        */
@@ -117,9 +117,9 @@ typedef struct {
 } tqkv_cache_config;
 
 /* kv_heads 1, head_dim 128, tq4/tq4, seed 0, window off, slack 32. */
-tqkv_cache_config tqkv_cache_config_default(void);
+TQKV_API tqkv_cache_config tqkv_cache_config_default(void);
 /* Parses "tq4", "tq4/tq3", "f16" into k/v formats. */
-tqkv_status tqkv_kv_spec_parse(const char *spec, tqkv_format *k, tqkv_format *v);
+TQKV_API tqkv_status tqkv_kv_spec_parse(const char *spec, tqkv_format *k, tqkv_format *v);
 
 /* ------------------------------------------------------------------------- */
 /* Attention kernels                                                          */
@@ -132,8 +132,8 @@ typedef enum {
     TQKV_KERNEL_COUNT
 } tqkv_kernel;
 
-tqkv_status tqkv_kernel_parse(const char *name, tqkv_kernel *out);
-const char *tqkv_kernel_name(tqkv_kernel k);
+TQKV_API tqkv_status tqkv_kernel_parse(const char *name, tqkv_kernel *out);
+TQKV_API const char *tqkv_kernel_name(tqkv_kernel k);
 
 typedef struct {
     int         q_heads;   /* multiple of kv_heads */
@@ -161,12 +161,12 @@ typedef struct {
 
 /* A lease holds the last mask built and its key (n_query, window, offsets, pads). */
 typedef struct tqkv_mask_lease tqkv_mask_lease;
-tqkv_status tqkv_mask_lease_init(tqkv_mask_lease **out);
-void        tqkv_mask_lease_free(tqkv_mask_lease *l);
+TQKV_API tqkv_status tqkv_mask_lease_init(tqkv_mask_lease **out);
+TQKV_API void        tqkv_mask_lease_free(tqkv_mask_lease *l);
 /* How many masks this lease has built (a rebuild happens only when the key changes). */
-int         tqkv_mask_lease_builds(const tqkv_mask_lease *l);
+TQKV_API int         tqkv_mask_lease_builds(const tqkv_mask_lease *l);
 /* Dense additive form for tests and other backends: out [rows, n_query, cols], 0 or -inf. */
-tqkv_status tqkv_mask_to_dense(const tqkv_mask *m, int cols, float *out);
+TQKV_API tqkv_status tqkv_mask_to_dense(const tqkv_mask *m, int cols, float *out);
 
 /* ------------------------------------------------------------------------- */
 /* Single-sequence cache (one layer)                                          */
@@ -174,27 +174,27 @@ tqkv_status tqkv_mask_to_dense(const tqkv_mask *m, int cols, float *out);
 
 typedef struct tqkv_cache tqkv_cache;
 
-tqkv_status tqkv_cache_init(tqkv_cache **out, const tqkv_cache_config *cfg);
-void        tqkv_cache_free(tqkv_cache *c);
-const tqkv_cache_config *tqkv_cache_get_config(const tqkv_cache *c);
-int         tqkv_cache_length(const tqkv_cache *c);
+TQKV_API tqkv_status tqkv_cache_init(tqkv_cache **out, const tqkv_cache_config *cfg);
+TQKV_API void        tqkv_cache_free(tqkv_cache *c);
+TQKV_API const tqkv_cache_config *tqkv_cache_get_config(const tqkv_cache *c);
+TQKV_API int         tqkv_cache_length(const tqkv_cache *c);
 /* k, v: [kv_heads, n, head_dim] */
-tqkv_status tqkv_cache_append(tqkv_cache *c, const float *k, const float *v, int n);
+TQKV_API tqkv_status tqkv_cache_append(tqkv_cache *c, const float *k, const float *v, int n);
 /* Decode tokens [start, start+n) back to floats: k, v: [kv_heads, n, head_dim]. */
-tqkv_status tqkv_cache_read(const tqkv_cache *c, int start, int n, float *k, float *v);
+TQKV_API tqkv_status tqkv_cache_read(const tqkv_cache *c, int start, int n, float *k, float *v);
 /* q, out: [q_heads, n_query, head_dim]; the queries are the newest n_query tokens (causal). */
-tqkv_status tqkv_cache_attend(const tqkv_cache *c, const float *q, int n_query,
+TQKV_API tqkv_status tqkv_cache_attend(const tqkv_cache *c, const float *q, int n_query,
                               const tqkv_attn_params *p, float *out);
-tqkv_status tqkv_cache_trim(tqkv_cache *c, int n);
-double      tqkv_cache_bytes_per_token(const tqkv_cache *c);
-size_t      tqkv_cache_projected_bytes(const tqkv_cache *c, int tokens);
+TQKV_API tqkv_status tqkv_cache_trim(tqkv_cache *c, int n);
+TQKV_API double      tqkv_cache_bytes_per_token(const tqkv_cache *c);
+TQKV_API size_t      tqkv_cache_projected_bytes(const tqkv_cache *c, int tokens);
 /* Smallest length this cache can be trimmed back to with bytes identical to a fresh
  * cache fed the same prefix (a prompt cache may reuse any prefix at least this long).
  * Above the length when no non-empty prefix qualifies (after a trim beyond window_slack). */
-int         tqkv_cache_min_reusable_offset(const tqkv_cache *c);
+TQKV_API int         tqkv_cache_min_reusable_offset(const tqkv_cache *c);
 /* State: versioned, checksummed. *out is malloc'd; free() it. */
-tqkv_status tqkv_cache_export(const tqkv_cache *c, uint8_t **out, size_t *len);
-tqkv_status tqkv_cache_restore(tqkv_cache **out, const uint8_t *buf, size_t len);
+TQKV_API tqkv_status tqkv_cache_export(const tqkv_cache *c, uint8_t **out, size_t *len);
+TQKV_API tqkv_status tqkv_cache_restore(tqkv_cache **out, const uint8_t *buf, size_t len);
 
 /* ------------------------------------------------------------------------- */
 /* Batched cache (one layer, many rows)                                       */
@@ -203,32 +203,32 @@ tqkv_status tqkv_cache_restore(tqkv_cache **out, const uint8_t *buf, size_t len)
 typedef struct tqkv_batch tqkv_batch;
 
 /* rows may be 0 (make_empty_batch). */
-tqkv_status tqkv_batch_init(tqkv_batch **out, const tqkv_cache_config *cfg, int rows);
-void        tqkv_batch_free(tqkv_batch *b);   /* dispose */
-const tqkv_cache_config *tqkv_batch_get_config(const tqkv_batch *b);
-int         tqkv_batch_rows(const tqkv_batch *b);
+TQKV_API tqkv_status tqkv_batch_init(tqkv_batch **out, const tqkv_cache_config *cfg, int rows);
+TQKV_API void        tqkv_batch_free(tqkv_batch *b);   /* dispose */
+TQKV_API const tqkv_cache_config *tqkv_batch_get_config(const tqkv_batch *b);
+TQKV_API int         tqkv_batch_rows(const tqkv_batch *b);
 /* Tokens held per row and left padding per row; either pointer may be NULL. [rows] */
-tqkv_status tqkv_batch_offsets(const tqkv_batch *b, int *offset, int *left_pad);
+TQKV_API tqkv_status tqkv_batch_offsets(const tqkv_batch *b, int *offset, int *left_pad);
 /* Columns in use: max over rows of left_pad + offset. */
-int         tqkv_batch_columns(const tqkv_batch *b);
+TQKV_API int         tqkv_batch_columns(const tqkv_batch *b);
 /* "kv:batched-tq:4:3" style name of the format. */
-const char *tqkv_batch_signature(const tqkv_batch *b);
+TQKV_API const char *tqkv_batch_signature(const tqkv_batch *b);
 
 /* Append n tokens to every row. k, v: [rows, kv_heads, n, head_dim].
  * n == 1 is a decode append; n > 1 a window append. During a prefill (below),
  * the first pad[r] tokens of row r are padding and are not stored. */
-tqkv_status tqkv_batch_append(tqkv_batch *b, const float *k, const float *v, int n);
+TQKV_API tqkv_status tqkv_batch_append(tqkv_batch *b, const float *k, const float *v, int n);
 
 /* Left-padded batched prefill. Rows must be empty. lengths: [rows], each >= 1.
  * The next append must carry max(lengths) tokens per row; row r's first
  * max - lengths[r] are padding. finalize ends the prefill state. */
-tqkv_status tqkv_batch_prepare_prefill(tqkv_batch *b, const int *lengths);
-tqkv_status tqkv_batch_finalize_prefill(tqkv_batch *b);
+TQKV_API tqkv_status tqkv_batch_prepare_prefill(tqkv_batch *b, const int *lengths);
+TQKV_API tqkv_status tqkv_batch_finalize_prefill(tqkv_batch *b);
 /* Right-padded prefill: cut each row back to ends[r] tokens (ends[r] <= offset[r]). */
-tqkv_status tqkv_batch_restore_prefill_ends(tqkv_batch *b, const int *ends);
+TQKV_API tqkv_status tqkv_batch_restore_prefill_ends(tqkv_batch *b, const int *ends);
 
 /* Drop the newest n tokens of every row (n <= min offset). */
-tqkv_status tqkv_batch_trim(tqkv_batch *b, int n);
+TQKV_API tqkv_status tqkv_batch_trim(tqkv_batch *b, int n);
 
 /* Row changes: copy encoded bytes; never decode, rotate or requantize. */
 typedef struct {
@@ -236,43 +236,43 @@ typedef struct {
     const tqkv_cache *single;
 } tqkv_cache_ref;
 /* New batch whose rows are the items' rows in order, right-aligned (left-padded). */
-tqkv_status tqkv_batch_merge(tqkv_batch **out, const tqkv_cache_ref *items, int n_items);
+TQKV_API tqkv_status tqkv_batch_merge(tqkv_batch **out, const tqkv_cache_ref *items, int n_items);
 /* Keep rows keep[0..n_keep) in that order (indices distinct); common left pad removed. */
-tqkv_status tqkv_batch_filter(tqkv_batch *b, const int *keep, int n_keep);
-tqkv_status tqkv_batch_extract(const tqkv_batch *b, int row, tqkv_cache **out);
+TQKV_API tqkv_status tqkv_batch_filter(tqkv_batch *b, const int *keep, int n_keep);
+TQKV_API tqkv_status tqkv_batch_extract(const tqkv_batch *b, int row, tqkv_cache **out);
 /* Move each row so that its left padding is left_pad[r]. [rows] */
-tqkv_status tqkv_batch_align(tqkv_batch *b, const int *left_pad);
+TQKV_API tqkv_status tqkv_batch_align(tqkv_batch *b, const int *left_pad);
 
 /* Speculative rounds. keep: n_keep == 1 (same for all rows) or n_keep == rows. */
-tqkv_status tqkv_batch_spec_begin(tqkv_batch *b);
-tqkv_status tqkv_batch_spec_commit(tqkv_batch *b);
-tqkv_status tqkv_batch_spec_rollback(tqkv_batch *b, const int *keep, int n_keep);
-int         tqkv_batch_spec_active(const tqkv_batch *b);
+TQKV_API tqkv_status tqkv_batch_spec_begin(tqkv_batch *b);
+TQKV_API tqkv_status tqkv_batch_spec_commit(tqkv_batch *b);
+TQKV_API tqkv_status tqkv_batch_spec_rollback(tqkv_batch *b, const int *keep, int n_keep);
+TQKV_API int         tqkv_batch_spec_active(const tqkv_batch *b);
 
 /* Mask for n_query queries per row (the newest n_query columns). *out is NULL when
  * no mask is needed: n_query == 1, window == 0, every row unpadded at one offset.
  * The mask lives in the lease until the next call with a different key. */
-tqkv_status tqkv_batch_make_mask(const tqkv_batch *b, tqkv_mask_lease *lease, int n_query,
+TQKV_API tqkv_status tqkv_batch_make_mask(const tqkv_batch *b, tqkv_mask_lease *lease, int n_query,
                                  int window, const tqkv_mask **out);
 
 /* q, out: [rows, q_heads, n_query, head_dim]. mask may be NULL only when make_mask
  * would return NULL. Rows are independent: a row's output is bitwise identical
  * whatever the other rows hold. */
-tqkv_status tqkv_batch_attend(const tqkv_batch *b, const tqkv_mask *mask, const float *q,
+TQKV_API tqkv_status tqkv_batch_attend(const tqkv_batch *b, const tqkv_mask *mask, const float *q,
                               int n_query, const tqkv_attn_params *p, float *out);
 
 /* Donor capture: decode every row to dense floats.
  * k, v: [rows, kv_heads, cols, head_dim] with cols = tqkv_batch_columns(); padding
  * columns are zero. offset, left_pad: [rows] (may be NULL). */
-tqkv_status tqkv_batch_capture(const tqkv_batch *b, float *k, float *v, int *offset,
+TQKV_API tqkv_status tqkv_batch_capture(const tqkv_batch *b, float *k, float *v, int *offset,
                                int *left_pad);
 
-double      tqkv_batch_bytes_per_token(const tqkv_batch *b);
+TQKV_API double      tqkv_batch_bytes_per_token(const tqkv_batch *b);
 /* Bytes the rows hold now (main planes + window), excluding spare capacity. */
-size_t      tqkv_batch_bytes_used(const tqkv_batch *b);
+TQKV_API size_t      tqkv_batch_bytes_used(const tqkv_batch *b);
 
-tqkv_status tqkv_batch_export(const tqkv_batch *b, uint8_t **out, size_t *len);
-tqkv_status tqkv_batch_restore(tqkv_batch **out, const uint8_t *buf, size_t len);
+TQKV_API tqkv_status tqkv_batch_export(const tqkv_batch *b, uint8_t **out, size_t *len);
+TQKV_API tqkv_status tqkv_batch_restore(tqkv_batch **out, const uint8_t *buf, size_t len);
 
 #ifdef __cplusplus
 }

@@ -97,21 +97,21 @@ typedef struct {
                            weight; prefill matmuls ~1.6x slower, same bits) */
 } tqkv_model_load_params;
 
-tqkv_model_load_params tqkv_model_load_params_default(void);
+TQKV_API tqkv_model_load_params tqkv_model_load_params_default(void);
 
 /* dir holds config.json, model.safetensors or model.safetensors.index.json + shards,
  * optionally generation_config.json. Errors name the file or tensor at fault. */
-tqkv_status tqkv_model_load(tqkv_model **out, const char *dir, const tqkv_model_load_params *p);
-void        tqkv_model_free(tqkv_model *m);
-const tqkv_model_config     *tqkv_model_get_config(const tqkv_model *m);
-const tqkv_generation_config *tqkv_model_get_generation(const tqkv_model *m);
-int         tqkv_model_is_eos(const tqkv_model *m, int token);
+TQKV_API tqkv_status tqkv_model_load(tqkv_model **out, const char *dir, const tqkv_model_load_params *p);
+TQKV_API void        tqkv_model_free(tqkv_model *m);
+TQKV_API const tqkv_model_config     *tqkv_model_get_config(const tqkv_model *m);
+TQKV_API const tqkv_generation_config *tqkv_model_get_generation(const tqkv_model *m);
+TQKV_API int         tqkv_model_is_eos(const tqkv_model *m, int token);
 /* Bytes of weights the forward pass reads per token (matrices + embedding row + lm_head). */
-size_t      tqkv_model_weight_bytes(const tqkv_model *m);
+TQKV_API size_t      tqkv_model_weight_bytes(const tqkv_model *m);
 /* Parameter count (elements of all tensors used). */
-size_t      tqkv_model_params(const tqkv_model *m);
+TQKV_API size_t      tqkv_model_params(const tqkv_model *m);
 /* "bf16", "f16", "f32" or "mixed": the element type of the matrices as read by matmul. */
-const char *tqkv_model_weight_type(const tqkv_model *m);
+TQKV_API const char *tqkv_model_weight_type(const tqkv_model *m);
 
 /* ------------------------------------------------------------------------- */
 /* State: per-batch KV caches (one tqkv_batch per layer), mask lease, scratch */
@@ -134,26 +134,26 @@ typedef struct {
 } tqkv_model_state_params;
 
 /* rows 1, f32/f32, window 0 (slack 32), seed 0, threads 1, prefill deferred, decode fused. */
-tqkv_model_state_params tqkv_model_state_params_default(void);
+TQKV_API tqkv_model_state_params tqkv_model_state_params_default(void);
 
-tqkv_status tqkv_model_state_init(tqkv_model_state **out, const tqkv_model *m,
+TQKV_API tqkv_status tqkv_model_state_init(tqkv_model_state **out, const tqkv_model *m,
                                   const tqkv_model_state_params *p);
-void        tqkv_model_state_free(tqkv_model_state *s);
+TQKV_API void        tqkv_model_state_free(tqkv_model_state *s);
 /* Empty every layer's cache; rows > 0 changes the row count. */
-tqkv_status tqkv_model_state_reset(tqkv_model_state *s, int rows);
-int         tqkv_model_state_rows(const tqkv_model_state *s);
-tqkv_status tqkv_model_state_set_threads(tqkv_model_state *s, int threads);
+TQKV_API tqkv_status tqkv_model_state_reset(tqkv_model_state *s, int rows);
+TQKV_API int         tqkv_model_state_rows(const tqkv_model_state *s);
+TQKV_API tqkv_status tqkv_model_state_set_threads(tqkv_model_state *s, int threads);
 /* Tokens held per row (the next RoPE position of each row). offset: [rows] */
-tqkv_status tqkv_model_state_offsets(const tqkv_model_state *s, int *offset);
+TQKV_API tqkv_status tqkv_model_state_offsets(const tqkv_model_state *s, int *offset);
 /* The cache of one layer (for schedulers: merge/filter/export). Rows of every layer must
  * stay consistent (same offsets and padding) between forward calls. */
-tqkv_batch *tqkv_model_state_layer(tqkv_model_state *s, int layer);
+TQKV_API tqkv_batch *tqkv_model_state_layer(tqkv_model_state *s, int layer);
 /* KV bytes per token over all layers (K and V, main planes + window). */
-double      tqkv_model_state_kv_bytes_per_token(const tqkv_model_state *s);
+TQKV_API double      tqkv_model_state_kv_bytes_per_token(const tqkv_model_state *s);
 /* Bits per stored K/V value, averaged over K and V (window excluded). */
-double      tqkv_model_state_kv_bits_per_value(const tqkv_model_state *s);
+TQKV_API double      tqkv_model_state_kv_bits_per_value(const tqkv_model_state *s);
 /* Bytes the caches hold now. */
-size_t      tqkv_model_state_kv_bytes_used(const tqkv_model_state *s);
+TQKV_API size_t      tqkv_model_state_kv_bytes_used(const tqkv_model_state *s);
 
 /* ------------------------------------------------------------------------- */
 /* Forward                                                                    */
@@ -168,14 +168,14 @@ typedef enum {
 /* Left-padded batched prefill; every row must be empty. tokens [rows, n]: row r's
  * lengths[r] tokens are its LAST lengths[r] entries (the first n - lengths[r] are ignored);
  * lengths NULL means all n. Positions start at 0 for every row. */
-tqkv_status tqkv_model_prefill(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+TQKV_API tqkv_status tqkv_model_prefill(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
                                const int *lengths, int n, tqkv_logits_mode mode, float *logits);
 /* Window append of n tokens to every row (rows may already hold tokens): tokens [rows, n],
  * RoPE positions offset[r] .. offset[r] + n - 1. */
-tqkv_status tqkv_model_extend(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+TQKV_API tqkv_status tqkv_model_extend(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
                               int n, tqkv_logits_mode mode, float *logits);
 /* One token per row: tokens [rows], logits [rows, vocab]. */
-tqkv_status tqkv_model_decode(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+TQKV_API tqkv_status tqkv_model_decode(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
                               float *logits);
 
 /* ------------------------------------------------------------------------- */
@@ -199,16 +199,16 @@ typedef struct {
 
 typedef struct tqkv_sampler tqkv_sampler;
 
-tqkv_sampler_params tqkv_sampler_params_default(void); /* greedy, seed 0 */
-tqkv_status tqkv_sampler_init(tqkv_sampler **out, const tqkv_sampler_params *p, int vocab);
-void        tqkv_sampler_free(tqkv_sampler *s);
+TQKV_API tqkv_sampler_params tqkv_sampler_params_default(void); /* greedy, seed 0 */
+TQKV_API tqkv_status tqkv_sampler_init(tqkv_sampler **out, const tqkv_sampler_params *p, int vocab);
+TQKV_API void        tqkv_sampler_free(tqkv_sampler *s);
 /* Forget the history and reseed. */
-void        tqkv_sampler_reset(tqkv_sampler *s, uint64_t seed);
+TQKV_API void        tqkv_sampler_reset(tqkv_sampler *s, uint64_t seed);
 /* Add a token to the history (prompt and generated tokens) used by the penalty. */
-tqkv_status tqkv_sampler_accept(tqkv_sampler *s, int token);
+TQKV_API tqkv_status tqkv_sampler_accept(tqkv_sampler *s, int token);
 /* Pick a token from logits [vocab] (the array is used as scratch and modified).
  * Sampling (temperature > 0) fails with TQKV_EINVAL on NaN / +inf logits. */
-tqkv_status tqkv_sampler_sample(tqkv_sampler *s, float *logits, int *token);
+TQKV_API tqkv_status tqkv_sampler_sample(tqkv_sampler *s, float *logits, int *token);
 
 #ifdef __cplusplus
 }

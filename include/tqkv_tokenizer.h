@@ -67,13 +67,13 @@ typedef struct tqkv_tokenizer tqkv_tokenizer;
  * A path to a tokenizer.json file instead of a directory works like _load_file.
  * Errors: TQKV_EIO (missing/unreadable file), TQKV_ECORRUPT (malformed JSON, with file
  * and line:column; or a structurally invalid tokenizer), TQKV_EUNSUPPORTED. */
-tqkv_status tqkv_tokenizer_load(tqkv_tokenizer **out, const char *model_dir);
+TQKV_API tqkv_status tqkv_tokenizer_load(tqkv_tokenizer **out, const char *model_dir);
 /* From a tokenizer.json path alone (no config: eos/bos/pad are -1, no chat template). */
-tqkv_status tqkv_tokenizer_load_file(tqkv_tokenizer **out, const char *tokenizer_json);
+TQKV_API tqkv_status tqkv_tokenizer_load_file(tqkv_tokenizer **out, const char *tokenizer_json);
 /* From tokenizer.json bytes in memory; `name` is used in error messages. */
-tqkv_status tqkv_tokenizer_load_json(tqkv_tokenizer **out, const char *json, size_t len,
+TQKV_API tqkv_status tqkv_tokenizer_load_json(tqkv_tokenizer **out, const char *json, size_t len,
                                      const char *name);
-void        tqkv_tokenizer_free(tqkv_tokenizer *t);
+TQKV_API void        tqkv_tokenizer_free(tqkv_tokenizer *t);
 
 /* ------------------------------------------------------------------------- */
 /* Encode / decode                                                            */
@@ -90,7 +90,7 @@ enum {
 
 /* text: `len` bytes of UTF-8 (need not be NUL-terminated; invalid UTF-8 is TQKV_EINVAL
  * naming the byte offset). *ids: [*n_ids] malloc'd (NULL when *n_ids == 0). */
-tqkv_status tqkv_tokenizer_encode(const tqkv_tokenizer *t, const char *text, size_t len,
+TQKV_API tqkv_status tqkv_tokenizer_encode(const tqkv_tokenizer *t, const char *text, size_t len,
                                   unsigned flags, int32_t **ids, size_t *n_ids);
 
 enum {
@@ -99,7 +99,7 @@ enum {
 
 /* ids: [n] -> *out: malloc'd, NUL-terminated, valid UTF-8, *out_len bytes (without the
  * NUL; out_len may be NULL). An id with no token is TQKV_ERANGE. */
-tqkv_status tqkv_tokenizer_decode(const tqkv_tokenizer *t, const int32_t *ids, size_t n,
+TQKV_API tqkv_status tqkv_tokenizer_decode(const tqkv_tokenizer *t, const int32_t *ids, size_t n,
                                   unsigned flags, char **out, size_t *out_len);
 
 /* ------------------------------------------------------------------------- */
@@ -112,42 +112,42 @@ tqkv_status tqkv_tokenizer_decode(const tqkv_tokenizer *t, const int32_t *ids, s
 typedef struct tqkv_decode_stream tqkv_decode_stream;
 
 /* flags: TQKV_DECODE_*. The tokenizer must outlive the stream. */
-tqkv_status tqkv_decode_stream_init(tqkv_decode_stream **out, const tqkv_tokenizer *t,
+TQKV_API tqkv_status tqkv_decode_stream_init(tqkv_decode_stream **out, const tqkv_tokenizer *t,
                                     unsigned flags);
-void        tqkv_decode_stream_free(tqkv_decode_stream *s);
+TQKV_API void        tqkv_decode_stream_free(tqkv_decode_stream *s);
 /* *text: [*len] bytes (NUL-terminated) owned by the stream, valid until the next call
  * on it; *len may be 0. An id with no token is TQKV_ERANGE and changes nothing. */
-tqkv_status tqkv_decode_stream_push(tqkv_decode_stream *s, int32_t id, const char **text,
+TQKV_API tqkv_status tqkv_decode_stream_push(tqkv_decode_stream *s, int32_t id, const char **text,
                                     size_t *len);
 /* Emits what is held back (an incomplete sequence becomes U+FFFD) and resets the
  * stream to its initial state, ready for a new sequence. */
-tqkv_status tqkv_decode_stream_flush(tqkv_decode_stream *s, const char **text, size_t *len);
+TQKV_API tqkv_status tqkv_decode_stream_flush(tqkv_decode_stream *s, const char **text, size_t *len);
 
 /* ------------------------------------------------------------------------- */
 /* Lookups                                                                    */
 /* ------------------------------------------------------------------------- */
 
 /* Number of id slots: 1 + the largest id of the model vocab and the added tokens. */
-int32_t     tqkv_tokenizer_vocab_size(const tqkv_tokenizer *t);
+TQKV_API int32_t     tqkv_tokenizer_vocab_size(const tqkv_tokenizer *t);
 /* Token string -> id (added tokens first, then the model vocab). Not found: TQKV_EINVAL. */
-tqkv_status tqkv_tokenizer_token_to_id(const tqkv_tokenizer *t, const char *token, size_t len,
+TQKV_API tqkv_status tqkv_tokenizer_token_to_id(const tqkv_tokenizer *t, const char *token, size_t len,
                                        int32_t *id);
 /* id -> token string as stored in the vocab (e.g. "Ġworld"); *piece is owned by the
  * tokenizer and NUL-terminated. No such id: TQKV_ERANGE. */
-tqkv_status tqkv_tokenizer_id_to_token(const tqkv_tokenizer *t, int32_t id, const char **piece,
+TQKV_API tqkv_status tqkv_tokenizer_id_to_token(const tqkv_tokenizer *t, int32_t id, const char **piece,
                                        size_t *len);
 /* id -> the bytes the decoder makes of it alone (may be part of a UTF-8 character);
  * *bytes is owned by the tokenizer. No such id: TQKV_ERANGE. */
-tqkv_status tqkv_tokenizer_id_bytes(const tqkv_tokenizer *t, int32_t id, const char **bytes,
+TQKV_API tqkv_status tqkv_tokenizer_id_bytes(const tqkv_tokenizer *t, int32_t id, const char **bytes,
                                     size_t *len);
 /* 1 if id is a special added token, else 0 (also for invalid ids). */
-int         tqkv_tokenizer_is_special(const tqkv_tokenizer *t, int32_t id);
+TQKV_API int         tqkv_tokenizer_is_special(const tqkv_tokenizer *t, int32_t id);
 /* From tokenizer_config.json; -1 when absent or not in the vocab. */
-int32_t     tqkv_tokenizer_eos_id(const tqkv_tokenizer *t);
-int32_t     tqkv_tokenizer_bos_id(const tqkv_tokenizer *t);
-int32_t     tqkv_tokenizer_pad_id(const tqkv_tokenizer *t);
+TQKV_API int32_t     tqkv_tokenizer_eos_id(const tqkv_tokenizer *t);
+TQKV_API int32_t     tqkv_tokenizer_bos_id(const tqkv_tokenizer *t);
+TQKV_API int32_t     tqkv_tokenizer_pad_id(const tqkv_tokenizer *t);
 /* Jinja chat template (chat_template.jinja, else tokenizer_config.json), or NULL. */
-const char *tqkv_tokenizer_chat_template(const tqkv_tokenizer *t);
+TQKV_API const char *tqkv_tokenizer_chat_template(const tqkv_tokenizer *t);
 
 #ifdef __cplusplus
 }

@@ -17,14 +17,19 @@
 #define TQKV_PRINTF(a, b)
 #endif
 
+/* The helpers below are internal (not in include/), but libtqkv-model calls them across
+ * the shared-library boundary, so they are exported (TQKV_API) under the tqkv_ prefix.
+ * One error slot per thread for both libraries: tqkv_last_error() must see the message
+ * that a model call set. */
+
 /* Set the thread's error message and return s. Use as: return tqkv_fail(TQKV_EINVAL, "..."); */
-tqkv_status tqkv_fail(tqkv_status s, const char *fmt, ...) TQKV_PRINTF(2, 3);
+TQKV_API tqkv_status tqkv_fail(tqkv_status s, const char *fmt, ...) TQKV_PRINTF(2, 3);
 /* Clear the thread's error message (called by successful public entry points that want it). */
-void tqkv_clear_error(void);
+TQKV_API void tqkv_clear_error(void);
 
 /* ---- fp16 / bf16 (scalar, exact round-to-nearest-even) ---- */
-uint16_t tqkv_f32_to_f16(float f);
-float    tqkv_f16_to_f32(uint16_t h);
+TQKV_API uint16_t tqkv_f32_to_f16(float f);
+TQKV_API float    tqkv_f16_to_f32(uint16_t h);
 static inline float tqkv_bf16_to_f32(uint16_t b) {
     uint32_t u = (uint32_t)b << 16;
     float f;
@@ -33,11 +38,11 @@ static inline float tqkv_bf16_to_f32(uint16_t b) {
 }
 
 /* ---- CPU features (runtime dispatch) ---- */
-int tqkv_cpu_has_avx2(void); /* AVX2 + FMA + F16C; honours TQKV_NO_SIMD=1 */
+TQKV_API int tqkv_cpu_has_avx2(void); /* AVX2 + FMA + F16C; honours TQKV_NO_SIMD=1 */
 
 /* ---- checked allocation helpers ---- */
-void *tqkv_malloc(size_t n);           /* NULL on failure, sets TQKV_ENOMEM message */
-void *tqkv_calloc(size_t n, size_t sz);
+TQKV_API void *tqkv_malloc(size_t n);           /* NULL on failure, sets TQKV_ENOMEM message */
+TQKV_API void *tqkv_calloc(size_t n, size_t sz);
 /* Overflow-checked a*b; returns 0 on overflow (and sets *ok = 0). */
 static inline size_t tqkv_mul(size_t a, size_t b, int *ok) {
     if (a && b > SIZE_MAX / a) { *ok = 0; return 0; }
