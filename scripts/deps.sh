@@ -5,8 +5,10 @@
 # apt-get line and exits 1.
 set -euo pipefail
 want=(build-essential cmake pkg-config libopenblas-dev libpcre2-dev libutf8proc-dev
-      libcjson-dev zlib1g-dev libcmocka-dev)
+      libcjson-dev zlib1g-dev)
 if [ "${1:-build}" = test ]; then
+  # cmocka for the tests (BUILD_TESTING); dpkg-dev for the CPack .deb check
+  want+=(libcmocka-dev dpkg-dev)
   # clang + its runtime for the libFuzzer state-restore fuzzer (run briefly in CI)
   want+=(clang libclang-rt-14-dev libomp-dev)
 fi

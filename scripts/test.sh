@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# test.sh - build and run the whole test suite: Release, then ASan+UBSan, then a short
+# test.sh - build and run the whole test suite: Release (then install it to a temporary
+# prefix and build the examples against the install), then ASan+UBSan, then a short
 # libFuzzer run of the state-restore fuzzer. Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +11,9 @@ echo "== Release build + ctest"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
 (cd build && ctest --output-on-failure -j1) | tee build/ctest.log
+
+echo "== install to a temporary prefix; build and run examples/ against it"
+scripts/check_install.sh build
 
 echo "== ASan+UBSan build + ctest"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTQKV_SANITIZE=ON >/dev/null

@@ -44,8 +44,15 @@ int main(int argc, char **argv) {
         if (!c->sub) return c->fn(argc - 2, argv + 2);
         if (argc >= 3 && !strcmp(argv[2], c->sub)) return c->fn(argc - 3, argv + 3);
     }
-    fprintf(stderr, "tqkv: unknown command '%s%s%s'\n", argv[1], argc >= 3 ? " " : "",
-            argc >= 3 ? argv[2] : "");
+    int group = 0; /* argv[1] names a group of subcommands ("bench") */
+    for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
+        if (COMMANDS[i].sub && !strcmp(argv[1], COMMANDS[i].name)) group = 1;
+    if (group && argc < 3)
+        fprintf(stderr, "tqkv %s: missing subcommand\n", argv[1]);
+    else if (group)
+        fprintf(stderr, "tqkv %s: unknown subcommand '%s'\n", argv[1], argv[2]);
+    else
+        fprintf(stderr, "tqkv: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;
 }
