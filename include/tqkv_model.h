@@ -40,7 +40,9 @@ typedef enum {
     TQKV_ROPE_LLAMA3  /* Llama 3.x frequency-dependent scaling */
 } tqkv_rope_type;
 
-#define TQKV_MAX_EOS 8
+/* End-of-sequence ids a config may list (config.json / generation_config.json); a longer
+ * list is refused at load, never cut. */
+#define TQKV_MAX_EOS 64
 
 typedef struct {
     tqkv_arch      arch;

@@ -2,6 +2,7 @@
  * args.c - tiny "--name value" option parser shared by the subcommands.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,8 +55,9 @@ int args_parse(const char *cmd, int argc, char **argv, const arg_spec *specs, in
             *(int *)s->dest = (int)v;
         } else if (s->kind == ARG_DOUBLE) {
             double v = strtod(val, &end);
-            if (errno || !end || *end || end == val) {
-                fprintf(stderr, "tqkv %s: %s expects a number, got '%s'\n", cmd, s->name, val);
+            if (errno || !end || *end || end == val || !isfinite(v)) {
+                fprintf(stderr, "tqkv %s: %s expects a finite number, got '%s'\n", cmd, s->name,
+                        val);
                 return -1;
             }
             *(double *)s->dest = v;

@@ -84,7 +84,8 @@ int cmd_ppl(int argc, char **argv) {
     if (chunk == 0 || chunk > ctx) chunk = ctx;
     tqkv_model_state_params sp = tqkv_model_state_params_default();
     if (mcli_parse_kv(CMD, kv, &sp.k_format, &sp.v_format) ||
-        mcli_parse_kernel(CMD, prefill_kernel, &sp.prefill_kernel))
+        mcli_parse_kernel(CMD, prefill_kernel, &sp.prefill_kernel) ||
+        mcli_check_window(CMD, window, sp.k_format, sp.v_format))
         return 2;
     char dir[4096];
     if (!mcli_resolve_model(CMD, model_arg, dir, sizeof dir)) return 1;

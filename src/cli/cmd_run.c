@@ -9,6 +9,7 @@
  * (the bundled model), greedy. Any sampling flag given on the command line overrides, and
  * --temp > 0 alone turns sampling on (top-k/top-p off unless given).
  */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,7 +41,9 @@ static int text_append(char **buf, size_t *len, size_t *cap, const char *piece, 
 int cmd_run(int argc, char **argv) {
     const char *model_arg = MCLI_DEFAULT_MODEL, *prompt = NULL, *prompt_file = NULL;
     const char *kv = "f32", *prefill_kernel = "deferred", *decode_kernel = "fused";
-    int n_gen = 128, top_k = -1, seed = -1, window = 0, threads = 0, chat = 0, json = 0;
+    /* UNSET: an int the parser cannot produce (it reads -2147483647 .. 2147483647) */
+    enum { UNSET = INT_MIN };
+    int n_gen = 128, top_k = UNSET, seed = UNSET, window = 0, threads = 0, chat = 0, json = 0;
     int ignore_eos = 0, kv_seed = 0, blas = 0, f32w = 0;
     double temp = NAN, top_p = NAN, min_p = NAN, rep = NAN;
     const arg_spec specs[] = {
@@ -77,11 +80,27 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "tqkv run: -n (at most 16777216), --window and --threads must be >= 0\n");
         return 2;
     }
+    /* out-of-range sampling options are refused here, never replaced by a default */
+    if (top_k != UNSET && top_k < 0) {
+        fprintf(stderr, "tqkv run: --top-k must be >= 0 (0 = off), got %d\n", top_k);
+        return 2;
+    }
+    if (seed != UNSET && seed < 0) {
+        fprintf(stderr, "tqkv run: --seed must be >= 0, got %d\n", seed);
+        return 2;
+    }
+    if ((!isnan(temp) && temp < 0) || (!isnan(top_p) && !(top_p > 0 && top_p <= 1)) ||
+        (!isnan(min_p) && !(min_p >= 0 && min_p <= 1)) || (!isnan(rep) && !(rep > 0))) {
+        fprintf(stderr, "tqkv run: need --temp >= 0, 0 < --top-p <= 1, 0 <= --min-p <= 1, "
+                "--repeat-penalty > 0\n");
+        return 2;
+    }
     if (threads == 0) threads = mcli_cpus();
     tqkv_model_state_params sp = tqkv_model_state_params_default();
     if (mcli_parse_kv(CMD, kv, &sp.k_format, &sp.v_format) ||
         mcli_parse_kernel(CMD, prefill_kernel, &sp.prefill_kernel) ||
-        mcli_parse_kernel(CMD, decode_kernel, &sp.decode_kernel))
+        mcli_parse_kernel(CMD, decode_kernel, &sp.decode_kernel) ||
+        mcli_check_window(CMD, window, sp.k_format, sp.v_format))
         return 2;
     char dir[4096];
     if (!mcli_resolve_model(CMD, model_arg, dir, sizeof dir)) return 1;
@@ -150,11 +169,11 @@ int cmd_run(int argc, char **argv) {
         pp.temperature = (float)temp;
         if (!gc->do_sample) pp.top_k = 0;
     }
-    if (top_k >= 0) pp.top_k = top_k;
+    if (top_k != UNSET) pp.top_k = top_k;
     if (!isnan(top_p)) pp.top_p = (float)top_p;
     if (!isnan(min_p)) pp.min_p = (float)min_p;
     if (!isnan(rep)) pp.repetition_penalty = (float)rep;
-    pp.seed = seed >= 0 ? (uint64_t)seed : (uint64_t)time(NULL);
+    pp.seed = seed != UNSET ? (uint64_t)seed : (uint64_t)time(NULL);
     if (tqkv_sampler_init(&smp, &pp, cfg->vocab_size) != TQKV_OK) {
         fprintf(stderr, "tqkv run: %s\n", tqkv_last_error());
         goto done;

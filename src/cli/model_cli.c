@@ -65,6 +65,16 @@ int mcli_parse_kernel(const char *cmd, const char *name, tqkv_kernel *out) {
     return 0;
 }
 
+int mcli_check_window(const char *cmd, int window, tqkv_format k, tqkv_format v) {
+    if (window > 0 && !tqkv_format_is_tq(k) && !tqkv_format_is_tq(v)) {
+        fprintf(stderr, "tqkv %s: --window keeps a q8 copy beside a tq cache; --kv %s%s%s has "
+                "no tq plane\n", cmd, tqkv_format_name(k), k == v ? "" : "/",
+                k == v ? "" : tqkv_format_name(v));
+        return -1;
+    }
+    return 0;
+}
+
 int mcli_cpus(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n >= 1 ? (int)n : 1;

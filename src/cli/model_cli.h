@@ -22,6 +22,9 @@ int  mcli_load(const char *cmd, const char *dir, int blas, int f32_weights, int 
                tqkv_model **out);
 int  mcli_parse_kv(const char *cmd, const char *spec, tqkv_format *k, tqkv_format *v);
 int  mcli_parse_kernel(const char *cmd, const char *name, tqkv_kernel *out);
+/* --window W needs a tq K or V format (only tq planes keep a q8 window): 0, or -1 with a
+ * message. */
+int  mcli_check_window(const char *cmd, int window, tqkv_format k, tqkv_format v);
 /* Number of online CPUs (>= 1). */
 int  mcli_cpus(void);
 /* Whole file into a malloc'd NUL-terminated buffer; 0 or -1 (message printed). */

@@ -13,50 +13,14 @@
 
 #include "model/model_impl.h"
 #include "util/common.h"
+#include "util/file.h"
 
 // ---------------------------------------------------------------------------
 // helpers
 // ---------------------------------------------------------------------------
 
 static tqkv_status read_file(const char *path, char **out, size_t *len, int *missing) {
-    *missing = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        if (errno == ENOENT) *missing = 1;
-        return tqkv_fail(TQKV_EIO, "%s: cannot open: %s", path, strerror(errno));
-    }
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n + 4096 + 1 > cap) {
-            cap = cap ? cap * 2 : 8192;
-            if (cap > (64u << 20)) {
-                free(buf);
-                fclose(f);
-                return tqkv_fail(TQKV_ECORRUPT, "%s: too large for a config file", path);
-            }
-            char *nb = realloc(buf, cap);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                return tqkv_fail(TQKV_ENOMEM, "%s: out of memory", path);
-            }
-            buf = nb;
-        }
-        size_t got = fread(buf + n, 1, cap - n - 1, f);
-        n += got;
-        if (got == 0) break;
-    }
-    int err = ferror(f);
-    fclose(f);
-    if (err) {
-        free(buf);
-        return tqkv_fail(TQKV_EIO, "%s: read error", path);
-    }
-    buf[n] = 0;
-    *out = buf;
-    *len = n;
-    return TQKV_OK;
+    return tqkv_file_read_all(path, (size_t)64 << 20, out, len, missing);
 }
 
 /* Parse JSON; a syntax error names the file, line and column. */
@@ -133,7 +97,8 @@ static int is_token_id(const cJSON *v) {
            v->valuedouble == floor(v->valuedouble);
 }
 
-/* eos_token_id: int or list of ints. Returns count (0 if absent), -1 on a bad value. */
+/* eos_token_id: int or list of ints. Returns count (0 if absent), -1 on a bad value, -2 if
+ * the list holds more than cap ids (refused: cutting it would silently drop stop tokens). */
 static int get_ids(const cJSON *o, const char *key, int *ids, int cap) {
     const cJSON *v = item(o, key);
     if (!v) return 0;
@@ -147,7 +112,8 @@ static int get_ids(const cJSON *o, const char *key, int *ids, int cap) {
     const cJSON *e;
     cJSON_ArrayForEach(e, v) {
         if (!is_token_id(e)) return -1;
-        if (n < cap) ids[n++] = (int)e->valuedouble;
+        if (n == cap) return -2;
+        ids[n++] = (int)e->valuedouble;
     }
     return n;
 }
@@ -317,6 +283,9 @@ tqkv_status model_config_parse(const char *json, size_t len, const char *name,
     int n = get_ids(root, "eos_token_id", c.eos_ids, TQKV_MAX_EOS);
     if (n < 0) {
         cJSON_Delete(root);
+        if (n == -2)
+            return tqkv_fail(TQKV_EUNSUPPORTED, "%s: \"eos_token_id\" lists more than %d ids", name,
+                             TQKV_MAX_EOS);
         return tqkv_fail(TQKV_ECORRUPT, "%s: bad \"eos_token_id\"", name);
     }
     c.n_eos = n;
@@ -355,6 +324,9 @@ tqkv_status model_generation_parse(const char *json, size_t len, const char *nam
     int n = get_ids(root, "eos_token_id", ids, TQKV_MAX_EOS);
     if (n < 0) {
         cJSON_Delete(root);
+        if (n == -2)
+            return tqkv_fail(TQKV_EUNSUPPORTED, "%s: \"eos_token_id\" lists more than %d ids", name,
+                             TQKV_MAX_EOS);
         return tqkv_fail(TQKV_ECORRUPT, "%s: bad \"eos_token_id\"", name);
     }
     cJSON_Delete(root);

@@ -18,6 +18,7 @@
 #include <cjson/cJSON.h>
 
 #include "util/common.h"
+#include "util/file.h"
 
 // ---------------------------------------------------------------------------
 // dtypes
@@ -64,32 +65,36 @@ static size_t dtype_other_size(const char *s) {
 
 /* Read a whole small file (JSON) into a NUL-terminated buffer. */
 static tqkv_status read_text(const char *path, char **out, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return tqkv_fail(TQKV_EIO, "%s: cannot open: %s", path, strerror(errno));
-    if (fseek(f, 0, SEEK_END) != 0) {
-        fclose(f);
-        return tqkv_fail(TQKV_EIO, "%s: cannot seek", path);
+    return tqkv_file_read_all(path, (size_t)1 << 30, out, len, NULL);
+}
+
+/* By data start, then end (zero-sized tensors first). */
+static int cmp_tensor_data(const void *a, const void *b) {
+    const st_tensor *x = a, *y = b;
+    if (x->data != y->data) return x->data < y->data ? -1 : 1;
+    return x->nbytes < y->nbytes ? -1 : x->nbytes > y->nbytes;
+}
+
+/* The safetensors rule: the tensors' byte ranges tile the data area exactly, with no
+ * overlap, hole or trailing byte (t [n], sorted here by data start). */
+static tqkv_status check_tiling(const char *path, st_tensor *t, int n, const uint8_t *data,
+                                size_t data_size) {
+    qsort(t, (size_t)n, sizeof *t, cmp_tensor_data);
+    size_t at = 0; /* end of the ranges so far */
+    for (int i = 0; i < n; i++) {
+        size_t o0 = (size_t)(t[i].data - data), o1 = o0 + t[i].nbytes;
+        if (o0 < at)
+            return tqkv_fail(TQKV_ECORRUPT,
+                             "%s: tensor '%s' data_offsets [%zu, %zu] overlap tensor '%s' (ends at %zu)",
+                             path, t[i].name, o0, o1, t[i - 1].name, at);
+        if (o0 > at)
+            return tqkv_fail(TQKV_ECORRUPT, "%s: %zu unused bytes before tensor '%s' (at %zu)", path,
+                             o0 - at, t[i].name, at);
+        at = o1;
     }
-    long n = ftell(f);
-    if (n < 0 || n > (1L << 30)) {
-        fclose(f);
-        return tqkv_fail(TQKV_EIO, "%s: bad size", path);
-    }
-    rewind(f);
-    char *buf = malloc((size_t)n + 1);
-    if (!buf) {
-        fclose(f);
-        return tqkv_fail(TQKV_ENOMEM, "%s: out of memory", path);
-    }
-    size_t got = fread(buf, 1, (size_t)n, f);
-    fclose(f);
-    if (got != (size_t)n) {
-        free(buf);
-        return tqkv_fail(TQKV_EIO, "%s: short read", path);
-    }
-    buf[n] = 0;
-    *out = buf;
-    if (len) *len = (size_t)n;
+    if (at != data_size)
+        return tqkv_fail(TQKV_ECORRUPT, "%s: %zu trailing bytes after the last tensor's data",
+                         path, data_size - at);
     return TQKV_OK;
 }
 
@@ -111,14 +116,10 @@ static void free_tensors(st_tensor *t, int n) {
 static tqkv_status open_one(const char *path, int file_index, st_file *fout, st_tensor **tensors,
                             int *n_tensors, int *cap_tensors) {
     memset(fout, 0, sizeof *fout);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return tqkv_fail(TQKV_EIO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return tqkv_fail(TQKV_EIO, "%s: not a regular file", path);
-    }
-    size_t size = (size_t)st.st_size;
+    int fd;
+    size_t size;
+    tqkv_status orc = tqkv_file_open_regular(path, &fd, &size, NULL);
+    if (orc != TQKV_OK) return orc;
     if (size < 8) {
         close(fd);
         return tqkv_fail(TQKV_ECORRUPT, "%s: truncated safetensors file (%zu bytes, no header length)",
@@ -209,7 +210,16 @@ static tqkv_status open_one(const char *path, int file_index, st_file *fout, st_
                            path, name, o0, o1, data_size);
             goto fail;
         }
-        if (!ok || nbytes != o1 - o0) {
+        if (!ok) {
+            char dims[ST_MAX_DIMS * 21 + 1] = "";
+            for (int d = 0, k = 0; d < nd; d++)
+                k += snprintf(dims + k, sizeof dims - (size_t)k, "%s%lld", d ? ", " : "",
+                              (long long)t.shape[d]);
+            rc = tqkv_fail(TQKV_ECORRUPT, "%s: tensor '%s': shape [%s] is too large (%s bytes overflow)",
+                           path, name, dims, dt->valuestring);
+            goto fail;
+        }
+        if (nbytes != o1 - o0) {
             rc = tqkv_fail(TQKV_ECORRUPT, "%s: tensor '%s': %zu bytes in data_offsets, shape needs %zu",
                            path, name, o1 - o0, nbytes);
             goto fail;
@@ -233,6 +243,8 @@ static tqkv_status open_one(const char *path, int file_index, st_file *fout, st_
         }
         (*tensors)[(*n_tensors)++] = t;
     }
+    rc = check_tiling(path, *tensors + n0, *n_tensors - n0, data, data_size);
+    if (rc != TQKV_OK) goto fail;
     cJSON_Delete(root);
     fout->path = strdup(path);
     if (!fout->path) {

@@ -67,11 +67,12 @@ void tqkv_sampler_reset(tqkv_sampler *s, uint64_t seed) {
 tqkv_status tqkv_sampler_init(tqkv_sampler **out, const tqkv_sampler_params *p, int vocab) {
     if (!out || !p) return tqkv_fail(TQKV_EINVAL, "sampler: NULL argument");
     if (vocab < 1) return tqkv_fail(TQKV_EINVAL, "sampler: vocab %d", vocab);
-    if (!(p->temperature >= 0) || p->top_k < 0 || !(p->top_p > 0 && p->top_p <= 1) ||
-        !(p->min_p >= 0 && p->min_p <= 1) || !(p->repetition_penalty > 0) || p->penalty_last_n < 0)
+    if (!(p->temperature >= 0 && isfinite(p->temperature)) || p->top_k < 0 ||
+        !(p->top_p > 0 && p->top_p <= 1) || !(p->min_p >= 0 && p->min_p <= 1) ||
+        !(p->repetition_penalty > 0 && isfinite(p->repetition_penalty)) || p->penalty_last_n < 0)
         return tqkv_fail(TQKV_EINVAL,
-                         "sampler: need temperature >= 0, top_k >= 0, 0 < top_p <= 1, "
-                         "0 <= min_p <= 1, repetition_penalty > 0");
+                         "sampler: need finite temperature >= 0, top_k >= 0, 0 < top_p <= 1, "
+                         "0 <= min_p <= 1, finite repetition_penalty > 0");
     tqkv_sampler *s = tqkv_calloc(1, sizeof *s);
     if (!s) return TQKV_ENOMEM;
     s->p = *p;
@@ -176,9 +177,16 @@ tqkv_status tqkv_sampler_sample(tqkv_sampler *s, float *logits, int *token) {
         for (int i = h0; i < s->n_hist; i++) s->seen[s->hist[i]] = 0;
     }
     if (p->temperature == 0.0f) {
+        /* like the sampled path: a NaN or +inf logit, or no finite one, has no answer */
         int best = 0;
-        for (int i = 1; i < V; i++)
+        for (int i = 0; i < V; i++) {
+            if (isnan(logits[i]) || logits[i] == INFINITY)
+                return tqkv_fail(TQKV_EINVAL, "sampler: logit %d is %s (greedy)", i,
+                                 isnan(logits[i]) ? "NaN" : "+inf");
             if (logits[i] > logits[best]) best = i;
+        }
+        if (logits[best] == -INFINITY)
+            return tqkv_fail(TQKV_EINVAL, "sampler: every logit is -inf (greedy)");
         *token = best;
         return TQKV_OK;
     }

@@ -16,36 +16,14 @@
 #include <sys/stat.h>
 
 #include "tokenizer/tokenizer_internal.h"
+#include "util/file.h"
 
 // ---------------------------------------------------------------------------
 // Files and JSON
 // ---------------------------------------------------------------------------
 
 static tqkv_status read_file(const char *path, char **out, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return tqkv_fail(TQKV_EIO, "tokenizer: cannot open %s: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        fclose(f);
-        return tqkv_fail(TQKV_EIO, "tokenizer: %s is not a regular file", path);
-    }
-    size_t n = (size_t)sb.st_size;
-    char *buf = malloc(n + 1);
-    if (!buf) {
-        fclose(f);
-        return tqkv_fail(TQKV_ENOMEM, "tokenizer: out of memory reading %s (%zu bytes)", path, n);
-    }
-    size_t got = fread(buf, 1, n, f);
-    int err = ferror(f);
-    fclose(f);
-    if (got != n || err) {
-        free(buf);
-        return tqkv_fail(TQKV_EIO, "tokenizer: cannot read %s (%zu of %zu bytes)", path, got, n);
-    }
-    buf[n] = 0;
-    *out = buf;
-    *len = n;
-    return TQKV_OK;
+    return tqkv_file_read_all(path, (size_t)1 << 30, out, len, NULL);
 }
 
 static tqkv_status parse_json(const char *text, size_t len, const char *name, cJSON **out) {
