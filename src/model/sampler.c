@@ -177,16 +177,13 @@ tqkv_status tqkv_sampler_sample(tqkv_sampler *s, float *logits, int *token) {
         for (int i = h0; i < s->n_hist; i++) s->seen[s->hist[i]] = 0;
     }
     if (p->temperature == 0.0f) {
-        /* like the sampled path: a NaN or +inf logit, or no finite one, has no answer */
-        int best = 0;
-        for (int i = 0; i < V; i++) {
-            if (isnan(logits[i]) || logits[i] == INFINITY)
-                return tqkv_fail(TQKV_EINVAL, "sampler: logit %d is %s (greedy)", i,
-                                 isnan(logits[i]) ? "NaN" : "+inf");
-            if (logits[i] > logits[best]) best = i;
-        }
-        if (logits[best] == -INFINITY)
-            return tqkv_fail(TQKV_EINVAL, "sampler: every logit is -inf (greedy)");
+        /* argmax over the logits that are numbers (a NaN is never picked, wherever it
+         * sits); with none above -inf there is no answer: refuse, as the sampled path does */
+        int best = -1;
+        for (int i = 0; i < V; i++)
+            if (!isnan(logits[i]) && (best < 0 || logits[i] > logits[best])) best = i;
+        if (best < 0 || logits[best] == -INFINITY)
+            return tqkv_fail(TQKV_EINVAL, "sampler: no logit above -inf (all NaN or -inf; greedy)");
         *token = best;
         return TQKV_OK;
     }
