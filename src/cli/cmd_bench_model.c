@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "json_out.h"
 #include "model_cli.h"
 #include "tqkv_model.h"
 
@@ -164,7 +165,7 @@ int cmd_bench_model(int argc, char **argv) {
     }
     /* Repetitions are the outer loop, so every configuration is measured once per round
      * and machine noise spreads over all of them alike; the best round is kept. */
-    int rc = 0, first = 1;
+    int rc = 0;
     double best_pp[32 * 32] = {0}, best_tg[32 * 32] = {0}, bpt[32 * 32] = {0};
     for (int r = 0; r < reps && !rc; r++) {
         if (reps > 1) fprintf(stderr, "tqkv bench model: round %d/%d\n", r + 1, reps);
@@ -189,34 +190,26 @@ int cmd_bench_model(int argc, char **argv) {
                 if (tg > best_tg[i]) best_tg[i] = tg;
             }
     }
-    char *out = NULL;
-    size_t out_len = 0;
-    FILE *js = open_memstream(&out, &out_len);
-    if (!js) {
-        fprintf(stderr, "tqkv bench model: out of memory\n");
-        rc = 1;
-    } else {
-        fprintf(js, "[");
-    }
+    cJSON *arr = cJSON_CreateArray();
     for (int c = 0; c < n_ctx && !rc; c++)
         for (int k = 0; k < n_kv; k++) {
             int i = c * 32 + k;
             fprintf(tab, "%-8d %-10s %12.1f %12.1f %14.1f\n", ctxs[c], kv_items[k], best_pp[i],
                     best_tg[i], bpt[i]);
-            fprintf(js, "%s{\"ctx\": %d, \"kv\": ", first ? "" : ", ", ctxs[c]);
-            mcli_json_string(js, kv_items[k], strlen(kv_items[k]));
-            fprintf(js, ", \"prefill_tokens_per_s\": %.2f, \"decode_tokens_per_s\": %.2f, "
-                    "\"kv_bytes_per_token\": %.1f, \"threads\": %d, \"gen\": %d, \"rows\": %d, "
-                    "\"window\": %d}",
-                    best_pp[i], best_tg[i], bpt[i], threads, gen, rows, window);
-            first = 0;
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddItemToArray(arr, o);
+            cJSON_AddNumberToObject(o, "ctx", ctxs[c]);
+            cJSON_AddStringToObject(o, "kv", kv_items[k]);
+            json_add_num(o, "prefill_tokens_per_s", best_pp[i], 2);
+            json_add_num(o, "decode_tokens_per_s", best_tg[i], 2);
+            json_add_num(o, "kv_bytes_per_token", bpt[i], 1);
+            cJSON_AddNumberToObject(o, "threads", threads);
+            cJSON_AddNumberToObject(o, "gen", gen);
+            cJSON_AddNumberToObject(o, "rows", rows);
+            cJSON_AddNumberToObject(o, "window", window);
         }
-    if (js) {
-        fprintf(js, "]");
-        fclose(js);
-    }
-    if (json && !rc) printf("%s\n", out);
-    free(out);
+    if (json && !rc) rc = json_print(stdout, arr, 0, "bench model") ? 1 : 0;
+    else cJSON_Delete(arr);
     free(tok);
     free(logits);
     free(ctx_copy);

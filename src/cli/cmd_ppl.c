@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "json_out.h"
 #include "model_cli.h"
 #include "tqkv_model.h"
 #include "tqkv_tokenizer.h"
@@ -195,15 +196,20 @@ int cmd_ppl(int argc, char **argv) {
     if (do_kld) printf(", kld %.5f", kl / (double)cnt);
     printf("\n");
     if (json) {
-        printf("{\"ppl\": %.6f, \"kld\": ", ppl);
-        if (kld) printf("%.6f", do_kld ? kl / (double)cnt : 0.0);
-        else printf("null");
-        printf(", \"windows\": %d, \"tokens\": %zu, \"kv\": ", n_win, cnt);
-        mcli_json_string(stdout, kv, strlen(kv));
-        printf(", \"kv_bits_per_value\": %.4f, \"ctx\": %d, \"window\": %d, \"chunk\": %d, "
-               "\"forward_tokens_per_s\": %.1f}\n",
-               tqkv_model_state_kv_bits_per_value(s), ctx, window, chunk,
-               t_fwd > 0 ? (double)cnt * (do_kld ? 2 : 1) / t_fwd : 0.0);
+        cJSON *o = cJSON_CreateObject();
+        json_add_num(o, "ppl", ppl, 6);
+        if (kld) json_add_num(o, "kld", do_kld ? kl / (double)cnt : 0.0, 6);
+        else cJSON_AddNullToObject(o, "kld");
+        cJSON_AddNumberToObject(o, "windows", n_win);
+        cJSON_AddNumberToObject(o, "tokens", (double)cnt);
+        cJSON_AddStringToObject(o, "kv", kv);
+        json_add_num(o, "kv_bits_per_value", tqkv_model_state_kv_bits_per_value(s), 4);
+        cJSON_AddNumberToObject(o, "ctx", ctx);
+        cJSON_AddNumberToObject(o, "window", window);
+        cJSON_AddNumberToObject(o, "chunk", chunk);
+        json_add_num(o, "forward_tokens_per_s",
+                     t_fwd > 0 ? (double)cnt * (do_kld ? 2 : 1) / t_fwd : 0.0, 1);
+        if (json_print(stdout, o, 0, CMD)) goto done;
     }
     fflush(stdout);
     rc = 0;

@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "json_out.h"
 #include "model_cli.h"
 #include "tqkv_model.h"
 #include "tqkv_tokenizer.h"
@@ -254,17 +255,18 @@ int cmd_run(int argc, char **argv) {
             "decode %.1f t/s\n", last_nl ? "" : "\n", n_ids, t_prefill * 1e3, pp_tps, n_out, tg_tps);
     if (json) {
         if (!last_nl) fputc('\n', stdout);
-        printf("{\"text\": ");
-        mcli_json_string(stdout, text, text_len);
-        printf(", \"tokens\": [");
-        for (int i = 0; i < n_out; i++) printf("%s%d", i ? ", " : "", gen[i]);
-        printf("], \"prompt_tokens\": %zu, \"kv\": ", n_ids);
-        mcli_json_string(stdout, kv, strlen(kv));
-        printf(", \"kv_bits_per_value\": %.4f, \"kv_bytes_per_token\": %.1f, "
-               "\"prefill_tokens_per_s\": %.2f, \"decode_tokens_per_s\": %.2f, \"seed\": %llu, "
-               "\"temperature\": %g}\n",
-               tqkv_model_state_kv_bits_per_value(s), tqkv_model_state_kv_bytes_per_token(s), pp_tps,
-               tg_tps, (unsigned long long)pp.seed, pp.temperature);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddItemToObject(o, "text", json_bytes(text ? text : "", text_len));
+        json_add_ints(o, "tokens", gen, (size_t)n_out);
+        cJSON_AddNumberToObject(o, "prompt_tokens", (double)n_ids);
+        cJSON_AddStringToObject(o, "kv", kv);
+        json_add_num(o, "kv_bits_per_value", tqkv_model_state_kv_bits_per_value(s), 4);
+        json_add_num(o, "kv_bytes_per_token", tqkv_model_state_kv_bytes_per_token(s), 1);
+        json_add_num(o, "prefill_tokens_per_s", pp_tps, 2);
+        json_add_num(o, "decode_tokens_per_s", tg_tps, 2);
+        cJSON_AddNumberToObject(o, "seed", (double)pp.seed);
+        json_add_num(o, "temperature", pp.temperature, 6);
+        if (json_print(stdout, o, 0, CMD)) goto done;
     } else if (!last_nl) {
         fputc('\n', stdout);
     }

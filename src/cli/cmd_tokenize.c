@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "json_out.h"
 #include "model_cli.h"
 #include "tqkv_tokenizer.h"
 
@@ -79,17 +80,22 @@ int cmd_tokenize(int argc, char **argv) {
     }
 
     if (json) {
-        fputs("{\"ids\": [", stdout);
-        for (size_t i = 0; i < n; i++) printf(i ? ", %d" : "%d", ids[i]);
-        printf("], \"n_tokens\": %zu, \"tokens\": [", n);
-        for (size_t i = 0; i < n; i++) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON *a = cJSON_AddArrayToObject(o, "ids");
+        for (size_t i = 0; a && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+        cJSON_AddNumberToObject(o, "n_tokens", (double)n);
+        cJSON *t = cJSON_AddArrayToObject(o, "tokens");
+        for (size_t i = 0; t && i < n; i++) {
             const char *piece = "";
             size_t plen = 0;
             tqkv_tokenizer_id_to_token(tok, ids[i], &piece, &plen);  // ids come from encode
-            if (i) fputs(", ", stdout);
-            mcli_json_string(stdout, piece, plen);
+            cJSON_AddItemToArray(t, json_bytes(piece, plen));
         }
-        fputs("]}\n", stdout);
+        if (json_print(stdout, o, 0, "tokenize")) {
+            free(ids);
+            tqkv_tokenizer_free(tok);
+            return 1;
+        }
     } else {
         for (size_t i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
         fputc('\n', stdout);

@@ -116,24 +116,6 @@ int mcli_read_file(const char *cmd, const char *path, char **out, size_t *len) {
     return 0;
 }
 
-void mcli_json_string(FILE *f, const char *s, size_t len) {
-    fputc('"', f);
-    for (size_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)s[i];
-        switch (c) {
-        case '"': fputs("\\\"", f); break;
-        case '\\': fputs("\\\\", f); break;
-        case '\n': fputs("\\n", f); break;
-        case '\r': fputs("\\r", f); break;
-        case '\t': fputs("\\t", f); break;
-        default:
-            if (c < 0x20 || c == 0x7F) fprintf(f, "\\u%04x", c);
-            else fputc(c, f);
-        }
-    }
-    fputc('"', f);
-}
-
 double mcli_now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);

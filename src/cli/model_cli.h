@@ -1,7 +1,7 @@
 /*
  * model_cli.h - helpers shared by the model subcommands (run, ppl, bench model, tokenize).
  * Owns: model directory resolution, loading with status lines, KV spec / list parsing,
- * file reading, JSON string output, timing.
+ * file reading, timing. (JSON output: json_out.h.)
  * Must not: contain model or cache logic.
  */
 #ifndef TQKV_MODEL_CLI_H
@@ -29,7 +29,6 @@ int  mcli_check_window(const char *cmd, int window, tqkv_format k, tqkv_format v
 int  mcli_cpus(void);
 /* Whole file into a malloc'd NUL-terminated buffer; 0 or -1 (message printed). */
 int  mcli_read_file(const char *cmd, const char *path, char **out, size_t *len);
-void mcli_json_string(FILE *f, const char *s, size_t len);
 double mcli_now(void);
 
 #endif

@@ -1,0 +1,208 @@
+/*
+ * test_cli_json.c - the CLI's --json output is written by cJSON and parses back:
+ *   - json_bytes() round-trips random byte strings (NULs, quotes, control bytes, UTF-8)
+ *     through cJSON_Print / cJSON_Parse exactly (NULs as \u0000);
+ *   - json_add_num() rounds and writes null for non-finite values;
+ *   - `tqkv tokenize --json` and `tqkv run --json` print one line that parses, whose
+ *     fields agree with each other and with the library (ids == tqkv_tokenizer_encode).
+ * Owns: temporary files under /tmp. Must not: depend on ../shared.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "testutil.h"
+#include "cli/json_out.h"
+#include "tqkv_tokenizer.h"
+
+// ---------------------------------------------------------------------------
+// helpers
+// ---------------------------------------------------------------------------
+
+/* json_bytes(s) printed, then read back: cJSON_Parse stops a string at an escaped NUL,
+ * so the printed form is split at each \u0000 and every part parsed and compared. */
+static void check_roundtrip(const char *s, size_t len) {
+    cJSON *item = json_bytes(s, len);
+    assert_non_null(item);
+    char *txt = cJSON_PrintUnformatted(item);
+    cJSON_Delete(item);
+    assert_non_null(txt);
+    size_t tl = strlen(txt);
+    assert_true(tl >= 2 && txt[0] == '"' && txt[tl - 1] == '"');
+    size_t at = 0; /* position in s */
+    char *p = txt + 1;
+    txt[tl - 1] = 0;
+    for (;;) {
+        /* the next escaped NUL: scan escape by escape, so that an escaped backslash
+         * followed by "u0000" (the alphabet's literal "\\u0000") is not taken for one */
+        char *u = NULL;
+        for (char *q = p; *q && !u; q++) {
+            if (*q != '\\') continue;
+            if (!strncmp(q, "\\u0000", 6)) u = q;
+            else q++; /* skip the escaped character */
+        }
+        if (u) *u = 0;
+        char buf[4096];
+        snprintf(buf, sizeof buf, "\"%s\"", p);
+        cJSON *seg = cJSON_Parse(buf);
+        if (!seg) fail_msg("segment does not parse: %s", buf);
+        assert_true(cJSON_IsString(seg));
+        size_t sl = strlen(seg->valuestring);
+        assert_true(at + sl <= len);
+        assert_memory_equal(seg->valuestring, s + at, sl);
+        at += sl;
+        cJSON_Delete(seg);
+        if (!u) break;
+        assert_true(at < len && s[at] == 0);
+        at++;
+        p = u + 6;
+    }
+    assert_int_equal(at, len);
+    free(txt);
+}
+
+/* Run `tqkv ARGS` (stderr discarded); the last stdout line in out; returns exit status. */
+static int run_cli(const char *args, char *out, size_t cap) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "'%s' %s 2>/dev/null", TQKV_CLI_PATH, args);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    char line[1 << 16];
+    out[0] = 0;
+    while (fgets(line, sizeof line, f)) snprintf(out, cap, "%s", line);
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+// ---------------------------------------------------------------------------
+// tests
+// ---------------------------------------------------------------------------
+
+static void test_json_bytes_roundtrip(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed());
+    static const char *ALPHA[] = {"a", "\"", "\\", "\n", "\t", "\x01", "\x1f", "\x7f", "\xc3\xa9",
+                                  "\xe2\x82\xac", "/", " ", "u0000", "\\u0000"};
+    const size_t n_alpha = sizeof ALPHA / sizeof ALPHA[0];
+    for (int it = 0; it < 300; it++) {
+        char s[512];
+        size_t len = 0;
+        int n = rng_int(&r, 0, 40);
+        for (int i = 0; i < n; i++) {
+            if (rng_int(&r, 0, 4) == 0) {
+                s[len++] = 0;
+                continue;
+            }
+            const char *a = ALPHA[rng_int(&r, 0, (int)n_alpha - 1)];
+            memcpy(s + len, a, strlen(a));
+            len += strlen(a);
+        }
+        check_roundtrip(s, len);
+    }
+    check_roundtrip("", 0);
+    check_roundtrip("\0", 1);
+}
+
+static void test_json_numbers(void **state) {
+    (void)state;
+    cJSON *o = cJSON_CreateObject();
+    json_add_num(o, "a", 3.14159265, 2);
+    json_add_num(o, "b", NAN, 2);
+    json_add_num(o, "c", INFINITY, 2);
+    json_add_num(o, "d", 1234.5678, 1);
+    char *t = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    assert_string_equal(t, "{\"a\":3.14,\"b\":null,\"c\":null,\"d\":1234.6}");
+    free(t);
+}
+
+static void test_cli_tokenize_json(void **state) {
+    (void)state;
+    char model[1024], path[256], args[2048], out[1 << 16];
+    source_path("models/qwen3-code-28m", model, sizeof model);
+    snprintf(path, sizeof path, "/tmp/tqkv_cli_json_%d.txt", (int)getpid());
+    static const char TEXT[] = "def f(x):\n\treturn \"a\\\\b\" \x01 \xe2\x82\xac\n";
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fwrite(TEXT, 1, sizeof TEXT - 1, f);
+    fclose(f);
+    snprintf(args, sizeof args, "tokenize --model '%s' --file '%s' --json", model, path);
+    int rc = run_cli(args, out, sizeof out);
+    unlink(path);
+    assert_int_equal(rc, 0);
+    cJSON *o = cJSON_Parse(out);
+    if (!o) fail_msg("not JSON: %s", out);
+    const cJSON *ids = cJSON_GetObjectItem(o, "ids"), *toks = cJSON_GetObjectItem(o, "tokens");
+    const cJSON *n = cJSON_GetObjectItem(o, "n_tokens");
+    assert_true(cJSON_IsArray(ids) && cJSON_IsArray(toks) && cJSON_IsNumber(n));
+    // the ids are the library's
+    tqkv_tokenizer *tok;
+    assert_int_equal(tqkv_tokenizer_load(&tok, model), TQKV_OK);
+    int32_t *want;
+    size_t n_want;
+    assert_int_equal(tqkv_tokenizer_encode(tok, TEXT, sizeof TEXT - 1, 0, &want, &n_want), TQKV_OK);
+    assert_int_equal((size_t)cJSON_GetArraySize(ids), n_want);
+    assert_int_equal((size_t)cJSON_GetArraySize(toks), n_want);
+    assert_int_equal((size_t)n->valuedouble, n_want);
+    for (size_t i = 0; i < n_want; i++) {
+        assert_int_equal(cJSON_GetArrayItem(ids, (int)i)->valueint, want[i]);
+        const char *piece;
+        size_t plen;
+        assert_int_equal(tqkv_tokenizer_id_to_token(tok, want[i], &piece, &plen), TQKV_OK);
+        const cJSON *t = cJSON_GetArrayItem(toks, (int)i);
+        assert_true(cJSON_IsString(t));
+        assert_int_equal(strlen(t->valuestring), plen);
+        assert_memory_equal(t->valuestring, piece, plen);
+    }
+    free(want);
+    tqkv_tokenizer_free(tok);
+    cJSON_Delete(o);
+}
+
+static void test_cli_run_json(void **state) {
+    (void)state;
+    char model[1024], args[2048], out[1 << 16];
+    source_path("models/qwen3-code-28m", model, sizeof model);
+    snprintf(args, sizeof args,
+             "run --model '%s' --prompt 'def add(a, b):' -n 6 --temp 0 --kv tq4 --threads 2 "
+             "--json", model);
+    assert_int_equal(run_cli(args, out, sizeof out), 0);
+    cJSON *o = cJSON_Parse(out);
+    if (!o) fail_msg("not JSON: %s", out);
+    const cJSON *text = cJSON_GetObjectItem(o, "text"), *toks = cJSON_GetObjectItem(o, "tokens");
+    assert_true(cJSON_IsString(text) && cJSON_IsArray(toks));
+    assert_true(cJSON_GetArraySize(toks) >= 1 && cJSON_GetArraySize(toks) <= 6);
+    assert_string_equal(cJSON_GetObjectItem(o, "kv")->valuestring, "tq4");
+    assert_true(fabs(cJSON_GetObjectItem(o, "kv_bits_per_value")->valuedouble - 4.125) < 1e-9);
+    assert_true(cJSON_GetObjectItem(o, "prompt_tokens")->valuedouble >= 1);
+    // the text is the decode of the tokens (stream decode == decode of all ids)
+    tqkv_tokenizer *tok;
+    assert_int_equal(tqkv_tokenizer_load(&tok, model), TQKV_OK);
+    int32_t ids[8];
+    int n = cJSON_GetArraySize(toks);
+    for (int i = 0; i < n; i++) ids[i] = cJSON_GetArrayItem(toks, i)->valueint;
+    char *dec;
+    size_t dl;
+    assert_int_equal(tqkv_tokenizer_decode(tok, ids, (size_t)n, TQKV_DECODE_SKIP_SPECIAL, &dec, &dl),
+                     TQKV_OK);
+    assert_string_equal(text->valuestring, dec);
+    free(dec);
+    tqkv_tokenizer_free(tok);
+    cJSON_Delete(o);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_json_bytes_roundtrip),
+        cmocka_unit_test(test_json_numbers),
+        cmocka_unit_test(test_cli_tokenize_json),
+        cmocka_unit_test(test_cli_run_json),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
