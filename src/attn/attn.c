@@ -103,9 +103,6 @@ typedef struct {
 
 static inline int imin(int a, int b) { return a < b ? a : b; }
 static inline int imax(int a, int b) { return a > b ? a : b; }
-static inline int fmt_is_tq(tqkv_format f) {
-    return f == TQKV_TQ2 || f == TQKV_TQ3 || f == TQKV_TQ4;
-}
 
 /* Run of plane pl (row r, kv head h) that holds token t; returns the run's end. *rot is
  * 1 when the run's values live in the plane's rotated domain. */
@@ -209,7 +206,7 @@ static void decode_item(const attn_ctx *c, const attn_item *it, float *scratch, 
         }
         // scores for the group's heads
         if (!fused) materialise(c, &b->k, &sk, rk, n, tile, NULL);
-        if (fmt_is_tq(sk.fmt))   // one fp16 scale per tq vector: consecutive
+        if (tqkv_format_is_tq(sk.fmt))   // one fp16 scale per tq vector: consecutive
             c->isa->token_scales(sk.scales, n, c->scale, ks);
         else
             for (int j = 0; j < n; j++) ks[j] = c->scale;
@@ -221,7 +218,7 @@ static void decode_item(const attn_ctx *c, const attn_item *it, float *scratch, 
         // online softmax, value weights (tq scale folded per token)
         if (!fused) materialise(c, &b->v, &sv, rv, n, tile, NULL);
         const float *vsp = NULL;
-        if (fmt_is_tq(sv.fmt)) {
+        if (tqkv_format_is_tq(sv.fmt)) {
             c->isa->token_scales(sv.scales, n, 1.0f, vs);
             for (int j = n; j < BT; j++) vs[j] = 1.0f;
             vsp = vs;

@@ -1,6 +1,6 @@
 /*
  * attn_avx2.c - AVX2/FMA/F16C format-aware attention primitives (chosen at run time by
- * attn.c) and the AVX2 primitive table.
+ * attn.c) and the TQKV_AVX2 primitive table.
  * Owns: in-register decode of every stored format (tq4: two _mm256_permutevar8x32_ps
  * lookups + blend; tq3: one 8-entry lookup, its top index bit from a 256-entry table of
  * the 1-bit plane byte; tq2: one in-lane 4-entry lookup; f16/q8/q4 conversion), the fused
@@ -38,7 +38,7 @@ typedef struct {
     __m256 t0, t1;
 } luts;
 
-AVX2 static AI luts luts_make(int fmt, const float *c) {
+TQKV_AVX2 static AI luts luts_make(int fmt, const float *c) {
     luts L;
     if (fmt == TQKV_TQ4) {   // c[0..7], c[8..15]
         L.t0 = ld(c);
@@ -73,7 +73,7 @@ static const int32_t TQ3_HIBITS[256][8] __attribute__((aligned(32))) = {
  * bits 0..1 hold the crumb (bits above: later crumbs, cleared; for k = 3 none). Bit 2 comes
  * from TQ3_HIBITS[hk] (hk = byte k of the 1-bit plane): index = crumb | h << 2; the lookup
  * ignores higher bits. Four vector ops per 8 values (three for the first and last chunk). */
-AVX2 static AI __m256 lut8_tq3_tab(luts L, __m256i x, uint32_t hk, int k) {
+TQKV_AVX2 static AI __m256 lut8_tq3_tab(luts L, __m256i x, uint32_t hk, int k) {
     const __m256i xs = k ? _mm256_srli_epi32(x, 2 * k) : x;
     const __m256i xc = k < 3 ? _mm256_and_si256(xs, _mm256_set1_epi32(3)) : xs;
     const __m256i idx = _mm256_or_si256(
@@ -83,12 +83,12 @@ AVX2 static AI __m256 lut8_tq3_tab(luts L, __m256i x, uint32_t hk, int k) {
 
 /* 16-entry lookup: idx bits 0..2 pick within a half (two _mm256_permutevar8x32_ps
  * lookups), lane bit hbit of x (the nibble's bit 3) blends in the top half. */
-AVX2 static AI __m256 lut16(luts L, __m256i x, __m256i idx, int hbit) {
+TQKV_AVX2 static AI __m256 lut16(luts L, __m256i x, __m256i idx, int hbit) {
     return _mm256_blendv_ps(perm(L.t0, idx), perm(L.t1, idx),
                             _mm256_castsi256_ps(_mm256_slli_epi32(x, 31 - hbit)));
 }
 
-AVX2 static AI void dec_pair(int fmt, const uint8_t *pl, const uint16_t *sc, int dim, int g,
+TQKV_AVX2 static AI void dec_pair(int fmt, const uint8_t *pl, const uint16_t *sc, int dim, int g,
                              int h, luts L, __m256 *a, __m256 *b) {
     switch (fmt) {
     case TQKV_F32: {
@@ -153,7 +153,7 @@ AVX2 static AI void dec_pair(int fmt, const uint8_t *pl, const uint16_t *sc, int
 
 /* Prefetch token t of each stream in pf (see attn_pf): compact formats (a block's worth
  * is a few KiB) straight into L1, wide ones (f32/f16: tens of KiB) into L2. */
-AVX2 static AI void pf_token(const attn_pf *pf, int t) {
+TQKV_AVX2 static AI void pf_token(const attn_pf *pf, int t) {
     if (!pf) return;
     for (int k = 0; k < ATTN_NPF; k++) {
         if (!pf[k].p) continue;
@@ -184,7 +184,7 @@ static AI pf_fast pf_fast_make(const attn_pf *pf) {
     }
     return F;
 }
-AVX2 static AI void pf_fast_token(const pf_fast *F, const attn_pf *pf, int t) {
+TQKV_AVX2 static AI void pf_fast_token(const pf_fast *F, const attn_pf *pf, int t) {
     if (F->ok) {
         for (int k = 0; k < ATTN_NPF; k++) _mm_prefetch(F->p[k] + (size_t)t * F->s[k], _MM_HINT_T0);
     } else {
@@ -193,7 +193,7 @@ AVX2 static AI void pf_fast_token(const pf_fast *F, const attn_pf *pf, int t) {
 }
 
 /* One chunk c (natural dims 8c .. 8c+7) of a token, same values as dec_pair. */
-AVX2 static AI __m256 dec_chunk(int fmt, const uint8_t *pl, const uint16_t *sc, int dim, int c,
+TQKV_AVX2 static AI __m256 dec_chunk(int fmt, const uint8_t *pl, const uint16_t *sc, int dim, int c,
                                luts L) {
     const int g = c >> 2, k = c & 3;
     switch (fmt) {
@@ -233,7 +233,7 @@ static AI int is_tq(int fmt) { return fmt == TQKV_TQ2 || fmt == TQKV_TQ3 || fmt 
 // ---------------------------------------------------------------------------
 // decode: n tokens -> floats [n, dim]
 // ---------------------------------------------------------------------------
-AVX2 static AI void decode_gen(int fmt, const attn_src *s, int n, float *out,
+TQKV_AVX2 static AI void decode_gen(int fmt, const attn_src *s, int n, float *out,
                                const attn_pf *pf) {
     const int dim = s->dim, ng = dim / 32;
     const luts L = luts_make(fmt, s->cent);
@@ -261,7 +261,7 @@ AVX2 static AI void decode_gen(int fmt, const attn_src *s, int n, float *out,
 
 /* Pointers to tokens t..t+TS-1 of one step (a tail past n repeats the last valid token, whose
  * scores are computed and dropped), prefetching each. */
-AVX2 static AI void step_tokens(const attn_src *s, int t, int n, int TS, const attn_pf *pf,
+TQKV_AVX2 static AI void step_tokens(const attn_src *s, int t, int n, int TS, const attn_pf *pf,
                                 const uint8_t **pt, const uint16_t **st) {
     for (int tt = 0; tt < TS; tt++) {
         const int u = t + tt < n ? t + tt : n - 1;
@@ -275,7 +275,7 @@ AVX2 static AI void step_tokens(const attn_src *s, int t, int n, int TS, const a
 // score: HB heads x TS tokens per step (HB * TS <= 8 accumulators), the token's pairs
 // decoded once and used for every head of the group.
 // ---------------------------------------------------------------------------
-AVX2 static AI void score_pair_gen(int fmt, int HB, const attn_src *s, int n, const float *q,
+TQKV_AVX2 static AI void score_pair_gen(int fmt, int HB, const attn_src *s, int n, const float *q,
                               float *sc, int ldsc, const attn_pf *pf) {
     const int dim = s->dim, ng = dim / 32;
     // TS tokens x HB heads x 2 chains (the pair's a and b halves) <= 8 accumulators
@@ -328,7 +328,7 @@ AVX2 static AI void score_pair_gen(int fmt, int HB, const attn_src *s, int n, co
 
 /* Chunk strategy: TS tokens x HB heads accumulators; each token chunk decoded once, each
  * q chunk loaded once per step (KEEP) and used by all TS tokens. */
-AVX2 static AI void score_chunk_gen(int fmt, int HB, const attn_src *s, int n, const float *q,
+TQKV_AVX2 static AI void score_chunk_gen(int fmt, int HB, const attn_src *s, int n, const float *q,
                                     float *sc, int ldsc, const attn_pf *pf) {
     const int dim = s->dim, nc = dim / 8;
     const int TS = HB == 1 ? 8 : HB == 2 ? 4 : HB <= 4 ? 2 : 1;
@@ -365,7 +365,7 @@ AVX2 static AI void score_chunk_gen(int fmt, int HB, const attn_src *s, int n, c
 }
 
 /* Strategy per format (measured on Zen 4: see docs in attn.c). */
-AVX2 static AI void score_gen(int fmt, int HB, const attn_src *s, int n, const float *q,
+TQKV_AVX2 static AI void score_gen(int fmt, int HB, const attn_src *s, int n, const float *q,
                               float *sc, int ldsc, const attn_pf *pf) {
     if (SCORE_PAIR(fmt)) score_pair_gen(fmt, HB, s, n, q, sc, ldsc, pf);
     else score_chunk_gen(fmt, HB, s, n, q, sc, ldsc, pf);
@@ -375,7 +375,7 @@ AVX2 static AI void score_gen(int fmt, int HB, const attn_src *s, int n, const f
 // accum: HB heads x CP pairs of accumulators held in registers while the block's tokens
 // stream through in order; each token's pair is decoded once for all HB heads.
 // ---------------------------------------------------------------------------
-AVX2 static AI void accum_step(int fmt, int HB, int CP, const attn_src *s, int n,
+TQKV_AVX2 static AI void accum_step(int fmt, int HB, int CP, const attn_src *s, int n,
                                const float *w, int ldw, float *acc, int g0, int hs, luts L,
                                const attn_pf *pf) {
     const int dim = s->dim;
@@ -417,7 +417,7 @@ AVX2 static AI void accum_step(int fmt, int HB, int CP, const attn_src *s, int n
     }
 }
 
-AVX2 static AI void accum_gen(int fmt, int HB, int CP, const attn_src *s, int n,
+TQKV_AVX2 static AI void accum_gen(int fmt, int HB, int CP, const attn_src *s, int n,
                               const float *w, int ldw, float *acc, const attn_pf *pf) {
     const int ng = s->dim / 32;
     const int GS = CP >= 2 ? CP / 2 : 1;   // groups per step
@@ -438,10 +438,10 @@ AVX2 static AI void accum_gen(int fmt, int HB, int CP, const attn_src *s, int n,
 // Instantiation: one function per format; heads are processed in passes of <= 4
 // ---------------------------------------------------------------------------
 #define ATTN_FMT_FUNCS(NAME, FMT)                                                            \
-    AVX2 static void dec_##NAME(const attn_src *s, int n, float *out, const attn_pf *pf) {   \
+    TQKV_AVX2 static void dec_##NAME(const attn_src *s, int n, float *out, const attn_pf *pf) {   \
         decode_gen(FMT, s, n, out, pf);                                                      \
     }                                                                                        \
-    AVX2 static void score_##NAME(const attn_src *s, int n, const float *q, int nh,          \
+    TQKV_AVX2 static void score_##NAME(const attn_src *s, int n, const float *q, int nh,          \
                                   float *sc, int ldsc, const attn_pf *pf) {                  \
         for (int h0 = 0; h0 < nh;) {                                                         \
             const int left = nh - h0;                                                        \
@@ -456,7 +456,7 @@ AVX2 static AI void accum_gen(int fmt, int HB, int CP, const attn_src *s, int n,
             h0 += hb;                                                                        \
         }                                                                                    \
     }                                                                                        \
-    AVX2 static void accum_##NAME(const attn_src *s, int n, const float *w, int ldw, int nh,  \
+    TQKV_AVX2 static void accum_##NAME(const attn_src *s, int n, const float *w, int ldw, int nh,  \
                                   float *acc, const attn_pf *pf) {                           \
         for (int h0 = 0; h0 < nh;) {                                                         \
             const int left = nh - h0;                                                        \
@@ -494,7 +494,7 @@ typedef struct {
     __m256i b0, b1, b2, b3;
 } bplanes;
 
-AVX2 static AI bplanes bplanes_make(const float *c) {
+TQKV_AVX2 static AI bplanes bplanes_make(const float *c) {
     uint8_t t[4][32];
     for (int k = 0; k < 16; k++) {
         uint32_t u;
@@ -510,7 +510,7 @@ AVX2 static AI bplanes bplanes_make(const float *c) {
 }
 
 /* tq3: the 8-entry codebook, repeated for index bit 3 (never set). */
-AVX2 static AI bplanes bplanes_make8(const float *c) {
+TQKV_AVX2 static AI bplanes bplanes_make8(const float *c) {
     float c16[16];
     memcpy(c16, c, 8 * sizeof(float));
     memcpy(c16 + 8, c, 8 * sizeof(float));
@@ -518,7 +518,7 @@ AVX2 static AI bplanes bplanes_make8(const float *c) {
 }
 
 /* 32 nibble indices (bytes) -> f[0..3] (plane order, see above). */
-AVX2 static AI void bp_decode(bplanes P, __m256i idx, __m256 *f) {
+TQKV_AVX2 static AI void bp_decode(bplanes P, __m256i idx, __m256 *f) {
     const __m256i y0 = _mm256_shuffle_epi8(P.b0, idx), y1 = _mm256_shuffle_epi8(P.b1, idx);
     const __m256i y2 = _mm256_shuffle_epi8(P.b2, idx), y3 = _mm256_shuffle_epi8(P.b3, idx);
     const __m256i u0 = _mm256_unpacklo_epi8(y0, y1), u1 = _mm256_unpackhi_epi8(y0, y1);
@@ -530,7 +530,7 @@ AVX2 static AI void bp_decode(bplanes P, __m256i idx, __m256 *f) {
 }
 
 /* q [nh, dim] natural -> out [nh, dim] plane order (dim a multiple of 64). */
-AVX2 static void prep_q_tq4(const float *q, int nh, int dim, float *out) {
+TQKV_AVX2 static void prep_q_tq4(const float *q, int nh, int dim, float *out) {
     for (int h = 0; h < nh; h++) {
         const float *qh = q + (size_t)h * dim;
         float *o = out + (size_t)h * dim;
@@ -546,7 +546,7 @@ AVX2 static void prep_q_tq4(const float *q, int nh, int dim, float *out) {
 
 /* tq4 scores of HB <= 4 heads in byte planes (q in plane order), one token per step,
  * 2 chains per head (even / odd vectors). */
-AVX2 static AI void score_bp_gen(int HB, int DIM, const attn_src *s, int n, const float *q,
+TQKV_AVX2 static AI void score_bp_gen(int HB, int DIM, const attn_src *s, int n, const float *q,
                                  float *sc, int ldsc, const attn_pf *pf) {
     const int dim = DIM ? DIM : s->dim;   // DIM: compile-time head dim (0: run time)
     const pf_fast F = pf_fast_make(pf);
@@ -588,7 +588,7 @@ AVX2 static AI void score_bp_gen(int HB, int DIM, const attn_src *s, int n, cons
 }
 
 #define ATTN_BP_SCORE(NAME, GEN)                                                             \
-    AVX2 static void NAME(const attn_src *s, int n, const float *q, int nh, float *sc,        \
+    TQKV_AVX2 static void NAME(const attn_src *s, int n, const float *q, int nh, float *sc,        \
                           int ldsc, const attn_pf *pf) {                                      \
         for (int h0 = 0; h0 < nh;) {                                                          \
             const int hb = nh - h0 >= 4 ? 4 : nh - h0;                                        \
@@ -612,7 +612,7 @@ ATTN_BP_SCORE(score_tq4_bp, score_bp_gen)
 // vector 4g + m = dims 32g + 4m + (0..3) in lanes 0..3, 32g + 16 + 4m + (0..3) in 4..7.
 // ---------------------------------------------------------------------------
 /* q [nh, dim] natural -> out [nh, dim] tq3 plane order (dim a multiple of 32). */
-AVX2 static void prep_q_tq3(const float *q, int nh, int dim, float *out) {
+TQKV_AVX2 static void prep_q_tq3(const float *q, int nh, int dim, float *out) {
     for (int h = 0; h < nh; h++) {
         const float *qh = q + (size_t)h * dim;
         float *o = out + (size_t)h * dim;
@@ -626,7 +626,7 @@ AVX2 static void prep_q_tq3(const float *q, int nh, int dim, float *out) {
 
 /* Indices of group g as 32 bytes (natural order): crumbs from the 2-bit plane (qword k
  * shifted by 2k), the top bit from the 1-bit plane (byte i/8 replicated, bit i%8 tested). */
-AVX2 static AI __m256i tq3_idx(const uint8_t *pl, int dim, int g, __m256i sh, __m256i rep,
+TQKV_AVX2 static AI __m256i tq3_idx(const uint8_t *pl, int dim, int g, __m256i sh, __m256i rep,
                               __m256i bit, __m256i m3, __m256i m4) {
     int64_t lo;
     int32_t hi;
@@ -637,7 +637,7 @@ AVX2 static AI __m256i tq3_idx(const uint8_t *pl, int dim, int g, __m256i sh, __
     return _mm256_or_si256(c, _mm256_and_si256(_mm256_cmpeq_epi8(b, bit), m4));
 }
 
-AVX2 static AI void score_bp3_gen(int HB, int DIM, const attn_src *s, int n, const float *q,
+TQKV_AVX2 static AI void score_bp3_gen(int HB, int DIM, const attn_src *s, int n, const float *q,
                                   float *sc, int ldsc, const attn_pf *pf) {
     const int dim = DIM ? DIM : s->dim;   // DIM: compile-time head dim (0: run time)
     const pf_fast F = pf_fast_make(pf);

@@ -14,7 +14,7 @@
 // ---------------------------------------------------------------------------
 // Online softmax block
 // ---------------------------------------------------------------------------
-AVX2 void attn_avx2_softmax_block(float *sc, int ldsc, int n, int nh, const float *ks,
+TQKV_AVX2 void attn_avx2_softmax_block(float *sc, int ldsc, int n, int nh, const float *ks,
                                  const float *vs, float *m, float *l, float *acc, int dim,
                                  float *w, int ldw) {
     const int n8 = (n + 7) & ~7;
@@ -65,7 +65,7 @@ AVX2 void attn_avx2_softmax_block(float *sc, int ldsc, int n, int nh, const floa
 // ---------------------------------------------------------------------------
 // Token scales, rotation
 // ---------------------------------------------------------------------------
-AVX2 void attn_avx2_token_scales(const uint16_t *sc, int n, float mul, float *out) {
+TQKV_AVX2 void attn_avx2_token_scales(const uint16_t *sc, int n, float mul, float *out) {
     const __m256 m = _mm256_set1_ps(mul);
     int j = 0;
     for (; j + 8 <= n; j += 8)
@@ -77,7 +77,7 @@ AVX2 void attn_avx2_token_scales(const uint16_t *sc, int n, float mul, float *ou
 /* Normalized-free Walsh-Hadamard butterflies in codec/rotation.c's order: stages 1, 2, 4
  * inside each 8-block (a + b on the low lane of each pair, a - b on the high one), then
  * stages 8 .. dim/2 across registers. Every value sees the same adds as the scalar code. */
-AVX2 static AI __m256 fwht8(__m256 v) {
+TQKV_AVX2 static AI __m256 fwht8(__m256 v) {
     __m256 s = _mm256_permute_ps(v, 0xB1);   // swap neighbours
     v = _mm256_blend_ps(_mm256_add_ps(v, s), _mm256_sub_ps(s, v), 0xAA);
     s = _mm256_permute_ps(v, 0x4E);          // swap pairs
@@ -86,7 +86,7 @@ AVX2 static AI __m256 fwht8(__m256 v) {
     return _mm256_blend_ps(_mm256_add_ps(v, s), _mm256_sub_ps(s, v), 0xF0);
 }
 
-AVX2 static void v_fwht(float *x, int dim) {
+TQKV_AVX2 static void v_fwht(float *x, int dim) {
     for (int i = 0; i < dim; i += 8) _mm256_storeu_ps(x + i, fwht8(ld(x + i)));
     for (int h = 8; h < dim; h <<= 1)
         for (int i = 0; i < dim; i += 2 * h)
@@ -97,14 +97,14 @@ AVX2 static void v_fwht(float *x, int dim) {
             }
 }
 
-AVX2 void attn_avx2_rotate(const float *signs, int dim, float *x) {
+TQKV_AVX2 void attn_avx2_rotate(const float *signs, int dim, float *x) {
     const __m256 inv = _mm256_set1_ps((float)(1.0 / sqrt((double)dim)));
     for (int i = 0; i < dim; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(ld(x + i), ld(signs + i)));
     v_fwht(x, dim);
     for (int i = 0; i < dim; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(ld(x + i), inv));
 }
 
-AVX2 void attn_avx2_unrotate(const float *signs, int dim, float *x) {
+TQKV_AVX2 void attn_avx2_unrotate(const float *signs, int dim, float *x) {
     const __m256 inv = _mm256_set1_ps((float)(1.0 / sqrt((double)dim)));
     v_fwht(x, dim);
     for (int i = 0; i < dim; i += 8)
@@ -115,7 +115,7 @@ AVX2 void attn_avx2_unrotate(const float *signs, int dim, float *x) {
 // Prefill tiles (query-minor: 16 lanes = 2 registers per strip)
 // ---------------------------------------------------------------------------
 /* st[j, c] = sum_i k[j, i] qt[i, c] for JJ tokens x 16 lanes. */
-AVX2 static AI void qk_block(int JJ, const float *k, size_t ldk, int dim, const float *qt,
+TQKV_AVX2 static AI void qk_block(int JJ, const float *k, size_t ldk, int dim, const float *qt,
                              int mp, int c, float *st) {
     __m256 a0[4], a1[4];
 #pragma GCC unroll 4
@@ -136,8 +136,8 @@ AVX2 static AI void qk_block(int JJ, const float *k, size_t ldk, int dim, const 
     }
 }
 
-AVX2 void attn_avx2_tile_qk(const float *k, size_t ldk, int n, int dim, const float *qt, int mp,
-                           int l0, int l1, float *st) {
+TQKV_AVX2 void attn_avx2_tile_qk(const float *k, size_t ldk, int n, int dim, const float *qt,
+                                int mp, int l0, int l1, float *st) {
     for (int c = l0; c < l1; c += 16) {
         int j = 0;
         for (; j + 4 <= n; j += 4) qk_block(4, k + (size_t)j * ldk, ldk, dim, qt, mp, c, st + (size_t)j * mp);
@@ -148,7 +148,7 @@ AVX2 void attn_avx2_tile_qk(const float *k, size_t ldk, int n, int dim, const fl
     }
 }
 
-AVX2 void attn_avx2_tile_softmax(float *st, int n, int tok0, int mp, int l0, int l1,
+TQKV_AVX2 void attn_avx2_tile_softmax(float *st, int n, int tok0, int mp, int l0, int l1,
                                 const int32_t *lo, const int32_t *hi, float *m, float *l,
                                 float *ot, int dim) {
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
@@ -198,8 +198,8 @@ AVX2 void attn_avx2_tile_softmax(float *st, int n, int tok0, int mp, int l0, int
 }
 
 /* ot[i, c] += sum_j v[j, i] pt[j, c] for 4 dims x 16 lanes. */
-AVX2 void attn_avx2_tile_pv(const float *v, size_t ldv, int n, int dim, const float *pt, int mp,
-                           int l0, int l1, float *ot) {
+TQKV_AVX2 void attn_avx2_tile_pv(const float *v, size_t ldv, int n, int dim, const float *pt,
+                                int mp, int l0, int l1, float *ot) {
     for (int c = l0; c < l1; c += 16) {
         for (int i = 0; i < dim; i += 4) {
             __m256 a0[4], a1[4];

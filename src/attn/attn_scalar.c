@@ -1,14 +1,15 @@
 /*
  * attn_scalar.c - portable scalar attention primitives (the fallback every machine runs,
  * and the path TQKV_NO_SIMD=1 selects).
- * Owns: per-format token decode (bit unpacking that mirrors codec.h), the scalar versions
- * of the primitives in attn_internal.h.
+ * Owns: per-format token decode (tq indices unpacked by the codec, codec_unpack_bits), the
+ * scalar versions of the primitives in attn_internal.h.
  * Must not: allocate, use threads, or depend on anything but the run it is given.
  */
 #include <math.h>
 #include <string.h>
 
 #include "attn/attn_internal.h"
+#include "codec/codec.h"
 #include "util/common.h"
 
 // ---------------------------------------------------------------------------
@@ -46,20 +47,9 @@ void attn_decode_token(const attn_src *s, const uint8_t *pl, const uint16_t *sc,
     case TQKV_TQ3:
     case TQKV_TQ4: {
         const float sv = scaled ? tqkv_f16_to_f32(sc[0]) : 1.0f;
-        for (int g = 0; g < d / 32; g++) {
-            for (int o = 0; o < 32; o++) {
-                int idx;
-                if (s->fmt == TQKV_TQ4) {
-                    const uint8_t byte = pl[16 * g + (o & 15)];
-                    idx = o < 16 ? (byte & 15) : (byte >> 4);
-                } else {
-                    idx = (pl[8 * g + (o & 7)] >> (2 * (o >> 3))) & 3;
-                    if (s->fmt == TQKV_TQ3)
-                        idx |= ((pl[d / 4 + 4 * g + (o >> 3)] >> (o & 7)) & 1) << 2;
-                }
-                out[32 * g + o] = scaled ? sv * s->cent[idx] : s->cent[idx];
-            }
-        }
+        uint8_t idx[512]; // [d], d <= 512 (tqkv_check_dim)
+        codec_unpack_bits(tqkv_format_tq_bits(s->fmt), d, pl, idx);
+        for (int i = 0; i < d; i++) out[i] = scaled ? sv * s->cent[idx[i]] : s->cent[idx[i]];
         break;
     }
     default:

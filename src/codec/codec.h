@@ -70,6 +70,8 @@ void codec_decode_rotated(const struct tqkv_codec *c, const uint8_t *payload,
 
 /* Unpack the tq indices of one vector: idx [dim] in [0, 2^bits). */
 void codec_unpack_indices(const struct tqkv_codec *c, const uint8_t *payload, uint8_t *idx);
+/* The same from the bit width alone (bits 2..4), for readers that hold no codec. */
+void codec_unpack_bits(int bits, int dim, const uint8_t *payload, uint8_t *idx);
 void codec_pack_indices(const struct tqkv_codec *c, const uint8_t *idx, uint8_t *payload);
 
 #endif

@@ -1,5 +1,5 @@
 /*
- * codec_avx2.c - AVX2 + F16C decode paths and Walsh-Hadamard butterflies.
+ * codec_avx2.c - TQKV_AVX2 + F16C decode paths and Walsh-Hadamard butterflies.
  * Owns: SIMD versions of the scalar paths in codec.c / rotation.c.
  * Must not: differ from the scalar paths by a single bit (same operations, same
  * order: one multiply scale * value per element; same butterflies), or be called
@@ -14,7 +14,6 @@
 
 #include "util/common.h"
 
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
 
 // ---------------------------------------------------------------------------
 // Walsh-Hadamard
@@ -22,7 +21,7 @@
 
 /* h = 1, 2, 4 inside one register: low lanes get a + b, high lanes a - b where
  * a is the low partner, exactly like the scalar loop. */
-AVX2 static inline __m256 fwht8(__m256 v) {
+TQKV_AVX2 static inline __m256 fwht8(__m256 v) {
     __m256 s = _mm256_permute_ps(v, 0xB1); /* swap neighbours */
     v = _mm256_blend_ps(_mm256_add_ps(v, s), _mm256_sub_ps(s, v), 0xAA);
     s = _mm256_permute_ps(v, 0x4E); /* swap pairs */
@@ -32,7 +31,7 @@ AVX2 static inline __m256 fwht8(__m256 v) {
     return v;
 }
 
-AVX2 void codec_fwht_raw_avx2(float *x, int dim) {
+TQKV_AVX2 void codec_fwht_raw_avx2(float *x, int dim) {
     // x: [dim]
     for (int i = 0; i < dim; i += 8) _mm256_storeu_ps(x + i, fwht8(_mm256_loadu_ps(x + i)));
     for (int h = 8; h < dim; h <<= 1)
@@ -44,7 +43,7 @@ AVX2 void codec_fwht_raw_avx2(float *x, int dim) {
             }
 }
 
-AVX2 void codec_rotate_avx2(const struct tqkv_codec *c, float *x) {
+TQKV_AVX2 void codec_rotate_avx2(const struct tqkv_codec *c, float *x) {
     if (!c->rotated || !c->signs) return;
     const int d = c->dim;
     const __m256 inv = _mm256_set1_ps(codec_inv_sqrt_dim(d));
@@ -54,7 +53,7 @@ AVX2 void codec_rotate_avx2(const struct tqkv_codec *c, float *x) {
     for (int i = 0; i < d; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
 }
 
-AVX2 void codec_unrotate_avx2(const struct tqkv_codec *c, float *x) {
+TQKV_AVX2 void codec_unrotate_avx2(const struct tqkv_codec *c, float *x) {
     if (!c->rotated || !c->signs) return;
     const int d = c->dim;
     const __m256 inv = _mm256_set1_ps(codec_inv_sqrt_dim(d));
@@ -70,7 +69,7 @@ AVX2 void codec_unrotate_avx2(const struct tqkv_codec *c, float *x) {
 // ---------------------------------------------------------------------------
 
 /* 16 bytes -> low nibbles (elems 0..15) and high nibbles (elems 16..31). */
-AVX2 static inline void nibbles(const uint8_t *p, __m128i *lo, __m128i *hi) {
+TQKV_AVX2 static inline void nibbles(const uint8_t *p, __m128i *lo, __m128i *hi) {
     const __m128i m = _mm_set1_epi8(0x0F);
     __m128i b = _mm_loadu_si128((const __m128i *)p);
     *lo = _mm_and_si128(b, m);
@@ -78,18 +77,20 @@ AVX2 static inline void nibbles(const uint8_t *p, __m128i *lo, __m128i *hi) {
 }
 
 /* lanes 0..7 of bytes b (and b >> 64) widened to int32. */
-AVX2 static inline __m256i u8lo(__m128i b) { return _mm256_cvtepu8_epi32(b); }
-AVX2 static inline __m256i u8hi(__m128i b) { return _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)); }
+TQKV_AVX2 static inline __m256i u8lo(__m128i b) { return _mm256_cvtepu8_epi32(b); }
+TQKV_AVX2 static inline __m256i u8hi(__m128i b) {
+    return _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8));
+}
 
 /* 16-entry lookup: lo table for idx < 8, hi table for idx >= 8 (bit 3 -> sign bit). */
-AVX2 static inline __m256 lut16(__m256 tlo, __m256 thi, __m256i idx) {
+TQKV_AVX2 static inline __m256 lut16(__m256 tlo, __m256 thi, __m256i idx) {
     __m256 a = _mm256_permutevar8x32_ps(tlo, idx);
     __m256 b = _mm256_permutevar8x32_ps(thi, idx);
     return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
 }
 
 /* 2-bit plane group: 8 bytes at p; k-th output vector = elems 8k..8k+7. */
-AVX2 static inline void plane2(const uint8_t *p, __m256i out[4]) {
+TQKV_AVX2 static inline void plane2(const uint8_t *p, __m256i out[4]) {
     const __m256i m3 = _mm256_set1_epi32(3);
     __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
     out[0] = _mm256_and_si256(v, m3);
@@ -102,12 +103,12 @@ AVX2 static inline void plane2(const uint8_t *p, __m256i out[4]) {
 // Decode, one vector (rotated domain for tq)
 // ---------------------------------------------------------------------------
 
-AVX2 static void dec_f16(int d, const uint8_t *p, float *x) {
+TQKV_AVX2 static void dec_f16(int d, const uint8_t *p, float *x) {
     for (int i = 0; i < d; i += 8)
         _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 2 * i))));
 }
 
-AVX2 static void dec_q8(int d, const uint8_t *p, const uint16_t *scales, float *x) {
+TQKV_AVX2 static void dec_q8(int d, const uint8_t *p, const uint16_t *scales, float *x) {
     for (int b = 0; b < d / 32; b++) {
         const __m256 s = _mm256_set1_ps(tqkv_f16_to_f32(scales[b]));
         for (int k = 0; k < 4; k++) {
@@ -118,7 +119,7 @@ AVX2 static void dec_q8(int d, const uint8_t *p, const uint16_t *scales, float *
     }
 }
 
-AVX2 static void dec_q4(int d, const uint8_t *p, const uint16_t *scales, float *x) {
+TQKV_AVX2 static void dec_q4(int d, const uint8_t *p, const uint16_t *scales, float *x) {
     const __m256i eight = _mm256_set1_epi32(8);
     for (int b = 0; b < d / 32; b++) {
         const __m256 s = _mm256_set1_ps(tqkv_f16_to_f32(scales[b]));
@@ -132,7 +133,8 @@ AVX2 static void dec_q4(int d, const uint8_t *p, const uint16_t *scales, float *
     }
 }
 
-AVX2 static void dec_tq(const struct tqkv_codec *c, const uint8_t *p, uint16_t scale, float *x) {
+TQKV_AVX2 static void dec_tq(const struct tqkv_codec *c, const uint8_t *p, uint16_t scale,
+                             float *x) {
     const int d = c->dim;
     const __m256 s = _mm256_set1_ps(tqkv_f16_to_f32(scale));
     const __m256 tlo = _mm256_loadu_ps(c->centroids);     /* entries 0..7 */
@@ -169,7 +171,7 @@ AVX2 static void dec_tq(const struct tqkv_codec *c, const uint8_t *p, uint16_t s
     }
 }
 
-AVX2 void codec_decode_one_avx2(const struct tqkv_codec *c, const uint8_t *payload,
+TQKV_AVX2 void codec_decode_one_avx2(const struct tqkv_codec *c, const uint8_t *payload,
                                 const uint16_t *scales, float *x) {
     switch (c->format) {
     case TQKV_F32: memcpy(x, payload, (size_t)c->dim * sizeof(float)); break;
@@ -187,7 +189,7 @@ AVX2 void codec_decode_one_avx2(const struct tqkv_codec *c, const uint8_t *paylo
 // Encode pieces
 // ---------------------------------------------------------------------------
 
-AVX2 double codec_norm2_avx2(const float *x, int dim) {
+TQKV_AVX2 double codec_norm2_avx2(const float *x, int dim) {
     __m256d acc = _mm256_setzero_pd(); /* lanes = a0..a3 of the scalar loop */
     for (int i = 0; i < dim; i += 4) {
         __m256d v = _mm256_cvtps_pd(_mm_loadu_ps(x + i));
@@ -198,7 +200,7 @@ AVX2 double codec_norm2_avx2(const float *x, int dim) {
     return (a[0] + a[1]) + (a[2] + a[3]);
 }
 
-AVX2 double codec_tq_quantize_avx2(const struct tqkv_codec *c, const float *xr, float inv,
+TQKV_AVX2 double codec_tq_quantize_avx2(const struct tqkv_codec *c, const float *xr, float inv,
                                    uint8_t *idx) {
     const int d = c->dim, nb = (1 << c->bits) - 1;
     const __m256 vinv = _mm256_set1_ps(inv);
@@ -225,7 +227,7 @@ AVX2 double codec_tq_quantize_avx2(const struct tqkv_codec *c, const float *xr, 
     return (a[0] + a[1]) + (a[2] + a[3]);
 }
 
-AVX2 void codec_f16_encode_avx2(int dim, const float *x, uint8_t *payload) {
+TQKV_AVX2 void codec_f16_encode_avx2(int dim, const float *x, uint8_t *payload) {
     const __m128i absm = _mm_set1_epi16(0x7fff), inf = _mm_set1_epi16(0x7c00);
     const __m128i sgn = _mm_set1_epi16((short)0x8000), qnan = _mm_set1_epi16(0x7e00);
     for (int i = 0; i < dim; i += 8) {

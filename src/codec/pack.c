@@ -94,8 +94,11 @@ void codec_pack_indices(const struct tqkv_codec *c, const uint8_t *idx, uint8_t 
 }
 
 void codec_unpack_indices(const struct tqkv_codec *c, const uint8_t *payload, uint8_t *idx) {
-    const int d = c->dim;
-    switch (c->bits) {
+    codec_unpack_bits(c->bits, c->dim, payload, idx);
+}
+
+void codec_unpack_bits(int bits, int d, const uint8_t *payload, uint8_t *idx) {
+    switch (bits) {
     case 4: codec_plane4_unpack(payload, d, idx); break;
     case 3:
         unpack2(payload, d, idx);

@@ -130,18 +130,17 @@ static void range_scalar(const float *x, int m, const mm_weight *w, const float 
 // AVX2 micro-kernels
 // ---------------------------------------------------------------------------
 #ifdef MM_X86
-#define TGT __attribute__((target("avx2,fma,f16c")))
 #define AINL __attribute__((always_inline)) inline
 #define MM_BF16P 3 /* tile type code: bf16 in the packed layout */
 
-static AINL TGT __m256 ld8(const void *w, size_t i, const int t) {
+static AINL TQKV_AVX2 __m256 ld8(const void *w, size_t i, const int t) {
     if (t == MM_F32) return _mm256_loadu_ps((const float *)w + i);
     __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
     if (t == MM_F16) return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-static AINL TGT float ld1(const void *w, size_t i, const int t) {
+static AINL TQKV_AVX2 float ld1(const void *w, size_t i, const int t) {
     if (t == MM_F32) return ((const float *)w)[i];
     uint16_t h = ((const uint16_t *)w)[i];
     if (t == MM_F16) return _cvtsh_ss(h);
@@ -149,7 +148,7 @@ static AINL TGT float ld1(const void *w, size_t i, const int t) {
 }
 
 /* ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)) */
-static AINL TGT float hsum8(__m256 v) {
+static AINL TQKV_AVX2 float hsum8(__m256 v) {
     __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
     __m128 s = _mm_add_ps(lo, hi);
     __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -162,7 +161,7 @@ static AINL TGT float hsum8(__m256 v) {
  * bf16: x must be pair-permuted (see permute_pairs); 16 k per step: the even elements of
  * 16 bf16 are (v << 16), the odd ones (v & 0xffff0000), each against its half of x.
  * Register use: NR <= MR keeps the weights in registers and streams x, else the reverse. */
-static AINL TGT void tile(const float *x, size_t ldx, const void *w, size_t ldw, float *y,
+static AINL TQKV_AVX2 void tile(const float *x, size_t ldx, const void *w, size_t ldw, float *y,
                           size_t ldy, int K, const float *bias, const int MR, const int NR,
                           const int T) {
     __m256 acc[4][8];
@@ -263,9 +262,9 @@ typedef void (*tile_fn)(const float *, size_t, const void *, size_t, float *, si
                         const float *);
 
 #define DEF_TILE(MR, NR, T, TN)                                                                   \
-    static TGT void tile_##MR##x##NR##_##TN(const float *x, size_t ldx, const void *w,           \
-                                            size_t ldw, float *y, size_t ldy, int K,             \
-                                            const float *bias) {                                 \
+    static TQKV_AVX2 void tile_##MR##x##NR##_##TN(const float *x, size_t ldx, const void *w,     \
+                                                  size_t ldw, float *y, size_t ldy, int K,       \
+                                                  const float *bias) {                           \
         tile(x, ldx, w, ldw, y, ldy, K, bias, MR, NR, T);                                        \
     }
 #define DEF_TILES(T, TN)                                                                          \

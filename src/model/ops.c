@@ -120,8 +120,7 @@ static float exp_scalar(float x) {
 }
 
 #ifdef OPS_X86
-#define TGT __attribute__((target("avx2,fma,f16c")))
-static inline TGT __m256 exp_avx2(__m256 x) {
+static inline TQKV_AVX2 __m256 exp_avx2(__m256 x) {
     x = _mm256_min_ps(x, _mm256_set1_ps(EXP_HI));
     x = _mm256_max_ps(x, _mm256_set1_ps(EXP_LO));
     __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)),
@@ -141,13 +140,13 @@ static inline TGT __m256 exp_avx2(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
-static TGT void exp_avx2_n(const float *x, int n, float *out) {
+static TQKV_AVX2 void exp_avx2_n(const float *x, int n, float *out) {
     int i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, exp_avx2(_mm256_loadu_ps(x + i)));
     for (; i < n; i++) out[i] = exp_scalar(x[i]);
 }
 
-static TGT void swiglu_avx2(const float *g, const float *u, int n, float *h) {
+static TQKV_AVX2 void swiglu_avx2(const float *g, const float *u, int n, float *h) {
     int i = 0;
     const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
     for (; i + 8 <= n; i += 8) {

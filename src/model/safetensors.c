@@ -33,15 +33,6 @@ size_t st_dtype_size(st_dtype d) {
     }
 }
 
-const char *st_dtype_name(st_dtype d) {
-    switch (d) {
-    case ST_F32: return "F32";
-    case ST_F16: return "F16";
-    case ST_BF16: return "BF16";
-    default: return "other";
-    }
-}
-
 static st_dtype dtype_parse(const char *s) {
     if (!strcmp(s, "F32")) return ST_F32;
     if (!strcmp(s, "F16")) return ST_F16;

@@ -46,7 +46,6 @@ typedef struct {
 
 /* Bytes per element; 0 for ST_OTHER. */
 size_t st_dtype_size(st_dtype d);
-const char *st_dtype_name(st_dtype d);
 
 /* Open dir/model.safetensors.index.json (sharded) or else dir/model.safetensors.
  * On failure *a is zeroed and the message names the file (and tensor) at fault. */

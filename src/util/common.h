@@ -38,6 +38,9 @@ static inline float tqkv_bf16_to_f32(uint16_t b) {
 }
 
 /* ---- CPU features (runtime dispatch) ---- */
+/* The one target attribute of every AVX2/FMA/F16C function; callers reach such a function
+ * only when tqkv_cpu_has_avx2() says so, and always have a scalar fallback. */
+#define TQKV_AVX2 __attribute__((target("avx2,fma,f16c")))
 TQKV_API int tqkv_cpu_has_avx2(void); /* AVX2 + FMA + F16C; honours TQKV_NO_SIMD=1 */
 
 /* ---- checked allocation helpers ---- */
