@@ -1,7 +1,8 @@
 /*
  * cache_basics.c - libtqkv without a model: a 2-row tq4 KV cache for one layer.
- * Encodes a vector with the codec, appends K/V (encoded on the way in), attends with the fused kernel, extracts a row, exports and
- * restores it, and checks that the restored cache attends exactly like the original.
+ * Encodes a vector with the codec, appends K/V (encoded on the way in), attends with the
+ * fused kernel, extracts a row, exports and restores it, and checks that the restored
+ * cache attends exactly like the original.
  * Build: cc cache_basics.c $(pkg-config --cflags --libs tqkv) -lm
  */
 #include <math.h>
@@ -11,18 +12,18 @@
 
 #include <tqkv.h>
 
-#define ROWS 2
+#define ROWS     2
 #define KV_HEADS 2
-#define Q_HEADS 4
-#define DIM 128
-#define TOKENS 64
+#define Q_HEADS  4
+#define DIM      128
+#define TOKENS   64
 
-#define CHECK(call)                                                                     \
-    do {                                                                                \
-        if ((call) != TQKV_OK) {                                                        \
-            fprintf(stderr, "%s failed: %s\n", #call, tqkv_last_error());               \
-            return 1;                                                                   \
-        }                                                                               \
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        if ((call) != TQKV_OK) {                                                                   \
+            fprintf(stderr, "%s failed: %s\n", #call, tqkv_last_error());                          \
+            return 1;                                                                              \
+        }                                                                                          \
     } while (0)
 
 static float rnd(void) { return (float)rand() / RAND_MAX * 2.0f - 1.0f; }
@@ -60,8 +61,8 @@ int main(void) {
     for (int i = 0; i < ROWS * KV_HEADS * DIM; i++) k1[i] = rnd(), v1[i] = rnd();
     for (int i = 0; i < ROWS * Q_HEADS * DIM; i++) q[i] = rnd();
     CHECK(tqkv_batch_append(batch, k1, v1, 1));
-    tqkv_attn_params ap = {.q_heads = Q_HEADS, .scale = 1.0f / sqrtf(DIM),
-                           .kernel = TQKV_KERNEL_FUSED, .threads = 1};
+    tqkv_attn_params ap = {
+        .q_heads = Q_HEADS, .scale = 1.0f / sqrtf(DIM), .kernel = TQKV_KERNEL_FUSED, .threads = 1};
     static float out[ROWS * Q_HEADS * DIM]; // [rows, q_heads, 1, dim]
     CHECK(tqkv_batch_attend(batch, NULL, q, 1, &ap, out));
 

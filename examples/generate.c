@@ -11,12 +11,12 @@
 #include <tqkv_model.h>
 #include <tqkv_tokenizer.h>
 
-#define CHECK(call)                                                                     \
-    do {                                                                                \
-        if ((call) != TQKV_OK) {                                                        \
-            fprintf(stderr, "%s failed: %s\n", #call, tqkv_last_error());               \
-            return 1;                                                                   \
-        }                                                                               \
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        if ((call) != TQKV_OK) {                                                                   \
+            fprintf(stderr, "%s failed: %s\n", #call, tqkv_last_error());                          \
+            return 1;                                                                              \
+        }                                                                                          \
     } while (0)
 
 int main(int argc, char **argv) {

@@ -184,7 +184,7 @@ TQKV_API tqkv_status tqkv_cache_append(tqkv_cache *c, const float *k, const floa
 TQKV_API tqkv_status tqkv_cache_read(const tqkv_cache *c, int start, int n, float *k, float *v);
 /* q, out: [q_heads, n_query, head_dim]; the queries are the newest n_query tokens (causal). */
 TQKV_API tqkv_status tqkv_cache_attend(const tqkv_cache *c, const float *q, int n_query,
-                              const tqkv_attn_params *p, float *out);
+                                       const tqkv_attn_params *p, float *out);
 TQKV_API tqkv_status tqkv_cache_trim(tqkv_cache *c, int n);
 TQKV_API double      tqkv_cache_bytes_per_token(const tqkv_cache *c);
 TQKV_API size_t      tqkv_cache_projected_bytes(const tqkv_cache *c, int tokens);
@@ -253,19 +253,19 @@ TQKV_API int         tqkv_batch_spec_active(const tqkv_batch *b);
  * no mask is needed: n_query == 1, window == 0, every row unpadded at one offset.
  * The mask lives in the lease until the next call with a different key. */
 TQKV_API tqkv_status tqkv_batch_make_mask(const tqkv_batch *b, tqkv_mask_lease *lease, int n_query,
-                                 int window, const tqkv_mask **out);
+                                          int window, const tqkv_mask **out);
 
 /* q, out: [rows, q_heads, n_query, head_dim]. mask may be NULL only when make_mask
  * would return NULL. Rows are independent: a row's output is bitwise identical
  * whatever the other rows hold. */
 TQKV_API tqkv_status tqkv_batch_attend(const tqkv_batch *b, const tqkv_mask *mask, const float *q,
-                              int n_query, const tqkv_attn_params *p, float *out);
+                                       int n_query, const tqkv_attn_params *p, float *out);
 
 /* Donor capture: decode every row to dense floats.
  * k, v: [rows, kv_heads, cols, head_dim] with cols = tqkv_batch_columns(); padding
  * columns are zero. offset, left_pad: [rows] (may be NULL). */
 TQKV_API tqkv_status tqkv_batch_capture(const tqkv_batch *b, float *k, float *v, int *offset,
-                               int *left_pad);
+                                        int *left_pad);
 
 TQKV_API double      tqkv_batch_bytes_per_token(const tqkv_batch *b);
 /* Bytes the rows hold now (main planes + window), excluding spare capacity. */

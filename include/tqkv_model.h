@@ -103,7 +103,8 @@ TQKV_API tqkv_model_load_params tqkv_model_load_params_default(void);
 
 /* dir holds config.json, model.safetensors or model.safetensors.index.json + shards,
  * optionally generation_config.json. Errors name the file or tensor at fault. */
-TQKV_API tqkv_status tqkv_model_load(tqkv_model **out, const char *dir, const tqkv_model_load_params *p);
+TQKV_API tqkv_status tqkv_model_load(tqkv_model **out, const char *dir,
+                                     const tqkv_model_load_params *p);
 TQKV_API void        tqkv_model_free(tqkv_model *m);
 TQKV_API const tqkv_model_config     *tqkv_model_get_config(const tqkv_model *m);
 TQKV_API const tqkv_generation_config *tqkv_model_get_generation(const tqkv_model *m);
@@ -139,7 +140,7 @@ typedef struct {
 TQKV_API tqkv_model_state_params tqkv_model_state_params_default(void);
 
 TQKV_API tqkv_status tqkv_model_state_init(tqkv_model_state **out, const tqkv_model *m,
-                                  const tqkv_model_state_params *p);
+                                           const tqkv_model_state_params *p);
 TQKV_API void        tqkv_model_state_free(tqkv_model_state *s);
 /* Empty every layer's cache; rows > 0 changes the row count. */
 TQKV_API tqkv_status tqkv_model_state_reset(tqkv_model_state *s, int rows);
@@ -170,15 +171,17 @@ typedef enum {
 /* Left-padded batched prefill; every row must be empty. tokens [rows, n]: row r's
  * lengths[r] tokens are its LAST lengths[r] entries (the first n - lengths[r] are ignored);
  * lengths NULL means all n. Positions start at 0 for every row. */
-TQKV_API tqkv_status tqkv_model_prefill(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
-                               const int *lengths, int n, tqkv_logits_mode mode, float *logits);
+TQKV_API tqkv_status tqkv_model_prefill(const tqkv_model *m, tqkv_model_state *s,
+                                        const int32_t *tokens, const int *lengths, int n,
+                                        tqkv_logits_mode mode, float *logits);
 /* Window append of n tokens to every row (rows may already hold tokens): tokens [rows, n],
  * RoPE positions offset[r] .. offset[r] + n - 1. */
-TQKV_API tqkv_status tqkv_model_extend(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
-                              int n, tqkv_logits_mode mode, float *logits);
+TQKV_API tqkv_status tqkv_model_extend(const tqkv_model *m, tqkv_model_state *s,
+                                       const int32_t *tokens, int n, tqkv_logits_mode mode,
+                                       float *logits);
 /* One token per row: tokens [rows], logits [rows, vocab]. */
-TQKV_API tqkv_status tqkv_model_decode(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
-                              float *logits);
+TQKV_API tqkv_status tqkv_model_decode(const tqkv_model *m, tqkv_model_state *s,
+                                       const int32_t *tokens, float *logits);
 
 /* ------------------------------------------------------------------------- */
 /* Sampling                                                                   */

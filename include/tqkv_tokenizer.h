@@ -72,7 +72,7 @@ TQKV_API tqkv_status tqkv_tokenizer_load(tqkv_tokenizer **out, const char *model
 TQKV_API tqkv_status tqkv_tokenizer_load_file(tqkv_tokenizer **out, const char *tokenizer_json);
 /* From tokenizer.json bytes in memory; `name` is used in error messages. */
 TQKV_API tqkv_status tqkv_tokenizer_load_json(tqkv_tokenizer **out, const char *json, size_t len,
-                                     const char *name);
+                                              const char *name);
 TQKV_API void        tqkv_tokenizer_free(tqkv_tokenizer *t);
 
 /* ------------------------------------------------------------------------- */
@@ -91,7 +91,7 @@ enum {
 /* text: `len` bytes of UTF-8 (need not be NUL-terminated; invalid UTF-8 is TQKV_EINVAL
  * naming the byte offset). *ids: [*n_ids] malloc'd (NULL when *n_ids == 0). */
 TQKV_API tqkv_status tqkv_tokenizer_encode(const tqkv_tokenizer *t, const char *text, size_t len,
-                                  unsigned flags, int32_t **ids, size_t *n_ids);
+                                           unsigned flags, int32_t **ids, size_t *n_ids);
 
 enum {
     TQKV_DECODE_SKIP_SPECIAL = 1u << 0, /* drop special added tokens (HF skip_special_tokens) */
@@ -100,7 +100,7 @@ enum {
 /* ids: [n] -> *out: malloc'd, NUL-terminated, valid UTF-8, *out_len bytes (without the
  * NUL; out_len may be NULL). An id with no token is TQKV_ERANGE. */
 TQKV_API tqkv_status tqkv_tokenizer_decode(const tqkv_tokenizer *t, const int32_t *ids, size_t n,
-                                  unsigned flags, char **out, size_t *out_len);
+                                           unsigned flags, char **out, size_t *out_len);
 
 /* ------------------------------------------------------------------------- */
 /* Streaming decode: push ids one at a time, get back only complete UTF-8      */
@@ -113,15 +113,16 @@ typedef struct tqkv_decode_stream tqkv_decode_stream;
 
 /* flags: TQKV_DECODE_*. The tokenizer must outlive the stream. */
 TQKV_API tqkv_status tqkv_decode_stream_init(tqkv_decode_stream **out, const tqkv_tokenizer *t,
-                                    unsigned flags);
+                                             unsigned flags);
 TQKV_API void        tqkv_decode_stream_free(tqkv_decode_stream *s);
 /* *text: [*len] bytes (NUL-terminated) owned by the stream, valid until the next call
  * on it; *len may be 0. An id with no token is TQKV_ERANGE and changes nothing. */
 TQKV_API tqkv_status tqkv_decode_stream_push(tqkv_decode_stream *s, int32_t id, const char **text,
-                                    size_t *len);
+                                             size_t *len);
 /* Emits what is held back (an incomplete sequence becomes U+FFFD) and resets the
  * stream to its initial state, ready for a new sequence. */
-TQKV_API tqkv_status tqkv_decode_stream_flush(tqkv_decode_stream *s, const char **text, size_t *len);
+TQKV_API tqkv_status tqkv_decode_stream_flush(tqkv_decode_stream *s, const char **text,
+                                              size_t *len);
 
 /* ------------------------------------------------------------------------- */
 /* Lookups                                                                    */
@@ -130,16 +131,16 @@ TQKV_API tqkv_status tqkv_decode_stream_flush(tqkv_decode_stream *s, const char 
 /* Number of id slots: 1 + the largest id of the model vocab and the added tokens. */
 TQKV_API int32_t     tqkv_tokenizer_vocab_size(const tqkv_tokenizer *t);
 /* Token string -> id (added tokens first, then the model vocab). Not found: TQKV_EINVAL. */
-TQKV_API tqkv_status tqkv_tokenizer_token_to_id(const tqkv_tokenizer *t, const char *token, size_t len,
-                                       int32_t *id);
+TQKV_API tqkv_status tqkv_tokenizer_token_to_id(const tqkv_tokenizer *t, const char *token,
+                                                size_t len, int32_t *id);
 /* id -> token string as stored in the vocab (e.g. "Ġworld"); *piece is owned by the
  * tokenizer and NUL-terminated. No such id: TQKV_ERANGE. */
-TQKV_API tqkv_status tqkv_tokenizer_id_to_token(const tqkv_tokenizer *t, int32_t id, const char **piece,
-                                       size_t *len);
+TQKV_API tqkv_status tqkv_tokenizer_id_to_token(const tqkv_tokenizer *t, int32_t id,
+                                                const char **piece, size_t *len);
 /* id -> the bytes the decoder makes of it alone (may be part of a UTF-8 character);
  * *bytes is owned by the tokenizer. No such id: TQKV_ERANGE. */
-TQKV_API tqkv_status tqkv_tokenizer_id_bytes(const tqkv_tokenizer *t, int32_t id, const char **bytes,
-                                    size_t *len);
+TQKV_API tqkv_status tqkv_tokenizer_id_bytes(const tqkv_tokenizer *t, int32_t id,
+                                             const char **bytes, size_t *len);
 /* 1 if id is a special added token, else 0 (also for invalid ids). */
 TQKV_API int         tqkv_tokenizer_is_special(const tqkv_tokenizer *t, int32_t id);
 /* From tokenizer_config.json; -1 when absent or not in the vocab. */

@@ -16,7 +16,8 @@ echo "== install to a temporary prefix; build and run examples/ against it"
 scripts/check_install.sh build
 
 echo "== ASan+UBSan build + ctest"
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTQKV_SANITIZE=ON -DBUILD_TESTING=ON >/dev/null
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTQKV_SANITIZE=ON \
+  -DBUILD_TESTING=ON >/dev/null
 cmake --build build-asan -j"$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
    ctest --output-on-failure -j1) | tee build-asan/ctest.log

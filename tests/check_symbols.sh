@@ -15,7 +15,8 @@ for lib in "$@"; do
   bad=$(printf '%s\n' "$names" | grep -Ev '^(tqkv_|TQKV)' | sort -u)
   n_api=$(printf '%s\n' "$names" | grep -c '^tqkv_')
   if [ -n "$bad" ]; then
-    echo "FAIL: $lib defines $(printf '%s\n' "$bad" | wc -l) global symbols without the tqkv_ prefix:"
+    n_bad=$(printf '%s\n' "$bad" | wc -l)
+    echo "FAIL: $lib defines $n_bad global symbols without the tqkv_ prefix:"
     printf '%s\n' "$bad" | head -50 | sed 's/^/  /'
     status=1
   elif [ "$n_api" -lt 10 ]; then

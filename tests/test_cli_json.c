@@ -87,8 +87,9 @@ static void test_json_bytes_roundtrip(void **state) {
     (void)state;
     test_rng r;
     rng_init(&r, test_seed());
-    static const char *ALPHA[] = {"a", "\"", "\\", "\n", "\t", "\x01", "\x1f", "\x7f", "\xc3\xa9",
-                                  "\xe2\x82\xac", "/", " ", "u0000", "\\u0000"};
+    static const char *ALPHA[] = {"a",    "\"",   "\\",    "\n",       "\t",
+                                  "\x01", "\x1f", "\x7f",  "\xc3\xa9", "\xe2\x82\xac",
+                                  "/",    " ",    "u0000", "\\u0000"};
     const size_t n_alpha = sizeof ALPHA / sizeof ALPHA[0];
     for (int it = 0; it < 300; it++) {
         char s[512];
@@ -171,7 +172,8 @@ static void test_cli_run_json(void **state) {
     source_path("models/qwen3-code-28m", model, sizeof model);
     snprintf(args, sizeof args,
              "run --model '%s' --prompt 'def add(a, b):' -n 6 --temp 0 --kv tq4 --threads 2 "
-             "--json", model);
+             "--json",
+             model);
     assert_int_equal(run_cli(args, out, sizeof out), 0);
     cJSON *o = cJSON_Parse(out);
     if (!o) fail_msg("not JSON: %s", out);
@@ -189,8 +191,8 @@ static void test_cli_run_json(void **state) {
     for (int i = 0; i < n; i++) ids[i] = cJSON_GetArrayItem(toks, i)->valueint;
     char *dec;
     size_t dl;
-    assert_int_equal(tqkv_tokenizer_decode(tok, ids, (size_t)n, TQKV_DECODE_SKIP_SPECIAL, &dec, &dl),
-                     TQKV_OK);
+    assert_int_equal(
+        tqkv_tokenizer_decode(tok, ids, (size_t)n, TQKV_DECODE_SKIP_SPECIAL, &dec, &dl), TQKV_OK);
     assert_string_equal(text->valuestring, dec);
     free(dec);
     tqkv_tokenizer_free(tok);

@@ -15,11 +15,11 @@
  * cJSON strings end at the first NUL). NULL on out of memory. */
 cJSON *json_bytes(const char *s, size_t len);
 /* Add `key`: v rounded to `decimals` places (null when v is not finite). */
-void   json_add_num(cJSON *o, const char *key, double v, int decimals);
+void json_add_num(cJSON *o, const char *key, double v, int decimals);
 /* Add `key`: an array of n ints. */
-void   json_add_ints(cJSON *o, const char *key, const int *v, size_t n);
+void json_add_ints(cJSON *o, const char *key, const int *v, size_t n);
 /* Print root on one line (pretty = 0) or indented, then "\n", and free root.
  * 0, or -1 (message on stderr) when root is NULL (a failed allocation) or printing fails. */
-int    json_print(FILE *f, cJSON *root, int pretty, const char *cmd);
+int json_print(FILE *f, cJSON *root, int pretty, const char *cmd);
 
 #endif

@@ -76,11 +76,12 @@ static tqkv_status check_tiling(const char *path, st_tensor *t, int n, const uin
         size_t o0 = (size_t)(t[i].data - data), o1 = o0 + t[i].nbytes;
         if (o0 < at)
             return tqkv_fail(TQKV_ECORRUPT,
-                             "%s: tensor '%s' data_offsets [%zu, %zu] overlap tensor '%s' (ends at %zu)",
+                             "%s: tensor '%s' data_offsets [%zu, %zu] overlap tensor '%s' "
+                             "(ends at %zu)",
                              path, t[i].name, o0, o1, t[i - 1].name, at);
         if (o0 > at)
-            return tqkv_fail(TQKV_ECORRUPT, "%s: %zu unused bytes before tensor '%s' (at %zu)", path,
-                             o0 - at, t[i].name, at);
+            return tqkv_fail(TQKV_ECORRUPT, "%s: %zu unused bytes before tensor '%s' (at %zu)",
+                             path, o0 - at, t[i].name, at);
         at = o1;
     }
     if (at != data_size)
@@ -206,8 +207,9 @@ static tqkv_status open_one(const char *path, int file_index, st_file *fout, st_
             for (int d = 0, k = 0; d < nd; d++)
                 k += snprintf(dims + k, sizeof dims - (size_t)k, "%s%lld", d ? ", " : "",
                               (long long)t.shape[d]);
-            rc = tqkv_fail(TQKV_ECORRUPT, "%s: tensor '%s': shape [%s] is too large (%s bytes overflow)",
-                           path, name, dims, dt->valuestring);
+            rc = tqkv_fail(TQKV_ECORRUPT,
+                           "%s: tensor '%s': shape [%s] is too large (%s bytes overflow)", path,
+                           name, dims, dt->valuestring);
             goto fail;
         }
         if (nbytes != o1 - o0) {

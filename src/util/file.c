@@ -61,8 +61,8 @@ tqkv_status tqkv_file_read_all(const char *path, size_t max, char **out, size_t 
     if (rc != TQKV_OK) return rc;
     if (size > max) {
         close(fd);
-        return tqkv_fail(TQKV_ECORRUPT, "%s: %zu bytes, more than the %zu this file may have",
-                         path, size, max);
+        return tqkv_fail(TQKV_ECORRUPT, "%s: %zu bytes, more than the %zu this file may have", path,
+                         size, max);
     }
     char *buf = malloc(size + 1); // [size + 1]: contents + NUL
     if (!buf) {
