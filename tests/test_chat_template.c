@@ -1,0 +1,389 @@
+/*
+ * test_chat_template.c - chat templates (include/tqkv_chat.h): the real templates of
+ * Qwen3, Qwen 3.5, Llama 3.x, Gemma 3 and Gemma 4 rendered over the conversations of
+ * tests/golden/chat/goldens.json must equal transformers' apply_chat_template byte for
+ * byte (or fail with the same raise_exception message); the fixtures' ChatML template
+ * against a hand-built rendering of random conversations; Jinja semantics the templates
+ * rely on; and the init / render errors.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "testutil.h"
+#include "tqkv_chat.h"
+
+/* ------------------------------------------------------------------------- */
+/* Helpers                                                                    */
+/* ------------------------------------------------------------------------- */
+
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        fclose(f);
+        free(buf);
+        return NULL;
+    }
+    buf[n] = 0;
+    fclose(f);
+    if (len) *len = (size_t)n;
+    return buf;
+}
+
+/* Renders src over msgs; returns the malloc'd text or NULL (status in *st). */
+static char *render_src(const char *src, const tqkv_chat_message *msgs, int n, int agp, const char *bos,
+                        const char *eos, tqkv_status *st) {
+    tqkv_chat_template *t = NULL;
+    *st = tqkv_chat_template_init(&t, src);
+    if (*st != TQKV_OK) return NULL;
+    char *out = NULL;
+    size_t len = 0;
+    *st = tqkv_chat_template_render(t, msgs, n, agp, bos, eos, &out, &len);
+    tqkv_chat_template_free(t);
+    if (*st == TQKV_OK) assert_int_equal(len, strlen(out));
+    return out;
+}
+
+/* Renders a template with no messages; asserts success and returns the text. */
+static void expect_render(const char *src, const char *expected) {
+    tqkv_status st;
+    tqkv_chat_message m = {"user", "hi"};
+    char *out = render_src(src, &m, 1, 0, "<s>", "</s>", &st);
+    if (st != TQKV_OK) fail_msg("template %s failed: %s", src, tqkv_last_error());
+    if (strcmp(out, expected) != 0) fail_msg("template %s\n  got      [%s]\n  expected [%s]", src, out, expected);
+    free(out);
+}
+
+static void expect_fail(const char *src, tqkv_status want, const char *msg_part) {
+    tqkv_status st;
+    tqkv_chat_message m = {"user", "hi"};
+    char *out = render_src(src, &m, 1, 0, "<s>", "</s>", &st);
+    if (st != want)
+        fail_msg("template %s: status %s (%s), expected %s", src, tqkv_status_name(st), out ? out : tqkv_last_error(),
+                 tqkv_status_name(want));
+    if (msg_part && !strstr(tqkv_last_error(), msg_part))
+        fail_msg("template %s: message [%s] lacks [%s]", src, tqkv_last_error(), msg_part);
+    free(out);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Goldens from transformers                                                  */
+/* ------------------------------------------------------------------------- */
+
+static void test_goldens(void **state) {
+    (void)state;
+    char path[4096], tpath[4096];
+    const char *gpath = getenv("TQKV_CHAT_GOLDENS");
+    if (!gpath) gpath = source_path("tests/golden/chat/goldens.json", path, sizeof path);
+    char *text = read_file(gpath, NULL);
+    if (!text) fail_msg("cannot read %s", gpath);
+    cJSON *doc = cJSON_Parse(text);
+    assert_non_null(doc);
+    const cJSON *gen = cJSON_GetObjectItem(doc, "generator");
+    printf("goldens: %s\n", cJSON_IsString(gen) ? gen->valuestring : "?");
+    const cJSON *cases = cJSON_GetObjectItem(doc, "cases");
+    assert_true(cJSON_IsArray(cases));
+    int n_cases = 0, n_bad = 0, n_err_cases = 0;
+    const char *templates_seen[16] = {0};
+    int n_templates = 0;
+    const cJSON *c;
+    cJSON_ArrayForEach(c, cases) {
+        const char *tname = cJSON_GetObjectItem(c, "template")->valuestring;
+        const char *cname = cJSON_GetObjectItem(c, "conversation")->valuestring;
+        int agp = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt"));
+        const char *bos = cJSON_GetObjectItem(c, "bos_token")->valuestring;
+        const char *eos = cJSON_GetObjectItem(c, "eos_token")->valuestring;
+        const cJSON *msgs = cJSON_GetObjectItem(c, "messages");
+        int n = cJSON_GetArraySize(msgs);
+        tqkv_chat_message *m = calloc((size_t)n + 1, sizeof *m);
+        for (int i = 0; i < n; i++) {
+            const cJSON *mi = cJSON_GetArrayItem(msgs, i);
+            m[i].role = cJSON_GetObjectItem(mi, "role")->valuestring;
+            m[i].content = cJSON_GetObjectItem(mi, "content")->valuestring;
+        }
+        snprintf(tpath, sizeof tpath, "tests/golden/chat/%s.jinja", tname);
+        char *src = read_file(source_path(tpath, path, sizeof path), NULL);
+        if (!src) fail_msg("cannot read template %s", tpath);
+        int seen = 0;
+        for (int k = 0; k < n_templates; k++) seen |= strcmp(templates_seen[k], tname) == 0;
+        if (!seen && n_templates < 16) templates_seen[n_templates++] = tname;
+        tqkv_status st;
+        char *out = render_src(src, m, n, agp, bos, eos, &st);
+        const cJSON *exp = cJSON_GetObjectItem(c, "expected");
+        const cJSON *err = cJSON_GetObjectItem(c, "error");
+        int ok;
+        if (exp) {
+            ok = st == TQKV_OK && strcmp(out, exp->valuestring) == 0;
+            if (!ok) {
+                size_t d = 0;
+                if (out)
+                    while (out[d] && out[d] == exp->valuestring[d]) d++;
+                printf("MISMATCH %s/%s agp=%d: %s; first difference at byte %zu\n  got: [%.120s]\n  exp: [%.120s]\n",
+                       tname, cname, agp, st == TQKV_OK ? "text differs" : tqkv_last_error(), d,
+                       out ? out + d : "", exp->valuestring + (out ? d : 0));
+            }
+        } else {
+            n_err_cases++;
+            ok = st == TQKV_EINVAL && err && strcmp(tqkv_last_error(), err->valuestring) == 0;
+            if (!ok)
+                printf("MISMATCH %s/%s agp=%d: expected error [%s], got %s [%s]\n", tname, cname, agp,
+                       err ? err->valuestring : "?", tqkv_status_name(st), st == TQKV_OK ? out : tqkv_last_error());
+        }
+        n_bad += !ok;
+        n_cases++;
+        free(out);
+        free(src);
+        free(m);
+    }
+    printf("chat goldens: %d cases (%d expected errors) over %d templates, %d mismatches\n", n_cases, n_err_cases,
+           n_templates, n_bad);
+    assert_true(n_cases >= 100);
+    assert_true(n_templates >= 5);
+    assert_true(n_err_cases >= 2);
+    assert_int_equal(n_bad, 0);
+    cJSON_Delete(doc);
+    free(text);
+}
+
+/* ------------------------------------------------------------------------- */
+/* The fixtures' ChatML template over random conversations                   */
+/* ------------------------------------------------------------------------- */
+
+static void random_text(test_rng *r, char *buf, int cap) {
+    static const char *const pieces[] = {"a", "Z", " ", "\n", "\t", "{{", "}}", "{%", "%}", "{#", "'", "\"", "\\",
+                                         "é", "世", "🙂", "<|im_end|>", "-", "0", "  "};
+    int n = rng_int(r, 0, 40), k = 0;
+    for (int i = 0; i < n; i++) {
+        const char *p = pieces[rng_int(r, 0, (int)(sizeof pieces / sizeof pieces[0]) - 1)];
+        int l = (int)strlen(p);
+        if (k + l >= cap) break;
+        memcpy(buf + k, p, (size_t)l);
+        k += l;
+    }
+    buf[k] = 0;
+}
+
+static void check_chatml(const char *src, test_rng *r) {
+    static const char *const roles[] = {"system", "user", "assistant", "tool"};
+    for (int trial = 0; trial < 200; trial++) {
+        int n = rng_int(r, 0, 6), agp = rng_int(r, 0, 1);
+        tqkv_chat_message m[6];
+        char content[6][256];
+        char expected[8192];
+        int k = 0;
+        expected[0] = '\0';
+        for (int i = 0; i < n; i++) {
+            random_text(r, content[i], sizeof content[i]);
+            m[i].role = roles[rng_int(r, 0, 3)];
+            m[i].content = content[i];
+            k += snprintf(expected + k, sizeof expected - (size_t)k, "<|im_start|>%s\n%s<|im_end|>\n", m[i].role,
+                          m[i].content);
+        }
+        if (agp) k += snprintf(expected + k, sizeof expected - (size_t)k, "<|im_start|>assistant\n");
+        tqkv_status st;
+        char *out = render_src(src, m, n, agp, NULL, NULL, &st);
+        if (st != TQKV_OK) fail_msg("chatml render failed: %s", tqkv_last_error());
+        if (strcmp(out, expected) != 0)
+            fail_msg("chatml trial %d (%d messages, agp %d): got %zu bytes [%s], expected %zu bytes [%s]", trial, n, agp,
+                     strlen(out), out, strlen(expected), expected);
+        free(out);
+    }
+}
+
+static void test_fixture_chatml(void **state) {
+    (void)state;
+    char path[4096];
+    test_rng r;
+    rng_init(&r, test_seed());
+    char *src = read_file(source_path("tests/golden/chat/chatml_fixture.jinja", path, sizeof path), NULL);
+    assert_non_null(src);
+    check_chatml(src, &r);
+    free(src);
+    /* the fixture models' own file, when ../shared is present */
+    const char *sp = shared_path("models/qwen3-code-28m/chat_template.jinja", path, sizeof path);
+    char *shared = sp ? read_file(sp, NULL) : NULL;
+    if (!shared) {
+        printf("../shared absent: fixture model template not checked\n");
+        return;
+    }
+    check_chatml(shared, &r);
+    free(shared);
+}
+
+/* One template object rendered many times must give the same text each time. */
+static void test_reuse(void **state) {
+    (void)state;
+    char path[4096];
+    char *src = read_file(source_path("tests/golden/chat/qwen3.jinja", path, sizeof path), NULL);
+    assert_non_null(src);
+    tqkv_chat_template *t = NULL;
+    assert_int_equal(tqkv_chat_template_init(&t, src), TQKV_OK);
+    tqkv_chat_message m[3] = {{"user", "x"}, {"assistant", "<think>\nr\n</think>\n\ny"}, {"user", "z"}};
+    char *first = NULL;
+    for (int i = 0; i < 50; i++) {
+        char *out = NULL;
+        assert_int_equal(tqkv_chat_template_render(t, m, 3, i & 1, NULL, NULL, &out, NULL), TQKV_OK);
+        if (i == 0) first = out;
+        else if (i % 2 == 0) {
+            assert_string_equal(out, first);
+            free(out);
+        } else free(out);
+    }
+    assert_string_equal(first, "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\ny<|im_end|>\n"
+                               "<|im_start|>user\nz<|im_end|>\n");
+    free(first);
+    tqkv_chat_template_free(t);
+    free(src);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Semantics (expected values are what jinja2 3.1 renders, with transformers'  */
+/* trim_blocks / lstrip_blocks settings)                                      */
+/* ------------------------------------------------------------------------- */
+
+static void test_semantics(void **state) {
+    (void)state;
+    /* whitespace control */
+    expect_render("a  {%- if true %} b {% endif -%}  c", "a b c");
+    expect_render("x\n    {% if true %}\n  y\n    {% endif %}\nz", "x\n  y\nz");
+    expect_render("{% if true %}+{% endif %}\n{{ 1 }}\n", "+1");
+    expect_render("a\n  {%+ if true %}b{% endif +%}\nc", "a\n  b\nc");
+    expect_render("{# comment #}\nx {#- c -#} y", "xy");
+    /* literals and operators */
+    expect_render("{{ 1 + 2 * 3 }} {{ 7 // 2 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 7 / 2 }} {{ 2 ** 10 }}",
+                  "7 3 -4 2 3.5 1024");
+    expect_render("{{ 1.0 }} {{ 1e20 }} {{ 0.1 + 0.2 }} {{ 10 / 5 }} {{ true + 1 }}", "1.0 1e+20 0.30000000000000004 2.0 2");
+    expect_render("{{ [1, 'a', none, true] }} {{ {'a': 1} }} {{ none }}", "[1, 'a', None, True] {'a': 1} None");
+    expect_render("{{ 'a' ~ 1 ~ none }} {{ 'ab' * 2 }} {{ 'x' 'y' }}", "a1None abab xy");
+    expect_render("{{ 1 < 2 < 3 }} {{ 'a' in 'cat' }} {{ 2 not in [1, 3] }} {{ 'k' in {'k': 1} }}", "True True True True");
+    expect_render("{{ 'yes' if 0 else 'no' }} {{ 0 or 'b' }} {{ 'a' and 'b' }} {{ not none }}", "no b b True");
+    /* subscripts and slices (code points) */
+    expect_render("{{ 'abc'[::-1] }} {{ [1, 2, 3][1:] }} {{ 'héllo'[1] }} {{ 'héllo'[-2:] }} {{ [1,2,3,4,5][::2] }}",
+                  "cba [2, 3] é lo [1, 3, 5]");
+    expect_render("{{ 'héllo'|length }} {{ messages|length }} {{ messages[0].role }} {{ messages[0]['content'] }}",
+                  "5 1 user hi");
+    /* string methods */
+    expect_render("{{ '  x  '.strip() }}|{{ 'xxaxx'.strip('x') }}|{{ '\\n\\na'.lstrip('\\n') }}|{{ 'a\\n'.rstrip() }}",
+                  "x|a|a|a");
+    expect_render("{{ 'a b  c'.split() }} {{ 'a,b'.split(',') }} {{ 'a<t>b<t>c'.split('<t>')[-1] }}",
+                  "['a', 'b', 'c'] ['a', 'b'] c");
+    expect_render("{{ 'Hello'.startswith('He') }} {{ 'Hello'.endswith(('x', 'lo')) }} {{ 'aXa'.replace('a', 'b') }}",
+                  "True True bXb");
+    expect_render("{{ 'abc'.upper() }} {{ 'ÉCOLE'.lower() }} {{ 'hello world'|title }} {{ 'hELLo'|capitalize }}",
+                  "ABC école Hello World Hello");
+    /* filters */
+    expect_render("{{ '  x '|trim }}|{{ ' \\u00a0y\\u3000'|trim }}|{{ '  x '|trim('x ') }}|{{ u|trim }}", "x|y||");
+    expect_render("{{ [1,'a']|join('-') }} {{ [1,2]|first }} {{ [1,2]|last }} {{ 5|string + 'a' }}", "1-a 1 2 5a");
+    expect_render("{{ u|default('d') }} {{ ''|default('d') }} {{ ''|default('d', true) }} {{ u|length }}", "d  d 0");
+    expect_render("{{ {'b': 1, 'A': 2}|dictsort }} {{ 'xy'|list }} {{ ['a', 'b']|map('upper')|list }}",
+                  "[('A', 2), ('b', 1)] ['x', 'y'] ['A', 'B']");
+    expect_render("{{ [1, none, 2]|select|list }} {{ ['a', 'code_interpreter']|reject('equalto', 'code_interpreter')|join(', ') }}",
+                  "[1, 2] a");
+    expect_render("{{ {'a': [1, 2], 'b': 'é\"'}|tojson }} {{ [1]|tojson(indent=2) }} {{ {'b': 1, 'a': 2}|tojson(sort_keys=true) }}",
+                  "{\"a\": [1, 2], \"b\": \"é\\\"\"} [\n  1\n] {\"a\": 2, \"b\": 1}");
+    expect_render("{% for k, v in {'x': 1, 'y': 2}|items %}{{ k }}={{ v }};{% endfor %}", "x=1;y=2;");
+    /* tests */
+    expect_render("{{ u is defined }} {{ u is undefined }} {{ none is none }} {{ 'a' is string }} {{ {} is mapping }}",
+                  "False True True True True");
+    expect_render("{{ false is false }} {{ 0 is false }} {{ true is boolean }} {{ 3 is divisibleby 3 }} {{ [] is iterable }}",
+                  "True False True True True");
+    expect_render("{{ 1 is not none }} {{ 'x' is not string }} {{ 4 is even }} {{ 2 is eq 2 }}", "True False True True");
+    /* loops */
+    expect_render("{% for x in [1,2,3] %}{{ loop.index0 }}{{ loop.index }}{{ loop.first }}{{ loop.last }}{{ loop.length }}|{% endfor %}",
+                  "01TrueFalse3|12FalseFalse3|23FalseTrue3|");
+    expect_render("{% for x in [1,2,3] %}{{ loop.previtem }}-{{ loop.nextitem }},{% endfor %}", "-2,1-3,2-,");
+    expect_render("{% for x in [] %}a{% else %}empty{% endfor %}", "empty");
+    expect_render("{% for x in range(10) if x is odd %}{{ x }}{% if loop.last %}({{ loop.length }}){% endif %}{% endfor %}",
+                  "13579(5)");
+    expect_render("{% for x in range(9) %}{% if x == 2 %}{% continue %}{% endif %}{% if x > 4 %}{% break %}{% endif %}{{ x }}{% endfor %}",
+                  "0134");
+    /* scoping: set in a loop does not leak and does not persist across iterations */
+    expect_render("{% for x in [1,2] %}{% if loop.first %}{% set y = 1 %}{% endif %}[{{ y }}]{% endfor %}{{ y }}", "[1][]");
+    expect_render("{% set ns = namespace(n=0) %}{% for x in [1,2,3] %}{% set ns.n = ns.n + x %}{% endfor %}{{ ns.n }}", "6");
+    expect_render("{% set x = 1 %}{% macro m() %}{{ x }}{% endmacro %}{% set x = 2 %}{{ m() }}", "2");
+    expect_render("{% macro f(a, b='B', c=none) %}{{ a }}{{ b }}{{ c }}{% endmacro %}{{ f(1) }} {{ f(1, c=3) }} {{ f(1, 2, 3)|trim }}",
+                  "1BNone 1B3 123");
+    expect_render("{% macro r(n) %}{% if n > 0 %}{{ n }}{{ r(n - 1) }}{% endif %}{% endmacro %}{{ r(3) }}", "321");
+    expect_render("{% set b %}in {{ 1 + 1 }}{% endset %}[{{ b }}]", "[in 2]");
+    expect_render("{% set messages = messages[1:] %}{{ messages|length }} {{ bos_token }}{{ eos_token }}", "0 <s></s>");
+    expect_render("{{ add_generation_prompt }} {{ tools is none }} {{ enable_thinking is defined }}", "False True False");
+    expect_render("{% generation %}g{% endgeneration %}", "g");
+}
+
+/* ------------------------------------------------------------------------- */
+/* Errors                                                                     */
+/* ------------------------------------------------------------------------- */
+
+static void test_errors(void **state) {
+    (void)state;
+    /* unsupported constructs fail at init with line:column */
+    expect_fail("a\n  {% include 'x.jinja' %}", TQKV_EUNSUPPORTED, "2:6");
+    expect_fail("{% raw %}x{% endraw %}", TQKV_EUNSUPPORTED, "statement 'raw'");
+    expect_fail("{{ x|wordwrap }}", TQKV_EUNSUPPORTED, "filter 'wordwrap'");
+    expect_fail("{{ x is sameas_not }}", TQKV_EUNSUPPORTED, "test 'sameas_not'");
+    expect_fail("{{ 'a'.zfill(3) }}", TQKV_EUNSUPPORTED, "method 'zfill'");
+    expect_fail("{{ lipsum() }}", TQKV_EUNSUPPORTED, "function 'lipsum'");
+    expect_fail("{% for x in y recursive %}{% endfor %}", TQKV_EUNSUPPORTED, "recursive");
+    expect_fail("{{ f(*args) }}{% macro f() %}{% endmacro %}", TQKV_EUNSUPPORTED, "*args");
+    /* bad syntax fails at init with line:column */
+    expect_fail("{% if x %}never closed", TQKV_EINVAL, "1:1");
+    expect_fail("line1\n{{ 1 + }}", TQKV_EINVAL, "2:");
+    expect_fail("{{ 'unterminated }}", TQKV_EINVAL, "unterminated string");
+    expect_fail("{{ x", TQKV_EINVAL, "unclosed");
+    expect_fail("{% endif %}", TQKV_EINVAL, "endif");
+    expect_fail("{% frobnicate %}", TQKV_EINVAL, "frobnicate");
+    char deep[1024];
+    int k = snprintf(deep, sizeof deep, "{{ ");
+    for (int i = 0; i < 300; i++) deep[k++] = '(';
+    deep[k++] = '1';
+    for (int i = 0; i < 300; i++) deep[k++] = ')';
+    snprintf(deep + k, sizeof deep - (size_t)k, " }}");
+    expect_fail(deep, TQKV_EUNSUPPORTED, "nesting");
+    /* raise_exception fails render with the template's own message */
+    expect_fail("{{ raise_exception('Conversation roles must alternate') }}", TQKV_EINVAL, NULL);
+    assert_string_equal(tqkv_last_error(), "Conversation roles must alternate");
+    /* runtime errors */
+    expect_fail("{{ u.x }}", TQKV_EINVAL, "'u' is undefined");
+    expect_fail("{{ 'a' + 1 }}", TQKV_EINVAL, "unsupported operand");
+    expect_fail("{{ 1 // 0 }}", TQKV_EINVAL, "zero");
+    expect_fail("{% set x.y = 1 %}", TQKV_EINVAL, "namespace");
+    expect_fail("{{ 1 in 'abc' }}", TQKV_EINVAL, "requires string");
+    expect_fail("{% macro r() %}{{ r() }}{% endmacro %}{{ r() }}", TQKV_EINVAL, "deeply");
+    expect_fail("{% for i in range(100000000) %}{% endfor %}", TQKV_EUNSUPPORTED, "range");
+    expect_fail("{% set ns = namespace(s='xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx') %}"
+                "{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+                TQKV_ENOMEM, NULL);
+    /* API misuse */
+    tqkv_chat_template *t = NULL;
+    assert_int_equal(tqkv_chat_template_init(&t, NULL), TQKV_EINVAL);
+    assert_int_equal(tqkv_chat_template_init(NULL, "x"), TQKV_EINVAL);
+    assert_int_equal(tqkv_chat_template_init(&t, "{{ messages|length }}"), TQKV_OK);
+    char *out = (char *)0x1;
+    tqkv_chat_message bad = {"user", NULL};
+    assert_int_equal(tqkv_chat_template_render(t, &bad, 1, 0, NULL, NULL, &out, NULL), TQKV_EINVAL);
+    assert_ptr_equal(out, (char *)0x1); /* unchanged on failure */
+    assert_int_equal(tqkv_chat_template_render(t, NULL, -1, 0, NULL, NULL, &out, NULL), TQKV_EINVAL);
+    assert_int_equal(tqkv_chat_template_render(t, NULL, 0, 0, NULL, NULL, &out, NULL), TQKV_OK);
+    assert_string_equal(out, "0");
+    free(out);
+    tqkv_chat_template_free(t);
+    tqkv_chat_template_free(NULL);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_goldens),
+        cmocka_unit_test(test_fixture_chatml),
+        cmocka_unit_test(test_reuse),
+        cmocka_unit_test(test_semantics),
+        cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
