@@ -36,6 +36,11 @@ TOKENS = {
     "llama3.3": ("<|begin_of_text|>", "<|eot_id|>"),
     "gemma3": ("<bos>", "<eos>"),
     "gemma4": ("<bos>", "<eos>"),
+    # breadth: other families' templates (not required by the issue)
+    "extra_gemma2": ("<bos>", "<eos>"),
+    "extra_mistral_nemo": ("<s>", "</s>"),
+    "extra_phi3.5": ("<s>", "<|endoftext|>"),
+    "extra_deepseek_r1_qwen": ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
 }
 
 UNI = "Grüße, 世界! Ελληνικά — emoji 🙂👍🏽, combining é, RTL שלום"
@@ -125,15 +130,36 @@ def load_templates(only):
 def make_renderer(backend, tokenizer_file):
     if backend == "transformers":
         import transformers
-        from transformers import PreTrainedTokenizerFast
+        try:
+            from transformers import PreTrainedTokenizerFast
 
-        tok = PreTrainedTokenizerFast(tokenizer_file=tokenizer_file)
+            tok = PreTrainedTokenizerFast(tokenizer_file=tokenizer_file)
 
-        def render(template, messages, agp, bos, eos):
-            return tok.apply_chat_template(messages, chat_template=template, tokenize=False,
-                                           add_generation_prompt=agp, bos_token=bos, eos_token=eos)
+            def render(template, messages, agp, bos, eos):
+                out = tok.apply_chat_template(messages, chat_template=template, tokenize=False,
+                                              add_generation_prompt=agp, bos_token=bos, eos_token=eos)
+                if isinstance(out, list):  # a batch of one
+                    out = out[0]
+                if not isinstance(out, str):
+                    raise TypeError("apply_chat_template returned %r" % type(out))
+                return out
 
-        return render, "transformers %s (PreTrainedTokenizerFast.apply_chat_template)" % transformers.__version__
+            return render, ("transformers %s (PreTrainedTokenizerFast.apply_chat_template, tokenize=False)"
+                            % transformers.__version__)
+        except (OSError, ImportError, ValueError) as e:  # no usable tokenizer file: transformers' own environment
+            print("tokenizer path unavailable (%s); using _compile_jinja_template" % e, file=sys.stderr)
+            from transformers.utils.chat_template_utils import _compile_jinja_template
+
+            cache = {}
+
+            def render(template, messages, agp, bos, eos):
+                if template not in cache:
+                    cache[template] = _compile_jinja_template(template)
+                return cache[template].render(messages=messages, tools=None, documents=None,
+                                              add_generation_prompt=agp, bos_token=bos, eos_token=eos)
+
+            return render, ("transformers %s (chat_template_utils._compile_jinja_template)"
+                            % transformers.__version__)
 
     import jinja2
     import jinja2.ext
@@ -172,6 +198,8 @@ def main():
     import jinja2  # the error type raise_exception() produces, in both backends
 
     render, generator = make_renderer(args.backend, args.tokenizer)
+    replica = make_renderer("jinja2", None)[0] if args.backend == "transformers" else None
+    replica_diffs = 0
     templates = load_templates(args.only)
     cases = []
     for tname, text in templates.items():
@@ -184,10 +212,19 @@ def main():
                     case["expected"] = render(text, msgs, agp, bos, eos)
                 except jinja2.exceptions.TemplateError as e:
                     case["error"] = str(e)
+                if replica:  # how far the local replica is from transformers (informational)
+                    try:
+                        r = {"expected": replica(text, msgs, agp, bos, eos)}
+                    except jinja2.exceptions.TemplateError as e:
+                        r = {"error": str(e)}
+                    if r.get("expected") != case.get("expected") or r.get("error") != case.get("error"):
+                        replica_diffs += 1
+                        print("replica differs: %s %s agp=%d" % (tname, cname, agp), file=sys.stderr)
                 cases.append(case)
                 print("%-16s %-22s agp=%d %s" % (tname, cname, agp, "ERROR " + case["error"] if "error" in case
                                                   else "%d chars" % len(case["expected"])), file=sys.stderr)
-    doc = {"generator": generator, "python": sys.version.split()[0],
+    doc = {"generator": generator, "python": sys.version.split()[0], "jinja2": jinja2.__version__,
+           "replica_mismatches": replica_diffs,
            "templates": {k: k + ".jinja" for k in templates}, "cases": cases}
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(doc, f, ensure_ascii=False, indent=1)

@@ -527,6 +527,8 @@ static chat_value eval_call(chat_ev *E, const chat_node *n, chat_frame *f) {
 
 static chat_value eval(chat_ev *E, const chat_node *n, chat_frame *f) {
     if (++E->depth > CHAT_MAX_DEPTH + 400) chat_ev_fail(E, n, TQKV_EINVAL, "expression nested too deeply");
+    if (++E->steps > CHAT_MAX_STEPS)
+        chat_ev_fail(E, n, TQKV_EUNSUPPORTED, "render stopped after %d steps (template loops too long)", CHAT_MAX_STEPS);
     chat_value r;
     switch (n->kind) {
     case N_LIT: r = n->lit; break;
@@ -706,6 +708,8 @@ static void exec_for(chat_ev *E, const chat_node *n, chat_frame *f, chat_buf *ou
 }
 
 static void exec(chat_ev *E, const chat_node *n, chat_frame *f, chat_buf *out) {
+    if (++E->steps > CHAT_MAX_STEPS)
+        chat_ev_fail(E, n, TQKV_EUNSUPPORTED, "render stopped after %d steps (template loops too long)", CHAT_MAX_STEPS);
     switch (n->kind) {
     case N_BODY:
         for (int i = 0; i < n->n_args && !E->loop_ctl; i++) exec(E, n->args[i], f, out);

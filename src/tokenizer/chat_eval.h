@@ -14,6 +14,7 @@
 
 #define CHAT_MAX_DEPTH 200       /* macro calls / nested evaluation */
 #define CHAT_MAX_RANGE 1000000   /* range() length */
+#define CHAT_MAX_STEPS 200000000 /* statements + expression nodes evaluated in one render */
 
 typedef struct chat_frame chat_frame;
 struct chat_frame {
@@ -28,6 +29,7 @@ typedef struct {
     chat_frame *root;     /* template-level variables */
     int         depth;
     int         loop_ctl; /* 0, 1 = break, 2 = continue pending */
+    int64_t     steps;    /* work done so far, bounded by CHAT_MAX_STEPS */
 } chat_ev;
 
 /* Error exits: set the thread's message and unwind to the render's entry. */
