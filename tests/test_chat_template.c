@@ -77,79 +77,123 @@ static void expect_fail(const char *src, tqkv_status want, const char *msg_part)
 /* Goldens from transformers                                                  */
 /* ------------------------------------------------------------------------- */
 
-static void test_goldens(void **state) {
-    (void)state;
+/* Checks one rendering against a case's expected text or error; prints a mismatch. */
+static int check_case(const cJSON *c, const char *how, tqkv_status st, const char *out) {
+    const char *tname = cJSON_GetObjectItem(c, "template")->valuestring;
+    const char *cname = cJSON_GetObjectItem(c, "conversation")->valuestring;
+    int agp = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt"));
+    const cJSON *exp = cJSON_GetObjectItem(c, "expected");
+    const cJSON *err = cJSON_GetObjectItem(c, "error");
+    const cJSON *kind = cJSON_GetObjectItem(c, "error_kind");
+    if (exp) {
+        if (st == TQKV_OK && strcmp(out, exp->valuestring) == 0) return 1;
+        size_t d = 0;
+        if (st == TQKV_OK)
+            while (out[d] && out[d] == exp->valuestring[d]) d++;
+        printf("MISMATCH %s %s/%s agp=%d: %s; first difference at byte %zu\n  got: [%.120s]\n  exp: [%.120s]\n", how,
+               tname, cname, agp, st == TQKV_OK ? "text differs" : tqkv_last_error(), d, st == TQKV_OK ? out + d : "",
+               exp->valuestring + d);
+        return 0;
+    }
+    /* raise_exception(): the same message; a Python-level failure (TypeError, ...): any EINVAL */
+    int exact = !kind || strcmp(kind->valuestring, "TemplateError") == 0;
+    if (st == TQKV_EINVAL && (!exact || strcmp(tqkv_last_error(), err->valuestring) == 0)) return 1;
+    printf("MISMATCH %s %s/%s agp=%d: expected error [%s], got %s [%s]\n", how, tname, cname, agp, err->valuestring,
+           tqkv_status_name(st), st == TQKV_OK ? out : tqkv_last_error());
+    return 0;
+}
+
+/* Renders every case of a goldens file through render_json (and through render when the
+ * case has only string role/content and no extra variables); returns the mismatches. */
+static int run_goldens(const char *gpath, int *n_cases_out, int *n_err_out, int *n_templates_out) {
     char path[4096], tpath[4096];
-    const char *gpath = getenv("TQKV_CHAT_GOLDENS");
-    if (!gpath) gpath = source_path("tests/golden/chat/goldens.json", path, sizeof path);
     char *text = read_file(gpath, NULL);
     if (!text) fail_msg("cannot read %s", gpath);
     cJSON *doc = cJSON_Parse(text);
     assert_non_null(doc);
     const cJSON *gen = cJSON_GetObjectItem(doc, "generator");
-    printf("goldens: %s\n", cJSON_IsString(gen) ? gen->valuestring : "?");
+    printf("%s: %s\n", gpath, cJSON_IsString(gen) ? gen->valuestring : "?");
     const cJSON *cases = cJSON_GetObjectItem(doc, "cases");
     assert_true(cJSON_IsArray(cases));
-    int n_cases = 0, n_bad = 0, n_err_cases = 0;
-    const char *templates_seen[16] = {0};
-    int n_templates = 0;
+    int n_cases = 0, n_bad = 0, n_err = 0, n_templates = 0;
+    char templates_seen[32][64];
     const cJSON *c;
     cJSON_ArrayForEach(c, cases) {
         const char *tname = cJSON_GetObjectItem(c, "template")->valuestring;
-        const char *cname = cJSON_GetObjectItem(c, "conversation")->valuestring;
         int agp = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt"));
         const char *bos = cJSON_GetObjectItem(c, "bos_token")->valuestring;
         const char *eos = cJSON_GetObjectItem(c, "eos_token")->valuestring;
         const cJSON *msgs = cJSON_GetObjectItem(c, "messages");
-        int n = cJSON_GetArraySize(msgs);
-        tqkv_chat_message *m = calloc((size_t)n + 1, sizeof *m);
-        for (int i = 0; i < n; i++) {
-            const cJSON *mi = cJSON_GetArrayItem(msgs, i);
-            m[i].role = cJSON_GetObjectItem(mi, "role")->valuestring;
-            m[i].content = cJSON_GetObjectItem(mi, "content")->valuestring;
-        }
+        const cJSON *extra = cJSON_GetObjectItem(c, "extra");
         snprintf(tpath, sizeof tpath, "tests/golden/chat/%s.jinja", tname);
         char *src = read_file(source_path(tpath, path, sizeof path), NULL);
         if (!src) fail_msg("cannot read template %s", tpath);
         int seen = 0;
         for (int k = 0; k < n_templates; k++) seen |= strcmp(templates_seen[k], tname) == 0;
-        if (!seen && n_templates < 16) templates_seen[n_templates++] = tname;
-        tqkv_status st;
-        char *out = render_src(src, m, n, agp, bos, eos, &st);
-        const cJSON *exp = cJSON_GetObjectItem(c, "expected");
-        const cJSON *err = cJSON_GetObjectItem(c, "error");
-        int ok;
-        if (exp) {
-            ok = st == TQKV_OK && strcmp(out, exp->valuestring) == 0;
-            if (!ok) {
-                size_t d = 0;
-                if (out)
-                    while (out[d] && out[d] == exp->valuestring[d]) d++;
-                printf("MISMATCH %s/%s agp=%d: %s; first difference at byte %zu\n  got: [%.120s]\n  exp: [%.120s]\n",
-                       tname, cname, agp, st == TQKV_OK ? "text differs" : tqkv_last_error(), d,
-                       out ? out + d : "", exp->valuestring + (out ? d : 0));
-            }
-        } else {
-            n_err_cases++;
-            ok = st == TQKV_EINVAL && err && strcmp(tqkv_last_error(), err->valuestring) == 0;
-            if (!ok)
-                printf("MISMATCH %s/%s agp=%d: expected error [%s], got %s [%s]\n", tname, cname, agp,
-                       err ? err->valuestring : "?", tqkv_status_name(st), st == TQKV_OK ? out : tqkv_last_error());
-        }
-        n_bad += !ok;
-        n_cases++;
+        if (!seen && n_templates < 32) snprintf(templates_seen[n_templates++], 64, "%s", tname);
+        tqkv_chat_template *t = NULL;
+        if (tqkv_chat_template_init(&t, src) != TQKV_OK) fail_msg("init %s: %s", tname, tqkv_last_error());
+        /* the JSON path: messages (and extra variables) as JSON text */
+        char *mj = cJSON_PrintUnformatted(msgs), *xj = extra ? cJSON_PrintUnformatted(extra) : NULL;
+        char *out = NULL;
+        tqkv_status st = tqkv_chat_template_render_json(t, mj, agp, bos, eos, xj, &out, NULL);
+        n_bad += !check_case(c, "render_json", st, out);
         free(out);
-        free(src);
+        /* the struct path, where it can express the case */
+        int n = cJSON_GetArraySize(msgs), plain = !extra;
+        tqkv_chat_message *m = calloc((size_t)n + 1, sizeof *m);
+        for (int i = 0; i < n; i++) {
+            const cJSON *mi = cJSON_GetArrayItem(msgs, i);
+            const cJSON *role = cJSON_GetObjectItem(mi, "role"), *content = cJSON_GetObjectItem(mi, "content");
+            plain &= cJSON_GetArraySize(mi) == 2 && cJSON_IsString(role) && cJSON_IsString(content);
+            m[i].role = cJSON_IsString(role) ? role->valuestring : "";
+            m[i].content = cJSON_IsString(content) ? content->valuestring : "";
+        }
+        if (plain) {
+            out = NULL;
+            st = tqkv_chat_template_render(t, m, n, agp, bos, eos, &out, NULL);
+            n_bad += !check_case(c, "render", st, out);
+            free(out);
+        }
+        n_err += cJSON_GetObjectItem(c, "error") != NULL;
+        n_cases++;
         free(m);
+        free(mj);
+        free(xj);
+        tqkv_chat_template_free(t);
+        free(src);
     }
-    printf("chat goldens: %d cases (%d expected errors) over %d templates, %d mismatches\n", n_cases, n_err_cases,
-           n_templates, n_bad);
-    assert_true(n_cases >= 100);
-    assert_true(n_templates >= 5);
-    assert_true(n_err_cases >= 2);
-    assert_int_equal(n_bad, 0);
+    printf("  %d cases (%d expected errors) over %d templates, %d mismatches\n", n_cases, n_err, n_templates, n_bad);
     cJSON_Delete(doc);
     free(text);
+    *n_cases_out = n_cases;
+    *n_err_out = n_err;
+    *n_templates_out = n_templates;
+    return n_bad;
+}
+
+static void test_goldens(void **state) {
+    (void)state;
+    char path[4096];
+    const char *gpath = getenv("TQKV_CHAT_GOLDENS");
+    if (!gpath) gpath = source_path("tests/golden/chat/goldens.json", path, sizeof path);
+    int n_cases, n_err, n_templates;
+    int bad = run_goldens(gpath, &n_cases, &n_err, &n_templates);
+    assert_true(n_cases >= 100);
+    assert_true(n_templates >= 5);
+    assert_true(n_err >= 2);
+    assert_int_equal(bad, 0);
+}
+
+/* tools, tool calls, reasoning_content, enable_thinking, content parts, extra variables */
+static void test_goldens_extended(void **state) {
+    (void)state;
+    char path[4096];
+    const char *gpath = source_path("tests/golden/chat/goldens_extended.json", path, sizeof path);
+    int n_cases, n_err, n_templates;
+    int bad = run_goldens(gpath, &n_cases, &n_err, &n_templates);
+    assert_true(n_cases >= 50);
+    assert_int_equal(bad, 0);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -380,6 +424,7 @@ static void test_errors(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_goldens),
+        cmocka_unit_test(test_goldens_extended),
         cmocka_unit_test(test_fixture_chatml),
         cmocka_unit_test(test_reuse),
         cmocka_unit_test(test_semantics),

@@ -116,6 +116,38 @@ def conversations():
     ]
 
 
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "City name"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"]}}}
+
+
+def extended_cases():
+    """(name, messages, extra variables): what tqkv_chat_template_render_json passes on top of
+    role/content - tools, tool calls and responses, reasoning_content, enable_thinking,
+    content as a list of parts."""
+    call = {"role": "assistant", "content": "",
+            "tool_calls": [{"id": "call12345", "type": "function",
+                            "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}}]}
+    return [
+        ("thinking_off", [{"role": "user", "content": "Hi"}], {"enable_thinking": False}),
+        ("thinking_on", [{"role": "user", "content": "Hi"}], {"enable_thinking": True}),
+        ("tools_offered", [{"role": "system", "content": "Be brief."},
+                           {"role": "user", "content": "Weather in Paris?"}], {"tools": [WEATHER_TOOL]}),
+        ("tool_round_trip", [{"role": "user", "content": "Weather in Paris?"}, call,
+                             {"role": "tool", "tool_call_id": "call12345", "content": "{\"temp\": 21}"}],
+         {"tools": [WEATHER_TOOL]}),
+        ("reasoning_field", [{"role": "user", "content": "2+2?"},
+                             {"role": "assistant", "content": "4", "reasoning_content": "Add them."},
+                             {"role": "user", "content": "3+3?"}], {}),
+        ("content_parts", [{"role": "user", "content": [{"type": "text", "text": "  Describe  "},
+                                                        {"type": "text", "text": "briefly."}]}], {}),
+        ("date_string", [{"role": "user", "content": "Date?"}], {"date_string": "01 Jan 2026"}),
+    ]
+
+
 def load_templates(only):
     out = {}
     for path in sorted(glob.glob(os.path.join(TEMPLATE_DIR, "*.jinja"))):
@@ -135,9 +167,11 @@ def make_renderer(backend, tokenizer_file):
 
             tok = PreTrainedTokenizerFast(tokenizer_file=tokenizer_file)
 
-            def render(template, messages, agp, bos, eos):
-                out = tok.apply_chat_template(messages, chat_template=template, tokenize=False,
-                                              add_generation_prompt=agp, bos_token=bos, eos_token=eos)
+            def render(template, messages, agp, bos, eos, extra=None):
+                extra = dict(extra or {})
+                tools = extra.pop("tools", None)
+                out = tok.apply_chat_template(messages, tools=tools, chat_template=template, tokenize=False,
+                                              add_generation_prompt=agp, bos_token=bos, eos_token=eos, **extra)
                 if isinstance(out, list):  # a batch of one
                     out = out[0]
                 if not isinstance(out, str):
@@ -152,11 +186,13 @@ def make_renderer(backend, tokenizer_file):
 
             cache = {}
 
-            def render(template, messages, agp, bos, eos):
+            def render(template, messages, agp, bos, eos, extra=None):
                 if template not in cache:
                     cache[template] = _compile_jinja_template(template)
-                return cache[template].render(messages=messages, tools=None, documents=None,
-                                              add_generation_prompt=agp, bos_token=bos, eos_token=eos)
+                kw = {"tools": None, "documents": None}
+                kw.update(extra or {})
+                return cache[template].render(messages=messages, add_generation_prompt=agp, bos_token=bos,
+                                              eos_token=eos, **kw)
 
             return render, ("transformers %s (chat_template_utils._compile_jinja_template)"
                             % transformers.__version__)
@@ -177,11 +213,13 @@ def make_renderer(backend, tokenizer_file):
     env.globals["raise_exception"] = raise_exception
     cache = {}
 
-    def render(template, messages, agp, bos, eos):
+    def render(template, messages, agp, bos, eos, extra=None):
         if template not in cache:
             cache[template] = env.from_string(template)
-        return cache[template].render(messages=messages, tools=None, documents=None,
-                                      add_generation_prompt=agp, bos_token=bos, eos_token=eos)
+        kw = {"tools": None, "documents": None}
+        kw.update(extra or {})
+        return cache[template].render(messages=messages, add_generation_prompt=agp, bos_token=bos, eos_token=eos,
+                                      **kw)
 
     return render, "jinja2 %s replica of transformers' environment (local check only)" % jinja2.__version__
 
@@ -192,6 +230,8 @@ def main():
     ap.add_argument("--tokenizer", default=os.path.join(HERE, "..", "models", "qwen3-code-28m", "tokenizer.json"),
                     help="a tokenizer.json to build PreTrainedTokenizerFast from (transformers backend)")
     ap.add_argument("--only", nargs="*", help="template names (default: all)")
+    ap.add_argument("--extended", action="store_true",
+                    help="the extended cases (tools, tool calls, enable_thinking, ...) instead of the basic ones")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -204,18 +244,25 @@ def main():
     cases = []
     for tname, text in templates.items():
         bos, eos = TOKENS.get(tname, ("", ""))
-        for cname, msgs in conversations():
+        convs = extended_cases() if args.extended else [(c, m, {}) for c, m in conversations()]
+        for cname, msgs, extra in convs:
             for agp in (False, True):
                 case = {"template": tname, "conversation": cname, "add_generation_prompt": agp,
                         "bos_token": bos, "eos_token": eos, "messages": msgs}
+                if extra:
+                    case["extra"] = extra
                 try:
-                    case["expected"] = render(text, msgs, agp, bos, eos)
-                except jinja2.exceptions.TemplateError as e:
+                    case["expected"] = render(text, msgs, agp, bos, eos, extra)
+                except jinja2.exceptions.TemplateError as e:  # raise_exception() or undefined
                     case["error"] = str(e)
+                    case["error_kind"] = type(e).__name__
+                except (TypeError, ValueError, KeyError, AttributeError) as e:  # Python-level failure
+                    case["error"] = str(e)
+                    case["error_kind"] = type(e).__name__
                 if replica:  # how far the local replica is from transformers (informational)
                     try:
-                        r = {"expected": replica(text, msgs, agp, bos, eos)}
-                    except jinja2.exceptions.TemplateError as e:
+                        r = {"expected": replica(text, msgs, agp, bos, eos, extra)}
+                    except (jinja2.exceptions.TemplateError, TypeError, ValueError, KeyError, AttributeError) as e:
                         r = {"error": str(e)}
                     if r.get("expected") != case.get("expected") or r.get("error") != case.get("error"):
                         replica_diffs += 1
