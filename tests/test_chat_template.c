@@ -6,6 +6,7 @@
  * against a hand-built rendering of random conversations; Jinja semantics the templates
  * rely on; and the init / render errors.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -287,6 +288,62 @@ static void test_reuse(void **state) {
     free(src);
 }
 
+/* Renders of one template on several threads at once give the single-thread text. */
+typedef struct {
+    const tqkv_chat_template *t;
+    const char               *expected;
+    int                       bad;
+} thread_job;
+
+static void *render_thread(void *arg) {
+    thread_job *j = arg;
+    tqkv_chat_message m[4] = {{"system", "s"}, {"user", "a"}, {"assistant", "<think>\nr\n</think>\n\nb"}, {"user", "c"}};
+    for (int i = 0; i < 100; i++) {
+        char *out = NULL;
+        if (tqkv_chat_template_render_json(j->t, "[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\",\"content\":\"a\"},"
+                                           "{\"role\":\"assistant\",\"content\":\"<think>\\nr\\n</think>\\n\\nb\"},"
+                                           "{\"role\":\"user\",\"content\":\"c\"}]",
+                                           1, "<s>", "</s>", NULL, &out, NULL) != TQKV_OK ||
+            strcmp(out, j->expected) != 0)
+            j->bad++;
+        free(out);
+        out = NULL;
+        if (tqkv_chat_template_render(j->t, m, 4, 1, "<s>", "</s>", &out, NULL) != TQKV_OK || strcmp(out, j->expected) != 0)
+            j->bad++;
+        free(out);
+    }
+    return NULL;
+}
+
+static void test_concurrent(void **state) {
+    (void)state;
+    char path[4096];
+    char *src = read_file(source_path("tests/golden/chat/qwen3.5.jinja", path, sizeof path), NULL);
+    assert_non_null(src);
+    tqkv_chat_template *t = NULL;
+    assert_int_equal(tqkv_chat_template_init(&t, src), TQKV_OK);
+    tqkv_chat_message m[4] = {{"system", "s"}, {"user", "a"}, {"assistant", "<think>\nr\n</think>\n\nb"}, {"user", "c"}};
+    char *expected = NULL;
+    assert_int_equal(tqkv_chat_template_render(t, m, 4, 1, "<s>", "</s>", &expected, NULL), TQKV_OK);
+    assert_string_equal(expected, "<|im_start|>system\ns<|im_end|>\n<|im_start|>user\na<|im_end|>\n"
+                                  "<|im_start|>assistant\n<think>\nr\n</think>\n\nb<|im_end|>\n"
+                                  "<|im_start|>user\nc<|im_end|>\n"
+                                  "<|im_start|>assistant\n<think>\n");
+    thread_job jobs[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = (thread_job){t, expected, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, render_thread, &jobs[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(jobs[i].bad, 0);
+    }
+    free(expected);
+    tqkv_chat_template_free(t);
+    free(src);
+}
+
 /* ------------------------------------------------------------------------- */
 /* Semantics (expected values are what jinja2 3.1 renders, with transformers'  */
 /* trim_blocks / lstrip_blocks settings)                                      */
@@ -427,6 +484,7 @@ int main(void) {
         cmocka_unit_test(test_goldens_extended),
         cmocka_unit_test(test_fixture_chatml),
         cmocka_unit_test(test_reuse),
+        cmocka_unit_test(test_concurrent),
         cmocka_unit_test(test_semantics),
         cmocka_unit_test(test_errors),
     };
