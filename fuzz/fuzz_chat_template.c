@@ -4,7 +4,7 @@
  * rest as message contents, then rendering: init must succeed or fail cleanly, render must
  * succeed (text of the reported length, no NUL inside) or fail cleanly with a message.
  * With TQKV_FUZZ_WRITE_SEEDS=<dir> it copies the committed real templates
- * (tests/golden/chat/*.jinja, given as argv[1..]) there as seeds and exits.
+ * (the .jinja files of tests/golden/chat, given as argv[1..]) there as seeds and exits.
  * Must not: depend on anything but the public API.
  */
 #include <stdint.h>
