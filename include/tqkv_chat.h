@@ -54,6 +54,15 @@ TQKV_API tqkv_status tqkv_chat_template_render_json(const tqkv_chat_template *t,
                                                     const char *eos_token, const char *extra_json,
                                                     char **out, size_t *out_len);
 
+/* Loading a checkpoint's template (this call reads files; the engine above does not).
+ * model_dir/chat_template.jinja if present, else "chat_template" of
+ * model_dir/tokenizer_config.json (a string, or a list of {"name", "template"} of which
+ * "default" is taken, as transformers does). *bos_token / *eos_token (may be NULL) receive
+ * tokenizer_config.json's tokens (a string or an AddedToken {"content": ...}), malloc'd, or
+ * NULL where absent/null. A model without a template fails with TQKV_EUNSUPPORTED. */
+TQKV_API tqkv_status tqkv_chat_template_load(tqkv_chat_template **out, const char *model_dir,
+                                             char **bos_token, char **eos_token);
+
 #ifdef __cplusplus
 }
 #endif

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -478,6 +479,104 @@ static void test_errors(void **state) {
     tqkv_chat_template_free(NULL);
 }
 
+/* ------------------------------------------------------------------------- */
+/* Loading from a model directory                                             */
+/* ------------------------------------------------------------------------- */
+
+static void write_text(const char *dir, const char *name, const char *text) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void remove_file(const char *dir, const char *name) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    remove(path);
+}
+
+/* Loads dir and renders one user message "u"; returns the text (malloc'd) or NULL. */
+static char *load_render(const char *dir, tqkv_status *st, char **bos, char **eos) {
+    tqkv_chat_template *t = NULL;
+    *st = tqkv_chat_template_load(&t, dir, bos, eos);
+    if (*st != TQKV_OK) return NULL;
+    tqkv_chat_message m = {"user", "u"};
+    char *out = NULL;
+    *st = tqkv_chat_template_render(t, &m, 1, 1, bos ? *bos : NULL, eos ? *eos : NULL, &out, NULL);
+    tqkv_chat_template_free(t);
+    return out;
+}
+
+static void test_load(void **state) {
+    (void)state;
+    char dir[] = "/tmp/tqkv_chat_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    tqkv_status st;
+    char *bos = NULL, *eos = NULL, *out;
+    /* nothing there */
+    out = load_render(dir, &st, &bos, &eos);
+    assert_int_equal(st, TQKV_EUNSUPPORTED);
+    assert_non_null(strstr(tqkv_last_error(), "no chat template"));
+    /* tokenizer_config.json: string template, AddedToken bos, string eos */
+    write_text(dir, "tokenizer_config.json",
+               "{\"bos_token\": {\"content\": \"<B>\", \"lstrip\": false}, \"eos_token\": \"<E>\","
+               " \"chat_template\": \"{{ bos_token }}{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}"
+               "{% if add_generation_prompt %}>{% endif %}{{ eos_token }}\"}");
+    out = load_render(dir, &st, &bos, &eos);
+    assert_int_equal(st, TQKV_OK);
+    assert_string_equal(bos, "<B>");
+    assert_string_equal(eos, "<E>");
+    assert_string_equal(out, "<B>[user:u]><E>");
+    free(out);
+    free(bos);
+    free(eos);
+    /* a list of named templates: "default" is used; null bos */
+    write_text(dir, "tokenizer_config.json",
+               "{\"bos_token\": null, \"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T\"},"
+               " {\"name\": \"default\", \"template\": \"D{{ messages|length }}\"}]}");
+    out = load_render(dir, &st, &bos, &eos);
+    assert_int_equal(st, TQKV_OK);
+    assert_null(bos);
+    assert_null(eos);
+    assert_string_equal(out, "D1");
+    free(out);
+    /* chat_template.jinja takes precedence over tokenizer_config.json */
+    write_text(dir, "chat_template.jinja", "J{{ messages[0].content }}\n");
+    out = load_render(dir, &st, NULL, NULL);
+    assert_int_equal(st, TQKV_OK);
+    assert_string_equal(out, "Ju");
+    free(out);
+    /* a template outside the subset fails at load with its position */
+    write_text(dir, "chat_template.jinja", "ok\n{% include 'x' %}");
+    out = load_render(dir, &st, NULL, NULL);
+    assert_int_equal(st, TQKV_EUNSUPPORTED);
+    assert_non_null(strstr(tqkv_last_error(), "2:4"));
+    remove_file(dir, "chat_template.jinja");
+    /* a broken config */
+    write_text(dir, "tokenizer_config.json", "{\"chat_template\": ");
+    out = load_render(dir, &st, NULL, NULL);
+    assert_int_equal(st, TQKV_ECORRUPT);
+    remove_file(dir, "tokenizer_config.json");
+    rmdir(dir);
+    /* the fixture model (chat_template.jinja + eos "<|endoftext|>", bos null) */
+    char path[4096];
+    const char *model = shared_path("models/qwen3-code-28m", path, sizeof path);
+    if (!model) {
+        printf("../shared absent: fixture model not loaded\n");
+        return;
+    }
+    out = load_render(model, &st, &bos, &eos);
+    if (st != TQKV_OK) fail_msg("fixture load: %s", tqkv_last_error());
+    assert_null(bos);
+    assert_string_equal(eos, "<|endoftext|>");
+    assert_string_equal(out, "<|im_start|>user\nu<|im_end|>\n<|im_start|>assistant\n");
+    free(out);
+    free(eos);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_goldens),
@@ -487,6 +586,7 @@ int main(void) {
         cmocka_unit_test(test_concurrent),
         cmocka_unit_test(test_semantics),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_load),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
