@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cjson/cJSON.h>
 
@@ -27,7 +28,14 @@ static const char *DESCRIPTION =
     "--extra gives further template variables as a JSON object, e.g. '{\"enable_thinking\": false}'.\n"
     "Output: the text on stdout. With --tokens, the token count (special tokens split out, no BOS\n"
     "added) on stderr. With --json: one JSON object on stdout:\n"
-    "  {\"text\": \"...\", \"bytes\": N[, \"n_tokens\": N, \"ids\": [...]]}\n";
+    "  {\"text\": \"...\", \"bytes\": N[, \"n_tokens\": N, \"ids\": [...]][, \"render_us\": T]}\n"
+    "--repeat N renders N times and reports the mean time per render (render_us; stderr without --json).\n";
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 static int fail(const char *what) {
     fprintf(stderr, "tqkv chat-template: %s%s%s\n", what, tqkv_last_error()[0] ? ": " : "", tqkv_last_error());
@@ -40,7 +48,7 @@ static int fail(const char *what) {
 
 int cmd_chat_template(int argc, char **argv) {
     const char *model = "models/qwen3-code-28m", *messages = NULL, *prompt = NULL, *system = NULL, *extra = NULL;
-    int json = 0, agp = 0, tokens = 0;
+    int json = 0, agp = 0, tokens = 0, repeat = 0;
     const arg_spec specs[] = {
         {"--model", ARG_STR, &model, "model directory (default models/qwen3-code-28m)"},
         {"--messages", ARG_STR, &messages, "JSON file with the messages array (\"-\" = stdin)"},
@@ -49,7 +57,8 @@ int cmd_chat_template(int argc, char **argv) {
         {"--extra", ARG_STR, &extra, "extra template variables as a JSON object"},
         {"--generation-prompt", ARG_FLAG, &agp, "add_generation_prompt=True"},
         {"--tokens", ARG_FLAG, &tokens, "also tokenize the text with the model's tokenizer"},
-        {"--json", ARG_FLAG, &json, "print {\"text\", \"bytes\"[, \"n_tokens\", \"ids\"]}"},
+        {"--json", ARG_FLAG, &json, "print {\"text\", \"bytes\"[, \"n_tokens\", \"ids\"][, \"render_us\"]}"},
+        {"--repeat", ARG_INT, &repeat, "render N times and report the mean time per render"},
     };
     const int n_specs = (int)(sizeof specs / sizeof specs[0]);
     for (int i = 0; i < argc; i++)
@@ -92,11 +101,25 @@ int cmd_chat_template(int argc, char **argv) {
     if (tqkv_chat_template_load(&t, model, &bos, &eos) != TQKV_OK) rc = fail("cannot load the chat template");
     else if (tqkv_chat_template_render_json(t, msg_json, agp, bos, eos, extra, &text, &text_len) != TQKV_OK)
         rc = fail("render failed");
+    double render_us = 0;
+    if (!rc && repeat > 0) {
+        double t0 = now_s();
+        for (int i = 0; i < repeat && !rc; i++) {
+            char *again = NULL;
+            if (tqkv_chat_template_render_json(t, msg_json, agp, bos, eos, extra, &again, NULL) != TQKV_OK)
+                rc = fail("render failed");
+            free(again);
+        }
+        render_us = (now_s() - t0) / repeat * 1e6;
+    }
     free(msg_json);
     free(bos);
     free(eos);
     tqkv_chat_template_free(t);
-    if (rc) return rc;
+    if (rc) {
+        free(text);
+        return rc;
+    }
 
     int32_t *ids = NULL;
     size_t n_ids = 0;
@@ -119,6 +142,7 @@ int cmd_chat_template(int argc, char **argv) {
             cJSON *a = cJSON_AddArrayToObject(o, "ids");
             for (size_t i = 0; i < n_ids; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
         }
+        if (repeat > 0) cJSON_AddNumberToObject(o, "render_us", render_us);
         char *s = cJSON_PrintUnformatted(o);
         printf("%s\n", s);
         free(s);
@@ -126,6 +150,7 @@ int cmd_chat_template(int argc, char **argv) {
     } else {
         fwrite(text, 1, text_len, stdout);
         if (tokens) fprintf(stderr, "%zu tokens\n", n_ids);
+        if (repeat > 0) fprintf(stderr, "%.1f us per render (mean of %d)\n", render_us, repeat);
     }
     free(ids);
     free(text);
