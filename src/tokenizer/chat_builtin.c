@@ -403,12 +403,6 @@ static chat_value dict_items(chat_ev *E, const chat_node *at, chat_value v) {
     return l;
 }
 
-typedef struct {
-    chat_ev    *E;
-    int         case_sensitive;
-    int         by_value;
-} sort_ctx;
-
 static int sort_key_cmp(chat_ev *E, chat_value x, chat_value y, int case_sensitive) {
     if (x.kind == CV_STR && y.kind == CV_STR) {
         if (!case_sensitive) {
