@@ -417,6 +417,13 @@ static void test_semantics(void **state) {
     expect_render("{% set messages = messages[1:] %}{{ messages|length }} {{ bos_token }}{{ eos_token }}", "0 <s></s>");
     expect_render("{{ add_generation_prompt }} {{ tools is none }} {{ enable_thinking is defined }}", "False True False");
     expect_render("{% generation %}g{% endgeneration %}", "g");
+    /* found by tools/chat_differential.py against jinja2 */
+    expect_render("{{ [u, 'a\u00a0b\u200d', '\u3000'] }} {{ (1, 2)[1:] }} {{ (1,) }}", "[Undefined, 'a\\xa0b\\u200d', '\\u3000'] (2,) (1,)");
+    expect_render("{{ '</think>x'|title }} {{ '</think>x'.title() }} {{ 'a-b(c d'|title }}", "</think>x </Think>X A-B(C D");
+    expect_render("{{ none|select|list }} {{ 0|map('upper')|list }} {{ false|selectattr('x')|list }}", "[] [] []");
+    expect_render("{{ 1e3 is divisibleby 3 }} {{ 2.0 is even }} {{ [1, 2] < [1, 3] }} {{ [1] < [1, 0] }}", "False True True True");
+    expect_render("{{ [1, 'a'] * 2 }} {{ true * [0] }} {{ (not 'x')|safe|list }} {{ {'a': 1} is lower }}",
+                  "[1, 'a', 1, 'a'] [0] ['F', 'a', 'l', 's', 'e'] True");
 }
 
 /* ------------------------------------------------------------------------- */
@@ -457,6 +464,9 @@ static void test_errors(void **state) {
     expect_fail("{{ 1 // 0 }}", TQKV_EINVAL, "zero");
     expect_fail("{% set x.y = 1 %}", TQKV_EINVAL, "namespace");
     expect_fail("{{ 1 in 'abc' }}", TQKV_EINVAL, "requires string");
+    expect_fail("{{ [1] in {'a': 1} }}", TQKV_EINVAL, "unhashable");
+    expect_fail("{{ u|int }}", TQKV_EINVAL, "'u' is undefined");
+    expect_fail("{{ u|dictsort }}", TQKV_EINVAL, "'u' is undefined");
     expect_fail("{% macro r() %}{{ r() }}{% endmacro %}{{ r() }}", TQKV_EINVAL, "deeply");
     expect_fail("{% for i in range(100000000) %}{% endfor %}", TQKV_EUNSUPPORTED, "range");
     expect_fail("{% set ns = namespace(s='xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx') %}"

@@ -48,9 +48,13 @@ static int fail(const char *what) {
 
 int cmd_chat_template(int argc, char **argv) {
     const char *model = "models/qwen3-code-28m", *messages = NULL, *prompt = NULL, *system = NULL, *extra = NULL;
+    const char *template_file = NULL, *bos_arg = NULL, *eos_arg = NULL;
     int json = 0, agp = 0, tokens = 0, repeat = 0;
     const arg_spec specs[] = {
         {"--model", ARG_STR, &model, "model directory (default models/qwen3-code-28m)"},
+        {"--template", ARG_STR, &template_file, "a template file to use instead of the model's"},
+        {"--bos", ARG_STR, &bos_arg, "bos_token string (default: the model's tokenizer_config.json)"},
+        {"--eos", ARG_STR, &eos_arg, "eos_token string (default: the model's tokenizer_config.json)"},
         {"--messages", ARG_STR, &messages, "JSON file with the messages array (\"-\" = stdin)"},
         {"--prompt", ARG_STR, &prompt, "one user message (instead of --messages)"},
         {"--system", ARG_STR, &system, "system message before --prompt"},
@@ -98,8 +102,24 @@ int cmd_chat_template(int argc, char **argv) {
     char *bos = NULL, *eos = NULL, *text = NULL;
     size_t text_len = 0;
     int rc = 0;
-    if (tqkv_chat_template_load(&t, model, &bos, &eos) != TQKV_OK) rc = fail("cannot load the chat template");
-    else if (tqkv_chat_template_render_json(t, msg_json, agp, bos, eos, extra, &text, &text_len) != TQKV_OK)
+    if (template_file) {
+        char *src = NULL;
+        size_t src_len = 0;
+        if (mcli_read_file("chat-template", template_file, &src, &src_len) != 0) rc = 1;
+        else if (tqkv_chat_template_init(&t, src) != TQKV_OK) rc = fail("cannot parse the template");
+        free(src);
+    } else if (tqkv_chat_template_load(&t, model, &bos, &eos) != TQKV_OK)
+        rc = fail("cannot load the chat template");
+    if (bos_arg) {
+        free(bos);
+        bos = strdup(bos_arg);
+    }
+    if (eos_arg) {
+        free(eos);
+        eos = strdup(eos_arg);
+    }
+    if (rc) {
+    } else if (tqkv_chat_template_render_json(t, msg_json, agp, bos, eos, extra, &text, &text_len) != TQKV_OK)
         rc = fail("render failed");
     double render_us = 0;
     if (!rc && repeat > 0) {

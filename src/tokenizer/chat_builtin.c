@@ -172,6 +172,23 @@ static chat_value str_map_case(chat_ev *E, chat_value s, int mode /* 0 lower 1 u
     return str_from_buf(&b);
 }
 
+/* Jinja's title filter: a word starts after a run of '-', whitespace, '(', '{', '[' or '<';
+ * its first character is upper-cased, the rest lower-cased. */
+static chat_value jinja_title(chat_ev *E, chat_value s) {
+    chat_buf b = {0};
+    bput(E, &b, "", 0);
+    int at_start = 1;
+    for (size_t i = 0; i < s.u.str.n;) {
+        size_t st = i;
+        uint32_t cp = chat_utf8_next(s.u.str.s, s.u.str.n, &i);
+        int sep = cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<' || chat_py_space(cp);
+        chat_value one = str_map_case(E, chat_str(s.u.str.s + st, i - st), at_start ? 1 : 0);
+        bput(E, &b, one.u.str.s, one.u.str.n);
+        at_start = sep;
+    }
+    return str_from_buf(&b);
+}
+
 static chat_value str_replace(chat_ev *E, chat_value s, chat_value old, chat_value neu, int64_t count) {
     chat_buf b = {0};
     bput(E, &b, "", 0);
@@ -308,15 +325,16 @@ static int test_apply(chat_ev *E, const chat_node *at, const char *name, size_t 
     if (is(name, nn, "boolean")) return v.kind == CV_BOOL;
     if (is(name, nn, "true")) return v.kind == CV_BOOL && v.u.i;
     if (is(name, nn, "false")) return v.kind == CV_BOOL && !v.u.i;
-    if (is(name, nn, "callable")) return v.kind == CV_MACRO || v.kind == CV_FUNC;
+    if (is(name, nn, "callable")) return v.kind == CV_MACRO || v.kind == CV_FUNC || v.kind == CV_UNDEF;
     if (is(name, nn, "lower") || is(name, nn, "upper")) {
-        if (v.kind != CV_STR) return 0;
+        v = chat_ev_to_str(E, v);
         chat_value m = str_map_case(E, v, is(name, nn, "upper"));
         return chat_equal(m, v) && !chat_equal(str_map_case(E, v, is(name, nn, "lower")), v);
     }
     if (is(name, nn, "odd") || is(name, nn, "even")) {
-        int64_t x = want_int(E, at, v, "odd/even");
-        int odd = (x % 2) != 0;
+        int odd;
+        if (v.kind == CV_FLOAT) odd = fmod(v.u.f, 2.0) != 0.0;
+        else odd = (want_int(E, at, v, "odd/even") % 2) != 0;
         return is(name, nn, "odd") ? odd : !odd;
     }
     NEED_ARG();
@@ -329,8 +347,15 @@ static int test_apply(chat_ev *E, const chat_node *at, const char *name, size_t 
         return chat_equal(v, *a0);
     }
     if (is(name, nn, "divisibleby")) {
+        if (v.kind == CV_FLOAT || a0->kind == CV_FLOAT) {
+            double x = v.kind == CV_FLOAT ? v.u.f : (double)want_int(E, at, v, "divisibleby");
+            double d = a0->kind == CV_FLOAT ? a0->u.f : (double)want_int(E, at, *a0, "divisibleby");
+            if (d == 0) chat_ev_fail(E, at, TQKV_EINVAL, "float modulo");
+            return fmod(x, d) == 0.0;
+        }
         int64_t d = want_int(E, at, *a0, "divisibleby");
         if (d == 0) chat_ev_fail(E, at, TQKV_EINVAL, "integer division or modulo by zero");
+        if (d == -1) return 1;
         return want_int(E, at, v, "divisibleby") % d == 0;
     }
     if (is(name, nn, "in")) {
@@ -435,6 +460,7 @@ static chat_value dictsort(chat_ev *E, const chat_node *at, chat_value v, const 
             chat_ev_fail(E, at, TQKV_EINVAL, "You can only sort by either \"key\" or \"value\"");
     }
     int reverse = rev ? chat_truthy(*rev) : 0;
+    if (v.kind == CV_UNDEF) chat_ev_undefined(E, at, v);
     chat_value l = dict_items(E, at, v);
     chat_value *it = l.u.list->items;
     size_t n = l.u.list->n;
@@ -458,7 +484,8 @@ static chat_value dictsort(chat_ev *E, const chat_node *at, chat_value v, const 
 
 /* select / reject / selectattr / rejectattr / map */
 static chat_value select_like(chat_ev *E, const chat_node *at, chat_value v, const argv_t *A, int attr, int keep) {
-    chat_value items = chat_ev_iterable(E, at, v);
+    /* Jinja iterates only a truthy value: none, false, 0, "" select nothing */
+    chat_value items = chat_truthy(v) ? chat_ev_iterable(E, at, v) : chat_ev_list(E, 0);
     int p = 0;
     const chat_value *attr_name = NULL;
     if (attr) {
@@ -489,7 +516,7 @@ static chat_value filter_apply(chat_ev *E, const chat_node *at, const char *name
                                const argv_t *A);
 
 static chat_value map_filter(chat_ev *E, const chat_node *at, chat_value v, const argv_t *A) {
-    chat_value items = chat_ev_iterable(E, at, v);
+    chat_value items = chat_truthy(v) ? chat_ev_iterable(E, at, v) : chat_ev_list(E, 0);
     chat_value out = chat_ev_list(E, items.u.list->n);
     const chat_value *attr = arg(A, -1, "attribute");
     if (attr) {
@@ -575,9 +602,9 @@ static chat_value filter_apply(chat_ev *E, const chat_node *at, const char *name
         check_arity(E, at, A, 0, NULL, "filter", name, nn);
         return chat_ev_to_str(E, v);
     }
-    if (is(name, nn, "safe")) {
+    if (is(name, nn, "safe")) { /* Markup(str(value)); autoescape is off, so only the str() shows */
         check_arity(E, at, A, 0, NULL, "filter", name, nn);
-        return v;
+        return chat_ev_to_str(E, v);
     }
     if (is(name, nn, "default") || is(name, nn, "d")) {
         static const char *const kw_ok[] = {"default_value", "boolean", NULL};
@@ -609,7 +636,7 @@ static chat_value filter_apply(chat_ev *E, const chat_node *at, const char *name
             bput(E, &b, low.u.str.s + i, low.u.str.n - i);
             return str_from_buf(&b);
         }
-        if (mode == 3) return str_map_case(E, str_map_case(E, s, 0), 3);
+        if (mode == 3) return jinja_title(E, s);
         return str_map_case(E, s, mode);
     }
     if (is(name, nn, "list")) {
@@ -649,6 +676,7 @@ static chat_value filter_apply(chat_ev *E, const chat_node *at, const char *name
         check_arity(E, at, A, 2, kw_ok, "filter", name, nn);
         const chat_value *dv = arg(A, 0, "default");
         chat_value d = dv ? *dv : chat_int(0);
+        if (v.kind == CV_UNDEF) chat_ev_undefined(E, at, v);
         if (v.kind == CV_INT) return v;
         if (v.kind == CV_BOOL) return chat_int(v.u.i);
         if (v.kind == CV_FLOAT) return isfinite(v.u.f) && fabs(v.u.f) < 9.2e18 ? chat_int((int64_t)v.u.f) : d;
@@ -673,6 +701,7 @@ static chat_value filter_apply(chat_ev *E, const chat_node *at, const char *name
         chat_value r;
         memset(&r, 0, sizeof r);
         r.kind = CV_FLOAT;
+        if (v.kind == CV_UNDEF) chat_ev_undefined(E, at, v);
         if (v.kind == CV_FLOAT) return v;
         if (v.kind == CV_INT || v.kind == CV_BOOL) {
             r.u.f = (double)v.u.i;
@@ -769,7 +798,11 @@ chat_value chat_ev_method(chat_ev *E, const chat_node *at, chat_value obj, const
             return str_replace(E, obj, want_str(E, at, args[0], "replace()"), want_str(E, at, args[1], "replace()"),
                                n_args > 2 ? want_int(E, at, args[2], "replace(count)") : -1);
         }
-        if (is(name, nn, "upper") || is(name, nn, "lower") || is(name, nn, "title") || is(name, nn, "capitalize")) {
+        if (is(name, nn, "title")) { /* Python's str.title(), not Jinja's title filter */
+            check_arity(E, at, &A, 0, NULL, "method", name, nn);
+            return str_map_case(E, str_map_case(E, obj, 0), 3);
+        }
+        if (is(name, nn, "upper") || is(name, nn, "lower") || is(name, nn, "capitalize")) {
             check_arity(E, at, &A, 0, NULL, "method", name, nn);
             return filter_apply(E, at, name, nn, obj, &A);
         }

@@ -226,6 +226,19 @@ static chat_value arith(chat_ev *E, const chat_node *at, int op, chat_value x, c
             if (chat_buf_put(E->a, &b, s.u.str.s, s.u.str.n)) chat_ev_oom(E);
         return chat_str(b.s, b.n);
     }
+    if (op == OP_MUL && ((x.kind == CV_LIST && (y.kind == CV_INT || y.kind == CV_BOOL)) ||
+                         (y.kind == CV_LIST && (x.kind == CV_INT || x.kind == CV_BOOL)))) {
+        chat_value l = x.kind == CV_LIST ? x : y;
+        int64_t times = x.kind == CV_LIST ? y.u.i : x.u.i;
+        if (times < 0) times = 0;
+        if (l.u.list->n && (uint64_t)times > (uint64_t)CHAT_MAX_RANGE / l.u.list->n)
+            chat_ev_fail(E, at, TQKV_EUNSUPPORTED, "list repetition longer than %d items", CHAT_MAX_RANGE);
+        chat_value r = chat_ev_list(E, l.u.list->n * (size_t)times);
+        r.u.list->tuple = l.u.list->tuple;
+        for (int64_t k = 0; k < times; k++)
+            memcpy(r.u.list->items + (size_t)k * l.u.list->n, l.u.list->items, l.u.list->n * sizeof(chat_value));
+        return r;
+    }
     if (!is_num(x) || !is_num(y)) bad_operands(E, at, op, x, y);
     if (x.kind != CV_FLOAT && y.kind != CV_FLOAT && op != OP_DIV) {
         int64_t a = x.u.i, b = y.u.i, r = 0;
@@ -307,6 +320,8 @@ static int contains(chat_ev *E, const chat_node *at, chat_value item, chat_value
         return 0;
     case CV_DICT:
     case CV_NS:
+        if (item.kind == CV_LIST || item.kind == CV_DICT)
+            chat_ev_fail(E, at, TQKV_EINVAL, "unhashable type: '%s'", chat_kind_name(item.kind));
         return item.kind == CV_STR && chat_dict_get(seq.u.dict, item.u.str.s, item.u.str.n) != NULL;
     case CV_UNDEF: return 0;
     default:
@@ -329,7 +344,12 @@ static int compare(chat_ev *E, const chat_node *at, int op, chat_value x, chat_v
         else c = a < b ? -1 : a > b ? 1 : 0;
         if (isnan(a) || isnan(b)) return 0;
     } else if (x.kind == CV_STR && y.kind == CV_STR) c = str_cmp(x, y);
-    else bad_operands(E, at, op, x, y);
+    else if (x.kind == CV_LIST && y.kind == CV_LIST) { /* lexicographic, as Python */
+        size_t k = 0;
+        while (k < x.u.list->n && k < y.u.list->n && chat_equal(x.u.list->items[k], y.u.list->items[k])) k++;
+        if (k < x.u.list->n && k < y.u.list->n) return compare(E, at, op, x.u.list->items[k], y.u.list->items[k]);
+        c = x.u.list->n < y.u.list->n ? -1 : x.u.list->n > y.u.list->n;
+    } else bad_operands(E, at, op, x, y);
     switch (op) {
     case OP_LT: return c < 0;
     case OP_LE: return c <= 0;
@@ -425,6 +445,7 @@ static chat_value do_slice(chat_ev *E, const chat_node *at, chat_value obj, chat
     if (step < 0 && start > stop) n = (size_t)((start - stop + (-step) - 1) / (-step));
     if (obj.kind == CV_LIST) {
         chat_value l = chat_ev_list(E, n);
+        l.u.list->tuple = obj.u.list->tuple;
         for (size_t k = 0; k < n; k++) l.u.list->items[k] = obj.u.list->items[start + (int64_t)k * step];
         return l;
     }

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <utf8proc.h>
+
 #include "tokenizer/chat_internal.h"
 
 /* ------------------------------------------------------------------------- */
@@ -290,6 +292,22 @@ static int put_int(chat_arena *a, chat_buf *b, int64_t i) {
     return chat_buf_put(a, b, tmp, (size_t)n);
 }
 
+/* Python's str.isprintable() for one code point. */
+static int py_printable(uint32_t cp) {
+    if (cp > 0x10FFFF) return 0;
+    switch (utf8proc_category((utf8proc_int32_t)cp)) {
+    case UTF8PROC_CATEGORY_CC:
+    case UTF8PROC_CATEGORY_CF:
+    case UTF8PROC_CATEGORY_CS:
+    case UTF8PROC_CATEGORY_CO:
+    case UTF8PROC_CATEGORY_CN:
+    case UTF8PROC_CATEGORY_ZL:
+    case UTF8PROC_CATEGORY_ZP:
+    case UTF8PROC_CATEGORY_ZS: return 0;
+    default: return 1;
+    }
+}
+
 static int put_repr_str(chat_arena *a, chat_buf *b, const char *s, size_t n) {
     int has_sq = memchr(s, '\'', n) != NULL, has_dq = memchr(s, '"', n) != NULL;
     char q = (has_sq && !has_dq) ? '"' : '\'';
@@ -306,8 +324,8 @@ static int put_repr_str(chat_arena *a, chat_buf *b, const char *s, size_t n) {
         } else if (cp == '\n') r = chat_buf_put(a, b, "\\n", 2);
         else if (cp == '\r') r = chat_buf_put(a, b, "\\r", 2);
         else if (cp == '\t') r = chat_buf_put(a, b, "\\t", 2);
-        else if (cp < 0x20 || cp == 0x7F || (cp >= 0x80 && cp < 0xA0)) {
-            int k = snprintf(tmp, sizeof tmp, "\\x%02x", (unsigned)cp);
+        else if (cp != ' ' && !py_printable(cp)) { /* as Python's repr: \xNN, \uNNNN, \UNNNNNNNN */
+            int k = snprintf(tmp, sizeof tmp, cp < 0x100 ? "\\x%02x" : cp < 0x10000 ? "\\u%04x" : "\\U%08x", (unsigned)cp);
             r = chat_buf_put(a, b, tmp, (size_t)k);
         } else r = chat_buf_put(a, b, s + start, i - start);
         if (r) return -1;
@@ -317,6 +335,7 @@ static int put_repr_str(chat_arena *a, chat_buf *b, const char *s, size_t n) {
 
 int chat_value_repr(chat_arena *a, chat_buf *b, chat_value v) {
     switch (v.kind) {
+    case CV_UNDEF: return chat_buf_put(a, b, "Undefined", 9);
     case CV_STR: return put_repr_str(a, b, v.u.str.s, v.u.str.n);
     case CV_LIST:
         if (chat_buf_putc(a, b, v.u.list->tuple ? '(' : '[')) return -1;
