@@ -118,8 +118,7 @@ int cmd_chat_template(int argc, char **argv) {
         free(eos);
         eos = strdup(eos_arg);
     }
-    if (rc) {
-    } else if (tqkv_chat_template_render_json(t, msg_json, agp, bos, eos, extra, &text, &text_len) != TQKV_OK)
+    if (!rc && tqkv_chat_template_render_json(t, msg_json, agp, bos, eos, extra, &text, &text_len) != TQKV_OK)
         rc = fail("render failed");
     double render_us = 0;
     if (!rc && repeat > 0) {
