@@ -6,7 +6,8 @@
  * Owns: a Jinja subset (statements, expressions, filters and tests that the Qwen3,
  * Qwen 3.5, Llama 3 and Gemma templates use), parsed once and rendered many times.
  * Must not: tokenize (the caller encodes the text with tqkv_tokenizer_encode, which
- * splits out special tokens), read files, keep global state.
+ * splits out special tokens, without adding BOS), keep global state. Only
+ * tqkv_chat_template_load reads files; init and render never do.
  * A template that uses something outside the subset fails at init with
  * TQKV_EUNSUPPORTED naming the construct and its line:column; raise_exception() in a
  * template fails render with TQKV_EINVAL and the template's message.
