@@ -485,6 +485,22 @@ static void test_errors(void **state) {
     assert_int_equal(tqkv_chat_template_render(t, NULL, 0, 0, NULL, NULL, &out, NULL), TQKV_OK);
     assert_string_equal(out, "0");
     free(out);
+    /* render_json: malformed input fails cleanly and leaves *out alone */
+    out = (char *)0x1;
+    assert_int_equal(tqkv_chat_template_render_json(t, "[{\"role\": ", 0, NULL, NULL, NULL, &out, NULL), TQKV_EINVAL);
+    assert_int_equal(tqkv_chat_template_render_json(t, "{\"role\": \"user\"}", 0, NULL, NULL, NULL, &out, NULL),
+                     TQKV_EINVAL);
+    assert_int_equal(tqkv_chat_template_render_json(t, "[]", 0, NULL, NULL, "[1]", &out, NULL), TQKV_EINVAL);
+    char nested[400];
+    memset(nested, '[', 100);
+    memset(nested + 100, ']', 100);
+    nested[200] = 0;
+    assert_int_equal(tqkv_chat_template_render_json(t, nested, 0, NULL, NULL, NULL, &out, NULL), TQKV_EINVAL);
+    assert_ptr_equal(out, (char *)0x1);
+    assert_int_equal(tqkv_chat_template_render_json(t, "[1, 2.5, null]", 0, NULL, NULL, "{\"x\": 1}", &out, NULL),
+                     TQKV_OK);
+    assert_string_equal(out, "3");
+    free(out);
     tqkv_chat_template_free(t);
     tqkv_chat_template_free(NULL);
 }
