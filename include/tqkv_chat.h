@@ -6,7 +6,8 @@
  * Owns: a Jinja subset (statements, expressions, filters and tests that the Qwen3,
  * Qwen 3.5, Llama 3 and Gemma templates use), parsed once and rendered many times.
  * Must not: tokenize (the caller encodes the text with tqkv_tokenizer_encode, which
- * splits out special tokens), read files, keep global state.
+ * splits out special tokens, without adding BOS), keep global state. Only
+ * tqkv_chat_template_load reads files; init and render never do.
  * A template that uses something outside the subset fails at init with
  * TQKV_EUNSUPPORTED naming the construct and its line:column; raise_exception() in a
  * template fails render with TQKV_EINVAL and the template's message.
@@ -41,6 +42,27 @@ TQKV_API tqkv_status tqkv_chat_template_render(const tqkv_chat_template *t,
                                                int add_generation_prompt,
                                                const char *bos_token, const char *eos_token,
                                                char **out, size_t *out_len);
+
+/* Like tqkv_chat_template_render, with the conversation as JSON (an OpenAI request's
+ * "messages" array as is): messages_json is an array of message objects with any fields
+ * (role, content as a string or a list of parts, tool_calls, reasoning_content, ...).
+ * extra_json (may be NULL) is an object of further top-level variables that override the
+ * defaults (tools = none, documents = none): "tools", "enable_thinking", "date_string", ...
+ * JSON numbers without a fraction or exponent become integers, others floats.
+ * Bad JSON fails with TQKV_EINVAL. */
+TQKV_API tqkv_status tqkv_chat_template_render_json(const tqkv_chat_template *t, const char *messages_json,
+                                                    int add_generation_prompt, const char *bos_token,
+                                                    const char *eos_token, const char *extra_json,
+                                                    char **out, size_t *out_len);
+
+/* Loading a checkpoint's template (this call reads files; the engine above does not).
+ * model_dir/chat_template.jinja if present, else "chat_template" of
+ * model_dir/tokenizer_config.json (a string, or a list of {"name", "template"} of which
+ * "default" is taken, as transformers does). *bos_token / *eos_token (may be NULL) receive
+ * tokenizer_config.json's tokens (a string or an AddedToken {"content": ...}), malloc'd, or
+ * NULL where absent/null. A model without a template fails with TQKV_EUNSUPPORTED. */
+TQKV_API tqkv_status tqkv_chat_template_load(tqkv_chat_template **out, const char *model_dir,
+                                             char **bos_token, char **eos_token);
 
 #ifdef __cplusplus
 }
