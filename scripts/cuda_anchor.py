@@ -44,9 +44,10 @@ def main():
             except RuntimeError as e:  # record the fallback honestly
                 print(f"[anchor] cuDNN SDPA refused B={B} N={N}: {e}; using the default", file=sys.stderr)
                 backend = "default"
-            ctx = sdpa_kernel([SDPBackend.CUDNN_ATTENTION]) if backend == "cudnn" else torch.no_grad()
+            def ctx():  # a fresh context manager each time (they are single use)
+                return sdpa_kernel([SDPBackend.CUDNN_ATTENTION]) if backend == "cudnn" else torch.no_grad()
             # check against a float32 reference once (small slice)
-            with ctx:
+            with ctx():
                 o = F.scaled_dot_product_attention(q, k, v)
             ref = torch.softmax((q[:1].float() @ k[:1].float().transpose(-1, -2)) / D ** 0.5, -1) @ v[:1].float()
             err = ((o[:1].float() - ref).norm() / ref.norm()).item()
@@ -54,7 +55,7 @@ def main():
             for rep in range(-3, a.reps):
                 flush.random_()
                 s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                with ctx:
+                with ctx():
                     s.record()
                     o = F.scaled_dot_product_attention(q, k, v)
                     e.record()

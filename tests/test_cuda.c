@@ -187,7 +187,12 @@ static void test_cuda_attend_tq(void **state) {
             rng_fill_normal(&r, q, n, 1.0f);
             const float scale = 1.0f / sqrtf(128.0f);
             tqkv_attn_params p = {.q_heads = qh, .scale = scale, .kernel = TQKV_KERNEL_FUSED, .threads = 2};
-            assert_int_equal(tqkv_batch_attend(b, NULL, q, 1, &p, cpu), TQKV_OK);
+            tqkv_mask_lease *lease = NULL;
+            const tqkv_mask *mask = NULL;
+            assert_int_equal(tqkv_mask_lease_init(&lease), TQKV_OK);
+            assert_int_equal(tqkv_batch_make_mask(b, lease, 1, 0, &mask), TQKV_OK);
+            assert_int_equal(tqkv_batch_attend(b, mask, q, 1, &p, cpu), TQKV_OK);
+            tqkv_mask_lease_free(lease);
             attend_gpu(b, q, qh, scale, gpu);
             double worst = 0;
             for (int i = 0; i < R * qh; i++) {

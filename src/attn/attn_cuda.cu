@@ -28,6 +28,7 @@
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 extern "C" {
 #include "util/common.h"
@@ -107,68 +108,13 @@ template <int F> __device__ __forceinline__ int vdim(int g, int i, int e) {
 }
 
 // ---------------------------------------------------------------------------
-// Codebook lookup tables in registers
+// Codebook lookup table in shared memory, one column per lane (conflict free)
 // ---------------------------------------------------------------------------
-struct Lut {
-    uint32_t lo[4], hi[4];    /* byte planes of the fp16 centroids: entry k in byte k */
-};
-
-__device__ inline void lut_init(Lut &t, const cuda_codec &C) {
-    uint8_t lo[16], hi[16];
-#pragma unroll
-    for (int k = 0; k < 16; k++) {
-        const uint16_t h = __half_as_ushort(__float2half_rn(k < (1 << C.bits) ? C.cent[k] : 0.0f));
-        lo[k] = (uint8_t)h;
-        hi[k] = (uint8_t)(h >> 8);
-    }
-#pragma unroll
-    for (int w = 0; w < 4; w++) {
-        t.lo[w] = lo[4 * w] | lo[4 * w + 1] << 8 | lo[4 * w + 2] << 16 | (uint32_t)lo[4 * w + 3] << 24;
-        t.hi[w] = hi[4 * w] | hi[4 * w + 1] << 8 | hi[4 * w + 2] << 16 | (uint32_t)hi[4 * w + 3] << 24;
-    }
-}
-
-/* Four indices in the nibbles of sel (bits 0..15) -> the fp16 codebook values as byte
- * vectors: LO = low bytes, HI = high bytes (byte k = nibble k). */
-template <int F> __device__ __forceinline__ void lut4(const Lut &t, uint32_t sel, uint32_t &LO, uint32_t &HI) {
-    if constexpr (F == F_TQ3) {          /* 3-bit indices: one 8-entry table */
-        LO = prmt(t.lo[0], t.lo[1], sel);
-        HI = prmt(t.hi[0], t.hi[1], sel);
-    } else {                             /* 4-bit: two 8-entry halves, chosen by bit 3 */
-        const uint32_t s7 = sel & 0x7777u;
-        const uint32_t M = prmt(sel, sel << 4, 0x9D8C); /* 0xFF where bit 3 of the nibble */
-        const uint32_t la = prmt(t.lo[0], t.lo[1], s7), lb = prmt(t.lo[2], t.lo[3], s7);
-        const uint32_t ha = prmt(t.hi[0], t.hi[1], s7), hb = prmt(t.hi[2], t.hi[3], s7);
-        LO = (lb & M) | (la & ~M);
-        HI = (hb & M) | (ha & ~M);
-    }
-}
-
-/* One nibble word of a token's K row (8 indices: 4 pairs) -> 4 fp16 pairs. */
-template <int F> __device__ __forceinline__ void k_word(const Lut &t, uint32_t w, uint32_t out[4]) {
-    uint32_t LO, HI;
-    lut4<F>(t, w & 0xFFFFu, LO, HI);
-    out[0] = prmt(LO, HI, 0x5140);
-    out[1] = prmt(LO, HI, 0x7362);
-    lut4<F>(t, w >> 16, LO, HI);
-    out[2] = prmt(LO, HI, 0x5140);
-    out[3] = prmt(LO, HI, 0x7362);
-}
-
-/* Two tokens' nibble words n0, n1 (same positions) -> fragments of 4 m-tiles:
- * a[m][0] = (tok0, tok1) at fragment row g, a[m][1] = same at row g + 8. */
-template <int F> __device__ __forceinline__ void v_words(const Lut &t, uint32_t n0, uint32_t n1,
-                                                         uint32_t a[4][2]) {
-    uint32_t LO, HI;
-    const uint32_t x = prmt(n0, n1, 0x5140), y = prmt(n0, n1, 0x7362);
-    lut4<F>(t, x & 0xFFFFu, LO, HI);
-    a[0][0] = prmt(LO, HI, 0x6240); a[0][1] = prmt(LO, HI, 0x7351);
-    lut4<F>(t, x >> 16, LO, HI);
-    a[1][0] = prmt(LO, HI, 0x6240); a[1][1] = prmt(LO, HI, 0x7351);
-    lut4<F>(t, y & 0xFFFFu, LO, HI);
-    a[2][0] = prmt(LO, HI, 0x6240); a[2][1] = prmt(LO, HI, 0x7351);
-    lut4<F>(t, y >> 16, LO, HI);
-    a[3][0] = prmt(LO, HI, 0x6240); a[3][1] = prmt(LO, HI, 0x7351);
+/* T = table + lane; entry e (a byte: two indices, low nibble first) holds the fp16 pair
+ * (c[e & 15], c[e >> 4]) (tq3: the nibbles hold 3-bit indices). */
+__device__ __forceinline__ uint32_t tlook(const uint32_t *T, uint32_t w, int k) {
+    const uint32_t e = __byte_perm(w, 0, 0x4440 + k);
+    return T[e * 32];
 }
 
 /* tq3: 8 low bytes' worth of 2-bit fields (one u32 = 4 bytes, byte j) plus the group's
@@ -263,21 +209,18 @@ __device__ __forceinline__ void load_tile(Raw<F> &R, const Ctx &x, int t0, int l
 }
 
 /* K pairs of one row of subtile u. */
-template <int F> __device__ __forceinline__ void deq_k(const Raw<F> &R, const Lut &L, int u, int row, uint32_t pr[16]) {
+template <int F> __device__ __forceinline__ void deq_k(const Raw<F> &R, const uint32_t *T, int u, int row, uint32_t pr[16]) {
     if constexpr (F == F_TQ4) {
         const uint4 w = R.k[u][row];
-        k_word<F>(L, w.x, pr + 0);
-        k_word<F>(L, w.y, pr + 4);
-        k_word<F>(L, w.z, pr + 8);
-        k_word<F>(L, w.w, pr + 12);
+        const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int p = 0; p < 16; p++) pr[p] = tlook(T, ws[p >> 2], p & 3);
     } else if constexpr (F == F_TQ3) {
-        uint32_t A, B;
-        tq3_nibbles(R.kl[u][row].x, R.kh[u][row], 0, A, B);
-        k_word<F>(L, A, pr + 0);
-        k_word<F>(L, B, pr + 4);
-        tq3_nibbles(R.kl[u][row].y, R.kh[u][row], 1, A, B);
-        k_word<F>(L, A, pr + 8);
-        k_word<F>(L, B, pr + 12);
+        uint32_t n[4];
+        tq3_nibbles(R.kl[u][row].x, R.kh[u][row], 0, n[0], n[1]);
+        tq3_nibbles(R.kl[u][row].y, R.kh[u][row], 1, n[2], n[3]);
+#pragma unroll
+        for (int p = 0; p < 16; p++) pr[p] = tlook(T, n[p >> 2], p & 3);
     } else {
 #pragma unroll
         for (int q = 0; q < 4; q++) {
@@ -290,7 +233,7 @@ template <int F> __device__ __forceinline__ void deq_k(const Raw<F> &R, const Lu
 }
 
 /* V^T fragments of subtile u: a[i] = {a0, a1, a2, a3} of m-tile i. */
-template <int F> __device__ __forceinline__ void deq_v(const Raw<F> &R, const Lut &L, int u, uint32_t a[8][4]) {
+template <int F> __device__ __forceinline__ void deq_v(const Raw<F> &R, const uint32_t *T, int u, uint32_t a[8][4]) {
 #pragma unroll
     for (int hp = 0; hp < 2; hp++) {          /* token pair (4c, 4c+1) or (4c+2, 4c+3) */
         const int j0 = 2 * hp, j1 = 2 * hp + 1;
@@ -307,20 +250,15 @@ template <int F> __device__ __forceinline__ void deq_v(const Raw<F> &R, const Lu
                 n0[0] = R.v[u][j0].x; n0[1] = R.v[u][j0].y;
                 n1[0] = R.v[u][j1].x; n1[1] = R.v[u][j1].y;
             } else {
-                // x (byte half of the group) is g & 1 = (lane >> 2) & 1
-                const int xh = (threadIdx.x >> 2) & 1;
+                const int xh = (threadIdx.x >> 2) & 1;   /* g & 1: bytes 0..3 / 4..7 of the group */
                 tq3_nibbles(R.vl[u][j0], R.vh[u][j0], xh, n0[0], n0[1]);
                 tq3_nibbles(R.vl[u][j1], R.vh[u][j1], xh, n1[0], n1[1]);
             }
 #pragma unroll
-            for (int wi = 0; wi < 2; wi++) {
-                uint32_t f[4][2];
-                v_words<F>(L, n0[wi], n1[wi], f);
-#pragma unroll
-                for (int b = 0; b < 4; b++) {
-                    a[4 * wi + b][2 * hp + 0] = f[b][0];
-                    a[4 * wi + b][2 * hp + 1] = f[b][1];
-                }
+            for (int i = 0; i < 8; i++) {
+                const uint32_t r0 = tlook(T, n0[i >> 2], i & 3), r1 = tlook(T, n1[i >> 2], i & 3);
+                a[i][2 * hp + 0] = prmt(r0, r1, 0x5410);
+                a[i][2 * hp + 1] = prmt(r0, r1, 0x7632);
             }
         }
     }
@@ -346,10 +284,16 @@ struct Params {
     cuda_codec kc, vc;
 };
 
-template <int F>
-__global__ void __launch_bounds__(NW * 32) split_kernel(const Params P) {
+/* Dynamic shared memory: the codebook table [256][32] u32 (tq), reused at the end for the
+ * warps' partial outputs [NW][CUDA_MAX_G][D] floats. */
+template <int F> constexpr int smem_bytes() {
+    return F == F_BF16 ? NW * CUDA_MAX_G * D * 4 : 256 * 32 * 4;
+}
+
+template <int F, bool PF>
+__global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : PF ? 3 : 4) split_kernel(const Params P) {
     constexpr int SUB = Raw<F>::SUB, TT = 16 * SUB;
-    __shared__ float s_o[NW][CUDA_MAX_G][D];
+    extern __shared__ uint32_t s_dyn[];
     __shared__ float s_m[NW][CUDA_MAX_G], s_l[NW][CUDA_MAX_G];
 
     const int r = blockIdx.z, h = blockIdx.y, sp = blockIdx.x;
@@ -390,11 +334,15 @@ __global__ void __launch_bounds__(NW * 32) split_kernel(const Params P) {
                 qb[s][hh] = g < G ? (uint32_t)q[kdim<F>(c, p, 0)] | (uint32_t)q[kdim<F>(c, p, 1)] << 16 : 0u;
             }
     }
-    Lut KL, VL;
     if constexpr (F != F_BF16) {
-        lut_init(KL, P.kc);
-        lut_init(VL, P.vc);
+        for (int i = threadIdx.x; i < 256 * 32; i += NW * 32) {
+            const int e = i >> 5, m = F == F_TQ4 ? 15 : 7;
+            const __half2 v = __floats2half2_rn(P.kc.cent[e & m], P.kc.cent[(e >> 4) & m]);
+            s_dyn[i] = *reinterpret_cast<const uint32_t *>(&v);
+        }
+        __syncthreads();
     }
+    const uint32_t *T = s_dyn + lane;
 
     float acc[8][4];
 #pragma unroll
@@ -419,8 +367,8 @@ __global__ void __launch_bounds__(NW * 32) split_kernel(const Params P) {
 #pragma unroll
         for (int u = 0; u < SUB; u++) {
             uint32_t pa[16], pb[16];
-            deq_k<F>(R, KL, u, 0, pa);
-            deq_k<F>(R, KL, u, 1, pb);
+            deq_k<F>(R, T, u, 0, pa);
+            deq_k<F>(R, T, u, 1, pb);
             if constexpr (F != F_BF16) {
                 if (slow) { /* window tokens: q8 values with their block scale */
 #pragma unroll
@@ -438,12 +386,14 @@ __global__ void __launch_bounds__(NW * 32) split_kernel(const Params P) {
                     }
                 }
             }
-            float s4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            float s4[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s4b[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-            for (int s = 0; s < 8; s++) {
+            for (int s = 0; s < 8; s++) { /* two accumulators: half the dependent chain */
                 const uint32_t af[4] = {pa[2 * s], pb[2 * s], pa[2 * s + 1], pb[2 * s + 1]};
-                mma<F>(s4, af, qb[s][0], qb[s][1]);
+                mma<F>(s & 1 ? s4b : s4, af, qb[s][0], qb[s][1]);
             }
+#pragma unroll
+            for (int k = 0; k < 4; k++) s4[k] += s4b[k];
             const float fA = __shfl_sync(0xffffffffu, kf, 16 * u + krow_tok(g, 0));
             const float fB = __shfl_sync(0xffffffffu, kf, 16 * u + krow_tok(g, 1));
             sc[u][0] = s4[0] * fA; sc[u][1] = s4[1] * fA;
@@ -496,7 +446,7 @@ __global__ void __launch_bounds__(NW * 32) split_kernel(const Params P) {
             const uint32_t sel = (g & 1) ? 0x7632u : 0x5410u;
             const uint32_t b0 = g < G ? prmt(x0, x1, sel) : 0u, b1 = g < G ? prmt(x2, x3, sel) : 0u;
             uint32_t va[8][4];
-            deq_v<F>(R, VL, u, va);
+            deq_v<F>(R, T, u, va);
             if constexpr (F != F_BF16) {
                 if (slow) {
 #pragma unroll
@@ -523,7 +473,13 @@ __global__ void __launch_bounds__(NW * 32) split_kernel(const Params P) {
 
     // ---- fast tiles (fully in the main plane and in range), register double buffer ----
     int t0 = a + w * TT;
-    if (t0 + TT <= fast_end) {
+    if (!PF) {
+        for (; t0 + TT <= fast_end; t0 += NW * TT) {
+            Raw<F> cur;
+            load_tile<F, false>(cur, x, t0, 0, g, c, lane);
+            process(cur, t0, false);
+        }
+    } else if (t0 + TT <= fast_end) {
         Raw<F> cur;
         load_tile<F, false>(cur, x, t0, 0, g, c, lane);
         for (;;) {
@@ -544,7 +500,9 @@ __global__ void __launch_bounds__(NW * 32) split_kernel(const Params P) {
         process(cur, t0, true);
     }
 
-    // ---- merge the warps --------------------------------------------------------------
+    // ---- merge the warps (s_o aliases the table: wait until every warp is done) ---------
+    __syncthreads();
+    float (*s_o)[CUDA_MAX_G][D] = reinterpret_cast<float (*)[CUDA_MAX_G][D]>(s_dyn);
 #pragma unroll
     for (int k = 0; k < 2; k++)
 #pragma unroll
@@ -683,9 +641,20 @@ extern "C" tqkv_status cuda_kv_attend(cuda_kv *kv, const float *q, int q_heads, 
     P.kc = kv->kc;
     P.vc = kv->vc;
     const dim3 grid((unsigned)nsmax, (unsigned)kv->kvh, (unsigned)kv->rows);
-    if (fmt == F_TQ4) split_kernel<F_TQ4><<<grid, NW * 32>>>(P);
-    else if (fmt == F_TQ3) split_kernel<F_TQ3><<<grid, NW * 32>>>(P);
-    else split_kernel<F_BF16><<<grid, NW * 32>>>(P);
+    /* TQKV_CUDA_PREFETCH=0/1 picks the kernel variant without / with a register double
+     * buffer (default: with, measured faster on the H200) */
+    const char *pe = getenv("TQKV_CUDA_PREFETCH");
+    const bool pf = !(pe && pe[0] == '0');
+    if (fmt == F_TQ4) {
+        if (pf) split_kernel<F_TQ4, true><<<grid, NW * 32, smem_bytes<F_TQ4>()>>>(P);
+        else split_kernel<F_TQ4, false><<<grid, NW * 32, smem_bytes<F_TQ4>()>>>(P);
+    } else if (fmt == F_TQ3) {
+        if (pf) split_kernel<F_TQ3, true><<<grid, NW * 32, smem_bytes<F_TQ3>()>>>(P);
+        else split_kernel<F_TQ3, false><<<grid, NW * 32, smem_bytes<F_TQ3>()>>>(P);
+    } else {
+        if (pf) split_kernel<F_BF16, true><<<grid, NW * 32, smem_bytes<F_BF16>()>>>(P);
+        else split_kernel<F_BF16, false><<<grid, NW * 32, smem_bytes<F_BF16>()>>>(P);
+    }
     merge_kernel<<<(nvi + 3) / 4, 128>>>(po, pml, kv->d_rows, out, kv->vc, !kv->bf16, q_heads, nsmax, nvi);
     return cuda_check(cudaGetLastError(), "attention kernel launch");
 }

@@ -136,7 +136,8 @@ __global__ void __launch_bounds__(256) ce_encode_kernel(const float *__restrict_
         if (lane == 0) P.scales[slot] = scale;
         __syncwarp();
         // ---- q8 copy of the rotated vector into the ring (ggml q8_0 on 32 blocks) -------
-        if (P.win) {
+        if (P.win && i >= n - ring) { /* only the newest `ring` tokens of this append land in
+                                         * the ring (several tokens share a slot otherwise) */
             float am = fmaxf(fmaxf(fabsf(xr[0]), fabsf(xr[1])), fmaxf(fabsf(xr[2]), fabsf(xr[3])));
 #pragma unroll
             for (int m = 1; m < 8; m <<= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, m));
