@@ -110,11 +110,17 @@ template <int F> __device__ __forceinline__ int vdim(int g, int i, int e) {
 // ---------------------------------------------------------------------------
 // Codebook lookup table in shared memory, one column per lane (conflict free)
 // ---------------------------------------------------------------------------
-/* T = table + lane; entry e (a byte: two indices, low nibble first) holds the fp16 pair
- * (c[e & 15], c[e >> 4]) (tq3: the nibbles hold 3-bit indices). */
-__device__ __forceinline__ uint32_t tlook(const uint32_t *T, uint32_t w, int k) {
-    const uint32_t e = __byte_perm(w, 0, 0x4440 + k);
-    return T[e * 32];
+/* The table: entry e (a payload byte, two indices, low nibble first) of lane l is the
+ * fp16 pair (c[e & 15], c[e >> 4]) at byte offset 256 e + 4 l (tq3: 3-bit indices in the
+ * nibbles). Bank = l: conflict free. One byte permute builds the offset from the payload
+ * word and L = 4 l: byte 0 = L, byte 1 = payload byte k, bytes 2, 3 = 0 (L's zero byte). */
+struct Tab {
+    const char *base;         /* table in shared memory */
+    uint32_t L;               /* 4 * lane */
+};
+__device__ __forceinline__ uint32_t tlook(const Tab &T, uint32_t w, int k) {
+    const uint32_t off = prmt(w, T.L, 0x5504u | (uint32_t)k << 4);
+    return *reinterpret_cast<const uint32_t *>(T.base + off);
 }
 
 /* tq3: 8 low bytes' worth of 2-bit fields (one u32 = 4 bytes, byte j) plus the group's
@@ -209,7 +215,7 @@ __device__ __forceinline__ void load_tile(Raw<F> &R, const Ctx &x, int t0, int l
 }
 
 /* K pairs of one row of subtile u. */
-template <int F> __device__ __forceinline__ void deq_k(const Raw<F> &R, const uint32_t *T, int u, int row, uint32_t pr[16]) {
+template <int F> __device__ __forceinline__ void deq_k(const Raw<F> &R, const Tab &T, int u, int row, uint32_t pr[16]) {
     if constexpr (F == F_TQ4) {
         const uint4 w = R.k[u][row];
         const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
@@ -233,7 +239,7 @@ template <int F> __device__ __forceinline__ void deq_k(const Raw<F> &R, const ui
 }
 
 /* V^T fragments of subtile u: a[i] = {a0, a1, a2, a3} of m-tile i. */
-template <int F> __device__ __forceinline__ void deq_v(const Raw<F> &R, const uint32_t *T, int u, uint32_t a[8][4]) {
+template <int F> __device__ __forceinline__ void deq_v(const Raw<F> &R, const Tab &T, int u, uint32_t a[8][4]) {
 #pragma unroll
     for (int hp = 0; hp < 2; hp++) {          /* token pair (4c, 4c+1) or (4c+2, 4c+3) */
         const int j0 = 2 * hp, j1 = 2 * hp + 1;
@@ -287,11 +293,11 @@ struct Params {
 /* Dynamic shared memory: the codebook table [256][32] u32 (tq), reused at the end for the
  * warps' partial outputs [NW][CUDA_MAX_G][D] floats. */
 template <int F> constexpr int smem_bytes() {
-    return F == F_BF16 ? NW * CUDA_MAX_G * D * 4 : 256 * 32 * 4;
+    return F == F_BF16 ? NW * CUDA_MAX_G * D * 4 : 256 * 256;
 }
 
 template <int F, bool PF>
-__global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : PF ? 3 : 4) split_kernel(const Params P) {
+__global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : 3) split_kernel(const Params P) {
     constexpr int SUB = Raw<F>::SUB, TT = 16 * SUB;
     extern __shared__ uint32_t s_dyn[];
     __shared__ float s_m[NW][CUDA_MAX_G], s_l[NW][CUDA_MAX_G];
@@ -338,11 +344,11 @@ __global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : PF ? 3 : 4) split_k
         for (int i = threadIdx.x; i < 256 * 32; i += NW * 32) {
             const int e = i >> 5, m = F == F_TQ4 ? 15 : 7;
             const __half2 v = __floats2half2_rn(P.kc.cent[e & m], P.kc.cent[(e >> 4) & m]);
-            s_dyn[i] = *reinterpret_cast<const uint32_t *>(&v);
+            s_dyn[e * 64 + (i & 31)] = *reinterpret_cast<const uint32_t *>(&v);
         }
         __syncthreads();
     }
-    const uint32_t *T = s_dyn + lane;
+    const Tab T = {reinterpret_cast<const char *>(s_dyn), 4u * (uint32_t)lane};
 
     float acc[8][4];
 #pragma unroll
@@ -480,17 +486,22 @@ __global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : PF ? 3 : 4) split_k
             process(cur, t0, false);
         }
     } else if (t0 + TT <= fast_end) {
-        Raw<F> cur;
-        load_tile<F, false>(cur, x, t0, 0, g, c, lane);
+        /* register double buffer, two named buffers so that nothing is copied */
+        Raw<F> ra, rb;
+        load_tile<F, false>(ra, x, t0, 0, g, c, lane);
         for (;;) {
-            const int tn = t0 + NW * TT;
-            const bool more = tn + TT <= fast_end;
-            Raw<F> nxt;
-            if (more) load_tile<F, false>(nxt, x, tn, 0, g, c, lane);
-            process(cur, t0, false);
+            int tn = t0 + NW * TT;
+            bool more = tn + TT <= fast_end;
+            if (more) load_tile<F, false>(rb, x, tn, 0, g, c, lane);
+            process(ra, t0, false);
             t0 = tn;
             if (!more) break;
-            cur = nxt;
+            tn = t0 + NW * TT;
+            more = tn + TT <= fast_end;
+            if (more) load_tile<F, false>(ra, x, tn, 0, g, c, lane);
+            process(rb, t0, false);
+            t0 = tn;
+            if (!more) break;
         }
     }
     // ---- remaining tiles: partial, or reaching into the q8 window ----------------------
@@ -591,8 +602,20 @@ __global__ void merge_kernel(const float *__restrict__ po, const float2 *__restr
 } // namespace
 
 // ---------------------------------------------------------------------------
-// Entry point
+// Entry points
 // ---------------------------------------------------------------------------
+/* Allow the split kernels their dynamic shared memory (the tq table is 64 KiB). */
+tqkv_status attn_cuda_setup(void) {
+    cudaError_t e = cudaSuccess;
+#define ATTN_SMEM(F, PF)                                                                          \
+    if (e == cudaSuccess)                                                                         \
+        e = cudaFuncSetAttribute(split_kernel<F, PF>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                 smem_bytes<F>());
+    ATTN_SMEM(F_TQ4, true) ATTN_SMEM(F_TQ4, false) ATTN_SMEM(F_TQ3, true)
+    ATTN_SMEM(F_TQ3, false) ATTN_SMEM(F_BF16, true) ATTN_SMEM(F_BF16, false)
+#undef ATTN_SMEM
+    return cuda_check(e, "attention kernel shared memory");
+}
 extern "C" tqkv_status cuda_kv_attend(cuda_kv *kv, const float *q, int q_heads, float scale,
                                       float *out) {
     if (!kv || !q || !out) return tqkv_fail(TQKV_EINVAL, "cuda_kv_attend: NULL argument");

@@ -246,6 +246,7 @@ extern "C" tqkv_status cuda_kv_init(cuda_kv **out, const tqkv_cache_config *cfg,
         if (!st) st = cuda_malloc((void **)&kv->kws, rh * kv->ring * (kv->d / 32) * 2);
         if (!st) st = cuda_malloc((void **)&kv->vws, rh * kv->ring * (kv->d / 32) * 2);
     }
+    if (!st) st = attn_cuda_setup();
     if (!st) st = cuda_malloc((void **)&kv->d_rows, sizeof(cuda_row) * rows);
     if (!st) st = cuda_kv_sync_rows(kv);
     if (st) {

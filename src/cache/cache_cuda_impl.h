@@ -61,6 +61,9 @@ tqkv_status cuda_kv_sync_rows(cuda_kv *kv);
 /* codec_cuda.cu: encode n tokens of every row into the planes at each row's col0. */
 tqkv_status codec_cuda_append(cuda_kv *kv, const float *k, const float *v, int n);
 
+/* attn_cuda.cu: one-time kernel attributes (dynamic shared memory); idempotent. */
+tqkv_status attn_cuda_setup(void);
+
 /* Convert a cudaError_t into a tqkv failure (returns TQKV_OK on cudaSuccess). */
 tqkv_status cuda_check(cudaError_t e, const char *what);
 
