@@ -29,6 +29,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 extern "C" {
 #include "util/common.h"
@@ -40,7 +41,8 @@ namespace {
 
 enum { F_TQ4 = 0, F_TQ3 = 1, F_BF16 = 2 };
 constexpr int D = CUDA_DIM;
-constexpr int NW = 4;                 /* warps per CTA */
+/* warps per CTA: a kernel template parameter NW (4 with the register double buffer,
+ * 8 without: both measured, see bench/RESULTS.md) */
 constexpr float LOG2E = 1.4426950408889634f;
 
 // ---------------------------------------------------------------------------
@@ -292,12 +294,12 @@ struct Params {
 
 /* Dynamic shared memory: the codebook table [256][32] u32 (tq), reused at the end for the
  * warps' partial outputs [NW][CUDA_MAX_G][D] floats. */
-template <int F> constexpr int smem_bytes() {
+template <int F, int NW> constexpr int smem_bytes() {
     return F == F_BF16 ? NW * CUDA_MAX_G * D * 4 : 256 * 256;
 }
 
-template <int F, bool PF>
-__global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : 3) split_kernel(const Params P) {
+template <int F, bool PF, int NW>
+__global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : NW == 8 ? 2 : 3) split_kernel(const Params P) {
     constexpr int SUB = Raw<F>::SUB, TT = 16 * SUB;
     extern __shared__ uint32_t s_dyn[];
     __shared__ float s_m[NW][CUDA_MAX_G], s_l[NW][CUDA_MAX_G];
@@ -421,19 +423,26 @@ __global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : 3) split_kernel(con
             mx[0] = fmaxf(mx[0], __shfl_xor_sync(0xffffffffu, mx[0], o));
             mx[1] = fmaxf(mx[1], __shfl_xor_sync(0xffffffffu, mx[1], o));
         }
-        float mu[2], al[2];
+        float mu[2];
+        /* rescale only when some running max grew (rare after the first tiles) */
+        if (__any_sync(0xffffffffu, mx[0] > m[0] || mx[1] > m[1])) {
+            float al[2];
 #pragma unroll
-        for (int k = 0; k < 2; k++) {
-            const float mn = fmaxf(m[k], mx[k]);
-            mu[k] = mn == -INFINITY ? 0.0f : mn;
-            al[k] = exp2f(m[k] - mu[k]);
-            m[k] = mn;
-            l[k] *= al[k];
-        }
+            for (int k = 0; k < 2; k++) {
+                const float mn = fmaxf(m[k], mx[k]);
+                mu[k] = mn == -INFINITY ? 0.0f : mn;
+                al[k] = exp2f(m[k] - mu[k]);
+                m[k] = mn;
+                l[k] *= al[k];
+            }
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            acc[i][0] *= al[0]; acc[i][1] *= al[1];
-            acc[i][2] *= al[0]; acc[i][3] *= al[1];
+            for (int i = 0; i < 8; i++) {
+                acc[i][0] *= al[0]; acc[i][1] *= al[1];
+                acc[i][2] *= al[0]; acc[i][3] *= al[1];
+            }
+        } else {
+            mu[0] = m[0] == -INFINITY ? 0.0f : m[0];
+            mu[1] = m[1] == -INFINITY ? 0.0f : m[1];
         }
 #pragma unroll
         for (int u = 0; u < SUB; u++) {
@@ -531,8 +540,8 @@ __global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : 3) split_kernel(con
         s_l[w][2 * c] = l[0]; s_l[w][2 * c + 1] = l[1];
     }
     __syncthreads();
-    const int d = threadIdx.x;   /* NW * 32 == D */
-    for (int hd = 0; hd < G; hd++) {
+    const int d = threadIdx.x & (D - 1);
+    for (int hd = threadIdx.x / D; hd < G; hd += NW * 32 / D) {
         float M = -INFINITY;
 #pragma unroll
         for (int ww = 0; ww < NW; ww++) M = fmaxf(M, s_m[ww][hd]);
@@ -607,12 +616,12 @@ __global__ void merge_kernel(const float *__restrict__ po, const float2 *__restr
 /* Allow the split kernels their dynamic shared memory (the tq table is 64 KiB). */
 tqkv_status attn_cuda_setup(void) {
     cudaError_t e = cudaSuccess;
-#define ATTN_SMEM(F, PF)                                                                          \
-    if (e == cudaSuccess)                                                                         \
-        e = cudaFuncSetAttribute(split_kernel<F, PF>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                 smem_bytes<F>());
-    ATTN_SMEM(F_TQ4, true) ATTN_SMEM(F_TQ4, false) ATTN_SMEM(F_TQ3, true)
-    ATTN_SMEM(F_TQ3, false) ATTN_SMEM(F_BF16, true) ATTN_SMEM(F_BF16, false)
+#define ATTN_SMEM(F, PF, NW)                                                                    \
+    if (e == cudaSuccess)                                                                       \
+        e = cudaFuncSetAttribute(split_kernel<F, PF, NW>,                                       \
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<F, NW>());
+    ATTN_SMEM(F_TQ4, true, 4) ATTN_SMEM(F_TQ4, false, 8) ATTN_SMEM(F_TQ3, true, 4)
+    ATTN_SMEM(F_TQ3, false, 8) ATTN_SMEM(F_BF16, true, 4)
 #undef ATTN_SMEM
     return cuda_check(e, "attention kernel shared memory");
 }
@@ -664,19 +673,18 @@ extern "C" tqkv_status cuda_kv_attend(cuda_kv *kv, const float *q, int q_heads, 
     P.kc = kv->kc;
     P.vc = kv->vc;
     const dim3 grid((unsigned)nsmax, (unsigned)kv->kvh, (unsigned)kv->rows);
-    /* TQKV_CUDA_PREFETCH=0/1 picks the kernel variant without / with a register double
-     * buffer (default: with, measured faster on the H200) */
-    const char *pe = getenv("TQKV_CUDA_PREFETCH");
-    const bool pf = !(pe && pe[0] == '0');
+    /* TQKV_CUDA_VARIANT: "pf4" (4 warps, register double buffer; default) or "np8" (8 warps
+     * sharing the table, no double buffer); the bf16 baseline always runs pf4. */
+    const char *ve = getenv("TQKV_CUDA_VARIANT");
+    const bool np8 = ve && !strcmp(ve, "np8");
     if (fmt == F_TQ4) {
-        if (pf) split_kernel<F_TQ4, true><<<grid, NW * 32, smem_bytes<F_TQ4>()>>>(P);
-        else split_kernel<F_TQ4, false><<<grid, NW * 32, smem_bytes<F_TQ4>()>>>(P);
+        if (!np8) split_kernel<F_TQ4, true, 4><<<grid, 128, smem_bytes<F_TQ4, 4>()>>>(P);
+        else split_kernel<F_TQ4, false, 8><<<grid, 256, smem_bytes<F_TQ4, 8>()>>>(P);
     } else if (fmt == F_TQ3) {
-        if (pf) split_kernel<F_TQ3, true><<<grid, NW * 32, smem_bytes<F_TQ3>()>>>(P);
-        else split_kernel<F_TQ3, false><<<grid, NW * 32, smem_bytes<F_TQ3>()>>>(P);
+        if (!np8) split_kernel<F_TQ3, true, 4><<<grid, 128, smem_bytes<F_TQ3, 4>()>>>(P);
+        else split_kernel<F_TQ3, false, 8><<<grid, 256, smem_bytes<F_TQ3, 8>()>>>(P);
     } else {
-        if (pf) split_kernel<F_BF16, true><<<grid, NW * 32, smem_bytes<F_BF16>()>>>(P);
-        else split_kernel<F_BF16, false><<<grid, NW * 32, smem_bytes<F_BF16>()>>>(P);
+        split_kernel<F_BF16, true, 4><<<grid, 128, smem_bytes<F_BF16, 4>()>>>(P);
     }
     merge_kernel<<<(nvi + 3) / 4, 128>>>(po, pml, kv->d_rows, out, kv->vc, !kv->bf16, q_heads, nsmax, nvi);
     return cuda_check(cudaGetLastError(), "attention kernel launch");
