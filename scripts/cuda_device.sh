@@ -33,8 +33,4 @@ fi
 PYTHONUNBUFFERED=1 python3 cuda_anchor.py --batches $B --ctxs $C --out "$OUT/anchor.json" 2>&1 | tee -a "$LOG"
 ./build-dev/tqkv bench attention --device cuda --batches $B --ctxs $C --anchor "$OUT/anchor.json" \
   --out "$OUT/cuda-attention.json" 2>&1 | tee "$OUT/bench.txt"
-if [ "$MODE" = quick ]; then  # the other kernel variant (8 warps, no register double buffer)
-  TQKV_CUDA_VARIANT=np8 ./build-dev/tqkv bench attention --device cuda --batches $B --ctxs $C \
-    --anchor "$OUT/anchor.json" --out "$OUT/cuda-attention-nopf.json" 2>&1 | tee "$OUT/bench_nopf.txt"
-fi
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv >>"$LOG" 2>&1
