@@ -8,7 +8,10 @@
  *     (row, head) (fp16 query / codebook / weights against float32);
  *   - batch invariance: a row attended alone gives bit-identical output;
  *   - the dense bf16 baseline against a float64 reference on the bf16-rounded K/V
- *     (rel. L2 < 1.5e-2: bf16 query and weights).
+ *     (rel. L2 < 1.5e-2: bf16 query and weights);
+ *   - row operations in device memory (filter, align, spec round with an append and a
+ *     per-row rollback, trim, extract, merge, restore): the device state's canonical export
+ *     equals the host batch's after the same operations, byte for byte.
  * Exits 77 (skipped) when the build has no CUDA or no GPU is present.
  */
 #include <math.h>
@@ -21,6 +24,7 @@
 #ifdef TQKV_HAVE_CUDA
 #include "cache/batch.h"
 #include "cache/cache_cuda.h"
+#include "cache/cache_impl.h"
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -215,6 +219,122 @@ static void test_cuda_attend_tq(void **state) {
 }
 
 // ---------------------------------------------------------------------------
+// Row operations in device memory: the same operations on a host batch and on its device
+// copy must leave the same state (canonical exports compared byte for byte)
+// ---------------------------------------------------------------------------
+static void assert_same_state(const struct tqkv_batch *b, const cuda_kv *kv, const char *step) {
+    uint8_t *hb = NULL, *db = NULL;
+    size_t hl = 0, dl = 0;
+    assert_int_equal(state_export(b, 0, &hb, &hl), TQKV_OK);
+    assert_int_equal(cuda_kv_export(kv, &db, &dl), TQKV_OK);
+    if (hl != dl || memcmp(hb, db, hl)) fail_msg("%s: device state differs from host (%zu vs %zu bytes)", step, dl, hl);
+    free(hb);
+    free(db);
+}
+
+static void test_cuda_rows(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() ^ 0x50775);
+    const int H = 2, W = 24, n_in = 3;
+    tqkv_cache_config cfg = mkcfg(rng_int(&r, 0, 1) ? TQKV_TQ4 : TQKV_TQ3, H, W, rng_u64(&r));
+    cfg.window_slack = 8;
+    tqkv_cache *rows[3];
+    tqkv_cache_ref refs[3];
+    for (int i = 0; i < n_in; i++) {
+        const int T = rng_int(&r, 20, 300);
+        const size_t n = (size_t)H * T * 128;
+        float *k = malloc(n * 4), *v = malloc(n * 4);
+        rng_fill_normal(&r, k, n, 1.0f);
+        rng_fill_normal(&r, v, n, 1.0f);
+        assert_int_equal(tqkv_cache_init(&rows[i], &cfg), TQKV_OK);
+        assert_int_equal(tqkv_cache_append(rows[i], k, v, T), TQKV_OK);
+        refs[i].batch = NULL;
+        refs[i].single = rows[i];
+        free(k);
+        free(v);
+    }
+    tqkv_batch *b = NULL;
+    assert_int_equal(tqkv_batch_merge(&b, refs, n_in), TQKV_OK);
+    cuda_kv *kv = NULL;
+    assert_int_equal(cuda_kv_init(&kv, &cfg, 0, b->rows, b->cap), TQKV_OK);
+    assert_int_equal(cuda_kv_upload(kv, b), TQKV_OK);
+    assert_same_state(b, kv, "upload");
+    const int keep[2] = {2, 0};
+    assert_int_equal(tqkv_batch_filter(b, keep, 2), TQKV_OK);
+    assert_int_equal(cuda_kv_filter(kv, keep, 2), TQKV_OK);
+    assert_same_state(b, kv, "filter");
+    const int pads[2] = {rng_int(&r, 0, 9), rng_int(&r, 0, 9)};
+    assert_int_equal(tqkv_batch_align(b, pads), TQKV_OK);
+    assert_int_equal(cuda_kv_align(kv, pads), TQKV_OK);
+    assert_same_state(b, kv, "align");
+    /* a spec round: append 6 tokens, keep a different number per row */
+    assert_int_equal(tqkv_batch_spec_begin(b), TQKV_OK);
+    assert_int_equal(cuda_kv_spec_begin(kv), TQKV_OK);
+    const size_t na = (size_t)2 * H * 6 * 128;
+    float *ka = malloc(na * 4), *va = malloc(na * 4);
+    rng_fill_normal(&r, ka, na, 1.0f);
+    rng_fill_normal(&r, va, na, 1.0f);
+    assert_int_equal(tqkv_batch_append(b, ka, va, 6), TQKV_OK);
+    float *dk = dev_copy(ka, na), *dv = dev_copy(va, na);
+    assert_int_equal(cuda_kv_append(kv, dk, dv, 6), TQKV_OK);
+    const int kp[2] = {rng_int(&r, 0, 6), rng_int(&r, 0, 6)};
+    assert_int_equal(tqkv_batch_spec_rollback(b, kp, 2), TQKV_OK);
+    assert_int_equal(cuda_kv_spec_rollback(kv, kp, 2), TQKV_OK);
+    assert_same_state(b, kv, "spec rollback");
+    assert_int_equal(tqkv_batch_trim(b, 1), TQKV_OK);
+    assert_int_equal(cuda_kv_trim(kv, 1), TQKV_OK);
+    assert_same_state(b, kv, "trim");
+    /* extract row 1, merge it in front of the batch */
+    tqkv_cache *one = NULL;
+    cuda_kv *kone = NULL, *km = NULL;
+    assert_int_equal(tqkv_batch_extract(b, 1, &one), TQKV_OK);
+    assert_int_equal(cuda_kv_extract(kv, 1, &kone), TQKV_OK);
+    assert_same_state(one->b, kone, "extract");
+    tqkv_cache_ref mr[2] = {{NULL, one}, {b, NULL}};
+    tqkv_batch *bm = NULL;
+    assert_int_equal(tqkv_batch_merge(&bm, mr, 2), TQKV_OK);
+    cuda_kv *items[2] = {kone, kv};
+    assert_int_equal(cuda_kv_merge(&km, items, 2), TQKV_OK);
+    assert_same_state(bm, km, "merge");
+    /* restore from the host's export */
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    cuda_kv *kr = NULL;
+    assert_int_equal(tqkv_batch_export(bm, &buf, &len), TQKV_OK);
+    assert_int_equal(cuda_kv_restore(&kr, buf, len), TQKV_OK);
+    assert_same_state(bm, kr, "restore");
+    /* attention over the result still matches the CPU */
+    const int qh = 2 * H;
+    const size_t nq = (size_t)bm->rows * qh * 128;
+    float *q = malloc(nq * 4), *cpu = malloc(nq * 4), *gpu = malloc(nq * 4), *dout = NULL;
+    rng_fill_normal(&r, q, nq, 1.0f);
+    float *dq = dev_copy(q, nq);
+    assert_int_equal(cuda_malloc((void **)&dout, nq * 4), TQKV_OK);
+    tqkv_mask_lease *lease = NULL;
+    const tqkv_mask *mask = NULL;
+    assert_int_equal(tqkv_mask_lease_init(&lease), TQKV_OK);
+    assert_int_equal(tqkv_batch_make_mask(bm, lease, 1, 0, &mask), TQKV_OK);
+    tqkv_attn_params p = {.q_heads = qh, .scale = 0.088f, .kernel = TQKV_KERNEL_FUSED, .threads = 2};
+    assert_int_equal(tqkv_batch_attend(bm, mask, q, 1, &p, cpu), TQKV_OK);
+    assert_int_equal(cuda_kv_attend(kr, dq, qh, 0.088f, dout), TQKV_OK);
+    assert_int_equal(cuda_sync(), TQKV_OK);
+    assert_int_equal(cuda_d2h(gpu, dout, nq * 4), TQKV_OK);
+    const double e = rel_l2(gpu, cpu, nq);
+    printf("rows: %s, filter/align/spec/trim/extract/merge/restore identical; attention rel L2 %.3g\n",
+           tqkv_format_name(cfg.k_format), e);
+    if (!(e < 4e-3)) fail_msg("attention after row operations differs: %g", e);
+    tqkv_mask_lease_free(lease);
+    free(q); free(cpu); free(gpu); free(buf); free(ka); free(va);
+    cuda_free(dq); cuda_free(dout); cuda_free(dk); cuda_free(dv);
+    cuda_kv_free(kr); cuda_kv_free(km); cuda_kv_free(kone); cuda_kv_free(kv);
+    tqkv_cache_free(one);
+    tqkv_batch_free(bm);
+    tqkv_batch_free(b);
+    for (int i = 0; i < n_in; i++) tqkv_cache_free(rows[i]);
+}
+
+// ---------------------------------------------------------------------------
 // bf16 baseline
 // ---------------------------------------------------------------------------
 static float bf16_round(float f) {
@@ -280,6 +400,7 @@ int main(void) {
         cmocka_unit_test(test_cuda_encode_bytes),
         cmocka_unit_test(test_cuda_attend_tq),
         cmocka_unit_test(test_cuda_attend_bf16),
+        cmocka_unit_test(test_cuda_rows),
     };
     test_seed();
     return cmocka_run_group_tests(tests, NULL, NULL);

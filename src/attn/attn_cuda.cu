@@ -630,6 +630,7 @@ extern "C" tqkv_status cuda_kv_attend(cuda_kv *kv, const float *q, int q_heads, 
     if (q_heads < 1 || q_heads % kv->kvh || q_heads / kv->kvh > CUDA_MAX_G)
         return tqkv_fail(TQKV_EINVAL, "cuda_kv_attend: q_heads %d must be a multiple of kv_heads %d "
                          "with at most %d query heads per kv head", q_heads, kv->kvh, CUDA_MAX_G);
+    if (kv->rows == 0) return TQKV_OK;
     int nsmax = 1;
     for (int r = 0; r < kv->rows; r++) {
         const int n = split_count(kv->h_offset[r]);

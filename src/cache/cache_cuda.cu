@@ -169,7 +169,7 @@ extern "C" void cuda_kv_free(cuda_kv *kv) {
     cuda_free(kv->kd); cuda_free(kv->vd); cuda_free(kv->ks); cuda_free(kv->vs);
     cuda_free(kv->kw); cuda_free(kv->vw); cuda_free(kv->kws); cuda_free(kv->vws);
     cuda_free(kv->d_rows); cuda_free(kv->ws);
-    free(kv->h_offset); free(kv->h_left_pad); free(kv->h_win_lo);
+    free(kv->h_offset); free(kv->h_left_pad); free(kv->h_win_lo); free(kv->h_spec_base);
     free(kv);
 }
 
@@ -194,7 +194,7 @@ extern "C" tqkv_status cuda_kv_init(cuda_kv **out, const tqkv_cache_config *cfg,
         return tqkv_fail(TQKV_EUNSUPPORTED, "CUDA cache: K/V formats %s/%s are not supported "
                          "(tq4/tq4, tq3/tq3 or the bf16 baseline)",
                          tqkv_format_name(cfg->k_format), tqkv_format_name(cfg->v_format));
-    if (rows < 1 || cap < 1) return tqkv_fail(TQKV_EINVAL, "CUDA cache: rows and cap must be >= 1");
+    if (rows < 0 || cap < 1) return tqkv_fail(TQKV_EINVAL, "CUDA cache: rows must be >= 0 and cap >= 1");
     cuda_kv *kv = (cuda_kv *)calloc(1, sizeof *kv);
     if (!kv) return tqkv_fail(TQKV_ENOMEM, "CUDA cache: out of memory");
     kv->cfg = *cfg;
@@ -229,10 +229,12 @@ extern "C" tqkv_status cuda_kv_init(cuda_kv **out, const tqkv_cache_config *cfg,
         kv->kfmt = kv->vfmt = TQKV_F16; /* placeholder: 2 bytes per value */
     }
     const size_t rh = (size_t)rows * kv->kvh;
-    kv->h_offset = (int *)calloc((size_t)rows, sizeof(int));
-    kv->h_left_pad = (int *)calloc((size_t)rows, sizeof(int));
-    kv->h_win_lo = (int *)calloc((size_t)rows, sizeof(int));
-    if (!kv->h_offset || !kv->h_left_pad || !kv->h_win_lo) {
+    const size_t nr = rows > 0 ? (size_t)rows : 1;
+    kv->h_offset = (int *)calloc(nr, sizeof(int));
+    kv->h_left_pad = (int *)calloc(nr, sizeof(int));
+    kv->h_win_lo = (int *)calloc(nr, sizeof(int));
+    kv->h_spec_base = (int *)calloc(nr, sizeof(int));
+    if (!kv->h_offset || !kv->h_left_pad || !kv->h_win_lo || !kv->h_spec_base) {
         cuda_kv_free(kv);
         return tqkv_fail(TQKV_ENOMEM, "CUDA cache: out of memory");
     }
@@ -247,7 +249,7 @@ extern "C" tqkv_status cuda_kv_init(cuda_kv **out, const tqkv_cache_config *cfg,
         if (!st) st = cuda_malloc((void **)&kv->vws, rh * kv->ring * (kv->d / 32) * 2);
     }
     if (!st) st = attn_cuda_setup();
-    if (!st) st = cuda_malloc((void **)&kv->d_rows, sizeof(cuda_row) * rows);
+    if (!st) st = cuda_malloc((void **)&kv->d_rows, sizeof(cuda_row) * nr);
     if (!st) st = cuda_kv_sync_rows(kv);
     if (st) {
         cuda_kv_free(kv);
@@ -272,7 +274,7 @@ tqkv_status cuda_kv_sync_rows(cuda_kv *kv) {
         w.wstart = s;
         w.col0 = w.left_pad + w.ntok;
     }
-    return cuda_h2d(kv->d_rows, h.data(), sizeof(cuda_row) * kv->rows);
+    return kv->rows ? cuda_h2d(kv->d_rows, h.data(), sizeof(cuda_row) * kv->rows) : TQKV_OK;
 }
 
 extern "C" const int *cuda_kv_offsets(const cuda_kv *kv) { return kv->h_offset; }
@@ -310,7 +312,9 @@ extern "C" tqkv_status cuda_kv_upload(cuda_kv *kv, const struct tqkv_batch *b) {
         kv->h_offset[r] = r < b->rows ? b->offset[r] : 0;
         kv->h_left_pad[r] = r < b->rows ? b->left_pad[r] : 0;
         kv->h_win_lo[r] = r < b->rows ? b->win_lo[r] : 0;
+        kv->h_spec_base[r] = r < b->rows ? b->spec_base[r] : 0;
     }
+    kv->spec_active = b->spec_active;
     return cuda_kv_sync_rows(kv);
 }
 
@@ -336,10 +340,12 @@ extern "C" tqkv_status cuda_kv_download(const cuda_kv *kv, uint8_t *kd, uint16_t
 extern "C" tqkv_status cuda_kv_append(cuda_kv *kv, const float *k, const float *v, int n) {
     if (!kv || !k || !v) return tqkv_fail(TQKV_EINVAL, "cuda_kv_append: NULL argument");
     if (n < 1) return tqkv_fail(TQKV_EINVAL, "cuda_kv_append: n must be >= 1, got %d", n);
+    if (kv->rows == 0) return TQKV_OK;
+    int need = 0;
     for (int r = 0; r < kv->rows; r++)
-        if (kv->h_left_pad[r] + kv->h_offset[r] + n > kv->cap)
-            return tqkv_fail(TQKV_ERANGE, "cuda_kv_append: row %d would exceed cap %d", r, kv->cap);
-    tqkv_status st = cuda_kv_sync_rows(kv);
+        if (kv->h_left_pad[r] + kv->h_offset[r] + n > need) need = kv->h_left_pad[r] + kv->h_offset[r] + n;
+    tqkv_status st = cuda_kv_reserve(kv, need);
+    if (!st) st = cuda_kv_sync_rows(kv);
     if (!st) st = codec_cuda_append(kv, k, v, n);
     if (st) return st;
     for (int r = 0; r < kv->rows; r++) {

@@ -64,6 +64,21 @@ tqkv_status cuda_kv_append(cuda_kv *kv, const float *k, const float *v, int n);
  * only on that row's token count (batch invariant). */
 tqkv_status cuda_kv_attend(cuda_kv *kv, const float *q, int q_heads, float scale, float *out);
 
+// ---- row operations in device memory (cache_cuda_rows.cu; semantics of the tqkv_batch_*
+// calls of the same names: encoded bytes are copied, never decoded) ----------------------
+tqkv_status cuda_kv_trim(cuda_kv *kv, int n);
+tqkv_status cuda_kv_filter(cuda_kv *kv, const int *keep, int n_keep);
+tqkv_status cuda_kv_align(cuda_kv *kv, const int *left_pad);
+tqkv_status cuda_kv_extract(const cuda_kv *kv, int row, cuda_kv **out);
+/* New cache whose rows are all the items' rows in order, right-aligned (left-padded). */
+tqkv_status cuda_kv_merge(cuda_kv **out, cuda_kv *const *items, int n_items);
+tqkv_status cuda_kv_spec_begin(cuda_kv *kv);
+tqkv_status cuda_kv_spec_commit(cuda_kv *kv);
+tqkv_status cuda_kv_spec_rollback(cuda_kv *kv, const int *keep, int n_keep);
+/* The bytes of tqkv_batch_export for the same state (through host memory), and back. */
+tqkv_status cuda_kv_export(const cuda_kv *kv, uint8_t **out, size_t *len);
+tqkv_status cuda_kv_restore(cuda_kv **out, const uint8_t *buf, size_t len);
+
 // ---- small device-memory helpers for tests and benchmarks ----------------------------
 tqkv_status cuda_malloc(void **p, size_t bytes);
 void        cuda_free(void *p);

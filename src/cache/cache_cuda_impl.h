@@ -48,12 +48,18 @@ struct cuda_kv {
     int8_t   *kw, *vw;        /* [rows, kvh, ring, d] */
     uint16_t *kws, *vws;      /* [rows, kvh, ring, d / 32] */
     int *h_offset, *h_left_pad, *h_win_lo; /* host mirror [rows] */
+    int *h_spec_base;         /* [rows] offset at spec_begin */
+    int  spec_active;
     cuda_row *d_rows;         /* device [rows] */
     cuda_codec kc, vc;
     /* attention workspace */
     void  *ws;                /* partials */
     size_t ws_bytes;
 };
+
+/* cache_cuda_rows.cu: make sure every row can hold `need` columns (rebuilds the storage
+ * with a larger cap, geometric growth). */
+tqkv_status cuda_kv_reserve(cuda_kv *kv, int need);
 
 /* Upload the per-row state (host mirror -> d_rows). */
 tqkv_status cuda_kv_sync_rows(cuda_kv *kv);
