@@ -64,6 +64,13 @@ tqkv_status cuda_kv_append(cuda_kv *kv, const float *k, const float *v, int n);
  * only on that row's token count (batch invariant). */
 tqkv_status cuda_kv_attend(cuda_kv *kv, const float *q, int q_heads, float scale, float *out);
 
+/* GPU attention of n_query queries per row with visible ranges (prefill, windows):
+ * q, out: DEVICE [rows, q_heads, n_query, head_dim] float; lo, hi: HOST [rows, n_query]
+ * column ranges [lo, hi) as in tqkv_mask (token t is column left_pad + t; lo == hi: zeros).
+ * Float32 (attn_cuda_prefill.cu). Synchronous. */
+tqkv_status cuda_kv_attend_masked(cuda_kv *kv, const float *q, int n_query, int q_heads,
+                                  float scale, const int32_t *lo, const int32_t *hi, float *out);
+
 // ---- row operations in device memory (cache_cuda_rows.cu; semantics of the tqkv_batch_*
 // calls of the same names: encoded bytes are copied, never decoded) ----------------------
 tqkv_status cuda_kv_trim(cuda_kv *kv, int n);
