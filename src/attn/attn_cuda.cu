@@ -118,10 +118,12 @@ template <int F> __device__ __forceinline__ int vdim(int g, int i, int e) {
  * word and L = 4 l: byte 0 = L, byte 1 = payload byte k, bytes 2, 3 = 0 (L's zero byte). */
 struct Tab {
     const char *base;         /* table in shared memory */
-    uint32_t L;               /* 4 * lane */
+    uint32_t L;               /* 4 * lane (8 * lane for the 32 KiB table) */
+    bool small;               /* 32 KiB table: offset 128 e + 4 l = (256 e + 8 l) >> 1 */
 };
 __device__ __forceinline__ uint32_t tlook(const Tab &T, uint32_t w, int k) {
-    const uint32_t off = prmt(w, T.L, 0x5504u | (uint32_t)k << 4);
+    uint32_t off = prmt(w, T.L, 0x5504u | (uint32_t)k << 4);
+    if (T.small) off >>= 1;
     return *reinterpret_cast<const uint32_t *>(T.base + off);
 }
 
@@ -262,11 +264,17 @@ template <int F> __device__ __forceinline__ void deq_v(const Raw<F> &R, const Ta
                 tq3_nibbles(R.vl[u][j0], R.vh[u][j0], xh, n0[0], n0[1]);
                 tq3_nibbles(R.vl[u][j1], R.vh[u][j1], xh, n1[0], n1[1]);
             }
+            /* byte b of X = (tok0.lo, tok1.lo) of byte b, of Y = (tok0.hi, tok1.hi): the table
+             * entry is then the fragment register itself */
 #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const uint32_t r0 = tlook(T, n0[i >> 2], i & 3), r1 = tlook(T, n1[i >> 2], i & 3);
-                a[i][2 * hp + 0] = prmt(r0, r1, 0x5410);
-                a[i][2 * hp + 1] = prmt(r0, r1, 0x7632);
+            for (int wi = 0; wi < 2; wi++) {
+                const uint32_t X = (n0[wi] & 0x0F0F0F0Fu) | ((n1[wi] << 4) & 0xF0F0F0F0u);
+                const uint32_t Y = ((n0[wi] >> 4) & 0x0F0F0F0Fu) | (n1[wi] & 0xF0F0F0F0u);
+#pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    a[4 * wi + b][2 * hp + 0] = tlook(T, X, b);
+                    a[4 * wi + b][2 * hp + 1] = tlook(T, Y, b);
+                }
             }
         }
     }
@@ -294,12 +302,13 @@ struct Params {
 
 /* Dynamic shared memory: the codebook table [256][32] u32 (tq), reused at the end for the
  * warps' partial outputs [NW][CUDA_MAX_G][D] floats. */
-template <int F, int NW> constexpr int smem_bytes() {
-    return F == F_BF16 ? NW * CUDA_MAX_G * D * 4 : 256 * 256;
+template <int F, int NW, bool SM = false> constexpr int smem_bytes() {
+    return F == F_BF16 ? NW * CUDA_MAX_G * D * 4 : SM ? 256 * 128 : 256 * 256;
 }
 
-template <int F, bool PF, int NW>
-__global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : NW == 8 ? 2 : 3) split_kernel(const Params P) {
+/* SM: the 32 KiB table (one more shift per lookup, 4 CTAs per SM at <= 128 registers). */
+template <int F, bool PF, int NW, bool SM = false>
+__global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : SM ? 4 : 3) split_kernel(const Params P) {
     constexpr int SUB = Raw<F>::SUB, TT = 16 * SUB;
     extern __shared__ uint32_t s_dyn[];
     __shared__ float s_m[NW][CUDA_MAX_G], s_l[NW][CUDA_MAX_G];
@@ -346,11 +355,11 @@ __global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : NW == 8 ? 2 : 3) sp
         for (int i = threadIdx.x; i < 256 * 32; i += NW * 32) {
             const int e = i >> 5, m = F == F_TQ4 ? 15 : 7;
             const __half2 v = __floats2half2_rn(P.kc.cent[e & m], P.kc.cent[(e >> 4) & m]);
-            s_dyn[e * 64 + (i & 31)] = *reinterpret_cast<const uint32_t *>(&v);
+            s_dyn[e * (SM ? 32 : 64) + (i & 31)] = *reinterpret_cast<const uint32_t *>(&v);
         }
         __syncthreads();
     }
-    const Tab T = {reinterpret_cast<const char *>(s_dyn), 4u * (uint32_t)lane};
+    const Tab T = {reinterpret_cast<const char *>(s_dyn), (SM ? 8u : 4u) * (uint32_t)lane, SM};
 
     float acc[8][4];
 #pragma unroll
@@ -621,6 +630,12 @@ tqkv_status attn_cuda_setup(void) {
         e = cudaFuncSetAttribute(split_kernel<F, PF, NW>,                                       \
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<F, NW>());
     ATTN_SMEM(F_TQ4, true, 4) ATTN_SMEM(F_TQ3, true, 4) ATTN_SMEM(F_BF16, true, 4)
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(split_kernel<F_TQ4, false, 4, true>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<F_TQ4, 4, true>());
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(split_kernel<F_TQ3, false, 4, true>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<F_TQ3, 4, true>());
 #undef ATTN_SMEM
     return cuda_check(e, "attention kernel shared memory");
 }
@@ -673,7 +688,12 @@ extern "C" tqkv_status cuda_kv_attend(cuda_kv *kv, const float *q, int q_heads, 
     P.kc = kv->kc;
     P.vc = kv->vc;
     const dim3 grid((unsigned)nsmax, (unsigned)kv->kvh, (unsigned)kv->rows);
-    if (fmt == F_TQ4) split_kernel<F_TQ4, true, 4><<<grid, 128, smem_bytes<F_TQ4, 4>()>>>(P);
+    /* TQKV_CUDA_TABLE=32: the 32 KiB table variant (measurement aid; default 64 KiB) */
+    const char *te = getenv("TQKV_CUDA_TABLE");
+    const bool small = te && !strcmp(te, "32");
+    if (fmt == F_TQ4 && small) split_kernel<F_TQ4, false, 4, true><<<grid, 128, smem_bytes<F_TQ4, 4, true>()>>>(P);
+    else if (fmt == F_TQ3 && small) split_kernel<F_TQ3, false, 4, true><<<grid, 128, smem_bytes<F_TQ3, 4, true>()>>>(P);
+    else if (fmt == F_TQ4) split_kernel<F_TQ4, true, 4><<<grid, 128, smem_bytes<F_TQ4, 4>()>>>(P);
     else if (fmt == F_TQ3) split_kernel<F_TQ3, true, 4><<<grid, 128, smem_bytes<F_TQ3, 4>()>>>(P);
     else split_kernel<F_BF16, true, 4><<<grid, 128, smem_bytes<F_BF16, 4>()>>>(P);
     merge_kernel<<<(nvi + 3) / 4, 128>>>(po, pml, kv->d_rows, out, kv->vc, !kv->bf16, q_heads, nsmax, nvi);
