@@ -41,8 +41,7 @@ namespace {
 
 enum { F_TQ4 = 0, F_TQ3 = 1, F_BF16 = 2 };
 constexpr int D = CUDA_DIM;
-/* Warps per CTA: the template parameter NW (4; an 8-warp variant without the register
- * double buffer was measured 8-12% slower on the H200 and removed, see bench/RESULTS.md). */
+/* Warps per CTA: the template parameter NW (4). */
 constexpr float LOG2E = 1.4426950408889634f;
 
 // ---------------------------------------------------------------------------
@@ -118,12 +117,10 @@ template <int F> __device__ __forceinline__ int vdim(int g, int i, int e) {
  * word and L = 4 l: byte 0 = L, byte 1 = payload byte k, bytes 2, 3 = 0 (L's zero byte). */
 struct Tab {
     const char *base;         /* table in shared memory */
-    uint32_t L;               /* 4 * lane (8 * lane for the 32 KiB table) */
-    bool small;               /* 32 KiB table: offset 128 e + 4 l = (256 e + 8 l) >> 1 */
+    uint32_t L;               /* 4 * lane */
 };
 __device__ __forceinline__ uint32_t tlook(const Tab &T, uint32_t w, int k) {
-    uint32_t off = prmt(w, T.L, 0x5504u | (uint32_t)k << 4);
-    if (T.small) off >>= 1;
+    const uint32_t off = prmt(w, T.L, 0x5504u | (uint32_t)k << 4);
     return *reinterpret_cast<const uint32_t *>(T.base + off);
 }
 
@@ -302,13 +299,15 @@ struct Params {
 
 /* Dynamic shared memory: the codebook table [256][32] u32 (tq), reused at the end for the
  * warps' partial outputs [NW][CUDA_MAX_G][D] floats. */
-template <int F, int NW, bool SM = false> constexpr int smem_bytes() {
-    return F == F_BF16 ? NW * CUDA_MAX_G * D * 4 : SM ? 256 * 128 : 256 * 256;
+template <int F, int NW> constexpr int smem_bytes() {
+    return F == F_BF16 ? NW * CUDA_MAX_G * D * 4 : 256 * 256;
 }
 
-/* SM: the 32 KiB table (one more shift per lookup, 4 CTAs per SM at <= 128 registers). */
-template <int F, bool PF, int NW, bool SM = false>
-__global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : SM ? 4 : 3) split_kernel(const Params P) {
+/* (A 32 KiB table, offset (256 e + 8 l) >> 1, 4 CTAs per SM at <= 128 registers without the
+ * double buffer, measured 5-10% slower; an 8-warp CTA without the double buffer 8-12%
+ * slower. Both removed; see bench/RESULTS.md.) */
+template <int F, bool PF, int NW>
+__global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : 3) split_kernel(const Params P) {
     constexpr int SUB = Raw<F>::SUB, TT = 16 * SUB;
     extern __shared__ uint32_t s_dyn[];
     __shared__ float s_m[NW][CUDA_MAX_G], s_l[NW][CUDA_MAX_G];
@@ -355,11 +354,11 @@ __global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : SM ? 4 : 3) split_k
         for (int i = threadIdx.x; i < 256 * 32; i += NW * 32) {
             const int e = i >> 5, m = F == F_TQ4 ? 15 : 7;
             const __half2 v = __floats2half2_rn(P.kc.cent[e & m], P.kc.cent[(e >> 4) & m]);
-            s_dyn[e * (SM ? 32 : 64) + (i & 31)] = *reinterpret_cast<const uint32_t *>(&v);
+            s_dyn[e * 64 + (i & 31)] = *reinterpret_cast<const uint32_t *>(&v);
         }
         __syncthreads();
     }
-    const Tab T = {reinterpret_cast<const char *>(s_dyn), (SM ? 8u : 4u) * (uint32_t)lane, SM};
+    const Tab T = {reinterpret_cast<const char *>(s_dyn), 4u * (uint32_t)lane};
 
     float acc[8][4];
 #pragma unroll
@@ -630,12 +629,6 @@ tqkv_status attn_cuda_setup(void) {
         e = cudaFuncSetAttribute(split_kernel<F, PF, NW>,                                       \
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<F, NW>());
     ATTN_SMEM(F_TQ4, true, 4) ATTN_SMEM(F_TQ3, true, 4) ATTN_SMEM(F_BF16, true, 4)
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(split_kernel<F_TQ4, false, 4, true>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<F_TQ4, 4, true>());
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(split_kernel<F_TQ3, false, 4, true>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<F_TQ3, 4, true>());
 #undef ATTN_SMEM
     return cuda_check(e, "attention kernel shared memory");
 }
@@ -688,12 +681,7 @@ extern "C" tqkv_status cuda_kv_attend(cuda_kv *kv, const float *q, int q_heads, 
     P.kc = kv->kc;
     P.vc = kv->vc;
     const dim3 grid((unsigned)nsmax, (unsigned)kv->kvh, (unsigned)kv->rows);
-    /* TQKV_CUDA_TABLE=32: the 32 KiB table variant (measurement aid; default 64 KiB) */
-    const char *te = getenv("TQKV_CUDA_TABLE");
-    const bool small = te && !strcmp(te, "32");
-    if (fmt == F_TQ4 && small) split_kernel<F_TQ4, false, 4, true><<<grid, 128, smem_bytes<F_TQ4, 4, true>()>>>(P);
-    else if (fmt == F_TQ3 && small) split_kernel<F_TQ3, false, 4, true><<<grid, 128, smem_bytes<F_TQ3, 4, true>()>>>(P);
-    else if (fmt == F_TQ4) split_kernel<F_TQ4, true, 4><<<grid, 128, smem_bytes<F_TQ4, 4>()>>>(P);
+    if (fmt == F_TQ4) split_kernel<F_TQ4, true, 4><<<grid, 128, smem_bytes<F_TQ4, 4>()>>>(P);
     else if (fmt == F_TQ3) split_kernel<F_TQ3, true, 4><<<grid, 128, smem_bytes<F_TQ3, 4>()>>>(P);
     else split_kernel<F_BF16, true, 4><<<grid, 128, smem_bytes<F_BF16, 4>()>>>(P);
     merge_kernel<<<(nvi + 3) / 4, 128>>>(po, pml, kv->d_rows, out, kv->vc, !kv->bf16, q_heads, nsmax, nvi);
