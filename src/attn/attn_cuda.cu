@@ -315,8 +315,9 @@ __global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : 3) split_kernel(con
     extern __shared__ uint32_t s_dyn[];
     __shared__ float s_m[NW][CUDA_MAX_G], s_l[NW][CUDA_MAX_G];
 
-    __shared__ uint16_t s_q[CUDA_MAX_G][D];
     __shared__ int s_last;
+    /* the queries live in the dynamic region until their fragments are in registers */
+    uint16_t (*s_q)[D] = reinterpret_cast<uint16_t (*)[D]>(s_dyn);
     const int r = blockIdx.z, h = blockIdx.y, sp = blockIdx.x;
     const cuda_row row = P.rows[r];
     const int ntok = row.ntok, ns = split_count(ntok);
@@ -377,6 +378,7 @@ __global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : 3) split_kernel(con
                 qb[s][hh] = g < G ? (uint32_t)q[kdim<F>(c, p, 0)] | (uint32_t)q[kdim<F>(c, p, 1)] << 16 : 0u;
             }
     }
+    __syncthreads();          /* s_q is overwritten by the table below */
     if constexpr (F != F_BF16) {
         for (int i = threadIdx.x; i < 256 * 32; i += NW * 32) {
             const int e = i >> 5, m = F == F_TQ4 ? 15 : 7;
@@ -644,6 +646,13 @@ tqkv_status attn_cuda_setup(void) {
         e = cudaFuncSetAttribute(split_kernel<F, PF, NW>,                                       \
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<F, NW>());
     ATTN_SMEM(F_TQ4, true, 4) ATTN_SMEM(F_TQ3, true, 4) ATTN_SMEM(F_BF16, true, 4)
+    /* 3 CTAs of 64 KiB per SM need the largest shared-memory carveout */
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(split_kernel<F_TQ4, true, 4>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 (int)cudaSharedmemCarveoutMaxShared);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(split_kernel<F_TQ3, true, 4>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 (int)cudaSharedmemCarveoutMaxShared);
 #undef ATTN_SMEM
     return cuda_check(e, "attention kernel shared memory");
 }
