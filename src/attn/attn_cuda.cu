@@ -290,12 +290,9 @@ __device__ __forceinline__ float q8_at(const int8_t *p, int i) { return (float)p
 struct Params {
     Ctx base;                 /* pointers of (row 0, head 0) before offsets */
     const cuda_row *rows;
-    const float *q;           /* [rows, qh, D] queries (original domain) */
-    float *out;               /* [rows, qh, D] outputs */
+    const uint16_t *q;        /* [rows, qh, D] prepared queries (fp16 / bf16 bits) */
     float *po;                /* [rows, qh, nsmax, D] split outputs (unnormalized, V domain) */
     float2 *pml;              /* [rows, qh, nsmax] (max, sum) in base 2 */
-    unsigned *cnt;            /* [rows, kvh] finished splits; 0 between launches */
-    float mul;                /* softmax scale * log2(e) */
     int kvh, G, qh, cap, nsmax;
     cuda_codec kc, vc;
 };
@@ -315,39 +312,14 @@ __global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : 3) split_kernel(con
     extern __shared__ uint32_t s_dyn[];
     __shared__ float s_m[NW][CUDA_MAX_G], s_l[NW][CUDA_MAX_G];
 
-    __shared__ int s_last;
-    /* the queries live in the dynamic region until their fragments are in registers */
-    uint16_t (*s_q)[D] = reinterpret_cast<uint16_t (*)[D]>(s_dyn);
     const int r = blockIdx.z, h = blockIdx.y, sp = blockIdx.x;
     const cuda_row row = P.rows[r];
-    const int ntok = row.ntok, ns = split_count(ntok);
-    const int G = P.G;
-    if (ntok == 0) {          /* an empty row attends to nothing: zeros */
-        if (sp == 0)
-            for (int e = threadIdx.x; e < G * D; e += NW * 32)
-                P.out[((size_t)r * P.qh + (size_t)h * G) * D + e] = 0.0f;
-        return;
-    }
-    if (sp >= ns) return;
+    const int ntok = row.ntok;
+    if (sp >= split_count(ntok)) return;
     const int seg = split_len(ntok);
     const int a = sp * seg, z = min(ntok, a + seg);
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-
-    // ---- the group's queries, rotated into K's domain once per CTA (warp per head) -----
-    for (int hd = w; hd < G; hd += NW) {
-        const float4 in = reinterpret_cast<const float4 *>(P.q + ((size_t)r * P.qh + (size_t)h * G + hd) * D)[lane];
-        float xq[4] = {in.x, in.y, in.z, in.w};
-        if constexpr (F != F_BF16) {
-            const float sg[4] = {P.kc.signs[4 * lane], P.kc.signs[4 * lane + 1], P.kc.signs[4 * lane + 2],
-                                 P.kc.signs[4 * lane + 3]};
-            cw_rotate(xq, sg, P.kc.inv, lane);
-        }
-#pragma unroll
-        for (int k = 0; k < 4; k++)
-            s_q[hd][4 * lane + k] = F == F_BF16 ? __bfloat16_as_ushort(__float2bfloat16_rn(xq[k] * P.mul))
-                                                : __half_as_ushort(__float2half_rn(xq[k] * P.mul));
-    }
-    __syncthreads();
+    const int G = P.G;
 
     // ---- pointers of this (row, head) --------------------------------------------
     Ctx x = P.base;
@@ -369,7 +341,7 @@ __global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : 3) split_kernel(con
     // ---- query fragments (B of QK^T): head g, pairs 2s / 2s+1 ---------------------
     uint32_t qb[8][2];
     {
-        const uint16_t *q = s_q[g < G ? g : 0];
+        const uint16_t *q = P.q + ((size_t)r * P.qh + (size_t)h * G + g) * D;
 #pragma unroll
         for (int s = 0; s < 8; s++)
 #pragma unroll
@@ -378,7 +350,6 @@ __global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : 3) split_kernel(con
                 qb[s][hh] = g < G ? (uint32_t)q[kdim<F>(c, p, 0)] | (uint32_t)q[kdim<F>(c, p, 1)] << 16 : 0u;
             }
     }
-    __syncthreads();          /* s_q is overwritten by the table below */
     if constexpr (F != F_BF16) {
         for (int i = threadIdx.x; i < 256 * 32; i += NW * 32) {
             const int e = i >> 5, m = F == F_TQ4 ? 15 : 7;
@@ -595,42 +566,54 @@ __global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : 3) split_kernel(con
         P.po[pi * D + d] = o;
         if (d == 0) P.pml[pi] = make_float2(M, L);
     }
+}
 
-    // ---- the last split of (row, kv head) to finish merges all splits, in split order ----
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const unsigned prev = atomicAdd(&P.cnt[(size_t)r * P.kvh + h], 1u);
-        s_last = prev == (unsigned)(ns - 1);
+// ---------------------------------------------------------------------------
+// Query preparation and merge (one warp per (row, q head), lane l: dims 4l..4l+3)
+// ---------------------------------------------------------------------------
+__global__ void qprep_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, cuda_codec C,
+                             int rotate, int bf16, float mul, int n) {
+    const int v = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (v >= n) return;
+    const float4 in = reinterpret_cast<const float4 *>(q + (size_t)v * D)[lane];
+    float x[4] = {in.x, in.y, in.z, in.w};
+    if (rotate) {
+        const float s[4] = {C.signs[4 * lane], C.signs[4 * lane + 1], C.signs[4 * lane + 2], C.signs[4 * lane + 3]};
+        cw_rotate(x, s, C.inv, lane);
     }
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    for (int hd = w; hd < G; hd += NW) {      /* warp per head, lane: dims 4 lane .. + 3 */
-        const size_t v = (size_t)r * P.qh + (size_t)h * G + hd;
-        float M = -INFINITY;
-        for (int s2 = 0; s2 < ns; s2++) M = fmaxf(M, __ldcg(&P.pml[v * P.nsmax + s2]).x);
-        float o[4] = {0.0f, 0.0f, 0.0f, 0.0f}, L = 0.0f;
-        if (M != -INFINITY)
-            for (int s2 = 0; s2 < ns; s2++) {
-                const float2 ml = __ldcg(&P.pml[v * P.nsmax + s2]);
-                if (ml.x == -INFINITY) continue;
-                const float f = exp2f(ml.x - M);
-                const float4 pp = __ldcg(reinterpret_cast<const float4 *>(P.po + (v * P.nsmax + s2) * D) + lane);
-                o[0] += pp.x * f; o[1] += pp.y * f; o[2] += pp.z * f; o[3] += pp.w * f;
-                L += ml.y * f;
-            }
-        const float inv = L > 0.0f ? 1.0f / L : 0.0f;
 #pragma unroll
-        for (int k = 0; k < 4; k++) o[k] *= inv;
-        if constexpr (F != F_BF16) {
-            const float sg[4] = {P.vc.signs[4 * lane], P.vc.signs[4 * lane + 1], P.vc.signs[4 * lane + 2],
-                                 P.vc.signs[4 * lane + 3]};
-            cw_unrotate(o, sg, P.vc.inv, lane);
+    for (int k = 0; k < 4; k++)
+        out[(size_t)v * D + 4 * lane + k] = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(x[k] * mul))
+                                                 : __half_as_ushort(__float2half_rn(x[k] * mul));
+}
+
+__global__ void merge_kernel(const float *__restrict__ po, const float2 *__restrict__ pml,
+                             const cuda_row *__restrict__ rows, float *__restrict__ out, cuda_codec C,
+                             int unrotate, int qh, int nsmax, int n) {
+    const int v = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (v >= n) return;
+    const int r = v / qh;
+    const int ns = split_count(rows[r].ntok);
+    float M = -INFINITY;
+    for (int s = 0; s < ns; s++) M = fmaxf(M, pml[(size_t)v * nsmax + s].x);
+    float o[4] = {0, 0, 0, 0}, L = 0.0f;
+    if (M != -INFINITY)
+        for (int s = 0; s < ns; s++) {
+            const float2 ml = pml[(size_t)v * nsmax + s];
+            if (ml.x == -INFINITY) continue;
+            const float f = exp2f(ml.x - M);
+            const float4 p = reinterpret_cast<const float4 *>(po + ((size_t)v * nsmax + s) * D)[lane];
+            o[0] += p.x * f; o[1] += p.y * f; o[2] += p.z * f; o[3] += p.w * f;
+            L += ml.y * f;
         }
-        reinterpret_cast<float4 *>(P.out + v * D)[lane] = make_float4(o[0], o[1], o[2], o[3]);
+    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) o[k] *= inv;
+    if (unrotate) {
+        const float s[4] = {C.signs[4 * lane], C.signs[4 * lane + 1], C.signs[4 * lane + 2], C.signs[4 * lane + 3]};
+        cw_unrotate(o, s, C.inv, lane);
     }
-    if (threadIdx.x == 0) P.cnt[(size_t)r * P.kvh + h] = 0u;   /* ready for the next launch */
+    reinterpret_cast<float4 *>(out + (size_t)v * D)[lane] = make_float4(o[0], o[1], o[2], o[3]);
 }
 
 } // namespace
@@ -646,13 +629,6 @@ tqkv_status attn_cuda_setup(void) {
         e = cudaFuncSetAttribute(split_kernel<F, PF, NW>,                                       \
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<F, NW>());
     ATTN_SMEM(F_TQ4, true, 4) ATTN_SMEM(F_TQ3, true, 4) ATTN_SMEM(F_BF16, true, 4)
-    /* 3 CTAs of 64 KiB per SM need the largest shared-memory carveout */
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(split_kernel<F_TQ4, true, 4>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 (int)cudaSharedmemCarveoutMaxShared);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(split_kernel<F_TQ3, true, 4>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 (int)cudaSharedmemCarveoutMaxShared);
 #undef ATTN_SMEM
     return cuda_check(e, "attention kernel shared memory");
 }
@@ -670,22 +646,22 @@ extern "C" tqkv_status cuda_kv_attend(cuda_kv *kv, const float *q, int q_heads, 
     }
     const size_t nv = (size_t)kv->rows * q_heads;
     const size_t po_b = nv * nsmax * D * sizeof(float), pml_b = nv * nsmax * sizeof(float2);
-    const size_t cnt_b = (size_t)kv->rows * kv->kvh * sizeof(unsigned);
-    const size_t need = po_b + pml_b + cnt_b + 256;
+    const size_t q_b = nv * D * sizeof(uint16_t);
+    const size_t need = po_b + pml_b + q_b + 256;
     if (need > kv->ws_bytes) {
         cuda_free(kv->ws);
         kv->ws = NULL;
         kv->ws_bytes = 0;
         tqkv_status st = cuda_malloc(&kv->ws, need);
-        if (!st) st = cuda_check(cudaMemset(kv->ws, 0, need), "workspace");
         if (st) return st;
         kv->ws_bytes = need;
     }
     float *po = (float *)kv->ws;
     float2 *pml = (float2 *)((char *)kv->ws + po_b);
-    /* the counters sit at the end of the workspace: a larger workspace is zeroed again */
-    unsigned *cnt = (unsigned *)((char *)kv->ws + kv->ws_bytes - 256 - cnt_b);
+    uint16_t *qp = (uint16_t *)((char *)kv->ws + po_b + pml_b);
     const int fmt = kv->bf16 ? F_BF16 : kv->kfmt == TQKV_TQ4 ? F_TQ4 : F_TQ3;
+    const int nvi = (int)nv;
+    qprep_kernel<<<(nvi + 3) / 4, 128>>>(q, qp, kv->kc, !kv->bf16, kv->bf16, scale * LOG2E, nvi);
     Params P;
     P.base.kb = kv->kd; P.base.vb = kv->vd;
     P.base.ksb = kv->ks; P.base.vsb = kv->vs;
@@ -694,12 +670,9 @@ extern "C" tqkv_status cuda_kv_attend(cuda_kv *kv, const float *q, int q_heads, 
     P.base.kws = kv->kws; P.base.vws = kv->vws;
     P.base.ring = kv->ring;
     P.rows = kv->d_rows;
-    P.q = q;
-    P.out = out;
+    P.q = qp;
     P.po = po;
     P.pml = pml;
-    P.cnt = cnt;
-    P.mul = scale * LOG2E;
     P.kvh = kv->kvh;
     P.G = q_heads / kv->kvh;
     P.qh = q_heads;
@@ -711,5 +684,6 @@ extern "C" tqkv_status cuda_kv_attend(cuda_kv *kv, const float *q, int q_heads, 
     if (fmt == F_TQ4) split_kernel<F_TQ4, true, 4><<<grid, 128, smem_bytes<F_TQ4, 4>()>>>(P);
     else if (fmt == F_TQ3) split_kernel<F_TQ3, true, 4><<<grid, 128, smem_bytes<F_TQ3, 4>()>>>(P);
     else split_kernel<F_BF16, true, 4><<<grid, 128, smem_bytes<F_BF16, 4>()>>>(P);
+    merge_kernel<<<(nvi + 3) / 4, 128>>>(po, pml, kv->d_rows, out, kv->vc, !kv->bf16, q_heads, nsmax, nvi);
     return cuda_check(cudaGetLastError(), "attention kernel launch");
 }
