@@ -71,7 +71,7 @@ static int measure(const tqkv_model *m, const tqkv_model_state_params *sp, const
 int cmd_bench_model(int argc, char **argv) {
     const char *model_arg = MCLI_DEFAULT_MODEL, *ctx_list = "512,4096",
                *kv_list = "f32,f16,q8,tq4,tq3", *prefill_kernel = "deferred",
-               *decode_kernel = "fused";
+               *decode_kernel = "fused", *device = "cpu";
     int threads = 2, gen = 64, json = 0, window = 0, reps = 3, blas = 0, f32w = 0, rows = 1;
     const arg_spec specs[] = {
         {"--model", ARG_STR, &model_arg, "model directory (default " MCLI_DEFAULT_MODEL ")"},
@@ -86,6 +86,7 @@ int cmd_bench_model(int argc, char **argv) {
         {"--decode-kernel", ARG_STR, &decode_kernel, "attention kernel for decode (default fused)"},
         {"--blas", ARG_FLAG, &blas, "OpenBLAS sgemm for prefill matmuls (not batch invariant)"},
         {"--f32-weights", ARG_FLAG, &f32w, "convert weights to f32 at load"},
+        {"--device", ARG_STR, &device, "cpu|cuda: where the forward runs (default cpu)"},
         {"--json", ARG_FLAG, &json, "print a JSON array of results on stdout"},
     };
     const int n_specs = (int)(sizeof specs / sizeof specs[0]);
@@ -95,7 +96,9 @@ int cmd_bench_model(int argc, char **argv) {
         return 2;
     }
     tqkv_kernel pk, dk;
-    if (mcli_parse_kernel(CMD, prefill_kernel, &pk) || mcli_parse_kernel(CMD, decode_kernel, &dk))
+    int dev = 0;
+    if (mcli_parse_kernel(CMD, prefill_kernel, &pk) || mcli_parse_kernel(CMD, decode_kernel, &dk) ||
+        mcli_parse_device(CMD, device, &dev))
         return 2;
     char *ctx_copy = strdup(ctx_list), *kv_copy = strdup(kv_list);
     if (!ctx_copy || !kv_copy) {
@@ -157,6 +160,7 @@ int cmd_bench_model(int argc, char **argv) {
     {
         tqkv_model_state_params sp = tqkv_model_state_params_default();
         sp.threads = threads;
+        sp.device = dev;
         tqkv_model_state *s = NULL;
         if (tqkv_model_state_init(&s, m, &sp) == TQKV_OK)
             tqkv_model_prefill(m, s, tok, NULL, max_ctx < 64 ? max_ctx : 64, TQKV_LOGITS_LAST, logits);
@@ -179,6 +183,7 @@ int cmd_bench_model(int argc, char **argv) {
                 sp.prefill_kernel = pk;
                 sp.decode_kernel = dk;
                 sp.blas = blas;
+                sp.device = dev;
                 double pp = 0, tg = 0;
                 int i = c * 32 + k;
                 if (measure(m, &sp, tok, ctxs[c], rows, gen, logits, &pp, &tg, &bpt[i])) {
@@ -203,7 +208,8 @@ int cmd_bench_model(int argc, char **argv) {
             int i = c * 32 + k;
             fprintf(tab, "%-8d %-10s %12.1f %12.1f %14.1f\n", ctxs[c], kv_items[k], best_pp[i],
                     best_tg[i], bpt[i]);
-            fprintf(js, "%s{\"ctx\": %d, \"kv\": ", first ? "" : ", ", ctxs[c]);
+            fprintf(js, "%s{\"ctx\": %d, \"device\": \"%s\", \"kv\": ", first ? "" : ", ",
+                    ctxs[c], dev ? "cuda" : "cpu");
             mcli_json_string(js, kv_items[k], strlen(kv_items[k]));
             fprintf(js, ", \"prefill_tokens_per_s\": %.2f, \"decode_tokens_per_s\": %.2f, "
                     "\"kv_bytes_per_token\": %.1f, \"threads\": %d, \"gen\": %d, \"rows\": %d, "

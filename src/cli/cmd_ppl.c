@@ -51,7 +51,7 @@ static double lse(const float *x, int n) {
 
 int cmd_ppl(int argc, char **argv) {
     const char *model_arg = MCLI_DEFAULT_MODEL, *text_path = NULL, *kv = "f32";
-    const char *prefill_kernel = "deferred";
+    const char *prefill_kernel = "deferred", *device = "cpu";
     int ctx = 2048, max_windows = 0, window = 0, kld = 0, threads = 0, json = 0, kv_seed = 0;
     int chunk = 0, blas = 0;
     const arg_spec specs[] = {
@@ -67,6 +67,7 @@ int cmd_ppl(int argc, char **argv) {
         {"--threads", ARG_INT, &threads, "threads (default: all CPUs)"},
         {"--prefill-kernel", ARG_STR, &prefill_kernel, "attention kernel for n_query > 1"},
         {"--blas", ARG_FLAG, &blas, "OpenBLAS sgemm for prefill matmuls"},
+        {"--device", ARG_STR, &device, "cpu|cuda: where the forward runs (default cpu)"},
         {"--json", ARG_FLAG, &json, "end with a JSON summary line"},
     };
     const int n_specs = (int)(sizeof specs / sizeof specs[0]);
@@ -84,7 +85,8 @@ int cmd_ppl(int argc, char **argv) {
     if (chunk == 0 || chunk > ctx) chunk = ctx;
     tqkv_model_state_params sp = tqkv_model_state_params_default();
     if (mcli_parse_kv(CMD, kv, &sp.k_format, &sp.v_format) ||
-        mcli_parse_kernel(CMD, prefill_kernel, &sp.prefill_kernel))
+        mcli_parse_kernel(CMD, prefill_kernel, &sp.prefill_kernel) ||
+        mcli_parse_device(CMD, device, &sp.device))
         return 2;
     char dir[4096];
     if (!mcli_resolve_model(CMD, model_arg, dir, sizeof dir)) return 1;
@@ -197,7 +199,8 @@ int cmd_ppl(int argc, char **argv) {
         printf("{\"ppl\": %.6f, \"kld\": ", ppl);
         if (kld) printf("%.6f", do_kld ? kl / (double)cnt : 0.0);
         else printf("null");
-        printf(", \"windows\": %d, \"tokens\": %zu, \"kv\": ", n_win, cnt);
+        printf(", \"windows\": %d, \"tokens\": %zu, \"device\": \"%s\", \"kv\": ", n_win, cnt,
+               sp.device ? "cuda" : "cpu");
         mcli_json_string(stdout, kv, strlen(kv));
         printf(", \"kv_bits_per_value\": %.4f, \"ctx\": %d, \"window\": %d, \"chunk\": %d, "
                "\"forward_tokens_per_s\": %.1f}\n",

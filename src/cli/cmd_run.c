@@ -40,6 +40,7 @@ static int text_append(char **buf, size_t *len, size_t *cap, const char *piece, 
 int cmd_run(int argc, char **argv) {
     const char *model_arg = MCLI_DEFAULT_MODEL, *prompt = NULL, *prompt_file = NULL;
     const char *kv = "f32", *prefill_kernel = "deferred", *decode_kernel = "fused";
+    const char *device = "cpu";
     int n_gen = 128, top_k = -1, seed = -1, window = 0, threads = 0, chat = 0, json = 0;
     int ignore_eos = 0, kv_seed = 0, blas = 0, f32w = 0;
     double temp = NAN, top_p = NAN, min_p = NAN, rep = NAN;
@@ -65,6 +66,7 @@ int cmd_run(int argc, char **argv) {
         {"--decode-kernel", ARG_STR, &decode_kernel, "attention kernel for decode (default fused)"},
         {"--blas", ARG_FLAG, &blas, "OpenBLAS sgemm for prefill matmuls (not batch invariant)"},
         {"--f32-weights", ARG_FLAG, &f32w, "convert weights to f32 at load"},
+        {"--device", ARG_STR, &device, "cpu|cuda: where the forward runs (default cpu)"},
     };
     const int n_specs = (int)(sizeof specs / sizeof specs[0]);
     if (args_parse(CMD, argc, argv, specs, n_specs) != 0) return 2;
@@ -81,7 +83,8 @@ int cmd_run(int argc, char **argv) {
     tqkv_model_state_params sp = tqkv_model_state_params_default();
     if (mcli_parse_kv(CMD, kv, &sp.k_format, &sp.v_format) ||
         mcli_parse_kernel(CMD, prefill_kernel, &sp.prefill_kernel) ||
-        mcli_parse_kernel(CMD, decode_kernel, &sp.decode_kernel))
+        mcli_parse_kernel(CMD, decode_kernel, &sp.decode_kernel) ||
+        mcli_parse_device(CMD, device, &sp.device))
         return 2;
     char dir[4096];
     if (!mcli_resolve_model(CMD, model_arg, dir, sizeof dir)) return 1;

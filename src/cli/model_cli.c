@@ -65,6 +65,16 @@ int mcli_parse_kernel(const char *cmd, const char *name, tqkv_kernel *out) {
     return 0;
 }
 
+int mcli_parse_device(const char *cmd, const char *name, int *out) {
+    if (!strcmp(name, "cpu")) *out = 0;
+    else if (!strcmp(name, "cuda")) *out = 1;
+    else {
+        fprintf(stderr, "tqkv %s: --device must be cpu or cuda, got '%s'\n", cmd, name);
+        return -1;
+    }
+    return 0;
+}
+
 int mcli_cpus(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n >= 1 ? (int)n : 1;

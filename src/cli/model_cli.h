@@ -22,6 +22,8 @@ int  mcli_load(const char *cmd, const char *dir, int blas, int f32_weights, int 
                tqkv_model **out);
 int  mcli_parse_kv(const char *cmd, const char *spec, tqkv_format *k, tqkv_format *v);
 int  mcli_parse_kernel(const char *cmd, const char *name, tqkv_kernel *out);
+/* --device: "cpu" -> 0, "cuda" -> 1 (tqkv_model_state_params.device); 0 or -1 (printed). */
+int  mcli_parse_device(const char *cmd, const char *name, int *out);
 /* Number of online CPUs (>= 1). */
 int  mcli_cpus(void);
 /* Whole file into a malloc'd NUL-terminated buffer; 0 or -1 (message printed). */

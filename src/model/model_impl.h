@@ -91,6 +91,7 @@ struct tqkv_model_state {
     int32_t *tok_col;    /* [T] column (0..n) of each compact token */
     int     *off;        /* [rows] */
     int     *len;        /* [rows] */
+    struct model_cuda *gpu; /* --device cuda: the device twin that runs the forward (NULL: CPU) */
 };
 
 #endif
