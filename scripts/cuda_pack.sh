@@ -10,7 +10,7 @@ BUILD=${1:?build dir}; DEST=${2:?dest}
 mkdir -p "$DEST/lib"
 cp "$BUILD/tqkv" "$BUILD/test_cuda" "$DEST/" && strip "$DEST/tqkv" "$DEST/test_cuda"
 if [ -f "$BUILD/test_cuda_model" ]; then cp "$BUILD/test_cuda_model" "$DEST/" && strip "$DEST/test_cuda_model"; fi
-cp scripts/cuda_anchor.py scripts/cuda_device.sh scripts/cuda_model_device.sh "$DEST/"
+cp scripts/cuda_anchor.py scripts/cuda_device.sh scripts/cuda_model_device.sh scripts/cuda_make_llama8b.py "$DEST/"
 for l in libcjson.so.1 libcmocka.so.0 libpcre2-8.so.0 libutf8proc.so.2 libgomp.so.1 libstdc++.so.6 libgcc_s.so.1 libz.so.1; do
   p=$(ldd "$BUILD/tqkv" "$BUILD/test_cuda" | awk -v l=$l '$1 == l {print $3; exit}')
   [ -n "$p" ] && cp -L "$p" "$DEST/lib/$l"

@@ -126,7 +126,7 @@ int cmd_bench_model(int argc, char **argv) {
     char dir[4096];
     tqkv_model *m = NULL;
     if (bad || !mcli_resolve_model(CMD, model_arg, dir, sizeof dir) ||
-        mcli_load(CMD, dir, blas, f32w, threads, &m)) {
+        mcli_load_dev(CMD, dir, blas, f32w, threads, dev, &m)) {
         free(ctx_copy);
         free(kv_copy);
         return bad ? 2 : 1;

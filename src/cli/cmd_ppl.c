@@ -102,7 +102,7 @@ int cmd_ppl(int argc, char **argv) {
     float *lg = NULL, *lr = NULL;
     double *pos_nll = NULL, *pos_kl = NULL;
     if (mcli_read_file(CMD, text_path, &text, &text_len)) goto done;
-    if (mcli_load(CMD, dir, blas, 0, threads, &m)) goto done;
+    if (mcli_load_dev(CMD, dir, blas, 0, threads, sp.device, &m)) goto done;
     if (tqkv_tokenizer_load(&tok, dir) != TQKV_OK) {
         fprintf(stderr, "tqkv ppl: %s\n", tqkv_last_error());
         goto done;

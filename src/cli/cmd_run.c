@@ -124,7 +124,7 @@ int cmd_run(int argc, char **argv) {
     int32_t *ids = NULL, *gen = NULL;
     size_t n_ids = 0;
     float *logits = NULL;
-    if (mcli_load(CMD, dir, blas, f32w, threads, &m)) goto done;
+    if (mcli_load_dev(CMD, dir, blas, f32w, threads, sp.device, &m)) goto done;
     if (tqkv_tokenizer_load(&tok, dir) != TQKV_OK) {
         fprintf(stderr, "tqkv run: %s\n", tqkv_last_error());
         goto done;

@@ -36,7 +36,16 @@ const char *mcli_resolve_model(const char *cmd, const char *arg, char *buf, size
 
 int mcli_load(const char *cmd, const char *dir, int blas, int f32_weights, int threads,
               tqkv_model **out) {
+    return mcli_load_dev(cmd, dir, blas, f32_weights, threads, 0, out);
+}
+
+int mcli_load_dev(const char *cmd, const char *dir, int blas, int f32_weights, int threads,
+                  int device, tqkv_model **out) {
     tqkv_model_load_params lp = tqkv_model_load_params_default();
+    if (device) {
+        lp.no_pack = 1;
+        lp.no_f32_prefill = 1;
+    }
     lp.blas = blas;
     lp.weights_f32 = f32_weights;
     lp.threads = threads;

@@ -50,15 +50,22 @@ typedef struct {
     bf16  *wd;                                      /* [H, I] */
 } mc_layer;
 
+/* The device weights of one model: uploaded by its first device state, shared by all of
+ * them, freed by tqkv_model_free (model.c) through model_cuda_weights_free. */
+struct model_cuda_weights {
+    int       n_layers;
+    mc_layer *layers;    /* [L] */
+    bf16     *embed;     /* [V, H] */
+    bf16     *lm_head;   /* [V, H] (== embed when tied) */
+    float    *final_norm;/* [H] */
+};
+
 struct model_cuda {
     const tqkv_model       *m;
+    const model_cuda_weights *w;
     tqkv_model_state_params p;
     int                     rows;
     cuda_kv               **kv;        /* [L] */
-    mc_layer               *layers;    /* [L] */
-    bf16                   *embed;     /* [V, H] */
-    bf16                   *lm_head;   /* [V, H] (== embed when tied) */
-    float                  *final_norm;/* [H] */
     /* device scratch, grown on demand */
     size_t  cap_t, cap_rn;
     float  *x, *xn;      /* [T, H] */
@@ -301,6 +308,10 @@ static tqkv_status upload_matrix(bf16 **out, const mm_weight *const *ws, int nw)
     size_t at = 0;
     for (int i = 0; i < nw; i++)
         for (int r = 0; r < ws[i]->n; r++, at++) {
+            if (ws[i]->type == MM_BF16 && !ws[i]->packed) { /* the bytes as they are */
+                memcpy(h + at * k, (const uint16_t *)ws[i]->data + (size_t)r * k, (size_t)k * 2);
+                continue;
+            }
             mm_weight_row(ws[i], r, f);
             for (int c = 0; c < k; c++) { /* round to nearest even (exact for bf16 sources) */
                 uint32_t u;
@@ -339,29 +350,33 @@ static tqkv_status upload_vec(float **out, const float *const *parts, const int 
     return st;
 }
 
-static void free_weights(model_cuda *g) {
-    if (g->layers)
-        for (int l = 0; l < g->m->cfg.n_layers; l++) {
-            mc_layer *L = &g->layers[l];
+extern "C" void model_cuda_weights_free(model_cuda_weights *w) {
+    if (!w) return;
+    if (w->layers)
+        for (int l = 0; l < w->n_layers; l++) {
+            mc_layer *L = &w->layers[l];
             void *ps[] = {L->attn_norm, L->ffn_norm, L->q_norm, L->k_norm, L->bqkv, L->bo,
                           L->wqkv, L->wo, L->wgu, L->wd};
             for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) cudaFree(ps[i]);
         }
-    free(g->layers);
-    g->layers = NULL;
-    if (g->lm_head != g->embed) cudaFree(g->lm_head);
-    cudaFree(g->embed);
-    cudaFree(g->final_norm);
-    g->embed = g->lm_head = NULL;
-    g->final_norm = NULL;
+    free(w->layers);
+    if (w->lm_head != w->embed) cudaFree(w->lm_head);
+    cudaFree(w->embed);
+    cudaFree(w->final_norm);
+    free(w);
 }
 
-static tqkv_status upload_weights(model_cuda *g) {
-    const tqkv_model *m = g->m;
+static tqkv_status upload_weights(const tqkv_model *m, model_cuda_weights **out) {
     const tqkv_model_config *c = &m->cfg;
     const int H = c->hidden_size, hd = c->head_dim, QD = c->n_heads * hd, KD = c->n_kv_heads * hd;
+    model_cuda_weights *g = (model_cuda_weights *)calloc(1, sizeof *g);
+    if (!g) return tqkv_fail(TQKV_ENOMEM, "out of memory");
+    g->n_layers = c->n_layers;
     g->layers = (mc_layer *)calloc((size_t)c->n_layers, sizeof(mc_layer));
-    if (!g->layers) return tqkv_fail(TQKV_ENOMEM, "out of memory");
+    if (!g->layers) {
+        free(g);
+        return tqkv_fail(TQKV_ENOMEM, "out of memory");
+    }
     tqkv_status st = TQKV_OK;
     for (int l = 0; l < c->n_layers && !st; l++) {
         const model_layer *S = &m->layers[l];
@@ -394,6 +409,8 @@ static tqkv_status upload_weights(model_cuda *g) {
             st = upload_matrix(&g->lm_head, &lm, 1);
     }
     if (!st) st = upload_vec(&g->final_norm, &fnorm, &H, 1);
+    if (st) model_cuda_weights_free(g);
+    else *out = g;
     return st;
 }
 
@@ -543,7 +560,13 @@ extern "C" tqkv_status model_cuda_init(model_cuda **out, const tqkv_model *m,
     g->m = m;
     g->p = *p;
     g->rows = rows;
-    tqkv_status st = upload_weights(g);
+    tqkv_status st = TQKV_OK;
+    if (!m->gpu_weights) { /* first device state of this model: upload once */
+        model_cuda_weights *w = NULL;
+        st = upload_weights(m, &w);
+        if (!st) ((tqkv_model *)m)->gpu_weights = w;
+    }
+    g->w = m->gpu_weights;
     if (!st) st = make_caches(g, rows);
     if (!st) {
         g->off = (int *)calloc((size_t)rows, sizeof(int));
@@ -560,7 +583,6 @@ extern "C" tqkv_status model_cuda_init(model_cuda **out, const tqkv_model *m,
 extern "C" void model_cuda_free(model_cuda *g) {
     if (!g) return;
     free_caches(g);
-    free_weights(g);
     free_scratch(g);
     free(g->off);
     free(g);
@@ -649,11 +671,11 @@ extern "C" tqkv_status model_cuda_forward(model_cuda *g, const int32_t *tokens, 
     if (!st) st = ck(cudaMemcpy(g->rope, g->h_rope, T * hd * 4, cudaMemcpyHostToDevice), "upload rope");
     if (st) return st;
 
-    embed_kernel<<<(unsigned)T, 128>>>(g->tinfo, g->embed, H, g->x);
+    embed_kernel<<<(unsigned)T, 128>>>(g->tinfo, g->w->embed, H, g->x);
     const float scale = 1.0f / sqrtf((float)hd), eps = c->rms_norm_eps;
     int done = 0;
     for (int l = 0; l < c->n_layers && !st; l++) {
-        const mc_layer *L = &g->layers[l];
+        const mc_layer *L = &g->w->layers[l];
         cuda_kv *kv = g->kv[l];
         // ---- attention block
         if (l == 0) rmsnorm_kernel<<<(unsigned)T, 128>>>(g->x, NULL, L->attn_norm, eps, H, g->xn);
@@ -689,7 +711,7 @@ extern "C" tqkv_status model_cuda_forward(model_cuda *g, const int32_t *tokens, 
         st = gemm(g->hh, I, (int)T, L->wd, H, I, NULL, g->tmp, H);
         if (st) break;
         /* residual x += tmp, then the next layer's attention norm (or the final norm) */
-        const float *nw = l + 1 < c->n_layers ? g->layers[l + 1].attn_norm : g->final_norm;
+        const float *nw = l + 1 < c->n_layers ? g->w->layers[l + 1].attn_norm : g->w->final_norm;
         rmsnorm_kernel<<<(unsigned)T, 128>>>(g->x, g->tmp, nw, eps, H, g->xn);
     }
     if (st) {
@@ -701,11 +723,11 @@ extern "C" tqkv_status model_cuda_forward(model_cuda *g, const int32_t *tokens, 
     if (st || mode == TQKV_LOGITS_NONE) return st ? st : ck(cudaDeviceSynchronize(), "forward");
     /* xn holds every token's final-normed state (the last layer's fused norm) */
     if (mode == TQKV_LOGITS_LAST) { /* row r's last token is t = r n + n - 1 */
-        st = gemm(g->xn + (size_t)(n - 1) * H, (size_t)n * H, R, g->lm_head, V, H, NULL, g->logits, V);
+        st = gemm(g->xn + (size_t)(n - 1) * H, (size_t)n * H, R, g->w->lm_head, V, H, NULL, g->logits, V);
         if (!st) st = ck(cudaMemcpy(logits, g->logits, (size_t)R * V * 4, cudaMemcpyDeviceToHost), "logits");
         return st;
     }
-    st = gemm(g->xn, H, (int)T, g->lm_head, V, H, NULL, g->logits, V);
+    st = gemm(g->xn, H, (int)T, g->w->lm_head, V, H, NULL, g->logits, V);
     if (!st) st = ck(cudaMemcpy(logits, g->logits, T * V * 4, cudaMemcpyDeviceToHost), "logits");
     return st;
 }

@@ -1,7 +1,9 @@
 /*
  * model_cuda.h - the model forward pass on the GPU (CUDA backend), C-callable.
  * Owns: a device-side twin of a tqkv_model_state: the weights as bf16 in device memory
- * (uploaded once per state), one device KV cache (cuda_kv) per layer, device scratch, and
+ * (uploaded once per model, by its first device state, kept in tqkv_model.gpu_weights and
+ * shared by the model's device states; creating a model's FIRST device state concurrently
+ * from two threads is not supported), one device KV cache (cuda_kv) per layer, device scratch, and
  * the Qwen3 / Qwen2 / Llama graph run with our own batch-invariant GEMM kernel and the
  * device cache's encode / attention kernels. Logits are copied back to the host (sampling
  * stays on the host).
@@ -24,6 +26,10 @@ extern "C" {
 #endif
 
 typedef struct model_cuda model_cuda;
+typedef struct model_cuda_weights model_cuda_weights;
+
+/* Free a model's device weights (tqkv_model_free; NULL is fine). */
+void        model_cuda_weights_free(model_cuda_weights *w);
 
 /* Upload the weights and make empty device caches of `rows` rows. */
 tqkv_status model_cuda_init(model_cuda **out, const tqkv_model *m,

@@ -60,6 +60,8 @@ struct tqkv_model {
     size_t                 n_params;
     char                   wtype[8];
     char                   source[1024]; /* weights file or index, for messages */
+    struct model_cuda_weights *gpu_weights; /* --device cuda: bf16 weights in GPU memory,
+                                               uploaded by the first device state (model_cuda.h) */
 };
 
 // ---------------------------------------------------------------------------
