@@ -134,6 +134,9 @@ typedef struct {
     tqkv_kernel decode_kernel;  /* attention kernel for n_query == 1 */
     int         blas;           /* use cblas_sgemm for prefill matmuls (not batch invariant
                                    across M; needs a model loaded with blas = 1) */
+    int         device;         /* 0 = CPU; 1 = CUDA (docs/CUDA.md: weights and caches in GPU
+                                   memory; f32 KV runs on a dense bf16 device cache; logits
+                                   come back to the host; no padded prefill) */
 } tqkv_model_state_params;
 
 /* rows 1, f32/f32, window 0 (slack 32), seed 0, threads 1, prefill deferred, decode fused. */
@@ -150,6 +153,7 @@ TQKV_API tqkv_status tqkv_model_state_set_threads(tqkv_model_state *s, int threa
 TQKV_API tqkv_status tqkv_model_state_offsets(const tqkv_model_state *s, int *offset);
 /* The cache of one layer (for schedulers: merge/filter/export). Rows of every layer must
  * stay consistent (same offsets and padding) between forward calls. */
+/* NULL for a state on the device (params.device == 1). */
 TQKV_API tqkv_batch *tqkv_model_state_layer(tqkv_model_state *s, int layer);
 /* KV bytes per token over all layers (K and V, main planes + window). */
 TQKV_API double      tqkv_model_state_kv_bytes_per_token(const tqkv_model_state *s);

@@ -4,7 +4,8 @@
  *
  *   tqkv bench attention --ctx N --batch B --q-heads 32 --kv-heads 8 --dim 128 --threads T
  *        [--formats f32,f16,q8,q4,tq4,tq3,tq2] [--kernels dense,deferred,fused]
- *        [--window W] [--reps R] [--json]
+ *        [--window W] [--reps R] [--json] [--device cpu|cuda]
+ *   (--device cuda runs the GPU benchmark of cmd_bench_attention_cuda.c instead)
  *
  * Every configuration lives in its own cache, filled before any timing. After one
  * warm-up call each, the repetitions run round-robin over the configurations (rep 1 of
@@ -89,7 +90,21 @@ static double ba_bytes_per_token(tqkv_format f, int kvh, int dim, int window, in
     return 2.0 * kvh * ((double)(ctx - w) * main + (double)w * q8) / (double)ctx;
 }
 
+int cmd_bench_attention_cuda(int argc, char **argv); /* cmd_bench_attention_cuda.c */
+
 int cmd_bench_attention(int argc, char **argv) {
+    /* --device cuda: the GPU benchmark (its own options); --device cpu: this one */
+    for (int i = 0; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--device")) {
+            if (!strcmp(argv[i + 1], "cuda")) return cmd_bench_attention_cuda(argc, argv);
+            if (strcmp(argv[i + 1], "cpu")) {
+                fprintf(stderr, "tqkv bench attention: --device must be cpu or cuda\n");
+                return 2;
+            }
+            for (int j = i; j + 2 < argc; j++) argv[j] = argv[j + 2];
+            argc -= 2;
+            break;
+        }
     int ctx = 4096, batch = 1, q_heads = 32, kv_heads = 8, dim = 128, threads = 2;
     int window = 0, reps = 15, json = 0;
     const char *formats = "f32,f16,q8,q4,tq4,tq3,tq2", *kernels = "dense,deferred,fused";

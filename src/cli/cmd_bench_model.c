@@ -72,7 +72,7 @@ static int measure(const tqkv_model *m, const tqkv_model_state_params *sp, const
 int cmd_bench_model(int argc, char **argv) {
     const char *model_arg = MCLI_DEFAULT_MODEL, *ctx_list = "512,4096",
                *kv_list = "f32,f16,q8,tq4,tq3", *prefill_kernel = "deferred",
-               *decode_kernel = "fused";
+               *decode_kernel = "fused", *device = "cpu";
     int threads = 2, gen = 64, json = 0, window = 0, reps = 3, blas = 0, f32w = 0, rows = 1;
     const arg_spec specs[] = {
         {"--model", ARG_STR, &model_arg, "model directory (default " MCLI_DEFAULT_MODEL ")"},
@@ -87,6 +87,7 @@ int cmd_bench_model(int argc, char **argv) {
         {"--decode-kernel", ARG_STR, &decode_kernel, "attention kernel for decode (default fused)"},
         {"--blas", ARG_FLAG, &blas, "OpenBLAS sgemm for prefill matmuls (not batch invariant)"},
         {"--f32-weights", ARG_FLAG, &f32w, "convert weights to f32 at load"},
+        {"--device", ARG_STR, &device, "cpu|cuda: where the forward runs (default cpu)"},
         {"--json", ARG_FLAG, &json, "print a JSON array of results on stdout"},
     };
     const int n_specs = (int)(sizeof specs / sizeof specs[0]);
@@ -96,7 +97,9 @@ int cmd_bench_model(int argc, char **argv) {
         return 2;
     }
     tqkv_kernel pk, dk;
-    if (mcli_parse_kernel(CMD, prefill_kernel, &pk) || mcli_parse_kernel(CMD, decode_kernel, &dk))
+    int dev = 0;
+    if (mcli_parse_kernel(CMD, prefill_kernel, &pk) || mcli_parse_kernel(CMD, decode_kernel, &dk) ||
+        mcli_parse_device(CMD, device, &dev))
         return 2;
     char *ctx_copy = strdup(ctx_list), *kv_copy = strdup(kv_list);
     if (!ctx_copy || !kv_copy) {
@@ -124,7 +127,7 @@ int cmd_bench_model(int argc, char **argv) {
     char dir[4096];
     tqkv_model *m = NULL;
     if (bad || !mcli_resolve_model(CMD, model_arg, dir, sizeof dir) ||
-        mcli_load(CMD, dir, blas, f32w, threads, &m)) {
+        mcli_load_dev(CMD, dir, blas, f32w, threads, dev, &m)) {
         free(ctx_copy);
         free(kv_copy);
         return bad ? 2 : 1;
@@ -158,6 +161,7 @@ int cmd_bench_model(int argc, char **argv) {
     {
         tqkv_model_state_params sp = tqkv_model_state_params_default();
         sp.threads = threads;
+        sp.device = dev;
         tqkv_model_state *s = NULL;
         if (tqkv_model_state_init(&s, m, &sp) == TQKV_OK)
             tqkv_model_prefill(m, s, tok, NULL, max_ctx < 64 ? max_ctx : 64, TQKV_LOGITS_LAST, logits);
@@ -180,6 +184,7 @@ int cmd_bench_model(int argc, char **argv) {
                 sp.prefill_kernel = pk;
                 sp.decode_kernel = dk;
                 sp.blas = blas;
+                sp.device = dev;
                 double pp = 0, tg = 0;
                 int i = c * 32 + k;
                 if (measure(m, &sp, tok, ctxs[c], rows, gen, logits, &pp, &tg, &bpt[i])) {
@@ -199,6 +204,7 @@ int cmd_bench_model(int argc, char **argv) {
             cJSON *o = cJSON_CreateObject();
             cJSON_AddItemToArray(arr, o);
             cJSON_AddNumberToObject(o, "ctx", ctxs[c]);
+            cJSON_AddStringToObject(o, "device", dev ? "cuda" : "cpu");
             cJSON_AddStringToObject(o, "kv", kv_items[k]);
             json_add_num(o, "prefill_tokens_per_s", best_pp[i], 2);
             json_add_num(o, "decode_tokens_per_s", best_tg[i], 2);

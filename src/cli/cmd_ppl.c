@@ -52,7 +52,7 @@ static double lse(const float *x, int n) {
 
 int cmd_ppl(int argc, char **argv) {
     const char *model_arg = MCLI_DEFAULT_MODEL, *text_path = NULL, *kv = "f32";
-    const char *prefill_kernel = "deferred";
+    const char *prefill_kernel = "deferred", *device = "cpu";
     int ctx = 2048, max_windows = 0, window = 0, kld = 0, threads = 0, json = 0, kv_seed = 0;
     int chunk = 0, blas = 0;
     const arg_spec specs[] = {
@@ -68,6 +68,7 @@ int cmd_ppl(int argc, char **argv) {
         {"--threads", ARG_INT, &threads, "threads (default: all CPUs)"},
         {"--prefill-kernel", ARG_STR, &prefill_kernel, "attention kernel for n_query > 1"},
         {"--blas", ARG_FLAG, &blas, "OpenBLAS sgemm for prefill matmuls"},
+        {"--device", ARG_STR, &device, "cpu|cuda: where the forward runs (default cpu)"},
         {"--json", ARG_FLAG, &json, "end with a JSON summary line"},
     };
     const int n_specs = (int)(sizeof specs / sizeof specs[0]);
@@ -86,7 +87,8 @@ int cmd_ppl(int argc, char **argv) {
     tqkv_model_state_params sp = tqkv_model_state_params_default();
     if (mcli_parse_kv(CMD, kv, &sp.k_format, &sp.v_format) ||
         mcli_parse_kernel(CMD, prefill_kernel, &sp.prefill_kernel) ||
-        mcli_check_window(CMD, window, sp.k_format, sp.v_format))
+        mcli_check_window(CMD, window, sp.k_format, sp.v_format) ||
+        mcli_parse_device(CMD, device, &sp.device))
         return 2;
     char dir[4096];
     if (!mcli_resolve_model(CMD, model_arg, dir, sizeof dir)) return 1;
@@ -102,7 +104,7 @@ int cmd_ppl(int argc, char **argv) {
     float *lg = NULL, *lr = NULL;
     double *pos_nll = NULL, *pos_kl = NULL;
     if (mcli_read_file(CMD, text_path, &text, &text_len)) goto done;
-    if (mcli_load(CMD, dir, blas, 0, threads, &m)) goto done;
+    if (mcli_load_dev(CMD, dir, blas, 0, threads, sp.device, &m)) goto done;
     if (tqkv_tokenizer_load(&tok, dir) != TQKV_OK) {
         fprintf(stderr, "tqkv ppl: %s\n", tqkv_last_error());
         goto done;
@@ -202,6 +204,7 @@ int cmd_ppl(int argc, char **argv) {
         else cJSON_AddNullToObject(o, "kld");
         cJSON_AddNumberToObject(o, "windows", n_win);
         cJSON_AddNumberToObject(o, "tokens", (double)cnt);
+        cJSON_AddStringToObject(o, "device", sp.device ? "cuda" : "cpu");
         cJSON_AddStringToObject(o, "kv", kv);
         json_add_num(o, "kv_bits_per_value", tqkv_model_state_kv_bits_per_value(s), 4);
         cJSON_AddNumberToObject(o, "ctx", ctx);

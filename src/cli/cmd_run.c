@@ -42,6 +42,7 @@ static int text_append(char **buf, size_t *len, size_t *cap, const char *piece, 
 int cmd_run(int argc, char **argv) {
     const char *model_arg = MCLI_DEFAULT_MODEL, *prompt = NULL, *prompt_file = NULL;
     const char *kv = "f32", *prefill_kernel = "deferred", *decode_kernel = "fused";
+    const char *device = "cpu";
     /* UNSET: an int the parser cannot produce (it reads -2147483647 .. 2147483647) */
     enum { UNSET = INT_MIN };
     int n_gen = 128, top_k = UNSET, seed = UNSET, window = 0, threads = 0, chat = 0, json = 0;
@@ -69,6 +70,7 @@ int cmd_run(int argc, char **argv) {
         {"--decode-kernel", ARG_STR, &decode_kernel, "attention kernel for decode (default fused)"},
         {"--blas", ARG_FLAG, &blas, "OpenBLAS sgemm for prefill matmuls (not batch invariant)"},
         {"--f32-weights", ARG_FLAG, &f32w, "convert weights to f32 at load"},
+        {"--device", ARG_STR, &device, "cpu|cuda: where the forward runs (default cpu)"},
     };
     const int n_specs = (int)(sizeof specs / sizeof specs[0]);
     if (args_parse(CMD, argc, argv, specs, n_specs) != 0) return 2;
@@ -101,7 +103,8 @@ int cmd_run(int argc, char **argv) {
     if (mcli_parse_kv(CMD, kv, &sp.k_format, &sp.v_format) ||
         mcli_parse_kernel(CMD, prefill_kernel, &sp.prefill_kernel) ||
         mcli_parse_kernel(CMD, decode_kernel, &sp.decode_kernel) ||
-        mcli_check_window(CMD, window, sp.k_format, sp.v_format))
+        mcli_check_window(CMD, window, sp.k_format, sp.v_format) ||
+        mcli_parse_device(CMD, device, &sp.device))
         return 2;
     char dir[4096];
     if (!mcli_resolve_model(CMD, model_arg, dir, sizeof dir)) return 1;
@@ -141,7 +144,7 @@ int cmd_run(int argc, char **argv) {
     int32_t *ids = NULL, *gen = NULL;
     size_t n_ids = 0;
     float *logits = NULL;
-    if (mcli_load(CMD, dir, blas, f32w, threads, &m)) goto done;
+    if (mcli_load_dev(CMD, dir, blas, f32w, threads, sp.device, &m)) goto done;
     if (tqkv_tokenizer_load(&tok, dir) != TQKV_OK) {
         fprintf(stderr, "tqkv run: %s\n", tqkv_last_error());
         goto done;

@@ -36,7 +36,16 @@ const char *mcli_resolve_model(const char *cmd, const char *arg, char *buf, size
 
 int mcli_load(const char *cmd, const char *dir, int blas, int f32_weights, int threads,
               tqkv_model **out) {
+    return mcli_load_dev(cmd, dir, blas, f32_weights, threads, 0, out);
+}
+
+int mcli_load_dev(const char *cmd, const char *dir, int blas, int f32_weights, int threads,
+                  int device, tqkv_model **out) {
     tqkv_model_load_params lp = tqkv_model_load_params_default();
+    if (device) {
+        lp.no_pack = 1;
+        lp.no_f32_prefill = 1;
+    }
     lp.blas = blas;
     lp.weights_f32 = f32_weights;
     lp.threads = threads;
@@ -70,6 +79,16 @@ int mcli_check_window(const char *cmd, int window, tqkv_format k, tqkv_format v)
         fprintf(stderr, "tqkv %s: --window keeps a q8 copy beside a tq cache; --kv %s%s%s has "
                 "no tq plane\n", cmd, tqkv_format_name(k), k == v ? "" : "/",
                 k == v ? "" : tqkv_format_name(v));
+        return -1;
+    }
+    return 0;
+}
+
+int mcli_parse_device(const char *cmd, const char *name, int *out) {
+    if (!strcmp(name, "cpu")) *out = 0;
+    else if (!strcmp(name, "cuda")) *out = 1;
+    else {
+        fprintf(stderr, "tqkv %s: --device must be cpu or cuda, got '%s'\n", cmd, name);
         return -1;
     }
     return 0;

@@ -20,11 +20,17 @@ const char *mcli_resolve_model(const char *cmd, const char *arg, char *buf, size
 /* Load with progress lines on stderr; returns 0 or prints the error and returns -1. */
 int  mcli_load(const char *cmd, const char *dir, int blas, int f32_weights, int threads,
                tqkv_model **out);
+/* Same; device 1 (--device cuda) skips the host-side repacking and f32 prefill copies the
+ * CPU forward needs (the device reads the checkpoint's bf16 bytes). */
+int  mcli_load_dev(const char *cmd, const char *dir, int blas, int f32_weights, int threads,
+                   int device, tqkv_model **out);
 int  mcli_parse_kv(const char *cmd, const char *spec, tqkv_format *k, tqkv_format *v);
 int  mcli_parse_kernel(const char *cmd, const char *name, tqkv_kernel *out);
 /* --window W needs a tq K or V format (only tq planes keep a q8 window): 0, or -1 with a
  * message. */
 int  mcli_check_window(const char *cmd, int window, tqkv_format k, tqkv_format v);
+/* --device: "cpu" -> 0, "cuda" -> 1 (tqkv_model_state_params.device); 0 or -1 (printed). */
+int  mcli_parse_device(const char *cmd, const char *name, int *out);
 /* Number of online CPUs (>= 1). */
 int  mcli_cpus(void);
 /* Whole file into a malloc'd NUL-terminated buffer; 0 or -1 (message printed). */

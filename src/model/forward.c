@@ -17,6 +17,9 @@
 #include "model/model_impl.h"
 #include "model/ops.h"
 #include "util/common.h"
+#ifdef TQKV_HAVE_CUDA
+#include "model/model_cuda.h"
+#endif
 
 // ---------------------------------------------------------------------------
 // state
@@ -98,6 +101,11 @@ tqkv_status tqkv_model_state_init(tqkv_model_state **out, const tqkv_model *m,
     s->rows = p.rows;
     tqkv_status rc = make_layers(m, &p, p.rows, &s->layers);
     if (rc == TQKV_OK) rc = tqkv_mask_lease_init(&s->lease);
+#ifdef TQKV_HAVE_CUDA
+    if (rc == TQKV_OK && p.device == 1) rc = model_cuda_init(&s->gpu, m, &p, p.rows);
+#endif
+    if (rc == TQKV_OK && p.device != 0 && !s->gpu)
+        rc = tqkv_fail(TQKV_EUNSUPPORTED, "model state: device %d is not built in", p.device);
     if (rc == TQKV_OK) {
         s->off = calloc((size_t)p.rows, sizeof(int));
         s->len = calloc((size_t)p.rows, sizeof(int));
@@ -114,6 +122,9 @@ tqkv_status tqkv_model_state_init(tqkv_model_state **out, const tqkv_model *m,
 void tqkv_model_state_free(tqkv_model_state *s) {
     if (!s) return;
     free_layers(s->layers, s->m->cfg.n_layers);
+#ifdef TQKV_HAVE_CUDA
+    model_cuda_free(s->gpu);
+#endif
     tqkv_mask_lease_free(s->lease);
     free_scratch(s);
     free(s->off);
@@ -126,6 +137,12 @@ tqkv_status tqkv_model_state_reset(tqkv_model_state *s, int rows) {
     if (rows < 0) return tqkv_fail(TQKV_EINVAL, "tqkv_model_state_reset: rows %d", rows);
     if (rows == 0) rows = s->rows;
     tqkv_batch **layers = NULL;
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu) {
+        tqkv_status grc = model_cuda_reset(s->gpu, rows);
+        if (grc != TQKV_OK) return grc;
+    }
+#endif
     tqkv_status rc = make_layers(s->m, &s->p, rows, &layers);
     if (rc != TQKV_OK) return rc;
     int *off = calloc((size_t)rows, sizeof(int)), *len = calloc((size_t)rows, sizeof(int));
@@ -157,11 +174,14 @@ tqkv_status tqkv_model_state_set_threads(tqkv_model_state *s, int threads) {
 
 tqkv_status tqkv_model_state_offsets(const tqkv_model_state *s, int *offset) {
     if (!s || !offset) return tqkv_fail(TQKV_EINVAL, "state_offsets: NULL argument");
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu) return model_cuda_offsets(s->gpu, offset);
+#endif
     return tqkv_batch_offsets(s->layers[0], offset, NULL);
 }
 
 tqkv_batch *tqkv_model_state_layer(tqkv_model_state *s, int layer) {
-    if (!s || layer < 0 || layer >= s->m->cfg.n_layers) return NULL;
+    if (!s || layer < 0 || layer >= s->m->cfg.n_layers || s->gpu) return NULL;
     return s->layers[layer];
 }
 
@@ -272,6 +292,9 @@ static tqkv_status forward(const tqkv_model *m, tqkv_model_state *s, const int32
     if (n < 1) return tqkv_fail(TQKV_EINVAL, "forward: n must be >= 1, got %d", n);
     if ((unsigned)mode > TQKV_LOGITS_ALL || (mode != TQKV_LOGITS_NONE && !logits))
         return tqkv_fail(TQKV_EINVAL, "forward: bad logits mode or NULL logits");
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu) return model_cuda_forward(s->gpu, tokens, lengths, n, prefill, mode, logits);
+#endif
     const tqkv_model_config *c = &m->cfg;
     const int R = s->rows, H = c->hidden_size, hd = c->head_dim, NH = c->n_heads,
               NKV = c->n_kv_heads, I = c->intermediate_size, V = c->vocab_size, half = hd / 2;

@@ -12,6 +12,9 @@
 #include "model/model_impl.h"
 #include "model/ops.h"
 #include "util/common.h"
+#ifdef TQKV_HAVE_CUDA
+#include "model/model_cuda.h"
+#endif
 
 // ---------------------------------------------------------------------------
 // owned buffers
@@ -251,6 +254,9 @@ tqkv_model_load_params tqkv_model_load_params_default(void) {
 
 void tqkv_model_free(tqkv_model *m) {
     if (!m) return;
+#ifdef TQKV_HAVE_CUDA
+    model_cuda_weights_free(m->gpu_weights);
+#endif
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
     free(m->layers);

@@ -60,6 +60,8 @@ struct tqkv_model {
     size_t                 n_params;
     char                   wtype[8];
     char                   source[1024]; /* weights file or index, for messages */
+    struct model_cuda_weights *gpu_weights; /* --device cuda: bf16 weights in GPU memory,
+                                               uploaded by the first device state (model_cuda.h) */
 };
 
 // ---------------------------------------------------------------------------
@@ -91,6 +93,7 @@ struct tqkv_model_state {
     int32_t *tok_col;    /* [T] column (0..n) of each compact token */
     int     *off;        /* [rows] */
     int     *len;        /* [rows] */
+    struct model_cuda *gpu; /* --device cuda: the device twin that runs the forward (NULL: CPU) */
 };
 
 #endif

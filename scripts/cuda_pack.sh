@@ -1,0 +1,25 @@
+#!/bin/bash
+# cuda_pack.sh - bundle the CUDA-enabled binaries built HERE (tqkv, test_cuda) with the
+# shared libraries they need into DEST, for a device machine whose image has the CUDA
+# toolkit and PyTorch but not the project's Debian -dev packages (see cuda_device.sh).
+# libopenblas is replaced by a stub that aborts if called: the GPU attention benchmark and
+# the kernel tests never call BLAS (only the CPU model forward does), and the real library
+# is too large to carry.   Usage: scripts/cuda_pack.sh BUILD_DIR DEST
+set -eu
+BUILD=${1:?build dir}; DEST=${2:?dest}
+mkdir -p "$DEST/lib"
+cp "$BUILD/tqkv" "$BUILD/test_cuda" "$DEST/" && strip "$DEST/tqkv" "$DEST/test_cuda"
+if [ -f "$BUILD/test_cuda_model" ]; then cp "$BUILD/test_cuda_model" "$DEST/" && strip "$DEST/test_cuda_model"; fi
+cp scripts/cuda_anchor.py scripts/cuda_device.sh scripts/cuda_model_device.sh scripts/cuda_make_llama8b.py "$DEST/"
+for l in libcjson.so.1 libcmocka.so.0 libpcre2-8.so.0 libutf8proc.so.2 libgomp.so.1 libstdc++.so.6 libgcc_s.so.1 libz.so.1; do
+  p=$(ldd "$BUILD/tqkv" "$BUILD/test_cuda" | awk -v l=$l '$1 == l {print $3; exit}')
+  [ -n "$p" ] && cp -L "$p" "$DEST/lib/$l"
+done
+cat > "$DEST/lib/openblas_stub.c" <<'C'
+#include <stdio.h>
+#include <stdlib.h>
+void cblas_sgemm(void) { fprintf(stderr, "openblas stub: BLAS is not available here\n"); abort(); }
+void openblas_set_num_threads(int n) { (void)n; }
+C
+gcc -shared -fPIC -o "$DEST/lib/libopenblas.so.0" "$DEST/lib/openblas_stub.c"
+du -sh "$DEST"

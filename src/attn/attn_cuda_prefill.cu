@@ -1,0 +1,227 @@
+/*
+ * attn_cuda_prefill.cu - attention of several queries per row (prefill, chunked prefill,
+ * speculative verify) over the device cache, with per-(row, query) visible ranges (the
+ * tqkv_mask of the CPU: left padding, causal, sliding window).
+ * Owns: a float32 kernel: one CTA per (row, kv head, block of QB queries); tiles of KT
+ * tokens are decoded once into shared memory in the stored (rotated) domain and used by all
+ * G x QB query vectors of the block (query rotated once, output un-rotated once); online
+ * softmax per query vector in a fixed token order.
+ * Must not: mutate the cache; let a query's output depend on anything but its own row and
+ * range (a tile a query cannot see leaves it unchanged).
+ * Not tuned: plain FMA, no tensor cores (decode, n_query == 1, is attn_cuda.cu).
+ */
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include <vector>
+
+extern "C" {
+#include "util/common.h"
+}
+#include "cache/cache_cuda_impl.h"
+#include "codec/codec_cuda.cuh"
+
+namespace {
+
+constexpr int D = CUDA_DIM;
+constexpr int KT = 32;                 /* tokens per tile */
+constexpr int QB = 4;                  /* queries per CTA (x G heads = query vectors) */
+constexpr int NT = 256;                /* threads per CTA */
+constexpr int DP = D + 1;              /* padded smem row (conflict-free column reads) */
+constexpr float LOG2E = 1.4426950408889634f;
+
+struct PParams {
+    const uint8_t *kd, *vd;
+    const uint16_t *ks, *vs;
+    const int8_t *kw, *vw;
+    const uint16_t *kws, *vws;
+    size_t kpay, vpay;
+    int ring, cap, kvh, G, qh, nq, bf16;
+    const cuda_row *rows;
+    const int *lo, *hi;                /* [rows, nq] visible tokens [lo, hi) */
+    const float *q;                    /* [rows, qh, nq, D] prepared (rotated, scaled) */
+    float *out;                        /* [rows, qh, nq, D] (V domain; un-rotated later) */
+    cuda_codec kc, vc;
+};
+
+/* Value of element i of token t (row r, head h) of one plane in the stored domain, its
+ * per-token scale applied; q8 window tokens when t >= wstart. */
+__device__ float elem(const uint8_t *data, const uint16_t *sc, const int8_t *win, const uint16_t *wsc,
+                      size_t pay, int bits, const float *cent, int bf16, size_t col, size_t wslot, bool w, int i) {
+    if (w) return (float)win[wslot * D + i] * __half2float(__ushort_as_half(wsc[wslot * (D / 32) + i / 32]));
+    const uint8_t *p = data + col * pay;
+    if (bf16) return __uint_as_float((uint32_t)reinterpret_cast<const uint16_t *>(p)[i] << 16);
+    const int g = i >> 5, j = i & 31;
+    int idx;
+    if (bits == 4) idx = (p[16 * g + (j & 15)] >> (4 * (j >> 4))) & 15;
+    else {
+        idx = (p[8 * g + (j & 7)] >> (2 * (j >> 3))) & 3;
+        if (bits == 3) idx |= ((p[32 + 4 * g + (j >> 3)] >> (j & 7)) & 1) << 2;
+    }
+    return cent[idx] * __half2float(__ushort_as_half(sc[col]));
+}
+
+__global__ void __launch_bounds__(NT) prefill_kernel(const PParams P) {
+    extern __shared__ float sm[];
+    float *sk = sm;                    /* [KT][DP] */
+    float *sv = sk + KT * DP;          /* [KT][DP] */
+    float *sq = sv + KT * DP;          /* [QB * G][D] query vectors of the block */
+    const int r = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * QB;
+    const int G = P.G, nv = QB * G;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const cuda_row row = P.rows[r];
+    const size_t rh = (size_t)r * P.kvh + h;
+    // ---- the block's visible token range -------------------------------------------
+    int tlo = 1 << 30, thi = 0;
+    for (int i = 0; i < QB && q0 + i < P.nq; i++) {
+        const int lo = P.lo[(size_t)r * P.nq + q0 + i], hi = P.hi[(size_t)r * P.nq + q0 + i];
+        if (lo < hi) { tlo = min(tlo, lo); thi = max(thi, hi); }
+    }
+    // ---- queries into shared memory: vector v = (head gg, query i) -> v = i * G + gg ----
+    for (int e = threadIdx.x; e < nv * D; e += NT) {
+        const int v = e / D, d = e % D, i = v / G, gg = v % G;
+        sq[e] = q0 + i < P.nq ? P.q[(((size_t)r * P.qh + (size_t)h * G + gg) * P.nq + q0 + i) * D + d] : 0.0f;
+    }
+    // each warp owns query vectors v = w, w + 8, ...; per vector: m, l, acc (lane: dims 4l..)
+    constexpr int MAXV = CUDA_MAX_G * QB / (NT / 32);
+    float m[MAXV], l[MAXV], acc[MAXV][4];
+    int vlo[MAXV], vhi[MAXV];
+#pragma unroll
+    for (int k = 0; k < MAXV; k++) {
+        m[k] = -INFINITY; l[k] = 0.0f;
+        acc[k][0] = acc[k][1] = acc[k][2] = acc[k][3] = 0.0f;
+        const int v = w + k * (NT / 32), i = v / G;
+        vlo[k] = vhi[k] = 0;
+        if (v < nv && q0 + i < P.nq) {
+            vlo[k] = P.lo[(size_t)r * P.nq + q0 + i];
+            vhi[k] = P.hi[(size_t)r * P.nq + q0 + i];
+        }
+    }
+    for (int t0 = tlo; t0 < thi; t0 += KT) {
+        __syncthreads();   /* previous tile fully used (and sq written) */
+        for (int e = threadIdx.x; e < KT * D; e += NT) {
+            const int tt = e / D, i = e % D, t = t0 + tt;
+            float kvv = 0.0f, vvv = 0.0f;
+            if (t < thi && t < row.ntok) {
+                const bool win = t >= row.wstart;
+                const size_t col = rh * P.cap + (size_t)(row.left_pad + t);
+                const size_t ws = win ? rh * P.ring + (size_t)(t % P.ring) : 0;
+                kvv = elem(P.kd, P.ks, P.kw, P.kws, P.kpay, P.kc.bits, P.kc.cent, P.bf16, col, ws, win, i);
+                vvv = elem(P.vd, P.vs, P.vw, P.vws, P.vpay, P.vc.bits, P.vc.cent, P.bf16, col, ws, win, i);
+            }
+            sk[tt * DP + i] = kvv;
+            sv[tt * DP + i] = vvv;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < MAXV; k++) {
+            const int v = w + k * (NT / 32);
+            if (v >= nv || vlo[k] >= vhi[k] || t0 >= vhi[k] || t0 + KT <= vlo[k]) continue;
+            const float *qv = sq + v * D;
+            const int t = t0 + lane;   /* KT == 32: one token per lane */
+            float s = 0.0f;
+            for (int d = 0; d < D; d++) s = fmaf(qv[d], sk[lane * DP + d], s);
+            const bool vis = t >= vlo[k] && t < vhi[k];
+            s = vis ? s : -INFINITY;
+            float mx = s;
+            for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            const float mn = fmaxf(m[k], mx);          /* finite: the tile has a visible token */
+            const float al = exp2f(m[k] - mn);
+            const float p = vis ? exp2f(s - mn) : 0.0f;
+            float ps = p;
+            for (int o = 16; o; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+            l[k] = l[k] * al + ps;
+            m[k] = mn;
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[k][c] *= al;
+            for (int tt = 0; tt < KT; tt++) {
+                const float pt = __shfl_sync(0xffffffffu, p, tt);
+                const float *vr = sv + tt * DP + 4 * lane;
+#pragma unroll
+                for (int c = 0; c < 4; c++) acc[k][c] = fmaf(pt, vr[c], acc[k][c]);
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < MAXV; k++) {
+        const int v = w + k * (NT / 32), i = v / G, gg = v % G;
+        if (v >= nv || q0 + i >= P.nq) continue;
+        const float inv = l[k] > 0.0f ? 1.0f / l[k] : 0.0f;
+        float o[4] = {acc[k][0] * inv, acc[k][1] * inv, acc[k][2] * inv, acc[k][3] * inv};
+        if (!P.bf16) {
+            const float s4[4] = {P.vc.signs[4 * lane], P.vc.signs[4 * lane + 1], P.vc.signs[4 * lane + 2],
+                                 P.vc.signs[4 * lane + 3]};
+            cw_unrotate(o, s4, P.vc.inv, lane);
+        }
+        float *op = P.out + (((size_t)r * P.qh + (size_t)h * G + gg) * P.nq + q0 + i) * D + 4 * lane;
+        op[0] = o[0]; op[1] = o[1]; op[2] = o[2]; op[3] = o[3];
+    }
+}
+
+/* q [rows, qh, nq, D] -> rotated (K codec) and scaled by scale * log2(e), float. */
+__global__ void pqprep_kernel(const float *__restrict__ q, float *__restrict__ out, cuda_codec C,
+                              int rotate, float mul, int n) {
+    const int v = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (v >= n) return;
+    const float4 in = reinterpret_cast<const float4 *>(q + (size_t)v * D)[lane];
+    float x[4] = {in.x, in.y, in.z, in.w};
+    if (rotate) {
+        const float s[4] = {C.signs[4 * lane], C.signs[4 * lane + 1], C.signs[4 * lane + 2], C.signs[4 * lane + 3]};
+        cw_rotate(x, s, C.inv, lane);
+    }
+    reinterpret_cast<float4 *>(out + (size_t)v * D)[lane] = make_float4(x[0] * mul, x[1] * mul, x[2] * mul, x[3] * mul);
+}
+
+} // namespace
+
+extern "C" tqkv_status tqkv_cuda_kv_attend_masked(cuda_kv *kv, const float *q, int n_query, int q_heads,
+                                             float scale, const int32_t *lo, const int32_t *hi,
+                                             float *out) {
+    if (!kv || !q || !out || !lo || !hi) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_attend_masked: NULL argument");
+    if (n_query < 1 || q_heads < 1 || q_heads % kv->kvh || q_heads / kv->kvh > CUDA_MAX_G)
+        return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_attend_masked: bad n_query / q_heads");
+    if (kv->rows == 0) return TQKV_OK;
+    const size_t nrq = (size_t)kv->rows * n_query;
+    std::vector<int> tl(nrq), th(nrq);
+    for (int r = 0; r < kv->rows; r++)
+        for (int i = 0; i < n_query; i++) {
+            const size_t k = (size_t)r * n_query + i;
+            int a = lo[k] - kv->h_left_pad[r], b = hi[k] - kv->h_left_pad[r];
+            if (a < 0) a = 0;
+            if (b > kv->h_offset[r]) b = kv->h_offset[r];
+            if (lo[k] > hi[k] || b < a) return tqkv_fail(TQKV_ERANGE, "tqkv_cuda_kv_attend_masked: bad range of row %d query %d", r, i);
+            tl[k] = a;
+            th[k] = b;
+        }
+    const size_t nv = (size_t)kv->rows * q_heads * n_query;
+    int *dlo = NULL, *dhi = NULL;
+    float *qp = NULL;
+    tqkv_status st = tqkv_cuda_malloc((void **)&dlo, nrq * sizeof(int));
+    if (!st) st = tqkv_cuda_malloc((void **)&dhi, nrq * sizeof(int));
+    if (!st) st = tqkv_cuda_malloc((void **)&qp, nv * D * sizeof(float));
+    if (!st) st = tqkv_cuda_h2d(dlo, tl.data(), nrq * sizeof(int));
+    if (!st) st = tqkv_cuda_h2d(dhi, th.data(), nrq * sizeof(int));
+    if (!st) {
+        pqprep_kernel<<<(unsigned)((nv + 3) / 4), 128>>>(q, qp, kv->kc, !kv->bf16, scale * LOG2E, (int)nv);
+        PParams P;
+        P.kd = kv->kd; P.vd = kv->vd; P.ks = kv->ks; P.vs = kv->vs;
+        P.kw = kv->kw; P.vw = kv->vw; P.kws = kv->kws; P.vws = kv->vws;
+        P.kpay = kv->kpay; P.vpay = kv->vpay; P.ring = kv->ring > 0 ? kv->ring : 1; P.cap = kv->cap;
+        P.kvh = kv->kvh; P.G = q_heads / kv->kvh; P.qh = q_heads; P.nq = n_query; P.bf16 = kv->bf16;
+        P.rows = kv->d_rows; P.lo = dlo; P.hi = dhi; P.q = qp; P.out = out; P.kc = kv->kc; P.vc = kv->vc;
+        const int smem = (2 * KT * DP + QB * CUDA_MAX_G * D) * (int)sizeof(float);
+        st = cuda_check(cudaFuncSetAttribute(prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                        "prefill shared memory");
+        if (!st) {
+            const dim3 grid((unsigned)((n_query + QB - 1) / QB), (unsigned)kv->kvh, (unsigned)kv->rows);
+            prefill_kernel<<<grid, NT, smem>>>(P);
+            st = tqkv_cuda_sync();
+        }
+    }
+    tqkv_cuda_free(dlo);
+    tqkv_cuda_free(dhi);
+    tqkv_cuda_free(qp);
+    return st;
+}

@@ -1,0 +1,360 @@
+/*
+ * cache_cuda.cu - the device cache object of the CUDA backend and small device helpers.
+ * Owns: cuda_kv init/free, upload of a host tqkv_batch (byte copies of its planes, rings
+ * and row state), download, append (row state; the encode kernel is in codec_cuda.cu),
+ * the device availability probe, timers, copy bandwidth and the random fill used by the
+ * benchmark.
+ * Must not: run attention (attn_cuda.cu) or encode (codec_cuda.cu); change the host batch.
+ */
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <vector>
+
+extern "C" {
+#include "cache/cache_impl.h"
+#include "codec/codec.h"
+#include "util/common.h"
+}
+#include "cache/cache_cuda_impl.h"
+
+// ---------------------------------------------------------------------------
+// Errors and availability
+// ---------------------------------------------------------------------------
+tqkv_status cuda_check(cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return TQKV_OK;
+    const tqkv_status s = e == cudaErrorMemoryAllocation ? TQKV_ENOMEM : TQKV_EUNSUPPORTED;
+    return tqkv_fail(s, "CUDA: %s: %s", what, cudaGetErrorString(e));
+}
+
+extern "C" int tqkv_cuda_available(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n > 0;
+}
+
+extern "C" tqkv_status tqkv_cuda_device_info(char *name, size_t cap, int *sms, int *mem_clock_khz,
+                                        int *bus_bits, int *sm_clock_khz) {
+    cudaDeviceProp p;
+    tqkv_status st = cuda_check(cudaGetDeviceProperties(&p, 0), "device properties");
+    if (st) return st;
+    if (name && cap) snprintf(name, cap, "%s", p.name);
+    int v = 0;
+    if (sms) *sms = p.multiProcessorCount;
+    if (mem_clock_khz) *mem_clock_khz = cudaDeviceGetAttribute(&v, cudaDevAttrMemoryClockRate, 0) ? 0 : v;
+    if (bus_bits) *bus_bits = cudaDeviceGetAttribute(&v, cudaDevAttrGlobalMemoryBusWidth, 0) ? 0 : v;
+    if (sm_clock_khz) *sm_clock_khz = cudaDeviceGetAttribute(&v, cudaDevAttrClockRate, 0) ? 0 : v;
+    return TQKV_OK;
+}
+
+// ---------------------------------------------------------------------------
+// Memory helpers
+// ---------------------------------------------------------------------------
+extern "C" tqkv_status tqkv_cuda_malloc(void **p, size_t bytes) {
+    *p = NULL;
+    return cuda_check(cudaMalloc(p, bytes ? bytes : 1), "cudaMalloc");
+}
+extern "C" void tqkv_cuda_free(void *p) {
+    if (p) cudaFree(p);
+}
+extern "C" tqkv_status tqkv_cuda_h2d(void *dst, const void *src, size_t bytes) {
+    return cuda_check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "copy to device");
+}
+extern "C" tqkv_status tqkv_cuda_d2h(void *dst, const void *src, size_t bytes) {
+    return cuda_check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "copy to host");
+}
+extern "C" tqkv_status tqkv_cuda_sync(void) {
+    tqkv_status st = cuda_check(cudaGetLastError(), "kernel launch");
+    if (st) return st;
+    return cuda_check(cudaDeviceSynchronize(), "synchronize");
+}
+
+__device__ static inline uint64_t cf_mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* x [n]: Box-Muller pairs from a counter-based splitmix64. */
+__global__ void cf_fill_normal_kernel(float *x, size_t n, uint64_t seed, float sd) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; 2 * i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const uint64_t a = cf_mix(seed + 0x9E3779B97F4A7C15ull * (2 * i + 1));
+        const uint64_t b = cf_mix(seed + 0x9E3779B97F4A7C15ull * (2 * i + 2));
+        const float u1 = ((float)(a >> 40) + 1.0f) * (1.0f / 16777216.0f);
+        const float u2 = (float)(b >> 40) * (1.0f / 16777216.0f);
+        const float m = sqrtf(-2.0f * logf(u1)) * sd;
+        float s, c;
+        sincospif(2.0f * u2, &s, &c);
+        x[2 * i] = m * c;
+        if (2 * i + 1 < n) x[2 * i + 1] = m * s;
+    }
+}
+
+extern "C" tqkv_status tqkv_cuda_fill_normal(float *x, size_t n, uint64_t seed, float sd) {
+    cf_fill_normal_kernel<<<1024, 256>>>(x, n, seed, sd);
+    return tqkv_cuda_sync();
+}
+
+extern "C" tqkv_status tqkv_cuda_timer_start(void **t) {
+    cudaEvent_t *e = (cudaEvent_t *)calloc(2, sizeof(cudaEvent_t));
+    if (!e) return tqkv_fail(TQKV_ENOMEM, "timer: out of memory");
+    tqkv_status st = cuda_check(cudaEventCreate(&e[0]), "event");
+    if (!st) st = cuda_check(cudaEventCreate(&e[1]), "event");
+    if (!st) st = cuda_check(cudaEventRecord(e[0]), "event record");
+    if (st) {
+        free(e);
+        return st;
+    }
+    *t = e;
+    return TQKV_OK;
+}
+
+extern "C" tqkv_status tqkv_cuda_timer_stop(void *t, double *ms) {
+    cudaEvent_t *e = (cudaEvent_t *)t;
+    float f = 0;
+    tqkv_status st = cuda_check(cudaEventRecord(e[1]), "event record");
+    if (!st) st = cuda_check(cudaEventSynchronize(e[1]), "event sync");
+    if (!st) st = cuda_check(cudaEventElapsedTime(&f, e[0], e[1]), "elapsed");
+    cudaEventDestroy(e[0]);
+    cudaEventDestroy(e[1]);
+    free(e);
+    *ms = f;
+    return st;
+}
+
+extern "C" tqkv_status tqkv_cuda_copy_ms(size_t bytes, int reps, double *ms) {
+    void *a = NULL, *b = NULL;
+    tqkv_status st = tqkv_cuda_malloc(&a, bytes);
+    if (!st) st = tqkv_cuda_malloc(&b, bytes);
+    if (!st) st = cuda_check(cudaMemset(a, 1, bytes), "memset");
+    if (reps < 1) reps = 1;
+    std::vector<double> t((size_t)reps); // sized once: no out-of-line growth code (symbols)
+    for (int i = -2; !st && i < reps; i++) {
+        void *tm = NULL;
+        st = tqkv_cuda_timer_start(&tm);
+        if (st) break;
+        st = cuda_check(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice), "d2d copy");
+        double x = 0;
+        if (!st) st = tqkv_cuda_timer_stop(tm, &x);
+        if (i >= 0) t[(size_t)i] = x;
+    }
+    tqkv_cuda_free(a);
+    tqkv_cuda_free(b);
+    if (st) return st;
+    std::sort(t.begin(), t.end());
+    *ms = t[t.size() / 2];
+    return TQKV_OK;
+}
+
+// ---------------------------------------------------------------------------
+// Device cache
+// ---------------------------------------------------------------------------
+static void codec_params(const struct tqkv_codec *c, cuda_codec *out) {
+    memset(out, 0, sizeof *out);
+    out->bits = c->bits;
+    out->inv = (float)(1.0 / sqrt((double)c->dim));
+    for (int i = 0; i < 16; i++) out->cent[i] = c->centroids[i];
+    for (int i = 0; i < 15; i++) out->bounds[i] = c->bounds[i];
+    for (int i = 0; i < CUDA_DIM; i++) out->signs[i] = c->signs ? c->signs[i] : 1.0f;
+}
+
+extern "C" void tqkv_cuda_kv_free(cuda_kv *kv) {
+    if (!kv) return;
+    tqkv_cuda_free(kv->kd); tqkv_cuda_free(kv->vd); tqkv_cuda_free(kv->ks); tqkv_cuda_free(kv->vs);
+    tqkv_cuda_free(kv->kw); tqkv_cuda_free(kv->vw); tqkv_cuda_free(kv->kws); tqkv_cuda_free(kv->vws);
+    tqkv_cuda_free(kv->d_rows); tqkv_cuda_free(kv->ws);
+    free(kv->h_offset); free(kv->h_left_pad); free(kv->h_win_lo); free(kv->h_spec_base);
+    free(kv);
+}
+
+extern "C" size_t tqkv_cuda_kv_bytes(const cuda_kv *kv) {
+    const size_t rh = (size_t)kv->rows * kv->kvh;
+    size_t b = rh * kv->cap * (kv->kpay + kv->vpay + 2 * (size_t)(kv->kns + kv->vns));
+    b += (size_t)(kv->kwin + kv->vwin) * rh * kv->ring * (kv->d + 2 * (kv->d / 32));
+    return b;
+}
+
+extern "C" tqkv_status tqkv_cuda_kv_init(cuda_kv **out, const tqkv_cache_config *cfg, int bf16,
+                                    int rows, int cap) {
+    if (!out || !cfg) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_init: NULL argument");
+    *out = NULL;
+    tqkv_status st = batch_check_config(cfg);
+    if (st) return st;
+    if (cfg->head_dim != CUDA_DIM)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "CUDA cache: head_dim %d is not supported (the "
+                         "device kernels are built for %d)", cfg->head_dim, CUDA_DIM);
+    if (!bf16 && (cfg->k_format != cfg->v_format ||
+                  (cfg->k_format != TQKV_TQ4 && cfg->k_format != TQKV_TQ3)))
+        return tqkv_fail(TQKV_EUNSUPPORTED, "CUDA cache: K/V formats %s/%s are not supported "
+                         "(tq4/tq4, tq3/tq3 or the bf16 baseline)",
+                         tqkv_format_name(cfg->k_format), tqkv_format_name(cfg->v_format));
+    if (rows < 0 || cap < 1) return tqkv_fail(TQKV_EINVAL, "CUDA cache: rows must be >= 0 and cap >= 1");
+    cuda_kv *kv = (cuda_kv *)calloc(1, sizeof *kv);
+    if (!kv) return tqkv_fail(TQKV_ENOMEM, "CUDA cache: out of memory");
+    kv->cfg = *cfg;
+    kv->bf16 = bf16 != 0;
+    kv->rows = rows;
+    kv->cap = cap;
+    kv->d = cfg->head_dim;
+    kv->kvh = cfg->kv_heads;
+    kv->kfmt = cfg->k_format;
+    kv->vfmt = cfg->v_format;
+    struct tqkv_codec kc, vc;
+    memset(&kc, 0, sizeof kc);
+    memset(&vc, 0, sizeof vc);
+    if (!kv->bf16) {
+        st = codec_setup(&kc, cfg->k_format, kv->d, cfg->seed);
+        if (!st) st = codec_setup(&vc, cfg->v_format, kv->d, cfg->seed);
+        if (st) {
+            codec_teardown(&kc);
+            free(kv);
+            return st;
+        }
+        kv->kpay = kc.payload; kv->vpay = vc.payload;
+        kv->kns = kc.n_scales; kv->vns = vc.n_scales;
+        codec_params(&kc, &kv->kc);
+        codec_params(&vc, &kv->vc);
+        codec_teardown(&kc);
+        codec_teardown(&vc);
+        kv->ring = batch_ring_for(cfg);
+        kv->kwin = kv->vwin = kv->ring > 0;
+    } else {
+        kv->kpay = kv->vpay = 2 * (size_t)kv->d;
+        kv->kfmt = kv->vfmt = TQKV_F16; /* placeholder: 2 bytes per value */
+    }
+    const size_t rh = (size_t)rows * kv->kvh;
+    const size_t nr = rows > 0 ? (size_t)rows : 1;
+    kv->h_offset = (int *)calloc(nr, sizeof(int));
+    kv->h_left_pad = (int *)calloc(nr, sizeof(int));
+    kv->h_win_lo = (int *)calloc(nr, sizeof(int));
+    kv->h_spec_base = (int *)calloc(nr, sizeof(int));
+    if (!kv->h_offset || !kv->h_left_pad || !kv->h_win_lo || !kv->h_spec_base) {
+        tqkv_cuda_kv_free(kv);
+        return tqkv_fail(TQKV_ENOMEM, "CUDA cache: out of memory");
+    }
+    st = tqkv_cuda_malloc((void **)&kv->kd, rh * cap * kv->kpay);
+    if (!st) st = tqkv_cuda_malloc((void **)&kv->vd, rh * cap * kv->vpay);
+    if (!st && kv->kns) st = tqkv_cuda_malloc((void **)&kv->ks, rh * cap * kv->kns * 2);
+    if (!st && kv->vns) st = tqkv_cuda_malloc((void **)&kv->vs, rh * cap * kv->vns * 2);
+    if (!st && kv->ring) {
+        st = tqkv_cuda_malloc((void **)&kv->kw, rh * kv->ring * kv->d);
+        if (!st) st = tqkv_cuda_malloc((void **)&kv->vw, rh * kv->ring * kv->d);
+        if (!st) st = tqkv_cuda_malloc((void **)&kv->kws, rh * kv->ring * (kv->d / 32) * 2);
+        if (!st) st = tqkv_cuda_malloc((void **)&kv->vws, rh * kv->ring * (kv->d / 32) * 2);
+    }
+    if (!st) st = attn_cuda_setup();
+    if (!st) st = tqkv_cuda_malloc((void **)&kv->d_rows, sizeof(cuda_row) * nr);
+    if (!st) st = cuda_kv_sync_rows(kv);
+    if (st) {
+        tqkv_cuda_kv_free(kv);
+        return st;
+    }
+    *out = kv;
+    return TQKV_OK;
+}
+
+tqkv_status cuda_kv_sync_rows(cuda_kv *kv) {
+    std::vector<cuda_row> h((size_t)kv->rows);
+    for (int r = 0; r < kv->rows; r++) {
+        cuda_row &w = h[(size_t)r];
+        w.ntok = kv->h_offset[r];
+        w.left_pad = kv->h_left_pad[r];
+        int s = w.ntok;
+        if (kv->ring > 0) { /* plane_window_start */
+            s = w.ntok - kv->cfg.window;
+            if (s < kv->h_win_lo[r]) s = kv->h_win_lo[r];
+            if (s < 0) s = 0;
+        }
+        w.wstart = s;
+        w.col0 = w.left_pad + w.ntok;
+    }
+    return kv->rows ? tqkv_cuda_h2d(kv->d_rows, h.data(), sizeof(cuda_row) * kv->rows) : TQKV_OK;
+}
+
+extern "C" const int *tqkv_cuda_kv_offsets(const cuda_kv *kv) { return kv->h_offset; }
+extern "C" const int *tqkv_cuda_kv_left_pads(const cuda_kv *kv) { return kv->h_left_pad; }
+
+extern "C" tqkv_status tqkv_cuda_kv_upload(cuda_kv *kv, const struct tqkv_batch *b) {
+    if (!kv || !b) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_upload: NULL argument");
+    if (kv->bf16) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_upload: a bf16 baseline cache has no host form");
+    char what[128];
+    if (cache_config_diff(&kv->cfg, &b->cfg, what, sizeof what))
+        return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_upload: config differs (%s)", what);
+    if (b->rows > kv->rows) return tqkv_fail(TQKV_ERANGE, "tqkv_cuda_kv_upload: %d rows > %d", b->rows, kv->rows);
+    for (int r = 0; r < b->rows; r++)
+        if (b->left_pad[r] + b->offset[r] > kv->cap)
+            return tqkv_fail(TQKV_ERANGE, "tqkv_cuda_kv_upload: row %d needs %d columns > cap %d", r,
+                             b->left_pad[r] + b->offset[r], kv->cap);
+    const int H = kv->kvh, cols = b->cap < kv->cap ? b->cap : kv->cap;
+    tqkv_status st = TQKV_OK;
+    for (int r = 0; r < b->rows && !st; r++)
+        for (int h = 0; h < H && !st; h++) {
+            const size_t ho = ((size_t)r * H + h) * b->cap, dO = ((size_t)r * H + h) * kv->cap;
+            st = tqkv_cuda_h2d(kv->kd + dO * kv->kpay, b->k.data + ho * kv->kpay, (size_t)cols * kv->kpay);
+            if (!st) st = tqkv_cuda_h2d(kv->vd + dO * kv->vpay, b->v.data + ho * kv->vpay, (size_t)cols * kv->vpay);
+            if (!st) st = tqkv_cuda_h2d(kv->ks + dO * kv->kns, b->k.scales + ho * kv->kns, (size_t)cols * kv->kns * 2);
+            if (!st) st = tqkv_cuda_h2d(kv->vs + dO * kv->vns, b->v.scales + ho * kv->vns, (size_t)cols * kv->vns * 2);
+        }
+    if (!st && kv->ring) {
+        const size_t n = (size_t)b->rows * H * kv->ring;
+        st = tqkv_cuda_h2d(kv->kw, b->k.win_data, n * kv->d);
+        if (!st) st = tqkv_cuda_h2d(kv->vw, b->v.win_data, n * kv->d);
+        if (!st) st = tqkv_cuda_h2d(kv->kws, b->k.win_scales, n * (kv->d / 32) * 2);
+        if (!st) st = tqkv_cuda_h2d(kv->vws, b->v.win_scales, n * (kv->d / 32) * 2);
+    }
+    if (st) return st;
+    for (int r = 0; r < kv->rows; r++) {
+        kv->h_offset[r] = r < b->rows ? b->offset[r] : 0;
+        kv->h_left_pad[r] = r < b->rows ? b->left_pad[r] : 0;
+        kv->h_win_lo[r] = r < b->rows ? b->win_lo[r] : 0;
+        kv->h_spec_base[r] = r < b->rows ? b->spec_base[r] : 0;
+    }
+    kv->spec_active = b->spec_active;
+    return cuda_kv_sync_rows(kv);
+}
+
+
+extern "C" tqkv_status tqkv_cuda_kv_download(const cuda_kv *kv, uint8_t *kd, uint16_t *ks,
+                                        uint8_t *vd, uint16_t *vs, int8_t *kw, uint16_t *kws,
+                                        int8_t *vw, uint16_t *vws) {
+    const size_t rhc = (size_t)kv->rows * kv->kvh * kv->cap;
+    const size_t rhr = (size_t)kv->rows * kv->kvh * kv->ring;
+    tqkv_status st = TQKV_OK;
+    if (kd) st = tqkv_cuda_d2h(kd, kv->kd, rhc * kv->kpay);
+    if (!st && vd) st = tqkv_cuda_d2h(vd, kv->vd, rhc * kv->vpay);
+    if (!st && ks && kv->kns) st = tqkv_cuda_d2h(ks, kv->ks, rhc * kv->kns * 2);
+    if (!st && vs && kv->vns) st = tqkv_cuda_d2h(vs, kv->vs, rhc * kv->vns * 2);
+    if (!st && kv->ring) {
+        if (kw) st = tqkv_cuda_d2h(kw, kv->kw, rhr * kv->d);
+        if (!st && vw) st = tqkv_cuda_d2h(vw, kv->vw, rhr * kv->d);
+        if (!st && kws) st = tqkv_cuda_d2h(kws, kv->kws, rhr * (kv->d / 32) * 2);
+        if (!st && vws) st = tqkv_cuda_d2h(vws, kv->vws, rhr * (kv->d / 32) * 2);
+    }
+    return st;
+}
+
+extern "C" tqkv_status tqkv_cuda_kv_append(cuda_kv *kv, const float *k, const float *v, int n) {
+    if (!kv || !k || !v) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_append: NULL argument");
+    if (n < 1) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_append: n must be >= 1, got %d", n);
+    if (kv->rows == 0) return TQKV_OK;
+    int need = 0;
+    for (int r = 0; r < kv->rows; r++)
+        if (kv->h_left_pad[r] + kv->h_offset[r] + n > need) need = kv->h_left_pad[r] + kv->h_offset[r] + n;
+    tqkv_status st = cuda_kv_reserve(kv, need);
+    if (!st) st = cuda_kv_sync_rows(kv);
+    if (!st) st = codec_cuda_append(kv, k, v, n);
+    if (st) return st;
+    for (int r = 0; r < kv->rows; r++) {
+        kv->h_offset[r] += n;
+        if (kv->ring > 0 && kv->h_win_lo[r] < kv->h_offset[r] - kv->ring)
+            kv->h_win_lo[r] = kv->h_offset[r] - kv->ring;
+    }
+    return cuda_kv_sync_rows(kv);
+}

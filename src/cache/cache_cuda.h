@@ -1,0 +1,113 @@
+/*
+ * cache_cuda.h - the batched KV cache in GPU memory (CUDA backend), C-callable.
+ * Owns: the device copy of a tqkv_batch's layout (same planes, same bytes as batch.h:
+ * data [rows, kv_heads, cap, payload], scales [rows, kv_heads, cap, n_scales], the q8 ring
+ * [rows, kv_heads, ring, head_dim] + [.., head_dim / 32]), its per-row state mirrored on
+ * the host, the GPU encode (append) and the GPU decode attention entry points, and a dense
+ * bf16 baseline layout [rows, kv_heads, cap, head_dim] bf16 that is NOT a tqkv format (it
+ * exists only to measure the compressed kernels against).
+ * Exported (TQKV_API, tqkv_cuda_ names) because libtqkv-model's GPU forward and the CLI call
+ * it across the library boundary; it is not part of the installed public headers.
+ * Must not: define a second byte format for tq/q8 data, or be called when tqkv_cuda_available()
+ * is 0. Every entry returns tqkv_status and calls tqkv_fail on failure.
+ *
+ * Supported on the device: head_dim 128; K/V formats tq4/tq4 and tq3/tq3 (with or without
+ * the q8 window), or the bf16 baseline; q_heads / kv_heads <= 8.
+ */
+#ifndef TQKV_CACHE_CUDA_H
+#define TQKV_CACHE_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tqkv.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct tqkv_batch;
+
+#define CUDA_DIM 128          /* the only head_dim the device kernels are built for */
+#define CUDA_MAX_G 8          /* q_heads / kv_heads */
+
+typedef struct cuda_kv cuda_kv;
+
+/* 1 when a CUDA device is usable (driver present, >= 1 device), else 0 (never fails). */
+TQKV_API int tqkv_cuda_available(void);
+/* Name, SM count, memory clock (kHz) and bus width of device 0 (for reports). */
+TQKV_API tqkv_status tqkv_cuda_device_info(char *name, size_t cap, int *sms, int *mem_clock_khz,
+                             int *bus_bits, int *sm_clock_khz);
+
+/* An empty device cache of `rows` rows with room for `cap` tokens each.
+ * bf16 != 0: the dense bf16 baseline (cfg formats ignored, no window). */
+TQKV_API tqkv_status tqkv_cuda_kv_init(cuda_kv **out, const tqkv_cache_config *cfg, int bf16, int rows,
+                         int cap);
+TQKV_API void        tqkv_cuda_kv_free(cuda_kv *kv);
+/* Bytes of device memory held by the planes and rings. */
+TQKV_API size_t      tqkv_cuda_kv_bytes(const cuda_kv *kv);
+
+/* Copy a host cache (same config, rows <= kv rows, columns <= cap) into kv: bytes, rings
+ * and row state (offset, left_pad, win_lo). */
+TQKV_API tqkv_status tqkv_cuda_kv_upload(cuda_kv *kv, const struct tqkv_batch *b);
+/* Copy the device planes back: kd/vd [rows, kv_heads, cap, payload], ks/vs
+ * [rows, kv_heads, cap, n_scales], kw/vw [rows, kv_heads, ring, head_dim] int8 and
+ * kws/vws [rows, kv_heads, ring, head_dim/32] (NULL pointers are skipped). */
+TQKV_API tqkv_status tqkv_cuda_kv_download(const cuda_kv *kv, uint8_t *kd, uint16_t *ks, uint8_t *vd,
+                             uint16_t *vs, int8_t *kw, uint16_t *kws, int8_t *vw,
+                             uint16_t *vws);
+/* Rows' token counts and left padding [rows] (host mirror). */
+TQKV_API const int  *tqkv_cuda_kv_offsets(const cuda_kv *kv);
+TQKV_API const int  *tqkv_cuda_kv_left_pads(const cuda_kv *kv);
+
+/* GPU encode: append n tokens to every row. k, v: DEVICE pointers [rows, kv_heads, n,
+ * head_dim] float (original domain); bytes equal to tqkv_batch_append's. Synchronous. */
+TQKV_API tqkv_status tqkv_cuda_kv_append(cuda_kv *kv, const float *k, const float *v, int n);
+
+/* GPU decode attention (one query per row). q: DEVICE [rows, q_heads, head_dim] float,
+ * out: DEVICE [rows, q_heads, head_dim] float. Asynchronous on the default stream: call
+ * tqkv_cuda_sync() before reading out on the host. Split-KV with a per-row split that depends
+ * only on that row's token count (batch invariant). */
+TQKV_API tqkv_status tqkv_cuda_kv_attend(cuda_kv *kv, const float *q, int q_heads, float scale, float *out);
+
+/* GPU attention of n_query queries per row with visible ranges (prefill, windows):
+ * q, out: DEVICE [rows, q_heads, n_query, head_dim] float; lo, hi: HOST [rows, n_query]
+ * column ranges [lo, hi) as in tqkv_mask (token t is column left_pad + t; lo == hi: zeros).
+ * Float32 (attn_cuda_prefill.cu). Synchronous. */
+TQKV_API tqkv_status tqkv_cuda_kv_attend_masked(cuda_kv *kv, const float *q, int n_query, int q_heads,
+                                  float scale, const int32_t *lo, const int32_t *hi, float *out);
+
+// ---- row operations in device memory (cache_cuda_rows.cu; semantics of the tqkv_batch_*
+// calls of the same names: encoded bytes are copied, never decoded) ----------------------
+TQKV_API tqkv_status tqkv_cuda_kv_trim(cuda_kv *kv, int n);
+TQKV_API tqkv_status tqkv_cuda_kv_filter(cuda_kv *kv, const int *keep, int n_keep);
+TQKV_API tqkv_status tqkv_cuda_kv_align(cuda_kv *kv, const int *left_pad);
+TQKV_API tqkv_status tqkv_cuda_kv_extract(const cuda_kv *kv, int row, cuda_kv **out);
+/* New cache whose rows are all the items' rows in order, right-aligned (left-padded). */
+TQKV_API tqkv_status tqkv_cuda_kv_merge(cuda_kv **out, cuda_kv *const *items, int n_items);
+TQKV_API tqkv_status tqkv_cuda_kv_spec_begin(cuda_kv *kv);
+TQKV_API tqkv_status tqkv_cuda_kv_spec_commit(cuda_kv *kv);
+TQKV_API tqkv_status tqkv_cuda_kv_spec_rollback(cuda_kv *kv, const int *keep, int n_keep);
+/* The bytes of tqkv_batch_export for the same state (through host memory), and back. */
+TQKV_API tqkv_status tqkv_cuda_kv_export(const cuda_kv *kv, uint8_t **out, size_t *len);
+TQKV_API tqkv_status tqkv_cuda_kv_restore(cuda_kv **out, const uint8_t *buf, size_t len);
+
+// ---- small device-memory helpers for tests and benchmarks ----------------------------
+TQKV_API tqkv_status tqkv_cuda_malloc(void **p, size_t bytes);
+TQKV_API void        tqkv_cuda_free(void *p);
+TQKV_API tqkv_status tqkv_cuda_h2d(void *dst, const void *src, size_t bytes);
+TQKV_API tqkv_status tqkv_cuda_d2h(void *dst, const void *src, size_t bytes);
+TQKV_API tqkv_status tqkv_cuda_sync(void);
+/* Fill x [n] with N(0, sd) pseudo-random floats from (seed) on the device. */
+TQKV_API tqkv_status tqkv_cuda_fill_normal(float *x, size_t n, uint64_t seed, float sd);
+/* Median over reps of (cudaEvent) milliseconds of a device-to-device copy of bytes. */
+TQKV_API tqkv_status tqkv_cuda_copy_ms(size_t bytes, int reps, double *ms);
+/* Event timer: start, then stop returning milliseconds since start. */
+TQKV_API tqkv_status tqkv_cuda_timer_start(void **t);
+TQKV_API tqkv_status tqkv_cuda_timer_stop(void *t, double *ms);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,280 @@
+/*
+ * cache_cuda_rows.cu - row operations on the device cache, in device memory: trim, filter,
+ * extract, merge, align, speculative rounds, capacity growth, and state export / restore
+ * through host memory (the same bytes as tqkv_batch_export / tqkv_batch_restore).
+ * Owns: moving rows between device caches by copying encoded bytes (main planes column by
+ * column with a 2-D copy over the kv heads, the q8 ring slot for slot, since slots are
+ * indexed by token, not column), with the semantics of src/cache/batch_rows.c and
+ * batch_spec.c (tests/test_cuda.c compares exports after the same operations on both).
+ * Every reshaping call builds the new storage completely, then installs it: a failure
+ * leaves the object as it was.
+ * Must not: decode, rotate or requantize anything; run attention.
+ */
+#include <cuda_runtime.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "cache/cache_impl.h"
+#include "util/common.h"
+}
+#include "cache/cache_cuda_impl.h"
+
+// ---------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------
+/* Copy row rs of src into row rd of dst at left pad pd: tokens, ring, row state. */
+static tqkv_status move_row(cuda_kv *dst, int rd, int pd, const cuda_kv *src, int rs) {
+    const int n = src->h_offset[rs], ps = src->h_left_pad[rs], H = src->kvh;
+    tqkv_status st = TQKV_OK;
+    struct { uint8_t *d; const uint8_t *s; size_t per; } pl[4] = {
+        {dst->kd, src->kd, src->kpay}, {dst->vd, src->vd, src->vpay},
+        {(uint8_t *)dst->ks, (const uint8_t *)src->ks, 2 * (size_t)src->kns},
+        {(uint8_t *)dst->vs, (const uint8_t *)src->vs, 2 * (size_t)src->vns}};
+    for (int i = 0; i < 4 && !st && n > 0; i++) {
+        if (!pl[i].per) continue;
+        const size_t per = pl[i].per;
+        st = cuda_check(cudaMemcpy2D(pl[i].d + ((size_t)rd * H * dst->cap + pd) * per, dst->cap * per,
+                                     pl[i].s + ((size_t)rs * H * src->cap + ps) * per, src->cap * per,
+                                     (size_t)n * per, (size_t)H, cudaMemcpyDeviceToDevice),
+                        "row copy");
+    }
+    if (!st && src->ring) {
+        const size_t q = (size_t)H * src->ring * src->d, qs = (size_t)H * src->ring * (src->d / 32) * 2;
+        st = cuda_check(cudaMemcpy(dst->kw + rd * q, src->kw + rs * q, q, cudaMemcpyDeviceToDevice), "ring copy");
+        if (!st) st = cuda_check(cudaMemcpy(dst->vw + rd * q, src->vw + rs * q, q, cudaMemcpyDeviceToDevice), "ring copy");
+        if (!st) st = cuda_check(cudaMemcpy((char *)dst->kws + rd * qs, (const char *)src->kws + rs * qs, qs,
+                                            cudaMemcpyDeviceToDevice), "ring copy");
+        if (!st) st = cuda_check(cudaMemcpy((char *)dst->vws + rd * qs, (const char *)src->vws + rs * qs, qs,
+                                            cudaMemcpyDeviceToDevice), "ring copy");
+    }
+    if (st) return st;
+    dst->h_offset[rd] = n;
+    dst->h_left_pad[rd] = pd;
+    dst->h_win_lo[rd] = src->h_win_lo[rs];
+    dst->h_spec_base[rd] = src->h_spec_base[rs];
+    return TQKV_OK;
+}
+
+/* Take over tmp's storage and rows (tmp is freed). Keeps kv's attention workspace. */
+static void install(cuda_kv *kv, cuda_kv *tmp) {
+    cuda_kv old = *kv;
+    const int spec = kv->spec_active;
+    *kv = *tmp;
+    kv->spec_active = spec;
+    kv->ws = old.ws;
+    kv->ws_bytes = old.ws_bytes;
+    *tmp = old;
+    tmp->ws = NULL;
+    tqkv_cuda_kv_free(tmp);
+}
+
+static tqkv_status check_keep(const cuda_kv *kv, const int *keep, int n_keep, const char *fn) {
+    if (n_keep < 0 || (n_keep && !keep)) return tqkv_fail(TQKV_EINVAL, "%s: bad keep list", fn);
+    if (n_keep > kv->rows) return tqkv_fail(TQKV_ERANGE, "%s: n_keep %d > rows %d", fn, n_keep, kv->rows);
+    for (int i = 0; i < n_keep; i++) {
+        if (keep[i] < 0 || keep[i] >= kv->rows)
+            return tqkv_fail(TQKV_ERANGE, "%s: keep[%d] = %d not in [0, %d)", fn, i, keep[i], kv->rows);
+        for (int j = 0; j < i; j++)
+            if (keep[j] == keep[i]) return tqkv_fail(TQKV_EINVAL, "%s: row %d listed twice", fn, keep[i]);
+    }
+    return TQKV_OK;
+}
+
+// ---------------------------------------------------------------------------
+// Capacity, trim, spec
+// ---------------------------------------------------------------------------
+tqkv_status cuda_kv_reserve(cuda_kv *kv, int need) {
+    if (need <= kv->cap) return TQKV_OK;
+    int cap = kv->cap * 2 > need ? kv->cap * 2 : need;
+    cuda_kv *t = NULL;
+    tqkv_status st = tqkv_cuda_kv_init(&t, &kv->cfg, kv->bf16, kv->rows, cap);
+    for (int r = 0; !st && r < kv->rows; r++) st = move_row(t, r, kv->h_left_pad[r], kv, r);
+    if (!st) st = cuda_kv_sync_rows(t);
+    if (st) {
+        tqkv_cuda_kv_free(t);
+        return st;
+    }
+    install(kv, t);
+    return TQKV_OK;
+}
+
+static void clamp_win_lo(cuda_kv *kv) {
+    for (int r = 0; r < kv->rows; r++)
+        if (kv->h_win_lo[r] > kv->h_offset[r]) kv->h_win_lo[r] = kv->h_offset[r];
+}
+
+extern "C" tqkv_status tqkv_cuda_kv_trim(cuda_kv *kv, int n) {
+    if (!kv || n < 0) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_trim: NULL cache or n < 0");
+    if (kv->spec_active) return tqkv_fail(TQKV_ESTATE, "tqkv_cuda_kv_trim: a spec round is active");
+    for (int r = 0; r < kv->rows; r++)
+        if (n > kv->h_offset[r])
+            return tqkv_fail(TQKV_ERANGE, "tqkv_cuda_kv_trim: n = %d exceeds row %d's length %d", n, r,
+                             kv->h_offset[r]);
+    for (int r = 0; r < kv->rows; r++) kv->h_offset[r] -= n;
+    clamp_win_lo(kv);
+    return cuda_kv_sync_rows(kv);
+}
+
+extern "C" tqkv_status tqkv_cuda_kv_spec_begin(cuda_kv *kv) {
+    if (!kv) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_spec_begin: NULL cache");
+    if (kv->spec_active) return tqkv_fail(TQKV_ESTATE, "tqkv_cuda_kv_spec_begin: a spec round is already active");
+    for (int r = 0; r < kv->rows; r++) kv->h_spec_base[r] = kv->h_offset[r];
+    kv->spec_active = 1;
+    return TQKV_OK;
+}
+
+extern "C" tqkv_status tqkv_cuda_kv_spec_commit(cuda_kv *kv) {
+    if (!kv) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_spec_commit: NULL cache");
+    if (!kv->spec_active) return tqkv_fail(TQKV_ESTATE, "tqkv_cuda_kv_spec_commit: no spec round is active");
+    kv->spec_active = 0;
+    return TQKV_OK;
+}
+
+extern "C" tqkv_status tqkv_cuda_kv_spec_rollback(cuda_kv *kv, const int *keep, int n_keep) {
+    if (!kv || !keep) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_spec_rollback: NULL argument");
+    if (!kv->spec_active) return tqkv_fail(TQKV_ESTATE, "tqkv_cuda_kv_spec_rollback: no spec round is active");
+    if (n_keep != 1 && n_keep != kv->rows)
+        return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_spec_rollback: n_keep must be 1 or rows (%d)", kv->rows);
+    for (int r = 0; r < kv->rows; r++) {
+        const int k = keep[n_keep == 1 ? 0 : r], appended = kv->h_offset[r] - kv->h_spec_base[r];
+        if (k < 0 || k > appended)
+            return tqkv_fail(TQKV_ERANGE, "tqkv_cuda_kv_spec_rollback: keep[%d] = %d not in [0, %d]", r, k, appended);
+    }
+    for (int r = 0; r < kv->rows; r++) kv->h_offset[r] = kv->h_spec_base[r] + keep[n_keep == 1 ? 0 : r];
+    clamp_win_lo(kv);
+    kv->spec_active = 0;
+    return cuda_kv_sync_rows(kv);
+}
+
+// ---------------------------------------------------------------------------
+// Filter, align, extract, merge
+// ---------------------------------------------------------------------------
+extern "C" tqkv_status tqkv_cuda_kv_filter(cuda_kv *kv, const int *keep, int n_keep) {
+    if (!kv) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_filter: NULL cache");
+    tqkv_status st = check_keep(kv, keep, n_keep, "tqkv_cuda_kv_filter");
+    if (st) return st;
+    int min_pad = 0, need = 1;
+    for (int i = 0; i < n_keep; i++)
+        if (i == 0 || kv->h_left_pad[keep[i]] < min_pad) min_pad = kv->h_left_pad[keep[i]];
+    for (int i = 0; i < n_keep; i++) {
+        const int e = kv->h_left_pad[keep[i]] - min_pad + kv->h_offset[keep[i]];
+        if (e > need) need = e;
+    }
+    const int cap = kv->cap - min_pad > need ? kv->cap - min_pad : need;
+    cuda_kv *t = NULL;
+    st = tqkv_cuda_kv_init(&t, &kv->cfg, kv->bf16, n_keep, cap);
+    for (int i = 0; !st && i < n_keep; i++) st = move_row(t, i, kv->h_left_pad[keep[i]] - min_pad, kv, keep[i]);
+    if (!st) st = cuda_kv_sync_rows(t);
+    if (st) {
+        tqkv_cuda_kv_free(t);
+        return st;
+    }
+    install(kv, t);
+    return TQKV_OK;
+}
+
+extern "C" tqkv_status tqkv_cuda_kv_align(cuda_kv *kv, const int *left_pad) {
+    if (!kv || (!left_pad && kv->rows)) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_align: NULL argument");
+    int need = 1;
+    for (int r = 0; r < kv->rows; r++) {
+        if (left_pad[r] < 0) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_align: left_pad[%d] < 0", r);
+        if (left_pad[r] + kv->h_offset[r] > need) need = left_pad[r] + kv->h_offset[r];
+    }
+    const int cap = need > kv->cap ? need : kv->cap;
+    cuda_kv *t = NULL;
+    tqkv_status st = tqkv_cuda_kv_init(&t, &kv->cfg, kv->bf16, kv->rows, cap);
+    for (int r = 0; !st && r < kv->rows; r++) st = move_row(t, r, left_pad[r], kv, r);
+    if (!st) st = cuda_kv_sync_rows(t);
+    if (st) {
+        tqkv_cuda_kv_free(t);
+        return st;
+    }
+    install(kv, t);
+    return TQKV_OK;
+}
+
+extern "C" tqkv_status tqkv_cuda_kv_extract(const cuda_kv *kv, int row, cuda_kv **out) {
+    if (!kv || !out) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_extract: NULL argument");
+    if (row < 0 || row >= kv->rows) return tqkv_fail(TQKV_ERANGE, "tqkv_cuda_kv_extract: row %d not in [0, %d)", row, kv->rows);
+    cuda_kv *t = NULL;
+    tqkv_status st = tqkv_cuda_kv_init(&t, &kv->cfg, kv->bf16, 1, kv->h_offset[row] > 0 ? kv->h_offset[row] : 1);
+    if (!st) st = move_row(t, 0, 0, kv, row);
+    if (!st) st = cuda_kv_sync_rows(t);
+    if (st) {
+        tqkv_cuda_kv_free(t);
+        return st;
+    }
+    t->h_spec_base[0] = 0;
+    *out = t;
+    return TQKV_OK;
+}
+
+extern "C" tqkv_status tqkv_cuda_kv_merge(cuda_kv **out, cuda_kv *const *items, int n_items) {
+    if (!out || !items || n_items < 1) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_merge: bad arguments");
+    int rows = 0, maxlen = 1;
+    char what[160];
+    for (int i = 0; i < n_items; i++) {
+        if (!items[i]) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_merge: item %d is NULL", i);
+        if (items[i]->spec_active) return tqkv_fail(TQKV_ESTATE, "tqkv_cuda_kv_merge: item %d is in a spec round", i);
+        if (cache_config_diff(&items[0]->cfg, &items[i]->cfg, what, sizeof what) || items[i]->bf16 != items[0]->bf16)
+            return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_merge: item %d differs from item 0", i);
+        rows += items[i]->rows;
+        for (int r = 0; r < items[i]->rows; r++)
+            if (items[i]->h_offset[r] > maxlen) maxlen = items[i]->h_offset[r];
+    }
+    cuda_kv *t = NULL;
+    tqkv_status st = tqkv_cuda_kv_init(&t, &items[0]->cfg, items[0]->bf16, rows, maxlen);
+    for (int i = 0, dr = 0; !st && i < n_items; i++)
+        for (int r = 0; !st && r < items[i]->rows; r++, dr++)
+            st = move_row(t, dr, maxlen - items[i]->h_offset[r], items[i], r);
+    if (!st) st = cuda_kv_sync_rows(t);
+    if (st) {
+        tqkv_cuda_kv_free(t);
+        return st;
+    }
+    *out = t;
+    return TQKV_OK;
+}
+
+// ---------------------------------------------------------------------------
+// State export / restore through host memory
+// ---------------------------------------------------------------------------
+extern "C" tqkv_status tqkv_cuda_kv_export(const cuda_kv *kv, uint8_t **out, size_t *len) {
+    if (!kv || !out || !len) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_export: NULL argument");
+    if (kv->bf16) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_export: the bf16 baseline has no state format");
+    if (kv->spec_active) return tqkv_fail(TQKV_ESTATE, "tqkv_cuda_kv_export: a spec round is active");
+    struct tqkv_batch *b = NULL;
+    tqkv_status st = batch_create(&b, &kv->cfg, kv->rows, kv->cap, 0);
+    if (st) return st;
+    st = tqkv_cuda_kv_download(kv, b->k.data, b->k.scales, b->v.data, b->v.scales,
+                          b->k.has_window ? b->k.win_data : NULL, b->k.has_window ? b->k.win_scales : NULL,
+                          b->v.has_window ? b->v.win_data : NULL, b->v.has_window ? b->v.win_scales : NULL);
+    if (!st) {
+        for (int r = 0; r < kv->rows; r++) {
+            b->offset[r] = kv->h_offset[r];
+            b->left_pad[r] = kv->h_left_pad[r];
+            b->win_lo[r] = kv->h_win_lo[r];
+        }
+        st = state_export(b, 0, out, len);
+    }
+    batch_destroy(b);
+    return st;
+}
+
+extern "C" tqkv_status tqkv_cuda_kv_restore(cuda_kv **out, const uint8_t *buf, size_t len) {
+    if (!out || !buf) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_restore: NULL argument");
+    struct tqkv_batch *b = NULL;
+    tqkv_status st = state_restore(&b, 0, buf, len);
+    if (st) return st;
+    cuda_kv *kv = NULL;
+    st = tqkv_cuda_kv_init(&kv, &b->cfg, 0, b->rows, b->cap > 0 ? b->cap : 1);
+    if (!st) st = tqkv_cuda_kv_upload(kv, b);
+    batch_destroy(b);
+    if (st) {
+        tqkv_cuda_kv_free(kv);
+        return st;
+    }
+    *out = kv;
+    return TQKV_OK;
+}

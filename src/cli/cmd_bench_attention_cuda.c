@@ -1,0 +1,271 @@
+/*
+ * cmd_bench_attention_cuda.c - `tqkv bench attention --device cuda`: GPU decode attention
+ * over B rows of N tokens of random data, for the dense bf16 baseline and the compressed
+ * formats, beside a device-to-device copy and (optionally) an anchor measured by another
+ * program in the same run (scripts/cuda_anchor.py: PyTorch cuDNN SDPA on bf16).
+ *
+ *   tqkv bench attention --device cuda [--batches 1,8,32] [--ctxs 4096,16384,65536,131072]
+ *        [--formats bf16,tq4,tq3,tq4w] [--window 128] [--q-heads 32] [--kv-heads 8]
+ *        [--reps 30] [--anchor anchor.json] [--out bench.json] [--json]
+ *
+ * Caches are filled on the GPU (random normal K/V, encoded by the GPU append). Each timed
+ * repetition is preceded by a 256 MiB write that evicts L2, and timed with CUDA events
+ * around the attention call alone; ms is the median. gbps = the bytes the kernel must read
+ * (K + V of every token at its format; tq4w: the newest `window` tokens at q8) / ms.
+ * copy_gbps = 2 x bytes / ms of a 2 GiB cudaMemcpy device-to-device (read + write).
+ * speedup = anchor_ms / ms (anchor: same batch and ctx, from --anchor).
+ * Owns: the benchmark driver and its output. Must not: contain attention logic.
+ */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "tqkv.h"
+
+int cmd_bench_attention_cuda(int argc, char **argv);
+
+#ifndef TQKV_HAVE_CUDA
+int cmd_bench_attention_cuda(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    fprintf(stderr, "tqkv bench attention: this build has no CUDA backend (configure with nvcc)\n");
+    return 2;
+}
+#else
+#include "cache/cache_cuda.h"
+
+static int bc_cmp(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static int bc_ints(const char *list, int *out, int cap) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", list);
+    int n = 0;
+    for (char *s = strtok(buf, ","); s && n < cap; s = strtok(NULL, ",")) out[n++] = atoi(s);
+    return n;
+}
+
+/* Anchor ms for (batch, ctx) from the anchor JSON array, or NAN. */
+static double bc_anchor(const cJSON *arr, int batch, int ctx) {
+    const cJSON *o;
+    cJSON_ArrayForEach(o, arr) {
+        const cJSON *b = cJSON_GetObjectItem(o, "batch"), *c = cJSON_GetObjectItem(o, "ctx");
+        const cJSON *m = cJSON_GetObjectItem(o, "ms");
+        if (cJSON_IsNumber(b) && cJSON_IsNumber(c) && cJSON_IsNumber(m) && b->valueint == batch &&
+            c->valueint == ctx)
+            return m->valuedouble;
+    }
+    return NAN;
+}
+
+static cJSON *bc_read_json(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    cJSON *j = NULL;
+    if (s && fread(s, 1, (size_t)n, f) == (size_t)n) {
+        s[n] = 0;
+        j = cJSON_Parse(s);
+    }
+    free(s);
+    fclose(f);
+    return j;
+}
+
+typedef struct {
+    const char *name;
+    int bf16;
+    tqkv_format fmt;
+    int window;
+} bc_format;
+
+int cmd_bench_attention_cuda(int argc, char **argv) {
+    const char *device = "cuda", *batches_s = "1,8,32", *ctxs_s = "4096,16384,65536,131072";
+    const char *formats_s = "bf16,tq4,tq3,tq4w", *anchor_path = NULL, *out_path = NULL;
+    int window = 128, qh = 32, kvh = 8, reps = 30, json = 0;
+    const arg_spec specs[] = {
+        {"--device", ARG_STR, &device, "cuda"},
+        {"--batches", ARG_STR, &batches_s, "comma list of rows (default 1,8,32)"},
+        {"--ctxs", ARG_STR, &ctxs_s, "comma list of tokens per row (default 4096,16384,65536,131072)"},
+        {"--formats", ARG_STR, &formats_s, "bf16,tq4,tq3,tq4w (tq4w: tq4 + q8 window)"},
+        {"--window", ARG_INT, &window, "q8 window of tq4w (default 128)"},
+        {"--q-heads", ARG_INT, &qh, "query heads (default 32)"},
+        {"--kv-heads", ARG_INT, &kvh, "kv heads (default 8)"},
+        {"--reps", ARG_INT, &reps, "timed repetitions (default 30)"},
+        {"--anchor", ARG_STR, &anchor_path, "anchor JSON [{batch, ctx, ms}] (scripts/cuda_anchor.py)"},
+        {"--out", ARG_STR, &out_path, "write the JSON array here too"},
+        {"--json", ARG_FLAG, &json, "JSON output"},
+    };
+    if (args_parse("bench attention --device cuda", argc, argv, specs,
+                   (int)(sizeof specs / sizeof specs[0])) != 0)
+        return 2;
+    if (strcmp(device, "cuda") || reps < 1 || window < 1 || qh < 1 || kvh < 1 || qh % kvh) {
+        fprintf(stderr, "tqkv bench attention: bad arguments\n");
+        return 2;
+    }
+    if (!tqkv_cuda_available()) {
+        fprintf(stderr, "tqkv bench attention: no CUDA device\n");
+        return 1;
+    }
+    int batches[8], ctxs[8];
+    const int nb = bc_ints(batches_s, batches, 8), nc = bc_ints(ctxs_s, ctxs, 8);
+    bc_format fmts[4];
+    int nf = 0;
+    {
+        char buf[128];
+        snprintf(buf, sizeof buf, "%s", formats_s);
+        for (char *s = strtok(buf, ","); s && nf < 4; s = strtok(NULL, ",")) {
+            bc_format f = {NULL, 0, TQKV_TQ4, 0};
+            if (!strcmp(s, "bf16")) f = (bc_format){"bf16", 1, TQKV_TQ4, 0};
+            else if (!strcmp(s, "tq4")) f = (bc_format){"tq4", 0, TQKV_TQ4, 0};
+            else if (!strcmp(s, "tq3")) f = (bc_format){"tq3", 0, TQKV_TQ3, 0};
+            else if (!strcmp(s, "tq4w")) f = (bc_format){"tq4+q8win", 0, TQKV_TQ4, window};
+            else {
+                fprintf(stderr, "tqkv bench attention: unknown format '%s'\n", s);
+                return 2;
+            }
+            fmts[nf++] = f;
+        }
+    }
+    cJSON *anchor = anchor_path ? bc_read_json(anchor_path) : NULL;
+    if (anchor_path && !anchor) fprintf(stderr, "[bench cuda] warning: cannot read anchor %s\n", anchor_path);
+
+    char gpu[128] = "";
+    int sms = 0, memclk = 0, bus = 0, smclk = 0;
+    tqkv_cuda_device_info(gpu, sizeof gpu, &sms, &memclk, &bus, &smclk);
+    double copy_ms = 0;
+    const size_t copy_bytes = (size_t)2 << 30;
+    if (tqkv_cuda_copy_ms(copy_bytes, 20, &copy_ms) != TQKV_OK) {
+        fprintf(stderr, "tqkv bench attention: %s\n", tqkv_last_error());
+        return 1;
+    }
+    const double copy_gbps = 2.0 * (double)copy_bytes / (copy_ms * 1e-3) / 1e9;
+    fprintf(stderr, "[bench cuda] %s, %d SMs, sm clock %d MHz, mem clock %d MHz, bus %d bit; "
+            "d2d copy %.0f GB/s (read + write)\n", gpu, sms, smclk / 1000, memclk / 1000, bus, copy_gbps);
+
+    void *flush = NULL;
+    const size_t flush_bytes = (size_t)256 << 20;
+    if (tqkv_cuda_malloc(&flush, flush_bytes) != TQKV_OK) return 1;
+    cJSON *arr = cJSON_CreateArray();
+    double *t = malloc(sizeof(double) * (size_t)reps);
+    int rc = 0;
+    if (!json)
+        printf("%-10s %5s %7s %9s %9s %8s %8s %9s\n", "format", "batch", "ctx", "ms", "anchor_ms",
+               "speedup", "gbps", "copy_gbps");
+    for (int bi = 0; bi < nb && !rc; bi++)
+        for (int ci = 0; ci < nc && !rc; ci++) {
+            const int B = batches[bi], N = ctxs[ci];
+            const double anchor_ms = anchor ? bc_anchor(anchor, B, N) : NAN;
+            for (int fi = 0; fi < nf && !rc; fi++) {
+                const bc_format *f = &fmts[fi];
+                tqkv_cache_config cfg = tqkv_cache_config_default();
+                cfg.kv_heads = kvh;
+                cfg.head_dim = 128;
+                cfg.k_format = cfg.v_format = f->fmt;
+                cfg.seed = 12345;
+                cfg.window = f->window;
+                cfg.window_slack = f->window ? 32 : 0;
+                cuda_kv *kv = NULL;
+                float *kbuf = NULL, *vbuf = NULL, *q = NULL, *out = NULL;
+                const int chunk = N < 1024 ? N : 1024;
+                const size_t cn = (size_t)B * kvh * chunk * 128, qn = (size_t)B * qh * 128;
+                tqkv_status st = tqkv_cuda_kv_init(&kv, &cfg, f->bf16, B, N);
+                if (!st) st = tqkv_cuda_malloc((void **)&kbuf, cn * 4);
+                if (!st) st = tqkv_cuda_malloc((void **)&vbuf, cn * 4);
+                if (!st) st = tqkv_cuda_malloc((void **)&q, qn * 4);
+                if (!st) st = tqkv_cuda_malloc((void **)&out, qn * 4);
+                if (!st) st = tqkv_cuda_fill_normal(q, qn, 99, 1.0f);
+                for (int tt = 0, k = 0; !st && tt < N; tt += chunk, k++) {
+                    const int n = N - tt < chunk ? N - tt : chunk;
+                    st = tqkv_cuda_fill_normal(kbuf, (size_t)B * kvh * n * 128, 1000 + 2 * k, 1.0f);
+                    if (!st) st = tqkv_cuda_fill_normal(vbuf, (size_t)B * kvh * n * 128, 1001 + 2 * k, 1.0f);
+                    if (!st) st = tqkv_cuda_kv_append(kv, kbuf, vbuf, n);
+                }
+                if (st) {
+                    fprintf(stderr, "[bench cuda] %s batch %d ctx %d skipped: %s\n", f->name, B, N,
+                            tqkv_last_error());
+                } else {
+                    const float scale = 1.0f / sqrtf(128.0f);
+                    for (int rep = -3; !st && rep < reps; rep++) {
+                        void *tm = NULL;
+                        st = tqkv_cuda_fill_normal(flush, flush_bytes / 4, (uint64_t)rep, 1.0f);
+                        if (!st) st = tqkv_cuda_timer_start(&tm);
+                        if (!st) st = tqkv_cuda_kv_attend(kv, q, qh, scale, out);
+                        double ms = 0;
+                        if (!st) st = tqkv_cuda_timer_stop(tm, &ms);
+                        if (rep >= 0) t[rep] = ms;
+                    }
+                    if (st) {
+                        fprintf(stderr, "tqkv bench attention: %s\n", tqkv_last_error());
+                        rc = 1;
+                    } else {
+                        qsort(t, (size_t)reps, sizeof(double), bc_cmp);
+                        const double ms = t[reps / 2];
+                        const int w = f->window < N ? f->window : N;
+                        double per_tok = f->bf16 ? 2.0 * 256 : f->fmt == TQKV_TQ4 ? 2.0 * 66 : 2.0 * 50;
+                        double bytes = (double)B * kvh * ((double)(N - w) * per_tok + (double)w * 2.0 * 136);
+                        if (!f->window) bytes = (double)B * kvh * (double)N * per_tok;
+                        const double gbps = bytes / (ms * 1e-3) / 1e9;
+                        const double speedup = anchor_ms / ms;
+                        cJSON *o = cJSON_CreateObject();
+                        cJSON_AddStringToObject(o, "format", f->name);
+                        cJSON_AddNumberToObject(o, "batch", B);
+                        cJSON_AddNumberToObject(o, "ctx", N);
+                        cJSON_AddNumberToObject(o, "ms", ms);
+                        if (isnan(anchor_ms)) {
+                            cJSON_AddNullToObject(o, "anchor_ms");
+                            cJSON_AddNullToObject(o, "speedup");
+                        } else {
+                            cJSON_AddNumberToObject(o, "anchor_ms", anchor_ms);
+                            cJSON_AddNumberToObject(o, "speedup", speedup);
+                        }
+                        cJSON_AddNumberToObject(o, "gbps", gbps);
+                        cJSON_AddNumberToObject(o, "copy_gbps", copy_gbps);
+                        cJSON_AddNumberToObject(o, "bytes", bytes);
+                        cJSON_AddNumberToObject(o, "window", f->window);
+                        cJSON_AddNumberToObject(o, "q_heads", qh);
+                        cJSON_AddNumberToObject(o, "kv_heads", kvh);
+                        cJSON_AddNumberToObject(o, "reps", reps);
+                        cJSON_AddStringToObject(o, "gpu", gpu);
+                        cJSON_AddItemToArray(arr, o);
+                        if (!json)
+                            printf("%-10s %5d %7d %9.4f %9.4f %8.2f %8.0f %9.0f\n", f->name, B, N, ms,
+                                   anchor_ms, speedup, gbps, copy_gbps);
+                        fflush(stdout);
+                    }
+                }
+                tqkv_cuda_free(kbuf);
+                tqkv_cuda_free(vbuf);
+                tqkv_cuda_free(q);
+                tqkv_cuda_free(out);
+                tqkv_cuda_kv_free(kv);
+            }
+        }
+    char *s = cJSON_Print(arr);
+    if (json && s) printf("%s\n", s);
+    if (out_path && s) {
+        FILE *fo = fopen(out_path, "w");
+        if (fo) {
+            fprintf(fo, "%s\n", s);
+            fclose(fo);
+        } else {
+            fprintf(stderr, "tqkv bench attention: cannot write %s\n", out_path);
+            rc = 1;
+        }
+    }
+    free(s);
+    cJSON_Delete(arr);
+    cJSON_Delete(anchor);
+    free(t);
+    tqkv_cuda_free(flush);
+    return rc;
+}
+#endif

@@ -1,0 +1,179 @@
+/*
+ * codec_cuda.cu - GPU encode of the cache formats (the CUDA backend's append).
+ * Owns: one warp per vector (d = 128): sign flip + Walsh-Hadamard rotation, the tq2/3/4
+ * quantizer with the norm-corrected fp16 scale, bit packing into the planes of
+ * docs/FORMATS.md, and the q8 copy of the rotated vector into the recent-window ring;
+ * the bf16 baseline's plain conversion. Bytes equal codec_encode's (same float64 norm
+ * order, same comparisons, same rounding): tests/test_cuda.c compares every byte.
+ * Must not: run attention, or decide row state (cache_cuda.cu does).
+ */
+#include <cuda_bf16.h>
+#include <math.h>
+
+extern "C" {
+#include "util/common.h"
+}
+#include "cache/cache_cuda_impl.h"
+#include "codec/codec_cuda.cuh"
+
+// ---------------------------------------------------------------------------
+// Scalar pieces (ports of src/codec/codec.c)
+// ---------------------------------------------------------------------------
+/* f64_to_f16_sat of codec.c: one RNE rounding through round-to-odd binary32. */
+__device__ static uint16_t ce_f64_to_f16_sat(double s) {
+    if (s != s) return 0x7e00u;
+    if (s >= 65504.0) return 0x7bffu;
+    float t = __double2float_rn(s);
+    if ((double)t > s) t = nextafterf(t, 0.0f);
+    if ((double)t != s) t = __uint_as_float(__float_as_uint(t) | 1u);
+    return cw_f32_to_f16(t);
+}
+
+__device__ static inline int ce_round_half_away(double v) {
+    const int r = (int)v;
+    const double f = v - (double)r;
+    return r + (f >= 0.5) - (f <= -0.5);
+}
+
+/* Sequential float64 sums over the 32 lanes of four lane-local terms, then
+ * (a0 + a1) + (a2 + a3): the four interleaved accumulators of codec.c (element 4i + k
+ * lives in lane i, slot k). Every lane gets the same result. */
+__device__ static double ce_sum4_ordered(const double t[4]) {
+    double a[4] = {0, 0, 0, 0};
+    for (int i = 0; i < 32; i++)
+#pragma unroll
+        for (int k = 0; k < 4; k++) a[k] = __dadd_rn(a[k], __shfl_sync(0xffffffffu, t[k], i));
+    return __dadd_rn(__dadd_rn(a[0], a[1]), __dadd_rn(a[2], a[3]));
+}
+
+// ---------------------------------------------------------------------------
+// Encode kernel: one warp per vector
+// ---------------------------------------------------------------------------
+struct ce_plane {
+    uint8_t *data;      /* [rows, kvh, cap, pay] */
+    uint16_t *scales;   /* [rows, kvh, cap, ns] */
+    int8_t *win;        /* [rows, kvh, ring, d] or NULL */
+    uint16_t *wsc;      /* [rows, kvh, ring, d/32] */
+    int pay;
+    int bf16;
+};
+
+/* x: [rows, kvh, n, d] floats; grid-stride over rows * kvh * n warps. */
+__global__ void __launch_bounds__(256) ce_encode_kernel(const float *__restrict__ x,
+                                                        ce_plane P, cuda_codec C,
+                                                        const cuda_row *__restrict__ rows,
+                                                        int nrows, int kvh, int n, int cap,
+                                                        int ring) {
+    __shared__ uint8_t s_idx[8][CUDA_DIM];
+    const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
+    const long long total = (long long)nrows * kvh * n;
+    for (long long v = (long long)blockIdx.x * 8 + wib; v < total; v += (long long)gridDim.x * 8) {
+        const int i = (int)(v % n);
+        const int h = (int)((v / n) % kvh);
+        const int r = (int)(v / ((long long)n * kvh));
+        const cuda_row rw = rows[r];
+        const size_t slot = ((size_t)r * kvh + h) * cap + (size_t)(rw.col0 + i);
+        const float4 in = reinterpret_cast<const float4 *>(x + (size_t)v * CUDA_DIM)[lane];
+        float xr[4] = {in.x, in.y, in.z, in.w};
+        if (P.bf16) {
+            __nv_bfloat16 *o = reinterpret_cast<__nv_bfloat16 *>(P.data) + slot * CUDA_DIM + 4 * lane;
+#pragma unroll
+            for (int k = 0; k < 4; k++) o[k] = __float2bfloat16_rn(xr[k]);
+            continue;
+        }
+        const float s[4] = {C.signs[4 * lane], C.signs[4 * lane + 1], C.signs[4 * lane + 2],
+                            C.signs[4 * lane + 3]};
+        cw_rotate(xr, s, C.inv, lane);
+        // ---- tq: norm, indices, norm-corrected scale --------------------------------
+        double t[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) t[k] = __dmul_rn((double)xr[k], (double)xr[k]);
+        const double n2 = ce_sum4_ordered(t);
+        const double nn = sqrt(n2);
+        const float inv = nn > 0 && nn <= 1e300 ? __double2float_rn(1.0 / nn) : 0.0f;
+        const int L = 1 << C.bits;
+        uint8_t idx[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float u = __fmul_rn(xr[k], inv);
+            int q = 0;
+            for (int b = 0; b < L - 1; b++) q += u > C.bounds[b];
+            idx[k] = (uint8_t)q;
+            const double c = C.cent[q];
+            t[k] = __dmul_rn(c, c);
+        }
+        const double cn2 = ce_sum4_ordered(t);
+        uint16_t scale;
+        if (!(nn > 0)) scale = nn == 0 ? 0 : 0x7e00u;
+        else if (!(nn <= 1e300)) scale = 0x7c00u;
+        else scale = ce_f64_to_f16_sat(nn / sqrt(cn2));
+        // ---- pack ------------------------------------------------------------------
+        uint8_t *si = s_idx[wib];
+#pragma unroll
+        for (int k = 0; k < 4; k++) si[4 * lane + k] = idx[k];
+        __syncwarp();
+        uint8_t *out = P.data + slot * P.pay;
+        if (C.bits == 4) {           /* byte 16g + j: lo elem 32g + j, hi elem 32g + 16 + j */
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int B = 2 * lane + e, g = B >> 4, j = B & 15;
+                out[B] = (uint8_t)(si[32 * g + j] | (si[32 * g + 16 + j] << 4));
+            }
+        } else {                     /* 2-bit plane: byte 8g + j bits 2k = elem 32g + 8k + j */
+            const int B = lane, g = B >> 3, j = B & 7;
+            uint8_t by = 0;
+#pragma unroll
+            for (int k = 0; k < 4; k++) by |= (uint8_t)((si[32 * g + 8 * k + j] & 3) << (2 * k));
+            out[B] = by;
+            if (C.bits == 3 && lane < 4) { /* 1-bit plane: bit i of LE u32 at 32 + 4g */
+                uint32_t w = 0;
+                for (int b = 0; b < 32; b++) w |= (uint32_t)(si[32 * lane + b] >> 2) << b;
+                uint8_t *hp = out + 32 + 4 * lane;
+                hp[0] = (uint8_t)w; hp[1] = (uint8_t)(w >> 8);
+                hp[2] = (uint8_t)(w >> 16); hp[3] = (uint8_t)(w >> 24);
+            }
+        }
+        if (lane == 0) P.scales[slot] = scale;
+        __syncwarp();
+        // ---- q8 copy of the rotated vector into the ring (ggml q8_0 on 32 blocks) -------
+        if (P.win && i >= n - ring) { /* only the newest `ring` tokens of this append land in
+                                         * the ring (several tokens share a slot otherwise) */
+            float am = fmaxf(fmaxf(fabsf(xr[0]), fabsf(xr[1])), fmaxf(fabsf(xr[2]), fabsf(xr[3])));
+#pragma unroll
+            for (int m = 1; m < 8; m <<= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, m));
+            const float dq = __fdiv_rn(am, 127.0f);
+            const size_t ws = ((size_t)r * kvh + h) * ring + (size_t)((rw.ntok + i) % ring);
+            int8_t *wq = P.win + ws * CUDA_DIM + 4 * lane;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                double q = dq != 0.0f ? (double)xr[k] / (double)dq : 0.0;
+                if (q != q) q = 0.0;
+                q = q < -127.0 ? -127.0 : q > 127.0 ? 127.0 : q;
+                wq[k] = (int8_t)ce_round_half_away(q);
+            }
+            if ((lane & 7) == 0) P.wsc[ws * (CUDA_DIM / 32) + (lane >> 3)] = cw_f32_to_f16(dq);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Launcher
+// ---------------------------------------------------------------------------
+tqkv_status codec_cuda_append(cuda_kv *kv, const float *k, const float *v, int n) {
+    const long long vecs = (long long)kv->rows * kv->kvh * n;
+    const int blocks = (int)(vecs / 8 + 1 < 65536 * 4 ? vecs / 8 + 1 : 65536 * 4);
+    for (int p = 0; p < 2; p++) {
+        ce_plane P;
+        P.data = p ? kv->vd : kv->kd;
+        P.scales = p ? kv->vs : kv->ks;
+        P.win = p ? (kv->vwin ? kv->vw : NULL) : (kv->kwin ? kv->kw : NULL);
+        P.wsc = p ? kv->vws : kv->kws;
+        P.pay = (int)(p ? kv->vpay : kv->kpay);
+        P.bf16 = kv->bf16;
+        ce_encode_kernel<<<blocks, 256>>>(p ? v : k, P, p ? kv->vc : kv->kc, kv->d_rows,
+                                          kv->rows, kv->kvh, n, kv->cap, kv->ring);
+        tqkv_status st = cuda_check(cudaGetLastError(), "encode kernel launch");
+        if (st) return st;
+    }
+    return cuda_check(cudaDeviceSynchronize(), "encode kernel");
+}

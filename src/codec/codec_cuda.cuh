@@ -1,0 +1,78 @@
+/*
+ * codec_cuda.cuh - device helpers of the CUDA codec, shared (header-only, inline) by the
+ * encode kernel (codec_cuda.cu) and the attention kernels (attn_cuda.cu).
+ * Owns: the warp-wide randomized Hadamard rotation of one d = 128 vector (lane l holds
+ * elements 4l..4l+3), bitwise equal to codec_rotate / codec_unrotate (same butterflies,
+ * plain IEEE adds and multiplies, never contracted into FMA), and the exact fp32 -> fp16
+ * rounding of src/util/common.c.
+ * Must not: know about caches, rows or attention.
+ */
+#ifndef TQKV_CODEC_CUDA_CUH
+#define TQKV_CODEC_CUDA_CUH
+
+#include <stdint.h>
+
+/* Unnormalized Walsh-Hadamard butterflies over a warp: x[k] is element 4 * lane + k.
+ * Stage h pairs (j, j + h): lower gets a + b, upper a - b (a = lower, b = upper). */
+__device__ __forceinline__ void cw_fwht_raw(float x[4], int lane) {
+    float a, b;
+    // h = 1
+    a = x[0]; b = x[1]; x[0] = __fadd_rn(a, b); x[1] = __fsub_rn(a, b);
+    a = x[2]; b = x[3]; x[2] = __fadd_rn(a, b); x[3] = __fsub_rn(a, b);
+    // h = 2
+    a = x[0]; b = x[2]; x[0] = __fadd_rn(a, b); x[2] = __fsub_rn(a, b);
+    a = x[1]; b = x[3]; x[1] = __fadd_rn(a, b); x[3] = __fsub_rn(a, b);
+    // h = 4 .. 64: partner lane = lane ^ (h / 4)
+#pragma unroll
+    for (int m = 1; m < 32; m <<= 1) {
+        const int upper = lane & m;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float o = __shfl_xor_sync(0xffffffffu, x[k], m);
+            x[k] = upper ? __fsub_rn(o, x[k]) : __fadd_rn(x[k], o);
+        }
+    }
+}
+
+/* x <- H D x / sqrt(d) (codec_rotate). s[k] = signs[4 lane + k]. */
+__device__ __forceinline__ void cw_rotate(float x[4], const float s[4], float inv, int lane) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) x[k] = __fmul_rn(x[k], s[k]);
+    cw_fwht_raw(x, lane);
+#pragma unroll
+    for (int k = 0; k < 4; k++) x[k] = __fmul_rn(x[k], inv);
+}
+
+/* x <- D H x / sqrt(d) (codec_unrotate). */
+__device__ __forceinline__ void cw_unrotate(float x[4], const float s[4], float inv, int lane) {
+    cw_fwht_raw(x, lane);
+#pragma unroll
+    for (int k = 0; k < 4; k++) x[k] = __fmul_rn(x[k], __fmul_rn(s[k], inv));
+}
+
+/* tqkv_f32_to_f16, bit for bit (round to nearest even, NaN -> sign | 0x7e00). */
+__device__ __forceinline__ uint16_t cw_f32_to_f16(float f) {
+    const uint32_t x = __float_as_uint(f);
+    const uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t mant = x & 0x7fffffu;
+    int32_t exp = (int32_t)((x >> 23) & 0xffu);
+    if (exp == 0xff) return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u : 0));
+    exp = exp - 127 + 15;
+    if (exp >= 31) return (uint16_t)(sign | 0x7c00u);
+    if (exp <= 0) {
+        if (exp < -10) return (uint16_t)sign;
+        mant |= 0x800000u;
+        const uint32_t shift = (uint32_t)(14 - exp);
+        const uint32_t half = 1u << (shift - 1);
+        const uint32_t rem = mant & ((1u << shift) - 1);
+        uint32_t h = mant >> shift;
+        if (rem > half || (rem == half && (h & 1))) h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)exp << 10) | (mant >> 13);
+    const uint32_t rem = mant & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+}
+
+#endif

@@ -1,0 +1,737 @@
+/*
+ * forward_cuda.cu - the model forward pass on the GPU (see model_cuda.h).
+ * Owns: bf16 weight upload, device scratch, the per-token kernels (embedding, RMSNorm,
+ * q/k norm + RoPE + scatter, gather, SwiGLU, residual) and the batch-invariant GEMM
+ * y[T, N] = x[T, K] . W[N, K]^T (f32 activations, bf16 weights, f32 accumulate), and the
+ * graph: embed -> per layer [RMSNorm, qkv GEMM, q/k norm, RoPE, device cache append
+ * (GPU encode), attention (decode: split-KV fused kernel; n > 1: masked multi-query
+ * kernel), o GEMM, residual + RMSNorm, gate|up GEMM, SwiGLU, down GEMM, residual]
+ * -> RMSNorm -> lm_head -> logits copied to the host.
+ * Must not: let an output element's reduction order depend on T, on the token's place in
+ * a tile, or on other rows (batch invariance); call the host model's CPU forward.
+ *
+ * Batch invariance of the GEMM: one warp computes one output column for a tile of GT
+ * tokens; lane l owns k = 8 l + 256 i + [0, 8) (ascending i, sequential fma), then a fixed
+ * xor-shuffle tree (16, 8, 4, 2, 1), then + bias. The tile only decides which tokens share
+ * the weight loads, never the arithmetic of one token's output.
+ * RoPE cos / sin come from the host's ops_rope_table (the CPU's exact values).
+ */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "model/model_impl.h"
+#include "model/ops.h"
+#include "util/common.h"
+}
+#include "cache/cache_cuda.h"
+#include "model/model_cuda.h"
+
+#define GT 16          /* tokens per GEMM tile */
+#define GKC 512        /* k per shared-memory chunk */
+#define GWARPS 8       /* output columns per GEMM block */
+
+typedef __nv_bfloat16 bf16;
+
+// ---------------------------------------------------------------------------
+// state
+// ---------------------------------------------------------------------------
+
+typedef struct {
+    float *attn_norm, *ffn_norm, *q_norm, *k_norm; /* [H], [H], [hd], [hd] or NULL */
+    float *bqkv;                                    /* [QD + 2 KD] or NULL */
+    float *bo;                                      /* [H] or NULL */
+    bf16  *wqkv;                                    /* [QD + 2 KD, H] */
+    bf16  *wo;                                      /* [H, QD] */
+    bf16  *wgu;                                     /* [2 I, H] */
+    bf16  *wd;                                      /* [H, I] */
+} mc_layer;
+
+/* The device weights of one model: uploaded by its first device state, shared by all of
+ * them, freed by tqkv_model_free (model.c) through model_cuda_weights_free. */
+struct model_cuda_weights {
+    int       n_layers;
+    mc_layer *layers;    /* [L] */
+    bf16     *embed;     /* [V, H] */
+    bf16     *lm_head;   /* [V, H] (== embed when tied) */
+    float    *final_norm;/* [H] */
+};
+
+struct model_cuda {
+    const tqkv_model       *m;
+    const model_cuda_weights *w;
+    tqkv_model_state_params p;
+    int                     rows;
+    cuda_kv               **kv;        /* [L] */
+    /* device scratch, grown on demand */
+    size_t  cap_t, cap_rn;
+    float  *x, *xn;      /* [T, H] */
+    float  *qkv;         /* [T, QD + 2 KD] */
+    float  *att;         /* [T, QD] */
+    float  *gu;          /* [T, 2 I] */
+    float  *hh;          /* [T, I] */
+    float  *tmp;         /* [T, H] */
+    float  *rope;        /* [T, hd] cos | sin per token */
+    float  *logits;      /* [cap_logits, V] */
+    size_t  cap_logits;
+    int32_t *tinfo;      /* [T, 3] token id, row, column */
+    float  *qb, *ob;     /* [rows, NH, n, hd] */
+    float  *kb, *vb;     /* [rows, NKV, n, hd] */
+    /* host scratch */
+    float   *h_rope;     /* [T, hd] */
+    int32_t *h_tinfo;    /* [T, 3] */
+    int32_t *h_lo, *h_hi;/* [rows, n] */
+    int     *off;        /* [rows] */
+};
+
+static tqkv_status ck(cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return TQKV_OK;
+    const tqkv_status s = e == cudaErrorMemoryAllocation ? TQKV_ENOMEM : TQKV_EUNSUPPORTED;
+    return tqkv_fail(s, "CUDA: %s: %s", what, cudaGetErrorString(e));
+}
+
+static tqkv_status dmalloc(void **p, size_t bytes) {
+    *p = NULL;
+    return ck(cudaMalloc(p, bytes ? bytes : 16), "cudaMalloc (model)");
+}
+
+// ---------------------------------------------------------------------------
+// kernels
+// ---------------------------------------------------------------------------
+
+/* y[t, n] = sum_k x[t, k] w[n, k] (+ bias[n]); x [T, K] f32 (row stride ldx), w [N, K] bf16,
+ * y row stride ldy. grid (ceil(N / GWARPS), ceil(T / GT)), block 32 * GWARPS. K % 8 == 0. */
+__global__ void __launch_bounds__(32 * GWARPS)
+gemm_kernel(const float *__restrict__ x, size_t ldx, int T, int K, const bf16 *__restrict__ w, int N,
+            const float *__restrict__ bias, float *__restrict__ y, size_t ldy) {
+    __shared__ __align__(16) float xs[GT][GKC]; /* [GT, GKC] the tile's x chunk */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n = blockIdx.x * GWARPS + warp;
+    const int t0 = blockIdx.y * GT;
+    float acc[GT];
+#pragma unroll
+    for (int t = 0; t < GT; t++) acc[t] = 0.f;
+    const bf16 *wr = w + (size_t)(n < N ? n : 0) * K;
+    for (int k0 = 0; k0 < K; k0 += GKC) {
+        const int kc = K - k0 < GKC ? K - k0 : GKC;
+        __syncthreads();
+        for (int i = threadIdx.x; i < GT * (kc / 4); i += blockDim.x) {
+            const int t = i / (kc / 4), c = (i % (kc / 4)) * 4;
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (t0 + t < T) v = *reinterpret_cast<const float4 *>(x + (size_t)(t0 + t) * ldx + k0 + c);
+            *reinterpret_cast<float4 *>(&xs[t][c]) = v;
+        }
+        __syncthreads();
+        if (n >= N) continue;
+        for (int k = lane * 8; k < kc; k += 256) {
+            const uint4 raw = *reinterpret_cast<const uint4 *>(wr + k0 + k);
+            const uint32_t u[4] = {raw.x, raw.y, raw.z, raw.w};
+            float wf[8];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                wf[2 * j] = __uint_as_float(u[j] << 16);
+                wf[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
+            }
+#pragma unroll
+            for (int t = 0; t < GT; t++) {
+                const float4 a = *reinterpret_cast<const float4 *>(&xs[t][k]);
+                const float4 b = *reinterpret_cast<const float4 *>(&xs[t][k + 4]);
+                float s = acc[t];
+                s = fmaf(a.x, wf[0], s); s = fmaf(a.y, wf[1], s);
+                s = fmaf(a.z, wf[2], s); s = fmaf(a.w, wf[3], s);
+                s = fmaf(b.x, wf[4], s); s = fmaf(b.y, wf[5], s);
+                s = fmaf(b.z, wf[6], s); s = fmaf(b.w, wf[7], s);
+                acc[t] = s;
+            }
+        }
+    }
+    if (n >= N) return;
+#pragma unroll
+    for (int t = 0; t < GT; t++) {
+        float s = acc[t];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        acc[t] = s;
+    }
+    if (lane == 0) {
+        const float b = bias ? bias[n] : 0.f;
+#pragma unroll
+        for (int t = 0; t < GT; t++)
+            if (t0 + t < T) y[(size_t)(t0 + t) * ldy + n] = bias ? acc[t] + b : acc[t];
+    }
+}
+
+/* x[t, :] = embed[tinfo[t].token, :]. grid T, block 128. */
+__global__ void embed_kernel(const int32_t *__restrict__ tinfo, const bf16 *__restrict__ e, int H,
+                             float *__restrict__ x) {
+    const size_t t = blockIdx.x;
+    const bf16 *row = e + (size_t)tinfo[t * 3] * H;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) x[t * H + i] = __bfloat162float(row[i]);
+}
+
+/* Block-wide double sum in a fixed order (blockDim 128). */
+__device__ double block_sum128(double v, double *sh) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double s = (sh[0] + sh[1]) + (sh[2] + sh[3]);
+    __syncthreads();
+    return s;
+}
+
+/* Optionally x[t] += add[t]; then out[t] = w * (x[t] * r), r = 1 / sqrt(mean(x^2) + eps)
+ * (sum of squares in double, as the CPU). x, add, out [T, H]. grid T, block 128. */
+__global__ void rmsnorm_kernel(float *__restrict__ x, const float *__restrict__ add,
+                               const float *__restrict__ w, float eps, int H,
+                               float *__restrict__ out) {
+    __shared__ double sh[4];
+    const size_t t = blockIdx.x;
+    float *xr = x + t * H;
+    double s = 0;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+        float v = xr[i];
+        if (add) {
+            v = v + add[t * H + i];
+            xr[i] = v;
+        }
+        s += (double)v * v;
+    }
+    s = block_sum128(s, sh);
+    const float r = (float)(1.0 / sqrt(s / H + (double)eps));
+    for (int i = threadIdx.x; i < H; i += blockDim.x) out[t * H + i] = w[i] * (xr[i] * r);
+}
+
+/* One warp per (token, head) of q | k | v: q/k RMSNorm (if qn), RoPE on q and k, scatter
+ * to qb [R, NH, n, hd], kb / vb [R, NKV, n, hd] at (row, head, column). hd == 128.
+ * grid ceil(T * (NH + 2 NKV) / 4), block 128. */
+__global__ void qkv_post_kernel(const float *__restrict__ qkv, int T, int NH, int NKV, int n,
+                                const int32_t *__restrict__ tinfo, const float *__restrict__ qn,
+                                const float *__restrict__ kn, float eps,
+                                const float *__restrict__ rope, float *__restrict__ qb,
+                                float *__restrict__ kb, float *__restrict__ vb) {
+    const int HT = NH + 2 * NKV;
+    const size_t gw = (size_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (gw >= (size_t)T * HT) return;
+    const size_t t = gw / HT;
+    const int h = (int)(gw % HT);
+    const float *src = qkv + t * (size_t)HT * 128 + (size_t)h * 128;
+    float v[4] = {src[lane], src[lane + 32], src[lane + 64], src[lane + 96]};
+    const int kind = h < NH ? 0 : h < NH + NKV ? 1 : 2; /* q, k, v */
+    if (kind < 2) {
+        const float *nw = kind == 0 ? qn : kn;
+        if (nw) {
+            double s = (double)v[0] * v[0] + (double)v[1] * v[1] + (double)v[2] * v[2] +
+                       (double)v[3] * v[3];
+            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            const float r = (float)(1.0 / sqrt(s / 128 + (double)eps));
+#pragma unroll
+            for (int i = 0; i < 4; i++) v[i] = nw[lane + 32 * i] * (v[i] * r);
+        }
+        const float *c = rope + t * 128, *sn = c + 64;
+#pragma unroll
+        for (int i = 0; i < 2; i++) { /* pairs (lane + 32 i, lane + 32 i + 64) */
+            const float a = v[i], b = v[i + 2], cc = c[lane + 32 * i], ss = sn[lane + 32 * i];
+            v[i] = __fsub_rn(__fmul_rn(a, cc), __fmul_rn(b, ss));
+            v[i + 2] = __fadd_rn(__fmul_rn(b, cc), __fmul_rn(a, ss));
+        }
+    }
+    const int r = tinfo[t * 3 + 1], j = tinfo[t * 3 + 2];
+    float *dst;
+    if (kind == 0) dst = qb + (((size_t)r * NH + h) * n + j) * 128;
+    else if (kind == 1) dst = kb + (((size_t)r * NKV + (h - NH)) * n + j) * 128;
+    else dst = vb + (((size_t)r * NKV + (h - NH - NKV)) * n + j) * 128;
+#pragma unroll
+    for (int i = 0; i < 4; i++) dst[lane + 32 * i] = v[i];
+}
+
+/* att[t, h * hd + d] = ob[((row * NH + h) * n + col) * hd + d]. grid T, block 128. */
+__global__ void gather_kernel(const float *__restrict__ ob, const int32_t *__restrict__ tinfo,
+                              int NH, int n, float *__restrict__ att) {
+    const size_t t = blockIdx.x;
+    const int r = tinfo[t * 3 + 1], j = tinfo[t * 3 + 2];
+    for (int i = threadIdx.x; i < NH * 128; i += blockDim.x) {
+        const int h = i >> 7, d = i & 127;
+        att[t * NH * 128 + i] = ob[(((size_t)r * NH + h) * n + j) * 128 + d];
+    }
+}
+
+/* The CPU's exp_scalar (ops.c), operation for operation. */
+__device__ float exp_cpu(float x) {
+    x = x > 88.0f ? 88.0f : x;
+    x = x < -87.3365447504f ? -87.3365447504f : x;
+    const float nn = rintf(__fmul_rn(x, 1.44269504088896341f));
+    float r = fmaf(-nn, 0.693359375f, x);
+    r = fmaf(-nn, -2.12194440e-4f, r);
+    float p = 1.9875691500E-4f;
+    p = fmaf(p, r, 1.3981999507E-3f);
+    p = fmaf(p, r, 8.3334519073E-3f);
+    p = fmaf(p, r, 4.1665795894E-2f);
+    p = fmaf(p, r, 1.6666665459E-1f);
+    p = fmaf(p, r, 5.0000001201E-1f);
+    const float z = __fmul_rn(r, r);
+    const float yv = __fadd_rn(fmaf(p, z, r), 1.0f);
+    const float s = __int_as_float(((int)nn + 127) << 23);
+    return __fmul_rn(yv, s);
+}
+
+/* h[t, i] = g / (1 + exp(-g)) * u with gu [T, 2I] = gate | up. grid (T, ceil(I/256)). */
+__global__ void swiglu_kernel(const float *__restrict__ gu, int I, float *__restrict__ h) {
+    const size_t t = blockIdx.x;
+    const int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i >= I) return;
+    const float g = gu[t * 2 * I + i], u = gu[t * 2 * I + I + i];
+    h[t * I + i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, exp_cpu(0.0f - g))), u);
+}
+
+// ---------------------------------------------------------------------------
+// weights
+// ---------------------------------------------------------------------------
+
+/* Upload the rows of ws[0..nw) stacked into one device bf16 matrix [sum n, k]. */
+static tqkv_status upload_matrix(bf16 **out, const mm_weight *const *ws, int nw) {
+    const int k = ws[0]->k;
+    size_t rows = 0;
+    for (int i = 0; i < nw; i++) {
+        if (!ws[i]->data || ws[i]->k != k)
+            return tqkv_fail(TQKV_EUNSUPPORTED, "cuda forward: a weight matrix is missing or its "
+                             "width differs");
+        rows += (size_t)ws[i]->n;
+    }
+    if (k % 8) return tqkv_fail(TQKV_EUNSUPPORTED, "cuda forward: matrix width %d is not a multiple of 8", k);
+    uint16_t *h = (uint16_t *)malloc(rows * k * sizeof(uint16_t));
+    float *f = (float *)malloc((size_t)k * sizeof(float));
+    if (!h || !f) {
+        free(h);
+        free(f);
+        return tqkv_fail(TQKV_ENOMEM, "out of memory staging a weight matrix");
+    }
+    size_t at = 0;
+    for (int i = 0; i < nw; i++)
+        for (int r = 0; r < ws[i]->n; r++, at++) {
+            if (ws[i]->type == MM_BF16 && !ws[i]->packed) { /* the bytes as they are */
+                memcpy(h + at * k, (const uint16_t *)ws[i]->data + (size_t)r * k, (size_t)k * 2);
+                continue;
+            }
+            mm_weight_row(ws[i], r, f);
+            for (int c = 0; c < k; c++) { /* round to nearest even (exact for bf16 sources) */
+                uint32_t u;
+                memcpy(&u, &f[c], 4);
+                u += 0x7fffu + ((u >> 16) & 1u);
+                h[at * k + c] = (uint16_t)(u >> 16);
+            }
+        }
+    free(f);
+    tqkv_status st = dmalloc((void **)out, rows * k * sizeof(uint16_t));
+    if (!st) st = ck(cudaMemcpy(*out, h, rows * k * sizeof(uint16_t), cudaMemcpyHostToDevice), "upload weights");
+    free(h);
+    return st;
+}
+
+/* Concatenate host float vectors (NULL parts as zeros) into one device array; all-NULL -> NULL. */
+static tqkv_status upload_vec(float **out, const float *const *parts, const int *lens, int np) {
+    *out = NULL;
+    int any = 0;
+    size_t n = 0;
+    for (int i = 0; i < np; i++) {
+        any |= parts[i] != NULL;
+        n += (size_t)lens[i];
+    }
+    if (!any) return TQKV_OK;
+    float *h = (float *)calloc(n, sizeof(float));
+    if (!h) return tqkv_fail(TQKV_ENOMEM, "out of memory");
+    size_t at = 0;
+    for (int i = 0; i < np; i++) {
+        if (parts[i]) memcpy(h + at, parts[i], sizeof(float) * lens[i]);
+        at += (size_t)lens[i];
+    }
+    tqkv_status st = dmalloc((void **)out, n * sizeof(float));
+    if (!st) st = ck(cudaMemcpy(*out, h, n * sizeof(float), cudaMemcpyHostToDevice), "upload vector");
+    free(h);
+    return st;
+}
+
+extern "C" void model_cuda_weights_free(model_cuda_weights *w) {
+    if (!w) return;
+    if (w->layers)
+        for (int l = 0; l < w->n_layers; l++) {
+            mc_layer *L = &w->layers[l];
+            void *ps[] = {L->attn_norm, L->ffn_norm, L->q_norm, L->k_norm, L->bqkv, L->bo,
+                          L->wqkv, L->wo, L->wgu, L->wd};
+            for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) cudaFree(ps[i]);
+        }
+    free(w->layers);
+    if (w->lm_head != w->embed) cudaFree(w->lm_head);
+    cudaFree(w->embed);
+    cudaFree(w->final_norm);
+    free(w);
+}
+
+static tqkv_status upload_weights(const tqkv_model *m, model_cuda_weights **out) {
+    const tqkv_model_config *c = &m->cfg;
+    const int H = c->hidden_size, hd = c->head_dim, QD = c->n_heads * hd, KD = c->n_kv_heads * hd;
+    model_cuda_weights *g = (model_cuda_weights *)calloc(1, sizeof *g);
+    if (!g) return tqkv_fail(TQKV_ENOMEM, "out of memory");
+    g->n_layers = c->n_layers;
+    g->layers = (mc_layer *)calloc((size_t)c->n_layers, sizeof(mc_layer));
+    if (!g->layers) {
+        free(g);
+        return tqkv_fail(TQKV_ENOMEM, "out of memory");
+    }
+    tqkv_status st = TQKV_OK;
+    for (int l = 0; l < c->n_layers && !st; l++) {
+        const model_layer *S = &m->layers[l];
+        mc_layer *L = &g->layers[l];
+        const mm_weight *qkv[3] = {&S->wq, &S->wk, &S->wv}, *gu[2] = {&S->wg, &S->wu};
+        const mm_weight *wo = &S->wo, *wd = &S->wd;
+        const float *an = S->attn_norm, *fn = S->ffn_norm, *qn = S->q_norm, *kn = S->k_norm,
+                    *bo = S->bo;
+        const float *bq[3] = {S->bq, S->bk, S->bv};
+        const int lq[3] = {QD, KD, KD};
+        st = upload_matrix(&L->wqkv, qkv, 3);
+        if (!st) st = upload_matrix(&L->wo, &wo, 1);
+        if (!st) st = upload_matrix(&L->wgu, gu, 2);
+        if (!st) st = upload_matrix(&L->wd, &wd, 1);
+        if (!st) st = upload_vec(&L->attn_norm, &an, &H, 1);
+        if (!st) st = upload_vec(&L->ffn_norm, &fn, &H, 1);
+        if (!st) st = upload_vec(&L->q_norm, &qn, &hd, 1);
+        if (!st) st = upload_vec(&L->k_norm, &kn, &hd, 1);
+        if (!st) st = upload_vec(&L->bqkv, bq, lq, 3);
+        if (!st) st = upload_vec(&L->bo, &bo, &H, 1);
+    }
+    const mm_weight *e = &m->embed, *lm = &m->lm_head;
+    const float *fnorm = m->final_norm;
+    if (!st) st = upload_matrix(&g->embed, &e, 1);
+    if (!st) {
+        if (m->lm_head.data == m->embed.data && m->lm_head.type == m->embed.type &&
+            m->lm_head.packed == m->embed.packed)
+            g->lm_head = g->embed;
+        else
+            st = upload_matrix(&g->lm_head, &lm, 1);
+    }
+    if (!st) st = upload_vec(&g->final_norm, &fnorm, &H, 1);
+    if (st) model_cuda_weights_free(g);
+    else *out = g;
+    return st;
+}
+
+// ---------------------------------------------------------------------------
+// caches and scratch
+// ---------------------------------------------------------------------------
+
+static void free_caches(model_cuda *g) {
+    if (!g->kv) return;
+    for (int l = 0; l < g->m->cfg.n_layers; l++) tqkv_cuda_kv_free(g->kv[l]);
+    free(g->kv);
+    g->kv = NULL;
+}
+
+static tqkv_status make_caches(model_cuda *g, int rows) {
+    const tqkv_model_config *c = &g->m->cfg;
+    const tqkv_model_state_params *p = &g->p;
+    int bf = p->k_format == TQKV_F32 && p->v_format == TQKV_F32;
+    cuda_kv **kv = (cuda_kv **)calloc((size_t)c->n_layers, sizeof *kv);
+    if (!kv) return tqkv_fail(TQKV_ENOMEM, "out of memory");
+    tqkv_status st = TQKV_OK;
+    for (int l = 0; l < c->n_layers && !st; l++) {
+        tqkv_cache_config cc = tqkv_cache_config_default();
+        cc.kv_heads = c->n_kv_heads;
+        cc.head_dim = c->head_dim;
+        cc.k_format = p->k_format;
+        cc.v_format = p->v_format;
+        cc.seed = p->kv_seed + (uint64_t)l;
+        cc.window = bf ? 0 : p->window;
+        cc.window_slack = p->window_slack;
+        st = tqkv_cuda_kv_init(&kv[l], &cc, bf, rows, 256);
+    }
+    if (st) {
+        for (int l = 0; l < c->n_layers; l++) tqkv_cuda_kv_free(kv[l]);
+        free(kv);
+        return st;
+    }
+    free_caches(g);
+    g->kv = kv;
+    return TQKV_OK;
+}
+
+static void free_scratch(model_cuda *g) {
+    void *d[] = {g->x, g->xn, g->qkv, g->att, g->gu, g->hh, g->tmp, g->rope, g->logits,
+                 g->tinfo, g->qb, g->ob, g->kb, g->vb};
+    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) cudaFree(d[i]);
+    g->x = g->xn = g->qkv = g->att = g->gu = g->hh = g->tmp = g->rope = g->logits = NULL;
+    g->qb = g->ob = g->kb = g->vb = NULL;
+    g->tinfo = NULL;
+    free(g->h_rope);
+    free(g->h_tinfo);
+    free(g->h_lo);
+    free(g->h_hi);
+    g->h_rope = NULL;
+    g->h_tinfo = g->h_lo = g->h_hi = NULL;
+    g->cap_t = g->cap_rn = g->cap_logits = 0;
+}
+
+/* Device logits rows (LOGITS_ALL: T, LAST: rows). */
+static tqkv_status ensure_logits(model_cuda *g, size_t rows) {
+    if (rows <= g->cap_logits) return TQKV_OK;
+    cudaFree(g->logits);
+    g->logits = NULL;
+    g->cap_logits = 0;
+    tqkv_status st = dmalloc((void **)&g->logits, rows * (size_t)g->m->cfg.vocab_size * 4);
+    if (!st) g->cap_logits = rows;
+    return st;
+}
+
+static tqkv_status ensure_scratch(model_cuda *g, size_t T, size_t RN) {
+    const tqkv_model_config *c = &g->m->cfg;
+    const size_t H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim,
+                 QD = (size_t)c->n_heads * hd, KD = (size_t)c->n_kv_heads * hd;
+    tqkv_status st = TQKV_OK;
+    if (T > g->cap_t) {
+        const size_t t = T < 32 ? 32 : T;
+        free_scratch(g);
+        st = dmalloc((void **)&g->x, t * H * 4);
+        if (!st) st = dmalloc((void **)&g->xn, t * H * 4);
+        if (!st) st = dmalloc((void **)&g->qkv, t * (QD + 2 * KD) * 4);
+        if (!st) st = dmalloc((void **)&g->att, t * QD * 4);
+        if (!st) st = dmalloc((void **)&g->gu, t * 2 * I * 4);
+        if (!st) st = dmalloc((void **)&g->hh, t * I * 4);
+        if (!st) st = dmalloc((void **)&g->tmp, t * H * 4);
+        if (!st) st = dmalloc((void **)&g->rope, t * hd * 4);
+        if (!st) st = dmalloc((void **)&g->tinfo, t * 3 * 4);
+        if (!st) {
+            g->h_rope = (float *)malloc(t * hd * 4);
+            g->h_tinfo = (int32_t *)malloc(t * 3 * 4);
+            if (!g->h_rope || !g->h_tinfo) st = tqkv_fail(TQKV_ENOMEM, "out of memory");
+        }
+        if (st) {
+            free_scratch(g);
+            return st;
+        }
+        g->cap_t = t;
+    }
+    if (RN > g->cap_rn) {
+        cudaFree(g->qb); cudaFree(g->ob); cudaFree(g->kb); cudaFree(g->vb);
+        g->qb = g->ob = g->kb = g->vb = NULL;
+        free(g->h_lo);
+        free(g->h_hi);
+        g->h_lo = g->h_hi = NULL;
+        g->cap_rn = 0;
+        st = dmalloc((void **)&g->qb, RN * QD * 4);
+        if (!st) st = dmalloc((void **)&g->ob, RN * QD * 4);
+        if (!st) st = dmalloc((void **)&g->kb, RN * KD * 4);
+        if (!st) st = dmalloc((void **)&g->vb, RN * KD * 4);
+        if (!st) {
+            g->h_lo = (int32_t *)malloc(RN * 4);
+            g->h_hi = (int32_t *)malloc(RN * 4);
+            if (!g->h_lo || !g->h_hi) st = tqkv_fail(TQKV_ENOMEM, "out of memory");
+        }
+        if (st) {
+            free_scratch(g);
+            return st;
+        }
+        g->cap_rn = RN;
+    }
+    return TQKV_OK;
+}
+
+// ---------------------------------------------------------------------------
+// public
+// ---------------------------------------------------------------------------
+
+extern "C" tqkv_status model_cuda_init(model_cuda **out, const tqkv_model *m,
+                                       const tqkv_model_state_params *p, int rows) {
+    if (!out || !m || !p || rows < 1) return tqkv_fail(TQKV_EINVAL, "model_cuda_init: bad argument");
+    if (!tqkv_cuda_available())
+        return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: no CUDA device is available");
+    const tqkv_model_config *c = &m->cfg;
+    if (c->head_dim != CUDA_DIM)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: head_dim %d (the device kernels "
+                         "need %d)", c->head_dim, CUDA_DIM);
+    if (c->n_heads % c->n_kv_heads || c->n_heads / c->n_kv_heads > CUDA_MAX_G)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: %d query heads per KV head (at "
+                         "most %d)", c->n_heads / c->n_kv_heads, CUDA_MAX_G);
+    int bf = p->k_format == TQKV_F32 && p->v_format == TQKV_F32;
+    int tq = p->k_format == p->v_format && (p->k_format == TQKV_TQ4 || p->k_format == TQKV_TQ3);
+    if (!bf && !tq)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: KV %s/%s (the device cache holds "
+                         "tq4/tq4, tq3/tq3 or, for f32, dense bf16)",
+                         tqkv_format_name(p->k_format), tqkv_format_name(p->v_format));
+    model_cuda *g = (model_cuda *)calloc(1, sizeof *g);
+    if (!g) return tqkv_fail(TQKV_ENOMEM, "out of memory");
+    g->m = m;
+    g->p = *p;
+    g->rows = rows;
+    tqkv_status st = TQKV_OK;
+    if (!m->gpu_weights) { /* first device state of this model: upload once */
+        model_cuda_weights *w = NULL;
+        st = upload_weights(m, &w);
+        if (!st) ((tqkv_model *)m)->gpu_weights = w;
+    }
+    g->w = m->gpu_weights;
+    if (!st) st = make_caches(g, rows);
+    if (!st) {
+        g->off = (int *)calloc((size_t)rows, sizeof(int));
+        if (!g->off) st = tqkv_fail(TQKV_ENOMEM, "out of memory");
+    }
+    if (st) {
+        model_cuda_free(g);
+        return st;
+    }
+    *out = g;
+    return TQKV_OK;
+}
+
+extern "C" void model_cuda_free(model_cuda *g) {
+    if (!g) return;
+    free_caches(g);
+    free_scratch(g);
+    free(g->off);
+    free(g);
+}
+
+extern "C" tqkv_status model_cuda_reset(model_cuda *g, int rows) {
+    if (!g || rows < 0) return tqkv_fail(TQKV_EINVAL, "model_cuda_reset: bad argument");
+    if (rows == 0) rows = g->rows;
+    int *off = (int *)calloc((size_t)rows, sizeof(int));
+    if (!off) return tqkv_fail(TQKV_ENOMEM, "out of memory");
+    tqkv_status st = make_caches(g, rows);
+    if (st) {
+        free(off);
+        return st;
+    }
+    free(g->off);
+    g->off = off;
+    if (rows != g->rows) {
+        free_scratch(g); /* row-shaped buffers */
+        g->rows = rows;
+    }
+    return TQKV_OK;
+}
+
+extern "C" tqkv_status model_cuda_offsets(const model_cuda *g, int *offset) {
+    if (!g || !offset) return tqkv_fail(TQKV_EINVAL, "model_cuda_offsets: NULL argument");
+    memcpy(offset, tqkv_cuda_kv_offsets(g->kv[0]), sizeof(int) * (size_t)g->rows);
+    return TQKV_OK;
+}
+
+extern "C" size_t model_cuda_kv_bytes(const model_cuda *g) {
+    size_t b = 0;
+    if (g && g->kv)
+        for (int l = 0; l < g->m->cfg.n_layers; l++) b += tqkv_cuda_kv_bytes(g->kv[l]);
+    return b;
+}
+
+static tqkv_status gemm(const float *x, size_t ldx, int T, const bf16 *w, int N, int K,
+                        const float *bias, float *y, size_t ldy) {
+    dim3 grid((unsigned)((N + GWARPS - 1) / GWARPS), (unsigned)((T + GT - 1) / GT));
+    gemm_kernel<<<grid, 32 * GWARPS>>>(x, ldx, T, K, w, N, bias, y, ldy);
+    return ck(cudaGetLastError(), "gemm kernel");
+}
+
+extern "C" tqkv_status model_cuda_forward(model_cuda *g, const int32_t *tokens, const int *lengths,
+                                          int n, int prefill, tqkv_logits_mode mode, float *logits) {
+    const tqkv_model *m = g->m;
+    const tqkv_model_config *c = &m->cfg;
+    const int R = g->rows, H = c->hidden_size, hd = c->head_dim, NH = c->n_heads,
+              NKV = c->n_kv_heads, I = c->intermediate_size, V = c->vocab_size, half = hd / 2;
+    const int QD = NH * hd, KD = NKV * hd, QS = QD + 2 * KD;
+    if (n < 1) return tqkv_fail(TQKV_EINVAL, "forward: n must be >= 1, got %d", n);
+    if ((unsigned)mode > TQKV_LOGITS_ALL || (mode != TQKV_LOGITS_NONE && !logits))
+        return tqkv_fail(TQKV_EINVAL, "forward: bad logits mode or NULL logits");
+    memcpy(g->off, tqkv_cuda_kv_offsets(g->kv[0]), sizeof(int) * (size_t)R);
+    for (int r = 0; r < R; r++) {
+        if (lengths && lengths[r] != n)
+            return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: padded prefill (row %d length %d "
+                             "!= %d) is not supported on the device", r, lengths[r], n);
+        if (prefill && g->off[r] != 0)
+            return tqkv_fail(TQKV_ESTATE, "prefill: row %d already holds %d tokens (reset the "
+                             "state or use extend)", r, g->off[r]);
+        for (int j = 0; j < n; j++) {
+            int32_t t = tokens[(size_t)r * n + j];
+            if (t < 0 || t >= V)
+                return tqkv_fail(TQKV_ERANGE, "forward: token %d at row %d position %d outside "
+                                 "vocab %d", t, r, j, V);
+        }
+    }
+    const size_t T = (size_t)R * n;
+    tqkv_status st = ensure_scratch(g, T, T);
+    if (!st && mode != TQKV_LOGITS_NONE) st = ensure_logits(g, mode == TQKV_LOGITS_ALL ? T : (size_t)R);
+    if (st) return st;
+
+    /* token list [T, 3] (id, row, column), rope tables, attention ranges */
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < n; j++) {
+            const size_t t = (size_t)r * n + j;
+            g->h_tinfo[t * 3] = tokens[t];
+            g->h_tinfo[t * 3 + 1] = r;
+            g->h_tinfo[t * 3 + 2] = j;
+            ops_rope_table(g->off[r] + j, m->inv_freq, half, g->h_rope + t * hd,
+                           g->h_rope + t * hd + half);
+        }
+    st = ck(cudaMemcpy(g->tinfo, g->h_tinfo, T * 3 * 4, cudaMemcpyHostToDevice), "upload tokens");
+    if (!st) st = ck(cudaMemcpy(g->rope, g->h_rope, T * hd * 4, cudaMemcpyHostToDevice), "upload rope");
+    if (st) return st;
+
+    embed_kernel<<<(unsigned)T, 128>>>(g->tinfo, g->w->embed, H, g->x);
+    const float scale = 1.0f / sqrtf((float)hd), eps = c->rms_norm_eps;
+    int done = 0;
+    for (int l = 0; l < c->n_layers && !st; l++) {
+        const mc_layer *L = &g->w->layers[l];
+        cuda_kv *kv = g->kv[l];
+        // ---- attention block
+        if (l == 0) rmsnorm_kernel<<<(unsigned)T, 128>>>(g->x, NULL, L->attn_norm, eps, H, g->xn);
+        st = gemm(g->xn, H, (int)T, L->wqkv, QS, H, L->bqkv, g->qkv, QS);
+        if (st) break;
+        const size_t warps = T * (size_t)(NH + 2 * NKV);
+        qkv_post_kernel<<<(unsigned)((warps + 3) / 4), 128>>>(g->qkv, (int)T, NH, NKV, n, g->tinfo,
+                                                              L->q_norm, L->k_norm, eps, g->rope,
+                                                              g->qb, g->kb, g->vb);
+        st = tqkv_cuda_kv_append(kv, g->kb, g->vb, n);
+        if (st) break;
+        done = l + 1;
+        if (n == 1) {
+            st = tqkv_cuda_kv_attend(kv, g->qb, NH, scale, g->ob);
+        } else {
+            for (int r = 0; r < R; r++)
+                for (int j = 0; j < n; j++) {
+                    const int lp = tqkv_cuda_kv_left_pads(kv)[r];
+                    g->h_lo[(size_t)r * n + j] = lp;
+                    g->h_hi[(size_t)r * n + j] = lp + g->off[r] + j + 1;
+                }
+            st = tqkv_cuda_kv_attend_masked(kv, g->qb, n, NH, scale, g->h_lo, g->h_hi, g->ob);
+        }
+        if (st) break;
+        gather_kernel<<<(unsigned)T, 128>>>(g->ob, g->tinfo, NH, n, g->att);
+        st = gemm(g->att, QD, (int)T, L->wo, H, QD, L->bo, g->tmp, H);
+        if (st) break;
+        rmsnorm_kernel<<<(unsigned)T, 128>>>(g->x, g->tmp, L->ffn_norm, eps, H, g->xn);
+        // ---- MLP block
+        st = gemm(g->xn, H, (int)T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I);
+        if (st) break;
+        swiglu_kernel<<<dim3((unsigned)T, (unsigned)((I + 255) / 256)), 256>>>(g->gu, I, g->hh);
+        st = gemm(g->hh, I, (int)T, L->wd, H, I, NULL, g->tmp, H);
+        if (st) break;
+        /* residual x += tmp, then the next layer's attention norm (or the final norm) */
+        const float *nw = l + 1 < c->n_layers ? g->w->layers[l + 1].attn_norm : g->w->final_norm;
+        rmsnorm_kernel<<<(unsigned)T, 128>>>(g->x, g->tmp, nw, eps, H, g->xn);
+    }
+    if (st) {
+        /* undo this call's appends (prefill: the rows were empty, trim leaves them empty) */
+        for (int l = 0; l < done; l++) tqkv_cuda_kv_trim(g->kv[l], n);
+        return st;
+    }
+    st = ck(cudaGetLastError(), "forward kernels");
+    if (st || mode == TQKV_LOGITS_NONE) return st ? st : ck(cudaDeviceSynchronize(), "forward");
+    /* xn holds every token's final-normed state (the last layer's fused norm) */
+    if (mode == TQKV_LOGITS_LAST) { /* row r's last token is t = r n + n - 1 */
+        st = gemm(g->xn + (size_t)(n - 1) * H, (size_t)n * H, R, g->w->lm_head, V, H, NULL, g->logits, V);
+        if (!st) st = ck(cudaMemcpy(logits, g->logits, (size_t)R * V * 4, cudaMemcpyDeviceToHost), "logits");
+        return st;
+    }
+    st = gemm(g->xn, H, (int)T, g->w->lm_head, V, H, NULL, g->logits, V);
+    if (!st) st = ck(cudaMemcpy(logits, g->logits, T * V * 4, cudaMemcpyDeviceToHost), "logits");
+    return st;
+}
