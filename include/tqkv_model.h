@@ -31,7 +31,9 @@ extern "C" {
 typedef enum {
     TQKV_ARCH_QWEN3 = 0, /* Qwen3ForCausalLM: q_norm/k_norm per head */
     TQKV_ARCH_QWEN2,     /* Qwen2ForCausalLM: q/k/v bias */
-    TQKV_ARCH_LLAMA      /* LlamaForCausalLM: attention_bias flag (q/k/v/o bias) */
+    TQKV_ARCH_LLAMA,     /* LlamaForCausalLM: attention_bias flag (q/k/v/o bias) */
+    TQKV_ARCH_GEMMA4     /* Gemma4ForCausalLM (gemma4_text): sliding/full layers, KV sharing;
+                            head_dim/n_kv_heads here are the sliding layers' */
 } tqkv_arch;
 
 typedef enum {

@@ -60,6 +60,7 @@ struct tqkv_model {
     size_t                 n_params;
     char                   wtype[8];
     char                   source[1024]; /* weights file or index, for messages */
+    struct g4_model       *g4;          /* Gemma 4 extras (gemma4.h), NULL otherwise */
 };
 
 // ---------------------------------------------------------------------------
@@ -91,6 +92,7 @@ struct tqkv_model_state {
     int32_t *tok_col;    /* [T] column (0..n) of each compact token */
     int     *off;        /* [rows] */
     int     *len;        /* [rows] */
+    struct g4_state *g4; /* Gemma 4 scratch (graph_gemma4.c), NULL otherwise */
 };
 
 #endif
