@@ -14,6 +14,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "cache/batch_slide.h"
 #include "testutil.h"
 #include "tqkv_model.h"
 
@@ -392,6 +393,102 @@ static void test_tq4_close(void **state) {
     gold_free(&g);
 }
 
+
+// ---------------------------------------------------------------------------
+// batch_drop_oldest at the cache level (tq4 + q8 ring: the ring is re-indexed)
+// ---------------------------------------------------------------------------
+
+/* Rows' newest `keep` tokens of a (tokens held) vs b: decoded values bitwise equal. */
+static void same_tail(const tqkv_batch *a, const tqkv_batch *b) {
+    const tqkv_cache_config *c = tqkv_batch_get_config(a);
+    int R = tqkv_batch_rows(a), ca = tqkv_batch_columns(a), cb = tqkv_batch_columns(b);
+    size_t H = (size_t)c->kv_heads, d = (size_t)c->head_dim;
+    float *ka = calloc((size_t)R * H * ca * d, 4), *va = calloc((size_t)R * H * ca * d, 4);
+    float *kb = calloc((size_t)R * H * cb * d, 4), *vb = calloc((size_t)R * H * cb * d, 4);
+    int oa[8], pa[8], ob[8], pb[8];
+    OK(tqkv_batch_capture(a, ka, va, oa, pa));
+    OK(tqkv_batch_capture(b, kb, vb, ob, pb));
+    for (int r = 0; r < R; r++) {
+        assert_true(ob[r] <= oa[r]);
+        for (size_t h = 0; h < H; h++) {
+            size_t ia = ((r * H + h) * ca + (size_t)(pa[r] + oa[r] - ob[r])) * d;
+            size_t ib = ((r * H + h) * cb + (size_t)pb[r]) * d;
+            assert_memory_equal(ka + ia, kb + ib, sizeof(float) * ob[r] * d);
+            assert_memory_equal(va + ia, vb + ib, sizeof(float) * ob[r] * d);
+        }
+    }
+    free(ka);
+    free(va);
+    free(kb);
+    free(vb);
+}
+
+static void test_drop_oldest_rows(void **state) {
+    (void)state;
+    test_rng rng;
+    rng_init(&rng, test_seed());
+    tqkv_cache_config cc = tqkv_cache_config_default();
+    cc.kv_heads = 2;
+    cc.head_dim = 64;
+    cc.k_format = cc.v_format = TQKV_TQ4;
+    cc.window = 5;
+    cc.window_slack = 3;
+    const int R = 2, keep = 7, lens[2] = {13, 4};
+    tqkv_batch *a, *b;
+    OK(tqkv_batch_init(&a, &cc, R));
+    OK(tqkv_batch_init(&b, &cc, R));
+    size_t per = (size_t)R * 2 * 64;
+    float *k = malloc(sizeof(float) * per * 13), *v = malloc(sizeof(float) * per * 13);
+    rng_fill_normal(&rng, k, per * 13, 1.0f);
+    rng_fill_normal(&rng, v, per * 13, 1.0f);
+    OK(tqkv_batch_prepare_prefill(a, lens));
+    OK(tqkv_batch_append(a, k, v, 13));
+    OK(tqkv_batch_finalize_prefill(a));
+    OK(tqkv_batch_prepare_prefill(b, lens));
+    OK(tqkv_batch_append(b, k, v, 13));
+    OK(tqkv_batch_finalize_prefill(b));
+    OK(batch_drop_oldest(b, keep));
+    same_tail(a, b);
+    for (int step = 0; step < 40; step++) {
+        int n = 1 + step % 3;
+        rng_fill_normal(&rng, k, per * n, 1.0f);
+        rng_fill_normal(&rng, v, per * n, 1.0f);
+        OK(tqkv_batch_append(a, k, v, n));
+        OK(tqkv_batch_append(b, k, v, n));
+        same_tail(a, b);
+        OK(batch_drop_oldest(b, keep));
+        same_tail(a, b);
+        int ob[2];
+        OK(tqkv_batch_offsets(b, ob, NULL));
+        assert_true(ob[0] <= keep && ob[1] <= keep);
+        assert_true(tqkv_batch_columns(b) <= 2 * keep + 3);
+    }
+    /* a spec round refuses dropping; rows survive export/restore and merge */
+    OK(tqkv_batch_spec_begin(b));
+    assert_int_equal(batch_drop_oldest(b, keep), TQKV_ESTATE);
+    OK(tqkv_batch_spec_commit(b));
+    uint8_t *buf;
+    size_t len;
+    OK(tqkv_batch_export(b, &buf, &len));
+    tqkv_batch *c;
+    OK(tqkv_batch_restore(&c, buf, len));
+    free(buf);
+    same_tail(b, c);
+    same_tail(a, c);
+    tqkv_cache_ref items[2] = {{b, NULL}, {a, NULL}};
+    tqkv_batch *m;
+    OK(tqkv_batch_merge(&m, items, 2));
+    int keep_rows[2] = {0, 1};
+    OK(tqkv_batch_filter(m, keep_rows, 2)); /* rows 0..1 of the merge = b's rows */
+    same_tail(a, m);
+    tqkv_batch_free(m);
+    tqkv_batch_free(c);
+    tqkv_batch_free(a);
+    tqkv_batch_free(b);
+    free(k);
+    free(v);
+}
+
 int main(void) {
     test_seed();
     const struct CMUnitTest tests[] = {
@@ -399,6 +496,7 @@ int main(void) {
         cmocka_unit_test_prestate(test_parity, "keqv_cap"),
         cmocka_unit_test_prestate(test_parity, "plain"),
         cmocka_unit_test(test_tq4_close),
+        cmocka_unit_test(test_drop_oldest_rows),
         cmocka_unit_test(test_trim_exact),
         cmocka_unit_test(test_spec_rollback),
         cmocka_unit_test(test_long_bounded),
