@@ -148,7 +148,10 @@ tqkv_status tqkv_model_state_set_threads(tqkv_model_state *s, int threads);
 /* Tokens held per row (the next RoPE position of each row). offset: [rows] */
 tqkv_status tqkv_model_state_offsets(const tqkv_model_state *s, int *offset);
 /* The cache of one layer (for schedulers: merge/filter/export). Rows of every layer must
- * stay consistent (same offsets and padding) between forward calls. */
+ * stay consistent (same offsets and padding) between forward calls.
+ * Gemma 4: NULL for a KV-shared layer (it reads its donor's cache); a sliding layer holds
+ * only its newest window + window_slack tokens per row (its offsets count those, so take
+ * positions from tqkv_model_state_offsets), and is not trimmed during a spec round. */
 tqkv_batch *tqkv_model_state_layer(tqkv_model_state *s, int layer);
 /* KV bytes per token over all layers (K and V, main planes + window). */
 double      tqkv_model_state_kv_bytes_per_token(const tqkv_model_state *s);
