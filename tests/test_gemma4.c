@@ -14,7 +14,6 @@
 
 #include <cjson/cJSON.h>
 
-#include "cache/batch_slide.h"
 #include "testutil.h"
 #include "tqkv_model.h"
 
@@ -395,7 +394,7 @@ static void test_tq4_close(void **state) {
 
 
 // ---------------------------------------------------------------------------
-// batch_drop_oldest at the cache level (tq4 + q8 ring: the ring is re-indexed)
+// tqkv_batch_drop_oldest at the cache level (tq4 + q8 ring: the ring is re-indexed)
 // ---------------------------------------------------------------------------
 
 /* Rows' newest `keep` tokens of a (tokens held) vs b: decoded values bitwise equal. */
@@ -447,7 +446,7 @@ static void test_drop_oldest_rows(void **state) {
     OK(tqkv_batch_prepare_prefill(b, lens));
     OK(tqkv_batch_append(b, k, v, 13));
     OK(tqkv_batch_finalize_prefill(b));
-    OK(batch_drop_oldest(b, keep));
+    OK(tqkv_batch_drop_oldest(b, keep));
     same_tail(a, b);
     for (int step = 0; step < 40; step++) {
         int n = 1 + step % 3;
@@ -456,7 +455,7 @@ static void test_drop_oldest_rows(void **state) {
         OK(tqkv_batch_append(a, k, v, n));
         OK(tqkv_batch_append(b, k, v, n));
         same_tail(a, b);
-        OK(batch_drop_oldest(b, keep));
+        OK(tqkv_batch_drop_oldest(b, keep));
         same_tail(a, b);
         int ob[2];
         OK(tqkv_batch_offsets(b, ob, NULL));
@@ -465,7 +464,7 @@ static void test_drop_oldest_rows(void **state) {
     }
     /* a spec round refuses dropping; rows survive export/restore and merge */
     OK(tqkv_batch_spec_begin(b));
-    assert_int_equal(batch_drop_oldest(b, keep), TQKV_ESTATE);
+    assert_int_equal(tqkv_batch_drop_oldest(b, keep), TQKV_ESTATE);
     OK(tqkv_batch_spec_commit(b));
     uint8_t *buf;
     size_t len;

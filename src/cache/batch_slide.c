@@ -1,5 +1,5 @@
 /*
- * batch_slide.c - dropping each row's oldest tokens (batch_slide.h).
+ * batch_slide.c - tqkv_batch_drop_oldest (tqkv.h): dropping each row's oldest tokens.
  * Owns: turning dropped columns into left padding, re-indexing the q8 ring (slots are
  * indexed by token: token t moves to t - d), compacting common padding.
  * Must not: decode, rotate or requantize anything.
@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/batch_slide.h"
 #include "cache/cache_impl.h"
 
 /* Rotate each head's ring of row r left by d slots: new[s] = old[(s + d) % ring]. */
@@ -27,9 +26,11 @@ static int ring_rotate(struct tqkv_batch *b, int r, int d) {
             size_t base = (size_t)r * H + (size_t)h;
             uint8_t *wd = (uint8_t *)pl->win_data + base * (size_t)ring * sd;
             uint8_t *ws = (uint8_t *)pl->win_scales + base * (size_t)ring * ss;
-            for (int s = 0; s < ring; s++) memcpy(tmp + (size_t)s * sd, wd + (size_t)((s + sh) % ring) * sd, sd);
+            for (int s = 0; s < ring; s++)
+                memcpy(tmp + (size_t)s * sd, wd + (size_t)((s + sh) % ring) * sd, sd);
             memcpy(wd, tmp, (size_t)ring * sd);
-            for (int s = 0; s < ring; s++) memcpy(tmp + (size_t)s * ss, ws + (size_t)((s + sh) % ring) * ss, ss);
+            for (int s = 0; s < ring; s++)
+                memcpy(tmp + (size_t)s * ss, ws + (size_t)((s + sh) % ring) * ss, ss);
             memcpy(ws, tmp, (size_t)ring * ss);
         }
     }
@@ -37,15 +38,18 @@ static int ring_rotate(struct tqkv_batch *b, int r, int d) {
     return 1;
 }
 
-tqkv_status batch_drop_oldest(tqkv_batch *b, int keep) {
+tqkv_status tqkv_batch_drop_oldest(tqkv_batch *b, int keep) {
     CACHE_CHECK(b, TQKV_EINVAL, "batch_drop_oldest: batch is NULL");
-    CACHE_CHECK(keep >= 1, TQKV_EINVAL, "batch_drop_oldest: keep must be >= 1, got %d", keep);
-    CACHE_CHECK(!b->prefill_active, TQKV_ESTATE, "batch_drop_oldest: a prefill is in progress");
+    CACHE_CHECK(keep >= 1, TQKV_EINVAL, "batch_drop_oldest: keep must be >= 1, got %d",
+                keep);
+    CACHE_CHECK(!b->prefill_active, TQKV_ESTATE,
+                "batch_drop_oldest: a prefill is in progress");
     CACHE_CHECK(!b->spec_active, TQKV_ESTATE, "batch_drop_oldest: a spec round is active");
     for (int r = 0; r < b->rows; r++) {
         int d = b->offset[r] - keep;
         if (d <= 0) continue;
-        if (!ring_rotate(b, r, d)) return tqkv_fail(TQKV_ENOMEM, "batch_drop_oldest: out of memory");
+        if (!ring_rotate(b, r, d))
+            return tqkv_fail(TQKV_ENOMEM, "batch_drop_oldest: out of memory");
         b->left_pad[r] += d;
         b->offset[r] -= d;
         b->win_lo[r] = b->win_lo[r] > d ? b->win_lo[r] - d : 0;

@@ -15,7 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/batch_slide.h"
 #include "model/gemma4.h"
 #include "model/ops.h"
 #include "util/common.h"
@@ -403,7 +402,7 @@ tqkv_status gemma4_forward(const tqkv_model *m, tqkv_model_state *s, const int32
         int keep = g->window + s->p.window_slack;
         for (int l = 0; l < NL; l++) {
             if (!g->sliding[l] || !s->layers[l] || tqkv_batch_spec_active(s->layers[l])) continue;
-            rc = batch_drop_oldest(s->layers[l], keep);
+            rc = tqkv_batch_drop_oldest(s->layers[l], keep);
             if (rc != TQKV_OK) return rc;
         }
     }
