@@ -14,6 +14,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "model/model_impl.h"
 #include "testutil.h"
 #include "tqkv_model.h"
 
@@ -488,12 +489,56 @@ static void test_drop_oldest_rows(void **state) {
     free(v);
 }
 
+// ---------------------------------------------------------------------------
+// config: what the graph does not run is refused with a clear status
+// ---------------------------------------------------------------------------
+
+static tqkv_status parse_edited(const char *text, const char *from, const char *to) {
+    const char *at = strstr(text, from);
+    assert_non_null(at);
+    size_t n = strlen(text) + strlen(to) + 1;
+    char *buf = malloc(n);
+    size_t pre = (size_t)(at - text);
+    memcpy(buf, text, pre);
+    strcpy(buf + pre, to);
+    strcat(buf, at + strlen(from));
+    tqkv_model_config c;
+    tqkv_status rc = model_config_parse(buf, strlen(buf), "config.json", &c);
+    if (rc == TQKV_OK) assert_int_equal(c.arch, TQKV_ARCH_GEMMA4);
+    free(buf);
+    return rc;
+}
+
+static void test_config_refusals(void **state) {
+    (void)state;
+    char p[1200];
+    char *text = slurp(source_path("tests/golden/gemma4/keqv_cap/config.json", p, sizeof p), NULL);
+    assert_non_null(text);
+    assert_int_equal(parse_edited(text, "\"vocab_size\"", "\"vocab_size\""), TQKV_OK);
+    assert_int_equal(parse_edited(text, "\"enable_moe_block\": false", "\"enable_moe_block\": true"),
+                     TQKV_EUNSUPPORTED);
+    assert_non_null(strstr(tqkv_last_error(), "MoE"));
+    assert_int_equal(parse_edited(text, "\"gelu_pytorch_tanh\"", "\"silu\""), TQKV_EUNSUPPORTED);
+    assert_int_equal(parse_edited(text, "\"num_kv_shared_layers\": 2", "\"num_kv_shared_layers\": 6"),
+                     TQKV_ECORRUPT);
+    assert_int_equal(parse_edited(text, "\"head_dim\": 64", "\"head_dim\": 48"), TQKV_EUNSUPPORTED);
+    assert_int_equal(parse_edited(text, "\"proportional\"", "\"yarn\""), TQKV_EUNSUPPORTED);
+    assert_int_equal(parse_edited(text, "\"use_double_wide_mlp\": false", "\"use_double_wide_mlp\": true"),
+                     TQKV_EUNSUPPORTED);
+    /* a shared layer with no earlier layer of its type to read */
+    assert_int_equal(parse_edited(text, "\"sliding_attention\",\n    \"sliding_attention\",",
+                                  "\"full_attention\",\n    \"full_attention\","),
+                     TQKV_ECORRUPT);
+    free(text);
+}
+
 int main(void) {
     test_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_prestate(test_parity, "base"),
         cmocka_unit_test_prestate(test_parity, "keqv_cap"),
         cmocka_unit_test_prestate(test_parity, "plain"),
+        cmocka_unit_test(test_config_refusals),
         cmocka_unit_test(test_tq4_close),
         cmocka_unit_test(test_drop_oldest_rows),
         cmocka_unit_test(test_trim_exact),
