@@ -229,6 +229,13 @@ TQKV_API tqkv_status tqkv_batch_restore_prefill_ends(tqkv_batch *b, const int *e
 
 /* Drop the newest n tokens of every row (n <= min offset). */
 TQKV_API tqkv_status tqkv_batch_trim(tqkv_batch *b, int n);
+/* Drop each row's OLDEST tokens so that it holds at most keep (>= 1) (sliding-window
+ * layers). Dropped columns become left padding (the newest column does not move; every
+ * held token keeps its bytes, q8 window copy included); once every row's padding reaches
+ * keep, the common padding is removed, so a row's columns stay below about
+ * 2 * (keep + longest append). Offsets then count the tokens held, not positions.
+ * TQKV_ESTATE during a prefill or a spec round. */
+TQKV_API tqkv_status tqkv_batch_drop_oldest(tqkv_batch *b, int keep);
 
 /* Row changes: copy encoded bytes; never decode, rotate or requantize. */
 typedef struct {

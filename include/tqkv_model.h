@@ -31,7 +31,9 @@ extern "C" {
 typedef enum {
     TQKV_ARCH_QWEN3 = 0, /* Qwen3ForCausalLM: q_norm/k_norm per head */
     TQKV_ARCH_QWEN2,     /* Qwen2ForCausalLM: q/k/v bias */
-    TQKV_ARCH_LLAMA      /* LlamaForCausalLM: attention_bias flag (q/k/v/o bias) */
+    TQKV_ARCH_LLAMA,     /* LlamaForCausalLM: attention_bias flag (q/k/v/o bias) */
+    TQKV_ARCH_GEMMA4     /* Gemma4ForCausalLM (gemma4_text): sliding/full layers, KV sharing;
+                            head_dim/n_kv_heads here are the sliding layers' */
 } tqkv_arch;
 
 typedef enum {
@@ -152,7 +154,10 @@ TQKV_API tqkv_status tqkv_model_state_set_threads(tqkv_model_state *s, int threa
 /* Tokens held per row (the next RoPE position of each row). offset: [rows] */
 TQKV_API tqkv_status tqkv_model_state_offsets(const tqkv_model_state *s, int *offset);
 /* The cache of one layer (for schedulers: merge/filter/export). Rows of every layer must
- * stay consistent (same offsets and padding) between forward calls. */
+ * stay consistent (same offsets and padding) between forward calls.
+ * Gemma 4: NULL for a KV-shared layer (it reads its donor's cache); a sliding layer holds
+ * only its newest window + window_slack tokens per row (its offsets count those, so take
+ * positions from tqkv_model_state_offsets), and is not trimmed during a spec round. */
 /* NULL for a state on the device (params.device == 1). */
 TQKV_API tqkv_batch *tqkv_model_state_layer(tqkv_model_state *s, int layer);
 /* KV bytes per token over all layers (K and V, main planes + window). */

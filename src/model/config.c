@@ -11,6 +11,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "model/gemma4.h"
 #include "model/model_impl.h"
 #include "util/common.h"
 #include "util/file.h"
@@ -150,6 +151,7 @@ tqkv_status model_config_parse(const char *json, size_t len, const char *name,
         if (!strcmp(mt->valuestring, "qwen3")) arch = "Qwen3ForCausalLM";
         else if (!strcmp(mt->valuestring, "qwen2")) arch = "Qwen2ForCausalLM";
         else if (!strcmp(mt->valuestring, "llama")) arch = "LlamaForCausalLM";
+        else if (!strcmp(mt->valuestring, "gemma4_text")) arch = "Gemma4ForCausalLM";
         else arch = mt->valuestring;
     }
     if (!arch) {
@@ -159,10 +161,11 @@ tqkv_status model_config_parse(const char *json, size_t len, const char *name,
     if (!strcmp(arch, "Qwen3ForCausalLM")) c.arch = TQKV_ARCH_QWEN3;
     else if (!strcmp(arch, "Qwen2ForCausalLM")) c.arch = TQKV_ARCH_QWEN2;
     else if (!strcmp(arch, "LlamaForCausalLM")) c.arch = TQKV_ARCH_LLAMA;
+    else if (!strcmp(arch, "Gemma4ForCausalLM")) c.arch = TQKV_ARCH_GEMMA4;
     else {
         tqkv_status s = tqkv_fail(TQKV_EUNSUPPORTED,
                                   "%s: unknown architecture '%s' (supported: Qwen3ForCausalLM, "
-                                  "Qwen2ForCausalLM, LlamaForCausalLM)",
+                                  "Qwen2ForCausalLM, LlamaForCausalLM, Gemma4ForCausalLM)",
                                   name, arch);
         cJSON_Delete(root);
         return s;
@@ -212,7 +215,7 @@ tqkv_status model_config_parse(const char *json, size_t len, const char *name,
         return tqkv_fail(TQKV_EUNSUPPORTED, "%s: use_sliding_window is not supported", name);
     }
     const cJSON *lt = item(root, "layer_types"), *e;
-    if (cJSON_IsArray(lt)) {
+    if (cJSON_IsArray(lt) && c.arch != TQKV_ARCH_GEMMA4) { /* gemma4: gemma4_config_parse */
         cJSON_ArrayForEach(e, lt) {
             if (!cJSON_IsString(e) || strcmp(e->valuestring, "full_attention")) {
                 cJSON_Delete(root);
@@ -289,6 +292,7 @@ tqkv_status model_config_parse(const char *json, size_t len, const char *name,
         return tqkv_fail(TQKV_ECORRUPT, "%s: bad \"eos_token_id\"", name);
     }
     c.n_eos = n;
+    if (c.arch == TQKV_ARCH_GEMMA4) TRY(gemma4_config_parse(root, name, &c, NULL));
     cJSON_Delete(root);
     *out = c;
     return TQKV_OK;

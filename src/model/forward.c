@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/gemma4.h"
 #include "model/model_impl.h"
 #include "model/ops.h"
 #include "util/common.h"
@@ -50,6 +51,7 @@ static void free_layers(tqkv_batch **layers, int n) {
 /* Fresh empty caches for `rows` rows. */
 static tqkv_status make_layers(const tqkv_model *m, const tqkv_model_state_params *p, int rows,
                                tqkv_batch ***out) {
+    if (m->g4) return gemma4_make_layers(m, p, rows, out);
     int L = m->cfg.n_layers;
     tqkv_batch **layers = calloc((size_t)L, sizeof *layers);
     if (!layers) return tqkv_fail(TQKV_ENOMEM, "out of memory");
@@ -126,6 +128,7 @@ void tqkv_model_state_free(tqkv_model_state *s) {
     model_cuda_free(s->gpu);
 #endif
     tqkv_mask_lease_free(s->lease);
+    gemma4_state_free(s);
     free_scratch(s);
     free(s->off);
     free(s->len);
@@ -177,7 +180,7 @@ tqkv_status tqkv_model_state_offsets(const tqkv_model_state *s, int *offset) {
 #ifdef TQKV_HAVE_CUDA
     if (s->gpu) return model_cuda_offsets(s->gpu, offset);
 #endif
-    return tqkv_batch_offsets(s->layers[0], offset, NULL);
+    return tqkv_batch_offsets(s->layers[s->m->g4 ? gemma4_position_layer(s->m) : 0], offset, NULL);
 }
 
 tqkv_batch *tqkv_model_state_layer(tqkv_model_state *s, int layer) {
@@ -289,6 +292,7 @@ static tqkv_status forward(const tqkv_model *m, tqkv_model_state *s, const int32
                            float *logits) {
     if (!m || !s || !tokens || s->m != m)
         return tqkv_fail(TQKV_EINVAL, "forward: NULL argument or state of another model");
+    if (m->g4) return gemma4_forward(m, s, tokens, lengths, n, prefill, mode, logits);
     if (n < 1) return tqkv_fail(TQKV_EINVAL, "forward: n must be >= 1, got %d", n);
     if ((unsigned)mode > TQKV_LOGITS_ALL || (mode != TQKV_LOGITS_NONE && !logits))
         return tqkv_fail(TQKV_EINVAL, "forward: bad logits mode or NULL logits");

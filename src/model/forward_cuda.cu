@@ -547,6 +547,9 @@ extern "C" tqkv_status model_cuda_init(model_cuda **out, const tqkv_model *m,
     if (!tqkv_cuda_available())
         return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: no CUDA device is available");
     const tqkv_model_config *c = &m->cfg;
+    if (c->arch != TQKV_ARCH_QWEN3 && c->arch != TQKV_ARCH_QWEN2 && c->arch != TQKV_ARCH_LLAMA)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: the %s graph runs on the CPU only "
+                         "(the GPU forward has Qwen3, Qwen2 and Llama)", c->arch_name);
     if (c->head_dim != CUDA_DIM)
         return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: head_dim %d (the device kernels "
                          "need %d)", c->head_dim, CUDA_DIM);

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "model/gemma4.h"
 #include "model/model_impl.h"
 #include "model/ops.h"
 #include "util/common.h"
@@ -297,6 +298,11 @@ tqkv_status tqkv_model_load(tqkv_model **out, const char *dir, const tqkv_model_
         goto fail;
     }
     ops_rope_freqs(c, m->inv_freq);
+    if (c->arch == TQKV_ARCH_GEMMA4) { /* its own layer layout (model_gemma4.c) */
+        rc = gemma4_load(m, dir, &lp);
+        if (rc != TQKV_OK) goto fail;
+        goto loaded;
+    }
     /* the embedding is only ever read one row at a time: keep it in place */
     tqkv_model_load_params lpe = lp;
     lpe.weights_f32 = 0;
@@ -326,6 +332,7 @@ tqkv_status tqkv_model_load(tqkv_model **out, const char *dir, const tqkv_model_
                        "(tie_word_embeddings is false)", m->source);
         goto fail;
     }
+loaded:
     /* weight type summary */
     int types = 0;
     for (int l = 0; l < c->n_layers; l++) {
@@ -382,4 +389,18 @@ size_t tqkv_model_weight_bytes(const tqkv_model *m) {
              wbytes(&L->wu) + wbytes(&L->wd);
     }
     return b;
+}
+
+// ---- gemma4: the loader helpers shared with model_gemma4.c ----
+void *model_own(tqkv_model *m, size_t bytes) { return own(m, bytes); }
+tqkv_status model_load_matrix(tqkv_model *m, const tqkv_model_load_params *lp, const char *name,
+                              int rows, int cols, mm_weight *w) {
+    return load_matrix(m, lp, name, rows, cols, w);
+}
+tqkv_status model_load_vector(tqkv_model *m, const char *name, int n, float **out) {
+    return load_vector(m, name, n, out);
+}
+tqkv_status model_fuse(tqkv_model *m, const tqkv_model_load_params *lp, mm_weight **parts, int n,
+                       mm_weight *out) {
+    return fuse(m, lp, parts, n, out);
 }

@@ -62,6 +62,7 @@ struct tqkv_model {
     char                   source[1024]; /* weights file or index, for messages */
     struct model_cuda_weights *gpu_weights; /* --device cuda: bf16 weights in GPU memory,
                                                uploaded by the first device state (model_cuda.h) */
+    struct g4_model       *g4;          /* Gemma 4 extras (gemma4.h), NULL otherwise */
 };
 
 // ---------------------------------------------------------------------------
@@ -94,6 +95,7 @@ struct tqkv_model_state {
     int     *off;        /* [rows] */
     int     *len;        /* [rows] */
     struct model_cuda *gpu; /* --device cuda: the device twin that runs the forward (NULL: CPU) */
+    struct g4_state *g4; /* Gemma 4 scratch (graph_gemma4.c), NULL otherwise */
 };
 
 #endif

@@ -1,0 +1,97 @@
+/*
+ * gemma4.h - internal layout of the Gemma 4 text graph (Gemma4ForCausalLM, gemma4_text).
+ * Owns: the per-layer geometry parsed from config.json (layer types, per-layer head_dim and
+ * KV heads, KV-sharing donors, the two RoPE tables, per-layer inputs, soft-capping), the
+ * Gemma-only weights, and the entry points that config.c, model.c and forward.c call.
+ * Must not: be included outside src/model and tests.
+ *
+ * Graph (transformers 5.17 modeling_gemma4.py, read as the reference):
+ *   x = embed(tok) * sqrt(H)
+ *   ple[l] = (rmsnorm_P(W_plp x * H^-1/2) + embed_ple(tok)[l] * sqrt(P)) * 2^-1/2   (if P)
+ *   per layer: a = attn(rmsnorm(x)); x += rmsnorm_post_attn(a)
+ *              f = down(gelu_tanh(gate(xn)) * up(xn)), xn = rmsnorm_pre_ffn(x);
+ *              x += rmsnorm_post_ffn(f)
+ *              if P: x += rmsnorm_post_ple(W_proj(gelu_tanh(W_gate x) * ple[l]))
+ *              x *= layer_scalar
+ *   logits = lm_head(rmsnorm(x)); if softcap: cap * tanh(logits / cap)
+ * Attention: q/k RMSNorm with weight, v RMSNorm without, RoPE per layer type (sliding:
+ * default; full: proportional, only the first partial*hd/2 frequencies non-zero), scaling
+ * 1.0, sliding layers see the newest `window` keys (self included). attention_k_eq_v: full
+ * layers have no v_proj and V is the raw K projection (before k_norm and RoPE). The last
+ * num_kv_shared_layers layers have no K/V: each reads the cache of its donor, the last
+ * non-shared layer of the same type.
+ */
+#ifndef TQKV_GEMMA4_H
+#define TQKV_GEMMA4_H
+
+#include <cjson/cJSON.h>
+
+#include "model/model_impl.h"
+
+#define G4_MAX_LAYERS 512
+
+typedef struct {
+    int    n_layers;
+    int    sliding[G4_MAX_LAYERS];   /* 1 sliding_attention, 0 full_attention */
+    int    head_dim[G4_MAX_LAYERS];
+    int    n_kv[G4_MAX_LAYERS];
+    int    donor[G4_MAX_LAYERS];     /* layer whose cache this layer reads (itself if own) */
+    int    k_eq_v[G4_MAX_LAYERS];    /* V is the raw K projection (no v_proj) */
+    int    window;                   /* sliding_window */
+    int    ple_dim;                  /* hidden_size_per_layer_input (0 = none) */
+    int    ple_vocab;                /* vocab_size_per_layer_input */
+    float  softcap;                  /* final_logit_softcapping (0 = none) */
+    /* RoPE per layer type: [0] sliding, [1] full */
+    double theta[2];
+    double partial[2];               /* partial_rotary_factor (proportional only) */
+    double factor[2];
+    int    proportional[2];
+    int    max_hd, max_qd, max_kd;   /* largest head_dim, n_heads*hd, n_kv*hd over layers */
+    int    pos_layer;                /* a full non-shared layer (never trimmed at the front), or
+                                        -1: then sliding layers keep every token */
+} g4_config;
+
+typedef struct {
+    float    *post_attn_norm;   /* [hidden] */
+    float    *post_ffn_norm;    /* [hidden] */
+    float    *post_ple_norm;    /* [hidden] or NULL */
+    mm_weight ple_gate;         /* [P, hidden] */
+    mm_weight ple_proj;         /* [hidden, P] */
+    float     layer_scalar;
+} g4_layer;
+
+typedef struct g4_model {
+    g4_config cfg;
+    g4_layer  layers[G4_MAX_LAYERS];
+    mm_weight embed_ple;        /* [ple_vocab, n_layers * P] */
+    mm_weight ple_model_proj;   /* [n_layers * P, hidden] */
+    float    *ple_norm;         /* [P] */
+    float    *inv_freq[2];      /* [hd/2] per layer type (sliding, full) */
+    int       half[2];          /* hd/2 of the two types (0 if the type is absent) */
+    float    *ones;             /* [max_hd] weight of the scale-free v norm */
+} g4_model;
+
+/* Validate a gemma4_text config and fill the gemma-specific fields of c; g may be NULL. */
+tqkv_status gemma4_config_parse(const cJSON *root, const char *name, tqkv_model_config *c,
+                                g4_config *g);
+/* model.c: after the common config and the safetensors are open: every weight. */
+tqkv_status gemma4_load(tqkv_model *m, const char *dir, const tqkv_model_load_params *lp);
+/* forward.c: the state's caches (NULL for KV-shared layers). */
+tqkv_status gemma4_make_layers(const tqkv_model *m, const tqkv_model_state_params *p, int rows,
+                               tqkv_batch ***out);
+/* The layer whose offsets are the rows' positions. */
+int         gemma4_position_layer(const tqkv_model *m);
+tqkv_status gemma4_forward(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+                           const int *lengths, int n, int prefill, tqkv_logits_mode mode,
+                           float *logits);
+void        gemma4_state_free(tqkv_model_state *s);
+
+/* model.c helpers shared with the Gemma 4 loader (thin wrappers of model.c's statics). */
+tqkv_status model_load_matrix(tqkv_model *m, const tqkv_model_load_params *lp, const char *name,
+                              int rows, int cols, mm_weight *w);
+tqkv_status model_load_vector(tqkv_model *m, const char *name, int n, float **out);
+tqkv_status model_fuse(tqkv_model *m, const tqkv_model_load_params *lp, mm_weight **parts, int n,
+                       mm_weight *out);
+void       *model_own(tqkv_model *m, size_t bytes);
+
+#endif
