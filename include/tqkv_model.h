@@ -31,8 +31,17 @@ extern "C" {
 typedef enum {
     TQKV_ARCH_QWEN3 = 0, /* Qwen3ForCausalLM: q_norm/k_norm per head */
     TQKV_ARCH_QWEN2,     /* Qwen2ForCausalLM: q/k/v bias */
-    TQKV_ARCH_LLAMA      /* LlamaForCausalLM: attention_bias flag (q/k/v/o bias) */
+    TQKV_ARCH_LLAMA,     /* LlamaForCausalLM: attention_bias flag (q/k/v/o bias) */
+    TQKV_ARCH_QWEN35     /* Qwen3_5ForCausalLM (qwen3_5_text): gated DeltaNet + gated attention */
 } tqkv_arch;
+
+/* Kind of a layer's token mixer (tqkv_model_config.layer_type). */
+typedef enum {
+    TQKV_LAYER_FULL = 0, /* softmax attention over a KV cache */
+    TQKV_LAYER_LINEAR    /* gated DeltaNet: recurrent state rows, no KV cache */
+} tqkv_layer_type;
+
+#define TQKV_MAX_LAYERS 1024
 
 typedef enum {
     TQKV_ROPE_DEFAULT = 0,
@@ -68,6 +77,17 @@ typedef struct {
     int            pad_token_id;     /* -1 if none */
     int            eos_ids[TQKV_MAX_EOS];
     int            n_eos;
+    /* ---- hybrid graphs (Qwen 3.5); zero / TQKV_LAYER_FULL for the other archs ---- */
+    unsigned char  layer_type[TQKV_MAX_LAYERS]; /* tqkv_layer_type per layer */
+    int            n_linear;         /* layers of type TQKV_LAYER_LINEAR */
+    int            rotary_dim;       /* dims of each head that RoPE rotates (head_dim if 0) */
+    int            attn_output_gate; /* q_proj also yields a per-head gate: o *= sigmoid(gate) */
+    int            norm_zero_centred; /* RMSNorm weights are stored as w - 1 (applied as 1 + w) */
+    int            lin_k_heads;      /* DeltaNet key (and query) heads */
+    int            lin_v_heads;      /* DeltaNet value heads (a multiple of lin_k_heads) */
+    int            lin_k_dim;        /* DeltaNet key head dim */
+    int            lin_v_dim;        /* DeltaNet value head dim */
+    int            lin_conv_kernel;  /* depthwise causal conv1d width */
 } tqkv_model_config;
 
 /* Sampling defaults from generation_config.json (HF semantics: without do_sample=true,

@@ -184,6 +184,7 @@ tqkv_status model_config_parse(const char *json, size_t len, const char *name,
         if (!strcmp(mt->valuestring, "qwen3")) arch = "Qwen3ForCausalLM";
         else if (!strcmp(mt->valuestring, "qwen2")) arch = "Qwen2ForCausalLM";
         else if (!strcmp(mt->valuestring, "llama")) arch = "LlamaForCausalLM";
+        else if (!strcmp(mt->valuestring, "qwen3_5_text")) arch = "Qwen3_5ForCausalLM";
         else arch = mt->valuestring;
     }
     if (!arch) {
@@ -193,10 +194,17 @@ tqkv_status model_config_parse(const char *json, size_t len, const char *name,
     if (!strcmp(arch, "Qwen3ForCausalLM")) c.arch = TQKV_ARCH_QWEN3;
     else if (!strcmp(arch, "Qwen2ForCausalLM")) c.arch = TQKV_ARCH_QWEN2;
     else if (!strcmp(arch, "LlamaForCausalLM")) c.arch = TQKV_ARCH_LLAMA;
-    else {
+    else if (model_config_arch_qwen35(arch, cJSON_IsString(mt) ? mt->valuestring : NULL, name,
+                                      &rc)) {
+        if (rc != TQKV_OK) { /* a Qwen 3.5 variant this build refuses (MoE, multimodal) */
+            cJSON_Delete(root);
+            return rc;
+        }
+        c.arch = TQKV_ARCH_QWEN35;
+    } else {
         tqkv_status s = tqkv_fail(TQKV_EUNSUPPORTED,
                                   "%s: unknown architecture '%s' (supported: Qwen3ForCausalLM, "
-                                  "Qwen2ForCausalLM, LlamaForCausalLM)",
+                                  "Qwen2ForCausalLM, LlamaForCausalLM, Qwen3_5ForCausalLM)",
                                   name, arch);
         cJSON_Delete(root);
         return s;
@@ -248,7 +256,9 @@ tqkv_status model_config_parse(const char *json, size_t len, const char *name,
     const cJSON *lt = item(root, "layer_types"), *e;
     if (cJSON_IsArray(lt)) {
         cJSON_ArrayForEach(e, lt) {
-            if (!cJSON_IsString(e) || strcmp(e->valuestring, "full_attention")) {
+            if (!cJSON_IsString(e) || (strcmp(e->valuestring, "full_attention") &&
+                                       !(c.arch == TQKV_ARCH_QWEN35 &&
+                                         !strcmp(e->valuestring, "linear_attention")))) {
                 cJSON_Delete(root);
                 return tqkv_fail(TQKV_EUNSUPPORTED, "%s: layer_types other than full_attention "
                                  "are not supported", name);
@@ -320,6 +330,7 @@ tqkv_status model_config_parse(const char *json, size_t len, const char *name,
         return tqkv_fail(TQKV_ECORRUPT, "%s: bad \"eos_token_id\"", name);
     }
     c.n_eos = n;
+    if (c.arch == TQKV_ARCH_QWEN35) TRY(model_config_parse_qwen35(root, name, &c));
     cJSON_Delete(root);
     *out = c;
     return TQKV_OK;

@@ -19,6 +19,14 @@ tqkv_status model_config_load(const char *dir, tqkv_model_config *cfg, tqkv_gene
 /* Parse config.json text (name used in messages). */
 tqkv_status model_config_parse(const char *json, size_t len, const char *name,
                                tqkv_model_config *cfg);
+/* config_qwen35.c: 1 if arch / model_type name a Qwen 3.5 checkpoint; *rc is TQKV_OK for
+ * the supported dense text graph, else the refusal (MoE, multimodal wrapper). */
+int         model_config_arch_qwen35(const char *arch, const char *model_type, const char *name,
+                                     tqkv_status *rc);
+/* Hybrid fields of a Qwen 3.5 config (layer types, DeltaNet sizes, partial RoPE, gates). */
+struct cJSON;
+tqkv_status model_config_parse_qwen35(const struct cJSON *root, const char *name,
+                                      tqkv_model_config *c);
 tqkv_status model_generation_parse(const char *json, size_t len, const char *name,
                                    tqkv_model_config *cfg, tqkv_generation_config *gen);
 
@@ -44,6 +52,18 @@ typedef struct {
     mm_weight wqkv;        /* [n_heads*hd + 2*n_kv*hd, hidden] = q; k; v rows */
     float    *bqkv;        /* [n_heads*hd + 2*n_kv*hd] or NULL */
     mm_weight wgu;         /* [2*inter, hidden] = gate; up rows */
+    /* ---- qwen35: gated DeltaNet (TQKV_LAYER_LINEAR layers only; see graph_qwen35.c) ---- */
+    mm_weight lin_in;      /* [2*kd + vd + vd + nv + nv, hidden] = qkv; z; b; a rows (fused
+                              when packable, else data NULL and the four below are used) */
+    mm_weight lin_qkv;     /* [2*kd + vd, hidden] (kd = k_heads*k_dim, vd = v_heads*v_dim) */
+    mm_weight lin_z;       /* [vd, hidden] */
+    mm_weight lin_b;       /* [nv, hidden] */
+    mm_weight lin_a;       /* [nv, hidden] */
+    mm_weight lin_out;     /* [hidden, vd] */
+    float    *conv_w;      /* [2*kd + vd, conv_kernel] depthwise causal conv1d */
+    float    *lin_neg_a;   /* [nv] -exp(A_log) */
+    float    *dt_bias;     /* [nv] */
+    float    *lin_norm;    /* [v_dim] gated RMSNorm weight */
 } model_layer;
 
 struct tqkv_model {
@@ -91,6 +111,8 @@ struct tqkv_model_state {
     int32_t *tok_col;    /* [T] column (0..n) of each compact token */
     int     *off;        /* [rows] */
     int     *len;        /* [rows] */
+    /* ---- qwen35: hybrid graphs (NULL otherwise; see recurrent.h) ---- */
+    struct model_recurrent *rec;
 };
 
 #endif
