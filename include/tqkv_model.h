@@ -153,8 +153,23 @@ typedef struct {
                                    across M; needs a model loaded with blas = 1) */
 } tqkv_model_state_params;
 
-/* rows 1, f32/f32, window 0 (slack 32), seed 0, threads 1, prefill deferred, decode fused. */
+/* prefill_kernel / decode_kernel value meaning "the graph's kernel set" (the default):
+ * resolved at tqkv_model_state_init from the table in src/model/kernel_set.c. Any other
+ * value overrides the table (tests, benchmarks). */
+#define TQKV_KERNEL_BY_GRAPH ((tqkv_kernel)TQKV_KERNEL_COUNT)
+
+/* rows 1, f32/f32, window 0 (slack 32), seed 0, threads 1, kernels by graph. */
 tqkv_model_state_params tqkv_model_state_params_default(void);
+
+/* The graph's kernel set (the documented table in src/model/kernel_set.c): its name
+ * ("dense" or "deferred") and the kernels a state uses by default for prefill (n_query > 1)
+ * and decode. Any pointer may be NULL. */
+TQKV_API tqkv_status tqkv_model_kernel_set(const tqkv_model *m, const char **name,
+                                           tqkv_kernel *prefill, tqkv_kernel *decode);
+
+/* Fixed bytes every row holds whatever its length (recurrent state of linear-attention
+ * layers: conv history + DeltaNet state); 0 for graphs without such layers. */
+TQKV_API size_t      tqkv_model_state_row_fixed_bytes(const tqkv_model_state *s);
 
 tqkv_status tqkv_model_state_init(tqkv_model_state **out, const tqkv_model *m,
                                   const tqkv_model_state_params *p);

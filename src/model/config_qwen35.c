@@ -97,8 +97,8 @@ tqkv_status model_config_parse_qwen35(const cJSON *root, const char *name, tqkv_
     /* gated DeltaNet sizes */
     if ((rc = int_field(root, "linear_num_key_heads", name, -1, 1, 1024, &c->lin_k_heads)) ||
         (rc = int_field(root, "linear_num_value_heads", name, -1, 1, 1024, &c->lin_v_heads)) ||
-        (rc = int_field(root, "linear_key_head_dim", name, -1, 1, 4096, &c->lin_k_dim)) ||
-        (rc = int_field(root, "linear_value_head_dim", name, -1, 1, 4096, &c->lin_v_dim)) ||
+        (rc = int_field(root, "linear_key_head_dim", name, -1, 1, 512, &c->lin_k_dim)) ||
+        (rc = int_field(root, "linear_value_head_dim", name, -1, 1, 512, &c->lin_v_dim)) ||
         (rc = int_field(root, "linear_conv_kernel_dim", name, 4, 1, 64, &c->lin_conv_kernel)))
         return rc;
     if (c->lin_v_heads % c->lin_k_heads)

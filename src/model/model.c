@@ -299,9 +299,11 @@ tqkv_status tqkv_model_load(tqkv_model **out, const char *dir, const tqkv_model_
     lpe.no_f32_prefill = 1;
     rc = load_matrix(m, &lpe, "model.embed_tokens.weight", c->vocab_size, c->hidden_size, &m->embed);
     if (rc != TQKV_OK) goto fail;
-    for (int l = 0; l < c->n_layers && rc == TQKV_OK; l++) rc = load_layer(m, &lp, l);
+    for (int l = 0; l < c->n_layers && rc == TQKV_OK; l++)
+        rc = c->arch == TQKV_ARCH_QWEN35 ? model_qwen35_load_layer(m, &lp, l) : load_layer(m, &lp, l);
     if (rc != TQKV_OK) goto fail;
     rc = load_vector(m, "model.norm.weight", c->hidden_size, &m->final_norm);
+    if (rc == TQKV_OK && c->arch == TQKV_ARCH_QWEN35) rc = model_qwen35_finish(m);
     if (rc != TQKV_OK) goto fail;
     if (st_find(&m->st, "lm_head.weight")) {
         rc = load_matrix(m, &lp, "lm_head.weight", c->vocab_size, c->hidden_size, &m->lm_head);
@@ -377,3 +379,23 @@ size_t tqkv_model_weight_bytes(const tqkv_model *m) {
     }
     return b;
 }
+
+// ---------------------------------------------------------------------------
+// loaders for the graph files (model_qwen35.c): the helpers above, unchanged
+// ---------------------------------------------------------------------------
+
+tqkv_status model_load_vector(tqkv_model *m, const char *name, int n, float **out) {
+    return load_vector(m, name, n, out);
+}
+
+tqkv_status model_load_matrix(tqkv_model *m, const tqkv_model_load_params *lp, const char *name,
+                              int rows, int cols, mm_weight *w) {
+    return load_matrix(m, lp, name, rows, cols, w);
+}
+
+tqkv_status model_fuse(tqkv_model *m, const tqkv_model_load_params *lp, mm_weight **parts, int n,
+                       mm_weight *out) {
+    return fuse(m, lp, parts, n, out);
+}
+
+void *model_own(tqkv_model *m, size_t bytes) { return own(m, bytes); }

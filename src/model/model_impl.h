@@ -82,6 +82,21 @@ struct tqkv_model {
     char                   source[1024]; /* weights file or index, for messages */
 };
 
+/* model.c's loaders, for the graph files: tensors found by name with shape checks. */
+tqkv_status model_load_vector(tqkv_model *m, const char *name, int n, float **out);
+tqkv_status model_load_matrix(tqkv_model *m, const tqkv_model_load_params *lp, const char *name,
+                              int rows, int cols, mm_weight *w);
+/* Fused packed copy of parts (bf16, packable) or out->data == NULL. */
+tqkv_status model_fuse(tqkv_model *m, const tqkv_model_load_params *lp, mm_weight **parts, int n,
+                       mm_weight *out);
+/* Memory freed with the model. */
+void       *model_own(tqkv_model *m, size_t bytes);
+
+/* model_qwen35.c: one Qwen 3.5 layer (gated attention or gated DeltaNet); after the final
+ * norm is loaded, finish() applies the zero-centred norms' + 1 and the partial RoPE table. */
+tqkv_status model_qwen35_load_layer(tqkv_model *m, const tqkv_model_load_params *lp, int l);
+tqkv_status model_qwen35_finish(tqkv_model *m);
+
 // ---------------------------------------------------------------------------
 // state
 // ---------------------------------------------------------------------------
@@ -111,8 +126,20 @@ struct tqkv_model_state {
     int32_t *tok_col;    /* [T] column (0..n) of each compact token */
     int     *off;        /* [rows] */
     int     *len;        /* [rows] */
-    /* ---- qwen35: hybrid graphs (NULL otherwise; see recurrent.h) ---- */
+    /* ---- qwen35: hybrid graphs (NULL otherwise; see recurrent.h, graph_qwen35.c).
+     * layers[l] is NULL for a linear-attention layer (it has no KV rows). ---- */
     struct model_recurrent *rec;
+    struct qwen35_scratch  *hy;
 };
+
+/* graph_qwen35.c: recurrent rows + scratch of a hybrid state; the hybrid forward. */
+tqkv_status model_qwen35_state_init(tqkv_model_state *s);
+void        model_qwen35_state_free(tqkv_model_state *s);
+tqkv_status model_qwen35_forward(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+                                 const int *lengths, int n, int prefill, tqkv_logits_mode mode,
+                                 float *logits);
+
+/* kernel_set.c: the graph's attention kernel set (the table lives there). */
+void        model_kernel_set(const tqkv_model_config *c, tqkv_kernel *prefill, tqkv_kernel *decode);
 
 #endif

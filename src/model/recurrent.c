@@ -36,6 +36,7 @@ static model_recurrent *rec_alloc_like(const model_recurrent *shape, int rows) {
     r->spec_cap = 0;
     r->spec_steps = NULL;
     r->snap = NULL;
+    r->broken = 0;
     r->state = calloc(rows ? (size_t)rows * r->row_floats : 1, sizeof(float));
     r->spec_steps = calloc(rows ? (size_t)rows : 1, sizeof(int));
     if (!r->state || !r->spec_steps) {
@@ -84,6 +85,7 @@ tqkv_status rec_reset(model_recurrent *r, int rows) {
     r->snap = NULL;
     r->spec_cap = 0;
     r->spec_active = 0;
+    r->broken = 0;
     r->rows = rows;
     return TQKV_OK;
 }
@@ -269,10 +271,9 @@ tqkv_status rec_spec_reserve(model_recurrent *r, int n) {
     return TQKV_OK;
 }
 
-void rec_spec_record(model_recurrent *r, int row, int j, int step) {
-    if (!r->spec_active) return;
-    size_t per = r->conv_floats + r->ssm_floats;
-    memcpy(snap_slot(r, row, step) + (size_t)j * per, rec_conv(r, row, j), sizeof(float) * per);
+float *rec_spec_slot(const model_recurrent *r, int row, int step) {
+    if (!r->spec_active || step > r->spec_cap) return NULL;
+    return snap_slot(r, row, step);
 }
 
 void rec_spec_advance(model_recurrent *r, int n) {

@@ -33,6 +33,8 @@ typedef struct model_recurrent {
     size_t ssm_floats;     /* v_heads * k_dim * v_dim */
     size_t row_floats;     /* n_lin * (conv_floats + ssm_floats) */
     float *state;          /* [rows, row_floats] */
+    int    broken;         /* a forward failed after updating some layers: forwards refuse
+                              until reset / restore (the KV rows were rolled back, these not) */
     /* speculative round */
     int    spec_active;
     int    spec_cap;       /* snapshots per row beyond the base */
@@ -66,13 +68,14 @@ tqkv_status rec_export(const model_recurrent *r, uint8_t **out, size_t *len);
 tqkv_status rec_restore(model_recurrent **out, const tqkv_model_config *cfg, const uint8_t *buf,
                         size_t len);
 
-/* Speculative rounds: begin saves slot 0; the graph calls rec_spec_record(row, j) after each
- * token of row `row` through linear layer j (step = tokens of that row since begin, 1-based);
- * rollback restores slot keep[r]. rec_spec_reserve makes room for n more steps per row
- * before a forward (so recording never fails). */
+/* Speculative rounds: begin saves slot 0 (the state at begin); during the round the graph
+ * writes the row's state after its step-th token of the round (1-based) into
+ * rec_spec_slot(row, step), at the same offsets as the live row; rollback restores slot
+ * keep[r]. rec_spec_reserve makes room for n more steps per row before a forward. */
 tqkv_status rec_spec_begin(model_recurrent *r);
 tqkv_status rec_spec_reserve(model_recurrent *r, int n);
-void        rec_spec_record(model_recurrent *r, int row, int j, int step);
+/* NULL when no round is active. [row_floats] */
+float      *rec_spec_slot(const model_recurrent *r, int row, int step);
 /* After a forward appended n tokens to every row of a round. */
 void        rec_spec_advance(model_recurrent *r, int n);
 tqkv_status rec_spec_commit(model_recurrent *r);
