@@ -328,7 +328,8 @@ tqkv_status tqkv_model_load(tqkv_model **out, const char *dir, const tqkv_model_
         const mm_weight *ws[7] = {&m->layers[l].wq, &m->layers[l].wk, &m->layers[l].wv,
                                   &m->layers[l].wo, &m->layers[l].wg, &m->layers[l].wu,
                                   &m->layers[l].wd};
-        for (int i = 0; i < 7; i++) types |= 1 << ws[i]->type;
+        for (int i = 0; i < 7; i++)
+            if (ws[i]->data) types |= 1 << ws[i]->type; /* linear layers: no q/k/v/o */
     }
     types |= 1 << m->lm_head.type;
     snprintf(m->wtype, sizeof m->wtype, "%s",
@@ -376,6 +377,8 @@ size_t tqkv_model_weight_bytes(const tqkv_model *m) {
         const model_layer *L = &m->layers[l];
         b += wbytes(&L->wq) + wbytes(&L->wk) + wbytes(&L->wv) + wbytes(&L->wo) + wbytes(&L->wg) +
              wbytes(&L->wu) + wbytes(&L->wd);
+        b += wbytes(&L->lin_qkv) + wbytes(&L->lin_z) + wbytes(&L->lin_b) + wbytes(&L->lin_a) +
+             wbytes(&L->lin_out); /* qwen35: DeltaNet layers (zero elsewhere) */
     }
     return b;
 }
