@@ -21,6 +21,7 @@ static const command COMMANDS[] = {
     {"run", NULL, cmd_run, "generate text from a prompt"},
     {"ppl", NULL, cmd_ppl, "perplexity (and KL divergence) of a text file"},
     {"bench", "model", cmd_bench_model, "model prefill/decode tokens per second per KV format"},
+    {"info", NULL, cmd_info, "a checkpoint's graph, kernel set and KV bytes per token"},
 };
 
 static void usage(FILE *f) {
