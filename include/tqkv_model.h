@@ -88,6 +88,9 @@ typedef struct {
     int            lin_k_dim;        /* DeltaNet key head dim */
     int            lin_v_dim;        /* DeltaNet value head dim */
     int            lin_conv_kernel;  /* depthwise causal conv1d width */
+    char           weight_prefix[32]; /* tensor name prefix of the text model: "" means
+                                         "model."; "model.language_model." for the text part
+                                         of a multimodal wrapper (Qwen3_5ForConditionalGeneration) */
 } tqkv_model_config;
 
 /* Sampling defaults from generation_config.json (HF semantics: without do_sample=true,

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -435,7 +436,7 @@ static void test_hybrid_spec_rollback(void **st) {
     golden_free(&g);
 }
 
-/* Clear refusals: MoE and the multimodal wrapper. */
+/* Clear refusals: MoE, a multimodal wrapper without text_config. */
 static void test_refusals(void **st) {
     (void)st;
     tqkv_model_config c;
@@ -443,8 +444,96 @@ static void test_refusals(void **st) {
     assert_int_equal(model_config_parse(moe, strlen(moe), "moe.json", &c), TQKV_EUNSUPPORTED);
     assert_non_null(strstr(tqkv_last_error(), "mixture-of-experts"));
     const char *mm = "{\"model_type\":\"qwen3_5\"}";
-    assert_int_equal(model_config_parse(mm, strlen(mm), "mm.json", &c), TQKV_EUNSUPPORTED);
-    assert_non_null(strstr(tqkv_last_error(), "multimodal"));
+    assert_int_equal(model_config_parse(mm, strlen(mm), "mm.json", &c), TQKV_ECORRUPT);
+    assert_non_null(strstr(tqkv_last_error(), "text_config"));
+}
+
+/* Copy a safetensors file renaming "model.X" tensors to "model.language_model.X". */
+static void wrap_safetensors(const char *src, const char *dst) {
+    size_t len = 0;
+    char *b = slurp(src, &len);
+    assert_non_null(b);
+    uint64_t hl;
+    memcpy(&hl, b, 8);
+    cJSON *h = cJSON_ParseWithLength(b + 8, (size_t)hl), *e, *o = cJSON_CreateObject();
+    assert_non_null(h);
+    cJSON_ArrayForEach(e, h) {
+        char name[512];
+        if (!strncmp(e->string, "model.", 6))
+            snprintf(name, sizeof name, "model.language_model.%s", e->string + 6);
+        else
+            snprintf(name, sizeof name, "%s", e->string);
+        cJSON_AddItemToObject(o, name, cJSON_Duplicate(e, 1));
+    }
+    char *txt = cJSON_PrintUnformatted(o);
+    size_t n = strlen(txt), pad = (8 - n % 8) % 8;
+    uint64_t nl = n + pad;
+    FILE *f = fopen(dst, "wb");
+    assert_non_null(f);
+    fwrite(&nl, 8, 1, f);
+    fwrite(txt, 1, n, f);
+    for (size_t i = 0; i < pad; i++) fputc(' ', f);
+    fwrite(b + 8 + hl, 1, len - 8 - hl, f);
+    fclose(f);
+    free(txt);
+    cJSON_Delete(h);
+    cJSON_Delete(o);
+    free(b);
+}
+
+/* The text part of a Qwen3_5ForConditionalGeneration checkpoint: text_config + weights under
+ * model.language_model.*: same logits, bitwise, as the plain text checkpoint. */
+static void test_multimodal_wrapper(void **st) {
+    (void)st;
+    golden g;
+    golden_load(&g, "hybrid");
+    char tmpl[] = "/tmp/tqkv_qwen35_wrapXXXXXX", p[1200], q[1200];
+    assert_non_null(mkdtemp(tmpl));
+    snprintf(p, sizeof p, "%s/model.safetensors", g.dir);
+    snprintf(q, sizeof q, "%s/model.safetensors", tmpl);
+    wrap_safetensors(p, q);
+    snprintf(p, sizeof p, "%s/config.json", g.dir);
+    char *ctext = slurp(p, NULL);
+    cJSON *tc = cJSON_Parse(ctext), *root = cJSON_CreateObject();
+    free(ctext);
+    cJSON *arch = cJSON_CreateArray();
+    cJSON_AddItemToArray(arch, cJSON_CreateString("Qwen3_5ForConditionalGeneration"));
+    cJSON_AddItemToObject(root, "architectures", arch);
+    cJSON_AddStringToObject(root, "model_type", "qwen3_5");
+    cJSON_DeleteItemFromObject(tc, "tie_word_embeddings"); /* inherited from the top level */
+    cJSON_AddItemToObject(root, "text_config", tc);
+    cJSON_AddTrueToObject(root, "tie_word_embeddings");
+    cJSON_AddItemToObject(root, "vision_config", cJSON_CreateObject());
+    char *out = cJSON_Print(root);
+    snprintf(q, sizeof q, "%s/config.json", tmpl);
+    FILE *f = fopen(q, "wb");
+    fputs(out, f);
+    fclose(f);
+    free(out);
+    cJSON_Delete(root);
+    tqkv_model *m = load_model(&g), *w = NULL;
+    tqkv_model_load_params lp = tqkv_model_load_params_default();
+    tqkv_status rc = tqkv_model_load(&w, tmpl, &lp);
+    if (rc != TQKV_OK) fprintf(stderr, "wrapped: %s\n", tqkv_last_error());
+    assert_int_equal(rc, TQKV_OK);
+    assert_string_equal(tqkv_model_get_config(w)->arch_name, "Qwen3_5ForConditionalGeneration");
+    const int V = g.vocab;
+    float *a = malloc(sizeof(float) * V * g.n[0]), *b = malloc(sizeof(float) * V * g.n[0]);
+    tqkv_model_state *sa = new_state(m, 1, 1), *sb = new_state(w, 1, 1);
+    assert_int_equal(tqkv_model_prefill(m, sa, g.ids[0], NULL, g.n[0], TQKV_LOGITS_ALL, a), TQKV_OK);
+    assert_int_equal(tqkv_model_prefill(w, sb, g.ids[0], NULL, g.n[0], TQKV_LOGITS_ALL, b), TQKV_OK);
+    assert_memory_equal(a, b, sizeof(float) * V * g.n[0]);
+    tqkv_model_state_free(sa);
+    tqkv_model_state_free(sb);
+    tqkv_model_free(m);
+    tqkv_model_free(w);
+    unlink(q);
+    snprintf(q, sizeof q, "%s/model.safetensors", tmpl);
+    unlink(q);
+    rmdir(tmpl);
+    free(a);
+    free(b);
+    golden_free(&g);
 }
 
 int main(void) {
@@ -457,6 +546,7 @@ int main(void) {
         cmocka_unit_test(test_hybrid_merge_filter_export),
         cmocka_unit_test(test_hybrid_spec_rollback),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_multimodal_wrapper),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

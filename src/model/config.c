@@ -191,6 +191,12 @@ tqkv_status model_config_parse(const char *json, size_t len, const char *name,
         cJSON_Delete(root);
         return tqkv_fail(TQKV_ECORRUPT, "%s: no \"architectures\" or \"model_type\"", name);
     }
+    if (model_config_is_qwen35_wrapper(arch, cJSON_IsString(mt) ? mt->valuestring : NULL)) {
+        rc = model_config_parse_qwen35_wrapper(root, name, &c); /* its text_config */
+        cJSON_Delete(root);
+        if (rc == TQKV_OK) *out = c;
+        return rc;
+    }
     if (!strcmp(arch, "Qwen3ForCausalLM")) c.arch = TQKV_ARCH_QWEN3;
     else if (!strcmp(arch, "Qwen2ForCausalLM")) c.arch = TQKV_ARCH_QWEN2;
     else if (!strcmp(arch, "LlamaForCausalLM")) c.arch = TQKV_ARCH_LLAMA;

@@ -12,6 +12,7 @@
  */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cjson/cJSON.h>
@@ -30,13 +31,45 @@ int model_config_arch_qwen35(const char *arch, const char *model_type, const cha
                         arch ? arch : t);
         return 1;
     }
-    if (!strcmp(a, "Qwen3_5ForConditionalGeneration") || !strcmp(t, "qwen3_5")) {
-        *rc = tqkv_fail(TQKV_EUNSUPPORTED, "%s: '%s' is the multimodal Qwen 3.5 wrapper; save its "
-                        "text model (Qwen3_5ForCausalLM, model_type qwen3_5_text) to run it", name,
-                        arch ? arch : t);
-        return 1;
-    }
     return 0;
+}
+
+int model_config_is_qwen35_wrapper(const char *arch, const char *model_type) {
+    return (arch && !strcmp(arch, "Qwen3_5ForConditionalGeneration")) ||
+           (model_type && !strcmp(model_type, "qwen3_5"));
+}
+
+/* The text part of a multimodal checkpoint: text_config parsed as a Qwen3_5ForCausalLM
+ * config (top-level tie_word_embeddings / eos ids used when text_config lacks them), weights
+ * under model.language_model.*; the vision tower and MTP weights are ignored. */
+tqkv_status model_config_parse_qwen35_wrapper(const cJSON *root, const char *name,
+                                              tqkv_model_config *c) {
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+    if (!cJSON_IsObject(tc))
+        return tqkv_fail(TQKV_ECORRUPT, "%s: Qwen 3.5 multimodal config without \"text_config\"",
+                         name);
+    cJSON *t = cJSON_Duplicate(tc, 1);
+    if (!t) return tqkv_fail(TQKV_ENOMEM, "out of memory");
+    const char *inherit[] = {"tie_word_embeddings", "eos_token_id", "bos_token_id", "pad_token_id"};
+    for (size_t i = 0; i < sizeof inherit / sizeof inherit[0]; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, inherit[i]);
+        if (v && !cJSON_GetObjectItemCaseSensitive(t, inherit[i]))
+            cJSON_AddItemToObject(t, inherit[i], cJSON_Duplicate(v, 1));
+    }
+    cJSON_DeleteItemFromObjectCaseSensitive(t, "architectures");
+    cJSON_DeleteItemFromObjectCaseSensitive(t, "model_type");
+    cJSON_AddStringToObject(t, "model_type", "qwen3_5_text");
+    char *text = cJSON_PrintUnformatted(t);
+    cJSON_Delete(t);
+    if (!text) return tqkv_fail(TQKV_ENOMEM, "out of memory");
+    char sub[512];
+    snprintf(sub, sizeof sub, "%s (text_config)", name);
+    tqkv_status rc = model_config_parse(text, strlen(text), sub, c);
+    free(text);
+    if (rc != TQKV_OK) return rc;
+    snprintf(c->arch_name, sizeof c->arch_name, "Qwen3_5ForConditionalGeneration");
+    snprintf(c->weight_prefix, sizeof c->weight_prefix, "model.language_model.");
+    return TQKV_OK;
 }
 
 static const cJSON *item(const cJSON *o, const char *key) {

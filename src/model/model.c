@@ -297,12 +297,16 @@ tqkv_status tqkv_model_load(tqkv_model **out, const char *dir, const tqkv_model_
     lpe.blas = 0;
     lpe.no_pack = 1;
     lpe.no_f32_prefill = 1;
-    rc = load_matrix(m, &lpe, "model.embed_tokens.weight", c->vocab_size, c->hidden_size, &m->embed);
+    char embed_name[96], norm_name[96]; /* "model." or a wrapper's text-model prefix */
+    const char *pfx = c->weight_prefix[0] ? c->weight_prefix : "model.";
+    snprintf(embed_name, sizeof embed_name, "%sembed_tokens.weight", pfx);
+    snprintf(norm_name, sizeof norm_name, "%snorm.weight", pfx);
+    rc = load_matrix(m, &lpe, embed_name, c->vocab_size, c->hidden_size, &m->embed);
     if (rc != TQKV_OK) goto fail;
     for (int l = 0; l < c->n_layers && rc == TQKV_OK; l++)
         rc = c->arch == TQKV_ARCH_QWEN35 ? model_qwen35_load_layer(m, &lp, l) : load_layer(m, &lp, l);
     if (rc != TQKV_OK) goto fail;
-    rc = load_vector(m, "model.norm.weight", c->hidden_size, &m->final_norm);
+    rc = load_vector(m, norm_name, c->hidden_size, &m->final_norm);
     if (rc == TQKV_OK && c->arch == TQKV_ARCH_QWEN35) rc = model_qwen35_finish(m);
     if (rc != TQKV_OK) goto fail;
     if (st_find(&m->st, "lm_head.weight")) {
@@ -310,8 +314,7 @@ tqkv_status tqkv_model_load(tqkv_model **out, const char *dir, const tqkv_model_
         if (rc != TQKV_OK) goto fail;
     } else if (c->tie_word_embeddings) {
         if (lp.weights_f32 || lp.blas || !lp.no_pack) {
-            rc = load_matrix(m, &lp, "model.embed_tokens.weight", c->vocab_size, c->hidden_size,
-                             &m->lm_head);
+            rc = load_matrix(m, &lp, embed_name, c->vocab_size, c->hidden_size, &m->lm_head);
             if (rc != TQKV_OK) goto fail;
             m->n_params -= (size_t)c->vocab_size * (size_t)c->hidden_size;
         } else {

@@ -23,6 +23,11 @@ tqkv_status model_config_parse(const char *json, size_t len, const char *name,
  * the supported dense text graph, else the refusal (MoE, multimodal wrapper). */
 int         model_config_arch_qwen35(const char *arch, const char *model_type, const char *name,
                                      tqkv_status *rc);
+/* Qwen3_5ForConditionalGeneration / model_type qwen3_5: the text model inside. */
+int         model_config_is_qwen35_wrapper(const char *arch, const char *model_type);
+struct cJSON;
+tqkv_status model_config_parse_qwen35_wrapper(const struct cJSON *root, const char *name,
+                                              tqkv_model_config *c);
 /* Hybrid fields of a Qwen 3.5 config (layer types, DeltaNet sizes, partial RoPE, gates). */
 struct cJSON;
 tqkv_status model_config_parse_qwen35(const struct cJSON *root, const char *name,

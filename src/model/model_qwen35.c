@@ -63,7 +63,8 @@ tqkv_status model_qwen35_load_layer(tqkv_model *m, const tqkv_model_load_params 
     const int H = c->hidden_size, hd = c->head_dim, I = c->intermediate_size;
     char name[256];
     tqkv_status rc;
-#define NAME(suffix) (snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix), name)
+    const char *pfx = c->weight_prefix[0] ? c->weight_prefix : "model.";
+#define NAME(suffix) (snprintf(name, sizeof name, "%slayers.%d.%s", pfx, l, suffix), name)
 #define TRYL(x)                                                                                   \
     do {                                                                                          \
         if ((rc = (x)) != TQKV_OK) return rc;                                                     \
