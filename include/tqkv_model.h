@@ -184,7 +184,9 @@ tqkv_status tqkv_model_state_set_threads(tqkv_model_state *s, int threads);
 /* Tokens held per row (the next RoPE position of each row). offset: [rows] */
 tqkv_status tqkv_model_state_offsets(const tqkv_model_state *s, int *offset);
 /* The cache of one layer (for schedulers: merge/filter/export). Rows of every layer must
- * stay consistent (same offsets and padding) between forward calls. */
+ * stay consistent (same offsets and padding) between forward calls. NULL for a
+ * linear-attention layer of a hybrid graph (Qwen 3.5): it holds recurrent state rows
+ * instead (src/model/recurrent.h), to which every row operation must apply too. */
 tqkv_batch *tqkv_model_state_layer(tqkv_model_state *s, int layer);
 /* KV bytes per token over all layers (K and V, main planes + window). */
 double      tqkv_model_state_kv_bytes_per_token(const tqkv_model_state *s);

@@ -436,6 +436,30 @@ static void test_hybrid_spec_rollback(void **st) {
     golden_free(&g);
 }
 
+/* A KV-only trim leaves the recurrent rows ahead of the KV rows: the forward refuses it
+ * (and changes nothing); a reset makes the state usable again. */
+static void test_hybrid_kv_trim_refused(void **st) {
+    (void)st;
+    golden g;
+    golden_load(&g, "hybrid");
+    tqkv_model *m = load_model(&g);
+    tqkv_model_state *s = new_state(m, 1, 1);
+    float *lg = malloc(sizeof(float) * g.vocab);
+    assert_int_equal(tqkv_model_prefill(m, s, g.ids[1], NULL, g.n[1], TQKV_LOGITS_LAST, lg), TQKV_OK);
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        if (s->layers[l]) assert_int_equal(tqkv_batch_trim(s->layers[l], 1), TQKV_OK);
+    assert_int_equal(tqkv_model_decode(m, s, &g.ids[1][0], lg), TQKV_ESTATE);
+    assert_non_null(strstr(tqkv_last_error(), "cannot be trimmed"));
+    assert_int_equal(tqkv_model_state_reset(s, 1), TQKV_OK);
+    assert_int_equal(tqkv_model_prefill(m, s, g.ids[1], NULL, g.n[1], TQKV_LOGITS_LAST, lg), TQKV_OK);
+    assert_null(tqkv_model_state_layer(s, 0)); /* layer 0 is linear: no KV rows */
+    assert_non_null(tqkv_model_state_layer(s, 1));
+    tqkv_model_state_free(s);
+    free(lg);
+    tqkv_model_free(m);
+    golden_free(&g);
+}
+
 /* Clear refusals: MoE, a multimodal wrapper without text_config. */
 static void test_refusals(void **st) {
     (void)st;
@@ -545,6 +569,7 @@ int main(void) {
         cmocka_unit_test(test_kernel_sets),
         cmocka_unit_test(test_hybrid_merge_filter_export),
         cmocka_unit_test(test_hybrid_spec_rollback),
+        cmocka_unit_test(test_hybrid_kv_trim_refused),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_multimodal_wrapper),
     };

@@ -362,6 +362,11 @@ tqkv_status model_qwen35_forward(const tqkv_model *m, tqkv_model_state *s, const
                          rec->rows, R);
     tqkv_status rc = tqkv_batch_offsets(s->layers[first_full], s->off, NULL);
     if (rc != TQKV_OK) return rc;
+    for (int r = 0; r < R; r++)
+        if (rec->tokens[r] != s->off[r])
+            return tqkv_fail(TQKV_ESTATE, "forward: row %d: recurrent state has absorbed %d tokens, "
+                             "its KV rows hold %d (recurrent rows cannot be trimmed; row "
+                             "operations must apply to both)", r, rec->tokens[r], s->off[r]);
     if (rec->spec_active != tqkv_batch_spec_active(s->layers[first_full]))
         return tqkv_fail(TQKV_ESTATE, "forward: spec round open on the %s but not on the %s",
                          rec->spec_active ? "recurrent rows" : "KV rows",
@@ -450,7 +455,7 @@ tqkv_status model_qwen35_forward(const tqkv_model *m, tqkv_model_state *s, const
             for (int e = 0; e < H; e++) x[e] += o[e];
         }
     }
-    rec_spec_advance(rec, n);
+    rec_advance(rec, s->len);
 
     // ---- head
     if (mode == TQKV_LOGITS_NONE) return TQKV_OK;

@@ -37,9 +37,11 @@ static model_recurrent *rec_alloc_like(const model_recurrent *shape, int rows) {
     r->spec_steps = NULL;
     r->snap = NULL;
     r->broken = 0;
+    r->tokens = NULL;
     r->state = calloc(rows ? (size_t)rows * r->row_floats : 1, sizeof(float));
     r->spec_steps = calloc(rows ? (size_t)rows : 1, sizeof(int));
-    if (!r->state || !r->spec_steps) {
+    r->tokens = calloc(rows ? (size_t)rows : 1, sizeof(int));
+    if (!r->state || !r->spec_steps || !r->tokens) {
         rec_free(r);
         tqkv_fail(TQKV_ENOMEM, "out of memory for %d recurrent state rows", rows);
         return NULL;
@@ -63,6 +65,7 @@ void rec_free(model_recurrent *r) {
     if (!r) return;
     free(r->state);
     free(r->spec_steps);
+    free(r->tokens);
     free(r->snap);
     free(r);
 }
@@ -72,16 +75,20 @@ tqkv_status rec_reset(model_recurrent *r, int rows) {
     if (rows == 0) rows = r->rows;
     float *st = calloc(rows ? (size_t)rows * r->row_floats : 1, sizeof(float));
     int *steps = calloc(rows ? (size_t)rows : 1, sizeof(int));
-    if (!st || !steps) {
+    int *tok = calloc(rows ? (size_t)rows : 1, sizeof(int));
+    if (!st || !steps || !tok) {
         free(st);
         free(steps);
+        free(tok);
         return tqkv_fail(TQKV_ENOMEM, "out of memory for %d recurrent state rows", rows);
     }
     free(r->state);
     free(r->spec_steps);
+    free(r->tokens);
     free(r->snap);
     r->state = st;
     r->spec_steps = steps;
+    r->tokens = tok;
     r->snap = NULL;
     r->spec_cap = 0;
     r->spec_active = 0;
@@ -115,19 +122,25 @@ tqkv_status rec_filter(model_recurrent *r, const int *keep, int n_keep) {
     }
     float *st = malloc(sizeof(float) * (n_keep ? (size_t)n_keep * r->row_floats : 1));
     int *steps = calloc(n_keep ? (size_t)n_keep : 1, sizeof(int));
-    if (!st || !steps) {
+    int *tok = calloc(n_keep ? (size_t)n_keep : 1, sizeof(int));
+    if (!st || !steps || !tok) {
         free(st);
         free(steps);
+        free(tok);
         return tqkv_fail(TQKV_ENOMEM, "rec_filter: out of memory");
     }
-    for (int i = 0; i < n_keep; i++)
+    for (int i = 0; i < n_keep; i++) {
         memcpy(st + (size_t)i * r->row_floats, r->state + (size_t)keep[i] * r->row_floats,
                sizeof(float) * r->row_floats);
+        tok[i] = r->tokens[keep[i]];
+    }
     free(r->state);
     free(r->spec_steps);
+    free(r->tokens);
     free(r->snap);
     r->state = st;
     r->spec_steps = steps;
+    r->tokens = tok;
     r->snap = NULL;
     r->spec_cap = 0;
     r->spec_active = 0;
@@ -153,9 +166,11 @@ tqkv_status rec_merge(model_recurrent **out, model_recurrent *const *items, cons
     }
     model_recurrent *r = rec_alloc_like(items[0], n_items);
     if (!r) return TQKV_ENOMEM;
-    for (int i = 0; i < n_items; i++)
+    for (int i = 0; i < n_items; i++) {
         memcpy(r->state + (size_t)i * r->row_floats,
                items[i]->state + (size_t)rows[i] * r->row_floats, sizeof(float) * r->row_floats);
+        r->tokens[i] = items[i]->tokens[rows[i]];
+    }
     *out = r;
     return TQKV_OK;
 }
@@ -185,8 +200,8 @@ static uint32_t get_u32(const uint8_t *p) {
 
 tqkv_status rec_export(const model_recurrent *r, uint8_t **out, size_t *len) {
     if (!r || !out || !len) return tqkv_fail(TQKV_EINVAL, "rec_export: NULL argument");
-    size_t body = (size_t)r->rows * r->row_floats * sizeof(float);
-    size_t n = REC_HEADER + body + 4;
+    size_t body = (size_t)r->rows * r->row_floats * sizeof(float), tk = 4 * (size_t)r->rows;
+    size_t n = REC_HEADER + tk + body + 4;
     uint8_t *b = malloc(n);
     if (!b) return tqkv_fail(TQKV_ENOMEM, "rec_export: out of memory for %zu bytes", n);
     memcpy(b, REC_MAGIC, 4);
@@ -195,7 +210,8 @@ tqkv_status rec_export(const model_recurrent *r, uint8_t **out, size_t *len) {
                      (uint32_t)r->v_dim, 0};
     for (int i = 0; i < 9; i++) put_u32(b + 4 + 4 * i, h[i]);
     /* floats little endian (the only hosts tqkv builds for are little endian) */
-    memcpy(b + REC_HEADER, r->state, body);
+    for (int i = 0; i < r->rows; i++) put_u32(b + REC_HEADER + 4 * (size_t)i, (uint32_t)r->tokens[i]);
+    memcpy(b + REC_HEADER + tk, r->state, body);
     put_u32(b + n - 4, (uint32_t)crc32(0L, b, (uInt)(n - 4)));
     *out = b;
     *len = n;
@@ -221,11 +237,16 @@ tqkv_status rec_restore(model_recurrent **out, const tqkv_model_config *cfg, con
         get_u32(buf + 24) != (uint32_t)shape.v_heads || get_u32(buf + 28) != (uint32_t)shape.k_dim ||
         get_u32(buf + 32) != (uint32_t)shape.v_dim || get_u32(buf + 36) != 0)
         return tqkv_fail(TQKV_ECORRUPT, "recurrent state: shape does not match the model");
-    if (rows > (1u << 20) || (size_t)rows * shape.row_floats * sizeof(float) != len - REC_HEADER - 4)
+    if (rows > (1u << 20) ||
+        (size_t)rows * (shape.row_floats * sizeof(float) + 4) != len - REC_HEADER - 4)
         return tqkv_fail(TQKV_ECORRUPT, "recurrent state: %u rows do not match %zu bytes", rows, len);
+    for (uint32_t i = 0; i < rows; i++)
+        if (get_u32(buf + REC_HEADER + 4 * (size_t)i) > (1u << 30))
+            return tqkv_fail(TQKV_ECORRUPT, "recurrent state: row %u token count out of range", i);
     model_recurrent *r = rec_alloc_like(&shape, (int)rows);
     if (!r) return TQKV_ENOMEM;
-    memcpy(r->state, buf + REC_HEADER, len - REC_HEADER - 4);
+    for (uint32_t i = 0; i < rows; i++) r->tokens[i] = (int)get_u32(buf + REC_HEADER + 4 * (size_t)i);
+    memcpy(r->state, buf + REC_HEADER + 4 * (size_t)rows, len - REC_HEADER - 4 - 4 * (size_t)rows);
     *out = r;
     return TQKV_OK;
 }
@@ -276,9 +297,11 @@ float *rec_spec_slot(const model_recurrent *r, int row, int step) {
     return snap_slot(r, row, step);
 }
 
-void rec_spec_advance(model_recurrent *r, int n) {
-    if (!r->spec_active) return;
-    for (int i = 0; i < r->rows; i++) r->spec_steps[i] += n;
+void rec_advance(model_recurrent *r, const int *len) {
+    for (int i = 0; i < r->rows; i++) {
+        r->tokens[i] += len[i];
+        if (r->spec_active) r->spec_steps[i] += len[i];
+    }
 }
 
 tqkv_status rec_spec_commit(model_recurrent *r) {
@@ -301,8 +324,10 @@ tqkv_status rec_spec_rollback(model_recurrent *r, const int *keep, int n_keep) {
             return tqkv_fail(TQKV_ERANGE, "rec_spec_rollback: keep[%d] = %d not in [0, %d]", i, k,
                              r->spec_steps[i]);
     }
-    for (int i = 0; i < r->rows; i++)
-        memcpy(r->state + (size_t)i * r->row_floats, snap_slot(r, i, keep[n_keep == 1 ? 0 : i]),
-               sizeof(float) * r->row_floats);
+    for (int i = 0; i < r->rows; i++) {
+        int k = keep[n_keep == 1 ? 0 : i];
+        memcpy(r->state + (size_t)i * r->row_floats, snap_slot(r, i, k), sizeof(float) * r->row_floats);
+        r->tokens[i] -= r->spec_steps[i] - k;
+    }
     return rec_spec_commit(r);
 }

@@ -33,6 +33,8 @@ typedef struct model_recurrent {
     size_t ssm_floats;     /* v_heads * k_dim * v_dim */
     size_t row_floats;     /* n_lin * (conv_floats + ssm_floats) */
     float *state;          /* [rows, row_floats] */
+    int   *tokens;         /* [rows] tokens each row's state has absorbed: must equal the row's
+                              KV offset (the forward checks it, so a KV-only trim is refused) */
     int    broken;         /* a forward failed after updating some layers: forwards refuse
                               until reset / restore (the KV rows were rolled back, these not) */
     /* speculative round */
@@ -62,8 +64,8 @@ tqkv_status rec_merge(model_recurrent **out, model_recurrent *const *items, cons
 /* One-row copy of row `row`. */
 tqkv_status rec_extract(const model_recurrent *r, int row, model_recurrent **out);
 
-/* Versioned, checksummed bytes ("TQRS", version 1, shape, rows, floats, crc32 of all
- * before). *out is malloc'd. Restore checks the shape against cfg. */
+/* Versioned, checksummed bytes ("TQRS", version 1: header, per-row token counts, floats,
+ * crc32; docs/STATE.md). *out is malloc'd. Restore checks the shape against cfg. */
 tqkv_status rec_export(const model_recurrent *r, uint8_t **out, size_t *len);
 tqkv_status rec_restore(model_recurrent **out, const tqkv_model_config *cfg, const uint8_t *buf,
                         size_t len);
@@ -76,8 +78,8 @@ tqkv_status rec_spec_begin(model_recurrent *r);
 tqkv_status rec_spec_reserve(model_recurrent *r, int n);
 /* NULL when no round is active. [row_floats] */
 float      *rec_spec_slot(const model_recurrent *r, int row, int step);
-/* After a forward appended n tokens to every row of a round. */
-void        rec_spec_advance(model_recurrent *r, int n);
+/* After a forward: row r absorbed len[r] tokens (spec rounds: every row the same n). */
+void        rec_advance(model_recurrent *r, const int *len);
 tqkv_status rec_spec_commit(model_recurrent *r);
 /* keep: n_keep == 1 (same for all rows) or rows; 0 <= keep[r] <= steps of row r. */
 tqkv_status rec_spec_rollback(model_recurrent *r, const int *keep, int n_keep);
