@@ -207,6 +207,58 @@ static void test_minicpm5_decode_greedy(void **st) {
     check_decode_greedy("minicpm5");
 }
 
+/* MiniCPM5 shape on a tq4 cache, where the deferred set really differs from the dense one
+ * (attention on rotated K/V, one un-rotation per output): the deferred set (the graph's
+ * default) equals the dense set within float rounding over the same encoded rows, prefill
+ * (all positions of the left-padded batch) and decode, and stays near transformers. */
+static void test_minicpm5_deferred_tq4(void **st) {
+    (void)st;
+    golden g;
+    golden_load(&g, "minicpm5");
+    tqkv_model *m = load_model(&g);
+    const int V = g.vocab, R = g.n_prompts;
+    int nmax = 0, lens[4];
+    for (int i = 0; i < R; i++) nmax = g.n[i] > nmax ? g.n[i] : nmax;
+    int32_t *tok = calloc((size_t)R * nmax, sizeof(int32_t));
+    for (int r = 0; r < R; r++) {
+        lens[r] = g.n[r];
+        memcpy(tok + (size_t)r * nmax + (nmax - g.n[r]), g.ids[r], sizeof(int32_t) * g.n[r]);
+    }
+    float *out[2];
+    for (int set = 0; set < 2; set++) {
+        tqkv_model_state_params sp = tqkv_model_state_params_default();
+        sp.rows = R;
+        sp.threads = 2;
+        sp.k_format = sp.v_format = TQKV_TQ4;
+        if (set == 1) sp.prefill_kernel = sp.decode_kernel = TQKV_KERNEL_DENSE; /* override */
+        tqkv_model_state *s = NULL;
+        assert_int_equal(tqkv_model_state_init(&s, m, &sp), TQKV_OK);
+        assert_int_equal(s->p.prefill_kernel, set == 0 ? TQKV_KERNEL_DEFERRED : TQKV_KERNEL_DENSE);
+        out[set] = malloc(sizeof(float) * ((size_t)R * nmax * V + (size_t)8 * R * V));
+        assert_int_equal(tqkv_model_prefill(m, s, tok, lens, nmax, TQKV_LOGITS_ALL, out[set]), TQKV_OK);
+        for (int k = 0; k < 8; k++) {
+            int32_t t[4] = {3 + k, 5 + k, 7 + k, 0};
+            assert_int_equal(tqkv_model_decode(m, s, t, out[set] + (size_t)R * nmax * V + (size_t)k * R * V),
+                             TQKV_OK);
+        }
+        tqkv_model_state_free(s);
+    }
+    double dd = rel_l2(out[0], out[1], (size_t)R * nmax * V + (size_t)8 * R * V), worst = 0;
+    for (int r = 0; r < R; r++) {
+        double e = rel_l2(out[0] + ((size_t)r * nmax + nmax - g.n[r]) * V,
+                          g.logits + (size_t)g.first[r] * V, (size_t)g.n[r] * V);
+        worst = e > worst ? e : worst;
+    }
+    printf("minicpm5 tq4: deferred vs dense set rel L2 %.2e; deferred vs HF (f32 KV) %.2e\n", dd, worst);
+    assert_true(dd < 1e-4);
+    assert_true(worst < 0.1);
+    free(out[0]);
+    free(out[1]);
+    free(tok);
+    tqkv_model_free(m);
+    golden_free(&g);
+}
+
 /* Kernel sets by graph: the table's choice, and the override. */
 static void test_kernel_sets(void **st) {
     (void)st;
@@ -566,6 +618,7 @@ int main(void) {
         cmocka_unit_test(test_hybrid_decode_greedy),
         cmocka_unit_test(test_minicpm5_parity),
         cmocka_unit_test(test_minicpm5_decode_greedy),
+        cmocka_unit_test(test_minicpm5_deferred_tq4),
         cmocka_unit_test(test_kernel_sets),
         cmocka_unit_test(test_hybrid_merge_filter_export),
         cmocka_unit_test(test_hybrid_spec_rollback),
