@@ -410,6 +410,87 @@ static void test_hybrid_merge_filter_export(void **st) {
     golden_free(&g);
 }
 
+/* recurrent.c row operations on random bytes: select / concat / merge / extract / filter
+ * move each row's bytes and token count unchanged; bad indices and shapes are refused;
+ * export / restore round-trips and refuses corruption and another model's shape. */
+static void test_recurrent_rows(void **st) {
+    (void)st;
+    golden g;
+    golden_load(&g, "hybrid");
+    tqkv_model *m = load_model(&g);
+    test_rng rng;
+    rng_init(&rng, test_seed());
+    model_recurrent *a = NULL, *b = NULL, *o = NULL;
+    assert_int_equal(rec_init(&a, &m->cfg, 3), TQKV_OK);
+    assert_int_equal(rec_init(&b, &m->cfg, 2), TQKV_OK);
+    rng_fill_normal(&rng, a->state, 3 * a->row_floats, 1.0f);
+    rng_fill_normal(&rng, b->state, 2 * b->row_floats, 1.0f);
+    for (int r = 0; r < 3; r++) a->tokens[r] = rng_int(&rng, 1, 1000);
+    for (int r = 0; r < 2; r++) b->tokens[r] = rng_int(&rng, 1, 1000);
+    const size_t rb = a->row_floats * sizeof(float);
+#define ROW(x, r) ((x)->state + (size_t)(r) * (x)->row_floats)
+    int keep[3] = {2, 0, 1};
+    assert_int_equal(rec_select(a, keep, 2, &o), TQKV_OK);
+    assert_int_equal(o->rows, 2);
+    assert_memory_equal(ROW(o, 0), ROW(a, 2), rb);
+    assert_memory_equal(ROW(o, 1), ROW(a, 0), rb);
+    assert_int_equal(o->tokens[0], a->tokens[2]);
+    rec_free(o);
+    model_recurrent *items[2] = {a, b};
+    assert_int_equal(rec_concat(&o, items, 2), TQKV_OK);
+    assert_int_equal(o->rows, 5);
+    assert_memory_equal(ROW(o, 3), ROW(b, 0), rb);
+    assert_int_equal(o->tokens[4], b->tokens[1]);
+    /* filter in place, then merge rows of two objects, then extract */
+    int fk[2] = {4, 1};
+    assert_int_equal(rec_filter(o, fk, 2), TQKV_OK);
+    assert_memory_equal(ROW(o, 0), ROW(b, 1), rb);
+    assert_memory_equal(ROW(o, 1), ROW(a, 1), rb);
+    model_recurrent *mi[2] = {o, a}, *mm = NULL, *ex = NULL;
+    int mr[2] = {1, 2};
+    assert_int_equal(rec_merge(&mm, mi, mr, 2), TQKV_OK);
+    assert_memory_equal(ROW(mm, 0), ROW(a, 1), rb);
+    assert_memory_equal(ROW(mm, 1), ROW(a, 2), rb);
+    assert_int_equal(rec_extract(mm, 1, &ex), TQKV_OK);
+    assert_memory_equal(ROW(ex, 0), ROW(a, 2), rb);
+    assert_int_equal(ex->tokens[0], a->tokens[2]);
+    /* refusals leave the object unchanged */
+    int dup[2] = {0, 0}, oob[1] = {5};
+    assert_int_equal(rec_filter(mm, dup, 2), TQKV_EINVAL);
+    assert_int_equal(rec_filter(mm, oob, 1), TQKV_ERANGE);
+    assert_int_equal(mm->rows, 2);
+    assert_int_equal(rec_extract(mm, 2, &ex), TQKV_ERANGE);
+    /* export / restore */
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    assert_int_equal(rec_export(a, &buf, &len), TQKV_OK);
+    model_recurrent *rr = NULL;
+    assert_int_equal(rec_restore(&rr, &m->cfg, buf, len), TQKV_OK);
+    assert_int_equal(rr->rows, 3);
+    assert_memory_equal(rr->state, a->state, 3 * rb);
+    assert_memory_equal(rr->tokens, a->tokens, 3 * sizeof(int));
+    rec_free(rr);
+    rr = NULL;
+    assert_int_equal(rec_restore(&rr, &m->cfg, buf, len - 1), TQKV_ECORRUPT);
+    size_t at = (size_t)rng_int(&rng, 0, (int)len - 1);
+    buf[at] ^= 0x10;
+    assert_int_equal(rec_restore(&rr, &m->cfg, buf, len), TQKV_ECORRUPT);
+    buf[at] ^= 0x10;
+    tqkv_model_config other = m->cfg;
+    other.lin_v_dim = 64;
+    assert_int_equal(rec_restore(&rr, &other, buf, len), TQKV_ECORRUPT);
+    assert_null(rr);
+    free(buf);
+#undef ROW
+    rec_free(a);
+    rec_free(b);
+    rec_free(o);
+    rec_free(mm);
+    rec_free(ex);
+    tqkv_model_free(m);
+    golden_free(&g);
+}
+
 static void spec_begin(tqkv_model_state *s) {
     for (int l = 0; l < s->m->cfg.n_layers; l++)
         if (s->layers[l]) assert_int_equal(tqkv_batch_spec_begin(s->layers[l]), TQKV_OK);
@@ -622,6 +703,7 @@ int main(void) {
         cmocka_unit_test(test_kernel_sets),
         cmocka_unit_test(test_hybrid_merge_filter_export),
         cmocka_unit_test(test_hybrid_spec_rollback),
+        cmocka_unit_test(test_recurrent_rows),
         cmocka_unit_test(test_hybrid_kv_trim_refused),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_multimodal_wrapper),

@@ -175,6 +175,49 @@ tqkv_status rec_merge(model_recurrent **out, model_recurrent *const *items, cons
     return TQKV_OK;
 }
 
+tqkv_status rec_select(const model_recurrent *r, const int *keep, int n_keep, model_recurrent **out) {
+    if (!r || !out || n_keep < 0 || (!keep && n_keep > 0))
+        return tqkv_fail(TQKV_EINVAL, "rec_select: bad arguments");
+    for (int i = 0; i < n_keep; i++) {
+        if (keep[i] < 0 || keep[i] >= r->rows)
+            return tqkv_fail(TQKV_ERANGE, "rec_select: keep[%d] = %d outside [0, %d)", i, keep[i],
+                             r->rows);
+        for (int k = 0; k < i; k++)
+            if (keep[k] == keep[i])
+                return tqkv_fail(TQKV_EINVAL, "rec_select: row %d kept twice", keep[i]);
+    }
+    model_recurrent *o = rec_alloc_like(r, n_keep);
+    if (!o) return TQKV_ENOMEM;
+    for (int i = 0; i < n_keep; i++) {
+        memcpy(o->state + (size_t)i * o->row_floats, r->state + (size_t)keep[i] * r->row_floats,
+               sizeof(float) * r->row_floats);
+        o->tokens[i] = r->tokens[keep[i]];
+    }
+    *out = o;
+    return TQKV_OK;
+}
+
+tqkv_status rec_concat(model_recurrent **out, model_recurrent *const *items, int n_items) {
+    if (!out || !items || n_items < 1) return tqkv_fail(TQKV_EINVAL, "rec_concat: bad arguments");
+    int rows = 0;
+    for (int i = 0; i < n_items; i++) {
+        if (!items[i] || !same_shape(items[i], items[0]))
+            return tqkv_fail(TQKV_EINVAL, "rec_concat: item %d is NULL or of another shape", i);
+        rows += items[i]->rows;
+    }
+    model_recurrent *o = rec_alloc_like(items[0], rows);
+    if (!o) return TQKV_ENOMEM;
+    int at = 0;
+    for (int i = 0; i < n_items; i++) {
+        memcpy(o->state + (size_t)at * o->row_floats, items[i]->state,
+               sizeof(float) * (size_t)items[i]->rows * o->row_floats);
+        memcpy(o->tokens + at, items[i]->tokens, sizeof(int) * (size_t)items[i]->rows);
+        at += items[i]->rows;
+    }
+    *out = o;
+    return TQKV_OK;
+}
+
 tqkv_status rec_extract(const model_recurrent *r, int row, model_recurrent **out) {
     if (!r || !out) return tqkv_fail(TQKV_EINVAL, "rec_extract: NULL argument");
     model_recurrent *const items[1] = {(model_recurrent *)r};

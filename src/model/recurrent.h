@@ -61,6 +61,10 @@ tqkv_status rec_filter(model_recurrent *r, const int *keep, int n_keep);
 /* New state whose rows are items[i]'s row rows[i], in order. All items share one shape. */
 tqkv_status rec_merge(model_recurrent **out, model_recurrent *const *items, const int *rows,
                       int n_items);
+/* New state holding rows keep[0..n_keep) of r in that order (r unchanged; indices distinct). */
+tqkv_status rec_select(const model_recurrent *r, const int *keep, int n_keep, model_recurrent **out);
+/* New state holding every row of items[0], then of items[1], ... (all unchanged). */
+tqkv_status rec_concat(model_recurrent **out, model_recurrent *const *items, int n_items);
 /* One-row copy of row `row`. */
 tqkv_status rec_extract(const model_recurrent *r, int row, model_recurrent **out);
 
