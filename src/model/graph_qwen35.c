@@ -209,10 +209,13 @@ static void deltanet(const tqkv_model *m, tqkv_model_state *s, const model_layer
             float beta = sigmoidf(pr[CD + VD + h]);
             float g = L->lin_neg_a[h] * softplusf(pr[CD + VD + NV + h] + L->dt_bias[h]);
             float eg = expf(g);
+            /* the e loops are elementwise (no reduction over e): `omp simd` vectorizes them
+             * with exactly the scalar operations per element, so the bits do not change */
             for (int e = 0; e < DV; e++) mem[e] = 0;
             for (int a = 0; a < DK; a++) {
                 float *Sa = S + (size_t)a * DV;
                 float ka = kk[a];
+#pragma omp simd
                 for (int e = 0; e < DV; e++) {
                     Sa[e] *= eg;
                     mem[e] += Sa[e] * ka;
@@ -224,6 +227,7 @@ static void deltanet(const tqkv_model *m, tqkv_model_state *s, const model_layer
             for (int a = 0; a < DK; a++) {
                 float *Sa = S + (size_t)a * DV;
                 float ka = kk[a], qa = q[a];
+#pragma omp simd
                 for (int e = 0; e < DV; e++) {
                     Sa[e] += ka * d[e];
                     o[e] += Sa[e] * qa;
