@@ -32,9 +32,18 @@ typedef enum {
     TQKV_ARCH_QWEN3 = 0, /* Qwen3ForCausalLM: q_norm/k_norm per head */
     TQKV_ARCH_QWEN2,     /* Qwen2ForCausalLM: q/k/v bias */
     TQKV_ARCH_LLAMA,     /* LlamaForCausalLM: attention_bias flag (q/k/v/o bias) */
-    TQKV_ARCH_GEMMA4     /* Gemma4ForCausalLM (gemma4_text): sliding/full layers, KV sharing;
+    TQKV_ARCH_GEMMA4,    /* Gemma4ForCausalLM (gemma4_text): sliding/full layers, KV sharing;
                             head_dim/n_kv_heads here are the sliding layers' */
+    TQKV_ARCH_QWEN35     /* Qwen3_5ForCausalLM (qwen3_5_text): gated DeltaNet + gated attention */
 } tqkv_arch;
+
+/* Kind of a layer's token mixer (tqkv_model_config.layer_type). */
+typedef enum {
+    TQKV_LAYER_FULL = 0, /* softmax attention over a KV cache */
+    TQKV_LAYER_LINEAR    /* gated DeltaNet: recurrent state rows, no KV cache */
+} tqkv_layer_type;
+
+#define TQKV_MAX_LAYERS 1024
 
 typedef enum {
     TQKV_ROPE_DEFAULT = 0,
@@ -72,6 +81,20 @@ typedef struct {
     int            pad_token_id;     /* -1 if none */
     int            eos_ids[TQKV_MAX_EOS];
     int            n_eos;
+    /* ---- hybrid graphs (Qwen 3.5); zero / TQKV_LAYER_FULL for the other archs ---- */
+    unsigned char  layer_type[TQKV_MAX_LAYERS]; /* tqkv_layer_type per layer */
+    int            n_linear;         /* layers of type TQKV_LAYER_LINEAR */
+    int            rotary_dim;       /* dims of each head that RoPE rotates (head_dim if 0) */
+    int            attn_output_gate; /* q_proj also yields a per-head gate: o *= sigmoid(gate) */
+    int            norm_zero_centred; /* RMSNorm weights are stored as w - 1 (applied as 1 + w) */
+    int            lin_k_heads;      /* DeltaNet key (and query) heads */
+    int            lin_v_heads;      /* DeltaNet value heads (a multiple of lin_k_heads) */
+    int            lin_k_dim;        /* DeltaNet key head dim */
+    int            lin_v_dim;        /* DeltaNet value head dim */
+    int            lin_conv_kernel;  /* depthwise causal conv1d width */
+    char           weight_prefix[32]; /* tensor name prefix of the text model: "" means
+                                         "model."; "model.language_model." for the text part
+                                         of a multimodal wrapper (Qwen3_5ForConditionalGeneration) */
 } tqkv_model_config;
 
 /* Sampling defaults from generation_config.json (HF semantics: without do_sample=true,
@@ -113,6 +136,20 @@ TQKV_API const tqkv_generation_config *tqkv_model_get_generation(const tqkv_mode
 TQKV_API int         tqkv_model_is_eos(const tqkv_model *m, int token);
 /* Bytes of weights the forward pass reads per token (matrices + embedding row + lm_head). */
 TQKV_API size_t      tqkv_model_weight_bytes(const tqkv_model *m);
+/* One layer's attention geometry as the forward runs it (for `tqkv info`, schedulers and
+ * bindings): Gemma 4's per-layer head dims, sliding windows and KV-sharing donors, Qwen 3.5's
+ * linear (recurrent) layers, or the uniform geometry of the other graphs. */
+typedef struct {
+    tqkv_layer_type type;   /* TQKV_LAYER_FULL (KV rows) or TQKV_LAYER_LINEAR (recurrent) */
+    int q_heads;            /* query heads (linear: key heads) */
+    int kv_heads;           /* KV heads (linear: value heads) */
+    int head_dim;           /* (linear: key head dim) */
+    int rotary_dim;         /* dims of each head RoPE rotates (0 for linear layers) */
+    double rope_theta;
+    int window;             /* sliding window in tokens (0 = full causal) */
+    int kv_from;            /* layer whose KV rows it reads: itself, a donor, or -1 (linear) */
+} tqkv_layer_info;
+TQKV_API tqkv_status tqkv_model_layer_info(const tqkv_model *m, int layer, tqkv_layer_info *out);
 /* Parameter count (elements of all tensors used). */
 TQKV_API size_t      tqkv_model_params(const tqkv_model *m);
 /* "bf16", "f16", "f32" or "mixed": the element type of the matrices as read by matmul. */
@@ -141,8 +178,23 @@ typedef struct {
                                    come back to the host; no padded prefill) */
 } tqkv_model_state_params;
 
-/* rows 1, f32/f32, window 0 (slack 32), seed 0, threads 1, prefill deferred, decode fused. */
+/* prefill_kernel / decode_kernel value meaning "the graph's kernel set" (the default):
+ * resolved at tqkv_model_state_init from the table in src/model/kernel_set.c. Any other
+ * value overrides the table (tests, benchmarks). */
+#define TQKV_KERNEL_BY_GRAPH ((tqkv_kernel)TQKV_KERNEL_COUNT)
+
+/* rows 1, f32/f32, window 0 (slack 32), seed 0, threads 1, kernels by graph. */
 TQKV_API tqkv_model_state_params tqkv_model_state_params_default(void);
+
+/* The graph's kernel set (the documented table in src/model/kernel_set.c): its name
+ * ("dense" or "deferred") and the kernels a state uses by default for prefill (n_query > 1)
+ * and decode. Any pointer may be NULL. */
+TQKV_API tqkv_status tqkv_model_kernel_set(const tqkv_model *m, const char **name,
+                                           tqkv_kernel *prefill, tqkv_kernel *decode);
+
+/* Fixed bytes every row holds whatever its length (recurrent state of linear-attention
+ * layers: conv history + DeltaNet state); 0 for graphs without such layers. */
+TQKV_API size_t      tqkv_model_state_row_fixed_bytes(const tqkv_model_state *s);
 
 TQKV_API tqkv_status tqkv_model_state_init(tqkv_model_state **out, const tqkv_model *m,
                                            const tqkv_model_state_params *p);
@@ -154,11 +206,13 @@ TQKV_API tqkv_status tqkv_model_state_set_threads(tqkv_model_state *s, int threa
 /* Tokens held per row (the next RoPE position of each row). offset: [rows] */
 TQKV_API tqkv_status tqkv_model_state_offsets(const tqkv_model_state *s, int *offset);
 /* The cache of one layer (for schedulers: merge/filter/export). Rows of every layer must
- * stay consistent (same offsets and padding) between forward calls.
- * Gemma 4: NULL for a KV-shared layer (it reads its donor's cache); a sliding layer holds
- * only its newest window + window_slack tokens per row (its offsets count those, so take
- * positions from tqkv_model_state_offsets), and is not trimmed during a spec round. */
-/* NULL for a state on the device (params.device == 1). */
+ * stay consistent (same offsets and padding) between forward calls. NULL for:
+ *   - a Gemma 4 KV-shared layer (it reads its donor's cache); a Gemma 4 sliding layer holds
+ *     only its newest window + window_slack tokens per row (its offsets count those, so take
+ *     positions from tqkv_model_state_offsets), and is not trimmed during a spec round;
+ *   - a linear-attention layer of a hybrid graph (Qwen 3.5): it holds recurrent state rows
+ *     instead (src/model/recurrent.h), to which every row operation must apply too;
+ *   - every layer of a state on the device (params.device == 1). */
 TQKV_API tqkv_batch *tqkv_model_state_layer(tqkv_model_state *s, int layer);
 /* KV bytes per token over all layers (K and V, main planes + window). */
 TQKV_API double      tqkv_model_state_kv_bytes_per_token(const tqkv_model_state *s);

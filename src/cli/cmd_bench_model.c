@@ -71,8 +71,8 @@ static int measure(const tqkv_model *m, const tqkv_model_state_params *sp, const
 
 int cmd_bench_model(int argc, char **argv) {
     const char *model_arg = MCLI_DEFAULT_MODEL, *ctx_list = "512,4096",
-               *kv_list = "f32,f16,q8,tq4,tq3", *prefill_kernel = "deferred",
-               *decode_kernel = "fused", *device = "cpu";
+               *kv_list = "f32,f16,q8,tq4,tq3", *prefill_kernel = "graph",
+               *decode_kernel = "graph", *device = "cpu";
     int threads = 2, gen = 64, json = 0, window = 0, reps = 3, blas = 0, f32w = 0, rows = 1;
     const arg_spec specs[] = {
         {"--model", ARG_STR, &model_arg, "model directory (default " MCLI_DEFAULT_MODEL ")"},
@@ -83,8 +83,8 @@ int cmd_bench_model(int argc, char **argv) {
         {"--window", ARG_INT, &window, "q8 recent window of tq caches (default 0)"},
         {"--rows", ARG_INT, &rows, "rows decoded together (default 1; prefill is per row)"},
         {"--reps", ARG_INT, &reps, "rounds over all configurations, best kept (default 3)"},
-        {"--prefill-kernel", ARG_STR, &prefill_kernel, "attention kernel for prefill (default deferred)"},
-        {"--decode-kernel", ARG_STR, &decode_kernel, "attention kernel for decode (default fused)"},
+        {"--prefill-kernel", ARG_STR, &prefill_kernel, "attention kernel for prefill: graph (the graph's kernel set, default), dense, deferred, fused"},
+        {"--decode-kernel", ARG_STR, &decode_kernel, "attention kernel for decode: graph (default), dense, deferred, fused"},
         {"--blas", ARG_FLAG, &blas, "OpenBLAS sgemm for prefill matmuls (not batch invariant)"},
         {"--f32-weights", ARG_FLAG, &f32w, "convert weights to f32 at load"},
         {"--device", ARG_STR, &device, "cpu|cuda: where the forward runs (default cpu)"},
@@ -150,6 +150,12 @@ int cmd_bench_model(int argc, char **argv) {
     for (int i = 0; i < max_ctx; i++) {
         z = z * 6364136223846793005ull + 1442695040888963407ull;
         tok[i] = (int32_t)((z >> 33) % (uint64_t)V);
+    }
+    { /* "graph": the graph's kernel set, resolved here so the header names it */
+        tqkv_kernel gp, gd;
+        tqkv_model_kernel_set(m, NULL, &gp, &gd);
+        if (pk == TQKV_KERNEL_BY_GRAPH) pk = gp;
+        if (dk == TQKV_KERNEL_BY_GRAPH) dk = gd;
     }
     fprintf(stderr, "tqkv bench model: %s weights, %d threads, gen %d, rows %d, prefill kernel %s, "
             "decode kernel %s%s\n", tqkv_model_weight_type(m), threads, gen, rows,

@@ -52,7 +52,7 @@ static double lse(const float *x, int n) {
 
 int cmd_ppl(int argc, char **argv) {
     const char *model_arg = MCLI_DEFAULT_MODEL, *text_path = NULL, *kv = "f32";
-    const char *prefill_kernel = "deferred", *device = "cpu";
+    const char *prefill_kernel = "graph", *device = "cpu";
     int ctx = 2048, max_windows = 0, window = 0, kld = 0, threads = 0, json = 0, kv_seed = 0;
     int chunk = 0, blas = 0;
     const arg_spec specs[] = {
@@ -66,7 +66,7 @@ int cmd_ppl(int argc, char **argv) {
         {"--kv-seed", ARG_INT, &kv_seed, "rotation seed of the KV cache (layer l: seed + l)"},
         {"--kld", ARG_FLAG, &kld, "also the mean KL divergence from an f32-cache pass"},
         {"--threads", ARG_INT, &threads, "threads (default: all CPUs)"},
-        {"--prefill-kernel", ARG_STR, &prefill_kernel, "attention kernel for n_query > 1"},
+        {"--prefill-kernel", ARG_STR, &prefill_kernel, "attention kernel for n_query > 1 (default graph: the graph's kernel set)"},
         {"--blas", ARG_FLAG, &blas, "OpenBLAS sgemm for prefill matmuls"},
         {"--device", ARG_STR, &device, "cpu|cuda: where the forward runs (default cpu)"},
         {"--json", ARG_FLAG, &json, "end with a JSON summary line"},

@@ -41,7 +41,7 @@ static int text_append(char **buf, size_t *len, size_t *cap, const char *piece, 
 
 int cmd_run(int argc, char **argv) {
     const char *model_arg = MCLI_DEFAULT_MODEL, *prompt = NULL, *prompt_file = NULL;
-    const char *kv = "f32", *prefill_kernel = "deferred", *decode_kernel = "fused";
+    const char *kv = "f32", *prefill_kernel = "graph", *decode_kernel = "graph";
     const char *device = "cpu";
     /* UNSET: an int the parser cannot produce (it reads -2147483647 .. 2147483647) */
     enum { UNSET = INT_MIN };
@@ -66,8 +66,8 @@ int cmd_run(int argc, char **argv) {
         {"--chat", ARG_FLAG, &chat, "wrap the prompt in the ChatML template"},
         {"--ignore-eos", ARG_FLAG, &ignore_eos, "do not stop at end-of-sequence tokens"},
         {"--json", ARG_FLAG, &json, "end with a JSON summary line"},
-        {"--prefill-kernel", ARG_STR, &prefill_kernel, "attention kernel for prefill (default deferred)"},
-        {"--decode-kernel", ARG_STR, &decode_kernel, "attention kernel for decode (default fused)"},
+        {"--prefill-kernel", ARG_STR, &prefill_kernel, "attention kernel for prefill: graph (the graph's kernel set, default), dense, deferred, fused"},
+        {"--decode-kernel", ARG_STR, &decode_kernel, "attention kernel for decode: graph (default), dense, deferred, fused"},
         {"--blas", ARG_FLAG, &blas, "OpenBLAS sgemm for prefill matmuls (not batch invariant)"},
         {"--f32-weights", ARG_FLAG, &f32w, "convert weights to f32 at load"},
         {"--device", ARG_STR, &device, "cpu|cuda: where the forward runs (default cpu)"},

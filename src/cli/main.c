@@ -22,6 +22,7 @@ static const command COMMANDS[] = {
     {"ppl", NULL, cmd_ppl, "perplexity (and KL divergence) of a text file"},
     {"bench", "model", cmd_bench_model, "model prefill/decode tokens per second per KV format"},
     {"chat-template", NULL, cmd_chat_template, "render a conversation with the model's chat template"},
+    {"info", NULL, cmd_info, "a checkpoint's graph, kernel set and KV bytes per token"},
 };
 
 static void usage(FILE *f) {

@@ -67,6 +67,10 @@ int mcli_parse_kv(const char *cmd, const char *spec, tqkv_format *k, tqkv_format
 }
 
 int mcli_parse_kernel(const char *cmd, const char *name, tqkv_kernel *out) {
+    if (!strcmp(name, "graph")) { /* the graph's kernel set (src/model/kernel_set.c) */
+        *out = TQKV_KERNEL_BY_GRAPH;
+        return 0;
+    }
     if (tqkv_kernel_parse(name, out) != TQKV_OK) {
         fprintf(stderr, "tqkv %s: %s\n", cmd, tqkv_last_error());
         return -1;

@@ -152,20 +152,34 @@ tqkv_status model_config_parse(const char *json, size_t len, const char *name,
         else if (!strcmp(mt->valuestring, "qwen2")) arch = "Qwen2ForCausalLM";
         else if (!strcmp(mt->valuestring, "llama")) arch = "LlamaForCausalLM";
         else if (!strcmp(mt->valuestring, "gemma4_text")) arch = "Gemma4ForCausalLM";
+        else if (!strcmp(mt->valuestring, "qwen3_5_text")) arch = "Qwen3_5ForCausalLM";
         else arch = mt->valuestring;
     }
     if (!arch) {
         cJSON_Delete(root);
         return tqkv_fail(TQKV_ECORRUPT, "%s: no \"architectures\" or \"model_type\"", name);
     }
+    if (model_config_is_qwen35_wrapper(arch, cJSON_IsString(mt) ? mt->valuestring : NULL)) {
+        rc = model_config_parse_qwen35_wrapper(root, name, &c); /* its text_config */
+        cJSON_Delete(root);
+        if (rc == TQKV_OK) *out = c;
+        return rc;
+    }
     if (!strcmp(arch, "Qwen3ForCausalLM")) c.arch = TQKV_ARCH_QWEN3;
     else if (!strcmp(arch, "Qwen2ForCausalLM")) c.arch = TQKV_ARCH_QWEN2;
     else if (!strcmp(arch, "LlamaForCausalLM")) c.arch = TQKV_ARCH_LLAMA;
     else if (!strcmp(arch, "Gemma4ForCausalLM")) c.arch = TQKV_ARCH_GEMMA4;
-    else {
+    else if (model_config_arch_qwen35(arch, cJSON_IsString(mt) ? mt->valuestring : NULL, name,
+                                      &rc)) {
+        if (rc != TQKV_OK) { /* a Qwen 3.5 variant this build refuses (MoE, multimodal) */
+            cJSON_Delete(root);
+            return rc;
+        }
+        c.arch = TQKV_ARCH_QWEN35;
+    } else {
         tqkv_status s = tqkv_fail(TQKV_EUNSUPPORTED,
                                   "%s: unknown architecture '%s' (supported: Qwen3ForCausalLM, "
-                                  "Qwen2ForCausalLM, LlamaForCausalLM, Gemma4ForCausalLM)",
+                                  "Qwen2ForCausalLM, LlamaForCausalLM, Gemma4ForCausalLM, Qwen3_5ForCausalLM)",
                                   name, arch);
         cJSON_Delete(root);
         return s;
@@ -217,7 +231,9 @@ tqkv_status model_config_parse(const char *json, size_t len, const char *name,
     const cJSON *lt = item(root, "layer_types"), *e;
     if (cJSON_IsArray(lt) && c.arch != TQKV_ARCH_GEMMA4) { /* gemma4: gemma4_config_parse */
         cJSON_ArrayForEach(e, lt) {
-            if (!cJSON_IsString(e) || strcmp(e->valuestring, "full_attention")) {
+            if (!cJSON_IsString(e) || (strcmp(e->valuestring, "full_attention") &&
+                                       !(c.arch == TQKV_ARCH_QWEN35 &&
+                                         !strcmp(e->valuestring, "linear_attention")))) {
                 cJSON_Delete(root);
                 return tqkv_fail(TQKV_EUNSUPPORTED, "%s: layer_types other than full_attention "
                                  "are not supported", name);
@@ -293,6 +309,7 @@ tqkv_status model_config_parse(const char *json, size_t len, const char *name,
     }
     c.n_eos = n;
     if (c.arch == TQKV_ARCH_GEMMA4) TRY(gemma4_config_parse(root, name, &c, NULL));
+    if (c.arch == TQKV_ARCH_QWEN35) TRY(model_config_parse_qwen35(root, name, &c));
     cJSON_Delete(root);
     *out = c;
     return TQKV_OK;

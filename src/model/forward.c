@@ -17,6 +17,7 @@
 #include "model/gemma4.h"
 #include "model/model_impl.h"
 #include "model/ops.h"
+#include "model/recurrent.h"
 #include "util/common.h"
 #ifdef TQKV_HAVE_CUDA
 #include "model/model_cuda.h"
@@ -36,8 +37,8 @@ tqkv_model_state_params tqkv_model_state_params_default(void) {
     p.window_slack = 32;
     p.kv_seed = 0;
     p.threads = 1;
-    p.prefill_kernel = TQKV_KERNEL_DEFERRED;
-    p.decode_kernel = TQKV_KERNEL_FUSED;
+    p.prefill_kernel = TQKV_KERNEL_BY_GRAPH;
+    p.decode_kernel = TQKV_KERNEL_BY_GRAPH;
     p.blas = 0;
     return p;
 }
@@ -56,6 +57,7 @@ static tqkv_status make_layers(const tqkv_model *m, const tqkv_model_state_param
     tqkv_batch **layers = calloc((size_t)L, sizeof *layers);
     if (!layers) return tqkv_fail(TQKV_ENOMEM, "out of memory");
     for (int l = 0; l < L; l++) {
+        if (m->cfg.layer_type[l] == TQKV_LAYER_LINEAR) continue; /* recurrent rows, no KV */
         tqkv_cache_config cc = tqkv_cache_config_default();
         cc.kv_heads = m->cfg.n_kv_heads;
         cc.head_dim = m->cfg.head_dim;
@@ -91,6 +93,10 @@ tqkv_status tqkv_model_state_init(tqkv_model_state **out, const tqkv_model *m,
                                   const tqkv_model_state_params *p_in) {
     if (!out || !m) return tqkv_fail(TQKV_EINVAL, "tqkv_model_state_init: NULL argument");
     tqkv_model_state_params p = p_in ? *p_in : tqkv_model_state_params_default();
+    tqkv_kernel kp, kd; /* TQKV_KERNEL_BY_GRAPH: the graph's kernel set (kernel_set.c) */
+    model_kernel_set(&m->cfg, &kp, &kd);
+    if (p.prefill_kernel == TQKV_KERNEL_BY_GRAPH) p.prefill_kernel = kp;
+    if (p.decode_kernel == TQKV_KERNEL_BY_GRAPH) p.decode_kernel = kd;
     if (p.rows < 1 || p.threads < 1 || p.window < 0 || p.window_slack < 0)
         return tqkv_fail(TQKV_EINVAL, "model state: need rows >= 1, threads >= 1, window >= 0");
     if ((unsigned)p.prefill_kernel >= TQKV_KERNEL_COUNT ||
@@ -108,6 +114,7 @@ tqkv_status tqkv_model_state_init(tqkv_model_state **out, const tqkv_model *m,
 #endif
     if (rc == TQKV_OK && p.device != 0 && !s->gpu)
         rc = tqkv_fail(TQKV_EUNSUPPORTED, "model state: device %d is not built in", p.device);
+    if (rc == TQKV_OK && m->cfg.n_linear > 0) rc = model_qwen35_state_init(s);
     if (rc == TQKV_OK) {
         s->off = calloc((size_t)p.rows, sizeof(int));
         s->len = calloc((size_t)p.rows, sizeof(int));
@@ -127,6 +134,7 @@ void tqkv_model_state_free(tqkv_model_state *s) {
 #ifdef TQKV_HAVE_CUDA
     model_cuda_free(s->gpu);
 #endif
+    model_qwen35_state_free(s);
     tqkv_mask_lease_free(s->lease);
     gemma4_state_free(s);
     free_scratch(s);
@@ -155,6 +163,12 @@ tqkv_status tqkv_model_state_reset(tqkv_model_state *s, int rows) {
         free_layers(layers, s->m->cfg.n_layers);
         return tqkv_fail(TQKV_ENOMEM, "out of memory");
     }
+    if (s->rec && (rc = rec_reset(s->rec, rows)) != TQKV_OK) {
+        free(off);
+        free(len);
+        free_layers(layers, s->m->cfg.n_layers);
+        return rc;
+    }
     free_layers(s->layers, s->m->cfg.n_layers);
     free(s->off);
     free(s->len);
@@ -180,7 +194,11 @@ tqkv_status tqkv_model_state_offsets(const tqkv_model_state *s, int *offset) {
 #ifdef TQKV_HAVE_CUDA
     if (s->gpu) return model_cuda_offsets(s->gpu, offset);
 #endif
-    return tqkv_batch_offsets(s->layers[s->m->g4 ? gemma4_position_layer(s->m) : 0], offset, NULL);
+    int l = 0; /* Gemma 4: a full layer (sliding layers hold fewer tokens) */
+    if (s->m->g4) l = gemma4_position_layer(s->m);
+    else /* hybrid graphs: the first layer with KV rows */
+        while (l + 1 < s->m->cfg.n_layers && !s->layers[l]) l++;
+    return tqkv_batch_offsets(s->layers[l], offset, NULL);
 }
 
 tqkv_batch *tqkv_model_state_layer(tqkv_model_state *s, int layer) {
@@ -191,7 +209,8 @@ tqkv_batch *tqkv_model_state_layer(tqkv_model_state *s, int layer) {
 double tqkv_model_state_kv_bytes_per_token(const tqkv_model_state *s) {
     if (!s) return 0;
     double b = 0;
-    for (int l = 0; l < s->m->cfg.n_layers; l++) b += tqkv_batch_bytes_per_token(s->layers[l]);
+    for (int l = 0; l < s->m->cfg.n_layers; l++)
+        if (s->layers[l]) b += tqkv_batch_bytes_per_token(s->layers[l]);
     return b;
 }
 
@@ -205,8 +224,9 @@ double tqkv_model_state_kv_bits_per_value(const tqkv_model_state *s) {
 size_t tqkv_model_state_kv_bytes_used(const tqkv_model_state *s) {
     if (!s) return 0;
     size_t b = 0;
-    for (int l = 0; l < s->m->cfg.n_layers; l++) b += tqkv_batch_bytes_used(s->layers[l]);
-    return b;
+    for (int l = 0; l < s->m->cfg.n_layers; l++)
+        if (s->layers[l]) b += tqkv_batch_bytes_used(s->layers[l]);
+    return b + (s->rec ? (size_t)s->rows * rec_row_bytes(s->rec) : 0);
 }
 
 // ---------------------------------------------------------------------------
@@ -299,6 +319,8 @@ static tqkv_status forward(const tqkv_model *m, tqkv_model_state *s, const int32
 #ifdef TQKV_HAVE_CUDA
     if (s->gpu) return model_cuda_forward(s->gpu, tokens, lengths, n, prefill, mode, logits);
 #endif
+    if (m->cfg.arch == TQKV_ARCH_QWEN35) /* hybrid graph: graph_qwen35.c */
+        return model_qwen35_forward(m, s, tokens, lengths, n, prefill, mode, logits);
     const tqkv_model_config *c = &m->cfg;
     const int R = s->rows, H = c->hidden_size, hd = c->head_dim, NH = c->n_heads,
               NKV = c->n_kv_heads, I = c->intermediate_size, V = c->vocab_size, half = hd / 2;

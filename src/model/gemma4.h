@@ -86,12 +86,6 @@ tqkv_status gemma4_forward(const tqkv_model *m, tqkv_model_state *s, const int32
                            float *logits);
 void        gemma4_state_free(tqkv_model_state *s);
 
-/* model.c helpers shared with the Gemma 4 loader (thin wrappers of model.c's statics). */
-tqkv_status model_load_matrix(tqkv_model *m, const tqkv_model_load_params *lp, const char *name,
-                              int rows, int cols, mm_weight *w);
-tqkv_status model_load_vector(tqkv_model *m, const char *name, int n, float **out);
-tqkv_status model_fuse(tqkv_model *m, const tqkv_model_load_params *lp, mm_weight **parts, int n,
-                       mm_weight *out);
-void       *model_own(tqkv_model *m, size_t bytes);
+/* model.c's loader helpers (model_load_matrix, ...) are declared in model_impl.h. */
 
 #endif

@@ -309,19 +309,24 @@ tqkv_status tqkv_model_load(tqkv_model **out, const char *dir, const tqkv_model_
     lpe.blas = 0;
     lpe.no_pack = 1;
     lpe.no_f32_prefill = 1;
-    rc = load_matrix(m, &lpe, "model.embed_tokens.weight", c->vocab_size, c->hidden_size, &m->embed);
+    char embed_name[96], norm_name[96]; /* "model." or a wrapper's text-model prefix */
+    const char *pfx = c->weight_prefix[0] ? c->weight_prefix : "model.";
+    snprintf(embed_name, sizeof embed_name, "%sembed_tokens.weight", pfx);
+    snprintf(norm_name, sizeof norm_name, "%snorm.weight", pfx);
+    rc = load_matrix(m, &lpe, embed_name, c->vocab_size, c->hidden_size, &m->embed);
     if (rc != TQKV_OK) goto fail;
-    for (int l = 0; l < c->n_layers && rc == TQKV_OK; l++) rc = load_layer(m, &lp, l);
+    for (int l = 0; l < c->n_layers && rc == TQKV_OK; l++)
+        rc = c->arch == TQKV_ARCH_QWEN35 ? model_qwen35_load_layer(m, &lp, l) : load_layer(m, &lp, l);
     if (rc != TQKV_OK) goto fail;
-    rc = load_vector(m, "model.norm.weight", c->hidden_size, &m->final_norm);
+    rc = load_vector(m, norm_name, c->hidden_size, &m->final_norm);
+    if (rc == TQKV_OK && c->arch == TQKV_ARCH_QWEN35) rc = model_qwen35_finish(m);
     if (rc != TQKV_OK) goto fail;
     if (st_find(&m->st, "lm_head.weight")) {
         rc = load_matrix(m, &lp, "lm_head.weight", c->vocab_size, c->hidden_size, &m->lm_head);
         if (rc != TQKV_OK) goto fail;
     } else if (c->tie_word_embeddings) {
         if (lp.weights_f32 || lp.blas || !lp.no_pack) {
-            rc = load_matrix(m, &lp, "model.embed_tokens.weight", c->vocab_size, c->hidden_size,
-                             &m->lm_head);
+            rc = load_matrix(m, &lp, embed_name, c->vocab_size, c->hidden_size, &m->lm_head);
             if (rc != TQKV_OK) goto fail;
             m->n_params -= (size_t)c->vocab_size * (size_t)c->hidden_size;
         } else {
@@ -339,7 +344,8 @@ loaded:
         const mm_weight *ws[7] = {&m->layers[l].wq, &m->layers[l].wk, &m->layers[l].wv,
                                   &m->layers[l].wo, &m->layers[l].wg, &m->layers[l].wu,
                                   &m->layers[l].wd};
-        for (int i = 0; i < 7; i++) types |= 1 << ws[i]->type;
+        for (int i = 0; i < 7; i++)
+            if (ws[i]->data) types |= 1 << ws[i]->type; /* linear layers: no q/k/v/o */
     }
     types |= 1 << m->lm_head.type;
     snprintf(m->wtype, sizeof m->wtype, "%s",
@@ -387,20 +393,28 @@ size_t tqkv_model_weight_bytes(const tqkv_model *m) {
         const model_layer *L = &m->layers[l];
         b += wbytes(&L->wq) + wbytes(&L->wk) + wbytes(&L->wv) + wbytes(&L->wo) + wbytes(&L->wg) +
              wbytes(&L->wu) + wbytes(&L->wd);
+        b += wbytes(&L->lin_qkv) + wbytes(&L->lin_z) + wbytes(&L->lin_b) + wbytes(&L->lin_a) +
+             wbytes(&L->lin_out); /* qwen35: DeltaNet layers (zero elsewhere) */
     }
     return b;
 }
 
-// ---- gemma4: the loader helpers shared with model_gemma4.c ----
-void *model_own(tqkv_model *m, size_t bytes) { return own(m, bytes); }
+// ---------------------------------------------------------------------------
+// loaders for the graph files (model_gemma4.c, model_qwen35.c): the helpers above
+// ---------------------------------------------------------------------------
+
+tqkv_status model_load_vector(tqkv_model *m, const char *name, int n, float **out) {
+    return load_vector(m, name, n, out);
+}
+
 tqkv_status model_load_matrix(tqkv_model *m, const tqkv_model_load_params *lp, const char *name,
                               int rows, int cols, mm_weight *w) {
     return load_matrix(m, lp, name, rows, cols, w);
 }
-tqkv_status model_load_vector(tqkv_model *m, const char *name, int n, float **out) {
-    return load_vector(m, name, n, out);
-}
+
 tqkv_status model_fuse(tqkv_model *m, const tqkv_model_load_params *lp, mm_weight **parts, int n,
                        mm_weight *out) {
     return fuse(m, lp, parts, n, out);
 }
+
+void *model_own(tqkv_model *m, size_t bytes) { return own(m, bytes); }

@@ -19,6 +19,19 @@ tqkv_status model_config_load(const char *dir, tqkv_model_config *cfg, tqkv_gene
 /* Parse config.json text (name used in messages). */
 tqkv_status model_config_parse(const char *json, size_t len, const char *name,
                                tqkv_model_config *cfg);
+/* config_qwen35.c: 1 if arch / model_type name a Qwen 3.5 checkpoint; *rc is TQKV_OK for
+ * the supported dense text graph, else the refusal (MoE, multimodal wrapper). */
+int         model_config_arch_qwen35(const char *arch, const char *model_type, const char *name,
+                                     tqkv_status *rc);
+/* Qwen3_5ForConditionalGeneration / model_type qwen3_5: the text model inside. */
+int         model_config_is_qwen35_wrapper(const char *arch, const char *model_type);
+struct cJSON;
+tqkv_status model_config_parse_qwen35_wrapper(const struct cJSON *root, const char *name,
+                                              tqkv_model_config *c);
+/* Hybrid fields of a Qwen 3.5 config (layer types, DeltaNet sizes, partial RoPE, gates). */
+struct cJSON;
+tqkv_status model_config_parse_qwen35(const struct cJSON *root, const char *name,
+                                      tqkv_model_config *c);
 tqkv_status model_generation_parse(const char *json, size_t len, const char *name,
                                    tqkv_model_config *cfg, tqkv_generation_config *gen);
 
@@ -44,6 +57,18 @@ typedef struct {
     mm_weight wqkv;        /* [n_heads*hd + 2*n_kv*hd, hidden] = q; k; v rows */
     float    *bqkv;        /* [n_heads*hd + 2*n_kv*hd] or NULL */
     mm_weight wgu;         /* [2*inter, hidden] = gate; up rows */
+    /* ---- qwen35: gated DeltaNet (TQKV_LAYER_LINEAR layers only; see graph_qwen35.c) ---- */
+    mm_weight lin_in;      /* [2*kd + vd + vd + nv + nv, hidden] = qkv; z; b; a rows (fused
+                              when packable, else data NULL and the four below are used) */
+    mm_weight lin_qkv;     /* [2*kd + vd, hidden] (kd = k_heads*k_dim, vd = v_heads*v_dim) */
+    mm_weight lin_z;       /* [vd, hidden] */
+    mm_weight lin_b;       /* [nv, hidden] */
+    mm_weight lin_a;       /* [nv, hidden] */
+    mm_weight lin_out;     /* [hidden, vd] */
+    float    *conv_w;      /* [2*kd + vd, conv_kernel] depthwise causal conv1d */
+    float    *lin_neg_a;   /* [nv] -exp(A_log) */
+    float    *dt_bias;     /* [nv] */
+    float    *lin_norm;    /* [v_dim] gated RMSNorm weight */
 } model_layer;
 
 struct tqkv_model {
@@ -64,6 +89,21 @@ struct tqkv_model {
                                                uploaded by the first device state (model_cuda.h) */
     struct g4_model       *g4;          /* Gemma 4 extras (gemma4.h), NULL otherwise */
 };
+
+/* model.c's loaders, for the graph files: tensors found by name with shape checks. */
+tqkv_status model_load_vector(tqkv_model *m, const char *name, int n, float **out);
+tqkv_status model_load_matrix(tqkv_model *m, const tqkv_model_load_params *lp, const char *name,
+                              int rows, int cols, mm_weight *w);
+/* Fused packed copy of parts (bf16, packable) or out->data == NULL. */
+tqkv_status model_fuse(tqkv_model *m, const tqkv_model_load_params *lp, mm_weight **parts, int n,
+                       mm_weight *out);
+/* Memory freed with the model. */
+void       *model_own(tqkv_model *m, size_t bytes);
+
+/* model_qwen35.c: one Qwen 3.5 layer (gated attention or gated DeltaNet); after the final
+ * norm is loaded, finish() applies the zero-centred norms' + 1 and the partial RoPE table. */
+tqkv_status model_qwen35_load_layer(tqkv_model *m, const tqkv_model_load_params *lp, int l);
+tqkv_status model_qwen35_finish(tqkv_model *m);
 
 // ---------------------------------------------------------------------------
 // state
@@ -96,6 +136,20 @@ struct tqkv_model_state {
     int     *len;        /* [rows] */
     struct model_cuda *gpu; /* --device cuda: the device twin that runs the forward (NULL: CPU) */
     struct g4_state *g4; /* Gemma 4 scratch (graph_gemma4.c), NULL otherwise */
+    /* ---- qwen35: hybrid graphs (NULL otherwise; see recurrent.h, graph_qwen35.c).
+     * layers[l] is NULL for a linear-attention layer (it has no KV rows). ---- */
+    struct model_recurrent *rec;
+    struct qwen35_scratch  *hy;
 };
+
+/* graph_qwen35.c: recurrent rows + scratch of a hybrid state; the hybrid forward. */
+tqkv_status model_qwen35_state_init(tqkv_model_state *s);
+void        model_qwen35_state_free(tqkv_model_state *s);
+tqkv_status model_qwen35_forward(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+                                 const int *lengths, int n, int prefill, tqkv_logits_mode mode,
+                                 float *logits);
+
+/* kernel_set.c: the graph's attention kernel set (the table lives there). */
+void        model_kernel_set(const tqkv_model_config *c, tqkv_kernel *prefill, tqkv_kernel *decode);
 
 #endif
