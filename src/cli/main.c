@@ -21,6 +21,7 @@ static const command COMMANDS[] = {
     {"run", NULL, cmd_run, "generate text from a prompt"},
     {"ppl", NULL, cmd_ppl, "perplexity (and KL divergence) of a text file"},
     {"bench", "model", cmd_bench_model, "model prefill/decode tokens per second per KV format"},
+    {"bench", "engine", cmd_bench_engine, "serving engine: concurrent requests, draft, prefix cache"},
 };
 
 static void usage(FILE *f) {
