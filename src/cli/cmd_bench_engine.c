@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -152,6 +153,7 @@ static void load_start(int n, pid_t *pids) {
     for (int i = 0; i < n; i++) {
         pids[i] = fork();
         if (pids[i] == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the benchmark */
             volatile unsigned long x = 0;
             for (;;) x++;
         }
@@ -197,6 +199,20 @@ int cmd_bench_engine(int argc, char **argv) {
     };
     const int n_specs = (int)(sizeof specs / sizeof specs[0]);
     if (args_parse(CMD, argc, argv, specs, n_specs) != 0) return 2;
+    /* OpenMP teams must not spin on a shared machine: libgomp reads OMP_WAIT_POLICY at
+     * start-up, so with threads > 1 and no policy set, re-execute with passive waits */
+    if (threads > 1 && !getenv("OMP_WAIT_POLICY")) {
+        char **nargv = calloc((size_t)argc + 4, sizeof *nargv);
+        if (nargv) {
+            nargv[0] = "tqkv";
+            nargv[1] = "bench";
+            nargv[2] = "engine";
+            for (int i = 0; i < argc; i++) nargv[3 + i] = argv[i];
+            setenv("OMP_WAIT_POLICY", "passive", 1);
+            execv("/proc/self/exe", nargv);
+            free(nargv); /* exec failed: run as we are */
+        }
+    }
     int conc[16], n_conc = 0;
     for (const char *p = conc_arg; *p && n_conc < 16;) {
         conc[n_conc] = atoi(p);
