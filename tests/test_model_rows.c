@@ -248,6 +248,19 @@ static void test_failures_unchanged(void **state) {
     int zero = 0;
     OK(tqkv_model_state_spec_rollback(s, &zero, 1));
     assert_same_state(s, b, len);
+    /* the undo a failed forward runs inside a spec round (tqkv_batch_rewind on every
+     * layer appended to) restores the state and keeps the round */
+    OK(tqkv_model_state_spec_begin(s));
+    int32_t three[2 * 3] = {1, 2, 3, 4, 5, 6};
+    OK(tqkv_model_extend(g_m, s, three, 3, TQKV_LOGITS_NONE, NULL));
+    const tqkv_model_config *cc = tqkv_model_get_config(g_m);
+    for (int l = 0; l < cc->n_layers; l++) {
+        assert_int_equal(tqkv_batch_rewind(tqkv_model_state_layer(s, l), 4), TQKV_ERANGE);
+        OK(tqkv_batch_rewind(tqkv_model_state_layer(s, l), 3));
+    }
+    assert_int_equal(tqkv_model_state_spec_active(s), 1);
+    OK(tqkv_model_state_spec_commit(s));
+    assert_same_state(s, b, len);
     /* the context limit: a window that would pass max_position_embeddings */
     const tqkv_model_config *c = tqkv_model_get_config(g_m);
     assert_int_equal(tqkv_model_context_len(g_m), c->max_position_embeddings);
