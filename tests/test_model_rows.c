@@ -91,8 +91,16 @@ static void test_merge_filter_extract_bitwise(void **state) {
         OK(tqkv_model_state_merge(run, src, 2));
         int rows[R] = {0, 1, -1, -1}, nr = 2;
         for (int step = 0; step < STEPS; step++) {
-            if (step == 2) {
-                OK(tqkv_model_state_merge(run, src + 2, 2));
+            if (step == 2) { /* newcomers 2 and 3 prefilled as their own left-padded batch */
+                int n2 = ref[2].n, n3 = ref[3].n, nn = n2 > n3 ? n2 : n3, lens[2] = {n2, n3};
+                int32_t *tk = calloc((size_t)2 * nn, sizeof(int32_t)); /* [2, nn] */
+                memcpy(tk + (nn - n2), ref[2].prompt, sizeof(int32_t) * (size_t)n2);
+                memcpy(tk + nn + (nn - n3), ref[3].prompt, sizeof(int32_t) * (size_t)n3);
+                tqkv_model_state *pair = new_state(2, fm[f][0], fm[f][1], window);
+                OK(tqkv_model_prefill(g_m, pair, tk, lens, nn, TQKV_LOGITS_NONE, NULL));
+                OK(tqkv_model_state_merge(run, &pair, 1));
+                tqkv_model_state_free(pair);
+                free(tk);
                 rows[2] = 2;
                 rows[3] = 3;
                 nr = 4;
