@@ -130,10 +130,10 @@ static uint64_t engine_fingerprint(const tqkv_engine *e) {
 static void engine_release(tqkv_engine *e) {
     tqkv_model_state_free(e->run);
     tqkv_model_state_free(e->drun);
+    prefix_free(&e->pc); /* its states refer to the model */
     tqkv_model_free(e->m);
     tqkv_model_free(e->dm);
     tqkv_tokenizer_free(e->tok);
-    prefix_free(&e->pc);
     free(e->rows);
     free(e->pre);
     free(e->logits);
