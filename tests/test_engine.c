@@ -7,6 +7,7 @@
  * equals a miss and the prompt-cache directory survives a restart and refuses files of
  * another KV format. The draft-model tests are in test_engine_spec.c.
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -331,8 +332,10 @@ static void test_budget_waits(void **state) {
         run_until_idle(probe);
     }
     tqkv_engine_free(probe);
-    int mx = j[0].n_prompt > j[1].n_prompt ? j[0].n_prompt : j[1].n_prompt;
-    p.kv_budget = (size_t)(st.kv_bytes_per_token * (mx + 20) * 1.5);
+    /* room for the larger request alone, never for both at once */
+    double n0 = st.kv_bytes_per_token * (j[0].n_prompt + 20);
+    double n1 = st.kv_bytes_per_token * (j[1].n_prompt + 20);
+    p.kv_budget = (size_t)ceil(fmax(n0, n1) + 0.5 * fmin(n0, n1));
     tqkv_engine *e = NULL;
     OK(tqkv_engine_init(&e, &p));
     submit(e, &j[0], &both[0]);
