@@ -23,6 +23,7 @@ static const command COMMANDS[] = {
     {"bench", "model", cmd_bench_model, "model prefill/decode tokens per second per KV format"},
     {"chat-template", NULL, cmd_chat_template, "render a conversation with the model's chat template"},
     {"info", NULL, cmd_info, "a checkpoint's graph, kernel set and KV bytes per token"},
+    {"bench", "engine", cmd_bench_engine, "serving engine: concurrent requests, draft, prefix cache"},
 };
 
 static void usage(FILE *f) {
