@@ -5,7 +5,7 @@
 # apt-get line and exits 1.
 set -euo pipefail
 want=(build-essential cmake pkg-config libopenblas-dev libpcre2-dev libutf8proc-dev
-      libcjson-dev zlib1g-dev libcmocka-dev)
+      libcjson-dev zlib1g-dev libcmocka-dev libmicrohttpd-dev)
 if [ "${1:-build}" = test ]; then
   # clang + its runtime for the libFuzzer state-restore fuzzer (run briefly in CI)
   want+=(clang libclang-rt-14-dev libomp-dev)

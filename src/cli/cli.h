@@ -15,6 +15,7 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_ppl(int argc, char **argv);
 int cmd_bench_model(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 /* ---- argument helpers (args.c) ----
  * Options are "--name value" or "--flag". Unknown options are an error. */
