@@ -20,6 +20,9 @@ cmake --build build-asan -j"$jobs"
 echo "== fuzz: state restore (${TQKV_FUZZ_SECONDS:-60} s)"
 bash fuzz/run.sh "${TQKV_FUZZ_SECONDS:-60}"
 
+echo "== fuzz: server request parser (${TQKV_FUZZ_SECONDS:-60} s)"
+bash fuzz/run_request.sh "${TQKV_FUZZ_SECONDS:-60}"
+
 # One closing line for CI: counts over both ctest runs (a failure above already exited).
 total=0 skipped=0
 for log in build/ctest.log build-asan/ctest.log; do
