@@ -274,6 +274,19 @@ size_t      tqkv_batch_bytes_used(const tqkv_batch *b);
 tqkv_status tqkv_batch_export(const tqkv_batch *b, uint8_t **out, size_t *len);
 tqkv_status tqkv_batch_restore(tqkv_batch **out, const uint8_t *buf, size_t len);
 
+/* ---- engine helpers (branch engine) ---- */
+/* New batch holding rows keep[0..n_keep) of b in that order (common left pad removed;
+ * a spec round carries over); b is unchanged. */
+TQKV_API tqkv_status tqkv_batch_select(const tqkv_batch *b, const int *keep, int n_keep,
+                                       tqkv_batch **out);
+/* Drop the newest n tokens of every row, also inside a spec round (not below a row's
+ * spec_begin offset). Exact when n <= window_slack or without a window. */
+TQKV_API tqkv_status tqkv_batch_rewind(tqkv_batch *b, int n);
+/* Bytes one row of this batch takes when it holds `tokens` tokens. */
+TQKV_API size_t      tqkv_batch_projected_bytes(const tqkv_batch *b, int tokens);
+/* tqkv_cache_min_reusable_offset of one row. */
+TQKV_API int         tqkv_batch_min_reusable_offset(const tqkv_batch *b, int row);
+
 #ifdef __cplusplus
 }
 #endif

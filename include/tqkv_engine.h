@@ -187,6 +187,16 @@ typedef struct {
 
 TQKV_API tqkv_status tqkv_engine_stats_get(tqkv_engine *e, tqkv_engine_stats *out);
 
+/* ------------------------------------------------------------------------- */
+/* Prompt cache files (added by branch engine)                                */
+/* ------------------------------------------------------------------------- */
+
+/* Load one prompt-cache file (DIR/<hash>-<n>.tqkvp, written by an engine with
+ * prompt_cache_dir) into the prefix cache. A file from another model or KV format is
+ * refused with TQKV_EINVAL and a message naming both; init loads every file of
+ * prompt_cache_dir this way and skips refused ones (reported when verbose). */
+TQKV_API tqkv_status tqkv_engine_prefix_import(tqkv_engine *e, const char *path);
+
 #ifdef __cplusplus
 }
 #endif

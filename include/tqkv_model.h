@@ -131,6 +131,10 @@ typedef struct {
     tqkv_kernel decode_kernel;  /* attention kernel for n_query == 1 */
     int         blas;           /* use cblas_sgemm for prefill matmuls (not batch invariant
                                    across M; needs a model loaded with blas = 1) */
+    int         extend_as_decode; /* extend with n > 1 attends each query like a decode
+                                   (decode kernel, own causal end): logits bitwise equal to
+                                   n single-token decodes when window == 0 (speculative
+                                   verification); default 0 */
 } tqkv_model_state_params;
 
 /* rows 1, f32/f32, window 0 (slack 32), seed 0, threads 1, prefill deferred, decode fused. */
@@ -177,6 +181,51 @@ tqkv_status tqkv_model_extend(const tqkv_model *m, tqkv_model_state *s, const in
 /* One token per row: tokens [rows], logits [rows, vocab]. */
 tqkv_status tqkv_model_decode(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
                               float *logits);
+
+/* ------------------------------------------------------------------------- */
+/* Row operations (src/model/state_rows.c): a state whose rows change between  */
+/* forward calls. Each changes every layer or, on failure, none.              */
+/* ------------------------------------------------------------------------- */
+
+/* Largest number of tokens a row may hold (max_position_embeddings); forward calls that
+ * would go past it fail with TQKV_ERANGE. */
+TQKV_API int         tqkv_model_context_len(const tqkv_model *m);
+/* Every layer holds the state's rows with the same offsets and spec round: TQKV_OK, else
+ * TQKV_ESTATE naming the layer. */
+TQKV_API tqkv_status tqkv_model_state_check(const tqkv_model_state *s);
+/* Append the rows of src[0..n_src) (states of the same model and cache parameters, not in
+ * a spec round) after s's rows, copying encoded bytes; sources are unchanged. */
+TQKV_API tqkv_status tqkv_model_state_merge(tqkv_model_state *s, tqkv_model_state *const *src,
+                                            int n_src);
+/* Keep rows keep[0..n_keep) in that order (n_keep may be 0: a state with no rows, which
+ * only merge may grow again). */
+TQKV_API tqkv_status tqkv_model_state_filter(tqkv_model_state *s, const int *keep, int n_keep);
+/* A new 1-row state (same parameters) holding a copy of row `row`. Inserting a row back is
+ * tqkv_model_state_merge with that state. */
+TQKV_API tqkv_status tqkv_model_state_extract_row(const tqkv_model_state *s, int row,
+                                                  tqkv_model_state **out);
+/* Speculative rounds over every layer: rollback keeps keep[r] tokens appended since begin
+ * (n_keep 1: the same for all rows) and ends the round; commit keeps everything. */
+TQKV_API tqkv_status tqkv_model_state_spec_begin(tqkv_model_state *s);
+TQKV_API tqkv_status tqkv_model_state_spec_commit(tqkv_model_state *s);
+TQKV_API tqkv_status tqkv_model_state_spec_rollback(tqkv_model_state *s, const int *keep,
+                                                    int n_keep);
+TQKV_API int         tqkv_model_state_spec_active(const tqkv_model_state *s);
+/* Bytes one row holding `tokens` tokens takes over all layers. */
+TQKV_API size_t      tqkv_model_state_projected_bytes(const tqkv_model_state *s, int tokens);
+/* Smallest prefix of row `row` reusable with bytes identical to a fresh prefill (max over
+ * layers of tqkv_batch_min_reusable_offset). */
+TQKV_API int         tqkv_model_state_min_reusable_offset(const tqkv_model_state *s, int row);
+/* Export every layer of a state (not in a spec round): "TQKVMS" header, layer count, then
+ * each layer's tqkv_batch_export. *out malloc'd. */
+TQKV_API tqkv_status tqkv_model_state_export(const tqkv_model_state *s, uint8_t **out,
+                                             size_t *len);
+/* Rebuild a state of model m from an export; p gives threads/kernels and the cache
+ * parameters the export must match (formats, window, slack, seed: else TQKV_EINVAL with
+ * what differs). */
+TQKV_API tqkv_status tqkv_model_state_import(tqkv_model_state **out, const tqkv_model *m,
+                                             const tqkv_model_state_params *p,
+                                             const uint8_t *buf, size_t len);
 
 /* ------------------------------------------------------------------------- */
 /* Sampling                                                                   */

@@ -1,6 +1,6 @@
 /*
  * single.c - the single-sequence cache: a thin wrapper over a 1-row, never padded batch.
- * Owns: tqkv_cache_* entry points (except attend, in attend.c), min_reusable_offset and
+ * Owns: tqkv_cache_* entry points (except attend, in src/attn/attend.c), min_reusable_offset and
  * projected_bytes.
  * Must not: duplicate batch logic (delegate), or let its row acquire left padding.
  */

@@ -248,19 +248,62 @@ static void matmul(const tqkv_model_state *s, const float *x, int T, const mm_we
     matmul_ld(s, x, T, w, bias, y, (size_t)w->n, prefill);
 }
 
-/* Undo the appends of layers [0, done) after a failure (extend: trim n; prefill: empty). */
-static void rollback(tqkv_model_state *s, int done, int n, int prefill) {
+/* Undo the appends of layers [0, done) after a failure (extend: rewind n, also inside a
+ * spec round; prefill: empty). Neither can fail after the checks forward() made: rows
+ * held >= n tokens more than before, and an empty batch of the same config is a small
+ * allocation; if even that fails the layer stays as appended and the state says so. */
+static tqkv_status rollback(tqkv_model_state *s, int done, int n, int prefill) {
+    tqkv_status worst = TQKV_OK;
     for (int l = 0; l < done; l++) {
+        tqkv_status rc;
         if (prefill) {
             tqkv_batch *nb = NULL;
-            if (tqkv_batch_init(&nb, tqkv_batch_get_config(s->layers[l]), s->rows) == TQKV_OK) {
+            rc = tqkv_batch_init(&nb, tqkv_batch_get_config(s->layers[l]), s->rows);
+            if (rc == TQKV_OK) {
                 tqkv_batch_free(s->layers[l]);
                 s->layers[l] = nb;
             }
         } else {
-            tqkv_batch_trim(s->layers[l], n);
+            rc = tqkv_batch_rewind(s->layers[l], n);
         }
+        if (rc != TQKV_OK) worst = rc;
     }
+    return worst;
+}
+
+/* Attention of n queries per row computed as n one-query (decode engine) calls, query j
+ * seeing the row's tokens up to its own position: the same bits as n single-token
+ * decodes (window 0), used for speculative verification. q, out: [rows, NH, n, hd]. */
+static tqkv_status attend_per_query(tqkv_model_state *s, const tqkv_batch *b, const float *q,
+                                    int n, const tqkv_attn_params *ap, float *out) {
+    const int R = s->rows, NH = ap->q_heads, hd = s->m->cfg.head_dim;
+    int *off = malloc(sizeof(int) * 2 * (size_t)R);
+    int32_t *lo = malloc(sizeof(int32_t) * 2 * (size_t)R);     /* [rows] lo then hi */
+    float *q1 = malloc(sizeof(float) * (size_t)R * NH * hd);   /* [rows, NH, 1, hd] */
+    float *o1 = malloc(sizeof(float) * (size_t)R * NH * hd);   /* [rows, NH, 1, hd] */
+    tqkv_status rc = TQKV_OK;
+    if (!off || !lo || !q1 || !o1) rc = tqkv_fail(TQKV_ENOMEM, "attention: out of memory");
+    if (rc == TQKV_OK) rc = tqkv_batch_offsets(b, off, off + R);
+    for (int j = 0; j < n && rc == TQKV_OK; j++) {
+        for (int r = 0; r < R; r++) {
+            lo[r] = off[R + r];
+            lo[R + r] = off[R + r] + off[r] - n + j + 1;
+            for (int h = 0; h < NH; h++)
+                memcpy(q1 + ((size_t)r * NH + h) * hd, q + (((size_t)r * NH + h) * n + j) * hd,
+                       sizeof(float) * hd);
+        }
+        tqkv_mask mk = {.rows = R, .n_query = 1, .window = 0, .lo = lo, .hi = lo + R};
+        rc = tqkv_batch_attend(b, &mk, q1, 1, ap, o1);
+        for (int r = 0; r < R && rc == TQKV_OK; r++)
+            for (int h = 0; h < NH; h++)
+                memcpy(out + (((size_t)r * NH + h) * n + j) * hd, o1 + ((size_t)r * NH + h) * hd,
+                       sizeof(float) * hd);
+    }
+    free(off);
+    free(lo);
+    free(q1);
+    free(o1);
+    return rc;
 }
 
 /* tokens [rows, n]; lens[r] real tokens at the end of each row (prefill) or n (extend). */
@@ -278,12 +321,18 @@ static tqkv_status forward(const tqkv_model *m, tqkv_model_state *s, const int32
     const int QD = NH * hd, KD = NKV * hd, th = s->p.threads;
 
     /* validate before touching anything (a scheduler may have filtered a layer's rows) */
-    for (int l = 0; l < c->n_layers; l++)
-        if (tqkv_batch_rows(s->layers[l]) != R)
-            return tqkv_fail(TQKV_ESTATE, "forward: layer %d cache holds %d rows, the state %d",
-                             l, tqkv_batch_rows(s->layers[l]), R);
-    tqkv_status rc = tqkv_batch_offsets(s->layers[0], s->off, NULL);
+    tqkv_status rc = tqkv_model_state_check(s); /* rows, offsets, spec round: every layer */
     if (rc != TQKV_OK) return rc;
+    if (R < 1) return tqkv_fail(TQKV_ESTATE, "forward: the state has no rows");
+    rc = tqkv_batch_offsets(s->layers[0], s->off, NULL);
+    if (rc != TQKV_OK) return rc;
+    for (int r = 0; r < R; r++) {
+        int len = lengths ? lengths[r] : n;
+        if ((long long)s->off[r] + len > c->max_position_embeddings)
+            return tqkv_fail(TQKV_ERANGE, "forward: row %d would reach %lld tokens, past the "
+                             "model's context limit of %d (max_position_embeddings)", r,
+                             (long long)s->off[r] + len, c->max_position_embeddings);
+    }
     size_t T = 0;
     for (int r = 0; r < R; r++) {
         int len = lengths ? lengths[r] : n;
@@ -369,7 +418,7 @@ static tqkv_status forward(const tqkv_model *m, tqkv_model_state *s, const int32
             rc = tqkv_batch_append(b, s->kb, s->vb, n);
         }
         if (rc != TQKV_OK) {
-            rollback(s, prefill ? l + 1 : l, n, prefill);
+            (void)rollback(s, prefill ? l + 1 : l, n, prefill);
             return rc;
         }
         /* attention */
@@ -377,10 +426,15 @@ static tqkv_status forward(const tqkv_model *m, tqkv_model_state *s, const int32
         rc = tqkv_batch_make_mask(b, s->lease, n, 0, &mask);
         if (rc == TQKV_OK) {
             tqkv_attn_params ap = {NH, scale, n == 1 ? s->p.decode_kernel : s->p.prefill_kernel, th};
-            rc = tqkv_batch_attend(b, mask, s->qb, n, &ap, s->ob);
+            if (!prefill && n > 1 && s->p.extend_as_decode) {
+                ap.kernel = s->p.decode_kernel;
+                rc = attend_per_query(s, b, s->qb, n, &ap, s->ob);
+            } else {
+                rc = tqkv_batch_attend(b, mask, s->qb, n, &ap, s->ob);
+            }
         }
         if (rc != TQKV_OK) {
-            rollback(s, l + 1, n, prefill);
+            (void)rollback(s, l + 1, n, prefill);
             return rc;
         }
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)

@@ -1,28 +1,42 @@
 /*
  * attend.c - public attention entry points for caches: tqkv_batch_attend, tqkv_cache_attend.
  * Owns: validating every argument (shapes, params, mask against the batch) so that the
- * kernels behind attn_batch() (src/attn) may trust them; the single cache's causal mask.
- * Kept in its own file so that code using only the cache links without src/attn.
- * Must not: compute attention itself.
+ * kernels behind attn_batch() may trust them; the single cache's causal mask.
+ * Lives in src/attn (moved from src/cache, issue 9): attention reads the cache's layout
+ * (cache/batch.h), the cache never calls up into attention.
+ * Must not: compute attention itself, or change a cache.
  */
 #include <math.h>
 #include <stdlib.h>
 
-#include "cache/cache_impl.h"
+#include "cache/batch.h"
+#include "util/common.h"
+
+#define ATTEND_CHECK(cond, code, ...)                                                      \
+    do {                                                                                   \
+        if (!(cond)) return tqkv_fail(code, __VA_ARGS__);                                  \
+    } while (0)
+
+/* Every row unpadded and all rows at one offset (then no mask is needed for one query). */
+static int attend_batch_uniform(const struct tqkv_batch *b) {
+    for (int r = 0; r < b->rows; r++)
+        if (b->left_pad[r] != 0 || b->offset[r] != b->offset[0]) return 0;
+    return 1;
+}
 
 // ---------------------------------------------------------------------------
 // Validation
 // ---------------------------------------------------------------------------
 
 static tqkv_status attend_check_params(const struct tqkv_batch *b, const tqkv_attn_params *p) {
-    CACHE_CHECK(p, TQKV_EINVAL, "attend: params is NULL");
-    CACHE_CHECK(p->q_heads >= 1 && p->q_heads % b->cfg.kv_heads == 0, TQKV_EINVAL,
+    ATTEND_CHECK(p, TQKV_EINVAL, "attend: params is NULL");
+    ATTEND_CHECK(p->q_heads >= 1 && p->q_heads % b->cfg.kv_heads == 0, TQKV_EINVAL,
                 "attend: q_heads (%d) must be a positive multiple of kv_heads (%d)", p->q_heads,
                 b->cfg.kv_heads);
-    CACHE_CHECK(p->threads >= 1, TQKV_EINVAL, "attend: threads must be >= 1, got %d", p->threads);
-    CACHE_CHECK((unsigned)p->kernel < TQKV_KERNEL_COUNT, TQKV_EINVAL, "attend: invalid kernel %d",
+    ATTEND_CHECK(p->threads >= 1, TQKV_EINVAL, "attend: threads must be >= 1, got %d", p->threads);
+    ATTEND_CHECK((unsigned)p->kernel < TQKV_KERNEL_COUNT, TQKV_EINVAL, "attend: invalid kernel %d",
                 (int)p->kernel);
-    CACHE_CHECK(isfinite(p->scale), TQKV_EINVAL, "attend: scale must be finite");
+    ATTEND_CHECK(isfinite(p->scale), TQKV_EINVAL, "attend: scale must be finite");
     return TQKV_OK;
 }
 
@@ -30,17 +44,17 @@ static tqkv_status attend_check_params(const struct tqkv_batch *b, const tqkv_at
  * row's tokens: kernels never read padding or past the end. */
 static tqkv_status attend_check_mask(const struct tqkv_batch *b, const tqkv_mask *m, int n_query) {
     if (!m) {
-        if (n_query != 1 || !batch_is_uniform(b))
+        if (n_query != 1 || !attend_batch_uniform(b))
             return tqkv_fail(TQKV_EINVAL, "attend: mask is NULL but this batch needs one "
                              "(n_query %d, padded or uneven rows); use tqkv_batch_make_mask",
                              n_query);
         return TQKV_OK;
     }
-    CACHE_CHECK(m->rows == b->rows, TQKV_EINVAL, "attend: mask has %d rows, batch has %d", m->rows,
+    ATTEND_CHECK(m->rows == b->rows, TQKV_EINVAL, "attend: mask has %d rows, batch has %d", m->rows,
                 b->rows);
-    CACHE_CHECK(m->n_query == n_query, TQKV_EINVAL, "attend: mask n_query %d != n_query %d",
+    ATTEND_CHECK(m->n_query == n_query, TQKV_EINVAL, "attend: mask n_query %d != n_query %d",
                 m->n_query, n_query);
-    CACHE_CHECK(b->rows == 0 || (m->lo && m->hi), TQKV_EINVAL, "attend: mask lo/hi is NULL");
+    ATTEND_CHECK(b->rows == 0 || (m->lo && m->hi), TQKV_EINVAL, "attend: mask lo/hi is NULL");
     for (int r = 0; r < b->rows; r++) {
         int lp = b->left_pad[r], end = lp + b->offset[r];
         for (int i = 0; i < n_query; i++) {
@@ -60,12 +74,12 @@ static tqkv_status attend_check_mask(const struct tqkv_batch *b, const tqkv_mask
 
 tqkv_status tqkv_batch_attend(const tqkv_batch *b, const tqkv_mask *mask, const float *q,
                               int n_query, const tqkv_attn_params *p, float *out) {
-    CACHE_CHECK(b, TQKV_EINVAL, "batch_attend: batch is NULL");
-    CACHE_CHECK(n_query >= 1, TQKV_EINVAL, "batch_attend: n_query must be >= 1, got %d", n_query);
+    ATTEND_CHECK(b, TQKV_EINVAL, "batch_attend: batch is NULL");
+    ATTEND_CHECK(n_query >= 1, TQKV_EINVAL, "batch_attend: n_query must be >= 1, got %d", n_query);
     tqkv_status st = attend_check_params(b, p);
     if (st) return st;
     if (b->rows == 0) return TQKV_OK;
-    CACHE_CHECK(q && out, TQKV_EINVAL, "batch_attend: q or out is NULL");
+    ATTEND_CHECK(q && out, TQKV_EINVAL, "batch_attend: q or out is NULL");
     for (int r = 0; r < b->rows; r++)
         if (n_query > b->left_pad[r] + b->offset[r])
             return tqkv_fail(TQKV_ERANGE, "batch_attend: n_query = %d exceeds row %d's columns "
@@ -77,11 +91,11 @@ tqkv_status tqkv_batch_attend(const tqkv_batch *b, const tqkv_mask *mask, const 
 /* Causal attention of the newest n_query tokens over the whole sequence. */
 tqkv_status tqkv_cache_attend(const tqkv_cache *c, const float *q, int n_query,
                               const tqkv_attn_params *p, float *out) {
-    CACHE_CHECK(c && c->b, TQKV_EINVAL, "cache_attend: cache is NULL");
+    ATTEND_CHECK(c && c->b, TQKV_EINVAL, "cache_attend: cache is NULL");
     const struct tqkv_batch *b = c->b;
-    CACHE_CHECK(q && out, TQKV_EINVAL, "cache_attend: q or out is NULL");
-    CACHE_CHECK(n_query >= 1, TQKV_EINVAL, "cache_attend: n_query must be >= 1, got %d", n_query);
-    CACHE_CHECK(n_query <= b->offset[0], TQKV_ERANGE,
+    ATTEND_CHECK(q && out, TQKV_EINVAL, "cache_attend: q or out is NULL");
+    ATTEND_CHECK(n_query >= 1, TQKV_EINVAL, "cache_attend: n_query must be >= 1, got %d", n_query);
+    ATTEND_CHECK(n_query <= b->offset[0], TQKV_ERANGE,
                 "cache_attend: n_query = %d exceeds the cache length %d", n_query, b->offset[0]);
     tqkv_status st = attend_check_params(b, p);
     if (st) return st;

@@ -1,0 +1,1086 @@
+/*
+ * engine.c - the serving engine's scheduler: a queue of requests, admission by projected
+ * KV bytes against a budget, chunked prefill of each newcomer in its own 1-row state,
+ * merge into the running batch, batched decode steps or speculative rounds, per-row
+ * sampling / stop strings / EOS / logprobs, retirement of finished rows, statistics.
+ * Owns: struct tqkv_engine's lists and counters, the engine thread.
+ * Must not: speak HTTP or JSON, render chat templates, print (except verbose progress).
+ *
+ * Determinism: every request runs the same sequence of model calls whatever else runs:
+ * its prompt in chunks at fixed boundaries (multiples of prefill_chunk) in a 1-row state,
+ * then one decode per token (or, with a draft, verification windows whose logits equal
+ * single decodes, see tqkv_model_state_params.extend_as_decode). Rows are independent in
+ * every kernel (batch invariance), and each request owns its sampler and seed, so its
+ * tokens do not depend on the other rows, on the prefix cache, or on the draft.
+ *
+ * Threading: compute runs on one thread (the engine thread, or the caller of
+ * tqkv_engine_step) with params.threads OpenMP threads inside the model calls; the
+ * default of 1 thread never spins, so request threads (HTTP) and other processes keep
+ * their cores. Events are sent without the lock held.
+ *
+ * Budget: kv_budget 0 means a quarter of physical RAM. A request reserves
+ * projected_bytes(n_prompt + max_tokens) of the target (and draft) state when admitted
+ * and releases it when it finishes, so running rows can never outgrow the budget.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine/engine_impl.h"
+#include "util/common.h"
+
+// ---------------------------------------------------------------------------
+// Small helpers
+// ---------------------------------------------------------------------------
+
+double engine_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static const double LAT_BUCKETS[TQKV_ENGINE_LAT_BUCKETS] = {
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0};
+
+const double *tqkv_engine_latency_buckets(void) { return LAT_BUCKETS; }
+
+static void hist_add(tqkv_engine_histogram *h, double v) {
+    h->count++;
+    h->sum += v;
+    for (int i = 0; i < TQKV_ENGINE_LAT_BUCKETS; i++)
+        if (v <= LAT_BUCKETS[i]) h->bucket[i]++;
+    h->bucket[TQKV_ENGINE_LAT_BUCKETS]++;
+}
+
+static char *str_dup(const char *s) {
+    if (!s) return NULL;
+    size_t n = strlen(s);
+    char *d = malloc(n + 1);
+    if (d) memcpy(d, s, n + 1);
+    return d;
+}
+
+static int grow_ptrs(void ***a, int *cap, int need) {
+    if (need <= *cap) return 1;
+    int nc = *cap ? *cap * 2 : 16;
+    while (nc < need) nc *= 2;
+    void **n = realloc(*a, sizeof(void *) * (size_t)nc);
+    if (!n) return 0;
+    *a = n;
+    *cap = nc;
+    return 1;
+}
+
+static int grow_floats(float **a, size_t *cap, size_t need) {
+    if (need <= *cap) return 1;
+    float *n = realloc(*a, sizeof(float) * need);
+    if (!n) return 0;
+    *a = n;
+    *cap = need;
+    return 1;
+}
+
+static size_t default_budget(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || psz <= 0) return (size_t)1 << 30;
+    return (size_t)pages * (size_t)psz / 4;
+}
+
+// ---------------------------------------------------------------------------
+// Parameters, init, free
+// ---------------------------------------------------------------------------
+
+tqkv_engine_params tqkv_engine_params_default(void) {
+    tqkv_engine_params p;
+    memset(&p, 0, sizeof p);
+    p.draft_tokens = 4;
+    p.k_format = TQKV_TQ4;
+    p.v_format = TQKV_TQ4;
+    p.parallel = 16;
+    p.queue_max = 256;
+    p.threads = 1;
+    p.prefill_chunk = 256;
+    return p;
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Model + KV parameters: what a persisted prefix entry must match. */
+static uint64_t engine_fingerprint(const tqkv_engine *e) {
+    const tqkv_model_config *c = tqkv_model_get_config(e->m);
+    uint64_t h = 1469598103934665603ull;
+    int f[] = {(int)c->arch, c->vocab_size, c->hidden_size, c->intermediate_size, c->n_layers,
+               c->n_heads, c->n_kv_heads, c->head_dim, c->max_position_embeddings,
+               (int)e->sp.k_format, (int)e->sp.v_format, e->sp.window, e->sp.window_slack,
+               (int)e->sp.kv_seed, e->p.prefill_chunk};
+    h = fnv(h, f, sizeof f);
+    h = fnv(h, &c->rope_theta, sizeof c->rope_theta);
+    size_t wb = tqkv_model_params(e->m);
+    h = fnv(h, &wb, sizeof wb);
+    return fnv(h, e->name, strlen(e->name));
+}
+
+static void engine_release(tqkv_engine *e) {
+    tqkv_model_state_free(e->run);
+    tqkv_model_state_free(e->drun);
+    tqkv_model_free(e->m);
+    tqkv_model_free(e->dm);
+    tqkv_tokenizer_free(e->tok);
+    prefix_free(&e->pc);
+    free(e->rows);
+    free(e->pre);
+    free(e->logits);
+    free(e->dlogits);
+    free(e->tmp);
+    free(e->tokbuf);
+    free(e->model_dir);
+    free(e->draft_dir);
+    free(e->name);
+    free(e);
+}
+
+tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
+    if (!out || !pin || !pin->model_dir)
+        return tqkv_fail(TQKV_EINVAL, "engine_init: NULL argument or no model_dir");
+    tqkv_engine_params p = *pin;
+    tqkv_engine_params d = tqkv_engine_params_default();
+    if (p.draft_tokens == 0) p.draft_tokens = d.draft_tokens;
+    if (p.parallel == 0) p.parallel = d.parallel;
+    if (p.queue_max == 0) p.queue_max = d.queue_max;
+    if (p.threads == 0) p.threads = d.threads;
+    if (p.prefill_chunk == 0) p.prefill_chunk = d.prefill_chunk;
+    if (p.draft_tokens < 1 || p.draft_tokens > 16)
+        return tqkv_fail(TQKV_EINVAL, "engine: draft_tokens %d not in [1, 16]", p.draft_tokens);
+    if (p.parallel < 1 || p.queue_max < 1 || p.threads < 1 || p.prefill_chunk < 1 ||
+        p.window < 0)
+        return tqkv_fail(TQKV_EINVAL, "engine: parallel, queue_max, threads, prefill_chunk must "
+                         "be >= 1 and window >= 0");
+    if ((unsigned)p.k_format >= TQKV_FORMAT_COUNT || (unsigned)p.v_format >= TQKV_FORMAT_COUNT)
+        return tqkv_fail(TQKV_EINVAL, "engine: invalid KV format");
+    if (p.draft_dir && p.window > 0)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "engine: a draft model needs window 0 (verification "
+                         "windows equal single decodes only without the q8 window)");
+    if (p.kv_budget == 0) p.kv_budget = default_budget();
+    tqkv_engine *e = tqkv_calloc(1, sizeof *e);
+    if (!e) return TQKV_ENOMEM;
+    e->p = p;
+    e->model_dir = str_dup(p.model_dir);
+    e->draft_dir = str_dup(p.draft_dir);
+    e->p.model_dir = e->model_dir;
+    e->p.draft_dir = e->draft_dir;
+    e->p.prompt_cache_dir = NULL;
+    e->next_id = 1;
+    /* name: last path component */
+    const char *nm = p.model_dir;
+    size_t nl = strlen(nm);
+    while (nl > 1 && nm[nl - 1] == '/') nl--;
+    size_t st = nl;
+    while (st > 0 && nm[st - 1] != '/') st--;
+    e->name = malloc(nl - st + 1);
+    if (!e->model_dir || (p.draft_dir && !e->draft_dir) || !e->name) {
+        engine_release(e);
+        return tqkv_fail(TQKV_ENOMEM, "engine: out of memory");
+    }
+    memcpy(e->name, nm + st, nl - st);
+    e->name[nl - st] = 0;
+
+    tqkv_model_load_params lp = tqkv_model_load_params_default();
+    lp.threads = p.threads;
+    lp.verbose = p.verbose;
+    tqkv_status rc = tqkv_model_load(&e->m, p.model_dir, &lp);
+    if (rc == TQKV_OK) rc = tqkv_tokenizer_load(&e->tok, p.model_dir);
+    if (rc == TQKV_OK && p.draft_dir) {
+        rc = tqkv_model_load(&e->dm, p.draft_dir, &lp);
+        if (rc == TQKV_OK &&
+            tqkv_model_get_config(e->dm)->vocab_size != tqkv_model_get_config(e->m)->vocab_size)
+            rc = tqkv_fail(TQKV_EINVAL, "engine: draft vocab %d differs from the model's %d",
+                           tqkv_model_get_config(e->dm)->vocab_size,
+                           tqkv_model_get_config(e->m)->vocab_size);
+    }
+    if (rc != TQKV_OK) {
+        engine_release(e);
+        return rc;
+    }
+    e->ctx = tqkv_model_context_len(e->m);
+    if (e->dm && tqkv_model_context_len(e->dm) < e->ctx) e->ctx = tqkv_model_context_len(e->dm);
+    e->sp = tqkv_model_state_params_default();
+    e->sp.k_format = p.k_format;
+    e->sp.v_format = p.v_format;
+    e->sp.window = p.window;
+    e->sp.threads = p.threads;
+    e->sp.extend_as_decode = e->dm != NULL;
+    e->dsp = tqkv_model_state_params_default();
+    e->dsp.k_format = p.k_format;
+    e->dsp.v_format = p.v_format;
+    e->dsp.threads = p.threads;
+    if (pthread_mutex_init(&e->mu, NULL) || pthread_cond_init(&e->cv_work, NULL) ||
+        pthread_cond_init(&e->cv_idle, NULL)) {
+        engine_release(e);
+        return tqkv_fail(TQKV_ENOMEM, "engine: cannot create lock");
+    }
+    e->st.kv_budget = p.kv_budget;
+    e->tmp = malloc(sizeof(float) * (size_t)tqkv_model_get_config(e->m)->vocab_size);
+    if (!e->tmp) {
+        engine_release(e);
+        return tqkv_fail(TQKV_ENOMEM, "engine: out of memory");
+    }
+    char desc[256];
+    snprintf(desc, sizeof desc, "model %s, kv %s/%s, window %d, chunk %d", e->name,
+             tqkv_format_name(p.k_format), tqkv_format_name(p.v_format), p.window,
+             p.prefill_chunk);
+    rc = prefix_init(&e->pc, p.prefix_cache_bytes, p.prompt_cache_dir, engine_fingerprint(e), desc);
+    if (rc != TQKV_OK) {
+        engine_release(e);
+        return rc;
+    }
+    if (e->pc.dir) prefix_load_dir(&e->pc, e->m, &e->sp, p.verbose);
+    /* bytes per token of one row (for stats), from an empty 1-row state */
+    tqkv_model_state *tmp = NULL;
+    if (tqkv_model_state_init(&tmp, e->m, &e->sp) == TQKV_OK) {
+        e->st.kv_bytes_per_token = tqkv_model_state_kv_bytes_per_token(tmp);
+        tqkv_model_state_free(tmp);
+    }
+    *out = e;
+    return TQKV_OK;
+}
+
+const tqkv_model *tqkv_engine_model(const tqkv_engine *e) { return e ? e->m : NULL; }
+const tqkv_tokenizer *tqkv_engine_tokenizer(const tqkv_engine *e) { return e ? e->tok : NULL; }
+int tqkv_engine_context_len(const tqkv_engine *e) { return e ? e->ctx : 0; }
+const char *tqkv_engine_model_name(const tqkv_engine *e) { return e ? e->name : NULL; }
+
+// ---------------------------------------------------------------------------
+// Requests
+// ---------------------------------------------------------------------------
+
+static void req_free(eng_req *q) {
+    if (!q) return;
+    free(q->prompt);
+    for (int i = 0; i < q->n_stop; i++) free(q->stop[i]);
+    free(q->stop);
+    tqkv_sampler_free(q->sampler);
+    tqkv_model_state_free(q->pre);
+    tqkv_model_state_free(q->dpre);
+    tqkv_decode_stream_free(q->ds);
+    free(q->out);
+    free(q);
+}
+
+/* Bytes a request holds at most: its row grown to n_prompt + max_tokens tokens. */
+static size_t req_projected(const tqkv_engine *e, const eng_req *q, tqkv_model_state *probe,
+                            tqkv_model_state *dprobe) {
+    int n = q->n_prompt + q->max_tokens;
+    size_t b = tqkv_model_state_projected_bytes(probe, n);
+    if (dprobe) b += tqkv_model_state_projected_bytes(dprobe, n);
+    (void)e;
+    return b;
+}
+
+tqkv_status tqkv_engine_submit(tqkv_engine *e, const tqkv_engine_request *r, uint64_t *id) {
+    if (!e || !r || !id) return tqkv_fail(TQKV_EINVAL, "engine_submit: NULL argument");
+    if (!r->on_event) return tqkv_fail(TQKV_EINVAL, "engine_submit: on_event is required");
+    if (!r->prompt || r->n_prompt < 1)
+        return tqkv_fail(TQKV_EINVAL, "engine_submit: the prompt needs at least one token");
+    if (r->max_tokens < 1)
+        return tqkv_fail(TQKV_EINVAL, "engine_submit: max_tokens must be >= 1, got %d",
+                         r->max_tokens);
+    if (r->n_stop < 0 || r->n_stop > 16 || (r->n_stop > 0 && !r->stop))
+        return tqkv_fail(TQKV_EINVAL, "engine_submit: n_stop must be in [0, 16]");
+    for (int i = 0; i < r->n_stop; i++)
+        if (!r->stop[i] || !r->stop[i][0])
+            return tqkv_fail(TQKV_EINVAL, "engine_submit: stop[%d] is NULL or empty", i);
+    if (r->top_logprobs < -1 || r->top_logprobs > TQKV_MAX_TOP_LOGPROBS)
+        return tqkv_fail(TQKV_EINVAL, "engine_submit: top_logprobs %d not in [-1, %d]",
+                         r->top_logprobs, TQKV_MAX_TOP_LOGPROBS);
+    const tqkv_sampler_params *s = &r->sampling;
+    if (!(s->temperature >= 0) || !isfinite(s->temperature) || !(s->top_p > 0 && s->top_p <= 1) ||
+        !(s->min_p >= 0 && s->min_p <= 1) || s->top_k < 0 || !(s->repetition_penalty > 0) ||
+        s->penalty_last_n < 0)
+        return tqkv_fail(TQKV_EINVAL, "engine_submit: sampling parameters out of range "
+                         "(temperature >= 0, 0 < top_p <= 1, 0 <= min_p <= 1, top_k >= 0, "
+                         "repetition_penalty > 0)");
+    int V = tqkv_model_get_config(e->m)->vocab_size;
+    for (int i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= V)
+            return tqkv_fail(TQKV_EINVAL, "engine_submit: prompt token %d at %d outside vocab %d",
+                             r->prompt[i], i, V);
+    if ((long long)r->n_prompt + r->max_tokens > e->ctx)
+        return tqkv_fail(TQKV_ERANGE, "engine_submit: prompt (%d tokens) + max_tokens (%d) = %lld "
+                         "exceeds the context length %d", r->n_prompt, r->max_tokens,
+                         (long long)r->n_prompt + r->max_tokens, e->ctx);
+    eng_req *q = tqkv_calloc(1, sizeof *q);
+    if (!q) return TQKV_ENOMEM;
+    q->prompt = malloc(sizeof(int32_t) * (size_t)r->n_prompt);
+    q->stop = r->n_stop ? calloc((size_t)r->n_stop, sizeof(char *)) : NULL;
+    tqkv_status rc = (!q->prompt || (r->n_stop && !q->stop)) ? TQKV_ENOMEM : TQKV_OK;
+    if (rc == TQKV_OK) {
+        memcpy(q->prompt, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
+        q->n_prompt = r->n_prompt;
+        for (int i = 0; i < r->n_stop; i++, q->n_stop++)
+            if (!(q->stop[i] = str_dup(r->stop[i]))) rc = TQKV_ENOMEM;
+    }
+    if (rc == TQKV_OK) rc = tqkv_sampler_init(&q->sampler, s, V);
+    if (rc == TQKV_OK && s->repetition_penalty != 1.0f)
+        for (int i = 0; i < r->n_prompt && rc == TQKV_OK; i++)
+            rc = tqkv_sampler_accept(q->sampler, r->prompt[i]);
+    if (rc == TQKV_OK) rc = tqkv_decode_stream_init(&q->ds, e->tok, TQKV_DECODE_SKIP_SPECIAL);
+    if (rc != TQKV_OK) {
+        req_free(q);
+        return rc == TQKV_ENOMEM ? tqkv_fail(TQKV_ENOMEM, "engine_submit: out of memory") : rc;
+    }
+    q->max_tokens = r->max_tokens;
+    q->sp = *s;
+    q->ignore_eos = r->ignore_eos;
+    q->top_logprobs = r->top_logprobs;
+    q->fn = r->on_event;
+    q->user = r->user;
+    q->last = -1;
+    q->t_submit = engine_now();
+
+    pthread_mutex_lock(&e->mu);
+    if (e->draining || e->stop) {
+        pthread_mutex_unlock(&e->mu);
+        req_free(q);
+        return tqkv_fail(TQKV_ESTATE, "engine_submit: the engine is draining");
+    }
+    if (e->n_queue >= e->p.queue_max) {
+        int qm = e->p.queue_max;
+        pthread_mutex_unlock(&e->mu);
+        req_free(q);
+        return tqkv_fail(TQKV_EBUSY, "engine_submit: the wait queue is full (%d requests); "
+                         "retry later", qm);
+    }
+    q->id = e->next_id++;
+    q->phase = REQ_QUEUED;
+    if (e->q_tail) e->q_tail->next = q;
+    else e->q_head = q;
+    e->q_tail = q;
+    e->n_queue++;
+    *id = q->id;
+    pthread_cond_signal(&e->cv_work);
+    pthread_mutex_unlock(&e->mu);
+    return TQKV_OK;
+}
+
+tqkv_status tqkv_engine_cancel(tqkv_engine *e, uint64_t id) {
+    if (!e) return tqkv_fail(TQKV_EINVAL, "engine_cancel: NULL engine");
+    pthread_mutex_lock(&e->mu);
+    eng_req *hit = NULL;
+    for (eng_req *q = e->q_head; q && !hit; q = q->next)
+        if (q->id == id) hit = q;
+    for (int i = 0; i < e->n_pre && !hit; i++)
+        if (e->pre[i]->id == id) hit = e->pre[i];
+    for (int i = 0; i < e->n_rows && !hit; i++)
+        if (e->rows[i]->id == id && !e->rows[i]->finished) hit = e->rows[i];
+    if (hit) {
+        hit->cancel = 1;
+        pthread_cond_signal(&e->cv_work);
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (!hit) return tqkv_fail(TQKV_EINVAL, "engine_cancel: no open request with id %llu",
+                               (unsigned long long)id);
+    return TQKV_OK;
+}
+
+// ---------------------------------------------------------------------------
+// Events
+// ---------------------------------------------------------------------------
+
+typedef struct {
+    float   logprob;
+    int     n_top;
+    int32_t top_ids[TQKV_MAX_TOP_LOGPROBS];
+    float   top_lp[TQKV_MAX_TOP_LOGPROBS];
+} tok_info;
+
+static void emit(tqkv_engine *e, eng_req *q, int32_t tok, const tok_info *ti, const char *text,
+                 size_t n, int done, tqkv_finish_reason fin, const char *err) {
+    tqkv_engine_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.token = tok;
+    ev.text = text ? text : "";
+    ev.text_len = text ? n : 0;
+    if (ti && q->top_logprobs >= 0) {
+        ev.logprob = ti->logprob;
+        ev.n_top = ti->n_top;
+        ev.top_ids = ti->top_ids;
+        ev.top_logprobs = ti->top_lp;
+    }
+    ev.done = done;
+    ev.finish = done ? fin : TQKV_FINISH_NONE;
+    ev.error = err;
+    ev.prompt_tokens = q->n_prompt;
+    ev.completion_tokens = q->n_gen;
+    ev.cached_tokens = q->cached;
+    double now = engine_now();
+    if (tok >= 0) {
+        pthread_mutex_lock(&e->mu);
+        if (q->n_gen == 1) hist_add(&e->st.ttft, now - q->t_submit);
+        else hist_add(&e->st.itl, now - q->t_last);
+        pthread_mutex_unlock(&e->mu);
+        q->t_last = now;
+    }
+    if (done) {
+        q->finished = 1;
+        pthread_mutex_lock(&e->mu);
+        e->st.requests_finished[fin]++;
+        pthread_mutex_unlock(&e->mu);
+    }
+    q->fn(q->user, q->id, &ev);
+}
+
+/* Final event with no token (cancel, error). */
+static void finish_plain(tqkv_engine *e, eng_req *q, tqkv_finish_reason fin, const char *err) {
+    if (q->finished) return;
+    emit(e, q, -1, NULL, NULL, 0, 1, fin, err);
+}
+
+// ---------------------------------------------------------------------------
+// Token handling: logprobs, text, stop strings, EOS, max_tokens
+// ---------------------------------------------------------------------------
+
+static void logprob_info(const float *raw, int V, int32_t tok, int n_top, tok_info *ti) {
+    float mx = -INFINITY;
+    for (int i = 0; i < V; i++)
+        if (raw[i] > mx) mx = raw[i];
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += exp((double)raw[i] - mx);
+    double lse = (double)mx + log(sum);
+    ti->logprob = (float)((double)raw[tok] - lse);
+    ti->n_top = n_top;
+    /* insertion into a best-first list of n_top (ties: lower id first) */
+    int k = 0;
+    for (int i = 0; i < V && n_top > 0; i++) {
+        float v = raw[i];
+        if (k == n_top && !(v > raw[ti->top_ids[k - 1]])) continue;
+        int j = k < n_top ? k++ : n_top - 1;
+        while (j > 0 && v > raw[ti->top_ids[j - 1]]) {
+            ti->top_ids[j] = ti->top_ids[j - 1];
+            j--;
+        }
+        ti->top_ids[j] = i;
+    }
+    for (int i = 0; i < n_top; i++) ti->top_lp[i] = (float)((double)raw[ti->top_ids[i]] - lse);
+}
+
+static int out_append(eng_req *q, const char *s, size_t n) {
+    if (q->out_len + n + 1 > q->out_cap) {
+        size_t nc = q->out_cap ? q->out_cap * 2 : 256;
+        while (nc < q->out_len + n + 1) nc *= 2;
+        char *b = realloc(q->out, nc);
+        if (!b) return 0;
+        q->out = b;
+        q->out_cap = nc;
+    }
+    memcpy(q->out + q->out_len, s, n);
+    q->out_len += n;
+    q->out[q->out_len] = 0;
+    return 1;
+}
+
+/* Pick the next token of q from raw logits [V]; scratch [V]. */
+static tqkv_status req_pick(tqkv_engine *e, eng_req *q, const float *raw, int32_t *tok,
+                            tok_info *ti) {
+    int V = tqkv_model_get_config(e->m)->vocab_size;
+    memcpy(e->tmp, raw, sizeof(float) * (size_t)V);
+    int t = 0;
+    tqkv_status rc = tqkv_sampler_sample(q->sampler, e->tmp, &t);
+    if (rc != TQKV_OK) return rc;
+    *tok = t;
+    if (q->top_logprobs >= 0) logprob_info(raw, V, t, q->top_logprobs, ti);
+    return TQKV_OK;
+}
+
+/* Account a generated token: text, stop strings, EOS, limits, and its event. Returns 1
+ * when the request finished with this token. */
+static int req_take(tqkv_engine *e, eng_req *q, int32_t tok, const tok_info *ti) {
+    q->n_gen++;
+    q->last = tok;
+    pthread_mutex_lock(&e->mu);
+    e->st.generated_tokens++;
+    pthread_mutex_unlock(&e->mu);
+    if (q->sp.repetition_penalty != 1.0f) tqkv_sampler_accept(q->sampler, tok);
+    if (!q->ignore_eos && tqkv_model_is_eos(e->m, tok)) {
+        /* release what was held back for stop matching */
+        const char *fl = NULL;
+        size_t fn = 0;
+        tqkv_decode_stream_flush(q->ds, &fl, &fn);
+        if (fn) out_append(q, fl, fn);
+        size_t rel = q->released;
+        q->released = q->out_len;
+        emit(e, q, tok, ti, q->out + rel, q->out_len - rel, 1, TQKV_FINISH_STOP, NULL);
+        return 1;
+    }
+    const char *piece = NULL;
+    size_t pn = 0;
+    if (tqkv_decode_stream_push(q->ds, tok, &piece, &pn) != TQKV_OK) pn = 0;
+    if (pn && !out_append(q, piece, pn)) {
+        finish_plain(e, q, TQKV_FINISH_ERROR, "out of memory");
+        return 1;
+    }
+    int at_limit = q->n_gen >= q->max_tokens || q->n_prompt + q->n_gen >= e->ctx;
+    if (at_limit) {
+        const char *fl = NULL;
+        size_t fn = 0;
+        tqkv_decode_stream_flush(q->ds, &fl, &fn);
+        if (fn) out_append(q, fl, fn);
+    }
+    /* earliest stop string that starts at or after the released text */
+    size_t cut = (size_t)-1;
+    for (int i = 0; i < q->n_stop; i++) {
+        size_t sl = strlen(q->stop[i]);
+        size_t from = q->released;
+        for (size_t p = from; p + sl <= q->out_len && p < cut; p++)
+            if (!memcmp(q->out + p, q->stop[i], sl)) {
+                cut = p;
+                break;
+            }
+    }
+    if (cut != (size_t)-1) {
+        size_t rel = q->released;
+        q->released = cut;
+        emit(e, q, tok, ti, q->out + rel, cut - rel, 1, TQKV_FINISH_STOP, NULL);
+        return 1;
+    }
+    if (at_limit) {
+        size_t rel = q->released;
+        q->released = q->out_len;
+        emit(e, q, tok, ti, q->out + rel, q->out_len - rel, 1, TQKV_FINISH_LENGTH, NULL);
+        return 1;
+    }
+    /* release everything except a tail that could start a stop string */
+    size_t safe = q->out_len;
+    for (int i = 0; i < q->n_stop; i++) {
+        size_t sl = strlen(q->stop[i]);
+        for (size_t k = sl - 1; k >= 1; k--) {
+            if (k > q->out_len - q->released) continue;
+            if (!memcmp(q->out + q->out_len - k, q->stop[i], k)) {
+                if (q->out_len - k < safe) safe = q->out_len - k;
+                break;
+            }
+        }
+    }
+    size_t rel = q->released;
+    q->released = safe;
+    emit(e, q, tok, ti, q->out + rel, safe - rel, 0, TQKV_FINISH_NONE, NULL);
+    return 0;
+}
+
+// ---------------------------------------------------------------------------
+// Scheduler pieces
+// ---------------------------------------------------------------------------
+
+/* Queue: drop cancelled requests, admit from the head while slots and budget allow. */
+static void sched_admit(tqkv_engine *e, eng_req **dropped, int *n_dropped, int cap_dropped) {
+    /* probes for projections: empty 1-row states of the same parameters */
+    tqkv_model_state *probe = NULL, *dprobe = NULL;
+    pthread_mutex_lock(&e->mu);
+    eng_req **pp = &e->q_head, *prev = NULL;
+    while (*pp) {
+        eng_req *q = *pp;
+        if (q->cancel && *n_dropped < cap_dropped) {
+            *pp = q->next;
+            if (e->q_tail == q) e->q_tail = prev;
+            e->n_queue--;
+            dropped[(*n_dropped)++] = q;
+            continue;
+        }
+        prev = q;
+        pp = &q->next;
+    }
+    while (e->q_head && e->n_rows + e->n_pre < e->p.parallel) {
+        eng_req *q = e->q_head;
+        if (!probe) {
+            pthread_mutex_unlock(&e->mu);
+            tqkv_status rc = tqkv_model_state_init(&probe, e->m, &e->sp);
+            if (rc == TQKV_OK && e->dm) rc = tqkv_model_state_init(&dprobe, e->dm, &e->dsp);
+            pthread_mutex_lock(&e->mu);
+            if (rc != TQKV_OK) break;
+            continue; /* the head may have changed while unlocked */
+        }
+        size_t need = req_projected(e, q, probe, dprobe);
+        if (need > e->p.kv_budget) {
+            /* can never fit: fail it rather than block the queue */
+            e->q_head = q->next;
+            if (!e->q_head) e->q_tail = NULL;
+            e->n_queue--;
+            q->reserved = 0;
+            q->cancel = 2; /* marks "too large" for the caller */
+            if (*n_dropped < cap_dropped) dropped[(*n_dropped)++] = q;
+            continue;
+        }
+        if (e->reserved + need > e->p.kv_budget) break; /* wait for rows to finish */
+        if (!grow_ptrs((void ***)&e->pre, &e->cap_pre, e->n_pre + 1)) break;
+        e->q_head = q->next;
+        if (!e->q_head) e->q_tail = NULL;
+        e->n_queue--;
+        q->next = NULL;
+        q->reserved = need;
+        e->reserved += need;
+        q->phase = REQ_PREFILL;
+        e->pre[e->n_pre++] = q;
+        e->st.prompt_tokens += (uint64_t)q->n_prompt;
+    }
+    pthread_mutex_unlock(&e->mu);
+    tqkv_model_state_free(probe);
+    tqkv_model_state_free(dprobe);
+}
+
+static void release_budget(tqkv_engine *e, eng_req *q) {
+    pthread_mutex_lock(&e->mu);
+    e->reserved -= q->reserved;
+    q->reserved = 0;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* One prefill chunk of q: tokens [prefilled, prefilled + C) at fixed multiples of C.
+ * On the last chunk, picks the first token. Returns tokens processed, or -1 on error
+ * (request finished with an error event). */
+static int prefill_chunk(tqkv_engine *e, eng_req *q) {
+    const int C = e->p.prefill_chunk, V = tqkv_model_get_config(e->m)->vocab_size;
+    tqkv_status rc = TQKV_OK;
+    if (!q->pre) {
+        int hit_n = 0;
+        if (e->pc.budget) { /* the lock keeps the entry from eviction by an import */
+            pthread_mutex_lock(&e->mu);
+            prefix_entry *hit = prefix_lookup(&e->pc, q->prompt, q->n_prompt, q->n_prompt - 1);
+            if (hit && (rc = tqkv_model_state_extract_row(hit->st, 0, &q->pre)) == TQKV_OK) {
+                hit_n = hit->n;
+                e->st.prefix_hits++;
+                e->st.prefix_tokens_reused += (uint64_t)hit_n;
+            } else if (!hit) {
+                e->st.prefix_misses++;
+            }
+            pthread_mutex_unlock(&e->mu);
+        }
+        if (rc == TQKV_OK && hit_n) q->prefilled = q->cached = hit_n;
+        else if (rc == TQKV_OK) rc = tqkv_model_state_init(&q->pre, e->m, &e->sp);
+        if (rc != TQKV_OK) goto fail;
+    }
+    int n = q->n_prompt - q->prefilled < C ? q->n_prompt - q->prefilled : C;
+    int last = q->prefilled + n == q->n_prompt;
+    if (!grow_floats(&e->logits, &e->cap_logits, (size_t)V)) {
+        rc = tqkv_fail(TQKV_ENOMEM, "engine: out of memory for logits");
+        goto fail;
+    }
+    const int32_t *tk = q->prompt + q->prefilled;
+    tqkv_logits_mode mode = last ? TQKV_LOGITS_LAST : TQKV_LOGITS_NONE;
+    if (q->prefilled == 0) rc = tqkv_model_prefill(e->m, q->pre, tk, NULL, n, mode, e->logits);
+    else rc = tqkv_model_extend(e->m, q->pre, tk, n, mode, e->logits);
+    if (rc != TQKV_OK) goto fail;
+    q->prefilled += n;
+    if (!last && e->pc.budget && q->prefilled % C == 0) {
+        pthread_mutex_lock(&e->mu);
+        prefix_entry *x = prefix_lookup(&e->pc, q->prompt, q->prefilled, q->prefilled);
+        if (!x || x->n != q->prefilled) (void)prefix_insert(&e->pc, q->prompt, q->prefilled, q->pre);
+        pthread_mutex_unlock(&e->mu);
+    }
+    if (last) {
+        if (e->dm) {
+            rc = tqkv_model_state_init(&q->dpre, e->dm, &e->dsp);
+            if (rc == TQKV_OK)
+                rc = tqkv_model_prefill(e->dm, q->dpre, q->prompt, NULL, q->n_prompt,
+                                        TQKV_LOGITS_NONE, NULL);
+            if (rc != TQKV_OK) goto fail;
+        }
+        int32_t tok;
+        tok_info ti;
+        if ((rc = req_pick(e, q, e->logits, &tok, &ti)) != TQKV_OK) goto fail;
+        q->phase = REQ_RUNNING;
+        req_take(e, q, tok, &ti);
+    }
+    return n;
+fail:
+    finish_plain(e, q, TQKV_FINISH_ERROR, tqkv_last_error());
+    return -1;
+}
+
+/* Remove finished requests from the prefill list (free them). */
+static void sweep_pre(tqkv_engine *e, eng_req **ready, int *n_ready) {
+    for (int i = 0; i < e->n_pre; i++)
+        if (e->pre[i]->cancel && !e->pre[i]->finished)
+            finish_plain(e, e->pre[i], TQKV_FINISH_CANCELLED, NULL);
+    eng_req **gone = malloc(sizeof(eng_req *) * (size_t)(e->n_pre ? e->n_pre : 1));
+    int k = 0, ng = 0;
+    pthread_mutex_lock(&e->mu); /* cancel() reads the list */
+    for (int i = 0; i < e->n_pre; i++) {
+        eng_req *q = e->pre[i];
+        if (q->finished && gone) {
+            q->phase = REQ_DONE;
+            gone[ng++] = q;
+        } else if (q->phase == REQ_RUNNING && !q->finished) {
+            ready[(*n_ready)++] = q;
+        } else {
+            e->pre[k++] = q;
+        }
+    }
+    e->n_pre = k;
+    pthread_mutex_unlock(&e->mu);
+    for (int i = 0; i < ng; i++) {
+        release_budget(e, gone[i]);
+        req_free(gone[i]);
+    }
+    free(gone);
+}
+
+static int ensure_tok(tqkv_engine *e, size_t n) {
+    if (e->cap_tok >= n) return 1;
+    int32_t *t = realloc(e->tokbuf, sizeof(int32_t) * n);
+    if (!t) return 0;
+    e->tokbuf = t;
+    e->cap_tok = n;
+    return 1;
+}
+
+/* Plain decode step over all running rows. */
+static tqkv_status step_decode(tqkv_engine *e) {
+    const int R = e->n_rows, V = tqkv_model_get_config(e->m)->vocab_size;
+    if (!grow_floats(&e->logits, &e->cap_logits, (size_t)R * V) || !ensure_tok(e, (size_t)R))
+        return tqkv_fail(TQKV_ENOMEM, "engine: out of memory");
+    for (int i = 0; i < R; i++) e->tokbuf[i] = e->rows[i]->last;
+    tqkv_status rc = tqkv_model_decode(e->m, e->run, e->tokbuf, e->logits);
+    if (rc == TQKV_OK && e->drun) rc = tqkv_model_decode(e->dm, e->drun, e->tokbuf, NULL);
+    if (rc != TQKV_OK) return rc;
+    for (int i = 0; i < R; i++) {
+        eng_req *q = e->rows[i];
+        if (q->finished || q->cancel) continue;
+        int32_t tok;
+        tok_info ti;
+        if (req_pick(e, q, e->logits + (size_t)i * V, &tok, &ti) != TQKV_OK) {
+            finish_plain(e, q, TQKV_FINISH_ERROR, tqkv_last_error());
+            continue;
+        }
+        req_take(e, q, tok, &ti);
+    }
+    return TQKV_OK;
+}
+
+/* Speculative round: the draft proposes K tokens per row (greedy), the target checks
+ * all rows in one window of K + 1 whose logits equal single decodes; each row takes its
+ * own picks (the same sampler calls as without a draft) while they agree with the draft. */
+static tqkv_status step_spec(tqkv_engine *e) {
+    const int R = e->n_rows, K = e->p.draft_tokens, V = tqkv_model_get_config(e->m)->vocab_size;
+    const int W = K + 1;
+    if (!grow_floats(&e->logits, &e->cap_logits, (size_t)R * W * V) ||
+        !grow_floats(&e->dlogits, &e->cap_dlogits, (size_t)R * V))
+        return tqkv_fail(TQKV_ENOMEM, "engine: out of memory for logits");
+    if (!ensure_tok(e, (size_t)R * (W + 2)))
+        return tqkv_fail(TQKV_ENOMEM, "engine: out of memory");
+    int32_t *win = e->tokbuf;           /* [R, W]: last, d1..dK */
+    int32_t *in = e->tokbuf + (size_t)R * W; /* [R] */
+    int *keep = (int *)(e->tokbuf + (size_t)R * (W + 1)); /* [R] */
+    tqkv_status rc = tqkv_model_state_spec_begin(e->drun);
+    if (rc != TQKV_OK) return rc;
+    for (int i = 0; i < R; i++) in[i] = win[(size_t)i * W] = e->rows[i]->last;
+    for (int j = 0; j < W && rc == TQKV_OK; j++) {
+        rc = tqkv_model_decode(e->dm, e->drun, in, j < K ? e->dlogits : NULL);
+        if (j == K || rc != TQKV_OK) break;
+        for (int i = 0; i < R; i++) {
+            const float *l = e->dlogits + (size_t)i * V;
+            int b = 0;
+            for (int v = 1; v < V; v++)
+                if (l[v] > l[b]) b = v;
+            in[i] = win[(size_t)i * W + j + 1] = b;
+        }
+    }
+    if (rc == TQKV_OK) rc = tqkv_model_state_spec_begin(e->run);
+    if (rc == TQKV_OK) {
+        rc = tqkv_model_extend(e->m, e->run, win, W, TQKV_LOGITS_ALL, e->logits);
+        if (rc != TQKV_OK) {
+            int zero = 0;
+            tqkv_model_state_spec_rollback(e->run, &zero, 1);
+        }
+    }
+    if (rc != TQKV_OK) {
+        int zero = 0;
+        tqkv_model_state_spec_rollback(e->drun, &zero, 1);
+        return rc;
+    }
+    uint64_t acc = 0;
+    for (int i = 0; i < R; i++) {
+        eng_req *q = e->rows[i];
+        int a = 0;
+        for (int j = 0; j < W; j++) {
+            if (q->finished || q->cancel) break;
+            int32_t tok;
+            tok_info ti;
+            if (req_pick(e, q, e->logits + ((size_t)i * W + j) * V, &tok, &ti) != TQKV_OK) {
+                finish_plain(e, q, TQKV_FINISH_ERROR, tqkv_last_error());
+                break;
+            }
+            int done = req_take(e, q, tok, &ti);
+            if (done || j == K || tok != win[(size_t)i * W + j + 1]) break;
+            a++;
+        }
+        keep[i] = a + 1;
+        acc += (uint64_t)a;
+    }
+    rc = tqkv_model_state_spec_rollback(e->run, keep, R);
+    if (rc == TQKV_OK) rc = tqkv_model_state_spec_rollback(e->drun, keep, R);
+    pthread_mutex_lock(&e->mu);
+    e->st.spec_rounds++;
+    e->st.spec_drafted += (uint64_t)R * K;
+    e->st.spec_accepted += acc;
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
+/* Filter finished rows out of the running states; merge ready newcomers in. */
+static tqkv_status sched_rows(tqkv_engine *e, eng_req **ready, int n_ready) {
+    int R = e->n_rows, k = 0;
+    int *keep = malloc(sizeof(int) * (size_t)(R ? R : 1));
+    if (!keep) return tqkv_fail(TQKV_ENOMEM, "engine: out of memory");
+    for (int i = 0; i < R; i++) {
+        eng_req *q = e->rows[i];
+        if (q->cancel && !q->finished) finish_plain(e, q, TQKV_FINISH_CANCELLED, NULL);
+        if (!q->finished) keep[k++] = i;
+    }
+    tqkv_status rc = TQKV_OK;
+    if (k < R) {
+        rc = tqkv_model_state_filter(e->run, keep, k);
+        if (rc == TQKV_OK && e->drun) rc = tqkv_model_state_filter(e->drun, keep, k);
+        if (rc != TQKV_OK) {
+            free(keep);
+            return rc;
+        }
+        eng_req **gone = malloc(sizeof(eng_req *) * (size_t)(R - k));
+        int ng = 0;
+        pthread_mutex_lock(&e->mu);
+        int j = 0, kk = 0;
+        for (int i = 0; i < R; i++) {
+            if (kk < k && keep[kk] == i) {
+                e->rows[j++] = e->rows[i];
+                kk++;
+            } else if (gone) {
+                gone[ng++] = e->rows[i];
+            }
+        }
+        e->n_rows = j;
+        pthread_mutex_unlock(&e->mu);
+        for (int i = 0; i < ng; i++) {
+            release_budget(e, gone[i]);
+            req_free(gone[i]);
+        }
+        free(gone);
+    }
+    free(keep);
+    if (n_ready == 0) return TQKV_OK;
+    tqkv_model_state **src = malloc(sizeof *src * (size_t)n_ready);
+    tqkv_model_state **dsrc = malloc(sizeof *dsrc * (size_t)n_ready);
+    if (!src || !dsrc || !grow_ptrs((void ***)&e->rows, &e->cap_rows, e->n_rows + n_ready)) {
+        free(src);
+        free(dsrc);
+        return tqkv_fail(TQKV_ENOMEM, "engine: out of memory");
+    }
+    for (int i = 0; i < n_ready; i++) {
+        src[i] = ready[i]->pre;
+        dsrc[i] = ready[i]->dpre;
+    }
+    if (!e->run) {
+        rc = tqkv_model_state_extract_row(src[0], 0, &e->run);
+        if (rc == TQKV_OK) rc = tqkv_model_state_filter(e->run, NULL, 0);
+        if (rc == TQKV_OK && e->dm) {
+            rc = tqkv_model_state_extract_row(dsrc[0], 0, &e->drun);
+            if (rc == TQKV_OK) rc = tqkv_model_state_filter(e->drun, NULL, 0);
+        }
+    }
+    if (rc == TQKV_OK) rc = tqkv_model_state_merge(e->run, src, n_ready);
+    if (rc == TQKV_OK && e->dm) {
+        rc = tqkv_model_state_merge(e->drun, dsrc, n_ready);
+        if (rc != TQKV_OK) { /* keep target and draft in step */
+            int *kp = malloc(sizeof(int) * (size_t)(e->n_rows ? e->n_rows : 1));
+            for (int i = 0; kp && i < e->n_rows; i++) kp[i] = i;
+            if (kp) tqkv_model_state_filter(e->run, kp, e->n_rows);
+            free(kp);
+        }
+    }
+    free(src);
+    free(dsrc);
+    if (rc != TQKV_OK) return rc;
+    pthread_mutex_lock(&e->mu);
+    for (int i = 0; i < n_ready; i++) {
+        tqkv_model_state_free(ready[i]->pre);
+        tqkv_model_state_free(ready[i]->dpre);
+        ready[i]->pre = ready[i]->dpre = NULL;
+        e->rows[e->n_rows++] = ready[i];
+    }
+    pthread_mutex_unlock(&e->mu);
+    return TQKV_OK;
+}
+
+// ---------------------------------------------------------------------------
+// Step
+// ---------------------------------------------------------------------------
+
+tqkv_status tqkv_engine_step(tqkv_engine *e, int *busy) {
+    if (!e) return tqkv_fail(TQKV_EINVAL, "engine_step: NULL engine");
+    enum { DROP_CAP = 64 };
+    eng_req *dropped[DROP_CAP];
+    int n_dropped = 0;
+    sched_admit(e, dropped, &n_dropped, DROP_CAP);
+    for (int i = 0; i < n_dropped; i++) {
+        eng_req *q = dropped[i];
+        if (q->cancel == 2) {
+            char msg[200];
+            snprintf(msg, sizeof msg, "request needs more KV memory than the whole budget "
+                     "(%zu bytes)", e->p.kv_budget);
+            finish_plain(e, q, TQKV_FINISH_ERROR, msg);
+        } else {
+            finish_plain(e, q, TQKV_FINISH_CANCELLED, NULL);
+        }
+        req_free(q);
+    }
+    /* prefill: chunks in FIFO order, about prefill_chunk tokens per step in all */
+    int budget = e->p.prefill_chunk;
+    for (int i = 0; i < e->n_pre && budget > 0; i++) {
+        eng_req *q = e->pre[i];
+        if (q->cancel || q->finished || q->phase != REQ_PREFILL) continue;
+        int n = prefill_chunk(e, q);
+        if (n > 0) budget -= n;
+    }
+    eng_req **ready = malloc(sizeof(eng_req *) * (size_t)(e->n_pre ? e->n_pre : 1));
+    if (!ready) return tqkv_fail(TQKV_ENOMEM, "engine: out of memory");
+    int n_ready = 0;
+    sweep_pre(e, ready, &n_ready);
+    /* decode the running rows (newcomers join after this step) */
+    tqkv_status rc = TQKV_OK;
+    int live = 0;
+    for (int i = 0; i < e->n_rows; i++) live += !e->rows[i]->finished && !e->rows[i]->cancel;
+    if (live > 0) {
+        int spec = e->dm != NULL;
+        for (int i = 0; i < e->n_rows && spec; i++) {
+            eng_req *q = e->rows[i];
+            if (q->n_prompt + q->n_gen + e->p.draft_tokens > e->ctx) spec = 0;
+        }
+        rc = spec ? step_spec(e) : step_decode(e);
+        if (rc != TQKV_OK) { /* the state is unchanged: fail the running requests */
+            char msg[256];
+            snprintf(msg, sizeof msg, "%s", tqkv_last_error());
+            for (int i = 0; i < e->n_rows; i++) finish_plain(e, e->rows[i], TQKV_FINISH_ERROR, msg);
+        }
+    }
+    tqkv_status rc2 = sched_rows(e, ready, n_ready);
+    if (rc2 != TQKV_OK) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s", tqkv_last_error());
+        for (int i = 0; i < n_ready; i++) {
+            finish_plain(e, ready[i], TQKV_FINISH_ERROR, msg);
+            release_budget(e, ready[i]);
+            req_free(ready[i]);
+        }
+    }
+    free(ready);
+    pthread_mutex_lock(&e->mu);
+    int b = e->n_queue + e->n_pre + e->n_rows > 0;
+    e->st.running = e->n_rows;
+    e->st.queued = e->n_queue;
+    e->st.kv_bytes_used = (e->run ? tqkv_model_state_kv_bytes_used(e->run) : 0) +
+                          (e->drun ? tqkv_model_state_kv_bytes_used(e->drun) : 0);
+    e->st.prefix_cache_bytes = e->pc.bytes;
+    if (!b) pthread_cond_broadcast(&e->cv_idle);
+    pthread_mutex_unlock(&e->mu);
+    if (busy) *busy = b;
+    return rc != TQKV_OK ? rc : rc2;
+}
+
+// ---------------------------------------------------------------------------
+// Thread, drain, free, stats
+// ---------------------------------------------------------------------------
+
+static void *engine_thread(void *arg) {
+    tqkv_engine *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        while (!e->stop && e->n_queue + e->n_pre + e->n_rows == 0)
+            pthread_cond_wait(&e->cv_work, &e->mu);
+        int stop = e->stop;
+        pthread_mutex_unlock(&e->mu);
+        if (stop) break;
+        int busy = 0;
+        tqkv_engine_step(e, &busy);
+    }
+    return NULL;
+}
+
+tqkv_status tqkv_engine_start(tqkv_engine *e) {
+    if (!e) return tqkv_fail(TQKV_EINVAL, "engine_start: NULL engine");
+    pthread_mutex_lock(&e->mu);
+    if (e->started) {
+        pthread_mutex_unlock(&e->mu);
+        return tqkv_fail(TQKV_ESTATE, "engine_start: already started");
+    }
+    e->started = 1;
+    pthread_mutex_unlock(&e->mu);
+    if (pthread_create(&e->thread, NULL, engine_thread, e)) {
+        pthread_mutex_lock(&e->mu);
+        e->started = 0;
+        pthread_mutex_unlock(&e->mu);
+        return tqkv_fail(TQKV_ENOMEM, "engine_start: cannot create the engine thread");
+    }
+    return TQKV_OK;
+}
+
+tqkv_status tqkv_engine_drain(tqkv_engine *e) {
+    if (!e) return tqkv_fail(TQKV_EINVAL, "engine_drain: NULL engine");
+    pthread_mutex_lock(&e->mu);
+    e->draining = 1;
+    int started = e->started;
+    if (started) {
+        while (e->n_queue + e->n_pre + e->n_rows > 0) pthread_cond_wait(&e->cv_idle, &e->mu);
+        pthread_mutex_unlock(&e->mu);
+        return TQKV_OK;
+    }
+    pthread_mutex_unlock(&e->mu);
+    int busy = 1;
+    while (busy) {
+        tqkv_status rc = tqkv_engine_step(e, &busy);
+        if (rc != TQKV_OK && !busy) return rc;
+    }
+    return TQKV_OK;
+}
+
+void tqkv_engine_free(tqkv_engine *e) {
+    if (!e) return;
+    pthread_mutex_lock(&e->mu);
+    e->stop = 1;
+    pthread_cond_broadcast(&e->cv_work);
+    int started = e->started;
+    pthread_mutex_unlock(&e->mu);
+    if (started) pthread_join(e->thread, NULL);
+    /* close every open request */
+    while (e->q_head) {
+        eng_req *q = e->q_head;
+        e->q_head = q->next;
+        finish_plain(e, q, TQKV_FINISH_CANCELLED, NULL);
+        req_free(q);
+    }
+    for (int i = 0; i < e->n_pre; i++) {
+        finish_plain(e, e->pre[i], TQKV_FINISH_CANCELLED, NULL);
+        req_free(e->pre[i]);
+    }
+    for (int i = 0; i < e->n_rows; i++) {
+        finish_plain(e, e->rows[i], TQKV_FINISH_CANCELLED, NULL);
+        req_free(e->rows[i]);
+    }
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv_work);
+    pthread_cond_destroy(&e->cv_idle);
+    engine_release(e);
+}
+
+tqkv_status tqkv_engine_stats_get(tqkv_engine *e, tqkv_engine_stats *out) {
+    if (!e || !out) return tqkv_fail(TQKV_EINVAL, "engine_stats_get: NULL argument");
+    pthread_mutex_lock(&e->mu);
+    *out = e->st;
+    out->queued = e->n_queue;
+    out->kv_budget = e->p.kv_budget;
+    pthread_mutex_unlock(&e->mu);
+    return TQKV_OK;
+}

@@ -1,0 +1,129 @@
+/*
+ * engine_impl.h - internal layout of the serving engine (src/engine only).
+ * Owns: the request record, the engine struct, the prefix cache interface.
+ * Must not: be included outside src/engine and its tests.
+ */
+#ifndef TQKV_ENGINE_IMPL_H
+#define TQKV_ENGINE_IMPL_H
+
+#include <pthread.h>
+
+#include "tqkv_engine.h"
+
+// ---------------------------------------------------------------------------
+// Prefix cache (prefix.c): 1-row model states keyed by their token prefix
+// ---------------------------------------------------------------------------
+
+typedef struct {
+    int32_t          *tokens;  /* [n] */
+    int               n;
+    tqkv_model_state *st;      /* 1 row holding exactly tokens[0..n) */
+    size_t            bytes;
+    uint64_t          used;    /* LRU clock */
+    uint64_t          hash;
+} prefix_entry;
+
+typedef struct {
+    prefix_entry *e;           /* [n] */
+    int           n, cap;
+    size_t        bytes, budget;
+    uint64_t      clock;
+    char         *dir;         /* persisted entries (NULL: memory only) */
+    uint64_t      fingerprint; /* model + KV parameters */
+    char          desc[256];   /* "model qwen3-code-28m, kv tq4/tq4, window 0" for messages */
+} prefix_cache;
+
+tqkv_status prefix_init(prefix_cache *pc, size_t budget, const char *dir, uint64_t fingerprint,
+                        const char *desc);
+void        prefix_free(prefix_cache *pc);
+/* Longest entry whose tokens are a prefix of tokens[0..n) with length <= max_len; NULL. */
+prefix_entry *prefix_lookup(prefix_cache *pc, const int32_t *tokens, int n, int max_len);
+/* Store a copy of row 0 of st (which holds tokens[0..n)); evicts LRU entries to fit.
+ * Persists to dir when set. Returns TQKV_OK also when the entry does not fit. */
+tqkv_status prefix_insert(prefix_cache *pc, const int32_t *tokens, int n,
+                          const tqkv_model_state *st);
+/* Load one persisted entry file (refuses another model/format with a message). */
+tqkv_status prefix_load_file(prefix_cache *pc, const tqkv_model *m,
+                             const tqkv_model_state_params *sp, const char *path);
+/* Load every *.tqkvp file of pc->dir; refused files are reported on stderr if verbose. */
+void        prefix_load_dir(prefix_cache *pc, const tqkv_model *m,
+                            const tqkv_model_state_params *sp, int verbose);
+
+// ---------------------------------------------------------------------------
+// Requests
+// ---------------------------------------------------------------------------
+
+typedef enum { REQ_QUEUED = 0, REQ_PREFILL, REQ_RUNNING, REQ_DONE } req_phase;
+
+typedef struct eng_req {
+    uint64_t              id;
+    req_phase             phase;
+    int32_t              *prompt;       /* [n_prompt] */
+    int                   n_prompt;
+    int                   max_tokens;
+    tqkv_sampler_params   sp;
+    tqkv_sampler         *sampler;
+    char                **stop;         /* [n_stop] */
+    int                   n_stop;
+    int                   ignore_eos;
+    int                   top_logprobs;
+    tqkv_engine_event_fn  fn;
+    void                 *user;
+    int                   cancel;       /* set by tqkv_engine_cancel (under the lock) */
+    size_t                reserved;     /* budget bytes held while admitted */
+    /* prefill */
+    tqkv_model_state     *pre;          /* 1-row target state while prefilling */
+    tqkv_model_state     *dpre;         /* 1-row draft state */
+    int                   prefilled;    /* prompt tokens in pre */
+    int                   cached;       /* prompt tokens from the prefix cache */
+    /* generation */
+    int                   n_gen;        /* tokens generated (emitted or not) */
+    int32_t               last;         /* newest generated token, not yet in the cache */
+    int                   finished;     /* final event sent */
+    tqkv_decode_stream   *ds;
+    char                 *out;          /* text decoded so far [out_len] */
+    size_t                out_len, out_cap, released;
+    double                t_submit, t_last;
+    struct eng_req       *next;         /* queue link */
+} eng_req;
+
+// ---------------------------------------------------------------------------
+// Engine
+// ---------------------------------------------------------------------------
+
+struct tqkv_engine {
+    tqkv_engine_params      p;
+    char                   *model_dir, *draft_dir, *name;
+    tqkv_model             *m, *dm;
+    tqkv_tokenizer         *tok;
+    tqkv_model_state_params sp, dsp;      /* target / draft state parameters */
+    int                     ctx;          /* context limit */
+    /* running batch: row i of run (and drun) is rows[i] */
+    tqkv_model_state       *run, *drun;
+    eng_req               **rows;
+    int                     n_rows, cap_rows;
+    /* admitted, prefilling (FIFO) */
+    eng_req               **pre;
+    int                     n_pre, cap_pre;
+    /* waiting */
+    eng_req                *q_head, *q_tail;
+    int                     n_queue;
+    size_t                  reserved;     /* budget bytes held by admitted requests */
+    uint64_t                next_id;
+    /* threading */
+    pthread_mutex_t         mu;
+    pthread_cond_t          cv_work, cv_idle;
+    pthread_t               thread;
+    int                     started, stop, draining;
+    /* scratch */
+    float                  *logits, *dlogits, *tmp;
+    size_t                  cap_logits, cap_dlogits;
+    int32_t                *tokbuf;
+    size_t                  cap_tok;
+    prefix_cache            pc;
+    tqkv_engine_stats       st;
+};
+
+double engine_now(void);
+
+#endif
