@@ -21,6 +21,7 @@ static const command COMMANDS[] = {
     {"run", NULL, cmd_run, "generate text from a prompt"},
     {"ppl", NULL, cmd_ppl, "perplexity (and KL divergence) of a text file"},
     {"bench", "model", cmd_bench_model, "model prefill/decode tokens per second per KV format"},
+    {"bench", "capacity", cmd_bench_capacity, "concurrent conversations that fit a KV budget per format"},
 #ifdef TQKV_HAVE_ENGINE
     {"serve", NULL, cmd_serve, "OpenAI-compatible HTTP server (continuous batching)"},
 #endif
