@@ -482,6 +482,7 @@ static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, 
     er.stop = (const char *const *)rq.stop;
     er.n_stop = rq.n_stop;
     er.top_logprobs = rq.top_logprobs;
+    er.ignore_eos = rq.ignore_eos;
     er.on_event = on_event;
     er.user = j;
     job_ref(j); /* the engine's reference, dropped by the final event */

@@ -284,6 +284,7 @@ static int parse_root(srv_api api, const cJSON *root, const srv_limits *lim, srv
         if (iu && !get_bool(iu, "stream_options.include_usage", &r->include_usage, err)) return -1;
     }
     if ((v = field(root, "stop")) && parse_stop(v, r, err)) return -1;
+    if ((v = field(root, "ignore_eos")) && !get_bool(v, "ignore_eos", &r->ignore_eos, err)) return -1;
     for (int i = 0; i < 2; i++) {
         const char *pen = i ? "presence_penalty" : "frequency_penalty";
         double d;

@@ -62,6 +62,7 @@ typedef struct {
     int                stream;
     int                include_usage;
     int                top_logprobs; /* -1 = no logprobs */
+    int                ignore_eos;   /* extension (llama-server's): generate past EOS */
 } srv_request;
 
 typedef struct {

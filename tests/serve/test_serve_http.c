@@ -237,6 +237,7 @@ static void test_bad_requests(void **state) {
     post_expect_error(p, C, "{\"prompt\":\"x\",\"stream\":1}", 400, "stream");
     post_expect_error(p, C, "{\"prompt\":\"x\",\"logprobs\":21}", 400, "logprobs");
     post_expect_error(p, C, "{\"prompt\":\"x\",\"seed\":\"s\"}", 400, "seed");
+    post_expect_error(p, C, "{\"prompt\":\"x\",\"ignore_eos\":3}", 400, "ignore_eos");
     post_expect_error(p, C, "{\"prompt\":\"x\",\"stream_options\":{\"include_usage\":true}}", 400,
                       "stream_options");
     post_expect_error(p, C, "{\"prompt\":[999999]}", 400, "prompt");        /* id beyond vocab */
