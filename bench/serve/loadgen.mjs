@@ -4,7 +4,8 @@
 // (logprobs: 0 makes the server send a chunk per token even when its text is held back).
 // Reports on stdout one JSON line: aggregate generated tokens/s over the window (tokens
 // streamed inside it, in-flight requests included), p50/p99 time to first token, inter-token
-// latency and request latency (completed requests), requests completed, prompt tokens mean.
+// latency and request latency (requests started and finished inside the window), requests
+// completed, prompt tokens mean. --warmup W: run W seconds before the window opens.
 // usage: node loadgen.mjs --url http://127.0.0.1:8080 --streams 16 --duration 60
 //          --max-tokens 128 --prompt-file heldout-code.txt --prompt-chars 700 [--seed 1]
 const args = Object.fromEntries(process.argv.slice(2).reduce((a, v, i, all) =>
@@ -22,7 +23,8 @@ const prompts = Array.from({ length: 512 }, () => {
   return text.slice(off, off + chars);
 });
 
-const t0 = performance.now(), tEnd = t0 + D;
+const W = +(args.warmup ?? 0) * 1000; // requests run but are not measured before t0
+const tStart = performance.now(), t0 = tStart + W, tEnd = t0 + D;
 let tokensInWindow = 0, completed = 0, failed = 0, promptTokens = 0;
 const ttft = [], itl = [], lat = [];
 
@@ -48,13 +50,15 @@ async function one(prompt, ctrl) {
       const n = ch.logprobs?.tokens?.length ?? ch.logprobs?.content?.length ?? (ch.text ? 1 : 0);
       if (!n) continue;
       const now = performance.now();
-      if (now <= tEnd) tokensInWindow += n;
-      if (first) { ttft.push(now - start); first = false; } else if (now <= tEnd) itl.push(now - last);
+      const inWin = now >= t0 && now <= tEnd;
+      if (inWin) tokensInWindow += n;
+      if (first) { if (start >= t0 && now <= tEnd) ttft.push(now - start); first = false; }
+      else if (inWin) itl.push(now - last);
       last = now;
     }
   }
   const end = performance.now();
-  if (end <= tEnd) { completed++; lat.push(end - start); if (usage) promptTokens += usage.prompt_tokens; }
+  if (start >= t0 && end <= tEnd) { completed++; lat.push(end - start); if (usage) promptTokens += usage.prompt_tokens; }
 }
 
 async function worker(w) {
@@ -70,7 +74,7 @@ async function worker(w) {
 await Promise.all(Array.from({ length: C }, (_, w) => worker(w)));
 const pct = (a, p) => { if (!a.length) return null; const s = [...a].sort((x, y) => x - y);
   return +(s[Math.min(s.length - 1, Math.floor(p / 100 * s.length))] / 1000).toFixed(4); };
-console.log(JSON.stringify({ streams: C, duration_s: D / 1000, max_tokens: M,
+console.log(JSON.stringify({ streams: C, duration_s: D / 1000, warmup_s: W / 1000, max_tokens: M,
   tokens_per_s: +(tokensInWindow / (D / 1000)).toFixed(1), requests_completed: completed, failed,
   prompt_tokens_mean: completed ? +(promptTokens / completed).toFixed(1) : null,
   ttft_p50_s: pct(ttft, 50), ttft_p99_s: pct(ttft, 99), itl_p50_s: pct(itl, 50), itl_p99_s: pct(itl, 99),

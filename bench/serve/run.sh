@@ -4,7 +4,8 @@
 # start `tqkv serve` (2 compute threads, passive OpenMP waits, --parallel 64), run the
 # closed-loop load generator (loadgen.mjs: prompts of ~200 tokens cut from
 # ../shared/data/heldout-code.txt, max_tokens 128, greedy, streamed) at 1, 4, 16 and 64
-# streams for DURATION_S seconds each (default 60), then the headline: the number of
+# streams for DURATION_S seconds each (default 60, after WARMUP seconds, default 10, that
+# are not measured), then the headline: the number of
 # 2048-token conversations each format fits in the budget (tqkv bench capacity, projected
 # bytes) and the throughput at that concurrency. Writes bench/serve/results.jsonl and
 # regenerates the plot (bench/serve/plot.sh). Records uptime's load average per point.
@@ -33,7 +34,7 @@ serve_start() { # $1 kv -> sets pid, port
 point() { # kv streams prompt_chars max_tokens label
   local load; load="$(cut -d' ' -f1-3 /proc/loadavg)"
   local r; r="$(node "$root/bench/serve/loadgen.mjs" --url "http://127.0.0.1:$port" --streams "$2" \
-      --duration "$dur" --max-tokens "$4" --prompt-file "$data" --prompt-chars "$3")"
+      --duration "$dur" --warmup "${WARMUP:-10}" --max-tokens "$4" --prompt-file "$data" --prompt-chars "$3")"
   echo "$r" | sed "s/^{/{\"kv\":\"$1\",\"label\":\"$5\",\"loadavg\":\"$load\",\"kv_budget\":\"$budget\",/" | tee -a "$out" >&2
 }
 for kv in f16 tq4 tq3; do
