@@ -42,6 +42,18 @@ TQKV_API tqkv_status tqkv_chat_template_render(const tqkv_chat_template *t,
                                                const char *bos_token, const char *eos_token,
                                                char **out, size_t *out_len);
 
+/* Like tqkv_chat_template_render, with the conversation as JSON (an OpenAI request's
+ * "messages" array as is): messages_json is an array of message objects with any fields
+ * (role, content as a string or a list of parts, tool_calls, reasoning_content, ...).
+ * extra_json (may be NULL) is an object of further top-level variables that override the
+ * defaults (tools = none, documents = none): "tools", "enable_thinking", "date_string", ...
+ * JSON numbers without a fraction or exponent become integers, others floats.
+ * Bad JSON fails with TQKV_EINVAL. */
+TQKV_API tqkv_status tqkv_chat_template_render_json(const tqkv_chat_template *t, const char *messages_json,
+                                                    int add_generation_prompt, const char *bos_token,
+                                                    const char *eos_token, const char *extra_json,
+                                                    char **out, size_t *out_len);
+
 #ifdef __cplusplus
 }
 #endif
