@@ -144,7 +144,9 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "tqkv serve: drain: %s\n", tqkv_last_error());
         rc = 1;
     }
-    srv_wait_idle(srv);
+    /* responses still being written (slow readers) get a bounded time */
+    int left = srv_wait_idle(srv, 30.0);
+    if (left) fprintf(stderr, "tqkv serve: %d responses still open after 30 s; closing them\n", left);
     srv_free(srv);
     tqkv_engine_free(e);
     fprintf(stderr, "tqkv serve: stopped\n");

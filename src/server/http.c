@@ -760,10 +760,22 @@ void srv_stop_admission(srv_server *s) {
     pthread_mutex_unlock(&s->mu);
 }
 
-void srv_wait_idle(srv_server *s) {
+int srv_wait_idle(srv_server *s, double timeout_s) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    if (timeout_s >= 0) {
+        until.tv_sec += (time_t)timeout_s;
+        until.tv_nsec += (long)((timeout_s - (double)(time_t)timeout_s) * 1e9);
+        if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+    }
     pthread_mutex_lock(&s->mu);
-    while (s->open > 0) pthread_cond_wait(&s->idle_cv, &s->mu);
+    while (s->open > 0) {
+        if (timeout_s < 0) pthread_cond_wait(&s->idle_cv, &s->mu);
+        else if (pthread_cond_timedwait(&s->idle_cv, &s->mu, &until)) break;
+    }
+    int left = s->open;
     pthread_mutex_unlock(&s->mu);
+    return left;
 }
 
 void srv_free(srv_server *s) {

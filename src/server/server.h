@@ -163,8 +163,9 @@ tqkv_status srv_start(srv_server **out, const srv_params *p, const srv_engine *e
 int         srv_port(const srv_server *s);
 /* Stop admission: new generation requests get 503 (draining). */
 void        srv_stop_admission(srv_server *s);
-/* Wait until no generation request is open (after the engine drained). */
-void        srv_wait_idle(srv_server *s);
+/* Wait until no generation request is open (after the engine drained), at most
+ * timeout_s seconds (< 0: no limit). Returns the number still open. */
+int         srv_wait_idle(srv_server *s, double timeout_s);
 /* Stop listening and free. */
 void        srv_free(srv_server *s);
 

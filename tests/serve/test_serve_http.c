@@ -46,7 +46,7 @@ static int start(fixture *fx, int queue_max, int step_us, const char *api_key, s
 static void stop(fixture *fx) {
     srv_stop_admission(fx->srv);
     fake_engine_free(fx->fe); /* finishes open requests (cancelled) */
-    srv_wait_idle(fx->srv);
+    assert_int_equal(srv_wait_idle(fx->srv, 60.0), 0);
     srv_free(fx->srv);
     tqkv_tokenizer_free(fx->tok);
 }
