@@ -487,10 +487,11 @@ static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, 
     er.user = j;
     job_ref(j); /* the engine's reference, dropped by the final event */
     uint64_t eid = 0;
-    pthread_mutex_lock(&j->mu); /* events may arrive before submit returns: eid first */
+    /* Events may arrive on the engine thread before submit returns; they never read eid
+     * or submitted (only this connection's thread does), so no lock is held across the
+     * call: the engine may hold its own lock while it runs callbacks. */
     tqkv_status st = s->eng.submit(s->eng.ctx, &er, &eid);
     if (st == TQKV_OK) j->eid = eid, j->submitted = 1;
-    pthread_mutex_unlock(&j->mu);
     free(ids);
     srv_request_free(&rq);
     if (st != TQKV_OK) {
