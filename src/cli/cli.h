@@ -17,6 +17,7 @@ int cmd_ppl(int argc, char **argv);
 int cmd_bench_model(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_bench_capacity(int argc, char **argv);
+int cmd_bench_engine(int argc, char **argv); /* branch engine */
 
 /* ---- argument helpers (args.c) ----
  * Options are "--name value" or "--flag". Unknown options are an error. */

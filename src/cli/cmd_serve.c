@@ -61,6 +61,19 @@ int cmd_serve(int argc, char **argv) {
         {"--verbose", ARG_FLAG, &verbose, "progress lines on stderr"},
     };
     if (args_parse(CMD, argc, argv, specs, (int)(sizeof specs / sizeof specs[0]))) return 2;
+    /* OpenMP teams must not spin: the HTTP threads and other processes share the cores.
+     * libgomp reads OMP_WAIT_POLICY at start-up, so re-execute with passive waits. */
+    if (threads > 1 && !getenv("OMP_WAIT_POLICY")) {
+        char **nargv = calloc((size_t)argc + 3, sizeof *nargv);
+        if (nargv) {
+            nargv[0] = "tqkv";
+            nargv[1] = "serve";
+            for (int i = 0; i < argc; i++) nargv[2 + i] = argv[i];
+            setenv("OMP_WAIT_POLICY", "passive", 1);
+            execv("/proc/self/exe", nargv);
+            free(nargv); /* exec failed: run as we are */
+        }
+    }
     if (!api_key) api_key = getenv("TQKV_API_KEY");
     if (port < 0 || port > 65535 || parallel < 1 || draft_tokens < 1 || threads < 1 || queue < 0 ||
         chunk < 1 || window < 0 || max_conns < 1) {

@@ -25,6 +25,7 @@ static const command COMMANDS[] = {
 #ifdef TQKV_HAVE_ENGINE
     {"serve", NULL, cmd_serve, "OpenAI-compatible HTTP server (continuous batching)"},
 #endif
+    {"bench", "engine", cmd_bench_engine, "serving engine: concurrent requests, draft, prefix cache"},
 };
 
 static void usage(FILE *f) {

@@ -1081,6 +1081,7 @@ tqkv_status tqkv_engine_stats_get(tqkv_engine *e, tqkv_engine_stats *out) {
     *out = e->st;
     out->queued = e->n_queue;
     out->kv_budget = e->p.kv_budget;
+    out->prefix_cache_bytes = e->pc.bytes;
     pthread_mutex_unlock(&e->mu);
     return TQKV_OK;
 }

@@ -1,0 +1,398 @@
+/*
+ * cmd_bench_engine.c - `tqkv bench engine`: the serving engine without HTTP. Closed-loop
+ * clients keep C requests in flight (prompts cut from held-out code, greedy), for each
+ * concurrency C of --concurrency; reports aggregate generated tokens/s, p50/p99 time to
+ * first token and inter-token latency, and checks that every request's tokens equal the
+ * tokens it got at concurrency 1. --draft adds speculative decoding (acceptance, speedup
+ * against the same points without it, run side by side); --prefix measures a prefix-cache
+ * hit against a miss; --load N runs N busy processes beside the benchmark.
+ * Owns: the load generator, its table and --json output.
+ * Must not: contain engine, model or cache logic.
+ */
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "model_cli.h"
+#include "tqkv_engine.h"
+
+static const char *CMD = "bench engine";
+
+// ---------------------------------------------------------------------------
+// Per-request record
+// ---------------------------------------------------------------------------
+
+typedef struct {
+    double   t_submit, t_first, t_prev, t_done;
+    double  *itl;        /* [max_tokens] gaps between tokens */
+    int      n_itl, n_tok, done, cached;
+    uint64_t hash;       /* FNV of the token ids */
+} rec;
+
+static void on_event(void *user, uint64_t id, const tqkv_engine_event *ev) {
+    (void)id;
+    rec *r = user;
+    double now = mcli_now();
+    if (ev->token >= 0) {
+        if (r->n_tok == 0) r->t_first = now;
+        else r->itl[r->n_itl++] = now - r->t_prev;
+        r->t_prev = now;
+        r->n_tok++;
+        const uint8_t *b = (const uint8_t *)&ev->token;
+        for (int i = 0; i < 4; i++) r->hash = (r->hash ^ b[i]) * 1099511628211ull;
+    }
+    if (ev->done) {
+        r->done = 1;
+        r->t_done = now;
+        r->cached = ev->cached_tokens;
+    }
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double pct(double *v, size_t n, double p) {
+    if (!n) return 0;
+    qsort(v, n, sizeof *v, cmp_d);
+    size_t i = (size_t)ceil(p * (double)n) - 1;
+    return v[i >= n ? n - 1 : i];
+}
+
+// ---------------------------------------------------------------------------
+// One point: C clients, N requests
+// ---------------------------------------------------------------------------
+
+typedef struct {
+    double   tok_s, ttft50, ttft99, itl50, itl99, wall;
+    uint64_t gen, drafted, accepted;
+    uint64_t *hashes; /* [N] */
+    int      prefix_hits;
+} point;
+
+static int run_point(tqkv_engine *e, int32_t *const *prompts, int n_prompt, int N, int C,
+                     int max_tokens, point *pt) {
+    rec *recs = calloc((size_t)N, sizeof *recs);
+    double *itl = calloc((size_t)N * max_tokens, sizeof *itl);
+    double *ttft = calloc((size_t)N, sizeof *ttft);
+    if (!recs || !itl || !ttft) return -1;
+    for (int i = 0; i < N; i++) {
+        recs[i].itl = itl + (size_t)i * max_tokens;
+        recs[i].hash = 1469598103934665603ull;
+    }
+    tqkv_engine_stats s0, s1;
+    tqkv_engine_stats_get(e, &s0);
+    int next = 0, done = 0, inflight = 0, busy = 1;
+    double t0 = mcli_now();
+    while (done < N) {
+        while (next < N && inflight < C) {
+            tqkv_engine_request q;
+            memset(&q, 0, sizeof q);
+            q.prompt = prompts[next];
+            q.n_prompt = n_prompt;
+            q.max_tokens = max_tokens;
+            q.sampling = tqkv_sampler_params_default();
+            q.ignore_eos = 1;
+            q.top_logprobs = -1;
+            q.on_event = on_event;
+            q.user = &recs[next];
+            recs[next].t_submit = mcli_now();
+            uint64_t id;
+            if (tqkv_engine_submit(e, &q, &id) != TQKV_OK) {
+                fprintf(stderr, "tqkv %s: submit: %s\n", CMD, tqkv_last_error());
+                return -1;
+            }
+            next++;
+            inflight++;
+        }
+        if (tqkv_engine_step(e, &busy) != TQKV_OK) {
+            fprintf(stderr, "tqkv %s: step: %s\n", CMD, tqkv_last_error());
+            return -1;
+        }
+        int d = 0;
+        for (int i = 0; i < next; i++) d += recs[i].done;
+        inflight -= d - done;
+        done = d;
+    }
+    pt->wall = mcli_now() - t0;
+    tqkv_engine_stats_get(e, &s1);
+    size_t n_itl = 0;
+    pt->gen = 0;
+    for (int i = 0; i < N; i++) {
+        ttft[i] = recs[i].t_first - recs[i].t_submit;
+        for (int k = 0; k < recs[i].n_itl; k++) itl[n_itl++] = recs[i].itl[k];
+        pt->gen += (uint64_t)recs[i].n_tok;
+        pt->hashes[i] = recs[i].hash;
+    }
+    pt->tok_s = (double)pt->gen / pt->wall;
+    pt->ttft50 = pct(ttft, (size_t)N, 0.5);
+    pt->ttft99 = pct(ttft, (size_t)N, 0.99);
+    pt->itl50 = pct(itl, n_itl, 0.5);
+    pt->itl99 = pct(itl, n_itl, 0.99);
+    pt->drafted = s1.spec_drafted - s0.spec_drafted;
+    pt->accepted = s1.spec_accepted - s0.spec_accepted;
+    pt->prefix_hits = (int)(s1.prefix_hits - s0.prefix_hits);
+    free(recs);
+    free(itl);
+    free(ttft);
+    return 0;
+}
+
+// ---------------------------------------------------------------------------
+// Background load
+// ---------------------------------------------------------------------------
+
+static void load_start(int n, pid_t *pids) {
+    for (int i = 0; i < n; i++) {
+        pids[i] = fork();
+        if (pids[i] == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the benchmark */
+            volatile unsigned long x = 0;
+            for (;;) x++;
+        }
+    }
+}
+
+static void load_stop(int n, pid_t *pids) {
+    for (int i = 0; i < n; i++)
+        if (pids[i] > 0) {
+            kill(pids[i], SIGKILL);
+            waitpid(pids[i], NULL, 0);
+        }
+}
+
+// ---------------------------------------------------------------------------
+// Command
+// ---------------------------------------------------------------------------
+
+int cmd_bench_engine(int argc, char **argv) {
+    const char *model_arg = MCLI_DEFAULT_MODEL, *draft = NULL, *kv = "tq4", *text_path = NULL;
+    const char *conc_arg = "1,4,16";
+    int prompt_tokens = 200, max_tokens = 128, requests = 0, threads = 1, K = 4, json = 0;
+    int window = 0, prefix = 0, load = 0, chunk = 256, no_check = 0;
+    double budget_mb = 0;
+    const arg_spec specs[] = {
+        {"--model", ARG_STR, &model_arg, "model directory (default " MCLI_DEFAULT_MODEL ")"},
+        {"--kv", ARG_STR, &kv, "KV format, e.g. tq4 or tq4/tq3 (default tq4)"},
+        {"--window", ARG_INT, &window, "q8 recent window (default 0)"},
+        {"--concurrency", ARG_STR, &conc_arg, "comma-separated in-flight requests (default 1,4,16)"},
+        {"--requests", ARG_INT, &requests, "requests per point (default 2 x concurrency, >= 4)"},
+        {"--prompt-tokens", ARG_INT, &prompt_tokens, "prompt length (default 200)"},
+        {"--max-tokens", ARG_INT, &max_tokens, "tokens generated per request (default 128)"},
+        {"--text", ARG_STR, &text_path, "prompt source (default ../shared/data/heldout-code.txt)"},
+        {"--threads", ARG_INT, &threads, "compute threads (default 1)"},
+        {"--prefill-chunk", ARG_INT, &chunk, "prefill chunk (default 256)"},
+        {"--kv-budget-mb", ARG_DOUBLE, &budget_mb, "KV budget in MiB (default: a quarter of RAM)"},
+        {"--draft", ARG_STR, &draft, "draft model: every point also runs with it, side by side"},
+        {"--draft-tokens", ARG_INT, &K, "draft tokens per round (default 4)"},
+        {"--prefix", ARG_INT, &prefix, "also measure a prefix-cache hit: shared prefix of N tokens"},
+        {"--load", ARG_INT, &load, "busy processes to run beside the benchmark (default 0)"},
+        {"--no-check", ARG_FLAG, &no_check, "skip the check against concurrency 1"},
+        {"--json", ARG_FLAG, &json, "print one JSON object"},
+    };
+    const int n_specs = (int)(sizeof specs / sizeof specs[0]);
+    if (args_parse(CMD, argc, argv, specs, n_specs) != 0) return 2;
+    /* OpenMP teams must not spin on a shared machine: libgomp reads OMP_WAIT_POLICY at
+     * start-up, so with threads > 1 and no policy set, re-execute with passive waits */
+    if (threads > 1 && !getenv("OMP_WAIT_POLICY")) {
+        char **nargv = calloc((size_t)argc + 4, sizeof *nargv);
+        if (nargv) {
+            nargv[0] = "tqkv";
+            nargv[1] = "bench";
+            nargv[2] = "engine";
+            for (int i = 0; i < argc; i++) nargv[3 + i] = argv[i];
+            setenv("OMP_WAIT_POLICY", "passive", 1);
+            execv("/proc/self/exe", nargv);
+            free(nargv); /* exec failed: run as we are */
+        }
+    }
+    int conc[16], n_conc = 0;
+    for (const char *p = conc_arg; *p && n_conc < 16;) {
+        conc[n_conc] = atoi(p);
+        if (conc[n_conc] < 1 || conc[n_conc] > 256) {
+            fprintf(stderr, "tqkv %s: --concurrency values must be in [1, 256]\n", CMD);
+            return 2;
+        }
+        n_conc++;
+        p = strchr(p, ',');
+        if (!p) break;
+        p++;
+    }
+    if (prompt_tokens < 1 || max_tokens < 1 || threads < 1 || K < 1 || prefix < 0 || load < 0 ||
+        load > 64 || chunk < 1) {
+        fprintf(stderr, "tqkv %s: bad numeric option\n", CMD);
+        return 2;
+    }
+    char mdir[1024], tbuf[1100];
+    if (!mcli_resolve_model(CMD, model_arg, mdir, sizeof mdir)) return 1;
+    if (!text_path) {
+        snprintf(tbuf, sizeof tbuf, "%s/../../../shared/data/heldout-code.txt", mdir);
+        text_path = tbuf;
+    }
+    tqkv_engine_params ep = tqkv_engine_params_default();
+    ep.model_dir = mdir;
+    ep.threads = threads;
+    ep.window = window;
+    ep.prefill_chunk = chunk;
+    ep.kv_budget = (size_t)(budget_mb * 1048576.0);
+    if (mcli_parse_kv(CMD, kv, &ep.k_format, &ep.v_format)) return 2;
+    int maxc = 1;
+    for (int i = 0; i < n_conc; i++) maxc = conc[i] > maxc ? conc[i] : maxc;
+    ep.parallel = maxc;
+    ep.queue_max = 4096;
+
+    tqkv_engine *e = NULL, *ed = NULL;
+    if (tqkv_engine_init(&e, &ep) != TQKV_OK) {
+        fprintf(stderr, "tqkv %s: %s\n", CMD, tqkv_last_error());
+        return 1;
+    }
+    if (draft) {
+        tqkv_engine_params dp = ep;
+        dp.draft_dir = draft;
+        dp.draft_tokens = K;
+        if (tqkv_engine_init(&ed, &dp) != TQKV_OK) {
+            fprintf(stderr, "tqkv %s: %s\n", CMD, tqkv_last_error());
+            tqkv_engine_free(e);
+            return 1;
+        }
+    }
+    /* prompts: consecutive windows of the held-out text */
+    char *text = NULL;
+    size_t tlen = 0;
+    int Nmax = 0;
+    for (int i = 0; i < n_conc; i++) {
+        int n = requests ? requests : (2 * conc[i] < 4 ? 4 : 2 * conc[i]);
+        Nmax = n > Nmax ? n : Nmax;
+    }
+    if (mcli_read_file(CMD, text_path, &text, &tlen)) return 1;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    size_t use = tlen < 4000000 ? tlen : 4000000;
+    if (tqkv_tokenizer_encode(tqkv_engine_tokenizer(e), text, use, 0, &ids, &n_ids) != TQKV_OK) {
+        fprintf(stderr, "tqkv %s: tokenize: %s\n", CMD, tqkv_last_error());
+        return 1;
+    }
+    free(text);
+    if (n_ids < (size_t)prompt_tokens * Nmax + (size_t)prefix + 64) {
+        fprintf(stderr, "tqkv %s: the text has %zu tokens, too few for %d prompts of %d\n", CMD,
+                n_ids, Nmax, prompt_tokens);
+        return 1;
+    }
+    int32_t **prompts = malloc(sizeof(int32_t *) * (size_t)Nmax);
+    for (int i = 0; i < Nmax; i++) prompts[i] = ids + (size_t)i * prompt_tokens;
+
+    pid_t pids[64] = {0};
+    load_start(load, pids);
+    int sched_ok = 1;
+    uint64_t *ref = calloc((size_t)Nmax, sizeof *ref);
+    if (json) printf("{\"command\":\"bench engine\",\"kv\":\"%s\",\"threads\":%d,\"load\":%d,"
+                     "\"prompt_tokens\":%d,\"max_tokens\":%d,\"points\":[", kv, threads, load,
+                     prompt_tokens, max_tokens);
+    else printf("%-6s %-5s %9s %9s %9s %9s %9s %8s %8s\n", "mode", "conc", "tok/s", "ttft50",
+                "ttft99", "itl50ms", "itl99ms", "accept", "same");
+    /* reference hashes at concurrency 1 */
+    if (!no_check) {
+        point p;
+        p.hashes = ref;
+        fprintf(stderr, "tqkv %s: reference run at concurrency 1 (%d requests)\n", CMD, Nmax);
+        if (run_point(e, prompts, prompt_tokens, Nmax, 1, max_tokens, &p)) sched_ok = 0;
+    }
+    int first = 1;
+    for (int i = 0; i < n_conc && sched_ok; i++) {
+        int N = requests ? requests : (2 * conc[i] < 4 ? 4 : 2 * conc[i]);
+        for (int d = 0; d < (ed ? 2 : 1); d++) {
+            point p;
+            memset(&p, 0, sizeof p);
+            p.hashes = calloc((size_t)N, sizeof *p.hashes);
+            fprintf(stderr, "tqkv %s: %s concurrency %d, %d requests\n", CMD, d ? "draft" : "plain",
+                    conc[i], N);
+            if (run_point(d ? ed : e, prompts, prompt_tokens, N, conc[i], max_tokens, &p)) {
+                sched_ok = 0;
+                break;
+            }
+            int same = 1;
+            if (!no_check)
+                for (int k = 0; k < N; k++) same &= p.hashes[k] == ref[k];
+            double acc = p.drafted ? (double)p.accepted / (double)p.drafted : 0;
+            if (json) {
+                printf("%s{\"mode\":\"%s\",\"concurrency\":%d,\"requests\":%d,\"generated\":%llu,"
+                       "\"wall_s\":%.3f,\"tok_s\":%.2f,\"ttft_p50_s\":%.4f,\"ttft_p99_s\":%.4f,"
+                       "\"itl_p50_s\":%.5f,\"itl_p99_s\":%.5f,\"spec_drafted\":%llu,"
+                       "\"spec_accepted\":%llu,\"acceptance\":%.4f,\"same_as_alone\":%s}",
+                       first ? "" : ",", d ? "draft" : "plain", conc[i], N,
+                       (unsigned long long)p.gen, p.wall, p.tok_s, p.ttft50, p.ttft99, p.itl50,
+                       p.itl99, (unsigned long long)p.drafted, (unsigned long long)p.accepted,
+                       acc, no_check ? "null" : same ? "true" : "false");
+                first = 0;
+            } else {
+                printf("%-6s %-5d %9.1f %9.3f %9.3f %9.2f %9.2f %8.3f %8s\n", d ? "draft" : "plain",
+                       conc[i], p.tok_s, p.ttft50, p.ttft99, 1e3 * p.itl50, 1e3 * p.itl99, acc,
+                       no_check ? "-" : same ? "yes" : "NO");
+            }
+            fflush(stdout);
+            free(p.hashes);
+        }
+    }
+    if (json) printf("]");
+    /* prefix cache: one miss then hits on requests sharing `prefix` tokens */
+    if (prefix > 0 && sched_ok) {
+        tqkv_engine_params pp = ep;
+        pp.prefix_cache_bytes = (size_t)256 << 20;
+        pp.parallel = 1;
+        tqkv_engine *ep2 = NULL;
+        if (tqkv_engine_init(&ep2, &pp) == TQKV_OK) {
+            enum { NP = 5 };
+            int plen = prefix + 32;
+            int32_t *pr = malloc(sizeof(int32_t) * (size_t)plen * NP);
+            int32_t *pv[NP];
+            for (int k = 0; k < NP; k++) {
+                memcpy(pr + (size_t)k * plen, ids, sizeof(int32_t) * (size_t)prefix);
+                memcpy(pr + (size_t)k * plen + prefix, ids + prefix + 32 * (k + 1),
+                       sizeof(int32_t) * 32);
+                pv[k] = pr + (size_t)k * plen;
+            }
+            double ttft[NP];
+            int cached[NP];
+            for (int k = 0; k < NP; k++) {
+                point p;
+                uint64_t h;
+                memset(&p, 0, sizeof p);
+                p.hashes = &h;
+                run_point(ep2, pv + k, plen, 1, 1, 1, &p);
+                ttft[k] = p.ttft50;
+                tqkv_engine_stats st;
+                tqkv_engine_stats_get(ep2, &st);
+                cached[k] = (int)st.prefix_tokens_reused;
+            }
+            double hit = 0;
+            for (int k = 1; k < NP; k++) hit += ttft[k];
+            hit /= NP - 1;
+            if (json)
+                printf(",\"prefix\":{\"prefix_tokens\":%d,\"prompt_tokens\":%d,\"miss_ttft_s\":%.4f,"
+                       "\"hit_ttft_s\":%.4f,\"tokens_reused\":%d,\"saved\":%.3f}", prefix, plen,
+                       ttft[0], hit, cached[NP - 1] - cached[NP - 2], 1.0 - hit / ttft[0]);
+            else
+                printf("prefix cache: prompt %d tokens (shared %d): miss TTFT %.3f s, hit TTFT "
+                       "%.3f s (mean of %d), %d tokens reused per hit, %.0f%% of the TTFT saved\n", plen,
+                       prefix, ttft[0], hit, NP - 1, cached[NP - 1] - cached[NP - 2],
+                       100 * (1 - hit / ttft[0]));
+            free(pr);
+            tqkv_engine_free(ep2);
+        }
+    }
+    if (json) printf("}\n");
+    load_stop(load, pids);
+    free(ref);
+    free(prompts);
+    free(ids);
+    tqkv_engine_free(e);
+    tqkv_engine_free(ed);
+    return sched_ok ? 0 : 1;
+}

@@ -1,0 +1,459 @@
+/*
+ * test_engine.c - the serving engine (src/engine) on the bundled model: requests run
+ * together give exactly the tokens they give alone (greedy and seeded sampling, joining
+ * a running batch at different steps, chunked prefill), the threaded engine agrees,
+ * stop strings cut the text, logprobs are log-softmax values, a full queue answers
+ * TQKV_EBUSY, cancel ends a request, the context limit is refused, a prefix-cache hit
+ * equals a miss and the prompt-cache directory survives a restart and refuses files of
+ * another KV format. The draft-model tests are in test_engine_spec.c.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "testutil.h"
+#include "tqkv_engine.h"
+
+static char g_dir[1024];
+
+#define OK(x)                                                                                     \
+    do {                                                                                          \
+        tqkv_status rc_ = (x);                                                                    \
+        if (rc_ != TQKV_OK) fail_msg("%s: %s", #x, tqkv_last_error());                            \
+    } while (0)
+
+// ---------------------------------------------------------------------------
+// Collecting events
+// ---------------------------------------------------------------------------
+
+typedef struct {
+    int32_t toks[512];
+    int     n_tok;
+    char    text[8192];
+    size_t  text_len;
+    int     done, events, finish, cached, completion;
+    float   lp[512];
+    int32_t top0[512];
+    int     n_top;
+} result;
+
+static void on_event(void *user, uint64_t id, const tqkv_engine_event *ev) {
+    (void)id;
+    result *r = user;
+    assert_int_equal(r->done, 0); /* nothing after the final event */
+    r->events++;
+    if (ev->token >= 0 && r->n_tok < 512) {
+        r->lp[r->n_tok] = ev->logprob;
+        r->top0[r->n_tok] = ev->n_top > 0 ? ev->top_ids[0] : -1;
+        r->n_top = ev->n_top;
+        for (int i = 1; i < ev->n_top; i++) assert_true(ev->top_logprobs[i] <= ev->top_logprobs[i - 1]);
+        r->toks[r->n_tok++] = ev->token;
+    }
+    if (ev->text_len && r->text_len + ev->text_len < sizeof r->text) {
+        memcpy(r->text + r->text_len, ev->text, ev->text_len);
+        r->text_len += ev->text_len;
+    }
+    if (ev->done) {
+        r->done = 1;
+        r->finish = ev->finish;
+        r->cached = ev->cached_tokens;
+        r->completion = ev->completion_tokens;
+    }
+}
+
+typedef struct {
+    int32_t prompt[700];
+    int     n_prompt, max_tokens;
+    float   temp;
+    uint64_t seed;
+    const char *stop[2];
+    int     n_stop, top_logprobs;
+} job;
+
+static tqkv_engine *engine_new(tqkv_format kv, int chunk, size_t prefix_bytes, const char *dir,
+                               int queue_max) {
+    tqkv_engine_params p = tqkv_engine_params_default();
+    p.model_dir = g_dir;
+    p.k_format = p.v_format = kv;
+    p.threads = 2;
+    p.prefill_chunk = chunk;
+    p.prefix_cache_bytes = prefix_bytes;
+    p.prompt_cache_dir = dir;
+    if (queue_max) p.queue_max = queue_max;
+    tqkv_engine *e = NULL;
+    OK(tqkv_engine_init(&e, &p));
+    return e;
+}
+
+static uint64_t submit(tqkv_engine *e, const job *j, result *r) {
+    memset(r, 0, sizeof *r);
+    tqkv_engine_request q;
+    memset(&q, 0, sizeof q);
+    q.prompt = j->prompt;
+    q.n_prompt = j->n_prompt;
+    q.max_tokens = j->max_tokens;
+    q.sampling = tqkv_sampler_params_default();
+    q.sampling.temperature = j->temp;
+    q.sampling.top_p = j->temp > 0 ? 0.9f : 1.0f;
+    q.sampling.seed = j->seed;
+    q.stop = j->stop;
+    q.n_stop = j->n_stop;
+    q.ignore_eos = 1;
+    q.top_logprobs = j->top_logprobs ? j->top_logprobs : -1;
+    q.on_event = on_event;
+    q.user = r;
+    uint64_t id = 0;
+    OK(tqkv_engine_submit(e, &q, &id));
+    return id;
+}
+
+static void run_until_idle(tqkv_engine *e) {
+    int busy = 1, guard = 0;
+    while (busy) {
+        OK(tqkv_engine_step(e, &busy));
+        assert_true(++guard < 100000);
+    }
+}
+
+static void make_jobs(test_rng *r, job *j, int n, int V) {
+    for (int i = 0; i < n; i++) {
+        memset(&j[i], 0, sizeof j[i]);
+        j[i].n_prompt = rng_int(r, 1, 200);
+        for (int t = 0; t < j[i].n_prompt; t++) j[i].prompt[t] = rng_int(r, 1, V - 1);
+        j[i].max_tokens = rng_int(r, 1, 24);
+        j[i].temp = i % 3 == 2 ? 0.8f : 0.0f;
+        j[i].seed = rng_u64(r);
+        j[i].top_logprobs = i % 2 ? 3 : 0;
+    }
+}
+
+static void assert_same_tokens(const result *a, const result *b) {
+    assert_int_equal(a->n_tok, b->n_tok);
+    assert_memory_equal(a->toks, b->toks, sizeof(int32_t) * (size_t)a->n_tok);
+    assert_int_equal(a->text_len, b->text_len);
+    assert_memory_equal(a->text, b->text, a->text_len);
+    assert_int_equal(a->finish, b->finish);
+}
+
+// ---------------------------------------------------------------------------
+// Batch invariance of the scheduler
+// ---------------------------------------------------------------------------
+
+enum { NJ = 7 };
+
+static void test_concurrent_equals_alone(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() ^ 1);
+    tqkv_engine *e = engine_new(TQKV_TQ4, 64, 0, NULL, 0);
+    int V = tqkv_model_get_config(tqkv_engine_model(e))->vocab_size;
+    job j[NJ];
+    make_jobs(&r, j, NJ, V);
+    result alone[NJ], together[NJ];
+    for (int i = 0; i < NJ; i++) {
+        submit(e, &j[i], &alone[i]);
+        run_until_idle(e);
+        assert_int_equal(alone[i].done, 1);
+        assert_int_equal(alone[i].finish, TQKV_FINISH_LENGTH);
+        assert_int_equal(alone[i].n_tok, j[i].max_tokens);
+        assert_int_equal(alone[i].completion, j[i].max_tokens);
+        if (j[i].top_logprobs)
+            for (int t = 0; t < alone[i].n_tok; t++) {
+                assert_true(alone[i].lp[t] <= 0.0f);
+                if (j[i].temp == 0) assert_int_equal(alone[i].top0[t], alone[i].toks[t]);
+            }
+    }
+    /* together: submitted at different steps so rows join a running batch */
+    int next = 0, busy = 1, steps = 0;
+    while (busy || next < NJ) {
+        if (next < NJ && (steps % 2 == 0)) {
+            submit(e, &j[next], &together[next]);
+            next++;
+        }
+        OK(tqkv_engine_step(e, &busy));
+        steps++;
+    }
+    for (int i = 0; i < NJ; i++) assert_same_tokens(&together[i], &alone[i]);
+    tqkv_engine_stats st;
+    OK(tqkv_engine_stats_get(e, &st));
+    assert_int_equal(st.running, 0);
+    assert_int_equal(st.requests_finished[TQKV_FINISH_LENGTH], 2 * NJ);
+    assert_true(st.ttft.count == 2 * NJ);
+    assert_true(st.kv_bytes_per_token > 0);
+    tqkv_engine_free(e);
+
+    /* the threaded engine, all submitted at once from this thread */
+    e = engine_new(TQKV_TQ4, 64, 0, NULL, 0);
+    OK(tqkv_engine_start(e));
+    for (int i = 0; i < NJ; i++) submit(e, &j[i], &together[i]);
+    OK(tqkv_engine_drain(e));
+    for (int i = 0; i < NJ; i++) assert_same_tokens(&together[i], &alone[i]);
+    uint64_t id;
+    tqkv_engine_request q;
+    memset(&q, 0, sizeof q);
+    q.prompt = j[0].prompt;
+    q.n_prompt = 1;
+    q.max_tokens = 1;
+    q.sampling = tqkv_sampler_params_default();
+    q.on_event = on_event;
+    q.user = &together[0];
+    assert_int_equal(tqkv_engine_submit(e, &q, &id), TQKV_ESTATE); /* draining */
+    tqkv_engine_free(e);
+}
+
+// ---------------------------------------------------------------------------
+// Stop strings, limits, queue, cancel
+// ---------------------------------------------------------------------------
+
+static void test_stop_limits_queue_cancel(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() ^ 2);
+    tqkv_engine *e = engine_new(TQKV_TQ4, 256, 0, NULL, 2);
+    int V = tqkv_model_get_config(tqkv_engine_model(e))->vocab_size;
+    const tqkv_tokenizer *tk = tqkv_engine_tokenizer(e);
+    /* a real-text prompt so that the output is text */
+    const char *txt = "def fibonacci(n):\n    if n < 2:\n        return n\n    return";
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    OK(tqkv_tokenizer_encode(tk, txt, strlen(txt), 0, &ids, &n_ids));
+    job j;
+    memset(&j, 0, sizeof j);
+    memcpy(j.prompt, ids, sizeof(int32_t) * n_ids);
+    j.n_prompt = (int)n_ids;
+    j.max_tokens = 48;
+    result base, cut;
+    submit(e, &j, &base);
+    run_until_idle(e);
+    assert_true(base.text_len > 8);
+    /* stop at a substring taken from the middle of the greedy output */
+    char stop[8];
+    size_t at = base.text_len / 2;
+    memcpy(stop, base.text + at, 3);
+    stop[3] = 0;
+    const char *first = strstr(base.text, stop);
+    assert_non_null(first);
+    j.stop[0] = stop;
+    j.stop[1] = "\x01never";
+    j.n_stop = 2;
+    submit(e, &j, &cut);
+    run_until_idle(e);
+    assert_int_equal(cut.finish, TQKV_FINISH_STOP);
+    assert_int_equal(cut.text_len, (size_t)(first - base.text));
+    assert_memory_equal(cut.text, base.text, cut.text_len);
+    assert_true(cut.n_tok <= base.n_tok);
+    j.n_stop = 0;
+
+    /* the context limit */
+    uint64_t id;
+    tqkv_engine_request q;
+    memset(&q, 0, sizeof q);
+    q.prompt = j.prompt;
+    q.n_prompt = j.n_prompt;
+    q.max_tokens = tqkv_engine_context_len(e) - j.n_prompt + 1;
+    q.sampling = tqkv_sampler_params_default();
+    q.on_event = on_event;
+    q.user = &cut;
+    assert_int_equal(tqkv_engine_submit(e, &q, &id), TQKV_ERANGE);
+    assert_non_null(strstr(tqkv_last_error(), "context"));
+    q.max_tokens = 0;
+    assert_int_equal(tqkv_engine_submit(e, &q, &id), TQKV_EINVAL);
+    q.max_tokens = 4;
+    int32_t badtok = V + 3;
+    q.prompt = &badtok;
+    q.n_prompt = 1;
+    assert_int_equal(tqkv_engine_submit(e, &q, &id), TQKV_EINVAL);
+
+    /* queue of 2: the third waiting request is refused */
+    result a, b, c;
+    j.max_tokens = 200;
+    uint64_t ia = submit(e, &j, &a);
+    submit(e, &j, &b);
+    q.prompt = j.prompt;
+    q.n_prompt = j.n_prompt;
+    q.user = &c;
+    assert_int_equal(tqkv_engine_submit(e, &q, &id), TQKV_EBUSY);
+    assert_non_null(strstr(tqkv_last_error(), "queue"));
+    /* cancel a running request after a few steps; the other finishes */
+    int busy;
+    for (int s = 0; s < 4; s++) OK(tqkv_engine_step(e, &busy));
+    assert_true(a.n_tok > 0 && !a.done);
+    OK(tqkv_engine_cancel(e, ia));
+    run_until_idle(e);
+    assert_int_equal(a.done, 1);
+    assert_int_equal(a.finish, TQKV_FINISH_CANCELLED);
+    assert_true(a.n_tok < 200);
+    assert_int_equal(b.finish, TQKV_FINISH_LENGTH);
+    assert_int_equal(b.n_tok, 200);
+    assert_memory_equal(a.toks, b.toks, sizeof(int32_t) * (size_t)a.n_tok);
+    assert_int_equal(tqkv_engine_cancel(e, ia), TQKV_EINVAL);
+    /* a queued request cancelled before it starts */
+    uint64_t ic = submit(e, &j, &c);
+    OK(tqkv_engine_cancel(e, ic));
+    run_until_idle(e);
+    assert_int_equal(c.finish, TQKV_FINISH_CANCELLED);
+    assert_int_equal(c.n_tok, 0);
+    /* freeing the engine closes open requests */
+    submit(e, &j, &c);
+    OK(tqkv_engine_step(e, &busy));
+    tqkv_engine_free(e);
+    assert_int_equal(c.done, 1);
+    assert_int_equal(c.finish, TQKV_FINISH_CANCELLED);
+    free(ids);
+}
+
+static void test_budget_waits(void **state) {
+    (void)state;
+    /* a budget that fits one request at a time: the second waits, both finish, and the
+     * tokens are those of requests run alone */
+    test_rng r;
+    rng_init(&r, test_seed() ^ 3);
+    tqkv_engine_params p = tqkv_engine_params_default();
+    p.model_dir = g_dir;
+    p.threads = 2;
+    p.prefill_chunk = 64;
+    tqkv_engine *probe = NULL;
+    OK(tqkv_engine_init(&probe, &p));
+    tqkv_engine_stats st;
+    OK(tqkv_engine_stats_get(probe, &st));
+    int V = tqkv_model_get_config(tqkv_engine_model(probe))->vocab_size;
+    job j[2];
+    make_jobs(&r, j, 2, V);
+    j[0].max_tokens = j[1].max_tokens = 20;
+    result alone[2], both[2];
+    for (int i = 0; i < 2; i++) {
+        submit(probe, &j[i], &alone[i]);
+        run_until_idle(probe);
+    }
+    tqkv_engine_free(probe);
+    int mx = j[0].n_prompt > j[1].n_prompt ? j[0].n_prompt : j[1].n_prompt;
+    p.kv_budget = (size_t)(st.kv_bytes_per_token * (mx + 20) * 1.5);
+    tqkv_engine *e = NULL;
+    OK(tqkv_engine_init(&e, &p));
+    submit(e, &j[0], &both[0]);
+    submit(e, &j[1], &both[1]);
+    int busy;
+    OK(tqkv_engine_step(e, &busy));
+    OK(tqkv_engine_stats_get(e, &st));
+    assert_int_equal(st.queued, 1); /* the second waits for budget */
+    run_until_idle(e);
+    for (int i = 0; i < 2; i++) assert_same_tokens(&both[i], &alone[i]);
+    /* a request larger than the whole budget fails with a message, not a hang */
+    result big;
+    j[0].max_tokens = 2000;
+    submit(e, &j[0], &big);
+    run_until_idle(e);
+    assert_int_equal(big.finish, TQKV_FINISH_ERROR);
+    tqkv_engine_free(e);
+}
+
+// ---------------------------------------------------------------------------
+// Prefix cache and prompt-cache directory
+// ---------------------------------------------------------------------------
+
+static void rm_dir(const char *d) {
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", d);
+    if (system(cmd) != 0) fail_msg("rm failed");
+}
+
+static void test_prefix_cache(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() ^ 4);
+    char dir[256], dir2[256];
+    snprintf(dir, sizeof dir, "/tmp/tqkv_test_pc_%d", (int)getpid());
+    snprintf(dir2, sizeof dir2, "/tmp/tqkv_test_pc2_%d", (int)getpid());
+    rm_dir(dir);
+    rm_dir(dir2);
+    tqkv_engine *plain = engine_new(TQKV_TQ4, 32, 0, NULL, 0);
+    int V = tqkv_model_get_config(tqkv_engine_model(plain))->vocab_size;
+    job a, b;
+    memset(&a, 0, sizeof a);
+    a.n_prompt = 150;
+    for (int t = 0; t < a.n_prompt; t++) a.prompt[t] = rng_int(&r, 1, V - 1);
+    a.max_tokens = 12;
+    b = a;
+    b.n_prompt = 140; /* shares 100 tokens, then differs */
+    for (int t = 100; t < b.n_prompt; t++) b.prompt[t] = rng_int(&r, 1, V - 1);
+    b.temp = 0.7f;
+    b.seed = 99;
+    result ma, mb, ha, hb;
+    submit(plain, &a, &ma);
+    run_until_idle(plain);
+    submit(plain, &b, &mb);
+    run_until_idle(plain);
+    tqkv_engine_free(plain);
+
+    tqkv_engine *e = engine_new(TQKV_TQ4, 32, 64 << 20, dir, 0);
+    submit(e, &a, &ha);
+    run_until_idle(e);
+    assert_int_equal(ha.cached, 0);
+    submit(e, &b, &hb);
+    run_until_idle(e);
+    assert_int_equal(hb.cached, 96); /* longest chunk boundary inside the shared prefix */
+    assert_same_tokens(&ha, &ma);
+    assert_same_tokens(&hb, &mb);
+    tqkv_engine_stats st;
+    OK(tqkv_engine_stats_get(e, &st));
+    assert_int_equal(st.prefix_hits, 1);
+    assert_int_equal(st.prefix_tokens_reused, 96);
+    assert_true(st.prefix_cache_bytes > 0);
+    /* the same prompt again: a hit at 128 */
+    submit(e, &a, &ha);
+    run_until_idle(e);
+    assert_int_equal(ha.cached, 128);
+    assert_same_tokens(&ha, &ma);
+    tqkv_engine_free(e);
+
+    /* restart: entries come back from the directory */
+    e = engine_new(TQKV_TQ4, 32, 64 << 20, dir, 0);
+    OK(tqkv_engine_stats_get(e, &st));
+    assert_true(st.prefix_cache_bytes > 0);
+    submit(e, &b, &hb);
+    run_until_idle(e);
+    assert_int_equal(hb.cached, 128); /* b's own entry, stored by its first run */
+    assert_same_tokens(&hb, &mb);
+    tqkv_engine_free(e);
+
+    /* a file written with another KV format is refused with a message */
+    tqkv_engine *o = engine_new(TQKV_TQ3, 32, 64 << 20, dir2, 0);
+    submit(o, &a, &ha);
+    run_until_idle(o);
+    tqkv_engine_free(o);
+    e = engine_new(TQKV_TQ4, 32, 64 << 20, NULL, 0);
+    char cmd[1200], path[1024] = "";
+    snprintf(cmd, sizeof cmd, "ls %s/*.tqkvp | head -1", dir2);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    if (!fgets(path, sizeof path, f)) fail_msg("no prompt-cache file written");
+    pclose(f);
+    path[strcspn(path, "\n")] = 0;
+    assert_int_equal(tqkv_engine_prefix_import(e, path), TQKV_EINVAL);
+    assert_non_null(strstr(tqkv_last_error(), "refused"));
+    assert_non_null(strstr(tqkv_last_error(), "tq3"));
+    OK(tqkv_engine_stats_get(e, &st));
+    assert_int_equal(st.prefix_cache_bytes, 0);
+    tqkv_engine_free(e);
+    rm_dir(dir);
+    rm_dir(dir2);
+}
+
+int main(void) {
+    source_path("models/qwen3-code-28m", g_dir, sizeof g_dir);
+    struct stat s;
+    if (stat(g_dir, &s) != 0) {
+        fprintf(stderr, "test_engine: bundled model absent: SKIPPED\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_concurrent_equals_alone),
+        cmocka_unit_test(test_stop_limits_queue_cancel),
+        cmocka_unit_test(test_budget_waits),
+        cmocka_unit_test(test_prefix_cache),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
