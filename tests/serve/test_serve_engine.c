@@ -222,7 +222,10 @@ static void test_prefix_cache_and_restart(void **state) {
     (void)state;
     char dir[] = "/tmp/tqkv-prompt-cache-XXXXXX";
     assert_non_null(mkdtemp(dir));
-    const char *extra[] = {"--kv", "tq4", "--prefix-cache", "64M", "--prompt-cache-dir", dir, NULL};
+    /* the engine stores entries at prefill-chunk boundaries: small chunks, so every prompt
+     * (>= 18 tokens) leaves one */
+    const char *extra[] = {"--kv", "tq4", "--prefix-cache", "64M", "--prompt-cache-dir", dir,
+                           "--prefill-chunk", "8", NULL};
     int port;
     pid_t pid = spawn(extra, &port);
     call miss = {.port = port, .prompt = 3, .max_tokens = 20};
@@ -354,7 +357,8 @@ static void test_sigterm_drains(void **state) {
     assert_int_equal(WEXITSTATUS(st), 0);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 1) cmocka_set_test_filter(argv[1]); /* e.g. "*prefix*" */
     if (!source_path("models/qwen3-code-28m", g_model, sizeof g_model) || access(g_model, R_OK)) {
         fprintf(stderr, "SKIP: bundled model absent\n");
         return 77;
