@@ -5,7 +5,7 @@
  *     without and with a draft model (the draft needs ../shared: that part is skipped);
  *   - a seeded sampled request gives the same text alone and under load;
  *   - a prefix-cache hit == a miss; the on-disk prompt cache survives a restart;
- *   - load: 64 concurrent streams, 1000 requests: every one answered, each stream's text
+ *   - load: 64 concurrent streams, 1000 requests (200 under ASan): every one answered, each stream's text
  *     equals the non-streamed text of its prompt (no token lost or duplicated), server
  *     alive afterwards;
  *   - SIGTERM with streams running: they finish with [DONE], exit status 0.
@@ -23,6 +23,13 @@
 #include "testutil.h"
 
 #define N_PROMPTS 24
+/* The load test's request count: 1000 (the issue's figure); an ASan+UBSan build, several
+ * times slower, runs 200 so the suite stays inside its time limit. */
+#if defined(__SANITIZE_ADDRESS__)
+#define LOAD_REQUESTS 200
+#else
+#define LOAD_REQUESTS 1000
+#endif
 
 static char *g_prompts[N_PROMPTS];
 static char  g_model[4096];
@@ -108,6 +115,11 @@ static void do_call(call *c) {
             cJSON *u = NULL;
             if (c->stream) {
                 c->text = sse_collect(r.body, 0, c->finish, sizeof c->finish, &u, NULL);
+                if (!c->text) { /* show the end of a malformed stream */
+                    size_t bl = strlen(r.body);
+                    fprintf(stderr, "malformed stream (%zu bytes): ...%s\n", bl,
+                            r.body + (bl > 400 ? bl - 400 : 0));
+                }
             } else {
                 c->text = resp_text(r.body, 0, c->finish, sizeof c->finish);
                 cJSON *j = cJSON_Parse(r.body);
@@ -299,14 +311,14 @@ static void test_load_64_streams(void **state) {
         assert_int_equal(c.status, 200);
         want[i] = c.text;
     }
-    load_state ls = {.port = port, .total = 1000, .want = want};
+    load_state ls = {.port = port, .total = LOAD_REQUESTS, .want = want};
     pthread_mutex_init(&ls.mu, NULL);
     enum { T = 64 };
     pthread_t th[T];
     for (int i = 0; i < T; i++) pthread_create(&th[i], NULL, load_worker, &ls);
     for (int i = 0; i < T; i++) pthread_join(th[i], NULL);
     fprintf(stderr, "load: %d ok, %d bad of %d\n", ls.ok, ls.bad, ls.total);
-    assert_int_equal(ls.ok, 1000);
+    assert_int_equal(ls.ok, LOAD_REQUESTS);
     assert_int_equal(ls.bad, 0);
     http_resp r;
     assert_int_equal(http_do(port, "GET", "/health", NULL, NULL, &r), 0);
