@@ -203,6 +203,31 @@ char *resp_text(const char *body, int chat, char *finish, size_t finish_cap) {
 /* Processes                                                                 */
 /* ------------------------------------------------------------------------- */
 
+/* Servers spawned and not yet reaped (test-process bookkeeping, one test thread). */
+static pid_t g_children[64];
+
+static void child_add(pid_t pid) {
+    for (int i = 0; i < 64; i++)
+        if (!g_children[i]) {
+            g_children[i] = pid;
+            return;
+        }
+}
+
+static void child_remove(pid_t pid) {
+    for (int i = 0; i < 64; i++)
+        if (g_children[i] == pid) g_children[i] = 0;
+}
+
+void serve_kill_all(void) {
+    for (int i = 0; i < 64; i++)
+        if (g_children[i]) {
+            kill(g_children[i], SIGKILL);
+            waitpid(g_children[i], NULL, 0);
+            g_children[i] = 0;
+        }
+}
+
 pid_t serve_spawn(const char *const *extra, int *port) {
     char pf[64];
     snprintf(pf, sizeof pf, "/tmp/tqkv-serve-port-%d-%ld", (int)getpid(), (long)random());
@@ -234,6 +259,7 @@ pid_t serve_spawn(const char *const *extra, int *port) {
             if (ok && p > 0) {
                 unlink(pf);
                 *port = p;
+                child_add(pid);
                 return pid;
             }
         }
@@ -249,6 +275,8 @@ int serve_stop(pid_t pid) {
     if (pid <= 0) return -1;
     kill(pid, SIGTERM);
     int st = 0;
-    if (waitpid(pid, &st, 0) != pid) return -1;
+    pid_t w = waitpid(pid, &st, 0);
+    child_remove(pid);
+    if (w != pid) return -1;
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }

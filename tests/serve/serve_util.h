@@ -40,5 +40,8 @@ char *resp_text(const char *body, int chat, char *finish, size_t finish_cap);
 pid_t serve_spawn(const char *const *extra, int *port);
 /* SIGTERM and wait; returns the exit status (or -1). */
 int   serve_stop(pid_t pid);
+/* SIGKILL every spawned server not yet stopped (a test teardown: a failed assertion
+ * must not leave a server running). */
+void  serve_kill_all(void);
 
 #endif
