@@ -93,6 +93,7 @@ srv_params srv_params_default(void) {
     p.max_body = (size_t)1 << 20;
     p.max_conns = 512;
     p.default_max_tokens = 16;
+    p.idle_timeout_s = 120;
     return p;
 }
 
@@ -468,6 +469,10 @@ static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, 
     }
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (ci) j->fd = ci->connect_fd;
+    /* The idle timeout guards header/body reading only: a generation may legitimately
+     * wait longer than it for its first token (queue, long prefills); it is bounded by
+     * max_tokens and a client hang-up cancels it. */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned int)0);
     cc->job = j; /* the connection's reference */
 
     tqkv_engine_request er;
@@ -738,7 +743,8 @@ tqkv_status srv_start(srv_server **out, const srv_params *p, const srv_engine *e
     s->d = MHD_start_daemon(flags, (uint16_t)p->port, NULL, NULL, on_request, s,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)(p->max_conns > 0 ? p->max_conns : 512),
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                            MHD_OPTION_CONNECTION_TIMEOUT,
+                            (unsigned)(p->idle_timeout_s > 0 ? p->idle_timeout_s : 120),
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                             MHD_OPTION_END);
     if (!s->d) {

@@ -149,6 +149,8 @@ typedef struct {
     size_t      max_body;      /* bytes (default 1 MiB) */
     int         max_conns;     /* simultaneous connections (default 512) */
     int         default_max_tokens; /* completions without max_tokens (OpenAI: 16) */
+    int         idle_timeout_s;     /* connection idle limit while reading a request
+                                       (default 120); none once generation started */
     int         verbose;
 } srv_params;
 

@@ -134,6 +134,7 @@ static void *run(void *arg) {
             freq *r = *pp;
             int cancel = r->cancel || f->quit;
             pthread_mutex_unlock(&f->mu);
+            if (!cancel && r->n_gen == 0 && f->p.first_us) usleep((useconds_t)f->p.first_us);
             int done = step_one(f, r, cancel);
             pthread_mutex_lock(&f->mu);
             if (done) {

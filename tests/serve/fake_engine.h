@@ -17,6 +17,7 @@ typedef struct {
     int   queue_max;      /* open requests beyond this: TQKV_EBUSY */
     int   step_us;        /* sleep per generated token (all requests) */
     int   context_len;
+    int   first_us;       /* sleep before the first token of each request */
 } fake_params;
 
 int         fake_engine_init(fake_engine **out, const fake_params *p, const tqkv_tokenizer *tok);

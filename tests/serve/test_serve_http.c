@@ -26,21 +26,27 @@ typedef struct {
     int             port;
 } fixture;
 
-static int start(fixture *fx, int queue_max, int step_us, const char *api_key, size_t max_body) {
+static int start_ex(fixture *fx, int queue_max, int step_us, const char *api_key, size_t max_body,
+                    int first_us, int idle_timeout_s) {
     char path[4096];
     memset(fx, 0, sizeof *fx);
     if (tqkv_tokenizer_load(&fx->tok, source_path("models/qwen3-code-28m", path, sizeof path)) != TQKV_OK)
         return -1;
-    fake_params fp = {queue_max, step_us, 4096};
+    fake_params fp = {queue_max, step_us, 4096, first_us};
     if (fake_engine_init(&fx->fe, &fp, fx->tok)) return -1;
     srv_engine eng = fake_engine_bind(fx->fe);
     srv_params sp = srv_params_default();
     sp.port = 0;
     sp.api_key = api_key;
     if (max_body) sp.max_body = max_body;
+    if (idle_timeout_s) sp.idle_timeout_s = idle_timeout_s;
     if (srv_start(&fx->srv, &sp, &eng) != TQKV_OK) return -1;
     fx->port = srv_port(fx->srv);
     return fx->port > 0 ? 0 : -1;
+}
+
+static int start(fixture *fx, int queue_max, int step_us, const char *api_key, size_t max_body) {
+    return start_ex(fx, queue_max, step_us, api_key, max_body, 0, 0);
 }
 
 static void stop(fixture *fx) {
@@ -533,6 +539,30 @@ static void test_malformed_never_crash(void **state) {
     stop(&fx);
 }
 
+/* A first token later than the idle timeout (a long queue or prefill) must not cut the
+ * response: the timeout only guards reading requests. */
+static void test_slow_first_token(void **state) {
+    (void)state;
+    fixture fx;
+    assert_int_equal(start_ex(&fx, 64, 0, NULL, 0, 2500 * 1000, 1), 0);
+    for (int stream = 0; stream < 2; stream++) {
+        char body[128];
+        snprintf(body, sizeof body, "{\"prompt\":\"slow\",\"max_tokens\":3,\"stream\":%s}",
+                 stream ? "true" : "false");
+        http_resp r;
+        assert_int_equal(http_do(fx.port, "POST", "/v1/completions", NULL, body, &r), 0);
+        assert_int_equal(r.status, 200);
+        char *want = expected(&fx, "slow", 3);
+        char *got = stream ? sse_collect(r.body, 0, NULL, 0, NULL, NULL) : resp_text(r.body, 0, NULL, 0);
+        assert_non_null(got);
+        assert_string_equal(got, want);
+        free(got);
+        free(want);
+        http_resp_free(&r);
+    }
+    stop(&fx);
+}
+
 typedef struct {
     fixture *fx;
     int      idx, ok;
@@ -601,6 +631,7 @@ int main(void) {
         cmocka_unit_test(test_queue_full_and_drain),
         cmocka_unit_test(test_malformed_never_crash),
         cmocka_unit_test(test_concurrent),
+        cmocka_unit_test(test_slow_first_token),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
