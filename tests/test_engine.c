@@ -126,7 +126,7 @@ static void make_jobs(test_rng *r, job *j, int n, int V) {
         j[i].max_tokens = rng_int(r, 1, 24);
         j[i].temp = i % 3 == 2 ? 0.8f : 0.0f;
         j[i].seed = rng_u64(r);
-        j[i].top_logprobs = i % 2 ? 3 : 0;
+        j[i].top_logprobs = i % 2 ? 3 : 1;
     }
 }
 
@@ -136,6 +136,8 @@ static void assert_same_tokens(const result *a, const result *b) {
     assert_int_equal(a->text_len, b->text_len);
     assert_memory_equal(a->text, b->text, a->text_len);
     assert_int_equal(a->finish, b->finish);
+    /* logprobs come from the raw logits: equal floats mean bitwise equal logits */
+    assert_memory_equal(a->lp, b->lp, sizeof(float) * (size_t)a->n_tok);
 }
 
 // ---------------------------------------------------------------------------
@@ -376,6 +378,7 @@ static void test_prefix_cache(void **state) {
     a.n_prompt = 150;
     for (int t = 0; t < a.n_prompt; t++) a.prompt[t] = rng_int(&r, 1, V - 1);
     a.max_tokens = 12;
+    a.top_logprobs = 2;
     b = a;
     b.n_prompt = 140; /* shares 100 tokens, then differs */
     for (int t = 100; t < b.n_prompt; t++) b.prompt[t] = rng_int(&r, 1, V - 1);

@@ -91,8 +91,16 @@ static void test_merge_filter_extract_bitwise(void **state) {
         OK(tqkv_model_state_merge(run, src, 2));
         int rows[R] = {0, 1, -1, -1}, nr = 2;
         for (int step = 0; step < STEPS; step++) {
-            if (step == 2) {
-                OK(tqkv_model_state_merge(run, src + 2, 2));
+            if (step == 2) { /* newcomers 2 and 3 prefilled as their own left-padded batch */
+                int n2 = ref[2].n, n3 = ref[3].n, nn = n2 > n3 ? n2 : n3, lens[2] = {n2, n3};
+                int32_t *tk = calloc((size_t)2 * nn, sizeof(int32_t)); /* [2, nn] */
+                memcpy(tk + (nn - n2), ref[2].prompt, sizeof(int32_t) * (size_t)n2);
+                memcpy(tk + nn + (nn - n3), ref[3].prompt, sizeof(int32_t) * (size_t)n3);
+                tqkv_model_state *pair = new_state(2, fm[f][0], fm[f][1], window);
+                OK(tqkv_model_prefill(g_m, pair, tk, lens, nn, TQKV_LOGITS_NONE, NULL));
+                OK(tqkv_model_state_merge(run, &pair, 1));
+                tqkv_model_state_free(pair);
+                free(tk);
                 rows[2] = 2;
                 rows[3] = 3;
                 nr = 4;
@@ -247,6 +255,19 @@ static void test_failures_unchanged(void **state) {
     assert_int_equal(tqkv_model_decode(g_m, s, bad, lg), TQKV_ERANGE);
     int zero = 0;
     OK(tqkv_model_state_spec_rollback(s, &zero, 1));
+    assert_same_state(s, b, len);
+    /* the undo a failed forward runs inside a spec round (tqkv_batch_rewind on every
+     * layer appended to) restores the state and keeps the round */
+    OK(tqkv_model_state_spec_begin(s));
+    int32_t three[2 * 3] = {1, 2, 3, 4, 5, 6};
+    OK(tqkv_model_extend(g_m, s, three, 3, TQKV_LOGITS_NONE, NULL));
+    const tqkv_model_config *cc = tqkv_model_get_config(g_m);
+    for (int l = 0; l < cc->n_layers; l++) {
+        assert_int_equal(tqkv_batch_rewind(tqkv_model_state_layer(s, l), 4), TQKV_ERANGE);
+        OK(tqkv_batch_rewind(tqkv_model_state_layer(s, l), 3));
+    }
+    assert_int_equal(tqkv_model_state_spec_active(s), 1);
+    OK(tqkv_model_state_spec_commit(s));
     assert_same_state(s, b, len);
     /* the context limit: a window that would pass max_position_embeddings */
     const tqkv_model_config *c = tqkv_model_get_config(g_m);

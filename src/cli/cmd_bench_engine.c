@@ -176,7 +176,7 @@ int cmd_bench_engine(int argc, char **argv) {
     const char *model_arg = MCLI_DEFAULT_MODEL, *draft = NULL, *kv = "tq4", *text_path = NULL;
     const char *conc_arg = "1,4,16";
     int prompt_tokens = 200, max_tokens = 128, requests = 0, threads = 1, K = 4, json = 0;
-    int window = 0, prefix = 0, load = 0, chunk = 256, no_check = 0;
+    int window = 0, prefix = 0, load = 0, chunk = 256, no_check = 0, reps = 1;
     double budget_mb = 0;
     const arg_spec specs[] = {
         {"--model", ARG_STR, &model_arg, "model directory (default " MCLI_DEFAULT_MODEL ")"},
@@ -194,6 +194,7 @@ int cmd_bench_engine(int argc, char **argv) {
         {"--draft-tokens", ARG_INT, &K, "draft tokens per round (default 4)"},
         {"--prefix", ARG_INT, &prefix, "also measure a prefix-cache hit: shared prefix of N tokens"},
         {"--load", ARG_INT, &load, "busy processes to run beside the benchmark (default 0)"},
+        {"--reps", ARG_INT, &reps, "repeat each point (plain/draft alternating) (default 1)"},
         {"--no-check", ARG_FLAG, &no_check, "skip the check against concurrency 1"},
         {"--json", ARG_FLAG, &json, "print one JSON object"},
     };
@@ -226,7 +227,7 @@ int cmd_bench_engine(int argc, char **argv) {
         p++;
     }
     if (prompt_tokens < 1 || max_tokens < 1 || threads < 1 || K < 1 || prefix < 0 || load < 0 ||
-        load > 64 || chunk < 1) {
+        load > 64 || chunk < 1 || reps < 1 || reps > 16) {
         fprintf(stderr, "tqkv %s: bad numeric option\n", CMD);
         return 2;
     }
@@ -307,7 +308,11 @@ int cmd_bench_engine(int argc, char **argv) {
     int first = 1;
     for (int i = 0; i < n_conc && sched_ok; i++) {
         int N = requests ? requests : (2 * conc[i] < 4 ? 4 : 2 * conc[i]);
-        for (int d = 0; d < (ed ? 2 : 1); d++) {
+        double ratios[32];
+        int n_ratio = 0;
+        double plain_tok = 0;
+        for (int rd = 0; rd < reps * (ed ? 2 : 1) && sched_ok; rd++) {
+            int d = ed ? rd % 2 : 0;
             point p;
             memset(&p, 0, sizeof p);
             p.hashes = calloc((size_t)N, sizeof *p.hashes);
@@ -322,11 +327,11 @@ int cmd_bench_engine(int argc, char **argv) {
                 for (int k = 0; k < N; k++) same &= p.hashes[k] == ref[k];
             double acc = p.drafted ? (double)p.accepted / (double)p.drafted : 0;
             if (json) {
-                printf("%s{\"mode\":\"%s\",\"concurrency\":%d,\"requests\":%d,\"generated\":%llu,"
+                printf("%s{\"mode\":\"%s\",\"rep\":%d,\"concurrency\":%d,\"requests\":%d,\"generated\":%llu,"
                        "\"wall_s\":%.3f,\"tok_s\":%.2f,\"ttft_p50_s\":%.4f,\"ttft_p99_s\":%.4f,"
                        "\"itl_p50_s\":%.5f,\"itl_p99_s\":%.5f,\"spec_drafted\":%llu,"
                        "\"spec_accepted\":%llu,\"acceptance\":%.4f,\"same_as_alone\":%s}",
-                       first ? "" : ",", d ? "draft" : "plain", conc[i], N,
+                       first ? "" : ",", d ? "draft" : "plain", ed ? rd / 2 : rd, conc[i], N,
                        (unsigned long long)p.gen, p.wall, p.tok_s, p.ttft50, p.ttft99, p.itl50,
                        p.itl99, (unsigned long long)p.drafted, (unsigned long long)p.accepted,
                        acc, no_check ? "null" : same ? "true" : "false");
@@ -338,6 +343,17 @@ int cmd_bench_engine(int argc, char **argv) {
             }
             fflush(stdout);
             free(p.hashes);
+            if (d == 0) plain_tok = p.tok_s;
+            else if (n_ratio < 32) ratios[n_ratio++] = p.tok_s / plain_tok;
+        }
+        if (n_ratio > 0) {
+            double med = pct(ratios, (size_t)n_ratio, 0.5);
+            if (json)
+                printf(",{\"mode\":\"speedup\",\"concurrency\":%d,\"pairs\":%d,"
+                       "\"draft_over_plain_median\":%.3f}", conc[i], n_ratio, med);
+            else
+                printf("speedup at concurrency %d: draft / plain tokens/s, median of %d "
+                       "side-by-side pairs: %.2fx\n", conc[i], n_ratio, med);
         }
     }
     if (json) printf("]");

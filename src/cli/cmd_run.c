@@ -163,6 +163,18 @@ int cmd_run(int argc, char **argv) {
     int32_t im_end = -1; /* a chat turn also ends at <|im_end|> */
     if (chat && tqkv_tokenizer_token_to_id(tok, "<|im_end|>", 10, &im_end) != TQKV_OK) im_end = -1;
 
+    /* the context limit (max_position_embeddings): refuse a prompt past it, stop there */
+    const int ctx_len = tqkv_model_context_len(m);
+    if ((long long)n_ids > ctx_len) {
+        fprintf(stderr, "tqkv run: the prompt has %zu tokens, more than the model's context of %d "
+                "tokens (max_position_embeddings)\n", n_ids, ctx_len);
+        goto done;
+    }
+    if ((long long)n_ids + n_gen > ctx_len) {
+        fprintf(stderr, "tqkv run: -n %d would pass the context of %d tokens; generating at most "
+                "%lld\n", n_gen, ctx_len, (long long)ctx_len - (long long)n_ids);
+        n_gen = ctx_len - (int)n_ids;
+    }
     sp.rows = 1;
     sp.window = window;
     sp.kv_seed = (uint64_t)kv_seed;

@@ -130,10 +130,10 @@ static uint64_t engine_fingerprint(const tqkv_engine *e) {
 static void engine_release(tqkv_engine *e) {
     tqkv_model_state_free(e->run);
     tqkv_model_state_free(e->drun);
+    prefix_free(&e->pc); /* its states refer to the model */
     tqkv_model_free(e->m);
     tqkv_model_free(e->dm);
     tqkv_tokenizer_free(e->tok);
-    prefix_free(&e->pc);
     free(e->rows);
     free(e->pre);
     free(e->logits);
@@ -216,6 +216,8 @@ tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
     e->sp.window = p.window;
     e->sp.threads = p.threads;
     e->sp.extend_as_decode = e->dm != NULL;
+    e->psp = e->sp;
+    e->psp.extend_as_decode = 0;
     e->dsp = tqkv_model_state_params_default();
     e->dsp.k_format = p.k_format;
     e->dsp.v_format = p.v_format;
@@ -240,7 +242,7 @@ tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
         engine_release(e);
         return rc;
     }
-    if (e->pc.dir) prefix_load_dir(&e->pc, e->m, &e->sp, p.verbose);
+    if (e->pc.dir) prefix_load_dir(&e->pc, e->m, &e->psp, p.verbose);
     /* bytes per token of one row (for stats), from an empty 1-row state */
     tqkv_model_state *tmp = NULL;
     if (tqkv_model_state_init(&tmp, e->m, &e->sp) == TQKV_OK) {
@@ -661,7 +663,7 @@ static int prefill_chunk(tqkv_engine *e, eng_req *q) {
             pthread_mutex_unlock(&e->mu);
         }
         if (rc == TQKV_OK && hit_n) q->prefilled = q->cached = hit_n;
-        else if (rc == TQKV_OK) rc = tqkv_model_state_init(&q->pre, e->m, &e->sp);
+        else if (rc == TQKV_OK) rc = tqkv_model_state_init(&q->pre, e->m, &e->psp);
         if (rc != TQKV_OK) goto fail;
     }
     int n = q->n_prompt - q->prefilled < C ? q->n_prompt - q->prefilled : C;
@@ -883,12 +885,17 @@ static tqkv_status sched_rows(tqkv_engine *e, eng_req **ready, int n_ready) {
         src[i] = ready[i]->pre;
         dsrc[i] = ready[i]->dpre;
     }
-    if (!e->run) {
-        rc = tqkv_model_state_extract_row(src[0], 0, &e->run);
+    if (!e->run) { /* empty running states with the running parameters */
+        rc = tqkv_model_state_init(&e->run, e->m, &e->sp);
         if (rc == TQKV_OK) rc = tqkv_model_state_filter(e->run, NULL, 0);
         if (rc == TQKV_OK && e->dm) {
-            rc = tqkv_model_state_extract_row(dsrc[0], 0, &e->drun);
+            rc = tqkv_model_state_init(&e->drun, e->dm, &e->dsp);
             if (rc == TQKV_OK) rc = tqkv_model_state_filter(e->drun, NULL, 0);
+        }
+        if (rc != TQKV_OK) {
+            tqkv_model_state_free(e->run);
+            tqkv_model_state_free(e->drun);
+            e->run = e->drun = NULL;
         }
     }
     if (rc == TQKV_OK) rc = tqkv_model_state_merge(e->run, src, n_ready);

@@ -96,7 +96,10 @@ struct tqkv_engine {
     char                   *model_dir, *draft_dir, *name;
     tqkv_model             *m, *dm;
     tqkv_tokenizer         *tok;
-    tqkv_model_state_params sp, dsp;      /* target / draft state parameters */
+    tqkv_model_state_params sp, dsp;      /* running target / draft state parameters */
+    tqkv_model_state_params psp;          /* prefill states and prefix entries: sp with
+                                             extend_as_decode off (chunks attend like a
+                                             plain prefill, with or without a draft) */
     int                     ctx;          /* context limit */
     /* running batch: row i of run (and drun) is rows[i] */
     tqkv_model_state       *run, *drun;

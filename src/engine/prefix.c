@@ -291,7 +291,7 @@ tqkv_status tqkv_engine_prefix_import(tqkv_engine *e, const char *path) {
         return tqkv_fail(TQKV_ESTATE, "engine_prefix_import: the prefix cache is off "
                          "(prefix_cache_bytes = 0)");
     pthread_mutex_lock(&e->mu);
-    tqkv_status rc = prefix_load_file(&e->pc, e->m, &e->sp, path);
+    tqkv_status rc = prefix_load_file(&e->pc, e->m, &e->psp, path);
     pthread_mutex_unlock(&e->mu);
     return rc;
 }
