@@ -20,6 +20,7 @@ set output "$dir/serve.png"
 set multiplot layout 1,2 title "tqkv serve, qwen3-code-28m, one KV budget, 2 threads (bench/serve/results.jsonl)"
 set logscale x 2
 set xtics (1,4,16,64)
+set xrange [0.8:80]
 set grid
 set key left top
 set xlabel "concurrent streams"

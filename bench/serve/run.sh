@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/serve/run.sh [DURATION_S] - the serving benchmark of issue 9 section 8.
 # For KV formats f16, tq4 and tq3 under ONE fixed KV budget (KV_BUDGET, default 128M):
-# start `tqkv serve` (2 compute threads, passive OpenMP waits, --parallel 64), run the
+# start one `tqkv serve` per format (2 compute threads, passive OpenMP waits, --parallel
+# 64), run the
 # closed-loop load generator (loadgen.mjs: prompts of ~200 tokens cut from
 # ../shared/data/heldout-code.txt, max_tokens 128, greedy, streamed) at 1, 4, 16 and 64
 # streams for DURATION_S seconds each (default 60, after WARMUP seconds, default 10, that
@@ -22,30 +23,38 @@ out="$root/bench/serve/results.jsonl"
 cap_json="$("$bin" bench capacity --kv f16,tq4,tq3 --kv-budget "$budget" --tokens 2048 --json 2>/dev/null)"
 echo "$cap_json" | sed 's/^/{"capacity":/; s/$/}/' >> "$out"
 
-serve_start() { # $1 kv -> sets pid, port
+serve_start() { # $1 kv -> appends to pids/ports
   local pf; pf="$(mktemp)"; rm -f "$pf"
   OMP_WAIT_POLICY=passive OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS=1 \
     "$bin" serve --port 0 --port-file "$pf" --kv "$1" --threads "$threads" --parallel 64 \
     --queue 512 --kv-budget "$budget" 2>/dev/null &
-  pid=$!
+  pids[$1]=$!
   for _ in $(seq 600); do [ -s "$pf" ] && break; sleep 0.1; done
-  port="$(cat "$pf")"; rm -f "$pf"
+  ports[$1]="$(cat "$pf")"; rm -f "$pf"
 }
 point() { # kv streams prompt_chars max_tokens label
   local load; load="$(cut -d' ' -f1-3 /proc/loadavg)"
-  local r; r="$(node "$root/bench/serve/loadgen.mjs" --url "http://127.0.0.1:$port" --streams "$2" \
+  local r; r="$(node "$root/bench/serve/loadgen.mjs" --url "http://127.0.0.1:${ports[$1]}" --streams "$2" \
       --duration "$dur" --warmup "${WARMUP:-10}" --max-tokens "$4" --prompt-file "$data" --prompt-chars "$3")"
   echo "$r" | sed "s/^{/{\"kv\":\"$1\",\"label\":\"$5\",\"loadavg\":\"$load\",\"kv_budget\":\"$budget\",/" | tee -a "$out" >&2
 }
-for kv in f16 tq4 tq3; do
+# One server per format, all up at once (an idle server does not compute); the formats are
+# measured one after another at each concurrency, so they see the same machine load.
+declare -A pids ports
+kvs="f16 tq4 tq3"
+for kv in $kvs; do
   serve_start "$kv"
-  node "$root/bench/serve/loadgen.mjs" --url "http://127.0.0.1:$port" --streams 2 --duration 3 \
-      --max-tokens 8 --prompt-file "$data" >/dev/null   # warm-up
-  for c in 1 4 16 64; do point "$kv" "$c" 700 128 sweep; done
-  # headline: conversations of up to 2048 tokens (~1800-token prompts + 128 generated) at
-  # the largest concurrency the budget admits for this format
-  n="$(echo "$cap_json" | grep -o "\"kv\":\"$kv\"[^}]*" | grep -o '"conversations":[0-9]*' | cut -d: -f2)"
-  [ "${HEADLINE:-1}" = 1 ] && point "$kv" "$n" 6000 128 "headline-2048"
-  kill -TERM "$pid"; wait "$pid" || true
+  node "$root/bench/serve/loadgen.mjs" --url "http://127.0.0.1:${ports[$kv]}" --streams 2 \
+      --duration 3 --max-tokens 8 --prompt-file "$data" >/dev/null   # warm-up
 done
+for c in 1 4 16 64; do for kv in $kvs; do point "$kv" "$c" 700 128 sweep; done; done
+# headline: conversations of up to 2048 tokens (~1700-token prompts + 128 generated) at the
+# largest concurrency the budget admits for each format
+if [ "${HEADLINE:-1}" = 1 ]; then
+  for kv in $kvs; do
+    n="$(echo "$cap_json" | grep -o "\"kv\":\"$kv\"[^}]*" | grep -o '"conversations":[0-9]*' | cut -d: -f2)"
+    point "$kv" "$n" 6000 128 "headline-2048"
+  done
+fi
+for kv in $kvs; do kill -TERM "${pids[$kv]}"; wait "${pids[$kv]}" || true; done
 bash "$root/bench/serve/plot.sh"
