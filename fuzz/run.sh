@@ -1,27 +1,43 @@
 #!/usr/bin/env bash
-# fuzz/run.sh [SECONDS] - build the state-restore fuzzer with clang (libFuzzer + ASan + UBSan)
-# into build-fuzz, generate a small seed corpus of valid states, and fuzz for SECONDS
-# (default 60). Crashes are written to build-fuzz/artifacts/. Exit status: the fuzzer's.
+# fuzz/run.sh TARGET [SECONDS] - build one libFuzzer target with clang (libFuzzer + ASan +
+# UBSan) into build-fuzz, seed its corpus, and fuzz for SECONDS (default 60). Crashes are
+# written to build-fuzz/artifacts-TARGET/. Exit status: the fuzzer's.
+#   restore        state restore (tqkv_cache_restore / tqkv_batch_restore), seeded with valid states
+#   chat_template  the Jinja chat-template parser and renderer, seeded with the real templates
+#   request        the server's OpenAI request parser, seeded with valid requests
 set -euo pipefail
-secs="${1:-60}"
+target="${1:?usage: fuzz/run.sh restore|chat_template|request [SECONDS]}"
+secs="${2:-60}"
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bld="$root/build-fuzz"
 jobs="${JOBS:-2}"
 
-# The library itself is instrumented for coverage (fuzzer-no-link); the target links libFuzzer.
+# The libraries are instrumented for coverage (fuzzer-no-link); the target links libFuzzer.
 # The project builds with gcc -Werror; clang alone warns about unused static helpers in
-# per-ISA files, so that one warning stays a warning here (it is not a restore bug).
+# per-ISA files, so that one warning stays a warning here.
 cmake -S "$root" -B "$bld" -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DTQKV_FUZZ=ON -DTQKV_SANITIZE=ON \
+  -DTQKV_FUZZ=ON -DTQKV_SANITIZE=ON -DBUILD_TESTING=OFF \
   -DCMAKE_C_FLAGS="-fsanitize=fuzzer-no-link -Wno-error=unused-function" >/dev/null
-cmake --build "$bld" -j"$jobs" --target fuzz_restore
+cmake --build "$bld" -j"$jobs" --target "fuzz_$target"
 
-corpus="$bld/corpus"
-mkdir -p "$corpus" "$bld/artifacts"
-TQKV_FUZZ_WRITE_SEEDS="$corpus" "$bld/fuzz_restore"
-
-# -malloc_limit_mb above restore's own refusal limit (16 x state + 256 MiB): a larger
-# allocation is a bug the fuzzer should report.
-exec "$bld/fuzz_restore" "$corpus" -max_total_time="$secs" -max_len=4096 \
-  -rss_limit_mb=3072 -malloc_limit_mb=1024 -print_final_stats=1 \
-  -artifact_prefix="$bld/artifacts/"
+corpus="$bld/corpus-$target"
+mkdir -p "$corpus" "$bld/artifacts-$target"
+bin="$bld/fuzz_$target"
+# Each target writes its own seeds when TQKV_FUZZ_WRITE_SEEDS names a folder.
+# -malloc_limit_mb sits above each code path's own refusal limit: a larger allocation is a
+# bug the fuzzer should report.
+case "$target" in
+restore)
+  TQKV_FUZZ_WRITE_SEEDS="$corpus" "$bin"
+  opts=(-max_len=4096 -rss_limit_mb=3072 -malloc_limit_mb=1024) ;;
+chat_template)
+  TQKV_FUZZ_WRITE_SEEDS="$corpus" "$bin" "$root"/tests/golden/chat/*.jinja
+  opts=(-max_len=16384 -timeout=20 -rss_limit_mb=3072 -malloc_limit_mb=1024
+        -dict="$root/fuzz/chat_template.dict") ;;
+request)
+  TQKV_FUZZ_WRITE_SEEDS="$corpus" "$bin"
+  opts=(-max_len=8192 -rss_limit_mb=2048 -malloc_limit_mb=512) ;;
+*) echo "fuzz/run.sh: unknown target '$target'" >&2; exit 2 ;;
+esac
+exec "$bin" "$corpus" -max_total_time="$secs" -print_final_stats=1 "${opts[@]}" \
+  -artifact_prefix="$bld/artifacts-$target/"

@@ -5,7 +5,7 @@
 # apt-get line and exits 1.
 set -euo pipefail
 want=(build-essential cmake pkg-config libopenblas-dev libpcre2-dev libutf8proc-dev
-      libcjson-dev zlib1g-dev)
+      libcjson-dev zlib1g-dev libmicrohttpd-dev)
 if [ "${1:-build}" = test ]; then
   # cmocka for the tests (BUILD_TESTING); dpkg-dev for the CPack .deb check
   want+=(libcmocka-dev dpkg-dev)

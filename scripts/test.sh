@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test.sh - build and run the whole test suite: Release (then install it to a temporary
-# prefix and build the examples against the install), then ASan+UBSan, then a short
-# libFuzzer run of the state-restore fuzzer. Exits non-zero on any failure.
+# prefix and build the examples against the install), then ASan+UBSan, then short
+# libFuzzer runs (state restore, server request parser, chat templates). Exits non-zero on
+# any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh test
@@ -22,8 +23,11 @@ cmake --build build-asan -j"$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
    ctest --output-on-failure -j1) | tee build-asan/ctest.log
 
-echo "== fuzz: state restore (${TQKV_FUZZ_SECONDS:-60} s)"
-bash fuzz/run.sh "${TQKV_FUZZ_SECONDS:-60}"
+# Short fuzz runs (longer recorded runs: bench/RESULTS.md).
+for target in restore request chat_template; do
+  echo "== fuzz: $target (${TQKV_FUZZ_SECONDS:-60} s)"
+  bash fuzz/run.sh "$target" "${TQKV_FUZZ_SECONDS:-60}"
+done
 
 # One closing line for CI: counts over both ctest runs (a failure above already exited).
 total=0 skipped=0

@@ -18,6 +18,8 @@ int cmd_bench_model(int argc, char **argv);
 int cmd_chat_template(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_bench_engine(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
+int cmd_bench_capacity(int argc, char **argv);
 
 /* ---- argument helpers (args.c) ----
  * Options are "--name value" or "--flag". Unknown options are an error. */

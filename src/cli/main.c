@@ -23,6 +23,8 @@ static const command COMMANDS[] = {
     {"bench", "model", cmd_bench_model, "model prefill/decode tokens per second per KV format"},
     {"chat-template", NULL, cmd_chat_template, "render a conversation with the model's chat template"},
     {"info", NULL, cmd_info, "a checkpoint's graph, kernel set and KV bytes per token"},
+    {"bench", "capacity", cmd_bench_capacity, "concurrent conversations that fit a KV budget per format"},
+    {"serve", NULL, cmd_serve, "OpenAI-compatible HTTP server (continuous batching)"},
     {"bench", "engine", cmd_bench_engine, "serving engine: concurrent requests, draft, prefix cache"},
 };
 

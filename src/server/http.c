@@ -1,0 +1,790 @@
+/*
+ * http.c - libmicrohttpd plumbing of `tqkv serve`: routes, body limit (413), API key
+ * (401, constant time), generation jobs fed by the engine's event callback, SSE
+ * streaming, client disconnect -> engine cancel, admission stop and idle wait.
+ * Owns: the daemon, per-connection contexts and per-request jobs.
+ * Must not: parse request JSON itself (request.c), format bodies (response.c), run the
+ * model. Threading: libmicrohttpd's internal accept thread plus one thread per
+ * connection (a handler may block waiting for its tokens without stalling others);
+ * engine events arrive on the engine's thread and only append to a job under its lock.
+ */
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <microhttpd.h>
+
+#include "server/server.h"
+#include "util/common.h"
+
+/* ------------------------------------------------------------------------- */
+/* Types                                                                     */
+/* ------------------------------------------------------------------------- */
+
+static const int STATUS_CODES[] = {200, 400, 401, 404, 405, 413, 500, 503};
+#define N_STATUS ((int)(sizeof STATUS_CODES / sizeof STATUS_CODES[0]))
+
+struct srv_server {
+    srv_params          p;
+    srv_engine          eng;
+    struct MHD_Daemon  *d;
+    tqkv_chat_template *tmpl;          /* NULL: checkpoint has no chat template */
+    char               *tmpl_error;    /* why tmpl is NULL when a template exists */
+    const char         *bos, *eos;     /* token strings for the template */
+    pthread_mutex_t     mu;
+    pthread_cond_t      idle_cv;
+    int                 open;          /* jobs alive */
+    int                 draining;
+    uint64_t            next_id;
+    uint64_t            counts[N_STATUS + 1]; /* last: other */
+};
+
+typedef struct job {
+    srv_server     *srv;
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;
+    int             refs;
+    uint64_t        eid;          /* engine id */
+    int             submitted;
+    int             cancel_sent;
+    MHD_socket      fd;
+    char            idbuf[48];
+    srv_resp_ctx    rc;
+    /* filled by the engine callback under mu */
+    char           *text;         /* [text_len] output so far */
+    size_t          text_len, text_cap;
+    srv_piece      *pieces;       /* [n_pieces] */
+    int             n_pieces, cap_pieces;
+    int             done;
+    int             oom;
+    tqkv_finish_reason finish;
+    char            errmsg[256];
+    srv_usage       usage;
+    /* stream writer state (connection thread only) */
+    int             stream, include_usage;
+    int             sent, first_sent, tail_done;
+    char           *out;          /* [out_len] pending SSE bytes, out_off sent */
+    size_t          out_len, out_cap, out_off;
+} job;
+
+typedef struct {
+    char *body;      /* [len] request body so far */
+    size_t len, cap;
+    int   too_large;
+    job  *job;
+} conn_ctx;
+
+/* ------------------------------------------------------------------------- */
+/* Small helpers                                                             */
+/* ------------------------------------------------------------------------- */
+
+srv_params srv_params_default(void) {
+    srv_params p;
+    memset(&p, 0, sizeof p);
+    p.host = "127.0.0.1";
+    p.port = 8080;
+    p.max_body = (size_t)1 << 20;
+    p.max_conns = 512;
+    p.default_max_tokens = 16;
+    p.idle_timeout_s = 120;
+    return p;
+}
+
+/* Constant-time comparison of a candidate key with the server's key: the time depends
+ * only on the candidate's length, never on where they differ. */
+static int key_equal(const char *want, const char *got) {
+    size_t nw = strlen(want), ng = strlen(got);
+    unsigned diff = (unsigned)(nw ^ ng);
+    for (size_t i = 0; i < ng; i++) diff |= (unsigned char)got[i] ^ (unsigned char)want[nw ? i % nw : 0];
+    return diff == 0 && nw > 0;
+}
+
+static void count_status(srv_server *s, int status) {
+    int k = N_STATUS;
+    for (int i = 0; i < N_STATUS; i++)
+        if (STATUS_CODES[i] == status) k = i;
+    pthread_mutex_lock(&s->mu);
+    s->counts[k]++;
+    pthread_mutex_unlock(&s->mu);
+}
+
+static enum MHD_Result queue_buf(srv_server *s, struct MHD_Connection *c, int status,
+                                 const char *ctype, char *body /* malloc'd, taken */) {
+    if (!body) {
+        status = 500;
+        body = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}");
+        if (!body) return MHD_NO;
+    }
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    count_status(s, status);
+    return ret;
+}
+
+static enum MHD_Result queue_error(srv_server *s, struct MHD_Connection *c, const srv_error *e) {
+    return queue_buf(s, c, e->http_status, "application/json", srv_error_json(e));
+}
+
+static enum MHD_Result queue_simple_error(srv_server *s, struct MHD_Connection *c, int status,
+                                          const char *type, const char *code, const char *msg) {
+    srv_error e;
+    srv_error_set(&e, status, type, code, NULL, "%s", msg);
+    return queue_error(s, c, &e);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Jobs                                                                      */
+/* ------------------------------------------------------------------------- */
+
+static job *job_new(srv_server *s, const srv_request *rq, int n_prompt) {
+    job *j = calloc(1, sizeof *j);
+    if (!j) return NULL;
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    j->srv = s;
+    j->refs = 1;
+    j->fd = MHD_INVALID_SOCKET;
+    pthread_mutex_lock(&s->mu);
+    uint64_t id = ++s->next_id;
+    s->open++;
+    pthread_mutex_unlock(&s->mu);
+    snprintf(j->idbuf, sizeof j->idbuf, "%s-%llu", rq->api == SRV_API_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long long)id);
+    j->rc.api = rq->api;
+    j->rc.id = j->idbuf;
+    j->rc.created = (long long)time(NULL);
+    j->rc.model = s->eng.model_name;
+    j->rc.top_logprobs = rq->top_logprobs;
+    j->rc.tok = s->eng.tok;
+    j->stream = rq->stream;
+    j->include_usage = rq->include_usage;
+    j->usage.prompt_tokens = n_prompt;
+    return j;
+}
+
+static void job_unref(job *j) {
+    pthread_mutex_lock(&j->mu);
+    int left = --j->refs;
+    pthread_mutex_unlock(&j->mu);
+    if (left) return;
+    srv_server *s = j->srv;
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j->text);
+    free(j->pieces);
+    free(j->out);
+    free(j);
+    pthread_mutex_lock(&s->mu);
+    if (--s->open == 0) pthread_cond_broadcast(&s->idle_cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void job_ref(job *j) {
+    pthread_mutex_lock(&j->mu);
+    j->refs++;
+    pthread_mutex_unlock(&j->mu);
+}
+
+/* Engine thread: record the event, wake the connection thread. Returns quickly. */
+static void on_event(void *user, uint64_t id, const tqkv_engine_event *ev) {
+    (void)id;
+    job *j = user;
+    pthread_mutex_lock(&j->mu);
+    if (!j->done && (ev->token >= 0 || ev->text_len)) {
+        int ok = 1;
+        if (j->text_len + ev->text_len + 1 > j->text_cap) {
+            size_t nc = j->text_cap ? j->text_cap * 2 : 256;
+            while (nc < j->text_len + ev->text_len + 1) nc *= 2;
+            char *nt = realloc(j->text, nc);
+            if (nt) j->text = nt, j->text_cap = nc;
+            else ok = 0;
+        }
+        if (ok && j->n_pieces == j->cap_pieces) {
+            int nc = j->cap_pieces ? j->cap_pieces * 2 : 32;
+            srv_piece *np = realloc(j->pieces, sizeof *np * (size_t)nc);
+            if (np) j->pieces = np, j->cap_pieces = nc;
+            else ok = 0;
+        }
+        if (ok) {
+            srv_piece *p = &j->pieces[j->n_pieces++];
+            p->token = ev->token;
+            p->logprob = ev->logprob;
+            p->n_top = ev->n_top < TQKV_MAX_TOP_LOGPROBS ? ev->n_top : TQKV_MAX_TOP_LOGPROBS;
+            if (p->n_top < 0 || !ev->top_ids || !ev->top_logprobs) p->n_top = 0;
+            for (int k = 0; k < p->n_top; k++) {
+                p->top_ids[k] = ev->top_ids[k];
+                p->top_lp[k] = ev->top_logprobs[k];
+            }
+            p->text_off = j->text_len;
+            p->text_len = ev->text_len;
+            if (ev->text_len) memcpy(j->text + j->text_len, ev->text, ev->text_len);
+            j->text_len += ev->text_len;
+            j->text[j->text_len] = 0;
+        } else {
+            j->oom = 1;
+        }
+    }
+    int last = ev->done && !j->done;
+    if (last) {
+        j->done = 1;
+        j->finish = j->oom ? TQKV_FINISH_ERROR : ev->finish;
+        snprintf(j->errmsg, sizeof j->errmsg, "%s",
+                 j->oom ? "out of memory while recording the output"
+                        : ev->error ? ev->error : "generation failed");
+        j->usage.prompt_tokens = ev->prompt_tokens;
+        j->usage.completion_tokens = ev->completion_tokens;
+        j->usage.cached_tokens = ev->cached_tokens;
+    }
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    if (last) job_unref(j); /* the engine's reference */
+}
+
+/* 1 if the client closed its side of the connection. */
+static int peer_gone(MHD_socket fd) {
+    if (fd == MHD_INVALID_SOCKET) return 0;
+    struct pollfd pf = {.fd = fd, .events = POLLRDHUP, .revents = 0};
+    if (poll(&pf, 1, 0) <= 0) return 0;
+    return (pf.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+/* With j->mu held: wait until more than `have` pieces exist or the job is done. A client
+ * that hangs up meanwhile gets its engine request cancelled. */
+static void job_wait(job *j, int have) {
+    while (!j->done && j->n_pieces <= have) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+        if (!j->done && !j->cancel_sent && peer_gone(j->fd)) {
+            j->cancel_sent = 1;
+            pthread_mutex_unlock(&j->mu);
+            j->srv->eng.cancel(j->srv->eng.ctx, j->eid);
+            pthread_mutex_lock(&j->mu);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------- */
+/* Streaming                                                                 */
+/* ------------------------------------------------------------------------- */
+
+static int out_append(job *j, char *s /* taken */) {
+    if (!s) return -1;
+    size_t n = strlen(s);
+    if (j->out_len + n > j->out_cap) {
+        size_t nc = j->out_cap ? j->out_cap * 2 : 4096;
+        while (nc < j->out_len + n) nc *= 2;
+        char *no = realloc(j->out, nc);
+        if (!no) {
+            free(s);
+            return -1;
+        }
+        j->out = no;
+        j->out_cap = nc;
+    }
+    memcpy(j->out + j->out_len, s, n);
+    j->out_len += n;
+    free(s);
+    return 0;
+}
+
+/* Wait for new events and format them into j->out; 0 or -1 (out of memory). */
+static int stream_fill(job *j) {
+    {
+        j->out_off = j->out_len = 0;
+        pthread_mutex_lock(&j->mu);
+        job_wait(j, j->sent);
+        /* snapshot new pieces and the text they cover */
+        int from = j->sent, to = j->n_pieces;
+        int done = j->done;
+        srv_piece *snap = NULL;
+        char *text = NULL;
+        if (to > from) {
+            snap = malloc(sizeof *snap * (size_t)(to - from));
+            text = malloc(j->text_len + 1);
+            if (snap && text) {
+                memcpy(snap, j->pieces + from, sizeof *snap * (size_t)(to - from));
+                memcpy(text, j->text, j->text_len + 1);
+            }
+        }
+        tqkv_finish_reason finish = j->finish;
+        char errmsg[256];
+        memcpy(errmsg, j->errmsg, sizeof errmsg);
+        srv_usage u = j->usage;
+        pthread_mutex_unlock(&j->mu);
+        if (to > from && (!snap || !text)) {
+            free(snap);
+            free(text);
+            return -1;
+        }
+        int rc = 0;
+        if (!j->first_sent && j->rc.api == SRV_API_CHAT)
+            rc |= out_append(j, srv_chunk_sse(&j->rc, "", NULL, 0, 1, NULL));
+        j->first_sent = 1;
+        for (int i = 0; i < to - from && !rc; i++)
+            if (snap[i].text_len || (j->rc.top_logprobs >= 0 && snap[i].token >= 0))
+                rc |= out_append(j, srv_chunk_sse(&j->rc, text, &snap[i], 1, 0, NULL));
+        j->sent = to;
+        free(snap);
+        free(text);
+        if (done && !rc) {
+            if (finish == TQKV_FINISH_STOP || finish == TQKV_FINISH_LENGTH) {
+                rc |= out_append(j, srv_chunk_sse(&j->rc, NULL, NULL, 0, 0, srv_finish_name(finish)));
+                if (j->include_usage) rc |= out_append(j, srv_usage_sse(&j->rc, &u));
+            } else {
+                srv_error e;
+                srv_error_set(&e, 500, "server_error", srv_finish_name(finish), NULL, "%s",
+                              finish == TQKV_FINISH_CANCELLED ? "request cancelled" : errmsg);
+                rc |= out_append(j, srv_error_sse(&e));
+            }
+            rc |= out_append(j, strdup("data: [DONE]\n\n"));
+            j->tail_done = 1;
+        }
+        return rc ? -1 : 0;
+    }
+}
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    job *j = cls;
+    while (j->out_off == j->out_len) {
+        if (j->tail_done) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (stream_fill(j)) return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    size_t n = j->out_len - j->out_off;
+    if (n > max) n = max;
+    memcpy(buf, j->out + j->out_off, n);
+    j->out_off += n;
+    return (ssize_t)n;
+}
+
+static void stream_free(void *cls) { job_unref(cls); }
+
+/* ------------------------------------------------------------------------- */
+/* Generation endpoints                                                      */
+/* ------------------------------------------------------------------------- */
+
+/* Prompt ids of a parsed request: 0, or -1 with *err set. *ids malloc'd. */
+static int build_prompt(srv_server *s, const srv_request *rq, int32_t **ids, int *n,
+                        srv_error *err) {
+    *ids = NULL;
+    *n = 0;
+    if (rq->prompt_ids) {
+        *ids = malloc(sizeof(int32_t) * (size_t)rq->n_prompt_ids);
+        if (!*ids) return srv_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
+        memcpy(*ids, rq->prompt_ids, sizeof(int32_t) * (size_t)rq->n_prompt_ids);
+        *n = rq->n_prompt_ids;
+        return 0;
+    }
+    const char *text = rq->prompt;
+    size_t len = rq->prompt_len;
+    char *rendered = NULL;
+    unsigned flags = TQKV_ENCODE_ADD_SPECIAL;
+    if (rq->api == SRV_API_CHAT) {
+        if (!s->tmpl)
+            return srv_error_set(err, 400, "invalid_request_error", "no_chat_template", "messages",
+                                 "this model has no usable chat template%s%s; use /v1/completions",
+                                 s->tmpl_error ? ": " : "", s->tmpl_error ? s->tmpl_error : "");
+        if (tqkv_chat_template_render(s->tmpl, rq->msgs, rq->n_msgs, 1, s->bos, s->eos, &rendered,
+                                      &len) != TQKV_OK)
+            return srv_error_set(err, 400, "invalid_request_error", "chat_template_error", "messages",
+                                 "chat template: %s", tqkv_last_error());
+        text = rendered;
+        flags = 0; /* the template writes the special tokens itself */
+    }
+    size_t nn = 0;
+    tqkv_status st = tqkv_tokenizer_encode(s->eng.tok, text, len, flags, ids, &nn);
+    free(rendered);
+    if (st != TQKV_OK)
+        return srv_error_set(err, 400, "invalid_request_error", "invalid_prompt",
+                             rq->api == SRV_API_CHAT ? "messages" : "prompt", "prompt: %s",
+                             tqkv_last_error());
+    if (nn == 0) {
+        free(*ids);
+        *ids = NULL;
+        return srv_error_set(err, 400, "invalid_request_error", "invalid_value",
+                             rq->api == SRV_API_CHAT ? "messages" : "prompt",
+                             "the prompt is empty (0 tokens)");
+    }
+    *n = (int)nn;
+    return 0;
+}
+
+static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, conn_ctx *cc,
+                                       srv_api api) {
+    srv_error err;
+    pthread_mutex_lock(&s->mu);
+    int draining = s->draining;
+    pthread_mutex_unlock(&s->mu);
+    if (draining)
+        return queue_simple_error(s, c, 503, "server_error", "shutting_down",
+                                  "the server is shutting down and accepts no new requests");
+    srv_limits lim = {s->eng.model_name, s->eng.context_len, tqkv_tokenizer_vocab_size(s->eng.tok)};
+    srv_request rq;
+    if (srv_request_parse(api, cc->body, cc->len, &lim, &rq, &err)) return queue_error(s, c, &err);
+    int32_t *ids = NULL;
+    int n_prompt = 0;
+    if (build_prompt(s, &rq, &ids, &n_prompt, &err)) {
+        srv_request_free(&rq);
+        return queue_error(s, c, &err);
+    }
+    int ctx = s->eng.context_len;
+    int max_tokens = rq.max_tokens;
+    if (max_tokens < 0)
+        max_tokens = api == SRV_API_COMPLETIONS ? s->p.default_max_tokens : ctx - n_prompt;
+    if (n_prompt >= ctx || max_tokens < 1 || (long)n_prompt + max_tokens > ctx) {
+        srv_error_set(&err, 400, "invalid_request_error", "context_length_exceeded",
+                      rq.max_tokens >= 0 ? "max_tokens" : (api == SRV_API_CHAT ? "messages" : "prompt"),
+                      "This model's maximum context length is %d tokens. However, you requested "
+                      "%ld tokens (%d in the prompt, %d for the completion).",
+                      ctx, (long)n_prompt + (max_tokens > 0 ? max_tokens : 0), n_prompt,
+                      max_tokens > 0 ? max_tokens : 0);
+        free(ids);
+        srv_request_free(&rq);
+        return queue_error(s, c, &err);
+    }
+    job *j = job_new(s, &rq, n_prompt);
+    if (!j) {
+        free(ids);
+        srv_request_free(&rq);
+        return queue_simple_error(s, c, 500, "server_error", NULL, "out of memory");
+    }
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci) j->fd = ci->connect_fd;
+    /* The idle timeout guards header/body reading only: a generation may legitimately
+     * wait longer than it for its first token (queue, long prefills); it is bounded by
+     * max_tokens and a client hang-up cancels it. */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned int)0);
+    cc->job = j; /* the connection's reference */
+
+    tqkv_engine_request er;
+    memset(&er, 0, sizeof er);
+    er.prompt = ids;
+    er.n_prompt = n_prompt;
+    er.max_tokens = max_tokens;
+    er.sampling = tqkv_sampler_params_default();
+    er.sampling.temperature = (float)rq.temperature;
+    er.sampling.top_p = (float)rq.top_p;
+    er.sampling.seed = rq.has_seed ? rq.seed : (uint64_t)time(NULL) ^ ((uint64_t)(uintptr_t)j << 7);
+    er.stop = (const char *const *)rq.stop;
+    er.n_stop = rq.n_stop;
+    er.top_logprobs = rq.top_logprobs;
+    er.ignore_eos = rq.ignore_eos;
+    er.on_event = on_event;
+    er.user = j;
+    job_ref(j); /* the engine's reference, dropped by the final event */
+    uint64_t eid = 0;
+    /* Events may arrive on the engine thread before submit returns; they never read eid
+     * or submitted (only this connection's thread does), so no lock is held across the
+     * call: the engine may hold its own lock while it runs callbacks. */
+    tqkv_status st = s->eng.submit(s->eng.ctx, &er, &eid);
+    if (st == TQKV_OK) j->eid = eid, j->submitted = 1;
+    free(ids);
+    srv_request_free(&rq);
+    if (st != TQKV_OK) {
+        job_unref(j); /* no events will come */
+        const char *msg = tqkv_last_error();
+        if (!msg || !msg[0])
+            msg = st == TQKV_EBUSY ? "the request queue is full; retry later"
+                  : st == TQKV_ESTATE ? "the server is shutting down"
+                                      : "the engine refused the request";
+        if (st == TQKV_EBUSY)
+            return queue_simple_error(s, c, 503, "server_error", "queue_full", msg);
+        if (st == TQKV_ESTATE)
+            return queue_simple_error(s, c, 503, "server_error", "shutting_down", msg);
+        if (st == TQKV_EINVAL || st == TQKV_ERANGE)
+            return queue_simple_error(s, c, 400, "invalid_request_error",
+                                      st == TQKV_ERANGE ? "context_length_exceeded" : "invalid_value", msg);
+        return queue_simple_error(s, c, 500, "server_error", NULL, msg);
+    }
+
+    if (j->stream) {
+        job_ref(j); /* the response's reference */
+        struct MHD_Response *r =
+            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_reader, j, stream_free);
+        if (!r) {
+            job_unref(j);
+            return MHD_NO;
+        }
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+        MHD_add_response_header(r, "X-Accel-Buffering", "no");
+        enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
+        MHD_destroy_response(r);
+        count_status(s, 200);
+        return ret;
+    }
+
+    pthread_mutex_lock(&j->mu);
+    job_wait(j, 1 << 30);
+    pthread_mutex_unlock(&j->mu);
+    /* done: the engine no longer writes to the job */
+    if (j->finish == TQKV_FINISH_ERROR || j->finish == TQKV_FINISH_CANCELLED)
+        return queue_simple_error(s, c, 500, "server_error", srv_finish_name(j->finish),
+                                  j->finish == TQKV_FINISH_CANCELLED ? "request cancelled" : j->errmsg);
+    char *body = srv_response_json(&j->rc, j->text, j->text_len, j->pieces, j->n_pieces,
+                                   srv_finish_name(j->finish), &j->usage);
+    return queue_buf(s, c, 200, "application/json", body);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Other endpoints                                                           */
+/* ------------------------------------------------------------------------- */
+
+static enum MHD_Result handle_models(srv_server *s, struct MHD_Connection *c) {
+    char *name = strdup(s->eng.model_name);
+    if (!name) return queue_buf(s, c, 500, "application/json", NULL);
+    /* the name is a directory component: escape through the error JSON helper's rules */
+    size_t cap = strlen(name) * 6 + 256;
+    char *body = malloc(cap);
+    if (body) {
+        size_t o = 0;
+        o += (size_t)snprintf(body + o, cap - o, "{\"object\":\"list\",\"data\":[{\"id\":\"");
+        for (const char *p = name; *p; p++) {
+            unsigned char ch = (unsigned char)*p;
+            if (ch == '"' || ch == '\\') o += (size_t)snprintf(body + o, cap - o, "\\%c", ch);
+            else if (ch < 0x20) o += (size_t)snprintf(body + o, cap - o, "\\u%04x", ch);
+            else body[o++] = (char)ch;
+        }
+        snprintf(body + o, cap - o,
+                 "\",\"object\":\"model\",\"created\":0,\"owned_by\":\"tqkv\",\"context_length\":%d}]}",
+                 s->eng.context_len);
+    }
+    free(name);
+    return queue_buf(s, c, 200, "application/json", body);
+}
+
+static enum MHD_Result handle_metrics(srv_server *s, struct MHD_Connection *c) {
+    tqkv_engine_stats st;
+    memset(&st, 0, sizeof st);
+    if (s->eng.stats(s->eng.ctx, &st) != TQKV_OK)
+        return queue_simple_error(s, c, 500, "server_error", NULL, tqkv_last_error());
+    srv_status_count counts[N_STATUS + 1];
+    int n = 0, open;
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < N_STATUS; i++) counts[n++] = (srv_status_count){STATUS_CODES[i], s->counts[i]};
+    if (s->counts[N_STATUS]) counts[n++] = (srv_status_count){0, s->counts[N_STATUS]};
+    open = s->open;
+    pthread_mutex_unlock(&s->mu);
+    char *text = srv_metrics_text(&st, s->eng.lat_buckets, counts, n, open);
+    return queue_buf(s, c, 200, "text/plain; version=0.0.4", text);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Dispatch                                                                  */
+/* ------------------------------------------------------------------------- */
+
+typedef enum { R_NONE, R_HEALTH, R_MODELS, R_METRICS, R_CHAT, R_CMPL } route;
+
+static route route_of(const char *url, int *post) {
+    static const struct { const char *url; route r; int post; } T[] = {
+        {"/health", R_HEALTH, 0}, {"/v1/health", R_HEALTH, 0}, {"/v1/models", R_MODELS, 0},
+        {"/metrics", R_METRICS, 0}, {"/v1/chat/completions", R_CHAT, 1},
+        {"/v1/completions", R_CMPL, 1}};
+    for (size_t i = 0; i < sizeof T / sizeof T[0]; i++)
+        if (!strcmp(url, T[i].url)) {
+            *post = T[i].post;
+            return T[i].r;
+        }
+    return R_NONE;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls) {
+    (void)version;
+    srv_server *s = cls;
+    conn_ctx *cc = *con_cls;
+    if (!cc) { /* first call: headers only */
+        cc = calloc(1, sizeof *cc);
+        if (!cc) return MHD_NO;
+        *con_cls = cc;
+        int post = 0;
+        route r = route_of(url, &post);
+        if (r == R_NONE)
+            return queue_simple_error(s, c, 404, "invalid_request_error", "not_found", "unknown endpoint");
+        if (strcmp(method, post ? "POST" : "GET"))
+            return queue_simple_error(s, c, 405, "invalid_request_error", "method_not_allowed",
+                                      post ? "use POST" : "use GET");
+        if (s->p.api_key && r != R_HEALTH) {
+            const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+            const char *key = auth && !strncmp(auth, "Bearer ", 7) ? auth + 7 : "";
+            if (!key_equal(s->p.api_key, key))
+                return queue_simple_error(s, c, 401, "authentication_error", "invalid_api_key",
+                                          "missing or invalid API key (Authorization: Bearer KEY)");
+        }
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl && strtoull(cl, NULL, 10) > s->p.max_body) {
+            char msg[96];
+            snprintf(msg, sizeof msg, "request body exceeds %zu bytes", s->p.max_body);
+            return queue_simple_error(s, c, 413, "invalid_request_error", "request_too_large", msg);
+        }
+        return MHD_YES;
+    }
+    if (*upload_data_size) { /* body bytes */
+        size_t n = *upload_data_size;
+        *upload_data_size = 0;
+        if (cc->too_large || cc->len + n > s->p.max_body) {
+            cc->too_large = 1;
+            return MHD_YES;
+        }
+        if (cc->len + n + 1 > cc->cap) {
+            size_t nc = cc->cap ? cc->cap * 2 : 4096;
+            while (nc < cc->len + n + 1) nc *= 2;
+            char *nb = realloc(cc->body, nc);
+            if (!nb) return MHD_NO;
+            cc->body = nb;
+            cc->cap = nc;
+        }
+        memcpy(cc->body + cc->len, upload_data, n);
+        cc->len += n;
+        cc->body[cc->len] = 0;
+        return MHD_YES;
+    }
+    if (cc->too_large) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "request body exceeds %zu bytes", s->p.max_body);
+        return queue_simple_error(s, c, 413, "invalid_request_error", "request_too_large", msg);
+    }
+    int post = 0;
+    switch (route_of(url, &post)) {
+    case R_HEALTH: {
+        pthread_mutex_lock(&s->mu);
+        int dr = s->draining;
+        pthread_mutex_unlock(&s->mu);
+        return queue_buf(s, c, dr ? 503 : 200, "application/json",
+                         strdup(dr ? "{\"status\":\"draining\"}" : "{\"status\":\"ok\"}"));
+    }
+    case R_MODELS: return handle_models(s, c);
+    case R_METRICS: return handle_metrics(s, c);
+    case R_CHAT: return handle_generate(s, c, cc, SRV_API_CHAT);
+    case R_CMPL: return handle_generate(s, c, cc, SRV_API_COMPLETIONS);
+    default: return MHD_NO;
+    }
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+    (void)cls;
+    (void)c;
+    (void)toe;
+    conn_ctx *cc = *con_cls;
+    if (!cc) return;
+    if (cc->job) {
+        job *j = cc->job;
+        pthread_mutex_lock(&j->mu);
+        int cancel = j->submitted && !j->done && !j->cancel_sent;
+        j->cancel_sent |= cancel;
+        pthread_mutex_unlock(&j->mu);
+        if (cancel) j->srv->eng.cancel(j->srv->eng.ctx, j->eid); /* client went away */
+        job_unref(j);
+    }
+    free(cc->body);
+    free(cc);
+    *con_cls = NULL;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Lifecycle                                                                 */
+/* ------------------------------------------------------------------------- */
+
+tqkv_status srv_start(srv_server **out, const srv_params *p, const srv_engine *eng) {
+    if (!out || !p || !eng || !eng->submit || !eng->cancel || !eng->stats || !eng->tok || !eng->model_name)
+        return tqkv_fail(TQKV_EINVAL, "srv_start: NULL argument");
+    srv_server *s = calloc(1, sizeof *s);
+    if (!s) return tqkv_fail(TQKV_ENOMEM, "srv_start: out of memory");
+    s->p = *p;
+    s->eng = *eng;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->idle_cv, NULL);
+    const char *src = tqkv_tokenizer_chat_template(eng->tok);
+    if (src && tqkv_chat_template_init(&s->tmpl, src) != TQKV_OK) {
+        s->tmpl = NULL;
+        s->tmpl_error = strdup(tqkv_last_error());
+    }
+    size_t n;
+    int32_t bos = tqkv_tokenizer_bos_id(eng->tok), eos = tqkv_tokenizer_eos_id(eng->tok);
+    if (bos < 0 || tqkv_tokenizer_id_to_token(eng->tok, bos, &s->bos, &n) != TQKV_OK) s->bos = "";
+    if (eos < 0 || tqkv_tokenizer_id_to_token(eng->tok, eos, &s->eos, &n) != TQKV_OK) s->eos = "";
+
+    struct sockaddr_in addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((uint16_t)p->port);
+    if (inet_pton(AF_INET, p->host ? p->host : "127.0.0.1", &addr.sin_addr) != 1) {
+        srv_free(s);
+        return tqkv_fail(TQKV_EINVAL, "serve: --host must be an IPv4 address, got '%s'", p->host);
+    }
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL;
+    if (p->verbose) flags |= MHD_USE_ERROR_LOG;
+    s->d = MHD_start_daemon(flags, (uint16_t)p->port, NULL, NULL, on_request, s,
+                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)(p->max_conns > 0 ? p->max_conns : 512),
+                            MHD_OPTION_CONNECTION_TIMEOUT,
+                            (unsigned)(p->idle_timeout_s > 0 ? p->idle_timeout_s : 120),
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_END);
+    if (!s->d) {
+        srv_free(s);
+        return tqkv_fail(TQKV_EIO, "serve: cannot listen on %s:%d (in use, or no permission)",
+                             p->host, p->port);
+    }
+    *out = s;
+    return TQKV_OK;
+}
+
+int srv_port(const srv_server *s) {
+    const union MHD_DaemonInfo *i = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    return i ? i->port : -1;
+}
+
+void srv_stop_admission(srv_server *s) {
+    pthread_mutex_lock(&s->mu);
+    s->draining = 1;
+    pthread_mutex_unlock(&s->mu);
+}
+
+int srv_wait_idle(srv_server *s, double timeout_s) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    if (timeout_s >= 0) {
+        until.tv_sec += (time_t)timeout_s;
+        until.tv_nsec += (long)((timeout_s - (double)(time_t)timeout_s) * 1e9);
+        if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&s->mu);
+    while (s->open > 0) {
+        if (timeout_s < 0) pthread_cond_wait(&s->idle_cv, &s->mu);
+        else if (pthread_cond_timedwait(&s->idle_cv, &s->mu, &until)) break;
+    }
+    int left = s->open;
+    pthread_mutex_unlock(&s->mu);
+    return left;
+}
+
+void srv_free(srv_server *s) {
+    if (!s) return;
+    if (s->d) MHD_stop_daemon(s->d);
+    tqkv_chat_template_free(s->tmpl);
+    free(s->tmpl_error);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->idle_cv);
+    free(s);
+}
