@@ -9,7 +9,8 @@
  * byte for byte and refuses another model's state; the state check catches a recurrent
  * row out of step; projected bytes bound the sliding layers and count the recurrent rows;
  * and the engine gives N concurrent requests exactly the tokens of the same requests run
- * one at a time, with a prefix-cache hit equal to a miss.
+ * one at a time, with a prefix-cache hit equal to a miss, and refuses a draft model
+ * (speculative decoding needs exact verification windows, which these graphs lack).
  * Needs no ../shared fixture (the checkpoints are in the source tree).
  */
 #include <stdio.h>
@@ -427,6 +428,17 @@ static void engine_graph(const graph *g, test_rng *r) {
     assert_same(&ha, &ma, "prefix miss", 0);
     assert_same(&hb, &mb, "prefix hit", 1);
     tqkv_engine_free(e);
+
+    /* a draft model is refused with a clear message (verification windows of these graphs
+     * do not equal single decodes bit for bit) */
+    tqkv_engine_params dp = tqkv_engine_params_default();
+    dp.model_dir = dir;
+    dp.draft_dir = dir;
+    dp.threads = 2;
+    tqkv_engine *de = NULL;
+    assert_int_equal(tqkv_engine_init(&de, &dp), TQKV_EUNSUPPORTED);
+    assert_null(de);
+    assert_non_null(strstr(tqkv_last_error(), "without a draft"));
     char cmd[1100];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     assert_int_equal(system(cmd), 0);
