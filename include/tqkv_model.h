@@ -258,8 +258,9 @@ TQKV_API tqkv_status tqkv_model_decode(const tqkv_model *m, tqkv_model_state *s,
 /* Largest number of tokens a row may hold (max_position_embeddings); forward calls that
  * would go past it fail with TQKV_ERANGE. */
 TQKV_API int         tqkv_model_context_len(const tqkv_model *m);
-/* Every layer holds the state's rows with the same offsets and spec round: TQKV_OK, else
- * TQKV_ESTATE naming the layer. */
+/* Every layer holds the state's rows with the same positions and spec round (a sliding
+ * layer may hold fewer: min(position, window + slack) up to the position; recurrent rows
+ * count the same tokens): TQKV_OK, else TQKV_ESTATE naming the layer. */
 TQKV_API tqkv_status tqkv_model_state_check(const tqkv_model_state *s);
 /* Append the rows of src[0..n_src) (states of the same model and cache parameters, not in
  * a spec round) after s's rows, copying encoded bytes; sources are unchanged. */
@@ -279,13 +280,17 @@ TQKV_API tqkv_status tqkv_model_state_spec_commit(tqkv_model_state *s);
 TQKV_API tqkv_status tqkv_model_state_spec_rollback(tqkv_model_state *s, const int *keep,
                                                     int n_keep);
 TQKV_API int         tqkv_model_state_spec_active(const tqkv_model_state *s);
-/* Bytes one row holding `tokens` tokens takes over all layers. */
+/* Bytes one row holding `tokens` tokens takes over all layers: sliding layers count at most
+ * window + slack tokens, KV-shared layers nothing, plus the fixed recurrent bytes per row. */
 TQKV_API size_t      tqkv_model_state_projected_bytes(const tqkv_model_state *s, int tokens);
 /* Smallest prefix of row `row` reusable with bytes identical to a fresh prefill (max over
- * layers of tqkv_batch_min_reusable_offset). */
+ * layers of tqkv_batch_min_reusable_offset; position + 1, i.e. none, once a sliding layer
+ * has dropped tokens; at least the position on hybrid graphs, whose recurrent rows cannot be
+ * trimmed). */
 TQKV_API int         tqkv_model_state_min_reusable_offset(const tqkv_model_state *s, int row);
-/* Export every layer of a state (not in a spec round): "TQKVMS" header, layer count, then
- * each layer's tqkv_batch_export. *out malloc'd. */
+/* Export every layer of a state (not in a spec round): "TQKVMS02" header, layer count, each
+ * layer's tqkv_batch_export (length 0 for KV-shared and recurrent layers), then the
+ * recurrent rows (docs/ENGINE.md). Import also reads "TQKVMS01". *out malloc'd. */
 TQKV_API tqkv_status tqkv_model_state_export(const tqkv_model_state *s, uint8_t **out,
                                              size_t *len);
 /* Rebuild a state of model m from an export; p gives threads/kernels and the cache
