@@ -1,8 +1,10 @@
 /*
  * engine.c - the serving engine's scheduler: a queue of requests, admission by projected
  * KV bytes against a budget, chunked prefill of each newcomer in its own 1-row state,
- * merge into the running batch, batched decode steps or speculative rounds, per-row
- * sampling / stop strings / EOS / logprobs, retirement of finished rows, statistics.
+ * merge into the running batch, batched decode steps or speculative rounds, retirement of
+ * finished rows, statistics. The decode step and the speculative round are in
+ * engine_spec.c; per-row sampling, stop strings, EOS, logprobs and events in
+ * engine_request.c.
  * Owns: struct tqkv_engine's lists and counters, the engine thread.
  * Must not: speak HTTP or JSON, render chat templates, print (except verbose progress).
  *
@@ -42,19 +44,6 @@ double engine_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static const double LAT_BUCKETS[TQKV_ENGINE_LAT_BUCKETS] = {
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0};
-
-const double *tqkv_engine_latency_buckets(void) { return LAT_BUCKETS; }
-
-static void hist_add(tqkv_engine_histogram *h, double v) {
-    h->count++;
-    h->sum += v;
-    for (int i = 0; i < TQKV_ENGINE_LAT_BUCKETS; i++)
-        if (v <= LAT_BUCKETS[i]) h->bucket[i]++;
-    h->bucket[TQKV_ENGINE_LAT_BUCKETS]++;
-}
-
 static char *str_dup(const char *s) {
     if (!s) return NULL;
     size_t n = strlen(s);
@@ -74,7 +63,7 @@ static int grow_ptrs(void ***a, int *cap, int need) {
     return 1;
 }
 
-static int grow_floats(float **a, size_t *cap, size_t need) {
+int engine_grow_floats(float **a, size_t *cap, size_t need) {
     if (need <= *cap) return 1;
     float *n = realloc(*a, sizeof(float) * need);
     if (!n) return 0;
@@ -417,190 +406,6 @@ tqkv_status tqkv_engine_cancel(tqkv_engine *e, uint64_t id) {
 }
 
 // ---------------------------------------------------------------------------
-// Events
-// ---------------------------------------------------------------------------
-
-typedef struct {
-    float   logprob;
-    int     n_top;
-    int32_t top_ids[TQKV_MAX_TOP_LOGPROBS];
-    float   top_lp[TQKV_MAX_TOP_LOGPROBS];
-} tok_info;
-
-static void emit(tqkv_engine *e, eng_req *q, int32_t tok, const tok_info *ti, const char *text,
-                 size_t n, int done, tqkv_finish_reason fin, const char *err) {
-    tqkv_engine_event ev;
-    memset(&ev, 0, sizeof ev);
-    ev.token = tok;
-    ev.text = text ? text : "";
-    ev.text_len = text ? n : 0;
-    if (ti && q->top_logprobs >= 0) {
-        ev.logprob = ti->logprob;
-        ev.n_top = ti->n_top;
-        ev.top_ids = ti->top_ids;
-        ev.top_logprobs = ti->top_lp;
-    }
-    ev.done = done;
-    ev.finish = done ? fin : TQKV_FINISH_NONE;
-    ev.error = err;
-    ev.prompt_tokens = q->n_prompt;
-    ev.completion_tokens = q->n_gen;
-    ev.cached_tokens = q->cached;
-    double now = engine_now();
-    if (tok >= 0) {
-        pthread_mutex_lock(&e->mu);
-        if (q->n_gen == 1) hist_add(&e->st.ttft, now - q->t_submit);
-        else hist_add(&e->st.itl, now - q->t_last);
-        pthread_mutex_unlock(&e->mu);
-        q->t_last = now;
-    }
-    if (done) {
-        q->finished = 1;
-        pthread_mutex_lock(&e->mu);
-        e->st.requests_finished[fin]++;
-        pthread_mutex_unlock(&e->mu);
-    }
-    q->fn(q->user, q->id, &ev);
-}
-
-/* Final event with no token (cancel, error). */
-static void finish_plain(tqkv_engine *e, eng_req *q, tqkv_finish_reason fin, const char *err) {
-    if (q->finished) return;
-    emit(e, q, -1, NULL, NULL, 0, 1, fin, err);
-}
-
-// ---------------------------------------------------------------------------
-// Token handling: logprobs, text, stop strings, EOS, max_tokens
-// ---------------------------------------------------------------------------
-
-static void logprob_info(const float *raw, int V, int32_t tok, int n_top, tok_info *ti) {
-    float mx = -INFINITY;
-    for (int i = 0; i < V; i++)
-        if (raw[i] > mx) mx = raw[i];
-    double sum = 0;
-    for (int i = 0; i < V; i++) sum += exp((double)raw[i] - mx);
-    double lse = (double)mx + log(sum);
-    ti->logprob = (float)((double)raw[tok] - lse);
-    ti->n_top = n_top;
-    /* insertion into a best-first list of n_top (ties: lower id first) */
-    int k = 0;
-    for (int i = 0; i < V && n_top > 0; i++) {
-        float v = raw[i];
-        if (k == n_top && !(v > raw[ti->top_ids[k - 1]])) continue;
-        int j = k < n_top ? k++ : n_top - 1;
-        while (j > 0 && v > raw[ti->top_ids[j - 1]]) {
-            ti->top_ids[j] = ti->top_ids[j - 1];
-            j--;
-        }
-        ti->top_ids[j] = i;
-    }
-    for (int i = 0; i < n_top; i++) ti->top_lp[i] = (float)((double)raw[ti->top_ids[i]] - lse);
-}
-
-static int out_append(eng_req *q, const char *s, size_t n) {
-    if (q->out_len + n + 1 > q->out_cap) {
-        size_t nc = q->out_cap ? q->out_cap * 2 : 256;
-        while (nc < q->out_len + n + 1) nc *= 2;
-        char *b = realloc(q->out, nc);
-        if (!b) return 0;
-        q->out = b;
-        q->out_cap = nc;
-    }
-    memcpy(q->out + q->out_len, s, n);
-    q->out_len += n;
-    q->out[q->out_len] = 0;
-    return 1;
-}
-
-/* Pick the next token of q from raw logits [V]; scratch [V]. */
-static tqkv_status req_pick(tqkv_engine *e, eng_req *q, const float *raw, int32_t *tok,
-                            tok_info *ti) {
-    int V = tqkv_model_get_config(e->m)->vocab_size;
-    memcpy(e->tmp, raw, sizeof(float) * (size_t)V);
-    int t = 0;
-    tqkv_status rc = tqkv_sampler_sample(q->sampler, e->tmp, &t);
-    if (rc != TQKV_OK) return rc;
-    *tok = t;
-    if (q->top_logprobs >= 0) logprob_info(raw, V, t, q->top_logprobs, ti);
-    return TQKV_OK;
-}
-
-/* Account a generated token: text, stop strings, EOS, limits, and its event. Returns 1
- * when the request finished with this token. */
-static int req_take(tqkv_engine *e, eng_req *q, int32_t tok, const tok_info *ti) {
-    q->n_gen++;
-    q->last = tok;
-    pthread_mutex_lock(&e->mu);
-    e->st.generated_tokens++;
-    pthread_mutex_unlock(&e->mu);
-    if (q->sp.repetition_penalty != 1.0f) tqkv_sampler_accept(q->sampler, tok);
-    if (!q->ignore_eos && tqkv_model_is_eos(e->m, tok)) {
-        /* release what was held back for stop matching */
-        const char *fl = NULL;
-        size_t fn = 0;
-        tqkv_decode_stream_flush(q->ds, &fl, &fn);
-        if (fn) out_append(q, fl, fn);
-        size_t rel = q->released;
-        q->released = q->out_len;
-        emit(e, q, tok, ti, q->out + rel, q->out_len - rel, 1, TQKV_FINISH_STOP, NULL);
-        return 1;
-    }
-    const char *piece = NULL;
-    size_t pn = 0;
-    if (tqkv_decode_stream_push(q->ds, tok, &piece, &pn) != TQKV_OK) pn = 0;
-    if (pn && !out_append(q, piece, pn)) {
-        finish_plain(e, q, TQKV_FINISH_ERROR, "out of memory");
-        return 1;
-    }
-    int at_limit = q->n_gen >= q->max_tokens || q->n_prompt + q->n_gen >= e->ctx;
-    if (at_limit) {
-        const char *fl = NULL;
-        size_t fn = 0;
-        tqkv_decode_stream_flush(q->ds, &fl, &fn);
-        if (fn) out_append(q, fl, fn);
-    }
-    /* earliest stop string that starts at or after the released text */
-    size_t cut = (size_t)-1;
-    for (int i = 0; i < q->n_stop; i++) {
-        size_t sl = strlen(q->stop[i]);
-        size_t from = q->released;
-        for (size_t p = from; p + sl <= q->out_len && p < cut; p++)
-            if (!memcmp(q->out + p, q->stop[i], sl)) {
-                cut = p;
-                break;
-            }
-    }
-    if (cut != (size_t)-1) {
-        size_t rel = q->released;
-        q->released = cut;
-        emit(e, q, tok, ti, q->out + rel, cut - rel, 1, TQKV_FINISH_STOP, NULL);
-        return 1;
-    }
-    if (at_limit) {
-        size_t rel = q->released;
-        q->released = q->out_len;
-        emit(e, q, tok, ti, q->out + rel, q->out_len - rel, 1, TQKV_FINISH_LENGTH, NULL);
-        return 1;
-    }
-    /* release everything except a tail that could start a stop string */
-    size_t safe = q->out_len;
-    for (int i = 0; i < q->n_stop; i++) {
-        size_t sl = strlen(q->stop[i]);
-        for (size_t k = sl - 1; k >= 1; k--) {
-            if (k > q->out_len - q->released) continue;
-            if (!memcmp(q->out + q->out_len - k, q->stop[i], k)) {
-                if (q->out_len - k < safe) safe = q->out_len - k;
-                break;
-            }
-        }
-    }
-    size_t rel = q->released;
-    q->released = safe;
-    emit(e, q, tok, ti, q->out + rel, safe - rel, 0, TQKV_FINISH_NONE, NULL);
-    return 0;
-}
-
-// ---------------------------------------------------------------------------
 // Scheduler pieces
 // ---------------------------------------------------------------------------
 
@@ -693,7 +498,7 @@ static int prefill_chunk(tqkv_engine *e, eng_req *q) {
     }
     int n = q->n_prompt - q->prefilled < C ? q->n_prompt - q->prefilled : C;
     int last = q->prefilled + n == q->n_prompt;
-    if (!grow_floats(&e->logits, &e->cap_logits, (size_t)V)) {
+    if (!engine_grow_floats(&e->logits, &e->cap_logits, (size_t)V)) {
         rc = tqkv_fail(TQKV_ENOMEM, "engine: out of memory for logits");
         goto fail;
     }
@@ -725,7 +530,7 @@ static int prefill_chunk(tqkv_engine *e, eng_req *q) {
     }
     return n;
 fail:
-    finish_plain(e, q, TQKV_FINISH_ERROR, tqkv_last_error());
+    req_finish_plain(e, q, TQKV_FINISH_ERROR, tqkv_last_error());
     return -1;
 }
 
@@ -733,7 +538,7 @@ fail:
 static void sweep_pre(tqkv_engine *e, eng_req **ready, int *n_ready) {
     for (int i = 0; i < e->n_pre; i++)
         if (e->pre[i]->cancel && !e->pre[i]->finished)
-            finish_plain(e, e->pre[i], TQKV_FINISH_CANCELLED, NULL);
+            req_finish_plain(e, e->pre[i], TQKV_FINISH_CANCELLED, NULL);
     eng_req **gone = malloc(sizeof(eng_req *) * (size_t)(e->n_pre ? e->n_pre : 1));
     int k = 0, ng = 0;
     pthread_mutex_lock(&e->mu); /* cancel() reads the list */
@@ -757,108 +562,6 @@ static void sweep_pre(tqkv_engine *e, eng_req **ready, int *n_ready) {
     free(gone);
 }
 
-static int ensure_tok(tqkv_engine *e, size_t n) {
-    if (e->cap_tok >= n) return 1;
-    int32_t *t = realloc(e->tokbuf, sizeof(int32_t) * n);
-    if (!t) return 0;
-    e->tokbuf = t;
-    e->cap_tok = n;
-    return 1;
-}
-
-/* Plain decode step over all running rows. */
-static tqkv_status step_decode(tqkv_engine *e) {
-    const int R = e->n_rows, V = tqkv_model_get_config(e->m)->vocab_size;
-    if (!grow_floats(&e->logits, &e->cap_logits, (size_t)R * V) || !ensure_tok(e, (size_t)R))
-        return tqkv_fail(TQKV_ENOMEM, "engine: out of memory");
-    for (int i = 0; i < R; i++) e->tokbuf[i] = e->rows[i]->last;
-    tqkv_status rc = tqkv_model_decode(e->m, e->run, e->tokbuf, e->logits);
-    if (rc == TQKV_OK && e->drun) rc = tqkv_model_decode(e->dm, e->drun, e->tokbuf, NULL);
-    if (rc != TQKV_OK) return rc;
-    for (int i = 0; i < R; i++) {
-        eng_req *q = e->rows[i];
-        if (q->finished || q->cancel) continue;
-        int32_t tok;
-        tok_info ti;
-        if (req_pick(e, q, e->logits + (size_t)i * V, &tok, &ti) != TQKV_OK) {
-            finish_plain(e, q, TQKV_FINISH_ERROR, tqkv_last_error());
-            continue;
-        }
-        req_take(e, q, tok, &ti);
-    }
-    return TQKV_OK;
-}
-
-/* Speculative round: the draft proposes K tokens per row (greedy), the target checks
- * all rows in one window of K + 1 whose logits equal single decodes; each row takes its
- * own picks (the same sampler calls as without a draft) while they agree with the draft. */
-static tqkv_status step_spec(tqkv_engine *e) {
-    const int R = e->n_rows, K = e->p.draft_tokens, V = tqkv_model_get_config(e->m)->vocab_size;
-    const int W = K + 1;
-    if (!grow_floats(&e->logits, &e->cap_logits, (size_t)R * W * V) ||
-        !grow_floats(&e->dlogits, &e->cap_dlogits, (size_t)R * V))
-        return tqkv_fail(TQKV_ENOMEM, "engine: out of memory for logits");
-    if (!ensure_tok(e, (size_t)R * (W + 2)))
-        return tqkv_fail(TQKV_ENOMEM, "engine: out of memory");
-    int32_t *win = e->tokbuf;           /* [R, W]: last, d1..dK */
-    int32_t *in = e->tokbuf + (size_t)R * W; /* [R] */
-    int *keep = (int *)(e->tokbuf + (size_t)R * (W + 1)); /* [R] */
-    tqkv_status rc = tqkv_model_state_spec_begin(e->drun);
-    if (rc != TQKV_OK) return rc;
-    for (int i = 0; i < R; i++) in[i] = win[(size_t)i * W] = e->rows[i]->last;
-    for (int j = 0; j < W && rc == TQKV_OK; j++) {
-        rc = tqkv_model_decode(e->dm, e->drun, in, j < K ? e->dlogits : NULL);
-        if (j == K || rc != TQKV_OK) break;
-        for (int i = 0; i < R; i++) {
-            const float *l = e->dlogits + (size_t)i * V;
-            int b = 0;
-            for (int v = 1; v < V; v++)
-                if (l[v] > l[b]) b = v;
-            in[i] = win[(size_t)i * W + j + 1] = b;
-        }
-    }
-    if (rc == TQKV_OK) rc = tqkv_model_state_spec_begin(e->run);
-    if (rc == TQKV_OK) {
-        rc = tqkv_model_extend(e->m, e->run, win, W, TQKV_LOGITS_ALL, e->logits);
-        if (rc != TQKV_OK) {
-            int zero = 0;
-            tqkv_model_state_spec_rollback(e->run, &zero, 1);
-        }
-    }
-    if (rc != TQKV_OK) {
-        int zero = 0;
-        tqkv_model_state_spec_rollback(e->drun, &zero, 1);
-        return rc;
-    }
-    uint64_t acc = 0;
-    for (int i = 0; i < R; i++) {
-        eng_req *q = e->rows[i];
-        int a = 0;
-        for (int j = 0; j < W; j++) {
-            if (q->finished || q->cancel) break;
-            int32_t tok;
-            tok_info ti;
-            if (req_pick(e, q, e->logits + ((size_t)i * W + j) * V, &tok, &ti) != TQKV_OK) {
-                finish_plain(e, q, TQKV_FINISH_ERROR, tqkv_last_error());
-                break;
-            }
-            int done = req_take(e, q, tok, &ti);
-            if (done || j == K || tok != win[(size_t)i * W + j + 1]) break;
-            a++;
-        }
-        keep[i] = a + 1;
-        acc += (uint64_t)a;
-    }
-    rc = tqkv_model_state_spec_rollback(e->run, keep, R);
-    if (rc == TQKV_OK) rc = tqkv_model_state_spec_rollback(e->drun, keep, R);
-    pthread_mutex_lock(&e->mu);
-    e->st.spec_rounds++;
-    e->st.spec_drafted += (uint64_t)R * K;
-    e->st.spec_accepted += acc;
-    pthread_mutex_unlock(&e->mu);
-    return rc;
-}
-
 /* Filter finished rows out of the running states; merge ready newcomers in. */
 static tqkv_status sched_rows(tqkv_engine *e, eng_req **ready, int n_ready) {
     int R = e->n_rows, k = 0;
@@ -866,7 +569,7 @@ static tqkv_status sched_rows(tqkv_engine *e, eng_req **ready, int n_ready) {
     if (!keep) return tqkv_fail(TQKV_ENOMEM, "engine: out of memory");
     for (int i = 0; i < R; i++) {
         eng_req *q = e->rows[i];
-        if (q->cancel && !q->finished) finish_plain(e, q, TQKV_FINISH_CANCELLED, NULL);
+        if (q->cancel && !q->finished) req_finish_plain(e, q, TQKV_FINISH_CANCELLED, NULL);
         if (!q->finished) keep[k++] = i;
     }
     tqkv_status rc = TQKV_OK;
@@ -963,9 +666,9 @@ tqkv_status tqkv_engine_step(tqkv_engine *e, int *busy) {
             char msg[200];
             snprintf(msg, sizeof msg, "request needs more KV memory than the whole budget "
                      "(%zu bytes)", e->p.kv_budget);
-            finish_plain(e, q, TQKV_FINISH_ERROR, msg);
+            req_finish_plain(e, q, TQKV_FINISH_ERROR, msg);
         } else {
-            finish_plain(e, q, TQKV_FINISH_CANCELLED, NULL);
+            req_finish_plain(e, q, TQKV_FINISH_CANCELLED, NULL);
         }
         req_free(q);
     }
@@ -991,11 +694,12 @@ tqkv_status tqkv_engine_step(tqkv_engine *e, int *busy) {
             eng_req *q = e->rows[i];
             if (q->n_prompt + q->n_gen + e->p.draft_tokens > e->ctx) spec = 0;
         }
-        rc = spec ? step_spec(e) : step_decode(e);
+        rc = spec ? engine_step_spec(e) : engine_step_decode(e);
         if (rc != TQKV_OK) { /* the state is unchanged: fail the running requests */
             char msg[256];
             snprintf(msg, sizeof msg, "%s", tqkv_last_error());
-            for (int i = 0; i < e->n_rows; i++) finish_plain(e, e->rows[i], TQKV_FINISH_ERROR, msg);
+            for (int i = 0; i < e->n_rows; i++)
+                req_finish_plain(e, e->rows[i], TQKV_FINISH_ERROR, msg);
         }
     }
     tqkv_status rc2 = sched_rows(e, ready, n_ready);
@@ -1003,7 +707,7 @@ tqkv_status tqkv_engine_step(tqkv_engine *e, int *busy) {
         char msg[256];
         snprintf(msg, sizeof msg, "%s", tqkv_last_error());
         for (int i = 0; i < n_ready; i++) {
-            finish_plain(e, ready[i], TQKV_FINISH_ERROR, msg);
+            req_finish_plain(e, ready[i], TQKV_FINISH_ERROR, msg);
             release_budget(e, ready[i]);
             req_free(ready[i]);
         }
@@ -1090,15 +794,15 @@ void tqkv_engine_free(tqkv_engine *e) {
     while (e->q_head) {
         eng_req *q = e->q_head;
         e->q_head = q->next;
-        finish_plain(e, q, TQKV_FINISH_CANCELLED, NULL);
+        req_finish_plain(e, q, TQKV_FINISH_CANCELLED, NULL);
         req_free(q);
     }
     for (int i = 0; i < e->n_pre; i++) {
-        finish_plain(e, e->pre[i], TQKV_FINISH_CANCELLED, NULL);
+        req_finish_plain(e, e->pre[i], TQKV_FINISH_CANCELLED, NULL);
         req_free(e->pre[i]);
     }
     for (int i = 0; i < e->n_rows; i++) {
-        finish_plain(e, e->rows[i], TQKV_FINISH_CANCELLED, NULL);
+        req_finish_plain(e, e->rows[i], TQKV_FINISH_CANCELLED, NULL);
         req_free(e->rows[i]);
     }
     pthread_mutex_destroy(&e->mu);

@@ -127,6 +127,42 @@ struct tqkv_engine {
     tqkv_engine_stats       st;
 };
 
+// ---------------------------------------------------------------------------
+// Request output (engine_request.c)
+// ---------------------------------------------------------------------------
+
+/* Logprob of a sampled token and its top alternatives (best first). */
+typedef struct {
+    float   logprob;
+    int     n_top;
+    int32_t top_ids[TQKV_MAX_TOP_LOGPROBS];
+    float   top_lp[TQKV_MAX_TOP_LOGPROBS];
+} tok_info;
+
+/* Final event with no token (cancel, error); nothing when q already finished. */
+void        req_finish_plain(tqkv_engine *e, eng_req *q, tqkv_finish_reason fin, const char *err);
+/* Pick the next token of q from raw logits [V] (e->tmp is scratch [V]); fills ti when
+ * q asked for logprobs. */
+tqkv_status req_pick(tqkv_engine *e, eng_req *q, const float *raw, int32_t *tok, tok_info *ti);
+/* Account a generated token: text, stop strings, EOS, limits, and its event. Returns 1
+ * when the request finished with this token. */
+int         req_take(tqkv_engine *e, eng_req *q, int32_t tok, const tok_info *ti);
+
+// ---------------------------------------------------------------------------
+// Generation steps (engine_spec.c)
+// ---------------------------------------------------------------------------
+
+/* Plain decode step over all running rows. */
+tqkv_status engine_step_decode(tqkv_engine *e);
+/* Speculative round over all running rows (needs the draft states). */
+tqkv_status engine_step_spec(tqkv_engine *e);
+
+// ---------------------------------------------------------------------------
+// Helpers (engine.c)
+// ---------------------------------------------------------------------------
+
 double engine_now(void);
+/* Grow *a [*cap] to at least need floats (contents kept); 0 when out of memory. */
+int    engine_grow_floats(float **a, size_t *cap, size_t need);
 
 #endif

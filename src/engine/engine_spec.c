@@ -1,0 +1,117 @@
+/*
+ * engine_spec.c - one generation step over the engine's running batch: a plain batched
+ * decode, or a speculative round (draft proposals verified by one target window).
+ * Owns: the logits / token scratch sizing for a step, the speculative statistics.
+ * Must not: admit, prefill, merge or retire rows (engine.c), or format output
+ * (engine_request.c).
+ */
+#include <stdlib.h>
+
+#include "engine/engine_impl.h"
+#include "util/common.h"
+
+// ---------------------------------------------------------------------------
+// Decode steps
+// ---------------------------------------------------------------------------
+
+static int ensure_tok(tqkv_engine *e, size_t n) {
+    if (e->cap_tok >= n) return 1;
+    int32_t *t = realloc(e->tokbuf, sizeof(int32_t) * n);
+    if (!t) return 0;
+    e->tokbuf = t;
+    e->cap_tok = n;
+    return 1;
+}
+
+/* Plain decode step over all running rows. */
+tqkv_status engine_step_decode(tqkv_engine *e) {
+    const int R = e->n_rows, V = tqkv_model_get_config(e->m)->vocab_size;
+    if (!engine_grow_floats(&e->logits, &e->cap_logits, (size_t)R * V) || !ensure_tok(e, (size_t)R))
+        return tqkv_fail(TQKV_ENOMEM, "engine: out of memory");
+    for (int i = 0; i < R; i++) e->tokbuf[i] = e->rows[i]->last;
+    tqkv_status rc = tqkv_model_decode(e->m, e->run, e->tokbuf, e->logits);
+    if (rc == TQKV_OK && e->drun) rc = tqkv_model_decode(e->dm, e->drun, e->tokbuf, NULL);
+    if (rc != TQKV_OK) return rc;
+    for (int i = 0; i < R; i++) {
+        eng_req *q = e->rows[i];
+        if (q->finished || q->cancel) continue;
+        int32_t tok;
+        tok_info ti;
+        if (req_pick(e, q, e->logits + (size_t)i * V, &tok, &ti) != TQKV_OK) {
+            req_finish_plain(e, q, TQKV_FINISH_ERROR, tqkv_last_error());
+            continue;
+        }
+        req_take(e, q, tok, &ti);
+    }
+    return TQKV_OK;
+}
+
+/* Speculative round: the draft proposes K tokens per row (greedy), the target checks
+ * all rows in one window of K + 1 whose logits equal single decodes; each row takes its
+ * own picks (the same sampler calls as without a draft) while they agree with the draft. */
+tqkv_status engine_step_spec(tqkv_engine *e) {
+    const int R = e->n_rows, K = e->p.draft_tokens, V = tqkv_model_get_config(e->m)->vocab_size;
+    const int W = K + 1;
+    if (!engine_grow_floats(&e->logits, &e->cap_logits, (size_t)R * W * V) ||
+        !engine_grow_floats(&e->dlogits, &e->cap_dlogits, (size_t)R * V))
+        return tqkv_fail(TQKV_ENOMEM, "engine: out of memory for logits");
+    if (!ensure_tok(e, (size_t)R * (W + 2)))
+        return tqkv_fail(TQKV_ENOMEM, "engine: out of memory");
+    int32_t *win = e->tokbuf;           /* [R, W]: last, d1..dK */
+    int32_t *in = e->tokbuf + (size_t)R * W; /* [R] */
+    int *keep = (int *)(e->tokbuf + (size_t)R * (W + 1)); /* [R] */
+    tqkv_status rc = tqkv_model_state_spec_begin(e->drun);
+    if (rc != TQKV_OK) return rc;
+    for (int i = 0; i < R; i++) in[i] = win[(size_t)i * W] = e->rows[i]->last;
+    for (int j = 0; j < W && rc == TQKV_OK; j++) {
+        rc = tqkv_model_decode(e->dm, e->drun, in, j < K ? e->dlogits : NULL);
+        if (j == K || rc != TQKV_OK) break;
+        for (int i = 0; i < R; i++) {
+            const float *l = e->dlogits + (size_t)i * V;
+            int b = 0;
+            for (int v = 1; v < V; v++)
+                if (l[v] > l[b]) b = v;
+            in[i] = win[(size_t)i * W + j + 1] = b;
+        }
+    }
+    if (rc == TQKV_OK) rc = tqkv_model_state_spec_begin(e->run);
+    if (rc == TQKV_OK) {
+        rc = tqkv_model_extend(e->m, e->run, win, W, TQKV_LOGITS_ALL, e->logits);
+        if (rc != TQKV_OK) {
+            int zero = 0;
+            tqkv_model_state_spec_rollback(e->run, &zero, 1);
+        }
+    }
+    if (rc != TQKV_OK) {
+        int zero = 0;
+        tqkv_model_state_spec_rollback(e->drun, &zero, 1);
+        return rc;
+    }
+    uint64_t acc = 0;
+    for (int i = 0; i < R; i++) {
+        eng_req *q = e->rows[i];
+        int a = 0;
+        for (int j = 0; j < W; j++) {
+            if (q->finished || q->cancel) break;
+            int32_t tok;
+            tok_info ti;
+            if (req_pick(e, q, e->logits + ((size_t)i * W + j) * V, &tok, &ti) != TQKV_OK) {
+                req_finish_plain(e, q, TQKV_FINISH_ERROR, tqkv_last_error());
+                break;
+            }
+            int done = req_take(e, q, tok, &ti);
+            if (done || j == K || tok != win[(size_t)i * W + j + 1]) break;
+            a++;
+        }
+        keep[i] = a + 1;
+        acc += (uint64_t)a;
+    }
+    rc = tqkv_model_state_spec_rollback(e->run, keep, R);
+    if (rc == TQKV_OK) rc = tqkv_model_state_spec_rollback(e->drun, keep, R);
+    pthread_mutex_lock(&e->mu);
+    e->st.spec_rounds++;
+    e->st.spec_drafted += (uint64_t)R * K;
+    e->st.spec_accepted += acc;
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
