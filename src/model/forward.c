@@ -349,6 +349,62 @@ static tqkv_status attend_per_query(tqkv_model_state *s, const tqkv_batch *b, co
     return rc;
 }
 
+// ---------------------------------------------------------------------------
+// Forward skeleton pieces shared by the graphs (declared in model_impl.h)
+// ---------------------------------------------------------------------------
+
+tqkv_status model_forward_lengths(tqkv_model_state *s, const int32_t *tokens, const int *lengths,
+                                  int n, int prefill, int V, int tok_limit, size_t *T) {
+    const int R = s->rows;
+    size_t total = 0;
+    for (int r = 0; r < R; r++) {
+        int len = lengths ? lengths[r] : n;
+        if (len < 1 || len > n)
+            return tqkv_fail(TQKV_EINVAL, "prefill: lengths[%d] = %d outside [1, %d]", r, len, n);
+        if (prefill && s->off[r] != 0)
+            return tqkv_fail(TQKV_ESTATE, "prefill: row %d already holds %d tokens (reset the state "
+                             "or use extend)", r, s->off[r]);
+        s->len[r] = len;
+        total += (size_t)len;
+        for (int j = n - len; j < n; j++) {
+            int32_t t = tokens[(size_t)r * n + j];
+            if (t < 0 || t >= tok_limit)
+                return tqkv_fail(TQKV_ERANGE, "forward: token %d at row %d position %d outside "
+                                 "vocab %d", t, r, j, V);
+        }
+    }
+    *T = total;
+    return TQKV_OK;
+}
+
+void model_forward_compact(const int *len, int rows, int n, int32_t *tok_row, int32_t *tok_col,
+                           int *first) {
+    size_t t = 0;
+    for (int r = 0; r < rows; r++) {
+        if (first) first[r] = (int)t;
+        for (int j = n - len[r]; j < n; j++, t++) {
+            tok_row[t] = r;
+            tok_col[t] = j;
+        }
+    }
+    if (first) first[rows] = (int)t;
+}
+
+void model_kv_trim_rollback(tqkv_model_state *s, int done, int n, int prefill) {
+    for (int l = 0; l < done; l++) {
+        if (!s->layers[l]) continue;
+        if (prefill) {
+            tqkv_batch *nb = NULL;
+            if (tqkv_batch_init(&nb, tqkv_batch_get_config(s->layers[l]), s->rows) == TQKV_OK) {
+                tqkv_batch_free(s->layers[l]);
+                s->layers[l] = nb;
+            }
+        } else {
+            tqkv_batch_trim(s->layers[l], n);
+        }
+    }
+}
+
 /* tokens [rows, n]; lens[r] real tokens at the end of each row (prefill) or n (extend). */
 static tqkv_status forward(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
                            const int *lengths, int n, int prefill, tqkv_logits_mode mode,
@@ -383,32 +439,13 @@ static tqkv_status forward(const tqkv_model *m, tqkv_model_state *s, const int32
                              (long long)s->off[r] + len, c->max_position_embeddings);
     }
     size_t T = 0;
-    for (int r = 0; r < R; r++) {
-        int len = lengths ? lengths[r] : n;
-        if (len < 1 || len > n)
-            return tqkv_fail(TQKV_EINVAL, "prefill: lengths[%d] = %d outside [1, %d]", r, len, n);
-        if (prefill && s->off[r] != 0)
-            return tqkv_fail(TQKV_ESTATE, "prefill: row %d already holds %d tokens (reset the state "
-                             "or use extend)", r, s->off[r]);
-        s->len[r] = len;
-        T += (size_t)len;
-        for (int j = n - len; j < n; j++) {
-            int32_t t = tokens[(size_t)r * n + j];
-            if (t < 0 || t >= V)
-                return tqkv_fail(TQKV_ERANGE, "forward: token %d at row %d position %d outside "
-                                 "vocab %d", t, r, j, V);
-        }
-    }
+    rc = model_forward_lengths(s, tokens, lengths, n, prefill, V, V, &T);
+    if (rc != TQKV_OK) return rc;
     rc = ensure_scratch(s, T, (size_t)R * (size_t)n);
     if (rc != TQKV_OK) return rc;
 
     /* compact token list, embeddings, rope tables */
-    size_t t = 0;
-    for (int r = 0; r < R; r++)
-        for (int j = n - s->len[r]; j < n; j++, t++) {
-            s->tok_row[t] = r;
-            s->tok_col[t] = j;
-        }
+    model_forward_compact(s->len, R, n, s->tok_row, s->tok_col, NULL);
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
     for (size_t i = 0; i < T; i++) {
         int r = s->tok_row[i], j = s->tok_col[i];

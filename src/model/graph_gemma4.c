@@ -156,22 +156,6 @@ static void matmul(const tqkv_model_state *s, const float *x, int T, const mm_we
     matmul_ld(s, x, T, w, y, (size_t)w->n, prefill);
 }
 
-/* Undo the appends of own layers [0, done) after a failure. */
-static void rollback(tqkv_model_state *s, int done, int n, int prefill) {
-    for (int l = 0; l < done; l++) {
-        if (!s->layers[l]) continue;
-        if (prefill) {
-            tqkv_batch *nb = NULL;
-            if (tqkv_batch_init(&nb, tqkv_batch_get_config(s->layers[l]), s->rows) == TQKV_OK) {
-                tqkv_batch_free(s->layers[l]);
-                s->layers[l] = nb;
-            }
-        } else {
-            tqkv_batch_trim(s->layers[l], n);
-        }
-    }
-}
-
 // ---------------------------------------------------------------------------
 // forward
 // ---------------------------------------------------------------------------
@@ -197,33 +181,16 @@ tqkv_status gemma4_forward(const tqkv_model *m, tqkv_model_state *s, const int32
     tqkv_status rc = tqkv_batch_offsets(s->layers[gemma4_position_layer(m)], s->off, NULL);
     if (rc != TQKV_OK) return rc;
     size_t T = 0;
-    for (int r = 0; r < R; r++) {
-        int len = lengths ? lengths[r] : n;
-        if (len < 1 || len > n)
-            return tqkv_fail(TQKV_EINVAL, "prefill: lengths[%d] = %d outside [1, %d]", r, len, n);
-        if (prefill && s->off[r] != 0)
-            return tqkv_fail(TQKV_ESTATE, "prefill: row %d already holds %d tokens (reset the state "
-                             "or use extend)", r, s->off[r]);
-        s->len[r] = len;
-        T += (size_t)len;
-        for (int j = n - len; j < n; j++) {
-            int32_t t = tokens[(size_t)r * n + j];
-            if (t < 0 || t >= V || (P && t >= g->ple_vocab))
-                return tqkv_fail(TQKV_ERANGE, "forward: token %d at row %d position %d outside "
-                                 "vocab %d", t, r, j, V);
-        }
-    }
+    /* per-layer embeddings index a table of ple_vocab rows: a token must fit both */
+    const int tok_limit = P && g->ple_vocab < V ? g->ple_vocab : V;
+    rc = model_forward_lengths(s, tokens, lengths, n, prefill, V, tok_limit, &T);
+    if (rc != TQKV_OK) return rc;
     rc = ensure_scratch(s, T, (size_t)R * (size_t)n);
     if (rc != TQKV_OK) return rc;
     g4_state *S = s->g4;
 
     /* compact token list, scaled embeddings, rope tables, per-layer embedding rows */
-    size_t t = 0;
-    for (int r = 0; r < R; r++)
-        for (int j = n - s->len[r]; j < n; j++, t++) {
-            s->tok_row[t] = r;
-            s->tok_col[t] = j;
-        }
+    model_forward_compact(s->len, R, n, s->tok_row, s->tok_col, NULL);
     const float escale = sqrtf((float)H), pscale = sqrtf((float)(P ? P : 1));
     const size_t LP = (size_t)NL * (size_t)P;
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
@@ -317,7 +284,7 @@ tqkv_status gemma4_forward(const tqkv_model *m, tqkv_model_state *s, const int32
                 rc = tqkv_batch_append(b, s->kb, s->vb, n);
             }
             if (rc != TQKV_OK) {
-                rollback(s, prefill ? l + 1 : l, n, prefill);
+                model_kv_trim_rollback(s, prefill ? l + 1 : l, n, prefill);
                 return rc;
             }
         }
@@ -331,7 +298,7 @@ tqkv_status gemma4_forward(const tqkv_model *m, tqkv_model_state *s, const int32
             rc = tqkv_batch_attend(b, mask, s->qb, n, &ap, s->ob);
         }
         if (rc != TQKV_OK) {
-            rollback(s, l + 1, n, prefill);
+            model_kv_trim_rollback(s, l + 1, n, prefill);
             return rc;
         }
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)

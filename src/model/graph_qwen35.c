@@ -325,22 +325,6 @@ static tqkv_status full_attention(const tqkv_model *m, tqkv_model_state *s, cons
 // forward
 // ---------------------------------------------------------------------------
 
-/* Undo the KV appends of full layers [0, done) (extend: trim n; prefill: empty). */
-static void kv_rollback(tqkv_model_state *s, int done, int n, int prefill) {
-    for (int l = 0; l < done; l++) {
-        if (!s->layers[l]) continue;
-        if (prefill) {
-            tqkv_batch *nb = NULL;
-            if (tqkv_batch_init(&nb, tqkv_batch_get_config(s->layers[l]), s->rows) == TQKV_OK) {
-                tqkv_batch_free(s->layers[l]);
-                s->layers[l] = nb;
-            }
-        } else {
-            tqkv_batch_trim(s->layers[l], n);
-        }
-    }
-}
-
 tqkv_status model_qwen35_forward(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
                                  const int *lengths, int n, int prefill, tqkv_logits_mode mode,
                                  float *logits) {
@@ -376,22 +360,8 @@ tqkv_status model_qwen35_forward(const tqkv_model *m, tqkv_model_state *s, const
                          rec->spec_active ? "recurrent rows" : "KV rows",
                          rec->spec_active ? "KV rows" : "recurrent rows");
     size_t T = 0;
-    for (int r = 0; r < R; r++) {
-        int len = lengths ? lengths[r] : n;
-        if (len < 1 || len > n)
-            return tqkv_fail(TQKV_EINVAL, "prefill: lengths[%d] = %d outside [1, %d]", r, len, n);
-        if (prefill && s->off[r] != 0)
-            return tqkv_fail(TQKV_ESTATE, "prefill: row %d already holds %d tokens (reset the state "
-                             "or use extend)", r, s->off[r]);
-        s->len[r] = len;
-        T += (size_t)len;
-        for (int jj = n - len; jj < n; jj++) {
-            int32_t t = tokens[(size_t)r * n + jj];
-            if (t < 0 || t >= V)
-                return tqkv_fail(TQKV_ERANGE, "forward: token %d at row %d position %d outside "
-                                 "vocab %d", t, r, jj, V);
-        }
-    }
+    rc = model_forward_lengths(s, tokens, lengths, n, prefill, V, V, &T);
+    if (rc != TQKV_OK) return rc;
     if (T > (size_t)1 << 30) return tqkv_fail(TQKV_ERANGE, "forward: too many tokens");
     rc = scratch_ensure(c, s->hy, T, (size_t)R * (size_t)n, R);
     if (rc == TQKV_OK) rc = rec_spec_reserve(rec, n);
@@ -400,15 +370,7 @@ tqkv_status model_qwen35_forward(const tqkv_model *m, tqkv_model_state *s, const
     int *step0 = rec->spec_steps;
 
     /* compact tokens, embeddings, rope tables */
-    size_t t = 0;
-    for (int r = 0; r < R; r++) {
-        k->first[r] = (int)t;
-        for (int jj = n - s->len[r]; jj < n; jj++, t++) {
-            k->tok_row[t] = r;
-            k->tok_col[t] = jj;
-        }
-    }
-    k->first[R] = (int)t;
+    model_forward_compact(s->len, R, n, k->tok_row, k->tok_col, k->first);
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
     for (size_t i = 0; i < T; i++) {
         int r = k->tok_row[i], jj = k->tok_col[i];
@@ -430,7 +392,7 @@ tqkv_status model_qwen35_forward(const tqkv_model *m, tqkv_model_state *s, const
         } else {
             rc = full_attention(m, s, L, s->layers[l], (int)T, n, prefill, nq_pad, s->len);
             if (rc != TQKV_OK) {
-                kv_rollback(s, l + 1, n, prefill);
+                model_kv_trim_rollback(s, l + 1, n, prefill);
                 if (lin > 0) rec->broken = 1;
                 return rc;
             }

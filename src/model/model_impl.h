@@ -142,6 +142,22 @@ struct tqkv_model_state {
     struct qwen35_scratch  *hy;
 };
 
+/* forward.c: skeleton pieces of a forward call shared by every graph.
+ * model_forward_lengths: check each row's real-token count (lengths[r], or n when NULL) is
+ * in [1, n], that prefill rows are empty (s->off must be current) and that every real
+ * token of tokens [rows, n] is in [0, tok_limit) (messages name vocab V); records the
+ * counts in s->len and their total in *T. Changes nothing else.
+ * model_forward_compact: the compact token list of rows whose len[r] real tokens sit at
+ * the end of n columns: tok_row / tok_col [T]; first [rows + 1] (may be NULL) gets each
+ * row's first compact token.
+ * model_kv_trim_rollback: undo the KV appends of layers [0, done) after a failure
+ * (extend: trim n tokens; prefill: empty the layer); NULL layers are skipped. */
+tqkv_status model_forward_lengths(tqkv_model_state *s, const int32_t *tokens, const int *lengths,
+                                  int n, int prefill, int V, int tok_limit, size_t *T);
+void        model_forward_compact(const int *len, int rows, int n, int32_t *tok_row,
+                                  int32_t *tok_col, int *first);
+void        model_kv_trim_rollback(tqkv_model_state *s, int done, int n, int prefill);
+
 /* graph_qwen35.c: recurrent rows + scratch of a hybrid state; the hybrid forward. */
 tqkv_status model_qwen35_state_init(tqkv_model_state *s);
 void        model_qwen35_state_free(tqkv_model_state *s);
