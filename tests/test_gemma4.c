@@ -15,6 +15,7 @@
 #include <cjson/cJSON.h>
 
 #include "model/model_impl.h"
+#include "model_helpers.h"
 #include "testutil.h"
 #include "tqkv_model.h"
 
@@ -35,24 +36,6 @@ typedef struct {
     float     *logits; /* [rows, vocab] */
     tqkv_model *m;
 } g4gold;
-
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    rewind(f);
-    char *b = malloc((size_t)n + 1);
-    if (fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        fclose(f);
-        return NULL;
-    }
-    fclose(f);
-    b[n] = 0;
-    if (len) *len = (size_t)n;
-    return b;
-}
 
 static void gold_load(const char *variant, g4gold *g) {
     memset(g, 0, sizeof *g);
@@ -111,13 +94,6 @@ static tqkv_model_state *new_state(const tqkv_model *m, int rows, int threads, i
     tqkv_model_state *s = NULL;
     if (tqkv_model_state_init(&s, m, &sp) != TQKV_OK) fail_msg("state: %s", tqkv_last_error());
     return s;
-}
-
-static int argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
 }
 
 #define OK(x)                                                                                     \

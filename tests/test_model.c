@@ -13,6 +13,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "model_helpers.h"
 #include "testutil.h"
 #include "tqkv_model.h"
 #include "util/common.h"
@@ -41,24 +42,6 @@ typedef struct {
     int           b_lidx[4];
     float        *logits;      /* [n_vectors, vocab] */
 } goldens;
-
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    rewind(f);
-    char *b = malloc((size_t)n + 1);
-    if (fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        fclose(f);
-        return NULL;
-    }
-    fclose(f);
-    b[n] = 0;
-    if (len) *len = (size_t)n;
-    return b;
-}
 
 static int int_array(const cJSON *a, int *out, int cap) {
     int n = 0;
@@ -171,13 +154,6 @@ static tqkv_model_state *new_state(const tqkv_model *m, int rows, const char *kv
         tqkv_status rc_ = (x);                                                                    \
         if (rc_ != TQKV_OK) fail_msg("%s: %s", #x, tqkv_last_error());                            \
     } while (0)
-
-static int argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
 
 // ---------------------------------------------------------------------------
 // parity with transformers
@@ -717,7 +693,7 @@ static void expect_load_error(const char *dir, tqkv_status want, const char *n1,
 }
 
 static void copy_file(const char *from, const char *to, long truncate_to) {
-    size_t len;
+    size_t len = 0;
     char *b = slurp(from, &len);
     assert_non_null(b);
     write_file(to, b, truncate_to >= 0 && (size_t)truncate_to < len ? (size_t)truncate_to : len);

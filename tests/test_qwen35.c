@@ -15,6 +15,7 @@
 
 #include "model/model_impl.h"
 #include "model/recurrent.h"
+#include "model_helpers.h"
 #include "testutil.h"
 #include "tqkv_model.h"
 #include "util/common.h"
@@ -31,24 +32,6 @@ typedef struct {
     int      greedy[64], n_greedy;
     float   *logits; /* [n_vectors, vocab] */
 } golden;
-
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    rewind(f);
-    char *b = malloc((size_t)n + 1);
-    if (fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        fclose(f);
-        return NULL;
-    }
-    fclose(f);
-    b[n] = 0;
-    if (len) *len = (size_t)n;
-    return b;
-}
 
 static void golden_load(golden *g, const char *variant) {
     char rel[256], p[1100];
@@ -305,12 +288,6 @@ static void state_adopt(tqkv_model_state *s, tqkv_batch **layers, model_recurren
     s->p.rows = rows;
     s->off = realloc(s->off, sizeof(int) * (size_t)rows);
     s->len = realloc(s->len, sizeof(int) * (size_t)rows);
-}
-
-static int argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++) b = x[i] > x[b] ? i : b;
-    return b;
 }
 
 /* Two rows generated alone vs merged into one batch mid-generation, then filtered back to
