@@ -14,10 +14,11 @@ jobs="${JOBS:-2}"
 
 # The libraries are instrumented for coverage (fuzzer-no-link); the target links libFuzzer.
 # The project builds with gcc -Werror; clang alone warns about unused static helpers in
-# per-ISA files, so that one warning stays a warning here.
+# per-ISA files, and under coverage instrumentation it cannot always honour `omp simd`
+# (-Wpass-failed), so those two warnings stay warnings here.
 cmake -S "$root" -B "$bld" -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DTQKV_FUZZ=ON -DTQKV_SANITIZE=ON -DBUILD_TESTING=OFF \
-  -DCMAKE_C_FLAGS="-fsanitize=fuzzer-no-link -Wno-error=unused-function" >/dev/null
+  -DCMAKE_C_FLAGS="-fsanitize=fuzzer-no-link -Wno-error=unused-function -Wno-error=pass-failed" >/dev/null
 cmake --build "$bld" -j"$jobs" --target "fuzz_$target"
 
 corpus="$bld/corpus-$target"
