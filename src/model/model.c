@@ -337,7 +337,7 @@ tqkv_status tqkv_model_load(tqkv_model **out, const char *dir, const tqkv_model_
                        "(tie_word_embeddings is false)", m->source);
         goto fail;
     }
-loaded:
+loaded:;
     /* weight type summary */
     int types = 0;
     for (int l = 0; l < c->n_layers; l++) {
