@@ -70,18 +70,20 @@ void rec_free(model_recurrent *r) {
     free(r);
 }
 
-tqkv_status rec_reset(model_recurrent *r, int rows) {
-    if (!r || rows < 0) return tqkv_fail(TQKV_EINVAL, "rec_reset: bad arguments");
-    if (rows == 0) rows = r->rows;
-    float *st = calloc(rows ? (size_t)rows * r->row_floats : 1, sizeof(float));
-    int *steps = calloc(rows ? (size_t)rows : 1, sizeof(int));
-    int *tok = calloc(rows ? (size_t)rows : 1, sizeof(int));
-    if (!st || !steps || !tok) {
-        free(st);
-        free(steps);
-        free(tok);
-        return tqkv_fail(TQKV_ENOMEM, "out of memory for %d recurrent state rows", rows);
-    }
+/* Fresh zeroed planes for `rows` rows: state [rows, row_floats], spec_steps and tokens [rows]. */
+static int rows_alloc(const model_recurrent *r, int rows, float **st, int **steps, int **tok) {
+    *st = calloc(rows ? (size_t)rows * r->row_floats : 1, sizeof(float));
+    *steps = calloc(rows ? (size_t)rows : 1, sizeof(int));
+    *tok = calloc(rows ? (size_t)rows : 1, sizeof(int));
+    if (*st && *steps && *tok) return 0;
+    free(*st);
+    free(*steps);
+    free(*tok);
+    return -1;
+}
+
+/* Replace r's planes with new ones of `rows` rows; any spec round and snapshot are dropped. */
+static void rows_install(model_recurrent *r, float *st, int *steps, int *tok, int rows) {
     free(r->state);
     free(r->spec_steps);
     free(r->tokens);
@@ -92,8 +94,18 @@ tqkv_status rec_reset(model_recurrent *r, int rows) {
     r->snap = NULL;
     r->spec_cap = 0;
     r->spec_active = 0;
-    r->broken = 0;
     r->rows = rows;
+}
+
+tqkv_status rec_reset(model_recurrent *r, int rows) {
+    if (!r || rows < 0) return tqkv_fail(TQKV_EINVAL, "rec_reset: bad arguments");
+    if (rows == 0) rows = r->rows;
+    float *st;
+    int *steps, *tok;
+    if (rows_alloc(r, rows, &st, &steps, &tok))
+        return tqkv_fail(TQKV_ENOMEM, "out of memory for %d recurrent state rows", rows);
+    rows_install(r, st, steps, tok, rows);
+    r->broken = 0;
     return TQKV_OK;
 }
 
@@ -120,31 +132,16 @@ tqkv_status rec_filter(model_recurrent *r, const int *keep, int n_keep) {
             if (keep[k] == keep[i])
                 return tqkv_fail(TQKV_EINVAL, "rec_filter: row %d kept twice", keep[i]);
     }
-    float *st = malloc(sizeof(float) * (n_keep ? (size_t)n_keep * r->row_floats : 1));
-    int *steps = calloc(n_keep ? (size_t)n_keep : 1, sizeof(int));
-    int *tok = calloc(n_keep ? (size_t)n_keep : 1, sizeof(int));
-    if (!st || !steps || !tok) {
-        free(st);
-        free(steps);
-        free(tok);
+    float *st;
+    int *steps, *tok;
+    if (rows_alloc(r, n_keep, &st, &steps, &tok))
         return tqkv_fail(TQKV_ENOMEM, "rec_filter: out of memory");
-    }
     for (int i = 0; i < n_keep; i++) {
         memcpy(st + (size_t)i * r->row_floats, r->state + (size_t)keep[i] * r->row_floats,
                sizeof(float) * r->row_floats);
         tok[i] = r->tokens[keep[i]];
     }
-    free(r->state);
-    free(r->spec_steps);
-    free(r->tokens);
-    free(r->snap);
-    r->state = st;
-    r->spec_steps = steps;
-    r->tokens = tok;
-    r->snap = NULL;
-    r->spec_cap = 0;
-    r->spec_active = 0;
-    r->rows = n_keep;
+    rows_install(r, st, steps, tok, n_keep);
     return TQKV_OK;
 }
 

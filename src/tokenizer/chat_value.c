@@ -13,6 +13,7 @@
 #include <utf8proc.h>
 
 #include "tokenizer/chat_internal.h"
+#include "tokenizer/tokenizer_internal.h"
 
 /* ------------------------------------------------------------------------- */
 /* Arena                                                                      */
@@ -187,26 +188,7 @@ uint32_t chat_utf8_next(const char *s, size_t n, size_t *i) {
 }
 
 size_t chat_utf8_put(uint32_t cp, char out[4]) {
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        out[0] = (char)(0xC0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xE0 | (cp >> 12));
-        out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        out[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    out[0] = (char)(0xF0 | (cp >> 18));
-    out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    out[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
+    return (size_t)tkz_utf8_encode((int32_t)cp, out); /* the tokenizer's encoder */
 }
 
 int chat_py_space(uint32_t cp) {
