@@ -58,6 +58,10 @@ typedef struct {
     const char *prompt_cache_dir; /* persist prefix-cache entries here (state export
                                      format); NULL = memory only */
     int         verbose;          /* progress lines on stderr */
+    int         device;           /* 0 = CPU; 1 = CUDA (docs/CUDA.md): weights, caches and
+                                     the forward on the GPU; no draft model and no
+                                     prompt_cache_dir there yet; kv_budget 0 = 80% of the
+                                     device memory free once the weights are uploaded */
 } tqkv_engine_params;
 
 TQKV_API tqkv_engine_params tqkv_engine_params_default(void);

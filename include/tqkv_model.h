@@ -176,6 +176,10 @@ typedef struct {
     int         device;         /* 0 = CPU; 1 = CUDA (docs/CUDA.md: weights and caches in GPU
                                    memory; f32 KV runs on a dense bf16 device cache; logits
                                    come back to the host; no padded prefill) */
+    int         device_fast_gemm; /* device only: 1 = cuBLAS bf16 GEMMs (loaded at run time;
+                                   activations rounded to bf16): faster, NOT batch
+                                   invariant (a row's logits may change with the other
+                                   rows); default 0, the invariant GEMM (docs/CUDA.md) */
     int         extend_as_decode; /* extend with n > 1 attends each query like a decode
                                    (decode kernel, own causal end): logits bitwise equal to
                                    n single-token decodes when window == 0 (speculative
@@ -218,6 +222,17 @@ TQKV_API tqkv_status tqkv_model_state_offsets(const tqkv_model_state *s, int *of
  *     instead (src/model/recurrent.h), to which every row operation must apply too;
  *   - every layer of a state on the device (params.device == 1). */
 TQKV_API tqkv_batch *tqkv_model_state_layer(tqkv_model_state *s, int layer);
+/* Room for `tokens` tokens per row (its left padding aside) in every layer's cache, so
+ * that appends up to that length allocate nothing. Device states allocate exactly here
+ * (TQKV_ENOMEM when the rows do not fit; the state is unchanged and usable); CPU states
+ * accept the call and keep growing their caches on demand. */
+TQKV_API tqkv_status tqkv_model_state_reserve(tqkv_model_state *s, int tokens);
+/* Benchmark aid: append n synthetic tokens to every row of every layer's cache, without
+ * running the model: standard normal K and V through the cache's own encoder. Offsets (and
+ * so RoPE positions) advance by n, as after a prefill of n tokens; the logits of later
+ * calls mean nothing. Device states only (TQKV_EUNSUPPORTED on the CPU). On failure every
+ * layer is left at the same length. */
+TQKV_API tqkv_status tqkv_model_state_fill_synthetic(tqkv_model_state *s, int n, uint64_t seed);
 /* KV bytes per token over all layers (K and V, main planes + window). */
 TQKV_API double      tqkv_model_state_kv_bytes_per_token(const tqkv_model_state *s);
 /* Bits per stored K/V value, averaged over K and V (window excluded). */

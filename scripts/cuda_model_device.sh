@@ -3,15 +3,15 @@
 # test_cuda_model (GPU vs CPU logits, batch invariance), tqkv ppl on the GPU (f32 / tq4 / tq3,
 # ctx 2048, 4 windows; the CPU figures are run on the build host on the same text), greedy
 # 64-token continuations GPU vs CPU, bench model decode speed (rows 1 / 8 / 32),
-# compute-sanitizer memcheck of test_cuda_model, and with LLAMA8B=1 the Llama-3.1-8B-shaped
-# random checkpoint made here (cuda_make_llama8b.py) end to end. Logs go to a work folder
+# compute-sanitizer memcheck of test_cuda_model. The 8B-shaped end to end run is
+# cuda_e2e_device.sh. Logs go to a work folder
 # packed into $OUT/results.tgz after every step (at most 8 files come back).
 # Runs in a scripts/cuda_pack.sh folder:   cd PACK && ./cuda_model_device.sh MODEL_DIR TEXT_FILE
 set -u -o pipefail
 M=${1:?model dir}; TXT=${2:?text file}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 W=/tmp/tqkv_model_run; rm -rf "$W"; mkdir -p "$W"
-export PATH=$PATH:/usr/local/cuda/bin LD_LIBRARY_PATH=$PWD/lib
+export PATH=$PATH:/usr/local/cuda/bin LD_LIBRARY_PATH=$PWD/lib:/usr/local/cuda/lib64  # cuda/lib64: cuBLAS, dlopened by --fast-gemm
 LOG=$W/model.log
 { date -u; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw --format=csv; } >"$LOG" 2>&1
 ldd ./tqkv | grep -i "not found" >>"$LOG" && echo "MISSING LIBRARIES" >>"$LOG"
@@ -33,14 +33,5 @@ for rows in 1 8 32; do
 done
 step 90 memcheck compute-sanitizer --tool memcheck --error-exitcode 9 env TQKV_TEST_MODEL="$M" TQKV_TEST_SEED=1 \
   ./test_cuda_model >"$W/sanitizer_memcheck_model.log" 2>&1
-if [ "${LLAMA8B:-0}" = 1 ]; then
-  B=/tmp/llama8b
-  step 150 make_llama8b python3 cuda_make_llama8b.py $B >"$W/make_llama8b.log" 2>&1
-  for rc in "1 512,2048" "8 512,2048" "32 512"; do
-    set -- $rc
-    step 100 "bench8b_rows$1" ./tqkv bench model --device cuda --model $B --ctx $2 --kv f32,tq4 --rows $1 \
-      --gen 16 --reps 1 --json >"$W/bench8b_rows$1.json" 2>"$W/bench8b_rows$1.err"
-  done
-fi
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv >>"$LOG" 2>&1
 cp "$LOG" "$OUT/model.log"

@@ -4,14 +4,18 @@
 # toolkit and PyTorch but not the project's Debian -dev packages (see cuda_device.sh).
 # libopenblas is replaced by a stub that aborts if called: the GPU attention benchmark and
 # the kernel tests never call BLAS (only the CPU model forward does), and the real library
-# is too large to carry.   Usage: scripts/cuda_pack.sh BUILD_DIR DEST
+# is too large to carry. LEAN=1 leaves out libstdc++ and libgcc_s (the binaries need only
+# GLIBCXX_3.4; the device image has both) when the working tree nears the 64 MiB a device
+# run carries.   Usage: [LEAN=1] scripts/cuda_pack.sh BUILD_DIR DEST
 set -eu
 BUILD=${1:?build dir}; DEST=${2:?dest}
 mkdir -p "$DEST/lib"
 cp "$BUILD/tqkv" "$BUILD/test_cuda" "$DEST/" && strip "$DEST/tqkv" "$DEST/test_cuda"
 if [ -f "$BUILD/test_cuda_model" ]; then cp "$BUILD/test_cuda_model" "$DEST/" && strip "$DEST/test_cuda_model"; fi
-cp scripts/cuda_anchor.py scripts/cuda_device.sh scripts/cuda_model_device.sh scripts/cuda_make_llama8b.py "$DEST/"
-for l in libcjson.so.1 libcmocka.so.0 libpcre2-8.so.0 libutf8proc.so.2 libgomp.so.1 libstdc++.so.6 libgcc_s.so.1 libz.so.1; do
+cp scripts/cuda_anchor.py scripts/cuda_gemm_anchor.py scripts/cuda_device.sh scripts/cuda_model_device.sh scripts/cuda_e2e_device.sh scripts/cuda_make_llama8b.py "$DEST/"
+LIBS="libcjson.so.1 libcmocka.so.0 libpcre2-8.so.0 libutf8proc.so.2 libgomp.so.1 libz.so.1 libmicrohttpd.so.12"
+[ "${LEAN:-0}" = 1 ] || LIBS="$LIBS libstdc++.so.6 libgcc_s.so.1"
+for l in $LIBS; do
   p=$(ldd "$BUILD/tqkv" "$BUILD/test_cuda" | awk -v l=$l '$1 == l {print $3; exit}')
   [ -n "$p" ] && cp -L "$p" "$DEST/lib/$l"
 done

@@ -632,8 +632,37 @@ tqkv_status attn_cuda_setup(void) {
 #undef ATTN_SMEM
     return cuda_check(e, "attention kernel shared memory");
 }
+/* Workspace layout for rows x q_heads vectors and nsmax splits: partial outputs
+ * [nv, nsmax, D] f32, (max, sum) [nv, nsmax] float2, rotated queries [nv, D] fp16. */
+static size_t ws_need(size_t nv, int nsmax, size_t *po_b, size_t *pml_b) {
+    *po_b = nv * nsmax * D * sizeof(float);
+    *pml_b = nv * nsmax * sizeof(float2);
+    return *po_b + *pml_b + nv * D * sizeof(uint16_t) + 256;
+}
+
+extern "C" size_t tqkv_cuda_attend_ws_bytes(int rows, int q_heads, int max_tokens) {
+    size_t a, b;
+    const int ns = split_count(max_tokens);
+    return ws_need((size_t)rows * q_heads, ns > 1 ? ns : 1, &a, &b);
+}
+
+static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale, float *out,
+                          void *ws, size_t ws_bytes);
+
+extern "C" tqkv_status tqkv_cuda_kv_attend_ws(cuda_kv *kv, const float *q, int q_heads, float scale,
+                                         float *out, void *ws, size_t ws_bytes) {
+    if (!ws) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_attend_ws: NULL workspace");
+    return attend(kv, q, q_heads, scale, out, ws, ws_bytes);
+}
+
 extern "C" tqkv_status tqkv_cuda_kv_attend(cuda_kv *kv, const float *q, int q_heads, float scale,
                                       float *out) {
+    return attend(kv, q, q_heads, scale, out, NULL, 0);
+}
+
+/* ws == NULL: the cache's own workspace, grown as needed. */
+static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale, float *out,
+                          void *ws, size_t ws_bytes) {
     if (!kv || !q || !out) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_attend: NULL argument");
     if (q_heads < 1 || q_heads % kv->kvh || q_heads / kv->kvh > CUDA_MAX_G)
         return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_attend: q_heads %d must be a multiple of kv_heads %d "
@@ -645,10 +674,12 @@ extern "C" tqkv_status tqkv_cuda_kv_attend(cuda_kv *kv, const float *q, int q_he
         if (n > nsmax) nsmax = n;
     }
     const size_t nv = (size_t)kv->rows * q_heads;
-    const size_t po_b = nv * nsmax * D * sizeof(float), pml_b = nv * nsmax * sizeof(float2);
-    const size_t q_b = nv * D * sizeof(uint16_t);
-    const size_t need = po_b + pml_b + q_b + 256;
-    if (need > kv->ws_bytes) {
+    size_t po_b, pml_b;
+    const size_t need = ws_need(nv, nsmax, &po_b, &pml_b);
+    if (ws && need > ws_bytes)
+        return tqkv_fail(TQKV_ERANGE, "tqkv_cuda_kv_attend_ws: workspace of %zu bytes < %zu needed",
+                         ws_bytes, need);
+    if (!ws && need > kv->ws_bytes) {
         tqkv_cuda_free(kv->ws);
         kv->ws = NULL;
         kv->ws_bytes = 0;
@@ -656,9 +687,10 @@ extern "C" tqkv_status tqkv_cuda_kv_attend(cuda_kv *kv, const float *q, int q_he
         if (st) return st;
         kv->ws_bytes = need;
     }
-    float *po = (float *)kv->ws;
-    float2 *pml = (float2 *)((char *)kv->ws + po_b);
-    uint16_t *qp = (uint16_t *)((char *)kv->ws + po_b + pml_b);
+    if (!ws) ws = kv->ws;
+    float *po = (float *)ws;
+    float2 *pml = (float2 *)((char *)ws + po_b);
+    uint16_t *qp = (uint16_t *)((char *)ws + po_b + pml_b);
     const int fmt = kv->bf16 ? F_BF16 : kv->kfmt == TQKV_TQ4 ? F_TQ4 : F_TQ3;
     const int nvi = (int)nv;
     qprep_kernel<<<(nvi + 3) / 4, 128>>>(q, qp, kv->kc, !kv->bf16, kv->bf16, scale * LOG2E, nvi);

@@ -97,6 +97,14 @@ __global__ void cf_fill_normal_kernel(float *x, size_t n, uint64_t seed, float s
     }
 }
 
+extern "C" tqkv_status tqkv_cuda_mem_info(size_t *free_bytes, size_t *total_bytes) {
+    size_t f = 0, t = 0;
+    tqkv_status st = cuda_check(cudaMemGetInfo(&f, &t), "cudaMemGetInfo");
+    if (free_bytes) *free_bytes = f;
+    if (total_bytes) *total_bytes = t;
+    return st;
+}
+
 extern "C" tqkv_status tqkv_cuda_fill_normal(float *x, size_t n, uint64_t seed, float sd) {
     cf_fill_normal_kernel<<<1024, 256>>>(x, n, seed, sd);
     return tqkv_cuda_sync();
@@ -274,6 +282,7 @@ tqkv_status cuda_kv_sync_rows(cuda_kv *kv) {
         }
         w.wstart = s;
         w.col0 = w.left_pad + w.ntok;
+        w.win_lo = kv->h_win_lo[r];
     }
     return kv->rows ? tqkv_cuda_h2d(kv->d_rows, h.data(), sizeof(cuda_row) * kv->rows) : TQKV_OK;
 }
@@ -340,6 +349,37 @@ extern "C" tqkv_status tqkv_cuda_kv_download(const cuda_kv *kv, uint8_t *kd, uin
     return st;
 }
 
+/* The host rule of tqkv_cuda_kv_append + cuda_kv_sync_rows for one row, on the device. */
+__global__ void advance_rows_kernel(cuda_row *rows, int nrows, int n, int ring, int window) {
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= nrows) return;
+    cuda_row w = rows[r];
+    w.ntok += n;
+    w.col0 = w.left_pad + w.ntok;
+    int s = w.ntok;
+    if (ring > 0) {
+        if (w.win_lo < w.ntok - ring) w.win_lo = w.ntok - ring;
+        s = w.ntok - window;
+        if (s < w.win_lo) s = w.win_lo;
+        if (s < 0) s = 0;
+    }
+    w.wstart = s;
+    rows[r] = w;
+}
+
+tqkv_status cuda_kv_advance_rows(cuda_kv *kv, int n) {
+    advance_rows_kernel<<<(kv->rows + 127) / 128, 128>>>(kv->d_rows, kv->rows, n, kv->ring,
+                                                         kv->cfg.window);
+    return cuda_check(cudaGetLastError(), "advance rows");
+}
+
+extern "C" size_t tqkv_cuda_kv_token_bytes(const cuda_kv *kv, size_t *ring_bytes_per_row) {
+    if (ring_bytes_per_row)
+        *ring_bytes_per_row =
+            kv ? (size_t)(kv->kwin + kv->vwin) * kv->kvh * kv->ring * (kv->d + 2 * (kv->d / 32)) : 0;
+    return kv ? (size_t)kv->kvh * (kv->kpay + kv->vpay + 2 * (size_t)(kv->kns + kv->vns)) : 0;
+}
+
 extern "C" tqkv_status tqkv_cuda_kv_append(cuda_kv *kv, const float *k, const float *v, int n) {
     if (!kv || !k || !v) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_append: NULL argument");
     if (n < 1) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_append: n must be >= 1, got %d", n);
@@ -347,14 +387,15 @@ extern "C" tqkv_status tqkv_cuda_kv_append(cuda_kv *kv, const float *k, const fl
     int need = 0;
     for (int r = 0; r < kv->rows; r++)
         if (kv->h_left_pad[r] + kv->h_offset[r] + n > need) need = kv->h_left_pad[r] + kv->h_offset[r] + n;
+    /* d_rows is current: every row operation ends with cuda_kv_sync_rows */
     tqkv_status st = cuda_kv_reserve(kv, need);
-    if (!st) st = cuda_kv_sync_rows(kv);
     if (!st) st = codec_cuda_append(kv, k, v, n);
+    if (!st) st = cuda_kv_advance_rows(kv, n);
     if (st) return st;
     for (int r = 0; r < kv->rows; r++) {
         kv->h_offset[r] += n;
         if (kv->ring > 0 && kv->h_win_lo[r] < kv->h_offset[r] - kv->ring)
             kv->h_win_lo[r] = kv->h_offset[r] - kv->ring;
     }
-    return cuda_kv_sync_rows(kv);
+    return TQKV_OK;
 }

@@ -44,6 +44,10 @@ TQKV_API tqkv_status tqkv_cuda_device_info(char *name, size_t cap, int *sms, int
 TQKV_API tqkv_status tqkv_cuda_kv_init(cuda_kv **out, const tqkv_cache_config *cfg, int bf16, int rows,
                          int cap);
 TQKV_API void        tqkv_cuda_kv_free(cuda_kv *kv);
+/* Room for `tokens` tokens per row (after its left padding), allocated exactly (appends
+ * otherwise grow the planes geometrically, with old and new planes both held while rows
+ * move). A cap already large enough is kept. */
+TQKV_API tqkv_status tqkv_cuda_kv_reserve(cuda_kv *kv, int tokens);
 /* Bytes of device memory held by the planes and rings. */
 TQKV_API size_t      tqkv_cuda_kv_bytes(const cuda_kv *kv);
 
@@ -69,6 +73,13 @@ TQKV_API tqkv_status tqkv_cuda_kv_append(cuda_kv *kv, const float *k, const floa
  * tqkv_cuda_sync() before reading out on the host. Split-KV with a per-row split that depends
  * only on that row's token count (batch invariant). */
 TQKV_API tqkv_status tqkv_cuda_kv_attend(cuda_kv *kv, const float *q, int q_heads, float scale, float *out);
+/* The same with a caller's workspace (e.g. one shared by every layer of a model state,
+ * which run one after another on one stream) of at least
+ * tqkv_cuda_attend_ws_bytes(rows, q_heads, the longest row's tokens) bytes;
+ * TQKV_ERANGE when it is smaller. */
+TQKV_API size_t      tqkv_cuda_attend_ws_bytes(int rows, int q_heads, int max_tokens);
+TQKV_API tqkv_status tqkv_cuda_kv_attend_ws(cuda_kv *kv, const float *q, int q_heads, float scale,
+                                            float *out, void *ws, size_t ws_bytes);
 
 /* GPU attention of n_query queries per row with visible ranges (prefill, windows):
  * q, out: DEVICE [rows, q_heads, n_query, head_dim] float; lo, hi: HOST [rows, n_query]
@@ -81,6 +92,12 @@ TQKV_API tqkv_status tqkv_cuda_kv_attend_masked(cuda_kv *kv, const float *q, int
 // calls of the same names: encoded bytes are copied, never decoded) ----------------------
 TQKV_API tqkv_status tqkv_cuda_kv_trim(cuda_kv *kv, int n);
 TQKV_API tqkv_status tqkv_cuda_kv_filter(cuda_kv *kv, const int *keep, int n_keep);
+/* A new cache holding rows keep[0..n_keep) of kv in that order (kv unchanged): the
+ * storage tqkv_cuda_kv_filter installs. */
+TQKV_API tqkv_status tqkv_cuda_kv_select(const cuda_kv *kv, const int *keep, int n_keep, cuda_kv **out);
+/* Device bytes per token of one row (K + V planes and scales; the q8 ring aside) and the
+ * ring's fixed bytes per row. */
+TQKV_API size_t      tqkv_cuda_kv_token_bytes(const cuda_kv *kv, size_t *ring_bytes_per_row);
 TQKV_API tqkv_status tqkv_cuda_kv_align(cuda_kv *kv, const int *left_pad);
 TQKV_API tqkv_status tqkv_cuda_kv_extract(const cuda_kv *kv, int row, cuda_kv **out);
 /* New cache whose rows are all the items' rows in order, right-aligned (left-padded). */
@@ -98,6 +115,8 @@ TQKV_API void        tqkv_cuda_free(void *p);
 TQKV_API tqkv_status tqkv_cuda_h2d(void *dst, const void *src, size_t bytes);
 TQKV_API tqkv_status tqkv_cuda_d2h(void *dst, const void *src, size_t bytes);
 TQKV_API tqkv_status tqkv_cuda_sync(void);
+/* Free and total bytes of device 0's memory (cudaMemGetInfo). */
+TQKV_API tqkv_status tqkv_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 /* Fill x [n] with N(0, sd) pseudo-random floats from (seed) on the device. */
 TQKV_API tqkv_status tqkv_cuda_fill_normal(float *x, size_t n, uint64_t seed, float sd);
 /* Median over reps of (cudaEvent) milliseconds of a device-to-device copy of bytes. */

@@ -31,6 +31,7 @@ typedef struct {
     int left_pad;             /* padding columns before token 0 */
     int wstart;               /* first token read from the q8 ring (== ntok: none) */
     int col0;                 /* append target column (left_pad + ntok) */
+    int win_lo;               /* lowest token the q8 ring still holds (h_win_lo) */
 } cuda_row;
 
 struct cuda_kv {
@@ -59,8 +60,11 @@ struct cuda_kv {
  * with a larger cap, geometric growth). */
 tqkv_status cuda_kv_reserve(cuda_kv *kv, int need);
 
-/* Upload the per-row state (host mirror -> d_rows). */
+/* Upload the per-row state (host mirror -> d_rows; a synchronous copy). */
 tqkv_status cuda_kv_sync_rows(cuda_kv *kv);
+/* After an append of n tokens to every row: advance d_rows on the device with the host
+ * mirror's rule (no copy, so a decode step queues without waiting on the GPU). */
+tqkv_status cuda_kv_advance_rows(cuda_kv *kv, int n);
 
 /* codec_cuda.cu: encode n tokens of every row into the planes at each row's col0. */
 tqkv_status codec_cuda_append(cuda_kv *kv, const float *k, const float *v, int n);

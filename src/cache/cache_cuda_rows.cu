@@ -84,9 +84,8 @@ static tqkv_status check_keep(const cuda_kv *kv, const int *keep, int n_keep, co
 // ---------------------------------------------------------------------------
 // Capacity, trim, spec
 // ---------------------------------------------------------------------------
-tqkv_status cuda_kv_reserve(cuda_kv *kv, int need) {
-    if (need <= kv->cap) return TQKV_OK;
-    int cap = kv->cap * 2 > need ? kv->cap * 2 : need;
+/* Move every row into planes of exactly `cap` columns (cap >= every row's used columns). */
+static tqkv_status regrow(cuda_kv *kv, int cap) {
     cuda_kv *t = NULL;
     tqkv_status st = tqkv_cuda_kv_init(&t, &kv->cfg, kv->bf16, kv->rows, cap);
     for (int r = 0; !st && r < kv->rows; r++) st = move_row(t, r, kv->h_left_pad[r], kv, r);
@@ -97,6 +96,19 @@ tqkv_status cuda_kv_reserve(cuda_kv *kv, int need) {
     }
     install(kv, t);
     return TQKV_OK;
+}
+
+tqkv_status cuda_kv_reserve(cuda_kv *kv, int need) {
+    if (need <= kv->cap) return TQKV_OK;
+    return regrow(kv, kv->cap * 2 > need ? kv->cap * 2 : need);
+}
+
+extern "C" tqkv_status tqkv_cuda_kv_reserve(cuda_kv *kv, int tokens) {
+    if (!kv || tokens < 1) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_reserve: NULL cache or tokens < 1");
+    int need = 0;
+    for (int r = 0; r < kv->rows; r++)
+        if (kv->h_left_pad[r] + tokens > need) need = kv->h_left_pad[r] + tokens;
+    return need <= kv->cap ? TQKV_OK : regrow(kv, need);
 }
 
 static void clamp_win_lo(cuda_kv *kv) {
@@ -150,9 +162,10 @@ extern "C" tqkv_status tqkv_cuda_kv_spec_rollback(cuda_kv *kv, const int *keep, 
 // ---------------------------------------------------------------------------
 // Filter, align, extract, merge
 // ---------------------------------------------------------------------------
-extern "C" tqkv_status tqkv_cuda_kv_filter(cuda_kv *kv, const int *keep, int n_keep) {
-    if (!kv) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_filter: NULL cache");
-    tqkv_status st = check_keep(kv, keep, n_keep, "tqkv_cuda_kv_filter");
+extern "C" tqkv_status tqkv_cuda_kv_select(const cuda_kv *kv, const int *keep, int n_keep,
+                                      cuda_kv **out) {
+    if (!kv || !out) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_select: NULL argument");
+    tqkv_status st = check_keep(kv, keep, n_keep, "tqkv_cuda_kv_select");
     if (st) return st;
     int min_pad = 0, need = 1;
     for (int i = 0; i < n_keep; i++)
@@ -170,6 +183,15 @@ extern "C" tqkv_status tqkv_cuda_kv_filter(cuda_kv *kv, const int *keep, int n_k
         tqkv_cuda_kv_free(t);
         return st;
     }
+    t->spec_active = kv->spec_active;
+    *out = t;
+    return TQKV_OK;
+}
+
+extern "C" tqkv_status tqkv_cuda_kv_filter(cuda_kv *kv, const int *keep, int n_keep) {
+    cuda_kv *t = NULL;
+    tqkv_status st = tqkv_cuda_kv_select(kv, keep, n_keep, &t);
+    if (st) return st;
     install(kv, t);
     return TQKV_OK;
 }

@@ -174,7 +174,7 @@ static void load_stop(int n, pid_t *pids) {
 
 int cmd_bench_engine(int argc, char **argv) {
     const char *model_arg = MCLI_DEFAULT_MODEL, *draft = NULL, *kv = "tq4", *text_path = NULL;
-    const char *conc_arg = "1,4,16";
+    const char *conc_arg = "1,4,16", *device = "cpu";
     int prompt_tokens = 200, max_tokens = 128, requests = 0, threads = 1, K = 4, json = 0;
     int window = 0, prefix = 0, load = 0, chunk = 256, no_check = 0, reps = 1;
     double budget_mb = 0;
@@ -196,6 +196,7 @@ int cmd_bench_engine(int argc, char **argv) {
         {"--load", ARG_INT, &load, "busy processes to run beside the benchmark (default 0)"},
         {"--reps", ARG_INT, &reps, "repeat each point (plain/draft alternating) (default 1)"},
         {"--no-check", ARG_FLAG, &no_check, "skip the check against concurrency 1"},
+        {"--device", ARG_STR, &device, "cpu|cuda: where the model runs (default cpu)"},
         {"--json", ARG_FLAG, &json, "print one JSON object"},
     };
     const int n_specs = (int)(sizeof specs / sizeof specs[0]);
@@ -243,6 +244,7 @@ int cmd_bench_engine(int argc, char **argv) {
     ep.window = window;
     ep.prefill_chunk = chunk;
     ep.kv_budget = (size_t)(budget_mb * 1048576.0);
+    if (mcli_parse_device(CMD, device, &ep.device)) return 2;
     if (mcli_parse_kv(CMD, kv, &ep.k_format, &ep.v_format)) return 2;
     int maxc = 1;
     for (int i = 0; i < n_conc; i++) maxc = conc[i] > maxc ? conc[i] : maxc;
@@ -293,9 +295,9 @@ int cmd_bench_engine(int argc, char **argv) {
     load_start(load, pids);
     int sched_ok = 1;
     uint64_t *ref = calloc((size_t)Nmax, sizeof *ref);
-    if (json) printf("{\"command\":\"bench engine\",\"kv\":\"%s\",\"threads\":%d,\"load\":%d,"
-                     "\"prompt_tokens\":%d,\"max_tokens\":%d,\"points\":[", kv, threads, load,
-                     prompt_tokens, max_tokens);
+    if (json) printf("{\"command\":\"bench engine\",\"kv\":\"%s\",\"device\":\"%s\",\"threads\":%d,"
+                     "\"load\":%d,\"prompt_tokens\":%d,\"max_tokens\":%d,\"points\":[", kv,
+                     ep.device ? "cuda" : "cpu", threads, load, prompt_tokens, max_tokens);
     else printf("%-6s %-5s %9s %9s %9s %9s %9s %8s %8s\n", "mode", "conc", "tok/s", "ttft50",
                 "ttft99", "itl50ms", "itl99ms", "accept", "same");
     /* reference hashes at concurrency 1 */

@@ -37,43 +37,92 @@ static int argmax(const float *x, int n) {
     return b;
 }
 
-/* One configuration: fresh state, prefill ctx tokens per row (all rows share one
- * left-padded prefill), then gen greedy decode steps. Returns nonzero on failure. */
-static int measure(const tqkv_model *m, const tqkv_model_state_params *sp, const int32_t *tok,
-                   int ctx, int rows, int gen, float *logits, double *pp, double *tg,
+/* One configuration: fresh state with room for ctx + gen tokens per row, then either a
+ * prefill of ctx tokens per row (all rows in one call) or, with synth, ctx synthetic tokens
+ * put straight into the caches (tqkv_model_state_fill_synthetic: no prefill figure), then
+ * gen greedy decode steps. */
+static tqkv_status measure(const tqkv_model *m, const tqkv_model_state_params *sp, const int32_t *tok,
+                   int ctx, int rows, int gen, int synth, float *logits, double *pp, double *tg,
                    double *bpt) {
     const int V = tqkv_model_get_config(m)->vocab_size;
     tqkv_model_state *s = NULL;
-    if (tqkv_model_state_init(&s, m, sp) != TQKV_OK) return 1;
-    int32_t *pt = malloc(sizeof(int32_t) * (size_t)ctx * rows); // [rows, ctx]
-    if (!pt) {
-        tqkv_model_state_free(s);
-        return 1;
+    tqkv_status st0 = tqkv_model_state_init(&s, m, sp);
+    if (st0 != TQKV_OK) return st0;
+    int32_t *pt = malloc(sizeof(int32_t) * (size_t)(synth ? 1 : ctx) * rows); // [rows, ctx]
+    int32_t *next = malloc(sizeof(int32_t) * (size_t)rows);                   // [rows]
+    /* synth: one more decode step (the untimed first one gives the first logits) */
+    tqkv_status st = pt && next ? tqkv_model_state_reserve(s, ctx + gen + synth) : TQKV_ENOMEM;
+    double t0 = mcli_now(), tp = 0, td = 0;
+    if (st == TQKV_OK && synth) {
+        st = tqkv_model_state_fill_synthetic(s, ctx, 0x5eed);
+        for (int r = 0; r < rows; r++) next[r] = tok[r % ctx];
+        t0 = mcli_now(); /* the first step is a warm-up: it gives the first logits */
+        if (st == TQKV_OK) st = tqkv_model_decode(m, s, next, logits);
+    } else if (st == TQKV_OK) {
+        for (int r = 0; r < rows; r++) memcpy(pt + (size_t)r * ctx, tok, sizeof(int32_t) * ctx);
+        st = tqkv_model_prefill(m, s, pt, NULL, ctx, TQKV_LOGITS_LAST, logits);
     }
-    for (int r = 0; r < rows; r++) memcpy(pt + (size_t)r * ctx, tok, sizeof(int32_t) * ctx);
-    double t0 = mcli_now();
-    tqkv_status st = tqkv_model_prefill(m, s, pt, NULL, ctx, TQKV_LOGITS_LAST, logits);
-    double tp = mcli_now() - t0, td = 0;
+    tp = mcli_now() - t0;
     free(pt);
     for (int g = 0; g < gen && st == TQKV_OK; g++) {
-        int32_t next[64]; // [rows], rows <= 64
         for (int r = 0; r < rows; r++) next[r] = argmax(logits + (size_t)r * V, V);
         t0 = mcli_now();
         st = tqkv_model_decode(m, s, next, logits);
         td += mcli_now() - t0;
     }
-    *pp = (double)ctx * rows / tp;
+    free(next);
+    *pp = synth ? 0 : (double)ctx * rows / tp;
     *tg = (double)gen * rows / td;
     *bpt = tqkv_model_state_kv_bytes_per_token(s);
     tqkv_model_state_free(s);
-    return st != TQKV_OK;
+    return st;
+}
+
+/* Does a state of `rows` rows with room for `tokens` tokens each fit, take a synthetic
+ * fill and run a decode step? (Device memory: the reserve allocates the caches and the
+ * attention workspace for that depth exactly.) */
+static int fits(const tqkv_model *m, const tqkv_model_state_params *base, int rows, int tokens,
+                float **logits) {
+    const int V = tqkv_model_get_config(m)->vocab_size;
+    tqkv_model_state_params sp = *base;
+    sp.rows = rows;
+    float *lg = realloc(*logits, sizeof(float) * (size_t)V * rows);
+    int32_t *next = calloc((size_t)rows, sizeof(int32_t));
+    if (lg) *logits = lg;
+    tqkv_model_state *s = NULL;
+    int ok = lg && next && tqkv_model_state_init(&s, m, &sp) == TQKV_OK &&
+             tqkv_model_state_reserve(s, tokens) == TQKV_OK &&
+             tqkv_model_state_fill_synthetic(s, 16, 1) == TQKV_OK && /* its temporaries too */
+             tqkv_model_decode(m, s, next, lg) == TQKV_OK;
+    tqkv_model_state_free(s);
+    free(next);
+    return ok;
+}
+
+/* Largest row count for which fits() holds (0 if not even one row), by doubling then
+ * bisection over real allocations. */
+static int max_rows(const tqkv_model *m, const tqkv_model_state_params *base, int tokens,
+                    float **logits) {
+    int lo = 0, hi = 1;
+    while (hi <= 1 << 16 && fits(m, base, hi, tokens, logits)) {
+        lo = hi;
+        hi *= 2;
+    }
+    while (hi - lo > 1) {
+        const int mid = lo + (hi - lo) / 2;
+        if (fits(m, base, mid, tokens, logits)) lo = mid;
+        else hi = mid;
+    }
+    return lo;
 }
 
 int cmd_bench_model(int argc, char **argv) {
     const char *model_arg = MCLI_DEFAULT_MODEL, *ctx_list = "512,4096",
                *kv_list = "f32,f16,q8,tq4,tq3", *prefill_kernel = "graph",
                *decode_kernel = "graph", *device = "cpu";
-    int threads = 2, gen = 64, json = 0, window = 0, reps = 3, blas = 0, f32w = 0, rows = 1;
+    const char *fill = "prefill";
+    int threads = 2, gen = 64, json = 0, window = 0, reps = 3, blas = 0, f32w = 0, rows = 1,
+        find_max = 0, fast_gemm = 0;
     const arg_spec specs[] = {
         {"--model", ARG_STR, &model_arg, "model directory (default " MCLI_DEFAULT_MODEL ")"},
         {"--ctx", ARG_STR, &ctx_list, "comma-separated prefill lengths (default 512,4096)"},
@@ -88,12 +137,24 @@ int cmd_bench_model(int argc, char **argv) {
         {"--blas", ARG_FLAG, &blas, "OpenBLAS sgemm for prefill matmuls (not batch invariant)"},
         {"--f32-weights", ARG_FLAG, &f32w, "convert weights to f32 at load"},
         {"--device", ARG_STR, &device, "cpu|cuda: where the forward runs (default cpu)"},
+        {"--fast-gemm", ARG_FLAG, &fast_gemm, "with --device cuda: cuBLAS bf16 GEMMs, faster but NOT batch invariant"},
+        {"--fill", ARG_STR, &fill, "prefill (default): run ctx tokens through the model; synthetic: put ctx tokens of random K/V straight into the caches (device only, no pp figure)"},
+        {"--max-rows", ARG_FLAG, &find_max, "also find the most rows whose caches for ctx + gen + 1 tokens fit (device memory; real allocations)"},
         {"--json", ARG_FLAG, &json, "print a JSON array of results on stdout"},
     };
     const int n_specs = (int)(sizeof specs / sizeof specs[0]);
     if (args_parse(CMD, argc, argv, specs, n_specs) != 0) return 2;
-    if (threads < 1 || gen < 1 || reps < 1 || window < 0 || rows < 1 || rows > 64) {
-        fprintf(stderr, "tqkv bench model: --threads, --gen, --reps, --rows must be >= 1 (rows <= 64)\n");
+    if (threads < 1 || gen < 1 || reps < 1 || window < 0 || rows < 1 || rows > 4096) {
+        fprintf(stderr, "tqkv bench model: --threads, --gen, --reps, --rows must be >= 1 (rows <= 4096)\n");
+        return 2;
+    }
+    const int synth = !strcmp(fill, "synthetic");
+    if (find_max && strcmp(device, "cuda")) {
+        fprintf(stderr, "tqkv bench model: --max-rows measures device memory (--device cuda)\n");
+        return 2;
+    }
+    if (!synth && strcmp(fill, "prefill")) {
+        fprintf(stderr, "tqkv bench model: --fill takes prefill or synthetic, not '%s'\n", fill);
         return 2;
     }
     tqkv_kernel pk, dk;
@@ -168,6 +229,7 @@ int cmd_bench_model(int argc, char **argv) {
         tqkv_model_state_params sp = tqkv_model_state_params_default();
         sp.threads = threads;
         sp.device = dev;
+        sp.device_fast_gemm = fast_gemm;
         tqkv_model_state *s = NULL;
         if (tqkv_model_state_init(&s, m, &sp) == TQKV_OK)
             tqkv_model_prefill(m, s, tok, NULL, max_ctx < 64 ? max_ctx : 64, TQKV_LOGITS_LAST, logits);
@@ -177,6 +239,7 @@ int cmd_bench_model(int argc, char **argv) {
      * and machine noise spreads over all of them alike; the best round is kept. */
     int rc = 0;
     double best_pp[32 * 32] = {0}, best_tg[32 * 32] = {0}, bpt[32 * 32] = {0};
+    int oom[32 * 32] = {0}, maxr[32 * 32] = {0};
     for (int r = 0; r < reps && !rc; r++) {
         if (reps > 1) fprintf(stderr, "tqkv bench model: round %d/%d\n", r + 1, reps);
         for (int c = 0; c < n_ctx && !rc; c++)
@@ -191,34 +254,71 @@ int cmd_bench_model(int argc, char **argv) {
                 sp.decode_kernel = dk;
                 sp.blas = blas;
                 sp.device = dev;
+                sp.device_fast_gemm = fast_gemm;
                 double pp = 0, tg = 0;
                 int i = c * 32 + k;
-                if (measure(m, &sp, tok, ctxs[c], rows, gen, logits, &pp, &tg, &bpt[i])) {
+                if (oom[i]) continue;
+                tqkv_status st = measure(m, &sp, tok, ctxs[c], rows, gen, synth, logits, &pp, &tg, &bpt[i]);
+                if (st == TQKV_ENOMEM) { /* does not fit: reported, not fatal */
+                    fprintf(stderr, "tqkv bench model: ctx %d kv %s rows %d: does not fit (%s)\n",
+                            ctxs[c], kv_items[k], rows, tqkv_last_error());
+                    oom[i] = 1;
+                    continue;
+                }
+                if (st != TQKV_OK) {
                     fprintf(stderr, "tqkv bench model: %s\n", tqkv_last_error());
                     rc = 1;
+                    continue;
                 }
+                fprintf(stderr, "tqkv bench model: ctx %d kv %s rows %d: pp %.1f t/s, tg %.1f t/s\n",
+                        ctxs[c], kv_items[k], rows, pp, tg);
                 if (pp > best_pp[i]) best_pp[i] = pp;
                 if (tg > best_tg[i]) best_tg[i] = tg;
             }
     }
+    for (int c = 0; c < n_ctx && !rc && find_max; c++)
+        for (int k = 0; k < n_kv; k++) {
+            tqkv_model_state_params sp = tqkv_model_state_params_default();
+            sp.k_format = kf[k];
+            sp.v_format = vf[k];
+            sp.window = window;
+            sp.threads = threads;
+            sp.device = dev;
+            sp.device_fast_gemm = fast_gemm;
+            float *lg = NULL;
+            maxr[c * 32 + k] = max_rows(m, &sp, ctxs[c] + gen + 1, &lg); /* as measure, synth */
+            free(lg);
+            fprintf(stderr, "tqkv bench model: ctx %d kv %s: at most %d rows fit\n", ctxs[c],
+                    kv_items[k], maxr[c * 32 + k]);
+        }
     cJSON *arr = cJSON_CreateArray();
+    if (find_max) fprintf(tab, "%-8s %-10s %12s %12s %14s %9s\n", "", "", "", "", "", "max rows");
     for (int c = 0; c < n_ctx && !rc; c++)
         for (int k = 0; k < n_kv; k++) {
             int i = c * 32 + k;
-            fprintf(tab, "%-8d %-10s %12.1f %12.1f %14.1f\n", ctxs[c], kv_items[k], best_pp[i],
-                    best_tg[i], bpt[i]);
+            if (oom[i]) fprintf(tab, "%-8d %-10s %12s %12s %14s", ctxs[c], kv_items[k], "-", "oom", "-");
+            else fprintf(tab, "%-8d %-10s %12.1f %12.1f %14.1f", ctxs[c], kv_items[k], best_pp[i],
+                         best_tg[i], bpt[i]);
+            if (find_max) fprintf(tab, " %9d", maxr[i]);
+            fputc('\n', tab);
             cJSON *o = cJSON_CreateObject();
             cJSON_AddItemToArray(arr, o);
             cJSON_AddNumberToObject(o, "ctx", ctxs[c]);
             cJSON_AddStringToObject(o, "device", dev ? "cuda" : "cpu");
             cJSON_AddStringToObject(o, "kv", kv_items[k]);
-            json_add_num(o, "prefill_tokens_per_s", best_pp[i], 2);
-            json_add_num(o, "decode_tokens_per_s", best_tg[i], 2);
+            cJSON_AddStringToObject(o, "fill", synth ? "synthetic" : "prefill");
+            cJSON_AddStringToObject(o, "gemm", fast_gemm ? "cublas" : "invariant");
+            if (oom[i] || synth) cJSON_AddNullToObject(o, "prefill_tokens_per_s");
+            else json_add_num(o, "prefill_tokens_per_s", best_pp[i], 2);
+            if (oom[i]) cJSON_AddNullToObject(o, "decode_tokens_per_s");
+            else json_add_num(o, "decode_tokens_per_s", best_tg[i], 2);
+            if (oom[i]) cJSON_AddStringToObject(o, "error", "out of memory");
             json_add_num(o, "kv_bytes_per_token", bpt[i], 1);
             cJSON_AddNumberToObject(o, "threads", threads);
             cJSON_AddNumberToObject(o, "gen", gen);
             cJSON_AddNumberToObject(o, "rows", rows);
             cJSON_AddNumberToObject(o, "window", window);
+            if (find_max) cJSON_AddNumberToObject(o, "max_rows", maxr[i]);
         }
     if (json && !rc) rc = json_print(stdout, arr, 0, "bench model") ? 1 : 0;
     else cJSON_Delete(arr);

@@ -54,7 +54,7 @@ int cmd_ppl(int argc, char **argv) {
     const char *model_arg = MCLI_DEFAULT_MODEL, *text_path = NULL, *kv = "f32";
     const char *prefill_kernel = "graph", *device = "cpu";
     int ctx = 2048, max_windows = 0, window = 0, kld = 0, threads = 0, json = 0, kv_seed = 0;
-    int chunk = 0, blas = 0;
+    int chunk = 0, blas = 0, fast_gemm = 0;
     const arg_spec specs[] = {
         {"--model", ARG_STR, &model_arg, "model directory (default " MCLI_DEFAULT_MODEL ")"},
         {"--text", ARG_STR, &text_path, "text file to score"},
@@ -69,6 +69,7 @@ int cmd_ppl(int argc, char **argv) {
         {"--prefill-kernel", ARG_STR, &prefill_kernel, "attention kernel for n_query > 1 (default graph: the graph's kernel set)"},
         {"--blas", ARG_FLAG, &blas, "OpenBLAS sgemm for prefill matmuls"},
         {"--device", ARG_STR, &device, "cpu|cuda: where the forward runs (default cpu)"},
+        {"--fast-gemm", ARG_FLAG, &fast_gemm, "with --device cuda: cuBLAS bf16 GEMMs, faster but NOT batch invariant"},
         {"--json", ARG_FLAG, &json, "end with a JSON summary line"},
     };
     const int n_specs = (int)(sizeof specs / sizeof specs[0]);
@@ -85,6 +86,7 @@ int cmd_ppl(int argc, char **argv) {
     if (threads == 0) threads = mcli_cpus();
     if (chunk == 0 || chunk > ctx) chunk = ctx;
     tqkv_model_state_params sp = tqkv_model_state_params_default();
+    sp.device_fast_gemm = fast_gemm;
     if (mcli_parse_kv(CMD, kv, &sp.k_format, &sp.v_format) ||
         mcli_parse_kernel(CMD, prefill_kernel, &sp.prefill_kernel) ||
         mcli_check_window(CMD, window, sp.k_format, sp.v_format) ||
@@ -205,6 +207,7 @@ int cmd_ppl(int argc, char **argv) {
         cJSON_AddNumberToObject(o, "windows", n_win);
         cJSON_AddNumberToObject(o, "tokens", (double)cnt);
         cJSON_AddStringToObject(o, "device", sp.device ? "cuda" : "cpu");
+        cJSON_AddStringToObject(o, "gemm", sp.device_fast_gemm ? "cublas" : "invariant");
         cJSON_AddStringToObject(o, "kv", kv);
         json_add_num(o, "kv_bits_per_value", tqkv_model_state_kv_bits_per_value(s), 4);
         cJSON_AddNumberToObject(o, "ctx", ctx);

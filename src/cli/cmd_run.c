@@ -45,7 +45,7 @@ int cmd_run(int argc, char **argv) {
     const char *device = "cpu";
     /* UNSET: an int the parser cannot produce (it reads -2147483647 .. 2147483647) */
     enum { UNSET = INT_MIN };
-    int n_gen = 128, top_k = UNSET, seed = UNSET, window = 0, threads = 0, chat = 0, json = 0;
+    int n_gen = 128, top_k = UNSET, seed = UNSET, window = 0, threads = 0, chat = 0, json = 0, fast_gemm = 0;
     int ignore_eos = 0, kv_seed = 0, blas = 0, f32w = 0;
     double temp = NAN, top_p = NAN, min_p = NAN, rep = NAN;
     const arg_spec specs[] = {
@@ -71,6 +71,7 @@ int cmd_run(int argc, char **argv) {
         {"--blas", ARG_FLAG, &blas, "OpenBLAS sgemm for prefill matmuls (not batch invariant)"},
         {"--f32-weights", ARG_FLAG, &f32w, "convert weights to f32 at load"},
         {"--device", ARG_STR, &device, "cpu|cuda: where the forward runs (default cpu)"},
+        {"--fast-gemm", ARG_FLAG, &fast_gemm, "with --device cuda: cuBLAS bf16 GEMMs, faster but NOT batch invariant"},
     };
     const int n_specs = (int)(sizeof specs / sizeof specs[0]);
     if (args_parse(CMD, argc, argv, specs, n_specs) != 0) return 2;
@@ -100,6 +101,7 @@ int cmd_run(int argc, char **argv) {
     }
     if (threads == 0) threads = mcli_cpus();
     tqkv_model_state_params sp = tqkv_model_state_params_default();
+    sp.device_fast_gemm = fast_gemm;
     if (mcli_parse_kv(CMD, kv, &sp.k_format, &sp.v_format) ||
         mcli_parse_kernel(CMD, prefill_kernel, &sp.prefill_kernel) ||
         mcli_parse_kernel(CMD, decode_kernel, &sp.decode_kernel) ||

@@ -36,7 +36,7 @@ static int parse_bytes(const char *s, size_t *out) {
 int cmd_serve(int argc, char **argv) {
     const char *model = MCLI_DEFAULT_MODEL, *host = "127.0.0.1", *kv = "tq4", *draft = NULL;
     const char *budget = NULL, *api_key = NULL, *port_file = NULL, *cache_dir = NULL;
-    const char *prefix_bytes = NULL, *max_body = NULL;
+    const char *prefix_bytes = NULL, *max_body = NULL, *device = "cpu";
     int port = 8080, window = 0, parallel = 16, draft_tokens = 4, threads = 1, queue = 256;
     int chunk = 256, verbose = 0, max_conns = 512;
     arg_spec specs[] = {
@@ -58,6 +58,7 @@ int cmd_serve(int argc, char **argv) {
         {"--api-key", ARG_STR, &api_key, "require Authorization: Bearer KEY (or env TQKV_API_KEY)"},
         {"--max-body", ARG_STR, &max_body, "request body limit (default 1M)"},
         {"--max-conns", ARG_INT, &max_conns, "simultaneous connections (default 512)"},
+        {"--device", ARG_STR, &device, "cpu|cuda: where the model runs (default cpu; cuda: no --draft, no --prompt-cache-dir yet)"},
         {"--verbose", ARG_FLAG, &verbose, "progress lines on stderr"},
     };
     if (args_parse(CMD, argc, argv, specs, (int)(sizeof specs / sizeof specs[0]))) return 2;
@@ -98,6 +99,7 @@ int cmd_serve(int argc, char **argv) {
     ep.prefill_chunk = chunk;
     ep.prompt_cache_dir = cache_dir;
     ep.verbose = verbose;
+    if (mcli_parse_device(CMD, device, &ep.device)) return 2;
     srv_params sp = srv_params_default();
     if ((budget && parse_bytes(budget, &ep.kv_budget)) ||
         (prefix_bytes && parse_bytes(prefix_bytes, &ep.prefix_cache_bytes)) ||

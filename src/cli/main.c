@@ -20,6 +20,7 @@ static const command COMMANDS[] = {
     {"tokenize", NULL, cmd_tokenize, "tokenize text with a model's tokenizer.json"},
     {"run", NULL, cmd_run, "generate text from a prompt"},
     {"ppl", NULL, cmd_ppl, "perplexity (and KL divergence) of a text file"},
+    {"bench", "gemm", cmd_bench_gemm, "GPU: the batch-invariant GEMM's weight bandwidth and TFLOP/s"},
     {"bench", "model", cmd_bench_model, "model prefill/decode tokens per second per KV format"},
     {"chat-template", NULL, cmd_chat_template, "render a conversation with the model's chat template"},
     {"info", NULL, cmd_info, "a checkpoint's graph, kernel set and KV bytes per token"},

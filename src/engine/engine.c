@@ -32,6 +32,9 @@
 #include <unistd.h>
 
 #include "engine/engine_impl.h"
+#ifdef TQKV_HAVE_CUDA
+#include "cache/cache_cuda.h"
+#endif
 #include "util/common.h"
 
 // ---------------------------------------------------------------------------
@@ -173,7 +176,17 @@ tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
     if (p.draft_dir && p.window > 0)
         return tqkv_fail(TQKV_EUNSUPPORTED, "engine: a draft model needs window 0 (verification "
                          "windows equal single decodes only without the q8 window)");
-    if (p.kv_budget == 0) p.kv_budget = default_budget();
+    if (p.device != 0 && p.device != 1)
+        return tqkv_fail(TQKV_EINVAL, "engine: device %d (0 = CPU, 1 = CUDA)", p.device);
+    if (p.device && p.draft_dir)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "engine: speculative decoding (a draft model) is not "
+                         "supported on the device yet (its verification window needs "
+                         "extend_as_decode on the GPU); serve without --draft");
+    if (p.device && p.prompt_cache_dir)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "engine: a persisted prompt cache is not supported on "
+                         "the device yet (device states have no export); use the in-memory "
+                         "prefix cache");
+    if (p.kv_budget == 0 && !p.device) p.kv_budget = default_budget();
     tqkv_engine *e = tqkv_calloc(1, sizeof *e);
     if (!e) return TQKV_ENOMEM;
     e->p = p;
@@ -200,6 +213,7 @@ tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
     tqkv_model_load_params lp = tqkv_model_load_params_default();
     lp.threads = p.threads;
     lp.verbose = p.verbose;
+    lp.no_pack = lp.no_f32_prefill = p.device; /* the device keeps its own bf16 copy */
     tqkv_status rc = tqkv_model_load(&e->m, p.model_dir, &lp);
     if (rc == TQKV_OK) rc = tqkv_tokenizer_load(&e->tok, p.model_dir);
     if (rc == TQKV_OK && p.draft_dir && !graph_exact_windows(e->m))
@@ -228,6 +242,7 @@ tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
     e->sp.window = p.window;
     e->sp.threads = p.threads;
     e->sp.extend_as_decode = e->dm != NULL;
+    e->sp.device = p.device;
     e->psp = e->sp;
     e->psp.extend_as_decode = 0;
     e->dsp = tqkv_model_state_params_default();
@@ -239,7 +254,6 @@ tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
         engine_release(e);
         return tqkv_fail(TQKV_ENOMEM, "engine: cannot create lock");
     }
-    e->st.kv_budget = p.kv_budget;
     e->tmp = malloc(sizeof(float) * (size_t)tqkv_model_get_config(e->m)->vocab_size);
     if (!e->tmp) {
         engine_release(e);
@@ -257,10 +271,21 @@ tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
     if (e->pc.dir) prefix_load_dir(&e->pc, e->m, &e->psp, p.verbose);
     /* bytes per token of one row (for stats), from an empty 1-row state */
     tqkv_model_state *tmp = NULL;
-    if (tqkv_model_state_init(&tmp, e->m, &e->sp) == TQKV_OK) {
-        e->st.kv_bytes_per_token = tqkv_model_state_kv_bytes_per_token(tmp);
-        tqkv_model_state_free(tmp);
+    rc = tqkv_model_state_init(&tmp, e->m, &e->sp); /* device: uploads the weights */
+    if (rc == TQKV_OK) e->st.kv_bytes_per_token = tqkv_model_state_kv_bytes_per_token(tmp);
+    tqkv_model_state_free(tmp);
+#ifdef TQKV_HAVE_CUDA
+    if (rc == TQKV_OK && p.device && e->p.kv_budget == 0) {
+        size_t fr = 0, total = 0;
+        rc = tqkv_cuda_mem_info(&fr, &total);
+        e->p.kv_budget = fr / 10 * 8;
     }
+#endif
+    if (rc != TQKV_OK) {
+        engine_release(e);
+        return rc;
+    }
+    e->st.kv_budget = e->p.kv_budget;
     *out = e;
     return TQKV_OK;
 }

@@ -112,6 +112,8 @@ tqkv_status tqkv_model_state_init(tqkv_model_state **out, const tqkv_model *m,
 #ifdef TQKV_HAVE_CUDA
     if (rc == TQKV_OK && p.device == 1) rc = model_cuda_init(&s->gpu, m, &p, p.rows);
 #endif
+    if (rc == TQKV_OK && p.device_fast_gemm && p.device != 1)
+        rc = tqkv_fail(TQKV_EINVAL, "model state: device_fast_gemm needs device 1 (CUDA)");
     if (rc == TQKV_OK && p.device != 0 && !s->gpu)
         rc = tqkv_fail(TQKV_EUNSUPPORTED, "model state: device %d is not built in", p.device);
     if (rc == TQKV_OK && m->cfg.n_linear > 0) rc = model_qwen35_state_init(s);
@@ -189,6 +191,23 @@ tqkv_status tqkv_model_state_set_threads(tqkv_model_state *s, int threads) {
     return TQKV_OK;
 }
 
+tqkv_status tqkv_model_state_reserve(tqkv_model_state *s, int tokens) {
+    if (!s || tokens < 1) return tqkv_fail(TQKV_EINVAL, "state_reserve: NULL state or tokens < 1");
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu) return model_cuda_reserve(s->gpu, tokens);
+#endif
+    return TQKV_OK;
+}
+
+tqkv_status tqkv_model_state_fill_synthetic(tqkv_model_state *s, int n, uint64_t seed) {
+    if (!s || n < 1) return tqkv_fail(TQKV_EINVAL, "state_fill_synthetic: NULL state or n < 1");
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu) return model_cuda_fill(s->gpu, n, seed);
+#endif
+    (void)seed;
+    return tqkv_fail(TQKV_EUNSUPPORTED, "state_fill_synthetic: device states only");
+}
+
 tqkv_status tqkv_model_state_offsets(const tqkv_model_state *s, int *offset) {
     if (!s || !offset) return tqkv_fail(TQKV_EINVAL, "state_offsets: NULL argument");
 #ifdef TQKV_HAVE_CUDA
@@ -223,6 +242,9 @@ double tqkv_model_state_kv_bits_per_value(const tqkv_model_state *s) {
 
 size_t tqkv_model_state_kv_bytes_used(const tqkv_model_state *s) {
     if (!s) return 0;
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu) return model_cuda_kv_bytes(s->gpu); /* device bytes held (capacity) */
+#endif
     size_t b = 0;
     for (int l = 0; l < s->m->cfg.n_layers; l++)
         if (s->layers[l]) b += tqkv_batch_bytes_used(s->layers[l]);

@@ -1,19 +1,15 @@
 /*
  * forward_cuda.cu - the model forward pass on the GPU (see model_cuda.h).
  * Owns: bf16 weight upload, device scratch, the per-token kernels (embedding, RMSNorm,
- * q/k norm + RoPE + scatter, gather, SwiGLU, residual) and the batch-invariant GEMM
- * y[T, N] = x[T, K] . W[N, K]^T (f32 activations, bf16 weights, f32 accumulate), and the
- * graph: embed -> per layer [RMSNorm, qkv GEMM, q/k norm, RoPE, device cache append
+ * q/k norm + RoPE + scatter, gather, SwiGLU, residual), and the graph: embed -> per layer [RMSNorm, qkv GEMM, q/k norm, RoPE, device cache append
  * (GPU encode), attention (decode: split-KV fused kernel; n > 1: masked multi-query
  * kernel), o GEMM, residual + RMSNorm, gate|up GEMM, SwiGLU, down GEMM, residual]
  * -> RMSNorm -> lm_head -> logits copied to the host.
  * Must not: let an output element's reduction order depend on T, on the token's place in
  * a tile, or on other rows (batch invariance); call the host model's CPU forward.
  *
- * Batch invariance of the GEMM: one warp computes one output column for a tile of GT
- * tokens; lane l owns k = 8 l + 256 i + [0, 8) (ascending i, sequential fma), then a fixed
- * xor-shuffle tree (16, 8, 4, 2, 1), then + bias. The tile only decides which tokens share
- * the weight loads, never the arithmetic of one token's output.
+ * GEMMs: tqkv_cuda_gemm (gemm_cuda.h: tensor cores, activations split into bf16 hi + lo,
+ * a reduction order fixed by K alone, so batch invariant by construction).
  * RoPE cos / sin come from the host's ops_rope_table (the CPU's exact values).
  */
 #include <cuda_bf16.h>
@@ -28,11 +24,10 @@ extern "C" {
 #include "util/common.h"
 }
 #include "cache/cache_cuda.h"
+#include "model/gemm_cublas.h"
+#include "model/gemm_cuda.h"
 #include "model/model_cuda.h"
 
-#define GT 16          /* tokens per GEMM tile */
-#define GKC 512        /* k per shared-memory chunk */
-#define GWARPS 8       /* output columns per GEMM block */
 
 typedef __nv_bfloat16 bf16;
 
@@ -75,9 +70,14 @@ struct model_cuda {
     float  *hh;          /* [T, I] */
     float  *tmp;         /* [T, H] */
     float  *rope;        /* [T, hd] cos | sin per token */
+    void   *xf;          /* GEMM activations, fragment order (gemm_cuda.h) */
+    float  *part;        /* GEMM segment partials [nseg, 32, N] */
     float  *logits;      /* [cap_logits, V] */
     size_t  cap_logits;
     int32_t *tinfo;      /* [T, 3] token id, row, column */
+    void   *aws;         /* decode attention workspace shared by the layers */
+    gemm_cublas *cublas; /* device_fast_gemm: the non-invariant cuBLAS path, else NULL */
+    size_t  aws_bytes;
     float  *qb, *ob;     /* [rows, NH, n, hd] */
     float  *kb, *vb;     /* [rows, NKV, n, hd] */
     /* host scratch */
@@ -101,68 +101,6 @@ static tqkv_status dmalloc(void **p, size_t bytes) {
 // ---------------------------------------------------------------------------
 // kernels
 // ---------------------------------------------------------------------------
-
-/* y[t, n] = sum_k x[t, k] w[n, k] (+ bias[n]); x [T, K] f32 (row stride ldx), w [N, K] bf16,
- * y row stride ldy. grid (ceil(N / GWARPS), ceil(T / GT)), block 32 * GWARPS. K % 8 == 0. */
-__global__ void __launch_bounds__(32 * GWARPS)
-gemm_kernel(const float *__restrict__ x, size_t ldx, int T, int K, const bf16 *__restrict__ w, int N,
-            const float *__restrict__ bias, float *__restrict__ y, size_t ldy) {
-    __shared__ __align__(16) float xs[GT][GKC]; /* [GT, GKC] the tile's x chunk */
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int n = blockIdx.x * GWARPS + warp;
-    const int t0 = blockIdx.y * GT;
-    float acc[GT];
-#pragma unroll
-    for (int t = 0; t < GT; t++) acc[t] = 0.f;
-    const bf16 *wr = w + (size_t)(n < N ? n : 0) * K;
-    for (int k0 = 0; k0 < K; k0 += GKC) {
-        const int kc = K - k0 < GKC ? K - k0 : GKC;
-        __syncthreads();
-        for (int i = threadIdx.x; i < GT * (kc / 4); i += blockDim.x) {
-            const int t = i / (kc / 4), c = (i % (kc / 4)) * 4;
-            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (t0 + t < T) v = *reinterpret_cast<const float4 *>(x + (size_t)(t0 + t) * ldx + k0 + c);
-            *reinterpret_cast<float4 *>(&xs[t][c]) = v;
-        }
-        __syncthreads();
-        if (n >= N) continue;
-        for (int k = lane * 8; k < kc; k += 256) {
-            const uint4 raw = *reinterpret_cast<const uint4 *>(wr + k0 + k);
-            const uint32_t u[4] = {raw.x, raw.y, raw.z, raw.w};
-            float wf[8];
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                wf[2 * j] = __uint_as_float(u[j] << 16);
-                wf[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
-            }
-#pragma unroll
-            for (int t = 0; t < GT; t++) {
-                const float4 a = *reinterpret_cast<const float4 *>(&xs[t][k]);
-                const float4 b = *reinterpret_cast<const float4 *>(&xs[t][k + 4]);
-                float s = acc[t];
-                s = fmaf(a.x, wf[0], s); s = fmaf(a.y, wf[1], s);
-                s = fmaf(a.z, wf[2], s); s = fmaf(a.w, wf[3], s);
-                s = fmaf(b.x, wf[4], s); s = fmaf(b.y, wf[5], s);
-                s = fmaf(b.z, wf[6], s); s = fmaf(b.w, wf[7], s);
-                acc[t] = s;
-            }
-        }
-    }
-    if (n >= N) return;
-#pragma unroll
-    for (int t = 0; t < GT; t++) {
-        float s = acc[t];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        acc[t] = s;
-    }
-    if (lane == 0) {
-        const float b = bias ? bias[n] : 0.f;
-#pragma unroll
-        for (int t = 0; t < GT; t++)
-            if (t0 + t < T) y[(size_t)(t0 + t) * ldy + n] = bias ? acc[t] + b : acc[t];
-    }
-}
 
 /* x[t, :] = embed[tinfo[t].token, :]. grid T, block 128. */
 __global__ void embed_kernel(const int32_t *__restrict__ tinfo, const bf16 *__restrict__ e, int H,
@@ -459,10 +397,11 @@ static tqkv_status make_caches(model_cuda *g, int rows) {
 
 static void free_scratch(model_cuda *g) {
     void *d[] = {g->x, g->xn, g->qkv, g->att, g->gu, g->hh, g->tmp, g->rope, g->logits,
-                 g->tinfo, g->qb, g->ob, g->kb, g->vb};
+                 g->tinfo, g->qb, g->ob, g->kb, g->vb, g->xf, g->part};
     for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) cudaFree(d[i]);
     g->x = g->xn = g->qkv = g->att = g->gu = g->hh = g->tmp = g->rope = g->logits = NULL;
-    g->qb = g->ob = g->kb = g->vb = NULL;
+    g->qb = g->ob = g->kb = g->vb = g->part = NULL;
+    g->xf = NULL;
     g->tinfo = NULL;
     free(g->h_rope);
     free(g->h_tinfo);
@@ -501,6 +440,12 @@ static tqkv_status ensure_scratch(model_cuda *g, size_t T, size_t RN) {
         if (!st) st = dmalloc((void **)&g->tmp, t * H * 4);
         if (!st) st = dmalloc((void **)&g->rope, t * hd * 4);
         if (!st) st = dmalloc((void **)&g->tinfo, t * 3 * 4);
+        size_t kmax = H > QD ? H : QD, nmax = QD + 2 * KD;
+        kmax = kmax > I ? kmax : I;
+        const size_t nn[3] = {2 * I, H, (size_t)c->vocab_size};
+        for (int i = 0; i < 3; i++) nmax = nn[i] > nmax ? nn[i] : nmax;
+        if (!st) st = dmalloc(&g->xf, tqkv_cuda_gemm_xf_bytes(t, kmax));
+        if (!st) st = dmalloc((void **)&g->part, tqkv_cuda_gemm_part_bytes(nmax, kmax));
         if (!st) {
             g->h_rope = (float *)malloc(t * hd * 4);
             g->h_tinfo = (int32_t *)malloc(t * 3 * 4);
@@ -575,6 +520,7 @@ extern "C" tqkv_status model_cuda_init(model_cuda **out, const tqkv_model *m,
     }
     g->w = m->gpu_weights;
     if (!st) st = make_caches(g, rows);
+    if (!st && p->device_fast_gemm) st = gemm_cublas_init(&g->cublas);
     if (!st) {
         g->off = (int *)calloc((size_t)rows, sizeof(int));
         if (!g->off) st = tqkv_fail(TQKV_ENOMEM, "out of memory");
@@ -589,6 +535,8 @@ extern "C" tqkv_status model_cuda_init(model_cuda **out, const tqkv_model *m,
 
 extern "C" void model_cuda_free(model_cuda *g) {
     if (!g) return;
+    gemm_cublas_free(g->cublas);
+    cudaFree(g->aws);
     free_caches(g);
     free_scratch(g);
     free(g->off);
@@ -620,6 +568,146 @@ extern "C" tqkv_status model_cuda_offsets(const model_cuda *g, int *offset) {
     return TQKV_OK;
 }
 
+/* The shared decode attention workspace, large enough for rows of max_tokens tokens. */
+static tqkv_status ensure_aws(model_cuda *g, int max_tokens) {
+    const size_t need = tqkv_cuda_attend_ws_bytes(g->rows, g->m->cfg.n_heads, max_tokens);
+    if (need <= g->aws_bytes) return TQKV_OK;
+    cudaFree(g->aws);
+    g->aws = NULL;
+    g->aws_bytes = 0;
+    tqkv_status st = dmalloc(&g->aws, need);
+    if (!st) g->aws_bytes = need;
+    return st;
+}
+
+extern "C" tqkv_status model_cuda_reserve(model_cuda *g, int tokens) {
+    tqkv_status st = ensure_aws(g, tokens);
+    for (int l = 0; l < g->m->cfg.n_layers && !st; l++) st = tqkv_cuda_kv_reserve(g->kv[l], tokens);
+    return st;
+}
+
+/* Synthetic fill: chunks of FILL_CHUNK tokens of N(0, 1) K and V per row, through each
+ * layer's own append (GPU encode), from temporary buffers freed before returning. */
+#define FILL_CHUNK 16
+extern "C" tqkv_status model_cuda_fill(model_cuda *g, int n, uint64_t seed) {
+    const tqkv_model_config *c = &g->m->cfg;
+    const size_t per = (size_t)g->rows * c->n_kv_heads * FILL_CHUNK * CUDA_DIM; /* [rows, NKV, chunk, 128] */
+    float *k = NULL, *v = NULL;
+    tqkv_status st = dmalloc((void **)&k, per * 4);
+    if (!st) st = dmalloc((void **)&v, per * 4);
+    int done = 0; /* tokens appended to every layer */
+    while (!st && done < n) {
+        const int m = n - done < FILL_CHUNK ? n - done : FILL_CHUNK;
+        const size_t cnt = (size_t)g->rows * c->n_kv_heads * m * CUDA_DIM;
+        for (int l = 0; l < c->n_layers && !st; l++) {
+            const uint64_t sd = seed ^ ((uint64_t)l << 40) ^ ((uint64_t)done << 8);
+            st = tqkv_cuda_fill_normal(k, cnt, sd * 2 + 1, 1.0f);
+            if (!st) st = tqkv_cuda_fill_normal(v, cnt, sd * 2 + 2, 1.0f);
+            if (!st) st = tqkv_cuda_kv_append(g->kv[l], k, v, m);
+            if (st) /* leave every layer at `done` tokens */
+                for (int j = 0; j < l; j++) tqkv_cuda_kv_trim(g->kv[j], m);
+        }
+        if (!st) done += m;
+    }
+    cudaFree(k);
+    cudaFree(v);
+    return st;
+}
+
+// ---------------------------------------------------------------------------
+// row operations (state_rows.c's device branch): new caches are built for every layer
+// first, then installed, so a failure leaves the twin as it was
+// ---------------------------------------------------------------------------
+
+static void free_cache_array(cuda_kv **kv, int L) {
+    if (!kv) return;
+    for (int l = 0; l < L; l++) tqkv_cuda_kv_free(kv[l]);
+    free(kv);
+}
+
+/* Install new per-layer caches of `rows` rows. */
+static tqkv_status install_caches(model_cuda *g, cuda_kv **kv, int rows) {
+    int *off = (int *)calloc((size_t)(rows ? rows : 1), sizeof(int));
+    if (!off) {
+        free_cache_array(kv, g->m->cfg.n_layers);
+        return tqkv_fail(TQKV_ENOMEM, "out of memory");
+    }
+    free_caches(g);
+    g->kv = kv;
+    free(g->off);
+    g->off = off;
+    if (rows != g->rows) {
+        free_scratch(g); /* row-shaped buffers */
+        g->rows = rows;
+    }
+    return TQKV_OK;
+}
+
+extern "C" tqkv_status model_cuda_merge(model_cuda *g, model_cuda *const *src, int n) {
+    const int L = g->m->cfg.n_layers;
+    int rows = g->rows;
+    for (int i = 0; i < n; i++) rows += src[i]->rows;
+    cuda_kv **nk = (cuda_kv **)calloc((size_t)L, sizeof *nk);
+    cuda_kv **items = (cuda_kv **)calloc((size_t)n + 1, sizeof *items);
+    tqkv_status st = nk && items ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "out of memory");
+    for (int l = 0; l < L && !st; l++) {
+        items[0] = g->kv[l];
+        for (int i = 0; i < n; i++) items[i + 1] = src[i]->kv[l];
+        st = tqkv_cuda_kv_merge(&nk[l], items, n + 1);
+    }
+    free(items);
+    if (st) {
+        free_cache_array(nk, L);
+        return st;
+    }
+    return install_caches(g, nk, rows);
+}
+
+extern "C" tqkv_status model_cuda_filter(model_cuda *g, const int *keep, int n) {
+    const int L = g->m->cfg.n_layers;
+    cuda_kv **nk = (cuda_kv **)calloc((size_t)L, sizeof *nk);
+    tqkv_status st = nk ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "out of memory");
+    for (int l = 0; l < L && !st; l++) st = tqkv_cuda_kv_select(g->kv[l], keep, n, &nk[l]);
+    if (st) {
+        free_cache_array(nk, L);
+        return st;
+    }
+    return install_caches(g, nk, n);
+}
+
+extern "C" tqkv_status model_cuda_extract(const model_cuda *g, int row, model_cuda *dst) {
+    const int L = g->m->cfg.n_layers;
+    cuda_kv **nk = (cuda_kv **)calloc((size_t)L, sizeof *nk);
+    tqkv_status st = nk ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "out of memory");
+    for (int l = 0; l < L && !st; l++) st = tqkv_cuda_kv_extract(g->kv[l], row, &nk[l]);
+    if (st) {
+        free_cache_array(nk, L);
+        return st;
+    }
+    return install_caches(dst, nk, 1);
+}
+
+extern "C" tqkv_status model_cuda_check(const model_cuda *g) {
+    const int *o0 = tqkv_cuda_kv_offsets(g->kv[0]);
+    for (int l = 1; l < g->m->cfg.n_layers; l++) {
+        const int *o = tqkv_cuda_kv_offsets(g->kv[l]);
+        for (int r = 0; r < g->rows; r++)
+            if (o[r] != o0[r])
+                return tqkv_fail(TQKV_ESTATE, "state: device layer %d row %d holds %d tokens, "
+                                 "layer 0 %d", l, r, o[r], o0[r]);
+    }
+    return TQKV_OK;
+}
+
+extern "C" size_t model_cuda_projected_bytes(const model_cuda *g, int tokens) {
+    size_t b = 0;
+    for (int l = 0; l < g->m->cfg.n_layers; l++) {
+        size_t ring = 0;
+        b += tqkv_cuda_kv_token_bytes(g->kv[l], &ring) * (size_t)tokens + ring;
+    }
+    return b;
+}
+
 extern "C" size_t model_cuda_kv_bytes(const model_cuda *g) {
     size_t b = 0;
     if (g && g->kv)
@@ -627,11 +715,11 @@ extern "C" size_t model_cuda_kv_bytes(const model_cuda *g) {
     return b;
 }
 
-static tqkv_status gemm(const float *x, size_t ldx, int T, const bf16 *w, int N, int K,
-                        const float *bias, float *y, size_t ldy) {
-    dim3 grid((unsigned)((N + GWARPS - 1) / GWARPS), (unsigned)((T + GT - 1) / GT));
-    gemm_kernel<<<grid, 32 * GWARPS>>>(x, ldx, T, K, w, N, bias, y, ldy);
-    return ck(cudaGetLastError(), "gemm kernel");
+static tqkv_status gemm(model_cuda *g, const float *x, size_t ldx, int T, const bf16 *w, int N,
+                        int K, const float *bias, float *y, size_t ldy) {
+    if (g->cublas) /* xf holds >= T K 4 bytes: room for the bf16 activations */
+        return gemm_cublas_run(g->cublas, x, ldx, T, (const uint16_t *)w, N, K, bias, y, ldy, g->xf);
+    return tqkv_cuda_gemm(x, ldx, T, (const uint16_t *)w, N, K, bias, y, ldy, g->xf, g->part);
 }
 
 extern "C" tqkv_status model_cuda_forward(model_cuda *g, const int32_t *tokens, const int *lengths,
@@ -661,6 +749,11 @@ extern "C" tqkv_status model_cuda_forward(model_cuda *g, const int32_t *tokens, 
     }
     const size_t T = (size_t)R * n;
     tqkv_status st = ensure_scratch(g, T, T);
+    if (!st && n == 1) {
+        int longest = 0;
+        for (int r = 0; r < R; r++) longest = g->off[r] + 1 > longest ? g->off[r] + 1 : longest;
+        st = ensure_aws(g, longest);
+    }
     if (!st && mode != TQKV_LOGITS_NONE) st = ensure_logits(g, mode == TQKV_LOGITS_ALL ? T : (size_t)R);
     if (st) return st;
 
@@ -686,7 +779,7 @@ extern "C" tqkv_status model_cuda_forward(model_cuda *g, const int32_t *tokens, 
         cuda_kv *kv = g->kv[l];
         // ---- attention block
         if (l == 0) rmsnorm_kernel<<<(unsigned)T, 128>>>(g->x, NULL, L->attn_norm, eps, H, g->xn);
-        st = gemm(g->xn, H, (int)T, L->wqkv, QS, H, L->bqkv, g->qkv, QS);
+        st = gemm(g, g->xn, H, (int)T, L->wqkv, QS, H, L->bqkv, g->qkv, QS);
         if (st) break;
         const size_t warps = T * (size_t)(NH + 2 * NKV);
         qkv_post_kernel<<<(unsigned)((warps + 3) / 4), 128>>>(g->qkv, (int)T, NH, NKV, n, g->tinfo,
@@ -696,7 +789,7 @@ extern "C" tqkv_status model_cuda_forward(model_cuda *g, const int32_t *tokens, 
         if (st) break;
         done = l + 1;
         if (n == 1) {
-            st = tqkv_cuda_kv_attend(kv, g->qb, NH, scale, g->ob);
+            st = tqkv_cuda_kv_attend_ws(kv, g->qb, NH, scale, g->ob, g->aws, g->aws_bytes);
         } else {
             for (int r = 0; r < R; r++)
                 for (int j = 0; j < n; j++) {
@@ -708,14 +801,14 @@ extern "C" tqkv_status model_cuda_forward(model_cuda *g, const int32_t *tokens, 
         }
         if (st) break;
         gather_kernel<<<(unsigned)T, 128>>>(g->ob, g->tinfo, NH, n, g->att);
-        st = gemm(g->att, QD, (int)T, L->wo, H, QD, L->bo, g->tmp, H);
+        st = gemm(g, g->att, QD, (int)T, L->wo, H, QD, L->bo, g->tmp, H);
         if (st) break;
         rmsnorm_kernel<<<(unsigned)T, 128>>>(g->x, g->tmp, L->ffn_norm, eps, H, g->xn);
         // ---- MLP block
-        st = gemm(g->xn, H, (int)T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I);
+        st = gemm(g, g->xn, H, (int)T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I);
         if (st) break;
         swiglu_kernel<<<dim3((unsigned)T, (unsigned)((I + 255) / 256)), 256>>>(g->gu, I, g->hh);
-        st = gemm(g->hh, I, (int)T, L->wd, H, I, NULL, g->tmp, H);
+        st = gemm(g, g->hh, I, (int)T, L->wd, H, I, NULL, g->tmp, H);
         if (st) break;
         /* residual x += tmp, then the next layer's attention norm (or the final norm) */
         const float *nw = l + 1 < c->n_layers ? g->w->layers[l + 1].attn_norm : g->w->final_norm;
@@ -730,11 +823,11 @@ extern "C" tqkv_status model_cuda_forward(model_cuda *g, const int32_t *tokens, 
     if (st || mode == TQKV_LOGITS_NONE) return st ? st : ck(cudaDeviceSynchronize(), "forward");
     /* xn holds every token's final-normed state (the last layer's fused norm) */
     if (mode == TQKV_LOGITS_LAST) { /* row r's last token is t = r n + n - 1 */
-        st = gemm(g->xn + (size_t)(n - 1) * H, (size_t)n * H, R, g->w->lm_head, V, H, NULL, g->logits, V);
+        st = gemm(g, g->xn + (size_t)(n - 1) * H, (size_t)n * H, R, g->w->lm_head, V, H, NULL, g->logits, V);
         if (!st) st = ck(cudaMemcpy(logits, g->logits, (size_t)R * V * 4, cudaMemcpyDeviceToHost), "logits");
         return st;
     }
-    st = gemm(g->xn, H, (int)T, g->w->lm_head, V, H, NULL, g->logits, V);
+    st = gemm(g, g->xn, H, (int)T, g->w->lm_head, V, H, NULL, g->logits, V);
     if (!st) st = ck(cudaMemcpy(logits, g->logits, T * V * 4, cudaMemcpyDeviceToHost), "logits");
     return st;
 }

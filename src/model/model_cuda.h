@@ -39,6 +39,21 @@ void        model_cuda_free(model_cuda *g);
 tqkv_status model_cuda_reset(model_cuda *g, int rows);
 /* Tokens held per row: offset [rows]. */
 tqkv_status model_cuda_offsets(const model_cuda *g, int *offset);
+/* Room for `tokens` tokens per row in every layer's cache, allocated exactly. */
+tqkv_status model_cuda_reserve(model_cuda *g, int tokens);
+/* Benchmark aid: append n tokens of N(0, 1) K/V to every row of every layer (GPU encode),
+ * without running the model. */
+tqkv_status model_cuda_fill(model_cuda *g, int n, uint64_t seed);
+/* Row operations (each builds every layer's new cache, then installs; a failure leaves g
+ * unchanged): append the rows of src[0..n) after g's; keep rows keep[0..n); make dst (a
+ * fresh 1-row twin of the same model and parameters) hold a copy of row `row`. */
+tqkv_status model_cuda_merge(model_cuda *g, model_cuda *const *src, int n);
+tqkv_status model_cuda_filter(model_cuda *g, const int *keep, int n);
+tqkv_status model_cuda_extract(const model_cuda *g, int row, model_cuda *dst);
+/* Every layer holds the same tokens per row (else TQKV_ESTATE). */
+tqkv_status model_cuda_check(const model_cuda *g);
+/* Device bytes one row of `tokens` tokens takes over all layers (planes, scales, q8 ring). */
+size_t      model_cuda_projected_bytes(const model_cuda *g, int tokens);
 /* Device bytes held by the caches. */
 size_t      model_cuda_kv_bytes(const model_cuda *g);
 /* The forward of forward.c (same arguments and logits layout), on the device. */

@@ -26,6 +26,9 @@
 #include "cache/batch.h" /* spec_base for validation (read only) */
 #include "model/gemma4.h"
 #include "model/model_impl.h"
+#ifdef TQKV_HAVE_CUDA
+#include "model/model_cuda.h"
+#endif
 #include "model/recurrent.h"
 #include "util/common.h"
 
@@ -141,7 +144,17 @@ static tqkv_status install_layers(tqkv_model_state *s, tqkv_batch **layers, mode
 static int same_cache_params(const tqkv_model_state *a, const tqkv_model_state *b) {
     return a->p.k_format == b->p.k_format && a->p.v_format == b->p.v_format &&
            a->p.window == b->p.window && a->p.window_slack == b->p.window_slack &&
-           a->p.kv_seed == b->p.kv_seed;
+           a->p.kv_seed == b->p.kv_seed && a->p.device == b->p.device;
+}
+
+/* Device states (params.device = 1): the caches live in the device twin (s->gpu); the host
+ * layers stay empty batches with the same rows, reshaped alongside. Row operations build
+ * the device caches first (the step that can run out of memory), then the host layers.
+ * Spec rounds and export / import are not on the device yet. */
+static tqkv_status device_unsupported(const tqkv_model_state *s, const char *what) {
+    return s && s->gpu ? tqkv_fail(TQKV_EUNSUPPORTED, "%s: not supported for a device state "
+                                   "(--device cuda)", what)
+                       : TQKV_OK;
 }
 
 static int spec_active_of(const tqkv_model_state *s) {
@@ -156,6 +169,9 @@ static int spec_active_of(const tqkv_model_state *s) {
 
 tqkv_status tqkv_model_state_check(const tqkv_model_state *s) {
     if (!s) return tqkv_fail(TQKV_EINVAL, "state check: NULL state");
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu) return model_cuda_check(s->gpu);
+#endif
     const tqkv_model *m = s->m;
     const int L = m->cfg.n_layers, R = s->rows, pl = position_layer(s);
     if (!s->layers) return tqkv_fail(TQKV_ESTATE, "state: no layers");
@@ -251,6 +267,9 @@ tqkv_status tqkv_model_state_check(const tqkv_model_state *s) {
  * (tqkv_model_state_row_fixed_bytes), included here so admission needs one call. */
 size_t tqkv_model_state_projected_bytes(const tqkv_model_state *s, int tokens) {
     if (!s || tokens <= 0) return 0;
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu) return model_cuda_projected_bytes(s->gpu, tokens);
+#endif
     size_t b = 0;
     const int keep = sliding_keep(s);
     for (int l = 0; l < s->m->cfg.n_layers; l++) {
@@ -269,6 +288,14 @@ size_t tqkv_model_state_projected_bytes(const tqkv_model_state *s, int tokens) {
  * The engine's prefix cache never trims: it stores states taken at the prefix length. */
 int tqkv_model_state_min_reusable_offset(const tqkv_model_state *s, int row) {
     if (!s || row < 0 || row >= s->rows) return 0;
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu) { /* conservative: only the whole row */
+        int *o = malloc(sizeof(int) * (size_t)s->rows), pos = 1 << 30;
+        if (o && model_cuda_offsets(s->gpu, o) == TQKV_OK) pos = o[row];
+        free(o);
+        return pos;
+    }
+#endif
     int pl = position_layer(s);
     int pos = 0;
     if (pl >= 0) {
@@ -338,6 +365,19 @@ tqkv_status tqkv_model_state_merge(tqkv_model_state *s, tqkv_model_state *const 
             free_batches(nl, L);
             return rc;
         }
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu) {
+        struct model_cuda **g = calloc((size_t)n_src, sizeof *g);
+        if (!g) rc = tqkv_fail(TQKV_ENOMEM, "state merge: out of memory");
+        for (int i = 0; g && i < n_src; i++) g[i] = src[i]->gpu;
+        if (rc == TQKV_OK) rc = model_cuda_merge(s->gpu, g, n_src);
+        free(g);
+        if (rc != TQKV_OK) {
+            free_batches(nl, L);
+            return rc;
+        }
+    }
+#endif
     model_recurrent *nr = NULL;
     if (s->rec) {
         model_recurrent **items = calloc((size_t)n_src + 1, sizeof *items);
@@ -383,6 +423,13 @@ tqkv_status tqkv_model_state_filter(tqkv_model_state *s, const int *keep, int n_
     tqkv_batch **nl = NULL;
     model_recurrent *nr = NULL;
     if ((rc = rows_select_all(s, keep, n_keep, &nl, &nr)) != TQKV_OK) return rc;
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu && (rc = model_cuda_filter(s->gpu, keep, n_keep)) != TQKV_OK) {
+        free_batches(nl, s->m->cfg.n_layers);
+        rec_free(nr);
+        return rc;
+    }
+#endif
     return install_layers(s, nl, nr, n_keep);
 }
 
@@ -400,8 +447,19 @@ tqkv_status tqkv_model_state_extract_row(const tqkv_model_state *s, int row,
     if ((rc = tqkv_model_state_init(&n, s->m, &p)) != TQKV_OK) return rc;
     tqkv_batch **nl = NULL;
     model_recurrent *nr = NULL;
-    if ((rc = rows_select_all(s, &row, 1, &nl, &nr)) != TQKV_OK ||
-        (rc = install_layers(n, nl, nr, 1)) != TQKV_OK) {
+    if ((rc = rows_select_all(s, &row, 1, &nl, &nr)) != TQKV_OK) {
+        tqkv_model_state_free(n);
+        return rc;
+    }
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu && (rc = model_cuda_extract(s->gpu, row, n->gpu)) != TQKV_OK) {
+        free_batches(nl, s->m->cfg.n_layers);
+        rec_free(nr);
+        tqkv_model_state_free(n);
+        return rc;
+    }
+#endif
+    if ((rc = install_layers(n, nl, nr, 1)) != TQKV_OK) {
         tqkv_model_state_free(n);
         return rc;
     }
@@ -414,6 +472,7 @@ tqkv_status tqkv_model_state_extract_row(const tqkv_model_state *s, int row,
 // ---------------------------------------------------------------------------
 
 tqkv_status tqkv_model_state_spec_begin(tqkv_model_state *s) {
+    if (s && s->gpu) return device_unsupported(s, "spec_begin");
     tqkv_status rc = tqkv_model_state_check(s);
     if (rc != TQKV_OK) return rc;
     if (spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "spec_begin: a spec round is already active");
@@ -424,6 +483,7 @@ tqkv_status tqkv_model_state_spec_begin(tqkv_model_state *s) {
 }
 
 tqkv_status tqkv_model_state_spec_commit(tqkv_model_state *s) {
+    if (s && s->gpu) return device_unsupported(s, "spec_commit");
     tqkv_status rc = tqkv_model_state_check(s);
     if (rc != TQKV_OK) return rc;
     if (!spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "spec_commit: no spec round is active");
@@ -437,6 +497,7 @@ tqkv_status tqkv_model_state_spec_commit(tqkv_model_state *s) {
  * rows before any change. Sliding layers are never trimmed at the front during a round, so
  * their rollback is exact as every other layer's. */
 tqkv_status tqkv_model_state_spec_rollback(tqkv_model_state *s, const int *keep, int n_keep) {
+    if (s && s->gpu) return device_unsupported(s, "spec_rollback");
     tqkv_status rc = tqkv_model_state_check(s);
     if (rc != TQKV_OK) return rc;
     if (!keep) return tqkv_fail(TQKV_EINVAL, "spec_rollback: keep is NULL");
@@ -501,6 +562,7 @@ static uint64_t get_u64(const uint8_t *p) {
 
 tqkv_status tqkv_model_state_export(const tqkv_model_state *s, uint8_t **out, size_t *len) {
     if (!s || !out || !len) return tqkv_fail(TQKV_EINVAL, "state export: NULL argument");
+    if (s->gpu) return device_unsupported(s, "state export");
     tqkv_status rc = tqkv_model_state_check(s);
     if (rc != TQKV_OK) return rc;
     if (spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "state export: a spec round is active");
@@ -555,6 +617,9 @@ tqkv_status tqkv_model_state_import(tqkv_model_state **out, const tqkv_model *m,
                                     size_t len) {
     if (!out || !m || !buf) return tqkv_fail(TQKV_EINVAL, "state import: NULL argument");
     tqkv_model_state_params p = p_in ? *p_in : tqkv_model_state_params_default();
+    if (p.device != 0)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "state import: not supported for a device state "
+                         "(--device cuda)");
     int v1 = len >= 16 && !memcmp(buf, STATE_MAGIC_V1, 8); /* no recurrent section */
     if (len < 16 || (!v1 && memcmp(buf, STATE_MAGIC, 8)))
         return tqkv_fail(TQKV_ECORRUPT, "state import: not a tqkv model state (bad magic)");
