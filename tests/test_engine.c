@@ -203,6 +203,28 @@ static void test_stop_limits_queue_cancel(void **state) {
     free(ids);
 }
 
+/* Engine parameters: an unknown device is refused; device 1 (CUDA) with a draft model or a
+ * prompt cache directory is refused with a message before anything loads; device 1 where
+ * no GPU is usable fails cleanly (this test runs without one in CI). */
+static void test_device_params(void **state) {
+    (void)state;
+    tqkv_engine_params p = tqkv_engine_params_default();
+    p.model_dir = g_dir;
+    tqkv_engine *e = NULL;
+    p.device = 2;
+    assert_int_equal(tqkv_engine_init(&e, &p), TQKV_EINVAL);
+    assert_null(e);
+    p.device = 1;
+    p.draft_dir = g_dir;
+    assert_int_equal(tqkv_engine_init(&e, &p), TQKV_EUNSUPPORTED);
+    assert_non_null(strstr(tqkv_last_error(), "draft"));
+    p.draft_dir = NULL;
+    p.prompt_cache_dir = "/tmp";
+    assert_int_equal(tqkv_engine_init(&e, &p), TQKV_EUNSUPPORTED);
+    assert_non_null(strstr(tqkv_last_error(), "prompt cache"));
+    assert_null(e);
+}
+
 static void test_budget_waits(void **state) {
     (void)state;
     /* a budget that fits one request at a time: the second waits, both finish, and the
@@ -353,6 +375,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_concurrent_equals_alone),
         cmocka_unit_test(test_stop_limits_queue_cancel),
+        cmocka_unit_test(test_device_params),
         cmocka_unit_test(test_budget_waits),
         cmocka_unit_test(test_prefix_cache),
     };

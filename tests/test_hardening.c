@@ -329,6 +329,10 @@ static void test_cli_refuses_bad_values(void **state) {
         {"ppl --text /dev/null --window 8 --kv q8", "no tq plane"},
         {"bench", "tqkv bench: missing subcommand"},
         {"bench nope", "unknown subcommand 'nope'"},
+        {"bench model --fill nope", "--fill takes prefill or synthetic"},
+        {"bench model --max-rows", "--max-rows measures device memory"},
+        {"bench gemm --shapes 12x7", "tqkv bench gemm:"},
+        {"serve --device tpu", "tpu"},
     };
     char out[8192];
     // control: a valid command succeeds (so a broken binary cannot pass the refusals)

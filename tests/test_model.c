@@ -609,6 +609,32 @@ static const tiny_spec TINY_SPECS[] = {
     {"Qwen2ForCausalLM", 1, 0, 0, 1, 64, 64, 64, 2, 2, 32, "{\"type\": \"linear\", \"factor\": 2.0}", 10000.0},
 };
 
+
+/* Device-only parameters on a CPU state: refused or documented no-ops, state unchanged. */
+static void test_device_params_on_cpu(void **state) {
+    (void)state;
+    if (!g_model) skip();
+    tqkv_model_state_params p = tqkv_model_state_params_default();
+    p.device_fast_gemm = 1; /* needs device 1 */
+    tqkv_model_state *s = NULL;
+    assert_int_equal(tqkv_model_state_init(&s, g_model, &p), TQKV_EINVAL);
+    assert_null(s);
+    assert_non_null(strstr(tqkv_last_error(), "device_fast_gemm"));
+    s = new_state(g_model, 2, "tq4", 0, 1);
+    OK(tqkv_model_state_reserve(s, 4096)); /* CPU: accepted, caches grow on demand */
+    assert_int_equal(tqkv_model_state_reserve(s, 0), TQKV_EINVAL);
+    assert_int_equal(tqkv_model_state_fill_synthetic(s, 16, 1), TQKV_EUNSUPPORTED);
+    int off[2] = {-1, -1};
+    OK(tqkv_model_state_offsets(s, off));
+    assert_int_equal(off[0], 0);
+    assert_int_equal(off[1], 0);
+    int32_t t[2] = {5, 6};
+    float *lg = malloc(sizeof(float) * 2 * (size_t)tqkv_model_get_config(g_model)->vocab_size);
+    OK(tqkv_model_decode(g_model, s, t, lg)); /* still usable */
+    free(lg);
+    tqkv_model_state_free(s);
+}
+
 static void test_tiny_architectures(void **state) {
     (void)state;
     for (size_t a = 0; a < sizeof TINY_SPECS / sizeof TINY_SPECS[0]; a++) {
@@ -820,6 +846,7 @@ int main(void) {
         cmocka_unit_test(test_parity_batch),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_extend_consistency),
+        cmocka_unit_test(test_device_params_on_cpu),
         cmocka_unit_test(test_tiny_architectures),
         cmocka_unit_test(test_malformed),
     };

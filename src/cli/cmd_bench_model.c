@@ -224,12 +224,19 @@ int cmd_bench_model(int argc, char **argv) {
     /* the table is the progress display: on stderr when stdout carries JSON */
     FILE *tab = json ? stderr : stdout;
     fprintf(tab, "%-8s %-10s %12s %12s %14s\n", "ctx", "kv", "pp t/s", "tg t/s", "kv B/token");
+    /* every state's parameters; per configuration rows and the KV formats change */
+    tqkv_model_state_params base = tqkv_model_state_params_default();
+    base.window = window;
+    base.threads = threads;
+    base.prefill_kernel = pk;
+    base.decode_kernel = dk;
+    base.blas = blas;
+    base.device = dev;
+    base.device_fast_gemm = fast_gemm;
     /* warm-up: map the weights in */
     {
-        tqkv_model_state_params sp = tqkv_model_state_params_default();
-        sp.threads = threads;
-        sp.device = dev;
-        sp.device_fast_gemm = fast_gemm;
+        tqkv_model_state_params sp = base;
+        sp.window = 0;
         tqkv_model_state *s = NULL;
         if (tqkv_model_state_init(&s, m, &sp) == TQKV_OK)
             tqkv_model_prefill(m, s, tok, NULL, max_ctx < 64 ? max_ctx : 64, TQKV_LOGITS_LAST, logits);
@@ -244,17 +251,10 @@ int cmd_bench_model(int argc, char **argv) {
         if (reps > 1) fprintf(stderr, "tqkv bench model: round %d/%d\n", r + 1, reps);
         for (int c = 0; c < n_ctx && !rc; c++)
             for (int k = 0; k < n_kv && !rc; k++) {
-                tqkv_model_state_params sp = tqkv_model_state_params_default();
+                tqkv_model_state_params sp = base;
                 sp.rows = rows;
                 sp.k_format = kf[k];
                 sp.v_format = vf[k];
-                sp.window = window;
-                sp.threads = threads;
-                sp.prefill_kernel = pk;
-                sp.decode_kernel = dk;
-                sp.blas = blas;
-                sp.device = dev;
-                sp.device_fast_gemm = fast_gemm;
                 double pp = 0, tg = 0;
                 int i = c * 32 + k;
                 if (oom[i]) continue;
@@ -278,13 +278,9 @@ int cmd_bench_model(int argc, char **argv) {
     }
     for (int c = 0; c < n_ctx && !rc && find_max; c++)
         for (int k = 0; k < n_kv; k++) {
-            tqkv_model_state_params sp = tqkv_model_state_params_default();
+            tqkv_model_state_params sp = base;
             sp.k_format = kf[k];
             sp.v_format = vf[k];
-            sp.window = window;
-            sp.threads = threads;
-            sp.device = dev;
-            sp.device_fast_gemm = fast_gemm;
             float *lg = NULL;
             maxr[c * 32 + k] = max_rows(m, &sp, ctxs[c] + gen + 1, &lg); /* as measure, synth */
             free(lg);

@@ -367,6 +367,32 @@ static void free_caches(model_cuda *g) {
     g->kv = NULL;
 }
 
+static void free_scratch(model_cuda *g);
+
+static void free_cache_array(cuda_kv **kv, int L) {
+    if (!kv) return;
+    for (int l = 0; l < L; l++) tqkv_cuda_kv_free(kv[l]);
+    free(kv);
+}
+
+/* Install new per-layer caches of `rows` rows (g's old ones, if any, are freed). */
+static tqkv_status install_caches(model_cuda *g, cuda_kv **kv, int rows) {
+    int *off = (int *)calloc((size_t)(rows ? rows : 1), sizeof(int));
+    if (!off) {
+        free_cache_array(kv, g->m->cfg.n_layers);
+        return tqkv_fail(TQKV_ENOMEM, "out of memory");
+    }
+    free_caches(g);
+    g->kv = kv;
+    free(g->off);
+    g->off = off;
+    if (rows != g->rows) {
+        free_scratch(g); /* row-shaped buffers */
+        g->rows = rows;
+    }
+    return TQKV_OK;
+}
+
 static tqkv_status make_caches(model_cuda *g, int rows) {
     const tqkv_model_config *c = &g->m->cfg;
     const tqkv_model_state_params *p = &g->p;
@@ -386,13 +412,10 @@ static tqkv_status make_caches(model_cuda *g, int rows) {
         st = tqkv_cuda_kv_init(&kv[l], &cc, bf, rows, 256);
     }
     if (st) {
-        for (int l = 0; l < c->n_layers; l++) tqkv_cuda_kv_free(kv[l]);
-        free(kv);
+        free_cache_array(kv, c->n_layers);
         return st;
     }
-    free_caches(g);
-    g->kv = kv;
-    return TQKV_OK;
+    return install_caches(g, kv, rows);
 }
 
 static void free_scratch(model_cuda *g) {
@@ -521,10 +544,6 @@ extern "C" tqkv_status model_cuda_init(model_cuda **out, const tqkv_model *m,
     g->w = m->gpu_weights;
     if (!st) st = make_caches(g, rows);
     if (!st && p->device_fast_gemm) st = gemm_cublas_init(&g->cublas);
-    if (!st) {
-        g->off = (int *)calloc((size_t)rows, sizeof(int));
-        if (!g->off) st = tqkv_fail(TQKV_ENOMEM, "out of memory");
-    }
     if (st) {
         model_cuda_free(g);
         return st;
@@ -545,21 +564,7 @@ extern "C" void model_cuda_free(model_cuda *g) {
 
 extern "C" tqkv_status model_cuda_reset(model_cuda *g, int rows) {
     if (!g || rows < 0) return tqkv_fail(TQKV_EINVAL, "model_cuda_reset: bad argument");
-    if (rows == 0) rows = g->rows;
-    int *off = (int *)calloc((size_t)rows, sizeof(int));
-    if (!off) return tqkv_fail(TQKV_ENOMEM, "out of memory");
-    tqkv_status st = make_caches(g, rows);
-    if (st) {
-        free(off);
-        return st;
-    }
-    free(g->off);
-    g->off = off;
-    if (rows != g->rows) {
-        free_scratch(g); /* row-shaped buffers */
-        g->rows = rows;
-    }
-    return TQKV_OK;
+    return make_caches(g, rows == 0 ? g->rows : rows);
 }
 
 extern "C" tqkv_status model_cuda_offsets(const model_cuda *g, int *offset) {
@@ -618,30 +623,6 @@ extern "C" tqkv_status model_cuda_fill(model_cuda *g, int n, uint64_t seed) {
 // row operations (state_rows.c's device branch): new caches are built for every layer
 // first, then installed, so a failure leaves the twin as it was
 // ---------------------------------------------------------------------------
-
-static void free_cache_array(cuda_kv **kv, int L) {
-    if (!kv) return;
-    for (int l = 0; l < L; l++) tqkv_cuda_kv_free(kv[l]);
-    free(kv);
-}
-
-/* Install new per-layer caches of `rows` rows. */
-static tqkv_status install_caches(model_cuda *g, cuda_kv **kv, int rows) {
-    int *off = (int *)calloc((size_t)(rows ? rows : 1), sizeof(int));
-    if (!off) {
-        free_cache_array(kv, g->m->cfg.n_layers);
-        return tqkv_fail(TQKV_ENOMEM, "out of memory");
-    }
-    free_caches(g);
-    g->kv = kv;
-    free(g->off);
-    g->off = off;
-    if (rows != g->rows) {
-        free_scratch(g); /* row-shaped buffers */
-        g->rows = rows;
-    }
-    return TQKV_OK;
-}
 
 extern "C" tqkv_status model_cuda_merge(model_cuda *g, model_cuda *const *src, int n) {
     const int L = g->m->cfg.n_layers;

@@ -149,33 +149,22 @@ gemm_tc_kernel(const uint4 *__restrict__ xf, int T, int K, const uint16_t *__res
                                        ntiles - tile0, (size_t)nblk * 64);
             }
         }
-        /* the segment's sum: warp kw = 0's, + kw = 1's, ... in warp order */
+        /* the segment's sum: warp kw = 0's, + kw = 1's, ... in warp order; then the running
+         * total over segments, left to right */
+        constexpr int NR = MT * NT * 4;
+        float *af = &acc[0][0][0], *tf = &tot[0][0][0];
         if (kw > 0)
 #pragma unroll
-            for (int m = 0; m < MT; m++)
-#pragma unroll
-                for (int j = 0; j < NT; j++)
-#pragma unroll
-                    for (int q = 0; q < 4; q++) red[kw - 1][cg][(m * NT + j) * 4 + q][lane] = acc[m][j][q];
+            for (int r = 0; r < NR; r++) red[kw - 1][cg][r][lane] = af[r];
         __syncthreads();
-        if (kw == 0) {
+        if (kw == 0)
 #pragma unroll
-            for (int i = 0; i < GEMM_CUDA_KW - 1; i++)
+            for (int r = 0; r < NR; r++) {
+                float v = af[r];
 #pragma unroll
-                for (int m = 0; m < MT; m++)
-#pragma unroll
-                    for (int j = 0; j < NT; j++)
-#pragma unroll
-                        for (int q = 0; q < 4; q++)
-                            acc[m][j][q] = acc[m][j][q] + red[i][cg][(m * NT + j) * 4 + q][lane];
-#pragma unroll
-            for (int m = 0; m < MT; m++)
-#pragma unroll
-                for (int j = 0; j < NT; j++)
-#pragma unroll
-                    for (int q = 0; q < 4; q++)
-                        tot[m][j][q] = s == s_lo ? acc[m][j][q] : tot[m][j][q] + acc[m][j][q];
-        }
+                for (int i = 0; i < GEMM_CUDA_KW - 1; i++) v = v + red[i][cg][r][lane];
+                tf[r] = s == s_lo ? v : tf[r] + v;
+            }
         __syncthreads();
     }
     if (kw != 0) return;
