@@ -4,7 +4,8 @@
  *     through cJSON_Print / cJSON_Parse exactly (NULs as \u0000);
  *   - json_add_num() rounds and writes null for non-finite values;
  *   - `tqkv tokenize --json` and `tqkv run --json` print one line that parses, whose
- *     fields agree with each other and with the library (ids == tqkv_tokenizer_encode).
+ *     fields agree with each other and with the library (ids == tqkv_tokenizer_encode);
+ *   - `tqkv bench capacity --json` likewise, and prints nothing when a format fails.
  * Owns: temporary files under /tmp. Must not: depend on ../shared.
  */
 #include <math.h>
@@ -199,12 +200,44 @@ static void test_cli_run_json(void **state) {
     cJSON_Delete(o);
 }
 
+
+/* `tqkv bench capacity --json`: one document that parses, whose figures agree with each
+ * other; a bad format in the list fails with nothing on stdout (never a truncated
+ * document). */
+static void test_cli_capacity_json(void **state) {
+    (void)state;
+    char model[1024], args[2048], out[1 << 16];
+    source_path("models/qwen3-code-28m", model, sizeof model);
+    snprintf(args, sizeof args, "bench capacity --model '%s' --kv f16,tq4,tq3 --tokens 1000 "
+             "--kv-budget 64M --json 2>/dev/null", model);
+    assert_int_equal(run_cli(args, out, sizeof out), 0);
+    cJSON *o = cJSON_Parse(out);
+    if (!o) fail_msg("not JSON: %s", out);
+    assert_true(cJSON_GetObjectItem(o, "budget_bytes")->valuedouble == 64.0 * 1048576);
+    const cJSON *f = cJSON_GetObjectItem(o, "formats");
+    assert_int_equal(cJSON_GetArraySize(f), 3);
+    double prev = 0;
+    for (int i = 0; i < 3; i++) {
+        const cJSON *x = cJSON_GetArrayItem(f, i);
+        const double per = cJSON_GetObjectItem(x, "projected_bytes")->valuedouble;
+        const double n = cJSON_GetObjectItem(x, "conversations")->valuedouble;
+        assert_true(per > 0 && n == floor(64.0 * 1048576 / per));
+        assert_true(n > prev); /* f16 < tq4 < tq3 */
+        prev = n;
+    }
+    cJSON_Delete(o);
+    snprintf(args, sizeof args, "bench capacity --model '%s' --kv f16,bogus --json 2>/dev/null", model);
+    assert_int_not_equal(run_cli(args, out, sizeof out), 0);
+    assert_int_equal(strlen(out), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json_bytes_roundtrip),
         cmocka_unit_test(test_json_numbers),
         cmocka_unit_test(test_cli_tokenize_json),
         cmocka_unit_test(test_cli_run_json),
+        cmocka_unit_test(test_cli_capacity_json),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

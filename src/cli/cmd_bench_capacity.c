@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "json_out.h"
 #include "model_cli.h"
 #include "tqkv_model.h"
 
@@ -43,9 +44,12 @@ int cmd_bench_capacity(int argc, char **argv) {
     if (!dir || mcli_load(CMD, dir, 0, 0, 1, &m)) return 1;
     char *list = strdup(kvs);
     if (!list) return 1;
-    if (json) printf("{\"budget_bytes\":%zu,\"tokens\":%d,\"formats\":[", budget, tokens);
-    else printf("%-8s %14s %14s %14s\n", "kv", "bytes/token", "bytes/conv", "conversations");
-    int first = 1, rc = 0;
+    cJSON *root = cJSON_CreateObject(), *arr = cJSON_CreateArray();
+    cJSON_AddNumberToObject(root, "budget_bytes", (double)budget);
+    cJSON_AddNumberToObject(root, "tokens", tokens);
+    cJSON_AddItemToObject(root, "formats", arr);
+    if (!json) printf("%-8s %14s %14s %14s\n", "kv", "bytes/token", "bytes/conv", "conversations");
+    int rc = 0;
     for (char *save = NULL, *spec = strtok_r(list, ",", &save); spec; spec = strtok_r(NULL, ",", &save)) {
         tqkv_model_state_params sp = tqkv_model_state_params_default();
         sp.window = window;
@@ -59,15 +63,18 @@ int cmd_bench_capacity(int argc, char **argv) {
         size_t per = tqkv_model_state_projected_bytes(s, tokens);
         double bpt = tqkv_model_state_kv_bytes_per_token(s);
         size_t n = per ? budget / per : 0;
-        if (json)
-            printf("%s{\"kv\":\"%s\",\"kv_bytes_per_token\":%.3f,\"projected_bytes\":%zu,"
-                   "\"conversations\":%zu}", first ? "" : ",", spec, bpt, per, n);
-        else
-            printf("%-8s %14.1f %14zu %14zu\n", spec, bpt, per, n);
-        first = 0;
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddItemToArray(arr, o);
+        cJSON_AddStringToObject(o, "kv", spec);
+        json_add_num(o, "kv_bytes_per_token", bpt, 3);
+        cJSON_AddNumberToObject(o, "projected_bytes", (double)per);
+        cJSON_AddNumberToObject(o, "conversations", (double)n);
+        if (!json) printf("%-8s %14.1f %14zu %14zu\n", spec, bpt, per, n);
         tqkv_model_state_free(s);
     }
-    if (json) printf("]}\n");
+    /* JSON only when every format was measured: never a truncated document */
+    if (json && !rc) rc = json_print(stdout, root, 0, CMD) ? 1 : 0; /* frees root */
+    else cJSON_Delete(root);
     free(list);
     tqkv_model_free(m);
     return rc;

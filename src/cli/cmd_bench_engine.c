@@ -11,6 +11,7 @@
  */
 #include <math.h>
 #include <signal.h>
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "json_out.h"
 #include "model_cli.h"
 #include "tqkv_engine.h"
 
@@ -295,10 +297,16 @@ int cmd_bench_engine(int argc, char **argv) {
     load_start(load, pids);
     int sched_ok = 1;
     uint64_t *ref = calloc((size_t)Nmax, sizeof *ref);
-    if (json) printf("{\"command\":\"bench engine\",\"kv\":\"%s\",\"device\":\"%s\",\"threads\":%d,"
-                     "\"load\":%d,\"prompt_tokens\":%d,\"max_tokens\":%d,\"points\":[", kv,
-                     ep.device ? "cuda" : "cpu", threads, load, prompt_tokens, max_tokens);
-    else printf("%-6s %-5s %9s %9s %9s %9s %9s %8s %8s\n", "mode", "conc", "tok/s", "ttft50",
+    cJSON *root = cJSON_CreateObject(), *pts = cJSON_CreateArray();
+    cJSON_AddStringToObject(root, "command", "bench engine");
+    cJSON_AddStringToObject(root, "kv", kv);
+    cJSON_AddStringToObject(root, "device", ep.device ? "cuda" : "cpu");
+    cJSON_AddNumberToObject(root, "threads", threads);
+    cJSON_AddNumberToObject(root, "load", load);
+    cJSON_AddNumberToObject(root, "prompt_tokens", prompt_tokens);
+    cJSON_AddNumberToObject(root, "max_tokens", max_tokens);
+    cJSON_AddItemToObject(root, "points", pts);
+    if (!json) printf("%-6s %-5s %9s %9s %9s %9s %9s %8s %8s\n", "mode", "conc", "tok/s", "ttft50",
                 "ttft99", "itl50ms", "itl99ms", "accept", "same");
     /* reference hashes at concurrency 1 */
     if (!no_check) {
@@ -307,7 +315,6 @@ int cmd_bench_engine(int argc, char **argv) {
         fprintf(stderr, "tqkv %s: reference run at concurrency 1 (%d requests)\n", CMD, Nmax);
         if (run_point(e, prompts, prompt_tokens, Nmax, 1, max_tokens, &p)) sched_ok = 0;
     }
-    int first = 1;
     for (int i = 0; i < n_conc && sched_ok; i++) {
         int N = requests ? requests : (2 * conc[i] < 4 ? 4 : 2 * conc[i]);
         double ratios[32];
@@ -329,15 +336,24 @@ int cmd_bench_engine(int argc, char **argv) {
                 for (int k = 0; k < N; k++) same &= p.hashes[k] == ref[k];
             double acc = p.drafted ? (double)p.accepted / (double)p.drafted : 0;
             if (json) {
-                printf("%s{\"mode\":\"%s\",\"rep\":%d,\"concurrency\":%d,\"requests\":%d,\"generated\":%llu,"
-                       "\"wall_s\":%.3f,\"tok_s\":%.2f,\"ttft_p50_s\":%.4f,\"ttft_p99_s\":%.4f,"
-                       "\"itl_p50_s\":%.5f,\"itl_p99_s\":%.5f,\"spec_drafted\":%llu,"
-                       "\"spec_accepted\":%llu,\"acceptance\":%.4f,\"same_as_alone\":%s}",
-                       first ? "" : ",", d ? "draft" : "plain", ed ? rd / 2 : rd, conc[i], N,
-                       (unsigned long long)p.gen, p.wall, p.tok_s, p.ttft50, p.ttft99, p.itl50,
-                       p.itl99, (unsigned long long)p.drafted, (unsigned long long)p.accepted,
-                       acc, no_check ? "null" : same ? "true" : "false");
-                first = 0;
+                cJSON *o = cJSON_CreateObject();
+                cJSON_AddItemToArray(pts, o);
+                cJSON_AddStringToObject(o, "mode", d ? "draft" : "plain");
+                cJSON_AddNumberToObject(o, "rep", ed ? rd / 2 : rd);
+                cJSON_AddNumberToObject(o, "concurrency", conc[i]);
+                cJSON_AddNumberToObject(o, "requests", N);
+                cJSON_AddNumberToObject(o, "generated", (double)p.gen);
+                json_add_num(o, "wall_s", p.wall, 3);
+                json_add_num(o, "tok_s", p.tok_s, 2);
+                json_add_num(o, "ttft_p50_s", p.ttft50, 4);
+                json_add_num(o, "ttft_p99_s", p.ttft99, 4);
+                json_add_num(o, "itl_p50_s", p.itl50, 5);
+                json_add_num(o, "itl_p99_s", p.itl99, 5);
+                cJSON_AddNumberToObject(o, "spec_drafted", (double)p.drafted);
+                cJSON_AddNumberToObject(o, "spec_accepted", (double)p.accepted);
+                json_add_num(o, "acceptance", acc, 4);
+                if (no_check) cJSON_AddNullToObject(o, "same_as_alone");
+                else cJSON_AddBoolToObject(o, "same_as_alone", same);
             } else {
                 printf("%-6s %-5d %9.1f %9.3f %9.3f %9.2f %9.2f %8.3f %8s\n", d ? "draft" : "plain",
                        conc[i], p.tok_s, p.ttft50, p.ttft99, 1e3 * p.itl50, 1e3 * p.itl99, acc,
@@ -350,15 +366,18 @@ int cmd_bench_engine(int argc, char **argv) {
         }
         if (n_ratio > 0) {
             double med = pct(ratios, (size_t)n_ratio, 0.5);
-            if (json)
-                printf(",{\"mode\":\"speedup\",\"concurrency\":%d,\"pairs\":%d,"
-                       "\"draft_over_plain_median\":%.3f}", conc[i], n_ratio, med);
-            else
+            if (json) {
+                cJSON *o = cJSON_CreateObject();
+                cJSON_AddItemToArray(pts, o);
+                cJSON_AddStringToObject(o, "mode", "speedup");
+                cJSON_AddNumberToObject(o, "concurrency", conc[i]);
+                cJSON_AddNumberToObject(o, "pairs", n_ratio);
+                json_add_num(o, "draft_over_plain_median", med, 3);
+            } else
                 printf("speedup at concurrency %d: draft / plain tokens/s, median of %d "
                        "side-by-side pairs: %.2fx\n", conc[i], n_ratio, med);
         }
     }
-    if (json) printf("]");
     /* prefix cache: one miss then hits on requests sharing `prefix` tokens */
     if (prefix > 0 && sched_ok) {
         tqkv_engine_params pp = ep;
@@ -392,11 +411,16 @@ int cmd_bench_engine(int argc, char **argv) {
             double hit = 0;
             for (int k = 1; k < NP; k++) hit += ttft[k];
             hit /= NP - 1;
-            if (json)
-                printf(",\"prefix\":{\"prefix_tokens\":%d,\"prompt_tokens\":%d,\"miss_ttft_s\":%.4f,"
-                       "\"hit_ttft_s\":%.4f,\"tokens_reused\":%d,\"saved\":%.3f}", prefix, plen,
-                       ttft[0], hit, cached[NP - 1] - cached[NP - 2], 1.0 - hit / ttft[0]);
-            else
+            if (json) {
+                cJSON *o = cJSON_CreateObject();
+                cJSON_AddItemToObject(root, "prefix", o);
+                cJSON_AddNumberToObject(o, "prefix_tokens", prefix);
+                cJSON_AddNumberToObject(o, "prompt_tokens", plen);
+                json_add_num(o, "miss_ttft_s", ttft[0], 4);
+                json_add_num(o, "hit_ttft_s", hit, 4);
+                cJSON_AddNumberToObject(o, "tokens_reused", cached[NP - 1] - cached[NP - 2]);
+                json_add_num(o, "saved", 1.0 - hit / ttft[0], 3);
+            } else
                 printf("prefix cache: prompt %d tokens (shared %d): miss TTFT %.3f s, hit TTFT "
                        "%.3f s (mean of %d), %d tokens reused per hit, %.0f%% of the TTFT saved\n", plen,
                        prefix, ttft[0], hit, NP - 1, cached[NP - 1] - cached[NP - 2],
@@ -405,12 +429,14 @@ int cmd_bench_engine(int argc, char **argv) {
             tqkv_engine_free(ep2);
         }
     }
-    if (json) printf("}\n");
+    /* the document is printed whole, also after a failed point (the exit status says so) */
+    int jrc = json ? json_print(stdout, root, 0, CMD) : 0; /* frees root */
+    if (!json) cJSON_Delete(root);
     load_stop(load, pids);
     free(ref);
     free(prompts);
     free(ids);
     tqkv_engine_free(e);
     tqkv_engine_free(ed);
-    return sched_ok ? 0 : 1;
+    return sched_ok && !jrc ? 0 : 1;
 }
