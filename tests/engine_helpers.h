@@ -1,7 +1,8 @@
 /*
  * engine_helpers.h - helpers for the engine tests (test_engine.c, test_engine_spec.c):
- * collecting a request's events, random jobs, submitting a job, stepping the engine until
- * idle, comparing two requests' outputs bit for bit.
+ * collecting a request's events, random jobs, opening an engine, submitting a job,
+ * stepping the engine until idle (or while jobs join), comparing two requests' outputs bit
+ * for bit. Used by test_engine.c, test_engine_spec.c and test_cuda_model.c.
  * Must not: hide assertions about the behaviour under test (they stay in the tests).
  */
 #ifndef TQKV_ENGINE_HELPERS_H
@@ -97,6 +98,41 @@ static inline void run_until_idle(tqkv_engine *e) {
     while (busy) {
         OK(tqkv_engine_step(e, &busy));
         assert_true(++guard < 100000);
+    }
+}
+
+/* An engine on model `dir` with the tests' settings (2 threads, KV kv/kv, prefill chunk
+ * `chunk`); the other arguments as in tqkv_engine_params (0 / NULL: default). */
+static inline tqkv_engine *engine_open(const char *dir, tqkv_format kv, int chunk,
+                                       size_t prefix_bytes, const char *cache_dir, int queue_max,
+                                       const char *draft, int K, int device) {
+    tqkv_engine_params p = tqkv_engine_params_default();
+    p.model_dir = dir;
+    p.draft_dir = draft;
+    if (K) p.draft_tokens = K;
+    p.k_format = p.v_format = kv;
+    p.threads = 2;
+    p.prefill_chunk = chunk;
+    p.prefix_cache_bytes = prefix_bytes;
+    p.prompt_cache_dir = cache_dir;
+    if (queue_max) p.queue_max = queue_max;
+    p.device = device;
+    tqkv_engine *e = NULL;
+    OK(tqkv_engine_init(&e, &p));
+    return e;
+}
+
+/* Submit jobs j[0..n) one every `every` engine steps, so rows join a running batch; step
+ * until idle. */
+static inline void run_staggered(tqkv_engine *e, const job *j, int n, result *res, int every) {
+    int next = 0, busy = 1, steps = 0;
+    while (busy || next < n) {
+        if (next < n && steps % every == 0) {
+            submit(e, &j[next], &res[next]);
+            next++;
+        }
+        OK(tqkv_engine_step(e, &busy));
+        steps++;
     }
 }
 

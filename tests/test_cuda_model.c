@@ -338,16 +338,7 @@ static void test_rows_device(void **st) {
 static char g_dir[1024];
 
 static tqkv_engine *dev_engine(size_t prefix_bytes) {
-    tqkv_engine_params p = tqkv_engine_params_default();
-    p.model_dir = g_dir;
-    p.k_format = p.v_format = TQKV_TQ4;
-    p.threads = 2;
-    p.prefill_chunk = 32;
-    p.prefix_cache_bytes = prefix_bytes;
-    p.device = 1;
-    tqkv_engine *e = NULL;
-    OK(tqkv_engine_init(&e, &p));
-    return e;
+    return engine_open(g_dir, TQKV_TQ4, 32, prefix_bytes, NULL, 0, NULL, 0, 1);
 }
 
 static void test_engine_device(void **st) {
@@ -366,15 +357,7 @@ static void test_engine_device(void **st) {
         assert_int_equal(alone[i].done, 1);
         assert_int_equal(alone[i].n_tok, j[i].max_tokens);
     }
-    int next = 0, busy = 1, steps = 0;
-    while (busy || next < NJ) {
-        if (next < NJ && steps % 2 == 0) {
-            submit(e, &j[next], &together[next]);
-            next++;
-        }
-        OK(tqkv_engine_step(e, &busy));
-        steps++;
-    }
+    run_staggered(e, j, NJ, together, 2);
     for (int i = 0; i < NJ; i++) assert_same_tokens(&together[i], &alone[i]);
     tqkv_engine_stats sts;
     OK(tqkv_engine_stats_get(e, &sts));

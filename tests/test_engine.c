@@ -23,17 +23,7 @@ static char g_dir[1024];
 
 static tqkv_engine *engine_new(tqkv_format kv, int chunk, size_t prefix_bytes, const char *dir,
                                int queue_max) {
-    tqkv_engine_params p = tqkv_engine_params_default();
-    p.model_dir = g_dir;
-    p.k_format = p.v_format = kv;
-    p.threads = 2;
-    p.prefill_chunk = chunk;
-    p.prefix_cache_bytes = prefix_bytes;
-    p.prompt_cache_dir = dir;
-    if (queue_max) p.queue_max = queue_max;
-    tqkv_engine *e = NULL;
-    OK(tqkv_engine_init(&e, &p));
-    return e;
+    return engine_open(g_dir, kv, chunk, prefix_bytes, dir, queue_max, NULL, 0, 0);
 }
 
 // ---------------------------------------------------------------------------
@@ -65,15 +55,7 @@ static void test_concurrent_equals_alone(void **state) {
             }
     }
     /* together: submitted at different steps so rows join a running batch */
-    int next = 0, busy = 1, steps = 0;
-    while (busy || next < NJ) {
-        if (next < NJ && (steps % 2 == 0)) {
-            submit(e, &j[next], &together[next]);
-            next++;
-        }
-        OK(tqkv_engine_step(e, &busy));
-        steps++;
-    }
+    run_staggered(e, j, NJ, together, 2);
     for (int i = 0; i < NJ; i++) assert_same_tokens(&together[i], &alone[i]);
     tqkv_engine_stats st;
     OK(tqkv_engine_stats_get(e, &st));

@@ -20,19 +20,7 @@ static char g_dir[1024], g_draft[1024];
 
 static tqkv_engine *engine_new(tqkv_format kv, int chunk, size_t prefix_bytes, const char *dir,
                                int queue_max, const char *draft, int K) {
-    tqkv_engine_params p = tqkv_engine_params_default();
-    p.model_dir = g_dir;
-    p.draft_dir = draft;
-    p.draft_tokens = K;
-    p.k_format = p.v_format = kv;
-    p.threads = 2;
-    p.prefill_chunk = chunk;
-    p.prefix_cache_bytes = prefix_bytes;
-    p.prompt_cache_dir = dir;
-    if (queue_max) p.queue_max = queue_max;
-    tqkv_engine *e = NULL;
-    OK(tqkv_engine_init(&e, &p));
-    return e;
+    return engine_open(g_dir, kv, chunk, prefix_bytes, dir, queue_max, draft, K, 0);
 }
 
 // ---------------------------------------------------------------------------
@@ -41,17 +29,7 @@ static tqkv_engine *engine_new(tqkv_format kv, int chunk, size_t prefix_bytes, c
 
 enum { NJ = 6 };
 
-static void run_batch(tqkv_engine *e, job *j, result *res) {
-    int next = 0, busy = 1, steps = 0;
-    while (busy || next < NJ) {
-        if (next < NJ && steps % 3 == 0) {
-            submit(e, &j[next], &res[next]);
-            next++;
-        }
-        OK(tqkv_engine_step(e, &busy));
-        steps++;
-    }
-}
+static void run_batch(tqkv_engine *e, job *j, result *res) { run_staggered(e, j, NJ, res, 3); }
 
 static void test_draft_equals_plain(void **state) {
     (void)state;

@@ -102,6 +102,8 @@ tqkv_status tqkv_model_state_init(tqkv_model_state **out, const tqkv_model *m,
     if ((unsigned)p.prefill_kernel >= TQKV_KERNEL_COUNT ||
         (unsigned)p.decode_kernel >= TQKV_KERNEL_COUNT)
         return tqkv_fail(TQKV_EINVAL, "model state: invalid attention kernel");
+    if (p.device_fast_gemm && p.device != 1)
+        return tqkv_fail(TQKV_EINVAL, "model state: device_fast_gemm needs device 1 (CUDA)");
     tqkv_model_state *s = tqkv_calloc(1, sizeof *s);
     if (!s) return TQKV_ENOMEM;
     s->m = m;
@@ -112,8 +114,6 @@ tqkv_status tqkv_model_state_init(tqkv_model_state **out, const tqkv_model *m,
 #ifdef TQKV_HAVE_CUDA
     if (rc == TQKV_OK && p.device == 1) rc = model_cuda_init(&s->gpu, m, &p, p.rows);
 #endif
-    if (rc == TQKV_OK && p.device_fast_gemm && p.device != 1)
-        rc = tqkv_fail(TQKV_EINVAL, "model state: device_fast_gemm needs device 1 (CUDA)");
     if (rc == TQKV_OK && p.device != 0 && !s->gpu)
         rc = tqkv_fail(TQKV_EUNSUPPORTED, "model state: device %d is not built in", p.device);
     if (rc == TQKV_OK && m->cfg.n_linear > 0) rc = model_qwen35_state_init(s);

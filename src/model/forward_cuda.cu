@@ -1,7 +1,8 @@
 /*
  * forward_cuda.cu - the model forward pass on the GPU (see model_cuda.h).
  * Owns: bf16 weight upload, device scratch, the per-token kernels (embedding, RMSNorm,
- * q/k norm + RoPE + scatter, gather, SwiGLU, residual), and the graph: embed -> per layer [RMSNorm, qkv GEMM, q/k norm, RoPE, device cache append
+ * q/k norm + RoPE + scatter, gather, SwiGLU, residual), the device twin's row operations,
+ * and the graph: embed -> per layer [RMSNorm, qkv GEMM, q/k norm, RoPE, device cache append
  * (GPU encode), attention (decode: split-KV fused kernel; n > 1: masked multi-query
  * kernel), o GEMM, residual + RMSNorm, gate|up GEMM, SwiGLU, down GEMM, residual]
  * -> RMSNorm -> lm_head -> logits copied to the host.
@@ -27,7 +28,6 @@ extern "C" {
 #include "model/gemm_cublas.h"
 #include "model/gemm_cuda.h"
 #include "model/model_cuda.h"
-
 
 typedef __nv_bfloat16 bf16;
 
@@ -76,8 +76,8 @@ struct model_cuda {
     size_t  cap_logits;
     int32_t *tinfo;      /* [T, 3] token id, row, column */
     void   *aws;         /* decode attention workspace shared by the layers */
-    gemm_cublas *cublas; /* device_fast_gemm: the non-invariant cuBLAS path, else NULL */
     size_t  aws_bytes;
+    gemm_cublas *cublas; /* device_fast_gemm: the non-invariant cuBLAS path, else NULL */
     float  *qb, *ob;     /* [rows, NH, n, hd] */
     float  *kb, *vb;     /* [rows, NKV, n, hd] */
     /* host scratch */

@@ -151,10 +151,9 @@ static int same_cache_params(const tqkv_model_state *a, const tqkv_model_state *
  * layers stay empty batches with the same rows, reshaped alongside. Row operations build
  * the device caches first (the step that can run out of memory), then the host layers.
  * Spec rounds and export / import are not on the device yet. */
-static tqkv_status device_unsupported(const tqkv_model_state *s, const char *what) {
-    return s && s->gpu ? tqkv_fail(TQKV_EUNSUPPORTED, "%s: not supported for a device state "
-                                   "(--device cuda)", what)
-                       : TQKV_OK;
+static tqkv_status device_unsupported(const char *what) {
+    return tqkv_fail(TQKV_EUNSUPPORTED, "%s: not supported for a device state (--device cuda)",
+                     what);
 }
 
 static int spec_active_of(const tqkv_model_state *s) {
@@ -472,7 +471,7 @@ tqkv_status tqkv_model_state_extract_row(const tqkv_model_state *s, int row,
 // ---------------------------------------------------------------------------
 
 tqkv_status tqkv_model_state_spec_begin(tqkv_model_state *s) {
-    if (s && s->gpu) return device_unsupported(s, "spec_begin");
+    if (s && s->gpu) return device_unsupported("spec_begin");
     tqkv_status rc = tqkv_model_state_check(s);
     if (rc != TQKV_OK) return rc;
     if (spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "spec_begin: a spec round is already active");
@@ -483,7 +482,7 @@ tqkv_status tqkv_model_state_spec_begin(tqkv_model_state *s) {
 }
 
 tqkv_status tqkv_model_state_spec_commit(tqkv_model_state *s) {
-    if (s && s->gpu) return device_unsupported(s, "spec_commit");
+    if (s && s->gpu) return device_unsupported("spec_commit");
     tqkv_status rc = tqkv_model_state_check(s);
     if (rc != TQKV_OK) return rc;
     if (!spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "spec_commit: no spec round is active");
@@ -497,7 +496,7 @@ tqkv_status tqkv_model_state_spec_commit(tqkv_model_state *s) {
  * rows before any change. Sliding layers are never trimmed at the front during a round, so
  * their rollback is exact as every other layer's. */
 tqkv_status tqkv_model_state_spec_rollback(tqkv_model_state *s, const int *keep, int n_keep) {
-    if (s && s->gpu) return device_unsupported(s, "spec_rollback");
+    if (s && s->gpu) return device_unsupported("spec_rollback");
     tqkv_status rc = tqkv_model_state_check(s);
     if (rc != TQKV_OK) return rc;
     if (!keep) return tqkv_fail(TQKV_EINVAL, "spec_rollback: keep is NULL");
@@ -562,7 +561,7 @@ static uint64_t get_u64(const uint8_t *p) {
 
 tqkv_status tqkv_model_state_export(const tqkv_model_state *s, uint8_t **out, size_t *len) {
     if (!s || !out || !len) return tqkv_fail(TQKV_EINVAL, "state export: NULL argument");
-    if (s->gpu) return device_unsupported(s, "state export");
+    if (s->gpu) return device_unsupported("state export");
     tqkv_status rc = tqkv_model_state_check(s);
     if (rc != TQKV_OK) return rc;
     if (spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "state export: a spec round is active");
