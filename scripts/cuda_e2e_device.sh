@@ -19,15 +19,7 @@
 # STEPS (default "tests gemm e2e") picks the parts.
 set -u -o pipefail
 M=${1:?model dir}; STEPS=${2:-tests gemm e2e}
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-W=/tmp/tqkv_e2e_run; rm -rf "$W"; mkdir -p "$W"
-export PATH=$PATH:/usr/local/cuda/bin LD_LIBRARY_PATH=$PWD/lib:/usr/local/cuda/lib64  # cuda/lib64: cuBLAS, dlopened by --fast-gemm
-LOG=$W/e2e.log
-{ date -u; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw --format=csv; } >"$LOG" 2>&1
-ldd ./tqkv | grep -i "not found" >>"$LOG" && echo "MISSING LIBRARIES" >>"$LOG"
-step() { local s=$1 name=$2; shift 2; local t0=$SECONDS; timeout "$s" "$@"; local rc=$?
-         echo "$name rc=$rc ${SECONDS}s (+$((SECONDS - t0))s)" >>"$LOG"
-         tar czf "$OUT/results.tgz" -C "$W" . ; cp "$LOG" "$OUT/e2e.log"; }
+NAME=e2e; . "$(dirname "$0")/cuda_run_common.sh"
 has() { case " $STEPS " in *" $1 "*) return 0;; esac; return 1; }
 if has tests; then
   step 120 test_cuda ./test_cuda >"$W/test_cuda.log" 2>&1

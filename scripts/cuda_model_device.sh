@@ -9,15 +9,7 @@
 # Runs in a scripts/cuda_pack.sh folder:   cd PACK && ./cuda_model_device.sh MODEL_DIR TEXT_FILE
 set -u -o pipefail
 M=${1:?model dir}; TXT=${2:?text file}
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-W=/tmp/tqkv_model_run; rm -rf "$W"; mkdir -p "$W"
-export PATH=$PATH:/usr/local/cuda/bin LD_LIBRARY_PATH=$PWD/lib:/usr/local/cuda/lib64  # cuda/lib64: cuBLAS, dlopened by --fast-gemm
-LOG=$W/model.log
-{ date -u; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw --format=csv; } >"$LOG" 2>&1
-ldd ./tqkv | grep -i "not found" >>"$LOG" && echo "MISSING LIBRARIES" >>"$LOG"
-step() { local s=$1 name=$2; shift 2; local t0=$SECONDS; timeout "$s" "$@"; local rc=$?
-         echo "$name rc=$rc ${SECONDS}s (+$((SECONDS - t0))s)" >>"$LOG"
-         tar czf "$OUT/results.tgz" -C "$W" . ; cp "$LOG" "$OUT/model.log"; }
+NAME=model; . "$(dirname "$0")/cuda_run_common.sh"
 TQKV_TEST_MODEL=$M step 120 test_cuda_model ./test_cuda_model >"$W/test_cuda_model.log" 2>&1
 for kv in f32 tq4 tq3; do
   step 60 "ppl_cuda_$kv" ./tqkv ppl --device cuda --model "$M" --text "$TXT" --ctx 2048 --max-windows 4 \
