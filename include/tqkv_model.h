@@ -184,6 +184,12 @@ typedef struct {
                                    (decode kernel, own causal end): logits bitwise equal to
                                    n single-token decodes when window == 0 (speculative
                                    verification); default 0 */
+    int         device_graphs;  /* device only: 1 (the default) = a decode step (one token
+                                   per row) is captured into a CUDA graph and replayed while
+                                   its shape holds (docs/CUDA.md); 0 = kernel by kernel. The
+                                   logits are bitwise the same either way. The environment
+                                   variable TQKV_CUDA_GRAPHS=0 turns graphs off for every
+                                   state. */
 } tqkv_model_state_params;
 
 /* prefill_kernel / decode_kernel value meaning "the graph's kernel set" (the default):
@@ -191,7 +197,8 @@ typedef struct {
  * value overrides the table (tests, benchmarks). */
 #define TQKV_KERNEL_BY_GRAPH ((tqkv_kernel)TQKV_KERNEL_COUNT)
 
-/* rows 1, f32/f32, window 0 (slack 32), seed 0, threads 1, kernels by graph. */
+/* rows 1, f32/f32, window 0 (slack 32), seed 0, threads 1, kernels by graph, device
+ * graphs on. */
 TQKV_API tqkv_model_state_params tqkv_model_state_params_default(void);
 
 /* The graph's kernel set (the documented table in src/model/kernel_set.c): its name

@@ -13,7 +13,9 @@
 # STEPS also takes "fast" (the same 8B decode matrix with --fast-gemm: cuBLAS, not batch
 # invariant), "sanitizer" (compute-sanitizer memcheck of test_cuda and
 # test_cuda_model) and "serve" (`tqkv bench engine --device cuda` against the CPU on the
-# bundled model, and a `tqkv serve --device cuda` smoke test over HTTP with curl).
+# bundled model, and a `tqkv serve --device cuda` smoke test over HTTP with curl) and
+# "graphs" (decode as replayed CUDA graphs vs kernel by kernel, `bench model --graphs 0,1`,
+# on the bundled model at rows 1 / 8 / 32 and on the 8B shape at rows 1 / 32).
 # Logs go to a work folder packed into $OUT/results.tgz after every step.
 # Runs in a scripts/cuda_pack.sh folder:   cd PACK && ./cuda_e2e_device.sh MODEL_DIR [STEPS]
 # STEPS (default "tests gemm e2e") picks the parts.
@@ -89,6 +91,17 @@ if has fast; then # the same decode matrix with the opt-in cuBLAS GEMM (not batc
     --rows 119 --gen 16 --reps 1 --fill synthetic --json >"$W/fast_tq4_119.json" 2>"$W/fast_tq4_119.err"
   step 120 fast_prefill ./tqkv bench model --device cuda --fast-gemm --model $B --ctx 512 --kv f32,tq4 \
     --rows 8 --gen 16 --reps 1 --json >"$W/fast_prefill.json" 2>"$W/fast_prefill.err"
+fi
+if has graphs; then
+  for rows in 1 8 32; do
+    step 150 "graphs_rows$rows" ./tqkv bench model --device cuda --model "$M" --ctx 512,4096 --kv f32,tq4 \
+      --rows $rows --gen 128 --reps 3 --graphs 0,1 --json >"$W/graphs_rows$rows.json" 2>"$W/graphs_rows$rows.err"
+  done
+  B=/tmp/llama8b
+  [ -f $B/config.json ] && for rows in 1 32; do
+    step 150 "graphs_8b_rows$rows" ./tqkv bench model --device cuda --model $B --ctx 4096 --kv tq4 --rows $rows \
+      --gen 32 --reps 1 --fill synthetic --graphs 0,1 --json >"$W/graphs_8b_rows$rows.json" 2>"$W/graphs_8b_rows$rows.err"
+  done
 fi
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv >>"$LOG" 2>&1
 cp "$LOG" "$OUT/e2e.log"

@@ -145,6 +145,15 @@ static void attend_gpu(const struct tqkv_batch *b, const float *q, int qh, float
     assert_int_equal(tqkv_cuda_kv_attend(kv, dq, qh, scale, dout), TQKV_OK);
     assert_int_equal(tqkv_cuda_sync(), TQKV_OK);
     assert_int_equal(tqkv_cuda_d2h(out, dout, n * 4), TQKV_OK);
+    /* the same call on the same cache again: the work counters must have reset themselves
+     * (with more items than CTAs a stale counter would skip items) */
+    float *again = malloc(n * 4);
+    assert_non_null(again);
+    assert_int_equal(tqkv_cuda_kv_attend(kv, dq, qh, scale, dout), TQKV_OK);
+    assert_int_equal(tqkv_cuda_sync(), TQKV_OK);
+    assert_int_equal(tqkv_cuda_d2h(again, dout, n * 4), TQKV_OK);
+    if (memcmp(again, out, n * 4)) fail_msg("a second identical attention call differs from the first");
+    free(again);
     tqkv_cuda_free(dq);
     tqkv_cuda_free(dout);
     tqkv_cuda_kv_free(kv);
@@ -156,15 +165,19 @@ static void test_cuda_attend_tq(void **state) {
     rng_init(&r, test_seed() ^ 0xA77E);
     const tqkv_format fm[2] = {TQKV_TQ4, TQKV_TQ3};
     for (int fi = 0; fi < 2; fi++)
-        for (int wi = 0; wi < 2; wi++) {
-            const int R = rng_int(&r, 2, 4), H = 2, G = rng_int(&r, 0, 1) ? 4 : 8, qh = H * G;
-            const int W = wi ? rng_int(&r, 16, 200) : 0;
+        for (int wi = 0; wi < 3; wi++) {
+            /* wi 2: more (row, head, split) items than the persistent grid has CTAs (<= 3 per
+             * SM), so CTAs claim items from the counter after their first */
+            const int many = wi == 2;
+            const int R = many ? rng_int(&r, 10, 12) : rng_int(&r, 2, 4), H = many ? 8 : 2;
+            const int G = rng_int(&r, 0, 1) ? 4 : 8, qh = H * G;
+            const int W = wi == 1 ? rng_int(&r, 16, 200) : 0;
             tqkv_cache_config cfg = mkcfg(fm[fi], H, W, rng_u64(&r));
-            tqkv_cache *rows[4] = {0};
-            tqkv_cache_ref refs[4];
-            int lens[4];
+            tqkv_cache *rows[12] = {0};
+            tqkv_cache_ref refs[12];
+            int lens[12];
             for (int i = 0; i < R; i++) {
-                lens[i] = i == 0 ? rng_int(&r, 1, 40) : rng_int(&r, 200, 3000);
+                lens[i] = i == 0 ? rng_int(&r, 1, 40) : many ? rng_int(&r, 2000, 5000) : rng_int(&r, 200, 3000);
                 assert_int_equal(tqkv_cache_init(&rows[i], &cfg), TQKV_OK);
                 const size_t n = (size_t)H * lens[i] * 128;
                 float *k = malloc(n * 4), *v = malloc(n * 4);

@@ -7,7 +7,16 @@
  *  - batch invariance on the device: a row's prefill and decode logits alone (1 row) and
  *    inside a batch of 3 rows (at position 2, other rows with other tokens) are bitwise
  *    equal;
- *  - a padded prefill is refused with TQKV_EUNSUPPORTED and leaves the state usable.
+ *  - a padded prefill is refused with TQKV_EUNSUPPORTED and leaves the state usable;
+ *  - decode steps replayed as CUDA graphs give the kernel-by-kernel logits bit for bit,
+ *    across a reserve, a filter, a merge, a synthetic fill and split-count changes;
+ *  - row operations (merge / extract / filter) mid-generation, and the engine (requests
+ *    joining a running batch, a prefix-cache hit) equal each row alone, bit for bit;
+ *  - spec rounds (extend_as_decode verification, per-row rollback) equal single decodes
+ *    and rows run without the rejected tokens; misuse is refused and changes nothing;
+ *  - export / import in the host format, byte for byte both ways; the engine with a draft
+ *    model (the bundled model itself; the ../shared fixture draft when present) gives the
+ *    tokens of the engine without one; the prompt-cache directory on the device.
  * Exits 77 (skipped) when the build has no CUDA, no GPU is present or the model is absent.
  */
 #include <math.h>
@@ -15,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "testutil.h"
 #include "tqkv_model.h"
@@ -23,6 +33,8 @@
 #ifdef TQKV_HAVE_CUDA
 #include "cache/cache_cuda.h"
 #include "model/gemm_cuda.h"
+#include "model/model_cuda.h"
+#include "model/model_impl.h"
 
 static tqkv_model *g_model;
 static uint64_t    g_seed;
@@ -151,7 +163,7 @@ static float bf16_float(uint16_t h) {
 
 static void run_gemm(const float *dx, int T, int K, const uint16_t *dw, int N, const float *db,
                      float *dy, void *xf, float *part, float *hy) {
-    assert_int_equal(tqkv_cuda_gemm(dx, (size_t)K, T, dw, N, K, db, dy, (size_t)N, xf, part), TQKV_OK);
+    assert_int_equal(tqkv_cuda_gemm(dx, (size_t)K, T, dw, N, K, db, dy, (size_t)N, xf, part, NULL), TQKV_OK);
     assert_int_equal(tqkv_cuda_d2h(hy, dy, sizeof(float) * (size_t)T * N), TQKV_OK);
 }
 
@@ -311,10 +323,6 @@ static void test_rows_device(void **st) {
     assert_int_equal(tqkv_model_state_rows(s[0]), 2);
     /* refused with a clear status, state unchanged */
     assert_int_equal(tqkv_model_state_filter(s[0], (const int[]){5}, 1), TQKV_ERANGE);
-    assert_int_equal(tqkv_model_state_spec_begin(s[0]), TQKV_EUNSUPPORTED);
-    uint8_t *blob = NULL;
-    size_t bl = 0;
-    assert_int_equal(tqkv_model_state_export(s[0], &blob, &bl), TQKV_EUNSUPPORTED);
     assert_int_equal(tqkv_model_state_rows(s[0]), 2);
     for (int t = 4; t < 6; t++) {
         int32_t tk[2] = {gen[2][t], gen[0][t]};
@@ -389,15 +397,553 @@ static void test_engine_device(void **st) {
     assert_int_equal(hit.cached, 96);
     assert_same_tokens(&hit, &cold);
     tqkv_engine_free(e);
-    /* refused on the device, with a message */
-    tqkv_engine_params p = tqkv_engine_params_default();
-    p.model_dir = g_dir;
-    p.device = 1;
-    p.draft_dir = g_dir;
-    tqkv_engine *bad = NULL;
-    assert_int_equal(tqkv_engine_init(&bad, &p), TQKV_EUNSUPPORTED);
-    printf("device engine: prefix-cache hit of 96 tokens == cold run; a draft is refused\n");
+    printf("device engine: prefix-cache hit of 96 tokens == cold run\n");
 }
+
+/* ---- spec rounds on device states (extend_as_decode verification windows): a round's
+ * window logits equal single decodes, a per-row rollback leaves each row bitwise what it
+ * is when run without the rejected tokens (logits and exported bytes), misuse is refused
+ * and changes nothing. */
+/* A device state of the bundled model: K/V format f, q8 window, extend_as_decode, graphs. */
+static tqkv_model_state *device_state(tqkv_format f, int window, int as_decode, int graphs) {
+    tqkv_model_state_params p = tqkv_model_state_params_default();
+    p.k_format = p.v_format = f;
+    p.window = window;
+    p.threads = 4;
+    p.device = 1;
+    p.extend_as_decode = as_decode;
+    p.device_graphs = graphs;
+    tqkv_model_state *s = NULL;
+    if (tqkv_model_state_init(&s, g_model, &p) != TQKV_OK) fail_msg("state init: %s", tqkv_last_error());
+    return s;
+}
+static tqkv_model_state *spec_state(tqkv_format f, int window, int as_decode) {
+    return device_state(f, window, as_decode, 1);
+}
+
+static uint8_t *export_of(const tqkv_model_state *s, size_t *len) {
+    uint8_t *b = NULL;
+    OK(tqkv_model_state_export(s, &b, len));
+    return b;
+}
+
+static void assert_export_equal(const tqkv_model_state *s, const uint8_t *b, size_t len, const char *what) {
+    size_t l2 = 0;
+    uint8_t *b2 = export_of(s, &l2);
+    if (l2 != len || memcmp(b2, b, len)) fail_msg("%s: the export bytes changed", what);
+    free(b2);
+}
+
+static void spec_case(tqkv_format f, int window) {
+    enum { R = 3, K = 4, W = K + 1, ROUNDS = 5 };
+    const int V = tqkv_model_get_config(g_model)->vocab_size;
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x5bec ^ (uint64_t)f);
+    tqkv_model_state *ref[R], *src[R], *run = NULL;
+    int32_t prompt[R][64];
+    for (int i = 0; i < R; i++) {
+        const int n = rng_int(&r, 1, 60);
+        random_tokens(&r, prompt[i], (size_t)n, V);
+        ref[i] = spec_state(f, window, 0);
+        src[i] = spec_state(f, window, 1);
+        OK(tqkv_model_prefill(g_model, ref[i], prompt[i], NULL, n, TQKV_LOGITS_NONE, NULL));
+        OK(tqkv_model_prefill(g_model, src[i], prompt[i], NULL, n, TQKV_LOGITS_NONE, NULL));
+    }
+    OK(tqkv_model_state_extract_row(src[0], 0, &run)); /* rows of different lengths: padded */
+    OK(tqkv_model_state_merge(run, src + 1, R - 1));
+    float *lw = malloc(sizeof(float) * (size_t)R * W * V), *lb = malloc(sizeof(float) * (size_t)V);
+    const int can_export = f != TQKV_F32; /* the dense bf16 cache has no state format */
+    /* no round open: rollback and commit are refused, the state is unchanged */
+    size_t len0 = 0;
+    uint8_t *b0 = can_export ? export_of(run, &len0) : NULL;
+    int off0[R], off1[R];
+    OK(tqkv_model_state_offsets(run, off0));
+    const int zero = 0;
+    assert_int_equal(tqkv_model_state_spec_rollback(run, &zero, 1), TQKV_ESTATE);
+    assert_non_null(strstr(tqkv_last_error(), "no spec round"));
+    assert_int_equal(tqkv_model_state_spec_commit(run), TQKV_ESTATE);
+    assert_int_equal(tqkv_model_state_spec_active(run), 0);
+    OK(tqkv_model_state_offsets(run, off1));
+    assert_memory_equal(off0, off1, sizeof off0);
+    if (can_export) assert_export_equal(run, b0, len0, "rollback without a round");
+    free(b0);
+    int accepted_total = 0;
+    for (int round = 0; round < ROUNDS; round++) {
+        int32_t win[R * W];
+        random_tokens(&r, win, (size_t)R * W, V);
+        int keep[R], before[R], after[R];
+        for (int i = 0; i < R; i++) keep[i] = round == 0 ? (i == 0 ? 0 : i == 1 ? W : 2) : rng_int(&r, 0, W);
+        OK(tqkv_model_state_offsets(run, before));
+        OK(tqkv_model_state_spec_begin(run));
+        assert_int_equal(tqkv_model_state_spec_active(run), 1);
+        assert_int_equal(tqkv_model_state_spec_begin(run), TQKV_ESTATE);
+        /* a bad token inside the round: refused, nothing appended, the round stays open */
+        int32_t badw[R * W];
+        memcpy(badw, win, sizeof badw);
+        badw[W + 1] = V + 3;
+        assert_int_equal(tqkv_model_extend(g_model, run, badw, W, TQKV_LOGITS_ALL, lw), TQKV_ERANGE);
+        OK(tqkv_model_state_offsets(run, after));
+        for (int i = 0; i < R; i++) assert_int_equal(after[i], before[i]);
+        OK(tqkv_model_extend(g_model, run, win, W, TQKV_LOGITS_ALL, lw));
+        /* inside the round: row operations and export are refused; a keep past the
+         * appended tokens too, and the round stays open */
+        uint8_t *xb = NULL;
+        size_t xl = 0;
+        tqkv_model_state *x = NULL;
+        assert_int_equal(tqkv_model_state_export(run, &xb, &xl), TQKV_ESTATE);
+        assert_int_equal(tqkv_model_state_extract_row(run, 0, &x), TQKV_ESTATE);
+        assert_int_equal(tqkv_model_state_filter(run, (const int[]){0, 1, 2}, R), TQKV_ESTATE);
+        int bad[R] = {0, W + 1, 0};
+        assert_int_equal(tqkv_model_state_spec_rollback(run, bad, R), TQKV_ERANGE);
+        assert_int_equal(tqkv_model_state_spec_active(run), 1);
+        OK(tqkv_model_state_offsets(run, after));
+        for (int i = 0; i < R; i++) assert_int_equal(after[i], before[i] + W);
+        OK(tqkv_model_state_spec_rollback(run, keep, R));
+        assert_int_equal(tqkv_model_state_spec_active(run), 0);
+        OK(tqkv_model_state_offsets(run, after));
+        /* kept positions: the window's logits equal the reference's single decodes */
+        for (int i = 0; i < R; i++) {
+            assert_int_equal(after[i], before[i] + keep[i]);
+            accepted_total += keep[i];
+            for (int j = 0; j < keep[i]; j++) {
+                OK(tqkv_model_decode(g_model, ref[i], &win[i * W + j], lb));
+                if (memcmp(lw + ((size_t)i * W + j) * V, lb, sizeof(float) * (size_t)V))
+                    fail_msg("%s window %d: round %d row %d position %d: verification logits "
+                             "differ from the single decode", tqkv_format_name(f), window, round, i, j);
+            }
+        }
+    }
+    /* a committed round keeps everything */
+    int32_t two[R * 2];
+    random_tokens(&r, two, (size_t)R * 2, V);
+    OK(tqkv_model_state_spec_begin(run));
+    OK(tqkv_model_extend(g_model, run, two, 2, TQKV_LOGITS_NONE, NULL));
+    OK(tqkv_model_state_spec_commit(run));
+    for (int i = 0; i < R; i++) {
+        OK(tqkv_model_decode(g_model, ref[i], &two[i * 2], lb));
+        OK(tqkv_model_decode(g_model, ref[i], &two[i * 2 + 1], lb));
+    }
+    /* afterwards each row decodes, and exports, exactly as the row that never saw the
+     * rejected tokens */
+    int32_t t[R] = {5, 6, 7};
+    OK(tqkv_model_decode(g_model, run, t, lw));
+    for (int i = 0; i < R; i++) {
+        OK(tqkv_model_decode(g_model, ref[i], &t[i], lb));
+        if (memcmp(lw + (size_t)i * V, lb, sizeof(float) * (size_t)V))
+            fail_msg("%s window %d: row %d after the rounds differs from the row run without the "
+                     "rejected tokens", tqkv_format_name(f), window, i);
+        if (!can_export) continue;
+        tqkv_model_state *x = NULL;
+        OK(tqkv_model_state_extract_row(run, i, &x));
+        size_t lr = 0;
+        uint8_t *br = export_of(ref[i], &lr);
+        assert_export_equal(x, br, lr, "row after rollbacks vs the row without rejected tokens");
+        free(br);
+        tqkv_model_state_free(x);
+    }
+    assert_true(memcmp(lw, lw + V, sizeof(float) * (size_t)V) != 0); /* rows do differ */
+    printf("%s window %d: %d spec rounds on the device, %d tokens kept: verification == single "
+           "decodes, rolled-back rows == rows without the rejected tokens (logits%s)\n",
+           tqkv_format_name(f), window, ROUNDS + 1, accepted_total, can_export ? ", export bytes" : "");
+    tqkv_model_state_free(run);
+    for (int i = 0; i < R; i++) {
+        tqkv_model_state_free(ref[i]);
+        tqkv_model_state_free(src[i]);
+    }
+    free(lw);
+    free(lb);
+}
+
+static void test_spec_device(void **st) {
+    (void)st;
+    spec_case(TQKV_TQ4, 0);
+    spec_case(TQKV_F32, 0);     /* the dense bf16 cache: rounds work, export is refused */
+    spec_case(TQKV_TQ3, 16);    /* q8 window: exact while the window <= window_slack */
+}
+
+/* ---- export / import of device states: the host format ("TQKVMS02"), byte for byte.
+ * The GPU forward equals the CPU's only within rounding (test_parity_*), so the exact
+ * checks share content: a CPU state's export imported into a device state exports the
+ * same bytes, a device state's export imported into a CPU state too; the device export of
+ * the same tokens run on the GPU has the same layout and mostly the same bytes. */
+static tqkv_model_state_params export_params(int device, tqkv_format f, int rows) {
+    tqkv_model_state_params p = tqkv_model_state_params_default();
+    p.rows = rows;
+    p.k_format = p.v_format = f;
+    p.threads = 4;
+    p.device = device;
+    return p;
+}
+
+/* Fraction of equal bytes of layer l's section (and of the whole) of two exports of the
+ * same layout (the caller has checked equal lengths). */
+static double section_equal(const uint8_t *a, const uint8_t *b, size_t len, int layer) {
+    size_t at = 16;
+    for (int l = 0; l < layer; l++) {
+        uint64_t n = 0;
+        memcpy(&n, a + at, 8); /* little endian host */
+        at += 8 + (size_t)n;
+    }
+    uint64_t n = 0, m = 0;
+    memcpy(&n, a + at, 8);
+    memcpy(&m, b + at, 8);
+    if (n != m || at + 8 + n > len) return 0;
+    size_t same = 0;
+    for (size_t i = 0; i < n; i++) same += a[at + 8 + i] == b[at + 8 + i];
+    return n ? (double)same / (double)n : 1;
+}
+
+static void test_export_device(void **st) {
+    (void)st;
+    const int V = tqkv_model_get_config(g_model)->vocab_size, n = 90, L = tqkv_model_get_config(g_model)->n_layers;
+    test_rng r;
+    rng_init(&r, g_seed ^ 0xe4b0);
+    int32_t tok[96], more[8];
+    random_tokens(&r, tok, (size_t)n, V);
+    random_tokens(&r, more, 8, V);
+    float *la = malloc(sizeof(float) * 2 * (size_t)V), *lb = malloc(sizeof(float) * 2 * (size_t)V);
+    tqkv_model_state_params pc = export_params(0, TQKV_TQ4, 1), pd = export_params(1, TQKV_TQ4, 1);
+    /* (1) CPU-run state -> host export H -> import on the device -> device export == H */
+    tqkv_model_state *cpu = NULL, *dev = NULL, *imp = NULL;
+    OK(tqkv_model_state_init(&cpu, g_model, &pc));
+    OK(tqkv_model_prefill(g_model, cpu, tok, NULL, n, TQKV_LOGITS_NONE, NULL));
+    size_t hl = 0, dl = 0;
+    uint8_t *h = export_of(cpu, &hl);
+    OK(tqkv_model_state_import(&imp, g_model, &pd, h, hl));
+    assert_export_equal(imp, h, hl, "CPU export imported on the device, exported again");
+    int off = 0;
+    OK(tqkv_model_state_offsets(imp, &off));
+    assert_int_equal(off, n);
+    tqkv_model_state_free(imp);
+    imp = NULL;
+    /* (2) the same tokens run on the device: same length and layout as H, bytes mostly equal */
+    OK(tqkv_model_state_init(&dev, g_model, &pd));
+    OK(tqkv_model_prefill(g_model, dev, tok, NULL, n, TQKV_LOGITS_NONE, NULL));
+    uint8_t *d = export_of(dev, &dl);
+    assert_int_equal(dl, hl);
+    assert_memory_equal(d, h, 16); /* magic, layers, rows */
+    size_t same = 0;
+    for (size_t i = 0; i < dl; i++) same += d[i] == h[i];
+    const double l0 = section_equal(d, h, dl, 0), all = (double)same / (double)dl;
+    printf("device vs CPU forward, export of %d tq4 tokens: %zu bytes each, equal bytes: layer 0 "
+           "%.4f, all %.4f (the forwards differ in rounding)\n", n, dl, l0, all);
+    if (!(l0 > 0.9) || !(all > 0.5))
+        fail_msg("device export vs CPU export of the same tokens: %.4f of layer 0 and %.4f of all "
+                 "bytes equal (expected > 0.9 and > 0.5)", l0, all);
+    /* (3) the device export imported on the CPU exports the same bytes */
+    OK(tqkv_model_state_import(&imp, g_model, &pc, d, dl));
+    assert_export_equal(imp, d, dl, "device export imported on the CPU, exported again");
+    tqkv_model_state_free(imp);
+    imp = NULL;
+    /* (4) imported on the device, decoding continues bitwise as the original */
+    OK(tqkv_model_state_import(&imp, g_model, &pd, d, dl));
+    for (int i = 0; i < 8; i++) {
+        OK(tqkv_model_decode(g_model, dev, &more[i], la));
+        OK(tqkv_model_decode(g_model, imp, &more[i], lb));
+        if (memcmp(la, lb, sizeof(float) * (size_t)V))
+            fail_msg("decode step %d of the imported device state differs from the original", i);
+    }
+    tqkv_model_state_free(imp);
+    imp = NULL;
+    /* (5) two rows of different lengths (left padding in the device cache) */
+    tqkv_model_state *two = NULL, *b1 = NULL;
+    OK(tqkv_model_state_extract_row(dev, 0, &two));
+    OK(tqkv_model_state_init(&b1, g_model, &pd));
+    OK(tqkv_model_prefill(g_model, b1, tok + 50, NULL, 17, TQKV_LOGITS_NONE, NULL));
+    OK(tqkv_model_state_merge(two, &b1, 1));
+    size_t tl = 0;
+    uint8_t *tb = export_of(two, &tl);
+    tqkv_model_state_params p2 = pd;
+    p2.rows = 7; /* import takes the row count from the blob */
+    OK(tqkv_model_state_import(&imp, g_model, &p2, tb, tl));
+    assert_int_equal(tqkv_model_state_rows(imp), 2);
+    assert_export_equal(imp, tb, tl, "2-row device export imported on the device");
+    int32_t t2[2] = {11, 12};
+    OK(tqkv_model_decode(g_model, two, t2, la));
+    OK(tqkv_model_decode(g_model, imp, t2, lb));
+    assert_memory_equal(la, lb, sizeof(float) * 2 * (size_t)V);
+    tqkv_model_state_free(imp);
+    imp = NULL;
+    /* (6) refusals, with messages, nothing returned */
+    tqkv_model_state_params bad = pd;
+    bad.k_format = bad.v_format = TQKV_TQ3; /* another format than the blob's */
+    assert_int_equal(tqkv_model_state_import(&imp, g_model, &bad, tb, tl), TQKV_EINVAL);
+    assert_non_null(strstr(tqkv_last_error(), "format"));
+    assert_null(imp);
+    assert_int_equal(tqkv_model_state_import(&imp, g_model, &pd, tb, tl - 3), TQKV_ECORRUPT);
+    assert_null(imp);
+    bad.k_format = bad.v_format = TQKV_F32; /* the dense bf16 cache has no state format */
+    assert_int_equal(tqkv_model_state_import(&imp, g_model, &bad, tb, tl), TQKV_EUNSUPPORTED);
+    assert_non_null(strstr(tqkv_last_error(), "bf16"));
+    assert_null(imp);
+    tqkv_model_state *f32 = new_state(1, TQKV_F32, 0, 1);
+    OK(tqkv_model_prefill(g_model, f32, tok, NULL, 5, TQKV_LOGITS_NONE, NULL));
+    uint8_t *fb = NULL;
+    size_t fl = 0;
+    assert_int_equal(tqkv_model_state_export(f32, &fb, &fl), TQKV_EUNSUPPORTED);
+    assert_null(fb);
+    printf("device export / import: CPU <-> device byte for byte (%d layers), 2 rows, decode after "
+           "import bitwise equal; f32 refused\n", L);
+    tqkv_model_state_free(f32);
+    tqkv_model_state_free(two);
+    tqkv_model_state_free(b1);
+    tqkv_model_state_free(cpu);
+    tqkv_model_state_free(dev);
+    free(h); free(d); free(tb); free(la); free(lb);
+}
+
+/* ---- the engine on the device with a draft model: the same tokens and logprobs as
+ * without one (greedy and seeded sampled requests, alone and joining a running batch).
+ * Drafts: the bundled model itself (always there: greedy rows accept everything) and the
+ * fixture draft ../shared/models/qwen3-code-draft-4m when present. */
+static void draft_case(const char *draft, const job *j, int nj, const result *ref) {
+    result alone[8], batch[8];
+    tqkv_engine *e = engine_open(g_dir, TQKV_TQ4, 32, 0, NULL, 0, draft, 3, 1);
+    for (int i = 0; i < nj; i++) {
+        submit(e, &j[i], &alone[i]);
+        run_until_idle(e);
+        assert_same_tokens(&alone[i], &ref[i]);
+    }
+    run_staggered(e, j, nj, batch, 2);
+    for (int i = 0; i < nj; i++) assert_same_tokens(&batch[i], &ref[i]);
+    tqkv_engine_stats sts;
+    OK(tqkv_engine_stats_get(e, &sts));
+    assert_true(sts.spec_rounds > 0);
+    assert_true(sts.spec_accepted > 0 && sts.spec_accepted <= sts.spec_drafted);
+    printf("device engine, draft %s: %d requests == no draft (alone and joining); %llu rounds, "
+           "%llu of %llu drafted accepted\n", draft, nj, (unsigned long long)sts.spec_rounds,
+           (unsigned long long)sts.spec_accepted, (unsigned long long)sts.spec_drafted);
+    tqkv_engine_free(e);
+}
+
+static void test_engine_device_draft(void **st) {
+    (void)st;
+    enum { NJ = 6 };
+    test_rng r;
+    rng_init(&r, g_seed ^ 0xd4af);
+    tqkv_engine *e = engine_open(g_dir, TQKV_TQ4, 32, 0, NULL, 0, NULL, 0, 1);
+    const int V = tqkv_model_get_config(tqkv_engine_model(e))->vocab_size;
+    const tqkv_tokenizer *tk = tqkv_engine_tokenizer(e);
+    job j[NJ];
+    make_jobs(&r, j, NJ, V);
+    const char *texts[] = {"import numpy as np\n\ndef softmax(x):\n", "for (int i = 0; i < n; i++) {\n"};
+    for (int i = 0; i < 2; i++) { /* code prompts: the small draft agrees often there */
+        int32_t *ids = NULL;
+        size_t nn = 0;
+        OK(tqkv_tokenizer_encode(tk, texts[i], strlen(texts[i]), 0, &ids, &nn));
+        memcpy(j[i].prompt, ids, sizeof(int32_t) * nn);
+        j[i].n_prompt = (int)nn;
+        free(ids);
+    }
+    for (int i = 0; i < NJ; i++) j[i].max_tokens = rng_int(&r, 8, 28);
+    result ref[NJ];
+    run_staggered(e, j, NJ, ref, 2);
+    tqkv_engine_free(e);
+    draft_case(g_dir, j, NJ, ref);
+    char dd[1024];
+    struct stat sb;
+    if (shared_path("models/qwen3-code-draft-4m", dd, sizeof dd) && stat(dd, &sb) == 0)
+        draft_case(dd, j, NJ, ref);
+    else
+        printf("device engine: fixture draft ../shared/models/qwen3-code-draft-4m absent: that "
+               "case SKIPPED (the bundled model served as its own draft)\n");
+}
+
+/* ---- the prompt-cache directory on the device: entries written by one device engine
+ * are loaded by the next, and a hit gives the cold run's tokens; a CPU engine refuses
+ * them (device entries carry the GPU forward's K/V: their own fingerprint). */
+static void test_engine_device_prompt_cache(void **st) {
+    (void)st;
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x9cd1);
+    char dir[256], cmd[600];
+    snprintf(dir, sizeof dir, "/tmp/tqkv_test_dev_pc_%d", (int)getpid());
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    const int V = tqkv_model_get_config(g_model)->vocab_size;
+    job a, b;
+    memset(&a, 0, sizeof a);
+    a.n_prompt = 150;
+    for (int t = 0; t < a.n_prompt; t++) a.prompt[t] = rng_int(&r, 1, V - 1);
+    a.max_tokens = 10;
+    a.top_logprobs = 2;
+    b = a;
+    b.n_prompt = 140; /* shares 100 tokens */
+    for (int t = 100; t < b.n_prompt; t++) b.prompt[t] = rng_int(&r, 1, V - 1);
+    b.temp = 0.7f;
+    b.seed = 41;
+    result cold, ra, hit, cpu;
+    tqkv_engine *e = engine_open(g_dir, TQKV_TQ4, 32, 0, NULL, 0, NULL, 0, 1);
+    submit(e, &b, &cold);
+    run_until_idle(e);
+    tqkv_engine_free(e);
+    e = engine_open(g_dir, TQKV_TQ4, 32, 64 << 20, dir, 0, NULL, 0, 1);
+    submit(e, &a, &ra);
+    run_until_idle(e);
+    assert_int_equal(ra.cached, 0);
+    tqkv_engine_free(e);
+    char path[1024] = "";
+    snprintf(cmd, sizeof cmd, "ls %s/*.tqkvp 2>/dev/null | wc -l", dir);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    if (!fgets(path, sizeof path, f)) path[0] = 0;
+    pclose(f);
+    const int files = atoi(path);
+    if (files < 1) fail_msg("the device engine wrote no prompt-cache file in %s", dir);
+    /* restart: the entries come back from the directory, and b hits at 96 */
+    e = engine_open(g_dir, TQKV_TQ4, 32, 64 << 20, dir, 0, NULL, 0, 1);
+    tqkv_engine_stats sts;
+    OK(tqkv_engine_stats_get(e, &sts));
+    assert_true(sts.prefix_cache_bytes > 0);
+    submit(e, &b, &hit);
+    run_until_idle(e);
+    assert_int_equal(hit.cached, 96);
+    assert_same_tokens(&hit, &cold);
+    tqkv_engine_free(e);
+    /* a CPU engine on the same directory loads none of the device entries */
+    e = engine_open(g_dir, TQKV_TQ4, 32, 64 << 20, dir, 0, NULL, 0, 0);
+    OK(tqkv_engine_stats_get(e, &sts));
+    assert_int_equal(sts.prefix_cache_bytes, 0);
+    submit(e, &b, &cpu);
+    run_until_idle(e);
+    assert_int_equal(cpu.cached, 0);
+    tqkv_engine_free(e);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    printf("device engine: prompt-cache dir: %d files written, reloaded, hit of 96 tokens == cold "
+           "run; a CPU engine refuses them\n", files);
+}
+
+/* ---- the decode step as a CUDA graph (params.device_graphs): two twins take the same
+ * tokens and the same row operations, one launching kernel by kernel, one replaying
+ * graphs. Their logits must be bitwise equal at every step: across a reserve (new
+ * storage), a filter and a merge (new rows, new storage), a synthetic fill (offsets jump
+ * while the graph's shape holds: it must keep replaying), the longest row's attention
+ * split count changing (256 -> 257 tokens) and a jump past 8192 tokens (the split length
+ * doubles, the caches regrow). After each change the graph twin must have captured again
+ * and replayed (its counters), so a stale replay cannot pass as a direct run. */
+static tqkv_model_state *graph_state(tqkv_format f, int window, int graphs) {
+    return device_state(f, window, 0, graphs);
+}
+
+static model_cuda_graph_stats graph_stats(const tqkv_model_state *s) {
+    model_cuda_graph_stats gs;
+    model_cuda_graph_stats_get(s->gpu, &gs);
+    return gs;
+}
+
+/* `steps` decode steps of the same random tokens on both twins, logits compared each. */
+static void graph_steps(tqkv_model_state *const *s, int steps, test_rng *r, float *lg0,
+                        float *lg1, const char *phase) {
+    const int V = tqkv_model_get_config(g_model)->vocab_size, R = tqkv_model_state_rows(s[0]);
+    assert_int_equal(tqkv_model_state_rows(s[1]), R);
+    int32_t tok[8];
+    for (int t = 0; t < steps; t++) {
+        random_tokens(r, tok, (size_t)R, V);
+        OK(tqkv_model_decode(g_model, s[0], tok, lg0));
+        OK(tqkv_model_decode(g_model, s[1], tok, lg1));
+        for (int i = 0; i < R; i++)
+            if (memcmp(lg0 + (size_t)i * V, lg1 + (size_t)i * V, sizeof(float) * (size_t)V))
+                fail_msg("%s, step %d, row %d: logits with graphs differ from kernel by kernel",
+                         phase, t, i);
+    }
+    if (R > 1) assert_true(memcmp(lg0, lg0 + V, sizeof(float) * (size_t)V) != 0); /* rows differ */
+}
+
+/* Since *prev: at least min_capt captures and min_repl replays on the graph twin. */
+static void graph_expect(const tqkv_model_state *s, model_cuda_graph_stats *prev, int min_capt,
+                         int min_repl, const char *phase) {
+    const model_cuda_graph_stats now = graph_stats(s);
+    const unsigned long long c = now.captures - prev->captures, rp = now.replays - prev->replays;
+    printf("graphs %s: %llu captured (%llu by update), %llu replayed, %llu direct\n", phase, c,
+           (unsigned long long)(now.updates - prev->updates), rp,
+           (unsigned long long)(now.direct - prev->direct));
+    if (c < (unsigned long long)min_capt || rp < (unsigned long long)min_repl)
+        fail_msg("%s: %llu captures and %llu replays (want >= %d and >= %d): the decode steps "
+                 "did not run as graphs", phase, c, rp, min_capt, min_repl);
+    *prev = now;
+}
+
+static int graph_longest(const tqkv_model_state *s) {
+    int off[8], m = 0;
+    OK(tqkv_model_state_offsets(s, off));
+    for (int i = 0; i < tqkv_model_state_rows(s); i++) m = off[i] > m ? off[i] : m;
+    return m;
+}
+
+static void graphs_case(tqkv_format f, int window) {
+    const int V = tqkv_model_get_config(g_model)->vocab_size;
+    const int plen[4] = {20, 33, 47, 10};
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x69a9 ^ (uint64_t)f);
+    int32_t prompt[4][64];
+    for (int i = 0; i < 4; i++) random_tokens(&r, prompt[i], (size_t)plen[i], V);
+    /* TQKV_CUDA_GRAPHS=0 in the environment would turn the graph twin into a second
+     * kernel-by-kernel one: not while this test makes its states */
+    char *env = getenv("TQKV_CUDA_GRAPHS") ? strdup(getenv("TQKV_CUDA_GRAPHS")) : NULL;
+    unsetenv("TQKV_CUDA_GRAPHS");
+    tqkv_model_state *s[2];
+    for (int tw = 0; tw < 2; tw++) { /* rows of 20, 33, 47 tokens, merged: left padded */
+        tqkv_model_state *a[3];
+        for (int i = 0; i < 3; i++) {
+            a[i] = graph_state(f, window, tw);
+            OK(tqkv_model_prefill(g_model, a[i], prompt[i], NULL, plen[i], TQKV_LOGITS_NONE, NULL));
+        }
+        OK(tqkv_model_state_merge(a[0], &a[1], 2));
+        tqkv_model_state_free(a[1]);
+        tqkv_model_state_free(a[2]);
+        s[tw] = a[0];
+    }
+    float *lg0 = malloc(sizeof(float) * 4 * (size_t)V), *lg1 = malloc(sizeof(float) * 4 * (size_t)V);
+    model_cuda_graph_stats prev = graph_stats(s[1]);
+    assert_int_equal(prev.enabled, 1);
+    assert_int_equal(graph_stats(s[0]).enabled, 0);
+    graph_steps(s, 5, &r, lg0, lg1, "decode");
+    graph_expect(s[1], &prev, 1, 2, "decode");
+    for (int tw = 0; tw < 2; tw++) OK(tqkv_model_state_reserve(s[tw], 600)); /* new storage */
+    graph_steps(s, 4, &r, lg0, lg1, "after a reserve");
+    graph_expect(s[1], &prev, 1, 1, "after a reserve");
+    const int keep[2] = {2, 0};
+    for (int tw = 0; tw < 2; tw++) OK(tqkv_model_state_filter(s[tw], keep, 2));
+    graph_steps(s, 4, &r, lg0, lg1, "after a filter");
+    graph_expect(s[1], &prev, 1, 1, "after a filter");
+    for (int tw = 0; tw < 2; tw++) {
+        tqkv_model_state *b = graph_state(f, window, tw);
+        OK(tqkv_model_prefill(g_model, b, prompt[3], NULL, plen[3], TQKV_LOGITS_NONE, NULL));
+        OK(tqkv_model_state_merge(s[tw], &b, 1));
+        tqkv_model_state_free(b);
+    }
+    graph_steps(s, 4, &r, lg0, lg1, "after a merge");
+    graph_expect(s[1], &prev, 1, 1, "after a merge");
+    /* the longest row to 250 tokens (no regrow: reserved 600), then 10 steps: its
+     * attention goes from 1 split to 2 at 257 tokens */
+    const int fill1 = 250 - graph_longest(s[0]);
+    assert_true(fill1 > 0);
+    for (int tw = 0; tw < 2; tw++) OK(tqkv_model_state_fill_synthetic(s[tw], fill1, 0xf111));
+    graph_steps(s, 10, &r, lg0, lg1, "across 256 -> 257 tokens");
+    graph_expect(s[1], &prev, 1, 3, "across 256 -> 257 tokens");
+    /* past 8192 tokens: the caches regrow during the fill, the split length doubles */
+    const int fill2 = 8186 - graph_longest(s[0]);
+    for (int tw = 0; tw < 2; tw++) OK(tqkv_model_state_fill_synthetic(s[tw], fill2, 0xf222));
+    graph_steps(s, 12, &r, lg0, lg1, "across 8192 tokens");
+    graph_expect(s[1], &prev, 1, 3, "across 8192 tokens");
+    const model_cuda_graph_stats g0 = graph_stats(s[0]);
+    assert_int_equal(g0.replays, 0);
+    assert_int_equal(g0.captures, 0);
+    assert_true(prev.invalidations >= 3); /* reserve, filter, merge dropped the graph */
+    printf("%s window %d: %d decode steps with graphs == kernel by kernel, bitwise\n",
+           tqkv_format_name(f), window, 5 + 4 + 4 + 4 + 10 + 12);
+    if (env) setenv("TQKV_CUDA_GRAPHS", env, 1);
+    free(env);
+    tqkv_model_state_free(s[0]);
+    tqkv_model_state_free(s[1]);
+    free(lg0);
+    free(lg1);
+}
+
+static void test_graphs_tq4(void **st) { (void)st; graphs_case(TQKV_TQ4, 0); }
+static void test_graphs_tq3_window(void **st) { (void)st; graphs_case(TQKV_TQ3, 16); }
+static void test_graphs_f32(void **st) { (void)st; graphs_case(TQKV_F32, 0); }
 
 static void test_padded_refused(void **st) {
     (void)st;
@@ -451,8 +997,15 @@ int main(void) {
         cmocka_unit_test(test_invariance_tq4),
         cmocka_unit_test(test_invariance_tq3_window),
         cmocka_unit_test(test_padded_refused),
+        cmocka_unit_test(test_graphs_tq4),
+        cmocka_unit_test(test_graphs_tq3_window),
+        cmocka_unit_test(test_graphs_f32),
         cmocka_unit_test(test_rows_device),
         cmocka_unit_test(test_engine_device),
+        cmocka_unit_test(test_spec_device),
+        cmocka_unit_test(test_export_device),
+        cmocka_unit_test(test_engine_device_draft),
+        cmocka_unit_test(test_engine_device_prompt_cache),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     tqkv_model_free(g_model);

@@ -18,6 +18,9 @@
 #include "engine_helpers.h"
 #include "testutil.h"
 #include "tqkv_engine.h"
+#ifdef TQKV_HAVE_CUDA
+#include "cache/cache_cuda.h"
+#endif
 
 static char g_dir[1024];
 
@@ -185,9 +188,18 @@ static void test_stop_limits_queue_cancel(void **state) {
     free(ids);
 }
 
-/* Engine parameters: an unknown device is refused; device 1 (CUDA) with a draft model or a
- * prompt cache directory is refused with a message before anything loads; device 1 where
- * no GPU is usable fails cleanly (this test runs without one in CI). */
+static int gpu_usable(void) {
+#ifdef TQKV_HAVE_CUDA
+    return tqkv_cuda_available();
+#else
+    return 0;
+#endif
+}
+
+/* Engine parameters: an unknown device is refused; device 1 (CUDA) with a prompt cache
+ * directory and f32 KV (a dense bf16 device cache, no state format) is refused with a
+ * message before anything loads; device 1 with a draft model starts where a GPU is usable
+ * (test_cuda_model runs it) and fails cleanly where none is (CI). */
 static void test_device_params(void **state) {
     (void)state;
     tqkv_engine_params p = tqkv_engine_params_default();
@@ -197,14 +209,25 @@ static void test_device_params(void **state) {
     assert_int_equal(tqkv_engine_init(&e, &p), TQKV_EINVAL);
     assert_null(e);
     p.device = 1;
-    p.draft_dir = g_dir;
-    assert_int_equal(tqkv_engine_init(&e, &p), TQKV_EUNSUPPORTED);
-    assert_non_null(strstr(tqkv_last_error(), "draft"));
-    p.draft_dir = NULL;
-    p.prompt_cache_dir = "/tmp";
+    p.prompt_cache_dir = "/nonexistent-tqkv-dir/never-created";
+    p.prefix_cache_bytes = 1 << 20;
+    p.k_format = p.v_format = TQKV_F32;
     assert_int_equal(tqkv_engine_init(&e, &p), TQKV_EUNSUPPORTED);
     assert_non_null(strstr(tqkv_last_error(), "prompt cache"));
+    assert_non_null(strstr(tqkv_last_error(), "tq4 or tq3"));
     assert_null(e);
+    p.prompt_cache_dir = NULL;
+    p.prefix_cache_bytes = 0;
+    p.k_format = p.v_format = TQKV_TQ4;
+    p.draft_dir = g_dir;
+    tqkv_status rc = tqkv_engine_init(&e, &p);
+    if (gpu_usable()) {
+        assert_int_equal(rc, TQKV_OK);
+        tqkv_engine_free(e);
+    } else {
+        assert_int_equal(rc, TQKV_EUNSUPPORTED);
+        assert_null(e);
+    }
 }
 
 static void test_budget_waits(void **state) {

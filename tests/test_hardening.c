@@ -331,6 +331,8 @@ static void test_cli_refuses_bad_values(void **state) {
         {"bench nope", "unknown subcommand 'nope'"},
         {"bench model --fill nope", "--fill takes prefill or synthetic"},
         {"bench model --max-rows", "--max-rows measures device memory"},
+        {"bench model --graphs 0,1", "--graphs needs --device cuda"},
+        {"bench model --device cuda --graphs 2", "--graphs takes 0, 1, 0,1 or 1,0"},
         {"bench gemm --shapes 12x7", "tqkv bench gemm:"},
         {"serve --device tpu", "tpu"},
     };

@@ -89,69 +89,136 @@ template <int F> __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
     }
 }
 
-/* Spread bits 0..3 of v to bits 0, 8, 16, 24. */
-__device__ __forceinline__ uint32_t spread4(uint32_t v) { return ((v & 0xFu) * 0x00204081u) & 0x01010101u; }
+
+// ---------------------------------------------------------------------------
+// Formats: payload bytes per token (compile-time, so tile loads use immediate offsets)
+// ---------------------------------------------------------------------------
+template <int F> struct Fmt;
+template <> struct Fmt<F_TQ4> { static constexpr int PAY = D / 2; };
+template <> struct Fmt<F_TQ3> { static constexpr int PAY = 3 * D / 8; };  /* 2-bit plane, 1-bit plane */
+template <> struct Fmt<F_BF16> { static constexpr int PAY = 2 * D; };
+
+__device__ __forceinline__ float ex2(float x) { /* 2^x; -inf -> 0 (denormal results flush to 0) */
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 
 // ---------------------------------------------------------------------------
 // Index orders (head-dim permutations; see the file comment)
 // ---------------------------------------------------------------------------
-/* K: thread column c, register pair p (0..15: k-step p/2, half p&1), element e (0/1). */
-template <int F> __device__ __forceinline__ int kdim(int c, int p, int e) {
+/* K: thread column c, register pair p (0..15: k-step p/2, half p&1), element e (0/1).
+ * tq3: p / 4 picks one of the four lookup words of tq3_kwords(), p % 4 its byte. */
+template <int F> __host__ __device__ __forceinline__ int kdim(int c, int p, int e) {
     if constexpr (F == F_TQ4) return 32 * c + p + 16 * e;
-    else if constexpr (F == F_TQ3) return 32 * c + 4 * (p >> 3) + (p & 3) + 8 * ((p >> 2) & 1) + 16 * e;
+    else if constexpr (F == F_TQ3) return 32 * c + ((0x14041000u >> (8 * (p >> 2))) & 0xFF) + (p & 3) + 8 * e;
     else return 32 * c + 2 * p + e;
 }
 /* V: thread row g, m-tile i (0..7), e = 0 for fragment row g, 1 for row g + 8. */
 template <int F> __device__ __forceinline__ int vdim(int g, int i, int e) {
     if constexpr (F == F_TQ4) return 32 * (g >> 1) + 8 * (g & 1) + i + 16 * e;
-    else if constexpr (F == F_TQ3) return 32 * (g >> 1) + 4 * (g & 1) + (i & 3) + 8 * (i >> 2) + 16 * e;
+    else if constexpr (F == F_TQ3) return 32 * (g >> 1) + 8 * (2 * e + (i >> 2)) + 4 * (g & 1) + (i & 3);
     else return 16 * g + 2 * i + e;
 }
 
 // ---------------------------------------------------------------------------
 // Codebook lookup table in shared memory, one column per lane (conflict free)
 // ---------------------------------------------------------------------------
-/* The table: entry e (a payload byte, two indices, low nibble first) of lane l is the
- * fp16 pair (c[e & 15], c[e >> 4]) at byte offset 256 e + 4 l (tq3: 3-bit indices in the
- * nibbles). Bank = l: conflict free. One byte permute builds the offset from the payload
- * word and L = 4 l: byte 0 = L, byte 1 = payload byte k, bytes 2, 3 = 0 (L's zero byte). */
+/* Entry e (a lookup byte holding two indices) of lane l is an fp16 pair at shared byte
+ * offset 256 e + 4 l: bank = l, conflict free. The table is the first thing in the
+ * kernel's shared memory (no static __shared__), which starts at shared address TAB_BASE
+ * (1 KiB reserved by the driver on sm_90, checked once by attn_cuda_setup) in the CTA's
+ * window; the window's upper 16 bits (the CTA rank) ride in L. One byte permute builds the
+ * address minus TAB_BASE from the word holding the byte and L = 4 l | window: byte 0 = 4 l,
+ * byte 1 = byte k of the word, bytes 2, 3 = the window; the load is LDS [R + TAB_BASE],
+ * one instruction, no address add. The table fills bytes [0, 128) of every 256-byte row;
+ * the holes [128, 256) hold the warps' partial outputs at the end of each work item
+ * (part_off()).
+ *   tq4: e = (i0 | i1 << 4)                      -> (c[i0], c[i1])
+ *   tq3: e = (lo0 | lo1 << 2 | hi0 << 4 | hi1 << 5 | x << 6)
+ *                                               -> (c[lo0 + 4 hi0], c[lo1 + 4 hi1])
+ * The shared address is the CTA's table base (a uniform register) plus the offset, so the
+ * load is one LDS [R + UR]. */
+constexpr uint32_t TAB_BASE = 1024;
 struct Tab {
-    const char *base;         /* table in shared memory */
-    uint32_t L;               /* 4 * lane */
+    uint32_t L;               /* 4 * lane | (window & 0xFFFF0000) */
 };
 __device__ __forceinline__ uint32_t tlook(const Tab &T, uint32_t w, int k) {
-    const uint32_t off = prmt(w, T.L, 0x5504u | (uint32_t)k << 4);
-    return *reinterpret_cast<const uint32_t *>(T.base + off);
+    const uint32_t a = prmt(w, T.L, 0x7604u | (uint32_t)k << 4);
+    uint32_t v;
+    asm("ld.shared.b32 %0, [%1+1024];" : "=r"(v) : "r"(a));
+    static_assert(TAB_BASE == 1024, "the immediate above");
+    return v;
+}
+template <int F> __device__ __forceinline__ uint32_t tab_entry(const float *cent, int e) {
+    float a, b;
+    if constexpr (F == F_TQ4) {
+        a = cent[e & 15];
+        b = cent[e >> 4];
+    } else {
+        a = cent[(e & 3) + 4 * ((e >> 4) & 1)];
+        b = cent[((e >> 2) & 3) + 4 * ((e >> 5) & 1)];
+    }
+    const __half2 v = __floats2half2_rn(a, b);
+    return *reinterpret_cast<const uint32_t *>(&v);
 }
 
-/* tq3: 8 low bytes' worth of 2-bit fields (one u32 = 4 bytes, byte j) plus the group's
- * high-bit word -> two nibble words (A: fields 0 and 2, B: fields 1 and 3), x = 0/1 for
- * bytes 0..3 / 4..7 of the group. */
-__device__ __forceinline__ void tq3_nibbles(uint32_t w, uint32_t hb, int x, uint32_t &A, uint32_t &B) {
-    A = (w & 0x33333333u) | spread4(hb >> (4 * x)) << 2 | spread4(hb >> (16 + 4 * x)) << 6;
-    B = ((w >> 2) & 0x33333333u) | spread4(hb >> (8 + 4 * x)) << 2 | spread4(hb >> (24 + 4 * x)) << 6;
+// ---------------------------------------------------------------------------
+// tq3 lookup words (test_cuda checks the attention over them against the CPU kernels)
+// ---------------------------------------------------------------------------
+/* A group's 1-bit plane word H (bit 8k + j = high bit of dim 8k + j) transposed in 4x4
+ * blocks: byte j, bit k = high bit of dim 8k + j; byte j, bit 4 + k = of dim 8k + 4 + j.
+ * Two delta swaps. */
+__device__ __forceinline__ uint32_t tq3_hi_t(uint32_t x) {
+    uint32_t t = (x ^ (x >> 14)) & 0x0000CCCCu;
+    x ^= t ^ (t << 14);
+    t = (x ^ (x >> 7)) & 0x00AA00AAu;
+    return x ^ t ^ (t << 7);
+}
+/* bits of a where m is set, of b elsewhere (one LOP3) */
+__device__ __forceinline__ uint32_t bsel(uint32_t a, uint32_t b, uint32_t m) { return (a & m) | (b & ~m); }
+
+/* K: the 2-bit plane words W0 (bytes 0..3 of the group: byte j, field k = low bits of dim
+ * 8k + j), W1 (bytes 4..7) and the transposed high bits X -> four words of lookup bytes;
+ * byte j of word w holds dims (a, a + 8), a = {0, 16, 4, 20}[w] + j (kdim). */
+__device__ __forceinline__ void tq3_kwords(uint32_t W0, uint32_t W1, uint32_t H, uint32_t y[4]) {
+    const uint32_t X = tq3_hi_t(H);
+    y[0] = bsel(W0, X << 4, 0x0F0F0F0Fu);
+    y[1] = bsel(W0 >> 4, X << 2, 0x0F0F0F0Fu);
+    y[2] = bsel(W1, X, 0x0F0F0F0Fu);
+    y[3] = bsel(W1 >> 4, X >> 2, 0x0F0F0F0Fu);
+}
+/* V: two tokens' 2-bit plane words (this lane's half h of the group: byte j = dims 8k + 4h
+ * + j) and their transposed high bits already shifted by 4h -> the lookup word of field k:
+ * byte j = (token 0, token 1) of dim 8k + 4h + j. */
+template <int K>
+__device__ __forceinline__ uint32_t tq3_vword(uint32_t W0, uint32_t W1, uint32_t X0, uint32_t X1) {
+    const uint32_t s1 = K <= 1 ? W1 << (2 - 2 * K) : W1 >> (2 * K - 2);
+    const uint32_t lo = bsel(W0 >> (2 * K), s1, 0x03030303u);
+    const uint32_t hi = bsel(X0 << (4 - K), X1 << (5 - K), 0x10101010u);
+    return bsel(lo, hi, 0x0F0F0F0Fu);
 }
 
 // ---------------------------------------------------------------------------
 // Raw tile (registers) and its loads
 // ---------------------------------------------------------------------------
-template <int F> struct Raw;
-template <> struct Raw<F_TQ4> {
-    static constexpr int SUB = 2;
+template <int F, int S> struct Raw;   /* S: 16-token subtiles per tile */
+template <int S> struct Raw<F_TQ4, S> {
+    static constexpr int SUB = S;
     uint4 k[SUB][2];          /* [subtile][row A/B]: bytes 16c.. of the token */
     uint2 v[SUB][4];          /* [subtile][token 4c + j]: bytes 8g.. */
     uint32_t ksc, vsc;        /* fp16 scales of token t0 + lane */
 };
-template <> struct Raw<F_TQ3> {
-    static constexpr int SUB = 2;
+template <int S> struct Raw<F_TQ3, S> {
+    static constexpr int SUB = S;
     uint2 kl[SUB][2];         /* 2-bit plane bytes 8c..8c+7 */
     uint32_t kh[SUB][2];      /* 1-bit plane word of group c */
     uint32_t vl[SUB][4];      /* 2-bit plane bytes 4g..4g+3 */
     uint32_t vh[SUB][4];      /* 1-bit plane word of group g/2 */
     uint32_t ksc, vsc;
 };
-template <> struct Raw<F_BF16> {
-    static constexpr int SUB = 1;
+template <int S> struct Raw<F_BF16, S> {
+    static constexpr int SUB = S;
     uint4 k[SUB][2][4];       /* dims 32c..32c+31 */
     uint4 v[SUB][4][2];       /* dims 16g..16g+15 */
     uint32_t ksc, vsc;
@@ -160,74 +227,116 @@ template <> struct Raw<F_BF16> {
 struct Ctx {
     const uint8_t *kb, *vb;   /* token 0 of (row, head) in the main planes */
     const uint16_t *ksb, *vsb;
-    size_t kpay, vpay;
+};
+struct Ring {                 /* the q8 recent window (slow tiles only) */
     const int8_t *kw, *vw;    /* slot 0 of (row, head) in the rings */
     const uint16_t *kws, *vws;
     int ring;
 };
 
-/* Row tokens of subtile u: fragment row g -> tok 4(g>>1) + (g&1), row g+8 -> that + 2. */
-__device__ __forceinline__ int krow_tok(int g, int row) { return 4 * (g >> 1) + (g & 1) + 2 * row; }
+/* Token orders inside a 16-token subtile, chosen so that every load instruction of a
+ * warp reads one contiguous run of tokens (whole 128-byte lines, fewer L2 requests):
+ *   K / S: fragment row g holds token g, row g + 8 token g + 8 (a K load: 8 tokens);
+ *   V / P: thread column c's four k slots (2c, 2c+1, 2c+8, 2c+9) = j 0..3 hold tokens
+ *          4j + c (a V load: tokens 4j .. 4j+3). */
+__host__ __device__ __forceinline__ int krow_tok(int g, int row) { return g + 8 * row; }
+__host__ __device__ __forceinline__ int vcol_tok(int c, int j) { return 4 * j + c; }
 
-template <int F, bool SLOW>
-__device__ __forceinline__ void load_tile(Raw<F> &R, const Ctx &x, int t0, int lim, int g, int c, int lane) {
-    constexpr int SUB = Raw<F>::SUB;
+/* Per-lane byte offsets inside a tile (tokens from the tile's first), so that every load
+ * of a tile is [base + lane offset + immediate]. */
+struct LaneOff {
+    int k, kh, v, vh;
+};
+template <int F> __device__ __forceinline__ LaneOff lane_off(int g, int c) {
+    constexpr int PAY = Fmt<F>::PAY;
+    LaneOff o;
+    o.k = krow_tok(g, 0) * PAY;
+    o.v = vcol_tok(c, 0) * PAY;
+    if constexpr (F == F_TQ4) { o.kh = o.k; o.k += 16 * c; o.vh = o.v; o.v += 8 * g; }
+    else if constexpr (F == F_TQ3) { o.kh = o.k + 32 + 4 * c; o.k += 8 * c; o.vh = o.v + 32 + 4 * (g >> 1); o.v += 4 * g; }
+    else { o.kh = o.k; o.k += 64 * c; o.vh = o.v; o.v += 32 * g; }
+    return o;
+}
+
+template <int F, int S, bool SLOW>
+__device__ __forceinline__ void load_tile(Raw<F, S> &R, const Ctx &x, size_t col, const LaneOff &o, int t0, int lim,
+                                          int g, int c, int lane) {
+    constexpr int SUB = S, PAY = Fmt<F>::PAY;
+    const size_t tt = col + (size_t)t0;     /* the tile's first token in the planes */
+    const uint8_t *kt = x.kb + tt * PAY, *vt = x.vb + tt * PAY;
 #pragma unroll
     for (int u = 0; u < SUB; u++) {
 #pragma unroll
         for (int row = 0; row < 2; row++) {
-            const int t = t0 + 16 * u + krow_tok(g, row);
-            const bool ok = !SLOW || t < lim;
-            const uint8_t *p = x.kb + (size_t)t * x.kpay;
+            const bool ok = !SLOW || t0 + 16 * u + krow_tok(g, row) < lim;
+            const int tk = (16 * u + krow_tok(0, row)) * PAY;    /* immediate */
             if constexpr (F == F_TQ4) {
-                R.k[u][row] = ok ? __ldg(reinterpret_cast<const uint4 *>(p + 16 * c)) : make_uint4(0, 0, 0, 0);
+                R.k[u][row] = ok ? __ldg(reinterpret_cast<const uint4 *>(kt + o.k + tk)) : make_uint4(0, 0, 0, 0);
             } else if constexpr (F == F_TQ3) {
-                R.kl[u][row] = ok ? __ldg(reinterpret_cast<const uint2 *>(p + 8 * c)) : make_uint2(0, 0);
-                R.kh[u][row] = ok ? __ldg(reinterpret_cast<const uint32_t *>(p + 32 + 4 * c)) : 0u;
+                R.kl[u][row] = ok ? __ldg(reinterpret_cast<const uint2 *>(kt + o.k + tk)) : make_uint2(0, 0);
+                R.kh[u][row] = ok ? __ldg(reinterpret_cast<const uint32_t *>(kt + o.kh + tk)) : 0u;
             } else {
 #pragma unroll
                 for (int q = 0; q < 4; q++)
-                    R.k[u][row][q] = ok ? __ldg(reinterpret_cast<const uint4 *>(p + 64 * c) + q) : make_uint4(0, 0, 0, 0);
+                    R.k[u][row][q] = ok ? __ldg(reinterpret_cast<const uint4 *>(kt + o.k + tk) + q) : make_uint4(0, 0, 0, 0);
             }
         }
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            const int t = t0 + 16 * u + 4 * c + j;
-            const bool ok = !SLOW || t < lim;
-            const uint8_t *p = x.vb + (size_t)t * x.vpay;
+            const bool ok = !SLOW || t0 + 16 * u + vcol_tok(c, j) < lim;
+            const int tv = (16 * u + vcol_tok(0, j)) * PAY;
             if constexpr (F == F_TQ4) {
-                R.v[u][j] = ok ? __ldg(reinterpret_cast<const uint2 *>(p + 8 * g)) : make_uint2(0, 0);
+                R.v[u][j] = ok ? __ldg(reinterpret_cast<const uint2 *>(vt + o.v + tv)) : make_uint2(0, 0);
             } else if constexpr (F == F_TQ3) {
-                R.vl[u][j] = ok ? __ldg(reinterpret_cast<const uint32_t *>(p + 4 * g)) : 0u;
-                R.vh[u][j] = ok ? __ldg(reinterpret_cast<const uint32_t *>(p + 32 + 4 * (g >> 1))) : 0u;
+                R.vl[u][j] = ok ? __ldg(reinterpret_cast<const uint32_t *>(vt + o.v + tv)) : 0u;
+                R.vh[u][j] = ok ? __ldg(reinterpret_cast<const uint32_t *>(vt + o.vh + tv)) : 0u;
             } else {
 #pragma unroll
                 for (int q = 0; q < 2; q++)
-                    R.v[u][j][q] = ok ? __ldg(reinterpret_cast<const uint4 *>(p + 32 * g) + q) : make_uint4(0, 0, 0, 0);
+                    R.v[u][j][q] = ok ? __ldg(reinterpret_cast<const uint4 *>(vt + o.v + tv) + q) : make_uint4(0, 0, 0, 0);
             }
         }
     }
     if constexpr (F != F_BF16) {
         const int t = t0 + lane;
         const bool ok = lane < 16 * SUB && (!SLOW || t < lim);
-        R.ksc = ok ? __ldg(x.ksb + t) : 0u;
-        R.vsc = ok ? __ldg(x.vsb + t) : 0u;
+        R.ksc = ok ? __ldg(x.ksb + tt + lane) : 0u;
+        R.vsc = ok ? __ldg(x.vsb + tt + lane) : 0u;
+    }
+}
+
+/* Ask L2 for a tile's K and V payload (lanes 0..15: K lines, 16..31: V lines of 128 B)
+ * and its two scale lines, a few tiles before load_tile reads it: a tq tile is only
+ * 3-4 KiB per warp, too little in flight to cover DRAM latency with the register double
+ * buffer alone. A hint: no fault, no result. */
+template <int F, int TT>
+__device__ __forceinline__ void prefetch_tile(const Ctx &x, size_t col, int t, int lane) {
+    constexpr int PAY = Fmt<F>::PAY, LINES = (TT * PAY + 127) / 128;
+    static_assert(LINES <= 16, "one lane per line");
+    const size_t tt = col + (size_t)t;
+    const int i = lane & 15;
+    if (i < LINES) {
+        const uint8_t *p = (lane < 16 ? x.kb : x.vb) + tt * PAY + 128 * i;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+    }
+    if (lane < 2) {
+        const uint16_t *p = (lane ? x.vsb : x.ksb) + tt;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
     }
 }
 
 /* K pairs of one row of subtile u. */
-template <int F> __device__ __forceinline__ void deq_k(const Raw<F> &R, const Tab &T, int u, int row, uint32_t pr[16]) {
+template <int F, int S> __device__ __forceinline__ void deq_k(const Raw<F, S> &R, const Tab &T, int u, int row, uint32_t pr[16]) {
     if constexpr (F == F_TQ4) {
         const uint4 w = R.k[u][row];
         const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
         for (int p = 0; p < 16; p++) pr[p] = tlook(T, ws[p >> 2], p & 3);
     } else if constexpr (F == F_TQ3) {
-        uint32_t n[4];
-        tq3_nibbles(R.kl[u][row].x, R.kh[u][row], 0, n[0], n[1]);
-        tq3_nibbles(R.kl[u][row].y, R.kh[u][row], 1, n[2], n[3]);
+        uint32_t y[4];
+        tq3_kwords(R.kl[u][row].x, R.kl[u][row].y, R.kh[u][row], y);
 #pragma unroll
-        for (int p = 0; p < 16; p++) pr[p] = tlook(T, n[p >> 2], p & 3);
+        for (int p = 0; p < 16; p++) pr[p] = tlook(T, y[p >> 2], p & 3);
     } else {
 #pragma unroll
         for (int q = 0; q < 4; q++) {
@@ -240,9 +349,9 @@ template <int F> __device__ __forceinline__ void deq_k(const Raw<F> &R, const Ta
 }
 
 /* V^T fragments of subtile u: a[i] = {a0, a1, a2, a3} of m-tile i. */
-template <int F> __device__ __forceinline__ void deq_v(const Raw<F> &R, const Tab &T, int u, uint32_t a[8][4]) {
+template <int F, int S> __device__ __forceinline__ void deq_v(const Raw<F, S> &R, const Tab &T, int u, int g, uint32_t a[8][4]) {
 #pragma unroll
-    for (int hp = 0; hp < 2; hp++) {          /* token pair (4c, 4c+1) or (4c+2, 4c+3) */
+    for (int hp = 0; hp < 2; hp++) {          /* k slots (2c, 2c+1) or (2c+8, 2c+9): j = 2hp, 2hp+1 */
         const int j0 = 2 * hp, j1 = 2 * hp + 1;
         if constexpr (F == F_BF16) {
 #pragma unroll
@@ -251,28 +360,31 @@ template <int F> __device__ __forceinline__ void deq_v(const Raw<F> &R, const Ta
                 a[i][2 * hp + 0] = prmt(w0, w1, 0x5410);
                 a[i][2 * hp + 1] = prmt(w0, w1, 0x7632);
             }
-        } else {
-            uint32_t n0[2], n1[2];
-            if constexpr (F == F_TQ4) {
-                n0[0] = R.v[u][j0].x; n0[1] = R.v[u][j0].y;
-                n1[0] = R.v[u][j1].x; n1[1] = R.v[u][j1].y;
-            } else {
-                const int xh = (threadIdx.x >> 2) & 1;   /* g & 1: bytes 0..3 / 4..7 of the group */
-                tq3_nibbles(R.vl[u][j0], R.vh[u][j0], xh, n0[0], n0[1]);
-                tq3_nibbles(R.vl[u][j1], R.vh[u][j1], xh, n1[0], n1[1]);
-            }
+        } else if constexpr (F == F_TQ4) {
+            const uint32_t n0[2] = {R.v[u][j0].x, R.v[u][j0].y}, n1[2] = {R.v[u][j1].x, R.v[u][j1].y};
             /* byte b of X = (tok0.lo, tok1.lo) of byte b, of Y = (tok0.hi, tok1.hi): the table
              * entry is then the fragment register itself */
 #pragma unroll
             for (int wi = 0; wi < 2; wi++) {
-                const uint32_t X = (n0[wi] & 0x0F0F0F0Fu) | ((n1[wi] << 4) & 0xF0F0F0F0u);
-                const uint32_t Y = ((n0[wi] >> 4) & 0x0F0F0F0Fu) | (n1[wi] & 0xF0F0F0F0u);
+                const uint32_t X = bsel(n0[wi], n1[wi] << 4, 0x0F0F0F0Fu);
+                const uint32_t Y = bsel(n0[wi] >> 4, n1[wi], 0x0F0F0F0Fu);
 #pragma unroll
                 for (int b = 0; b < 4; b++) {
                     a[4 * wi + b][2 * hp + 0] = tlook(T, X, b);
                     a[4 * wi + b][2 * hp + 1] = tlook(T, Y, b);
                 }
             }
+        } else {
+            const uint32_t sh = 4u * (uint32_t)(g & 1);
+            const uint32_t W0 = R.vl[u][j0], W1 = R.vl[u][j1];
+            const uint32_t X0 = tq3_hi_t(R.vh[u][j0]) >> sh, X1 = tq3_hi_t(R.vh[u][j1]) >> sh;
+            const uint32_t vw[4] = {tq3_vword<0>(W0, W1, X0, X1), tq3_vword<1>(W0, W1, X0, X1),
+                                    tq3_vword<2>(W0, W1, X0, X1), tq3_vword<3>(W0, W1, X0, X1)};
+            /* field k, byte j -> m-tile 4 (k & 1) + j, fragment row e = k >> 1 (vdim) */
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) a[4 * (k & 1) + j][2 * hp + (k >> 1)] = tlook(T, vw[k], j);
         }
     }
 }
@@ -285,306 +397,397 @@ __device__ __forceinline__ uint32_t set_half(uint32_t w, int hi, float v) {
 __device__ __forceinline__ float q8_at(const int8_t *p, int i) { return (float)p[i]; }
 
 // ---------------------------------------------------------------------------
-// The split kernel
+// The split kernel (persistent: each CTA builds the table once, then takes work items
+// (row, kv head, split) blockIdx.x, blockIdx.x + gridDim.x, ...; an item's arithmetic
+// does not depend on which CTA runs it)
 // ---------------------------------------------------------------------------
 struct Params {
     Ctx base;                 /* pointers of (row 0, head 0) before offsets */
+    Ring ring;
     const cuda_row *rows;
-    const uint16_t *q;        /* [rows, qh, D] prepared queries (fp16 / bf16 bits) */
+    const uint16_t *q;        /* [rows, qh, D] prepared queries (fp16 / bf16 bits, kdim order) */
     float *po;                /* [rows, qh, nsmax, D] split outputs (unnormalized, V domain) */
     float2 *pml;              /* [rows, qh, nsmax] (max, sum) in base 2 */
-    int kvh, G, qh, cap, nsmax;
+    int nrows, kvh, G, qh, cap;
+    int nsmax;                /* split stride of po / pml: >= every row's split_count */
+    int *work;                /* [2] counters (next item, CTAs done), zero between launches */
+    int pf;                   /* L2 prefetch distance in this warp's tiles (0: none) */
     cuda_codec kc, vc;
 };
 
-/* Dynamic shared memory: the codebook table [256][32] u32 (tq), reused at the end for the
- * warps' partial outputs [NW][CUDA_MAX_G][D] floats. */
-template <int F, int NW> constexpr int smem_bytes() {
+/* Dynamic shared memory: tq: the table [256][64] u32 (its holes hold the partial outputs);
+ * bf16: the warps' partial outputs [NW][CUDA_MAX_G][D] floats. */
+template <int F, int NW> __host__ __device__ constexpr int smem_main() {
     return F == F_BF16 ? NW * CUDA_MAX_G * D * 4 : 256 * 256;
 }
+constexpr int ATTN_MAX_ROWS = 1024;  /* rows of one decode attention call (s_pre) */
+template <int F, int NW> __host__ __device__ constexpr int smem_bytes() {
+    return smem_main<F, NW>() + 2 * NW * CUDA_MAX_G * 4 + NW * 4 + (ATTN_MAX_ROWS + 1) * 4;  /* s_m, s_l, s_next, s_pre */
+}
+/* Byte offset of partial output (warp w, head hd, dim d) in the dynamic shared memory. */
+template <int F, int NW> __device__ __forceinline__ int part_off(int w, int hd, int d) {
+    if constexpr (F == F_BF16) return ((w * CUDA_MAX_G + hd) * D + d) * 4;
+    else return ((w * CUDA_MAX_G + hd) * (D / 32) + (d >> 5)) * 256 + 128 + (d & 31) * 4;
+}
+static_assert(4 * CUDA_MAX_G * (D / 32) <= 256, "the 4 warps' partial outputs must fit the table's holes");
 
 /* (A 32 KiB table, offset (256 e + 8 l) >> 1, 4 CTAs per SM at <= 128 registers without the
  * double buffer, measured 5-10% slower; an 8-warp CTA without the double buffer 8-12%
  * slower. Both removed; see bench/RESULTS.md.) */
-template <int F, bool PF, int NW>
+/* NW warps per CTA, S subtiles per tile; the next tile of a warp is loaded into registers
+ * (double buffer) while this one is computed. (An 8-warp CTA with 16-token tiles and one
+ * buffer, 16 warps per SM at 128 registers, measured 4-8% slower; see bench/RESULTS.md.) */
+template <int F, int NW, int S>
 __global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : 3) split_kernel(const Params P) {
-    constexpr int SUB = Raw<F>::SUB, TT = 16 * SUB;
-    extern __shared__ uint32_t s_dyn[];
-    __shared__ float s_m[NW][CUDA_MAX_G], s_l[NW][CUDA_MAX_G];
-
-    const int r = blockIdx.z, h = blockIdx.y, sp = blockIdx.x;
-    const cuda_row row = P.rows[r];
-    const int ntok = row.ntok;
-    if (sp >= split_count(ntok)) return;
-    const int seg = split_len(ntok);
-    const int a = sp * seg, z = min(ntok, a + seg);
+    constexpr int SUB = S, TT = 16 * SUB;
+    using RawT = Raw<F, S>;
+    extern __shared__ __align__(16) uint32_t s_dyn[];
+    /* after the table / partials: running max and sum per (warp, head) */
+    float (*s_m)[CUDA_MAX_G] = reinterpret_cast<float (*)[CUDA_MAX_G]>(s_dyn + smem_main<F, NW>() / 4);
+    float (*s_l)[CUDA_MAX_G] = s_m + NW;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const int G = P.G;
+    char *const sbytes = reinterpret_cast<char *>(s_dyn);
 
-    // ---- pointers of this (row, head) --------------------------------------------
-    Ctx x = P.base;
-    const size_t rh = (size_t)r * P.kvh + h;
-    const size_t col = rh * P.cap + (size_t)row.left_pad;
-    x.kb += col * x.kpay;
-    x.vb += col * x.vpay;
     if constexpr (F != F_BF16) {
-        x.ksb += col;
-        x.vsb += col;
-        if (x.ring) {
-            x.kw += rh * x.ring * D;
-            x.vw += rh * x.ring * D;
-            x.kws += rh * x.ring * (D / 32);
-            x.vws += rh * x.ring * (D / 32);
-        }
-    }
-
-    // ---- query fragments (B of QK^T): head g, pairs 2s / 2s+1 ---------------------
-    uint32_t qb[8][2];
-    {
-        const uint16_t *q = P.q + ((size_t)r * P.qh + (size_t)h * G + g) * D;
-#pragma unroll
-        for (int s = 0; s < 8; s++)
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const int p = 2 * s + hh;
-                qb[s][hh] = g < G ? (uint32_t)q[kdim<F>(c, p, 0)] | (uint32_t)q[kdim<F>(c, p, 1)] << 16 : 0u;
-            }
-    }
-    if constexpr (F != F_BF16) {
-        for (int i = threadIdx.x; i < 256 * 32; i += NW * 32) {
-            const int e = i >> 5, m = F == F_TQ4 ? 15 : 7;
-            const __half2 v = __floats2half2_rn(P.kc.cent[e & m], P.kc.cent[(e >> 4) & m]);
-            s_dyn[e * 64 + (i & 31)] = *reinterpret_cast<const uint32_t *>(&v);
-        }
+        for (int i = threadIdx.x; i < 256 * 32; i += NW * 32) s_dyn[(i >> 5) * 64 + (i & 31)] = tab_entry<F>(P.kc.cent, i >> 5);
         __syncthreads();
     }
-    const Tab T = {reinterpret_cast<const char *>(s_dyn), 4u * (uint32_t)lane};
+    const Tab T = {4u * (uint32_t)lane | ((uint32_t)__cvta_generic_to_shared(s_dyn) & 0xFFFF0000u)};
+    const LaneOff lo = lane_off<F>(g, c);
 
-    float acc[8][4];
+    // ---- the work items: (row, kv head, split) for every split of every row, numbered
+    //      row by row (within a row head-major), so none is empty. s_pre[r] = first item
+    //      of row r (an exclusive scan of kvh * split_count(ntok) over the row table).
+    int *const s_next = reinterpret_cast<int *>(s_l + NW);
+    int *const s_pre = s_next + NW;                            /* [rows + 1] */
+    {
+        constexpr int NT = NW * 32;
+        const int per = (P.nrows + NT - 1) / NT, r0 = threadIdx.x * per;
+        int sum = 0;
+        for (int r = r0; r < r0 + per && r < P.nrows; r++) sum += P.kvh * split_count(P.rows[r].ntok);
+        int inc = sum;                                         /* inclusive scan in the warp */
 #pragma unroll
-    for (int i = 0; i < 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, inc, o);
+            if (lane >= o) inc += y;
+        }
+        if (lane == 31) s_next[w] = inc;                       /* warp totals (s_next reused) */
+        __syncthreads();
+        int base = 0;
+        for (int ww = 0; ww < w; ww++) base += s_next[ww];
+        int run = base + inc - sum;
+        for (int r = r0; r < r0 + per && r < P.nrows; r++) {
+            s_pre[r] = run;
+            run += P.kvh * split_count(P.rows[r].ntok);
+        }
+        if (threadIdx.x == NT - 1) s_pre[P.nrows] = base + inc;
+        __syncthreads();
+    }
+    const int total = s_pre[P.nrows];
+    /* CTA b's first item is b; with more items than CTAs the rest are claimed from the
+     * counter (items gridDim.x, gridDim.x + 1, ...), else no atomic is touched at all */
+    const bool claims = total > (int)gridDim.x;
+    for (int item = blockIdx.x; item < total;) {
+        int lo_r = 0, hi_r = P.nrows - 1;                      /* last r with s_pre[r] <= item */
+        while (lo_r < hi_r) {
+            const int mid = (lo_r + hi_r + 1) >> 1;
+            if (s_pre[mid] <= item) lo_r = mid;
+            else hi_r = mid - 1;
+        }
+        const int r = lo_r;
+        const cuda_row row = P.rows[r];
+        const int ntok = row.ntok;
+        const int nsr = split_count(ntok), local = item - s_pre[r];
+        const int h = local / nsr, sp = local - h * nsr;
+        const int seg = split_len(ntok);
+        const int a = sp * seg, z = min(ntok, a + seg);
 
-    const int fast_end = min(z, row.wstart);
-    // tiles of this warp: t0 = a + (w + NW * k) * TT
-    auto process = [&](const Raw<F> &R, int t0, bool slow) {
-        // ---- per-lane token factors (token t0 + lane) -----------------------------------
-        float kf = 1.0f, vf = 1.0f;
-        {
-            const int t = t0 + lane;
-            if constexpr (F != F_BF16) {
-                kf = __half2float(__ushort_as_half((uint16_t)R.ksc));
-                vf = __half2float(__ushort_as_half((uint16_t)R.vsc));
-                if (slow && t >= row.wstart) kf = vf = 1.0f;
-            }
-            if (slow && (t >= z || lane >= TT)) kf = vf = 0.0f;
-        }
-        float sc[SUB][4];
+        // ---- pointers of this (row, head) ------------------------------------------
+        const size_t rh = (size_t)r * P.kvh + h;
+        const size_t col = rh * P.cap + (size_t)row.left_pad;  /* token 0 of (row, head) */
+        /* window slot pointers, built where a slow tile needs them */
+        auto ring_of = [&]() {
+            Ring y = P.ring;
+            y.kw += rh * y.ring * D;
+            y.vw += rh * y.ring * D;
+            y.kws += rh * y.ring * (D / 32);
+            y.vws += rh * y.ring * (D / 32);
+            return y;
+        };
+
+        // ---- query fragments (B of QK^T): head g, pairs 2s / 2s+1 (stored in kdim order)
+        uint32_t qb[8][2];
+        if (g < G) {
+            const uint4 *q = reinterpret_cast<const uint4 *>(P.q + ((size_t)r * P.qh + (size_t)h * G + g) * D + 32 * c);
 #pragma unroll
-        for (int u = 0; u < SUB; u++) {
-            uint32_t pa[16], pb[16];
-            deq_k<F>(R, T, u, 0, pa);
-            deq_k<F>(R, T, u, 1, pb);
-            if constexpr (F != F_BF16) {
-                if (slow) { /* window tokens: q8 values with their block scale */
-#pragma unroll
-                    for (int row2 = 0; row2 < 2; row2++) {
-                        const int t = t0 + 16 * u + krow_tok(g, row2);
-                        if (t >= row.wstart && t < z) {
-                            const size_t slot = (size_t)(t % x.ring);
-                            const int8_t *qp = x.kw + slot * D;
-                            const float bs = __half2float(__ushort_as_half(x.kws[slot * (D / 32) + c]));
-                            uint32_t *pr = row2 ? pb : pa;
-#pragma unroll
-                            for (int p = 0; p < 16; p++)
-                                pr[p] = pack2<F>(q8_at(qp, kdim<F>(c, p, 0)) * bs, q8_at(qp, kdim<F>(c, p, 1)) * bs);
-                        }
-                    }
-                }
-            }
-            float s4[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s4b[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int s = 0; s < 8; s++) { /* two accumulators: half the dependent chain */
-                const uint32_t af[4] = {pa[2 * s], pb[2 * s], pa[2 * s + 1], pb[2 * s + 1]};
-                mma<F>(s & 1 ? s4b : s4, af, qb[s][0], qb[s][1]);
-            }
-#pragma unroll
-            for (int k = 0; k < 4; k++) s4[k] += s4b[k];
-            const float fA = __shfl_sync(0xffffffffu, kf, 16 * u + krow_tok(g, 0));
-            const float fB = __shfl_sync(0xffffffffu, kf, 16 * u + krow_tok(g, 1));
-            sc[u][0] = s4[0] * fA; sc[u][1] = s4[1] * fA;
-            sc[u][2] = s4[2] * fB; sc[u][3] = s4[3] * fB;
-            if (slow) {
-                if (t0 + 16 * u + krow_tok(g, 0) >= z) sc[u][0] = sc[u][1] = -INFINITY;
-                if (t0 + 16 * u + krow_tok(g, 1) >= z) sc[u][2] = sc[u][3] = -INFINITY;
-            }
-        }
-        // ---- online softmax (heads 2c, 2c+1) ------------------------------------------
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int u = 0; u < SUB; u++) {
-            mx[0] = fmaxf(mx[0], fmaxf(sc[u][0], sc[u][2]));
-            mx[1] = fmaxf(mx[1], fmaxf(sc[u][1], sc[u][3]));
-        }
-#pragma unroll
-        for (int o = 4; o < 32; o <<= 1) {
-            mx[0] = fmaxf(mx[0], __shfl_xor_sync(0xffffffffu, mx[0], o));
-            mx[1] = fmaxf(mx[1], __shfl_xor_sync(0xffffffffu, mx[1], o));
-        }
-        float mu[2];
-        /* rescale only when some running max grew (rare after the first tiles) */
-        if (__any_sync(0xffffffffu, mx[0] > m[0] || mx[1] > m[1])) {
-            float al[2];
-#pragma unroll
-            for (int k = 0; k < 2; k++) {
-                const float mn = fmaxf(m[k], mx[k]);
-                mu[k] = mn == -INFINITY ? 0.0f : mn;
-                al[k] = exp2f(m[k] - mu[k]);
-                m[k] = mn;
-                l[k] *= al[k];
-            }
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                acc[i][0] *= al[0]; acc[i][1] *= al[1];
-                acc[i][2] *= al[0]; acc[i][3] *= al[1];
+            for (int k = 0; k < 4; k++) {
+                const uint4 v = __ldg(q + k);
+                qb[2 * k][0] = v.x; qb[2 * k][1] = v.y; qb[2 * k + 1][0] = v.z; qb[2 * k + 1][1] = v.w;
             }
         } else {
-            mu[0] = m[0] == -INFINITY ? 0.0f : m[0];
-            mu[1] = m[1] == -INFINITY ? 0.0f : m[1];
+#pragma unroll
+            for (int s = 0; s < 8; s++) qb[s][0] = qb[s][1] = 0u;
         }
+
+        float acc[8][4];
 #pragma unroll
-        for (int u = 0; u < SUB; u++) {
-            float p[4];
+        for (int i = 0; i < 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+        const int fast_end = min(z, row.wstart);
+        // tiles of this warp: t0 = a + (w + NW * k) * TT
+        auto process = [&](const RawT &R, int t0, bool slow) {
+            // ---- per-lane token factors (token t0 + lane) -------------------------------
+            float kf = 1.0f, vf = 1.0f;
+            {
+                const int t = t0 + lane;
+                if constexpr (F != F_BF16) {
+                    kf = __half2float(__ushort_as_half((uint16_t)R.ksc));
+                    vf = __half2float(__ushort_as_half((uint16_t)R.vsc));
+                    if (slow && t >= row.wstart) kf = vf = 1.0f;
+                }
+                if (slow && (t >= z || lane >= TT)) kf = vf = 0.0f;
+            }
+            float sc[SUB][4];
 #pragma unroll
-            for (int k = 0; k < 4; k++) p[k] = exp2f(sc[u][k] - mu[k & 1]);
-            l[0] += p[0] + p[2];
-            l[1] += p[1] + p[3];
-            const float vA = __shfl_sync(0xffffffffu, vf, 16 * u + krow_tok(g, 0));
-            const float vB = __shfl_sync(0xffffffffu, vf, 16 * u + krow_tok(g, 1));
-            const uint32_t lo = pack2<F>(p[0] * vA, p[1] * vA), hi = pack2<F>(p[2] * vB, p[3] * vB);
-            // P^T fragment: tokens 4c'..4c'+3 of head g' (this lane: g' = g, c' = c)
-            const int src = 8 * c + (g >> 1);
-            const uint32_t x0 = __shfl_sync(0xffffffffu, lo, src), x1 = __shfl_sync(0xffffffffu, lo, src + 4);
-            const uint32_t x2 = __shfl_sync(0xffffffffu, hi, src), x3 = __shfl_sync(0xffffffffu, hi, src + 4);
-            const uint32_t sel = (g & 1) ? 0x7632u : 0x5410u;
-            const uint32_t b0 = g < G ? prmt(x0, x1, sel) : 0u, b1 = g < G ? prmt(x2, x3, sel) : 0u;
-            uint32_t va[8][4];
-            deq_v<F>(R, T, u, va);
-            if constexpr (F != F_BF16) {
-                if (slow) {
+            for (int u = 0; u < SUB; u++) {
+                uint32_t pa[16], pb[16];
+                deq_k<F, S>(R, T, u, 0, pa);
+                deq_k<F, S>(R, T, u, 1, pb);
+                if constexpr (F != F_BF16) {
+                    if (slow) { /* window tokens: q8 values with their block scale */
+                        const Ring x = ring_of();
 #pragma unroll
-                    for (int j = 0; j < 4; j++) {
-                        const int t = t0 + 16 * u + 4 * c + j;
-                        if (t >= row.wstart && t < z) {
-                            const size_t slot = (size_t)(t % x.ring);
-                            const int8_t *qp = x.vw + slot * D;
-                            const float bs = __half2float(__ushort_as_half(x.vws[slot * (D / 32) + (g >> 1)]));
+                        for (int row2 = 0; row2 < 2; row2++) {
+                            const int t = t0 + 16 * u + krow_tok(g, row2);
+                            if (t >= row.wstart && t < z) {
+                                const size_t slot = (size_t)(t % x.ring);
+                                const int8_t *qp = x.kw + slot * D;
+                                const float bs = __half2float(__ushort_as_half(x.kws[slot * (D / 32) + c]));
+                                uint32_t *pr = row2 ? pb : pa;
 #pragma unroll
-                            for (int i = 0; i < 8; i++)
-#pragma unroll
-                                for (int e = 0; e < 2; e++)
-                                    va[i][2 * (j >> 1) + e] = set_half(va[i][2 * (j >> 1) + e], j & 1,
-                                                                       q8_at(qp, vdim<F>(g, i, e)) * bs);
+                                for (int p = 0; p < 16; p++)
+                                    pr[p] = pack2<F>(q8_at(qp, kdim<F>(c, p, 0)) * bs, q8_at(qp, kdim<F>(c, p, 1)) * bs);
+                            }
                         }
                     }
                 }
+                float s4[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s4b[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int s = 0; s < 8; s++) { /* two accumulators: half the dependent chain */
+                    const uint32_t af[4] = {pa[2 * s], pb[2 * s], pa[2 * s + 1], pb[2 * s + 1]};
+                    mma<F>(s & 1 ? s4b : s4, af, qb[s][0], qb[s][1]);
+                }
+#pragma unroll
+                for (int k = 0; k < 4; k++) s4[k] += s4b[k];
+                const float fA = __shfl_sync(0xffffffffu, kf, 16 * u + krow_tok(g, 0));
+                const float fB = __shfl_sync(0xffffffffu, kf, 16 * u + krow_tok(g, 1));
+                sc[u][0] = s4[0] * fA; sc[u][1] = s4[1] * fA;
+                sc[u][2] = s4[2] * fB; sc[u][3] = s4[3] * fB;
+                if (slow) {
+                    if (t0 + 16 * u + krow_tok(g, 0) >= z) sc[u][0] = sc[u][1] = -INFINITY;
+                    if (t0 + 16 * u + krow_tok(g, 1) >= z) sc[u][2] = sc[u][3] = -INFINITY;
+                }
+            }
+            // ---- online softmax (heads 2c, 2c+1) ----------------------------------------
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int u = 0; u < SUB; u++) {
+                mx[0] = fmaxf(mx[0], fmaxf(sc[u][0], sc[u][2]));
+                mx[1] = fmaxf(mx[1], fmaxf(sc[u][1], sc[u][3]));
             }
 #pragma unroll
-            for (int i = 0; i < 8; i++) mma<F>(acc[i], va[i], b0, b1);
-        }
-    };
-
-    // ---- fast tiles (fully in the main plane and in range), register double buffer ----
-    int t0 = a + w * TT;
-    if (!PF) {
-        for (; t0 + TT <= fast_end; t0 += NW * TT) {
-            Raw<F> cur;
-            load_tile<F, false>(cur, x, t0, 0, g, c, lane);
-            process(cur, t0, false);
-        }
-    } else if (t0 + TT <= fast_end) {
-        /* register double buffer, two named buffers so that nothing is copied */
-        Raw<F> ra, rb;
-        load_tile<F, false>(ra, x, t0, 0, g, c, lane);
-        for (;;) {
-            int tn = t0 + NW * TT;
-            bool more = tn + TT <= fast_end;
-            if (more) load_tile<F, false>(rb, x, tn, 0, g, c, lane);
-            process(ra, t0, false);
-            t0 = tn;
-            if (!more) break;
-            tn = t0 + NW * TT;
-            more = tn + TT <= fast_end;
-            if (more) load_tile<F, false>(ra, x, tn, 0, g, c, lane);
-            process(rb, t0, false);
-            t0 = tn;
-            if (!more) break;
-        }
-    }
-    // ---- remaining tiles: partial, or reaching into the q8 window ----------------------
-    for (; t0 < z; t0 += NW * TT) {
-        Raw<F> cur;
-        load_tile<F, true>(cur, x, t0, fast_end, g, c, lane);
-        process(cur, t0, true);
-    }
-
-    // ---- merge the warps (s_o aliases the table: wait until every warp is done) ---------
-    __syncthreads();
-    float (*s_o)[CUDA_MAX_G][D] = reinterpret_cast<float (*)[CUDA_MAX_G][D]>(s_dyn);
-#pragma unroll
-    for (int k = 0; k < 2; k++)
-#pragma unroll
-        for (int o = 4; o < 32; o <<= 1) l[k] += __shfl_xor_sync(0xffffffffu, l[k], o);
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int d = vdim<F>(g, i, e);
-            s_o[w][2 * c][d] = acc[i][2 * e];
-            s_o[w][2 * c + 1][d] = acc[i][2 * e + 1];
-        }
-    if (g == 0) {
-        s_m[w][2 * c] = m[0]; s_m[w][2 * c + 1] = m[1];
-        s_l[w][2 * c] = l[0]; s_l[w][2 * c + 1] = l[1];
-    }
-    __syncthreads();
-    const int d = threadIdx.x & (D - 1);
-    for (int hd = threadIdx.x / D; hd < G; hd += NW * 32 / D) {
-        float M = -INFINITY;
-#pragma unroll
-        for (int ww = 0; ww < NW; ww++) M = fmaxf(M, s_m[ww][hd]);
-        float o = 0.0f, L = 0.0f;
-        if (M != -INFINITY)
-#pragma unroll
-            for (int ww = 0; ww < NW; ww++) {
-                if (s_m[ww][hd] == -INFINITY) continue;
-                const float f = exp2f(s_m[ww][hd] - M);
-                o += s_o[ww][hd][d] * f;
-                L += s_l[ww][hd] * f;
+            for (int o = 4; o < 32; o <<= 1) {
+                mx[0] = fmaxf(mx[0], __shfl_xor_sync(0xffffffffu, mx[0], o));
+                mx[1] = fmaxf(mx[1], __shfl_xor_sync(0xffffffffu, mx[1], o));
             }
-        const size_t pi = ((size_t)r * P.qh + (size_t)h * G + hd) * P.nsmax + sp;
-        P.po[pi * D + d] = o;
-        if (d == 0) P.pml[pi] = make_float2(M, L);
+            float mu[2];
+            /* rescale only when some running max grew (rare after the first tiles) */
+            if (__any_sync(0xffffffffu, mx[0] > m[0] || mx[1] > m[1])) {
+                float al[2];
+#pragma unroll
+                for (int k = 0; k < 2; k++) {
+                    const float mn = fmaxf(m[k], mx[k]);
+                    mu[k] = mn == -INFINITY ? 0.0f : mn;
+                    al[k] = ex2(m[k] - mu[k]);
+                    m[k] = mn;
+                    l[k] *= al[k];
+                }
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    acc[i][0] *= al[0]; acc[i][1] *= al[1];
+                    acc[i][2] *= al[0]; acc[i][3] *= al[1];
+                }
+            } else {
+                mu[0] = m[0] == -INFINITY ? 0.0f : m[0];
+                mu[1] = m[1] == -INFINITY ? 0.0f : m[1];
+            }
+#pragma unroll
+            for (int u = 0; u < SUB; u++) {
+                float p[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) p[k] = ex2(sc[u][k] - mu[k & 1]);
+                l[0] += p[0] + p[2];
+                l[1] += p[1] + p[3];
+                const float vA = __shfl_sync(0xffffffffu, vf, 16 * u + krow_tok(g, 0));
+                const float vB = __shfl_sync(0xffffffffu, vf, 16 * u + krow_tok(g, 1));
+                const uint32_t plo = pack2<F>(p[0] * vA, p[1] * vA), phi = pack2<F>(p[2] * vB, p[3] * vB);
+                // P^T fragment of head g', k slots of column c' (this lane: g' = g, c' = c):
+                /* tokens c, 4 + c (b0) and 8 + c, 12 + c (b1): rows A / B of lanes with
+                 * g = c and g = 4 + c, column g' >> 1 */
+                const int src = 4 * c + (g >> 1);
+                const uint32_t x0 = __shfl_sync(0xffffffffu, plo, src), x1 = __shfl_sync(0xffffffffu, plo, src + 16);
+                const uint32_t x2 = __shfl_sync(0xffffffffu, phi, src), x3 = __shfl_sync(0xffffffffu, phi, src + 16);
+                const uint32_t sel = (g & 1) ? 0x7632u : 0x5410u;
+                const uint32_t b0 = g < G ? prmt(x0, x1, sel) : 0u, b1 = g < G ? prmt(x2, x3, sel) : 0u;
+                uint32_t va[8][4];
+                deq_v<F, S>(R, T, u, g, va);
+                if constexpr (F != F_BF16) {
+                    if (slow) {
+                        const Ring x = ring_of();
+#pragma unroll
+                        for (int j = 0; j < 4; j++) {
+                            const int t = t0 + 16 * u + vcol_tok(c, j);
+                            if (t >= row.wstart && t < z) {
+                                const size_t slot = (size_t)(t % x.ring);
+                                const int8_t *qp = x.vw + slot * D;
+                                const float bs = __half2float(__ushort_as_half(x.vws[slot * (D / 32) + (g >> 1)]));
+#pragma unroll
+                                for (int i = 0; i < 8; i++)
+#pragma unroll
+                                    for (int e = 0; e < 2; e++)
+                                        va[i][2 * (j >> 1) + e] = set_half(va[i][2 * (j >> 1) + e], j & 1,
+                                                                           q8_at(qp, vdim<F>(g, i, e)) * bs);
+                            }
+                        }
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < 8; i++) mma<F>(acc[i], va[i], b0, b1);
+            }
+        };
+
+        // ---- fast tiles (fully in the main plane and in range), register double buffer --
+        int t0 = a + w * TT;
+        const int pfd = P.pf * NW * TT;                      /* prefetch distance in tokens */
+        if constexpr (F != F_BF16)
+            for (int k = 1; k < P.pf; k++)
+                if (t0 + k * NW * TT + TT <= fast_end) prefetch_tile<F, TT>(P.base, col, t0 + k * NW * TT, lane);
+        if (t0 + TT <= fast_end) {
+            /* two named buffers so that nothing is copied */
+            RawT ra, rb;
+            load_tile<F, S, false>(ra, P.base, col, lo, t0, 0, g, c, lane);
+            for (;;) {
+                int tn = t0 + NW * TT;
+                bool more = tn + TT <= fast_end;
+                if (more) load_tile<F, S, false>(rb, P.base, col, lo, tn, 0, g, c, lane);
+                if constexpr (F != F_BF16)
+                    if (pfd && t0 + pfd + TT <= fast_end) prefetch_tile<F, TT>(P.base, col, t0 + pfd, lane);
+                process(ra, t0, false);
+                t0 = tn;
+                if (!more) break;
+                tn = t0 + NW * TT;
+                more = tn + TT <= fast_end;
+                if (more) load_tile<F, S, false>(ra, P.base, col, lo, tn, 0, g, c, lane);
+                if constexpr (F != F_BF16)
+                    if (pfd && t0 + pfd + TT <= fast_end) prefetch_tile<F, TT>(P.base, col, t0 + pfd, lane);
+                process(rb, t0, false);
+                t0 = tn;
+                if (!more) break;
+            }
+        }
+        // ---- remaining tiles: partial, or reaching into the q8 window --------------------
+        for (; t0 < z; t0 += NW * TT) {
+            RawT cur;
+            load_tile<F, S, true>(cur, P.base, col, lo, t0, fast_end, g, c, lane);
+            process(cur, t0, true);
+        }
+
+        // ---- merge the warps (partials in the table's holes) ----------------------------
+#pragma unroll
+        for (int k = 0; k < 2; k++)
+#pragma unroll
+            for (int o = 4; o < 32; o <<= 1) l[k] += __shfl_xor_sync(0xffffffffu, l[k], o);
+        if (2 * c < G) {
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int d = vdim<F>(g, i, e);
+                    *reinterpret_cast<float *>(sbytes + part_off<F, NW>(w, 2 * c, d)) = acc[i][2 * e];
+                    if (2 * c + 1 < G)
+                        *reinterpret_cast<float *>(sbytes + part_off<F, NW>(w, 2 * c + 1, d)) = acc[i][2 * e + 1];
+                }
+        }
+        if (g == 0) {
+            s_m[w][2 * c] = m[0]; s_m[w][2 * c + 1] = m[1];
+            s_l[w][2 * c] = l[0]; s_l[w][2 * c + 1] = l[1];
+        }
+        __syncthreads();
+        const int d = threadIdx.x & (D - 1);
+        for (int hd = threadIdx.x / D; hd < G; hd += NW * 32 / D) {
+            float M = -INFINITY;
+#pragma unroll
+            for (int ww = 0; ww < NW; ww++) M = fmaxf(M, s_m[ww][hd]);
+            float o = 0.0f, L = 0.0f;
+            if (M != -INFINITY)
+#pragma unroll
+                for (int ww = 0; ww < NW; ww++) {
+                    if (s_m[ww][hd] == -INFINITY) continue;
+                    const float f = exp2f(s_m[ww][hd] - M);
+                    o += *reinterpret_cast<const float *>(sbytes + part_off<F, NW>(ww, hd, d)) * f;
+                    L += s_l[ww][hd] * f;
+                }
+            const size_t pi = ((size_t)r * P.qh + (size_t)h * G + hd) * P.nsmax + sp;
+            P.po[pi * D + d] = o;
+            if (d == 0) P.pml[pi] = make_float2(M, L);
+        }
+        if (!claims) break;
+        // ---- next work item, claimed from the counter ------------------------------------
+        __syncthreads();          /* the partials and s_next are read before they change */
+        if (threadIdx.x == 0) *s_next = (int)gridDim.x + atomicAdd(P.work, 1);
+        __syncthreads();
+        item = *s_next;
+    }
+    /* the last CTA out resets the counters for the next launch (stream order publishes it) */
+    if (claims && threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(P.work + 1, 1) == (int)gridDim.x - 1) {
+            atomicExch(P.work, 0);
+            atomicExch(P.work + 1, 0);
+        }
     }
 }
 
 // ---------------------------------------------------------------------------
 // Query preparation and merge (one warp per (row, q head), lane l: dims 4l..4l+3)
 // ---------------------------------------------------------------------------
+/* The query rotated into K's domain (tq), scaled by softmax scale * log2(e), rounded to
+ * fp16 (bf16 for the dense cache) and stored in the split kernel's kdim order: element
+ * 32 c + 2 p + e holds dim kdim(c, p, e), so a lane loads its 16 pairs as four uint4. */
+template <int F>
 __global__ void qprep_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, cuda_codec C,
-                             int rotate, int bf16, float mul, int n) {
-    const int v = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+                             float mul, int n) {
+    __shared__ float s_q[4][D];
+    const int wv = threadIdx.x >> 5, v = blockIdx.x * 4 + wv, lane = threadIdx.x & 31;
     if (v >= n) return;
     const float4 in = reinterpret_cast<const float4 *>(q + (size_t)v * D)[lane];
     float x[4] = {in.x, in.y, in.z, in.w};
-    if (rotate) {
+    if constexpr (F != F_BF16) {
         const float s[4] = {C.signs[4 * lane], C.signs[4 * lane + 1], C.signs[4 * lane + 2], C.signs[4 * lane + 3]};
         cw_rotate(x, s, C.inv, lane);
     }
 #pragma unroll
-    for (int k = 0; k < 4; k++)
-        out[(size_t)v * D + 4 * lane + k] = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(x[k] * mul))
-                                                 : __half_as_ushort(__float2half_rn(x[k] * mul));
+    for (int k = 0; k < 4; k++) s_q[wv][4 * lane + k] = x[k];
+    __syncwarp();
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int o = 4 * lane + k;
+        const float y = s_q[wv][kdim<F>(o >> 5, (o & 31) >> 1, o & 1)] * mul;
+        out[(size_t)v * D + o] = F == F_BF16 ? __bfloat16_as_ushort(__float2bfloat16_rn(y))
+                                             : __half_as_ushort(__float2half_rn(y));
+    }
 }
 
 __global__ void merge_kernel(const float *__restrict__ po, const float2 *__restrict__ pml,
@@ -621,16 +824,55 @@ __global__ void merge_kernel(const float *__restrict__ po, const float2 *__restr
 // ---------------------------------------------------------------------------
 // Entry points
 // ---------------------------------------------------------------------------
-/* Allow the split kernels their dynamic shared memory (the tq table is 64 KiB). */
-tqkv_status attn_cuda_setup(void) {
+/* CTAs of the persistent split kernel per format: as many as are resident at once. */
+static int g_split_ctas[3];
+static int g_setup_done;
+/* L2 prefetch distance in tiles (0: off); TQKV_CUDA_ATTN_PF overrides it, for
+ * benchmarking (bench/RESULTS.md compares 0, 2, 3 and 5). */
+static int g_prefetch = 2;
+
+__global__ void smem_probe_kernel(uint32_t *out) {
+    extern __shared__ __align__(16) uint32_t s_dyn[];
+    if (threadIdx.x == 0) *out = (uint32_t)__cvta_generic_to_shared(s_dyn) & 0xFFFFu;
+}
+
+/* Allow the split kernels their dynamic shared memory (the tq table is 64 KiB), size
+ * their persistent grids, and check where dynamic shared memory starts (TAB_BASE).
+ * Idempotent. */
+static tqkv_status attn_cuda_setup(void) {
+    if (g_setup_done) return TQKV_OK;
     cudaError_t e = cudaSuccess;
-#define ATTN_SMEM(F, PF, NW)                                                                    \
+    int dev = 0, sms = 0;
+    if (e == cudaSuccess) e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    const char *pf_env = getenv("TQKV_CUDA_ATTN_PF");
+    if (pf_env && *pf_env) g_prefetch = atoi(pf_env) < 0 ? 0 : atoi(pf_env) > 16 ? 16 : atoi(pf_env);
+#define ATTN_SETUP(F, NW, S)                                                                    \
     if (e == cudaSuccess)                                                                       \
-        e = cudaFuncSetAttribute(split_kernel<F, PF, NW>,                                       \
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<F, NW>());
-    ATTN_SMEM(F_TQ4, true, 4) ATTN_SMEM(F_TQ3, true, 4) ATTN_SMEM(F_BF16, true, 4)
-#undef ATTN_SMEM
-    return cuda_check(e, "attention kernel shared memory");
+        e = cudaFuncSetAttribute(split_kernel<F, NW, S>,                                        \
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<F, NW>()); \
+    if (e == cudaSuccess) {                                                                     \
+        int per_sm = 0;                                                                         \
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, split_kernel<F, NW, S>,       \
+                                                          NW * 32, smem_bytes<F, NW>());        \
+        g_split_ctas[F] = (per_sm > 0 ? per_sm : 1) * (sms > 0 ? sms : 1);                      \
+    }
+    ATTN_SETUP(F_TQ4, 4, 2) ATTN_SETUP(F_TQ3, 4, 2) ATTN_SETUP(F_BF16, 4, 1)
+#undef ATTN_SETUP
+    tqkv_status st = cuda_check(e, "attention kernel setup");
+    if (st) return st;
+    uint32_t *d_probe = NULL, probe = 0;
+    st = tqkv_cuda_malloc((void **)&d_probe, sizeof *d_probe);
+    if (st) return st;
+    smem_probe_kernel<<<1, 32, 256>>>(d_probe);
+    st = cuda_check(cudaMemcpy(&probe, d_probe, sizeof probe, cudaMemcpyDeviceToHost), "shared memory probe");
+    tqkv_cuda_free(d_probe);
+    if (st) return st;
+    if (probe != TAB_BASE)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "attention kernels: dynamic shared memory starts at %u in the CTA's "
+                         "window, the lookup table assumes %u (a GPU other than sm_90?)", probe, TAB_BASE);
+    g_setup_done = 1;
+    return TQKV_OK;
 }
 /* Workspace layout for rows x q_heads vectors and nsmax splits: partial outputs
  * [nv, nsmax, D] f32, (max, sum) [nv, nsmax] float2, rotated queries [nv, D] fp16. */
@@ -640,10 +882,17 @@ static size_t ws_need(size_t nv, int nsmax, size_t *po_b, size_t *pml_b) {
     return *po_b + *pml_b + nv * D * sizeof(uint16_t) + 256;
 }
 
+/* The split stride for rows of at most n tokens: >= split_count(m) for every m <= n
+ * (split_count(m) = ceil(m / 256) up to 8192 tokens, then at most 32), and monotone in n,
+ * so the workspace and the launch only change when it does (CUDA graphs key on it). */
+static int split_bound(int n) {
+    const int s = (n + 255) / 256;
+    return s < 1 ? 1 : s > 32 ? 32 : s;
+}
+
 extern "C" size_t tqkv_cuda_attend_ws_bytes(int rows, int q_heads, int max_tokens) {
     size_t a, b;
-    const int ns = split_count(max_tokens);
-    return ws_need((size_t)rows * q_heads, ns > 1 ? ns : 1, &a, &b);
+    return ws_need((size_t)rows * q_heads, split_bound(max_tokens), &a, &b);
 }
 
 static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale, float *out,
@@ -668,11 +917,19 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
         return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_attend: q_heads %d must be a multiple of kv_heads %d "
                          "with at most %d query heads per kv head", q_heads, kv->kvh, CUDA_MAX_G);
     if (kv->rows == 0) return TQKV_OK;
-    int nsmax = 1;
-    for (int r = 0; r < kv->rows; r++) {
-        const int n = split_count(kv->h_offset[r]);
-        if (n > nsmax) nsmax = n;
-    }
+    tqkv_status sst = attn_cuda_setup(); /* first call: never inside a graph capture */
+    if (sst) return sst;
+    const int fmt = kv->bf16 ? F_BF16 : kv->kfmt == TQKV_TQ4 ? F_TQ4 : F_TQ3;
+    const size_t pay = fmt == F_TQ4 ? Fmt<F_TQ4>::PAY : fmt == F_TQ3 ? Fmt<F_TQ3>::PAY : Fmt<F_BF16>::PAY;
+    if (kv->d != D || kv->kpay != pay || kv->vpay != pay || (!kv->bf16 && kv->vfmt != kv->kfmt))
+        return tqkv_fail(TQKV_EUNSUPPORTED, "tqkv_cuda_kv_attend: the device kernels need d %d and the same "
+                         "format for K and V (tq4/tq4, tq3/tq3 or the dense bf16 cache)", D);
+    if (kv->rows > ATTN_MAX_ROWS)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "tqkv_cuda_kv_attend: %d rows (the decode kernel takes at most %d)",
+                         kv->rows, ATTN_MAX_ROWS);
+    int maxtok = 0;
+    for (int r = 0; r < kv->rows; r++) maxtok = kv->h_offset[r] > maxtok ? kv->h_offset[r] : maxtok;
+    const int nsmax = split_bound(maxtok);
     const size_t nv = (size_t)kv->rows * q_heads;
     size_t po_b, pml_b;
     const size_t need = ws_need(nv, nsmax, &po_b, &pml_b);
@@ -691,31 +948,59 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
     float *po = (float *)ws;
     float2 *pml = (float2 *)((char *)ws + po_b);
     uint16_t *qp = (uint16_t *)((char *)ws + po_b + pml_b);
-    const int fmt = kv->bf16 ? F_BF16 : kv->kfmt == TQKV_TQ4 ? F_TQ4 : F_TQ3;
     const int nvi = (int)nv;
-    qprep_kernel<<<(nvi + 3) / 4, 128>>>(q, qp, kv->kc, !kv->bf16, kv->bf16, scale * LOG2E, nvi);
+    const float mul = scale * LOG2E;
+    const unsigned qgrid = (unsigned)((nvi + 3) / 4);
+    if (fmt == F_TQ4) qprep_kernel<F_TQ4><<<qgrid, 128, 0, kv->stream>>>(q, qp, kv->kc, mul, nvi);
+    else if (fmt == F_TQ3) qprep_kernel<F_TQ3><<<qgrid, 128, 0, kv->stream>>>(q, qp, kv->kc, mul, nvi);
+    else qprep_kernel<F_BF16><<<qgrid, 128, 0, kv->stream>>>(q, qp, kv->kc, mul, nvi);
     Params P;
     P.base.kb = kv->kd; P.base.vb = kv->vd;
     P.base.ksb = kv->ks; P.base.vsb = kv->vs;
-    P.base.kpay = kv->kpay; P.base.vpay = kv->vpay;
-    P.base.kw = kv->kw; P.base.vw = kv->vw;
-    P.base.kws = kv->kws; P.base.vws = kv->vws;
-    P.base.ring = kv->ring;
+    P.ring.kw = kv->kw; P.ring.vw = kv->vw;
+    P.ring.kws = kv->kws; P.ring.vws = kv->vws;
+    P.ring.ring = kv->ring;
     P.rows = kv->d_rows;
     P.q = qp;
     P.po = po;
     P.pml = pml;
+    P.nrows = kv->rows;
     P.kvh = kv->kvh;
     P.G = q_heads / kv->kvh;
     P.qh = q_heads;
     P.cap = kv->cap;
     P.nsmax = nsmax;
+    P.work = kv->d_work;
     P.kc = kv->kc;
     P.vc = kv->vc;
-    const dim3 grid((unsigned)nsmax, (unsigned)kv->kvh, (unsigned)kv->rows);
-    if (fmt == F_TQ4) split_kernel<F_TQ4, true, 4><<<grid, 128, smem_bytes<F_TQ4, 4>()>>>(P);
-    else if (fmt == F_TQ3) split_kernel<F_TQ3, true, 4><<<grid, 128, smem_bytes<F_TQ3, 4>()>>>(P);
-    else split_kernel<F_BF16, true, 4><<<grid, 128, smem_bytes<F_BF16, 4>()>>>(P);
-    merge_kernel<<<(nvi + 3) / 4, 128>>>(po, pml, kv->d_rows, out, kv->vc, !kv->bf16, q_heads, nsmax, nvi);
+    P.pf = g_prefetch;
+    /* persistent: the resident CTAs, at most one per possible work item */
+    const long items_ub = (long)kv->rows * kv->kvh * nsmax;
+    const unsigned grid = (unsigned)(items_ub < g_split_ctas[fmt] ? items_ub : g_split_ctas[fmt]);
+    if (fmt == F_TQ4) split_kernel<F_TQ4, 4, 2><<<grid, 128, smem_bytes<F_TQ4, 4>(), kv->stream>>>(P);
+    else if (fmt == F_TQ3) split_kernel<F_TQ3, 4, 2><<<grid, 128, smem_bytes<F_TQ3, 4>(), kv->stream>>>(P);
+    else split_kernel<F_BF16, 4, 1><<<grid, 128, smem_bytes<F_BF16, 4>(), kv->stream>>>(P);
+    merge_kernel<<<qgrid, 128, 0, kv->stream>>>(po, pml, kv->d_rows, out, kv->vc, !kv->bf16, q_heads, nsmax, nvi);
     return cuda_check(cudaGetLastError(), "attention kernel launch");
+}
+
+// ---------------------------------------------------------------------------
+// Decode attention at an earlier length (speculative verification)
+// ---------------------------------------------------------------------------
+/* The host mirror's offsets are lowered by `back` for the call and restored after; win_lo
+ * is left as it is (it only rose by the appends since, which matters only past the slack). */
+extern "C" tqkv_status tqkv_cuda_kv_attend_back(cuda_kv *kv, int back, const float *q, int q_heads,
+                                                float scale, float *out, void *ws, size_t ws_bytes) {
+    if (!kv || back < 0) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_attend_back: NULL cache or back < 0");
+    for (int r = 0; r < kv->rows; r++)
+        if (back > kv->h_offset[r])
+            return tqkv_fail(TQKV_ERANGE, "tqkv_cuda_kv_attend_back: back = %d exceeds row %d's %d tokens",
+                             back, r, kv->h_offset[r]);
+    if (back == 0) return tqkv_cuda_kv_attend_ws(kv, q, q_heads, scale, out, ws, ws_bytes);
+    for (int r = 0; r < kv->rows; r++) kv->h_offset[r] -= back;
+    tqkv_status st = cuda_kv_sync_rows(kv);
+    if (!st) st = tqkv_cuda_kv_attend_ws(kv, q, q_heads, scale, out, ws, ws_bytes);
+    for (int r = 0; r < kv->rows; r++) kv->h_offset[r] += back;
+    const tqkv_status st2 = cuda_kv_sync_rows(kv); /* the row table as it was */
+    return st ? st : st2;
 }

@@ -201,10 +201,13 @@ extern "C" tqkv_status tqkv_cuda_kv_attend_masked(cuda_kv *kv, const float *q, i
     tqkv_status st = tqkv_cuda_malloc((void **)&dlo, nrq * sizeof(int));
     if (!st) st = tqkv_cuda_malloc((void **)&dhi, nrq * sizeof(int));
     if (!st) st = tqkv_cuda_malloc((void **)&qp, nv * D * sizeof(float));
-    if (!st) st = tqkv_cuda_h2d(dlo, tl.data(), nrq * sizeof(int));
-    if (!st) st = tqkv_cuda_h2d(dhi, th.data(), nrq * sizeof(int));
+    /* everything on the cache's stream: the encode of these tokens ran there */
+    if (!st) st = cuda_check(cudaMemcpyAsync(dlo, tl.data(), nrq * sizeof(int), cudaMemcpyHostToDevice, kv->stream),
+                             "prefill ranges");
+    if (!st) st = cuda_check(cudaMemcpyAsync(dhi, th.data(), nrq * sizeof(int), cudaMemcpyHostToDevice, kv->stream),
+                             "prefill ranges");
     if (!st) {
-        pqprep_kernel<<<(unsigned)((nv + 3) / 4), 128>>>(q, qp, kv->kc, !kv->bf16, scale * LOG2E, (int)nv);
+        pqprep_kernel<<<(unsigned)((nv + 3) / 4), 128, 0, kv->stream>>>(q, qp, kv->kc, !kv->bf16, scale * LOG2E, (int)nv);
         PParams P;
         P.kd = kv->kd; P.vd = kv->vd; P.ks = kv->ks; P.vs = kv->vs;
         P.kw = kv->kw; P.vw = kv->vw; P.kws = kv->kws; P.vws = kv->vws;
@@ -216,8 +219,10 @@ extern "C" tqkv_status tqkv_cuda_kv_attend_masked(cuda_kv *kv, const float *q, i
                         "prefill shared memory");
         if (!st) {
             const dim3 grid((unsigned)((n_query + QB - 1) / QB), (unsigned)kv->kvh, (unsigned)kv->rows);
-            prefill_kernel<<<grid, NT, smem>>>(P);
-            st = tqkv_cuda_sync();
+            prefill_kernel<<<grid, NT, smem, kv->stream>>>(P);
+            st = cuda_check(cudaGetLastError(), "prefill kernel launch");
+            /* the temporaries are freed below, and the ranges' host copies die here */
+            if (!st) st = cuda_check(cudaStreamSynchronize(kv->stream), "prefill attention");
         }
     }
     tqkv_cuda_free(dlo);

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 extern "C" {
@@ -26,6 +27,9 @@ extern "C" {
 // ---------------------------------------------------------------------------
 tqkv_status cuda_check(cudaError_t e, const char *what) {
     if (e == cudaSuccess) return TQKV_OK;
+    /* an API error such as an allocation failure is also the runtime's "last error":
+     * clear it, or a later launch check would report it again (sticky errors stay) */
+    (void)cudaGetLastError();
     const tqkv_status s = e == cudaErrorMemoryAllocation ? TQKV_ENOMEM : TQKV_EUNSUPPORTED;
     return tqkv_fail(s, "CUDA: %s: %s", what, cudaGetErrorString(e));
 }
@@ -105,9 +109,15 @@ extern "C" tqkv_status tqkv_cuda_mem_info(size_t *free_bytes, size_t *total_byte
     return st;
 }
 
+extern "C" tqkv_status tqkv_cuda_fill_normal_on(float *x, size_t n, uint64_t seed, float sd,
+                                                void *stream) {
+    cf_fill_normal_kernel<<<1024, 256, 0, (cudaStream_t)stream>>>(x, n, seed, sd);
+    return cuda_check(cudaGetLastError(), "fill kernel launch");
+}
+
 extern "C" tqkv_status tqkv_cuda_fill_normal(float *x, size_t n, uint64_t seed, float sd) {
-    cf_fill_normal_kernel<<<1024, 256>>>(x, n, seed, sd);
-    return tqkv_cuda_sync();
+    tqkv_status st = tqkv_cuda_fill_normal_on(x, n, seed, sd, NULL);
+    return st ? st : tqkv_cuda_sync();
 }
 
 extern "C" tqkv_status tqkv_cuda_timer_start(void **t) {
@@ -175,9 +185,10 @@ static void codec_params(const struct tqkv_codec *c, cuda_codec *out) {
 
 extern "C" void tqkv_cuda_kv_free(cuda_kv *kv) {
     if (!kv) return;
+    if (kv->stream) cudaStreamSynchronize(kv->stream); /* nothing queued still reads it */
     tqkv_cuda_free(kv->kd); tqkv_cuda_free(kv->vd); tqkv_cuda_free(kv->ks); tqkv_cuda_free(kv->vs);
     tqkv_cuda_free(kv->kw); tqkv_cuda_free(kv->vw); tqkv_cuda_free(kv->kws); tqkv_cuda_free(kv->vws);
-    tqkv_cuda_free(kv->d_rows); tqkv_cuda_free(kv->ws);
+    tqkv_cuda_free(kv->d_rows); tqkv_cuda_free(kv->ws); tqkv_cuda_free(kv->d_work);
     free(kv->h_offset); free(kv->h_left_pad); free(kv->h_win_lo); free(kv->h_spec_base);
     free(kv);
 }
@@ -189,8 +200,16 @@ extern "C" size_t tqkv_cuda_kv_bytes(const cuda_kv *kv) {
     return b;
 }
 
+/* Storage ids: one per init, never reused in the process. */
+static std::atomic<uint64_t> g_storage_ids{0};
+
 extern "C" tqkv_status tqkv_cuda_kv_init(cuda_kv **out, const tqkv_cache_config *cfg, int bf16,
                                     int rows, int cap) {
+    return cuda_kv_init_on(out, cfg, bf16, rows, cap, 0);
+}
+
+tqkv_status cuda_kv_init_on(cuda_kv **out, const tqkv_cache_config *cfg, int bf16, int rows,
+                            int cap, cudaStream_t stream) {
     if (!out || !cfg) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_init: NULL argument");
     *out = NULL;
     tqkv_status st = batch_check_config(cfg);
@@ -208,6 +227,8 @@ extern "C" tqkv_status tqkv_cuda_kv_init(cuda_kv **out, const tqkv_cache_config 
     if (!kv) return tqkv_fail(TQKV_ENOMEM, "CUDA cache: out of memory");
     kv->cfg = *cfg;
     kv->bf16 = bf16 != 0;
+    kv->stream = stream;
+    kv->storage_id = ++g_storage_ids;
     kv->rows = rows;
     kv->cap = cap;
     kv->d = cfg->head_dim;
@@ -257,8 +278,9 @@ extern "C" tqkv_status tqkv_cuda_kv_init(cuda_kv **out, const tqkv_cache_config 
         if (!st) st = tqkv_cuda_malloc((void **)&kv->kws, rh * kv->ring * (kv->d / 32) * 2);
         if (!st) st = tqkv_cuda_malloc((void **)&kv->vws, rh * kv->ring * (kv->d / 32) * 2);
     }
-    if (!st) st = attn_cuda_setup();
     if (!st) st = tqkv_cuda_malloc((void **)&kv->d_rows, sizeof(cuda_row) * nr);
+    if (!st) st = tqkv_cuda_malloc((void **)&kv->d_work, 2 * sizeof(int));
+    if (!st) st = cuda_check(cudaMemsetAsync(kv->d_work, 0, 2 * sizeof(int), kv->stream), "attention counters");
     if (!st) st = cuda_kv_sync_rows(kv);
     if (st) {
         tqkv_cuda_kv_free(kv);
@@ -284,8 +306,21 @@ tqkv_status cuda_kv_sync_rows(cuda_kv *kv) {
         w.col0 = w.left_pad + w.ntok;
         w.win_lo = kv->h_win_lo[r];
     }
-    return kv->rows ? tqkv_cuda_h2d(kv->d_rows, h.data(), sizeof(cuda_row) * kv->rows) : TQKV_OK;
+    /* pageable source: staged before the call returns, so h may go */
+    return kv->rows ? cuda_check(cudaMemcpyAsync(kv->d_rows, h.data(), sizeof(cuda_row) * kv->rows,
+                                                 cudaMemcpyHostToDevice, kv->stream), "upload row table")
+                    : TQKV_OK;
 }
+
+extern "C" tqkv_status tqkv_cuda_kv_set_stream(cuda_kv *kv, void *stream) {
+    if (!kv) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_set_stream: NULL cache");
+    if ((cudaStream_t)stream == kv->stream) return TQKV_OK;
+    tqkv_status st = cuda_check(cudaStreamSynchronize(kv->stream), "cache stream switch");
+    if (!st) kv->stream = (cudaStream_t)stream;
+    return st;
+}
+
+extern "C" uint64_t tqkv_cuda_kv_storage_id(const cuda_kv *kv) { return kv ? kv->storage_id : 0; }
 
 extern "C" const int *tqkv_cuda_kv_offsets(const cuda_kv *kv) { return kv->h_offset; }
 extern "C" const int *tqkv_cuda_kv_left_pads(const cuda_kv *kv) { return kv->h_left_pad; }
@@ -303,21 +338,26 @@ extern "C" tqkv_status tqkv_cuda_kv_upload(cuda_kv *kv, const struct tqkv_batch 
                              b->left_pad[r] + b->offset[r], kv->cap);
     const int H = kv->kvh, cols = b->cap < kv->cap ? b->cap : kv->cap;
     tqkv_status st = TQKV_OK;
+    /* on the cache's stream, so its later kernels see the bytes (pageable sources are
+     * staged before each call returns) */
+#define UP(dst, src, bytes) \
+    cuda_check(cudaMemcpyAsync((dst), (src), (bytes), cudaMemcpyHostToDevice, kv->stream), "copy to device")
     for (int r = 0; r < b->rows && !st; r++)
         for (int h = 0; h < H && !st; h++) {
             const size_t ho = ((size_t)r * H + h) * b->cap, dO = ((size_t)r * H + h) * kv->cap;
-            st = tqkv_cuda_h2d(kv->kd + dO * kv->kpay, b->k.data + ho * kv->kpay, (size_t)cols * kv->kpay);
-            if (!st) st = tqkv_cuda_h2d(kv->vd + dO * kv->vpay, b->v.data + ho * kv->vpay, (size_t)cols * kv->vpay);
-            if (!st) st = tqkv_cuda_h2d(kv->ks + dO * kv->kns, b->k.scales + ho * kv->kns, (size_t)cols * kv->kns * 2);
-            if (!st) st = tqkv_cuda_h2d(kv->vs + dO * kv->vns, b->v.scales + ho * kv->vns, (size_t)cols * kv->vns * 2);
+            st = UP(kv->kd + dO * kv->kpay, b->k.data + ho * kv->kpay, (size_t)cols * kv->kpay);
+            if (!st) st = UP(kv->vd + dO * kv->vpay, b->v.data + ho * kv->vpay, (size_t)cols * kv->vpay);
+            if (!st) st = UP(kv->ks + dO * kv->kns, b->k.scales + ho * kv->kns, (size_t)cols * kv->kns * 2);
+            if (!st) st = UP(kv->vs + dO * kv->vns, b->v.scales + ho * kv->vns, (size_t)cols * kv->vns * 2);
         }
     if (!st && kv->ring) {
         const size_t n = (size_t)b->rows * H * kv->ring;
-        st = tqkv_cuda_h2d(kv->kw, b->k.win_data, n * kv->d);
-        if (!st) st = tqkv_cuda_h2d(kv->vw, b->v.win_data, n * kv->d);
-        if (!st) st = tqkv_cuda_h2d(kv->kws, b->k.win_scales, n * (kv->d / 32) * 2);
-        if (!st) st = tqkv_cuda_h2d(kv->vws, b->v.win_scales, n * (kv->d / 32) * 2);
+        st = UP(kv->kw, b->k.win_data, n * kv->d);
+        if (!st) st = UP(kv->vw, b->v.win_data, n * kv->d);
+        if (!st) st = UP(kv->kws, b->k.win_scales, n * (kv->d / 32) * 2);
+        if (!st) st = UP(kv->vws, b->v.win_scales, n * (kv->d / 32) * 2);
     }
+#undef UP
     if (st) return st;
     for (int r = 0; r < kv->rows; r++) {
         kv->h_offset[r] = r < b->rows ? b->offset[r] : 0;
@@ -335,8 +375,9 @@ extern "C" tqkv_status tqkv_cuda_kv_download(const cuda_kv *kv, uint8_t *kd, uin
                                         int8_t *vw, uint16_t *vws) {
     const size_t rhc = (size_t)kv->rows * kv->kvh * kv->cap;
     const size_t rhr = (size_t)kv->rows * kv->kvh * kv->ring;
-    tqkv_status st = TQKV_OK;
-    if (kd) st = tqkv_cuda_d2h(kd, kv->kd, rhc * kv->kpay);
+    /* the legacy stream's copies below do not wait for a non-blocking stream */
+    tqkv_status st = cuda_check(cudaStreamSynchronize(kv->stream), "download");
+    if (!st && kd) st = tqkv_cuda_d2h(kd, kv->kd, rhc * kv->kpay);
     if (!st && vd) st = tqkv_cuda_d2h(vd, kv->vd, rhc * kv->vpay);
     if (!st && ks && kv->kns) st = tqkv_cuda_d2h(ks, kv->ks, rhc * kv->kns * 2);
     if (!st && vs && kv->vns) st = tqkv_cuda_d2h(vs, kv->vs, rhc * kv->vns * 2);
@@ -368,8 +409,8 @@ __global__ void advance_rows_kernel(cuda_row *rows, int nrows, int n, int ring, 
 }
 
 tqkv_status cuda_kv_advance_rows(cuda_kv *kv, int n) {
-    advance_rows_kernel<<<(kv->rows + 127) / 128, 128>>>(kv->d_rows, kv->rows, n, kv->ring,
-                                                         kv->cfg.window);
+    advance_rows_kernel<<<(kv->rows + 127) / 128, 128, 0, kv->stream>>>(kv->d_rows, kv->rows, n,
+                                                                        kv->ring, kv->cfg.window);
     return cuda_check(cudaGetLastError(), "advance rows");
 }
 
@@ -380,22 +421,46 @@ extern "C" size_t tqkv_cuda_kv_token_bytes(const cuda_kv *kv, size_t *ring_bytes
     return kv ? (size_t)kv->kvh * (kv->kpay + kv->vpay + 2 * (size_t)(kv->kns + kv->vns)) : 0;
 }
 
-extern "C" tqkv_status tqkv_cuda_kv_append(cuda_kv *kv, const float *k, const float *v, int n) {
-    if (!kv || !k || !v) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_append: NULL argument");
-    if (n < 1) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_append: n must be >= 1, got %d", n);
-    if (kv->rows == 0) return TQKV_OK;
+/* Columns the rows need after an append of n tokens. */
+static int append_need(const cuda_kv *kv, int n) {
     int need = 0;
     for (int r = 0; r < kv->rows; r++)
         if (kv->h_left_pad[r] + kv->h_offset[r] + n > need) need = kv->h_left_pad[r] + kv->h_offset[r] + n;
-    /* d_rows is current: every row operation ends with cuda_kv_sync_rows */
-    tqkv_status st = cuda_kv_reserve(kv, need);
-    if (!st) st = codec_cuda_append(kv, k, v, n);
-    if (!st) st = cuda_kv_advance_rows(kv, n);
-    if (st) return st;
+    return need;
+}
+
+/* The host mirror's rule of an append of n tokens (advance_rows_kernel's on the device). */
+static void advance_host(cuda_kv *kv, int n) {
     for (int r = 0; r < kv->rows; r++) {
         kv->h_offset[r] += n;
         if (kv->ring > 0 && kv->h_win_lo[r] < kv->h_offset[r] - kv->ring)
             kv->h_win_lo[r] = kv->h_offset[r] - kv->ring;
     }
+}
+
+extern "C" tqkv_status tqkv_cuda_kv_reserve_append(cuda_kv *kv, int n) {
+    if (!kv || n < 1) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_reserve_append: NULL cache or n < 1");
+    return kv->rows ? cuda_kv_reserve(kv, append_need(kv, n)) : TQKV_OK;
+}
+
+extern "C" tqkv_status tqkv_cuda_kv_replayed_append(cuda_kv *kv, int n) {
+    if (!kv || n < 1) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_replayed_append: NULL cache or n < 1");
+    if (append_need(kv, n) > kv->cap)
+        return tqkv_fail(TQKV_ESTATE, "tqkv_cuda_kv_replayed_append: %d columns needed > cap %d "
+                         "(the replayed append had no room)", append_need(kv, n), kv->cap);
+    advance_host(kv, n);
+    return TQKV_OK;
+}
+
+extern "C" tqkv_status tqkv_cuda_kv_append(cuda_kv *kv, const float *k, const float *v, int n) {
+    if (!kv || !k || !v) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_append: NULL argument");
+    if (n < 1) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_append: n must be >= 1, got %d", n);
+    if (kv->rows == 0) return TQKV_OK;
+    /* d_rows is current: every row operation ends with cuda_kv_sync_rows */
+    tqkv_status st = cuda_kv_reserve(kv, append_need(kv, n));
+    if (!st) st = codec_cuda_append(kv, k, v, n);
+    if (!st) st = cuda_kv_advance_rows(kv, n);
+    if (st) return st;
+    advance_host(kv, n);
     return TQKV_OK;
 }

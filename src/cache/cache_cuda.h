@@ -44,6 +44,15 @@ TQKV_API tqkv_status tqkv_cuda_device_info(char *name, size_t cap, int *sms, int
 TQKV_API tqkv_status tqkv_cuda_kv_init(cuda_kv **out, const tqkv_cache_config *cfg, int bf16, int rows,
                          int cap);
 TQKV_API void        tqkv_cuda_kv_free(cuda_kv *kv);
+/* Run every later kernel and copy of kv on `stream` (a cudaStream_t; NULL = the legacy
+ * default stream, where a new cache starts), after waiting for the work queued on the old
+ * one. Row operations give the caches they make the source's stream. Calls that return
+ * data to the host (offsets aside: a host mirror) wait for the stream themselves. */
+TQKV_API tqkv_status tqkv_cuda_kv_set_stream(cuda_kv *kv, void *stream);
+/* Process-unique id of kv's device storage: it changes whenever the planes, the ring or
+ * the row table move (init, regrow, row operations that install new storage), so a CUDA
+ * graph that captured kv's pointers can tell it is stale. */
+TQKV_API uint64_t    tqkv_cuda_kv_storage_id(const cuda_kv *kv);
 /* Room for `tokens` tokens per row (after its left padding), allocated exactly (appends
  * otherwise grow the planes geometrically, with old and new planes both held while rows
  * move). A cap already large enough is kept. */
@@ -65,13 +74,25 @@ TQKV_API const int  *tqkv_cuda_kv_offsets(const cuda_kv *kv);
 TQKV_API const int  *tqkv_cuda_kv_left_pads(const cuda_kv *kv);
 
 /* GPU encode: append n tokens to every row. k, v: DEVICE pointers [rows, kv_heads, n,
- * head_dim] float (original domain); bytes equal to tqkv_batch_append's. Synchronous. */
+ * head_dim] float (original domain); bytes equal to tqkv_batch_append's. Asynchronous on
+ * kv's stream (k and v are read there); the host mirror (offsets) is updated at once.
+ * Grows the storage first when a row lacks room (geometric growth: a new storage id). */
 TQKV_API tqkv_status tqkv_cuda_kv_append(cuda_kv *kv, const float *k, const float *v, int n);
+/* The growth of tqkv_cuda_kv_append for an append of n tokens, alone (so an append that
+ * follows allocates nothing: e.g. one captured into a CUDA graph). */
+TQKV_API tqkv_status tqkv_cuda_kv_reserve_append(cuda_kv *kv, int n);
+/* The host half of tqkv_cuda_kv_append (offsets and window bounds advance by n) for an
+ * append whose kernels ran without it: a CUDA graph replaying a captured append (its
+ * kernels advance the device row table). Needs room for n more tokens in every row. */
+TQKV_API tqkv_status tqkv_cuda_kv_replayed_append(cuda_kv *kv, int n);
 
 /* GPU decode attention (one query per row). q: DEVICE [rows, q_heads, head_dim] float,
- * out: DEVICE [rows, q_heads, head_dim] float. Asynchronous on the default stream: call
- * tqkv_cuda_sync() before reading out on the host. Split-KV with a per-row split that depends
- * only on that row's token count (batch invariant). */
+ * out: DEVICE [rows, q_heads, head_dim] float. Asynchronous on kv's stream: synchronize it
+ * (tqkv_cuda_sync() for the legacy default stream) before reading out on the host.
+ * Split-KV with a per-row split that depends only on that row's token count (batch
+ * invariant). Its launch shape may depend on the host only through kv's rows and storage,
+ * q_heads, the workspace pointer and max over rows of tqkv_cuda_attend_ws_bytes(rows,
+ * q_heads, that row's tokens) (the model's CUDA graph of a decode step keys on these). */
 TQKV_API tqkv_status tqkv_cuda_kv_attend(cuda_kv *kv, const float *q, int q_heads, float scale, float *out);
 /* The same with a caller's workspace (e.g. one shared by every layer of a model state,
  * which run one after another on one stream) of at least
@@ -105,6 +126,20 @@ TQKV_API tqkv_status tqkv_cuda_kv_merge(cuda_kv **out, cuda_kv *const *items, in
 TQKV_API tqkv_status tqkv_cuda_kv_spec_begin(cuda_kv *kv);
 TQKV_API tqkv_status tqkv_cuda_kv_spec_commit(cuda_kv *kv);
 TQKV_API tqkv_status tqkv_cuda_kv_spec_rollback(cuda_kv *kv, const int *keep, int n_keep);
+/* 1 while a spec round is open; each row's offset at spec_begin [rows] (host mirror). */
+TQKV_API int         tqkv_cuda_kv_spec_active(const cuda_kv *kv);
+TQKV_API const int  *tqkv_cuda_kv_spec_bases(const cuda_kv *kv);
+/* Drop the newest n tokens of every row, also inside a spec round (not below a row's
+ * spec_begin offset): tqkv_batch_rewind's semantics (the undo of a failed forward). */
+TQKV_API tqkv_status tqkv_cuda_kv_rewind(cuda_kv *kv, int n);
+/* Decode attention (tqkv_cuda_kv_attend_ws: q, out DEVICE [rows, q_heads, head_dim]) as the
+ * cache stood `back` tokens ago: every row sees only its first offset - back tokens
+ * (0 <= back <= every row's offset). The same bits as the decode call made then when the
+ * cache has no q8 window or back <= window_slack (the ring still holds what that call
+ * read). Speculative verification (extend_as_decode). The row table is uploaded before and
+ * after (synchronous copies); the cache is unchanged. */
+TQKV_API tqkv_status tqkv_cuda_kv_attend_back(cuda_kv *kv, int back, const float *q, int q_heads,
+                                              float scale, float *out, void *ws, size_t ws_bytes);
 /* The bytes of tqkv_batch_export for the same state (through host memory), and back. */
 TQKV_API tqkv_status tqkv_cuda_kv_export(const cuda_kv *kv, uint8_t **out, size_t *len);
 TQKV_API tqkv_status tqkv_cuda_kv_restore(cuda_kv **out, const uint8_t *buf, size_t len);
@@ -119,6 +154,9 @@ TQKV_API tqkv_status tqkv_cuda_sync(void);
 TQKV_API tqkv_status tqkv_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 /* Fill x [n] with N(0, sd) pseudo-random floats from (seed) on the device. */
 TQKV_API tqkv_status tqkv_cuda_fill_normal(float *x, size_t n, uint64_t seed, float sd);
+/* The same queued on `stream` (a cudaStream_t), without waiting. */
+TQKV_API tqkv_status tqkv_cuda_fill_normal_on(float *x, size_t n, uint64_t seed, float sd,
+                                              void *stream);
 /* Median over reps of (cudaEvent) milliseconds of a device-to-device copy of bytes. */
 TQKV_API tqkv_status tqkv_cuda_copy_ms(size_t bytes, int reps, double *ms);
 /* Event timer: start, then stop returning milliseconds since start. */

@@ -54,13 +54,25 @@ struct cuda_kv {
     /* attention workspace */
     void  *ws;                /* partials */
     size_t ws_bytes;
+    cudaStream_t stream;      /* every kernel of this cache runs here (0: legacy default) */
+    int *d_work;              /* device [2]: the attention's work counters (zero between launches) */
+    uint64_t storage_id;      /* process-unique id of the storage (planes, ring, d_rows): a
+                               * new one at every init, so a row op or a regrow (which
+                               * install a freshly made cache) changes it; CUDA graphs that
+                               * captured the old pointers key on it */
 };
+
+/* cache_cuda.cu: an empty cache as tqkv_cuda_kv_init, whose copies already run on `stream`
+ * (row operations make their new storage on the source's stream). */
+tqkv_status cuda_kv_init_on(cuda_kv **out, const tqkv_cache_config *cfg, int bf16, int rows,
+                            int cap, cudaStream_t stream);
 
 /* cache_cuda_rows.cu: make sure every row can hold `need` columns (rebuilds the storage
  * with a larger cap, geometric growth). */
 tqkv_status cuda_kv_reserve(cuda_kv *kv, int need);
 
-/* Upload the per-row state (host mirror -> d_rows; a synchronous copy). */
+/* Upload the per-row state (host mirror -> d_rows): an asynchronous copy on kv->stream
+ * (from pageable memory: staged before the call returns). */
 tqkv_status cuda_kv_sync_rows(cuda_kv *kv);
 /* After an append of n tokens to every row: advance d_rows on the device with the host
  * mirror's rule (no copy, so a decode step queues without waiting on the GPU). */
@@ -68,9 +80,6 @@ tqkv_status cuda_kv_advance_rows(cuda_kv *kv, int n);
 
 /* codec_cuda.cu: encode n tokens of every row into the planes at each row's col0. */
 tqkv_status codec_cuda_append(cuda_kv *kv, const float *k, const float *v, int n);
-
-/* attn_cuda.cu: one-time kernel attributes (dynamic shared memory); idempotent. */
-tqkv_status attn_cuda_setup(void);
 
 /* Convert a cudaError_t into a tqkv failure (returns TQKV_OK on cudaSuccess). */
 tqkv_status cuda_check(cudaError_t e, const char *what);

@@ -1,6 +1,7 @@
 /*
- * cache_cuda_rows.cu - row operations on the device cache, in device memory: trim, filter,
- * extract, merge, align, speculative rounds, capacity growth, and state export / restore
+ * cache_cuda_rows.cu - row operations on the device cache, in device memory: trim, rewind,
+ * filter, extract, merge, align, speculative rounds (and the decode attention at an earlier
+ * length that their verification needs), capacity growth, and state export / restore
  * through host memory (the same bytes as tqkv_batch_export / tqkv_batch_restore).
  * Owns: moving rows between device caches by copying encoded bytes (main planes column by
  * column with a 2-D copy over the kv heads, the q8 ring slot for slot, since slots are
@@ -8,7 +9,7 @@
  * batch_spec.c (tests/test_cuda.c compares exports after the same operations on both).
  * Every reshaping call builds the new storage completely, then installs it: a failure
  * leaves the object as it was.
- * Must not: decode, rotate or requantize anything; run attention.
+ * Must not: decode, rotate or requantize anything; launch attention kernels.
  */
 #include <cuda_runtime.h>
 #include <stdlib.h>
@@ -23,7 +24,9 @@ extern "C" {
 // ---------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------
-/* Copy row rs of src into row rd of dst at left pad pd: tokens, ring, row state. */
+/* Copy row rs of src into row rd of dst at left pad pd: tokens, ring, row state. The
+ * copies are queued on dst's stream (src must not be written by another stream meanwhile:
+ * tqkv_cuda_kv_merge waits for its items' streams first). */
 static tqkv_status move_row(cuda_kv *dst, int rd, int pd, const cuda_kv *src, int rs) {
     const int n = src->h_offset[rs], ps = src->h_left_pad[rs], H = src->kvh;
     tqkv_status st = TQKV_OK;
@@ -34,19 +37,20 @@ static tqkv_status move_row(cuda_kv *dst, int rd, int pd, const cuda_kv *src, in
     for (int i = 0; i < 4 && !st && n > 0; i++) {
         if (!pl[i].per) continue;
         const size_t per = pl[i].per;
-        st = cuda_check(cudaMemcpy2D(pl[i].d + ((size_t)rd * H * dst->cap + pd) * per, dst->cap * per,
-                                     pl[i].s + ((size_t)rs * H * src->cap + ps) * per, src->cap * per,
-                                     (size_t)n * per, (size_t)H, cudaMemcpyDeviceToDevice),
+        st = cuda_check(cudaMemcpy2DAsync(pl[i].d + ((size_t)rd * H * dst->cap + pd) * per, dst->cap * per,
+                                          pl[i].s + ((size_t)rs * H * src->cap + ps) * per, src->cap * per,
+                                          (size_t)n * per, (size_t)H, cudaMemcpyDeviceToDevice, dst->stream),
                         "row copy");
     }
     if (!st && src->ring) {
         const size_t q = (size_t)H * src->ring * src->d, qs = (size_t)H * src->ring * (src->d / 32) * 2;
-        st = cuda_check(cudaMemcpy(dst->kw + rd * q, src->kw + rs * q, q, cudaMemcpyDeviceToDevice), "ring copy");
-        if (!st) st = cuda_check(cudaMemcpy(dst->vw + rd * q, src->vw + rs * q, q, cudaMemcpyDeviceToDevice), "ring copy");
-        if (!st) st = cuda_check(cudaMemcpy((char *)dst->kws + rd * qs, (const char *)src->kws + rs * qs, qs,
-                                            cudaMemcpyDeviceToDevice), "ring copy");
-        if (!st) st = cuda_check(cudaMemcpy((char *)dst->vws + rd * qs, (const char *)src->vws + rs * qs, qs,
-                                            cudaMemcpyDeviceToDevice), "ring copy");
+        cudaStream_t s = dst->stream;
+        st = cuda_check(cudaMemcpyAsync(dst->kw + rd * q, src->kw + rs * q, q, cudaMemcpyDeviceToDevice, s), "ring copy");
+        if (!st) st = cuda_check(cudaMemcpyAsync(dst->vw + rd * q, src->vw + rs * q, q, cudaMemcpyDeviceToDevice, s), "ring copy");
+        if (!st) st = cuda_check(cudaMemcpyAsync((char *)dst->kws + rd * qs, (const char *)src->kws + rs * qs, qs,
+                                                 cudaMemcpyDeviceToDevice, s), "ring copy");
+        if (!st) st = cuda_check(cudaMemcpyAsync((char *)dst->vws + rd * qs, (const char *)src->vws + rs * qs, qs,
+                                                 cudaMemcpyDeviceToDevice, s), "ring copy");
     }
     if (st) return st;
     dst->h_offset[rd] = n;
@@ -56,14 +60,18 @@ static tqkv_status move_row(cuda_kv *dst, int rd, int pd, const cuda_kv *src, in
     return TQKV_OK;
 }
 
-/* Take over tmp's storage and rows (tmp is freed). Keeps kv's attention workspace. */
+/* Take over tmp's storage, rows and storage id (tmp is freed). Keeps kv's attention
+ * workspace and stream; waits for the copies that built tmp (they read kv's old storage,
+ * which is freed here). */
 static void install(cuda_kv *kv, cuda_kv *tmp) {
+    if (tmp->stream != kv->stream) cudaStreamSynchronize(tmp->stream);
     cuda_kv old = *kv;
     const int spec = kv->spec_active;
     *kv = *tmp;
     kv->spec_active = spec;
     kv->ws = old.ws;
     kv->ws_bytes = old.ws_bytes;
+    kv->stream = old.stream;
     *tmp = old;
     tmp->ws = NULL;
     tqkv_cuda_kv_free(tmp);
@@ -87,7 +95,7 @@ static tqkv_status check_keep(const cuda_kv *kv, const int *keep, int n_keep, co
 /* Move every row into planes of exactly `cap` columns (cap >= every row's used columns). */
 static tqkv_status regrow(cuda_kv *kv, int cap) {
     cuda_kv *t = NULL;
-    tqkv_status st = tqkv_cuda_kv_init(&t, &kv->cfg, kv->bf16, kv->rows, cap);
+    tqkv_status st = cuda_kv_init_on(&t, &kv->cfg, kv->bf16, kv->rows, cap, kv->stream);
     for (int r = 0; !st && r < kv->rows; r++) st = move_row(t, r, kv->h_left_pad[r], kv, r);
     if (!st) st = cuda_kv_sync_rows(t);
     if (st) {
@@ -159,6 +167,22 @@ extern "C" tqkv_status tqkv_cuda_kv_spec_rollback(cuda_kv *kv, const int *keep, 
     return cuda_kv_sync_rows(kv);
 }
 
+extern "C" int tqkv_cuda_kv_spec_active(const cuda_kv *kv) { return kv ? kv->spec_active : 0; }
+extern "C" const int *tqkv_cuda_kv_spec_bases(const cuda_kv *kv) { return kv ? kv->h_spec_base : NULL; }
+
+extern "C" tqkv_status tqkv_cuda_kv_rewind(cuda_kv *kv, int n) {
+    if (!kv || n < 0) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_rewind: NULL cache or n < 0");
+    for (int r = 0; r < kv->rows; r++) {
+        const int floor = kv->spec_active ? kv->h_spec_base[r] : 0;
+        if (kv->h_offset[r] - n < floor)
+            return tqkv_fail(TQKV_ERANGE, "tqkv_cuda_kv_rewind: n = %d takes row %d below %d tokens",
+                             n, r, floor);
+    }
+    for (int r = 0; r < kv->rows; r++) kv->h_offset[r] -= n;
+    clamp_win_lo(kv);
+    return cuda_kv_sync_rows(kv);
+}
+
 // ---------------------------------------------------------------------------
 // Filter, align, extract, merge
 // ---------------------------------------------------------------------------
@@ -176,7 +200,7 @@ extern "C" tqkv_status tqkv_cuda_kv_select(const cuda_kv *kv, const int *keep, i
     }
     const int cap = kv->cap - min_pad > need ? kv->cap - min_pad : need;
     cuda_kv *t = NULL;
-    st = tqkv_cuda_kv_init(&t, &kv->cfg, kv->bf16, n_keep, cap);
+    st = cuda_kv_init_on(&t, &kv->cfg, kv->bf16, n_keep, cap, kv->stream);
     for (int i = 0; !st && i < n_keep; i++) st = move_row(t, i, kv->h_left_pad[keep[i]] - min_pad, kv, keep[i]);
     if (!st) st = cuda_kv_sync_rows(t);
     if (st) {
@@ -205,7 +229,7 @@ extern "C" tqkv_status tqkv_cuda_kv_align(cuda_kv *kv, const int *left_pad) {
     }
     const int cap = need > kv->cap ? need : kv->cap;
     cuda_kv *t = NULL;
-    tqkv_status st = tqkv_cuda_kv_init(&t, &kv->cfg, kv->bf16, kv->rows, cap);
+    tqkv_status st = cuda_kv_init_on(&t, &kv->cfg, kv->bf16, kv->rows, cap, kv->stream);
     for (int r = 0; !st && r < kv->rows; r++) st = move_row(t, r, left_pad[r], kv, r);
     if (!st) st = cuda_kv_sync_rows(t);
     if (st) {
@@ -220,7 +244,8 @@ extern "C" tqkv_status tqkv_cuda_kv_extract(const cuda_kv *kv, int row, cuda_kv 
     if (!kv || !out) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_extract: NULL argument");
     if (row < 0 || row >= kv->rows) return tqkv_fail(TQKV_ERANGE, "tqkv_cuda_kv_extract: row %d not in [0, %d)", row, kv->rows);
     cuda_kv *t = NULL;
-    tqkv_status st = tqkv_cuda_kv_init(&t, &kv->cfg, kv->bf16, 1, kv->h_offset[row] > 0 ? kv->h_offset[row] : 1);
+    tqkv_status st = cuda_kv_init_on(&t, &kv->cfg, kv->bf16, 1, kv->h_offset[row] > 0 ? kv->h_offset[row] : 1,
+                                     kv->stream);
     if (!st) st = move_row(t, 0, 0, kv, row);
     if (!st) st = cuda_kv_sync_rows(t);
     if (st) {
@@ -245,12 +270,19 @@ extern "C" tqkv_status tqkv_cuda_kv_merge(cuda_kv **out, cuda_kv *const *items, 
         for (int r = 0; r < items[i]->rows; r++)
             if (items[i]->h_offset[r] > maxlen) maxlen = items[i]->h_offset[r];
     }
+    /* the new cache runs on item 0's stream; the other items' queued work finishes first,
+     * and the copies finish before returning (the callers free the items) */
+    cudaStream_t s0 = items[0]->stream;
+    tqkv_status st = TQKV_OK;
+    for (int i = 1; i < n_items && !st; i++)
+        if (items[i]->stream != s0) st = cuda_check(cudaStreamSynchronize(items[i]->stream), "merge");
     cuda_kv *t = NULL;
-    tqkv_status st = tqkv_cuda_kv_init(&t, &items[0]->cfg, items[0]->bf16, rows, maxlen);
+    if (!st) st = cuda_kv_init_on(&t, &items[0]->cfg, items[0]->bf16, rows, maxlen, s0);
     for (int i = 0, dr = 0; !st && i < n_items; i++)
         for (int r = 0; !st && r < items[i]->rows; r++, dr++)
             st = move_row(t, dr, maxlen - items[i]->h_offset[r], items[i], r);
     if (!st) st = cuda_kv_sync_rows(t);
+    if (!st && n_items > 1) st = cuda_check(cudaStreamSynchronize(s0), "merge");
     if (st) {
         tqkv_cuda_kv_free(t);
         return st;

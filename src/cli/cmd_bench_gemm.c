@@ -111,7 +111,7 @@ int cmd_bench_gemm(int argc, char **argv) {
                 void *tm = NULL;
                 st = tqkv_cuda_fill_normal(flush, flush_n, (uint64_t)r + 7, 1.0f);
                 if (!st) st = tqkv_cuda_timer_start(&tm);
-                if (!st) st = tqkv_cuda_gemm(x, (size_t)K[i], T[j], w, N[i], K[i], NULL, y, (size_t)N[i], xf, part);
+                if (!st) st = tqkv_cuda_gemm(x, (size_t)K[i], T[j], w, N[i], K[i], NULL, y, (size_t)N[i], xf, part, NULL);
                 double t = 0;
                 if (tm) {
                     tqkv_status s2 = tqkv_cuda_timer_stop(tm, &t);

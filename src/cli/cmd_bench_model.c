@@ -8,6 +8,8 @@
  * --gen greedy decode steps at that depth (tg t/s = gen / time). Token ids are a fixed
  * pseudo-random sequence (speed does not depend on the text). Best of --reps rounds;
  * each round measures every configuration once, so noise spreads evenly.
+ * With --device cuda, --graphs 0,1 measures every configuration with the decode step
+ * launched kernel by kernel and as a CUDA graph, side by side, and prints their ratio.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,7 +122,7 @@ int cmd_bench_model(int argc, char **argv) {
     const char *model_arg = MCLI_DEFAULT_MODEL, *ctx_list = "512,4096",
                *kv_list = "f32,f16,q8,tq4,tq3", *prefill_kernel = "graph",
                *decode_kernel = "graph", *device = "cpu";
-    const char *fill = "prefill";
+    const char *fill = "prefill", *graphs_list = "1";
     int threads = 2, gen = 64, json = 0, window = 0, reps = 3, blas = 0, f32w = 0, rows = 1,
         find_max = 0, fast_gemm = 0;
     const arg_spec specs[] = {
@@ -138,6 +140,7 @@ int cmd_bench_model(int argc, char **argv) {
         {"--f32-weights", ARG_FLAG, &f32w, "convert weights to f32 at load"},
         {"--device", ARG_STR, &device, "cpu|cuda: where the forward runs (default cpu)"},
         {"--fast-gemm", ARG_FLAG, &fast_gemm, "with --device cuda: cuBLAS bf16 GEMMs, faster but NOT batch invariant"},
+        {"--graphs", ARG_STR, &graphs_list, "with --device cuda: 1 (default): decode steps as replayed CUDA graphs; 0: kernel by kernel; 0,1: both, side by side, with their ratio"},
         {"--fill", ARG_STR, &fill, "prefill (default): run ctx tokens through the model; synthetic: put ctx tokens of random K/V straight into the caches (device only, no pp figure)"},
         {"--max-rows", ARG_FLAG, &find_max, "also find the most rows whose caches for ctx + gen + 1 tokens fit (device memory; real allocations)"},
         {"--json", ARG_FLAG, &json, "print a JSON array of results on stdout"},
@@ -162,6 +165,25 @@ int cmd_bench_model(int argc, char **argv) {
     if (mcli_parse_kernel(CMD, prefill_kernel, &pk) || mcli_parse_kernel(CMD, decode_kernel, &dk) ||
         mcli_parse_device(CMD, device, &dev))
         return 2;
+    /* --graphs: the device_graphs values measured, in the order given */
+    int gv[2], n_gv = 0;
+    {
+        int bad_g = 0;
+        for (const char *q = graphs_list; *q && !bad_g; q++) {
+            if (*q == ',') continue;
+            const int v = *q == '0' ? 0 : *q == '1' ? 1 : -1;
+            bad_g = v < 0 || (q[1] && q[1] != ',') || n_gv == 2 || (n_gv == 1 && gv[0] == v);
+            if (!bad_g) gv[n_gv++] = v;
+        }
+        if (bad_g || n_gv == 0) {
+            fprintf(stderr, "tqkv bench model: --graphs takes 0, 1, 0,1 or 1,0, not '%s'\n", graphs_list);
+            return 2;
+        }
+        if (!dev && (n_gv != 1 || gv[0] != 1)) {
+            fprintf(stderr, "tqkv bench model: --graphs needs --device cuda (CUDA graphs of the decode step)\n");
+            return 2;
+        }
+    }
     char *ctx_copy = strdup(ctx_list), *kv_copy = strdup(kv_list);
     if (!ctx_copy || !kv_copy) {
         fprintf(stderr, "tqkv bench model: out of memory\n");
@@ -223,7 +245,8 @@ int cmd_bench_model(int argc, char **argv) {
             tqkv_kernel_name(pk), tqkv_kernel_name(dk), blas ? ", blas" : "");
     /* the table is the progress display: on stderr when stdout carries JSON */
     FILE *tab = json ? stderr : stdout;
-    fprintf(tab, "%-8s %-10s %12s %12s %14s\n", "ctx", "kv", "pp t/s", "tg t/s", "kv B/token");
+    if (dev) fprintf(tab, "%-8s %-10s %6s %12s %12s %14s\n", "ctx", "kv", "graphs", "pp t/s", "tg t/s", "kv B/token");
+    else fprintf(tab, "%-8s %-10s %12s %12s %14s\n", "ctx", "kv", "pp t/s", "tg t/s", "kv B/token");
     /* every state's parameters; per configuration rows and the KV formats change */
     tqkv_model_state_params base = tqkv_model_state_params_default();
     base.window = window;
@@ -245,36 +268,39 @@ int cmd_bench_model(int argc, char **argv) {
     /* Repetitions are the outer loop, so every configuration is measured once per round
      * and machine noise spreads over all of them alike; the best round is kept. */
     int rc = 0;
-    double best_pp[32 * 32] = {0}, best_tg[32 * 32] = {0}, bpt[32 * 32] = {0};
-    int oom[32 * 32] = {0}, maxr[32 * 32] = {0};
+    /* configuration i = (c * 32 + k) * 2 + graphs index */
+    double best_pp[32 * 32 * 2] = {0}, best_tg[32 * 32 * 2] = {0}, bpt[32 * 32 * 2] = {0};
+    int oom[32 * 32 * 2] = {0}, maxr[32 * 32] = {0};
     for (int r = 0; r < reps && !rc; r++) {
         if (reps > 1) fprintf(stderr, "tqkv bench model: round %d/%d\n", r + 1, reps);
         for (int c = 0; c < n_ctx && !rc; c++)
-            for (int k = 0; k < n_kv && !rc; k++) {
-                tqkv_model_state_params sp = base;
-                sp.rows = rows;
-                sp.k_format = kf[k];
-                sp.v_format = vf[k];
-                double pp = 0, tg = 0;
-                int i = c * 32 + k;
-                if (oom[i]) continue;
-                tqkv_status st = measure(m, &sp, tok, ctxs[c], rows, gen, synth, logits, &pp, &tg, &bpt[i]);
-                if (st == TQKV_ENOMEM) { /* does not fit: reported, not fatal */
-                    fprintf(stderr, "tqkv bench model: ctx %d kv %s rows %d: does not fit (%s)\n",
-                            ctxs[c], kv_items[k], rows, tqkv_last_error());
-                    oom[i] = 1;
-                    continue;
+            for (int k = 0; k < n_kv && !rc; k++)
+                for (int gi = 0; gi < n_gv && !rc; gi++) {
+                    tqkv_model_state_params sp = base;
+                    sp.rows = rows;
+                    sp.k_format = kf[k];
+                    sp.v_format = vf[k];
+                    sp.device_graphs = gv[gi];
+                    double pp = 0, tg = 0;
+                    int i = (c * 32 + k) * 2 + gi;
+                    if (oom[i]) continue;
+                    tqkv_status st = measure(m, &sp, tok, ctxs[c], rows, gen, synth, logits, &pp, &tg, &bpt[i]);
+                    if (st == TQKV_ENOMEM) { /* does not fit: reported, not fatal */
+                        fprintf(stderr, "tqkv bench model: ctx %d kv %s rows %d: does not fit (%s)\n",
+                                ctxs[c], kv_items[k], rows, tqkv_last_error());
+                        oom[i] = 1;
+                        continue;
+                    }
+                    if (st != TQKV_OK) {
+                        fprintf(stderr, "tqkv bench model: %s\n", tqkv_last_error());
+                        rc = 1;
+                        continue;
+                    }
+                    fprintf(stderr, "tqkv bench model: ctx %d kv %s rows %d%s: pp %.1f t/s, tg %.1f t/s\n",
+                            ctxs[c], kv_items[k], rows, !dev ? "" : gv[gi] ? " graphs" : " no graphs", pp, tg);
+                    if (pp > best_pp[i]) best_pp[i] = pp;
+                    if (tg > best_tg[i]) best_tg[i] = tg;
                 }
-                if (st != TQKV_OK) {
-                    fprintf(stderr, "tqkv bench model: %s\n", tqkv_last_error());
-                    rc = 1;
-                    continue;
-                }
-                fprintf(stderr, "tqkv bench model: ctx %d kv %s rows %d: pp %.1f t/s, tg %.1f t/s\n",
-                        ctxs[c], kv_items[k], rows, pp, tg);
-                if (pp > best_pp[i]) best_pp[i] = pp;
-                if (tg > best_tg[i]) best_tg[i] = tg;
-            }
     }
     for (int c = 0; c < n_ctx && !rc && find_max; c++)
         for (int k = 0; k < n_kv; k++) {
@@ -288,34 +314,42 @@ int cmd_bench_model(int argc, char **argv) {
                     kv_items[k], maxr[c * 32 + k]);
         }
     cJSON *arr = cJSON_CreateArray();
-    if (find_max) fprintf(tab, "%-8s %-10s %12s %12s %14s %9s\n", "", "", "", "", "", "max rows");
+    if (find_max) fprintf(tab, "%-8s %-10s %*s%12s %12s %14s %9s\n", "", "", dev ? 7 : 0, "", "", "", "", "max rows");
     for (int c = 0; c < n_ctx && !rc; c++)
-        for (int k = 0; k < n_kv; k++) {
-            int i = c * 32 + k;
-            if (oom[i]) fprintf(tab, "%-8d %-10s %12s %12s %14s", ctxs[c], kv_items[k], "-", "oom", "-");
-            else fprintf(tab, "%-8d %-10s %12.1f %12.1f %14.1f", ctxs[c], kv_items[k], best_pp[i],
-                         best_tg[i], bpt[i]);
-            if (find_max) fprintf(tab, " %9d", maxr[i]);
-            fputc('\n', tab);
-            cJSON *o = cJSON_CreateObject();
-            cJSON_AddItemToArray(arr, o);
-            cJSON_AddNumberToObject(o, "ctx", ctxs[c]);
-            cJSON_AddStringToObject(o, "device", dev ? "cuda" : "cpu");
-            cJSON_AddStringToObject(o, "kv", kv_items[k]);
-            cJSON_AddStringToObject(o, "fill", synth ? "synthetic" : "prefill");
-            cJSON_AddStringToObject(o, "gemm", fast_gemm ? "cublas" : "invariant");
-            if (oom[i] || synth) cJSON_AddNullToObject(o, "prefill_tokens_per_s");
-            else json_add_num(o, "prefill_tokens_per_s", best_pp[i], 2);
-            if (oom[i]) cJSON_AddNullToObject(o, "decode_tokens_per_s");
-            else json_add_num(o, "decode_tokens_per_s", best_tg[i], 2);
-            if (oom[i]) cJSON_AddStringToObject(o, "error", "out of memory");
-            json_add_num(o, "kv_bytes_per_token", bpt[i], 1);
-            cJSON_AddNumberToObject(o, "threads", threads);
-            cJSON_AddNumberToObject(o, "gen", gen);
-            cJSON_AddNumberToObject(o, "rows", rows);
-            cJSON_AddNumberToObject(o, "window", window);
-            if (find_max) cJSON_AddNumberToObject(o, "max_rows", maxr[i]);
-        }
+        for (int k = 0; k < n_kv; k++)
+            for (int gi = 0; gi < n_gv; gi++) {
+                const int i = (c * 32 + k) * 2 + gi, i0 = (c * 32 + k) * 2 + (1 - gi);
+                /* both measured: the graph row carries the ratio of its decode speed to the
+                 * kernel-by-kernel one's (same run, same rounds) */
+                const int both = n_gv == 2 && gv[gi] && !oom[i] && !oom[i0] && best_tg[i0] > 0;
+                fprintf(tab, "%-8d %-10s ", ctxs[c], kv_items[k]);
+                if (dev) fprintf(tab, "%6d ", gv[gi]);
+                if (oom[i]) fprintf(tab, "%12s %12s %14s", "-", "oom", "-");
+                else fprintf(tab, "%12.1f %12.1f %14.1f", best_pp[i], best_tg[i], bpt[i]);
+                if (find_max) fprintf(tab, " %9d", maxr[c * 32 + k]);
+                if (both) fprintf(tab, "   graphs / no graphs: tg %.3fx", best_tg[i] / best_tg[i0]);
+                fputc('\n', tab);
+                cJSON *o = cJSON_CreateObject();
+                cJSON_AddItemToArray(arr, o);
+                cJSON_AddNumberToObject(o, "ctx", ctxs[c]);
+                cJSON_AddStringToObject(o, "device", dev ? "cuda" : "cpu");
+                cJSON_AddStringToObject(o, "kv", kv_items[k]);
+                cJSON_AddStringToObject(o, "fill", synth ? "synthetic" : "prefill");
+                cJSON_AddStringToObject(o, "gemm", fast_gemm ? "cublas" : "invariant");
+                if (dev) cJSON_AddBoolToObject(o, "graphs", gv[gi]);
+                if (oom[i] || synth) cJSON_AddNullToObject(o, "prefill_tokens_per_s");
+                else json_add_num(o, "prefill_tokens_per_s", best_pp[i], 2);
+                if (oom[i]) cJSON_AddNullToObject(o, "decode_tokens_per_s");
+                else json_add_num(o, "decode_tokens_per_s", best_tg[i], 2);
+                if (both) json_add_num(o, "decode_graphs_speedup", best_tg[i] / best_tg[i0], 4);
+                if (oom[i]) cJSON_AddStringToObject(o, "error", "out of memory");
+                json_add_num(o, "kv_bytes_per_token", bpt[i], 1);
+                cJSON_AddNumberToObject(o, "threads", threads);
+                cJSON_AddNumberToObject(o, "gen", gen);
+                cJSON_AddNumberToObject(o, "rows", rows);
+                cJSON_AddNumberToObject(o, "window", window);
+                if (find_max) cJSON_AddNumberToObject(o, "max_rows", maxr[c * 32 + k]);
+            }
     if (json && !rc) rc = json_print(stdout, arr, 0, "bench model") ? 1 : 0;
     else cJSON_Delete(arr);
     free(tok);

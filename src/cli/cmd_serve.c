@@ -58,7 +58,7 @@ int cmd_serve(int argc, char **argv) {
         {"--api-key", ARG_STR, &api_key, "require Authorization: Bearer KEY (or env TQKV_API_KEY)"},
         {"--max-body", ARG_STR, &max_body, "request body limit (default 1M)"},
         {"--max-conns", ARG_INT, &max_conns, "simultaneous connections (default 512)"},
-        {"--device", ARG_STR, &device, "cpu|cuda: where the model runs (default cpu; cuda: no --draft, no --prompt-cache-dir yet)"},
+        {"--device", ARG_STR, &device, "cpu|cuda: where the model (and --draft) runs (default cpu; cuda: --prompt-cache-dir needs tq4 or tq3 KV)"},
         {"--verbose", ARG_FLAG, &verbose, "progress lines on stderr"},
     };
     if (args_parse(CMD, argc, argv, specs, (int)(sizeof specs / sizeof specs[0]))) return 2;

@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(256) ce_encode_kernel(const float *__restrict_
 }
 
 // ---------------------------------------------------------------------------
-// Launcher
+// Launcher: both planes' kernels on kv->stream, asynchronous
 // ---------------------------------------------------------------------------
 tqkv_status codec_cuda_append(cuda_kv *kv, const float *k, const float *v, int n) {
     const long long vecs = (long long)kv->rows * kv->kvh * n;
@@ -170,10 +170,10 @@ tqkv_status codec_cuda_append(cuda_kv *kv, const float *k, const float *v, int n
         P.wsc = p ? kv->vws : kv->kws;
         P.pay = (int)(p ? kv->vpay : kv->kpay);
         P.bf16 = kv->bf16;
-        ce_encode_kernel<<<blocks, 256>>>(p ? v : k, P, p ? kv->vc : kv->kc, kv->d_rows,
-                                          kv->rows, kv->kvh, n, kv->cap, kv->ring);
+        ce_encode_kernel<<<blocks, 256, 0, kv->stream>>>(p ? v : k, P, p ? kv->vc : kv->kc, kv->d_rows,
+                                                         kv->rows, kv->kvh, n, kv->cap, kv->ring);
         tqkv_status st = cuda_check(cudaGetLastError(), "encode kernel launch");
         if (st) return st;
     }
-    return cuda_check(cudaDeviceSynchronize(), "encode kernel");
+    return TQKV_OK; /* queued on kv->stream: no wait (a decode step may be being captured) */
 }

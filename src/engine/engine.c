@@ -133,6 +133,9 @@ static uint64_t engine_fingerprint(const tqkv_engine *e) {
     h = fnv(h, &c->rope_theta, sizeof c->rope_theta);
     size_t wb = tqkv_model_params(e->m);
     h = fnv(h, &wb, sizeof wb);
+    /* device states hold the GPU forward's K/V (equal to the CPU's only within rounding):
+     * entries are not shared across devices (CPU fingerprints are as before) */
+    if (e->sp.device) h = fnv(h, "device cuda", 11);
     return fnv(h, e->name, strlen(e->name));
 }
 
@@ -178,14 +181,10 @@ tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
                          "windows equal single decodes only without the q8 window)");
     if (p.device != 0 && p.device != 1)
         return tqkv_fail(TQKV_EINVAL, "engine: device %d (0 = CPU, 1 = CUDA)", p.device);
-    if (p.device && p.draft_dir)
-        return tqkv_fail(TQKV_EUNSUPPORTED, "engine: speculative decoding (a draft model) is not "
-                         "supported on the device yet (its verification window needs "
-                         "extend_as_decode on the GPU); serve without --draft");
-    if (p.device && p.prompt_cache_dir)
-        return tqkv_fail(TQKV_EUNSUPPORTED, "engine: a persisted prompt cache is not supported on "
-                         "the device yet (device states have no export); use the in-memory "
-                         "prefix cache");
+    if (p.device && p.prompt_cache_dir && (p.k_format == TQKV_F32 || p.v_format == TQKV_F32))
+        return tqkv_fail(TQKV_EUNSUPPORTED, "engine: a persisted prompt cache on the device needs "
+                         "tq4 or tq3 KV (f32 KV runs on a dense bf16 device cache, which has no "
+                         "state format); use the in-memory prefix cache");
     if (p.kv_budget == 0 && !p.device) p.kv_budget = default_budget();
     tqkv_engine *e = tqkv_calloc(1, sizeof *e);
     if (!e) return TQKV_ENOMEM;
@@ -249,6 +248,7 @@ tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
     e->dsp.k_format = p.k_format;
     e->dsp.v_format = p.v_format;
     e->dsp.threads = p.threads;
+    e->dsp.device = p.device; /* the draft runs where the target does */
     if (pthread_mutex_init(&e->mu, NULL) || pthread_cond_init(&e->cv_work, NULL) ||
         pthread_cond_init(&e->cv_idle, NULL)) {
         engine_release(e);
@@ -260,9 +260,9 @@ tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
         return tqkv_fail(TQKV_ENOMEM, "engine: out of memory");
     }
     char desc[256];
-    snprintf(desc, sizeof desc, "model %s, kv %s/%s, window %d, chunk %d", e->name,
+    snprintf(desc, sizeof desc, "model %s, kv %s/%s, window %d, chunk %d%s", e->name,
              tqkv_format_name(p.k_format), tqkv_format_name(p.v_format), p.window,
-             p.prefill_chunk);
+             p.prefill_chunk, p.device ? ", device cuda" : "");
     rc = prefix_init(&e->pc, p.prefix_cache_bytes, p.prompt_cache_dir, engine_fingerprint(e), desc);
     if (rc != TQKV_OK) {
         engine_release(e);
@@ -274,6 +274,11 @@ tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
     rc = tqkv_model_state_init(&tmp, e->m, &e->sp); /* device: uploads the weights */
     if (rc == TQKV_OK) e->st.kv_bytes_per_token = tqkv_model_state_kv_bytes_per_token(tmp);
     tqkv_model_state_free(tmp);
+    if (rc == TQKV_OK && e->dm) { /* the draft's states must be possible too (device: its graph) */
+        tmp = NULL;
+        rc = tqkv_model_state_init(&tmp, e->dm, &e->dsp);
+        tqkv_model_state_free(tmp);
+    }
 #ifdef TQKV_HAVE_CUDA
     if (rc == TQKV_OK && p.device && e->p.kv_budget == 0) {
         size_t fr = 0, total = 0;

@@ -40,6 +40,7 @@ tqkv_model_state_params tqkv_model_state_params_default(void) {
     p.prefill_kernel = TQKV_KERNEL_BY_GRAPH;
     p.decode_kernel = TQKV_KERNEL_BY_GRAPH;
     p.blas = 0;
+    p.device_graphs = 1;
     return p;
 }
 

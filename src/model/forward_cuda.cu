@@ -1,21 +1,32 @@
 /*
  * forward_cuda.cu - the model forward pass on the GPU (see model_cuda.h).
  * Owns: bf16 weight upload, device scratch, the per-token kernels (embedding, RMSNorm,
- * q/k norm + RoPE + scatter, gather, SwiGLU, residual), the device twin's row operations,
- * and the graph: embed -> per layer [RMSNorm, qkv GEMM, q/k norm, RoPE, device cache append
- * (GPU encode), attention (decode: split-KV fused kernel; n > 1: masked multi-query
- * kernel), o GEMM, residual + RMSNorm, gate|up GEMM, SwiGLU, down GEMM, residual]
- * -> RMSNorm -> lm_head -> logits copied to the host.
+ * q/k norm + RoPE + scatter, gather, SwiGLU, residual), cache installation, and the graph
+ * (the twin's row operations, spec rounds and export / upload: state_cuda.cu):
+ * embed -> per layer [RMSNorm, qkv GEMM, q/k norm, RoPE, device cache append (GPU encode),
+ * attention (decode: split-KV fused kernel; n > 1: masked multi-query kernel, or with
+ * extend_as_decode the decode kernel once per query), o GEMM, residual + RMSNorm, gate|up
+ * GEMM, SwiGLU, down GEMM, residual] -> RMSNorm -> lm_head -> logits copied to the host.
  * Must not: let an output element's reduction order depend on T, on the token's place in
  * a tile, or on other rows (batch invariance); call the host model's CPU forward.
  *
  * GEMMs: tqkv_cuda_gemm (gemm_cuda.h: tensor cores, activations split into bf16 hi + lo,
  * a reduction order fixed by K alone, so batch invariant by construction).
  * RoPE cos / sin come from the host's ops_rope_table (the CPU's exact values).
+ *
+ * Stream and CUDA graph: every kernel and copy of a state runs on its own non-blocking
+ * stream (g->stream, handed to the caches, the GEMMs and cuBLAS); a forward queues its work
+ * there and waits once, at the end. A decode step (n == 1) is the same queue of work
+ * captured into a CUDA graph and replayed (docs/CUDA.md, "Decode step as a CUDA graph"):
+ * per-step data goes through fixed buffers (tokens and RoPE rows from pinned host buffers,
+ * logits to a pinned one, the row table advanced on the device), and everything else a
+ * launch takes from the host is in the graph's key (rows, logits or not, the attention's
+ * launch shape, the generation of the buffers and cache storages).
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,71 +35,18 @@ extern "C" {
 #include "model/ops.h"
 #include "util/common.h"
 }
-#include "cache/cache_cuda.h"
-#include "model/gemm_cublas.h"
 #include "model/gemm_cuda.h"
-#include "model/model_cuda.h"
-
-typedef __nv_bfloat16 bf16;
+#include "model/model_cuda_impl.h"
 
 // ---------------------------------------------------------------------------
-// state
+// state: model_cuda_impl.h
 // ---------------------------------------------------------------------------
-
-typedef struct {
-    float *attn_norm, *ffn_norm, *q_norm, *k_norm; /* [H], [H], [hd], [hd] or NULL */
-    float *bqkv;                                    /* [QD + 2 KD] or NULL */
-    float *bo;                                      /* [H] or NULL */
-    bf16  *wqkv;                                    /* [QD + 2 KD, H] */
-    bf16  *wo;                                      /* [H, QD] */
-    bf16  *wgu;                                     /* [2 I, H] */
-    bf16  *wd;                                      /* [H, I] */
-} mc_layer;
-
-/* The device weights of one model: uploaded by its first device state, shared by all of
- * them, freed by tqkv_model_free (model.c) through model_cuda_weights_free. */
-struct model_cuda_weights {
-    int       n_layers;
-    mc_layer *layers;    /* [L] */
-    bf16     *embed;     /* [V, H] */
-    bf16     *lm_head;   /* [V, H] (== embed when tied) */
-    float    *final_norm;/* [H] */
-};
-
-struct model_cuda {
-    const tqkv_model       *m;
-    const model_cuda_weights *w;
-    tqkv_model_state_params p;
-    int                     rows;
-    cuda_kv               **kv;        /* [L] */
-    /* device scratch, grown on demand */
-    size_t  cap_t, cap_rn;
-    float  *x, *xn;      /* [T, H] */
-    float  *qkv;         /* [T, QD + 2 KD] */
-    float  *att;         /* [T, QD] */
-    float  *gu;          /* [T, 2 I] */
-    float  *hh;          /* [T, I] */
-    float  *tmp;         /* [T, H] */
-    float  *rope;        /* [T, hd] cos | sin per token */
-    void   *xf;          /* GEMM activations, fragment order (gemm_cuda.h) */
-    float  *part;        /* GEMM segment partials [nseg, 32, N] */
-    float  *logits;      /* [cap_logits, V] */
-    size_t  cap_logits;
-    int32_t *tinfo;      /* [T, 3] token id, row, column */
-    void   *aws;         /* decode attention workspace shared by the layers */
-    size_t  aws_bytes;
-    gemm_cublas *cublas; /* device_fast_gemm: the non-invariant cuBLAS path, else NULL */
-    float  *qb, *ob;     /* [rows, NH, n, hd] */
-    float  *kb, *vb;     /* [rows, NKV, n, hd] */
-    /* host scratch */
-    float   *h_rope;     /* [T, hd] */
-    int32_t *h_tinfo;    /* [T, 3] */
-    int32_t *h_lo, *h_hi;/* [rows, n] */
-    int     *off;        /* [rows] */
-};
 
 static tqkv_status ck(cudaError_t e, const char *what) {
     if (e == cudaSuccess) return TQKV_OK;
+    /* an API error such as an allocation failure is also the runtime's "last error":
+     * clear it, or a later launch check would report it again (sticky errors stay) */
+    (void)cudaGetLastError();
     const tqkv_status s = e == cudaErrorMemoryAllocation ? TQKV_ENOMEM : TQKV_EUNSUPPORTED;
     return tqkv_fail(s, "CUDA: %s: %s", what, cudaGetErrorString(e));
 }
@@ -351,6 +309,9 @@ static tqkv_status upload_weights(const tqkv_model *m, model_cuda_weights **out)
             st = upload_matrix(&g->lm_head, &lm, 1);
     }
     if (!st) st = upload_vec(&g->final_norm, &fnorm, &H, 1);
+    /* cudaMemcpy from pageable memory may return before its DMA lands, and the states'
+     * non-blocking streams do not wait for the legacy stream: wait once, here */
+    if (!st) st = ck(cudaStreamSynchronize(0), "upload weights");
     if (st) model_cuda_weights_free(g);
     else *out = g;
     return st;
@@ -369,19 +330,36 @@ static void free_caches(model_cuda *g) {
 
 static void free_scratch(model_cuda *g);
 
-static void free_cache_array(cuda_kv **kv, int L) {
+void mc_free_cache_array(cuda_kv **kv, int L) {
     if (!kv) return;
     for (int l = 0; l < L; l++) tqkv_cuda_kv_free(kv[l]);
     free(kv);
 }
 
-/* Install new per-layer caches of `rows` rows (g's old ones, if any, are freed). */
-static tqkv_status install_caches(model_cuda *g, cuda_kv **kv, int rows) {
-    int *off = (int *)calloc((size_t)(rows ? rows : 1), sizeof(int));
-    if (!off) {
-        free_cache_array(kv, g->m->cfg.n_layers);
-        return tqkv_fail(TQKV_ENOMEM, "out of memory");
+/* Drop the decode step's executable graph (it holds pointers that are about to go stale;
+ * the generation bump makes every key taken before unequal to the next ones). */
+static void graph_drop(model_cuda *g) {
+    if (g->graph.exec) {
+        cudaGraphExecDestroy(g->graph.exec);
+        g->graph.stats.invalidations++;
     }
+    g->graph.exec = NULL;
+    g->graph.key.valid = g->graph.pending.valid = 0;
+    g->gen++;
+}
+
+/* Install new per-layer caches of `rows` rows (g's old ones, if any, are freed), moved to
+ * g's stream; the decode graph is dropped. */
+tqkv_status mc_install_caches(model_cuda *g, cuda_kv **kv, int rows) {
+    int *off = (int *)calloc((size_t)(rows ? rows : 1), sizeof(int));
+    tqkv_status st = off ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "out of memory");
+    for (int l = 0; l < g->m->cfg.n_layers && !st; l++) st = tqkv_cuda_kv_set_stream(kv[l], g->stream);
+    if (st) {
+        free(off);
+        mc_free_cache_array(kv, g->m->cfg.n_layers);
+        return st;
+    }
+    graph_drop(g);
     free_caches(g);
     g->kv = kv;
     free(g->off);
@@ -412,13 +390,15 @@ static tqkv_status make_caches(model_cuda *g, int rows) {
         st = tqkv_cuda_kv_init(&kv[l], &cc, bf, rows, 256);
     }
     if (st) {
-        free_cache_array(kv, c->n_layers);
+        mc_free_cache_array(kv, c->n_layers);
         return st;
     }
-    return install_caches(g, kv, rows);
+    return mc_install_caches(g, kv, rows);
 }
 
+/* Every scratch buffer (device and pinned host); waits for the stream first. */
 static void free_scratch(model_cuda *g) {
+    if (g->stream) cudaStreamSynchronize(g->stream);
     void *d[] = {g->x, g->xn, g->qkv, g->att, g->gu, g->hh, g->tmp, g->rope, g->logits,
                  g->tinfo, g->qb, g->ob, g->kb, g->vb, g->xf, g->part};
     for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) cudaFree(d[i]);
@@ -426,18 +406,40 @@ static void free_scratch(model_cuda *g) {
     g->qb = g->ob = g->kb = g->vb = g->part = NULL;
     g->xf = NULL;
     g->tinfo = NULL;
-    free(g->h_rope);
-    free(g->h_tinfo);
+    cudaFreeHost(g->h_rope);
+    cudaFreeHost(g->h_tinfo);
+    cudaFreeHost(g->h_logits);
     free(g->h_lo);
     free(g->h_hi);
-    g->h_rope = NULL;
+    g->h_rope = g->h_logits = NULL;
     g->h_tinfo = g->h_lo = g->h_hi = NULL;
-    g->cap_t = g->cap_rn = g->cap_logits = 0;
+    g->cap_t = g->cap_rn = g->cap_logits = g->cap_hlogits = 0;
+    g->gen++;
+}
+
+static tqkv_status pinned_alloc(void **p, size_t bytes) {
+    *p = NULL;
+    return ck(cudaMallocHost(p, bytes ? bytes : 16), "cudaMallocHost (model)");
+}
+
+/* Pinned host staging for decode logits: rows x V floats. */
+static tqkv_status ensure_hlogits(model_cuda *g, size_t rows) {
+    if (rows <= g->cap_hlogits) return TQKV_OK;
+    cudaStreamSynchronize(g->stream);
+    cudaFreeHost(g->h_logits);
+    g->h_logits = NULL;
+    g->cap_hlogits = 0;
+    g->gen++;
+    tqkv_status st = pinned_alloc((void **)&g->h_logits, rows * (size_t)g->m->cfg.vocab_size * 4);
+    if (!st) g->cap_hlogits = rows;
+    return st;
 }
 
 /* Device logits rows (LOGITS_ALL: T, LAST: rows). */
 static tqkv_status ensure_logits(model_cuda *g, size_t rows) {
     if (rows <= g->cap_logits) return TQKV_OK;
+    cudaStreamSynchronize(g->stream);
+    g->gen++;
     cudaFree(g->logits);
     g->logits = NULL;
     g->cap_logits = 0;
@@ -469,11 +471,8 @@ static tqkv_status ensure_scratch(model_cuda *g, size_t T, size_t RN) {
         for (int i = 0; i < 3; i++) nmax = nn[i] > nmax ? nn[i] : nmax;
         if (!st) st = dmalloc(&g->xf, tqkv_cuda_gemm_xf_bytes(t, kmax));
         if (!st) st = dmalloc((void **)&g->part, tqkv_cuda_gemm_part_bytes(nmax, kmax));
-        if (!st) {
-            g->h_rope = (float *)malloc(t * hd * 4);
-            g->h_tinfo = (int32_t *)malloc(t * 3 * 4);
-            if (!g->h_rope || !g->h_tinfo) st = tqkv_fail(TQKV_ENOMEM, "out of memory");
-        }
+        if (!st) st = pinned_alloc((void **)&g->h_rope, t * hd * 4);
+        if (!st) st = pinned_alloc((void **)&g->h_tinfo, t * 3 * 4);
         if (st) {
             free_scratch(g);
             return st;
@@ -481,6 +480,8 @@ static tqkv_status ensure_scratch(model_cuda *g, size_t T, size_t RN) {
         g->cap_t = t;
     }
     if (RN > g->cap_rn) {
+        cudaStreamSynchronize(g->stream);
+        g->gen++;
         cudaFree(g->qb); cudaFree(g->ob); cudaFree(g->kb); cudaFree(g->vb);
         g->qb = g->ob = g->kb = g->vb = NULL;
         free(g->h_lo);
@@ -535,15 +536,19 @@ extern "C" tqkv_status model_cuda_init(model_cuda **out, const tqkv_model *m,
     g->m = m;
     g->p = *p;
     g->rows = rows;
-    tqkv_status st = TQKV_OK;
-    if (!m->gpu_weights) { /* first device state of this model: upload once */
+    const char *env = getenv("TQKV_CUDA_GRAPHS"); /* "0": off whatever the parameters say */
+    g->graph.enabled = p->device_graphs && !(env && !strcmp(env, "0"));
+    g->kv_ids = (uint64_t *)calloc((size_t)c->n_layers, sizeof(uint64_t));
+    tqkv_status st = g->kv_ids ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "out of memory");
+    if (!st) st = ck(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking), "state stream");
+    if (!st && !m->gpu_weights) { /* first device state of this model: upload once */
         model_cuda_weights *w = NULL;
         st = upload_weights(m, &w);
         if (!st) ((tqkv_model *)m)->gpu_weights = w;
     }
     g->w = m->gpu_weights;
     if (!st) st = make_caches(g, rows);
-    if (!st && p->device_fast_gemm) st = gemm_cublas_init(&g->cublas);
+    if (!st && p->device_fast_gemm) st = gemm_cublas_init(&g->cublas, g->stream);
     if (st) {
         model_cuda_free(g);
         return st;
@@ -552,14 +557,27 @@ extern "C" tqkv_status model_cuda_init(model_cuda **out, const tqkv_model *m,
     return TQKV_OK;
 }
 
+/* Everything is freed after the stream is idle, the stream last. */
 extern "C" void model_cuda_free(model_cuda *g) {
     if (!g) return;
+    if (g->stream) cudaStreamSynchronize(g->stream);
+    graph_drop(g);
     gemm_cublas_free(g->cublas);
     cudaFree(g->aws);
     free_caches(g);
     free_scratch(g);
     free(g->off);
+    free(g->kv_ids);
+    if (g->stream) cudaStreamDestroy(g->stream);
     free(g);
+}
+
+extern "C" void model_cuda_graph_stats_get(const model_cuda *g, model_cuda_graph_stats *out) {
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (!g) return;
+    *out = g->graph.stats;
+    out->enabled = g->graph.enabled;
 }
 
 extern "C" tqkv_status model_cuda_reset(model_cuda *g, int rows) {
@@ -573,10 +591,25 @@ extern "C" tqkv_status model_cuda_offsets(const model_cuda *g, int *offset) {
     return TQKV_OK;
 }
 
-/* The shared decode attention workspace, large enough for rows of max_tokens tokens. */
-static tqkv_status ensure_aws(model_cuda *g, int max_tokens) {
-    const size_t need = tqkv_cuda_attend_ws_bytes(g->rows, g->m->cfg.n_heads, max_tokens);
+/* Bytes of decode attention workspace for a call that attends each row r at its lengths
+ * off[r] + 1 .. off[r] + n (a decode: n = 1; a verification window: n): the largest over
+ * rows and lengths, since the split count (the grid and the partials' layout) is per row
+ * and not monotonic in the length. For a decode step it is also the graph key's attn_ws. */
+static size_t aws_need(const model_cuda *g, const int *off, int n) {
+    size_t need = 0;
+    for (int r = 0; r < g->rows; r++)
+        for (int j = 1; j <= n; j++) {
+            const size_t b = tqkv_cuda_attend_ws_bytes(g->rows, g->m->cfg.n_heads, off[r] + j);
+            need = b > need ? b : need;
+        }
+    return need;
+}
+
+/* The shared decode attention workspace, at least `need` bytes (a new one: gen bump). */
+static tqkv_status ensure_aws_bytes(model_cuda *g, size_t need) {
     if (need <= g->aws_bytes) return TQKV_OK;
+    cudaStreamSynchronize(g->stream);
+    g->gen++;
     cudaFree(g->aws);
     g->aws = NULL;
     g->aws_bytes = 0;
@@ -585,7 +618,21 @@ static tqkv_status ensure_aws(model_cuda *g, int max_tokens) {
     return st;
 }
 
+/* The workspace for rows of up to max_tokens tokens: the largest need of any length
+ * (split counts are not monotonic in the length). */
+static tqkv_status ensure_aws(model_cuda *g, int max_tokens) {
+    size_t need = 0;
+    for (int t = 1; t <= max_tokens; t++) {
+        const size_t b = tqkv_cuda_attend_ws_bytes(g->rows, g->m->cfg.n_heads, t);
+        need = b > need ? b : need;
+    }
+    return ensure_aws_bytes(g, need);
+}
+
+/* The caches' new storage (if any) has new storage ids: the next step's key differs; the
+ * executable graph is dropped all the same (its memory goes before the caches grow). */
 extern "C" tqkv_status model_cuda_reserve(model_cuda *g, int tokens) {
+    graph_drop(g);
     tqkv_status st = ensure_aws(g, tokens);
     for (int l = 0; l < g->m->cfg.n_layers && !st; l++) st = tqkv_cuda_kv_reserve(g->kv[l], tokens);
     return st;
@@ -606,110 +653,261 @@ extern "C" tqkv_status model_cuda_fill(model_cuda *g, int n, uint64_t seed) {
         const size_t cnt = (size_t)g->rows * c->n_kv_heads * m * CUDA_DIM;
         for (int l = 0; l < c->n_layers && !st; l++) {
             const uint64_t sd = seed ^ ((uint64_t)l << 40) ^ ((uint64_t)done << 8);
-            st = tqkv_cuda_fill_normal(k, cnt, sd * 2 + 1, 1.0f);
-            if (!st) st = tqkv_cuda_fill_normal(v, cnt, sd * 2 + 2, 1.0f);
+            /* all on g->stream: the next fill of k / v waits for this append's encode */
+            st = tqkv_cuda_fill_normal_on(k, cnt, sd * 2 + 1, 1.0f, g->stream);
+            if (!st) st = tqkv_cuda_fill_normal_on(v, cnt, sd * 2 + 2, 1.0f, g->stream);
             if (!st) st = tqkv_cuda_kv_append(g->kv[l], k, v, m);
             if (st) /* leave every layer at `done` tokens */
                 for (int j = 0; j < l; j++) tqkv_cuda_kv_trim(g->kv[j], m);
         }
         if (!st) done += m;
     }
+    const tqkv_status ss = ck(cudaStreamSynchronize(g->stream), "synthetic fill");
     cudaFree(k);
     cudaFree(v);
-    return st;
-}
-
-// ---------------------------------------------------------------------------
-// row operations (state_rows.c's device branch): new caches are built for every layer
-// first, then installed, so a failure leaves the twin as it was
-// ---------------------------------------------------------------------------
-
-extern "C" tqkv_status model_cuda_merge(model_cuda *g, model_cuda *const *src, int n) {
-    const int L = g->m->cfg.n_layers;
-    int rows = g->rows;
-    for (int i = 0; i < n; i++) rows += src[i]->rows;
-    cuda_kv **nk = (cuda_kv **)calloc((size_t)L, sizeof *nk);
-    cuda_kv **items = (cuda_kv **)calloc((size_t)n + 1, sizeof *items);
-    tqkv_status st = nk && items ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "out of memory");
-    for (int l = 0; l < L && !st; l++) {
-        items[0] = g->kv[l];
-        for (int i = 0; i < n; i++) items[i + 1] = src[i]->kv[l];
-        st = tqkv_cuda_kv_merge(&nk[l], items, n + 1);
-    }
-    free(items);
-    if (st) {
-        free_cache_array(nk, L);
-        return st;
-    }
-    return install_caches(g, nk, rows);
-}
-
-extern "C" tqkv_status model_cuda_filter(model_cuda *g, const int *keep, int n) {
-    const int L = g->m->cfg.n_layers;
-    cuda_kv **nk = (cuda_kv **)calloc((size_t)L, sizeof *nk);
-    tqkv_status st = nk ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "out of memory");
-    for (int l = 0; l < L && !st; l++) st = tqkv_cuda_kv_select(g->kv[l], keep, n, &nk[l]);
-    if (st) {
-        free_cache_array(nk, L);
-        return st;
-    }
-    return install_caches(g, nk, n);
-}
-
-extern "C" tqkv_status model_cuda_extract(const model_cuda *g, int row, model_cuda *dst) {
-    const int L = g->m->cfg.n_layers;
-    cuda_kv **nk = (cuda_kv **)calloc((size_t)L, sizeof *nk);
-    tqkv_status st = nk ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "out of memory");
-    for (int l = 0; l < L && !st; l++) st = tqkv_cuda_kv_extract(g->kv[l], row, &nk[l]);
-    if (st) {
-        free_cache_array(nk, L);
-        return st;
-    }
-    return install_caches(dst, nk, 1);
-}
-
-extern "C" tqkv_status model_cuda_check(const model_cuda *g) {
-    const int *o0 = tqkv_cuda_kv_offsets(g->kv[0]);
-    for (int l = 1; l < g->m->cfg.n_layers; l++) {
-        const int *o = tqkv_cuda_kv_offsets(g->kv[l]);
-        for (int r = 0; r < g->rows; r++)
-            if (o[r] != o0[r])
-                return tqkv_fail(TQKV_ESTATE, "state: device layer %d row %d holds %d tokens, "
-                                 "layer 0 %d", l, r, o[r], o0[r]);
-    }
-    return TQKV_OK;
-}
-
-extern "C" size_t model_cuda_projected_bytes(const model_cuda *g, int tokens) {
-    size_t b = 0;
-    for (int l = 0; l < g->m->cfg.n_layers; l++) {
-        size_t ring = 0;
-        b += tqkv_cuda_kv_token_bytes(g->kv[l], &ring) * (size_t)tokens + ring;
-    }
-    return b;
-}
-
-extern "C" size_t model_cuda_kv_bytes(const model_cuda *g) {
-    size_t b = 0;
-    if (g && g->kv)
-        for (int l = 0; l < g->m->cfg.n_layers; l++) b += tqkv_cuda_kv_bytes(g->kv[l]);
-    return b;
+    return st ? st : ss;
 }
 
 static tqkv_status gemm(model_cuda *g, const float *x, size_t ldx, int T, const bf16 *w, int N,
                         int K, const float *bias, float *y, size_t ldy) {
     if (g->cublas) /* xf holds >= T K 4 bytes: room for the bf16 activations */
         return gemm_cublas_run(g->cublas, x, ldx, T, (const uint16_t *)w, N, K, bias, y, ldy, g->xf);
-    return tqkv_cuda_gemm(x, ldx, T, (const uint16_t *)w, N, K, bias, y, ldy, g->xf, g->part);
+    return tqkv_cuda_gemm(x, ldx, T, (const uint16_t *)w, N, K, bias, y, ldy, g->xf, g->part, g->stream);
+}
+
+/* Speculative verification (extend_as_decode, n > 1): query j of each row attends as that
+ * token's single decode did, with the decode kernel over the row's tokens up to its own
+ * position (tqkv_cuda_kv_attend_back, n - 1 - j tokens back), so the window's logits equal n
+ * single-token decodes bit for bit (window 0; with the q8 window while n - 1 <= slack).
+ * qb, ob [R, NH, n, hd]; att [T, QD] is free until the gather that follows and holds
+ * q1 = att [R, NH, hd] and o1 = att + R QD [R, NH, hd] (2 R QD <= T QD since n >= 2).
+ * Everything is queued on g->stream (the caches' stream). Never captured in the decode
+ * graph (n > 1). */
+static tqkv_status attend_as_decode(model_cuda *g, cuda_kv *kv, int n, int NH, float scale) {
+    const size_t R = (size_t)g->rows, hd = CUDA_DIM, vec = hd * sizeof(float);
+    float *q1 = g->att, *o1 = g->att + R * NH * hd;
+    tqkv_status st = TQKV_OK;
+    for (int j = 0; j < n && !st; j++) {
+        st = ck(cudaMemcpy2DAsync(q1, vec, g->qb + (size_t)j * hd, (size_t)n * vec, vec, R * NH,
+                                  cudaMemcpyDeviceToDevice, g->stream), "verification query copy");
+        if (!st) st = tqkv_cuda_kv_attend_back(kv, n - 1 - j, q1, NH, scale, o1, g->aws, g->aws_bytes);
+        if (!st) st = ck(cudaMemcpy2DAsync(g->ob + (size_t)j * hd, (size_t)n * vec, o1, vec, vec, R * NH,
+                                           cudaMemcpyDeviceToDevice, g->stream), "verification output copy");
+    }
+    return st;
+}
+
+// ---------------------------------------------------------------------------
+// forward: one call's device work as a queue on g->stream, run directly or, for a decode
+// step, captured into a CUDA graph and replayed
+// ---------------------------------------------------------------------------
+
+/* Queue one forward's device work on g->stream for the token list in h_tinfo / h_rope
+ * (T = rows n tokens): its upload, the embedding, the layers, the lm_head and the logits'
+ * copy to `out` (host memory; pinned when captured; NULL with TQKV_LOGITS_NONE). Waits for
+ * nothing. *done: the layers whose cache took this call's append (forward_undo rewinds
+ * them). With n == 1 and !as_decode it only launches kernels and copies between fixed
+ * buffers, and reads from the host only what the graph key holds: capturable. */
+static tqkv_status forward_queue(model_cuda *g, int n, int as_decode, tqkv_logits_mode mode,
+                                 float *out, int *done) {
+    const tqkv_model_config *c = &g->m->cfg;
+    const int R = g->rows, H = c->hidden_size, hd = c->head_dim, NH = c->n_heads,
+              NKV = c->n_kv_heads, I = c->intermediate_size, V = c->vocab_size;
+    const int QD = NH * hd, KD = NKV * hd, QS = QD + 2 * KD;
+    const size_t T = (size_t)R * n;
+    const cudaStream_t s = g->stream;
+    *done = 0;
+    tqkv_status st = ck(cudaMemcpyAsync(g->tinfo, g->h_tinfo, T * 3 * 4, cudaMemcpyHostToDevice, s),
+                        "upload tokens");
+    if (!st) st = ck(cudaMemcpyAsync(g->rope, g->h_rope, T * hd * 4, cudaMemcpyHostToDevice, s),
+                     "upload rope");
+    if (st) return st;
+
+    embed_kernel<<<(unsigned)T, 128, 0, s>>>(g->tinfo, g->w->embed, H, g->x);
+    const float scale = 1.0f / sqrtf((float)hd), eps = c->rms_norm_eps;
+    for (int l = 0; l < c->n_layers && !st; l++) {
+        const mc_layer *L = &g->w->layers[l];
+        cuda_kv *kv = g->kv[l];
+        // ---- attention block
+        if (l == 0) rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, NULL, L->attn_norm, eps, H, g->xn);
+        st = gemm(g, g->xn, H, (int)T, L->wqkv, QS, H, L->bqkv, g->qkv, QS);
+        if (st) break;
+        const size_t warps = T * (size_t)(NH + 2 * NKV);
+        qkv_post_kernel<<<(unsigned)((warps + 3) / 4), 128, 0, s>>>(g->qkv, (int)T, NH, NKV, n, g->tinfo,
+                                                                    L->q_norm, L->k_norm, eps, g->rope,
+                                                                    g->qb, g->kb, g->vb);
+        st = tqkv_cuda_kv_append(kv, g->kb, g->vb, n);
+        if (st) break;
+        *done = l + 1;
+        if (n == 1) {
+            st = tqkv_cuda_kv_attend_ws(kv, g->qb, NH, scale, g->ob, g->aws, g->aws_bytes);
+        } else if (as_decode) {
+            st = attend_as_decode(g, kv, n, NH, scale);
+        } else {
+            for (int r = 0; r < R; r++)
+                for (int j = 0; j < n; j++) {
+                    const int lp = tqkv_cuda_kv_left_pads(kv)[r];
+                    g->h_lo[(size_t)r * n + j] = lp;
+                    g->h_hi[(size_t)r * n + j] = lp + g->off[r] + j + 1;
+                }
+            st = tqkv_cuda_kv_attend_masked(kv, g->qb, n, NH, scale, g->h_lo, g->h_hi, g->ob);
+        }
+        if (st) break;
+        gather_kernel<<<(unsigned)T, 128, 0, s>>>(g->ob, g->tinfo, NH, n, g->att);
+        st = gemm(g, g->att, QD, (int)T, L->wo, H, QD, L->bo, g->tmp, H);
+        if (st) break;
+        rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, L->ffn_norm, eps, H, g->xn);
+        // ---- MLP block
+        st = gemm(g, g->xn, H, (int)T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I);
+        if (st) break;
+        swiglu_kernel<<<dim3((unsigned)T, (unsigned)((I + 255) / 256)), 256, 0, s>>>(g->gu, I, g->hh);
+        st = gemm(g, g->hh, I, (int)T, L->wd, H, I, NULL, g->tmp, H);
+        if (st) break;
+        /* residual x += tmp, then the next layer's attention norm (or the final norm) */
+        const float *nw = l + 1 < c->n_layers ? g->w->layers[l + 1].attn_norm : g->w->final_norm;
+        rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, nw, eps, H, g->xn);
+    }
+    if (!st) st = ck(cudaGetLastError(), "forward kernels");
+    if (st || mode == TQKV_LOGITS_NONE) return st;
+    /* xn holds every token's final-normed state (the last layer's fused norm) */
+    if (mode == TQKV_LOGITS_LAST) { /* row r's last token is t = r n + n - 1 */
+        st = gemm(g, g->xn + (size_t)(n - 1) * H, (size_t)n * H, R, g->w->lm_head, V, H, NULL, g->logits, V);
+        if (!st) st = ck(cudaMemcpyAsync(out, g->logits, (size_t)R * V * 4, cudaMemcpyDeviceToHost, s), "logits");
+        return st;
+    }
+    st = gemm(g, g->xn, H, (int)T, g->w->lm_head, V, H, NULL, g->logits, V);
+    if (!st) st = ck(cudaMemcpyAsync(out, g->logits, T * V * 4, cudaMemcpyDeviceToHost, s), "logits");
+    return st;
+}
+
+/* Undo the appends of a failed call to the first `done` layers (prefill: the rows were
+ * empty, rewind leaves them empty; inside a spec round too). The row table is uploaded
+ * from the host mirror, so it also undoes a captured append that never ran. */
+static void forward_undo(model_cuda *g, int done, int n) {
+    for (int l = 0; l < done; l++) tqkv_cuda_kv_rewind(g->kv[l], n);
+}
+
+static tqkv_status forward_direct(model_cuda *g, int n, int as_decode, tqkv_logits_mode mode,
+                                  float *out) {
+    int done = 0;
+    const tqkv_status st = forward_queue(g, n, as_decode, mode, out, &done);
+    if (st) forward_undo(g, done, n);
+    return st;
+}
+
+/* The decode step's key now. Cache storage ids that moved since the last step (a regrow
+ * inside an append, or anything installed without install_caches) bump gen. */
+static mc_graph_key graph_key(model_cuda *g, tqkv_logits_mode mode, size_t attn_ws) {
+    int moved = 0;
+    for (int l = 0; l < g->m->cfg.n_layers; l++) {
+        const uint64_t id = tqkv_cuda_kv_storage_id(g->kv[l]);
+        if (id != g->kv_ids[l]) {
+            g->kv_ids[l] = id;
+            moved = 1;
+        }
+    }
+    if (moved) g->gen++;
+    mc_graph_key k;
+    memset(&k, 0, sizeof k);
+    k.valid = 1;
+    k.rows = g->rows;
+    k.logits = mode != TQKV_LOGITS_NONE;
+    k.attn_ws = attn_ws;
+    k.gen = g->gen;
+    return k;
+}
+
+static int graph_key_eq(const mc_graph_key *a, const mc_graph_key *b) {
+    return a->valid && b->valid && a->rows == b->rows && a->logits == b->logits &&
+           a->attn_ws == b->attn_ws && a->gen == b->gen;
+}
+
+/* The graph machinery failed (not the forward): graphs off for this state, said once on
+ * stderr, and the step runs directly (the same bits). */
+static tqkv_status graph_fallback(model_cuda *g, const char *why, tqkv_logits_mode mode, float *out) {
+    (void)cudaGetLastError(); /* a capture error must not fail the direct run's launch check */
+    graph_drop(g);
+    g->graph.enabled = 0;
+    fprintf(stderr, "tqkv: CUDA graphs off for a device state (%s); its decode steps run kernel "
+            "by kernel\n", why);
+    g->graph.stats.direct++;
+    return forward_direct(g, 1, 0, mode, out);
+}
+
+/* One decode step (n == 1) through the graph: replay when the key equals the executable
+ * graph's; capture (update or instantiate) and launch when it equals the previous step's;
+ * else run directly and remember the key (a one-off shape costs no capture). */
+static tqkv_status forward_decode_graph(model_cuda *g, tqkv_logits_mode mode, size_t attn_ws,
+                                        float *out) {
+    const int L = g->m->cfg.n_layers;
+    mc_graph *gr = &g->graph;
+    tqkv_status st = TQKV_OK;
+    /* nothing may allocate inside a capture: the caches grow first (the append's own rule) */
+    for (int l = 0; l < L && !st; l++) st = tqkv_cuda_kv_reserve_append(g->kv[l], 1);
+    if (st) return st;
+    const mc_graph_key key = graph_key(g, mode, attn_ws);
+    if (gr->exec && graph_key_eq(&key, &gr->key)) { /* replay; the appends' host half by hand */
+        st = ck(cudaGraphLaunch(gr->exec, g->stream), "decode graph launch");
+        for (int l = 0; l < L && !st; l++) st = tqkv_cuda_kv_replayed_append(g->kv[l], 1);
+        if (!st) gr->stats.replays++;
+        return st;
+    }
+    if (!graph_key_eq(&key, &gr->pending)) { /* a new key: direct, captured if it repeats */
+        gr->pending = key;
+        gr->stats.direct++;
+        return forward_direct(g, 1, 0, mode, out);
+    }
+    /* capture: the appends' host half runs now, their kernels when the graph is launched */
+    if (cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+        return graph_fallback(g, "cudaStreamBeginCapture failed", mode, out);
+    int done = 0;
+    const tqkv_status qs = forward_queue(g, 1, 0, mode, out, &done);
+    cudaGraph_t graph = NULL;
+    const cudaError_t ce = cudaStreamEndCapture(g->stream, &graph);
+    if (qs || ce != cudaSuccess || !graph) {
+        if (graph) cudaGraphDestroy(graph);
+        (void)cudaGetLastError();
+        forward_undo(g, done, 1); /* nothing ran: the rows go back to the step's start */
+        return graph_fallback(g, qs ? tqkv_last_error() : cudaGetErrorString(ce), mode, out);
+    }
+    /* Update in place only where the topology is the same (rows and logits unchanged: only
+     * grids and pointers moved); anything else, or a refused update, instantiates anew. */
+    if (gr->exec && (key.rows != gr->key.rows || key.logits != gr->key.logits)) {
+        cudaGraphExecDestroy(gr->exec);
+        gr->exec = NULL;
+    }
+    if (gr->exec) {
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(gr->exec, graph, &info) == cudaSuccess) {
+            gr->stats.updates++;
+        } else {
+            (void)cudaGetLastError();
+            if (getenv("TQKV_CUDA_GRAPH_DEBUG"))
+                fprintf(stderr, "tqkv: graph update refused (result %d): instantiating anew\n", (int)info.result);
+            cudaGraphExecDestroy(gr->exec);
+            gr->exec = NULL;
+        }
+    }
+    cudaError_t ie = cudaSuccess;
+    if (!gr->exec) ie = cudaGraphInstantiate(&gr->exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (ie != cudaSuccess) {
+        gr->exec = NULL;
+        forward_undo(g, done, 1);
+        return graph_fallback(g, cudaGetErrorString(ie), mode, out);
+    }
+    gr->key = key;
+    gr->stats.captures++;
+    st = ck(cudaGraphLaunch(gr->exec, g->stream), "decode graph launch");
+    if (st) forward_undo(g, done, 1);
+    return st;
 }
 
 extern "C" tqkv_status model_cuda_forward(model_cuda *g, const int32_t *tokens, const int *lengths,
                                           int n, int prefill, tqkv_logits_mode mode, float *logits) {
     const tqkv_model *m = g->m;
     const tqkv_model_config *c = &m->cfg;
-    const int R = g->rows, H = c->hidden_size, hd = c->head_dim, NH = c->n_heads,
-              NKV = c->n_kv_heads, I = c->intermediate_size, V = c->vocab_size, half = hd / 2;
-    const int QD = NH * hd, KD = NKV * hd, QS = QD + 2 * KD;
+    const int R = g->rows, hd = c->head_dim, V = c->vocab_size, half = hd / 2;
     if (n < 1) return tqkv_fail(TQKV_EINVAL, "forward: n must be >= 1, got %d", n);
     if ((unsigned)mode > TQKV_LOGITS_ALL || (mode != TQKV_LOGITS_NONE && !logits))
         return tqkv_fail(TQKV_EINVAL, "forward: bad logits mode or NULL logits");
@@ -729,16 +927,19 @@ extern "C" tqkv_status model_cuda_forward(model_cuda *g, const int32_t *tokens, 
         }
     }
     const size_t T = (size_t)R * n;
+    const int as_decode = !prefill && n > 1 && g->p.extend_as_decode; /* verification window */
     tqkv_status st = ensure_scratch(g, T, T);
-    if (!st && n == 1) {
-        int longest = 0;
-        for (int r = 0; r < R; r++) longest = g->off[r] + 1 > longest ? g->off[r] + 1 : longest;
-        st = ensure_aws(g, longest);
+    size_t attn_ws = 0; /* decode attention: its workspace need, the graph key's launch shape */
+    if (!st && (n == 1 || as_decode)) {
+        attn_ws = aws_need(g, g->off, n);
+        st = ensure_aws_bytes(g, attn_ws);
     }
     if (!st && mode != TQKV_LOGITS_NONE) st = ensure_logits(g, mode == TQKV_LOGITS_ALL ? T : (size_t)R);
+    if (!st && mode != TQKV_LOGITS_NONE && n == 1) st = ensure_hlogits(g, (size_t)R);
     if (st) return st;
 
-    /* token list [T, 3] (id, row, column), rope tables, attention ranges */
+    /* token list [T, 3] (id, row, column) and rope tables, in the pinned buffers the
+     * queue uploads from */
     for (int r = 0; r < R; r++)
         for (int j = 0; j < n; j++) {
             const size_t t = (size_t)r * n + j;
@@ -748,67 +949,18 @@ extern "C" tqkv_status model_cuda_forward(model_cuda *g, const int32_t *tokens, 
             ops_rope_table(g->off[r] + j, m->inv_freq, half, g->h_rope + t * hd,
                            g->h_rope + t * hd + half);
         }
-    st = ck(cudaMemcpy(g->tinfo, g->h_tinfo, T * 3 * 4, cudaMemcpyHostToDevice), "upload tokens");
-    if (!st) st = ck(cudaMemcpy(g->rope, g->h_rope, T * hd * 4, cudaMemcpyHostToDevice), "upload rope");
-    if (st) return st;
-
-    embed_kernel<<<(unsigned)T, 128>>>(g->tinfo, g->w->embed, H, g->x);
-    const float scale = 1.0f / sqrtf((float)hd), eps = c->rms_norm_eps;
-    int done = 0;
-    for (int l = 0; l < c->n_layers && !st; l++) {
-        const mc_layer *L = &g->w->layers[l];
-        cuda_kv *kv = g->kv[l];
-        // ---- attention block
-        if (l == 0) rmsnorm_kernel<<<(unsigned)T, 128>>>(g->x, NULL, L->attn_norm, eps, H, g->xn);
-        st = gemm(g, g->xn, H, (int)T, L->wqkv, QS, H, L->bqkv, g->qkv, QS);
-        if (st) break;
-        const size_t warps = T * (size_t)(NH + 2 * NKV);
-        qkv_post_kernel<<<(unsigned)((warps + 3) / 4), 128>>>(g->qkv, (int)T, NH, NKV, n, g->tinfo,
-                                                              L->q_norm, L->k_norm, eps, g->rope,
-                                                              g->qb, g->kb, g->vb);
-        st = tqkv_cuda_kv_append(kv, g->kb, g->vb, n);
-        if (st) break;
-        done = l + 1;
-        if (n == 1) {
-            st = tqkv_cuda_kv_attend_ws(kv, g->qb, NH, scale, g->ob, g->aws, g->aws_bytes);
-        } else {
-            for (int r = 0; r < R; r++)
-                for (int j = 0; j < n; j++) {
-                    const int lp = tqkv_cuda_kv_left_pads(kv)[r];
-                    g->h_lo[(size_t)r * n + j] = lp;
-                    g->h_hi[(size_t)r * n + j] = lp + g->off[r] + j + 1;
-                }
-            st = tqkv_cuda_kv_attend_masked(kv, g->qb, n, NH, scale, g->h_lo, g->h_hi, g->ob);
-        }
-        if (st) break;
-        gather_kernel<<<(unsigned)T, 128>>>(g->ob, g->tinfo, NH, n, g->att);
-        st = gemm(g, g->att, QD, (int)T, L->wo, H, QD, L->bo, g->tmp, H);
-        if (st) break;
-        rmsnorm_kernel<<<(unsigned)T, 128>>>(g->x, g->tmp, L->ffn_norm, eps, H, g->xn);
-        // ---- MLP block
-        st = gemm(g, g->xn, H, (int)T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I);
-        if (st) break;
-        swiglu_kernel<<<dim3((unsigned)T, (unsigned)((I + 255) / 256)), 256>>>(g->gu, I, g->hh);
-        st = gemm(g, g->hh, I, (int)T, L->wd, H, I, NULL, g->tmp, H);
-        if (st) break;
-        /* residual x += tmp, then the next layer's attention norm (or the final norm) */
-        const float *nw = l + 1 < c->n_layers ? g->w->layers[l + 1].attn_norm : g->w->final_norm;
-        rmsnorm_kernel<<<(unsigned)T, 128>>>(g->x, g->tmp, nw, eps, H, g->xn);
+    /* decode logits land in the pinned staging buffer (a graph's copy needs a fixed,
+     * pinned target), others straight in the caller's (a pageable copy waits for itself) */
+    float *out = mode == TQKV_LOGITS_NONE ? NULL : n == 1 ? g->h_logits : logits;
+    if (n == 1 && R > 0 && g->graph.enabled) {
+        st = forward_decode_graph(g, mode, attn_ws, out);
+    } else {
+        if (n == 1) g->graph.stats.direct++;
+        st = forward_direct(g, n, as_decode, mode, out);
     }
-    if (st) {
-        /* undo this call's appends (prefill: the rows were empty, trim leaves them empty) */
-        for (int l = 0; l < done; l++) tqkv_cuda_kv_trim(g->kv[l], n);
-        return st;
-    }
-    st = ck(cudaGetLastError(), "forward kernels");
-    if (st || mode == TQKV_LOGITS_NONE) return st ? st : ck(cudaDeviceSynchronize(), "forward");
-    /* xn holds every token's final-normed state (the last layer's fused norm) */
-    if (mode == TQKV_LOGITS_LAST) { /* row r's last token is t = r n + n - 1 */
-        st = gemm(g, g->xn + (size_t)(n - 1) * H, (size_t)n * H, R, g->w->lm_head, V, H, NULL, g->logits, V);
-        if (!st) st = ck(cudaMemcpy(logits, g->logits, (size_t)R * V * 4, cudaMemcpyDeviceToHost), "logits");
-        return st;
-    }
-    st = gemm(g, g->xn, H, (int)T, g->w->lm_head, V, H, NULL, g->logits, V);
-    if (!st) st = ck(cudaMemcpy(logits, g->logits, T * V * 4, cudaMemcpyDeviceToHost), "logits");
+    /* one wait per call: the logits are on the host and the pinned buffers free again */
+    const tqkv_status ss = ck(cudaStreamSynchronize(g->stream), "forward");
+    if (!st) st = ss;
+    if (!st && out && out == g->h_logits) memcpy(logits, g->h_logits, (size_t)R * V * sizeof(float));
     return st;
 }

@@ -1,8 +1,9 @@
 /*
  * gemm_cublas.cu - the GPU forward's fast, non-invariant GEMM through cuBLAS loaded with
  * dlopen (see gemm_cublas.h).
- * Owns: the dlopen / dlsym of the four cuBLAS entry points used, the handle, the f32 ->
- * bf16 activation kernel and the bias kernel.
+ * Owns: the dlopen / dlsym of the six cuBLAS entry points used, the handle (bound to its
+ * user's stream, with its own workspace), the f32 -> bf16 activation kernel and the bias
+ * kernel.
  * Must not: link libcublas (the packaged libraries stay as they are), be the default.
  *
  * Layout: cuBLAS is column-major, so y[T, N] row-major (row stride ldy) is C[N, T] with
@@ -39,6 +40,8 @@ static struct {
     decltype(&cublasDestroy_v2) destroy;
     gemm_ex_fn gemm;
     decltype(&cublasSetMathMode) math;
+    decltype(&cublasSetStream_v2) stream;
+    decltype(&cublasSetWorkspace_v2) workspace;
     char err[256];
 } cb;
 static pthread_once_t cb_once = PTHREAD_ONCE_INIT;
@@ -56,7 +59,9 @@ static void cb_load(void) {
     cb.destroy = (decltype(cb.destroy))dlsym(cb.lib, "cublasDestroy_v2");
     cb.gemm = (decltype(cb.gemm))dlsym(cb.lib, "cublasGemmEx");
     cb.math = (decltype(cb.math))dlsym(cb.lib, "cublasSetMathMode");
-    if (!cb.create || !cb.destroy || !cb.gemm || !cb.math) {
+    cb.stream = (decltype(cb.stream))dlsym(cb.lib, "cublasSetStream_v2");
+    cb.workspace = (decltype(cb.workspace))dlsym(cb.lib, "cublasSetWorkspace_v2");
+    if (!cb.create || !cb.destroy || !cb.gemm || !cb.math || !cb.stream || !cb.workspace) {
         snprintf(cb.err, sizeof cb.err, "a cuBLAS entry point is missing");
         dlclose(cb.lib);
         cb.lib = NULL;
@@ -65,9 +70,11 @@ static void cb_load(void) {
 
 struct gemm_cublas {
     cublasHandle_t h;
+    cudaStream_t   stream; /* the user's (NULL: legacy default) */
+    void          *ws;     /* [GEMM_CUBLAS_WS] bytes, device */
 };
 
-extern "C" tqkv_status gemm_cublas_init(gemm_cublas **out) {
+extern "C" tqkv_status gemm_cublas_init(gemm_cublas **out, void *stream) {
     *out = NULL;
     pthread_once(&cb_once, cb_load);
     if (!cb.lib)
@@ -80,13 +87,28 @@ extern "C" tqkv_status gemm_cublas_init(gemm_cublas **out) {
         return tqkv_fail(TQKV_EUNSUPPORTED, "fast GEMM: cublasCreate failed");
     }
     cb.math(c->h, CUBLAS_DEFAULT_MATH);
+    c->stream = (cudaStream_t)stream;
+    const cudaError_t e = cudaMalloc(&c->ws, GEMM_CUBLAS_WS);
+    if (e != cudaSuccess) {
+        gemm_cublas_free(c);
+        return tqkv_fail(e == cudaErrorMemoryAllocation ? TQKV_ENOMEM : TQKV_EUNSUPPORTED,
+                         "CUDA: fast GEMM workspace: %s", cudaGetErrorString(e));
+    }
+    /* the stream first: cublasSetStream resets the workspace to the default pool */
+    if (cb.stream(c->h, c->stream) != CUBLAS_STATUS_SUCCESS ||
+        cb.workspace(c->h, c->ws, GEMM_CUBLAS_WS) != CUBLAS_STATUS_SUCCESS) {
+        gemm_cublas_free(c);
+        return tqkv_fail(TQKV_EUNSUPPORTED, "fast GEMM: cublasSetStream / cublasSetWorkspace failed");
+    }
     *out = c;
     return TQKV_OK;
 }
 
 extern "C" void gemm_cublas_free(gemm_cublas *c) {
     if (!c) return;
+    if (c->stream) cudaStreamSynchronize(c->stream);
     cb.destroy(c->h);
+    cudaFree(c->ws);
     free(c);
 }
 
@@ -118,7 +140,7 @@ extern "C" tqkv_status gemm_cublas_run(gemm_cublas *c, const float *x, size_t ld
         return tqkv_fail(TQKV_EINVAL, "fast GEMM: bad argument (T %d, N %d, K %d)", T, N, K);
     const size_t tk = (size_t)T * K;
     __nv_bfloat16 *xb = (__nv_bfloat16 *)scratch;
-    cublas_x_kernel<<<(unsigned)((tk + 255) / 256), 256>>>(x, ldx, T, K, xb);
+    cublas_x_kernel<<<(unsigned)((tk + 255) / 256), 256, 0, c->stream>>>(x, ldx, T, K, xb);
     const float one = 1.0f, zero = 0.0f;
     const cublasStatus_t s = cb.gemm(c->h, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &one, w, CUDA_R_16BF,
                                      K, xb, CUDA_R_16BF, K, &zero, y, CUDA_R_32F, (int)ldy,
@@ -127,7 +149,7 @@ extern "C" tqkv_status gemm_cublas_run(gemm_cublas *c, const float *x, size_t ld
         return tqkv_fail(TQKV_EUNSUPPORTED, "fast GEMM: cublasGemmEx failed (status %d)", (int)s);
     if (bias) {
         const size_t tn = (size_t)T * N;
-        cublas_bias_kernel<<<(unsigned)((tn + 255) / 256), 256>>>(y, ldy, T, N, bias);
+        cublas_bias_kernel<<<(unsigned)((tn + 255) / 256), 256, 0, c->stream>>>(y, ldy, T, N, bias);
     }
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return tqkv_fail(TQKV_EUNSUPPORTED, "CUDA: fast GEMM: %s", cudaGetErrorString(e));

@@ -23,12 +23,15 @@ extern "C" {
 
 typedef struct gemm_cublas gemm_cublas;
 
-/* Load cuBLAS (once per process) and make a handle; TQKV_EUNSUPPORTED with the dlopen
- * error when the library is not there. */
-tqkv_status gemm_cublas_init(gemm_cublas **out);
+/* Load cuBLAS (once per process) and make a handle whose work runs on `stream` (a
+ * cudaStream_t; NULL: the legacy default stream) with a workspace of its own
+ * (GEMM_CUBLAS_WS bytes, so a GEMM captured into a CUDA graph allocates nothing);
+ * TQKV_EUNSUPPORTED with the dlopen error when the library is not there. */
+#define GEMM_CUBLAS_WS ((size_t)32 << 20) /* cuBLAS's recommendation for Hopper */
+tqkv_status gemm_cublas_init(gemm_cublas **out, void *stream);
 void        gemm_cublas_free(gemm_cublas *c);
 /* scratch: device memory of at least T * K * 2 bytes (the bf16 activations). Asynchronous
- * on the default stream. */
+ * on the handle's stream. */
 tqkv_status gemm_cublas_run(gemm_cublas *c, const float *x, size_t ldx, int T, const uint16_t *w,
                             int N, int K, const float *bias, float *y, size_t ldy, void *scratch);
 

@@ -208,38 +208,39 @@ extern "C" size_t tqkv_cuda_gemm_part_bytes(size_t nmax, size_t kmax) {
 }
 
 template <int MT, int NT, int U, bool SPLIT>
-static void launch(unsigned gx, unsigned gz, const uint4 *xf, int T, int K, const uint16_t *w,
-                   int N, const float *bias, float *y, size_t ldy, float *part) {
+static void launch(cudaStream_t s, unsigned gx, unsigned gz, const uint4 *xf, int T, int K,
+                   const uint16_t *w, int N, const float *bias, float *y, size_t ldy, float *part) {
     const dim3 grid(gx, (unsigned)((N + GEMM_COLS(MT) - 1) / GEMM_COLS(MT)), gz);
-    gemm_tc_kernel<MT, NT, U, SPLIT><<<grid, GEMM_THREADS>>>(xf, T, K, w, N, bias, y, ldy, part);
+    gemm_tc_kernel<MT, NT, U, SPLIT><<<grid, GEMM_THREADS, 0, s>>>(xf, T, K, w, N, bias, y, ldy, part);
 }
 
 extern "C" tqkv_status tqkv_cuda_gemm(const float *x, size_t ldx, int T, const uint16_t *w, int N,
                                       int K, const float *bias, float *y, size_t ldy, void *xf_,
-                                      float *part) {
+                                      float *part, void *stream) {
     if (!x || !w || !y || !xf_ || T < 1 || N < 1 || K < 8 || K % 8)
         return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm: bad argument (T %d, N %d, K %d)", T, N, K);
     uint4 *xf = (uint4 *)xf_;
     const int nblk = (K + 31) / 32, nseg = (K + GEMM_CUDA_SEG - 1) / GEMM_CUDA_SEG;
     const int ntiles = (T + 7) / 8;
     const size_t total = (size_t)ntiles * nblk * 32;
-    gemm_split_kernel<<<(unsigned)((total + 255) / 256), 256>>>(x, ldx, T, K, nblk, total, xf);
+    const cudaStream_t s = (cudaStream_t)stream;
+    gemm_split_kernel<<<(unsigned)((total + 255) / 256), 256, 0, s>>>(x, ldx, T, K, nblk, total, xf);
     /* one token tile: 16 columns per warp (more CTAs); more tiles: 32 (each activation
      * fragment feeds two weight tiles). Neither changes a row's arithmetic. */
     if (T <= GEMM_CUDA_SPLIT_T && nseg > 1) {
         if (!part) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm: T %d needs the partials buffer", T);
         const unsigned z = (unsigned)nseg;
-        if (ntiles == 1) launch<1, 1, 4, true>(1, z, xf, T, K, w, N, bias, y, ldy, part);
-        else if (ntiles == 2) launch<2, 2, 2, true>(1, z, xf, T, K, w, N, bias, y, ldy, part);
-        else launch<2, 4, 2, true>(1, z, xf, T, K, w, N, bias, y, ldy, part);
+        if (ntiles == 1) launch<1, 1, 4, true>(s, 1, z, xf, T, K, w, N, bias, y, ldy, part);
+        else if (ntiles == 2) launch<2, 2, 2, true>(s, 1, z, xf, T, K, w, N, bias, y, ldy, part);
+        else launch<2, 4, 2, true>(s, 1, z, xf, T, K, w, N, bias, y, ldy, part);
         const size_t tn = (size_t)T * N;
-        gemm_fold_kernel<<<(unsigned)((tn + 255) / 256), 256>>>(part, nseg, T, N, bias, y, ldy);
+        gemm_fold_kernel<<<(unsigned)((tn + 255) / 256), 256, 0, s>>>(part, nseg, T, N, bias, y, ldy);
     } else if (ntiles == 1) {
-        launch<1, 1, 4, false>(1, 1, xf, T, K, w, N, bias, y, ldy, part);
+        launch<1, 1, 4, false>(s, 1, 1, xf, T, K, w, N, bias, y, ldy, part);
     } else if (ntiles == 2) {
-        launch<2, 2, 2, false>(1, 1, xf, T, K, w, N, bias, y, ldy, part);
+        launch<2, 2, 2, false>(s, 1, 1, xf, T, K, w, N, bias, y, ldy, part);
     } else {
-        launch<2, 4, 2, false>((unsigned)((ntiles + 3) / 4), 1, xf, T, K, w, N, bias, y, ldy, part);
+        launch<2, 4, 2, false>(s, (unsigned)((ntiles + 3) / 4), 1, xf, T, K, w, N, bias, y, ldy, part);
     }
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return tqkv_fail(TQKV_EUNSUPPORTED, "CUDA: gemm: %s", cudaGetErrorString(e));

@@ -42,10 +42,11 @@ TQKV_API size_t tqkv_cuda_gemm_part_bytes(size_t nmax, size_t kmax);
 
 /* y[t * ldy + n] = sum_k x[t * ldx + k] w[n * K + k] (+ bias[n]) for t < T, n < N.
  * All pointers are device memory; K % 8 == 0; xf / part as sized above (part may be NULL
- * when T > GEMM_CUDA_SPLIT_T). Asynchronous on the default stream. */
+ * when T > GEMM_CUDA_SPLIT_T). Asynchronous on `stream` (a cudaStream_t; NULL: the legacy
+ * default stream); allocates nothing and never waits, so it can be captured in a graph. */
 TQKV_API tqkv_status tqkv_cuda_gemm(const float *x, size_t ldx, int T, const uint16_t *w, int N,
                                     int K, const float *bias, float *y, size_t ldy, void *xf,
-                                    float *part);
+                                    float *part, void *stream);
 
 #ifdef __cplusplus
 }

@@ -3,7 +3,8 @@
  * Owns: a device-side twin of a tqkv_model_state: the weights as bf16 in device memory
  * (uploaded once per model, by its first device state, kept in tqkv_model.gpu_weights and
  * shared by the model's device states; creating a model's FIRST device state concurrently
- * from two threads is not supported), one device KV cache (cuda_kv) per layer, device scratch, and
+ * from two threads is not supported), one device KV cache (cuda_kv) per layer, device scratch,
+ * the state's CUDA stream and the decode step's CUDA graph, and
  * the Qwen3 / Qwen2 / Llama graph run with our own batch-invariant GEMM kernel and the
  * device cache's encode / attention kernels. Logits are copied back to the host (sampling
  * stays on the host).
@@ -12,7 +13,9 @@
  *
  * Supported: head_dim 128, q_heads / kv_heads <= 8, K/V tq4/tq4 or tq3/tq3 (with or
  * without the q8 window), or f32/f32 which runs on the device's dense bf16 cache;
- * prefill without padding (every row's length == n), extend, decode.
+ * prefill without padding (every row's length == n), extend (with extend_as_decode: each
+ * query attends as its single decode would), decode; spec rounds; export / upload of the
+ * caches in the host state format (tq formats only: the bf16 cache has none).
  */
 #ifndef TQKV_MODEL_CUDA_H
 #define TQKV_MODEL_CUDA_H
@@ -50,15 +53,47 @@ tqkv_status model_cuda_fill(model_cuda *g, int n, uint64_t seed);
 tqkv_status model_cuda_merge(model_cuda *g, model_cuda *const *src, int n);
 tqkv_status model_cuda_filter(model_cuda *g, const int *keep, int n);
 tqkv_status model_cuda_extract(const model_cuda *g, int row, model_cuda *dst);
-/* Every layer holds the same tokens per row (else TQKV_ESTATE). */
+/* Every layer holds the same tokens per row and the same spec round (else TQKV_ESTATE). */
 tqkv_status model_cuda_check(const model_cuda *g);
+/* Spec rounds over every layer's cache, with tqkv_model_state_spec_*'s semantics (the
+ * caller has checked the state and the round): begin records each row's offset; commit
+ * keeps everything; rollback keeps keep[r] (n_keep 1: keep[0] for every row) of the tokens
+ * appended to row r since begin, validated on every layer before any changes. */
+tqkv_status model_cuda_spec_begin(model_cuda *g);
+tqkv_status model_cuda_spec_commit(model_cuda *g);
+tqkv_status model_cuda_spec_rollback(model_cuda *g, const int *keep, int n_keep);
+int         model_cuda_spec_active(const model_cuda *g);
+/* Layer l's cache as tqkv_batch_export bytes (through host memory; the same bytes as a
+ * host batch holding the same tokens). TQKV_EUNSUPPORTED for f32 KV (the device's dense
+ * bf16 cache has no state format). */
+tqkv_status model_cuda_export_layer(const model_cuda *g, int l, uint8_t **out, size_t *len);
+/* Make every layer's cache a copy of host batch layers[l] (rows rows, the configuration of
+ * g's caches), built for all layers first, then installed: a failure leaves g unchanged. */
+tqkv_status model_cuda_upload(model_cuda *g, tqkv_batch *const *layers, int rows);
 /* Device bytes one row of `tokens` tokens takes over all layers (planes, scales, q8 ring). */
 size_t      model_cuda_projected_bytes(const model_cuda *g, int tokens);
 /* Device bytes held by the caches. */
 size_t      model_cuda_kv_bytes(const model_cuda *g);
-/* The forward of forward.c (same arguments and logits layout), on the device. */
+/* The forward of forward.c (same arguments and logits layout), on the device. Queued on
+ * the state's stream and waited for before returning; a decode step (n == 1) runs as a
+ * replayed CUDA graph unless graphs are off (params.device_graphs = 0 or the environment
+ * variable TQKV_CUDA_GRAPHS=0), with logits bitwise equal to the kernel-by-kernel run. */
 tqkv_status model_cuda_forward(model_cuda *g, const int32_t *tokens, const int *lengths, int n,
                                int prefill, tqkv_logits_mode mode, float *logits);
+
+/* How the decode steps of a state ran (tests, benchmarks). A step whose graph key is new
+ * runs kernel by kernel; the next with the same key is captured (applied to the existing
+ * executable graph through cudaGraphExecUpdate when the topology allows, else
+ * instantiated) and launched; the following ones replay it. */
+typedef struct {
+    int      enabled;        /* graphs on for this state */
+    uint64_t direct;         /* decode steps launched kernel by kernel */
+    uint64_t captures;       /* decode steps captured, then launched as a graph */
+    uint64_t updates;        /* of those, applied to the existing executable (no instantiation) */
+    uint64_t replays;        /* decode steps that replayed a graph without capturing */
+    uint64_t invalidations;  /* executable graphs dropped (row operations, reset, reserve) */
+} model_cuda_graph_stats;
+void        model_cuda_graph_stats_get(const model_cuda *g, model_cuda_graph_stats *out);
 
 #ifdef __cplusplus
 }

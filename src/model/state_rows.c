@@ -7,6 +7,8 @@
  * Owns: the rule that every layer changes or none does: each operation first builds or
  * validates every layer (and the recurrent rows), then installs all of them.
  * Must not: run the graph (forward.c, graph_*.c), schedule requests (src/engine).
+ * Device states (s->gpu): every operation goes to the device twin (model_cuda.h) after the
+ * same argument checks; export / import share this file's format and validation.
  *
  * Layer kinds (rows_layer_kind_of, the one place graph kinds hook in):
  *   KV        a tqkv_batch of K/V rows whose offsets are the rows' positions;
@@ -148,15 +150,14 @@ static int same_cache_params(const tqkv_model_state *a, const tqkv_model_state *
 }
 
 /* Device states (params.device = 1): the caches live in the device twin (s->gpu); the host
- * layers stay empty batches with the same rows, reshaped alongside. Row operations build
- * the device caches first (the step that can run out of memory), then the host layers.
- * Spec rounds and export / import are not on the device yet. */
-static tqkv_status device_unsupported(const char *what) {
-    return tqkv_fail(TQKV_EUNSUPPORTED, "%s: not supported for a device state (--device cuda)",
-                     what);
-}
-
+ * layers stay empty batches with the same rows, reshaped alongside, and never enter a spec
+ * round (the device twin holds the round). Row operations build the device caches first
+ * (the step that can run out of memory), then the host layers. Export / import use the
+ * host format (f32 KV excepted: the device holds it as dense bf16, which has none). */
 static int spec_active_of(const tqkv_model_state *s) {
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu) return model_cuda_spec_active(s->gpu);
+#endif
     int pl = position_layer(s);
     if (pl >= 0) return tqkv_batch_spec_active(s->layers[pl]);
     return s->rec ? s->rec->spec_active : 0;
@@ -471,10 +472,12 @@ tqkv_status tqkv_model_state_extract_row(const tqkv_model_state *s, int row,
 // ---------------------------------------------------------------------------
 
 tqkv_status tqkv_model_state_spec_begin(tqkv_model_state *s) {
-    if (s && s->gpu) return device_unsupported("spec_begin");
     tqkv_status rc = tqkv_model_state_check(s);
     if (rc != TQKV_OK) return rc;
     if (spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "spec_begin: a spec round is already active");
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu) return model_cuda_spec_begin(s->gpu);
+#endif
     if (s->rec && (rc = rec_spec_begin(s->rec)) != TQKV_OK) return rc; /* the only step that can fail */
     for (int l = 0; l < s->m->cfg.n_layers; l++)
         if (s->layers[l]) tqkv_batch_spec_begin(s->layers[l]); /* cannot fail: checked */
@@ -482,10 +485,12 @@ tqkv_status tqkv_model_state_spec_begin(tqkv_model_state *s) {
 }
 
 tqkv_status tqkv_model_state_spec_commit(tqkv_model_state *s) {
-    if (s && s->gpu) return device_unsupported("spec_commit");
     tqkv_status rc = tqkv_model_state_check(s);
     if (rc != TQKV_OK) return rc;
     if (!spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "spec_commit: no spec round is active");
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu) return model_cuda_spec_commit(s->gpu);
+#endif
     if (s->rec) rec_spec_commit(s->rec);
     for (int l = 0; l < s->m->cfg.n_layers; l++)
         if (s->layers[l]) tqkv_batch_spec_commit(s->layers[l]);
@@ -496,7 +501,6 @@ tqkv_status tqkv_model_state_spec_commit(tqkv_model_state *s) {
  * rows before any change. Sliding layers are never trimmed at the front during a round, so
  * their rollback is exact as every other layer's. */
 tqkv_status tqkv_model_state_spec_rollback(tqkv_model_state *s, const int *keep, int n_keep) {
-    if (s && s->gpu) return device_unsupported("spec_rollback");
     tqkv_status rc = tqkv_model_state_check(s);
     if (rc != TQKV_OK) return rc;
     if (!keep) return tqkv_fail(TQKV_EINVAL, "spec_rollback: keep is NULL");
@@ -504,6 +508,9 @@ tqkv_status tqkv_model_state_spec_rollback(tqkv_model_state *s, const int *keep,
     if (n_keep != 1 && n_keep != s->rows)
         return tqkv_fail(TQKV_EINVAL, "spec_rollback: n_keep must be 1 or rows (%d), got %d",
                          s->rows, n_keep);
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu) return model_cuda_spec_rollback(s->gpu, keep, n_keep); /* validates every layer first */
+#endif
     for (int r = 0; r < s->rows; r++) {
         int k = keep[n_keep == 1 ? 0 : r];
         for (int l = 0; l < s->m->cfg.n_layers; l++) {
@@ -561,7 +568,6 @@ static uint64_t get_u64(const uint8_t *p) {
 
 tqkv_status tqkv_model_state_export(const tqkv_model_state *s, uint8_t **out, size_t *len) {
     if (!s || !out || !len) return tqkv_fail(TQKV_EINVAL, "state export: NULL argument");
-    if (s->gpu) return device_unsupported("state export");
     tqkv_status rc = tqkv_model_state_check(s);
     if (rc != TQKV_OK) return rc;
     if (spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "state export: a spec round is active");
@@ -571,6 +577,13 @@ tqkv_status tqkv_model_state_export(const tqkv_model_state *s, uint8_t **out, si
     size_t total = 16 + 8;
     if (!blob || !bl) rc = tqkv_fail(TQKV_ENOMEM, "state export: out of memory");
     for (int l = 0; l < L && rc == TQKV_OK; l++) {
+#ifdef TQKV_HAVE_CUDA
+        if (s->gpu) { /* every layer holds KV rows (the device graphs are dense) */
+            rc = model_cuda_export_layer(s->gpu, l, &blob[l], &bl[l]);
+            total += 8 + bl[l];
+            continue;
+        }
+#endif
         if (s->layers[l]) rc = tqkv_batch_export(s->layers[l], &blob[l], &bl[l]);
         total += 8 + bl[l];
     }
@@ -616,9 +629,9 @@ tqkv_status tqkv_model_state_import(tqkv_model_state **out, const tqkv_model *m,
                                     size_t len) {
     if (!out || !m || !buf) return tqkv_fail(TQKV_EINVAL, "state import: NULL argument");
     tqkv_model_state_params p = p_in ? *p_in : tqkv_model_state_params_default();
-    if (p.device != 0)
-        return tqkv_fail(TQKV_EUNSUPPORTED, "state import: not supported for a device state "
-                         "(--device cuda)");
+    if (p.device != 0 && (p.k_format == TQKV_F32 || p.v_format == TQKV_F32))
+        return tqkv_fail(TQKV_EUNSUPPORTED, "state import: a device state with f32 KV holds a "
+                         "dense bf16 cache, which has no state format (import into tq4 or tq3 KV)");
     int v1 = len >= 16 && !memcmp(buf, STATE_MAGIC_V1, 8); /* no recurrent section */
     if (len < 16 || (!v1 && memcmp(buf, STATE_MAGIC, 8)))
         return tqkv_fail(TQKV_ECORRUPT, "state import: not a tqkv model state (bad magic)");
@@ -701,6 +714,21 @@ tqkv_status tqkv_model_state_import(tqkv_model_state **out, const tqkv_model *m,
         tqkv_model_state_free(s);
         return rc;
     }
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu) { /* device state: the restored (validated) layers become its device caches;
+                   * its host layers stay the fresh empty batches of `rows` rows */
+        rc = model_cuda_upload(s->gpu, layers, (int)rows);
+        free_batches(layers, L);
+        rec_free(rec); /* NULL: the device graphs have no recurrent rows */
+        if (rc == TQKV_OK) rc = tqkv_model_state_check(s);
+        if (rc != TQKV_OK) {
+            tqkv_model_state_free(s);
+            return rc;
+        }
+        *out = s;
+        return TQKV_OK;
+    }
+#endif
     if ((rc = install_layers(s, layers, rec, (int)rows)) == TQKV_OK) rc = tqkv_model_state_check(s);
     if (rc != TQKV_OK) {
         tqkv_model_state_free(s);
