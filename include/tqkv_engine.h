@@ -59,8 +59,9 @@ typedef struct {
                                      format); NULL = memory only */
     int         verbose;          /* progress lines on stderr */
     int         device;           /* 0 = CPU; 1 = CUDA (docs/CUDA.md): weights, caches and
-                                     the forward on the GPU; no draft model and no
-                                     prompt_cache_dir there yet; kv_budget 0 = 80% of the
+                                     the forward on the GPU (the draft model too; a
+                                     prompt_cache_dir needs tq4 / tq3 KV there; at most
+                                     1024 rows: parallel <= 1024); kv_budget 0 = 80% of the
                                      device memory free once the weights are uploaded */
 } tqkv_engine_params;
 

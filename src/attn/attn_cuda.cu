@@ -7,9 +7,9 @@
  * Must not: mutate the cache, or let a row's result depend on other rows: a row's split
  * size depends only on its own token count, every reduction runs in a fixed order.
  *
- * Kernel shape (one CTA = one (row, kv head, split); 4 warps; each warp takes every 4th
- * tile of TT tokens of the split, TT = 32 for tq, 16 for bf16; tiles are 16-token
- * subtiles):
+ * Kernel shape (persistent 4-warp CTAs, 3 per SM, each taking work items = (row, kv head,
+ * split) in turn; within an item each warp takes every 4th tile of TT tokens of the split,
+ * TT = 32 for tq, 16 for bf16; tiles are 16-token subtiles):
  *   S^T [16 tokens, 8 heads] = K [16, 128] . Q^T [128, 8]    mma.m16n8k16 (fp16/bf16)
  *   O^T [128, 8 heads]     += V^T [128, 16] . P^T [16, 8]    mma.m16n8k16
  * The G <= 8 query heads of the GQA group are the N = 8 columns (unused ones are zero).
@@ -17,8 +17,8 @@
  * token row for tq4): the head-dim order inside the dot product is permuted per format so
  * that every register pair comes from one byte (kdim()), and Q is loaded in the same
  * order; V^T fragments pair two tokens per register (vdim() is the output order).
- * Dequantization: 4-bit (tq4) and 3-bit (tq3) indices are looked up in fp16 codebook
- * tables held in registers (lo and hi byte planes, prmt = byte permute), no shared memory.
+ * Dequantization: a lookup byte holding two 4-bit (tq4) or 3-bit (tq3) indices is looked
+ * up in a per-lane fp16-pair table in shared memory (Tab, tlook()).
  * The per-token fp16 scale multiplies the score (K) and the softmax weight (V); the q8
  * window's tokens are decoded with their block scales (weight factor 1).
  * Online softmax in base 2 per warp, merged across warps in shared memory, and across
@@ -27,6 +27,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,6 +147,8 @@ struct Tab {
 __device__ __forceinline__ uint32_t tlook(const Tab &T, uint32_t w, int k) {
     const uint32_t a = prmt(w, T.L, 0x7604u | (uint32_t)k << 4);
     uint32_t v;
+    /* not volatile, no memory clobber, so the compiler may schedule it freely: its address
+     * comes from payload words loaded after the barrier that ends the table build */
     asm("ld.shared.b32 %0, [%1+1024];" : "=r"(v) : "r"(a));
     static_assert(TAB_BASE == 1024, "the immediate above");
     return v;
@@ -420,7 +423,7 @@ struct Params {
 template <int F, int NW> __host__ __device__ constexpr int smem_main() {
     return F == F_BF16 ? NW * CUDA_MAX_G * D * 4 : 256 * 256;
 }
-constexpr int ATTN_MAX_ROWS = 1024;  /* rows of one decode attention call (s_pre) */
+constexpr int ATTN_MAX_ROWS = CUDA_MAX_ROWS;  /* rows of one decode attention call (s_pre) */
 template <int F, int NW> __host__ __device__ constexpr int smem_bytes() {
     return smem_main<F, NW>() + 2 * NW * CUDA_MAX_G * 4 + NW * 4 + (ATTN_MAX_ROWS + 1) * 4;  /* s_m, s_l, s_next, s_pre */
 }
@@ -453,7 +456,9 @@ __global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : 3) split_kernel(con
         for (int i = threadIdx.x; i < 256 * 32; i += NW * 32) s_dyn[(i >> 5) * 64 + (i & 31)] = tab_entry<F>(P.kc.cent, i >> 5);
         __syncthreads();
     }
-    const Tab T = {4u * (uint32_t)lane | ((uint32_t)__cvta_generic_to_shared(s_dyn) & 0xFFFF0000u)};
+    const uint32_t win = (uint32_t)__cvta_generic_to_shared(s_dyn);
+    if ((win & 0xFFFFu) != TAB_BASE) __trap(); /* a static __shared__ added here would move it */
+    const Tab T = {4u * (uint32_t)lane | (win & 0xFFFF0000u)};
     const LaneOff lo = lane_off<F>(g, c);
 
     // ---- the work items: (row, kv head, split) for every split of every row, numbered
@@ -839,8 +844,18 @@ __global__ void smem_probe_kernel(uint32_t *out) {
 /* Allow the split kernels their dynamic shared memory (the tq table is 64 KiB), size
  * their persistent grids, and check where dynamic shared memory starts (TAB_BASE).
  * Idempotent. */
-static tqkv_status attn_cuda_setup(void) {
-    if (g_setup_done) return TQKV_OK;
+static pthread_mutex_t g_setup_mu = PTHREAD_MUTEX_INITIALIZER;
+static tqkv_status attn_cuda_setup_locked(void);
+
+extern "C" tqkv_status tqkv_cuda_attn_setup(void) {
+    if (__atomic_load_n(&g_setup_done, __ATOMIC_ACQUIRE)) return TQKV_OK;
+    pthread_mutex_lock(&g_setup_mu);
+    const tqkv_status st = g_setup_done ? TQKV_OK : attn_cuda_setup_locked();
+    pthread_mutex_unlock(&g_setup_mu);
+    return st;
+}
+
+static tqkv_status attn_cuda_setup_locked(void) {
     cudaError_t e = cudaSuccess;
     int dev = 0, sms = 0;
     if (e == cudaSuccess) e = cudaGetDevice(&dev);
@@ -871,14 +886,14 @@ static tqkv_status attn_cuda_setup(void) {
     if (probe != TAB_BASE)
         return tqkv_fail(TQKV_EUNSUPPORTED, "attention kernels: dynamic shared memory starts at %u in the CTA's "
                          "window, the lookup table assumes %u (a GPU other than sm_90?)", probe, TAB_BASE);
-    g_setup_done = 1;
+    __atomic_store_n(&g_setup_done, 1, __ATOMIC_RELEASE);
     return TQKV_OK;
 }
 /* Workspace layout for rows x q_heads vectors and nsmax splits: partial outputs
  * [nv, nsmax, D] f32, (max, sum) [nv, nsmax] float2, rotated queries [nv, D] fp16. */
 static size_t ws_need(size_t nv, int nsmax, size_t *po_b, size_t *pml_b) {
     *po_b = nv * nsmax * D * sizeof(float);
-    *pml_b = nv * nsmax * sizeof(float2);
+    *pml_b = (nv * nsmax * sizeof(float2) + 255) / 256 * 256; /* the queries after it: 16-byte loads */
     return *po_b + *pml_b + nv * D * sizeof(uint16_t) + 256;
 }
 
@@ -917,7 +932,7 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
         return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_attend: q_heads %d must be a multiple of kv_heads %d "
                          "with at most %d query heads per kv head", q_heads, kv->kvh, CUDA_MAX_G);
     if (kv->rows == 0) return TQKV_OK;
-    tqkv_status sst = attn_cuda_setup(); /* first call: never inside a graph capture */
+    tqkv_status sst = tqkv_cuda_attn_setup(); /* model states run it at init, before any capture */
     if (sst) return sst;
     const int fmt = kv->bf16 ? F_BF16 : kv->kfmt == TQKV_TQ4 ? F_TQ4 : F_TQ3;
     const size_t pay = fmt == F_TQ4 ? Fmt<F_TQ4>::PAY : fmt == F_TQ3 ? Fmt<F_TQ3>::PAY : Fmt<F_BF16>::PAY;

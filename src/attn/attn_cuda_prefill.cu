@@ -225,6 +225,7 @@ extern "C" tqkv_status tqkv_cuda_kv_attend_masked(cuda_kv *kv, const float *q, i
             if (!st) st = cuda_check(cudaStreamSynchronize(kv->stream), "prefill attention");
         }
     }
+    if (st) (void)cudaStreamSynchronize(kv->stream); /* nothing queued still reads them */
     tqkv_cuda_free(dlo);
     tqkv_cuda_free(dhi);
     tqkv_cuda_free(qp);

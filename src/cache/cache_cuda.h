@@ -30,6 +30,7 @@ struct tqkv_batch;
 
 #define CUDA_DIM 128          /* the only head_dim the device kernels are built for */
 #define CUDA_MAX_G 8          /* q_heads / kv_heads */
+#define CUDA_MAX_ROWS 1024    /* rows of one decode attention call (its work-item scan) */
 
 typedef struct cuda_kv cuda_kv;
 
@@ -93,6 +94,11 @@ TQKV_API tqkv_status tqkv_cuda_kv_replayed_append(cuda_kv *kv, int n);
  * invariant). Its launch shape may depend on the host only through kv's rows and storage,
  * q_heads, the workspace pointer and max over rows of tqkv_cuda_attend_ws_bytes(rows,
  * q_heads, that row's tokens) (the model's CUDA graph of a decode step keys on these). */
+/* The decode attention kernels' one-time setup (shared-memory attributes, persistent grid
+ * sizes, a check of where shared memory starts); thread safe, idempotent. Called by the
+ * first attention call and by every device model state at init (so it is never first
+ * called inside a CUDA graph capture). */
+TQKV_API tqkv_status tqkv_cuda_attn_setup(void);
 TQKV_API tqkv_status tqkv_cuda_kv_attend(cuda_kv *kv, const float *q, int q_heads, float scale, float *out);
 /* The same with a caller's workspace (e.g. one shared by every layer of a model state,
  * which run one after another on one stream) of at least
@@ -137,7 +143,7 @@ TQKV_API tqkv_status tqkv_cuda_kv_rewind(cuda_kv *kv, int n);
  * (0 <= back <= every row's offset). The same bits as the decode call made then when the
  * cache has no q8 window or back <= window_slack (the ring still holds what that call
  * read). Speculative verification (extend_as_decode). The row table is uploaded before and
- * after (synchronous copies); the cache is unchanged. */
+ * after (copies on kv's stream); the cache is unchanged. */
 TQKV_API tqkv_status tqkv_cuda_kv_attend_back(cuda_kv *kv, int back, const float *q, int q_heads,
                                               float scale, float *out, void *ws, size_t ws_bytes);
 /* The bytes of tqkv_batch_export for the same state (through host memory), and back. */

@@ -181,6 +181,11 @@ tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
                          "windows equal single decodes only without the q8 window)");
     if (p.device != 0 && p.device != 1)
         return tqkv_fail(TQKV_EINVAL, "engine: device %d (0 = CPU, 1 = CUDA)", p.device);
+#ifdef TQKV_HAVE_CUDA
+    if (p.device && p.parallel > CUDA_MAX_ROWS)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "engine: parallel %d on the device (at most %d rows)",
+                         p.parallel, CUDA_MAX_ROWS);
+#endif
     if (p.device && p.prompt_cache_dir && (p.k_format == TQKV_F32 || p.v_format == TQKV_F32))
         return tqkv_fail(TQKV_EUNSUPPORTED, "engine: a persisted prompt cache on the device needs "
                          "tq4 or tq3 KV (f32 KV runs on a dense bf16 device cache, which has no "

@@ -513,8 +513,14 @@ static tqkv_status ensure_scratch(model_cuda *g, size_t T, size_t RN) {
 extern "C" tqkv_status model_cuda_init(model_cuda **out, const tqkv_model *m,
                                        const tqkv_model_state_params *p, int rows) {
     if (!out || !m || !p || rows < 1) return tqkv_fail(TQKV_EINVAL, "model_cuda_init: bad argument");
+    if (rows > CUDA_MAX_ROWS)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: %d rows (a device state holds at most %d)",
+                         rows, CUDA_MAX_ROWS);
     if (!tqkv_cuda_available())
         return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: no CUDA device is available");
+    /* the attention's one-time setup here, never first inside a graph capture */
+    tqkv_status sst = tqkv_cuda_attn_setup();
+    if (sst) return sst;
     const tqkv_model_config *c = &m->cfg;
     if (c->arch != TQKV_ARCH_QWEN3 && c->arch != TQKV_ARCH_QWEN2 && c->arch != TQKV_ARCH_LLAMA)
         return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: the %s graph runs on the CPU only "
@@ -853,9 +859,10 @@ static tqkv_status forward_decode_graph(model_cuda *g, tqkv_logits_mode mode, si
         return st;
     }
     if (!graph_key_eq(&key, &gr->pending)) { /* a new key: direct, captured if it repeats */
-        gr->pending = key;
         gr->stats.direct++;
-        return forward_direct(g, 1, 0, mode, out);
+        const tqkv_status ds = forward_direct(g, 1, 0, mode, out);
+        if (!ds) gr->pending = key; /* only a step that ran through is a shape worth capturing */
+        return ds;
     }
     /* capture: the appends' host half runs now, their kernels when the graph is launched */
     if (cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)

@@ -23,6 +23,9 @@ extern "C" tqkv_status model_cuda_merge(model_cuda *g, model_cuda *const *src, i
     const int L = g->m->cfg.n_layers;
     int rows = g->rows;
     for (int i = 0; i < n; i++) rows += src[i]->rows;
+    if (rows > CUDA_MAX_ROWS)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "state merge: %d rows (a device state holds at most %d)",
+                         rows, CUDA_MAX_ROWS);
     cuda_kv **nk = (cuda_kv **)calloc((size_t)L, sizeof *nk);
     cuda_kv **items = (cuda_kv **)calloc((size_t)n + 1, sizeof *items);
     tqkv_status st = nk && items ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "out of memory");
@@ -164,6 +167,9 @@ extern "C" tqkv_status model_cuda_export_layer(const model_cuda *g, int l, uint8
 extern "C" tqkv_status model_cuda_upload(model_cuda *g, tqkv_batch *const *layers, int rows) {
     const int L = g->m->cfg.n_layers;
     if (!layers || rows < 0) return tqkv_fail(TQKV_EINVAL, "state upload: bad argument");
+    if (rows > CUDA_MAX_ROWS)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "state import: %d rows (a device state holds at most %d)",
+                         rows, CUDA_MAX_ROWS);
     if (g->p.k_format == TQKV_F32 || g->p.v_format == TQKV_F32)
         return tqkv_fail(TQKV_EUNSUPPORTED, "state import: a device state with f32 KV holds a dense "
                          "bf16 cache, which has no state format (import into tq4 or tq3 KV)");
