@@ -209,6 +209,13 @@ static void test_device_params(void **state) {
     assert_int_equal(tqkv_engine_init(&e, &p), TQKV_EINVAL);
     assert_null(e);
     p.device = 1;
+    p.parallel = 2000; /* more rows than a device state holds: refused before anything runs */
+    assert_int_equal(tqkv_engine_init(&e, &p), TQKV_EUNSUPPORTED);
+    assert_null(e);
+#ifdef TQKV_HAVE_CUDA
+    assert_non_null(strstr(tqkv_last_error(), "parallel"));
+#endif
+    p.parallel = 16;
     p.prompt_cache_dir = "/nonexistent-tqkv-dir/never-created";
     p.prefix_cache_bytes = 1 << 20;
     p.k_format = p.v_format = TQKV_F32;
