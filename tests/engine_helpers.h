@@ -148,6 +148,19 @@ static inline void make_jobs(test_rng *r, job *j, int n, int V) {
     }
 }
 
+/* Two jobs for prefix-cache tests: a, a random 150-token prompt (top_logprobs 2); b, the
+ * same first 100 tokens, then 40 of its own. */
+static inline void make_prefix_pair(test_rng *r, int V, int max_tokens, job *a, job *b) {
+    memset(a, 0, sizeof *a);
+    a->n_prompt = 150;
+    for (int t = 0; t < a->n_prompt; t++) a->prompt[t] = rng_int(r, 1, V - 1);
+    a->max_tokens = max_tokens;
+    a->top_logprobs = 2;
+    *b = *a;
+    b->n_prompt = 140;
+    for (int t = 100; t < b->n_prompt; t++) b->prompt[t] = rng_int(r, 1, V - 1);
+}
+
 static inline void assert_same_tokens(const result *a, const result *b) {
     assert_int_equal(a->n_tok, b->n_tok);
     assert_memory_equal(a->toks, b->toks, sizeof(int32_t) * (size_t)a->n_tok);

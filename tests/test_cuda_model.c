@@ -376,14 +376,7 @@ static void test_engine_device(void **st) {
     /* prefix cache: b shares 100 tokens with a; its hit (at the chunk boundary 96) gives
      * the cold run's tokens */
     job a, b;
-    memset(&a, 0, sizeof a);
-    a.n_prompt = 150;
-    for (int t = 0; t < a.n_prompt; t++) a.prompt[t] = rng_int(&r, 1, V - 1);
-    a.max_tokens = 10;
-    a.top_logprobs = 2;
-    b = a;
-    b.n_prompt = 140;
-    for (int t = 100; t < b.n_prompt; t++) b.prompt[t] = rng_int(&r, 1, V - 1);
+    make_prefix_pair(&r, V, 10, &a, &b);
     result cold, hit, ra;
     e = dev_engine(0);
     submit(e, &b, &cold);
@@ -762,14 +755,7 @@ static void test_engine_device_prompt_cache(void **st) {
     assert_int_equal(system(cmd), 0);
     const int V = tqkv_model_get_config(g_model)->vocab_size;
     job a, b;
-    memset(&a, 0, sizeof a);
-    a.n_prompt = 150;
-    for (int t = 0; t < a.n_prompt; t++) a.prompt[t] = rng_int(&r, 1, V - 1);
-    a.max_tokens = 10;
-    a.top_logprobs = 2;
-    b = a;
-    b.n_prompt = 140; /* shares 100 tokens */
-    for (int t = 100; t < b.n_prompt; t++) b.prompt[t] = rng_int(&r, 1, V - 1);
+    make_prefix_pair(&r, V, 10, &a, &b); /* b shares 100 tokens */
     b.temp = 0.7f;
     b.seed = 41;
     result cold, ra, hit, cpu;

@@ -306,14 +306,7 @@ static void test_prefix_cache(void **state) {
     tqkv_engine *plain = engine_new(TQKV_TQ4, 32, 0, NULL, 0);
     int V = tqkv_model_get_config(tqkv_engine_model(plain))->vocab_size;
     job a, b;
-    memset(&a, 0, sizeof a);
-    a.n_prompt = 150;
-    for (int t = 0; t < a.n_prompt; t++) a.prompt[t] = rng_int(&r, 1, V - 1);
-    a.max_tokens = 12;
-    a.top_logprobs = 2;
-    b = a;
-    b.n_prompt = 140; /* shares 100 tokens, then differs */
-    for (int t = 100; t < b.n_prompt; t++) b.prompt[t] = rng_int(&r, 1, V - 1);
+    make_prefix_pair(&r, V, 12, &a, &b); /* b shares 100 tokens, then differs */
     b.temp = 0.7f;
     b.seed = 99;
     result ma, mb, ha, hb;

@@ -87,6 +87,12 @@ TQKV_API tqkv_status tqkv_cuda_kv_reserve_append(cuda_kv *kv, int n);
  * kernels advance the device row table). Needs room for n more tokens in every row. */
 TQKV_API tqkv_status tqkv_cuda_kv_replayed_append(cuda_kv *kv, int n);
 
+/* The decode attention kernels' one-time setup (shared-memory attributes, persistent grid
+ * sizes, a check of where shared memory starts); thread safe, idempotent. Called by the
+ * first attention call and by every device model state at init (so it is never first
+ * called inside a CUDA graph capture). */
+TQKV_API tqkv_status tqkv_cuda_attn_setup(void);
+
 /* GPU decode attention (one query per row). q: DEVICE [rows, q_heads, head_dim] float,
  * out: DEVICE [rows, q_heads, head_dim] float. Asynchronous on kv's stream: synchronize it
  * (tqkv_cuda_sync() for the legacy default stream) before reading out on the host.
@@ -94,16 +100,11 @@ TQKV_API tqkv_status tqkv_cuda_kv_replayed_append(cuda_kv *kv, int n);
  * invariant). Its launch shape may depend on the host only through kv's rows and storage,
  * q_heads, the workspace pointer and max over rows of tqkv_cuda_attend_ws_bytes(rows,
  * q_heads, that row's tokens) (the model's CUDA graph of a decode step keys on these). */
-/* The decode attention kernels' one-time setup (shared-memory attributes, persistent grid
- * sizes, a check of where shared memory starts); thread safe, idempotent. Called by the
- * first attention call and by every device model state at init (so it is never first
- * called inside a CUDA graph capture). */
-TQKV_API tqkv_status tqkv_cuda_attn_setup(void);
 TQKV_API tqkv_status tqkv_cuda_kv_attend(cuda_kv *kv, const float *q, int q_heads, float scale, float *out);
 /* The same with a caller's workspace (e.g. one shared by every layer of a model state,
  * which run one after another on one stream) of at least
- * tqkv_cuda_attend_ws_bytes(rows, q_heads, the longest row's tokens) bytes;
- * TQKV_ERANGE when it is smaller. */
+ * tqkv_cuda_attend_ws_bytes(rows, q_heads, the longest row's tokens) bytes (monotone in
+ * max_tokens); TQKV_ERANGE when it is smaller. */
 TQKV_API size_t      tqkv_cuda_attend_ws_bytes(int rows, int q_heads, int max_tokens);
 TQKV_API tqkv_status tqkv_cuda_kv_attend_ws(cuda_kv *kv, const float *q, int q_heads, float scale,
                                             float *out, void *ws, size_t ws_bytes);

@@ -422,30 +422,31 @@ static tqkv_status pinned_alloc(void **p, size_t bytes) {
     return ck(cudaMallocHost(p, bytes ? bytes : 16), "cudaMallocHost (model)");
 }
 
+/* Replace *p (device memory, or pinned host memory) by a new allocation of `bytes` once
+ * nothing queued reads it; the generation bump makes graphs holding the old pointer stale.
+ * *cap is set to `cap` on success, 0 otherwise. */
+static tqkv_status regrow(model_cuda *g, void **p, int pinned, size_t bytes, size_t *cap, size_t new_cap) {
+    cudaStreamSynchronize(g->stream);
+    g->gen++;
+    if (pinned) cudaFreeHost(*p);
+    else cudaFree(*p);
+    *p = NULL;
+    *cap = 0;
+    const tqkv_status st = pinned ? pinned_alloc(p, bytes) : dmalloc(p, bytes);
+    if (!st) *cap = new_cap;
+    return st;
+}
+
 /* Pinned host staging for decode logits: rows x V floats. */
 static tqkv_status ensure_hlogits(model_cuda *g, size_t rows) {
     if (rows <= g->cap_hlogits) return TQKV_OK;
-    cudaStreamSynchronize(g->stream);
-    cudaFreeHost(g->h_logits);
-    g->h_logits = NULL;
-    g->cap_hlogits = 0;
-    g->gen++;
-    tqkv_status st = pinned_alloc((void **)&g->h_logits, rows * (size_t)g->m->cfg.vocab_size * 4);
-    if (!st) g->cap_hlogits = rows;
-    return st;
+    return regrow(g, (void **)&g->h_logits, 1, rows * (size_t)g->m->cfg.vocab_size * 4, &g->cap_hlogits, rows);
 }
 
 /* Device logits rows (LOGITS_ALL: T, LAST: rows). */
 static tqkv_status ensure_logits(model_cuda *g, size_t rows) {
     if (rows <= g->cap_logits) return TQKV_OK;
-    cudaStreamSynchronize(g->stream);
-    g->gen++;
-    cudaFree(g->logits);
-    g->logits = NULL;
-    g->cap_logits = 0;
-    tqkv_status st = dmalloc((void **)&g->logits, rows * (size_t)g->m->cfg.vocab_size * 4);
-    if (!st) g->cap_logits = rows;
-    return st;
+    return regrow(g, (void **)&g->logits, 0, rows * (size_t)g->m->cfg.vocab_size * 4, &g->cap_logits, rows);
 }
 
 static tqkv_status ensure_scratch(model_cuda *g, size_t T, size_t RN) {
@@ -598,41 +599,24 @@ extern "C" tqkv_status model_cuda_offsets(const model_cuda *g, int *offset) {
 }
 
 /* Bytes of decode attention workspace for a call that attends each row r at its lengths
- * off[r] + 1 .. off[r] + n (a decode: n = 1; a verification window: n): the largest over
- * rows and lengths, since the split count (the grid and the partials' layout) is per row
- * and not monotonic in the length. For a decode step it is also the graph key's attn_ws. */
+ * off[r] + 1 .. off[r] + n (a decode: n = 1; a verification window: n):
+ * tqkv_cuda_attend_ws_bytes is monotone in the length, so the longest row's last length
+ * decides. For a decode step it is also the graph key's attn_ws. */
 static size_t aws_need(const model_cuda *g, const int *off, int n) {
-    size_t need = 0;
-    for (int r = 0; r < g->rows; r++)
-        for (int j = 1; j <= n; j++) {
-            const size_t b = tqkv_cuda_attend_ws_bytes(g->rows, g->m->cfg.n_heads, off[r] + j);
-            need = b > need ? b : need;
-        }
-    return need;
+    int longest = 0;
+    for (int r = 0; r < g->rows; r++) longest = off[r] > longest ? off[r] : longest;
+    return tqkv_cuda_attend_ws_bytes(g->rows, g->m->cfg.n_heads, longest + n);
 }
 
 /* The shared decode attention workspace, at least `need` bytes (a new one: gen bump). */
 static tqkv_status ensure_aws_bytes(model_cuda *g, size_t need) {
     if (need <= g->aws_bytes) return TQKV_OK;
-    cudaStreamSynchronize(g->stream);
-    g->gen++;
-    cudaFree(g->aws);
-    g->aws = NULL;
-    g->aws_bytes = 0;
-    tqkv_status st = dmalloc(&g->aws, need);
-    if (!st) g->aws_bytes = need;
-    return st;
+    return regrow(g, &g->aws, 0, need, &g->aws_bytes, need);
 }
 
-/* The workspace for rows of up to max_tokens tokens: the largest need of any length
- * (split counts are not monotonic in the length). */
+/* The workspace for rows of up to max_tokens tokens (monotone: the longest decides). */
 static tqkv_status ensure_aws(model_cuda *g, int max_tokens) {
-    size_t need = 0;
-    for (int t = 1; t <= max_tokens; t++) {
-        const size_t b = tqkv_cuda_attend_ws_bytes(g->rows, g->m->cfg.n_heads, t);
-        need = b > need ? b : need;
-    }
-    return ensure_aws_bytes(g, need);
+    return ensure_aws_bytes(g, tqkv_cuda_attend_ws_bytes(g->rows, g->m->cfg.n_heads, max_tokens));
 }
 
 /* The caches' new storage (if any) has new storage ids: the next step's key differs; the
