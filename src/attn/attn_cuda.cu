@@ -7,9 +7,10 @@
  * Must not: mutate the cache, or let a row's result depend on other rows: a row's split
  * size depends only on its own token count, every reduction runs in a fixed order.
  *
- * Kernel shape (persistent 4-warp CTAs, 3 per SM, each taking work items = (row, kv head,
- * split) in turn; within an item each warp takes every 4th tile of TT tokens of the split,
- * TT = 32 for tq, 16 for bf16; tiles are 16-token subtiles):
+ * Kernel shape (persistent: one CTA per SM of NG groups of 4 warps; a group takes work
+ * items = (row, kv head, split) in turn; within an item each warp takes every 4th tile of
+ * TT tokens of the split, TT = 32 for tq, 16 for bf16; tiles are 16-token subtiles; tq
+ * tiles reach shared memory by bulk copies (TMA), ST per warp in flight, across items):
  *   S^T [16 tokens, 8 heads] = K [16, 128] . Q^T [128, 8]    mma.m16n8k16 (fp16/bf16)
  *   O^T [128, 8 heads]     += V^T [128, 16] . P^T [16, 8]    mma.m16n8k16
  * The G <= 8 query heads of the GQA group are the N = 8 columns (unused ones are zero).
@@ -21,8 +22,9 @@
  * up in a per-lane fp16-pair table in shared memory (Tab, tlook()).
  * The per-token fp16 scale multiplies the score (K) and the softmax weight (V); the q8
  * window's tokens are decoded with their block scales (weight factor 1).
- * Online softmax in base 2 per warp, merged across warps in shared memory, and across
- * splits by the merge kernel in split order.
+ * Online softmax in base 2 per warp, merged across a group's warps in registers (two
+ * rounds through exchange slots in shared memory), and across splits by the merge kernel
+ * in split order.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -133,8 +135,7 @@ template <int F> __device__ __forceinline__ int vdim(int g, int i, int e) {
  * address minus TAB_BASE from the word holding the byte and L = 4 l | window: byte 0 = 4 l,
  * byte 1 = byte k of the word, bytes 2, 3 = the window; the load is LDS [R + TAB_BASE],
  * one instruction, no address add. The table fills bytes [0, 128) of every 256-byte row;
- * the holes [128, 256) hold the warps' partial outputs at the end of each work item
- * (part_off()).
+ * the holes [128, 256) hold the merge's exchange slots (slot_off() in the kernel).
  *   tq4: e = (i0 | i1 << 4)                      -> (c[i0], c[i1])
  *   tq3: e = (lo0 | lo1 << 2 | hi0 << 4 | hi1 << 5 | x << 6)
  *                                               -> (c[lo0 + 4 hi0], c[lo1 + 4 hi1])
@@ -308,24 +309,97 @@ __device__ __forceinline__ void load_tile(Raw<F, S> &R, const Ctx &x, size_t col
     }
 }
 
-/* Ask L2 for a tile's K and V payload (lanes 0..15: K lines, 16..31: V lines of 128 B)
- * and its two scale lines, a few tiles before load_tile reads it: a tq tile is only
- * 3-4 KiB per warp, too little in flight to cover DRAM latency with the register double
- * buffer alone. A hint: no fault, no result. */
-template <int F, int TT>
-__device__ __forceinline__ void prefetch_tile(const Ctx &x, size_t col, int t, int lane) {
-    constexpr int PAY = Fmt<F>::PAY, LINES = (TT * PAY + 127) / 128;
-    static_assert(LINES <= 16, "one lane per line");
+// ---------------------------------------------------------------------------
+// Tile staging through shared memory (tq formats): bulk copies (TMA), one mbarrier per stage
+// ---------------------------------------------------------------------------
+/* One warp's stage holds one fast tile of TT = 32 tokens as the planes store it: K payload,
+ * V payload, then the tile's K and V scales, each copied from the 16-byte boundary at or
+ * below them (the scales of token tt start (tt & 7) tokens into their 80 bytes). Loads in
+ * flight then cost no registers and L2 sees each line once (the L2 prefetch this replaced
+ * made it look lines up twice). */
+template <int F> struct Stg {
+    static constexpr int TT = 32, PAY = Fmt<F>::PAY;
+    static constexpr int V_OFF = TT * PAY;
+    static constexpr int KS_OFF = 2 * TT * PAY;
+    static constexpr int VS_OFF = KS_OFF + 80;
+    static constexpr int BYTES = VS_OFF + 80;
+    static_assert(PAY % 16 == 0 && BYTES % 16 == 0, "bulk copies move 16-byte multiples");
+};
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t ok;
+    do {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
+    } while (!ok);
+}
+/* global -> shared, completing `bytes` on the mbarrier; evict-first in L2 (read once) */
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar,
+                                         uint64_t pol) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
+                 "[%0], [%1], %2, [%3], %4;"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(pol) : "memory");
+}
+
+/* Lane 0: ask for fast tile t (tokens from the (row, head)'s token 0 at col) into the stage
+ * at shared address dst. The caller's warp has finished reading the stage (__syncwarp). */
+template <int F>
+__device__ __forceinline__ void stage_issue(const Ctx &x, size_t col, int t, uint32_t dst, uint32_t bar,
+                                            uint64_t pol) {
+    using G = Stg<F>;
     const size_t tt = col + (size_t)t;
-    const int i = lane & 15;
-    if (i < LINES) {
-        const uint8_t *p = (lane < 16 ? x.kb : x.vb) + tt * PAY + 128 * i;
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+    const uintptr_t ks = reinterpret_cast<uintptr_t>(x.ksb + tt), vs = reinterpret_cast<uintptr_t>(x.vsb + tt);
+    const uintptr_t ks0 = ks & ~(uintptr_t)15, vs0 = vs & ~(uintptr_t)15;
+    const uint32_t kn = (uint32_t)(((ks + 2 * G::TT + 15) & ~(uintptr_t)15) - ks0);
+    const uint32_t vn = (uint32_t)(((vs + 2 * G::TT + 15) & ~(uintptr_t)15) - vs0);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* after the warp's reads of the stage */
+    mbar_expect(bar, 2u * G::TT * G::PAY + kn + vn);
+    bulk_g2s(dst, x.kb + tt * G::PAY, G::TT * G::PAY, bar, pol);
+    bulk_g2s(dst + G::V_OFF, x.vb + tt * G::PAY, G::TT * G::PAY, bar, pol);
+    bulk_g2s(dst + G::KS_OFF, reinterpret_cast<const void *>(ks0), kn, bar, pol);
+    bulk_g2s(dst + G::VS_OFF, reinterpret_cast<const void *>(vs0), vn, bar, pol);
+}
+
+/* A staged tile into registers: the same lane offsets and immediates as load_tile. */
+template <int F, int S>
+__device__ __forceinline__ void load_stage(Raw<F, S> &R, const char *st, const LaneOff &o, int misk, int misv,
+                                           int lane) {
+    using G = Stg<F>;
+    constexpr int PAY = Fmt<F>::PAY;
+    static_assert(16 * S == G::TT, "a stage is one tile");
+#pragma unroll
+    for (int u = 0; u < S; u++) {
+#pragma unroll
+        for (int row = 0; row < 2; row++) {
+            const int tk = (16 * u + krow_tok(0, row)) * PAY;
+            if constexpr (F == F_TQ4) {
+                R.k[u][row] = *reinterpret_cast<const uint4 *>(st + o.k + tk);
+            } else {
+                R.kl[u][row] = *reinterpret_cast<const uint2 *>(st + o.k + tk);
+                R.kh[u][row] = *reinterpret_cast<const uint32_t *>(st + o.kh + tk);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int tv = G::V_OFF + (16 * u + vcol_tok(0, j)) * PAY;
+            if constexpr (F == F_TQ4) {
+                R.v[u][j] = *reinterpret_cast<const uint2 *>(st + o.v + tv);
+            } else {
+                R.vl[u][j] = *reinterpret_cast<const uint32_t *>(st + o.v + tv);
+                R.vh[u][j] = *reinterpret_cast<const uint32_t *>(st + o.vh + tv);
+            }
+        }
     }
-    if (lane < 2) {
-        const uint16_t *p = (lane ? x.vsb : x.ksb) + tt;
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-    }
+    const bool ok = lane < G::TT;
+    R.ksc = ok ? reinterpret_cast<const uint16_t *>(st + G::KS_OFF)[misk + lane] : 0u;
+    R.vsc = ok ? reinterpret_cast<const uint16_t *>(st + G::VS_OFF)[misv + lane] : 0u;
 }
 
 /* K pairs of one row of subtile u. */
@@ -400,9 +474,10 @@ __device__ __forceinline__ uint32_t set_half(uint32_t w, int hi, float v) {
 __device__ __forceinline__ float q8_at(const int8_t *p, int i) { return (float)p[i]; }
 
 // ---------------------------------------------------------------------------
-// The split kernel (persistent: each CTA builds the table once, then takes work items
-// (row, kv head, split) blockIdx.x, blockIdx.x + gridDim.x, ...; an item's arithmetic
-// does not depend on which CTA runs it)
+// The split kernel (persistent: one CTA per SM of NG groups of 4 warps sharing one table;
+// each group takes work items (row, kv head, split): first item = its worker number
+// (group-major, so the first items land on different SMs), later ones from a counter; an
+// item's arithmetic does not depend on which group runs it)
 // ---------------------------------------------------------------------------
 struct Params {
     Ctx base;                 /* pointers of (row 0, head 0) before offsets */
@@ -413,61 +488,79 @@ struct Params {
     float2 *pml;              /* [rows, qh, nsmax] (max, sum) in base 2 */
     int nrows, kvh, G, qh, cap;
     int nsmax;                /* split stride of po / pml: >= every row's split_count */
-    int *work;                /* [2] counters (next item, CTAs done), zero between launches */
-    int pf;                   /* L2 prefetch distance in this warp's tiles (0: none) */
+    int *work;                /* [2] counters (next item, groups done), zero between launches */
     cuda_codec kc, vc;
 };
 
-/* Dynamic shared memory: tq: the table [256][64] u32 (its holes hold the partial outputs);
- * bf16: the warps' partial outputs [NW][CUDA_MAX_G][D] floats. */
-template <int F, int NW> __host__ __device__ constexpr int smem_main() {
-    return F == F_BF16 ? NW * CUDA_MAX_G * D * 4 : 256 * 256;
-}
+constexpr int NW = 4;                         /* warps per group (one work item at a time) */
 constexpr int ATTN_MAX_ROWS = CUDA_MAX_ROWS;  /* rows of one decode attention call (s_pre) */
-template <int F, int NW> __host__ __device__ constexpr int smem_bytes() {
-    return smem_main<F, NW>() + 2 * NW * CUDA_MAX_G * 4 + NW * 4 + (ATTN_MAX_ROWS + 1) * 4;  /* s_m, s_l, s_next, s_pre */
+/* Per-warp shared area: tq: ST stages; bf16: an exchange slot of the merge (warps 0, 1). */
+template <int F, int ST> __host__ __device__ constexpr int warp_area() {
+    if constexpr (F == F_BF16) return CUDA_MAX_G * D * 4;
+    else return ST * Stg<F>::BYTES;
 }
-/* Byte offset of partial output (warp w, head hd, dim d) in the dynamic shared memory. */
-template <int F, int NW> __device__ __forceinline__ int part_off(int w, int hd, int d) {
-    if constexpr (F == F_BF16) return ((w * CUDA_MAX_G + hd) * D + d) * 4;
-    else return ((w * CUDA_MAX_G + hd) * (D / 32) + (d >> 5)) * 256 + 128 + (d & 31) * 4;
+/* Dynamic shared memory: [table 64 KiB (tq)] [warp areas] [mbarriers] [s_m, s_l] [s_next]
+ * [s_pre]. The table is first: it must start at TAB_BASE. */
+template <int F, int NG, int ST> __host__ __device__ constexpr int smem_tab() { return F == F_BF16 ? 0 : 256 * 256; }
+template <int F, int NG, int ST> __host__ __device__ constexpr int smem_bar() {
+    return smem_tab<F, NG, ST>() + NG * NW * warp_area<F, ST>();
 }
-static_assert(4 * CUDA_MAX_G * (D / 32) <= 256, "the 4 warps' partial outputs must fit the table's holes");
+template <int F, int NG, int ST> __host__ __device__ constexpr int smem_ml() {
+    return smem_bar<F, NG, ST>() + (F == F_BF16 ? 0 : NG * NW * ST * 8);
+}
+template <int F, int NG, int ST> __host__ __device__ constexpr int smem_bytes() {
+    return smem_ml<F, NG, ST>() + 2 * NG * NW * CUDA_MAX_G * 4 + NG * NW * 4 + (ATTN_MAX_ROWS + 1) * 4;
+}
+static_assert(smem_bytes<F_TQ4, 3, 3>() <= 227 * 1024 && smem_bytes<F_TQ3, 3, 3>() <= 227 * 1024,
+              "the configurations below fit one CTA per SM");
 
-/* (A 32 KiB table, offset (256 e + 8 l) >> 1, 4 CTAs per SM at <= 128 registers without the
- * double buffer, measured 5-10% slower; an 8-warp CTA without the double buffer 8-12%
- * slower. Both removed; see bench/RESULTS.md.) */
-/* NW warps per CTA, S subtiles per tile; the next tile of a warp is loaded into registers
- * (double buffer) while this one is computed. (An 8-warp CTA with 16-token tiles and one
- * buffer, 16 warps per SM at 128 registers, measured 4-8% slower; see bench/RESULTS.md.) */
-template <int F, int NW, int S>
-__global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : 3) split_kernel(const Params P) {
-    constexpr int SUB = S, TT = 16 * SUB;
-    using RawT = Raw<F, S>;
+/* Group barrier (ids 1..NG; 0 is __syncthreads). */
+__device__ __forceinline__ void grp_sync(int grp) {
+    asm volatile("bar.sync %0, %1;" ::"r"(1 + grp), "n"(NW * 32) : "memory");
+}
+
+/* NG groups of NW warps per CTA, ST stages per warp (tq). bf16: each warp's next tile is
+ * loaded into registers (double buffer) while this one is computed. */
+template <int F, int NG, int ST>
+__global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) {
+    constexpr int SUB = F == F_BF16 ? 1 : 2, TT = 16 * SUB;
+    using RawT = Raw<F, SUB>;
+    static_assert(F != F_BF16 || warp_area<F, ST>() >= CUDA_MAX_G * D * 4, "bf16: exchange slots in the warp areas");
+    static_assert(F == F_BF16 || NG * 2 * 32 <= 256, "tq: the exchange slots fit the table's holes");
     extern __shared__ __align__(16) uint32_t s_dyn[];
-    /* after the table / partials: running max and sum per (warp, head) */
-    float (*s_m)[CUDA_MAX_G] = reinterpret_cast<float (*)[CUDA_MAX_G]>(s_dyn + smem_main<F, NW>() / 4);
-    float (*s_l)[CUDA_MAX_G] = s_m + NW;
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-    const int G = P.G;
     char *const sbytes = reinterpret_cast<char *>(s_dyn);
+    const int lane = threadIdx.x & 31, wc = threadIdx.x >> 5, grp = wc / NW, w = wc % NW;
+    const int g = lane >> 2, c = lane & 3;
+    const int G = P.G;
+    /* after the table, the warp areas and the mbarriers: running max and sum per (warp, head) */
+    float (*s_m)[CUDA_MAX_G] = reinterpret_cast<float (*)[CUDA_MAX_G]>(sbytes + smem_ml<F, NG, ST>());
+    float (*s_l)[CUDA_MAX_G] = s_m + NG * NW;
+    int *const s_next = reinterpret_cast<int *>(s_l + NG * NW);   /* [NG * NW] */
+    int *const s_pre = s_next + NG * NW;                          /* [rows + 1] */
+    char *const wa = sbytes + smem_tab<F, NG, ST>() + wc * warp_area<F, ST>();   /* this warp's area */
+    const uint32_t win = (uint32_t)__cvta_generic_to_shared(s_dyn);
+    const uint32_t wa_s = win + smem_tab<F, NG, ST>() + wc * warp_area<F, ST>();
+    const uint32_t bar_s = win + smem_bar<F, NG, ST>() + wc * ST * 8;
 
     if constexpr (F != F_BF16) {
-        for (int i = threadIdx.x; i < 256 * 32; i += NW * 32) s_dyn[(i >> 5) * 64 + (i & 31)] = tab_entry<F>(P.kc.cent, i >> 5);
-        __syncthreads();
+        for (int i = threadIdx.x; i < 256 * 32; i += NG * NW * 32) s_dyn[(i >> 5) * 64 + (i & 31)] = tab_entry<F>(P.kc.cent, i >> 5);
+        if (lane < ST) mbar_init(bar_s + 8 * lane, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    const uint32_t win = (uint32_t)__cvta_generic_to_shared(s_dyn);
     if ((win & 0xFFFFu) != TAB_BASE) __trap(); /* a static __shared__ added here would move it */
     const Tab T = {4u * (uint32_t)lane | (win & 0xFFFF0000u)};
     const LaneOff lo = lane_off<F>(g, c);
+    uint64_t pol = 0;
+    if constexpr (F != F_BF16) {
+        /* K/V are read once: evict-first (measured ~1% faster than evict-normal, RESULTS) */
+        asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    }
 
     // ---- the work items: (row, kv head, split) for every split of every row, numbered
     //      row by row (within a row head-major), so none is empty. s_pre[r] = first item
     //      of row r (an exclusive scan of kvh * split_count(ntok) over the row table).
-    int *const s_next = reinterpret_cast<int *>(s_l + NW);
-    int *const s_pre = s_next + NW;                            /* [rows + 1] */
     {
-        constexpr int NT = NW * 32;
+        constexpr int NT = NG * NW * 32;
         const int per = (P.nrows + NT - 1) / NT, r0 = threadIdx.x * per;
         int sum = 0;
         for (int r = r0; r < r0 + per && r < P.nrows; r++) sum += P.kvh * split_count(P.rows[r].ntok);
@@ -477,10 +570,10 @@ __global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : 3) split_kernel(con
             const int y = __shfl_up_sync(0xffffffffu, inc, o);
             if (lane >= o) inc += y;
         }
-        if (lane == 31) s_next[w] = inc;                       /* warp totals (s_next reused) */
-        __syncthreads();
+        if (lane == 31) s_next[wc] = inc;                      /* warp totals (s_next reused) */
+        __syncthreads();                                       /* also: the table and mbarriers */
         int base = 0;
-        for (int ww = 0; ww < w; ww++) base += s_next[ww];
+        for (int ww = 0; ww < wc; ww++) base += s_next[ww];
         int run = base + inc - sum;
         for (int r = r0; r < r0 + per && r < P.nrows; r++) {
             s_pre[r] = run;
@@ -490,27 +583,79 @@ __global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : 3) split_kernel(con
         __syncthreads();
     }
     const int total = s_pre[P.nrows];
-    /* CTA b's first item is b; with more items than CTAs the rest are claimed from the
-     * counter (items gridDim.x, gridDim.x + 1, ...), else no atomic is touched at all */
-    const bool claims = total > (int)gridDim.x;
-    for (int item = blockIdx.x; item < total;) {
+    const int workers = (int)gridDim.x * NG;
+    /* worker k's first two items are k and k + workers; with more items than that the rest
+     * are claimed from the counter (items 2 workers, 2 workers + 1, ...), each claim made
+     * an item ahead of its use, so its latency hides behind a whole item. With at most
+     * `workers` items no atomic is touched at all. */
+    const bool claims = total > workers;
+    const int gt = threadIdx.x - grp * NW * 32, wc0 = grp * NW;   /* thread in group, its first warp */
+    /* an item's place: (row, head, split), its tokens [a, z), and this warp's tiles
+     * t0 = a + (w + NW k) TT, of which the fast ones (fully in the main plane and in range)
+     * are k < nf; nf = 0 for no item */
+    struct Item {
+        int r, h, sp, a, z, fast_end, first, nf;
+        size_t rh, col;                                        /* col: token 0 of (row, head) */
+        cuda_row row;
+    };
+    auto locate = [&](int item) {
+        Item x;
+        if (item >= total) {
+            x.nf = 0;
+            return x;
+        }
         int lo_r = 0, hi_r = P.nrows - 1;                      /* last r with s_pre[r] <= item */
         while (lo_r < hi_r) {
             const int mid = (lo_r + hi_r + 1) >> 1;
             if (s_pre[mid] <= item) lo_r = mid;
             else hi_r = mid - 1;
         }
-        const int r = lo_r;
-        const cuda_row row = P.rows[r];
-        const int ntok = row.ntok;
-        const int nsr = split_count(ntok), local = item - s_pre[r];
-        const int h = local / nsr, sp = local - h * nsr;
+        x.r = lo_r;
+        x.row = P.rows[x.r];
+        const int ntok = x.row.ntok;
+        const int nsr = split_count(ntok), local = item - s_pre[x.r];
+        x.h = local / nsr;
+        x.sp = local - x.h * nsr;
         const int seg = split_len(ntok);
-        const int a = sp * seg, z = min(ntok, a + seg);
-
-        // ---- pointers of this (row, head) ------------------------------------------
-        const size_t rh = (size_t)r * P.kvh + h;
-        const size_t col = rh * P.cap + (size_t)row.left_pad;  /* token 0 of (row, head) */
+        x.a = x.sp * seg;
+        x.z = min(ntok, x.a + seg);
+        x.rh = (size_t)x.r * P.kvh + x.h;
+        x.col = x.rh * P.cap + (size_t)x.row.left_pad;
+        x.fast_end = min(x.z, x.row.wstart);
+        x.first = x.a + w * TT;
+        x.nf = x.first + TT <= x.fast_end ? (x.fast_end - TT - x.first) / (NW * TT) + 1 : 0;
+        return x;
+    };
+    /* The warp's staged tiles form one stream across its items: position k of an item is
+     * its fast tile k for k < nf, then the next item's tile k - nf. Stream use q (seq + k)
+     * takes stage q % ST with parity (q / ST) & 1; ST positions are in flight, so the next
+     * item's first tiles are on their way while this item ends. */
+    uint32_t seq = 0;                                          /* stream positions consumed */
+    int pre = 0;                                               /* of this item, already issued */
+    int item = grp * (int)gridDim.x + (int)blockIdx.x;
+    int nxt_item = claims && item + workers < total ? item + workers : total;
+    Item cur = locate(item);
+    while (item < total) {
+        /* the item after the next, published through the merge's barriers */
+        int claim = total;
+        if (claims && gt == 0) claim = 2 * workers + atomicAdd(P.work, 1);
+        size_t nxt_col;                                        /* the next item's staging needs only these */
+        int nxt_first, nxt_nf;
+        {
+            const Item x = locate(nxt_item);
+            nxt_col = x.col;
+            nxt_first = x.first;
+            nxt_nf = x.nf;
+            /* its query (G heads, 2 KiB) into L1 now, so the next item starts without waiting */
+            if (x.nf > 0 && lane < 2 * CUDA_MAX_G && lane * 128 < G * D * 2)
+                asm volatile("prefetch.global.L1 [%0];" ::"l"(reinterpret_cast<const char *>(
+                    P.q + ((size_t)x.r * P.qh + (size_t)x.h * G) * D) + 128 * lane));
+        }
+        const int r = cur.r, h = cur.h, sp = cur.sp, a = cur.a, z = cur.z, fast_end = cur.fast_end;
+        const int first = cur.first, nf = cur.nf;
+        const cuda_row row = cur.row;
+        const size_t rh = cur.rh, col = cur.col;
+        (void)a;
         /* window slot pointers, built where a slow tile needs them */
         auto ring_of = [&]() {
             Ring y = P.ring;
@@ -520,6 +665,20 @@ __global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : 3) split_kernel(con
             y.vws += rh * y.ring * (D / 32);
             return y;
         };
+        /* lane 0: stream position k of this item into its stage */
+        auto issue = [&](int k) {
+            if constexpr (F != F_BF16) {
+                const uint32_t st = (seq + (uint32_t)k) % ST, dst = wa_s + st * Stg<F>::BYTES, bar = bar_s + 8 * st;
+                const bool here = k < nf;
+                stage_issue<F>(P.base, here ? col : nxt_col, here ? first + k * NW * TT : nxt_first + (k - nf) * NW * TT,
+                               dst, bar, pol);
+            }
+        };
+        const int avail = nf + nxt_nf;                         /* positions this item can issue */
+        if constexpr (F != F_BF16) { /* the first stages' copies fly while the query loads */
+            if (lane == 0)
+                for (int k = pre; k < ST && k < avail; k++) issue(k);
+        }
 
         // ---- query fragments (B of QK^T): head g, pairs 2s / 2s+1 (stored in kdim order)
         uint32_t qb[8][2];
@@ -540,8 +699,6 @@ __global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : 3) split_kernel(con
         for (int i = 0; i < 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
         float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
-        const int fast_end = min(z, row.wstart);
-        // tiles of this warp: t0 = a + (w + NW * k) * TT
         auto process = [&](const RawT &R, int t0, bool slow) {
             // ---- per-lane token factors (token t0 + lane) -------------------------------
             float kf = 1.0f, vf = 1.0f;
@@ -558,8 +715,8 @@ __global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : 3) split_kernel(con
 #pragma unroll
             for (int u = 0; u < SUB; u++) {
                 uint32_t pa[16], pb[16];
-                deq_k<F, S>(R, T, u, 0, pa);
-                deq_k<F, S>(R, T, u, 1, pb);
+                deq_k<F, SUB>(R, T, u, 0, pa);
+                deq_k<F, SUB>(R, T, u, 1, pb);
                 if constexpr (F != F_BF16) {
                     if (slow) { /* window tokens: q8 values with their block scale */
                         const Ring x = ring_of();
@@ -647,7 +804,7 @@ __global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : 3) split_kernel(con
                 const uint32_t sel = (g & 1) ? 0x7632u : 0x5410u;
                 const uint32_t b0 = g < G ? prmt(x0, x1, sel) : 0u, b1 = g < G ? prmt(x2, x3, sel) : 0u;
                 uint32_t va[8][4];
-                deq_v<F, S>(R, T, u, g, va);
+                deq_v<F, SUB>(R, T, u, g, va);
                 if constexpr (F != F_BF16) {
                     if (slow) {
                         const Ring x = ring_of();
@@ -673,30 +830,42 @@ __global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : 3) split_kernel(con
             }
         };
 
-        // ---- fast tiles (fully in the main plane and in range), register double buffer --
-        int t0 = a + w * TT;
-        const int pfd = P.pf * NW * TT;                      /* prefetch distance in tokens */
-        if constexpr (F != F_BF16)
-            for (int k = 1; k < P.pf; k++)
-                if (t0 + k * NW * TT + TT <= fast_end) prefetch_tile<F, TT>(P.base, col, t0 + k * NW * TT, lane);
-        if (t0 + TT <= fast_end) {
+        // ---- fast tiles ------------------------------------------------------------------
+        int t0 = first;
+        if constexpr (F != F_BF16) {
+            /* staged: tile k waits on stage (seq + k) % ST, then the stage is refilled with
+             * tile k + ST while tile k is computed from registers */
+            for (int k = 0; k < nf; k++, t0 += NW * TT) {
+                const uint32_t q = seq + (uint32_t)k, st = q % ST;
+                mbar_wait(bar_s + 8 * st, (q / ST) & 1);
+                RawT R;
+                const size_t tt = col + (size_t)t0;
+                const int misk = (int)((reinterpret_cast<uintptr_t>(P.base.ksb + tt) & 15) >> 1);
+                const int misv = (int)((reinterpret_cast<uintptr_t>(P.base.vsb + tt) & 15) >> 1);
+                load_stage<F, SUB>(R, wa + st * Stg<F>::BYTES, lo, misk, misv, lane);
+                if (k + ST < avail && k + ST >= pre) {
+                    __syncwarp();
+                    if (lane == 0) issue(k + ST);
+                }
+                process(R, t0, false);
+            }
+            seq += (uint32_t)nf;
+            /* positions of the next item issued so far: those below ST + nf - 1 (or all) */
+            pre = min(max(pre, nf + ST) - nf, nxt_nf);
+        } else if (nf > 0) {
             /* two named buffers so that nothing is copied */
             RawT ra, rb;
-            load_tile<F, S, false>(ra, P.base, col, lo, t0, 0, g, c, lane);
+            load_tile<F, SUB, false>(ra, P.base, col, lo, t0, 0, g, c, lane);
             for (;;) {
                 int tn = t0 + NW * TT;
                 bool more = tn + TT <= fast_end;
-                if (more) load_tile<F, S, false>(rb, P.base, col, lo, tn, 0, g, c, lane);
-                if constexpr (F != F_BF16)
-                    if (pfd && t0 + pfd + TT <= fast_end) prefetch_tile<F, TT>(P.base, col, t0 + pfd, lane);
+                if (more) load_tile<F, SUB, false>(rb, P.base, col, lo, tn, 0, g, c, lane);
                 process(ra, t0, false);
                 t0 = tn;
                 if (!more) break;
                 tn = t0 + NW * TT;
                 more = tn + TT <= fast_end;
-                if (more) load_tile<F, S, false>(ra, P.base, col, lo, tn, 0, g, c, lane);
-                if constexpr (F != F_BF16)
-                    if (pfd && t0 + pfd + TT <= fast_end) prefetch_tile<F, TT>(P.base, col, t0 + pfd, lane);
+                if (more) load_tile<F, SUB, false>(ra, P.base, col, lo, tn, 0, g, c, lane);
                 process(rb, t0, false);
                 t0 = tn;
                 if (!more) break;
@@ -705,60 +874,98 @@ __global__ void __launch_bounds__(NW * 32, F == F_BF16 ? 2 : 3) split_kernel(con
         // ---- remaining tiles: partial, or reaching into the q8 window --------------------
         for (; t0 < z; t0 += NW * TT) {
             RawT cur;
-            load_tile<F, S, true>(cur, P.base, col, lo, t0, fast_end, g, c, lane);
+            load_tile<F, SUB, true>(cur, P.base, col, lo, t0, fast_end, g, c, lane);
             process(cur, t0, true);
         }
 
-        // ---- merge the warps (partials in the table's holes) ----------------------------
+        // ---- merge the group's warps: 2 + 3 into 0 + 1, then 1 into 0, in registers ----
+        /* exchange slots, lane-major (conflict free): element j = (i, e, k) of lane l. tq: in
+         * the table's holes (the stages hold the next item's tiles); bf16: the warp areas of
+         * warps 0 and 1. */
+        auto slot_off = [&](int s_, int j) {
+            if constexpr (F == F_BF16) return (wc0 + s_) * warp_area<F, ST>() + (j * 32 + lane) * 4;
+            else return ((grp * 2 + s_) * 32 + j) * 256 + 128 + lane * 4;
+        };
 #pragma unroll
         for (int k = 0; k < 2; k++)
 #pragma unroll
             for (int o = 4; o < 32; o <<= 1) l[k] += __shfl_xor_sync(0xffffffffu, l[k], o);
-        if (2 * c < G) {
+        float4 *const s_ml = reinterpret_cast<float4 *>(s_m) + grp * 2 * 4;   /* [slot][c] (m0, m1, l0, l1) */
+        auto put = [&](int s_) {
 #pragma unroll
             for (int i = 0; i < 8; i++)
 #pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int d = vdim<F>(g, i, e);
-                    *reinterpret_cast<float *>(sbytes + part_off<F, NW>(w, 2 * c, d)) = acc[i][2 * e];
-                    if (2 * c + 1 < G)
-                        *reinterpret_cast<float *>(sbytes + part_off<F, NW>(w, 2 * c + 1, d)) = acc[i][2 * e + 1];
-                }
-        }
-        if (g == 0) {
-            s_m[w][2 * c] = m[0]; s_m[w][2 * c + 1] = m[1];
-            s_l[w][2 * c] = l[0]; s_l[w][2 * c + 1] = l[1];
-        }
-        __syncthreads();
-        const int d = threadIdx.x & (D - 1);
-        for (int hd = threadIdx.x / D; hd < G; hd += NW * 32 / D) {
-            float M = -INFINITY;
+                for (int e = 0; e < 2; e++)
 #pragma unroll
-            for (int ww = 0; ww < NW; ww++) M = fmaxf(M, s_m[ww][hd]);
-            float o = 0.0f, L = 0.0f;
-            if (M != -INFINITY)
+                    for (int k = 0; k < 2; k++)
+                        *reinterpret_cast<float *>(sbytes + slot_off(s_, (i * 2 + e) * 2 + k)) = acc[i][2 * e + k];
+            if (g == 0) s_ml[s_ * 4 + c] = make_float4(m[0], m[1], l[0], l[1]);
+        };
+        auto take = [&](int s_) {
+            const float4 o = s_ml[s_ * 4 + c];
+            const float mo[2] = {o.x, o.y}, lo2[2] = {o.z, o.w};
+            float fa[2], fb[2];
 #pragma unroll
-                for (int ww = 0; ww < NW; ww++) {
-                    if (s_m[ww][hd] == -INFINITY) continue;
-                    const float f = exp2f(s_m[ww][hd] - M);
-                    o += *reinterpret_cast<const float *>(sbytes + part_off<F, NW>(ww, hd, d)) * f;
-                    L += s_l[ww][hd] * f;
+            for (int k = 0; k < 2; k++) {
+                const float M = fmaxf(m[k], mo[k]);
+                fa[k] = m[k] == -INFINITY ? 0.0f : exp2f(m[k] - M);
+                fb[k] = mo[k] == -INFINITY ? 0.0f : exp2f(mo[k] - M);
+                m[k] = M;
+                l[k] = l[k] * fa[k] + lo2[k] * fb[k];
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+#pragma unroll
+                for (int e = 0; e < 2; e++)
+#pragma unroll
+                    for (int k = 0; k < 2; k++)
+                        acc[i][2 * e + k] = acc[i][2 * e + k] * fa[k] +
+                            *reinterpret_cast<const float *>(sbytes + slot_off(s_, (i * 2 + e) * 2 + k)) * fb[k];
+        };
+        if (w >= 2) put(w - 2);
+        if (gt == 0) s_next[wc0] = claim;
+        grp_sync(grp);
+        const int claimed = s_next[wc0];    /* read before the next barrier (then rewritten) */
+        if (w < 2) take(w);
+        __syncwarp();                       /* s_ml read by the whole warp before lanes 0-3 rewrite it */
+        if (w == 1) put(1);                 /* its own slot, just read */
+        grp_sync(grp);
+        if (w == 0) take(1);
+        grp_sync(grp);                /* the slots are read before the next item writes them */
+        if (w == 0) {
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                const int hd = 2 * c + k;
+                if (hd >= G) continue;
+                const size_t pi = ((size_t)r * P.qh + (size_t)h * G + hd) * P.nsmax + sp;
+                /* 16-byte stores: four consecutive dims of vdim() per store (a quarter of the
+                 * L2 sectors of 4-byte stores) */
+                float *const dst = P.po + pi * D;
+                if constexpr (F == F_BF16) {  /* vdim(g, i, e) = 16 g + 2 i + e */
+#pragma unroll
+                    for (int i = 0; i < 8; i += 2)
+                        *reinterpret_cast<float4 *>(dst + vdim<F>(g, i, 0)) =
+                            make_float4(acc[i][k], acc[i][2 + k], acc[i + 1][k], acc[i + 1][2 + k]);
+                } else {                      /* vdim(g, 4 q + t, e) = vdim(g, 4 q, e) + t */
+#pragma unroll
+                    for (int e = 0; e < 2; e++)
+#pragma unroll
+                        for (int q4 = 0; q4 < 8; q4 += 4)
+                            *reinterpret_cast<float4 *>(dst + vdim<F>(g, q4, e)) =
+                                make_float4(acc[q4][2 * e + k], acc[q4 + 1][2 * e + k], acc[q4 + 2][2 * e + k],
+                                            acc[q4 + 3][2 * e + k]);
                 }
-            const size_t pi = ((size_t)r * P.qh + (size_t)h * G + hd) * P.nsmax + sp;
-            P.po[pi * D + d] = o;
-            if (d == 0) P.pml[pi] = make_float2(M, L);
+                if (g == 0) P.pml[pi] = make_float2(m[k], l[k]);
+            }
         }
-        if (!claims) break;
-        // ---- next work item, claimed from the counter ------------------------------------
-        __syncthreads();          /* the partials and s_next are read before they change */
-        if (threadIdx.x == 0) *s_next = (int)gridDim.x + atomicAdd(P.work, 1);
-        __syncthreads();
-        item = *s_next;
+        item = nxt_item;
+        nxt_item = claims ? claimed : total;
+        cur = locate(item);
     }
-    /* the last CTA out resets the counters for the next launch (stream order publishes it) */
-    if (claims && threadIdx.x == 0) {
+    /* the last group out resets the counters for the next launch (stream order publishes it) */
+    if (claims && (threadIdx.x & (NW * 32 - 1)) == 0) {
         __threadfence();
-        if (atomicAdd(P.work + 1, 1) == (int)gridDim.x - 1) {
+        if (atomicAdd(P.work + 1, 1) == workers - 1) {
             atomicExch(P.work, 0);
             atomicExch(P.work + 1, 0);
         }
@@ -829,12 +1036,18 @@ __global__ void merge_kernel(const float *__restrict__ po, const float2 *__restr
 // ---------------------------------------------------------------------------
 // Entry points
 // ---------------------------------------------------------------------------
-/* CTAs of the persistent split kernel per format: as many as are resident at once. */
-static int g_split_ctas[3];
+/* The split kernel per format: groups per CTA (NG) x stages per warp (ST). tq: 3 x 3 (12
+ * warps per SM at 168 registers, one 64 KiB table, 36 staged tiles); 3 x 2, 2 x 4 and 4 x 2
+ * measured slower (bench/RESULTS.md). bf16: 2 groups, no staging. */
+struct SplitCfg {
+    void (*fn)(Params);
+    int ng, st, smem;
+    int ctas;                 /* resident CTAs (one per SM), set by the setup */
+};
+#define SPLIT_CFG(F, NG, ST) {split_kernel<F, NG, ST>, NG, ST, smem_bytes<F, NG, ST>(), 0}
+static SplitCfg g_cfg[3] = {SPLIT_CFG(F_TQ4, 3, 3), SPLIT_CFG(F_TQ3, 3, 3), SPLIT_CFG(F_BF16, 2, 1)};
+#undef SPLIT_CFG
 static int g_setup_done;
-/* L2 prefetch distance in tiles (0: off); TQKV_CUDA_ATTN_PF overrides it, for
- * benchmarking (bench/RESULTS.md compares 0, 2, 3 and 5). */
-static int g_prefetch = 2;
 
 __global__ void smem_probe_kernel(uint32_t *out) {
     extern __shared__ __align__(16) uint32_t s_dyn[];
@@ -860,20 +1073,17 @@ static tqkv_status attn_cuda_setup_locked(void) {
     int dev = 0, sms = 0;
     if (e == cudaSuccess) e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    const char *pf_env = getenv("TQKV_CUDA_ATTN_PF");
-    if (pf_env && *pf_env) g_prefetch = atoi(pf_env) < 0 ? 0 : atoi(pf_env) > 16 ? 16 : atoi(pf_env);
-#define ATTN_SETUP(F, NW, S)                                                                    \
-    if (e == cudaSuccess)                                                                       \
-        e = cudaFuncSetAttribute(split_kernel<F, NW, S>,                                        \
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<F, NW>()); \
-    if (e == cudaSuccess) {                                                                     \
-        int per_sm = 0;                                                                         \
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, split_kernel<F, NW, S>,       \
-                                                          NW * 32, smem_bytes<F, NW>());        \
-        g_split_ctas[F] = (per_sm > 0 ? per_sm : 1) * (sms > 0 ? sms : 1);                      \
+    for (int f = 0; f < 3 && e == cudaSuccess; f++) {
+        SplitCfg *k = &g_cfg[f];
+        e = cudaFuncSetAttribute(k->fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k->smem);
+        int per_sm = 0;
+        if (e == cudaSuccess)
+            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k->fn, k->ng * NW * 32, k->smem);
+        if (e == cudaSuccess && per_sm < 1)
+            return tqkv_fail(TQKV_EUNSUPPORTED, "attention kernels: a %d-warp CTA with %d bytes of shared "
+                             "memory does not fit an SM", k->ng * NW, k->smem);
+        k->ctas = per_sm * (sms > 0 ? sms : 1);
     }
-    ATTN_SETUP(F_TQ4, 4, 2) ATTN_SETUP(F_TQ3, 4, 2) ATTN_SETUP(F_BF16, 4, 1)
-#undef ATTN_SETUP
     tqkv_status st = cuda_check(e, "attention kernel setup");
     if (st) return st;
     uint32_t *d_probe = NULL, probe = 0;
@@ -988,13 +1198,12 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
     P.work = kv->d_work;
     P.kc = kv->kc;
     P.vc = kv->vc;
-    P.pf = g_prefetch;
-    /* persistent: the resident CTAs, at most one per possible work item */
+    /* persistent: the resident CTAs, at most one per possible work item (a CTA's groups
+     * take items gridDim.x apart, so the first items land on different SMs) */
+    const SplitCfg *k = &g_cfg[fmt];
     const long items_ub = (long)kv->rows * kv->kvh * nsmax;
-    const unsigned grid = (unsigned)(items_ub < g_split_ctas[fmt] ? items_ub : g_split_ctas[fmt]);
-    if (fmt == F_TQ4) split_kernel<F_TQ4, 4, 2><<<grid, 128, smem_bytes<F_TQ4, 4>(), kv->stream>>>(P);
-    else if (fmt == F_TQ3) split_kernel<F_TQ3, 4, 2><<<grid, 128, smem_bytes<F_TQ3, 4>(), kv->stream>>>(P);
-    else split_kernel<F_BF16, 4, 1><<<grid, 128, smem_bytes<F_BF16, 4>(), kv->stream>>>(P);
+    const unsigned grid = (unsigned)(items_ub < k->ctas ? items_ub : k->ctas);
+    k->fn<<<grid, k->ng * NW * 32, k->smem, kv->stream>>>(P);
     merge_kernel<<<qgrid, 128, 0, kv->stream>>>(po, pml, kv->d_rows, out, kv->vc, !kv->bf16, q_heads, nsmax, nvi);
     return cuda_check(cudaGetLastError(), "attention kernel launch");
 }

@@ -270,8 +270,9 @@ tqkv_status cuda_kv_init_on(cuda_kv **out, const tqkv_cache_config *cfg, int bf1
     }
     st = tqkv_cuda_malloc((void **)&kv->kd, rh * cap * kv->kpay);
     if (!st) st = tqkv_cuda_malloc((void **)&kv->vd, rh * cap * kv->vpay);
-    if (!st && kv->kns) st = tqkv_cuda_malloc((void **)&kv->ks, rh * cap * kv->kns * 2);
-    if (!st && kv->vns) st = tqkv_cuda_malloc((void **)&kv->vs, rh * cap * kv->vns * 2);
+    /* scales: 16 bytes of slack, as the decode attention copies them in 16-byte units */
+    if (!st && kv->kns) st = tqkv_cuda_malloc((void **)&kv->ks, rh * cap * kv->kns * 2 + 16);
+    if (!st && kv->vns) st = tqkv_cuda_malloc((void **)&kv->vs, rh * cap * kv->vns * 2 + 16);
     if (!st && kv->ring) {
         st = tqkv_cuda_malloc((void **)&kv->kw, rh * kv->ring * kv->d);
         if (!st) st = tqkv_cuda_malloc((void **)&kv->vw, rh * kv->ring * kv->d);
