@@ -16,7 +16,13 @@
  *    and rows run without the rejected tokens; misuse is refused and changes nothing;
  *  - export / import in the host format, byte for byte both ways; the engine with a draft
  *    model (the bundled model itself; the ../shared fixture draft when present) gives the
- *    tokens of the engine without one; the prompt-cache directory on the device.
+ *    tokens of the engine without one; the prompt-cache directory on the device;
+ *  - the device pick: the kernel alone (pick_cuda_queue) on synthetic rows (ties, NaN,
+ *    +-inf, -0.0, overflow, vocab sizes off the block size up to 151936) equals the C
+ *    reference (pick_ref.h) record for record, and its records finished on the host equal
+ *    tqkv_sampler_sample; tqkv_model_decode_pick on device states equals the CPU sampler on
+ *    the device's own logits for greedy, top-k and full-row rows with penalties, with
+ *    graphs on and off.
  * Exits 77 (skipped) when the build has no CUDA, no GPU is present or the model is absent.
  */
 #include <math.h>
@@ -29,12 +35,17 @@
 #include "testutil.h"
 #include "tqkv_model.h"
 #include "engine_helpers.h"
+#include "model_helpers.h"
 
 #ifdef TQKV_HAVE_CUDA
 #include "cache/cache_cuda.h"
 #include "model/gemm_cuda.h"
 #include "model/model_cuda.h"
 #include "model/model_impl.h"
+#include "model/pick.h"
+#include "model/pick_cuda.h"
+#include "model/sampler_impl.h"
+#include "pick_ref.h"
 
 static tqkv_model *g_model;
 static uint64_t    g_seed;
@@ -951,6 +962,237 @@ static void test_padded_refused(void **st) {
     tqkv_model_state_free(s);
 }
 
+/* ---- the device pick (pick_cuda.h, pick.h) ------------------------------------------ */
+
+/* Index of the largest of x [n] (first on ties). */
+static int argmax_row(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* The host's finish of a device record (pick.c's pick_finish_row). */
+static tqkv_status finish_rec(tqkv_sampler *smp, const pick_row *p, const int32_t *rec, int stride,
+                              int *token) {
+    const unsigned f = (unsigned)rec[0];
+    const float *vals = (const float *)(rec + 2 + stride);
+    if (p->mode == PICK_GREEDY) return sampler_finish_greedy(rec[1] == 1 ? rec[2] : -1, rec[1] == 1 ? vals[0] : 0.0f, token);
+    const int finite = !(f & (PICK_F_NAN | PICK_F_POS_INF)) && (f & PICK_F_ABOVE_NEG_INF);
+    if (finite) assert_int_equal(rec[1], p->k);
+    return sampler_finish_top_k(smp, vals, rec + 2, p->k, finite, token);
+}
+
+/* R rows of vocab V through pick_cuda_queue against pick_ref_row (records and penalized
+ * logits) and, finished on the host, against tqkv_sampler_sample on the raw rows. Row i's
+ * sampler: greedy (i % 4 == 0), or top-k with k from a list (< V), temperatures 0.3 .. 1.6,
+ * top-p / min-p on some; penalties with a history on half the rows. */
+static void pick_kernel_case(int V, int R, test_rng *r, int *n_cmp) {
+    const int ks[] = {1, 2, 7, 50, 256, 1000, 1024};
+    const float temps[] = {0.3f, 0.7f, 1.0f, 1.6f};
+    float *raw = malloc(sizeof(float) * (size_t)R * V), *ref = malloc(sizeof(float) * (size_t)R * V);
+    float *dev_l = malloc(sizeof(float) * (size_t)R * V);
+    pick_row *plan = calloc((size_t)R, sizeof(pick_row));
+    int32_t *pen = malloc(sizeof(int32_t) * (size_t)R * 64);
+    tqkv_sampler **a = calloc((size_t)R, sizeof *a), **b = calloc((size_t)R, sizeof *b);
+    int n_pen = 0, stride = 1;
+    for (int i = 0; i < R; i++) {
+        pick_ref_gen_row(r, raw + (size_t)i * V, V, rng_int(r, 0, 5));
+        tqkv_sampler_params sp = tqkv_sampler_params_default();
+        if (i % 4 != 0 && V > 1) {
+            sp.temperature = temps[rng_int(r, 0, 3)];
+            sp.top_k = ks[rng_int(r, 0, 6)];
+            if (sp.top_k >= V) sp.top_k = rng_int(r, 1, V - 1);
+            sp.top_p = i % 3 == 1 ? 0.9f : 1.0f;
+            sp.min_p = i % 3 == 2 ? 0.05f : 0.0f;
+        }
+        sp.repetition_penalty = i % 2 ? (i % 4 == 1 ? 1.3f : 0.7f) : 1.0f;
+        sp.seed = rng_u64(r);
+        OK(tqkv_sampler_init(&a[i], &sp, V));
+        OK(tqkv_sampler_init(&b[i], &sp, V));
+        for (int h = rng_int(r, 0, 40); h > 0; h--) { /* history: repeats count once */
+            const int t = rng_int(r, 0, V - 1);
+            OK(tqkv_sampler_accept(a[i], t));
+            OK(tqkv_sampler_accept(b[i], t));
+        }
+        int k = 0;
+        const sampler_pick_kind kind = sampler_pick_kind_of(b[i], PICK_TOP_K_MAX, &k);
+        assert_true(kind != SAMPLER_PICK_FULL);
+        plan[i].mode = kind == SAMPLER_PICK_GREEDY ? PICK_GREEDY : PICK_TOP_K;
+        plan[i].k = k;
+        plan[i].temp = kind == SAMPLER_PICK_TOP_K ? sampler_temperature(b[i]) : 1.0f;
+        plan[i].pen_off = n_pen;
+        plan[i].pen_n = sampler_penalty_tokens(b[i], pen + n_pen);
+        plan[i].penalty = sampler_penalty(b[i]);
+        n_pen += plan[i].pen_n;
+        while (stride < k) stride <<= 1;
+    }
+    const size_t words = PICK_REC_WORDS(stride), in_bytes = sizeof(pick_row) * (size_t)R + sizeof(int32_t) * (size_t)n_pen;
+    uint8_t *in = malloc(in_bytes);
+    memcpy(in, plan, sizeof(pick_row) * (size_t)R);
+    memcpy(in + sizeof(pick_row) * (size_t)R, pen, sizeof(int32_t) * (size_t)n_pen);
+    int32_t *rec = malloc(sizeof(int32_t) * words * R), *rref = malloc(sizeof(int32_t) * words * R);
+    float *dl;
+    void *din;
+    int32_t *drec;
+    OK(tqkv_cuda_malloc((void **)&dl, sizeof(float) * (size_t)R * V));
+    OK(tqkv_cuda_malloc(&din, in_bytes));
+    OK(tqkv_cuda_malloc((void **)&drec, sizeof(int32_t) * words * R));
+    OK(tqkv_cuda_h2d(dl, raw, sizeof(float) * (size_t)R * V));
+    OK(tqkv_cuda_h2d(din, in, in_bytes));
+    OK(pick_cuda_queue(dl, (size_t)V, R, V, din, stride, drec, NULL));
+    OK(tqkv_cuda_sync());
+    OK(tqkv_cuda_d2h(rec, drec, sizeof(int32_t) * words * R));
+    OK(tqkv_cuda_d2h(dev_l, dl, sizeof(float) * (size_t)R * V));
+    memcpy(ref, raw, sizeof(float) * (size_t)R * V);
+    for (int i = 0; i < R; i++) {
+        const pick_row *p = &plan[i];
+        int32_t *dr = rec + words * i, *rr = rref + words * i;
+        float *rl = ref + (size_t)i * V;
+        pick_ref_row(rl, V, p, pen + p->pen_off, stride, rr);
+        for (int j = 0; j < V; j++) { /* the penalty in place, bit for bit (any NaN alike) */
+            const float x = dev_l[(size_t)i * V + j], y = rl[j];
+            if (!(isnan(x) && isnan(y)) && memcmp(&x, &y, 4))
+                fail_msg("vocab %d row %d: penalized logit %d: device %a, reference %a", V, i, j, x, y);
+        }
+        if (dr[0] != rr[0] || dr[1] != rr[1])
+            fail_msg("vocab %d row %d (mode %d, k %d): device flags %d n %d, reference flags %d n %d",
+                     V, i, p->mode, p->k, dr[0], dr[1], rr[0], rr[1]);
+        for (int j = 0; j < dr[1]; j++)
+            if (dr[2 + j] != rr[2 + j] || dr[2 + stride + j] != rr[2 + stride + j])
+                fail_msg("vocab %d row %d (mode %d, k %d): candidate %d: device id %d, reference id %d",
+                         V, i, p->mode, p->k, j, dr[2 + j], rr[2 + j]);
+        /* finished on the host: the CPU sampler's token (or its error) on the raw row */
+        float *x = malloc(sizeof(float) * (size_t)V);
+        memcpy(x, raw + (size_t)i * V, sizeof(float) * (size_t)V);
+        int ta = -1, tb = -1;
+        const tqkv_status sa = tqkv_sampler_sample(a[i], x, &ta);
+        const tqkv_status sb = finish_rec(b[i], p, dr, stride, &tb);
+        free(x);
+        if (sa != sb || (sa == TQKV_OK && ta != tb))
+            fail_msg("vocab %d row %d (mode %d, k %d): sampler %d token %d, device pick %d token %d",
+                     V, i, p->mode, p->k, sa, ta, sb, tb);
+        (*n_cmp)++;
+        tqkv_sampler_free(a[i]);
+        tqkv_sampler_free(b[i]);
+    }
+    tqkv_cuda_free(dl);
+    tqkv_cuda_free(din);
+    tqkv_cuda_free(drec);
+    free(raw); free(ref); free(dev_l); free(plan); free(pen); free(a); free(b); free(in); free(rec); free(rref);
+}
+
+static void test_pick_kernel(void **st) {
+    (void)st;
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x91c4);
+    const int vs[] = {1, 2, 3, 1000, 1023, 1024, 1025, 3001, 50000, 128256, 151936};
+    int n = 0;
+    for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++)
+        for (int rep = 0; rep < (vs[i] < 5000 ? 6 : 2); rep++) pick_kernel_case(vs[i], 12, &r, &n);
+    /* a bad launch is refused */
+    assert_int_equal(pick_cuda_queue(NULL, 10, 1, 10, NULL, 1, NULL, NULL), TQKV_EINVAL);
+    printf("device pick kernel == reference == CPU sampler on %d rows\n", n);
+}
+
+/* tqkv_model_decode_pick on a device state against tqkv_model_decode on its twin (the same
+ * logits, bit for bit: batch-invariant forward, graphs or not) and the CPU sampler. Rows:
+ * NULL (greedy), greedy + penalty, top-k 40 + top-p + penalty, top_k off + min-p (the full-
+ * row path: the step copies the logits too), top-k 1024 + min-p + a windowed penalty. Half
+ * way, row 3 turns greedy (NULL): no full copy any more, a new graph key. */
+static void pick_model_case(tqkv_format f, int graphs) {
+    enum { R = 5, N = 16, STEPS = 24 };
+    const int V = tqkv_model_get_config(g_model)->vocab_size;
+    test_rng rng;
+    rng_init(&rng, g_seed ^ 0x7a3 ^ (uint64_t)f ^ ((uint64_t)graphs << 8));
+    char *env = getenv("TQKV_CUDA_GRAPHS") ? strdup(getenv("TQKV_CUDA_GRAPHS")) : NULL;
+    unsetenv("TQKV_CUDA_GRAPHS");
+    tqkv_model_state_params p = tqkv_model_state_params_default();
+    p.rows = R;
+    p.k_format = p.v_format = f;
+    p.threads = 4;
+    p.device = 1;
+    p.device_graphs = graphs;
+    tqkv_model_state *sa = NULL, *sb = NULL;
+    OK(tqkv_model_state_init(&sa, g_model, &p));
+    OK(tqkv_model_state_init(&sb, g_model, &p));
+    int32_t prompt[R * N], tok[R], next[R];
+    random_tokens(&rng, prompt, (size_t)R * N, V);
+    tqkv_sampler_params sp[R];
+    for (int r = 0; r < R; r++) sp[r] = tqkv_sampler_params_default();
+    sp[1].repetition_penalty = 1.3f;
+    sp[2].temperature = 0.8f, sp[2].top_k = 40, sp[2].top_p = 0.9f, sp[2].repetition_penalty = 1.2f;
+    sp[3].temperature = 1.0f, sp[3].min_p = 0.05f, sp[3].repetition_penalty = 0.8f;
+    sp[4].temperature = 1.5f, sp[4].top_k = 1024, sp[4].min_p = 0.02f, sp[4].repetition_penalty = 1.1f,
+    sp[4].penalty_last_n = 6;
+    tqkv_sampler *a[R], *b[R];
+    OK(sampler_twins(a, b, sp, R, V, prompt, N, &rng));
+    tqkv_sampler *bs[R] = {NULL, b[1], b[2], b[3], b[4]}, *g0 = NULL;
+    tqkv_sampler_params gp = tqkv_sampler_params_default();
+    OK(tqkv_sampler_init(&g0, &gp, V)); /* the CPU side of a NULL row */
+    float *lg = malloc(sizeof(float) * (size_t)R * V);
+    OK(tqkv_model_prefill(g_model, sa, prompt, NULL, N, TQKV_LOGITS_LAST, lg));
+    OK(tqkv_model_prefill(g_model, sb, prompt, NULL, N, TQKV_LOGITS_NONE, NULL));
+    for (int r = 0; r < R; r++) tok[r] = rng_int(&rng, 1, V - 1);
+    /* refused before the step: the state is unchanged */
+    tqkv_sampler *other = NULL;
+    OK(tqkv_sampler_init(&other, &gp, V + 1));
+    tqkv_sampler *bad[R] = {NULL, other, NULL, NULL, NULL};
+    assert_int_equal(tqkv_model_decode_pick(g_model, sb, tok, bad, next), TQKV_EINVAL);
+    tqkv_sampler_free(other);
+    int off[R];
+    OK(tqkv_model_state_offsets(sb, off));
+    for (int r = 0; r < R; r++) assert_int_equal(off[r], N);
+    int sampled = 0;
+    for (int k = 0; k < STEPS; k++) {
+        if (k == STEPS / 2) bs[3] = NULL; /* row 3 greedy from here: a[3] -> g0 */
+        OK(tqkv_model_decode(g_model, sa, tok, lg));
+        OK(tqkv_model_decode_pick(g_model, sb, tok, bs, next));
+        for (int r = 0; r < R; r++) {
+            tqkv_sampler *cpu = bs[r] ? a[r] : g0;
+            const int am = argmax_row(lg + (size_t)r * V, V);
+            int t = -1;
+            OK(tqkv_sampler_sample(cpu, lg + (size_t)r * V, &t));
+            if (t != next[r])
+                fail_msg("%s graphs %d step %d row %d: CPU sampler on the device logits %d, device "
+                         "pick %d", tqkv_format_name(f), graphs, k, r, t, next[r]);
+            sampled += t != am;
+            if (bs[r]) OK(tqkv_sampler_accept(a[r], t));
+            if (bs[r]) OK(tqkv_sampler_accept(b[r], t));
+            tok[r] = t;
+        }
+    }
+    model_cuda_graph_stats gs;
+    model_cuda_graph_stats_get(sb->gpu, &gs);
+    printf("%s graphs %d: %d decode-pick steps x %d rows == CPU sampler, %d sampled picks off the "
+           "argmax (graphs: %llu captured, %llu replayed, %llu direct)\n", tqkv_format_name(f),
+           graphs, STEPS, R, sampled, (unsigned long long)gs.captures,
+           (unsigned long long)gs.replays, (unsigned long long)gs.direct);
+    if (graphs) { /* both keys (full copy + pick, pick alone) captured and replayed */
+        assert_true(gs.captures >= 2);
+        assert_true(gs.replays >= STEPS - 8);
+    } else {
+        assert_int_equal(gs.captures + gs.replays, 0);
+    }
+    if (env) setenv("TQKV_CUDA_GRAPHS", env, 1);
+    free(env);
+    for (int r = 0; r < R; r++) {
+        tqkv_sampler_free(a[r]);
+        tqkv_sampler_free(b[r]);
+    }
+    tqkv_sampler_free(g0);
+    free(lg);
+    tqkv_model_state_free(sa);
+    tqkv_model_state_free(sb);
+}
+
+static void test_pick_model_tq4(void **st) {
+    (void)st;
+    pick_model_case(TQKV_TQ4, 1);
+    pick_model_case(TQKV_TQ4, 0);
+}
+static void test_pick_model_f32(void **st) { (void)st; pick_model_case(TQKV_F32, 1); }
+
 int main(void) {
     if (!tqkv_cuda_available()) {
         printf("SKIPPED: no CUDA device\n");
@@ -992,6 +1234,9 @@ int main(void) {
         cmocka_unit_test(test_export_device),
         cmocka_unit_test(test_engine_device_draft),
         cmocka_unit_test(test_engine_device_prompt_cache),
+        cmocka_unit_test(test_pick_kernel),
+        cmocka_unit_test(test_pick_model_tq4),
+        cmocka_unit_test(test_pick_model_f32),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     tqkv_model_free(g_model);

@@ -1,8 +1,9 @@
 /*
  * test_model.c - the model runtime: parity with transformers (fp32 goldens in tests/golden),
  * greedy continuations, the left-padded batch, batch invariance (bitwise), tiny random
- * checkpoints of every supported architecture against a float64 reference forward, and
- * clear errors for malformed checkpoints.
+ * checkpoints of every supported architecture against a float64 reference forward, clear
+ * errors for malformed checkpoints, and tqkv_model_decode_pick on a CPU state (decode +
+ * sampler, row by row).
  */
 #include <math.h>
 #include <stdio.h>
@@ -635,6 +636,76 @@ static void test_device_params_on_cpu(void **state) {
     tqkv_model_state_free(s);
 }
 
+/* tqkv_model_decode_pick on a CPU state: each row's token equals tqkv_model_decode's logits
+ * through tqkv_sampler_sample (a NULL sampler: greedy), over steps of a 4-row batch with
+ * greedy, penalized, top-k + top-p and full-row (top_k off, min-p) rows; the histories grow
+ * with the picks. Bad arguments are refused before the step: offsets unchanged. */
+static void test_decode_pick_cpu(void **state) {
+    (void)state;
+    if (!g_model) skip();
+    enum { R = 4, N = 12, STEPS = 10 };
+    const int V = tqkv_model_get_config(g_model)->vocab_size;
+    test_rng rng;
+    rng_init(&rng, test_seed() + 31);
+    int32_t prompt[R * N], tok[R], next[R];
+    for (int i = 0; i < R * N; i++) prompt[i] = rng_int(&rng, 1, V - 1);
+    tqkv_sampler_params sp[R];
+    for (int r = 0; r < R; r++) sp[r] = tqkv_sampler_params_default();
+    sp[1].repetition_penalty = 1.3f;
+    sp[2].temperature = 0.8f, sp[2].top_k = 40, sp[2].top_p = 0.9f, sp[2].repetition_penalty = 1.2f;
+    sp[3].temperature = 1.0f, sp[3].min_p = 0.05f, sp[3].penalty_last_n = 4, sp[3].repetition_penalty = 0.8f;
+    tqkv_sampler *a[R], *b[R];
+    OK(sampler_twins(a, b, sp, R, V, prompt, N, &rng));
+    tqkv_sampler *bs[R] = {NULL, b[1], b[2], b[3]}; /* row 0: NULL, greedy */
+    tqkv_model_state *sa = new_state(g_model, R, "tq4", 0, 2), *sb = new_state(g_model, R, "tq4", 0, 2);
+    float *lg = malloc(sizeof(float) * (size_t)R * V);
+    OK(tqkv_model_prefill(g_model, sa, prompt, NULL, N, TQKV_LOGITS_LAST, lg));
+    OK(tqkv_model_prefill(g_model, sb, prompt, NULL, N, TQKV_LOGITS_NONE, NULL));
+    for (int r = 0; r < R; r++) tok[r] = argmax(lg + (size_t)r * V, V);
+    /* refused before the step */
+    tqkv_sampler *other = NULL;
+    tqkv_sampler_params dp = tqkv_sampler_params_default();
+    OK(tqkv_sampler_init(&other, &dp, V - 1));
+    tqkv_sampler *bad[R] = {NULL, other, NULL, NULL};
+    assert_int_equal(tqkv_model_decode_pick(g_model, sb, tok, bad, next), TQKV_EINVAL);
+    assert_int_equal(tqkv_model_decode_pick(g_model, sb, NULL, bs, next), TQKV_EINVAL);
+    assert_int_equal(tqkv_model_decode_pick(g_model, sb, tok, bs, NULL), TQKV_EINVAL);
+    assert_int_equal(tqkv_model_decode_pick(NULL, sb, tok, bs, next), TQKV_EINVAL);
+    int32_t bad_tok[R] = {tok[0], V, tok[2], tok[3]};
+    assert_int_equal(tqkv_model_decode_pick(g_model, sb, bad_tok, bs, next), TQKV_ERANGE);
+    int off[R];
+    OK(tqkv_model_state_offsets(sb, off));
+    for (int r = 0; r < R; r++) assert_int_equal(off[r], N);
+    tqkv_sampler_free(other);
+    int sampled = 0;
+    for (int k = 0; k < STEPS; k++) {
+        OK(tqkv_model_decode(g_model, sa, tok, lg));
+        OK(tqkv_model_decode_pick(g_model, sb, tok, bs, next));
+        for (int r = 0; r < R; r++) {
+            int t = -1;
+            OK(tqkv_sampler_sample(a[r], lg + (size_t)r * V, &t));
+            if (t != next[r]) fail_msg("step %d row %d: decode + sampler %d, decode_pick %d", k, r, t, next[r]);
+            sampled += r >= 2 && t != argmax(lg + (size_t)r * V, V);
+            OK(tqkv_sampler_accept(a[r], t));
+            OK(tqkv_sampler_accept(b[r], t));
+            tok[r] = t;
+        }
+    }
+    /* all rows greedy (NULL array): the argmax of the step's logits */
+    OK(tqkv_model_decode(g_model, sa, tok, lg));
+    OK(tqkv_model_decode_pick(g_model, sb, tok, NULL, next));
+    for (int r = 0; r < R; r++) assert_int_equal(next[r], argmax(lg + (size_t)r * V, V));
+    fprintf(stderr, "[decode pick] %d steps x %d rows equal decode + sampler (%d sampled picks "
+            "off the argmax)\n", STEPS, R, sampled);
+    for (int r = 0; r < R; r++) {
+        tqkv_sampler_free(a[r]);
+        tqkv_sampler_free(b[r]);
+    }
+    free(lg);
+    tqkv_model_state_free(sa);
+    tqkv_model_state_free(sb);
+}
+
 static void test_tiny_architectures(void **state) {
     (void)state;
     for (size_t a = 0; a < sizeof TINY_SPECS / sizeof TINY_SPECS[0]; a++) {
@@ -847,6 +918,7 @@ int main(void) {
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_extend_consistency),
         cmocka_unit_test(test_device_params_on_cpu),
+        cmocka_unit_test(test_decode_pick_cpu),
         cmocka_unit_test(test_tiny_architectures),
         cmocka_unit_test(test_malformed),
     };

@@ -5,11 +5,14 @@
  * Must not: contain model or cache logic.
  *
  * For each ctx and KV format: a fresh state, prefill ctx tokens (pp t/s = ctx / time), then
- * --gen greedy decode steps at that depth (tg t/s = gen / time). Token ids are a fixed
- * pseudo-random sequence (speed does not depend on the text). Best of --reps rounds;
- * each round measures every configuration once, so noise spreads evenly.
+ * --gen greedy decode steps at that depth (tg t/s = gen / time; a step's time includes
+ * picking its next tokens). Token ids are a fixed pseudo-random sequence (speed does not
+ * depend on the text). Best of --reps rounds; each round measures every configuration
+ * once, so noise spreads evenly.
  * With --device cuda, --graphs 0,1 measures every configuration with the decode step
- * launched kernel by kernel and as a CUDA graph, side by side, and prints their ratio.
+ * launched kernel by kernel and as a CUDA graph, side by side, and prints their ratio;
+ * --pick host,device likewise the next token picked on the host (the logits [rows, vocab]
+ * copied back, argmax there) and on the device (tqkv_model_decode_pick: one int per row).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +35,9 @@ static int split_list(char *s, char **items, int cap) {
     return n;
 }
 
+/* Configuration index of (ctx, kv format, --graphs value, --pick value) indices. */
+#define CONF(c, k, gi, pi) ((((c) * 32 + (k)) * 2 + (gi)) * 2 + (pi))
+
 static int argmax(const float *x, int n) {
     int b = 0;
     for (int i = 1; i < n; i++)
@@ -42,23 +48,25 @@ static int argmax(const float *x, int n) {
 /* One configuration: fresh state with room for ctx + gen tokens per row, then either a
  * prefill of ctx tokens per row (all rows in one call) or, with synth, ctx synthetic tokens
  * put straight into the caches (tqkv_model_state_fill_synthetic: no prefill figure), then
- * gen greedy decode steps. */
+ * gen greedy decode steps, each with its pick: on the host (decode's logits, argmax) or,
+ * with pick_dev, tqkv_model_decode_pick. */
 static tqkv_status measure(const tqkv_model *m, const tqkv_model_state_params *sp, const int32_t *tok,
-                   int ctx, int rows, int gen, int synth, float *logits, double *pp, double *tg,
-                   double *bpt) {
+                   int ctx, int rows, int gen, int synth, int pick_dev, float *logits, double *pp,
+                   double *tg, double *bpt) {
     const int V = tqkv_model_get_config(m)->vocab_size;
     tqkv_model_state *s = NULL;
     tqkv_status st0 = tqkv_model_state_init(&s, m, sp);
     if (st0 != TQKV_OK) return st0;
     int32_t *pt = malloc(sizeof(int32_t) * (size_t)(synth ? 1 : ctx) * rows); // [rows, ctx]
-    int32_t *next = malloc(sizeof(int32_t) * (size_t)rows);                   // [rows]
-    /* synth: one more decode step (the untimed first one gives the first logits) */
+    int32_t *next = malloc(sizeof(int32_t) * (size_t)rows * 2);               // [2, rows]
+    int32_t *picked = next ? next + rows : NULL;
+    /* synth: one more decode step (the untimed first one gives the first tokens) */
     tqkv_status st = pt && next ? tqkv_model_state_reserve(s, ctx + gen + synth) : TQKV_ENOMEM;
     double t0 = mcli_now(), tp = 0, td = 0;
     if (st == TQKV_OK && synth) {
         st = tqkv_model_state_fill_synthetic(s, ctx, 0x5eed);
         for (int r = 0; r < rows; r++) next[r] = tok[r % ctx];
-        t0 = mcli_now(); /* the first step is a warm-up: it gives the first logits */
+        t0 = mcli_now(); /* the first step is a warm-up: it gives the first tokens */
         if (st == TQKV_OK) st = tqkv_model_decode(m, s, next, logits);
     } else if (st == TQKV_OK) {
         for (int r = 0; r < rows; r++) memcpy(pt + (size_t)r * ctx, tok, sizeof(int32_t) * ctx);
@@ -66,10 +74,18 @@ static tqkv_status measure(const tqkv_model *m, const tqkv_model_state_params *s
     }
     tp = mcli_now() - t0;
     free(pt);
-    for (int g = 0; g < gen && st == TQKV_OK; g++) {
+    if (st == TQKV_OK)
         for (int r = 0; r < rows; r++) next[r] = argmax(logits + (size_t)r * V, V);
+    for (int g = 0; g < gen && st == TQKV_OK; g++) {
         t0 = mcli_now();
-        st = tqkv_model_decode(m, s, next, logits);
+        if (pick_dev) {
+            st = tqkv_model_decode_pick(m, s, next, NULL, picked);
+            if (st == TQKV_OK) memcpy(next, picked, sizeof(int32_t) * (size_t)rows);
+        } else {
+            st = tqkv_model_decode(m, s, next, logits);
+            if (st == TQKV_OK)
+                for (int r = 0; r < rows; r++) next[r] = argmax(logits + (size_t)r * V, V);
+        }
         td += mcli_now() - t0;
     }
     free(next);
@@ -122,7 +138,7 @@ int cmd_bench_model(int argc, char **argv) {
     const char *model_arg = MCLI_DEFAULT_MODEL, *ctx_list = "512,4096",
                *kv_list = "f32,f16,q8,tq4,tq3", *prefill_kernel = "graph",
                *decode_kernel = "graph", *device = "cpu";
-    const char *fill = "prefill", *graphs_list = "1";
+    const char *fill = "prefill", *graphs_list = "1", *pick_list = NULL;
     int threads = 2, gen = 64, json = 0, window = 0, reps = 3, blas = 0, f32w = 0, rows = 1,
         find_max = 0, fast_gemm = 0;
     const arg_spec specs[] = {
@@ -141,6 +157,7 @@ int cmd_bench_model(int argc, char **argv) {
         {"--device", ARG_STR, &device, "cpu|cuda: where the forward runs (default cpu)"},
         {"--fast-gemm", ARG_FLAG, &fast_gemm, "with --device cuda: cuBLAS bf16 GEMMs, faster but NOT batch invariant"},
         {"--graphs", ARG_STR, &graphs_list, "with --device cuda: 1 (default): decode steps as replayed CUDA graphs; 0: kernel by kernel; 0,1: both, side by side, with their ratio"},
+        {"--pick", ARG_STR, &pick_list, "how a decode step picks its next tokens: host (logits copied back, argmax on the host), device (tqkv_model_decode_pick: argmax on the GPU, one int per row back), or host,device: both, side by side, with their ratio; default device with --device cuda, else host"},
         {"--fill", ARG_STR, &fill, "prefill (default): run ctx tokens through the model; synthetic: put ctx tokens of random K/V straight into the caches (device only, no pp figure)"},
         {"--max-rows", ARG_FLAG, &find_max, "also find the most rows whose caches for ctx + gen + 1 tokens fit (device memory; real allocations)"},
         {"--json", ARG_FLAG, &json, "print a JSON array of results on stdout"},
@@ -181,6 +198,27 @@ int cmd_bench_model(int argc, char **argv) {
         }
         if (!dev && (n_gv != 1 || gv[0] != 1)) {
             fprintf(stderr, "tqkv bench model: --graphs needs --device cuda (CUDA graphs of the decode step)\n");
+            return 2;
+        }
+    }
+    /* --pick: device pick (1) or host pick (0), in the order given */
+    int pv[2], n_pv = 0;
+    {
+        char buf[64];
+        snprintf(buf, sizeof buf, "%s", pick_list ? pick_list : dev ? "device" : "host");
+        int bad_p = pick_list && strlen(pick_list) >= sizeof buf;
+        for (char *it = strtok(buf, ","); it && !bad_p; it = strtok(NULL, ",")) {
+            const int v = !strcmp(it, "device") ? 1 : !strcmp(it, "host") ? 0 : -1;
+            bad_p = v < 0 || n_pv == 2 || (n_pv == 1 && pv[0] == v);
+            if (!bad_p) pv[n_pv++] = v;
+        }
+        if (bad_p || n_pv == 0) {
+            fprintf(stderr, "tqkv bench model: --pick takes host, device, host,device or device,host, not '%s'\n",
+                    pick_list ? pick_list : "");
+            return 2;
+        }
+        if (!dev && (n_pv != 1 || pv[0] != 0)) {
+            fprintf(stderr, "tqkv bench model: --pick device needs --device cuda\n");
             return 2;
         }
     }
@@ -245,7 +283,7 @@ int cmd_bench_model(int argc, char **argv) {
             tqkv_kernel_name(pk), tqkv_kernel_name(dk), blas ? ", blas" : "");
     /* the table is the progress display: on stderr when stdout carries JSON */
     FILE *tab = json ? stderr : stdout;
-    if (dev) fprintf(tab, "%-8s %-10s %6s %12s %12s %14s\n", "ctx", "kv", "graphs", "pp t/s", "tg t/s", "kv B/token");
+    if (dev) fprintf(tab, "%-8s %-10s %6s %6s %12s %12s %14s\n", "ctx", "kv", "graphs", "pick", "pp t/s", "tg t/s", "kv B/token");
     else fprintf(tab, "%-8s %-10s %12s %12s %14s\n", "ctx", "kv", "pp t/s", "tg t/s", "kv B/token");
     /* every state's parameters; per configuration rows and the KV formats change */
     tqkv_model_state_params base = tqkv_model_state_params_default();
@@ -268,23 +306,23 @@ int cmd_bench_model(int argc, char **argv) {
     /* Repetitions are the outer loop, so every configuration is measured once per round
      * and machine noise spreads over all of them alike; the best round is kept. */
     int rc = 0;
-    /* configuration i = (c * 32 + k) * 2 + graphs index */
-    double best_pp[32 * 32 * 2] = {0}, best_tg[32 * 32 * 2] = {0}, bpt[32 * 32 * 2] = {0};
-    int oom[32 * 32 * 2] = {0}, maxr[32 * 32] = {0};
+    double best_pp[32 * 32 * 4] = {0}, best_tg[32 * 32 * 4] = {0}, bpt[32 * 32 * 4] = {0};
+    int oom[32 * 32 * 4] = {0}, maxr[32 * 32] = {0};
     for (int r = 0; r < reps && !rc; r++) {
         if (reps > 1) fprintf(stderr, "tqkv bench model: round %d/%d\n", r + 1, reps);
         for (int c = 0; c < n_ctx && !rc; c++)
             for (int k = 0; k < n_kv && !rc; k++)
-                for (int gi = 0; gi < n_gv && !rc; gi++) {
+                for (int gi = 0; gi < n_gv && !rc; gi++)
+                for (int pi = 0; pi < n_pv && !rc; pi++) {
                     tqkv_model_state_params sp = base;
                     sp.rows = rows;
                     sp.k_format = kf[k];
                     sp.v_format = vf[k];
                     sp.device_graphs = gv[gi];
                     double pp = 0, tg = 0;
-                    int i = (c * 32 + k) * 2 + gi;
+                    int i = CONF(c, k, gi, pi);
                     if (oom[i]) continue;
-                    tqkv_status st = measure(m, &sp, tok, ctxs[c], rows, gen, synth, logits, &pp, &tg, &bpt[i]);
+                    tqkv_status st = measure(m, &sp, tok, ctxs[c], rows, gen, synth, pv[pi], logits, &pp, &tg, &bpt[i]);
                     if (st == TQKV_ENOMEM) { /* does not fit: reported, not fatal */
                         fprintf(stderr, "tqkv bench model: ctx %d kv %s rows %d: does not fit (%s)\n",
                                 ctxs[c], kv_items[k], rows, tqkv_last_error());
@@ -296,8 +334,9 @@ int cmd_bench_model(int argc, char **argv) {
                         rc = 1;
                         continue;
                     }
-                    fprintf(stderr, "tqkv bench model: ctx %d kv %s rows %d%s: pp %.1f t/s, tg %.1f t/s\n",
-                            ctxs[c], kv_items[k], rows, !dev ? "" : gv[gi] ? " graphs" : " no graphs", pp, tg);
+                    fprintf(stderr, "tqkv bench model: ctx %d kv %s rows %d%s%s: pp %.1f t/s, tg %.1f t/s\n",
+                            ctxs[c], kv_items[k], rows, !dev ? "" : gv[gi] ? " graphs" : " no graphs",
+                            !dev ? "" : pv[pi] ? ", device pick" : ", host pick", pp, tg);
                     if (pp > best_pp[i]) best_pp[i] = pp;
                     if (tg > best_tg[i]) best_tg[i] = tg;
                 }
@@ -314,20 +353,24 @@ int cmd_bench_model(int argc, char **argv) {
                     kv_items[k], maxr[c * 32 + k]);
         }
     cJSON *arr = cJSON_CreateArray();
-    if (find_max) fprintf(tab, "%-8s %-10s %*s%12s %12s %14s %9s\n", "", "", dev ? 7 : 0, "", "", "", "", "max rows");
+    if (find_max) fprintf(tab, "%-8s %-10s %*s%12s %12s %14s %9s\n", "", "", dev ? 14 : 0, "", "", "", "", "max rows");
     for (int c = 0; c < n_ctx && !rc; c++)
         for (int k = 0; k < n_kv; k++)
-            for (int gi = 0; gi < n_gv; gi++) {
-                const int i = (c * 32 + k) * 2 + gi, i0 = (c * 32 + k) * 2 + (1 - gi);
+            for (int gi = 0; gi < n_gv; gi++)
+            for (int pi = 0; pi < n_pv; pi++) {
+                const int i = CONF(c, k, gi, pi), i0 = CONF(c, k, 1 - gi, pi), ip = CONF(c, k, gi, 1 - pi);
                 /* both measured: the graph row carries the ratio of its decode speed to the
-                 * kernel-by-kernel one's (same run, same rounds) */
+                 * kernel-by-kernel one's, the device-pick row the ratio to the host pick's
+                 * (same run, same rounds) */
                 const int both = n_gv == 2 && gv[gi] && !oom[i] && !oom[i0] && best_tg[i0] > 0;
+                const int both_p = n_pv == 2 && pv[pi] && !oom[i] && !oom[ip] && best_tg[ip] > 0;
                 fprintf(tab, "%-8d %-10s ", ctxs[c], kv_items[k]);
-                if (dev) fprintf(tab, "%6d ", gv[gi]);
+                if (dev) fprintf(tab, "%6d %6s ", gv[gi], pv[pi] ? "device" : "host");
                 if (oom[i]) fprintf(tab, "%12s %12s %14s", "-", "oom", "-");
                 else fprintf(tab, "%12.1f %12.1f %14.1f", best_pp[i], best_tg[i], bpt[i]);
                 if (find_max) fprintf(tab, " %9d", maxr[c * 32 + k]);
                 if (both) fprintf(tab, "   graphs / no graphs: tg %.3fx", best_tg[i] / best_tg[i0]);
+                if (both_p) fprintf(tab, "   device / host pick: tg %.3fx", best_tg[i] / best_tg[ip]);
                 fputc('\n', tab);
                 cJSON *o = cJSON_CreateObject();
                 cJSON_AddItemToArray(arr, o);
@@ -337,11 +380,13 @@ int cmd_bench_model(int argc, char **argv) {
                 cJSON_AddStringToObject(o, "fill", synth ? "synthetic" : "prefill");
                 cJSON_AddStringToObject(o, "gemm", fast_gemm ? "cublas" : "invariant");
                 if (dev) cJSON_AddBoolToObject(o, "graphs", gv[gi]);
+                cJSON_AddStringToObject(o, "pick", pv[pi] ? "device" : "host");
                 if (oom[i] || synth) cJSON_AddNullToObject(o, "prefill_tokens_per_s");
                 else json_add_num(o, "prefill_tokens_per_s", best_pp[i], 2);
                 if (oom[i]) cJSON_AddNullToObject(o, "decode_tokens_per_s");
                 else json_add_num(o, "decode_tokens_per_s", best_tg[i], 2);
                 if (both) json_add_num(o, "decode_graphs_speedup", best_tg[i] / best_tg[i0], 4);
+                if (both_p) json_add_num(o, "decode_pick_speedup", best_tg[i] / best_tg[ip], 4);
                 if (oom[i]) cJSON_AddStringToObject(o, "error", "out of memory");
                 json_add_num(o, "kv_bytes_per_token", bpt[i], 1);
                 cJSON_AddNumberToObject(o, "threads", threads);

@@ -230,13 +230,17 @@ int cmd_run(int argc, char **argv) {
     size_t text_cap = 0, text_len = 0;
     char *text = NULL;
     int last_nl = 1;
+    /* the first token from the prefill's logits; then each step gives the next: on the
+     * device it is picked there (tqkv_model_decode_pick: the same token as the sampler on
+     * the full row, but one token or top_k candidates come back instead of vocab logits),
+     * on the CPU the sampler runs on the step's logits */
+    int t = -1;
+    if (n_gen > 0 && tqkv_sampler_sample(smp, logits, &t) != TQKV_OK) {
+        fprintf(stderr, "\ntqkv run: %s\n", tqkv_last_error());
+        free(text);
+        goto done;
+    }
     while (n_out < n_gen) {
-        int t;
-        if (tqkv_sampler_sample(smp, logits, &t) != TQKV_OK) {
-            fprintf(stderr, "\ntqkv run: %s\n", tqkv_last_error());
-            free(text);
-            goto done;
-        }
         if (!ignore_eos && (tqkv_model_is_eos(m, t) || t == im_end)) break;
         gen[n_out++] = t;
         tqkv_sampler_accept(smp, t);
@@ -250,14 +254,23 @@ int cmd_run(int argc, char **argv) {
         }
         if (n_out == n_gen) break;
         double td = mcli_now();
-        int32_t in = t;
-        if (tqkv_model_decode(m, s, &in, logits) != TQKV_OK) {
+        int32_t in = t, picked = -1;
+        tqkv_status st;
+        if (sp.device) {
+            st = tqkv_model_decode_pick(m, s, &in, &smp, &picked);
+            if (st == TQKV_OK && picked < 0) st = TQKV_EINVAL; /* the sampler's error */
+        } else {
+            st = tqkv_model_decode(m, s, &in, logits);
+        }
+        t_decode += mcli_now() - td;
+        n_decode++;
+        if (st == TQKV_OK && !sp.device) st = tqkv_sampler_sample(smp, logits, &picked);
+        if (st != TQKV_OK) {
             fprintf(stderr, "\ntqkv run: %s\n", tqkv_last_error());
             free(text);
             goto done;
         }
-        t_decode += mcli_now() - td;
-        n_decode++;
+        t = picked;
     }
     const char *piece;
     size_t plen2;

@@ -152,6 +152,7 @@ static void engine_release(tqkv_engine *e) {
     free(e->dlogits);
     free(e->tmp);
     free(e->tokbuf);
+    free(e->smpbuf);
     free(e->model_dir);
     free(e->draft_dir);
     free(e->name);

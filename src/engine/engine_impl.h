@@ -123,6 +123,8 @@ struct tqkv_engine {
     size_t                  cap_logits, cap_dlogits;
     int32_t                *tokbuf;
     size_t                  cap_tok;
+    tqkv_sampler          **smpbuf;       /* [cap_smp] each row's sampler for a decode pick */
+    size_t                  cap_smp;
     prefix_cache            pc;
     tqkv_engine_stats       st;
 };

@@ -6,6 +6,7 @@
  * (engine_request.c).
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "engine/engine_impl.h"
 #include "util/common.h"
@@ -23,9 +24,53 @@ static int ensure_tok(tqkv_engine *e, size_t n) {
     return 1;
 }
 
-/* Plain decode step over all running rows. */
+static int ensure_smp(tqkv_engine *e, size_t n) {
+    if (e->cap_smp >= n) return 1;
+    tqkv_sampler **s = realloc(e->smpbuf, sizeof(tqkv_sampler *) * n);
+    if (!s) return 0;
+    e->smpbuf = s;
+    e->cap_smp = n;
+    return 1;
+}
+
+/* Decode step whose rows need no raw logits: tqkv_model_decode_pick (on a device state the
+ * tokens are picked there; the same tokens as req_pick). Finished or cancelled rows pick
+ * greedily and are skipped. */
+static tqkv_status step_decode_pick(tqkv_engine *e) {
+    const int R = e->n_rows;
+    if (!ensure_tok(e, 2 * (size_t)R) || !ensure_smp(e, (size_t)R))
+        return tqkv_fail(TQKV_ENOMEM, "engine: out of memory");
+    int32_t *next = e->tokbuf + R;
+    for (int i = 0; i < R; i++) {
+        eng_req *q = e->rows[i];
+        e->tokbuf[i] = q->last;
+        e->smpbuf[i] = q->finished || q->cancel ? NULL : q->sampler;
+    }
+    tqkv_status rc = tqkv_model_decode_pick(e->m, e->run, e->tokbuf, e->smpbuf, next);
+    if (rc == TQKV_OK && e->drun) rc = tqkv_model_decode(e->dm, e->drun, e->tokbuf, NULL);
+    if (rc != TQKV_OK) return rc;
+    for (int i = 0; i < R; i++) {
+        eng_req *q = e->rows[i];
+        if (q->finished || q->cancel) continue;
+        if (next[i] < 0) { /* the sampler's error for this row (tqkv_model_decode_pick) */
+            req_finish_plain(e, q, TQKV_FINISH_ERROR, tqkv_last_error());
+            continue;
+        }
+        tok_info ti;
+        memset(&ti, 0, sizeof ti);
+        req_take(e, q, next[i], &ti);
+    }
+    return TQKV_OK;
+}
+
+/* Plain decode step over all running rows: decode-and-pick unless a row asked for
+ * logprobs (those need the raw logits of every row's step, here the host's). */
 tqkv_status engine_step_decode(tqkv_engine *e) {
     const int R = e->n_rows, V = tqkv_model_get_config(e->m)->vocab_size;
+    int raw = 0;
+    for (int i = 0; i < R && !raw; i++)
+        raw = !e->rows[i]->finished && !e->rows[i]->cancel && e->rows[i]->top_logprobs >= 0;
+    if (!raw) return step_decode_pick(e);
     if (!engine_grow_floats(&e->logits, &e->cap_logits, (size_t)R * V) || !ensure_tok(e, (size_t)R))
         return tqkv_fail(TQKV_ENOMEM, "engine: out of memory");
     for (int i = 0; i < R; i++) e->tokbuf[i] = e->rows[i]->last;

@@ -140,6 +140,7 @@ void tqkv_model_state_free(tqkv_model_state *s) {
     model_qwen35_state_free(s);
     tqkv_mask_lease_free(s->lease);
     gemma4_state_free(s);
+    model_pick_free(s->pick);
     free_scratch(s);
     free(s->off);
     free(s->len);

@@ -6,7 +6,8 @@
  * embed -> per layer [RMSNorm, qkv GEMM, q/k norm, RoPE, device cache append (GPU encode),
  * attention (decode: split-KV fused kernel; n > 1: masked multi-query kernel, or with
  * extend_as_decode the decode kernel once per query), o GEMM, residual + RMSNorm, gate|up
- * GEMM, SwiGLU, down GEMM, residual] -> RMSNorm -> lm_head -> logits copied to the host.
+ * GEMM, SwiGLU, down GEMM, residual] -> RMSNorm -> lm_head -> logits copied to the host,
+ * and / or (model_cuda_decode_pick) the device pick (pick_cuda.h) and its records.
  * Must not: let an output element's reduction order depend on T, on the token's place in
  * a tile, or on other rows (batch invariance); call the host model's CPU forward.
  *
@@ -20,8 +21,10 @@
  * captured into a CUDA graph and replayed (docs/CUDA.md, "Decode step as a CUDA graph"):
  * per-step data goes through fixed buffers (tokens and RoPE rows from pinned host buffers,
  * logits to a pinned one, the row table advanced on the device), and everything else a
- * launch takes from the host is in the graph's key (rows, logits or not, the attention's
- * launch shape, the generation of the buffers and cache storages).
+ * launch takes from the host is in the graph's key (rows, logits or not, the pick's record
+ * stride, the attention's launch shape, the generation of the buffers and cache storages).
+ * The pick's plan and penalty tokens go up in a copy queued before the step (its size
+ * changes from step to step), into a buffer the captured kernel reads at a fixed address.
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -37,6 +40,7 @@ extern "C" {
 }
 #include "model/gemm_cuda.h"
 #include "model/model_cuda_impl.h"
+#include "model/pick_cuda.h"
 
 // ---------------------------------------------------------------------------
 // state: model_cuda_impl.h
@@ -406,6 +410,15 @@ static void free_scratch(model_cuda *g) {
     g->qb = g->ob = g->kb = g->vb = g->part = NULL;
     g->xf = NULL;
     g->tinfo = NULL;
+    cudaFree(g->pick_in);
+    cudaFree(g->pick_rec);
+    g->pick_in = NULL;
+    g->pick_rec = NULL;
+    cudaFreeHost(g->h_pick_in);
+    cudaFreeHost(g->h_pick_rec);
+    g->h_pick_in = NULL;
+    g->h_pick_rec = NULL;
+    g->cap_pick_in = g->cap_pick_rec = 0;
     cudaFreeHost(g->h_rope);
     cudaFreeHost(g->h_tinfo);
     cudaFreeHost(g->h_logits);
@@ -447,6 +460,26 @@ static tqkv_status ensure_hlogits(model_cuda *g, size_t rows) {
 static tqkv_status ensure_logits(model_cuda *g, size_t rows) {
     if (rows <= g->cap_logits) return TQKV_OK;
     return regrow(g, (void **)&g->logits, 0, rows * (size_t)g->m->cfg.vocab_size * 4, &g->cap_logits, rows);
+}
+
+/* The pick's upload (in_bytes: device and pinned) and records (rec_words int32: device and
+ * pinned), grown geometrically (each regrow bumps the generation). */
+static tqkv_status ensure_pick(model_cuda *g, size_t in_bytes, size_t rec_words) {
+    tqkv_status st = TQKV_OK;
+    size_t pinned_cap = 0;
+    if (in_bytes > g->cap_pick_in) {
+        const size_t cap = in_bytes < 4096 ? 4096 : in_bytes + in_bytes / 2;
+        st = regrow(g, &g->pick_in, 0, cap, &g->cap_pick_in, cap);
+        if (!st) st = regrow(g, &g->h_pick_in, 1, cap, &pinned_cap, cap);
+        if (st) g->cap_pick_in = 0; /* both again next time */
+    }
+    if (!st && rec_words > g->cap_pick_rec) {
+        const size_t cap = rec_words < 1024 ? 1024 : rec_words + rec_words / 2;
+        st = regrow(g, (void **)&g->pick_rec, 0, cap * 4, &g->cap_pick_rec, cap);
+        if (!st) st = regrow(g, (void **)&g->h_pick_rec, 1, cap * 4, &pinned_cap, cap);
+        if (st) g->cap_pick_rec = 0;
+    }
+    return st;
 }
 
 static tqkv_status ensure_scratch(model_cuda *g, size_t T, size_t RN) {
@@ -692,14 +725,25 @@ static tqkv_status attend_as_decode(model_cuda *g, cuda_kv *kv, int n, int NH, f
 // step, captured into a CUDA graph and replayed
 // ---------------------------------------------------------------------------
 
+/* The device pick after the lm_head (g->logits [rows, V]): the kernel on the plan already
+ * uploaded to g->pick_in, then the records' copy to the pinned g->h_pick_rec. */
+static tqkv_status pick_queue(model_cuda *g, int stride) {
+    const int R = g->rows, V = g->m->cfg.vocab_size;
+    tqkv_status st = pick_cuda_queue(g->logits, (size_t)V, R, V, g->pick_in, stride, g->pick_rec, g->stream);
+    if (!st) st = ck(cudaMemcpyAsync(g->h_pick_rec, g->pick_rec, (size_t)R * PICK_REC_WORDS(stride) * 4,
+                                     cudaMemcpyDeviceToHost, g->stream), "pick records");
+    return st;
+}
+
 /* Queue one forward's device work on g->stream for the token list in h_tinfo / h_rope
- * (T = rows n tokens): its upload, the embedding, the layers, the lm_head and the logits'
- * copy to `out` (host memory; pinned when captured; NULL with TQKV_LOGITS_NONE). Waits for
+ * (T = rows n tokens): its upload, the embedding, the layers, the lm_head, the logits'
+ * copy to `out` (host memory; pinned when captured; NULL: no copy) and, with pick > 0
+ * (a decode step, mode LAST), the device pick with record stride `pick`. Waits for
  * nothing. *done: the layers whose cache took this call's append (forward_undo rewinds
  * them). With n == 1 and !as_decode it only launches kernels and copies between fixed
  * buffers, and reads from the host only what the graph key holds: capturable. */
 static tqkv_status forward_queue(model_cuda *g, int n, int as_decode, tqkv_logits_mode mode,
-                                 float *out, int *done) {
+                                 float *out, int pick, int *done) {
     const tqkv_model_config *c = &g->m->cfg;
     const int R = g->rows, H = c->hidden_size, hd = c->head_dim, NH = c->n_heads,
               NKV = c->n_kv_heads, I = c->intermediate_size, V = c->vocab_size;
@@ -762,11 +806,13 @@ static tqkv_status forward_queue(model_cuda *g, int n, int as_decode, tqkv_logit
     /* xn holds every token's final-normed state (the last layer's fused norm) */
     if (mode == TQKV_LOGITS_LAST) { /* row r's last token is t = r n + n - 1 */
         st = gemm(g, g->xn + (size_t)(n - 1) * H, (size_t)n * H, R, g->w->lm_head, V, H, NULL, g->logits, V);
-        if (!st) st = ck(cudaMemcpyAsync(out, g->logits, (size_t)R * V * 4, cudaMemcpyDeviceToHost, s), "logits");
+        /* the full rows leave before the pick's penalty changes them in place */
+        if (!st && out) st = ck(cudaMemcpyAsync(out, g->logits, (size_t)R * V * 4, cudaMemcpyDeviceToHost, s), "logits");
+        if (!st && pick) st = pick_queue(g, pick);
         return st;
     }
     st = gemm(g, g->xn, H, (int)T, g->w->lm_head, V, H, NULL, g->logits, V);
-    if (!st) st = ck(cudaMemcpyAsync(out, g->logits, T * V * 4, cudaMemcpyDeviceToHost, s), "logits");
+    if (!st && out) st = ck(cudaMemcpyAsync(out, g->logits, T * V * 4, cudaMemcpyDeviceToHost, s), "logits");
     return st;
 }
 
@@ -778,16 +824,16 @@ static void forward_undo(model_cuda *g, int done, int n) {
 }
 
 static tqkv_status forward_direct(model_cuda *g, int n, int as_decode, tqkv_logits_mode mode,
-                                  float *out) {
+                                  float *out, int pick) {
     int done = 0;
-    const tqkv_status st = forward_queue(g, n, as_decode, mode, out, &done);
+    const tqkv_status st = forward_queue(g, n, as_decode, mode, out, pick, &done);
     if (st) forward_undo(g, done, n);
     return st;
 }
 
 /* The decode step's key now. Cache storage ids that moved since the last step (a regrow
  * inside an append, or anything installed without install_caches) bump gen. */
-static mc_graph_key graph_key(model_cuda *g, tqkv_logits_mode mode, size_t attn_ws) {
+static mc_graph_key graph_key(model_cuda *g, int logits, size_t attn_ws, int pick) {
     int moved = 0;
     for (int l = 0; l < g->m->cfg.n_layers; l++) {
         const uint64_t id = tqkv_cuda_kv_storage_id(g->kv[l]);
@@ -801,41 +847,43 @@ static mc_graph_key graph_key(model_cuda *g, tqkv_logits_mode mode, size_t attn_
     memset(&k, 0, sizeof k);
     k.valid = 1;
     k.rows = g->rows;
-    k.logits = mode != TQKV_LOGITS_NONE;
+    k.logits = logits;
     k.attn_ws = attn_ws;
+    k.pick = pick;
     k.gen = g->gen;
     return k;
 }
 
 static int graph_key_eq(const mc_graph_key *a, const mc_graph_key *b) {
     return a->valid && b->valid && a->rows == b->rows && a->logits == b->logits &&
-           a->attn_ws == b->attn_ws && a->gen == b->gen;
+           a->attn_ws == b->attn_ws && a->pick == b->pick && a->gen == b->gen;
 }
 
 /* The graph machinery failed (not the forward): graphs off for this state, said once on
  * stderr, and the step runs directly (the same bits). */
-static tqkv_status graph_fallback(model_cuda *g, const char *why, tqkv_logits_mode mode, float *out) {
+static tqkv_status graph_fallback(model_cuda *g, const char *why, tqkv_logits_mode mode, float *out,
+                                  int pick) {
     (void)cudaGetLastError(); /* a capture error must not fail the direct run's launch check */
     graph_drop(g);
     g->graph.enabled = 0;
     fprintf(stderr, "tqkv: CUDA graphs off for a device state (%s); its decode steps run kernel "
             "by kernel\n", why);
     g->graph.stats.direct++;
-    return forward_direct(g, 1, 0, mode, out);
+    return forward_direct(g, 1, 0, mode, out, pick);
 }
 
 /* One decode step (n == 1) through the graph: replay when the key equals the executable
  * graph's; capture (update or instantiate) and launch when it equals the previous step's;
  * else run directly and remember the key (a one-off shape costs no capture). */
 static tqkv_status forward_decode_graph(model_cuda *g, tqkv_logits_mode mode, size_t attn_ws,
-                                        float *out) {
+                                        float *out, int pick) {
     const int L = g->m->cfg.n_layers;
     mc_graph *gr = &g->graph;
     tqkv_status st = TQKV_OK;
     /* nothing may allocate inside a capture: the caches grow first (the append's own rule) */
     for (int l = 0; l < L && !st; l++) st = tqkv_cuda_kv_reserve_append(g->kv[l], 1);
     if (st) return st;
-    const mc_graph_key key = graph_key(g, mode, attn_ws);
+    const mc_graph_key key = graph_key(g, out != NULL, attn_ws, pick);
     if (gr->exec && graph_key_eq(&key, &gr->key)) { /* replay; the appends' host half by hand */
         st = ck(cudaGraphLaunch(gr->exec, g->stream), "decode graph launch");
         for (int l = 0; l < L && !st; l++) st = tqkv_cuda_kv_replayed_append(g->kv[l], 1);
@@ -844,26 +892,28 @@ static tqkv_status forward_decode_graph(model_cuda *g, tqkv_logits_mode mode, si
     }
     if (!graph_key_eq(&key, &gr->pending)) { /* a new key: direct, captured if it repeats */
         gr->stats.direct++;
-        const tqkv_status ds = forward_direct(g, 1, 0, mode, out);
+        const tqkv_status ds = forward_direct(g, 1, 0, mode, out, pick);
         if (!ds) gr->pending = key; /* only a step that ran through is a shape worth capturing */
         return ds;
     }
     /* capture: the appends' host half runs now, their kernels when the graph is launched */
     if (cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
-        return graph_fallback(g, "cudaStreamBeginCapture failed", mode, out);
+        return graph_fallback(g, "cudaStreamBeginCapture failed", mode, out, pick);
     int done = 0;
-    const tqkv_status qs = forward_queue(g, 1, 0, mode, out, &done);
+    const tqkv_status qs = forward_queue(g, 1, 0, mode, out, pick, &done);
     cudaGraph_t graph = NULL;
     const cudaError_t ce = cudaStreamEndCapture(g->stream, &graph);
     if (qs || ce != cudaSuccess || !graph) {
         if (graph) cudaGraphDestroy(graph);
         (void)cudaGetLastError();
         forward_undo(g, done, 1); /* nothing ran: the rows go back to the step's start */
-        return graph_fallback(g, qs ? tqkv_last_error() : cudaGetErrorString(ce), mode, out);
+        return graph_fallback(g, qs ? tqkv_last_error() : cudaGetErrorString(ce), mode, out, pick);
     }
-    /* Update in place only where the topology is the same (rows and logits unchanged: only
-     * grids and pointers moved); anything else, or a refused update, instantiates anew. */
-    if (gr->exec && (key.rows != gr->key.rows || key.logits != gr->key.logits)) {
+    /* Update in place only where the topology is the same (rows, logits and pick or not
+     * unchanged: only grids, copy sizes and pointers moved); anything else, or a refused
+     * update, instantiates anew. */
+    if (gr->exec && (key.rows != gr->key.rows || key.logits != gr->key.logits ||
+                     (key.pick != 0) != (gr->key.pick != 0))) {
         cudaGraphExecDestroy(gr->exec);
         gr->exec = NULL;
     }
@@ -885,7 +935,7 @@ static tqkv_status forward_decode_graph(model_cuda *g, tqkv_logits_mode mode, si
     if (ie != cudaSuccess) {
         gr->exec = NULL;
         forward_undo(g, done, 1);
-        return graph_fallback(g, cudaGetErrorString(ie), mode, out);
+        return graph_fallback(g, cudaGetErrorString(ie), mode, out, pick);
     }
     gr->key = key;
     gr->stats.captures++;
@@ -894,14 +944,23 @@ static tqkv_status forward_decode_graph(model_cuda *g, tqkv_logits_mode mode, si
     return st;
 }
 
-extern "C" tqkv_status model_cuda_forward(model_cuda *g, const int32_t *tokens, const int *lengths,
-                                          int n, int prefill, tqkv_logits_mode mode, float *logits) {
+/* A decode step's device pick (model_cuda_decode_pick): host plan [rows], penalty tokens
+ * [n_pen], record stride, and where the records go [rows, PICK_REC_WORDS(stride)]. */
+typedef struct {
+    const pick_row *plan;
+    const int32_t  *pen;
+    int             n_pen;
+    int             stride;
+    int32_t        *rec;
+} pick_req;
+
+/* model_cuda_forward's body; logits may be NULL with mode LAST when pk is set (the pick
+ * alone). Arguments are checked by the callers. */
+static tqkv_status forward_run(model_cuda *g, const int32_t *tokens, const int *lengths, int n,
+                               int prefill, tqkv_logits_mode mode, float *logits, const pick_req *pk) {
     const tqkv_model *m = g->m;
     const tqkv_model_config *c = &m->cfg;
     const int R = g->rows, hd = c->head_dim, V = c->vocab_size, half = hd / 2;
-    if (n < 1) return tqkv_fail(TQKV_EINVAL, "forward: n must be >= 1, got %d", n);
-    if ((unsigned)mode > TQKV_LOGITS_ALL || (mode != TQKV_LOGITS_NONE && !logits))
-        return tqkv_fail(TQKV_EINVAL, "forward: bad logits mode or NULL logits");
     memcpy(g->off, tqkv_cuda_kv_offsets(g->kv[0]), sizeof(int) * (size_t)R);
     for (int r = 0; r < R; r++) {
         if (lengths && lengths[r] != n)
@@ -919,6 +978,10 @@ extern "C" tqkv_status model_cuda_forward(model_cuda *g, const int32_t *tokens, 
     }
     const size_t T = (size_t)R * n;
     const int as_decode = !prefill && n > 1 && g->p.extend_as_decode; /* verification window */
+    /* decode logits land in the pinned staging buffer (a graph's copy needs a fixed,
+     * pinned target), others straight in the caller's (a pageable copy waits for itself) */
+    const int copy = mode != TQKV_LOGITS_NONE && logits;
+    const size_t pick_in = pk ? (size_t)R * sizeof(pick_row) + (size_t)pk->n_pen * sizeof(int32_t) : 0;
     tqkv_status st = ensure_scratch(g, T, T);
     size_t attn_ws = 0; /* decode attention: its workspace need, the graph key's launch shape */
     if (!st && (n == 1 || as_decode)) {
@@ -926,7 +989,8 @@ extern "C" tqkv_status model_cuda_forward(model_cuda *g, const int32_t *tokens, 
         st = ensure_aws_bytes(g, attn_ws);
     }
     if (!st && mode != TQKV_LOGITS_NONE) st = ensure_logits(g, mode == TQKV_LOGITS_ALL ? T : (size_t)R);
-    if (!st && mode != TQKV_LOGITS_NONE && n == 1) st = ensure_hlogits(g, (size_t)R);
+    if (!st && copy && n == 1) st = ensure_hlogits(g, (size_t)R);
+    if (!st && pk) st = ensure_pick(g, pick_in, (size_t)R * PICK_REC_WORDS(pk->stride));
     if (st) return st;
 
     /* token list [T, 3] (id, row, column) and rope tables, in the pinned buffers the
@@ -940,18 +1004,62 @@ extern "C" tqkv_status model_cuda_forward(model_cuda *g, const int32_t *tokens, 
             ops_rope_table(g->off[r] + j, m->inv_freq, half, g->h_rope + t * hd,
                            g->h_rope + t * hd + half);
         }
-    /* decode logits land in the pinned staging buffer (a graph's copy needs a fixed,
-     * pinned target), others straight in the caller's (a pageable copy waits for itself) */
-    float *out = mode == TQKV_LOGITS_NONE ? NULL : n == 1 ? g->h_logits : logits;
+    /* the pick's plan and penalty tokens: one copy, ahead of the step in stream order */
+    if (pk) {
+        memcpy(g->h_pick_in, pk->plan, (size_t)R * sizeof(pick_row));
+        if (pk->n_pen)
+            memcpy((char *)g->h_pick_in + (size_t)R * sizeof(pick_row), pk->pen,
+                   (size_t)pk->n_pen * sizeof(int32_t));
+        st = ck(cudaMemcpyAsync(g->pick_in, g->h_pick_in, pick_in, cudaMemcpyHostToDevice, g->stream),
+                "pick upload");
+        if (st) return st;
+    }
+    const int pick = pk ? pk->stride : 0;
+    float *out = !copy ? NULL : n == 1 ? g->h_logits : logits;
     if (n == 1 && R > 0 && g->graph.enabled) {
-        st = forward_decode_graph(g, mode, attn_ws, out);
+        st = forward_decode_graph(g, mode, attn_ws, out, pick);
     } else {
         if (n == 1) g->graph.stats.direct++;
-        st = forward_direct(g, n, as_decode, mode, out);
+        st = forward_direct(g, n, as_decode, mode, out, pick);
     }
     /* one wait per call: the logits are on the host and the pinned buffers free again */
     const tqkv_status ss = ck(cudaStreamSynchronize(g->stream), "forward");
     if (!st) st = ss;
     if (!st && out && out == g->h_logits) memcpy(logits, g->h_logits, (size_t)R * V * sizeof(float));
+    if (!st && pk) memcpy(pk->rec, g->h_pick_rec, (size_t)R * PICK_REC_WORDS(pk->stride) * sizeof(int32_t));
     return st;
+}
+
+extern "C" tqkv_status model_cuda_forward(model_cuda *g, const int32_t *tokens, const int *lengths,
+                                          int n, int prefill, tqkv_logits_mode mode, float *logits) {
+    if (n < 1) return tqkv_fail(TQKV_EINVAL, "forward: n must be >= 1, got %d", n);
+    if ((unsigned)mode > TQKV_LOGITS_ALL || (mode != TQKV_LOGITS_NONE && !logits))
+        return tqkv_fail(TQKV_EINVAL, "forward: bad logits mode or NULL logits");
+    return forward_run(g, tokens, lengths, n, prefill, mode, logits, NULL);
+}
+
+extern "C" tqkv_status model_cuda_decode_pick(model_cuda *g, const int32_t *tokens, const pick_row *plan,
+                                              const int32_t *pen, int n_pen, int stride, float *logits,
+                                              int32_t *rec) {
+    const int R = g->rows, V = g->m->cfg.vocab_size;
+    if (!tokens || !plan || !rec || n_pen < 0 || (n_pen && !pen) || stride < 1 || stride > PICK_TOP_K_MAX)
+        return tqkv_fail(TQKV_EINVAL, "device pick: NULL argument, or stride %d not in [1, %d]",
+                         stride, PICK_TOP_K_MAX);
+    for (int r = 0; r < R; r++) {
+        const pick_row *p = &plan[r];
+        const int pick = p->mode == PICK_GREEDY || p->mode == PICK_TOP_K;
+        if ((p->mode != PICK_NONE && !pick) ||
+            (p->mode == PICK_TOP_K && (p->k < 1 || p->k > stride || p->k >= V ||
+                                       !(p->temp > 0 && isfinite(p->temp)))) ||
+            (pick && p->pen_n > 0 && !(p->penalty > 0 && isfinite(p->penalty))) || p->pen_n < 0 ||
+            p->pen_off < 0 || p->pen_n > n_pen - p->pen_off)
+            return tqkv_fail(TQKV_EINVAL, "device pick: row %d: bad plan (mode %d, k %d of stride %d, "
+                             "penalty tokens %d at %d of %d)", r, p->mode, p->k, stride, p->pen_n,
+                             p->pen_off, n_pen);
+    }
+    for (int i = 0; i < n_pen; i++)
+        if (pen[i] < 0 || pen[i] >= V)
+            return tqkv_fail(TQKV_ERANGE, "device pick: penalty token %d outside vocab %d", pen[i], V);
+    const pick_req pk = {plan, pen, n_pen, stride, rec};
+    return forward_run(g, tokens, NULL, 1, 0, TQKV_LOGITS_LAST, logits, &pk);
 }

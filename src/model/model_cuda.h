@@ -6,8 +6,8 @@
  * from two threads is not supported), one device KV cache (cuda_kv) per layer, device scratch,
  * the state's CUDA stream and the decode step's CUDA graph, and
  * the Qwen3 / Qwen2 / Llama graph run with our own batch-invariant GEMM kernel and the
- * device cache's encode / attention kernels. Logits are copied back to the host (sampling
- * stays on the host).
+ * device cache's encode / attention kernels. Logits are copied back to the host, or a
+ * decode step picks each row's next token on the device (model_cuda_decode_pick).
  * Must not: be called when the build has no CUDA (forward.c guards with TQKV_HAVE_CUDA),
  * or make a row's logits depend on the other rows or the batch size.
  *
@@ -22,6 +22,7 @@
 
 #include <stdint.h>
 
+#include "model/pick.h"
 #include "tqkv_model.h"
 
 #ifdef __cplusplus
@@ -80,6 +81,16 @@ size_t      model_cuda_kv_bytes(const model_cuda *g);
  * variable TQKV_CUDA_GRAPHS=0), with logits bitwise equal to the kernel-by-kernel run. */
 tqkv_status model_cuda_forward(model_cuda *g, const int32_t *tokens, const int *lengths, int n,
                                int prefill, tqkv_logits_mode mode, float *logits);
+/* One decode step (tokens [rows]) that also picks on the device (pick.h): plan [rows] and
+ * the penalty tokens pen [n_pen] go up in one copy queued before the step, the pick kernel
+ * and the copy of the records rec [rows, PICK_REC_WORDS(stride)] run inside it, after the
+ * lm_head (in its CUDA graph when graphs are on; the stride is in the graph key). logits
+ * [rows, V] (NULL: not copied) gets the full rows as model_cuda_forward would, copied
+ * before the penalty changes them (rows planned PICK_NONE need them). Same failure
+ * behaviour as model_cuda_forward. */
+tqkv_status model_cuda_decode_pick(model_cuda *g, const int32_t *tokens, const pick_row *plan,
+                                   const int32_t *pen, int n_pen, int stride, float *logits,
+                                   int32_t *rec);
 
 /* How the decode steps of a state ran (tests, benchmarks). A step whose graph key is new
  * runs kernel by kernel; the next with the same key is captured (applied to the existing

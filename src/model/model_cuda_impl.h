@@ -45,9 +45,11 @@ struct model_cuda_weights {
 typedef struct {
     int      valid;
     int      rows;       /* T = rows: grids of every per-token kernel and GEMM */
-    int      logits;     /* the lm_head GEMM and the logits copy are in the step */
+    int      logits;     /* the lm_head GEMM and the full logits' copy are in the step */
     size_t   attn_ws;    /* max over rows of tqkv_cuda_attend_ws_bytes(rows, NH, tokens):
                           * the attention's split count (its grid and partials layout) */
+    int      pick;       /* the device pick's record stride (its kernel and the records'
+                          * copy are in the step; the lm_head too), 0 = no pick */
     uint64_t gen;        /* model_cuda.gen: every buffer and cache storage pointer */
 } mc_graph_key;
 
@@ -95,6 +97,11 @@ struct model_cuda {
     float   *h_logits;   /* [cap_hlogits, V] decode logits staging */
     size_t   cap_hlogits;
     int32_t *h_lo, *h_hi;/* [rows, n] */
+    /* device pick (pick.h): the step's upload and its records, pinned staging beside */
+    void    *pick_in, *h_pick_in;   /* [cap_pick_in] bytes: pick_row [rows] | int32 tokens */
+    size_t   cap_pick_in;
+    int32_t *pick_rec, *h_pick_rec; /* [rows, PICK_REC_WORDS(stride)], cap_pick_rec words */
+    size_t   cap_pick_rec;
     int     *off;        /* [rows] */
 };
 

@@ -140,6 +140,7 @@ struct tqkv_model_state {
      * layers[l] is NULL for a linear-attention layer (it has no KV rows). ---- */
     struct model_recurrent *rec;
     struct qwen35_scratch  *hy;
+    struct model_pick      *pick; /* tqkv_model_decode_pick's scratch (pick.c), NULL until used */
 };
 
 /* forward.c: skeleton pieces of a forward call shared by every graph.
@@ -164,6 +165,9 @@ void        model_qwen35_state_free(tqkv_model_state *s);
 tqkv_status model_qwen35_forward(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
                                  const int *lengths, int n, int prefill, tqkv_logits_mode mode,
                                  float *logits);
+
+/* pick.c: free the state's decode-and-pick scratch (NULL is fine). */
+void        model_pick_free(struct model_pick *p);
 
 /* kernel_set.c: the graph's attention kernel set (the table lives there). */
 void        model_kernel_set(const tqkv_model_config *c, tqkv_kernel *prefill, tqkv_kernel *decode);

@@ -1,12 +1,15 @@
 /*
  * sampler.c - token sampling: repetition penalty, greedy, temperature, top-k, top-p, min-p.
- * Owns: the sampler's history and its RNG (xoshiro256**, seeded per sampler).
+ * Owns: the sampler's history and its RNG (xoshiro256**, seeded per sampler); the internals
+ * of sampler_impl.h (a row finished from candidates selected elsewhere, through the same
+ * code as tqkv_sampler_sample).
  * Must not: keep global state or depend on anything but its logits, history and seed.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/sampler_impl.h"
 #include "tqkv_model.h"
 #include "util/common.h"
 
@@ -160,64 +163,36 @@ static void top_k_ids(const float *v, int n, int k, int32_t *idx) {
     qsort_r(idx, (size_t)h, sizeof(int32_t), cmp_desc, (void *)v);
 }
 
-tqkv_status tqkv_sampler_sample(tqkv_sampler *s, float *logits, int *token) {
-    if (!s || !logits || !token) return tqkv_fail(TQKV_EINVAL, "sampler: NULL argument");
-    int V = s->vocab;
+/* The penalty window: history entries [h0, n_hist). */
+static int penalty_start(const tqkv_sampler *s) {
+    const int n = s->p.penalty_last_n;
+    return n > 0 && s->n_hist > n ? s->n_hist - n : 0;
+}
+
+static tqkv_status fail_greedy(void) {
+    return tqkv_fail(TQKV_EINVAL, "sampler: no logit above -inf (all NaN or -inf; greedy)");
+}
+
+static tqkv_status fail_not_finite(const tqkv_sampler *s) {
+    return tqkv_fail(TQKV_EINVAL, "sampler: logits are not finite (NaN/inf, or overflow "
+                     "at temperature %g)", (double)s->p.temperature);
+}
+
+tqkv_status sampler_argmax(const float *l, int V, int *token) {
+    /* argmax over the logits that are numbers (a NaN is never picked, wherever it sits);
+     * with none above -inf there is no answer: refuse, as the sampled path does */
+    int best = -1;
+    for (int i = 0; i < V; i++)
+        if (!isnan(l[i]) && (best < 0 || l[i] > l[best])) best = i;
+    if (best < 0 || l[best] == -INFINITY) return fail_greedy();
+    *token = best;
+    return TQKV_OK;
+}
+
+/* top-p, min-p and the draw over the sorted candidates s->idx [n] with their unnormalized
+ * probabilities in s->prob (indexed by id); one RNG draw. */
+static void draw_candidates(tqkv_sampler *s, int n, int *token) {
     const tqkv_sampler_params *p = &s->p;
-    /* repetition penalty (HF: each distinct previous token once) */
-    if (p->repetition_penalty != 1.0f && s->n_hist > 0) {
-        int h0 = p->penalty_last_n > 0 && s->n_hist > p->penalty_last_n ? s->n_hist - p->penalty_last_n : 0;
-        for (int i = h0; i < s->n_hist; i++) {
-            int t = s->hist[i];
-            if (s->seen[t]) continue;
-            s->seen[t] = 1;
-            logits[t] = logits[t] > 0 ? logits[t] / p->repetition_penalty
-                                      : logits[t] * p->repetition_penalty;
-        }
-        for (int i = h0; i < s->n_hist; i++) s->seen[s->hist[i]] = 0;
-    }
-    if (p->temperature == 0.0f) {
-        /* argmax over the logits that are numbers (a NaN is never picked, wherever it
-         * sits); with none above -inf there is no answer: refuse, as the sampled path does */
-        int best = -1;
-        for (int i = 0; i < V; i++)
-            if (!isnan(logits[i]) && (best < 0 || logits[i] > logits[best])) best = i;
-        if (best < 0 || logits[best] == -INFINITY)
-            return tqkv_fail(TQKV_EINVAL, "sampler: no logit above -inf (all NaN or -inf; greedy)");
-        *token = best;
-        return TQKV_OK;
-    }
-    /* temperature; unnormalized probabilities prob = exp(l - max) (max -> 1) */
-    float mx = -INFINITY;
-    for (int i = 0; i < V; i++) {
-        logits[i] /= p->temperature;
-        if (logits[i] > mx) mx = logits[i];
-    }
-    double sum = 0;
-    for (int i = 0; i < V; i++) {
-        s->prob[i] = (float)exp((double)(logits[i] - mx));
-        sum += s->prob[i];
-    }
-    /* a NaN or +inf logit (or an overflow of l / T) makes every probability NaN, and then no
-     * candidate would survive the filters below: refuse instead of reading idx[-1] */
-    if (!isfinite(sum))
-        return tqkv_fail(TQKV_EINVAL, "sampler: logits are not finite (NaN/inf, or overflow "
-                         "at temperature %g)", (double)p->temperature);
-    int n = 0;
-    if (p->top_k > 0 && p->top_k < V) {
-        top_k_ids(logits, V, p->top_k, s->idx);
-        n = p->top_k;
-    } else if (p->top_p < 1.0f || p->min_p > 0) {
-        /* below (1 - top_p) / V of the mass a token can never enter the nucleus, and below
-         * min_p (of the max, which is 1) min-p drops it: skip those before sorting */
-        double cut = p->top_p < 1.0f ? (1.0 - p->top_p) / V * sum : 0;
-        if (p->min_p > cut) cut = p->min_p;
-        for (int i = 0; i < V; i++)
-            if (s->prob[i] >= cut) s->idx[n++] = i;
-        qsort_r(s->idx, (size_t)n, sizeof(int32_t), cmp_desc, logits);
-    } else {
-        for (int i = 0; i < V; i++) s->idx[n++] = i; /* plain temperature: no order needed */
-    }
     /* top-p on the sorted candidates, renormalized */
     if (p->top_p < 1.0f) {
         double tot = 0, c = 0;
@@ -249,5 +224,140 @@ tqkv_status tqkv_sampler_sample(tqkv_sampler *s, float *logits, int *token) {
         }
     }
     *token = pick;
+}
+
+tqkv_status tqkv_sampler_sample(tqkv_sampler *s, float *logits, int *token) {
+    if (!s || !logits || !token) return tqkv_fail(TQKV_EINVAL, "sampler: NULL argument");
+    int V = s->vocab;
+    const tqkv_sampler_params *p = &s->p;
+    /* repetition penalty (HF: each distinct previous token once) */
+    if (p->repetition_penalty != 1.0f && s->n_hist > 0) {
+        int h0 = penalty_start(s);
+        for (int i = h0; i < s->n_hist; i++) {
+            int t = s->hist[i];
+            if (s->seen[t]) continue;
+            s->seen[t] = 1;
+            logits[t] = logits[t] > 0 ? logits[t] / p->repetition_penalty
+                                      : logits[t] * p->repetition_penalty;
+        }
+        for (int i = h0; i < s->n_hist; i++) s->seen[s->hist[i]] = 0;
+    }
+    if (p->temperature == 0.0f) return sampler_argmax(logits, V, token);
+    /* temperature; unnormalized probabilities prob = exp(l - max) (max -> 1) */
+    float mx = -INFINITY;
+    for (int i = 0; i < V; i++) {
+        logits[i] /= p->temperature;
+        if (logits[i] > mx) mx = logits[i];
+    }
+    double sum = 0;
+    for (int i = 0; i < V; i++) {
+        s->prob[i] = (float)exp((double)(logits[i] - mx));
+        sum += s->prob[i];
+    }
+    /* a NaN or +inf logit (or an overflow of l / T) makes every probability NaN, and then no
+     * candidate would survive the filters below: refuse instead of reading idx[-1]. The
+     * sum is not finite exactly when a logit is NaN, one l / T is +inf, or every l / T is
+     * -inf (mx stays -inf): sampler_finish_top_k's `finite` flag. */
+    if (!isfinite(sum)) return fail_not_finite(s);
+    int n = 0;
+    if (p->top_k > 0 && p->top_k < V) {
+        top_k_ids(logits, V, p->top_k, s->idx);
+        n = p->top_k;
+    } else if (p->top_p < 1.0f || p->min_p > 0) {
+        /* below (1 - top_p) / V of the mass a token can never enter the nucleus, and below
+         * min_p (of the max, which is 1) min-p drops it: skip those before sorting */
+        double cut = p->top_p < 1.0f ? (1.0 - p->top_p) / V * sum : 0;
+        if (p->min_p > cut) cut = p->min_p;
+        for (int i = 0; i < V; i++)
+            if (s->prob[i] >= cut) s->idx[n++] = i;
+        qsort_r(s->idx, (size_t)n, sizeof(int32_t), cmp_desc, logits);
+    } else {
+        for (int i = 0; i < V; i++) s->idx[n++] = i; /* plain temperature: no order needed */
+    }
+    draw_candidates(s, n, token);
+    return TQKV_OK;
+}
+
+// ---------------------------------------------------------------------------
+// internals for decode-and-pick (sampler_impl.h)
+// ---------------------------------------------------------------------------
+
+sampler_pick_kind sampler_pick_kind_of(const tqkv_sampler *s, int k_limit, int *k) {
+    sampler_pick_kind kind = SAMPLER_PICK_FULL;
+    int kk = 0;
+    if (s->p.temperature == 0.0f) {
+        kind = SAMPLER_PICK_GREEDY;
+        kk = 1;
+    } else if (s->p.top_k > 0 && s->p.top_k < s->vocab && s->p.top_k <= k_limit) {
+        kind = SAMPLER_PICK_TOP_K;
+        kk = s->p.top_k;
+    }
+    if (k) *k = kk;
+    return kind;
+}
+
+int sampler_vocab(const tqkv_sampler *s) { return s->vocab; }
+float sampler_temperature(const tqkv_sampler *s) { return s->p.temperature; }
+
+float sampler_penalty(const tqkv_sampler *s) {
+    return s->n_hist > 0 ? s->p.repetition_penalty : 1.0f;
+}
+
+int sampler_penalty_bound(const tqkv_sampler *s) {
+    if (sampler_penalty(s) == 1.0f) return 0;
+    const int n = s->n_hist - penalty_start(s);
+    return n < s->vocab ? n : s->vocab;
+}
+
+int sampler_penalty_tokens(tqkv_sampler *s, int32_t *out) {
+    if (sampler_penalty(s) == 1.0f) return 0;
+    const int h0 = penalty_start(s);
+    int n = 0;
+    for (int i = h0; i < s->n_hist; i++) {
+        const int t = s->hist[i];
+        if (s->seen[t]) continue;
+        s->seen[t] = 1;
+        out[n++] = t;
+    }
+    for (int i = 0; i < n; i++) s->seen[out[i]] = 0;
+    return n;
+}
+
+tqkv_status sampler_finish_greedy(int32_t id, float val, int *token) {
+    if (id < 0 || val == -INFINITY) return fail_greedy();
+    *token = id;
+    return TQKV_OK;
+}
+
+tqkv_status sampler_finish_top_k(tqkv_sampler *s, const float *val, const int32_t *id, int n,
+                                 int finite, int *token) {
+    if (!s || !val || !id || !token) return tqkv_fail(TQKV_EINVAL, "sampler: NULL argument");
+    int k = 0;
+    if (sampler_pick_kind_of(s, s->vocab, &k) != SAMPLER_PICK_TOP_K || n != k)
+        return tqkv_fail(TQKV_EINVAL, "sampler: %d candidates for a sampler that is not top-k "
+                         "%d with temperature > 0", n, s->p.top_k);
+    if (!finite) return fail_not_finite(s);
+    /* ids in range and distinct (s->seen as the marks, cleared again) */
+    int bad = 0, i = 0;
+    for (; i < n && !bad; i++) {
+        bad = id[i] < 0 || id[i] >= s->vocab || s->seen[id[i]];
+        if (!bad) s->seen[id[i]] = 1;
+    }
+    for (int j = 0; j < i - bad; j++) s->seen[id[j]] = 0;
+    if (bad) return tqkv_fail(TQKV_EINVAL, "sampler: candidate id out of range or repeated");
+    /* temperature as tqkv_sampler_sample divides, then its order: prob [V] holds l / T at
+     * each candidate's id for cmp_desc, then exp(l / T - mx) in place */
+    for (int j = 0; j < n; j++) {
+        s->idx[j] = id[j];
+        s->prob[id[j]] = val[j] / s->p.temperature;
+    }
+    qsort_r(s->idx, (size_t)n, sizeof(int32_t), cmp_desc, s->prob);
+    /* with every logit finite the best candidate holds the vocab's max (mx) */
+    const float mx = s->prob[s->idx[0]];
+    for (int j = 0; j < n; j++) {
+        const int32_t t = s->idx[j];
+        s->prob[t] = (float)exp((double)(s->prob[t] - mx));
+    }
+    draw_candidates(s, n, token);
     return TQKV_OK;
 }
