@@ -75,6 +75,7 @@ static int32_t pick_full_row(tqkv_sampler *smp, float *l, int V) {
     return st == TQKV_OK ? t : -1;
 }
 
+#ifdef TQKV_HAVE_CUDA
 /* The host's half of a row picked on the device, from its record. */
 static int32_t pick_finish_row(tqkv_sampler *smp, const pick_row *p, const int32_t *rec,
                                int stride, int row) {
@@ -98,7 +99,6 @@ static int32_t pick_finish_row(tqkv_sampler *smp, const pick_row *p, const int32
     return st == TQKV_OK ? t : -1;
 }
 
-#ifdef TQKV_HAVE_CUDA
 /* The device path: plan every row, one step with the pick, finish on the host. */
 static tqkv_status pick_device(tqkv_model_state *s, struct model_pick *pk, const int32_t *tokens,
                                tqkv_sampler *const *samplers, int32_t *next) {
