@@ -364,14 +364,15 @@ TQKV_API tqkv_status tqkv_sampler_sample(tqkv_sampler *s, float *logits, int *to
  * parameters and RNG draws). It does not call tqkv_sampler_accept: the caller still adds the
  * token to the history. CPU states decode into internal scratch and run the CPU sampler.
  * Device states pick on the GPU where that gives the same token (docs/CUDA.md, "Picking on
- * the device"): greedy rows and rows with temperature > 0 and 0 < top_k <= 1024 return one
- * token or top_k candidates instead of vocab logits; other rows (top_k off or larger) bring
- * their full rows back and run the CPU sampler.
+ * the device"): greedy rows and rows with temperature > 0 and 0 < top_k <= 1024 (and
+ * top_k < vocab) return one token or top_k candidates instead of vocab logits; other rows
+ * (top_k off or larger) bring their full rows back and run the CPU sampler.
  * Errors before the step (NULL arguments, a sampler of another vocab, and every error of
  * tqkv_model_decode) leave the state unchanged. Once the step has run the call returns
  * TQKV_OK; a row whose logits allow no pick (the sampler's TQKV_EINVAL: NaN / inf logits,
- * or nothing above -inf) gets next[r] = -1, with that error in tqkv_last_error(). Logprobs
- * need the raw logits: use tqkv_model_decode and the sampler for those rows.
+ * or nothing above -inf) gets next[r] = -1, with that error in tqkv_last_error() (the last
+ * failed row's, when several fail). Logprobs need the raw logits: use tqkv_model_decode and
+ * the sampler for those rows.
  */
 TQKV_API tqkv_status tqkv_model_decode_pick(const tqkv_model *m, tqkv_model_state *s,
                                             const int32_t *tokens, tqkv_sampler *const *samplers,

@@ -166,18 +166,21 @@ static void test_cuda_attend_tq(void **state) {
     const tqkv_format fm[2] = {TQKV_TQ4, TQKV_TQ3};
     for (int fi = 0; fi < 2; fi++)
         for (int wi = 0; wi < 3; wi++) {
-            /* wi 2: more (row, head, split) items than the persistent grid has CTAs (<= 3 per
-             * SM), so CTAs claim items from the counter after their first */
+            /* wi 2: more (row, head, split) items than twice the persistent grid's groups
+             * (3 per SM: 792 on 132 SMs; here about 1300-2400), so groups claim items from the
+             * counter after their first two; splits of 512-768 tokens give each warp 4-6
+             * staged tiles per item, more than its 3 stages, so stages are refilled within
+             * an item as well as across items */
             const int many = wi == 2;
             const int R = many ? rng_int(&r, 10, 12) : rng_int(&r, 2, 4), H = many ? 8 : 2;
             const int G = rng_int(&r, 0, 1) ? 4 : 8, qh = H * G;
-            const int W = wi == 1 ? rng_int(&r, 16, 200) : 0;
+            const int W = wi == 1 || (many && rng_int(&r, 0, 1)) ? rng_int(&r, 16, 200) : 0;
             tqkv_cache_config cfg = mkcfg(fm[fi], H, W, rng_u64(&r));
             tqkv_cache *rows[12] = {0};
             tqkv_cache_ref refs[12];
             int lens[12];
             for (int i = 0; i < R; i++) {
-                lens[i] = i == 0 ? rng_int(&r, 1, 40) : many ? rng_int(&r, 2000, 5000) : rng_int(&r, 200, 3000);
+                lens[i] = i == 0 ? rng_int(&r, 1, 40) : many ? rng_int(&r, 9000, 20000) : rng_int(&r, 200, 3000);
                 assert_int_equal(tqkv_cache_init(&rows[i], &cfg), TQKV_OK);
                 const size_t n = (size_t)H * lens[i] * 128;
                 float *k = malloc(n * 4), *v = malloc(n * 4);

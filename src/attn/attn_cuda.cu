@@ -44,7 +44,6 @@ namespace {
 
 enum { F_TQ4 = 0, F_TQ3 = 1, F_BF16 = 2 };
 constexpr int D = CUDA_DIM;
-/* Warps per CTA: the template parameter NW (4). */
 constexpr float LOG2E = 1.4426950408889634f;
 
 // ---------------------------------------------------------------------------
@@ -499,7 +498,7 @@ template <int F, int ST> __host__ __device__ constexpr int warp_area() {
     if constexpr (F == F_BF16) return CUDA_MAX_G * D * 4;
     else return ST * Stg<F>::BYTES;
 }
-/* Dynamic shared memory: [table 64 KiB (tq)] [warp areas] [mbarriers] [s_m, s_l] [s_next]
+/* Dynamic shared memory: [table 64 KiB (tq)] [warp areas] [mbarriers] [s_ml] [s_next]
  * [s_pre]. The table is first: it must start at TAB_BASE. */
 template <int F, int NG, int ST> __host__ __device__ constexpr int smem_tab() { return F == F_BF16 ? 0 : 256 * 256; }
 template <int F, int NG, int ST> __host__ __device__ constexpr int smem_bar() {
@@ -509,7 +508,7 @@ template <int F, int NG, int ST> __host__ __device__ constexpr int smem_ml() {
     return smem_bar<F, NG, ST>() + (F == F_BF16 ? 0 : NG * NW * ST * 8);
 }
 template <int F, int NG, int ST> __host__ __device__ constexpr int smem_bytes() {
-    return smem_ml<F, NG, ST>() + 2 * NG * NW * CUDA_MAX_G * 4 + NG * NW * 4 + (ATTN_MAX_ROWS + 1) * 4;
+    return smem_ml<F, NG, ST>() + NG * 2 * 4 * 16 + NG * NW * 4 + (ATTN_MAX_ROWS + 1) * 4;  /* s_ml, s_next, s_pre */
 }
 static_assert(smem_bytes<F_TQ4, 3, 3>() <= 227 * 1024 && smem_bytes<F_TQ3, 3, 3>() <= 227 * 1024,
               "the configurations below fit one CTA per SM");
@@ -532,10 +531,10 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
     const int lane = threadIdx.x & 31, wc = threadIdx.x >> 5, grp = wc / NW, w = wc % NW;
     const int g = lane >> 2, c = lane & 3;
     const int G = P.G;
-    /* after the table, the warp areas and the mbarriers: running max and sum per (warp, head) */
-    float (*s_m)[CUDA_MAX_G] = reinterpret_cast<float (*)[CUDA_MAX_G]>(sbytes + smem_ml<F, NG, ST>());
-    float (*s_l)[CUDA_MAX_G] = s_m + NG * NW;
-    int *const s_next = reinterpret_cast<int *>(s_l + NG * NW);   /* [NG * NW] */
+    /* after the table, the warp areas and the mbarriers: the merge's (m0, m1, l0, l1) per
+     * (group, slot, lane column) */
+    float4 *const s_mlg = reinterpret_cast<float4 *>(sbytes + smem_ml<F, NG, ST>());   /* [NG][2][4] */
+    int *const s_next = reinterpret_cast<int *>(s_mlg + NG * 2 * 4);   /* [NG * NW] */
     int *const s_pre = s_next + NG * NW;                          /* [rows + 1] */
     char *const wa = sbytes + smem_tab<F, NG, ST>() + wc * warp_area<F, ST>();   /* this warp's area */
     const uint32_t win = (uint32_t)__cvta_generic_to_shared(s_dyn);
@@ -890,7 +889,7 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
         for (int k = 0; k < 2; k++)
 #pragma unroll
             for (int o = 4; o < 32; o <<= 1) l[k] += __shfl_xor_sync(0xffffffffu, l[k], o);
-        float4 *const s_ml = reinterpret_cast<float4 *>(s_m) + grp * 2 * 4;   /* [slot][c] (m0, m1, l0, l1) */
+        float4 *const s_ml = s_mlg + grp * 2 * 4;             /* [slot][c] */
         auto put = [&](int s_) {
 #pragma unroll
             for (int i = 0; i < 8; i++)

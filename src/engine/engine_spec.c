@@ -52,8 +52,10 @@ static tqkv_status step_decode_pick(tqkv_engine *e) {
     for (int i = 0; i < R; i++) {
         eng_req *q = e->rows[i];
         if (q->finished || q->cancel) continue;
-        if (next[i] < 0) { /* the sampler's error for this row (tqkv_model_decode_pick) */
-            req_finish_plain(e, q, TQKV_FINISH_ERROR, tqkv_last_error());
+        if (next[i] < 0) { /* no pick (tqkv_model_decode_pick); tqkv_last_error() holds only
+                            * the last failed row's reason, so say what any of them means */
+            req_finish_plain(e, q, TQKV_FINISH_ERROR,
+                             "no token could be picked: the row's logits are NaN or +inf, or none is above -inf");
             continue;
         }
         tok_info ti;
