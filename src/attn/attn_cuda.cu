@@ -833,14 +833,14 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
         int t0 = first;
         if constexpr (F != F_BF16) {
             /* staged: tile k waits on stage (seq + k) % ST, then the stage is refilled with
-             * tile k + ST while tile k is computed from registers */
+             * tile k + ST while tile k is computed from registers. A warp's tiles are NW TT
+             * = 128 tokens apart, so their scales' offset in a 16-byte unit is the same for all */
+            const int misk = (int)((reinterpret_cast<uintptr_t>(P.base.ksb + col + first) & 15) >> 1);
+            const int misv = (int)((reinterpret_cast<uintptr_t>(P.base.vsb + col + first) & 15) >> 1);
             for (int k = 0; k < nf; k++, t0 += NW * TT) {
                 const uint32_t q = seq + (uint32_t)k, st = q % ST;
                 mbar_wait(bar_s + 8 * st, (q / ST) & 1);
                 RawT R;
-                const size_t tt = col + (size_t)t0;
-                const int misk = (int)((reinterpret_cast<uintptr_t>(P.base.ksb + tt) & 15) >> 1);
-                const int misv = (int)((reinterpret_cast<uintptr_t>(P.base.vsb + tt) & 15) >> 1);
                 load_stage<F, SUB>(R, wa + st * Stg<F>::BYTES, lo, misk, misv, lane);
                 if (k + ST < avail && k + ST >= pre) {
                     __syncwarp();
