@@ -5,7 +5,8 @@
 # reads once the header is put back in the ABI 7 form (ABI version, sm_90 flags). Use it to
 # count a kernel loop's instructions before spending device time (docs/CUDA.md "Device runs").
 #   scripts/sass_local.sh SRC.cu [NVDISASM] > out.sass   (compiled with the build's flags)
-# Get nvdisasm without installing the package:
+# Get nvdisasm (this adds Debian's non-free source to apt, then downloads and unpacks the
+# package without installing it):
 #   echo 'Types: deb
 #   URIs: http://deb.debian.org/debian
 #   Suites: bookworm

@@ -21,7 +21,7 @@
  * Dequantization: a lookup byte holding two 4-bit (tq4) or 3-bit (tq3) indices is looked
  * up in a per-lane fp16-pair table in shared memory (Tab, tlook(); tq3 has two tables).
  * The per-token fp16 scale multiplies the score (K) and the softmax weight (V); the q8
- * window's tokens are decoded with their block scales (weight factor 1).
+ * window's tokens are decoded with their block scales (weight factor P_FOLD).
  * Online softmax in base 2 per warp with a lazy rescale (RESCALE_SLACK), merged across a
  * group's warps in registers (two rounds through exchange slots in shared memory), and
  * across splits by the merge kernel in split order.
@@ -50,7 +50,10 @@ constexpr float LOG2E = 1.4426950408889634f;
 /* Online softmax: a warp rescales only when a score exceeds its running max by more than
  * RESCALE_SLACK (log2 units), so its weights p reach 2^RESCALE_SLACK. The fp16 P fragments
  * (tq formats) hold p * V scale * P_FOLD, P_FOLD = 2^-RESCALE_SLACK, so they never exceed the
- * V scale itself, as with the exact rule; l is scaled by P_FOLD when stored, like acc. */
+ * V scale itself, as with the exact rule; l is scaled by P_FOLD when stored, like acc. The
+ * price is at the bottom of fp16's range: a weight turns subnormal (fewer significant bits)
+ * below 2^-14 / (V scale * P_FOLD), 16x sooner than with the exact rule; test_cuda measures
+ * V norms near 0.01 as well as near 17000. */
 constexpr float RESCALE_SLACK = 4.0f;
 constexpr float P_FOLD = 0.0625f;
 static_assert(P_FOLD * 16.0f == 1.0f && RESCALE_SLACK == 4.0f, "P_FOLD = 2^-RESCALE_SLACK");
@@ -370,9 +373,11 @@ __device__ __forceinline__ bool elect_one() {
 template <int F> struct Stg {
     static constexpr int TT = 32, PAY = Fmt<F>::PAY;
     static constexpr int V_OFF = TT * PAY;
+    static constexpr int SC = 80;             /* a tile's scales from their 16-byte floor */
     static constexpr int KS_OFF = 2 * TT * PAY;
-    static constexpr int VS_OFF = KS_OFF + 80;
-    static constexpr int BYTES = VS_OFF + 80;
+    static constexpr int VS_OFF = KS_OFF + SC;
+    static constexpr int BYTES = VS_OFF + SC;
+    static_assert(SC % 16 == 0 && SC >= 2 * TT + 14, "the tile's scales from any 2-byte offset");
     static_assert(PAY % 16 == 0 && BYTES % 16 == 0, "bulk copies move 16-byte multiples");
 };
 
@@ -413,11 +418,11 @@ __device__ __forceinline__ void stage_issue(const Ctx &x, size_t col, int t, uin
     const uintptr_t vs0 = reinterpret_cast<uintptr_t>(x.vsb + tt) & ~(uintptr_t)15;
     if (elect_one()) {
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* after the warp's reads of the stage */
-        mbar_expect(bar, 2u * G::TT * G::PAY + 160u);
+        mbar_expect(bar, G::BYTES);
         bulk_g2s(dst, x.kb + tt * G::PAY, G::TT * G::PAY, bar, pol);
         bulk_g2s(dst + G::V_OFF, x.vb + tt * G::PAY, G::TT * G::PAY, bar, pol);
-        bulk_g2s(dst + G::KS_OFF, reinterpret_cast<const void *>(ks0), 80u, bar, pol);
-        bulk_g2s(dst + G::VS_OFF, reinterpret_cast<const void *>(vs0), 80u, bar, pol);
+        bulk_g2s(dst + G::KS_OFF, reinterpret_cast<const void *>(ks0), G::SC, bar, pol);
+        bulk_g2s(dst + G::VS_OFF, reinterpret_cast<const void *>(vs0), G::SC, bar, pol);
     }
 }
 
@@ -712,9 +717,9 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
                     P.q + ((size_t)x.r * P.qh + (size_t)x.h * G) * D) + 128 * lane));
         }
         const int r = cur.r, h = cur.h, sp = cur.sp, a = cur.a, z = cur.z, fast_end = cur.fast_end;
-        const int nf = uni(cur.nf), first = nf > 0 ? uni(cur.first) : cur.first;
+        const int nf = uni(cur.nf), first = uni(cur.first);  /* cur is a located item */
         const cuda_row row = cur.row;
-        const size_t rh = cur.rh, col = nf > 0 ? uni((uint64_t)cur.col) : cur.col;
+        const size_t rh = cur.rh, col = uni((uint64_t)cur.col);
         (void)a;
         /* window slot pointers, built where a slow tile needs them */
         auto ring_of = [&]() {
@@ -828,7 +833,9 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
              * and acc stay consistent, whichever max they refer to. So the tile's max over the
              * warp is needed only then. On random data the exact rule rescaled about half the
              * tiles (batch 32 / 64k); this one, 4% (Nsight, RESULTS). */
-            if (__any_sync(0xffffffffu, mx[0] > m[0] + RESCALE_SLACK || mx[1] > m[1] + RESCALE_SLACK)) {
+            /* (a difference, exact near m: m + RESCALE_SLACK would round for |m| >= 2^25;
+             * -inf - -inf is NaN, so an all-masked tile against no max does not rescale) */
+            if (__any_sync(0xffffffffu, mx[0] - m[0] > RESCALE_SLACK || mx[1] - m[1] > RESCALE_SLACK)) {
 #pragma unroll
                 for (int o = 4; o < 32; o <<= 1) {             /* over the lanes of heads 2c, 2c+1 */
                     mx[0] = fmaxf(mx[0], __shfl_xor_sync(0xffffffffu, mx[0], o));
@@ -921,7 +928,7 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
                 }
             }
             seq += (uint32_t)nf;
-            /* positions of the next item issued so far: those below ST + nf - 1 (or all) */
+            /* positions of the next item issued so far: those below ST + nf (or all) */
             pre = min(max(pre, nf + ST) - nf, nxt_nf);
         } else if (nf > 0) {
             /* two named buffers so that nothing is copied */

@@ -270,9 +270,13 @@ tqkv_status cuda_kv_init_on(cuda_kv **out, const tqkv_cache_config *cfg, int bf1
     }
     st = tqkv_cuda_malloc((void **)&kv->kd, rh * cap * kv->kpay);
     if (!st) st = tqkv_cuda_malloc((void **)&kv->vd, rh * cap * kv->vpay);
-    /* scales: 16 bytes of slack, as the decode attention copies them in 16-byte units */
+    /* scales: 16 bytes of slack, as the decode attention copies a tile's scales as 80 bytes
+     * from the 16-byte floor at or below them; zeroed, so that those bytes around the tile
+     * (left padding, tokens not yet written, the slack) are never uninitialised reads */
     if (!st && kv->kns) st = tqkv_cuda_malloc((void **)&kv->ks, rh * cap * kv->kns * 2 + 16);
     if (!st && kv->vns) st = tqkv_cuda_malloc((void **)&kv->vs, rh * cap * kv->vns * 2 + 16);
+    if (!st && kv->kns) st = cuda_check(cudaMemsetAsync(kv->ks, 0, rh * cap * kv->kns * 2 + 16, kv->stream), "scales");
+    if (!st && kv->vns) st = cuda_check(cudaMemsetAsync(kv->vs, 0, rh * cap * kv->vns * 2 + 16, kv->stream), "scales");
     if (!st && kv->ring) {
         st = tqkv_cuda_malloc((void **)&kv->kw, rh * kv->ring * kv->d);
         if (!st) st = tqkv_cuda_malloc((void **)&kv->vw, rh * kv->ring * kv->d);
