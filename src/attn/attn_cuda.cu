@@ -54,9 +54,9 @@ constexpr float LOG2E = 1.4426950408889634f;
  * price is at the bottom of fp16's range: a weight turns subnormal (fewer significant bits)
  * below 2^-14 / (V scale * P_FOLD), 16x sooner than with the exact rule; test_cuda measures
  * V norms near 0.01 as well as near 17000. */
-constexpr float RESCALE_SLACK = 4.0f;
-constexpr float P_FOLD = 0.0625f;
-static_assert(P_FOLD * 16.0f == 1.0f && RESCALE_SLACK == 4.0f, "P_FOLD = 2^-RESCALE_SLACK");
+constexpr int RESCALE_BITS = 4;
+constexpr float RESCALE_SLACK = (float)RESCALE_BITS;
+constexpr float P_FOLD = 1.0f / (float)(1 << RESCALE_BITS);
 
 // ---------------------------------------------------------------------------
 // Splits (batch invariance: a function of the row's own token count only)
@@ -970,14 +970,17 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
 #pragma unroll
             for (int o = 4; o < 32; o <<= 1) l[k] += __shfl_xor_sync(0xffffffffu, l[k], o);
         float4 *const s_ml = s_mlg + grp * 2 * 4;             /* [slot][c] */
+        /* acc[i][2 e + k] of this lane in slot s_ */
+        auto slot = [&](int s_, int i, int e, int k) -> float & {
+            return *reinterpret_cast<float *>(sbytes + slot_off(s_, (i * 2 + e) * 2 + k));
+        };
         auto put = [&](int s_) {
 #pragma unroll
             for (int i = 0; i < 8; i++)
 #pragma unroll
                 for (int e = 0; e < 2; e++)
 #pragma unroll
-                    for (int k = 0; k < 2; k++)
-                        *reinterpret_cast<float *>(sbytes + slot_off(s_, (i * 2 + e) * 2 + k)) = acc[i][2 * e + k];
+                    for (int k = 0; k < 2; k++) slot(s_, i, e, k) = acc[i][2 * e + k];
             if (g == 0) s_ml[s_ * 4 + c] = make_float4(m[0], m[1], l[0], l[1]);
         };
         auto take = [&](int s_) {
@@ -997,9 +1000,7 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
 #pragma unroll
                 for (int e = 0; e < 2; e++)
 #pragma unroll
-                    for (int k = 0; k < 2; k++)
-                        acc[i][2 * e + k] = acc[i][2 * e + k] * fa[k] +
-                            *reinterpret_cast<const float *>(sbytes + slot_off(s_, (i * 2 + e) * 2 + k)) * fb[k];
+                    for (int k = 0; k < 2; k++) acc[i][2 * e + k] = acc[i][2 * e + k] * fa[k] + slot(s_, i, e, k) * fb[k];
         };
         if (w >= 2) put(w - 2);
         if (gt == 0) s_next[wc0] = claim;
