@@ -165,19 +165,19 @@ static void test_cuda_attend_tq(void **state) {
     rng_init(&r, test_seed() ^ 0xA77E);
     const tqkv_format fm[2] = {TQKV_TQ4, TQKV_TQ3};
     for (int fi = 0; fi < 2; fi++)
-        for (int wi = 0; wi < 5; wi++) {
+        for (int wi = 0; wi < 6; wi++) {
             /* wi 2: more (row, head, split) items than twice the persistent grid's groups
              * (3 per SM: 792 on 132 SMs; here about 1300-2400), so groups claim items from the
              * counter after their first two; splits of 512-768 tokens give each warp 4-6
              * staged tiles per item, more than its 3 stages, so stages are refilled within
              * an item as well as across items */
             const int many = wi == 2;
-            /* wi 3, 4: V norms near 17000 and near 0.01 (fp16 scales as large and as small):
-             * the kernel takes softmax weights against a running max up to 4 (log2) stale, so
-             * the weights reach 2^4; unscaled, times the large scales they would overflow fp16
-             * (P_FOLD in attn_cuda.cu keeps them in range, at the price of subnormals sooner
-             * for the small ones). Rows long enough for stages refilled within an item. */
-            const float vmul = wi == 3 ? 1500.0f : wi == 4 ? 1e-3f : 1.0f;
+            /* wi 3, 4, 5: V norms near 17000, 0.01 and 1e-4 (fp16 scales as large and as
+             * small as they get): the kernel's fp16 softmax weights must not overflow or turn
+             * subnormal with the V scale (attn_cuda.cu folds its log2 into the score; the
+             * weights reach 2^4 against a running max up to 4 stale). Rows long enough for
+             * stages refilled within an item. */
+            const float vmul = wi == 3 ? 1500.0f : wi == 4 ? 1e-3f : wi == 5 ? 1e-5f : 1.0f;
             const int R = many ? rng_int(&r, 10, 12) : rng_int(&r, 2, 4), H = many ? 8 : 2;
             const int G = rng_int(&r, 0, 1) ? 4 : 8, qh = H * G;
             const int W = wi == 1 || wi >= 3 || (many && rng_int(&r, 0, 1)) ? rng_int(&r, 16, 200) : 0;
@@ -193,9 +193,13 @@ static void test_cuda_attend_tq(void **state) {
                 float *k = malloc(n * 4), *v = malloc(n * 4);
                 rng_fill_normal(&r, k, n, 1.0f);
                 rng_fill_normal(&r, v, n, vmul);
-                for (int t = 0; t < lens[i]; t++) /* a few tokens that dominate the softmax */
-                    if (rng_int(&r, 0, 200) == 0)
-                        for (int d = 0; d < 128; d++) k[(size_t)t * 128 + d] *= 3.0f;
+                for (int h = 0; h < H; h++) /* a few tokens that dominate the softmax, every head */
+                    for (int t = 0; t < lens[i]; t++)
+                        if (rng_int(&r, 0, 200) == 0)
+                            for (int d = 0; d < 128; d++) k[((size_t)h * lens[i] + t) * 128 + d] *= 3.0f;
+                for (int h = 0; h < H; h++) /* and a few all-zero values (V scale 0: weight in the sum only) */
+                    for (int t = 0; t < lens[i]; t++)
+                        if (rng_int(&r, 0, 300) == 0) memset(v + ((size_t)h * lens[i] + t) * 128, 0, 128 * sizeof(float));
                 if (wi >= 3) /* scores that keep rising: many tiles whose max lies a little
                               * above the running max, where stale weights exceed 1 */
                     for (int h = 0; h < H; h++)
@@ -235,7 +239,8 @@ static void test_cuda_attend_tq(void **state) {
                 if (!(e <= worst)) worst = e; /* NaN sticks */
             }
             printf("attend %s G %d window %d rows %d (lens %d..)%s: worst rel L2 vs CPU %.3g\n",
-                   tqkv_format_name(fm[fi]), G, W, R, lens[0], wi == 3 ? " |v| ~ 17000" : wi == 4 ? " |v| ~ 0.01" : "",
+                   tqkv_format_name(fm[fi]), G, W, R, lens[0],
+                   wi == 3 ? " |v| ~ 17000" : wi == 4 ? " |v| ~ 0.01" : wi == 5 ? " |v| ~ 1e-4" : "",
                    worst);
             if (!(worst < 4e-3)) fail_msg("GPU attention differs from the CPU: %g", worst);
             /* batch invariance: each row alone (its own single cache) */

@@ -20,9 +20,11 @@
  * order; V^T fragments pair two tokens per register (vdim() is the output order).
  * Dequantization: a lookup byte holding two 4-bit (tq4) or 3-bit (tq3) indices is looked
  * up in a per-lane fp16-pair table in shared memory (Tab, tlook(); tq3 has two tables).
- * The per-token fp16 scale multiplies the score (K) and the softmax weight (V); the q8
- * window's tokens are decoded with their block scales (weight factor P_FOLD).
- * Online softmax in base 2 per warp with a lazy rescale (RESCALE_SLACK), merged across a
+ * The per-token fp16 scale multiplies the score (K) and the softmax weight (V); a q8
+ * window token's values are decoded relative to its largest block scale, and that factor
+ * (q8_tok_factor) takes the scale's place.
+ * Online softmax in base 2 per warp over scores plus log2 of the V factor (VSCALE_MIN), with
+ * a lazy rescale (RESCALE_SLACK), merged across a
  * group's warps in registers (two rounds through exchange slots in shared memory), and
  * across splits by the merge kernel in split order.
  * Staging runs on warp-uniform values (uni()): one elected lane issues a tile's bulk copies
@@ -47,16 +49,20 @@ namespace {
 enum { F_TQ4 = 0, F_TQ3 = 1, F_BF16 = 2 };
 constexpr int D = CUDA_DIM;
 constexpr float LOG2E = 1.4426950408889634f;
-/* Online softmax: a warp rescales only when a score exceeds its running max by more than
- * RESCALE_SLACK (log2 units), so its weights p reach 2^RESCALE_SLACK. The fp16 P fragments
- * (tq formats) hold p * V scale * P_FOLD, P_FOLD = 2^-RESCALE_SLACK, so they never exceed the
- * V scale itself, as with the exact rule; l is scaled by P_FOLD when stored, like acc. The
- * price is at the bottom of fp16's range: a weight turns subnormal (fewer significant bits)
- * below 2^-14 / (V scale * P_FOLD), 16x sooner than with the exact rule; test_cuda measures
- * V norms near 0.01 as well as near 17000. */
-constexpr int RESCALE_BITS = 4;
-constexpr float RESCALE_SLACK = (float)RESCALE_BITS;
-constexpr float P_FOLD = 1.0f / (float)(1 << RESCALE_BITS);
+/* Online softmax. A token's V values are its factor f (tq: the fp16 V scale; q8 window:
+ * q8_tok_factor; bf16: 1) times its fragment values, and its weight in the output is
+ * 2^s f / sum 2^s. The softmax runs on s' = s + log2 f: the fp16 P fragments hold
+ * 2^(s' - m) (m: the running max of s'), the sum l adds 2^(s' - m) / f = 2^(s - m) in fp32.
+ * So the fragments' range does not depend on the V scales: at V norms near 0.01 the weights
+ * of p * V scale in fp16 were subnormal below p ~ 0.1, and the many small ones added up to a
+ * 4e-3 error (test_cuda, every head dominated); near 17000 they could overflow. f is taken
+ * as at least VSCALE_MIN, so that an all-zero token (f = 0) still counts in l (its values are
+ * 0 up to 2^-64 of the others'); a NaN f stays NaN.
+ * The rescale is lazy: a warp rescales only when some s' exceeds its running max by more
+ * than RESCALE_SLACK (log2 units), so the fragments reach 2^RESCALE_SLACK = 16 (fp16 holds
+ * that at full precision). */
+constexpr float RESCALE_SLACK = 4.0f;
+constexpr float VSCALE_MIN = 0x1p-64f;
 
 // ---------------------------------------------------------------------------
 // Splits (batch invariance: a function of the row's own token count only)
@@ -115,6 +121,11 @@ template <> struct Fmt<F_BF16> { static constexpr int PAY = 2 * D; };
 __device__ __forceinline__ float ex2(float x) { /* 2^x; -inf -> 0 (denormal results flush to 0) */
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float lg2(float x) { /* log2 x of a normal x (NaN -> NaN) */
+    float y;
+    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
 
@@ -528,6 +539,20 @@ __device__ __forceinline__ uint32_t set_half(uint32_t w, int hi, float v) {
     return hi ? (w & 0xFFFFu) | (h << 16) : (w & 0xFFFF0000u) | h;
 }
 __device__ __forceinline__ float q8_at(const int8_t *p, int i) { return (float)p[i]; }
+/* A q8 window token's factor: 512 x its largest block scale (about its largest |value| x 4).
+ * Its fragments hold q8 x block scale / factor (|.| <= 127 / 512, like the tq codebook's
+ * values), and the factor multiplies its score (K) or its softmax weight (V), as a tq token's
+ * fp16 scale does. Values near 0.01 or near 65504 stay in fp16's normal range that way (held
+ * as q8 x block scale they went subnormal, or could overflow). 0 for an all-zero token. */
+__device__ __forceinline__ float q8_tok_factor(const uint16_t *bs4) {
+    const uint2 w = *reinterpret_cast<const uint2 *>(bs4);   /* the token's D / 32 = 4 scales */
+    const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&w.x));
+    const float2 b = __half22float2(*reinterpret_cast<const __half2 *>(&w.y));
+    return 512.0f * fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(b.x), fabsf(b.y)));
+}
+static_assert(CUDA_DIM / 32 == 4, "q8_tok_factor reads four block scales");
+/* block scale / token factor (0 for an all-zero token, whose values are 0) */
+__device__ __forceinline__ float q8_rel(float bs, float f) { return f > 0.0f ? bs / f : 0.0f; }
 
 // ---------------------------------------------------------------------------
 // The split kernel (persistent: one CTA per SM of NG groups of 4 warps sharing one table;
@@ -764,19 +789,25 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
         float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
         auto process = [&](const RawT &R, int t0, bool slow) {
-            // ---- per-lane token factors (token t0 + lane) -------------------------------
-            float kf = 1.0f, vf = 1.0f;
+            // ---- per-lane token factors (token t0 + lane): K's, log2 of V's and its inverse
+            float kf = 1.0f, vl = 0.0f, vi = 1.0f;  /* (see RESCALE_SLACK) */
             {
                 const int t = t0 + lane;
-                if constexpr (F != F_BF16) {   /* vf with P_FOLD (see RESCALE_SLACK) */
+                if constexpr (F != F_BF16) {
                     kf = __half2float(__ushort_as_half((uint16_t)R.ksc));
-                    vf = __half2float(__ushort_as_half((uint16_t)R.vsc)) * P_FOLD;
-                    if (slow && t >= row.wstart) {
-                        kf = 1.0f;
-                        vf = P_FOLD;
+                    float vf = __half2float(__ushort_as_half((uint16_t)R.vsc));
+                    if (slow && t >= row.wstart && t < z) {     /* q8_tok_factor */
+                        const Ring x = ring_of();
+                        const size_t slot = (size_t)(t % x.ring);
+                        kf = q8_tok_factor(x.kws + slot * (D / 32));
+                        vf = q8_tok_factor(x.vws + slot * (D / 32));
                     }
+                    vl = lg2(vf < VSCALE_MIN ? VSCALE_MIN : vf); /* NaN stays NaN */
+                    vi = ex2(-vl);
                 }
-                if (slow && (t >= z || lane >= TT)) kf = vf = 0.0f;
+                if (slow && (t >= z || lane >= TT)) { /* masked: a score of -inf below */
+                    kf = vl = vi = 0.0f;
+                }
             }
             float sc[SUB][4];
 #pragma unroll
@@ -793,7 +824,8 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
                             if (t >= row.wstart && t < z) {
                                 const size_t slot = (size_t)(t % x.ring);
                                 const int8_t *qp = x.kw + slot * D;
-                                const float bs = __half2float(__ushort_as_half(x.kws[slot * (D / 32) + c]));
+                                const float bs = q8_rel(__half2float(__ushort_as_half(x.kws[slot * (D / 32) + c])),
+                                                        q8_tok_factor(x.kws + slot * (D / 32)));
                                 uint32_t *pr = row2 ? pb : pa;
 #pragma unroll
                                 for (int p = 0; p < 16; p++)
@@ -812,8 +844,15 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
                 for (int k = 0; k < 4; k++) s4[k] += s4b[k];
                 const float fA = __shfl_sync(0xffffffffu, kf, 16 * u + krow_tok(g, 0));
                 const float fB = __shfl_sync(0xffffffffu, kf, 16 * u + krow_tok(g, 1));
-                sc[u][0] = s4[0] * fA; sc[u][1] = s4[1] * fA;
-                sc[u][2] = s4[2] * fB; sc[u][3] = s4[3] * fB;
+                if constexpr (F == F_BF16) {
+                    sc[u][0] = s4[0] * fA; sc[u][1] = s4[1] * fA;
+                    sc[u][2] = s4[2] * fB; sc[u][3] = s4[3] * fB;
+                } else {
+                    const float lA = __shfl_sync(0xffffffffu, vl, 16 * u + krow_tok(g, 0));
+                    const float lB = __shfl_sync(0xffffffffu, vl, 16 * u + krow_tok(g, 1));
+                    sc[u][0] = fmaf(s4[0], fA, lA); sc[u][1] = fmaf(s4[1], fA, lA);
+                    sc[u][2] = fmaf(s4[2], fB, lB); sc[u][3] = fmaf(s4[3], fB, lB);
+                }
                 if (slow) {
                     if (t0 + 16 * u + krow_tok(g, 0) >= z) sc[u][0] = sc[u][1] = -INFINITY;
                     if (t0 + 16 * u + krow_tok(g, 1) >= z) sc[u][2] = sc[u][3] = -INFINITY;
@@ -829,7 +868,7 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
             float mu[2];
             /* rescale only when some score exceeds its head's running max by more than
              * RESCALE_SLACK: below that the weights are taken against the stale max, so they
-             * reach at most 2^RESCALE_SLACK (P_FOLD keeps the fp16 fragments in range); m, l
+             * reach at most 2^RESCALE_SLACK (still exact in fp16); m, l
              * and acc stay consistent, whichever max they refer to. So the tile's max over the
              * warp is needed only then. On random data the exact rule rescaled about half the
              * tiles (batch 32 / 64k); this one, 4% (Nsight, RESULTS). */
@@ -864,11 +903,16 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
                 float p[4];
 #pragma unroll
                 for (int k = 0; k < 4; k++) p[k] = ex2(sc[u][k] - mu[k & 1]);
-                l[0] += p[0] + p[2];
-                l[1] += p[1] + p[3];
-                const float vA = __shfl_sync(0xffffffffu, vf, 16 * u + krow_tok(g, 0));
-                const float vB = __shfl_sync(0xffffffffu, vf, 16 * u + krow_tok(g, 1));
-                const uint32_t plo = pack2<F>(p[0] * vA, p[1] * vA), phi = pack2<F>(p[2] * vB, p[3] * vB);
+                if constexpr (F == F_BF16) {
+                    l[0] += p[0] + p[2];
+                    l[1] += p[1] + p[3];
+                } else {                      /* 2^(s' - m) / f = 2^(s - m) */
+                    const float iA = __shfl_sync(0xffffffffu, vi, 16 * u + krow_tok(g, 0));
+                    const float iB = __shfl_sync(0xffffffffu, vi, 16 * u + krow_tok(g, 1));
+                    l[0] = fmaf(p[0], iA, fmaf(p[2], iB, l[0]));
+                    l[1] = fmaf(p[1], iA, fmaf(p[3], iB, l[1]));
+                }
+                const uint32_t plo = pack2<F>(p[0], p[1]), phi = pack2<F>(p[2], p[3]);
                 // P^T fragment of head g', k slots of column c' (this lane: g' = g, c' = c):
                 /* tokens c, 4 + c (b0) and 8 + c, 12 + c (b1): rows A / B of lanes with
                  * g = c and g = 4 + c, column g' >> 1 */
@@ -888,7 +932,8 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
                             if (t >= row.wstart && t < z) {
                                 const size_t slot = (size_t)(t % x.ring);
                                 const int8_t *qp = x.vw + slot * D;
-                                const float bs = __half2float(__ushort_as_half(x.vws[slot * (D / 32) + (g >> 1)]));
+                                const float bs = q8_rel(__half2float(__ushort_as_half(x.vws[slot * (D / 32) + (g >> 1)])),
+                                                        q8_tok_factor(x.vws + slot * (D / 32)));
 #pragma unroll
                                 for (int i = 0; i < 8; i++)
 #pragma unroll
@@ -1035,7 +1080,7 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
                                 make_float4(acc[q4][2 * e + k], acc[q4 + 1][2 * e + k], acc[q4 + 2][2 * e + k],
                                             acc[q4 + 3][2 * e + k]);
                 }
-                if (g == 0) P.pml[pi] = make_float2(m[k], F == F_BF16 ? l[k] : l[k] * P_FOLD);  /* as acc */
+                if (g == 0) P.pml[pi] = make_float2(m[k], l[k]);
             }
         }
         item = nxt_item;
