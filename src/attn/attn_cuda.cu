@@ -791,11 +791,12 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
         auto process = [&](const RawT &R, int t0, bool slow) {
             // ---- per-lane token factors (token t0 + lane): K's, log2 of V's and its inverse
             float kf = 1.0f, vl = 0.0f, vi = 1.0f;  /* (see RESCALE_SLACK) */
+            float vf = 1.0f;                          /* (the window's V fragments use it) */
             {
                 const int t = t0 + lane;
                 if constexpr (F != F_BF16) {
                     kf = __half2float(__ushort_as_half((uint16_t)R.ksc));
-                    float vf = __half2float(__ushort_as_half((uint16_t)R.vsc));
+                    vf = __half2float(__ushort_as_half((uint16_t)R.vsc));
                     if (slow && t >= row.wstart && t < z) {     /* q8_tok_factor */
                         const Ring x = ring_of();
                         const size_t slot = (size_t)(t % x.ring);
@@ -821,11 +822,11 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
 #pragma unroll
                         for (int row2 = 0; row2 < 2; row2++) {
                             const int t = t0 + 16 * u + krow_tok(g, row2);
+                            const float tf = __shfl_sync(0xffffffffu, kf, 16 * u + krow_tok(g, row2)); /* its factor */
                             if (t >= row.wstart && t < z) {
                                 const size_t slot = (size_t)(t % x.ring);
                                 const int8_t *qp = x.kw + slot * D;
-                                const float bs = q8_rel(__half2float(__ushort_as_half(x.kws[slot * (D / 32) + c])),
-                                                        q8_tok_factor(x.kws + slot * (D / 32)));
+                                const float bs = q8_rel(__half2float(__ushort_as_half(x.kws[slot * (D / 32) + c])), tf);
                                 uint32_t *pr = row2 ? pb : pa;
 #pragma unroll
                                 for (int p = 0; p < 16; p++)
@@ -929,11 +930,11 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
 #pragma unroll
                         for (int j = 0; j < 4; j++) {
                             const int t = t0 + 16 * u + vcol_tok(c, j);
+                            const float tf = __shfl_sync(0xffffffffu, vf, 16 * u + vcol_tok(c, j)); /* its factor */
                             if (t >= row.wstart && t < z) {
                                 const size_t slot = (size_t)(t % x.ring);
                                 const int8_t *qp = x.vw + slot * D;
-                                const float bs = q8_rel(__half2float(__ushort_as_half(x.vws[slot * (D / 32) + (g >> 1)])),
-                                                        q8_tok_factor(x.vws + slot * (D / 32)));
+                                const float bs = q8_rel(__half2float(__ushort_as_half(x.vws[slot * (D / 32) + (g >> 1)])), tf);
 #pragma unroll
                                 for (int i = 0; i < 8; i++)
 #pragma unroll
