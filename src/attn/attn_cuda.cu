@@ -285,13 +285,36 @@ struct Ring {                 /* the q8 recent window (slow tiles only) */
     int ring;
 };
 
-/* Token orders inside a 16-token subtile, chosen so that every load instruction of a
- * warp reads one contiguous run of tokens (whole 128-byte lines, fewer L2 requests):
- *   K / S: fragment row g holds token g, row g + 8 token g + 8 (a K load: 8 tokens);
- *   V / P: thread column c's four k slots (2c, 2c+1, 2c+8, 2c+9) = j 0..3 hold tokens
- *          4j + c (a V load: tokens 4j .. 4j+3). */
-__host__ __device__ __forceinline__ int krow_tok(int g, int row) { return g + 8 * row; }
-__host__ __device__ __forceinline__ int vcol_tok(int c, int j) { return 4 * j + c; }
+/* Token orders inside a 16-token subtile (every formula is a lane part plus a per-load part,
+ * so that a load is [lane offset + immediate]):
+ *   tq4, bf16: each load instruction of a warp reads one contiguous run of tokens (whole
+ *     128-byte lines when loading from global memory):
+ *     K / S: fragment row g holds token g, row g + 8 token g + 8 (a K load: 8 tokens);
+ *     V / P: thread column c's four k slots (2c, 2c+1, 2c+8, 2c+9) = j 0..3 hold tokens
+ *     4j + c (a V load: tokens 4j .. 4j+3).
+ *   tq3: the same for even and odd tokens apart, so that the staged tile's 48-byte token rows
+ *     are read without bank conflicts (with the tq4 order, the rows of tokens 0 and 3 share
+ *     banks): K / S row g holds token 2 (g & 3) + (g >> 2) (+ 8 for row g + 8), V / P slot j
+ *     of column c token 8 (j >> 1) + 2c + (j & 1).
+ * In both, S row g's token for g = c and g = c + 4 are P's slots (2c, 2c+1) (+ 8 for rows
+ * g + 8: slots 2c+8, 2c+9), so one transposition (the shuffles in process) serves both. */
+template <int F> __host__ __device__ constexpr int krow_tok(int g, int row) {
+    if constexpr (F == F_TQ3) return 2 * (g & 3) + (g >> 2) + 8 * row;
+    else return g + 8 * row;
+}
+template <int F> __host__ __device__ constexpr int vcol_tok(int c, int j) {
+    if constexpr (F == F_TQ3) return 8 * (j >> 1) + 2 * c + (j & 1);
+    else return 4 * j + c;
+}
+template <int F> constexpr bool orders_match() {
+    for (int c = 0; c < 4; c++)
+        for (int row = 0; row < 2; row++)
+            if (krow_tok<F>(c, row) != vcol_tok<F>(c, 2 * row) || krow_tok<F>(c + 4, row) != vcol_tok<F>(c, 2 * row + 1))
+                return false;
+    return true;
+}
+static_assert(orders_match<F_TQ4>() && orders_match<F_TQ3>() && orders_match<F_BF16>(),
+              "S rows c, c + 4 are P's k slots of column c (the transposition in process)");
 
 /* Per-lane byte offsets inside a tile (tokens from the tile's first), so that every load
  * of a tile is [base + lane offset + immediate]. */
@@ -301,8 +324,8 @@ struct LaneOff {
 template <int F> __device__ __forceinline__ LaneOff lane_off(int g, int c) {
     constexpr int PAY = Fmt<F>::PAY;
     LaneOff o;
-    o.k = krow_tok(g, 0) * PAY;
-    o.v = vcol_tok(c, 0) * PAY;
+    o.k = krow_tok<F>(g, 0) * PAY;
+    o.v = vcol_tok<F>(c, 0) * PAY;
     if constexpr (F == F_TQ4) { o.kh = o.k; o.k += 16 * c; o.vh = o.v; o.v += 8 * g; }
     else if constexpr (F == F_TQ3) { o.kh = o.k + 32 + 4 * c; o.k += 8 * c; o.vh = o.v + 32 + 4 * (g >> 1); o.v += 4 * g; }
     else { o.kh = o.k; o.k += 64 * c; o.vh = o.v; o.v += 32 * g; }
@@ -319,8 +342,8 @@ __device__ __forceinline__ void load_tile(Raw<F, S> &R, const Ctx &x, size_t col
     for (int u = 0; u < SUB; u++) {
 #pragma unroll
         for (int row = 0; row < 2; row++) {
-            const bool ok = !SLOW || t0 + 16 * u + krow_tok(g, row) < lim;
-            const int tk = (16 * u + krow_tok(0, row)) * PAY;    /* immediate */
+            const bool ok = !SLOW || t0 + 16 * u + krow_tok<F>(g, row) < lim;
+            const int tk = (16 * u + krow_tok<F>(0, row)) * PAY;    /* immediate */
             if constexpr (F == F_TQ4) {
                 R.k[u][row] = ok ? __ldg(reinterpret_cast<const uint4 *>(kt + o.k + tk)) : make_uint4(0, 0, 0, 0);
             } else if constexpr (F == F_TQ3) {
@@ -334,8 +357,8 @@ __device__ __forceinline__ void load_tile(Raw<F, S> &R, const Ctx &x, size_t col
         }
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            const bool ok = !SLOW || t0 + 16 * u + vcol_tok(c, j) < lim;
-            const int tv = (16 * u + vcol_tok(0, j)) * PAY;
+            const bool ok = !SLOW || t0 + 16 * u + vcol_tok<F>(c, j) < lim;
+            const int tv = (16 * u + vcol_tok<F>(0, j)) * PAY;
             if constexpr (F == F_TQ4) {
                 R.v[u][j] = ok ? __ldg(reinterpret_cast<const uint2 *>(vt + o.v + tv)) : make_uint2(0, 0);
             } else if constexpr (F == F_TQ3) {
@@ -448,7 +471,7 @@ __device__ __forceinline__ void load_stage(Raw<F, S> &R, const char *st, const L
     for (int u = 0; u < S; u++) {
 #pragma unroll
         for (int row = 0; row < 2; row++) {
-            const int tk = (16 * u + krow_tok(0, row)) * PAY;
+            const int tk = (16 * u + krow_tok<F>(0, row)) * PAY;
             if constexpr (F == F_TQ4) {
                 R.k[u][row] = *reinterpret_cast<const uint4 *>(st + o.k + tk);
             } else {
@@ -458,7 +481,7 @@ __device__ __forceinline__ void load_stage(Raw<F, S> &R, const char *st, const L
         }
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            const int tv = G::V_OFF + (16 * u + vcol_tok(0, j)) * PAY;
+            const int tv = G::V_OFF + (16 * u + vcol_tok<F>(0, j)) * PAY;
             if constexpr (F == F_TQ4) {
                 R.v[u][j] = *reinterpret_cast<const uint2 *>(st + o.v + tv);
             } else {
@@ -821,8 +844,8 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
                         const Ring x = ring_of();
 #pragma unroll
                         for (int row2 = 0; row2 < 2; row2++) {
-                            const int t = t0 + 16 * u + krow_tok(g, row2);
-                            const float tf = __shfl_sync(0xffffffffu, kf, 16 * u + krow_tok(g, row2)); /* its factor */
+                            const int t = t0 + 16 * u + krow_tok<F>(g, row2);
+                            const float tf = __shfl_sync(0xffffffffu, kf, 16 * u + krow_tok<F>(g, row2)); /* its factor */
                             if (t >= row.wstart && t < z) {
                                 const size_t slot = (size_t)(t % x.ring);
                                 const int8_t *qp = x.kw + slot * D;
@@ -843,20 +866,20 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
                 }
 #pragma unroll
                 for (int k = 0; k < 4; k++) s4[k] += s4b[k];
-                const float fA = __shfl_sync(0xffffffffu, kf, 16 * u + krow_tok(g, 0));
-                const float fB = __shfl_sync(0xffffffffu, kf, 16 * u + krow_tok(g, 1));
+                const float fA = __shfl_sync(0xffffffffu, kf, 16 * u + krow_tok<F>(g, 0));
+                const float fB = __shfl_sync(0xffffffffu, kf, 16 * u + krow_tok<F>(g, 1));
                 if constexpr (F == F_BF16) {
                     sc[u][0] = s4[0] * fA; sc[u][1] = s4[1] * fA;
                     sc[u][2] = s4[2] * fB; sc[u][3] = s4[3] * fB;
                 } else {
-                    const float lA = __shfl_sync(0xffffffffu, vl, 16 * u + krow_tok(g, 0));
-                    const float lB = __shfl_sync(0xffffffffu, vl, 16 * u + krow_tok(g, 1));
+                    const float lA = __shfl_sync(0xffffffffu, vl, 16 * u + krow_tok<F>(g, 0));
+                    const float lB = __shfl_sync(0xffffffffu, vl, 16 * u + krow_tok<F>(g, 1));
                     sc[u][0] = fmaf(s4[0], fA, lA); sc[u][1] = fmaf(s4[1], fA, lA);
                     sc[u][2] = fmaf(s4[2], fB, lB); sc[u][3] = fmaf(s4[3], fB, lB);
                 }
                 if (slow) {
-                    if (t0 + 16 * u + krow_tok(g, 0) >= z) sc[u][0] = sc[u][1] = -INFINITY;
-                    if (t0 + 16 * u + krow_tok(g, 1) >= z) sc[u][2] = sc[u][3] = -INFINITY;
+                    if (t0 + 16 * u + krow_tok<F>(g, 0) >= z) sc[u][0] = sc[u][1] = -INFINITY;
+                    if (t0 + 16 * u + krow_tok<F>(g, 1) >= z) sc[u][2] = sc[u][3] = -INFINITY;
                 }
             }
             // ---- online softmax (heads 2c, 2c+1) ----------------------------------------
@@ -908,15 +931,15 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
                     l[0] += p[0] + p[2];
                     l[1] += p[1] + p[3];
                 } else {                      /* 2^(s' - m) / f = 2^(s - m) */
-                    const float iA = __shfl_sync(0xffffffffu, vi, 16 * u + krow_tok(g, 0));
-                    const float iB = __shfl_sync(0xffffffffu, vi, 16 * u + krow_tok(g, 1));
+                    const float iA = __shfl_sync(0xffffffffu, vi, 16 * u + krow_tok<F>(g, 0));
+                    const float iB = __shfl_sync(0xffffffffu, vi, 16 * u + krow_tok<F>(g, 1));
                     l[0] = fmaf(p[0], iA, fmaf(p[2], iB, l[0]));
                     l[1] = fmaf(p[1], iA, fmaf(p[3], iB, l[1]));
                 }
                 const uint32_t plo = pack2<F>(p[0], p[1]), phi = pack2<F>(p[2], p[3]);
                 // P^T fragment of head g', k slots of column c' (this lane: g' = g, c' = c):
-                /* tokens c, 4 + c (b0) and 8 + c, 12 + c (b1): rows A / B of lanes with
-                 * g = c and g = 4 + c, column g' >> 1 */
+                /* slots 2c, 2c+1 (b0) and 2c+8, 2c+9 (b1): rows A / B of lanes with
+                 * g = c and g = 4 + c (orders_match), column g' >> 1 */
                 const int src = 4 * c + (g >> 1);
                 const uint32_t x0 = __shfl_sync(0xffffffffu, plo, src), x1 = __shfl_sync(0xffffffffu, plo, src + 16);
                 const uint32_t x2 = __shfl_sync(0xffffffffu, phi, src), x3 = __shfl_sync(0xffffffffu, phi, src + 16);
@@ -929,8 +952,8 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
                         const Ring x = ring_of();
 #pragma unroll
                         for (int j = 0; j < 4; j++) {
-                            const int t = t0 + 16 * u + vcol_tok(c, j);
-                            const float tf = __shfl_sync(0xffffffffu, vf, 16 * u + vcol_tok(c, j)); /* its factor */
+                            const int t = t0 + 16 * u + vcol_tok<F>(c, j);
+                            const float tf = __shfl_sync(0xffffffffu, vf, 16 * u + vcol_tok<F>(c, j)); /* its factor */
                             if (t >= row.wstart && t < z) {
                                 const size_t slot = (size_t)(t % x.ring);
                                 const int8_t *qp = x.vw + slot * D;
