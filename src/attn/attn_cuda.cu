@@ -20,11 +20,11 @@
  * order; V^T fragments pair two tokens per register (vdim() is the output order).
  * Dequantization: a lookup byte holding two 4-bit (tq4) or 3-bit (tq3) indices is looked
  * up in a per-lane fp16-pair table in shared memory (Tab, tlook(); tq3 has two tables).
- * The per-token fp16 scale multiplies the score (K) and the softmax weight (V); a q8
- * window token's values are decoded relative to its largest block scale, and that factor
- * (q8_tok_factor) takes the scale's place.
- * Online softmax in base 2 per warp over scores plus log2 of the V factor (VSCALE_MIN), with
- * a lazy rescale (RESCALE_SLACK), merged across a
+ * The per-token fp16 K scale multiplies the score; the V scale enters the softmax exponent
+ * (RESCALE_SLACK). A q8 window token's values are decoded relative to its largest block
+ * scale, and that factor (q8_tok_factor) takes the scale's place.
+ * Online softmax in base 2 per warp over scores plus log2 of the V factor, with a lazy
+ * rescale (RESCALE_SLACK), merged across a
  * group's warps in registers (two rounds through exchange slots in shared memory), and
  * across splits by the merge kernel in split order.
  * Staging runs on warp-uniform values (uni()): one elected lane issues a tile's bulk copies
@@ -57,7 +57,8 @@ constexpr float LOG2E = 1.4426950408889634f;
  * of p * V scale in fp16 were subnormal below p ~ 0.1, and the many small ones added up to a
  * 4e-3 error (test_cuda, every head dominated); near 17000 they could overflow. f is taken
  * as at least VSCALE_MIN, so that an all-zero token (f = 0) still counts in l (its values are
- * 0 up to 2^-64 of the others'); a NaN f stays NaN.
+ * 0 up to 2^-64 of the others'); a NaN or infinite f makes the output NaN (as the CPU's
+ * is NaN or infinite).
  * The rescale is lazy: a warp rescales only when some s' exceeds its running max by more
  * than RESCALE_SLACK (log2 units), so the fragments reach 2^RESCALE_SLACK = 16 (fp16 holds
  * that at full precision). */
@@ -589,7 +590,7 @@ struct Params {
     const cuda_row *rows;
     const uint16_t *q;        /* [rows, qh, D] prepared queries (fp16 / bf16 bits, kdim order) */
     float *po;                /* [rows, qh, nsmax, D] split outputs (unnormalized, V domain) */
-    float2 *pml;              /* [rows, qh, nsmax] (max, sum) in base 2 */
+    float2 *pml;              /* [rows, qh, nsmax] (max of s + log2 f, sum) in base 2 */
     int nrows, kvh, G, qh, cap;
     int nsmax;                /* split stride of po / pml: >= every row's split_count */
     int *work;                /* [2] counters (next item, groups done), zero between launches */
@@ -892,12 +893,15 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
             float mu[2];
             /* rescale only when some score exceeds its head's running max by more than
              * RESCALE_SLACK: below that the weights are taken against the stale max, so they
-             * reach at most 2^RESCALE_SLACK (still exact in fp16); m, l
+             * reach at most 2^RESCALE_SLACK (fp16 holds them at full precision); m, l
              * and acc stay consistent, whichever max they refer to. So the tile's max over the
              * warp is needed only then. On random data the exact rule rescaled about half the
              * tiles (batch 32 / 64k); this one, 4% (Nsight, RESULTS). */
             /* (a difference, exact near m: m + RESCALE_SLACK would round for |m| >= 2^25;
              * -inf - -inf is NaN, so an all-masked tile against no max does not rescale) */
+            /* (columns of unused heads vote too: their s' is the tokens' log2 f, their query
+             * being 0, so a V scale 2^4 above the running max's rescales; letting only heads in
+             * use vote cost the loop 40 instructions, SASS) */
             if (__any_sync(0xffffffffu, mx[0] - m[0] > RESCALE_SLACK || mx[1] - m[1] > RESCALE_SLACK)) {
 #pragma unroll
                 for (int o = 4; o < 32; o <<= 1) {             /* over the lanes of heads 2c, 2c+1 */
