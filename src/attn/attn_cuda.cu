@@ -136,17 +136,39 @@ __device__ __forceinline__ float lg2(float x) { /* log2 x of a normal x (NaN -> 
 /* K: thread column c, register pair p (0..15: k-step p/2, half p&1), element e (0/1).
  * tq3: p / 4 picks one of the four lookup words w of tq3_kwords(), p % 4 its byte j: dims
  * 8 w + j (low nibble) and 8 w + 4 + j (high nibble) of the lane's 32-dim group. */
-template <int F> __host__ __device__ __forceinline__ int kdim(int c, int p, int e) {
+template <int F> __host__ __device__ constexpr int kdim(int c, int p, int e) {
     if constexpr (F == F_TQ4) return 32 * c + p + 16 * e;
     else if constexpr (F == F_TQ3) return 32 * c + 8 * (p >> 2) + (p & 3) + 4 * e;
     else return 32 * c + 2 * p + e;
 }
 /* V: thread row g, m-tile i (0..7), e = 0 for fragment row g, 1 for row g + 8. */
-template <int F> __device__ __forceinline__ int vdim(int g, int i, int e) {
+template <int F> __host__ __device__ constexpr int vdim(int g, int i, int e) {
     if constexpr (F == F_TQ4) return 32 * (g >> 1) + 8 * (g & 1) + i + 16 * e;
     else if constexpr (F == F_TQ3) return 32 * (g >> 1) + 8 * (2 * e + (i >> 2)) + 4 * (g & 1) + (i & 3);
     else return 16 * g + 2 * i + e;
 }
+/* Both orders are permutations of the D dims (qprep writes Q in kdim order, the merge reads
+ * the output in vdim order). */
+template <int F> constexpr bool dim_orders_ok() {
+    bool k[D] = {}, v[D] = {};
+    for (int a = 0; a < 4; a++)
+        for (int p = 0; p < 16; p++)
+            for (int e = 0; e < 2; e++) {
+                const int d = kdim<F>(a, p, e);
+                if (d < 0 || d >= D || k[d]) return false;
+                k[d] = true;
+            }
+    for (int g = 0; g < 8; g++)
+        for (int i = 0; i < 8; i++)
+            for (int e = 0; e < 2; e++) {
+                const int d = vdim<F>(g, i, e);
+                if (d < 0 || d >= D || v[d]) return false;
+                v[d] = true;
+            }
+    return true;
+}
+static_assert(dim_orders_ok<F_TQ4>() && dim_orders_ok<F_TQ3>() && dim_orders_ok<F_BF16>(),
+              "kdim and vdim are permutations of the head dims");
 
 // ---------------------------------------------------------------------------
 // Codebook lookup table in shared memory, one column per lane (conflict free)
