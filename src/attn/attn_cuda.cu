@@ -151,20 +151,11 @@ template <int F> __host__ __device__ constexpr int vdim(int g, int i, int e) {
  * the output in vdim order). */
 template <int F> constexpr bool dim_orders_ok() {
     bool k[D] = {}, v[D] = {};
-    for (int a = 0; a < 4; a++)
-        for (int p = 0; p < 16; p++)
-            for (int e = 0; e < 2; e++) {
-                const int d = kdim<F>(a, p, e);
-                if (d < 0 || d >= D || k[d]) return false;
-                k[d] = true;
-            }
-    for (int g = 0; g < 8; g++)
-        for (int i = 0; i < 8; i++)
-            for (int e = 0; e < 2; e++) {
-                const int d = vdim<F>(g, i, e);
-                if (d < 0 || d >= D || v[d]) return false;
-                v[d] = true;
-            }
+    for (int j = 0; j < D; j++) { /* j: (c, p, e) of kdim, (g, i, e) of vdim */
+        const int dk = kdim<F>(j >> 5, (j >> 1) & 15, j & 1), dv = vdim<F>(j >> 4, (j >> 1) & 7, j & 1);
+        if (dk < 0 || dk >= D || k[dk] || dv < 0 || dv >= D || v[dv]) return false;
+        k[dk] = v[dv] = true;
+    }
     return true;
 }
 static_assert(dim_orders_ok<F_TQ4>() && dim_orders_ok<F_TQ3>() && dim_orders_ok<F_BF16>(),
