@@ -67,10 +67,11 @@ static int cmp_tensor_data(const void *a, const void *b) {
 }
 
 /* The safetensors rule: the tensors' byte ranges tile the data area exactly, with no
- * overlap, hole or trailing byte (t [n], sorted here by data start). */
+ * overlap, hole or trailing byte (t [n], sorted here by data start). A file with no
+ * tensors (t may be NULL) must have an empty data area. */
 static tqkv_status check_tiling(const char *path, st_tensor *t, int n, const uint8_t *data,
                                 size_t data_size) {
-    qsort(t, (size_t)n, sizeof *t, cmp_tensor_data);
+    if (n > 0) qsort(t, (size_t)n, sizeof *t, cmp_tensor_data);
     size_t at = 0; /* end of the ranges so far */
     for (int i = 0; i < n; i++) {
         size_t o0 = (size_t)(t[i].data - data), o1 = o0 + t[i].nbytes;
@@ -236,7 +237,9 @@ static tqkv_status open_one(const char *path, int file_index, st_file *fout, st_
         }
         (*tensors)[(*n_tensors)++] = t;
     }
-    rc = check_tiling(path, *tensors + n0, *n_tensors - n0, data, data_size);
+    /* *tensors is NULL while no file has had a tensor: no offset arithmetic on it then */
+    rc = check_tiling(path, *n_tensors > n0 ? *tensors + n0 : NULL, *n_tensors - n0, data,
+                      data_size);
     if (rc != TQKV_OK) goto fail;
     cJSON_Delete(root);
     fout->path = strdup(path);
@@ -272,7 +275,7 @@ void st_close(st_archive *a) {
 
 /* Sort and reject duplicate names. */
 static tqkv_status finish(st_archive *a) {
-    qsort(a->tensors, (size_t)a->n_tensors, sizeof *a->tensors, cmp_tensor);
+    if (a->n_tensors > 0) qsort(a->tensors, (size_t)a->n_tensors, sizeof *a->tensors, cmp_tensor);
     for (int i = 1; i < a->n_tensors; i++)
         if (!strcmp(a->tensors[i].name, a->tensors[i - 1].name))
             return tqkv_fail(TQKV_ECORRUPT, "tensor '%s' appears twice (%s, %s)", a->tensors[i].name,
