@@ -11,7 +11,9 @@ set -eu
 BUILD=${1:?build dir}; DEST=${2:?dest}
 mkdir -p "$DEST/lib"
 cp "$BUILD/tqkv" "$BUILD/test_cuda" "$DEST/" && strip "$DEST/tqkv" "$DEST/test_cuda"
-if [ -f "$BUILD/test_cuda_model" ]; then cp "$BUILD/test_cuda_model" "$DEST/" && strip "$DEST/test_cuda_model"; fi
+for t in test_cuda_model test_cuda_hybrid; do
+  if [ -f "$BUILD/$t" ]; then cp "$BUILD/$t" "$DEST/" && strip "$DEST/$t"; fi
+done
 cp scripts/cuda_anchor.py scripts/cuda_gemm_anchor.py scripts/cuda_run_common.sh scripts/cuda_device.sh scripts/cuda_seed_sweep.sh scripts/cuda_model_device.sh scripts/cuda_e2e_device.sh scripts/cuda_make_llama8b.py "$DEST/"
 LIBS="libcjson.so.1 libcmocka.so.0 libpcre2-8.so.0 libutf8proc.so.2 libgomp.so.1 libz.so.1 libmicrohttpd.so.12"
 [ "${LEAN:-0}" = 1 ] || LIBS="$LIBS libstdc++.so.6 libgcc_s.so.1"

@@ -117,7 +117,8 @@ tqkv_status tqkv_model_state_init(tqkv_model_state **out, const tqkv_model *m,
 #endif
     if (rc == TQKV_OK && p.device != 0 && !s->gpu)
         rc = tqkv_fail(TQKV_EUNSUPPORTED, "model state: device %d is not built in", p.device);
-    if (rc == TQKV_OK && m->cfg.n_linear > 0) rc = model_qwen35_state_init(s);
+    /* a device state's recurrent rows live in its twin (model_cuda_impl.h) */
+    if (rc == TQKV_OK && m->cfg.n_linear > 0 && !s->gpu) rc = model_qwen35_state_init(s);
     if (rc == TQKV_OK) {
         s->off = calloc((size_t)p.rows, sizeof(int));
         s->len = calloc((size_t)p.rows, sizeof(int));

@@ -104,21 +104,26 @@ __global__ void rmsnorm_kernel(float *__restrict__ x, const float *__restrict__ 
     for (int i = threadIdx.x; i < H; i += blockDim.x) out[t * H + i] = w[i] * (xr[i] * r);
 }
 
-/* One warp per (token, head) of q | k | v: q/k RMSNorm (if qn), RoPE on q and k, scatter
- * to qb [R, NH, n, hd], kb / vb [R, NKV, n, hd] at (row, head, column). hd == 128.
+/* One warp per (token, head) of q | k | v: q/k RMSNorm (if qn), RoPE on q and k (pairs
+ * (d, d + half), d < half: all of the head when half = 64, Qwen 3.5's partial RoPE when
+ * less), scatter to qb [R, NH, n, hd], kb / vb [R, NKV, n, hd] at (row, head, column).
+ * A token's projection row (width QS) holds query head h at h qs (qs = hd, or 2 hd when
+ * each head's gate rows follow its query rows), then k, then v (QB = NH qs).
+ * rope [T, hd]: cos [half] | sin [half]. hd == 128.
  * grid ceil(T * (NH + 2 NKV) / 4), block 128. */
-__global__ void qkv_post_kernel(const float *__restrict__ qkv, int T, int NH, int NKV, int n,
-                                const int32_t *__restrict__ tinfo, const float *__restrict__ qn,
-                                const float *__restrict__ kn, float eps,
-                                const float *__restrict__ rope, float *__restrict__ qb,
+__global__ void qkv_post_kernel(const float *__restrict__ qkv, int QS, int qs, int T, int NH,
+                                int NKV, int n, const int32_t *__restrict__ tinfo,
+                                const float *__restrict__ qn, const float *__restrict__ kn, float eps,
+                                const float *__restrict__ rope, int half, float *__restrict__ qb,
                                 float *__restrict__ kb, float *__restrict__ vb) {
+    __shared__ float sv[4][128];
     const int HT = NH + 2 * NKV;
     const size_t gw = (size_t)blockIdx.x * 4 + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (gw >= (size_t)T * HT) return;
     const size_t t = gw / HT;
     const int h = (int)(gw % HT);
-    const float *src = qkv + t * (size_t)HT * 128 + (size_t)h * 128;
+    const float *src = qkv + t * (size_t)QS + (h < NH ? (size_t)h * qs : (size_t)NH * qs + (size_t)(h - NH) * 128);
     float v[4] = {src[lane], src[lane + 32], src[lane + 64], src[lane + 96]};
     const int kind = h < NH ? 0 : h < NH + NKV ? 1 : 2; /* q, k, v */
     if (kind < 2) {
@@ -131,13 +136,20 @@ __global__ void qkv_post_kernel(const float *__restrict__ qkv, int T, int NH, in
 #pragma unroll
             for (int i = 0; i < 4; i++) v[i] = nw[lane + 32 * i] * (v[i] * r);
         }
-        const float *c = rope + t * 128, *sn = c + 64;
+        /* each pair is one lane's: read and written in place, the warp in step around it */
+        float *w = sv[threadIdx.x >> 5];
 #pragma unroll
-        for (int i = 0; i < 2; i++) { /* pairs (lane + 32 i, lane + 32 i + 64) */
-            const float a = v[i], b = v[i + 2], cc = c[lane + 32 * i], ss = sn[lane + 32 * i];
-            v[i] = __fsub_rn(__fmul_rn(a, cc), __fmul_rn(b, ss));
-            v[i + 2] = __fadd_rn(__fmul_rn(b, cc), __fmul_rn(a, ss));
+        for (int i = 0; i < 4; i++) w[lane + 32 * i] = v[i];
+        __syncwarp();
+        const float *c = rope + t * 128, *sn = c + half;
+        for (int d = lane; d < half; d += 32) {
+            const float a = w[d], b = w[d + half], cc = c[d], ss = sn[d];
+            w[d] = __fsub_rn(__fmul_rn(a, cc), __fmul_rn(b, ss));
+            w[d + half] = __fadd_rn(__fmul_rn(b, cc), __fmul_rn(a, ss));
         }
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < 4; i++) v[i] = w[lane + 32 * i];
     }
     const int r = tinfo[t * 3 + 1], j = tinfo[t * 3 + 2];
     float *dst;
@@ -148,14 +160,22 @@ __global__ void qkv_post_kernel(const float *__restrict__ qkv, int T, int NH, in
     for (int i = 0; i < 4; i++) dst[lane + 32 * i] = v[i];
 }
 
-/* att[t, h * hd + d] = ob[((row * NH + h) * n + col) * hd + d]. grid T, block 128. */
+/* att[t, h * hd + d] = ob[((row * NH + h) * n + col) * hd + d], times sigmoid(gate) when
+ * gate is set (Qwen 3.5's gated attention: head h's gate at gate[t * QS + h * 2 hd + d]).
+ * grid T, block 128. */
 __global__ void gather_kernel(const float *__restrict__ ob, const int32_t *__restrict__ tinfo,
-                              int NH, int n, float *__restrict__ att) {
+                              int NH, int n, const float *__restrict__ gate, int QS,
+                              float *__restrict__ att) {
     const size_t t = blockIdx.x;
     const int r = tinfo[t * 3 + 1], j = tinfo[t * 3 + 2];
     for (int i = threadIdx.x; i < NH * 128; i += blockDim.x) {
         const int h = i >> 7, d = i & 127;
-        att[t * NH * 128 + i] = ob[(((size_t)r * NH + h) * n + j) * 128 + d];
+        float o = ob[(((size_t)r * NH + h) * n + j) * 128 + d];
+        if (gate) {
+            const float x = gate[t * QS + (size_t)h * 256 + d];
+            o = __fmul_rn(o, __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))));
+        }
+        att[t * NH * 128 + i] = o;
     }
 }
 
@@ -260,7 +280,8 @@ extern "C" void model_cuda_weights_free(model_cuda_weights *w) {
         for (int l = 0; l < w->n_layers; l++) {
             mc_layer *L = &w->layers[l];
             void *ps[] = {L->attn_norm, L->ffn_norm, L->q_norm, L->k_norm, L->bqkv, L->bo,
-                          L->wqkv, L->wo, L->wgu, L->wd};
+                          L->wqkv, L->wo, L->wgu, L->wd, L->lin_in, L->lin_out, L->conv_w,
+                          L->lin_neg_a, L->dt_bias, L->lin_norm};
             for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) cudaFree(ps[i]);
         }
     free(w->layers);
@@ -285,18 +306,32 @@ static tqkv_status upload_weights(const tqkv_model *m, model_cuda_weights **out)
     for (int l = 0; l < c->n_layers && !st; l++) {
         const model_layer *S = &m->layers[l];
         mc_layer *L = &g->layers[l];
-        const mm_weight *qkv[3] = {&S->wq, &S->wk, &S->wv}, *gu[2] = {&S->wg, &S->wu};
-        const mm_weight *wo = &S->wo, *wd = &S->wd;
-        const float *an = S->attn_norm, *fn = S->ffn_norm, *qn = S->q_norm, *kn = S->k_norm,
-                    *bo = S->bo;
+        const mm_weight *gu[2] = {&S->wg, &S->wu}, *wd = &S->wd;
+        const float *an = S->attn_norm, *fn = S->ffn_norm;
+        st = upload_matrix(&L->wgu, gu, 2);
+        if (!st) st = upload_matrix(&L->wd, &wd, 1);
+        if (!st) st = upload_vec(&L->attn_norm, &an, &H, 1);
+        if (!st) st = upload_vec(&L->ffn_norm, &fn, &H, 1);
+        if (st) break;
+        if (c->layer_type[l] == TQKV_LAYER_LINEAR) { /* Qwen 3.5 gated DeltaNet */
+            const int NV = c->lin_v_heads, VD = NV * c->lin_v_dim,
+                      CD = 2 * c->lin_k_heads * c->lin_k_dim + VD, CK = CD * c->lin_conv_kernel;
+            const mm_weight *in[4] = {&S->lin_qkv, &S->lin_z, &S->lin_b, &S->lin_a}, *out = &S->lin_out;
+            const float *cw = S->conv_w, *na = S->lin_neg_a, *db = S->dt_bias, *nw = S->lin_norm;
+            st = upload_matrix(&L->lin_in, in, 4);
+            if (!st) st = upload_matrix(&L->lin_out, &out, 1);
+            if (!st) st = upload_vec(&L->conv_w, &cw, &CK, 1);
+            if (!st) st = upload_vec(&L->lin_neg_a, &na, &NV, 1);
+            if (!st) st = upload_vec(&L->dt_bias, &db, &NV, 1);
+            if (!st) st = upload_vec(&L->lin_norm, &nw, &c->lin_v_dim, 1);
+            continue;
+        }
+        const mm_weight *qkv[3] = {&S->wq, &S->wk, &S->wv}, *wo = &S->wo;
+        const float *qn = S->q_norm, *kn = S->k_norm, *bo = S->bo;
         const float *bq[3] = {S->bq, S->bk, S->bv};
         const int lq[3] = {QD, KD, KD};
         st = upload_matrix(&L->wqkv, qkv, 3);
         if (!st) st = upload_matrix(&L->wo, &wo, 1);
-        if (!st) st = upload_matrix(&L->wgu, gu, 2);
-        if (!st) st = upload_matrix(&L->wd, &wd, 1);
-        if (!st) st = upload_vec(&L->attn_norm, &an, &H, 1);
-        if (!st) st = upload_vec(&L->ffn_norm, &fn, &H, 1);
         if (!st) st = upload_vec(&L->q_norm, &qn, &hd, 1);
         if (!st) st = upload_vec(&L->k_norm, &kn, &hd, 1);
         if (!st) st = upload_vec(&L->bqkv, bq, lq, 3);
@@ -326,10 +361,20 @@ static tqkv_status upload_weights(const tqkv_model *m, model_cuda_weights **out)
 // ---------------------------------------------------------------------------
 
 static void free_caches(model_cuda *g) {
-    if (!g->kv) return;
-    for (int l = 0; l < g->m->cfg.n_layers; l++) tqkv_cuda_kv_free(g->kv[l]);
-    free(g->kv);
-    g->kv = NULL;
+    if (g->kv) {
+        for (int l = 0; l < g->m->cfg.n_layers; l++) tqkv_cuda_kv_free(g->kv[l]);
+        free(g->kv);
+        g->kv = NULL;
+    }
+    mc_rec *rc = &g->rec;
+    if (g->stream) cudaStreamSynchronize(g->stream); /* nothing queued still reads the rows */
+    cudaFree(rc->state);
+    cudaFree(rc->snap);
+    free(rc->tokens);
+    free(rc->spec_steps);
+    rc->state = rc->snap = NULL;
+    rc->tokens = rc->spec_steps = NULL;
+    rc->spec_active = rc->spec_cap = rc->broken = 0;
 }
 
 static void free_scratch(model_cuda *g);
@@ -338,6 +383,25 @@ void mc_free_cache_array(cuda_kv **kv, int L) {
     if (!kv) return;
     for (int l = 0; l < L; l++) tqkv_cuda_kv_free(kv[l]);
     free(kv);
+}
+
+tqkv_status mc_rec_alloc(const model_cuda *g, int rows, float **state, int **tokens) {
+    *state = NULL;
+    *tokens = NULL;
+    if (!g->rec.n_lin) return TQKV_OK;
+    const size_t bytes = (size_t)rows * g->rec.row_floats * sizeof(float);
+    tqkv_status st = dmalloc((void **)state, bytes);
+    /* on g's stream: everything that reads the rows runs there after it */
+    if (!st) st = ck(cudaMemsetAsync(*state, 0, bytes ? bytes : 16, g->stream), "recurrent rows");
+    if (!st) {
+        *tokens = (int *)calloc((size_t)(rows ? rows : 1), sizeof(int));
+        if (!*tokens) st = tqkv_fail(TQKV_ENOMEM, "out of memory");
+    }
+    if (st) {
+        cudaFree(*state);
+        *state = NULL;
+    }
+    return st;
 }
 
 /* Drop the decode step's executable graph (it holds pointers that are about to go stale;
@@ -352,20 +416,30 @@ static void graph_drop(model_cuda *g) {
     g->gen++;
 }
 
-/* Install new per-layer caches of `rows` rows (g's old ones, if any, are freed), moved to
- * g's stream; the decode graph is dropped. */
-tqkv_status mc_install_caches(model_cuda *g, cuda_kv **kv, int rows) {
+tqkv_status mc_install_caches(model_cuda *g, cuda_kv **kv, float *rec_state, int *rec_tokens,
+                              int rows) {
     int *off = (int *)calloc((size_t)(rows ? rows : 1), sizeof(int));
-    tqkv_status st = off ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "out of memory");
-    for (int l = 0; l < g->m->cfg.n_layers && !st; l++) st = tqkv_cuda_kv_set_stream(kv[l], g->stream);
+    int *steps = g->rec.n_lin ? (int *)calloc((size_t)(rows ? rows : 1), sizeof(int)) : NULL;
+    tqkv_status st = off && (steps || !g->rec.n_lin) ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "out of memory");
+    if (!st && g->rec.n_lin && (!rec_state || !rec_tokens))
+        st = tqkv_fail(TQKV_EINVAL, "device state: install without recurrent rows");
+    for (int l = 0; l < g->m->cfg.n_layers && !st; l++)
+        if (kv[l]) st = tqkv_cuda_kv_set_stream(kv[l], g->stream);
     if (st) {
         free(off);
+        free(steps);
         mc_free_cache_array(kv, g->m->cfg.n_layers);
+        if (rec_state) cudaStreamSynchronize(g->stream); /* its zeroing / copies may be queued */
+        cudaFree(rec_state);
+        free(rec_tokens);
         return st;
     }
     graph_drop(g);
     free_caches(g);
     g->kv = kv;
+    g->rec.state = rec_state;
+    g->rec.tokens = rec_tokens;
+    g->rec.spec_steps = steps;
     free(g->off);
     g->off = off;
     if (rows != g->rows) {
@@ -383,6 +457,7 @@ static tqkv_status make_caches(model_cuda *g, int rows) {
     if (!kv) return tqkv_fail(TQKV_ENOMEM, "out of memory");
     tqkv_status st = TQKV_OK;
     for (int l = 0; l < c->n_layers && !st; l++) {
+        if (c->layer_type[l] == TQKV_LAYER_LINEAR) continue; /* recurrent rows: g->rec */
         tqkv_cache_config cc = tqkv_cache_config_default();
         cc.kv_heads = c->n_kv_heads;
         cc.head_dim = c->head_dim;
@@ -393,20 +468,27 @@ static tqkv_status make_caches(model_cuda *g, int rows) {
         cc.window_slack = p->window_slack;
         st = tqkv_cuda_kv_init(&kv[l], &cc, bf, rows, 256);
     }
+    float *rs = NULL;
+    int *rt = NULL;
+    if (!st) st = mc_rec_alloc(g, rows, &rs, &rt);
     if (st) {
         mc_free_cache_array(kv, c->n_layers);
         return st;
     }
-    return mc_install_caches(g, kv, rows);
+    return mc_install_caches(g, kv, rs, rt, rows);
 }
 
 /* Every scratch buffer (device and pinned host); waits for the stream first. */
 static void free_scratch(model_cuda *g) {
     if (g->stream) cudaStreamSynchronize(g->stream);
     void *d[] = {g->x, g->xn, g->qkv, g->att, g->gu, g->hh, g->tmp, g->rope, g->logits,
-                 g->tinfo, g->qb, g->ob, g->kb, g->vb, g->xf, g->part};
+                 g->tinfo, g->qb, g->ob, g->kb, g->vb, g->xf, g->part, g->cv, g->slot};
     for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) cudaFree(d[i]);
     g->x = g->xn = g->qkv = g->att = g->gu = g->hh = g->tmp = g->rope = g->logits = NULL;
+    g->cv = NULL;
+    g->slot = NULL;
+    cudaFreeHost(g->h_slot);
+    g->h_slot = NULL;
     g->qb = g->ob = g->kb = g->vb = g->part = NULL;
     g->xf = NULL;
     g->tinfo = NULL;
@@ -486,20 +568,31 @@ static tqkv_status ensure_scratch(model_cuda *g, size_t T, size_t RN) {
     const tqkv_model_config *c = &g->m->cfg;
     const size_t H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim,
                  QD = (size_t)c->n_heads * hd, KD = (size_t)c->n_kv_heads * hd;
+    /* projection row width: QS (Qwen 3.5: a gate per query) or a linear layer's row */
+    const size_t VD = (size_t)c->lin_v_heads * c->lin_v_dim,
+                 CD = 2 * (size_t)c->lin_k_heads * c->lin_k_dim + VD;
+    size_t PW = (c->arch == TQKV_ARCH_QWEN35 ? 2 * QD : QD) + 2 * KD, AW = QD;
+    if (g->rec.n_lin) {
+        PW = CD + VD + 2 * (size_t)c->lin_v_heads > PW ? CD + VD + 2 * (size_t)c->lin_v_heads : PW;
+        AW = VD > AW ? VD : AW;
+    }
     tqkv_status st = TQKV_OK;
     if (T > g->cap_t) {
         const size_t t = T < 32 ? 32 : T;
         free_scratch(g);
         st = dmalloc((void **)&g->x, t * H * 4);
         if (!st) st = dmalloc((void **)&g->xn, t * H * 4);
-        if (!st) st = dmalloc((void **)&g->qkv, t * (QD + 2 * KD) * 4);
-        if (!st) st = dmalloc((void **)&g->att, t * QD * 4);
+        if (!st) st = dmalloc((void **)&g->qkv, t * PW * 4);
+        if (!st) st = dmalloc((void **)&g->att, t * AW * 4);
+        if (!st) st = dmalloc((void **)&g->slot, t * 4);
+        if (!st) st = pinned_alloc((void **)&g->h_slot, t * 4);
+        if (!st && g->rec.n_lin) st = dmalloc((void **)&g->cv, t * CD * 4);
         if (!st) st = dmalloc((void **)&g->gu, t * 2 * I * 4);
         if (!st) st = dmalloc((void **)&g->hh, t * I * 4);
         if (!st) st = dmalloc((void **)&g->tmp, t * H * 4);
         if (!st) st = dmalloc((void **)&g->rope, t * hd * 4);
         if (!st) st = dmalloc((void **)&g->tinfo, t * 3 * 4);
-        size_t kmax = H > QD ? H : QD, nmax = QD + 2 * KD;
+        size_t kmax = H > AW ? H : AW, nmax = PW;
         kmax = kmax > I ? kmax : I;
         const size_t nn[3] = {2 * I, H, (size_t)c->vocab_size};
         for (int i = 0; i < 3; i++) nmax = nn[i] > nmax ? nn[i] : nmax;
@@ -556,9 +649,25 @@ extern "C" tqkv_status model_cuda_init(model_cuda **out, const tqkv_model *m,
     tqkv_status sst = tqkv_cuda_attn_setup();
     if (sst) return sst;
     const tqkv_model_config *c = &m->cfg;
-    if (c->arch != TQKV_ARCH_QWEN3 && c->arch != TQKV_ARCH_QWEN2 && c->arch != TQKV_ARCH_LLAMA)
+    if (c->arch != TQKV_ARCH_QWEN3 && c->arch != TQKV_ARCH_QWEN2 && c->arch != TQKV_ARCH_LLAMA &&
+        c->arch != TQKV_ARCH_QWEN35)
         return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: the %s graph runs on the CPU only "
-                         "(the GPU forward has Qwen3, Qwen2 and Llama)", c->arch_name);
+                         "(the GPU forward has Qwen3, Qwen2, Llama and Qwen 3.5)", c->arch_name);
+    /* Qwen 3.5 on the device is written and compiles, but has not yet run on a GPU (no
+     * device time was left in the session that wrote it): refused unless asked for, until
+     * test_cuda_hybrid has passed on the device (docs/CUDA.md, "Qwen 3.5 on the device") */
+    const char *unval = getenv("TQKV_CUDA_UNVALIDATED");
+    if (c->arch == TQKV_ARCH_QWEN35 && !(unval && !strcmp(unval, "1")))
+        return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: the Qwen 3.5 device graph has not been "
+                         "validated on a GPU yet; set TQKV_CUDA_UNVALIDATED=1 to run it anyway "
+                         "(docs/CUDA.md)");
+    if (c->n_linear > 0 && !q35_cuda_supported(c))
+        return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: DeltaNet key dim %d / value dim %d / "
+                         "conv width %d (the device kernels take key dim 64 or 128, value dim a "
+                         "multiple of 32 up to 256, conv width up to %d)", c->lin_k_dim,
+                         c->lin_v_dim, c->lin_conv_kernel, 8);
+    if (c->n_linear >= c->n_layers)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: a graph without attention layers");
     if (c->head_dim != CUDA_DIM)
         return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: head_dim %d (the device kernels "
                          "need %d)", c->head_dim, CUDA_DIM);
@@ -576,6 +685,15 @@ extern "C" tqkv_status model_cuda_init(model_cuda **out, const tqkv_model *m,
     g->m = m;
     g->p = *p;
     g->rows = rows;
+    while (c->layer_type[g->kv0] == TQKV_LAYER_LINEAR) g->kv0++;
+    if (c->n_linear > 0) { /* recurrent.h's row layout */
+        mc_rec *rc = &g->rec;
+        const size_t CD = 2 * (size_t)c->lin_k_heads * c->lin_k_dim + (size_t)c->lin_v_heads * c->lin_v_dim;
+        rc->n_lin = c->n_linear;
+        rc->conv_floats = CD * (size_t)(c->lin_conv_kernel - 1);
+        rc->ssm_floats = (size_t)c->lin_v_heads * c->lin_k_dim * c->lin_v_dim;
+        rc->row_floats = (size_t)c->n_linear * (rc->conv_floats + rc->ssm_floats);
+    }
     const char *env = getenv("TQKV_CUDA_GRAPHS"); /* "0": off whatever the parameters say */
     g->graph.enabled = p->device_graphs && !(env && !strcmp(env, "0"));
     g->kv_ids = (uint64_t *)calloc((size_t)c->n_layers, sizeof(uint64_t));
@@ -627,7 +745,7 @@ extern "C" tqkv_status model_cuda_reset(model_cuda *g, int rows) {
 
 extern "C" tqkv_status model_cuda_offsets(const model_cuda *g, int *offset) {
     if (!g || !offset) return tqkv_fail(TQKV_EINVAL, "model_cuda_offsets: NULL argument");
-    memcpy(offset, tqkv_cuda_kv_offsets(g->kv[0]), sizeof(int) * (size_t)g->rows);
+    memcpy(offset, tqkv_cuda_kv_offsets(g->kv[g->kv0]), sizeof(int) * (size_t)g->rows);
     return TQKV_OK;
 }
 
@@ -657,7 +775,8 @@ static tqkv_status ensure_aws(model_cuda *g, int max_tokens) {
 extern "C" tqkv_status model_cuda_reserve(model_cuda *g, int tokens) {
     graph_drop(g);
     tqkv_status st = ensure_aws(g, tokens);
-    for (int l = 0; l < g->m->cfg.n_layers && !st; l++) st = tqkv_cuda_kv_reserve(g->kv[l], tokens);
+    for (int l = 0; l < g->m->cfg.n_layers && !st; l++)
+        if (g->kv[l]) st = tqkv_cuda_kv_reserve(g->kv[l], tokens);
     return st;
 }
 
@@ -675,16 +794,21 @@ extern "C" tqkv_status model_cuda_fill(model_cuda *g, int n, uint64_t seed) {
         const int m = n - done < FILL_CHUNK ? n - done : FILL_CHUNK;
         const size_t cnt = (size_t)g->rows * c->n_kv_heads * m * CUDA_DIM;
         for (int l = 0; l < c->n_layers && !st; l++) {
+            if (!g->kv[l]) continue; /* recurrent rows: their token count follows below */
             const uint64_t sd = seed ^ ((uint64_t)l << 40) ^ ((uint64_t)done << 8);
             /* all on g->stream: the next fill of k / v waits for this append's encode */
             st = tqkv_cuda_fill_normal_on(k, cnt, sd * 2 + 1, 1.0f, g->stream);
             if (!st) st = tqkv_cuda_fill_normal_on(v, cnt, sd * 2 + 2, 1.0f, g->stream);
             if (!st) st = tqkv_cuda_kv_append(g->kv[l], k, v, m);
             if (st) /* leave every layer at `done` tokens */
-                for (int j = 0; j < l; j++) tqkv_cuda_kv_trim(g->kv[j], m);
+                for (int j = 0; j < l; j++)
+                    if (g->kv[j]) tqkv_cuda_kv_trim(g->kv[j], m);
         }
         if (!st) done += m;
     }
+    /* recurrent rows stay as they are (zeros after a reset) but count the tokens, so the
+     * state stays consistent: a benchmark aid, not a model state */
+    for (int r = 0; r < g->rows && g->rec.n_lin; r++) g->rec.tokens[r] += done;
     const tqkv_status ss = ck(cudaStreamSynchronize(g->stream), "synthetic fill");
     cudaFree(k);
     cudaFree(v);
@@ -740,14 +864,18 @@ static tqkv_status pick_queue(model_cuda *g, int stride) {
  * copy to `out` (host memory; pinned when captured; NULL: no copy) and, with pick > 0
  * (a decode step, mode LAST), the device pick with record stride `pick`. Waits for
  * nothing. *done: the layers whose cache took this call's append (forward_undo rewinds
- * them). With n == 1 and !as_decode it only launches kernels and copies between fixed
+ * them) or whose recurrent rows it queued changes to. With n == 1 and !as_decode it only launches kernels and copies between fixed
  * buffers, and reads from the host only what the graph key holds: capturable. */
 static tqkv_status forward_queue(model_cuda *g, int n, int as_decode, tqkv_logits_mode mode,
                                  float *out, int pick, int *done) {
     const tqkv_model_config *c = &g->m->cfg;
     const int R = g->rows, H = c->hidden_size, hd = c->head_dim, NH = c->n_heads,
               NKV = c->n_kv_heads, I = c->intermediate_size, V = c->vocab_size;
-    const int QD = NH * hd, KD = NKV * hd, QS = QD + 2 * KD;
+    const int gated = c->arch == TQKV_ARCH_QWEN35; /* a gate row block per query head */
+    const int qs = gated ? 2 * hd : hd, QD = NH * hd, KD = NKV * hd, QS = NH * qs + 2 * KD;
+    const int half = (c->rotary_dim ? c->rotary_dim : hd) / 2;
+    const int VD = c->lin_v_heads * c->lin_v_dim;
+    const int PWL = 2 * c->lin_k_heads * c->lin_k_dim + 2 * VD + 2 * c->lin_v_heads;
     const size_t T = (size_t)R * n;
     const cudaStream_t s = g->stream;
     *done = 0;
@@ -755,41 +883,54 @@ static tqkv_status forward_queue(model_cuda *g, int n, int as_decode, tqkv_logit
                         "upload tokens");
     if (!st) st = ck(cudaMemcpyAsync(g->rope, g->h_rope, T * hd * 4, cudaMemcpyHostToDevice, s),
                      "upload rope");
+    if (!st && g->rec.n_lin)
+        st = ck(cudaMemcpyAsync(g->slot, g->h_slot, T * 4, cudaMemcpyHostToDevice, s), "upload slots");
     if (st) return st;
 
     embed_kernel<<<(unsigned)T, 128, 0, s>>>(g->tinfo, g->w->embed, H, g->x);
     const float scale = 1.0f / sqrtf((float)hd), eps = c->rms_norm_eps;
+    int lin = 0; /* linear layers so far */
     for (int l = 0; l < c->n_layers && !st; l++) {
         const mc_layer *L = &g->w->layers[l];
         cuda_kv *kv = g->kv[l];
-        // ---- attention block
+        // ---- token mixer
         if (l == 0) rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, NULL, L->attn_norm, eps, H, g->xn);
-        st = gemm(g, g->xn, H, (int)T, L->wqkv, QS, H, L->bqkv, g->qkv, QS);
-        if (st) break;
-        const size_t warps = T * (size_t)(NH + 2 * NKV);
-        qkv_post_kernel<<<(unsigned)((warps + 3) / 4), 128, 0, s>>>(g->qkv, (int)T, NH, NKV, n, g->tinfo,
-                                                                    L->q_norm, L->k_norm, eps, g->rope,
-                                                                    g->qb, g->kb, g->vb);
-        st = tqkv_cuda_kv_append(kv, g->kb, g->vb, n);
-        if (st) break;
-        *done = l + 1;
-        if (n == 1) {
-            st = tqkv_cuda_kv_attend_ws(kv, g->qb, NH, scale, g->ob, g->aws, g->aws_bytes);
-        } else if (as_decode) {
-            st = attend_as_decode(g, kv, n, NH, scale);
+        if (!kv) { /* Qwen 3.5 gated DeltaNet: xn -> proj -> cv -> att [T, VD] -> tmp */
+            st = gemm(g, g->xn, H, (int)T, L->lin_in, PWL, H, NULL, g->qkv, PWL);
+            if (!st) st = q35_cuda_linear(c, L, &g->rec, lin, R, n, g->qkv, g->cv, g->slot, g->att, s);
+            if (!st) lin++;
+            *done = l + 1; /* the recurrent rows changed: forward_direct marks them broken */
+            if (!st) st = gemm(g, g->att, VD, (int)T, L->lin_out, H, VD, NULL, g->tmp, H);
+            if (st) break;
         } else {
-            for (int r = 0; r < R; r++)
-                for (int j = 0; j < n; j++) {
-                    const int lp = tqkv_cuda_kv_left_pads(kv)[r];
-                    g->h_lo[(size_t)r * n + j] = lp;
-                    g->h_hi[(size_t)r * n + j] = lp + g->off[r] + j + 1;
-                }
-            st = tqkv_cuda_kv_attend_masked(kv, g->qb, n, NH, scale, g->h_lo, g->h_hi, g->ob);
+            st = gemm(g, g->xn, H, (int)T, L->wqkv, QS, H, L->bqkv, g->qkv, QS);
+            if (st) break;
+            const size_t warps = T * (size_t)(NH + 2 * NKV);
+            qkv_post_kernel<<<(unsigned)((warps + 3) / 4), 128, 0, s>>>(
+                g->qkv, QS, qs, (int)T, NH, NKV, n, g->tinfo, L->q_norm, L->k_norm, eps, g->rope, half,
+                g->qb, g->kb, g->vb);
+            st = tqkv_cuda_kv_append(kv, g->kb, g->vb, n);
+            if (st) break;
+            *done = l + 1;
+            if (n == 1) {
+                st = tqkv_cuda_kv_attend_ws(kv, g->qb, NH, scale, g->ob, g->aws, g->aws_bytes);
+            } else if (as_decode) {
+                st = attend_as_decode(g, kv, n, NH, scale);
+            } else {
+                for (int r = 0; r < R; r++)
+                    for (int j = 0; j < n; j++) {
+                        const int lp = tqkv_cuda_kv_left_pads(kv)[r];
+                        g->h_lo[(size_t)r * n + j] = lp;
+                        g->h_hi[(size_t)r * n + j] = lp + g->off[r] + j + 1;
+                    }
+                st = tqkv_cuda_kv_attend_masked(kv, g->qb, n, NH, scale, g->h_lo, g->h_hi, g->ob);
+            }
+            if (st) break;
+            gather_kernel<<<(unsigned)T, 128, 0, s>>>(g->ob, g->tinfo, NH, n, gated ? g->qkv + hd : NULL,
+                                                      QS, g->att);
+            st = gemm(g, g->att, QD, (int)T, L->wo, H, QD, L->bo, g->tmp, H);
+            if (st) break;
         }
-        if (st) break;
-        gather_kernel<<<(unsigned)T, 128, 0, s>>>(g->ob, g->tinfo, NH, n, g->att);
-        st = gemm(g, g->att, QD, (int)T, L->wo, H, QD, L->bo, g->tmp, H);
-        if (st) break;
         rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, L->ffn_norm, eps, H, g->xn);
         // ---- MLP block
         st = gemm(g, g->xn, H, (int)T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I);
@@ -820,14 +961,24 @@ static tqkv_status forward_queue(model_cuda *g, int n, int as_decode, tqkv_logit
  * empty, rewind leaves them empty; inside a spec round too). The row table is uploaded
  * from the host mirror, so it also undoes a captured append that never ran. */
 static void forward_undo(model_cuda *g, int done, int n) {
-    for (int l = 0; l < done; l++) tqkv_cuda_kv_rewind(g->kv[l], n);
+    for (int l = 0; l < done; l++)
+        if (g->kv[l]) tqkv_cuda_kv_rewind(g->kv[l], n);
+}
+
+/* After a failed call that ran (some of) its queue: the KV rows go back (forward_undo);
+ * recurrent rows cannot, so a state whose linear layers were reached refuses forwards
+ * until it is reset or restored (graph_qwen35.c's rule). */
+static void forward_fail(model_cuda *g, int done, int n) {
+    forward_undo(g, done, n);
+    for (int l = 0; l < done; l++)
+        if (!g->kv[l]) g->rec.broken = 1;
 }
 
 static tqkv_status forward_direct(model_cuda *g, int n, int as_decode, tqkv_logits_mode mode,
                                   float *out, int pick) {
     int done = 0;
     const tqkv_status st = forward_queue(g, n, as_decode, mode, out, pick, &done);
-    if (st) forward_undo(g, done, n);
+    if (st) forward_fail(g, done, n);
     return st;
 }
 
@@ -836,6 +987,7 @@ static tqkv_status forward_direct(model_cuda *g, int n, int as_decode, tqkv_logi
 static mc_graph_key graph_key(model_cuda *g, int logits, size_t attn_ws, int pick) {
     int moved = 0;
     for (int l = 0; l < g->m->cfg.n_layers; l++) {
+        if (!g->kv[l]) continue;
         const uint64_t id = tqkv_cuda_kv_storage_id(g->kv[l]);
         if (id != g->kv_ids[l]) {
             g->kv_ids[l] = id;
@@ -881,12 +1033,14 @@ static tqkv_status forward_decode_graph(model_cuda *g, tqkv_logits_mode mode, si
     mc_graph *gr = &g->graph;
     tqkv_status st = TQKV_OK;
     /* nothing may allocate inside a capture: the caches grow first (the append's own rule) */
-    for (int l = 0; l < L && !st; l++) st = tqkv_cuda_kv_reserve_append(g->kv[l], 1);
+    for (int l = 0; l < L && !st; l++)
+        if (g->kv[l]) st = tqkv_cuda_kv_reserve_append(g->kv[l], 1);
     if (st) return st;
     const mc_graph_key key = graph_key(g, out != NULL, attn_ws, pick);
     if (gr->exec && graph_key_eq(&key, &gr->key)) { /* replay; the appends' host half by hand */
         st = ck(cudaGraphLaunch(gr->exec, g->stream), "decode graph launch");
-        for (int l = 0; l < L && !st; l++) st = tqkv_cuda_kv_replayed_append(g->kv[l], 1);
+        for (int l = 0; l < L && !st; l++)
+            if (g->kv[l]) st = tqkv_cuda_kv_replayed_append(g->kv[l], 1);
         if (!st) gr->stats.replays++;
         return st;
     }
@@ -940,7 +1094,7 @@ static tqkv_status forward_decode_graph(model_cuda *g, tqkv_logits_mode mode, si
     gr->key = key;
     gr->stats.captures++;
     st = ck(cudaGraphLaunch(gr->exec, g->stream), "decode graph launch");
-    if (st) forward_undo(g, done, 1);
+    if (st) forward_fail(g, done, 1);
     return st;
 }
 
@@ -960,8 +1114,24 @@ static tqkv_status forward_run(model_cuda *g, const int32_t *tokens, const int *
                                int prefill, tqkv_logits_mode mode, float *logits, const pick_req *pk) {
     const tqkv_model *m = g->m;
     const tqkv_model_config *c = &m->cfg;
-    const int R = g->rows, hd = c->head_dim, V = c->vocab_size, half = hd / 2;
-    memcpy(g->off, tqkv_cuda_kv_offsets(g->kv[0]), sizeof(int) * (size_t)R);
+    const int R = g->rows, hd = c->head_dim, V = c->vocab_size,
+              half = (c->rotary_dim ? c->rotary_dim : hd) / 2;
+    mc_rec *rc = &g->rec;
+    memcpy(g->off, tqkv_cuda_kv_offsets(g->kv[g->kv0]), sizeof(int) * (size_t)R);
+    if (rc->n_lin) { /* graph_qwen35.c's checks, on the device rows */
+        if (rc->broken)
+            return tqkv_fail(TQKV_ESTATE, "forward: an earlier forward failed midway and left the "
+                             "recurrent rows inconsistent; reset the state");
+        if (rc->spec_active != tqkv_cuda_kv_spec_active(g->kv[g->kv0]))
+            return tqkv_fail(TQKV_ESTATE, "forward: spec round open on the %s but not on the %s",
+                             rc->spec_active ? "recurrent rows" : "KV rows",
+                             rc->spec_active ? "KV rows" : "recurrent rows");
+        for (int r = 0; r < R; r++)
+            if (rc->tokens[r] != g->off[r])
+                return tqkv_fail(TQKV_ESTATE, "forward: row %d: recurrent state has absorbed %d "
+                                 "tokens, its KV rows hold %d (recurrent rows cannot be trimmed; "
+                                 "row operations must apply to both)", r, rc->tokens[r], g->off[r]);
+    }
     for (int r = 0; r < R; r++) {
         if (lengths && lengths[r] != n)
             return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: padded prefill (row %d length %d "
@@ -991,6 +1161,7 @@ static tqkv_status forward_run(model_cuda *g, const int32_t *tokens, const int *
     if (!st && mode != TQKV_LOGITS_NONE) st = ensure_logits(g, mode == TQKV_LOGITS_ALL ? T : (size_t)R);
     if (!st && copy && n == 1) st = ensure_hlogits(g, (size_t)R);
     if (!st && pk) st = ensure_pick(g, pick_in, (size_t)R * PICK_REC_WORDS(pk->stride));
+    if (!st && rc->spec_active) st = mc_rec_spec_reserve(g, n);
     if (st) return st;
 
     /* token list [T, 3] (id, row, column) and rope tables, in the pinned buffers the
@@ -1003,6 +1174,8 @@ static tqkv_status forward_run(model_cuda *g, const int32_t *tokens, const int *
             g->h_tinfo[t * 3 + 2] = j;
             ops_rope_table(g->off[r] + j, m->inv_freq, half, g->h_rope + t * hd,
                            g->h_rope + t * hd + half);
+            /* the recurrent rows after this token go to snapshot slot steps + j + 1 */
+            g->h_slot[t] = rc->spec_active ? rc->spec_steps[r] + j + 1 : -1;
         }
     /* the pick's plan and penalty tokens: one copy, ahead of the step in stream order */
     if (pk) {
@@ -1025,6 +1198,11 @@ static tqkv_status forward_run(model_cuda *g, const int32_t *tokens, const int *
     /* one wait per call: the logits are on the host and the pinned buffers free again */
     const tqkv_status ss = ck(cudaStreamSynchronize(g->stream), "forward");
     if (!st) st = ss;
+    if (ss && rc->n_lin) rc->broken = 1; /* whatever ran of the step is unknown */
+    for (int r = 0; r < R && !st && rc->n_lin; r++) { /* rec_advance */
+        rc->tokens[r] += n;
+        if (rc->spec_active) rc->spec_steps[r] += n;
+    }
     if (!st && out && out == g->h_logits) memcpy(logits, g->h_logits, (size_t)R * V * sizeof(float));
     if (!st && pk) memcpy(pk->rec, g->h_pick_rec, (size_t)R * PICK_REC_WORDS(pk->stride) * sizeof(int32_t));
     return st;

@@ -27,6 +27,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef TQKV_HAVE_CUDA
+#include "model/model_cuda.h"
+#endif
 #include "model/model_impl.h"
 #include "model/ops.h"
 #include "model/recurrent.h"
@@ -450,5 +453,8 @@ tqkv_status model_qwen35_forward(const tqkv_model *m, tqkv_model_state *s, const
 }
 
 size_t tqkv_model_state_row_fixed_bytes(const tqkv_model_state *s) {
+#ifdef TQKV_HAVE_CUDA
+    if (s && s->gpu) return model_cuda_row_fixed_bytes(s->gpu);
+#endif
     return s && s->rec ? rec_row_bytes(s->rec) : 0;
 }

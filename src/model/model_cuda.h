@@ -5,13 +5,15 @@
  * shared by the model's device states; creating a model's FIRST device state concurrently
  * from two threads is not supported), one device KV cache (cuda_kv) per layer, device scratch,
  * the state's CUDA stream and the decode step's CUDA graph, and
- * the Qwen3 / Qwen2 / Llama graph run with our own batch-invariant GEMM kernel and the
- * device cache's encode / attention kernels. Logits are copied back to the host, or a
+ * the Qwen3 / Qwen2 / Llama and Qwen 3.5 graphs run with our own batch-invariant GEMM
+ * kernel, the device cache's encode / attention kernels and (Qwen 3.5's gated DeltaNet
+ * layers) graph_qwen35_cuda.cu's kernels on device recurrent rows. Logits are copied back to the host, or a
  * decode step picks each row's next token on the device (model_cuda_decode_pick).
  * Must not: be called when the build has no CUDA (forward.c guards with TQKV_HAVE_CUDA),
  * or make a row's logits depend on the other rows or the batch size.
  *
- * Supported: head_dim 128, q_heads / kv_heads <= 8, K/V tq4/tq4 or tq3/tq3 (with or
+ * Supported: head_dim 128, q_heads / kv_heads <= 8, DeltaNet key dim 64 / 128 and value
+ * dim a multiple of 32 up to 256, K/V tq4/tq4 or tq3/tq3 (with or
  * without the q8 window), or f32/f32 which runs on the device's dense bf16 cache;
  * prefill without padding (every row's length == n), extend (with extend_as_decode: each
  * query attends as its single decode would), decode; spec rounds; export / upload of the
@@ -30,6 +32,7 @@ extern "C" {
 #endif
 
 typedef struct model_cuda model_cuda;
+struct model_recurrent;
 typedef struct model_cuda_weights model_cuda_weights;
 
 /* Free a model's device weights (tqkv_model_free; NULL is fine). */
@@ -68,9 +71,17 @@ int         model_cuda_spec_active(const model_cuda *g);
  * host batch holding the same tokens). TQKV_EUNSUPPORTED for f32 KV (the device's dense
  * bf16 cache has no state format). */
 tqkv_status model_cuda_export_layer(const model_cuda *g, int l, uint8_t **out, size_t *len);
-/* Make every layer's cache a copy of host batch layers[l] (rows rows, the configuration of
- * g's caches), built for all layers first, then installed: a failure leaves g unchanged. */
-tqkv_status model_cuda_upload(model_cuda *g, tqkv_batch *const *layers, int rows);
+/* The recurrent rows (Qwen 3.5) as rec_export bytes (recurrent.h; *out NULL, *len 0 when
+ * the graph has none). A layer without KV rows exports as *out NULL, *len 0. */
+tqkv_status model_cuda_export_rec(const model_cuda *g, uint8_t **out, size_t *len);
+/* Make every attention layer's cache a copy of host batch layers[l] (rows rows, the
+ * configuration of g's caches; linear layers' entries are ignored) and the recurrent rows
+ * a copy of rec's (required when the graph has them, else ignored), built first, then
+ * installed: a failure leaves g unchanged. */
+tqkv_status model_cuda_upload(model_cuda *g, tqkv_batch *const *layers,
+                              const struct model_recurrent *rec, int rows);
+/* Fixed device bytes one row's recurrent rows take (0 without any). */
+size_t      model_cuda_row_fixed_bytes(const model_cuda *g);
 /* Device bytes one row of `tokens` tokens takes over all layers (planes, scales, q8 ring). */
 size_t      model_cuda_projected_bytes(const model_cuda *g, int tokens);
 /* Device bytes held by the caches. */

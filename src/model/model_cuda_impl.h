@@ -20,14 +20,24 @@ typedef __nv_bfloat16 bf16;
 // state
 // ---------------------------------------------------------------------------
 
+/* One layer's device weights. Attention layers (every layer of Qwen3 / Qwen2 / Llama; the
+ * full layers of Qwen 3.5) use wqkv..k_norm; Qwen 3.5's gated-attention q rows hold, per
+ * head, hd query rows then hd gate rows (QS = 2 QD + 2 KD). Qwen 3.5's linear (gated
+ * DeltaNet) layers use the lin_* fields instead (kd = k_heads k_dim, vd = v_heads v_dim,
+ * CD = 2 kd + vd, nv = v_heads). */
 typedef struct {
     float *attn_norm, *ffn_norm, *q_norm, *k_norm; /* [H], [H], [hd], [hd] or NULL */
     float *bqkv;                                    /* [QD + 2 KD] or NULL */
     float *bo;                                      /* [H] or NULL */
-    bf16  *wqkv;                                    /* [QD + 2 KD, H] */
+    bf16  *wqkv;                                    /* [QS, H] */
     bf16  *wo;                                      /* [H, QD] */
     bf16  *wgu;                                     /* [2 I, H] */
     bf16  *wd;                                      /* [H, I] */
+    bf16  *lin_in;                                  /* [CD + vd + 2 nv, H] qkv | z | b | a */
+    bf16  *lin_out;                                 /* [H, vd] */
+    float *conv_w;                                  /* [CD, conv_kernel] */
+    float *lin_neg_a, *dt_bias;                     /* [nv] -exp(A_log), dt bias */
+    float *lin_norm;                                /* [v_dim] gated RMSNorm weight */
 } mc_layer;
 
 /* The device weights of one model: uploaded by its first device state, shared by all of
@@ -61,12 +71,31 @@ typedef struct {
     model_cuda_graph_stats stats;
 } mc_graph;
 
+/* Qwen 3.5's recurrent rows on the device, with recurrent.h's row layout (per row, for
+ * each linear layer j: conv [CD, conv_kernel - 1] oldest first, then the DeltaNet state
+ * [v_heads, k_dim, v_dim]), so export / upload are plain copies of model_recurrent rows.
+ * Spec rounds: snapshot slot s of row r (slot 0: the state at begin; slot k: after the
+ * round's k-th token) at snap + (r (spec_cap + 1) + s) row_floats. */
+typedef struct {
+    int     n_lin;            /* linear layers (0: the graph has no recurrent rows) */
+    size_t  conv_floats, ssm_floats, row_floats;
+    float  *state;            /* device [rows, row_floats] */
+    int    *tokens;           /* host [rows] tokens absorbed (== the KV offsets) */
+    int     broken;           /* a forward failed after queuing a linear layer */
+    int     spec_active;
+    int     spec_cap;         /* snapshot slots per row beyond slot 0 */
+    int    *spec_steps;       /* host [rows] tokens appended since spec_begin */
+    float  *snap;             /* device [rows, spec_cap + 1, row_floats] */
+} mc_rec;
+
 struct model_cuda {
     const tqkv_model       *m;
     const model_cuda_weights *w;
     tqkv_model_state_params p;
     int                     rows;
-    cuda_kv               **kv;        /* [L] */
+    cuda_kv               **kv;        /* [L]; NULL for a linear (recurrent) layer */
+    int                     kv0;       /* the first layer with a cache (offsets, spec) */
+    mc_rec                  rec;       /* recurrent rows (Qwen 3.5), or n_lin 0 */
     cudaStream_t            stream;    /* non-blocking: every kernel and copy of this state */
     uint64_t                gen;       /* bumped whenever a buffer or cache storage a decode
                                         * step reads may have moved (the graph's key) */
@@ -75,8 +104,10 @@ struct model_cuda {
     /* device scratch, grown on demand */
     size_t  cap_t, cap_rn;
     float  *x, *xn;      /* [T, H] */
-    float  *qkv;         /* [T, QD + 2 KD] */
-    float  *att;         /* [T, QD] */
+    float  *qkv;         /* [T, PW] projections: QS, or Qwen 3.5's linear CD + vd + 2 nv */
+    float  *att;         /* [T, max(QD, vd)] */
+    float  *cv;          /* [T, CD] conv + SiLU output of a linear layer (NULL: none) */
+    int32_t *slot;       /* [T] the spec snapshot slot each token writes, or -1 */
     float  *gu;          /* [T, 2 I] */
     float  *hh;          /* [T, I] */
     float  *tmp;         /* [T, H] */
@@ -94,6 +125,7 @@ struct model_cuda {
     /* host scratch (h_rope, h_tinfo, h_logits pinned: copied on the stream, in a graph) */
     float   *h_rope;     /* [T, hd] */
     int32_t *h_tinfo;    /* [T, 3] */
+    int32_t *h_slot;     /* [T] */
     float   *h_logits;   /* [cap_hlogits, V] decode logits staging */
     size_t   cap_hlogits;
     int32_t *h_lo, *h_hi;/* [rows, n] */
@@ -106,9 +138,28 @@ struct model_cuda {
 };
 
 /* Install new per-layer caches of `rows` rows (g's old ones are freed), moved to g's
- * stream; the decode graph is dropped. On failure kv is freed and g is unchanged. */
-tqkv_status mc_install_caches(model_cuda *g, cuda_kv **kv, int rows);
+ * stream, and (hybrid graphs) new recurrent rows: rec_state [rows, row_floats] device
+ * memory and rec_tokens [rows] host memory, both taken over (NULL for graphs without
+ * recurrent rows); the spec round ends and the decode graph is dropped. On failure kv and
+ * the recurrent rows are freed and g is unchanged. */
+tqkv_status mc_install_caches(model_cuda *g, cuda_kv **kv, float *rec_state, int *rec_tokens,
+                              int rows);
+/* Fresh zero recurrent rows for `rows` rows (*state device, zeroed on g's stream; *tokens
+ * host; both NULL when the graph has none). */
+tqkv_status mc_rec_alloc(const model_cuda *g, int rows, float **state, int **tokens);
 /* Free an array of L caches (entries may be NULL) and the array. */
 void        mc_free_cache_array(cuda_kv **kv, int L);
+
+/* state_cuda.cu: room in the spec round's snapshots for n more tokens per row (a bigger
+ * buffer: the old slots copied over, the generation bumped). */
+tqkv_status mc_rec_spec_reserve(model_cuda *g, int n);
+
+/* graph_qwen35_cuda.cu: 1 if the device kernels take this config's DeltaNet shapes. */
+extern "C" int         q35_cuda_supported(const tqkv_model_config *c);
+/* Queue linear layer j's conv + SiLU and gated delta rule + gated RMSNorm for R rows of n
+ * tokens on s: proj [R n, PW] -> cv [R n, CD] -> att [R n, vd]; slot [R n] as model_cuda.slot. */
+extern "C" tqkv_status q35_cuda_linear(const tqkv_model_config *c, const mc_layer *L, mc_rec *rec,
+                                       int j, int R, int n, const float *proj, float *cv,
+                                       const int32_t *slot, float *att, cudaStream_t s);
 
 #endif

@@ -268,7 +268,7 @@ tqkv_status tqkv_model_state_check(const tqkv_model_state *s) {
 size_t tqkv_model_state_projected_bytes(const tqkv_model_state *s, int tokens) {
     if (!s || tokens <= 0) return 0;
 #ifdef TQKV_HAVE_CUDA
-    if (s->gpu) return model_cuda_projected_bytes(s->gpu, tokens);
+    if (s->gpu) return model_cuda_projected_bytes(s->gpu, tokens) + model_cuda_row_fixed_bytes(s->gpu);
 #endif
     size_t b = 0;
     const int keep = sliding_keep(s);
@@ -578,7 +578,7 @@ tqkv_status tqkv_model_state_export(const tqkv_model_state *s, uint8_t **out, si
     if (!blob || !bl) rc = tqkv_fail(TQKV_ENOMEM, "state export: out of memory");
     for (int l = 0; l < L && rc == TQKV_OK; l++) {
 #ifdef TQKV_HAVE_CUDA
-        if (s->gpu) { /* every layer holds KV rows (the device graphs are dense) */
+        if (s->gpu) { /* a recurrent layer exports as length 0, as on the host */
             rc = model_cuda_export_layer(s->gpu, l, &blob[l], &bl[l]);
             total += 8 + bl[l];
             continue;
@@ -588,6 +588,9 @@ tqkv_status tqkv_model_state_export(const tqkv_model_state *s, uint8_t **out, si
         total += 8 + bl[l];
     }
     if (rc == TQKV_OK && s->rec) rc = rec_export(s->rec, &blob[L], &bl[L]);
+#ifdef TQKV_HAVE_CUDA
+    if (rc == TQKV_OK && s->gpu) rc = model_cuda_export_rec(s->gpu, &blob[L], &bl[L]);
+#endif
     if (rc == TQKV_OK) total += bl[L];
     uint8_t *buf = rc == TQKV_OK ? malloc(total) : NULL;
     if (rc == TQKV_OK && !buf) rc = tqkv_fail(TQKV_ENOMEM, "state export: out of memory");
@@ -688,21 +691,22 @@ tqkv_status tqkv_model_state_import(tqkv_model_state **out, const tqkv_model *m,
                            tqkv_batch_rows(layers[l]), rows);
     }
     model_recurrent *rec = NULL;
+    const int has_rec = m->cfg.n_linear > 0; /* host rows in s->rec, device rows in s->gpu */
     if (rc == TQKV_OK && !v1) {
         const uint8_t *sec = NULL;
         size_t sl = 0;
         rc = read_section(buf, len, &at, "recurrent section", 0, &sec, &sl);
-        if (rc == TQKV_OK && !s->rec && sl)
+        if (rc == TQKV_OK && !has_rec && sl)
             rc = tqkv_fail(TQKV_EINVAL, "state import: the state has recurrent rows, this model "
                            "none (state of another model)");
-        else if (rc == TQKV_OK && s->rec && !sl)
+        else if (rc == TQKV_OK && has_rec && !sl)
             rc = tqkv_fail(TQKV_EINVAL, "state import: the state has no recurrent rows, this "
                            "model needs them (state of another model)");
         else if (rc == TQKV_OK && sl && (rc = rec_restore(&rec, &m->cfg, sec, sl)) == TQKV_OK &&
                  rec->rows != (int)rows)
             rc = tqkv_fail(TQKV_ECORRUPT, "state import: recurrent rows hold %d rows, header %u",
                            rec->rows, rows);
-    } else if (rc == TQKV_OK && s->rec) {
+    } else if (rc == TQKV_OK && has_rec) {
         rc = tqkv_fail(TQKV_EINVAL, "state import: a TQKVMS01 state has no recurrent rows, this "
                        "model needs them");
     }
@@ -717,9 +721,9 @@ tqkv_status tqkv_model_state_import(tqkv_model_state **out, const tqkv_model *m,
 #ifdef TQKV_HAVE_CUDA
     if (s->gpu) { /* device state: the restored (validated) layers become its device caches;
                    * its host layers stay the fresh empty batches of `rows` rows */
-        rc = model_cuda_upload(s->gpu, layers, (int)rows);
+        rc = model_cuda_upload(s->gpu, layers, rec, (int)rows);
         free_batches(layers, L);
-        rec_free(rec); /* NULL: the device graphs have no recurrent rows */
+        rec_free(rec);
         if (rc == TQKV_OK) rc = tqkv_model_state_check(s);
         if (rc != TQKV_OK) {
             tqkv_model_state_free(s);
