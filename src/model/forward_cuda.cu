@@ -374,7 +374,8 @@ static void free_caches(model_cuda *g) {
     free(rc->spec_steps);
     rc->state = rc->snap = NULL;
     rc->tokens = rc->spec_steps = NULL;
-    rc->spec_active = rc->spec_cap = rc->broken = 0;
+    rc->spec_active = rc->spec_cap = 0;
+    g->broken = 0; /* new rows */
 }
 
 static void free_scratch(model_cuda *g);
@@ -899,7 +900,7 @@ static tqkv_status forward_queue(model_cuda *g, int n, int as_decode, tqkv_logit
             st = gemm(g, g->xn, H, (int)T, L->lin_in, PWL, H, NULL, g->qkv, PWL);
             if (!st) st = q35_cuda_linear(c, L, &g->rec, lin, R, n, g->qkv, g->cv, g->slot, g->att, s);
             if (!st) lin++;
-            *done = l + 1; /* the recurrent rows changed: forward_direct marks them broken */
+            *done = l + 1; /* the recurrent rows changed: forward_fail marks the state broken */
             if (!st) st = gemm(g, g->att, VD, (int)T, L->lin_out, H, VD, NULL, g->tmp, H);
             if (st) break;
         } else {
@@ -960,18 +961,23 @@ static tqkv_status forward_queue(model_cuda *g, int n, int as_decode, tqkv_logit
 /* Undo the appends of a failed call to the first `done` layers (prefill: the rows were
  * empty, rewind leaves them empty; inside a spec round too). The row table is uploaded
  * from the host mirror, so it also undoes a captured append that never ran. */
-static void forward_undo(model_cuda *g, int done, int n) {
+static tqkv_status forward_undo(model_cuda *g, int done, int n) {
+    tqkv_status st = TQKV_OK;
     for (int l = 0; l < done; l++)
-        if (g->kv[l]) tqkv_cuda_kv_rewind(g->kv[l], n);
+        if (g->kv[l]) {
+            const tqkv_status rs = tqkv_cuda_kv_rewind(g->kv[l], n);
+            if (!st) st = rs;
+        }
+    return st;
 }
 
 /* After a failed call that ran (some of) its queue: the KV rows go back (forward_undo);
- * recurrent rows cannot, so a state whose linear layers were reached refuses forwards
- * until it is reset or restored (graph_qwen35.c's rule). */
+ * recurrent rows cannot, so a state whose linear layers were reached (graph_qwen35.c's
+ * rule), or whose rewind failed, refuses forwards until it is reset or restored. */
 static void forward_fail(model_cuda *g, int done, int n) {
-    forward_undo(g, done, n);
+    if (forward_undo(g, done, n)) g->broken = 1;
     for (int l = 0; l < done; l++)
-        if (!g->kv[l]) g->rec.broken = 1;
+        if (!g->kv[l]) g->broken = 1;
 }
 
 static tqkv_status forward_direct(model_cuda *g, int n, int as_decode, tqkv_logits_mode mode,
@@ -1060,7 +1066,10 @@ static tqkv_status forward_decode_graph(model_cuda *g, tqkv_logits_mode mode, si
     if (qs || ce != cudaSuccess || !graph) {
         if (graph) cudaGraphDestroy(graph);
         (void)cudaGetLastError();
-        forward_undo(g, done, 1); /* nothing ran: the rows go back to the step's start */
+        if (forward_undo(g, done, 1)) { /* nothing ran: back to the step's start */
+            g->broken = 1;
+            return tqkv_fail(TQKV_ESTATE, "decode step: undoing a failed capture failed");
+        }
         return graph_fallback(g, qs ? tqkv_last_error() : cudaGetErrorString(ce), mode, out, pick);
     }
     /* Update in place only where the topology is the same (rows, logits and pick or not
@@ -1088,7 +1097,10 @@ static tqkv_status forward_decode_graph(model_cuda *g, tqkv_logits_mode mode, si
     cudaGraphDestroy(graph);
     if (ie != cudaSuccess) {
         gr->exec = NULL;
-        forward_undo(g, done, 1);
+        if (forward_undo(g, done, 1)) {
+            g->broken = 1;
+            return tqkv_fail(TQKV_ESTATE, "decode step: undoing a failed capture failed");
+        }
         return graph_fallback(g, cudaGetErrorString(ie), mode, out, pick);
     }
     gr->key = key;
@@ -1118,10 +1130,10 @@ static tqkv_status forward_run(model_cuda *g, const int32_t *tokens, const int *
               half = (c->rotary_dim ? c->rotary_dim : hd) / 2;
     mc_rec *rc = &g->rec;
     memcpy(g->off, tqkv_cuda_kv_offsets(g->kv[g->kv0]), sizeof(int) * (size_t)R);
+    if (g->broken)
+        return tqkv_fail(TQKV_ESTATE, "forward: an earlier forward failed midway and left rows it "
+                         "could not undo; reset the state");
     if (rc->n_lin) { /* graph_qwen35.c's checks, on the device rows */
-        if (rc->broken)
-            return tqkv_fail(TQKV_ESTATE, "forward: an earlier forward failed midway and left the "
-                             "recurrent rows inconsistent; reset the state");
         if (rc->spec_active != tqkv_cuda_kv_spec_active(g->kv[g->kv0]))
             return tqkv_fail(TQKV_ESTATE, "forward: spec round open on the %s but not on the %s",
                              rc->spec_active ? "recurrent rows" : "KV rows",
@@ -1198,7 +1210,7 @@ static tqkv_status forward_run(model_cuda *g, const int32_t *tokens, const int *
     /* one wait per call: the logits are on the host and the pinned buffers free again */
     const tqkv_status ss = ck(cudaStreamSynchronize(g->stream), "forward");
     if (!st) st = ss;
-    if (ss && rc->n_lin) rc->broken = 1; /* whatever ran of the step is unknown */
+    if (ss) g->broken = 1; /* what ran of the step is unknown */
     for (int r = 0; r < R && !st && rc->n_lin; r++) { /* rec_advance */
         rc->tokens[r] += n;
         if (rc->spec_active) rc->spec_steps[r] += n;

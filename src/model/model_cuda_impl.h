@@ -81,7 +81,6 @@ typedef struct {
     size_t  conv_floats, ssm_floats, row_floats;
     float  *state;            /* device [rows, row_floats] */
     int    *tokens;           /* host [rows] tokens absorbed (== the KV offsets) */
-    int     broken;           /* a forward failed after queuing a linear layer */
     int     spec_active;
     int     spec_cap;         /* snapshot slots per row beyond slot 0 */
     int    *spec_steps;       /* host [rows] tokens appended since spec_begin */
@@ -96,6 +95,10 @@ struct model_cuda {
     cuda_kv               **kv;        /* [L]; NULL for a linear (recurrent) layer */
     int                     kv0;       /* the first layer with a cache (offsets, spec) */
     mc_rec                  rec;       /* recurrent rows (Qwen 3.5), or n_lin 0 */
+    int                     broken;    /* a failed forward left rows it could not undo (a
+                                        * linear layer reached, or a KV rewind failed):
+                                        * forwards and row operations refused until reset
+                                        * or import */
     cudaStream_t            stream;    /* non-blocking: every kernel and copy of this state */
     uint64_t                gen;       /* bumped whenever a buffer or cache storage a decode
                                         * step reads may have moved (the graph's key) */

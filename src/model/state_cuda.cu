@@ -144,6 +144,9 @@ extern "C" tqkv_status model_cuda_extract(const model_cuda *g, int row, model_cu
 }
 
 extern "C" tqkv_status model_cuda_check(const model_cuda *g) {
+    if (g->broken) /* before any row operation could carry the rows on */
+        return tqkv_fail(TQKV_ESTATE, "state: a forward failed midway and left rows it could not "
+                         "undo; reset the state");
     const int k0 = g->kv0;
     const int *o0 = tqkv_cuda_kv_offsets(g->kv[k0]), *b0 = tqkv_cuda_kv_spec_bases(g->kv[k0]);
     const int spec0 = tqkv_cuda_kv_spec_active(g->kv[k0]);
@@ -164,9 +167,6 @@ extern "C" tqkv_status model_cuda_check(const model_cuda *g) {
     }
     const mc_rec *rc = &g->rec;
     if (rc->n_lin) {
-        if (rc->broken) /* before any row operation could carry the rows on */
-            return tqkv_fail(TQKV_ESTATE, "state: a forward failed midway and left the recurrent "
-                             "rows inconsistent; reset the state");
         if (rc->spec_active != spec0)
             return tqkv_fail(TQKV_ESTATE, "state: device recurrent rows %s in a spec round, layer "
                              "%d %s", rc->spec_active ? "are" : "are not", k0, spec0 ? "is" : "is not");
