@@ -88,6 +88,10 @@ static void test_merge_filter_extract_bitwise(void **state) {
         tqkv_model_state *run = new_state(1, fm[f][0], fm[f][1], window);
         OK(tqkv_model_state_filter(run, NULL, 0));
         assert_int_equal(tqkv_model_state_rows(run), 0);
+        { /* a state with no rows refuses a forward (it holds no buffers to run on) */
+            const int32_t none[1] = {0};
+            assert_int_equal(tqkv_model_decode(g_m, run, none, NULL), TQKV_ESTATE);
+        }
         OK(tqkv_model_state_merge(run, src, 2));
         int rows[R] = {0, 1, -1, -1}, nr = 2;
         for (int step = 0; step < STEPS; step++) {

@@ -104,6 +104,10 @@ static void rows_bitwise(const graph *g, tqkv_format kf, tqkv_format vf, test_rn
     /* an empty running state; rows 0 and 1 join */
     tqkv_model_state *run = new_state(g, 1, kf, vf);
     OK(tqkv_model_state_filter(run, NULL, 0));
+    { /* a state with no rows refuses a forward (it holds no buffers to run on) */
+        const int32_t none[1] = {0};
+        assert_int_equal(tqkv_model_decode(g->m, run, none, NULL), TQKV_ESTATE);
+    }
     OK(tqkv_model_state_merge(run, src, 2));
     int rows[R] = {0, 1, -1, -1}, nr = 2;
     for (int step = 0; step < 14; step++) {

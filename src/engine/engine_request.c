@@ -133,6 +133,9 @@ tqkv_status req_pick(tqkv_engine *e, eng_req *q, const float *raw, int32_t *tok,
     return TQKV_OK;
 }
 
+/* q's text from byte `rel` on (q->out stays NULL until the first byte: no offset on NULL) */
+static const char *out_at(const eng_req *q, size_t rel) { return q->out ? q->out + rel : ""; }
+
 /* Account a generated token: text, stop strings, EOS, limits, and its event. Returns 1
  * when the request finished with this token. */
 int req_take(tqkv_engine *e, eng_req *q, int32_t tok, const tok_info *ti) {
@@ -150,7 +153,7 @@ int req_take(tqkv_engine *e, eng_req *q, int32_t tok, const tok_info *ti) {
         if (fn) out_append(q, fl, fn);
         size_t rel = q->released;
         q->released = q->out_len;
-        req_emit(e, q, tok, ti, q->out + rel, q->out_len - rel, 1, TQKV_FINISH_STOP, NULL);
+        req_emit(e, q, tok, ti, out_at(q, rel), q->out_len - rel, 1, TQKV_FINISH_STOP, NULL);
         return 1;
     }
     const char *piece = NULL;
@@ -181,13 +184,13 @@ int req_take(tqkv_engine *e, eng_req *q, int32_t tok, const tok_info *ti) {
     if (cut != (size_t)-1) {
         size_t rel = q->released;
         q->released = cut;
-        req_emit(e, q, tok, ti, q->out + rel, cut - rel, 1, TQKV_FINISH_STOP, NULL);
+        req_emit(e, q, tok, ti, out_at(q, rel), cut - rel, 1, TQKV_FINISH_STOP, NULL);
         return 1;
     }
     if (at_limit) {
         size_t rel = q->released;
         q->released = q->out_len;
-        req_emit(e, q, tok, ti, q->out + rel, q->out_len - rel, 1, TQKV_FINISH_LENGTH, NULL);
+        req_emit(e, q, tok, ti, out_at(q, rel), q->out_len - rel, 1, TQKV_FINISH_LENGTH, NULL);
         return 1;
     }
     /* release everything except a tail that could start a stop string */
@@ -204,6 +207,6 @@ int req_take(tqkv_engine *e, eng_req *q, int32_t tok, const tok_info *ti) {
     }
     size_t rel = q->released;
     q->released = safe;
-    req_emit(e, q, tok, ti, q->out + rel, safe - rel, 0, TQKV_FINISH_NONE, NULL);
+    req_emit(e, q, tok, ti, out_at(q, rel), safe - rel, 0, TQKV_FINISH_NONE, NULL);
     return 0;
 }

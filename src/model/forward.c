@@ -436,6 +436,8 @@ static tqkv_status forward(const tqkv_model *m, tqkv_model_state *s, const int32
                            float *logits) {
     if (!m || !s || !tokens || s->m != m)
         return tqkv_fail(TQKV_EINVAL, "forward: NULL argument or state of another model");
+    /* every graph (and the device) needs a row: a state filtered to none holds no buffers */
+    if (s->rows < 1) return tqkv_fail(TQKV_ESTATE, "forward: the state has no rows");
     if (m->g4) return gemma4_forward(m, s, tokens, lengths, n, prefill, mode, logits);
     if (n < 1) return tqkv_fail(TQKV_EINVAL, "forward: n must be >= 1, got %d", n);
     if ((unsigned)mode > TQKV_LOGITS_ALL || (mode != TQKV_LOGITS_NONE && !logits))
@@ -453,7 +455,6 @@ static tqkv_status forward(const tqkv_model *m, tqkv_model_state *s, const int32
     /* validate before touching anything (a scheduler may have filtered a layer's rows) */
     tqkv_status rc = tqkv_model_state_check(s); /* rows, offsets, spec round: every layer */
     if (rc != TQKV_OK) return rc;
-    if (R < 1) return tqkv_fail(TQKV_ESTATE, "forward: the state has no rows");
     rc = tqkv_batch_offsets(s->layers[0], s->off, NULL);
     if (rc != TQKV_OK) return rc;
     for (int r = 0; r < R; r++) {

@@ -28,6 +28,7 @@ int32_t tqkv_tokenizer_vocab_size(const tqkv_tokenizer *t) { return t ? t->n_ids
 tqkv_status tqkv_tokenizer_token_to_id(const tqkv_tokenizer *t, const char *token, size_t len,
                                        int32_t *id) {
     if (!t || (!token && len) || !id) return tqkv_fail(TQKV_EINVAL, "tokenizer_token_to_id: NULL argument");
+    if (!token) token = ""; /* (NULL, 0): the empty string, never NULL into memcmp */
     int32_t v = tkz_strmap_get(&t->added_map, t->arena.p, token, len);
     if (v < 0) v = tkz_strmap_get(&t->vocab, t->arena.p, token, len);
     if (v < 0)
