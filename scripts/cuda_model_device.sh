@@ -10,7 +10,6 @@
 # packed into $OUT/results.tgz after every step (at most 8 files come back).
 # Runs in a scripts/cuda_pack.sh folder:   cd PACK && ./cuda_model_device.sh MODEL_DIR TEXT_FILE
 set -u -o pipefail
-export TQKV_CUDA_UNVALIDATED=1 # the Qwen 3.5 device graph's gate until it has passed here
 M=${1:?model dir}; TXT=${2:?text file}
 NAME=model; . "$(dirname "$0")/cuda_run_common.sh"
 [ -x ./test_cuda_hybrid ] && step 180 test_cuda_hybrid ./test_cuda_hybrid >"$W/test_cuda_hybrid.log" 2>&1

@@ -654,14 +654,6 @@ extern "C" tqkv_status model_cuda_init(model_cuda **out, const tqkv_model *m,
         c->arch != TQKV_ARCH_QWEN35)
         return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: the %s graph runs on the CPU only "
                          "(the GPU forward has Qwen3, Qwen2, Llama and Qwen 3.5)", c->arch_name);
-    /* Qwen 3.5 on the device is written and compiles, but has not yet run on a GPU (no
-     * device time was left in the session that wrote it): refused unless asked for, until
-     * test_cuda_hybrid has passed on the device (docs/CUDA.md, "Qwen 3.5 on the device") */
-    const char *unval = getenv("TQKV_CUDA_UNVALIDATED");
-    if (c->arch == TQKV_ARCH_QWEN35 && !(unval && !strcmp(unval, "1")))
-        return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: the Qwen 3.5 device graph has not been "
-                         "validated on a GPU yet; set TQKV_CUDA_UNVALIDATED=1 to run it anyway "
-                         "(docs/CUDA.md)");
     if (c->n_linear > 0 && !q35_cuda_supported(c))
         return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: DeltaNet key dim %d / value dim %d / "
                          "conv width %d (the device kernels take key dim 64 or 128, value dim a "
