@@ -863,6 +863,8 @@ int main(void) {
         cmocka_unit_test(test_graphs_f32),     cmocka_unit_test(test_graphs_keqv),
         cmocka_unit_test(test_errors),         cmocka_unit_test(test_gate),
     };
+    const char *only = getenv("TQKV_TEST_FILTER"); /* e.g. 'test_spec_rounds*' under memcheck */
+    if (only) cmocka_set_test_filter(only);
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     tqkv_model_free(g_keqv);
     tqkv_model_free(g_model);
