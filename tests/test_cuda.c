@@ -64,8 +64,8 @@ static float *dev_copy(const float *h, size_t n) {
 static void slice_d(const float *x, int rows, int kvh, int T, int t0, int n, float *out, int d) {
     for (int r = 0; r < rows; r++)
         for (int h = 0; h < kvh; h++)
-            memcpy(out + (((size_t)r * kvh + h) * n) * d,
-                   x + (((size_t)r * kvh + h) * T + t0) * d, (size_t)n * d * sizeof(float));
+            memcpy(out + (((size_t)r * kvh + h) * n) * d, x + (((size_t)r * kvh + h) * T + t0) * d,
+                   (size_t)n * d * sizeof(float));
 }
 static void slice(const float *x, int rows, int kvh, int T, int t0, int n, float *out) {
     slice_d(x, rows, kvh, T, t0, n, out, 128);
@@ -99,7 +99,8 @@ static void encode_bytes(int D, uint64_t mix) {
                 slice_d(k, R, H, T, t, c, kb, D);
                 slice_d(v, R, H, T, t, c, vb, D);
                 assert_int_equal(tqkv_batch_append(b, kb, vb, c), TQKV_OK);
-                float *dk = dev_copy(kb, (size_t)R * H * c * D), *dv = dev_copy(vb, (size_t)R * H * c * D);
+                float *dk = dev_copy(kb, (size_t)R * H * c * D),
+                      *dv = dev_copy(vb, (size_t)R * H * c * D);
                 assert_int_equal(tqkv_cuda_kv_append(kv, dk, dv, c), TQKV_OK);
                 tqkv_cuda_free(dk);
                 tqkv_cuda_free(dv);
@@ -109,7 +110,8 @@ static void encode_bytes(int D, uint64_t mix) {
             uint16_t *ks = malloc((size_t)R * H * cap * 2), *vs = malloc((size_t)R * H * cap * 2);
             const size_t nb = (size_t)D / 32; /* q8 block scales per vector */
             int8_t *kw = malloc(R * H * ring * D + 1), *vw = malloc(R * H * ring * D + 1);
-            uint16_t *kws = malloc(R * H * ring * nb * 2 + 1), *vws = malloc(R * H * ring * nb * 2 + 1);
+            uint16_t *kws = malloc(R * H * ring * nb * 2 + 1),
+                     *vws = malloc(R * H * ring * nb * 2 + 1);
             assert_int_equal(tqkv_cuda_kv_download(kv, kd, ks, vd, vs, kw, kws, vw, vws), TQKV_OK);
             long bad = 0, checked = 0;
             for (int rr = 0; rr < R; rr++)
@@ -126,13 +128,15 @@ static void encode_bytes(int D, uint64_t mix) {
                         const size_t s = ((size_t)rr * H + h) * ring + (size_t)t % ring;
                         bad += memcmp(kw + s * D, plane_win_data(&b->k, b, rr, h, t), D) != 0;
                         bad += memcmp(vw + s * D, plane_win_data(&b->v, b, rr, h, t), D) != 0;
-                        bad += memcmp(kws + s * nb, plane_win_scales(&b->k, b, rr, h, t), 2 * nb) != 0;
-                        bad += memcmp(vws + s * nb, plane_win_scales(&b->v, b, rr, h, t), 2 * nb) != 0;
+                        bad +=
+                            memcmp(kws + s * nb, plane_win_scales(&b->k, b, rr, h, t), 2 * nb) != 0;
+                        bad +=
+                            memcmp(vws + s * nb, plane_win_scales(&b->v, b, rr, h, t), 2 * nb) != 0;
                         checked += 4;
                     }
                 }
-            printf("encode d %d %s window %d: %ld of %ld vectors differ\n", D, tqkv_format_name(fm[fi]),
-                   W, bad, checked);
+            printf("encode d %d %s window %d: %ld of %ld vectors differ\n", D,
+                   tqkv_format_name(fm[fi]), W, bad, checked);
             assert_true(checked > 0);
             assert_int_equal(bad, 0);
             free(kd); free(vd); free(ks); free(vs); free(kw); free(vw); free(kws); free(vws);
@@ -323,7 +327,8 @@ static void prefill_case(int D, int iters, uint64_t mix) {
         }
         tqkv_batch *b = NULL;
         assert_int_equal(tqkv_batch_merge(&b, refs, R), TQKV_OK);
-        const int nq = rng_int(&r, 2, minlen < 11 ? minlen : 11), swa = it == 3 || it == 5 ? rng_int(&r, 1, 60) : 0;
+        const int nq = rng_int(&r, 2, minlen < 11 ? minlen : 11),
+                  swa = it == 3 || it == 5 ? rng_int(&r, 1, 60) : 0;
         tqkv_mask_lease *lease = NULL;
         const tqkv_mask *mask = NULL;
         assert_int_equal(tqkv_mask_lease_init(&lease), TQKV_OK);
@@ -496,7 +501,8 @@ static void rows_case(int D, tqkv_format fm, double tol, uint64_t mix) {
     assert_int_equal(tqkv_cuda_d2h(gpu, dout, nq * 4), TQKV_OK);
     const double e = rel_l2(gpu, cpu, nq);
     printf("rows d %d: %s, filter/align/spec/rewind/select/trim/extract/merge/restore identical; "
-           "attention rel L2 %.3g\n", D, tqkv_format_name(cfg.k_format), e);
+           "attention rel L2 %.3g\n",
+           D, tqkv_format_name(cfg.k_format), e);
     if (!(e < tol)) fail_msg("attention after row operations differs: %g", e);
     tqkv_mask_lease_free(lease);
     free(q); free(cpu); free(gpu); free(buf); free(ka); free(va);
@@ -545,17 +551,19 @@ static void test_cuda_init_d256(void **state) {
         /* 2 kv heads x (K + V) x the bytes of one d = 256 vector (docs/FORMATS.md) */
         const size_t want = 2 * 2 * (size_t)(fm[i & 1] == TQKV_TQ4 ? 130 : 98);
         if (per != want || (i >= 2) != (ring > 0))
-            fail_msg("d 256 %s window %d: %zu bytes per token (want %zu), ring %zu", tqkv_format_name(fm[i & 1]),
-                     i >= 2 ? 32 : 0, per, want, ring);
+            fail_msg("d 256 %s window %d: %zu bytes per token (want %zu), ring %zu",
+                     tqkv_format_name(fm[i & 1]), i >= 2 ? 32 : 0, per, want, ring);
         tqkv_cuda_kv_free(kv);
         kv = NULL;
     }
-    assert_true(tqkv_cuda_attend_ws_bytes_dim(3, 8, 5000, 128) == tqkv_cuda_attend_ws_bytes(3, 8, 5000));
+    assert_true(tqkv_cuda_attend_ws_bytes_dim(3, 8, 5000, 128) ==
+                tqkv_cuda_attend_ws_bytes(3, 8, 5000));
     assert_true(tqkv_cuda_attend_ws_bytes_dim(3, 8, 5000, 256) == (size_t)3 * 8 * 256 * 4);
 }
 
 /* CPU decode attention (fused kernel) of b: q, out [rows, qh, d]. */
-static void cpu_decode(const struct tqkv_batch *b, const float *q, int qh, float scale, float *out) {
+static void cpu_decode(const struct tqkv_batch *b, const float *q, int qh, float scale,
+                       float *out) {
     tqkv_attn_params p = {.q_heads = qh, .scale = scale, .kernel = TQKV_KERNEL_FUSED, .threads = 2};
     tqkv_mask_lease *lease = NULL;
     const tqkv_mask *mask = NULL;
@@ -578,7 +586,8 @@ static double worst_rel(const float *a, const float *b, size_t nv, int d) {
 /* Decode attention of kv into host out (legacy stream; kv on it). ws NULL: kv's own. */
 static void gpu_decode(cuda_kv *kv, const float *dq, int qh, float scale, float *dout, void *ws,
                        size_t ws_bytes, float *out, size_t n) {
-    if (ws) assert_int_equal(tqkv_cuda_kv_attend_ws(kv, dq, qh, scale, dout, ws, ws_bytes), TQKV_OK);
+    if (ws)
+        assert_int_equal(tqkv_cuda_kv_attend_ws(kv, dq, qh, scale, dout, ws, ws_bytes), TQKV_OK);
     else assert_int_equal(tqkv_cuda_kv_attend(kv, dq, qh, scale, dout), TQKV_OK);
     assert_int_equal(tqkv_cuda_sync(), TQKV_OK);
     assert_int_equal(tqkv_cuda_d2h(out, dout, n * 4), TQKV_OK);
@@ -593,7 +602,8 @@ static void test_cuda_decode_d256(void **state) {
     for (int it = 0; it < 8; it++) {
         /* it bit 0: tq3; bit 1: the q8 window; bit 2: G 4 or 8, else 2 (4 q heads / 2 kv heads) */
         const tqkv_format f = it & 1 ? TQKV_TQ3 : TQKV_TQ4;
-        const int W = it & 2 ? rng_int(&r, 16, 64) : 0, G = it & 4 ? (rng_int(&r, 0, 1) ? 4 : 8) : 2, qh = H * G;
+        const int W = it & 2 ? rng_int(&r, 16, 64) : 0,
+                  G = it & 4 ? (rng_int(&r, 0, 1) ? 4 : 8) : 2, qh = H * G;
         tqkv_cache_config cfg = mkcfg_d(f, H, W, rng_u64(&r), D);
         tqkv_cache *rows[3];
         tqkv_cache_ref refs[3];
@@ -614,7 +624,10 @@ static void test_cuda_decode_d256(void **state) {
                 slice_d(v, 1, H, lens[i], t, c, vb, D);
                 assert_int_equal(tqkv_cache_append(rows[i], kb, vb, c), TQKV_OK);
             }
-            free(k); free(v); free(kb); free(vb);
+            free(k);
+            free(v);
+            free(kb);
+            free(vb);
             refs[i].batch = NULL;
             refs[i].single = rows[i];
         }
@@ -626,7 +639,8 @@ static void test_cuda_decode_d256(void **state) {
         const float scale = 1.0f / 16.0f;
         cpu_decode(b, q, qh, scale, cpu);
         cuda_kv *kv = NULL;
-        assert_int_equal(tqkv_cuda_kv_init(&kv, &cfg, 0, R, b->cap + 8), TQKV_OK); /* room for 2 appends */
+        assert_int_equal(tqkv_cuda_kv_init(&kv, &cfg, 0, R, b->cap + 8),
+                         TQKV_OK); /* room for 2 appends */
         assert_int_equal(tqkv_cuda_kv_upload(kv, b), TQKV_OK);
         float *dq = dev_copy(q, n), *dout = NULL;
         for (size_t i = 0; i < n; i++) gpu[i] = NAN;
@@ -665,10 +679,12 @@ static void test_cuda_decode_d256(void **state) {
             assert_int_equal(tqkv_cuda_kv_select(kv, all, R, &kt), TQKV_OK);
             assert_int_equal(tqkv_cuda_kv_trim(kt, back), TQKV_OK);
             gpu_decode(kt, dq, qh, scale, dout, NULL, 0, two, n);
-            assert_int_equal(tqkv_cuda_kv_attend_back(kv, back, dq, qh, scale, dout, ws, wsb), TQKV_OK);
+            assert_int_equal(tqkv_cuda_kv_attend_back(kv, back, dq, qh, scale, dout, ws, wsb),
+                             TQKV_OK);
             assert_int_equal(tqkv_cuda_sync(), TQKV_OK);
             assert_int_equal(tqkv_cuda_d2h(gpu, dout, n * 4), TQKV_OK);
-            if (memcmp(two, gpu, n * 4)) fail_msg("attend_back(%d) differs from attention on a trimmed copy", back);
+            if (memcmp(two, gpu, n * 4))
+                fail_msg("attend_back(%d) differs from attention on a trimmed copy", back);
             tqkv_batch_free(bt);
             tqkv_cuda_kv_free(kt);
         }
@@ -680,8 +696,9 @@ static void test_cuda_decode_d256(void **state) {
         assert_int_equal(tqkv_cuda_capture_begin(stream), TQKV_OK);
         const tqkv_status cst = tqkv_cuda_kv_attend_ws(kv, dq, qh, scale, dout, ws, wsb);
         const tqkv_status est = tqkv_cuda_capture_end(stream, &exec);
-        if (cst || est) fail_msg("d 256 decode under capture: %s / %s (%s)", tqkv_status_name(cst),
-                                 tqkv_status_name(est), tqkv_last_error());
+        if (cst || est)
+            fail_msg("d 256 decode under capture: %s / %s (%s)", tqkv_status_name(cst),
+                     tqkv_status_name(est), tqkv_last_error());
         double eg = 0;
         const size_t na = (size_t)R * H * D;
         float *ka = malloc(na * 4), *va = malloc(na * 4);
@@ -690,32 +707,45 @@ static void test_cuda_decode_d256(void **state) {
             rng_fill_normal(&r, va, na, 1.0f);
             assert_int_equal(tqkv_batch_append(b, ka, va, 1), TQKV_OK);
             float *dk = dev_copy(ka, na), *dv = dev_copy(va, na);
-            assert_int_equal(tqkv_cuda_sync(), TQKV_OK); /* the copies landed before kv's stream reads them */
+            assert_int_equal(tqkv_cuda_sync(),
+                             TQKV_OK); /* the copies landed before kv's stream reads them */
             const uint64_t id = tqkv_cuda_kv_storage_id(kv);
             assert_int_equal(tqkv_cuda_kv_append(kv, dk, dv, 1), TQKV_OK);
-            assert_true(tqkv_cuda_kv_storage_id(kv) == id); /* no regrow: the graph's pointers hold */
+            assert_true(tqkv_cuda_kv_storage_id(kv) ==
+                        id); /* no regrow: the graph's pointers hold */
             assert_int_equal(tqkv_cuda_graph_launch(exec, stream), TQKV_OK);
             assert_int_equal(tqkv_cuda_stream_sync(stream), TQKV_OK);
             assert_int_equal(tqkv_cuda_d2h(gpu, dout, n * 4), TQKV_OK);
             assert_int_equal(tqkv_cuda_kv_attend_ws(kv, dq, qh, scale, dout, ws, wsb), TQKV_OK);
             assert_int_equal(tqkv_cuda_stream_sync(stream), TQKV_OK);
             assert_int_equal(tqkv_cuda_d2h(two, dout, n * 4), TQKV_OK);
-            if (memcmp(two, gpu, n * 4)) fail_msg("graph replay %d differs from a direct call", step);
+            if (memcmp(two, gpu, n * 4))
+                fail_msg("graph replay %d differs from a direct call", step);
             cpu_decode(b, q, qh, scale, cpu);
             const double es = worst_rel(gpu, cpu, (size_t)R * qh, D);
             if (!(es <= eg)) eg = es;
             tqkv_cuda_free(dk);
             tqkv_cuda_free(dv);
         }
-        printf("decode d 256 %s G %d window %d lens %d %d %d: worst rel L2 vs CPU %.3g, back %d %.3g, "
-               "graph replays %.3g\n", tqkv_format_name(f), G, W, lens[0], lens[1], lens[2], e, back, eb, eg);
+        printf(
+            "decode d 256 %s G %d window %d lens %d %d %d: worst rel L2 vs CPU %.3g, back %d %.3g, "
+            "graph replays %.3g\n",
+            tqkv_format_name(f), G, W, lens[0], lens[1], lens[2], e, back, eb, eg);
         if (!(e < tol) || !(eb < tol) || !(eg < tol))
             fail_msg("d 256 decode differs from the CPU: %g / back %g / graph %g", e, eb, eg);
         assert_int_equal(tqkv_cuda_kv_set_stream(kv, NULL), TQKV_OK);
         tqkv_cuda_graph_free(exec);
         tqkv_cuda_stream_destroy(stream);
-        free(ka); free(va); free(q); free(cpu); free(gpu); free(two); free(cpu_b);
-        tqkv_cuda_free(dq); tqkv_cuda_free(dout); tqkv_cuda_free(ws);
+        free(ka);
+        free(va);
+        free(q);
+        free(cpu);
+        free(gpu);
+        free(two);
+        free(cpu_b);
+        tqkv_cuda_free(dq);
+        tqkv_cuda_free(dout);
+        tqkv_cuda_free(ws);
         tqkv_cuda_kv_free(kv);
         tqkv_batch_free(b);
         for (int i = 0; i < R; i++) tqkv_cache_free(rows[i]);
@@ -785,16 +815,11 @@ int main(void) {
         return 77;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cuda_encode_bytes),
-        cmocka_unit_test(test_cuda_attend_tq),
-        cmocka_unit_test(test_cuda_attend_bf16),
-        cmocka_unit_test(test_cuda_rows),
-        cmocka_unit_test(test_cuda_prefill),
-        cmocka_unit_test(test_cuda_init_d256),
-        cmocka_unit_test(test_cuda_encode_bytes_d256),
-        cmocka_unit_test(test_cuda_prefill_d256),
-        cmocka_unit_test(test_cuda_decode_d256),
-        cmocka_unit_test(test_cuda_rows_d256),
+        cmocka_unit_test(test_cuda_encode_bytes),      cmocka_unit_test(test_cuda_attend_tq),
+        cmocka_unit_test(test_cuda_attend_bf16),       cmocka_unit_test(test_cuda_rows),
+        cmocka_unit_test(test_cuda_prefill),           cmocka_unit_test(test_cuda_init_d256),
+        cmocka_unit_test(test_cuda_encode_bytes_d256), cmocka_unit_test(test_cuda_prefill_d256),
+        cmocka_unit_test(test_cuda_decode_d256),       cmocka_unit_test(test_cuda_rows_d256),
     };
     test_seed();
     const char *only = getenv("TQKV_TEST_FILTER"); /* e.g. test_cuda_attend_tq, for seed sweeps */
