@@ -13,7 +13,14 @@
  *     per-row rollback, trim, extract, merge, restore): the device state's canonical export
  *     equals the host batch's after the same operations, byte for byte;
  *   - several queries per row with masks (causal over left-padded rows, sliding window, the
- *     q8 window) against the CPU prefill engine (float32 both: rel. L2 < 1e-4).
+ *     q8 window) against the CPU prefill engine (float32 both: rel. L2 < 1e-4);
+ *   - head_dim 256 (*_d256): init refusals (64; bf16 at 256) and sizes; encode bytes; masked
+ *     attention (also G 2); decode (the float32 masked kernel, one query per row) against the
+ *     CPU fused kernel (worst rel. L2 per (row, head) < 1e-4, G 2 / 4 / 8, left padding, the
+ *     q8 window), each row alone bitwise, a caller's workspace (bitwise; too small refused),
+ *     attend_back bitwise equal to a trimmed copy and near the CPU's trimmed batch, a CUDA
+ *     graph of attend_ws replayed after appends bitwise equal to direct calls; row
+ *     operations (+ rewind inside a spec round, commit, select) with exports byte-equal.
  * Exits 77 (skipped) when the build has no CUDA or no GPU is present.
  */
 #include <math.h>
@@ -31,15 +38,19 @@
 // ---------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------
-static tqkv_cache_config mkcfg(tqkv_format f, int kvh, int window, uint64_t seed) {
+static tqkv_cache_config mkcfg_d(tqkv_format f, int kvh, int window, uint64_t seed, int d) {
     tqkv_cache_config c = tqkv_cache_config_default();
     c.k_format = c.v_format = f;
     c.kv_heads = kvh;
-    c.head_dim = 128;
+    c.head_dim = d;
     c.window = window;
     c.window_slack = window ? 16 : 0;
     c.seed = seed;
     return c;
+}
+
+static tqkv_cache_config mkcfg(tqkv_format f, int kvh, int window, uint64_t seed) {
+    return mkcfg_d(f, kvh, window, seed, 128);
 }
 
 static float *dev_copy(const float *h, size_t n) {
@@ -50,27 +61,30 @@ static float *dev_copy(const float *h, size_t n) {
 }
 
 /* Tokens [t0, t0+n) of x [rows, kvh, T, d] -> out [rows, kvh, n, d]. */
-static void slice(const float *x, int rows, int kvh, int T, int t0, int n, float *out) {
+static void slice_d(const float *x, int rows, int kvh, int T, int t0, int n, float *out, int d) {
     for (int r = 0; r < rows; r++)
         for (int h = 0; h < kvh; h++)
-            memcpy(out + (((size_t)r * kvh + h) * n) * 128,
-                   x + (((size_t)r * kvh + h) * T + t0) * 128, (size_t)n * 128 * sizeof(float));
+            memcpy(out + (((size_t)r * kvh + h) * n) * d, x + (((size_t)r * kvh + h) * T + t0) * d,
+                   (size_t)n * d * sizeof(float));
+}
+static void slice(const float *x, int rows, int kvh, int T, int t0, int n, float *out) {
+    slice_d(x, rows, kvh, T, t0, n, out, 128);
 }
 
 // ---------------------------------------------------------------------------
 // Encode
 // ---------------------------------------------------------------------------
-static void test_cuda_encode_bytes(void **state) {
-    (void)state;
+/* Head dim D: tq4 / tq3, without and with the q8 window. */
+static void encode_bytes(int D, uint64_t mix) {
     test_rng r;
-    rng_init(&r, test_seed() ^ 0xC0DA);
+    rng_init(&r, test_seed() ^ mix);
     const tqkv_format fm[2] = {TQKV_TQ4, TQKV_TQ3};
     for (int fi = 0; fi < 2; fi++)
         for (int wi = 0; wi < 2; wi++) {
             const int R = rng_int(&r, 1, 3), H = rng_int(&r, 1, 3), T = rng_int(&r, 40, 400);
             const int W = wi ? rng_int(&r, 8, 64) : 0;
-            tqkv_cache_config cfg = mkcfg(fm[fi], H, W, rng_u64(&r));
-            const size_t n = (size_t)R * H * T * 128;
+            tqkv_cache_config cfg = mkcfg_d(fm[fi], H, W, rng_u64(&r), D);
+            const size_t n = (size_t)R * H * T * D;
             float *k = malloc(n * 4), *v = malloc(n * 4), *kb = malloc(n * 4), *vb = malloc(n * 4);
             rng_fill_normal(&r, k, n, 1.0f);
             rng_fill_normal(&r, v, n, 0.5f);
@@ -82,10 +96,11 @@ static void test_cuda_encode_bytes(void **state) {
             for (int t = 0, c; t < T; t += c) {
                 c = rng_int(&r, 1, 150);
                 if (c > T - t) c = T - t;
-                slice(k, R, H, T, t, c, kb);
-                slice(v, R, H, T, t, c, vb);
+                slice_d(k, R, H, T, t, c, kb, D);
+                slice_d(v, R, H, T, t, c, vb, D);
                 assert_int_equal(tqkv_batch_append(b, kb, vb, c), TQKV_OK);
-                float *dk = dev_copy(kb, (size_t)R * H * c * 128), *dv = dev_copy(vb, (size_t)R * H * c * 128);
+                float *dk = dev_copy(kb, (size_t)R * H * c * D),
+                      *dv = dev_copy(vb, (size_t)R * H * c * D);
                 assert_int_equal(tqkv_cuda_kv_append(kv, dk, dv, c), TQKV_OK);
                 tqkv_cuda_free(dk);
                 tqkv_cuda_free(dv);
@@ -93,8 +108,10 @@ static void test_cuda_encode_bytes(void **state) {
             const size_t pay = b->k.codec.payload, cap = (size_t)T + 8, ring = (size_t)b->ring;
             uint8_t *kd = malloc((size_t)R * H * cap * pay), *vd = malloc((size_t)R * H * cap * pay);
             uint16_t *ks = malloc((size_t)R * H * cap * 2), *vs = malloc((size_t)R * H * cap * 2);
-            int8_t *kw = malloc(R * H * ring * 128 + 1), *vw = malloc(R * H * ring * 128 + 1);
-            uint16_t *kws = malloc(R * H * ring * 8 + 1), *vws = malloc(R * H * ring * 8 + 1);
+            const size_t nb = (size_t)D / 32; /* q8 block scales per vector */
+            int8_t *kw = malloc(R * H * ring * D + 1), *vw = malloc(R * H * ring * D + 1);
+            uint16_t *kws = malloc(R * H * ring * nb * 2 + 1),
+                     *vws = malloc(R * H * ring * nb * 2 + 1);
             assert_int_equal(tqkv_cuda_kv_download(kv, kd, ks, vd, vs, kw, kws, vw, vws), TQKV_OK);
             long bad = 0, checked = 0;
             for (int rr = 0; rr < R; rr++)
@@ -109,15 +126,17 @@ static void test_cuda_encode_bytes(void **state) {
                     }
                     for (int t = b->win_lo[rr]; ring && t < b->offset[rr]; t++) {
                         const size_t s = ((size_t)rr * H + h) * ring + (size_t)t % ring;
-                        bad += memcmp(kw + s * 128, plane_win_data(&b->k, b, rr, h, t), 128) != 0;
-                        bad += memcmp(vw + s * 128, plane_win_data(&b->v, b, rr, h, t), 128) != 0;
-                        bad += memcmp(kws + s * 4, plane_win_scales(&b->k, b, rr, h, t), 8) != 0;
-                        bad += memcmp(vws + s * 4, plane_win_scales(&b->v, b, rr, h, t), 8) != 0;
+                        bad += memcmp(kw + s * D, plane_win_data(&b->k, b, rr, h, t), D) != 0;
+                        bad += memcmp(vw + s * D, plane_win_data(&b->v, b, rr, h, t), D) != 0;
+                        bad +=
+                            memcmp(kws + s * nb, plane_win_scales(&b->k, b, rr, h, t), 2 * nb) != 0;
+                        bad +=
+                            memcmp(vws + s * nb, plane_win_scales(&b->v, b, rr, h, t), 2 * nb) != 0;
                         checked += 4;
                     }
                 }
-            printf("encode %s window %d: %ld of %ld vectors differ\n", tqkv_format_name(fm[fi]), W,
-                   bad, checked);
+            printf("encode d %d %s window %d: %ld of %ld vectors differ\n", D,
+                   tqkv_format_name(fm[fi]), W, bad, checked);
             assert_true(checked > 0);
             assert_int_equal(bad, 0);
             free(kd); free(vd); free(ks); free(vs); free(kw); free(vw); free(kws); free(vws);
@@ -125,6 +144,17 @@ static void test_cuda_encode_bytes(void **state) {
             tqkv_batch_free(b);
             tqkv_cuda_kv_free(kv);
         }
+}
+
+static void test_cuda_encode_bytes(void **state) {
+    (void)state;
+    encode_bytes(128, 0xC0DA);
+}
+
+/* head_dim 256 (Gemma 4's full layers): the same bytes as the CPU's */
+static void test_cuda_encode_bytes_d256(void **state) {
+    (void)state;
+    encode_bytes(256, 0xC0DA256);
 }
 
 // ---------------------------------------------------------------------------
@@ -270,20 +300,21 @@ static void test_cuda_attend_tq(void **state) {
 // ---------------------------------------------------------------------------
 // Several queries per row with masks (prefill / sliding window), float32 on the GPU
 // ---------------------------------------------------------------------------
-static void test_cuda_prefill(void **state) {
-    (void)state;
+/* Head dim D; iterations: 0..3 G 8 / 4 (tq4 / tq3), the q8 window from 2 on, a sliding
+ * window at 3; 4..5 (d 256 only): G 2 (4 query heads over 2 kv heads), window and swa. */
+static void prefill_case(int D, int iters, uint64_t mix) {
     test_rng r;
-    rng_init(&r, test_seed() ^ 0x9F11);
-    for (int it = 0; it < 4; it++) {
-        const int H = 2, G = it & 1 ? 4 : 8, qh = H * G, R = 3, W = it >= 2 ? 40 : 0;
-        tqkv_cache_config cfg = mkcfg(it & 1 ? TQKV_TQ3 : TQKV_TQ4, H, W, rng_u64(&r));
+    rng_init(&r, test_seed() ^ mix);
+    for (int it = 0; it < iters; it++) {
+        const int H = 2, G = it >= 4 ? 2 : it & 1 ? 4 : 8, qh = H * G, R = 3, W = it >= 2 ? 40 : 0;
+        tqkv_cache_config cfg = mkcfg_d(it & 1 ? TQKV_TQ3 : TQKV_TQ4, H, W, rng_u64(&r), D);
         tqkv_cache *rows[3];
         tqkv_cache_ref refs[3];
         int minlen = 1 << 30;
         for (int i = 0; i < R; i++) {
             const int T = rng_int(&r, 12, 400);
             if (T < minlen) minlen = T;
-            const size_t n = (size_t)H * T * 128;
+            const size_t n = (size_t)H * T * D;
             float *k = malloc(n * 4), *v = malloc(n * 4);
             rng_fill_normal(&r, k, n, 1.0f);
             rng_fill_normal(&r, v, n, 1.0f);
@@ -296,13 +327,14 @@ static void test_cuda_prefill(void **state) {
         }
         tqkv_batch *b = NULL;
         assert_int_equal(tqkv_batch_merge(&b, refs, R), TQKV_OK);
-        const int nq = rng_int(&r, 2, minlen < 11 ? minlen : 11), swa = it == 3 ? rng_int(&r, 1, 60) : 0;
+        const int nq = rng_int(&r, 2, minlen < 11 ? minlen : 11),
+                  swa = it == 3 || it == 5 ? rng_int(&r, 1, 60) : 0;
         tqkv_mask_lease *lease = NULL;
         const tqkv_mask *mask = NULL;
         assert_int_equal(tqkv_mask_lease_init(&lease), TQKV_OK);
         assert_int_equal(tqkv_batch_make_mask(b, lease, nq, swa, &mask), TQKV_OK);
         assert_non_null(mask);
-        const size_t n = (size_t)R * qh * nq * 128;
+        const size_t n = (size_t)R * qh * nq * D;
         float *q = malloc(n * 4), *cpu = malloc(n * 4), *gpu = malloc(n * 4), *dout = NULL;
         rng_fill_normal(&r, q, n, 1.0f);
         tqkv_attn_params p = {.q_heads = qh, .scale = 0.09f, .kernel = TQKV_KERNEL_DEFERRED, .threads = 2};
@@ -316,8 +348,8 @@ static void test_cuda_prefill(void **state) {
         assert_int_equal(tqkv_cuda_kv_attend_masked(kv, dq, nq, qh, 0.09f, mask->lo, mask->hi, dout), TQKV_OK);
         assert_int_equal(tqkv_cuda_d2h(gpu, dout, n * 4), TQKV_OK);
         const double e = rel_l2(gpu, cpu, n);
-        printf("prefill %s G %d window %d swa %d nq %d: rel L2 vs CPU %.3g\n", tqkv_format_name(cfg.k_format),
-               G, W, swa, nq, e);
+        printf("prefill d %d %s G %d window %d swa %d nq %d: rel L2 vs CPU %.3g\n", D,
+               tqkv_format_name(cfg.k_format), G, W, swa, nq, e);
         if (!(e < 1e-4)) fail_msg("masked GPU attention differs from the CPU: %g", e);
         free(q); free(cpu); free(gpu);
         tqkv_cuda_free(dq); tqkv_cuda_free(dout);
@@ -326,6 +358,16 @@ static void test_cuda_prefill(void **state) {
         tqkv_batch_free(b);
         for (int i = 0; i < R; i++) tqkv_cache_free(rows[i]);
     }
+}
+
+static void test_cuda_prefill(void **state) {
+    (void)state;
+    prefill_case(128, 4, 0x9F11);
+}
+
+static void test_cuda_prefill_d256(void **state) {
+    (void)state;
+    prefill_case(256, 6, 0x9F11256);
 }
 
 // ---------------------------------------------------------------------------
@@ -342,18 +384,20 @@ static void assert_same_state(const struct tqkv_batch *b, const cuda_kv *kv, con
     free(db);
 }
 
-static void test_cuda_rows(void **state) {
-    (void)state;
+/* Head dim D; tol: the attention check's bound (d 128: the fp16 decode kernel; d 256: the
+ * float32 one). fm: the format, or TQKV_F32 for a random tq4 / tq3. */
+static void rows_case(int D, tqkv_format fm, double tol, uint64_t mix) {
     test_rng r;
-    rng_init(&r, test_seed() ^ 0x50775);
+    rng_init(&r, test_seed() ^ mix);
     const int H = 2, W = 24, n_in = 3;
-    tqkv_cache_config cfg = mkcfg(rng_int(&r, 0, 1) ? TQKV_TQ4 : TQKV_TQ3, H, W, rng_u64(&r));
+    const tqkv_format f0 = rng_int(&r, 0, 1) ? TQKV_TQ4 : TQKV_TQ3;
+    tqkv_cache_config cfg = mkcfg_d(fm == TQKV_F32 ? f0 : fm, H, W, rng_u64(&r), D);
     cfg.window_slack = 8;
     tqkv_cache *rows[3];
     tqkv_cache_ref refs[3];
     for (int i = 0; i < n_in; i++) {
         const int T = rng_int(&r, 20, 300);
-        const size_t n = (size_t)H * T * 128;
+        const size_t n = (size_t)H * T * D;
         float *k = malloc(n * 4), *v = malloc(n * 4);
         rng_fill_normal(&r, k, n, 1.0f);
         rng_fill_normal(&r, v, n, 1.0f);
@@ -381,7 +425,7 @@ static void test_cuda_rows(void **state) {
     /* a spec round: append 6 tokens, keep a different number per row */
     assert_int_equal(tqkv_batch_spec_begin(b), TQKV_OK);
     assert_int_equal(tqkv_cuda_kv_spec_begin(kv), TQKV_OK);
-    const size_t na = (size_t)2 * H * 6 * 128;
+    const size_t na = (size_t)2 * H * 6 * D;
     float *ka = malloc(na * 4), *va = malloc(na * 4);
     rng_fill_normal(&r, ka, na, 1.0f);
     rng_fill_normal(&r, va, na, 1.0f);
@@ -392,6 +436,31 @@ static void test_cuda_rows(void **state) {
     assert_int_equal(tqkv_batch_spec_rollback(b, kp, 2), TQKV_OK);
     assert_int_equal(tqkv_cuda_kv_spec_rollback(kv, kp, 2), TQKV_OK);
     assert_same_state(b, kv, "spec rollback");
+    /* a second round: append 3, rewind 1 inside it (the undo of a failed forward), commit */
+    assert_int_equal(tqkv_batch_spec_begin(b), TQKV_OK);
+    assert_int_equal(tqkv_cuda_kv_spec_begin(kv), TQKV_OK);
+    assert_int_equal(tqkv_batch_append(b, ka, va, 3), TQKV_OK);
+    float *dk3 = dev_copy(ka, (size_t)2 * H * 3 * D), *dv3 = dev_copy(va, (size_t)2 * H * 3 * D);
+    assert_int_equal(tqkv_cuda_kv_append(kv, dk3, dv3, 3), TQKV_OK);
+    assert_int_equal(tqkv_batch_rewind(b, 1), TQKV_OK);
+    assert_int_equal(tqkv_cuda_kv_rewind(kv, 1), TQKV_OK);
+    assert_int_equal(tqkv_batch_spec_commit(b), TQKV_OK);
+    assert_int_equal(tqkv_cuda_kv_spec_commit(kv), TQKV_OK);
+    assert_same_state(b, kv, "spec rewind + commit");
+    tqkv_cuda_free(dk3);
+    tqkv_cuda_free(dv3);
+    /* select (b and kv unchanged): one row, the other order of both */
+    for (int sel = 0; sel < 2; sel++) {
+        const int ks[2] = {1, 0};
+        tqkv_batch *bs = NULL;
+        cuda_kv *kvs = NULL;
+        assert_int_equal(tqkv_batch_select(b, sel ? ks : ks + 1, sel ? 2 : 1, &bs), TQKV_OK);
+        assert_int_equal(tqkv_cuda_kv_select(kv, sel ? ks : ks + 1, sel ? 2 : 1, &kvs), TQKV_OK);
+        assert_same_state(bs, kvs, "select");
+        tqkv_batch_free(bs);
+        tqkv_cuda_kv_free(kvs);
+    }
+    assert_same_state(b, kv, "after select");
     assert_int_equal(tqkv_batch_trim(b, 1), TQKV_OK);
     assert_int_equal(tqkv_cuda_kv_trim(kv, 1), TQKV_OK);
     assert_same_state(b, kv, "trim");
@@ -416,7 +485,7 @@ static void test_cuda_rows(void **state) {
     assert_same_state(bm, kr, "restore");
     /* attention over the result still matches the CPU */
     const int qh = 2 * H;
-    const size_t nq = (size_t)bm->rows * qh * 128;
+    const size_t nq = (size_t)bm->rows * qh * D;
     float *q = malloc(nq * 4), *cpu = malloc(nq * 4), *gpu = malloc(nq * 4), *dout = NULL;
     rng_fill_normal(&r, q, nq, 1.0f);
     float *dq = dev_copy(q, nq);
@@ -431,9 +500,10 @@ static void test_cuda_rows(void **state) {
     assert_int_equal(tqkv_cuda_sync(), TQKV_OK);
     assert_int_equal(tqkv_cuda_d2h(gpu, dout, nq * 4), TQKV_OK);
     const double e = rel_l2(gpu, cpu, nq);
-    printf("rows: %s, filter/align/spec/trim/extract/merge/restore identical; attention rel L2 %.3g\n",
-           tqkv_format_name(cfg.k_format), e);
-    if (!(e < 4e-3)) fail_msg("attention after row operations differs: %g", e);
+    printf("rows d %d: %s, filter/align/spec/rewind/select/trim/extract/merge/restore identical; "
+           "attention rel L2 %.3g\n",
+           D, tqkv_format_name(cfg.k_format), e);
+    if (!(e < tol)) fail_msg("attention after row operations differs: %g", e);
     tqkv_mask_lease_free(lease);
     free(q); free(cpu); free(gpu); free(buf); free(ka); free(va);
     tqkv_cuda_free(dq); tqkv_cuda_free(dout); tqkv_cuda_free(dk); tqkv_cuda_free(dv);
@@ -442,6 +512,244 @@ static void test_cuda_rows(void **state) {
     tqkv_batch_free(bm);
     tqkv_batch_free(b);
     for (int i = 0; i < n_in; i++) tqkv_cache_free(rows[i]);
+}
+
+static void test_cuda_rows(void **state) {
+    (void)state;
+    rows_case(128, TQKV_F32, 4e-3, 0x50775);
+}
+
+/* head_dim 256: both formats, the q8 window (W 24), attention through the d = 256 decode */
+static void test_cuda_rows_d256(void **state) {
+    (void)state;
+    rows_case(256, TQKV_TQ4, 1e-4, 0x50775256);
+    rows_case(256, TQKV_TQ3, 1e-4, 0x50775257);
+}
+
+// ---------------------------------------------------------------------------
+// head_dim 256: init, decode attention (the masked float32 kernel with one query per row,
+// its range from the device row table), attention at an earlier length, a CUDA graph
+// ---------------------------------------------------------------------------
+static void test_cuda_init_d256(void **state) {
+    (void)state;
+    cuda_kv *kv = NULL;
+    tqkv_cache_config c = mkcfg_d(TQKV_TQ4, 2, 0, 1, 64);
+    assert_int_equal(tqkv_cuda_kv_init(&kv, &c, 0, 2, 16), TQKV_EUNSUPPORTED);
+    assert_null(kv);
+    printf("head_dim 64: %s\n", tqkv_last_error());
+    c = mkcfg_d(TQKV_TQ4, 2, 0, 1, 256);
+    assert_int_equal(tqkv_cuda_kv_init(&kv, &c, 1, 2, 16), TQKV_EUNSUPPORTED); /* bf16: 128 only */
+    assert_null(kv);
+    printf("bf16 at head_dim 256: %s\n", tqkv_last_error());
+    const tqkv_format fm[2] = {TQKV_TQ4, TQKV_TQ3};
+    for (int i = 0; i < 4; i++) {
+        c = mkcfg_d(fm[i & 1], 2, i >= 2 ? 32 : 0, 7, 256);
+        assert_int_equal(tqkv_cuda_kv_init(&kv, &c, 0, 3, 16), TQKV_OK);
+        assert_int_equal(tqkv_cuda_kv_head_dim(kv), 256);
+        size_t ring = 0;
+        const size_t per = tqkv_cuda_kv_token_bytes(kv, &ring);
+        /* 2 kv heads x (K + V) x the bytes of one d = 256 vector (docs/FORMATS.md) */
+        const size_t want = 2 * 2 * (size_t)(fm[i & 1] == TQKV_TQ4 ? 130 : 98);
+        if (per != want || (i >= 2) != (ring > 0))
+            fail_msg("d 256 %s window %d: %zu bytes per token (want %zu), ring %zu",
+                     tqkv_format_name(fm[i & 1]), i >= 2 ? 32 : 0, per, want, ring);
+        tqkv_cuda_kv_free(kv);
+        kv = NULL;
+    }
+    assert_true(tqkv_cuda_attend_ws_bytes_dim(3, 8, 5000, 128) ==
+                tqkv_cuda_attend_ws_bytes(3, 8, 5000));
+    assert_true(tqkv_cuda_attend_ws_bytes_dim(3, 8, 5000, 256) == (size_t)3 * 8 * 256 * 4);
+}
+
+/* CPU decode attention (fused kernel) of b: q, out [rows, qh, d]. */
+static void cpu_decode(const struct tqkv_batch *b, const float *q, int qh, float scale,
+                       float *out) {
+    tqkv_attn_params p = {.q_heads = qh, .scale = scale, .kernel = TQKV_KERNEL_FUSED, .threads = 2};
+    tqkv_mask_lease *lease = NULL;
+    const tqkv_mask *mask = NULL;
+    assert_int_equal(tqkv_mask_lease_init(&lease), TQKV_OK);
+    assert_int_equal(tqkv_batch_make_mask(b, lease, 1, 0, &mask), TQKV_OK);
+    assert_int_equal(tqkv_batch_attend(b, mask, q, 1, &p, out), TQKV_OK);
+    tqkv_mask_lease_free(lease);
+}
+
+/* Worst rel L2 over nv vectors of d (NaN sticks). */
+static double worst_rel(const float *a, const float *b, size_t nv, int d) {
+    double worst = 0;
+    for (size_t i = 0; i < nv; i++) {
+        const double e = rel_l2(a + i * d, b + i * d, (size_t)d);
+        if (!(e <= worst)) worst = e;
+    }
+    return worst;
+}
+
+/* Decode attention of kv into host out (legacy stream; kv on it). ws NULL: kv's own. */
+static void gpu_decode(cuda_kv *kv, const float *dq, int qh, float scale, float *dout, void *ws,
+                       size_t ws_bytes, float *out, size_t n) {
+    if (ws)
+        assert_int_equal(tqkv_cuda_kv_attend_ws(kv, dq, qh, scale, dout, ws, ws_bytes), TQKV_OK);
+    else assert_int_equal(tqkv_cuda_kv_attend(kv, dq, qh, scale, dout), TQKV_OK);
+    assert_int_equal(tqkv_cuda_sync(), TQKV_OK);
+    assert_int_equal(tqkv_cuda_d2h(out, dout, n * 4), TQKV_OK);
+}
+
+static void test_cuda_decode_d256(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() ^ 0xDEC256);
+    const int D = 256, H = 2, R = 3;
+    const float tol = 1e-4f; /* float32 on both sides */
+    for (int it = 0; it < 8; it++) {
+        /* it bit 0: tq3; bit 1: the q8 window; bit 2: G 4 or 8, else 2 (4 q heads / 2 kv heads) */
+        const tqkv_format f = it & 1 ? TQKV_TQ3 : TQKV_TQ4;
+        const int W = it & 2 ? rng_int(&r, 16, 64) : 0,
+                  G = it & 4 ? (rng_int(&r, 0, 1) ? 4 : 8) : 2, qh = H * G;
+        tqkv_cache_config cfg = mkcfg_d(f, H, W, rng_u64(&r), D);
+        tqkv_cache *rows[3];
+        tqkv_cache_ref refs[3];
+        int lens[3], maxlen = 0;
+        for (int i = 0; i < R; i++) { /* unequal lengths: left padding in the merged batch */
+            lens[i] = i == 0 ? rng_int(&r, 4, 40) : rng_int(&r, 100, 1500);
+            if (lens[i] > maxlen) maxlen = lens[i];
+            const size_t n = (size_t)H * lens[i] * D;
+            float *k = malloc(n * 4), *v = malloc(n * 4), *kb = malloc(n * 4), *vb = malloc(n * 4);
+            rng_fill_normal(&r, k, n, 1.0f);
+            rng_fill_normal(&r, v, n, 1.0f);
+            for (size_t j = 0; j < n; j += 331) k[j] *= 12.0f; /* a few large scores */
+            assert_int_equal(tqkv_cache_init(&rows[i], &cfg), TQKV_OK);
+            for (int t = 0, c; t < lens[i]; t += c) {
+                c = rng_int(&r, 1, 300);
+                if (c > lens[i] - t) c = lens[i] - t;
+                slice_d(k, 1, H, lens[i], t, c, kb, D);
+                slice_d(v, 1, H, lens[i], t, c, vb, D);
+                assert_int_equal(tqkv_cache_append(rows[i], kb, vb, c), TQKV_OK);
+            }
+            free(k);
+            free(v);
+            free(kb);
+            free(vb);
+            refs[i].batch = NULL;
+            refs[i].single = rows[i];
+        }
+        tqkv_batch *b = NULL;
+        assert_int_equal(tqkv_batch_merge(&b, refs, R), TQKV_OK);
+        const size_t n = (size_t)R * qh * D;
+        float *q = malloc(n * 4), *cpu = malloc(n * 4), *gpu = malloc(n * 4), *two = malloc(n * 4);
+        rng_fill_normal(&r, q, n, 1.0f);
+        const float scale = 1.0f / 16.0f;
+        cpu_decode(b, q, qh, scale, cpu);
+        cuda_kv *kv = NULL;
+        assert_int_equal(tqkv_cuda_kv_init(&kv, &cfg, 0, R, b->cap + 8),
+                         TQKV_OK); /* room for 2 appends */
+        assert_int_equal(tqkv_cuda_kv_upload(kv, b), TQKV_OK);
+        float *dq = dev_copy(q, n), *dout = NULL;
+        for (size_t i = 0; i < n; i++) gpu[i] = NAN;
+        dout = dev_copy(gpu, n); /* poisoned */
+        // ---- (a) vs the CPU, (b) a caller's workspace: the same bits, too small refused --
+        gpu_decode(kv, dq, qh, scale, dout, NULL, 0, gpu, n);
+        const double e = worst_rel(gpu, cpu, (size_t)R * qh, D);
+        const size_t wsb = tqkv_cuda_attend_ws_bytes_dim(R, qh, maxlen + 2, D);
+        void *ws = NULL;
+        assert_int_equal(tqkv_cuda_malloc(&ws, wsb), TQKV_OK);
+        gpu_decode(kv, dq, qh, scale, dout, ws, wsb, two, n);
+        if (memcmp(two, gpu, n * 4)) fail_msg("attend_ws differs from attend");
+        assert_int_equal(tqkv_cuda_kv_attend_ws(kv, dq, qh, scale, dout, ws, wsb - 1), TQKV_ERANGE);
+        // ---- (c) batch invariance: each row alone -----------------------------------
+        for (int i = 0; i < R; i++) {
+            cuda_kv *k1 = NULL;
+            assert_int_equal(tqkv_cuda_kv_init(&k1, &cfg, 0, 1, lens[i]), TQKV_OK);
+            assert_int_equal(tqkv_cuda_kv_upload(k1, rows[i]->b), TQKV_OK);
+            float *dq1 = dev_copy(q + (size_t)i * qh * D, (size_t)qh * D);
+            gpu_decode(k1, dq1, qh, scale, dout, NULL, 0, two, (size_t)qh * D);
+            if (memcmp(two, gpu + (size_t)i * qh * D, (size_t)qh * D * 4))
+                fail_msg("d 256: row %d alone differs from row %d in a batch of %d", i, i, R);
+            tqkv_cuda_free(dq1);
+            tqkv_cuda_kv_free(k1);
+        }
+        // ---- (d) attention `back` tokens ago: = a trimmed copy's (bits), = the CPU's -----
+        const int back = rng_int(&r, 1, 4); /* <= window_slack (16) and row 0's length */
+        float *cpu_b = malloc(n * 4);
+        {
+            const int all[3] = {0, 1, 2};
+            tqkv_batch *bt = NULL;
+            cuda_kv *kt = NULL;
+            assert_int_equal(tqkv_batch_select(b, all, R, &bt), TQKV_OK);
+            assert_int_equal(tqkv_batch_trim(bt, back), TQKV_OK);
+            cpu_decode(bt, q, qh, scale, cpu_b);
+            assert_int_equal(tqkv_cuda_kv_select(kv, all, R, &kt), TQKV_OK);
+            assert_int_equal(tqkv_cuda_kv_trim(kt, back), TQKV_OK);
+            gpu_decode(kt, dq, qh, scale, dout, NULL, 0, two, n);
+            assert_int_equal(tqkv_cuda_kv_attend_back(kv, back, dq, qh, scale, dout, ws, wsb),
+                             TQKV_OK);
+            assert_int_equal(tqkv_cuda_sync(), TQKV_OK);
+            assert_int_equal(tqkv_cuda_d2h(gpu, dout, n * 4), TQKV_OK);
+            if (memcmp(two, gpu, n * 4))
+                fail_msg("attend_back(%d) differs from attention on a trimmed copy", back);
+            tqkv_batch_free(bt);
+            tqkv_cuda_kv_free(kt);
+        }
+        const double eb = worst_rel(gpu, cpu_b, (size_t)R * qh, D);
+        // ---- (e) a CUDA graph of attend_ws replayed after appends: follows the rows ------
+        void *stream = NULL, *exec = NULL;
+        assert_int_equal(tqkv_cuda_stream_create(&stream), TQKV_OK);
+        assert_int_equal(tqkv_cuda_kv_set_stream(kv, stream), TQKV_OK);
+        assert_int_equal(tqkv_cuda_capture_begin(stream), TQKV_OK);
+        const tqkv_status cst = tqkv_cuda_kv_attend_ws(kv, dq, qh, scale, dout, ws, wsb);
+        const tqkv_status est = tqkv_cuda_capture_end(stream, &exec);
+        if (cst || est)
+            fail_msg("d 256 decode under capture: %s / %s (%s)", tqkv_status_name(cst),
+                     tqkv_status_name(est), tqkv_last_error());
+        double eg = 0;
+        const size_t na = (size_t)R * H * D;
+        float *ka = malloc(na * 4), *va = malloc(na * 4);
+        for (int step = 0; step < 2; step++) {
+            rng_fill_normal(&r, ka, na, 1.0f);
+            rng_fill_normal(&r, va, na, 1.0f);
+            assert_int_equal(tqkv_batch_append(b, ka, va, 1), TQKV_OK);
+            float *dk = dev_copy(ka, na), *dv = dev_copy(va, na);
+            assert_int_equal(tqkv_cuda_sync(),
+                             TQKV_OK); /* the copies landed before kv's stream reads them */
+            const uint64_t id = tqkv_cuda_kv_storage_id(kv);
+            assert_int_equal(tqkv_cuda_kv_append(kv, dk, dv, 1), TQKV_OK);
+            assert_true(tqkv_cuda_kv_storage_id(kv) ==
+                        id); /* no regrow: the graph's pointers hold */
+            assert_int_equal(tqkv_cuda_graph_launch(exec, stream), TQKV_OK);
+            assert_int_equal(tqkv_cuda_stream_sync(stream), TQKV_OK);
+            assert_int_equal(tqkv_cuda_d2h(gpu, dout, n * 4), TQKV_OK);
+            assert_int_equal(tqkv_cuda_kv_attend_ws(kv, dq, qh, scale, dout, ws, wsb), TQKV_OK);
+            assert_int_equal(tqkv_cuda_stream_sync(stream), TQKV_OK);
+            assert_int_equal(tqkv_cuda_d2h(two, dout, n * 4), TQKV_OK);
+            if (memcmp(two, gpu, n * 4))
+                fail_msg("graph replay %d differs from a direct call", step);
+            cpu_decode(b, q, qh, scale, cpu);
+            const double es = worst_rel(gpu, cpu, (size_t)R * qh, D);
+            if (!(es <= eg)) eg = es;
+            tqkv_cuda_free(dk);
+            tqkv_cuda_free(dv);
+        }
+        printf(
+            "decode d 256 %s G %d window %d lens %d %d %d: worst rel L2 vs CPU %.3g, back %d %.3g, "
+            "graph replays %.3g\n",
+            tqkv_format_name(f), G, W, lens[0], lens[1], lens[2], e, back, eb, eg);
+        if (!(e < tol) || !(eb < tol) || !(eg < tol))
+            fail_msg("d 256 decode differs from the CPU: %g / back %g / graph %g", e, eb, eg);
+        assert_int_equal(tqkv_cuda_kv_set_stream(kv, NULL), TQKV_OK);
+        tqkv_cuda_graph_free(exec);
+        tqkv_cuda_stream_destroy(stream);
+        free(ka);
+        free(va);
+        free(q);
+        free(cpu);
+        free(gpu);
+        free(two);
+        free(cpu_b);
+        tqkv_cuda_free(dq);
+        tqkv_cuda_free(dout);
+        tqkv_cuda_free(ws);
+        tqkv_cuda_kv_free(kv);
+        tqkv_batch_free(b);
+        for (int i = 0; i < R; i++) tqkv_cache_free(rows[i]);
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -507,11 +815,11 @@ int main(void) {
         return 77;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cuda_encode_bytes),
-        cmocka_unit_test(test_cuda_attend_tq),
-        cmocka_unit_test(test_cuda_attend_bf16),
-        cmocka_unit_test(test_cuda_rows),
-        cmocka_unit_test(test_cuda_prefill),
+        cmocka_unit_test(test_cuda_encode_bytes),      cmocka_unit_test(test_cuda_attend_tq),
+        cmocka_unit_test(test_cuda_attend_bf16),       cmocka_unit_test(test_cuda_rows),
+        cmocka_unit_test(test_cuda_prefill),           cmocka_unit_test(test_cuda_init_d256),
+        cmocka_unit_test(test_cuda_encode_bytes_d256), cmocka_unit_test(test_cuda_prefill_d256),
+        cmocka_unit_test(test_cuda_decode_d256),       cmocka_unit_test(test_cuda_rows_d256),
     };
     test_seed();
     const char *only = getenv("TQKV_TEST_FILTER"); /* e.g. test_cuda_attend_tq, for seed sweeps */

@@ -8,11 +8,16 @@
  * softmax per query vector in a fixed token order.
  * Must not: mutate the cache; let a query's output depend on anything but its own row and
  * range (a tile a query cannot see leaves it unchanged).
- * Not tuned: plain FMA, no tensor cores (decode, n_query == 1, is attn_cuda.cu).
+ * Templated on the head_dim D (128, 256). At D = 256 it is also the decode attention
+ * (cuda_attend_decode_wide: one query per row, each row's whole length read from the
+ * device row table, the query scratch in the caller's workspace: nothing allocated or
+ * waited for, so it can be captured in a CUDA graph).
+ * Not tuned: plain FMA, no tensor cores (decode at d = 128, n_query == 1, is attn_cuda.cu).
  */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 
 #include <vector>
@@ -25,14 +30,12 @@ extern "C" {
 
 namespace {
 
-constexpr int D = CUDA_DIM;
 constexpr int KT = 32;                 /* tokens per tile */
 constexpr int QB = 4;                  /* queries per CTA (x G heads = query vectors) */
 constexpr int NT = 256;                /* threads per CTA */
-constexpr int DP = D + 1;              /* padded smem row (conflict-free column reads) */
 constexpr float LOG2E = 1.4426950408889634f;
 
-struct PParams {
+template <int D> struct PParams {
     const uint8_t *kd, *vd;
     const uint16_t *ks, *vs;
     const int8_t *kw, *vw;
@@ -40,14 +43,21 @@ struct PParams {
     size_t kpay, vpay;
     int ring, cap, kvh, G, qh, nq, bf16;
     const cuda_row *rows;
-    const int *lo, *hi;                /* [rows, nq] visible tokens [lo, hi) */
+    const int *lo, *hi;                /* [rows, nq] visible tokens [lo, hi); NULL: every
+                                        * token the row holds (decode, nq == 1) */
     const float *q;                    /* [rows, qh, nq, D] prepared (rotated, scaled) */
     float *out;                        /* [rows, qh, nq, D] (V domain; un-rotated later) */
-    cuda_codec kc, vc;
+    typename cuda_codec_of<D>::type kc, vc;
 };
+
+/* Dynamic shared memory of prefill_kernel<D>: K and V tiles [KT][D + 1] (padded rows:
+ * conflict-free column reads), the block's query vectors [QB * CUDA_MAX_G][D]. */
+template <int D> constexpr int prefill_smem() { return (2 * KT * (D + 1) + QB * CUDA_MAX_G * D) * (int)sizeof(float); }
+static_assert(prefill_smem<CUDA_DIM_WIDE>() <= 227 * 1024, "the d = 256 tiles fit an SM");
 
 /* Value of element i of token t (row r, head h) of one plane in the stored domain, its
  * per-token scale applied; q8 window tokens when t >= wstart. */
+template <int D>
 __device__ float elem(const uint8_t *data, const uint16_t *sc, const int8_t *win, const uint16_t *wsc,
                       size_t pay, int bits, const float *cent, int bf16, size_t col, size_t wslot, bool w, int i) {
     if (w) return (float)win[wslot * D + i] * __half2float(__ushort_as_half(wsc[wslot * (D / 32) + i / 32]));
@@ -58,12 +68,15 @@ __device__ float elem(const uint8_t *data, const uint16_t *sc, const int8_t *win
     if (bits == 4) idx = (p[16 * g + (j & 15)] >> (4 * (j >> 4))) & 15;
     else {
         idx = (p[8 * g + (j & 7)] >> (2 * (j >> 3))) & 3;
-        if (bits == 3) idx |= ((p[32 + 4 * g + (j >> 3)] >> (j & 7)) & 1) << 2;
+        if (bits == 3) idx |= ((p[D / 4 + 4 * g + (j >> 3)] >> (j & 7)) & 1) << 2;
     }
     return cent[idx] * __half2float(__ushort_as_half(sc[col]));
 }
 
-__global__ void __launch_bounds__(NT) prefill_kernel(const PParams P) {
+template <int D>
+__global__ void __launch_bounds__(NT) prefill_kernel(const PParams<D> P) {
+    constexpr int DP = D + 1;          /* padded smem row */
+    constexpr int E = D / 32;          /* dims per lane: E l .. E l + E - 1 */
     extern __shared__ float sm[];
     float *sk = sm;                    /* [KT][DP] */
     float *sv = sk + KT * DP;          /* [KT][DP] */
@@ -73,30 +86,36 @@ __global__ void __launch_bounds__(NT) prefill_kernel(const PParams P) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const cuda_row row = P.rows[r];
     const size_t rh = (size_t)r * P.kvh + h;
+    const bool full = P.lo == nullptr; /* decode: [0, ntok) from the device row table */
     // ---- the block's visible token range -------------------------------------------
     int tlo = 1 << 30, thi = 0;
-    for (int i = 0; i < QB && q0 + i < P.nq; i++) {
-        const int lo = P.lo[(size_t)r * P.nq + q0 + i], hi = P.hi[(size_t)r * P.nq + q0 + i];
-        if (lo < hi) { tlo = min(tlo, lo); thi = max(thi, hi); }
+    if (full) {
+        if (row.ntok > 0) { tlo = 0; thi = row.ntok; }
+    } else {
+        for (int i = 0; i < QB && q0 + i < P.nq; i++) {
+            const int lo = P.lo[(size_t)r * P.nq + q0 + i], hi = P.hi[(size_t)r * P.nq + q0 + i];
+            if (lo < hi) { tlo = min(tlo, lo); thi = max(thi, hi); }
+        }
     }
     // ---- queries into shared memory: vector v = (head gg, query i) -> v = i * G + gg ----
     for (int e = threadIdx.x; e < nv * D; e += NT) {
         const int v = e / D, d = e % D, i = v / G, gg = v % G;
         sq[e] = q0 + i < P.nq ? P.q[(((size_t)r * P.qh + (size_t)h * G + gg) * P.nq + q0 + i) * D + d] : 0.0f;
     }
-    // each warp owns query vectors v = w, w + 8, ...; per vector: m, l, acc (lane: dims 4l..)
+    // each warp owns query vectors v = w, w + 8, ...; per vector: m, l, acc (lane: dims E l..)
     constexpr int MAXV = CUDA_MAX_G * QB / (NT / 32);
-    float m[MAXV], l[MAXV], acc[MAXV][4];
+    float m[MAXV], l[MAXV], acc[MAXV][E];
     int vlo[MAXV], vhi[MAXV];
 #pragma unroll
     for (int k = 0; k < MAXV; k++) {
         m[k] = -INFINITY; l[k] = 0.0f;
-        acc[k][0] = acc[k][1] = acc[k][2] = acc[k][3] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < E; c++) acc[k][c] = 0.0f;
         const int v = w + k * (NT / 32), i = v / G;
         vlo[k] = vhi[k] = 0;
         if (v < nv && q0 + i < P.nq) {
-            vlo[k] = P.lo[(size_t)r * P.nq + q0 + i];
-            vhi[k] = P.hi[(size_t)r * P.nq + q0 + i];
+            vlo[k] = full ? 0 : P.lo[(size_t)r * P.nq + q0 + i];
+            vhi[k] = full ? row.ntok : P.hi[(size_t)r * P.nq + q0 + i];
         }
     }
     for (int t0 = tlo; t0 < thi; t0 += KT) {
@@ -108,8 +127,8 @@ __global__ void __launch_bounds__(NT) prefill_kernel(const PParams P) {
                 const bool win = t >= row.wstart;
                 const size_t col = rh * P.cap + (size_t)(row.left_pad + t);
                 const size_t ws = win ? rh * P.ring + (size_t)(t % P.ring) : 0;
-                kvv = elem(P.kd, P.ks, P.kw, P.kws, P.kpay, P.kc.bits, P.kc.cent, P.bf16, col, ws, win, i);
-                vvv = elem(P.vd, P.vs, P.vw, P.vws, P.vpay, P.vc.bits, P.vc.cent, P.bf16, col, ws, win, i);
+                kvv = elem<D>(P.kd, P.ks, P.kw, P.kws, P.kpay, P.kc.bits, P.kc.cent, P.bf16, col, ws, win, i);
+                vvv = elem<D>(P.vd, P.vs, P.vw, P.vws, P.vpay, P.vc.bits, P.vc.cent, P.bf16, col, ws, win, i);
             }
             sk[tt * DP + i] = kvv;
             sv[tt * DP + i] = vvv;
@@ -135,12 +154,12 @@ __global__ void __launch_bounds__(NT) prefill_kernel(const PParams P) {
             l[k] = l[k] * al + ps;
             m[k] = mn;
 #pragma unroll
-            for (int c = 0; c < 4; c++) acc[k][c] *= al;
+            for (int c = 0; c < E; c++) acc[k][c] *= al;
             for (int tt = 0; tt < KT; tt++) {
                 const float pt = __shfl_sync(0xffffffffu, p, tt);
-                const float *vr = sv + tt * DP + 4 * lane;
+                const float *vr = sv + tt * DP + E * lane;
 #pragma unroll
-                for (int c = 0; c < 4; c++) acc[k][c] = fmaf(pt, vr[c], acc[k][c]);
+                for (int c = 0; c < E; c++) acc[k][c] = fmaf(pt, vr[c], acc[k][c]);
             }
         }
     }
@@ -149,32 +168,140 @@ __global__ void __launch_bounds__(NT) prefill_kernel(const PParams P) {
         const int v = w + k * (NT / 32), i = v / G, gg = v % G;
         if (v >= nv || q0 + i >= P.nq) continue;
         const float inv = l[k] > 0.0f ? 1.0f / l[k] : 0.0f;
-        float o[4] = {acc[k][0] * inv, acc[k][1] * inv, acc[k][2] * inv, acc[k][3] * inv};
+        float o[E];
+#pragma unroll
+        for (int c = 0; c < E; c++) o[c] = acc[k][c] * inv;
         if (!P.bf16) {
-            const float s4[4] = {P.vc.signs[4 * lane], P.vc.signs[4 * lane + 1], P.vc.signs[4 * lane + 2],
-                                 P.vc.signs[4 * lane + 3]};
-            cw_unrotate(o, s4, P.vc.inv, lane);
+            float sg[E];
+#pragma unroll
+            for (int c = 0; c < E; c++) sg[c] = P.vc.signs[E * lane + c];
+            cw_unrotate_n<E>(o, sg, P.vc.inv, lane);
         }
-        float *op = P.out + (((size_t)r * P.qh + (size_t)h * G + gg) * P.nq + q0 + i) * D + 4 * lane;
-        op[0] = o[0]; op[1] = o[1]; op[2] = o[2]; op[3] = o[3];
+        float *op = P.out + (((size_t)r * P.qh + (size_t)h * G + gg) * P.nq + q0 + i) * D + E * lane;
+#pragma unroll
+        for (int c = 0; c < E; c++) op[c] = o[c];
     }
 }
 
 /* q [rows, qh, nq, D] -> rotated (K codec) and scaled by scale * log2(e), float. */
-__global__ void pqprep_kernel(const float *__restrict__ q, float *__restrict__ out, cuda_codec C,
-                              int rotate, float mul, int n) {
+template <int D>
+__global__ void pqprep_kernel(const float *__restrict__ q, float *__restrict__ out,
+                              typename cuda_codec_of<D>::type C, int rotate, float mul, int n) {
+    constexpr int E = D / 32;
     const int v = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (v >= n) return;
-    const float4 in = reinterpret_cast<const float4 *>(q + (size_t)v * D)[lane];
-    float x[4] = {in.x, in.y, in.z, in.w};
-    if (rotate) {
-        const float s[4] = {C.signs[4 * lane], C.signs[4 * lane + 1], C.signs[4 * lane + 2], C.signs[4 * lane + 3]};
-        cw_rotate(x, s, C.inv, lane);
+    float x[E];
+#pragma unroll
+    for (int j = 0; j < E / 4; j++) {
+        const float4 in = reinterpret_cast<const float4 *>(q + (size_t)v * D + E * lane)[j];
+        x[4 * j] = in.x; x[4 * j + 1] = in.y; x[4 * j + 2] = in.z; x[4 * j + 3] = in.w;
     }
-    reinterpret_cast<float4 *>(out + (size_t)v * D)[lane] = make_float4(x[0] * mul, x[1] * mul, x[2] * mul, x[3] * mul);
+    if (rotate) {
+        float s[E];
+#pragma unroll
+        for (int k = 0; k < E; k++) s[k] = C.signs[E * lane + k];
+        cw_rotate_n<E>(x, s, C.inv, lane);
+    }
+#pragma unroll
+    for (int j = 0; j < E / 4; j++)
+        reinterpret_cast<float4 *>(out + (size_t)v * D + E * lane)[j] =
+            make_float4(x[4 * j] * mul, x[4 * j + 1] * mul, x[4 * j + 2] * mul, x[4 * j + 3] * mul);
 }
 
+/* The kernels' arguments for kv (lo, hi: device ranges or NULL for whole rows). */
+template <int D>
+PParams<D> make_params(const cuda_kv *kv, int q_heads, int n_query, const int *lo, const int *hi,
+                       const float *qp, float *out, const typename cuda_codec_of<D>::type &kc,
+                       const typename cuda_codec_of<D>::type &vc) {
+    PParams<D> P;
+    P.kd = kv->kd; P.vd = kv->vd; P.ks = kv->ks; P.vs = kv->vs;
+    P.kw = kv->kw; P.vw = kv->vw; P.kws = kv->kws; P.vws = kv->vws;
+    P.kpay = kv->kpay; P.vpay = kv->vpay; P.ring = kv->ring > 0 ? kv->ring : 1; P.cap = kv->cap;
+    P.kvh = kv->kvh; P.G = q_heads / kv->kvh; P.qh = q_heads; P.nq = n_query; P.bf16 = kv->bf16;
+    P.rows = kv->d_rows; P.lo = lo; P.hi = hi; P.q = qp; P.out = out; P.kc = kc; P.vc = vc;
+    return P;
+}
+
+/* Query preparation and the masked kernel on kv->stream (qp: [rows, q_heads, n_query, D]
+ * scratch); asynchronous. */
+template <int D>
+tqkv_status launch(const cuda_kv *kv, const float *q, int n_query, int q_heads, float scale,
+                   const int *lo, const int *hi, float *qp, float *out,
+                   const typename cuda_codec_of<D>::type &kc, const typename cuda_codec_of<D>::type &vc) {
+    const size_t nv = (size_t)kv->rows * q_heads * n_query;
+    pqprep_kernel<D><<<(unsigned)((nv + 3) / 4), 128, 0, kv->stream>>>(q, qp, kc, !kv->bf16, scale * LOG2E, (int)nv);
+    const PParams<D> P = make_params<D>(kv, q_heads, n_query, lo, hi, qp, out, kc, vc);
+    const dim3 grid((unsigned)((n_query + QB - 1) / QB), (unsigned)kv->kvh, (unsigned)kv->rows);
+    prefill_kernel<D><<<grid, NT, prefill_smem<D>(), kv->stream>>>(P);
+    return cuda_check(cudaGetLastError(), "prefill kernel launch");
+}
+
+tqkv_status launch_dim(const cuda_kv *kv, const float *q, int n_query, int q_heads, float scale,
+                       const int *lo, const int *hi, float *qp, float *out) {
+    if (kv->d == CUDA_DIM) return launch<CUDA_DIM>(kv, q, n_query, q_heads, scale, lo, hi, qp, out, kv->kc, kv->vc);
+    return launch<CUDA_DIM_WIDE>(kv, q, n_query, q_heads, scale, lo, hi, qp, out, kv->kc256, kv->vc256);
+}
+
+pthread_mutex_t g_setup_mu = PTHREAD_MUTEX_INITIALIZER;
+int g_setup_done;
+
 } // namespace
+
+tqkv_status cuda_prefill_setup(void) {
+    if (__atomic_load_n(&g_setup_done, __ATOMIC_ACQUIRE)) return TQKV_OK;
+    pthread_mutex_lock(&g_setup_mu);
+    tqkv_status st = TQKV_OK;
+    if (!g_setup_done) {
+        st = cuda_check(cudaFuncSetAttribute(prefill_kernel<CUDA_DIM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             prefill_smem<CUDA_DIM>()), "prefill shared memory");
+        if (!st)
+            st = cuda_check(cudaFuncSetAttribute(prefill_kernel<CUDA_DIM_WIDE>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 prefill_smem<CUDA_DIM_WIDE>()), "prefill shared memory");
+        if (!st) __atomic_store_n(&g_setup_done, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&g_setup_mu);
+    return st;
+}
+
+static tqkv_status check_heads(const cuda_kv *kv, int q_heads, const char *fn) {
+    if (q_heads < 1 || q_heads % kv->kvh || q_heads / kv->kvh > CUDA_MAX_G)
+        return tqkv_fail(TQKV_EINVAL, "%s: q_heads %d must be a multiple of kv_heads %d with at most %d "
+                         "query heads per kv head", fn, q_heads, kv->kvh, CUDA_MAX_G);
+    return TQKV_OK;
+}
+
+extern "C" size_t tqkv_cuda_attend_ws_bytes_dim(int rows, int q_heads, int max_tokens, int head_dim) {
+    if (head_dim == CUDA_DIM) return tqkv_cuda_attend_ws_bytes(rows, q_heads, max_tokens);
+    return (size_t)(rows > 0 ? rows : 0) * (size_t)(q_heads > 0 ? q_heads : 0) * (size_t)head_dim * sizeof(float);
+}
+
+tqkv_status cuda_attend_decode_wide(cuda_kv *kv, const float *q, int q_heads, float scale, float *out,
+                                    void *ws, size_t ws_bytes) {
+    if (!kv || !q || !out) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_attend: NULL argument");
+    tqkv_status st = check_heads(kv, q_heads, "tqkv_cuda_kv_attend");
+    if (st) return st;
+    if (kv->d != CUDA_DIM_WIDE)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "tqkv_cuda_kv_attend: head_dim %d (the device kernels take %d "
+                         "and %d)", kv->d, CUDA_DIM, CUDA_DIM_WIDE);
+    if (kv->rows == 0) return TQKV_OK;
+    st = cuda_prefill_setup(); /* model states run it at init (tqkv_cuda_attn_setup), before any capture */
+    if (st) return st;
+    const size_t need = tqkv_cuda_attend_ws_bytes_dim(kv->rows, q_heads, 0, kv->d);
+    if (ws && need > ws_bytes)
+        return tqkv_fail(TQKV_ERANGE, "tqkv_cuda_kv_attend_ws: workspace of %zu bytes < %zu needed", ws_bytes, need);
+    if (!ws && need > kv->ws_bytes) {
+        tqkv_cuda_free(kv->ws);
+        kv->ws = NULL;
+        kv->ws_bytes = 0;
+        st = tqkv_cuda_malloc(&kv->ws, need);
+        if (st) return st;
+        kv->ws_bytes = need;
+    }
+    if (!ws) ws = kv->ws;
+    /* ranges NULL: each row's [0, ntok) from d_rows, so a replay follows the appends */
+    return launch_dim(kv, q, 1, q_heads, scale, NULL, NULL, (float *)ws, out);
+}
 
 extern "C" tqkv_status tqkv_cuda_kv_attend_masked(cuda_kv *kv, const float *q, int n_query, int q_heads,
                                              float scale, const int32_t *lo, const int32_t *hi,
@@ -183,6 +310,8 @@ extern "C" tqkv_status tqkv_cuda_kv_attend_masked(cuda_kv *kv, const float *q, i
     if (n_query < 1 || q_heads < 1 || q_heads % kv->kvh || q_heads / kv->kvh > CUDA_MAX_G)
         return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_attend_masked: bad n_query / q_heads");
     if (kv->rows == 0) return TQKV_OK;
+    tqkv_status st = cuda_prefill_setup();
+    if (st) return st;
     const size_t nrq = (size_t)kv->rows * n_query;
     std::vector<int> tl(nrq), th(nrq);
     for (int r = 0; r < kv->rows; r++)
@@ -198,32 +327,18 @@ extern "C" tqkv_status tqkv_cuda_kv_attend_masked(cuda_kv *kv, const float *q, i
     const size_t nv = (size_t)kv->rows * q_heads * n_query;
     int *dlo = NULL, *dhi = NULL;
     float *qp = NULL;
-    tqkv_status st = tqkv_cuda_malloc((void **)&dlo, nrq * sizeof(int));
+    st = tqkv_cuda_malloc((void **)&dlo, nrq * sizeof(int));
     if (!st) st = tqkv_cuda_malloc((void **)&dhi, nrq * sizeof(int));
-    if (!st) st = tqkv_cuda_malloc((void **)&qp, nv * D * sizeof(float));
+    if (!st) st = tqkv_cuda_malloc((void **)&qp, nv * kv->d * sizeof(float));
     /* everything on the cache's stream: the encode of these tokens ran there */
     if (!st) st = cuda_check(cudaMemcpyAsync(dlo, tl.data(), nrq * sizeof(int), cudaMemcpyHostToDevice, kv->stream),
                              "prefill ranges");
     if (!st) st = cuda_check(cudaMemcpyAsync(dhi, th.data(), nrq * sizeof(int), cudaMemcpyHostToDevice, kv->stream),
                              "prefill ranges");
     if (!st) {
-        pqprep_kernel<<<(unsigned)((nv + 3) / 4), 128, 0, kv->stream>>>(q, qp, kv->kc, !kv->bf16, scale * LOG2E, (int)nv);
-        PParams P;
-        P.kd = kv->kd; P.vd = kv->vd; P.ks = kv->ks; P.vs = kv->vs;
-        P.kw = kv->kw; P.vw = kv->vw; P.kws = kv->kws; P.vws = kv->vws;
-        P.kpay = kv->kpay; P.vpay = kv->vpay; P.ring = kv->ring > 0 ? kv->ring : 1; P.cap = kv->cap;
-        P.kvh = kv->kvh; P.G = q_heads / kv->kvh; P.qh = q_heads; P.nq = n_query; P.bf16 = kv->bf16;
-        P.rows = kv->d_rows; P.lo = dlo; P.hi = dhi; P.q = qp; P.out = out; P.kc = kv->kc; P.vc = kv->vc;
-        const int smem = (2 * KT * DP + QB * CUDA_MAX_G * D) * (int)sizeof(float);
-        st = cuda_check(cudaFuncSetAttribute(prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                        "prefill shared memory");
-        if (!st) {
-            const dim3 grid((unsigned)((n_query + QB - 1) / QB), (unsigned)kv->kvh, (unsigned)kv->rows);
-            prefill_kernel<<<grid, NT, smem, kv->stream>>>(P);
-            st = cuda_check(cudaGetLastError(), "prefill kernel launch");
-            /* the temporaries are freed below, and the ranges' host copies die here */
-            if (!st) st = cuda_check(cudaStreamSynchronize(kv->stream), "prefill attention");
-        }
+        st = launch_dim(kv, q, n_query, q_heads, scale, dlo, dhi, qp, out);
+        /* the temporaries are freed below, and the ranges' host copies die here */
+        if (!st) st = cuda_check(cudaStreamSynchronize(kv->stream), "prefill attention");
     }
     if (st) (void)cudaStreamSynchronize(kv->stream); /* nothing queued still reads them */
     tqkv_cuda_free(dlo);

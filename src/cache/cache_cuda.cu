@@ -120,6 +120,40 @@ extern "C" tqkv_status tqkv_cuda_fill_normal(float *x, size_t n, uint64_t seed, 
     return st ? st : tqkv_cuda_sync();
 }
 
+extern "C" tqkv_status tqkv_cuda_stream_create(void **stream) {
+    cudaStream_t s = NULL;
+    *stream = NULL;
+    tqkv_status st = cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream create");
+    if (!st) *stream = s;
+    return st;
+}
+extern "C" void tqkv_cuda_stream_destroy(void *stream) {
+    if (stream) cudaStreamDestroy((cudaStream_t)stream);
+}
+extern "C" tqkv_status tqkv_cuda_stream_sync(void *stream) {
+    return cuda_check(cudaStreamSynchronize((cudaStream_t)stream), "stream synchronize");
+}
+extern "C" tqkv_status tqkv_cuda_capture_begin(void *stream) {
+    return cuda_check(cudaStreamBeginCapture((cudaStream_t)stream, cudaStreamCaptureModeThreadLocal),
+                      "begin capture");
+}
+extern "C" tqkv_status tqkv_cuda_capture_end(void *stream, void **exec) {
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t x = NULL;
+    *exec = NULL;
+    tqkv_status st = cuda_check(cudaStreamEndCapture((cudaStream_t)stream, &g), "end capture");
+    if (!st) st = cuda_check(cudaGraphInstantiate(&x, g, 0), "graph instantiate");
+    if (g) cudaGraphDestroy(g);
+    if (!st) *exec = x;
+    return st;
+}
+extern "C" tqkv_status tqkv_cuda_graph_launch(void *exec, void *stream) {
+    return cuda_check(cudaGraphLaunch((cudaGraphExec_t)exec, (cudaStream_t)stream), "graph launch");
+}
+extern "C" void tqkv_cuda_graph_free(void *exec) {
+    if (exec) cudaGraphExecDestroy((cudaGraphExec_t)exec);
+}
+
 extern "C" tqkv_status tqkv_cuda_timer_start(void **t) {
     cudaEvent_t *e = (cudaEvent_t *)calloc(2, sizeof(cudaEvent_t));
     if (!e) return tqkv_fail(TQKV_ENOMEM, "timer: out of memory");
@@ -174,13 +208,15 @@ extern "C" tqkv_status tqkv_cuda_copy_ms(size_t bytes, int reps, double *ms) {
 // ---------------------------------------------------------------------------
 // Device cache
 // ---------------------------------------------------------------------------
-static void codec_params(const struct tqkv_codec *c, cuda_codec *out) {
+/* c->dim == DIM (the signs array's length). */
+template <typename CC, int DIM> static void codec_params(const struct tqkv_codec *c, CC *out) {
+    static_assert(sizeof(out->signs) == DIM * sizeof(float), "codec parameters of another dim");
     memset(out, 0, sizeof *out);
     out->bits = c->bits;
     out->inv = (float)(1.0 / sqrt((double)c->dim));
     for (int i = 0; i < 16; i++) out->cent[i] = c->centroids[i];
     for (int i = 0; i < 15; i++) out->bounds[i] = c->bounds[i];
-    for (int i = 0; i < CUDA_DIM; i++) out->signs[i] = c->signs ? c->signs[i] : 1.0f;
+    for (int i = 0; i < DIM; i++) out->signs[i] = c->signs ? c->signs[i] : 1.0f;
 }
 
 extern "C" void tqkv_cuda_kv_free(cuda_kv *kv) {
@@ -214,9 +250,13 @@ tqkv_status cuda_kv_init_on(cuda_kv **out, const tqkv_cache_config *cfg, int bf1
     *out = NULL;
     tqkv_status st = batch_check_config(cfg);
     if (st) return st;
-    if (cfg->head_dim != CUDA_DIM)
+    if (cfg->head_dim != CUDA_DIM && cfg->head_dim != CUDA_DIM_WIDE)
         return tqkv_fail(TQKV_EUNSUPPORTED, "CUDA cache: head_dim %d is not supported (the "
-                         "device kernels are built for %d)", cfg->head_dim, CUDA_DIM);
+                         "device kernels are built for %d and %d)", cfg->head_dim, CUDA_DIM,
+                         CUDA_DIM_WIDE);
+    if (bf16 && cfg->head_dim != CUDA_DIM)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "CUDA cache: the dense bf16 baseline supports head_dim "
+                         "%d only, not %d", CUDA_DIM, cfg->head_dim);
     if (!bf16 && (cfg->k_format != cfg->v_format ||
                   (cfg->k_format != TQKV_TQ4 && cfg->k_format != TQKV_TQ3)))
         return tqkv_fail(TQKV_EUNSUPPORTED, "CUDA cache: K/V formats %s/%s are not supported "
@@ -248,8 +288,13 @@ tqkv_status cuda_kv_init_on(cuda_kv **out, const tqkv_cache_config *cfg, int bf1
         }
         kv->kpay = kc.payload; kv->vpay = vc.payload;
         kv->kns = kc.n_scales; kv->vns = vc.n_scales;
-        codec_params(&kc, &kv->kc);
-        codec_params(&vc, &kv->vc);
+        if (kv->d == CUDA_DIM) {
+            codec_params<cuda_codec, CUDA_DIM>(&kc, &kv->kc);
+            codec_params<cuda_codec, CUDA_DIM>(&vc, &kv->vc);
+        } else {
+            codec_params<cuda_codec256, CUDA_DIM_WIDE>(&kc, &kv->kc256);
+            codec_params<cuda_codec256, CUDA_DIM_WIDE>(&vc, &kv->vc256);
+        }
         codec_teardown(&kc);
         codec_teardown(&vc);
         kv->ring = batch_ring_for(cfg);
@@ -324,6 +369,8 @@ extern "C" tqkv_status tqkv_cuda_kv_set_stream(cuda_kv *kv, void *stream) {
     if (!st) kv->stream = (cudaStream_t)stream;
     return st;
 }
+
+extern "C" int tqkv_cuda_kv_head_dim(const cuda_kv *kv) { return kv ? kv->d : 0; }
 
 extern "C" uint64_t tqkv_cuda_kv_storage_id(const cuda_kv *kv) { return kv ? kv->storage_id : 0; }
 

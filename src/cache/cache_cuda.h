@@ -11,8 +11,11 @@
  * Must not: define a second byte format for tq/q8 data, or be called when tqkv_cuda_available()
  * is 0. Every entry returns tqkv_status and calls tqkv_fail on failure.
  *
- * Supported on the device: head_dim 128; K/V formats tq4/tq4 and tq3/tq3 (with or without
- * the q8 window), or the bf16 baseline; q_heads / kv_heads <= 8.
+ * Supported on the device: head_dim 128 or 256; K/V formats tq4/tq4 and tq3/tq3 (with or
+ * without the q8 window), or the bf16 baseline (head_dim 128 only); q_heads / kv_heads <= 8.
+ * head_dim 256 has the same encode, masked attention and row operations; its decode
+ * attention runs the masked float32 kernel with one query per row (correct, batch
+ * invariant, capture safe, not tuned); the tuned split kernel is d = 128's.
  */
 #ifndef TQKV_CACHE_CUDA_H
 #define TQKV_CACHE_CUDA_H
@@ -28,7 +31,8 @@ extern "C" {
 
 struct tqkv_batch;
 
-#define CUDA_DIM 128          /* the only head_dim the device kernels are built for */
+#define CUDA_DIM 128          /* the head_dim of the tuned decode (split) kernel */
+#define CUDA_DIM_WIDE 256     /* the other head_dim of the device cache (Gemma 4's full layers) */
 #define CUDA_MAX_G 8          /* q_heads / kv_heads */
 #define CUDA_MAX_ROWS 1024    /* rows of one decode attention call (its work-item scan) */
 
@@ -40,8 +44,9 @@ TQKV_API int tqkv_cuda_available(void);
 TQKV_API tqkv_status tqkv_cuda_device_info(char *name, size_t cap, int *sms, int *mem_clock_khz,
                              int *bus_bits, int *sm_clock_khz);
 
-/* An empty device cache of `rows` rows with room for `cap` tokens each.
- * bf16 != 0: the dense bf16 baseline (cfg formats ignored, no window). */
+/* An empty device cache of `rows` rows with room for `cap` tokens each; cfg->head_dim
+ * CUDA_DIM or CUDA_DIM_WIDE (else TQKV_EUNSUPPORTED, nothing allocated).
+ * bf16 != 0: the dense bf16 baseline (cfg formats ignored, no window; head_dim 128 only). */
 TQKV_API tqkv_status tqkv_cuda_kv_init(cuda_kv **out, const tqkv_cache_config *cfg, int bf16, int rows,
                          int cap);
 TQKV_API void        tqkv_cuda_kv_free(cuda_kv *kv);
@@ -58,6 +63,8 @@ TQKV_API uint64_t    tqkv_cuda_kv_storage_id(const cuda_kv *kv);
  * otherwise grow the planes geometrically, with old and new planes both held while rows
  * move). A cap already large enough is kept. */
 TQKV_API tqkv_status tqkv_cuda_kv_reserve(cuda_kv *kv, int tokens);
+/* The cache's head_dim (CUDA_DIM or CUDA_DIM_WIDE). */
+TQKV_API int         tqkv_cuda_kv_head_dim(const cuda_kv *kv);
 /* Bytes of device memory held by the planes and rings. */
 TQKV_API size_t      tqkv_cuda_kv_bytes(const cuda_kv *kv);
 
@@ -96,16 +103,23 @@ TQKV_API tqkv_status tqkv_cuda_attn_setup(void);
 /* GPU decode attention (one query per row). q: DEVICE [rows, q_heads, head_dim] float,
  * out: DEVICE [rows, q_heads, head_dim] float. Asynchronous on kv's stream: synchronize it
  * (tqkv_cuda_sync() for the legacy default stream) before reading out on the host.
- * Split-KV with a per-row split that depends only on that row's token count (batch
- * invariant). Its launch shape may depend on the host only through kv's rows and storage,
+ * d = 128: split-KV with a per-row split that depends only on that row's token count (batch
+ * invariant); d = 256: one CTA per (row, kv head) over the whole row in float32 (the masked
+ * kernel, its range from the device row table). Its launch shape may depend on the host only through kv's rows and storage,
  * q_heads, the workspace pointer and max over rows of tqkv_cuda_attend_ws_bytes(rows,
  * q_heads, that row's tokens) (the model's CUDA graph of a decode step keys on these). */
 TQKV_API tqkv_status tqkv_cuda_kv_attend(cuda_kv *kv, const float *q, int q_heads, float scale, float *out);
 /* The same with a caller's workspace (e.g. one shared by every layer of a model state,
  * which run one after another on one stream) of at least
- * tqkv_cuda_attend_ws_bytes(rows, q_heads, the longest row's tokens) bytes (monotone in
- * max_tokens); TQKV_ERANGE when it is smaller. */
+ * tqkv_cuda_attend_ws_bytes_dim(rows, q_heads, the longest row's tokens, head_dim) bytes
+ * (monotone in max_tokens); TQKV_ERANGE when it is smaller. */
 TQKV_API size_t      tqkv_cuda_attend_ws_bytes(int rows, int q_heads, int max_tokens);
+/* The same for a cache of head_dim `head_dim`: tqkv_cuda_attend_ws_bytes at 128; at 256
+ * rows * q_heads * 256 floats (+ alignment), whatever max_tokens (the d = 256 decode's
+ * launch does not depend on the rows' lengths). A workspace shared by layers of both dims
+ * needs the larger of the two. */
+TQKV_API size_t      tqkv_cuda_attend_ws_bytes_dim(int rows, int q_heads, int max_tokens,
+                                                   int head_dim);
 TQKV_API tqkv_status tqkv_cuda_kv_attend_ws(cuda_kv *kv, const float *q, int q_heads, float scale,
                                             float *out, void *ws, size_t ws_bytes);
 
@@ -166,6 +180,17 @@ TQKV_API tqkv_status tqkv_cuda_fill_normal_on(float *x, size_t n, uint64_t seed,
                                               void *stream);
 /* Median over reps of (cudaEvent) milliseconds of a device-to-device copy of bytes. */
 TQKV_API tqkv_status tqkv_cuda_copy_ms(size_t bytes, int reps, double *ms);
+/* CUDA graph helpers for tests (cudaStream_t / cudaGraphExec_t as void *): a non-blocking
+ * stream; capture of what is queued on it between begin and end
+ * (cudaStreamCaptureModeThreadLocal: a call that allocates or waits inside fails the
+ * capture) into an executable graph; its launch on a stream; waiting for a stream. */
+TQKV_API tqkv_status tqkv_cuda_stream_create(void **stream);
+TQKV_API void        tqkv_cuda_stream_destroy(void *stream);
+TQKV_API tqkv_status tqkv_cuda_stream_sync(void *stream);
+TQKV_API tqkv_status tqkv_cuda_capture_begin(void *stream);
+TQKV_API tqkv_status tqkv_cuda_capture_end(void *stream, void **exec);
+TQKV_API tqkv_status tqkv_cuda_graph_launch(void *exec, void *stream);
+TQKV_API void        tqkv_cuda_graph_free(void *exec);
 /* Event timer: start, then stop returning milliseconds since start. */
 TQKV_API tqkv_status tqkv_cuda_timer_start(void **t);
 TQKV_API tqkv_status tqkv_cuda_timer_stop(void *t, double *ms);

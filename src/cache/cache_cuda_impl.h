@@ -1,9 +1,10 @@
 /*
  * cache_cuda_impl.h - private layout of the device cache, shared by the .cu files of the
  * CUDA backend (src/cache/cache_cuda.cu, src/codec/codec_cuda.cu, src/attn/attn_cuda.cu).
- * Owns: struct cuda_kv, the codec parameters passed to kernels by value, the launcher
- * prototypes that cross .cu files (no relocatable device code: each kernel lives in one
- * file and is reached through a host function).
+ * Owns: struct cuda_kv, the codec parameters passed to kernels by value (one struct per
+ * head_dim: cuda_codec at 128, whose layout the tuned decode kernel's Params embed, and
+ * cuda_codec256), the launcher prototypes that cross .cu files (no relocatable device
+ * code: each kernel lives in one file and is reached through a host function).
  * Must not: be included from C files (it is C++/CUDA only).
  */
 #ifndef TQKV_CACHE_CUDA_IMPL_H
@@ -16,7 +17,8 @@
 #include "cache/cache_cuda.h"
 
 
-/* Kernel-side codec parameters (passed by value, ~700 bytes). */
+/* Kernel-side codec parameters of a d = 128 cache (passed by value, ~700 bytes). Its
+ * layout is part of the split kernel's Params (attn_cuda.cu): keep it as it is. */
 typedef struct {
     float cent[16];           /* tq centroids (c[k] = LM[k] / sqrt(d)), ascending */
     float bounds[15];         /* midpoints */
@@ -24,6 +26,20 @@ typedef struct {
     float inv;                /* (float)(1 / sqrt(d)) */
     int   bits;               /* 2..4, 0 for non-tq */
 } cuda_codec;
+
+/* The same for a d = 256 cache (~1.2 KB). */
+typedef struct {
+    float cent[16];
+    float bounds[15];
+    float signs[256];
+    float inv;
+    int   bits;
+} cuda_codec256;
+
+/* The codec parameters of head_dim DIM (kernels templated on the dim take this type). */
+template <int DIM> struct cuda_codec_of;
+template <> struct cuda_codec_of<128> { typedef cuda_codec type; };
+template <> struct cuda_codec_of<256> { typedef cuda_codec256 type; };
 
 /* Per-row state as the kernels read it: [rows] of these. */
 typedef struct {
@@ -50,7 +66,8 @@ struct cuda_kv {
     int *h_spec_base;         /* [rows] offset at spec_begin */
     int  spec_active;
     cuda_row *d_rows;         /* device [rows] */
-    cuda_codec kc, vc;
+    cuda_codec kc, vc;        /* d = 128 caches (zero otherwise) */
+    cuda_codec256 kc256, vc256; /* d = 256 caches (zero otherwise) */
     /* attention workspace */
     void  *ws;                /* partials */
     size_t ws_bytes;
@@ -80,6 +97,18 @@ tqkv_status cuda_kv_advance_rows(cuda_kv *kv, int n);
 
 /* codec_cuda.cu: encode n tokens of every row into the planes at each row's col0. */
 tqkv_status codec_cuda_append(cuda_kv *kv, const float *k, const float *v, int n);
+
+/* attn_cuda_prefill.cu: decode attention of a cache whose head_dim is not the split
+ * kernel's (d = 256): the masked float32 kernel with one query per row over each row's
+ * whole length, read from the device row table (so a CUDA graph replay follows the rows).
+ * q, out: DEVICE [rows, q_heads, d]. ws == NULL: kv's own workspace (grown here); else at
+ * least tqkv_cuda_attend_ws_bytes_dim(rows, q_heads, .., d) bytes: then nothing is
+ * allocated, freed or waited for (capture safe). Asynchronous on kv->stream. */
+tqkv_status cuda_attend_decode_wide(cuda_kv *kv, const float *q, int q_heads, float scale,
+                                    float *out, void *ws, size_t ws_bytes);
+/* attn_cuda_prefill.cu: the masked kernels' one-time setup (their dynamic shared-memory
+ * limits); thread safe, idempotent; tqkv_cuda_attn_setup runs it. */
+tqkv_status cuda_prefill_setup(void);
 
 /* Convert a cudaError_t into a tqkv failure (returns TQKV_OK on cudaSuccess). */
 tqkv_status cuda_check(cudaError_t e, const char *what);

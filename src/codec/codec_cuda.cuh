@@ -2,8 +2,10 @@
  * codec_cuda.cuh - device helpers of the CUDA codec, shared (header-only, inline) by the
  * encode kernel (codec_cuda.cu) and the attention kernels (attn_cuda.cu).
  * Owns: the warp-wide randomized Hadamard rotation of one d = 128 vector (lane l holds
- * elements 4l..4l+3), bitwise equal to codec_rotate / codec_unrotate (same butterflies,
- * plain IEEE adds and multiplies, never contracted into FMA), and the exact fp32 -> fp16
+ * elements 4l..4l+3; cw_*: the tuned decode kernels' copy, left as it is) and of one
+ * d = 32 E vector (lane l holds elements E l..E l + E - 1; cw_*_n<E>, E = 4 or 8), bitwise
+ * equal to codec_rotate / codec_unrotate (same butterflies in the same stage order, plain
+ * IEEE adds and multiplies, never contracted into FMA), and the exact fp32 -> fp16
  * rounding of src/util/common.c.
  * Must not: know about caches, rows or attention.
  */
@@ -48,6 +50,51 @@ __device__ __forceinline__ void cw_unrotate(float x[4], const float s[4], float 
     cw_fwht_raw(x, lane);
 #pragma unroll
     for (int k = 0; k < 4; k++) x[k] = __fmul_rn(x[k], __fmul_rn(s[k], inv));
+}
+
+/* The same butterflies for d = 32 E: x[k] is element E * lane + k. Stages h = 1 .. E / 2
+ * inside the lane, then h = E .. 16 E across lanes (partner lane ^ (h / E)): the order of
+ * codec_fwht_raw (h ascending; a stage's butterflies are independent). E = 4 performs the
+ * operations of cw_fwht_raw. */
+template <int E> __device__ __forceinline__ void cw_fwht_raw_n(float (&x)[E], int lane) {
+    static_assert(E == 4 || E == 8, "d = 128 or 256");
+#pragma unroll
+    for (int h = 1; h < E; h <<= 1)
+#pragma unroll
+        for (int j = 0; j < E; j += 2 * h)
+#pragma unroll
+            for (int k = j; k < j + h; k++) {
+                const float a = x[k], b = x[k + h];
+                x[k] = __fadd_rn(a, b);
+                x[k + h] = __fsub_rn(a, b);
+            }
+#pragma unroll
+    for (int m = 1; m < 32; m <<= 1) {
+        const int upper = lane & m;
+#pragma unroll
+        for (int k = 0; k < E; k++) {
+            const float o = __shfl_xor_sync(0xffffffffu, x[k], m);
+            x[k] = upper ? __fsub_rn(o, x[k]) : __fadd_rn(x[k], o);
+        }
+    }
+}
+
+/* x <- H D x / sqrt(d) (codec_rotate). s[k] = signs[E lane + k]. */
+template <int E>
+__device__ __forceinline__ void cw_rotate_n(float (&x)[E], const float (&s)[E], float inv, int lane) {
+#pragma unroll
+    for (int k = 0; k < E; k++) x[k] = __fmul_rn(x[k], s[k]);
+    cw_fwht_raw_n<E>(x, lane);
+#pragma unroll
+    for (int k = 0; k < E; k++) x[k] = __fmul_rn(x[k], inv);
+}
+
+/* x <- D H x / sqrt(d) (codec_unrotate). */
+template <int E>
+__device__ __forceinline__ void cw_unrotate_n(float (&x)[E], const float (&s)[E], float inv, int lane) {
+    cw_fwht_raw_n<E>(x, lane);
+#pragma unroll
+    for (int k = 0; k < E; k++) x[k] = __fmul_rn(x[k], __fmul_rn(s[k], inv));
 }
 
 /* tqkv_f32_to_f16, bit for bit (round to nearest even, NaN -> sign | 0x7e00). */

@@ -438,7 +438,7 @@ static tqkv_status forward(const tqkv_model *m, tqkv_model_state *s, const int32
         return tqkv_fail(TQKV_EINVAL, "forward: NULL argument or state of another model");
     /* every graph (and the device) needs a row: a state filtered to none holds no buffers */
     if (s->rows < 1) return tqkv_fail(TQKV_ESTATE, "forward: the state has no rows");
-    if (m->g4) return gemma4_forward(m, s, tokens, lengths, n, prefill, mode, logits);
+    if (m->g4 && !s->gpu) return gemma4_forward(m, s, tokens, lengths, n, prefill, mode, logits);
     if (n < 1) return tqkv_fail(TQKV_EINVAL, "forward: n must be >= 1, got %d", n);
     if ((unsigned)mode > TQKV_LOGITS_ALL || (mode != TQKV_LOGITS_NONE && !logits))
         return tqkv_fail(TQKV_EINVAL, "forward: bad logits mode or NULL logits");

@@ -46,7 +46,7 @@ extern "C" {
 // state: model_cuda_impl.h
 // ---------------------------------------------------------------------------
 
-static tqkv_status ck(cudaError_t e, const char *what) {
+tqkv_status mc_ck(cudaError_t e, const char *what) {
     if (e == cudaSuccess) return TQKV_OK;
     /* an API error such as an allocation failure is also the runtime's "last error":
      * clear it, or a later launch check would report it again (sticky errors stay) */
@@ -55,10 +55,13 @@ static tqkv_status ck(cudaError_t e, const char *what) {
     return tqkv_fail(s, "CUDA: %s: %s", what, cudaGetErrorString(e));
 }
 
-static tqkv_status dmalloc(void **p, size_t bytes) {
+tqkv_status mc_dmalloc(void **p, size_t bytes) {
     *p = NULL;
-    return ck(cudaMalloc(p, bytes ? bytes : 16), "cudaMalloc (model)");
+    return mc_ck(cudaMalloc(p, bytes ? bytes : 16), "cudaMalloc (model)");
 }
+
+#define ck      mc_ck
+#define dmalloc mc_dmalloc
 
 // ---------------------------------------------------------------------------
 // kernels
@@ -212,7 +215,7 @@ __global__ void swiglu_kernel(const float *__restrict__ gu, int I, float *__rest
 // ---------------------------------------------------------------------------
 
 /* Upload the rows of ws[0..nw) stacked into one device bf16 matrix [sum n, k]. */
-static tqkv_status upload_matrix(bf16 **out, const mm_weight *const *ws, int nw) {
+tqkv_status mc_upload_matrix(bf16 **out, const mm_weight *const *ws, int nw) {
     const int k = ws[0]->k;
     size_t rows = 0;
     for (int i = 0; i < nw; i++) {
@@ -252,7 +255,7 @@ static tqkv_status upload_matrix(bf16 **out, const mm_weight *const *ws, int nw)
 }
 
 /* Concatenate host float vectors (NULL parts as zeros) into one device array; all-NULL -> NULL. */
-static tqkv_status upload_vec(float **out, const float *const *parts, const int *lens, int np) {
+tqkv_status mc_upload_vec(float **out, const float *const *parts, const int *lens, int np) {
     *out = NULL;
     int any = 0;
     size_t n = 0;
@@ -285,6 +288,7 @@ extern "C" void model_cuda_weights_free(model_cuda_weights *w) {
             for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) cudaFree(ps[i]);
         }
     free(w->layers);
+    g4_cuda_weights_free(w->g4);
     if (w->lm_head != w->embed) cudaFree(w->lm_head);
     cudaFree(w->embed);
     cudaFree(w->final_norm);
@@ -302,52 +306,51 @@ static tqkv_status upload_weights(const tqkv_model *m, model_cuda_weights **out)
         free(g);
         return tqkv_fail(TQKV_ENOMEM, "out of memory");
     }
-    tqkv_status st = TQKV_OK;
-    for (int l = 0; l < c->n_layers && !st; l++) {
+    tqkv_status st = m->g4 ? g4_cuda_upload(m, g) : TQKV_OK; /* Gemma 4: its own layers */
+    for (int l = 0; l < c->n_layers && !st && !m->g4; l++) {
         const model_layer *S = &m->layers[l];
         mc_layer *L = &g->layers[l];
         const mm_weight *gu[2] = {&S->wg, &S->wu}, *wd = &S->wd;
         const float *an = S->attn_norm, *fn = S->ffn_norm;
-        st = upload_matrix(&L->wgu, gu, 2);
-        if (!st) st = upload_matrix(&L->wd, &wd, 1);
-        if (!st) st = upload_vec(&L->attn_norm, &an, &H, 1);
-        if (!st) st = upload_vec(&L->ffn_norm, &fn, &H, 1);
+        st = mc_upload_matrix(&L->wgu, gu, 2);
+        if (!st) st = mc_upload_matrix(&L->wd, &wd, 1);
+        if (!st) st = mc_upload_vec(&L->attn_norm, &an, &H, 1);
+        if (!st) st = mc_upload_vec(&L->ffn_norm, &fn, &H, 1);
         if (st) break;
         if (c->layer_type[l] == TQKV_LAYER_LINEAR) { /* Qwen 3.5 gated DeltaNet */
             const int NV = c->lin_v_heads, VD = NV * c->lin_v_dim,
                       CD = 2 * c->lin_k_heads * c->lin_k_dim + VD, CK = CD * c->lin_conv_kernel;
             const mm_weight *in[4] = {&S->lin_qkv, &S->lin_z, &S->lin_b, &S->lin_a}, *out = &S->lin_out;
             const float *cw = S->conv_w, *na = S->lin_neg_a, *db = S->dt_bias, *nw = S->lin_norm;
-            st = upload_matrix(&L->lin_in, in, 4);
-            if (!st) st = upload_matrix(&L->lin_out, &out, 1);
-            if (!st) st = upload_vec(&L->conv_w, &cw, &CK, 1);
-            if (!st) st = upload_vec(&L->lin_neg_a, &na, &NV, 1);
-            if (!st) st = upload_vec(&L->dt_bias, &db, &NV, 1);
-            if (!st) st = upload_vec(&L->lin_norm, &nw, &c->lin_v_dim, 1);
+            st = mc_upload_matrix(&L->lin_in, in, 4);
+            if (!st) st = mc_upload_matrix(&L->lin_out, &out, 1);
+            if (!st) st = mc_upload_vec(&L->conv_w, &cw, &CK, 1);
+            if (!st) st = mc_upload_vec(&L->lin_neg_a, &na, &NV, 1);
+            if (!st) st = mc_upload_vec(&L->dt_bias, &db, &NV, 1);
+            if (!st) st = mc_upload_vec(&L->lin_norm, &nw, &c->lin_v_dim, 1);
             continue;
         }
         const mm_weight *qkv[3] = {&S->wq, &S->wk, &S->wv}, *wo = &S->wo;
         const float *qn = S->q_norm, *kn = S->k_norm, *bo = S->bo;
         const float *bq[3] = {S->bq, S->bk, S->bv};
         const int lq[3] = {QD, KD, KD};
-        st = upload_matrix(&L->wqkv, qkv, 3);
-        if (!st) st = upload_matrix(&L->wo, &wo, 1);
-        if (!st) st = upload_vec(&L->q_norm, &qn, &hd, 1);
-        if (!st) st = upload_vec(&L->k_norm, &kn, &hd, 1);
-        if (!st) st = upload_vec(&L->bqkv, bq, lq, 3);
-        if (!st) st = upload_vec(&L->bo, &bo, &H, 1);
+        st = mc_upload_matrix(&L->wqkv, qkv, 3);
+        if (!st) st = mc_upload_matrix(&L->wo, &wo, 1);
+        if (!st) st = mc_upload_vec(&L->q_norm, &qn, &hd, 1);
+        if (!st) st = mc_upload_vec(&L->k_norm, &kn, &hd, 1);
+        if (!st) st = mc_upload_vec(&L->bqkv, bq, lq, 3);
+        if (!st) st = mc_upload_vec(&L->bo, &bo, &H, 1);
     }
     const mm_weight *e = &m->embed, *lm = &m->lm_head;
     const float *fnorm = m->final_norm;
-    if (!st) st = upload_matrix(&g->embed, &e, 1);
+    if (!st) st = mc_upload_matrix(&g->embed, &e, 1);
     if (!st) {
         if (m->lm_head.data == m->embed.data && m->lm_head.type == m->embed.type &&
             m->lm_head.packed == m->embed.packed)
             g->lm_head = g->embed;
-        else
-            st = upload_matrix(&g->lm_head, &lm, 1);
+        else st = mc_upload_matrix(&g->lm_head, &lm, 1);
     }
-    if (!st) st = upload_vec(&g->final_norm, &fnorm, &H, 1);
+    if (!st) st = mc_upload_vec(&g->final_norm, &fnorm, &H, 1);
     /* cudaMemcpy from pageable memory may return before its DMA lands, and the states'
      * non-blocking streams do not wait for the legacy stream: wait once, here */
     if (!st) st = ck(cudaStreamSynchronize(0), "upload weights");
@@ -457,11 +460,13 @@ static tqkv_status make_caches(model_cuda *g, int rows) {
     cuda_kv **kv = (cuda_kv **)calloc((size_t)c->n_layers, sizeof *kv);
     if (!kv) return tqkv_fail(TQKV_ENOMEM, "out of memory");
     tqkv_status st = TQKV_OK;
+    const g4_config *g4 = g->m->g4 ? &g->m->g4->cfg : NULL;
     for (int l = 0; l < c->n_layers && !st; l++) {
-        if (c->layer_type[l] == TQKV_LAYER_LINEAR) continue; /* recurrent rows: g->rec */
+        /* recurrent rows (g->rec), or a Gemma 4 KV-shared layer (reads its donor's cache) */
+        if (!mc_layer_has_kv(g->m, l)) continue;
         tqkv_cache_config cc = tqkv_cache_config_default();
-        cc.kv_heads = c->n_kv_heads;
-        cc.head_dim = c->head_dim;
+        cc.kv_heads = g4 ? g4->n_kv[l] : c->n_kv_heads;
+        cc.head_dim = g4 ? g4->head_dim[l] : c->head_dim;
         cc.k_format = p->k_format;
         cc.v_format = p->v_format;
         cc.seed = p->kv_seed + (uint64_t)l;
@@ -482,10 +487,11 @@ static tqkv_status make_caches(model_cuda *g, int rows) {
 /* Every scratch buffer (device and pinned host); waits for the stream first. */
 static void free_scratch(model_cuda *g) {
     if (g->stream) cudaStreamSynchronize(g->stream);
-    void *d[] = {g->x, g->xn, g->qkv, g->att, g->gu, g->hh, g->tmp, g->rope, g->logits,
-                 g->tinfo, g->qb, g->ob, g->kb, g->vb, g->xf, g->part, g->cv, g->slot};
+    void *d[] = {g->x,  g->xn, g->qkv, g->att, g->gu, g->hh,   g->tmp, g->rope, g->logits, g->tinfo,
+                 g->qb, g->ob, g->kb,  g->vb,  g->xf, g->part, g->cv,  g->slot, g->ple,    g->pg};
     for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) cudaFree(d[i]);
     g->x = g->xn = g->qkv = g->att = g->gu = g->hh = g->tmp = g->rope = g->logits = NULL;
+    g->ple = g->pg = NULL;
     g->cv = NULL;
     g->slot = NULL;
     cudaFreeHost(g->h_slot);
@@ -565,10 +571,18 @@ static tqkv_status ensure_pick(model_cuda *g, size_t in_bytes, size_t rec_words)
     return st;
 }
 
+int mc_rope_width(const tqkv_model *m) {
+    if (m->g4) return 2 * (m->g4->half[0] + m->g4->half[1]); /* sliding | full */
+    return m->cfg.head_dim;
+}
+
 static tqkv_status ensure_scratch(model_cuda *g, size_t T, size_t RN) {
     const tqkv_model_config *c = &g->m->cfg;
-    const size_t H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim,
-                 QD = (size_t)c->n_heads * hd, KD = (size_t)c->n_kv_heads * hd;
+    const g4_config *g4 = g->m->g4 ? &g->m->g4->cfg : NULL; /* Gemma 4: per-layer dims */
+    const size_t H = c->hidden_size, I = c->intermediate_size, RW = (size_t)mc_rope_width(g->m),
+                 QD = g4 ? (size_t)g4->max_qd : (size_t)c->n_heads * c->head_dim,
+                 KD = g4 ? (size_t)g4->max_kd : (size_t)c->n_kv_heads * c->head_dim,
+                 P = g4 ? (size_t)g4->ple_dim : 0, LP = P * (size_t)c->n_layers;
     /* projection row width: QS (Qwen 3.5: a gate per query) or a linear layer's row */
     const size_t VD = (size_t)c->lin_v_heads * c->lin_v_dim,
                  CD = 2 * (size_t)c->lin_k_heads * c->lin_k_dim + VD;
@@ -591,15 +605,18 @@ static tqkv_status ensure_scratch(model_cuda *g, size_t T, size_t RN) {
         if (!st) st = dmalloc((void **)&g->gu, t * 2 * I * 4);
         if (!st) st = dmalloc((void **)&g->hh, t * I * 4);
         if (!st) st = dmalloc((void **)&g->tmp, t * H * 4);
-        if (!st) st = dmalloc((void **)&g->rope, t * hd * 4);
+        if (!st) st = dmalloc((void **)&g->rope, t * RW * 4);
+        if (!st && P) st = dmalloc((void **)&g->ple, t * LP * 4);
+        if (!st && P) st = dmalloc((void **)&g->pg, t * P * 4);
         if (!st) st = dmalloc((void **)&g->tinfo, t * 3 * 4);
         size_t kmax = H > AW ? H : AW, nmax = PW;
         kmax = kmax > I ? kmax : I;
-        const size_t nn[3] = {2 * I, H, (size_t)c->vocab_size};
-        for (int i = 0; i < 3; i++) nmax = nn[i] > nmax ? nn[i] : nmax;
+        kmax = kmax > P ? kmax : P; /* Gemma 4's per-layer projection */
+        const size_t nn[4] = {2 * I, H, (size_t)c->vocab_size, LP};
+        for (int i = 0; i < 4; i++) nmax = nn[i] > nmax ? nn[i] : nmax;
         if (!st) st = dmalloc(&g->xf, tqkv_cuda_gemm_xf_bytes(t, kmax));
         if (!st) st = dmalloc((void **)&g->part, tqkv_cuda_gemm_part_bytes(nmax, kmax));
-        if (!st) st = pinned_alloc((void **)&g->h_rope, t * hd * 4);
+        if (!st) st = pinned_alloc((void **)&g->h_rope, t * RW * 4);
         if (!st) st = pinned_alloc((void **)&g->h_tinfo, t * 3 * 4);
         if (st) {
             free_scratch(g);
@@ -651,9 +668,36 @@ extern "C" tqkv_status model_cuda_init(model_cuda **out, const tqkv_model *m,
     if (sst) return sst;
     const tqkv_model_config *c = &m->cfg;
     if (c->arch != TQKV_ARCH_QWEN3 && c->arch != TQKV_ARCH_QWEN2 && c->arch != TQKV_ARCH_LLAMA &&
-        c->arch != TQKV_ARCH_QWEN35)
-        return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: the %s graph runs on the CPU only "
-                         "(the GPU forward has Qwen3, Qwen2, Llama and Qwen 3.5)", c->arch_name);
+        c->arch != TQKV_ARCH_QWEN35 && c->arch != TQKV_ARCH_GEMMA4)
+        return tqkv_fail(TQKV_EUNSUPPORTED,
+                         "--device cuda: the %s graph runs on the CPU only "
+                         "(the GPU forward has Qwen3, Qwen2, Llama, Qwen 3.5 and Gemma 4)",
+                         c->arch_name);
+    if (m->g4) { /* per-layer head dims and KV heads; the model-wide checks below are the
+                  * sliding layers' */
+        const g4_config *g4 = &m->g4->cfg;
+        for (int l = 0; l < c->n_layers; l++) {
+            if (g4->head_dim[l] != CUDA_DIM && g4->head_dim[l] != CUDA_DIM_WIDE)
+                return tqkv_fail(TQKV_EUNSUPPORTED,
+                                 "--device cuda: Gemma 4 layer %d head_dim %d (the "
+                                 "device kernels take %d and %d)",
+                                 l, g4->head_dim[l], CUDA_DIM, CUDA_DIM_WIDE);
+            if (c->n_heads % g4->n_kv[l] || c->n_heads / g4->n_kv[l] > CUDA_MAX_G)
+                return tqkv_fail(TQKV_EUNSUPPORTED,
+                                 "--device cuda: Gemma 4 layer %d: %d query heads "
+                                 "per KV head (at most %d)",
+                                 l, c->n_heads / g4->n_kv[l], CUDA_MAX_G);
+        }
+        if (g4->pos_layer < 0)
+            return tqkv_fail(TQKV_EUNSUPPORTED,
+                             "--device cuda: a Gemma 4 graph without a full "
+                             "non-shared layer (its sliding layers could not be bounded)");
+        if (g4->ple_dim && (g4->ple_dim % 8 || g4->ple_dim > c->intermediate_size))
+            return tqkv_fail(TQKV_EUNSUPPORTED,
+                             "--device cuda: per-layer input width %d (the device "
+                             "needs a multiple of 8)",
+                             g4->ple_dim);
+    }
     if (c->n_linear > 0 && !q35_cuda_supported(c))
         return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: DeltaNet key dim %d / value dim %d / "
                          "conv width %d (the device kernels take key dim 64 or 128, value dim a "
@@ -661,7 +705,7 @@ extern "C" tqkv_status model_cuda_init(model_cuda **out, const tqkv_model *m,
                          c->lin_v_dim, c->lin_conv_kernel, 8);
     if (c->n_linear >= c->n_layers)
         return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: a graph without attention layers");
-    if (c->head_dim != CUDA_DIM)
+    if (c->head_dim != CUDA_DIM && !m->g4)
         return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: head_dim %d (the device kernels "
                          "need %d)", c->head_dim, CUDA_DIM);
     if (c->n_heads % c->n_kv_heads || c->n_heads / c->n_kv_heads > CUDA_MAX_G)
@@ -669,6 +713,12 @@ extern "C" tqkv_status model_cuda_init(model_cuda **out, const tqkv_model *m,
                          "most %d)", c->n_heads / c->n_kv_heads, CUDA_MAX_G);
     int bf = p->k_format == TQKV_F32 && p->v_format == TQKV_F32;
     int tq = p->k_format == p->v_format && (p->k_format == TQKV_TQ4 || p->k_format == TQKV_TQ3);
+    if (bf && m->g4 && m->g4->cfg.max_hd > CUDA_DIM)
+        return tqkv_fail(TQKV_EUNSUPPORTED,
+                         "--device cuda: f32 KV runs on the device's dense bf16 "
+                         "cache, which has head_dim %d only; this Gemma 4 model has layers of "
+                         "head_dim %d (use tq4 or tq3 KV on the device)",
+                         CUDA_DIM, m->g4->cfg.max_hd);
     if (!bf && !tq)
         return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: KV %s/%s (the device cache holds "
                          "tq4/tq4, tq3/tq3 or, for f32, dense bf16)",
@@ -678,7 +728,9 @@ extern "C" tqkv_status model_cuda_init(model_cuda **out, const tqkv_model *m,
     g->m = m;
     g->p = *p;
     g->rows = rows;
-    while (c->layer_type[g->kv0] == TQKV_LAYER_LINEAR) g->kv0++;
+    if (m->g4) g->kv0 = gemma4_position_layer(m); /* sliding layers hold fewer tokens */
+    else
+        while (c->layer_type[g->kv0] == TQKV_LAYER_LINEAR) g->kv0++;
     if (c->n_linear > 0) { /* recurrent.h's row layout */
         mc_rec *rc = &g->rec;
         const size_t CD = 2 * (size_t)c->lin_k_heads * c->lin_k_dim + (size_t)c->lin_v_heads * c->lin_v_dim;
@@ -713,6 +765,7 @@ extern "C" void model_cuda_free(model_cuda *g) {
     if (!g) return;
     if (g->stream) cudaStreamSynchronize(g->stream);
     graph_drop(g);
+    g4_cuda_state_free(g);
     gemm_cublas_free(g->cublas);
     cudaFree(g->aws);
     free_caches(g);
@@ -746,10 +799,21 @@ extern "C" tqkv_status model_cuda_offsets(const model_cuda *g, int *offset) {
  * off[r] + 1 .. off[r] + n (a decode: n = 1; a verification window: n):
  * tqkv_cuda_attend_ws_bytes is monotone in the length, so the longest row's last length
  * decides. For a decode step it is also the graph key's attn_ws. */
+/* The decode attention workspace for the state's layers: head_dim 128's need, or (Gemma 4
+ * with full layers of 256) the larger of both dims' (a sliding layer's window view is never
+ * longer than the full rows, so the longest row bounds it too). */
+size_t mc_attend_ws_bytes(const model_cuda *g, int tokens) {
+    const size_t b = tqkv_cuda_attend_ws_bytes(g->rows, g->m->cfg.n_heads, tokens);
+    if (!g->m->g4 || g->m->g4->cfg.max_hd <= CUDA_DIM) return b;
+    const size_t w =
+        tqkv_cuda_attend_ws_bytes_dim(g->rows, g->m->cfg.n_heads, tokens, CUDA_DIM_WIDE);
+    return w > b ? w : b; /* Gemma 4: layers of both head dims share it */
+}
+
 static size_t aws_need(const model_cuda *g, const int *off, int n) {
     int longest = 0;
     for (int r = 0; r < g->rows; r++) longest = off[r] > longest ? off[r] : longest;
-    return tqkv_cuda_attend_ws_bytes(g->rows, g->m->cfg.n_heads, longest + n);
+    return mc_attend_ws_bytes(g, longest + n);
 }
 
 /* The shared decode attention workspace, at least `need` bytes (a new one: gen bump). */
@@ -760,7 +824,7 @@ static tqkv_status ensure_aws_bytes(model_cuda *g, size_t need) {
 
 /* The workspace for rows of up to max_tokens tokens (monotone: the longest decides). */
 static tqkv_status ensure_aws(model_cuda *g, int max_tokens) {
-    return ensure_aws_bytes(g, tqkv_cuda_attend_ws_bytes(g->rows, g->m->cfg.n_heads, max_tokens));
+    return ensure_aws_bytes(g, mc_attend_ws_bytes(g, max_tokens));
 }
 
 /* The caches' new storage (if any) has new storage ids: the next step's key differs; the
@@ -768,8 +832,16 @@ static tqkv_status ensure_aws(model_cuda *g, int max_tokens) {
 extern "C" tqkv_status model_cuda_reserve(model_cuda *g, int tokens) {
     graph_drop(g);
     tqkv_status st = ensure_aws(g, tokens);
-    for (int l = 0; l < g->m->cfg.n_layers && !st; l++)
-        if (g->kv[l]) st = tqkv_cuda_kv_reserve(g->kv[l], tokens);
+    const g4_config *g4 = g->m->g4 ? &g->m->g4->cfg : NULL;
+    for (int l = 0; l < g->m->cfg.n_layers && !st; l++) {
+        if (!g->kv[l]) continue;
+        int t = tokens; /* a bounded sliding layer's columns stay below ~2 (window + slack) */
+        if (g4 && g4->sliding[l]) {
+            const int keep = g4->window + g->p.window_slack;
+            t = t < 2 * keep ? t : 2 * keep;
+        }
+        st = tqkv_cuda_kv_reserve(g->kv[l], t);
+    }
     return st;
 }
 
@@ -778,16 +850,20 @@ extern "C" tqkv_status model_cuda_reserve(model_cuda *g, int tokens) {
 #define FILL_CHUNK 16
 extern "C" tqkv_status model_cuda_fill(model_cuda *g, int n, uint64_t seed) {
     const tqkv_model_config *c = &g->m->cfg;
-    const size_t per = (size_t)g->rows * c->n_kv_heads * FILL_CHUNK * CUDA_DIM; /* [rows, NKV, chunk, 128] */
+    const g4_config *g4 = g->m->g4 ? &g->m->g4->cfg : NULL; /* Gemma 4: per-layer dims */
+    const size_t kdmax = g4 ? (size_t)g4->max_kd : (size_t)c->n_kv_heads * CUDA_DIM;
+    const size_t per = (size_t)g->rows * kdmax * FILL_CHUNK; /* [rows, NKV, chunk, hd] */
     float *k = NULL, *v = NULL;
     tqkv_status st = dmalloc((void **)&k, per * 4);
     if (!st) st = dmalloc((void **)&v, per * 4);
     int done = 0; /* tokens appended to every layer */
     while (!st && done < n) {
         const int m = n - done < FILL_CHUNK ? n - done : FILL_CHUNK;
-        const size_t cnt = (size_t)g->rows * c->n_kv_heads * m * CUDA_DIM;
         for (int l = 0; l < c->n_layers && !st; l++) {
             if (!g->kv[l]) continue; /* recurrent rows: their token count follows below */
+            const size_t cnt =
+                (size_t)g->rows * m *
+                (g4 ? (size_t)g4->n_kv[l] * g4->head_dim[l] : (size_t)c->n_kv_heads * CUDA_DIM);
             const uint64_t sd = seed ^ ((uint64_t)l << 40) ^ ((uint64_t)done << 8);
             /* all on g->stream: the next fill of k / v waits for this append's encode */
             st = tqkv_cuda_fill_normal_on(k, cnt, sd * 2 + 1, 1.0f, g->stream);
@@ -808,8 +884,8 @@ extern "C" tqkv_status model_cuda_fill(model_cuda *g, int n, uint64_t seed) {
     return st ? st : ss;
 }
 
-static tqkv_status gemm(model_cuda *g, const float *x, size_t ldx, int T, const bf16 *w, int N,
-                        int K, const float *bias, float *y, size_t ldy) {
+tqkv_status mc_gemm(model_cuda *g, const float *x, size_t ldx, int T, const bf16 *w, int N, int K,
+                    const float *bias, float *y, size_t ldy) {
     if (g->cublas) /* xf holds >= T K 4 bytes: room for the bf16 activations */
         return gemm_cublas_run(g->cublas, x, ldx, T, (const uint16_t *)w, N, K, bias, y, ldy, g->xf);
     return tqkv_cuda_gemm(x, ldx, T, (const uint16_t *)w, N, K, bias, y, ldy, g->xf, g->part, g->stream);
@@ -823,8 +899,9 @@ static tqkv_status gemm(model_cuda *g, const float *x, size_t ldx, int T, const 
  * q1 = att [R, NH, hd] and o1 = att + R QD [R, NH, hd] (2 R QD <= T QD since n >= 2).
  * Everything is queued on g->stream (the caches' stream). Never captured in the decode
  * graph (n > 1). */
-static tqkv_status attend_as_decode(model_cuda *g, cuda_kv *kv, int n, int NH, float scale) {
-    const size_t R = (size_t)g->rows, hd = CUDA_DIM, vec = hd * sizeof(float);
+tqkv_status mc_attend_as_decode(model_cuda *g, cuda_kv *kv, int n, int NH, int head_dim,
+                                float scale) {
+    const size_t R = (size_t)g->rows, hd = (size_t)head_dim, vec = hd * sizeof(float);
     float *q1 = g->att, *o1 = g->att + R * NH * hd;
     tqkv_status st = TQKV_OK;
     for (int j = 0; j < n && !st; j++) {
@@ -844,7 +921,7 @@ static tqkv_status attend_as_decode(model_cuda *g, cuda_kv *kv, int n, int NH, f
 
 /* The device pick after the lm_head (g->logits [rows, V]): the kernel on the plan already
  * uploaded to g->pick_in, then the records' copy to the pinned g->h_pick_rec. */
-static tqkv_status pick_queue(model_cuda *g, int stride) {
+tqkv_status mc_pick_queue(model_cuda *g, int stride) {
     const int R = g->rows, V = g->m->cfg.vocab_size;
     tqkv_status st = pick_cuda_queue(g->logits, (size_t)V, R, V, g->pick_in, stride, g->pick_rec, g->stream);
     if (!st) st = ck(cudaMemcpyAsync(g->h_pick_rec, g->pick_rec, (size_t)R * PICK_REC_WORDS(stride) * 4,
@@ -861,6 +938,7 @@ static tqkv_status pick_queue(model_cuda *g, int stride) {
  * buffers, and reads from the host only what the graph key holds: capturable. */
 static tqkv_status forward_queue(model_cuda *g, int n, int as_decode, tqkv_logits_mode mode,
                                  float *out, int pick, int *done) {
+    if (g->m->g4) return g4_cuda_forward_queue(g, n, as_decode, mode, out, pick, done);
     const tqkv_model_config *c = &g->m->cfg;
     const int R = g->rows, H = c->hidden_size, hd = c->head_dim, NH = c->n_heads,
               NKV = c->n_kv_heads, I = c->intermediate_size, V = c->vocab_size;
@@ -889,14 +967,14 @@ static tqkv_status forward_queue(model_cuda *g, int n, int as_decode, tqkv_logit
         // ---- token mixer
         if (l == 0) rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, NULL, L->attn_norm, eps, H, g->xn);
         if (!kv) { /* Qwen 3.5 gated DeltaNet: xn -> proj -> cv -> att [T, VD] -> tmp */
-            st = gemm(g, g->xn, H, (int)T, L->lin_in, PWL, H, NULL, g->qkv, PWL);
+            st = mc_gemm(g, g->xn, H, (int)T, L->lin_in, PWL, H, NULL, g->qkv, PWL);
             if (!st) st = q35_cuda_linear(c, L, &g->rec, lin, R, n, g->qkv, g->cv, g->slot, g->att, s);
             if (!st) lin++;
             *done = l + 1; /* the recurrent rows changed: forward_fail marks the state broken */
-            if (!st) st = gemm(g, g->att, VD, (int)T, L->lin_out, H, VD, NULL, g->tmp, H);
+            if (!st) st = mc_gemm(g, g->att, VD, (int)T, L->lin_out, H, VD, NULL, g->tmp, H);
             if (st) break;
         } else {
-            st = gemm(g, g->xn, H, (int)T, L->wqkv, QS, H, L->bqkv, g->qkv, QS);
+            st = mc_gemm(g, g->xn, H, (int)T, L->wqkv, QS, H, L->bqkv, g->qkv, QS);
             if (st) break;
             const size_t warps = T * (size_t)(NH + 2 * NKV);
             qkv_post_kernel<<<(unsigned)((warps + 3) / 4), 128, 0, s>>>(
@@ -908,7 +986,7 @@ static tqkv_status forward_queue(model_cuda *g, int n, int as_decode, tqkv_logit
             if (n == 1) {
                 st = tqkv_cuda_kv_attend_ws(kv, g->qb, NH, scale, g->ob, g->aws, g->aws_bytes);
             } else if (as_decode) {
-                st = attend_as_decode(g, kv, n, NH, scale);
+                st = mc_attend_as_decode(g, kv, n, NH, hd, scale);
             } else {
                 for (int r = 0; r < R; r++)
                     for (int j = 0; j < n; j++) {
@@ -921,15 +999,15 @@ static tqkv_status forward_queue(model_cuda *g, int n, int as_decode, tqkv_logit
             if (st) break;
             gather_kernel<<<(unsigned)T, 128, 0, s>>>(g->ob, g->tinfo, NH, n, gated ? g->qkv + hd : NULL,
                                                       QS, g->att);
-            st = gemm(g, g->att, QD, (int)T, L->wo, H, QD, L->bo, g->tmp, H);
+            st = mc_gemm(g, g->att, QD, (int)T, L->wo, H, QD, L->bo, g->tmp, H);
             if (st) break;
         }
         rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, L->ffn_norm, eps, H, g->xn);
         // ---- MLP block
-        st = gemm(g, g->xn, H, (int)T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I);
+        st = mc_gemm(g, g->xn, H, (int)T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I);
         if (st) break;
         swiglu_kernel<<<dim3((unsigned)T, (unsigned)((I + 255) / 256)), 256, 0, s>>>(g->gu, I, g->hh);
-        st = gemm(g, g->hh, I, (int)T, L->wd, H, I, NULL, g->tmp, H);
+        st = mc_gemm(g, g->hh, I, (int)T, L->wd, H, I, NULL, g->tmp, H);
         if (st) break;
         /* residual x += tmp, then the next layer's attention norm (or the final norm) */
         const float *nw = l + 1 < c->n_layers ? g->w->layers[l + 1].attn_norm : g->w->final_norm;
@@ -939,13 +1017,14 @@ static tqkv_status forward_queue(model_cuda *g, int n, int as_decode, tqkv_logit
     if (st || mode == TQKV_LOGITS_NONE) return st;
     /* xn holds every token's final-normed state (the last layer's fused norm) */
     if (mode == TQKV_LOGITS_LAST) { /* row r's last token is t = r n + n - 1 */
-        st = gemm(g, g->xn + (size_t)(n - 1) * H, (size_t)n * H, R, g->w->lm_head, V, H, NULL, g->logits, V);
+        st = mc_gemm(g, g->xn + (size_t)(n - 1) * H, (size_t)n * H, R, g->w->lm_head, V, H, NULL,
+                     g->logits, V);
         /* the full rows leave before the pick's penalty changes them in place */
         if (!st && out) st = ck(cudaMemcpyAsync(out, g->logits, (size_t)R * V * 4, cudaMemcpyDeviceToHost, s), "logits");
-        if (!st && pick) st = pick_queue(g, pick);
+        if (!st && pick) st = mc_pick_queue(g, pick);
         return st;
     }
-    st = gemm(g, g->xn, H, (int)T, g->w->lm_head, V, H, NULL, g->logits, V);
+    st = mc_gemm(g, g->xn, H, (int)T, g->w->lm_head, V, H, NULL, g->logits, V);
     if (!st && out) st = ck(cudaMemcpyAsync(out, g->logits, T * V * 4, cudaMemcpyDeviceToHost, s), "logits");
     return st;
 }
@@ -968,8 +1047,8 @@ static tqkv_status forward_undo(model_cuda *g, int done, int n) {
  * rule), or whose rewind failed, refuses forwards until it is reset or restored. */
 static void forward_fail(model_cuda *g, int done, int n) {
     if (forward_undo(g, done, n)) g->broken = 1;
-    for (int l = 0; l < done; l++)
-        if (!g->kv[l]) g->broken = 1;
+    for (int l = 0; l < done && g->rec.n_lin; l++)
+        if (g->m->cfg.layer_type[l] == TQKV_LAYER_LINEAR) g->broken = 1;
 }
 
 static tqkv_status forward_direct(model_cuda *g, int n, int as_decode, tqkv_logits_mode mode,
@@ -1000,13 +1079,15 @@ static mc_graph_key graph_key(model_cuda *g, int logits, size_t attn_ws, int pic
     k.logits = logits;
     k.attn_ws = attn_ws;
     k.pick = pick;
+    k.win_tok = g->m->g4 ? g4_cuda_win_tokens(g, 1) : 0;
     k.gen = g->gen;
     return k;
 }
 
 static int graph_key_eq(const mc_graph_key *a, const mc_graph_key *b) {
     return a->valid && b->valid && a->rows == b->rows && a->logits == b->logits &&
-           a->attn_ws == b->attn_ws && a->pick == b->pick && a->gen == b->gen;
+           a->attn_ws == b->attn_ws && a->pick == b->pick && a->win_tok == b->win_tok &&
+           a->gen == b->gen;
 }
 
 /* The graph machinery failed (not the forward): graphs off for this state, said once on
@@ -1119,7 +1200,10 @@ static tqkv_status forward_run(model_cuda *g, const int32_t *tokens, const int *
     const tqkv_model *m = g->m;
     const tqkv_model_config *c = &m->cfg;
     const int R = g->rows, hd = c->head_dim, V = c->vocab_size,
-              half = (c->rotary_dim ? c->rotary_dim : hd) / 2;
+              half = (c->rotary_dim ? c->rotary_dim : hd) / 2, RW = mc_rope_width(m);
+    /* Gemma 4: per-layer inputs index a table of ple_vocab rows (graph_gemma4.c's limit) */
+    const g4_config *g4 = m->g4 ? &m->g4->cfg : NULL;
+    const int tok_limit = g4 && g4->ple_dim && g4->ple_vocab < V ? g4->ple_vocab : V;
     mc_rec *rc = &g->rec;
     memcpy(g->off, tqkv_cuda_kv_offsets(g->kv[g->kv0]), sizeof(int) * (size_t)R);
     if (g->broken)
@@ -1145,7 +1229,7 @@ static tqkv_status forward_run(model_cuda *g, const int32_t *tokens, const int *
                              "state or use extend)", r, g->off[r]);
         for (int j = 0; j < n; j++) {
             int32_t t = tokens[(size_t)r * n + j];
-            if (t < 0 || t >= V)
+            if (t < 0 || t >= tok_limit)
                 return tqkv_fail(TQKV_ERANGE, "forward: token %d at row %d position %d outside "
                                  "vocab %d", t, r, j, V);
         }
@@ -1166,6 +1250,7 @@ static tqkv_status forward_run(model_cuda *g, const int32_t *tokens, const int *
     if (!st && copy && n == 1) st = ensure_hlogits(g, (size_t)R);
     if (!st && pk) st = ensure_pick(g, pick_in, (size_t)R * PICK_REC_WORDS(pk->stride));
     if (!st && rc->spec_active) st = mc_rec_spec_reserve(g, n);
+    if (!st && m->g4) st = g4_cuda_prepare(g);
     if (st) return st;
 
     /* token list [T, 3] (id, row, column) and rope tables, in the pinned buffers the
@@ -1176,8 +1261,17 @@ static tqkv_status forward_run(model_cuda *g, const int32_t *tokens, const int *
             g->h_tinfo[t * 3] = tokens[t];
             g->h_tinfo[t * 3 + 1] = r;
             g->h_tinfo[t * 3 + 2] = j;
-            ops_rope_table(g->off[r] + j, m->inv_freq, half, g->h_rope + t * hd,
-                           g->h_rope + t * hd + half);
+            if (m->g4) { /* both layer types' tables: sliding | full */
+                float *rp = g->h_rope + t * RW;
+                for (int k = 0; k < 2; k++) {
+                    const int hk = m->g4->half[k];
+                    if (hk) ops_rope_table(g->off[r] + j, m->g4->inv_freq[k], hk, rp, rp + hk);
+                    rp += 2 * hk;
+                }
+            } else {
+                ops_rope_table(g->off[r] + j, m->inv_freq, half, g->h_rope + t * hd,
+                               g->h_rope + t * hd + half);
+            }
             /* the recurrent rows after this token go to snapshot slot steps + j + 1 */
             g->h_slot[t] = rc->spec_active ? rc->spec_steps[r] + j + 1 : -1;
         }
@@ -1206,6 +1300,12 @@ static tqkv_status forward_run(model_cuda *g, const int32_t *tokens, const int *
     for (int r = 0; r < R && !st && rc->n_lin; r++) { /* rec_advance */
         rc->tokens[r] += n;
         if (rc->spec_active) rc->spec_steps[r] += n;
+    }
+    /* Gemma 4: the bounded sliding layers (graph_gemma4.c: after the forward, not in a spec
+     * round); its copies are queued after the logits' and waited for by the next call */
+    if (!st && m->g4 && !tqkv_cuda_kv_spec_active(g->kv[g->kv0])) {
+        st = g4_cuda_drop_oldest(g);
+        if (st) g->broken = 1; /* the layers may be out of step */
     }
     if (!st && out && out == g->h_logits) memcpy(logits, g->h_logits, (size_t)R * V * sizeof(float));
     if (!st && pk) memcpy(pk->rec, g->h_pick_rec, (size_t)R * PICK_REC_WORDS(pk->stride) * sizeof(int32_t));

@@ -10,6 +10,10 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+extern "C" {
+#include "model/gemma4.h"
+#include "model/model_impl.h"
+}
 #include "cache/cache_cuda.h"
 #include "model/gemm_cublas.h"
 #include "model/model_cuda.h"
@@ -40,6 +44,12 @@ typedef struct {
     float *lin_norm;                                /* [v_dim] gated RMSNorm weight */
 } mc_layer;
 
+/* Gemma 4's device weights beyond mc_layer (graph_gemma4_cuda.cu). */
+typedef struct g4_cuda_weights g4_cuda_weights;
+/* Gemma 4's per-state device extras (graph_gemma4_cuda.cu): the sliding layers' window
+ * views (row table, rotated q8 ring) and the drop's row shifts. */
+typedef struct g4_cuda_state g4_cuda_state;
+
 /* The device weights of one model: uploaded by its first device state, shared by all of
  * them, freed by tqkv_model_free (model.c) through model_cuda_weights_free. */
 struct model_cuda_weights {
@@ -48,6 +58,7 @@ struct model_cuda_weights {
     bf16     *embed;     /* [V, H] */
     bf16     *lm_head;   /* [V, H] (== embed when tied) */
     float    *final_norm;/* [H] */
+    g4_cuda_weights *g4; /* Gemma 4 only, else NULL */
 };
 
 /* What a captured decode step took from the host besides the fixed buffers: a replay
@@ -60,6 +71,8 @@ typedef struct {
                           * the attention's split count (its grid and partials layout) */
     int      pick;       /* the device pick's record stride (its kernel and the records'
                           * copy are in the step; the lm_head too), 0 = no pick */
+    int win_tok;         /* Gemma 4: the longest row of the sliding layers' window views
+                          * (their decode attention's split bound), else 0 */
     uint64_t gen;        /* model_cuda.gen: every buffer and cache storage pointer */
 } mc_graph_key;
 
@@ -92,8 +105,11 @@ struct model_cuda {
     const model_cuda_weights *w;
     tqkv_model_state_params p;
     int                     rows;
-    cuda_kv               **kv;        /* [L]; NULL for a linear (recurrent) layer */
-    int                     kv0;       /* the first layer with a cache (offsets, spec) */
+    cuda_kv **kv;                      /* [L]; NULL for a linear (recurrent) layer and a
+                                        * Gemma 4 KV-shared layer (it reads its donor's) */
+    int kv0;                           /* the layer whose offsets are the rows' positions
+                                        * (the first with a cache; Gemma 4: its position
+                                        * layer, a full one; spec rounds) */
     mc_rec                  rec;       /* recurrent rows (Qwen 3.5), or n_lin 0 */
     int                     broken;    /* a failed forward left rows it could not undo (a
                                         * linear layer reached, or a KV rewind failed):
@@ -114,7 +130,11 @@ struct model_cuda {
     float  *gu;          /* [T, 2 I] */
     float  *hh;          /* [T, I] */
     float  *tmp;         /* [T, H] */
-    float  *rope;        /* [T, hd] cos | sin per token */
+    float *rope;         /* [T, RW] cos | sin per token (RW = hd; Gemma 4: both layer
+                          * types' tables, sliding then full, mc_rope_width) */
+    float *ple;          /* Gemma 4: [T, n_layers P] per-layer inputs, else NULL */
+    float *pg;           /* Gemma 4: [T, P] per-layer gate, else NULL */
+    g4_cuda_state *g4;   /* Gemma 4: window views and drop scratch, else NULL */
     void   *xf;          /* GEMM activations, fragment order (gemm_cuda.h) */
     float  *part;        /* GEMM segment partials [nseg, 32, N] */
     float  *logits;      /* [cap_logits, V] */
@@ -126,7 +146,7 @@ struct model_cuda {
     float  *qb, *ob;     /* [rows, NH, n, hd] */
     float  *kb, *vb;     /* [rows, NKV, n, hd] */
     /* host scratch (h_rope, h_tinfo, h_logits pinned: copied on the stream, in a graph) */
-    float   *h_rope;     /* [T, hd] */
+    float *h_rope;       /* [T, RW] */
     int32_t *h_tinfo;    /* [T, 3] */
     int32_t *h_slot;     /* [T] */
     float   *h_logits;   /* [cap_hlogits, V] decode logits staging */
@@ -152,6 +172,59 @@ tqkv_status mc_install_caches(model_cuda *g, cuda_kv **kv, float *rec_state, int
 tqkv_status mc_rec_alloc(const model_cuda *g, int rows, float **state, int **tokens);
 /* Free an array of L caches (entries may be NULL) and the array. */
 void        mc_free_cache_array(cuda_kv **kv, int L);
+
+/* 1 when layer l of m has a device cache of its own (not a linear layer, not a Gemma 4
+ * KV-shared one). */
+static inline int mc_layer_has_kv(const tqkv_model *m, int l) {
+    if (m->g4) return m->g4->cfg.donor[l] == l;
+    return m->cfg.layer_type[l] != TQKV_LAYER_LINEAR;
+}
+
+// ---------------------------------------------------------------------------
+// forward_cuda.cu's helpers shared with graph_gemma4_cuda.cu
+// ---------------------------------------------------------------------------
+
+tqkv_status mc_ck(cudaError_t e, const char *what);
+tqkv_status mc_dmalloc(void **p, size_t bytes);
+/* Upload the rows of ws[0..nw) stacked into one device bf16 matrix [sum n, k]. */
+tqkv_status mc_upload_matrix(bf16 **out, const mm_weight *const *ws, int nw);
+/* Concatenate host float vectors (NULL parts as zeros) into one device array; all-NULL -> NULL. */
+tqkv_status mc_upload_vec(float **out, const float *const *parts, const int *lens, int np);
+/* y [T, N] (ldy) = x [T, K] (ldx) . w^T (+ bias): the invariant GEMM (or cuBLAS) on g's stream. */
+tqkv_status mc_gemm(model_cuda *g, const float *x, size_t ldx, int T, const bf16 *w, int N, int K,
+                    const float *bias, float *y, size_t ldy);
+/* The device pick after the lm_head (g->logits [rows, V]) and its records' copy. */
+tqkv_status mc_pick_queue(model_cuda *g, int stride);
+/* The verification window's attention on kv (head_dim hd): query j of each row through the
+ * decode kernel n - 1 - j tokens back (qb, ob [R, NH, n, hd]; att as scratch). */
+tqkv_status mc_attend_as_decode(model_cuda *g, cuda_kv *kv, int n, int NH, int hd, float scale);
+/* Per-token floats of the RoPE tables (h_rope, rope): hd, or Gemma 4's two tables. */
+int mc_rope_width(const tqkv_model *m);
+/* Bytes of decode-attention workspace for rows of up to `tokens` tokens over every layer
+ * (head dims above 128 scale it: see the definition). */
+size_t mc_attend_ws_bytes(const model_cuda *g, int tokens);
+
+// ---------------------------------------------------------------------------
+// graph_gemma4_cuda.cu
+// ---------------------------------------------------------------------------
+
+/* Gemma 4's extra device weights (per-layer inputs, post norms, layer scalars) and its
+ * per-layer q|k|v, o, gate|up, down matrices and norms into w->layers. */
+extern "C" tqkv_status g4_cuda_upload(const tqkv_model *m, model_cuda_weights *w);
+extern "C" void g4_cuda_weights_free(g4_cuda_weights *w);
+extern "C" void g4_cuda_state_free(model_cuda *g);
+/* The per-state buffers for g->rows rows (before the queue: nothing allocates there). */
+extern "C" tqkv_status g4_cuda_prepare(model_cuda *g);
+/* forward_queue for a Gemma 4 model (same contract). */
+extern "C" tqkv_status g4_cuda_forward_queue(model_cuda *g, int n, int as_decode,
+                                             tqkv_logits_mode mode, float *out, int pick,
+                                             int *done);
+/* After a forward outside a spec round: every own sliding layer keeps its newest window +
+ * window_slack tokens (batch_slide.c's tqkv_batch_drop_oldest on the device caches). */
+extern "C" tqkv_status g4_cuda_drop_oldest(model_cuda *g);
+/* The graph key's win_tok: the longest row of the sliding layers' window views in a step
+ * that appends n tokens. */
+extern "C" int g4_cuda_win_tokens(const model_cuda *g, int n);
 
 /* state_cuda.cu: room in the spec round's snapshots for n more tokens per row (a bigger
  * buffer: the old slots copied over, the generation bumped). */

@@ -150,17 +150,28 @@ extern "C" tqkv_status model_cuda_check(const model_cuda *g) {
     const int k0 = g->kv0;
     const int *o0 = tqkv_cuda_kv_offsets(g->kv[k0]), *b0 = tqkv_cuda_kv_spec_bases(g->kv[k0]);
     const int spec0 = tqkv_cuda_kv_spec_active(g->kv[k0]);
-    for (int l = k0 + 1; l < g->m->cfg.n_layers; l++) {
-        if (!g->kv[l]) continue;
+    /* Gemma 4's bounded sliding layers hold min(position, window + slack) .. position
+     * tokens (state_rows.c's SLIDING rule) and, in a round, the same tokens appended */
+    const g4_config *g4 = g->m->g4 ? &g->m->g4->cfg : NULL;
+    const int keep = g4 ? g4->window + g->p.window_slack : 0;
+    for (int l = 0; l < g->m->cfg.n_layers; l++) {
+        if (!g->kv[l] || l == k0) continue;
         const int *o = tqkv_cuda_kv_offsets(g->kv[l]), *b = tqkv_cuda_kv_spec_bases(g->kv[l]);
+        const int sliding = g4 && g4->sliding[l];
         if (tqkv_cuda_kv_spec_active(g->kv[l]) != spec0)
             return tqkv_fail(TQKV_ESTATE, "state: device layer %d %s in a spec round, layer %d %s",
                              l, spec0 ? "is not" : "is", k0, spec0 ? "is" : "is not");
         for (int r = 0; r < g->rows; r++) {
-            if (o[r] != o0[r])
+            const int lo = o0[r] < keep ? o0[r] : keep;
+            if (sliding && (o[r] > o0[r] || o[r] < lo))
+                return tqkv_fail(TQKV_ESTATE,
+                                 "state: device row %d holds %d tokens in sliding layer "
+                                 "%d, expected %d..%d (position %d, window + slack %d)",
+                                 r, o[r], l, lo, o0[r], o0[r], keep);
+            if (!sliding && o[r] != o0[r])
                 return tqkv_fail(TQKV_ESTATE, "state: device layer %d row %d holds %d tokens, "
                                  "layer %d %d", l, r, o[r], k0, o0[r]);
-            if (spec0 && b[r] != b0[r])
+            if (spec0 && (sliding ? o[r] - b[r] != o0[r] - b0[r] : b[r] != b0[r]))
                 return tqkv_fail(TQKV_ESTATE, "state: device layer %d row %d began its spec round "
                                  "at %d tokens, layer %d at %d", l, r, b[r], k0, b0[r]);
         }
@@ -178,12 +189,17 @@ extern "C" tqkv_status model_cuda_check(const model_cuda *g) {
     return TQKV_OK;
 }
 
+/* Gemma 4's sliding layers count at most window + slack tokens (state_rows.c's rule);
+ * KV-shared layers hold nothing. */
 extern "C" size_t model_cuda_projected_bytes(const model_cuda *g, int tokens) {
+    const g4_config *g4 = g->m->g4 ? &g->m->g4->cfg : NULL;
+    const int keep = g4 ? g4->window + g->p.window_slack : 0;
     size_t b = 0;
     for (int l = 0; l < g->m->cfg.n_layers; l++) {
         if (!g->kv[l]) continue;
         size_t ring = 0;
-        b += tqkv_cuda_kv_token_bytes(g->kv[l], &ring) * (size_t)tokens + ring;
+        const int t = g4 && g4->sliding[l] && tokens > keep ? keep : tokens;
+        b += tqkv_cuda_kv_token_bytes(g->kv[l], &ring) * (size_t)t + ring;
     }
     return b;
 }
@@ -382,7 +398,7 @@ extern "C" tqkv_status model_cuda_upload(model_cuda *g, tqkv_batch *const *layer
     int *off = (int *)calloc((size_t)(rows ? 2 * rows : 2), sizeof(int)); /* [rows] offsets | left pads */
     tqkv_status st = nk && off ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "out of memory");
     for (int l = 0; l < L && !st; l++) {
-        if (c->layer_type[l] == TQKV_LAYER_LINEAR) continue;
+        if (!mc_layer_has_kv(g->m, l)) continue; /* linear, or Gemma 4 KV-shared */
         if (!layers[l] || tqkv_batch_rows(layers[l]) != rows) {
             st = tqkv_fail(TQKV_EINVAL, "state upload: layer %d is missing or holds other than %d rows",
                            l, rows);

@@ -1,0 +1,874 @@
+/*
+ * test_cuda_gemma4.c - the Gemma 4 text graph on the GPU (tqkv_model_state_params.device =
+ * 1) against the CPU state, through the public model-state API, on the fixture
+ * ../shared/models/gemma4-code-30m (8 layers S S S F S F S F: sliding window 512 at head_dim
+ * 128, full layers head_dim 256 with proportional partial RoPE; 4 q / 2 KV heads; layers 6
+ * and 7 KV-shared, reading donors 4 and 5; per-layer inputs of 64; vocab 8192), and on the
+ * same weights with attention_k_eq_v and a final logit softcap (a config edited into a
+ * temporary directory, the fixture's weights linked beside it):
+ *  - prefill (every position), decode, extend and decode again, GPU vs CPU, for tq4 and
+ *    tq3, 2 rows of 560 tokens (past the 512-token window and the 544 = 512 + slack that a
+ *    sliding layer keeps), within a stated relative L2, argmax equal at >= 90% of the
+ *    positions; f32 KV (the device's dense bf16 cache) where the device takes it: today
+ *    its bf16 cache is head_dim 128 only, so the f32 cases check the refusal and skip;
+ *  - the sliding layers bounded like the CPU's: after runs past window + slack the device
+ *    export has the CPU export's section sizes (empty for the KV-shared layers);
+ *  - batch invariance on the device: a row alone and as row 1 of 3, bitwise, across the
+ *    sliding bound;
+ *  - spec rounds (extend_as_decode, with and without the q8 window): the window's logits
+ *    equal single decodes of states that dropped old tokens meanwhile, a per-row rollback
+ *    equals the rows run without the rejected tokens, a commit equals the tokens decoded one
+ *    by one, bitwise;
+ *  - filter, merge and extract mid-generation, rows past the bound: every row bitwise equal
+ *    to its sequence run alone;
+ *  - export / import: device -> device and device -> CPU byte for byte, decoding on from a
+ *    device import bitwise, from a CPU import within the parity tolerance; a CPU export of
+ *    the same tokens has the device export's layout and imports on the device;
+ *  - decode steps as CUDA graphs equal kernel by kernel, bitwise, across the sliding bound,
+ *    a spec round and the sliding layers' compaction (a new storage: recaptured);
+ *  - misuse (rollback without a round, padded prefill, a second prefill, f32 export)
+ *    refused, nothing changed.
+ * Exits 77 (skipped) when the build has no CUDA, no GPU is present or the fixture is absent.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine_helpers.h"
+#include "model_helpers.h"
+#include "testutil.h"
+#include "tqkv_model.h"
+
+#ifdef TQKV_HAVE_CUDA
+#include "cache/cache_cuda.h"
+#include "model/gemma4.h"
+#include "model/model_cuda.h"
+#include "model/model_impl.h"
+
+static tqkv_model *g_model; /* the fixture */
+static tqkv_model *g_keqv;  /* the fixture's weights with k_eq_v and a softcap */
+static tqkv_model *g_m;     /* the model the current test runs */
+static uint64_t g_seed;
+static int g_V;
+static char g_dir[1024], g_tmp[64];
+
+#define WINDOW 512
+#define KEEP   (WINDOW + 32) /* window + the default window_slack */
+
+static tqkv_model_state_params hparams(int device, tqkv_format f, int rows) {
+    tqkv_model_state_params p = tqkv_model_state_params_default();
+    p.rows = rows;
+    p.k_format = p.v_format = f;
+    p.threads = 8;
+    p.device = device;
+    return p;
+}
+
+static tqkv_model_state *mk(const tqkv_model_state_params *p) {
+    tqkv_model_state *s = NULL;
+    if (tqkv_model_state_init(&s, g_m, p) != TQKV_OK)
+        fail_msg("state init (device %d, %s): %s", p->device, tqkv_format_name(p->k_format),
+                 tqkv_last_error());
+    return s;
+}
+
+static tqkv_model_state *new_state(int rows, tqkv_format f, int device) {
+    const tqkv_model_state_params p = hparams(device, f, rows);
+    return mk(&p);
+}
+
+static void random_tokens(test_rng *r, int32_t *t, size_t n) {
+    for (size_t i = 0; i < n; i++) t[i] = rng_int(r, 1, g_V - 1);
+}
+
+static void expect_offsets(const tqkv_model_state *s, const int *want, const char *what) {
+    int off[8];
+    const int R = tqkv_model_state_rows(s);
+    OK(tqkv_model_state_offsets(s, off));
+    for (int i = 0; i < R; i++)
+        if (off[i] != want[i])
+            fail_msg("%s: row %d holds %d tokens, expected %d", what, i, off[i], want[i]);
+    OK(tqkv_model_state_check(s));
+}
+
+static void expect_same(const float *a, const float *b, size_t n, const char *what, int i) {
+    if (memcmp(a, b, sizeof(float) * n)) fail_msg("%s (%d): logits differ", what, i);
+}
+
+static uint8_t *export_of(const tqkv_model_state *s, size_t *len) {
+    uint8_t *b = NULL;
+    OK(tqkv_model_state_export(s, &b, len));
+    return b;
+}
+
+static void assert_export_equal(const tqkv_model_state *s, const uint8_t *b, size_t len,
+                                const char *what) {
+    size_t l2 = 0;
+    uint8_t *b2 = export_of(s, &l2);
+    if (l2 != len || memcmp(b2, b, len)) fail_msg("%s: the export bytes differ", what);
+    free(b2);
+}
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* GPU logits g vs CPU logits c [n, V]: the median position's rel L2 within tol_med, every
+ * position's within tol_worst, argmax equal at >= 90% of the positions (a broken forward
+ * agrees at ~0%; near-ties make a few flips legitimate). */
+static void expect_close(const char *what, const float *g, const float *c, int n, double tol_med,
+                         double tol_worst) {
+    double *e = malloc(sizeof(double) * (size_t)n);
+    int same = 0;
+    for (int i = 0; i < n; i++) {
+        e[i] = rel_l2(g + (size_t)i * g_V, c + (size_t)i * g_V, (size_t)g_V);
+        if (e[i] != e[i]) e[i] = 1e30; /* NaN fails */
+        same += argmax(g + (size_t)i * g_V, g_V) == argmax(c + (size_t)i * g_V, g_V);
+    }
+    qsort(e, (size_t)n, sizeof(double), cmp_double);
+    const double med = e[n / 2], worst = e[n - 1];
+    free(e);
+    printf("%s: rel L2 median %.3g worst %.3g, argmax equal %d/%d\n", what, med, worst, same, n);
+    if (!(med < tol_med) || !(worst < tol_worst) || same * 10 < 9 * n)
+        fail_msg("%s GPU vs CPU: median %g (< %g), worst %g (< %g), argmax %d/%d (>= 90%%)", what,
+                 med, tol_med, worst, tol_worst, same, n);
+}
+
+/* Lengths of the L layer sections and the recurrent one ([L]) of a "TQKVMS02" export. */
+static void sections(const uint8_t *b, size_t len, int L, uint64_t *out) {
+    if (len < 16 || memcmp(b, "TQKVMS02", 8)) fail_msg("export: no TQKVMS02 header");
+    uint32_t nl = 0;
+    memcpy(&nl, b + 8, 4); /* little endian host */
+    assert_int_equal(nl, L);
+    size_t at = 16;
+    for (int l = 0; l <= L; l++) {
+        if (at + 8 > len) fail_msg("export: section %d past the end", l);
+        memcpy(&out[l], b + at, 8);
+        at += 8 + (size_t)out[l];
+    }
+    assert_int_equal(at, len);
+}
+
+/* The device export of s has the CPU export's section sizes (the sliding layers hold the
+ * same number of tokens: bounded alike) and KV-shared layers export nothing. */
+static void expect_layout(const tqkv_model_state *dev, const tqkv_model_state *cpu,
+                          const char *what) {
+    const int L = tqkv_model_get_config(g_m)->n_layers;
+    const g4_config *g = &g_m->g4->cfg;
+    size_t dl = 0, cl = 0;
+    uint8_t *d = export_of(dev, &dl), *h = export_of(cpu, &cl);
+    uint64_t sd[TQKV_MAX_LAYERS + 1], sc[TQKV_MAX_LAYERS + 1];
+    sections(d, dl, L, sd);
+    sections(h, cl, L, sc);
+    for (int l = 0; l <= L; l++) {
+        if (sd[l] != sc[l])
+            fail_msg("%s: layer %d exports %llu bytes on the device, %llu on the CPU", what, l,
+                     (unsigned long long)sd[l], (unsigned long long)sc[l]);
+        const int empty = l == L || g->donor[l] != l;
+        if ((sd[l] == 0) != empty)
+            fail_msg("%s: section %d has %llu bytes", what, l, (unsigned long long)sd[l]);
+    }
+    assert_int_equal(dl, cl);
+    free(d);
+    free(h);
+}
+
+// ---------------------------------------------------------------------------
+// Parity: device vs CPU, 2 rows past the window: prefill, decode, extend, decode
+// ---------------------------------------------------------------------------
+
+/* Tolerances as test_cuda_hybrid's (stated there: bf16 weights and a bf16 hi + lo split of
+ * the activations in the device GEMM; f32 on a bf16 device cache; tq decode on fp16
+ * tensor cores), the worst position's looser for Gemma 4's attention scaling 1.0 over
+ * normed keys (scores are large, so K rounding moves them more than on Qwen3). */
+static void parity(tqkv_format f, int N, double tol_med, double tol_worst) {
+    enum { R = 2, STEPS = 6, X = 5 };
+    const int V = g_V;
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x9a41 ^ (uint64_t)f * 77 ^ (uint64_t)N);
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)R * N), next[R], ext[R * X];
+    random_tokens(&r, tok, (size_t)R * N);
+    random_tokens(&r, ext, (size_t)R * X);
+    const size_t big = (size_t)R * (N > X + STEPS ? N : X + STEPS) * V;
+    float *lg = malloc(sizeof(float) * big), *lc = malloc(sizeof(float) * big);
+    tqkv_model_state *sg = new_state(R, f, 1), *sc = new_state(R, f, 0);
+    OK(tqkv_model_prefill(g_m, sg, tok, NULL, N, TQKV_LOGITS_ALL, lg));
+    OK(tqkv_model_prefill(g_m, sc, tok, NULL, N, TQKV_LOGITS_ALL, lc));
+    char what[128];
+    snprintf(what, sizeof what, "%s: prefill %d x %d positions", tqkv_format_name(f), R, N);
+    expect_close(what, lg, lc, R * N, tol_med, tol_worst);
+    /* decode: both take the CPU's greedy token, so they stay on the same sequence */
+    for (int i = 0; i < R; i++) next[i] = argmax(lc + ((size_t)i * N + N - 1) * V, V);
+    for (int t = 0; t < STEPS; t++) {
+        float *g = lg + (size_t)t * R * V, *c = lc + (size_t)t * R * V;
+        OK(tqkv_model_decode(g_m, sg, next, g));
+        OK(tqkv_model_decode(g_m, sc, next, c));
+        for (int i = 0; i < R; i++) next[i] = argmax(c + (size_t)i * V, V);
+    }
+    snprintf(what, sizeof what, "%s: decode %d steps x %d rows", tqkv_format_name(f), STEPS, R);
+    expect_close(what, lg, lc, STEPS * R, tol_med, tol_worst);
+    /* extend (the masked kernel over a bounded sliding cache), then decode again */
+    OK(tqkv_model_extend(g_m, sg, ext, X, TQKV_LOGITS_ALL, lg));
+    OK(tqkv_model_extend(g_m, sc, ext, X, TQKV_LOGITS_ALL, lc));
+    snprintf(what, sizeof what, "%s: extend %d x %d", tqkv_format_name(f), R, X);
+    expect_close(what, lg, lc, R * X, tol_med, tol_worst);
+    for (int i = 0; i < R; i++) next[i] = argmax(lc + ((size_t)i * X + X - 1) * V, V);
+    for (int t = 0; t < STEPS; t++) {
+        float *g = lg + (size_t)t * R * V, *c = lc + (size_t)t * R * V;
+        OK(tqkv_model_decode(g_m, sg, next, g));
+        OK(tqkv_model_decode(g_m, sc, next, c));
+        for (int i = 0; i < R; i++) next[i] = argmax(c + (size_t)i * V, V);
+    }
+    snprintf(what, sizeof what, "%s: decode after extend %d steps x %d rows", tqkv_format_name(f),
+             STEPS, R);
+    expect_close(what, lg, lc, STEPS * R, tol_med, tol_worst);
+    const int want[R] = {N + 2 * STEPS + X, N + 2 * STEPS + X};
+    expect_offsets(sg, want, "device after decode");
+    expect_offsets(sc, want, "CPU after decode");
+    if (f != TQKV_F32) expect_layout(sg, sc, "after a run past the sliding bound");
+    tqkv_model_state_free(sg);
+    tqkv_model_state_free(sc);
+    free(lg);
+    free(lc);
+    free(tok);
+}
+
+/* f32 KV on the device is its dense bf16 cache, head_dim 128 only today, so with the
+ * fixture's full layers at 256 the device refuses it (checked: the status and message).
+ * 1 when f32 device states can be made (then the f32 checks run), else 0 (they skip). */
+static int f32_on_device(void) {
+    const tqkv_model_state_params p = hparams(1, TQKV_F32, 1);
+    tqkv_model_state *s = NULL;
+    const tqkv_status rc = tqkv_model_state_init(&s, g_m, &p);
+    if (rc == TQKV_OK) {
+        tqkv_model_state_free(s);
+        return 1;
+    }
+    assert_int_equal(rc, TQKV_EUNSUPPORTED);
+    assert_null(s);
+    assert_non_null(strstr(tqkv_last_error(), "dense bf16"));
+    printf("f32 KV refused on the device, as expected today: %s\n", tqkv_last_error());
+    return 0;
+}
+
+/* The median bound for tq KV. Gemma attends with scaling 1.0 over RMS-normed keys, so a
+ * code that flips between the GPU's and the CPU's K (their forwards differ in rounding)
+ * moves a score a lot: on the H200 (eighth session, run 2) tq4 gave medians 1.2e-3 over
+ * 1120 prefill positions, 8.6e-3 over 12 decode steps and 1.45e-2 over 10 extend
+ * positions (the 1e-2 first written here failed there), tq3 up to 6.1e-3; argmax equal at
+ * 100%. The CPU's own AVX2 and scalar paths differ as much (ppl 8.699013 / 8.699511, tq4,
+ * 2 windows). A broken forward gives O(1) errors and ~0% equal argmax. */
+#define TOL_MED_TQ 3e-2
+
+static void test_parity_f32(void **st) {
+    (void)st;
+    if (!f32_on_device()) skip();
+    parity(TQKV_F32, 560, 1e-2, 5e-2);
+}
+static void test_parity_tq4(void **st) {
+    (void)st;
+    parity(TQKV_TQ4, 560, TOL_MED_TQ, 1e-1);
+}
+static void test_parity_tq3(void **st) {
+    (void)st;
+    parity(TQKV_TQ3, 560, TOL_MED_TQ, 1e-1);
+}
+
+/* The k_eq_v + softcap variant (V from the raw K projection on full layers, logits capped). */
+static void test_parity_keqv(void **st) {
+    (void)st;
+    g_m = g_keqv;
+    parity(TQKV_TQ4, 96, TOL_MED_TQ, 1e-1);
+    parity(TQKV_TQ3, 96, TOL_MED_TQ, 1e-1);
+    if (f32_on_device()) parity(TQKV_F32, 96, 1e-2, 5e-2);
+    g_m = g_model;
+}
+
+// ---------------------------------------------------------------------------
+// Batch invariance on the device: row 1 of 3 == the row alone, bitwise
+// ---------------------------------------------------------------------------
+
+static void invariance(tqkv_format f) {
+    enum { R = 3, N = 541, STEPS = 6 }; /* the bound (544) is crossed at step 4 */
+    const int V = g_V;
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x1a7a ^ (uint64_t)f);
+    int32_t *tok = malloc(sizeof(int32_t) * R * N), step[STEPS][R];
+    random_tokens(&r, tok, (size_t)R * N);
+    random_tokens(&r, &step[0][0], (size_t)STEPS * R);
+    float *l1 = malloc(sizeof(float) * (size_t)N * V),
+          *lb = malloc(sizeof(float) * (size_t)R * N * V);
+    tqkv_model_state *s1 = new_state(1, f, 1), *sb = new_state(R, f, 1);
+    OK(tqkv_model_prefill(g_m, s1, tok + N, NULL, N, TQKV_LOGITS_ALL, l1));
+    OK(tqkv_model_prefill(g_m, sb, tok, NULL, N, TQKV_LOGITS_ALL, lb));
+    expect_same(l1, lb + (size_t)N * V, (size_t)N * V, "prefill: row alone vs row 1 of 3", N);
+    for (int t = 0; t < STEPS; t++) {
+        OK(tqkv_model_decode(g_m, s1, &step[t][1], l1));
+        OK(tqkv_model_decode(g_m, sb, step[t], lb));
+        expect_same(l1, lb + V, (size_t)V, "decode step: row alone vs row 1 of 3", t);
+    }
+    assert_true(memcmp(lb, lb + V, sizeof(float) * (size_t)V) != 0); /* the rows do differ */
+    printf("%s: row alone == row 1 of 3, bitwise (prefill %d, decode %d)\n", tqkv_format_name(f), N,
+           STEPS);
+    tqkv_model_state_free(s1);
+    tqkv_model_state_free(sb);
+    free(l1);
+    free(lb);
+    free(tok);
+}
+
+static void test_invariance_tq4(void **st) {
+    (void)st;
+    invariance(TQKV_TQ4);
+}
+static void test_invariance_f32(void **st) {
+    (void)st;
+    if (!f32_on_device()) skip();
+    invariance(TQKV_F32);
+}
+
+// ---------------------------------------------------------------------------
+// Spec rounds across the sliding bound
+// ---------------------------------------------------------------------------
+
+static tqkv_model_state *spec_state(int rows, int as_decode, int graphs, int window) {
+    tqkv_model_state_params p = hparams(1, TQKV_TQ4, rows);
+    p.extend_as_decode = as_decode;
+    p.device_graphs = graphs;
+    p.window = window;
+    return mk(&p);
+}
+
+/* A 3-row round (extend 4, keep {1, 4, 0}) and a committed round (extend 3) starting at
+ * 541 tokens (the round crosses the 544 the sliding layers keep; they drop nothing inside
+ * it), each row against a 1-row state that decoded only the kept tokens (and dropped old
+ * tokens after every step). window: the q8 recent window (its ring rotates on a drop). */
+static void spec_rounds(int window) {
+    enum { R = 3, N = 541, W = 4, C = 3 };
+    const int V = g_V;
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x5bec ^ (uint64_t)window);
+    int32_t *prompt = malloc(sizeof(int32_t) * R * N), win[R * W], com[R * C], t1[R], t2[R];
+    random_tokens(&r, prompt, (size_t)R * N);
+    random_tokens(&r, win, (size_t)R * W);
+    random_tokens(&r, com, (size_t)R * C);
+    random_tokens(&r, t1, R);
+    random_tokens(&r, t2, R);
+    tqkv_model_state *run = spec_state(R, 1, 1, window), *ref[R];
+    OK(tqkv_model_prefill(g_m, run, prompt, NULL, N, TQKV_LOGITS_NONE, NULL));
+    for (int i = 0; i < R; i++) {
+        ref[i] = spec_state(1, 0, 1, window);
+        OK(tqkv_model_prefill(g_m, ref[i], prompt + i * N, NULL, N, TQKV_LOGITS_NONE, NULL));
+    }
+    float *lw = malloc(sizeof(float) * (size_t)R * W * V), *lb = malloc(sizeof(float) * (size_t)V);
+    const int keep[R] = {1, W, 0};
+    int want[R] = {N + W, N + W, N + W};
+    OK(tqkv_model_state_spec_begin(run));
+    assert_int_equal(tqkv_model_state_spec_active(run), 1);
+    OK(tqkv_model_extend(g_m, run, win, W, TQKV_LOGITS_ALL, lw));
+    expect_offsets(run, want, "inside the round");
+    OK(tqkv_model_state_spec_rollback(run, keep, R));
+    assert_int_equal(tqkv_model_state_spec_active(run), 0);
+    for (int i = 0; i < R; i++) want[i] = N + keep[i];
+    expect_offsets(run, want, "after rollback {1, 4, 0}");
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < keep[i]; j++) {
+            OK(tqkv_model_decode(g_m, ref[i], &win[i * W + j], lb));
+            expect_same(lw + ((size_t)i * W + j) * V, lb, (size_t)V,
+                        "window position vs single decode", j);
+        }
+    OK(tqkv_model_decode(g_m, run, t1, lw));
+    for (int i = 0; i < R; i++) {
+        OK(tqkv_model_decode(g_m, ref[i], &t1[i], lb));
+        expect_same(lw + (size_t)i * V, lb, (size_t)V,
+                    "after rollback: row vs the row without the rejected tokens", i);
+        want[i]++;
+    }
+    OK(tqkv_model_state_spec_begin(run));
+    OK(tqkv_model_extend(g_m, run, com, C, TQKV_LOGITS_ALL, lw));
+    OK(tqkv_model_state_spec_commit(run));
+    for (int i = 0; i < R; i++) {
+        want[i] += C;
+        for (int j = 0; j < C; j++) {
+            OK(tqkv_model_decode(g_m, ref[i], &com[i * C + j], lb));
+            expect_same(lw + ((size_t)i * C + j) * V, lb, (size_t)V,
+                        "committed window vs single decode", j);
+        }
+    }
+    expect_offsets(run, want, "after commit");
+    OK(tqkv_model_decode(g_m, run, t2, lw));
+    for (int i = 0; i < R; i++) {
+        OK(tqkv_model_decode(g_m, ref[i], &t2[i], lb));
+        expect_same(lw + (size_t)i * V, lb, (size_t)V, "after commit: row vs single decodes", i);
+    }
+    /* bounded alike again after the round's next forward: the row that kept everything
+     * (row 1) exports the bytes of its single decodes (both extracted: padding removed) */
+    tqkv_model_state *x = NULL, *y = NULL;
+    OK(tqkv_model_state_extract_row(run, 1, &x));
+    OK(tqkv_model_state_extract_row(ref[1], 0, &y));
+    size_t xl = 0;
+    uint8_t *xb = export_of(x, &xl);
+    assert_export_equal(y, xb, xl, "row 1 after the rounds vs its single decodes");
+    free(xb);
+    tqkv_model_state_free(x);
+    tqkv_model_state_free(y);
+    assert_true(memcmp(lw, lw + V, sizeof(float) * (size_t)V) != 0);
+    printf("tq4 (q8 window %d) spec rounds across the sliding bound: rollback {1, 4, 0} and commit "
+           "of 3 == single decodes, bitwise\n",
+           window);
+    tqkv_model_state_free(run);
+    for (int i = 0; i < R; i++) tqkv_model_state_free(ref[i]);
+    free(lw);
+    free(lb);
+    free(prompt);
+}
+
+static void test_spec_rounds(void **st) {
+    (void)st;
+    spec_rounds(0);
+}
+static void test_spec_rounds_q8(void **st) {
+    (void)st;
+    spec_rounds(16);
+}
+
+// ---------------------------------------------------------------------------
+// Row operations: filter, merge, extract, rows past the sliding bound
+// ---------------------------------------------------------------------------
+
+enum { NSEQ = 5, RSTEPS = 8 };
+typedef struct {
+    tqkv_model_state *ref[NSEQ];
+    int32_t gen[NSEQ][RSTEPS];
+    int plen[NSEQ], cnt[NSEQ];
+    float *la, *lb;
+} rows_ctx;
+
+static void rows_step(rows_ctx *c, tqkv_model_state *s, const int *seq, int n, const char *phase) {
+    int32_t tk[NSEQ];
+    int want[NSEQ];
+    assert_int_equal(tqkv_model_state_rows(s), n);
+    for (int i = 0; i < n; i++) tk[i] = c->gen[seq[i]][c->cnt[seq[i]]];
+    OK(tqkv_model_decode(g_m, s, tk, c->la));
+    for (int i = 0; i < n; i++) {
+        OK(tqkv_model_decode(g_m, c->ref[seq[i]], &tk[i], c->lb));
+        if (memcmp(c->la + (size_t)i * g_V, c->lb, sizeof(float) * (size_t)g_V))
+            fail_msg("%s: row %d (sequence %d) differs from the sequence run alone", phase, i,
+                     seq[i]);
+        want[i] = c->plen[seq[i]] + ++c->cnt[seq[i]];
+    }
+    expect_offsets(s, want, phase);
+}
+
+/* A: 3 rows of 600 tokens (dropped to 544 in the sliding layers), B: 2 rows of 300 (merged,
+ * every layer right-aligns its own rows). */
+static void test_rows(void **st) {
+    (void)st;
+    enum { NA = 600, NB = 300 };
+    rows_ctx c = {.plen = {NA, NA, NA, NB, NB}};
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x40a5);
+    int32_t *pa = malloc(sizeof(int32_t) * 3 * NA), *pb = malloc(sizeof(int32_t) * 2 * NB);
+    random_tokens(&r, pa, 3 * NA);
+    random_tokens(&r, pb, 2 * NB);
+    random_tokens(&r, &c.gen[0][0], (size_t)NSEQ * RSTEPS);
+    c.la = malloc(sizeof(float) * NSEQ * (size_t)g_V);
+    c.lb = malloc(sizeof(float) * (size_t)g_V);
+    for (int k = 0; k < NSEQ; k++) {
+        c.ref[k] = new_state(1, TQKV_TQ4, 1);
+        const int32_t *p = k < 3 ? pa + k * NA : pb + (k - 3) * NB;
+        OK(tqkv_model_prefill(g_m, c.ref[k], p, NULL, c.plen[k], TQKV_LOGITS_NONE, NULL));
+    }
+    tqkv_model_state *a = new_state(3, TQKV_TQ4, 1), *b = new_state(2, TQKV_TQ4, 1), *x = NULL;
+    OK(tqkv_model_prefill(g_m, a, pa, NULL, NA, TQKV_LOGITS_NONE, NULL));
+    OK(tqkv_model_prefill(g_m, b, pb, NULL, NB, TQKV_LOGITS_NONE, NULL));
+    rows_step(&c, a, (const int[]){0, 1, 2}, 3, "A before the row operations");
+    rows_step(&c, b, (const int[]){3, 4}, 2, "B before the row operations");
+    OK(tqkv_model_state_filter(a, (const int[]){2, 0}, 2));
+    rows_step(&c, a, (const int[]){2, 0}, 2, "after filter {2, 0}");
+    rows_step(&c, b, (const int[]){3, 4}, 2, "B");
+    OK(tqkv_model_state_merge(a, &b, 1));
+    expect_offsets(b, (const int[]){NB + 2, NB + 2}, "merge source");
+    rows_step(&c, a, (const int[]){2, 0, 3, 4}, 4, "after merge A + B");
+    OK(tqkv_model_state_extract_row(a, 1, &x));
+    assert_int_equal(tqkv_model_state_rows(a), 4);
+    expect_offsets(x, (const int[]){NA + 3}, "extracted row");
+    OK(tqkv_model_state_filter(a, (const int[]){0, 2, 3}, 3));
+    rows_step(&c, x, (const int[]){0}, 1, "extracted row 1");
+    rows_step(&c, a, (const int[]){2, 3, 4}, 3, "after extract + filter {0, 2, 3}");
+    printf("device rows past the sliding bound: filter, merge, extract == each sequence alone, "
+           "bitwise\n");
+    tqkv_model_state_free(a);
+    tqkv_model_state_free(b);
+    tqkv_model_state_free(x);
+    for (int k = 0; k < NSEQ; k++) tqkv_model_state_free(c.ref[k]);
+    free(c.la);
+    free(c.lb);
+    free(pa);
+    free(pb);
+}
+
+// ---------------------------------------------------------------------------
+// Export / import
+// ---------------------------------------------------------------------------
+
+static void test_export_import(void **st) {
+    (void)st;
+    enum { R = 2, N = 560, STEPS = 8 };
+    const int V = g_V;
+    test_rng r;
+    rng_init(&r, g_seed ^ 0xe4b0);
+    int32_t *tok = malloc(sizeof(int32_t) * R * N), two[2][R], next[R];
+    random_tokens(&r, tok, (size_t)R * N);
+    random_tokens(&r, &two[0][0], 2 * R);
+    const tqkv_model_state_params pd = hparams(1, TQKV_TQ4, R), pc = hparams(0, TQKV_TQ4, R);
+    tqkv_model_state *dev = mk(&pd), *cpu = mk(&pc), *di = NULL, *ci = NULL, *dc = NULL;
+    float *la = malloc(sizeof(float) * (size_t)R * V), *lb = malloc(sizeof(float) * (size_t)R * V);
+    float *g = malloc(sizeof(float) * (size_t)STEPS * R * V),
+          *c = malloc(sizeof(float) * (size_t)STEPS * R * V);
+    OK(tqkv_model_prefill(g_m, dev, tok, NULL, N, TQKV_LOGITS_NONE, NULL));
+    OK(tqkv_model_prefill(g_m, cpu, tok, NULL, N, TQKV_LOGITS_NONE, NULL));
+    for (int t = 0; t < 2; t++) {
+        OK(tqkv_model_decode(g_m, dev, two[t], la));
+        OK(tqkv_model_decode(g_m, cpu, two[t], lb));
+    }
+    expect_layout(dev, cpu, "device vs CPU export");
+    size_t dl = 0, cl = 0;
+    uint8_t *d = export_of(dev, &dl), *h = export_of(cpu, &cl);
+    OK(tqkv_model_state_import(&di, g_m, &pd, d, dl));
+    OK(tqkv_model_state_import(&ci, g_m, &pc, d, dl));
+    assert_export_equal(di, d, dl, "device export imported on the device");
+    assert_export_equal(ci, d, dl, "device export imported on the CPU");
+    const int want[R] = {N + 2, N + 2};
+    expect_offsets(di, want, "device import");
+    expect_offsets(ci, want, "CPU import");
+    for (int i = 0; i < R; i++) next[i] = argmax(la + (size_t)i * V, V);
+    for (int t = 0; t < STEPS; t++) {
+        float *gt = g + (size_t)t * R * V;
+        OK(tqkv_model_decode(g_m, dev, next, gt));
+        OK(tqkv_model_decode(g_m, di, next, lb));
+        OK(tqkv_model_decode(g_m, ci, next, c + (size_t)t * R * V));
+        expect_same(gt, lb, (size_t)R * V, "device import vs the original, decode step", t);
+        for (int i = 0; i < R; i++) next[i] = argmax(gt + (size_t)i * V, V);
+    }
+    expect_close("tq4: decode after a CPU import of the device export", g, c, STEPS * R, 1e-2,
+                 1e-1);
+    OK(tqkv_model_state_import(&dc, g_m, &pd, h, cl));
+    assert_export_equal(dc, h, cl, "CPU export imported on the device");
+    expect_offsets(dc, want, "device import of the CPU export");
+    OK(tqkv_model_decode(g_m, dc, two[0], la));
+    printf(
+        "device export / import past the sliding bound: %zu bytes; device <-> CPU byte for byte\n",
+        dl);
+    tqkv_model_state_free(dev);
+    tqkv_model_state_free(cpu);
+    tqkv_model_state_free(di);
+    tqkv_model_state_free(ci);
+    tqkv_model_state_free(dc);
+    free(d);
+    free(h);
+    free(la);
+    free(lb);
+    free(g);
+    free(c);
+    free(tok);
+}
+
+// ---------------------------------------------------------------------------
+// CUDA graphs
+// ---------------------------------------------------------------------------
+
+static model_cuda_graph_stats graph_stats(const tqkv_model_state *s) {
+    model_cuda_graph_stats gs;
+    model_cuda_graph_stats_get(s->gpu, &gs);
+    return gs;
+}
+
+static void twin_steps(tqkv_model_state *const *s, int steps, test_rng *r, float *l0, float *l1,
+                       const char *phase) {
+    const int R = tqkv_model_state_rows(s[0]);
+    int32_t tok[8];
+    for (int t = 0; t < steps; t++) {
+        random_tokens(r, tok, (size_t)R);
+        OK(tqkv_model_decode(g_m, s[0], tok, l0));
+        OK(tqkv_model_decode(g_m, s[1], tok, l1));
+        expect_same(l0, l1, (size_t)R * g_V, phase, t);
+    }
+}
+
+/* Twins from 530 tokens: 20 steps (the bound is crossed at 545), a spec round, then on to
+ * 1100 tokens: past 2 x 544 the sliding layers' common padding is compacted (new storage,
+ * a new capture). long_run 0: the first two phases only. */
+static void graphs_case(tqkv_format f, int window, int long_run) {
+    enum { R = 2, N = 530 };
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x69a9 ^ (uint64_t)f ^ (uint64_t)window);
+    int32_t *prompt = malloc(sizeof(int32_t) * R * N);
+    random_tokens(&r, prompt, (size_t)R * N);
+    char *env = getenv("TQKV_CUDA_GRAPHS") ? strdup(getenv("TQKV_CUDA_GRAPHS")) : NULL;
+    unsetenv("TQKV_CUDA_GRAPHS");
+    tqkv_model_state *s[2];
+    for (int tw = 0; tw < 2; tw++) {
+        tqkv_model_state_params p = hparams(1, f, R);
+        p.device_graphs = tw;
+        p.window = window;
+        s[tw] = mk(&p);
+        OK(tqkv_model_prefill(g_m, s[tw], prompt, NULL, N, TQKV_LOGITS_NONE, NULL));
+    }
+    float *l0 = malloc(sizeof(float) * R * (size_t)g_V),
+          *l1 = malloc(sizeof(float) * R * (size_t)g_V);
+    assert_int_equal(graph_stats(s[0]).enabled, 0);
+    assert_int_equal(graph_stats(s[1]).enabled, 1);
+    twin_steps(s, 20, &r, l0, l1, "decode across the sliding bound, graphs vs kernel by kernel");
+    const model_cuda_graph_stats g20 = graph_stats(s[1]);
+    if (g20.captures < 1 || g20.replays < 1)
+        fail_msg(
+            "%s: %llu captures, %llu replays in 20 decode steps: the steps did not run as graphs",
+            tqkv_format_name(f), (unsigned long long)g20.captures, (unsigned long long)g20.replays);
+    for (int tw = 0; tw < 2; tw++) OK(tqkv_model_state_spec_begin(s[tw]));
+    twin_steps(s, 3, &r, l0, l1, "decode inside a spec round");
+    const int keep = 1;
+    for (int tw = 0; tw < 2; tw++) OK(tqkv_model_state_spec_rollback(s[tw], &keep, 1));
+    expect_offsets(s[1], (const int[]){N + 21, N + 21}, "graph twin after rollback");
+    twin_steps(s, 2, &r, l0, l1, "decode after the rollback");
+    if (long_run) {
+        const model_cuda_graph_stats gb = graph_stats(s[1]);
+        twin_steps(s, 2 * KEEP + 12 - (N + 23), &r, l0, l1, "decode past the compaction");
+        const model_cuda_graph_stats ga = graph_stats(s[1]);
+        if (ga.captures <= gb.captures || ga.replays <= gb.replays)
+            fail_msg(
+                "%llu captures, %llu replays over %d steps past the compaction: no graphs there",
+                (unsigned long long)(ga.captures - gb.captures),
+                (unsigned long long)(ga.replays - gb.replays), 2 * KEEP + 12 - (N + 23));
+    }
+    assert_true(memcmp(l1, l1 + g_V, sizeof(float) * (size_t)g_V) != 0);
+    const model_cuda_graph_stats ga = graph_stats(s[1]), gk = graph_stats(s[0]);
+    assert_int_equal(gk.captures + gk.replays, 0);
+    printf("%s (q8 window %d): decode steps with graphs == kernel by kernel, bitwise (graphs: %llu "
+           "captured, %llu replayed, %llu direct)\n",
+           tqkv_format_name(f), window, (unsigned long long)ga.captures,
+           (unsigned long long)ga.replays, (unsigned long long)ga.direct);
+    if (env) setenv("TQKV_CUDA_GRAPHS", env, 1);
+    free(env);
+    tqkv_model_state_free(s[0]);
+    tqkv_model_state_free(s[1]);
+    free(l0);
+    free(l1);
+    free(prompt);
+}
+
+static void test_graphs_tq4(void **st) {
+    (void)st;
+    graphs_case(TQKV_TQ4, 0, 1);
+}
+static void test_graphs_tq3_q8(void **st) {
+    (void)st;
+    graphs_case(TQKV_TQ3, 16, 1);
+}
+static void test_graphs_f32(void **st) {
+    (void)st;
+    if (!f32_on_device()) skip();
+    graphs_case(TQKV_F32, 0, 0);
+}
+static void test_graphs_keqv(void **st) {
+    (void)st;
+    g_m = g_keqv;
+    graphs_case(TQKV_TQ4, 0, 0);
+    g_m = g_model;
+}
+
+// ---------------------------------------------------------------------------
+// Misuse and the gate
+// ---------------------------------------------------------------------------
+
+static void test_errors(void **st) {
+    (void)st;
+    enum { R = 2, N = 12 };
+    const int V = g_V;
+    test_rng r;
+    rng_init(&r, g_seed ^ 0xe770);
+    int32_t tok[R * N], t1[R];
+    random_tokens(&r, tok, (size_t)R * N);
+    random_tokens(&r, t1, R);
+    float *la = malloc(sizeof(float) * (size_t)R * N * V),
+          *lb = malloc(sizeof(float) * (size_t)R * N * V);
+    tqkv_model_state *s = new_state(R, TQKV_TQ4, 1), *t = new_state(R, TQKV_TQ4, 1);
+    OK(tqkv_model_prefill(g_m, s, tok, NULL, N, TQKV_LOGITS_NONE, NULL));
+    OK(tqkv_model_prefill(g_m, t, tok, NULL, N, TQKV_LOGITS_NONE, NULL));
+    size_t tl = 0;
+    uint8_t *tb = export_of(t, &tl);
+    const int zero = 0;
+    assert_int_equal(tqkv_model_state_spec_rollback(s, &zero, 1), TQKV_ESTATE);
+    assert_non_null(strstr(tqkv_last_error(), "no spec round"));
+    assert_int_equal(tqkv_model_state_spec_commit(s), TQKV_ESTATE);
+    /* a second prefill on rows that hold tokens; a token outside the vocab */
+    assert_int_equal(tqkv_model_prefill(g_m, s, tok, NULL, N, TQKV_LOGITS_NONE, NULL), TQKV_ESTATE);
+    const int32_t bad[R] = {g_V, 1};
+    assert_int_equal(tqkv_model_decode(g_m, s, bad, la), TQKV_ERANGE);
+    expect_offsets(s, (const int[]){N, N}, "after refused calls");
+    assert_export_equal(s, tb, tl, "after refused calls");
+    OK(tqkv_model_decode(g_m, s, t1, la));
+    OK(tqkv_model_decode(g_m, t, t1, lb));
+    expect_same(la, lb, (size_t)R * V, "decode after refused calls vs a state without them", 0);
+    free(tb);
+    tqkv_model_state_free(s);
+    tqkv_model_state_free(t);
+    s = new_state(R, TQKV_TQ4, 1);
+    t = new_state(R, TQKV_TQ4, 1);
+    const int lengths[R] = {N, N - 4};
+    assert_int_equal(tqkv_model_prefill(g_m, s, tok, lengths, N, TQKV_LOGITS_LAST, la),
+                     TQKV_EUNSUPPORTED);
+    expect_offsets(s, (const int[]){0, 0}, "after a refused padded prefill");
+    OK(tqkv_model_prefill(g_m, s, tok, NULL, N, TQKV_LOGITS_ALL, la));
+    OK(tqkv_model_prefill(g_m, t, tok, NULL, N, TQKV_LOGITS_ALL, lb));
+    expect_same(la, lb, (size_t)R * N * V,
+                "prefill after a refused padded prefill vs a fresh state", 0);
+    tqkv_model_state_free(s);
+    tqkv_model_state_free(t);
+    if (f32_on_device()) { /* the dense bf16 device cache has no state format */
+        s = new_state(1, TQKV_F32, 1);
+        OK(tqkv_model_prefill(g_m, s, tok, NULL, 5, TQKV_LOGITS_NONE, NULL));
+        uint8_t *fb = NULL;
+        size_t fl = 0;
+        assert_int_equal(tqkv_model_state_export(s, &fb, &fl), TQKV_EUNSUPPORTED);
+        assert_null(fb);
+        tqkv_model_state_free(s);
+    }
+    printf("device Gemma 4: rollback / commit without a round, second prefill, bad token, padded "
+           "prefill, f32 export refused; nothing changed\n");
+    free(la);
+    free(lb);
+}
+
+// ---------------------------------------------------------------------------
+// the k_eq_v + softcap variant: the fixture's config edited, its files linked
+// ---------------------------------------------------------------------------
+
+static int replace(char *text, size_t cap, const char *from, const char *to) {
+    char *at = strstr(text, from);
+    if (!at || strlen(text) - strlen(from) + strlen(to) + 1 > cap) return 0;
+    const size_t tail = strlen(at + strlen(from));
+    memmove(at + strlen(to), at + strlen(from), tail + 1);
+    memcpy(at, to, strlen(to));
+    return 1;
+}
+
+static tqkv_model *load_keqv(void) {
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/tqkv-g4keqv-XXXXXX");
+    if (!mkdtemp(g_tmp)) return NULL;
+    const char *files[] = {"model.safetensors.index.json",
+                           "model-00001-of-00005.safetensors",
+                           "model-00002-of-00005.safetensors",
+                           "model-00003-of-00005.safetensors",
+                           "model-00004-of-00005.safetensors",
+                           "model-00005-of-00005.safetensors",
+                           "tokenizer.json",
+                           "tokenizer_config.json"};
+    char a[1200], b[1200];
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(a, sizeof a, "%s/%s", g_dir, files[i]);
+        snprintf(b, sizeof b, "%s/%s", g_tmp, files[i]);
+        if (symlink(a, b)) return NULL;
+    }
+    snprintf(a, sizeof a, "%s/config.json", g_dir);
+    char *cfg = slurp(a, NULL);
+    char text[8192];
+    if (!cfg || strlen(cfg) >= sizeof text) return NULL;
+    strcpy(text, cfg);
+    free(cfg);
+    if (!replace(text, sizeof text, "\"attention_k_eq_v\": false", "\"attention_k_eq_v\": true") ||
+        !replace(text, sizeof text, "\"final_logit_softcapping\": null",
+                 "\"final_logit_softcapping\": 30.0"))
+        return NULL;
+    snprintf(b, sizeof b, "%s/config.json", g_tmp);
+    FILE *f = fopen(b, "w");
+    if (!f) return NULL;
+    fputs(text, f);
+    fclose(f);
+    tqkv_model_load_params lp = tqkv_model_load_params_default();
+    lp.threads = 8;
+    tqkv_model *m = NULL;
+    if (tqkv_model_load(&m, g_tmp, &lp) != TQKV_OK) {
+        fprintf(stderr, "k_eq_v variant: %s\n", tqkv_last_error());
+        return NULL;
+    }
+    return m;
+}
+
+static void rm_tmp(void) {
+    if (!g_tmp[0]) return;
+    char p[1200];
+    const char *files[] = {"config.json",
+                           "model.safetensors.index.json",
+                           "model-00001-of-00005.safetensors",
+                           "model-00002-of-00005.safetensors",
+                           "model-00003-of-00005.safetensors",
+                           "model-00004-of-00005.safetensors",
+                           "model-00005-of-00005.safetensors",
+                           "tokenizer.json",
+                           "tokenizer_config.json"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(p, sizeof p, "%s/%s", g_tmp, files[i]);
+        unlink(p);
+    }
+    rmdir(g_tmp);
+}
+
+int main(void) {
+    if (!tqkv_cuda_available()) {
+        printf("SKIPPED: no CUDA device\n");
+        return 77;
+    }
+    if (!shared_path("models/gemma4-code-30m/config.json", g_dir, sizeof g_dir)) {
+        printf("SKIPPED: fixture ../shared/models/gemma4-code-30m absent\n");
+        return 77;
+    }
+    *strrchr(g_dir, '/') = 0;
+    tqkv_model_load_params lp = tqkv_model_load_params_default();
+    lp.threads = 8;
+    if (tqkv_model_load(&g_model, g_dir, &lp) != TQKV_OK) {
+        fprintf(stderr, "load failed: %s\n", tqkv_last_error());
+        return 1;
+    }
+    const tqkv_model_config *cfg = tqkv_model_get_config(g_model);
+    if (cfg->arch != TQKV_ARCH_GEMMA4 || !g_model->g4 || g_model->g4->cfg.window != WINDOW ||
+        g_model->g4->cfg.donor[6] != 4 || g_model->g4->cfg.donor[7] != 5 ||
+        g_model->g4->cfg.head_dim[3] != 256) {
+        fprintf(stderr, "%s is not the gemma4-code-30m fixture this test expects\n", g_dir);
+        return 1;
+    }
+    g_V = cfg->vocab_size;
+    g_seed = test_seed();
+    g_m = g_model;
+    g_keqv = load_keqv();
+    if (!g_keqv || !g_keqv->g4->cfg.k_eq_v[3] || !(g_keqv->g4->cfg.softcap > 0)) {
+        fprintf(stderr, "could not build the k_eq_v + softcap variant in %s\n", g_tmp);
+        rm_tmp();
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parity_f32),     cmocka_unit_test(test_parity_tq4),
+        cmocka_unit_test(test_parity_tq3),     cmocka_unit_test(test_parity_keqv),
+        cmocka_unit_test(test_invariance_tq4), cmocka_unit_test(test_invariance_f32),
+        cmocka_unit_test(test_spec_rounds),    cmocka_unit_test(test_spec_rounds_q8),
+        cmocka_unit_test(test_rows),           cmocka_unit_test(test_export_import),
+        cmocka_unit_test(test_graphs_tq4),     cmocka_unit_test(test_graphs_tq3_q8),
+        cmocka_unit_test(test_graphs_f32),     cmocka_unit_test(test_graphs_keqv),
+        cmocka_unit_test(test_errors),
+    };
+    const char *only = getenv("TQKV_TEST_FILTER"); /* e.g. 'test_spec_rounds*' under memcheck */
+    if (only) cmocka_set_test_filter(only);
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    tqkv_model_free(g_keqv);
+    tqkv_model_free(g_model);
+    rm_tmp();
+    return rc;
+}
+#else
+int main(void) {
+    printf("SKIPPED: built without CUDA\n");
+    return 77;
+}
+#endif
