@@ -153,6 +153,29 @@ TQKV_API const int  *tqkv_cuda_kv_spec_bases(const cuda_kv *kv);
 /* Drop the newest n tokens of every row, also inside a spec round (not below a row's
  * spec_begin offset): tqkv_batch_rewind's semantics (the undo of a failed forward). */
 TQKV_API tqkv_status tqkv_cuda_kv_rewind(cuda_kv *kv, int n);
+
+/* ---- sliding-window layers (cache_cuda_slide.cu, the device form of batch_slide.c) ---- */
+/* Scratch for window views and drops: a view row table, per-row shifts and a rotated copy
+ * of one cache's q8 ring. One serves every cache of the same rows / kv heads / ring / dim,
+ * one call at a time, in the caches' stream order. */
+typedef struct cuda_kv_slide cuda_kv_slide;
+TQKV_API tqkv_status tqkv_cuda_slide_init(cuda_kv_slide **out);
+/* Frees the buffers: the caller has waited for the stream that used them. */
+TQKV_API void tqkv_cuda_slide_free(cuda_kv_slide *s);
+/* Size s for kv (before any capture: views then allocate nothing); *moved = 1 when the
+ * buffers were reallocated (a captured graph holding the old ones must be dropped). */
+TQKV_API tqkv_status tqkv_cuda_slide_reserve(cuda_kv_slide *s, const cuda_kv *kv, int *moved);
+/* A view of kv whose rows are each row's newest `window` tokens as the cache stood `back`
+ * tokens ago (its q8 ring rotated to match): attend over *view with tqkv_cuda_kv_attend_ws.
+ * Queued on kv's stream, capture safe; *view is owned by s and valid until the next call
+ * on s or a change of kv. */
+TQKV_API tqkv_status tqkv_cuda_kv_window_view(cuda_kv *kv, cuda_kv_slide *s, int window, int back,
+                                              cuda_kv **view);
+/* tqkv_batch_drop_oldest(kv, keep) on a device cache: each row's oldest tokens beyond keep
+ * become left padding, its q8 ring rotates by the dropped count (slots are indexed by
+ * token), win_lo follows; once every row's padding reaches keep the common padding goes (a
+ * filter of every row, as the CPU's compaction: a new storage id). Refused in a spec round. */
+TQKV_API tqkv_status tqkv_cuda_kv_drop_oldest(cuda_kv *kv, cuda_kv_slide *s, int keep);
 /* Decode attention (tqkv_cuda_kv_attend_ws: q, out DEVICE [rows, q_heads, head_dim]) as the
  * cache stood `back` tokens ago: every row sees only its first offset - back tokens
  * (0 <= back <= every row's offset). The same bits as the decode call made then when the

@@ -18,18 +18,8 @@
  * CUDA's (within two ulp of libm's), sums of squares are in double in another order, so the
  * results match the CPU within float32 rounding, not bit for bit.
  *
- * Window views: the device decode kernel (attn_cuda.cu) attends over a row's tokens
- * [0, ntok) read through its row table (cuda_row) and its q8 ring (slot = token % ring).
- * A sliding layer holds up to window + slack (+ the call's) tokens; its decode attention
- * sees the newest `window`: a view is the same cache with a row table whose rows start
- * s = ntok - window tokens later (left_pad + s, ntok - s, the q8 window start moved with
- * them) and, with a q8 window, a copy of the ring rotated by s slots, both built on the
- * device by g4_view_kernel / g4_ring_kernel (so a decode step stays one capturable queue).
- * The view's tokens and their order are those of the newest `window` keys whatever the
- * row held before them, so a decode reads the same bits before and after a drop, and a
- * verification window's query j (its view `back` tokens back) those of its single decode.
- * This reads the cache's private layout (cache_cuda_impl.h): a windowed entry point in
- * attn_cuda.cu would be the cleaner home (docs/CUDA.md, "Gemma 4 on the device").
+ * Window views and drops are the cache's (cache_cuda_slide.cu: tqkv_cuda_kv_window_view,
+ * tqkv_cuda_kv_drop_oldest); this file decides when a layer takes them.
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -42,7 +32,7 @@ extern "C" {
 #include "model/ops.h"
 #include "util/common.h"
 }
-#include "cache/cache_cuda_impl.h"
+#include "cache/cache_cuda.h"
 #include "model/model_cuda_impl.h"
 
 // ---------------------------------------------------------------------------
@@ -143,34 +133,16 @@ extern "C" tqkv_status g4_cuda_upload(const tqkv_model *m, model_cuda_weights *w
 // ---------------------------------------------------------------------------
 
 struct g4_cuda_state {
-    int rows;         /* the row count the buffers are sized for */
-    cuda_row *d_view; /* device [rows] a sliding layer's window view */
-    int *d_shift;     /* device [rows] each row's shift (view: tokens skipped; drop: dropped) */
-    int *h_view_off;  /* host [rows] the view's token counts (attend()'s split bound) */
-    int *h_shift;     /* host [rows] a drop's shifts, uploaded from pageable memory */
-    uint8_t *ring;    /* device: one sliding layer's q8 ring, rotated (kw | vw | kws | vws) */
-    size_t ring_bytes;
+    cuda_kv_slide *slide; /* the sliding layers' window views and drops (one at a time) */
 };
 
 extern "C" void g4_cuda_state_free(model_cuda *g) {
     g4_cuda_state *S = g->g4;
     if (!S) return;
     if (g->stream) cudaStreamSynchronize(g->stream);
-    cudaFree(S->d_view);
-    cudaFree(S->d_shift);
-    cudaFree(S->ring);
-    free(S->h_view_off);
-    free(S->h_shift);
+    tqkv_cuda_slide_free(S->slide);
     free(S);
     g->g4 = NULL;
-}
-
-/* Bytes of one q8 ring plane set of kv: int8 [rows, kvh, ring, d] and fp16 scales
- * [rows, kvh, ring, d / 32], for K and for V. */
-static size_t ring_plane_bytes(const cuda_kv *kv, size_t *scale_bytes) {
-    const size_t slots = (size_t)kv->rows * kv->kvh * (kv->ring > 0 ? kv->ring : 0);
-    *scale_bytes = slots * (size_t)(kv->d / 32) * 2;
-    return slots * (size_t)kv->d;
 }
 
 /* The first sliding layer with a cache (every sliding layer has the same shape), or -1. */
@@ -183,30 +155,21 @@ static int first_sliding(const model_cuda *g) {
 
 /* Buffers for g->rows rows, made before any capture (a new set bumps the generation). */
 extern "C" tqkv_status g4_cuda_prepare(model_cuda *g) {
-    g4_cuda_state *S = g->g4;
-    const int ls = first_sliding(g);
-    size_t need_ring = 0;
-    if (ls >= 0) {
-        size_t sb = 0;
-        need_ring = 2 * (ring_plane_bytes(g->kv[ls], &sb) + sb);
+    if (!g->g4) {
+        g4_cuda_state *S = (g4_cuda_state *)calloc(1, sizeof *S);
+        if (!S) return tqkv_fail(TQKV_ENOMEM, "out of memory");
+        tqkv_status st = tqkv_cuda_slide_init(&S->slide);
+        if (st) {
+            free(S);
+            return st;
+        }
+        g->g4 = S;
     }
-    if (S && S->rows == g->rows && S->ring_bytes >= need_ring) return TQKV_OK;
-    g4_cuda_state_free(g);
-    g->gen++;
-    S = (g4_cuda_state *)calloc(1, sizeof *S);
-    if (!S) return tqkv_fail(TQKV_ENOMEM, "out of memory");
-    g->g4 = S;
-    const size_t R = (size_t)(g->rows ? g->rows : 1);
-    S->rows = g->rows;
-    S->h_view_off = (int *)calloc(R, sizeof(int));
-    S->h_shift = (int *)calloc(R, sizeof(int));
-    tqkv_status st =
-        S->h_view_off && S->h_shift ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "out of memory");
-    if (!st) st = mc_dmalloc((void **)&S->d_view, R * sizeof(cuda_row));
-    if (!st) st = mc_dmalloc((void **)&S->d_shift, R * sizeof(int));
-    if (!st && need_ring) st = mc_dmalloc((void **)&S->ring, need_ring);
-    if (!st) S->ring_bytes = need_ring;
-    if (st) g4_cuda_state_free(g);
+    const int ls = first_sliding(g);
+    if (ls < 0) return TQKV_OK;
+    int moved = 0;
+    tqkv_status st = tqkv_cuda_slide_reserve(g->g4->slide, g->kv[ls], &moved);
+    if (moved) g->gen++;
     return st;
 }
 
@@ -408,111 +371,18 @@ __global__ void g4_softcap_kernel(float *__restrict__ lg, size_t n, float cap) {
     if (i < n) lg[i] = __fmul_rn(tanhf(__fdiv_rn(lg[i], cap)), cap);
 }
 
-/* A sliding layer's window view of row table rows [R] as the cache stood `back` tokens
- * ago (cuda_kv_sync_rows' rule for that length, then the newest W tokens): out [R], and
- * each row's shift (the tokens before the view) in shift [R]. ring / qwin: the cache's q8
- * ring slots and window. grid ceil(R / 128), block 128. */
-__global__ void g4_view_kernel(const cuda_row *__restrict__ rows, int R, int W, int back, int ring,
-                               int qwin, cuda_row *__restrict__ out, int *__restrict__ shift) {
-    const int r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= R) return;
-    const cuda_row w = rows[r];
-    const int ntok = w.ntok - back;
-    int ws = ntok;
-    if (ring > 0) { /* plane_window_start at that length (attend_back keeps win_lo) */
-        ws = ntok - qwin;
-        if (ws < w.win_lo) ws = w.win_lo;
-        if (ws < 0) ws = 0;
-    }
-    const int k = ntok < W ? ntok : W, s = ntok - k;
-    cuda_row v;
-    v.ntok = k;
-    v.left_pad = w.left_pad + s;
-    ws -= s;
-    v.wstart = ws < 0 ? 0 : ws > k ? k : ws;
-    v.col0 = w.col0;
-    v.win_lo = w.win_lo > s ? w.win_lo - s : 0;
-    out[r] = v;
-    shift[r] = s;
-}
-
-/* dst slot j of every (row, head) ring = src slot (j + shift[row]) % ring, for the int8
- * planes [R, kvh, ring, d] and their scales [R, kvh, ring, d / 32] of K and V (NULL planes
- * skipped). One thread per slot. */
-__global__ void g4_ring_kernel(const int8_t *__restrict__ kw, const int8_t *__restrict__ vw,
-                               const uint16_t *__restrict__ kws, const uint16_t *__restrict__ vws,
-                               int8_t *__restrict__ dkw, int8_t *__restrict__ dvw,
-                               uint16_t *__restrict__ dkws, uint16_t *__restrict__ dvws, int R,
-                               int kvh, int ring, int d, const int *__restrict__ shift) {
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)R * kvh * ring) return;
-    const size_t rh = i / ring;
-    const int j = (int)(i % ring), r = (int)(rh / kvh);
-    const size_t from = rh * ring + (size_t)((j + shift[r] % ring) % ring);
-    const int ns = d / 32;
-    if (kw) {
-        const int4 *a = reinterpret_cast<const int4 *>(kw + from * d);
-        int4 *b = reinterpret_cast<int4 *>(dkw + i * d);
-        for (int q = 0; q < d / 16; q++) b[q] = a[q];
-        for (int q = 0; q < ns; q++) dkws[i * ns + q] = kws[from * ns + q];
-    }
-    if (vw) {
-        const int4 *a = reinterpret_cast<const int4 *>(vw + from * d);
-        int4 *b = reinterpret_cast<int4 *>(dvw + i * d);
-        for (int q = 0; q < d / 16; q++) b[q] = a[q];
-        for (int q = 0; q < ns; q++) dvws[i * ns + q] = vws[from * ns + q];
-    }
-}
-
 // ---------------------------------------------------------------------------
 // window views and the bounded sliding caches
 // ---------------------------------------------------------------------------
 
-/* Where the rotated ring copies of kv go in S->ring (kw | vw | kws | vws). */
-static void ring_parts(const g4_cuda_state *S, const cuda_kv *kv, int8_t **kw, int8_t **vw,
-                       uint16_t **kws, uint16_t **vws) {
-    size_t sb = 0;
-    const size_t pb = ring_plane_bytes(kv, &sb);
-    *kw = kv->kw ? (int8_t *)S->ring : NULL;
-    *vw = kv->vw ? (int8_t *)(S->ring + pb) : NULL;
-    *kws = kv->kw ? (uint16_t *)(S->ring + 2 * pb) : NULL;
-    *vws = kv->vw ? (uint16_t *)(S->ring + 2 * pb + sb) : NULL;
-}
-
-static tqkv_status ring_launch(const cuda_kv *kv, int8_t *kw, int8_t *vw, uint16_t *kws,
-                               uint16_t *vws, const int *d_shift, cudaStream_t s) {
-    const size_t slots = (size_t)kv->rows * kv->kvh * kv->ring;
-    if (!slots) return TQKV_OK;
-    g4_ring_kernel<<<(unsigned)((slots + 127) / 128), 128, 0, s>>>(
-        kv->kw, kv->vw, kv->kws, kv->vws, kw, vw, kws, vws, kv->rows, kv->kvh, kv->ring, kv->d,
-        d_shift);
-    return mc_ck(cudaGetLastError(), "window ring");
-}
-
 /* Decode attention (q, out [R, NH, hd]) of sliding layer cache kv over the newest `window`
- * keys of each row as it stood `back` tokens ago. Capturable: kernels and the decode
- * kernel only; the host reads only the mirror's offsets (their windowed maximum is in the
- * graph key, win_tok). */
+ * keys of each row as it stood `back` tokens ago. Capturable (a view and the decode
+ * kernel); the view's longest row is in the graph key (win_tok). */
 static tqkv_status view_attend(model_cuda *g, cuda_kv *kv, int back, const float *q, int NH,
                                float *out) {
-    g4_cuda_state *S = g->g4;
-    const int R = kv->rows, W = g->m->g4->cfg.window;
-    if (!R) return TQKV_OK;
-    for (int r = 0; r < R; r++) {
-        const int nb = kv->h_offset[r] - back;
-        S->h_view_off[r] = nb < W ? nb : W;
-    }
-    g4_view_kernel<<<(unsigned)((R + 127) / 128), 128, 0, g->stream>>>(
-        kv->d_rows, R, W, back, kv->ring, kv->cfg.window, S->d_view, S->d_shift);
-    tqkv_status st = mc_ck(cudaGetLastError(), "window view");
-    cuda_kv v = *kv; /* the same planes and work counters; the view's rows and ring */
-    v.d_rows = S->d_view;
-    v.h_offset = S->h_view_off;
-    if (!st && kv->ring > 0) {
-        ring_parts(S, kv, &v.kw, &v.vw, &v.kws, &v.vws);
-        st = ring_launch(kv, v.kw, v.vw, v.kws, v.vws, S->d_shift, g->stream);
-    }
-    if (!st) st = tqkv_cuda_kv_attend_ws(&v, q, NH, 1.0f, out, g->aws, g->aws_bytes);
+    cuda_kv *v = NULL;
+    tqkv_status st = tqkv_cuda_kv_window_view(kv, g->g4->slide, g->m->g4->cfg.window, back, &v);
+    if (!st) st = tqkv_cuda_kv_attend_ws(v, q, NH, 1.0f, out, g->aws, g->aws_bytes);
     return st;
 }
 
@@ -549,63 +419,6 @@ extern "C" int g4_cuda_win_tokens(const model_cuda *g, int n) {
     return most;
 }
 
-/* batch_slide.c's tqkv_batch_drop_oldest(kv, keep) on a device cache: each row's oldest
- * tokens beyond keep become left padding, its q8 ring rotates left by the dropped count
- * (slots are indexed by token), win_lo follows; once every row's padding reaches keep the
- * common padding goes (a filter of every row, as the CPU's compaction). */
-static tqkv_status drop_layer(model_cuda *g, cuda_kv *kv, int keep) {
-    g4_cuda_state *S = g->g4;
-    const int R = kv->rows;
-    int any = 0;
-    for (int r = 0; r < R; r++) {
-        const int d = kv->h_offset[r] - keep;
-        S->h_shift[r] = d > 0 ? d : 0;
-        any |= d > 0;
-    }
-    if (!any) return TQKV_OK;
-    tqkv_status st = TQKV_OK;
-    if (kv->ring > 0) { /* rotate into the scratch, then copy back */
-        int8_t *kw, *vw;
-        uint16_t *kws, *vws;
-        ring_parts(S, kv, &kw, &vw, &kws, &vws);
-        size_t sb = 0;
-        const size_t pb = ring_plane_bytes(kv, &sb);
-        st = mc_ck(cudaMemcpyAsync(S->d_shift, S->h_shift, sizeof(int) * (size_t)R,
-                                   cudaMemcpyHostToDevice, g->stream),
-                   "drop shifts");
-        if (!st) st = ring_launch(kv, kw, vw, kws, vws, S->d_shift, g->stream);
-        if (!st && kv->kw)
-            st = mc_ck(cudaMemcpyAsync(kv->kw, kw, pb, cudaMemcpyDeviceToDevice, g->stream),
-                       "drop ring");
-        if (!st && kv->kw)
-            st = mc_ck(cudaMemcpyAsync(kv->kws, kws, sb, cudaMemcpyDeviceToDevice, g->stream),
-                       "drop ring");
-        if (!st && kv->vw)
-            st = mc_ck(cudaMemcpyAsync(kv->vw, vw, pb, cudaMemcpyDeviceToDevice, g->stream),
-                       "drop ring");
-        if (!st && kv->vw)
-            st = mc_ck(cudaMemcpyAsync(kv->vws, vws, sb, cudaMemcpyDeviceToDevice, g->stream),
-                       "drop ring");
-        if (st) return st;
-    }
-    int min_pad = -1;
-    for (int r = 0; r < R; r++) {
-        const int d = S->h_shift[r];
-        kv->h_left_pad[r] += d;
-        kv->h_offset[r] -= d;
-        kv->h_win_lo[r] = kv->h_win_lo[r] > d ? kv->h_win_lo[r] - d : 0;
-        if (min_pad < 0 || kv->h_left_pad[r] < min_pad) min_pad = kv->h_left_pad[r];
-    }
-    st = tqkv_cuda_kv_trim(kv, 0); /* uploads the row table from the mirror */
-    if (st || min_pad < keep) return st;
-    int *all = (int *)malloc(sizeof(int) * (size_t)R);
-    if (!all) return tqkv_fail(TQKV_ENOMEM, "out of memory");
-    for (int r = 0; r < R; r++) all[r] = r;
-    st = tqkv_cuda_kv_filter(kv, all, R); /* a new storage id: the graph key sees it */
-    free(all);
-    return st;
-}
-
 extern "C" tqkv_status g4_cuda_drop_oldest(model_cuda *g) {
     const g4_config *c = &g->m->g4->cfg;
     if (c->pos_layer < 0) return TQKV_OK; /* never: model_cuda_init refuses it */
@@ -613,7 +426,7 @@ extern "C" tqkv_status g4_cuda_drop_oldest(model_cuda *g) {
     const int keep = c->window + g->p.window_slack;
     for (int l = 0; l < c->n_layers && !st; l++)
         if (c->sliding[l] && g->kv[l] && !tqkv_cuda_kv_spec_active(g->kv[l]))
-            st = drop_layer(g, g->kv[l], keep);
+            st = tqkv_cuda_kv_drop_oldest(g->kv[l], g->g4->slide, keep);
     return st;
 }
 
