@@ -558,7 +558,19 @@ static void test_cuda_init_d256(void **state) {
     }
     assert_true(tqkv_cuda_attend_ws_bytes_dim(3, 8, 5000, 128) ==
                 tqkv_cuda_attend_ws_bytes(3, 8, 5000));
-    assert_true(tqkv_cuda_attend_ws_bytes_dim(3, 8, 5000, 256) == (size_t)3 * 8 * 256 * 4);
+    /* d = 256: its split bound (4 x d = 128's) changes exactly where d = 128's does (a
+     * model's graph key takes the larger figure); at 5000 tokens 80 splits' partials */
+    for (int n = 1; n <= 12000; n++) {
+        const size_t a0 = tqkv_cuda_attend_ws_bytes_dim(3, 8, n - 1, 256),
+                     a1 = tqkv_cuda_attend_ws_bytes_dim(3, 8, n, 256),
+                     b0 = tqkv_cuda_attend_ws_bytes(3, 8, n - 1),
+                     b1 = tqkv_cuda_attend_ws_bytes(3, 8, n);
+        if (a1 < a0 || (a1 != a0) != (b1 != b0))
+            fail_msg("d 256 workspace at %d tokens: %zu -> %zu while d 128's %zu -> %zu", n, a0, a1,
+                     b0, b1);
+    }
+    assert_true(tqkv_cuda_attend_ws_bytes_dim(3, 8, 5000, 256) >=
+                (size_t)3 * 8 * (80 + 1) * 256 * 4);
 }
 
 /* CPU decode attention (fused kernel) of b: q, out [rows, qh, d]. */
@@ -593,23 +605,35 @@ static void gpu_decode(cuda_kv *kv, const float *dq, int qh, float scale, float 
     assert_int_equal(tqkv_cuda_d2h(out, dout, n * 4), TQKV_OK);
 }
 
-static void test_cuda_decode_d256(void **state) {
-    (void)state;
+/* Decode at d = 256 vs the CPU, its workspaces, rows alone, attend_back and a replayed graph.
+ * longr = 0: 3 rows of 4-40 / 100-1500 tokens (1-24 splits), 8 iterations (G 2 / 4 / 8).
+ * longr = 1: 4 rows of thousands of tokens, 4 iterations. The graph is captured after the
+ * first append and replayed after the second: row 0 (8191 tokens) has then 8192 (128 splits
+ * of 64, the bound) and 8193 (65 of 128), row 1 (3007) 3008 (47 splits) and 3009 (48), so
+ * both change their splits inside one graph (the longest row, 8200-9000 tokens, keeps the
+ * bound: no recapture); row 3 3000-9000. */
+static void decode_d256_case(int longr, uint64_t mix) {
     test_rng r;
-    rng_init(&r, test_seed() ^ 0xDEC256);
-    const int D = 256, H = 2, R = 3;
+    rng_init(&r, test_seed() ^ mix);
+    const int D = 256, H = 2, R = longr ? 4 : 3;
     const float tol = 1e-4f; /* float32 on both sides */
-    for (int it = 0; it < 8; it++) {
-        /* it bit 0: tq3; bit 1: the q8 window; bit 2: G 4 or 8, else 2 (4 q heads / 2 kv heads) */
+    for (int it = 0; it < (longr ? 4 : 8); it++) {
+        /* it bit 0: tq3; bit 1: the q8 window; bit 2 (long: random): G 4 or 8, else 2 */
         const tqkv_format f = it & 1 ? TQKV_TQ3 : TQKV_TQ4;
-        const int W = it & 2 ? rng_int(&r, 16, 64) : 0,
-                  G = it & 4 ? (rng_int(&r, 0, 1) ? 4 : 8) : 2, qh = H * G;
+        const int wide = longr ? rng_int(&r, 0, 1) : (it & 4) != 0;
+        const int W = it & 2 ? rng_int(&r, 16, 64) : 0, G = wide ? (rng_int(&r, 0, 1) ? 4 : 8) : 2,
+                  qh = H * G;
         tqkv_cache_config cfg = mkcfg_d(f, H, W, rng_u64(&r), D);
-        tqkv_cache *rows[3];
-        tqkv_cache_ref refs[3];
-        int lens[3], maxlen = 0;
+        tqkv_cache *rows[4];
+        tqkv_cache_ref refs[4];
+        int lens[4] = {0, 0, 0, 0}, maxlen = 0;
         for (int i = 0; i < R; i++) { /* unequal lengths: left padding in the merged batch */
-            lens[i] = i == 0 ? rng_int(&r, 4, 40) : rng_int(&r, 100, 1500);
+            if (longr)
+                lens[i] = i == 0   ? 8191
+                          : i == 1 ? 3007
+                          : i == 2 ? rng_int(&r, 8200, 9000)
+                                   : rng_int(&r, 3000, 9000);
+            else lens[i] = i == 0 ? rng_int(&r, 4, 40) : rng_int(&r, 100, 1500);
             if (lens[i] > maxlen) maxlen = lens[i];
             const size_t n = (size_t)H * lens[i] * D;
             float *k = malloc(n * 4), *v = malloc(n * 4), *kb = malloc(n * 4), *vb = malloc(n * 4);
@@ -618,7 +642,7 @@ static void test_cuda_decode_d256(void **state) {
             for (size_t j = 0; j < n; j += 331) k[j] *= 12.0f; /* a few large scores */
             assert_int_equal(tqkv_cache_init(&rows[i], &cfg), TQKV_OK);
             for (int t = 0, c; t < lens[i]; t += c) {
-                c = rng_int(&r, 1, 300);
+                c = rng_int(&r, 1, longr ? 2500 : 300);
                 if (c > lens[i] - t) c = lens[i] - t;
                 slice_d(k, 1, H, lens[i], t, c, kb, D);
                 slice_d(v, 1, H, lens[i], t, c, vb, D);
@@ -690,15 +714,13 @@ static void test_cuda_decode_d256(void **state) {
         }
         const double eb = worst_rel(gpu, cpu_b, (size_t)R * qh, D);
         // ---- (e) a CUDA graph of attend_ws replayed after appends: follows the rows ------
+        /* as the model's graph key: captured again when the launch shape (the workspace
+         * figure of the longest row) changes; else replays follow the rows on the device */
         void *stream = NULL, *exec = NULL;
         assert_int_equal(tqkv_cuda_stream_create(&stream), TQKV_OK);
         assert_int_equal(tqkv_cuda_kv_set_stream(kv, stream), TQKV_OK);
-        assert_int_equal(tqkv_cuda_capture_begin(stream), TQKV_OK);
-        const tqkv_status cst = tqkv_cuda_kv_attend_ws(kv, dq, qh, scale, dout, ws, wsb);
-        const tqkv_status est = tqkv_cuda_capture_end(stream, &exec);
-        if (cst || est)
-            fail_msg("d 256 decode under capture: %s / %s (%s)", tqkv_status_name(cst),
-                     tqkv_status_name(est), tqkv_last_error());
+        size_t key = 0;
+        int recaptures = -1;
         double eg = 0;
         const size_t na = (size_t)R * H * D;
         float *ka = malloc(na * 4), *va = malloc(na * 4);
@@ -713,6 +735,18 @@ static void test_cuda_decode_d256(void **state) {
             assert_int_equal(tqkv_cuda_kv_append(kv, dk, dv, 1), TQKV_OK);
             assert_true(tqkv_cuda_kv_storage_id(kv) ==
                         id); /* no regrow: the graph's pointers hold */
+            if (tqkv_cuda_attend_ws_bytes_dim(R, qh, maxlen + step + 1, D) != key) {
+                key = tqkv_cuda_attend_ws_bytes_dim(R, qh, maxlen + step + 1, D);
+                recaptures++;
+                if (exec) tqkv_cuda_graph_free(exec);
+                exec = NULL;
+                assert_int_equal(tqkv_cuda_capture_begin(stream), TQKV_OK);
+                const tqkv_status cst = tqkv_cuda_kv_attend_ws(kv, dq, qh, scale, dout, ws, wsb);
+                const tqkv_status est = tqkv_cuda_capture_end(stream, &exec);
+                if (cst || est)
+                    fail_msg("d 256 decode under capture: %s / %s (%s)", tqkv_status_name(cst),
+                             tqkv_status_name(est), tqkv_last_error());
+            }
             assert_int_equal(tqkv_cuda_graph_launch(exec, stream), TQKV_OK);
             assert_int_equal(tqkv_cuda_stream_sync(stream), TQKV_OK);
             assert_int_equal(tqkv_cuda_d2h(gpu, dout, n * 4), TQKV_OK);
@@ -727,12 +761,13 @@ static void test_cuda_decode_d256(void **state) {
             tqkv_cuda_free(dk);
             tqkv_cuda_free(dv);
         }
-        printf(
-            "decode d 256 %s G %d window %d lens %d %d %d: worst rel L2 vs CPU %.3g, back %d %.3g, "
-            "graph replays %.3g\n",
-            tqkv_format_name(f), G, W, lens[0], lens[1], lens[2], e, back, eb, eg);
+        printf("decode d 256 %s G %d window %d lens %d %d %d %d: worst rel L2 vs CPU %.3g, back %d "
+               "%.3g, graph replays %.3g (recaptured %d)\n",
+               tqkv_format_name(f), G, W, lens[0], lens[1], lens[2], lens[3], e, back, eb, eg,
+               recaptures);
         if (!(e < tol) || !(eb < tol) || !(eg < tol))
             fail_msg("d 256 decode differs from the CPU: %g / back %g / graph %g", e, eb, eg);
+        if (longr && recaptures) fail_msg("long rows: the graph was captured again");
         assert_int_equal(tqkv_cuda_kv_set_stream(kv, NULL), TQKV_OK);
         tqkv_cuda_graph_free(exec);
         tqkv_cuda_stream_destroy(stream);
@@ -750,6 +785,16 @@ static void test_cuda_decode_d256(void **state) {
         tqkv_batch_free(b);
         for (int i = 0; i < R; i++) tqkv_cache_free(rows[i]);
     }
+}
+
+static void test_cuda_decode_d256(void **state) {
+    (void)state;
+    decode_d256_case(0, 0xDEC256);
+}
+
+static void test_cuda_decode_d256_long(void **state) {
+    (void)state;
+    decode_d256_case(1, 0x10DEC256);
 }
 
 // ---------------------------------------------------------------------------
@@ -819,7 +864,8 @@ int main(void) {
         cmocka_unit_test(test_cuda_attend_bf16),       cmocka_unit_test(test_cuda_rows),
         cmocka_unit_test(test_cuda_prefill),           cmocka_unit_test(test_cuda_init_d256),
         cmocka_unit_test(test_cuda_encode_bytes_d256), cmocka_unit_test(test_cuda_prefill_d256),
-        cmocka_unit_test(test_cuda_decode_d256),       cmocka_unit_test(test_cuda_rows_d256),
+        cmocka_unit_test(test_cuda_decode_d256),       cmocka_unit_test(test_cuda_decode_d256_long),
+        cmocka_unit_test(test_cuda_rows_d256),
     };
     test_seed();
     const char *only = getenv("TQKV_TEST_FILTER"); /* e.g. test_cuda_attend_tq, for seed sweeps */

@@ -1227,7 +1227,7 @@ static pthread_mutex_t g_setup_mu = PTHREAD_MUTEX_INITIALIZER;
 static tqkv_status attn_cuda_setup_locked(void);
 
 extern "C" tqkv_status tqkv_cuda_attn_setup(void) {
-    const tqkv_status pst = cuda_prefill_setup(); /* the masked kernels (also d = 256 decode) */
+    const tqkv_status pst = cuda_prefill_setup(); /* the masked kernels */
     if (pst) return pst;
     if (__atomic_load_n(&g_setup_done, __ATOMIC_ACQUIRE)) return TQKV_OK;
     pthread_mutex_lock(&g_setup_mu);
@@ -1294,7 +1294,7 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
 extern "C" tqkv_status tqkv_cuda_kv_attend_ws(cuda_kv *kv, const float *q, int q_heads, float scale,
                                          float *out, void *ws, size_t ws_bytes) {
     if (!ws) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_attend_ws: NULL workspace");
-    /* d = 256: the masked float32 kernel, one query per row (attn_cuda_prefill.cu) */
+    /* d = 256: the float32 split kernel and its merge (attn_cuda_prefill.cu) */
     if (kv && kv->d != D) return cuda_attend_decode_wide(kv, q, q_heads, scale, out, ws, ws_bytes);
     return attend(kv, q, q_heads, scale, out, ws, ws_bytes);
 }

@@ -103,9 +103,10 @@ TQKV_API tqkv_status tqkv_cuda_attn_setup(void);
 /* GPU decode attention (one query per row). q: DEVICE [rows, q_heads, head_dim] float,
  * out: DEVICE [rows, q_heads, head_dim] float. Asynchronous on kv's stream: synchronize it
  * (tqkv_cuda_sync() for the legacy default stream) before reading out on the host.
- * d = 128: split-KV with a per-row split that depends only on that row's token count (batch
- * invariant); d = 256: one CTA per (row, kv head) over the whole row in float32 (the masked
- * kernel, its range from the device row table). Its launch shape may depend on the host only through kv's rows and storage,
+ * Split-KV with a per-row split that depends only on that row's token count (batch
+ * invariant): d = 128 the tensor-core split kernel; d = 256 a float32 split kernel (splits a
+ * quarter of d = 128's length), each row's length from the device row table. Its launch
+ * shape may depend on the host only through kv's rows and storage,
  * q_heads, the workspace pointer and max over rows of tqkv_cuda_attend_ws_bytes(rows,
  * q_heads, that row's tokens) (the model's CUDA graph of a decode step keys on these). */
 TQKV_API tqkv_status tqkv_cuda_kv_attend(cuda_kv *kv, const float *q, int q_heads, float scale, float *out);
@@ -114,10 +115,10 @@ TQKV_API tqkv_status tqkv_cuda_kv_attend(cuda_kv *kv, const float *q, int q_head
  * tqkv_cuda_attend_ws_bytes_dim(rows, q_heads, the longest row's tokens, head_dim) bytes
  * (monotone in max_tokens); TQKV_ERANGE when it is smaller. */
 TQKV_API size_t      tqkv_cuda_attend_ws_bytes(int rows, int q_heads, int max_tokens);
-/* The same for a cache of head_dim `head_dim`: tqkv_cuda_attend_ws_bytes at 128; at 256
- * rows * q_heads * 256 floats (+ alignment), whatever max_tokens (the d = 256 decode's
- * launch does not depend on the rows' lengths). A workspace shared by layers of both dims
- * needs the larger of the two. */
+/* The same for a cache of head_dim `head_dim` (128 or 256): tqkv_cuda_attend_ws_bytes at
+ * 128; at 256 the partials of 4x d = 128's split bound plus the queries, so it changes
+ * exactly where the 128 figure does (monotone in max_tokens). A workspace shared by layers
+ * of both dims needs the larger of the two; that maximum changes whenever either does. */
 TQKV_API size_t      tqkv_cuda_attend_ws_bytes_dim(int rows, int q_heads, int max_tokens,
                                                    int head_dim);
 TQKV_API tqkv_status tqkv_cuda_kv_attend_ws(cuda_kv *kv, const float *q, int q_heads, float scale,

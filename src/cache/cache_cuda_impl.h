@@ -99,8 +99,9 @@ tqkv_status cuda_kv_advance_rows(cuda_kv *kv, int n);
 tqkv_status codec_cuda_append(cuda_kv *kv, const float *k, const float *v, int n);
 
 /* attn_cuda_prefill.cu: decode attention of a cache whose head_dim is not the split
- * kernel's (d = 256): the masked float32 kernel with one query per row over each row's
- * whole length, read from the device row table (so a CUDA graph replay follows the rows).
+ * kernel's (d = 256): a float32 split-KV kernel (work items (row, kv head, split) with the
+ * row's split length from its own length) and a merge, each row's length read from the
+ * device row table (so a CUDA graph replay follows the rows).
  * q, out: DEVICE [rows, q_heads, d]. ws == NULL: kv's own workspace (grown here); else at
  * least tqkv_cuda_attend_ws_bytes_dim(rows, q_heads, .., d) bytes: then nothing is
  * allocated, freed or waited for (capture safe). Asynchronous on kv->stream. */
