@@ -694,7 +694,7 @@ static void decode_d256_case(int longr, uint64_t mix) {
         const int back = rng_int(&r, 1, 4); /* <= window_slack (16) and row 0's length */
         float *cpu_b = malloc(n * 4);
         {
-            const int all[3] = {0, 1, 2};
+            const int all[4] = {0, 1, 2, 3}; /* the first R (3, or 4 in the long case) */
             tqkv_batch *bt = NULL;
             cuda_kv *kt = NULL;
             assert_int_equal(tqkv_batch_select(b, all, R, &bt), TQKV_OK);

@@ -253,14 +253,17 @@ static int f32_on_device(void) {
     return 0;
 }
 
-/* The median bound for tq KV. Gemma attends with scaling 1.0 over RMS-normed keys, so a
- * code that flips between the GPU's and the CPU's K (their forwards differ in rounding)
- * moves a score a lot: on the H200 (eighth session, run 2) tq4 gave medians 1.2e-3 over
- * 1120 prefill positions, 8.6e-3 over 12 decode steps and 1.45e-2 over 10 extend
- * positions (the 1e-2 first written here failed there), tq3 up to 6.1e-3; argmax equal at
- * 100%. The CPU's own AVX2 and scalar paths differ as much (ppl 8.699013 / 8.699511, tq4,
- * 2 windows). A broken forward gives O(1) errors and ~0% equal argmax. */
-#define TOL_MED_TQ 3e-2
+/* The bounds for tq KV. Gemma attends with scaling 1.0 over RMS-normed keys, so a code
+ * that flips between the GPU's and the CPU's K (their forwards differ in rounding) moves a
+ * score a lot. On the H200 (eighth session), two seeds: medians up to 1.45e-2 (tq4, 10
+ * extend positions; the 1e-2 first written here failed there) and 2.4e-2 (tq3, extend),
+ * worst positions up to 7.4e-2 (tq4) and 9.9e-2 (tq3) over 1120 prefill positions, argmax
+ * equal at >= 99% of the prefill positions. The CPU's own AVX2 and scalar paths differ as
+ * much (ppl 8.699013 / 8.699511, tq4, 2 windows). A broken forward gives O(1) errors and
+ * ~0% equal argmax; the bitwise tests below (invariance, spec rounds, rows, export,
+ * graphs) and the ppl comparison of scripts/cuda_gemma4_device.sh check the rest. */
+#define TOL_MED_TQ 5e-2
+#define TOL_WORST_TQ 2e-1
 
 static void test_parity_f32(void **st) {
     (void)st;
@@ -269,19 +272,19 @@ static void test_parity_f32(void **st) {
 }
 static void test_parity_tq4(void **st) {
     (void)st;
-    parity(TQKV_TQ4, 560, TOL_MED_TQ, 1e-1);
+    parity(TQKV_TQ4, 560, TOL_MED_TQ, TOL_WORST_TQ);
 }
 static void test_parity_tq3(void **st) {
     (void)st;
-    parity(TQKV_TQ3, 560, TOL_MED_TQ, 1e-1);
+    parity(TQKV_TQ3, 560, TOL_MED_TQ, TOL_WORST_TQ);
 }
 
 /* The k_eq_v + softcap variant (V from the raw K projection on full layers, logits capped). */
 static void test_parity_keqv(void **st) {
     (void)st;
     g_m = g_keqv;
-    parity(TQKV_TQ4, 96, TOL_MED_TQ, 1e-1);
-    parity(TQKV_TQ3, 96, TOL_MED_TQ, 1e-1);
+    parity(TQKV_TQ4, 96, TOL_MED_TQ, TOL_WORST_TQ);
+    parity(TQKV_TQ3, 96, TOL_MED_TQ, TOL_WORST_TQ);
     if (f32_on_device()) parity(TQKV_F32, 96, 1e-2, 5e-2);
     g_m = g_model;
 }
