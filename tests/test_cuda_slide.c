@@ -20,53 +20,13 @@
 #include "testutil.h"
 
 #ifdef TQKV_HAVE_CUDA
-#include "cache/batch.h"
-#include "cache/cache_cuda.h"
-#include "cache/cache_impl.h"
-
-static float *dev_copy(const float *h, size_t n) {
-    void *d = NULL;
-    assert_int_equal(tqkv_cuda_malloc(&d, n * sizeof(float)), TQKV_OK);
-    assert_int_equal(tqkv_cuda_h2d(d, h, n * sizeof(float)), TQKV_OK);
-    return d;
-}
-
-static void assert_same_state(const tqkv_batch *b, const cuda_kv *kv, const char *step) {
-    uint8_t *hb = NULL, *db = NULL;
-    size_t hl = 0, dl = 0;
-    assert_int_equal(state_export(b, 0, &hb, &hl), TQKV_OK);
-    assert_int_equal(tqkv_cuda_kv_export(kv, &db, &dl), TQKV_OK);
-    if (hl != dl || memcmp(hb, db, hl))
-        fail_msg("%s: device state differs from host (%zu vs %zu bytes)", step, dl, hl);
-    free(hb);
-    free(db);
-}
+#include "cuda_helpers.h"
 
 /* Decode attention of kv (q: DEVICE [rows, qh, d]) into host out [n]. */
 static void gpu_decode(cuda_kv *kv, const float *dq, int qh, float *dout, float *out, size_t n) {
     assert_int_equal(tqkv_cuda_kv_attend(kv, dq, qh, 0.088f, dout), TQKV_OK);
     assert_int_equal(tqkv_cuda_sync(), TQKV_OK);
     assert_int_equal(tqkv_cuda_d2h(out, dout, n * 4), TQKV_OK);
-}
-
-static void cpu_decode(const tqkv_batch *b, const float *q, int qh, float *out) {
-    tqkv_attn_params p = {
-        .q_heads = qh, .scale = 0.088f, .kernel = TQKV_KERNEL_FUSED, .threads = 2};
-    tqkv_mask_lease *lease = NULL;
-    const tqkv_mask *mask = NULL;
-    assert_int_equal(tqkv_mask_lease_init(&lease), TQKV_OK);
-    assert_int_equal(tqkv_batch_make_mask(b, lease, 1, 0, &mask), TQKV_OK);
-    assert_int_equal(tqkv_batch_attend(b, mask, q, 1, &p, out), TQKV_OK);
-    tqkv_mask_lease_free(lease);
-}
-
-static double worst_rel(const float *a, const float *b, size_t nv, int d) {
-    double worst = 0;
-    for (size_t i = 0; i < nv; i++) {
-        const double e = rel_l2(a + i * d, b + i * d, (size_t)d);
-        if (!(e <= worst)) worst = e;
-    }
-    return worst;
 }
 
 /* One case: D head dim, format f; tol: the decode kernel's bound against the CPU (d 128:
@@ -160,7 +120,7 @@ static void slide_case(int D, tqkv_format f, double tol, uint64_t mix) {
     assert_same_state(b, kv, "drop");
     gpu_decode(kv, dq, qh, dout, dropped, nq);
     if (memcmp(viewed, dropped, nq * 4)) fail_msg("window view != attention after the drop");
-    cpu_decode(b, q, qh, cpu);
+    cpu_decode(b, q, qh, 0.088f, cpu);
     const double e = worst_rel(dropped, cpu, (size_t)R * qh, D);
     if (!(e < tol)) fail_msg("attention after the drop vs CPU: %g (bound %g)", e, tol);
 
