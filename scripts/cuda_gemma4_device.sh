@@ -4,11 +4,11 @@
 # host: tar cJf PACK/gemma4.tar.xz -C ../shared/models gemma4-code-30m) and heldout-150k.txt.
 # Unpacks the fixture to ./shared/models, then: test_cuda_gemma4 (GPU vs CPU parity past the
 # sliding window, batch invariance, spec rounds, row operations, export / import, graphs,
-# misuse), tqkv ppl on the GPU and the CPU (f32 / tq4 / tq3, ctx 2048, 4 windows; f32 is
-# refused on the device while its dense bf16 cache is head_dim 128 only: the refusal is
-# logged), greedy 64-token continuations GPU vs CPU (short: the sliding bound is crossed
-# by test_cuda_gemma4 and by ppl's 2048-token windows), bench model decode speed
-# (rows 1 / 8 / 32, ctx 512 / 4096: past the window), compute-sanitizer memcheck of
+# misuse), tqkv ppl on the GPU and the CPU (f32 / tq4 / tq3, ctx 2048, 4 windows; f32 on
+# the device is its dense bf16 cache, head_dim 128 and 256), greedy 64-token continuations
+# GPU vs CPU (short: the sliding bound is crossed by test_cuda_gemma4 and by ppl's
+# 2048-token windows), bench model decode speed (rows 1 / 8 / 32, ctx 512 / 4096: past the
+# window; f32, the dense bf16 baseline, at rows 8), compute-sanitizer memcheck of
 # test_cuda_gemma4's spec-round and row cases. Logs in a work folder packed into
 # $OUT/results.tgz after every step (at most 8 files come back).
 #   Usage: cd PACK && OUT=$OUT ./cuda_gemma4_device.sh
@@ -30,6 +30,8 @@ for rows in 1 8 32; do
   step 90 "bench_rows$rows" ./tqkv bench model --device cuda --model "$M" --ctx 512,4096 --kv tq4,tq3 \
     --rows $rows --gen 32 --reps 2 --json >"$W/bench_rows$rows.json" 2>"$W/bench_rows$rows.err"
 done
+step 90 bench_f32_rows8 ./tqkv bench model --device cuda --model "$M" --ctx 512,4096 --kv f32 \
+  --rows 8 --gen 32 --reps 2 --json >"$W/bench_f32_rows8.json" 2>"$W/bench_f32_rows8.err"
 step 300 memcheck compute-sanitizer --tool memcheck --error-exitcode 9 env TQKV_TEST_SEED=1 \
   TQKV_TEST_FILTER='test_spec_rounds*' ./test_cuda_gemma4 >"$W/sanitizer_memcheck_gemma4.log" 2>&1
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv >>"$LOG" 2>&1

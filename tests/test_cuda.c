@@ -14,13 +14,19 @@
  *     equals the host batch's after the same operations, byte for byte;
  *   - several queries per row with masks (causal over left-padded rows, sliding window, the
  *     q8 window) against the CPU prefill engine (float32 both: rel. L2 < 1e-4);
- *   - head_dim 256 (*_d256): init refusals (64; bf16 at 256) and sizes; encode bytes; masked
+ *   - head_dim 256 (*_d256): init refusals (64) and sizes (tq; bf16: no ring, no host form,
+ *     export refused); encode bytes; masked
  *     attention (also G 2); decode (the float32 masked kernel, one query per row) against the
  *     CPU fused kernel (worst rel. L2 per (row, head) < 1e-4, G 2 / 4 / 8, left padding, the
  *     q8 window), each row alone bitwise, a caller's workspace (bitwise; too small refused),
  *     attend_back bitwise equal to a trimmed copy and near the CPU's trimmed batch, a CUDA
  *     graph of attend_ws replayed after appends bitwise equal to direct calls; row
- *     operations (+ rewind inside a spec round, commit, select) with exports byte-equal.
+ *     operations (+ rewind inside a spec round, commit, select) with exports byte-equal;
+ *   - the dense bf16 baseline at head_dim 256 (test_cuda_bf16_d256): decode and masked
+ *     attention against float64 on the bf16-rounded K/V (float32 on the device: rel. L2 <
+ *     1e-4), each row alone / extracted bitwise, attend_back, filter, spec rollback and
+ *     rewind bitwise, a window view bitwise across tqkv_cuda_kv_drop_oldest, a replayed
+ *     CUDA graph bitwise equal to direct calls.
  * Exits 77 (skipped) when the build has no CUDA or no GPU is present.
  */
 #include <math.h>
@@ -537,10 +543,28 @@ static void test_cuda_init_d256(void **state) {
     assert_int_equal(tqkv_cuda_kv_init(&kv, &c, 0, 2, 16), TQKV_EUNSUPPORTED);
     assert_null(kv);
     printf("head_dim 64: %s\n", tqkv_last_error());
-    c = mkcfg_d(TQKV_TQ4, 2, 0, 1, 256);
-    assert_int_equal(tqkv_cuda_kv_init(&kv, &c, 1, 2, 16), TQKV_EUNSUPPORTED); /* bf16: 128 only */
-    assert_null(kv);
-    printf("bf16 at head_dim 256: %s\n", tqkv_last_error());
+    /* the dense bf16 baseline at 256: [rows, kvh, cap, 256] bf16, no scales, no q8 ring
+     * (cfg's window ignored), no host form */
+    c = mkcfg_d(TQKV_TQ4, 2, 32, 1, 256);
+    assert_int_equal(tqkv_cuda_kv_init(&kv, &c, 1, 3, 16), TQKV_OK);
+    assert_int_equal(tqkv_cuda_kv_head_dim(kv), 256);
+    {
+        size_t ring = 1;
+        const size_t per = tqkv_cuda_kv_token_bytes(kv, &ring);
+        if (per != 2 * 2 * 512 || ring != 0 || tqkv_cuda_kv_bytes(kv) != (size_t)3 * 16 * per)
+            fail_msg("bf16 d 256: %zu bytes per token (want 2048), ring %zu, %zu bytes in all", per,
+                     ring, tqkv_cuda_kv_bytes(kv));
+        uint8_t *eb = NULL;
+        size_t el = 0;
+        assert_int_equal(tqkv_cuda_kv_export(kv, &eb, &el), TQKV_EINVAL); /* no state form */
+        assert_null(eb);
+        tqkv_batch *hb = NULL;
+        assert_int_equal(tqkv_batch_init(&hb, &c, 3), TQKV_OK);
+        assert_int_equal(tqkv_cuda_kv_upload(kv, hb), TQKV_EINVAL); /* no host form */
+        tqkv_batch_free(hb);
+    }
+    tqkv_cuda_kv_free(kv);
+    kv = NULL;
     const tqkv_format fm[2] = {TQKV_TQ4, TQKV_TQ3};
     for (int i = 0; i < 4; i++) {
         c = mkcfg_d(fm[i & 1], 2, i >= 2 ? 32 : 0, 7, 256);
@@ -854,6 +878,349 @@ static void test_cuda_attend_bf16(void **state) {
     tqkv_cuda_kv_free(kv);
 }
 
+/* Worst rel L2 of out [R, H G, nq, 256] against float64 attention over the bf16-rounded
+ * K/V kr / vr [r][H, tc[r], 256] (rounded on the host), query (r, j, i) over tokens
+ * [tlo, thi)[r nq + i] of kv head j / G, scores times scale. */
+static double bf16_worst(const float *out, const float *q, float *const *kr, float *const *vr,
+                         const int *tc, const int *tlo, const int *thi, int R, int H, int G, int nq,
+                         double scale) {
+    enum { D = 256 };
+    const int qh = H * G;
+    double worst = 0, ref[D];
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < qh; j++)
+            for (int i = 0; i < nq; i++) {
+                const size_t v = ((size_t)r * qh + j) * nq + i;
+                const float *qv = q + v * D;
+                const float *K = kr[r] + (size_t)(j / G) * tc[r] * D,
+                            *V = vr[r] + (size_t)(j / G) * tc[r] * D;
+                const int a = tlo[r * nq + i], b = thi[r * nq + i];
+                double *sc = malloc(sizeof(double) * (size_t)(b - a + 1)), mx = -INFINITY, sum = 0;
+                for (int t = a; t < b; t++) {
+                    double dot = 0;
+                    for (int d = 0; d < D; d++) dot += (double)qv[d] * K[(size_t)t * D + d];
+                    sc[t - a] = dot * scale;
+                    if (sc[t - a] > mx) mx = sc[t - a];
+                }
+                for (int t = a; t < b; t++) sum += (sc[t - a] = exp(sc[t - a] - mx));
+                memset(ref, 0, sizeof ref);
+                for (int t = a; t < b; t++)
+                    for (int d = 0; d < D; d++) ref[d] += sc[t - a] / sum * V[(size_t)t * D + d];
+                free(sc);
+                const double e = rel_l2_d(out + v * D, ref, D);
+                if (!(e <= worst)) worst = e;
+            }
+    return worst;
+}
+
+/* The dense bf16 baseline at head_dim 256 (the float32 split decode's bf16 instantiation,
+ * the masked kernel's bf16 reads): rows of unequal lengths built one by one and merged
+ * (left padding), per iteration G 2 / 4 / 8; the last iteration has a row past 8192 tokens
+ * (split length 128). Against float64 on the bf16-rounded K/V (float32 queries and sums
+ * on the device, so 1e-4 as the d = 256 tq cases; d = 128's bf16 kernel rounds the query
+ * and the weights to bf16, hence its 1.5e-2): decode, a caller's workspace (bitwise), each
+ * row alone and extracted (bitwise), masked attention (causal and a sliding range, each
+ * row alone bitwise), attend_back = a trimmed copy (bitwise), a filter in reverse order, a
+ * spec round rolled back and one rewound (bitwise: the decode before), a window view before
+ * and after tqkv_cuda_kv_drop_oldest (bitwise, and vs float64), a CUDA graph replayed after
+ * appends (bitwise equal to direct calls, vs float64). */
+static void test_cuda_bf16_d256(void **state) {
+    (void)state;
+    enum { D = 256, H = 2, R = 3, NQ = 5, ROOM = 8 };
+    test_rng r;
+    rng_init(&r, test_seed() ^ 0xBF16256);
+    const float tol = 1e-4f, scale = 1.0f / 16.0f;
+    for (int it = 0; it < 3; it++) {
+        const int G = it == 0 ? 2 : it == 1 ? 4 : 8, qh = H * G;
+        tqkv_cache_config cfg = mkcfg_d(TQKV_TQ4, H, 0, rng_u64(&r), D); /* formats ignored */
+        cfg.window_slack = 16;
+        int lens[R], tc[R], maxlen = 0;
+        float *kh[R], *vh[R], *kr[R], *vr[R];
+        cuda_kv *items[R];
+        for (int i = 0; i < R; i++) {
+            lens[i] = i == 0              ? rng_int(&r, 8, 40)
+                      : i == 2 && it == 2 ? rng_int(&r, 8200, 9000)
+                                          : rng_int(&r, 100, 1500);
+            tc[i] = lens[i] + ROOM;
+            if (lens[i] > maxlen) maxlen = lens[i];
+            const size_t n = (size_t)H * tc[i] * D;
+            kh[i] = malloc(n * 4);
+            vh[i] = malloc(n * 4);
+            kr[i] = malloc(n * 4);
+            vr[i] = malloc(n * 4);
+            rng_fill_normal(&r, kh[i], n, 1.0f);
+            rng_fill_normal(&r, vh[i], n, 1.0f);
+            for (size_t j = 0; j < n; j += 331) kh[i][j] *= 12.0f; /* a few large scores */
+            assert_int_equal(tqkv_cuda_kv_init(&items[i], &cfg, 1, 1, 16), TQKV_OK);
+            float *kb = malloc(n * 4), *vb = malloc(n * 4);
+            for (int t = 0, c; t < lens[i]; t += c) { /* appends of 1-300 tokens (regrowing) */
+                c = rng_int(&r, 1, 300);
+                if (c > lens[i] - t) c = lens[i] - t;
+                slice_d(kh[i], 1, H, tc[i], t, c, kb, D);
+                slice_d(vh[i], 1, H, tc[i], t, c, vb, D);
+                float *dk = dev_copy(kb, (size_t)H * c * D), *dv = dev_copy(vb, (size_t)H * c * D);
+                assert_int_equal(tqkv_cuda_kv_append(items[i], dk, dv, c), TQKV_OK);
+                assert_int_equal(tqkv_cuda_sync(), TQKV_OK);
+                tqkv_cuda_free(dk);
+                tqkv_cuda_free(dv);
+            }
+            free(kb);
+            free(vb);
+        }
+        cuda_kv *kv = NULL;
+        assert_int_equal(tqkv_cuda_kv_merge(&kv, items, R), TQKV_OK);
+        assert_int_equal(tqkv_cuda_kv_reserve(kv, maxlen + ROOM), TQKV_OK);
+        for (int i = 0; i < R; i++) {
+            assert_int_equal(tqkv_cuda_kv_offsets(kv)[i], lens[i]);
+            assert_int_equal(tqkv_cuda_kv_left_pads(kv)[i], maxlen - lens[i]);
+        }
+        const size_t n = (size_t)R * qh * D;
+        float *q = malloc(n * 4), *gpu = malloc(n * 4), *two = malloc(n * 4);
+        rng_fill_normal(&r, q, n, 1.0f);
+        float *dq = dev_copy(q, n), *dout = NULL;
+        for (size_t i = 0; i < n; i++) gpu[i] = NAN;
+        dout = dev_copy(gpu, n); /* poisoned */
+        int tlo[R * NQ], thi[R * NQ];
+        for (int i = 0; i < R; i++) { /* the reference's bf16 K/V (round to nearest even) */
+            for (size_t j = 0; j < (size_t)H * tc[i] * D; j++) {
+                kr[i][j] = bf16_round(kh[i][j]);
+                vr[i][j] = bf16_round(vh[i][j]);
+            }
+            tlo[i] = 0;
+            thi[i] = lens[i];
+        }
+        // ---- (a) decode vs float64, (b) a caller's workspace --------------------------
+        gpu_decode(kv, dq, qh, scale, dout, NULL, 0, gpu, n);
+        const double e = bf16_worst(gpu, q, kr, vr, tc, tlo, thi, R, H, G, 1, scale);
+        const size_t wsb = tqkv_cuda_attend_ws_bytes_dim(R, qh, maxlen + 2, D);
+        void *ws = NULL;
+        assert_int_equal(tqkv_cuda_malloc(&ws, wsb), TQKV_OK);
+        gpu_decode(kv, dq, qh, scale, dout, ws, wsb, two, n);
+        if (memcmp(two, gpu, n * 4)) fail_msg("bf16 d 256: attend_ws differs from attend");
+        assert_int_equal(tqkv_cuda_kv_attend_ws(kv, dq, qh, scale, dout, ws, wsb - 1), TQKV_ERANGE);
+        // ---- (c) each row alone (its own cache, and extracted), bitwise ---------------
+        for (int i = 0; i < R; i++)
+            for (int how = 0; how < 2; how++) {
+                cuda_kv *k1 = items[i];
+                if (how) assert_int_equal(tqkv_cuda_kv_extract(kv, i, &k1), TQKV_OK);
+                float *dq1 = dev_copy(q + (size_t)i * qh * D, (size_t)qh * D);
+                gpu_decode(k1, dq1, qh, scale, dout, NULL, 0, two, (size_t)qh * D);
+                if (memcmp(two, gpu + (size_t)i * qh * D, (size_t)qh * D * 4))
+                    fail_msg("bf16 d 256: row %d %s differs from row %d in a batch of %d", i,
+                             how ? "extracted" : "alone", i, R);
+                tqkv_cuda_free(dq1);
+                if (how) tqkv_cuda_kv_free(k1);
+            }
+        // ---- (d) masked attention: NQ queries per row, causal, one on a sliding range ---
+        double em = 0;
+        {
+            const size_t nm = (size_t)R * qh * NQ * D;
+            float *qm = malloc(nm * 4), *om = malloc(nm * 4), *o1 = malloc(nm * 4);
+            int32_t lo[R * NQ], hi[R * NQ];
+            rng_fill_normal(&r, qm, nm, 1.0f);
+            for (int i = 0; i < R; i++)
+                for (int j = 0; j < NQ; j++) {
+                    const int b = lens[i] - (NQ - 1 - j), a = j == 1 ? b - rng_int(&r, 1, 7) : 0;
+                    tlo[i * NQ + j] = a < 0 ? 0 : a;
+                    thi[i * NQ + j] = b;
+                    lo[i * NQ + j] = maxlen - lens[i] + tlo[i * NQ + j];
+                    hi[i * NQ + j] = maxlen - lens[i] + b;
+                }
+            float *dqm = dev_copy(qm, nm), *dom = dev_copy(qm, nm);
+            assert_int_equal(tqkv_cuda_kv_attend_masked(kv, dqm, NQ, qh, scale, lo, hi, dom),
+                             TQKV_OK);
+            assert_int_equal(tqkv_cuda_d2h(om, dom, nm * 4), TQKV_OK);
+            em = bf16_worst(om, qm, kr, vr, tc, tlo, thi, R, H, G, NQ, scale);
+            const size_t per = (size_t)qh * NQ * D;
+            for (int i = 0; i < R; i++) { /* the row alone (no padding), bitwise */
+                int32_t lo1[NQ], hi1[NQ];
+                for (int j = 0; j < NQ; j++) {
+                    lo1[j] = tlo[i * NQ + j];
+                    hi1[j] = thi[i * NQ + j];
+                }
+                float *dq1 = dev_copy(qm + i * per, per);
+                assert_int_equal(
+                    tqkv_cuda_kv_attend_masked(items[i], dq1, NQ, qh, scale, lo1, hi1, dom),
+                    TQKV_OK);
+                assert_int_equal(tqkv_cuda_d2h(o1, dom, per * 4), TQKV_OK);
+                if (memcmp(o1, om + i * per, per * 4))
+                    fail_msg("bf16 d 256 masked: row %d alone differs from row %d in the batch", i,
+                             i);
+                tqkv_cuda_free(dq1);
+            }
+            tqkv_cuda_free(dqm);
+            tqkv_cuda_free(dom);
+            free(qm);
+            free(om);
+            free(o1);
+        }
+        // ---- (e) attend_back = a trimmed copy (bitwise), vs float64 -------------------
+        const int back = rng_int(&r, 1, 4), all[R] = {0, 1, 2};
+        double eb = 0;
+        {
+            cuda_kv *kt = NULL;
+            assert_int_equal(tqkv_cuda_kv_select(kv, all, R, &kt), TQKV_OK);
+            assert_int_equal(tqkv_cuda_kv_trim(kt, back), TQKV_OK);
+            gpu_decode(kt, dq, qh, scale, dout, NULL, 0, two, n);
+            assert_int_equal(tqkv_cuda_kv_attend_back(kv, back, dq, qh, scale, dout, ws, wsb),
+                             TQKV_OK);
+            float *bk = malloc(n * 4);
+            assert_int_equal(tqkv_cuda_sync(), TQKV_OK);
+            assert_int_equal(tqkv_cuda_d2h(bk, dout, n * 4), TQKV_OK);
+            if (memcmp(two, bk, n * 4))
+                fail_msg("bf16 d 256: attend_back(%d) differs from a trimmed copy", back);
+            for (int i = 0; i < R; i++) tlo[i] = 0, thi[i] = lens[i] - back;
+            eb = bf16_worst(bk, q, kr, vr, tc, tlo, thi, R, H, G, 1, scale);
+            free(bk);
+            tqkv_cuda_kv_free(kt);
+        }
+        // ---- (f) row operations: filter (reverse), spec rollback, rewind: bitwise ------
+        {
+            cuda_kv *kf = NULL;
+            const int rev[R] = {2, 1, 0};
+            assert_int_equal(tqkv_cuda_kv_select(kv, all, R, &kf), TQKV_OK);
+            assert_int_equal(tqkv_cuda_kv_filter(kf, rev, R), TQKV_OK);
+            float *qr = malloc(n * 4), *dqr = NULL;
+            for (int i = 0; i < R; i++)
+                memcpy(qr + (size_t)i * qh * D, q + (size_t)rev[i] * qh * D, (size_t)qh * D * 4);
+            dqr = dev_copy(qr, n);
+            gpu_decode(kf, dqr, qh, scale, dout, NULL, 0, two, n);
+            for (int i = 0; i < R; i++)
+                if (memcmp(two + (size_t)i * qh * D, gpu + (size_t)rev[i] * qh * D,
+                           (size_t)qh * D * 4))
+                    fail_msg("bf16 d 256: filtered row %d differs from row %d", i, rev[i]);
+            /* a spec round: 3 tokens appended, all rolled back; another rewound, committed */
+            const size_t na = (size_t)R * H * 3 * D;
+            float *ka = malloc(na * 4);
+            rng_fill_normal(&r, ka, na, 1.0f);
+            float *dk = dev_copy(ka, na);
+            assert_int_equal(tqkv_cuda_kv_spec_begin(kf), TQKV_OK);
+            assert_int_equal(tqkv_cuda_kv_append(kf, dk, dk, 3), TQKV_OK);
+            const int k0 = 0;
+            assert_int_equal(tqkv_cuda_kv_spec_rollback(kf, &k0, 1), TQKV_OK);
+            gpu_decode(kf, dqr, qh, scale, dout, NULL, 0, qr, n);
+            if (memcmp(two, qr, n * 4)) fail_msg("bf16 d 256: decode after a rollback differs");
+            assert_int_equal(tqkv_cuda_kv_spec_begin(kf), TQKV_OK);
+            assert_int_equal(tqkv_cuda_kv_append(kf, dk, dk, 2), TQKV_OK);
+            assert_int_equal(tqkv_cuda_kv_rewind(kf, 2), TQKV_OK);
+            assert_int_equal(tqkv_cuda_kv_spec_commit(kf), TQKV_OK);
+            gpu_decode(kf, dqr, qh, scale, dout, NULL, 0, qr, n);
+            if (memcmp(two, qr, n * 4)) fail_msg("bf16 d 256: decode after a rewind differs");
+            uint8_t *eb8 = NULL;
+            size_t el = 0;
+            assert_int_equal(tqkv_cuda_kv_export(kf, &eb8, &el), TQKV_EINVAL);
+            free(ka);
+            free(qr);
+            tqkv_cuda_free(dk);
+            tqkv_cuda_free(dqr);
+            tqkv_cuda_kv_free(kf);
+        }
+        // ---- (g) a window view before and after a drop (no ring): bitwise, vs float64 ---
+        double ev = 0;
+        {
+            const int W = rng_int(&r, 5, 60);
+            cuda_kv *ks = NULL, *view = NULL;
+            cuda_kv_slide *sl = NULL;
+            assert_int_equal(tqkv_cuda_kv_select(kv, all, R, &ks), TQKV_OK);
+            assert_int_equal(tqkv_cuda_slide_init(&sl), TQKV_OK);
+            assert_int_equal(tqkv_cuda_slide_reserve(sl, ks, NULL), TQKV_OK);
+            assert_int_equal(tqkv_cuda_kv_window_view(ks, sl, W, 0, &view), TQKV_OK);
+            gpu_decode(view, dq, qh, scale, dout, ws, wsb, two, n);
+            for (int i = 0; i < R; i++) tlo[i] = lens[i] > W ? lens[i] - W : 0, thi[i] = lens[i];
+            ev = bf16_worst(two, q, kr, vr, tc, tlo, thi, R, H, G, 1, scale);
+            assert_int_equal(tqkv_cuda_kv_drop_oldest(ks, sl, W + 2), TQKV_OK);
+            for (int i = 0; i < R; i++)
+                assert_int_equal(tqkv_cuda_kv_offsets(ks)[i], lens[i] < W + 2 ? lens[i] : W + 2);
+            assert_int_equal(tqkv_cuda_slide_reserve(sl, ks, NULL), TQKV_OK);
+            assert_int_equal(tqkv_cuda_kv_window_view(ks, sl, W, 0, &view), TQKV_OK);
+            float *after = malloc(n * 4);
+            gpu_decode(view, dq, qh, scale, dout, ws, wsb, after, n);
+            if (memcmp(two, after, n * 4))
+                fail_msg("bf16 d 256: the window view differs after a drop");
+            free(after);
+            tqkv_cuda_slide_free(sl);
+            tqkv_cuda_kv_free(ks);
+        }
+        // ---- (h) a CUDA graph of attend_ws replayed after appends ----------------------
+        void *stream = NULL, *exec = NULL;
+        assert_int_equal(tqkv_cuda_stream_create(&stream), TQKV_OK);
+        assert_int_equal(tqkv_cuda_kv_set_stream(kv, stream), TQKV_OK);
+        size_t key = 0;
+        double eg = 0;
+        const size_t na = (size_t)R * H * D;
+        float *ka = malloc(na * 4), *va = malloc(na * 4);
+        for (int step = 0; step < 2; step++) {
+            rng_fill_normal(&r, ka, na, 1.0f);
+            rng_fill_normal(&r, va, na, 1.0f);
+            for (int i = 0; i < R; i++) /* the host rows follow */
+                for (int h = 0; h < H; h++) {
+                    const size_t src = ((size_t)i * H + h) * D,
+                                 dst = ((size_t)h * tc[i] + lens[i]) * D;
+                    for (int d = 0; d < D; d++) {
+                        kr[i][dst + d] = bf16_round(ka[src + d]);
+                        vr[i][dst + d] = bf16_round(va[src + d]);
+                    }
+                }
+            float *dk = dev_copy(ka, na), *dv = dev_copy(va, na);
+            assert_int_equal(tqkv_cuda_sync(), TQKV_OK);
+            const uint64_t id = tqkv_cuda_kv_storage_id(kv);
+            assert_int_equal(tqkv_cuda_kv_append(kv, dk, dv, 1), TQKV_OK);
+            assert_true(tqkv_cuda_kv_storage_id(kv) == id); /* reserved: no regrow */
+            for (int i = 0; i < R; i++) lens[i]++;
+            if (tqkv_cuda_attend_ws_bytes_dim(R, qh, maxlen + step + 1, D) != key) {
+                key = tqkv_cuda_attend_ws_bytes_dim(R, qh, maxlen + step + 1, D);
+                if (exec) tqkv_cuda_graph_free(exec);
+                exec = NULL;
+                assert_int_equal(tqkv_cuda_capture_begin(stream), TQKV_OK);
+                const tqkv_status cst = tqkv_cuda_kv_attend_ws(kv, dq, qh, scale, dout, ws, wsb);
+                const tqkv_status est = tqkv_cuda_capture_end(stream, &exec);
+                if (cst || est)
+                    fail_msg("bf16 d 256 decode under capture: %s / %s (%s)", tqkv_status_name(cst),
+                             tqkv_status_name(est), tqkv_last_error());
+            }
+            assert_int_equal(tqkv_cuda_graph_launch(exec, stream), TQKV_OK);
+            assert_int_equal(tqkv_cuda_stream_sync(stream), TQKV_OK);
+            assert_int_equal(tqkv_cuda_d2h(gpu, dout, n * 4), TQKV_OK);
+            assert_int_equal(tqkv_cuda_kv_attend_ws(kv, dq, qh, scale, dout, ws, wsb), TQKV_OK);
+            assert_int_equal(tqkv_cuda_stream_sync(stream), TQKV_OK);
+            assert_int_equal(tqkv_cuda_d2h(two, dout, n * 4), TQKV_OK);
+            if (memcmp(two, gpu, n * 4))
+                fail_msg("bf16 d 256: graph replay %d differs from a direct call", step);
+            for (int i = 0; i < R; i++) tlo[i] = 0, thi[i] = lens[i];
+            const double es = bf16_worst(gpu, q, kr, vr, tc, tlo, thi, R, H, G, 1, scale);
+            if (!(es <= eg)) eg = es;
+            tqkv_cuda_free(dk);
+            tqkv_cuda_free(dv);
+        }
+        printf("bf16 d 256 G %d lens %d %d %d: worst rel L2 vs float64 decode %.3g, masked %.3g, "
+               "back %d %.3g, window view %.3g, graph replays %.3g\n",
+               G, lens[0] - 2, lens[1] - 2, lens[2] - 2, e, em, back, eb, ev, eg);
+        if (!(e < tol) || !(em < tol) || !(eb < tol) || !(ev < tol) || !(eg < tol))
+            fail_msg(
+                "bf16 d 256 differs from float64: decode %g, masked %g, back %g, view %g, graph %g",
+                e, em, eb, ev, eg);
+        assert_int_equal(tqkv_cuda_kv_set_stream(kv, NULL), TQKV_OK);
+        tqkv_cuda_graph_free(exec);
+        tqkv_cuda_stream_destroy(stream);
+        free(ka);
+        free(va);
+        free(q);
+        free(gpu);
+        free(two);
+        tqkv_cuda_free(dq);
+        tqkv_cuda_free(dout);
+        tqkv_cuda_free(ws);
+        tqkv_cuda_kv_free(kv);
+        for (int i = 0; i < R; i++) {
+            tqkv_cuda_kv_free(items[i]);
+            free(kh[i]);
+            free(vh[i]);
+            free(kr[i]);
+            free(vr[i]);
+        }
+    }
+}
+
 int main(void) {
     if (!tqkv_cuda_available()) {
         printf("SKIPPED: no CUDA device\n");
@@ -865,7 +1232,7 @@ int main(void) {
         cmocka_unit_test(test_cuda_prefill),           cmocka_unit_test(test_cuda_init_d256),
         cmocka_unit_test(test_cuda_encode_bytes_d256), cmocka_unit_test(test_cuda_prefill_d256),
         cmocka_unit_test(test_cuda_decode_d256),       cmocka_unit_test(test_cuda_decode_d256_long),
-        cmocka_unit_test(test_cuda_rows_d256),
+        cmocka_unit_test(test_cuda_rows_d256),         cmocka_unit_test(test_cuda_bf16_d256),
     };
     test_seed();
     const char *only = getenv("TQKV_TEST_FILTER"); /* e.g. test_cuda_attend_tq, for seed sweeps */

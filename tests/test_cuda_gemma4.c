@@ -9,8 +9,9 @@
  *  - prefill (every position), decode, extend and decode again, GPU vs CPU, for tq4 and
  *    tq3, 2 rows of 560 tokens (past the 512-token window and the 544 = 512 + slack that a
  *    sliding layer keeps), within a stated relative L2, argmax equal at >= 90% of the
- *    positions; f32 KV (the device's dense bf16 cache) where the device takes it: today
- *    its bf16 cache is head_dim 128 only, so the f32 cases check the refusal and skip;
+ *    positions; f32 KV (the device's dense bf16 cache: the full layers on its head_dim 256
+ *    form, the sliding layers on the 128 one) within looser bounds, not yet calibrated on
+ *    a GPU (below);
  *  - the sliding layers bounded like the CPU's: after runs past window + slack the device
  *    export has the CPU export's section sizes (empty for the KV-shared layers);
  *  - batch invariance on the device: a row alone and as row 1 of 3, bitwise, across the
@@ -235,22 +236,15 @@ static void parity(tqkv_format f, int N, double tol_med, double tol_worst) {
     free(tok);
 }
 
-/* f32 KV on the device is its dense bf16 cache, head_dim 128 only today, so with the
- * fixture's full layers at 256 the device refuses it (checked: the status and message).
- * 1 when f32 device states can be made (then the f32 checks run), else 0 (they skip). */
-static int f32_on_device(void) {
+/* f32 KV on the device is its dense bf16 cache, at head_dim 128 (the sliding layers) and
+ * 256 (the full layers): the device must take it (it refused the fixture before the bf16
+ * cache had a head_dim 256 form, and these cases skipped then). */
+static void expect_f32_on_device(void) {
     const tqkv_model_state_params p = hparams(1, TQKV_F32, 1);
     tqkv_model_state *s = NULL;
-    const tqkv_status rc = tqkv_model_state_init(&s, g_m, &p);
-    if (rc == TQKV_OK) {
-        tqkv_model_state_free(s);
-        return 1;
-    }
-    assert_int_equal(rc, TQKV_EUNSUPPORTED);
-    assert_null(s);
-    assert_non_null(strstr(tqkv_last_error(), "dense bf16"));
-    printf("f32 KV refused on the device, as expected today: %s\n", tqkv_last_error());
-    return 0;
+    if (tqkv_model_state_init(&s, g_m, &p) != TQKV_OK)
+        fail_msg("f32 KV refused on the device: %s", tqkv_last_error());
+    tqkv_model_state_free(s);
 }
 
 /* The bounds for tq KV. Gemma attends with scaling 1.0 over RMS-normed keys, so a code
@@ -265,10 +259,22 @@ static int f32_on_device(void) {
 #define TOL_MED_TQ 5e-2
 #define TOL_WORST_TQ 2e-1
 
+/* The bounds for f32 KV (the device's dense bf16 cache vs the CPU's f32 cache). NOT YET
+ * CALIBRATED ON A GPU. test_cuda_hybrid's 1e-2 / 5e-2 are too tight here: Gemma's
+ * scaling-1.0 attention over normed keys amplifies K rounding. Measured on the CPU alone
+ * (its f32 cache with K/V rounded to bf16 before the append, 6 seeds, this test's runs):
+ * medians 3.6e-3 (prefill), up to 6.7e-3 (decode) and 8.2e-3 (extend), worst positions up
+ * to 5.2e-2 over 1120 prefill positions, argmax equal at >= 99% of them (9 / 10 at two
+ * extends). The device adds its GEMM's rounding and, in decode, the d = 128 bf16 kernel's
+ * bf16 queries and weights (sliding layers), hence about 3x margins; set them from the
+ * H200's figures as the tq bounds were. */
+#define TOL_MED_F32   2.5e-2
+#define TOL_WORST_F32 1.5e-1
+
 static void test_parity_f32(void **st) {
     (void)st;
-    if (!f32_on_device()) skip();
-    parity(TQKV_F32, 560, 1e-2, 5e-2);
+    expect_f32_on_device();
+    parity(TQKV_F32, 560, TOL_MED_F32, TOL_WORST_F32);
 }
 static void test_parity_tq4(void **st) {
     (void)st;
@@ -285,7 +291,8 @@ static void test_parity_keqv(void **st) {
     g_m = g_keqv;
     parity(TQKV_TQ4, 96, TOL_MED_TQ, TOL_WORST_TQ);
     parity(TQKV_TQ3, 96, TOL_MED_TQ, TOL_WORST_TQ);
-    if (f32_on_device()) parity(TQKV_F32, 96, 1e-2, 5e-2);
+    expect_f32_on_device();
+    parity(TQKV_F32, 96, TOL_MED_F32, TOL_WORST_F32);
     g_m = g_model;
 }
 
@@ -328,7 +335,7 @@ static void test_invariance_tq4(void **st) {
 }
 static void test_invariance_f32(void **st) {
     (void)st;
-    if (!f32_on_device()) skip();
+    expect_f32_on_device();
     invariance(TQKV_F32);
 }
 
@@ -672,7 +679,7 @@ static void test_graphs_tq3_q8(void **st) {
 }
 static void test_graphs_f32(void **st) {
     (void)st;
-    if (!f32_on_device()) skip();
+    expect_f32_on_device();
     graphs_case(TQKV_F32, 0, 0);
 }
 static void test_graphs_keqv(void **st) {
@@ -730,7 +737,7 @@ static void test_errors(void **st) {
                 "prefill after a refused padded prefill vs a fresh state", 0);
     tqkv_model_state_free(s);
     tqkv_model_state_free(t);
-    if (f32_on_device()) { /* the dense bf16 device cache has no state format */
+    { /* the dense bf16 device cache has no state format */
         s = new_state(1, TQKV_F32, 1);
         OK(tqkv_model_prefill(g_m, s, tok, NULL, 5, TQKV_LOGITS_NONE, NULL));
         uint8_t *fb = NULL;

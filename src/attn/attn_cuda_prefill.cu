@@ -11,7 +11,8 @@
  * in float32, one CTA per (row, kv head, split) over a split length that depends on the
  * row's own length only, partials (max, sum, rotated-domain output) in the caller's
  * workspace, then a merge per (row, q head) in split order that divides by the sum and
- * un-rotates once. Each row's length comes from the device row table and the host uses
+ * un-rotates once. The same kernels read the dense bf16 baseline (not rotated: the queries
+ * are only scaled and the merge does not un-rotate; no scales, no q8 window). Each row's length comes from the device row table and the host uses
  * only an upper bound on the split count (folded into tqkv_cuda_attend_ws_bytes_dim), so
  * nothing is allocated or waited for and a CUDA graph replay follows the appends.
  * Must not: mutate the cache; let a query's output depend on anything but its own row and
@@ -285,12 +286,12 @@ size_t wide_ws(size_t nv, int nsmax, size_t *po_b, size_t *pml_b) {
 }
 
 struct WParams {
-    const uint8_t *kd, *vd;            /* [rows, kvh, cap, pay] */
-    const uint16_t *ks, *vs;           /* [rows, kvh, cap] fp16 */
+    const uint8_t *kd, *vd;            /* [rows, kvh, cap, pay] (bf16: [.., 256] bf16) */
+    const uint16_t *ks, *vs;           /* [rows, kvh, cap] fp16 (bf16: NULL) */
     const int8_t *kw, *vw;             /* [rows, kvh, ring, 256] q8 window */
     const uint16_t *kws, *vws;         /* [rows, kvh, ring, 8] fp16 block scales */
     const cuda_row *rows;              /* [rows] */
-    const float *q;                    /* [rows, qh, 256] rotated, scaled by scale * log2(e) */
+    const float *q;                    /* [rows, qh, 256] rotated (tq), scaled by scale * log2(e) */
     float *po;                         /* [rows * qh, nsmax, 256] partial outputs (V domain) */
     float2 *pml;                       /* [rows * qh, nsmax] (running max, sum) */
     float kcent[16], vcent[16];        /* codebooks (ascending) */
@@ -315,12 +316,25 @@ __device__ __forceinline__ void wdec_q8(uint2 raw, float (&x)[8]) {
 #pragma unroll
     for (int c = 0; c < 8; c++) x[c] = (float)(int8_t)(((c < 4 ? raw.x : raw.y) >> (8 * (c & 3))) & 0xFFu);
 }
+/* bf16: the lane's 8 values (dims 8 l .. 8 l + 7, little endian pairs), exact in float. */
+__device__ __forceinline__ void wdec_bf16(uint2 lo, uint2 hi, float (&x)[8]) {
+    const uint32_t w[4] = {lo.x, lo.y, hi.x, hi.y};
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        x[2 * c] = __uint_as_float(w[c] << 16);
+        x[2 * c + 1] = __uint_as_float(w[c] & 0xFFFF0000u);
+    }
+}
 
-/* One token's raw bytes for lane l: main plane (tq) or q8 window. */
+/* The bits argument B of the decode kernels for the dense bf16 baseline. */
+constexpr int WB_BF16 = 16;
+
+/* One token's raw bytes for lane l: main plane (tq, bf16) or q8 window. */
 struct WRaw {
-    uint2 w;                           /* 8 payload / window bytes */
+    uint2 w;                           /* 8 payload / window bytes (bf16: dims 8 l .. + 3) */
+    uint2 w2;                          /* bf16: dims 8 l + 4 .. 8 l + 7 */
     uint32_t hb;                       /* tq3: the lane's 1-bit plane byte */
-    float sc;                          /* tq: the token's scale; q8: the lane's block scale */
+    float sc;                          /* tq: the token's scale; q8: its block scale; bf16: 1 */
     bool win;
 };
 
@@ -330,7 +344,13 @@ __device__ __forceinline__ WRaw wload(const uint8_t *base, const uint16_t *sc, c
     WRaw x;
     x.win = win;
     x.hb = 0;
-    if (win) {
+    x.w2 = make_uint2(0, 0);
+    if constexpr (B == WB_BF16) { /* 16 bytes per lane, no scale (win is false: no ring) */
+        const uint4 u = __ldg(reinterpret_cast<const uint4 *>(base + (size_t)t * pay) + lane);
+        x.w = make_uint2(u.x, u.y);
+        x.w2 = make_uint2(u.z, u.w);
+        x.sc = 1.0f;
+    } else if (win) {
         x.w = __ldg(reinterpret_cast<const uint2 *>(wv + slot * WD) + lane);
         x.sc = __half2float(__ushort_as_half(__ldg(wsc + slot * (WD / 32) + (lane >> 2))));
     } else {
@@ -343,7 +363,8 @@ __device__ __forceinline__ WRaw wload(const uint8_t *base, const uint16_t *sc, c
 }
 
 /* Work item (row blockIdx.z, kv head blockIdx.y, split blockIdx.x); items past the row's
- * split count exit. Warp w takes the split's tokens in runs of U: a + U w + U WNW k ..; lane
+ * split count exit. B: 4 / 3 (tq bits) or WB_BF16 (the dense bf16 cache: the values as
+ * stored, scale 1, no q8 window). Warp w takes the split's tokens in runs of U: a + U w + U WNW k ..; lane
  * l holds dims 8 l .. 8 l + 7 of the G query heads (MG slots: G rounded up to 2, 4, 8), their
  * running max / sum / output (float32, base-2 online softmax). The warps' partials merge
  * in warp order through shared memory; the item writes (max, sum, output) per q head. */
@@ -386,7 +407,8 @@ __global__ void __launch_bounds__(WNW * 32) wdec_kernel(const WParams P) {
     const int sh = B == 4 ? 4 * ((lane >> 1) & 1) : 2 * (lane & 3);
     const size_t col0 = rh * P.cap + (size_t)row.left_pad;
     const uint8_t *kb = P.kd + col0 * P.pay, *vb = P.vd + col0 * P.pay;
-    const uint16_t *ksb = P.ks + col0, *vsb = P.vs + col0;
+    const uint16_t *ksb = B == WB_BF16 ? P.ks : P.ks + col0,
+                   *vsb = B == WB_BF16 ? P.vs : P.vs + col0;
     const size_t ring0 = rh * P.ring;
     __syncthreads();                             /* s_cent */
     for (int t0 = a + U * w; t0 < z; t0 += U * WNW) {
@@ -394,7 +416,7 @@ __global__ void __launch_bounds__(WNW * 32) wdec_kernel(const WParams P) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int t = min(t0 + u, z - 1);   /* past z: a valid token, masked below */
-            const bool win = t >= row.wstart;
+            const bool win = B != WB_BF16 && t >= row.wstart;
             const size_t slot = win ? ring0 + (size_t)(t % P.ring) : 0;
             kr[u] = wload<B>(kb, ksb, P.kw, P.kws, P.pay, off, lane, t, win, slot);
             vr[u] = wload<B>(vb, vsb, P.vw, P.vws, P.pay, off, lane, t, win, slot);
@@ -404,7 +426,8 @@ __global__ void __launch_bounds__(WNW * 32) wdec_kernel(const WParams P) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             float x[8];
-            if (kr[u].win) wdec_q8(kr[u].w, x);
+            if constexpr (B == WB_BF16) wdec_bf16(kr[u].w, kr[u].w2, x);
+            else if (kr[u].win) wdec_q8(kr[u].w, x);
             else wdec_tq<B>(kr[u].w, kr[u].hb, sh, s_cent[0], x);
 #pragma unroll
             for (int hd = 0; hd < MG; hd++) {
@@ -444,7 +467,8 @@ __global__ void __launch_bounds__(WNW * 32) wdec_kernel(const WParams P) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             float x[8];
-            if (vr[u].win) wdec_q8(vr[u].w, x);
+            if constexpr (B == WB_BF16) wdec_bf16(vr[u].w, vr[u].w2, x);
+            else if (vr[u].win) wdec_q8(vr[u].w, x);
             else wdec_tq<B>(vr[u].w, vr[u].hb, sh, s_cent[1], x);
 #pragma unroll
             for (int hd = 0; hd < MG; hd++) {
@@ -485,7 +509,8 @@ __global__ void __launch_bounds__(WNW * 32) wdec_kernel(const WParams P) {
 }
 
 /* Per (row, q head) one warp (lane l: dims 8 l .. 8 l + 7): the row's splits' (max, sum,
- * output) merged in split order, divided by the sum, un-rotated once (V codec). */
+ * output) merged in split order, divided by the sum, un-rotated once (V codec; unrotate 0:
+ * the bf16 baseline, stored unrotated). */
 __global__ void wmerge_kernel(const float *__restrict__ po, const float2 *__restrict__ pml,
                               const cuda_row *__restrict__ rows, float *__restrict__ out, cuda_codec256 C,
                               int unrotate, int qh, int nsmax, int n) {
@@ -586,10 +611,12 @@ tqkv_status cuda_attend_decode_wide(cuda_kv *kv, const float *q, int q_heads, fl
     if (!kv || !q || !out) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_attend: NULL argument");
     tqkv_status st = check_heads(kv, q_heads, "tqkv_cuda_kv_attend");
     if (st) return st;
-    if (kv->d != CUDA_DIM_WIDE || kv->bf16 || kv->kfmt != kv->vfmt ||
-        (kv->kfmt != TQKV_TQ4 && kv->kfmt != TQKV_TQ3))
-        return tqkv_fail(TQKV_EUNSUPPORTED, "tqkv_cuda_kv_attend: head_dim %d with these formats (the device "
-                         "kernels take %d, or %d with tq4/tq4 or tq3/tq3)", kv->d, CUDA_DIM, CUDA_DIM_WIDE);
+    if (kv->d != CUDA_DIM_WIDE ||
+        (!kv->bf16 && (kv->kfmt != kv->vfmt || (kv->kfmt != TQKV_TQ4 && kv->kfmt != TQKV_TQ3))))
+        return tqkv_fail(TQKV_EUNSUPPORTED,
+                         "tqkv_cuda_kv_attend: head_dim %d with these formats (the device "
+                         "kernels take %d, or %d with tq4/tq4, tq3/tq3 or the dense bf16 cache)",
+                         kv->d, CUDA_DIM, CUDA_DIM_WIDE);
     if (kv->rows == 0) return TQKV_OK;
     if (kv->rows > 65535)
         return tqkv_fail(TQKV_EUNSUPPORTED, "tqkv_cuda_kv_attend: %d rows at head_dim %d (at most 65535)",
@@ -615,8 +642,9 @@ tqkv_status cuda_attend_decode_wide(cuda_kv *kv, const float *q, int q_heads, fl
     float2 *pml = (float2 *)((char *)ws + po_b);
     float *qp = (float *)((char *)ws + po_b + pml_b);
     const int nvi = (int)nv;
-    pqprep_kernel<CUDA_DIM_WIDE><<<(unsigned)((nv + 3) / 4), 128, 0, kv->stream>>>(q, qp, kv->kc256, 1,
-                                                                                   scale * LOG2E, nvi);
+    /* bf16: not rotated (stored as given), so the queries are only scaled */
+    pqprep_kernel<CUDA_DIM_WIDE><<<(unsigned)((nv + 3) / 4), 128, 0, kv->stream>>>(
+        q, qp, kv->kc256, !kv->bf16, scale * LOG2E, nvi);
     WParams P;
     P.kd = kv->kd; P.vd = kv->vd; P.ks = kv->ks; P.vs = kv->vs;
     P.kw = kv->kw; P.vw = kv->vw; P.kws = kv->kws; P.vws = kv->vws;
@@ -630,10 +658,11 @@ tqkv_status cuda_attend_decode_wide(cuda_kv *kv, const float *q, int q_heads, fl
     /* every (row, kv head, split) up to the bound; items past a row's count exit at once.
      * Each row's length, split length and count come from d_rows on the device. */
     const dim3 grid((unsigned)nsmax, (unsigned)kv->kvh, (unsigned)kv->rows);
-    if (kv->kfmt == TQKV_TQ4) wdec_launch<4>(P, grid, kv->stream);
+    if (kv->bf16) wdec_launch<WB_BF16>(P, grid, kv->stream);
+    else if (kv->kfmt == TQKV_TQ4) wdec_launch<4>(P, grid, kv->stream);
     else wdec_launch<3>(P, grid, kv->stream);
-    wmerge_kernel<<<(unsigned)((nv + 3) / 4), 128, 0, kv->stream>>>(po, pml, kv->d_rows, out, kv->vc256, 1,
-                                                                    q_heads, nsmax, nvi);
+    wmerge_kernel<<<(unsigned)((nv + 3) / 4), 128, 0, kv->stream>>>(
+        po, pml, kv->d_rows, out, kv->vc256, !kv->bf16, q_heads, nsmax, nvi);
     return cuda_check(cudaGetLastError(), "d 256 decode attention launch");
 }
 

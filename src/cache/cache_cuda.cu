@@ -254,9 +254,6 @@ tqkv_status cuda_kv_init_on(cuda_kv **out, const tqkv_cache_config *cfg, int bf1
         return tqkv_fail(TQKV_EUNSUPPORTED, "CUDA cache: head_dim %d is not supported (the "
                          "device kernels are built for %d and %d)", cfg->head_dim, CUDA_DIM,
                          CUDA_DIM_WIDE);
-    if (bf16 && cfg->head_dim != CUDA_DIM)
-        return tqkv_fail(TQKV_EUNSUPPORTED, "CUDA cache: the dense bf16 baseline supports head_dim "
-                         "%d only, not %d", CUDA_DIM, cfg->head_dim);
     if (!bf16 && (cfg->k_format != cfg->v_format ||
                   (cfg->k_format != TQKV_TQ4 && cfg->k_format != TQKV_TQ3)))
         return tqkv_fail(TQKV_EUNSUPPORTED, "CUDA cache: K/V formats %s/%s are not supported "

@@ -12,10 +12,10 @@
  * is 0. Every entry returns tqkv_status and calls tqkv_fail on failure.
  *
  * Supported on the device: head_dim 128 or 256; K/V formats tq4/tq4 and tq3/tq3 (with or
- * without the q8 window), or the bf16 baseline (head_dim 128 only); q_heads / kv_heads <= 8.
+ * without the q8 window), or the bf16 baseline (no window); q_heads / kv_heads <= 8.
  * head_dim 256 has the same encode, masked attention and row operations; its decode
- * attention runs the masked float32 kernel with one query per row (correct, batch
- * invariant, capture safe, not tuned); the tuned split kernel is d = 128's.
+ * attention (tq and bf16) is a float32 split-KV kernel (batch invariant, capture safe, no
+ * tensor cores); the tuned tensor-core split kernel is d = 128's.
  */
 #ifndef TQKV_CACHE_CUDA_H
 #define TQKV_CACHE_CUDA_H
@@ -46,7 +46,7 @@ TQKV_API tqkv_status tqkv_cuda_device_info(char *name, size_t cap, int *sms, int
 
 /* An empty device cache of `rows` rows with room for `cap` tokens each; cfg->head_dim
  * CUDA_DIM or CUDA_DIM_WIDE (else TQKV_EUNSUPPORTED, nothing allocated).
- * bf16 != 0: the dense bf16 baseline (cfg formats ignored, no window; head_dim 128 only). */
+ * bf16 != 0: the dense bf16 baseline (cfg formats ignored, no window; head_dim 128 or 256). */
 TQKV_API tqkv_status tqkv_cuda_kv_init(cuda_kv **out, const tqkv_cache_config *cfg, int bf16, int rows,
                          int cap);
 TQKV_API void        tqkv_cuda_kv_free(cuda_kv *kv);

@@ -713,12 +713,6 @@ extern "C" tqkv_status model_cuda_init(model_cuda **out, const tqkv_model *m,
                          "most %d)", c->n_heads / c->n_kv_heads, CUDA_MAX_G);
     int bf = p->k_format == TQKV_F32 && p->v_format == TQKV_F32;
     int tq = p->k_format == p->v_format && (p->k_format == TQKV_TQ4 || p->k_format == TQKV_TQ3);
-    if (bf && m->g4 && m->g4->cfg.max_hd > CUDA_DIM)
-        return tqkv_fail(TQKV_EUNSUPPORTED,
-                         "--device cuda: f32 KV runs on the device's dense bf16 "
-                         "cache, which has head_dim %d only; this Gemma 4 model has layers of "
-                         "head_dim %d (use tq4 or tq3 KV on the device)",
-                         CUDA_DIM, m->g4->cfg.max_hd);
     if (!bf && !tq)
         return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: KV %s/%s (the device cache holds "
                          "tq4/tq4, tq3/tq3 or, for f32, dense bf16)",
