@@ -40,6 +40,7 @@
 #include "cache/batch.h"
 #include "cache/cache_cuda.h"
 #include "cache/cache_impl.h"
+#include "cuda_helpers.h"
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -59,12 +60,6 @@ static tqkv_cache_config mkcfg(tqkv_format f, int kvh, int window, uint64_t seed
     return mkcfg_d(f, kvh, window, seed, 128);
 }
 
-static float *dev_copy(const float *h, size_t n) {
-    void *d = NULL;
-    assert_int_equal(tqkv_cuda_malloc(&d, n * sizeof(float)), TQKV_OK);
-    assert_int_equal(tqkv_cuda_h2d(d, h, n * sizeof(float)), TQKV_OK);
-    return d;
-}
 
 /* Tokens [t0, t0+n) of x [rows, kvh, T, d] -> out [rows, kvh, n, d]. */
 static void slice_d(const float *x, int rows, int kvh, int T, int t0, int n, float *out, int d) {
@@ -380,15 +375,6 @@ static void test_cuda_prefill_d256(void **state) {
 // Row operations in device memory: the same operations on a host batch and on its device
 // copy must leave the same state (canonical exports compared byte for byte)
 // ---------------------------------------------------------------------------
-static void assert_same_state(const struct tqkv_batch *b, const cuda_kv *kv, const char *step) {
-    uint8_t *hb = NULL, *db = NULL;
-    size_t hl = 0, dl = 0;
-    assert_int_equal(state_export(b, 0, &hb, &hl), TQKV_OK);
-    assert_int_equal(tqkv_cuda_kv_export(kv, &db, &dl), TQKV_OK);
-    if (hl != dl || memcmp(hb, db, hl)) fail_msg("%s: device state differs from host (%zu vs %zu bytes)", step, dl, hl);
-    free(hb);
-    free(db);
-}
 
 /* Head dim D; tol: the attention check's bound (d 128: the fp16 decode kernel; d 256: the
  * float32 one). fm: the format, or TQKV_F32 for a random tq4 / tq3. */
@@ -597,27 +583,7 @@ static void test_cuda_init_d256(void **state) {
                 (size_t)3 * 8 * (80 + 1) * 256 * 4);
 }
 
-/* CPU decode attention (fused kernel) of b: q, out [rows, qh, d]. */
-static void cpu_decode(const struct tqkv_batch *b, const float *q, int qh, float scale,
-                       float *out) {
-    tqkv_attn_params p = {.q_heads = qh, .scale = scale, .kernel = TQKV_KERNEL_FUSED, .threads = 2};
-    tqkv_mask_lease *lease = NULL;
-    const tqkv_mask *mask = NULL;
-    assert_int_equal(tqkv_mask_lease_init(&lease), TQKV_OK);
-    assert_int_equal(tqkv_batch_make_mask(b, lease, 1, 0, &mask), TQKV_OK);
-    assert_int_equal(tqkv_batch_attend(b, mask, q, 1, &p, out), TQKV_OK);
-    tqkv_mask_lease_free(lease);
-}
 
-/* Worst rel L2 over nv vectors of d (NaN sticks). */
-static double worst_rel(const float *a, const float *b, size_t nv, int d) {
-    double worst = 0;
-    for (size_t i = 0; i < nv; i++) {
-        const double e = rel_l2(a + i * d, b + i * d, (size_t)d);
-        if (!(e <= worst)) worst = e;
-    }
-    return worst;
-}
 
 /* Decode attention of kv into host out (legacy stream; kv on it). ws NULL: kv's own. */
 static void gpu_decode(cuda_kv *kv, const float *dq, int qh, float scale, float *dout, void *ws,
