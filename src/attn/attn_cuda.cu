@@ -44,6 +44,12 @@ extern "C" {
 #include "cache/cache_cuda_impl.h"
 #include "codec/codec_cuda.cuh"
 
+/* Compile-time variants for A/B runs on the device (-DCMAKE_CUDA_FLAGS=-DTQKV_...=N); the
+ * defaults are the kernel as measured last. */
+#ifndef TQKV_COPY_TOK32
+#define TQKV_COPY_TOK32 1     /* bulk copies addressed from a 32-bit token index (stage_issue) */
+#endif
+
 namespace {
 
 enum { F_TQ4 = 0, F_TQ3 = 1, F_BF16 = 2 };
@@ -457,18 +463,26 @@ __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void *src, uint32_t
  * finished with the stage (its values are consumed; __syncwarp orders the reads). The scales
  * are copied as 80 bytes from the 16-byte floor at or below them (the allocations have 16
  * bytes of slack for the last tile), so every stage expects the same byte count. */
+#if TQKV_COPY_TOK32
+/* tt: the tile's first token in the planes, below 2^32 (attend checks it), so that each
+ * source address is one 32 x 32 + 64-bit multiply-add on the uniform datapath. */
+template <int F>
+__device__ __forceinline__ void stage_issue(const Ctx &x, uint32_t tt, uint32_t dst, uint32_t bar, uint64_t pol) {
+    using G = Stg<F>;
+#else
 template <int F>
 __device__ __forceinline__ void stage_issue(const Ctx &x, size_t col, int t, uint32_t dst, uint32_t bar,
                                             uint64_t pol) {
     using G = Stg<F>;
     const size_t tt = col + (size_t)t;
+#endif
     const uintptr_t ks0 = reinterpret_cast<uintptr_t>(x.ksb + tt) & ~(uintptr_t)15;
     const uintptr_t vs0 = reinterpret_cast<uintptr_t>(x.vsb + tt) & ~(uintptr_t)15;
     if (elect_one()) {
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* after the warp's reads of the stage */
         mbar_expect(bar, G::BYTES);
-        bulk_g2s(dst, x.kb + tt * G::PAY, G::TT * G::PAY, bar, pol);
-        bulk_g2s(dst + G::V_OFF, x.vb + tt * G::PAY, G::TT * G::PAY, bar, pol);
+        bulk_g2s(dst, x.kb + (size_t)tt * G::PAY, G::TT * G::PAY, bar, pol);
+        bulk_g2s(dst + G::V_OFF, x.vb + (size_t)tt * G::PAY, G::TT * G::PAY, bar, pol);
         bulk_g2s(dst + G::KS_OFF, reinterpret_cast<const void *>(ks0), G::SC, bar, pol);
         bulk_g2s(dst + G::VS_OFF, reinterpret_cast<const void *>(vs0), G::SC, bar, pol);
     }
@@ -766,6 +780,14 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
         /* the item after the next, published through the merge's barriers */
         int claim = total;
         if (claims && gt == 0) claim = 2 * workers + atomicAdd(P.work, 1);
+#if TQKV_COPY_TOK32
+        uint32_t nxt_tt;                                       /* the next item's staging needs only these */
+        int nxt_nf;
+        {
+            const Item x = locate(nxt_item);
+            nxt_nf = uni(x.nf);                                /* uniform: the staging runs on them */
+            nxt_tt = nxt_nf > 0 ? uni((uint32_t)x.col + (uint32_t)x.first) : 0; /* its first tile in the planes */
+#else
         size_t nxt_col;                                        /* the next item's staging needs only these */
         int nxt_first, nxt_nf;
         {
@@ -773,6 +795,7 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
             nxt_nf = uni(x.nf);                                /* uniform: the staging runs on them */
             nxt_col = nxt_nf > 0 ? uni((uint64_t)x.col) : 0;
             nxt_first = nxt_nf > 0 ? uni(x.first) : 0;
+#endif
             /* its query (G heads, 2 KiB) into L1 now, so the next item starts without waiting */
             if (x.nf > 0 && lane < 2 * CUDA_MAX_G && lane * 128 < G * D * 2)
                 asm volatile("prefetch.global.L1 [%0];" ::"l"(reinterpret_cast<const char *>(
@@ -792,13 +815,22 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
             y.vws += rh * y.ring * (D / 32);
             return y;
         };
+#if TQKV_COPY_TOK32
+        const uint32_t tt0 = (uint32_t)col + (uint32_t)first, ntt0 = nxt_tt - (uint32_t)(nf * NW * TT);
+#endif
         /* the whole warp (k uniform): stream position k of this item into its stage */
         auto issue = [&](int k, uint32_t st) {               /* st = (seq + k) % ST */
             if constexpr (F != F_BF16) {
                 const uint32_t dst = wa_s + st * Stg<F>::BYTES, bar = bar_s + 8 * st;
+#if TQKV_COPY_TOK32
+                /* position k: this item's tile k (tt0 + k NW TT) or the next's tile k - nf */
+                const uint32_t tt = (k < nf ? tt0 : ntt0) + (uint32_t)k * (NW * TT);
+                stage_issue<F>(P.base, tt, dst, bar, pol);
+#else
                 const bool here = k < nf;
                 stage_issue<F>(P.base, here ? col : nxt_col, here ? first + k * NW * TT : nxt_first + (k - nf) * NW * TT,
                                dst, bar, pol);
+#endif
             }
         };
         const int avail = nf + nxt_nf;                         /* positions this item can issue */
@@ -897,9 +929,11 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
                 }
             }
             // ---- online softmax (heads 2c, 2c+1) ----------------------------------------
-            float mx[2] = {-INFINITY, -INFINITY};             /* this lane's tokens */
+            /* this lane's tokens (no -inf start: fmaxf drops a NaN operand, and every use of mx
+             * below compares or takes fmaxf, where an all-NaN mx acts as -inf does) */
+            float mx[2] = {fmaxf(sc[0][0], sc[0][2]), fmaxf(sc[0][1], sc[0][3])};
 #pragma unroll
-            for (int u = 0; u < SUB; u++) {
+            for (int u = 1; u < SUB; u++) {
                 mx[0] = fmaxf(mx[0], fmaxf(sc[u][0], sc[u][2]));
                 mx[1] = fmaxf(mx[1], fmaxf(sc[u][1], sc[u][3]));
             }
@@ -961,7 +995,9 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
                 const uint32_t x0 = __shfl_sync(0xffffffffu, plo, src), x1 = __shfl_sync(0xffffffffu, plo, src + 16);
                 const uint32_t x2 = __shfl_sync(0xffffffffu, phi, src), x3 = __shfl_sync(0xffffffffu, phi, src + 16);
                 const uint32_t sel = (g & 1) ? 0x7632u : 0x5410u;
-                const uint32_t b0 = g < G ? prmt(x0, x1, sel) : 0u, b1 = g < G ? prmt(x2, x3, sel) : 0u;
+                /* (columns g >= G, unused heads, are not zeroed: an mma column depends on its own
+                 * B column only, and those heads' outputs are never stored) */
+                const uint32_t b0 = prmt(x0, x1, sel), b1 = prmt(x2, x3, sel);
                 uint32_t va[8][4];
                 deq_v<F, SUB>(R, T, u, g, va);
                 if constexpr (F != F_BF16) {
@@ -1323,6 +1359,13 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
     if (kv->rows > ATTN_MAX_ROWS)
         return tqkv_fail(TQKV_EUNSUPPORTED, "tqkv_cuda_kv_attend: %d rows (the decode kernel takes at most %d)",
                          kv->rows, ATTN_MAX_ROWS);
+#if TQKV_COPY_TOK32
+    /* the staged copies index tokens of a plane in 32 bits (stage_issue): 2^32 tokens would be
+     * 192 GiB of tq3 payload per plane, more than a GPU holds, so this never refuses in practice */
+    if (fmt != F_BF16 && (uint64_t)kv->rows * (uint64_t)kv->kvh * (uint64_t)kv->cap > 0xFFFFFFFFull)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "tqkv_cuda_kv_attend: %d rows x %d heads x %d columns exceed 2^32 "
+                         "tokens per plane", kv->rows, kv->kvh, kv->cap);
+#endif
     int maxtok = 0;
     for (int r = 0; r < kv->rows; r++) maxtok = kv->h_offset[r] > maxtok ? kv->h_offset[r] : maxtok;
     const int nsmax = split_bound(maxtok);
