@@ -44,6 +44,15 @@ extern "C" {
 #include "cache/cache_cuda_impl.h"
 #include "codec/codec_cuda.cuh"
 
+/* Compile-time variants for A/B runs on the device (-DCMAKE_CUDA_FLAGS=-DTQKV_...=N); the
+ * defaults are the kernel as measured last. */
+#ifndef TQKV_TQ3_CD
+#define TQKV_TQ3_CD 1         /* tq3 tables C / D: K's lookup words without the nibble interleave */
+#endif
+#ifndef TQKV_COPY_TOK32
+#define TQKV_COPY_TOK32 1     /* bulk copies addressed from a 32-bit token index (stage_issue) */
+#endif
+
 namespace {
 
 enum { F_TQ4 = 0, F_TQ3 = 1, F_BF16 = 2 };
@@ -64,6 +73,12 @@ constexpr float LOG2E = 1.4426950408889634f;
  * that at full precision). */
 constexpr float RESCALE_SLACK = 4.0f;
 constexpr float VSCALE_MIN = 0x1p-64f;
+/* The running max starts finite, below any score s' (log2 units): the first tile with a
+ * finite or +inf score rescales (its al = 2^(M_START - m) is 0), a tile of -inf scores gives
+ * weights 2^(-inf - M_START) = 0 against it, and no select maps a -inf max to 0 per tile. A
+ * split that saw only -inf scores reports M_START with a sum of 0, which the merges weigh by
+ * 2^(M_START - M) = 0 (or by 1 next to another such split, adding zeros). */
+constexpr float M_START = -0x1p126f;
 
 // ---------------------------------------------------------------------------
 // Splits (batch invariance: a function of the row's own token count only)
@@ -134,11 +149,16 @@ __device__ __forceinline__ float lg2(float x) { /* log2 x of a normal x (NaN -> 
 // Index orders (head-dim permutations; see the file comment)
 // ---------------------------------------------------------------------------
 /* K: thread column c, register pair p (0..15: k-step p/2, half p&1), element e (0/1).
- * tq3: p / 4 picks one of the four lookup words w of tq3_kwords(), p % 4 its byte j: dims
- * 8 w + j (low nibble) and 8 w + 4 + j (high nibble) of the lane's 32-dim group. */
+ * tq3: p / 4 picks one of the four lookup words w of tq3_kwords(), p % 4 its byte j. Tables
+ * 0 / 1: dims 8 w + j and 8 w + 4 + j of the lane's 32-dim group; tables C / D (TQKV_TQ3_CD):
+ * dims d + j and d + 8 + j, d = 0, 16, 4, 20 for w = 0..3. */
 template <int F> __host__ __device__ constexpr int kdim(int c, int p, int e) {
     if constexpr (F == F_TQ4) return 32 * c + p + 16 * e;
+#if TQKV_TQ3_CD
+    else if constexpr (F == F_TQ3) return 32 * c + 16 * ((p >> 2) & 1) + 4 * (p >> 3) + (p & 3) + 8 * e;
+#else
     else if constexpr (F == F_TQ3) return 32 * c + 8 * (p >> 2) + (p & 3) + 4 * e;
+#endif
     else return 32 * c + 2 * p + e;
 }
 /* V: thread row g, m-tile i (0..7), e = 0 for fragment row g, 1 for row g + 8. */
@@ -179,6 +199,9 @@ static_assert(dim_orders_ok<F_TQ4>() && dim_orders_ok<F_TQ3>() && dim_orders_ok<
  *   tq3 table 0:  e = (lo0 | hi0 << 2 | x | lo1 << 4 | hi1 << 6 | y) -> (c[lo0 + 4 hi0], c[lo1 + 4 hi1])
  *   tq3 table 1:  e = (x | hi0 << 1 | lo0 << 2 | y | hi1 << 5 | lo1 << 6)
  *   (x, y: ignored bits: 3 and 7 in table 0, 0 and 4 in table 1)
+ *   tq3 with TQKV_TQ3_CD, tables C (0) and D (1), two 2-bit fields next to each other:
+ *   table C:      e = (lo0 | lo1 << 2 | hi0 << 4 | hi1 << 5 | xx << 6)
+ *   table D:      e = (xx | hi0 << 2 | hi1 << 3 | lo0 << 4 | lo1 << 6)
  * The shared address is the CTA's table base (a uniform register) plus the offset, so the
  * load is one LDS [R + UR]. */
 constexpr uint32_t TAB_BASE = 1024;
@@ -200,6 +223,12 @@ template <int F> __device__ __forceinline__ uint32_t tab_entry(const float *cent
     if constexpr (F == F_TQ4) {
         a = cent[e & 15];
         b = cent[e >> 4];
+    } else if (TQKV_TQ3_CD && t == 0) {    /* C */
+        a = cent[(e & 3) | ((e >> 2) & 4)];
+        b = cent[((e >> 2) & 3) | ((e >> 3) & 4)];
+    } else if (TQKV_TQ3_CD) {               /* D */
+        a = cent[((e >> 4) & 3) | (e & 4)];
+        b = cent[((e >> 6) & 3) | ((e >> 1) & 4)];
     } else if (t == 0) {
         a = cent[e & 7];
         b = cent[(e >> 4) & 7];
@@ -240,7 +269,8 @@ __device__ __forceinline__ uint32_t tq3_hi_t(uint32_t x) {
  * holds at bit f the high bit of W0's field f and at bit 4 + f that of W1's field f. Word f
  * of the result has in byte j the indices of W0's and W1's field f, for table f & 1 (Tab):
  * two interleaves, two shifts of X and four selects (the select takes the high bits from X:
- * bits 2 and 6 for table 0, 1 and 5 for table 1). */
+ * bits 2 and 6 for table 0, 1 and 5 for table 1). (Tables 0 / 1 only.) */
+#if !TQKV_TQ3_CD
 __device__ __forceinline__ void tq3_words(uint32_t W0, uint32_t W1, uint32_t X, uint32_t y[4]) {
     const uint32_t Z01 = bsel(W0, W1 << 4, 0x0F0F0F0Fu);       /* byte j: W0 f0 f1 | W1 f0 f1 */
     const uint32_t Z23 = bsel(W0 >> 4, W1, 0x0F0F0F0Fu);       /* byte j: W0 f2 f3 | W1 f2 f3 */
@@ -249,11 +279,24 @@ __device__ __forceinline__ void tq3_words(uint32_t W0, uint32_t W1, uint32_t X, 
     y[2] = bsel(X, Z23, 0x44444444u);
     y[3] = bsel(X >> 2, Z23, 0x22222222u);
 }
+#endif
 /* K: the group's 2-bit plane words W0 (bytes 0..3: byte j, field k = low bits of dim 8k + j)
  * and W1 (bytes 4..7: dims 8k + 4 + j), and its 1-bit plane word H. tq3_hi_t(H) is the X
  * that tq3_words wants, so byte j of word w holds dims (8w + j, 8w + 4 + j) (kdim). */
 __device__ __forceinline__ void tq3_kwords(uint32_t W0, uint32_t W1, uint32_t H, uint32_t y[4]) {
+#if TQKV_TQ3_CD
+    /* tables C / D take two neighbouring 2-bit fields where the plane has them, so the words
+     * need no interleave: X = tq3_hi_t(H) has in byte j, bit k + 4 h, the high bit of the
+     * field k of W_h's byte j, and each word is one select (C: fields 0, 1, high bits at 4, 5;
+     * D: fields 2, 3, high bits at 2, 3) */
+    const uint32_t X = tq3_hi_t(H);
+    y[0] = bsel(X << 4, W0, 0x30303030u);                      /* dims j, 8 + j */
+    y[1] = bsel(X, W0, 0x0C0C0C0Cu);                           /* dims 16 + j, 24 + j */
+    y[2] = bsel(X, W1, 0x30303030u);                           /* dims 4 + j, 12 + j */
+    y[3] = bsel(X >> 4, W1, 0x0C0C0C0Cu);                      /* dims 20 + j, 28 + j */
+#else
     tq3_words(W0, W1, tq3_hi_t(H), y);
+#endif
 }
 /* V: two tokens' 2-bit plane words (this lane's half h of the group: byte j, field k = dims
  * 8k + 4h + j) and their 1-bit plane words H0, H1. The half's nibbles of H0 and H1 merged
@@ -261,7 +304,23 @@ __device__ __forceinline__ void tq3_kwords(uint32_t W0, uint32_t W1, uint32_t H,
  * holds dim 8k + 4h + j of token 0 (low nibble) and of token 1 (high nibble). */
 __device__ __forceinline__ void tq3_vwords(uint32_t W0, uint32_t W1, uint32_t H0, uint32_t H1, uint32_t sh,
                                            uint32_t y[4]) {
+#if TQKV_TQ3_CD
+    /* Tables C / D want a token pair's high bits next to each other. The half's nibbles go
+     * to m with byte 2 k1 + t, nibble k0 (field k = k0 + 2 k1, token t): two byte permutes and
+     * the nibble merge. Transposed, byte j of X holds at bit t + 2 k1 + 4 k0 the high bit of
+     * token t's field k: fields 0 / 2 / 1 / 3 at bits 0-1 / 2-3 / 4-5 / 6-7. V0 (V1) has
+     * fields 0 and 2 (1 and 3) of token 0 / 1 at bits 0-1 / 2-3 and 4-5 / 6-7; each word is
+     * one select, C for fields 0, 1 and D for fields 2, 3. y[k] is field k's word. */
+    const uint32_t P0 = prmt(H0, H1, 0x6240u), P1 = prmt(H0, H1, 0x7351u);
+    const uint32_t X = tq3_hi_t(bsel(P0 >> sh, P1 * (16u >> sh), 0x0F0F0F0Fu));
+    const uint32_t V0 = bsel(W0, W1 << 2, 0x33333333u), V1 = bsel(W0 >> 2, W1, 0x33333333u);
+    y[0] = bsel(X << 4, V0, 0x30303030u);
+    y[1] = bsel(X, V1, 0x30303030u);
+    y[2] = bsel(X, V0, 0x0C0C0C0Cu);
+    y[3] = bsel(X >> 4, V1, 0x0C0C0C0Cu);
+#else
     tq3_words(W0, W1, tq3_hi_t(bsel(H0 >> sh, H1 << (4 - sh), 0x0F0F0F0Fu)), y);
+#endif
 }
 
 // ---------------------------------------------------------------------------
@@ -457,18 +516,26 @@ __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void *src, uint32_t
  * finished with the stage (its values are consumed; __syncwarp orders the reads). The scales
  * are copied as 80 bytes from the 16-byte floor at or below them (the allocations have 16
  * bytes of slack for the last tile), so every stage expects the same byte count. */
+#if TQKV_COPY_TOK32
+/* tt: the tile's first token in the planes, below 2^32 (attend checks it), so that each
+ * source address is one 32 x 32 + 64-bit multiply-add on the uniform datapath. */
+template <int F>
+__device__ __forceinline__ void stage_issue(const Ctx &x, uint32_t tt, uint32_t dst, uint32_t bar, uint64_t pol) {
+    using G = Stg<F>;
+#else
 template <int F>
 __device__ __forceinline__ void stage_issue(const Ctx &x, size_t col, int t, uint32_t dst, uint32_t bar,
                                             uint64_t pol) {
     using G = Stg<F>;
     const size_t tt = col + (size_t)t;
+#endif
     const uintptr_t ks0 = reinterpret_cast<uintptr_t>(x.ksb + tt) & ~(uintptr_t)15;
     const uintptr_t vs0 = reinterpret_cast<uintptr_t>(x.vsb + tt) & ~(uintptr_t)15;
     if (elect_one()) {
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* after the warp's reads of the stage */
         mbar_expect(bar, G::BYTES);
-        bulk_g2s(dst, x.kb + tt * G::PAY, G::TT * G::PAY, bar, pol);
-        bulk_g2s(dst + G::V_OFF, x.vb + tt * G::PAY, G::TT * G::PAY, bar, pol);
+        bulk_g2s(dst, x.kb + (size_t)tt * G::PAY, G::TT * G::PAY, bar, pol);
+        bulk_g2s(dst + G::V_OFF, x.vb + (size_t)tt * G::PAY, G::TT * G::PAY, bar, pol);
         bulk_g2s(dst + G::KS_OFF, reinterpret_cast<const void *>(ks0), G::SC, bar, pol);
         bulk_g2s(dst + G::VS_OFF, reinterpret_cast<const void *>(vs0), G::SC, bar, pol);
     }
@@ -565,7 +632,8 @@ template <int F, int S> __device__ __forceinline__ void deq_v(const Raw<F, S> &R
 #pragma unroll
             for (int k = 0; k < 4; k++)
 #pragma unroll
-                for (int j = 0; j < 4; j++) a[4 * (k & 1) + j][2 * hp + (k >> 1)] = tlook(T, vw[k], j, k & 1);
+                for (int j = 0; j < 4; j++)
+                    a[4 * (k & 1) + j][2 * hp + (k >> 1)] = tlook(T, vw[k], j, TQKV_TQ3_CD ? k >> 1 : k & 1);
         }
     }
 }
@@ -766,6 +834,14 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
         /* the item after the next, published through the merge's barriers */
         int claim = total;
         if (claims && gt == 0) claim = 2 * workers + atomicAdd(P.work, 1);
+#if TQKV_COPY_TOK32
+        uint32_t nxt_tt;                                       /* the next item's staging needs only these */
+        int nxt_nf;
+        {
+            const Item x = locate(nxt_item);
+            nxt_nf = uni(x.nf);                                /* uniform: the staging runs on them */
+            nxt_tt = nxt_nf > 0 ? uni((uint32_t)x.col + (uint32_t)x.first) : 0; /* its first tile in the planes */
+#else
         size_t nxt_col;                                        /* the next item's staging needs only these */
         int nxt_first, nxt_nf;
         {
@@ -773,6 +849,7 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
             nxt_nf = uni(x.nf);                                /* uniform: the staging runs on them */
             nxt_col = nxt_nf > 0 ? uni((uint64_t)x.col) : 0;
             nxt_first = nxt_nf > 0 ? uni(x.first) : 0;
+#endif
             /* its query (G heads, 2 KiB) into L1 now, so the next item starts without waiting */
             if (x.nf > 0 && lane < 2 * CUDA_MAX_G && lane * 128 < G * D * 2)
                 asm volatile("prefetch.global.L1 [%0];" ::"l"(reinterpret_cast<const char *>(
@@ -792,13 +869,22 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
             y.vws += rh * y.ring * (D / 32);
             return y;
         };
+#if TQKV_COPY_TOK32
+        const uint32_t tt0 = (uint32_t)col + (uint32_t)first, ntt0 = nxt_tt - (uint32_t)(nf * NW * TT);
+#endif
         /* the whole warp (k uniform): stream position k of this item into its stage */
         auto issue = [&](int k, uint32_t st) {               /* st = (seq + k) % ST */
             if constexpr (F != F_BF16) {
                 const uint32_t dst = wa_s + st * Stg<F>::BYTES, bar = bar_s + 8 * st;
+#if TQKV_COPY_TOK32
+                /* position k: this item's tile k (tt0 + k NW TT) or the next's tile k - nf */
+                const uint32_t tt = (k < nf ? tt0 : ntt0) + (uint32_t)k * (NW * TT);
+                stage_issue<F>(P.base, tt, dst, bar, pol);
+#else
                 const bool here = k < nf;
                 stage_issue<F>(P.base, here ? col : nxt_col, here ? first + k * NW * TT : nxt_first + (k - nf) * NW * TT,
                                dst, bar, pol);
+#endif
             }
         };
         const int avail = nf + nxt_nf;                         /* positions this item can issue */
@@ -823,7 +909,7 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
         float acc[8][4];
 #pragma unroll
         for (int i = 0; i < 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+        float m[2] = {M_START, M_START}, l[2] = {0.0f, 0.0f};
 
         auto process = [&](const RawT &R, int t0, bool slow) {
             // ---- per-lane token factors (token t0 + lane): K's, log2 of V's and its inverse
@@ -897,9 +983,11 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
                 }
             }
             // ---- online softmax (heads 2c, 2c+1) ----------------------------------------
-            float mx[2] = {-INFINITY, -INFINITY};             /* this lane's tokens */
+            /* this lane's tokens (no -inf start: fmaxf drops a NaN operand, and every use of mx
+             * below compares or takes fmaxf, where an all-NaN mx acts as -inf does) */
+            float mx[2] = {fmaxf(sc[0][0], sc[0][2]), fmaxf(sc[0][1], sc[0][3])};
 #pragma unroll
-            for (int u = 0; u < SUB; u++) {
+            for (int u = 1; u < SUB; u++) {
                 mx[0] = fmaxf(mx[0], fmaxf(sc[u][0], sc[u][2]));
                 mx[1] = fmaxf(mx[1], fmaxf(sc[u][1], sc[u][3]));
             }
@@ -911,7 +999,7 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
              * warp is needed only then. On random data the exact rule rescaled about half the
              * tiles (batch 32 / 64k); this one, 4% (Nsight, RESULTS). */
             /* (a difference, exact near m: m + RESCALE_SLACK would round for |m| >= 2^25;
-             * -inf - -inf is NaN, so an all-masked tile against no max does not rescale) */
+             * an all-masked tile, -inf - m, does not rescale) */
             /* (columns of unused heads vote too: their s' is the tokens' log2 f, their query
              * being 0, so a V scale 2^4 above the running max's rescales; letting only heads in
              * use vote cost the loop 40 instructions, SASS) */
@@ -925,7 +1013,7 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
 #pragma unroll
                 for (int k = 0; k < 2; k++) {
                     const float mn = fmaxf(m[k], mx[k]);
-                    mu[k] = mn == -INFINITY ? 0.0f : mn;
+                    mu[k] = mn;                                /* >= M_START: finite or +inf */
                     al[k] = ex2(m[k] - mu[k]);
                     m[k] = mn;
                     l[k] *= al[k];
@@ -936,8 +1024,8 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
                     acc[i][2] *= al[0]; acc[i][3] *= al[1];
                 }
             } else {
-                mu[0] = m[0] == -INFINITY ? 0.0f : m[0];
-                mu[1] = m[1] == -INFINITY ? 0.0f : m[1];
+                mu[0] = m[0];
+                mu[1] = m[1];
             }
 #pragma unroll
             for (int u = 0; u < SUB; u++) {
@@ -961,7 +1049,9 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params P) 
                 const uint32_t x0 = __shfl_sync(0xffffffffu, plo, src), x1 = __shfl_sync(0xffffffffu, plo, src + 16);
                 const uint32_t x2 = __shfl_sync(0xffffffffu, phi, src), x3 = __shfl_sync(0xffffffffu, phi, src + 16);
                 const uint32_t sel = (g & 1) ? 0x7632u : 0x5410u;
-                const uint32_t b0 = g < G ? prmt(x0, x1, sel) : 0u, b1 = g < G ? prmt(x2, x3, sel) : 0u;
+                /* (columns g >= G, unused heads, are not zeroed: an mma column depends on its own
+                 * B column only, and those heads' outputs are never stored) */
+                const uint32_t b0 = prmt(x0, x1, sel), b1 = prmt(x2, x3, sel);
                 uint32_t va[8][4];
                 deq_v<F, SUB>(R, T, u, g, va);
                 if constexpr (F != F_BF16) {
@@ -1323,6 +1413,13 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
     if (kv->rows > ATTN_MAX_ROWS)
         return tqkv_fail(TQKV_EUNSUPPORTED, "tqkv_cuda_kv_attend: %d rows (the decode kernel takes at most %d)",
                          kv->rows, ATTN_MAX_ROWS);
+#if TQKV_COPY_TOK32
+    /* the staged copies index tokens of a plane in 32 bits (stage_issue): 2^32 tokens would be
+     * 192 GiB of tq3 payload per plane, more than a GPU holds, so this never refuses in practice */
+    if (fmt != F_BF16 && (uint64_t)kv->rows * (uint64_t)kv->kvh * (uint64_t)kv->cap > 0xFFFFFFFFull)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "tqkv_cuda_kv_attend: %d rows x %d heads x %d columns exceed 2^32 "
+                         "tokens per plane", kv->rows, kv->kvh, kv->cap);
+#endif
     int maxtok = 0;
     for (int r = 0; r < kv->rows; r++) maxtok = kv->h_offset[r] > maxtok ? kv->h_offset[r] : maxtok;
     const int nsmax = split_bound(maxtok);
