@@ -54,103 +54,14 @@ static uint64_t g_seed;
 static int g_V;
 static char g_dir[1024], g_tmp[64];
 
+#define TWIN_MODEL   g_m
+#define TWIN_V       g_V
+#define TWIN_THREADS 8
+#include "device_twin.h"
+
 #define WINDOW 512
 #define KEEP   (WINDOW + 32) /* window + the default window_slack */
 
-static tqkv_model_state_params hparams(int device, tqkv_format f, int rows) {
-    tqkv_model_state_params p = tqkv_model_state_params_default();
-    p.rows = rows;
-    p.k_format = p.v_format = f;
-    p.threads = 8;
-    p.device = device;
-    return p;
-}
-
-static tqkv_model_state *mk(const tqkv_model_state_params *p) {
-    tqkv_model_state *s = NULL;
-    if (tqkv_model_state_init(&s, g_m, p) != TQKV_OK)
-        fail_msg("state init (device %d, %s): %s", p->device, tqkv_format_name(p->k_format),
-                 tqkv_last_error());
-    return s;
-}
-
-static tqkv_model_state *new_state(int rows, tqkv_format f, int device) {
-    const tqkv_model_state_params p = hparams(device, f, rows);
-    return mk(&p);
-}
-
-static void random_tokens(test_rng *r, int32_t *t, size_t n) {
-    for (size_t i = 0; i < n; i++) t[i] = rng_int(r, 1, g_V - 1);
-}
-
-static void expect_offsets(const tqkv_model_state *s, const int *want, const char *what) {
-    int off[8];
-    const int R = tqkv_model_state_rows(s);
-    OK(tqkv_model_state_offsets(s, off));
-    for (int i = 0; i < R; i++)
-        if (off[i] != want[i])
-            fail_msg("%s: row %d holds %d tokens, expected %d", what, i, off[i], want[i]);
-    OK(tqkv_model_state_check(s));
-}
-
-static void expect_same(const float *a, const float *b, size_t n, const char *what, int i) {
-    if (memcmp(a, b, sizeof(float) * n)) fail_msg("%s (%d): logits differ", what, i);
-}
-
-static uint8_t *export_of(const tqkv_model_state *s, size_t *len) {
-    uint8_t *b = NULL;
-    OK(tqkv_model_state_export(s, &b, len));
-    return b;
-}
-
-static void assert_export_equal(const tqkv_model_state *s, const uint8_t *b, size_t len,
-                                const char *what) {
-    size_t l2 = 0;
-    uint8_t *b2 = export_of(s, &l2);
-    if (l2 != len || memcmp(b2, b, len)) fail_msg("%s: the export bytes differ", what);
-    free(b2);
-}
-
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* GPU logits g vs CPU logits c [n, V]: the median position's rel L2 within tol_med, every
- * position's within tol_worst, argmax equal at >= 90% of the positions (a broken forward
- * agrees at ~0%; near-ties make a few flips legitimate). */
-static void expect_close(const char *what, const float *g, const float *c, int n, double tol_med,
-                         double tol_worst) {
-    double *e = malloc(sizeof(double) * (size_t)n);
-    int same = 0;
-    for (int i = 0; i < n; i++) {
-        e[i] = rel_l2(g + (size_t)i * g_V, c + (size_t)i * g_V, (size_t)g_V);
-        if (e[i] != e[i]) e[i] = 1e30; /* NaN fails */
-        same += argmax(g + (size_t)i * g_V, g_V) == argmax(c + (size_t)i * g_V, g_V);
-    }
-    qsort(e, (size_t)n, sizeof(double), cmp_double);
-    const double med = e[n / 2], worst = e[n - 1];
-    free(e);
-    printf("%s: rel L2 median %.3g worst %.3g, argmax equal %d/%d\n", what, med, worst, same, n);
-    if (!(med < tol_med) || !(worst < tol_worst) || same * 10 < 9 * n)
-        fail_msg("%s GPU vs CPU: median %g (< %g), worst %g (< %g), argmax %d/%d (>= 90%%)", what,
-                 med, tol_med, worst, tol_worst, same, n);
-}
-
-/* Lengths of the L layer sections and the recurrent one ([L]) of a "TQKVMS02" export. */
-static void sections(const uint8_t *b, size_t len, int L, uint64_t *out) {
-    if (len < 16 || memcmp(b, "TQKVMS02", 8)) fail_msg("export: no TQKVMS02 header");
-    uint32_t nl = 0;
-    memcpy(&nl, b + 8, 4); /* little endian host */
-    assert_int_equal(nl, L);
-    size_t at = 16;
-    for (int l = 0; l <= L; l++) {
-        if (at + 8 > len) fail_msg("export: section %d past the end", l);
-        memcpy(&out[l], b + at, 8);
-        at += 8 + (size_t)out[l];
-    }
-    assert_int_equal(at, len);
-}
 
 /* The device export of s has the CPU export's section sizes (the sliding layers hold the
  * same number of tokens: bounded alike) and KV-shared layers export nothing. */
@@ -590,23 +501,6 @@ static void test_export_import(void **st) {
 // CUDA graphs
 // ---------------------------------------------------------------------------
 
-static model_cuda_graph_stats graph_stats(const tqkv_model_state *s) {
-    model_cuda_graph_stats gs;
-    model_cuda_graph_stats_get(s->gpu, &gs);
-    return gs;
-}
-
-static void twin_steps(tqkv_model_state *const *s, int steps, test_rng *r, float *l0, float *l1,
-                       const char *phase) {
-    const int R = tqkv_model_state_rows(s[0]);
-    int32_t tok[8];
-    for (int t = 0; t < steps; t++) {
-        random_tokens(r, tok, (size_t)R);
-        OK(tqkv_model_decode(g_m, s[0], tok, l0));
-        OK(tqkv_model_decode(g_m, s[1], tok, l1));
-        expect_same(l0, l1, (size_t)R * g_V, phase, t);
-    }
-}
 
 /* Twins from 530 tokens: 20 steps (the bound is crossed at 545), a spec round, then on to
  * 1100 tokens: past 2 x 544 the sliding layers' common padding is compacted (new storage,
