@@ -34,6 +34,7 @@ extern "C" {
 }
 #include "cache/cache_cuda.h"
 #include "model/model_cuda_impl.h"
+#include "model/ops_cuda.cuh"
 
 // ---------------------------------------------------------------------------
 // weights
@@ -177,20 +178,6 @@ extern "C" tqkv_status g4_cuda_prepare(model_cuda *g) {
 // kernels
 // ---------------------------------------------------------------------------
 
-/* Block-wide double sum in a fixed order (blockDim 128). */
-__device__ double g4_block_sum128(double v, double *sh) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
-    __syncthreads();
-    const double s = (sh[0] + sh[1]) + (sh[2] + sh[3]);
-    __syncthreads();
-    return s;
-}
-
-__device__ __forceinline__ float g4_rms_r(double ss, int n, float eps) {
-    return (float)(1.0 / sqrt(ss / n + (double)eps));
-}
-
 /* graph_gemma4.c's gelu_tanh, operation for operation (no contraction). */
 __device__ __forceinline__ float g4_gelu(float x) {
     const float x3 = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, x), x), x);
@@ -227,7 +214,7 @@ __global__ void g4_ple_kernel(float *__restrict__ ple, const int32_t *__restrict
         ss += (double)v * v;
     }
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    const float r = g4_rms_r(ss, P, eps);
+    const float r = mc_rms_r(ss, P, eps);
     for (int e = lane; e < P; e += 32) {
         const float v = __fmul_rn(pn[e], __fmul_rn(pl[e], r));
         pl[e] = __fmul_rn(__fadd_rn(v, __fmul_rn(__bfloat162float(pe[e]), pscale)), mix);
@@ -242,8 +229,8 @@ __global__ void g4_rmsnorm_kernel(const float *__restrict__ x, const float *__re
     const float *xr = x + t * H;
     double s = 0;
     for (int i = threadIdx.x; i < H; i += blockDim.x) s += (double)xr[i] * xr[i];
-    s = g4_block_sum128(s, sh);
-    const float r = g4_rms_r(s, H, eps);
+    s = mc_block_sum128(s, sh);
+    const float r = mc_rms_r(s, H, eps);
     for (int i = threadIdx.x; i < H; i += blockDim.x)
         out[t * H + i] = __fmul_rn(w[i], __fmul_rn(xr[i], r));
 }
@@ -260,8 +247,8 @@ __global__ void g4_residual_kernel(float *__restrict__ x, const float *__restric
     const float *orow = o + t * H;
     double s = 0;
     for (int i = threadIdx.x; i < H; i += blockDim.x) s += (double)orow[i] * orow[i];
-    s = g4_block_sum128(s, sh);
-    const float r = g4_rms_r(s, H, eps);
+    s = mc_block_sum128(s, sh);
+    const float r = mc_rms_r(s, H, eps);
     double s2 = 0;
     for (int i = threadIdx.x; i < H; i += blockDim.x) {
         float v = __fadd_rn(xr[i], __fmul_rn(wpost[i], __fmul_rn(orow[i], r)));
@@ -270,8 +257,8 @@ __global__ void g4_residual_kernel(float *__restrict__ x, const float *__restric
         s2 += (double)v * v;
     }
     if (!wnext) return; /* uniform over the block */
-    s2 = g4_block_sum128(s2, sh);
-    const float r2 = g4_rms_r(s2, H, eps);
+    s2 = mc_block_sum128(s2, sh);
+    const float r2 = mc_rms_r(s2, H, eps);
     for (int i = threadIdx.x; i < H; i += blockDim.x)
         xn[t * H + i] = __fmul_rn(wnext[i], __fmul_rn(xr[i], r2));
 }
@@ -311,26 +298,12 @@ __global__ void g4_qkv_kernel(const float *__restrict__ qkv, int QS, int T, int 
         s += (double)v[i] * v[i];
     }
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    const float r = g4_rms_r(s, HD, eps);
+    const float r = mc_rms_r(s, HD, eps);
     const float *nw = kind == 0 ? qn : kind == 1 ? kn : NULL;
 #pragma unroll
     for (int i = 0; i < NPL; i++)
         v[i] = nw ? __fmul_rn(nw[lane + 32 * i], __fmul_rn(v[i], r)) : __fmul_rn(v[i], r);
-    if (kind < 2) { /* RoPE: each pair is one lane's, the warp in step around it */
-        float *w = sv[threadIdx.x >> 5];
-#pragma unroll
-        for (int i = 0; i < NPL; i++) w[lane + 32 * i] = v[i];
-        __syncwarp();
-        const float *c = rope + t * (size_t)RW, *sn = c + HALF;
-        for (int d = lane; d < HALF; d += 32) {
-            const float a = w[d], b = w[d + HALF], cc = c[d], ss = sn[d];
-            w[d] = __fsub_rn(__fmul_rn(a, cc), __fmul_rn(b, ss));
-            w[d + HALF] = __fadd_rn(__fmul_rn(b, cc), __fmul_rn(a, ss));
-        }
-        __syncwarp();
-#pragma unroll
-        for (int i = 0; i < NPL; i++) v[i] = w[lane + 32 * i];
-    }
+    if (kind < 2) mc_warp_rope<NPL>(v, sv[threadIdx.x >> 5], rope + t * (size_t)RW, HALF); /* RoPE */
     const int row = tinfo[t * 3 + 1], j = tinfo[t * 3 + 2];
     float *dst = kind == 0 ? qb + (((size_t)row * NH + hh) * n + j) * HD
                            : (kind == 1 ? kb : vb) + (((size_t)row * nkv + hh) * n + j) * HD;

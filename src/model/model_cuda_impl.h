@@ -181,7 +181,7 @@ static inline int mc_layer_has_kv(const tqkv_model *m, int l) {
 }
 
 // ---------------------------------------------------------------------------
-// forward_cuda.cu's helpers shared with graph_gemma4_cuda.cu
+// forward_cuda.cu's and weights_cuda.cu's helpers shared with graph_gemma4_cuda.cu
 // ---------------------------------------------------------------------------
 
 tqkv_status mc_ck(cudaError_t e, const char *what);
@@ -190,6 +190,8 @@ tqkv_status mc_dmalloc(void **p, size_t bytes);
 tqkv_status mc_upload_matrix(bf16 **out, const mm_weight *const *ws, int nw);
 /* Concatenate host float vectors (NULL parts as zeros) into one device array; all-NULL -> NULL. */
 tqkv_status mc_upload_vec(float **out, const float *const *parts, const int *lens, int np);
+/* The model's weights on the device (weights_cuda.cu), once per model by its first state. */
+tqkv_status mc_upload_weights(const tqkv_model *m, model_cuda_weights **out);
 /* y [T, N] (ldy) = x [T, K] (ldx) . w^T (+ bias): the invariant GEMM (or cuBLAS) on g's stream. */
 tqkv_status mc_gemm(model_cuda *g, const float *x, size_t ldx, int T, const bf16 *w, int N, int K,
                     const float *bias, float *y, size_t ldy);

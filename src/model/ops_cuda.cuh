@@ -1,0 +1,53 @@
+/*
+ * ops_cuda.cuh - device helpers shared by the model forward's kernels (forward_cuda.cu,
+ * graph_gemma4_cuda.cu): fixed-order block sums, the RMSNorm factor, and the warp-level
+ * RoPE of one head. The device twins of ops.c's reductions: every sum has one fixed order
+ * and every rounding step is explicit, so that a row's result depends on nothing but its
+ * own values (batch invariance) and matches the CPU's within float32 rounding.
+ * Must not: hold state, allocate, or depend on the launch's grid size.
+ */
+#ifndef TQKV_MODEL_OPS_CUDA_CUH
+#define TQKV_MODEL_OPS_CUDA_CUH
+
+#include <cuda_runtime.h>
+#include <math.h>
+
+/* Block-wide double sum in a fixed order (blockDim 128): warp xor butterflies, then the
+ * four warp sums as (w0 + w1) + (w2 + w3). sh: 4 doubles of shared memory. */
+__device__ __forceinline__ double mc_block_sum128(double v, double *sh) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    const double s = (sh[0] + sh[1]) + (sh[2] + sh[3]);
+    __syncthreads();
+    return s;
+}
+
+/* RMSNorm factor 1 / sqrt(mean + eps) from a sum of squares over n values (in double, as
+ * ops_rmsnorm). */
+__device__ __forceinline__ float mc_rms_r(double ss, int n, float eps) {
+    return (float)(1.0 / sqrt(ss / n + (double)eps));
+}
+
+/* RoPE of one head held by a warp, lane l holding dims l + 32 i (i < NPL): pairs (d, d +
+ * half) for d < half rotated by rope = cos [half] | sin [half] (ops_rope's order, no
+ * contraction); dims from 2 half on pass unchanged. w: the warp's 32 NPL floats of shared
+ * scratch. Each pair is one lane's: read and written in place, the warp in step around it. */
+template <int NPL>
+__device__ __forceinline__ void mc_warp_rope(float (&v)[NPL], float *w, const float *rope, int half) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < NPL; i++) w[lane + 32 * i] = v[i];
+    __syncwarp();
+    const float *sn = rope + half;
+    for (int d = lane; d < half; d += 32) {
+        const float a = w[d], b = w[d + half], cc = rope[d], ss = sn[d];
+        w[d] = __fsub_rn(__fmul_rn(a, cc), __fmul_rn(b, ss));
+        w[d + half] = __fadd_rn(__fmul_rn(b, cc), __fmul_rn(a, ss));
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < NPL; i++) v[i] = w[lane + 32 * i];
+}
+
+#endif
