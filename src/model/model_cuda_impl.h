@@ -172,6 +172,24 @@ tqkv_status mc_install_caches(model_cuda *g, cuda_kv **kv, float *rec_state, int
 tqkv_status mc_rec_alloc(const model_cuda *g, int rows, float **state, int **tokens);
 /* Free an array of L caches (entries may be NULL) and the array. */
 void        mc_free_cache_array(cuda_kv **kv, int L);
+/* (buffers_cuda.cu) g's caches of `rows` rows as its state parameters ask, installed. */
+tqkv_status mc_make_caches(model_cuda *g, int rows);
+/* Free g's caches and recurrent rows (waits for its stream); the twin is then unbroken. */
+void        mc_free_caches(model_cuda *g);
+/* Free every scratch buffer (device and pinned host; waits for the stream first). */
+void        mc_free_scratch(model_cuda *g);
+/* Drop the decode step's executable graph (it holds pointers that are about to go stale;
+ * the generation bump makes every key taken before unequal to the next ones). */
+void        mc_graph_drop(model_cuda *g);
+/* Replace *p (device, or pinned host with `pinned`) by a new allocation of `bytes` once
+ * nothing queued reads it (bumps the generation); *cap = new_cap on success, 0 otherwise. */
+tqkv_status mc_regrow(model_cuda *g, void **p, int pinned, size_t bytes, size_t *cap, size_t new_cap);
+/* Scratch for T tokens and RN = rows x n query slots; pinned logits staging for `rows`
+ * rows; device logits rows; the pick's upload (bytes) and records (int32 words). */
+tqkv_status mc_ensure_scratch(model_cuda *g, size_t T, size_t RN);
+tqkv_status mc_ensure_hlogits(model_cuda *g, size_t rows);
+tqkv_status mc_ensure_logits(model_cuda *g, size_t rows);
+tqkv_status mc_ensure_pick(model_cuda *g, size_t in_bytes, size_t rec_words);
 
 /* 1 when layer l of m has a device cache of its own (not a linear layer, not a Gemma 4
  * KV-shared one). */
