@@ -8,10 +8,10 @@
  * temporary directory, the fixture's weights linked beside it):
  *  - prefill (every position), decode, extend and decode again, GPU vs CPU, for tq4 and
  *    tq3, 2 rows of 560 tokens (past the 512-token window and the 544 = 512 + slack that a
- *    sliding layer keeps), within a stated relative L2, argmax equal at >= 90% of the
- *    positions; f32 KV (the device's dense bf16 cache: the full layers on its head_dim 256
- *    form, the sliding layers on the 128 one) within looser bounds, not yet calibrated on
- *    a GPU (below);
+ *    sliding layer keeps), within a stated relative L2, every argmax flip a near-tie
+ *    within the position's error (device_twin.h); f32 KV (the device's dense bf16 cache:
+ *    the full layers on its head_dim 256 form, the sliding layers on the 128 one) within
+ *    looser bounds (below);
  *  - the sliding layers bounded like the CPU's: after runs past window + slack the device
  *    export has the CPU export's section sizes (empty for the KV-shared layers);
  *  - batch invariance on the device: a row alone and as row 1 of 3, bitwise, across the
@@ -170,15 +170,14 @@ static void expect_f32_on_device(void) {
 #define TOL_MED_TQ 5e-2
 #define TOL_WORST_TQ 2e-1
 
-/* The bounds for f32 KV (the device's dense bf16 cache vs the CPU's f32 cache). NOT YET
- * CALIBRATED ON A GPU. test_cuda_hybrid's 1e-2 / 5e-2 are too tight here: Gemma's
- * scaling-1.0 attention over normed keys amplifies K rounding. Measured on the CPU alone
- * (its f32 cache with K/V rounded to bf16 before the append, 6 seeds, this test's runs):
- * medians 3.6e-3 (prefill), up to 6.7e-3 (decode) and 8.2e-3 (extend), worst positions up
- * to 5.2e-2 over 1120 prefill positions, argmax equal at >= 99% of them (9 / 10 at two
- * extends). The device adds its GEMM's rounding and, in decode, the d = 128 bf16 kernel's
- * bf16 queries and weights (sliding layers), hence about 3x margins; set them from the
- * H200's figures as the tq bounds were. */
+/* The bounds for f32 KV (the device's dense bf16 cache vs the CPU's f32 cache).
+ * test_cuda_hybrid's 1e-2 / 5e-2 are too tight here: Gemma's scaling-1.0 attention over
+ * normed keys amplifies K rounding. On the CPU alone (its f32 cache with K/V rounded to bf16
+ * before the append, 6 seeds): medians 3.6e-3 (prefill), up to 6.7e-3 (decode) and 8.2e-3
+ * (extend), worst positions up to 5.2e-2 over 1120 prefill positions. On the H200 (eighth
+ * session, run 5): prefill median 3.7e-3, worst 4.8e-2; decode / extend medians 3.2e-3 /
+ * 7.1e-3. The device adds its GEMM's rounding and, in decode, the d = 128 bf16 kernel's bf16
+ * queries and weights (sliding layers): about 3x margins over those figures. */
 #define TOL_MED_F32   2.5e-2
 #define TOL_WORST_F32 1.5e-1
 
