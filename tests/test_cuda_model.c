@@ -705,9 +705,11 @@ static void test_export_device(void **st) {
 }
 
 /* ---- the engine on the device with a draft model: the same tokens and logprobs as
- * without one (greedy and seeded sampled requests, alone and joining a running batch).
- * Drafts: the bundled model itself (always there: greedy rows accept everything) and the
- * fixture draft ../shared/models/qwen3-code-draft-4m when present. */
+ * without one (greedy and seeded sampled requests, alone and joining a running batch), for
+ * every target graph (a Qwen 3.5 hybrid or Gemma 4 model in TQKV_TEST_MODEL too: their
+ * device verification windows reproduce single decodes bit for bit). Drafts: the target
+ * itself (always there: greedy rows accept everything) and the fixture draft
+ * ../shared/models/qwen3-code-draft-4m when present. */
 static void draft_case(const char *draft, const job *j, int nj, const result *ref) {
     result alone[8], batch[8];
     tqkv_engine *e = engine_open(g_dir, TQKV_TQ4, 32, 0, NULL, 0, draft, 3, 1);
@@ -731,21 +733,6 @@ static void draft_case(const char *draft, const job *j, int nj, const result *re
 static void test_engine_device_draft(void **st) {
     (void)st;
     enum { NJ = 6 };
-    if (tqkv_model_get_config(g_model)->arch == TQKV_ARCH_QWEN35) {
-        /* The engine refuses a draft for a hybrid target on every device (its verification
-         * window cannot replay single decodes bit for bit): the refusal is what is tested. */
-        tqkv_engine_params p = tqkv_engine_params_default();
-        p.model_dir = g_dir;
-        p.draft_dir = g_dir;
-        p.device = 1;
-        tqkv_engine *e = NULL;
-        assert_int_equal(tqkv_engine_init(&e, &p), TQKV_EUNSUPPORTED);
-        assert_null(e);
-        assert_non_null(strstr(tqkv_last_error(), "draft"));
-        printf("device engine: a draft for the Qwen 3.5 target is refused (%s); the draft cases "
-               "SKIPPED\n", tqkv_last_error());
-        skip();
-    }
     test_rng r;
     rng_init(&r, g_seed ^ 0xd4af);
     tqkv_engine *e = engine_open(g_dir, TQKV_TQ4, 32, 0, NULL, 0, NULL, 0, 1);

@@ -9,8 +9,10 @@
  * byte for byte and refuses another model's state; the state check catches a recurrent
  * row out of step; projected bytes bound the sliding layers and count the recurrent rows;
  * and the engine gives N concurrent requests exactly the tokens of the same requests run
- * one at a time, with a prefix-cache hit equal to a miss, and refuses a draft model
- * (speculative decoding needs exact verification windows, which these graphs lack).
+ * one at a time, with a prefix-cache hit equal to a miss, and with a draft model (the
+ * target itself; another tiny checkpoint of its vocab) exactly the tokens and logprobs of
+ * the engine without one, greedy and seeded sampled (verification windows reproduce single
+ * decodes bit for bit: extend_as_decode).
  * Needs no ../shared fixture (the checkpoints are in the source tree).
  */
 #include <stdio.h>
@@ -314,8 +316,10 @@ static void on_event(void *user, uint64_t id, const tqkv_engine_event *ev) {
 }
 
 typedef struct {
-    int32_t prompt[128];
-    int     n_prompt, max_tokens;
+    int32_t  prompt[128];
+    int      n_prompt, max_tokens;
+    float    temp;  /* 0: greedy */
+    uint64_t seed;
 } job;
 
 /* A model directory for the engine: the tiny checkpoint plus the bundled tokenizer (its
@@ -333,9 +337,11 @@ static void make_engine_dir(const graph *g, char *dir, size_t cap) {
     assert_int_equal(system(cmd), 0);
 }
 
-static tqkv_engine *engine_new(const char *dir, size_t prefix_bytes) {
+static tqkv_engine *engine_new(const char *dir, size_t prefix_bytes, const char *draft) {
     tqkv_engine_params p = tqkv_engine_params_default();
     p.model_dir = dir;
+    p.draft_dir = draft;
+    p.draft_tokens = 3;
     p.k_format = p.v_format = TQKV_TQ4;
     p.threads = 2;
     p.prefill_chunk = 16;
@@ -353,7 +359,8 @@ static void submit(tqkv_engine *e, const job *j, result *r) {
     q.n_prompt = j->n_prompt;
     q.max_tokens = j->max_tokens;
     q.sampling = tqkv_sampler_params_default();
-    q.sampling.temperature = 0.0f;
+    q.sampling.temperature = j->temp;
+    q.sampling.seed = j->seed;
     q.ignore_eos = 1;
     q.top_logprobs = 1;
     q.on_event = on_event;
@@ -370,6 +377,19 @@ static void run_until_idle(tqkv_engine *e) {
     }
 }
 
+/* Submit j[0..n) one every 2 engine steps (rows join a running batch), run until idle. */
+static void run_joining(tqkv_engine *e, const job *j, int n, result *res) {
+    int next = 0, busy = 1, steps = 0;
+    while (busy || next < n) {
+        if (next < n && steps % 2 == 0) {
+            submit(e, &j[next], &res[next]);
+            next++;
+        }
+        OK(tqkv_engine_step(e, &busy));
+        assert_true(++steps < 100000);
+    }
+}
+
 static void assert_same(const result *a, const result *b, const char *what, int i) {
     if (a->n_tok != b->n_tok || memcmp(a->toks, b->toks, sizeof(int32_t) * (size_t)a->n_tok) ||
         memcmp(a->lp, b->lp, sizeof(float) * (size_t)a->n_tok))
@@ -380,8 +400,9 @@ static void engine_graph(const graph *g, test_rng *r) {
     enum { NJ = 6 };
     char dir[512];
     make_engine_dir(g, dir, sizeof dir);
-    tqkv_engine *e = engine_new(dir, 0);
+    tqkv_engine *e = engine_new(dir, 0, NULL);
     job j[NJ];
+    memset(j, 0, sizeof j); /* greedy */
     for (int i = 0; i < NJ; i++) {
         j[i].n_prompt = rng_int(r, 1, 90); /* several chunks; past window + slack (40) */
         random_tokens(r, g->V, j[i].prompt, j[i].n_prompt);
@@ -394,15 +415,7 @@ static void engine_graph(const graph *g, test_rng *r) {
         assert_int_equal(alone[i].done, 1);
         assert_int_equal(alone[i].n_tok, j[i].max_tokens);
     }
-    int next = 0, busy = 1, steps = 0;
-    while (busy || next < NJ) { /* rows join a running batch at different steps */
-        if (next < NJ && steps % 2 == 0) {
-            submit(e, &j[next], &together[next]);
-            next++;
-        }
-        OK(tqkv_engine_step(e, &busy));
-        assert_true(++steps < 100000);
-    }
+    run_joining(e, j, NJ, together);
     for (int i = 0; i < NJ; i++) assert_same(&together[i], &alone[i], g->variant, i);
     tqkv_engine_free(e);
 
@@ -416,13 +429,13 @@ static void engine_graph(const graph *g, test_rng *r) {
     b.n_prompt = 90;
     random_tokens(r, g->V, b.prompt + 70, 20);
     result ma, mb, ha, hb;
-    e = engine_new(dir, 0);
+    e = engine_new(dir, 0, NULL);
     submit(e, &a, &ma);
     run_until_idle(e);
     submit(e, &b, &mb);
     run_until_idle(e);
     tqkv_engine_free(e);
-    e = engine_new(dir, 32 << 20);
+    e = engine_new(dir, 32 << 20, NULL);
     submit(e, &a, &ha);
     run_until_idle(e);
     submit(e, &b, &hb);
@@ -433,16 +446,38 @@ static void engine_graph(const graph *g, test_rng *r) {
     assert_same(&hb, &mb, "prefix hit", 1);
     tqkv_engine_free(e);
 
-    /* a draft model is refused with a clear message (verification windows of these graphs
-     * do not equal single decodes bit for bit) */
-    tqkv_engine_params dp = tqkv_engine_params_default();
-    dp.model_dir = dir;
-    dp.draft_dir = dir;
-    dp.threads = 2;
-    tqkv_engine *de = NULL;
-    assert_int_equal(tqkv_engine_init(&de, &dp), TQKV_EUNSUPPORTED);
-    assert_null(de);
-    assert_non_null(strstr(tqkv_last_error(), "without a draft"));
+    /* a draft model: the same tokens and logprobs as without one, for greedy and seeded
+     * sampled requests joining a running batch. Drafts: the target itself (greedy rows
+     * accept every proposal) and another tiny checkpoint of the same vocab (random weights:
+     * proposals almost always rejected, so every round rolls rows back) */
+    char other[1024], orel[256];
+    snprintf(orel, sizeof orel, "tests/golden/%s",
+             g == &g_graph[0] ? "gemma4/plain" : "qwen35/minicpm5");
+    source_path(orel, other, sizeof other);
+    const char *drafts[2] = {dir, other};
+    job dj[NJ];
+    result dref[NJ], dout[NJ];
+    for (int i = 0; i < NJ; i++) {
+        dj[i] = j[i];
+        dj[i].temp = i % 2 ? 0.8f : 0.0f;
+        dj[i].seed = 1000 + (uint64_t)i;
+    }
+    e = engine_new(dir, 0, NULL);
+    run_joining(e, dj, NJ, dref);
+    tqkv_engine_free(e);
+    for (int d = 0; d < 2; d++) {
+        e = engine_new(dir, 0, drafts[d]);
+        run_joining(e, dj, NJ, dout);
+        for (int i = 0; i < NJ; i++) assert_same(&dout[i], &dref[i], "draft", i);
+        tqkv_engine_stats st;
+        OK(tqkv_engine_stats_get(e, &st));
+        assert_true(st.spec_rounds > 0 && st.spec_accepted <= st.spec_drafted);
+        if (d == 0) assert_true(st.spec_accepted > 0);
+        printf("%s, draft %s: %d requests == no draft; %llu rounds, %llu of %llu accepted\n",
+               g->variant, d ? orel : "itself", NJ, (unsigned long long)st.spec_rounds,
+               (unsigned long long)st.spec_accepted, (unsigned long long)st.spec_drafted);
+        tqkv_engine_free(e);
+    }
     char cmd[1100];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     assert_int_equal(system(cmd), 0);

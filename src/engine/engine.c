@@ -81,23 +81,6 @@ static size_t default_budget(void) {
     return (size_t)pages * (size_t)psz / 4;
 }
 
-/* Graphs whose window extend honours extend_as_decode (verification windows equal single
- * decodes bit for bit, which speculative decoding needs for identical output). Gemma 4 and
- * Qwen 3.5 run every other engine path (row operations cover their KV-shared, sliding and
- * recurrent layers: src/model/state_rows.c). */
-static int graph_exact_windows(const tqkv_model *m) {
-    tqkv_arch a = tqkv_model_get_config(m)->arch;
-    return a != TQKV_ARCH_GEMMA4 && a != TQKV_ARCH_QWEN35;
-}
-
-static const char *graph_name(const tqkv_model *m) {
-    switch (tqkv_model_get_config(m)->arch) {
-    case TQKV_ARCH_GEMMA4: return "Gemma 4";
-    case TQKV_ARCH_QWEN35: return "Qwen 3.5 hybrid";
-    default: return "this";
-    }
-}
-
 // ---------------------------------------------------------------------------
 // Parameters, init, free
 // ---------------------------------------------------------------------------
@@ -221,12 +204,8 @@ tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
     lp.no_pack = lp.no_f32_prefill = p.device; /* the device keeps its own bf16 copy */
     tqkv_status rc = tqkv_model_load(&e->m, p.model_dir, &lp);
     if (rc == TQKV_OK) rc = tqkv_tokenizer_load(&e->tok, p.model_dir);
-    if (rc == TQKV_OK && p.draft_dir && !graph_exact_windows(e->m))
-        rc = tqkv_fail(TQKV_EUNSUPPORTED, "engine: speculative decoding (a draft model) is not "
-                       "supported for a %s target: its verification window does not reproduce "
-                       "single decodes bit for bit (extend_as_decode is implemented for "
-                       "Qwen3/Qwen2/Llama graphs only); serve it without a draft",
-                       graph_name(e->m));
+    /* every graph's verification window reproduces single decodes bit for bit
+     * (extend_as_decode, CPU and device): a draft is fine for any target */
     if (rc == TQKV_OK && p.draft_dir) {
         rc = tqkv_model_load(&e->dm, p.draft_dir, &lp);
         if (rc == TQKV_OK &&

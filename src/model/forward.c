@@ -6,6 +6,8 @@
  * Activations are kept compact, token-major ([T, dim], T = real tokens of all rows), so
  * padding costs no matmul work; queries/keys/values are scattered to the cache's
  * [rows, heads, n, head_dim] layout only around the cache and attention calls.
+ * Also owns model_attend_per_query (model_impl.h), the verification window's attention of
+ * every CPU graph: a read-only view of a layer's batch per query (cache/batch.h layout).
  * Must not: make a row's result depend on other rows: every per-token kernel works on its
  * own token, matmuls are batch invariant (matmul.c), attention is by contract.
  */
@@ -14,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/batch.h" /* model_attend_per_query's read-only view */
 #include "model/gemma4.h"
 #include "model/model_impl.h"
 #include "model/ops.h"
@@ -339,35 +342,62 @@ static tqkv_status rollback(tqkv_model_state *s, int done, int n, int prefill) {
     return worst;
 }
 
-/* Attention of n queries per row computed as n one-query (decode engine) calls, query j
- * seeing the row's tokens up to its own position: the same bits as n single-token
- * decodes (window 0), used for speculative verification. q, out: [rows, NH, n, hd]. */
-static tqkv_status attend_per_query(tqkv_model_state *s, const tqkv_batch *b, const float *q,
-                                    int n, const tqkv_attn_params *ap, float *out) {
-    const int R = s->rows, NH = ap->q_heads, hd = s->m->cfg.head_dim;
-    int *off = malloc(sizeof(int) * 2 * (size_t)R);
+/* Shift of row r's token grid for its query j of this call (model_impl.h): how many more
+ * tokens than b has dropped so far the row's own single decode at that position would have
+ * dropped (a bounded sliding layer holds min(position, keep) tokens before a decode). */
+static int reindex_shift(const tqkv_model_state *s, const struct tqkv_batch *b, int r, int n,
+                         int j, int keep) {
+    if (keep <= 0 || b->ring > 0) return 0; /* a q8 ring is indexed by b's own tokens */
+    const int pos = s->off[r] + j, canon = pos > keep ? pos - keep : 0;
+    const int dropped = s->off[r] + n - b->offset[r];
+    const int d = canon - dropped, end = b->offset[r] - n + j + 1;
+    return d < 0 ? 0 : d > end - 1 ? end - 1 : d;
+}
+
+int model_attend_reindexes(const tqkv_model_state *s, const tqkv_batch *b, int n, int keep) {
+    for (int r = 0; r < s->rows; r++)
+        for (int j = 0; j < n; j++)
+            if (reindex_shift(s, b, r, n, j, keep) > 0) return 1;
+    return 0;
+}
+
+tqkv_status model_attend_per_query(tqkv_model_state *s, const tqkv_batch *b, const float *q,
+                                   int n, int window, int keep, const tqkv_attn_params *ap,
+                                   float *out) {
+    const int R = s->rows, NH = ap->q_heads, hd = b->cfg.head_dim;
+    if (window < 0 || keep < 0 || (keep > 0 && keep < window))
+        return tqkv_fail(TQKV_EINVAL, "attention: window %d / keep %d", window, keep);
+    int *vo = malloc(sizeof(int) * 2 * (size_t)R);             /* [rows] offset then left_pad */
     int32_t *lo = malloc(sizeof(int32_t) * 2 * (size_t)R);     /* [rows] lo then hi */
     float *q1 = malloc(sizeof(float) * (size_t)R * NH * hd);   /* [rows, NH, 1, hd] */
     float *o1 = malloc(sizeof(float) * (size_t)R * NH * hd);   /* [rows, NH, 1, hd] */
     tqkv_status rc = TQKV_OK;
-    if (!off || !lo || !q1 || !o1) rc = tqkv_fail(TQKV_ENOMEM, "attention: out of memory");
-    if (rc == TQKV_OK) rc = tqkv_batch_offsets(b, off, off + R);
+    if (!vo || !lo || !q1 || !o1) rc = tqkv_fail(TQKV_ENOMEM, "attention: out of memory");
+    /* the view: b's bytes and q8 ring, each row's token grid and length as query j's own
+     * decode saw them (read only; attention never keeps it) */
+    struct tqkv_batch v = *b;
+    v.offset = vo;
+    v.left_pad = vo + R;
     for (int j = 0; j < n && rc == TQKV_OK; j++) {
         for (int r = 0; r < R; r++) {
-            lo[r] = off[R + r];
-            lo[R + r] = off[R + r] + off[r] - n + j + 1;
+            const int d = reindex_shift(s, b, r, n, j, keep);
+            v.left_pad[r] = b->left_pad[r] + d;
+            v.offset[r] = b->offset[r] - n + j + 1 - d;
+            const int c = v.left_pad[r] + v.offset[r] - 1; /* query j's column (b's too) */
+            lo[r] = window > 0 && c - window + 1 > v.left_pad[r] ? c - window + 1 : v.left_pad[r];
+            lo[R + r] = c + 1;
             for (int h = 0; h < NH; h++)
                 memcpy(q1 + ((size_t)r * NH + h) * hd, q + (((size_t)r * NH + h) * n + j) * hd,
                        sizeof(float) * hd);
         }
-        tqkv_mask mk = {.rows = R, .n_query = 1, .window = 0, .lo = lo, .hi = lo + R};
-        rc = tqkv_batch_attend(b, &mk, q1, 1, ap, o1);
+        tqkv_mask mk = {.rows = R, .n_query = 1, .window = window, .lo = lo, .hi = lo + R};
+        rc = tqkv_batch_attend(&v, &mk, q1, 1, ap, o1);
         for (int r = 0; r < R && rc == TQKV_OK; r++)
             for (int h = 0; h < NH; h++)
                 memcpy(out + (((size_t)r * NH + h) * n + j) * hd, o1 + ((size_t)r * NH + h) * hd,
                        sizeof(float) * hd);
     }
-    free(off);
+    free(vo);
     free(lo);
     free(q1);
     free(o1);
@@ -480,6 +510,9 @@ static tqkv_status forward(const tqkv_model *m, tqkv_model_state *s, const int32
         ops_rope_table(pos, m->inv_freq, half, s->rc + i * half, s->rs + i * half);
     }
 
+    /* a verification window (extend_as_decode) runs the decode path's matmuls (never BLAS),
+     * so each of its tokens gets the bits of its single decode */
+    const int as_dec = !prefill && n > 1 && s->p.extend_as_decode, pf = n > 1 && !as_dec;
     const float scale = 1.0f / sqrtf((float)hd);
     int nq_pad = 0;
     for (int r = 0; r < R; r++) nq_pad |= s->len[r] != n;
@@ -491,12 +524,12 @@ static tqkv_status forward(const tqkv_model *m, tqkv_model_state *s, const int32
         for (size_t i = 0; i < T; i++)
             ops_rmsnorm(s->x + i * H, L->attn_norm, c->rms_norm_eps, H, s->xn + i * H);
         const size_t QS = (size_t)QD + 2 * (size_t)KD;
-        if (L->wqkv.data && !(s->p.blas && n > 1)) {
-            matmul(s, s->xn, (int)T, &L->wqkv, L->bqkv, s->qkv, n > 1);
+        if (L->wqkv.data && !(s->p.blas && pf)) {
+            matmul(s, s->xn, (int)T, &L->wqkv, L->bqkv, s->qkv, pf);
         } else {
-            matmul_ld(s, s->xn, (int)T, &L->wq, L->bq, s->qkv, QS, n > 1);
-            matmul_ld(s, s->xn, (int)T, &L->wk, L->bk, s->qkv + QD, QS, n > 1);
-            matmul_ld(s, s->xn, (int)T, &L->wv, L->bv, s->qkv + QD + KD, QS, n > 1);
+            matmul_ld(s, s->xn, (int)T, &L->wq, L->bq, s->qkv, QS, pf);
+            matmul_ld(s, s->xn, (int)T, &L->wk, L->bk, s->qkv + QD, QS, pf);
+            matmul_ld(s, s->xn, (int)T, &L->wv, L->bv, s->qkv + QD + KD, QS, pf);
         }
         /* q/k norm, rope, scatter to [rows, heads, n, hd] */
         if (nq_pad) {
@@ -538,9 +571,9 @@ static tqkv_status forward(const tqkv_model *m, tqkv_model_state *s, const int32
         rc = tqkv_batch_make_mask(b, s->lease, n, 0, &mask);
         if (rc == TQKV_OK) {
             tqkv_attn_params ap = {NH, scale, n == 1 ? s->p.decode_kernel : s->p.prefill_kernel, th};
-            if (!prefill && n > 1 && s->p.extend_as_decode) {
+            if (as_dec) {
                 ap.kernel = s->p.decode_kernel;
-                rc = attend_per_query(s, b, s->qb, n, &ap, s->ob);
+                rc = model_attend_per_query(s, b, s->qb, n, 0, 0, &ap, s->ob);
             } else {
                 rc = tqkv_batch_attend(b, mask, s->qb, n, &ap, s->ob);
             }
@@ -556,7 +589,7 @@ static tqkv_status forward(const tqkv_model *m, tqkv_model_state *s, const int32
                 memcpy(s->att + i * QD + (size_t)h * hd, s->ob + ((r * NH + h) * n + j) * hd,
                        sizeof(float) * hd);
         }
-        matmul(s, s->att, (int)T, &L->wo, L->bo, s->tmp, n > 1);
+        matmul(s, s->att, (int)T, &L->wo, L->bo, s->tmp, pf);
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
         for (size_t i = 0; i < T; i++) {
             float *x = s->x + i * H;
@@ -565,16 +598,16 @@ static tqkv_status forward(const tqkv_model *m, tqkv_model_state *s, const int32
             ops_rmsnorm(x, L->ffn_norm, c->rms_norm_eps, H, s->xn + i * H);
         }
         // ---- MLP block
-        if (L->wgu.data && !(s->p.blas && n > 1)) {
-            matmul(s, s->xn, (int)T, &L->wgu, NULL, s->gu, n > 1);
+        if (L->wgu.data && !(s->p.blas && pf)) {
+            matmul(s, s->xn, (int)T, &L->wgu, NULL, s->gu, pf);
         } else {
-            matmul_ld(s, s->xn, (int)T, &L->wg, NULL, s->gu, 2 * (size_t)I, n > 1);
-            matmul_ld(s, s->xn, (int)T, &L->wu, NULL, s->gu + I, 2 * (size_t)I, n > 1);
+            matmul_ld(s, s->xn, (int)T, &L->wg, NULL, s->gu, 2 * (size_t)I, pf);
+            matmul_ld(s, s->xn, (int)T, &L->wu, NULL, s->gu + I, 2 * (size_t)I, pf);
         }
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 16)
         for (size_t i = 0; i < T; i++)
             ops_swiglu(s->gu + i * 2 * I, s->gu + i * 2 * I + I, I, s->h + i * I);
-        matmul(s, s->h, (int)T, &L->wd, NULL, s->tmp, n > 1);
+        matmul(s, s->h, (int)T, &L->wd, NULL, s->tmp, pf);
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
         for (size_t i = 0; i < T; i++) {
             float *x = s->x + i * H;
@@ -598,7 +631,7 @@ static tqkv_status forward(const tqkv_model *m, tqkv_model_state *s, const int32
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
     for (size_t i = 0; i < T; i++) ops_rmsnorm(s->x + i * H, m->final_norm, c->rms_norm_eps, H, s->xn + i * H);
     if (!nq_pad) { /* compact order == [rows, n] order */
-        matmul(s, s->xn, (int)T, &m->lm_head, NULL, logits, n > 1);
+        matmul(s, s->xn, (int)T, &m->lm_head, NULL, logits, pf);
         return TQKV_OK;
     }
     /* padded: compute per row into its slot, zero the padding positions */
@@ -607,7 +640,7 @@ static tqkv_status forward(const tqkv_model *m, tqkv_model_state *s, const int32
         int pad = n - s->len[r];
         float *dst = logits + (size_t)r * n * V;
         memset(dst, 0, sizeof(float) * (size_t)pad * V);
-        matmul(s, s->xn + at * H, s->len[r], &m->lm_head, NULL, dst + (size_t)pad * V, n > 1);
+        matmul(s, s->xn + at * H, s->len[r], &m->lm_head, NULL, dst + (size_t)pad * V, pf);
         at += (size_t)s->len[r];
     }
     return TQKV_OK;

@@ -7,6 +7,14 @@
  * window_slack tokens stays exact), and the forward itself.
  * Positions: a sliding layer's offsets count the tokens it still holds, so the rows'
  * positions are the offsets of a full non-shared layer (gemma4_position_layer).
+ * Verification windows (extend_as_decode, n > 1): the matmuls of a decode and, on every
+ * layer (full, sliding, KV-shared over its donor's cache), each query attended alone with
+ * the decode kernel over what its single decode sees (model_attend_per_query: the newest
+ * `window` keys as of its position on a sliding layer, on the token grid of a layer that
+ * dropped as a single decode's would have), so a window's logits equal n single decodes
+ * bit for bit. A decode on a sliding layer that holds more than window + slack tokens
+ * (inside or right after a spec round) takes the same path, so no decode's bits depend on
+ * when the layer last dropped its oldest tokens.
  * Must not: make a row's result depend on other rows (per-token kernels, batch-invariant
  * matmuls and attention, as in forward.c); change the other architectures' graph.
  */
@@ -211,9 +219,12 @@ tqkv_status gemma4_forward(const tqkv_model *m, tqkv_model_state *s, const int32
             for (size_t e = 0; e < LP; e++) pe[e] *= pscale;
         }
     }
+    /* a verification window (extend_as_decode) runs the decode path's matmuls (never BLAS)
+     * and attention (model_attend_per_query), so each token gets its single decode's bits */
+    const int as_dec = !prefill && n > 1 && s->p.extend_as_decode, pf = n > 1 && !as_dec;
     if (P) {
         /* ple = (rmsnorm_P(W_plp x * H^-1/2) + pe) * 2^-1/2, per layer slice of P */
-        matmul(s, s->x, (int)T, &G->ple_model_proj, S->ple, n > 1);
+        matmul(s, s->x, (int)T, &G->ple_model_proj, S->ple, pf);
         const float hs = 1.0f / sqrtf((float)H), mix = 1.0f / sqrtf(2.0f);
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 16)
         for (size_t i = 0; i < T; i++) {
@@ -240,12 +251,12 @@ tqkv_status gemma4_forward(const tqkv_model *m, tqkv_model_state *s, const int32
         // ---- attention block
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
         for (size_t i = 0; i < T; i++) ops_rmsnorm(s->x + i * H, L->attn_norm, eps, H, s->xn + i * H);
-        if (L->wqkv.data && !(s->p.blas && n > 1)) {
-            matmul(s, s->xn, (int)T, &L->wqkv, s->qkv, n > 1);
+        if (L->wqkv.data && !(s->p.blas && pf)) {
+            matmul(s, s->xn, (int)T, &L->wqkv, s->qkv, pf);
         } else {
-            matmul_ld(s, s->xn, (int)T, &L->wq, s->qkv, QS, n > 1);
-            if (own) matmul_ld(s, s->xn, (int)T, &L->wk, s->qkv + QD, QS, n > 1);
-            if (own && !keqv) matmul_ld(s, s->xn, (int)T, &L->wv, s->qkv + QD + KD, QS, n > 1);
+            matmul_ld(s, s->xn, (int)T, &L->wq, s->qkv, QS, pf);
+            if (own) matmul_ld(s, s->xn, (int)T, &L->wk, s->qkv + QD, QS, pf);
+            if (own && !keqv) matmul_ld(s, s->xn, (int)T, &L->wv, s->qkv + QD + KD, QS, pf);
         }
         if (nq_pad) {
             memset(s->qb, 0, sizeof(float) * (size_t)R * n * QD);
@@ -288,14 +299,22 @@ tqkv_status gemma4_forward(const tqkv_model *m, tqkv_model_state *s, const int32
                 return rc;
             }
         }
-        /* attention: scaling 1.0; sliding layers see the newest `window` keys */
-        const tqkv_mask *mask = NULL;
-        rc = tqkv_batch_make_mask(b, ty ? S->lease_full : s->lease, n, ty ? 0 : g->window, &mask);
-        if (rc == TQKV_OK) {
-            tqkv_kernel k = n == 1 ? s->p.decode_kernel : s->p.prefill_kernel;
-            if (k == TQKV_KERNEL_FUSED) k = TQKV_KERNEL_DEFERRED; /* Gemma 4's kernel set */
-            tqkv_attn_params ap = {NH, 1.0f, k, th};
-            rc = tqkv_batch_attend(b, mask, s->qb, n, &ap, s->ob);
+        /* attention: scaling 1.0; sliding layers see the newest `window` keys. Per query
+         * (model_attend_per_query) for a verification window, and for a decode on a bounded
+         * sliding layer holding more than window + slack tokens (after a spec round): each
+         * query on the token grid of a single decode at its position, so the bits depend
+         * neither on the window nor on when the layer last dropped its oldest tokens */
+        const int win = ty ? 0 : g->window;
+        const int keep = !ty && g->pos_layer >= 0 ? g->window + s->p.window_slack : 0;
+        tqkv_kernel k = n == 1 || as_dec ? s->p.decode_kernel : s->p.prefill_kernel;
+        if (k == TQKV_KERNEL_FUSED) k = TQKV_KERNEL_DEFERRED; /* Gemma 4's kernel set */
+        tqkv_attn_params ap = {NH, 1.0f, k, th};
+        if (as_dec || (n == 1 && keep > 0 && model_attend_reindexes(s, b, 1, keep))) {
+            rc = model_attend_per_query(s, b, s->qb, n, win, keep, &ap, s->ob);
+        } else {
+            const tqkv_mask *mask = NULL;
+            rc = tqkv_batch_make_mask(b, ty ? S->lease_full : s->lease, n, win, &mask);
+            if (rc == TQKV_OK) rc = tqkv_batch_attend(b, mask, s->qb, n, &ap, s->ob);
         }
         if (rc != TQKV_OK) {
             model_kv_trim_rollback(s, l + 1, n, prefill);
@@ -308,7 +327,7 @@ tqkv_status gemma4_forward(const tqkv_model *m, tqkv_model_state *s, const int32
                 memcpy(s->att + i * QD + (size_t)h * hd, s->ob + ((r * NH + h) * n + j) * hd,
                        sizeof(float) * hd);
         }
-        matmul(s, s->att, (int)T, &L->wo, s->tmp, n > 1);
+        matmul(s, s->att, (int)T, &L->wo, s->tmp, pf);
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
         for (size_t i = 0; i < T; i++) {
             float *x = s->x + i * H, *o = s->tmp + i * H;
@@ -317,11 +336,11 @@ tqkv_status gemma4_forward(const tqkv_model *m, tqkv_model_state *s, const int32
             ops_rmsnorm(x, L->ffn_norm, eps, H, s->xn + i * H);
         }
         // ---- MLP block (GeGLU)
-        if (L->wgu.data && !(s->p.blas && n > 1)) {
-            matmul(s, s->xn, (int)T, &L->wgu, s->gu, n > 1);
+        if (L->wgu.data && !(s->p.blas && pf)) {
+            matmul(s, s->xn, (int)T, &L->wgu, s->gu, pf);
         } else {
-            matmul_ld(s, s->xn, (int)T, &L->wg, s->gu, 2 * (size_t)I, n > 1);
-            matmul_ld(s, s->xn, (int)T, &L->wu, s->gu + I, 2 * (size_t)I, n > 1);
+            matmul_ld(s, s->xn, (int)T, &L->wg, s->gu, 2 * (size_t)I, pf);
+            matmul_ld(s, s->xn, (int)T, &L->wu, s->gu + I, 2 * (size_t)I, pf);
         }
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 16)
         for (size_t i = 0; i < T; i++) {
@@ -329,7 +348,7 @@ tqkv_status gemma4_forward(const tqkv_model *m, tqkv_model_state *s, const int32
             float *hh = s->h + i * I;
             for (int e = 0; e < I; e++) hh[e] = gelu_tanh(gg[e]) * uu[e];
         }
-        matmul(s, s->h, (int)T, &L->wd, s->tmp, n > 1);
+        matmul(s, s->h, (int)T, &L->wd, s->tmp, pf);
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
         for (size_t i = 0; i < T; i++) {
             float *x = s->x + i * H, *o = s->tmp + i * H;
@@ -338,14 +357,14 @@ tqkv_status gemma4_forward(const tqkv_model *m, tqkv_model_state *s, const int32
         }
         // ---- per-layer input block
         if (P) {
-            matmul(s, s->x, (int)T, &X->ple_gate, S->pg, n > 1);
+            matmul(s, s->x, (int)T, &X->ple_gate, S->pg, pf);
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
             for (size_t i = 0; i < T; i++) {
                 float *pg = S->pg + i * P;
                 const float *pl = S->ple + i * LP + (size_t)l * P;
                 for (int e = 0; e < P; e++) pg[e] = gelu_tanh(pg[e]) * pl[e];
             }
-            matmul(s, S->pg, (int)T, &X->ple_proj, s->tmp, n > 1);
+            matmul(s, S->pg, (int)T, &X->ple_proj, s->tmp, pf);
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
             for (size_t i = 0; i < T; i++) {
                 float *x = s->x + i * H, *o = s->tmp + i * H;
@@ -391,14 +410,14 @@ tqkv_status gemma4_forward(const tqkv_model *m, tqkv_model_state *s, const int32
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
     for (size_t i = 0; i < T; i++) ops_rmsnorm(s->x + i * H, m->final_norm, eps, H, s->xn + i * H);
     if (!nq_pad) {
-        matmul(s, s->xn, (int)T, &m->lm_head, logits, n > 1);
+        matmul(s, s->xn, (int)T, &m->lm_head, logits, pf);
     } else {
         size_t at = 0;
         for (int r = 0; r < R; r++) {
             int pad = n - s->len[r];
             float *dst = logits + (size_t)r * n * V;
             memset(dst, 0, sizeof(float) * (size_t)pad * V);
-            matmul(s, s->xn + at * H, s->len[r], &m->lm_head, dst + (size_t)pad * V, n > 1);
+            matmul(s, s->xn + at * H, s->len[r], &m->lm_head, dst + (size_t)pad * V, pf);
             at += (size_t)s->len[r];
         }
     }

@@ -21,6 +21,10 @@
  * equal within float32 rounding (checked by the parity tests against HF's chunked prefill).
  * Left padding never reaches the state: only each row's real tokens are processed, from
  * its stored state (zeros after a reset, HF's initial state).
+ * Verification windows (extend_as_decode, n > 1) equal n single decodes bit for bit: the
+ * DeltaNet layers already run token by token with the same code for any n, the matmuls are
+ * batch invariant (never BLAS here), and the full layers attend each query alone with the
+ * decode kernel and its own causal end (model_attend_per_query).
  */
 #include <math.h>
 #include <omp.h>
@@ -302,12 +306,18 @@ static tqkv_status full_attention(const tqkv_model *m, tqkv_model_state *s, cons
         rc = tqkv_batch_append(b, k->kb, k->vb, n);
     }
     if (rc != TQKV_OK) return rc;
-    const tqkv_mask *mask = NULL;
-    rc = tqkv_batch_make_mask(b, s->lease, n, 0, &mask);
-    if (rc == TQKV_OK) {
-        tqkv_attn_params ap = {NH, 1.0f / sqrtf((float)hd),
-                               n == 1 ? s->p.decode_kernel : s->p.prefill_kernel, th};
-        rc = tqkv_batch_attend(b, mask, k->qb, n, &ap, k->ob);
+    /* a verification window (extend_as_decode): each query through the decode engine with
+     * its own causal end, as its single decode (the rest of the graph already is: per-token
+     * kernels, invariant matmuls, the recurrent layers token by token) */
+    const int as_dec = !prefill && n > 1 && s->p.extend_as_decode;
+    tqkv_attn_params ap = {NH, 1.0f / sqrtf((float)hd),
+                           n == 1 || as_dec ? s->p.decode_kernel : s->p.prefill_kernel, th};
+    if (as_dec) {
+        rc = model_attend_per_query(s, b, k->qb, n, 0, 0, &ap, k->ob);
+    } else {
+        const tqkv_mask *mask = NULL;
+        rc = tqkv_batch_make_mask(b, s->lease, n, 0, &mask);
+        if (rc == TQKV_OK) rc = tqkv_batch_attend(b, mask, k->qb, n, &ap, k->ob);
     }
     if (rc != TQKV_OK) return rc;
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)

@@ -159,6 +159,27 @@ void        model_forward_compact(const int *len, int rows, int n, int32_t *tok_
                                   int32_t *tok_col, int *first);
 void        model_kv_trim_rollback(tqkv_model_state *s, int done, int n, int prefill);
 
+/* forward.c: attention of the n newest queries of each row (q, out [rows, NH, n, hd], the
+ * tokens this call appended to b; s->off: the rows' positions before the call, every row
+ * n real tokens) as n one-query calls through ap->kernel (the decode engine), query j
+ * seeing exactly what its own single decode sees: the row's tokens up to its position,
+ * the newest `window` of them when window > 0 (a sliding layer; 0: all), in the same
+ * order and on the same token grid. The decode engine's split points are on a row's token
+ * grid, so keep > 0 names a bounded sliding layer (after each forward outside a spec round
+ * it keeps its newest `keep` tokens, graph_gemma4.c): row r's query j is then attended on
+ * a read-only view of b whose row starts as many tokens later as the layer would have
+ * dropped before a single decode at that position (min(position, keep) tokens held), so
+ * its bits do not depend on when the layer dropped (no view over a q8 ring: its slots are
+ * indexed by b's tokens). Used by the verification window (extend_as_decode: logits equal
+ * n single decodes bit for bit with window 0) of every CPU graph, and by Gemma 4's sliding
+ * decodes on a layer holding more than keep tokens (inside or right after a spec round).
+ * model_attend_reindexes: 1 when that view would shift some row for one of the n queries. */
+tqkv_status model_attend_per_query(tqkv_model_state *s, const tqkv_batch *b, const float *q,
+                                   int n, int window, int keep, const tqkv_attn_params *ap,
+                                   float *out);
+int         model_attend_reindexes(const tqkv_model_state *s, const tqkv_batch *b, int n,
+                                   int keep);
+
 /* graph_qwen35.c: recurrent rows + scratch of a hybrid state; the hybrid forward. */
 tqkv_status model_qwen35_state_init(tqkv_model_state *s);
 void        model_qwen35_state_free(tqkv_model_state *s);

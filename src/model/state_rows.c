@@ -13,9 +13,9 @@
  * Layer kinds (rows_layer_kind_of, the one place graph kinds hook in):
  *   KV        a tqkv_batch of K/V rows whose offsets are the rows' positions;
  *   SLIDING   Gemma 4 sliding layer with a bounded cache: after each forward outside a spec
- *             round it keeps the newest window + window_slack tokens, so it holds
- *             min(position, window + slack) <= offset <= position tokens per row (more only
- *             between a spec round's end and the next forward);
+ *             round, and when a spec round begins, it keeps the newest window + window_slack
+ *             tokens, so it holds min(position, window + slack) <= offset <= position tokens
+ *             per row (more only between a spec round's end and the next forward or round);
  *   SHARED    Gemma 4 KV-shared layer: NULL, reads its donor's cache (the donor moves);
  *   RECURRENT Qwen 3.5 linear layer: NULL; the state's recurrent rows (s->rec, one block for
  *             all linear layers) move with the KV rows in every operation.
@@ -478,7 +478,17 @@ tqkv_status tqkv_model_state_spec_begin(tqkv_model_state *s) {
 #ifdef TQKV_HAVE_CUDA
     if (s->gpu) return model_cuda_spec_begin(s->gpu);
 #endif
-    if (s->rec && (rc = rec_spec_begin(s->rec)) != TQKV_OK) return rc; /* the only step that can fail */
+    /* Bounded sliding layers first drop what they hold beyond window + slack (what the last
+     * round kept: a round never drops at the front, so rows that only run rounds would grow
+     * them without bound). Their attention reads the same bits before and after a drop
+     * (model_attend_per_query's token grid), and no row reads the dropped tokens again. A
+     * failure (memory) leaves the state valid: no round open, some layers dropped. */
+    const int keep = sliding_keep(s);
+    for (int l = 0; l < s->m->cfg.n_layers; l++)
+        if (rows_layer_kind_of(s->m, l) == ROWS_LAYER_SLIDING &&
+            (rc = tqkv_batch_drop_oldest(s->layers[l], keep)) != TQKV_OK)
+            return rc;
+    if (s->rec && (rc = rec_spec_begin(s->rec)) != TQKV_OK) return rc; /* can fail: memory */
     for (int l = 0; l < s->m->cfg.n_layers; l++)
         if (s->layers[l]) tqkv_batch_spec_begin(s->layers[l]); /* cannot fail: checked */
     return TQKV_OK;
