@@ -267,6 +267,17 @@ extern "C" tqkv_status model_cuda_spec_begin(model_cuda *g) {
     for (int l = 0; l < L; l++)
         if (g->kv[l] && tqkv_cuda_kv_spec_active(g->kv[l]))
             return tqkv_fail(TQKV_ESTATE, "spec_begin: a spec round is already active (layer %d)", l);
+    /* Gemma 4: the bounded sliding layers first drop what they hold beyond window + slack,
+     * as the CPU's tqkv_model_state_spec_begin (state_rows.c): a round never drops at the
+     * front, so rows that only run rounds would grow them without bound. The window views
+     * read the same bits before and after a drop. A failure leaves no round open. */
+    if (g->m->g4) {
+        const tqkv_status sd = g4_cuda_drop_oldest(g);
+        if (sd) {
+            g->broken = 1; /* the layers may be out of step */
+            return sd;
+        }
+    }
     mc_rec *rc = &g->rec;
     if (rc->n_lin) { /* slot 0 = the rows now (the only step that can fail, before any change) */
         if (rc->spec_active) return tqkv_fail(TQKV_ESTATE, "spec_begin: a spec round is already active");
