@@ -27,7 +27,7 @@ __host__ __device__ inline int split_count(int ntok) {
 /* The split stride for rows of at most n tokens: >= split_count(m) for every m <= n
  * (split_count(m) = ceil(m / 256) up to 8192 tokens, then at most 32), and monotone in n,
  * so the workspace and the launch only change when it does (CUDA graphs key on it). */
-inline int split_bound(int n) {
+constexpr int split_bound(int n) {
     const int s = (n + 255) / 256;
     return s < 1 ? 1 : s > 32 ? 32 : s;
 }
@@ -64,13 +64,13 @@ __host__ __device__ inline int wsplit_count(int ntok) {
 static_assert(TQKV_TC256_SPLIT_MIN % 32 == 0 && TQKV_TC256_SPLIT_MIN >= 64,
               "d = 256 splits are whole 32-token tiles, at least 64 tokens (the workspace bound)");
 static_assert(TQKV_TC256_SPLITS >= 1 && TQKV_TC256_SPLITS <= 128, "at most wsplit_bound's 128 splits");
-__host__ __device__ inline int tsplit_len(int ntok) {
+__host__ __device__ constexpr int tsplit_len(int ntok) {
     constexpr int MIN = TQKV_TC256_SPLIT_MIN;
     int s = (ntok + TQKV_TC256_SPLITS - 1) / TQKV_TC256_SPLITS;
     s = (s + MIN - 1) / MIN * MIN;
     return s < MIN ? MIN : s;
 }
-__host__ __device__ inline int tsplit_count(int ntok) {
+__host__ __device__ constexpr int tsplit_count(int ntok) {
     return ntok <= 0 ? 0 : (ntok + tsplit_len(ntok) - 1) / tsplit_len(ntok);
 }
 
@@ -80,6 +80,21 @@ __host__ __device__ inline int tsplit_count(int ntok) {
  * increasing function of the d = 128 bound, so tqkv_cuda_attend_ws_bytes_dim at 256 changes
  * exactly where the d = 128 figure does: a graph key taking the larger of both (a model with
  * layers of both dims) changes whenever either launch shape does. */
-inline int wsplit_bound(int n) { return 4 * split_bound(n); }
+constexpr int wsplit_bound(int n) { return 4 * split_bound(n); }
+
+/* tsplit's rule against the bound, for every length up to 20000 and a sample beyond: whole
+ * tiles, the splits cover the row exactly, and at most wsplit_bound of them. */
+constexpr bool tsplit_ok(int n) {
+    const int len = tsplit_len(n), cnt = tsplit_count(n);
+    return len % 32 == 0 && cnt * len >= n && (cnt - 1) * len < n && cnt <= wsplit_bound(n);
+}
+constexpr bool tsplit_all_ok() {
+    for (int n = 1; n <= 20000; n++)
+        if (!tsplit_ok(n)) return false;
+    for (int n = 20001; n < (1 << 24); n += 8191)
+        if (!tsplit_ok(n)) return false;
+    return true;
+}
+static_assert(tsplit_all_ok(), "the d = 256 tensor-core splits fit the workspace bound");
 
 #endif
