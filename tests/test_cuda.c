@@ -1,6 +1,6 @@
 /*
  * test_cuda.c - the CUDA backend (src/cache/cache_cuda.cu, src/codec/codec_cuda.cu,
- * src/attn/attn_cuda.cu) against the CPU library, on fresh random inputs:
+ * src/attn/attn_cuda*.cu) against the CPU library, on fresh random inputs:
  *   - GPU encode (append) writes the same bytes as tqkv_batch_append: payload planes,
  *     fp16 scales and the q8 window ring (tq4, tq3; with and without a window);
  *   - GPU decode attention over tq4 / tq3 rows (left padding, rows of different lengths,
@@ -229,7 +229,7 @@ static void test_cuda_attend_tq(void **state) {
             /* wi 3, 4, 5: V norms near 17000, 0.01 and 1e-4 (tq V scales near the top of fp16's
              * range and far below 1; at 1e-4 the q8 window's block scales are fp16
              * subnormals): the kernel's fp16 softmax weights must not overflow or turn
-             * subnormal with the V scale (attn_cuda.cu folds its log2 into the score; the
+             * subnormal with the V scale (attn_cuda_split.cuh folds its log2 into the score; the
              * weights reach 2^4 against a running max up to 4 stale). Rows long enough for
              * stages refilled within an item. */
             const float vmul = wi == 3 ? 1500.0f : wi == 4 ? 1e-3f : wi == 5 ? 1e-5f : 1.0f;

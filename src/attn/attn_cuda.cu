@@ -36,7 +36,7 @@ constexpr int D = CUDA_DIM;   /* this file's head dim (the split kernel's templa
 // Query preparation and merge (one warp per (row, q head), lane l: dims 4l..4l+3)
 // ---------------------------------------------------------------------------
 /* The query rotated into K's domain (tq), scaled by softmax scale * log2(e), rounded to
- * fp16 (bf16 for the dense cache) and stored in the split kernel's kdim order: element
+ * fp16 (bf16 for the dense cache) and stored in the split kernel's qdim<F, 128> order: element
  * 32 c + 2 p + e holds dim kdim(c, p, e), so a lane loads its 16 pairs as four uint4. */
 template <int F>
 __global__ void qprep_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, cuda_codec C,
@@ -115,8 +115,8 @@ __global__ void smem_probe_kernel(uint32_t *out) {
 }
 
 /* Allow the split kernels their dynamic shared memory (the tq table is 64 KiB), size
- * their persistent grids, and check where dynamic shared memory starts (TAB_BASE).
- * Idempotent. */
+ * their persistent grids (d = 128 here, d = 256 in cuda_wide_setup, which also reads
+ * TQKV_WIDE_TC), and check where dynamic shared memory starts (TAB_BASE). Idempotent. */
 static pthread_mutex_t g_setup_mu = PTHREAD_MUTEX_INITIALIZER;
 static tqkv_status attn_cuda_setup_locked(void);
 
@@ -181,7 +181,7 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
 extern "C" tqkv_status tqkv_cuda_kv_attend_ws(cuda_kv *kv, const float *q, int q_heads, float scale,
                                          float *out, void *ws, size_t ws_bytes) {
     if (!ws) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_attend_ws: NULL workspace");
-    /* d = 256: the float32 split kernel and its merge (attn_cuda_prefill.cu) */
+    /* d = 256: attn_cuda_wide.cu (the tensor-core or the float32 split kernel, the merge) */
     if (kv && kv->d != D) return cuda_attend_decode_wide(kv, q, q_heads, scale, out, ws, ws_bytes);
     return attend(kv, q, q_heads, scale, out, ws, ws_bytes);
 }

@@ -18,7 +18,7 @@
 
 
 /* Kernel-side codec parameters of a d = 128 cache (passed by value, ~700 bytes). Its
- * layout is part of the split kernel's Params (attn_cuda.cu): keep it as it is. */
+ * layout is part of the split kernel's Params<128> (attn_cuda_split.cuh): keep it as it is. */
 typedef struct {
     float cent[16];           /* tq centroids (c[k] = LM[k] / sqrt(d)), ascending */
     float bounds[15];         /* midpoints */
