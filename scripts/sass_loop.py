@@ -3,8 +3,9 @@
 
 The split kernels' tile loop is the innermost loop that waits on an mbarrier
 (SYNCS.PHASECHK) and holds HMMA instructions. This finds it (the N-th such wait in the
-listing; the kernels appear in the order nvdisasm prints them: tq3, then tq4 for
-src/attn/attn_cuda.cu today) and prints its static instruction count by opcode, or the loop
+listing; the kernels appear in the order nvdisasm prints them: tq3, then tq4, for
+src/attn/attn_cuda.cu (d = 128) and src/attn/attn_cuda_wide.cu (d = 256) today) and prints its
+static instruction count by opcode, or the loop
 body itself, so a change's cost per tile can be read before it spends device time.
 
   scripts/sass_local.sh src/attn/attn_cuda.cu NVDISASM > k.sass

@@ -14,8 +14,8 @@
  * Supported on the device: head_dim 128 or 256; K/V formats tq4/tq4 and tq3/tq3 (with or
  * without the q8 window), or the bf16 baseline (no window); q_heads / kv_heads <= 8.
  * head_dim 256 has the same encode, masked attention and row operations; its decode
- * attention (tq and bf16) is a float32 split-KV kernel (batch invariant, capture safe, no
- * tensor cores); the tuned tensor-core split kernel is d = 128's.
+ * attention is the tensor-core split kernel at 256 for tq (batch invariant, capture safe) and a
+ * float32 split-KV kernel for the bf16 baseline (and for tq with TQKV_WIDE_TC=0).
  */
 #ifndef TQKV_CACHE_CUDA_H
 #define TQKV_CACHE_CUDA_H
@@ -99,13 +99,18 @@ TQKV_API tqkv_status tqkv_cuda_kv_replayed_append(cuda_kv *kv, int n);
  * first attention call and by every device model state at init (so it is never first
  * called inside a CUDA graph capture). */
 TQKV_API tqkv_status tqkv_cuda_attn_setup(void);
+/* 1 when d = 256 decode attention over tq caches runs the tensor-core split kernel, 0 when it
+ * runs the float32 one (TQKV_WIDE_TC=0 in the environment when the setup ran, or a build with
+ * -DTQKV_WIDE_TC=0); -1 when the setup fails. Runs the setup. */
+TQKV_API int tqkv_cuda_wide_tc(void);
 
 /* GPU decode attention (one query per row). q: DEVICE [rows, q_heads, head_dim] float,
  * out: DEVICE [rows, q_heads, head_dim] float. Asynchronous on kv's stream: synchronize it
  * (tqkv_cuda_sync() for the legacy default stream) before reading out on the host.
  * Split-KV with a per-row split that depends only on that row's token count (batch
- * invariant): d = 128 the tensor-core split kernel; d = 256 a float32 split kernel (splits a
- * quarter of d = 128's length), each row's length from the device row table. Its launch
+ * invariant): d = 128 the tensor-core split kernel; d = 256 the same kernel at 256 for tq4 /
+ * tq3 (or, with TQKV_WIDE_TC=0 in the environment, and always for the dense bf16 cache, a
+ * float32 split kernel), each row's length from the device row table. Its launch
  * shape may depend on the host only through kv's rows and storage,
  * q_heads, the workspace pointer and max over rows of tqkv_cuda_attend_ws_bytes(rows,
  * q_heads, that row's tokens) (the model's CUDA graph of a decode step keys on these). */

@@ -1,6 +1,6 @@
 /*
  * cache_cuda_impl.h - private layout of the device cache, shared by the .cu files of the
- * CUDA backend (src/cache/cache_cuda.cu, src/codec/codec_cuda.cu, src/attn/attn_cuda.cu).
+ * CUDA backend (src/cache/, src/codec/codec_cuda.cu, src/attn/attn_cuda*.cu).
  * Owns: struct cuda_kv, the codec parameters passed to kernels by value (one struct per
  * head_dim: cuda_codec at 128, whose layout the tuned decode kernel's Params embed, and
  * cuda_codec256), the launcher prototypes that cross .cu files (no relocatable device
@@ -18,7 +18,7 @@
 
 
 /* Kernel-side codec parameters of a d = 128 cache (passed by value, ~700 bytes). Its
- * layout is part of the split kernel's Params (attn_cuda.cu): keep it as it is. */
+ * layout is part of the split kernel's Params<128> (attn_cuda_split.cuh): keep it as it is. */
 typedef struct {
     float cent[16];           /* tq centroids (c[k] = LM[k] / sqrt(d)), ascending */
     float bounds[15];         /* midpoints */
@@ -98,15 +98,20 @@ tqkv_status cuda_kv_advance_rows(cuda_kv *kv, int n);
 /* codec_cuda.cu: encode n tokens of every row into the planes at each row's col0. */
 tqkv_status codec_cuda_append(cuda_kv *kv, const float *k, const float *v, int n);
 
-/* attn_cuda_prefill.cu: decode attention of a cache whose head_dim is not the split
- * kernel's (d = 256): a float32 split-KV kernel (work items (row, kv head, split) with the
- * row's split length from its own length) and a merge, each row's length read from the
- * device row table (so a CUDA graph replay follows the rows).
+/* attn_cuda_wide.cu: decode attention of a cache whose head_dim is 256: the tensor-core split
+ * kernel (tq4 / tq3; TQKV_WIDE_TC=0 in the environment: the float32 one) or the float32 split
+ * kernel (the dense bf16 cache), work items (row, kv head, split) with the row's split length
+ * from its own length, and a merge, each row's length read from the device row table (so a
+ * CUDA graph replay follows the rows).
  * q, out: DEVICE [rows, q_heads, d]. ws == NULL: kv's own workspace (grown here); else at
  * least tqkv_cuda_attend_ws_bytes_dim(rows, q_heads, .., d) bytes: then nothing is
  * allocated, freed or waited for (capture safe). Asynchronous on kv->stream. */
 tqkv_status cuda_attend_decode_wide(cuda_kv *kv, const float *q, int q_heads, float scale,
                                     float *out, void *ws, size_t ws_bytes);
+/* attn_cuda_wide.cu: the d = 256 tensor-core kernels' one-time setup (shared-memory limits,
+ * persistent grids for `sms` SMs, the kernel choice from TQKV_WIDE_TC); tqkv_cuda_attn_setup
+ * runs it under its lock. */
+tqkv_status cuda_wide_setup(int sms);
 /* attn_cuda_prefill.cu: the masked kernels' one-time setup (their dynamic shared-memory
  * limits); thread safe, idempotent; tqkv_cuda_attn_setup runs it. */
 tqkv_status cuda_prefill_setup(void);

@@ -6,7 +6,7 @@
  *
  *   tqkv bench attention --device cuda [--batches 1,8,32] [--ctxs 4096,16384,65536,131072]
  *        [--formats bf16,tq4,tq3,tq4w] [--window 128] [--q-heads 32] [--kv-heads 8]
- *        [--reps 30] [--anchor anchor.json] [--out bench.json] [--json]
+ *        [--dim 128|256] [--reps 30] [--anchor anchor.json] [--out bench.json] [--json]
  *
  * Caches are filled on the GPU (random normal K/V, encoded by the GPU append). Each timed
  * repetition is preceded by a 256 MiB write that evicts L2, and timed with CUDA events
@@ -14,6 +14,9 @@
  * (K + V of every token at its format; tq4w: the newest `window` tokens at q8) / ms.
  * copy_gbps = 2 x bytes / ms of a 2 GiB cudaMemcpy device-to-device (read + write).
  * speedup = anchor_ms / ms (anchor: same batch and ctx, from --anchor).
+ * --dim 256: caches of head_dim 256 (Gemma 4's full layers; scale 1 / 16): tq on the
+ * tensor-core split kernel, or on the float32 one with TQKV_WIDE_TC=0 in the environment (the
+ * "kernel" key says which), bf16 on the float32 one. The anchor script measures d = 128 only.
  * Owns: the benchmark driver and its output. Must not: contain attention logic.
  */
 #include <cjson/cJSON.h>
@@ -90,7 +93,7 @@ typedef struct {
 int cmd_bench_attention_cuda(int argc, char **argv) {
     const char *device = "cuda", *batches_s = "1,8,32", *ctxs_s = "4096,16384,65536,131072";
     const char *formats_s = "bf16,tq4,tq3,tq4w", *anchor_path = NULL, *out_path = NULL;
-    int window = 128, qh = 32, kvh = 8, reps = 30, json = 0;
+    int window = 128, qh = 32, kvh = 8, reps = 30, json = 0, dim = 128;
     const arg_spec specs[] = {
         {"--device", ARG_STR, &device, "cuda"},
         {"--batches", ARG_STR, &batches_s, "comma list of rows (default 1,8,32)"},
@@ -99,6 +102,7 @@ int cmd_bench_attention_cuda(int argc, char **argv) {
         {"--window", ARG_INT, &window, "q8 window of tq4w (default 128)"},
         {"--q-heads", ARG_INT, &qh, "query heads (default 32)"},
         {"--kv-heads", ARG_INT, &kvh, "kv heads (default 8)"},
+        {"--dim", ARG_INT, &dim, "head_dim 128 or 256 (default 128)"},
         {"--reps", ARG_INT, &reps, "timed repetitions (default 30)"},
         {"--anchor", ARG_STR, &anchor_path, "anchor JSON [{batch, ctx, ms}] (scripts/cuda_anchor.py)"},
         {"--out", ARG_STR, &out_path, "write the JSON array here too"},
@@ -107,7 +111,8 @@ int cmd_bench_attention_cuda(int argc, char **argv) {
     if (args_parse("bench attention --device cuda", argc, argv, specs,
                    (int)(sizeof specs / sizeof specs[0])) != 0)
         return 2;
-    if (strcmp(device, "cuda") || reps < 1 || window < 1 || qh < 1 || kvh < 1 || qh % kvh) {
+    if (strcmp(device, "cuda") || reps < 1 || window < 1 || qh < 1 || kvh < 1 || qh % kvh ||
+        (dim != 128 && dim != 256)) {
         fprintf(stderr, "tqkv bench attention: bad arguments\n");
         return 2;
     }
@@ -150,6 +155,15 @@ int cmd_bench_attention_cuda(int argc, char **argv) {
     const double copy_gbps = 2.0 * (double)copy_bytes / (copy_ms * 1e-3) / 1e9;
     fprintf(stderr, "[bench cuda] %s, %d SMs, sm clock %d MHz, mem clock %d MHz, bus %d bit; "
             "d2d copy %.0f GB/s (read + write)\n", gpu, sms, smclk / 1000, memclk / 1000, bus, copy_gbps);
+    /* the tq kernel at this head dim: d = 128 always the tensor-core one */
+    const int wide_tc = dim == 256 ? tqkv_cuda_wide_tc() : 1;
+    if (wide_tc < 0) {
+        fprintf(stderr, "tqkv bench attention: %s\n", tqkv_last_error());
+        return 1;
+    }
+    if (dim == 256)
+        fprintf(stderr, "[bench cuda] head_dim 256: tq on the %s kernel, bf16 on the float32 one\n",
+                wide_tc ? "tensor-core" : "float32 (TQKV_WIDE_TC=0)");
 
     void *flush = NULL;
     const size_t flush_bytes = (size_t)256 << 20;
@@ -168,7 +182,7 @@ int cmd_bench_attention_cuda(int argc, char **argv) {
                 const bc_format *f = &fmts[fi];
                 tqkv_cache_config cfg = tqkv_cache_config_default();
                 cfg.kv_heads = kvh;
-                cfg.head_dim = 128;
+                cfg.head_dim = dim;
                 cfg.k_format = cfg.v_format = f->fmt;
                 cfg.seed = 12345;
                 cfg.window = f->window;
@@ -176,7 +190,7 @@ int cmd_bench_attention_cuda(int argc, char **argv) {
                 cuda_kv *kv = NULL;
                 float *kbuf = NULL, *vbuf = NULL, *q = NULL, *out = NULL;
                 const int chunk = N < 1024 ? N : 1024;
-                const size_t cn = (size_t)B * kvh * chunk * 128, qn = (size_t)B * qh * 128;
+                const size_t cn = (size_t)B * kvh * chunk * dim, qn = (size_t)B * qh * dim;
                 tqkv_status st = tqkv_cuda_kv_init(&kv, &cfg, f->bf16, B, N);
                 if (!st) st = tqkv_cuda_malloc((void **)&kbuf, cn * 4);
                 if (!st) st = tqkv_cuda_malloc((void **)&vbuf, cn * 4);
@@ -185,15 +199,15 @@ int cmd_bench_attention_cuda(int argc, char **argv) {
                 if (!st) st = tqkv_cuda_fill_normal(q, qn, 99, 1.0f);
                 for (int tt = 0, k = 0; !st && tt < N; tt += chunk, k++) {
                     const int n = N - tt < chunk ? N - tt : chunk;
-                    st = tqkv_cuda_fill_normal(kbuf, (size_t)B * kvh * n * 128, 1000 + 2 * k, 1.0f);
-                    if (!st) st = tqkv_cuda_fill_normal(vbuf, (size_t)B * kvh * n * 128, 1001 + 2 * k, 1.0f);
+                    st = tqkv_cuda_fill_normal(kbuf, (size_t)B * kvh * n * dim, 1000 + 2 * k, 1.0f);
+                    if (!st) st = tqkv_cuda_fill_normal(vbuf, (size_t)B * kvh * n * dim, 1001 + 2 * k, 1.0f);
                     if (!st) st = tqkv_cuda_kv_append(kv, kbuf, vbuf, n);
                 }
                 if (st) {
                     fprintf(stderr, "[bench cuda] %s batch %d ctx %d skipped: %s\n", f->name, B, N,
                             tqkv_last_error());
                 } else {
-                    const float scale = 1.0f / sqrtf(128.0f);
+                    const float scale = 1.0f / sqrtf((float)dim);
                     for (int rep = -3; !st && rep < reps; rep++) {
                         void *tm = NULL;
                         st = tqkv_cuda_fill_normal(flush, flush_bytes / 4, (uint64_t)rep, 1.0f);
@@ -210,8 +224,11 @@ int cmd_bench_attention_cuda(int argc, char **argv) {
                         qsort(t, (size_t)reps, sizeof(double), bc_cmp);
                         const double ms = t[reps / 2];
                         const int w = f->window < N ? f->window : N;
-                        double per_tok = f->bf16 ? 2.0 * 256 : f->fmt == TQKV_TQ4 ? 2.0 * 66 : 2.0 * 50;
-                        double bytes = (double)B * kvh * ((double)(N - w) * per_tok + (double)w * 2.0 * 136);
+                        /* K + V bytes per token and kv head (docs/FORMATS.md): bf16 2 d, tq4 d / 2 + 2,
+                         * tq3 3 d / 8 + 2, a q8 window token d + d / 16 */
+                        const double per_tok = f->bf16 ? 2.0 * 2 * dim : f->fmt == TQKV_TQ4 ? 2.0 * (dim / 2 + 2)
+                                                                                           : 2.0 * (3 * dim / 8 + 2);
+                        double bytes = (double)B * kvh * ((double)(N - w) * per_tok + (double)w * 2.0 * (dim + dim / 16));
                         if (!f->window) bytes = (double)B * kvh * (double)N * per_tok;
                         const double gbps = bytes / (ms * 1e-3) / 1e9;
                         const double speedup = anchor_ms / ms;
@@ -233,6 +250,9 @@ int cmd_bench_attention_cuda(int argc, char **argv) {
                         cJSON_AddNumberToObject(o, "window", f->window);
                         cJSON_AddNumberToObject(o, "q_heads", qh);
                         cJSON_AddNumberToObject(o, "kv_heads", kvh);
+                        cJSON_AddNumberToObject(o, "head_dim", dim);
+                        cJSON_AddStringToObject(o, "kernel", f->bf16 ? (dim == 256 ? "f32" : "tc")
+                                                             : wide_tc ? "tc" : "f32");
                         cJSON_AddNumberToObject(o, "reps", reps);
                         cJSON_AddStringToObject(o, "gpu", gpu);
                         cJSON_AddItemToArray(arr, o);

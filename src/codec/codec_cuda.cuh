@@ -1,6 +1,6 @@
 /*
  * codec_cuda.cuh - device helpers of the CUDA codec, shared (header-only, inline) by the
- * encode kernel (codec_cuda.cu) and the attention kernels (attn_cuda.cu).
+ * encode kernel (codec_cuda.cu) and the attention kernels (attn_cuda*.cu).
  * Owns: the warp-wide randomized Hadamard rotation of one d = 128 vector (lane l holds
  * elements 4l..4l+3; cw_*: the tuned decode kernels' copy, left as it is) and of one
  * d = 32 E vector (lane l holds elements E l..E l + E - 1; cw_*_n<E>, E = 4 or 8), bitwise
