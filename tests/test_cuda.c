@@ -693,7 +693,11 @@ static void decode_d256_case(int longr, uint64_t mix) {
         assert_int_equal(tqkv_cuda_malloc(&ws, wsb), TQKV_OK);
         gpu_decode(kv, dq, qh, scale, dout, ws, wsb, two, n);
         if (memcmp(two, gpu, n * 4)) fail_msg("attend_ws differs from attend");
-        assert_int_equal(tqkv_cuda_kv_attend_ws(kv, dq, qh, scale, dout, ws, wsb - 1), TQKV_ERANGE);
+        /* refused one byte below the figure for the rows as they are (wsb is for 2 more
+         * tokens, which may cross a split bound: device run 2 of the ninth session hit it) */
+        const size_t wsb_now = tqkv_cuda_attend_ws_bytes_dim(R, qh, maxlen, D);
+        assert_true(wsb_now <= wsb);
+        assert_int_equal(tqkv_cuda_kv_attend_ws(kv, dq, qh, scale, dout, ws, wsb_now - 1), TQKV_ERANGE);
         // ---- (c) batch invariance: each row alone -----------------------------------
         for (int i = 0; i < R; i++) {
             cuda_kv *k1 = NULL;
@@ -836,8 +840,13 @@ static void test_cuda_decode_d256_tc(void **state) {
     const double tol = d256_tol(6e-3);
     printf("d 256 decode kernel: %s\n", tqkv_cuda_wide_tc() > 0 ? "tensor cores" : "float32 (TQKV_WIDE_TC=0)");
     const tqkv_format fm[2] = {TQKV_TQ4, TQKV_TQ3};
+    /* TQKV_TEST_ITERS=N (racecheck runs, ~100x slower): iterations 0..N-1 and the claims
+     * case (4) only */
+    const char *ie = getenv("TQKV_TEST_ITERS");
+    const int iters = ie && *ie ? atoi(ie) : 7;
     for (int fi = 0; fi < 2; fi++)
         for (int it = 0; it < 7; it++) {
+            if (it >= iters && it != 4) continue;
             const int many = it == 4;
             const float vmul = it == 5 ? 1000.0f : it == 6 ? 1e-5f : 1.0f;
             const int G = it < 4 ? 1 << it : many ? 1 << rng_int(&r, 0, 3) : it == 5 ? 8 : 2;
