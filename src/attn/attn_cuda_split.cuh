@@ -98,6 +98,70 @@ __device__ __forceinline__ void grp_sync(int grp) {
     asm volatile("bar.sync %0, %1;" ::"r"(1 + grp), "n"(NW * 32) : "memory");
 }
 
+/* The online softmax's max step for a tile (heads 2c, 2c+1 of this lane; the D = 128 and 256
+ * tile bodies share it): the tile's scores sc against the running max m, the lazy rescale of
+ * m, l and the NM m-tiles of acc, and mu = the max the tile's weights are taken against. */
+template <int SUB, int NM>
+__device__ __forceinline__ void tile_rescale(const float (&sc)[SUB][4], float (&m)[2], float (&l)[2],
+                                             float (&acc)[NM][4], float (&mu)[2]) {
+    /* this lane's tokens (no -inf start: fmaxf drops a NaN operand, and every use of mx below
+     * compares or takes fmaxf, where an all-NaN mx acts as -inf does) */
+    float mx[2] = {fmaxf(sc[0][0], sc[0][2]), fmaxf(sc[0][1], sc[0][3])};
+#pragma unroll
+    for (int u = 1; u < SUB; u++) {
+        mx[0] = fmaxf(mx[0], fmaxf(sc[u][0], sc[u][2]));
+        mx[1] = fmaxf(mx[1], fmaxf(sc[u][1], sc[u][3]));
+    }
+    /* rescale only when some score exceeds its head's running max by more than RESCALE_SLACK:
+     * below that the weights are taken against the stale max, so they reach at most
+     * 2^RESCALE_SLACK (fp16 holds them at full precision); m, l and acc stay consistent,
+     * whichever max they refer to. So the tile's max over the warp is needed only then. On
+     * random data the exact rule rescaled about half the tiles (batch 32 / 64k); this one, 4%
+     * (Nsight, RESULTS). (A difference, exact near m: m + RESCALE_SLACK would round for |m| >=
+     * 2^25; an all-masked tile, -inf - m, does not rescale.) (Columns of unused heads vote
+     * too: their s' is the tokens' log2 f, their query being 0, so a V scale 2^4 above the
+     * running max's rescales; letting only heads in use vote cost the loop 40 instructions,
+     * SASS.) */
+    if (__any_sync(0xffffffffu, mx[0] - m[0] > RESCALE_SLACK || mx[1] - m[1] > RESCALE_SLACK)) {
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) {                     /* over the lanes of heads 2c, 2c+1 */
+            mx[0] = fmaxf(mx[0], __shfl_xor_sync(0xffffffffu, mx[0], o));
+            mx[1] = fmaxf(mx[1], __shfl_xor_sync(0xffffffffu, mx[1], o));
+        }
+        float al[2];
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const float mn = fmaxf(m[k], mx[k]);
+            mu[k] = mn;                                        /* >= M_START: finite or +inf */
+            al[k] = ex2(m[k] - mu[k]);
+            m[k] = mn;
+            l[k] *= al[k];
+        }
+#pragma unroll
+        for (int i = 0; i < NM; i++) {
+            acc[i][0] *= al[0]; acc[i][1] *= al[1];
+            acc[i][2] *= al[0]; acc[i][3] *= al[1];
+        }
+    } else {
+        mu[0] = m[0];
+        mu[1] = m[1];
+    }
+}
+
+/* The P^T fragments (B of PV) of this lane from the packed weights of its S rows A (plo) and B
+ * (phi): slots 2c, 2c+1 (b0) and 2c+8, 2c+9 (b1) of head g's column are rows A / B of the
+ * lanes with g = c and g = 4 + c (orders_match, layout256_ok), column g >> 1. (Columns g >= G,
+ * unused heads, are not zeroed: an mma column depends on its own B column only, and those
+ * heads' outputs are never stored.) */
+__device__ __forceinline__ void p_frags(uint32_t plo, uint32_t phi, int g, int c, uint32_t &b0, uint32_t &b1) {
+    const int src = 4 * c + (g >> 1);
+    const uint32_t x0 = __shfl_sync(0xffffffffu, plo, src), x1 = __shfl_sync(0xffffffffu, plo, src + 16);
+    const uint32_t x2 = __shfl_sync(0xffffffffu, phi, src), x3 = __shfl_sync(0xffffffffu, phi, src + 16);
+    const uint32_t sel = (g & 1) ? 0x7632u : 0x5410u;
+    b0 = prmt(x0, x1, sel);
+    b1 = prmt(x2, x3, sel);
+}
+
 /* NG groups of NW warps per CTA, ST stages per warp (tq). bf16: each warp's next tile is
  * loaded into registers (double buffer) while this one is computed. */
 template <int F, int NG, int ST, int D>
@@ -392,50 +456,8 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
                 }
             }
             // ---- online softmax (heads 2c, 2c+1) ----------------------------------------
-            /* this lane's tokens (no -inf start: fmaxf drops a NaN operand, and every use of mx
-             * below compares or takes fmaxf, where an all-NaN mx acts as -inf does) */
-            float mx[2] = {fmaxf(sc[0][0], sc[0][2]), fmaxf(sc[0][1], sc[0][3])};
-#pragma unroll
-            for (int u = 1; u < SUB; u++) {
-                mx[0] = fmaxf(mx[0], fmaxf(sc[u][0], sc[u][2]));
-                mx[1] = fmaxf(mx[1], fmaxf(sc[u][1], sc[u][3]));
-            }
             float mu[2];
-            /* rescale only when some score exceeds its head's running max by more than
-             * RESCALE_SLACK: below that the weights are taken against the stale max, so they
-             * reach at most 2^RESCALE_SLACK (fp16 holds them at full precision); m, l
-             * and acc stay consistent, whichever max they refer to. So the tile's max over the
-             * warp is needed only then. On random data the exact rule rescaled about half the
-             * tiles (batch 32 / 64k); this one, 4% (Nsight, RESULTS). */
-            /* (a difference, exact near m: m + RESCALE_SLACK would round for |m| >= 2^25;
-             * an all-masked tile, -inf - m, does not rescale) */
-            /* (columns of unused heads vote too: their s' is the tokens' log2 f, their query
-             * being 0, so a V scale 2^4 above the running max's rescales; letting only heads in
-             * use vote cost the loop 40 instructions, SASS) */
-            if (__any_sync(0xffffffffu, mx[0] - m[0] > RESCALE_SLACK || mx[1] - m[1] > RESCALE_SLACK)) {
-#pragma unroll
-                for (int o = 4; o < 32; o <<= 1) {             /* over the lanes of heads 2c, 2c+1 */
-                    mx[0] = fmaxf(mx[0], __shfl_xor_sync(0xffffffffu, mx[0], o));
-                    mx[1] = fmaxf(mx[1], __shfl_xor_sync(0xffffffffu, mx[1], o));
-                }
-                float al[2];
-#pragma unroll
-                for (int k = 0; k < 2; k++) {
-                    const float mn = fmaxf(m[k], mx[k]);
-                    mu[k] = mn;                                /* >= M_START: finite or +inf */
-                    al[k] = ex2(m[k] - mu[k]);
-                    m[k] = mn;
-                    l[k] *= al[k];
-                }
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    acc[i][0] *= al[0]; acc[i][1] *= al[1];
-                    acc[i][2] *= al[0]; acc[i][3] *= al[1];
-                }
-            } else {
-                mu[0] = m[0];
-                mu[1] = m[1];
-            }
+            tile_rescale<SUB, NM>(sc, m, l, acc, mu);
 #pragma unroll
             for (int u = 0; u < SUB; u++) {
                 float p[4];
@@ -450,17 +472,8 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
                     l[0] = fmaf(p[0], iA, fmaf(p[2], iB, l[0]));
                     l[1] = fmaf(p[1], iA, fmaf(p[3], iB, l[1]));
                 }
-                const uint32_t plo = pack2<F>(p[0], p[1]), phi = pack2<F>(p[2], p[3]);
-                // P^T fragment of head g', k slots of column c' (this lane: g' = g, c' = c):
-                /* slots 2c, 2c+1 (b0) and 2c+8, 2c+9 (b1): rows A / B of lanes with
-                 * g = c and g = 4 + c (orders_match), column g' >> 1 */
-                const int src = 4 * c + (g >> 1);
-                const uint32_t x0 = __shfl_sync(0xffffffffu, plo, src), x1 = __shfl_sync(0xffffffffu, plo, src + 16);
-                const uint32_t x2 = __shfl_sync(0xffffffffu, phi, src), x3 = __shfl_sync(0xffffffffu, phi, src + 16);
-                const uint32_t sel = (g & 1) ? 0x7632u : 0x5410u;
-                /* (columns g >= G, unused heads, are not zeroed: an mma column depends on its own
-                 * B column only, and those heads' outputs are never stored) */
-                const uint32_t b0 = prmt(x0, x1, sel), b1 = prmt(x2, x3, sel);
+                uint32_t b0, b1;
+                p_frags(pack2<F>(p[0], p[1]), pack2<F>(p[2], p[3]), g, c, b0, b1);
                 uint32_t va[8][4];
                 deq_v<F, SUB>(R, T, u, g, va);
                 if constexpr (F != F_BF16) {
@@ -564,37 +577,8 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
                 }
             }
             // ---- online softmax (heads 2c, 2c+1): as process ------------------------------
-            float mx[2] = {fmaxf(sc[0][0], sc[0][2]), fmaxf(sc[0][1], sc[0][3])};
-#pragma unroll
-            for (int u = 1; u < SUB; u++) {
-                mx[0] = fmaxf(mx[0], fmaxf(sc[u][0], sc[u][2]));
-                mx[1] = fmaxf(mx[1], fmaxf(sc[u][1], sc[u][3]));
-            }
             float mu[2];
-            if (__any_sync(0xffffffffu, mx[0] - m[0] > RESCALE_SLACK || mx[1] - m[1] > RESCALE_SLACK)) {
-#pragma unroll
-                for (int o = 4; o < 32; o <<= 1) {             /* over the lanes of heads 2c, 2c+1 */
-                    mx[0] = fmaxf(mx[0], __shfl_xor_sync(0xffffffffu, mx[0], o));
-                    mx[1] = fmaxf(mx[1], __shfl_xor_sync(0xffffffffu, mx[1], o));
-                }
-                float al[2];
-#pragma unroll
-                for (int k = 0; k < 2; k++) {
-                    const float mn = fmaxf(m[k], mx[k]);
-                    mu[k] = mn;                                /* >= M_START: finite or +inf */
-                    al[k] = ex2(m[k] - mu[k]);
-                    m[k] = mn;
-                    l[k] *= al[k];
-                }
-#pragma unroll
-                for (int i = 0; i < NM; i++) {
-                    acc[i][0] *= al[0]; acc[i][1] *= al[1];
-                    acc[i][2] *= al[0]; acc[i][3] *= al[1];
-                }
-            } else {
-                mu[0] = m[0];
-                mu[1] = m[1];
-            }
+            tile_rescale<SUB, NM>(sc, m, l, acc, mu);
 #pragma unroll
             for (int u = 0; u < SUB; u++) {
                 float p[4];
@@ -606,14 +590,8 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
                     l[0] = fmaf(p[0], iA, fmaf(p[2], iB, l[0]));
                     l[1] = fmaf(p[1], iA, fmaf(p[3], iB, l[1]));
                 }
-                const uint32_t plo = pack2<F>(p[0], p[1]), phi = pack2<F>(p[2], p[3]);
-                /* the P^T fragments as process (S rows c, c + 4 are P's slots of column c:
-                 * layout256_ok) */
-                const int src = 4 * c + (g >> 1);
-                const uint32_t x0 = __shfl_sync(0xffffffffu, plo, src), x1 = __shfl_sync(0xffffffffu, plo, src + 16);
-                const uint32_t x2 = __shfl_sync(0xffffffffu, phi, src), x3 = __shfl_sync(0xffffffffu, phi, src + 16);
-                const uint32_t sel = (g & 1) ? 0x7632u : 0x5410u;
-                const uint32_t b0 = prmt(x0, x1, sel), b1 = prmt(x2, x3, sel);
+                uint32_t b0, b1;      /* S rows c, c + 4 are P's slots of column c: layout256_ok */
+                p_frags(pack2<F>(p[0], p[1]), pack2<F>(p[2], p[3]), g, c, b0, b1);
                 float tfv[4] = {0.0f, 0.0f, 0.0f, 0.0f};  /* the slots' factors (window tokens) */
                 if (slow) {
 #pragma unroll
