@@ -244,25 +244,7 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
     if (fmt == F_TQ4) qprep_kernel<F_TQ4><<<qgrid, 128, 0, kv->stream>>>(q, qp, kv->kc, mul, nvi);
     else if (fmt == F_TQ3) qprep_kernel<F_TQ3><<<qgrid, 128, 0, kv->stream>>>(q, qp, kv->kc, mul, nvi);
     else qprep_kernel<F_BF16><<<qgrid, 128, 0, kv->stream>>>(q, qp, kv->kc, mul, nvi);
-    Params<D> P;
-    P.base.kb = kv->kd; P.base.vb = kv->vd;
-    P.base.ksb = kv->ks; P.base.vsb = kv->vs;
-    P.ring.kw = kv->kw; P.ring.vw = kv->vw;
-    P.ring.kws = kv->kws; P.ring.vws = kv->vws;
-    P.ring.ring = kv->ring;
-    P.rows = kv->d_rows;
-    P.q = qp;
-    P.po = po;
-    P.pml = pml;
-    P.nrows = kv->rows;
-    P.kvh = kv->kvh;
-    P.G = q_heads / kv->kvh;
-    P.qh = q_heads;
-    P.cap = kv->cap;
-    P.nsmax = nsmax;
-    P.work = kv->d_work;
-    P.kc = kv->kc;
-    P.vc = kv->vc;
+    const Params<D> P = split_params<D>(kv, kv->kc, kv->vc, qp, po, pml, q_heads, nsmax);
     /* persistent: the resident CTAs, at most one per possible work item (a CTA's groups
      * take items gridDim.x apart, so the first items land on different SMs) */
     const SplitCfg *k = &g_cfg[fmt];

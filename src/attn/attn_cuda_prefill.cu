@@ -191,17 +191,7 @@ __global__ void pqprep_kernel(const float *__restrict__ q, float *__restrict__ o
     const int v = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (v >= n) return;
     float x[E];
-#pragma unroll
-    for (int j = 0; j < E / 4; j++) {
-        const float4 in = reinterpret_cast<const float4 *>(q + (size_t)v * D + E * lane)[j];
-        x[4 * j] = in.x; x[4 * j + 1] = in.y; x[4 * j + 2] = in.z; x[4 * j + 3] = in.w;
-    }
-    if (rotate) {
-        float s[E];
-#pragma unroll
-        for (int k = 0; k < E; k++) s[k] = C.signs[E * lane + k];
-        cw_rotate_n<E>(x, s, C.inv, lane);
-    }
+    cw_load_rotate<E>(q + (size_t)v * D, C, rotate, lane, x);
 #pragma unroll
     for (int j = 0; j < E / 4; j++)
         reinterpret_cast<float4 *>(out + (size_t)v * D + E * lane)[j] =

@@ -68,6 +68,35 @@ template <int D> struct Params {
     typename cuda_codec_of<D>::type kc, vc;  /* the kernel reads kc.cent (K and V share the format) */
 };
 
+/* The kernel's parameters for cache kv (both head dims' launchers): its planes, q8 ring and
+ * device row table, the prepared queries qp and the partials po / pml of split stride nsmax,
+ * and kv's codec (kc / vc: cuda_kv.kc / vc at 128, kc256 / vc256 at 256). */
+template <int D>
+inline Params<D> split_params(const cuda_kv *kv, const typename cuda_codec_of<D>::type &kc,
+                              const typename cuda_codec_of<D>::type &vc, const uint16_t *qp, float *po,
+                              float2 *pml, int q_heads, int nsmax) {
+    Params<D> P;
+    P.base.kb = kv->kd; P.base.vb = kv->vd;
+    P.base.ksb = kv->ks; P.base.vsb = kv->vs;
+    P.ring.kw = kv->kw; P.ring.vw = kv->vw;
+    P.ring.kws = kv->kws; P.ring.vws = kv->vws;
+    P.ring.ring = kv->ring;
+    P.rows = kv->d_rows;
+    P.q = qp;
+    P.po = po;
+    P.pml = pml;
+    P.nrows = kv->rows;
+    P.kvh = kv->kvh;
+    P.G = q_heads / kv->kvh;
+    P.qh = q_heads;
+    P.cap = kv->cap;
+    P.nsmax = nsmax;
+    P.work = kv->d_work;
+    P.kc = kc;
+    P.vc = vc;
+    return P;
+}
+
 constexpr int NW = 4;                         /* warps per group (one work item at a time) */
 constexpr int ATTN_MAX_ROWS = CUDA_MAX_ROWS;  /* rows of one decode attention call (s_pre) */
 /* Per-warp shared area: tq: ST stages; bf16: an exchange slot of the merge (warps 0, 1). */

@@ -57,17 +57,7 @@ __global__ void wprep_kernel(const float *__restrict__ q, void *__restrict__ out
     const int wv = threadIdx.x >> 5, v = blockIdx.x * 4 + wv, lane = threadIdx.x & 31;
     if (v >= n) return;
     float x[E];
-#pragma unroll
-    for (int j = 0; j < E / 4; j++) {
-        const float4 in = reinterpret_cast<const float4 *>(q + (size_t)v * WD + E * lane)[j];
-        x[4 * j] = in.x; x[4 * j + 1] = in.y; x[4 * j + 2] = in.z; x[4 * j + 3] = in.w;
-    }
-    if (rotate) {
-        float s[E];
-#pragma unroll
-        for (int k = 0; k < E; k++) s[k] = C.signs[E * lane + k];
-        cw_rotate_n<E>(x, s, C.inv, lane);
-    }
+    cw_load_rotate<E>(q + (size_t)v * WD, C, rotate, lane, x);
     if constexpr (OUT < 0) {
         float *const o = reinterpret_cast<float *>(out) + (size_t)v * WD + E * lane;
 #pragma unroll
@@ -461,25 +451,7 @@ static void tc_partials(const cuda_kv *kv, const float *q, int q_heads, float sc
                         uint16_t *qp, int nsmax) {
     const int nvi = kv->rows * q_heads;
     wprep_kernel<F><<<(unsigned)((nvi + 3) / 4), 128, 0, kv->stream>>>(q, qp, kv->kc256, 1, scale * LOG2E, nvi);
-    Params<WD> P;
-    P.base.kb = kv->kd; P.base.vb = kv->vd;
-    P.base.ksb = kv->ks; P.base.vsb = kv->vs;
-    P.ring.kw = kv->kw; P.ring.vw = kv->vw;
-    P.ring.kws = kv->kws; P.ring.vws = kv->vws;
-    P.ring.ring = kv->ring;
-    P.rows = kv->d_rows;
-    P.q = qp;
-    P.po = po;
-    P.pml = pml;
-    P.nrows = kv->rows;
-    P.kvh = kv->kvh;
-    P.G = q_heads / kv->kvh;
-    P.qh = q_heads;
-    P.cap = kv->cap;
-    P.nsmax = nsmax;
-    P.work = kv->d_work;
-    P.kc = kv->kc256;
-    P.vc = kv->vc256;
+    const Params<WD> P = split_params<WD>(kv, kv->kc256, kv->vc256, qp, po, pml, q_heads, nsmax);
     /* persistent: the resident CTAs, at most one per possible work item (a CTA's groups take
      * items gridDim.x apart, so the first items land on different SMs) */
     const WideCfg *k = &g_wcfg[F];

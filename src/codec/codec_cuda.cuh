@@ -89,6 +89,24 @@ __device__ __forceinline__ void cw_rotate_n(float (&x)[E], const float (&s)[E], 
     for (int k = 0; k < E; k++) x[k] = __fmul_rn(x[k], inv);
 }
 
+/* One warp's vector row [32 E] (16-byte aligned) into x, lane l holding elements E l .. E l
+ * + E - 1, rotated with codec C (its signs and 1 / sqrt(d)) when `rotate`. */
+template <int E, class Codec>
+__device__ __forceinline__ void cw_load_rotate(const float *row, const Codec &C, int rotate, int lane,
+                                               float (&x)[E]) {
+#pragma unroll
+    for (int j = 0; j < E / 4; j++) {
+        const float4 in = reinterpret_cast<const float4 *>(row + E * lane)[j];
+        x[4 * j] = in.x; x[4 * j + 1] = in.y; x[4 * j + 2] = in.z; x[4 * j + 3] = in.w;
+    }
+    if (rotate) {
+        float s[E];
+#pragma unroll
+        for (int k = 0; k < E; k++) s[k] = C.signs[E * lane + k];
+        cw_rotate_n<E>(x, s, C.inv, lane);
+    }
+}
+
 /* x <- D H x / sqrt(d) (codec_unrotate). */
 template <int E>
 __device__ __forceinline__ void cw_unrotate_n(float (&x)[E], const float (&s)[E], float inv, int lane) {
