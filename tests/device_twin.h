@@ -122,6 +122,22 @@ static inline void expect_close(const char *what, const float *g, const float *c
                  unexplained);
 }
 
+/* Greedy decode of both twins (GPU sg, CPU sc; R rows) for `steps` steps from the CPU's logits
+ * of the last position, last [R, V] rows `stride` floats apart: both take the CPU's greedy
+ * token, so they stay on the same sequence. Step t's logits go to lg / lc + t R V. */
+static inline void twin_greedy(tqkv_model_state *sg, tqkv_model_state *sc, int R, const float *last,
+                               size_t stride, int steps, float *lg, float *lc) {
+    int32_t next[16];
+    assert_true(R <= 16);
+    for (int i = 0; i < R; i++) next[i] = argmax(last + (size_t)i * stride, TWIN_V);
+    for (int t = 0; t < steps; t++) {
+        float *g = lg + (size_t)t * R * TWIN_V, *c = lc + (size_t)t * R * TWIN_V;
+        OK(tqkv_model_decode(TWIN_MODEL, sg, next, g));
+        OK(tqkv_model_decode(TWIN_MODEL, sc, next, c));
+        for (int i = 0; i < R; i++) next[i] = argmax(c + (size_t)i * TWIN_V, TWIN_V);
+    }
+}
+
 /* Lengths of the L layer sections and the recurrent one ([L]) of a "TQKVMS02" export. */
 static inline void sections(const uint8_t *b, size_t len, int L, uint64_t *out) {
     if (len < 16 || memcmp(b, "TQKVMS02", 8)) fail_msg("export: no TQKVMS02 header");

@@ -100,7 +100,7 @@ static void parity(tqkv_format f, int N, double tol_med, double tol_worst) {
     const int V = g_V;
     test_rng r;
     rng_init(&r, g_seed ^ 0x9a41 ^ (uint64_t)f * 77 ^ (uint64_t)N);
-    int32_t *tok = malloc(sizeof(int32_t) * (size_t)R * N), next[R], ext[R * X];
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)R * N), ext[R * X];
     random_tokens(&r, tok, (size_t)R * N);
     random_tokens(&r, ext, (size_t)R * X);
     const size_t big = (size_t)R * (N > X + STEPS ? N : X + STEPS) * V;
@@ -112,13 +112,7 @@ static void parity(tqkv_format f, int N, double tol_med, double tol_worst) {
     snprintf(what, sizeof what, "%s: prefill %d x %d positions", tqkv_format_name(f), R, N);
     expect_close(what, lg, lc, R * N, tol_med, tol_worst);
     /* decode: both take the CPU's greedy token, so they stay on the same sequence */
-    for (int i = 0; i < R; i++) next[i] = argmax(lc + ((size_t)i * N + N - 1) * V, V);
-    for (int t = 0; t < STEPS; t++) {
-        float *g = lg + (size_t)t * R * V, *c = lc + (size_t)t * R * V;
-        OK(tqkv_model_decode(g_m, sg, next, g));
-        OK(tqkv_model_decode(g_m, sc, next, c));
-        for (int i = 0; i < R; i++) next[i] = argmax(c + (size_t)i * V, V);
-    }
+    twin_greedy(sg, sc, R, lc + (size_t)(N - 1) * V, (size_t)N * V, STEPS, lg, lc);
     snprintf(what, sizeof what, "%s: decode %d steps x %d rows", tqkv_format_name(f), STEPS, R);
     expect_close(what, lg, lc, STEPS * R, tol_med, tol_worst);
     /* extend (the masked kernel over a bounded sliding cache), then decode again */
@@ -126,13 +120,7 @@ static void parity(tqkv_format f, int N, double tol_med, double tol_worst) {
     OK(tqkv_model_extend(g_m, sc, ext, X, TQKV_LOGITS_ALL, lc));
     snprintf(what, sizeof what, "%s: extend %d x %d", tqkv_format_name(f), R, X);
     expect_close(what, lg, lc, R * X, tol_med, tol_worst);
-    for (int i = 0; i < R; i++) next[i] = argmax(lc + ((size_t)i * X + X - 1) * V, V);
-    for (int t = 0; t < STEPS; t++) {
-        float *g = lg + (size_t)t * R * V, *c = lc + (size_t)t * R * V;
-        OK(tqkv_model_decode(g_m, sg, next, g));
-        OK(tqkv_model_decode(g_m, sc, next, c));
-        for (int i = 0; i < R; i++) next[i] = argmax(c + (size_t)i * V, V);
-    }
+    twin_greedy(sg, sc, R, lc + (size_t)(X - 1) * V, (size_t)X * V, STEPS, lg, lc);
     snprintf(what, sizeof what, "%s: decode after extend %d steps x %d rows", tqkv_format_name(f),
              STEPS, R);
     expect_close(what, lg, lc, STEPS * R, tol_med, tol_worst);

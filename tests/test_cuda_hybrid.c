@@ -56,7 +56,7 @@ static void parity(tqkv_format f, double tol_med, double tol_worst) {
     const int V = g_V;
     test_rng r;
     rng_init(&r, g_seed ^ 0x9a41 ^ (uint64_t)f * 77);
-    int32_t tok[R * N], next[R];
+    int32_t tok[R * N];
     random_tokens(&r, tok, (size_t)R * N);
     float *lg = malloc(sizeof(float) * (size_t)R * N * V), *lc = malloc(sizeof(float) * (size_t)R * N * V);
     tqkv_model_state *sg = new_state(R, f, 1), *sc = new_state(R, f, 0);
@@ -66,13 +66,7 @@ static void parity(tqkv_format f, double tol_med, double tol_worst) {
     snprintf(what, sizeof what, "%s: prefill %d x %d positions", tqkv_format_name(f), R, N);
     expect_close(what, lg, lc, R * N, tol_med, tol_worst);
     /* decode: both take the CPU's greedy token, so they stay on the same sequence */
-    for (int i = 0; i < R; i++) next[i] = argmax(lc + ((size_t)i * N + N - 1) * V, V);
-    for (int t = 0; t < STEPS; t++) {
-        float *g = lg + (size_t)t * R * V, *c = lc + (size_t)t * R * V;
-        OK(tqkv_model_decode(g_model, sg, next, g));
-        OK(tqkv_model_decode(g_model, sc, next, c));
-        for (int i = 0; i < R; i++) next[i] = argmax(c + (size_t)i * V, V);
-    }
+    twin_greedy(sg, sc, R, lc + (size_t)(N - 1) * V, (size_t)N * V, STEPS, lg, lc);
     snprintf(what, sizeof what, "%s: decode %d steps x %d rows", tqkv_format_name(f), STEPS, R);
     expect_close(what, lg, lc, STEPS * R, tol_med, tol_worst);
     const int want[R] = {N + STEPS, N + STEPS, N + STEPS};
