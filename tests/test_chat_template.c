@@ -458,6 +458,9 @@ static void test_errors(void **state) {
     /* raise_exception fails render with the template's own message */
     expect_fail("{{ raise_exception('Conversation roles must alternate') }}", TQKV_EINVAL, NULL);
     assert_string_equal(tqkv_last_error(), "Conversation roles must alternate");
+    /* an empty one still gives a message (the chat-template fuzzer found it empty) */
+    expect_fail("{{ raise_exception() }}", TQKV_EINVAL, "raise_exception() without a message");
+    expect_fail("{{ raise_exception('') }}", TQKV_EINVAL, "raise_exception() without a message");
     /* runtime errors */
     expect_fail("{{ u.x }}", TQKV_EINVAL, "'u' is undefined");
     expect_fail("{{ 'a' + 1 }}", TQKV_EINVAL, "unsupported operand");

@@ -878,8 +878,10 @@ chat_value chat_ev_func(chat_ev *E, const chat_node *at, int func, const chat_va
     switch (func) {
     case CF_RAISE: {
         chat_value m = n_args > 0 ? chat_ev_to_str(E, args[0]) : chat_str("", 0);
-        /* the template's own message, verbatim (it is what the caller shows to users) */
-        tqkv_fail(TQKV_EINVAL, "%.*s", (int)(m.u.str.n > 400 ? 400 : m.u.str.n), m.u.str.s);
+        /* the template's own message, verbatim (it is what the caller shows to users); an
+         * empty one (raise_exception() or raise_exception('')) still says what failed */
+        if (m.u.str.n == 0) tqkv_fail(TQKV_EINVAL, "chat template: raise_exception() without a message");
+        else tqkv_fail(TQKV_EINVAL, "%.*s", (int)(m.u.str.n > 400 ? 400 : m.u.str.n), m.u.str.s);
         E->err = TQKV_EINVAL;
         longjmp(E->jb, 1);
     }
