@@ -11,13 +11,31 @@
 # window; f32, the dense bf16 baseline, at rows 8), compute-sanitizer memcheck of
 # test_cuda_gemma4's spec-round and row cases. Logs in a work folder packed into
 # $OUT/results.tgz after every step (at most 8 files come back).
-#   Usage: cd PACK && OUT=$OUT ./cuda_gemma4_device.sh
+# Mode graphs: test_cuda_gemma4, test_cuda_model's graph and device-pick cases on the fixture
+# (TQKV_TEST_MODEL; its parity bounds are Qwen3's, so the rest of it is not run here) and
+# bench model with decode graphs off and on, below the sliding window (ctx 128 / 400) and
+# past it (4096), rows 1 / 8 / 32, tq4.
+#   Usage: cd PACK && OUT=$OUT ./cuda_gemma4_device.sh [full|graphs]
 set -u -o pipefail
+MODE=${1:-full}
 mkdir -p shared/models && tar xJf gemma4.tar.xz -C shared/models || exit 1
 export TQKV_SHARED=$PWD/shared
 M=shared/models/gemma4-code-30m; TXT=heldout-150k.txt
 NAME=gemma4; . "$(dirname "$0")/cuda_run_common.sh"
 step 300 test_cuda_gemma4 ./test_cuda_gemma4 >"$W/test_cuda_gemma4.log" 2>&1
+if [ "$MODE" = graphs ]; then
+  for f in 'test_graphs*' 'test_pick_model*'; do
+    step 300 "test_cuda_model_${f%\*}" env TQKV_TEST_MODEL="$M" TQKV_TEST_FILTER="$f" ./test_cuda_model \
+      >"$W/test_cuda_model_${f%\*}.log" 2>&1
+  done
+  for rows in 1 8 32; do
+    step 120 "bench_graphs_rows$rows" ./tqkv bench model --device cuda --model "$M" --ctx 128,400,4096 \
+      --kv tq4 --rows $rows --gen 64 --reps 2 --graphs 0,1 --json >"$W/bench_graphs_rows$rows.json" \
+      2>"$W/bench_graphs_rows$rows.err"
+  done
+  cp "$LOG" "$OUT/gemma4.log"
+  exit 0
+fi
 for kv in f32 tq4 tq3; do for dev in cuda cpu; do
   step 90 "ppl_${dev}_$kv" ./tqkv ppl --device $dev --model "$M" --text "$TXT" --ctx 2048 --max-windows 4 \
     --kv "$kv" --threads 16 --json >"$W/ppl_${dev}_$kv.txt" 2>"$W/ppl_${dev}_$kv.err"

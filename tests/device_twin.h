@@ -2,7 +2,7 @@
  * device_twin.h - helpers for the tests that run a model state on the device beside its CPU
  * twin (test_cuda_hybrid.c, test_cuda_gemma4.c): state params and init, random tokens,
  * offsets / logits / export comparisons, the GPU-vs-CPU logits bound, the sections of a
- * "TQKVMS02" export, the decode-graph counters and twin decode steps.
+ * "TQKVMS02" export, the decode-graph counters, graph twins and twin decode steps.
  * The includer defines TWIN_MODEL (the model the current test runs), TWIN_V (its vocab) and
  * TWIN_THREADS (CPU threads per state) first.
  * Must not: hide assertions about the behaviour under test (they stay in the tests).
@@ -157,6 +157,37 @@ static inline model_cuda_graph_stats graph_stats(const tqkv_model_state *s) {
     model_cuda_graph_stats gs;
     model_cuda_graph_stats_get(s->gpu, &gs);
     return gs;
+}
+
+/* Graph twins: s[0] runs its decode steps kernel by kernel, s[1] as CUDA graphs, both on
+ * `rows` rows prefilled with prompt [rows, n] (format f, q8 window `window`).
+ * TQKV_CUDA_GRAPHS is unset meanwhile (=0 would make the graph twin a second
+ * kernel-by-kernel one); twin_graphs_free puts it back and frees both. */
+typedef struct {
+    tqkv_model_state *s[2];
+    char *env; /* TQKV_CUDA_GRAPHS as it was, or NULL */
+} twin_graphs;
+
+static inline twin_graphs twin_graphs_init(tqkv_format f, int window, int rows,
+                                           const int32_t *prompt, int n) {
+    twin_graphs t;
+    t.env = getenv("TQKV_CUDA_GRAPHS") ? strdup(getenv("TQKV_CUDA_GRAPHS")) : NULL;
+    unsetenv("TQKV_CUDA_GRAPHS");
+    for (int tw = 0; tw < 2; tw++) {
+        tqkv_model_state_params p = hparams(1, f, rows);
+        p.device_graphs = tw;
+        p.window = window;
+        t.s[tw] = mk(&p);
+        OK(tqkv_model_prefill(TWIN_MODEL, t.s[tw], prompt, NULL, n, TQKV_LOGITS_NONE, NULL));
+    }
+    return t;
+}
+
+static inline void twin_graphs_free(twin_graphs *t) {
+    if (t->env) setenv("TQKV_CUDA_GRAPHS", t->env, 1);
+    free(t->env);
+    tqkv_model_state_free(t->s[0]);
+    tqkv_model_state_free(t->s[1]);
 }
 
 static inline void twin_steps(tqkv_model_state *const *s, int steps, test_rng *r, float *l0,

@@ -362,16 +362,8 @@ static void graphs_case(tqkv_format f) {
     rng_init(&r, g_seed ^ 0x69a9 ^ (uint64_t)f);
     int32_t prompt[R * N];
     random_tokens(&r, prompt, (size_t)R * N);
-    /* TQKV_CUDA_GRAPHS=0 would make the graph twin a second kernel-by-kernel one */
-    char *env = getenv("TQKV_CUDA_GRAPHS") ? strdup(getenv("TQKV_CUDA_GRAPHS")) : NULL;
-    unsetenv("TQKV_CUDA_GRAPHS");
-    tqkv_model_state *s[2];
-    for (int tw = 0; tw < 2; tw++) {
-        tqkv_model_state_params p = hparams(1, f, R);
-        p.device_graphs = tw;
-        s[tw] = mk(&p);
-        OK(tqkv_model_prefill(g_model, s[tw], prompt, NULL, N, TQKV_LOGITS_NONE, NULL));
-    }
+    twin_graphs tg = twin_graphs_init(f, 0, R, prompt, N);
+    tqkv_model_state *const *s = tg.s;
     float *l0 = malloc(sizeof(float) * R * (size_t)g_V), *l1 = malloc(sizeof(float) * R * (size_t)g_V);
     assert_int_equal(graph_stats(s[0]).enabled, 0);
     assert_int_equal(graph_stats(s[1]).enabled, 1);
@@ -394,10 +386,7 @@ static void graphs_case(tqkv_format f) {
     printf("%s: 11 decode steps with graphs == kernel by kernel, bitwise (graphs: %llu captured, "
            "%llu replayed, %llu direct)\n", tqkv_format_name(f), (unsigned long long)ga.captures,
            (unsigned long long)ga.replays, (unsigned long long)ga.direct);
-    if (env) setenv("TQKV_CUDA_GRAPHS", env, 1);
-    free(env);
-    tqkv_model_state_free(s[0]);
-    tqkv_model_state_free(s[1]);
+    twin_graphs_free(&tg);
     free(l0);
     free(l1);
 }

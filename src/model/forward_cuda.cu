@@ -611,14 +611,14 @@ static mc_graph_key graph_key(model_cuda *g, int logits, size_t attn_ws, int pic
     k.logits = logits;
     k.attn_ws = attn_ws;
     k.pick = pick;
-    k.win_tok = g->m->g4 ? g4_cuda_win_tokens(g, 1) : 0;
+    k.win_ws = g->m->g4 ? mc_attend_ws_bytes(g, g4_cuda_win_tokens(g, 1)) : 0;
     k.gen = g->gen;
     return k;
 }
 
 static int graph_key_eq(const mc_graph_key *a, const mc_graph_key *b) {
     return a->valid && b->valid && a->rows == b->rows && a->logits == b->logits &&
-           a->attn_ws == b->attn_ws && a->pick == b->pick && a->win_tok == b->win_tok &&
+           a->attn_ws == b->attn_ws && a->pick == b->pick && a->win_ws == b->win_ws &&
            a->gen == b->gen;
 }
 

@@ -350,7 +350,7 @@ __global__ void g4_softcap_kernel(float *__restrict__ lg, size_t n, float cap) {
 
 /* Decode attention (q, out [R, NH, hd]) of sliding layer cache kv over the newest `window`
  * keys of each row as it stood `back` tokens ago. Capturable (a view and the decode
- * kernel); the view's longest row is in the graph key (win_tok). */
+ * kernel); the split bound of the view's longest row is in the graph key (win_ws). */
 static tqkv_status view_attend(model_cuda *g, cuda_kv *kv, int back, const float *q, int NH,
                                float *out) {
     cuda_kv *v = NULL;

@@ -71,8 +71,11 @@ typedef struct {
                           * the attention's split count (its grid and partials layout) */
     int      pick;       /* the device pick's record stride (its kernel and the records'
                           * copy are in the step; the lm_head too), 0 = no pick */
-    int win_tok;         /* Gemma 4: the longest row of the sliding layers' window views
-                          * (their decode attention's split bound), else 0 */
+    size_t   win_ws;     /* Gemma 4: mc_attend_ws_bytes of the sliding layers' window
+                          * views' longest row, i.e. their decode attention's split bound
+                          * (the launch shape, not the length: below the window the views
+                          * grow every step, their split bound only at 256-token steps),
+                          * else 0 */
     uint64_t gen;        /* model_cuda.gen: every buffer and cache storage pointer */
 } mc_graph_key;
 
@@ -242,8 +245,8 @@ extern "C" tqkv_status g4_cuda_forward_queue(model_cuda *g, int n, int as_decode
 /* After a forward outside a spec round: every own sliding layer keeps its newest window +
  * window_slack tokens (batch_slide.c's tqkv_batch_drop_oldest on the device caches). */
 extern "C" tqkv_status g4_cuda_drop_oldest(model_cuda *g);
-/* The graph key's win_tok: the longest row of the sliding layers' window views in a step
- * that appends n tokens. */
+/* The longest row of the sliding layers' window views in a step that appends n tokens
+ * (the graph key takes its attention workspace figure, win_ws). */
 extern "C" int g4_cuda_win_tokens(const model_cuda *g, int n);
 
 /* state_cuda.cu: room in the spec round's snapshots for n more tokens per row (a bigger
