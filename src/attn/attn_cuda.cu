@@ -17,6 +17,7 @@
 #include <cuda_fp16.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,6 +132,10 @@ extern "C" tqkv_status tqkv_cuda_attn_setup(void) {
 }
 
 static tqkv_status attn_cuda_setup_locked(void) {
+#if TQKV_TQ3_SOL
+    fprintf(stderr, "tqkv: built with the TQKV_TQ3_SOL=%d probe: tq3 decode attention is wrong "
+            "(timing only)\n", TQKV_TQ3_SOL);
+#endif
     cudaError_t e = cudaSuccess;
     int dev = 0, sms = 0;
     if (e == cudaSuccess) e = cudaGetDevice(&dev);

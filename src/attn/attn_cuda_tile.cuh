@@ -45,6 +45,15 @@
 #ifndef TQKV_COPY_TOK32
 #define TQKV_COPY_TOK32 1     /* bulk copies addressed from a 32-bit token index (stage_issue) */
 #endif
+/* Speed-of-light probes for tq3, timing only: their attention is WRONG (the tests fail), so
+ * they are never a default and `attend` says so once on stderr. 1: lookup words as cheap as
+ * any tq3 layout could make them (one select per word merges the 1-bit plane's bits in
+ * place, no transpose, no shift: K 4 and V 9 instructions per 16 lookup bytes, against 14
+ * and 23), i.e. the most a new tq3 byte layout could gain; 2: that and no codebook lookups
+ * (the byte permute kept, the shared-memory load dropped), i.e. what the lookups cost. */
+#ifndef TQKV_TQ3_SOL
+#define TQKV_TQ3_SOL 0
+#endif
 
 namespace {
 
@@ -246,6 +255,14 @@ __device__ __forceinline__ uint32_t tlook(const Tab &T, uint32_t w, int k, int t
     static_assert(TAB_BASE == 1024, "the immediate above");
     return v;
 }
+/* tq3's lookups (tlook, or under the TQKV_TQ3_SOL=2 probe the byte permute alone) */
+__device__ __forceinline__ uint32_t tlook3(const Tab &T, uint32_t w, int k, int t) {
+#if TQKV_TQ3_SOL >= 2
+    return prmt(w, T.L | (uint32_t)(128 * t), 0x7604u | (uint32_t)k << 4);
+#else
+    return tlook(T, w, k, t);
+#endif
+}
 template <int F> __device__ __forceinline__ uint32_t tab_entry(const float *cent, int e, int t) {
     float a, b;
     if constexpr (F == F_TQ4) {
@@ -312,7 +329,12 @@ __device__ __forceinline__ void tq3_words(uint32_t W0, uint32_t W1, uint32_t X, 
  * and W1 (bytes 4..7: dims 8k + 4 + j), and its 1-bit plane word H. tq3_hi_t(H) is the X
  * that tq3_words wants, so byte j of word w holds dims (8w + j, 8w + 4 + j) (kdim). */
 __device__ __forceinline__ void tq3_kwords(uint32_t W0, uint32_t W1, uint32_t H, uint32_t y[4]) {
-#if TQKV_TQ3_CD
+#if TQKV_TQ3_SOL
+    y[0] = bsel(H, W0, 0x30303030u);  /* probe: the high bits taken where they lie */
+    y[1] = bsel(H, W0, 0x0C0C0C0Cu);
+    y[2] = bsel(H, W1, 0x30303030u);
+    y[3] = bsel(H, W1, 0x0C0C0C0Cu);
+#elif TQKV_TQ3_CD
     /* tables C / D take two neighbouring 2-bit fields where the plane has them, so the words
      * need no interleave: X = tq3_hi_t(H) has in byte j, bit k + 4 h, the high bit of the
      * field k of W_h's byte j, and each word is one select (C: fields 0, 1, high bits at 4, 5;
@@ -332,7 +354,15 @@ __device__ __forceinline__ void tq3_kwords(uint32_t W0, uint32_t W1, uint32_t H,
  * holds dim 8k + 4h + j of token 0 (low nibble) and of token 1 (high nibble). */
 __device__ __forceinline__ void tq3_vwords(uint32_t W0, uint32_t W1, uint32_t H0, uint32_t H1, uint32_t sh,
                                            uint32_t y[4]) {
-#if TQKV_TQ3_CD
+#if TQKV_TQ3_SOL
+    (void)sh;                          /* probe: the two tokens' fields paired, high bits in place */
+    const uint32_t X = H0 ^ H1;
+    const uint32_t V0 = bsel(W0, W1 << 2, 0x33333333u), V1 = bsel(W0 >> 2, W1, 0x33333333u);
+    y[0] = bsel(X, V0, 0x30303030u);
+    y[1] = bsel(X, V1, 0x30303030u);
+    y[2] = bsel(X, V0, 0x0C0C0C0Cu);
+    y[3] = bsel(X, V1, 0x0C0C0C0Cu);
+#elif TQKV_TQ3_CD
     /* Tables C / D want a token pair's high bits next to each other. The half's nibbles go
      * to m with byte 2 k1 + t, nibble k0 (field k = k0 + 2 k1, token t): two byte permutes and
      * the nibble merge. Transposed, byte j of X holds at bit t + 2 k1 + 4 k0 the high bit of
@@ -616,7 +646,7 @@ __device__ __forceinline__ void deq_k_tq3(uint2 kl, uint32_t kh, const Tab &T, u
     uint32_t y[4];
     tq3_kwords(kl.x, kl.y, kh, y);
 #pragma unroll
-    for (int p = 0; p < 16; p++) pr[p] = tlook(T, y[p >> 2], p & 3, (p >> 2) & 1);
+    for (int p = 0; p < 16; p++) pr[p] = tlook3(T, y[p >> 2], p & 3, (p >> 2) & 1);
 }
 /* V^T fragment registers 2 hp, 2 hp + 1 (k slots j0 = 2 hp, j1 = 2 hp + 1) of 8 m-tiles from two
  * tokens' bytes: tq4 the lane's 8 payload bytes of each (n0, n1), tq3 its 2-bit plane word
@@ -645,7 +675,7 @@ __device__ __forceinline__ void deq_v_tq3(uint32_t W0, uint32_t W1, uint32_t H0,
     for (int k = 0; k < 4; k++)
 #pragma unroll
         for (int j = 0; j < 4; j++)
-            a[4 * (k & 1) + j][2 * hp + (k >> 1)] = tlook(T, vw[k], j, TQKV_TQ3_CD ? k >> 1 : k & 1);
+            a[4 * (k & 1) + j][2 * hp + (k >> 1)] = tlook3(T, vw[k], j, TQKV_TQ3_CD ? k >> 1 : k & 1);
 }
 
 /* K pairs of one row of subtile u (d = 128). */
