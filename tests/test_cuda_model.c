@@ -179,7 +179,10 @@ static void run_gemm(const float *dx, int T, int K, const uint16_t *dw, int N, c
 }
 
 static void gemm_case(int K, int N) {
-    const int TB = 70, Ts[] = {1, 3, 9, 17, 32, 33, 70};
+    /* T >= GEMM_CUDA_TILED_T (128) takes the tiled kernel: 130 ends in a partial token
+     * tile of a partial CTA, 300 spans 5 CTAs of 64 tokens; 17 and 32 its per-segment form
+     * (K 3168: 4 segments, the last partial), 9 and below the split kernel */
+    const int TB = 300, Ts[] = {1, 3, 9, 17, 32, 33, 70, 127, 128, 130};
     test_rng r;
     rng_init(&r, g_seed ^ (uint64_t)K * 131 ^ (uint64_t)N);
     float *x = malloc(sizeof(float) * (size_t)TB * K), *b = malloc(sizeof(float) * (size_t)N);
@@ -222,18 +225,23 @@ static void gemm_case(int K, int N) {
         if (memcmp(y, ya, sizeof(float) * (size_t)Ts[i] * N))
             fail_msg("gemm K %d N %d: rows of a batch of %d differ from the batch of %d", K, N, Ts[i], TB);
     }
-    const int single[] = {5, 31, 32, 69};
+    const int single[] = {5, 31, 32, 69, 129, 299};
     for (size_t i = 0; i < sizeof single / sizeof single[0]; i++) {
         run_gemm(dx + (size_t)single[i] * K, 1, K, dw, N, db, dy, xf, part, y);
         if (memcmp(y, ya + (size_t)single[i] * N, sizeof(float) * (size_t)N))
             fail_msg("gemm K %d N %d: row %d alone differs from the row in the batch", K, N, single[i]);
     }
     assert_true(memcmp(ya, ya + N, sizeof(float) * (size_t)N) != 0); /* rows do differ */
-    printf("gemm K %d N %d: batches of 1, 3, 9, 17, 32, 33, 70 and single rows: bitwise equal\n", K, N);
+    printf("gemm K %d N %d: batches of 1, 3, 9, 17, 32, 33, 70, 127, 128, 130 (direct, split and "
+           "tiled paths) and single rows: bitwise equal to the batch of %d\n", K, N, TB);
     tqkv_cuda_free(dx); tqkv_cuda_free(dy); tqkv_cuda_free(db); tqkv_cuda_free(dw);
     tqkv_cuda_free(xf); tqkv_cuda_free(part);
     free(x); free(b); free(w); free(y); free(ya);
 }
+
+_Static_assert(GEMM_CUDA_TILED_T > 70 && GEMM_CUDA_TILED_T <= 128 && GEMM_CUDA_SEG_TILED_T > 9 &&
+                   GEMM_CUDA_SEG_TILED_T <= 17,
+               "gemm_case's batches reach both sides of the tiled kernel's thresholds");
 
 static void test_gemm(void **st) {
     (void)st;
@@ -1248,6 +1256,8 @@ int main(void) {
         cmocka_unit_test(test_pick_model_tq4),
         cmocka_unit_test(test_pick_model_f32),
     };
+    const char *only = getenv("TQKV_TEST_FILTER"); /* e.g. 'test_graphs*' on another model */
+    if (only) cmocka_set_test_filter(only);
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     tqkv_model_free(g_model);
     return rc;

@@ -16,7 +16,9 @@
  * k16 step), and the warps' sums are added in warp order. Segments are then added left to
  * right (s0 + s1 + ... ), and the bias last. Whether the segments are summed inside one
  * CTA (T > 32) or written as partials and folded by a second kernel (T <= 32, for
- * parallelism) changes nothing in that order, so a row's outputs are bitwise the same for
+ * parallelism), and whether a warp keeps the four warps' sums itself (the tiled kernel, T >=
+ * GEMM_CUDA_TILED_T, and per segment for GEMM_CUDA_SEG_TILED_T <= T <= 32: tiles staged in
+ * shared memory), changes nothing in that order, so a row's outputs are bitwise the same for
  * every T. test_cuda_model checks it.
  */
 #ifndef TQKV_GEMM_CUDA_H
@@ -34,6 +36,8 @@ extern "C" {
 #define GEMM_CUDA_SEG 1024 /* k values per reduction segment */
 #define GEMM_CUDA_KW 4     /* warps sharing one segment's k32 blocks */
 #define GEMM_CUDA_SPLIT_T 32 /* T at or below which segments run in separate CTAs */
+#define GEMM_CUDA_TILED_T 128 /* T from which the kernel stages tiles in shared memory */
+#define GEMM_CUDA_SEG_TILED_T 17 /* T from which segments (T <= 32) are staged tiles too */
 
 /* Scratch bytes for a GEMM of up to T tokens, K <= kmax, N <= nmax:
  * xf: fragment-ordered activations; part: segment partials (T <= GEMM_CUDA_SPLIT_T). */
