@@ -6,7 +6,8 @@
  * prompts, one seeded sampled request) give exactly the tokens, text and logprobs of the
  * engine without a draft; the statistics count proposals and acceptances. For Gemma 4,
  * two code prompts sit just below the 512-token sliding window and below window + slack,
- * so rows cross both while they generate. Each test SKIPPED, visibly, when its fixture or
+ * so rows cross both while they generate; admission with a draft counts the sliding
+ * layers' tokens past window + slack that a round leaves. Each test SKIPPED, visibly, when its fixture or
  * the draft is absent (exit 77 when nothing can run).
  */
 #include <stdio.h>
@@ -17,6 +18,7 @@
 #include "engine_helpers.h"
 #include "testutil.h"
 #include "tqkv_engine.h"
+#include "tqkv_model.h"
 
 enum { NJ = 5, K = 3 };
 
@@ -90,6 +92,82 @@ static void spec_graph(const char *rel, int gemma) {
     tqkv_engine_free(e);
 }
 
+/* Admission with a draft counts what a Gemma 4 sliding layer holds between a round's end and
+ * the next begin: up to K + 1 tokens past window + slack. Budget P0 = the request's projection
+ * without them (target state at window + slack, plus the draft's): the engine with a draft
+ * must refuse the request as one that can never fit (it admitted it before); budget P1 = with
+ * them: admitted. */
+static void test_gemma4_draft_budget(void **st) {
+    (void)st;
+    char dir[1024];
+    struct stat sb;
+    if (!shared_path("models/gemma4-code-30m", dir, sizeof dir) || stat(dir, &sb) != 0 ||
+        !g_have_draft) {
+        printf("SKIPPED: ../shared/models/gemma4-code-30m or the draft absent\n");
+        skip();
+    }
+    enum { NP = 40, MAXT = 600 }; /* 640 tokens: past window + slack (544) */
+    tqkv_model_load_params lp = tqkv_model_load_params_default();
+    tqkv_model *m = NULL, *dm = NULL;
+    OK(tqkv_model_load(&m, dir, &lp));
+    OK(tqkv_model_load(&dm, g_draft, &lp));
+    tqkv_model_state_params sp = tqkv_model_state_params_default(); /* the engine's (engine.c) */
+    sp.k_format = sp.v_format = TQKV_TQ4;
+    sp.threads = 2;
+    sp.extend_as_decode = 1;
+    tqkv_model_state_params sp1 = sp, dsp = tqkv_model_state_params_default();
+    sp1.window_slack += K + 1;
+    dsp.k_format = dsp.v_format = TQKV_TQ4;
+    dsp.threads = 2;
+    tqkv_model_state *s0 = NULL, *s1 = NULL, *ds = NULL;
+    OK(tqkv_model_state_init(&s0, m, &sp));
+    OK(tqkv_model_state_init(&s1, m, &sp1));
+    OK(tqkv_model_state_init(&ds, dm, &dsp));
+    const size_t d = tqkv_model_state_projected_bytes(ds, NP + MAXT);
+    const size_t p0 = tqkv_model_state_projected_bytes(s0, NP + MAXT) + d;
+    const size_t p1 = tqkv_model_state_projected_bytes(s1, NP + MAXT) + d;
+    assert_true(p1 > p0); /* the sliding layers' K + 1 tokens */
+    tqkv_model_state_free(s0);
+    tqkv_model_state_free(s1);
+    tqkv_model_state_free(ds);
+    tqkv_model_free(m);
+    tqkv_model_free(dm);
+    test_rng r;
+    rng_init(&r, test_seed() ^ 0xb0d6);
+    job j;
+    memset(&j, 0, sizeof j);
+    j.n_prompt = NP;
+    j.max_tokens = MAXT;
+    for (int i = 0; i < NP; i++) j.prompt[i] = rng_int(&r, 1, 8000);
+    const size_t budgets[2] = {p0, p1};
+    for (int b = 0; b < 2; b++) {
+        tqkv_engine_params p = tqkv_engine_params_default();
+        p.model_dir = dir;
+        p.draft_dir = g_draft;
+        p.draft_tokens = K;
+        p.k_format = p.v_format = TQKV_TQ4;
+        p.threads = 2;
+        p.kv_budget = budgets[b];
+        tqkv_engine *e = NULL;
+        OK(tqkv_engine_init(&e, &p));
+        result res;
+        submit(e, &j, &res);
+        int busy;
+        OK(tqkv_engine_step(e, &busy));
+        tqkv_engine_stats es;
+        OK(tqkv_engine_stats_get(e, &es));
+        if (b == 0 && !(res.done && res.finish == TQKV_FINISH_ERROR))
+            fail_msg("budget %zu (window + slack, no round overhang): the request was admitted "
+                     "(running %d, queued %d)", p0, es.running, es.queued);
+        if (b == 1 && !(es.running == 1 && !res.done))
+            fail_msg("budget %zu (with the round overhang): not admitted (running %d, done %d)",
+                     p1, es.running, res.done);
+        tqkv_engine_free(e);
+    }
+    printf("gemma4 + draft (K=%d): %d + %d tokens refused at %zu bytes, admitted at %zu (the "
+           "sliding layers' K + 1 tokens past window + slack counted)\n", K, NP, MAXT, p0, p1);
+}
+
 static void test_gemma4_draft(void **st) { (void)st; spec_graph("models/gemma4-code-30m", 1); }
 static void test_qwen35_draft(void **st) { (void)st; spec_graph("models/qwen35-code-hybrid-30m", 0); }
 
@@ -106,6 +184,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemma4_draft),
         cmocka_unit_test(test_qwen35_draft),
+        cmocka_unit_test(test_gemma4_draft_budget),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

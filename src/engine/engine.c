@@ -446,8 +446,16 @@ static void sched_admit(tqkv_engine *e, eng_req **dropped, int *n_dropped, int c
         eng_req *q = e->q_head;
         if (!probe) {
             pthread_mutex_unlock(&e->mu);
-            tqkv_status rc = tqkv_model_state_init(&probe, e->m, &e->sp);
-            if (rc == TQKV_OK && e->dm) rc = tqkv_model_state_init(&dprobe, e->dm, &e->dsp);
+            /* with a draft, a bounded sliding layer holds up to K + 1 tokens beyond window +
+             * slack between a round's end and the next begin (docs/ENGINE.md): the probes
+             * count them (projections only; the running states drop as before) */
+            tqkv_model_state_params pp = e->sp, dpp = e->dsp;
+            if (e->dm) {
+                pp.window_slack += e->p.draft_tokens + 1;
+                dpp.window_slack += e->p.draft_tokens + 1;
+            }
+            tqkv_status rc = tqkv_model_state_init(&probe, e->m, &pp);
+            if (rc == TQKV_OK && e->dm) rc = tqkv_model_state_init(&dprobe, e->dm, &dpp);
             pthread_mutex_lock(&e->mu);
             if (rc != TQKV_OK) break;
             continue; /* the head may have changed while unlocked */
