@@ -547,9 +547,10 @@ static void graphs_case(tqkv_format f, int window, int long_run) {
 /* Below the sliding window every row's window view grows by a token a step, but its decode
  * attention's launch shape (the split bound) only changes at 257 tokens: twins from 230
  * tokens decode 40 steps (the views cross 256 at step 27) and the graph twin must replay
- * most steps (the ninth session found none replayed here: the
- * key held the views' longest row), bitwise equal to kernel by kernel, also after the
- * crossing (a stale split bound there would drop the rows' second split). */
+ * most steps (the ninth session found none replayed here: the key held the views' longest
+ * row), bitwise equal to kernel by kernel, also after the crossing. (The full layers'
+ * attn_ws changes at the same step as the views' win_ws, so this cannot tell a stale win_ws
+ * apart: today win_ws is implied by attn_ws, model_cuda_impl.h.) */
 static void test_graphs_short(void **st) {
     (void)st;
     enum { R = 2, N = 230, STEPS = 40 };

@@ -245,8 +245,13 @@ _Static_assert(GEMM_CUDA_TILED_T > 70 && GEMM_CUDA_TILED_T <= 128 && GEMM_CUDA_S
 
 static void test_gemm(void **st) {
     (void)st;
+    /* the tiled paths must be the ones compared below (unless switched off on purpose) */
+    const char *e = getenv("TQKV_GEMM_TILED");
+    if (!(e && e[0] == '0') && !tqkv_cuda_gemm_tiled())
+        fail_msg("the tiled GEMM is off: the device refused its shared memory");
     gemm_case(520, 72);      /* one segment, K not a multiple of 32, N not of 64 */
     gemm_case(3 * 1024 + 96, 200); /* four segments: split path at T <= 32 */
+    gemm_case(2 * 1024 + 40, 136); /* three segments, the last ending in a partial k32 block */
 }
 
 /* Row alone vs the same row at position 2 of a 3-row batch: bitwise equal logits. */

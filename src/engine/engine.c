@@ -449,13 +449,13 @@ static void sched_admit(tqkv_engine *e, eng_req **dropped, int *n_dropped, int c
             /* with a draft, a bounded sliding layer holds up to K + 1 tokens beyond window +
              * slack between a round's end and the next begin (docs/ENGINE.md): the probes
              * count them (projections only; the running states drop as before) */
-            tqkv_model_state_params pp = e->sp, dpp = e->dsp;
+            tqkv_model_state_params tsp = e->sp, dsp = e->dsp;
             if (e->dm) {
-                pp.window_slack += e->p.draft_tokens + 1;
-                dpp.window_slack += e->p.draft_tokens + 1;
+                tsp.window_slack += e->p.draft_tokens + 1;
+                dsp.window_slack += e->p.draft_tokens + 1;
             }
-            tqkv_status rc = tqkv_model_state_init(&probe, e->m, &pp);
-            if (rc == TQKV_OK && e->dm) rc = tqkv_model_state_init(&dprobe, e->dm, &dpp);
+            tqkv_status rc = tqkv_model_state_init(&probe, e->m, &tsp);
+            if (rc == TQKV_OK && e->dm) rc = tqkv_model_state_init(&dprobe, e->dm, &dsp);
             pthread_mutex_lock(&e->mu);
             if (rc != TQKV_OK) break;
             continue; /* the head may have changed while unlocked */

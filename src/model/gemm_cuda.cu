@@ -396,9 +396,12 @@ extern "C" size_t tqkv_cuda_gemm_part_bytes(size_t nmax, size_t kmax) {
 /* Whether the tiled kernel runs (T >= GEMM_CUDA_TILED_T, and segment by segment for
  * GEMM_CUDA_SEG_TILED_T <= T <= GEMM_CUDA_SPLIT_T): yes, unless TQKV_GEMM_TILED=0 in the
  * environment (an A/B against gemm_tc_kernel in one binary: `tqkv bench gemm`) or the device
- * refuses its shared memory. Decided once, at the first call (a state's first forward is a
- * prefill, run directly: never inside a graph capture), for the device current then: a
- * process driving several GPUs will need it per device. */
+ * refuses its shared memory. Decided once per process, at the first tqkv_cuda_gemm call,
+ * before that call launches anything (so clearing a refused attribute's error clears no
+ * launch's). A model state's first call is never inside a graph capture (a decode step is
+ * captured only once its key has run directly); setting a function attribute is not a
+ * stream operation in any case. For the device current then: a process driving several
+ * GPUs will need it per device. */
 static pthread_once_t g_tiled_once = PTHREAD_ONCE_INIT;
 static int g_tiled;
 template <class C, class F> static bool tiled_setup(F *fn) {
@@ -432,6 +435,8 @@ static void launch(cudaStream_t s, unsigned gx, unsigned gz, const uint4 *xf, in
     gemm_tc_kernel<MT, NT, U, SPLIT><<<grid, GEMM_THREADS, 0, s>>>(xf, T, K, w, N, bias, y, ldy, part);
 }
 
+extern "C" int tqkv_cuda_gemm_tiled(void) { return tiled_on(); }
+
 extern "C" tqkv_status tqkv_cuda_gemm(const float *x, size_t ldx, int T, const uint16_t *w, int N,
                                       int K, const float *bias, float *y, size_t ldy, void *xf_,
                                       float *part, void *stream) {
@@ -442,20 +447,21 @@ extern "C" tqkv_status tqkv_cuda_gemm(const float *x, size_t ldx, int T, const u
     const int ntiles = (T + 7) / 8;
     const size_t total = (size_t)ntiles * nblk * 32;
     const cudaStream_t s = (cudaStream_t)stream;
+    const int tiled = tiled_on(); /* before any launch (above) */
     gemm_split_kernel<<<(unsigned)((total + 255) / 256), 256, 0, s>>>(x, ldx, T, K, nblk, total, xf);
     /* one token tile: 16 columns per warp (more CTAs); more tiles: 32 (each activation
      * fragment feeds two weight tiles). Neither changes a row's arithmetic. */
     if (T <= GEMM_CUDA_SPLIT_T && nseg > 1) {
         if (!part) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm: T %d needs the partials buffer", T);
         const unsigned z = (unsigned)nseg;
-        if (T >= GEMM_CUDA_SEG_TILED_T && tiled_on())
+        if (T >= GEMM_CUDA_SEG_TILED_T && tiled)
             launch_tiled<TiledSeg, 8, 1, 2, true>(s, z, xf, T, K, w, N, bias, y, ldy, part);
         else if (ntiles == 1) launch<1, 1, 4, true>(s, 1, z, xf, T, K, w, N, bias, y, ldy, part);
         else if (ntiles == 2) launch<2, 2, 2, true>(s, 1, z, xf, T, K, w, N, bias, y, ldy, part);
         else launch<2, 4, 2, true>(s, 1, z, xf, T, K, w, N, bias, y, ldy, part);
         const size_t tn = (size_t)T * N;
         gemm_fold_kernel<<<(unsigned)((tn + 255) / 256), 256, 0, s>>>(part, nseg, T, N, bias, y, ldy);
-    } else if (T >= GEMM_CUDA_TILED_T && tiled_on()) {
+    } else if (T >= GEMM_CUDA_TILED_T && tiled) {
         launch_tiled<TiledBig, 4, 2, 3, false>(s, 1, xf, T, K, w, N, bias, y, ldy, nullptr);
     } else if (ntiles == 1) {
         launch<1, 1, 4, false>(s, 1, 1, xf, T, K, w, N, bias, y, ldy, part);

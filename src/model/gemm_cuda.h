@@ -52,6 +52,10 @@ TQKV_API tqkv_status tqkv_cuda_gemm(const float *x, size_t ldx, int T, const uin
                                     int K, const float *bias, float *y, size_t ldy, void *xf,
                                     float *part, void *stream);
 
+/* 1 when the tiled kernel serves T >= GEMM_CUDA_TILED_T and GEMM_CUDA_SEG_TILED_T <= T <= 32
+ * (0: TQKV_GEMM_TILED=0 in the environment, or the device refused its shared memory). */
+TQKV_API int tqkv_cuda_gemm_tiled(void);
+
 #ifdef __cplusplus
 }
 #endif

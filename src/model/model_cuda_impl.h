@@ -75,7 +75,9 @@ typedef struct {
                           * views' longest row, i.e. their decode attention's split bound
                           * (the launch shape, not the length: below the window the views
                           * grow every step, their split bound only at 256-token steps),
-                          * else 0 */
+                          * else 0. Implied by attn_ws today (a view is min(row + 1,
+                          * window) of a row attn_ws covers); kept so that the key names
+                          * every launch shape of the step should views and rows diverge */
     uint64_t gen;        /* model_cuda.gen: every buffer and cache storage pointer */
 } mc_graph_key;
 
