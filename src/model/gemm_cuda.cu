@@ -76,6 +76,17 @@ __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* One output tile's k32 block, the reduction order's unit (gemm_cuda.h): weight rows g / g + 8
+ * at k 8c .. 8c + 7 (wa, wb), token g's hi and lo parts (xh, xl); k16 step 0 then 1, each
+ * the hi MMA then the lo MMA. Every kernel adds a block through this. */
+__device__ __forceinline__ void mma_k32(float (&d)[4], const uint4 &wa, const uint4 &wb,
+                                        const uint4 &xh, const uint4 &xl) {
+    mma16816(d, wa.x, wb.x, wa.y, wb.y, xh.x, xh.y);
+    mma16816(d, wa.x, wb.x, wa.y, wb.y, xl.x, xl.y);
+    mma16816(d, wa.z, wb.z, wa.w, wb.w, xh.z, xh.w);
+    mma16816(d, wa.z, wb.z, wa.w, wb.w, xl.z, xl.w);
+}
+
 /* One k32 block into acc: per token tile, its hi and lo fragments are loaded once and used
  * by the MT weight tiles; per k16 step the hi MMA, then the lo MMA. */
 template <int MT, int NT>
@@ -88,10 +99,7 @@ __device__ __forceinline__ void gemm_block(float (&acc)[MT][NT][4], const uint4 
         const uint4 xh = __ldg(xp + j * tile_stride), xl = __ldg(xp + j * tile_stride + 1);
 #pragma unroll
         for (int m = 0; m < MT; m++) {
-            mma16816(acc[m][j], wa[m].x, wb[m].x, wa[m].y, wb[m].y, xh.x, xh.y);
-            mma16816(acc[m][j], wa[m].x, wb[m].x, wa[m].y, wb[m].y, xl.x, xl.y);
-            mma16816(acc[m][j], wa[m].z, wb[m].z, wa[m].w, wb[m].w, xh.z, xh.w);
-            mma16816(acc[m][j], wa[m].z, wb[m].z, wa[m].w, wb[m].w, xl.z, xl.w);
+            mma_k32(acc[m][j], wa[m], wb[m], xh, xl);
         }
     }
 }
@@ -340,12 +348,7 @@ gemm_tiled_kernel(const uint4 *__restrict__ xf, int T, int K, const uint16_t *__
                 const uint4 xh = *reinterpret_cast<const uint4 *>(xt);
                 const uint4 xl = *reinterpret_cast<const uint4 *>(xt + 512);
 #pragma unroll
-                for (int m = 0; m < GT_MT; m++) { /* gemm_block's order: hi, lo, hi, lo */
-                    mma16816(acc[r][m][j], wa[m].x, wb[m].x, wa[m].y, wb[m].y, xh.x, xh.y);
-                    mma16816(acc[r][m][j], wa[m].x, wb[m].x, wa[m].y, wb[m].y, xl.x, xl.y);
-                    mma16816(acc[r][m][j], wa[m].z, wb[m].z, wa[m].w, wb[m].w, xh.z, xh.w);
-                    mma16816(acc[r][m][j], wa[m].z, wb[m].z, wa[m].w, wb[m].w, xl.z, xl.w);
-                }
+                for (int m = 0; m < GT_MT; m++) mma_k32(acc[r][m][j], wa[m], wb[m], xh, xl);
             }
         }
         if ((b0 + SB) % GEMM_BPS == 0 || b0 + SB >= bend) { /* the segment ends */
