@@ -18,7 +18,7 @@
 #include "model_helpers.h"
 #include "testutil.h"
 #include "tqkv_model.h"
-#include "model/model_cuda.h"
+#include "model/cuda/model_cuda.h"
 #include "model/model_impl.h"
 
 static inline tqkv_model_state_params hparams(int device, tqkv_format f, int rows) {

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/pick.h"
+#include "model/sample/pick.h"
 #include "testutil.h"
 
 #define PICK_REF_THREADS 1024 /* the kernel's block: its greedy scan stride */

@@ -44,8 +44,8 @@
 
 #ifdef TQKV_HAVE_CUDA
 #include "cache/cache_cuda.h"
-#include "model/gemma4.h"
-#include "model/model_cuda.h"
+#include "model/arch/gemma4/gemma4.h"
+#include "model/cuda/model_cuda.h"
 #include "model/model_impl.h"
 
 static tqkv_model *g_model; /* the fixture */

@@ -32,7 +32,7 @@
 #ifdef TQKV_HAVE_CUDA
 #include "cache/cache_cuda.h"
 #include "model/model_impl.h"
-#include "model/model_cuda.h"
+#include "model/cuda/model_cuda.h"
 
 static tqkv_model *g_model;
 static uint64_t    g_seed;

@@ -39,12 +39,12 @@
 
 #ifdef TQKV_HAVE_CUDA
 #include "cache/cache_cuda.h"
-#include "model/gemm_cuda.h"
-#include "model/model_cuda.h"
+#include "model/ops/gemm_cuda.h"
+#include "model/cuda/model_cuda.h"
 #include "model/model_impl.h"
-#include "model/pick.h"
-#include "model/pick_cuda.h"
-#include "model/sampler_impl.h"
+#include "model/sample/pick.h"
+#include "model/sample/pick_cuda.h"
+#include "model/sample/sampler_impl.h"
 #include "pick_ref.h"
 
 static tqkv_model *g_model;

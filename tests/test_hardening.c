@@ -23,7 +23,7 @@
 
 #include "testutil.h"
 #include "model/model_impl.h"
-#include "model/safetensors.h"
+#include "model/load/safetensors.h"
 #include "tqkv_model.h"
 #include "tqkv_tokenizer.h"
 

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/matmul.h"
-#include "model/ops.h"
+#include "model/ops/matmul.h"
+#include "model/ops/ops.h"
 #include "testutil.h"
 #include "util/common.h"
 

@@ -21,9 +21,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "model/gemma4.h"
+#include "model/arch/gemma4/gemma4.h"
 #include "model/model_impl.h"
-#include "model/recurrent.h"
+#include "model/state/recurrent.h"
 #include "testutil.h"
 #include "tqkv_engine.h"
 #include "tqkv_model.h"

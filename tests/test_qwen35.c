@@ -14,7 +14,7 @@
 #include <cjson/cJSON.h>
 
 #include "model/model_impl.h"
-#include "model/recurrent.h"
+#include "model/state/recurrent.h"
 #include "model_helpers.h"
 #include "testutil.h"
 #include "tqkv_model.h"

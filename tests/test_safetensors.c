@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "model/safetensors.h"
+#include "model/load/safetensors.h"
 #include "testutil.h"
 
 // ---------------------------------------------------------------------------

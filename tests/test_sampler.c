@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/pick.h"
-#include "model/sampler_impl.h"
+#include "model/sample/pick.h"
+#include "model/sample/sampler_impl.h"
 #include "pick_ref.h"
 #include "testutil.h"
 #include "tqkv_model.h"

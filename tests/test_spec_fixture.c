@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/gemma4.h" /* which layers slide */
+#include "model/arch/gemma4/gemma4.h" /* which layers slide */
 #include "model/model_impl.h"
 #include "testutil.h"
 #include "tqkv_model.h"

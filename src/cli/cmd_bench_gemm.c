@@ -33,7 +33,7 @@ int cmd_bench_gemm(int argc, char **argv) {
 }
 #else
 #include "cache/cache_cuda.h"
-#include "model/gemm_cuda.h"
+#include "model/ops/gemm_cuda.h"
 
 static const char *CMD = "bench gemm";
 

@@ -6,7 +6,7 @@
  */
 #include <string.h>
 
-#include "model/gemma4.h"
+#include "model/arch/gemma4/gemma4.h"
 #include "model/model_impl.h"
 #include "util/common.h"
 

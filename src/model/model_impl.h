@@ -6,8 +6,8 @@
 #ifndef TQKV_MODEL_IMPL_H
 #define TQKV_MODEL_IMPL_H
 
-#include "model/matmul.h"
-#include "model/safetensors.h"
+#include "model/ops/matmul.h"
+#include "model/load/safetensors.h"
 #include "tqkv_model.h"
 
 // ---------------------------------------------------------------------------

@@ -1,0 +1,548 @@
+/*
+ * graph_gemma4_cuda.cu - the Gemma 4 text graph on the device (the GPU twin of
+ * graph_gemma4.c; forward_cuda.cu dispatches a Gemma 4 state's forward queue here).
+ * Owns: Gemma 4's device weights beyond mc_layer (per-layer inputs, post norms, layer
+ * scalars), its per-token kernels (scaled embedding, per-layer input mix, q / k RMSNorm
+ * with weight + RoPE per layer type and the scale-free v norm at head_dim 128 or 256,
+ * post-attention / post-FFN / post-PLE norms fused with the residual and the layer
+ * scalar, GeGLU, the per-layer gate, the final logit softcap), the KV-shared layers'
+ * reads of their donor's device cache (no copy), the sliding layers' window views (decode
+ * attention over the newest `window` keys) and their bounded caches (the device form of
+ * tqkv_batch_drop_oldest, after each forward outside a spec round).
+ * Must not: make a row's result depend on other rows (per-token kernels, the batch-
+ * invariant GEMM and attention: nothing here is shared across rows); change the other
+ * graphs' device forward (forward_cuda.cu).
+ *
+ * The operations are graph_gemma4.c's, in its order, with __f*_rn so nothing is contracted
+ * into an FMA the CPU does not do (the CPU builds with -std=c11: no contraction); tanhf is
+ * CUDA's (within two ulp of libm's), sums of squares are in double in another order, so the
+ * results match the CPU within float32 rounding, not bit for bit.
+ *
+ * Window views and drops are the cache's (cache_cuda_slide.cu: tqkv_cuda_kv_window_view,
+ * tqkv_cuda_kv_drop_oldest); this file decides when a layer takes them.
+ */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "model/ops/ops.h"
+#include "util/common.h"
+}
+#include "cache/cache_cuda.h"
+#include "model/cuda/model_cuda_impl.h"
+#include "model/ops/ops_cuda.cuh"
+
+// ---------------------------------------------------------------------------
+// weights
+// ---------------------------------------------------------------------------
+
+typedef struct {
+    float *post_attn, *post_ffn, *post_ple; /* [H] each (post_ple NULL without P) */
+    bf16 *ple_gate;                         /* [P, H] */
+    bf16 *ple_proj;                         /* [H, P] */
+    float layer_scalar;
+} g4_cuda_layer;
+
+struct g4_cuda_weights {
+    int n_layers;
+    g4_cuda_layer *layers; /* [L] */
+    bf16 *embed_ple;       /* [ple_vocab, L P] */
+    bf16 *ple_model_proj;  /* [L P, H] */
+    float *ple_norm;       /* [P] */
+};
+
+extern "C" void g4_cuda_weights_free(g4_cuda_weights *w) {
+    if (!w) return;
+    for (int l = 0; w->layers && l < w->n_layers; l++) {
+        g4_cuda_layer *X = &w->layers[l];
+        void *ps[] = {X->post_attn, X->post_ffn, X->post_ple, X->ple_gate, X->ple_proj};
+        for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) cudaFree(ps[i]);
+    }
+    free(w->layers);
+    cudaFree(w->embed_ple);
+    cudaFree(w->ple_model_proj);
+    cudaFree(w->ple_norm);
+    free(w);
+}
+
+/* Every layer's mc_layer (q|k|v stacked as the layer has them: q only on a KV-shared
+ * layer, q|k under k_eq_v) and the Gemma extras. w->layers is allocated, zeroed. */
+extern "C" tqkv_status g4_cuda_upload(const tqkv_model *m, model_cuda_weights *w) {
+    const tqkv_model_config *c = &m->cfg;
+    const g4_model *G = m->g4;
+    const g4_config *g = &G->cfg;
+    const int H = c->hidden_size, L = c->n_layers, P = g->ple_dim, LP = L * P;
+    g4_cuda_weights *x = (g4_cuda_weights *)calloc(1, sizeof *x);
+    if (!x) return tqkv_fail(TQKV_ENOMEM, "out of memory");
+    x->n_layers = L;
+    x->layers = (g4_cuda_layer *)calloc((size_t)L, sizeof *x->layers);
+    w->g4 = x; /* freed with w on failure */
+    if (!x->layers) return tqkv_fail(TQKV_ENOMEM, "out of memory");
+    tqkv_status st = TQKV_OK;
+    for (int l = 0; l < L && !st; l++) {
+        const model_layer *S = &m->layers[l];
+        const g4_layer *SX = &G->layers[l];
+        mc_layer *D = &w->layers[l];
+        g4_cuda_layer *X = &x->layers[l];
+        const int hd = g->head_dim[l], own = g->donor[l] == l;
+        const mm_weight *qkv[3] = {&S->wq, &S->wk, &S->wv}, *wo = &S->wo, *wd = &S->wd;
+        const mm_weight *gu[2] = {&S->wg, &S->wu};
+        const int nq = !own ? 1 : g->k_eq_v[l] ? 2 : 3;
+        const float *an = S->attn_norm, *fn = S->ffn_norm, *qn = S->q_norm,
+                    *kn = own ? S->k_norm : NULL;
+        const float *pa = SX->post_attn_norm, *pf = SX->post_ffn_norm, *pp = SX->post_ple_norm;
+        st = mc_upload_matrix(&D->wqkv, qkv, nq);
+        if (!st) st = mc_upload_matrix(&D->wo, &wo, 1);
+        if (!st) st = mc_upload_matrix(&D->wgu, gu, 2);
+        if (!st) st = mc_upload_matrix(&D->wd, &wd, 1);
+        if (!st) st = mc_upload_vec(&D->attn_norm, &an, &H, 1);
+        if (!st) st = mc_upload_vec(&D->ffn_norm, &fn, &H, 1);
+        if (!st) st = mc_upload_vec(&D->q_norm, &qn, &hd, 1);
+        if (!st) st = mc_upload_vec(&D->k_norm, &kn, &hd, 1);
+        if (!st) st = mc_upload_vec(&X->post_attn, &pa, &H, 1);
+        if (!st) st = mc_upload_vec(&X->post_ffn, &pf, &H, 1);
+        if (!st && P) {
+            const mm_weight *pg = &SX->ple_gate, *pj = &SX->ple_proj;
+            st = mc_upload_matrix(&X->ple_gate, &pg, 1);
+            if (!st) st = mc_upload_matrix(&X->ple_proj, &pj, 1);
+            if (!st) st = mc_upload_vec(&X->post_ple, &pp, &H, 1);
+        }
+        X->layer_scalar = SX->layer_scalar;
+        if (!st && (!D->q_norm || (own && !D->k_norm) || !X->post_attn || !X->post_ffn ||
+                    (P && !X->post_ple)))
+            st = tqkv_fail(TQKV_EUNSUPPORTED, "cuda forward: Gemma 4 layer %d lacks a norm weight",
+                           l);
+    }
+    if (!st && P) {
+        const mm_weight *e = &G->embed_ple, *pm = &G->ple_model_proj;
+        const float *pn = G->ple_norm;
+        st = mc_upload_matrix(&x->embed_ple, &e, 1);
+        if (!st) st = mc_upload_matrix(&x->ple_model_proj, &pm, 1);
+        if (!st) st = mc_upload_vec(&x->ple_norm, &pn, &P, 1);
+        if (!st && (LP % 8 || !x->ple_norm))
+            st = tqkv_fail(TQKV_EUNSUPPORTED, "cuda forward: Gemma 4 per-layer inputs of %d", LP);
+    }
+    return st;
+}
+
+// ---------------------------------------------------------------------------
+// per-state extras: window views, drop scratch
+// ---------------------------------------------------------------------------
+
+struct g4_cuda_state {
+    cuda_kv_slide *slide; /* the sliding layers' window views and drops (one at a time) */
+};
+
+extern "C" void g4_cuda_state_free(model_cuda *g) {
+    g4_cuda_state *S = g->g4;
+    if (!S) return;
+    if (g->stream) cudaStreamSynchronize(g->stream);
+    tqkv_cuda_slide_free(S->slide);
+    free(S);
+    g->g4 = NULL;
+}
+
+/* The first sliding layer with a cache (every sliding layer has the same shape), or -1. */
+static int first_sliding(const model_cuda *g) {
+    const g4_config *c = &g->m->g4->cfg;
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->sliding[l] && g->kv[l]) return l;
+    return -1;
+}
+
+/* Buffers for g->rows rows, made before any capture (a new set bumps the generation). */
+extern "C" tqkv_status g4_cuda_prepare(model_cuda *g) {
+    if (!g->g4) {
+        g4_cuda_state *S = (g4_cuda_state *)calloc(1, sizeof *S);
+        if (!S) return tqkv_fail(TQKV_ENOMEM, "out of memory");
+        tqkv_status st = tqkv_cuda_slide_init(&S->slide);
+        if (st) {
+            free(S);
+            return st;
+        }
+        g->g4 = S;
+    }
+    const int ls = first_sliding(g);
+    if (ls < 0) return TQKV_OK;
+    int moved = 0;
+    tqkv_status st = tqkv_cuda_slide_reserve(g->g4->slide, g->kv[ls], &moved);
+    if (moved) g->gen++;
+    return st;
+}
+
+// ---------------------------------------------------------------------------
+// kernels
+// ---------------------------------------------------------------------------
+
+/* graph_gemma4.c's gelu_tanh, operation for operation (no contraction). */
+__device__ __forceinline__ float g4_gelu(float x) {
+    const float x3 = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, x), x), x);
+    const float inner = __fmul_rn(0.7978845608028654f, __fadd_rn(x, x3));
+    return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(inner)));
+}
+
+/* x[t, :] = embed[token] * escale. grid T, block 128. */
+__global__ void g4_embed_kernel(const int32_t *__restrict__ tinfo, const bf16 *__restrict__ e,
+                                int H, float escale, float *__restrict__ x) {
+    const size_t t = blockIdx.x;
+    const bf16 *row = e + (size_t)tinfo[t * 3] * H;
+    for (int i = threadIdx.x; i < H; i += blockDim.x)
+        x[t * H + i] = __fmul_rn(__bfloat162float(row[i]), escale);
+}
+
+/* Per-layer inputs, one warp per (token, layer slice of P), in place on ple [T, L P]
+ * (the projection of the scaled embedding): pl *= hs; pl = rmsnorm_P(pl) (weight pn);
+ * pl = (pl + embed_ple[token, slice] * pscale) * mix. grid ceil(T L / 4), block 128. */
+__global__ void g4_ple_kernel(float *__restrict__ ple, const int32_t *__restrict__ tinfo, int T,
+                              int L, int P, const bf16 *__restrict__ eple,
+                              const float *__restrict__ pn, float eps, float hs, float pscale,
+                              float mix) {
+    const size_t gw = (size_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (gw >= (size_t)T * L) return;
+    const size_t t = gw / L, l = gw % L, LP = (size_t)L * P;
+    float *pl = ple + t * LP + l * P;
+    const bf16 *pe = eple + (size_t)tinfo[t * 3] * LP + l * P;
+    double ss = 0;
+    for (int e = lane; e < P; e += 32) {
+        const float v = __fmul_rn(pl[e], hs);
+        pl[e] = v;
+        ss += (double)v * v;
+    }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float r = mc_rms_r(ss, P, eps);
+    for (int e = lane; e < P; e += 32) {
+        const float v = __fmul_rn(pn[e], __fmul_rn(pl[e], r));
+        pl[e] = __fmul_rn(__fadd_rn(v, __fmul_rn(__bfloat162float(pe[e]), pscale)), mix);
+    }
+}
+
+/* out[t] = w * (x[t] * r) (RMSNorm, the CPU's formula). grid T, block 128. */
+__global__ void g4_rmsnorm_kernel(const float *__restrict__ x, const float *__restrict__ w,
+                                  float eps, int H, float *__restrict__ out) {
+    __shared__ double sh[4];
+    const size_t t = blockIdx.x;
+    const float *xr = x + t * H;
+    double s = 0;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) s += (double)xr[i] * xr[i];
+    s = mc_block_sum128(s, sh);
+    const float r = mc_rms_r(s, H, eps);
+    for (int i = threadIdx.x; i < H; i += blockDim.x)
+        out[t * H + i] = __fmul_rn(w[i], __fmul_rn(xr[i], r));
+}
+
+/* The end of a block: o = rmsnorm(o, wpost); x += o; x *= ls (when ls != 1); then, with
+ * wnext, xn = rmsnorm(x, wnext) (the next block's input). x, o, xn [T, H]. grid T, block
+ * 128 (a thread reads back only the elements of x it wrote). */
+__global__ void g4_residual_kernel(float *__restrict__ x, const float *__restrict__ o,
+                                   const float *__restrict__ wpost, float eps, int H, float ls,
+                                   const float *__restrict__ wnext, float *__restrict__ xn) {
+    __shared__ double sh[4];
+    const size_t t = blockIdx.x;
+    float *xr = x + t * H;
+    const float *orow = o + t * H;
+    double s = 0;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) s += (double)orow[i] * orow[i];
+    s = mc_block_sum128(s, sh);
+    const float r = mc_rms_r(s, H, eps);
+    double s2 = 0;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+        float v = __fadd_rn(xr[i], __fmul_rn(wpost[i], __fmul_rn(orow[i], r)));
+        if (ls != 1.0f) v = __fmul_rn(v, ls);
+        xr[i] = v;
+        s2 += (double)v * v;
+    }
+    if (!wnext) return; /* uniform over the block */
+    s2 = mc_block_sum128(s2, sh);
+    const float r2 = mc_rms_r(s2, H, eps);
+    for (int i = threadIdx.x; i < H; i += blockDim.x)
+        xn[t * H + i] = __fmul_rn(wnext[i], __fmul_rn(xr[i], r2));
+}
+
+/* One warp per (token, head) of q | k | v at head dim HD (128 or 256; NPL = HD / 32 values
+ * per lane): q and k RMSNorm with weight, then RoPE (pairs (d, d + HD / 2); rope: this
+ * layer type's cos | sin [HD / 2] each, at rope + t RW); v RMSNorm without weight, from its
+ * own projection or (kv_src == 1, k_eq_v) the raw k projection. Scatter to qb [R, NH, n,
+ * HD], kb / vb [R, NKV, n, HD]. A token's projection row (width QS): q heads, then (own
+ * layers) k heads, then v heads. nkv = 0: a KV-shared layer (q only).
+ * grid ceil(T (NH + 2 nkv) / 4), block 128. */
+template <int HD>
+__global__ void g4_qkv_kernel(const float *__restrict__ qkv, int QS, int T, int NH, int nkv, int n,
+                              int v_from_k, const int32_t *__restrict__ tinfo,
+                              const float *__restrict__ qn, const float *__restrict__ kn, float eps,
+                              const float *__restrict__ rope, int RW, float *__restrict__ qb,
+                              float *__restrict__ kb, float *__restrict__ vb) {
+    constexpr int NPL = HD / 32, HALF = HD / 2;
+    __shared__ float sv[4][HD];
+    const int HT = NH + 2 * nkv;
+    const size_t gw = (size_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (gw >= (size_t)T * HT) return;
+    const size_t t = gw / HT;
+    const int h = (int)(gw % HT);
+    const int kind = h < NH ? 0 : h < NH + nkv ? 1 : 2; /* q, k, v */
+    const int hh = kind == 0 ? h : kind == 1 ? h - NH : h - NH - nkv;
+    const size_t QD = (size_t)NH * HD, KD = (size_t)nkv * HD;
+    const float *src =
+        qkv + t * (size_t)QS +
+        (kind == 0 ? (size_t)hh * HD : QD + (kind == 2 && !v_from_k ? KD : 0) + (size_t)hh * HD);
+    float v[NPL];
+    double s = 0;
+#pragma unroll
+    for (int i = 0; i < NPL; i++) {
+        v[i] = src[lane + 32 * i];
+        s += (double)v[i] * v[i];
+    }
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    const float r = mc_rms_r(s, HD, eps);
+    const float *nw = kind == 0 ? qn : kind == 1 ? kn : NULL;
+#pragma unroll
+    for (int i = 0; i < NPL; i++)
+        v[i] = nw ? __fmul_rn(nw[lane + 32 * i], __fmul_rn(v[i], r)) : __fmul_rn(v[i], r);
+    if (kind < 2) mc_warp_rope<NPL>(v, sv[threadIdx.x >> 5], rope + t * (size_t)RW, HALF); /* RoPE */
+    const int row = tinfo[t * 3 + 1], j = tinfo[t * 3 + 2];
+    float *dst = kind == 0 ? qb + (((size_t)row * NH + hh) * n + j) * HD
+                           : (kind == 1 ? kb : vb) + (((size_t)row * nkv + hh) * n + j) * HD;
+#pragma unroll
+    for (int i = 0; i < NPL; i++) dst[lane + 32 * i] = v[i];
+}
+
+/* att[t, h hd + d] = ob[((row NH + h) n + col) hd + d]. grid T, block 128. */
+__global__ void g4_gather_kernel(const float *__restrict__ ob, const int32_t *__restrict__ tinfo,
+                                 int NH, int n, int hd, float *__restrict__ att) {
+    const size_t t = blockIdx.x;
+    const int r = tinfo[t * 3 + 1], j = tinfo[t * 3 + 2], QD = NH * hd;
+    for (int i = threadIdx.x; i < QD; i += blockDim.x) {
+        const int h = i / hd, d = i - h * hd;
+        att[t * QD + i] = ob[(((size_t)r * NH + h) * n + j) * hd + d];
+    }
+}
+
+/* h = gelu_tanh(g) * u, gu [T, 2I] = gate | up. grid (T, ceil(I / 256)), block 256. */
+__global__ void g4_geglu_kernel(const float *__restrict__ gu, int I, float *__restrict__ h) {
+    const size_t t = blockIdx.x;
+    const int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i >= I) return;
+    h[t * I + i] = __fmul_rn(g4_gelu(gu[t * 2 * I + i]), gu[t * 2 * I + I + i]);
+}
+
+/* pg[t, e] = gelu_tanh(pg[t, e]) * ple[t, l P + e]. grid T, block 128. */
+__global__ void g4_ple_gate_kernel(float *__restrict__ pg, const float *__restrict__ ple, int P,
+                                   size_t LP, int l) {
+    const size_t t = blockIdx.x;
+    for (int e = threadIdx.x; e < P; e += blockDim.x)
+        pg[t * P + e] = __fmul_rn(g4_gelu(pg[t * P + e]), ple[t * LP + (size_t)l * P + e]);
+}
+
+/* logits = tanh(logits / cap) * cap over n floats. */
+__global__ void g4_softcap_kernel(float *__restrict__ lg, size_t n, float cap) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) lg[i] = __fmul_rn(tanhf(__fdiv_rn(lg[i], cap)), cap);
+}
+
+// ---------------------------------------------------------------------------
+// window views and the bounded sliding caches
+// ---------------------------------------------------------------------------
+
+/* Decode attention (q, out [R, NH, hd]) of sliding layer cache kv over the newest `window`
+ * keys of each row as it stood `back` tokens ago. Capturable (a view and the decode
+ * kernel); the split bound of the view's longest row is in the graph key (win_ws). */
+static tqkv_status view_attend(model_cuda *g, cuda_kv *kv, int back, const float *q, int NH,
+                               float *out) {
+    cuda_kv *v = NULL;
+    tqkv_status st = tqkv_cuda_kv_window_view(kv, g->g4->slide, g->m->g4->cfg.window, back, &v);
+    if (!st) st = tqkv_cuda_kv_attend_ws(v, q, NH, 1.0f, out, g->aws, g->aws_bytes);
+    return st;
+}
+
+/* The verification window on a sliding layer: query j through its view n - 1 - j tokens
+ * back (mc_attend_as_decode's copies, the view in place of attend_back). */
+static tqkv_status view_attend_as_decode(model_cuda *g, cuda_kv *kv, int n, int NH, int hd) {
+    const size_t R = (size_t)g->rows, vec = (size_t)hd * sizeof(float);
+    float *q1 = g->att, *o1 = g->att + R * NH * hd;
+    tqkv_status st = TQKV_OK;
+    for (int j = 0; j < n && !st; j++) {
+        st = mc_ck(cudaMemcpy2DAsync(q1, vec, g->qb + (size_t)j * hd, (size_t)n * vec, vec, R * NH,
+                                     cudaMemcpyDeviceToDevice, g->stream),
+                   "verification query copy");
+        if (!st) st = view_attend(g, kv, n - 1 - j, q1, NH, o1);
+        if (!st)
+            st = mc_ck(cudaMemcpy2DAsync(g->ob + (size_t)j * hd, (size_t)n * vec, o1, vec, vec,
+                                         R * NH, cudaMemcpyDeviceToDevice, g->stream),
+                       "verification output copy");
+    }
+    return st;
+}
+
+extern "C" int g4_cuda_win_tokens(const model_cuda *g, int n) {
+    const g4_config *c = &g->m->g4->cfg;
+    int most = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (!c->sliding[l] || !g->kv[l]) continue;
+        const int *o = tqkv_cuda_kv_offsets(g->kv[l]);
+        for (int r = 0; r < g->rows; r++) {
+            const int k = o[r] + n < c->window ? o[r] + n : c->window;
+            most = k > most ? k : most;
+        }
+    }
+    return most;
+}
+
+extern "C" tqkv_status g4_cuda_drop_oldest(model_cuda *g) {
+    const g4_config *c = &g->m->g4->cfg;
+    if (c->pos_layer < 0) return TQKV_OK; /* never: model_cuda_init refuses it */
+    tqkv_status st = g4_cuda_prepare(g);
+    const int keep = c->window + g->p.window_slack;
+    for (int l = 0; l < c->n_layers && !st; l++)
+        if (c->sliding[l] && g->kv[l] && !tqkv_cuda_kv_spec_active(g->kv[l]))
+            st = tqkv_cuda_kv_drop_oldest(g->kv[l], g->g4->slide, keep);
+    return st;
+}
+
+// ---------------------------------------------------------------------------
+// forward
+// ---------------------------------------------------------------------------
+
+static tqkv_status qkv_launch(model_cuda *g, int hd, int QS, int T, int NH, int nkv, int n,
+                              int keqv, const mc_layer *L, float eps, const float *rope, int RW) {
+    const size_t warps = (size_t)T * (size_t)(NH + 2 * nkv);
+    const unsigned grid = (unsigned)((warps + 3) / 4);
+    if (hd == 128)
+        g4_qkv_kernel<128><<<grid, 128, 0, g->stream>>>(g->qkv, QS, T, NH, nkv, n, keqv, g->tinfo,
+                                                        L->q_norm, L->k_norm, eps, rope, RW, g->qb,
+                                                        g->kb, g->vb);
+    else if (hd == 256)
+        g4_qkv_kernel<256><<<grid, 128, 0, g->stream>>>(g->qkv, QS, T, NH, nkv, n, keqv, g->tinfo,
+                                                        L->q_norm, L->k_norm, eps, rope, RW, g->qb,
+                                                        g->kb, g->vb);
+    else return tqkv_fail(TQKV_EUNSUPPORTED, "cuda forward: Gemma 4 head_dim %d", hd);
+    return TQKV_OK;
+}
+
+/* forward_queue's contract (forward_cuda.cu) for graph_gemma4.c's graph. *done: the layers
+ * whose cache took this call's append (forward_undo rewinds them). With n == 1 and
+ * !as_decode only kernels and copies between fixed buffers, and host reads the graph key
+ * holds (rows, the attention shapes, storage generations): capturable. */
+extern "C" tqkv_status g4_cuda_forward_queue(model_cuda *g, int n, int as_decode,
+                                             tqkv_logits_mode mode, float *out, int pick,
+                                             int *done) {
+    const tqkv_model *m = g->m;
+    const tqkv_model_config *c = &m->cfg;
+    const g4_model *G = m->g4;
+    const g4_config *gc = &G->cfg;
+    const g4_cuda_weights *X = g->w->g4;
+    const int R = g->rows, H = c->hidden_size, NH = c->n_heads, I = c->intermediate_size,
+              V = c->vocab_size, NL = c->n_layers, P = gc->ple_dim, RW = mc_rope_width(m);
+    const size_t T = (size_t)R * n, LP = (size_t)NL * P;
+    const float eps = c->rms_norm_eps;
+    const cudaStream_t s = g->stream;
+    *done = 0;
+    if (!g->g4) return tqkv_fail(TQKV_ESTATE, "cuda forward: Gemma 4 buffers not prepared");
+    tqkv_status st =
+        mc_ck(cudaMemcpyAsync(g->tinfo, g->h_tinfo, T * 3 * 4, cudaMemcpyHostToDevice, s),
+              "upload tokens");
+    if (!st)
+        st = mc_ck(cudaMemcpyAsync(g->rope, g->h_rope, T * RW * 4, cudaMemcpyHostToDevice, s),
+                   "upload rope");
+    if (st) return st;
+
+    /* scaled embeddings; per-layer inputs from them */
+    g4_embed_kernel<<<(unsigned)T, 128, 0, s>>>(g->tinfo, g->w->embed, H, sqrtf((float)H), g->x);
+    if (P) {
+        st = mc_gemm(g, g->x, H, (int)T, X->ple_model_proj, (int)LP, H, NULL, g->ple, LP);
+        if (st) return st;
+        const size_t warps = T * (size_t)NL;
+        g4_ple_kernel<<<(unsigned)((warps + 3) / 4), 128, 0, s>>>(
+            g->ple, g->tinfo, (int)T, NL, P, X->embed_ple, X->ple_norm, eps, 1.0f / sqrtf((float)H),
+            sqrtf((float)P), 1.0f / sqrtf(2.0f));
+    }
+    g4_rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->w->layers[0].attn_norm, eps, H, g->xn);
+    for (int l = 0; l < NL && !st; l++) {
+        const mc_layer *L = &g->w->layers[l];
+        const g4_cuda_layer *XL = &X->layers[l];
+        const int hd = gc->head_dim[l], NKV = gc->n_kv[l], ty = gc->sliding[l] ? 0 : 1;
+        const int own = gc->donor[l] == l, keqv = gc->k_eq_v[l];
+        const int QD = NH * hd, KD = NKV * hd, QS = QD + (own ? (keqv ? 1 : 2) * KD : 0);
+        const float *rope = g->rope + (ty ? 2 * G->half[0] : 0);
+        cuda_kv *kv = g->kv[gc->donor[l]]; /* a KV-shared layer: the donor's, appended earlier */
+        // ---- attention block
+        st = mc_gemm(g, g->xn, H, (int)T, L->wqkv, QS, H, NULL, g->qkv, QS);
+        if (!st) st = qkv_launch(g, hd, QS, (int)T, NH, own ? NKV : 0, n, keqv, L, eps, rope, RW);
+        if (!st && own) {
+            st = tqkv_cuda_kv_append(kv, g->kb, g->vb, n);
+            if (!st) *done = l + 1;
+        }
+        if (st) break;
+        if (n == 1) {
+            st = ty ? tqkv_cuda_kv_attend_ws(kv, g->qb, NH, 1.0f, g->ob, g->aws, g->aws_bytes)
+                    : view_attend(g, kv, 0, g->qb, NH, g->ob);
+        } else if (as_decode) {
+            st = ty ? mc_attend_as_decode(g, kv, n, NH, hd, 1.0f)
+                    : view_attend_as_decode(g, kv, n, NH, hd);
+        } else { /* causal; sliding layers see the newest `window` keys, self included */
+            const int *o = tqkv_cuda_kv_offsets(kv), *lp = tqkv_cuda_kv_left_pads(kv);
+            for (int r = 0; r < R; r++)
+                for (int j = 0; j < n; j++) {
+                    const int pos = o[r] - n + j; /* the token's index in this cache */
+                    const int lo = ty || pos + 1 <= gc->window ? 0 : pos + 1 - gc->window;
+                    g->h_lo[(size_t)r * n + j] = lp[r] + lo;
+                    g->h_hi[(size_t)r * n + j] = lp[r] + pos + 1;
+                }
+            st = tqkv_cuda_kv_attend_masked(kv, g->qb, n, NH, 1.0f, g->h_lo, g->h_hi, g->ob);
+        }
+        if (st) break;
+        g4_gather_kernel<<<(unsigned)T, 128, 0, s>>>(g->ob, g->tinfo, NH, n, hd, g->att);
+        st = mc_gemm(g, g->att, QD, (int)T, L->wo, H, QD, NULL, g->tmp, H);
+        if (st) break;
+        /* x += post_attn_norm(o); xn = pre_ffn_norm(x) */
+        g4_residual_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, XL->post_attn, eps, H, 1.0f,
+                                                       L->ffn_norm, g->xn);
+        // ---- MLP block (GeGLU)
+        st = mc_gemm(g, g->xn, H, (int)T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I);
+        if (st) break;
+        g4_geglu_kernel<<<dim3((unsigned)T, (unsigned)((I + 255) / 256)), 256, 0, s>>>(g->gu, I,
+                                                                                       g->hh);
+        st = mc_gemm(g, g->hh, I, (int)T, L->wd, H, I, NULL, g->tmp, H);
+        if (st) break;
+        const float *nw = l + 1 < NL ? g->w->layers[l + 1].attn_norm : g->w->final_norm;
+        if (!P) { /* x += post_ffn_norm(f); x *= layer_scalar; xn = the next block's norm */
+            g4_residual_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, XL->post_ffn, eps, H,
+                                                           XL->layer_scalar, nw, g->xn);
+            continue;
+        }
+        g4_residual_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, XL->post_ffn, eps, H, 1.0f,
+                                                       NULL, NULL);
+        // ---- per-layer input block: x += post_ple_norm(W_proj(gelu(W_gate x) * ple[l]))
+        st = mc_gemm(g, g->x, H, (int)T, XL->ple_gate, P, H, NULL, g->pg, P);
+        if (st) break;
+        g4_ple_gate_kernel<<<(unsigned)T, 128, 0, s>>>(g->pg, g->ple, P, LP, l);
+        st = mc_gemm(g, g->pg, P, (int)T, XL->ple_proj, H, P, NULL, g->tmp, H);
+        if (st) break;
+        g4_residual_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, XL->post_ple, eps, H,
+                                                       XL->layer_scalar, nw, g->xn);
+    }
+    if (!st) st = mc_ck(cudaGetLastError(), "forward kernels");
+    if (st || mode == TQKV_LOGITS_NONE) return st;
+    /* xn holds every token's final-normed state (the last layer's fused norm) */
+    const float cap = gc->softcap;
+    const size_t nl = mode == TQKV_LOGITS_LAST ? (size_t)R : T;
+    if (mode == TQKV_LOGITS_LAST) /* row r's last token is t = r n + n - 1 */
+        st = mc_gemm(g, g->xn + (size_t)(n - 1) * H, (size_t)n * H, R, g->w->lm_head, V, H, NULL,
+                     g->logits, V);
+    else st = mc_gemm(g, g->xn, H, (int)T, g->w->lm_head, V, H, NULL, g->logits, V);
+    if (!st && cap > 0) {
+        const size_t cnt = nl * (size_t)V;
+        g4_softcap_kernel<<<(unsigned)((cnt + 255) / 256), 256, 0, s>>>(g->logits, cnt, cap);
+        st = mc_ck(cudaGetLastError(), "softcap");
+    }
+    /* the full rows leave before the pick's penalty changes them in place */
+    if (!st && out)
+        st =
+            mc_ck(cudaMemcpyAsync(out, g->logits, nl * V * 4, cudaMemcpyDeviceToHost, s), "logits");
+    if (!st && pick && mode == TQKV_LOGITS_LAST) st = mc_pick_queue(g, pick);
+    return st;
+}

@@ -1,0 +1,879 @@
+/*
+ * forward_cuda.cu - the model forward pass on the GPU (see model_cuda.h).
+ * Owns: the per-token kernels (embedding, RMSNorm, q/k norm + RoPE + scatter, gather,
+ * SwiGLU, residual; their shared device helpers in ops_cuda.cuh), a state's init / free,
+ * and the graph (elsewhere: the weights, weights_cuda.cu; caches and scratch buffers,
+ * buffers_cuda.cu; the twin's row operations, spec rounds and export / upload, state_cuda.cu):
+ * embed -> per layer [RMSNorm, qkv GEMM, q/k norm, RoPE, device cache append (GPU encode),
+ * attention (decode: split-KV fused kernel; n > 1: masked multi-query kernel, or with
+ * extend_as_decode the decode kernel once per query), o GEMM, residual + RMSNorm, gate|up
+ * GEMM, SwiGLU, down GEMM, residual] -> RMSNorm -> lm_head -> logits copied to the host,
+ * and / or (model_cuda_decode_pick) the device pick (pick_cuda.h) and its records.
+ * Must not: let an output element's reduction order depend on T, on the token's place in
+ * a tile, or on other rows (batch invariance); call the host model's CPU forward.
+ *
+ * GEMMs: tqkv_cuda_gemm (gemm_cuda.h: tensor cores, activations split into bf16 hi + lo,
+ * a reduction order fixed by K alone, so batch invariant by construction).
+ * RoPE cos / sin come from the host's ops_rope_table (the CPU's exact values).
+ *
+ * Stream and CUDA graph: every kernel and copy of a state runs on its own non-blocking
+ * stream (g->stream, handed to the caches, the GEMMs and cuBLAS); a forward queues its work
+ * there and waits once, at the end. A decode step (n == 1) is the same queue of work
+ * captured into a CUDA graph and replayed (docs/CUDA.md, "Decode step as a CUDA graph"):
+ * per-step data goes through fixed buffers (tokens and RoPE rows from pinned host buffers,
+ * logits to a pinned one, the row table advanced on the device), and everything else a
+ * launch takes from the host is in the graph's key (rows, logits or not, the pick's record
+ * stride, the attention's launch shape, the generation of the buffers and cache storages).
+ * The pick's plan and penalty tokens go up in a copy queued before the step (its size
+ * changes from step to step), into a buffer the captured kernel reads at a fixed address.
+ */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "model/model_impl.h"
+#include "model/ops/ops.h"
+#include "util/common.h"
+}
+#include "model/ops/gemm_cuda.h"
+#include "model/cuda/model_cuda_impl.h"
+#include "model/ops/ops_cuda.cuh"
+#include "model/sample/pick_cuda.h"
+
+// ---------------------------------------------------------------------------
+// state: model_cuda_impl.h
+// ---------------------------------------------------------------------------
+
+tqkv_status mc_ck(cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return TQKV_OK;
+    /* an API error such as an allocation failure is also the runtime's "last error":
+     * clear it, or a later launch check would report it again (sticky errors stay) */
+    (void)cudaGetLastError();
+    const tqkv_status s = e == cudaErrorMemoryAllocation ? TQKV_ENOMEM : TQKV_EUNSUPPORTED;
+    return tqkv_fail(s, "CUDA: %s: %s", what, cudaGetErrorString(e));
+}
+
+tqkv_status mc_dmalloc(void **p, size_t bytes) {
+    *p = NULL;
+    return mc_ck(cudaMalloc(p, bytes ? bytes : 16), "cudaMalloc (model)");
+}
+
+#define ck      mc_ck
+#define dmalloc mc_dmalloc
+
+// ---------------------------------------------------------------------------
+// kernels
+// ---------------------------------------------------------------------------
+
+/* x[t, :] = embed[tinfo[t].token, :]. grid T, block 128. */
+__global__ void embed_kernel(const int32_t *__restrict__ tinfo, const bf16 *__restrict__ e, int H,
+                             float *__restrict__ x) {
+    const size_t t = blockIdx.x;
+    const bf16 *row = e + (size_t)tinfo[t * 3] * H;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) x[t * H + i] = __bfloat162float(row[i]);
+}
+
+/* Optionally x[t] += add[t]; then out[t] = w * (x[t] * r), r = 1 / sqrt(mean(x^2) + eps)
+ * (sum of squares in double, as the CPU). x, add, out [T, H]. grid T, block 128. */
+__global__ void rmsnorm_kernel(float *__restrict__ x, const float *__restrict__ add,
+                               const float *__restrict__ w, float eps, int H,
+                               float *__restrict__ out) {
+    __shared__ double sh[4];
+    const size_t t = blockIdx.x;
+    float *xr = x + t * H;
+    double s = 0;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+        float v = xr[i];
+        if (add) {
+            v = v + add[t * H + i];
+            xr[i] = v;
+        }
+        s += (double)v * v;
+    }
+    s = mc_block_sum128(s, sh);
+    const float r = mc_rms_r(s, H, eps);
+    for (int i = threadIdx.x; i < H; i += blockDim.x) out[t * H + i] = w[i] * (xr[i] * r);
+}
+
+/* One warp per (token, head) of q | k | v: q/k RMSNorm (if qn), RoPE on q and k (pairs
+ * (d, d + half), d < half: all of the head when half = 64, Qwen 3.5's partial RoPE when
+ * less), scatter to qb [R, NH, n, hd], kb / vb [R, NKV, n, hd] at (row, head, column).
+ * A token's projection row (width QS) holds query head h at h qs (qs = hd, or 2 hd when
+ * each head's gate rows follow its query rows), then k, then v (QB = NH qs).
+ * rope [T, hd]: cos [half] | sin [half]. hd == 128.
+ * grid ceil(T * (NH + 2 NKV) / 4), block 128. */
+__global__ void qkv_post_kernel(const float *__restrict__ qkv, int QS, int qs, int T, int NH,
+                                int NKV, int n, const int32_t *__restrict__ tinfo,
+                                const float *__restrict__ qn, const float *__restrict__ kn, float eps,
+                                const float *__restrict__ rope, int half, float *__restrict__ qb,
+                                float *__restrict__ kb, float *__restrict__ vb) {
+    __shared__ float sv[4][128];
+    const int HT = NH + 2 * NKV;
+    const size_t gw = (size_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (gw >= (size_t)T * HT) return;
+    const size_t t = gw / HT;
+    const int h = (int)(gw % HT);
+    const float *src = qkv + t * (size_t)QS + (h < NH ? (size_t)h * qs : (size_t)NH * qs + (size_t)(h - NH) * 128);
+    float v[4] = {src[lane], src[lane + 32], src[lane + 64], src[lane + 96]};
+    const int kind = h < NH ? 0 : h < NH + NKV ? 1 : 2; /* q, k, v */
+    if (kind < 2) {
+        const float *nw = kind == 0 ? qn : kn;
+        if (nw) {
+            double s = (double)v[0] * v[0] + (double)v[1] * v[1] + (double)v[2] * v[2] +
+                       (double)v[3] * v[3];
+            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            const float r = mc_rms_r(s, 128, eps);
+#pragma unroll
+            for (int i = 0; i < 4; i++) v[i] = nw[lane + 32 * i] * (v[i] * r);
+        }
+        mc_warp_rope<4>(v, sv[threadIdx.x >> 5], rope + t * 128, half);
+    }
+    const int r = tinfo[t * 3 + 1], j = tinfo[t * 3 + 2];
+    float *dst;
+    if (kind == 0) dst = qb + (((size_t)r * NH + h) * n + j) * 128;
+    else if (kind == 1) dst = kb + (((size_t)r * NKV + (h - NH)) * n + j) * 128;
+    else dst = vb + (((size_t)r * NKV + (h - NH - NKV)) * n + j) * 128;
+#pragma unroll
+    for (int i = 0; i < 4; i++) dst[lane + 32 * i] = v[i];
+}
+
+/* att[t, h * hd + d] = ob[((row * NH + h) * n + col) * hd + d], times sigmoid(gate) when
+ * gate is set (Qwen 3.5's gated attention: head h's gate at gate[t * QS + h * 2 hd + d]).
+ * grid T, block 128. */
+__global__ void gather_kernel(const float *__restrict__ ob, const int32_t *__restrict__ tinfo,
+                              int NH, int n, const float *__restrict__ gate, int QS,
+                              float *__restrict__ att) {
+    const size_t t = blockIdx.x;
+    const int r = tinfo[t * 3 + 1], j = tinfo[t * 3 + 2];
+    for (int i = threadIdx.x; i < NH * 128; i += blockDim.x) {
+        const int h = i >> 7, d = i & 127;
+        float o = ob[(((size_t)r * NH + h) * n + j) * 128 + d];
+        if (gate) {
+            const float x = gate[t * QS + (size_t)h * 256 + d];
+            o = __fmul_rn(o, __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))));
+        }
+        att[t * NH * 128 + i] = o;
+    }
+}
+
+/* The CPU's exp_scalar (ops.c), operation for operation. */
+__device__ float exp_cpu(float x) {
+    x = x > 88.0f ? 88.0f : x;
+    x = x < -87.3365447504f ? -87.3365447504f : x;
+    const float nn = rintf(__fmul_rn(x, 1.44269504088896341f));
+    float r = fmaf(-nn, 0.693359375f, x);
+    r = fmaf(-nn, -2.12194440e-4f, r);
+    float p = 1.9875691500E-4f;
+    p = fmaf(p, r, 1.3981999507E-3f);
+    p = fmaf(p, r, 8.3334519073E-3f);
+    p = fmaf(p, r, 4.1665795894E-2f);
+    p = fmaf(p, r, 1.6666665459E-1f);
+    p = fmaf(p, r, 5.0000001201E-1f);
+    const float z = __fmul_rn(r, r);
+    const float yv = __fadd_rn(fmaf(p, z, r), 1.0f);
+    const float s = __int_as_float(((int)nn + 127) << 23);
+    return __fmul_rn(yv, s);
+}
+
+/* h[t, i] = g / (1 + exp(-g)) * u with gu [T, 2I] = gate | up. grid (T, ceil(I/256)). */
+__global__ void swiglu_kernel(const float *__restrict__ gu, int I, float *__restrict__ h) {
+    const size_t t = blockIdx.x;
+    const int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i >= I) return;
+    const float g = gu[t * 2 * I + i], u = gu[t * 2 * I + I + i];
+    h[t * I + i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, exp_cpu(0.0f - g))), u);
+}
+
+// ---------------------------------------------------------------------------
+// public
+// ---------------------------------------------------------------------------
+
+extern "C" tqkv_status model_cuda_init(model_cuda **out, const tqkv_model *m,
+                                       const tqkv_model_state_params *p, int rows) {
+    if (!out || !m || !p || rows < 1) return tqkv_fail(TQKV_EINVAL, "model_cuda_init: bad argument");
+    if (rows > CUDA_MAX_ROWS)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: %d rows (a device state holds at most %d)",
+                         rows, CUDA_MAX_ROWS);
+    if (!tqkv_cuda_available())
+        return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: no CUDA device is available");
+    /* the attention's one-time setup here, never first inside a graph capture */
+    tqkv_status sst = tqkv_cuda_attn_setup();
+    if (sst) return sst;
+    const tqkv_model_config *c = &m->cfg;
+    if (c->arch != TQKV_ARCH_QWEN3 && c->arch != TQKV_ARCH_QWEN2 && c->arch != TQKV_ARCH_LLAMA &&
+        c->arch != TQKV_ARCH_QWEN35 && c->arch != TQKV_ARCH_GEMMA4)
+        return tqkv_fail(TQKV_EUNSUPPORTED,
+                         "--device cuda: the %s graph runs on the CPU only "
+                         "(the GPU forward has Qwen3, Qwen2, Llama, Qwen 3.5 and Gemma 4)",
+                         c->arch_name);
+    if (m->g4) { /* per-layer head dims and KV heads; the model-wide checks below are the
+                  * sliding layers' */
+        const g4_config *g4 = &m->g4->cfg;
+        for (int l = 0; l < c->n_layers; l++) {
+            if (g4->head_dim[l] != CUDA_DIM && g4->head_dim[l] != CUDA_DIM_WIDE)
+                return tqkv_fail(TQKV_EUNSUPPORTED,
+                                 "--device cuda: Gemma 4 layer %d head_dim %d (the "
+                                 "device kernels take %d and %d)",
+                                 l, g4->head_dim[l], CUDA_DIM, CUDA_DIM_WIDE);
+            if (c->n_heads % g4->n_kv[l] || c->n_heads / g4->n_kv[l] > CUDA_MAX_G)
+                return tqkv_fail(TQKV_EUNSUPPORTED,
+                                 "--device cuda: Gemma 4 layer %d: %d query heads "
+                                 "per KV head (at most %d)",
+                                 l, c->n_heads / g4->n_kv[l], CUDA_MAX_G);
+        }
+        if (g4->pos_layer < 0)
+            return tqkv_fail(TQKV_EUNSUPPORTED,
+                             "--device cuda: a Gemma 4 graph without a full "
+                             "non-shared layer (its sliding layers could not be bounded)");
+        if (g4->ple_dim && (g4->ple_dim % 8 || g4->ple_dim > c->intermediate_size))
+            return tqkv_fail(TQKV_EUNSUPPORTED,
+                             "--device cuda: per-layer input width %d (the device "
+                             "needs a multiple of 8)",
+                             g4->ple_dim);
+    }
+    if (c->n_linear > 0 && !q35_cuda_supported(c))
+        return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: DeltaNet key dim %d / value dim %d / "
+                         "conv width %d (the device kernels take key dim 64 or 128, value dim a "
+                         "multiple of 32 up to 256, conv width up to %d)", c->lin_k_dim,
+                         c->lin_v_dim, c->lin_conv_kernel, 8);
+    if (c->n_linear >= c->n_layers)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: a graph without attention layers");
+    if (c->head_dim != CUDA_DIM && !m->g4)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: head_dim %d (the device kernels "
+                         "need %d)", c->head_dim, CUDA_DIM);
+    if (c->n_heads % c->n_kv_heads || c->n_heads / c->n_kv_heads > CUDA_MAX_G)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: %d query heads per KV head (at "
+                         "most %d)", c->n_heads / c->n_kv_heads, CUDA_MAX_G);
+    int bf = p->k_format == TQKV_F32 && p->v_format == TQKV_F32;
+    int tq = p->k_format == p->v_format && (p->k_format == TQKV_TQ4 || p->k_format == TQKV_TQ3);
+    if (!bf && !tq)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: KV %s/%s (the device cache holds "
+                         "tq4/tq4, tq3/tq3 or, for f32, dense bf16)",
+                         tqkv_format_name(p->k_format), tqkv_format_name(p->v_format));
+    model_cuda *g = (model_cuda *)calloc(1, sizeof *g);
+    if (!g) return tqkv_fail(TQKV_ENOMEM, "out of memory");
+    g->m = m;
+    g->p = *p;
+    g->rows = rows;
+    if (m->g4) g->kv0 = gemma4_position_layer(m); /* sliding layers hold fewer tokens */
+    else
+        while (c->layer_type[g->kv0] == TQKV_LAYER_LINEAR) g->kv0++;
+    if (c->n_linear > 0) { /* recurrent.h's row layout */
+        mc_rec *rc = &g->rec;
+        const size_t CD = 2 * (size_t)c->lin_k_heads * c->lin_k_dim + (size_t)c->lin_v_heads * c->lin_v_dim;
+        rc->n_lin = c->n_linear;
+        rc->conv_floats = CD * (size_t)(c->lin_conv_kernel - 1);
+        rc->ssm_floats = (size_t)c->lin_v_heads * c->lin_k_dim * c->lin_v_dim;
+        rc->row_floats = (size_t)c->n_linear * (rc->conv_floats + rc->ssm_floats);
+    }
+    const char *env = getenv("TQKV_CUDA_GRAPHS"); /* "0": off whatever the parameters say */
+    g->graph.enabled = p->device_graphs && !(env && !strcmp(env, "0"));
+    g->kv_ids = (uint64_t *)calloc((size_t)c->n_layers, sizeof(uint64_t));
+    tqkv_status st = g->kv_ids ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "out of memory");
+    if (!st) st = ck(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking), "state stream");
+    if (!st && !m->gpu_weights) { /* first device state of this model: upload once */
+        model_cuda_weights *w = NULL;
+        st = mc_upload_weights(m, &w);
+        if (!st) ((tqkv_model *)m)->gpu_weights = w;
+    }
+    g->w = m->gpu_weights;
+    if (!st) st = mc_make_caches(g, rows);
+    if (!st && p->device_fast_gemm) st = gemm_cublas_init(&g->cublas, g->stream);
+    if (st) {
+        model_cuda_free(g);
+        return st;
+    }
+    *out = g;
+    return TQKV_OK;
+}
+
+/* Everything is freed after the stream is idle, the stream last. */
+extern "C" void model_cuda_free(model_cuda *g) {
+    if (!g) return;
+    if (g->stream) cudaStreamSynchronize(g->stream);
+    mc_graph_drop(g);
+    g4_cuda_state_free(g);
+    gemm_cublas_free(g->cublas);
+    cudaFree(g->aws);
+    mc_free_caches(g);
+    mc_free_scratch(g);
+    free(g->off);
+    free(g->kv_ids);
+    if (g->stream) cudaStreamDestroy(g->stream);
+    free(g);
+}
+
+extern "C" void model_cuda_graph_stats_get(const model_cuda *g, model_cuda_graph_stats *out) {
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (!g) return;
+    *out = g->graph.stats;
+    out->enabled = g->graph.enabled;
+}
+
+extern "C" tqkv_status model_cuda_reset(model_cuda *g, int rows) {
+    if (!g || rows < 0) return tqkv_fail(TQKV_EINVAL, "model_cuda_reset: bad argument");
+    return mc_make_caches(g, rows == 0 ? g->rows : rows);
+}
+
+extern "C" tqkv_status model_cuda_offsets(const model_cuda *g, int *offset) {
+    if (!g || !offset) return tqkv_fail(TQKV_EINVAL, "model_cuda_offsets: NULL argument");
+    memcpy(offset, tqkv_cuda_kv_offsets(g->kv[g->kv0]), sizeof(int) * (size_t)g->rows);
+    return TQKV_OK;
+}
+
+/* Bytes of decode attention workspace for a call that attends each row r at its lengths
+ * off[r] + 1 .. off[r] + n (a decode: n = 1; a verification window: n):
+ * tqkv_cuda_attend_ws_bytes is monotone in the length, so the longest row's last length
+ * decides. For a decode step it is also the graph key's attn_ws. */
+/* The decode attention workspace for the state's layers: head_dim 128's need, or (Gemma 4
+ * with full layers of 256) the larger of both dims' (a sliding layer's window view is never
+ * longer than the full rows, so the longest row bounds it too). */
+size_t mc_attend_ws_bytes(const model_cuda *g, int tokens) {
+    const size_t b = tqkv_cuda_attend_ws_bytes(g->rows, g->m->cfg.n_heads, tokens);
+    if (!g->m->g4 || g->m->g4->cfg.max_hd <= CUDA_DIM) return b;
+    const size_t w =
+        tqkv_cuda_attend_ws_bytes_dim(g->rows, g->m->cfg.n_heads, tokens, CUDA_DIM_WIDE);
+    return w > b ? w : b; /* Gemma 4: layers of both head dims share it */
+}
+
+static size_t aws_need(const model_cuda *g, const int *off, int n) {
+    int longest = 0;
+    for (int r = 0; r < g->rows; r++) longest = off[r] > longest ? off[r] : longest;
+    return mc_attend_ws_bytes(g, longest + n);
+}
+
+/* The shared decode attention workspace, at least `need` bytes (a new one: gen bump). */
+static tqkv_status ensure_aws_bytes(model_cuda *g, size_t need) {
+    if (need <= g->aws_bytes) return TQKV_OK;
+    return mc_regrow(g, &g->aws, 0, need, &g->aws_bytes, need);
+}
+
+/* The workspace for rows of up to max_tokens tokens (monotone: the longest decides). */
+static tqkv_status ensure_aws(model_cuda *g, int max_tokens) {
+    return ensure_aws_bytes(g, mc_attend_ws_bytes(g, max_tokens));
+}
+
+/* The caches' new storage (if any) has new storage ids: the next step's key differs; the
+ * executable graph is dropped all the same (its memory goes before the caches grow). */
+extern "C" tqkv_status model_cuda_reserve(model_cuda *g, int tokens) {
+    mc_graph_drop(g);
+    tqkv_status st = ensure_aws(g, tokens);
+    const g4_config *g4 = g->m->g4 ? &g->m->g4->cfg : NULL;
+    for (int l = 0; l < g->m->cfg.n_layers && !st; l++) {
+        if (!g->kv[l]) continue;
+        int t = tokens; /* a bounded sliding layer's columns stay below ~2 (window + slack) */
+        if (g4 && g4->sliding[l]) {
+            const int keep = g4->window + g->p.window_slack;
+            t = t < 2 * keep ? t : 2 * keep;
+        }
+        st = tqkv_cuda_kv_reserve(g->kv[l], t);
+    }
+    return st;
+}
+
+/* Synthetic fill: chunks of FILL_CHUNK tokens of N(0, 1) K and V per row, through each
+ * layer's own append (GPU encode), from temporary buffers freed before returning. */
+#define FILL_CHUNK 16
+extern "C" tqkv_status model_cuda_fill(model_cuda *g, int n, uint64_t seed) {
+    const tqkv_model_config *c = &g->m->cfg;
+    const g4_config *g4 = g->m->g4 ? &g->m->g4->cfg : NULL; /* Gemma 4: per-layer dims */
+    const size_t kdmax = g4 ? (size_t)g4->max_kd : (size_t)c->n_kv_heads * CUDA_DIM;
+    const size_t per = (size_t)g->rows * kdmax * FILL_CHUNK; /* [rows, NKV, chunk, hd] */
+    float *k = NULL, *v = NULL;
+    tqkv_status st = dmalloc((void **)&k, per * 4);
+    if (!st) st = dmalloc((void **)&v, per * 4);
+    int done = 0; /* tokens appended to every layer */
+    while (!st && done < n) {
+        const int m = n - done < FILL_CHUNK ? n - done : FILL_CHUNK;
+        for (int l = 0; l < c->n_layers && !st; l++) {
+            if (!g->kv[l]) continue; /* recurrent rows: their token count follows below */
+            const size_t cnt =
+                (size_t)g->rows * m *
+                (g4 ? (size_t)g4->n_kv[l] * g4->head_dim[l] : (size_t)c->n_kv_heads * CUDA_DIM);
+            const uint64_t sd = seed ^ ((uint64_t)l << 40) ^ ((uint64_t)done << 8);
+            /* all on g->stream: the next fill of k / v waits for this append's encode */
+            st = tqkv_cuda_fill_normal_on(k, cnt, sd * 2 + 1, 1.0f, g->stream);
+            if (!st) st = tqkv_cuda_fill_normal_on(v, cnt, sd * 2 + 2, 1.0f, g->stream);
+            if (!st) st = tqkv_cuda_kv_append(g->kv[l], k, v, m);
+            if (st) /* leave every layer at `done` tokens */
+                for (int j = 0; j < l; j++)
+                    if (g->kv[j]) tqkv_cuda_kv_trim(g->kv[j], m);
+        }
+        if (!st) done += m;
+    }
+    /* recurrent rows stay as they are (zeros after a reset) but count the tokens, so the
+     * state stays consistent: a benchmark aid, not a model state */
+    for (int r = 0; r < g->rows && g->rec.n_lin; r++) g->rec.tokens[r] += done;
+    const tqkv_status ss = ck(cudaStreamSynchronize(g->stream), "synthetic fill");
+    cudaFree(k);
+    cudaFree(v);
+    return st ? st : ss;
+}
+
+tqkv_status mc_gemm(model_cuda *g, const float *x, size_t ldx, int T, const bf16 *w, int N, int K,
+                    const float *bias, float *y, size_t ldy) {
+    if (g->cublas) /* xf holds >= T K 4 bytes: room for the bf16 activations */
+        return gemm_cublas_run(g->cublas, x, ldx, T, (const uint16_t *)w, N, K, bias, y, ldy, g->xf);
+    return tqkv_cuda_gemm(x, ldx, T, (const uint16_t *)w, N, K, bias, y, ldy, g->xf, g->part, g->stream);
+}
+
+/* Speculative verification (extend_as_decode, n > 1): query j of each row attends as that
+ * token's single decode did, with the decode kernel over the row's tokens up to its own
+ * position (tqkv_cuda_kv_attend_back, n - 1 - j tokens back), so the window's logits equal n
+ * single-token decodes bit for bit (window 0; with the q8 window while n - 1 <= slack).
+ * qb, ob [R, NH, n, hd]; att [T, QD] is free until the gather that follows and holds
+ * q1 = att [R, NH, hd] and o1 = att + R QD [R, NH, hd] (2 R QD <= T QD since n >= 2).
+ * Everything is queued on g->stream (the caches' stream). Never captured in the decode
+ * graph (n > 1). */
+tqkv_status mc_attend_as_decode(model_cuda *g, cuda_kv *kv, int n, int NH, int head_dim,
+                                float scale) {
+    const size_t R = (size_t)g->rows, hd = (size_t)head_dim, vec = hd * sizeof(float);
+    float *q1 = g->att, *o1 = g->att + R * NH * hd;
+    tqkv_status st = TQKV_OK;
+    for (int j = 0; j < n && !st; j++) {
+        st = ck(cudaMemcpy2DAsync(q1, vec, g->qb + (size_t)j * hd, (size_t)n * vec, vec, R * NH,
+                                  cudaMemcpyDeviceToDevice, g->stream), "verification query copy");
+        if (!st) st = tqkv_cuda_kv_attend_back(kv, n - 1 - j, q1, NH, scale, o1, g->aws, g->aws_bytes);
+        if (!st) st = ck(cudaMemcpy2DAsync(g->ob + (size_t)j * hd, (size_t)n * vec, o1, vec, vec, R * NH,
+                                           cudaMemcpyDeviceToDevice, g->stream), "verification output copy");
+    }
+    return st;
+}
+
+// ---------------------------------------------------------------------------
+// forward: one call's device work as a queue on g->stream, run directly or, for a decode
+// step, captured into a CUDA graph and replayed
+// ---------------------------------------------------------------------------
+
+/* The device pick after the lm_head (g->logits [rows, V]): the kernel on the plan already
+ * uploaded to g->pick_in, then the records' copy to the pinned g->h_pick_rec. */
+tqkv_status mc_pick_queue(model_cuda *g, int stride) {
+    const int R = g->rows, V = g->m->cfg.vocab_size;
+    tqkv_status st = pick_cuda_queue(g->logits, (size_t)V, R, V, g->pick_in, stride, g->pick_rec, g->stream);
+    if (!st) st = ck(cudaMemcpyAsync(g->h_pick_rec, g->pick_rec, (size_t)R * PICK_REC_WORDS(stride) * 4,
+                                     cudaMemcpyDeviceToHost, g->stream), "pick records");
+    return st;
+}
+
+/* Queue one forward's device work on g->stream for the token list in h_tinfo / h_rope
+ * (T = rows n tokens): its upload, the embedding, the layers, the lm_head, the logits'
+ * copy to `out` (host memory; pinned when captured; NULL: no copy) and, with pick > 0
+ * (a decode step, mode LAST), the device pick with record stride `pick`. Waits for
+ * nothing. *done: the layers whose cache took this call's append (forward_undo rewinds
+ * them) or whose recurrent rows it queued changes to. With n == 1 and !as_decode it only launches kernels and copies between fixed
+ * buffers, and reads from the host only what the graph key holds: capturable. */
+static tqkv_status forward_queue(model_cuda *g, int n, int as_decode, tqkv_logits_mode mode,
+                                 float *out, int pick, int *done) {
+    if (g->m->g4) return g4_cuda_forward_queue(g, n, as_decode, mode, out, pick, done);
+    const tqkv_model_config *c = &g->m->cfg;
+    const int R = g->rows, H = c->hidden_size, hd = c->head_dim, NH = c->n_heads,
+              NKV = c->n_kv_heads, I = c->intermediate_size, V = c->vocab_size;
+    const int gated = c->arch == TQKV_ARCH_QWEN35; /* a gate row block per query head */
+    const int qs = gated ? 2 * hd : hd, QD = NH * hd, KD = NKV * hd, QS = NH * qs + 2 * KD;
+    const int half = (c->rotary_dim ? c->rotary_dim : hd) / 2;
+    const int VD = c->lin_v_heads * c->lin_v_dim;
+    const int PWL = 2 * c->lin_k_heads * c->lin_k_dim + 2 * VD + 2 * c->lin_v_heads;
+    const size_t T = (size_t)R * n;
+    const cudaStream_t s = g->stream;
+    *done = 0;
+    tqkv_status st = ck(cudaMemcpyAsync(g->tinfo, g->h_tinfo, T * 3 * 4, cudaMemcpyHostToDevice, s),
+                        "upload tokens");
+    if (!st) st = ck(cudaMemcpyAsync(g->rope, g->h_rope, T * hd * 4, cudaMemcpyHostToDevice, s),
+                     "upload rope");
+    if (!st && g->rec.n_lin)
+        st = ck(cudaMemcpyAsync(g->slot, g->h_slot, T * 4, cudaMemcpyHostToDevice, s), "upload slots");
+    if (st) return st;
+
+    embed_kernel<<<(unsigned)T, 128, 0, s>>>(g->tinfo, g->w->embed, H, g->x);
+    const float scale = 1.0f / sqrtf((float)hd), eps = c->rms_norm_eps;
+    int lin = 0; /* linear layers so far */
+    for (int l = 0; l < c->n_layers && !st; l++) {
+        const mc_layer *L = &g->w->layers[l];
+        cuda_kv *kv = g->kv[l];
+        // ---- token mixer
+        if (l == 0) rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, NULL, L->attn_norm, eps, H, g->xn);
+        if (!kv) { /* Qwen 3.5 gated DeltaNet: xn -> proj -> cv -> att [T, VD] -> tmp */
+            st = mc_gemm(g, g->xn, H, (int)T, L->lin_in, PWL, H, NULL, g->qkv, PWL);
+            if (!st) st = q35_cuda_linear(c, L, &g->rec, lin, R, n, g->qkv, g->cv, g->slot, g->att, s);
+            if (!st) lin++;
+            *done = l + 1; /* the recurrent rows changed: forward_fail marks the state broken */
+            if (!st) st = mc_gemm(g, g->att, VD, (int)T, L->lin_out, H, VD, NULL, g->tmp, H);
+            if (st) break;
+        } else {
+            st = mc_gemm(g, g->xn, H, (int)T, L->wqkv, QS, H, L->bqkv, g->qkv, QS);
+            if (st) break;
+            const size_t warps = T * (size_t)(NH + 2 * NKV);
+            qkv_post_kernel<<<(unsigned)((warps + 3) / 4), 128, 0, s>>>(
+                g->qkv, QS, qs, (int)T, NH, NKV, n, g->tinfo, L->q_norm, L->k_norm, eps, g->rope, half,
+                g->qb, g->kb, g->vb);
+            st = tqkv_cuda_kv_append(kv, g->kb, g->vb, n);
+            if (st) break;
+            *done = l + 1;
+            if (n == 1) {
+                st = tqkv_cuda_kv_attend_ws(kv, g->qb, NH, scale, g->ob, g->aws, g->aws_bytes);
+            } else if (as_decode) {
+                st = mc_attend_as_decode(g, kv, n, NH, hd, scale);
+            } else {
+                for (int r = 0; r < R; r++)
+                    for (int j = 0; j < n; j++) {
+                        const int lp = tqkv_cuda_kv_left_pads(kv)[r];
+                        g->h_lo[(size_t)r * n + j] = lp;
+                        g->h_hi[(size_t)r * n + j] = lp + g->off[r] + j + 1;
+                    }
+                st = tqkv_cuda_kv_attend_masked(kv, g->qb, n, NH, scale, g->h_lo, g->h_hi, g->ob);
+            }
+            if (st) break;
+            gather_kernel<<<(unsigned)T, 128, 0, s>>>(g->ob, g->tinfo, NH, n, gated ? g->qkv + hd : NULL,
+                                                      QS, g->att);
+            st = mc_gemm(g, g->att, QD, (int)T, L->wo, H, QD, L->bo, g->tmp, H);
+            if (st) break;
+        }
+        rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, L->ffn_norm, eps, H, g->xn);
+        // ---- MLP block
+        st = mc_gemm(g, g->xn, H, (int)T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I);
+        if (st) break;
+        swiglu_kernel<<<dim3((unsigned)T, (unsigned)((I + 255) / 256)), 256, 0, s>>>(g->gu, I, g->hh);
+        st = mc_gemm(g, g->hh, I, (int)T, L->wd, H, I, NULL, g->tmp, H);
+        if (st) break;
+        /* residual x += tmp, then the next layer's attention norm (or the final norm) */
+        const float *nw = l + 1 < c->n_layers ? g->w->layers[l + 1].attn_norm : g->w->final_norm;
+        rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, nw, eps, H, g->xn);
+    }
+    if (!st) st = ck(cudaGetLastError(), "forward kernels");
+    if (st || mode == TQKV_LOGITS_NONE) return st;
+    /* xn holds every token's final-normed state (the last layer's fused norm) */
+    if (mode == TQKV_LOGITS_LAST) { /* row r's last token is t = r n + n - 1 */
+        st = mc_gemm(g, g->xn + (size_t)(n - 1) * H, (size_t)n * H, R, g->w->lm_head, V, H, NULL,
+                     g->logits, V);
+        /* the full rows leave before the pick's penalty changes them in place */
+        if (!st && out) st = ck(cudaMemcpyAsync(out, g->logits, (size_t)R * V * 4, cudaMemcpyDeviceToHost, s), "logits");
+        if (!st && pick) st = mc_pick_queue(g, pick);
+        return st;
+    }
+    st = mc_gemm(g, g->xn, H, (int)T, g->w->lm_head, V, H, NULL, g->logits, V);
+    if (!st && out) st = ck(cudaMemcpyAsync(out, g->logits, T * V * 4, cudaMemcpyDeviceToHost, s), "logits");
+    return st;
+}
+
+/* Undo the appends of a failed call to the first `done` layers (prefill: the rows were
+ * empty, rewind leaves them empty; inside a spec round too). The row table is uploaded
+ * from the host mirror, so it also undoes a captured append that never ran. */
+static tqkv_status forward_undo(model_cuda *g, int done, int n) {
+    tqkv_status st = TQKV_OK;
+    for (int l = 0; l < done; l++)
+        if (g->kv[l]) {
+            const tqkv_status rs = tqkv_cuda_kv_rewind(g->kv[l], n);
+            if (!st) st = rs;
+        }
+    return st;
+}
+
+/* After a failed call that ran (some of) its queue: the KV rows go back (forward_undo);
+ * recurrent rows cannot, so a state whose linear layers were reached (graph_qwen35.c's
+ * rule), or whose rewind failed, refuses forwards until it is reset or restored. */
+static void forward_fail(model_cuda *g, int done, int n) {
+    if (forward_undo(g, done, n)) g->broken = 1;
+    for (int l = 0; l < done && g->rec.n_lin; l++)
+        if (g->m->cfg.layer_type[l] == TQKV_LAYER_LINEAR) g->broken = 1;
+}
+
+static tqkv_status forward_direct(model_cuda *g, int n, int as_decode, tqkv_logits_mode mode,
+                                  float *out, int pick) {
+    int done = 0;
+    const tqkv_status st = forward_queue(g, n, as_decode, mode, out, pick, &done);
+    if (st) forward_fail(g, done, n);
+    return st;
+}
+
+/* The decode step's key now. Cache storage ids that moved since the last step (a regrow
+ * inside an append, or anything installed without install_caches) bump gen. */
+static mc_graph_key graph_key(model_cuda *g, int logits, size_t attn_ws, int pick) {
+    int moved = 0;
+    for (int l = 0; l < g->m->cfg.n_layers; l++) {
+        if (!g->kv[l]) continue;
+        const uint64_t id = tqkv_cuda_kv_storage_id(g->kv[l]);
+        if (id != g->kv_ids[l]) {
+            g->kv_ids[l] = id;
+            moved = 1;
+        }
+    }
+    if (moved) g->gen++;
+    mc_graph_key k;
+    memset(&k, 0, sizeof k);
+    k.valid = 1;
+    k.rows = g->rows;
+    k.logits = logits;
+    k.attn_ws = attn_ws;
+    k.pick = pick;
+    k.win_ws = g->m->g4 ? mc_attend_ws_bytes(g, g4_cuda_win_tokens(g, 1)) : 0;
+    k.gen = g->gen;
+    return k;
+}
+
+static int graph_key_eq(const mc_graph_key *a, const mc_graph_key *b) {
+    return a->valid && b->valid && a->rows == b->rows && a->logits == b->logits &&
+           a->attn_ws == b->attn_ws && a->pick == b->pick && a->win_ws == b->win_ws &&
+           a->gen == b->gen;
+}
+
+/* The graph machinery failed (not the forward): graphs off for this state, said once on
+ * stderr, and the step runs directly (the same bits). */
+static tqkv_status graph_fallback(model_cuda *g, const char *why, tqkv_logits_mode mode, float *out,
+                                  int pick) {
+    (void)cudaGetLastError(); /* a capture error must not fail the direct run's launch check */
+    mc_graph_drop(g);
+    g->graph.enabled = 0;
+    fprintf(stderr, "tqkv: CUDA graphs off for a device state (%s); its decode steps run kernel "
+            "by kernel\n", why);
+    g->graph.stats.direct++;
+    return forward_direct(g, 1, 0, mode, out, pick);
+}
+
+/* One decode step (n == 1) through the graph: replay when the key equals the executable
+ * graph's; capture (update or instantiate) and launch when it equals the previous step's;
+ * else run directly and remember the key (a one-off shape costs no capture). */
+static tqkv_status forward_decode_graph(model_cuda *g, tqkv_logits_mode mode, size_t attn_ws,
+                                        float *out, int pick) {
+    const int L = g->m->cfg.n_layers;
+    mc_graph *gr = &g->graph;
+    tqkv_status st = TQKV_OK;
+    /* nothing may allocate inside a capture: the caches grow first (the append's own rule) */
+    for (int l = 0; l < L && !st; l++)
+        if (g->kv[l]) st = tqkv_cuda_kv_reserve_append(g->kv[l], 1);
+    if (st) return st;
+    const mc_graph_key key = graph_key(g, out != NULL, attn_ws, pick);
+    if (gr->exec && graph_key_eq(&key, &gr->key)) { /* replay; the appends' host half by hand */
+        st = ck(cudaGraphLaunch(gr->exec, g->stream), "decode graph launch");
+        for (int l = 0; l < L && !st; l++)
+            if (g->kv[l]) st = tqkv_cuda_kv_replayed_append(g->kv[l], 1);
+        if (!st) gr->stats.replays++;
+        return st;
+    }
+    if (!graph_key_eq(&key, &gr->pending)) { /* a new key: direct, captured if it repeats */
+        gr->stats.direct++;
+        const tqkv_status ds = forward_direct(g, 1, 0, mode, out, pick);
+        if (!ds) gr->pending = key; /* only a step that ran through is a shape worth capturing */
+        return ds;
+    }
+    /* capture: the appends' host half runs now, their kernels when the graph is launched */
+    if (cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+        return graph_fallback(g, "cudaStreamBeginCapture failed", mode, out, pick);
+    int done = 0;
+    const tqkv_status qs = forward_queue(g, 1, 0, mode, out, pick, &done);
+    cudaGraph_t graph = NULL;
+    const cudaError_t ce = cudaStreamEndCapture(g->stream, &graph);
+    if (qs || ce != cudaSuccess || !graph) {
+        if (graph) cudaGraphDestroy(graph);
+        (void)cudaGetLastError();
+        if (forward_undo(g, done, 1)) { /* nothing ran: back to the step's start */
+            g->broken = 1;
+            return tqkv_fail(TQKV_ESTATE, "decode step: undoing a failed capture failed");
+        }
+        return graph_fallback(g, qs ? tqkv_last_error() : cudaGetErrorString(ce), mode, out, pick);
+    }
+    /* Update in place only where the topology is the same (rows, logits and pick or not
+     * unchanged: only grids, copy sizes and pointers moved); anything else, or a refused
+     * update, instantiates anew. */
+    if (gr->exec && (key.rows != gr->key.rows || key.logits != gr->key.logits ||
+                     (key.pick != 0) != (gr->key.pick != 0))) {
+        cudaGraphExecDestroy(gr->exec);
+        gr->exec = NULL;
+    }
+    if (gr->exec) {
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(gr->exec, graph, &info) == cudaSuccess) {
+            gr->stats.updates++;
+        } else {
+            (void)cudaGetLastError();
+            if (getenv("TQKV_CUDA_GRAPH_DEBUG"))
+                fprintf(stderr, "tqkv: graph update refused (result %d): instantiating anew\n", (int)info.result);
+            cudaGraphExecDestroy(gr->exec);
+            gr->exec = NULL;
+        }
+    }
+    cudaError_t ie = cudaSuccess;
+    if (!gr->exec) ie = cudaGraphInstantiate(&gr->exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (ie != cudaSuccess) {
+        gr->exec = NULL;
+        if (forward_undo(g, done, 1)) {
+            g->broken = 1;
+            return tqkv_fail(TQKV_ESTATE, "decode step: undoing a failed capture failed");
+        }
+        return graph_fallback(g, cudaGetErrorString(ie), mode, out, pick);
+    }
+    gr->key = key;
+    gr->stats.captures++;
+    st = ck(cudaGraphLaunch(gr->exec, g->stream), "decode graph launch");
+    if (st) forward_fail(g, done, 1);
+    return st;
+}
+
+/* A decode step's device pick (model_cuda_decode_pick): host plan [rows], penalty tokens
+ * [n_pen], record stride, and where the records go [rows, PICK_REC_WORDS(stride)]. */
+typedef struct {
+    const pick_row *plan;
+    const int32_t  *pen;
+    int             n_pen;
+    int             stride;
+    int32_t        *rec;
+} pick_req;
+
+/* model_cuda_forward's body; logits may be NULL with mode LAST when pk is set (the pick
+ * alone). Arguments are checked by the callers. */
+static tqkv_status forward_run(model_cuda *g, const int32_t *tokens, const int *lengths, int n,
+                               int prefill, tqkv_logits_mode mode, float *logits, const pick_req *pk) {
+    const tqkv_model *m = g->m;
+    const tqkv_model_config *c = &m->cfg;
+    const int R = g->rows, hd = c->head_dim, V = c->vocab_size,
+              half = (c->rotary_dim ? c->rotary_dim : hd) / 2, RW = mc_rope_width(m);
+    /* Gemma 4: per-layer inputs index a table of ple_vocab rows (graph_gemma4.c's limit) */
+    const g4_config *g4 = m->g4 ? &m->g4->cfg : NULL;
+    const int tok_limit = g4 && g4->ple_dim && g4->ple_vocab < V ? g4->ple_vocab : V;
+    mc_rec *rc = &g->rec;
+    memcpy(g->off, tqkv_cuda_kv_offsets(g->kv[g->kv0]), sizeof(int) * (size_t)R);
+    if (g->broken)
+        return tqkv_fail(TQKV_ESTATE, "forward: an earlier forward failed midway and left rows it "
+                         "could not undo; reset the state");
+    if (rc->n_lin) { /* graph_qwen35.c's checks, on the device rows */
+        if (rc->spec_active != tqkv_cuda_kv_spec_active(g->kv[g->kv0]))
+            return tqkv_fail(TQKV_ESTATE, "forward: spec round open on the %s but not on the %s",
+                             rc->spec_active ? "recurrent rows" : "KV rows",
+                             rc->spec_active ? "KV rows" : "recurrent rows");
+        for (int r = 0; r < R; r++)
+            if (rc->tokens[r] != g->off[r])
+                return tqkv_fail(TQKV_ESTATE, "forward: row %d: recurrent state has absorbed %d "
+                                 "tokens, its KV rows hold %d (recurrent rows cannot be trimmed; "
+                                 "row operations must apply to both)", r, rc->tokens[r], g->off[r]);
+    }
+    for (int r = 0; r < R; r++) {
+        if (lengths && lengths[r] != n)
+            return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: padded prefill (row %d length %d "
+                             "!= %d) is not supported on the device", r, lengths[r], n);
+        if (prefill && g->off[r] != 0)
+            return tqkv_fail(TQKV_ESTATE, "prefill: row %d already holds %d tokens (reset the "
+                             "state or use extend)", r, g->off[r]);
+        for (int j = 0; j < n; j++) {
+            int32_t t = tokens[(size_t)r * n + j];
+            if (t < 0 || t >= tok_limit)
+                return tqkv_fail(TQKV_ERANGE, "forward: token %d at row %d position %d outside "
+                                 "vocab %d", t, r, j, V);
+        }
+    }
+    const size_t T = (size_t)R * n;
+    const int as_decode = !prefill && n > 1 && g->p.extend_as_decode; /* verification window */
+    /* decode logits land in the pinned staging buffer (a graph's copy needs a fixed,
+     * pinned target), others straight in the caller's (a pageable copy waits for itself) */
+    const int copy = mode != TQKV_LOGITS_NONE && logits;
+    const size_t pick_in = pk ? (size_t)R * sizeof(pick_row) + (size_t)pk->n_pen * sizeof(int32_t) : 0;
+    tqkv_status st = mc_ensure_scratch(g, T, T);
+    size_t attn_ws = 0; /* decode attention: its workspace need, the graph key's launch shape */
+    if (!st && (n == 1 || as_decode)) {
+        attn_ws = aws_need(g, g->off, n);
+        st = ensure_aws_bytes(g, attn_ws);
+    }
+    if (!st && mode != TQKV_LOGITS_NONE) st = mc_ensure_logits(g, mode == TQKV_LOGITS_ALL ? T : (size_t)R);
+    if (!st && copy && n == 1) st = mc_ensure_hlogits(g, (size_t)R);
+    if (!st && pk) st = mc_ensure_pick(g, pick_in, (size_t)R * PICK_REC_WORDS(pk->stride));
+    if (!st && rc->spec_active) st = mc_rec_spec_reserve(g, n);
+    if (!st && m->g4) st = g4_cuda_prepare(g);
+    if (st) return st;
+
+    /* token list [T, 3] (id, row, column) and rope tables, in the pinned buffers the
+     * queue uploads from */
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < n; j++) {
+            const size_t t = (size_t)r * n + j;
+            g->h_tinfo[t * 3] = tokens[t];
+            g->h_tinfo[t * 3 + 1] = r;
+            g->h_tinfo[t * 3 + 2] = j;
+            if (m->g4) { /* both layer types' tables: sliding | full */
+                float *rp = g->h_rope + t * RW;
+                for (int k = 0; k < 2; k++) {
+                    const int hk = m->g4->half[k];
+                    if (hk) ops_rope_table(g->off[r] + j, m->g4->inv_freq[k], hk, rp, rp + hk);
+                    rp += 2 * hk;
+                }
+            } else {
+                ops_rope_table(g->off[r] + j, m->inv_freq, half, g->h_rope + t * hd,
+                               g->h_rope + t * hd + half);
+            }
+            /* the recurrent rows after this token go to snapshot slot steps + j + 1 */
+            g->h_slot[t] = rc->spec_active ? rc->spec_steps[r] + j + 1 : -1;
+        }
+    /* the pick's plan and penalty tokens: one copy, ahead of the step in stream order */
+    if (pk) {
+        memcpy(g->h_pick_in, pk->plan, (size_t)R * sizeof(pick_row));
+        if (pk->n_pen)
+            memcpy((char *)g->h_pick_in + (size_t)R * sizeof(pick_row), pk->pen,
+                   (size_t)pk->n_pen * sizeof(int32_t));
+        st = ck(cudaMemcpyAsync(g->pick_in, g->h_pick_in, pick_in, cudaMemcpyHostToDevice, g->stream),
+                "pick upload");
+        if (st) return st;
+    }
+    const int pick = pk ? pk->stride : 0;
+    float *out = !copy ? NULL : n == 1 ? g->h_logits : logits;
+    if (n == 1 && R > 0 && g->graph.enabled) {
+        st = forward_decode_graph(g, mode, attn_ws, out, pick);
+    } else {
+        if (n == 1) g->graph.stats.direct++;
+        st = forward_direct(g, n, as_decode, mode, out, pick);
+    }
+    /* one wait per call: the logits are on the host and the pinned buffers free again */
+    const tqkv_status ss = ck(cudaStreamSynchronize(g->stream), "forward");
+    if (!st) st = ss;
+    if (ss) g->broken = 1; /* what ran of the step is unknown */
+    for (int r = 0; r < R && !st && rc->n_lin; r++) { /* rec_advance */
+        rc->tokens[r] += n;
+        if (rc->spec_active) rc->spec_steps[r] += n;
+    }
+    /* Gemma 4: the bounded sliding layers (graph_gemma4.c: after the forward, not in a spec
+     * round); its copies are queued after the logits' and waited for by the next call */
+    if (!st && m->g4 && !tqkv_cuda_kv_spec_active(g->kv[g->kv0])) {
+        st = g4_cuda_drop_oldest(g);
+        if (st) g->broken = 1; /* the layers may be out of step */
+    }
+    if (!st && out && out == g->h_logits) memcpy(logits, g->h_logits, (size_t)R * V * sizeof(float));
+    if (!st && pk) memcpy(pk->rec, g->h_pick_rec, (size_t)R * PICK_REC_WORDS(pk->stride) * sizeof(int32_t));
+    return st;
+}
+
+extern "C" tqkv_status model_cuda_forward(model_cuda *g, const int32_t *tokens, const int *lengths,
+                                          int n, int prefill, tqkv_logits_mode mode, float *logits) {
+    if (n < 1) return tqkv_fail(TQKV_EINVAL, "forward: n must be >= 1, got %d", n);
+    if ((unsigned)mode > TQKV_LOGITS_ALL || (mode != TQKV_LOGITS_NONE && !logits))
+        return tqkv_fail(TQKV_EINVAL, "forward: bad logits mode or NULL logits");
+    return forward_run(g, tokens, lengths, n, prefill, mode, logits, NULL);
+}
+
+extern "C" tqkv_status model_cuda_decode_pick(model_cuda *g, const int32_t *tokens, const pick_row *plan,
+                                              const int32_t *pen, int n_pen, int stride, float *logits,
+                                              int32_t *rec) {
+    const int R = g->rows, V = g->m->cfg.vocab_size;
+    if (!tokens || !plan || !rec || n_pen < 0 || (n_pen && !pen) || stride < 1 || stride > PICK_TOP_K_MAX)
+        return tqkv_fail(TQKV_EINVAL, "device pick: NULL argument, or stride %d not in [1, %d]",
+                         stride, PICK_TOP_K_MAX);
+    for (int r = 0; r < R; r++) {
+        const pick_row *p = &plan[r];
+        const int pick = p->mode == PICK_GREEDY || p->mode == PICK_TOP_K;
+        if ((p->mode != PICK_NONE && !pick) ||
+            (p->mode == PICK_TOP_K && (p->k < 1 || p->k > stride || p->k >= V ||
+                                       !(p->temp > 0 && isfinite(p->temp)))) ||
+            (pick && p->pen_n > 0 && !(p->penalty > 0 && isfinite(p->penalty))) || p->pen_n < 0 ||
+            p->pen_off < 0 || p->pen_n > n_pen - p->pen_off)
+            return tqkv_fail(TQKV_EINVAL, "device pick: row %d: bad plan (mode %d, k %d of stride %d, "
+                             "penalty tokens %d at %d of %d)", r, p->mode, p->k, stride, p->pen_n,
+                             p->pen_off, n_pen);
+    }
+    for (int i = 0; i < n_pen; i++)
+        if (pen[i] < 0 || pen[i] >= V)
+            return tqkv_fail(TQKV_ERANGE, "device pick: penalty token %d outside vocab %d", pen[i], V);
+    const pick_req pk = {plan, pen, n_pen, stride, rec};
+    return forward_run(g, tokens, NULL, 1, 0, TQKV_LOGITS_LAST, logits, &pk);
+}

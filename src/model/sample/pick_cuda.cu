@@ -1,0 +1,284 @@
+/*
+ * pick_cuda.cu - picking the next token on the device (see pick.h for the plan and the
+ * records, pick_cuda.h for the call).
+ * Owns: the pick kernel: one 1024-thread CTA per row applies the row's repetition penalty in
+ * place, then either the greedy argmax or the exact top-k selection below.
+ * Must not: round differently from the CPU sampler (IEEE division and multiplication only,
+ * no fast math), or let a row's result depend on another row.
+ *
+ * Top-k (the CPU's top_k_ids on l / T: value desc, id asc). Keys: pick_key(l / T), an
+ * unsigned order equal to the float order with -0.0 == +0.0. A radix select in 4 passes of
+ * 8 bits (shared histograms, lanes of a warp with the same digit add once) finds the k-th
+ * largest key K and how many of the keys equal to K are needed (`need`); pass 0 also
+ * gathers the row's finiteness flags (a row that fails stops there). One ordered pass then
+ * collects every key > K (fewer than k) and the `need` lowest ids whose key is K (a block
+ * scan of each 1024-id chunk, in id order), and a bitonic sort of (key, ~id) puts the k
+ * candidates in the CPU's order. Values come back as the penalized logits l (the host
+ * divides by T again, to the same bits).
+ * Greedy: each thread keeps its first best number (NaN skipped), then warp and block
+ * reductions under (value desc, id asc).
+ * The row is read with plain loads (no __restrict__ / read-only path): the same CTA wrote
+ * its penalized logits at the start of the kernel.
+ */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+extern "C" {
+#include "util/common.h"
+}
+#include "model/sample/pick_cuda.h"
+
+#define PICK_THREADS 1024
+#define PICK_WARPS (PICK_THREADS / 32)
+#define FULL_MASK 0xffffffffu
+
+// ---------------------------------------------------------------------------
+// kernel
+// ---------------------------------------------------------------------------
+
+struct pick_smem {
+    unsigned long long cand[PICK_TOP_K_MAX]; /* (key << 32) | ~id: larger sorts first */
+    int      hist[256];
+    int      wsum[2][PICK_WARPS];            /* per-warp counts of one chunk (double buffered) */
+    float    bv[PICK_WARPS];                 /* greedy: each warp's best */
+    int      bi[PICK_WARPS];
+    unsigned flags;
+    uint32_t prefix;
+    int      remaining;
+    int      n_gt;
+};
+
+/* a is a better greedy answer than b (id < 0: none) */
+__device__ __forceinline__ bool greedy_better(float av, int ai, float bv, int bi) {
+    return ai >= 0 && (bi < 0 || av > bv || (av == bv && ai < bi));
+}
+
+/* The warp's best (value, id) into lane 0. */
+__device__ __forceinline__ void warp_best(float &bv, int &bi) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_down_sync(FULL_MASK, bv, o);
+        const int oi = __shfl_down_sync(FULL_MASK, bi, o);
+        if (greedy_better(ov, oi, bv, bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+}
+
+__device__ void pick_greedy(const float *l, int V, pick_smem &sh, int32_t *rec,
+                            int stride) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    float bv = 0.0f;
+    int bi = -1;
+    for (int i = tid; i < V; i += PICK_THREADS) { /* ascending ids: the first best stays */
+        const float x = l[i];
+        if (!isnan(x) && (bi < 0 || x > bv)) {
+            bv = x;
+            bi = i;
+        }
+    }
+    warp_best(bv, bi);
+    if (lane == 0) {
+        sh.bv[warp] = bv;
+        sh.bi[warp] = bi;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        bv = sh.bv[lane];
+        bi = sh.bi[lane];
+        warp_best(bv, bi);
+        if (lane == 0) {
+            rec[0] = 0;
+            rec[1] = bi >= 0 ? 1 : 0;
+            rec[2] = bi;
+            rec[2 + stride] = __float_as_int(bv);
+        }
+    }
+}
+
+/* Warp 0: the digit bin of the `remaining`-th largest key among those matching the prefix
+ * (bins high to low, 8 per lane); updates sh.prefix / sh.remaining. */
+__device__ void pick_find_bin(pick_smem &sh, int shift) {
+    const int lane = threadIdx.x & 31;
+    const int hi = 255 - 8 * lane; /* this lane's bins: hi, hi - 1, .., hi - 7 */
+    const int rem = sh.remaining;
+    __syncwarp(); /* every lane has read it before one lane writes it */
+    int c = 0;
+    for (int b = 0; b < 8; b++) c += sh.hist[hi - b];
+    int inc = c;
+    for (int o = 1; o < 32; o <<= 1) {
+        const int t = __shfl_up_sync(FULL_MASK, inc, o);
+        if (lane >= o) inc += t;
+    }
+    const int exc = inc - c;
+    if (exc < rem && rem <= inc) { /* exactly one lane */
+        int acc = exc, b = 0;
+        for (; b < 7; b++) {
+            if (acc + sh.hist[hi - b] >= rem) break;
+            acc += sh.hist[hi - b];
+        }
+        sh.prefix |= (uint32_t)(hi - b) << shift;
+        sh.remaining = rem - acc;
+    }
+}
+
+__device__ void pick_top_k(const float *l, int V, int k, float temp, pick_smem &sh,
+                           int32_t *rec, int stride) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    if (tid == 0) {
+        sh.flags = 0;
+        sh.prefix = 0;
+        sh.remaining = k;
+    }
+    // ---- radix select of the k-th largest key, 8 bits a pass
+    uint32_t mask = 0;
+    for (int pass = 0; pass < 4; pass++) {
+        const int shift = 24 - 8 * pass;
+        for (int b = tid; b < 256; b += PICK_THREADS) sh.hist[b] = 0;
+        __syncthreads();
+        const uint32_t prefix = sh.prefix;
+        unsigned f = 0;
+        for (int base = 0; base < V; base += PICK_THREADS) { /* whole warps every round */
+            const int i = base + tid;
+            int bin = 256;
+            if (i < V) {
+                const float x = l[i], v = __fdiv_rn(x, temp);
+                const uint32_t key = pick_key(v);
+                if (pass == 0) {
+                    if (isnan(x)) f |= PICK_F_NAN;
+                    else if (v == INFINITY) f |= PICK_F_POS_INF;
+                    if (v > -INFINITY) f |= PICK_F_ABOVE_NEG_INF;
+                }
+                if ((key & mask) == prefix) bin = (int)((key >> shift) & 255u);
+            }
+            const unsigned peers = __match_any_sync(FULL_MASK, bin);
+            if (bin < 256 && lane == __ffs(peers) - 1) atomicAdd(&sh.hist[bin], __popc(peers));
+        }
+        if (pass == 0) {
+            for (int o = 16; o > 0; o >>= 1) f |= __shfl_xor_sync(FULL_MASK, f, o);
+            if (lane == 0 && f) atomicOr(&sh.flags, f);
+        }
+        __syncthreads();
+        if (pass == 0) {
+            const unsigned fl = sh.flags;
+            if ((fl & (PICK_F_NAN | PICK_F_POS_INF)) || !(fl & PICK_F_ABOVE_NEG_INF)) {
+                if (tid == 0) { /* the host fails the row as the CPU sampler does */
+                    rec[0] = (int32_t)fl;
+                    rec[1] = 0;
+                }
+                return;
+            }
+        }
+        if (warp == 0) pick_find_bin(sh, shift);
+        mask |= 255u << shift;
+        __syncthreads();
+    }
+    // ---- every key > K, and the `need` lowest ids with key == K, in id order
+    const uint32_t K = sh.prefix;
+    const int need = sh.remaining, n_gt = k - need;
+    if (tid == 0) sh.n_gt = 0;
+    __syncthreads();
+    int eq_base = 0, buf = 0;
+    for (int base = 0; base < V; base += PICK_THREADS, buf ^= 1) {
+        const int i = base + tid;
+        bool gt = false, eq = false;
+        uint32_t key = 0;
+        if (i < V) {
+            key = pick_key(__fdiv_rn(l[i], temp));
+            gt = key > K;
+            eq = key == K;
+        }
+        const unsigned long long c = ((unsigned long long)key << 32) | (uint32_t)~(uint32_t)i;
+        if (gt) sh.cand[atomicAdd(&sh.n_gt, 1)] = c;
+        const unsigned bal = __ballot_sync(FULL_MASK, eq);
+        if (lane == 0) sh.wsum[buf][warp] = __popc(bal);
+        __syncthreads();
+        const int w = sh.wsum[buf][lane];
+        int inc = w;
+        for (int o = 1; o < 32; o <<= 1) {
+            const int t = __shfl_up_sync(FULL_MASK, inc, o);
+            if (lane >= o) inc += t;
+        }
+        const int woff = __shfl_sync(FULL_MASK, inc - w, warp), tot = __shfl_sync(FULL_MASK, inc, 31);
+        if (eq) {
+            const int rank = eq_base + woff + __popc(bal & ((1u << lane) - 1u));
+            if (rank < need) sh.cand[n_gt + rank] = c;
+        }
+        eq_base += tot;
+    }
+    // ---- bitonic sort of the k candidates, descending (padding 0 sorts last)
+    int n2 = 1;
+    while (n2 < k) n2 <<= 1;
+    for (int i = k + tid; i < n2; i += PICK_THREADS) sh.cand[i] = 0;
+    __syncthreads();
+    for (int size = 2; size <= n2; size <<= 1)
+        for (int j = size >> 1; j > 0; j >>= 1) {
+            if (tid < n2) {
+                const int p = tid ^ j;
+                if (p > tid) {
+                    const unsigned long long a = sh.cand[tid], b = sh.cand[p];
+                    const bool desc = (tid & size) == 0;
+                    if (desc ? a < b : a > b) {
+                        sh.cand[tid] = b;
+                        sh.cand[p] = a;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    int32_t *ids = rec + 2, *vals = rec + 2 + stride;
+    for (int i = tid; i < k; i += PICK_THREADS) {
+        const int32_t id = (int32_t)~(uint32_t)(sh.cand[i] & 0xffffffffu);
+        ids[i] = id;
+        vals[i] = __float_as_int(l[id]);
+    }
+    if (tid == 0) {
+        rec[0] = (int32_t)sh.flags;
+        rec[1] = k;
+    }
+}
+
+/* grid rows, block PICK_THREADS. */
+__global__ void __launch_bounds__(PICK_THREADS)
+pick_kernel(float *logits, size_t ld, int V, const pick_row *__restrict__ plan,
+            const int32_t *__restrict__ pen, int stride, int32_t *__restrict__ rec) {
+    __shared__ pick_smem sh;
+    const int r = blockIdx.x, tid = threadIdx.x;
+    const pick_row p = plan[r];
+    int32_t *out = rec + (size_t)r * PICK_REC_WORDS(stride);
+    if (p.mode != PICK_GREEDY && p.mode != PICK_TOP_K) {
+        if (tid == 0) out[0] = out[1] = 0;
+        return;
+    }
+    float *l = logits + (size_t)r * ld;
+    /* repetition penalty, in place: distinct tokens, so no two threads touch one logit */
+    for (int j = tid; j < p.pen_n; j += PICK_THREADS) {
+        const int32_t t = pen[p.pen_off + j];
+        const float x = l[t];
+        l[t] = x > 0.0f ? __fdiv_rn(x, p.penalty) : __fmul_rn(x, p.penalty);
+    }
+    __syncthreads(); /* the block's global writes are visible to it after the barrier */
+    if (p.mode == PICK_GREEDY) pick_greedy(l, V, sh, out, stride);
+    else pick_top_k(l, V, p.k, p.temp, sh, out, stride);
+}
+
+// ---------------------------------------------------------------------------
+// public
+// ---------------------------------------------------------------------------
+
+extern "C" tqkv_status pick_cuda_queue(float *logits, size_t ld, int rows, int V, const void *in,
+                                       int stride, int32_t *rec, void *stream) {
+    if (!logits || !in || !rec || rows < 1 || V < 1 || (size_t)V > ld || stride < 1 ||
+        stride > PICK_TOP_K_MAX)
+        return tqkv_fail(TQKV_EINVAL, "device pick: bad arguments (rows %d, vocab %d, stride %d)",
+                         rows, V, stride);
+    const pick_row *plan = (const pick_row *)in;
+    const int32_t *pen = (const int32_t *)(plan + rows);
+    pick_kernel<<<(unsigned)rows, PICK_THREADS, 0, (cudaStream_t)stream>>>(logits, ld, V, plan, pen,
+                                                                            stride, rec);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "CUDA: device pick launch: %s", cudaGetErrorString(e));
+    return TQKV_OK;
+}

@@ -1,0 +1,36 @@
+/*
+ * pick_cuda.h - the device pick kernel (pick_cuda.cu), C-callable: per row of device logits,
+ * the repetition penalty in place, then the greedy argmax or the top-k candidates of the
+ * CPU sampler's order, written as pick.h's result records.
+ * Owns: nothing (no buffers): the caller passes the logits, the uploaded plan and the
+ * record buffer, so any decode step (the model twin's, a later tensor-parallel shard's)
+ * can queue it.
+ * Must not: allocate, wait or read anything from the host (it is captured in the decode
+ * step's CUDA graph).
+ */
+#ifndef TQKV_PICK_CUDA_H
+#define TQKV_PICK_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/sample/pick.h"
+#include "tqkv.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Queue the pick of `rows` rows on `stream` (a cudaStream_t; NULL: the legacy stream).
+ * logits [rows, ld] device floats, V <= ld valid per row: the penalty is applied in place.
+ * in: device copy of the upload, pick_row [rows] then the int32 penalty tokens (pick.h);
+ * rec: device [rows, PICK_REC_WORDS(stride)] int32; stride >= every row's k, k <=
+ * PICK_TOP_K_MAX and k < V for TOP_K rows. One 1024-thread CTA per row. */
+tqkv_status pick_cuda_queue(float *logits, size_t ld, int rows, int V, const void *in,
+                            int stride, int32_t *rec, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

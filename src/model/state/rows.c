@@ -1,0 +1,753 @@
+/*
+ * state_rows.c - row operations on a model state, across all layers at once: merge
+ * (add rows: newcomers prefilled as their own state, then their encoded bytes copied in),
+ * filter (remove rows), extract one row (prompt reuse, export), spec rounds (begin,
+ * commit, rollback to a per-row keep), consistency checks, byte projections, and the
+ * state export format used by the engine's prompt cache.
+ * Owns: the rule that every layer changes or none does: each operation first builds or
+ * validates every layer (and the recurrent rows), then installs all of them.
+ * Must not: run the graph (forward.c, graph_*.c), schedule requests (src/engine).
+ * Device states (s->gpu): every operation goes to the device twin (model_cuda.h) after the
+ * same argument checks; export / import share this file's format and validation.
+ *
+ * Layer kinds (rows_layer_kind_of, the one place graph kinds hook in):
+ *   KV        a tqkv_batch of K/V rows whose offsets are the rows' positions;
+ *   SLIDING   Gemma 4 sliding layer with a bounded cache: after each forward outside a spec
+ *             round, and when a spec round begins, it keeps the newest window + window_slack
+ *             tokens, so it holds min(position, window + slack) <= offset <= position tokens
+ *             per row (more only between a spec round's end and the next forward or round);
+ *   SHARED    Gemma 4 KV-shared layer: NULL, reads its donor's cache (the donor moves);
+ *   RECURRENT Qwen 3.5 linear layer: NULL; the state's recurrent rows (s->rec, one block for
+ *             all linear layers) move with the KV rows in every operation.
+ * Positions come from the position layer (Gemma 4: gemma4_position_layer; otherwise the
+ * first layer with KV rows); without any KV layer, from the recurrent rows' token counts.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache/batch.h" /* spec_base for validation (read only) */
+#include "model/arch/gemma4/gemma4.h"
+#include "model/model_impl.h"
+#ifdef TQKV_HAVE_CUDA
+#include "model/cuda/model_cuda.h"
+#endif
+#include "model/state/recurrent.h"
+#include "util/common.h"
+
+// ---------------------------------------------------------------------------
+// Per-layer dispatch (the one place new layer kinds hook in)
+// ---------------------------------------------------------------------------
+
+typedef enum {
+    ROWS_LAYER_KV = 0,    /* a tqkv_batch of K/V rows, offsets = positions */
+    ROWS_LAYER_SLIDING,   /* a bounded tqkv_batch (Gemma 4 sliding layer) */
+    ROWS_LAYER_SHARED,    /* NULL: reads a donor layer's cache (Gemma 4) */
+    ROWS_LAYER_RECURRENT, /* NULL: recurrent rows in s->rec (Qwen 3.5 linear layer) */
+} rows_layer_kind;
+
+static rows_layer_kind rows_layer_kind_of(const tqkv_model *m, int l) {
+    if (m->g4) {
+        const g4_config *g = &m->g4->cfg;
+        if (g->donor[l] != l) return ROWS_LAYER_SHARED;
+        if (g->sliding[l] && g->pos_layer >= 0) return ROWS_LAYER_SLIDING;
+        return ROWS_LAYER_KV;
+    }
+    if (m->cfg.layer_type[l] == TQKV_LAYER_LINEAR) return ROWS_LAYER_RECURRENT;
+    return ROWS_LAYER_KV;
+}
+
+static int has_kv(rows_layer_kind k) { return k == ROWS_LAYER_KV || k == ROWS_LAYER_SLIDING; }
+
+/* Tokens a bounded sliding layer keeps after a forward (window + slack). */
+static int sliding_keep(const tqkv_model_state *s) {
+    return s->m->g4 ? s->m->g4->cfg.window + s->p.window_slack : 0;
+}
+
+/* The layer whose offsets are the rows' positions, or -1 (no KV layer: rec tokens). */
+static int position_layer(const tqkv_model_state *s) {
+    if (s->m->g4) return gemma4_position_layer(s->m);
+    for (int l = 0; l < s->m->cfg.n_layers; l++)
+        if (has_kv(rows_layer_kind_of(s->m, l))) return l;
+    return -1;
+}
+
+/* New layer l holding the rows keep[0..n) of s (s unchanged); NULL for layers without KV. */
+static tqkv_status rows_layer_select(const tqkv_model_state *s, int l, const int *keep, int n,
+                                     tqkv_batch **out) {
+    switch (rows_layer_kind_of(s->m, l)) {
+    case ROWS_LAYER_KV:
+    case ROWS_LAYER_SLIDING: return tqkv_batch_select(s->layers[l], keep, n, out);
+    case ROWS_LAYER_SHARED:
+    case ROWS_LAYER_RECURRENT: *out = NULL; return TQKV_OK;
+    }
+    return tqkv_fail(TQKV_EUNSUPPORTED, "state rows: unknown layer kind");
+}
+
+/* New layer l = rows of s then rows of src[0..n_src) (all unchanged). A sliding layer's rows
+ * keep their own (bounded) lengths: the merge right-aligns each layer on its own. */
+static tqkv_status rows_layer_merge(const tqkv_model_state *s, tqkv_model_state *const *src,
+                                    int n_src, int l, tqkv_batch **out) {
+    switch (rows_layer_kind_of(s->m, l)) {
+    case ROWS_LAYER_KV:
+    case ROWS_LAYER_SLIDING: {
+        tqkv_cache_ref *it = calloc((size_t)n_src + 1, sizeof *it);
+        if (!it) return tqkv_fail(TQKV_ENOMEM, "state merge: out of memory");
+        it[0].batch = s->layers[l];
+        for (int i = 0; i < n_src; i++) it[i + 1].batch = src[i]->layers[l];
+        tqkv_status rc = tqkv_batch_merge(out, it, n_src + 1);
+        free(it);
+        return rc;
+    }
+    case ROWS_LAYER_SHARED:
+    case ROWS_LAYER_RECURRENT: *out = NULL; return TQKV_OK;
+    }
+    return tqkv_fail(TQKV_EUNSUPPORTED, "state rows: unknown layer kind");
+}
+
+// ---------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------
+
+static void free_batches(tqkv_batch **b, int n) {
+    if (!b) return;
+    for (int i = 0; i < n; i++) tqkv_batch_free(b[i]);
+    free(b);
+}
+
+/* Install new layers, new recurrent rows (rec: NULL when the graph has none) and a new row
+ * count (per-row arrays resized). Takes ownership of layers and rec, also on failure. */
+static tqkv_status install_layers(tqkv_model_state *s, tqkv_batch **layers, model_recurrent *rec,
+                                  int rows) {
+    int *off = calloc((size_t)(rows ? rows : 1), sizeof(int));
+    int *len = calloc((size_t)(rows ? rows : 1), sizeof(int));
+    if (!off || !len) {
+        free(off);
+        free(len);
+        free_batches(layers, s->m->cfg.n_layers);
+        rec_free(rec);
+        return tqkv_fail(TQKV_ENOMEM, "state rows: out of memory");
+    }
+    free_batches(s->layers, s->m->cfg.n_layers);
+    free(s->off);
+    free(s->len);
+    s->layers = layers;
+    if (rec) {
+        rec_free(s->rec);
+        s->rec = rec;
+    }
+    s->off = off;
+    s->len = len;
+    if (rows != s->rows) s->cap_rn = 0; /* row-shaped scratch is re-sized on next use */
+    s->rows = rows;
+    s->p.rows = rows;
+    return TQKV_OK;
+}
+
+static int same_cache_params(const tqkv_model_state *a, const tqkv_model_state *b) {
+    return a->p.k_format == b->p.k_format && a->p.v_format == b->p.v_format &&
+           a->p.window == b->p.window && a->p.window_slack == b->p.window_slack &&
+           a->p.kv_seed == b->p.kv_seed && a->p.device == b->p.device;
+}
+
+/* Device states (params.device = 1): the caches live in the device twin (s->gpu); the host
+ * layers stay empty batches with the same rows, reshaped alongside, and never enter a spec
+ * round (the device twin holds the round). Row operations build the device caches first
+ * (the step that can run out of memory), then the host layers. Export / import use the
+ * host format (f32 KV excepted: the device holds it as dense bf16, which has none). */
+static int spec_active_of(const tqkv_model_state *s) {
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu) return model_cuda_spec_active(s->gpu);
+#endif
+    int pl = position_layer(s);
+    if (pl >= 0) return tqkv_batch_spec_active(s->layers[pl]);
+    return s->rec ? s->rec->spec_active : 0;
+}
+
+// ---------------------------------------------------------------------------
+// Checks and projections
+// ---------------------------------------------------------------------------
+
+tqkv_status tqkv_model_state_check(const tqkv_model_state *s) {
+    if (!s) return tqkv_fail(TQKV_EINVAL, "state check: NULL state");
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu) return model_cuda_check(s->gpu);
+#endif
+    const tqkv_model *m = s->m;
+    const int L = m->cfg.n_layers, R = s->rows, pl = position_layer(s);
+    if (!s->layers) return tqkv_fail(TQKV_ESTATE, "state: no layers");
+    if (pl >= 0 && !s->layers[pl])
+        return tqkv_fail(TQKV_ESTATE, "state: position layer %d has no cache", pl);
+    if (m->cfg.n_linear > 0 && !s->rec)
+        return tqkv_fail(TQKV_ESTATE, "state: hybrid graph without recurrent rows");
+    if (pl < 0 && !s->rec) return tqkv_fail(TQKV_ESTATE, "state: no layer holds rows");
+    int *o0 = malloc(sizeof(int) * (size_t)(R ? 2 * R : 2)), *o1 = malloc(sizeof(int) * (size_t)(R ? 2 * R : 2));
+    if (!o0 || !o1) {
+        free(o0);
+        free(o1);
+        return tqkv_fail(TQKV_ENOMEM, "state check: out of memory");
+    }
+    tqkv_status rc = TQKV_OK;
+    const int spec0 = spec_active_of(s), keep = sliding_keep(s);
+    if (pl >= 0) {
+        if (tqkv_batch_rows(s->layers[pl]) != R)
+            rc = tqkv_fail(TQKV_ESTATE, "state: layer %d cache holds %d rows, the state %d", pl,
+                           tqkv_batch_rows(s->layers[pl]), R);
+        else rc = tqkv_batch_offsets(s->layers[pl], o0, o0 + R);
+    } else {
+        if (s->rec->rows != R)
+            rc = tqkv_fail(TQKV_ESTATE, "state: recurrent rows hold %d rows, the state %d",
+                           s->rec->rows, R);
+        else memcpy(o0, s->rec->tokens, sizeof(int) * (size_t)R);
+    }
+    for (int l = 0; l < L && rc == TQKV_OK; l++) {
+        rows_layer_kind k = rows_layer_kind_of(m, l);
+        const tqkv_batch *b = s->layers[l];
+        if (!has_kv(k)) {
+            if (b) rc = tqkv_fail(TQKV_ESTATE, "state: layer %d (%s) holds a cache", l,
+                                  k == ROWS_LAYER_SHARED ? "KV-shared" : "recurrent");
+            else if (k == ROWS_LAYER_SHARED && !s->layers[m->g4->cfg.donor[l]])
+                rc = tqkv_fail(TQKV_ESTATE, "state: layer %d's donor %d has no cache", l,
+                               m->g4->cfg.donor[l]);
+            continue;
+        }
+        if (!b) {
+            rc = tqkv_fail(TQKV_ESTATE, "state: layer %d has no cache", l);
+            break;
+        }
+        if (tqkv_batch_rows(b) != R) {
+            rc = tqkv_fail(TQKV_ESTATE, "state: layer %d cache holds %d rows, the state %d", l,
+                           tqkv_batch_rows(b), R);
+            break;
+        }
+        if (tqkv_batch_spec_active(b) != spec0) {
+            rc = tqkv_fail(TQKV_ESTATE, "state: layer %d %s in a spec round, the position layer "
+                           "%s", l, spec0 ? "is not" : "is", spec0 ? "is" : "is not");
+            break;
+        }
+        if (l == pl) continue;
+        if ((rc = tqkv_batch_offsets(b, o1, o1 + R)) != TQKV_OK) break;
+        for (int r = 0; r < R; r++) {
+            if (k == ROWS_LAYER_KV && o1[r] != o0[r]) {
+                rc = tqkv_fail(TQKV_ESTATE, "state: row %d holds %d tokens in layer %d but %d in "
+                               "the position layer %d", r, o1[r], l, o0[r], pl);
+                break;
+            }
+            int lo = o0[r] < keep ? o0[r] : keep;
+            if (k == ROWS_LAYER_SLIDING && (o1[r] > o0[r] || o1[r] < lo)) {
+                rc = tqkv_fail(TQKV_ESTATE, "state: row %d holds %d tokens in sliding layer %d, "
+                               "expected %d..%d (position %d, window + slack %d)", r, o1[r], l,
+                               lo, o0[r], o0[r], keep);
+                break;
+            }
+        }
+    }
+    if (rc == TQKV_OK && s->rec) {
+        const model_recurrent *q = s->rec;
+        if (q->rows != R)
+            rc = tqkv_fail(TQKV_ESTATE, "state: recurrent rows hold %d rows, the state %d",
+                           q->rows, R);
+        else if (q->broken)
+            rc = tqkv_fail(TQKV_ESTATE, "state: a forward failed midway and left the recurrent "
+                           "rows inconsistent; reset the state");
+        else if (q->spec_active != spec0)
+            rc = tqkv_fail(TQKV_ESTATE, "state: spec round open on the %s but not on the %s",
+                           q->spec_active ? "recurrent rows" : "KV rows",
+                           q->spec_active ? "KV rows" : "recurrent rows");
+        for (int r = 0; r < R && rc == TQKV_OK; r++)
+            if (q->tokens[r] != o0[r])
+                rc = tqkv_fail(TQKV_ESTATE, "state: row %d: recurrent rows absorbed %d tokens, "
+                               "its KV rows hold %d", r, q->tokens[r], o0[r]);
+    }
+    free(o0);
+    free(o1);
+    return rc;
+}
+
+/* Sliding layers are bounded by window + slack; recurrent rows are a fixed per-row cost
+ * (tqkv_model_state_row_fixed_bytes), included here so admission needs one call. */
+size_t tqkv_model_state_projected_bytes(const tqkv_model_state *s, int tokens) {
+    if (!s || tokens <= 0) return 0;
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu) return model_cuda_projected_bytes(s->gpu, tokens) + model_cuda_row_fixed_bytes(s->gpu);
+#endif
+    size_t b = 0;
+    const int keep = sliding_keep(s);
+    for (int l = 0; l < s->m->cfg.n_layers; l++) {
+        rows_layer_kind k = rows_layer_kind_of(s->m, l);
+        if (!has_kv(k) || !s->layers[l]) continue;
+        int t = k == ROWS_LAYER_SLIDING && tokens > keep ? keep : tokens;
+        b += tqkv_batch_projected_bytes(s->layers[l], t);
+    }
+    return b + tqkv_model_state_row_fixed_bytes(s);
+}
+
+/* A row can be trimmed back to a prefix with fresh-prefill bytes only when every layer
+ * still holds that prefix: a sliding layer that dropped tokens, or recurrent rows (which
+ * cannot be trimmed at all), leave no shorter reusable prefix: the value is then above
+ * the row's length (sliding drop) or the length itself (recurrent: only the whole row).
+ * The engine's prefix cache never trims: it stores states taken at the prefix length. */
+int tqkv_model_state_min_reusable_offset(const tqkv_model_state *s, int row) {
+    if (!s || row < 0 || row >= s->rows) return 0;
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu) { /* conservative: only the whole row */
+        int *o = malloc(sizeof(int) * (size_t)s->rows), pos = 1 << 30;
+        if (o && model_cuda_offsets(s->gpu, o) == TQKV_OK) pos = o[row];
+        free(o);
+        return pos;
+    }
+#endif
+    int pl = position_layer(s);
+    int pos = 0;
+    if (pl >= 0) {
+        int *o = malloc(sizeof(int) * (size_t)s->rows);
+        if (!o || tqkv_batch_offsets(s->layers[pl], o, NULL) != TQKV_OK) {
+            free(o);
+            return 1 << 30; /* unknown: nothing reusable */
+        }
+        pos = o[row];
+        free(o);
+    } else if (s->rec) {
+        pos = s->rec->tokens[row];
+    }
+    int mx = 0;
+    for (int l = 0; l < s->m->cfg.n_layers; l++) {
+        rows_layer_kind k = rows_layer_kind_of(s->m, l);
+        if (!has_kv(k) || !s->layers[l]) continue;
+        if (k == ROWS_LAYER_SLIDING) {
+            int *o = malloc(sizeof(int) * (size_t)s->rows);
+            int held = -1;
+            if (o && tqkv_batch_offsets(s->layers[l], o, NULL) == TQKV_OK) held = o[row];
+            free(o);
+            if (held != pos) return pos + 1; /* dropped tokens: no prefix is reusable */
+        }
+        int v = tqkv_batch_min_reusable_offset(s->layers[l], row);
+        if (v > mx) mx = v;
+    }
+    if (s->rec && pos > mx) mx = pos;
+    return mx;
+}
+
+int tqkv_model_context_len(const tqkv_model *m) {
+    return m ? m->cfg.max_position_embeddings : 0;
+}
+
+// ---------------------------------------------------------------------------
+// Merge / filter / extract
+// ---------------------------------------------------------------------------
+
+tqkv_status tqkv_model_state_merge(tqkv_model_state *s, tqkv_model_state *const *src, int n_src) {
+    if (!s || (n_src > 0 && !src) || n_src < 0)
+        return tqkv_fail(TQKV_EINVAL, "state merge: NULL argument or n_src < 0");
+    if (n_src == 0) return TQKV_OK;
+    long long rows = s->rows;
+    tqkv_status rc = tqkv_model_state_check(s);
+    if (rc != TQKV_OK) return rc;
+    if (spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "state merge: a spec round is active");
+    for (int i = 0; i < n_src; i++) {
+        if (!src[i] || src[i] == s)
+            return tqkv_fail(TQKV_EINVAL, "state merge: source %d is NULL or the target", i);
+        if (src[i]->m != s->m)
+            return tqkv_fail(TQKV_EINVAL, "state merge: source %d belongs to another model", i);
+        if (!same_cache_params(s, src[i]))
+            return tqkv_fail(TQKV_EINVAL, "state merge: source %d has other cache parameters "
+                             "(formats, window, seed)", i);
+        if ((rc = tqkv_model_state_check(src[i])) != TQKV_OK) return rc;
+        if (spec_active_of(src[i]))
+            return tqkv_fail(TQKV_ESTATE, "state merge: source %d is in a spec round", i);
+        rows += src[i]->rows;
+    }
+    if (rows > (1 << 20)) return tqkv_fail(TQKV_ERANGE, "state merge: too many rows (%lld)", rows);
+    const int L = s->m->cfg.n_layers;
+    tqkv_batch **nl = calloc((size_t)L, sizeof *nl);
+    if (!nl) return tqkv_fail(TQKV_ENOMEM, "state merge: out of memory");
+    for (int l = 0; l < L; l++)
+        if ((rc = rows_layer_merge(s, src, n_src, l, &nl[l])) != TQKV_OK) {
+            free_batches(nl, L);
+            return rc;
+        }
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu) {
+        struct model_cuda **g = calloc((size_t)n_src, sizeof *g);
+        if (!g) rc = tqkv_fail(TQKV_ENOMEM, "state merge: out of memory");
+        for (int i = 0; g && i < n_src; i++) g[i] = src[i]->gpu;
+        if (rc == TQKV_OK) rc = model_cuda_merge(s->gpu, g, n_src);
+        free(g);
+        if (rc != TQKV_OK) {
+            free_batches(nl, L);
+            return rc;
+        }
+    }
+#endif
+    model_recurrent *nr = NULL;
+    if (s->rec) {
+        model_recurrent **items = calloc((size_t)n_src + 1, sizeof *items);
+        if (!items) rc = tqkv_fail(TQKV_ENOMEM, "state merge: out of memory");
+        else {
+            items[0] = s->rec;
+            for (int i = 0; i < n_src; i++) items[i + 1] = src[i]->rec;
+            rc = rec_concat(&nr, items, n_src + 1);
+            free(items);
+        }
+        if (rc != TQKV_OK) {
+            free_batches(nl, L);
+            return rc;
+        }
+    }
+    return install_layers(s, nl, nr, (int)rows);
+}
+
+/* New layers and recurrent rows holding rows keep[0..n) of s (s unchanged). */
+static tqkv_status rows_select_all(const tqkv_model_state *s, const int *keep, int n,
+                                   tqkv_batch ***layers, model_recurrent **rec) {
+    const int L = s->m->cfg.n_layers;
+    tqkv_batch **nl = calloc((size_t)L, sizeof *nl);
+    if (!nl) return tqkv_fail(TQKV_ENOMEM, "state rows: out of memory");
+    tqkv_status rc = TQKV_OK;
+    for (int l = 0; l < L && rc == TQKV_OK; l++) rc = rows_layer_select(s, l, keep, n, &nl[l]);
+    *rec = NULL;
+    if (rc == TQKV_OK && s->rec) rc = rec_select(s->rec, keep, n, rec);
+    if (rc != TQKV_OK) {
+        free_batches(nl, L);
+        return rc;
+    }
+    *layers = nl;
+    return TQKV_OK;
+}
+
+tqkv_status tqkv_model_state_filter(tqkv_model_state *s, const int *keep, int n_keep) {
+    if (!s || (n_keep > 0 && !keep) || n_keep < 0)
+        return tqkv_fail(TQKV_EINVAL, "state filter: NULL argument or n_keep < 0");
+    tqkv_status rc = tqkv_model_state_check(s);
+    if (rc != TQKV_OK) return rc;
+    if (spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "state filter: a spec round is active");
+    tqkv_batch **nl = NULL;
+    model_recurrent *nr = NULL;
+    if ((rc = rows_select_all(s, keep, n_keep, &nl, &nr)) != TQKV_OK) return rc;
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu && (rc = model_cuda_filter(s->gpu, keep, n_keep)) != TQKV_OK) {
+        free_batches(nl, s->m->cfg.n_layers);
+        rec_free(nr);
+        return rc;
+    }
+#endif
+    return install_layers(s, nl, nr, n_keep);
+}
+
+tqkv_status tqkv_model_state_extract_row(const tqkv_model_state *s, int row,
+                                         tqkv_model_state **out) {
+    if (!s || !out) return tqkv_fail(TQKV_EINVAL, "state extract: NULL argument");
+    if (row < 0 || row >= s->rows)
+        return tqkv_fail(TQKV_ERANGE, "state extract: row %d not in [0, %d)", row, s->rows);
+    tqkv_status rc = tqkv_model_state_check(s);
+    if (rc != TQKV_OK) return rc;
+    if (spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "state extract: a spec round is active");
+    tqkv_model_state_params p = s->p;
+    p.rows = 1;
+    tqkv_model_state *n = NULL;
+    if ((rc = tqkv_model_state_init(&n, s->m, &p)) != TQKV_OK) return rc;
+    tqkv_batch **nl = NULL;
+    model_recurrent *nr = NULL;
+    if ((rc = rows_select_all(s, &row, 1, &nl, &nr)) != TQKV_OK) {
+        tqkv_model_state_free(n);
+        return rc;
+    }
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu && (rc = model_cuda_extract(s->gpu, row, n->gpu)) != TQKV_OK) {
+        free_batches(nl, s->m->cfg.n_layers);
+        rec_free(nr);
+        tqkv_model_state_free(n);
+        return rc;
+    }
+#endif
+    if ((rc = install_layers(n, nl, nr, 1)) != TQKV_OK) {
+        tqkv_model_state_free(n);
+        return rc;
+    }
+    *out = n;
+    return TQKV_OK;
+}
+
+// ---------------------------------------------------------------------------
+// Spec rounds over every layer (and the recurrent rows' snapshots)
+// ---------------------------------------------------------------------------
+
+tqkv_status tqkv_model_state_spec_begin(tqkv_model_state *s) {
+    tqkv_status rc = tqkv_model_state_check(s);
+    if (rc != TQKV_OK) return rc;
+    if (spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "spec_begin: a spec round is already active");
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu) return model_cuda_spec_begin(s->gpu);
+#endif
+    /* Bounded sliding layers first drop what they hold beyond window + slack (what the last
+     * round kept: a round never drops at the front, so rows that only run rounds would grow
+     * them without bound). Their attention reads the same bits before and after a drop
+     * (model_attend_per_query's token grid), and no row reads the dropped tokens again. A
+     * failure (memory) leaves the state valid: no round open, some layers dropped. */
+    const int keep = sliding_keep(s);
+    for (int l = 0; l < s->m->cfg.n_layers; l++)
+        if (rows_layer_kind_of(s->m, l) == ROWS_LAYER_SLIDING &&
+            (rc = tqkv_batch_drop_oldest(s->layers[l], keep)) != TQKV_OK)
+            return rc;
+    if (s->rec && (rc = rec_spec_begin(s->rec)) != TQKV_OK) return rc; /* can fail: memory */
+    for (int l = 0; l < s->m->cfg.n_layers; l++)
+        if (s->layers[l]) tqkv_batch_spec_begin(s->layers[l]); /* cannot fail: checked */
+    return TQKV_OK;
+}
+
+tqkv_status tqkv_model_state_spec_commit(tqkv_model_state *s) {
+    tqkv_status rc = tqkv_model_state_check(s);
+    if (rc != TQKV_OK) return rc;
+    if (!spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "spec_commit: no spec round is active");
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu) return model_cuda_spec_commit(s->gpu);
+#endif
+    if (s->rec) rec_spec_commit(s->rec);
+    for (int l = 0; l < s->m->cfg.n_layers; l++)
+        if (s->layers[l]) tqkv_batch_spec_commit(s->layers[l]);
+    return TQKV_OK;
+}
+
+/* keep: n_keep == 1 (all rows) or rows; validated against every layer and the recurrent
+ * rows before any change. Sliding layers are never trimmed at the front during a round, so
+ * their rollback is exact as every other layer's. */
+tqkv_status tqkv_model_state_spec_rollback(tqkv_model_state *s, const int *keep, int n_keep) {
+    tqkv_status rc = tqkv_model_state_check(s);
+    if (rc != TQKV_OK) return rc;
+    if (!keep) return tqkv_fail(TQKV_EINVAL, "spec_rollback: keep is NULL");
+    if (!spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "spec_rollback: no spec round is active");
+    if (n_keep != 1 && n_keep != s->rows)
+        return tqkv_fail(TQKV_EINVAL, "spec_rollback: n_keep must be 1 or rows (%d), got %d",
+                         s->rows, n_keep);
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu) return model_cuda_spec_rollback(s->gpu, keep, n_keep); /* validates every layer first */
+#endif
+    for (int r = 0; r < s->rows; r++) {
+        int k = keep[n_keep == 1 ? 0 : r];
+        for (int l = 0; l < s->m->cfg.n_layers; l++) {
+            const tqkv_batch *b = s->layers[l];
+            if (!b) continue;
+            int appended = b->offset[r] - b->spec_base[r];
+            if (k < 0 || k > appended)
+                return tqkv_fail(TQKV_ERANGE, "spec_rollback: keep[%d] = %d not in [0, %d] "
+                                 "(layer %d)", r, k, appended, l);
+        }
+        if (s->rec && (k < 0 || k > s->rec->spec_steps[r]))
+            return tqkv_fail(TQKV_ERANGE, "spec_rollback: keep[%d] = %d not in [0, %d] "
+                             "(recurrent rows)", r, k, s->rec->spec_steps[r]);
+    }
+    if (s->rec && (rc = rec_spec_rollback(s->rec, keep, n_keep)) != TQKV_OK) return rc; /* validated */
+    for (int l = 0; l < s->m->cfg.n_layers; l++)
+        if (s->layers[l]) tqkv_batch_spec_rollback(s->layers[l], keep, n_keep);
+    return TQKV_OK;
+}
+
+int tqkv_model_state_spec_active(const tqkv_model_state *s) {
+    return s && s->rows >= 0 ? spec_active_of(s) : 0;
+}
+
+// ---------------------------------------------------------------------------
+// Export / import (prompt cache files)
+// ---------------------------------------------------------------------------
+/* Layout (little endian):
+ *   "TQKVMS02" | u32 n_layers | u32 rows
+ *   per layer: u64 length, then that layer's tqkv_batch_export bytes (its own versioned,
+ *              checksummed format); length 0 for a layer without KV rows (KV-shared,
+ *              recurrent)
+ *   u64 length, then rec_export bytes of the recurrent rows (0: the graph has none)
+ * Import also reads "TQKVMS01" (no recurrent section, every layer present). */
+
+static const char STATE_MAGIC[8] = {'T', 'Q', 'K', 'V', 'M', 'S', '0', '2'};
+static const char STATE_MAGIC_V1[8] = {'T', 'Q', 'K', 'V', 'M', 'S', '0', '1'};
+
+static void put_u32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put_u64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get_u32(const uint8_t *p) {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+static uint64_t get_u64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+tqkv_status tqkv_model_state_export(const tqkv_model_state *s, uint8_t **out, size_t *len) {
+    if (!s || !out || !len) return tqkv_fail(TQKV_EINVAL, "state export: NULL argument");
+    tqkv_status rc = tqkv_model_state_check(s);
+    if (rc != TQKV_OK) return rc;
+    if (spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "state export: a spec round is active");
+    const int L = s->m->cfg.n_layers;
+    uint8_t **blob = calloc((size_t)L + 1, sizeof *blob); /* [L] = recurrent rows */
+    size_t *bl = calloc((size_t)L + 1, sizeof *bl);
+    size_t total = 16 + 8;
+    if (!blob || !bl) rc = tqkv_fail(TQKV_ENOMEM, "state export: out of memory");
+    for (int l = 0; l < L && rc == TQKV_OK; l++) {
+#ifdef TQKV_HAVE_CUDA
+        if (s->gpu) { /* a recurrent layer exports as length 0, as on the host */
+            rc = model_cuda_export_layer(s->gpu, l, &blob[l], &bl[l]);
+            total += 8 + bl[l];
+            continue;
+        }
+#endif
+        if (s->layers[l]) rc = tqkv_batch_export(s->layers[l], &blob[l], &bl[l]);
+        total += 8 + bl[l];
+    }
+    if (rc == TQKV_OK && s->rec) rc = rec_export(s->rec, &blob[L], &bl[L]);
+#ifdef TQKV_HAVE_CUDA
+    if (rc == TQKV_OK && s->gpu) rc = model_cuda_export_rec(s->gpu, &blob[L], &bl[L]);
+#endif
+    if (rc == TQKV_OK) total += bl[L];
+    uint8_t *buf = rc == TQKV_OK ? malloc(total) : NULL;
+    if (rc == TQKV_OK && !buf) rc = tqkv_fail(TQKV_ENOMEM, "state export: out of memory");
+    if (rc == TQKV_OK) {
+        memcpy(buf, STATE_MAGIC, 8);
+        put_u32(buf + 8, (uint32_t)L);
+        put_u32(buf + 12, (uint32_t)s->rows);
+        size_t at = 16;
+        for (int l = 0; l <= L; l++) {
+            put_u64(buf + at, bl[l]);
+            if (bl[l]) memcpy(buf + at + 8, blob[l], bl[l]);
+            at += 8 + bl[l];
+        }
+        *out = buf;
+        *len = total;
+    }
+    for (int l = 0; blob && l <= L; l++) free(blob[l]);
+    free(blob);
+    free(bl);
+    return rc;
+}
+
+/* The next length-prefixed section of an export: bytes sec, length sl (0: empty). */
+static tqkv_status read_section(const uint8_t *buf, size_t len, size_t *at, const char *what,
+                                int l, const uint8_t **sec, size_t *sl) {
+    if (len - *at < 8)
+        return tqkv_fail(TQKV_ECORRUPT, "state import: truncated before %s %d", what, l);
+    uint64_t n = get_u64(buf + *at);
+    *at += 8;
+    if (n > len - *at) return tqkv_fail(TQKV_ECORRUPT, "state import: %s %d truncated", what, l);
+    *sec = buf + *at;
+    *sl = (size_t)n;
+    *at += (size_t)n;
+    return TQKV_OK;
+}
+
+tqkv_status tqkv_model_state_import(tqkv_model_state **out, const tqkv_model *m,
+                                    const tqkv_model_state_params *p_in, const uint8_t *buf,
+                                    size_t len) {
+    if (!out || !m || !buf) return tqkv_fail(TQKV_EINVAL, "state import: NULL argument");
+    tqkv_model_state_params p = p_in ? *p_in : tqkv_model_state_params_default();
+    if (p.device != 0 && (p.k_format == TQKV_F32 || p.v_format == TQKV_F32))
+        return tqkv_fail(TQKV_EUNSUPPORTED, "state import: a device state with f32 KV holds a "
+                         "dense bf16 cache, which has no state format (import into tq4 or tq3 KV)");
+    int v1 = len >= 16 && !memcmp(buf, STATE_MAGIC_V1, 8); /* no recurrent section */
+    if (len < 16 || (!v1 && memcmp(buf, STATE_MAGIC, 8)))
+        return tqkv_fail(TQKV_ECORRUPT, "state import: not a tqkv model state (bad magic)");
+    const int L = m->cfg.n_layers;
+    uint32_t nl = get_u32(buf + 8), rows = get_u32(buf + 12);
+    if ((int)nl != L || nl > 100000)
+        return tqkv_fail(TQKV_EINVAL, "state import: the state has %u layers, this model %d "
+                         "(state of another model)", nl, L);
+    if (rows < 1 || rows > (1u << 20))
+        return tqkv_fail(TQKV_ECORRUPT, "state import: bad row count %u", rows);
+    /* the expected shape of every layer: a fresh state with these parameters */
+    p.rows = (int)rows;
+    tqkv_model_state *s = NULL;
+    tqkv_status rc = tqkv_model_state_init(&s, m, &p);
+    if (rc != TQKV_OK) return rc;
+    tqkv_batch **layers = calloc((size_t)L, sizeof *layers);
+    if (!layers) {
+        tqkv_model_state_free(s);
+        return tqkv_fail(TQKV_ENOMEM, "state import: out of memory");
+    }
+    size_t at = 16;
+    for (int l = 0; l < L && rc == TQKV_OK; l++) {
+        const uint8_t *sec = NULL;
+        size_t sl = 0;
+        if ((rc = read_section(buf, len, &at, "layer", l, &sec, &sl)) != TQKV_OK) break;
+        if (!s->layers[l]) {
+            if (sl) rc = tqkv_fail(TQKV_EINVAL, "state import: layer %d holds KV rows, this "
+                                   "model's layer %d has none (state of another model)", l, l);
+            continue;
+        }
+        if (!sl) {
+            rc = tqkv_fail(TQKV_EINVAL, "state import: layer %d has no KV rows, this model's "
+                           "does (state of another model)", l);
+            break;
+        }
+        if ((rc = tqkv_batch_restore(&layers[l], sec, sl)) != TQKV_OK) break;
+        const tqkv_cache_config *c = tqkv_batch_get_config(layers[l]);
+        const tqkv_cache_config *e = tqkv_batch_get_config(s->layers[l]);
+        if (c->kv_heads != e->kv_heads || c->head_dim != e->head_dim)
+            rc = tqkv_fail(TQKV_EINVAL, "state import: layer %d has %d kv heads of dim %d, this "
+                           "model %d of dim %d (state of another model)", l, c->kv_heads,
+                           c->head_dim, e->kv_heads, e->head_dim);
+        else if (c->k_format != e->k_format || c->v_format != e->v_format)
+            rc = tqkv_fail(TQKV_EINVAL, "state import: KV format %s/%s, expected %s/%s",
+                           tqkv_format_name(c->k_format), tqkv_format_name(c->v_format),
+                           tqkv_format_name(e->k_format), tqkv_format_name(e->v_format));
+        else if (c->window != e->window || c->window_slack != e->window_slack || c->seed != e->seed)
+            rc = tqkv_fail(TQKV_EINVAL, "state import: window %d slack %d seed %llu at layer %d, "
+                           "expected %d, %d, %llu", c->window, c->window_slack,
+                           (unsigned long long)c->seed, l, e->window, e->window_slack,
+                           (unsigned long long)e->seed);
+        else if (tqkv_batch_rows(layers[l]) != (int)rows || tqkv_batch_spec_active(layers[l]))
+            rc = tqkv_fail(TQKV_ECORRUPT, "state import: layer %d holds %d rows, header %u", l,
+                           tqkv_batch_rows(layers[l]), rows);
+    }
+    model_recurrent *rec = NULL;
+    const int has_rec = m->cfg.n_linear > 0; /* host rows in s->rec, device rows in s->gpu */
+    if (rc == TQKV_OK && !v1) {
+        const uint8_t *sec = NULL;
+        size_t sl = 0;
+        rc = read_section(buf, len, &at, "recurrent section", 0, &sec, &sl);
+        if (rc == TQKV_OK && !has_rec && sl)
+            rc = tqkv_fail(TQKV_EINVAL, "state import: the state has recurrent rows, this model "
+                           "none (state of another model)");
+        else if (rc == TQKV_OK && has_rec && !sl)
+            rc = tqkv_fail(TQKV_EINVAL, "state import: the state has no recurrent rows, this "
+                           "model needs them (state of another model)");
+        else if (rc == TQKV_OK && sl && (rc = rec_restore(&rec, &m->cfg, sec, sl)) == TQKV_OK &&
+                 rec->rows != (int)rows)
+            rc = tqkv_fail(TQKV_ECORRUPT, "state import: recurrent rows hold %d rows, header %u",
+                           rec->rows, rows);
+    } else if (rc == TQKV_OK && has_rec) {
+        rc = tqkv_fail(TQKV_EINVAL, "state import: a TQKVMS01 state has no recurrent rows, this "
+                       "model needs them");
+    }
+    if (rc == TQKV_OK && at != len)
+        rc = tqkv_fail(TQKV_ECORRUPT, "state import: %zu trailing bytes", len - at);
+    if (rc != TQKV_OK) {
+        free_batches(layers, L);
+        rec_free(rec);
+        tqkv_model_state_free(s);
+        return rc;
+    }
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu) { /* device state: the restored (validated) layers become its device caches;
+                   * its host layers stay the fresh empty batches of `rows` rows */
+        rc = model_cuda_upload(s->gpu, layers, rec, (int)rows);
+        free_batches(layers, L);
+        rec_free(rec);
+        if (rc == TQKV_OK) rc = tqkv_model_state_check(s);
+        if (rc != TQKV_OK) {
+            tqkv_model_state_free(s);
+            return rc;
+        }
+        *out = s;
+        return TQKV_OK;
+    }
+#endif
+    if ((rc = install_layers(s, layers, rec, (int)rows)) == TQKV_OK) rc = tqkv_model_state_check(s);
+    if (rc != TQKV_OK) {
+        tqkv_model_state_free(s);
+        return rc;
+    }
+    *out = s;
+    return TQKV_OK;
+}
