@@ -19,19 +19,10 @@ tqkv_status model_config_load(const char *dir, tqkv_model_config *cfg, tqkv_gene
 /* Parse config.json text (name used in messages). */
 tqkv_status model_config_parse(const char *json, size_t len, const char *name,
                                tqkv_model_config *cfg);
-/* config_qwen35.c: 1 if arch / model_type name a Qwen 3.5 checkpoint; *rc is TQKV_OK for
- * the supported dense text graph, else the refusal (MoE, multimodal wrapper). */
-int         model_config_arch_qwen35(const char *arch, const char *model_type, const char *name,
-                                     tqkv_status *rc);
-/* Qwen3_5ForConditionalGeneration / model_type qwen3_5: the text model inside. */
-int         model_config_is_qwen35_wrapper(const char *arch, const char *model_type);
+/* Every layer_types entry of config.json (if present) is one of kinds[] (NULL-ended). */
 struct cJSON;
-tqkv_status model_config_parse_qwen35_wrapper(const struct cJSON *root, const char *name,
-                                              tqkv_model_config *c);
-/* Hybrid fields of a Qwen 3.5 config (layer types, DeltaNet sizes, partial RoPE, gates). */
-struct cJSON;
-tqkv_status model_config_parse_qwen35(const struct cJSON *root, const char *name,
-                                      tqkv_model_config *c);
+tqkv_status model_config_check_layer_types(const struct cJSON *root, const char *name,
+                                           const char *const *kinds);
 tqkv_status model_generation_parse(const char *json, size_t len, const char *name,
                                    tqkv_model_config *cfg, tqkv_generation_config *gen);
 
@@ -87,7 +78,10 @@ struct tqkv_model {
     char                   source[1024]; /* weights file or index, for messages */
     struct model_cuda_weights *gpu_weights; /* --device cuda: bf16 weights in GPU memory,
                                                uploaded by the first device state (model_cuda.h) */
-    struct g4_model       *g4;          /* Gemma 4 extras (gemma4.h), NULL otherwise */
+    const struct model_arch_ops *ops;   /* the architecture (arch/arch.h) */
+    struct g4_model       *g4;          /* Gemma 4 extras (gemma4.h), NULL otherwise; read
+                                           outside arch/gemma4/ only by the device runtime
+                                           (cuda/, docs/ARCHITECTURE.md "Open work") */
 };
 
 /* model.c's loaders, for the graph files: tensors found by name with shape checks. */
@@ -99,11 +93,13 @@ tqkv_status model_fuse(tqkv_model *m, const tqkv_model_load_params *lp, mm_weigh
                        mm_weight *out);
 /* Memory freed with the model. */
 void       *model_own(tqkv_model *m, size_t bytes);
-
-/* model_qwen35.c: one Qwen 3.5 layer (gated attention or gated DeltaNet); after the final
- * norm is loaded, finish() applies the zero-centred norms' + 1 and the partial RoPE table. */
-tqkv_status model_qwen35_load_layer(tqkv_model *m, const tqkv_model_load_params *lp, int l);
-tqkv_status model_qwen35_finish(tqkv_model *m);
+/* The token embedding `name` (kept in place) and the lm_head (or the tied embedding). */
+tqkv_status model_load_embedding(tqkv_model *m, const tqkv_model_load_params *lp,
+                                 const char *name);
+tqkv_status model_load_head(tqkv_model *m, const tqkv_model_load_params *lp,
+                            const char *embed_name);
+/* registry.c: the ops of a parsed config's architecture. */
+const struct model_arch_ops *model_arch_ops_of(tqkv_arch id);
 
 // ---------------------------------------------------------------------------
 // state
@@ -135,11 +131,11 @@ struct tqkv_model_state {
     int     *off;        /* [rows] */
     int     *len;        /* [rows] */
     struct model_cuda *gpu; /* --device cuda: the device twin that runs the forward (NULL: CPU) */
-    struct g4_state *g4; /* Gemma 4 scratch (graph_gemma4.c), NULL otherwise */
-    /* ---- qwen35: hybrid graphs (NULL otherwise; see recurrent.h, graph_qwen35.c).
-     * layers[l] is NULL for a linear-attention layer (it has no KV rows). ---- */
+    void    *ext;        /* the architecture's own per-state data (its state_init / forward
+                            own it), NULL when it has none */
+    /* recurrent rows of graphs with TQKV_LAYER_LINEAR layers (state/recurrent.h), NULL
+     * otherwise; layers[l] is NULL for such a layer (it has no KV rows) */
     struct model_recurrent *rec;
-    struct qwen35_scratch  *hy;
     struct model_pick      *pick; /* tqkv_model_decode_pick's scratch (pick.c), NULL until used */
 };
 
@@ -180,17 +176,23 @@ tqkv_status model_attend_per_query(tqkv_model_state *s, const tqkv_batch *b, con
 int         model_attend_reindexes(const tqkv_model_state *s, const tqkv_batch *b, int n,
                                    int keep);
 
-/* graph_qwen35.c: recurrent rows + scratch of a hybrid state; the hybrid forward. */
-tqkv_status model_qwen35_state_init(tqkv_model_state *s);
-void        model_qwen35_state_free(tqkv_model_state *s);
-tqkv_status model_qwen35_forward(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
-                                 const int *lengths, int n, int prefill, tqkv_logits_mode mode,
-                                 float *logits);
+/* rows.c: the rows' positions (tokens seen): the position layer's offsets, the recurrent
+ * rows' token counts, or the device twin's. */
+tqkv_status model_state_positions(const tqkv_model_state *s, int *pos);
+/* state.c: the public forward's preamble (arguments, rows, context limit); nothing changes. */
+tqkv_status model_forward_check(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+                                const int *lengths, int n, tqkv_logits_mode mode,
+                                const float *logits);
+/* state.c: free the common scratch (x, xn, qkv, ...; a graph's scratch growth failed). */
+void        model_state_free_scratch(tqkv_model_state *s);
+/* layer_info.c: layer l's kind (MODEL_LAYER_*, arch.h) and the layer whose KV it reads. */
+int         model_layer_kind_of(const tqkv_model *m, int l);
+int         model_layer_donor(const tqkv_model *m, int l);
 
 /* pick.c: free the state's decode-and-pick scratch (NULL is fine). */
 void        model_pick_free(struct model_pick *p);
 
-/* kernel_set.c: the graph's attention kernel set (the table lives there). */
-void        model_kernel_set(const tqkv_model_config *c, tqkv_kernel *prefill, tqkv_kernel *decode);
+/* kernel_set.c: the graph's attention kernel set (its ops' kset). */
+void        model_kernel_set(const tqkv_model *m, tqkv_kernel *prefill, tqkv_kernel *decode);
 
 #endif

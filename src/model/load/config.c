@@ -11,7 +11,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "model/arch/gemma4/gemma4.h"
+#include "model/arch/arch.h"
 #include "model/model_impl.h"
 #include "util/common.h"
 #include "util/file.h"
@@ -128,9 +128,44 @@ static int get_ids(const cJSON *o, const char *key, int *ids, int cap) {
         }                                                                                         \
     } while (0)
 
+tqkv_status model_config_check_layer_types(const cJSON *root, const char *name,
+                                           const char *const *kinds) {
+    const cJSON *lt = item(root, "layer_types"), *e;
+    if (!cJSON_IsArray(lt)) return TQKV_OK;
+    cJSON_ArrayForEach(e, lt) {
+        int ok = 0;
+        for (int k = 0; kinds[k] && !ok; k++)
+            ok = cJSON_IsString(e) && !strcmp(e->valuestring, kinds[k]);
+        if (!ok)
+            return tqkv_fail(TQKV_EUNSUPPORTED, "%s: layer_types other than %s%s%s are not "
+                             "supported", name, kinds[0], kinds[1] ? " and " : "",
+                             kinds[1] ? kinds[1] : "");
+    }
+    return TQKV_OK;
+}
+
 // ---------------------------------------------------------------------------
 // config.json
 // ---------------------------------------------------------------------------
+
+/* A wrapper's text model (model_arch_unwrap): its config parsed as a checkpoint of its
+ * own, then the wrapper's name and weight prefix kept. Frees text. */
+static tqkv_status parse_wrapped(cJSON *text, const char *name, const tqkv_model_config *wrap,
+                                 tqkv_model_config *out) {
+    char *json = cJSON_PrintUnformatted(text);
+    cJSON_Delete(text);
+    if (!json) return tqkv_fail(TQKV_ENOMEM, "out of memory");
+    char sub[512];
+    snprintf(sub, sizeof sub, "%s (text_config)", name);
+    tqkv_model_config c;
+    tqkv_status rc = model_config_parse(json, strlen(json), sub, &c);
+    free(json);
+    if (rc != TQKV_OK) return rc;
+    memcpy(c.arch_name, wrap->arch_name, sizeof c.arch_name);
+    memcpy(c.weight_prefix, wrap->weight_prefix, sizeof c.weight_prefix);
+    *out = c;
+    return TQKV_OK;
+}
 
 tqkv_status model_config_parse(const char *json, size_t len, const char *name,
                                tqkv_model_config *out) {
@@ -140,50 +175,31 @@ tqkv_status model_config_parse(const char *json, size_t len, const char *name,
     tqkv_model_config c;
     memset(&c, 0, sizeof c);
 
-    /* architecture */
+    /* architecture: the registry's ops (arch/registry.c) */
     const cJSON *archs = item(root, "architectures");
     const char *arch = NULL;
     if (cJSON_IsArray(archs) && cJSON_GetArraySize(archs) > 0 &&
         cJSON_IsString(cJSON_GetArrayItem(archs, 0)))
         arch = cJSON_GetArrayItem(archs, 0)->valuestring;
     const cJSON *mt = item(root, "model_type");
-    if (!arch && cJSON_IsString(mt)) {
-        if (!strcmp(mt->valuestring, "qwen3")) arch = "Qwen3ForCausalLM";
-        else if (!strcmp(mt->valuestring, "qwen2")) arch = "Qwen2ForCausalLM";
-        else if (!strcmp(mt->valuestring, "llama")) arch = "LlamaForCausalLM";
-        else if (!strcmp(mt->valuestring, "gemma4_text")) arch = "Gemma4ForCausalLM";
-        else if (!strcmp(mt->valuestring, "qwen3_5_text")) arch = "Qwen3_5ForCausalLM";
-        else arch = mt->valuestring;
-    }
-    if (!arch) {
+    const char *type = cJSON_IsString(mt) ? mt->valuestring : NULL;
+    if (!arch && type) arch = model_arch_name_of_type(type);
+    if (!arch && !type) {
         cJSON_Delete(root);
         return tqkv_fail(TQKV_ECORRUPT, "%s: no \"architectures\" or \"model_type\"", name);
     }
-    if (model_config_is_qwen35_wrapper(arch, cJSON_IsString(mt) ? mt->valuestring : NULL)) {
-        rc = model_config_parse_qwen35_wrapper(root, name, &c); /* its text_config */
+    cJSON *text = NULL;
+    if (model_arch_unwrap(arch, type, root, name, &text, c.arch_name, sizeof c.arch_name,
+                          c.weight_prefix, sizeof c.weight_prefix, &rc)) {
         cJSON_Delete(root);
-        if (rc == TQKV_OK) *out = c;
+        return rc == TQKV_OK ? parse_wrapped(text, name, &c, out) : rc;
+    }
+    const model_arch_ops *ops = model_arch_find(arch, type, name, &c.arch, &rc);
+    if (!ops) {
+        cJSON_Delete(root);
         return rc;
     }
-    if (!strcmp(arch, "Qwen3ForCausalLM")) c.arch = TQKV_ARCH_QWEN3;
-    else if (!strcmp(arch, "Qwen2ForCausalLM")) c.arch = TQKV_ARCH_QWEN2;
-    else if (!strcmp(arch, "LlamaForCausalLM")) c.arch = TQKV_ARCH_LLAMA;
-    else if (!strcmp(arch, "Gemma4ForCausalLM")) c.arch = TQKV_ARCH_GEMMA4;
-    else if (model_config_arch_qwen35(arch, cJSON_IsString(mt) ? mt->valuestring : NULL, name,
-                                      &rc)) {
-        if (rc != TQKV_OK) { /* a Qwen 3.5 variant this build refuses (MoE, multimodal) */
-            cJSON_Delete(root);
-            return rc;
-        }
-        c.arch = TQKV_ARCH_QWEN35;
-    } else {
-        tqkv_status s = tqkv_fail(TQKV_EUNSUPPORTED,
-                                  "%s: unknown architecture '%s' (supported: Qwen3ForCausalLM, "
-                                  "Qwen2ForCausalLM, LlamaForCausalLM, Gemma4ForCausalLM, Qwen3_5ForCausalLM)",
-                                  name, arch);
-        cJSON_Delete(root);
-        return s;
-    }
+    if (!arch) arch = type;
     snprintf(c.arch_name, sizeof c.arch_name, "%s", arch);
 
     /* sizes */
@@ -228,24 +244,10 @@ tqkv_status model_config_parse(const char *json, size_t len, const char *name,
         cJSON_Delete(root);
         return tqkv_fail(TQKV_EUNSUPPORTED, "%s: use_sliding_window is not supported", name);
     }
-    const cJSON *lt = item(root, "layer_types"), *e;
-    if (cJSON_IsArray(lt) && c.arch != TQKV_ARCH_GEMMA4) { /* gemma4: gemma4_config_parse */
-        cJSON_ArrayForEach(e, lt) {
-            if (!cJSON_IsString(e) || (strcmp(e->valuestring, "full_attention") &&
-                                       !(c.arch == TQKV_ARCH_QWEN35 &&
-                                         !strcmp(e->valuestring, "linear_attention")))) {
-                cJSON_Delete(root);
-                return tqkv_fail(TQKV_EUNSUPPORTED, "%s: layer_types other than full_attention "
-                                 "are not supported", name);
-            }
-        }
-    }
-
-    /* attention variants */
+    /* attention variants (an architecture's config_parse may set its own) */
     int attn_bias = get_bool(root, "attention_bias", 0);
-    c.qk_norm = c.arch == TQKV_ARCH_QWEN3;
-    c.qkv_bias = c.arch == TQKV_ARCH_QWEN2 ? 1 : attn_bias;
-    c.o_bias = c.arch == TQKV_ARCH_QWEN2 ? 0 : attn_bias;
+    c.qkv_bias = attn_bias;
+    c.o_bias = attn_bias;
     c.tie_word_embeddings = get_bool(root, "tie_word_embeddings", 0);
 
     /* RoPE: rope_parameters (transformers >= 5) or rope_theta + rope_scaling */
@@ -308,8 +310,7 @@ tqkv_status model_config_parse(const char *json, size_t len, const char *name,
         return tqkv_fail(TQKV_ECORRUPT, "%s: bad \"eos_token_id\"", name);
     }
     c.n_eos = n;
-    if (c.arch == TQKV_ARCH_GEMMA4) TRY(gemma4_config_parse(root, name, &c, NULL));
-    if (c.arch == TQKV_ARCH_QWEN35) TRY(model_config_parse_qwen35(root, name, &c));
+    if (ops->config_parse) TRY(ops->config_parse(root, name, &c)); /* its own fields */
     cJSON_Delete(root);
     *out = c;
     return TQKV_OK;

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "model/arch/gemma4/gemma4.h"
+#include "model/arch/arch.h"
 #include "model/model_impl.h"
 #include "model/ops/ops.h"
 #include "util/common.h"
@@ -195,55 +195,6 @@ static tqkv_status fuse(tqkv_model *m, const tqkv_model_load_params *lp, mm_weig
     return add_f32p(m, lp, out, "fused matrix");
 }
 
-static tqkv_status load_layer(tqkv_model *m, const tqkv_model_load_params *lp, int l) {
-    const tqkv_model_config *c = &m->cfg;
-    model_layer *L = &m->layers[l];
-    int H = c->hidden_size, hd = c->head_dim, qd = c->n_heads * hd, kd = c->n_kv_heads * hd;
-    char name[256];
-    tqkv_status rc;
-#define NAME(suffix) (snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix), name)
-#define TRYL(x)                                                                                   \
-    do {                                                                                          \
-        if ((rc = (x)) != TQKV_OK) return rc;                                                     \
-    } while (0)
-    /* q/k/v and gate/up are read in place here and packed into fused matrices below */
-    tqkv_model_load_params lpu = *lp;
-    lpu.no_pack = 1;
-    lpu.no_f32_prefill = 1;
-    TRYL(load_vector(m, NAME("input_layernorm.weight"), H, &L->attn_norm));
-    TRYL(load_vector(m, NAME("post_attention_layernorm.weight"), H, &L->ffn_norm));
-    TRYL(load_matrix(m, &lpu, NAME("self_attn.q_proj.weight"), qd, H, &L->wq));
-    TRYL(load_matrix(m, &lpu, NAME("self_attn.k_proj.weight"), kd, H, &L->wk));
-    TRYL(load_matrix(m, &lpu, NAME("self_attn.v_proj.weight"), kd, H, &L->wv));
-    TRYL(load_matrix(m, lp, NAME("self_attn.o_proj.weight"), H, qd, &L->wo));
-    TRYL(load_matrix(m, &lpu, NAME("mlp.gate_proj.weight"), c->intermediate_size, H, &L->wg));
-    TRYL(load_matrix(m, &lpu, NAME("mlp.up_proj.weight"), c->intermediate_size, H, &L->wu));
-    TRYL(load_matrix(m, lp, NAME("mlp.down_proj.weight"), H, c->intermediate_size, &L->wd));
-    mm_weight *qkv[3] = {&L->wq, &L->wk, &L->wv}, *gu[2] = {&L->wg, &L->wu};
-    TRYL(fuse(m, lp, qkv, 3, &L->wqkv));
-    TRYL(fuse(m, lp, gu, 2, &L->wgu));
-    if (c->qk_norm) {
-        TRYL(load_vector(m, NAME("self_attn.q_norm.weight"), hd, &L->q_norm));
-        TRYL(load_vector(m, NAME("self_attn.k_norm.weight"), hd, &L->k_norm));
-    }
-    if (c->qkv_bias) {
-        TRYL(load_vector(m, NAME("self_attn.q_proj.bias"), qd, &L->bq));
-        TRYL(load_vector(m, NAME("self_attn.k_proj.bias"), kd, &L->bk));
-        TRYL(load_vector(m, NAME("self_attn.v_proj.bias"), kd, &L->bv));
-    }
-    if (c->o_bias) TRYL(load_vector(m, NAME("self_attn.o_proj.bias"), H, &L->bo));
-    if (L->bq && L->wqkv.data) {
-        L->bqkv = own(m, sizeof(float) * (size_t)(qd + 2 * kd));
-        if (!L->bqkv) return tqkv_fail(TQKV_ENOMEM, "out of memory");
-        memcpy(L->bqkv, L->bq, sizeof(float) * (size_t)qd);
-        memcpy(L->bqkv + qd, L->bk, sizeof(float) * (size_t)kd);
-        memcpy(L->bqkv + qd + kd, L->bv, sizeof(float) * (size_t)kd);
-    }
-#undef NAME
-#undef TRYL
-    return TQKV_OK;
-}
-
 // ---------------------------------------------------------------------------
 // load / free
 // ---------------------------------------------------------------------------
@@ -279,6 +230,7 @@ tqkv_status tqkv_model_load(tqkv_model **out, const char *dir, const tqkv_model_
     if (!m) return TQKV_ENOMEM;
     tqkv_status rc = model_config_load(dir, &m->cfg, &m->gen);
     if (rc != TQKV_OK) goto fail;
+    m->ops = model_arch_ops_of(m->cfg.arch);
     const tqkv_model_config *c = &m->cfg;
     if (lp.verbose)
         fprintf(stderr, "tqkv: loading %s: %s, %d layers, hidden %d, heads %d/%d x %d, vocab %d\n",
@@ -298,46 +250,8 @@ tqkv_status tqkv_model_load(tqkv_model **out, const char *dir, const tqkv_model_
         goto fail;
     }
     ops_rope_freqs(c, m->inv_freq);
-    if (c->arch == TQKV_ARCH_GEMMA4) { /* its own layer layout (model_gemma4.c) */
-        rc = gemma4_load(m, dir, &lp);
-        if (rc != TQKV_OK) goto fail;
-        goto loaded;
-    }
-    /* the embedding is only ever read one row at a time: keep it in place */
-    tqkv_model_load_params lpe = lp;
-    lpe.weights_f32 = 0;
-    lpe.blas = 0;
-    lpe.no_pack = 1;
-    lpe.no_f32_prefill = 1;
-    char embed_name[96], norm_name[96]; /* "model." or a wrapper's text-model prefix */
-    const char *pfx = c->weight_prefix[0] ? c->weight_prefix : "model.";
-    snprintf(embed_name, sizeof embed_name, "%sembed_tokens.weight", pfx);
-    snprintf(norm_name, sizeof norm_name, "%snorm.weight", pfx);
-    rc = load_matrix(m, &lpe, embed_name, c->vocab_size, c->hidden_size, &m->embed);
+    rc = m->ops->load(m, dir, &lp); /* the architecture's weights (arch/<name>/load.c) */
     if (rc != TQKV_OK) goto fail;
-    for (int l = 0; l < c->n_layers && rc == TQKV_OK; l++)
-        rc = c->arch == TQKV_ARCH_QWEN35 ? model_qwen35_load_layer(m, &lp, l) : load_layer(m, &lp, l);
-    if (rc != TQKV_OK) goto fail;
-    rc = load_vector(m, norm_name, c->hidden_size, &m->final_norm);
-    if (rc == TQKV_OK && c->arch == TQKV_ARCH_QWEN35) rc = model_qwen35_finish(m);
-    if (rc != TQKV_OK) goto fail;
-    if (st_find(&m->st, "lm_head.weight")) {
-        rc = load_matrix(m, &lp, "lm_head.weight", c->vocab_size, c->hidden_size, &m->lm_head);
-        if (rc != TQKV_OK) goto fail;
-    } else if (c->tie_word_embeddings) {
-        if (lp.weights_f32 || lp.blas || !lp.no_pack) {
-            rc = load_matrix(m, &lp, embed_name, c->vocab_size, c->hidden_size, &m->lm_head);
-            if (rc != TQKV_OK) goto fail;
-            m->n_params -= (size_t)c->vocab_size * (size_t)c->hidden_size;
-        } else {
-            m->lm_head = m->embed;
-        }
-    } else {
-        rc = tqkv_fail(TQKV_ECORRUPT, "missing tensor 'lm_head.weight' in %s "
-                       "(tie_word_embeddings is false)", m->source);
-        goto fail;
-    }
-loaded:;
     /* weight type summary */
     int types = 0;
     for (int l = 0; l < c->n_layers; l++) {
@@ -418,3 +332,34 @@ tqkv_status model_fuse(tqkv_model *m, const tqkv_model_load_params *lp, mm_weigh
 }
 
 void *model_own(tqkv_model *m, size_t bytes) { return own(m, bytes); }
+
+/* The token embedding [vocab, hidden]: only ever read one row at a time, so kept in place
+ * (never converted, packed or copied for prefill). */
+tqkv_status model_load_embedding(tqkv_model *m, const tqkv_model_load_params *lp,
+                                 const char *name) {
+    tqkv_model_load_params lpe = *lp;
+    lpe.weights_f32 = 0;
+    lpe.blas = 0;
+    lpe.no_pack = 1;
+    lpe.no_f32_prefill = 1;
+    return load_matrix(m, &lpe, name, m->cfg.vocab_size, m->cfg.hidden_size, &m->embed);
+}
+
+/* lm_head.weight, or the embedding `embed_name` when tied (shared in place, or a second
+ * copy in the form the head's products need when weights are converted or packed). */
+tqkv_status model_load_head(tqkv_model *m, const tqkv_model_load_params *lp,
+                            const char *embed_name) {
+    const tqkv_model_config *c = &m->cfg;
+    if (st_find(&m->st, "lm_head.weight"))
+        return load_matrix(m, lp, "lm_head.weight", c->vocab_size, c->hidden_size, &m->lm_head);
+    if (!c->tie_word_embeddings)
+        return tqkv_fail(TQKV_ECORRUPT, "missing tensor 'lm_head.weight' in %s "
+                         "(tie_word_embeddings is false)", m->source);
+    if (!(lp->weights_f32 || lp->blas || !lp->no_pack)) {
+        m->lm_head = m->embed;
+        return TQKV_OK;
+    }
+    tqkv_status rc = load_matrix(m, lp, embed_name, c->vocab_size, c->hidden_size, &m->lm_head);
+    if (rc == TQKV_OK) m->n_params -= (size_t)c->vocab_size * (size_t)c->hidden_size;
+    return rc;
+}

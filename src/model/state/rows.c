@@ -1,32 +1,33 @@
 /*
- * state_rows.c - row operations on a model state, across all layers at once: merge
+ * rows.c - row operations on a model state, across all layers at once: merge
  * (add rows: newcomers prefilled as their own state, then their encoded bytes copied in),
  * filter (remove rows), extract one row (prompt reuse, export), spec rounds (begin,
  * commit, rollback to a per-row keep), consistency checks, byte projections, and the
  * state export format used by the engine's prompt cache.
  * Owns: the rule that every layer changes or none does: each operation first builds or
  * validates every layer (and the recurrent rows), then installs all of them.
- * Must not: run the graph (forward.c, graph_*.c), schedule requests (src/engine).
+ * Must not: run the graph (arch/<name>/graph.c), schedule requests (src/engine), name an
+ *   architecture.
  * Device states (s->gpu): every operation goes to the device twin (model_cuda.h) after the
  * same argument checks; export / import share this file's format and validation.
  *
- * Layer kinds (rows_layer_kind_of, the one place graph kinds hook in):
+ * Layer kinds (the architecture's, arch.h: model_layer_kind_of):
  *   KV        a tqkv_batch of K/V rows whose offsets are the rows' positions;
- *   SLIDING   Gemma 4 sliding layer with a bounded cache: after each forward outside a spec
- *             round, and when a spec round begins, it keeps the newest window + window_slack
- *             tokens, so it holds min(position, window + slack) <= offset <= position tokens
+ *   SLIDING   a bounded cache: after each forward outside a spec round, and when a spec
+ *             round begins, it keeps the newest ops->sliding_keep tokens (window +
+ *             window_slack), so it holds min(position, keep) <= offset <= position tokens
  *             per row (more only between a spec round's end and the next forward or round);
- *   SHARED    Gemma 4 KV-shared layer: NULL, reads its donor's cache (the donor moves);
- *   RECURRENT Qwen 3.5 linear layer: NULL; the state's recurrent rows (s->rec, one block for
- *             all linear layers) move with the KV rows in every operation.
- * Positions come from the position layer (Gemma 4: gemma4_position_layer; otherwise the
- * first layer with KV rows); without any KV layer, from the recurrent rows' token counts.
+ *   SHARED    NULL, reads its donor's cache (the donor moves);
+ *   RECURRENT NULL; the state's recurrent rows (s->rec, one block for all recurrent
+ *             layers) move with the KV rows in every operation.
+ * Positions come from the position layer (ops->position_layer, else the first layer with KV
+ * rows); without any KV layer, from the recurrent rows' token counts.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "cache/batch.h" /* spec_base for validation (read only) */
-#include "model/arch/gemma4/gemma4.h"
+#include "model/arch/arch.h"
 #include "model/model_impl.h"
 #ifdef TQKV_HAVE_CUDA
 #include "model/cuda/model_cuda.h"
@@ -35,50 +36,52 @@
 #include "util/common.h"
 
 // ---------------------------------------------------------------------------
-// Per-layer dispatch (the one place new layer kinds hook in)
+// Per-layer dispatch: each layer's kind comes from the architecture (arch.h)
 // ---------------------------------------------------------------------------
 
-typedef enum {
-    ROWS_LAYER_KV = 0,    /* a tqkv_batch of K/V rows, offsets = positions */
-    ROWS_LAYER_SLIDING,   /* a bounded tqkv_batch (Gemma 4 sliding layer) */
-    ROWS_LAYER_SHARED,    /* NULL: reads a donor layer's cache (Gemma 4) */
-    ROWS_LAYER_RECURRENT, /* NULL: recurrent rows in s->rec (Qwen 3.5 linear layer) */
-} rows_layer_kind;
-
-static rows_layer_kind rows_layer_kind_of(const tqkv_model *m, int l) {
-    if (m->g4) {
-        const g4_config *g = &m->g4->cfg;
-        if (g->donor[l] != l) return ROWS_LAYER_SHARED;
-        if (g->sliding[l] && g->pos_layer >= 0) return ROWS_LAYER_SLIDING;
-        return ROWS_LAYER_KV;
-    }
-    if (m->cfg.layer_type[l] == TQKV_LAYER_LINEAR) return ROWS_LAYER_RECURRENT;
-    return ROWS_LAYER_KV;
+static model_layer_kind rows_layer_kind_of(const tqkv_model *m, int l) {
+    return (model_layer_kind)model_layer_kind_of(m, l);
 }
 
-static int has_kv(rows_layer_kind k) { return k == ROWS_LAYER_KV || k == ROWS_LAYER_SLIDING; }
+static int has_kv(model_layer_kind k) { return k == MODEL_LAYER_KV || k == MODEL_LAYER_SLIDING; }
 
-/* Tokens a bounded sliding layer keeps after a forward (window + slack). */
+/* Tokens a bounded sliding layer keeps after a forward (0: the graph has none). */
 static int sliding_keep(const tqkv_model_state *s) {
-    return s->m->g4 ? s->m->g4->cfg.window + s->p.window_slack : 0;
+    return s->m->ops->sliding_keep ? s->m->ops->sliding_keep(s->m, &s->p) : 0;
 }
 
 /* The layer whose offsets are the rows' positions, or -1 (no KV layer: rec tokens). */
 static int position_layer(const tqkv_model_state *s) {
-    if (s->m->g4) return gemma4_position_layer(s->m);
+    if (s->m->ops->position_layer) return s->m->ops->position_layer(s->m);
     for (int l = 0; l < s->m->cfg.n_layers; l++)
         if (has_kv(rows_layer_kind_of(s->m, l))) return l;
     return -1;
+}
+
+tqkv_status model_state_positions(const tqkv_model_state *s, int *pos) {
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu) return model_cuda_offsets(s->gpu, pos);
+#endif
+    const int pl = position_layer(s);
+    if (pl < 0) {
+        if (!s->rec) return tqkv_fail(TQKV_ESTATE, "state: no layer holds the rows' positions");
+        memcpy(pos, s->rec->tokens, sizeof(int) * (size_t)s->rows);
+        return TQKV_OK;
+    }
+    if (!s->layers[pl] || tqkv_batch_rows(s->layers[pl]) != s->rows)
+        return tqkv_fail(TQKV_ESTATE, "state: layer %d holds %d rows, the state %d", pl,
+                         s->layers[pl] ? tqkv_batch_rows(s->layers[pl]) : 0, s->rows);
+    return tqkv_batch_offsets(s->layers[pl], pos, NULL);
 }
 
 /* New layer l holding the rows keep[0..n) of s (s unchanged); NULL for layers without KV. */
 static tqkv_status rows_layer_select(const tqkv_model_state *s, int l, const int *keep, int n,
                                      tqkv_batch **out) {
     switch (rows_layer_kind_of(s->m, l)) {
-    case ROWS_LAYER_KV:
-    case ROWS_LAYER_SLIDING: return tqkv_batch_select(s->layers[l], keep, n, out);
-    case ROWS_LAYER_SHARED:
-    case ROWS_LAYER_RECURRENT: *out = NULL; return TQKV_OK;
+    case MODEL_LAYER_KV:
+    case MODEL_LAYER_SLIDING: return tqkv_batch_select(s->layers[l], keep, n, out);
+    case MODEL_LAYER_SHARED:
+    case MODEL_LAYER_RECURRENT: *out = NULL; return TQKV_OK;
     }
     return tqkv_fail(TQKV_EUNSUPPORTED, "state rows: unknown layer kind");
 }
@@ -88,8 +91,8 @@ static tqkv_status rows_layer_select(const tqkv_model_state *s, int l, const int
 static tqkv_status rows_layer_merge(const tqkv_model_state *s, tqkv_model_state *const *src,
                                     int n_src, int l, tqkv_batch **out) {
     switch (rows_layer_kind_of(s->m, l)) {
-    case ROWS_LAYER_KV:
-    case ROWS_LAYER_SLIDING: {
+    case MODEL_LAYER_KV:
+    case MODEL_LAYER_SLIDING: {
         tqkv_cache_ref *it = calloc((size_t)n_src + 1, sizeof *it);
         if (!it) return tqkv_fail(TQKV_ENOMEM, "state merge: out of memory");
         it[0].batch = s->layers[l];
@@ -98,8 +101,8 @@ static tqkv_status rows_layer_merge(const tqkv_model_state *s, tqkv_model_state 
         free(it);
         return rc;
     }
-    case ROWS_LAYER_SHARED:
-    case ROWS_LAYER_RECURRENT: *out = NULL; return TQKV_OK;
+    case MODEL_LAYER_SHARED:
+    case MODEL_LAYER_RECURRENT: *out = NULL; return TQKV_OK;
     }
     return tqkv_fail(TQKV_EUNSUPPORTED, "state rows: unknown layer kind");
 }
@@ -200,14 +203,14 @@ tqkv_status tqkv_model_state_check(const tqkv_model_state *s) {
         else memcpy(o0, s->rec->tokens, sizeof(int) * (size_t)R);
     }
     for (int l = 0; l < L && rc == TQKV_OK; l++) {
-        rows_layer_kind k = rows_layer_kind_of(m, l);
+        model_layer_kind k = rows_layer_kind_of(m, l);
         const tqkv_batch *b = s->layers[l];
         if (!has_kv(k)) {
             if (b) rc = tqkv_fail(TQKV_ESTATE, "state: layer %d (%s) holds a cache", l,
-                                  k == ROWS_LAYER_SHARED ? "KV-shared" : "recurrent");
-            else if (k == ROWS_LAYER_SHARED && !s->layers[m->g4->cfg.donor[l]])
+                                  k == MODEL_LAYER_SHARED ? "KV-shared" : "recurrent");
+            else if (k == MODEL_LAYER_SHARED && !s->layers[model_layer_donor(m, l)])
                 rc = tqkv_fail(TQKV_ESTATE, "state: layer %d's donor %d has no cache", l,
-                               m->g4->cfg.donor[l]);
+                               model_layer_donor(m, l));
             continue;
         }
         if (!b) {
@@ -227,13 +230,13 @@ tqkv_status tqkv_model_state_check(const tqkv_model_state *s) {
         if (l == pl) continue;
         if ((rc = tqkv_batch_offsets(b, o1, o1 + R)) != TQKV_OK) break;
         for (int r = 0; r < R; r++) {
-            if (k == ROWS_LAYER_KV && o1[r] != o0[r]) {
+            if (k == MODEL_LAYER_KV && o1[r] != o0[r]) {
                 rc = tqkv_fail(TQKV_ESTATE, "state: row %d holds %d tokens in layer %d but %d in "
                                "the position layer %d", r, o1[r], l, o0[r], pl);
                 break;
             }
             int lo = o0[r] < keep ? o0[r] : keep;
-            if (k == ROWS_LAYER_SLIDING && (o1[r] > o0[r] || o1[r] < lo)) {
+            if (k == MODEL_LAYER_SLIDING && (o1[r] > o0[r] || o1[r] < lo)) {
                 rc = tqkv_fail(TQKV_ESTATE, "state: row %d holds %d tokens in sliding layer %d, "
                                "expected %d..%d (position %d, window + slack %d)", r, o1[r], l,
                                lo, o0[r], o0[r], keep);
@@ -273,9 +276,9 @@ size_t tqkv_model_state_projected_bytes(const tqkv_model_state *s, int tokens) {
     size_t b = 0;
     const int keep = sliding_keep(s);
     for (int l = 0; l < s->m->cfg.n_layers; l++) {
-        rows_layer_kind k = rows_layer_kind_of(s->m, l);
+        model_layer_kind k = rows_layer_kind_of(s->m, l);
         if (!has_kv(k) || !s->layers[l]) continue;
-        int t = k == ROWS_LAYER_SLIDING && tokens > keep ? keep : tokens;
+        int t = k == MODEL_LAYER_SLIDING && tokens > keep ? keep : tokens;
         b += tqkv_batch_projected_bytes(s->layers[l], t);
     }
     return b + tqkv_model_state_row_fixed_bytes(s);
@@ -311,9 +314,9 @@ int tqkv_model_state_min_reusable_offset(const tqkv_model_state *s, int row) {
     }
     int mx = 0;
     for (int l = 0; l < s->m->cfg.n_layers; l++) {
-        rows_layer_kind k = rows_layer_kind_of(s->m, l);
+        model_layer_kind k = rows_layer_kind_of(s->m, l);
         if (!has_kv(k) || !s->layers[l]) continue;
-        if (k == ROWS_LAYER_SLIDING) {
+        if (k == MODEL_LAYER_SLIDING) {
             int *o = malloc(sizeof(int) * (size_t)s->rows);
             int held = -1;
             if (o && tqkv_batch_offsets(s->layers[l], o, NULL) == TQKV_OK) held = o[row];
@@ -485,7 +488,7 @@ tqkv_status tqkv_model_state_spec_begin(tqkv_model_state *s) {
      * failure (memory) leaves the state valid: no round open, some layers dropped. */
     const int keep = sliding_keep(s);
     for (int l = 0; l < s->m->cfg.n_layers; l++)
-        if (rows_layer_kind_of(s->m, l) == ROWS_LAYER_SLIDING &&
+        if (rows_layer_kind_of(s->m, l) == MODEL_LAYER_SLIDING &&
             (rc = tqkv_batch_drop_oldest(s->layers[l], keep)) != TQKV_OK)
             return rc;
     if (s->rec && (rc = rec_spec_begin(s->rec)) != TQKV_OK) return rc; /* can fail: memory */

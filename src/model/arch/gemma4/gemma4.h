@@ -26,6 +26,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "model/arch/arch.h"
 #include "model/model_impl.h"
 
 #define G4_MAX_LAYERS 512
@@ -76,9 +77,6 @@ tqkv_status gemma4_config_parse(const cJSON *root, const char *name, tqkv_model_
                                 g4_config *g);
 /* model.c: after the common config and the safetensors are open: every weight. */
 tqkv_status gemma4_load(tqkv_model *m, const char *dir, const tqkv_model_load_params *lp);
-/* forward.c: the state's caches (NULL for KV-shared layers). */
-tqkv_status gemma4_make_layers(const tqkv_model *m, const tqkv_model_state_params *p, int rows,
-                               tqkv_batch ***out);
 /* The layer whose offsets are the rows' positions. */
 int         gemma4_position_layer(const tqkv_model *m);
 tqkv_status gemma4_forward(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,

@@ -40,36 +40,9 @@ typedef struct g4_state g4_state;
 // state
 // ---------------------------------------------------------------------------
 
-tqkv_status gemma4_make_layers(const tqkv_model *m, const tqkv_model_state_params *p, int rows,
-                               tqkv_batch ***out) {
-    const g4_config *g = &m->g4->cfg;
-    int L = m->cfg.n_layers;
-    tqkv_batch **layers = calloc((size_t)L, sizeof *layers);
-    if (!layers) return tqkv_fail(TQKV_ENOMEM, "out of memory");
-    for (int l = 0; l < L; l++) {
-        if (g->donor[l] != l) continue; /* KV-shared: reads layers[donor] */
-        tqkv_cache_config cc = tqkv_cache_config_default();
-        cc.kv_heads = g->n_kv[l];
-        cc.head_dim = g->head_dim[l];
-        cc.k_format = p->k_format;
-        cc.v_format = p->v_format;
-        cc.seed = p->kv_seed + (uint64_t)l;
-        cc.window = p->window;
-        cc.window_slack = p->window_slack;
-        tqkv_status rc = tqkv_batch_init(&layers[l], &cc, rows);
-        if (rc != TQKV_OK) {
-            for (int j = 0; j < l; j++) tqkv_batch_free(layers[j]);
-            free(layers);
-            return rc;
-        }
-    }
-    *out = layers;
-    return TQKV_OK;
-}
-
 void gemma4_state_free(tqkv_model_state *s) {
-    if (!s || !s->g4) return;
-    g4_state *S = s->g4;
+    if (!s || !s->ext) return;
+    g4_state *S = s->ext;
     tqkv_mask_lease_free(S->lease_full);
     free(S->ple);
     free(S->pe);
@@ -79,7 +52,7 @@ void gemma4_state_free(tqkv_model_state *s) {
         free(S->rs[t]);
     }
     free(S);
-    s->g4 = NULL;
+    s->ext = NULL;
 }
 
 static int grow(float **p, size_t n) {
@@ -94,17 +67,17 @@ static int grow(float **p, size_t n) {
 static tqkv_status ensure_scratch(tqkv_model_state *s, size_t T, size_t RN) {
     const tqkv_model *m = s->m;
     const g4_config *g = &m->g4->cfg;
-    if (!s->g4) {
+    if (!s->ext) {
         g4_state *S = tqkv_calloc(1, sizeof *S);
         if (!S) return TQKV_ENOMEM;
         if (tqkv_mask_lease_init(&S->lease_full) != TQKV_OK) {
             free(S);
             return tqkv_fail(TQKV_ENOMEM, "out of memory");
         }
-        s->g4 = S;
+        s->ext = S;
         s->cap_t = s->cap_rn = 0;
     }
-    g4_state *S = s->g4;
+    g4_state *S = s->ext;
     size_t H = (size_t)m->cfg.hidden_size, I = (size_t)m->cfg.intermediate_size;
     size_t QD = (size_t)g->max_qd, KD = (size_t)g->max_kd;
     size_t LP = (size_t)m->cfg.n_layers * (size_t)g->ple_dim, P = (size_t)g->ple_dim;
@@ -171,9 +144,6 @@ static void matmul(const tqkv_model_state *s, const float *x, int T, const mm_we
 tqkv_status gemma4_forward(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
                            const int *lengths, int n, int prefill, tqkv_logits_mode mode,
                            float *logits) {
-    if (n < 1) return tqkv_fail(TQKV_EINVAL, "forward: n must be >= 1, got %d", n);
-    if ((unsigned)mode > TQKV_LOGITS_ALL || (mode != TQKV_LOGITS_NONE && !logits))
-        return tqkv_fail(TQKV_EINVAL, "forward: bad logits mode or NULL logits");
     const g4_model *G = m->g4;
     const g4_config *g = &G->cfg;
     const tqkv_model_config *c = &m->cfg;
@@ -189,13 +159,11 @@ tqkv_status gemma4_forward(const tqkv_model *m, tqkv_model_state *s, const int32
     tqkv_status rc = tqkv_batch_offsets(s->layers[gemma4_position_layer(m)], s->off, NULL);
     if (rc != TQKV_OK) return rc;
     size_t T = 0;
-    /* per-layer embeddings index a table of ple_vocab rows: a token must fit both */
-    const int tok_limit = P && g->ple_vocab < V ? g->ple_vocab : V;
-    rc = model_forward_lengths(s, tokens, lengths, n, prefill, V, tok_limit, &T);
+    rc = model_forward_lengths(s, tokens, lengths, n, prefill, V, m->ops->token_limit(m), &T);
     if (rc != TQKV_OK) return rc;
     rc = ensure_scratch(s, T, (size_t)R * (size_t)n);
     if (rc != TQKV_OK) return rc;
-    g4_state *S = s->g4;
+    g4_state *S = s->ext;
 
     /* compact token list, scaled embeddings, rope tables, per-layer embedding rows */
     model_forward_compact(s->len, R, n, s->tok_row, s->tok_col, NULL);

@@ -173,21 +173,7 @@ tqkv_status gemma4_load(tqkv_model *m, const char *dir, const tqkv_model_load_pa
         if ((rc = load_layer(m, lp, l)) != TQKV_OK) return rc;
     rc = model_load_vector(m, "model.norm.weight", H, &m->final_norm);
     if (rc != TQKV_OK) return rc;
-    if (st_find(&m->st, "lm_head.weight")) {
-        rc = model_load_matrix(m, lp, "lm_head.weight", c->vocab_size, H, &m->lm_head);
-    } else if (c->tie_word_embeddings) {
-        if (lp->weights_f32 || lp->blas || !lp->no_pack) {
-            rc = model_load_matrix(m, lp, "model.embed_tokens.weight", c->vocab_size, H,
-                                   &m->lm_head);
-            m->n_params -= (size_t)c->vocab_size * (size_t)H;
-        } else {
-            m->lm_head = m->embed;
-        }
-    } else {
-        rc = tqkv_fail(TQKV_ECORRUPT, "missing tensor 'lm_head.weight' in %s "
-                       "(tie_word_embeddings is false)", m->source);
-    }
-    return rc;
+    return model_load_head(m, lp, "model.embed_tokens.weight");
 }
 
 int gemma4_position_layer(const tqkv_model *m) {

@@ -17,60 +17,8 @@
 
 #include <cjson/cJSON.h>
 
-#include "model/model_impl.h"
+#include "model/arch/qwen35/qwen35.h"
 #include "util/common.h"
-
-int model_config_arch_qwen35(const char *arch, const char *model_type, const char *name,
-                             tqkv_status *rc) {
-    *rc = TQKV_OK;
-    const char *a = arch ? arch : "", *t = model_type ? model_type : "";
-    if (!strcmp(a, "Qwen3_5ForCausalLM") || !strcmp(t, "qwen3_5_text")) return 1;
-    if (!strncmp(a, "Qwen3_5Moe", 10) || !strncmp(t, "qwen3_5_moe", 11)) {
-        *rc = tqkv_fail(TQKV_EUNSUPPORTED, "%s: '%s' is a Qwen 3.5 mixture-of-experts checkpoint; "
-                        "only the dense Qwen 3.5 graph (Qwen3_5ForCausalLM) is supported", name,
-                        arch ? arch : t);
-        return 1;
-    }
-    return 0;
-}
-
-int model_config_is_qwen35_wrapper(const char *arch, const char *model_type) {
-    return (arch && !strcmp(arch, "Qwen3_5ForConditionalGeneration")) ||
-           (model_type && !strcmp(model_type, "qwen3_5"));
-}
-
-/* The text part of a multimodal checkpoint: text_config parsed as a Qwen3_5ForCausalLM
- * config (top-level tie_word_embeddings / eos ids used when text_config lacks them), weights
- * under model.language_model.*; the vision tower and MTP weights are ignored. */
-tqkv_status model_config_parse_qwen35_wrapper(const cJSON *root, const char *name,
-                                              tqkv_model_config *c) {
-    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
-    if (!cJSON_IsObject(tc))
-        return tqkv_fail(TQKV_ECORRUPT, "%s: Qwen 3.5 multimodal config without \"text_config\"",
-                         name);
-    cJSON *t = cJSON_Duplicate(tc, 1);
-    if (!t) return tqkv_fail(TQKV_ENOMEM, "out of memory");
-    const char *inherit[] = {"tie_word_embeddings", "eos_token_id", "bos_token_id", "pad_token_id"};
-    for (size_t i = 0; i < sizeof inherit / sizeof inherit[0]; i++) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, inherit[i]);
-        if (v && !cJSON_GetObjectItemCaseSensitive(t, inherit[i]))
-            cJSON_AddItemToObject(t, inherit[i], cJSON_Duplicate(v, 1));
-    }
-    cJSON_DeleteItemFromObjectCaseSensitive(t, "architectures");
-    cJSON_DeleteItemFromObjectCaseSensitive(t, "model_type");
-    cJSON_AddStringToObject(t, "model_type", "qwen3_5_text");
-    char *text = cJSON_PrintUnformatted(t);
-    cJSON_Delete(t);
-    if (!text) return tqkv_fail(TQKV_ENOMEM, "out of memory");
-    char sub[512];
-    snprintf(sub, sizeof sub, "%s (text_config)", name);
-    tqkv_status rc = model_config_parse(text, strlen(text), sub, c);
-    free(text);
-    if (rc != TQKV_OK) return rc;
-    snprintf(c->arch_name, sizeof c->arch_name, "Qwen3_5ForConditionalGeneration");
-    snprintf(c->weight_prefix, sizeof c->weight_prefix, "model.language_model.");
-    return TQKV_OK;
-}
 
 static const cJSON *item(const cJSON *o, const char *key) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
@@ -93,8 +41,10 @@ static tqkv_status int_field(const cJSON *o, const char *key, const char *name, 
     return TQKV_OK;
 }
 
-tqkv_status model_config_parse_qwen35(const cJSON *root, const char *name, tqkv_model_config *c) {
-    tqkv_status rc;
+tqkv_status qwen35_config_parse(const cJSON *root, const char *name, tqkv_model_config *c) {
+    static const char *const kinds[] = {"full_attention", "linear_attention", NULL};
+    tqkv_status rc = model_config_check_layer_types(root, name, kinds);
+    if (rc != TQKV_OK) return rc;
     if (item(root, "num_experts") && cJSON_IsNumber(item(root, "num_experts")) &&
         item(root, "num_experts")->valuedouble > 0)
         return tqkv_fail(TQKV_EUNSUPPORTED, "%s: Qwen 3.5 with experts (num_experts) is not "

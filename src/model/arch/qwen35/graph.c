@@ -34,7 +34,7 @@
 #ifdef TQKV_HAVE_CUDA
 #include "model/cuda/model_cuda.h"
 #endif
-#include "model/model_impl.h"
+#include "model/arch/qwen35/qwen35.h"
 #include "model/ops/ops.h"
 #include "model/state/recurrent.h"
 #include "util/common.h"
@@ -122,17 +122,18 @@ static tqkv_status scratch_ensure(const tqkv_model_config *c, qwen35_scratch *k,
 // state hooks (called from forward.c)
 // ---------------------------------------------------------------------------
 
-tqkv_status model_qwen35_state_init(tqkv_model_state *s) {
-    s->hy = tqkv_calloc(1, sizeof *s->hy);
-    if (!s->hy) return TQKV_ENOMEM;
+tqkv_status qwen35_state_init(tqkv_model_state *s) {
+    qwen35_scratch *k = tqkv_calloc(1, sizeof *k);
+    if (!k) return TQKV_ENOMEM;
+    s->ext = k;
     return rec_init(&s->rec, &s->m->cfg, s->rows);
 }
 
-void model_qwen35_state_free(tqkv_model_state *s) {
+void qwen35_state_free(tqkv_model_state *s) {
     rec_free(s->rec);
-    scratch_free(s->hy);
+    scratch_free(s->ext);
     s->rec = NULL;
-    s->hy = NULL;
+    s->ext = NULL;
 }
 
 // ---------------------------------------------------------------------------
@@ -153,7 +154,7 @@ static void l2norm(float *x, int n) {
 
 static void matmul_ld(const tqkv_model_state *s, const float *x, int T, const mm_weight *w,
                       float *y, size_t ldy) {
-    mm_matmul_ld(x, T, w, NULL, y, ldy, s->p.threads, s->hy->mm);
+    mm_matmul_ld(x, T, w, NULL, y, ldy, s->p.threads, ((qwen35_scratch *)s->ext)->mm);
 }
 
 // ---------------------------------------------------------------------------
@@ -163,7 +164,7 @@ static void matmul_ld(const tqkv_model_state *s, const float *x, int T, const mm
 static void deltanet(const tqkv_model *m, tqkv_model_state *s, const model_layer *L, int j,
                      int T, int n, const int *step0) {
     const tqkv_model_config *c = &m->cfg;
-    qwen35_scratch *k = s->hy;
+    qwen35_scratch *k = ((qwen35_scratch *)s->ext);
     model_recurrent *rec = s->rec;
     const int R = s->rows, th = s->p.threads, KH = c->lin_k_heads, NV = c->lin_v_heads,
               DK = c->lin_k_dim, DV = c->lin_v_dim, LK = KH * DK, VD = NV * DV, CD = 2 * LK + VD,
@@ -263,7 +264,7 @@ static tqkv_status full_attention(const tqkv_model *m, tqkv_model_state *s, cons
                                   tqkv_batch *b, int T, int n, int prefill, int nq_pad,
                                   const int *len) {
     const tqkv_model_config *c = &m->cfg;
-    qwen35_scratch *k = s->hy;
+    qwen35_scratch *k = ((qwen35_scratch *)s->ext);
     const int R = s->rows, hd = c->head_dim, NH = c->n_heads, NKV = c->n_kv_heads, th = s->p.threads;
     const int QD = NH * hd, KD = NKV * hd, rd = c->rotary_dim, half = rd / 2;
     const size_t PW = 2 * (size_t)QD + 2 * (size_t)KD;
@@ -338,14 +339,14 @@ static tqkv_status full_attention(const tqkv_model *m, tqkv_model_state *s, cons
 // forward
 // ---------------------------------------------------------------------------
 
-tqkv_status model_qwen35_forward(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+tqkv_status qwen35_forward(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
                                  const int *lengths, int n, int prefill, tqkv_logits_mode mode,
                                  float *logits) {
     const tqkv_model_config *c = &m->cfg;
     const int R = s->rows, H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size,
               th = s->p.threads, half = c->rotary_dim / 2;
     model_recurrent *rec = s->rec;
-    if (!rec || !s->hy) return tqkv_fail(TQKV_ESTATE, "forward: state has no recurrent rows");
+    if (!rec || !((qwen35_scratch *)s->ext)) return tqkv_fail(TQKV_ESTATE, "forward: state has no recurrent rows");
     if (rec->broken)
         return tqkv_fail(TQKV_ESTATE, "forward: an earlier forward failed midway and left the "
                          "recurrent rows inconsistent; reset the state");
@@ -376,10 +377,10 @@ tqkv_status model_qwen35_forward(const tqkv_model *m, tqkv_model_state *s, const
     rc = model_forward_lengths(s, tokens, lengths, n, prefill, V, V, &T);
     if (rc != TQKV_OK) return rc;
     if (T > (size_t)1 << 30) return tqkv_fail(TQKV_ERANGE, "forward: too many tokens");
-    rc = scratch_ensure(c, s->hy, T, (size_t)R * (size_t)n, R);
+    rc = scratch_ensure(c, ((qwen35_scratch *)s->ext), T, (size_t)R * (size_t)n, R);
     if (rc == TQKV_OK) rc = rec_spec_reserve(rec, n);
     if (rc != TQKV_OK) return rc;
-    qwen35_scratch *k = s->hy;
+    qwen35_scratch *k = ((qwen35_scratch *)s->ext);
     int *step0 = rec->spec_steps;
 
     /* compact tokens, embeddings, rope tables */

@@ -19,7 +19,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "model/model_impl.h"
+#include "model/arch/qwen35/qwen35.h"
 #include "model/ops/ops.h"
 #include "util/common.h"
 
@@ -57,7 +57,7 @@ static tqkv_status load_conv(tqkv_model *m, const char *name, int C, int K, floa
     return TQKV_OK;
 }
 
-tqkv_status model_qwen35_load_layer(tqkv_model *m, const tqkv_model_load_params *lp, int l) {
+static tqkv_status load_layer(tqkv_model *m, const tqkv_model_load_params *lp, int l) {
     const tqkv_model_config *c = &m->cfg;
     model_layer *L = &m->layers[l];
     const int H = c->hidden_size, hd = c->head_dim, I = c->intermediate_size;
@@ -115,11 +115,26 @@ tqkv_status model_qwen35_load_layer(tqkv_model *m, const tqkv_model_load_params 
     return TQKV_OK;
 }
 
-tqkv_status model_qwen35_finish(tqkv_model *m) {
+static tqkv_status finish(tqkv_model *m) {
     add_one(m->final_norm, m->cfg.hidden_size);
     /* partial RoPE: inv_freq[i] = theta^(-2i / rotary_dim), i < rotary_dim / 2 */
     tqkv_model_config rc = m->cfg;
     rc.head_dim = m->cfg.rotary_dim;
     ops_rope_freqs(&rc, m->inv_freq);
     return TQKV_OK;
+}
+
+tqkv_status qwen35_load(tqkv_model *m, const char *dir, const tqkv_model_load_params *lp) {
+    (void)dir;
+    const tqkv_model_config *c = &m->cfg;
+    char embed_name[96], norm_name[96]; /* "model." or a wrapper's text-model prefix */
+    const char *pfx = c->weight_prefix[0] ? c->weight_prefix : "model.";
+    snprintf(embed_name, sizeof embed_name, "%sembed_tokens.weight", pfx);
+    snprintf(norm_name, sizeof norm_name, "%snorm.weight", pfx);
+    tqkv_status rc = model_load_embedding(m, lp, embed_name);
+    for (int l = 0; l < c->n_layers && rc == TQKV_OK; l++) rc = load_layer(m, lp, l);
+    if (rc == TQKV_OK) rc = model_load_vector(m, norm_name, c->hidden_size, &m->final_norm);
+    if (rc == TQKV_OK) rc = finish(m);
+    if (rc == TQKV_OK) rc = model_load_head(m, lp, embed_name);
+    return rc;
 }

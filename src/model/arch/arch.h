@@ -1,0 +1,82 @@
+/*
+ * arch.h - the architecture interface: one ops table per graph, found by the registry.
+ * Owns: what an architecture tells the rest of the runtime (config fields of its own, weight
+ *   loading, per-layer kinds and geometry, state extensions, the CPU forward, the attention kernel set, the sliding layers' keep) and the registry lookup by Hugging
+ *   Face architecture name / model_type.
+ * Must not: be bypassed. Code outside src/model/arch/ never asks which architecture a model
+ *   is: it asks m->ops (docs/ARCHITECTURE.md, "Adding an architecture").
+ *
+ * An architecture lives in src/model/arch/<name>/: config.c, load.c, graph.c (CPU),
+ * graph_cuda.cu (device hooks, optional) and arch.c, which defines its `model_arch_ops`.
+ * registry.c lists every (architecture name, model_type) -> ops line.
+ */
+#ifndef TQKV_MODEL_ARCH_H
+#define TQKV_MODEL_ARCH_H
+
+#include <cjson/cJSON.h>
+
+#include "tqkv_model.h"
+
+/* How a layer holds its token mixer's state (state/rows.c moves every kind with the rows). */
+typedef enum {
+    MODEL_LAYER_KV = 0,    /* a tqkv_batch of K/V rows whose offsets are the rows' positions */
+    MODEL_LAYER_SLIDING,   /* a bounded tqkv_batch: keeps its newest ops->sliding_keep tokens */
+    MODEL_LAYER_SHARED,    /* no cache: attends over its donor's (tqkv_layer_info.kv_from) */
+    MODEL_LAYER_RECURRENT, /* no cache: the state's recurrent rows (state/recurrent.h) */
+} model_layer_kind;
+
+/* Attention kernel set of a graph (kernel_set.c says what each runs). */
+typedef enum { MODEL_KSET_DENSE = 0, MODEL_KSET_DEFERRED } model_kset;
+
+/* The CPU forward after the common preamble (state/state.c: arguments, rows, context
+ * limit): tokens [rows, n], lengths[r] real tokens at the end of row r (NULL: all n). */
+typedef tqkv_status (*model_forward_fn)(const tqkv_model *m, tqkv_model_state *s,
+                                        const int32_t *tokens, const int *lengths, int n,
+                                        int prefill, tqkv_logits_mode mode, float *logits);
+
+typedef struct model_arch_ops {
+    const char *name;   /* the folder under src/model/arch/ */
+    model_kset  kset;   /* the graph's attention kernel set */
+    /* config.json: the architecture's own fields and checks, after the common ones
+     * (load/config.c); may change the common ones (e.g. qk_norm, biases) */
+    tqkv_status (*config_parse)(const cJSON *root, const char *name, tqkv_model_config *c);
+    /* every weight, after the config and the safetensors are open (load/weights.c) */
+    tqkv_status (*load)(tqkv_model *m, const char *dir, const tqkv_model_load_params *lp);
+    /* one layer's kind and geometry (NULL: the common config's, TQKV_LAYER_LINEAR layers
+     * recurrent); filled once at load into m->info / m->kind */
+    void (*layer_info)(const tqkv_model *m, int l, tqkv_layer_info *li, model_layer_kind *k);
+    /* the layer whose offsets are the rows' positions (NULL: the first KV layer) */
+    int (*position_layer)(const tqkv_model *m);
+    /* tokens a MODEL_LAYER_SLIDING layer keeps after a forward (NULL: no sliding layers) */
+    int (*sliding_keep)(const tqkv_model *m, const tqkv_model_state_params *p);
+    /* tokens must be below this (NULL: vocab_size) */
+    int (*token_limit)(const tqkv_model *m);
+    /* host state extensions (recurrent rows, scratch) of a CPU state; NULL: none */
+    tqkv_status (*state_init)(tqkv_model_state *s);
+    void (*state_free)(tqkv_model_state *s);
+    model_forward_fn forward; /* the CPU graph */
+} model_arch_ops;
+
+/* registry.c: the ops of a config.json's architecture (architectures[0], else model_type).
+ * *id gets the public tqkv_arch, *graph a short graph name ("qwen3"). A name some
+ * architecture knows but refuses (an MoE variant) returns NULL with *rc its refusal; an
+ * unknown name returns NULL with *rc TQKV_EUNSUPPORTED naming the supported ones. */
+const model_arch_ops *model_arch_find(const char *arch, const char *model_type,
+                                      const char *name, tqkv_arch *id, tqkv_status *rc);
+/* model_type -> architecture name of a config without "architectures" (NULL: unknown). */
+const char *model_arch_name_of_type(const char *model_type);
+/* A wrapper checkpoint (a multimodal model around a text model this build runs): its text
+ * model's config to parse instead (*text, caller frees), the arch_name / weight_prefix to
+ * keep after that parse. 0 if the config is no known wrapper. */
+int model_arch_unwrap(const char *arch, const char *model_type, const cJSON *root,
+                      const char *name, cJSON **text, char *arch_name, size_t arch_cap,
+                      char *prefix, size_t prefix_cap, tqkv_status *rc);
+/* Graph name of a tqkv_arch ("qwen3", "gemma4", ...). */
+const char *model_arch_graph_name(tqkv_arch id);
+
+/* The architectures (arch/<name>/arch.c). */
+extern const model_arch_ops model_arch_llama;
+extern const model_arch_ops model_arch_gemma4;
+extern const model_arch_ops model_arch_qwen35;
+
+#endif

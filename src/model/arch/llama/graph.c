@@ -1,0 +1,273 @@
+/*
+ * graph.c - the Llama-family forward pass on the CPU (LlamaForCausalLM, Qwen3ForCausalLM,
+ * Qwen2ForCausalLM; MiniCPM5's public checkpoints are Llama).
+ * Owns: the graph: embed -> per layer [RMSNorm, q/k/v (+bias), q/k RMSNorm (Qwen3), RoPE,
+ *   cache append, attention, o_proj (+bias), residual, RMSNorm, SwiGLU MLP, residual] ->
+ *   RMSNorm -> lm_head, and its scratch.
+ * Activations are kept compact, token-major ([T, dim], T = real tokens of all rows), so
+ * padding costs no matmul work; queries/keys/values are scattered to the cache's
+ * [rows, heads, n, head_dim] layout only around the cache and attention calls.
+ * Must not: check arguments the common preamble checks (state/state.c); make a row's result
+ * depend on other rows: every per-token kernel works on its own token, matmuls are batch
+ * invariant (ops/matmul.c), attention is by contract.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/arch/llama/llama.h"
+#include "model/ops/ops.h"
+#include "util/common.h"
+
+// ---------------------------------------------------------------------------
+// scratch
+// ---------------------------------------------------------------------------
+
+static int grow(float **p, size_t n) {
+    float *q = realloc(*p, sizeof(float) * (n ? n : 1));
+    if (!q) return 0;
+    *p = q;
+    return 1;
+}
+
+static tqkv_status ensure_scratch(tqkv_model_state *s, size_t T, size_t RN) {
+    const tqkv_model_config *c = &s->m->cfg;
+    size_t H = (size_t)c->hidden_size, I = (size_t)c->intermediate_size, hd = (size_t)c->head_dim;
+    size_t QD = (size_t)c->n_heads * hd, KD = (size_t)c->n_kv_heads * hd;
+    size_t W = H > I ? H : I;
+    if (W < QD) W = QD;
+    if (T > s->cap_t) {
+        size_t t = T < 16 ? 16 : T;
+        int ok = grow(&s->x, t * H) && grow(&s->xn, t * H) && grow(&s->qkv, t * (QD + 2 * KD)) &&
+                 grow(&s->att, t * QD) && grow(&s->gu, t * 2 * I) && grow(&s->h, t * I) &&
+                 grow(&s->tmp, t * W) &&
+                 grow(&s->mm_scratch, t * W) && grow(&s->rc, t * hd / 2) && grow(&s->rs, t * hd / 2);
+        int32_t *a = realloc(s->tok_row, sizeof(int32_t) * t);
+        if (a) s->tok_row = a;
+        int32_t *b = realloc(s->tok_col, sizeof(int32_t) * t);
+        if (b) s->tok_col = b;
+        if (!ok || !a || !b) {
+            model_state_free_scratch(s);
+            return tqkv_fail(TQKV_ENOMEM, "out of memory for %zu tokens of activations", T);
+        }
+        s->cap_t = t;
+    }
+    if (RN > s->cap_rn) {
+        int ok = grow(&s->qb, RN * QD) && grow(&s->kb, RN * KD) && grow(&s->vb, RN * KD) &&
+                 grow(&s->ob, RN * QD);
+        if (!ok) {
+            model_state_free_scratch(s);
+            return tqkv_fail(TQKV_ENOMEM, "out of memory for the attention buffers");
+        }
+        s->cap_rn = RN;
+    }
+    return TQKV_OK;
+}
+
+// ---------------------------------------------------------------------------
+// forward
+// ---------------------------------------------------------------------------
+
+static void matmul_ld(const tqkv_model_state *s, const float *x, int T, const mm_weight *w,
+                      const float *bias, float *y, size_t ldy, int prefill) {
+    if (s->p.blas && prefill && w->f32 && T > 1)
+        mm_matmul_blas(x, T, w, bias, y, ldy, s->p.threads);
+    else
+        mm_matmul_ld(x, T, w, bias, y, ldy, s->p.threads, s->mm_scratch);
+}
+
+static void matmul(const tqkv_model_state *s, const float *x, int T, const mm_weight *w,
+                   const float *bias, float *y, int prefill) {
+    matmul_ld(s, x, T, w, bias, y, (size_t)w->n, prefill);
+}
+
+/* Undo the appends of layers [0, done) after a failure (extend: rewind n, also inside a
+ * spec round; prefill: empty). Neither can fail after the checks forward() made: rows
+ * held >= n tokens more than before, and an empty batch of the same config is a small
+ * allocation; if even that fails the layer stays as appended and the state says so. */
+static tqkv_status rollback(tqkv_model_state *s, int done, int n, int prefill) {
+    tqkv_status worst = TQKV_OK;
+    for (int l = 0; l < done; l++) {
+        tqkv_status rc;
+        if (prefill) {
+            tqkv_batch *nb = NULL;
+            rc = tqkv_batch_init(&nb, tqkv_batch_get_config(s->layers[l]), s->rows);
+            if (rc == TQKV_OK) {
+                tqkv_batch_free(s->layers[l]);
+                s->layers[l] = nb;
+            }
+        } else {
+            rc = tqkv_batch_rewind(s->layers[l], n);
+        }
+        if (rc != TQKV_OK) worst = rc;
+    }
+    return worst;
+}
+
+/* tokens [rows, n]; lens[r] real tokens at the end of each row (prefill) or n (extend). */
+tqkv_status llama_forward(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+                           const int *lengths, int n, int prefill, tqkv_logits_mode mode,
+                           float *logits) {
+    const tqkv_model_config *c = &m->cfg;
+    const int R = s->rows, H = c->hidden_size, hd = c->head_dim, NH = c->n_heads,
+              NKV = c->n_kv_heads, I = c->intermediate_size, V = c->vocab_size, half = hd / 2;
+    const int QD = NH * hd, KD = NKV * hd, th = s->p.threads;
+
+    /* validate before touching anything (a scheduler may have filtered a layer's rows) */
+    tqkv_status rc = tqkv_model_state_check(s); /* rows, offsets, spec round: every layer */
+    if (rc != TQKV_OK) return rc;
+    rc = tqkv_batch_offsets(s->layers[0], s->off, NULL);
+    if (rc != TQKV_OK) return rc;
+    size_t T = 0;
+    rc = model_forward_lengths(s, tokens, lengths, n, prefill, V, V, &T);
+    if (rc != TQKV_OK) return rc;
+    rc = ensure_scratch(s, T, (size_t)R * (size_t)n);
+    if (rc != TQKV_OK) return rc;
+
+    /* compact token list, embeddings, rope tables */
+    model_forward_compact(s->len, R, n, s->tok_row, s->tok_col, NULL);
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
+    for (size_t i = 0; i < T; i++) {
+        int r = s->tok_row[i], j = s->tok_col[i];
+        int pos = s->off[r] + j - (n - s->len[r]);
+        mm_weight_row(&m->embed, tokens[(size_t)r * n + j], s->x + i * H);
+        ops_rope_table(pos, m->inv_freq, half, s->rc + i * half, s->rs + i * half);
+    }
+
+    /* a verification window (extend_as_decode) runs the decode path's matmuls (never BLAS),
+     * so each of its tokens gets the bits of its single decode */
+    const int as_dec = !prefill && n > 1 && s->p.extend_as_decode, pf = n > 1 && !as_dec;
+    const float scale = 1.0f / sqrtf((float)hd);
+    int nq_pad = 0;
+    for (int r = 0; r < R; r++) nq_pad |= s->len[r] != n;
+    for (int l = 0; l < c->n_layers; l++) {
+        const model_layer *L = &m->layers[l];
+        tqkv_batch *b = s->layers[l];
+        // ---- attention block
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
+        for (size_t i = 0; i < T; i++)
+            ops_rmsnorm(s->x + i * H, L->attn_norm, c->rms_norm_eps, H, s->xn + i * H);
+        const size_t QS = (size_t)QD + 2 * (size_t)KD;
+        if (L->wqkv.data && !(s->p.blas && pf)) {
+            matmul(s, s->xn, (int)T, &L->wqkv, L->bqkv, s->qkv, pf);
+        } else {
+            matmul_ld(s, s->xn, (int)T, &L->wq, L->bq, s->qkv, QS, pf);
+            matmul_ld(s, s->xn, (int)T, &L->wk, L->bk, s->qkv + QD, QS, pf);
+            matmul_ld(s, s->xn, (int)T, &L->wv, L->bv, s->qkv + QD + KD, QS, pf);
+        }
+        /* q/k norm, rope, scatter to [rows, heads, n, hd] */
+        if (nq_pad) {
+            memset(s->qb, 0, sizeof(float) * (size_t)R * n * QD);
+            memset(s->kb, 0, sizeof(float) * (size_t)R * n * KD);
+            memset(s->vb, 0, sizeof(float) * (size_t)R * n * KD);
+        }
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
+        for (size_t i = 0; i < T; i++) {
+            float *q = s->qkv + i * QS, *k = q + QD, *v = k + KD;
+            if (L->q_norm) {
+                for (int h = 0; h < NH; h++) ops_rmsnorm(q + h * hd, L->q_norm, c->rms_norm_eps, hd, q + h * hd);
+                for (int h = 0; h < NKV; h++) ops_rmsnorm(k + h * hd, L->k_norm, c->rms_norm_eps, hd, k + h * hd);
+            }
+            ops_rope_apply(q, NH, hd, s->rc + i * half, s->rs + i * half);
+            ops_rope_apply(k, NKV, hd, s->rc + i * half, s->rs + i * half);
+            size_t r = (size_t)s->tok_row[i], j = (size_t)s->tok_col[i];
+            for (int h = 0; h < NH; h++)
+                memcpy(s->qb + ((r * NH + h) * n + j) * hd, q + h * hd, sizeof(float) * hd);
+            for (int h = 0; h < NKV; h++) {
+                memcpy(s->kb + ((r * NKV + h) * n + j) * hd, k + h * hd, sizeof(float) * hd);
+                memcpy(s->vb + ((r * NKV + h) * n + j) * hd, v + h * hd, sizeof(float) * hd);
+            }
+        }
+        /* cache */
+        if (prefill) {
+            rc = tqkv_batch_prepare_prefill(b, s->len);
+            if (rc == TQKV_OK) rc = tqkv_batch_append(b, s->kb, s->vb, n);
+            if (rc == TQKV_OK) rc = tqkv_batch_finalize_prefill(b);
+        } else {
+            rc = tqkv_batch_append(b, s->kb, s->vb, n);
+        }
+        if (rc != TQKV_OK) {
+            (void)rollback(s, prefill ? l + 1 : l, n, prefill);
+            return rc;
+        }
+        /* attention */
+        const tqkv_mask *mask = NULL;
+        rc = tqkv_batch_make_mask(b, s->lease, n, 0, &mask);
+        if (rc == TQKV_OK) {
+            tqkv_attn_params ap = {NH, scale, n == 1 ? s->p.decode_kernel : s->p.prefill_kernel, th};
+            if (as_dec) {
+                ap.kernel = s->p.decode_kernel;
+                rc = model_attend_per_query(s, b, s->qb, n, 0, 0, &ap, s->ob);
+            } else {
+                rc = tqkv_batch_attend(b, mask, s->qb, n, &ap, s->ob);
+            }
+        }
+        if (rc != TQKV_OK) {
+            (void)rollback(s, l + 1, n, prefill);
+            return rc;
+        }
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
+        for (size_t i = 0; i < T; i++) {
+            size_t r = (size_t)s->tok_row[i], j = (size_t)s->tok_col[i];
+            for (int h = 0; h < NH; h++)
+                memcpy(s->att + i * QD + (size_t)h * hd, s->ob + ((r * NH + h) * n + j) * hd,
+                       sizeof(float) * hd);
+        }
+        matmul(s, s->att, (int)T, &L->wo, L->bo, s->tmp, pf);
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
+        for (size_t i = 0; i < T; i++) {
+            float *x = s->x + i * H;
+            const float *o = s->tmp + i * H;
+            for (int e = 0; e < H; e++) x[e] += o[e];
+            ops_rmsnorm(x, L->ffn_norm, c->rms_norm_eps, H, s->xn + i * H);
+        }
+        // ---- MLP block
+        if (L->wgu.data && !(s->p.blas && pf)) {
+            matmul(s, s->xn, (int)T, &L->wgu, NULL, s->gu, pf);
+        } else {
+            matmul_ld(s, s->xn, (int)T, &L->wg, NULL, s->gu, 2 * (size_t)I, pf);
+            matmul_ld(s, s->xn, (int)T, &L->wu, NULL, s->gu + I, 2 * (size_t)I, pf);
+        }
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 16)
+        for (size_t i = 0; i < T; i++)
+            ops_swiglu(s->gu + i * 2 * I, s->gu + i * 2 * I + I, I, s->h + i * I);
+        matmul(s, s->h, (int)T, &L->wd, NULL, s->tmp, pf);
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
+        for (size_t i = 0; i < T; i++) {
+            float *x = s->x + i * H;
+            const float *o = s->tmp + i * H;
+            for (int e = 0; e < H; e++) x[e] += o[e];
+        }
+    }
+
+    // ---- head
+    if (mode == TQKV_LOGITS_NONE) return TQKV_OK;
+    if (mode == TQKV_LOGITS_LAST) {
+        /* each row's last token is the last compact token of the row */
+        size_t at = 0;
+        for (int r = 0; r < R; r++) {
+            at += (size_t)s->len[r];
+            ops_rmsnorm(s->x + (at - 1) * H, m->final_norm, c->rms_norm_eps, H, s->xn + (size_t)r * H);
+        }
+        matmul(s, s->xn, R, &m->lm_head, NULL, logits, 0);
+        return TQKV_OK;
+    }
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
+    for (size_t i = 0; i < T; i++) ops_rmsnorm(s->x + i * H, m->final_norm, c->rms_norm_eps, H, s->xn + i * H);
+    if (!nq_pad) { /* compact order == [rows, n] order */
+        matmul(s, s->xn, (int)T, &m->lm_head, NULL, logits, pf);
+        return TQKV_OK;
+    }
+    /* padded: compute per row into its slot, zero the padding positions */
+    size_t at = 0;
+    for (int r = 0; r < R; r++) {
+        int pad = n - s->len[r];
+        float *dst = logits + (size_t)r * n * V;
+        memset(dst, 0, sizeof(float) * (size_t)pad * V);
+        matmul(s, s->xn + at * H, s->len[r], &m->lm_head, NULL, dst + (size_t)pad * V, pf);
+        at += (size_t)s->len[r];
+    }
+    return TQKV_OK;
+}
+

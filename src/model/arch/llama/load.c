@@ -1,0 +1,74 @@
+/*
+ * load.c - the weights of a Llama-family checkpoint: tensor names and shapes of every layer;
+ *   q/k/v and gate/up read in place, then packed into fused matrices (one GEMM instead of
+ *   three / two) when the matrices are bf16.
+ * Must not: run the forward pass; know other architectures' tensors.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "model/arch/llama/llama.h"
+#include "util/common.h"
+
+static tqkv_status load_layer(tqkv_model *m, const tqkv_model_load_params *lp, int l) {
+    const tqkv_model_config *c = &m->cfg;
+    model_layer *L = &m->layers[l];
+    int H = c->hidden_size, hd = c->head_dim, qd = c->n_heads * hd, kd = c->n_kv_heads * hd;
+    char name[256];
+    tqkv_status rc;
+#define NAME(suffix) (snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix), name)
+#define TRYL(x)                                                                                   \
+    do {                                                                                          \
+        if ((rc = (x)) != TQKV_OK) return rc;                                                     \
+    } while (0)
+    /* q/k/v and gate/up are read in place here and packed into fused matrices below */
+    tqkv_model_load_params lpu = *lp;
+    lpu.no_pack = 1;
+    lpu.no_f32_prefill = 1;
+    TRYL(model_load_vector(m, NAME("input_layernorm.weight"), H, &L->attn_norm));
+    TRYL(model_load_vector(m, NAME("post_attention_layernorm.weight"), H, &L->ffn_norm));
+    TRYL(model_load_matrix(m, &lpu, NAME("self_attn.q_proj.weight"), qd, H, &L->wq));
+    TRYL(model_load_matrix(m, &lpu, NAME("self_attn.k_proj.weight"), kd, H, &L->wk));
+    TRYL(model_load_matrix(m, &lpu, NAME("self_attn.v_proj.weight"), kd, H, &L->wv));
+    TRYL(model_load_matrix(m, lp, NAME("self_attn.o_proj.weight"), H, qd, &L->wo));
+    TRYL(model_load_matrix(m, &lpu, NAME("mlp.gate_proj.weight"), c->intermediate_size, H, &L->wg));
+    TRYL(model_load_matrix(m, &lpu, NAME("mlp.up_proj.weight"), c->intermediate_size, H, &L->wu));
+    TRYL(model_load_matrix(m, lp, NAME("mlp.down_proj.weight"), H, c->intermediate_size, &L->wd));
+    mm_weight *qkv[3] = {&L->wq, &L->wk, &L->wv}, *gu[2] = {&L->wg, &L->wu};
+    TRYL(model_fuse(m, lp, qkv, 3, &L->wqkv));
+    TRYL(model_fuse(m, lp, gu, 2, &L->wgu));
+    if (c->qk_norm) {
+        TRYL(model_load_vector(m, NAME("self_attn.q_norm.weight"), hd, &L->q_norm));
+        TRYL(model_load_vector(m, NAME("self_attn.k_norm.weight"), hd, &L->k_norm));
+    }
+    if (c->qkv_bias) {
+        TRYL(model_load_vector(m, NAME("self_attn.q_proj.bias"), qd, &L->bq));
+        TRYL(model_load_vector(m, NAME("self_attn.k_proj.bias"), kd, &L->bk));
+        TRYL(model_load_vector(m, NAME("self_attn.v_proj.bias"), kd, &L->bv));
+    }
+    if (c->o_bias) TRYL(model_load_vector(m, NAME("self_attn.o_proj.bias"), H, &L->bo));
+    if (L->bq && L->wqkv.data) {
+        L->bqkv = model_own(m, sizeof(float) * (size_t)(qd + 2 * kd));
+        if (!L->bqkv) return tqkv_fail(TQKV_ENOMEM, "out of memory");
+        memcpy(L->bqkv, L->bq, sizeof(float) * (size_t)qd);
+        memcpy(L->bqkv + qd, L->bk, sizeof(float) * (size_t)kd);
+        memcpy(L->bqkv + qd + kd, L->bv, sizeof(float) * (size_t)kd);
+    }
+#undef NAME
+#undef TRYL
+    return TQKV_OK;
+}
+
+tqkv_status llama_load(tqkv_model *m, const char *dir, const tqkv_model_load_params *lp) {
+    (void)dir;
+    const tqkv_model_config *c = &m->cfg;
+    char embed_name[96], norm_name[96]; /* "model." or a wrapper's text-model prefix */
+    const char *pfx = c->weight_prefix[0] ? c->weight_prefix : "model.";
+    snprintf(embed_name, sizeof embed_name, "%sembed_tokens.weight", pfx);
+    snprintf(norm_name, sizeof norm_name, "%snorm.weight", pfx);
+    tqkv_status rc = model_load_embedding(m, lp, embed_name);
+    for (int l = 0; l < c->n_layers && rc == TQKV_OK; l++) rc = load_layer(m, lp, l);
+    if (rc == TQKV_OK) rc = model_load_vector(m, norm_name, c->hidden_size, &m->final_norm);
+    if (rc == TQKV_OK) rc = model_load_head(m, lp, embed_name);
+    return rc;
+}

@@ -1,0 +1,17 @@
+/*
+ * arch.c - Qwen 3.5's entry in the architecture interface (arch.h): gated DeltaNet layers
+ * (TQKV_LAYER_LINEAR: recurrent state rows, no KV cache) between gated full-attention
+ * layers (the common geometry describes both), host recurrent rows for CPU states (a device
+ * state keeps them on the GPU), the dense kernel set (as the seed system).
+ */
+#include "model/arch/qwen35/qwen35.h"
+
+const model_arch_ops model_arch_qwen35 = {
+    .name = "qwen35",
+    .kset = MODEL_KSET_DENSE,
+    .config_parse = qwen35_config_parse,
+    .load = qwen35_load,
+    .state_init = qwen35_state_init,
+    .state_free = qwen35_state_free,
+    .forward = qwen35_forward,
+};
