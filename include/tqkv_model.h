@@ -154,6 +154,8 @@ TQKV_API tqkv_status tqkv_model_layer_info(const tqkv_model *m, int layer, tqkv_
 TQKV_API size_t      tqkv_model_params(const tqkv_model *m);
 /* "bf16", "f16", "f32" or "mixed": the element type of the matrices as read by matmul. */
 TQKV_API const char *tqkv_model_weight_type(const tqkv_model *m);
+/* Short name of the graph that runs the model ("qwen3", "llama", "gemma4", ...). */
+TQKV_API const char *tqkv_model_graph_name(const tqkv_model *m);
 
 /* ------------------------------------------------------------------------- */
 /* State: per-batch KV caches (one tqkv_batch per layer), mask lease, scratch */
@@ -305,6 +307,11 @@ TQKV_API int         tqkv_model_state_spec_active(const tqkv_model_state *s);
 /* Bytes one row holding `tokens` tokens takes over all layers: sliding layers count at most
  * window + slack tokens, KV-shared layers nothing, plus the fixed recurrent bytes per row. */
 TQKV_API size_t      tqkv_model_state_projected_bytes(const tqkv_model_state *s, int tokens);
+/* The same when speculative rounds of up to draft_tokens drafted tokens run on the state
+ * between forwards: a round can hold draft_tokens + 1 tokens beyond what a bounded layer
+ * keeps (draft_tokens 0: tqkv_model_state_projected_bytes). */
+TQKV_API size_t      tqkv_model_state_projected_bytes_spec(const tqkv_model_state *s, int tokens,
+                                                           int draft_tokens);
 /* Smallest prefix of row `row` reusable with bytes identical to a fresh prefill (max over
  * layers of tqkv_batch_min_reusable_offset; position + 1, i.e. none, once a sliding layer
  * has dropped tokens; at least the position on hybrid graphs, whose recurrent rows cannot be

@@ -28,17 +28,6 @@ static const char *layer_kind(const tqkv_layer_info *li) {
     return li->window ? "sliding" : "full";
 }
 
-static const char *arch_graph(tqkv_arch a) {
-    switch (a) {
-    case TQKV_ARCH_QWEN3: return "qwen3";
-    case TQKV_ARCH_QWEN2: return "qwen2";
-    case TQKV_ARCH_LLAMA: return "llama";
-    case TQKV_ARCH_QWEN35: return "qwen3.5 hybrid";
-    case TQKV_ARCH_GEMMA4: return "gemma4";
-    }
-    return "?";
-}
-
 int cmd_info(int argc, char **argv) {
     const char *model_arg = MCLI_DEFAULT_MODEL, *kv_list = "f32,f16,q8,q4,tq4,tq3,tq2";
     int json = 0;
@@ -67,7 +56,7 @@ int cmd_info(int argc, char **argv) {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "model", dir);
     cJSON_AddStringToObject(root, "architecture", c->arch_name);
-    cJSON_AddStringToObject(root, "graph", arch_graph(c->arch));
+    cJSON_AddStringToObject(root, "graph", tqkv_model_graph_name(m));
     cJSON_AddNumberToObject(root, "params", (double)tqkv_model_params(m));
     cJSON_AddStringToObject(root, "weights", tqkv_model_weight_type(m));
     cJSON_AddNumberToObject(root, "hidden", c->hidden_size);
@@ -161,7 +150,7 @@ int cmd_info(int argc, char **argv) {
     } else if (rc == 0) {
         printf("model        %s\n", dir);
         printf("graph        %s (%s), %.1fM params, %s weights, hidden %d, vocab %d\n",
-               arch_graph(c->arch), c->arch_name, (double)tqkv_model_params(m) / 1e6,
+               tqkv_model_graph_name(m), c->arch_name, (double)tqkv_model_params(m) / 1e6,
                tqkv_model_weight_type(m), c->hidden_size, c->vocab_size);
         printf("layers       %d: %s\n", c->n_layers, map);
         printf("             F = full attention, S = sliding window, L = gated DeltaNet "

@@ -302,15 +302,15 @@ static void req_free(eng_req *q) {
     free(q);
 }
 
-/* Bytes a request holds at most: its row grown to n_prompt + max_tokens tokens. The model
- * projection bounds Gemma 4's sliding layers at window + slack, skips KV-shared layers and
- * adds the fixed per-row recurrent state of hybrid graphs (tqkv_model_state_row_fixed_bytes). */
+/* Bytes a request holds at most: its row grown to n_prompt + max_tokens tokens, as the
+ * model projects it (bounded sliding layers, KV-shared layers, recurrent rows, and with a
+ * draft what a speculative round holds: tqkv_model_state_projected_bytes_spec). */
 static size_t req_projected(const tqkv_engine *e, const eng_req *q, tqkv_model_state *probe,
                             tqkv_model_state *dprobe) {
     int n = q->n_prompt + q->max_tokens;
-    size_t b = tqkv_model_state_projected_bytes(probe, n);
-    if (dprobe) b += tqkv_model_state_projected_bytes(dprobe, n);
-    (void)e;
+    const int K = e->dm ? e->p.draft_tokens : 0; /* rounds of K drafts between forwards */
+    size_t b = tqkv_model_state_projected_bytes_spec(probe, n, K);
+    if (dprobe) b += tqkv_model_state_projected_bytes_spec(dprobe, n, K);
     return b;
 }
 
@@ -446,16 +446,10 @@ static void sched_admit(tqkv_engine *e, eng_req **dropped, int *n_dropped, int c
         eng_req *q = e->q_head;
         if (!probe) {
             pthread_mutex_unlock(&e->mu);
-            /* with a draft, a bounded sliding layer holds up to K + 1 tokens beyond window +
-             * slack between a round's end and the next begin (docs/ENGINE.md): the probes
-             * count them (projections only; the running states drop as before) */
-            tqkv_model_state_params tsp = e->sp, dsp = e->dsp;
-            if (e->dm) {
-                tsp.window_slack += e->p.draft_tokens + 1;
-                dsp.window_slack += e->p.draft_tokens + 1;
-            }
-            tqkv_status rc = tqkv_model_state_init(&probe, e->m, &tsp);
-            if (rc == TQKV_OK && e->dm) rc = tqkv_model_state_init(&dprobe, e->dm, &dsp);
+            /* with a draft, the model counts what a speculative round holds beyond what
+             * its layers keep (req_projected: tqkv_model_state_projected_bytes_spec) */
+            tqkv_status rc = tqkv_model_state_init(&probe, e->m, &e->sp);
+            if (rc == TQKV_OK && e->dm) rc = tqkv_model_state_init(&dprobe, e->dm, &e->dsp);
             pthread_mutex_lock(&e->mu);
             if (rc != TQKV_OK) break;
             continue; /* the head may have changed while unlocked */

@@ -82,8 +82,9 @@ tqkv_status model_cuda_upload(model_cuda *g, tqkv_batch *const *layers,
                               const struct model_recurrent *rec, int rows);
 /* Fixed device bytes one row's recurrent rows take (0 without any). */
 size_t      model_cuda_row_fixed_bytes(const model_cuda *g);
-/* Device bytes one row of `tokens` tokens takes over all layers (planes, scales, q8 ring). */
-size_t      model_cuda_projected_bytes(const model_cuda *g, int tokens);
+/* Device bytes one row of `tokens` tokens takes over all layers (planes, scales, q8 ring);
+ * bounded sliding layers hold their keep + `round` tokens (a speculative round's). */
+size_t      model_cuda_projected_bytes(const model_cuda *g, int tokens, int round);
 /* Device bytes held by the caches. */
 size_t      model_cuda_kv_bytes(const model_cuda *g);
 /* The forward of forward.c (same arguments and logits layout), on the device. Queued on

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 extern "C" {
+#include "model/arch/arch.h"
 #include "model/arch/gemma4/gemma4.h"
 #include "model/model_impl.h"
 }

@@ -191,14 +191,15 @@ extern "C" tqkv_status model_cuda_check(const model_cuda *g) {
 
 /* Gemma 4's sliding layers count at most window + slack tokens (state_rows.c's rule);
  * KV-shared layers hold nothing. */
-extern "C" size_t model_cuda_projected_bytes(const model_cuda *g, int tokens) {
-    const g4_config *g4 = g->m->g4 ? &g->m->g4->cfg : NULL;
-    const int keep = g4 ? g4->window + g->p.window_slack : 0;
+extern "C" size_t model_cuda_projected_bytes(const model_cuda *g, int tokens, int round) {
+    const tqkv_model *m = g->m;
+    const int keep = (m->ops->sliding_keep ? m->ops->sliding_keep(m, &g->p) : 0) + round;
     size_t b = 0;
-    for (int l = 0; l < g->m->cfg.n_layers; l++) {
+    for (int l = 0; l < m->cfg.n_layers; l++) {
         if (!g->kv[l]) continue;
         size_t ring = 0;
-        const int t = g4 && g4->sliding[l] && tokens > keep ? keep : tokens;
+        const int t = model_layer_kind_of(m, l) == MODEL_LAYER_SLIDING && tokens > keep ? keep
+                                                                                     : tokens;
         b += tqkv_cuda_kv_token_bytes(g->kv[l], &ring) * (size_t)t + ring;
     }
     return b;

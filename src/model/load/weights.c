@@ -295,6 +295,9 @@ int tqkv_model_is_eos(const tqkv_model *m, int token) {
 
 size_t tqkv_model_params(const tqkv_model *m) { return m ? m->n_params : 0; }
 const char *tqkv_model_weight_type(const tqkv_model *m) { return m ? m->wtype : ""; }
+const char *tqkv_model_graph_name(const tqkv_model *m) {
+    return m ? model_arch_graph_name(m->cfg.arch) : "";
+}
 
 static size_t wbytes(const mm_weight *w) {
     return (size_t)w->n * (size_t)w->k * (w->type == MM_F32 ? 4u : 2u);

@@ -268,13 +268,17 @@ tqkv_status tqkv_model_state_check(const tqkv_model_state *s) {
 
 /* Sliding layers are bounded by window + slack; recurrent rows are a fixed per-row cost
  * (tqkv_model_state_row_fixed_bytes), included here so admission needs one call. */
-size_t tqkv_model_state_projected_bytes(const tqkv_model_state *s, int tokens) {
-    if (!s || tokens <= 0) return 0;
+size_t tqkv_model_state_projected_bytes_spec(const tqkv_model_state *s, int tokens,
+                                             int draft_tokens) {
+    if (!s || tokens <= 0 || draft_tokens < 0) return 0;
+    const int round = draft_tokens ? draft_tokens + 1 : 0; /* held between a round's end and
+                                                               the next forward */
 #ifdef TQKV_HAVE_CUDA
-    if (s->gpu) return model_cuda_projected_bytes(s->gpu, tokens) + model_cuda_row_fixed_bytes(s->gpu);
+    if (s->gpu)
+        return model_cuda_projected_bytes(s->gpu, tokens, round) + model_cuda_row_fixed_bytes(s->gpu);
 #endif
     size_t b = 0;
-    const int keep = sliding_keep(s);
+    const int keep = sliding_keep(s) + round;
     for (int l = 0; l < s->m->cfg.n_layers; l++) {
         model_layer_kind k = rows_layer_kind_of(s->m, l);
         if (!has_kv(k) || !s->layers[l]) continue;
@@ -282,6 +286,10 @@ size_t tqkv_model_state_projected_bytes(const tqkv_model_state *s, int tokens) {
         b += tqkv_batch_projected_bytes(s->layers[l], t);
     }
     return b + tqkv_model_state_row_fixed_bytes(s);
+}
+
+size_t tqkv_model_state_projected_bytes(const tqkv_model_state *s, int tokens) {
+    return tqkv_model_state_projected_bytes_spec(s, tokens, 0);
 }
 
 /* A row can be trimmed back to a prefix with fresh-prefill bytes only when every layer

@@ -1,0 +1,124 @@
+/*
+ * test_context_limit.c - the public forward refuses to pass max_position_embeddings with
+ * TQKV_ERANGE and changes nothing, on every architecture (the common preamble in
+ * src/model/state/state.c), on the CPU and, where a GPU is present, on the device.
+ * Checkpoints: the tiny random-weight goldens in tests/golden/ (Gemma 4, Qwen 3.5 hybrid,
+ * a Llama-shaped MiniCPM5) and the bundled Qwen3. The loaded config's limit is lowered to
+ * a few dozen tokens (RoPE has no position table, so any limit is a valid model), which
+ * keeps each case to a short prefill.
+ * Owns: nothing on disk. Must not: depend on ../shared.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+#include "tqkv_model.h"
+#ifdef TQKV_HAVE_CUDA
+#include "cache/cache_cuda.h" /* tqkv_cuda_available */
+#define HAVE_GPU() tqkv_cuda_available()
+#else
+#define HAVE_GPU() 0
+#endif
+
+#define LIMIT 48
+
+static const char *const CHECKPOINTS[] = {
+    "models/qwen3-code-28m",          /* Qwen3ForCausalLM (the Llama family's graph) */
+    "tests/golden/qwen35/minicpm5",   /* LlamaForCausalLM */
+    "tests/golden/gemma4/base",       /* Gemma4ForCausalLM */
+    "tests/golden/qwen35/hybrid",     /* Qwen3_5ForCausalLM */
+};
+#define N_CHECKPOINTS (int)(sizeof CHECKPOINTS / sizeof CHECKPOINTS[0])
+
+#define OK(x) assert_int_equal((x), TQKV_OK)
+
+static tqkv_model *load(const char *rel) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/%s", TQKV_SOURCE_DIR, rel);
+    tqkv_model *m = NULL;
+    if (tqkv_model_load(&m, dir, NULL) != TQKV_OK) fail_msg("%s: %s", dir, tqkv_last_error());
+    /* the limit under test: lowered in the loaded copy only */
+    ((tqkv_model_config *)tqkv_model_get_config(m))->max_position_embeddings = LIMIT;
+    return m;
+}
+
+static void positions(const tqkv_model_state *s, int rows, int *out) {
+    OK(tqkv_model_state_offsets(s, out));
+    (void)rows;
+}
+
+/* One checkpoint on one device: every way past the limit is refused, nothing changes, and
+ * the state still runs up to the limit exactly. */
+static void check_limit(tqkv_model *m, int device, test_rng *rng) {
+    const int V = tqkv_model_get_config(m)->vocab_size, R = 2;
+    tqkv_model_state_params p = tqkv_model_state_params_default();
+    p.rows = R;
+    p.device = device;
+    tqkv_model_state *s = NULL;
+    OK(tqkv_model_state_init(&s, m, &p));
+    int32_t tok[2 * (LIMIT + 1)];
+    for (int i = 0; i < 2 * (LIMIT + 1); i++) tok[i] = rng_int(rng, 3, V - 1);
+    float *logits = malloc(sizeof(float) * (size_t)R * (LIMIT + 1) * V);
+    assert_non_null(logits);
+
+    /* a prefill one token past the limit, in either row */
+    int len[2] = {LIMIT, LIMIT + 1};
+    assert_int_equal(tqkv_model_prefill(m, s, tok, len, LIMIT + 1, TQKV_LOGITS_LAST, logits),
+                     TQKV_ERANGE);
+    assert_non_null(strstr(tqkv_last_error(), "max_position_embeddings"));
+    int pos[2];
+    positions(s, R, pos);
+    assert_int_equal(pos[0], 0);
+    assert_int_equal(pos[1], 0);
+
+    /* up to the limit minus 3, then an extend of 4 and a decode at the limit */
+    const int n0 = LIMIT - 3;
+    OK(tqkv_model_prefill(m, s, tok, NULL, n0, TQKV_LOGITS_LAST, logits));
+    assert_int_equal(tqkv_model_extend(m, s, tok, 4, TQKV_LOGITS_ALL, logits), TQKV_ERANGE);
+    positions(s, R, pos);
+    assert_int_equal(pos[0], n0);
+    assert_int_equal(pos[1], n0);
+    OK(tqkv_model_extend(m, s, tok, 3, TQKV_LOGITS_ALL, logits)); /* exactly to the limit */
+    assert_int_equal(tqkv_model_decode(m, s, tok, logits), TQKV_ERANGE);
+    positions(s, R, pos);
+    assert_int_equal(pos[0], LIMIT);
+    assert_int_equal(pos[1], LIMIT);
+    free(logits);
+    tqkv_model_state_free(s);
+}
+
+static void test_cpu(void **state) {
+    (void)state;
+    test_rng rng;
+    rng_init(&rng, test_seed());
+    for (int i = 0; i < N_CHECKPOINTS; i++) {
+        tqkv_model *m = load(CHECKPOINTS[i]);
+        check_limit(m, 0, &rng);
+        tqkv_model_free(m);
+    }
+}
+
+static void test_device(void **state) {
+    (void)state;
+    if (!HAVE_GPU()) {
+        print_message("no CUDA device (or a build without it): the device cases are skipped\n");
+        skip();
+        return;
+    }
+    test_rng rng;
+    rng_init(&rng, test_seed());
+    for (int i = 0; i < N_CHECKPOINTS; i++) {
+        tqkv_model *m = load(CHECKPOINTS[i]);
+        check_limit(m, 1, &rng);
+        tqkv_model_free(m);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cpu),
+        cmocka_unit_test(test_device),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
