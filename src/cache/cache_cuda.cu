@@ -513,3 +513,25 @@ extern "C" tqkv_status tqkv_cuda_kv_append(cuda_kv *kv, const float *k, const fl
     advance_host(kv, n);
     return TQKV_OK;
 }
+
+// ---------------------------------------------------------------------------
+// Encode: both planes through the codec's kernel on kv->stream, asynchronous
+// ---------------------------------------------------------------------------
+tqkv_status codec_cuda_append(cuda_kv *kv, const float *k, const float *v, int n) {
+    for (int p = 0; p < 2; p++) {
+        ce_plane P;
+        P.data = p ? kv->vd : kv->kd;
+        P.scales = p ? kv->vs : kv->ks;
+        P.win = p ? (kv->vwin ? kv->vw : NULL) : (kv->kwin ? kv->kw : NULL);
+        P.wsc = p ? kv->vws : kv->kws;
+        P.pay = (int)(p ? kv->vpay : kv->kpay);
+        P.bf16 = kv->bf16;
+        const cudaError_t e = codec_cuda_encode(p ? v : k, P, p ? kv->vc : kv->kc,
+                                                p ? kv->vc256 : kv->kc256, kv->d, kv->d_rows,
+                                                kv->rows, kv->kvh, n, kv->cap, kv->ring,
+                                                kv->stream);
+        tqkv_status st = cuda_check(e, "encode kernel launch");
+        if (st) return st;
+    }
+    return TQKV_OK; /* queued on kv->stream: no wait (a decode step may be being captured) */
+}

@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "codec/codec_cuda_dims.h" /* CUDA_DIM, CUDA_DIM_WIDE */
 #include "tqkv.h"
 
 #ifdef __cplusplus
@@ -31,8 +32,6 @@ extern "C" {
 
 struct tqkv_batch;
 
-#define CUDA_DIM 128          /* the head_dim of the tuned decode (split) kernel */
-#define CUDA_DIM_WIDE 256     /* the other head_dim of the device cache (Gemma 4's full layers) */
 #define CUDA_MAX_G 8          /* q_heads / kv_heads */
 #define CUDA_MAX_ROWS 1024    /* rows of one decode attention call (its work-item scan) */
 

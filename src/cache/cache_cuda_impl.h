@@ -15,40 +15,8 @@
 #include <stdint.h>
 
 #include "cache/cache_cuda.h"
+#include "codec/codec_cuda_params.h"
 
-
-/* Kernel-side codec parameters of a d = 128 cache (passed by value, ~700 bytes). Its
- * layout is part of the split kernel's Params<128> (attn_cuda_split.cuh): keep it as it is. */
-typedef struct {
-    float cent[16];           /* tq centroids (c[k] = LM[k] / sqrt(d)), ascending */
-    float bounds[15];         /* midpoints */
-    float signs[CUDA_DIM];    /* +-1 */
-    float inv;                /* (float)(1 / sqrt(d)) */
-    int   bits;               /* 2..4, 0 for non-tq */
-} cuda_codec;
-
-/* The same for a d = 256 cache (~1.2 KB). */
-typedef struct {
-    float cent[16];
-    float bounds[15];
-    float signs[256];
-    float inv;
-    int   bits;
-} cuda_codec256;
-
-/* The codec parameters of head_dim DIM (kernels templated on the dim take this type). */
-template <int DIM> struct cuda_codec_of;
-template <> struct cuda_codec_of<128> { typedef cuda_codec type; };
-template <> struct cuda_codec_of<256> { typedef cuda_codec256 type; };
-
-/* Per-row state as the kernels read it: [rows] of these. */
-typedef struct {
-    int ntok;                 /* tokens held */
-    int left_pad;             /* padding columns before token 0 */
-    int wstart;               /* first token read from the q8 ring (== ntok: none) */
-    int col0;                 /* append target column (left_pad + ntok) */
-    int win_lo;               /* lowest token the q8 ring still holds (h_win_lo) */
-} cuda_row;
 
 struct cuda_kv {
     tqkv_cache_config cfg;
@@ -96,6 +64,8 @@ tqkv_status cuda_kv_sync_rows(cuda_kv *kv);
 tqkv_status cuda_kv_advance_rows(cuda_kv *kv, int n);
 
 /* codec_cuda.cu: encode n tokens of every row into the planes at each row's col0. */
+/* cache_cuda.cu: encode n new tokens per row of k and v into kv's planes (codec_cuda.cu's
+ * kernel, queued on kv->stream). */
 tqkv_status codec_cuda_append(cuda_kv *kv, const float *k, const float *v, int n);
 
 /* attn_cuda_wide.cu: decode attention of a cache whose head_dim is 256: the tensor-core split

@@ -5,16 +5,14 @@
  * docs/FORMATS.md, and the q8 copy of the rotated vector into the recent-window ring;
  * the bf16 baseline's plain conversion. Bytes equal codec_encode's (same float64 norm
  * order, same comparisons, same rounding): tests/test_cuda.c compares every byte.
- * Must not: run attention, or decide row state (cache_cuda.cu does).
+ * Must not: run attention, decide row state or know the cache's structs (cache_cuda.cu
+ *   fills the kernel's parameters and calls codec_cuda_encode).
  */
 #include <cuda_bf16.h>
 #include <math.h>
 
-extern "C" {
-#include "util/common.h"
-}
-#include "cache/cache_cuda_impl.h"
 #include "codec/codec_cuda.cuh"
+#include "codec/codec_cuda_params.h"
 
 // ---------------------------------------------------------------------------
 // Scalar pieces (ports of src/codec/codec.c)
@@ -51,14 +49,6 @@ template <int E> __device__ static double ce_sum4_ordered(const double (&t)[E]) 
 // ---------------------------------------------------------------------------
 // Encode kernel: one warp per vector
 // ---------------------------------------------------------------------------
-struct ce_plane {
-    uint8_t *data;      /* [rows, kvh, cap, pay] */
-    uint16_t *scales;   /* [rows, kvh, cap, ns] */
-    int8_t *win;        /* [rows, kvh, ring, d] or NULL */
-    uint16_t *wsc;      /* [rows, kvh, ring, d/32] */
-    int pay;
-    int bf16;
-};
 
 /* x: [rows, kvh, n, D] floats; grid-stride over rows * kvh * n warps. Lane l holds
  * elements E l .. E l + E - 1 (E = D / 32). */
@@ -178,28 +168,18 @@ __global__ void __launch_bounds__(256) ce_encode_kernel(const float *__restrict_
 }
 
 // ---------------------------------------------------------------------------
-// Launcher: both planes' kernels on kv->stream, asynchronous
+// Launcher
 // ---------------------------------------------------------------------------
-tqkv_status codec_cuda_append(cuda_kv *kv, const float *k, const float *v, int n) {
-    const long long vecs = (long long)kv->rows * kv->kvh * n;
+cudaError_t codec_cuda_encode(const float *x, const ce_plane &P, const cuda_codec &c128,
+                              const cuda_codec256 &c256, int d, const cuda_row *rows, int nrows,
+                              int kvh, int n, int cap, int ring, cudaStream_t stream) {
+    const long long vecs = (long long)nrows * kvh * n;
     const int blocks = (int)(vecs / 8 + 1 < 65536 * 4 ? vecs / 8 + 1 : 65536 * 4);
-    for (int p = 0; p < 2; p++) {
-        ce_plane P;
-        P.data = p ? kv->vd : kv->kd;
-        P.scales = p ? kv->vs : kv->ks;
-        P.win = p ? (kv->vwin ? kv->vw : NULL) : (kv->kwin ? kv->kw : NULL);
-        P.wsc = p ? kv->vws : kv->kws;
-        P.pay = (int)(p ? kv->vpay : kv->kpay);
-        P.bf16 = kv->bf16;
-        if (kv->d == CUDA_DIM)
-            ce_encode_kernel<CUDA_DIM><<<blocks, 256, 0, kv->stream>>>(
-                p ? v : k, P, p ? kv->vc : kv->kc, kv->d_rows, kv->rows, kv->kvh, n, kv->cap, kv->ring);
-        else
-            ce_encode_kernel<CUDA_DIM_WIDE><<<blocks, 256, 0, kv->stream>>>(
-                p ? v : k, P, p ? kv->vc256 : kv->kc256, kv->d_rows, kv->rows, kv->kvh, n, kv->cap,
-                kv->ring);
-        tqkv_status st = cuda_check(cudaGetLastError(), "encode kernel launch");
-        if (st) return st;
-    }
-    return TQKV_OK; /* queued on kv->stream: no wait (a decode step may be being captured) */
+    if (d == CUDA_DIM)
+        ce_encode_kernel<CUDA_DIM><<<blocks, 256, 0, stream>>>(x, P, c128, rows, nrows, kvh, n,
+                                                                cap, ring);
+    else
+        ce_encode_kernel<CUDA_DIM_WIDE><<<blocks, 256, 0, stream>>>(x, P, c256, rows, nrows, kvh,
+                                                                     n, cap, ring);
+    return cudaGetLastError();
 }

@@ -1,0 +1,66 @@
+/*
+ * codec_cuda_params.h - what the CUDA codec's encode kernel takes: the codec parameters
+ * passed to kernels by value (one struct per head_dim: cuda_codec at 128, whose layout the
+ * tuned decode kernel's Params embed, and cuda_codec256), one plane's device buffers, the
+ * append target of each row, and the encode launcher.
+ * Must not: know the cache's structs (src/cache/ fills these from its own), be included
+ * from C files (CUDA C++ only).
+ */
+#ifndef TQKV_CODEC_CUDA_PARAMS_H
+#define TQKV_CODEC_CUDA_PARAMS_H
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "codec/codec_cuda_dims.h"
+
+/* Kernel-side codec parameters of a d = 128 cache (passed by value, ~700 bytes). Its
+ * layout is part of the split kernel's Params<128> (attn_cuda_split.cuh): keep it as it is. */
+typedef struct {
+    float cent[16];           /* tq centroids (c[k] = LM[k] / sqrt(d)), ascending */
+    float bounds[15];         /* midpoints */
+    float signs[CUDA_DIM];    /* +-1 */
+    float inv;                /* (float)(1 / sqrt(d)) */
+    int   bits;               /* 2..4, 0 for non-tq */
+} cuda_codec;
+
+/* The same for a d = 256 cache (~1.2 KB). */
+typedef struct {
+    float cent[16];
+    float bounds[15];
+    float signs[256];
+    float inv;
+    int   bits;
+} cuda_codec256;
+
+/* The codec parameters of head_dim DIM (kernels templated on the dim take this type). */
+template <int DIM> struct cuda_codec_of;
+template <> struct cuda_codec_of<128> { typedef cuda_codec type; };
+template <> struct cuda_codec_of<256> { typedef cuda_codec256 type; };
+
+/* Per-row state as the kernels read it: [rows] of these. */
+typedef struct {
+    int ntok;                 /* tokens held */
+    int left_pad;             /* padding columns before token 0 */
+    int wstart;               /* first token read from the q8 ring (== ntok: none) */
+    int col0;                 /* append target column (left_pad + ntok) */
+    int win_lo;               /* lowest token the q8 ring still holds (h_win_lo) */
+} cuda_row;
+
+/* One plane (K or V) of a device cache as the encode kernel writes it. */
+struct ce_plane {
+    uint8_t *data;      /* [rows, kvh, cap, pay] */
+    uint16_t *scales;   /* [rows, kvh, cap, ns] */
+    int8_t *win;        /* [rows, kvh, ring, d] or NULL */
+    uint16_t *wsc;      /* [rows, kvh, ring, d/32] */
+    int pay;
+    int bf16;
+};
+
+/* Encode x [rows, kvh, n, d] into plane P at each row's col0 (d = CUDA_DIM with c128, or
+ * CUDA_DIM_WIDE with c256), queued on stream; the launch's error (no wait). */
+cudaError_t codec_cuda_encode(const float *x, const ce_plane &P, const cuda_codec &c128,
+                              const cuda_codec256 &c256, int d, const cuda_row *rows, int nrows,
+                              int kvh, int n, int cap, int ring, cudaStream_t stream);
+
+#endif
