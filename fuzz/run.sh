@@ -5,8 +5,9 @@
 #   restore        state restore (tqkv_cache_restore / tqkv_batch_restore), seeded with valid states
 #   chat_template  the Jinja chat-template parser and renderer, seeded with the real templates
 #   request        the server's OpenAI request parser, seeded with valid requests
+#   config         config.json / generation_config.json readers, seeded with the checkpoints'
 set -euo pipefail
-target="${1:?usage: fuzz/run.sh restore|chat_template|request [SECONDS]}"
+target="${1:?usage: fuzz/run.sh restore|chat_template|request|config [SECONDS]}"
 secs="${2:-60}"
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bld="$root/build-fuzz"
@@ -38,6 +39,10 @@ chat_template)
 request)
   TQKV_FUZZ_WRITE_SEEDS="$corpus" "$bin"
   opts=(-max_len=8192 -rss_limit_mb=2048 -malloc_limit_mb=512) ;;
+config)
+  TQKV_FUZZ_WRITE_SEEDS="$corpus" "$bin" "$root"/models/*/config.json \
+    "$root"/tests/golden/*/*/config.json
+  opts=(-max_len=16384 -rss_limit_mb=2048 -malloc_limit_mb=512) ;;
 *) echo "fuzz/run.sh: unknown target '$target'" >&2; exit 2 ;;
 esac
 exec "$bin" "$corpus" -max_total_time="$secs" -print_final_stats=1 "${opts[@]}" \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test.sh - build and run the whole test suite: Release (then install it to a temporary
 # prefix and build the examples against the install), then ASan+UBSan, then short
-# libFuzzer runs (state restore, server request parser, chat templates). Exits non-zero on
+# libFuzzer runs (state restore, server request parser, chat templates, config readers). Exits non-zero on
 # any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +24,7 @@ cmake --build build-asan -j"$jobs"
    ctest --output-on-failure -j1) | tee build-asan/ctest.log
 
 # Short fuzz runs (longer recorded runs: bench/RESULTS.md).
-for target in restore request chat_template; do
+for target in restore request chat_template config; do
   echo "== fuzz: $target (${TQKV_FUZZ_SECONDS:-60} s)"
   bash fuzz/run.sh "$target" "${TQKV_FUZZ_SECONDS:-60}"
 done
