@@ -228,7 +228,7 @@ TQKV_API tqkv_status tqkv_model_state_offsets(const tqkv_model_state *s, int *of
  *     only its newest window + window_slack tokens per row (its offsets count those, so take
  *     positions from tqkv_model_state_offsets), and is not trimmed during a spec round;
  *   - a linear-attention layer of a hybrid graph (Qwen 3.5): it holds recurrent state rows
- *     instead (src/model/recurrent.h), to which every row operation must apply too;
+ *     instead (src/model/state/recurrent.h), to which every row operation must apply too;
  *   - every layer of a state on the device (params.device == 1). */
 TQKV_API tqkv_batch *tqkv_model_state_layer(tqkv_model_state *s, int layer);
 /* Room for `tokens` tokens per row (its left padding aside) in every layer's cache, so
@@ -275,7 +275,7 @@ TQKV_API tqkv_status tqkv_model_decode(const tqkv_model *m, tqkv_model_state *s,
                                        const int32_t *tokens, float *logits);
 
 /* ------------------------------------------------------------------------- */
-/* Row operations (src/model/state_rows.c): a state whose rows change between  */
+/* Row operations (src/model/state/rows.c): a state whose rows change between  */
 /* forward calls. Each changes every layer or, on failure, none.              */
 /* ------------------------------------------------------------------------- */
 

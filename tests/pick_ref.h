@@ -1,5 +1,5 @@
 /*
- * pick_ref.h - a plain C reference of the device pick (src/model/pick_cuda.cu), for
+ * pick_ref.h - a plain C reference of the device pick (src/model/sample/pick_cuda.cu), for
  * test_sampler.c (its results finished by sampler_impl.h must equal tqkv_sampler_sample)
  * and test_cuda_model.c (the kernel's records must equal it).
  * Owns: pick_ref_row: the repetition penalty in place, then the greedy argmax as the

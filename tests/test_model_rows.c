@@ -1,5 +1,5 @@
 /*
- * test_model_rows.c - row operations of a model state (src/model/state_rows.c) on the
+ * test_model_rows.c - row operations of a model state (src/model/state/rows.c) on the
  * bundled model: a state whose rows are merged, filtered, extracted, rolled back or
  * exported gives logits bitwise equal to fresh per-row states fed the same tokens; a
  * window extend with extend_as_decode equals single decodes; failures (bad token, context

@@ -1,5 +1,5 @@
 /*
- * test_model_rows_graphs.c - model-level row operations (src/model/state_rows.c) and the
+ * test_model_rows_graphs.c - model-level row operations (src/model/state/rows.c) and the
  * engine on the two new graphs, with the tiny random-weight checkpoints committed under
  * tests/golden: Gemma 4 (gemma4/base: sliding window 8 with bounded caches, KV-shared
  * layers) and Qwen 3.5 (qwen35/hybrid: gated DeltaNet layers with recurrent state rows).

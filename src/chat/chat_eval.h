@@ -3,7 +3,7 @@
  * (statements, expressions) and chat_builtin.c (filters, tests, methods, globals).
  *
  * Owns: the render context and its error exits.
- * Must not: be included outside src/tokenizer/chat_eval.c and chat_builtin.c.
+ * Must not: be included outside src/chat/chat_eval.c and chat_builtin.c.
  */
 #ifndef TQKV_CHAT_EVAL_H
 #define TQKV_CHAT_EVAL_H

@@ -4,7 +4,7 @@
  *
  * Owns: the shapes that chat_lex.c, chat_parse.c, chat_value.c, chat_eval.c and
  * chat_template.c pass between them.
- * Must not: be included outside src/tokenizer/chat_*.c; hold global state.
+ * Must not: be included outside src/chat/chat_*.c; hold global state.
  *
  * Memory: every allocation of a parse goes to the template's arena (freed with the
  * template), every allocation of a render to the render's arena (freed when the render

@@ -1,6 +1,6 @@
 /*
  * cmd_bench_gemm.c - `tqkv bench gemm`: the GPU forward's batch-invariant GEMM
- * (tqkv_cuda_gemm, src/model/gemm_cuda.h) on given shapes and token counts, beside a
+ * (tqkv_cuda_gemm, src/model/ops/gemm_cuda.h) on given shapes and token counts, beside a
  * device-to-device copy measured in the same run.
  *
  *   tqkv bench gemm [--shapes 6144x4096,4096x4096,28672x4096,4096x14336] [--tokens 1,8,32,512]

@@ -3,7 +3,7 @@
  * template (chat_template.jinja / tokenizer_config.json), optionally tokenized.
  *
  * Owns: argument handling and printing of the chat-template subcommand. Must not: contain
- * template logic (that is src/tokenizer/chat_*.c behind tqkv_chat.h).
+ * template logic (that is src/chat/chat_*.c behind tqkv_chat.h).
  */
 #include <stdio.h>
 #include <stdlib.h>

@@ -48,7 +48,7 @@ typedef struct {
     mm_weight wqkv;        /* [n_heads*hd + 2*n_kv*hd, hidden] = q; k; v rows */
     float    *bqkv;        /* [n_heads*hd + 2*n_kv*hd] or NULL */
     mm_weight wgu;         /* [2*inter, hidden] = gate; up rows */
-    /* ---- qwen35: gated DeltaNet (TQKV_LAYER_LINEAR layers only; see graph_qwen35.c) ---- */
+    /* ---- qwen35: gated DeltaNet (TQKV_LAYER_LINEAR layers only; see src/model/arch/qwen35/graph.c) ---- */
     mm_weight lin_in;      /* [2*kd + vd + vd + nv + nv, hidden] = qkv; z; b; a rows (fused
                               when packable, else data NULL and the four below are used) */
     mm_weight lin_qkv;     /* [2*kd + vd, hidden] (kd = k_heads*k_dim, vd = v_heads*v_dim) */
@@ -162,7 +162,7 @@ void        model_kv_trim_rollback(tqkv_model_state *s, int done, int n, int pre
  * the newest `window` of them when window > 0 (a sliding layer; 0: all), in the same
  * order and on the same token grid. The decode engine's split points are on a row's token
  * grid, so keep > 0 names a bounded sliding layer (after each forward outside a spec round
- * it keeps its newest `keep` tokens, graph_gemma4.c): row r's query j is then attended on
+ * it keeps its newest `keep` tokens, src/model/arch/gemma4/graph.c): row r's query j is then attended on
  * a read-only view of b whose row starts as many tokens later as the layer would have
  * dropped before a single decode at that position (min(position, keep) tokens held), so
  * its bits do not depend on when the layer dropped (no view over a q8 ring: its slots are

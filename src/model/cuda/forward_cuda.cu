@@ -575,7 +575,7 @@ static tqkv_status forward_undo(model_cuda *g, int done, int n) {
 }
 
 /* After a failed call that ran (some of) its queue: the KV rows go back (forward_undo);
- * recurrent rows cannot, so a state whose linear layers were reached (graph_qwen35.c's
+ * recurrent rows cannot, so a state whose linear layers were reached (src/model/arch/qwen35/graph.c's
  * rule), or whose rewind failed, refuses forwards until it is reset or restored. */
 static void forward_fail(model_cuda *g, int done, int n) {
     if (forward_undo(g, done, n)) g->broken = 1;
@@ -733,7 +733,7 @@ static tqkv_status forward_run(model_cuda *g, const int32_t *tokens, const int *
     const tqkv_model_config *c = &m->cfg;
     const int R = g->rows, hd = c->head_dim, V = c->vocab_size,
               half = (c->rotary_dim ? c->rotary_dim : hd) / 2, RW = mc_rope_width(m);
-    /* Gemma 4: per-layer inputs index a table of ple_vocab rows (graph_gemma4.c's limit) */
+    /* Gemma 4: per-layer inputs index a table of ple_vocab rows (src/model/arch/gemma4/graph.c's limit) */
     const g4_config *g4 = m->g4 ? &m->g4->cfg : NULL;
     const int tok_limit = g4 && g4->ple_dim && g4->ple_vocab < V ? g4->ple_vocab : V;
     mc_rec *rc = &g->rec;
@@ -741,7 +741,7 @@ static tqkv_status forward_run(model_cuda *g, const int32_t *tokens, const int *
     if (g->broken)
         return tqkv_fail(TQKV_ESTATE, "forward: an earlier forward failed midway and left rows it "
                          "could not undo; reset the state");
-    if (rc->n_lin) { /* graph_qwen35.c's checks, on the device rows */
+    if (rc->n_lin) { /* src/model/arch/qwen35/graph.c's checks, on the device rows */
         if (rc->spec_active != tqkv_cuda_kv_spec_active(g->kv[g->kv0]))
             return tqkv_fail(TQKV_ESTATE, "forward: spec round open on the %s but not on the %s",
                              rc->spec_active ? "recurrent rows" : "KV rows",
@@ -833,7 +833,7 @@ static tqkv_status forward_run(model_cuda *g, const int32_t *tokens, const int *
         rc->tokens[r] += n;
         if (rc->spec_active) rc->spec_steps[r] += n;
     }
-    /* Gemma 4: the bounded sliding layers (graph_gemma4.c: after the forward, not in a spec
+    /* Gemma 4: the bounded sliding layers (src/model/arch/gemma4/graph.c: after the forward, not in a spec
      * round); its copies are queued after the logits' and waited for by the next call */
     if (!st && m->g4 && !tqkv_cuda_kv_spec_active(g->kv[g->kv0])) {
         st = g4_cuda_drop_oldest(g);

@@ -7,7 +7,7 @@
  * the state's CUDA stream and the decode step's CUDA graph, and
  * the Qwen3 / Qwen2 / Llama and Qwen 3.5 graphs run with our own batch-invariant GEMM
  * kernel, the device cache's encode / attention kernels and (Qwen 3.5's gated DeltaNet
- * layers) graph_qwen35_cuda.cu's kernels on device recurrent rows. Logits are copied back to the host, or a
+ * layers) src/model/arch/qwen35/graph_cuda.cu's kernels on device recurrent rows. Logits are copied back to the host, or a
  * decode step picks each row's next token on the device (model_cuda_decode_pick).
  * Must not: be called when the build has no CUDA (forward.c guards with TQKV_HAVE_CUDA),
  * or make a row's logits depend on the other rows or the batch size.

@@ -45,9 +45,9 @@ typedef struct {
     float *lin_norm;                                /* [v_dim] gated RMSNorm weight */
 } mc_layer;
 
-/* Gemma 4's device weights beyond mc_layer (graph_gemma4_cuda.cu). */
+/* Gemma 4's device weights beyond mc_layer (src/model/arch/gemma4/graph_cuda.cu). */
 typedef struct g4_cuda_weights g4_cuda_weights;
-/* Gemma 4's per-state device extras (graph_gemma4_cuda.cu): the sliding layers' window
+/* Gemma 4's per-state device extras (src/model/arch/gemma4/graph_cuda.cu): the sliding layers' window
  * views (row table, rotated q8 ring) and the drop's row shifts. */
 typedef struct g4_cuda_state g4_cuda_state;
 
@@ -205,7 +205,7 @@ static inline int mc_layer_has_kv(const tqkv_model *m, int l) {
 }
 
 // ---------------------------------------------------------------------------
-// forward_cuda.cu's and weights_cuda.cu's helpers shared with graph_gemma4_cuda.cu
+// forward_cuda.cu's and weights_cuda.cu's helpers shared with src/model/arch/gemma4/graph_cuda.cu
 // ---------------------------------------------------------------------------
 
 tqkv_status mc_ck(cudaError_t e, const char *what);
@@ -231,7 +231,7 @@ int mc_rope_width(const tqkv_model *m);
 size_t mc_attend_ws_bytes(const model_cuda *g, int tokens);
 
 // ---------------------------------------------------------------------------
-// graph_gemma4_cuda.cu
+// src/model/arch/gemma4/graph_cuda.cu
 // ---------------------------------------------------------------------------
 
 /* Gemma 4's extra device weights (per-layer inputs, post norms, layer scalars) and its
@@ -256,7 +256,7 @@ extern "C" int g4_cuda_win_tokens(const model_cuda *g, int n);
  * buffer: the old slots copied over, the generation bumped). */
 tqkv_status mc_rec_spec_reserve(model_cuda *g, int n);
 
-/* graph_qwen35_cuda.cu: 1 if the device kernels take this config's DeltaNet shapes. */
+/* src/model/arch/qwen35/graph_cuda.cu: 1 if the device kernels take this config's DeltaNet shapes. */
 extern "C" int         q35_cuda_supported(const tqkv_model_config *c);
 /* Queue linear layer j's conv + SiLU and gated delta rule + gated RMSNorm for R rows of n
  * tokens on s: proj [R n, PW] -> cv [R n, CD] -> att [R n, vd]; slot [R n] as model_cuda.slot. */

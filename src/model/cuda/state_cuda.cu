@@ -1,6 +1,6 @@
 /*
  * state_cuda.cu - the device twin's row operations, spec rounds and state export / upload
- * (state_rows.c's device branch; declared in model_cuda.h).
+ * (src/model/state/rows.c's device branch; declared in model_cuda.h).
  * Owns: building every layer's new device cache (merge, filter, extract, upload) and the
  * new recurrent rows (Qwen 3.5) before installing any, validating every layer before a
  * spec round changes one, and the recurrent rows' spec snapshots (begin copies the rows to
@@ -80,7 +80,7 @@ static tqkv_status rec_rows(const model_cuda *dst, const model_cuda *g, model_cu
 }
 
 // ---------------------------------------------------------------------------
-// row operations (state_rows.c's device branch): new caches are built for every layer
+// row operations (src/model/state/rows.c's device branch): new caches are built for every layer
 // first, then installed, so a failure leaves the twin as it was
 // ---------------------------------------------------------------------------
 
@@ -151,7 +151,7 @@ extern "C" tqkv_status model_cuda_check(const model_cuda *g) {
     const int *o0 = tqkv_cuda_kv_offsets(g->kv[k0]), *b0 = tqkv_cuda_kv_spec_bases(g->kv[k0]);
     const int spec0 = tqkv_cuda_kv_spec_active(g->kv[k0]);
     /* Gemma 4's bounded sliding layers hold min(position, window + slack) .. position
-     * tokens (state_rows.c's SLIDING rule) and, in a round, the same tokens appended */
+     * tokens (src/model/state/rows.c's SLIDING rule) and, in a round, the same tokens appended */
     const g4_config *g4 = g->m->g4 ? &g->m->g4->cfg : NULL;
     const int keep = g4 ? g4->window + g->p.window_slack : 0;
     for (int l = 0; l < g->m->cfg.n_layers; l++) {
@@ -189,7 +189,7 @@ extern "C" tqkv_status model_cuda_check(const model_cuda *g) {
     return TQKV_OK;
 }
 
-/* Gemma 4's sliding layers count at most window + slack tokens (state_rows.c's rule);
+/* Gemma 4's sliding layers count at most window + slack tokens (src/model/state/rows.c's rule);
  * KV-shared layers hold nothing. */
 extern "C" size_t model_cuda_projected_bytes(const model_cuda *g, int tokens, int round) {
     const tqkv_model *m = g->m;
@@ -221,7 +221,7 @@ extern "C" size_t model_cuda_row_fixed_bytes(const model_cuda *g) {
 }
 
 // ---------------------------------------------------------------------------
-// spec rounds, export and upload (state_rows.c's device branch): every layer is validated
+// spec rounds, export and upload (src/model/state/rows.c's device branch): every layer is validated
 // (or built) before any is changed
 // ---------------------------------------------------------------------------
 
@@ -269,7 +269,7 @@ extern "C" tqkv_status model_cuda_spec_begin(model_cuda *g) {
         if (g->kv[l] && tqkv_cuda_kv_spec_active(g->kv[l]))
             return tqkv_fail(TQKV_ESTATE, "spec_begin: a spec round is already active (layer %d)", l);
     /* Gemma 4: the bounded sliding layers first drop what they hold beyond window + slack,
-     * as the CPU's tqkv_model_state_spec_begin (state_rows.c): a round never drops at the
+     * as the CPU's tqkv_model_state_spec_begin (src/model/state/rows.c): a round never drops at the
      * front, so rows that only run rounds would grow them without bound. The window views
      * read the same bits before and after a drop. A failure leaves no round open. */
     if (g->m->g4) {

@@ -3,7 +3,7 @@
  * model_cuda_impl.h): bf16 matrices stacked as the forward's GEMMs read them (q|k|v,
  * gate|up), float vectors (norms, biases, the DeltaNet parameters), uploaded once per model
  * by its first device state and shared by all of them (tqkv_model.gpu_weights).
- * Owns: the upload helpers (also used by graph_gemma4_cuda.cu's g4_cuda_upload) and the
+ * Owns: the upload helpers (also used by src/model/arch/gemma4/graph_cuda.cu's g4_cuda_upload) and the
  * weights' free. Must not: change a weight's values (bf16 sources are copied as they are,
  * anything else rounded to nearest even once).
  */

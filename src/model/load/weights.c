@@ -317,7 +317,7 @@ size_t tqkv_model_weight_bytes(const tqkv_model *m) {
 }
 
 // ---------------------------------------------------------------------------
-// loaders for the graph files (model_gemma4.c, model_qwen35.c): the helpers above
+// loaders for the graph files (src/model/arch/gemma4/load.c, src/model/arch/qwen35/load.c): the helpers above
 // ---------------------------------------------------------------------------
 
 tqkv_status model_load_vector(tqkv_model *m, const char *name, int n, float **out) {

@@ -1,6 +1,6 @@
 /*
  * ops_cuda.cuh - device helpers shared by the model forward's kernels (forward_cuda.cu,
- * graph_gemma4_cuda.cu): fixed-order block sums, the RMSNorm factor, and the warp-level
+ * src/model/arch/gemma4/graph_cuda.cu): fixed-order block sums, the RMSNorm factor, and the warp-level
  * RoPE of one head. The device twins of ops.c's reductions: every sum has one fixed order
  * and every rounding step is explicit, so that a row's result depends on nothing but its
  * own values (batch invariance) and matches the CPU's within float32 rounding.

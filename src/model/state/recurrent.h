@@ -7,7 +7,7 @@
  *   restore, the bytes accounting, and speculative rounds (a snapshot after every token
  *   appended during a round, so a rollback to keep[r] tokens restores the state exactly as
  *   it was after those tokens).
- * Must not: compute the graph (graph_qwen35.c does), know about KV caches, decode or
+ * Must not: compute the graph (src/model/arch/qwen35/graph.c does), know about KV caches, decode or
  *   requantize anything: every row operation copies bytes.
  *
  * Row layout (floats): for each linear layer j in layer order:

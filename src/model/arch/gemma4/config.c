@@ -1,10 +1,10 @@
 /*
- * config_gemma4.c - the gemma4_text part of config.json.
+ * src/model/arch/gemma4/config.c - the gemma4_text part of config.json.
  * Owns: layer types, per-layer head_dim / KV heads (per_layer_config of transformers >= 5.15,
  * or the flat global_head_dim / num_global_key_value_heads of older files), KV-sharing
  * donors, RoPE per layer type, per-layer inputs, soft-capping; refusing what the graph
  * does not run (MoE, double-wide MLP, bidirectional attention, other activations).
- * Must not: read files or weights (config.c and model_gemma4.c call it with parsed JSON).
+ * Must not: read files or weights (config.c and src/model/arch/gemma4/load.c call it with parsed JSON).
  */
 #include <math.h>
 #include <stdio.h>

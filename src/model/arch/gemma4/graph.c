@@ -1,5 +1,5 @@
 /*
- * graph_gemma4.c - the Gemma 4 text forward pass on the CPU (graph in gemma4.h).
+ * src/model/arch/gemma4/graph.c - the Gemma 4 text forward pass on the CPU (graph in gemma4.h).
  * Owns: the Gemma state's caches (one tqkv_batch per layer that has K/V; KV-shared layers
  * hold NULL and attend over their donor's batch: no copy, no second encode), its scratch,
  * the bounded sliding-layer caches (after each forward outside a spec round a sliding

@@ -1,6 +1,6 @@
 /*
- * graph_gemma4_cuda.cu - the Gemma 4 text graph on the device (the GPU twin of
- * graph_gemma4.c; forward_cuda.cu dispatches a Gemma 4 state's forward queue here).
+ * src/model/arch/gemma4/graph_cuda.cu - the Gemma 4 text graph on the device (the GPU twin of
+ * src/model/arch/gemma4/graph.c; forward_cuda.cu dispatches a Gemma 4 state's forward queue here).
  * Owns: Gemma 4's device weights beyond mc_layer (per-layer inputs, post norms, layer
  * scalars), its per-token kernels (scaled embedding, per-layer input mix, q / k RMSNorm
  * with weight + RoPE per layer type and the scale-free v norm at head_dim 128 or 256,
@@ -13,7 +13,7 @@
  * invariant GEMM and attention: nothing here is shared across rows); change the other
  * graphs' device forward (forward_cuda.cu).
  *
- * The operations are graph_gemma4.c's, in its order, with __f*_rn so nothing is contracted
+ * The operations are src/model/arch/gemma4/graph.c's, in its order, with __f*_rn so nothing is contracted
  * into an FMA the CPU does not do (the CPU builds with -std=c11: no contraction); tanhf is
  * CUDA's (within two ulp of libm's), sums of squares are in double in another order, so the
  * results match the CPU within float32 rounding, not bit for bit.
@@ -178,7 +178,7 @@ extern "C" tqkv_status g4_cuda_prepare(model_cuda *g) {
 // kernels
 // ---------------------------------------------------------------------------
 
-/* graph_gemma4.c's gelu_tanh, operation for operation (no contraction). */
+/* src/model/arch/gemma4/graph.c's gelu_tanh, operation for operation (no contraction). */
 __device__ __forceinline__ float g4_gelu(float x) {
     const float x3 = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, x), x), x);
     const float inner = __fmul_rn(0.7978845608028654f, __fadd_rn(x, x3));
@@ -423,7 +423,7 @@ static tqkv_status qkv_launch(model_cuda *g, int hd, int QS, int T, int NH, int 
     return TQKV_OK;
 }
 
-/* forward_queue's contract (forward_cuda.cu) for graph_gemma4.c's graph. *done: the layers
+/* forward_queue's contract (forward_cuda.cu) for src/model/arch/gemma4/graph.c's graph. *done: the layers
  * whose cache took this call's append (forward_undo rewinds them). With n == 1 and
  * !as_decode only kernels and copies between fixed buffers, and host reads the graph key
  * holds (rows, the attention shapes, storage generations): capturable. */

@@ -1,5 +1,5 @@
 /*
- * model_gemma4.c - loading the weights of a Gemma 4 text checkpoint (gemma4.h).
+ * src/model/arch/gemma4/load.c - loading the weights of a Gemma 4 text checkpoint (gemma4.h).
  * Owns: the gemma-specific config (re-read from config.json), tensor names and shapes of
  * every layer (no K/V weights on KV-shared layers, no v_proj under attention_k_eq_v),
  * per-layer input tables, the two RoPE frequency tables.

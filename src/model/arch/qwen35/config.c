@@ -1,5 +1,5 @@
 /*
- * config_qwen35.c - the Qwen 3.5 hybrid part of config.json (Qwen3_5ForCausalLM,
+ * src/model/arch/qwen35/config.c - the Qwen 3.5 hybrid part of config.json (Qwen3_5ForCausalLM,
  * model_type qwen3_5_text).
  * Owns: recognising Qwen 3.5 checkpoints (and refusing the variants this build does not
  *   run: MoE, the multimodal wrapper), the layer types, the gated DeltaNet sizes, partial

@@ -1,5 +1,5 @@
 /*
- * graph_qwen35.c - the Qwen 3.5 hybrid forward pass on the CPU (Qwen3_5ForCausalLM).
+ * src/model/arch/qwen35/graph.c - the Qwen 3.5 hybrid forward pass on the CPU (Qwen3_5ForCausalLM).
  * Owns: the graph
  *   embed -> per layer [zero-centred RMSNorm,
  *      full:   q|gate, k, v projections, q/k norms, partial RoPE (rotary_dim), cache append,

@@ -1,6 +1,6 @@
 /*
- * graph_qwen35_cuda.cu - the device kernels of Qwen 3.5's gated DeltaNet layers (the GPU
- * twin of graph_qwen35.c's deltanet(); launched by forward_cuda.cu).
+ * src/model/arch/qwen35/graph_cuda.cu - the device kernels of Qwen 3.5's gated DeltaNet layers (the GPU
+ * twin of src/model/arch/qwen35/graph.c's deltanet(); launched by forward_cuda.cu).
  * Owns: the depthwise causal conv1d + SiLU and the gated delta rule + gated RMSNorm, on
  * the device recurrent rows (model_cuda_impl.h, mc_rec: recurrent.h's row layout), with
  * the spec round's per-token snapshots.
@@ -8,7 +8,7 @@
  * block per (row, value head), tokens in order: batch invariant by construction), or
  * touch the KV caches.
  *
- * The operations are graph_qwen35.c's, in its order (float32, sequential sums where the
+ * The operations are src/model/arch/qwen35/graph.c's, in its order (float32, sequential sums where the
  * CPU sums sequentially); exp / log1p are CUDA's (within an ulp or two of libm's), so the
  * results match the CPU within float32 rounding, not bit for bit.
  */
@@ -86,7 +86,7 @@ __device__ float q35_sumsq(const float *x, int n) {
 }
 
 /* One block per (row, value head h), DV threads: thread e holds column e of the head's
- * state S [DK, DV] in registers. Per token, in order (graph_qwen35.c's deltanet()):
+ * state S [DK, DV] in registers. Per token, in order (src/model/arch/qwen35/graph.c's deltanet()):
  *   q, k = l2norm(conv q / k of key head h / (NV / KH)), q /= sqrt(DK)
  *   beta = sigmoid(b_h), g = neg_a_h softplus(a_h + dt_bias_h)
  *   S <- exp(g) S;  d = beta (v - S^T k);  S <- S + k d^T;  o = S^T q

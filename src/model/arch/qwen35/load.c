@@ -1,10 +1,10 @@
 /*
- * model_qwen35.c - weights of the Qwen 3.5 hybrid graph (Qwen3_5ForCausalLM).
+ * src/model/arch/qwen35/load.c - weights of the Qwen 3.5 hybrid graph (Qwen3_5ForCausalLM).
  * Owns: loading one layer, gated full attention (self_attn.*) or gated DeltaNet
  *   (linear_attn.*), with the shared MLP and norms; the load-time transforms: zero-centred
  *   RMSNorm weights w -> 1 + w (HF computes normed * (1.0 + w) in float32, the same value),
  *   A_log -> -exp(A_log), and the partial RoPE frequency table.
- * Must not: run the graph (graph_qwen35.c), parse config.json (config_qwen35.c).
+ * Must not: run the graph (src/model/arch/qwen35/graph.c), parse config.json (src/model/arch/qwen35/config.c).
  *
  * Tensors (per layer l, prefix model.layers.l.):
  *   full:   self_attn.q_proj [2*NH*hd, H] (per head: hd query rows then hd gate rows),
