@@ -105,144 +105,153 @@ static tqkv_status rollback(tqkv_model_state *s, int done, int n, int prefill) {
     return worst;
 }
 
-/* tokens [rows, n]; lens[r] real tokens at the end of each row (prefill) or n (extend). */
-tqkv_status llama_forward(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
-                           const int *lengths, int n, int prefill, tqkv_logits_mode mode,
-                           float *logits) {
-    const tqkv_model_config *c = &m->cfg;
-    const int R = s->rows, H = c->hidden_size, hd = c->head_dim, NH = c->n_heads,
-              NKV = c->n_kv_heads, I = c->intermediate_size, V = c->vocab_size, half = hd / 2;
-    const int QD = NH * hd, KD = NKV * hd, th = s->p.threads;
+/* One forward's shape: the parts every block below reads. */
+typedef struct {
+    int    n;       /* columns per row */
+    int    prefill; /* rows empty before the call */
+    int    as_dec;  /* a verification window (extend_as_decode): decode matmuls, per-query attention */
+    int    pf;      /* prefill-style matmuls (n > 1, not as_dec) */
+    int    nq_pad;  /* some row has fewer than n real tokens */
+    size_t T;       /* compact tokens */
+} fwd_shape;
 
-    /* validate before touching anything (a scheduler may have filtered a layer's rows) */
-    tqkv_status rc = tqkv_model_state_check(s); /* rows, offsets, spec round: every layer */
-    if (rc != TQKV_OK) return rc;
-    rc = tqkv_batch_offsets(s->layers[0], s->off, NULL);
-    if (rc != TQKV_OK) return rc;
-    size_t T = 0;
-    rc = model_forward_lengths(s, tokens, lengths, n, prefill, V, V, &T);
-    if (rc != TQKV_OK) return rc;
-    rc = ensure_scratch(s, T, (size_t)R * (size_t)n);
-    if (rc != TQKV_OK) return rc;
-
-    /* compact token list, embeddings, rope tables */
-    model_forward_compact(s->len, R, n, s->tok_row, s->tok_col, NULL);
-#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
-    for (size_t i = 0; i < T; i++) {
+/* Embedding rows and RoPE tables of the T compact tokens. */
+static void embed(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+                  const fwd_shape *f) {
+    const int H = m->cfg.hidden_size, half = m->cfg.head_dim / 2, n = f->n;
+#pragma omp parallel for num_threads(s->p.threads) schedule(static) if (f->T >= 64)
+    for (size_t i = 0; i < f->T; i++) {
         int r = s->tok_row[i], j = s->tok_col[i];
         int pos = s->off[r] + j - (n - s->len[r]);
         mm_weight_row(&m->embed, tokens[(size_t)r * n + j], s->x + i * H);
         ops_rope_table(pos, m->inv_freq, half, s->rc + i * half, s->rs + i * half);
     }
+}
 
-    /* a verification window (extend_as_decode) runs the decode path's matmuls (never BLAS),
-     * so each of its tokens gets the bits of its single decode */
-    const int as_dec = !prefill && n > 1 && s->p.extend_as_decode, pf = n > 1 && !as_dec;
-    const float scale = 1.0f / sqrtf((float)hd);
-    int nq_pad = 0;
-    for (int r = 0; r < R; r++) nq_pad |= s->len[r] != n;
-    for (int l = 0; l < c->n_layers; l++) {
-        const model_layer *L = &m->layers[l];
-        tqkv_batch *b = s->layers[l];
-        // ---- attention block
+/* RMSNorm, q/k/v projections, q/k norm, RoPE, scatter to qb / kb / vb
+ * [rows, heads, n, hd] (padding positions zero). */
+static void qkv_project(const tqkv_model *m, tqkv_model_state *s, const model_layer *L,
+                        const fwd_shape *f) {
+    const tqkv_model_config *c = &m->cfg;
+    const int R = s->rows, H = c->hidden_size, hd = c->head_dim, NH = c->n_heads,
+              NKV = c->n_kv_heads, half = hd / 2, n = f->n, th = s->p.threads, pf = f->pf;
+    const int QD = NH * hd, KD = NKV * hd;
+    const size_t T = f->T, QS = (size_t)QD + 2 * (size_t)KD;
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
-        for (size_t i = 0; i < T; i++)
-            ops_rmsnorm(s->x + i * H, L->attn_norm, c->rms_norm_eps, H, s->xn + i * H);
-        const size_t QS = (size_t)QD + 2 * (size_t)KD;
-        if (L->wqkv.data && !(s->p.blas && pf)) {
-            matmul(s, s->xn, (int)T, &L->wqkv, L->bqkv, s->qkv, pf);
-        } else {
-            matmul_ld(s, s->xn, (int)T, &L->wq, L->bq, s->qkv, QS, pf);
-            matmul_ld(s, s->xn, (int)T, &L->wk, L->bk, s->qkv + QD, QS, pf);
-            matmul_ld(s, s->xn, (int)T, &L->wv, L->bv, s->qkv + QD + KD, QS, pf);
-        }
-        /* q/k norm, rope, scatter to [rows, heads, n, hd] */
-        if (nq_pad) {
-            memset(s->qb, 0, sizeof(float) * (size_t)R * n * QD);
-            memset(s->kb, 0, sizeof(float) * (size_t)R * n * KD);
-            memset(s->vb, 0, sizeof(float) * (size_t)R * n * KD);
-        }
+    for (size_t i = 0; i < T; i++)
+        ops_rmsnorm(s->x + i * H, L->attn_norm, c->rms_norm_eps, H, s->xn + i * H);
+    if (L->wqkv.data && !(s->p.blas && pf)) {
+        matmul(s, s->xn, (int)T, &L->wqkv, L->bqkv, s->qkv, pf);
+    } else {
+        matmul_ld(s, s->xn, (int)T, &L->wq, L->bq, s->qkv, QS, pf);
+        matmul_ld(s, s->xn, (int)T, &L->wk, L->bk, s->qkv + QD, QS, pf);
+        matmul_ld(s, s->xn, (int)T, &L->wv, L->bv, s->qkv + QD + KD, QS, pf);
+    }
+    if (f->nq_pad) {
+        memset(s->qb, 0, sizeof(float) * (size_t)R * n * QD);
+        memset(s->kb, 0, sizeof(float) * (size_t)R * n * KD);
+        memset(s->vb, 0, sizeof(float) * (size_t)R * n * KD);
+    }
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
-        for (size_t i = 0; i < T; i++) {
-            float *q = s->qkv + i * QS, *k = q + QD, *v = k + KD;
-            if (L->q_norm) {
-                for (int h = 0; h < NH; h++) ops_rmsnorm(q + h * hd, L->q_norm, c->rms_norm_eps, hd, q + h * hd);
-                for (int h = 0; h < NKV; h++) ops_rmsnorm(k + h * hd, L->k_norm, c->rms_norm_eps, hd, k + h * hd);
-            }
-            ops_rope_apply(q, NH, hd, s->rc + i * half, s->rs + i * half);
-            ops_rope_apply(k, NKV, hd, s->rc + i * half, s->rs + i * half);
-            size_t r = (size_t)s->tok_row[i], j = (size_t)s->tok_col[i];
-            for (int h = 0; h < NH; h++)
-                memcpy(s->qb + ((r * NH + h) * n + j) * hd, q + h * hd, sizeof(float) * hd);
-            for (int h = 0; h < NKV; h++) {
-                memcpy(s->kb + ((r * NKV + h) * n + j) * hd, k + h * hd, sizeof(float) * hd);
-                memcpy(s->vb + ((r * NKV + h) * n + j) * hd, v + h * hd, sizeof(float) * hd);
-            }
+    for (size_t i = 0; i < T; i++) {
+        float *q = s->qkv + i * QS, *k = q + QD, *v = k + KD;
+        if (L->q_norm) {
+            for (int h = 0; h < NH; h++) ops_rmsnorm(q + h * hd, L->q_norm, c->rms_norm_eps, hd, q + h * hd);
+            for (int h = 0; h < NKV; h++) ops_rmsnorm(k + h * hd, L->k_norm, c->rms_norm_eps, hd, k + h * hd);
         }
-        /* cache */
-        if (prefill) {
-            rc = tqkv_batch_prepare_prefill(b, s->len);
-            if (rc == TQKV_OK) rc = tqkv_batch_append(b, s->kb, s->vb, n);
-            if (rc == TQKV_OK) rc = tqkv_batch_finalize_prefill(b);
-        } else {
-            rc = tqkv_batch_append(b, s->kb, s->vb, n);
-        }
-        if (rc != TQKV_OK) {
-            (void)rollback(s, prefill ? l + 1 : l, n, prefill);
-            return rc;
-        }
-        /* attention */
-        const tqkv_mask *mask = NULL;
-        rc = tqkv_batch_make_mask(b, s->lease, n, 0, &mask);
-        if (rc == TQKV_OK) {
-            tqkv_attn_params ap = {NH, scale, n == 1 ? s->p.decode_kernel : s->p.prefill_kernel, th};
-            if (as_dec) {
-                ap.kernel = s->p.decode_kernel;
-                rc = model_attend_per_query(s, b, s->qb, n, 0, 0, &ap, s->ob);
-            } else {
-                rc = tqkv_batch_attend(b, mask, s->qb, n, &ap, s->ob);
-            }
-        }
-        if (rc != TQKV_OK) {
-            (void)rollback(s, l + 1, n, prefill);
-            return rc;
-        }
-#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
-        for (size_t i = 0; i < T; i++) {
-            size_t r = (size_t)s->tok_row[i], j = (size_t)s->tok_col[i];
-            for (int h = 0; h < NH; h++)
-                memcpy(s->att + i * QD + (size_t)h * hd, s->ob + ((r * NH + h) * n + j) * hd,
-                       sizeof(float) * hd);
-        }
-        matmul(s, s->att, (int)T, &L->wo, L->bo, s->tmp, pf);
-#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
-        for (size_t i = 0; i < T; i++) {
-            float *x = s->x + i * H;
-            const float *o = s->tmp + i * H;
-            for (int e = 0; e < H; e++) x[e] += o[e];
-            ops_rmsnorm(x, L->ffn_norm, c->rms_norm_eps, H, s->xn + i * H);
-        }
-        // ---- MLP block
-        if (L->wgu.data && !(s->p.blas && pf)) {
-            matmul(s, s->xn, (int)T, &L->wgu, NULL, s->gu, pf);
-        } else {
-            matmul_ld(s, s->xn, (int)T, &L->wg, NULL, s->gu, 2 * (size_t)I, pf);
-            matmul_ld(s, s->xn, (int)T, &L->wu, NULL, s->gu + I, 2 * (size_t)I, pf);
-        }
-#pragma omp parallel for num_threads(th) schedule(static) if (T >= 16)
-        for (size_t i = 0; i < T; i++)
-            ops_swiglu(s->gu + i * 2 * I, s->gu + i * 2 * I + I, I, s->h + i * I);
-        matmul(s, s->h, (int)T, &L->wd, NULL, s->tmp, pf);
-#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
-        for (size_t i = 0; i < T; i++) {
-            float *x = s->x + i * H;
-            const float *o = s->tmp + i * H;
-            for (int e = 0; e < H; e++) x[e] += o[e];
+        ops_rope_apply(q, NH, hd, s->rc + i * half, s->rs + i * half);
+        ops_rope_apply(k, NKV, hd, s->rc + i * half, s->rs + i * half);
+        size_t r = (size_t)s->tok_row[i], j = (size_t)s->tok_col[i];
+        for (int h = 0; h < NH; h++)
+            memcpy(s->qb + ((r * NH + h) * n + j) * hd, q + h * hd, sizeof(float) * hd);
+        for (int h = 0; h < NKV; h++) {
+            memcpy(s->kb + ((r * NKV + h) * n + j) * hd, k + h * hd, sizeof(float) * hd);
+            memcpy(s->vb + ((r * NKV + h) * n + j) * hd, v + h * hd, sizeof(float) * hd);
         }
     }
+}
 
-    // ---- head
-    if (mode == TQKV_LOGITS_NONE) return TQKV_OK;
+/* Layer l's cache append and attention: ob [rows, NH, n, hd]. On failure the appends of
+ * layers [0, l] are rolled back. */
+static tqkv_status attend(const tqkv_model *m, tqkv_model_state *s, int l, const fwd_shape *f) {
+    tqkv_batch *b = s->layers[l];
+    const int n = f->n;
+    tqkv_status rc;
+    if (f->prefill) {
+        rc = tqkv_batch_prepare_prefill(b, s->len);
+        if (rc == TQKV_OK) rc = tqkv_batch_append(b, s->kb, s->vb, n);
+        if (rc == TQKV_OK) rc = tqkv_batch_finalize_prefill(b);
+    } else {
+        rc = tqkv_batch_append(b, s->kb, s->vb, n);
+    }
+    if (rc != TQKV_OK) {
+        (void)rollback(s, f->prefill ? l + 1 : l, n, f->prefill);
+        return rc;
+    }
+    const tqkv_mask *mask = NULL;
+    rc = tqkv_batch_make_mask(b, s->lease, n, 0, &mask);
+    if (rc == TQKV_OK) {
+        const float scale = 1.0f / sqrtf((float)m->cfg.head_dim);
+        tqkv_attn_params ap = {m->cfg.n_heads, scale,
+                               n == 1 ? s->p.decode_kernel : s->p.prefill_kernel, s->p.threads};
+        if (f->as_dec) {
+            ap.kernel = s->p.decode_kernel;
+            rc = model_attend_per_query(s, b, s->qb, n, 0, 0, &ap, s->ob);
+        } else {
+            rc = tqkv_batch_attend(b, mask, s->qb, n, &ap, s->ob);
+        }
+    }
+    if (rc != TQKV_OK) (void)rollback(s, l + 1, n, f->prefill);
+    return rc;
+}
+
+/* Gather ob to token order, o_proj, residual, RMSNorm, SwiGLU MLP, residual. */
+static void out_mlp(const tqkv_model *m, tqkv_model_state *s, const model_layer *L,
+                    const fwd_shape *f) {
+    const tqkv_model_config *c = &m->cfg;
+    const int H = c->hidden_size, hd = c->head_dim, NH = c->n_heads, I = c->intermediate_size,
+              QD = NH * hd, n = f->n, th = s->p.threads, pf = f->pf;
+    const size_t T = f->T;
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
+    for (size_t i = 0; i < T; i++) {
+        size_t r = (size_t)s->tok_row[i], j = (size_t)s->tok_col[i];
+        for (int h = 0; h < NH; h++)
+            memcpy(s->att + i * QD + (size_t)h * hd, s->ob + ((r * NH + h) * n + j) * hd,
+                   sizeof(float) * hd);
+    }
+    matmul(s, s->att, (int)T, &L->wo, L->bo, s->tmp, pf);
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
+    for (size_t i = 0; i < T; i++) {
+        float *x = s->x + i * H;
+        const float *o = s->tmp + i * H;
+        for (int e = 0; e < H; e++) x[e] += o[e];
+        ops_rmsnorm(x, L->ffn_norm, c->rms_norm_eps, H, s->xn + i * H);
+    }
+    if (L->wgu.data && !(s->p.blas && pf)) {
+        matmul(s, s->xn, (int)T, &L->wgu, NULL, s->gu, pf);
+    } else {
+        matmul_ld(s, s->xn, (int)T, &L->wg, NULL, s->gu, 2 * (size_t)I, pf);
+        matmul_ld(s, s->xn, (int)T, &L->wu, NULL, s->gu + I, 2 * (size_t)I, pf);
+    }
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 16)
+    for (size_t i = 0; i < T; i++)
+        ops_swiglu(s->gu + i * 2 * I, s->gu + i * 2 * I + I, I, s->h + i * I);
+    matmul(s, s->h, (int)T, &L->wd, NULL, s->tmp, pf);
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
+    for (size_t i = 0; i < T; i++) {
+        float *x = s->x + i * H;
+        const float *o = s->tmp + i * H;
+        for (int e = 0; e < H; e++) x[e] += o[e];
+    }
+}
+
+/* Final RMSNorm and lm_head: logits [rows, V] (LAST) or [rows, n, V] (ALL, padding zero). */
+static void head(const tqkv_model *m, tqkv_model_state *s, const fwd_shape *f,
+                 tqkv_logits_mode mode, float *logits) {
+    const tqkv_model_config *c = &m->cfg;
+    const int R = s->rows, H = c->hidden_size, V = c->vocab_size, n = f->n;
+    const size_t T = f->T;
+    if (mode == TQKV_LOGITS_NONE) return;
     if (mode == TQKV_LOGITS_LAST) {
         /* each row's last token is the last compact token of the row */
         size_t at = 0;
@@ -251,13 +260,13 @@ tqkv_status llama_forward(const tqkv_model *m, tqkv_model_state *s, const int32_
             ops_rmsnorm(s->x + (at - 1) * H, m->final_norm, c->rms_norm_eps, H, s->xn + (size_t)r * H);
         }
         matmul(s, s->xn, R, &m->lm_head, NULL, logits, 0);
-        return TQKV_OK;
+        return;
     }
-#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
+#pragma omp parallel for num_threads(s->p.threads) schedule(static) if (T >= 64)
     for (size_t i = 0; i < T; i++) ops_rmsnorm(s->x + i * H, m->final_norm, c->rms_norm_eps, H, s->xn + i * H);
-    if (!nq_pad) { /* compact order == [rows, n] order */
-        matmul(s, s->xn, (int)T, &m->lm_head, NULL, logits, pf);
-        return TQKV_OK;
+    if (!f->nq_pad) { /* compact order == [rows, n] order */
+        matmul(s, s->xn, (int)T, &m->lm_head, NULL, logits, f->pf);
+        return;
     }
     /* padded: compute per row into its slot, zero the padding positions */
     size_t at = 0;
@@ -265,9 +274,40 @@ tqkv_status llama_forward(const tqkv_model *m, tqkv_model_state *s, const int32_
         int pad = n - s->len[r];
         float *dst = logits + (size_t)r * n * V;
         memset(dst, 0, sizeof(float) * (size_t)pad * V);
-        matmul(s, s->xn + at * H, s->len[r], &m->lm_head, NULL, dst + (size_t)pad * V, pf);
+        matmul(s, s->xn + at * H, s->len[r], &m->lm_head, NULL, dst + (size_t)pad * V, f->pf);
         at += (size_t)s->len[r];
     }
-    return TQKV_OK;
 }
 
+/* tokens [rows, n]; lens[r] real tokens at the end of each row (prefill) or n (extend). */
+tqkv_status llama_forward(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+                          const int *lengths, int n, int prefill, tqkv_logits_mode mode,
+                          float *logits) {
+    const int R = s->rows, V = m->cfg.vocab_size;
+    /* validate before touching anything (a scheduler may have filtered a layer's rows) */
+    tqkv_status rc = tqkv_model_state_check(s); /* rows, offsets, spec round: every layer */
+    if (rc != TQKV_OK) return rc;
+    rc = tqkv_batch_offsets(s->layers[0], s->off, NULL);
+    if (rc != TQKV_OK) return rc;
+    fwd_shape f = {.n = n, .prefill = prefill};
+    rc = model_forward_lengths(s, tokens, lengths, n, prefill, V, V, &f.T);
+    if (rc != TQKV_OK) return rc;
+    rc = ensure_scratch(s, f.T, (size_t)R * (size_t)n);
+    if (rc != TQKV_OK) return rc;
+
+    model_forward_compact(s->len, R, n, s->tok_row, s->tok_col, NULL);
+    embed(m, s, tokens, &f);
+    /* a verification window (extend_as_decode) runs the decode path's matmuls (never BLAS),
+     * so each of its tokens gets the bits of its single decode */
+    f.as_dec = !prefill && n > 1 && s->p.extend_as_decode;
+    f.pf = n > 1 && !f.as_dec;
+    for (int r = 0; r < R; r++) f.nq_pad |= s->len[r] != n;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const model_layer *L = &m->layers[l];
+        qkv_project(m, s, L, &f);
+        if ((rc = attend(m, s, l, &f)) != TQKV_OK) return rc;
+        out_mlp(m, s, L, &f);
+    }
+    head(m, s, &f, mode, logits);
+    return TQKV_OK;
+}
