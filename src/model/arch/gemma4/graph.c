@@ -141,34 +141,27 @@ static void matmul(const tqkv_model_state *s, const float *x, int T, const mm_we
 // forward
 // ---------------------------------------------------------------------------
 
-tqkv_status gemma4_forward(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
-                           const int *lengths, int n, int prefill, tqkv_logits_mode mode,
-                           float *logits) {
+/* One forward's shape: the parts every block below reads. */
+typedef struct {
+    int    n;       /* columns per row */
+    int    prefill; /* rows empty before the call */
+    int    as_dec;  /* a verification window (extend_as_decode) */
+    int    pf;      /* prefill-style matmuls (n > 1, not as_dec) */
+    int    nq_pad;  /* some row has fewer than n real tokens */
+    size_t T;       /* compact tokens */
+} fwd_shape;
+
+/* Scaled embeddings, both layer types' RoPE tables and the per-layer embedding rows of the
+ * T compact tokens; then the per-layer inputs
+ * ple = (rmsnorm_P(W_plp x * H^-1/2) + pe) * 2^-1/2, per layer slice of P. */
+static void g4_embed(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+                     const fwd_shape *f) {
     const g4_model *G = m->g4;
-    const g4_config *g = &G->cfg;
-    const tqkv_model_config *c = &m->cfg;
-    const int R = s->rows, H = c->hidden_size, NH = c->n_heads, I = c->intermediate_size,
-              V = c->vocab_size, NL = c->n_layers, P = g->ple_dim, th = s->p.threads;
-    const float eps = c->rms_norm_eps;
-
-    /* validate before touching anything */
-    for (int l = 0; l < NL; l++)
-        if (s->layers[l] && tqkv_batch_rows(s->layers[l]) != R)
-            return tqkv_fail(TQKV_ESTATE, "forward: layer %d cache holds %d rows, the state %d",
-                             l, tqkv_batch_rows(s->layers[l]), R);
-    tqkv_status rc = tqkv_batch_offsets(s->layers[gemma4_position_layer(m)], s->off, NULL);
-    if (rc != TQKV_OK) return rc;
-    size_t T = 0;
-    rc = model_forward_lengths(s, tokens, lengths, n, prefill, V, m->ops->token_limit(m), &T);
-    if (rc != TQKV_OK) return rc;
-    rc = ensure_scratch(s, T, (size_t)R * (size_t)n);
-    if (rc != TQKV_OK) return rc;
     g4_state *S = s->ext;
-
-    /* compact token list, scaled embeddings, rope tables, per-layer embedding rows */
-    model_forward_compact(s->len, R, n, s->tok_row, s->tok_col, NULL);
+    const int H = m->cfg.hidden_size, NL = m->cfg.n_layers, P = G->cfg.ple_dim, n = f->n,
+              th = s->p.threads;
+    const size_t T = f->T, LP = (size_t)NL * (size_t)P;
     const float escale = sqrtf((float)H), pscale = sqrtf((float)(P ? P : 1));
-    const size_t LP = (size_t)NL * (size_t)P;
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
     for (size_t i = 0; i < T; i++) {
         int r = s->tok_row[i], j = s->tok_col[i];
@@ -187,167 +180,269 @@ tqkv_status gemma4_forward(const tqkv_model *m, tqkv_model_state *s, const int32
             for (size_t e = 0; e < LP; e++) pe[e] *= pscale;
         }
     }
-    /* a verification window (extend_as_decode) runs the decode path's matmuls (never BLAS)
-     * and attention (model_attend_per_query), so each token gets its single decode's bits */
-    const int as_dec = !prefill && n > 1 && s->p.extend_as_decode, pf = n > 1 && !as_dec;
-    if (P) {
-        /* ple = (rmsnorm_P(W_plp x * H^-1/2) + pe) * 2^-1/2, per layer slice of P */
-        matmul(s, s->x, (int)T, &G->ple_model_proj, S->ple, pf);
-        const float hs = 1.0f / sqrtf((float)H), mix = 1.0f / sqrtf(2.0f);
+    if (!P) return;
+    matmul(s, s->x, (int)T, &G->ple_model_proj, S->ple, f->pf);
+    const float hs = 1.0f / sqrtf((float)H), mix = 1.0f / sqrtf(2.0f),
+                eps = m->cfg.rms_norm_eps;
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 16)
-        for (size_t i = 0; i < T; i++) {
-            float *pl = S->ple + i * LP;
-            const float *pe = S->pe + i * LP;
-            for (size_t e = 0; e < LP; e++) pl[e] *= hs;
-            for (int l = 0; l < NL; l++)
-                ops_rmsnorm(pl + (size_t)l * P, G->ple_norm, eps, P, pl + (size_t)l * P);
-            for (size_t e = 0; e < LP; e++) pl[e] = (pl[e] + pe[e]) * mix;
+    for (size_t i = 0; i < T; i++) {
+        float *pl = S->ple + i * LP;
+        const float *pe = S->pe + i * LP;
+        for (size_t e = 0; e < LP; e++) pl[e] *= hs;
+        for (int l = 0; l < NL; l++)
+            ops_rmsnorm(pl + (size_t)l * P, G->ple_norm, eps, P, pl + (size_t)l * P);
+        for (size_t e = 0; e < LP; e++) pl[e] = (pl[e] + pe[e]) * mix;
+    }
+}
+
+/* Layer l's RMSNorm, q (and, on a layer with KV of its own, k and v) projections, q/k
+ * norms, RoPE, the scale-free v norm; scatter to qb / kb / vb [rows, heads, n, hd]. */
+static void g4_qkv_project(const tqkv_model *m, tqkv_model_state *s, int l, const fwd_shape *f) {
+    const g4_model *G = m->g4;
+    const g4_config *g = &G->cfg;
+    const g4_state *S = s->ext;
+    const model_layer *L = &m->layers[l];
+    const int R = s->rows, H = m->cfg.hidden_size, NH = m->cfg.n_heads, n = f->n,
+              th = s->p.threads, pf = f->pf;
+    const int hd = g->head_dim[l], NKV = g->n_kv[l], ty = g->sliding[l] ? 0 : 1;
+    const int half = G->half[ty], QD = NH * hd, KD = NKV * hd;
+    const int own = g->donor[l] == l, keqv = g->k_eq_v[l];
+    const size_t T = f->T, QS = (size_t)QD + (own ? (size_t)(keqv ? 1 : 2) * KD : 0);
+    const float *rcos = S->rc[ty], *rsin = S->rs[ty], eps = m->cfg.rms_norm_eps;
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
+    for (size_t i = 0; i < T; i++) ops_rmsnorm(s->x + i * H, L->attn_norm, eps, H, s->xn + i * H);
+    if (L->wqkv.data && !(s->p.blas && pf)) {
+        matmul(s, s->xn, (int)T, &L->wqkv, s->qkv, pf);
+    } else {
+        matmul_ld(s, s->xn, (int)T, &L->wq, s->qkv, QS, pf);
+        if (own) matmul_ld(s, s->xn, (int)T, &L->wk, s->qkv + QD, QS, pf);
+        if (own && !keqv) matmul_ld(s, s->xn, (int)T, &L->wv, s->qkv + QD + KD, QS, pf);
+    }
+    if (f->nq_pad) {
+        memset(s->qb, 0, sizeof(float) * (size_t)R * n * QD);
+        if (own) {
+            memset(s->kb, 0, sizeof(float) * (size_t)R * n * KD);
+            memset(s->vb, 0, sizeof(float) * (size_t)R * n * KD);
         }
     }
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
+    for (size_t i = 0; i < T; i++) {
+        float *q = s->qkv + i * QS, *k = q + QD;
+        size_t r = (size_t)s->tok_row[i], j = (size_t)s->tok_col[i];
+        for (int h = 0; h < NH; h++) ops_rmsnorm(q + h * hd, L->q_norm, eps, hd, q + h * hd);
+        ops_rope_apply(q, NH, hd, rcos + i * half, rsin + i * half);
+        for (int h = 0; h < NH; h++)
+            memcpy(s->qb + ((r * NH + h) * n + j) * hd, q + h * hd, sizeof(float) * hd);
+        if (!own) continue;
+        /* v: its own projection, or (k_eq_v) the raw k projection; RMSNorm without scale */
+        const float *v = keqv ? k : k + KD;
+        for (int h = 0; h < NKV; h++) {
+            float *vd = s->vb + ((r * NKV + h) * n + j) * hd;
+            ops_rmsnorm(v + h * hd, G->ones, eps, hd, vd);
+        }
+        for (int h = 0; h < NKV; h++) ops_rmsnorm(k + h * hd, L->k_norm, eps, hd, k + h * hd);
+        ops_rope_apply(k, NKV, hd, rcos + i * half, rsin + i * half);
+        for (int h = 0; h < NKV; h++)
+            memcpy(s->kb + ((r * NKV + h) * n + j) * hd, k + h * hd, sizeof(float) * hd);
+    }
+}
 
-    int nq_pad = 0;
-    for (int r = 0; r < R; r++) nq_pad |= s->len[r] != n;
-    for (int l = 0; l < NL; l++) {
-        const model_layer *L = &m->layers[l];
-        const g4_layer *X = &G->layers[l];
-        const int hd = g->head_dim[l], NKV = g->n_kv[l], ty = g->sliding[l] ? 0 : 1;
-        const int half = G->half[ty], QD = NH * hd, KD = NKV * hd;
-        const int own = g->donor[l] == l, keqv = g->k_eq_v[l];
-        const size_t QS = (size_t)QD + (own ? (size_t)(keqv ? 1 : 2) * KD : 0);
-        tqkv_batch *b = s->layers[g->donor[l]];
-        const float *rcos = S->rc[ty], *rsin = S->rs[ty];
-        // ---- attention block
-#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
-        for (size_t i = 0; i < T; i++) ops_rmsnorm(s->x + i * H, L->attn_norm, eps, H, s->xn + i * H);
-        if (L->wqkv.data && !(s->p.blas && pf)) {
-            matmul(s, s->xn, (int)T, &L->wqkv, s->qkv, pf);
+/* Layer l's cache append (KV-shared layers read the donor's batch, appended earlier in this
+ * pass) and attention: scaling 1.0; sliding layers see the newest `window` keys. Per query
+ * (model_attend_per_query) for a verification window, and for a decode on a bounded sliding
+ * layer holding more than window + slack tokens (after a spec round): each query on the
+ * token grid of a single decode at its position, so the bits depend neither on the window
+ * nor on when the layer last dropped its oldest tokens. On failure the appends of layers
+ * [0, l] are rolled back. */
+static tqkv_status g4_attend(const tqkv_model *m, tqkv_model_state *s, int l, const fwd_shape *f) {
+    const g4_config *g = &m->g4->cfg;
+    g4_state *S = s->ext;
+    const int n = f->n, ty = g->sliding[l] ? 0 : 1, own = g->donor[l] == l;
+    tqkv_batch *b = s->layers[g->donor[l]];
+    tqkv_status rc = TQKV_OK;
+    if (own) {
+        if (f->prefill) {
+            rc = tqkv_batch_prepare_prefill(b, s->len);
+            if (rc == TQKV_OK) rc = tqkv_batch_append(b, s->kb, s->vb, n);
+            if (rc == TQKV_OK) rc = tqkv_batch_finalize_prefill(b);
         } else {
-            matmul_ld(s, s->xn, (int)T, &L->wq, s->qkv, QS, pf);
-            if (own) matmul_ld(s, s->xn, (int)T, &L->wk, s->qkv + QD, QS, pf);
-            if (own && !keqv) matmul_ld(s, s->xn, (int)T, &L->wv, s->qkv + QD + KD, QS, pf);
-        }
-        if (nq_pad) {
-            memset(s->qb, 0, sizeof(float) * (size_t)R * n * QD);
-            if (own) {
-                memset(s->kb, 0, sizeof(float) * (size_t)R * n * KD);
-                memset(s->vb, 0, sizeof(float) * (size_t)R * n * KD);
-            }
-        }
-#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
-        for (size_t i = 0; i < T; i++) {
-            float *q = s->qkv + i * QS, *k = q + QD;
-            size_t r = (size_t)s->tok_row[i], j = (size_t)s->tok_col[i];
-            for (int h = 0; h < NH; h++) ops_rmsnorm(q + h * hd, L->q_norm, eps, hd, q + h * hd);
-            ops_rope_apply(q, NH, hd, rcos + i * half, rsin + i * half);
-            for (int h = 0; h < NH; h++)
-                memcpy(s->qb + ((r * NH + h) * n + j) * hd, q + h * hd, sizeof(float) * hd);
-            if (!own) continue;
-            /* v: its own projection, or (k_eq_v) the raw k projection; RMSNorm without scale */
-            const float *v = keqv ? k : k + KD;
-            for (int h = 0; h < NKV; h++) {
-                float *vd = s->vb + ((r * NKV + h) * n + j) * hd;
-                ops_rmsnorm(v + h * hd, G->ones, eps, hd, vd);
-            }
-            for (int h = 0; h < NKV; h++) ops_rmsnorm(k + h * hd, L->k_norm, eps, hd, k + h * hd);
-            ops_rope_apply(k, NKV, hd, rcos + i * half, rsin + i * half);
-            for (int h = 0; h < NKV; h++)
-                memcpy(s->kb + ((r * NKV + h) * n + j) * hd, k + h * hd, sizeof(float) * hd);
-        }
-        /* cache (KV-shared layers read the donor's batch, appended earlier in this pass) */
-        if (own) {
-            if (prefill) {
-                rc = tqkv_batch_prepare_prefill(b, s->len);
-                if (rc == TQKV_OK) rc = tqkv_batch_append(b, s->kb, s->vb, n);
-                if (rc == TQKV_OK) rc = tqkv_batch_finalize_prefill(b);
-            } else {
-                rc = tqkv_batch_append(b, s->kb, s->vb, n);
-            }
-            if (rc != TQKV_OK) {
-                model_kv_trim_rollback(s, prefill ? l + 1 : l, n, prefill);
-                return rc;
-            }
-        }
-        /* attention: scaling 1.0; sliding layers see the newest `window` keys. Per query
-         * (model_attend_per_query) for a verification window, and for a decode on a bounded
-         * sliding layer holding more than window + slack tokens (after a spec round): each
-         * query on the token grid of a single decode at its position, so the bits depend
-         * neither on the window nor on when the layer last dropped its oldest tokens */
-        const int win = ty ? 0 : g->window;
-        const int keep = !ty && g->pos_layer >= 0 ? g->window + s->p.window_slack : 0;
-        tqkv_kernel k = n == 1 || as_dec ? s->p.decode_kernel : s->p.prefill_kernel;
-        if (k == TQKV_KERNEL_FUSED) k = TQKV_KERNEL_DEFERRED; /* Gemma 4's kernel set */
-        tqkv_attn_params ap = {NH, 1.0f, k, th};
-        if (as_dec || (n == 1 && keep > 0 && model_attend_reindexes(s, b, 1, keep))) {
-            rc = model_attend_per_query(s, b, s->qb, n, win, keep, &ap, s->ob);
-        } else {
-            const tqkv_mask *mask = NULL;
-            rc = tqkv_batch_make_mask(b, ty ? S->lease_full : s->lease, n, win, &mask);
-            if (rc == TQKV_OK) rc = tqkv_batch_attend(b, mask, s->qb, n, &ap, s->ob);
+            rc = tqkv_batch_append(b, s->kb, s->vb, n);
         }
         if (rc != TQKV_OK) {
-            model_kv_trim_rollback(s, l + 1, n, prefill);
+            model_kv_trim_rollback(s, f->prefill ? l + 1 : l, n, f->prefill);
             return rc;
         }
+    }
+    const int win = ty ? 0 : g->window;
+    const int keep = !ty && g->pos_layer >= 0 ? g->window + s->p.window_slack : 0;
+    tqkv_kernel k = n == 1 || f->as_dec ? s->p.decode_kernel : s->p.prefill_kernel;
+    if (k == TQKV_KERNEL_FUSED) k = TQKV_KERNEL_DEFERRED; /* Gemma 4's kernel set */
+    tqkv_attn_params ap = {m->cfg.n_heads, 1.0f, k, s->p.threads};
+    if (f->as_dec || (n == 1 && keep > 0 && model_attend_reindexes(s, b, 1, keep))) {
+        rc = model_attend_per_query(s, b, s->qb, n, win, keep, &ap, s->ob);
+    } else {
+        const tqkv_mask *mask = NULL;
+        rc = tqkv_batch_make_mask(b, ty ? S->lease_full : s->lease, n, win, &mask);
+        if (rc == TQKV_OK) rc = tqkv_batch_attend(b, mask, s->qb, n, &ap, s->ob);
+    }
+    if (rc != TQKV_OK) model_kv_trim_rollback(s, l + 1, n, f->prefill);
+    return rc;
+}
+
+/* Gather ob, o_proj, post-attention norm, residual, pre-FFN norm, GeGLU MLP, post-FFN norm,
+ * residual. */
+static void g4_out_mlp(const tqkv_model *m, tqkv_model_state *s, int l, const fwd_shape *f) {
+    const g4_config *g = &m->g4->cfg;
+    const model_layer *L = &m->layers[l];
+    const g4_layer *X = &m->g4->layers[l];
+    const int H = m->cfg.hidden_size, NH = m->cfg.n_heads, I = m->cfg.intermediate_size,
+              hd = g->head_dim[l], QD = NH * hd, n = f->n, th = s->p.threads, pf = f->pf;
+    const size_t T = f->T;
+    const float eps = m->cfg.rms_norm_eps;
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
-        for (size_t i = 0; i < T; i++) {
-            size_t r = (size_t)s->tok_row[i], j = (size_t)s->tok_col[i];
-            for (int h = 0; h < NH; h++)
-                memcpy(s->att + i * QD + (size_t)h * hd, s->ob + ((r * NH + h) * n + j) * hd,
-                       sizeof(float) * hd);
-        }
-        matmul(s, s->att, (int)T, &L->wo, s->tmp, pf);
+    for (size_t i = 0; i < T; i++) {
+        size_t r = (size_t)s->tok_row[i], j = (size_t)s->tok_col[i];
+        for (int h = 0; h < NH; h++)
+            memcpy(s->att + i * QD + (size_t)h * hd, s->ob + ((r * NH + h) * n + j) * hd,
+                   sizeof(float) * hd);
+    }
+    matmul(s, s->att, (int)T, &L->wo, s->tmp, pf);
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
-        for (size_t i = 0; i < T; i++) {
-            float *x = s->x + i * H, *o = s->tmp + i * H;
-            ops_rmsnorm(o, X->post_attn_norm, eps, H, o);
-            for (int e = 0; e < H; e++) x[e] += o[e];
-            ops_rmsnorm(x, L->ffn_norm, eps, H, s->xn + i * H);
-        }
-        // ---- MLP block (GeGLU)
-        if (L->wgu.data && !(s->p.blas && pf)) {
-            matmul(s, s->xn, (int)T, &L->wgu, s->gu, pf);
-        } else {
-            matmul_ld(s, s->xn, (int)T, &L->wg, s->gu, 2 * (size_t)I, pf);
-            matmul_ld(s, s->xn, (int)T, &L->wu, s->gu + I, 2 * (size_t)I, pf);
-        }
+    for (size_t i = 0; i < T; i++) {
+        float *x = s->x + i * H, *o = s->tmp + i * H;
+        ops_rmsnorm(o, X->post_attn_norm, eps, H, o);
+        for (int e = 0; e < H; e++) x[e] += o[e];
+        ops_rmsnorm(x, L->ffn_norm, eps, H, s->xn + i * H);
+    }
+    if (L->wgu.data && !(s->p.blas && pf)) {
+        matmul(s, s->xn, (int)T, &L->wgu, s->gu, pf);
+    } else {
+        matmul_ld(s, s->xn, (int)T, &L->wg, s->gu, 2 * (size_t)I, pf);
+        matmul_ld(s, s->xn, (int)T, &L->wu, s->gu + I, 2 * (size_t)I, pf);
+    }
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 16)
+    for (size_t i = 0; i < T; i++) {
+        const float *gg = s->gu + i * 2 * I, *uu = gg + I;
+        float *hh = s->h + i * I;
+        for (int e = 0; e < I; e++) hh[e] = gelu_tanh(gg[e]) * uu[e];
+    }
+    matmul(s, s->h, (int)T, &L->wd, s->tmp, pf);
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
+    for (size_t i = 0; i < T; i++) {
+        float *x = s->x + i * H, *o = s->tmp + i * H;
+        ops_rmsnorm(o, X->post_ffn_norm, eps, H, o);
+        for (int e = 0; e < H; e++) x[e] += o[e];
+    }
+}
+
+/* Layer l's per-layer input block (x += rmsnorm(W_proj(gelu_tanh(W_gate x) * ple[l]))) and
+ * its layer scalar. */
+static void g4_ple_block(const tqkv_model *m, tqkv_model_state *s, int l, const fwd_shape *f) {
+    const g4_layer *X = &m->g4->layers[l];
+    g4_state *S = s->ext;
+    const int H = m->cfg.hidden_size, P = m->g4->cfg.ple_dim, th = s->p.threads;
+    const size_t T = f->T, LP = (size_t)m->cfg.n_layers * (size_t)P;
+    const float eps = m->cfg.rms_norm_eps;
+    if (P) {
+        matmul(s, s->x, (int)T, &X->ple_gate, S->pg, f->pf);
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
         for (size_t i = 0; i < T; i++) {
-            const float *gg = s->gu + i * 2 * I, *uu = gg + I;
-            float *hh = s->h + i * I;
-            for (int e = 0; e < I; e++) hh[e] = gelu_tanh(gg[e]) * uu[e];
+            float *pg = S->pg + i * P;
+            const float *pl = S->ple + i * LP + (size_t)l * P;
+            for (int e = 0; e < P; e++) pg[e] = gelu_tanh(pg[e]) * pl[e];
         }
-        matmul(s, s->h, (int)T, &L->wd, s->tmp, pf);
+        matmul(s, S->pg, (int)T, &X->ple_proj, s->tmp, f->pf);
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
         for (size_t i = 0; i < T; i++) {
             float *x = s->x + i * H, *o = s->tmp + i * H;
-            ops_rmsnorm(o, X->post_ffn_norm, eps, H, o);
+            ops_rmsnorm(o, X->post_ple_norm, eps, H, o);
             for (int e = 0; e < H; e++) x[e] += o[e];
         }
-        // ---- per-layer input block
-        if (P) {
-            matmul(s, s->x, (int)T, &X->ple_gate, S->pg, pf);
+    }
+    if (X->layer_scalar != 1.0f) {
+        const float ls = X->layer_scalar;
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
-            for (size_t i = 0; i < T; i++) {
-                float *pg = S->pg + i * P;
-                const float *pl = S->ple + i * LP + (size_t)l * P;
-                for (int e = 0; e < P; e++) pg[e] = gelu_tanh(pg[e]) * pl[e];
-            }
-            matmul(s, S->pg, (int)T, &X->ple_proj, s->tmp, pf);
-#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
-            for (size_t i = 0; i < T; i++) {
-                float *x = s->x + i * H, *o = s->tmp + i * H;
-                ops_rmsnorm(o, X->post_ple_norm, eps, H, o);
-                for (int e = 0; e < H; e++) x[e] += o[e];
-            }
+        for (size_t i = 0; i < T; i++) {
+            float *x = s->x + i * H;
+            for (int e = 0; e < H; e++) x[e] *= ls;
         }
-        if (X->layer_scalar != 1.0f) {
-            const float ls = X->layer_scalar;
-#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
-            for (size_t i = 0; i < T; i++) {
-                float *x = s->x + i * H;
-                for (int e = 0; e < H; e++) x[e] *= ls;
-            }
+    }
+}
+
+/* Final RMSNorm, lm_head, soft-capping: logits [rows, V] (LAST) or [rows, n, V] (ALL,
+ * padding zero). */
+static void g4_head(const tqkv_model *m, tqkv_model_state *s, const fwd_shape *f,
+                    tqkv_logits_mode mode, float *logits) {
+    const int R = s->rows, H = m->cfg.hidden_size, V = m->cfg.vocab_size, n = f->n,
+              th = s->p.threads;
+    const size_t T = f->T;
+    const float eps = m->cfg.rms_norm_eps, cap = m->g4->cfg.softcap;
+    if (mode == TQKV_LOGITS_NONE) return;
+    if (mode == TQKV_LOGITS_LAST) {
+        size_t at = 0;
+        for (int r = 0; r < R; r++) {
+            at += (size_t)s->len[r];
+            ops_rmsnorm(s->x + (at - 1) * H, m->final_norm, eps, H, s->xn + (size_t)r * H);
         }
+        matmul(s, s->xn, R, &m->lm_head, logits, 0);
+        if (cap > 0)
+            for (size_t i = 0; i < (size_t)R * V; i++) logits[i] = tanhf(logits[i] / cap) * cap;
+        return;
+    }
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
+    for (size_t i = 0; i < T; i++) ops_rmsnorm(s->x + i * H, m->final_norm, eps, H, s->xn + i * H);
+    if (!f->nq_pad) {
+        matmul(s, s->xn, (int)T, &m->lm_head, logits, f->pf);
+    } else {
+        size_t at = 0;
+        for (int r = 0; r < R; r++) {
+            int pad = n - s->len[r];
+            float *dst = logits + (size_t)r * n * V;
+            memset(dst, 0, sizeof(float) * (size_t)pad * V);
+            matmul(s, s->xn + at * H, s->len[r], &m->lm_head, dst + (size_t)pad * V, f->pf);
+            at += (size_t)s->len[r];
+        }
+    }
+    if (cap > 0) {
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
+        for (size_t i = 0; i < (size_t)R * n; i++) {
+            float *lg = logits + i * V;
+            for (int e = 0; e < V; e++) lg[e] = tanhf(lg[e] / cap) * cap;
+        }
+    }
+}
+
+tqkv_status gemma4_forward(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+                           const int *lengths, int n, int prefill, tqkv_logits_mode mode,
+                           float *logits) {
+    const g4_config *g = &m->g4->cfg;
+    const int R = s->rows, V = m->cfg.vocab_size, NL = m->cfg.n_layers;
+
+    /* validate before touching anything */
+    for (int l = 0; l < NL; l++)
+        if (s->layers[l] && tqkv_batch_rows(s->layers[l]) != R)
+            return tqkv_fail(TQKV_ESTATE, "forward: layer %d cache holds %d rows, the state %d",
+                             l, tqkv_batch_rows(s->layers[l]), R);
+    tqkv_status rc = tqkv_batch_offsets(s->layers[gemma4_position_layer(m)], s->off, NULL);
+    if (rc != TQKV_OK) return rc;
+    fwd_shape f = {.n = n, .prefill = prefill};
+    rc = model_forward_lengths(s, tokens, lengths, n, prefill, V, m->ops->token_limit(m), &f.T);
+    if (rc != TQKV_OK) return rc;
+    rc = ensure_scratch(s, f.T, (size_t)R * (size_t)n);
+    if (rc != TQKV_OK) return rc;
+
+    model_forward_compact(s->len, R, n, s->tok_row, s->tok_col, NULL);
+    /* a verification window (extend_as_decode) runs the decode path's matmuls (never BLAS)
+     * and attention (model_attend_per_query), so each token gets its single decode's bits */
+    f.as_dec = !prefill && n > 1 && s->p.extend_as_decode;
+    f.pf = n > 1 && !f.as_dec;
+    g4_embed(m, s, tokens, &f);
+    for (int r = 0; r < R; r++) f.nq_pad |= s->len[r] != n;
+    for (int l = 0; l < NL; l++) {
+        g4_qkv_project(m, s, l, &f);
+        if ((rc = g4_attend(m, s, l, &f)) != TQKV_OK) return rc;
+        g4_out_mlp(m, s, l, &f);
+        g4_ple_block(m, s, l, &f);
     }
 
     /* bounded sliding layers: keep the newest window + slack tokens (not in a spec round:
@@ -360,41 +455,6 @@ tqkv_status gemma4_forward(const tqkv_model *m, tqkv_model_state *s, const int32
             if (rc != TQKV_OK) return rc;
         }
     }
-
-    // ---- head
-    if (mode == TQKV_LOGITS_NONE) return TQKV_OK;
-    const float cap = g->softcap;
-    if (mode == TQKV_LOGITS_LAST) {
-        size_t at = 0;
-        for (int r = 0; r < R; r++) {
-            at += (size_t)s->len[r];
-            ops_rmsnorm(s->x + (at - 1) * H, m->final_norm, eps, H, s->xn + (size_t)r * H);
-        }
-        matmul(s, s->xn, R, &m->lm_head, logits, 0);
-        if (cap > 0)
-            for (size_t i = 0; i < (size_t)R * V; i++) logits[i] = tanhf(logits[i] / cap) * cap;
-        return TQKV_OK;
-    }
-#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
-    for (size_t i = 0; i < T; i++) ops_rmsnorm(s->x + i * H, m->final_norm, eps, H, s->xn + i * H);
-    if (!nq_pad) {
-        matmul(s, s->xn, (int)T, &m->lm_head, logits, pf);
-    } else {
-        size_t at = 0;
-        for (int r = 0; r < R; r++) {
-            int pad = n - s->len[r];
-            float *dst = logits + (size_t)r * n * V;
-            memset(dst, 0, sizeof(float) * (size_t)pad * V);
-            matmul(s, s->xn + at * H, s->len[r], &m->lm_head, dst + (size_t)pad * V, pf);
-            at += (size_t)s->len[r];
-        }
-    }
-    if (cap > 0) {
-#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
-        for (size_t i = 0; i < (size_t)R * n; i++) {
-            float *lg = logits + i * V;
-            for (int e = 0; e < V; e++) lg[e] = tanhf(lg[e] / cap) * cap;
-        }
-    }
+    g4_head(m, s, &f, mode, logits);
     return TQKV_OK;
 }
