@@ -69,7 +69,7 @@ static char g_dir[1024], g_tmp[64];
 static void expect_layout(const tqkv_model_state *dev, const tqkv_model_state *cpu,
                           const char *what) {
     const int L = tqkv_model_get_config(g_m)->n_layers;
-    const g4_config *g = &g_m->g4->cfg;
+    const g4_config *g = &gemma4_of(g_m)->cfg;
     size_t dl = 0, cl = 0;
     uint8_t *d = export_of(dev, &dl), *h = export_of(cpu, &cl);
     uint64_t sd[TQKV_MAX_LAYERS + 1], sc[TQKV_MAX_LAYERS + 1];
@@ -754,9 +754,9 @@ int main(void) {
         return 1;
     }
     const tqkv_model_config *cfg = tqkv_model_get_config(g_model);
-    if (cfg->arch != TQKV_ARCH_GEMMA4 || !g_model->g4 || g_model->g4->cfg.window != WINDOW ||
-        g_model->g4->cfg.donor[6] != 4 || g_model->g4->cfg.donor[7] != 5 ||
-        g_model->g4->cfg.head_dim[3] != 256) {
+    if (cfg->arch != TQKV_ARCH_GEMMA4 || !gemma4_of(g_model) || gemma4_of(g_model)->cfg.window != WINDOW ||
+        gemma4_of(g_model)->cfg.donor[6] != 4 || gemma4_of(g_model)->cfg.donor[7] != 5 ||
+        gemma4_of(g_model)->cfg.head_dim[3] != 256) {
         fprintf(stderr, "%s is not the gemma4-code-30m fixture this test expects\n", g_dir);
         return 1;
     }
@@ -764,7 +764,7 @@ int main(void) {
     g_seed = test_seed();
     g_m = g_model;
     g_keqv = load_keqv();
-    if (!g_keqv || !g_keqv->g4->cfg.k_eq_v[3] || !(g_keqv->g4->cfg.softcap > 0)) {
+    if (!g_keqv || !gemma4_of(g_keqv)->cfg.k_eq_v[3] || !(gemma4_of(g_keqv)->cfg.softcap > 0)) {
         fprintf(stderr, "could not build the k_eq_v + softcap variant in %s\n", g_tmp);
         rm_tmp();
         return 1;

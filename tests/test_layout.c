@@ -2,9 +2,8 @@
  * test_layout.c - the source tree keeps its rooms (docs/ARCHITECTURE.md):
  *   - outside src/model/arch/ no code names a specific architecture (identifiers such as
  *     TQKV_ARCH_*, gemma4_*, g4_*, qwen35_*, q35_*, or a struct member g4): the runtime asks
- *     the architecture's ops instead. Comments and strings may name them. The device
- *     runtime's remaining uses (src/model/cuda/, listed in DEBT below) are reported, and a
- *     file that is neither in arch/ nor in DEBT fails;
+ *     the architecture's ops instead (the device runtime its cuda hooks). Comments and
+ *     strings may name them;
  *   - includes flow one way: cli -> server -> engine -> model -> attn -> cache -> codec ->
  *     util (chat -> tokenizer -> util beside them); a file never includes a header of a
  *     module above its own.
@@ -18,15 +17,6 @@
 
 #include "testutil.h"
 
-/* Files outside src/model/arch/ that still name architectures: the device runtime, whose
- * Gemma 4 / Qwen 3.5 branches are not yet behind ops hooks (docs/ARCHITECTURE.md, "Open
- * work"). The list may only shrink. */
-static const char *const DEBT[] = {
-    "src/model/cuda/buffers_cuda.cu", "src/model/cuda/forward_cuda.cu",
-    "src/model/cuda/model_cuda_impl.h", "src/model/cuda/state_cuda.cu",
-    "src/model/cuda/weights_cuda.cu", "src/model/model_impl.h",
-};
-
 /* Module order, lowest first: a file may include headers of its own module or lower ones. */
 static const char *const LEVELS[][3] = {
     {"util", NULL, NULL}, {"codec", NULL, NULL}, {"cache", NULL, NULL}, {"attn", NULL, NULL},
@@ -35,7 +25,7 @@ static const char *const LEVELS[][3] = {
 };
 #define N_LEVELS (int)(sizeof LEVELS / sizeof LEVELS[0])
 
-static int g_arch_fail, g_include_fail, g_debt_seen, g_files;
+static int g_arch_fail, g_include_fail, g_files;
 
 static char *slurp(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
@@ -99,9 +89,7 @@ static int level_of_path(const char *rel) {
 
 static void scan_arch(const char *rel, const char *code) {
     if (!strncmp(rel, "src/model/arch/", 15)) return;
-    int debt = 0;
-    for (size_t i = 0; i < sizeof DEBT / sizeof DEBT[0]; i++) debt |= !strcmp(rel, DEBT[i]);
-    int line = 1, hits = 0;
+    int line = 1;
     for (const char *p = code; *p;) {
         if (*p == '\n') line++;
         if (isalpha((unsigned char)*p) || *p == '_') {
@@ -111,16 +99,14 @@ static void scan_arch(const char *rel, const char *code) {
             const size_t n = (size_t)(p - b) < sizeof id - 1 ? (size_t)(p - b) : sizeof id - 1;
             memcpy(id, b, n);
             id[n] = 0;
-            if (names_arch(id) && !debt) {
+            if (names_arch(id)) {
                 print_error("%s:%d names an architecture in code: %s\n", rel, line, id);
                 g_arch_fail++;
             }
-            hits += names_arch(id);
             continue;
         }
         p++;
     }
-    if (debt && hits) g_debt_seen++;
 }
 
 static void scan_includes(const char *rel, const char *text) {
@@ -173,8 +159,7 @@ static void walk(void) {
 static void test_arch_names(void **state) {
     (void)state;
     walk();
-    print_message("%d files scanned; %d DEBT files still name architectures\n", g_files,
-                  g_debt_seen);
+    print_message("%d source files scanned\n", g_files);
     assert_int_equal(g_arch_fail, 0);
 }
 

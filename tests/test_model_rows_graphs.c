@@ -252,7 +252,7 @@ static void test_invariants_and_bytes(void **state) {
     size_t full = 0; /* bytes of the non-sliding layers only grow with tokens */
     for (int l = 0; l < g->m->cfg.n_layers; l++) {
         tqkv_batch *b = tqkv_model_state_layer(s, l);
-        if (b && !g->m->g4->cfg.sliding[l])
+        if (b && !gemma4_of(g->m)->cfg.sliding[l])
             full += tqkv_batch_projected_bytes(b, 200) - tqkv_batch_projected_bytes(b, 100);
     }
     assert_int_equal(p200 - p100, full); /* sliding layers contribute a bounded amount */

@@ -82,7 +82,7 @@ static void sliding_bounded(const fixture *fx, tqkv_model_state *s, int keep) {
         tqkv_batch *b = tqkv_model_state_layer(s, l);
         if (!b) continue; /* KV-shared: reads its donor */
         OK(tqkv_batch_offsets(b, off, NULL));
-        const int sliding = fx->m->g4->cfg.sliding[l];
+        const int sliding = gemma4_of(fx->m)->cfg.sliding[l];
         for (int r = 0; r < R; r++) {
             if (!sliding) {
                 assert_int_equal(off[r], pos[r]);

@@ -79,9 +79,8 @@ struct tqkv_model {
     struct model_cuda_weights *gpu_weights; /* --device cuda: bf16 weights in GPU memory,
                                                uploaded by the first device state (model_cuda.h) */
     const struct model_arch_ops *ops;   /* the architecture (arch/arch.h) */
-    struct g4_model       *g4;          /* Gemma 4 extras (gemma4.h), NULL otherwise; read
-                                           outside arch/gemma4/ only by the device runtime
-                                           (cuda/, docs/ARCHITECTURE.md "Open work") */
+    void                  *arch;        /* the architecture's own model data (its load sets
+                                           it; memory from model_own), or NULL */
 };
 
 /* model.c's loaders, for the graph files: tensors found by name with shape checks. */

@@ -34,6 +34,42 @@ typedef tqkv_status (*model_forward_fn)(const tqkv_model *m, tqkv_model_state *s
                                         const int32_t *tokens, const int *lengths, int n,
                                         int prefill, tqkv_logits_mode mode, float *logits);
 
+/* The device runtime's types the hooks below take (src/model/cuda/model_cuda_impl.h). */
+struct model_cuda;
+struct model_cuda_weights;
+struct mc_layer;
+struct mc_rec;
+struct CUstream_st; /* cudaStream_t */
+
+/* Device hooks of an architecture (arch/<name>/graph_cuda.cu; only in a CUDA build). The
+ * device runtime (src/model/cuda/) runs the common graph where a hook is NULL. */
+typedef struct model_arch_cuda_ops {
+    /* a refusal (TQKV_EUNSUPPORTED, with a message) of a config its device graph cannot run */
+    tqkv_status (*check)(const tqkv_model *m);
+    /* its own layers' upload into w (the common upload otherwise) and their free */
+    tqkv_status (*upload)(const tqkv_model *m, struct model_cuda_weights *w);
+    /* a state's own device buffers: before a forward, and freed with the state */
+    tqkv_status (*prepare)(struct model_cuda *g);
+    void (*state_free)(struct model_cuda *g);
+    /* its own forward queue (cuda/forward_cuda.cu's forward_queue contract) */
+    tqkv_status (*forward_queue)(struct model_cuda *g, int n, int as_decode,
+                                 tqkv_logits_mode mode, float *out, int pick, int *done);
+    /* the bounded sliding layers' drop, after a forward outside a spec round and when a
+     * round begins */
+    tqkv_status (*drop_oldest)(struct model_cuda *g);
+    /* the longest row of its window views in a step of n tokens (the graph key) */
+    int (*win_tokens)(const struct model_cuda *g, int n);
+    /* floats of one token's RoPE tables and the row itself (NULL: head_dim, one table) */
+    int (*rope_width)(const tqkv_model *m);
+    void (*rope_row)(const tqkv_model *m, int pos, float *row);
+    /* per-token floats of per-layer inputs the scratch holds (NULL: none) */
+    int (*ple_width)(const tqkv_model *m);
+    /* queue recurrent layer j's mixer for R rows of n tokens (TQKV_LAYER_LINEAR layers) */
+    tqkv_status (*linear)(const tqkv_model_config *c, const struct mc_layer *L,
+                          struct mc_rec *rec, int j, int R, int n, const float *proj, float *cv,
+                          const int32_t *slot, float *att, struct CUstream_st *s);
+} model_arch_cuda_ops;
+
 typedef struct model_arch_ops {
     const char *name;   /* the folder under src/model/arch/ */
     model_kset  kset;   /* the graph's attention kernel set */
@@ -55,7 +91,17 @@ typedef struct model_arch_ops {
     tqkv_status (*state_init)(tqkv_model_state *s);
     void (*state_free)(tqkv_model_state *s);
     model_forward_fn forward; /* the CPU graph */
+    int device;                      /* 1: runs on the GPU (--device cuda) */
+    const model_arch_cuda_ops *cuda; /* its device hooks (NULL: the common device graph, or
+                                        a build without CUDA) */
 } model_arch_ops;
+
+/* An arch.c's .cuda member: its hooks in a CUDA build, NULL otherwise. */
+#ifdef TQKV_HAVE_CUDA
+#define MODEL_ARCH_CUDA(ops) (ops)
+#else
+#define MODEL_ARCH_CUDA(ops) NULL
+#endif
 
 /* registry.c: the ops of a config.json's architecture (architectures[0], else model_type).
  * *id gets the public tqkv_arch, *graph a short graph name ("qwen3"). A name some

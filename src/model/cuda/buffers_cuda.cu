@@ -115,13 +115,14 @@ tqkv_status mc_make_caches(model_cuda *g, int rows) {
     cuda_kv **kv = (cuda_kv **)calloc((size_t)c->n_layers, sizeof *kv);
     if (!kv) return tqkv_fail(TQKV_ENOMEM, "out of memory");
     tqkv_status st = TQKV_OK;
-    const g4_config *g4 = g->m->g4 ? &g->m->g4->cfg : NULL;
     for (int l = 0; l < c->n_layers && !st; l++) {
-        /* recurrent rows (g->rec), or a Gemma 4 KV-shared layer (reads its donor's cache) */
+        /* recurrent rows (g->rec), or a KV-shared layer (reads its donor's cache) */
         if (!mc_layer_has_kv(g->m, l)) continue;
+        tqkv_layer_info li;
+        (void)tqkv_model_layer_info(g->m, l, &li);
         tqkv_cache_config cc = tqkv_cache_config_default();
-        cc.kv_heads = g4 ? g4->n_kv[l] : c->n_kv_heads;
-        cc.head_dim = g4 ? g4->head_dim[l] : c->head_dim;
+        cc.kv_heads = li.kv_heads;
+        cc.head_dim = li.head_dim;
         cc.k_format = p->k_format;
         cc.v_format = p->v_format;
         cc.seed = p->kv_seed + (uint64_t)l;
@@ -227,21 +228,22 @@ tqkv_status mc_ensure_pick(model_cuda *g, size_t in_bytes, size_t rec_words) {
 }
 
 int mc_rope_width(const tqkv_model *m) {
-    if (m->g4) return 2 * (m->g4->half[0] + m->g4->half[1]); /* sliding | full */
+    const model_arch_cuda_ops *ao = m->ops->cuda;
+    if (ao && ao->rope_width) return ao->rope_width(m); /* the architecture's own tables */
     return m->cfg.head_dim;
 }
 
 tqkv_status mc_ensure_scratch(model_cuda *g, size_t T, size_t RN) {
     const tqkv_model_config *c = &g->m->cfg;
-    const g4_config *g4 = g->m->g4 ? &g->m->g4->cfg : NULL; /* Gemma 4: per-layer dims */
+    const model_arch_cuda_ops *ao = g->arch_ops;
     const size_t H = c->hidden_size, I = c->intermediate_size, RW = (size_t)mc_rope_width(g->m),
-                 QD = g4 ? (size_t)g4->max_qd : (size_t)c->n_heads * c->head_dim,
-                 KD = g4 ? (size_t)g4->max_kd : (size_t)c->n_kv_heads * c->head_dim,
-                 P = g4 ? (size_t)g4->ple_dim : 0, LP = P * (size_t)c->n_layers;
+                 QD = g->max_qd, KD = g->max_kd,
+                 P = ao && ao->ple_width ? (size_t)ao->ple_width(g->m) : 0,
+                 LP = P * (size_t)c->n_layers;
     /* projection row width: QS (Qwen 3.5: a gate per query) or a linear layer's row */
     const size_t VD = (size_t)c->lin_v_heads * c->lin_v_dim,
                  CD = 2 * (size_t)c->lin_k_heads * c->lin_k_dim + VD;
-    size_t PW = (c->arch == TQKV_ARCH_QWEN35 ? 2 * QD : QD) + 2 * KD, AW = QD;
+    size_t PW = (c->attn_output_gate ? 2 * QD : QD) + 2 * KD, AW = QD;
     if (g->rec.n_lin) {
         PW = CD + VD + 2 * (size_t)c->lin_v_heads > PW ? CD + VD + 2 * (size_t)c->lin_v_heads : PW;
         AW = VD > AW ? VD : AW;

@@ -193,6 +193,28 @@ __global__ void swiglu_kernel(const float *__restrict__ gu, int I, float *__rest
 // public
 // ---------------------------------------------------------------------------
 
+/* The layer geometry the device runtime sizes by (from each layer's info, arch.h): the
+ * position layer kv0 (the architecture's, else the first attention layer) and the largest
+ * head_dim, n_heads hd and kv_heads hd of an attention layer. */
+static void mc_geometry(model_cuda *g) {
+    const tqkv_model *m = g->m;
+    const tqkv_model_config *c = &m->cfg;
+    g->kv0 = -1;
+    g->max_hd = 0;
+    g->max_qd = g->max_kd = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (model_layer_kind_of(m, l) == MODEL_LAYER_RECURRENT) continue;
+        tqkv_layer_info li;
+        (void)tqkv_model_layer_info(m, l, &li);
+        if (g->kv0 < 0) g->kv0 = l;
+        const size_t qd = (size_t)c->n_heads * li.head_dim, kd = (size_t)li.kv_heads * li.head_dim;
+        g->max_hd = li.head_dim > g->max_hd ? li.head_dim : g->max_hd;
+        g->max_qd = qd > g->max_qd ? qd : g->max_qd;
+        g->max_kd = kd > g->max_kd ? kd : g->max_kd;
+    }
+    if (m->ops->position_layer) g->kv0 = m->ops->position_layer(m);
+}
+
 extern "C" tqkv_status model_cuda_init(model_cuda **out, const tqkv_model *m,
                                        const tqkv_model_state_params *p, int rows) {
     if (!out || !m || !p || rows < 1) return tqkv_fail(TQKV_EINVAL, "model_cuda_init: bad argument");
@@ -205,45 +227,20 @@ extern "C" tqkv_status model_cuda_init(model_cuda **out, const tqkv_model *m,
     tqkv_status sst = tqkv_cuda_attn_setup();
     if (sst) return sst;
     const tqkv_model_config *c = &m->cfg;
-    if (c->arch != TQKV_ARCH_QWEN3 && c->arch != TQKV_ARCH_QWEN2 && c->arch != TQKV_ARCH_LLAMA &&
-        c->arch != TQKV_ARCH_QWEN35 && c->arch != TQKV_ARCH_GEMMA4)
-        return tqkv_fail(TQKV_EUNSUPPORTED,
-                         "--device cuda: the %s graph runs on the CPU only "
-                         "(the GPU forward has Qwen3, Qwen2, Llama, Qwen 3.5 and Gemma 4)",
+    const model_arch_cuda_ops *ao = m->ops->cuda;
+    if (!m->ops->device)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: the %s graph runs on the CPU only",
                          c->arch_name);
-    if (m->g4) { /* per-layer head dims and KV heads; the model-wide checks below are the
-                  * sliding layers' */
-        const g4_config *g4 = &m->g4->cfg;
-        for (int l = 0; l < c->n_layers; l++) {
-            if (g4->head_dim[l] != CUDA_DIM && g4->head_dim[l] != CUDA_DIM_WIDE)
-                return tqkv_fail(TQKV_EUNSUPPORTED,
-                                 "--device cuda: Gemma 4 layer %d head_dim %d (the "
-                                 "device kernels take %d and %d)",
-                                 l, g4->head_dim[l], CUDA_DIM, CUDA_DIM_WIDE);
-            if (c->n_heads % g4->n_kv[l] || c->n_heads / g4->n_kv[l] > CUDA_MAX_G)
-                return tqkv_fail(TQKV_EUNSUPPORTED,
-                                 "--device cuda: Gemma 4 layer %d: %d query heads "
-                                 "per KV head (at most %d)",
-                                 l, c->n_heads / g4->n_kv[l], CUDA_MAX_G);
-        }
-        if (g4->pos_layer < 0)
-            return tqkv_fail(TQKV_EUNSUPPORTED,
-                             "--device cuda: a Gemma 4 graph without a full "
-                             "non-shared layer (its sliding layers could not be bounded)");
-        if (g4->ple_dim && (g4->ple_dim % 8 || g4->ple_dim > c->intermediate_size))
-            return tqkv_fail(TQKV_EUNSUPPORTED,
-                             "--device cuda: per-layer input width %d (the device "
-                             "needs a multiple of 8)",
-                             g4->ple_dim);
+    if (ao && ao->check) {
+        tqkv_status ck_st = ao->check(m);
+        if (ck_st) return ck_st;
     }
-    if (c->n_linear > 0 && !q35_cuda_supported(c))
-        return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: DeltaNet key dim %d / value dim %d / "
-                         "conv width %d (the device kernels take key dim 64 or 128, value dim a "
-                         "multiple of 32 up to 256, conv width up to %d)", c->lin_k_dim,
-                         c->lin_v_dim, c->lin_conv_kernel, 8);
+    if (c->n_linear > 0 && !(ao && ao->linear))
+        return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: the %s graph's recurrent layers have "
+                         "no device kernels", c->arch_name);
     if (c->n_linear >= c->n_layers)
         return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: a graph without attention layers");
-    if (c->head_dim != CUDA_DIM && !m->g4)
+    if (c->head_dim != CUDA_DIM && !(ao && ao->forward_queue)) /* the common graph's dim */
         return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: head_dim %d (the device kernels "
                          "need %d)", c->head_dim, CUDA_DIM);
     if (c->n_heads % c->n_kv_heads || c->n_heads / c->n_kv_heads > CUDA_MAX_G)
@@ -258,11 +255,10 @@ extern "C" tqkv_status model_cuda_init(model_cuda **out, const tqkv_model *m,
     model_cuda *g = (model_cuda *)calloc(1, sizeof *g);
     if (!g) return tqkv_fail(TQKV_ENOMEM, "out of memory");
     g->m = m;
+    g->arch_ops = ao;
     g->p = *p;
     g->rows = rows;
-    if (m->g4) g->kv0 = gemma4_position_layer(m); /* sliding layers hold fewer tokens */
-    else
-        while (c->layer_type[g->kv0] == TQKV_LAYER_LINEAR) g->kv0++;
+    mc_geometry(g);
     if (c->n_linear > 0) { /* recurrent.h's row layout */
         mc_rec *rc = &g->rec;
         const size_t CD = 2 * (size_t)c->lin_k_heads * c->lin_k_dim + (size_t)c->lin_v_heads * c->lin_v_dim;
@@ -297,7 +293,7 @@ extern "C" void model_cuda_free(model_cuda *g) {
     if (!g) return;
     if (g->stream) cudaStreamSynchronize(g->stream);
     mc_graph_drop(g);
-    g4_cuda_state_free(g);
+    if (g->arch_ops && g->arch_ops->state_free) g->arch_ops->state_free(g);
     gemm_cublas_free(g->cublas);
     cudaFree(g->aws);
     mc_free_caches(g);
@@ -336,7 +332,7 @@ extern "C" tqkv_status model_cuda_offsets(const model_cuda *g, int *offset) {
  * longer than the full rows, so the longest row bounds it too). */
 size_t mc_attend_ws_bytes(const model_cuda *g, int tokens) {
     const size_t b = tqkv_cuda_attend_ws_bytes(g->rows, g->m->cfg.n_heads, tokens);
-    if (!g->m->g4 || g->m->g4->cfg.max_hd <= CUDA_DIM) return b;
+    if (g->max_hd <= CUDA_DIM) return b;
     const size_t w =
         tqkv_cuda_attend_ws_bytes_dim(g->rows, g->m->cfg.n_heads, tokens, CUDA_DIM_WIDE);
     return w > b ? w : b; /* Gemma 4: layers of both head dims share it */
@@ -364,12 +360,12 @@ static tqkv_status ensure_aws(model_cuda *g, int max_tokens) {
 extern "C" tqkv_status model_cuda_reserve(model_cuda *g, int tokens) {
     mc_graph_drop(g);
     tqkv_status st = ensure_aws(g, tokens);
-    const g4_config *g4 = g->m->g4 ? &g->m->g4->cfg : NULL;
-    for (int l = 0; l < g->m->cfg.n_layers && !st; l++) {
+    const tqkv_model *m = g->m;
+    for (int l = 0; l < m->cfg.n_layers && !st; l++) {
         if (!g->kv[l]) continue;
         int t = tokens; /* a bounded sliding layer's columns stay below ~2 (window + slack) */
-        if (g4 && g4->sliding[l]) {
-            const int keep = g4->window + g->p.window_slack;
+        if (model_layer_kind_of(m, l) == MODEL_LAYER_SLIDING) {
+            const int keep = m->ops->sliding_keep(m, &g->p);
             t = t < 2 * keep ? t : 2 * keep;
         }
         st = tqkv_cuda_kv_reserve(g->kv[l], t);
@@ -382,8 +378,7 @@ extern "C" tqkv_status model_cuda_reserve(model_cuda *g, int tokens) {
 #define FILL_CHUNK 16
 extern "C" tqkv_status model_cuda_fill(model_cuda *g, int n, uint64_t seed) {
     const tqkv_model_config *c = &g->m->cfg;
-    const g4_config *g4 = g->m->g4 ? &g->m->g4->cfg : NULL; /* Gemma 4: per-layer dims */
-    const size_t kdmax = g4 ? (size_t)g4->max_kd : (size_t)c->n_kv_heads * CUDA_DIM;
+    const size_t kdmax = g->max_kd;
     const size_t per = (size_t)g->rows * kdmax * FILL_CHUNK; /* [rows, NKV, chunk, hd] */
     float *k = NULL, *v = NULL;
     tqkv_status st = dmalloc((void **)&k, per * 4);
@@ -393,9 +388,9 @@ extern "C" tqkv_status model_cuda_fill(model_cuda *g, int n, uint64_t seed) {
         const int m = n - done < FILL_CHUNK ? n - done : FILL_CHUNK;
         for (int l = 0; l < c->n_layers && !st; l++) {
             if (!g->kv[l]) continue; /* recurrent rows: their token count follows below */
-            const size_t cnt =
-                (size_t)g->rows * m *
-                (g4 ? (size_t)g4->n_kv[l] * g4->head_dim[l] : (size_t)c->n_kv_heads * CUDA_DIM);
+            tqkv_layer_info li;
+            (void)tqkv_model_layer_info(g->m, l, &li);
+            const size_t cnt = (size_t)g->rows * m * ((size_t)li.kv_heads * li.head_dim);
             const uint64_t sd = seed ^ ((uint64_t)l << 40) ^ ((uint64_t)done << 8);
             /* all on g->stream: the next fill of k / v waits for this append's encode */
             st = tqkv_cuda_fill_normal_on(k, cnt, sd * 2 + 1, 1.0f, g->stream);
@@ -470,11 +465,12 @@ tqkv_status mc_pick_queue(model_cuda *g, int stride) {
  * buffers, and reads from the host only what the graph key holds: capturable. */
 static tqkv_status forward_queue(model_cuda *g, int n, int as_decode, tqkv_logits_mode mode,
                                  float *out, int pick, int *done) {
-    if (g->m->g4) return g4_cuda_forward_queue(g, n, as_decode, mode, out, pick, done);
+    if (g->arch_ops && g->arch_ops->forward_queue)
+        return g->arch_ops->forward_queue(g, n, as_decode, mode, out, pick, done);
     const tqkv_model_config *c = &g->m->cfg;
     const int R = g->rows, H = c->hidden_size, hd = c->head_dim, NH = c->n_heads,
               NKV = c->n_kv_heads, I = c->intermediate_size, V = c->vocab_size;
-    const int gated = c->arch == TQKV_ARCH_QWEN35; /* a gate row block per query head */
+    const int gated = c->attn_output_gate; /* a gate row block per query head */
     const int qs = gated ? 2 * hd : hd, QD = NH * hd, KD = NKV * hd, QS = NH * qs + 2 * KD;
     const int half = (c->rotary_dim ? c->rotary_dim : hd) / 2;
     const int VD = c->lin_v_heads * c->lin_v_dim;
@@ -500,7 +496,7 @@ static tqkv_status forward_queue(model_cuda *g, int n, int as_decode, tqkv_logit
         if (l == 0) rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, NULL, L->attn_norm, eps, H, g->xn);
         if (!kv) { /* Qwen 3.5 gated DeltaNet: xn -> proj -> cv -> att [T, VD] -> tmp */
             st = mc_gemm(g, g->xn, H, (int)T, L->lin_in, PWL, H, NULL, g->qkv, PWL);
-            if (!st) st = q35_cuda_linear(c, L, &g->rec, lin, R, n, g->qkv, g->cv, g->slot, g->att, s);
+            if (!st) st = g->arch_ops->linear(c, L, &g->rec, lin, R, n, g->qkv, g->cv, g->slot, g->att, s);
             if (!st) lin++;
             *done = l + 1; /* the recurrent rows changed: forward_fail marks the state broken */
             if (!st) st = mc_gemm(g, g->att, VD, (int)T, L->lin_out, H, VD, NULL, g->tmp, H);
@@ -611,7 +607,8 @@ static mc_graph_key graph_key(model_cuda *g, int logits, size_t attn_ws, int pic
     k.logits = logits;
     k.attn_ws = attn_ws;
     k.pick = pick;
-    k.win_ws = g->m->g4 ? mc_attend_ws_bytes(g, g4_cuda_win_tokens(g, 1)) : 0;
+    k.win_ws = g->arch_ops && g->arch_ops->win_tokens
+                   ? mc_attend_ws_bytes(g, g->arch_ops->win_tokens(g, 1)) : 0;
     k.gen = g->gen;
     return k;
 }
@@ -733,9 +730,8 @@ static tqkv_status forward_run(model_cuda *g, const int32_t *tokens, const int *
     const tqkv_model_config *c = &m->cfg;
     const int R = g->rows, hd = c->head_dim, V = c->vocab_size,
               half = (c->rotary_dim ? c->rotary_dim : hd) / 2, RW = mc_rope_width(m);
-    /* Gemma 4: per-layer inputs index a table of ple_vocab rows (src/model/arch/gemma4/graph.c's limit) */
-    const g4_config *g4 = m->g4 ? &m->g4->cfg : NULL;
-    const int tok_limit = g4 && g4->ple_dim && g4->ple_vocab < V ? g4->ple_vocab : V;
+    const model_arch_cuda_ops *ao = g->arch_ops;
+    const int tok_limit = m->ops->token_limit ? m->ops->token_limit(m) : V;
     mc_rec *rc = &g->rec;
     memcpy(g->off, tqkv_cuda_kv_offsets(g->kv[g->kv0]), sizeof(int) * (size_t)R);
     if (g->broken)
@@ -782,7 +778,7 @@ static tqkv_status forward_run(model_cuda *g, const int32_t *tokens, const int *
     if (!st && copy && n == 1) st = mc_ensure_hlogits(g, (size_t)R);
     if (!st && pk) st = mc_ensure_pick(g, pick_in, (size_t)R * PICK_REC_WORDS(pk->stride));
     if (!st && rc->spec_active) st = mc_rec_spec_reserve(g, n);
-    if (!st && m->g4) st = g4_cuda_prepare(g);
+    if (!st && ao && ao->prepare) st = ao->prepare(g);
     if (st) return st;
 
     /* token list [T, 3] (id, row, column) and rope tables, in the pinned buffers the
@@ -793,13 +789,8 @@ static tqkv_status forward_run(model_cuda *g, const int32_t *tokens, const int *
             g->h_tinfo[t * 3] = tokens[t];
             g->h_tinfo[t * 3 + 1] = r;
             g->h_tinfo[t * 3 + 2] = j;
-            if (m->g4) { /* both layer types' tables: sliding | full */
-                float *rp = g->h_rope + t * RW;
-                for (int k = 0; k < 2; k++) {
-                    const int hk = m->g4->half[k];
-                    if (hk) ops_rope_table(g->off[r] + j, m->g4->inv_freq[k], hk, rp, rp + hk);
-                    rp += 2 * hk;
-                }
+            if (ao && ao->rope_row) { /* the architecture's own tables */
+                ao->rope_row(m, g->off[r] + j, g->h_rope + t * RW);
             } else {
                 ops_rope_table(g->off[r] + j, m->inv_freq, half, g->h_rope + t * hd,
                                g->h_rope + t * hd + half);
@@ -833,10 +824,10 @@ static tqkv_status forward_run(model_cuda *g, const int32_t *tokens, const int *
         rc->tokens[r] += n;
         if (rc->spec_active) rc->spec_steps[r] += n;
     }
-    /* Gemma 4: the bounded sliding layers (src/model/arch/gemma4/graph.c: after the forward, not in a spec
-     * round); its copies are queued after the logits' and waited for by the next call */
-    if (!st && m->g4 && !tqkv_cuda_kv_spec_active(g->kv[g->kv0])) {
-        st = g4_cuda_drop_oldest(g);
+    /* bounded sliding layers (after the forward, not in a spec round); their copies are
+     * queued after the logits' and waited for by the next call */
+    if (!st && ao && ao->drop_oldest && !tqkv_cuda_kv_spec_active(g->kv[g->kv0])) {
+        st = ao->drop_oldest(g);
         if (st) g->broken = 1; /* the layers may be out of step */
     }
     if (!st && out && out == g->h_logits) memcpy(logits, g->h_logits, (size_t)R * V * sizeof(float));

@@ -12,7 +12,6 @@
 
 extern "C" {
 #include "model/arch/arch.h"
-#include "model/arch/gemma4/gemma4.h"
 #include "model/model_impl.h"
 }
 #include "cache/cache_cuda.h"
@@ -30,7 +29,7 @@ typedef __nv_bfloat16 bf16;
  * head, hd query rows then hd gate rows (QS = 2 QD + 2 KD). Qwen 3.5's linear (gated
  * DeltaNet) layers use the lin_* fields instead (kd = k_heads k_dim, vd = v_heads v_dim,
  * CD = 2 kd + vd, nv = v_heads). */
-typedef struct {
+typedef struct mc_layer {
     float *attn_norm, *ffn_norm, *q_norm, *k_norm; /* [H], [H], [hd], [hd] or NULL */
     float *bqkv;                                    /* [QD + 2 KD] or NULL */
     float *bo;                                      /* [H] or NULL */
@@ -45,12 +44,6 @@ typedef struct {
     float *lin_norm;                                /* [v_dim] gated RMSNorm weight */
 } mc_layer;
 
-/* Gemma 4's device weights beyond mc_layer (src/model/arch/gemma4/graph_cuda.cu). */
-typedef struct g4_cuda_weights g4_cuda_weights;
-/* Gemma 4's per-state device extras (src/model/arch/gemma4/graph_cuda.cu): the sliding layers' window
- * views (row table, rotated q8 ring) and the drop's row shifts. */
-typedef struct g4_cuda_state g4_cuda_state;
-
 /* The device weights of one model: uploaded by its first device state, shared by all of
  * them, freed by tqkv_model_free (model.c) through model_cuda_weights_free. */
 struct model_cuda_weights {
@@ -59,7 +52,8 @@ struct model_cuda_weights {
     bf16     *embed;     /* [V, H] */
     bf16     *lm_head;   /* [V, H] (== embed when tied) */
     float    *final_norm;/* [H] */
-    g4_cuda_weights *g4; /* Gemma 4 only, else NULL */
+    void     *arch;      /* the architecture's own device weights (its upload hook), or NULL */
+    void    (*arch_free)(void *arch);
 };
 
 /* What a captured decode step took from the host besides the fixed buffers: a replay
@@ -95,7 +89,7 @@ typedef struct {
  * [v_heads, k_dim, v_dim]), so export / upload are plain copies of model_recurrent rows.
  * Spec rounds: snapshot slot s of row r (slot 0: the state at begin; slot k: after the
  * round's k-th token) at snap + (r (spec_cap + 1) + s) row_floats. */
-typedef struct {
+typedef struct mc_rec {
     int     n_lin;            /* linear layers (0: the graph has no recurrent rows) */
     size_t  conv_floats, ssm_floats, row_floats;
     float  *state;            /* device [rows, row_floats] */
@@ -108,11 +102,14 @@ typedef struct {
 
 struct model_cuda {
     const tqkv_model       *m;
+    const model_arch_cuda_ops *arch_ops; /* the architecture's device hooks, or NULL */
     const model_cuda_weights *w;
     tqkv_model_state_params p;
     int                     rows;
     cuda_kv **kv;                      /* [L]; NULL for a linear (recurrent) layer and a
                                         * Gemma 4 KV-shared layer (it reads its donor's) */
+    int max_hd;                        /* the largest head_dim of an attention layer */
+    size_t max_qd, max_kd;             /* the largest n_heads hd, kv_heads hd of a layer */
     int kv0;                           /* the layer whose offsets are the rows' positions
                                         * (the first with a cache; Gemma 4: its position
                                         * layer, a full one; spec rounds) */
@@ -138,9 +135,9 @@ struct model_cuda {
     float  *tmp;         /* [T, H] */
     float *rope;         /* [T, RW] cos | sin per token (RW = hd; Gemma 4: both layer
                           * types' tables, sliding then full, mc_rope_width) */
-    float *ple;          /* Gemma 4: [T, n_layers P] per-layer inputs, else NULL */
-    float *pg;           /* Gemma 4: [T, P] per-layer gate, else NULL */
-    g4_cuda_state *g4;   /* Gemma 4: window views and drop scratch, else NULL */
+    float *ple;          /* [T, n_layers P] per-layer inputs (arch ple_width P), else NULL */
+    float *pg;           /* [T, P] per-layer gate, else NULL */
+    void  *arch;         /* the architecture's own state buffers (its prepare hook), or NULL */
     void   *xf;          /* GEMM activations, fragment order (gemm_cuda.h) */
     float  *part;        /* GEMM segment partials [nseg, 32, N] */
     float  *logits;      /* [cap_logits, V] */
@@ -197,11 +194,11 @@ tqkv_status mc_ensure_hlogits(model_cuda *g, size_t rows);
 tqkv_status mc_ensure_logits(model_cuda *g, size_t rows);
 tqkv_status mc_ensure_pick(model_cuda *g, size_t in_bytes, size_t rec_words);
 
-/* 1 when layer l of m has a device cache of its own (not a linear layer, not a Gemma 4
+/* 1 when layer l of m has a device cache of its own (not a recurrent layer, not a
  * KV-shared one). */
 static inline int mc_layer_has_kv(const tqkv_model *m, int l) {
-    if (m->g4) return m->g4->cfg.donor[l] == l;
-    return m->cfg.layer_type[l] != TQKV_LAYER_LINEAR;
+    const int k = model_layer_kind_of(m, l);
+    return k == MODEL_LAYER_KV || k == MODEL_LAYER_SLIDING;
 }
 
 // ---------------------------------------------------------------------------
@@ -230,38 +227,8 @@ int mc_rope_width(const tqkv_model *m);
  * (head dims above 128 scale it: see the definition). */
 size_t mc_attend_ws_bytes(const model_cuda *g, int tokens);
 
-// ---------------------------------------------------------------------------
-// src/model/arch/gemma4/graph_cuda.cu
-// ---------------------------------------------------------------------------
-
-/* Gemma 4's extra device weights (per-layer inputs, post norms, layer scalars) and its
- * per-layer q|k|v, o, gate|up, down matrices and norms into w->layers. */
-extern "C" tqkv_status g4_cuda_upload(const tqkv_model *m, model_cuda_weights *w);
-extern "C" void g4_cuda_weights_free(g4_cuda_weights *w);
-extern "C" void g4_cuda_state_free(model_cuda *g);
-/* The per-state buffers for g->rows rows (before the queue: nothing allocates there). */
-extern "C" tqkv_status g4_cuda_prepare(model_cuda *g);
-/* forward_queue for a Gemma 4 model (same contract). */
-extern "C" tqkv_status g4_cuda_forward_queue(model_cuda *g, int n, int as_decode,
-                                             tqkv_logits_mode mode, float *out, int pick,
-                                             int *done);
-/* After a forward outside a spec round: every own sliding layer keeps its newest window +
- * window_slack tokens (batch_slide.c's tqkv_batch_drop_oldest on the device caches). */
-extern "C" tqkv_status g4_cuda_drop_oldest(model_cuda *g);
-/* The longest row of the sliding layers' window views in a step that appends n tokens
- * (the graph key takes its attention workspace figure, win_ws). */
-extern "C" int g4_cuda_win_tokens(const model_cuda *g, int n);
-
 /* state_cuda.cu: room in the spec round's snapshots for n more tokens per row (a bigger
  * buffer: the old slots copied over, the generation bumped). */
 tqkv_status mc_rec_spec_reserve(model_cuda *g, int n);
-
-/* src/model/arch/qwen35/graph_cuda.cu: 1 if the device kernels take this config's DeltaNet shapes. */
-extern "C" int         q35_cuda_supported(const tqkv_model_config *c);
-/* Queue linear layer j's conv + SiLU and gated delta rule + gated RMSNorm for R rows of n
- * tokens on s: proj [R n, PW] -> cv [R n, CD] -> att [R n, vd]; slot [R n] as model_cuda.slot. */
-extern "C" tqkv_status q35_cuda_linear(const tqkv_model_config *c, const mc_layer *L, mc_rec *rec,
-                                       int j, int R, int n, const float *proj, float *cv,
-                                       const int32_t *slot, float *att, cudaStream_t s);
 
 #endif

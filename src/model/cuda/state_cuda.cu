@@ -150,14 +150,14 @@ extern "C" tqkv_status model_cuda_check(const model_cuda *g) {
     const int k0 = g->kv0;
     const int *o0 = tqkv_cuda_kv_offsets(g->kv[k0]), *b0 = tqkv_cuda_kv_spec_bases(g->kv[k0]);
     const int spec0 = tqkv_cuda_kv_spec_active(g->kv[k0]);
-    /* Gemma 4's bounded sliding layers hold min(position, window + slack) .. position
+    /* bounded sliding layers hold min(position, window + slack) .. position
      * tokens (src/model/state/rows.c's SLIDING rule) and, in a round, the same tokens appended */
-    const g4_config *g4 = g->m->g4 ? &g->m->g4->cfg : NULL;
-    const int keep = g4 ? g4->window + g->p.window_slack : 0;
-    for (int l = 0; l < g->m->cfg.n_layers; l++) {
+    const tqkv_model *m = g->m;
+    const int keep = m->ops->sliding_keep ? m->ops->sliding_keep(m, &g->p) : 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
         if (!g->kv[l] || l == k0) continue;
         const int *o = tqkv_cuda_kv_offsets(g->kv[l]), *b = tqkv_cuda_kv_spec_bases(g->kv[l]);
-        const int sliding = g4 && g4->sliding[l];
+        const int sliding = model_layer_kind_of(m, l) == MODEL_LAYER_SLIDING;
         if (tqkv_cuda_kv_spec_active(g->kv[l]) != spec0)
             return tqkv_fail(TQKV_ESTATE, "state: device layer %d %s in a spec round, layer %d %s",
                              l, spec0 ? "is not" : "is", k0, spec0 ? "is" : "is not");
@@ -268,12 +268,12 @@ extern "C" tqkv_status model_cuda_spec_begin(model_cuda *g) {
     for (int l = 0; l < L; l++)
         if (g->kv[l] && tqkv_cuda_kv_spec_active(g->kv[l]))
             return tqkv_fail(TQKV_ESTATE, "spec_begin: a spec round is already active (layer %d)", l);
-    /* Gemma 4: the bounded sliding layers first drop what they hold beyond window + slack,
+    /* bounded sliding layers first drop what they hold beyond window + slack,
      * as the CPU's tqkv_model_state_spec_begin (src/model/state/rows.c): a round never drops at the
      * front, so rows that only run rounds would grow them without bound. The window views
      * read the same bits before and after a drop. A failure leaves no round open. */
-    if (g->m->g4) {
-        const tqkv_status sd = g4_cuda_drop_oldest(g);
+    if (g->arch_ops && g->arch_ops->drop_oldest) {
+        const tqkv_status sd = g->arch_ops->drop_oldest(g);
         if (sd) {
             g->broken = 1; /* the layers may be out of step */
             return sd;

@@ -3,7 +3,7 @@
  * model_cuda_impl.h): bf16 matrices stacked as the forward's GEMMs read them (q|k|v,
  * gate|up), float vectors (norms, biases, the DeltaNet parameters), uploaded once per model
  * by its first device state and shared by all of them (tqkv_model.gpu_weights).
- * Owns: the upload helpers (also used by src/model/arch/gemma4/graph_cuda.cu's g4_cuda_upload) and the
+ * Owns: the upload helpers (also used by architectures' own upload hooks) and the
  * weights' free. Must not: change a weight's values (bf16 sources are copied as they are,
  * anything else rounded to nearest even once).
  */
@@ -96,7 +96,7 @@ extern "C" void model_cuda_weights_free(model_cuda_weights *w) {
             for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) cudaFree(ps[i]);
         }
     free(w->layers);
-    g4_cuda_weights_free(w->g4);
+    if (w->arch_free) w->arch_free(w->arch);
     if (w->lm_head != w->embed) cudaFree(w->lm_head);
     cudaFree(w->embed);
     cudaFree(w->final_norm);
@@ -114,8 +114,10 @@ tqkv_status mc_upload_weights(const tqkv_model *m, model_cuda_weights **out) {
         free(g);
         return tqkv_fail(TQKV_ENOMEM, "out of memory");
     }
-    tqkv_status st = m->g4 ? g4_cuda_upload(m, g) : TQKV_OK; /* Gemma 4: its own layers */
-    for (int l = 0; l < c->n_layers && !st && !m->g4; l++) {
+    const model_arch_cuda_ops *ao = m->ops->cuda;
+    const int own = ao && ao->upload; /* the architecture uploads its own layers */
+    tqkv_status st = own ? ao->upload(m, g) : TQKV_OK;
+    for (int l = 0; l < c->n_layers && !st && !own; l++) {
         const model_layer *S = &m->layers[l];
         mc_layer *L = &g->layers[l];
         const mm_weight *gu[2] = {&S->wg, &S->wu}, *wd = &S->wd;

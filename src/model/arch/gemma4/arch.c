@@ -11,7 +11,7 @@ static tqkv_status config_parse(const cJSON *root, const char *name, tqkv_model_
 }
 
 static void layer_info(const tqkv_model *m, int l, tqkv_layer_info *li, model_layer_kind *kind) {
-    const g4_config *g = &m->g4->cfg;
+    const g4_config *g = &gemma4_of(m)->cfg;
     const int t = g->sliding[l] ? 0 : 1;
     li->kv_heads = g->n_kv[l];
     li->head_dim = g->head_dim[l];
@@ -27,14 +27,29 @@ static void layer_info(const tqkv_model *m, int l, tqkv_layer_info *li, model_la
 
 /* Tokens a bounded sliding layer keeps after a forward outside a spec round. */
 static int sliding_keep(const tqkv_model *m, const tqkv_model_state_params *p) {
-    return m->g4->cfg.window + p->window_slack;
+    return gemma4_of(m)->cfg.window + p->window_slack;
 }
 
 /* Per-layer inputs index a table of ple_vocab rows: a token must fit both tables. */
 static int token_limit(const tqkv_model *m) {
-    const g4_config *g = &m->g4->cfg;
+    const g4_config *g = &gemma4_of(m)->cfg;
     return g->ple_dim && g->ple_vocab < m->cfg.vocab_size ? g->ple_vocab : m->cfg.vocab_size;
 }
+
+#ifdef TQKV_HAVE_CUDA
+static const model_arch_cuda_ops cuda_ops = {
+    .check = g4_cuda_check,
+    .upload = g4_cuda_upload,
+    .prepare = g4_cuda_prepare,
+    .state_free = g4_cuda_state_free,
+    .forward_queue = g4_cuda_forward_queue,
+    .drop_oldest = g4_cuda_drop_oldest,
+    .win_tokens = g4_cuda_win_tokens,
+    .rope_width = g4_cuda_rope_width,
+    .rope_row = g4_cuda_rope_row,
+    .ple_width = g4_cuda_ple_width,
+};
+#endif
 
 const model_arch_ops model_arch_gemma4 = {
     .name = "gemma4",
@@ -47,4 +62,6 @@ const model_arch_ops model_arch_gemma4 = {
     .token_limit = token_limit,
     .state_free = gemma4_state_free,
     .forward = gemma4_forward,
+    .device = 1,
+    .cuda = MODEL_ARCH_CUDA(&cuda_ops),
 };

@@ -72,6 +72,9 @@ typedef struct g4_model {
     float    *ones;             /* [max_hd] weight of the scale-free v norm */
 } g4_model;
 
+/* The Gemma 4 data of a model loaded by gemma4_load (m->arch). */
+static inline g4_model *gemma4_of(const tqkv_model *m) { return (g4_model *)m->arch; }
+
 /* Validate a gemma4_text config and fill the gemma-specific fields of c; g may be NULL. */
 tqkv_status gemma4_config_parse(const cJSON *root, const char *name, tqkv_model_config *c,
                                 g4_config *g);
@@ -84,6 +87,20 @@ tqkv_status gemma4_forward(const tqkv_model *m, tqkv_model_state *s, const int32
                            float *logits);
 void        gemma4_state_free(tqkv_model_state *s);
 
-/* model.c's loader helpers (model_load_matrix, ...) are declared in model_impl.h. */
+/* graph_cuda.cu (CUDA builds): the device hooks of model_arch_gemma4 (arch.h). */
+tqkv_status g4_cuda_check(const tqkv_model *m);
+tqkv_status g4_cuda_upload(const tqkv_model *m, struct model_cuda_weights *w);
+tqkv_status g4_cuda_prepare(struct model_cuda *g);
+void        g4_cuda_state_free(struct model_cuda *g);
+tqkv_status g4_cuda_forward_queue(struct model_cuda *g, int n, int as_decode,
+                                  tqkv_logits_mode mode, float *out, int pick, int *done);
+/* After a forward outside a spec round, and when a round begins: every own sliding layer
+ * keeps its newest window + window_slack tokens (the device tqkv_batch_drop_oldest). */
+tqkv_status g4_cuda_drop_oldest(struct model_cuda *g);
+/* The longest row of the sliding layers' window views in a step that appends n tokens. */
+int         g4_cuda_win_tokens(const struct model_cuda *g, int n);
+int         g4_cuda_rope_width(const tqkv_model *m);
+void        g4_cuda_rope_row(const tqkv_model *m, int pos, float *row);
+int         g4_cuda_ple_width(const tqkv_model *m);
 
 #endif

@@ -66,7 +66,7 @@ static int grow(float **p, size_t n) {
  * sized for this model's largest layer; only this file uses them for a Gemma state). */
 static tqkv_status ensure_scratch(tqkv_model_state *s, size_t T, size_t RN) {
     const tqkv_model *m = s->m;
-    const g4_config *g = &m->g4->cfg;
+    const g4_config *g = &gemma4_of(m)->cfg;
     if (!s->ext) {
         g4_state *S = tqkv_calloc(1, sizeof *S);
         if (!S) return TQKV_ENOMEM;
@@ -90,8 +90,8 @@ static tqkv_status ensure_scratch(tqkv_model_state *s, size_t T, size_t RN) {
                  grow(&s->tmp, t * W) && grow(&s->mm_scratch, t * W) && grow(&S->ple, t * LP) && grow(&S->pe, t * LP) &&
                  grow(&S->pg, t * P);
         for (int k = 0; k < 2 && ok; k++)
-            ok = grow(&S->rc[k], t * (size_t)m->g4->half[k]) &&
-                 grow(&S->rs[k], t * (size_t)m->g4->half[k]);
+            ok = grow(&S->rc[k], t * (size_t)gemma4_of(m)->half[k]) &&
+                 grow(&S->rs[k], t * (size_t)gemma4_of(m)->half[k]);
         int32_t *a = ok ? realloc(s->tok_row, sizeof(int32_t) * t) : NULL;
         if (a) s->tok_row = a;
         int32_t *b = a ? realloc(s->tok_col, sizeof(int32_t) * t) : NULL;
@@ -156,7 +156,7 @@ typedef struct {
  * ple = (rmsnorm_P(W_plp x * H^-1/2) + pe) * 2^-1/2, per layer slice of P. */
 static void g4_embed(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
                      const fwd_shape *f) {
-    const g4_model *G = m->g4;
+    const g4_model *G = gemma4_of(m);
     g4_state *S = s->ext;
     const int H = m->cfg.hidden_size, NL = m->cfg.n_layers, P = G->cfg.ple_dim, n = f->n,
               th = s->p.threads;
@@ -198,7 +198,7 @@ static void g4_embed(const tqkv_model *m, tqkv_model_state *s, const int32_t *to
 /* Layer l's RMSNorm, q (and, on a layer with KV of its own, k and v) projections, q/k
  * norms, RoPE, the scale-free v norm; scatter to qb / kb / vb [rows, heads, n, hd]. */
 static void g4_qkv_project(const tqkv_model *m, tqkv_model_state *s, int l, const fwd_shape *f) {
-    const g4_model *G = m->g4;
+    const g4_model *G = gemma4_of(m);
     const g4_config *g = &G->cfg;
     const g4_state *S = s->ext;
     const model_layer *L = &m->layers[l];
@@ -255,7 +255,7 @@ static void g4_qkv_project(const tqkv_model *m, tqkv_model_state *s, int l, cons
  * nor on when the layer last dropped its oldest tokens. On failure the appends of layers
  * [0, l] are rolled back. */
 static tqkv_status g4_attend(const tqkv_model *m, tqkv_model_state *s, int l, const fwd_shape *f) {
-    const g4_config *g = &m->g4->cfg;
+    const g4_config *g = &gemma4_of(m)->cfg;
     g4_state *S = s->ext;
     const int n = f->n, ty = g->sliding[l] ? 0 : 1, own = g->donor[l] == l;
     tqkv_batch *b = s->layers[g->donor[l]];
@@ -292,9 +292,9 @@ static tqkv_status g4_attend(const tqkv_model *m, tqkv_model_state *s, int l, co
 /* Gather ob, o_proj, post-attention norm, residual, pre-FFN norm, GeGLU MLP, post-FFN norm,
  * residual. */
 static void g4_out_mlp(const tqkv_model *m, tqkv_model_state *s, int l, const fwd_shape *f) {
-    const g4_config *g = &m->g4->cfg;
+    const g4_config *g = &gemma4_of(m)->cfg;
     const model_layer *L = &m->layers[l];
-    const g4_layer *X = &m->g4->layers[l];
+    const g4_layer *X = &gemma4_of(m)->layers[l];
     const int H = m->cfg.hidden_size, NH = m->cfg.n_heads, I = m->cfg.intermediate_size,
               hd = g->head_dim[l], QD = NH * hd, n = f->n, th = s->p.threads, pf = f->pf;
     const size_t T = f->T;
@@ -338,9 +338,9 @@ static void g4_out_mlp(const tqkv_model *m, tqkv_model_state *s, int l, const fw
 /* Layer l's per-layer input block (x += rmsnorm(W_proj(gelu_tanh(W_gate x) * ple[l]))) and
  * its layer scalar. */
 static void g4_ple_block(const tqkv_model *m, tqkv_model_state *s, int l, const fwd_shape *f) {
-    const g4_layer *X = &m->g4->layers[l];
+    const g4_layer *X = &gemma4_of(m)->layers[l];
     g4_state *S = s->ext;
-    const int H = m->cfg.hidden_size, P = m->g4->cfg.ple_dim, th = s->p.threads;
+    const int H = m->cfg.hidden_size, P = gemma4_of(m)->cfg.ple_dim, th = s->p.threads;
     const size_t T = f->T, LP = (size_t)m->cfg.n_layers * (size_t)P;
     const float eps = m->cfg.rms_norm_eps;
     if (P) {
@@ -376,7 +376,7 @@ static void g4_head(const tqkv_model *m, tqkv_model_state *s, const fwd_shape *f
     const int R = s->rows, H = m->cfg.hidden_size, V = m->cfg.vocab_size, n = f->n,
               th = s->p.threads;
     const size_t T = f->T;
-    const float eps = m->cfg.rms_norm_eps, cap = m->g4->cfg.softcap;
+    const float eps = m->cfg.rms_norm_eps, cap = gemma4_of(m)->cfg.softcap;
     if (mode == TQKV_LOGITS_NONE) return;
     if (mode == TQKV_LOGITS_LAST) {
         size_t at = 0;
@@ -415,7 +415,7 @@ static void g4_head(const tqkv_model *m, tqkv_model_state *s, const fwd_shape *f
 tqkv_status gemma4_forward(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
                            const int *lengths, int n, int prefill, tqkv_logits_mode mode,
                            float *logits) {
-    const g4_config *g = &m->g4->cfg;
+    const g4_config *g = &gemma4_of(m)->cfg;
     const int R = s->rows, V = m->cfg.vocab_size, NL = m->cfg.n_layers;
 
     /* validate before touching anything */

@@ -35,6 +35,9 @@ extern "C" {
 #include "cache/cache_cuda.h"
 #include "model/cuda/model_cuda_impl.h"
 #include "model/ops/ops_cuda.cuh"
+extern "C" {
+#include "model/arch/gemma4/gemma4.h"
+}
 
 // ---------------------------------------------------------------------------
 // weights
@@ -55,7 +58,8 @@ struct g4_cuda_weights {
     float *ple_norm;       /* [P] */
 };
 
-extern "C" void g4_cuda_weights_free(g4_cuda_weights *w) {
+static void weights_free(void *p) {
+    g4_cuda_weights *w = (g4_cuda_weights *)p;
     if (!w) return;
     for (int l = 0; w->layers && l < w->n_layers; l++) {
         g4_cuda_layer *X = &w->layers[l];
@@ -73,14 +77,15 @@ extern "C" void g4_cuda_weights_free(g4_cuda_weights *w) {
  * layer, q|k under k_eq_v) and the Gemma extras. w->layers is allocated, zeroed. */
 extern "C" tqkv_status g4_cuda_upload(const tqkv_model *m, model_cuda_weights *w) {
     const tqkv_model_config *c = &m->cfg;
-    const g4_model *G = m->g4;
+    const g4_model *G = gemma4_of(m);
     const g4_config *g = &G->cfg;
     const int H = c->hidden_size, L = c->n_layers, P = g->ple_dim, LP = L * P;
     g4_cuda_weights *x = (g4_cuda_weights *)calloc(1, sizeof *x);
     if (!x) return tqkv_fail(TQKV_ENOMEM, "out of memory");
     x->n_layers = L;
     x->layers = (g4_cuda_layer *)calloc((size_t)L, sizeof *x->layers);
-    w->g4 = x; /* freed with w on failure */
+    w->arch = x; /* freed with w on failure */
+    w->arch_free = weights_free;
     if (!x->layers) return tqkv_fail(TQKV_ENOMEM, "out of memory");
     tqkv_status st = TQKV_OK;
     for (int l = 0; l < L && !st; l++) {
@@ -137,18 +142,20 @@ struct g4_cuda_state {
     cuda_kv_slide *slide; /* the sliding layers' window views and drops (one at a time) */
 };
 
+static inline g4_cuda_state *g4s(const model_cuda *g) { return (g4_cuda_state *)g->arch; }
+
 extern "C" void g4_cuda_state_free(model_cuda *g) {
-    g4_cuda_state *S = g->g4;
+    g4_cuda_state *S = g4s(g);
     if (!S) return;
     if (g->stream) cudaStreamSynchronize(g->stream);
     tqkv_cuda_slide_free(S->slide);
     free(S);
-    g->g4 = NULL;
+    g->arch = NULL;
 }
 
 /* The first sliding layer with a cache (every sliding layer has the same shape), or -1. */
 static int first_sliding(const model_cuda *g) {
-    const g4_config *c = &g->m->g4->cfg;
+    const g4_config *c = &gemma4_of(g->m)->cfg;
     for (int l = 0; l < c->n_layers; l++)
         if (c->sliding[l] && g->kv[l]) return l;
     return -1;
@@ -156,7 +163,7 @@ static int first_sliding(const model_cuda *g) {
 
 /* Buffers for g->rows rows, made before any capture (a new set bumps the generation). */
 extern "C" tqkv_status g4_cuda_prepare(model_cuda *g) {
-    if (!g->g4) {
+    if (!g->arch) {
         g4_cuda_state *S = (g4_cuda_state *)calloc(1, sizeof *S);
         if (!S) return tqkv_fail(TQKV_ENOMEM, "out of memory");
         tqkv_status st = tqkv_cuda_slide_init(&S->slide);
@@ -164,12 +171,12 @@ extern "C" tqkv_status g4_cuda_prepare(model_cuda *g) {
             free(S);
             return st;
         }
-        g->g4 = S;
+        g->arch = S;
     }
     const int ls = first_sliding(g);
     if (ls < 0) return TQKV_OK;
     int moved = 0;
-    tqkv_status st = tqkv_cuda_slide_reserve(g->g4->slide, g->kv[ls], &moved);
+    tqkv_status st = tqkv_cuda_slide_reserve(g4s(g)->slide, g->kv[ls], &moved);
     if (moved) g->gen++;
     return st;
 }
@@ -354,7 +361,7 @@ __global__ void g4_softcap_kernel(float *__restrict__ lg, size_t n, float cap) {
 static tqkv_status view_attend(model_cuda *g, cuda_kv *kv, int back, const float *q, int NH,
                                float *out) {
     cuda_kv *v = NULL;
-    tqkv_status st = tqkv_cuda_kv_window_view(kv, g->g4->slide, g->m->g4->cfg.window, back, &v);
+    tqkv_status st = tqkv_cuda_kv_window_view(kv, g4s(g)->slide, gemma4_of(g->m)->cfg.window, back, &v);
     if (!st) st = tqkv_cuda_kv_attend_ws(v, q, NH, 1.0f, out, g->aws, g->aws_bytes);
     return st;
 }
@@ -379,7 +386,7 @@ static tqkv_status view_attend_as_decode(model_cuda *g, cuda_kv *kv, int n, int 
 }
 
 extern "C" int g4_cuda_win_tokens(const model_cuda *g, int n) {
-    const g4_config *c = &g->m->g4->cfg;
+    const g4_config *c = &gemma4_of(g->m)->cfg;
     int most = 0;
     for (int l = 0; l < c->n_layers; l++) {
         if (!c->sliding[l] || !g->kv[l]) continue;
@@ -393,13 +400,13 @@ extern "C" int g4_cuda_win_tokens(const model_cuda *g, int n) {
 }
 
 extern "C" tqkv_status g4_cuda_drop_oldest(model_cuda *g) {
-    const g4_config *c = &g->m->g4->cfg;
+    const g4_config *c = &gemma4_of(g->m)->cfg;
     if (c->pos_layer < 0) return TQKV_OK; /* never: model_cuda_init refuses it */
     tqkv_status st = g4_cuda_prepare(g);
     const int keep = c->window + g->p.window_slack;
     for (int l = 0; l < c->n_layers && !st; l++)
         if (c->sliding[l] && g->kv[l] && !tqkv_cuda_kv_spec_active(g->kv[l]))
-            st = tqkv_cuda_kv_drop_oldest(g->kv[l], g->g4->slide, keep);
+            st = tqkv_cuda_kv_drop_oldest(g->kv[l], g4s(g)->slide, keep);
     return st;
 }
 
@@ -432,16 +439,16 @@ extern "C" tqkv_status g4_cuda_forward_queue(model_cuda *g, int n, int as_decode
                                              int *done) {
     const tqkv_model *m = g->m;
     const tqkv_model_config *c = &m->cfg;
-    const g4_model *G = m->g4;
+    const g4_model *G = gemma4_of(m);
     const g4_config *gc = &G->cfg;
-    const g4_cuda_weights *X = g->w->g4;
+    const g4_cuda_weights *X = (const g4_cuda_weights *)g->w->arch;
     const int R = g->rows, H = c->hidden_size, NH = c->n_heads, I = c->intermediate_size,
               V = c->vocab_size, NL = c->n_layers, P = gc->ple_dim, RW = mc_rope_width(m);
     const size_t T = (size_t)R * n, LP = (size_t)NL * P;
     const float eps = c->rms_norm_eps;
     const cudaStream_t s = g->stream;
     *done = 0;
-    if (!g->g4) return tqkv_fail(TQKV_ESTATE, "cuda forward: Gemma 4 buffers not prepared");
+    if (!g->arch) return tqkv_fail(TQKV_ESTATE, "cuda forward: Gemma 4 buffers not prepared");
     tqkv_status st =
         mc_ck(cudaMemcpyAsync(g->tinfo, g->h_tinfo, T * 3 * 4, cudaMemcpyHostToDevice, s),
               "upload tokens");
@@ -546,3 +553,51 @@ extern "C" tqkv_status g4_cuda_forward_queue(model_cuda *g, int n, int as_decode
     if (!st && pick && mode == TQKV_LOGITS_LAST) st = mc_pick_queue(g, pick);
     return st;
 }
+
+// ---------------------------------------------------------------------------
+// the device runtime's checks and RoPE rows for a Gemma 4 model (arch.h's cuda hooks)
+// ---------------------------------------------------------------------------
+
+/* Per-layer head dims and KV heads the device kernels take, a bounded position layer, and
+ * per-layer inputs the scratch can hold. */
+extern "C" tqkv_status g4_cuda_check(const tqkv_model *m) {
+    const tqkv_model_config *c = &m->cfg;
+    const g4_config *g4 = &gemma4_of(m)->cfg;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (g4->head_dim[l] != CUDA_DIM && g4->head_dim[l] != CUDA_DIM_WIDE)
+            return tqkv_fail(TQKV_EUNSUPPORTED,
+                             "--device cuda: Gemma 4 layer %d head_dim %d (the "
+                             "device kernels take %d and %d)",
+                             l, g4->head_dim[l], CUDA_DIM, CUDA_DIM_WIDE);
+        if (c->n_heads % g4->n_kv[l] || c->n_heads / g4->n_kv[l] > CUDA_MAX_G)
+            return tqkv_fail(TQKV_EUNSUPPORTED,
+                             "--device cuda: Gemma 4 layer %d: %d query heads "
+                             "per KV head (at most %d)",
+                             l, c->n_heads / g4->n_kv[l], CUDA_MAX_G);
+    }
+    if (g4->pos_layer < 0)
+        return tqkv_fail(TQKV_EUNSUPPORTED,
+                         "--device cuda: a Gemma 4 graph without a full "
+                         "non-shared layer (its sliding layers could not be bounded)");
+    if (g4->ple_dim && (g4->ple_dim % 8 || g4->ple_dim > c->intermediate_size))
+        return tqkv_fail(TQKV_EUNSUPPORTED,
+                         "--device cuda: per-layer input width %d (the device "
+                         "needs a multiple of 8)",
+                         g4->ple_dim);
+    return TQKV_OK;
+}
+
+/* Both layer types' tables per token: sliding | full. */
+extern "C" int g4_cuda_rope_width(const tqkv_model *m) {
+    return 2 * (gemma4_of(m)->half[0] + gemma4_of(m)->half[1]);
+}
+
+extern "C" void g4_cuda_rope_row(const tqkv_model *m, int pos, float *rp) {
+    for (int k = 0; k < 2; k++) {
+        const int hk = gemma4_of(m)->half[k];
+        if (hk) ops_rope_table(pos, gemma4_of(m)->inv_freq[k], hk, rp, rp + hk);
+        rp += 2 * hk;
+    }
+}
+
+extern "C" int g4_cuda_ple_width(const tqkv_model *m) { return gemma4_of(m)->cfg.ple_dim; }

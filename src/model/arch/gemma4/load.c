@@ -61,7 +61,7 @@ static void rope_freqs(const g4_config *g, int type, int hd, float *inv) {
 
 static tqkv_status load_layer(tqkv_model *m, const tqkv_model_load_params *lp, int l) {
     const tqkv_model_config *c = &m->cfg;
-    g4_model *G = m->g4;
+    g4_model *G = gemma4_of(m);
     const g4_config *g = &G->cfg;
     model_layer *L = &m->layers[l];
     g4_layer *X = &G->layers[l];
@@ -124,7 +124,7 @@ tqkv_status gemma4_load(tqkv_model *m, const char *dir, const tqkv_model_load_pa
     g4_model *G = model_own(m, sizeof *G);
     if (!G) return tqkv_fail(TQKV_ENOMEM, "out of memory");
     memset(G, 0, sizeof *G);
-    m->g4 = G;
+    m->arch = G;
     tqkv_status rc = read_config(m, dir, &G->cfg);
     if (rc != TQKV_OK) return rc;
     const g4_config *g = &G->cfg;
@@ -177,6 +177,6 @@ tqkv_status gemma4_load(tqkv_model *m, const char *dir, const tqkv_model_load_pa
 }
 
 int gemma4_position_layer(const tqkv_model *m) {
-    if (!m || !m->g4) return 0;
-    return m->g4->cfg.pos_layer >= 0 ? m->g4->cfg.pos_layer : 0;
+    if (!m || !gemma4_of(m)) return 0;
+    return gemma4_of(m)->cfg.pos_layer >= 0 ? gemma4_of(m)->cfg.pos_layer : 0;
 }

@@ -11,4 +11,5 @@ const model_arch_ops model_arch_llama = {
     .config_parse = llama_config_parse,
     .load = llama_load,
     .forward = llama_forward,
+    .device = 1, /* the common device graph (src/model/cuda/forward_cuda.cu) */
 };

@@ -6,6 +6,13 @@
  */
 #include "model/arch/qwen35/qwen35.h"
 
+#ifdef TQKV_HAVE_CUDA
+static const model_arch_cuda_ops cuda_ops = {
+    .check = q35_cuda_check,
+    .linear = q35_cuda_linear,
+};
+#endif
+
 const model_arch_ops model_arch_qwen35 = {
     .name = "qwen35",
     .kset = MODEL_KSET_DENSE,
@@ -14,4 +21,6 @@ const model_arch_ops model_arch_qwen35 = {
     .state_init = qwen35_state_init,
     .state_free = qwen35_state_free,
     .forward = qwen35_forward,
+    .device = 1,
+    .cuda = MODEL_ARCH_CUDA(&cuda_ops),
 };

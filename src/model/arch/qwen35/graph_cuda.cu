@@ -19,6 +19,9 @@ extern "C" {
 #include "util/common.h"
 }
 #include "model/cuda/model_cuda_impl.h"
+extern "C" {
+#include "model/arch/qwen35/qwen35.h"
+}
 
 __device__ __forceinline__ float q35_silu(float x) { return __fdiv_rn(x, __fadd_rn(1.0f, expf(-x))); }
 __device__ __forceinline__ float q35_sigmoid(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
@@ -168,18 +171,27 @@ __global__ void q35_delta_kernel(const float *__restrict__ cv, int CD, const flo
 // launchers
 // ---------------------------------------------------------------------------
 
-extern "C" int q35_cuda_supported(const tqkv_model_config *c) {
+/* The DeltaNet shapes the device kernels take. */
+extern "C" tqkv_status q35_cuda_check(const tqkv_model *m) {
+    const tqkv_model_config *c = &m->cfg;
     const int DV = c->lin_v_dim;
-    return (c->lin_k_dim == 64 || c->lin_k_dim == 128) && DV % 32 == 0 && DV >= 32 && DV <= 256 &&
-           c->lin_conv_kernel >= 1 && c->lin_conv_kernel - 1 <= Q35_MAX_HIST && c->lin_k_heads > 0 &&
-           c->lin_v_heads % c->lin_k_heads == 0;
+    if (c->n_linear == 0) return TQKV_OK; /* no DeltaNet layer to run */
+    if ((c->lin_k_dim == 64 || c->lin_k_dim == 128) && DV % 32 == 0 && DV >= 32 && DV <= 256 &&
+        c->lin_conv_kernel >= 1 && c->lin_conv_kernel - 1 <= Q35_MAX_HIST && c->lin_k_heads > 0 &&
+        c->lin_v_heads % c->lin_k_heads == 0)
+        return TQKV_OK;
+    return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: DeltaNet key dim %d / value dim %d / "
+                     "conv width %d (the device kernels take key dim 64 or 128, value dim a "
+                     "multiple of 32 up to 256, conv width up to %d)", c->lin_k_dim,
+                     c->lin_v_dim, c->lin_conv_kernel, 8);
 }
 
 /* Queue linear layer j's conv and delta rule for R rows of n tokens on `s`: proj [R n, PW]
  * -> cv [R n, CD] -> att [R n, VD]. */
-extern "C" tqkv_status q35_cuda_linear(const tqkv_model_config *c, const mc_layer *L, mc_rec *rec,
-                                       int j, int R, int n, const float *proj, float *cv,
-                                       const int32_t *slot, float *att, cudaStream_t s) {
+extern "C" tqkv_status q35_cuda_linear(const tqkv_model_config *c, const struct mc_layer *L,
+                                       struct mc_rec *rec, int j, int R, int n, const float *proj,
+                                       float *cv, const int32_t *slot, float *att,
+                                       struct CUstream_st *s) {
     const int KH = c->lin_k_heads, NV = c->lin_v_heads, DK = c->lin_k_dim, DV = c->lin_v_dim;
     const int CD = 2 * KH * DK + NV * DV, PW = CD + NV * DV + 2 * NV;
     const size_t lay = (size_t)j * (rec->conv_floats + rec->ssm_floats);

@@ -18,5 +18,11 @@ void        qwen35_state_free(tqkv_model_state *s);
 tqkv_status qwen35_forward(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
                            const int *lengths, int n, int prefill, tqkv_logits_mode mode,
                            float *logits);
+/* graph_cuda.cu (CUDA builds): the device hooks of model_arch_qwen35 (arch.h): the DeltaNet
+ * shapes the kernels take, and a linear layer's conv + gated delta rule queued on s. */
+tqkv_status q35_cuda_check(const tqkv_model *m);
+tqkv_status q35_cuda_linear(const tqkv_model_config *c, const struct mc_layer *L,
+                            struct mc_rec *rec, int j, int R, int n, const float *proj, float *cv,
+                            const int32_t *slot, float *att, struct CUstream_st *s);
 
 #endif
