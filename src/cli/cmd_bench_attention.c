@@ -92,49 +92,28 @@ static double ba_bytes_per_token(tqkv_format f, int kvh, int dim, int window, in
 
 int cmd_bench_attention_cuda(int argc, char **argv); /* cmd_bench_attention_cuda.c */
 
-int cmd_bench_attention(int argc, char **argv) {
-    /* --device cuda: the GPU benchmark (its own options); --device cpu: this one */
-    for (int i = 0; i + 1 < argc; i++)
-        if (!strcmp(argv[i], "--device")) {
-            if (!strcmp(argv[i + 1], "cuda")) return cmd_bench_attention_cuda(argc, argv);
-            if (strcmp(argv[i + 1], "cpu")) {
-                fprintf(stderr, "tqkv bench attention: --device must be cpu or cuda\n");
-                return 2;
-            }
-            for (int j = i; j + 2 < argc; j++) argv[j] = argv[j + 2];
-            argc -= 2;
-            break;
-        }
-    int ctx = 4096, batch = 1, q_heads = 32, kv_heads = 8, dim = 128, threads = 2;
-    int window = 0, reps = 15, json = 0;
-    const char *formats = "f32,f16,q8,q4,tq4,tq3,tq2", *kernels = "dense,deferred,fused";
-    const arg_spec specs[] = {
-        {"--ctx", ARG_INT, &ctx, "tokens per row (default 4096)"},
-        {"--batch", ARG_INT, &batch, "rows (default 1)"},
-        {"--q-heads", ARG_INT, &q_heads, "query heads (default 32)"},
-        {"--kv-heads", ARG_INT, &kv_heads, "kv heads (default 8)"},
-        {"--dim", ARG_INT, &dim, "head dim (default 128)"},
-        {"--threads", ARG_INT, &threads, "attention threads (default 2)"},
-        {"--formats", ARG_STR, &formats, "comma list (default f32,f16,q8,q4,tq4,tq3,tq2)"},
-        {"--kernels", ARG_STR, &kernels, "comma list (default dense,deferred,fused)"},
-        {"--window", ARG_INT, &window, "q8 recent window of tq caches (default 0)"},
-        {"--reps", ARG_INT, &reps, "timed repetitions per configuration (default 15)"},
-        {"--json", ARG_FLAG, &json, "JSON output"},
-    };
-    const int nspecs = (int)(sizeof specs / sizeof specs[0]);
-    if (args_parse("bench attention", argc, argv, specs, nspecs) != 0) return 2;
-    if (ctx < 1 || batch < 1 || kv_heads < 1 || q_heads < 1 || q_heads % kv_heads ||
-        threads < 1 || reps < 1 || window < 0 || tqkv_check_dim(dim) != TQKV_OK) {
-        fprintf(stderr, "tqkv bench attention: need ctx, batch, threads, reps >= 1, window >= 0, "
-                        "q-heads a multiple of kv-heads, dim a power of two in [32, 512]\n");
-        return 2;
-    }
+/* The benchmark's options. */
+typedef struct {
+    int ctx, batch, q_heads, kv_heads, dim, threads, window, reps, json;
+    const char *formats, *kernels;
+} ba_opts;
 
-    // ---- parse lists ------------------------------------------------------------
+/* Everything one run holds: its configurations (plus the hidden dense f32 baseline) and
+ * one cache per distinct format. */
+typedef struct {
+    ba_config   cfgs[(TQKV_FORMAT_COUNT + 1) * (TQKV_KERNEL_COUNT + 1) + 1];
+    int         ncfg, base;
+    tqkv_format cache_fmt[TQKV_FORMAT_COUNT + 2];
+    tqkv_batch *caches[TQKV_FORMAT_COUNT + 2];
+    int         ncache;
+} ba_run;
+
+/* --formats x --kernels (duplicates dropped) and the dense f32 baseline; 0 or 2. */
+static int ba_plan(const ba_opts *o, ba_run *R) {
     char fbuf[256], kbuf[256];
     char *ftok[TQKV_FORMAT_COUNT + 1], *ktok[TQKV_KERNEL_COUNT + 1];
-    const int nf = ba_split(formats, fbuf, sizeof fbuf, ftok, TQKV_FORMAT_COUNT + 1);
-    const int nk = ba_split(kernels, kbuf, sizeof kbuf, ktok, TQKV_KERNEL_COUNT + 1);
+    const int nf = ba_split(o->formats, fbuf, sizeof fbuf, ftok, TQKV_FORMAT_COUNT + 1);
+    const int nk = ba_split(o->kernels, kbuf, sizeof kbuf, ktok, TQKV_KERNEL_COUNT + 1);
     tqkv_format fmts[TQKV_FORMAT_COUNT + 1];
     tqkv_kernel kerns[TQKV_KERNEL_COUNT + 1];
     if (nf < 1 || nk < 1) {
@@ -151,171 +130,226 @@ int cmd_bench_attention(int argc, char **argv) {
             fprintf(stderr, "tqkv bench attention: %s\n", tqkv_last_error());
             return 2;
         }
-
-    // ---- configurations (plus the dense f32 baseline) ------------------------------
-    ba_config cfgs[(TQKV_FORMAT_COUNT + 1) * (TQKV_KERNEL_COUNT + 1) + 1];
-    int ncfg = 0, base = -1;
-    tqkv_format cache_fmt[TQKV_FORMAT_COUNT + 2];
-    int ncache = 0;
+    R->ncfg = R->ncache = 0;
+    R->base = -1;
     for (int i = 0; i < nf; i++) {
         int dup = 0;
         for (int j = 0; j < i; j++) dup |= fmts[j] == fmts[i];
         if (dup) continue;
-        cache_fmt[ncache] = fmts[i];
+        R->cache_fmt[R->ncache] = fmts[i];
         for (int k = 0; k < nk; k++) {
             int kd = 0;
             for (int j = 0; j < k; j++) kd |= kerns[j] == kerns[k];
             if (kd) continue;
-            ba_config *c = &cfgs[ncfg];
+            ba_config *c = &R->cfgs[R->ncfg];
             memset(c, 0, sizeof *c);
             c->fmt = fmts[i];
             c->kern = kerns[k];
             c->shown = 1;
-            c->cache = ncache;
-            if (c->fmt == TQKV_F32 && c->kern == TQKV_KERNEL_DENSE) base = ncfg;
-            ncfg++;
+            c->cache = R->ncache;
+            if (c->fmt == TQKV_F32 && c->kern == TQKV_KERNEL_DENSE) R->base = R->ncfg;
+            R->ncfg++;
         }
-        ncache++;
+        R->ncache++;
     }
-    if (base < 0) {
+    if (R->base < 0) {
         int fc = -1;
-        for (int i = 0; i < ncache; i++)
-            if (cache_fmt[i] == TQKV_F32) fc = i;
+        for (int i = 0; i < R->ncache; i++)
+            if (R->cache_fmt[i] == TQKV_F32) fc = i;
         if (fc < 0) {
-            fc = ncache;
-            cache_fmt[ncache++] = TQKV_F32;
+            fc = R->ncache;
+            R->cache_fmt[R->ncache++] = TQKV_F32;
         }
-        ba_config *c = &cfgs[ncfg];
+        ba_config *c = &R->cfgs[R->ncfg];
         memset(c, 0, sizeof *c);
         c->fmt = TQKV_F32;
         c->kern = TQKV_KERNEL_DENSE;
         c->shown = 0;
         c->cache = fc;
-        base = ncfg++;
+        R->base = R->ncfg++;
     }
+    return 0;
+}
 
-    // ---- fill the caches ---------------------------------------------------------
-    ba_rng rng = {0x7a11c0ffee1234ull};
-    tqkv_batch *caches[TQKV_FORMAT_COUNT + 2] = {0};
-    const int chunk = ctx < 512 ? ctx : 512;
-    const size_t chunk_floats = (size_t)batch * kv_heads * chunk * dim;
+/* One cache per format, filled with ctx tokens of N(0, 1) K and V per row; 0 or 1. */
+static int ba_fill(const ba_opts *o, ba_run *R, ba_rng *rng) {
+    const int chunk = o->ctx < 512 ? o->ctx : 512;
+    const size_t chunk_floats = (size_t)o->batch * o->kv_heads * chunk * o->dim;
     float *kbufv = malloc(sizeof(float) * chunk_floats), *vbufv = malloc(sizeof(float) * chunk_floats);
-    const size_t qn = (size_t)batch * q_heads * dim;
-    float *q = malloc(sizeof(float) * qn), *out = malloc(sizeof(float) * qn);
-    int rc = 1;
-    for (int i = 0; i < ncfg; i++) {
-        cfgs[i].ms = malloc(sizeof(double) * (size_t)reps);
-        if (!cfgs[i].ms) goto done;
-    }
-    if (!kbufv || !vbufv || !q || !out) {
-        fprintf(stderr, "tqkv bench attention: out of memory\n");
-        goto done;
-    }
-    ba_fill_normal(&rng, q, qn);
-    for (int ci = 0; ci < ncache; ci++) {
+    int rc = kbufv && vbufv ? 0 : 1;
+    if (rc) fprintf(stderr, "tqkv bench attention: out of memory\n");
+    for (int ci = 0; ci < R->ncache && !rc; ci++) {
         tqkv_cache_config cc = tqkv_cache_config_default();
-        cc.kv_heads = kv_heads;
-        cc.head_dim = dim;
-        cc.k_format = cc.v_format = cache_fmt[ci];
+        cc.kv_heads = o->kv_heads;
+        cc.head_dim = o->dim;
+        cc.k_format = cc.v_format = R->cache_fmt[ci];
         cc.seed = 12345;
-        cc.window = tqkv_format_is_tq(cache_fmt[ci]) ? window : 0;
+        cc.window = tqkv_format_is_tq(R->cache_fmt[ci]) ? o->window : 0;
         cc.window_slack = cc.window ? 32 : 0;
-        if (tqkv_batch_init(&caches[ci], &cc, batch) != TQKV_OK) {
+        if (tqkv_batch_init(&R->caches[ci], &cc, o->batch) != TQKV_OK) {
             fprintf(stderr, "tqkv bench attention: %s\n", tqkv_last_error());
-            goto done;
+            rc = 1;
+            break;
         }
         const double t0 = ba_now();
         fprintf(stderr, "[bench attention] filling %s cache: %d rows x %d tokens x %d kv heads\n",
-                tqkv_format_name(cache_fmt[ci]), batch, ctx, kv_heads);
-        for (int t = 0; t < ctx; t += chunk) {
-            const int n = ctx - t < chunk ? ctx - t : chunk;
-            const size_t cnt = (size_t)batch * kv_heads * n * dim;
-            ba_fill_normal(&rng, kbufv, cnt);
-            ba_fill_normal(&rng, vbufv, cnt);
-            if (tqkv_batch_append(caches[ci], kbufv, vbufv, n) != TQKV_OK) {
+                tqkv_format_name(R->cache_fmt[ci]), o->batch, o->ctx, o->kv_heads);
+        for (int t = 0; t < o->ctx && !rc; t += chunk) {
+            const int n = o->ctx - t < chunk ? o->ctx - t : chunk;
+            const size_t cnt = (size_t)o->batch * o->kv_heads * n * o->dim;
+            ba_fill_normal(rng, kbufv, cnt);
+            ba_fill_normal(rng, vbufv, cnt);
+            if (tqkv_batch_append(R->caches[ci], kbufv, vbufv, n) != TQKV_OK) {
                 fprintf(stderr, "tqkv bench attention: %s\n", tqkv_last_error());
-                goto done;
+                rc = 1;
             }
         }
-        fprintf(stderr, "[bench attention]   %s filled in %.1f s (%.1f MiB)\n",
-                tqkv_format_name(cache_fmt[ci]), ba_now() - t0,
-                (double)tqkv_batch_bytes_used(caches[ci]) / (1024.0 * 1024.0));
+        if (!rc)
+            fprintf(stderr, "[bench attention]   %s filled in %.1f s (%.1f MiB)\n",
+                    tqkv_format_name(R->cache_fmt[ci]), ba_now() - t0,
+                    (double)tqkv_batch_bytes_used(R->caches[ci]) / (1024.0 * 1024.0));
     }
+    free(kbufv);
+    free(vbufv);
+    return rc;
+}
 
-    // ---- measure: warm-up, then round-robin repetitions ----------------------------
-    tqkv_attn_params p = {.q_heads = q_heads, .scale = 1.0f / sqrtf((float)dim),
-                          .kernel = TQKV_KERNEL_DENSE, .threads = threads};
+/* Warm-up, then round-robin repetitions; each configuration's median. 0 or 1. */
+static int ba_measure(const ba_opts *o, ba_run *R, const float *q, float *out) {
+    tqkv_attn_params p = {.q_heads = o->q_heads, .scale = 1.0f / sqrtf((float)o->dim),
+                          .kernel = TQKV_KERNEL_DENSE, .threads = o->threads};
     fprintf(stderr, "[bench attention] measuring %d configurations x %d reps (threads %d)\n",
-            ncfg, reps, threads);
-    for (int rep = -1; rep < reps; rep++) {
-        for (int i = 0; i < ncfg; i++) {
-            p.kernel = cfgs[i].kern;
+            R->ncfg, o->reps, o->threads);
+    for (int rep = -1; rep < o->reps; rep++) {
+        for (int i = 0; i < R->ncfg; i++) {
+            p.kernel = R->cfgs[i].kern;
             const double t0 = ba_now();
-            if (tqkv_batch_attend(caches[cfgs[i].cache], NULL, q, 1, &p, out) != TQKV_OK) {
+            if (tqkv_batch_attend(R->caches[R->cfgs[i].cache], NULL, q, 1, &p, out) != TQKV_OK) {
                 fprintf(stderr, "tqkv bench attention: %s\n", tqkv_last_error());
-                goto done;
+                return 1;
             }
             const double dt = ba_now() - t0;
-            if (rep >= 0) cfgs[i].ms[rep] = dt * 1e3;
+            if (rep >= 0) R->cfgs[i].ms[rep] = dt * 1e3;
         }
     }
-    for (int i = 0; i < ncfg; i++) {
-        qsort(cfgs[i].ms, (size_t)reps, sizeof(double), ba_cmp);
-        cfgs[i].median = reps & 1 ? cfgs[i].ms[reps / 2]
-                                  : 0.5 * (cfgs[i].ms[reps / 2 - 1] + cfgs[i].ms[reps / 2]);
+    const int reps = o->reps;
+    for (int i = 0; i < R->ncfg; i++) {
+        qsort(R->cfgs[i].ms, (size_t)reps, sizeof(double), ba_cmp);
+        R->cfgs[i].median = reps & 1 ? R->cfgs[i].ms[reps / 2]
+                                     : 0.5 * (R->cfgs[i].ms[reps / 2 - 1] + R->cfgs[i].ms[reps / 2]);
     }
+    return 0;
+}
 
-    // ---- report --------------------------------------------------------------------
-    const double base_ms = cfgs[base].median;
-    if (json) {
+static void ba_report(const ba_opts *o, const ba_run *R) {
+    const double base_ms = R->cfgs[R->base].median;
+    const int ctx = o->ctx, batch = o->batch, kv_heads = o->kv_heads, dim = o->dim;
+    if (o->json) {
         cJSON *arr = cJSON_CreateArray();
-        for (int i = 0; i < ncfg; i++) {
-            if (!cfgs[i].shown) continue;
-            const ba_config *c = &cfgs[i];
-            const double bpt = ba_bytes_per_token(c->fmt, kv_heads, dim, window, ctx);
-            cJSON *o = cJSON_CreateObject();
-            cJSON_AddStringToObject(o, "format", tqkv_format_name(c->fmt));
-            cJSON_AddStringToObject(o, "kernel", tqkv_kernel_name(c->kern));
-            cJSON_AddNumberToObject(o, "ms", c->median);
-            cJSON_AddNumberToObject(o, "ratio_vs_f32", base_ms / c->median);
-            cJSON_AddNumberToObject(o, "bytes_per_token", bpt);
-            cJSON_AddNumberToObject(o, "gb_per_s", bpt * ctx * batch / (c->median * 1e-3) / 1e9);
-            cJSON_AddNumberToObject(o, "ctx", ctx);
-            cJSON_AddNumberToObject(o, "batch", batch);
-            cJSON_AddNumberToObject(o, "q_heads", q_heads);
-            cJSON_AddNumberToObject(o, "kv_heads", kv_heads);
-            cJSON_AddNumberToObject(o, "dim", dim);
-            cJSON_AddNumberToObject(o, "threads", threads);
-            cJSON_AddNumberToObject(o, "window", window);
-            cJSON_AddNumberToObject(o, "reps", reps);
-            cJSON_AddItemToArray(arr, o);
+        for (int i = 0; i < R->ncfg; i++) {
+            if (!R->cfgs[i].shown) continue;
+            const ba_config *c = &R->cfgs[i];
+            const double bpt = ba_bytes_per_token(c->fmt, kv_heads, dim, o->window, ctx);
+            cJSON *j = cJSON_CreateObject();
+            cJSON_AddStringToObject(j, "format", tqkv_format_name(c->fmt));
+            cJSON_AddStringToObject(j, "kernel", tqkv_kernel_name(c->kern));
+            cJSON_AddNumberToObject(j, "ms", c->median);
+            cJSON_AddNumberToObject(j, "ratio_vs_f32", base_ms / c->median);
+            cJSON_AddNumberToObject(j, "bytes_per_token", bpt);
+            cJSON_AddNumberToObject(j, "gb_per_s", bpt * ctx * batch / (c->median * 1e-3) / 1e9);
+            cJSON_AddNumberToObject(j, "ctx", ctx);
+            cJSON_AddNumberToObject(j, "batch", batch);
+            cJSON_AddNumberToObject(j, "q_heads", o->q_heads);
+            cJSON_AddNumberToObject(j, "kv_heads", kv_heads);
+            cJSON_AddNumberToObject(j, "dim", dim);
+            cJSON_AddNumberToObject(j, "threads", o->threads);
+            cJSON_AddNumberToObject(j, "window", o->window);
+            cJSON_AddNumberToObject(j, "reps", o->reps);
+            cJSON_AddItemToArray(arr, j);
         }
         char *s = cJSON_Print(arr);
         if (s) printf("%s\n", s);
         free(s);
         cJSON_Delete(arr);
-    } else {
-        printf("decode attention: ctx %d, batch %d, %d q / %d kv heads, dim %d, threads %d, "
-               "window %d, median of %d reps\n", ctx, batch, q_heads, kv_heads, dim, threads,
-               window, reps);
-        printf("%-6s %-9s %10s %12s %15s %9s\n", "format", "kernel", "ms", "ratio_vs_f32",
-               "bytes_per_token", "gb_per_s");
-        for (int i = 0; i < ncfg; i++) {
-            if (!cfgs[i].shown) continue;
-            const ba_config *c = &cfgs[i];
-            const double bpt = ba_bytes_per_token(c->fmt, kv_heads, dim, window, ctx);
-            printf("%-6s %-9s %10.3f %12.2f %15.1f %9.2f\n", tqkv_format_name(c->fmt),
-                   tqkv_kernel_name(c->kern), c->median, base_ms / c->median, bpt,
-                   bpt * ctx * batch / (c->median * 1e-3) / 1e9);
-        }
+        return;
     }
-    rc = 0;
+    printf("decode attention: ctx %d, batch %d, %d q / %d kv heads, dim %d, threads %d, "
+           "window %d, median of %d reps\n", ctx, batch, o->q_heads, kv_heads, dim, o->threads,
+           o->window, o->reps);
+    printf("%-6s %-9s %10s %12s %15s %9s\n", "format", "kernel", "ms", "ratio_vs_f32",
+           "bytes_per_token", "gb_per_s");
+    for (int i = 0; i < R->ncfg; i++) {
+        if (!R->cfgs[i].shown) continue;
+        const ba_config *c = &R->cfgs[i];
+        const double bpt = ba_bytes_per_token(c->fmt, kv_heads, dim, o->window, ctx);
+        printf("%-6s %-9s %10.3f %12.2f %15.1f %9.2f\n", tqkv_format_name(c->fmt),
+               tqkv_kernel_name(c->kern), c->median, base_ms / c->median, bpt,
+               bpt * ctx * batch / (c->median * 1e-3) / 1e9);
+    }
+}
 
-done:
-    for (int i = 0; i < ncache; i++) tqkv_batch_free(caches[i]);
-    for (int i = 0; i < ncfg; i++) free(cfgs[i].ms);
-    free(kbufv);
-    free(vbufv);
+int cmd_bench_attention(int argc, char **argv) {
+    /* --device cuda: the GPU benchmark (its own options); --device cpu: this one */
+    for (int i = 0; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--device")) {
+            if (!strcmp(argv[i + 1], "cuda")) return cmd_bench_attention_cuda(argc, argv);
+            if (strcmp(argv[i + 1], "cpu")) {
+                fprintf(stderr, "tqkv bench attention: --device must be cpu or cuda\n");
+                return 2;
+            }
+            for (int j = i; j + 2 < argc; j++) argv[j] = argv[j + 2];
+            argc -= 2;
+            break;
+        }
+    ba_opts o = {.ctx = 4096, .batch = 1, .q_heads = 32, .kv_heads = 8, .dim = 128,
+                 .threads = 2, .window = 0, .reps = 15, .json = 0,
+                 .formats = "f32,f16,q8,q4,tq4,tq3,tq2", .kernels = "dense,deferred,fused"};
+    const arg_spec specs[] = {
+        {"--ctx", ARG_INT, &o.ctx, "tokens per row (default 4096)"},
+        {"--batch", ARG_INT, &o.batch, "rows (default 1)"},
+        {"--q-heads", ARG_INT, &o.q_heads, "query heads (default 32)"},
+        {"--kv-heads", ARG_INT, &o.kv_heads, "kv heads (default 8)"},
+        {"--dim", ARG_INT, &o.dim, "head dim (default 128)"},
+        {"--threads", ARG_INT, &o.threads, "attention threads (default 2)"},
+        {"--formats", ARG_STR, &o.formats, "comma list (default f32,f16,q8,q4,tq4,tq3,tq2)"},
+        {"--kernels", ARG_STR, &o.kernels, "comma list (default dense,deferred,fused)"},
+        {"--window", ARG_INT, &o.window, "q8 recent window of tq caches (default 0)"},
+        {"--reps", ARG_INT, &o.reps, "timed repetitions per configuration (default 15)"},
+        {"--json", ARG_FLAG, &o.json, "JSON output"},
+    };
+    const int nspecs = (int)(sizeof specs / sizeof specs[0]);
+    if (args_parse("bench attention", argc, argv, specs, nspecs) != 0) return 2;
+    if (o.ctx < 1 || o.batch < 1 || o.kv_heads < 1 || o.q_heads < 1 || o.q_heads % o.kv_heads ||
+        o.threads < 1 || o.reps < 1 || o.window < 0 || tqkv_check_dim(o.dim) != TQKV_OK) {
+        fprintf(stderr, "tqkv bench attention: need ctx, batch, threads, reps >= 1, window >= 0, "
+                        "q-heads a multiple of kv-heads, dim a power of two in [32, 512]\n");
+        return 2;
+    }
+    ba_run *R = calloc(1, sizeof *R);
+    if (!R) return 1;
+    int rc = ba_plan(&o, R);
+    if (rc) {
+        free(R);
+        return rc;
+    }
+    ba_rng rng = {0x7a11c0ffee1234ull};
+    const size_t qn = (size_t)o.batch * o.q_heads * o.dim;
+    float *q = malloc(sizeof(float) * qn), *out = malloc(sizeof(float) * qn);
+    rc = q && out ? 0 : 1;
+    for (int i = 0; i < R->ncfg && !rc; i++) {
+        R->cfgs[i].ms = malloc(sizeof(double) * (size_t)o.reps);
+        if (!R->cfgs[i].ms) rc = 1;
+    }
+    if (rc) fprintf(stderr, "tqkv bench attention: out of memory\n");
+    if (!rc) {
+        ba_fill_normal(&rng, q, qn);
+        rc = ba_fill(&o, R, &rng);
+    }
+    if (!rc) rc = ba_measure(&o, R, q, out);
+    if (!rc) ba_report(&o, R);
+    for (int i = 0; i < R->ncache; i++) tqkv_batch_free(R->caches[i]);
+    for (int i = 0; i < R->ncfg; i++) free(R->cfgs[i].ms);
+    free(R);
     free(q);
     free(out);
     return rc;
