@@ -90,6 +90,186 @@ typedef struct {
     int window;
 } bc_format;
 
+/* --formats: bf16, tq4, tq3, tq4w (tq4 with a q8 window); the count, or -1 (printed). */
+static int bc_formats(const char *formats_s, int window, bc_format *fmts) {
+    int nf = 0;
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", formats_s);
+    for (char *s = strtok(buf, ","); s && nf < 4; s = strtok(NULL, ",")) {
+        bc_format f = {NULL, 0, TQKV_TQ4, 0};
+        if (!strcmp(s, "bf16")) f = (bc_format){"bf16", 1, TQKV_TQ4, 0};
+        else if (!strcmp(s, "tq4")) f = (bc_format){"tq4", 0, TQKV_TQ4, 0};
+        else if (!strcmp(s, "tq3")) f = (bc_format){"tq3", 0, TQKV_TQ3, 0};
+        else if (!strcmp(s, "tq4w")) f = (bc_format){"tq4+q8win", 0, TQKV_TQ4, window};
+        else {
+            fprintf(stderr, "tqkv bench attention: unknown format '%s'\n", s);
+            return -1;
+        }
+        fmts[nf++] = f;
+    }
+    return nf;
+}
+
+/* One run's fixed parts. */
+typedef struct {
+    int qh, kvh, dim, reps, json, wide_tc;
+    double copy_gbps;
+    const char *gpu;
+    void *flush;
+    size_t flush_bytes;
+    double *t; /* [reps] */
+} bc_run;
+
+/* K + V bytes a decode over B rows of N tokens reads (docs/FORMATS.md): bf16 2 d, tq4
+ * d / 2 + 2, tq3 3 d / 8 + 2 per token and kv head, a q8 window token d + d / 16. */
+static double bc_bytes(const bc_format *f, int B, int N, int kvh, int dim) {
+    const int w = f->window < N ? f->window : N;
+    const double per_tok = f->bf16 ? 2.0 * 2 * dim : f->fmt == TQKV_TQ4 ? 2.0 * (dim / 2 + 2)
+                                                                       : 2.0 * (3 * dim / 8 + 2);
+    if (!f->window) return (double)B * kvh * (double)N * per_tok;
+    return (double)B * kvh * ((double)(N - w) * per_tok + (double)w * 2.0 * (dim + dim / 16));
+}
+
+/* The median decode time of a filled cache, the L2 flushed before each call. */
+static tqkv_status bc_time(const bc_run *R, cuda_kv *kv, const float *q, float *out, double *ms) {
+    const float scale = 1.0f / sqrtf((float)R->dim);
+    tqkv_status st = TQKV_OK;
+    for (int rep = -3; !st && rep < R->reps; rep++) {
+        void *tm = NULL;
+        st = tqkv_cuda_fill_normal(R->flush, R->flush_bytes / 4, (uint64_t)rep, 1.0f);
+        if (!st) st = tqkv_cuda_timer_start(&tm);
+        if (!st) st = tqkv_cuda_kv_attend(kv, q, R->qh, scale, out);
+        double t = 0;
+        if (!st) st = tqkv_cuda_timer_stop(tm, &t);
+        if (rep >= 0) R->t[rep] = t;
+    }
+    if (st) return st;
+    qsort(R->t, (size_t)R->reps, sizeof(double), bc_cmp);
+    *ms = R->t[R->reps / 2];
+    return TQKV_OK;
+}
+
+/* One point: a cache of format f with B rows of N tokens, timed; its JSON object added to
+ * arr (and a table line). 0, or 1 when the timing failed (a fill that fails skips it). */
+static int bc_point(const bc_run *R, const bc_format *f, int B, int N, double anchor_ms,
+                    cJSON *arr) {
+    const int kvh = R->kvh, dim = R->dim;
+    tqkv_cache_config cfg = tqkv_cache_config_default();
+    cfg.kv_heads = kvh;
+    cfg.head_dim = dim;
+    cfg.k_format = cfg.v_format = f->fmt;
+    cfg.seed = 12345;
+    cfg.window = f->window;
+    cfg.window_slack = f->window ? 32 : 0;
+    cuda_kv *kv = NULL;
+    float *kbuf = NULL, *vbuf = NULL, *q = NULL, *out = NULL;
+    const int chunk = N < 1024 ? N : 1024;
+    const size_t cn = (size_t)B * kvh * chunk * dim, qn = (size_t)B * R->qh * dim;
+    tqkv_status st = tqkv_cuda_kv_init(&kv, &cfg, f->bf16, B, N);
+    if (!st) st = tqkv_cuda_malloc((void **)&kbuf, cn * 4);
+    if (!st) st = tqkv_cuda_malloc((void **)&vbuf, cn * 4);
+    if (!st) st = tqkv_cuda_malloc((void **)&q, qn * 4);
+    if (!st) st = tqkv_cuda_malloc((void **)&out, qn * 4);
+    if (!st) st = tqkv_cuda_fill_normal(q, qn, 99, 1.0f);
+    for (int tt = 0, k = 0; !st && tt < N; tt += chunk, k++) {
+        const int n = N - tt < chunk ? N - tt : chunk;
+        st = tqkv_cuda_fill_normal(kbuf, (size_t)B * kvh * n * dim, 1000 + 2 * k, 1.0f);
+        if (!st) st = tqkv_cuda_fill_normal(vbuf, (size_t)B * kvh * n * dim, 1001 + 2 * k, 1.0f);
+        if (!st) st = tqkv_cuda_kv_append(kv, kbuf, vbuf, n);
+    }
+    int rc = 0;
+    double ms = 0;
+    if (st) {
+        fprintf(stderr, "[bench cuda] %s batch %d ctx %d skipped: %s\n", f->name, B, N,
+                tqkv_last_error());
+    } else if (bc_time(R, kv, q, out, &ms) != TQKV_OK) {
+        fprintf(stderr, "tqkv bench attention: %s\n", tqkv_last_error());
+        rc = 1;
+    } else {
+        const double bytes = bc_bytes(f, B, N, kvh, dim), gbps = bytes / (ms * 1e-3) / 1e9;
+        const double speedup = anchor_ms / ms;
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "format", f->name);
+        cJSON_AddNumberToObject(o, "batch", B);
+        cJSON_AddNumberToObject(o, "ctx", N);
+        cJSON_AddNumberToObject(o, "ms", ms);
+        if (isnan(anchor_ms)) {
+            cJSON_AddNullToObject(o, "anchor_ms");
+            cJSON_AddNullToObject(o, "speedup");
+        } else {
+            cJSON_AddNumberToObject(o, "anchor_ms", anchor_ms);
+            cJSON_AddNumberToObject(o, "speedup", speedup);
+        }
+        cJSON_AddNumberToObject(o, "gbps", gbps);
+        cJSON_AddNumberToObject(o, "copy_gbps", R->copy_gbps);
+        cJSON_AddNumberToObject(o, "bytes", bytes);
+        cJSON_AddNumberToObject(o, "window", f->window);
+        cJSON_AddNumberToObject(o, "q_heads", R->qh);
+        cJSON_AddNumberToObject(o, "kv_heads", kvh);
+        cJSON_AddNumberToObject(o, "head_dim", dim);
+        cJSON_AddStringToObject(o, "kernel", f->bf16 ? (dim == 256 ? "f32" : "tc")
+                                             : R->wide_tc ? "tc" : "f32");
+        cJSON_AddNumberToObject(o, "reps", R->reps);
+        cJSON_AddStringToObject(o, "gpu", R->gpu);
+        cJSON_AddItemToArray(arr, o);
+        if (!R->json)
+            printf("%-10s %5d %7d %9.4f %9.4f %8.2f %8.0f %9.0f\n", f->name, B, N, ms, anchor_ms,
+                   speedup, gbps, R->copy_gbps);
+        fflush(stdout);
+    }
+    tqkv_cuda_free(kbuf);
+    tqkv_cuda_free(vbuf);
+    tqkv_cuda_free(q);
+    tqkv_cuda_free(out);
+    tqkv_cuda_kv_free(kv);
+    return rc;
+}
+
+/* The device's name and copy bandwidth (printed), the head_dim 256 kernel; 0 or 1. */
+static int bc_device(bc_run *R, char *gpu, size_t cap) {
+    int sms = 0, memclk = 0, bus = 0, smclk = 0;
+    tqkv_cuda_device_info(gpu, cap, &sms, &memclk, &bus, &smclk);
+    double copy_ms = 0;
+    const size_t copy_bytes = (size_t)2 << 30;
+    if (tqkv_cuda_copy_ms(copy_bytes, 20, &copy_ms) != TQKV_OK) {
+        fprintf(stderr, "tqkv bench attention: %s\n", tqkv_last_error());
+        return 1;
+    }
+    R->copy_gbps = 2.0 * (double)copy_bytes / (copy_ms * 1e-3) / 1e9;
+    fprintf(stderr, "[bench cuda] %s, %d SMs, sm clock %d MHz, mem clock %d MHz, bus %d bit; "
+            "d2d copy %.0f GB/s (read + write)\n", gpu, sms, smclk / 1000, memclk / 1000, bus,
+            R->copy_gbps);
+    /* the tq kernel at this head dim: d = 128 always the tensor-core one */
+    R->wide_tc = R->dim == 256 ? tqkv_cuda_wide_tc() : 1;
+    if (R->wide_tc < 0) {
+        fprintf(stderr, "tqkv bench attention: %s\n", tqkv_last_error());
+        return 1;
+    }
+    if (R->dim == 256)
+        fprintf(stderr, "[bench cuda] head_dim 256: tq on the %s kernel, bf16 on the float32 one\n",
+                R->wide_tc ? "tensor-core" : "float32 (TQKV_WIDE_TC=0)");
+    return 0;
+}
+
+/* The JSON array to stdout (--json) and to out_path; 0 or 1. */
+static int bc_write(const cJSON *arr, int json, const char *out_path) {
+    int rc = 0;
+    char *s = cJSON_Print(arr);
+    if (json && s) printf("%s\n", s);
+    if (out_path && s) {
+        FILE *fo = fopen(out_path, "w");
+        if (fo) {
+            fprintf(fo, "%s\n", s);
+            fclose(fo);
+        } else {
+            fprintf(stderr, "tqkv bench attention: cannot write %s\n", out_path);
+            rc = 1;
+        }
+    }
+    free(s);
+    return rc;
+}
+
 int cmd_bench_attention_cuda(int argc, char **argv) {
     const char *device = "cuda", *batches_s = "1,8,32", *ctxs_s = "4096,16384,65536,131072";
     const char *formats_s = "bf16,tq4,tq3,tq4w", *anchor_path = NULL, *out_path = NULL;
@@ -123,54 +303,25 @@ int cmd_bench_attention_cuda(int argc, char **argv) {
     int batches[8], ctxs[8];
     const int nb = bc_ints(batches_s, batches, 8), nc = bc_ints(ctxs_s, ctxs, 8);
     bc_format fmts[4];
-    int nf = 0;
-    {
-        char buf[128];
-        snprintf(buf, sizeof buf, "%s", formats_s);
-        for (char *s = strtok(buf, ","); s && nf < 4; s = strtok(NULL, ",")) {
-            bc_format f = {NULL, 0, TQKV_TQ4, 0};
-            if (!strcmp(s, "bf16")) f = (bc_format){"bf16", 1, TQKV_TQ4, 0};
-            else if (!strcmp(s, "tq4")) f = (bc_format){"tq4", 0, TQKV_TQ4, 0};
-            else if (!strcmp(s, "tq3")) f = (bc_format){"tq3", 0, TQKV_TQ3, 0};
-            else if (!strcmp(s, "tq4w")) f = (bc_format){"tq4+q8win", 0, TQKV_TQ4, window};
-            else {
-                fprintf(stderr, "tqkv bench attention: unknown format '%s'\n", s);
-                return 2;
-            }
-            fmts[nf++] = f;
-        }
-    }
+    const int nf = bc_formats(formats_s, window, fmts);
+    if (nf < 0) return 2;
     cJSON *anchor = anchor_path ? bc_read_json(anchor_path) : NULL;
     if (anchor_path && !anchor) fprintf(stderr, "[bench cuda] warning: cannot read anchor %s\n", anchor_path);
 
     char gpu[128] = "";
-    int sms = 0, memclk = 0, bus = 0, smclk = 0;
-    tqkv_cuda_device_info(gpu, sizeof gpu, &sms, &memclk, &bus, &smclk);
-    double copy_ms = 0;
-    const size_t copy_bytes = (size_t)2 << 30;
-    if (tqkv_cuda_copy_ms(copy_bytes, 20, &copy_ms) != TQKV_OK) {
-        fprintf(stderr, "tqkv bench attention: %s\n", tqkv_last_error());
+    bc_run R = {.qh = qh, .kvh = kvh, .dim = dim, .reps = reps, .json = json, .gpu = gpu,
+                .flush_bytes = (size_t)256 << 20};
+    if (bc_device(&R, gpu, sizeof gpu)) {
+        cJSON_Delete(anchor);
         return 1;
     }
-    const double copy_gbps = 2.0 * (double)copy_bytes / (copy_ms * 1e-3) / 1e9;
-    fprintf(stderr, "[bench cuda] %s, %d SMs, sm clock %d MHz, mem clock %d MHz, bus %d bit; "
-            "d2d copy %.0f GB/s (read + write)\n", gpu, sms, smclk / 1000, memclk / 1000, bus, copy_gbps);
-    /* the tq kernel at this head dim: d = 128 always the tensor-core one */
-    const int wide_tc = dim == 256 ? tqkv_cuda_wide_tc() : 1;
-    if (wide_tc < 0) {
-        fprintf(stderr, "tqkv bench attention: %s\n", tqkv_last_error());
+    if (tqkv_cuda_malloc(&R.flush, R.flush_bytes) != TQKV_OK) {
+        cJSON_Delete(anchor);
         return 1;
     }
-    if (dim == 256)
-        fprintf(stderr, "[bench cuda] head_dim 256: tq on the %s kernel, bf16 on the float32 one\n",
-                wide_tc ? "tensor-core" : "float32 (TQKV_WIDE_TC=0)");
-
-    void *flush = NULL;
-    const size_t flush_bytes = (size_t)256 << 20;
-    if (tqkv_cuda_malloc(&flush, flush_bytes) != TQKV_OK) return 1;
     cJSON *arr = cJSON_CreateArray();
-    double *t = malloc(sizeof(double) * (size_t)reps);
-    int rc = 0;
+    R.t = malloc(sizeof(double) * (size_t)reps);
+    int rc = R.t ? 0 : 1;
     if (!json)
         printf("%-10s %5s %7s %9s %9s %8s %8s %9s\n", "format", "batch", "ctx", "ms", "anchor_ms",
                "speedup", "gbps", "copy_gbps");
@@ -178,114 +329,13 @@ int cmd_bench_attention_cuda(int argc, char **argv) {
         for (int ci = 0; ci < nc && !rc; ci++) {
             const int B = batches[bi], N = ctxs[ci];
             const double anchor_ms = anchor ? bc_anchor(anchor, B, N) : NAN;
-            for (int fi = 0; fi < nf && !rc; fi++) {
-                const bc_format *f = &fmts[fi];
-                tqkv_cache_config cfg = tqkv_cache_config_default();
-                cfg.kv_heads = kvh;
-                cfg.head_dim = dim;
-                cfg.k_format = cfg.v_format = f->fmt;
-                cfg.seed = 12345;
-                cfg.window = f->window;
-                cfg.window_slack = f->window ? 32 : 0;
-                cuda_kv *kv = NULL;
-                float *kbuf = NULL, *vbuf = NULL, *q = NULL, *out = NULL;
-                const int chunk = N < 1024 ? N : 1024;
-                const size_t cn = (size_t)B * kvh * chunk * dim, qn = (size_t)B * qh * dim;
-                tqkv_status st = tqkv_cuda_kv_init(&kv, &cfg, f->bf16, B, N);
-                if (!st) st = tqkv_cuda_malloc((void **)&kbuf, cn * 4);
-                if (!st) st = tqkv_cuda_malloc((void **)&vbuf, cn * 4);
-                if (!st) st = tqkv_cuda_malloc((void **)&q, qn * 4);
-                if (!st) st = tqkv_cuda_malloc((void **)&out, qn * 4);
-                if (!st) st = tqkv_cuda_fill_normal(q, qn, 99, 1.0f);
-                for (int tt = 0, k = 0; !st && tt < N; tt += chunk, k++) {
-                    const int n = N - tt < chunk ? N - tt : chunk;
-                    st = tqkv_cuda_fill_normal(kbuf, (size_t)B * kvh * n * dim, 1000 + 2 * k, 1.0f);
-                    if (!st) st = tqkv_cuda_fill_normal(vbuf, (size_t)B * kvh * n * dim, 1001 + 2 * k, 1.0f);
-                    if (!st) st = tqkv_cuda_kv_append(kv, kbuf, vbuf, n);
-                }
-                if (st) {
-                    fprintf(stderr, "[bench cuda] %s batch %d ctx %d skipped: %s\n", f->name, B, N,
-                            tqkv_last_error());
-                } else {
-                    const float scale = 1.0f / sqrtf((float)dim);
-                    for (int rep = -3; !st && rep < reps; rep++) {
-                        void *tm = NULL;
-                        st = tqkv_cuda_fill_normal(flush, flush_bytes / 4, (uint64_t)rep, 1.0f);
-                        if (!st) st = tqkv_cuda_timer_start(&tm);
-                        if (!st) st = tqkv_cuda_kv_attend(kv, q, qh, scale, out);
-                        double ms = 0;
-                        if (!st) st = tqkv_cuda_timer_stop(tm, &ms);
-                        if (rep >= 0) t[rep] = ms;
-                    }
-                    if (st) {
-                        fprintf(stderr, "tqkv bench attention: %s\n", tqkv_last_error());
-                        rc = 1;
-                    } else {
-                        qsort(t, (size_t)reps, sizeof(double), bc_cmp);
-                        const double ms = t[reps / 2];
-                        const int w = f->window < N ? f->window : N;
-                        /* K + V bytes per token and kv head (docs/FORMATS.md): bf16 2 d, tq4 d / 2 + 2,
-                         * tq3 3 d / 8 + 2, a q8 window token d + d / 16 */
-                        const double per_tok = f->bf16 ? 2.0 * 2 * dim : f->fmt == TQKV_TQ4 ? 2.0 * (dim / 2 + 2)
-                                                                                           : 2.0 * (3 * dim / 8 + 2);
-                        double bytes = (double)B * kvh * ((double)(N - w) * per_tok + (double)w * 2.0 * (dim + dim / 16));
-                        if (!f->window) bytes = (double)B * kvh * (double)N * per_tok;
-                        const double gbps = bytes / (ms * 1e-3) / 1e9;
-                        const double speedup = anchor_ms / ms;
-                        cJSON *o = cJSON_CreateObject();
-                        cJSON_AddStringToObject(o, "format", f->name);
-                        cJSON_AddNumberToObject(o, "batch", B);
-                        cJSON_AddNumberToObject(o, "ctx", N);
-                        cJSON_AddNumberToObject(o, "ms", ms);
-                        if (isnan(anchor_ms)) {
-                            cJSON_AddNullToObject(o, "anchor_ms");
-                            cJSON_AddNullToObject(o, "speedup");
-                        } else {
-                            cJSON_AddNumberToObject(o, "anchor_ms", anchor_ms);
-                            cJSON_AddNumberToObject(o, "speedup", speedup);
-                        }
-                        cJSON_AddNumberToObject(o, "gbps", gbps);
-                        cJSON_AddNumberToObject(o, "copy_gbps", copy_gbps);
-                        cJSON_AddNumberToObject(o, "bytes", bytes);
-                        cJSON_AddNumberToObject(o, "window", f->window);
-                        cJSON_AddNumberToObject(o, "q_heads", qh);
-                        cJSON_AddNumberToObject(o, "kv_heads", kvh);
-                        cJSON_AddNumberToObject(o, "head_dim", dim);
-                        cJSON_AddStringToObject(o, "kernel", f->bf16 ? (dim == 256 ? "f32" : "tc")
-                                                             : wide_tc ? "tc" : "f32");
-                        cJSON_AddNumberToObject(o, "reps", reps);
-                        cJSON_AddStringToObject(o, "gpu", gpu);
-                        cJSON_AddItemToArray(arr, o);
-                        if (!json)
-                            printf("%-10s %5d %7d %9.4f %9.4f %8.2f %8.0f %9.0f\n", f->name, B, N, ms,
-                                   anchor_ms, speedup, gbps, copy_gbps);
-                        fflush(stdout);
-                    }
-                }
-                tqkv_cuda_free(kbuf);
-                tqkv_cuda_free(vbuf);
-                tqkv_cuda_free(q);
-                tqkv_cuda_free(out);
-                tqkv_cuda_kv_free(kv);
-            }
+            for (int fi = 0; fi < nf && !rc; fi++) rc = bc_point(&R, &fmts[fi], B, N, anchor_ms, arr);
         }
-    char *s = cJSON_Print(arr);
-    if (json && s) printf("%s\n", s);
-    if (out_path && s) {
-        FILE *fo = fopen(out_path, "w");
-        if (fo) {
-            fprintf(fo, "%s\n", s);
-            fclose(fo);
-        } else {
-            fprintf(stderr, "tqkv bench attention: cannot write %s\n", out_path);
-            rc = 1;
-        }
-    }
-    free(s);
+    if (bc_write(arr, json, out_path)) rc = 1;
     cJSON_Delete(arr);
     cJSON_Delete(anchor);
-    free(t);
-    tqkv_cuda_free(flush);
+    free(R.t);
+    tqkv_cuda_free(R.flush);
     return rc;
 }
 #endif
