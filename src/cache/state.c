@@ -254,11 +254,10 @@ static const uint8_t *read_window(struct tqkv_batch *b, tqkv_plane *p, int r,
 
 #define CORRUPT(...) tqkv_fail(TQKV_ECORRUPT, __VA_ARGS__)
 
-tqkv_status state_restore(struct tqkv_batch **out, int kind, const uint8_t *buf, size_t len) {
-    const char *what = kind ? "cache_restore" : "batch_restore";
-    CACHE_CHECK(out, TQKV_EINVAL, "%s: out is NULL", what);
-    CACHE_CHECK(buf || len == 0, TQKV_EINVAL, "%s: buf is NULL", what);
-    // ---- envelope
+/* The envelope (magic, version, checksum) and the sections of buf: sec[tag] for the known
+ * tags; unknown optional sections skipped. */
+static tqkv_status restore_sections(const uint8_t *buf, size_t len, const char *what,
+                                    section sec[6]) {
     if (len < STATE_HEADER + 4)
         return CORRUPT("%s: state truncated (%zu bytes, need at least %u)", what, len,
                        STATE_HEADER + 4);
@@ -273,9 +272,7 @@ tqkv_status state_restore(struct tqkv_batch **out, int kind, const uint8_t *buf,
     if (want != have)
         return CORRUPT("%s: checksum mismatch (stored %08x, computed %08x): state truncated or "
                        "corrupt", what, want, have);
-    // ---- sections
-    section sec[6];
-    memset(sec, 0, sizeof sec);
+    memset(sec, 0, 6 * sizeof *sec);
     size_t pos = STATE_HEADER;
     while (pos < body) {
         if (body - pos < STATE_SEC_HEADER)
@@ -301,47 +298,57 @@ tqkv_status state_restore(struct tqkv_batch **out, int kind, const uint8_t *buf,
     if (!sec[SEC_ROWS].present) return CORRUPT("%s: missing rows section", what);
     if (!sec[SEC_KPLANE].present || !sec[SEC_VPLANE].present)
         return CORRUPT("%s: missing K or V plane section", what);
-    // ---- config
-    if (sec[SEC_CONFIG].n != CONFIG_BYTES)
+    return TQKV_OK;
+}
+
+/* The config section: a valid cache config of the kind asked for. */
+static tqkv_status restore_config(const section *sc, int kind, const char *what,
+                                  tqkv_cache_config *cfg) {
+    if (sc->n != CONFIG_BYTES)
         return CORRUPT("%s: config section is %llu bytes, expected %u", what,
-                       (unsigned long long)sec[SEC_CONFIG].n, CONFIG_BYTES);
-    const uint8_t *c = sec[SEC_CONFIG].p;
+                       (unsigned long long)sc->n, CONFIG_BYTES);
+    const uint8_t *c = sc->p;
     uint32_t skind = get_u32(c);
     if (skind > 1) return CORRUPT("%s: unknown cache kind %u", what, skind);
     if ((int)skind != kind)
         return tqkv_fail(TQKV_EINVAL, "%s: the state holds a %s; use %s", what,
                          skind ? "single cache" : "batched cache",
                          skind ? "tqkv_cache_restore" : "tqkv_batch_restore");
-    tqkv_cache_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.kv_heads = get_i32(c + 4);
-    cfg.head_dim = get_i32(c + 8);
+    memset(cfg, 0, sizeof *cfg);
+    cfg->kv_heads = get_i32(c + 4);
+    cfg->head_dim = get_i32(c + 8);
     uint32_t kf = get_u32(c + 12), vf = get_u32(c + 16);
     if (kf >= TQKV_FORMAT_COUNT || vf >= TQKV_FORMAT_COUNT)
         return CORRUPT("%s: invalid formats %u/%u", what, kf, vf);
-    cfg.k_format = (tqkv_format)kf;
-    cfg.v_format = (tqkv_format)vf;
-    cfg.seed = get_u64(c + 20);
-    cfg.window = get_i32(c + 28);
-    cfg.window_slack = get_i32(c + 32);
-    for (int i = 0; i < 8; i++) cfg.reserved[i] = get_i32(c + 36 + 4 * i);
-    if (batch_check_config(&cfg) != TQKV_OK) {
+    cfg->k_format = (tqkv_format)kf;
+    cfg->v_format = (tqkv_format)vf;
+    cfg->seed = get_u64(c + 20);
+    cfg->window = get_i32(c + 28);
+    cfg->window_slack = get_i32(c + 32);
+    for (int i = 0; i < 8; i++) cfg->reserved[i] = get_i32(c + 36 + 4 * i);
+    if (batch_check_config(cfg) != TQKV_OK) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", tqkv_last_error());
         return CORRUPT("%s: invalid config: %s", what, msg);
     }
-    // ---- rows
-    const uint8_t *rp = sec[SEC_ROWS].p;
-    if (sec[SEC_ROWS].n < 4) return CORRUPT("%s: rows section too short", what);
+    return TQKV_OK;
+}
+
+/* The rows section: *rows, and off [3, rows] (offsets, left pads, window starts; the
+ * caller frees it), checked against cfg; *cols the columns they need. */
+static tqkv_status restore_rows(const section *sr, int kind, const tqkv_cache_config *cfg,
+                                const char *what, int *rows_out, int **off_out, int *cols_out) {
+    const uint8_t *rp = sr->p;
+    if (sr->n < 4) return CORRUPT("%s: rows section too short", what);
     int32_t rows = get_i32(rp);
     if (rows < 0) return CORRUPT("%s: negative row count %d", what, rows);
-    if (sec[SEC_ROWS].n != 4 + 12 * (uint64_t)rows)
+    if (sr->n != 4 + 12 * (uint64_t)rows)
         return CORRUPT("%s: rows section is %llu bytes, expected %llu for %d rows", what,
-                       (unsigned long long)sec[SEC_ROWS].n,
-                       (unsigned long long)(4 + 12 * (uint64_t)rows), rows);
+                       (unsigned long long)sr->n, (unsigned long long)(4 + 12 * (uint64_t)rows),
+                       rows);
     if (kind == 1 && rows != 1)
         return CORRUPT("%s: a single cache state must have 1 row, has %d", what, rows);
-    int ring = batch_ring_for(&cfg);
+    const int ring = batch_ring_for(cfg);
     int cols = 0;
     int *off = malloc((size_t)(rows ? rows : 1) * 3 * sizeof(int)); // [3, rows]
     if (!off) return tqkv_fail(TQKV_ENOMEM, "%s: out of memory", what);
@@ -351,7 +358,7 @@ tqkv_status state_restore(struct tqkv_batch **out, int kind, const uint8_t *buf,
         off[r] = get_i32(rp + 4 + 12 * (size_t)r);
         pad[r] = get_i32(rp + 8 + 12 * (size_t)r);
         wlo[r] = get_i32(rp + 12 + 12 * (size_t)r);
-        long long lo_min = ring ? (off[r] > cfg.window ? off[r] - cfg.window : 0) : 0;
+        long long lo_min = ring ? (off[r] > cfg->window ? off[r] - cfg->window : 0) : 0;
         if (off[r] < 0 || pad[r] < 0 || (long long)off[r] + pad[r] > CACHE_MAX_COLUMNS)
             st = CORRUPT("%s: row %d: offset %d / left_pad %d out of range", what, r, off[r],
                          pad[r]);
@@ -363,40 +370,67 @@ tqkv_status state_restore(struct tqkv_batch **out, int kind, const uint8_t *buf,
         else if (off[r] + pad[r] > cols)
             cols = off[r] + pad[r];
     }
-    // ---- section sizes
-    struct tqkv_batch *b = NULL;
-    if (!st) st = batch_create(&b, &cfg, 0, 0, kind);
-    if (!st) {
-        int ok = 1, H = cfg.kv_heads;
-        uint64_t kb = plane_section_bytes(rows, off, H, plane_vec_bytes(&b->k), &ok);
-        uint64_t vb = plane_section_bytes(rows, off, H, plane_vec_bytes(&b->v), &ok);
-        int planes = b->k.has_window + b->v.has_window;
-        uint64_t wb = window_section_bytes(rows, off, wlo, H, plane_win_bytes(b), planes, &ok);
-        /* storage not backed by bytes of the state: padding columns and ring slots */
-        double unbacked = 0; /* double: cannot overflow, exact enough for a limit */
-        for (int r = 0; r < rows; r++) unbacked += (double)(cols - off[r]);
-        unbacked *= (double)H * (double)(plane_vec_bytes(&b->k) + plane_vec_bytes(&b->v));
-        unbacked += (double)rows * H * (double)ring * (double)plane_win_bytes(b) * planes;
-        if (!ok)
-            st = CORRUPT("%s: plane sizes overflow", what);
-        else if (sec[SEC_KPLANE].n != kb || sec[SEC_VPLANE].n != vb)
-            st = CORRUPT("%s: plane sections are %llu/%llu bytes, rows need %llu/%llu", what,
-                         (unsigned long long)sec[SEC_KPLANE].n,
-                         (unsigned long long)sec[SEC_VPLANE].n, (unsigned long long)kb,
-                         (unsigned long long)vb);
-        else if (planes && !sec[SEC_WINDOW].present)
-            st = CORRUPT("%s: missing window section", what);
-        else if (!planes && sec[SEC_WINDOW].present)
-            st = CORRUPT("%s: window section present but the config has no window", what);
-        else if (planes && sec[SEC_WINDOW].n != wb)
-            st = CORRUPT("%s: window section is %llu bytes, rows need %llu", what,
-                         (unsigned long long)sec[SEC_WINDOW].n, (unsigned long long)wb);
-        else if (unbacked > 16.0 * (double)len + (double)STATE_UNBACKED_LIMIT)
-            st = tqkv_fail(TQKV_EUNSUPPORTED, "%s: state asks for %.0f bytes of padding/window "
-                           "storage; refusing (limit 16 x state size + %llu)", what, unbacked,
-                           (unsigned long long)STATE_UNBACKED_LIMIT);
+    if (st) {
+        free(off);
+        return st;
     }
+    *rows_out = rows;
+    *off_out = off;
+    *cols_out = cols;
+    return TQKV_OK;
+}
+
+/* The plane and window sections hold exactly the rows' bytes, and the storage the state
+ * asks for beyond them (padding columns, ring slots) stays within the limit. */
+static tqkv_status restore_check_sizes(const struct tqkv_batch *b, const section sec[6],
+                                       int rows, const int *off, int cols, size_t len,
+                                       const char *what) {
+    const int *wlo = off + 2 * rows, H = b->cfg.kv_heads, ring = batch_ring_for(&b->cfg);
+    int ok = 1;
+    uint64_t kb = plane_section_bytes(rows, off, H, plane_vec_bytes(&b->k), &ok);
+    uint64_t vb = plane_section_bytes(rows, off, H, plane_vec_bytes(&b->v), &ok);
+    int planes = b->k.has_window + b->v.has_window;
+    uint64_t wb = window_section_bytes(rows, off, wlo, H, plane_win_bytes(b), planes, &ok);
+    /* storage not backed by bytes of the state: padding columns and ring slots */
+    double unbacked = 0; /* double: cannot overflow, exact enough for a limit */
+    for (int r = 0; r < rows; r++) unbacked += (double)(cols - off[r]);
+    unbacked *= (double)H * (double)(plane_vec_bytes(&b->k) + plane_vec_bytes(&b->v));
+    unbacked += (double)rows * H * (double)ring * (double)plane_win_bytes(b) * planes;
+    if (!ok) return CORRUPT("%s: plane sizes overflow", what);
+    if (sec[SEC_KPLANE].n != kb || sec[SEC_VPLANE].n != vb)
+        return CORRUPT("%s: plane sections are %llu/%llu bytes, rows need %llu/%llu", what,
+                       (unsigned long long)sec[SEC_KPLANE].n,
+                       (unsigned long long)sec[SEC_VPLANE].n, (unsigned long long)kb,
+                       (unsigned long long)vb);
+    if (planes && !sec[SEC_WINDOW].present) return CORRUPT("%s: missing window section", what);
+    if (!planes && sec[SEC_WINDOW].present)
+        return CORRUPT("%s: window section present but the config has no window", what);
+    if (planes && sec[SEC_WINDOW].n != wb)
+        return CORRUPT("%s: window section is %llu bytes, rows need %llu", what,
+                       (unsigned long long)sec[SEC_WINDOW].n, (unsigned long long)wb);
+    if (unbacked > 16.0 * (double)len + (double)STATE_UNBACKED_LIMIT)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "%s: state asks for %.0f bytes of padding/window "
+                         "storage; refusing (limit 16 x state size + %llu)", what, unbacked,
+                         (unsigned long long)STATE_UNBACKED_LIMIT);
+    return TQKV_OK;
+}
+
+tqkv_status state_restore(struct tqkv_batch **out, int kind, const uint8_t *buf, size_t len) {
+    const char *what = kind ? "cache_restore" : "batch_restore";
+    CACHE_CHECK(out, TQKV_EINVAL, "%s: out is NULL", what);
+    CACHE_CHECK(buf || len == 0, TQKV_EINVAL, "%s: buf is NULL", what);
+    section sec[6];
+    tqkv_cache_config cfg;
+    tqkv_status st = restore_sections(buf, len, what, sec);
+    if (!st) st = restore_config(&sec[SEC_CONFIG], kind, what, &cfg);
+    if (st) return st;
+    int rows = 0, cols = 0, *off = NULL;
+    st = restore_rows(&sec[SEC_ROWS], kind, &cfg, what, &rows, &off, &cols);
+    if (st) return st;
     // ---- build
+    struct tqkv_batch *b = NULL;
+    st = batch_create(&b, &cfg, 0, 0, kind);
+    if (!st) st = restore_check_sizes(b, sec, rows, off, cols, len, what);
     batch_store s;
     if (!st) st = store_alloc(b, rows, cols, &s);
     if (st) {
@@ -407,8 +441,8 @@ tqkv_status state_restore(struct tqkv_batch **out, int kind, const uint8_t *buf,
     store_install(b, &s);
     for (int r = 0; r < rows; r++) {
         b->offset[r] = off[r];
-        b->left_pad[r] = pad[r];
-        b->win_lo[r] = wlo[r];
+        b->left_pad[r] = off[rows + r];
+        b->win_lo[r] = off[2 * rows + r];
     }
     free(off);
     read_plane(b, &b->k, sec[SEC_KPLANE].p);
