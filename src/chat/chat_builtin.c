@@ -576,6 +576,114 @@ static chat_value tojson(chat_ev *E, const chat_node *at, chat_value v, const ar
     return str_from_buf(&b);
 }
 
+/* upper, lower, capitalize, title */
+static chat_value filter_case(chat_ev *E, const chat_node *at, const char *name, size_t nn,
+                              chat_value v, const argv_t *A) {
+    check_arity(E, at, A, 0, NULL, "filter", name, nn);
+    int mode = is(name, nn, "lower") ? 0 : is(name, nn, "upper") ? 1 : is(name, nn, "capitalize") ? 2 : 3;
+    chat_value s = chat_ev_to_str(E, v);
+    if (mode == 2) { /* first upper, rest lower */
+        chat_value low = str_map_case(E, s, 0);
+        size_t i = 0;
+        if (low.u.str.n == 0) return low;
+        chat_utf8_next(low.u.str.s, low.u.str.n, &i);
+        chat_value head = str_map_case(E, chat_str(low.u.str.s, i), 1);
+        chat_buf b = {0};
+        bput(E, &b, head.u.str.s, head.u.str.n);
+        bput(E, &b, low.u.str.s + i, low.u.str.n - i);
+        return str_from_buf(&b);
+    }
+    if (mode == 3) return jinja_title(E, s);
+    return str_map_case(E, s, mode);
+}
+
+static chat_value filter_reverse(chat_ev *E, const chat_node *at, const char *name, size_t nn,
+                                 chat_value v, const argv_t *A) {
+    check_arity(E, at, A, 0, NULL, "filter", name, nn);
+    if (v.kind == CV_STR) {
+        chat_value chars = chat_ev_iterable(E, at, v);
+        chat_buf b = {0};
+        bput(E, &b, "", 0);
+        for (size_t i = chars.u.list->n; i-- > 0;)
+            bput(E, &b, chars.u.list->items[i].u.str.s, chars.u.list->items[i].u.str.n);
+        return str_from_buf(&b);
+    }
+    chat_value items = chat_ev_iterable(E, at, v);
+    chat_value l = chat_ev_list(E, items.u.list->n);
+    for (size_t i = 0; i < items.u.list->n; i++) l.u.list->items[i] = items.u.list->items[items.u.list->n - 1 - i];
+    return l;
+}
+
+static chat_value filter_int(chat_ev *E, const chat_node *at, const char *name, size_t nn,
+                             chat_value v, const argv_t *A) {
+    static const char *const kw_ok[] = {"default", "base", NULL};
+    check_arity(E, at, A, 2, kw_ok, "filter", name, nn);
+    const chat_value *dv = arg(A, 0, "default");
+    chat_value d = dv ? *dv : chat_int(0);
+    if (v.kind == CV_UNDEF) chat_ev_undefined(E, at, v);
+    if (v.kind == CV_INT) return v;
+    if (v.kind == CV_BOOL) return chat_int(v.u.i);
+    if (v.kind == CV_FLOAT) return isfinite(v.u.f) && fabs(v.u.f) < 9.2e18 ? chat_int((int64_t)v.u.f) : d;
+    if (v.kind == CV_STR) {
+        char tmp[64];
+        chat_value s = str_strip(v, NULL, 3);
+        if (s.u.str.n == 0 || s.u.str.n >= sizeof tmp) return d;
+        memcpy(tmp, s.u.str.s, s.u.str.n);
+        tmp[s.u.str.n] = 0;
+        char *end;
+        long long x = strtoll(tmp, &end, 10);
+        if (*end == 0) return chat_int(x);
+        double f = strtod(tmp, &end);
+        if (*end == 0 && isfinite(f) && fabs(f) < 9.2e18) return chat_int((int64_t)f);
+    }
+    return d;
+}
+
+static chat_value filter_float(chat_ev *E, const chat_node *at, const char *name, size_t nn,
+                               chat_value v, const argv_t *A) {
+    static const char *const kw_ok[] = {"default", NULL};
+    check_arity(E, at, A, 1, kw_ok, "filter", name, nn);
+    const chat_value *dv = arg(A, 0, "default");
+    chat_value r;
+    memset(&r, 0, sizeof r);
+    r.kind = CV_FLOAT;
+    if (v.kind == CV_UNDEF) chat_ev_undefined(E, at, v);
+    if (v.kind == CV_FLOAT) return v;
+    if (v.kind == CV_INT || v.kind == CV_BOOL) {
+        r.u.f = (double)v.u.i;
+        return r;
+    }
+    if (v.kind == CV_STR) {
+        char tmp[64];
+        chat_value s = str_strip(v, NULL, 3);
+        if (s.u.str.n && s.u.str.n < sizeof tmp) {
+            memcpy(tmp, s.u.str.s, s.u.str.n);
+            tmp[s.u.str.n] = 0;
+            char *end;
+            r.u.f = strtod(tmp, &end);
+            if (*end == 0) return r;
+        }
+    }
+    if (dv) return *dv;
+    r.u.f = 0.0;
+    return r;
+}
+
+static chat_value filter_abs(chat_ev *E, const chat_node *at, const char *name, size_t nn,
+                             chat_value v, const argv_t *A) {
+    check_arity(E, at, A, 0, NULL, "filter", name, nn);
+    if (v.kind == CV_INT || v.kind == CV_BOOL) {
+        if (v.u.i == INT64_MIN) chat_ev_fail(E, at, TQKV_EUNSUPPORTED, "integer overflow in abs");
+        return chat_int(v.u.i < 0 ? -v.u.i : v.u.i);
+    }
+    if (v.kind == CV_FLOAT) {
+        chat_value r = v;
+        r.u.f = fabs(v.u.f);
+        return r;
+    }
+    chat_ev_fail(E, at, TQKV_EINVAL, "bad operand type for abs(): '%s'", chat_kind_name(v.kind));
+}
+
 static chat_value filter_apply(chat_ev *E, const chat_node *at, const char *name, size_t nn, chat_value v,
                                const argv_t *A) {
     if (is(name, nn, "trim")) {
@@ -621,24 +729,8 @@ static chat_value filter_apply(chat_ev *E, const chat_node *at, const char *name
         if (attr) want_str(E, at, *attr, "join(attribute=)");
         return join(E, at, v, sep ? chat_ev_to_str(E, *sep) : chat_str("", 0), attr);
     }
-    if (is(name, nn, "upper") || is(name, nn, "lower") || is(name, nn, "capitalize") || is(name, nn, "title")) {
-        check_arity(E, at, A, 0, NULL, "filter", name, nn);
-        int mode = is(name, nn, "lower") ? 0 : is(name, nn, "upper") ? 1 : is(name, nn, "capitalize") ? 2 : 3;
-        chat_value s = chat_ev_to_str(E, v);
-        if (mode == 2) { /* first upper, rest lower */
-            chat_value low = str_map_case(E, s, 0);
-            size_t i = 0;
-            if (low.u.str.n == 0) return low;
-            chat_utf8_next(low.u.str.s, low.u.str.n, &i);
-            chat_value head = str_map_case(E, chat_str(low.u.str.s, i), 1);
-            chat_buf b = {0};
-            bput(E, &b, head.u.str.s, head.u.str.n);
-            bput(E, &b, low.u.str.s + i, low.u.str.n - i);
-            return str_from_buf(&b);
-        }
-        if (mode == 3) return jinja_title(E, s);
-        return str_map_case(E, s, mode);
-    }
+    if (is(name, nn, "upper") || is(name, nn, "lower") || is(name, nn, "capitalize") || is(name, nn, "title"))
+        return filter_case(E, at, name, nn, v, A);
     if (is(name, nn, "list")) {
         check_arity(E, at, A, 0, NULL, "filter", name, nn);
         chat_value items = chat_ev_iterable(E, at, v);
@@ -646,21 +738,7 @@ static chat_value filter_apply(chat_ev *E, const chat_node *at, const char *name
         memcpy(l.u.list->items, items.u.list->items, items.u.list->n * sizeof(chat_value));
         return l;
     }
-    if (is(name, nn, "reverse")) {
-        check_arity(E, at, A, 0, NULL, "filter", name, nn);
-        if (v.kind == CV_STR) {
-            chat_value chars = chat_ev_iterable(E, at, v);
-            chat_buf b = {0};
-            bput(E, &b, "", 0);
-            for (size_t i = chars.u.list->n; i-- > 0;)
-                bput(E, &b, chars.u.list->items[i].u.str.s, chars.u.list->items[i].u.str.n);
-            return str_from_buf(&b);
-        }
-        chat_value items = chat_ev_iterable(E, at, v);
-        chat_value l = chat_ev_list(E, items.u.list->n);
-        for (size_t i = 0; i < items.u.list->n; i++) l.u.list->items[i] = items.u.list->items[items.u.list->n - 1 - i];
-        return l;
-    }
+    if (is(name, nn, "reverse")) return filter_reverse(E, at, name, nn, v, A);
     if (is(name, nn, "items")) {
         check_arity(E, at, A, 0, NULL, "filter", name, nn);
         return dict_items(E, at, v);
@@ -671,70 +749,9 @@ static chat_value filter_apply(chat_ev *E, const chat_node *at, const char *name
     if (is(name, nn, "reject")) return select_like(E, at, v, A, 0, 0);
     if (is(name, nn, "selectattr")) return select_like(E, at, v, A, 1, 1);
     if (is(name, nn, "rejectattr")) return select_like(E, at, v, A, 1, 0);
-    if (is(name, nn, "int")) {
-        static const char *const kw_ok[] = {"default", "base", NULL};
-        check_arity(E, at, A, 2, kw_ok, "filter", name, nn);
-        const chat_value *dv = arg(A, 0, "default");
-        chat_value d = dv ? *dv : chat_int(0);
-        if (v.kind == CV_UNDEF) chat_ev_undefined(E, at, v);
-        if (v.kind == CV_INT) return v;
-        if (v.kind == CV_BOOL) return chat_int(v.u.i);
-        if (v.kind == CV_FLOAT) return isfinite(v.u.f) && fabs(v.u.f) < 9.2e18 ? chat_int((int64_t)v.u.f) : d;
-        if (v.kind == CV_STR) {
-            char tmp[64];
-            chat_value s = str_strip(v, NULL, 3);
-            if (s.u.str.n == 0 || s.u.str.n >= sizeof tmp) return d;
-            memcpy(tmp, s.u.str.s, s.u.str.n);
-            tmp[s.u.str.n] = 0;
-            char *end;
-            long long x = strtoll(tmp, &end, 10);
-            if (*end == 0) return chat_int(x);
-            double f = strtod(tmp, &end);
-            if (*end == 0 && isfinite(f) && fabs(f) < 9.2e18) return chat_int((int64_t)f);
-        }
-        return d;
-    }
-    if (is(name, nn, "float")) {
-        static const char *const kw_ok[] = {"default", NULL};
-        check_arity(E, at, A, 1, kw_ok, "filter", name, nn);
-        const chat_value *dv = arg(A, 0, "default");
-        chat_value r;
-        memset(&r, 0, sizeof r);
-        r.kind = CV_FLOAT;
-        if (v.kind == CV_UNDEF) chat_ev_undefined(E, at, v);
-        if (v.kind == CV_FLOAT) return v;
-        if (v.kind == CV_INT || v.kind == CV_BOOL) {
-            r.u.f = (double)v.u.i;
-            return r;
-        }
-        if (v.kind == CV_STR) {
-            char tmp[64];
-            chat_value s = str_strip(v, NULL, 3);
-            if (s.u.str.n && s.u.str.n < sizeof tmp) {
-                memcpy(tmp, s.u.str.s, s.u.str.n);
-                tmp[s.u.str.n] = 0;
-                char *end;
-                r.u.f = strtod(tmp, &end);
-                if (*end == 0) return r;
-            }
-        }
-        if (dv) return *dv;
-        r.u.f = 0.0;
-        return r;
-    }
-    if (is(name, nn, "abs")) {
-        check_arity(E, at, A, 0, NULL, "filter", name, nn);
-        if (v.kind == CV_INT || v.kind == CV_BOOL) {
-            if (v.u.i == INT64_MIN) chat_ev_fail(E, at, TQKV_EUNSUPPORTED, "integer overflow in abs");
-            return chat_int(v.u.i < 0 ? -v.u.i : v.u.i);
-        }
-        if (v.kind == CV_FLOAT) {
-            chat_value r = v;
-            r.u.f = fabs(v.u.f);
-            return r;
-        }
-        chat_ev_fail(E, at, TQKV_EINVAL, "bad operand type for abs(): '%s'", chat_kind_name(v.kind));
-    }
+    if (is(name, nn, "int")) return filter_int(E, at, name, nn, v, A);
+    if (is(name, nn, "float")) return filter_float(E, at, name, nn, v, A);
+    if (is(name, nn, "abs")) return filter_abs(E, at, name, nn, v, A);
     if (is(name, nn, "replace")) {
         static const char *const kw_ok[] = {"old", "new", "count", NULL};
         check_arity(E, at, A, 3, kw_ok, "filter", name, nn);
