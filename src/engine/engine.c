@@ -253,7 +253,14 @@ tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
         engine_release(e);
         return rc;
     }
-    if (e->pc.dir) prefix_load_dir(&e->pc, e->m, &e->psp, p.verbose);
+    if (e->pc.dir) { /* entries are keyed by the model files' content too */
+        rc = prefix_key_model(&e->pc, p.model_dir, p.verbose);
+        if (rc != TQKV_OK) {
+            engine_release(e);
+            return rc;
+        }
+        prefix_load_dir(&e->pc, e->m, &e->psp, p.verbose);
+    }
     /* bytes per token of one row (for stats), from an empty 1-row state */
     tqkv_model_state *tmp = NULL;
     rc = tqkv_model_state_init(&tmp, e->m, &e->sp); /* device: uploads the weights */
@@ -841,6 +848,7 @@ tqkv_status tqkv_engine_stats_get(tqkv_engine *e, tqkv_engine_stats *out) {
     out->queued = e->n_queue;
     out->kv_budget = e->p.kv_budget;
     out->prefix_cache_bytes = e->pc.bytes;
+    out->prompt_cache_refused = e->pc.refused;
     pthread_mutex_unlock(&e->mu);
     return TQKV_OK;
 }

@@ -7,13 +7,19 @@
  *     do not keep healthy clients out: each is served within 2 s of the attack's start;
  *   - a request being answered is never evicted by a flood of slow senders;
  *   - the header and body deadlines close a dribbling connection; the per-address cap
- *     refuses the connection past it.
+ *     refuses the connection past it;
+ *   - `tqkv serve` on the real models (the bundled one; Gemma 4 and Qwen 3.5 from
+ *     ../shared when present): a prompt at or past the context, or one whose max_tokens
+ *     would run past it, is a 400 context_length_exceeded (the engine never gets a
+ *     position past max_position_embeddings); junk in --prompt-cache-dir is counted in
+ *     tqkv_prompt_cache_refused_total.
  */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -399,6 +405,88 @@ static void test_per_ip_cap(void **state) {
     stop(&fx);
 }
 
+/* ------------------------------------------------------------------------- */
+/* Real server: context limit, prompt-cache refusals in /metrics             */
+/* ------------------------------------------------------------------------- */
+
+/* {"prompt":[1,1,...n],"max_tokens":m} (m < 0: absent) */
+static char *ids_body(int n, int m) {
+    size_t cap = (size_t)n * 3 + 64, o = 0;
+    char *b = malloc(cap);
+    o += (size_t)snprintf(b + o, cap - o, "{\"prompt\":[");
+    for (int i = 0; i < n; i++) o += (size_t)snprintf(b + o, cap - o, "%s1", i ? "," : "");
+    if (m >= 0) snprintf(b + o, cap - o, "],\"max_tokens\":%d}", m);
+    else snprintf(b + o, cap - o, "]}");
+    return b;
+}
+
+static void context_cases(const char *model, const char *cache_dir) {
+    const char *extra[] = {"--model", model, "--kv", "tq4", "--prompt-cache-dir", cache_dir, NULL};
+    int port = 0;
+    pid_t pid = serve_spawn(extra, &port);
+    assert_true(pid > 0);
+    http_resp r;
+    assert_int_equal(http_do(port, "GET", "/v1/models", NULL, NULL, &r), 0);
+    assert_int_equal(r.status, 200);
+    cJSON *j = cJSON_Parse(r.body);
+    cJSON *m = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "data"), 0);
+    int ctx = cJSON_GetObjectItem(m, "context_length")->valueint;
+    cJSON_Delete(j);
+    http_resp_free(&r);
+    assert_true(ctx > 8);
+    struct { int n, max_tokens; } cases[] = {{ctx, 1}, {ctx + 1, -1}, {ctx - 1, 2}, {ctx - 4, 5},
+                                              {ctx + 100, 1}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *b = ids_body(cases[i].n, cases[i].max_tokens);
+        assert_int_equal(http_do(port, "POST", "/v1/completions", NULL, b, &r), 0);
+        free(b);
+        if (r.status != 400 || !strstr(r.body, "context_length_exceeded"))
+            fail_msg("%s: prompt %d, max_tokens %d (context %d): status %d %s", model, cases[i].n,
+                     cases[i].max_tokens, ctx, r.status, r.body);
+        http_resp_free(&r);
+    }
+    /* the junk file of the cache directory was refused and counted */
+    assert_true(metric(port, "\ntqkv_prompt_cache_refused_total ") >= 1);
+    /* still serving */
+    assert_int_equal(http_do(port, "POST", "/v1/completions", NULL,
+                             "{\"prompt\":\"def f(x):\",\"max_tokens\":3,\"temperature\":0}", &r), 0);
+    assert_int_equal(r.status, 200);
+    http_resp_free(&r);
+    assert_int_equal(serve_stop(pid), 0);
+    printf("%s: context %d: 5 over-context requests refused with 400\n", model, ctx);
+}
+
+static void test_real_context_and_cache(void **state) {
+    (void)state;
+    char dir[] = "/tmp/tqkv-hard-cache-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char junk[256];
+    snprintf(junk, sizeof junk, "%s/junk.tqkvp", dir);
+    FILE *f = fopen(junk, "wb");
+    assert_non_null(f);
+    fputs("not a prompt cache entry\n", f);
+    fclose(f);
+    char path[4096];
+    context_cases(source_path("models/qwen3-code-28m", path, sizeof path), dir);
+    static const char *const fixtures[] = {"models/gemma4-code-30m", "models/qwen35-code-hybrid-30m"};
+    for (int i = 0; i < 2; i++) {
+        if (!shared_path(fixtures[i], path, sizeof path) || access(path, R_OK)) {
+            printf("%s absent: its case skipped\n", fixtures[i]);
+            continue;
+        }
+        context_cases(path, dir);
+    }
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static int teardown(void **state) {
+    (void)state;
+    serve_kill_all();
+    return 0;
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_auth_ok_unit),
@@ -407,6 +495,7 @@ int main(void) {
         cmocka_unit_test(test_busy_not_evicted),
         cmocka_unit_test(test_deadlines),
         cmocka_unit_test(test_per_ip_cap),
+        cmocka_unit_test_teardown(test_real_context_and_cache, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
