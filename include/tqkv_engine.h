@@ -190,6 +190,10 @@ typedef struct {
     tqkv_engine_histogram itl;     /* between consecutive tokens of a request */
     uint64_t prompt_cache_refused; /* prompt-cache files refused (wrong model, weights or KV
                                       spec, checksum, not a regular file, over the cap) */
+    size_t   kv_bytes_allocated;   /* storage the running and prefilling rows' caches occupy
+                                      (padding and spare columns included; >= kv_bytes_used);
+                                      admission also waits while this + a newcomer's
+                                      projection exceeds kv_budget */
 } tqkv_engine_stats;
 
 TQKV_API tqkv_status tqkv_engine_stats_get(tqkv_engine *e, tqkv_engine_stats *out);

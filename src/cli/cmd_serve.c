@@ -12,6 +12,7 @@
 
 #include "cli.h"
 #include "model_cli.h"
+#include "serve_mem.h"
 #include "server/server.h"
 #include "tqkv_engine.h"
 
@@ -70,6 +71,7 @@ int cmd_serve(int argc, char **argv) {
         {"--reserved-conns", ARG_INT, &reserved_conns, "of --max-conns, slots only requests that have fully arrived may use; a new connection evicts the longest-sending one when the others are full (default max-conns / 8)"},
     };
     if (args_parse(CMD, argc, argv, specs, (int)(sizeof specs / sizeof specs[0]))) return 2;
+    serve_mem_policy(); /* before any thread: few arenas, big buffers returned when freed */
     /* OpenMP teams must not spin: the HTTP threads and other processes share the cores.
      * libgomp reads OMP_WAIT_POLICY at start-up, so re-execute with passive waits. */
     if (threads > 1 && !getenv("OMP_WAIT_POLICY")) {
@@ -169,6 +171,7 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "tqkv serve: model %s, kv %s, listening on http://%s:%d\n",
             eng.model_name, kv, host, bound);
 
+    serve_trimmer *trim = serve_trimmer_start(e); /* freed memory back after bursts */
     int sig = 0;
     sigwait(&set, &sig);
     fprintf(stderr, "tqkv serve: %s: stopping admission, draining\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
@@ -182,6 +185,7 @@ int cmd_serve(int argc, char **argv) {
     int left = srv_wait_idle(srv, 30.0);
     if (left) fprintf(stderr, "tqkv serve: %d responses still open after 30 s; closing them\n", left);
     srv_free(srv);
+    serve_trimmer_stop(trim);
     tqkv_engine_free(e);
     fprintf(stderr, "tqkv serve: stopped\n");
     return rc;

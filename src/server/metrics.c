@@ -82,6 +82,8 @@ char *srv_metrics_text(const tqkv_engine_stats *st, const double *lat_buckets,
     GAUGE("tqkv_http_open_requests", "Generation requests with an open HTTP response.", "%d",
           open_requests);
     GAUGE("tqkv_kv_bytes_used", "Bytes the running rows' KV caches hold.", "%zu", st->kv_bytes_used);
+    GAUGE("tqkv_kv_bytes_allocated", "Bytes the running and prefilling rows' KV storage occupies "
+          "(padding and spare columns included).", "%zu", st->kv_bytes_allocated);
     GAUGE("tqkv_kv_budget_bytes", "KV budget for running rows and their projected growth.", "%zu",
           st->kv_budget);
     GAUGE("tqkv_kv_bytes_per_token", "KV bytes per token over all layers, K and V.", "%.6g",
