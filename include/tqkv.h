@@ -277,6 +277,9 @@ TQKV_API tqkv_status tqkv_batch_capture(const tqkv_batch *b, float *k, float *v,
 TQKV_API double      tqkv_batch_bytes_per_token(const tqkv_batch *b);
 /* Bytes the rows hold now (main planes + window), excluding spare capacity. */
 TQKV_API size_t      tqkv_batch_bytes_used(const tqkv_batch *b);
+/* Bytes the batch's storage occupies: rows x cap columns (padding and spare capacity
+ * included), the q8 rings and per-row bookkeeping. >= bytes_used. */
+TQKV_API size_t      tqkv_batch_bytes_allocated(const tqkv_batch *b);
 
 TQKV_API tqkv_status tqkv_batch_export(const tqkv_batch *b, uint8_t **out, size_t *len);
 TQKV_API tqkv_status tqkv_batch_restore(tqkv_batch **out, const uint8_t *buf, size_t len);

@@ -188,6 +188,12 @@ typedef struct {
     uint64_t spec_accepted;        /* of which the target accepted */
     tqkv_engine_histogram ttft;    /* submit -> first token */
     tqkv_engine_histogram itl;     /* between consecutive tokens of a request */
+    uint64_t prompt_cache_refused; /* prompt-cache files refused (wrong model, weights or KV
+                                      spec, checksum, not a regular file, over the cap) */
+    size_t   kv_bytes_allocated;   /* storage the running and prefilling rows' caches occupy
+                                      (padding and spare columns included; >= kv_bytes_used);
+                                      admission also waits while this + a newcomer's
+                                      projection exceeds kv_budget */
 } tqkv_engine_stats;
 
 TQKV_API tqkv_status tqkv_engine_stats_get(tqkv_engine *e, tqkv_engine_stats *out);
@@ -197,9 +203,12 @@ TQKV_API tqkv_status tqkv_engine_stats_get(tqkv_engine *e, tqkv_engine_stats *ou
 /* ------------------------------------------------------------------------- */
 
 /* Load one prompt-cache file (DIR/<hash>-<n>.tqkvp, written by an engine with
- * prompt_cache_dir) into the prefix cache. A file from another model or KV format is
- * refused with TQKV_EINVAL and a message naming both; init loads every file of
- * prompt_cache_dir this way and skips refused ones (reported when verbose). */
+ * prompt_cache_dir) into the prefix cache. A file from another model, other weights
+ * (entries are keyed by the content of the model's files) or another KV format is refused
+ * with TQKV_EINVAL and a message naming both; a file that is not a regular file (symlink,
+ * FIFO, device), is over the size cap, or whose checksum over tokens and state fails is
+ * refused with TQKV_ECORRUPT. Init loads every file of prompt_cache_dir this way and skips
+ * refused ones, each reported on stderr and counted in prompt_cache_refused. */
 TQKV_API tqkv_status tqkv_engine_prefix_import(tqkv_engine *e, const char *path);
 
 #ifdef __cplusplus

@@ -253,8 +253,10 @@ tqkv_status batch_reserve(struct tqkv_batch *b, int need) {
     if (need > CACHE_MAX_COLUMNS)
         return tqkv_fail(TQKV_ERANGE, "cache would need %d columns (limit %d)", need,
                          CACHE_MAX_COLUMNS);
-    long long nc = (long long)b->cap * 2;
-    if (nc < 16) nc = 16;
+    /* grow by an eighth (at least 16 columns), not by doubling: a batch holds
+     * rows x cap columns, so doubling could leave up to half of it spare; the copies
+     * stay amortized O(1) per column */
+    long long nc = (long long)b->cap + batch_headroom(b->cap);
     if (nc < need) nc = need;
     if (nc > CACHE_MAX_COLUMNS) nc = CACHE_MAX_COLUMNS;
     batch_store s;
@@ -265,6 +267,8 @@ tqkv_status batch_reserve(struct tqkv_batch *b, int need) {
     store_install(b, &s);
     return TQKV_OK;
 }
+
+int batch_headroom(int cap) { return cap / 8 > 16 ? cap / 8 : 16; }
 
 int batch_window_lo(const struct tqkv_batch *b, int r) {
     /* both windowed planes share win_lo; with no ring neither has a window (-> offset) */
@@ -325,6 +329,16 @@ double tqkv_batch_bytes_per_token(const tqkv_batch *b) {
 /* Bytes the rows hold: for each row, offset tokens of main K and V vectors, plus the
  * valid q8 copies in the ring (offset - win_lo, at most ring) of each windowed plane.
  * Padding columns and spare capacity are not counted. */
+size_t tqkv_batch_bytes_allocated(const tqkv_batch *b) {
+    if (!b) return 0;
+    size_t rh = (size_t)b->rows * (size_t)b->cfg.kv_heads, dim = (size_t)b->cfg.head_dim;
+    size_t per_col = b->k.codec.payload + b->v.codec.payload +
+                     2 * ((size_t)b->k.codec.n_scales + (size_t)b->v.codec.n_scales);
+    size_t ring = (size_t)b->ring * (dim + 2 * (dim / 32)) *
+                  (size_t)(b->k.has_window + b->v.has_window);
+    return rh * ((size_t)b->cap * per_col + ring) + (size_t)b->rows * 5 * sizeof(int);
+}
+
 size_t tqkv_batch_bytes_used(const tqkv_batch *b) {
     if (!b) return 0;
     size_t main = (size_t)b->cfg.kv_heads * (plane_vec_bytes(&b->k) + plane_vec_bytes(&b->v));

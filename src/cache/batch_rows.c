@@ -59,7 +59,10 @@ tqkv_status tqkv_batch_merge(tqkv_batch **out, const tqkv_cache_ref *items, int 
     tqkv_status st = batch_create(&nb, &first->cfg, 0, 0, 0);
     if (st) return st;
     batch_store s;
-    if ((st = store_alloc(nb, (int)rows, maxlen, &s))) {
+    /* headroom: the next append must not copy the whole batch again at once */
+    int cap = maxlen + batch_headroom(maxlen);
+    if (cap > CACHE_MAX_COLUMNS) cap = CACHE_MAX_COLUMNS;
+    if ((st = store_alloc(nb, (int)rows, cap, &s))) {
         batch_destroy(nb);
         return st;
     }

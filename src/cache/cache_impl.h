@@ -34,6 +34,8 @@ typedef struct {
     int      *offset, *left_pad, *win_lo, *prefill_pad, *spec_base; // [rows]
 } batch_store;
 
+/* Spare columns given to a batch that grows or is rebuilt around cap used columns. */
+int batch_headroom(int cap);
 /* Allocate zeroed storage for b's config with the given rows and cap. */
 tqkv_status store_alloc(const struct tqkv_batch *b, int rows, int cap, batch_store *s);
 /* Free b's current arrays and take over s's (s is emptied). */

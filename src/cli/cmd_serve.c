@@ -12,6 +12,7 @@
 
 #include "cli.h"
 #include "model_cli.h"
+#include "serve_mem.h"
 #include "server/server.h"
 #include "tqkv_engine.h"
 
@@ -39,6 +40,9 @@ int cmd_serve(int argc, char **argv) {
     const char *prefix_bytes = NULL, *max_body = NULL, *device = "cpu";
     int port = 8080, window = 0, parallel = 16, draft_tokens = 4, threads = 1, queue = 256;
     int chunk = 256, verbose = 0, max_conns = 512;
+    /* slow-client defence (src/server/conn_guard.c) */
+    int idle_timeout = 600, header_timeout = 20, body_timeout = 60, max_conns_ip = 0;
+    int reserved_conns = -1;
     arg_spec specs[] = {
         {"--model", ARG_STR, &model, "model directory (default " MCLI_DEFAULT_MODEL ")"},
         {"--host", ARG_STR, &host, "IPv4 address to listen on (default 127.0.0.1)"},
@@ -60,8 +64,14 @@ int cmd_serve(int argc, char **argv) {
         {"--max-conns", ARG_INT, &max_conns, "simultaneous connections (default 512)"},
         {"--device", ARG_STR, &device, "cpu|cuda: where the model (and --draft) runs (default cpu; cuda: --prompt-cache-dir needs tq4 or tq3 KV)"},
         {"--verbose", ARG_FLAG, &verbose, "progress lines on stderr"},
+        {"--timeout", ARG_INT, &idle_timeout, "seconds a connection may stay silent while sending a request or reading a reply (default 600, as llama-server; never cuts a generation)"},
+        {"--header-timeout", ARG_INT, &header_timeout, "seconds for a whole request head, from connecting or from the previous reply on a kept-alive connection (default 20; 0 = none)"},
+        {"--body-timeout", ARG_INT, &body_timeout, "seconds for a whole request body after its head (default 60; 0 = none)"},
+        {"--max-conns-per-ip", ARG_INT, &max_conns_ip, "connections per client address (default 0 = no cap: a reverse proxy is one address)"},
+        {"--reserved-conns", ARG_INT, &reserved_conns, "of --max-conns, slots only requests that have fully arrived may use; a new connection evicts the longest-sending one when the others are full (default max-conns / 8)"},
     };
     if (args_parse(CMD, argc, argv, specs, (int)(sizeof specs / sizeof specs[0]))) return 2;
+    serve_mem_policy(); /* before any thread: few arenas, big buffers returned when freed */
     /* OpenMP teams must not spin: the HTTP threads and other processes share the cores.
      * libgomp reads OMP_WAIT_POLICY at start-up, so re-execute with passive waits. */
     if (threads > 1 && !getenv("OMP_WAIT_POLICY")) {
@@ -80,6 +90,12 @@ int cmd_serve(int argc, char **argv) {
         chunk < 1 || window < 0 || max_conns < 1) {
         fprintf(stderr, "tqkv serve: --port must be 0..65535; --parallel, --draft-tokens, --threads, "
                         "--prefill-chunk, --max-conns >= 1; --queue, --window >= 0\n");
+        return 2;
+    }
+    if (idle_timeout < 1 || header_timeout < 0 || body_timeout < 0 || max_conns_ip < 0 ||
+        reserved_conns >= max_conns || reserved_conns < -1) {
+        fprintf(stderr, "tqkv serve: --timeout >= 1; --header-timeout, --body-timeout, "
+                        "--max-conns-per-ip >= 0; --reserved-conns 0..max-conns - 1\n");
         return 2;
     }
     char mbuf[4096], dbuf[4096];
@@ -131,6 +147,11 @@ int cmd_serve(int argc, char **argv) {
     sp.api_key = api_key && api_key[0] ? api_key : NULL;
     sp.max_conns = max_conns;
     sp.verbose = verbose;
+    sp.idle_timeout_s = idle_timeout;
+    sp.header_timeout_s = header_timeout;
+    sp.body_timeout_s = body_timeout;
+    sp.max_conns_per_ip = max_conns_ip;
+    sp.reserved_conns = reserved_conns;
     srv_server *srv = NULL;
     if (srv_start(&srv, &sp, &eng) != TQKV_OK) {
         fprintf(stderr, "tqkv serve: %s\n", tqkv_last_error());
@@ -150,6 +171,7 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "tqkv serve: model %s, kv %s, listening on http://%s:%d\n",
             eng.model_name, kv, host, bound);
 
+    serve_trimmer *trim = serve_trimmer_start(e); /* freed memory back after bursts */
     int sig = 0;
     sigwait(&set, &sig);
     fprintf(stderr, "tqkv serve: %s: stopping admission, draining\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
@@ -163,6 +185,7 @@ int cmd_serve(int argc, char **argv) {
     int left = srv_wait_idle(srv, 30.0);
     if (left) fprintf(stderr, "tqkv serve: %d responses still open after 30 s; closing them\n", left);
     srv_free(srv);
+    serve_trimmer_stop(trim);
     tqkv_engine_free(e);
     fprintf(stderr, "tqkv serve: stopped\n");
     return rc;

@@ -253,7 +253,14 @@ tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
         engine_release(e);
         return rc;
     }
-    if (e->pc.dir) prefix_load_dir(&e->pc, e->m, &e->psp, p.verbose);
+    if (e->pc.dir) { /* entries are keyed by the model files' content too */
+        rc = prefix_key_model(&e->pc, p.model_dir, p.verbose);
+        if (rc != TQKV_OK) {
+            engine_release(e);
+            return rc;
+        }
+        prefix_load_dir(&e->pc, e->m, &e->psp, p.verbose);
+    }
     /* bytes per token of one row (for stats), from an empty 1-row state */
     tqkv_model_state *tmp = NULL;
     rc = tqkv_model_state_init(&tmp, e->m, &e->sp); /* device: uploads the weights */
@@ -466,6 +473,9 @@ static void sched_admit(tqkv_engine *e, eng_req **dropped, int *n_dropped, int c
             continue;
         }
         if (e->reserved + need > e->p.kv_budget) break; /* wait for rows to finish */
+        /* the storage really held (padding of rows of unequal lengths, spare columns)
+         * counts too: the budget bounds memory, not only the projected token bytes */
+        if (e->st.kv_bytes_allocated + need > e->p.kv_budget && e->n_rows + e->n_pre > 0) break;
         if (!grow_ptrs((void ***)&e->pre, &e->cap_pre, e->n_pre + 1)) break;
         e->q_head = q->next;
         if (!e->q_head) e->q_tail = NULL;
@@ -671,6 +681,29 @@ static tqkv_status sched_rows(tqkv_engine *e, eng_req **ready, int n_ready) {
 // Step
 // ---------------------------------------------------------------------------
 
+/* Bytes of KV storage of a state's layers (each batch once: KV-shared layers may name
+ * their donor's); 0 for a device state (its caches live on the device). */
+static size_t state_kv_allocated(tqkv_model_state *s, const tqkv_model *m) {
+    if (!s || !m) return 0;
+    int L = tqkv_model_get_config(m)->n_layers;
+    size_t total = 0;
+    for (int l = 0; l < L; l++) {
+        tqkv_batch *b = tqkv_model_state_layer(s, l);
+        int seen = 0;
+        for (int k = 0; k < l && b && !seen; k++) seen = tqkv_model_state_layer(s, k) == b;
+        if (b && !seen) total += tqkv_batch_bytes_allocated(b);
+    }
+    return total;
+}
+
+/* The running states plus the 1-row states of requests still prefilling. */
+static size_t engine_kv_allocated(tqkv_engine *e) {
+    size_t total = state_kv_allocated(e->run, e->m) + state_kv_allocated(e->drun, e->dm);
+    for (int i = 0; i < e->n_pre; i++)
+        total += state_kv_allocated(e->pre[i]->pre, e->m) + state_kv_allocated(e->pre[i]->dpre, e->dm);
+    return total;
+}
+
 tqkv_status tqkv_engine_step(tqkv_engine *e, int *busy) {
     if (!e) return tqkv_fail(TQKV_EINVAL, "engine_step: NULL engine");
     enum { DROP_CAP = 64 };
@@ -736,6 +769,7 @@ tqkv_status tqkv_engine_step(tqkv_engine *e, int *busy) {
     e->st.queued = e->n_queue;
     e->st.kv_bytes_used = (e->run ? tqkv_model_state_kv_bytes_used(e->run) : 0) +
                           (e->drun ? tqkv_model_state_kv_bytes_used(e->drun) : 0);
+    e->st.kv_bytes_allocated = engine_kv_allocated(e);
     e->st.prefix_cache_bytes = e->pc.bytes;
     if (!b) pthread_cond_broadcast(&e->cv_idle);
     pthread_mutex_unlock(&e->mu);
@@ -835,6 +869,7 @@ tqkv_status tqkv_engine_stats_get(tqkv_engine *e, tqkv_engine_stats *out) {
     out->queued = e->n_queue;
     out->kv_budget = e->p.kv_budget;
     out->prefix_cache_bytes = e->pc.bytes;
+    out->prompt_cache_refused = e->pc.refused;
     pthread_mutex_unlock(&e->mu);
     return TQKV_OK;
 }

@@ -31,6 +31,8 @@ typedef struct {
     char         *dir;         /* persisted entries (NULL: memory only) */
     uint64_t      fingerprint; /* model + KV parameters */
     char          desc[256];   /* "model qwen3-code-28m, kv tq4/tq4, window 0" for messages */
+    int           model_keyed; /* fingerprint includes the model files' content key */
+    uint64_t      refused;     /* prompt-cache files refused (stats, /metrics) */
 } prefix_cache;
 
 tqkv_status prefix_init(prefix_cache *pc, size_t budget, const char *dir, uint64_t fingerprint,
@@ -42,10 +44,14 @@ prefix_entry *prefix_lookup(prefix_cache *pc, const int32_t *tokens, int n, int 
  * Persists to dir when set. Returns TQKV_OK also when the entry does not fit. */
 tqkv_status prefix_insert(prefix_cache *pc, const int32_t *tokens, int n,
                           const tqkv_model_state *st);
+/* Fold the content key of the model directory (prefix_file.c) into the fingerprint, once;
+ * needed before any file is written or read. */
+tqkv_status prefix_key_model(prefix_cache *pc, const char *model_dir, int verbose);
 /* Load one persisted entry file (refuses another model/format with a message). */
 tqkv_status prefix_load_file(prefix_cache *pc, const tqkv_model *m,
                              const tqkv_model_state_params *sp, const char *path);
-/* Load every *.tqkvp file of pc->dir; refused files are reported on stderr if verbose. */
+/* Load every *.tqkvp file of pc->dir; each refused file is reported on stderr (the first
+ * 16 by name, then a count) and counted in pc->refused. */
 void        prefix_load_dir(prefix_cache *pc, const tqkv_model *m,
                             const tqkv_model_state_params *sp, int verbose);
 

@@ -7,23 +7,22 @@
  * only at its prefill chunk boundaries, so a hit continues with the same chunks a miss
  * would have run, and its output is bitwise identical).
  *
- * File format (little endian), DIR/<hash>.tqkvp:
- *   "TQKVPC01" | u64 fingerprint (model + KV parameters) | u32 desc length | desc bytes
- *   (the writer's "model ..., kv ..." for messages) | u32 n tokens | i32 tokens[n] |
- *   u64 state length | tqkv_model_state_export bytes (docs/STATE.md per layer)
+ * Files: DIR/<hash>-<n>.tqkvp, one per entry; their format, content key and checks are
+ * prefix_file.c's.
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "engine/engine_impl.h"
+#include "engine/prefix_file.h"
 #include "util/common.h"
-
-static const char PC_MAGIC[8] = {'T', 'Q', 'K', 'V', 'P', 'C', '0', '1'};
 
 static uint64_t hash_tokens(const int32_t *t, int n) {
     uint64_t h = 1469598103934665603ull;
@@ -123,33 +122,16 @@ static tqkv_status add_entry(prefix_cache *pc, int32_t *tokens, int n, tqkv_mode
     return TQKV_OK;
 }
 
-static int put(FILE *f, const void *p, size_t n) { return fwrite(p, 1, n, f) == n; }
-
 static tqkv_status save_entry(const prefix_cache *pc, const prefix_entry *x) {
     uint8_t *blob = NULL;
     size_t bl = 0;
     tqkv_status rc = tqkv_model_state_export(x->st, &blob, &bl);
     if (rc != TQKV_OK) return rc;
-    char path[4096], tmp[4200];
+    char path[4096];
     entry_path(pc, x->hash, x->n, path, sizeof path);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        free(blob);
-        return tqkv_fail(TQKV_EIO, "prompt cache: cannot write %s: %s", tmp, strerror(errno));
-    }
-    uint32_t dl = (uint32_t)strlen(pc->desc), n = (uint32_t)x->n;
-    uint64_t fp = pc->fingerprint, l64 = bl;
-    int ok = put(f, PC_MAGIC, 8) && put(f, &fp, 8) && put(f, &dl, 4) && put(f, pc->desc, dl) &&
-             put(f, &n, 4) && put(f, x->tokens, sizeof(int32_t) * (size_t)x->n) &&
-             put(f, &l64, 8) && put(f, blob, bl);
-    ok = (fclose(f) == 0) && ok;
+    rc = pcf_write(path, pc->fingerprint, pc->desc, x->tokens, x->n, blob, bl);
     free(blob);
-    if (!ok || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return tqkv_fail(TQKV_EIO, "prompt cache: cannot write %s", path);
-    }
-    return TQKV_OK;
+    return rc;
 }
 
 tqkv_status prefix_insert(prefix_cache *pc, const int32_t *tokens, int n,
@@ -172,91 +154,75 @@ tqkv_status prefix_insert(prefix_cache *pc, const int32_t *tokens, int n,
     return rc;
 }
 
-tqkv_status prefix_load_file(prefix_cache *pc, const tqkv_model *m,
-                             const tqkv_model_state_params *sp, const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return tqkv_fail(TQKV_EIO, "prompt cache: cannot open %s: %s", path, strerror(errno));
-    uint8_t *buf = NULL;
-    long len = -1;
-    if (fseek(f, 0, SEEK_END) == 0) len = ftell(f);
-    if (len >= 0 && fseek(f, 0, SEEK_SET) == 0) buf = malloc((size_t)len + 1);
-    size_t got = buf ? fread(buf, 1, (size_t)len, f) : 0;
-    fclose(f);
-    if (!buf || got != (size_t)len) {
-        free(buf);
-        return tqkv_fail(TQKV_EIO, "prompt cache: cannot read %s", path);
-    }
-    tqkv_status rc = TQKV_OK;
-    size_t at = 0, L = (size_t)len;
-    uint64_t fp = 0, bl = 0;
-    uint32_t dl = 0, n = 0;
-    char desc[257] = "";
-    if (L < 24 || memcmp(buf, PC_MAGIC, 8)) {
-        rc = tqkv_fail(TQKV_ECORRUPT, "prompt cache: %s is not a tqkv prompt cache file", path);
-        goto out;
-    }
-    memcpy(&fp, buf + 8, 8);
-    memcpy(&dl, buf + 16, 4);
-    at = 20;
-    if (dl > 256 || L - at < dl + 4) {
-        rc = tqkv_fail(TQKV_ECORRUPT, "prompt cache: %s is truncated", path);
-        goto out;
-    }
-    memcpy(desc, buf + at, dl);
-    desc[dl] = 0;
-    at += dl;
-    if (fp != pc->fingerprint) {
-        rc = tqkv_fail(TQKV_EINVAL, "prompt cache: %s was written for %s; this engine runs %s "
-                       "(another model or KV format): refused", path, desc, pc->desc);
-        goto out;
-    }
-    memcpy(&n, buf + at, 4);
-    at += 4;
-    if (n < 1 || n > (1u << 24) || (L - at) / 4 < n || L - at - 4ull * n < 8) {
-        rc = tqkv_fail(TQKV_ECORRUPT, "prompt cache: %s is truncated", path);
-        goto out;
-    }
-    int32_t *tokens = malloc(4ull * n);
-    if (!tokens) {
-        rc = tqkv_fail(TQKV_ENOMEM, "prompt cache: out of memory");
-        goto out;
-    }
-    memcpy(tokens, buf + at, 4ull * n);
-    at += 4ull * n;
-    memcpy(&bl, buf + at, 8);
-    at += 8;
-    if (bl != L - at) {
-        free(tokens);
-        rc = tqkv_fail(TQKV_ECORRUPT, "prompt cache: %s: state length %llu, %zu bytes left",
-                       path, (unsigned long long)bl, L - at);
-        goto out;
-    }
+tqkv_status prefix_key_model(prefix_cache *pc, const char *model_dir, int verbose) {
+    if (pc->model_keyed) return TQKV_OK;
+    uint64_t key = 0;
+    size_t bytes = 0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    tqkv_status rc = pcf_model_key(model_dir, &key, &bytes);
+    if (rc != TQKV_OK) return rc;
+    pc->fingerprint = pcf_hash(pc->fingerprint, &key, sizeof key);
+    pc->model_keyed = 1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (verbose)
+        fprintf(stderr, "tqkv engine: prompt cache: model content key %016llx (%zu bytes hashed "
+                "in %.3f s)\n", (unsigned long long)key, bytes,
+                (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+    return TQKV_OK;
+}
+
+/* The largest entry file read: an entry must fit the budget (its state export carries a
+ * little more than the KV bytes; a hybrid model's recurrent rows more), so anything far
+ * larger is junk and is refused from its size alone. */
+static size_t file_cap(const prefix_cache *pc) { return 2 * pc->budget + ((size_t)64 << 20); }
+
+/* Read, check and import one entry file (dfd/name; shown in messages). */
+static tqkv_status load_entry(prefix_cache *pc, const tqkv_model *m,
+                              const tqkv_model_state_params *sp, int dfd, const char *name,
+                              const char *shown) {
+    if (!pc->model_keyed)
+        return tqkv_fail(TQKV_ESTATE, "prompt cache: the model's content key is not computed");
+    pcf_entry x;
+    tqkv_status rc = pcf_read(dfd, name, shown, pc->fingerprint, pc->desc, file_cap(pc), &x);
+    if (rc != TQKV_OK) return rc;
     tqkv_model_state *st = NULL;
     tqkv_model_state_params p = *sp;
     p.rows = 1;
-    rc = tqkv_model_state_import(&st, m, &p, buf + at, (size_t)bl);
-    if (rc == TQKV_OK) {
-        int off = 0;
-        tqkv_model_state_offsets(st, &off);
-        if (tqkv_model_state_rows(st) != 1 || off != (int)n) {
-            tqkv_model_state_free(st);
-            free(tokens);
-            rc = tqkv_fail(TQKV_ECORRUPT, "prompt cache: %s holds %d tokens, header %u", path,
-                           off, n);
-            goto out;
-        }
-        for (int i = 0; i < pc->n; i++)
-            if (pc->e[i].n == (int)n && !memcmp(pc->e[i].tokens, tokens, 4ull * n)) {
-                tqkv_model_state_free(st); /* already cached */
-                free(tokens);
-                goto out;
-            }
-        rc = add_entry(pc, tokens, (int)n, st);
-    } else {
-        free(tokens);
+    rc = tqkv_model_state_import(&st, m, &p, x.state, x.state_len);
+    if (rc != TQKV_OK) {
+        pcf_entry_free(&x);
+        return rc;
     }
-out:
-    free(buf);
+    int off = 0;
+    tqkv_model_state_offsets(st, &off);
+    if (tqkv_model_state_rows(st) != 1 || off != x.n) {
+        tqkv_model_state_free(st);
+        pcf_entry_free(&x);
+        return tqkv_fail(TQKV_ECORRUPT, "prompt cache: %s holds %d tokens, header %d", shown, off, x.n);
+    }
+    for (int i = 0; i < pc->n; i++)
+        if (pc->e[i].n == x.n && !memcmp(pc->e[i].tokens, x.tokens, 4ull * (size_t)x.n)) {
+            tqkv_model_state_free(st); /* already cached */
+            pcf_entry_free(&x);
+            return TQKV_OK;
+        }
+    int32_t *tokens = malloc(4ull * (size_t)x.n);
+    if (!tokens) {
+        tqkv_model_state_free(st);
+        pcf_entry_free(&x);
+        return tqkv_fail(TQKV_ENOMEM, "prompt cache: out of memory");
+    }
+    memcpy(tokens, x.tokens, 4ull * (size_t)x.n);
+    int n = x.n;
+    pcf_entry_free(&x);
+    return add_entry(pc, tokens, n, st);
+}
+
+tqkv_status prefix_load_file(prefix_cache *pc, const tqkv_model *m,
+                             const tqkv_model_state_params *sp, const char *path) {
+    tqkv_status rc = load_entry(pc, m, sp, AT_FDCWD, path, path);
+    if (rc != TQKV_OK && rc != TQKV_ENOMEM) pc->refused++;
     return rc;
 }
 
@@ -271,15 +237,18 @@ void prefix_load_dir(prefix_cache *pc, const tqkv_model *m, const tqkv_model_sta
         if (nl < 7 || strcmp(de->d_name + nl - 6, ".tqkvp")) continue;
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", pc->dir, de->d_name);
-        if (prefix_load_file(pc, m, sp, path) == TQKV_OK) {
+        tqkv_status rc = load_entry(pc, m, sp, dirfd(d), de->d_name, path);
+        if (rc == TQKV_OK) {
             loaded++;
-        } else {
-            refused++;
-            if (verbose) fprintf(stderr, "tqkv engine: %s\n", tqkv_last_error());
+            continue;
         }
+        refused++;
+        pc->refused++;
+        /* at default verbosity: a refused entry is worth a line (the first 16 by name) */
+        if (refused <= 16) fprintf(stderr, "tqkv engine: %s\n", tqkv_last_error());
     }
     closedir(d);
-    if (verbose)
+    if (verbose || refused)
         fprintf(stderr, "tqkv engine: prompt cache %s: %d entries loaded, %d refused\n", pc->dir,
                 loaded, refused);
 }
@@ -291,7 +260,8 @@ tqkv_status tqkv_engine_prefix_import(tqkv_engine *e, const char *path) {
         return tqkv_fail(TQKV_ESTATE, "engine_prefix_import: the prefix cache is off "
                          "(prefix_cache_bytes = 0)");
     pthread_mutex_lock(&e->mu);
-    tqkv_status rc = prefix_load_file(&e->pc, e->m, &e->psp, path);
+    tqkv_status rc = prefix_key_model(&e->pc, e->model_dir, e->p.verbose);
+    if (rc == TQKV_OK) rc = prefix_load_file(&e->pc, e->m, &e->psp, path);
     pthread_mutex_unlock(&e->mu);
     return rc;
 }

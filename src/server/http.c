@@ -21,6 +21,7 @@
 
 #include <microhttpd.h>
 
+#include "server/conn_guard.h"
 #include "server/server.h"
 #include "util/common.h"
 
@@ -44,6 +45,7 @@ struct srv_server {
     int                 draining;
     uint64_t            next_id;
     uint64_t            counts[N_STATUS + 1]; /* last: other */
+    conn_guard         *guard;         /* slow-client defence (conn_guard.c) */
 };
 
 typedef struct job {
@@ -93,17 +95,60 @@ srv_params srv_params_default(void) {
     p.max_body = (size_t)1 << 20;
     p.max_conns = 512;
     p.default_max_tokens = 16;
-    p.idle_timeout_s = 120;
+    p.idle_timeout_s = 600; /* llama-server's --timeout */
+    p.header_timeout_s = 20;
+    p.body_timeout_s = 60;
+    p.max_conns_per_ip = 0;
+    p.reserved_conns = -1;
     return p;
 }
 
-/* Constant-time comparison of a candidate key with the server's key: the time depends
- * only on the candidate's length, never on where they differ. */
-static int key_equal(const char *want, const char *got) {
-    size_t nw = strlen(want), ng = strlen(got);
-    unsigned diff = (unsigned)(nw ^ ng);
-    for (size_t i = 0; i < ng; i++) diff |= (unsigned char)got[i] ^ (unsigned char)want[nw ? i % nw : 0];
-    return diff == 0 && nw > 0;
+/* Constant-time check of an Authorization header value [n] against "Bearer " + key. The
+ * whole value counts, length included (a NUL and more bytes after the key are a different
+ * key); the time depends only on n, never on where the bytes differ. */
+int srv_auth_ok(const char *key, const char *value, size_t n) {
+    static const char prefix[] = "Bearer ";
+    size_t nk = key ? strlen(key) : 0;
+    if (!value || nk == 0) return 0;
+    unsigned diff = (unsigned)(n != nk + 7);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char want = i < 7 ? (unsigned char)prefix[i] : (unsigned char)key[(i - 7) % nk];
+        diff |= (unsigned char)value[i] ^ want;
+    }
+    return diff == 0;
+}
+
+/* ---- a NUL inside the Authorization value ----
+ * libmicrohttpd 0.9.75 parses the request head in place (line ends and the ':' become
+ * NULs) and reports a value's length up to its first NUL, so "Bearer KEY\0more" reads as
+ * "Bearer KEY". The head is [method, method + header size) in its buffer; after a value
+ * only line-end bytes (now NULs) and whitespace may come before the next header's name
+ * or the end of the head. Anything else is a client's NUL followed by more bytes. */
+typedef struct { const char *at; int found; } key_probe;
+
+static enum MHD_Result probe_key(void *cls, enum MHD_ValueKind kind, const char *key,
+                                 size_t key_size, const char *value, size_t value_size) {
+    (void)kind;
+    (void)key_size;
+    (void)value;
+    (void)value_size;
+    key_probe *kp = cls;
+    if (key == kp->at) kp->found = 1;
+    return MHD_YES;
+}
+
+static int auth_hidden_tail(struct MHD_Connection *c, const char *method, const char *auth,
+                            size_t n) {
+    const union MHD_ConnectionInfo *hi = MHD_get_connection_info(c, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
+    if (!hi || !method || !auth) return 0;
+    const char *end = method + hi->header_size;
+    if (auth < method || auth + n >= end) return 0; /* not parsed in place: nothing hidden */
+    const char *q = auth + n;
+    while (q < end && (*q == 0 || *q == '\r' || *q == '\n' || *q == ' ' || *q == '\t')) q++;
+    if (q == end) return 0;
+    key_probe kp = {q, 0};
+    MHD_get_connection_values_n(c, MHD_HEADER_KIND, probe_key, &kp);
+    return !kp.found;
 }
 
 static void count_status(srv_server *s, int status) {
@@ -570,6 +615,37 @@ static enum MHD_Result handle_models(srv_server *s, struct MHD_Connection *c) {
     return queue_buf(s, c, 200, "application/json", body);
 }
 
+/* The connection guard's counters appended to the metrics text (taken, returned). */
+static char *metrics_append_guard(srv_server *s, char *text) {
+    if (!text) return NULL;
+    conn_guard_stats g;
+    conn_guard_get_stats(s->guard, &g);
+    char extra[1024];
+    int k = snprintf(extra, sizeof extra,
+                     "# HELP tqkv_http_connections_closed_total Connections the server closed: "
+                     "timeout = request head or body past its deadline, evicted = a slow sender "
+                     "closed to admit a new connection, refused = every slot busy.\n"
+                     "# TYPE tqkv_http_connections_closed_total counter\n"
+                     "tqkv_http_connections_closed_total{reason=\"timeout\"} %llu\n"
+                     "tqkv_http_connections_closed_total{reason=\"evicted\"} %llu\n"
+                     "tqkv_http_connections_closed_total{reason=\"refused\"} %llu\n"
+                     "# HELP tqkv_http_connections Open connections: reading = sending a request, "
+                     "busy = request received.\n"
+                     "# TYPE tqkv_http_connections gauge\n"
+                     "tqkv_http_connections{state=\"reading\"} %d\n"
+                     "tqkv_http_connections{state=\"busy\"} %d\n",
+                     (unsigned long long)g.timed_out, (unsigned long long)g.evicted,
+                     (unsigned long long)g.refused, g.readers, g.busy);
+    size_t n = strlen(text);
+    char *out = realloc(text, n + (size_t)k + 1);
+    if (!out) {
+        free(text);
+        return NULL;
+    }
+    memcpy(out + n, extra, (size_t)k + 1);
+    return out;
+}
+
 static enum MHD_Result handle_metrics(srv_server *s, struct MHD_Connection *c) {
     tqkv_engine_stats st;
     memset(&st, 0, sizeof st);
@@ -583,7 +659,7 @@ static enum MHD_Result handle_metrics(srv_server *s, struct MHD_Connection *c) {
     open = s->open;
     pthread_mutex_unlock(&s->mu);
     char *text = srv_metrics_text(&st, s->eng.lat_buckets, counts, n, open);
-    return queue_buf(s, c, 200, "text/plain; version=0.0.4", text);
+    return queue_buf(s, c, 200, "text/plain; version=0.0.4", metrics_append_guard(s, text));
 }
 
 /* ------------------------------------------------------------------------- */
@@ -613,6 +689,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     srv_server *s = cls;
     conn_ctx *cc = *con_cls;
     if (!cc) { /* first call: headers only */
+        conn_guard_phase(s->guard, c, CG_BODY);
         cc = calloc(1, sizeof *cc);
         if (!cc) return MHD_NO;
         *con_cls = cc;
@@ -624,9 +701,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             return queue_simple_error(s, c, 405, "invalid_request_error", "method_not_allowed",
                                       post ? "use POST" : "use GET");
         if (s->p.api_key && r != R_HEALTH) {
-            const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-            const char *key = auth && !strncmp(auth, "Bearer ", 7) ? auth + 7 : "";
-            if (!key_equal(s->p.api_key, key))
+            const char *auth = NULL;
+            size_t auth_len = 0;
+            if (MHD_lookup_connection_value_n(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION,
+                                              strlen(MHD_HTTP_HEADER_AUTHORIZATION), &auth,
+                                              &auth_len) != MHD_YES)
+                auth = NULL;
+            if (!srv_auth_ok(s->p.api_key, auth, auth_len) || auth_hidden_tail(c, method, auth, auth_len))
                 return queue_simple_error(s, c, 401, "authentication_error", "invalid_api_key",
                                           "missing or invalid API key (Authorization: Bearer KEY)");
         }
@@ -658,6 +739,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cc->body[cc->len] = 0;
         return MHD_YES;
     }
+    conn_guard_phase(s->guard, c, CG_BUSY); /* the whole request has arrived */
     if (cc->too_large) {
         char msg[96];
         snprintf(msg, sizeof msg, "request body exceeds %zu bytes", s->p.max_body);
@@ -682,9 +764,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
-    (void)cls;
-    (void)c;
     (void)toe;
+    srv_server *s = cls;
+    conn_guard_phase(s->guard, c, CG_READING); /* kept alive: waits for its next request */
     conn_ctx *cc = *con_cls;
     if (!cc) return;
     if (cc->job) {
@@ -732,14 +814,25 @@ tqkv_status srv_start(srv_server **out, const srv_params *p, const srv_engine *e
         srv_free(s);
         return tqkv_fail(TQKV_EINVAL, "serve: --host must be an IPv4 address, got '%s'", p->host);
     }
+    int max_conns = p->max_conns > 0 ? p->max_conns : 512;
+    int reserved = p->reserved_conns >= 0 ? p->reserved_conns : max_conns / 8;
+    if (conn_guard_init(&s->guard, max_conns, reserved, p->header_timeout_s, p->body_timeout_s)) {
+        srv_free(s);
+        return tqkv_fail(TQKV_ENOMEM, "srv_start: out of memory");
+    }
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL;
     if (p->verbose) flags |= MHD_USE_ERROR_LOG;
-    s->d = MHD_start_daemon(flags, (uint16_t)p->port, NULL, NULL, on_request, s,
+    /* The guard admits connections (conn_guard_accept) and counts them against max_conns;
+     * libmicrohttpd's own limit leaves room for evicted ones still closing. */
+    s->d = MHD_start_daemon(flags, (uint16_t)p->port, conn_guard_accept, s->guard, on_request, s,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)(p->max_conns > 0 ? p->max_conns : 512),
+                            MHD_OPTION_CONNECTION_LIMIT, conn_guard_hard_limit(s->guard),
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                            (unsigned)(p->max_conns_per_ip > 0 ? p->max_conns_per_ip : 0),
                             MHD_OPTION_CONNECTION_TIMEOUT,
                             (unsigned)(p->idle_timeout_s > 0 ? p->idle_timeout_s : 120),
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_NOTIFY_CONNECTION, conn_guard_notify, s->guard,
                             MHD_OPTION_END);
     if (!s->d) {
         srv_free(s);
@@ -782,6 +875,7 @@ int srv_wait_idle(srv_server *s, double timeout_s) {
 void srv_free(srv_server *s) {
     if (!s) return;
     if (s->d) MHD_stop_daemon(s->d);
+    conn_guard_free(s->guard);
     tqkv_chat_template_free(s->tmpl);
     free(s->tmpl_error);
     pthread_mutex_destroy(&s->mu);

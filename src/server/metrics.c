@@ -82,6 +82,8 @@ char *srv_metrics_text(const tqkv_engine_stats *st, const double *lat_buckets,
     GAUGE("tqkv_http_open_requests", "Generation requests with an open HTTP response.", "%d",
           open_requests);
     GAUGE("tqkv_kv_bytes_used", "Bytes the running rows' KV caches hold.", "%zu", st->kv_bytes_used);
+    GAUGE("tqkv_kv_bytes_allocated", "Bytes the running and prefilling rows' KV storage occupies "
+          "(padding and spare columns included).", "%zu", st->kv_bytes_allocated);
     GAUGE("tqkv_kv_budget_bytes", "KV budget for running rows and their projected growth.", "%zu",
           st->kv_budget);
     GAUGE("tqkv_kv_bytes_per_token", "KV bytes per token over all layers, K and V.", "%.6g",
@@ -91,6 +93,9 @@ char *srv_metrics_text(const tqkv_engine_stats *st, const double *lat_buckets,
     COUNTER("tqkv_prefix_cache_tokens_reused_total", "Prompt tokens served from the prefix cache.",
             st->prefix_tokens_reused);
     GAUGE("tqkv_prefix_cache_bytes", "Bytes held by the prefix cache.", "%zu", st->prefix_cache_bytes);
+    COUNTER("tqkv_prompt_cache_refused_total",
+            "Prompt-cache files refused (another model, weights or KV spec; checksum; not a "
+            "regular file; over the size cap).", st->prompt_cache_refused);
     COUNTER("tqkv_spec_rounds_total", "Speculative decoding rounds.", st->spec_rounds);
     COUNTER("tqkv_spec_draft_tokens_total", "Draft tokens proposed.", st->spec_drafted);
     COUNTER("tqkv_spec_accepted_tokens_total", "Draft tokens accepted by the target.", st->spec_accepted);

@@ -9,6 +9,8 @@
  *   metrics.c  - Prometheus text for /metrics;
  *   http.c     - libmicrohttpd plumbing: routing, body limit, API key, per-request job
  *                queues fed by the engine callback, disconnect -> cancel, drain.
+ *   conn_guard.c - slow-client defence: header / body deadlines, reserved slots for
+ *                requests that have arrived, eviction of the longest-sending connection.
  * Must not: run the model or schedule requests (the engine does), print to stdout.
  *
  * The server reaches the engine only through srv_engine (a table of functions), so its
@@ -150,8 +152,15 @@ typedef struct {
     int         max_conns;     /* simultaneous connections (default 512) */
     int         default_max_tokens; /* completions without max_tokens (OpenAI: 16) */
     int         idle_timeout_s;     /* connection idle limit while reading a request
-                                       (default 120); none once generation started */
+                                       (default 600); none once generation started */
     int         verbose;
+    /* slow-client defence (conn_guard.c); 0 = off unless said */
+    int         header_timeout_s;   /* request head within this of connecting or of the
+                                       previous response (default 20) */
+    int         body_timeout_s;     /* request body within this of its head (default 60) */
+    int         max_conns_per_ip;   /* connections per client address (default 0 = no cap) */
+    int         reserved_conns;     /* slots only requests that have arrived may use
+                                       (-1 = max_conns / 8, the default) */
 } srv_params;
 
 srv_params srv_params_default(void);
@@ -175,5 +184,9 @@ void        srv_free(srv_server *s);
 typedef struct { int status; uint64_t count; } srv_status_count;
 char *srv_metrics_text(const tqkv_engine_stats *st, const double *lat_buckets,
                        const srv_status_count *http_counts, int n_status, int open_requests);
+
+/* 1 if the Authorization value [n] (not NUL-terminated: bytes after a NUL count) is
+ * "Bearer " + exactly key; constant time in the value's length (http.c). */
+int srv_auth_ok(const char *key, const char *value, size_t n);
 
 #endif
