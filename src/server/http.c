@@ -17,7 +17,10 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netdb.h>
 #include <sys/socket.h>
+
+#include <cjson/cJSON.h>
 
 #include <microhttpd.h>
 
@@ -56,6 +59,7 @@ typedef struct job {
     int             cancel_sent;
     MHD_socket      fd;
     char            idbuf[48];
+    char            model[128];   /* the name the response reports */
     srv_resp_ctx    rc;
     /* filled by the engine callback under mu */
     char           *text;         /* [text_len] output so far */
@@ -129,6 +133,7 @@ static enum MHD_Result queue_buf(srv_server *s, struct MHD_Connection *c, int st
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    if (status == 503) MHD_add_response_header(r, "Retry-After", "1");
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     count_status(s, status);
@@ -167,7 +172,9 @@ static job *job_new(srv_server *s, const srv_request *rq, int n_prompt) {
     j->rc.api = rq->api;
     j->rc.id = j->idbuf;
     j->rc.created = (long long)time(NULL);
-    j->rc.model = s->eng.model_name;
+    snprintf(j->model, sizeof j->model, "%s",
+             rq->model ? rq->model : s->p.n_aliases > 0 ? s->p.aliases[0] : s->eng.model_name);
+    j->rc.model = j->model;
     j->rc.top_logprobs = rq->top_logprobs;
     j->rc.tok = s->eng.tok;
     j->stream = rq->stream;
@@ -401,8 +408,7 @@ static int build_prompt(srv_server *s, const srv_request *rq, int32_t **ids, int
             return srv_error_set(err, 400, "invalid_request_error", "no_chat_template", "messages",
                                  "this model has no usable chat template%s%s; use /v1/completions",
                                  s->tmpl_error ? ": " : "", s->tmpl_error ? s->tmpl_error : "");
-        if (tqkv_chat_template_render(s->tmpl, rq->msgs, rq->n_msgs, 1, s->bos, s->eos, &rendered,
-                                      &len) != TQKV_OK)
+        if (srv_render_chat(s->tmpl, rq, s->bos, s->eos, &rendered, &len) != TQKV_OK)
             return srv_error_set(err, 400, "invalid_request_error", "chat_template_error", "messages",
                                  "chat template: %s", tqkv_last_error());
         text = rendered;
@@ -435,9 +441,14 @@ static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, 
     if (draining)
         return queue_simple_error(s, c, 503, "server_error", "shutting_down",
                                   "the server is shutting down and accepts no new requests");
-    srv_limits lim = {s->eng.model_name, s->eng.context_len, tqkv_tokenizer_vocab_size(s->eng.tok)};
+    srv_limits lim = {s->eng.model_name, s->p.aliases, s->p.n_aliases, s->eng.context_len,
+                      tqkv_tokenizer_vocab_size(s->eng.tok)};
     srv_request rq;
     if (srv_request_parse(api, cc->body, cc->len, &lim, &rq, &err)) return queue_error(s, c, &err);
+    if (srv_request_gate(&rq, &err)) {
+        srv_request_free(&rq);
+        return queue_error(s, c, &err);
+    }
     int32_t *ids = NULL;
     int n_prompt = 0;
     if (build_prompt(s, &rq, &ids, &n_prompt, &err)) {
@@ -547,26 +558,50 @@ static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, 
 /* Other endpoints                                                           */
 /* ------------------------------------------------------------------------- */
 
-static enum MHD_Result handle_models(srv_server *s, struct MHD_Connection *c) {
-    char *name = strdup(s->eng.model_name);
-    if (!name) return queue_buf(s, c, 500, "application/json", NULL);
-    /* the name is a directory component: escape through the error JSON helper's rules */
-    size_t cap = strlen(name) * 6 + 256;
-    char *body = malloc(cap);
-    if (body) {
-        size_t o = 0;
-        o += (size_t)snprintf(body + o, cap - o, "{\"object\":\"list\",\"data\":[{\"id\":\"");
-        for (const char *p = name; *p; p++) {
-            unsigned char ch = (unsigned char)*p;
-            if (ch == '"' || ch == '\\') o += (size_t)snprintf(body + o, cap - o, "\\%c", ch);
-            else if (ch < 0x20) o += (size_t)snprintf(body + o, cap - o, "\\u%04x", ch);
-            else body[o++] = (char)ch;
-        }
-        snprintf(body + o, cap - o,
-                 "\",\"object\":\"model\",\"created\":0,\"owned_by\":\"tqkv\",\"context_length\":%d}]}",
-                 s->eng.context_len);
+/* The names this server answers to: the aliases, else the engine's name. */
+static int model_names(const srv_server *s, const char *const **names, const char **one) {
+    if (s->p.n_aliases > 0) {
+        *names = s->p.aliases;
+        return s->p.n_aliases;
     }
-    free(name);
+    *names = one;
+    one[0] = s->eng.model_name;
+    return 1;
+}
+
+static cJSON *model_obj(const srv_server *s, const char *name) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", 0);
+    cJSON_AddStringToObject(m, "owned_by", "tqkv");
+    cJSON_AddNumberToObject(m, "context_length", s->eng.context_len);
+    return m;
+}
+
+/* GET /v1/models (id NULL) or /v1/models/{id}. */
+static enum MHD_Result handle_models(srv_server *s, struct MHD_Connection *c, const char *id) {
+    const char *one[1];
+    const char *const *names;
+    int n = model_names(s, &names, one);
+    cJSON *r = NULL;
+    if (!id) {
+        r = cJSON_CreateObject();
+        cJSON_AddStringToObject(r, "object", "list");
+        cJSON *d = cJSON_AddArrayToObject(r, "data");
+        for (int i = 0; i < n; i++) cJSON_AddItemToArray(d, model_obj(s, names[i]));
+    } else {
+        for (int i = 0; i < n && !r; i++)
+            if (!strcmp(names[i], id)) r = model_obj(s, names[i]);
+        if (!r) {
+            srv_error e;
+            srv_error_set(&e, 404, "invalid_request_error", "model_not_found", "model",
+                          "The model '%.120s' does not exist", id);
+            return queue_error(s, c, &e);
+        }
+    }
+    char *body = cJSON_PrintUnformatted(r);
+    cJSON_Delete(r);
     return queue_buf(s, c, 200, "application/json", body);
 }
 
@@ -590,9 +625,13 @@ static enum MHD_Result handle_metrics(srv_server *s, struct MHD_Connection *c) {
 /* Dispatch                                                                  */
 /* ------------------------------------------------------------------------- */
 
-typedef enum { R_NONE, R_HEALTH, R_MODELS, R_METRICS, R_CHAT, R_CMPL } route;
+typedef enum { R_NONE, R_HEALTH, R_MODELS, R_MODEL, R_METRICS, R_CHAT, R_CMPL } route;
 
 static route route_of(const char *url, int *post) {
+    if (!strncmp(url, "/v1/models/", 11) && url[11]) { /* GET /v1/models/{id} */
+        *post = 0;
+        return R_MODEL;
+    }
     static const struct { const char *url; route r; int post; } T[] = {
         {"/health", R_HEALTH, 0}, {"/v1/health", R_HEALTH, 0}, {"/v1/models", R_MODELS, 0},
         {"/metrics", R_METRICS, 0}, {"/v1/chat/completions", R_CHAT, 1},
@@ -623,7 +662,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (strcmp(method, post ? "POST" : "GET"))
             return queue_simple_error(s, c, 405, "invalid_request_error", "method_not_allowed",
                                       post ? "use POST" : "use GET");
-        if (s->p.api_key && r != R_HEALTH) {
+        if (s->p.api_key && r != R_HEALTH && (r != R_METRICS || s->p.metrics_auth)) {
             const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
             const char *key = auth && !strncmp(auth, "Bearer ", 7) ? auth + 7 : "";
             if (!key_equal(s->p.api_key, key))
@@ -672,7 +711,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return queue_buf(s, c, dr ? 503 : 200, "application/json",
                          strdup(dr ? "{\"status\":\"draining\"}" : "{\"status\":\"ok\"}"));
     }
-    case R_MODELS: return handle_models(s, c);
+    case R_MODELS: return handle_models(s, c, NULL);
+    case R_MODEL: return handle_models(s, c, url + 11);
     case R_METRICS: return handle_metrics(s, c);
     case R_CHAT: return handle_generate(s, c, cc, SRV_API_CHAT);
     case R_CMPL: return handle_generate(s, c, cc, SRV_API_COMPLETIONS);
@@ -705,6 +745,50 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 /* Lifecycle                                                                 */
 /* ------------------------------------------------------------------------- */
 
+/* host ("127.0.0.1", "::", "::1", "localhost") and port -> a socket address; *v6 set for
+ * IPv6 ones. "::" listens on IPv6 and (where the system allows, the Linux default)
+ * IPv4-mapped addresses too. 0 or -1. */
+static int listen_addr(const char *host, int port, struct sockaddr_storage *out, int *v6) {
+    memset(out, 0, sizeof *out);
+    struct sockaddr_in *a4 = (struct sockaddr_in *)out;
+    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)out;
+    char buf[64];
+    /* "[::1]" as in URLs */
+    size_t n = strlen(host);
+    if (n >= 2 && host[0] == '[' && host[n - 1] == ']' && n - 2 < sizeof buf) {
+        memcpy(buf, host + 1, n - 2);
+        buf[n - 2] = 0;
+        host = buf;
+    }
+    if (inet_pton(AF_INET, host, &a4->sin_addr) == 1) {
+        a4->sin_family = AF_INET;
+        a4->sin_port = htons((uint16_t)port);
+        *v6 = 0;
+        return 0;
+    }
+    if (inet_pton(AF_INET6, host, &a6->sin6_addr) == 1) {
+        a6->sin6_family = AF_INET6;
+        a6->sin6_port = htons((uint16_t)port);
+        *v6 = 1;
+        return 0;
+    }
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(host, NULL, &hints, &res) || !res) return -1;
+    int rc = -1;
+    if (res->ai_addrlen <= sizeof *out && (res->ai_family == AF_INET || res->ai_family == AF_INET6)) {
+        memcpy(out, res->ai_addr, res->ai_addrlen);
+        *v6 = res->ai_family == AF_INET6;
+        if (*v6) a6->sin6_port = htons((uint16_t)port);
+        else a4->sin_port = htons((uint16_t)port);
+        rc = 0;
+    }
+    freeaddrinfo(res);
+    return rc;
+}
+
 tqkv_status srv_start(srv_server **out, const srv_params *p, const srv_engine *eng) {
     if (!out || !p || !eng || !eng->submit || !eng->cancel || !eng->stats || !eng->tok || !eng->model_name)
         return tqkv_fail(TQKV_EINVAL, "srv_start: NULL argument");
@@ -724,15 +808,17 @@ tqkv_status srv_start(srv_server **out, const srv_params *p, const srv_engine *e
     if (bos < 0 || tqkv_tokenizer_id_to_token(eng->tok, bos, &s->bos, &n) != TQKV_OK) s->bos = "";
     if (eos < 0 || tqkv_tokenizer_id_to_token(eng->tok, eos, &s->eos, &n) != TQKV_OK) s->eos = "";
 
-    struct sockaddr_in addr;
-    memset(&addr, 0, sizeof addr);
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons((uint16_t)p->port);
-    if (inet_pton(AF_INET, p->host ? p->host : "127.0.0.1", &addr.sin_addr) != 1) {
+    struct sockaddr_storage addr;
+    int v6 = 0;
+    if (listen_addr(p->host ? p->host : "127.0.0.1", p->port, &addr, &v6)) {
         srv_free(s);
-        return tqkv_fail(TQKV_EINVAL, "serve: --host must be an IPv4 address, got '%s'", p->host);
+        return tqkv_fail(TQKV_EINVAL, "serve: --host must be an IPv4 or IPv6 address or a "
+                         "resolvable host name, got '%s'", p->host);
     }
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL;
+    if (v6) /* "::" also takes IPv4 (mapped) connections, as llama-server's does */
+        flags |= IN6_IS_ADDR_UNSPECIFIED(&((struct sockaddr_in6 *)&addr)->sin6_addr)
+                     ? MHD_USE_DUAL_STACK : MHD_USE_IPv6;
     if (p->verbose) flags |= MHD_USE_ERROR_LOG;
     s->d = MHD_start_daemon(flags, (uint16_t)p->port, NULL, NULL, on_request, s,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,

@@ -32,6 +32,12 @@
 typedef enum { SRV_API_COMPLETIONS = 0, SRV_API_CHAT } srv_api;
 
 #define SRV_MAX_STOP 16
+#define SRV_MAX_N 16       /* choices per request */
+#define SRV_MAX_BIAS 1024  /* logit_bias entries */
+#define SRV_MAX_TOOLS 128
+
+typedef enum { SRV_TOOL_NONE = 0, SRV_TOOL_AUTO, SRV_TOOL_REQUIRED, SRV_TOOL_NAMED } srv_tool_choice;
+typedef enum { SRV_FORMAT_TEXT = 0, SRV_FORMAT_JSON_OBJECT, SRV_FORMAT_JSON_SCHEMA } srv_format;
 
 typedef struct {
     int         http_status;  /* 400, 401, 404, 405, 413, 500, 503 */
@@ -63,10 +69,27 @@ typedef struct {
     int                include_usage;
     int                top_logprobs; /* -1 = no logprobs */
     int                ignore_eos;   /* extension (llama-server's): generate past EOS */
+    /* beyond plain generation (request_ext.c) */
+    int                n;            /* choices, 1..SRV_MAX_N */
+    double             frequency_penalty, presence_penalty; /* [-2, 2], 0 = off */
+    int32_t           *bias_ids;     /* [n_bias] logit_bias token ids */
+    float             *bias_vals;    /* [n_bias] their biases, [-100, 100] */
+    int                n_bias;
+    char              *messages_json; /* chat: the history as the template gets it */
+    char              *tools_json;   /* the "tools" array as JSON, NULL = none */
+    int                n_tools;
+    srv_tool_choice    tool_choice;
+    char              *tool_name;    /* SRV_TOOL_NAMED */
+    int                parallel_tool_calls;
+    srv_format         format;       /* response_format */
+    char              *schema_json;  /* SRV_FORMAT_JSON_SCHEMA: the schema, JSON */
 } srv_request;
 
 typedef struct {
     const char *model_name;  /* the one served model ("" accepts any) */
+    const char *const *aliases; /* [n_aliases]: when given, the names a request may use
+                                   instead of model_name */
+    int         n_aliases;
     int         context_len; /* max prompt + generated tokens */
     int32_t     vocab_size;  /* for token-id prompts */
 } srv_limits;
@@ -76,6 +99,22 @@ typedef struct {
 int  srv_request_parse(srv_api api, const char *body, size_t len, const srv_limits *lim,
                        srv_request *out, srv_error *err);
 void srv_request_free(srv_request *r);
+
+/* request_ext.c (called by srv_request_parse): unknown / unsupported top-level fields
+ * (400 naming them); the fields beyond plain generation; a message's fields beyond role
+ * and content, appended to m (its normalized JSON for the template); an escaped NUL in
+ * any string of body (1 and *param = the top-level field holding it, else 0). */
+struct cJSON;
+int  srv_request_check_fields(srv_api api, const struct cJSON *root, srv_error *err);
+int  srv_request_parse_ext(const struct cJSON *root, const srv_limits *lim, srv_request *r,
+                           srv_error *err);
+int  srv_message_ext(const struct cJSON *msg, int i, struct cJSON *m, srv_error *err);
+int  srv_body_find_nul(const char *body, size_t len, char *param, size_t cap);
+/* chat_render.c: the prompt text of a chat request (history, tools) with template t. */
+tqkv_status srv_render_chat(const tqkv_chat_template *t, const srv_request *rq, const char *bos,
+                            const char *eos, char **out, size_t *out_len);
+/* 0, or -1 with a 400 naming the first field of r this server cannot honour. */
+int  srv_request_gate(const srv_request *r, srv_error *err);
 /* Fill *err; returns -1 (for "return srv_error_set(...)"). */
 int  srv_error_set(srv_error *err, int http_status, const char *type, const char *code,
                    const char *param, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
@@ -152,6 +191,10 @@ typedef struct {
     int         idle_timeout_s;     /* connection idle limit while reading a request
                                        (default 120); none once generation started */
     int         verbose;
+    const char *const *aliases; /* [n_aliases] model names to serve under (--alias); the
+                                   first is the reported one; none: the engine's name */
+    int         n_aliases;
+    int         metrics_auth;  /* 1: /metrics needs the API key too (default: open) */
 } srv_params;
 
 srv_params srv_params_default(void);
