@@ -69,6 +69,11 @@ typedef struct eng_req {
     int                   top_logprobs;
     tqkv_engine_event_fn  fn;
     void                 *user;
+    int32_t              *bias_ids;     /* [sp.n_bias] logit_bias (own copies) */
+    float                *bias_vals;
+    int                   n_choices;    /* n of the request (1 = plain) */
+    int                   index;        /* this row's choice */
+    int                   forked;       /* the other choices exist (engine_fork.c) */
     int                   cancel;       /* set by tqkv_engine_cancel (under the lock) */
     size_t                reserved;     /* budget bytes held while admitted */
     /* prefill */
@@ -149,6 +154,21 @@ tqkv_status req_pick(tqkv_engine *e, eng_req *q, const float *raw, int32_t *tok,
 /* Account a generated token: text, stop strings, EOS, limits, and its event. Returns 1
  * when the request finished with this token. */
 int         req_take(tqkv_engine *e, eng_req *q, int32_t tok, const tok_info *ti);
+
+// ---------------------------------------------------------------------------
+// Choices (engine_fork.c)
+// ---------------------------------------------------------------------------
+
+/* q (index 0 of n_choices > 1) has prefilled its prompt: make choices 1..n-1 as rows
+ * copied from q->pre (and q->dpre), each with its own sampler (seed + index), pick each
+ * one's first token from logits [V] and put them on the prefill list as ready. Budget:
+ * each takes its share of q's reservation. A failure finishes those choices with an
+ * error event (q goes on). */
+void        engine_fork_choices(tqkv_engine *e, eng_req *q, const float *logits);
+/* Sampler of q from q->sp (seed given), its prompt history and the generated mark. */
+tqkv_status engine_req_sampler(tqkv_engine *e, eng_req *q, uint64_t seed);
+void        req_free(eng_req *q);
+int         engine_grow_ptrs(void ***a, int *cap, int need);
 
 // ---------------------------------------------------------------------------
 // Generation steps (engine_spec.c)

@@ -49,6 +49,21 @@ struct srv_server {
     uint64_t            counts[N_STATUS + 1]; /* last: other */
 };
 
+/* One choice's output (n > 1: several per request). */
+typedef struct {
+    char              *text;       /* [text_len] output so far */
+    size_t             text_len, text_cap;
+    srv_piece         *pieces;     /* [n_pieces] */
+    int                n_pieces, cap_pieces;
+    int                done;
+    tqkv_finish_reason finish;
+    int                completion_tokens;
+    /* stream writer state (connection thread only) */
+    int                sent;        /* pieces sent */
+    size_t             content_sent; /* bytes of text sent as content */
+    int                first_sent, finish_sent, closed;
+} job_choice;
+
 typedef struct job {
     srv_server     *srv;
     pthread_mutex_t mu;
@@ -62,18 +77,22 @@ typedef struct job {
     char            model[128];   /* the name the response reports */
     srv_resp_ctx    rc;
     /* filled by the engine callback under mu */
-    char           *text;         /* [text_len] output so far */
-    size_t          text_len, text_cap;
-    srv_piece      *pieces;       /* [n_pieces] */
-    int             n_pieces, cap_pieces;
-    int             done;
+    job_choice     *ch;           /* [n_ch] one per choice (n) */
+    int             n_ch;
+    int             n_done;       /* choices whose final event came */
+    uint64_t        events;       /* events recorded (streaming waits on it) */
+    int             done;         /* every choice finished */
     int             oom;
-    tqkv_finish_reason finish;
+    tqkv_finish_reason finish;    /* STOP/LENGTH, or the first choice's error/cancel */
     char            errmsg[256];
     srv_usage       usage;
+    /* tool calls (chat with tools): parsed from each choice's text */
+    int             tools;        /* 1: the output may hold tool calls */
+    int             parallel_tools;
     /* stream writer state (connection thread only) */
     int             stream, include_usage;
-    int             sent, first_sent, tail_done;
+    int             tail_done;
+    uint64_t        events_seen;  /* events already formatted */
     char           *out;          /* [out_len] pending SSE bytes, out_off sent */
     size_t          out_len, out_cap, out_off;
 } job;
@@ -155,9 +174,30 @@ static enum MHD_Result queue_simple_error(srv_server *s, struct MHD_Connection *
 /* Jobs                                                                      */
 /* ------------------------------------------------------------------------- */
 
-static job *job_new(srv_server *s, const srv_request *rq, int n_prompt) {
+static job *job_new(srv_server *s, const srv_request *rq, int n_prompt, const char *forced) {
     job *j = calloc(1, sizeof *j);
     if (!j) return NULL;
+    j->n_ch = rq->n > 1 ? rq->n : 1;
+    if (!(j->ch = calloc((size_t)j->n_ch, sizeof *j->ch))) {
+        free(j);
+        return NULL;
+    }
+    j->tools = rq->api == SRV_API_CHAT && rq->n_tools > 0 && rq->tool_choice != SRV_TOOL_NONE;
+    j->parallel_tools = rq->parallel_tool_calls;
+    /* a forced call start is part of each choice's output (parsed, never sent as content) */
+    size_t fl = strlen(forced);
+    for (int i = 0; fl && i < j->n_ch; i++) {
+        job_choice *c = &j->ch[i];
+        if (!(c->text = malloc(fl + 256))) {
+            for (int k = 0; k < i; k++) free(j->ch[k].text);
+            free(j->ch);
+            free(j);
+            return NULL;
+        }
+        memcpy(c->text, forced, fl + 1);
+        c->text_len = c->content_sent = fl;
+        c->text_cap = fl + 256;
+    }
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);
     j->srv = s;
@@ -191,8 +231,11 @@ static void job_unref(job *j) {
     srv_server *s = j->srv;
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
-    free(j->text);
-    free(j->pieces);
+    for (int i = 0; i < j->n_ch; i++) {
+        free(j->ch[i].text);
+        free(j->ch[i].pieces);
+    }
+    free(j->ch);
     free(j->out);
     free(j);
     pthread_mutex_lock(&s->mu);
@@ -206,56 +249,66 @@ static void job_ref(job *j) {
     pthread_mutex_unlock(&j->mu);
 }
 
+/* Append an event's token and text to choice c; 0 or -1 (out of memory). */
+static int choice_record(job_choice *c, const tqkv_engine_event *ev) {
+    if (c->text_len + ev->text_len + 1 > c->text_cap) {
+        size_t nc = c->text_cap ? c->text_cap * 2 : 256;
+        while (nc < c->text_len + ev->text_len + 1) nc *= 2;
+        char *nt = realloc(c->text, nc);
+        if (!nt) return -1;
+        c->text = nt, c->text_cap = nc;
+    }
+    if (c->n_pieces == c->cap_pieces) {
+        int nc = c->cap_pieces ? c->cap_pieces * 2 : 32;
+        srv_piece *np = realloc(c->pieces, sizeof *np * (size_t)nc);
+        if (!np) return -1;
+        c->pieces = np, c->cap_pieces = nc;
+    }
+    srv_piece *p = &c->pieces[c->n_pieces++];
+    p->token = ev->token;
+    p->logprob = ev->logprob;
+    p->n_top = ev->n_top < TQKV_MAX_TOP_LOGPROBS ? ev->n_top : TQKV_MAX_TOP_LOGPROBS;
+    if (p->n_top < 0 || !ev->top_ids || !ev->top_logprobs) p->n_top = 0;
+    for (int k = 0; k < p->n_top; k++) {
+        p->top_ids[k] = ev->top_ids[k];
+        p->top_lp[k] = ev->top_logprobs[k];
+    }
+    p->text_off = c->text_len;
+    p->text_len = ev->text_len;
+    if (ev->text_len) memcpy(c->text + c->text_len, ev->text, ev->text_len);
+    c->text_len += ev->text_len;
+    c->text[c->text_len] = 0;
+    return 0;
+}
+
 /* Engine thread: record the event, wake the connection thread. Returns quickly. */
 static void on_event(void *user, uint64_t id, const tqkv_engine_event *ev) {
     (void)id;
     job *j = user;
     pthread_mutex_lock(&j->mu);
-    if (!j->done && (ev->token >= 0 || ev->text_len)) {
-        int ok = 1;
-        if (j->text_len + ev->text_len + 1 > j->text_cap) {
-            size_t nc = j->text_cap ? j->text_cap * 2 : 256;
-            while (nc < j->text_len + ev->text_len + 1) nc *= 2;
-            char *nt = realloc(j->text, nc);
-            if (nt) j->text = nt, j->text_cap = nc;
-            else ok = 0;
+    job_choice *c = ev->index >= 0 && ev->index < j->n_ch ? &j->ch[ev->index] : NULL;
+    if (c && !c->done && (ev->token >= 0 || ev->text_len) && choice_record(c, ev)) j->oom = 1;
+    int last = 0;
+    if (c && ev->done && !c->done) {
+        c->done = 1;
+        c->finish = j->oom ? TQKV_FINISH_ERROR : ev->finish;
+        c->completion_tokens = ev->completion_tokens;
+        if ((c->finish == TQKV_FINISH_ERROR || c->finish == TQKV_FINISH_CANCELLED) &&
+            j->finish != TQKV_FINISH_ERROR && j->finish != TQKV_FINISH_CANCELLED) {
+            j->finish = c->finish;
+            snprintf(j->errmsg, sizeof j->errmsg, "%s",
+                     j->oom ? "out of memory while recording the output"
+                            : ev->error ? ev->error : "generation failed");
+        } else if (j->finish == TQKV_FINISH_NONE) {
+            j->finish = c->finish;
         }
-        if (ok && j->n_pieces == j->cap_pieces) {
-            int nc = j->cap_pieces ? j->cap_pieces * 2 : 32;
-            srv_piece *np = realloc(j->pieces, sizeof *np * (size_t)nc);
-            if (np) j->pieces = np, j->cap_pieces = nc;
-            else ok = 0;
-        }
-        if (ok) {
-            srv_piece *p = &j->pieces[j->n_pieces++];
-            p->token = ev->token;
-            p->logprob = ev->logprob;
-            p->n_top = ev->n_top < TQKV_MAX_TOP_LOGPROBS ? ev->n_top : TQKV_MAX_TOP_LOGPROBS;
-            if (p->n_top < 0 || !ev->top_ids || !ev->top_logprobs) p->n_top = 0;
-            for (int k = 0; k < p->n_top; k++) {
-                p->top_ids[k] = ev->top_ids[k];
-                p->top_lp[k] = ev->top_logprobs[k];
-            }
-            p->text_off = j->text_len;
-            p->text_len = ev->text_len;
-            if (ev->text_len) memcpy(j->text + j->text_len, ev->text, ev->text_len);
-            j->text_len += ev->text_len;
-            j->text[j->text_len] = 0;
-        } else {
-            j->oom = 1;
-        }
-    }
-    int last = ev->done && !j->done;
-    if (last) {
-        j->done = 1;
-        j->finish = j->oom ? TQKV_FINISH_ERROR : ev->finish;
-        snprintf(j->errmsg, sizeof j->errmsg, "%s",
-                 j->oom ? "out of memory while recording the output"
-                        : ev->error ? ev->error : "generation failed");
         j->usage.prompt_tokens = ev->prompt_tokens;
-        j->usage.completion_tokens = ev->completion_tokens;
+        j->usage.completion_tokens += ev->completion_tokens;
         j->usage.cached_tokens = ev->cached_tokens;
+        last = ++j->n_done == j->n_ch;
+        if (last) j->done = 1;
     }
+    j->events++;
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
     if (last) job_unref(j); /* the engine's reference */
@@ -269,10 +322,10 @@ static int peer_gone(MHD_socket fd) {
     return (pf.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
-/* With j->mu held: wait until more than `have` pieces exist or the job is done. A client
- * that hangs up meanwhile gets its engine request cancelled. */
-static void job_wait(job *j, int have) {
-    while (!j->done && j->n_pieces <= have) {
+/* With j->mu held: wait until more than `have` events were recorded or the job is done.
+ * A client that hangs up meanwhile gets its engine request cancelled. */
+static void job_wait(job *j, uint64_t have) {
+    while (!j->done && j->events <= have) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 100 * 1000 * 1000;
@@ -311,60 +364,120 @@ static int out_append(job *j, char *s /* taken */) {
     return 0;
 }
 
+/* A snapshot of one choice for the stream writer (taken under the job's lock). */
+typedef struct {
+    srv_piece         *pieces; /* [to - from] new pieces */
+    int                from, to;
+    char              *text;   /* the whole text so far [text_len] */
+    size_t             text_len;
+    int                done;
+    tqkv_finish_reason finish;
+} choice_snap;
+
+/* Chunks of choice i from its snapshot into j->out: content (tool mode: only what cannot
+ * start a tool call), logprobs, and when done its tool calls and finish chunk. */
+static int stream_choice(job *j, int i, const choice_snap *sn) {
+    job_choice *c = &j->ch[i];
+    int rc = 0, chat = j->rc.api == SRV_API_CHAT;
+    if (!c->first_sent && chat)
+        rc |= out_append(j, srv_chunk_sse(&j->rc, i, "", 0, 1, NULL, 0, 1, NULL));
+    c->first_sent = 1;
+    if (!j->tools) {
+        for (int k = 0; k < sn->to - sn->from && !rc; k++) {
+            const srv_piece *p = &sn->pieces[k];
+            if (p->text_len || (j->rc.top_logprobs >= 0 && p->token >= 0))
+                rc |= out_append(j, srv_chunk_sse(&j->rc, i, sn->text + p->text_off, p->text_len,
+                                                  1, p, 1, 0, NULL));
+        }
+        c->content_sent = sn->text_len;
+    } else {
+        /* content up to where a tool call could begin; logprobs with it */
+        size_t safe = sn->done ? sn->text_len : srv_tool_safe_len(sn->text, sn->text_len);
+        srv_tool_call *calls = NULL;
+        int n_calls = 0;
+        size_t content_end = safe;
+        if (sn->done && !c->closed) {
+            c->closed = 1;
+            if (srv_tool_parse(sn->text, sn->text_len, j->idbuf, i, j->parallel_tools, &calls,
+                               &n_calls, &content_end))
+                return -1;
+        }
+        if (content_end < c->content_sent) content_end = c->content_sent;
+        if (content_end > c->content_sent || (j->rc.top_logprobs >= 0 && sn->to > sn->from))
+            rc |= out_append(j, srv_chunk_sse(&j->rc, i, sn->text + c->content_sent,
+                                              content_end - c->content_sent, 1, sn->pieces,
+                                              sn->to - sn->from, 0, NULL));
+        c->content_sent = content_end;
+        if (n_calls) rc |= out_append(j, srv_tool_calls_sse(&j->rc, i, calls, n_calls));
+        if (sn->done && !c->finish_sent && (sn->finish == TQKV_FINISH_STOP || sn->finish == TQKV_FINISH_LENGTH)) {
+            rc |= out_append(j, srv_chunk_sse(&j->rc, i, NULL, 0, 0, NULL, 0, 0,
+                                              n_calls && sn->finish == TQKV_FINISH_STOP
+                                                  ? "tool_calls" : srv_finish_name(sn->finish)));
+            c->finish_sent = 1;
+        }
+        srv_tool_calls_free(calls, n_calls);
+    }
+    if (sn->done && !c->finish_sent && (sn->finish == TQKV_FINISH_STOP || sn->finish == TQKV_FINISH_LENGTH)) {
+        rc |= out_append(j, srv_chunk_sse(&j->rc, i, NULL, 0, 0, NULL, 0, 0, srv_finish_name(sn->finish)));
+        c->finish_sent = 1;
+    }
+    c->sent = sn->to;
+    return rc ? -1 : 0;
+}
+
 /* Wait for new events and format them into j->out; 0 or -1 (out of memory). */
 static int stream_fill(job *j) {
-    {
-        j->out_off = j->out_len = 0;
-        pthread_mutex_lock(&j->mu);
-        job_wait(j, j->sent);
-        /* snapshot new pieces and the text they cover */
-        int from = j->sent, to = j->n_pieces;
-        int done = j->done;
-        srv_piece *snap = NULL;
-        char *text = NULL;
-        if (to > from) {
-            snap = malloc(sizeof *snap * (size_t)(to - from));
-            text = malloc(j->text_len + 1);
-            if (snap && text) {
-                memcpy(snap, j->pieces + from, sizeof *snap * (size_t)(to - from));
-                memcpy(text, j->text, j->text_len + 1);
-            }
+    j->out_off = j->out_len = 0;
+    choice_snap *sn = calloc((size_t)j->n_ch, sizeof *sn);
+    if (!sn) return -1;
+    pthread_mutex_lock(&j->mu);
+    uint64_t seen = j->events_seen;
+    job_wait(j, seen);
+    j->events_seen = j->events;
+    int bad = 0;
+    for (int i = 0; i < j->n_ch; i++) {
+        job_choice *c = &j->ch[i];
+        sn[i].from = c->sent;
+        sn[i].to = c->n_pieces;
+        sn[i].done = c->done;
+        sn[i].finish = c->finish;
+        sn[i].text_len = c->text_len;
+        sn[i].pieces = malloc(sizeof(srv_piece) * (size_t)(sn[i].to - sn[i].from + 1));
+        sn[i].text = malloc(c->text_len + 1);
+        if (!sn[i].pieces || !sn[i].text) {
+            bad = 1;
+            continue;
         }
-        tqkv_finish_reason finish = j->finish;
-        char errmsg[256];
-        memcpy(errmsg, j->errmsg, sizeof errmsg);
-        srv_usage u = j->usage;
-        pthread_mutex_unlock(&j->mu);
-        if (to > from && (!snap || !text)) {
-            free(snap);
-            free(text);
-            return -1;
-        }
-        int rc = 0;
-        if (!j->first_sent && j->rc.api == SRV_API_CHAT)
-            rc |= out_append(j, srv_chunk_sse(&j->rc, "", NULL, 0, 1, NULL));
-        j->first_sent = 1;
-        for (int i = 0; i < to - from && !rc; i++)
-            if (snap[i].text_len || (j->rc.top_logprobs >= 0 && snap[i].token >= 0))
-                rc |= out_append(j, srv_chunk_sse(&j->rc, text, &snap[i], 1, 0, NULL));
-        j->sent = to;
-        free(snap);
-        free(text);
-        if (done && !rc) {
-            if (finish == TQKV_FINISH_STOP || finish == TQKV_FINISH_LENGTH) {
-                rc |= out_append(j, srv_chunk_sse(&j->rc, NULL, NULL, 0, 0, srv_finish_name(finish)));
-                if (j->include_usage) rc |= out_append(j, srv_usage_sse(&j->rc, &u));
-            } else {
-                srv_error e;
-                srv_error_set(&e, 500, "server_error", srv_finish_name(finish), NULL, "%s",
-                              finish == TQKV_FINISH_CANCELLED ? "request cancelled" : errmsg);
-                rc |= out_append(j, srv_error_sse(&e));
-            }
-            rc |= out_append(j, strdup("data: [DONE]\n\n"));
-            j->tail_done = 1;
-        }
-        return rc ? -1 : 0;
+        memcpy(sn[i].pieces, c->pieces + sn[i].from, sizeof(srv_piece) * (size_t)(sn[i].to - sn[i].from));
+        memcpy(sn[i].text, c->text ? c->text : "", c->text_len);
+        sn[i].text[c->text_len] = 0;
     }
+    int done = j->done;
+    tqkv_finish_reason finish = j->finish;
+    char errmsg[256];
+    memcpy(errmsg, j->errmsg, sizeof errmsg);
+    srv_usage u = j->usage;
+    pthread_mutex_unlock(&j->mu);
+    int rc = bad ? -1 : 0;
+    for (int i = 0; i < j->n_ch && !rc; i++) rc |= stream_choice(j, i, &sn[i]);
+    for (int i = 0; i < j->n_ch; i++) {
+        free(sn[i].pieces);
+        free(sn[i].text);
+    }
+    free(sn);
+    if (done && !rc) {
+        if (finish == TQKV_FINISH_STOP || finish == TQKV_FINISH_LENGTH) {
+            if (j->include_usage) rc |= out_append(j, srv_usage_sse(&j->rc, &u));
+        } else {
+            srv_error e;
+            srv_error_set(&e, 500, "server_error", srv_finish_name(finish), NULL, "%s",
+                          finish == TQKV_FINISH_CANCELLED ? "request cancelled" : errmsg);
+            rc |= out_append(j, srv_error_sse(&e));
+        }
+        rc |= out_append(j, strdup("data: [DONE]\n\n"));
+        j->tail_done = 1;
+    }
+    return rc ? -1 : 0;
 }
 
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -387,9 +500,11 @@ static void stream_free(void *cls) { job_unref(cls); }
 /* Generation endpoints                                                      */
 /* ------------------------------------------------------------------------- */
 
-/* Prompt ids of a parsed request: 0, or -1 with *err set. *ids malloc'd. */
+/* Prompt ids of a parsed request: 0, or -1 with *err set. *ids malloc'd. forced
+ * [forced_cap]: the start of a tool call the prompt ends with ("" none). */
 static int build_prompt(srv_server *s, const srv_request *rq, int32_t **ids, int *n,
-                        srv_error *err) {
+                        char *forced, size_t forced_cap, srv_error *err) {
+    forced[0] = 0;
     *ids = NULL;
     *n = 0;
     if (rq->prompt_ids) {
@@ -408,7 +523,8 @@ static int build_prompt(srv_server *s, const srv_request *rq, int32_t **ids, int
             return srv_error_set(err, 400, "invalid_request_error", "no_chat_template", "messages",
                                  "this model has no usable chat template%s%s; use /v1/completions",
                                  s->tmpl_error ? ": " : "", s->tmpl_error ? s->tmpl_error : "");
-        if (srv_render_chat(s->tmpl, rq, s->bos, s->eos, &rendered, &len) != TQKV_OK)
+        if (srv_render_chat(s->tmpl, tqkv_tokenizer_chat_template(s->eng.tok), rq, s->bos, s->eos,
+                            &rendered, &len, forced, forced_cap) != TQKV_OK)
             return srv_error_set(err, 400, "invalid_request_error", "chat_template_error", "messages",
                                  "chat template: %s", tqkv_last_error());
         text = rendered;
@@ -432,6 +548,38 @@ static int build_prompt(srv_server *s, const srv_request *rq, int32_t **ids, int
     return 0;
 }
 
+/* The non-streamed body of a finished job (tool calls parsed out of each choice). */
+static char *job_response(job *j) {
+    srv_choice_out *o = calloc((size_t)j->n_ch, sizeof *o);
+    srv_tool_call **calls = calloc((size_t)j->n_ch, sizeof *calls);
+    char *body = NULL;
+    int ok = o && calls;
+    for (int i = 0; i < j->n_ch && ok; i++) {
+        job_choice *c = &j->ch[i];
+        o[i].text = c->text ? c->text : "";
+        o[i].text_len = c->text_len;
+        o[i].pieces = c->pieces;
+        o[i].n_pieces = c->n_pieces;
+        o[i].finish = srv_finish_name(c->finish);
+        if (j->tools) {
+            size_t content_end = c->text_len;
+            if (srv_tool_parse(o[i].text, c->text_len, j->idbuf, i, j->parallel_tools, &calls[i],
+                               &o[i].n_calls, &content_end)) {
+                ok = 0;
+                break;
+            }
+            o[i].text_len = content_end;
+            o[i].calls = calls[i];
+            if (o[i].n_calls && c->finish == TQKV_FINISH_STOP) o[i].finish = "tool_calls";
+        }
+    }
+    if (ok) body = srv_response_json(&j->rc, o, j->n_ch, &j->usage);
+    for (int i = 0; calls && i < j->n_ch; i++) srv_tool_calls_free(calls[i], o ? o[i].n_calls : 0);
+    free(calls);
+    free(o);
+    return body;
+}
+
 static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, conn_ctx *cc,
                                        srv_api api) {
     srv_error err;
@@ -451,7 +599,8 @@ static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, 
     }
     int32_t *ids = NULL;
     int n_prompt = 0;
-    if (build_prompt(s, &rq, &ids, &n_prompt, &err)) {
+    char forced[160];
+    if (build_prompt(s, &rq, &ids, &n_prompt, forced, sizeof forced, &err)) {
         srv_request_free(&rq);
         return queue_error(s, c, &err);
     }
@@ -470,7 +619,7 @@ static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, 
         srv_request_free(&rq);
         return queue_error(s, c, &err);
     }
-    job *j = job_new(s, &rq, n_prompt);
+    job *j = job_new(s, &rq, n_prompt, forced);
     if (!j) {
         free(ids);
         srv_request_free(&rq);
@@ -497,6 +646,12 @@ static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, 
     er.n_stop = rq.n_stop;
     er.top_logprobs = rq.top_logprobs;
     er.ignore_eos = rq.ignore_eos;
+    er.n = rq.n;
+    er.sampling.frequency_penalty = (float)rq.frequency_penalty;
+    er.sampling.presence_penalty = (float)rq.presence_penalty;
+    er.sampling.bias_ids = rq.bias_ids;
+    er.sampling.bias_vals = rq.bias_vals;
+    er.sampling.n_bias = rq.n_bias;
     er.on_event = on_event;
     er.user = j;
     job_ref(j); /* the engine's reference, dropped by the final event */
@@ -543,15 +698,13 @@ static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, 
     }
 
     pthread_mutex_lock(&j->mu);
-    job_wait(j, 1 << 30);
+    while (!j->done) job_wait(j, j->events);
     pthread_mutex_unlock(&j->mu);
     /* done: the engine no longer writes to the job */
     if (j->finish == TQKV_FINISH_ERROR || j->finish == TQKV_FINISH_CANCELLED)
         return queue_simple_error(s, c, 500, "server_error", srv_finish_name(j->finish),
                                   j->finish == TQKV_FINISH_CANCELLED ? "request cancelled" : j->errmsg);
-    char *body = srv_response_json(&j->rc, j->text, j->text_len, j->pieces, j->n_pieces,
-                                   srv_finish_name(j->finish), &j->usage);
-    return queue_buf(s, c, 200, "application/json", body);
+    return queue_buf(s, c, 200, "application/json", job_response(j));
 }
 
 /* ------------------------------------------------------------------------- */

@@ -467,11 +467,6 @@ int srv_request_parse_ext(const cJSON *root, const srv_limits *lim, srv_request 
 /* What the server cannot do yet with a parsed request: a 400 naming the field, so that
  * nothing is silently ignored. */
 int srv_request_gate(const srv_request *r, srv_error *err) {
-    if (r->n > 1) return BAD("n", "'n' > 1 is not supported yet");
-    if (r->frequency_penalty != 0) return UNSUPPORTED("frequency_penalty");
-    if (r->presence_penalty != 0) return UNSUPPORTED("presence_penalty");
-    if (r->n_bias) return UNSUPPORTED("logit_bias");
-    if (r->n_tools && r->tool_choice != SRV_TOOL_NONE) return UNSUPPORTED("tools");
     if (r->format != SRV_FORMAT_TEXT) return UNSUPPORTED("response_format");
     return 0;
 }

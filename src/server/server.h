@@ -110,9 +110,13 @@ int  srv_request_parse_ext(const struct cJSON *root, const srv_limits *lim, srv_
                            srv_error *err);
 int  srv_message_ext(const struct cJSON *msg, int i, struct cJSON *m, srv_error *err);
 int  srv_body_find_nul(const char *body, size_t len, char *param, size_t cap);
-/* chat_render.c: the prompt text of a chat request (history, tools) with template t. */
-tqkv_status srv_render_chat(const tqkv_chat_template *t, const srv_request *rq, const char *bos,
-                            const char *eos, char **out, size_t *out_len);
+/* chat_render.c: the prompt text of a chat request (history, tools) with template t (its
+ * source src, for the tool-call format). tool_choice required / named: the start of a
+ * call in that format ends the prompt and is copied to forced [forced_cap] (the output
+ * continues it), else forced = "". */
+tqkv_status srv_render_chat(const tqkv_chat_template *t, const char *src, const srv_request *rq,
+                            const char *bos, const char *eos, char **out, size_t *out_len,
+                            char *forced, size_t forced_cap);
 /* 0, or -1 with a 400 naming the first field of r this server cannot honour. */
 int  srv_request_gate(const srv_request *r, srv_error *err);
 /* Fill *err; returns -1 (for "return srv_error_set(...)"). */
@@ -147,16 +151,47 @@ typedef struct {
     int prompt_tokens, completion_tokens, cached_tokens;
 } srv_usage;
 
+/* A tool call parsed from a choice's output (tools.c). */
+typedef struct {
+    char *id;         /* "call_<request id>_<choice>_<k>" */
+    char *name;
+    char *arguments;  /* JSON text of the arguments object */
+} srv_tool_call;
+
+/* One choice of a response. */
+typedef struct {
+    const char          *text;      /* content [text_len] (tool calls taken out) */
+    size_t               text_len;
+    const srv_piece     *pieces;    /* [n_pieces] for logprobs */
+    int                  n_pieces;
+    const char          *finish;    /* "stop", "length", "tool_calls" */
+    const srv_tool_call *calls;     /* [n_calls] chat only */
+    int                  n_calls;
+} srv_choice_out;
+
 /* All return malloc'd NUL-terminated text or NULL on allocation failure. */
 char *srv_error_json(const srv_error *err);
-/* The whole non-streamed response. */
-char *srv_response_json(const srv_resp_ctx *c, const char *text, size_t text_len,
-                        const srv_piece *pieces, int n_pieces, const char *finish,
+/* The whole non-streamed response: choices [n]. */
+char *srv_response_json(const srv_resp_ctx *c, const srv_choice_out *ch, int n,
                         const srv_usage *u);
-/* "data: {...}\n\n" for pieces [n] (their text taken from text); first = 1 adds the
- * assistant role (chat). finish != NULL: the closing chunk with finish_reason. */
-char *srv_chunk_sse(const srv_resp_ctx *c, const char *text, const srv_piece *pieces, int n,
-                    int first, const char *finish);
+/* "data: {...}\n\n" of choice `index`: content [len] (has_content 0: no content field),
+ * logprobs of pieces [n]; first = 1 adds the assistant role (chat). finish != NULL: the
+ * closing chunk with finish_reason. */
+char *srv_chunk_sse(const srv_resp_ctx *c, int index, const char *content, size_t len,
+                    int has_content, const srv_piece *pieces, int n, int first,
+                    const char *finish);
+/* tools.c: tool calls in a finished output text [len] (Qwen/Hermes <tool_call> blocks,
+ * Llama 3 JSON, Gemma 4 <|tool_call>): 0 and *calls [*n_calls] (NULL / 0 when the text is
+ * not calls; parallel 0 keeps the first) and *content_end = the length of the content
+ * before them; -1 out of memory. Ids are call_<req_id>_<choice>_<k>. */
+int    srv_tool_parse(const char *text, size_t len, const char *req_id, int choice, int parallel,
+                      srv_tool_call **calls, int *n_calls, size_t *content_end);
+/* Bytes of a growing output that can go out as content: none of a possible call. */
+size_t srv_tool_safe_len(const char *text, size_t len);
+void   srv_tool_calls_free(srv_tool_call *c, int n);
+/* A chat chunk carrying delta.tool_calls [n] of choice index (each whole: id, type,
+ * name and the complete arguments). */
+char *srv_tool_calls_sse(const srv_resp_ctx *c, int index, const srv_tool_call *calls, int n);
 /* The usage chunk (choices []) of stream_options.include_usage. */
 char *srv_usage_sse(const srv_resp_ctx *c, const srv_usage *u);
 /* "data: {"error":...}\n\n" */

@@ -33,6 +33,7 @@ typedef struct {
     int                metrics_auth;
     int                queue_max;
     int                step_us;
+    const char        *script;
 } fx_opts;
 
 static int start(fixture *fx, const fx_opts *o) {
@@ -40,7 +41,7 @@ static int start(fixture *fx, const fx_opts *o) {
     memset(fx, 0, sizeof *fx);
     if (tqkv_tokenizer_load(&fx->tok, source_path("models/qwen3-code-28m", path, sizeof path)) != TQKV_OK)
         return -1;
-    fake_params fp = {o->queue_max ? o->queue_max : 64, o->step_us, 4096, 0};
+    fake_params fp = {o->queue_max ? o->queue_max : 64, o->step_us, 4096, 0, o->script};
     if (fake_engine_init(&fx->fe, &fp, fx->tok)) return -1;
     srv_engine eng = fake_engine_bind(fx->fe);
     srv_params sp = srv_params_default();
@@ -373,6 +374,302 @@ static void test_ipv6(void **state) {
     tqkv_tokenizer_free(fx.tok);
 }
 
+/* ------------------------------------------------------------------------- */
+/* n choices                                                                 */
+/* ------------------------------------------------------------------------- */
+
+/* The fake engine's text of choice c for prompt text, max_tokens n. */
+static char *fake_text(const fixture *fx, const int32_t *ids, int ni, int c, int n) {
+    size_t cap = 64, len = 0;
+    char *s = malloc(cap);
+    for (int i = 0; i < n; i++) {
+        int32_t t = fake_engine_token(ids, ni, i + 7919 * c, tqkv_tokenizer_vocab_size(fx->tok));
+        const char *b;
+        size_t bn;
+        assert_int_equal(tqkv_tokenizer_id_bytes(fx->tok, t, &b, &bn), TQKV_OK);
+        while (len + bn + 1 > cap) s = realloc(s, cap *= 2);
+        for (size_t k = 0; k < bn; k++) s[len++] = (unsigned char)b[k] < 0x80 && b[k] ? b[k] : '?';
+    }
+    s[len] = 0;
+    return s;
+}
+
+/* Per-index content / finish of an SSE body (n choices); every chunk parses. */
+static void sse_by_index(const char *body, int chat, int n, char **text, char (*finish)[32], int *lp_entries) {
+    for (int i = 0; i < n; i++) {
+        text[i] = calloc(1, 1);
+        finish[i][0] = 0;
+        if (lp_entries) lp_entries[i] = 0;
+    }
+    int done = 0;
+    for (const char *p = body; *p;) {
+        const char *eol = strstr(p, "\n\n");
+        assert_non_null(eol);
+        assert_int_equal(strncmp(p, "data: ", 6), 0);
+        if (!strncmp(p + 6, "[DONE]", 6)) {
+            done = 1;
+            break;
+        }
+        cJSON *j = cJSON_ParseWithLength(p + 6, (size_t)(eol - p - 6));
+        assert_non_null(j);
+        assert_null(cJSON_GetObjectItem(j, "error"));
+        cJSON *ch;
+        cJSON_ArrayForEach(ch, cJSON_GetObjectItem(j, "choices")) {
+            int i = cJSON_GetObjectItem(ch, "index")->valueint;
+            assert_true(i >= 0 && i < n);
+            cJSON *t = chat ? cJSON_GetObjectItem(cJSON_GetObjectItem(ch, "delta"), "content")
+                            : cJSON_GetObjectItem(ch, "text");
+            if (cJSON_IsString(t)) {
+                text[i] = realloc(text[i], strlen(text[i]) + strlen(t->valuestring) + 1);
+                strcat(text[i], t->valuestring);
+            }
+            cJSON *fr = cJSON_GetObjectItem(ch, "finish_reason");
+            if (cJSON_IsString(fr)) snprintf(finish[i], 32, "%s", fr->valuestring);
+            cJSON *lp = cJSON_GetObjectItem(ch, "logprobs");
+            if (lp_entries && cJSON_IsObject(lp))
+                lp_entries[i] += cJSON_GetArraySize(chat ? cJSON_GetObjectItem(lp, "content")
+                                                         : cJSON_GetObjectItem(lp, "tokens"));
+        }
+        cJSON_Delete(j);
+        p = eol + 2;
+    }
+    assert_true(done);
+}
+
+static void test_n_choices(void **state) {
+    (void)state;
+    fixture fx;
+    fx_opts o = {0};
+    assert_int_equal(start(&fx, &o), 0);
+    int32_t *ids = NULL;
+    size_t ni = 0;
+    assert_int_equal(tqkv_tokenizer_encode(fx.tok, "hello", 5, TQKV_ENCODE_ADD_SPECIAL, &ids, &ni), TQKV_OK);
+    http_resp r;
+    assert_int_equal(http_do(fx.port, "POST", C, NULL,
+                             "{\"prompt\":\"hello\",\"max_tokens\":5,\"n\":3,\"logprobs\":2}", &r), 0);
+    assert_int_equal(r.status, 200);
+    cJSON *j = cJSON_Parse(r.body);
+    cJSON *chs = cJSON_GetObjectItem(j, "choices");
+    assert_int_equal(cJSON_GetArraySize(chs), 3);
+    for (int c = 0; c < 3; c++) {
+        cJSON *ch = cJSON_GetArrayItem(chs, c);
+        assert_int_equal(cJSON_GetObjectItem(ch, "index")->valueint, c);
+        char *want = fake_text(&fx, ids, (int)ni, c, 5);
+        assert_string_equal(cJSON_GetObjectItem(ch, "text")->valuestring, want);
+        free(want);
+        /* logprobs for every choice */
+        assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetObjectItem(ch, "logprobs"), "tokens")), 5);
+        assert_string_equal(cJSON_GetObjectItem(ch, "finish_reason")->valuestring, "length");
+    }
+    assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "completion_tokens")->valueint, 15);
+    cJSON_Delete(j);
+    http_resp_free(&r);
+    /* streamed chat, n = 4: every choice complete, with its own finish and logprobs */
+    assert_int_equal(http_do(fx.port, "POST", H, NULL,
+                             "{" MSG ",\"max_tokens\":6,\"n\":4,\"stream\":true,\"logprobs\":true}", &r), 0);
+    assert_int_equal(r.status, 200);
+    char *text[4];
+    char fin[4][32];
+    int lpn[4];
+    sse_by_index(r.body, 1, 4, text, fin, lpn);
+    for (int c = 0; c < 4; c++) {
+        assert_string_equal(fin[c], "length");
+        assert_int_equal(lpn[c], 6);
+        assert_true(strlen(text[c]) > 0);
+        for (int k = 0; k < c; k++) assert_string_not_equal(text[c], text[k]);
+        free(text[c]);
+    }
+    http_resp_free(&r);
+    free(ids);
+    stop(&fx);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Tool calls                                                                */
+/* ------------------------------------------------------------------------- */
+
+static void parse_expect(const char *text, int n_calls, const char *content, const char *name0,
+                         const char *args0) {
+    srv_tool_call *calls = NULL;
+    int n = -1;
+    size_t ce = 0;
+    assert_int_equal(srv_tool_parse(text, strlen(text), "chatcmpl-9", 1, 1, &calls, &n, &ce), 0);
+    if (n != n_calls) fprintf(stderr, "parse '%s': %d calls, want %d\n", text, n, n_calls);
+    assert_int_equal(n, n_calls);
+    assert_int_equal(ce, strlen(content));
+    assert_memory_equal(text, content, ce);
+    if (n_calls) {
+        assert_string_equal(calls[0].name, name0);
+        cJSON *a = cJSON_Parse(calls[0].arguments), *b = cJSON_Parse(args0);
+        assert_non_null(a);
+        assert_true(cJSON_Compare(a, b, 1));
+        cJSON_Delete(a);
+        cJSON_Delete(b);
+        assert_string_equal(calls[0].id, "call_chatcmpl-9_1_0");
+    }
+    srv_tool_calls_free(calls, n);
+}
+
+static void test_tool_parser(void **state) {
+    (void)state;
+    /* Qwen / Hermes */
+    parse_expect("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+                 1, "", "get_weather", "{\"city\":\"Paris\"}");
+    parse_expect("Let me check.\n\n<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>\n"
+                 "<tool_call>\n{\"name\": \"g\", \"arguments\": {\"x\": [1, 2]}}\n</tool_call>",
+                 2, "Let me check.", "f", "{}");
+    /* arguments given as a JSON string; a last block cut off before its close tag */
+    parse_expect("<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}", 1, "", "f", "{\"a\":1}");
+    /* not calls: the whole text is content */
+    parse_expect("<tool_call>\n{\"name\": \"f\", \"arguments\": {oops}}\n</tool_call>", 0,
+                 "<tool_call>\n{\"name\": \"f\", \"arguments\": {oops}}\n</tool_call>", NULL, NULL);
+    parse_expect("<tool_call>{\"name\": \"f\"}</tool_call> and then text", 0,
+                 "<tool_call>{\"name\": \"f\"}</tool_call> and then text", NULL, NULL);
+    parse_expect("plain answer {not json}", 0, "plain answer {not json}", NULL, NULL);
+    parse_expect("{\"answer\": 42}", 0, "{\"answer\": 42}", NULL, NULL); /* JSON, no name */
+    /* Llama 3 */
+    parse_expect("{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}", 1, "",
+                 "get_weather", "{\"city\":\"Oslo\"}");
+    parse_expect("<|python_tag|>{\"name\": \"f\", \"parameters\": {\"q\": true}}", 1, "", "f", "{\"q\":true}");
+    /* Gemma 4 */
+    parse_expect("<|tool_call>call:get_weather{city:<|\"|>Paris, FR<|\"|>,days:3,units:[<|\"|>c<|\"|>],x:{on:true}}<tool_call|>",
+                 1, "", "get_weather", "{\"city\":\"Paris, FR\",\"days\":3,\"units\":[\"c\"],\"x\":{\"on\":true}}");
+    /* parallel_tool_calls false: the first call only */
+    const char *two = "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call><tool_call>{\"name\": \"g\", \"arguments\": {}}</tool_call>";
+    srv_tool_call *calls = NULL;
+    int n = 0;
+    size_t ce = 0;
+    assert_int_equal(srv_tool_parse(two, strlen(two), "x", 0, 0, &calls, &n, &ce), 0);
+    assert_int_equal(n, 1);
+    srv_tool_calls_free(calls, n);
+    /* streaming: nothing of a (possible) call goes out as content */
+    assert_int_equal(srv_tool_safe_len("Hi <tool_call>{", 15), 3);
+    assert_int_equal(srv_tool_safe_len("Hi <tool_c", 10), 3);
+    assert_int_equal(srv_tool_safe_len("Hi <", 4), 3);
+    assert_int_equal(srv_tool_safe_len("Hi there", 8), 8);
+    assert_int_equal(srv_tool_safe_len("  {\"name", 8), 0);
+    assert_int_equal(srv_tool_safe_len("ok <|tool_call>call:f{", 22), 3);
+}
+
+static const char *TOOLS =
+    "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Weather of a city\","
+    "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}}}]";
+
+/* The chat template gets the tools and the history's tool calls and tool results. */
+static void test_render_tools(void **state) {
+    (void)state;
+    char path[4096];
+    FILE *f = fopen(source_path("tests/golden/chat/qwen3.jinja", path, sizeof path), "rb");
+    assert_non_null(f);
+    static char src[1 << 16];
+    size_t n = fread(src, 1, sizeof src - 1, f);
+    fclose(f);
+    src[n] = 0;
+    tqkv_chat_template *t = NULL;
+    assert_int_equal(tqkv_chat_template_init(&t, src), TQKV_OK);
+    char body[4096];
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"},"
+             "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\","
+             "\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\": \\\"Paris\\\"}\"}}]},"
+             "{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"18 C, sunny\"}],%s,"
+             "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}}", TOOLS);
+    srv_limits lim = {"", NULL, 0, 4096, 1000};
+    srv_request rq;
+    srv_error err;
+    if (srv_request_parse(SRV_API_CHAT, body, strlen(body), &lim, &rq, &err)) fail_msg("%s", err.message);
+    char *out = NULL;
+    size_t len = 0;
+    char forced[160];
+    assert_int_equal(srv_render_chat(t, src, &rq, "", "<|im_end|>", &out, &len, forced, sizeof forced), TQKV_OK);
+    assert_non_null(strstr(out, "<tools>"));
+    assert_non_null(strstr(out, "\"name\": \"get_weather\""));  /* the tool's signature */
+    assert_non_null(strstr(out, "Weather of a city"));
+    assert_non_null(strstr(out, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"));
+    assert_non_null(strstr(out, "<tool_response>\n18 C, sunny\n</tool_response>"));
+    /* tool_choice named: the prompt ends inside that call */
+    assert_string_equal(forced, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ");
+    assert_true(len > strlen(forced) && !strcmp(out + len - strlen(forced), forced));
+    free(out);
+    srv_request_free(&rq);
+    /* tool_choice none: no tools in the prompt, nothing forced */
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],%s,\"tool_choice\":\"none\"}", TOOLS);
+    assert_int_equal(srv_request_parse(SRV_API_CHAT, body, strlen(body), &lim, &rq, &err), 0);
+    assert_int_equal(srv_render_chat(t, src, &rq, "", "<|im_end|>", &out, &len, forced, sizeof forced), TQKV_OK);
+    assert_null(strstr(out, "<tools>"));
+    assert_string_equal(forced, "");
+    free(out);
+    srv_request_free(&rq);
+    tqkv_chat_template_free(t);
+}
+
+static const char *SCRIPT =
+    "I will look it up.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+
+static void test_tool_calls_http(void **state) {
+    (void)state;
+    fixture fx;
+    fx_opts o = {0};
+    o.script = SCRIPT;
+    assert_int_equal(start(&fx, &o), 0);
+    char body[2048];
+    http_resp r;
+    snprintf(body, sizeof body, "{" MSG ",%s,\"max_tokens\":200}", TOOLS);
+    assert_int_equal(http_do(fx.port, "POST", H, NULL, body, &r), 0);
+    assert_int_equal(r.status, 200);
+    cJSON *j = cJSON_Parse(r.body);
+    cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    cJSON *m = cJSON_GetObjectItem(ch, "message");
+    assert_string_equal(cJSON_GetObjectItem(ch, "finish_reason")->valuestring, "tool_calls");
+    assert_string_equal(cJSON_GetObjectItem(m, "content")->valuestring, "I will look it up.");
+    cJSON *tc = cJSON_GetArrayItem(cJSON_GetObjectItem(m, "tool_calls"), 0);
+    assert_non_null(tc);
+    assert_string_equal(cJSON_GetObjectItem(tc, "type")->valuestring, "function");
+    assert_true(strlen(cJSON_GetObjectItem(tc, "id")->valuestring) > 5);
+    cJSON *fn = cJSON_GetObjectItem(tc, "function");
+    assert_string_equal(cJSON_GetObjectItem(fn, "name")->valuestring, "get_weather");
+    cJSON *args = cJSON_Parse(cJSON_GetObjectItem(fn, "arguments")->valuestring);
+    assert_string_equal(cJSON_GetObjectItem(args, "city")->valuestring, "Paris");
+    cJSON_Delete(args);
+    cJSON_Delete(j);
+    http_resp_free(&r);
+    /* streamed, n = 2: content before the call, then delta.tool_calls, finish tool_calls */
+    snprintf(body, sizeof body, "{" MSG ",%s,\"stream\":true,\"n\":2}", TOOLS);
+    assert_int_equal(http_do(fx.port, "POST", H, NULL, body, &r), 0);
+    assert_int_equal(r.status, 200);
+    char *text[2];
+    char fin[2][32];
+    sse_by_index(r.body, 1, 2, text, fin, NULL);
+    for (int c = 0; c < 2; c++) {
+        assert_string_equal(text[c], "I will look it up.");
+        assert_string_equal(fin[c], "tool_calls");
+        free(text[c]);
+    }
+    assert_non_null(strstr(r.body, "\"tool_calls\":[{\"index\":0,\"id\":\"call_"));
+    assert_non_null(strstr(r.body, "\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\""));
+    assert_null(strstr(r.body, "<tool_call>"));
+    http_resp_free(&r);
+    /* tool_choice none: the same output is plain content */
+    snprintf(body, sizeof body, "{" MSG ",%s,\"tool_choice\":\"none\"}", TOOLS);
+    assert_int_equal(http_do(fx.port, "POST", H, NULL, body, &r), 0);
+    j = cJSON_Parse(r.body);
+    m = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "message");
+    assert_string_equal(cJSON_GetObjectItem(m, "content")->valuestring, SCRIPT);
+    assert_null(cJSON_GetObjectItem(m, "tool_calls"));
+    cJSON_Delete(j);
+    http_resp_free(&r);
+    /* the history of a tool round trip is accepted */
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"},"
+             "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\","
+             "\"function\":{\"name\":\"get_weather\",\"arguments\":\"{}\"}}]},"
+             "{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"sunny\"}],%s}", TOOLS);
+    assert_int_equal(http_do(fx.port, "POST", H, NULL, body, &r), 0);
+    assert_int_equal(r.status, 200);
+    http_resp_free(&r);
+    stop(&fx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unknown_and_unsupported_fields),
@@ -381,6 +678,10 @@ int main(void) {
         cmocka_unit_test(test_retry_after),
         cmocka_unit_test(test_models_aliases_metrics),
         cmocka_unit_test(test_ipv6),
+        cmocka_unit_test(test_n_choices),
+        cmocka_unit_test(test_tool_parser),
+        cmocka_unit_test(test_render_tools),
+        cmocka_unit_test(test_tool_calls_http),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

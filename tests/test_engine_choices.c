@@ -1,0 +1,288 @@
+/*
+ * test_engine_choices.c - n choices per request (OpenAI's n) and OpenAI's sampling
+ * parameters in the serving engine, on the bundled model:
+ *   - n = 4 greedy: every choice equals a single request (tokens, text, logprobs), and
+ *     the request costs one prefill: the engine's prefill_tokens counter grows by the
+ *     prompt once, against four times for four single requests;
+ *   - n = 3 sampled with a seed: choice i equals a single request with seed + i, alone
+ *     and beside other rows; every choice carries logprobs;
+ *   - frequency / presence penalties and logit_bias through the engine equal the same
+ *     parameters decoded one token at a time with tqkv_model_decode + tqkv_sampler
+ *     (the reference loop here), and change the output;
+ *   - cancel ends every choice; n beyond parallel is refused.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_helpers.h"
+
+static char g_dir[4096];
+
+/* Events of an n-choice request, split by index. */
+typedef struct {
+    result ch[8];
+    int    bad_index;
+} multi;
+
+static void on_multi(void *user, uint64_t id, const tqkv_engine_event *ev) {
+    multi *m = user;
+    if (ev->index < 0 || ev->index >= 8) {
+        m->bad_index = 1;
+        return;
+    }
+    on_event(&m->ch[ev->index], id, ev);
+}
+
+typedef struct {
+    float   freq, pres;
+    int32_t bias_ids[4];
+    float   bias_vals[4];
+    int     n_bias;
+} openai_p;
+
+static uint64_t submit_n(tqkv_engine *e, const job *j, int n, const openai_p *op, multi *m) {
+    memset(m, 0, sizeof *m);
+    tqkv_engine_request q;
+    memset(&q, 0, sizeof q);
+    q.prompt = j->prompt;
+    q.n_prompt = j->n_prompt;
+    q.max_tokens = j->max_tokens;
+    q.sampling = tqkv_sampler_params_default();
+    q.sampling.temperature = j->temp;
+    q.sampling.top_p = j->temp > 0 ? 0.9f : 1.0f;
+    q.sampling.seed = j->seed;
+    if (op) {
+        q.sampling.frequency_penalty = op->freq;
+        q.sampling.presence_penalty = op->pres;
+        q.sampling.bias_ids = op->bias_ids;
+        q.sampling.bias_vals = op->bias_vals;
+        q.sampling.n_bias = op->n_bias;
+    }
+    q.ignore_eos = 1;
+    q.top_logprobs = j->top_logprobs ? j->top_logprobs : -1;
+    q.on_event = on_multi;
+    q.user = m;
+    q.n = n;
+    uint64_t id = 0;
+    OK(tqkv_engine_submit(e, &q, &id));
+    return id;
+}
+
+static uint64_t prefill_count(tqkv_engine *e) {
+    tqkv_engine_stats st;
+    OK(tqkv_engine_stats_get(e, &st));
+    return st.prefill_tokens;
+}
+
+static void random_job(test_rng *r, job *j, int V, int n_prompt, int max_tokens, float temp) {
+    memset(j, 0, sizeof *j);
+    j->n_prompt = n_prompt;
+    for (int t = 0; t < n_prompt; t++) j->prompt[t] = rng_int(r, 1, V - 1);
+    j->max_tokens = max_tokens;
+    j->temp = temp;
+    j->seed = rng_u64(r);
+    j->top_logprobs = 2;
+}
+
+static void test_n4_greedy_one_prefill(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed());
+    tqkv_engine *e = engine_open(g_dir, TQKV_TQ4, 64, 0, NULL, 0, NULL, 0, 0);
+    int V = tqkv_model_get_config(tqkv_engine_model(e))->vocab_size;
+    job j;
+    random_job(&r, &j, V, 150, 12, 0.0f);
+    multi m;
+    uint64_t p0 = prefill_count(e);
+    submit_n(e, &j, 4, NULL, &m);
+    run_until_idle(e);
+    uint64_t p1 = prefill_count(e);
+    assert_false(m.bad_index);
+    result single[4];
+    for (int i = 0; i < 4; i++) submit(e, &j, &single[i]);
+    run_until_idle(e);
+    uint64_t p2 = prefill_count(e);
+    fprintf(stderr, "prefill tokens: n=4 request %llu, four single requests %llu (prompt %d)\n",
+            (unsigned long long)(p1 - p0), (unsigned long long)(p2 - p1), j.n_prompt);
+    assert_int_equal(p1 - p0, (uint64_t)j.n_prompt);      /* one prefill */
+    assert_int_equal(p2 - p1, 4 * (uint64_t)j.n_prompt);  /* four (no prefix cache here) */
+    for (int i = 0; i < 4; i++) {
+        assert_true(m.ch[i].done);
+        assert_int_equal(m.ch[i].n_tok, j.max_tokens);
+        assert_same_tokens(&m.ch[i], &single[i]); /* logprobs included: every choice has them */
+        assert_int_equal(m.ch[i].n_top, 2);
+    }
+    tqkv_engine_free(e);
+}
+
+static void test_n3_seeded_beside_others(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed());
+    tqkv_engine *e = engine_open(g_dir, TQKV_TQ4, 64, 0, NULL, 0, NULL, 0, 0);
+    int V = tqkv_model_get_config(tqkv_engine_model(e))->vocab_size;
+    job j, other;
+    random_job(&r, &j, V, 90, 10, 0.9f);
+    random_job(&r, &other, V, 40, 16, 0.0f);
+    multi m;
+    result ro, alone[3];
+    submit(e, &other, &ro); /* a row already running when the choices join */
+    OK(tqkv_engine_step(e, NULL));
+    submit_n(e, &j, 3, NULL, &m);
+    run_until_idle(e);
+    for (int i = 0; i < 3; i++) {
+        job ji = j;
+        ji.seed = j.seed + (uint64_t)i;
+        submit(e, &ji, &alone[i]);
+        run_until_idle(e);
+        assert_same_tokens(&m.ch[i], &alone[i]);
+    }
+    /* sampled choices differ from each other (with 10 tokens at T 0.9, all equal would be
+     * a bug in the seeding) */
+    assert_true(memcmp(m.ch[0].toks, m.ch[1].toks, sizeof(int32_t) * 10) ||
+                memcmp(m.ch[0].toks, m.ch[2].toks, sizeof(int32_t) * 10));
+    tqkv_engine_free(e);
+}
+
+/* The reference: one row decoded token by token with the model and a sampler. */
+static void reference_run(tqkv_engine *e, const job *j, const openai_p *op, int32_t *out) {
+    const tqkv_model *m = tqkv_engine_model(e);
+    int V = tqkv_model_get_config(m)->vocab_size;
+    tqkv_model_state_params sp = tqkv_model_state_params_default();
+    sp.k_format = sp.v_format = TQKV_TQ4;
+    sp.threads = 2;
+    tqkv_model_state *st = NULL;
+    OK(tqkv_model_state_init(&st, m, &sp));
+    float *l = malloc(sizeof(float) * (size_t)V);
+    /* the engine prefills in chunks of 64 at fixed boundaries: the same here */
+    for (int at = 0; at < j->n_prompt; at += 64) {
+        int n = j->n_prompt - at < 64 ? j->n_prompt - at : 64;
+        tqkv_logits_mode mode = at + n == j->n_prompt ? TQKV_LOGITS_LAST : TQKV_LOGITS_NONE;
+        if (at == 0) OK(tqkv_model_prefill(m, st, j->prompt, NULL, n, mode, l));
+        else OK(tqkv_model_extend(m, st, j->prompt + at, n, mode, l));
+    }
+    tqkv_sampler_params p = tqkv_sampler_params_default();
+    p.temperature = j->temp;
+    p.top_p = j->temp > 0 ? 0.9f : 1.0f;
+    p.seed = j->seed;
+    p.frequency_penalty = op->freq;
+    p.presence_penalty = op->pres;
+    p.bias_ids = op->bias_ids;
+    p.bias_vals = op->bias_vals;
+    p.n_bias = op->n_bias;
+    tqkv_sampler *s = NULL;
+    OK(tqkv_sampler_init(&s, &p, V));
+    tqkv_sampler_mark_prompt_end(s);
+    for (int i = 0; i < j->max_tokens; i++) {
+        int t = -1;
+        OK(tqkv_sampler_sample(s, l, &t));
+        out[i] = t;
+        OK(tqkv_sampler_accept(s, t));
+        if (i + 1 < j->max_tokens) {
+            int32_t tk = t;
+            OK(tqkv_model_decode(m, st, &tk, l));
+        }
+    }
+    tqkv_sampler_free(s);
+    free(l);
+    tqkv_model_state_free(st);
+}
+
+static void test_penalties_and_bias(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed());
+    tqkv_engine *e = engine_open(g_dir, TQKV_TQ4, 64, 0, NULL, 0, NULL, 0, 0);
+    int V = tqkv_model_get_config(tqkv_engine_model(e))->vocab_size;
+    job j;
+    random_job(&r, &j, V, 70, 24, 0.0f);
+    j.top_logprobs = 0;
+    openai_p none = {0}, op = {0};
+    op.freq = 1.5f;
+    op.pres = 0.5f;
+    multi plain, pen, both;
+    submit_n(e, &j, 1, &none, &plain);
+    run_until_idle(e);
+    /* the plain greedy output's first token banned, its second favoured */
+    op.n_bias = 2;
+    op.bias_ids[0] = plain.ch[0].toks[0];
+    op.bias_vals[0] = -100;
+    op.bias_ids[1] = plain.ch[0].toks[1];
+    op.bias_vals[1] = 3;
+    submit_n(e, &j, 1, &op, &pen);
+    job js = j;
+    js.temp = 0.7f;
+    submit_n(e, &js, 2, &op, &both); /* sampled, two choices, beside the greedy row */
+    run_until_idle(e);
+    int32_t ref[64];
+    reference_run(e, &j, &op, ref);
+    assert_memory_equal(pen.ch[0].toks, ref, sizeof(int32_t) * (size_t)j.max_tokens);
+    assert_true(memcmp(pen.ch[0].toks, plain.ch[0].toks, sizeof(int32_t) * (size_t)j.max_tokens) != 0);
+    assert_true(pen.ch[0].toks[0] != plain.ch[0].toks[0]);
+    for (int c = 0; c < 2; c++) {
+        job jc = js;
+        jc.seed = js.seed + (uint64_t)c;
+        reference_run(e, &jc, &op, ref);
+        assert_memory_equal(both.ch[c].toks, ref, sizeof(int32_t) * (size_t)j.max_tokens);
+    }
+    tqkv_engine_free(e);
+}
+
+static void test_cancel_and_limits(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed());
+    tqkv_engine_params p = tqkv_engine_params_default();
+    p.model_dir = g_dir;
+    p.threads = 2;
+    p.parallel = 4;
+    tqkv_engine *e = NULL;
+    OK(tqkv_engine_init(&e, &p));
+    int V = tqkv_model_get_config(tqkv_engine_model(e))->vocab_size;
+    job j;
+    random_job(&r, &j, V, 30, 40, 0.0f);
+    multi m;
+    tqkv_engine_request q;
+    memset(&q, 0, sizeof q);
+    q.prompt = j.prompt;
+    q.n_prompt = j.n_prompt;
+    q.max_tokens = 4;
+    q.sampling = tqkv_sampler_params_default();
+    q.top_logprobs = -1;
+    q.on_event = on_multi;
+    q.user = &m;
+    q.n = 5; /* beyond parallel 4 */
+    uint64_t id;
+    assert_int_equal(tqkv_engine_submit(e, &q, &id), TQKV_EINVAL);
+    /* cancel while the choices run: every one gets its final event */
+    id = submit_n(e, &j, 4, NULL, &m);
+    OK(tqkv_engine_step(e, NULL));
+    OK(tqkv_engine_step(e, NULL));
+    OK(tqkv_engine_cancel(e, id));
+    run_until_idle(e);
+    for (int i = 0; i < 4; i++) {
+        assert_true(m.ch[i].done);
+        assert_int_equal(m.ch[i].finish, TQKV_FINISH_CANCELLED);
+    }
+    /* cancel before the prefill finished: still one final event per choice */
+    id = submit_n(e, &j, 3, NULL, &m);
+    OK(tqkv_engine_cancel(e, id));
+    run_until_idle(e);
+    for (int i = 0; i < 3; i++) {
+        assert_true(m.ch[i].done);
+        assert_int_equal(m.ch[i].finish, TQKV_FINISH_CANCELLED);
+    }
+    tqkv_engine_free(e);
+}
+
+int main(void) {
+    source_path("models/qwen3-code-28m", g_dir, sizeof g_dir);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_n4_greedy_one_prefill),
+        cmocka_unit_test(test_n3_seeded_beside_others),
+        cmocka_unit_test(test_penalties_and_bias),
+        cmocka_unit_test(test_cancel_and_limits),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
