@@ -216,8 +216,10 @@ int cmd_serve(int argc, char **argv) {
             return 1;
         }
     }
-    fprintf(stderr, "tqkv serve: model %s, kv %s, listening on http://%s:%d\n",
-            n_aliases ? aliases[0] : eng.model_name, kv, host, bound);
+    fprintf(stderr, "tqkv serve: model %s, kv %s, threads %d, prefix cache %zu bytes, "
+            "listening on http://%s%s%s:%d\n", n_aliases ? aliases[0] : eng.model_name, kv,
+            threads, ep.prefix_cache_bytes, strchr(host, ':') ? "[" : "", host,
+            strchr(host, ':') ? "]" : "", bound);
 
     int sig = 0;
     sigwait(&set, &sig);

@@ -3,11 +3,19 @@
  * engine test double: unknown / unsupported fields and wrong types get a 400 naming
  * the field, an escaped NUL is refused (never a truncation), tiny top_p is served,
  * Retry-After on 503, GET /v1/models/{id}, model aliases, /metrics outside the API key
- * (unless asked), IPv6 listening.
+ * (unless asked), IPv6 listening; n choices (whole and streamed, logprobs for each);
+ * tool calls: the parser's formats, the template's rendering of tools and of a tool
+ * round trip's history, tool calls whole and streamed from a forced output. Then the
+ * real `tqkv serve` defaults: threads = physical cores (lscpu as the reference), the
+ * prefix cache on, aliases, "::".
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* sched_getaffinity */
+#endif
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -670,6 +678,93 @@ static void test_tool_calls_http(void **state) {
     stop(&fx);
 }
 
+/* ------------------------------------------------------------------------- */
+/* `tqkv serve` defaults (real engine, bundled model)                         */
+/* ------------------------------------------------------------------------- */
+
+/* Physical cores of this process's CPUs, from lscpu (the reference); 0 if unknown. */
+static int lscpu_cores(void) {
+    FILE *p = popen("lscpu -p=CPU,CORE,SOCKET 2>/dev/null", "r");
+    if (!p) return 0;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    sched_getaffinity(0, sizeof set, &set);
+    char line[256];
+    long seen[1024];
+    int n = 0;
+    while (fgets(line, sizeof line, p)) {
+        int cpu, core, sock;
+        if (line[0] == '#' || sscanf(line, "%d,%d,%d", &cpu, &core, &sock) != 3) continue;
+        if (cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &set)) continue;
+        long key = (long)sock * 65536 + core;
+        int dup = 0;
+        for (int i = 0; i < n; i++) dup |= seen[i] == key;
+        if (!dup && n < 1024) seen[n++] = key;
+    }
+    pclose(p);
+    return n;
+}
+
+static void test_serve_defaults(void **state) {
+    (void)state;
+    char logpath[] = "/tmp/tqkv-serve-log-XXXXXX";
+    int lfd = mkstemp(logpath);
+    assert_true(lfd >= 0);
+    /* the child inherits stderr: point it at the log while spawning */
+    int saved = dup(2);
+    dup2(lfd, 2);
+    int port = 0;
+    const char *extra[] = {"--alias", "tiny", "--alias", "gpt-4o-mini", "--host", "::", NULL};
+    pid_t pid = serve_spawn(extra, &port);
+    dup2(saved, 2);
+    close(saved);
+    close(lfd);
+    assert_true(pid > 0);
+    char log[4096] = {0};
+    FILE *f = fopen(logpath, "r");
+    size_t n = fread(log, 1, sizeof log - 1, f);
+    fclose(f);
+    log[n] = 0;
+    unlink(logpath);
+    const char *t = strstr(log, "threads ");
+    assert_non_null(t);
+    int threads = atoi(t + 8);
+    int want = lscpu_cores();
+    fprintf(stderr, "serve default threads %d, lscpu physical cores %d\n", threads, want);
+    if (want > 0) assert_int_equal(threads, want);
+    else assert_true(threads >= 1);
+    const char *pc = strstr(log, "prefix cache ");
+    assert_non_null(pc);
+    assert_true(strtoull(pc + 13, NULL, 10) >= ((size_t)64 << 20));
+    /* the prefix cache is on: the second request with a long prompt reuses its prefix */
+    char body[8192];
+    size_t o = (size_t)snprintf(body, sizeof body, "{\"model\":\"gpt-4o-mini\",\"max_tokens\":2,\"prompt\":\"");
+    for (int i = 0; i < 400 && o < sizeof body - 64; i++) o += (size_t)snprintf(body + o, sizeof body - o, "x%d ", i);
+    snprintf(body + o, sizeof body - o, "\"}");
+    int cached = -1;
+    for (int k = 0; k < 2; k++) {
+        http_resp r;
+        assert_int_equal(http_do(port, "POST", C, NULL, body, &r), 0);
+        assert_int_equal(r.status, 200);
+        cJSON *j = cJSON_Parse(r.body);
+        assert_string_equal(cJSON_GetObjectItem(j, "model")->valuestring, "gpt-4o-mini");
+        cached = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "prompt_tokens_details"),
+                                     "cached_tokens")->valueint;
+        cJSON_Delete(j);
+        http_resp_free(&r);
+    }
+    assert_true(cached >= 256);
+    /* "::" serves IPv6 too */
+    assert_int_equal(get_status(1, port, "/v1/models/tiny"), 200);
+    assert_int_equal(serve_stop(pid), 0);
+}
+
+static int teardown(void **state) {
+    (void)state;
+    serve_kill_all();
+    return 0;
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unknown_and_unsupported_fields),
@@ -682,6 +777,7 @@ int main(void) {
         cmocka_unit_test(test_tool_parser),
         cmocka_unit_test(test_render_tools),
         cmocka_unit_test(test_tool_calls_http),
+        cmocka_unit_test_teardown(test_serve_defaults, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

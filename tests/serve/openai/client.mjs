@@ -48,6 +48,52 @@ if (chatArg === '1') {
   eq(cs, ctext, 'streamed chat == non-streamed');
 }
 
+// n = 4 greedy: every choice equals a single request, and the prompt is prefilled once
+// (tqkv_prefill_tokens_total of /metrics, outside the API key, grows by the prompt once)
+const metric = async (name) => {
+  const t = await (await fetch(base.replace(/\/v1$/, '') + '/metrics')).text();
+  const m = t.match(new RegExp('^' + name + ' (\\d+)$', 'm'));
+  if (!m) fail('metric ' + name + ' missing');
+  return Number(m[1]);
+};
+const nprompt = `# ${Date.now()} unique\nclass Stack:\n    def push(self, x):\n        `;
+const before = await metric('tqkv_prefill_tokens_total');
+const four = await client.completions.create({ model, prompt: nprompt, max_tokens: 16, temperature: 0, n: 4, logprobs: 1 });
+const mid = await metric('tqkv_prefill_tokens_total');
+eq(four.choices.length, 4, 'n=4 choices');
+eq(mid - before, four.usage.prompt_tokens, 'n=4: one prefill');
+for (let i = 0; i < 4; i++) {
+  const one = await client.completions.create({ model, prompt: nprompt, max_tokens: 16, temperature: 0, logprobs: 1 });
+  eq(four.choices[i].index, i, 'choice index');
+  eq(four.choices[i].text, one.choices[0].text, `n=4 choice ${i} == single request`);
+  eq(four.choices[i].logprobs.tokens.length, 16, `choice ${i} logprobs`);
+}
+eq(four.usage.completion_tokens, 64, 'n=4 usage');
+const after = await metric('tqkv_prefill_tokens_total');
+if (after - mid < 4 * four.usage.prompt_tokens - 4 * 256) fail('four single requests prefilled too little');
+
+// penalties and logit_bias change a greedy output; banning its first token moves it
+const base0 = await client.completions.create({ model, prompt, max_tokens: 24, temperature: 0 });
+const pen = await client.completions.create({ model, prompt, max_tokens: 24, temperature: 0,
+  frequency_penalty: 2, presence_penalty: 2 });
+if (pen.choices[0].text === base0.choices[0].text) fail('penalties changed nothing');
+// logit_bias +100 on one id forces it: every generated token is that token
+const biased = await client.completions.create({ model, prompt, max_tokens: 6, temperature: 0,
+  logit_bias: { '1': 100 }, logprobs: 0 });
+const bt = biased.choices[0].logprobs.tokens;
+eq(bt.length, 6, 'biased tokens');
+if (!bt.every((t) => t === bt[0])) fail('logit_bias +100 did not force one token: ' + JSON.stringify(bt));
+if (biased.choices[0].text === base0.choices[0].text.slice(0, biased.choices[0].text.length)) fail('logit_bias changed nothing');
+
+// unknown fields are refused, naming the field
+try {
+  await client.completions.create({ model, prompt, max_tokens: 4, temprature: 0.5 });
+  fail('unknown field accepted');
+} catch (e) {
+  if (!(e instanceof OpenAI.APIError) || e.status !== 400) fail('expected APIError 400, got ' + e);
+  eq(e.param, 'temprature', 'unknown field param');
+}
+
 try {
   await client.completions.create({ model, prompt, max_tokens: 24, temperature: 9 });
   fail('temperature 9 accepted');
