@@ -139,6 +139,10 @@ typedef struct {
                                          with seed + i; each choice sends its own events
                                          (event.index) and its own final event; cancel
                                          ends them all */
+    int                 json_object;  /* 1: the output is constrained to one JSON object
+                                         (OpenAI's response_format json_object): tokens
+                                         that cannot continue it are masked, EOS only
+                                         once it is closed; max_tokens can still cut it */
 } tqkv_engine_request;
 
 #define TQKV_ENGINE_MAX_CHOICES 16

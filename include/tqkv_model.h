@@ -329,7 +329,7 @@ TQKV_API tqkv_status tqkv_model_state_import(tqkv_model_state **out, const tqkv_
  * Pipeline (HF order): repetition penalty over the history (logit > 0 ? /r : *r), then
  * OpenAI's penalties over the tokens accepted after tqkv_sampler_mark_prompt_end (logit -=
  * frequency_penalty * count + presence_penalty * (count > 0)), then logit_bias (logit +=
- * bias), then
+ * bias), then the constraint (constrain), then
  * temperature 0 -> argmax (lowest id on ties); else logits / T, top-k, softmax, top-p
  * (smallest prefix of the sorted distribution with mass >= p), min-p (p_i >= min_p * p_max),
  * renormalize, draw with the sampler's own RNG (xoshiro256**, seeded; no global state).
@@ -348,6 +348,11 @@ typedef struct {
                                     by tqkv_sampler_init) */
     const float   *bias_vals;    /* [n_bias] finite biases added to those logits */
     int      n_bias;
+    /* constrained decoding: called with each row's logits [vocab] after logit_bias, before
+     * the pick; sets the logits of tokens that may not come next to -inf (NULL = none).
+     * Such rows are always picked from the whole row on the host. */
+    void   (*constrain)(void *ctx, float *logits, int vocab);
+    void    *constrain_ctx;
 } tqkv_sampler_params;
 
 typedef struct tqkv_sampler tqkv_sampler;

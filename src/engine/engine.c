@@ -126,6 +126,7 @@ static void engine_release(tqkv_engine *e) {
     tqkv_model_state_free(e->run);
     tqkv_model_state_free(e->drun);
     prefix_free(&e->pc); /* its states refer to the model */
+    jg_vocab_free(e->jv);
     tqkv_model_free(e->m);
     tqkv_model_free(e->dm);
     tqkv_tokenizer_free(e->tok);
@@ -379,6 +380,14 @@ tqkv_status tqkv_engine_submit(tqkv_engine *e, const tqkv_engine_request *r, uin
             q->sp.bias_ids = q->bias_ids;
             q->sp.bias_vals = q->bias_vals;
         }
+    }
+    if (rc == TQKV_OK && r->json_object) {
+        pthread_mutex_lock(&e->mu); /* the vocabulary trie is made once, on first use */
+        if (!e->jv) rc = jg_vocab_init(&e->jv, e->tok, e->m);
+        pthread_mutex_unlock(&e->mu);
+        q->json = 1;
+        q->jv = e->jv;
+        jg_init(&q->jg);
     }
     if (rc == TQKV_OK) rc = engine_req_sampler(e, q, s->seed);
     if (rc == TQKV_OK) rc = tqkv_decode_stream_init(&q->ds, e->tok, TQKV_DECODE_SKIP_SPECIAL);

@@ -15,10 +15,21 @@
 #include "engine/engine_impl.h"
 #include "util/common.h"
 
+/* The sampler's constraint of a JSON row: mask what cannot continue its object. */
+static void json_constrain(void *ctx, float *logits, int vocab) {
+    (void)vocab;
+    const eng_req *q = ctx;
+    jg_mask(q->jv, &q->jg, logits);
+}
+
 tqkv_status engine_req_sampler(tqkv_engine *e, eng_req *q, uint64_t seed) {
     const int V = tqkv_model_get_config(e->m)->vocab_size;
     tqkv_sampler_params sp = q->sp;
     sp.seed = seed;
+    if (q->json) {
+        sp.constrain = json_constrain;
+        sp.constrain_ctx = q;
+    }
     tqkv_status rc = tqkv_sampler_init(&q->sampler, &sp, V);
     /* the repetition penalty reads the prompt too; OpenAI's penalties only what follows */
     if (rc == TQKV_OK && sp.repetition_penalty != 1.0f)
@@ -44,6 +55,9 @@ static eng_req *choice_new(tqkv_engine *e, const eng_req *q, int index, tqkv_sta
     c->n_choices = q->n_choices;
     c->index = index;
     c->forked = 1;
+    c->json = q->json;
+    c->jg = q->jg;
+    c->jv = q->jv;
     c->prefilled = q->prefilled;
     c->cached = q->cached;
     c->last = -1;

@@ -8,6 +8,7 @@
 
 #include <pthread.h>
 
+#include "engine/json_grammar.h"
 #include "tqkv_engine.h"
 
 // ---------------------------------------------------------------------------
@@ -74,6 +75,9 @@ typedef struct eng_req {
     int                   n_choices;    /* n of the request (1 = plain) */
     int                   index;        /* this row's choice */
     int                   forked;       /* the other choices exist (engine_fork.c) */
+    int                   json;         /* constrained to a JSON object */
+    jg_state              jg;           /* its automaton after the generated tokens */
+    const jg_vocab       *jv;           /* the engine's vocabulary trie */
     int                   cancel;       /* set by tqkv_engine_cancel (under the lock) */
     size_t                reserved;     /* budget bytes held while admitted */
     /* prefill */
@@ -132,6 +136,7 @@ struct tqkv_engine {
     size_t                  cap_smp;
     prefix_cache            pc;
     tqkv_engine_stats       st;
+    jg_vocab               *jv;           /* JSON constraint vocabulary (made on first use) */
 };
 
 // ---------------------------------------------------------------------------

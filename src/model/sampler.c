@@ -286,6 +286,7 @@ static void sampler_apply_openai(tqkv_sampler *s, float *logits) {
         }
     }
     for (int i = 0; i < s->p.n_bias; i++) logits[s->bias_ids[i]] += s->bias_vals[i];
+    if (s->p.constrain) s->p.constrain(s->p.constrain_ctx, logits, s->vocab);
 }
 
 tqkv_status tqkv_sampler_sample(tqkv_sampler *s, float *logits, int *token) {
@@ -348,7 +349,7 @@ tqkv_status tqkv_sampler_sample(tqkv_sampler *s, float *logits, int *token) {
 sampler_pick_kind sampler_pick_kind_of(const tqkv_sampler *s, int k_limit, int *k) {
     sampler_pick_kind kind = SAMPLER_PICK_FULL;
     int kk = 0;
-    if (s->count || s->p.n_bias) {
+    if (s->count || s->p.n_bias || s->p.constrain) {
         /* OpenAI penalties and logit_bias are applied on the host only: the whole row */
     } else if (s->p.temperature == 0.0f) {
         kind = SAMPLER_PICK_GREEDY;

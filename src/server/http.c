@@ -647,6 +647,7 @@ static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, 
     er.top_logprobs = rq.top_logprobs;
     er.ignore_eos = rq.ignore_eos;
     er.n = rq.n;
+    er.json_object = rq.format == SRV_FORMAT_JSON_OBJECT;
     er.sampling.frequency_penalty = (float)rq.frequency_penalty;
     er.sampling.presence_penalty = (float)rq.presence_penalty;
     er.sampling.bias_ids = rq.bias_ids;

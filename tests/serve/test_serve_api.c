@@ -178,6 +178,11 @@ static void test_wrong_types(void **state) {
     expect(p, C, "{\"prompt\":\"x\",\"n\":1.5}", 400, "n");
     expect(p, C, "{\"prompt\":\"x\",\"n\":0}", 400, "n");
     expect(p, C, "{\"prompt\":\"x\",\"best_of\":3}", 400, "best_of");
+    /* json_schema is refused (not silently ignored); json_object is served */
+    expect(p, H, "{" MSG ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{}}}}",
+           400, "response_format");
+    expect(p, H, "{" MSG ",\"max_tokens\":2,\"response_format\":{\"type\":\"json_object\"}}", 200, NULL);
+    expect(p, H, "{" MSG ",\"max_tokens\":2,\"response_format\":{\"type\":\"text\"}}", 200, NULL);
     stop(&fx);
 }
 

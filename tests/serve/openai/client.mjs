@@ -77,13 +77,32 @@ const base0 = await client.completions.create({ model, prompt, max_tokens: 24, t
 const pen = await client.completions.create({ model, prompt, max_tokens: 24, temperature: 0,
   frequency_penalty: 2, presence_penalty: 2 });
 if (pen.choices[0].text === base0.choices[0].text) fail('penalties changed nothing');
-// logit_bias +100 on one id forces it: every generated token is that token
+// logit_bias +100 on one (ordinary) id forces it: every generated token is that token
 const biased = await client.completions.create({ model, prompt, max_tokens: 6, temperature: 0,
-  logit_bias: { '1': 100 }, logprobs: 0 });
+  logit_bias: { '500': 100 }, logprobs: 0 });
 const bt = biased.choices[0].logprobs.tokens;
 eq(bt.length, 6, 'biased tokens');
-if (!bt.every((t) => t === bt[0])) fail('logit_bias +100 did not force one token: ' + JSON.stringify(bt));
-if (biased.choices[0].text === base0.choices[0].text.slice(0, biased.choices[0].text.length)) fail('logit_bias changed nothing');
+if (!bt[0].length || !bt.every((t) => t === bt[0])) fail('logit_bias +100 did not force one token: ' + JSON.stringify(bt));
+eq(biased.choices[0].text, bt.join(''), 'biased text');
+if (base0.choices[0].text.startsWith(bt[0].repeat(6))) fail('logit_bias changed nothing');
+
+// response_format json_object: the content is one JSON object (constrained decoding)
+if (chatArg === '1') {
+  let closed = 0;
+  for (const [i, t] of [[0, 0], [1, 0.8], [2, 0.8]]) {
+    const j = await client.chat.completions.create({ model, max_tokens: 200, temperature: t, seed: i,
+      response_format: { type: 'json_object' },
+      messages: [{ role: 'user', content: `Describe item ${i} as JSON.` }] });
+    const out = j.choices[0].message.content;
+    if (!out.trimStart().startsWith('{')) fail('json_object output does not start an object: ' + out);
+    if (j.choices[0].finish_reason === 'stop') {
+      const v = JSON.parse(out);
+      if (typeof v !== 'object' || Array.isArray(v) || v === null) fail('json_object gave ' + out);
+      closed++;
+    }
+  }
+  console.log(`json_object: ${closed} of 3 closed within 200 tokens, all parsed`);
+}
 
 // unknown fields are refused, naming the field
 try {
