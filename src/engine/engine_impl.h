@@ -77,7 +77,7 @@ typedef struct eng_req {
     int                   forked;       /* the other choices exist (engine_fork.c) */
     int                   json;         /* constrained to a JSON object */
     jg_state              jg;           /* its automaton after the generated tokens */
-    const jg_vocab       *jv;           /* the engine's vocabulary trie */
+    jg_vocab             *jv;           /* the engine's vocabulary trie (compute thread) */
     int                   cancel;       /* set by tqkv_engine_cancel (under the lock) */
     size_t                reserved;     /* budget bytes held while admitted */
     /* prefill */

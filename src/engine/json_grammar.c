@@ -198,7 +198,11 @@ struct jg_vocab {
     int32_t   *tok_next;   /* [V] next token ending at the same node, -1 end */
     uint8_t   *eos;        /* [V] */
     uint8_t   *text;       /* [V] 1 = an ordinary token with bytes (in the trie) */
-    uint8_t   *allowed;    /* [V] scratch of jg_mask */
+    uint8_t   *allowed;    /* [JG_CACHE][V] masks of recent states (rows repeat states: inside
+                              a string, after a key, ...) */
+    jg_state   keys[JG_CACHE];
+    uint64_t   used[JG_CACHE]; /* LRU clock, 0 = empty */
+    uint64_t   clock;
     void      *frames;     /* [n_nodes] walk stack (each node is pushed at most once) */
     const tqkv_tokenizer *tok;
 };
@@ -248,7 +252,7 @@ tqkv_status jg_vocab_init(jg_vocab **out, const tqkv_tokenizer *tok, const tqkv_
     v->tok_next = malloc(sizeof(int32_t) * (size_t)V);
     v->eos = calloc((size_t)V, 1);
     v->text = calloc((size_t)V, 1);
-    v->allowed = calloc((size_t)V, 1);
+    v->allowed = calloc((size_t)V * JG_CACHE, 1);
     if (!v->tok_next || !v->eos || !v->text || !v->allowed || node_new(v, 0) < 0) goto oom;
     for (int32_t id = 0; id < V; id++) {
         v->tok_next[id] = -1;
@@ -294,14 +298,33 @@ static void walk(const jg_vocab *v, const jg_state *s0, uint8_t *allowed) {
     }
 }
 
-void jg_mask(const jg_vocab *v, const jg_state *s, float *logits) {
-    uint8_t *allowed = v->allowed;
-    memset(allowed, 0, (size_t)v->V);
-    if (jg_complete(s)) {
-        for (int id = 0; id < v->V; id++) allowed[id] = v->eos[id];
-    } else {
-        walk(v, s, allowed);
+static int same_state(const jg_state *a, const jg_state *b) {
+    return a->mode == b->mode && a->sub == b->sub && a->lit == b->lit && a->key == b->key &&
+           a->ws == b->ws && a->depth == b->depth && a->stack == b->stack;
+}
+
+void jg_mask(jg_vocab *v, const jg_state *s, float *logits) {
+    /* the mask is a function of the state only: reuse a recent one */
+    int k = -1, lru = 0;
+    for (int i = 0; i < JG_CACHE && k < 0; i++) {
+        if (v->used[i] && same_state(&v->keys[i], s)) k = i;
+        if (v->used[i] < v->used[lru]) lru = i;
     }
+    uint8_t *allowed;
+    if (k >= 0) {
+        allowed = v->allowed + (size_t)k * (size_t)v->V;
+    } else {
+        k = lru;
+        allowed = v->allowed + (size_t)k * (size_t)v->V;
+        memset(allowed, 0, (size_t)v->V);
+        if (jg_complete(s)) {
+            for (int id = 0; id < v->V; id++) allowed[id] = v->eos[id];
+        } else {
+            walk(v, s, allowed);
+        }
+        v->keys[k] = *s;
+    }
+    v->used[k] = ++v->clock;
     for (int id = 0; id < v->V; id++)
         if (!allowed[id]) logits[id] = -INFINITY;
 }

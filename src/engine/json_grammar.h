@@ -20,6 +20,7 @@
 
 #define JG_MAX_DEPTH 64
 #define JG_MAX_WS 16
+#define JG_CACHE 32     /* masks of recent states kept by the vocabulary */
 
 typedef struct {
     uint8_t  mode;      /* jg_mode (json_grammar.c) */
@@ -45,8 +46,9 @@ typedef struct jg_vocab jg_vocab;
  * tokenizer's are never allowed). */
 tqkv_status jg_vocab_init(jg_vocab **out, const tqkv_tokenizer *tok, const tqkv_model *m);
 void        jg_vocab_free(jg_vocab *v);
-/* Set logits [vocab] of every token not allowed from s to -inf. */
-void        jg_mask(const jg_vocab *v, const jg_state *s, float *logits);
+/* Set logits [vocab] of every token not allowed from s to -inf. Uses (and fills) the
+ * vocabulary's cache of recent states' masks: one caller at a time. */
+void        jg_mask(jg_vocab *v, const jg_state *s, float *logits);
 /* Advance s by token id's bytes (EOS and specials: unchanged); 1 accepted, 0 refused. */
 int         jg_accept(const jg_vocab *v, jg_state *s, int32_t id);
 
