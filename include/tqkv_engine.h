@@ -143,6 +143,10 @@ typedef struct {
                                          (OpenAI's response_format json_object): tokens
                                          that cannot continue it are masked, EOS only
                                          once it is closed; max_tokens can still cut it */
+    const char         *json_schema;  /* non-NULL: constrained to this JSON Schema (strict
+                                         subset, src/engine/json_schema.h; an unsupported
+                                         keyword: TQKV_EINVAL "json schema: ..."); implies
+                                         json_object */
 } tqkv_engine_request;
 
 #define TQKV_ENGINE_MAX_CHOICES 16

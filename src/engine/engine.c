@@ -295,6 +295,7 @@ void req_free(eng_req *q) {
     free(q->prompt);
     free(q->bias_ids);
     free(q->bias_vals);
+    js_free(q->js);
     for (int i = 0; i < q->n_stop; i++) free(q->stop[i]);
     free(q->stop);
     tqkv_sampler_free(q->sampler);
@@ -381,13 +382,15 @@ tqkv_status tqkv_engine_submit(tqkv_engine *e, const tqkv_engine_request *r, uin
             q->sp.bias_vals = q->bias_vals;
         }
     }
-    if (rc == TQKV_OK && r->json_object) {
+    if (rc == TQKV_OK && (r->json_object || r->json_schema)) {
         pthread_mutex_lock(&e->mu); /* the vocabulary trie is made once, on first use */
         if (!e->jv) rc = jg_vocab_init(&e->jv, e->tok, e->m);
         pthread_mutex_unlock(&e->mu);
-        q->json = 1;
-        q->jv = e->jv;
-        jg_init(&q->jg);
+        if (rc == TQKV_OK) rc = js_compile(&q->js, r->json_schema, V);
+        if (rc == TQKV_OK) {
+            q->jv = e->jv;
+            js_init(q->js, &q->jst);
+        }
     }
     if (rc == TQKV_OK) rc = engine_req_sampler(e, q, s->seed);
     if (rc == TQKV_OK) rc = tqkv_decode_stream_init(&q->ds, e->tok, TQKV_DECODE_SKIP_SPECIAL);

@@ -15,18 +15,18 @@
 #include "engine/engine_impl.h"
 #include "util/common.h"
 
-/* The sampler's constraint of a JSON row: mask what cannot continue its object. */
+/* The sampler's constraint of a JSON row: mask what cannot continue its document. */
 static void json_constrain(void *ctx, float *logits, int vocab) {
     (void)vocab;
     const eng_req *q = ctx;
-    jg_mask(q->jv, &q->jg, logits);
+    js_mask(q->js, q->jv, &q->jst, logits);
 }
 
 tqkv_status engine_req_sampler(tqkv_engine *e, eng_req *q, uint64_t seed) {
     const int V = tqkv_model_get_config(e->m)->vocab_size;
     tqkv_sampler_params sp = q->sp;
     sp.seed = seed;
-    if (q->json) {
+    if (q->js) {
         sp.constrain = json_constrain;
         sp.constrain_ctx = q;
     }
@@ -55,8 +55,8 @@ static eng_req *choice_new(tqkv_engine *e, const eng_req *q, int index, tqkv_sta
     c->n_choices = q->n_choices;
     c->index = index;
     c->forked = 1;
-    c->json = q->json;
-    c->jg = q->jg;
+    c->js = js_ref(q->js);
+    c->jst = q->jst;
     c->jv = q->jv;
     c->prefilled = q->prefilled;
     c->cached = q->cached;

@@ -8,7 +8,7 @@
 
 #include <pthread.h>
 
-#include "engine/json_grammar.h"
+#include "engine/json_schema.h"
 #include "tqkv_engine.h"
 
 // ---------------------------------------------------------------------------
@@ -75,9 +75,9 @@ typedef struct eng_req {
     int                   n_choices;    /* n of the request (1 = plain) */
     int                   index;        /* this row's choice */
     int                   forked;       /* the other choices exist (engine_fork.c) */
-    int                   json;         /* constrained to a JSON object */
-    jg_state              jg;           /* its automaton after the generated tokens */
-    jg_vocab             *jv;           /* the engine's vocabulary trie (compute thread) */
+    js_schema            *js;           /* JSON constraint (json_object / json_schema), or NULL */
+    js_state              jst;          /* its automaton after the generated tokens */
+    const jg_vocab       *jv;           /* the engine's vocabulary trie */
     int                   cancel;       /* set by tqkv_engine_cancel (under the lock) */
     size_t                reserved;     /* budget bytes held while admitted */
     /* prefill */

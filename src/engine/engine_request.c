@@ -161,7 +161,7 @@ int req_take(tqkv_engine *e, eng_req *q, int32_t tok, const tok_info *ti) {
     e->st.generated_tokens++;
     pthread_mutex_unlock(&e->mu);
     if (tqkv_sampler_needs_history(q->sampler)) tqkv_sampler_accept(q->sampler, tok);
-    if (q->json) (void)jg_accept(q->jv, &q->jg, tok); /* masked: always accepted */
+    if (q->js) (void)js_accept(q->js, q->jv, &q->jst, tok); /* masked: always accepted */
     if (!q->ignore_eos && tqkv_model_is_eos(e->m, tok)) {
         /* release what was held back for stop matching */
         const char *fl = NULL;

@@ -329,6 +329,44 @@ void jg_mask(jg_vocab *v, const jg_state *s, float *logits) {
         if (!allowed[id]) logits[id] = -INFINITY;
 }
 
+/* Depth-first along the trie: one state per byte of the path (tokens are short). */
+static void walk_rec(const jg_vocab *v, int32_t node, const void *state, size_t size,
+                     jg_feed_fn feed, const void *ctx, uint8_t *allowed, int depth) {
+    unsigned char buf[512];
+    if (depth > 256) return;
+    for (int32_t c = v->nodes[node].child; c >= 0; c = v->nodes[c].sibling) {
+        memcpy(buf, state, size);
+        if (!feed(ctx, buf, v->nodes[c].byte)) continue;
+        for (int32_t id = v->nodes[c].first; id >= 0; id = v->tok_next[id]) allowed[id] = 1;
+        if (v->nodes[c].child >= 0) walk_rec(v, c, buf, size, feed, ctx, allowed, depth + 1);
+    }
+}
+
+void jg_walk(const jg_vocab *v, const void *state, size_t size, jg_feed_fn feed, const void *ctx,
+             uint8_t *allowed) {
+    if (size > 512) return;
+    walk_rec(v, 0, state, size, feed, ctx, allowed, 0);
+}
+
+int jg_vocab_size(const jg_vocab *v) { return v->V; }
+int jg_is_eos(const jg_vocab *v, int32_t id) { return id >= 0 && id < v->V && v->eos[id]; }
+
+int jg_token_bytes(const jg_vocab *v, int32_t id, const char **b, size_t *n) {
+    if (id < 0 || id >= v->V || !v->text[id]) return 0;
+    return tqkv_tokenizer_id_bytes(v->tok, id, b, n) == TQKV_OK;
+}
+
+int jg_number_can_end(const jg_state *s) {
+    return s->mode == M_NUM && (s->sub == N_ZERO || s->sub == N_INT || s->sub == N_FRAC || s->sub == N_EXP);
+}
+
+int jg_in_string(const jg_state *s) { return s->mode == M_STR || s->mode == M_ESC || s->mode == M_HEX; }
+
+void jg_init_value(jg_state *s) {
+    jg_init(s);
+    s->mode = M_VALUE;
+}
+
 int jg_accept(const jg_vocab *v, jg_state *s, int32_t id) {
     if (id < 0 || id >= v->V) return 0;
     if (!v->text[id]) return v->eos[id] && jg_complete(s);

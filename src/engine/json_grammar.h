@@ -19,7 +19,7 @@
 #include "tqkv_tokenizer.h"
 
 #define JG_MAX_DEPTH 64
-#define JG_MAX_WS 16
+#define JG_MAX_WS 6      /* e.g. a newline and five levels of indentation */
 #define JG_CACHE 32     /* masks of recent states kept by the vocabulary */
 
 typedef struct {
@@ -49,6 +49,23 @@ void        jg_vocab_free(jg_vocab *v);
 /* Set logits [vocab] of every token not allowed from s to -inf. Uses (and fills) the
  * vocabulary's cache of recent states' masks: one caller at a time. */
 void        jg_mask(jg_vocab *v, const jg_state *s, float *logits);
+/* The trie walked with any byte automaton: a state of `size` bytes (<= 512) fed by
+ * feed(ctx, state, byte) (1 accepted and state advanced, 0 refused); allowed [vocab]
+ * gets 1 for every token whose bytes are all accepted from state. */
+typedef int (*jg_feed_fn)(const void *ctx, void *state, unsigned char c);
+void jg_walk(const jg_vocab *v, const void *state, size_t size, jg_feed_fn feed, const void *ctx,
+             uint8_t *allowed);
+int  jg_vocab_size(const jg_vocab *v);
+int  jg_is_eos(const jg_vocab *v, int32_t id);
+/* An ordinary token's bytes: 1, or 0 (special, EOS, beyond the tokenizer). */
+int  jg_token_bytes(const jg_vocab *v, int32_t id, const char **b, size_t *n);
+/* A number read by s (the sub-automaton of a scalar) may end here. */
+int  jg_number_can_end(const jg_state *s);
+/* s is inside a string (escapes included). */
+int  jg_in_string(const jg_state *s);
+/* s starts reading one value at depth 0 (it is complete when the value is). */
+void jg_init_value(jg_state *s);
+
 /* Advance s by token id's bytes (EOS and specials: unchanged); 1 accepted, 0 refused. */
 int         jg_accept(const jg_vocab *v, jg_state *s, int32_t id);
 

@@ -593,10 +593,6 @@ static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, 
                       tqkv_tokenizer_vocab_size(s->eng.tok)};
     srv_request rq;
     if (srv_request_parse(api, cc->body, cc->len, &lim, &rq, &err)) return queue_error(s, c, &err);
-    if (srv_request_gate(&rq, &err)) {
-        srv_request_free(&rq);
-        return queue_error(s, c, &err);
-    }
     int32_t *ids = NULL;
     int n_prompt = 0;
     char forced[160];
@@ -648,6 +644,8 @@ static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, 
     er.ignore_eos = rq.ignore_eos;
     er.n = rq.n;
     er.json_object = rq.format == SRV_FORMAT_JSON_OBJECT;
+    er.json_schema = rq.format == SRV_FORMAT_JSON_SCHEMA ? rq.schema_json : NULL;
+    int schema_req = er.json_schema != NULL;
     er.sampling.frequency_penalty = (float)rq.frequency_penalty;
     er.sampling.presence_penalty = (float)rq.presence_penalty;
     er.sampling.bias_ids = rq.bias_ids;
@@ -675,6 +673,12 @@ static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, 
             return queue_simple_error(s, c, 503, "server_error", "queue_full", msg);
         if (st == TQKV_ESTATE)
             return queue_simple_error(s, c, 503, "server_error", "shutting_down", msg);
+        if (st == TQKV_EINVAL && schema_req && !strncmp(msg, "json schema", 11)) {
+            srv_error e; /* a schema outside the supported subset: name the parameter */
+            srv_error_set(&e, 400, "invalid_request_error", "unsupported_schema",
+                          "response_format.json_schema.schema", "'response_format.json_schema.schema': %s", msg);
+            return queue_error(s, c, &e);
+        }
         if (st == TQKV_EINVAL || st == TQKV_ERANGE)
             return queue_simple_error(s, c, 400, "invalid_request_error",
                                       st == TQKV_ERANGE ? "context_length_exceeded" : "invalid_value", msg);

@@ -463,13 +463,3 @@ int srv_request_parse_ext(const cJSON *root, const srv_limits *lim, srv_request 
     if ((v = field(root, "response_format")) && parse_response_format(v, r, err)) return -1;
     return 0;
 }
-
-/* What the server cannot do yet with a parsed request: a 400 naming the field, so that
- * nothing is silently ignored. */
-int srv_request_gate(const srv_request *r, srv_error *err) {
-    if (r->format == SRV_FORMAT_JSON_SCHEMA)
-        return srv_error_set(err, 400, "invalid_request_error", "unsupported_parameter",
-                             "response_format", "'response_format' of type json_schema is not "
-                             "supported yet (json_object is)");
-    return 0;
-}

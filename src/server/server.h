@@ -117,8 +117,6 @@ int  srv_body_find_nul(const char *body, size_t len, char *param, size_t cap);
 tqkv_status srv_render_chat(const tqkv_chat_template *t, const char *src, const srv_request *rq,
                             const char *bos, const char *eos, char **out, size_t *out_len,
                             char *forced, size_t forced_cap);
-/* 0, or -1 with a 400 naming the first field of r this server cannot honour. */
-int  srv_request_gate(const srv_request *r, srv_error *err);
 /* Fill *err; returns -1 (for "return srv_error_set(...)"). */
 int  srv_error_set(srv_error *err, int http_status, const char *type, const char *code,
                    const char *param, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
