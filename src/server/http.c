@@ -535,7 +535,8 @@ static int build_prompt(srv_server *s, const srv_request *rq, int32_t **ids, int
     free(rendered);
     if (st != TQKV_OK)
         return srv_error_set(err, 400, "invalid_request_error", "invalid_prompt",
-                             rq->api == SRV_API_CHAT ? "messages" : "prompt", "prompt: %s",
+                             rq->api == SRV_API_CHAT ? "messages" : "prompt", "'%s': %s",
+                             rq->api == SRV_API_CHAT ? "messages" : "prompt",
                              tqkv_last_error());
     if (nn == 0) {
         free(*ids);
@@ -589,8 +590,8 @@ static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, 
     if (draining)
         return queue_simple_error(s, c, 503, "server_error", "shutting_down",
                                   "the server is shutting down and accepts no new requests");
-    srv_limits lim = {s->eng.model_name, s->p.aliases, s->p.n_aliases, s->eng.context_len,
-                      tqkv_tokenizer_vocab_size(s->eng.tok)};
+    srv_limits lim = {s->eng.model_name, s->eng.context_len, tqkv_tokenizer_vocab_size(s->eng.tok),
+                      s->p.aliases, s->p.n_aliases};
     srv_request rq;
     if (srv_request_parse(api, cc->body, cc->len, &lim, &rq, &err)) return queue_error(s, c, &err);
     int32_t *ids = NULL;
@@ -679,9 +680,23 @@ static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, 
                           "response_format.json_schema.schema", "'response_format.json_schema.schema': %s", msg);
             return queue_error(s, c, &e);
         }
-        if (st == TQKV_EINVAL || st == TQKV_ERANGE)
-            return queue_simple_error(s, c, 400, "invalid_request_error",
-                                      st == TQKV_ERANGE ? "context_length_exceeded" : "invalid_value", msg);
+        if (st == TQKV_EINVAL || st == TQKV_ERANGE) {
+            /* the engine names its field: report the request's parameter */
+            static const struct { const char *eng, *param; } P[] = {
+                {"engine_submit: n ", "n"}, {"engine_submit: max_tokens", "max_tokens"},
+                {"engine_submit: top_logprobs", "logprobs"}, {"engine_submit: stop", "stop"},
+                {"engine_submit: prompt", "prompt"}};
+            const char *param = st == TQKV_ERANGE ? "max_tokens" : NULL;
+            for (size_t i = 0; i < sizeof P / sizeof P[0] && !param; i++)
+                if (!strncmp(msg, P[i].eng, strlen(P[i].eng))) param = P[i].param;
+            srv_error e;
+            srv_error_set(&e, 400, "invalid_request_error",
+                          st == TQKV_ERANGE ? "context_length_exceeded" : "invalid_value", param,
+                          "%s%s%s", param ? "'" : "", param ? param : "", param ? "': " : "");
+            size_t ml = strlen(e.message);
+            snprintf(e.message + ml, sizeof e.message - ml, "%s", msg);
+            return queue_error(s, c, &e);
+        }
         return queue_simple_error(s, c, 500, "server_error", NULL, msg);
     }
 

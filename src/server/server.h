@@ -87,11 +87,11 @@ typedef struct {
 
 typedef struct {
     const char *model_name;  /* the one served model ("" accepts any) */
+    int         context_len; /* max prompt + generated tokens */
+    int32_t     vocab_size;  /* for token-id prompts */
     const char *const *aliases; /* [n_aliases]: when given, the names a request may use
                                    instead of model_name */
     int         n_aliases;
-    int         context_len; /* max prompt + generated tokens */
-    int32_t     vocab_size;  /* for token-id prompts */
 } srv_limits;
 
 /* Parse body [len] (need not be NUL-terminated). 0 and *out filled (free with

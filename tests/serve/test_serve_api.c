@@ -587,7 +587,7 @@ static void test_render_tools(void **state) {
              "\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\": \\\"Paris\\\"}\"}}]},"
              "{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"18 C, sunny\"}],%s,"
              "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}}", TOOLS);
-    srv_limits lim = {"", NULL, 0, 4096, 1000};
+    srv_limits lim = {"", 4096, 1000, NULL, 0};
     srv_request rq;
     srv_error err;
     if (srv_request_parse(SRV_API_CHAT, body, strlen(body), &lim, &rq, &err)) fail_msg("%s", err.message);
