@@ -1,6 +1,7 @@
 /*
  * http.c - libmicrohttpd plumbing of `tqkv serve`: routes, body limit (413), API key
- * (401, constant time), generation jobs fed by the engine's event callback, SSE
+ * (401, constant time), generation jobs fed by the engine's event callback (one output
+ * per choice of n; tool calls parsed out of each when the request offers tools), SSE
  * streaming, client disconnect -> engine cancel, admission stop and idle wait.
  * Owns: the daemon, per-connection contexts and per-request jobs.
  * Must not: parse request JSON itself (request.c), format bodies (response.c), run the

@@ -5,6 +5,11 @@
  * Owns: the split of the server by concern:
  *   request.c  - pure parse + validation of a request body (JSON bytes -> srv_request);
  *                the fuzz target;
+ *   request_ext.c - the strict part of it: unknown / unsupported fields, escaped NULs,
+ *                n, penalties, logit_bias, tools, tool_choice, response_format, the chat
+ *                history as JSON for the template;
+ *   chat_render.c - a chat request's prompt through the template (tools, forced call start);
+ *   tools.c    - tool calls parsed from an output (Qwen/Hermes, Llama 3, Gemma 4);
  *   response.c - JSON bodies, SSE chunks and OpenAI-style error JSON (cJSON);
  *   metrics.c  - Prometheus text for /metrics;
  *   http.c     - libmicrohttpd plumbing: routing, body limit, API key, per-request job
