@@ -23,7 +23,7 @@ static const char *const SEEDS[] = {
 };
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    srv_limits lim = {"m", 4096, 8192};
+    srv_limits lim = {"m", 4096, 8192, NULL, 0};
     for (int api = 0; api < 2; api++) {
         /* a copy of exactly `size` bytes so ASan catches any read past the end */
         char *body = malloc(size ? size : 1);

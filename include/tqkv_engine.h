@@ -115,6 +115,7 @@ typedef struct {
     int                prompt_tokens;
     int                completion_tokens;
     int                cached_tokens; /* prompt tokens served from the prefix cache */
+    int                index;         /* the choice, in [0, n) of the request */
 } tqkv_engine_event;
 
 /* Called on the engine's thread; must return quickly and must not call the engine
@@ -132,7 +133,23 @@ typedef struct {
     int                 top_logprobs; /* -1 = no logprobs; 0..TQKV_MAX_TOP_LOGPROBS */
     tqkv_engine_event_fn on_event;    /* required */
     void               *user;
+    int                 n;            /* choices (0 = 1), at most parallel and
+                                         TQKV_ENGINE_MAX_CHOICES: the prompt is prefilled once
+                                         and its row copied into n rows; choice i samples
+                                         with seed + i; each choice sends its own events
+                                         (event.index) and its own final event; cancel
+                                         ends them all */
+    int                 json_object;  /* 1: the output is constrained to one JSON object
+                                         (OpenAI's response_format json_object): tokens
+                                         that cannot continue it are masked, EOS only
+                                         once it is closed; max_tokens can still cut it */
+    const char         *json_schema;  /* non-NULL: constrained to this JSON Schema (strict
+                                         subset, src/engine/json_schema.h; an unsupported
+                                         keyword: TQKV_EINVAL "json schema: ..."); implies
+                                         json_object */
 } tqkv_engine_request;
+
+#define TQKV_ENGINE_MAX_CHOICES 16
 
 /* Queue a request. TQKV_EINVAL: bad field (message names it). TQKV_ERANGE: n_prompt +
  * max_tokens exceeds tqkv_engine_context_len (message gives both). TQKV_EBUSY: the wait
@@ -174,6 +191,8 @@ typedef struct {
 typedef struct {
     uint64_t requests_finished[TQKV_FINISH_ERROR + 1]; /* by finish reason */
     uint64_t prompt_tokens;        /* prompt tokens of admitted requests */
+    uint64_t prefill_tokens;       /* prompt tokens run through the model (prefix-cache
+                                      hits and the shared prompt of n > 1 excluded) */
     uint64_t generated_tokens;
     int      running;              /* rows in the batch */
     int      queued;               /* requests waiting */

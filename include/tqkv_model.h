@@ -334,6 +334,9 @@ TQKV_API tqkv_status tqkv_model_state_import(tqkv_model_state **out, const tqkv_
 /* ------------------------------------------------------------------------- */
 /*
  * Pipeline (HF order): repetition penalty over the history (logit > 0 ? /r : *r), then
+ * OpenAI's penalties over the tokens accepted after tqkv_sampler_mark_prompt_end (logit -=
+ * frequency_penalty * count + presence_penalty * (count > 0)), then logit_bias (logit +=
+ * bias), then the constraint (constrain), then
  * temperature 0 -> argmax (lowest id on ties); else logits / T, top-k, softmax, top-p
  * (smallest prefix of the sorted distribution with mass >= p), min-p (p_i >= min_p * p_max),
  * renormalize, draw with the sampler's own RNG (xoshiro256**, seeded; no global state).
@@ -346,6 +349,17 @@ typedef struct {
     float    repetition_penalty; /* 1 = off */
     int      penalty_last_n;     /* history tokens penalized; 0 = all (HF) */
     uint64_t seed;
+    float    frequency_penalty;  /* OpenAI, finite; 0 = off */
+    float    presence_penalty;   /* OpenAI, finite; 0 = off */
+    const int32_t *bias_ids;     /* [n_bias] logit_bias: distinct ids in the vocab (copied
+                                    by tqkv_sampler_init) */
+    const float   *bias_vals;    /* [n_bias] finite biases added to those logits */
+    int      n_bias;
+    /* constrained decoding: called with each row's logits [vocab] after logit_bias, before
+     * the pick; sets the logits of tokens that may not come next to -inf (NULL = none).
+     * Such rows are always picked from the whole row on the host. */
+    void   (*constrain)(void *ctx, float *logits, int vocab);
+    void    *constrain_ctx;
 } tqkv_sampler_params;
 
 typedef struct tqkv_sampler tqkv_sampler;
@@ -357,6 +371,12 @@ TQKV_API void        tqkv_sampler_free(tqkv_sampler *s);
 TQKV_API void        tqkv_sampler_reset(tqkv_sampler *s, uint64_t seed);
 /* Add a token to the history (prompt and generated tokens) used by the penalty. */
 TQKV_API tqkv_status tqkv_sampler_accept(tqkv_sampler *s, int token);
+/* The history so far is the prompt: frequency and presence penalties count only the
+ * tokens accepted after this call (without it, the whole history). */
+TQKV_API void        tqkv_sampler_mark_prompt_end(tqkv_sampler *s);
+/* 1 when the sampler reads its history (a penalty is on): the caller must accept the
+ * tokens it generates. */
+TQKV_API int         tqkv_sampler_needs_history(const tqkv_sampler *s);
 /* Pick a token from logits [vocab] (the array is used as scratch and modified).
  * Sampling (temperature > 0) fails with TQKV_EINVAL on NaN / +inf logits. */
 TQKV_API tqkv_status tqkv_sampler_sample(tqkv_sampler *s, float *logits, int *token);

@@ -4,11 +4,16 @@
  * drain the engine, wait for open responses, exit 0).
  * Must not: contain HTTP, JSON or scheduling logic (src/server and the engine own them).
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* sched_getaffinity */
+#endif
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "model_cli.h"
@@ -34,18 +39,64 @@ static int parse_bytes(const char *s, size_t *out) {
     return 0;
 }
 
+/* Physical cores this process may run on: distinct (package, core) pairs of the CPUs in
+ * its affinity mask (sysfs topology); the CPU count where that is unreadable; >= 1. */
+static int physical_cores(void) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set)) return 1;
+    enum { MAXC = 1024 };
+    static long seen[MAXC];
+    int n_seen = 0, n_cpu = 0;
+    for (int c = 0; c < CPU_SETSIZE && c < MAXC; c++) {
+        if (!CPU_ISSET(c, &set)) continue;
+        n_cpu++;
+        long core = -1, pkg = -1;
+        char path[128];
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/core_id", c);
+        FILE *f = fopen(path, "r");
+        if (f) {
+            if (fscanf(f, "%ld", &core) != 1) core = -1;
+            fclose(f);
+        }
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/physical_package_id", c);
+        if ((f = fopen(path, "r"))) {
+            if (fscanf(f, "%ld", &pkg) != 1) pkg = -1;
+            fclose(f);
+        }
+        if (core < 0 || pkg < 0) return n_cpu > 0 ? CPU_COUNT(&set) : 1; /* no topology */
+        long key = pkg * 65536 + core;
+        int dup = 0;
+        for (int i = 0; i < n_seen && !dup; i++) dup = seen[i] == key;
+        if (!dup) seen[n_seen++] = key;
+    }
+    return n_seen > 0 ? n_seen : 1;
+}
+
+/* Default prefix cache: 1/16 of physical memory, in [64 MiB, 2 GiB]. */
+static size_t default_prefix_cache(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    size_t b = pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz / 16 : (size_t)256 << 20;
+    if (b < ((size_t)64 << 20)) b = (size_t)64 << 20;
+    if (b > ((size_t)2 << 30)) b = (size_t)2 << 30;
+    return b;
+}
+
+#define MAX_ALIASES 16
+
 int cmd_serve(int argc, char **argv) {
     const char *model = MCLI_DEFAULT_MODEL, *host = "127.0.0.1", *kv = "tq4", *draft = NULL;
     const char *budget = NULL, *api_key = NULL, *port_file = NULL, *cache_dir = NULL;
     const char *prefix_bytes = NULL, *max_body = NULL, *device = "cpu";
-    int port = 8080, window = 0, parallel = 16, draft_tokens = 4, threads = 1, queue = 256;
-    int chunk = 256, verbose = 0, max_conns = 512;
+    const char *alias_last = NULL;
+    int port = 8080, window = 0, parallel = 16, draft_tokens = 4, threads = 0, queue = 256;
+    int chunk = 256, verbose = 0, max_conns = 512, metrics_auth = 0;
     /* slow-client defence (src/server/conn_guard.c) */
     int idle_timeout = 600, header_timeout = 20, body_timeout = 60, max_conns_ip = 0;
     int reserved_conns = -1;
     arg_spec specs[] = {
         {"--model", ARG_STR, &model, "model directory (default " MCLI_DEFAULT_MODEL ")"},
-        {"--host", ARG_STR, &host, "IPv4 address to listen on (default 127.0.0.1)"},
+        {"--host", ARG_STR, &host, "address to listen on: IPv4, IPv6 (\"::\" = all, IPv4 too) or a host name (default 127.0.0.1)"},
         {"--port", ARG_INT, &port, "TCP port (default 8080; 0 = any free port)"},
         {"--port-file", ARG_STR, &port_file, "write the bound port to this file once listening"},
         {"--kv", ARG_STR, &kv, "KV format: f16|q8|q4|tq2|tq3|tq4 or K/V (default tq4)"},
@@ -55,11 +106,14 @@ int cmd_serve(int argc, char **argv) {
         {"--parallel", ARG_INT, &parallel, "most rows decoding at once (default 16)"},
         {"--kv-budget", ARG_STR, &budget, "KV bytes for running rows, e.g. 512M (default: engine's)"},
         {"--queue", ARG_INT, &queue, "requests waiting for admission before 503 (default 256)"},
-        {"--threads", ARG_INT, &threads, "compute threads (default 1)"},
+        {"--threads", ARG_INT, &threads, "compute threads (default: the physical cores)"},
         {"--prefill-chunk", ARG_INT, &chunk, "prompt tokens prefilled per step (default 256)"},
-        {"--prefix-cache", ARG_STR, &prefix_bytes, "prefix cache bytes, e.g. 64M (default 0 = off)"},
+        {"--prefix-cache", ARG_STR, &prefix_bytes, "prefix cache bytes, e.g. 64M; 0 = off (default 1/16 of RAM, 64M..2G)"},
         {"--prompt-cache-dir", ARG_STR, &cache_dir, "persist the prefix cache in this directory"},
         {"--api-key", ARG_STR, &api_key, "require Authorization: Bearer KEY (or env TQKV_API_KEY)"},
+        {"--metrics-auth", ARG_FLAG, &metrics_auth, "/metrics needs the API key too (default: open)"},
+        {"--alias", ARG_STR, &alias_last, "serve the model under this name (repeatable; the first is reported)"},
+        {"--served-model-name", ARG_STR, &alias_last, "same as --alias"},
         {"--max-body", ARG_STR, &max_body, "request body limit (default 1M)"},
         {"--max-conns", ARG_INT, &max_conns, "simultaneous connections (default 512)"},
         {"--device", ARG_STR, &device, "cpu|cuda: where the model (and --draft) runs (default cpu; cuda: --prompt-cache-dir needs tq4 or tq3 KV)"},
@@ -72,6 +126,17 @@ int cmd_serve(int argc, char **argv) {
     };
     if (args_parse(CMD, argc, argv, specs, (int)(sizeof specs / sizeof specs[0]))) return 2;
     serve_mem_policy(); /* before any thread: few arenas, big buffers returned when freed */
+    const char *aliases[MAX_ALIASES];
+    int n_aliases = 0;
+    for (int i = 0; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--alias") || !strcmp(argv[i], "--served-model-name")) {
+            if (n_aliases == MAX_ALIASES || !argv[i + 1][0]) {
+                fprintf(stderr, "tqkv serve: at most %d non-empty --alias names\n", MAX_ALIASES);
+                return 2;
+            }
+            aliases[n_aliases++] = argv[++i];
+        }
+    if (threads == 0) threads = physical_cores();
     /* OpenMP teams must not spin: the HTTP threads and other processes share the cores.
      * libgomp reads OMP_WAIT_POLICY at start-up, so re-execute with passive waits. */
     if (threads > 1 && !getenv("OMP_WAIT_POLICY")) {
@@ -123,6 +188,7 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "tqkv serve: byte sizes are N, NK, NM or NG\n");
         return 2;
     }
+    if (!prefix_bytes) ep.prefix_cache_bytes = default_prefix_cache();
     if (cache_dir && !ep.prefix_cache_bytes) ep.prefix_cache_bytes = (size_t)64 << 20;
 
     /* Block the stop signals in every thread (the engine's and the server's inherit the
@@ -152,6 +218,9 @@ int cmd_serve(int argc, char **argv) {
     sp.body_timeout_s = body_timeout;
     sp.max_conns_per_ip = max_conns_ip;
     sp.reserved_conns = reserved_conns;
+    sp.aliases = n_aliases ? aliases : NULL;
+    sp.n_aliases = n_aliases;
+    sp.metrics_auth = metrics_auth;
     srv_server *srv = NULL;
     if (srv_start(&srv, &sp, &eng) != TQKV_OK) {
         fprintf(stderr, "tqkv serve: %s\n", tqkv_last_error());
@@ -168,8 +237,10 @@ int cmd_serve(int argc, char **argv) {
             return 1;
         }
     }
-    fprintf(stderr, "tqkv serve: model %s, kv %s, listening on http://%s:%d\n",
-            eng.model_name, kv, host, bound);
+    fprintf(stderr, "tqkv serve: model %s, kv %s, threads %d, prefix cache %zu bytes, "
+            "listening on http://%s%s%s:%d\n", n_aliases ? aliases[0] : eng.model_name, kv,
+            threads, ep.prefix_cache_bytes, strchr(host, ':') ? "[" : "", host,
+            strchr(host, ':') ? "]" : "", bound);
 
     serve_trimmer *trim = serve_trimmer_start(e); /* freed memory back after bursts */
     int sig = 0;

@@ -55,7 +55,7 @@ static char *str_dup(const char *s) {
     return d;
 }
 
-static int grow_ptrs(void ***a, int *cap, int need) {
+int engine_grow_ptrs(void ***a, int *cap, int need) {
     if (need <= *cap) return 1;
     int nc = *cap ? *cap * 2 : 16;
     while (nc < need) nc *= 2;
@@ -126,6 +126,7 @@ static void engine_release(tqkv_engine *e) {
     tqkv_model_state_free(e->run);
     tqkv_model_state_free(e->drun);
     prefix_free(&e->pc); /* its states refer to the model */
+    jg_vocab_free(e->jv);
     tqkv_model_free(e->m);
     tqkv_model_free(e->dm);
     tqkv_tokenizer_free(e->tok);
@@ -296,9 +297,12 @@ const char *tqkv_engine_model_name(const tqkv_engine *e) { return e ? e->name : 
 // Requests
 // ---------------------------------------------------------------------------
 
-static void req_free(eng_req *q) {
+void req_free(eng_req *q) {
     if (!q) return;
     free(q->prompt);
+    free(q->bias_ids);
+    free(q->bias_vals);
+    js_free(q->js);
     for (int i = 0; i < q->n_stop; i++) free(q->stop[i]);
     free(q->stop);
     tqkv_sampler_free(q->sampler);
@@ -334,6 +338,9 @@ tqkv_status tqkv_engine_submit(tqkv_engine *e, const tqkv_engine_request *r, uin
     for (int i = 0; i < r->n_stop; i++)
         if (!r->stop[i] || !r->stop[i][0])
             return tqkv_fail(TQKV_EINVAL, "engine_submit: stop[%d] is NULL or empty", i);
+    if (r->n < 0 || r->n > TQKV_ENGINE_MAX_CHOICES || r->n > e->p.parallel)
+        return tqkv_fail(TQKV_EINVAL, "engine_submit: n %d not in [0, %d] (at most parallel = %d)",
+                         r->n, TQKV_ENGINE_MAX_CHOICES, e->p.parallel);
     if (r->top_logprobs < -1 || r->top_logprobs > TQKV_MAX_TOP_LOGPROBS)
         return tqkv_fail(TQKV_EINVAL, "engine_submit: top_logprobs %d not in [-1, %d]",
                          r->top_logprobs, TQKV_MAX_TOP_LOGPROBS);
@@ -364,17 +371,42 @@ tqkv_status tqkv_engine_submit(tqkv_engine *e, const tqkv_engine_request *r, uin
         for (int i = 0; i < r->n_stop; i++, q->n_stop++)
             if (!(q->stop[i] = str_dup(r->stop[i]))) rc = TQKV_ENOMEM;
     }
-    if (rc == TQKV_OK) rc = tqkv_sampler_init(&q->sampler, s, V);
-    if (rc == TQKV_OK && s->repetition_penalty != 1.0f)
-        for (int i = 0; i < r->n_prompt && rc == TQKV_OK; i++)
-            rc = tqkv_sampler_accept(q->sampler, r->prompt[i]);
+    q->sp = *s;
+    q->sp.n_bias = 0;
+    q->sp.bias_ids = NULL;
+    q->sp.bias_vals = NULL;
+    if (rc == TQKV_OK && s->n_bias > 0) { /* the choices' samplers are made later: own copies */
+        q->bias_ids = malloc(sizeof(int32_t) * (size_t)s->n_bias);
+        q->bias_vals = malloc(sizeof(float) * (size_t)s->n_bias);
+        if (!q->bias_ids || !q->bias_vals || !s->bias_ids || !s->bias_vals) {
+            rc = s->bias_ids && s->bias_vals ? TQKV_ENOMEM
+                                             : tqkv_fail(TQKV_EINVAL, "engine_submit: n_bias without ids and values");
+        } else {
+            memcpy(q->bias_ids, s->bias_ids, sizeof(int32_t) * (size_t)s->n_bias);
+            memcpy(q->bias_vals, s->bias_vals, sizeof(float) * (size_t)s->n_bias);
+            q->sp.n_bias = s->n_bias;
+            q->sp.bias_ids = q->bias_ids;
+            q->sp.bias_vals = q->bias_vals;
+        }
+    }
+    if (rc == TQKV_OK && (r->json_object || r->json_schema)) {
+        pthread_mutex_lock(&e->mu); /* the vocabulary trie is made once, on first use */
+        if (!e->jv) rc = jg_vocab_init(&e->jv, e->tok, e->m);
+        pthread_mutex_unlock(&e->mu);
+        if (rc == TQKV_OK) rc = js_compile(&q->js, r->json_schema, V);
+        if (rc == TQKV_OK) {
+            q->jv = e->jv;
+            js_init(q->js, &q->jst);
+        }
+    }
+    if (rc == TQKV_OK) rc = engine_req_sampler(e, q, s->seed);
     if (rc == TQKV_OK) rc = tqkv_decode_stream_init(&q->ds, e->tok, TQKV_DECODE_SKIP_SPECIAL);
     if (rc != TQKV_OK) {
         req_free(q);
         return rc == TQKV_ENOMEM ? tqkv_fail(TQKV_ENOMEM, "engine_submit: out of memory") : rc;
     }
     q->max_tokens = r->max_tokens;
-    q->sp = *s;
+    q->n_choices = r->n > 1 ? r->n : 1;
     q->ignore_eos = r->ignore_eos;
     q->top_logprobs = r->top_logprobs;
     q->fn = r->on_event;
@@ -411,16 +443,14 @@ tqkv_status tqkv_engine_cancel(tqkv_engine *e, uint64_t id) {
     if (!e) return tqkv_fail(TQKV_EINVAL, "engine_cancel: NULL engine");
     pthread_mutex_lock(&e->mu);
     eng_req *hit = NULL;
-    for (eng_req *q = e->q_head; q && !hit; q = q->next)
-        if (q->id == id) hit = q;
-    for (int i = 0; i < e->n_pre && !hit; i++)
-        if (e->pre[i]->id == id) hit = e->pre[i];
-    for (int i = 0; i < e->n_rows && !hit; i++)
-        if (e->rows[i]->id == id && !e->rows[i]->finished) hit = e->rows[i];
-    if (hit) {
-        hit->cancel = 1;
-        pthread_cond_signal(&e->cv_work);
-    }
+    /* every choice of the request (they share its id) */
+    for (eng_req *q = e->q_head; q; q = q->next)
+        if (q->id == id) hit = q, q->cancel = 1;
+    for (int i = 0; i < e->n_pre; i++)
+        if (e->pre[i]->id == id) hit = e->pre[i], hit->cancel = 1;
+    for (int i = 0; i < e->n_rows; i++)
+        if (e->rows[i]->id == id && !e->rows[i]->finished) hit = e->rows[i], hit->cancel = 1;
+    if (hit) pthread_cond_signal(&e->cv_work);
     pthread_mutex_unlock(&e->mu);
     if (!hit) return tqkv_fail(TQKV_EINVAL, "engine_cancel: no open request with id %llu",
                                (unsigned long long)id);
@@ -449,8 +479,13 @@ static void sched_admit(tqkv_engine *e, eng_req **dropped, int *n_dropped, int c
         prev = q;
         pp = &q->next;
     }
-    while (e->q_head && e->n_rows + e->n_pre < e->p.parallel) {
+    for (;;) {
         eng_req *q = e->q_head;
+        if (!q) break;
+        /* slots: running rows, prefilling requests with all their choices to come */
+        int slots = e->n_rows;
+        for (int i = 0; i < e->n_pre; i++) slots += e->pre[i]->forked ? 1 : e->pre[i]->n_choices;
+        if (slots + q->n_choices > e->p.parallel) break;
         if (!probe) {
             pthread_mutex_unlock(&e->mu);
             /* with a draft, the model counts what a speculative round holds beyond what
@@ -461,7 +496,7 @@ static void sched_admit(tqkv_engine *e, eng_req **dropped, int *n_dropped, int c
             if (rc != TQKV_OK) break;
             continue; /* the head may have changed while unlocked */
         }
-        size_t need = req_projected(e, q, probe, dprobe);
+        size_t need = req_projected(e, q, probe, dprobe) * (size_t)q->n_choices;
         if (need > e->p.kv_budget) {
             /* can never fit: fail it rather than block the queue */
             e->q_head = q->next;
@@ -476,7 +511,7 @@ static void sched_admit(tqkv_engine *e, eng_req **dropped, int *n_dropped, int c
         /* the storage really held (padding of rows of unequal lengths, spare columns)
          * counts too: the budget bounds memory, not only the projected token bytes */
         if (e->st.kv_bytes_allocated + need > e->p.kv_budget && e->n_rows + e->n_pre > 0) break;
-        if (!grow_ptrs((void ***)&e->pre, &e->cap_pre, e->n_pre + 1)) break;
+        if (!engine_grow_ptrs((void ***)&e->pre, &e->cap_pre, e->n_pre + 1)) break;
         e->q_head = q->next;
         if (!e->q_head) e->q_tail = NULL;
         e->n_queue--;
@@ -535,6 +570,9 @@ static int prefill_chunk(tqkv_engine *e, eng_req *q) {
     else rc = tqkv_model_extend(e->m, q->pre, tk, n, mode, e->logits);
     if (rc != TQKV_OK) goto fail;
     q->prefilled += n;
+    pthread_mutex_lock(&e->mu);
+    e->st.prefill_tokens += (uint64_t)n;
+    pthread_mutex_unlock(&e->mu);
     if (!last && e->pc.budget && q->prefilled % C == 0) {
         pthread_mutex_lock(&e->mu);
         prefix_entry *x = prefix_lookup(&e->pc, q->prompt, q->prefilled, q->prefilled);
@@ -551,6 +589,7 @@ static int prefill_chunk(tqkv_engine *e, eng_req *q) {
         }
         int32_t tok;
         tok_info ti;
+        if (q->n_choices > 1 && !q->forked) engine_fork_choices(e, q, e->logits);
         if ((rc = req_pick(e, q, e->logits, &tok, &ti)) != TQKV_OK) goto fail;
         q->phase = REQ_RUNNING;
         req_take(e, q, tok, &ti);
@@ -631,7 +670,7 @@ static tqkv_status sched_rows(tqkv_engine *e, eng_req **ready, int n_ready) {
     if (n_ready == 0) return TQKV_OK;
     tqkv_model_state **src = malloc(sizeof *src * (size_t)n_ready);
     tqkv_model_state **dsrc = malloc(sizeof *dsrc * (size_t)n_ready);
-    if (!src || !dsrc || !grow_ptrs((void ***)&e->rows, &e->cap_rows, e->n_rows + n_ready)) {
+    if (!src || !dsrc || !engine_grow_ptrs((void ***)&e->rows, &e->cap_rows, e->n_rows + n_ready)) {
         free(src);
         free(dsrc);
         return tqkv_fail(TQKV_ENOMEM, "engine: out of memory");

@@ -8,6 +8,7 @@
 
 #include <pthread.h>
 
+#include "engine/json_schema.h"
 #include "tqkv_engine.h"
 
 // ---------------------------------------------------------------------------
@@ -75,6 +76,14 @@ typedef struct eng_req {
     int                   top_logprobs;
     tqkv_engine_event_fn  fn;
     void                 *user;
+    int32_t              *bias_ids;     /* [sp.n_bias] logit_bias (own copies) */
+    float                *bias_vals;
+    int                   n_choices;    /* n of the request (1 = plain) */
+    int                   index;        /* this row's choice */
+    int                   forked;       /* the other choices exist (engine_fork.c) */
+    js_schema            *js;           /* JSON constraint (json_object / json_schema), or NULL */
+    js_state              jst;          /* its automaton after the generated tokens */
+    const jg_vocab       *jv;           /* the engine's vocabulary trie */
     int                   cancel;       /* set by tqkv_engine_cancel (under the lock) */
     size_t                reserved;     /* budget bytes held while admitted */
     /* prefill */
@@ -133,6 +142,7 @@ struct tqkv_engine {
     size_t                  cap_smp;
     prefix_cache            pc;
     tqkv_engine_stats       st;
+    jg_vocab               *jv;           /* JSON constraint vocabulary (made on first use) */
 };
 
 // ---------------------------------------------------------------------------
@@ -155,6 +165,21 @@ tqkv_status req_pick(tqkv_engine *e, eng_req *q, const float *raw, int32_t *tok,
 /* Account a generated token: text, stop strings, EOS, limits, and its event. Returns 1
  * when the request finished with this token. */
 int         req_take(tqkv_engine *e, eng_req *q, int32_t tok, const tok_info *ti);
+
+// ---------------------------------------------------------------------------
+// Choices (engine_fork.c)
+// ---------------------------------------------------------------------------
+
+/* q (index 0 of n_choices > 1) has prefilled its prompt: make choices 1..n-1 as rows
+ * copied from q->pre (and q->dpre), each with its own sampler (seed + index), pick each
+ * one's first token from logits [V] and put them on the prefill list as ready. Budget:
+ * each takes its share of q's reservation. A failure finishes those choices with an
+ * error event (q goes on). */
+void        engine_fork_choices(tqkv_engine *e, eng_req *q, const float *logits);
+/* Sampler of q from q->sp (seed given), its prompt history and the generated mark. */
+tqkv_status engine_req_sampler(tqkv_engine *e, eng_req *q, uint64_t seed);
+void        req_free(eng_req *q);
+int         engine_grow_ptrs(void ***a, int *cap, int need);
 
 // ---------------------------------------------------------------------------
 // Generation steps (engine_spec.c)

@@ -54,6 +54,7 @@ static void req_emit(tqkv_engine *e, eng_req *q, int32_t tok, const tok_info *ti
     ev.prompt_tokens = q->n_prompt;
     ev.completion_tokens = q->n_gen;
     ev.cached_tokens = q->cached;
+    ev.index = q->index;
     double now = engine_now();
     if (tok >= 0) {
         pthread_mutex_lock(&e->mu);
@@ -74,6 +75,21 @@ static void req_emit(tqkv_engine *e, eng_req *q, int32_t tok, const tok_info *ti
 /* Final event with no token (cancel, error). */
 void req_finish_plain(tqkv_engine *e, eng_req *q, tqkv_finish_reason fin, const char *err) {
     if (q->finished) return;
+    if (q->n_choices > 1 && !q->forked) { /* the other choices never started: end them too */
+        tqkv_engine_event ev;
+        memset(&ev, 0, sizeof ev);
+        ev.token = -1;
+        ev.text = "";
+        ev.done = 1;
+        ev.finish = fin;
+        ev.error = err;
+        ev.prompt_tokens = q->n_prompt;
+        for (int i = 1; i < q->n_choices; i++) {
+            ev.index = i;
+            q->fn(q->user, q->id, &ev);
+        }
+        q->forked = 1;
+    }
     req_emit(e, q, -1, NULL, NULL, 0, 1, fin, err);
 }
 
@@ -144,7 +160,8 @@ int req_take(tqkv_engine *e, eng_req *q, int32_t tok, const tok_info *ti) {
     pthread_mutex_lock(&e->mu);
     e->st.generated_tokens++;
     pthread_mutex_unlock(&e->mu);
-    if (q->sp.repetition_penalty != 1.0f) tqkv_sampler_accept(q->sampler, tok);
+    if (tqkv_sampler_needs_history(q->sampler)) tqkv_sampler_accept(q->sampler, tok);
+    if (q->js) (void)js_accept(q->js, q->jv, &q->jst, tok); /* masked: always accepted */
     if (!q->ignore_eos && tqkv_model_is_eos(e->m, tok)) {
         /* release what was held back for stop matching */
         const char *fl = NULL;

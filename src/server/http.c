@@ -1,6 +1,7 @@
 /*
  * http.c - libmicrohttpd plumbing of `tqkv serve`: routes, body limit (413), API key
- * (401, constant time), generation jobs fed by the engine's event callback, SSE
+ * (401, constant time), generation jobs fed by the engine's event callback (one output
+ * per choice of n; tool calls parsed out of each when the request offers tools), SSE
  * streaming, client disconnect -> engine cancel, admission stop and idle wait.
  * Owns: the daemon, per-connection contexts and per-request jobs.
  * Must not: parse request JSON itself (request.c), format bodies (response.c), run the
@@ -17,7 +18,10 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netdb.h>
 #include <sys/socket.h>
+
+#include <cjson/cJSON.h>
 
 #include <microhttpd.h>
 
@@ -48,6 +52,21 @@ struct srv_server {
     conn_guard         *guard;         /* slow-client defence (conn_guard.c) */
 };
 
+/* One choice's output (n > 1: several per request). */
+typedef struct {
+    char              *text;       /* [text_len] output so far */
+    size_t             text_len, text_cap;
+    srv_piece         *pieces;     /* [n_pieces] */
+    int                n_pieces, cap_pieces;
+    int                done;
+    tqkv_finish_reason finish;
+    int                completion_tokens;
+    /* stream writer state (connection thread only) */
+    int                sent;        /* pieces sent */
+    size_t             content_sent; /* bytes of text sent as content */
+    int                first_sent, finish_sent, closed;
+} job_choice;
+
 typedef struct job {
     srv_server     *srv;
     pthread_mutex_t mu;
@@ -58,20 +77,25 @@ typedef struct job {
     int             cancel_sent;
     MHD_socket      fd;
     char            idbuf[48];
+    char            model[128];   /* the name the response reports */
     srv_resp_ctx    rc;
     /* filled by the engine callback under mu */
-    char           *text;         /* [text_len] output so far */
-    size_t          text_len, text_cap;
-    srv_piece      *pieces;       /* [n_pieces] */
-    int             n_pieces, cap_pieces;
-    int             done;
+    job_choice     *ch;           /* [n_ch] one per choice (n) */
+    int             n_ch;
+    int             n_done;       /* choices whose final event came */
+    uint64_t        events;       /* events recorded (streaming waits on it) */
+    int             done;         /* every choice finished */
     int             oom;
-    tqkv_finish_reason finish;
+    tqkv_finish_reason finish;    /* STOP/LENGTH, or the first choice's error/cancel */
     char            errmsg[256];
     srv_usage       usage;
+    /* tool calls (chat with tools): parsed from each choice's text */
+    int             tools;        /* 1: the output may hold tool calls */
+    int             parallel_tools;
     /* stream writer state (connection thread only) */
     int             stream, include_usage;
-    int             sent, first_sent, tail_done;
+    int             tail_done;
+    uint64_t        events_seen;  /* events already formatted */
     char           *out;          /* [out_len] pending SSE bytes, out_off sent */
     size_t          out_len, out_cap, out_off;
 } job;
@@ -174,6 +198,7 @@ static enum MHD_Result queue_buf(srv_server *s, struct MHD_Connection *c, int st
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    if (status == 503) MHD_add_response_header(r, "Retry-After", "1");
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     count_status(s, status);
@@ -195,9 +220,30 @@ static enum MHD_Result queue_simple_error(srv_server *s, struct MHD_Connection *
 /* Jobs                                                                      */
 /* ------------------------------------------------------------------------- */
 
-static job *job_new(srv_server *s, const srv_request *rq, int n_prompt) {
+static job *job_new(srv_server *s, const srv_request *rq, int n_prompt, const char *forced) {
     job *j = calloc(1, sizeof *j);
     if (!j) return NULL;
+    j->n_ch = rq->n > 1 ? rq->n : 1;
+    if (!(j->ch = calloc((size_t)j->n_ch, sizeof *j->ch))) {
+        free(j);
+        return NULL;
+    }
+    j->tools = rq->api == SRV_API_CHAT && rq->n_tools > 0 && rq->tool_choice != SRV_TOOL_NONE;
+    j->parallel_tools = rq->parallel_tool_calls;
+    /* a forced call start is part of each choice's output (parsed, never sent as content) */
+    size_t fl = strlen(forced);
+    for (int i = 0; fl && i < j->n_ch; i++) {
+        job_choice *c = &j->ch[i];
+        if (!(c->text = malloc(fl + 256))) {
+            for (int k = 0; k < i; k++) free(j->ch[k].text);
+            free(j->ch);
+            free(j);
+            return NULL;
+        }
+        memcpy(c->text, forced, fl + 1);
+        c->text_len = c->content_sent = fl;
+        c->text_cap = fl + 256;
+    }
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);
     j->srv = s;
@@ -212,7 +258,9 @@ static job *job_new(srv_server *s, const srv_request *rq, int n_prompt) {
     j->rc.api = rq->api;
     j->rc.id = j->idbuf;
     j->rc.created = (long long)time(NULL);
-    j->rc.model = s->eng.model_name;
+    snprintf(j->model, sizeof j->model, "%s",
+             rq->model ? rq->model : s->p.n_aliases > 0 ? s->p.aliases[0] : s->eng.model_name);
+    j->rc.model = j->model;
     j->rc.top_logprobs = rq->top_logprobs;
     j->rc.tok = s->eng.tok;
     j->stream = rq->stream;
@@ -229,8 +277,11 @@ static void job_unref(job *j) {
     srv_server *s = j->srv;
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
-    free(j->text);
-    free(j->pieces);
+    for (int i = 0; i < j->n_ch; i++) {
+        free(j->ch[i].text);
+        free(j->ch[i].pieces);
+    }
+    free(j->ch);
     free(j->out);
     free(j);
     pthread_mutex_lock(&s->mu);
@@ -244,56 +295,66 @@ static void job_ref(job *j) {
     pthread_mutex_unlock(&j->mu);
 }
 
+/* Append an event's token and text to choice c; 0 or -1 (out of memory). */
+static int choice_record(job_choice *c, const tqkv_engine_event *ev) {
+    if (c->text_len + ev->text_len + 1 > c->text_cap) {
+        size_t nc = c->text_cap ? c->text_cap * 2 : 256;
+        while (nc < c->text_len + ev->text_len + 1) nc *= 2;
+        char *nt = realloc(c->text, nc);
+        if (!nt) return -1;
+        c->text = nt, c->text_cap = nc;
+    }
+    if (c->n_pieces == c->cap_pieces) {
+        int nc = c->cap_pieces ? c->cap_pieces * 2 : 32;
+        srv_piece *np = realloc(c->pieces, sizeof *np * (size_t)nc);
+        if (!np) return -1;
+        c->pieces = np, c->cap_pieces = nc;
+    }
+    srv_piece *p = &c->pieces[c->n_pieces++];
+    p->token = ev->token;
+    p->logprob = ev->logprob;
+    p->n_top = ev->n_top < TQKV_MAX_TOP_LOGPROBS ? ev->n_top : TQKV_MAX_TOP_LOGPROBS;
+    if (p->n_top < 0 || !ev->top_ids || !ev->top_logprobs) p->n_top = 0;
+    for (int k = 0; k < p->n_top; k++) {
+        p->top_ids[k] = ev->top_ids[k];
+        p->top_lp[k] = ev->top_logprobs[k];
+    }
+    p->text_off = c->text_len;
+    p->text_len = ev->text_len;
+    if (ev->text_len) memcpy(c->text + c->text_len, ev->text, ev->text_len);
+    c->text_len += ev->text_len;
+    c->text[c->text_len] = 0;
+    return 0;
+}
+
 /* Engine thread: record the event, wake the connection thread. Returns quickly. */
 static void on_event(void *user, uint64_t id, const tqkv_engine_event *ev) {
     (void)id;
     job *j = user;
     pthread_mutex_lock(&j->mu);
-    if (!j->done && (ev->token >= 0 || ev->text_len)) {
-        int ok = 1;
-        if (j->text_len + ev->text_len + 1 > j->text_cap) {
-            size_t nc = j->text_cap ? j->text_cap * 2 : 256;
-            while (nc < j->text_len + ev->text_len + 1) nc *= 2;
-            char *nt = realloc(j->text, nc);
-            if (nt) j->text = nt, j->text_cap = nc;
-            else ok = 0;
+    job_choice *c = ev->index >= 0 && ev->index < j->n_ch ? &j->ch[ev->index] : NULL;
+    if (c && !c->done && (ev->token >= 0 || ev->text_len) && choice_record(c, ev)) j->oom = 1;
+    int last = 0;
+    if (c && ev->done && !c->done) {
+        c->done = 1;
+        c->finish = j->oom ? TQKV_FINISH_ERROR : ev->finish;
+        c->completion_tokens = ev->completion_tokens;
+        if ((c->finish == TQKV_FINISH_ERROR || c->finish == TQKV_FINISH_CANCELLED) &&
+            j->finish != TQKV_FINISH_ERROR && j->finish != TQKV_FINISH_CANCELLED) {
+            j->finish = c->finish;
+            snprintf(j->errmsg, sizeof j->errmsg, "%s",
+                     j->oom ? "out of memory while recording the output"
+                            : ev->error ? ev->error : "generation failed");
+        } else if (j->finish == TQKV_FINISH_NONE) {
+            j->finish = c->finish;
         }
-        if (ok && j->n_pieces == j->cap_pieces) {
-            int nc = j->cap_pieces ? j->cap_pieces * 2 : 32;
-            srv_piece *np = realloc(j->pieces, sizeof *np * (size_t)nc);
-            if (np) j->pieces = np, j->cap_pieces = nc;
-            else ok = 0;
-        }
-        if (ok) {
-            srv_piece *p = &j->pieces[j->n_pieces++];
-            p->token = ev->token;
-            p->logprob = ev->logprob;
-            p->n_top = ev->n_top < TQKV_MAX_TOP_LOGPROBS ? ev->n_top : TQKV_MAX_TOP_LOGPROBS;
-            if (p->n_top < 0 || !ev->top_ids || !ev->top_logprobs) p->n_top = 0;
-            for (int k = 0; k < p->n_top; k++) {
-                p->top_ids[k] = ev->top_ids[k];
-                p->top_lp[k] = ev->top_logprobs[k];
-            }
-            p->text_off = j->text_len;
-            p->text_len = ev->text_len;
-            if (ev->text_len) memcpy(j->text + j->text_len, ev->text, ev->text_len);
-            j->text_len += ev->text_len;
-            j->text[j->text_len] = 0;
-        } else {
-            j->oom = 1;
-        }
-    }
-    int last = ev->done && !j->done;
-    if (last) {
-        j->done = 1;
-        j->finish = j->oom ? TQKV_FINISH_ERROR : ev->finish;
-        snprintf(j->errmsg, sizeof j->errmsg, "%s",
-                 j->oom ? "out of memory while recording the output"
-                        : ev->error ? ev->error : "generation failed");
         j->usage.prompt_tokens = ev->prompt_tokens;
-        j->usage.completion_tokens = ev->completion_tokens;
+        j->usage.completion_tokens += ev->completion_tokens;
         j->usage.cached_tokens = ev->cached_tokens;
+        last = ++j->n_done == j->n_ch;
+        if (last) j->done = 1;
     }
+    j->events++;
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
     if (last) job_unref(j); /* the engine's reference */
@@ -307,10 +368,10 @@ static int peer_gone(MHD_socket fd) {
     return (pf.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
-/* With j->mu held: wait until more than `have` pieces exist or the job is done. A client
- * that hangs up meanwhile gets its engine request cancelled. */
-static void job_wait(job *j, int have) {
-    while (!j->done && j->n_pieces <= have) {
+/* With j->mu held: wait until more than `have` events were recorded or the job is done.
+ * A client that hangs up meanwhile gets its engine request cancelled. */
+static void job_wait(job *j, uint64_t have) {
+    while (!j->done && j->events <= have) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 100 * 1000 * 1000;
@@ -349,60 +410,120 @@ static int out_append(job *j, char *s /* taken */) {
     return 0;
 }
 
+/* A snapshot of one choice for the stream writer (taken under the job's lock). */
+typedef struct {
+    srv_piece         *pieces; /* [to - from] new pieces */
+    int                from, to;
+    char              *text;   /* the whole text so far [text_len] */
+    size_t             text_len;
+    int                done;
+    tqkv_finish_reason finish;
+} choice_snap;
+
+/* Chunks of choice i from its snapshot into j->out: content (tool mode: only what cannot
+ * start a tool call), logprobs, and when done its tool calls and finish chunk. */
+static int stream_choice(job *j, int i, const choice_snap *sn) {
+    job_choice *c = &j->ch[i];
+    int rc = 0, chat = j->rc.api == SRV_API_CHAT;
+    if (!c->first_sent && chat)
+        rc |= out_append(j, srv_chunk_sse(&j->rc, i, "", 0, 1, NULL, 0, 1, NULL));
+    c->first_sent = 1;
+    if (!j->tools) {
+        for (int k = 0; k < sn->to - sn->from && !rc; k++) {
+            const srv_piece *p = &sn->pieces[k];
+            if (p->text_len || (j->rc.top_logprobs >= 0 && p->token >= 0))
+                rc |= out_append(j, srv_chunk_sse(&j->rc, i, sn->text + p->text_off, p->text_len,
+                                                  1, p, 1, 0, NULL));
+        }
+        c->content_sent = sn->text_len;
+    } else {
+        /* content up to where a tool call could begin; logprobs with it */
+        size_t safe = sn->done ? sn->text_len : srv_tool_safe_len(sn->text, sn->text_len);
+        srv_tool_call *calls = NULL;
+        int n_calls = 0;
+        size_t content_end = safe;
+        if (sn->done && !c->closed) {
+            c->closed = 1;
+            if (srv_tool_parse(sn->text, sn->text_len, j->idbuf, i, j->parallel_tools, &calls,
+                               &n_calls, &content_end))
+                return -1;
+        }
+        if (content_end < c->content_sent) content_end = c->content_sent;
+        if (content_end > c->content_sent || (j->rc.top_logprobs >= 0 && sn->to > sn->from))
+            rc |= out_append(j, srv_chunk_sse(&j->rc, i, sn->text + c->content_sent,
+                                              content_end - c->content_sent, 1, sn->pieces,
+                                              sn->to - sn->from, 0, NULL));
+        c->content_sent = content_end;
+        if (n_calls) rc |= out_append(j, srv_tool_calls_sse(&j->rc, i, calls, n_calls));
+        if (sn->done && !c->finish_sent && (sn->finish == TQKV_FINISH_STOP || sn->finish == TQKV_FINISH_LENGTH)) {
+            rc |= out_append(j, srv_chunk_sse(&j->rc, i, NULL, 0, 0, NULL, 0, 0,
+                                              n_calls && sn->finish == TQKV_FINISH_STOP
+                                                  ? "tool_calls" : srv_finish_name(sn->finish)));
+            c->finish_sent = 1;
+        }
+        srv_tool_calls_free(calls, n_calls);
+    }
+    if (sn->done && !c->finish_sent && (sn->finish == TQKV_FINISH_STOP || sn->finish == TQKV_FINISH_LENGTH)) {
+        rc |= out_append(j, srv_chunk_sse(&j->rc, i, NULL, 0, 0, NULL, 0, 0, srv_finish_name(sn->finish)));
+        c->finish_sent = 1;
+    }
+    c->sent = sn->to;
+    return rc ? -1 : 0;
+}
+
 /* Wait for new events and format them into j->out; 0 or -1 (out of memory). */
 static int stream_fill(job *j) {
-    {
-        j->out_off = j->out_len = 0;
-        pthread_mutex_lock(&j->mu);
-        job_wait(j, j->sent);
-        /* snapshot new pieces and the text they cover */
-        int from = j->sent, to = j->n_pieces;
-        int done = j->done;
-        srv_piece *snap = NULL;
-        char *text = NULL;
-        if (to > from) {
-            snap = malloc(sizeof *snap * (size_t)(to - from));
-            text = malloc(j->text_len + 1);
-            if (snap && text) {
-                memcpy(snap, j->pieces + from, sizeof *snap * (size_t)(to - from));
-                memcpy(text, j->text, j->text_len + 1);
-            }
+    j->out_off = j->out_len = 0;
+    choice_snap *sn = calloc((size_t)j->n_ch, sizeof *sn);
+    if (!sn) return -1;
+    pthread_mutex_lock(&j->mu);
+    uint64_t seen = j->events_seen;
+    job_wait(j, seen);
+    j->events_seen = j->events;
+    int bad = 0;
+    for (int i = 0; i < j->n_ch; i++) {
+        job_choice *c = &j->ch[i];
+        sn[i].from = c->sent;
+        sn[i].to = c->n_pieces;
+        sn[i].done = c->done;
+        sn[i].finish = c->finish;
+        sn[i].text_len = c->text_len;
+        sn[i].pieces = malloc(sizeof(srv_piece) * (size_t)(sn[i].to - sn[i].from + 1));
+        sn[i].text = malloc(c->text_len + 1);
+        if (!sn[i].pieces || !sn[i].text) {
+            bad = 1;
+            continue;
         }
-        tqkv_finish_reason finish = j->finish;
-        char errmsg[256];
-        memcpy(errmsg, j->errmsg, sizeof errmsg);
-        srv_usage u = j->usage;
-        pthread_mutex_unlock(&j->mu);
-        if (to > from && (!snap || !text)) {
-            free(snap);
-            free(text);
-            return -1;
-        }
-        int rc = 0;
-        if (!j->first_sent && j->rc.api == SRV_API_CHAT)
-            rc |= out_append(j, srv_chunk_sse(&j->rc, "", NULL, 0, 1, NULL));
-        j->first_sent = 1;
-        for (int i = 0; i < to - from && !rc; i++)
-            if (snap[i].text_len || (j->rc.top_logprobs >= 0 && snap[i].token >= 0))
-                rc |= out_append(j, srv_chunk_sse(&j->rc, text, &snap[i], 1, 0, NULL));
-        j->sent = to;
-        free(snap);
-        free(text);
-        if (done && !rc) {
-            if (finish == TQKV_FINISH_STOP || finish == TQKV_FINISH_LENGTH) {
-                rc |= out_append(j, srv_chunk_sse(&j->rc, NULL, NULL, 0, 0, srv_finish_name(finish)));
-                if (j->include_usage) rc |= out_append(j, srv_usage_sse(&j->rc, &u));
-            } else {
-                srv_error e;
-                srv_error_set(&e, 500, "server_error", srv_finish_name(finish), NULL, "%s",
-                              finish == TQKV_FINISH_CANCELLED ? "request cancelled" : errmsg);
-                rc |= out_append(j, srv_error_sse(&e));
-            }
-            rc |= out_append(j, strdup("data: [DONE]\n\n"));
-            j->tail_done = 1;
-        }
-        return rc ? -1 : 0;
+        memcpy(sn[i].pieces, c->pieces + sn[i].from, sizeof(srv_piece) * (size_t)(sn[i].to - sn[i].from));
+        memcpy(sn[i].text, c->text ? c->text : "", c->text_len);
+        sn[i].text[c->text_len] = 0;
     }
+    int done = j->done;
+    tqkv_finish_reason finish = j->finish;
+    char errmsg[256];
+    memcpy(errmsg, j->errmsg, sizeof errmsg);
+    srv_usage u = j->usage;
+    pthread_mutex_unlock(&j->mu);
+    int rc = bad ? -1 : 0;
+    for (int i = 0; i < j->n_ch && !rc; i++) rc |= stream_choice(j, i, &sn[i]);
+    for (int i = 0; i < j->n_ch; i++) {
+        free(sn[i].pieces);
+        free(sn[i].text);
+    }
+    free(sn);
+    if (done && !rc) {
+        if (finish == TQKV_FINISH_STOP || finish == TQKV_FINISH_LENGTH) {
+            if (j->include_usage) rc |= out_append(j, srv_usage_sse(&j->rc, &u));
+        } else {
+            srv_error e;
+            srv_error_set(&e, 500, "server_error", srv_finish_name(finish), NULL, "%s",
+                          finish == TQKV_FINISH_CANCELLED ? "request cancelled" : errmsg);
+            rc |= out_append(j, srv_error_sse(&e));
+        }
+        rc |= out_append(j, strdup("data: [DONE]\n\n"));
+        j->tail_done = 1;
+    }
+    return rc ? -1 : 0;
 }
 
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -425,9 +546,11 @@ static void stream_free(void *cls) { job_unref(cls); }
 /* Generation endpoints                                                      */
 /* ------------------------------------------------------------------------- */
 
-/* Prompt ids of a parsed request: 0, or -1 with *err set. *ids malloc'd. */
+/* Prompt ids of a parsed request: 0, or -1 with *err set. *ids malloc'd. forced
+ * [forced_cap]: the start of a tool call the prompt ends with ("" none). */
 static int build_prompt(srv_server *s, const srv_request *rq, int32_t **ids, int *n,
-                        srv_error *err) {
+                        char *forced, size_t forced_cap, srv_error *err) {
+    forced[0] = 0;
     *ids = NULL;
     *n = 0;
     if (rq->prompt_ids) {
@@ -446,8 +569,8 @@ static int build_prompt(srv_server *s, const srv_request *rq, int32_t **ids, int
             return srv_error_set(err, 400, "invalid_request_error", "no_chat_template", "messages",
                                  "this model has no usable chat template%s%s; use /v1/completions",
                                  s->tmpl_error ? ": " : "", s->tmpl_error ? s->tmpl_error : "");
-        if (tqkv_chat_template_render(s->tmpl, rq->msgs, rq->n_msgs, 1, s->bos, s->eos, &rendered,
-                                      &len) != TQKV_OK)
+        if (srv_render_chat(s->tmpl, tqkv_tokenizer_chat_template(s->eng.tok), rq, s->bos, s->eos,
+                            &rendered, &len, forced, forced_cap) != TQKV_OK)
             return srv_error_set(err, 400, "invalid_request_error", "chat_template_error", "messages",
                                  "chat template: %s", tqkv_last_error());
         text = rendered;
@@ -458,7 +581,8 @@ static int build_prompt(srv_server *s, const srv_request *rq, int32_t **ids, int
     free(rendered);
     if (st != TQKV_OK)
         return srv_error_set(err, 400, "invalid_request_error", "invalid_prompt",
-                             rq->api == SRV_API_CHAT ? "messages" : "prompt", "prompt: %s",
+                             rq->api == SRV_API_CHAT ? "messages" : "prompt", "'%s': %s",
+                             rq->api == SRV_API_CHAT ? "messages" : "prompt",
                              tqkv_last_error());
     if (nn == 0) {
         free(*ids);
@@ -471,6 +595,38 @@ static int build_prompt(srv_server *s, const srv_request *rq, int32_t **ids, int
     return 0;
 }
 
+/* The non-streamed body of a finished job (tool calls parsed out of each choice). */
+static char *job_response(job *j) {
+    srv_choice_out *o = calloc((size_t)j->n_ch, sizeof *o);
+    srv_tool_call **calls = calloc((size_t)j->n_ch, sizeof *calls);
+    char *body = NULL;
+    int ok = o && calls;
+    for (int i = 0; i < j->n_ch && ok; i++) {
+        job_choice *c = &j->ch[i];
+        o[i].text = c->text ? c->text : "";
+        o[i].text_len = c->text_len;
+        o[i].pieces = c->pieces;
+        o[i].n_pieces = c->n_pieces;
+        o[i].finish = srv_finish_name(c->finish);
+        if (j->tools) {
+            size_t content_end = c->text_len;
+            if (srv_tool_parse(o[i].text, c->text_len, j->idbuf, i, j->parallel_tools, &calls[i],
+                               &o[i].n_calls, &content_end)) {
+                ok = 0;
+                break;
+            }
+            o[i].text_len = content_end;
+            o[i].calls = calls[i];
+            if (o[i].n_calls && c->finish == TQKV_FINISH_STOP) o[i].finish = "tool_calls";
+        }
+    }
+    if (ok) body = srv_response_json(&j->rc, o, j->n_ch, &j->usage);
+    for (int i = 0; calls && i < j->n_ch; i++) srv_tool_calls_free(calls[i], o ? o[i].n_calls : 0);
+    free(calls);
+    free(o);
+    return body;
+}
+
 static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, conn_ctx *cc,
                                        srv_api api) {
     srv_error err;
@@ -480,12 +636,14 @@ static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, 
     if (draining)
         return queue_simple_error(s, c, 503, "server_error", "shutting_down",
                                   "the server is shutting down and accepts no new requests");
-    srv_limits lim = {s->eng.model_name, s->eng.context_len, tqkv_tokenizer_vocab_size(s->eng.tok)};
+    srv_limits lim = {s->eng.model_name, s->eng.context_len, tqkv_tokenizer_vocab_size(s->eng.tok),
+                      s->p.aliases, s->p.n_aliases};
     srv_request rq;
     if (srv_request_parse(api, cc->body, cc->len, &lim, &rq, &err)) return queue_error(s, c, &err);
     int32_t *ids = NULL;
     int n_prompt = 0;
-    if (build_prompt(s, &rq, &ids, &n_prompt, &err)) {
+    char forced[160];
+    if (build_prompt(s, &rq, &ids, &n_prompt, forced, sizeof forced, &err)) {
         srv_request_free(&rq);
         return queue_error(s, c, &err);
     }
@@ -504,7 +662,7 @@ static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, 
         srv_request_free(&rq);
         return queue_error(s, c, &err);
     }
-    job *j = job_new(s, &rq, n_prompt);
+    job *j = job_new(s, &rq, n_prompt, forced);
     if (!j) {
         free(ids);
         srv_request_free(&rq);
@@ -531,6 +689,15 @@ static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, 
     er.n_stop = rq.n_stop;
     er.top_logprobs = rq.top_logprobs;
     er.ignore_eos = rq.ignore_eos;
+    er.n = rq.n;
+    er.json_object = rq.format == SRV_FORMAT_JSON_OBJECT;
+    er.json_schema = rq.format == SRV_FORMAT_JSON_SCHEMA ? rq.schema_json : NULL;
+    int schema_req = er.json_schema != NULL;
+    er.sampling.frequency_penalty = (float)rq.frequency_penalty;
+    er.sampling.presence_penalty = (float)rq.presence_penalty;
+    er.sampling.bias_ids = rq.bias_ids;
+    er.sampling.bias_vals = rq.bias_vals;
+    er.sampling.n_bias = rq.n_bias;
     er.on_event = on_event;
     er.user = j;
     job_ref(j); /* the engine's reference, dropped by the final event */
@@ -553,9 +720,29 @@ static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, 
             return queue_simple_error(s, c, 503, "server_error", "queue_full", msg);
         if (st == TQKV_ESTATE)
             return queue_simple_error(s, c, 503, "server_error", "shutting_down", msg);
-        if (st == TQKV_EINVAL || st == TQKV_ERANGE)
-            return queue_simple_error(s, c, 400, "invalid_request_error",
-                                      st == TQKV_ERANGE ? "context_length_exceeded" : "invalid_value", msg);
+        if (st == TQKV_EINVAL && schema_req && !strncmp(msg, "json schema", 11)) {
+            srv_error e; /* a schema outside the supported subset: name the parameter */
+            srv_error_set(&e, 400, "invalid_request_error", "unsupported_schema",
+                          "response_format.json_schema.schema", "'response_format.json_schema.schema': %s", msg);
+            return queue_error(s, c, &e);
+        }
+        if (st == TQKV_EINVAL || st == TQKV_ERANGE) {
+            /* the engine names its field: report the request's parameter */
+            static const struct { const char *eng, *param; } P[] = {
+                {"engine_submit: n ", "n"}, {"engine_submit: max_tokens", "max_tokens"},
+                {"engine_submit: top_logprobs", "logprobs"}, {"engine_submit: stop", "stop"},
+                {"engine_submit: prompt", "prompt"}};
+            const char *param = st == TQKV_ERANGE ? "max_tokens" : NULL;
+            for (size_t i = 0; i < sizeof P / sizeof P[0] && !param; i++)
+                if (!strncmp(msg, P[i].eng, strlen(P[i].eng))) param = P[i].param;
+            srv_error e;
+            srv_error_set(&e, 400, "invalid_request_error",
+                          st == TQKV_ERANGE ? "context_length_exceeded" : "invalid_value", param,
+                          "%s%s%s", param ? "'" : "", param ? param : "", param ? "': " : "");
+            size_t ml = strlen(e.message);
+            snprintf(e.message + ml, sizeof e.message - ml, "%s", msg);
+            return queue_error(s, c, &e);
+        }
         return queue_simple_error(s, c, 500, "server_error", NULL, msg);
     }
 
@@ -577,41 +764,63 @@ static enum MHD_Result handle_generate(srv_server *s, struct MHD_Connection *c, 
     }
 
     pthread_mutex_lock(&j->mu);
-    job_wait(j, 1 << 30);
+    while (!j->done) job_wait(j, j->events);
     pthread_mutex_unlock(&j->mu);
     /* done: the engine no longer writes to the job */
     if (j->finish == TQKV_FINISH_ERROR || j->finish == TQKV_FINISH_CANCELLED)
         return queue_simple_error(s, c, 500, "server_error", srv_finish_name(j->finish),
                                   j->finish == TQKV_FINISH_CANCELLED ? "request cancelled" : j->errmsg);
-    char *body = srv_response_json(&j->rc, j->text, j->text_len, j->pieces, j->n_pieces,
-                                   srv_finish_name(j->finish), &j->usage);
-    return queue_buf(s, c, 200, "application/json", body);
+    return queue_buf(s, c, 200, "application/json", job_response(j));
 }
 
 /* ------------------------------------------------------------------------- */
 /* Other endpoints                                                           */
 /* ------------------------------------------------------------------------- */
 
-static enum MHD_Result handle_models(srv_server *s, struct MHD_Connection *c) {
-    char *name = strdup(s->eng.model_name);
-    if (!name) return queue_buf(s, c, 500, "application/json", NULL);
-    /* the name is a directory component: escape through the error JSON helper's rules */
-    size_t cap = strlen(name) * 6 + 256;
-    char *body = malloc(cap);
-    if (body) {
-        size_t o = 0;
-        o += (size_t)snprintf(body + o, cap - o, "{\"object\":\"list\",\"data\":[{\"id\":\"");
-        for (const char *p = name; *p; p++) {
-            unsigned char ch = (unsigned char)*p;
-            if (ch == '"' || ch == '\\') o += (size_t)snprintf(body + o, cap - o, "\\%c", ch);
-            else if (ch < 0x20) o += (size_t)snprintf(body + o, cap - o, "\\u%04x", ch);
-            else body[o++] = (char)ch;
-        }
-        snprintf(body + o, cap - o,
-                 "\",\"object\":\"model\",\"created\":0,\"owned_by\":\"tqkv\",\"context_length\":%d}]}",
-                 s->eng.context_len);
+/* The names this server answers to: the aliases, else the engine's name. */
+static int model_names(const srv_server *s, const char *const **names, const char **one) {
+    if (s->p.n_aliases > 0) {
+        *names = s->p.aliases;
+        return s->p.n_aliases;
     }
-    free(name);
+    *names = one;
+    one[0] = s->eng.model_name;
+    return 1;
+}
+
+static cJSON *model_obj(const srv_server *s, const char *name) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", 0);
+    cJSON_AddStringToObject(m, "owned_by", "tqkv");
+    cJSON_AddNumberToObject(m, "context_length", s->eng.context_len);
+    return m;
+}
+
+/* GET /v1/models (id NULL) or /v1/models/{id}. */
+static enum MHD_Result handle_models(srv_server *s, struct MHD_Connection *c, const char *id) {
+    const char *one[1];
+    const char *const *names;
+    int n = model_names(s, &names, one);
+    cJSON *r = NULL;
+    if (!id) {
+        r = cJSON_CreateObject();
+        cJSON_AddStringToObject(r, "object", "list");
+        cJSON *d = cJSON_AddArrayToObject(r, "data");
+        for (int i = 0; i < n; i++) cJSON_AddItemToArray(d, model_obj(s, names[i]));
+    } else {
+        for (int i = 0; i < n && !r; i++)
+            if (!strcmp(names[i], id)) r = model_obj(s, names[i]);
+        if (!r) {
+            srv_error e;
+            srv_error_set(&e, 404, "invalid_request_error", "model_not_found", "model",
+                          "The model '%.120s' does not exist", id);
+            return queue_error(s, c, &e);
+        }
+    }
+    char *body = cJSON_PrintUnformatted(r);
+    cJSON_Delete(r);
     return queue_buf(s, c, 200, "application/json", body);
 }
 
@@ -666,9 +875,13 @@ static enum MHD_Result handle_metrics(srv_server *s, struct MHD_Connection *c) {
 /* Dispatch                                                                  */
 /* ------------------------------------------------------------------------- */
 
-typedef enum { R_NONE, R_HEALTH, R_MODELS, R_METRICS, R_CHAT, R_CMPL } route;
+typedef enum { R_NONE, R_HEALTH, R_MODELS, R_MODEL, R_METRICS, R_CHAT, R_CMPL } route;
 
 static route route_of(const char *url, int *post) {
+    if (!strncmp(url, "/v1/models/", 11) && url[11]) { /* GET /v1/models/{id} */
+        *post = 0;
+        return R_MODEL;
+    }
     static const struct { const char *url; route r; int post; } T[] = {
         {"/health", R_HEALTH, 0}, {"/v1/health", R_HEALTH, 0}, {"/v1/models", R_MODELS, 0},
         {"/metrics", R_METRICS, 0}, {"/v1/chat/completions", R_CHAT, 1},
@@ -700,7 +913,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (strcmp(method, post ? "POST" : "GET"))
             return queue_simple_error(s, c, 405, "invalid_request_error", "method_not_allowed",
                                       post ? "use POST" : "use GET");
-        if (s->p.api_key && r != R_HEALTH) {
+        if (s->p.api_key && r != R_HEALTH && (r != R_METRICS || s->p.metrics_auth)) {
             const char *auth = NULL;
             size_t auth_len = 0;
             if (MHD_lookup_connection_value_n(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION,
@@ -754,7 +967,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return queue_buf(s, c, dr ? 503 : 200, "application/json",
                          strdup(dr ? "{\"status\":\"draining\"}" : "{\"status\":\"ok\"}"));
     }
-    case R_MODELS: return handle_models(s, c);
+    case R_MODELS: return handle_models(s, c, NULL);
+    case R_MODEL: return handle_models(s, c, url + 11);
     case R_METRICS: return handle_metrics(s, c);
     case R_CHAT: return handle_generate(s, c, cc, SRV_API_CHAT);
     case R_CMPL: return handle_generate(s, c, cc, SRV_API_COMPLETIONS);
@@ -787,6 +1001,50 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 /* Lifecycle                                                                 */
 /* ------------------------------------------------------------------------- */
 
+/* host ("127.0.0.1", "::", "::1", "localhost") and port -> a socket address; *v6 set for
+ * IPv6 ones. "::" listens on IPv6 and (where the system allows, the Linux default)
+ * IPv4-mapped addresses too. 0 or -1. */
+static int listen_addr(const char *host, int port, struct sockaddr_storage *out, int *v6) {
+    memset(out, 0, sizeof *out);
+    struct sockaddr_in *a4 = (struct sockaddr_in *)out;
+    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)out;
+    char buf[64];
+    /* "[::1]" as in URLs */
+    size_t n = strlen(host);
+    if (n >= 2 && host[0] == '[' && host[n - 1] == ']' && n - 2 < sizeof buf) {
+        memcpy(buf, host + 1, n - 2);
+        buf[n - 2] = 0;
+        host = buf;
+    }
+    if (inet_pton(AF_INET, host, &a4->sin_addr) == 1) {
+        a4->sin_family = AF_INET;
+        a4->sin_port = htons((uint16_t)port);
+        *v6 = 0;
+        return 0;
+    }
+    if (inet_pton(AF_INET6, host, &a6->sin6_addr) == 1) {
+        a6->sin6_family = AF_INET6;
+        a6->sin6_port = htons((uint16_t)port);
+        *v6 = 1;
+        return 0;
+    }
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(host, NULL, &hints, &res) || !res) return -1;
+    int rc = -1;
+    if (res->ai_addrlen <= sizeof *out && (res->ai_family == AF_INET || res->ai_family == AF_INET6)) {
+        memcpy(out, res->ai_addr, res->ai_addrlen);
+        *v6 = res->ai_family == AF_INET6;
+        if (*v6) a6->sin6_port = htons((uint16_t)port);
+        else a4->sin_port = htons((uint16_t)port);
+        rc = 0;
+    }
+    freeaddrinfo(res);
+    return rc;
+}
+
 tqkv_status srv_start(srv_server **out, const srv_params *p, const srv_engine *eng) {
     if (!out || !p || !eng || !eng->submit || !eng->cancel || !eng->stats || !eng->tok || !eng->model_name)
         return tqkv_fail(TQKV_EINVAL, "srv_start: NULL argument");
@@ -806,13 +1064,12 @@ tqkv_status srv_start(srv_server **out, const srv_params *p, const srv_engine *e
     if (bos < 0 || tqkv_tokenizer_id_to_token(eng->tok, bos, &s->bos, &n) != TQKV_OK) s->bos = "";
     if (eos < 0 || tqkv_tokenizer_id_to_token(eng->tok, eos, &s->eos, &n) != TQKV_OK) s->eos = "";
 
-    struct sockaddr_in addr;
-    memset(&addr, 0, sizeof addr);
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons((uint16_t)p->port);
-    if (inet_pton(AF_INET, p->host ? p->host : "127.0.0.1", &addr.sin_addr) != 1) {
+    struct sockaddr_storage addr;
+    int v6 = 0;
+    if (listen_addr(p->host ? p->host : "127.0.0.1", p->port, &addr, &v6)) {
         srv_free(s);
-        return tqkv_fail(TQKV_EINVAL, "serve: --host must be an IPv4 address, got '%s'", p->host);
+        return tqkv_fail(TQKV_EINVAL, "serve: --host must be an IPv4 or IPv6 address or a "
+                         "resolvable host name, got '%s'", p->host);
     }
     int max_conns = p->max_conns > 0 ? p->max_conns : 512;
     int reserved = p->reserved_conns >= 0 ? p->reserved_conns : max_conns / 8;
@@ -821,6 +1078,9 @@ tqkv_status srv_start(srv_server **out, const srv_params *p, const srv_engine *e
         return tqkv_fail(TQKV_ENOMEM, "srv_start: out of memory");
     }
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL;
+    if (v6) /* "::" also takes IPv4 (mapped) connections, as llama-server's does */
+        flags |= IN6_IS_ADDR_UNSPECIFIED(&((struct sockaddr_in6 *)&addr)->sin6_addr)
+                     ? MHD_USE_DUAL_STACK : MHD_USE_IPv6;
     if (p->verbose) flags |= MHD_USE_ERROR_LOG;
     /* The guard admits connections (conn_guard_accept) and counts them against max_conns;
      * libmicrohttpd's own limit leaves room for evicted ones still closing. */

@@ -76,6 +76,7 @@ char *srv_metrics_text(const tqkv_engine_stats *st, const double *lat_buckets,
         put(&b, "tqkv_requests_finished_total{reason=\"%s\"} %llu\n", srv_finish_name((tqkv_finish_reason)f),
             (unsigned long long)st->requests_finished[f]);
     COUNTER("tqkv_prompt_tokens_total", "Prompt tokens of admitted requests.", st->prompt_tokens);
+    COUNTER("tqkv_prefill_tokens_total", "Prompt tokens run through the model (prefix-cache hits and the shared prompt of n > 1 choices excluded).", st->prefill_tokens);
     COUNTER("tqkv_generated_tokens_total", "Generated tokens.", st->generated_tokens);
     GAUGE("tqkv_requests_running", "Rows in the running batch.", "%d", st->running);
     GAUGE("tqkv_requests_queued", "Requests waiting for admission.", "%d", st->queued);

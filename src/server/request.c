@@ -166,33 +166,47 @@ static int parse_messages(const cJSON *m, srv_request *r, srv_error *err) {
     int n = cJSON_GetArraySize(m);
     if (n == 0) return BAD("messages", "'messages' must not be empty");
     if (!(r->msgs = calloc((size_t)n, sizeof *r->msgs))) return oom(err);
+    cJSON *hist = cJSON_CreateArray(); /* normalized history for the template */
+    if (!hist) return oom(err);
     int i = 0;
     const cJSON *it;
     cJSON_ArrayForEach(it, m) {
         char param[48];
         snprintf(param, sizeof param, "messages[%d]", i);
-        if (!cJSON_IsObject(it)) return BADTYPE(param, "an object");
+        if (!cJSON_IsObject(it)) return cJSON_Delete(hist), BADTYPE(param, "an object");
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
         snprintf(param, sizeof param, "messages[%d].role", i);
-        if (!cJSON_IsString(role)) return BADTYPE(param, "a string");
+        if (!cJSON_IsString(role)) return cJSON_Delete(hist), BADTYPE(param, "a string");
         static const char *const roles[] = {"system", "user", "assistant", "developer", "tool"};
         int ok = 0;
         for (size_t k = 0; k < sizeof roles / sizeof roles[0]; k++)
             ok |= !strcmp(role->valuestring, roles[k]);
-        if (!ok)
+        if (!ok) {
+            cJSON_Delete(hist);
             return BAD(param, "'%s' must be one of system, user, assistant, developer, tool", param);
+        }
         char *content = NULL;
-        if (parse_content(field(it, "content"), i, &content, err)) return -1;
+        if (parse_content(field(it, "content"), i, &content, err)) return cJSON_Delete(hist), -1;
         char *rl = dup_str(role->valuestring, NULL);
-        if (!rl) {
+        cJSON *hm = cJSON_CreateObject();
+        if (!rl || !hm) {
             free(content);
+            free(rl);
+            cJSON_Delete(hm);
+            cJSON_Delete(hist);
             return oom(err);
         }
+        cJSON_AddItemToArray(hist, hm);
+        cJSON_AddStringToObject(hm, "role", rl);
+        cJSON_AddStringToObject(hm, "content", content);
         r->msgs[i].role = rl;
         r->msgs[i].content = content;
         r->n_msgs = ++i;
+        if (srv_message_ext(it, i - 1, hm, err)) return cJSON_Delete(hist), -1;
     }
-    return 0;
+    r->messages_json = cJSON_PrintUnformatted(hist);
+    cJSON_Delete(hist);
+    return r->messages_json ? 0 : oom(err);
 }
 
 static int parse_stop(const cJSON *s, srv_request *r, srv_error *err) {
@@ -223,14 +237,21 @@ static int parse_stop(const cJSON *s, srv_request *r, srv_error *err) {
 static int parse_root(srv_api api, const cJSON *root, const srv_limits *lim, srv_request *r,
                       srv_error *err) {
     if (!cJSON_IsObject(root)) return BADTYPE("body", "a JSON object");
+    if (srv_request_check_fields(api, root, err)) return -1;
     const cJSON *v;
 
     if ((v = field(root, "model"))) {
         if (!cJSON_IsString(v)) return BADTYPE("model", "a string");
-        if (lim && lim->model_name && lim->model_name[0] && strcmp(v->valuestring, lim->model_name))
+        int known = !lim || !lim->model_name || !lim->model_name[0];
+        if (lim && lim->n_aliases > 0)
+            for (int i = 0; i < lim->n_aliases; i++) known |= !strcmp(v->valuestring, lim->aliases[i]);
+        else if (!known)
+            known = !strcmp(v->valuestring, lim->model_name);
+        if (!known)
             return srv_error_set(err, 404, "invalid_request_error", "model_not_found", "model",
                                  "The model '%.120s' does not exist; this server serves '%.120s'",
-                                 v->valuestring, lim->model_name);
+                                 v->valuestring,
+                                 lim->n_aliases > 0 ? lim->aliases[0] : lim->model_name);
         if (!(r->model = dup_str(v->valuestring, NULL))) return oom(err);
     }
 
@@ -242,10 +263,6 @@ static int parse_root(srv_api api, const cJSON *root, const srv_limits *lim, srv
             if (echo) return BAD("echo", "'echo' is not supported");
         }
         if ((v = field(root, "suffix"))) return BAD("suffix", "'suffix' is not supported");
-        if ((v = field(root, "best_of"))) {
-            long long b;
-            if (!get_int(v, "best_of", 1, 1, &b, err)) return -1;
-        }
     } else {
         if (parse_messages(field(root, "messages"), r, err)) return -1;
     }
@@ -265,15 +282,13 @@ static int parse_root(srv_api api, const cJSON *root, const srv_limits *lim, srv
     if ((v = field(root, "top_p"))) {
         if (!get_num(v, "top_p", 0, 1, &r->top_p, err)) return -1;
         if (r->top_p <= 0) return BAD("top_p", "'top_p' must be in (0, 1], got %g", r->top_p);
+        /* a positive top_p below the smallest float keeps only the best token, as it says */
+        if ((float)r->top_p <= 0) r->top_p = 1.1754943508222875e-38;
     }
     if ((v = field(root, "seed"))) {
         if (!get_int(v, "seed", -9007199254740991.0, 9007199254740991.0, &ll, err)) return -1;
         r->seed = (uint64_t)ll;
         r->has_seed = 1;
-    }
-    if ((v = field(root, "n")) && !get_int(v, "n", 1, 1, &ll, err)) {
-        snprintf(err->message, sizeof err->message, "only n=1 is supported");
-        return -1;
     }
     if ((v = field(root, "stream")) && !get_bool(v, "stream", &r->stream, err)) return -1;
     if ((v = field(root, "stream_options"))) {
@@ -285,14 +300,7 @@ static int parse_root(srv_api api, const cJSON *root, const srv_limits *lim, srv
     }
     if ((v = field(root, "stop")) && parse_stop(v, r, err)) return -1;
     if ((v = field(root, "ignore_eos")) && !get_bool(v, "ignore_eos", &r->ignore_eos, err)) return -1;
-    for (int i = 0; i < 2; i++) {
-        const char *pen = i ? "presence_penalty" : "frequency_penalty";
-        double d;
-        if ((v = field(root, pen))) {
-            if (!get_num(v, pen, -2, 2, &d, err)) return -1;
-            if (d != 0) return BAD(pen, "'%s' is not supported (only 0)", pen);
-        }
-    }
+    if (srv_request_parse_ext(root, lim, r, err)) return -1;
 
     if (api == SRV_API_COMPLETIONS) {
         if ((v = field(root, "logprobs"))) {
@@ -322,10 +330,16 @@ int srv_request_parse(srv_api api, const char *body, size_t len, const srv_limit
     r.temperature = 1.0;
     r.top_p = 1.0;
     r.top_logprobs = -1;
+    r.n = 1;
     memset(out, 0, sizeof *out);
     if (!body || len == 0)
         return srv_error_set(err, 400, "invalid_request_error", "invalid_json", NULL,
                              "request body is empty; expected a JSON object");
+    char nul_param[64];
+    if (srv_body_find_nul(body, len, nul_param, sizeof nul_param))
+        return srv_error_set(err, 400, "invalid_request_error", "invalid_value", nul_param,
+                             "'%s' contains a NUL character (\\u0000), which this server does "
+                             "not accept in text", nul_param);
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
     if (!root) {
@@ -362,7 +376,14 @@ void srv_request_free(srv_request *r) {
     }
     free(r->msgs);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    free(r->bias_ids);
+    free(r->bias_vals);
+    free(r->messages_json);
+    free(r->tools_json);
+    free(r->tool_name);
+    free(r->schema_json);
     memset(r, 0, sizeof *r);
+    r->n = 1;
     r->top_logprobs = -1;
     r->max_tokens = -1;
 }

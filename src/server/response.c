@@ -188,50 +188,68 @@ static cJSON *envelope(const srv_resp_ctx *c, const char *object) {
 /* Bodies                                                                    */
 /* ------------------------------------------------------------------------- */
 
-char *srv_response_json(const srv_resp_ctx *c, const char *text, size_t text_len,
-                        const srv_piece *pieces, int n_pieces, const char *finish,
+static cJSON *tool_calls_arr(const srv_tool_call *calls, int n, int with_index) {
+    cJSON *a = cJSON_CreateArray();
+    for (int k = 0; k < n; k++) {
+        cJSON *t = cJSON_CreateObject();
+        if (with_index) cJSON_AddNumberToObject(t, "index", k);
+        cJSON_AddStringToObject(t, "id", calls[k].id);
+        cJSON_AddStringToObject(t, "type", "function");
+        cJSON *f = cJSON_AddObjectToObject(t, "function");
+        cJSON_AddStringToObject(f, "name", calls[k].name);
+        cJSON_AddStringToObject(f, "arguments", calls[k].arguments);
+        cJSON_AddItemToArray(a, t);
+    }
+    return a;
+}
+
+char *srv_response_json(const srv_resp_ctx *c, const srv_choice_out *cho, int n_ch,
                         const srv_usage *u) {
     int chat = c->api == SRV_API_CHAT;
     cJSON *r = envelope(c, chat ? "chat.completion" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(r, "choices");
-    cJSON *ch = cJSON_CreateObject();
-    cJSON_AddItemToArray(choices, ch);
-    cJSON_AddNumberToObject(ch, "index", 0);
-    if (chat) {
-        cJSON *m = cJSON_AddObjectToObject(ch, "message");
-        cJSON_AddStringToObject(m, "role", "assistant");
-        add_text(m, "content", text, text_len);
-        cJSON_AddNullToObject(m, "refusal");
-    } else {
-        add_text(ch, "text", text, text_len);
+    for (int i = 0; i < n_ch; i++) {
+        const srv_choice_out *o = &cho[i];
+        cJSON *ch = cJSON_CreateObject();
+        cJSON_AddItemToArray(choices, ch);
+        cJSON_AddNumberToObject(ch, "index", i);
+        if (chat) {
+            cJSON *m = cJSON_AddObjectToObject(ch, "message");
+            cJSON_AddStringToObject(m, "role", "assistant");
+            if (o->n_calls && o->text_len == 0) cJSON_AddNullToObject(m, "content");
+            else add_text(m, "content", o->text, o->text_len);
+            cJSON_AddNullToObject(m, "refusal");
+            if (o->n_calls) cJSON_AddItemToObject(m, "tool_calls", tool_calls_arr(o->calls, o->n_calls, 0));
+        } else {
+            add_text(ch, "text", o->text, o->text_len);
+        }
+        if (c->top_logprobs >= 0)
+            cJSON_AddItemToObject(ch, "logprobs", chat ? chat_logprobs(c, o->pieces, o->n_pieces)
+                                                       : cmpl_logprobs(c, o->pieces, o->n_pieces, 0));
+        else
+            cJSON_AddNullToObject(ch, "logprobs");
+        if (o->finish) cJSON_AddStringToObject(ch, "finish_reason", o->finish);
+        else cJSON_AddNullToObject(ch, "finish_reason");
     }
-    if (c->top_logprobs >= 0)
-        cJSON_AddItemToObject(ch, "logprobs", chat ? chat_logprobs(c, pieces, n_pieces)
-                                                   : cmpl_logprobs(c, pieces, n_pieces, 0));
-    else
-        cJSON_AddNullToObject(ch, "logprobs");
-    if (finish) cJSON_AddStringToObject(ch, "finish_reason", finish);
-    else cJSON_AddNullToObject(ch, "finish_reason");
     cJSON_AddItemToObject(r, "usage", usage_obj(u));
     return print_and_free(r);
 }
 
-char *srv_chunk_sse(const srv_resp_ctx *c, const char *text, const srv_piece *pieces, int n,
-                    int first, const char *finish) {
+char *srv_chunk_sse(const srv_resp_ctx *c, int index, const char *content, size_t len,
+                    int has_content, const srv_piece *pieces, int n, int first,
+                    const char *finish) {
     int chat = c->api == SRV_API_CHAT;
     cJSON *r = envelope(c, chat ? "chat.completion.chunk" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(r, "choices");
     cJSON *ch = cJSON_CreateObject();
     cJSON_AddItemToArray(choices, ch);
-    cJSON_AddNumberToObject(ch, "index", 0);
-    size_t off = n > 0 ? pieces[0].text_off : 0;
-    size_t len = n > 0 ? pieces[n - 1].text_off + pieces[n - 1].text_len - off : 0;
+    cJSON_AddNumberToObject(ch, "index", index);
     if (chat) {
         cJSON *d = cJSON_AddObjectToObject(ch, "delta");
         if (first) cJSON_AddStringToObject(d, "role", "assistant");
-        if (n > 0 || first) add_text(d, "content", text ? text + off : "", len);
+        if (has_content || first) add_text(d, "content", content ? content : "", content ? len : 0);
     } else {
-        add_text(ch, "text", text ? text + off : "", len);
+        add_text(ch, "text", content ? content : "", content ? len : 0);
     }
     if (c->top_logprobs >= 0 && n > 0)
         cJSON_AddItemToObject(ch, "logprobs", chat ? chat_logprobs(c, pieces, n)
@@ -240,6 +258,19 @@ char *srv_chunk_sse(const srv_resp_ctx *c, const char *text, const srv_piece *pi
         cJSON_AddNullToObject(ch, "logprobs");
     if (finish) cJSON_AddStringToObject(ch, "finish_reason", finish);
     else cJSON_AddNullToObject(ch, "finish_reason");
+    return sse_wrap(print_and_free(r));
+}
+
+char *srv_tool_calls_sse(const srv_resp_ctx *c, int index, const srv_tool_call *calls, int n) {
+    cJSON *r = envelope(c, "chat.completion.chunk");
+    cJSON *choices = cJSON_AddArrayToObject(r, "choices");
+    cJSON *ch = cJSON_CreateObject();
+    cJSON_AddItemToArray(choices, ch);
+    cJSON_AddNumberToObject(ch, "index", index);
+    cJSON *d = cJSON_AddObjectToObject(ch, "delta");
+    cJSON_AddItemToObject(d, "tool_calls", tool_calls_arr(calls, n, 1));
+    cJSON_AddNullToObject(ch, "logprobs");
+    cJSON_AddNullToObject(ch, "finish_reason");
     return sse_wrap(print_and_free(r));
 }
 

@@ -20,6 +20,7 @@ typedef struct freq {
     char        *out;      /* generated text so far [out_len] */
     size_t       out_len, released;
     int          cancel;
+    int          index;    /* choice */
     tqkv_engine_event_fn fn;
     void        *user;
 } freq;
@@ -33,6 +34,8 @@ struct fake_engine {
     int                   quit, open, cancelled;
     uint64_t              next_id, gen_tokens, prompt_tokens, finished[TQKV_FINISH_ERROR + 1];
     freq                 *head;
+    int32_t              *script;  /* [n_script] the forced output's tokens */
+    size_t                n_script;
 };
 
 int32_t fake_engine_token(const int32_t *prompt, int n_prompt, int i, int32_t vocab) {
@@ -66,7 +69,8 @@ static int step_one(fake_engine *f, freq *r, int cancel) {
         return 1;
     }
     int32_t vocab = tqkv_tokenizer_vocab_size(f->tok);
-    int32_t t = fake_engine_token(r->prompt, r->n_prompt, r->n_gen, vocab);
+    int32_t t = f->script ? f->script[r->n_gen]
+                          : fake_engine_token(r->prompt, r->n_prompt, r->n_gen + 7919 * r->index, vocab);
     const char *b = "";
     size_t n = 0;
     tqkv_tokenizer_id_bytes(f->tok, t, &b, &n);
@@ -97,6 +101,7 @@ static int step_one(fake_engine *f, freq *r, int cancel) {
                     break;
                 }
         }
+    if (f->script && (size_t)r->n_gen >= f->n_script) stopped = 1; /* the script's end: as EOS */
     int done = stopped || r->n_gen >= r->max_tokens;
     if (done) rel = keep;
     if (rel < r->released) rel = r->released;
@@ -108,6 +113,7 @@ static int step_one(fake_engine *f, freq *r, int cancel) {
         top_lp[k] = -0.25f * (float)(k + 1);
     }
     ev.token = t;
+    ev.index = r->index;
     ev.text = r->out + r->released;
     ev.text_len = rel - r->released;
     r->released = rel;
@@ -163,7 +169,11 @@ static tqkv_status f_submit(void *ctx, const tqkv_engine_request *q, uint64_t *i
     if (!q || !q->prompt || q->n_prompt < 1 || q->max_tokens < 1 || !q->on_event || q->n_stop > SRV_MAX_STOP)
         return TQKV_EINVAL;
     if (q->n_prompt + q->max_tokens > f->p.context_len) return TQKV_ERANGE;
-    freq *r = calloc(1, sizeof *r);
+    const int n = q->n > 1 ? q->n : 1;
+    freq *rs[16];
+    if (n > 16) return TQKV_EINVAL;
+    for (int c = 0; c < n; c++) {
+    freq *r = rs[c] = calloc(1, sizeof *r);
     if (!r || !(r->prompt = malloc(sizeof(int32_t) * (size_t)q->n_prompt))) abort();
     memcpy(r->prompt, q->prompt, sizeof(int32_t) * (size_t)q->n_prompt);
     r->n_prompt = q->n_prompt;
@@ -173,19 +183,24 @@ static tqkv_status f_submit(void *ctx, const tqkv_engine_request *q, uint64_t *i
     r->n_stop = q->n_stop;
     r->fn = q->on_event;
     r->user = q->user;
+    r->index = c;
+    }
     pthread_mutex_lock(&f->mu);
     if (f->open >= f->p.queue_max) {
         pthread_mutex_unlock(&f->mu);
-        freq_free(r);
+        for (int c = 0; c < n; c++) freq_free(rs[c]);
         return TQKV_EBUSY;
     }
-    r->id = *id = ++f->next_id;
+    *id = ++f->next_id;
     f->prompt_tokens += (uint64_t)q->n_prompt;
-    /* append at the tail */
-    freq **pp = &f->head;
-    while (*pp) pp = &(*pp)->next;
-    *pp = r;
-    f->open++;
+    for (int c = 0; c < n; c++) {
+        rs[c]->id = *id;
+        /* append at the tail */
+        freq **pp = &f->head;
+        while (*pp) pp = &(*pp)->next;
+        *pp = rs[c];
+        f->open++;
+    }
     pthread_cond_signal(&f->cv);
     pthread_mutex_unlock(&f->mu);
     return TQKV_OK;
@@ -221,6 +236,13 @@ int fake_engine_init(fake_engine **out, const fake_params *p, const tqkv_tokeniz
     if (!f) return -1;
     f->p = *p;
     f->tok = tok;
+    if (p->script) {
+        if (tqkv_tokenizer_encode(tok, p->script, strlen(p->script), 0, &f->script, &f->n_script) != TQKV_OK ||
+            f->n_script == 0) {
+            free(f);
+            return -1;
+        }
+    }
     pthread_mutex_init(&f->mu, NULL);
     pthread_cond_init(&f->cv, NULL);
     if (pthread_create(&f->th, NULL, run, f)) {
@@ -240,6 +262,7 @@ void fake_engine_free(fake_engine *f) {
     pthread_join(f->th, NULL);
     pthread_mutex_destroy(&f->mu);
     pthread_cond_destroy(&f->cv);
+    free(f->script);
     free(f);
 }
 

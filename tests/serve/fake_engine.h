@@ -18,12 +18,15 @@ typedef struct {
     int   step_us;        /* sleep per generated token (all requests) */
     int   context_len;
     int   first_us;       /* sleep before the first token of each request */
+    const char *script;   /* non-NULL: every request (every choice) generates the tokens of
+                             this text (a forced output, e.g. a tool call), then stops */
 } fake_params;
 
 int         fake_engine_init(fake_engine **out, const fake_params *p, const tqkv_tokenizer *tok);
 void        fake_engine_free(fake_engine *f);
 srv_engine  fake_engine_bind(fake_engine *f);
-/* The token sequence a request with this prompt gets (for expected outputs). */
+/* The token sequence a request with this prompt gets (for expected outputs); choice c of
+ * n > 1 gets fake_engine_token(prompt, n_prompt, i + 7919 * c, vocab). */
 int32_t     fake_engine_token(const int32_t *prompt, int n_prompt, int i, int32_t vocab);
 /* Requests cancelled so far. */
 int         fake_engine_cancelled(fake_engine *f);

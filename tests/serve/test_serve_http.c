@@ -32,7 +32,7 @@ static int start_ex(fixture *fx, int queue_max, int step_us, const char *api_key
     memset(fx, 0, sizeof *fx);
     if (tqkv_tokenizer_load(&fx->tok, source_path("models/qwen3-code-28m", path, sizeof path)) != TQKV_OK)
         return -1;
-    fake_params fp = {queue_max, step_us, 4096, first_us};
+    fake_params fp = {queue_max, step_us, 4096, first_us, NULL};
     if (fake_engine_init(&fx->fe, &fp, fx->tok)) return -1;
     srv_engine eng = fake_engine_bind(fx->fe);
     srv_params sp = srv_params_default();
@@ -236,7 +236,7 @@ static void test_bad_requests(void **state) {
     post_expect_error(p, C, "{\"prompt\":\"x\",\"temperature\":2.5}", 400, "temperature");
     post_expect_error(p, C, "{\"prompt\":\"x\",\"temperature\":\"hot\"}", 400, "temperature");
     post_expect_error(p, C, "{\"prompt\":\"x\",\"top_p\":0}", 400, "top_p");
-    post_expect_error(p, C, "{\"prompt\":\"x\",\"n\":2}", 400, "n");
+    post_expect_error(p, C, "{\"prompt\":\"x\",\"n\":17}", 400, "n");
     post_expect_error(p, C, "{\"prompt\":[\"a\",\"b\"]}", 400, "prompt");
     post_expect_error(p, C, "{\"prompt\":\"x\",\"stop\":[1]}", 400, "stop");
     post_expect_error(p, C, "{\"prompt\":\"x\",\"stop\":\"\"}", 400, "stop");

@@ -1,5 +1,6 @@
 /*
- * sampler.c - token sampling: repetition penalty, greedy, temperature, top-k, top-p, min-p.
+ * sampler.c - token sampling: repetition penalty, OpenAI frequency / presence penalties,
+ * logit_bias, greedy, temperature, top-k, top-p, min-p.
  * Owns: the sampler's history and its RNG (xoshiro256**, seeded per sampler); the internals
  * of sampler_impl.h (a row finished from candidates selected elsewhere, through the same
  * code as tqkv_sampler_sample).
@@ -19,6 +20,10 @@ struct tqkv_sampler {
     uint64_t  rng[4];
     int32_t  *hist;       /* [cap] accepted tokens */
     int       n_hist, cap;
+    int       gen0;       /* history entries [gen0, n_hist) are generated (OpenAI penalties) */
+    uint32_t *count;      /* [vocab] scratch counts for the OpenAI penalties, or NULL */
+    int32_t  *bias_ids;   /* [n_bias] logit_bias (own copy) */
+    float    *bias_vals;
     uint8_t  *seen;       /* [vocab] scratch for the penalty */
     int32_t  *idx;        /* [vocab] candidate ids */
     float    *prob;       /* [vocab] */
@@ -55,7 +60,10 @@ static double uniform01(uint64_t *s) { return (double)(xoshiro(s) >> 11) * (1.0 
 // ---------------------------------------------------------------------------
 
 tqkv_sampler_params tqkv_sampler_params_default(void) {
-    tqkv_sampler_params p = {0.0f, 0, 1.0f, 0.0f, 1.0f, 0, 0};
+    tqkv_sampler_params p;
+    memset(&p, 0, sizeof p);
+    p.top_p = 1.0f;
+    p.repetition_penalty = 1.0f;
     return p;
 }
 
@@ -64,6 +72,7 @@ void tqkv_sampler_reset(tqkv_sampler *s, uint64_t seed) {
     uint64_t z = seed;
     for (int i = 0; i < 4; i++) s->rng[i] = splitmix(&z);
     s->n_hist = 0;
+    s->gen0 = 0;
     s->p.seed = seed;
 }
 
@@ -72,10 +81,23 @@ tqkv_status tqkv_sampler_init(tqkv_sampler **out, const tqkv_sampler_params *p, 
     if (vocab < 1) return tqkv_fail(TQKV_EINVAL, "sampler: vocab %d", vocab);
     if (!(p->temperature >= 0 && isfinite(p->temperature)) || p->top_k < 0 ||
         !(p->top_p > 0 && p->top_p <= 1) || !(p->min_p >= 0 && p->min_p <= 1) ||
-        !(p->repetition_penalty > 0 && isfinite(p->repetition_penalty)) || p->penalty_last_n < 0)
+        !(p->repetition_penalty > 0 && isfinite(p->repetition_penalty)) || p->penalty_last_n < 0 ||
+        !isfinite(p->frequency_penalty) || !isfinite(p->presence_penalty))
         return tqkv_fail(TQKV_EINVAL,
                          "sampler: need finite temperature >= 0, top_k >= 0, 0 < top_p <= 1, "
-                         "0 <= min_p <= 1, finite repetition_penalty > 0");
+                         "0 <= min_p <= 1, finite repetition_penalty > 0, finite frequency and "
+                         "presence penalties");
+    if (p->n_bias < 0 || (p->n_bias > 0 && (!p->bias_ids || !p->bias_vals)))
+        return tqkv_fail(TQKV_EINVAL, "sampler: n_bias %d without ids and values", p->n_bias);
+    for (int i = 0; i < p->n_bias; i++) {
+        if (p->bias_ids[i] < 0 || p->bias_ids[i] >= vocab || !isfinite(p->bias_vals[i]))
+            return tqkv_fail(TQKV_EINVAL, "sampler: logit_bias entry %d (token %d, bias %g) is "
+                             "outside the vocab %d or not finite", i, p->bias_ids[i],
+                             (double)p->bias_vals[i], vocab);
+        for (int j = 0; j < i; j++)
+            if (p->bias_ids[j] == p->bias_ids[i])
+                return tqkv_fail(TQKV_EINVAL, "sampler: logit_bias has token %d twice", p->bias_ids[i]);
+    }
     tqkv_sampler *s = tqkv_calloc(1, sizeof *s);
     if (!s) return TQKV_ENOMEM;
     s->p = *p;
@@ -85,7 +107,20 @@ tqkv_status tqkv_sampler_init(tqkv_sampler **out, const tqkv_sampler_params *p, 
     s->seen = calloc((size_t)vocab, 1);
     s->idx = malloc(sizeof(int32_t) * (size_t)vocab);
     s->prob = malloc(sizeof(float) * (size_t)vocab);
-    if (!s->hist || !s->seen || !s->idx || !s->prob) {
+    int openai = p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
+    if (openai) s->count = calloc((size_t)vocab, sizeof(uint32_t));
+    if (p->n_bias) {
+        s->bias_ids = malloc(sizeof(int32_t) * (size_t)p->n_bias);
+        s->bias_vals = malloc(sizeof(float) * (size_t)p->n_bias);
+        if (s->bias_ids && s->bias_vals) {
+            memcpy(s->bias_ids, p->bias_ids, sizeof(int32_t) * (size_t)p->n_bias);
+            memcpy(s->bias_vals, p->bias_vals, sizeof(float) * (size_t)p->n_bias);
+        }
+    }
+    s->p.bias_ids = s->bias_ids;
+    s->p.bias_vals = s->bias_vals;
+    if (!s->hist || !s->seen || !s->idx || !s->prob || (openai && !s->count) ||
+        (p->n_bias && (!s->bias_ids || !s->bias_vals))) {
         tqkv_sampler_free(s);
         return tqkv_fail(TQKV_ENOMEM, "sampler: out of memory");
     }
@@ -100,7 +135,18 @@ void tqkv_sampler_free(tqkv_sampler *s) {
     free(s->seen);
     free(s->idx);
     free(s->prob);
+    free(s->count);
+    free(s->bias_ids);
+    free(s->bias_vals);
     free(s);
+}
+
+void tqkv_sampler_mark_prompt_end(tqkv_sampler *s) {
+    if (s) s->gen0 = s->n_hist;
+}
+
+int tqkv_sampler_needs_history(const tqkv_sampler *s) {
+    return s && (s->p.repetition_penalty != 1.0f || s->count != NULL);
 }
 
 tqkv_status tqkv_sampler_accept(tqkv_sampler *s, int token) {
@@ -226,6 +272,23 @@ static void draw_candidates(tqkv_sampler *s, int n, int *token) {
     *token = pick;
 }
 
+/* OpenAI's penalties over the generated history, then logit_bias (after the repetition
+ * penalty): l -= frequency_penalty * c + presence_penalty * (c > 0), l += bias. */
+static void sampler_apply_openai(tqkv_sampler *s, float *logits) {
+    if (s->count && s->n_hist > s->gen0) {
+        const float f = s->p.frequency_penalty, pr = s->p.presence_penalty;
+        for (int i = s->gen0; i < s->n_hist; i++) s->count[s->hist[i]]++;
+        for (int i = s->gen0; i < s->n_hist; i++) {
+            const int t = s->hist[i];
+            if (!s->count[t]) continue;
+            logits[t] -= f * (float)s->count[t] + pr;
+            s->count[t] = 0;
+        }
+    }
+    for (int i = 0; i < s->p.n_bias; i++) logits[s->bias_ids[i]] += s->bias_vals[i];
+    if (s->p.constrain) s->p.constrain(s->p.constrain_ctx, logits, s->vocab);
+}
+
 tqkv_status tqkv_sampler_sample(tqkv_sampler *s, float *logits, int *token) {
     if (!s || !logits || !token) return tqkv_fail(TQKV_EINVAL, "sampler: NULL argument");
     int V = s->vocab;
@@ -242,6 +305,7 @@ tqkv_status tqkv_sampler_sample(tqkv_sampler *s, float *logits, int *token) {
         }
         for (int i = h0; i < s->n_hist; i++) s->seen[s->hist[i]] = 0;
     }
+    sampler_apply_openai(s, logits);
     if (p->temperature == 0.0f) return sampler_argmax(logits, V, token);
     /* temperature; unnormalized probabilities prob = exp(l - max) (max -> 1) */
     float mx = -INFINITY;
@@ -285,7 +349,9 @@ tqkv_status tqkv_sampler_sample(tqkv_sampler *s, float *logits, int *token) {
 sampler_pick_kind sampler_pick_kind_of(const tqkv_sampler *s, int k_limit, int *k) {
     sampler_pick_kind kind = SAMPLER_PICK_FULL;
     int kk = 0;
-    if (s->p.temperature == 0.0f) {
+    if (s->count || s->p.n_bias || s->p.constrain) {
+        /* OpenAI penalties and logit_bias are applied on the host only: the whole row */
+    } else if (s->p.temperature == 0.0f) {
         kind = SAMPLER_PICK_GREEDY;
         kk = 1;
     } else if (s->p.top_k > 0 && s->p.top_k < s->vocab && s->p.top_k <= k_limit) {

@@ -1,0 +1,474 @@
+/*
+ * json_schema.c - schema compile, the schema automaton and its mask (json_schema.h).
+ * Owns: js_schema's nodes and mask cache; the frames of js_state.
+ * Must not: sample, schedule, keep global state.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "engine/json_schema.h"
+#include "util/common.h"
+
+// ---------------------------------------------------------------------------
+// Schema nodes
+// ---------------------------------------------------------------------------
+
+enum { T_OBJECT = 1, T_ARRAY = 2, T_STRING = 4, T_NUMBER = 8, T_INTEGER = 16, T_BOOL = 32, T_NULL = 64 };
+
+typedef struct {
+    unsigned types;     /* T_* allowed (0 with n_enum: an enum) */
+    int      n_props;   /* object: properties in order; 0 = any object */
+    char   **names;     /* [n_props] */
+    int     *props;     /* [n_props] node ids */
+    int      items;     /* array: item node (-1 = any value) */
+    int      n_enum;
+    char   **enums;     /* [n_enum] serialized values */
+} js_node;
+
+#define JS_CACHE 16
+
+struct js_schema {
+    int      refs;
+    js_node *nodes;
+    int      n_nodes, cap;
+    int      V;
+    uint8_t *allowed;              /* [JS_CACHE][V] masks of recent states */
+    js_state keys[JS_CACHE];
+    uint64_t used[JS_CACHE], clock;
+};
+
+static int node_add(js_schema *s) {
+    if (s->n_nodes == s->cap) {
+        int nc = s->cap ? s->cap * 2 : 16;
+        js_node *n = realloc(s->nodes, sizeof *n * (size_t)nc);
+        if (!n) return -1;
+        s->nodes = n;
+        s->cap = nc;
+    }
+    memset(&s->nodes[s->n_nodes], 0, sizeof s->nodes[0]);
+    s->nodes[s->n_nodes].items = -1;
+    return s->n_nodes++;
+}
+
+static unsigned type_bit(const char *t) {
+    static const struct { const char *n; unsigned b; } T[] = {
+        {"object", T_OBJECT}, {"array", T_ARRAY}, {"string", T_STRING}, {"number", T_NUMBER},
+        {"integer", T_INTEGER}, {"boolean", T_BOOL}, {"null", T_NULL}};
+    for (size_t i = 0; i < sizeof T / sizeof T[0]; i++)
+        if (!strcmp(t, T[i].n)) return T[i].b;
+    return 0;
+}
+
+static tqkv_status bad(const char *what, const char *name) {
+    return tqkv_fail(TQKV_EINVAL, "json schema: %s '%.60s' is not supported", what, name);
+}
+
+static tqkv_status compile_node(js_schema *s, const cJSON *j, int depth, int *out);
+
+static tqkv_status compile_object(js_schema *s, int id, const cJSON *j, int depth) {
+    const cJSON *props = cJSON_GetObjectItemCaseSensitive(j, "properties");
+    const cJSON *ap = cJSON_GetObjectItemCaseSensitive(j, "additionalProperties");
+    if (ap && !cJSON_IsFalse(ap) && props && cJSON_GetArraySize(props) > 0)
+        return tqkv_fail(TQKV_EINVAL, "json schema: additionalProperties must be false with properties");
+    if (!props) return TQKV_OK;
+    if (!cJSON_IsObject(props)) return tqkv_fail(TQKV_EINVAL, "json schema: properties must be an object");
+    int n = cJSON_GetArraySize(props);
+    if (n > 256) return tqkv_fail(TQKV_EINVAL, "json schema: more than 256 properties");
+    char **names = calloc((size_t)(n ? n : 1), sizeof *names);
+    int *ids = calloc((size_t)(n ? n : 1), sizeof *ids);
+    if (!names || !ids) {
+        free(names);
+        free(ids);
+        return tqkv_fail(TQKV_ENOMEM, "json schema: out of memory");
+    }
+    s->nodes[id].names = names;
+    s->nodes[id].props = ids;
+    const cJSON *p;
+    int k = 0;
+    cJSON_ArrayForEach(p, props) {
+        /* the name as it appears between the quotes (JSON-escaped) */
+        cJSON *str = cJSON_CreateString(p->string);
+        char *q = str ? cJSON_PrintUnformatted(str) : NULL;
+        cJSON_Delete(str);
+        if (!q) return tqkv_fail(TQKV_ENOMEM, "json schema: out of memory");
+        size_t ql = strlen(q);
+        memmove(q, q + 1, ql - 2);
+        q[ql - 2] = 0;
+        names[k] = q;
+        s->nodes[id].n_props = k + 1;
+        int child;
+        tqkv_status rc = compile_node(s, p, depth + 1, &child);
+        if (rc != TQKV_OK) return rc;
+        s->nodes[id].props[k++] = child; /* nodes may have moved: index again */
+    }
+    return TQKV_OK;
+}
+
+static tqkv_status compile_node(js_schema *s, const cJSON *j, int depth, int *out) {
+    if (depth >= JS_MAX_DEPTH - 1) return tqkv_fail(TQKV_EINVAL, "json schema: nested deeper than %d", JS_MAX_DEPTH - 2);
+    if (!cJSON_IsObject(j)) return tqkv_fail(TQKV_EINVAL, "json schema: a schema must be an object");
+    static const char *const KEYS[] = {"type", "properties", "required", "additionalProperties",
+                                       "items", "enum", "const", "title", "description", "$schema",
+                                       "strict", "name"};
+    const cJSON *it;
+    cJSON_ArrayForEach(it, j) {
+        int ok = 0;
+        for (size_t i = 0; i < sizeof KEYS / sizeof KEYS[0] && !ok; i++) ok = !strcmp(it->string, KEYS[i]);
+        if (!ok) return bad("keyword", it->string);
+    }
+    int id = node_add(s);
+    if (id < 0) return tqkv_fail(TQKV_ENOMEM, "json schema: out of memory");
+    *out = id;
+    const cJSON *en = cJSON_GetObjectItemCaseSensitive(j, "enum");
+    const cJSON *cn = cJSON_GetObjectItemCaseSensitive(j, "const");
+    if (en || cn) {
+        if (en && (!cJSON_IsArray(en) || cJSON_GetArraySize(en) < 1 || cJSON_GetArraySize(en) > JS_MAX_ENUM))
+            return tqkv_fail(TQKV_EINVAL, "json schema: enum must be an array of 1 to %d values", JS_MAX_ENUM);
+        int n = en ? cJSON_GetArraySize(en) : 1;
+        char **v = calloc((size_t)n, sizeof *v);
+        if (!v) return tqkv_fail(TQKV_ENOMEM, "json schema: out of memory");
+        s->nodes[id].enums = v;
+        for (int i = 0; i < n; i++) {
+            const cJSON *x = en ? cJSON_GetArrayItem(en, i) : cn;
+            if (cJSON_IsObject(x) || cJSON_IsArray(x))
+                return tqkv_fail(TQKV_EINVAL, "json schema: enum / const values must be scalars");
+            if (!(v[i] = cJSON_PrintUnformatted(x))) return tqkv_fail(TQKV_ENOMEM, "json schema: out of memory");
+            s->nodes[id].n_enum = i + 1;
+        }
+        return TQKV_OK;
+    }
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(j, "type");
+    unsigned types = 0;
+    if (cJSON_IsString(ty)) {
+        if (!(types = type_bit(ty->valuestring))) return bad("type", ty->valuestring);
+    } else if (cJSON_IsArray(ty)) {
+        cJSON_ArrayForEach(it, ty) {
+            if (!cJSON_IsString(it) || !type_bit(it->valuestring))
+                return bad("type", cJSON_IsString(it) ? it->valuestring : "(not a string)");
+            types |= type_bit(it->valuestring);
+        }
+    } else {
+        return tqkv_fail(TQKV_EINVAL, "json schema: every schema needs a 'type' (or enum / const)");
+    }
+    if ((types & T_OBJECT) && (types & T_ARRAY))
+        return tqkv_fail(TQKV_EINVAL, "json schema: a type list with both object and array is not supported");
+    s->nodes[id].types = types;
+    if (types & T_OBJECT) {
+        tqkv_status rc = compile_object(s, id, j, depth);
+        if (rc != TQKV_OK) return rc;
+    }
+    if (types & T_ARRAY) {
+        const cJSON *items = cJSON_GetObjectItemCaseSensitive(j, "items");
+        if (items) {
+            int child;
+            tqkv_status rc = compile_node(s, items, depth + 1, &child);
+            if (rc != TQKV_OK) return rc;
+            s->nodes[id].items = child;
+        }
+    }
+    return TQKV_OK;
+}
+
+js_schema *js_ref(js_schema *s) {
+    if (s) s->refs++;
+    return s;
+}
+
+void js_free(js_schema *s) {
+    if (!s || --s->refs > 0) return;
+    for (int i = 0; i < s->n_nodes; i++) {
+        js_node *n = &s->nodes[i];
+        for (int k = 0; k < n->n_props; k++) free(n->names[k]);
+        free(n->names);
+        free(n->props);
+        for (int k = 0; k < n->n_enum; k++) free(n->enums[k]);
+        free(n->enums);
+    }
+    free(s->nodes);
+    free(s->allowed);
+    free(s);
+}
+
+tqkv_status js_compile(js_schema **out, const char *schema_json, int vocab) {
+    js_schema *s = tqkv_calloc(1, sizeof *s);
+    if (!s) return TQKV_ENOMEM;
+    s->V = vocab;
+    s->refs = 1;
+    s->allowed = calloc((size_t)vocab * JS_CACHE, 1);
+    tqkv_status rc = s->allowed ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "json schema: out of memory");
+    cJSON *j = NULL;
+    if (rc == TQKV_OK && schema_json) {
+        j = cJSON_Parse(schema_json);
+        if (!j) rc = tqkv_fail(TQKV_EINVAL, "json schema: not valid JSON");
+    }
+    int root = 0;
+    if (rc == TQKV_OK && j) rc = compile_node(s, j, 0, &root);
+    else if (rc == TQKV_OK) { /* json_object: any object */
+        root = node_add(s);
+        if (root < 0) rc = tqkv_fail(TQKV_ENOMEM, "json schema: out of memory");
+        else s->nodes[root].types = T_OBJECT;
+    }
+    if (rc == TQKV_OK && (s->nodes[root].types != T_OBJECT || s->nodes[root].n_enum))
+        rc = tqkv_fail(TQKV_EINVAL, "json schema: the root must be of type object");
+    cJSON_Delete(j);
+    if (rc != TQKV_OK) {
+        js_free(s);
+        return rc;
+    }
+    *out = s;
+    return TQKV_OK;
+}
+
+// ---------------------------------------------------------------------------
+// Automaton
+// ---------------------------------------------------------------------------
+
+enum {
+    P_VALUE = 0, /* the node's value is next */
+    P_ENUM,      /* inside an enum value (enum_off, enum_live) */
+    P_SCALAR,    /* inside a scalar / free object (sc) */
+    O_OPEN,      /* after '{' */
+    O_KEY,       /* inside property idx's name (off bytes matched) */
+    O_KEY_END,   /* the closing quote of the name */
+    O_COLON,
+    O_AFTER,     /* after property idx's value */
+    O_NEXT,      /* after ',' */
+    A_OPEN,      /* after '[' */
+    A_AFTER,     /* after an item */
+    A_NEXT       /* after ',' */
+};
+
+static int is_ws(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+void js_init(const js_schema *s, js_state *st) {
+    (void)s;
+    memset(st, 0, sizeof *st);
+    st->depth = 1;
+    st->f[0].node = 0;
+    st->f[0].phase = P_VALUE;
+}
+
+int js_complete(const js_state *st) { return st->done; }
+
+/* The top frame's value is complete: pop it; the parent is already in its AFTER phase. */
+static void pop(js_state *st) {
+    st->depth--;
+    st->scalar = 0;
+    if (st->depth == 0) st->done = 1;
+}
+
+static int push(js_state *st, int node) {
+    if (st->depth >= JS_MAX_DEPTH) return 0;
+    js_frame *f = &st->f[st->depth++];
+    memset(f, 0, sizeof *f);
+    f->node = (uint16_t)node;
+    f->phase = P_VALUE;
+    return 1;
+}
+
+static int feed(const js_schema *s, js_state *st, unsigned char c);
+
+/* The first byte of the top frame's value. */
+static int value_start(const js_schema *s, js_state *st, unsigned char c) {
+    js_frame *f = &st->f[st->depth - 1];
+    const js_node *n = &s->nodes[f->node];
+    if (n->n_enum) {
+        uint64_t live = 0;
+        for (int k = 0; k < n->n_enum; k++)
+            if ((unsigned char)n->enums[k][0] == c) live |= (uint64_t)1 << k;
+        if (!live) return 0;
+        f->phase = P_ENUM;
+        st->enum_live = live;
+        st->enum_off = 1;
+        return 1;
+    }
+    unsigned need = c == '"' ? T_STRING : c == '{' ? T_OBJECT : c == '[' ? T_ARRAY
+                  : c == 't' || c == 'f' ? T_BOOL : c == 'n' ? T_NULL
+                  : (c == '-' || (c >= '0' && c <= '9')) ? (T_NUMBER | T_INTEGER) : 0;
+    if (!(n->types & need)) return 0;
+    if (c == '{' && n->n_props > 0) {
+        f->phase = O_OPEN;
+        return 1;
+    }
+    if (c == '[') {
+        f->phase = A_OPEN;
+        return 1;
+    }
+    /* a scalar, or an object without properties (any object): the JSON automaton */
+    f->phase = P_SCALAR;
+    st->scalar = 1;
+    st->integer = need == (T_NUMBER | T_INTEGER) && !(n->types & T_NUMBER);
+    jg_init_value(&st->sc);
+    if (!jg_feed(&st->sc, c)) return 0;
+    if (jg_complete(&st->sc)) pop(st); /* never for a first byte, kept for clarity */
+    return 1;
+}
+
+static int enum_feed(const js_schema *s, js_state *st, unsigned char c) {
+    js_frame *f = &st->f[st->depth - 1];
+    const js_node *n = &s->nodes[f->node];
+    uint64_t live = 0, ended = 0;
+    for (int k = 0; k < n->n_enum; k++) {
+        if (!((st->enum_live >> k) & 1)) continue;
+        size_t len = strlen(n->enums[k]);
+        if (st->enum_off < len && (unsigned char)n->enums[k][st->enum_off] == c) live |= (uint64_t)1 << k;
+        if (st->enum_off == len) ended |= (uint64_t)1 << k;
+    }
+    if (live) {
+        st->enum_live = live;
+        st->enum_off++;
+        /* a string value (quoted) ends with its last byte; other scalars need what follows */
+        for (int k = 0; k < n->n_enum; k++)
+            if (((live >> k) & 1) && strlen(n->enums[k]) == st->enum_off && n->enums[k][0] == '"' &&
+                live == ((uint64_t)1 << k)) {
+                pop(st);
+                return 1;
+            }
+        return 1;
+    }
+    if (!ended) return 0;
+    pop(st); /* a value matched completely: c belongs to the parent */
+    return st->done ? 0 : feed(s, st, c);
+}
+
+static int feed(const js_schema *s, js_state *st, unsigned char c) {
+    if (st->done) return 0;
+    js_frame *f = &st->f[st->depth - 1];
+    const js_node *n = &s->nodes[f->node];
+    switch (f->phase) {
+    case P_VALUE: return is_ws(c) || value_start(s, st, c);
+    case P_ENUM: return enum_feed(s, st, c);
+    case P_SCALAR: {
+        if (st->integer && (c == '.' || c == 'e' || c == 'E')) return 0; /* integers: digits only */
+        if (jg_feed(&st->sc, c)) {
+            if (jg_complete(&st->sc)) pop(st);
+            return 1;
+        }
+        if (!jg_number_can_end(&st->sc)) return 0;
+        pop(st); /* the number ended: c belongs to the parent */
+        return st->done ? 0 : feed(s, st, c);
+    }
+    case O_OPEN:
+    case O_NEXT:
+        if (is_ws(c)) return 1;
+        if (c != '"') return 0;
+        f->phase = O_KEY;
+        f->off = 0;
+        return 1;
+    case O_KEY: {
+        const char *name = n->names[f->idx];
+        if ((unsigned char)name[f->off] != c) {
+            if (name[f->off] == 0 && c == '"') return f->phase = O_COLON, 1;
+            return 0;
+        }
+        f->off++;
+        return 1;
+    }
+    case O_COLON:
+        if (is_ws(c)) return 1;
+        if (c != ':') return 0;
+        f->phase = O_AFTER;
+        return push(st, n->props[f->idx]);
+    case O_AFTER:
+        if (is_ws(c)) return 1;
+        if (c == ',' && f->idx + 1 < n->n_props) {
+            f->idx++;
+            f->phase = O_NEXT;
+            return 1;
+        }
+        if (c == '}' && f->idx + 1 == n->n_props) {
+            pop(st);
+            return 1;
+        }
+        return 0;
+    case A_OPEN:
+    case A_NEXT:
+        if (is_ws(c)) return 1;
+        if (c == ']' && f->phase == A_OPEN) {
+            pop(st);
+            return 1;
+        }
+        f->phase = A_AFTER;
+        if (n->items < 0) { /* any value */
+            if (!push(st, 0)) return 0;
+            js_frame *g = &st->f[st->depth - 1];
+            g->phase = P_SCALAR;
+            st->scalar = 1;
+            st->integer = 0;
+            jg_init_value(&st->sc);
+            if (!jg_feed(&st->sc, c)) return 0;
+            if (jg_complete(&st->sc)) pop(st);
+            return 1;
+        }
+        if (!push(st, n->items)) return 0;
+        return value_start(s, st, c);
+    case A_AFTER:
+        if (is_ws(c)) return 1;
+        if (c == ',') return f->phase = A_NEXT, 1;
+        if (c == ']') {
+            pop(st);
+            return 1;
+        }
+        return 0;
+    default: return 0;
+    }
+}
+
+int js_feed(const js_schema *s, js_state *st, unsigned char c) {
+    js_state t = *st;
+    int outside = !(t.scalar && jg_in_string(&t.sc)) &&
+                  t.f[t.depth ? t.depth - 1 : 0].phase != O_KEY && t.f[t.depth ? t.depth - 1 : 0].phase != P_ENUM;
+    if (outside && is_ws(c) && t.ws >= JG_MAX_WS) return 0;
+    if (!feed(s, &t, c)) return 0;
+    t.ws = outside && is_ws(c) ? (uint8_t)(st->ws + 1) : 0;
+    *st = t;
+    return 1;
+}
+
+// ---------------------------------------------------------------------------
+// Mask
+// ---------------------------------------------------------------------------
+
+static int feed_cb(const void *ctx, void *state, unsigned char c) {
+    return js_feed(ctx, state, c);
+}
+
+void js_mask(js_schema *s, const jg_vocab *v, const js_state *st, float *logits) {
+    int k = -1, lru = 0;
+    for (int i = 0; i < JS_CACHE && k < 0; i++) {
+        if (s->used[i] && !memcmp(&s->keys[i], st, sizeof *st)) k = i;
+        if (s->used[i] < s->used[lru]) lru = i;
+    }
+    uint8_t *allowed;
+    if (k >= 0) {
+        allowed = s->allowed + (size_t)k * (size_t)s->V;
+    } else {
+        k = lru;
+        allowed = s->allowed + (size_t)k * (size_t)s->V;
+        memset(allowed, 0, (size_t)s->V);
+        if (st->done) {
+            for (int id = 0; id < s->V; id++) allowed[id] = (uint8_t)jg_is_eos(v, id);
+        } else {
+            jg_walk(v, st, sizeof *st, feed_cb, s, allowed);
+        }
+        s->keys[k] = *st;
+    }
+    s->used[k] = ++s->clock;
+    for (int id = 0; id < s->V; id++)
+        if (!allowed[id]) logits[id] = -INFINITY;
+}
+
+int js_accept(const js_schema *s, const jg_vocab *v, js_state *st, int32_t id) {
+    const char *b;
+    size_t n;
+    if (!jg_token_bytes(v, id, &b, &n)) return jg_is_eos(v, id) && st->done;
+    js_state t = *st;
+    for (size_t i = 0; i < n; i++)
+        if (!js_feed(s, &t, (unsigned char)b[i])) return 0;
+    *st = t;
+    return 1;
+}

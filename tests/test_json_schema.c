@@ -1,0 +1,177 @@
+/*
+ * test_json_schema.c - the JSON-Schema automaton of structured output
+ * (src/engine/json_schema.c) on the fixed corpus of 100 schemas (json_schema_corpus.h):
+ * every random valid instance (compact and pretty-printed) is accepted and complete,
+ * every strict prefix incomplete; an instance with an extra property, a missing one, or
+ * a value of another type is refused; the schema mask over the bundled vocabulary equals
+ * feeding each token's bytes in random reachable states; unsupported schemas are refused
+ * with the keyword named.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/json_schema.h"
+#include "json_schema_corpus.h"
+
+static int accepts(const js_schema *s, const char *t, int *complete) {
+    js_state st;
+    js_init(s, &st);
+    for (const char *p = t; *p; p++)
+        if (!js_feed(s, &st, (unsigned char)*p)) return 0;
+    *complete = js_complete(&st);
+    return 1;
+}
+
+static js_schema *compile(const cJSON *schema) {
+    char *txt = cJSON_PrintUnformatted(schema);
+    js_schema *s = NULL;
+    if (js_compile(&s, txt, 16) != TQKV_OK) fail_msg("compile %s: %s", txt, tqkv_last_error());
+    free(txt);
+    return s;
+}
+
+static void test_corpus_instances(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed());
+    int accepted = 0, refused = 0;
+    for (int i = 0; i < CORPUS_N; i++) {
+        cJSON *schema = corpus_schema(i);
+        js_schema *s = compile(schema);
+        for (int k = 0; k < 10; k++) {
+            cJSON *v = corpus_instance(schema, &r);
+            assert_true(corpus_validate(schema, v));
+            char *t = k % 2 ? cJSON_Print(v) : cJSON_PrintUnformatted(v);
+            int complete = 0;
+            if (!accepts(s, t, &complete) || !complete) {
+                char *st = cJSON_PrintUnformatted(schema);
+                fail_msg("schema %d %s refused valid %s", i, st, t);
+            }
+            accepted++;
+            /* strict prefixes are not complete */
+            size_t n = strlen(t);
+            js_state st;
+            js_init(s, &st);
+            for (size_t b = 0; b + 1 < n; b++) {
+                assert_true(js_feed(s, &st, (unsigned char)t[b]));
+                assert_false(js_complete(&st));
+            }
+            free(t);
+            /* an extra property, a missing one, a wrong type: refused */
+            cJSON *x = cJSON_Duplicate(v, 1);
+            cJSON_AddNumberToObject(x, "zz_extra", 1);
+            t = cJSON_PrintUnformatted(x);
+            assert_false(accepts(s, t, &complete) && complete);
+            free(t);
+            cJSON_Delete(x);
+            x = cJSON_Duplicate(v, 1);
+            cJSON_DeleteItemFromArray(x, 0);
+            t = cJSON_PrintUnformatted(x);
+            assert_false(accepts(s, t, &complete) && complete);
+            free(t);
+            cJSON_Delete(x);
+            x = cJSON_Duplicate(v, 1);
+            cJSON *first = cJSON_GetArrayItem(x, 0);
+            cJSON *wrong = cJSON_IsObject(first) ? cJSON_CreateNumber(7) : cJSON_CreateObject();
+            cJSON_ReplaceItemInObject(x, first->string, wrong);
+            t = cJSON_PrintUnformatted(x);
+            if (!corpus_validate(schema, x)) {
+                assert_false(accepts(s, t, &complete) && complete);
+                refused++;
+            }
+            free(t);
+            cJSON_Delete(x);
+            cJSON_Delete(v);
+        }
+        js_free(s);
+        cJSON_Delete(schema);
+    }
+    fprintf(stderr, "%d valid instances accepted over %d schemas; %d wrong-type instances refused\n",
+            accepted, CORPUS_N, refused);
+}
+
+static void test_unsupported(void **state) {
+    (void)state;
+    const char *bad[] = {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"x\"}}}",
+                         "{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/x\"}}}",
+                         "{\"anyOf\":[{\"type\":\"object\"}]}", "{\"type\":\"array\",\"items\":{\"type\":\"string\"}}",
+                         "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"date\"}}}", "not json",
+                         "{\"type\":\"object\",\"properties\":{\"a\":{}}}"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        js_schema *s = NULL;
+        assert_int_equal(js_compile(&s, bad[i], 16), TQKV_EINVAL);
+        assert_non_null(strstr(tqkv_last_error(), "json schema"));
+    }
+    js_schema *s = NULL;
+    assert_int_equal(js_compile(&s, bad[0], 16), TQKV_EINVAL);
+    assert_non_null(strstr(tqkv_last_error(), "pattern"));
+}
+
+static void test_mask_equals_bytes(void **state) {
+    (void)state;
+    char dir[4096];
+    source_path("models/qwen3-code-28m", dir, sizeof dir);
+    tqkv_model_load_params lp = tqkv_model_load_params_default();
+    tqkv_model *m = NULL;
+    tqkv_tokenizer *tok = NULL;
+    assert_int_equal(tqkv_model_load(&m, dir, &lp), TQKV_OK);
+    assert_int_equal(tqkv_tokenizer_load(&tok, dir), TQKV_OK);
+    jg_vocab *v = NULL;
+    assert_int_equal(jg_vocab_init(&v, tok, m), TQKV_OK);
+    const int V = tqkv_model_get_config(m)->vocab_size, TV = tqkv_tokenizer_vocab_size(tok);
+    float *l = malloc(sizeof(float) * (size_t)V);
+    test_rng r;
+    rng_init(&r, test_seed());
+    for (int it = 0; it < 30; it++) {
+        cJSON *schema = corpus_schema(rng_int(&r, 0, CORPUS_N - 1));
+        char *txt = cJSON_PrintUnformatted(schema);
+        js_schema *s = NULL;
+        assert_int_equal(js_compile(&s, txt, V), TQKV_OK);
+        cJSON *inst = corpus_instance(schema, &r);
+        char *t = cJSON_PrintUnformatted(inst);
+        size_t cut = (size_t)rng_int(&r, 0, (int)strlen(t));
+        js_state st;
+        js_init(s, &st);
+        for (size_t i = 0; i < cut; i++) assert_true(js_feed(s, &st, (unsigned char)t[i]));
+        for (int id = 0; id < V; id++) l[id] = 0;
+        js_mask(s, v, &st, l);
+        int allowed = 0;
+        for (int id = 0; id < V; id++) {
+            const char *b;
+            size_t n;
+            int want;
+            if (id < TV && !tqkv_tokenizer_is_special(tok, id) &&
+                tqkv_tokenizer_id_bytes(tok, id, &b, &n) == TQKV_OK && n > 0) {
+                js_state u = st;
+                want = 1;
+                for (size_t k = 0; k < n && want; k++) want = js_feed(s, &u, (unsigned char)b[k]);
+            } else {
+                want = tqkv_model_is_eos(m, id) && js_complete(&st);
+            }
+            if (want != (l[id] == 0))
+                fail_msg("schema %s prefix '%.*s': token %d mask %g, bytes say %d", txt, (int)cut, t, id,
+                         (double)l[id], want);
+            allowed += want;
+        }
+        assert_true(allowed > 0);
+        free(t);
+        free(txt);
+        cJSON_Delete(inst);
+        cJSON_Delete(schema);
+        js_free(s);
+    }
+    free(l);
+    jg_vocab_free(v);
+    tqkv_tokenizer_free(tok);
+    tqkv_model_free(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_corpus_instances),
+        cmocka_unit_test(test_unsupported),
+        cmocka_unit_test(test_mask_equals_bytes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
