@@ -25,7 +25,7 @@ static const char *const LEVELS[][3] = {
 };
 #define N_LEVELS (int)(sizeof LEVELS / sizeof LEVELS[0])
 
-static int g_arch_fail, g_include_fail, g_files;
+static int g_arch_fail, g_include_fail, g_files, g_quiet;
 
 static char *slurp(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
@@ -100,7 +100,7 @@ static void scan_arch(const char *rel, const char *code) {
             memcpy(id, b, n);
             id[n] = 0;
             if (names_arch(id)) {
-                print_error("%s:%d names an architecture in code: %s\n", rel, line, id);
+                if (!g_quiet) print_error("%s:%d names an architecture in code: %s\n", rel, line, id);
                 g_arch_fail++;
             }
             continue;
@@ -180,7 +180,9 @@ static void test_scanner(void **state) {
     assert_null(strstr(code, "TQKV_ARCH_QWEN3"));
     assert_non_null(strstr(code, "g4_y"));
     const int before = g_arch_fail;
+    g_quiet = 1; /* the synthetic hits are expected: no message */
     scan_arch("src/engine/fake.c", code);
+    g_quiet = 0;
     assert_int_equal(g_arch_fail - before, 2); /* g4_y and the member g4 */
     g_arch_fail = before;
 }
