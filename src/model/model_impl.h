@@ -97,6 +97,12 @@ tqkv_status model_load_embedding(tqkv_model *m, const tqkv_model_load_params *lp
                                  const char *name);
 tqkv_status model_load_head(tqkv_model *m, const tqkv_model_load_params *lp,
                             const char *embed_name);
+/* The common decoder layout (embedding, layers, final norm, head) with the architecture's
+ * per-layer loader and an optional finishing step after the final norm. */
+tqkv_status model_load_decoder(tqkv_model *m, const tqkv_model_load_params *lp,
+                               tqkv_status (*layer)(tqkv_model *m,
+                                                    const tqkv_model_load_params *lp, int l),
+                               tqkv_status (*finish)(tqkv_model *m));
 /* registry.c: the ops of a parsed config's architecture. */
 const struct model_arch_ops *model_arch_ops_of(tqkv_arch id);
 

@@ -366,3 +366,23 @@ tqkv_status model_load_head(tqkv_model *m, const tqkv_model_load_params *lp,
     if (rc == TQKV_OK) m->n_params -= (size_t)c->vocab_size * (size_t)c->hidden_size;
     return rc;
 }
+
+/* The common decoder layout: the embedding, every layer through `layer`, the final norm,
+ * `finish` (may be NULL) and the head; names under "model." or a wrapper's text-model
+ * prefix (config weight_prefix). */
+tqkv_status model_load_decoder(tqkv_model *m, const tqkv_model_load_params *lp,
+                               tqkv_status (*layer)(tqkv_model *m,
+                                                    const tqkv_model_load_params *lp, int l),
+                               tqkv_status (*finish)(tqkv_model *m)) {
+    const tqkv_model_config *c = &m->cfg;
+    char embed_name[96], norm_name[96];
+    const char *pfx = c->weight_prefix[0] ? c->weight_prefix : "model.";
+    snprintf(embed_name, sizeof embed_name, "%sembed_tokens.weight", pfx);
+    snprintf(norm_name, sizeof norm_name, "%snorm.weight", pfx);
+    tqkv_status rc = model_load_embedding(m, lp, embed_name);
+    for (int l = 0; l < c->n_layers && rc == TQKV_OK; l++) rc = layer(m, lp, l);
+    if (rc == TQKV_OK) rc = model_load_vector(m, norm_name, c->hidden_size, &m->final_norm);
+    if (rc == TQKV_OK && finish) rc = finish(m);
+    if (rc == TQKV_OK) rc = model_load_head(m, lp, embed_name);
+    return rc;
+}

@@ -61,14 +61,5 @@ static tqkv_status load_layer(tqkv_model *m, const tqkv_model_load_params *lp, i
 
 tqkv_status llama_load(tqkv_model *m, const char *dir, const tqkv_model_load_params *lp) {
     (void)dir;
-    const tqkv_model_config *c = &m->cfg;
-    char embed_name[96], norm_name[96]; /* "model." or a wrapper's text-model prefix */
-    const char *pfx = c->weight_prefix[0] ? c->weight_prefix : "model.";
-    snprintf(embed_name, sizeof embed_name, "%sembed_tokens.weight", pfx);
-    snprintf(norm_name, sizeof norm_name, "%snorm.weight", pfx);
-    tqkv_status rc = model_load_embedding(m, lp, embed_name);
-    for (int l = 0; l < c->n_layers && rc == TQKV_OK; l++) rc = load_layer(m, lp, l);
-    if (rc == TQKV_OK) rc = model_load_vector(m, norm_name, c->hidden_size, &m->final_norm);
-    if (rc == TQKV_OK) rc = model_load_head(m, lp, embed_name);
-    return rc;
+    return model_load_decoder(m, lp, load_layer, NULL);
 }
