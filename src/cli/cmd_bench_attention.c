@@ -26,6 +26,7 @@
 
 #include "cli.h"
 #include "tqkv.h"
+#include "util/common.h"
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -48,12 +49,6 @@ static void ba_fill_normal(ba_rng *r, float *x, size_t n) {
         x[i + 1] = (float)(m * sin(6.283185307179586 * u2));
     }
     if (n & 1) x[n - 1] = 0.5f;
-}
-
-static double ba_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static int ba_cmp(const void *a, const void *b) {
@@ -191,7 +186,7 @@ static int ba_fill(const ba_opts *o, ba_run *R, ba_rng *rng) {
             rc = 1;
             break;
         }
-        const double t0 = ba_now();
+        const double t0 = tqkv_now_s();
         fprintf(stderr, "[bench attention] filling %s cache: %d rows x %d tokens x %d kv heads\n",
                 tqkv_format_name(R->cache_fmt[ci]), o->batch, o->ctx, o->kv_heads);
         for (int t = 0; t < o->ctx && !rc; t += chunk) {
@@ -206,7 +201,7 @@ static int ba_fill(const ba_opts *o, ba_run *R, ba_rng *rng) {
         }
         if (!rc)
             fprintf(stderr, "[bench attention]   %s filled in %.1f s (%.1f MiB)\n",
-                    tqkv_format_name(R->cache_fmt[ci]), ba_now() - t0,
+                    tqkv_format_name(R->cache_fmt[ci]), tqkv_now_s() - t0,
                     (double)tqkv_batch_bytes_used(R->caches[ci]) / (1024.0 * 1024.0));
     }
     free(kbufv);
@@ -223,12 +218,12 @@ static int ba_measure(const ba_opts *o, ba_run *R, const float *q, float *out) {
     for (int rep = -1; rep < o->reps; rep++) {
         for (int i = 0; i < R->ncfg; i++) {
             p.kernel = R->cfgs[i].kern;
-            const double t0 = ba_now();
+            const double t0 = tqkv_now_s();
             if (tqkv_batch_attend(R->caches[R->cfgs[i].cache], NULL, q, 1, &p, out) != TQKV_OK) {
                 fprintf(stderr, "tqkv bench attention: %s\n", tqkv_last_error());
                 return 1;
             }
-            const double dt = ba_now() - t0;
+            const double dt = tqkv_now_s() - t0;
             if (rep >= 0) R->cfgs[i].ms[rep] = dt * 1e3;
         }
     }

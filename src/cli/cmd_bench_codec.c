@@ -18,6 +18,7 @@
 
 #include "cli.h"
 #include "tqkv.h"
+#include "util/common.h"
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -52,12 +53,6 @@ static void bench_unit_vectors(bench_rng *r, float *x, size_t n, int dim) {
     }
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -70,7 +65,7 @@ typedef struct {
 
 static void status_tick(bench_status *st, const char *fmt_name, const char *phase, int rep,
                         int reps) {
-    double t = now_s();
+    double t = tqkv_now_s();
     if (t - st->start > 1.5 && t - st->last > 1.0) {
         fprintf(stderr, "[bench codec] %s: %s rep %d/%d (%.1f s elapsed)\n", fmt_name, phase,
                 rep + 1, reps, t - st->start);
@@ -109,20 +104,20 @@ static int bench_format(tqkv_format f, int dim, size_t n, int reps, uint64_t see
     }
     const char *name = tqkv_format_name(f);
     for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = tqkv_now_s();
         for (size_t i = 0; i < n; i += BENCH_CHUNK) {
             size_t m = n - i < BENCH_CHUNK ? n - i : BENCH_CHUNK;
             if (tqkv_codec_encode(c, x + i * d, m, e + i * B) != TQKV_OK) goto fail;
             status_tick(st, name, "encode", r, reps);
         }
-        te[r] = now_s() - t0;
-        t0 = now_s();
+        te[r] = tqkv_now_s() - t0;
+        t0 = tqkv_now_s();
         for (size_t i = 0; i < n; i += BENCH_CHUNK) {
             size_t m = n - i < BENCH_CHUNK ? n - i : BENCH_CHUNK;
             if (tqkv_codec_decode(c, e + i * B, m, y + i * d) != TQKV_OK) goto fail;
             status_tick(st, name, "decode", r, reps);
         }
-        td[r] = now_s() - t0;
+        td[r] = tqkv_now_s() - t0;
     }
     qsort(te, (size_t)reps, sizeof(double), cmp_double);
     qsort(td, (size_t)reps, sizeof(double), cmp_double);
@@ -198,7 +193,7 @@ int cmd_bench_codec(int argc, char **argv) {
         free(q);
         return 1;
     }
-    bench_status st = {now_s(), now_s()};
+    bench_status st = {tqkv_now_s(), tqkv_now_s()};
     bench_rng r = {(uint64_t)(uint32_t)seed * 0x9E3779B97F4A7C15ull + 1};
     bench_unit_vectors(&r, x, N, dim);
     bench_unit_vectors(&r, q, N, dim);

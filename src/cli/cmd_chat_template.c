@@ -16,6 +16,7 @@
 #include "model_cli.h"
 #include "tqkv_chat.h"
 #include "tqkv_tokenizer.h"
+#include "util/common.h"
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -30,12 +31,6 @@ static const char *DESCRIPTION =
     "added) on stderr. With --json: one JSON object on stdout:\n"
     "  {\"text\": \"...\", \"bytes\": N[, \"n_tokens\": N, \"ids\": [...]][, \"render_us\": T]}\n"
     "--repeat N renders N times and reports the mean time per render (render_us; stderr without --json).\n";
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int fail(const char *what) {
     fprintf(stderr, "tqkv chat-template: %s%s%s\n", what, tqkv_last_error()[0] ? ": " : "", tqkv_last_error());
@@ -122,14 +117,14 @@ int cmd_chat_template(int argc, char **argv) {
         rc = fail("render failed");
     double render_us = 0;
     if (!rc && repeat > 0) {
-        double t0 = now_s();
+        double t0 = tqkv_now_s();
         for (int i = 0; i < repeat && !rc; i++) {
             char *again = NULL;
             if (tqkv_chat_template_render_json(t, msg_json, agp, bos, eos, extra, &again, NULL) != TQKV_OK)
                 rc = fail("render failed");
             free(again);
         }
-        render_us = (now_s() - t0) / repeat * 1e6;
+        render_us = (tqkv_now_s() - t0) / repeat * 1e6;
     }
     free(msg_json);
     free(bos);

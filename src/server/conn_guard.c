@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "server/conn_guard.h"
+#include "util/common.h"
 
 /* ------------------------------------------------------------------------- */
 /* Types                                                                     */
@@ -39,12 +40,6 @@ struct conn_guard {
     double          header_s, body_s;  /* 0 = no deadline */
     conn_guard_stats st;
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ------------------------------------------------------------------------- */
 /* Table (all with g->mu held)                                               */
@@ -94,7 +89,7 @@ static void *watchdog(void *arg) {
         ts.tv_nsec += 100 * 1000 * 1000; /* 100 ms: deadlines are seconds */
         if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
         pthread_cond_timedwait(&g->cv, &g->mu, &ts);
-        if (!g->stop) expire(g, now_s());
+        if (!g->stop) expire(g, tqkv_now_s());
     }
     pthread_mutex_unlock(&g->mu);
     return NULL;
@@ -158,7 +153,7 @@ enum MHD_Result conn_guard_accept(void *cls, const struct sockaddr *addr, sockle
     (void)addrlen;
     conn_guard *g = cls;
     pthread_mutex_lock(&g->mu);
-    expire(g, now_s());
+    expire(g, tqkv_now_s());
     enum MHD_Result ok = MHD_YES;
     if (g->readers >= g->reader_cap || g->readers + g->busy >= g->max_conns) {
         cg_conn *victim = oldest_reader(g);
@@ -184,7 +179,7 @@ void conn_guard_notify(void *cls, struct MHD_Connection *c, void **socket_contex
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         x->fd = ci ? ci->connect_fd : MHD_INVALID_SOCKET;
         x->phase = CG_READING;
-        x->since = now_s();
+        x->since = tqkv_now_s();
         pthread_mutex_lock(&g->mu);
         x->next = g->head;
         if (g->head) g->head->prev = x;
@@ -214,7 +209,7 @@ void conn_guard_phase(conn_guard *g, struct MHD_Connection *c, cg_phase ph) {
     if (x->phase != ph) {
         count(g, x, -1);
         x->phase = ph;
-        x->since = now_s();
+        x->since = tqkv_now_s();
         count(g, x, +1);
     }
     pthread_mutex_unlock(&g->mu);

@@ -8,7 +8,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "tqkv.h"
 
 #if defined(__GNUC__)
@@ -26,6 +28,23 @@
 TQKV_API tqkv_status tqkv_fail(tqkv_status s, const char *fmt, ...) TQKV_PRINTF(2, 3);
 /* Clear the thread's error message (called by successful public entry points that want it). */
 TQKV_API void tqkv_clear_error(void);
+
+/* ---- small helpers every module may use (inline: nothing to export) ---- */
+
+/* Seconds on the monotonic clock. */
+static inline double tqkv_now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* *p resized to hold n floats (at least one); 0 when out of memory (*p unchanged). */
+static inline int tqkv_grow_floats(float **p, size_t n) {
+    float *q = (float *)realloc(*p, sizeof(float) * (n ? n : 1));
+    if (!q) return 0;
+    *p = q;
+    return 1;
+}
 
 /* ---- fp16 / bf16 (scalar, exact round-to-nearest-even) ---- */
 TQKV_API uint16_t tqkv_f32_to_f16(float f);

@@ -216,16 +216,10 @@ void tqkv_model_free(tqkv_model *m) {
     free(m);
 }
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 tqkv_status tqkv_model_load(tqkv_model **out, const char *dir, const tqkv_model_load_params *lp_in) {
     if (!out || !dir) return tqkv_fail(TQKV_EINVAL, "tqkv_model_load: NULL argument");
     tqkv_model_load_params lp = lp_in ? *lp_in : tqkv_model_load_params_default();
-    double t0 = now_s();
+    double t0 = tqkv_now_s();
     tqkv_model *m = tqkv_calloc(1, sizeof *m);
     if (!m) return TQKV_ENOMEM;
     tqkv_status rc = model_config_load(dir, &m->cfg, &m->gen);
@@ -268,7 +262,7 @@ tqkv_status tqkv_model_load(tqkv_model **out, const char *dir, const tqkv_model_
     if (lp.verbose)
         fprintf(stderr, "tqkv: loaded %.1fM params (%s matrices, %d file%s) in %.0f ms\n",
                 (double)m->n_params / 1e6, m->wtype, m->st.n_files, m->st.n_files == 1 ? "" : "s",
-                (now_s() - t0) * 1e3);
+                (tqkv_now_s() - t0) * 1e3);
     tqkv_clear_error();
     *out = m;
     return TQKV_OK;

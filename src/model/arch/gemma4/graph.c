@@ -55,13 +55,6 @@ void gemma4_state_free(tqkv_model_state *s) {
     s->ext = NULL;
 }
 
-static int grow(float **p, size_t n) {
-    float *q = realloc(*p, sizeof(float) * (n ? n : 1));
-    if (!q) return 0;
-    *p = q;
-    return 1;
-}
-
 /* Scratch for T compact tokens and RN = rows * n attention slots (the state's buffers are
  * sized for this model's largest layer; only this file uses them for a Gemma state). */
 static tqkv_status ensure_scratch(tqkv_model_state *s, size_t T, size_t RN) {
@@ -85,13 +78,13 @@ static tqkv_status ensure_scratch(tqkv_model_state *s, size_t T, size_t RN) {
     if (W < QD) W = QD;
     if (T > s->cap_t) {
         size_t t = T < 16 ? 16 : T;
-        int ok = grow(&s->x, t * H) && grow(&s->xn, t * H) && grow(&s->qkv, t * (QD + 2 * KD)) &&
-                 grow(&s->att, t * QD) && grow(&s->gu, t * 2 * I) && grow(&s->h, t * I) &&
-                 grow(&s->tmp, t * W) && grow(&s->mm_scratch, t * W) && grow(&S->ple, t * LP) && grow(&S->pe, t * LP) &&
-                 grow(&S->pg, t * P);
+        int ok = tqkv_grow_floats(&s->x, t * H) && tqkv_grow_floats(&s->xn, t * H) && tqkv_grow_floats(&s->qkv, t * (QD + 2 * KD)) &&
+                 tqkv_grow_floats(&s->att, t * QD) && tqkv_grow_floats(&s->gu, t * 2 * I) && tqkv_grow_floats(&s->h, t * I) &&
+                 tqkv_grow_floats(&s->tmp, t * W) && tqkv_grow_floats(&s->mm_scratch, t * W) && tqkv_grow_floats(&S->ple, t * LP) && tqkv_grow_floats(&S->pe, t * LP) &&
+                 tqkv_grow_floats(&S->pg, t * P);
         for (int k = 0; k < 2 && ok; k++)
-            ok = grow(&S->rc[k], t * (size_t)gemma4_of(m)->half[k]) &&
-                 grow(&S->rs[k], t * (size_t)gemma4_of(m)->half[k]);
+            ok = tqkv_grow_floats(&S->rc[k], t * (size_t)gemma4_of(m)->half[k]) &&
+                 tqkv_grow_floats(&S->rs[k], t * (size_t)gemma4_of(m)->half[k]);
         int32_t *a = ok ? realloc(s->tok_row, sizeof(int32_t) * t) : NULL;
         if (a) s->tok_row = a;
         int32_t *b = a ? realloc(s->tok_col, sizeof(int32_t) * t) : NULL;
@@ -103,8 +96,8 @@ static tqkv_status ensure_scratch(tqkv_model_state *s, size_t T, size_t RN) {
         s->cap_t = t;
     }
     if (RN > s->cap_rn) {
-        int ok = grow(&s->qb, RN * QD) && grow(&s->kb, RN * KD) && grow(&s->vb, RN * KD) &&
-                 grow(&s->ob, RN * QD);
+        int ok = tqkv_grow_floats(&s->qb, RN * QD) && tqkv_grow_floats(&s->kb, RN * KD) && tqkv_grow_floats(&s->vb, RN * KD) &&
+                 tqkv_grow_floats(&s->ob, RN * QD);
         if (!ok) {
             s->cap_rn = 0;
             return tqkv_fail(TQKV_ENOMEM, "out of memory for the attention buffers");

@@ -24,13 +24,6 @@
 // scratch
 // ---------------------------------------------------------------------------
 
-static int grow(float **p, size_t n) {
-    float *q = realloc(*p, sizeof(float) * (n ? n : 1));
-    if (!q) return 0;
-    *p = q;
-    return 1;
-}
-
 static tqkv_status ensure_scratch(tqkv_model_state *s, size_t T, size_t RN) {
     const tqkv_model_config *c = &s->m->cfg;
     size_t H = (size_t)c->hidden_size, I = (size_t)c->intermediate_size, hd = (size_t)c->head_dim;
@@ -39,10 +32,10 @@ static tqkv_status ensure_scratch(tqkv_model_state *s, size_t T, size_t RN) {
     if (W < QD) W = QD;
     if (T > s->cap_t) {
         size_t t = T < 16 ? 16 : T;
-        int ok = grow(&s->x, t * H) && grow(&s->xn, t * H) && grow(&s->qkv, t * (QD + 2 * KD)) &&
-                 grow(&s->att, t * QD) && grow(&s->gu, t * 2 * I) && grow(&s->h, t * I) &&
-                 grow(&s->tmp, t * W) &&
-                 grow(&s->mm_scratch, t * W) && grow(&s->rc, t * hd / 2) && grow(&s->rs, t * hd / 2);
+        int ok = tqkv_grow_floats(&s->x, t * H) && tqkv_grow_floats(&s->xn, t * H) && tqkv_grow_floats(&s->qkv, t * (QD + 2 * KD)) &&
+                 tqkv_grow_floats(&s->att, t * QD) && tqkv_grow_floats(&s->gu, t * 2 * I) && tqkv_grow_floats(&s->h, t * I) &&
+                 tqkv_grow_floats(&s->tmp, t * W) &&
+                 tqkv_grow_floats(&s->mm_scratch, t * W) && tqkv_grow_floats(&s->rc, t * hd / 2) && tqkv_grow_floats(&s->rs, t * hd / 2);
         int32_t *a = realloc(s->tok_row, sizeof(int32_t) * t);
         if (a) s->tok_row = a;
         int32_t *b = realloc(s->tok_col, sizeof(int32_t) * t);
@@ -54,8 +47,8 @@ static tqkv_status ensure_scratch(tqkv_model_state *s, size_t T, size_t RN) {
         s->cap_t = t;
     }
     if (RN > s->cap_rn) {
-        int ok = grow(&s->qb, RN * QD) && grow(&s->kb, RN * KD) && grow(&s->vb, RN * KD) &&
-                 grow(&s->ob, RN * QD);
+        int ok = tqkv_grow_floats(&s->qb, RN * QD) && tqkv_grow_floats(&s->kb, RN * KD) && tqkv_grow_floats(&s->vb, RN * KD) &&
+                 tqkv_grow_floats(&s->ob, RN * QD);
         if (!ok) {
             model_state_free_scratch(s);
             return tqkv_fail(TQKV_ENOMEM, "out of memory for the attention buffers");

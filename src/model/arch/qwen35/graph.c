@@ -73,13 +73,6 @@ static void scratch_free(qwen35_scratch *k) {
     free(k);
 }
 
-static int grow(float **p, size_t n) {
-    float *q = realloc(*p, sizeof(float) * (n ? n : 1));
-    if (!q) return 0;
-    *p = q;
-    return 1;
-}
-
 static tqkv_status scratch_ensure(const tqkv_model_config *c, qwen35_scratch *k, size_t T,
                                   size_t RN, int R) {
     size_t H = (size_t)c->hidden_size, I = (size_t)c->intermediate_size, hd = (size_t)c->head_dim;
@@ -95,10 +88,10 @@ static tqkv_status scratch_ensure(const tqkv_model_config *c, qwen35_scratch *k,
     size_t half = (size_t)c->rotary_dim / 2;
     if (T > k->cap_t) {
         size_t t = T < 16 ? 16 : T;
-        int ok = grow(&k->x, t * H) && grow(&k->xn, t * H) && grow(&k->proj, t * PW) &&
-                 grow(&k->cv, t * (CD ? CD : 1)) && grow(&k->att, t * AW) &&
-                 grow(&k->gu, t * 2 * I) && grow(&k->h, t * I) && grow(&k->tmp, t * W) &&
-                 grow(&k->mm, t * W) && grow(&k->rc, t * half) && grow(&k->rs, t * half);
+        int ok = tqkv_grow_floats(&k->x, t * H) && tqkv_grow_floats(&k->xn, t * H) && tqkv_grow_floats(&k->proj, t * PW) &&
+                 tqkv_grow_floats(&k->cv, t * (CD ? CD : 1)) && tqkv_grow_floats(&k->att, t * AW) &&
+                 tqkv_grow_floats(&k->gu, t * 2 * I) && tqkv_grow_floats(&k->h, t * I) && tqkv_grow_floats(&k->tmp, t * W) &&
+                 tqkv_grow_floats(&k->mm, t * W) && tqkv_grow_floats(&k->rc, t * half) && tqkv_grow_floats(&k->rs, t * half);
         int32_t *a = realloc(k->tok_row, sizeof(int32_t) * t);
         if (a) k->tok_row = a;
         int32_t *b = realloc(k->tok_col, sizeof(int32_t) * t);
@@ -107,8 +100,8 @@ static tqkv_status scratch_ensure(const tqkv_model_config *c, qwen35_scratch *k,
         k->cap_t = t;
     }
     if (RN > k->cap_rn) {
-        int ok = grow(&k->qb, RN * QD) && grow(&k->ob, RN * QD) && grow(&k->kb, RN * KD) &&
-                 grow(&k->vb, RN * KD);
+        int ok = tqkv_grow_floats(&k->qb, RN * QD) && tqkv_grow_floats(&k->ob, RN * QD) && tqkv_grow_floats(&k->kb, RN * KD) &&
+                 tqkv_grow_floats(&k->vb, RN * KD);
         if (!ok) return tqkv_fail(TQKV_ENOMEM, "out of memory for the attention buffers");
         k->cap_rn = RN;
     }
