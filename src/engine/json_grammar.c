@@ -360,6 +360,23 @@ int jg_number_can_end(const jg_state *s) {
     return s->mode == M_NUM && (s->sub == N_ZERO || s->sub == N_INT || s->sub == N_FRAC || s->sub == N_EXP);
 }
 
+int jg_min_close(const jg_state *s) {
+    int n = s->depth; /* a close per open container */
+    switch (s->mode) {
+    case M_TOP: return 2;                /* {} */
+    case M_VALUE: return n + 1;          /* 0 */
+    case M_OBJ_KEY: return n + 4;        /* "":0 */
+    case M_COLON: return n + 2;          /* :0 */
+    case M_STR: return n + 1 + (s->key ? 2 : 0);
+    case M_ESC: return n + 2 + (s->key ? 2 : 0);
+    case M_HEX: return n + s->sub + 1 + (s->key ? 2 : 0);
+    case M_NUM: return n + (s->sub == N_MINUS || s->sub == N_DOT || s->sub == N_E || s->sub == N_ESIGN);
+    case M_LIT: return n + (int)strlen(LITS[s->lit]) - s->sub;
+    case M_DONE: return 0;
+    default: return n; /* M_OBJ_OPEN, M_AFTER, M_ARR_OPEN */
+    }
+}
+
 int jg_in_string(const jg_state *s) { return s->mode == M_STR || s->mode == M_ESC || s->mode == M_HEX; }
 
 void jg_init_value(jg_state *s) {

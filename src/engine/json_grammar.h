@@ -61,6 +61,9 @@ int  jg_is_eos(const jg_vocab *v, int32_t id);
 int  jg_token_bytes(const jg_vocab *v, int32_t id, const char **b, size_t *n);
 /* A number read by s (the sub-automaton of a scalar) may end here. */
 int  jg_number_can_end(const jg_state *s);
+/* The fewest bytes that complete the value s reads (its open string, number, literal,
+ * pending key and containers); 0 when complete. */
+int  jg_min_close(const jg_state *s);
 /* s is inside a string (escapes included). */
 int  jg_in_string(const jg_state *s);
 /* s starts reading one value at depth 0 (it is complete when the value is). */

@@ -361,10 +361,8 @@ static int feed(const js_schema *s, js_state *st, unsigned char c) {
         return 1;
     case O_KEY: {
         const char *name = n->names[f->idx];
-        if ((unsigned char)name[f->off] != c) {
-            if (name[f->off] == 0 && c == '"') return f->phase = O_COLON, 1;
-            return 0;
-        }
+        if (name[f->off] == 0) return c == '"' ? (f->phase = O_COLON, 1) : 0; /* (a NUL byte too) */
+        if ((unsigned char)name[f->off] != c) return 0;
         f->off++;
         return 1;
     }
@@ -460,6 +458,102 @@ void js_mask(js_schema *s, const jg_vocab *v, const js_state *st, float *logits)
     s->used[k] = ++s->clock;
     for (int id = 0; id < s->V; id++)
         if (!allowed[id]) logits[id] = -INFINITY;
+}
+
+// ---------------------------------------------------------------------------
+// Closing within a token budget
+// ---------------------------------------------------------------------------
+
+static int min_value(const js_schema *s, int node, int depth);
+
+/* Properties from..n-1 of an object node, each "name":value, commas between, then '}'. */
+static int rest_obj(const js_schema *s, const js_node *n, int from, int comma_first, int depth) {
+    int b = 1;
+    for (int k = from; k < n->n_props; k++)
+        b += (k > from || comma_first) + (int)strlen(n->names[k]) + 3 + min_value(s, n->props[k], depth + 1);
+    return b;
+}
+
+static int min_value(const js_schema *s, int node, int depth) {
+    const js_node *n = &s->nodes[node];
+    if (depth > JS_MAX_DEPTH) return 1;
+    if (n->n_enum) {
+        int b = 1 << 20;
+        for (int k = 0; k < n->n_enum; k++)
+            if ((int)strlen(n->enums[k]) < b) b = (int)strlen(n->enums[k]);
+        return b;
+    }
+    int b = 1 << 20;
+    if (n->types & (T_NUMBER | T_INTEGER)) b = 1;
+    if ((n->types & T_STRING) && b > 2) b = 2;
+    if ((n->types & T_ARRAY) && b > 2) b = 2;
+    if ((n->types & (T_BOOL | T_NULL)) && b > 4) b = 4;
+    if (n->types & T_OBJECT) {
+        int o = n->n_props ? 1 + rest_obj(s, n, 0, 0, depth) : 2;
+        if (o < b) b = o;
+    }
+    return b;
+}
+
+/* Bytes to finish frame f (the top one: its own pending part; below: after its child). */
+static int frame_close(const js_schema *s, const js_state *st, int d) {
+    const js_frame *f = &st->f[d];
+    const js_node *n = &s->nodes[f->node];
+    switch (f->phase) {
+    case P_VALUE: return min_value(s, f->node, d);
+    case P_SCALAR: return jg_min_close(&st->sc);
+    case P_ENUM: {
+        int b = 1 << 20;
+        for (int k = 0; k < n->n_enum; k++)
+            if ((st->enum_live >> k) & 1) {
+                int r = (int)strlen(n->enums[k]) - st->enum_off;
+                if (r < b) b = r;
+            }
+        return b < 0 ? 0 : b;
+    }
+    case O_OPEN: return rest_obj(s, n, 0, 0, d);
+    case O_NEXT: return rest_obj(s, n, f->idx, 0, d);
+    case O_KEY:
+        return (int)strlen(n->names[f->idx]) - f->off + 2 + min_value(s, n->props[f->idx], d + 1) +
+               rest_obj(s, n, f->idx + 1, 1, d);
+    case O_COLON: return 1 + min_value(s, n->props[f->idx], d + 1) + rest_obj(s, n, f->idx + 1, 1, d);
+    case O_AFTER: return rest_obj(s, n, f->idx + 1, 1, d);
+    case A_OPEN: case A_AFTER: return 1;
+    case A_NEXT: return (n->items >= 0 ? min_value(s, n->items, d + 1) : 1) + 1;
+    default: return 0;
+    }
+}
+
+int js_min_close(const js_schema *s, const js_state *st) {
+    if (st->done) return 0;
+    int b = 0;
+    for (int d = 0; d < st->depth; d++) b += frame_close(s, st, d);
+    return b;
+}
+
+void js_mask_budget(js_schema *s, const jg_vocab *v, const js_state *st, int left, float *logits) {
+    js_mask(s, v, st, logits);
+    const int need = js_min_close(s, st);
+    /* far from the limit no token can make the document unclosable in time: a token adds
+     * at most the shortest value of a schema node (<= the root's) beyond its own bytes */
+    if (st->done || left > need + min_value(s, 0, 0) + 64) return;
+    /* near it: keep the tokens after which the shortest completion still fits in the
+     * tokens left (each token has at least one byte, and a one-byte step towards the end
+     * exists in a byte-level vocabulary) */
+    int kept = 0;
+    float *keep = malloc(sizeof(float) * (size_t)s->V);
+    if (!keep) return;
+    for (int id = 0; id < s->V; id++) {
+        keep[id] = -INFINITY;
+        if (logits[id] == -INFINITY) continue;
+        js_state t = *st;
+        if (js_accept(s, v, &t, id) && js_min_close(s, &t) <= left - 1) {
+            keep[id] = logits[id];
+            kept++;
+        }
+    }
+    if (kept) memcpy(logits, keep, sizeof(float) * (size_t)s->V); /* none: leave the mask */
+    free(keep);
 }
 
 int js_accept(const js_schema *s, const jg_vocab *v, js_state *st, int32_t id) {
