@@ -193,6 +193,7 @@ typedef struct {
 
 struct jg_vocab {
     int        V;          /* model vocab */
+    int        max_len;    /* longest ordinary token (bytes) */
     trie_node *nodes;      /* [n_nodes]; node 0 = root */
     int32_t    n_nodes, cap_nodes;
     int32_t   *tok_next;   /* [V] next token ending at the same node, -1 end */
@@ -268,6 +269,7 @@ tqkv_status jg_vocab_init(jg_vocab **out, const tqkv_tokenizer *tok, const tqkv_
         v->tok_next[id] = v->nodes[at].first;
         v->nodes[at].first = id;
         v->text[id] = 1;
+        if ((int)n > v->max_len) v->max_len = (int)n;
     }
     if (!(v->frames = malloc((sizeof(int32_t) + sizeof(jg_state)) * 2 * (size_t)v->n_nodes))) goto oom;
     *out = v;
@@ -349,6 +351,7 @@ void jg_walk(const jg_vocab *v, const void *state, size_t size, jg_feed_fn feed,
 }
 
 int jg_vocab_size(const jg_vocab *v) { return v->V; }
+int jg_vocab_max_len(const jg_vocab *v) { return v->max_len; }
 int jg_is_eos(const jg_vocab *v, int32_t id) { return id >= 0 && id < v->V && v->eos[id]; }
 
 int jg_token_bytes(const jg_vocab *v, int32_t id, const char **b, size_t *n) {

@@ -56,6 +56,8 @@ typedef int (*jg_feed_fn)(const void *ctx, void *state, unsigned char c);
 void jg_walk(const jg_vocab *v, const void *state, size_t size, jg_feed_fn feed, const void *ctx,
              uint8_t *allowed);
 int  jg_vocab_size(const jg_vocab *v);
+/* The longest ordinary token, in bytes. */
+int  jg_vocab_max_len(const jg_vocab *v);
 int  jg_is_eos(const jg_vocab *v, int32_t id);
 /* An ordinary token's bytes: 1, or 0 (special, EOS, beyond the tokenizer). */
 int  jg_token_bytes(const jg_vocab *v, int32_t id, const char **b, size_t *n);

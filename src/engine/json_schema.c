@@ -33,6 +33,7 @@ typedef struct {
 
 struct js_schema {
     int      refs;
+    int      max_min;              /* the largest shortest value of a node (bytes) */
     js_node *nodes;
     int      n_nodes, cap;
     int      V;
@@ -68,6 +69,7 @@ static tqkv_status bad(const char *what, const char *name) {
 }
 
 static tqkv_status compile_node(js_schema *s, const cJSON *j, int depth, int *out);
+static int min_value(const js_schema *s, int node, int depth);
 
 static tqkv_status compile_object(js_schema *s, int id, const cJSON *j, int depth) {
     const cJSON *props = cJSON_GetObjectItemCaseSensitive(j, "properties");
@@ -218,6 +220,10 @@ tqkv_status js_compile(js_schema **out, const char *schema_json, int vocab) {
     if (rc != TQKV_OK) {
         js_free(s);
         return rc;
+    }
+    for (int i = 0; i < s->n_nodes; i++) {
+        int m = min_value(s, i, 0);
+        if (m > s->max_min) s->max_min = m;
     }
     *out = s;
     return TQKV_OK;
@@ -534,18 +540,28 @@ int js_min_close(const js_schema *s, const js_state *st) {
 void js_mask_budget(js_schema *s, const jg_vocab *v, const js_state *st, int left, float *logits) {
     js_mask(s, v, st, logits);
     const int need = js_min_close(s, st);
-    /* far from the limit no token can make the document unclosable in time: a token adds
-     * at most the shortest value of a schema node (<= the root's) beyond its own bytes */
-    if (st->done || left > need + min_value(s, 0, 0) + 64) return;
+    /* A byte raises the shortest completion by at most 4 (',' opening a key of a free
+     * object: "":0), and a value's first byte by at most the largest shortest value of a
+     * node (choosing a costlier type): a token of n bytes by at most 4 n + that. Far from
+     * the limit no token can make the document unclosable in time. */
+    const int branch = s->max_min, far = need + 4 * jg_vocab_max_len(v) + branch;
+    if (st->done || left > far) return;
     /* near it: keep the tokens after which the shortest completion still fits in the
      * tokens left (each token has at least one byte, and a one-byte step towards the end
-     * exists in a byte-level vocabulary) */
+     * exists in a byte-level vocabulary); short tokens pass by the bound alone */
     int kept = 0;
     float *keep = malloc(sizeof(float) * (size_t)s->V);
     if (!keep) return;
     for (int id = 0; id < s->V; id++) {
         keep[id] = -INFINITY;
         if (logits[id] == -INFINITY) continue;
+        const char *b;
+        size_t nb;
+        if (jg_token_bytes(v, id, &b, &nb) && need + 4 * (int)nb + branch <= left - 1) {
+            keep[id] = logits[id];
+            kept++;
+            continue;
+        }
         js_state t = *st;
         if (js_accept(s, v, &t, id) && js_min_close(s, &t) <= left - 1) {
             keep[id] = logits[id];
