@@ -5,7 +5,8 @@
  * every strict prefix incomplete; an instance with an extra property, a missing one, or
  * a value of another type is refused; the schema mask over the bundled vocabulary equals
  * feeding each token's bytes in random reachable states; unsupported schemas are refused
- * with the keyword named.
+ * with the keyword named; with a token budget no smaller than the shortest completion,
+ * random walks among the tokens js_mask_budget allows always close in time.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -167,11 +168,88 @@ static void test_mask_equals_bytes(void **state) {
     tqkv_model_free(m);
 }
 
+/* The token budget: from random reachable states with a random budget no smaller than the
+ * shortest completion, tokens drawn at random among those js_mask_budget allows close the
+ * document within the budget, every time. */
+static void test_budget_closes(void **state) {
+    (void)state;
+    char dir[4096];
+    source_path("models/qwen3-code-28m", dir, sizeof dir);
+    tqkv_model_load_params lp = tqkv_model_load_params_default();
+    tqkv_model *m = NULL;
+    tqkv_tokenizer *tok = NULL;
+    assert_int_equal(tqkv_model_load(&m, dir, &lp), TQKV_OK);
+    assert_int_equal(tqkv_tokenizer_load(&tok, dir), TQKV_OK);
+    jg_vocab *v = NULL;
+    assert_int_equal(jg_vocab_init(&v, tok, m), TQKV_OK);
+    const int V = tqkv_model_get_config(m)->vocab_size;
+    float *l = malloc(sizeof(float) * (size_t)V);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)V);
+    test_rng r;
+    rng_init(&r, test_seed());
+    int runs = 0;
+    for (int it = 0; it < 60; it++) {
+        cJSON *schema = it % 3 == 0 ? NULL : corpus_schema(rng_int(&r, 0, CORPUS_N - 1));
+        char *txt = schema ? cJSON_PrintUnformatted(schema) : NULL;
+        js_schema *s = NULL;
+        assert_int_equal(js_compile(&s, txt, V), TQKV_OK);
+        js_state st;
+        js_init(s, &st);
+        /* a reachable start: a prefix of a valid instance (json_object: of {"a": [1, "x"]}) */
+        cJSON *inst = schema ? corpus_instance(schema, &r) : cJSON_Parse("{\"a\": [1, \"xy\", {\"b\": null}]}");
+        char *t = cJSON_Print(inst);
+        size_t cut = (size_t)rng_int(&r, 0, (int)strlen(t) - 1);
+        for (size_t i = 0; i < cut; i++) assert_true(js_feed(s, &st, (unsigned char)t[i]));
+        int left = js_min_close(s, &st) + rng_int(&r, 0, 12);
+        if (left < 1) left = 1;
+        char trail[4096];
+        size_t tl = 0;
+        while (!js_complete(&st)) {
+            if (left < 1) fail_msg("schema %s prefix '%.*s' then '%.*s': over budget (need now %d)", txt ? txt : "(object)",
+                                   (int)cut, t, (int)tl, trail, js_min_close(s, &st));
+            for (int id = 0; id < V; id++) l[id] = 0;
+            js_mask_budget(s, v, &st, left, l);
+            int n = 0;
+            for (int id = 0; id < V; id++)
+                if (l[id] == 0 && !tqkv_model_is_eos(m, id)) ids[n++] = id;
+            assert_true(n > 0);
+            int32_t pick = ids[rng_int(&r, 0, n - 1)];
+            const char *pb;
+            size_t pn;
+            tqkv_tokenizer_id_bytes(tok, pick, &pb, &pn);
+            if (tl + pn + 8 < sizeof trail) {
+                trail[tl++] = '|';
+                memcpy(trail + tl, pb, pn);
+                tl += pn;
+            }
+            int before = js_min_close(s, &st);
+            assert_true(js_accept(s, v, &st, pick));
+            if (js_min_close(s, &st) > left - 1)
+                fail_msg("token '%.*s' (need %d -> %d) with %d left; trail %.*s", (int)pn, pb, before,
+                         js_min_close(s, &st), left, (int)tl, trail);
+            left--;
+        }
+        runs++;
+        free(t);
+        free(txt);
+        cJSON_Delete(inst);
+        cJSON_Delete(schema);
+        js_free(s);
+    }
+    fprintf(stderr, "%d budgeted random walks closed in time\n", runs);
+    free(ids);
+    free(l);
+    jg_vocab_free(v);
+    tqkv_tokenizer_free(tok);
+    tqkv_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_corpus_instances),
         cmocka_unit_test(test_unsupported),
         cmocka_unit_test(test_mask_equals_bytes),
+        cmocka_unit_test(test_budget_closes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -19,7 +19,10 @@
 static void json_constrain(void *ctx, float *logits, int vocab) {
     (void)vocab;
     const eng_req *q = ctx;
-    js_mask(q->js, q->jv, &q->jst, logits);
+    /* tokens this row may still take (submit refused n_prompt + max_tokens > the context,
+     * so max_tokens is the limit) */
+    int left = q->max_tokens - q->n_gen;
+    js_mask_budget(q->js, q->jv, &q->jst, left, logits);
 }
 
 tqkv_status engine_req_sampler(tqkv_engine *e, eng_req *q, uint64_t seed) {

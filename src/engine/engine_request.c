@@ -180,7 +180,9 @@ int req_take(tqkv_engine *e, eng_req *q, int32_t tok, const tok_info *ti) {
         req_finish_plain(e, q, TQKV_FINISH_ERROR, "out of memory");
         return 1;
     }
-    int at_limit = q->n_gen >= q->max_tokens || q->n_prompt + q->n_gen >= e->ctx;
+    /* a constrained document that just closed ends the request (as EOS would next) */
+    const int json_done = q->js && js_complete(&q->jst);
+    int at_limit = q->n_gen >= q->max_tokens || q->n_prompt + q->n_gen >= e->ctx || json_done;
     if (at_limit) {
         const char *fl = NULL;
         size_t fn = 0;
@@ -207,7 +209,8 @@ int req_take(tqkv_engine *e, eng_req *q, int32_t tok, const tok_info *ti) {
     if (at_limit) {
         size_t rel = q->released;
         q->released = q->out_len;
-        req_emit(e, q, tok, ti, out_at(q, rel), q->out_len - rel, 1, TQKV_FINISH_LENGTH, NULL);
+        req_emit(e, q, tok, ti, out_at(q, rel), q->out_len - rel, 1,
+                 json_done ? TQKV_FINISH_STOP : TQKV_FINISH_LENGTH, NULL);
         return 1;
     }
     /* release everything except a tail that could start a stop string */

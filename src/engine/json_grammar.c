@@ -193,6 +193,7 @@ typedef struct {
 
 struct jg_vocab {
     int        V;          /* model vocab */
+    int        max_len;    /* longest ordinary token (bytes) */
     trie_node *nodes;      /* [n_nodes]; node 0 = root */
     int32_t    n_nodes, cap_nodes;
     int32_t   *tok_next;   /* [V] next token ending at the same node, -1 end */
@@ -268,6 +269,7 @@ tqkv_status jg_vocab_init(jg_vocab **out, const tqkv_tokenizer *tok, const tqkv_
         v->tok_next[id] = v->nodes[at].first;
         v->nodes[at].first = id;
         v->text[id] = 1;
+        if ((int)n > v->max_len) v->max_len = (int)n;
     }
     if (!(v->frames = malloc((sizeof(int32_t) + sizeof(jg_state)) * 2 * (size_t)v->n_nodes))) goto oom;
     *out = v;
@@ -349,6 +351,7 @@ void jg_walk(const jg_vocab *v, const void *state, size_t size, jg_feed_fn feed,
 }
 
 int jg_vocab_size(const jg_vocab *v) { return v->V; }
+int jg_vocab_max_len(const jg_vocab *v) { return v->max_len; }
 int jg_is_eos(const jg_vocab *v, int32_t id) { return id >= 0 && id < v->V && v->eos[id]; }
 
 int jg_token_bytes(const jg_vocab *v, int32_t id, const char **b, size_t *n) {
@@ -358,6 +361,23 @@ int jg_token_bytes(const jg_vocab *v, int32_t id, const char **b, size_t *n) {
 
 int jg_number_can_end(const jg_state *s) {
     return s->mode == M_NUM && (s->sub == N_ZERO || s->sub == N_INT || s->sub == N_FRAC || s->sub == N_EXP);
+}
+
+int jg_min_close(const jg_state *s) {
+    int n = s->depth; /* a close per open container */
+    switch (s->mode) {
+    case M_TOP: return 2;                /* {} */
+    case M_VALUE: return n + 1;          /* 0 */
+    case M_OBJ_KEY: return n + 4;        /* "":0 */
+    case M_COLON: return n + 2;          /* :0 */
+    case M_STR: return n + 1 + (s->key ? 2 : 0);
+    case M_ESC: return n + 2 + (s->key ? 2 : 0);
+    case M_HEX: return n + s->sub + 1 + (s->key ? 2 : 0);
+    case M_NUM: return n + (s->sub == N_MINUS || s->sub == N_DOT || s->sub == N_E || s->sub == N_ESIGN);
+    case M_LIT: return n + (int)strlen(LITS[s->lit]) - s->sub;
+    case M_DONE: return 0;
+    default: return n; /* M_OBJ_OPEN, M_AFTER, M_ARR_OPEN */
+    }
 }
 
 int jg_in_string(const jg_state *s) { return s->mode == M_STR || s->mode == M_ESC || s->mode == M_HEX; }

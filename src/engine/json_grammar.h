@@ -56,11 +56,16 @@ typedef int (*jg_feed_fn)(const void *ctx, void *state, unsigned char c);
 void jg_walk(const jg_vocab *v, const void *state, size_t size, jg_feed_fn feed, const void *ctx,
              uint8_t *allowed);
 int  jg_vocab_size(const jg_vocab *v);
+/* The longest ordinary token, in bytes. */
+int  jg_vocab_max_len(const jg_vocab *v);
 int  jg_is_eos(const jg_vocab *v, int32_t id);
 /* An ordinary token's bytes: 1, or 0 (special, EOS, beyond the tokenizer). */
 int  jg_token_bytes(const jg_vocab *v, int32_t id, const char **b, size_t *n);
 /* A number read by s (the sub-automaton of a scalar) may end here. */
 int  jg_number_can_end(const jg_state *s);
+/* The fewest bytes that complete the value s reads (its open string, number, literal,
+ * pending key and containers); 0 when complete. */
+int  jg_min_close(const jg_state *s);
 /* s is inside a string (escapes included). */
 int  jg_in_string(const jg_state *s);
 /* s starts reading one value at depth 0 (it is complete when the value is). */

@@ -33,6 +33,7 @@ typedef struct {
 
 struct js_schema {
     int      refs;
+    int      max_min;              /* the largest shortest value of a node (bytes) */
     js_node *nodes;
     int      n_nodes, cap;
     int      V;
@@ -68,6 +69,7 @@ static tqkv_status bad(const char *what, const char *name) {
 }
 
 static tqkv_status compile_node(js_schema *s, const cJSON *j, int depth, int *out);
+static int min_value(const js_schema *s, int node, int depth);
 
 static tqkv_status compile_object(js_schema *s, int id, const cJSON *j, int depth) {
     const cJSON *props = cJSON_GetObjectItemCaseSensitive(j, "properties");
@@ -219,6 +221,10 @@ tqkv_status js_compile(js_schema **out, const char *schema_json, int vocab) {
         js_free(s);
         return rc;
     }
+    for (int i = 0; i < s->n_nodes; i++) {
+        int m = min_value(s, i, 0);
+        if (m > s->max_min) s->max_min = m;
+    }
     *out = s;
     return TQKV_OK;
 }
@@ -361,10 +367,8 @@ static int feed(const js_schema *s, js_state *st, unsigned char c) {
         return 1;
     case O_KEY: {
         const char *name = n->names[f->idx];
-        if ((unsigned char)name[f->off] != c) {
-            if (name[f->off] == 0 && c == '"') return f->phase = O_COLON, 1;
-            return 0;
-        }
+        if (name[f->off] == 0) return c == '"' ? (f->phase = O_COLON, 1) : 0; /* (a NUL byte too) */
+        if ((unsigned char)name[f->off] != c) return 0;
         f->off++;
         return 1;
     }
@@ -460,6 +464,112 @@ void js_mask(js_schema *s, const jg_vocab *v, const js_state *st, float *logits)
     s->used[k] = ++s->clock;
     for (int id = 0; id < s->V; id++)
         if (!allowed[id]) logits[id] = -INFINITY;
+}
+
+// ---------------------------------------------------------------------------
+// Closing within a token budget
+// ---------------------------------------------------------------------------
+
+static int min_value(const js_schema *s, int node, int depth);
+
+/* Properties from..n-1 of an object node, each "name":value, commas between, then '}'. */
+static int rest_obj(const js_schema *s, const js_node *n, int from, int comma_first, int depth) {
+    int b = 1;
+    for (int k = from; k < n->n_props; k++)
+        b += (k > from || comma_first) + (int)strlen(n->names[k]) + 3 + min_value(s, n->props[k], depth + 1);
+    return b;
+}
+
+static int min_value(const js_schema *s, int node, int depth) {
+    const js_node *n = &s->nodes[node];
+    if (depth > JS_MAX_DEPTH) return 1;
+    if (n->n_enum) {
+        int b = 1 << 20;
+        for (int k = 0; k < n->n_enum; k++)
+            if ((int)strlen(n->enums[k]) < b) b = (int)strlen(n->enums[k]);
+        return b;
+    }
+    int b = 1 << 20;
+    if (n->types & (T_NUMBER | T_INTEGER)) b = 1;
+    if ((n->types & T_STRING) && b > 2) b = 2;
+    if ((n->types & T_ARRAY) && b > 2) b = 2;
+    if ((n->types & (T_BOOL | T_NULL)) && b > 4) b = 4;
+    if (n->types & T_OBJECT) {
+        int o = n->n_props ? 1 + rest_obj(s, n, 0, 0, depth) : 2;
+        if (o < b) b = o;
+    }
+    return b;
+}
+
+/* Bytes to finish frame f (the top one: its own pending part; below: after its child). */
+static int frame_close(const js_schema *s, const js_state *st, int d) {
+    const js_frame *f = &st->f[d];
+    const js_node *n = &s->nodes[f->node];
+    switch (f->phase) {
+    case P_VALUE: return min_value(s, f->node, d);
+    case P_SCALAR: return jg_min_close(&st->sc);
+    case P_ENUM: {
+        int b = 1 << 20;
+        for (int k = 0; k < n->n_enum; k++)
+            if ((st->enum_live >> k) & 1) {
+                int r = (int)strlen(n->enums[k]) - st->enum_off;
+                if (r < b) b = r;
+            }
+        return b < 0 ? 0 : b;
+    }
+    case O_OPEN: return rest_obj(s, n, 0, 0, d);
+    case O_NEXT: return rest_obj(s, n, f->idx, 0, d);
+    case O_KEY:
+        return (int)strlen(n->names[f->idx]) - f->off + 2 + min_value(s, n->props[f->idx], d + 1) +
+               rest_obj(s, n, f->idx + 1, 1, d);
+    case O_COLON: return 1 + min_value(s, n->props[f->idx], d + 1) + rest_obj(s, n, f->idx + 1, 1, d);
+    case O_AFTER: return rest_obj(s, n, f->idx + 1, 1, d);
+    case A_OPEN: case A_AFTER: return 1;
+    case A_NEXT: return (n->items >= 0 ? min_value(s, n->items, d + 1) : 1) + 1;
+    default: return 0;
+    }
+}
+
+int js_min_close(const js_schema *s, const js_state *st) {
+    if (st->done) return 0;
+    int b = 0;
+    for (int d = 0; d < st->depth; d++) b += frame_close(s, st, d);
+    return b;
+}
+
+void js_mask_budget(js_schema *s, const jg_vocab *v, const js_state *st, int left, float *logits) {
+    js_mask(s, v, st, logits);
+    const int need = js_min_close(s, st);
+    /* A byte raises the shortest completion by at most 4 (',' opening a key of a free
+     * object: "":0), and a value's first byte by at most the largest shortest value of a
+     * node (choosing a costlier type): a token of n bytes by at most 4 n + that. Far from
+     * the limit no token can make the document unclosable in time. */
+    const int branch = s->max_min, far = need + 4 * jg_vocab_max_len(v) + branch;
+    if (st->done || left > far) return;
+    /* near it: keep the tokens after which the shortest completion still fits in the
+     * tokens left (each token has at least one byte, and a one-byte step towards the end
+     * exists in a byte-level vocabulary); short tokens pass by the bound alone */
+    int kept = 0;
+    float *keep = malloc(sizeof(float) * (size_t)s->V);
+    if (!keep) return;
+    for (int id = 0; id < s->V; id++) {
+        keep[id] = -INFINITY;
+        if (logits[id] == -INFINITY) continue;
+        const char *b;
+        size_t nb;
+        if (jg_token_bytes(v, id, &b, &nb) && need + 4 * (int)nb + branch <= left - 1) {
+            keep[id] = logits[id];
+            kept++;
+            continue;
+        }
+        js_state t = *st;
+        if (js_accept(s, v, &t, id) && js_min_close(s, &t) <= left - 1) {
+            keep[id] = logits[id];
+            kept++;
+        }
+    }
+    if (kept) memcpy(logits, keep, sizeof(float) * (size_t)s->V); /* none: leave the mask */
+    free(keep);
 }
 
 int js_accept(const js_schema *s, const jg_vocab *v, js_state *st, int32_t id) {

@@ -62,6 +62,13 @@ int         js_feed(const js_schema *s, js_state *st, unsigned char c);
 int         js_complete(const js_state *st);
 /* Set logits [vocab] of tokens that cannot come next to -inf (EOS only when complete). */
 void        js_mask(js_schema *s, const jg_vocab *v, const js_state *st, float *logits);
+/* The fewest bytes that complete the document from st (0 when complete). */
+int         js_min_close(const js_schema *s, const js_state *st);
+/* js_mask for a row that may generate `left` more tokens (this one included): near the
+ * limit only tokens after which js_min_close still fits in left - 1 are allowed, so the
+ * document closes within max_tokens (when max_tokens allows it at all). */
+void        js_mask_budget(js_schema *s, const jg_vocab *v, const js_state *st, int left,
+                           float *logits);
 /* Advance st by token id (EOS / specials: unchanged); 1 accepted, 0 refused. */
 int         js_accept(const js_schema *s, const jg_vocab *v, js_state *st, int32_t id);
 
