@@ -2,7 +2,7 @@
 # bench/llamacpp/run.sh - tqkv against the llama.cpp anchor, on this machine, in one run.
 #
 # usage: bench/llamacpp/run.sh [ANCHOR] [--mode bench|serve] [--reps N] [--json] [--out FILE]
-#                              [--tqkv-args "..."]
+#                              [--tqkv-args "..."] [--variant 'NAME|BIN|ARGS' ...]
 #   ANCHOR  the anchor kit (default ../shared/anchors/llama.cpp beside the repository);
 #           absent: prints 'skipped' and exits 77.
 #
@@ -13,6 +13,9 @@
 #   KV cache is f16. tqkv runs its f16 and tq4 caches. Each of REPS rounds (default 3) runs
 #   llama-bench prefill, tqkv, llama-bench decode, one after the other (interleaved), each
 #   measuring once; the table shows medians over the rounds and tqkv / llama ratios.
+#   --variant 'NAME|BIN|ARGS' (repeatable) measures several tqkv builds / flags in the same
+#   rounds (e.g. 'base|/tmp/old/tqkv|' 'new|build/tqkv|' 'exact|build/tqkv|--exact'), each
+#   right after the other; default one variant 'tqkv|$TQKV_BIN|--tqkv-args'.
 # serve: llama-server (f16 KV, -np C slots of 2304 tokens) against `tqkv serve` (f16 and
 #   tq4, --parallel 64) under bench/serve/loadgen.mjs: closed loop, prompts of ~200 tokens
 #   (700 characters of ../shared/data/heldout-code.txt), 128 generated, greedy, at 1, 4, 16
@@ -28,7 +31,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 anchor="$root/../shared/anchors/llama.cpp"
-mode=bench reps=3 json=0 out="" targs=""
+mode=bench reps=3 json=0 out="" targs="" variants=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --mode) mode="$2"; shift 2 ;;
@@ -36,6 +39,7 @@ while [ $# -gt 0 ]; do
     --json) json=1; shift ;;
     --out) out="$2"; shift 2 ;;
     --tqkv-args) targs="$2"; shift 2 ;;
+    --variant) variants+=("$2"); shift 2 ;;
     -h|--help) sed -n 2,30p "$0"; exit 0 ;;
     -*) echo "bench/llamacpp: unknown option $1" >&2; exit 2 ;;
     *) anchor="$1"; shift ;;
@@ -50,6 +54,7 @@ fi
 anchor="$(cd "$anchor" && pwd)"
 bin="${TQKV_BIN:-$root/build/tqkv}"
 [ -x "$bin" ] || { echo "bench/llamacpp: $bin not built" >&2; exit 2; }
+[ ${#variants[@]} -gt 0 ] || variants=("tqkv|$bin|$targs")
 threads="${THREADS:-2}"
 py="${PYTHON:-/usr/bin/python3}"
 model="$root/models/qwen3-code-28m"
@@ -83,27 +88,33 @@ run_bench() {
     log "round $r/$reps (load $(loadavg))"
     (cd "$tmp" && "$anchor/bin/llama-bench" -m "$gguf" -t "$threads" -fa 1 -p 512,3968 -n 0 -r 1 -o json 2>/dev/null) |
       jq -c --argjson r "$r" --arg l "$(loadavg)" '.[] | {engine:"llama", round:$r, loadavg:$l, test:("pp" + (.n_prompt|tostring)), depth:.n_depth, ts:.avg_ts}' >> "$recs"
-    # shellcheck disable=SC2086
-    "$bin" bench model --model "$model" --ctx 512,3968 --kv f16,tq4 --gen 128 --reps 1 --threads "$threads" $targs --json 2>/dev/null |
-      jq -c --argjson r "$r" --arg l "$(loadavg)" '.[] | ({engine:("tqkv-" + .kv), round:$r, loadavg:$l, test:("pp" + (.ctx|tostring)), depth:0, ts:.prefill_tokens_per_s},
-                                      {engine:("tqkv-" + .kv), round:$r, loadavg:$l, test:"tg128", depth:.ctx, ts:.decode_tokens_per_s})' >> "$recs"
+    for v in "${variants[@]}"; do
+      local name="${v%%|*}" rest="${v#*|}"; local vbin="${rest%%|*}" vargs="${rest#*|}"
+      # shellcheck disable=SC2086
+      "$vbin" bench model --model "$model" --ctx 512,3968 --kv f16,tq4 --gen 128 --reps 1 --threads "$threads" $vargs --json 2>/dev/null |
+        jq -c --argjson r "$r" --arg l "$(loadavg)" --arg n "$name" '.[] | ({engine:($n + "-" + .kv), round:$r, loadavg:$l, test:("pp" + (.ctx|tostring)), depth:0, ts:.prefill_tokens_per_s},
+                                        {engine:($n + "-" + .kv), round:$r, loadavg:$l, test:"tg128", depth:.ctx, ts:.decode_tokens_per_s})' >> "$recs"
+    done
     (cd "$tmp" && "$anchor/bin/llama-bench" -m "$gguf" -t "$threads" -fa 1 -p 0 -n 128 -d 512,3968 -r 1 -o json 2>/dev/null) |
       jq -c --argjson r "$r" --arg l "$(loadavg)" '.[] | {engine:"llama", round:$r, loadavg:$l, test:("tg" + (.n_gen|tostring)), depth:.n_depth, ts:.avg_ts}' >> "$recs"
   done
-  jq -s --argjson meta "$meta" '
+  jq -s --argjson meta "$meta" --arg variants "$(printf '%s\n' "${variants[@]}")" '
     def median: sort | if length % 2 == 1 then .[length/2|floor] else (.[length/2 - 1] + .[length/2]) / 2 end;
-    (group_by([.engine, .test, .depth]) | map({key: "\(.[0].engine)|\(.[0].test)|\(.[0].depth)",
+    (map(.engine) | unique | map(select(. != "llama"))) as $eng
+    | (group_by([.engine, .test, .depth]) | map({key: "\(.[0].engine)|\(.[0].test)|\(.[0].depth)",
         value: (map(.ts) | median)}) | from_entries) as $m
     | [["pp512",0],["pp3968",0],["tg128",512],["tg128",3968]] | map(. as [$t,$d] |
-        {test:$t, depth:$d, llama:$m["llama|\($t)|\($d)"], tqkv_f16:$m["tqkv-f16|\($t)|\($d)"],
-         tqkv_tq4:$m["tqkv-tq4|\($t)|\($d)"]}
-        | .f16_ratio = (if .llama then .tqkv_f16 / .llama else null end)
-        | .tq4_ratio = (if .llama then .tqkv_tq4 / .llama else null end)) as $rows
-    | $meta + {unit:"tokens/s, median of rounds", results:$rows, records:.}' "$recs" > "$out"
+        {test:$t, depth:$d, llama:$m["llama|\($t)|\($d)"],
+         tqkv: ($eng | map({key:., value:$m["\(.)|\($t)|\($d)"]}) | from_entries)}
+        | .ratio = (.llama as $l | .tqkv | with_entries(.value = (if $l and .value then .value / $l else null end)))) as $rows
+    | $meta + {variants:($variants | split("\n") | map(select(length > 0))), unit:"tokens/s, median of rounds",
+               engines:$eng, results:$rows, records:.}' "$recs" > "$out"
   [ "$json" = 1 ] && { cat "$out"; return; }
   jq -r '"\(.date)  \(.cpu)  llama.cpp variant \(.llama_cpu_variant)  threads \(.threads)  medians of \(.reps)"' "$out"
-  jq -r '"test\tdepth\tllama f16\ttqkv f16\ttqkv tq4\tf16/llama\ttq4/llama",
-    (.results[] | "\(.test)\t\(.depth)\t\(.llama*10|round/10)\t\(.tqkv_f16*10|round/10)\t\(.tqkv_tq4*10|round/10)\t\(.f16_ratio*100|round/100)x\t\(.tq4_ratio*100|round/100)x")' "$out" | column -t -s $'\t'
+  jq -r '.engines as $e | (["test", "depth", "llama f16"] + $e + ($e | map(. + "/llama"))) | join("\t")' "$out" > "$tmp/table"
+  jq -r '.engines as $e | .results[] | . as $x | ([.test, (.depth|tostring), (.llama*10|round/10|tostring)]
+      + ($e | map($x.tqkv[.]*10|round/10|tostring)) + ($e | map($x.ratio[.] | if . == null then "n/a" else (.*100|round/100|tostring) + "x" end))) | join("\t")' "$out" >> "$tmp/table"
+  column -t -s $'\t' "$tmp/table"
   log "wrote $out"
 }
 
@@ -167,13 +178,14 @@ run_serve() {
            | {($e): {tokens_per_s: ($x | med(.tokens_per_s)), cores_busy: ($x | med(.cores_busy)),
                      rss_mib: (($x | map(.rss_kib) | max) / 1024), hwm_mib: (($x | map(.hwm_kib) | max) / 1024),
                      ttft_p50_s: ($x | med(.ttft_p50_s))}}) | add)
-       | .tq4_ratio = (.["tqkv-tq4"].tokens_per_s / .llama.tokens_per_s)
-       | .f16_ratio = (.["tqkv-f16"].tokens_per_s / .llama.tokens_per_s))) as $rows
+       | .tq4_ratio = (if .llama.tokens_per_s > 0 then .["tqkv-tq4"].tokens_per_s / .llama.tokens_per_s else null end)
+       | .f16_ratio = (if .llama.tokens_per_s > 0 then .["tqkv-f16"].tokens_per_s / .llama.tokens_per_s else null end))) as $rows
     | $meta + {duration_s:$dur, unit:"generated tokens/s, median of rounds", results:$rows, records:.}' "$recs" > "$out"
   [ "$json" = 1 ] && { cat "$out"; return; }
   jq -r '"\(.date)  \(.cpu)  threads \(.threads)  medians of \(.reps), \(.duration_s) s a point"' "$out"
-  jq -r '"streams\tllama f16\ttqkv f16\ttqkv tq4\ttq4/llama\tf16/llama\tcores llama/f16/tq4\tRSS MiB llama/f16/tq4",
-    (.results[] | "\(.streams)\t\(.llama.tokens_per_s)\t\(.["tqkv-f16"].tokens_per_s)\t\(.["tqkv-tq4"].tokens_per_s)\t\(.tq4_ratio*100|round/100)x\t\(.f16_ratio*100|round/100)x\t\(.llama.cores_busy*100|round/100)/\(.["tqkv-f16"].cores_busy*100|round/100)/\(.["tqkv-tq4"].cores_busy*100|round/100)\t\(.llama.rss_mib|round)/\(.["tqkv-f16"].rss_mib|round)/\(.["tqkv-tq4"].rss_mib|round)")' "$out" | column -t -s $'\t'
+  jq -r 'def x: if . == null then "n/a" else (.*100|round/100|tostring) + "x" end;
+    "streams\tllama f16\ttqkv f16\ttqkv tq4\ttq4/llama\tf16/llama\tcores llama/f16/tq4\tRSS MiB llama/f16/tq4",
+    (.results[] | "\(.streams)\t\(.llama.tokens_per_s)\t\(.["tqkv-f16"].tokens_per_s)\t\(.["tqkv-tq4"].tokens_per_s)\t\(.tq4_ratio|x)\t\(.f16_ratio|x)\t\(.llama.cores_busy*100|round/100)/\(.["tqkv-f16"].cores_busy*100|round/100)/\(.["tqkv-tq4"].cores_busy*100|round/100)\t\(.llama.rss_mib|round)/\(.["tqkv-f16"].rss_mib|round)/\(.["tqkv-tq4"].rss_mib|round)")' "$out" | column -t -s $'\t'
   log "wrote $out"
 }
 
