@@ -100,7 +100,7 @@ run_bench() {
   done
   jq -s --argjson meta "$meta" --arg variants "$(printf '%s\n' "${variants[@]}")" '
     def median: sort | if length % 2 == 1 then .[length/2|floor] else (.[length/2 - 1] + .[length/2]) / 2 end;
-    (map(.engine) | unique | map(select(. != "llama"))) as $eng
+    . as $recs | (map(.engine) | unique | map(select(. != "llama"))) as $eng
     | (group_by([.engine, .test, .depth]) | map({key: "\(.[0].engine)|\(.[0].test)|\(.[0].depth)",
         value: (map(.ts) | median)}) | from_entries) as $m
     | [["pp512",0],["pp3968",0],["tg128",512],["tg128",3968]] | map(. as [$t,$d] |
@@ -108,7 +108,7 @@ run_bench() {
          tqkv: ($eng | map({key:., value:$m["\(.)|\($t)|\($d)"]}) | from_entries)}
         | .ratio = (.llama as $l | .tqkv | with_entries(.value = (if $l and .value then .value / $l else null end)))) as $rows
     | $meta + {variants:($variants | split("\n") | map(select(length > 0))), unit:"tokens/s, median of rounds",
-               engines:$eng, results:$rows, records:.}' "$recs" > "$out"
+               engines:$eng, results:$rows, records:$recs}' "$recs" > "$out"
   [ "$json" = 1 ] && { cat "$out"; return; }
   jq -r '"\(.date)  \(.cpu)  llama.cpp variant \(.llama_cpu_variant)  threads \(.threads)  medians of \(.reps)"' "$out"
   jq -r '.engines as $e | (["test", "depth", "llama f16"] + $e + ($e | map(. + "/llama"))) | join("\t")' "$out" > "$tmp/table"
