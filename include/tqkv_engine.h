@@ -63,6 +63,10 @@ typedef struct {
                                      prompt_cache_dir needs tq4 / tq3 KV there; at most
                                      1024 rows: parallel <= 1024); kv_budget 0 = 80% of the
                                      device memory free once the weights are uploaded */
+    int         bf16_act;         /* CPU matrices with bf16 activations (AVX512_BF16 dot
+                                     products): tqkv_model_load_params.bf16_act (default 0:
+                                     the exact f32 path; tqkv serve turns it on unless
+                                     --exact) */
 } tqkv_engine_params;
 
 TQKV_API tqkv_engine_params tqkv_engine_params_default(void);

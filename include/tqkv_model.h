@@ -121,7 +121,13 @@ typedef struct {
     int verbose;     /* progress/status lines on stderr while loading */
     int no_pack;     /* read bf16 matrices in place instead of repacking them for GEMV */
     int no_f32_prefill; /* no f32 copies of bf16 matrices for prefill (saves 2 bytes per
-                           weight; prefill matmuls ~1.6x slower, same bits) */
+                           weight; prefill matmuls ~1.6x slower, same bits). Never made on
+                           CPUs with AVX-512, whose kernels read the packed bf16 faster. */
+    int bf16_act;    /* 1: products with (packed) bf16 matrices round the activations to bf16
+                        and run as AVX512_BF16 dot products with f32 sums, where the CPU has
+                        them (2-3x the f32 kernels' rate; batch invariant, but not the f32
+                        numerics: see bench/RESULTS.md for perplexity). 0 (default): the
+                        exact f32 path (transformers fp32 perplexity). Ignored elsewhere. */
 } tqkv_model_load_params;
 
 TQKV_API tqkv_model_load_params tqkv_model_load_params_default(void);

@@ -14,7 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn/attn_internal.h"
 #include "cache/batch.h"
+#include "util/common.h"
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -547,8 +549,46 @@ static void test_names_and_bad_inputs(void **state) {
     tqkv_cache_free(c);
 }
 
+/* The prefill tiles' AVX-512 twins give the AVX2 kernels' bits on every lane: token counts
+ * across the block sizes, lane ranges of 16 and 32 strips at offsets, dims with a 4 tail. */
+static void test_avx512_tiles_bitwise(void **state) {
+    (void)state;
+    if (!tqkv_cpu_has_avx512() || !attn_isa_avx512()) {
+        print_message("no AVX-512 on this CPU: nothing to compare\n");
+        skip();
+    }
+    const attn_isa *a2 = attn_isa_avx2(), *a5 = attn_isa_avx512();
+    test_rng rng;
+    rng_init(&rng, test_seed() + 11);
+    const int dims[] = {64, 128, 132}, ns[] = {1, 5, 7, 8, 13, 64}, lanes[][2] = {{0, 16}, {16, 64}, {0, 48}, {32, 96}};
+    const int mp = 96;
+    for (size_t di = 0; di < 3; di++)
+        for (size_t ni = 0; ni < 6; ni++)
+            for (size_t li = 0; li < 4; li++) {
+                int dim = dims[di], n = ns[ni], l0 = lanes[li][0], l1 = lanes[li][1];
+                size_t ldk = (size_t)dim + 4;
+                float *k = malloc(sizeof(float) * n * ldk), *qt = malloc(sizeof(float) * dim * mp);
+                float *s2 = malloc(sizeof(float) * n * mp), *s5 = malloc(sizeof(float) * n * mp);
+                float *o2 = malloc(sizeof(float) * dim * mp), *o5 = malloc(sizeof(float) * dim * mp);
+                rng_fill_normal(&rng, k, (size_t)n * ldk, 1.0f);
+                rng_fill_normal(&rng, qt, (size_t)dim * mp, 1.0f);
+                rng_fill_normal(&rng, o2, (size_t)dim * mp, 1.0f);
+                memcpy(o5, o2, sizeof(float) * dim * mp);
+                memset(s2, 0, sizeof(float) * n * mp);
+                memset(s5, 0, sizeof(float) * n * mp);
+                a2->tile_qk(k, ldk, n, dim, qt, mp, l0, l1, s2);
+                a5->tile_qk(k, ldk, n, dim, qt, mp, l0, l1, s5);
+                assert_memory_equal(s2, s5, sizeof(float) * n * mp);
+                a2->tile_pv(k, ldk, n, dim, s2, mp, l0, l1, o2); /* k as v, scores as p */
+                a5->tile_pv(k, ldk, n, dim, s5, mp, l0, l1, o5);
+                assert_memory_equal(o2, o5, sizeof(float) * dim * mp);
+                free(k); free(qt); free(s2); free(s5); free(o2); free(o5);
+            }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_avx512_tiles_bitwise),
         cmocka_unit_test(test_names_and_bad_inputs),
         cmocka_unit_test(test_kernels_agree),
         cmocka_unit_test(test_batched_vs_single),

@@ -1,6 +1,8 @@
 /*
  * test_matmul.c - the model's batch-invariant matmul: accuracy against a float64 reference,
- * SIMD == scalar bit for bit, and invariance to M, row position, and thread count.
+ * SIMD == scalar bit for bit, and invariance to M, row position, and thread count; the
+ * AVX-512 kernels (exact: the same bits as AVX2 and scalar; bf16 activations: accuracy and
+ * invariance), skipped on CPUs without them.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -39,6 +41,7 @@ static void *make_weight(test_rng *r, mm_type t, int n, int k, mm_weight *w) {
     w->f32 = NULL;
     w->packed = 0;
     w->f32p = NULL;
+    w->bf16_act = 0;
     return buf;
 }
 
@@ -181,6 +184,123 @@ static void test_packed_layout(void **state) {
     }
 }
 
+/* A packed bf16 weight [n, k] (n % 8 == 0, k % 16 == 0): *w gets it; returns both buffers
+ * to free (row-major source in *src). */
+static uint16_t *make_packed(test_rng *r, int n, int k, mm_weight *w, void **src) {
+    *src = make_weight(r, MM_BF16, n, k, w);
+    uint16_t *pk = malloc(sizeof(uint16_t) * (size_t)n * k);
+    mm_pack(w, pk, 1);
+    w->data = pk;
+    w->packed = 1;
+    return pk;
+}
+
+/* Row i of x . w^T for rows [m0, m0 + mm) computed alone equals the full product's rows,
+ * bit for bit, for every thread count 1..3; also the row alone and with y rows ldy apart. */
+static void check_invariance(const float *x, int m, const mm_weight *w, const float *bias,
+                             const float *full) {
+    int n = w->n, k = w->k;
+    float *part = malloc(sizeof(float) * (size_t)m * (n + 3));
+    for (int i = 0; i < m; i++) {
+        mm_matmul(x + (size_t)i * k, 1, w, bias, part, 1 + i % 2, NULL);
+        assert_memory_equal(part, full + (size_t)i * n, sizeof(float) * n);
+    }
+    for (int m0 = 0; m0 < m; m0 += 5) {
+        int mm = 1 + (m0 * 7) % 13;
+        if (m0 + mm > m) mm = m - m0;
+        for (int th = 1; th <= 3; th++) {
+            mm_matmul(x + (size_t)m0 * k, mm, w, bias, part, th, NULL);
+            assert_memory_equal(part, full + (size_t)m0 * n, sizeof(float) * n * mm);
+        }
+        mm_matmul_ld(x + (size_t)m0 * k, mm, w, bias, part, (size_t)n + 3, 2, NULL);
+        for (int i = 0; i < mm; i++)
+            assert_memory_equal(part + (size_t)i * (n + 3), full + (size_t)(m0 + i) * n,
+                                sizeof(float) * n);
+    }
+    free(part);
+}
+
+/* The AVX-512 exact kernels: the AVX2 kernels' and the scalar twin's bits, for every M
+ * (tile remainders, more than one 96-row block) and thread count. */
+static void test_avx512_exact(void **state) {
+    (void)state;
+    if (!tqkv_cpu_has_avx512()) {
+        print_message("no AVX-512 on this CPU: nothing to compare\n");
+        skip();
+    }
+    test_rng r;
+    rng_init(&r, test_seed() + 6);
+    const int shapes[][3] = {{1, 64, 512}, {5, 24, 48}, {13, 40, 160}, {100, 16, 1408}, {7, 8, 16}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+        mm_weight w;
+        void *src;
+        uint16_t *pk = make_packed(&r, n, k, &w, &src);
+        float *x = malloc(sizeof(float) * m * k), *bias = malloc(sizeof(float) * n),
+              *a = malloc(sizeof(float) * m * n), *b = malloc(sizeof(float) * m * n),
+              *c = malloc(sizeof(float) * m * n);
+        rng_fill_normal(&r, x, (size_t)m * k, 1.0f);
+        rng_fill_normal(&r, bias, (size_t)n, 0.1f);
+        const float *bs = s % 2 ? bias : NULL;
+        mm_matmul(x, m, &w, bs, a, 2, NULL);
+        setenv("TQKV_NO_AVX512", "1", 1);
+        mm_matmul(x, m, &w, bs, b, 2, NULL);
+        unsetenv("TQKV_NO_AVX512");
+        mm_matmul_scalar(x, m, &w, bs, c, 1);
+        assert_memory_equal(a, b, sizeof(float) * m * n);
+        assert_memory_equal(a, c, sizeof(float) * m * n);
+        check_invariance(x, m, &w, bs, a);
+        free(src); free(pk); free(x); free(bias); free(a); free(b); free(c);
+    }
+}
+
+/* bf16 activations (vdpbf16ps): within f32 rounding of the float64 product of the
+ * bf16-rounded x; batch, tile and thread invariant bit for bit; without AVX-512 (or with
+ * TQKV_NO_AVX512=1) the flag is ignored: the exact bits. */
+static void test_bf16_act(void **state) {
+    (void)state;
+    if (!tqkv_cpu_has_avx512_bf16()) {
+        print_message("no AVX512_BF16 on this CPU: bf16_act is ignored there\n");
+        skip();
+    }
+    test_rng r;
+    rng_init(&r, test_seed() + 7);
+    const int shapes[][3] = {{1, 64, 512}, {6, 24, 48}, {13, 40, 160}, {100, 16, 1408},
+                             {7, 8, 16}, {200, 32, 64}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+        mm_weight w;
+        void *src;
+        uint16_t *pk = make_packed(&r, n, k, &w, &src);
+        float *x = malloc(sizeof(float) * m * k), *xr = malloc(sizeof(float) * m * k),
+              *bias = malloc(sizeof(float) * n), *a = malloc(sizeof(float) * m * n),
+              *e = malloc(sizeof(float) * m * n), *b = malloc(sizeof(float) * m * n);
+        double *yr = malloc(sizeof(double) * m * n), *yx = malloc(sizeof(double) * m * n);
+        rng_fill_normal(&r, x, (size_t)m * k, 1.0f);
+        rng_fill_normal(&r, bias, (size_t)n, 0.1f);
+        for (size_t i = 0; i < (size_t)m * k; i++) xr[i] = tqkv_bf16_to_f32(to_bf16(x[i]));
+        const float *bs = s % 2 ? bias : NULL;
+        mm_matmul(x, m, &w, bs, e, 2, NULL); /* exact */
+        w.bf16_act = 1;
+        mm_matmul(x, m, &w, bs, a, 2, NULL);
+        ref_matmul(xr, m, &w, bs, yr);
+        ref_matmul(x, m, &w, bs, yx);
+        assert_true(rel_l2_d(a, yr, (size_t)m * n) < 1e-5);  /* f32 sums of exact products */
+        assert_true(rel_l2_d(a, yx, (size_t)m * n) < 1e-2);  /* bf16 rounding of x: ~2^-9 */
+        assert_true(rel_l2_d(a, yx, (size_t)m * n) > 1e-7);  /* and it did run in bf16 */
+        check_invariance(x, m, &w, bs, a);
+        setenv("TQKV_NO_AVX512", "1", 1);
+        mm_matmul(x, m, &w, bs, b, 2, NULL);
+        unsetenv("TQKV_NO_AVX512");
+        assert_memory_equal(b, e, sizeof(float) * m * n);
+        /* x already bf16-rounded: the same bits (the rounding is idempotent) */
+        mm_matmul(xr, m, &w, bs, b, 1, NULL);
+        assert_memory_equal(a, b, sizeof(float) * m * n);
+        free(src); free(pk); free(x); free(xr); free(bias); free(a); free(e); free(b);
+        free(yr); free(yx);
+    }
+}
+
 static void test_blas_path(void **state) {
     (void)state;
     test_rng r;
@@ -233,6 +353,8 @@ int main(void) {
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_no_simd_env),
         cmocka_unit_test(test_packed_layout),
+        cmocka_unit_test(test_avx512_exact),
+        cmocka_unit_test(test_bf16_act),
         cmocka_unit_test(test_blas_path),
         cmocka_unit_test(test_ops_exp_swiglu),
     };

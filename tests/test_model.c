@@ -280,6 +280,66 @@ static void test_batch_invariance(void **state) {
     check_invariance("q8", 0);
 }
 
+/* The CLI's default numerics (bf16 activations, AVX512_BF16): batch / thread invariant
+ * bit for bit like the exact mode, logits close to transformers', argmax the golden one
+ * except at near-ties (transformers' own top-2 within 0.1); skipped on CPUs without AVX512_BF16 (the flag is ignored). */
+static void test_bf16_act(void **state) {
+    (void)state;
+    if (!g_have_gold) skip();
+    if (!tqkv_cpu_has_avx512_bf16()) {
+        print_message("no AVX512_BF16 on this CPU: bf16_act is ignored there\n");
+        skip();
+    }
+    char d[1024];
+    source_path("models/qwen3-code-28m", d, sizeof d);
+    tqkv_model_load_params lp = tqkv_model_load_params_default();
+    lp.bf16_act = 1;
+    tqkv_model *mb = NULL, *exact = g_model;
+    OK(tqkv_model_load(&mb, d, &lp));
+    int V = g_gold.vocab;
+    double worst = 0, moved = 0;
+    int flips = 0, npos = 0;
+    double margin = 0; /* largest transformers logit gap between its top-1 and ours */
+    for (int i = 0; i < g_gold.n_prompts; i++) {
+        golden_prompt *q = &g_gold.p[i];
+        float *lg = malloc(sizeof(float) * (size_t)q->n_ids * V);
+        float *le = malloc(sizeof(float) * (size_t)q->n_ids * V);
+        tqkv_model_state *s = new_state(mb, 1, "f32", 0, 2);
+        OK(tqkv_model_prefill(mb, s, q->ids, NULL, q->n_ids, TQKV_LOGITS_ALL, lg));
+        tqkv_model_state_free(s);
+        s = new_state(exact, 1, "f32", 0, 2);
+        OK(tqkv_model_prefill(exact, s, q->ids, NULL, q->n_ids, TQKV_LOGITS_ALL, le));
+        tqkv_model_state_free(s);
+        for (int k = 0; k < q->n_pos; k++) {
+            const float *ref = g_gold.logits + (size_t)q->lidx[k] * V;
+            double e = rel_l2(lg + (size_t)q->pos[k] * V, ref, (size_t)V);
+            if (e > worst) worst = e;
+            double x = rel_l2(lg + (size_t)q->pos[k] * V, le + (size_t)q->pos[k] * V, (size_t)V);
+            if (x > moved) moved = x;
+            int a = argmax(lg + (size_t)q->pos[k] * V, V), b = argmax(ref, V);
+            if (a != b) { /* a flip is allowed only at a near-tie of transformers' logits */
+                double gap = (double)ref[b] - ref[a];
+                if (gap > margin) margin = gap;
+                flips++;
+            }
+            npos++;
+        }
+        free(lg);
+        free(le);
+    }
+    fprintf(stderr, "[bf16_act] max rel L2 vs transformers %.3g, vs exact %.3g; argmax differs "
+            "from transformers' at %d of %d golden positions (largest logit gap %.4f)\n", worst,
+            moved, flips, npos, margin);
+    assert_true(worst < 2e-2);
+    assert_true(margin < 0.1);
+    assert_true(moved > 0); /* it did run with bf16 activations */
+    g_model = mb;           /* the invariance checks read g_model */
+    check_invariance("f32", 0);
+    check_invariance("tq4", 0);
+    g_model = exact;
+    tqkv_model_free(mb);
+}
+
 /* A window append (extend) gives the same logits as the same tokens fed one by one, in
  * exact arithmetic; with the f32 cache, prefill in two chunks equals one prefill closely. */
 static void test_extend_consistency(void **state) {
@@ -916,6 +976,7 @@ int main(void) {
         cmocka_unit_test(test_parity_greedy),
         cmocka_unit_test(test_parity_batch),
         cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_bf16_act),
         cmocka_unit_test(test_extend_consistency),
         cmocka_unit_test(test_device_params_on_cpu),
         cmocka_unit_test(test_decode_pick_cpu),

@@ -374,6 +374,7 @@ tqkv_status attn_batch(const struct tqkv_batch *b, const tqkv_mask *mask, const 
     memset(&c, 0, sizeof c);
     c.b = b;
     c.isa = (tqkv_cpu_has_avx2() && attn_isa_avx2()) ? attn_isa_avx2() : attn_isa_scalar();
+    if (c.isa == attn_isa_avx2() && tqkv_cpu_has_avx512()) c.isa = attn_isa_avx512();
     c.kernel = p->kernel;
     c.rows = rows;
     c.kvh = kvh;

@@ -698,8 +698,28 @@ static const attn_isa AVX2_ISA = {
 
 const attn_isa *attn_isa_avx2(void) { return &AVX2_ISA; }
 
+/* The same with the prefill tiles on AVX-512 (same bits per lane). */
+static const attn_isa AVX512_ISA = {
+    .name = "avx512",
+    .decode = {dec_f32, dec_f16, dec_q8, dec_q4, dec_tq2, dec_tq3, dec_tq4},
+    .score = {score_f32, score_f16, score_q8, score_q4, score_tq2, score_tq3, score_tq4},
+    .accum = {accum_f32, accum_f16, accum_q8, accum_q4, accum_tq2, accum_tq3, accum_tq4},
+    .prep_q = {[TQKV_TQ3] = prep_q_tq3, [TQKV_TQ4] = prep_q_tq4},
+    .score_prep = {[TQKV_TQ3] = score_tq3_bp, [TQKV_TQ4] = score_tq4_bp},
+    .token_scales = attn_avx2_token_scales,
+    .rotate = attn_avx2_rotate,
+    .unrotate = attn_avx2_unrotate,
+    .softmax_block = attn_avx2_softmax_block,
+    .tile_qk = attn_avx512_tile_qk,
+    .tile_softmax = attn_avx2_tile_softmax,
+    .tile_pv = attn_avx512_tile_pv,
+};
+
+const attn_isa *attn_isa_avx512(void) { return &AVX512_ISA; }
+
 #else
 
 const attn_isa *attn_isa_avx2(void) { return NULL; }
+const attn_isa *attn_isa_avx512(void) { return NULL; }
 
 #endif

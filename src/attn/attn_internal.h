@@ -107,6 +107,13 @@ typedef struct {
 const attn_isa *attn_isa_scalar(void);
 /* NULL when the build has no AVX2 code (non-x86). Does not check the CPU. */
 const attn_isa *attn_isa_avx2(void);
+/* The AVX2 table with the prefill tiles' AVX-512 twins (attn_avx512_block.c: the same bits);
+ * NULL on non-x86 builds. Does not check the CPU (tqkv_cpu_has_avx512()). */
+const attn_isa *attn_isa_avx512(void);
+void attn_avx512_tile_qk(const float *k, size_t ldk, int n, int dim, const float *qt, int mp,
+                         int l0, int l1, float *st);
+void attn_avx512_tile_pv(const float *v, size_t ldv, int n, int dim, const float *pt, int mp,
+                         int l0, int l1, float *ot);
 
 /* Lossless scalar decode of one token (u_t semantics when scaled == 0; the full value
  * when scaled != 0). Shared by the scalar primitives and the tests. */

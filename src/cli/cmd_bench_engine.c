@@ -190,6 +190,7 @@ int cmd_bench_engine(int argc, char **argv) {
         {"--max-tokens", ARG_INT, &max_tokens, "tokens generated per request (default 128)"},
         {"--text", ARG_STR, &text_path, "prompt source (default ../shared/data/heldout-code.txt)"},
         {"--threads", ARG_INT, &threads, "compute threads (default 1)"},
+        {"--exact", ARG_FLAG, &mcli_exact, MCLI_EXACT_HELP},
         {"--prefill-chunk", ARG_INT, &chunk, "prefill chunk (default 256)"},
         {"--kv-budget-mb", ARG_DOUBLE, &budget_mb, "KV budget in MiB (default: a quarter of RAM)"},
         {"--draft", ARG_STR, &draft, "draft model: every point also runs with it, side by side"},
@@ -243,6 +244,7 @@ int cmd_bench_engine(int argc, char **argv) {
     tqkv_engine_params ep = tqkv_engine_params_default();
     ep.model_dir = mdir;
     ep.threads = threads;
+    ep.bf16_act = !mcli_exact;
     ep.window = window;
     ep.prefill_chunk = chunk;
     ep.kv_budget = (size_t)(budget_mb * 1048576.0);

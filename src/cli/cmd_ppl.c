@@ -68,6 +68,7 @@ int cmd_ppl(int argc, char **argv) {
         {"--threads", ARG_INT, &threads, "threads (default: all CPUs)"},
         {"--prefill-kernel", ARG_STR, &prefill_kernel, "attention kernel for n_query > 1 (default graph: the graph's kernel set)"},
         {"--blas", ARG_FLAG, &blas, "OpenBLAS sgemm for prefill matmuls"},
+        {"--exact", ARG_FLAG, &mcli_exact, MCLI_EXACT_HELP},
         {"--device", ARG_STR, &device, "cpu|cuda: where the forward runs (default cpu)"},
         {"--fast-gemm", ARG_FLAG, &fast_gemm, "with --device cuda: cuBLAS bf16 GEMMs, faster but NOT batch invariant"},
         {"--json", ARG_FLAG, &json, "end with a JSON summary line"},
@@ -208,6 +209,7 @@ int cmd_ppl(int argc, char **argv) {
         cJSON_AddNumberToObject(o, "tokens", (double)cnt);
         cJSON_AddStringToObject(o, "device", sp.device ? "cuda" : "cpu");
         cJSON_AddStringToObject(o, "gemm", sp.device_fast_gemm ? "cublas" : "invariant");
+        cJSON_AddStringToObject(o, "matmul", sp.device ? "device" : mcli_matmul_name(mcli_exact));
         cJSON_AddStringToObject(o, "kv", kv);
         json_add_num(o, "kv_bits_per_value", tqkv_model_state_kv_bits_per_value(s), 4);
         cJSON_AddNumberToObject(o, "ctx", ctx);

@@ -69,6 +69,7 @@ int cmd_run(int argc, char **argv) {
         {"--prefill-kernel", ARG_STR, &prefill_kernel, "attention kernel for prefill: graph (the graph's kernel set, default), dense, deferred, fused"},
         {"--decode-kernel", ARG_STR, &decode_kernel, "attention kernel for decode: graph (default), dense, deferred, fused"},
         {"--blas", ARG_FLAG, &blas, "OpenBLAS sgemm for prefill matmuls (not batch invariant)"},
+        {"--exact", ARG_FLAG, &mcli_exact, MCLI_EXACT_HELP},
         {"--f32-weights", ARG_FLAG, &f32w, "convert weights to f32 at load"},
         {"--device", ARG_STR, &device, "cpu|cuda: where the forward runs (default cpu)"},
         {"--fast-gemm", ARG_FLAG, &fast_gemm, "with --device cuda: cuBLAS bf16 GEMMs, faster but NOT batch invariant"},

@@ -107,6 +107,7 @@ int cmd_serve(int argc, char **argv) {
         {"--kv-budget", ARG_STR, &budget, "KV bytes for running rows, e.g. 512M (default: engine's)"},
         {"--queue", ARG_INT, &queue, "requests waiting for admission before 503 (default 256)"},
         {"--threads", ARG_INT, &threads, "compute threads (default: the physical cores)"},
+        {"--exact", ARG_FLAG, &mcli_exact, MCLI_EXACT_HELP},
         {"--prefill-chunk", ARG_INT, &chunk, "prompt tokens prefilled per step (default 256)"},
         {"--prefix-cache", ARG_STR, &prefix_bytes, "prefix cache bytes, e.g. 64M; 0 = off (default 1/16 of RAM, 64M..2G)"},
         {"--prompt-cache-dir", ARG_STR, &cache_dir, "persist the prefix cache in this directory"},
@@ -177,6 +178,7 @@ int cmd_serve(int argc, char **argv) {
     ep.parallel = parallel;
     ep.queue_max = queue;
     ep.threads = threads;
+    ep.bf16_act = !mcli_exact;
     ep.prefill_chunk = chunk;
     ep.prompt_cache_dir = cache_dir;
     ep.verbose = verbose;

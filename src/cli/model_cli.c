@@ -10,6 +10,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "util/common.h"
+
 const char *mcli_resolve_model(const char *cmd, const char *arg, char *buf, size_t cap) {
     struct stat st;
     if (stat(arg, &st) == 0 && S_ISDIR(st.st_mode)) {
@@ -39,9 +41,16 @@ int mcli_load(const char *cmd, const char *dir, int blas, int f32_weights, int t
     return mcli_load_dev(cmd, dir, blas, f32_weights, threads, 0, out);
 }
 
+int mcli_exact = 0;
+
+const char *mcli_matmul_name(int exact) {
+    return !exact && tqkv_cpu_has_avx512_bf16() ? "bf16-act" : "exact";
+}
+
 int mcli_load_dev(const char *cmd, const char *dir, int blas, int f32_weights, int threads,
                   int device, tqkv_model **out) {
     tqkv_model_load_params lp = tqkv_model_load_params_default();
+    lp.bf16_act = !mcli_exact;
     if (device) {
         lp.no_pack = 1;
         lp.no_f32_prefill = 1;

@@ -24,6 +24,14 @@ int  mcli_load(const char *cmd, const char *dir, int blas, int f32_weights, int 
  * CPU forward needs (the device reads the checkpoint's bf16 bytes). */
 int  mcli_load_dev(const char *cmd, const char *dir, int blas, int f32_weights, int threads,
                    int device, tqkv_model **out);
+/* --exact (every model command): 0 (the default) loads with bf16 activations
+ * (tqkv_model_load_params.bf16_act: AVX512_BF16 dot products where the CPU has them),
+ * 1 keeps the exact f32 matmuls. Set it before mcli_load / mcli_load_dev. */
+extern int mcli_exact;
+/* "bf16-act" when the matmuls run with bf16 activations (not --exact and the CPU has
+ * AVX512_BF16), else "exact": for the figures' labels. */
+const char *mcli_matmul_name(int exact);
+#define MCLI_EXACT_HELP "exact f32 matmuls (transformers fp32 numerics); default: bf16 activations with AVX512_BF16 dot products where the CPU has them"
 int  mcli_parse_kv(const char *cmd, const char *spec, tqkv_format *k, tqkv_format *v);
 int  mcli_parse_kernel(const char *cmd, const char *name, tqkv_kernel *out);
 /* --window W needs a tq K or V format (only tq planes keep a q8 window): 0, or -1 with a

@@ -203,6 +203,7 @@ tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
     lp.threads = p.threads;
     lp.verbose = p.verbose;
     lp.no_pack = lp.no_f32_prefill = p.device; /* the device keeps its own bf16 copy */
+    lp.bf16_act = p.bf16_act;
     tqkv_status rc = tqkv_model_load(&e->m, p.model_dir, &lp);
     if (rc == TQKV_OK) rc = tqkv_tokenizer_load(&e->tok, p.model_dir);
     /* every graph's verification window reproduces single decodes bit for bit

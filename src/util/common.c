@@ -124,7 +124,37 @@ static int cpu_avx2_fma_f16c(void) {
     __cpuid_count(7, 0, a, b, c, d);
     return (b >> 5) & 1; /* AVX2 */
 }
+
+/* AVX-512 F/BW/VL/DQ with the OS saving the ZMM state (XCR0 bits 1, 2, 5, 6, 7); with
+ * bf16 = 1 also AVX512_BF16 (cpuid 7.1 eax bit 5). Called only when AVX2 is there. */
+static int cpu_avx512(int bf16) {
+    unsigned a, b, c, d, xlo, xhi;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    if ((xlo & 0xe6u) != 0xe6u || __get_cpuid_max(0, NULL) < 7) return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    const unsigned need = (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31); /* F DQ BW VL */
+    if ((b & need) != need) return 0;
+    if (!bf16) return 1;
+    __cpuid_count(7, 1, a, b, c, d);
+    return (a >> 5) & 1;
+}
 #endif
+
+/* TQKV_NO_AVX512=1 keeps the AVX2 kernels (A/B and tests); TQKV_NO_SIMD=1 drops both. */
+static int avx512_level(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (!tqkv_cpu_has_avx2()) return 0;
+    const char *env = getenv("TQKV_NO_AVX512");
+    if (env && env[0] == '1') return 0;
+    static _Thread_local int cached = -1; /* 0 none, 1 F/BW/VL/DQ, 2 and BF16 */
+    if (cached < 0) cached = cpu_avx512(0) ? 1 + cpu_avx512(1) : 0;
+    return cached;
+#else
+    return 0;
+#endif
+}
+int tqkv_cpu_has_avx512(void) { return avx512_level() >= 1; }
+int tqkv_cpu_has_avx512_bf16(void) { return avx512_level() >= 2; }
 
 int tqkv_cpu_has_avx2(void) {
 #if defined(__x86_64__) || defined(__i386__)

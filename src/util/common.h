@@ -61,6 +61,13 @@ static inline float tqkv_bf16_to_f32(uint16_t b) {
  * only when tqkv_cpu_has_avx2() says so, and always have a scalar fallback. */
 #define TQKV_AVX2 __attribute__((target("avx2,fma,f16c")))
 TQKV_API int tqkv_cpu_has_avx2(void); /* AVX2 + FMA + F16C; honours TQKV_NO_SIMD=1 */
+/* AVX-512 F/BW/VL/DQ (and, for _bf16, AVX512_BF16) on top of tqkv_cpu_has_avx2(); both
+ * honour TQKV_NO_AVX512=1 (the AVX2 kernels then run) and TQKV_NO_SIMD=1. */
+#define TQKV_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+#define TQKV_AVX512_BF16                                                                          \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+TQKV_API int tqkv_cpu_has_avx512(void);
+TQKV_API int tqkv_cpu_has_avx512_bf16(void);
 
 /* ---- checked allocation helpers ---- */
 TQKV_API void *tqkv_malloc(size_t n);           /* NULL on failure, sets TQKV_ENOMEM message */

@@ -99,6 +99,7 @@ static tqkv_status load_vector(tqkv_model *m, const char *name, int n, float **o
 static tqkv_status add_f32p(tqkv_model *m, const tqkv_model_load_params *lp, mm_weight *w,
                             const char *name) {
     if (lp->no_f32_prefill || !mm_can_f32p(w)) return TQKV_OK;
+    if (w->packed && tqkv_cpu_has_avx512()) return TQKV_OK; /* its kernels beat the f32 tiles */
     float *f = own(m, sizeof(float) * (size_t)w->n * (size_t)w->k);
     if (!f) return tqkv_fail(TQKV_ENOMEM, "out of memory converting '%s'", name);
     mm_make_f32p(w, f, lp->threads > 0 ? lp->threads : 1);
@@ -152,6 +153,7 @@ static tqkv_status load_matrix(tqkv_model *m, const tqkv_model_load_params *lp, 
             mm_pack(w, pk, lp->threads > 0 ? lp->threads : 1);
             w->data = pk;
             w->packed = 1;
+            w->bf16_act = lp->bf16_act;
         }
         TQKV_TRY_F32P(m, lp, w, name);
     }
@@ -192,6 +194,7 @@ static tqkv_status fuse(tqkv_model *m, const tqkv_model_load_params *lp, mm_weig
     out->n = rows;
     out->k = (int)k;
     out->packed = 1;
+    out->bf16_act = lp->bf16_act;
     return add_f32p(m, lp, out, "fused matrix");
 }
 
@@ -200,7 +203,7 @@ static tqkv_status fuse(tqkv_model *m, const tqkv_model_load_params *lp, mm_weig
 // ---------------------------------------------------------------------------
 
 tqkv_model_load_params tqkv_model_load_params_default(void) {
-    tqkv_model_load_params p = {1, 0, 0, 0, 0, 0};
+    tqkv_model_load_params p = {1, 0, 0, 0, 0, 0, 0};
     return p;
 }
 

@@ -16,6 +16,7 @@
 
 #include <cblas.h>
 
+#include "model/ops/matmul_avx512.h"
 #include "util/common.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -436,6 +437,9 @@ void mm_matmul_ld(const float *x, int m, const mm_weight *w, const float *bias, 
                   size_t ldy, int threads, float *scratch) {
     if (m <= 0 || w->n <= 0) return;
 #ifdef MM_X86
+    if (w->bf16_act && w->packed && tqkv_cpu_has_avx512_bf16() &&
+        mm512_matmul_bf16(x, m, w, bias, y, ldy, threads, scratch))
+        return;
     if (tqkv_cpu_has_avx2()) {
         float *xp = NULL;
         if (w->type == MM_BF16) {
@@ -446,15 +450,19 @@ void mm_matmul_ld(const float *x, int m, const mm_weight *w, const float *bias, 
             }
             permute_pairs(x, m, w->k, xp);
         }
+        /* packed bf16 on AVX-512: twice the AVX2 width, faster than the f32p tiles too */
+        const int use512 = w->packed && tqkv_cpu_has_avx512();
         mm_weight wf;
-        if (xp && w->f32p && m >= MM_F32P_MIN_ROWS) { /* same order, f32 tiles */
+        if (xp && w->f32p && m >= MM_F32P_MIN_ROWS && !use512) { /* same order, f32 tiles */
             wf = *w;
             wf.data = w->f32p;
             wf.type = MM_F32;
             wf.packed = 0;
             w = &wf;
         }
-        if (w->packed && m > 1 && m < MM_F32P_MIN_ROWS) {
+        if (use512) { /* same bits */
+            run_split(mm512_range_exact, xp, m, w, bias, y, ldy, threads, 8);
+        } else if (w->packed && m > 1 && m < MM_F32P_MIN_ROWS) {
             run_split(range_avx2_rowwise, xp, m, w, bias, y, ldy, threads, 8);
         } else {
             int NR = tile_nr(m, w->type);

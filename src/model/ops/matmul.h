@@ -28,6 +28,11 @@ typedef struct {
                             each 16-block pair-permuted (evens then odds, like x for bf16). The
                             f32 kernels on it follow the bf16 order exactly, so products with
                             many rows use it (1.5-1.8x the FLOP rate) with the same bits. */
+    int          bf16_act; /* packed bf16 only, and only where the CPU has AVX512_BF16: the
+                            activations are rounded to bf16 and the products run as bf16 dot
+                            products (vdpbf16ps, f32 sums; matmul_avx512.c): NOT the f32
+                            numerics above, but batch invariant all the same. Elsewhere
+                            ignored (the exact path runs). */
 } mm_weight;
 
 /* y [m, n] = x [m, k] . w^T (+ bias [n] if not NULL). threads >= 1. Batch invariant.
