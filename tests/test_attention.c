@@ -178,6 +178,10 @@ static const agree_case AGREE[] = {
     {TQKV_TQ4, TQKV_TQ4, 2, 8, 128, 16, 8, 1, 0, 0, 100, 4500},    /* long: KV segments */
     {TQKV_F16, TQKV_Q8, 1, 4, 128, 0, 0, 1, 1000, 0, 100, 2600},   /* long + mask window */
     {TQKV_TQ3, TQKV_TQ3, 1, 4, 128, 8, 8, 70, 0, 0, 100, 700},     /* several tiles */
+    {TQKV_FP8, TQKV_FP8, 2, 8, 128, 0, 0, 1, 0, 0, 200, 0},        /* fp8 */
+    {TQKV_FP8, TQKV_FP8, 2, 8, 128, 0, 0, 9, 0, 0, 150, 0},
+    {TQKV_FP8, TQKV_TQ4, 2, 8, 128, 8, 4, 6, 12, 0, 150, 0},
+    {TQKV_TQ4, TQKV_FP8, 1, 4, 64, 8, 8, 1, 0, 0, 150, 0},
 };
 
 static void run_agree_case(const agree_case *c, uint64_t seed) {
@@ -272,6 +276,7 @@ static const bs_case BS[] = {
     {TQKV_TQ3, TQKV_Q8, 2, 4, 16, 8},
     {TQKV_F16, TQKV_F16, 2, 2, 0, 0},
     {TQKV_Q4, TQKV_TQ2, 1, 4, 4, 4},
+    {TQKV_FP8, TQKV_TQ3, 2, 4, 8, 8},
 };
 
 /* out_b [rows, qh, nq_b, d] row r, queries [i0, i0 + nq) vs out_s [qh, nq, d]: bitwise. */

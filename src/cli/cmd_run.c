@@ -59,7 +59,7 @@ int cmd_run(int argc, char **argv) {
         {"--min-p", ARG_DOUBLE, &min_p, "min-p (0 = off)"},
         {"--repeat-penalty", ARG_DOUBLE, &rep, "repetition penalty (1 = off)"},
         {"--seed", ARG_INT, &seed, "sampling seed (default: from the clock)"},
-        {"--kv", ARG_STR, &kv, "KV cache format: f32|f16|q8|q4|tq2|tq3|tq4 or K/V (default f32)"},
+        {"--kv", ARG_STR, &kv, "KV cache format: f32|f16|q8|q4|tq2|tq3|tq4|fp8 or K/V (default f32)"},
         {"--window", ARG_INT, &window, "newest tokens kept at q8 beside a tq cache (default 0)"},
         {"--kv-seed", ARG_INT, &kv_seed, "rotation seed of the KV cache (layer l: seed + l)"},
         {"--threads", ARG_INT, &threads, "threads (default: all CPUs)"},
