@@ -10,8 +10,8 @@
  * --kld runs an f32-cache pass over the same window (always one prefill) and adds
  * KL(p_f32 || p_kv) per token.
  * --chunk C feeds a window as a prefill of C tokens then extends of C tokens (default: the
- * whole window at once). With --window, chunks decide which keys are still in the q8 ring
- * when each query attends (C = 1 is exactly the per-query recent window of decoding).
+ * whole window at once). With --window W every query reads its own newest W keys at q8 at
+ * any C (the cache's per-query window), as decoding (C = 1) does.
  */
 #include <math.h>
 #include <stdio.h>
