@@ -52,7 +52,7 @@ static double lse(const float *x, int n) {
 
 int cmd_ppl(int argc, char **argv) {
     const char *model_arg = MCLI_DEFAULT_MODEL, *text_path = NULL, *kv = "f32";
-    const char *prefill_kernel = "graph", *device = "cpu";
+    const char *prefill_kernel = "graph", *device = "cpu", *kv_layers = "";
     int ctx = 2048, max_windows = 0, window = 0, kld = 0, threads = 0, json = 0, kv_seed = 0;
     int chunk = 0, blas = 0, fast_gemm = 0;
     const arg_spec specs[] = {
@@ -61,6 +61,7 @@ int cmd_ppl(int argc, char **argv) {
         {"--ctx", ARG_INT, &ctx, "window length in tokens (default 2048)"},
         {"--max-windows", ARG_INT, &max_windows, "score at most N windows (default all)"},
         {"--kv", ARG_STR, &kv, "KV cache format (default f32)"},
+        {"--kv-layers", ARG_STR, &kv_layers, "per-layer KV formats, e.g. '0,7:q8' or '0-1:q8;7:tq4/q8'"},
         {"--window", ARG_INT, &window, "newest tokens kept at q8 beside a tq cache (default 0)"},
         {"--chunk", ARG_INT, &chunk, "feed each window in chunks of N tokens (default: whole)"},
         {"--kv-seed", ARG_INT, &kv_seed, "rotation seed of the KV cache (layer l: seed + l)"},
@@ -88,6 +89,7 @@ int cmd_ppl(int argc, char **argv) {
     tqkv_model_state_params sp = tqkv_model_state_params_default();
     sp.device_fast_gemm = fast_gemm;
     if (mcli_parse_kv(CMD, kv, &sp.k_format, &sp.v_format) ||
+        mcli_parse_kv_layers(CMD, kv_layers, &sp) ||
         mcli_parse_kernel(CMD, prefill_kernel, &sp.prefill_kernel) ||
         mcli_check_window(CMD, window, sp.k_format, sp.v_format) ||
         mcli_parse_device(CMD, device, &sp.device))
@@ -195,8 +197,11 @@ int cmd_ppl(int argc, char **argv) {
                     exp(nll / (double)cnt), (double)cnt / (el > 0 ? el : 1));
     }
     double ppl = exp(nll / (double)cnt);
+    const double kv_bits = mcli_kv_bits(m, s, ctx);
     printf("ppl %.4f over %zu tokens (%d windows x %d), kv %s", ppl, cnt, n_win, ctx, kv);
+    if (kv_layers[0]) printf(" layers %s", kv_layers);
     if (window) printf(" window %d", window);
+    printf(" (%.4f bits/value)", kv_bits);
     if (do_kld) printf(", kld %.5f", kl / (double)cnt);
     printf("\n");
     if (json) {
@@ -209,7 +214,10 @@ int cmd_ppl(int argc, char **argv) {
         cJSON_AddStringToObject(o, "device", sp.device ? "cuda" : "cpu");
         cJSON_AddStringToObject(o, "gemm", sp.device_fast_gemm ? "cublas" : "invariant");
         cJSON_AddStringToObject(o, "kv", kv);
-        json_add_num(o, "kv_bits_per_value", tqkv_model_state_kv_bits_per_value(s), 4);
+        cJSON_AddStringToObject(o, "kv_layers", kv_layers);
+        /* everything counted at ctx: scales, per-layer mix, window ring, sliding layers */
+        json_add_num(o, "kv_bits_per_value", kv_bits, 4);
+        json_add_num(o, "kv_format_bits", tqkv_model_state_kv_bits_per_value(s), 4);
         cJSON_AddNumberToObject(o, "ctx", ctx);
         cJSON_AddNumberToObject(o, "window", window);
         cJSON_AddNumberToObject(o, "chunk", chunk);

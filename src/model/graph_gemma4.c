@@ -51,8 +51,7 @@ tqkv_status gemma4_make_layers(const tqkv_model *m, const tqkv_model_state_param
         tqkv_cache_config cc = tqkv_cache_config_default();
         cc.kv_heads = g->n_kv[l];
         cc.head_dim = g->head_dim[l];
-        cc.k_format = p->k_format;
-        cc.v_format = p->v_format;
+        tqkv_kv_layer_formats(p, l, &cc.k_format, &cc.v_format);
         cc.seed = p->kv_seed + (uint64_t)l;
         cc.window = p->window;
         cc.window_slack = p->window_slack;
