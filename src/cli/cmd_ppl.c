@@ -20,6 +20,7 @@
 
 #include "cli.h"
 #include "json_out.h"
+#include "kv_preset.h"
 #include "model_cli.h"
 #include "tqkv_model.h"
 #include "tqkv_tokenizer.h"
@@ -88,10 +89,16 @@ int cmd_ppl(int argc, char **argv) {
     if (chunk == 0 || chunk > ctx) chunk = ctx;
     tqkv_model_state_params sp = tqkv_model_state_params_default();
     sp.device_fast_gemm = fast_gemm;
-    if (mcli_parse_kv(CMD, kv, &sp.k_format, &sp.v_format) ||
-        mcli_parse_kv_layers(CMD, kv_layers, &sp) ||
+    const int preset = kvp_is_preset(kv);
+    if (preset && (window || kv_layers[0])) {
+        fprintf(stderr, "tqkv ppl: --kv %s chooses the window and per-layer formats itself; "
+                "drop --window / --kv-layers\n", kv);
+        return 2;
+    }
+    if ((!preset && (mcli_parse_kv(CMD, kv, &sp.k_format, &sp.v_format) ||
+                     mcli_parse_kv_layers(CMD, kv_layers, &sp) ||
+                     mcli_check_window(CMD, window, sp.k_format, sp.v_format))) ||
         mcli_parse_kernel(CMD, prefill_kernel, &sp.prefill_kernel) ||
-        mcli_check_window(CMD, window, sp.k_format, sp.v_format) ||
         mcli_parse_device(CMD, device, &sp.device))
         return 2;
     char dir[4096];
@@ -129,6 +136,12 @@ int cmd_ppl(int argc, char **argv) {
     const int V = tqkv_model_get_config(m)->vocab_size;
     sp.rows = 1;
     sp.window = window;
+    char resolved[256] = "";
+    if (preset) {
+        if (kvp_resolve(CMD, m, kv, ctx, &sp, resolved, sizeof resolved)) goto done;
+        window = sp.window;
+        fprintf(stderr, "tqkv ppl: --kv %s -> %s\n", kv, resolved);
+    }
     sp.kv_seed = (uint64_t)kv_seed;
     sp.threads = threads;
     sp.blas = blas;
@@ -215,6 +228,8 @@ int cmd_ppl(int argc, char **argv) {
         cJSON_AddStringToObject(o, "gemm", sp.device_fast_gemm ? "cublas" : "invariant");
         cJSON_AddStringToObject(o, "kv", kv);
         cJSON_AddStringToObject(o, "kv_layers", kv_layers);
+        if (preset) cJSON_AddStringToObject(o, "kv_resolved", resolved);
+        else cJSON_AddNullToObject(o, "kv_resolved");
         /* everything counted at ctx: scales, per-layer mix, window ring, sliding layers */
         json_add_num(o, "kv_bits_per_value", kv_bits, 4);
         json_add_num(o, "kv_format_bits", tqkv_model_state_kv_bits_per_value(s), 4);
