@@ -55,7 +55,7 @@ int cmd_ppl(int argc, char **argv) {
     const char *model_arg = MCLI_DEFAULT_MODEL, *text_path = NULL, *kv = "f32";
     const char *prefill_kernel = "graph", *device = "cpu", *kv_layers = "";
     int ctx = 2048, max_windows = 0, window = 0, kld = 0, threads = 0, json = 0, kv_seed = 0;
-    int chunk = 0, blas = 0, fast_gemm = 0;
+    int chunk = 0, blas = 0, fast_gemm = 0, slack = 32;
     const arg_spec specs[] = {
         {"--model", ARG_STR, &model_arg, "model directory (default " MCLI_DEFAULT_MODEL ")"},
         {"--text", ARG_STR, &text_path, "text file to score"},
@@ -64,6 +64,7 @@ int cmd_ppl(int argc, char **argv) {
         {"--kv", ARG_STR, &kv, "KV cache format (default f32)"},
         {"--kv-layers", ARG_STR, &kv_layers, "per-layer KV formats, e.g. '0,7:q8' or '0-1:q8;7:tq4/q8'"},
         {"--window", ARG_INT, &window, "newest tokens kept at q8 beside a tq cache (default 0)"},
+        {"--window-slack", ARG_INT, &slack, "extra q8 ring slots for trims (default 32; counted in kv_bits_per_value)"},
         {"--chunk", ARG_INT, &chunk, "feed each window in chunks of N tokens (default: whole)"},
         {"--kv-seed", ARG_INT, &kv_seed, "rotation seed of the KV cache (layer l: seed + l)"},
         {"--kld", ARG_FLAG, &kld, "also the mean KL divergence from an f32-cache pass"},
@@ -81,7 +82,7 @@ int cmd_ppl(int argc, char **argv) {
         args_usage(stderr, CMD, specs, n_specs);
         return 2;
     }
-    if (ctx < 2 || max_windows < 0 || window < 0 || threads < 0 || chunk < 0) {
+    if (ctx < 2 || max_windows < 0 || window < 0 || threads < 0 || chunk < 0 || slack < 0) {
         fprintf(stderr, "tqkv ppl: need --ctx >= 2 and non-negative counts\n");
         return 2;
     }
@@ -136,6 +137,7 @@ int cmd_ppl(int argc, char **argv) {
     const int V = tqkv_model_get_config(m)->vocab_size;
     sp.rows = 1;
     sp.window = window;
+    sp.window_slack = slack;
     char resolved[256] = "";
     if (preset) {
         if (kvp_resolve(CMD, m, kv, ctx, &sp, resolved, sizeof resolved)) goto done;
@@ -235,6 +237,7 @@ int cmd_ppl(int argc, char **argv) {
         json_add_num(o, "kv_format_bits", tqkv_model_state_kv_bits_per_value(s), 4);
         cJSON_AddNumberToObject(o, "ctx", ctx);
         cJSON_AddNumberToObject(o, "window", window);
+        cJSON_AddNumberToObject(o, "window_slack", sp.window_slack);
         cJSON_AddNumberToObject(o, "chunk", chunk);
         json_add_num(o, "forward_tokens_per_s",
                      t_fwd > 0 ? (double)cnt * (do_kld ? 2 : 1) / t_fwd : 0.0, 1);

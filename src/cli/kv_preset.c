@@ -78,6 +78,9 @@ static int apply(const tqkv_model *m, const kv_candidate *c, tqkv_model_state_pa
     if (layers[0]) snprintf(spec, sizeof spec, "%s:%s", layers, c->layer_kv);
     if (tqkv_kv_layers_parse(spec, p) != TQKV_OK) return -1;
     p->window = c->window;
+    /* no extra ring slots: run and ppl never trim; the engine adds draft_tokens + 1 for
+     * speculative rounds itself (and counts them) */
+    if (c->window > 0) p->window_slack = 0;
     return 0;
 }
 
@@ -142,7 +145,7 @@ static double generic_bits(const kv_candidate *c, int L, int dim, int ctx, int s
 }
 
 int kvp_list_json(cJSON *arr, int dim) {
-    const int L = 8, ctx = 2048, slack = 32;
+    const int L = 8, ctx = 2048, slack = 0;
     for (size_t b = 0; b < sizeof LISTED / sizeof LISTED[0]; b++) {
         for (int i = 0; i < N_RANK; i++) {
             const double bits = generic_bits(&RANK[i], L, dim, ctx, slack);
@@ -160,7 +163,7 @@ int kvp_list_json(cJSON *arr, int dim) {
             cJSON_AddNumberToObject(o, "dim", dim);
             json_add_num(o, "bits_per_value", bits, 4);
             cJSON_AddStringToObject(o, "bits_at", "8 layers with their own K/V, ctx 2048, "
-                                                  "window slack 32");
+                                                  "window slack 0");
             cJSON_AddItemToArray(arr, o);
             break;
         }
