@@ -135,10 +135,9 @@ TQKV_AVX2 static void dec_q4(int d, const uint8_t *p, const uint16_t *scales, fl
 
 /* fp8: 8 e4m3 bytes -> their fp16 halves (codec_fp8_half), converted by F16C. */
 TQKV_AVX2 static inline __m256 fp8x8(const uint8_t *p) {
-    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
-    const __m128i h = _mm_or_si128(_mm_and_si128(_mm_slli_epi16(b, 8), _mm_set1_epi16((short)0x8000)),
-                                   _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7));
-    return _mm256_cvtph_ps(h);
+    /* sign-extended to int16, << 7: bits 14 and 15 both hold the sign, 13..7 the rest */
+    const __m128i b = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p));
+    return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(b, 7), _mm_set1_epi16((short)0xbf80)));
 }
 
 TQKV_AVX2 static void dec_fp8(int d, const uint8_t *p, uint16_t scale, float *x) {
