@@ -33,6 +33,7 @@ static const kv_candidate RANK[] = {
     {"q8/tq4", 0, NULL, 0},
     {"tq4", 0, NULL, 30},
     {"tq4", 0, NULL, 0},
+    {"tq4/tq2", 0, NULL, 14},
     {"tq4/tq3", 2, "q8/tq3", 0},
     {"tq3", 0, NULL, 14},
     {"tq3", 0, NULL, 0},
