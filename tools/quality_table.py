@@ -4,7 +4,15 @@ lines tools/quality_runs.sh appends (ppl delta against the same model's f32 run 
 same window count, KLD, bits per value with everything counted)."""
 import json, sys
 
-rows = [json.loads(l) for f in sys.argv[1:] for l in open(f) if l.startswith('{')]
+rows = []
+for f in sys.argv[1:]:
+    for l in open(f):
+        try:
+            r = json.loads(l)
+        except ValueError:  # an interrupted run leaves "res": empty
+            continue
+        if r.get('res'):
+            rows.append(r)
 base = {}
 for r in rows:
     if r['args'].split()[:2] == ['--kv', 'f32'] and r['res']:

@@ -97,27 +97,35 @@ int kvp_resolve(const char *cmd, const tqkv_model *m, const char *kv, int ctx,
         if (t.device && (layers[0] || t.k_format != t.v_format ||
                          (t.k_format != TQKV_TQ4 && t.k_format != TQKV_TQ3)))
             continue;
-        tqkv_model_state_params cpu = t;
-        cpu.device = 0;
-        cpu.rows = 1;
-        tqkv_model_state *s = NULL;
-        if (tqkv_model_state_init(&s, m, &cpu) != TQKV_OK) continue;
-        const double bits = mcli_kv_bits(m, s, ctx);
-        tqkv_model_state_free(s);
-        if (bits < smallest) smallest = bits;
-        if (bits > budget + 1e-9) continue;
-        *p = t;
-        snprintf(desc, cap, "%s%s%s%s%s window %d (%.4f bits/value at ctx %d)", c->kv,
-                 layers[0] ? " layers " : "", layers[0] ? layers : "", layers[0] ? ":" : "",
-                 layers[0] ? c->layer_kv : "", c->window, bits, ctx);
-        return 0;
+        /* a candidate's window may shrink to half its size to fit (the ring costs more on
+         * short contexts and on Gemma 4's sliding layers) */
+        for (int w = c->window; w >= c->window / 2 && (w > 0 || c->window == 0); w--) {
+            tqkv_model_state_params cpu = t;
+            cpu.window = w;
+            cpu.device = 0;
+            cpu.rows = 1;
+            tqkv_model_state *s = NULL;
+            if (tqkv_model_state_init(&s, m, &cpu) != TQKV_OK) break;
+            const double bits = mcli_kv_bits(m, s, ctx);
+            tqkv_model_state_free(s);
+            if (bits < smallest) smallest = bits;
+            if (bits <= budget + 1e-9) {
+                t.window = w;
+                *p = t;
+                snprintf(desc, cap, "%s%s%s%s%s window %d (%.4f bits/value at ctx %d)", c->kv,
+                         layers[0] ? " layers " : "", layers[0] ? layers : "", layers[0] ? ":" : "",
+                         layers[0] ? c->layer_kv : "", w, bits, ctx);
+                return 0;
+            }
+            if (w == 0) break;
+        }
     }
     fprintf(stderr, "tqkv %s: --kv %s: no configuration fits %.4g bits per value at ctx %d "
             "(the smallest takes %.4f)\n", cmd, kv, budget, ctx, smallest);
     return -1;
 }
 
-/* Bits of candidate c on a uniform graph: L layers of head_dim dim, all with their own K/V,
+/* Bits of candidate c (its full window) on a uniform graph: L layers of head_dim dim, all with their own K/V,
  * ctx tokens, window slack `slack`. */
 static double generic_bits(const kv_candidate *c, int L, int dim, int ctx, int slack) {
     tqkv_format k, v, lk = TQKV_F32, lv = TQKV_F32;
