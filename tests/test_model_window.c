@@ -5,6 +5,8 @@
  * as closely as a plain q8 cache's prefill and decoding do (float reordering, amplified by
  * q8 rounding in later layers); reading the windows as before (only the newest W tokens of
  * the whole prefill at q8) differs by about as much as no window at all.
+ * Also the per-layer KV formats (--kv-layers): parser, the caches a state builds, bits per
+ * value, state export / import.
  * Must not: time anything. Skips (77) when the model is absent.
  */
 #include <math.h>
@@ -15,6 +17,7 @@
 
 #include "testutil.h"
 #include "tqkv_model.h"
+#include "util/common.h"
 
 #define N 300
 
@@ -95,7 +98,71 @@ static void test_window_paths(void **state) {
     tqkv_model_free(m);
 }
 
+/* Per-layer KV formats: the spec parser, the caches a state builds, bits per value, and a
+ * state export that keeps them (and refuses a state with other per-layer formats). */
+static void test_kv_layers(void **state) {
+    (void)state;
+    tqkv_model_state_params p = tqkv_model_state_params_default();
+    assert_int_equal(tqkv_kv_layers_parse("0,7:q8;2-3:tq4/fp8", &p), TQKV_OK);
+    tqkv_format k, v;
+    tqkv_kv_layer_formats(&p, 0, &k, &v);
+    assert_true(k == TQKV_Q8 && v == TQKV_Q8);
+    tqkv_kv_layer_formats(&p, 3, &k, &v);
+    assert_true(k == TQKV_TQ4 && v == TQKV_FP8);
+    tqkv_kv_layer_formats(&p, 4, &k, &v);
+    assert_true(k == p.k_format && v == p.v_format);
+    const char *bad[] = {"0", ":q8", "0:", "0:zz", "64:q8", "1-0:q8", "0,:q8", "0:q8;", "a:q8", "0:q8/q8/q8"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        tqkv_model_state_params q = p;
+        tqkv_clear_error();
+        assert_int_equal(tqkv_kv_layers_parse(bad[i], &q), TQKV_EINVAL);
+        assert_true(tqkv_last_error()[0] != 0);
+        assert_memory_equal(&q, &p, sizeof p); /* unchanged on failure */
+    }
+    assert_int_equal(tqkv_kv_layers_parse("", &p), TQKV_OK);
+    tqkv_kv_layer_formats(&p, 0, &k, &v);
+    assert_true(k == p.k_format && v == p.v_format);
+
+    char md[1024];
+    source_path("models/qwen3-code-28m", md, sizeof md);
+    struct stat st;
+    if (stat(md, &st) != 0) skip();
+    tqkv_model *m = NULL;
+    assert_int_equal(tqkv_model_load(&m, md, NULL), TQKV_OK);
+    p.k_format = p.v_format = TQKV_TQ4;
+    assert_int_equal(tqkv_kv_layers_parse("0,7:q8", &p), TQKV_OK);
+    tqkv_model_state *s = NULL;
+    assert_int_equal(tqkv_model_state_init(&s, m, &p), TQKV_OK);
+    assert_int_equal(tqkv_batch_get_config(tqkv_model_state_layer(s, 0))->k_format, TQKV_Q8);
+    assert_int_equal(tqkv_batch_get_config(tqkv_model_state_layer(s, 7))->v_format, TQKV_Q8);
+    assert_int_equal(tqkv_batch_get_config(tqkv_model_state_layer(s, 3))->k_format, TQKV_TQ4);
+    /* 6 layers at 4.125, 2 at 8.5 (all layers alike) */
+    assert_true(fabs(tqkv_model_state_kv_bits_per_value(s) - (6 * 4.125 + 2 * 8.5) / 8) < 1e-9);
+    int32_t tok[16];
+    for (int i = 0; i < 16; i++) tok[i] = 100 + i;
+    const int V = tqkv_model_get_config(m)->vocab_size;
+    float *lg = malloc(sizeof(float) * (size_t)V);
+    assert_int_equal(tqkv_model_prefill(m, s, tok, NULL, 16, TQKV_LOGITS_LAST, lg), TQKV_OK);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    assert_int_equal(tqkv_model_state_export(s, &buf, &len), TQKV_OK);
+    tqkv_model_state *r = NULL;
+    assert_int_equal(tqkv_model_state_import(&r, m, &p, buf, len), TQKV_OK);
+    assert_int_equal(tqkv_batch_get_config(tqkv_model_state_layer(r, 0))->k_format, TQKV_Q8);
+    tqkv_model_state_free(r);
+    tqkv_model_state_params other = p;
+    assert_int_equal(tqkv_kv_layers_parse("", &other), TQKV_OK);
+    r = NULL;
+    assert_int_equal(tqkv_model_state_import(&r, m, &other, buf, len), TQKV_EINVAL);
+    assert_null(r);
+    free(buf);
+    free(lg);
+    tqkv_model_state_free(s);
+    tqkv_model_free(m);
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_window_paths)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_kv_layers),
+                                       cmocka_unit_test(test_window_paths)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
