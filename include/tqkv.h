@@ -59,6 +59,7 @@ TQKV_API const char *tqkv_status_name(tqkv_status s);
  *   q8   d + 2*(d/32)             8.5   (32-value blocks, fp16 absmax scale, int8)
  *   q4   d/2 + 2*(d/32)           4.5   (32-value blocks, fp16 scale, ggml q4_0 rounding)
  *   tqB  B*d/8 + 2                B + 16/d  (packed B-bit Lloyd-Max indices + fp16 scale)
+ *   fp8  d + 2                    8 + 16/d  (OCP e4m3 per value, one fp16 scale per vector)
  * At d=128: tq4 66 B (4.125 b/v), tq3 50 B (3.125), tq2 34 B (2.125).
  */
 typedef enum {
@@ -69,6 +70,7 @@ typedef enum {
     TQKV_TQ2,
     TQKV_TQ3,
     TQKV_TQ4,
+    TQKV_FP8,      /* appended: format ids are stored in exported state */
     TQKV_FORMAT_COUNT
 } tqkv_format;
 

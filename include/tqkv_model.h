@@ -198,7 +198,22 @@ typedef struct {
                                    logits are bitwise the same either way. The environment
                                    variable TQKV_CUDA_GRAPHS=0 turns graphs off for every
                                    state. */
+    /* Per-layer KV formats (tqkv_kv_layers_parse, "0,7:q8"): entry l = 0 keeps k_format /
+     * v_format for layer l, f + 1 selects format f. Layers >= TQKV_MAX_KV_LAYERS use the
+     * defaults. CPU states only. */
+    uint8_t     layer_k[64];
+    uint8_t     layer_v[64];
 } tqkv_model_state_params;
+
+#define TQKV_MAX_KV_LAYERS 64
+
+/* Parse a per-layer KV spec into p->layer_k / layer_v: groups "LAYERS:FMT[/VFMT]" joined by
+ * ';', LAYERS a comma list of layer indices or ranges a-b, e.g. "0,7:q8" or "0-1:q8;7:tq4/q8".
+ * "" or NULL clears the overrides. On failure p is unchanged. */
+TQKV_API tqkv_status tqkv_kv_layers_parse(const char *spec, tqkv_model_state_params *p);
+/* The K/V formats layer l of a state with params p uses. */
+TQKV_API void        tqkv_kv_layer_formats(const tqkv_model_state_params *p, int layer,
+                                           tqkv_format *k, tqkv_format *v);
 
 /* prefill_kernel / decode_kernel value meaning "the graph's kernel set" (the default):
  * resolved at tqkv_model_state_init from the table in src/model/kernel_set.c. Any other

@@ -7,6 +7,21 @@
  */
 #include "cache_helpers.h"
 
+#include "cache/batch.h"
+
+/* Token t of row r, head h of plane K (isv 0) or V as query i of nq sees it: from its q8
+ * copy when t >= max(offset - nq + i + 1 - window, batch_q8_lo) (per-query window, see
+ * batch.h), else from the main plane. out [head_dim]. */
+static void pq_token(const struct tqkv_batch *b, int r, int h, int t, int i, int nq, int isv,
+                     float *out) {
+    int ws = b->offset[r];
+    if (b->ring > 0) {
+        ws = b->offset[r] - nq + i + 1 - b->cfg.window;
+        if (ws < batch_q8_lo(b, r)) ws = batch_q8_lo(b, r);
+    }
+    batch_decode_token(b, isv ? &b->v : &b->k, r, h, t, t >= ws, out);
+}
+
 // ---------------------------------------------------------------------------
 // Single cache (causal, built internally)
 // ---------------------------------------------------------------------------
@@ -23,9 +38,9 @@ static void test_cache_attend(void **state) {
                                              rng_u64(&r));
             seq_t s = seq_make(&r, H, T, D);
             tqkv_cache *c = cache_fresh(&cfg, &s, T, &r);
-            /* what attention must see: the cache's own read-back (q8 window included) */
-            float *K = malloc((size_t)H * T * D * 4), *V = malloc((size_t)H * T * D * 4);
-            assert_int_equal(tqkv_cache_read(c, 0, T, K, V), TQKV_OK);
+            /* what attention must see: the decoded tokens, q8 copies for each query's own
+             * newest `window` (pq_token) */
+            float *K = malloc((size_t)D * 4), *V = malloc((size_t)T * D * 4);
             size_t n = (size_t)qh * nq * D;
             float *q = rand_floats(&r, n), *out = malloc(n * 4);
             double *ref = calloc(n, sizeof(double)), sc[64];
@@ -39,14 +54,16 @@ static void test_cache_attend(void **state) {
                     double mx = -INFINITY, sum = 0;
                     for (int t = 0; t < hi; t++) {
                         double dot = 0;
-                        for (int d = 0; d < D; d++) dot += (double)qv[d] * K[((size_t)h * T + t) * D + d];
+                        pq_token(c->b, 0, h, t, i, nq, 0, K);
+                        pq_token(c->b, 0, h, t, i, nq, 1, V + (size_t)t * D);
+                        for (int d = 0; d < D; d++) dot += (double)qv[d] * K[d];
                         sc[t] = dot * 0.125;
                         if (sc[t] > mx) mx = sc[t];
                     }
                     for (int t = 0; t < hi; t++) sum += (sc[t] = exp(sc[t] - mx));
                     for (int t = 0; t < hi; t++)
                         for (int d = 0; d < D; d++)
-                            ref[((size_t)j * nq + i) * D + d] += sc[t] / sum * V[((size_t)h * T + t) * D + d];
+                            ref[((size_t)j * nq + i) * D + d] += sc[t] / sum * V[(size_t)t * D + d];
                 }
             double err = rel_l2_d(out, ref, n);
             if (err > (fi ? 2e-3 : 1e-4)) fail_msg("fmt %d kernel %d: rel err %g", fi, kern, err);
@@ -81,12 +98,14 @@ static void test_cache_attend(void **state) {
 // attention over the rows)
 // ---------------------------------------------------------------------------
 
-/* float64 reference on captured K/V [rows, H, cols, D] with the mask's ranges. */
-static void attend_ref(int R, int H, int D, int cols, const float *K, const float *V,
+/* float64 reference on b's decoded K/V (per-query window, pq_token) with the mask's
+ * ranges (columns; token = column - left_pad). */
+static void attend_ref(const struct tqkv_batch *b, int R, int H, int D, int cols,
                        const tqkv_mask *m, const int *pad, const int *off, const float *q,
                        int nq, int qh, float scale, double *out) {
     int G = qh / H;
     double *sc = malloc((size_t)(cols ? cols : 1) * sizeof(double));
+    float *K = malloc(sizeof(float) * (size_t)D), *V = malloc(sizeof(float) * (size_t)(cols ? cols : 1) * D);
     for (int r = 0; r < R; r++)
         for (int j = 0; j < qh; j++)
             for (int i = 0; i < nq; i++) {
@@ -104,7 +123,9 @@ static void attend_ref(int R, int H, int D, int cols, const float *K, const floa
                 if (hi <= lo) continue;
                 double mx = -INFINITY, sum = 0;
                 for (int c = lo; c < hi; c++) {
-                    const float *kv = K + (((size_t)r * H + h) * cols + c) * D;
+                    const float *kv = K;
+                    pq_token(b, r, h, c - b->left_pad[r], i, nq, 0, K);
+                    pq_token(b, r, h, c - b->left_pad[r], i, nq, 1, V + (size_t)c * D);
                     double dot = 0;
                     for (int d = 0; d < D; d++) dot += (double)qv[d] * kv[d];
                     sc[c] = dot * scale;
@@ -112,11 +133,13 @@ static void attend_ref(int R, int H, int D, int cols, const float *K, const floa
                 }
                 for (int c = lo; c < hi; c++) sum += (sc[c] = exp(sc[c] - mx));
                 for (int c = lo; c < hi; c++) {
-                    const float *vv = V + (((size_t)r * H + h) * cols + c) * D;
+                    const float *vv = V + (size_t)c * D;
                     for (int d = 0; d < D; d++) o[d] += sc[c] / sum * vv[d];
                 }
             }
     free(sc);
+    free(K);
+    free(V);
 }
 
 static void test_batch_attend_reference(void **state) {
@@ -143,18 +166,16 @@ static void test_batch_attend_reference(void **state) {
             const tqkv_mask *m = NULL;
             assert_int_equal(tqkv_mask_lease_init(&l), TQKV_OK);
             assert_int_equal(tqkv_batch_make_mask(b, l, nq, window, &m), TQKV_OK);
-            float *K = malloc((size_t)R * H * cols * D * 4), *V = malloc((size_t)R * H * cols * D * 4);
-            assert_int_equal(tqkv_batch_capture(b, K, V, NULL, NULL), TQKV_OK);
             size_t nout = (size_t)R * qh * nq * D;
             float *q = rand_floats(&r, nout), *out = malloc(nout * 4);
             double *ref = malloc(nout * sizeof(double));
             tqkv_attn_params p = {.q_heads = qh, .scale = 0.125f, .kernel = (tqkv_kernel)kern,
                                   .threads = rng_int(&r, 1, 3)};
             assert_int_equal(tqkv_batch_attend(b, m, q, nq, &p, out), TQKV_OK);
-            attend_ref(R, H, D, cols, K, V, m, pads, len, q, nq, qh, 0.125f, ref);
+            attend_ref(b, R, H, D, cols, m, pads, len, q, nq, qh, 0.125f, ref);
             double err = rel_l2_d(out, ref, nout);
             if (err > 2e-3) fail_msg("fmt %d kernel %d: rel err %g", fi, kern, err);
-            free(K); free(V); free(q); free(out); free(ref);
+            free(q); free(out); free(ref);
             tqkv_mask_lease_free(l);
             for (int i = 0; i < R; i++) tqkv_cache_free(singles[i]);
             tqkv_batch_free(b);

@@ -509,6 +509,144 @@ static void test_q8_q4_reference(void **state) {
 }
 
 // ---------------------------------------------------------------------------
+// fp8 (e4m3, per-vector fp16 scale) against a float64 reference
+// ---------------------------------------------------------------------------
+
+/* Value of e4m3 code b from the OCP definition (bias 7; e = 0 subnormal); NaN for 0x7f/0xff. */
+static double ref_e4m3_value(int b) {
+    const int e = (b >> 3) & 15, m = b & 7;
+    const double sign = b & 0x80 ? -1.0 : 1.0;
+    if (e == 15 && m == 7) return NAN;
+    return sign * (e ? ldexp(1.0 + m / 8.0, e - 7) : ldexp(m / 8.0, -6));
+}
+
+/* Nearest finite code to v by search over all 254 finite codes; ties to the even code
+ * (even mantissa); beyond 448 saturates; the sign of v is kept (zero too). */
+static uint8_t ref_e4m3(double v) {
+    const double a = fabs(v);
+    int best = 0;
+    double berr = INFINITY;
+    for (int b = 0; b < 0x7f; b++) {
+        const double err = fabs(ref_e4m3_value(b) - a);
+        if (err < berr || (err == berr && !(b & 1))) {
+            berr = err;
+            best = b;
+        }
+    }
+    return (uint8_t)(best | (signbit(v) ? 0x80 : 0));
+}
+
+/* Public byte form of fp8 in float64: scale fp16(binary32 amax / 448), e4m3(x / scale). */
+static void ref_fp8(const float *x, int d, uint8_t *out) {
+    double amax = 0;
+    for (int i = 0; i < d; i++) amax = fmax(amax, fabs((double)x[i]));
+    const float sq = (float)(amax / 448.0); /* = binary32 division (double rounding is safe) */
+    const uint16_t h = sq >= 65504.0f ? 0x7bff : ref_f16(sq);
+    const double s = tqkv_f16_to_f32(h);
+    for (int i = 0; i < d; i++) out[i] = s > 0 ? ref_e4m3((double)x[i] / s) : 0;
+    out[d] = (uint8_t)h;
+    out[d + 1] = (uint8_t)(h >> 8);
+}
+
+static void test_fp8_codes(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() ^ 0xf8);
+    /* every code decodes to its OCP value (scale 1.0); NaN codes read as +-480 */
+    tqkv_codec *c;
+    assert_int_equal(tqkv_codec_init(&c, TQKV_FP8, 32, 0), TQKV_OK);
+    for (int simd = 0; simd <= 1; simd++) {
+        set_simd(simd);
+        for (int b = 0; b < 256; b++) {
+            uint8_t e[34];
+            memset(e, b, 32);
+            e[32] = 0x00;
+            e[33] = 0x3c; /* scale 1.0 */
+            float y[32];
+            assert_int_equal(tqkv_codec_decode(c, e, 1, y), TQKV_OK);
+            const double want = (b & 0x7f) == 0x7f ? (b & 0x80 ? -480.0 : 480.0) : ref_e4m3_value(b);
+            for (int i = 0; i < 32; i++) assert_true((double)y[i] == want);
+            assert_true(!!signbit(y[0]) == !!(b & 0x80));
+        }
+    }
+    /* rounding: every code, every midpoint between neighbours (ties), a step either side,
+     * random values over 2^-14 .. 2^10, zero, saturation */
+    for (int b = 0; b < 0x7f; b++) {
+        const double v = ref_e4m3_value(b);
+        assert_int_equal(codec_e4m3_from_double(v), b);
+        assert_int_equal(codec_e4m3_from_double(-v), b | 0x80);
+        if (b + 1 < 0x7f) {
+            const double mid = 0.5 * (v + ref_e4m3_value(b + 1));
+            assert_int_equal(codec_e4m3_from_double(mid), ref_e4m3(mid));
+            assert_int_equal(codec_e4m3_from_double(mid), b & 1 ? b + 1 : b);
+            assert_int_equal(codec_e4m3_from_double(nextafter(mid, 0)), b);
+            assert_int_equal(codec_e4m3_from_double(nextafter(mid, 1e9)), b + 1);
+            assert_int_equal(codec_e4m3_from_double(-mid), ref_e4m3(-mid));
+        }
+    }
+    for (int t = 0; t < 20000; t++) {
+        const double v = (rng_u64(&r) & 1 ? -1 : 1) * ldexp(1.0 + rng_uniform(&r), rng_int(&r, -14, 10));
+        assert_int_equal(codec_e4m3_from_double(v), ref_e4m3(v));
+    }
+    assert_int_equal(codec_e4m3_from_double(0.0), 0x00);
+    assert_int_equal(codec_e4m3_from_double(-0.0), 0x80);
+    assert_int_equal(codec_e4m3_from_double(448.0), 0x7e);
+    assert_int_equal(codec_e4m3_from_double(463.99), 0x7e);
+    assert_int_equal(codec_e4m3_from_double(464.0), 0x7e); /* tie 448 / 480: saturates */
+    assert_int_equal(codec_e4m3_from_double(-1e300), 0xfe);
+    assert_int_equal(codec_e4m3_from_double(ldexp(1.0, -10)), 0x00); /* half of 2^-9: even */
+    assert_int_equal(codec_e4m3_from_double(ldexp(3.0, -10)), 0x02);  /* 1.5 * 2^-9 -> 2 */
+    tqkv_codec_free(c);
+    set_simd(1);
+}
+
+static void test_fp8_reference(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() ^ 0xf9);
+    double se = 0, sx = 0;
+    for (int k = 0; k < 5; k++) {
+        const int d = DIMS[k];
+        tqkv_codec *c;
+        assert_int_equal(tqkv_codec_init(&c, TQKV_FP8, d, 0), TQKV_OK);
+        assert_int_equal(tqkv_codec_bytes(c), (size_t)d + 2);
+        float x[512], y[512];
+        uint8_t e[1024], ref[1024];
+        for (int t = 0; t < 300; t++) {
+            const float sd = (float)exp(rng_uniform(&r) * 24 - 12);
+            rng_fill_normal(&r, x, (size_t)d, sd);
+            if (t % 10 == 1) memset(x, 0, (size_t)d * sizeof(float)); /* zero vector */
+            if (t % 10 == 2) x[rng_int(&r, 0, d - 1)] *= 1000.0f;      /* outlier: subnormals */
+            if (t % 10 == 3) x[0] = 3e7f;                              /* scale saturates */
+            for (int simd = 0; simd <= 1; simd++) {
+                set_simd(simd);
+                assert_int_equal(tqkv_codec_encode(c, x, 1, e), TQKV_OK);
+                ref_fp8(x, d, ref);
+                assert_memory_equal(e, ref, (size_t)d + 2);
+                assert_int_equal(tqkv_codec_decode(c, e, 1, y), TQKV_OK);
+            }
+            /* round trip: half an e4m3 step (relative 2^-4 normal, 2^-10 s subnormal),
+             * or the clip at 448 s (scale rounding / saturation) */
+            const double s = tqkv_f16_to_f32((uint16_t)(e[d] | e[d + 1] << 8));
+            for (int i = 0; i < d; i++) {
+                const double xi = x[i], err = fabs(xi - (double)y[i]);
+                const double bound = fmax(fmax(fabs(xi) * 0x1p-4, s * 0x1p-10), fabs(xi) - 448.0 * s);
+                assert_true(err <= bound * (1 + 1e-6));
+                if (t % 10 > 3 && d == 128) {
+                    se += err * err;
+                    sx += xi * xi;
+                }
+            }
+        }
+        tqkv_codec_free(c);
+    }
+    set_simd(1);
+    /* Gaussian vectors, d = 128: relative MSE of e4m3 with an amax scale */
+    fprintf(stderr, "[fp8] relative MSE at d=128: %.3e\n", se / sx);
+    assert_true(se / sx < 1e-3);
+}
+
+// ---------------------------------------------------------------------------
 // fp16
 // ---------------------------------------------------------------------------
 
@@ -714,8 +852,9 @@ static void test_simd_equal(void **state) {
 
 static void test_formats(void **state) {
     (void)state;
-    const size_t at128[TQKV_FORMAT_COUNT] = {512, 256, 136, 72, 34, 50, 66};
-    const char *names[TQKV_FORMAT_COUNT] = {"f32", "f16", "q8", "q4", "tq2", "tq3", "tq4"};
+    const size_t at128[TQKV_FORMAT_COUNT] = {512, 256, 136, 72, 34, 50, 66, 130};
+    const char *names[TQKV_FORMAT_COUNT] = {"f32", "f16", "q8",  "q4",
+                                            "tq2", "tq3", "tq4", "fp8"};
     for (int f = 0; f < TQKV_FORMAT_COUNT; f++) {
         assert_int_equal(tqkv_format_bytes((tqkv_format)f, 128), at128[f]);
         assert_string_equal(tqkv_format_name((tqkv_format)f), names[f]);
@@ -727,12 +866,14 @@ static void test_formats(void **state) {
             double bpv = tqkv_format_bits_per_value((tqkv_format)f, d);
             assert_true(fabs(bpv - 8.0 * (double)tqkv_format_bytes((tqkv_format)f, d) / d) < 1e-12);
         }
-        assert_int_equal(tqkv_format_is_tq((tqkv_format)f), f >= TQKV_TQ2);
-        assert_int_equal(tqkv_format_tq_bits((tqkv_format)f), f >= TQKV_TQ2 ? f - TQKV_TQ2 + 2 : 0);
+        const int tq = f >= TQKV_TQ2 && f <= TQKV_TQ4;
+        assert_int_equal(tqkv_format_is_tq((tqkv_format)f), tq);
+        assert_int_equal(tqkv_format_tq_bits((tqkv_format)f), tq ? f - TQKV_TQ2 + 2 : 0);
     }
     assert_true(fabs(tqkv_format_bits_per_value(TQKV_TQ4, 128) - 4.125) < 1e-12);
     assert_true(fabs(tqkv_format_bits_per_value(TQKV_Q4, 64) - 4.5) < 1e-12);
     assert_true(fabs(tqkv_format_bits_per_value(TQKV_Q8, 512) - 8.5) < 1e-12);
+    assert_true(fabs(tqkv_format_bits_per_value(TQKV_FP8, 128) - 8.125) < 1e-12);
     tqkv_format k, v;
     assert_int_equal(tqkv_kv_spec_parse("tq4/tq3", &k, &v), TQKV_OK);
     assert_int_equal(k, TQKV_TQ4);
@@ -818,6 +959,8 @@ int main(void) {
         cmocka_unit_test(test_pack_roundtrip),
         cmocka_unit_test(test_pack_layout),
         cmocka_unit_test(test_q8_q4_reference),
+        cmocka_unit_test(test_fp8_codes),
+        cmocka_unit_test(test_fp8_reference),
         cmocka_unit_test(test_f16),
         cmocka_unit_test(test_encode_rotated),
         cmocka_unit_test(test_simd_equal),

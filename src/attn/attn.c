@@ -8,8 +8,11 @@
  *
  * Visibility: with a mask, query i of row r sees columns [lo, hi) (token t is column
  * left_pad + t; lo == hi: zeros). Without one, query i sees tokens [0, offset - nq + i + 1)
- * (nq == 1: the whole row). Tokens t >= plane_window_start() of a windowed (tq) plane are
- * read from its q8 ring, in the plane's rotated domain.
+ * (nq == 1: the whole row). A windowed (tq) plane's q8 copies (ring, or the side buffer of
+ * the last append) are read in the plane's rotated domain: decode (n_query == 1) reads
+ * tokens t >= plane_window_start() from them; the prefill engine gives each query i its
+ * own window, tokens t >= max(p_i + 1 - window, batch_q8_lo) with p_i = offset - nq + i,
+ * which is what a decode step at p_i reads (see batch.h).
  *
  * Kernel sets (tq = tq2/tq3/tq4 plane; the q8 window of a tq plane is rotated q8):
  *   dense     decode every block / tile of K and V to floats in the original domain
@@ -266,8 +269,103 @@ static int prefill_lanes(int G) {
 }
 static size_t prefill_scratch_floats(int G, int d) {
     const size_t mp = (size_t)prefill_lanes(G);
-    // qt, ot [d, mp]; st [KT, mp]; kt, vt [KT, d]; lo, hi, m, l [mp]; vec [d]
-    return 2 * (size_t)d * mp + (size_t)ATTN_KT * mp + 2 * (size_t)ATTN_KT * d + 4 * mp + d;
+    // qt, ot [d, mp]; st, st2 [KT, mp]; kt, vt, kt2 [KT, d]; lo, hi, m, l, ws [mp]; vec [d]
+    return 2 * (size_t)d * mp + 2 * (size_t)ATTN_KT * mp + 3 * (size_t)ATTN_KT * d + 5 * mp + d;
+}
+
+/* Main-plane run of pl holding token t (ends at the row's offset). */
+static void main_run(const attn_ctx *c, const tqkv_plane *pl, int r, int h, int t, attn_src *s,
+                     int *rot) {
+    const struct tqkv_batch *b = c->b;
+    s->dim = c->d;
+    s->cent = pl->codec.centroids;
+    s->fmt = pl->codec.format;
+    s->data = plane_data(pl, b, r, h, b->left_pad[r] + t);
+    s->scales = pl->codec.n_scales ? plane_scales(pl, b, r, h, b->left_pad[r] + t) : NULL;
+    s->dstride = pl->codec.payload;
+    s->sstride = (size_t)pl->codec.n_scales;
+    *rot = pl->codec.rotated;
+}
+
+/* q8-copy run of pl holding token t (batch_q8_lo <= t); returns the run's end. */
+static int q8_run(const attn_ctx *c, const tqkv_plane *pl, int r, int h, int t, attn_src *s) {
+    const int8_t *d;
+    const uint16_t *sc;
+    const int e = plane_q8_at(pl, c->b, r, h, t, &d, &sc);
+    s->dim = c->d;
+    s->cent = pl->codec.centroids;
+    s->fmt = TQKV_Q8;
+    s->data = (const uint8_t *)d;
+    s->scales = sc;
+    s->dstride = (size_t)c->d;
+    s->sstride = (size_t)(c->d / 32);
+    return e;
+}
+
+/* Per-query window, one plane, tile [t, t + n): which source each (token, lane) reads.
+ * 0: main plane only; 1: q8 copies only; 2: both (token t + j, lane cl reads the copy iff
+ * t + j >= ws[cl]). */
+static int pw_mode(const tqkv_plane *pl, int t, int e, int q8lo, int wsmin, int wsmax) {
+    if (!pl->has_window || e <= q8lo || e <= wsmin) return 0;
+    return t >= wsmax ? 1 : 2;
+}
+
+/* Prefill tile with a per-query window (c->b has a ring): scores then PV for lanes
+ * [l0, l1), each plane read from its main run, its q8 run or both (pw_mode). */
+static void prefill_tile_pw(const attn_ctx *c, int r, int h, int t, int n, int q8lo,
+                            int wsmin, int wsmax, const int32_t *ws, int l0, int l1, int mp,
+                            const int32_t *lo, const int32_t *hi, float *qt, float *st,
+                            float *st2, float *kt, float *kt2, float *vt, float *m, float *l,
+                            float *ot) {
+    const struct tqkv_batch *b = c->b;
+    const attn_isa *isa = c->isa;
+    const int d = c->d, e = t + n;
+    attn_src sm, sw;
+    int rm;
+    // ---- scores
+    const int km = pw_mode(&b->k, t, e, q8lo, wsmin, wsmax);
+    if (km != 1) {
+        main_run(c, &b->k, r, h, t, &sm, &rm);
+        materialise(c, &b->k, &sm, rm, n, kt, NULL);
+        isa->tile_qk((const float *)(const void *)sm.data, sm.dstride / sizeof(float), n, d, qt,
+                     mp, l0, l1, st);
+    }
+    if (km != 0) {
+        q8_run(c, &b->k, r, h, t, &sw);
+        materialise(c, &b->k, &sw, 1, n, kt2, NULL);
+        isa->tile_qk((const float *)(const void *)sw.data, sw.dstride / sizeof(float), n, d, qt,
+                     mp, l0, l1, km == 1 ? st : st2);
+    }
+    if (km == 2)
+        for (int j = 0; j < n; j++)
+            for (int cl = l0; cl < l1; cl++)
+                if (t + j >= ws[cl]) st[(size_t)j * mp + cl] = st2[(size_t)j * mp + cl];
+    isa->tile_softmax(st, n, t, mp, l0, l1, lo, hi, m, l, ot, d);
+    // ---- values: probabilities split between the main and the q8 source
+    const int vm = pw_mode(&b->v, t, e, q8lo, wsmin, wsmax);
+    if (vm == 2)
+        for (int j = 0; j < n; j++)
+            for (int cl = l0; cl < l1; cl++) {
+                float *p = st + (size_t)j * mp + cl, *p2 = st2 + (size_t)j * mp + cl;
+                if (t + j >= ws[cl]) {
+                    *p2 = *p;
+                    *p = 0.0f;
+                } else {
+                    *p2 = 0.0f;
+                }
+            }
+    if (vm != 1) {
+        main_run(c, &b->v, r, h, t, &sm, &rm);
+        materialise(c, &b->v, &sm, rm, n, vt, NULL);
+        isa->tile_pv((const float *)(const void *)sm.data, sm.dstride / sizeof(float), n, d, st,
+                     mp, l0, l1, ot);
+    }
+    if (vm != 0) {
+        q8_run(c, &b->v, r, h, t, &sw);
+        materialise(c, &b->v, &sw, 1, n, kt2, NULL);
+        isa->tile_pv((const float *)(const void *)sw.data, sw.dstride / sizeof(float), n, d,
+                     vm == 1 ? st : st2, mp, l0, l1, ot);
+    }
 }
 
 static void prefill_item(const attn_ctx *c, const attn_item *it, float *scratch, float *out) {
@@ -278,13 +376,20 @@ static void prefill_item(const attn_ctx *c, const attn_item *it, float *scratch,
     float *qt = scratch;                         // [d, mp]
     float *ot = qt + (size_t)d * mp;             // [d, mp]
     float *st = ot + (size_t)d * mp;             // [ATTN_KT, mp]
-    float *kt = st + (size_t)ATTN_KT * mp;       // [ATTN_KT, d]
+    float *st2 = st + (size_t)ATTN_KT * mp;      // [ATTN_KT, mp] (per-query window)
+    float *kt = st2 + (size_t)ATTN_KT * mp;      // [ATTN_KT, d]
     float *vt = kt + (size_t)ATTN_KT * d;        // [ATTN_KT, d]
-    int32_t *lo = (int32_t *)(vt + (size_t)ATTN_KT * d);   // [mp]
+    float *kt2 = vt + (size_t)ATTN_KT * d;       // [ATTN_KT, d] (per-query window)
+    int32_t *lo = (int32_t *)(kt2 + (size_t)ATTN_KT * d);  // [mp]
     int32_t *hi = lo + mp;                       // [mp]
-    float *m = (float *)(hi + mp);               // [mp]
+    int32_t *ws = hi + mp;                       // [mp] first token read from q8 copies
+    float *m = (float *)(ws + mp);               // [mp]
     float *l = m + mp;                           // [mp]
     float *vec = l + mp;                         // [d]
+    // per-query window: a ring on K or V (tq plane with window > 0)
+    const int pw = b->ring > 0 && (b->k.has_window || b->v.has_window);
+    const int q8lo = pw ? batch_q8_lo(b, r) : 0;
+    int wsmin = INT32_MAX, wsmax = 0;
 
     // lanes: c = (i - i0) * G + g
     int tmin = INT32_MAX, tmax = 0;
@@ -301,21 +406,31 @@ static void prefill_item(const attn_ctx *c, const attn_item *it, float *scratch,
         for (int k = 0; k < d; k++) qt[(size_t)k * mp + cl] = q[k] * c->scale;
         lo[cl] = c->qlo[(size_t)r * c->nq + i];
         hi[cl] = c->qhi[(size_t)r * c->nq + i];
+        ws[cl] = imax(b->offset[r] - c->nq + i + 1 - b->cfg.window, q8lo);
         if (lo[cl] >= hi[cl]) {
             lo[cl] = hi[cl] = 0;
         } else {
             tmin = imin(tmin, lo[cl]);
             tmax = imax(tmax, hi[cl]);
+            wsmin = imin(wsmin, ws[cl]);
+            wsmax = imax(wsmax, ws[cl]);
         }
     }
+    for (int cl = M; cl < mp; cl++) ws[cl] = INT32_MAX;
     memset(ot, 0, sizeof(float) * (size_t)d * mp);
 
     for (int t = tmin, e; t < tmax; t = e) {
         attn_src sk, sv;
-        int rk, rv;
+        int rk = 0, rv = 0;
         e = imin(tmax, (t / ATTN_KT + 1) * ATTN_KT);
-        e = imin(e, run_at(c, &b->k, r, h, t, &sk, &rk));
-        e = imin(e, run_at(c, &b->v, r, h, t, &sv, &rv));
+        if (pw) {   // tiles never cross q8lo nor the end of a q8 run
+            const tqkv_plane *wp = b->k.has_window ? &b->k : &b->v;
+            if (t < q8lo) e = imin(e, q8lo);
+            else e = imin(e, q8_run(c, wp, r, h, t, &sk));
+        } else {
+            e = imin(e, run_at(c, &b->k, r, h, t, &sk, &rk));
+            e = imin(e, run_at(c, &b->v, r, h, t, &sv, &rv));
+        }
         const int n = e - t;
         // lanes that see any token of [t, e)
         int ga = -1, gz = -1;
@@ -328,6 +443,11 @@ static void prefill_item(const attn_ctx *c, const attn_item *it, float *scratch,
         if (ga < 0) continue;
         const int l0 = ga / ATTN_LANES * ATTN_LANES;
         const int l1 = gz / ATTN_LANES * ATTN_LANES + ATTN_LANES;
+        if (pw) {
+            prefill_tile_pw(c, r, h, t, n, q8lo, wsmin, wsmax, ws, l0, l1, mp, lo, hi, qt, st,
+                            st2, kt, kt2, vt, m, l, ot);
+            continue;
+        }
         materialise(c, &b->k, &sk, rk, n, kt, NULL);
         isa->tile_qk((const float *)(const void *)sk.data, sk.dstride / sizeof(float), n, d, qt,
                      mp, l0, l1, st);

@@ -88,6 +88,16 @@ TQKV_AVX2 static AI __m256 lut16(luts L, __m256i x, __m256i idx, int hbit) {
                             _mm256_castsi256_ps(_mm256_slli_epi32(x, 31 - hbit)));
 }
 
+/* fp8: 8 e4m3 bytes -> floats (value * 2^-8, exact via their fp16 halves, codec_fp8_half). */
+TQKV_AVX2 static AI __m256 fp8x8(const uint8_t *p) {
+    /* sign-extended to int16, << 7: bits 14 and 15 both hold the sign, 13..7 the rest */
+    const __m128i b = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)p));
+    return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(b, 7), _mm_set1_epi16((short)0xbf80)));
+}
+TQKV_AVX2 static AI __m256 fp8_scale(const uint16_t *sc) {
+    return _mm256_set1_ps(_cvtsh_ss(sc[0]) * 256.0f);
+}
+
 TQKV_AVX2 static AI void dec_pair(int fmt, const uint8_t *pl, const uint16_t *sc, int dim, int g,
                              int h, luts L, __m256 *a, __m256 *b) {
     switch (fmt) {
@@ -110,6 +120,12 @@ TQKV_AVX2 static AI void dec_pair(int fmt, const uint8_t *pl, const uint16_t *sc
                                _mm_loadl_epi64((const __m128i *)(const void *)x))), s);
         *b = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
                                _mm_loadl_epi64((const __m128i *)(const void *)(x + 8)))), s);
+        break;
+    }
+    case TQKV_FP8: {
+        const __m256 s = fp8_scale(sc);
+        *a = _mm256_mul_ps(fp8x8(pl + 32 * g + 16 * h), s);
+        *b = _mm256_mul_ps(fp8x8(pl + 32 * g + 16 * h + 8), s);
         break;
     }
     case TQKV_Q4: {
@@ -206,6 +222,8 @@ TQKV_AVX2 static AI __m256 dec_chunk(int fmt, const uint8_t *pl, const uint16_t 
         return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
                                  _mm_loadl_epi64((const __m128i *)(const void *)(pl + 8 * c)))),
                              h2f(sc[g]));
+    case TQKV_FP8:
+        return _mm256_mul_ps(fp8x8(pl + 8 * c), fp8_scale(sc));
     case TQKV_Q4: {
         const __m256 s = h2f(sc[g]);
         const __m256i x = ldzx8(pl + 16 * g + 8 * (k & 1));
@@ -480,6 +498,7 @@ ATTN_FMT_FUNCS(q4, TQKV_Q4)
 ATTN_FMT_FUNCS(tq2, TQKV_TQ2)
 ATTN_FMT_FUNCS(tq3, TQKV_TQ3)
 ATTN_FMT_FUNCS(tq4, TQKV_TQ4)
+ATTN_FMT_FUNCS(fp8, TQKV_FP8)
 
 // ---------------------------------------------------------------------------
 // tq4 scores in byte planes: the 16 centroids' 4 bytes as four 16-entry vpshufb tables;
@@ -682,9 +701,11 @@ ATTN_BP_SCORE(score_tq3_bp, score_bp3_gen)
 // ---------------------------------------------------------------------------
 static const attn_isa AVX2_ISA = {
     .name = "avx2",
-    .decode = {dec_f32, dec_f16, dec_q8, dec_q4, dec_tq2, dec_tq3, dec_tq4},
-    .score = {score_f32, score_f16, score_q8, score_q4, score_tq2, score_tq3, score_tq4},
-    .accum = {accum_f32, accum_f16, accum_q8, accum_q4, accum_tq2, accum_tq3, accum_tq4},
+    .decode = {dec_f32, dec_f16, dec_q8, dec_q4, dec_tq2, dec_tq3, dec_tq4, dec_fp8},
+    .score = {score_f32, score_f16, score_q8, score_q4, score_tq2, score_tq3, score_tq4,
+              score_fp8},
+    .accum = {accum_f32, accum_f16, accum_q8, accum_q4, accum_tq2, accum_tq3, accum_tq4,
+              accum_fp8},
     .prep_q = {[TQKV_TQ3] = prep_q_tq3, [TQKV_TQ4] = prep_q_tq4},
     .score_prep = {[TQKV_TQ3] = score_tq3_bp, [TQKV_TQ4] = score_tq4_bp},
     .token_scales = attn_avx2_token_scales,

@@ -97,6 +97,14 @@ size_t plane_win_bytes(const struct tqkv_batch *b) {
     return (size_t)b->cfg.head_dim + 2 * (size_t)(b->cfg.head_dim / 32);
 }
 
+static void *store_calloc(size_t a, size_t b, size_t c, int *ok) {
+    size_t n = tqkv_mul(tqkv_mul(a, b, ok), c, ok);
+    if (!*ok) return NULL;
+    void *p = calloc(n ? n : 1, 1);
+    if (!p) *ok = 0;
+    return p;
+}
+
 static void store_free(batch_store *s) {
     free(s->kd); free(s->vd); free(s->ks); free(s->vs);
     free(s->kwd); free(s->vwd); free(s->kws); free(s->vws);
@@ -105,13 +113,6 @@ static void store_free(batch_store *s) {
     memset(s, 0, sizeof *s);
 }
 
-static void *store_calloc(size_t a, size_t b, size_t c, int *ok) {
-    size_t n = tqkv_mul(tqkv_mul(a, b, ok), c, ok);
-    if (!*ok) return NULL;
-    void *p = calloc(n ? n : 1, 1);
-    if (!p) *ok = 0;
-    return p;
-}
 
 tqkv_status store_alloc(const struct tqkv_batch *b, int rows, int cap, batch_store *s) {
     memset(s, 0, sizeof *s);
@@ -156,7 +157,48 @@ void store_install(struct tqkv_batch *b, batch_store *s) {
     b->v.win_data = s->vwd; b->v.win_scales = s->vws;
     b->offset = s->offset; b->left_pad = s->left_pad; b->win_lo = s->win_lo;
     b->prefill_pad = s->prefill_pad; b->spec_base = s->spec_base;
+    b->ext_valid = 0; /* rows moved: the side buffer no longer matches them */
     memset(s, 0, sizeof *s);
+}
+
+static void ext_free(struct tqkv_batch *b) {
+    free(b->k.ext_data); free(b->k.ext_scales); free(b->v.ext_data); free(b->v.ext_scales);
+    free(b->ext_lo); free(b->ext_hi); free(b->ext_off);
+    b->k.ext_data = b->v.ext_data = NULL;
+    b->k.ext_scales = b->v.ext_scales = NULL;
+    b->ext_lo = b->ext_hi = b->ext_off = NULL;
+    b->ext_rows = b->ext_cap = b->ext_valid = 0;
+}
+
+/* Side buffer for `need` tokens per row (allocate first: on failure nothing changes). */
+static tqkv_status ext_reserve(struct tqkv_batch *b, int need) {
+    if (b->ext_rows == b->rows && b->ext_cap >= need) return TQKV_OK;
+    int ok = 1, cap = need > b->ext_cap ? need : b->ext_cap;
+    const size_t rh = (size_t)b->rows * (size_t)b->cfg.kv_heads, d = (size_t)b->cfg.head_dim;
+    int8_t *kd = NULL, *vd = NULL;
+    uint16_t *ks = NULL, *vs = NULL;
+    if (b->k.has_window) {
+        kd = store_calloc(rh, (size_t)cap, d, &ok);
+        if (ok) ks = store_calloc(rh, (size_t)cap, 2 * (d / 32), &ok);
+    }
+    if (ok && b->v.has_window) {
+        vd = store_calloc(rh, (size_t)cap, d, &ok);
+        if (ok) vs = store_calloc(rh, (size_t)cap, 2 * (d / 32), &ok);
+    }
+    int *lo = ok ? store_calloc((size_t)b->rows, sizeof(int), 1, &ok) : NULL;
+    int *hi = ok ? store_calloc((size_t)b->rows, sizeof(int), 1, &ok) : NULL;
+    int *off = ok ? store_calloc((size_t)b->rows, sizeof(int), 1, &ok) : NULL;
+    if (!ok) {
+        free(kd); free(vd); free(ks); free(vs); free(lo); free(hi); free(off);
+        return tqkv_fail(TQKV_ENOMEM, "out of memory for the prefill window buffer (%d rows x "
+                         "%d tokens)", b->rows, need);
+    }
+    ext_free(b);
+    b->k.ext_data = kd; b->k.ext_scales = ks; b->v.ext_data = vd; b->v.ext_scales = vs;
+    b->ext_lo = lo; b->ext_hi = hi; b->ext_off = off;
+    b->ext_rows = b->rows;
+    b->ext_cap = cap;
+    return TQKV_OK;
 }
 
 /* Copy row rs of one plane (n token columns from column cs, and the whole ring) into
@@ -213,6 +255,7 @@ void batch_destroy(struct tqkv_batch *b) {
     batch_store empty;
     memset(&empty, 0, sizeof empty);
     store_install(b, &empty);
+    ext_free(b);
     codec_teardown(&b->k.codec);
     codec_teardown(&b->k.q8);
     codec_teardown(&b->v.codec);
@@ -356,9 +399,11 @@ size_t tqkv_batch_bytes_used(const tqkv_batch *b) {
 // Append
 // ---------------------------------------------------------------------------
 
-/* Encode n consecutive tokens x [n, dim] of row r head h into plane p, starting at token t0. */
+/* Encode n consecutive tokens x [n, dim] of row r head h into plane p, starting at token t0.
+ * The q8 copy of token t goes to the side buffer when t < ext_hi (it would leave the ring
+ * within this append), else to the ring. */
 static void plane_encode(struct tqkv_batch *b, tqkv_plane *p, int r, int h, int t0,
-                         const float *x, int n) {
+                         const float *x, int n, int ext_lo, int ext_hi) {
     int dim = b->cfg.head_dim;
     int col = b->left_pad[r] + t0;
     uint8_t *pd = (uint8_t *)plane_data(p, b, r, h, col);
@@ -373,12 +418,46 @@ static void plane_encode(struct tqkv_batch *b, tqkv_plane *p, int r, int h, int 
         codec_rotate_n(&p->codec, tmp, 1);
         codec_encode_rotated(&p->codec, tmp, 1, pd + (size_t)i * p->codec.payload,
                              ps + (size_t)i * p->codec.n_scales);
-        if (p->has_window) {
-            int t = t0 + i;
+        if (!p->has_window) continue;
+        const int t = t0 + i;
+        if (t < ext_hi) {
+            const size_t slot = ((size_t)r * b->cfg.kv_heads + h) * b->ext_cap + (t - ext_lo);
+            codec_encode(&p->q8, tmp, 1, (uint8_t *)(p->ext_data + slot * dim),
+                         p->ext_scales + slot * (dim / 32));
+        } else {
             codec_encode(&p->q8, tmp, 1, (uint8_t *)plane_win_data(p, b, r, h, t),
                          (uint16_t *)plane_win_scales(p, b, r, h, t));
         }
     }
+}
+
+/* Side-buffer range of row r for an append of cnt tokens: the q8 copies that the queries of
+ * this append need ([offset - W + 1, ...)) but the ring will not hold after it
+ * ([..., offset + cnt - ring)). Empty (lo >= hi) for short appends. */
+static void ext_range(const struct tqkv_batch *b, int r, int cnt, int *lo, int *hi) {
+    const int off = b->offset[r], w = b->cfg.window;
+    int a = off - w + 1;
+    if (a < b->win_lo[r]) a = b->win_lo[r];
+    if (a < 0) a = 0;
+    *lo = a;
+    *hi = off + cnt - b->ring;
+}
+
+/* Copy the ring's q8 copies of tokens [lo, hi) of row r (all heads) into the side buffer. */
+static void ext_save_ring(struct tqkv_batch *b, int r, int lo, int hi) {
+    const size_t d = (size_t)b->cfg.head_dim;
+    for (int h = 0; h < b->cfg.kv_heads; h++)
+        for (int t = lo; t < hi; t++) {
+            const size_t slot = ((size_t)r * b->cfg.kv_heads + h) * b->ext_cap + (t - lo);
+            tqkv_plane *ps[2] = {&b->k, &b->v};
+            for (int k = 0; k < 2; k++) {
+                tqkv_plane *p = ps[k];
+                if (!p->has_window) continue;
+                memcpy(p->ext_data + slot * d, plane_win_data(p, b, r, h, t), d);
+                memcpy(p->ext_scales + slot * (d / 32), plane_win_scales(p, b, r, h, t),
+                       2 * (d / 32));
+            }
+        }
 }
 
 static int all_finite(const float *x, size_t n) {
@@ -420,13 +499,29 @@ tqkv_status tqkv_batch_append(tqkv_batch *b, const float *k, const float *v, int
     }
     tqkv_status st = batch_reserve(b, need);
     if (st) return st;
+    int ext_need = 0; /* side-buffer slots per row (see batch.h, per-query window) */
+    for (int r = 0; r < b->rows && b->ring > 0; r++) {
+        int lo, hi;
+        ext_range(b, r, n - (prefill ? b->prefill_pad[r] : 0), &lo, &hi);
+        if (hi - lo > ext_need) ext_need = hi - lo;
+    }
+    if (ext_need > 0 && (st = ext_reserve(b, ext_need))) return st;
+    b->ext_valid = ext_need > 0;
     for (int r = 0; r < b->rows; r++) {
         int skip = prefill ? b->prefill_pad[r] : 0;
-        int cnt = n - skip;
+        int cnt = n - skip, lo = 0, hi = 0;
+        if (b->ext_valid) {
+            ext_range(b, r, cnt, &lo, &hi);
+            if (hi < lo) hi = lo;
+            ext_save_ring(b, r, lo, hi < b->offset[r] ? hi : b->offset[r]);
+            b->ext_lo[r] = lo;
+            b->ext_hi[r] = hi;
+            b->ext_off[r] = b->offset[r] + cnt;
+        }
         for (int h = 0; h < H; h++) {
             size_t o = (size_t)r * per_row + ((size_t)h * n + skip) * dim;
-            plane_encode(b, &b->k, r, h, b->offset[r], k + o, cnt);
-            plane_encode(b, &b->v, r, h, b->offset[r], v + o, cnt);
+            plane_encode(b, &b->k, r, h, b->offset[r], k + o, cnt, lo, hi);
+            plane_encode(b, &b->v, r, h, b->offset[r], v + o, cnt, lo, hi);
         }
         b->offset[r] += cnt;
         if (b->ring > 0 && b->win_lo[r] < b->offset[r] - b->ring)
@@ -487,6 +582,21 @@ void batch_decode_range(const struct tqkv_batch *b, const tqkv_plane *p, int r, 
                      plane_win_scales(p, b, r, h, t), 1, o);
         if (!rotated && p->codec.rotated) codec_unrotate(&p->codec, o);
     }
+}
+
+void batch_decode_token(const struct tqkv_batch *b, const tqkv_plane *p, int r, int h, int t,
+                        int q8, float *out) {
+    if (!q8 || !p->has_window) {
+        int col = b->left_pad[r] + t;
+        codec_decode(&p->codec, plane_data(p, b, r, h, col), plane_scales(p, b, r, h, col), 1,
+                     out);
+        return;
+    }
+    const int8_t *d;
+    const uint16_t *sc;
+    plane_q8_at(p, b, r, h, t, &d, &sc);
+    codec_decode(&p->q8, (const uint8_t *)d, sc, 1, out);
+    codec_unrotate(&p->codec, out);
 }
 
 // ---------------------------------------------------------------------------

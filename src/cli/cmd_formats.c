@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "cli.h"
+#include "kv_preset.h"
 #include "tqkv.h"
 
 int cmd_formats(int argc, char **argv) {
@@ -37,6 +38,7 @@ int cmd_formats(int argc, char **argv) {
                                     tqkv_format_bits_per_value((tqkv_format)f, dim));
             cJSON_AddItemToArray(arr, o);
         }
+        if (kvp_list_json(arr, dim)) { cJSON_Delete(arr); return 1; }
         char *s = cJSON_Print(arr);
         cJSON_Delete(arr);
         if (!s) return 1;

@@ -10,8 +10,8 @@
  * --kld runs an f32-cache pass over the same window (always one prefill) and adds
  * KL(p_f32 || p_kv) per token.
  * --chunk C feeds a window as a prefill of C tokens then extends of C tokens (default: the
- * whole window at once). With --window, chunks decide which keys are still in the q8 ring
- * when each query attends (C = 1 is exactly the per-query recent window of decoding).
+ * whole window at once). With --window W every query reads its own newest W keys at q8 at
+ * any C (the cache's per-query window), as decoding (C = 1) does.
  */
 #include <math.h>
 #include <stdio.h>
@@ -20,6 +20,7 @@
 
 #include "cli.h"
 #include "json_out.h"
+#include "kv_preset.h"
 #include "model_cli.h"
 #include "tqkv_model.h"
 #include "tqkv_tokenizer.h"
@@ -52,16 +53,18 @@ static double lse(const float *x, int n) {
 
 int cmd_ppl(int argc, char **argv) {
     const char *model_arg = MCLI_DEFAULT_MODEL, *text_path = NULL, *kv = "f32";
-    const char *prefill_kernel = "graph", *device = "cpu";
+    const char *prefill_kernel = "graph", *device = "cpu", *kv_layers = "";
     int ctx = 2048, max_windows = 0, window = 0, kld = 0, threads = 0, json = 0, kv_seed = 0;
-    int chunk = 0, blas = 0, fast_gemm = 0;
+    int chunk = 0, blas = 0, fast_gemm = 0, slack = 32;
     const arg_spec specs[] = {
         {"--model", ARG_STR, &model_arg, "model directory (default " MCLI_DEFAULT_MODEL ")"},
         {"--text", ARG_STR, &text_path, "text file to score"},
         {"--ctx", ARG_INT, &ctx, "window length in tokens (default 2048)"},
         {"--max-windows", ARG_INT, &max_windows, "score at most N windows (default all)"},
         {"--kv", ARG_STR, &kv, "KV cache format (default f32)"},
+        {"--kv-layers", ARG_STR, &kv_layers, "per-layer KV formats, e.g. '0,7:q8' or '0-1:q8;7:tq4/q8'"},
         {"--window", ARG_INT, &window, "newest tokens kept at q8 beside a tq cache (default 0)"},
+        {"--window-slack", ARG_INT, &slack, "extra q8 ring slots for trims (default 32; counted in kv_bits_per_value)"},
         {"--chunk", ARG_INT, &chunk, "feed each window in chunks of N tokens (default: whole)"},
         {"--kv-seed", ARG_INT, &kv_seed, "rotation seed of the KV cache (layer l: seed + l)"},
         {"--kld", ARG_FLAG, &kld, "also the mean KL divergence from an f32-cache pass"},
@@ -80,7 +83,7 @@ int cmd_ppl(int argc, char **argv) {
         args_usage(stderr, CMD, specs, n_specs);
         return 2;
     }
-    if (ctx < 2 || max_windows < 0 || window < 0 || threads < 0 || chunk < 0) {
+    if (ctx < 2 || max_windows < 0 || window < 0 || threads < 0 || chunk < 0 || slack < 0) {
         fprintf(stderr, "tqkv ppl: need --ctx >= 2 and non-negative counts\n");
         return 2;
     }
@@ -88,9 +91,16 @@ int cmd_ppl(int argc, char **argv) {
     if (chunk == 0 || chunk > ctx) chunk = ctx;
     tqkv_model_state_params sp = tqkv_model_state_params_default();
     sp.device_fast_gemm = fast_gemm;
-    if (mcli_parse_kv(CMD, kv, &sp.k_format, &sp.v_format) ||
+    const int preset = kvp_is_preset(kv);
+    if (preset && (window || kv_layers[0])) {
+        fprintf(stderr, "tqkv ppl: --kv %s chooses the window and per-layer formats itself; "
+                "drop --window / --kv-layers\n", kv);
+        return 2;
+    }
+    if ((!preset && (mcli_parse_kv(CMD, kv, &sp.k_format, &sp.v_format) ||
+                     mcli_parse_kv_layers(CMD, kv_layers, &sp) ||
+                     mcli_check_window(CMD, window, sp.k_format, sp.v_format))) ||
         mcli_parse_kernel(CMD, prefill_kernel, &sp.prefill_kernel) ||
-        mcli_check_window(CMD, window, sp.k_format, sp.v_format) ||
         mcli_parse_device(CMD, device, &sp.device))
         return 2;
     char dir[4096];
@@ -128,6 +138,13 @@ int cmd_ppl(int argc, char **argv) {
     const int V = tqkv_model_get_config(m)->vocab_size;
     sp.rows = 1;
     sp.window = window;
+    sp.window_slack = slack;
+    char resolved[256] = "";
+    if (preset) {
+        if (kvp_resolve(CMD, m, kv, ctx, &sp, resolved, sizeof resolved)) goto done;
+        window = sp.window;
+        fprintf(stderr, "tqkv ppl: --kv %s -> %s\n", kv, resolved);
+    }
     sp.kv_seed = (uint64_t)kv_seed;
     sp.threads = threads;
     sp.blas = blas;
@@ -196,8 +213,11 @@ int cmd_ppl(int argc, char **argv) {
                     exp(nll / (double)cnt), (double)cnt / (el > 0 ? el : 1));
     }
     double ppl = exp(nll / (double)cnt);
+    const double kv_bits = mcli_kv_bits(m, s, ctx);
     printf("ppl %.4f over %zu tokens (%d windows x %d), kv %s", ppl, cnt, n_win, ctx, kv);
+    if (kv_layers[0]) printf(" layers %s", kv_layers);
     if (window) printf(" window %d", window);
+    printf(" (%.4f bits/value)", kv_bits);
     if (do_kld) printf(", kld %.5f", kl / (double)cnt);
     printf("\n");
     if (json) {
@@ -211,9 +231,15 @@ int cmd_ppl(int argc, char **argv) {
         cJSON_AddStringToObject(o, "gemm", sp.device_fast_gemm ? "cublas" : "invariant");
         cJSON_AddStringToObject(o, "matmul", sp.device ? "device" : mcli_matmul_name(mcli_exact));
         cJSON_AddStringToObject(o, "kv", kv);
-        json_add_num(o, "kv_bits_per_value", tqkv_model_state_kv_bits_per_value(s), 4);
+        cJSON_AddStringToObject(o, "kv_layers", kv_layers);
+        if (preset) cJSON_AddStringToObject(o, "kv_resolved", resolved);
+        else cJSON_AddNullToObject(o, "kv_resolved");
+        /* everything counted at ctx: scales, per-layer mix, window ring, sliding layers */
+        json_add_num(o, "kv_bits_per_value", kv_bits, 4);
+        json_add_num(o, "kv_format_bits", tqkv_model_state_kv_bits_per_value(s), 4);
         cJSON_AddNumberToObject(o, "ctx", ctx);
         cJSON_AddNumberToObject(o, "window", window);
+        cJSON_AddNumberToObject(o, "window_slack", sp.window_slack);
         cJSON_AddNumberToObject(o, "chunk", chunk);
         json_add_num(o, "forward_tokens_per_s",
                      t_fwd > 0 ? (double)cnt * (do_kld ? 2 : 1) / t_fwd : 0.0, 1);

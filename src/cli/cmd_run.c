@@ -18,6 +18,7 @@
 
 #include "cli.h"
 #include "json_out.h"
+#include "kv_preset.h"
 #include "model_cli.h"
 #include "tqkv_model.h"
 #include "tqkv_tokenizer.h"
@@ -41,7 +42,7 @@ static int text_append(char **buf, size_t *len, size_t *cap, const char *piece, 
 
 int cmd_run(int argc, char **argv) {
     const char *model_arg = MCLI_DEFAULT_MODEL, *prompt = NULL, *prompt_file = NULL;
-    const char *kv = "f32", *prefill_kernel = "graph", *decode_kernel = "graph";
+    const char *kv = "f32", *kv_layers = "", *prefill_kernel = "graph", *decode_kernel = "graph";
     const char *device = "cpu";
     /* UNSET: an int the parser cannot produce (it reads -2147483647 .. 2147483647) */
     enum { UNSET = INT_MIN };
@@ -59,7 +60,8 @@ int cmd_run(int argc, char **argv) {
         {"--min-p", ARG_DOUBLE, &min_p, "min-p (0 = off)"},
         {"--repeat-penalty", ARG_DOUBLE, &rep, "repetition penalty (1 = off)"},
         {"--seed", ARG_INT, &seed, "sampling seed (default: from the clock)"},
-        {"--kv", ARG_STR, &kv, "KV cache format: f32|f16|q8|q4|tq2|tq3|tq4 or K/V (default f32)"},
+        {"--kv", ARG_STR, &kv, "KV cache format: f32|f16|q8|q4|tq2|tq3|tq4|fp8, K/V, or a preset auto:B (default f32)"},
+        {"--kv-layers", ARG_STR, &kv_layers, "per-layer KV formats, e.g. '0,7:q8'"},
         {"--window", ARG_INT, &window, "newest tokens kept at q8 beside a tq cache (default 0)"},
         {"--kv-seed", ARG_INT, &kv_seed, "rotation seed of the KV cache (layer l: seed + l)"},
         {"--threads", ARG_INT, &threads, "threads (default: all CPUs)"},
@@ -103,10 +105,17 @@ int cmd_run(int argc, char **argv) {
     if (threads == 0) threads = mcli_cpus();
     tqkv_model_state_params sp = tqkv_model_state_params_default();
     sp.device_fast_gemm = fast_gemm;
-    if (mcli_parse_kv(CMD, kv, &sp.k_format, &sp.v_format) ||
+    const int preset = kvp_is_preset(kv);
+    if (preset && (window || kv_layers[0])) {
+        fprintf(stderr, "tqkv run: --kv %s chooses the window and per-layer formats itself; "
+                "drop --window / --kv-layers\n", kv);
+        return 2;
+    }
+    if ((!preset && (mcli_parse_kv(CMD, kv, &sp.k_format, &sp.v_format) ||
+                     mcli_parse_kv_layers(CMD, kv_layers, &sp) ||
+                     mcli_check_window(CMD, window, sp.k_format, sp.v_format))) ||
         mcli_parse_kernel(CMD, prefill_kernel, &sp.prefill_kernel) ||
         mcli_parse_kernel(CMD, decode_kernel, &sp.decode_kernel) ||
-        mcli_check_window(CMD, window, sp.k_format, sp.v_format) ||
         mcli_parse_device(CMD, device, &sp.device))
         return 2;
     char dir[4096];
@@ -203,6 +212,11 @@ int cmd_run(int argc, char **argv) {
     }
     sp.rows = 1;
     sp.window = window;
+    if (preset) { /* resolved at the model's context length */
+        char resolved[256];
+        if (kvp_resolve(CMD, m, kv, ctx_len, &sp, resolved, sizeof resolved)) goto done;
+        fprintf(stderr, "tqkv run: --kv %s -> %s\n", kv, resolved);
+    }
     sp.kv_seed = (uint64_t)kv_seed;
     sp.threads = threads;
     sp.blas = blas;

@@ -99,7 +99,7 @@ int cmd_serve(int argc, char **argv) {
         {"--host", ARG_STR, &host, "address to listen on: IPv4, IPv6 (\"::\" = all, IPv4 too) or a host name (default 127.0.0.1)"},
         {"--port", ARG_INT, &port, "TCP port (default 8080; 0 = any free port)"},
         {"--port-file", ARG_STR, &port_file, "write the bound port to this file once listening"},
-        {"--kv", ARG_STR, &kv, "KV format: f16|q8|q4|tq2|tq3|tq4 or K/V (default tq4)"},
+        {"--kv", ARG_STR, &kv, "KV format: f16|q8|q4|tq2|tq3|tq4|fp8 or K/V (default tq4)"},
         {"--window", ARG_INT, &window, "q8 recent window in tokens (default 0 = off)"},
         {"--draft", ARG_STR, &draft, "draft model directory for speculative decoding"},
         {"--draft-tokens", ARG_INT, &draft_tokens, "tokens drafted per round (default 4)"},

@@ -75,6 +75,31 @@ int mcli_parse_kv(const char *cmd, const char *spec, tqkv_format *k, tqkv_format
     return 0;
 }
 
+int mcli_parse_kv_layers(const char *cmd, const char *spec, tqkv_model_state_params *p) {
+    if (tqkv_kv_layers_parse(spec, p) != TQKV_OK) {
+        fprintf(stderr, "tqkv %s: --kv-layers '%s': %s\n", cmd, spec ? spec : "",
+                tqkv_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+double mcli_kv_bits(const tqkv_model *m, tqkv_model_state *s, int ctx) {
+    double bytes = 0, vals = 0;
+    const int L = tqkv_model_get_config(m)->n_layers;
+    for (int l = 0; l < L; l++) {
+        tqkv_layer_info li;
+        tqkv_batch *b = tqkv_model_state_layer(s, l);
+        if (!b || tqkv_model_layer_info(m, l, &li) != TQKV_OK || li.kv_from != l) continue;
+        const tqkv_cache_config *c = tqkv_batch_get_config(b);
+        int tokens = ctx;   /* a sliding layer holds its newest window + slack */
+        if (li.window > 0 && li.window + c->window_slack < tokens) tokens = li.window + c->window_slack;
+        bytes += (double)tqkv_batch_projected_bytes(b, tokens);
+        vals += 2.0 * tokens * c->kv_heads * c->head_dim;
+    }
+    return vals > 0 ? 8.0 * bytes / vals : 0.0;
+}
+
 int mcli_parse_kernel(const char *cmd, const char *name, tqkv_kernel *out) {
     if (!strcmp(name, "graph")) { /* the graph's kernel set (src/model/kernel_set.c) */
         *out = TQKV_KERNEL_BY_GRAPH;

@@ -2,7 +2,7 @@
  * codec.c - encode / decode of one format at one head_dim, and the public
  * "Codec" section of tqkv.h.
  * Owns: codec_setup/teardown, per-format quantizers (f32, f16, q8 = ggml q8_0,
- * q4 = ggml q4_0, tq2/3/4 = TurboQuant), scalar decode and SIMD dispatch, the public
+ * q4 = ggml q4_0, tq2/3/4 = TurboQuant, fp8 = e4m3 with a per-vector scale), scalar decode and SIMD dispatch, the public
  * byte form (payload then fp16 scales, little-endian).
  * Must not: know about caches, rows or attention; keep global mutable state.
  */
@@ -196,6 +196,62 @@ static void q4_encode_one(int dim, const float *x, uint8_t *payload, uint16_t *s
     codec_plane4_pack(q, dim, payload);
 }
 
+/* e4m3, round to nearest even on the float64 value (see docs/FORMATS.md "fp8"). The
+ * AVX2 encoder (codec_avx2.c) runs the same steps per lane. */
+uint8_t codec_e4m3_from_double(double v) {
+    const uint8_t sign = signbit(v) ? 0x80 : 0;
+    const double a = fabs(v);
+    if (!(a < 448.0)) return sign | 0x7e;                   /* saturate (callers pass no NaN) */
+    if (a < 0x1p-6) {                                       /* subnormal grid: 2^-9 */
+        const double r = (a + 0x1p43) - 0x1p43;             /* ulp(2^43) = 2^-9: RNE */
+        return sign | (uint8_t)(r * 512.0);                 /* 0..8; 8 is 2^-6 = code 0x08 */
+    }
+    uint64_t u;
+    memcpy(&u, &a, 8);
+    u += ((uint64_t)1 << 48) - 1 + ((u >> 49) & 1);         /* RNE to 3 mantissa bits */
+    u &= ~(((uint64_t)1 << 49) - 1);
+    const int e = (int)(u >> 52) - 1023;                    /* -6..8 */
+    return sign | (uint8_t)(((e + 7) << 3) | (int)((u >> 49) & 7));
+}
+
+/* fp8 scale of x [dim]: fp16(amax / 448) (binary32 quotient, RNE, saturating at 65504);
+ * 0x7e00 if any NaN, 0x7c00 if any inf. Shared by the scalar and AVX2 encoders. */
+static uint16_t fp8_scale(int dim, const float *x) {
+    float amax = 0.0f;
+    int nan = 0, inf = 0;
+    for (int i = 0; i < dim; i++) {
+        const float a = fabsf(x[i]);
+        nan |= a != a;
+        inf |= a == INFINITY;
+        if (a > amax) amax = a;
+    }
+    if (nan) return 0x7e00u;
+    if (inf) return 0x7c00u;
+    const float s = amax / 448.0f;
+    return s >= 65504.0f ? 0x7bffu : tqkv_f32_to_f16(s);
+}
+
+/* fp8: x [dim] -> payload [dim] e4m3 of x[i] / s (float64 quotient), scale [1]. A scale
+ * of zero, NaN or inf stores zero bytes. */
+static void fp8_encode_one(int dim, const float *x, uint8_t *payload, uint16_t *scale,
+                           int simd) {
+    const uint16_t h = fp8_scale(dim, x);
+    *scale = h;
+    const float s = tqkv_f16_to_f32(h);
+    if (!(s > 0.0f) || s == INFINITY) {
+        memset(payload, 0, (size_t)dim);
+        return;
+    }
+#if TQKV_CODEC_X86
+    if (simd) {
+        codec_fp8_encode_avx2(dim, x, s, payload);
+        return;
+    }
+#endif
+    (void)simd;
+    for (int i = 0; i < dim; i++) payload[i] = codec_e4m3_from_double((double)x[i] / (double)s);
+}
+
 static void f16_encode_one(int dim, const float *x, uint8_t *payload, int simd) {
 #if TQKV_CODEC_X86
     if (simd) {
@@ -220,6 +276,7 @@ static void encode_one(const struct tqkv_codec *c, const float *x, int rot_in, u
     case TQKV_F16: f16_encode_one(d, x, payload, simd); break;
     case TQKV_Q8: q8_encode_one(d, x, payload, scales); break;
     case TQKV_Q4: q4_encode_one(d, x, payload, scales); break;
+    case TQKV_FP8: fp8_encode_one(d, x, payload, scales, simd); break;
     case TQKV_TQ2:
     case TQKV_TQ3:
     case TQKV_TQ4:
@@ -283,6 +340,11 @@ static void decode_one_scalar(const struct tqkv_codec *c, const uint8_t *payload
             const float s = tqkv_f16_to_f32(scales[b]);
             for (int j = 0; j < 32; j++) x[32 * b + j] = (float)((int)q[32 * b + j] - 8) * s;
         }
+        break;
+    }
+    case TQKV_FP8: {
+        const float s256 = tqkv_f16_to_f32(scales[0]) * 256.0f;
+        for (int i = 0; i < d; i++) x[i] = tqkv_f16_to_f32(codec_fp8_half(payload[i])) * s256;
         break;
     }
     case TQKV_TQ2:

@@ -5,7 +5,7 @@
  *
  * A vector is stored as two planes so that SIMD and GPU kernels stream aligned data:
  *   payload [payload_bytes]  packed indices / ints / halves / floats
- *   scales  [n_scales]       fp16 scales (tq: 1 per vector; q8/q4: 1 per 32 values)
+ *   scales  [n_scales]       fp16 scales (tq, fp8: 1 per vector; q8/q4: 1 per 32 values)
  * The public byte form of one vector (tqkv_codec_encode) is payload then scales (LE).
  *
  * Bit packing, per 32-value group g (see docs/FORMATS.md):
@@ -37,6 +37,17 @@ struct tqkv_codec {
     float       bounds[15];    /* tq: midpoints between consecutive centroids */
     float      *signs;         /* [dim] +-1 sign flips (tq formats), NULL otherwise */
 };
+
+/* fp8 (OCP e4m3, bias 7, max 448, no inf) byte b as the fp16 bits of b's value * 2^-8:
+ * sign to bit 15, exponent and mantissa shifted left 7 (e4m3 subnormals become fp16
+ * subnormals, exactly). A decoded fp8 value is f16_to_f32(codec_fp8_half(b)) * (s * 256)
+ * with s the vector's fp16 scale as float: one float multiply, exact (4 x 11 significant
+ * bits). The NaN bytes 0x7f / 0xff are never written (they read as +-480). */
+static inline uint16_t codec_fp8_half(uint8_t b) {
+    return (uint16_t)(((b & 0x80u) << 8) | ((b & 0x7fu) << 7));
+}
+/* e4m3 byte of v (finite), round to nearest even, saturating at +-448; -0 keeps its sign. */
+uint8_t codec_e4m3_from_double(double v);
 
 /* Fill a codec in place (no allocation besides signs). Used by caches that embed codecs. */
 tqkv_status codec_setup(struct tqkv_codec *c, tqkv_format f, int dim, uint64_t seed);

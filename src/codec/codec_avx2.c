@@ -133,6 +133,18 @@ TQKV_AVX2 static void dec_q4(int d, const uint8_t *p, const uint16_t *scales, fl
     }
 }
 
+/* fp8: 8 e4m3 bytes -> their fp16 halves (codec_fp8_half), converted by F16C. */
+TQKV_AVX2 static inline __m256 fp8x8(const uint8_t *p) {
+    /* sign-extended to int16, << 7: bits 14 and 15 both hold the sign, 13..7 the rest */
+    const __m128i b = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p));
+    return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(b, 7), _mm_set1_epi16((short)0xbf80)));
+}
+
+TQKV_AVX2 static void dec_fp8(int d, const uint8_t *p, uint16_t scale, float *x) {
+    const __m256 s = _mm256_set1_ps(tqkv_f16_to_f32(scale) * 256.0f);
+    for (int i = 0; i < d; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(fp8x8(p + i), s));
+}
+
 TQKV_AVX2 static void dec_tq(const struct tqkv_codec *c, const uint8_t *p, uint16_t scale,
                              float *x) {
     const int d = c->dim;
@@ -178,6 +190,7 @@ TQKV_AVX2 void codec_decode_one_avx2(const struct tqkv_codec *c, const uint8_t *
     case TQKV_F16: dec_f16(c->dim, payload, x); break;
     case TQKV_Q8: dec_q8(c->dim, payload, scales, x); break;
     case TQKV_Q4: dec_q4(c->dim, payload, scales, x); break;
+    case TQKV_FP8: dec_fp8(c->dim, payload, scales[0], x); break;
     case TQKV_TQ2:
     case TQKV_TQ3:
     case TQKV_TQ4: dec_tq(c, payload, scales[0], x); break;
@@ -237,6 +250,44 @@ TQKV_AVX2 void codec_f16_encode_avx2(int dim, const float *x, uint8_t *payload) 
         __m128i fix = _mm_or_si128(_mm_and_si128(h, sgn), qnan);
         h = _mm_blendv_epi8(h, fix, nan);
         _mm_storeu_si128((__m128i *)(payload + 2 * i), h);
+    }
+}
+
+/* codec_e4m3_from_double on 4 float64 lanes -> 4 codes in the low bytes of int64 lanes. */
+TQKV_AVX2 static inline __m256i e4m3_x4(__m256d v) {
+    const __m256d sgnm = _mm256_set1_pd(-0.0);
+    const __m256i sign = _mm256_srli_epi64(_mm256_castpd_si256(_mm256_and_pd(v, sgnm)), 56);
+    const __m256d a = _mm256_andnot_pd(sgnm, v);
+    const __m256i sat = _mm256_castpd_si256(_mm256_cmp_pd(a, _mm256_set1_pd(448.0), _CMP_GE_OQ));
+    const __m256i sub = _mm256_castpd_si256(_mm256_cmp_pd(a, _mm256_set1_pd(0x1p-6), _CMP_LT_OQ));
+    /* subnormal grid 2^-9: (a + 2^43) - 2^43, then * 512 (0..8) */
+    const __m256d r = _mm256_sub_pd(_mm256_add_pd(a, _mm256_set1_pd(0x1p43)), _mm256_set1_pd(0x1p43));
+    const __m256i cs = _mm256_cvtepi32_epi64(_mm256_cvttpd_epi32(_mm256_mul_pd(r, _mm256_set1_pd(512.0))));
+    /* normal: RNE of the float64 mantissa to 3 bits, exponent rebias 1023 -> 7 */
+    __m256i u = _mm256_castpd_si256(a);
+    const __m256i one = _mm256_set1_epi64x(1);
+    u = _mm256_add_epi64(u, _mm256_add_epi64(_mm256_set1_epi64x(((int64_t)1 << 48) - 1),
+                                             _mm256_and_si256(_mm256_srli_epi64(u, 49), one)));
+    u = _mm256_and_si256(u, _mm256_set1_epi64x(~(((int64_t)1 << 49) - 1)));
+    const __m256i e = _mm256_sub_epi64(_mm256_srli_epi64(u, 52), _mm256_set1_epi64x(1023 - 7));
+    const __m256i cn = _mm256_or_si256(_mm256_slli_epi64(e, 3),
+                                       _mm256_and_si256(_mm256_srli_epi64(u, 49), _mm256_set1_epi64x(7)));
+    __m256i code = _mm256_blendv_epi8(cn, cs, sub);
+    code = _mm256_blendv_epi8(code, _mm256_set1_epi64x(0x7e), sat);
+    return _mm256_or_si256(code, sign);
+}
+
+TQKV_AVX2 void codec_fp8_encode_avx2(int dim, const float *x, float s, uint8_t *payload) {
+    const __m256d sd = _mm256_set1_pd((double)s);
+    const __m256i pick = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+    for (int i = 0; i < dim; i += 8) {
+        const __m256d v0 = _mm256_div_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + i)), sd);
+        const __m256d v1 = _mm256_div_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + i + 4)), sd);
+        /* low dwords of the int64 lanes -> 4 int32 each -> 8 bytes */
+        const __m128i c0 = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(e4m3_x4(v0), pick));
+        const __m128i c1 = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(e4m3_x4(v1), pick));
+        const __m128i w = _mm_packus_epi32(c0, c1);
+        _mm_storel_epi64((__m128i *)(payload + i), _mm_packus_epi16(w, w));
     }
 }
 

@@ -149,7 +149,9 @@ static tqkv_status install_layers(tqkv_model_state *s, tqkv_batch **layers, mode
 static int same_cache_params(const tqkv_model_state *a, const tqkv_model_state *b) {
     return a->p.k_format == b->p.k_format && a->p.v_format == b->p.v_format &&
            a->p.window == b->p.window && a->p.window_slack == b->p.window_slack &&
-           a->p.kv_seed == b->p.kv_seed && a->p.device == b->p.device;
+           a->p.kv_seed == b->p.kv_seed && a->p.device == b->p.device &&
+           !memcmp(a->p.layer_k, b->p.layer_k, sizeof a->p.layer_k) &&
+           !memcmp(a->p.layer_v, b->p.layer_v, sizeof a->p.layer_v);
 }
 
 /* Device states (params.device = 1): the caches live in the device twin (s->gpu); the host

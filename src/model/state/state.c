@@ -67,8 +67,7 @@ static tqkv_status make_layers(const tqkv_model *m, const tqkv_model_state_param
         tqkv_cache_config cc = tqkv_cache_config_default();
         cc.kv_heads = li.kv_heads;
         cc.head_dim = li.head_dim;
-        cc.k_format = p->k_format;
-        cc.v_format = p->v_format;
+        tqkv_kv_layer_formats(p, l, &cc.k_format, &cc.v_format);
         cc.seed = p->kv_seed + (uint64_t)l;
         cc.window = p->window;
         cc.window_slack = p->window_slack;
@@ -110,6 +109,13 @@ tqkv_status tqkv_model_state_init(tqkv_model_state **out, const tqkv_model *m,
         return tqkv_fail(TQKV_EINVAL, "model state: invalid attention kernel");
     if (p.device_fast_gemm && p.device != 1)
         return tqkv_fail(TQKV_EINVAL, "model state: device_fast_gemm needs device 1 (CUDA)");
+    for (int l = 0; l < TQKV_MAX_KV_LAYERS; l++) {
+        if (p.layer_k[l] > TQKV_FORMAT_COUNT || p.layer_v[l] > TQKV_FORMAT_COUNT)
+            return tqkv_fail(TQKV_EINVAL, "model state: invalid per-layer KV format at layer %d", l);
+        if (p.device && (p.layer_k[l] || p.layer_v[l]))
+            return tqkv_fail(TQKV_EUNSUPPORTED, "model state: per-layer KV formats run on the "
+                             "CPU only (layer %d)", l);
+    }
     tqkv_model_state *s = tqkv_calloc(1, sizeof *s);
     if (!s) return TQKV_ENOMEM;
     s->m = m;
@@ -238,7 +244,17 @@ double tqkv_model_state_kv_bytes_per_token(const tqkv_model_state *s) {
 
 double tqkv_model_state_kv_bits_per_value(const tqkv_model_state *s) {
     if (!s) return 0;
-    int d = s->m->cfg.head_dim;
+    double bits = 0, vals = 0; /* layers with their own K/V, weighted by their values */
+    for (int l = 0; l < s->m->cfg.n_layers; l++) {
+        const tqkv_cache_config *c = s->layers && s->layers[l] ? tqkv_batch_get_config(s->layers[l]) : NULL;
+        if (!c) continue;
+        const double n = (double)c->kv_heads * c->head_dim;
+        bits += n * (tqkv_format_bits_per_value(c->k_format, c->head_dim) +
+                     tqkv_format_bits_per_value(c->v_format, c->head_dim));
+        vals += 2 * n;
+    }
+    if (vals > 0) return bits / vals;
+    const int d = s->m->cfg.head_dim;
     return 0.5 * (tqkv_format_bits_per_value(s->p.k_format, d) +
                   tqkv_format_bits_per_value(s->p.v_format, d));
 }

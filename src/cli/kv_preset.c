@@ -1,0 +1,174 @@
+/*
+ * kv_preset.c - `--kv auto:B` presets: the best measured KV configuration within B bits per
+ * value (K and V averaged, everything counted at the context being run: scales, per-layer
+ * mix, the q8 window ring, Gemma 4's bounded sliding layers; see mcli_kv_bits).
+ * Owns: the ranked candidate table (measured on the held-out text, docs/QUALITY.md), the
+ * resolution of a preset to formats + per-layer formats + window for one model and context,
+ * and the preset rows of `tqkv formats --json`.
+ * Must not: measure anything at run time (the ranking is data), or touch a cache.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "json_out.h"
+#include "kv_preset.h"
+#include "model_cli.h"
+
+// ---------------------------------------------------------------------------
+// Candidates, best measured quality first (docs/QUALITY.md). layers: which layers take
+// layer_kv instead of kv (0: none, 1: the first layer with its own K/V, 2: the first and
+// the last such layer, "boundary").
+// ---------------------------------------------------------------------------
+typedef struct {
+    const char *kv;
+    int         layers;
+    const char *layer_kv;
+    int         window;
+} kv_candidate;
+
+static const kv_candidate RANK[] = {
+    {"q8", 0, NULL, 0},
+    {"fp8", 0, NULL, 0},
+    {"q8/tq4", 0, NULL, 0},
+    {"tq4", 0, NULL, 30},
+    {"tq4", 0, NULL, 0},
+    {"tq4/tq2", 0, NULL, 14},
+    {"tq4/tq3", 2, "q8/tq3", 0},
+    {"tq3", 0, NULL, 14},
+    {"tq3", 0, NULL, 0},
+    {"tq2", 0, NULL, 40},
+    {"tq2", 0, NULL, 0},
+};
+#define N_RANK ((int)(sizeof RANK / sizeof RANK[0]))
+
+/* The budgets `tqkv formats` lists (the targets); any B is accepted. */
+static const double LISTED[] = {4.25, 3.25, 2.5};
+
+int kvp_is_preset(const char *kv) { return kv && !strncmp(kv, "auto:", 5); }
+
+/* "a,b" of the first / last layers with their own K/V into buf; "" when none. */
+static void layer_set(const tqkv_model *m, int which, char *buf, size_t cap) {
+    buf[0] = 0;
+    if (!which) return;
+    int first = -1, last = -1;
+    for (int l = 0; l < tqkv_model_get_config(m)->n_layers; l++) {
+        tqkv_layer_info li;
+        if (tqkv_model_layer_info(m, l, &li) != TQKV_OK || li.kv_from != l) continue;
+        if (first < 0) first = l;
+        last = l;
+    }
+    if (first < 0) return;
+    if (which == 1 || last == first) snprintf(buf, cap, "%d", first);
+    else snprintf(buf, cap, "%d,%d", first, last);
+}
+
+/* Apply candidate c to p (formats, per-layer formats, window); 0 on success. */
+static int apply(const tqkv_model *m, const kv_candidate *c, tqkv_model_state_params *p,
+                 char *layers, size_t cap) {
+    if (tqkv_kv_spec_parse(c->kv, &p->k_format, &p->v_format) != TQKV_OK) return -1;
+    layer_set(m, c->layers, layers, cap);
+    char spec[160] = "";
+    if (layers[0]) snprintf(spec, sizeof spec, "%s:%s", layers, c->layer_kv);
+    if (tqkv_kv_layers_parse(spec, p) != TQKV_OK) return -1;
+    p->window = c->window;
+    /* no extra ring slots: run and ppl never trim; the engine adds draft_tokens + 1 for
+     * speculative rounds itself (and counts them) */
+    if (c->window > 0) p->window_slack = 0;
+    return 0;
+}
+
+int kvp_resolve(const char *cmd, const tqkv_model *m, const char *kv, int ctx,
+                tqkv_model_state_params *p, char *desc, size_t cap) {
+    char *end;
+    const double budget = strtod(kv + 5, &end);
+    if (end == kv + 5 || *end || !(budget > 0)) {
+        fprintf(stderr, "tqkv %s: --kv '%s': a preset is auto:B with B the bits per value "
+                "(e.g. auto:4.25)\n", cmd, kv);
+        return -1;
+    }
+    double smallest = 1e9;
+    for (int i = 0; i < N_RANK; i++) {
+        const kv_candidate *c = &RANK[i];
+        tqkv_model_state_params t = *p;
+        char layers[64];
+        if (apply(m, c, &t, layers, sizeof layers)) continue;
+        /* the device runs same-format tq4 / tq3 without per-layer formats or fp8 */
+        if (t.device && (layers[0] || t.k_format != t.v_format ||
+                         (t.k_format != TQKV_TQ4 && t.k_format != TQKV_TQ3)))
+            continue;
+        /* a candidate's window may shrink to half its size to fit (the ring costs more on
+         * short contexts and on Gemma 4's sliding layers) */
+        for (int w = c->window; w >= c->window / 2 && (w > 0 || c->window == 0); w--) {
+            tqkv_model_state_params cpu = t;
+            cpu.window = w;
+            cpu.device = 0;
+            cpu.rows = 1;
+            tqkv_model_state *s = NULL;
+            if (tqkv_model_state_init(&s, m, &cpu) != TQKV_OK) break;
+            const double bits = mcli_kv_bits(m, s, ctx);
+            tqkv_model_state_free(s);
+            if (bits < smallest) smallest = bits;
+            if (bits <= budget + 1e-9) {
+                t.window = w;
+                *p = t;
+                snprintf(desc, cap, "%s%s%s%s%s window %d (%.4f bits/value at ctx %d)", c->kv,
+                         layers[0] ? " layers " : "", layers[0] ? layers : "", layers[0] ? ":" : "",
+                         layers[0] ? c->layer_kv : "", w, bits, ctx);
+                return 0;
+            }
+            if (w == 0) break;
+        }
+    }
+    fprintf(stderr, "tqkv %s: --kv %s: no configuration fits %.4g bits per value at ctx %d "
+            "(the smallest takes %.4f)\n", cmd, kv, budget, ctx, smallest);
+    return -1;
+}
+
+/* Bits of candidate c (its full window) on a uniform graph: L layers of head_dim dim, all with their own K/V,
+ * ctx tokens, window slack `slack`. */
+static double generic_bits(const kv_candidate *c, int L, int dim, int ctx, int slack) {
+    tqkv_format k, v, lk = TQKV_F32, lv = TQKV_F32;
+    tqkv_kv_spec_parse(c->kv, &k, &v);
+    if (c->layer_kv) tqkv_kv_spec_parse(c->layer_kv, &lk, &lv);
+    const int nb = c->layers == 2 ? 2 : c->layers;
+    double bits = 0;
+    for (int l = 0; l < L; l++) {
+        const int over = (nb >= 1 && l == 0) || (nb == 2 && l == L - 1);
+        const tqkv_format fk = over ? lk : k, fv = over ? lv : v;
+        bits += 0.5 * (tqkv_format_bits_per_value(fk, dim) + tqkv_format_bits_per_value(fv, dim));
+        if (c->window > 0) {
+            const int ring = c->window + slack < ctx ? c->window + slack : ctx;
+            const int planes = tqkv_format_is_tq(fk) + tqkv_format_is_tq(fv);
+            bits += 0.5 * planes * 8.0 * (double)tqkv_format_bytes(TQKV_Q8, dim) / dim * ring / ctx;
+        }
+    }
+    return bits / L;
+}
+
+int kvp_list_json(cJSON *arr, int dim) {
+    const int L = 8, ctx = 2048, slack = 0;
+    for (size_t b = 0; b < sizeof LISTED / sizeof LISTED[0]; b++) {
+        for (int i = 0; i < N_RANK; i++) {
+            const double bits = generic_bits(&RANK[i], L, dim, ctx, slack);
+            if (bits > LISTED[b] + 1e-9) continue;
+            cJSON *o = cJSON_CreateObject();
+            if (!o) return -1;
+            char name[32];
+            snprintf(name, sizeof name, "auto:%g", LISTED[b]);
+            cJSON_AddStringToObject(o, "preset", name);
+            cJSON_AddStringToObject(o, "kv", RANK[i].kv);
+            cJSON_AddStringToObject(o, "layers", RANK[i].layers == 2 ? "first,last"
+                                                 : RANK[i].layers == 1 ? "first" : "");
+            cJSON_AddStringToObject(o, "layer_kv", RANK[i].layer_kv ? RANK[i].layer_kv : "");
+            cJSON_AddNumberToObject(o, "window", RANK[i].window);
+            cJSON_AddNumberToObject(o, "dim", dim);
+            json_add_num(o, "bits_per_value", bits, 4);
+            cJSON_AddStringToObject(o, "bits_at", "8 layers with their own K/V, ctx 2048, "
+                                                  "window slack 0");
+            cJSON_AddItemToArray(arr, o);
+            break;
+        }
+    }
+    return 0;
+}

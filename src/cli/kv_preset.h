@@ -1,0 +1,22 @@
+/*
+ * kv_preset.h - `--kv auto:B` presets (kv_preset.c).
+ */
+#ifndef TQKV_CLI_KV_PRESET_H
+#define TQKV_CLI_KV_PRESET_H
+
+#include <cjson/cJSON.h>
+#include <stddef.h>
+
+#include "tqkv_model.h"
+
+/* 1 when kv is a preset name "auto:B". */
+int kvp_is_preset(const char *kv);
+/* Resolve preset kv for model m at ctx tokens into p (k/v formats, per-layer formats,
+ * window; p->device decides which candidates qualify). desc: the resolved spec and its
+ * bits. -1 with a message when B is malformed or nothing fits. */
+int kvp_resolve(const char *cmd, const tqkv_model *m, const char *kv, int ctx,
+                tqkv_model_state_params *p, char *desc, size_t cap);
+/* Append the listed presets (auto:4.25, auto:3.25, auto:2.5) resolved on a generic graph. */
+int kvp_list_json(cJSON *arr, int dim);
+
+#endif
