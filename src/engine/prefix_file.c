@@ -281,16 +281,26 @@ tqkv_status pcf_read(int dfd, const char *name, const char *shown, uint64_t key,
     memset(out, 0, sizeof *out);
     tqkv_status rc = TQKV_OK;
     uint8_t *body = NULL;
-    /* O_NONBLOCK: opening a FIFO does not wait for a writer; O_NOFOLLOW: no symlinks
-     * (out of the directory or anywhere); fstat: only a regular file is read */
-    int fd = openat(dfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
+    /* lstat first: a device, FIFO or symlink is refused without being opened at all;
+     * then O_NONBLOCK (a FIFO swapped in does not wait for a writer), O_NOFOLLOW (no
+     * symlinks, out of the directory or anywhere) and fstat of what was opened (the same
+     * regular file) */
+    struct stat lst;
+    int fd = -1;
+    if (fstatat(dfd, name, &lst, AT_SYMLINK_NOFOLLOW) != 0)
+        REFUSE(TQKV_EIO, "prompt cache: cannot stat %s: %s", shown, strerror(errno));
+    if (S_ISLNK(lst.st_mode)) REFUSE(TQKV_ECORRUPT, "prompt cache: %s is a symbolic link: refused", shown);
+    if (!S_ISREG(lst.st_mode)) REFUSE(TQKV_ECORRUPT, "prompt cache: %s is not a regular file: refused", shown);
+    fd = openat(dfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
         if (errno == ELOOP) REFUSE(TQKV_ECORRUPT, "prompt cache: %s is a symbolic link: refused", shown);
         REFUSE(TQKV_EIO, "prompt cache: cannot open %s: %s", shown, strerror(errno));
     }
     struct stat st;
     if (fstat(fd, &st) != 0) REFUSE(TQKV_EIO, "prompt cache: cannot stat %s: %s", shown, strerror(errno));
-    if (!S_ISREG(st.st_mode)) REFUSE(TQKV_ECORRUPT, "prompt cache: %s is not a regular file: refused", shown);
+    if (!S_ISREG(st.st_mode) || st.st_ino != lst.st_ino || st.st_dev != lst.st_dev)
+        REFUSE(TQKV_ECORRUPT, "prompt cache: %s is not a regular file (or was replaced while "
+               "opened): refused", shown);
     uint64_t size = (uint64_t)st.st_size;
     if (size > cap)
         REFUSE(TQKV_ECORRUPT, "prompt cache: %s is %llu bytes, over the %zu-byte cap: refused", shown,
