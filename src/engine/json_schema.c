@@ -33,7 +33,8 @@ typedef struct {
 
 struct js_schema {
     int      refs;
-    int      max_min;              /* the largest shortest value of a node (bytes) */
+    int      max_branch;           /* the costliest shortest completion of any branch a
+                                      value's first bytes may choose (bytes) */
     js_node *nodes;
     int      n_nodes, cap;
     int      V;
@@ -70,6 +71,7 @@ static tqkv_status bad(const char *what, const char *name) {
 
 static tqkv_status compile_node(js_schema *s, const cJSON *j, int depth, int *out);
 static int min_value(const js_schema *s, int node, int depth);
+static int rest_obj(const js_schema *s, const js_node *n, int from, int comma_first, int depth);
 
 static tqkv_status compile_object(js_schema *s, int id, const cJSON *j, int depth) {
     const cJSON *props = cJSON_GetObjectItemCaseSensitive(j, "properties");
@@ -221,9 +223,13 @@ tqkv_status js_compile(js_schema **out, const char *schema_json, int vocab) {
         js_free(s);
         return rc;
     }
-    for (int i = 0; i < s->n_nodes; i++) {
-        int m = min_value(s, i, 0);
-        if (m > s->max_min) s->max_min = m;
+    for (int i = 0; i < s->n_nodes; i++) { /* every enum value and every allowed type */
+        const js_node *n = &s->nodes[i];
+        int m = 5; /* "false" */
+        for (int k = 0; k < n->n_enum; k++)
+            if ((int)strlen(n->enums[k]) > m) m = (int)strlen(n->enums[k]);
+        if ((n->types & T_OBJECT) && n->n_props && 1 + rest_obj(s, n, 0, 0, 0) > m) m = 1 + rest_obj(s, n, 0, 0, 0);
+        if (m > s->max_branch) s->max_branch = m;
     }
     *out = s;
     return TQKV_OK;
@@ -541,10 +547,10 @@ void js_mask_budget(js_schema *s, const jg_vocab *v, const js_state *st, int lef
     js_mask(s, v, st, logits);
     const int need = js_min_close(s, st);
     /* A byte raises the shortest completion by at most 4 (',' opening a key of a free
-     * object: "":0), and a value's first byte by at most the largest shortest value of a
-     * node (choosing a costlier type): a token of n bytes by at most 4 n + that. Far from
-     * the limit no token can make the document unclosable in time. */
-    const int branch = s->max_min, far = need + 4 * jg_vocab_max_len(v) + branch;
+     * object: "":0), and a value's first byte by at most the costliest branch it may pick
+     * (a type of a union, an enum value): a token of n bytes by at most 4 n + that. Far
+     * from the limit no token can make the document unclosable in time. */
+    const int branch = s->max_branch, far = need + 4 * jg_vocab_max_len(v) + branch;
     if (st->done || left > far) return;
     /* near it: keep the tokens after which the shortest completion still fits in the
      * tokens left (each token has at least one byte, and a one-byte step towards the end

@@ -51,6 +51,10 @@ size_t srv_tool_safe_len(const char *text, size_t len) {
                 break;
             }
     }
+    /* trailing whitespace may precede a call (the content then ends before it): hold it */
+    while (safe > 0 && (text[safe - 1] == ' ' || text[safe - 1] == '\n' || text[safe - 1] == '\r' ||
+                        text[safe - 1] == '\t'))
+        safe--;
     return safe;
 }
 
