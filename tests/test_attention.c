@@ -693,8 +693,26 @@ static void test_avx512_tiles_bitwise(void **state) {
             }
 }
 
+/* Every kernel table has a decode, score and accumulate kernel for every format (a format
+ * added to one table and not to another crashed on AVX-512 CPUs only). */
+static void test_isa_tables_complete(void **state) {
+    (void)state;
+    const attn_isa *isas[] = {attn_isa_scalar(), attn_isa_avx2(), attn_isa_avx512()};
+    for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
+        if (!isas[i]) continue; /* not built for this target */
+        for (int f = 0; f < TQKV_FORMAT_COUNT; f++) {
+            if (!isas[i]->decode[f] || !isas[i]->score[f] || !isas[i]->accum[f])
+                fail_msg("%s: format %s has no kernel", isas[i]->name,
+                         tqkv_format_name((tqkv_format)f));
+        }
+        assert_non_null(isas[i]->tile_qk);
+        assert_non_null(isas[i]->tile_pv);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_isa_tables_complete),
         cmocka_unit_test(test_avx512_tiles_bitwise),
         cmocka_unit_test(test_names_and_bad_inputs),
         cmocka_unit_test(test_kernels_agree),

@@ -699,21 +699,24 @@ ATTN_BP_SCORE(score_tq3_bp, score_bp3_gen)
 // ---------------------------------------------------------------------------
 // Table
 // ---------------------------------------------------------------------------
+/* Every member but the name and the prefill tiles: the AVX2 table and its AVX-512 twin
+ * share them (one list, so a format added to one is in both). */
+#define AVX2_ISA_COMMON                                                                        \
+    .decode = {dec_f32, dec_f16, dec_q8, dec_q4, dec_tq2, dec_tq3, dec_tq4, dec_fp8},          \
+    .score = {score_f32, score_f16, score_q8, score_q4, score_tq2, score_tq3, score_tq4,        \
+              score_fp8},                                                                       \
+    .accum = {accum_f32, accum_f16, accum_q8, accum_q4, accum_tq2, accum_tq3, accum_tq4,       \
+              accum_fp8},                                                                       \
+    .prep_q = {[TQKV_TQ3] = prep_q_tq3, [TQKV_TQ4] = prep_q_tq4},                              \
+    .score_prep = {[TQKV_TQ3] = score_tq3_bp, [TQKV_TQ4] = score_tq4_bp},                      \
+    .token_scales = attn_avx2_token_scales, .rotate = attn_avx2_rotate,                        \
+    .unrotate = attn_avx2_unrotate, .softmax_block = attn_avx2_softmax_block,                  \
+    .tile_softmax = attn_avx2_tile_softmax
+
 static const attn_isa AVX2_ISA = {
     .name = "avx2",
-    .decode = {dec_f32, dec_f16, dec_q8, dec_q4, dec_tq2, dec_tq3, dec_tq4, dec_fp8},
-    .score = {score_f32, score_f16, score_q8, score_q4, score_tq2, score_tq3, score_tq4,
-              score_fp8},
-    .accum = {accum_f32, accum_f16, accum_q8, accum_q4, accum_tq2, accum_tq3, accum_tq4,
-              accum_fp8},
-    .prep_q = {[TQKV_TQ3] = prep_q_tq3, [TQKV_TQ4] = prep_q_tq4},
-    .score_prep = {[TQKV_TQ3] = score_tq3_bp, [TQKV_TQ4] = score_tq4_bp},
-    .token_scales = attn_avx2_token_scales,
-    .rotate = attn_avx2_rotate,
-    .unrotate = attn_avx2_unrotate,
-    .softmax_block = attn_avx2_softmax_block,
+    AVX2_ISA_COMMON,
     .tile_qk = attn_avx2_tile_qk,
-    .tile_softmax = attn_avx2_tile_softmax,
     .tile_pv = attn_avx2_tile_pv,
 };
 
@@ -722,17 +725,8 @@ const attn_isa *attn_isa_avx2(void) { return &AVX2_ISA; }
 /* The same with the prefill tiles on AVX-512 (same bits per lane). */
 static const attn_isa AVX512_ISA = {
     .name = "avx512",
-    .decode = {dec_f32, dec_f16, dec_q8, dec_q4, dec_tq2, dec_tq3, dec_tq4},
-    .score = {score_f32, score_f16, score_q8, score_q4, score_tq2, score_tq3, score_tq4},
-    .accum = {accum_f32, accum_f16, accum_q8, accum_q4, accum_tq2, accum_tq3, accum_tq4},
-    .prep_q = {[TQKV_TQ3] = prep_q_tq3, [TQKV_TQ4] = prep_q_tq4},
-    .score_prep = {[TQKV_TQ3] = score_tq3_bp, [TQKV_TQ4] = score_tq4_bp},
-    .token_scales = attn_avx2_token_scales,
-    .rotate = attn_avx2_rotate,
-    .unrotate = attn_avx2_unrotate,
-    .softmax_block = attn_avx2_softmax_block,
+    AVX2_ISA_COMMON,
     .tile_qk = attn_avx512_tile_qk,
-    .tile_softmax = attn_avx2_tile_softmax,
     .tile_pv = attn_avx512_tile_pv,
 };
 
