@@ -490,8 +490,8 @@ static void test_n_choices(void **state) {
         assert_int_equal(lpn[c], 6);
         assert_true(strlen(text[c]) > 0);
         for (int k = 0; k < c; k++) assert_string_not_equal(text[c], text[k]);
-        free(text[c]);
     }
+    for (int c = 0; c < 4; c++) free(text[c]); /* after every comparison (k < c reads them) */
     http_resp_free(&r);
     free(ids);
     stop(&fx);
