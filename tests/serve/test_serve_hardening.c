@@ -523,6 +523,13 @@ static void *rss_work(void *arg) {
 
 static void test_rss_64_streams(void **state) {
     (void)state;
+#ifdef __SANITIZE_ADDRESS__
+    /* ASan's allocator keeps freed memory in quarantine and never hands it back the way
+     * glibc's does: the RSS bounds are checked by the Release run of this test */
+    print_message("ASan build: RSS bounds are the Release run's; skipped\n");
+    skip();
+    return;
+#endif
     const char *extra[] = {"--kv", "f16", "--parallel", "64", "--queue", "512", "--kv-budget", "1G",
                            "--threads", "2", NULL};
     int port = 0;
