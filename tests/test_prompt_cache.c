@@ -338,7 +338,8 @@ static void test_not_regular_files(void **state) {
     assert_int_equal(mkdir(p, 0755), 0);
     snprintf(p, sizeof p, "%s/old.tqkvp", g_work);
     FILE *f = fopen(p, "wb");
-    fwrite("TQKVPC01\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0", 1, 48, f);
+    const char old_head[48] = "TQKVPC01"; /* the old magic, the rest zero */
+    fwrite(old_head, 1, sizeof old_head, f);
     fclose(f);
     snprintf(p, sizeof p, "%s/junk.tqkvp", g_work);
     f = fopen(p, "wb");
