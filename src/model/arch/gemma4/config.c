@@ -6,6 +6,7 @@
  * does not run (MoE, double-wide MLP, bidirectional attention, other activations).
  * Must not: read files or weights (config.c and src/model/arch/gemma4/load.c call it with parsed JSON).
  */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,9 +24,13 @@ static const cJSON *jget(const cJSON *o, const char *key) {
     return v && !cJSON_IsNull(v) ? v : NULL;
 }
 
+/* An integer field, or def when absent; a number outside int's range (or NaN) reads as
+ * INT_MIN, which every size check below refuses (a cast would be undefined). */
 static int jint(const cJSON *o, const char *key, int def) {
     const cJSON *v = jget(o, key);
-    return cJSON_IsNumber(v) ? (int)v->valuedouble : def;
+    if (!cJSON_IsNumber(v)) return def;
+    const double d = v->valuedouble;
+    return d >= (double)INT_MIN && d <= (double)INT_MAX ? (int)d : INT_MIN;
 }
 
 static double jnum(const cJSON *o, const char *key, double def) {
