@@ -124,17 +124,17 @@ void engine_fork_choices(tqkv_engine *e, eng_req *q, const float *logits) {
         /* this choice cannot run: its final event, from a stand-in that holds nothing */
         char msg[256];
         snprintf(msg, sizeof msg, "choice %d: %s", i, c ? "out of memory" : tqkv_last_error());
-        eng_req stub;
-        memset(&stub, 0, sizeof stub);
-        stub.id = q->id;
-        stub.n_prompt = q->n_prompt;
-        stub.fn = q->fn;
-        stub.user = q->user;
-        stub.index = i;
-        stub.n_choices = n;
-        stub.forked = 1;
-        stub.top_logprobs = -1;
-        req_finish_plain(e, &stub, TQKV_FINISH_ERROR, msg);
+        eng_req standin;
+        memset(&standin, 0, sizeof standin);
+        standin.id = q->id;
+        standin.n_prompt = q->n_prompt;
+        standin.fn = q->fn;
+        standin.user = q->user;
+        standin.index = i;
+        standin.n_choices = n;
+        standin.forked = 1;
+        standin.top_logprobs = -1;
+        req_finish_plain(e, &standin, TQKV_FINISH_ERROR, msg);
         req_free(c);
     }
 }
