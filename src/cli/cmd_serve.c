@@ -23,6 +23,10 @@
 
 static const char *CMD = "serve";
 
+// ---------------------------------------------------------------------------
+// Sizes and machine defaults
+// ---------------------------------------------------------------------------
+
 /* "123", "64M", "2G" -> bytes; 0 or -1. */
 static int parse_bytes(const char *s, size_t *out) {
     char *end = NULL;
@@ -82,64 +86,88 @@ static size_t default_prefix_cache(void) {
     return b;
 }
 
+// ---------------------------------------------------------------------------
+// Options
+// ---------------------------------------------------------------------------
+
 #define MAX_ALIASES 16
 
-int cmd_serve(int argc, char **argv) {
-    const char *model = MCLI_DEFAULT_MODEL, *host = "127.0.0.1", *kv = "tq4", *draft = NULL;
-    const char *budget = NULL, *api_key = NULL, *port_file = NULL, *cache_dir = NULL;
-    const char *prefix_bytes = NULL, *max_body = NULL, *device = "cpu";
-    const char *alias_last = NULL;
-    int port = 8080, window = 0, parallel = 16, draft_tokens = 4, threads = 0, queue = 256;
-    int chunk = 256, verbose = 0, max_conns = 512, metrics_auth = 0;
+typedef struct {
+    const char *model, *host, *kv, *draft;
+    const char *budget, *api_key, *port_file, *cache_dir;
+    const char *prefix_bytes, *max_body, *device;
+    const char *alias_last;
+    int port, window, parallel, draft_tokens, threads, queue;
+    int chunk, verbose, max_conns, metrics_auth;
     /* slow-client defence (src/server/conn_guard.c) */
-    int idle_timeout = 600, header_timeout = 20, body_timeout = 60, max_conns_ip = 0;
-    int reserved_conns = -1;
-    arg_spec specs[] = {
-        {"--model", ARG_STR, &model, "model directory (default " MCLI_DEFAULT_MODEL ")"},
-        {"--host", ARG_STR, &host, "address to listen on: IPv4, IPv6 (\"::\" = all, IPv4 too) or a host name (default 127.0.0.1)"},
-        {"--port", ARG_INT, &port, "TCP port (default 8080; 0 = any free port)"},
-        {"--port-file", ARG_STR, &port_file, "write the bound port to this file once listening"},
-        {"--kv", ARG_STR, &kv, "KV format: f16|q8|q4|tq2|tq3|tq4|fp8 or K/V (default tq4)"},
-        {"--window", ARG_INT, &window, "q8 recent window in tokens (default 0 = off)"},
-        {"--draft", ARG_STR, &draft, "draft model directory for speculative decoding"},
-        {"--draft-tokens", ARG_INT, &draft_tokens, "tokens drafted per round (default 4)"},
-        {"--parallel", ARG_INT, &parallel, "most rows decoding at once (default 16)"},
-        {"--kv-budget", ARG_STR, &budget, "KV bytes for running rows, e.g. 512M (default: engine's)"},
-        {"--queue", ARG_INT, &queue, "requests waiting for admission before 503 (default 256)"},
-        {"--threads", ARG_INT, &threads, "compute threads (default: the physical cores)"},
-        {"--exact", ARG_FLAG, &mcli_exact, MCLI_EXACT_HELP},
-        {"--prefill-chunk", ARG_INT, &chunk, "prompt tokens prefilled per step (default 256)"},
-        {"--prefix-cache", ARG_STR, &prefix_bytes, "prefix cache bytes, e.g. 64M; 0 = off (default 1/16 of RAM, 64M..2G)"},
-        {"--prompt-cache-dir", ARG_STR, &cache_dir, "persist the prefix cache in this directory"},
-        {"--api-key", ARG_STR, &api_key, "require Authorization: Bearer KEY (or env TQKV_API_KEY)"},
-        {"--metrics-auth", ARG_FLAG, &metrics_auth, "/metrics needs the API key too (default: open)"},
-        {"--alias", ARG_STR, &alias_last, "serve the model under this name (repeatable; the first is reported)"},
-        {"--served-model-name", ARG_STR, &alias_last, "same as --alias"},
-        {"--max-body", ARG_STR, &max_body, "request body limit (default 1M)"},
-        {"--max-conns", ARG_INT, &max_conns, "simultaneous connections (default 512)"},
-        {"--device", ARG_STR, &device, "cpu|cuda: where the model (and --draft) runs (default cpu; cuda: --prompt-cache-dir needs tq4 or tq3 KV)"},
-        {"--verbose", ARG_FLAG, &verbose, "progress lines on stderr"},
-        {"--timeout", ARG_INT, &idle_timeout, "seconds a connection may stay silent while sending a request or reading a reply (default 600, as llama-server; never cuts a generation)"},
-        {"--header-timeout", ARG_INT, &header_timeout, "seconds for a whole request head, from connecting or from the previous reply on a kept-alive connection (default 20; 0 = none)"},
-        {"--body-timeout", ARG_INT, &body_timeout, "seconds for a whole request body after its head (default 60; 0 = none)"},
-        {"--max-conns-per-ip", ARG_INT, &max_conns_ip, "connections per client address (default 0 = no cap: a reverse proxy is one address)"},
-        {"--reserved-conns", ARG_INT, &reserved_conns, "of --max-conns, slots only requests that have fully arrived may use; a new connection evicts the longest-sending one when the others are full (default max-conns / 8)"},
+    int idle_timeout, header_timeout, body_timeout, max_conns_ip;
+    int reserved_conns;
+    const char *aliases[MAX_ALIASES]; /* --alias / --served-model-name, in order */
+    int n_aliases;
+} serve_opts;
+
+/* Defaults, then the command line; 0 or -1 (message printed). */
+static int serve_parse_args(int argc, char **argv, serve_opts *o) {
+    *o = (serve_opts){
+        .model = MCLI_DEFAULT_MODEL, .host = "127.0.0.1", .kv = "tq4", .device = "cpu",
+        .port = 8080, .parallel = 16, .draft_tokens = 4, .queue = 256,
+        .chunk = 256, .max_conns = 512,
+        .idle_timeout = 600, .header_timeout = 20, .body_timeout = 60,
+        .reserved_conns = -1,
     };
-    if (args_parse(CMD, argc, argv, specs, (int)(sizeof specs / sizeof specs[0]))) return 2;
-    serve_mem_policy(); /* before any thread: few arenas, big buffers returned when freed */
-    const char *aliases[MAX_ALIASES];
-    int n_aliases = 0;
+    arg_spec specs[] = {
+        {"--model", ARG_STR, &o->model, "model directory (default " MCLI_DEFAULT_MODEL ")"},
+        {"--host", ARG_STR, &o->host, "address to listen on: IPv4, IPv6 (\"::\" = all, IPv4 too) or a host name (default 127.0.0.1)"},
+        {"--port", ARG_INT, &o->port, "TCP port (default 8080; 0 = any free port)"},
+        {"--port-file", ARG_STR, &o->port_file, "write the bound port to this file once listening"},
+        {"--kv", ARG_STR, &o->kv, "KV format: f16|q8|q4|tq2|tq3|tq4|fp8 or K/V (default tq4)"},
+        {"--window", ARG_INT, &o->window, "q8 recent window in tokens (default 0 = off)"},
+        {"--draft", ARG_STR, &o->draft, "draft model directory for speculative decoding"},
+        {"--draft-tokens", ARG_INT, &o->draft_tokens, "tokens drafted per round (default 4)"},
+        {"--parallel", ARG_INT, &o->parallel, "most rows decoding at once (default 16)"},
+        {"--kv-budget", ARG_STR, &o->budget, "KV bytes for running rows, e.g. 512M (default: engine's)"},
+        {"--queue", ARG_INT, &o->queue, "requests waiting for admission before 503 (default 256)"},
+        {"--threads", ARG_INT, &o->threads, "compute threads (default: the physical cores)"},
+        {"--exact", ARG_FLAG, &mcli_exact, MCLI_EXACT_HELP},
+        {"--prefill-chunk", ARG_INT, &o->chunk, "prompt tokens prefilled per step (default 256)"},
+        {"--prefix-cache", ARG_STR, &o->prefix_bytes, "prefix cache bytes, e.g. 64M; 0 = off (default 1/16 of RAM, 64M..2G)"},
+        {"--prompt-cache-dir", ARG_STR, &o->cache_dir, "persist the prefix cache in this directory"},
+        {"--api-key", ARG_STR, &o->api_key, "require Authorization: Bearer KEY (or env TQKV_API_KEY)"},
+        {"--metrics-auth", ARG_FLAG, &o->metrics_auth, "/metrics needs the API key too (default: open)"},
+        {"--alias", ARG_STR, &o->alias_last, "serve the model under this name (repeatable; the first is reported)"},
+        {"--served-model-name", ARG_STR, &o->alias_last, "same as --alias"},
+        {"--max-body", ARG_STR, &o->max_body, "request body limit (default 1M)"},
+        {"--max-conns", ARG_INT, &o->max_conns, "simultaneous connections (default 512)"},
+        {"--device", ARG_STR, &o->device, "cpu|cuda: where the model (and --draft) runs (default cpu; cuda: --prompt-cache-dir needs tq4 or tq3 KV)"},
+        {"--verbose", ARG_FLAG, &o->verbose, "progress lines on stderr"},
+        {"--timeout", ARG_INT, &o->idle_timeout, "seconds a connection may stay silent while sending a request or reading a reply (default 600, as llama-server; never cuts a generation)"},
+        {"--header-timeout", ARG_INT, &o->header_timeout, "seconds for a whole request head, from connecting or from the previous reply on a kept-alive connection (default 20; 0 = none)"},
+        {"--body-timeout", ARG_INT, &o->body_timeout, "seconds for a whole request body after its head (default 60; 0 = none)"},
+        {"--max-conns-per-ip", ARG_INT, &o->max_conns_ip, "connections per client address (default 0 = no cap: a reverse proxy is one address)"},
+        {"--reserved-conns", ARG_INT, &o->reserved_conns, "of --max-conns, slots only requests that have fully arrived may use; a new connection evicts the longest-sending one when the others are full (default max-conns / 8)"},
+    };
+    return args_parse(CMD, argc, argv, specs, (int)(sizeof specs / sizeof specs[0])) ? -1 : 0;
+}
+
+/* Every --alias / --served-model-name value, in order (the parser keeps only the last);
+ * 0 or -1 (message printed). */
+static int serve_collect_aliases(int argc, char **argv, serve_opts *o) {
+    o->n_aliases = 0;
     for (int i = 0; i + 1 < argc; i++)
         if (!strcmp(argv[i], "--alias") || !strcmp(argv[i], "--served-model-name")) {
-            if (n_aliases == MAX_ALIASES || !argv[i + 1][0]) {
+            if (o->n_aliases == MAX_ALIASES || !argv[i + 1][0]) {
                 fprintf(stderr, "tqkv serve: at most %d non-empty --alias names\n", MAX_ALIASES);
-                return 2;
+                return -1;
             }
-            aliases[n_aliases++] = argv[++i];
+            o->aliases[o->n_aliases++] = argv[++i];
         }
-    if (threads == 0) threads = physical_cores();
-    /* OpenMP teams must not spin: the HTTP threads and other processes share the cores.
-     * libgomp reads OMP_WAIT_POLICY at start-up, so re-execute with passive waits. */
+    return 0;
+}
+
+/* OpenMP teams must not spin: the HTTP threads and other processes share the cores.
+ * libgomp reads OMP_WAIT_POLICY at start-up, so re-execute with passive waits (returns
+ * only when there is no need or the exec failed). */
+static void serve_reexec_passive(int argc, char **argv, int threads) {
     if (threads > 1 && !getenv("OMP_WAIT_POLICY")) {
         char **nargv = calloc((size_t)argc + 3, sizeof *nargv);
         if (nargv) {
@@ -151,102 +179,127 @@ int cmd_serve(int argc, char **argv) {
             free(nargv); /* exec failed: run as we are */
         }
     }
-    if (!api_key) api_key = getenv("TQKV_API_KEY");
-    if (port < 0 || port > 65535 || parallel < 1 || draft_tokens < 1 || threads < 1 || queue < 0 ||
-        chunk < 1 || window < 0 || max_conns < 1) {
+}
+
+/* Range checks of the numeric options; 0 or -1 (message printed). */
+static int serve_check_opts(const serve_opts *o) {
+    if (o->port < 0 || o->port > 65535 || o->parallel < 1 || o->draft_tokens < 1 ||
+        o->threads < 1 || o->queue < 0 || o->chunk < 1 || o->window < 0 || o->max_conns < 1) {
         fprintf(stderr, "tqkv serve: --port must be 0..65535; --parallel, --draft-tokens, --threads, "
                         "--prefill-chunk, --max-conns >= 1; --queue, --window >= 0\n");
-        return 2;
+        return -1;
     }
-    if (idle_timeout < 1 || header_timeout < 0 || body_timeout < 0 || max_conns_ip < 0 ||
-        reserved_conns >= max_conns || reserved_conns < -1) {
+    if (o->idle_timeout < 1 || o->header_timeout < 0 || o->body_timeout < 0 ||
+        o->max_conns_ip < 0 || o->reserved_conns >= o->max_conns || o->reserved_conns < -1) {
         fprintf(stderr, "tqkv serve: --timeout >= 1; --header-timeout, --body-timeout, "
                         "--max-conns-per-ip >= 0; --reserved-conns 0..max-conns - 1\n");
-        return 2;
+        return -1;
     }
-    char mbuf[4096], dbuf[4096];
-    const char *dir = mcli_resolve_model(CMD, model, mbuf, sizeof mbuf);
-    if (!dir) return 2;
-    tqkv_engine_params ep = tqkv_engine_params_default();
-    ep.model_dir = dir;
-    if (draft) {
-        if (!(ep.draft_dir = mcli_resolve_model(CMD, draft, dbuf, sizeof dbuf))) return 2;
-        ep.draft_tokens = draft_tokens;
+    return 0;
+}
+
+// ---------------------------------------------------------------------------
+// Engine and server parameters
+// ---------------------------------------------------------------------------
+
+/* Engine parameters from the options (model paths resolved into mbuf / dbuf [4096]) and
+ * the server's byte limit; 0 or -1 (message printed). */
+static int serve_engine_params(const serve_opts *o, char *mbuf, char *dbuf,
+                               tqkv_engine_params *ep, srv_params *sp) {
+    const char *dir = mcli_resolve_model(CMD, o->model, mbuf, 4096);
+    if (!dir) return -1;
+    *ep = tqkv_engine_params_default();
+    ep->model_dir = dir;
+    if (o->draft) {
+        if (!(ep->draft_dir = mcli_resolve_model(CMD, o->draft, dbuf, 4096))) return -1;
+        ep->draft_tokens = o->draft_tokens;
     }
-    if (mcli_parse_kv(CMD, kv, &ep.k_format, &ep.v_format)) return 2;
-    ep.window = window;
-    ep.parallel = parallel;
-    ep.queue_max = queue;
-    ep.threads = threads;
-    ep.bf16_act = !mcli_exact;
-    ep.prefill_chunk = chunk;
-    ep.prompt_cache_dir = cache_dir;
-    ep.verbose = verbose;
-    if (mcli_parse_device(CMD, device, &ep.device)) return 2;
-    srv_params sp = srv_params_default();
-    if ((budget && parse_bytes(budget, &ep.kv_budget)) ||
-        (prefix_bytes && parse_bytes(prefix_bytes, &ep.prefix_cache_bytes)) ||
-        (max_body && parse_bytes(max_body, &sp.max_body))) {
+    if (mcli_parse_kv(CMD, o->kv, &ep->k_format, &ep->v_format)) return -1;
+    ep->window = o->window;
+    ep->parallel = o->parallel;
+    ep->queue_max = o->queue;
+    ep->threads = o->threads;
+    ep->bf16_act = !mcli_exact;
+    ep->prefill_chunk = o->chunk;
+    ep->prompt_cache_dir = o->cache_dir;
+    ep->verbose = o->verbose;
+    if (mcli_parse_device(CMD, o->device, &ep->device)) return -1;
+    *sp = srv_params_default();
+    if ((o->budget && parse_bytes(o->budget, &ep->kv_budget)) ||
+        (o->prefix_bytes && parse_bytes(o->prefix_bytes, &ep->prefix_cache_bytes)) ||
+        (o->max_body && parse_bytes(o->max_body, &sp->max_body))) {
         fprintf(stderr, "tqkv serve: byte sizes are N, NK, NM or NG\n");
-        return 2;
+        return -1;
     }
-    if (!prefix_bytes) ep.prefix_cache_bytes = default_prefix_cache();
-    if (cache_dir && !ep.prefix_cache_bytes) ep.prefix_cache_bytes = (size_t)64 << 20;
+    if (!o->prefix_bytes) ep->prefix_cache_bytes = default_prefix_cache();
+    if (o->cache_dir && !ep->prefix_cache_bytes) ep->prefix_cache_bytes = (size_t)64 << 20;
+    return 0;
+}
 
-    /* Block the stop signals in every thread (the engine's and the server's inherit the
-     * mask); this thread takes them with sigwait. */
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
-    signal(SIGPIPE, SIG_IGN);
+/* The server's options (the byte limit is already in sp). */
+static void serve_server_params(const serve_opts *o, srv_params *sp) {
+    sp->host = o->host;
+    sp->port = o->port;
+    sp->api_key = o->api_key && o->api_key[0] ? o->api_key : NULL;
+    sp->max_conns = o->max_conns;
+    sp->verbose = o->verbose;
+    sp->idle_timeout_s = o->idle_timeout;
+    sp->header_timeout_s = o->header_timeout;
+    sp->body_timeout_s = o->body_timeout;
+    sp->max_conns_per_ip = o->max_conns_ip;
+    sp->reserved_conns = o->reserved_conns;
+    sp->aliases = o->n_aliases ? o->aliases : NULL;
+    sp->n_aliases = o->n_aliases;
+    sp->metrics_auth = o->metrics_auth;
+}
 
-    fprintf(stderr, "tqkv serve: loading %s\n", dir);
+// ---------------------------------------------------------------------------
+// Serving
+// ---------------------------------------------------------------------------
+
+/* Writes the bound port to --port-file; 0 or -1 (message printed). */
+static int serve_write_port(const char *port_file, int bound) {
+    FILE *f = fopen(port_file, "w");
+    if (!f || fprintf(f, "%d\n", bound) < 0 || fclose(f)) {
+        fprintf(stderr, "tqkv serve: cannot write --port-file %s\n", port_file);
+        return -1;
+    }
+    return 0;
+}
+
+/* Starts engine and server, serves until a signal of `set`, then drains and stops;
+ * the exit code. */
+static int serve_run(serve_opts *o, const tqkv_engine_params *ep, srv_params *sp,
+                     const sigset_t *set) {
+    fprintf(stderr, "tqkv serve: loading %s\n", ep->model_dir);
     tqkv_engine *e = NULL;
-    if (tqkv_engine_init(&e, &ep) != TQKV_OK || tqkv_engine_start(e) != TQKV_OK) {
+    if (tqkv_engine_init(&e, ep) != TQKV_OK || tqkv_engine_start(e) != TQKV_OK) {
         fprintf(stderr, "tqkv serve: %s\n", tqkv_last_error());
         tqkv_engine_free(e);
         return 1;
     }
     srv_engine eng = srv_engine_bind(e);
-    sp.host = host;
-    sp.port = port;
-    sp.api_key = api_key && api_key[0] ? api_key : NULL;
-    sp.max_conns = max_conns;
-    sp.verbose = verbose;
-    sp.idle_timeout_s = idle_timeout;
-    sp.header_timeout_s = header_timeout;
-    sp.body_timeout_s = body_timeout;
-    sp.max_conns_per_ip = max_conns_ip;
-    sp.reserved_conns = reserved_conns;
-    sp.aliases = n_aliases ? aliases : NULL;
-    sp.n_aliases = n_aliases;
-    sp.metrics_auth = metrics_auth;
+    serve_server_params(o, sp);
     srv_server *srv = NULL;
-    if (srv_start(&srv, &sp, &eng) != TQKV_OK) {
+    if (srv_start(&srv, sp, &eng) != TQKV_OK) {
         fprintf(stderr, "tqkv serve: %s\n", tqkv_last_error());
         tqkv_engine_free(e);
         return 1;
     }
     int bound = srv_port(srv);
-    if (port_file) {
-        FILE *f = fopen(port_file, "w");
-        if (!f || fprintf(f, "%d\n", bound) < 0 || fclose(f)) {
-            fprintf(stderr, "tqkv serve: cannot write --port-file %s\n", port_file);
-            srv_free(srv);
-            tqkv_engine_free(e);
-            return 1;
-        }
+    if (o->port_file && serve_write_port(o->port_file, bound)) {
+        srv_free(srv);
+        tqkv_engine_free(e);
+        return 1;
     }
     fprintf(stderr, "tqkv serve: model %s, kv %s, threads %d, prefix cache %zu bytes, "
-            "listening on http://%s%s%s:%d\n", n_aliases ? aliases[0] : eng.model_name, kv,
-            threads, ep.prefix_cache_bytes, strchr(host, ':') ? "[" : "", host,
-            strchr(host, ':') ? "]" : "", bound);
+            "listening on http://%s%s%s:%d\n", o->n_aliases ? o->aliases[0] : eng.model_name,
+            o->kv, o->threads, ep->prefix_cache_bytes, strchr(o->host, ':') ? "[" : "", o->host,
+            strchr(o->host, ':') ? "]" : "", bound);
 
     serve_trimmer *trim = serve_trimmer_start(e); /* freed memory back after bursts */
     int sig = 0;
-    sigwait(&set, &sig);
+    sigwait(set, &sig);
     fprintf(stderr, "tqkv serve: %s: stopping admission, draining\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     srv_stop_admission(srv);
     int rc = 0;
@@ -262,4 +315,33 @@ int cmd_serve(int argc, char **argv) {
     tqkv_engine_free(e);
     fprintf(stderr, "tqkv serve: stopped\n");
     return rc;
+}
+
+// ---------------------------------------------------------------------------
+// Command
+// ---------------------------------------------------------------------------
+
+int cmd_serve(int argc, char **argv) {
+    serve_opts o;
+    if (serve_parse_args(argc, argv, &o)) return 2;
+    serve_mem_policy(); /* before any thread: few arenas, big buffers returned when freed */
+    if (serve_collect_aliases(argc, argv, &o)) return 2;
+    if (o.threads == 0) o.threads = physical_cores();
+    serve_reexec_passive(argc, argv, o.threads);
+    if (!o.api_key) o.api_key = getenv("TQKV_API_KEY");
+    if (serve_check_opts(&o)) return 2;
+    char mbuf[4096], dbuf[4096];
+    tqkv_engine_params ep;
+    srv_params sp;
+    if (serve_engine_params(&o, mbuf, dbuf, &ep, &sp)) return 2;
+
+    /* Block the stop signals in every thread (the engine's and the server's inherit the
+     * mask); this thread takes them with sigwait. */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    return serve_run(&o, &ep, &sp, &set);
 }
