@@ -25,6 +25,10 @@
 
 static const char *CMD = "bench model";
 
+// ---------------------------------------------------------------------------
+// One configuration
+// ---------------------------------------------------------------------------
+
 /* Split "a,b,c" into items (pointers into a strdup'd copy); -1 if more than cap. */
 static int split_list(char *s, char **items, int cap) {
     int n = 0;
@@ -134,200 +138,235 @@ static int max_rows(const tqkv_model *m, const tqkv_model_state_params *base, in
     return lo;
 }
 
-int cmd_bench_model(int argc, char **argv) {
-    const char *model_arg = MCLI_DEFAULT_MODEL, *ctx_list = "512,4096",
-               *kv_list = "f32,f16,q8,tq4,tq3", *prefill_kernel = "graph",
-               *decode_kernel = "graph", *device = "cpu";
-    const char *fill = "prefill", *graphs_list = "1", *pick_list = NULL;
-    int threads = 2, gen = 64, json = 0, window = 0, reps = 3, blas = 0, f32w = 0, rows = 1,
-        find_max = 0, fast_gemm = 0;
+// ---------------------------------------------------------------------------
+// Options
+// ---------------------------------------------------------------------------
+
+typedef struct {
+    const char *model_arg, *ctx_list, *kv_list, *prefill_kernel, *decode_kernel, *device;
+    const char *fill, *graphs_list, *pick_list;
+    int threads, gen, json, window, reps, blas, f32w, rows, find_max, fast_gemm;
+    int synth, dev;            /* --fill synthetic; --device cuda */
+    tqkv_kernel pk, dk;        /* prefill / decode kernels */
+    int gv[2], n_gv;           /* --graphs: the device_graphs values measured, in order */
+    int pv[2], n_pv;           /* --pick: device pick (1) or host pick (0), in order */
+    char *ctx_copy, *kv_copy;  /* the lists' copies, which the items point into */
+    char *ctx_items[32], *kv_items[32];
+    int n_ctx, n_kv;
+    int ctxs[32];              /* [n_ctx] */
+    tqkv_format kf[32], vf[32]; /* [n_kv] */
+} bm_opts;
+
+/* --graphs into o->gv [o->n_gv]; 0 or -1 (message printed). */
+static int bm_parse_graphs(bm_opts *o) {
+    int bad_g = 0;
+    o->n_gv = 0;
+    for (const char *q = o->graphs_list; *q && !bad_g; q++) {
+        if (*q == ',') continue;
+        const int v = *q == '0' ? 0 : *q == '1' ? 1 : -1;
+        bad_g = v < 0 || (q[1] && q[1] != ',') || o->n_gv == 2 || (o->n_gv == 1 && o->gv[0] == v);
+        if (!bad_g) o->gv[o->n_gv++] = v;
+    }
+    if (bad_g || o->n_gv == 0) {
+        fprintf(stderr, "tqkv bench model: --graphs takes 0, 1, 0,1 or 1,0, not '%s'\n", o->graphs_list);
+        return -1;
+    }
+    if (!o->dev && (o->n_gv != 1 || o->gv[0] != 1)) {
+        fprintf(stderr, "tqkv bench model: --graphs needs --device cuda (CUDA graphs of the decode step)\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* --pick into o->pv [o->n_pv]; 0 or -1 (message printed). */
+static int bm_parse_pick(bm_opts *o) {
+    char buf[64];
+    snprintf(buf, sizeof buf, "%s", o->pick_list ? o->pick_list : o->dev ? "device" : "host");
+    int bad_p = o->pick_list && strlen(o->pick_list) >= sizeof buf;
+    o->n_pv = 0;
+    for (char *it = strtok(buf, ","); it && !bad_p; it = strtok(NULL, ",")) {
+        const int v = !strcmp(it, "device") ? 1 : !strcmp(it, "host") ? 0 : -1;
+        bad_p = v < 0 || o->n_pv == 2 || (o->n_pv == 1 && o->pv[0] == v);
+        if (!bad_p) o->pv[o->n_pv++] = v;
+    }
+    if (bad_p || o->n_pv == 0) {
+        fprintf(stderr, "tqkv bench model: --pick takes host, device, host,device or device,host, not '%s'\n",
+                o->pick_list ? o->pick_list : "");
+        return -1;
+    }
+    if (!o->dev && (o->n_pv != 1 || o->pv[0] != 0)) {
+        fprintf(stderr, "tqkv bench model: --pick device needs --device cuda\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* Defaults, the command line and its checks (not yet --ctx / --kv); 0, or the exit code
+ * (message printed). */
+static int bm_parse_args(int argc, char **argv, bm_opts *o) {
+    *o = (bm_opts){
+        .model_arg = MCLI_DEFAULT_MODEL, .ctx_list = "512,4096",
+        .kv_list = "f32,f16,q8,tq4,tq3", .prefill_kernel = "graph",
+        .decode_kernel = "graph", .device = "cpu",
+        .fill = "prefill", .graphs_list = "1",
+        .threads = 2, .gen = 64, .reps = 3, .rows = 1,
+    };
     const arg_spec specs[] = {
-        {"--model", ARG_STR, &model_arg, "model directory (default " MCLI_DEFAULT_MODEL ")"},
-        {"--ctx", ARG_STR, &ctx_list, "comma-separated prefill lengths (default 512,4096)"},
-        {"--kv", ARG_STR, &kv_list, "comma-separated KV formats (default f32,f16,q8,tq4,tq3)"},
-        {"--threads", ARG_INT, &threads, "threads (default 2)"},
-        {"--gen", ARG_INT, &gen, "decode steps after the prefill (default 64)"},
-        {"--window", ARG_INT, &window, "q8 recent window of tq caches (default 0)"},
-        {"--rows", ARG_INT, &rows, "rows decoded together (default 1; prefill is per row)"},
-        {"--reps", ARG_INT, &reps, "rounds over all configurations, best kept (default 3)"},
-        {"--prefill-kernel", ARG_STR, &prefill_kernel, "attention kernel for prefill: graph (the graph's kernel set, default), dense, deferred, fused"},
-        {"--decode-kernel", ARG_STR, &decode_kernel, "attention kernel for decode: graph (default), dense, deferred, fused"},
-        {"--blas", ARG_FLAG, &blas, "OpenBLAS sgemm for prefill matmuls (not batch invariant)"},
+        {"--model", ARG_STR, &o->model_arg, "model directory (default " MCLI_DEFAULT_MODEL ")"},
+        {"--ctx", ARG_STR, &o->ctx_list, "comma-separated prefill lengths (default 512,4096)"},
+        {"--kv", ARG_STR, &o->kv_list, "comma-separated KV formats (default f32,f16,q8,tq4,tq3)"},
+        {"--threads", ARG_INT, &o->threads, "threads (default 2)"},
+        {"--gen", ARG_INT, &o->gen, "decode steps after the prefill (default 64)"},
+        {"--window", ARG_INT, &o->window, "q8 recent window of tq caches (default 0)"},
+        {"--rows", ARG_INT, &o->rows, "rows decoded together (default 1; prefill is per row)"},
+        {"--reps", ARG_INT, &o->reps, "rounds over all configurations, best kept (default 3)"},
+        {"--prefill-kernel", ARG_STR, &o->prefill_kernel, "attention kernel for prefill: graph (the graph's kernel set, default), dense, deferred, fused"},
+        {"--decode-kernel", ARG_STR, &o->decode_kernel, "attention kernel for decode: graph (default), dense, deferred, fused"},
+        {"--blas", ARG_FLAG, &o->blas, "OpenBLAS sgemm for prefill matmuls (not batch invariant)"},
         {"--exact", ARG_FLAG, &mcli_exact, MCLI_EXACT_HELP},
-        {"--f32-weights", ARG_FLAG, &f32w, "convert weights to f32 at load"},
-        {"--device", ARG_STR, &device, "cpu|cuda: where the forward runs (default cpu)"},
-        {"--fast-gemm", ARG_FLAG, &fast_gemm, "with --device cuda: cuBLAS bf16 GEMMs, faster but NOT batch invariant"},
-        {"--graphs", ARG_STR, &graphs_list, "with --device cuda: 1 (default): decode steps as replayed CUDA graphs; 0: kernel by kernel; 0,1: both, side by side, with their ratio"},
-        {"--pick", ARG_STR, &pick_list, "how a decode step picks its next tokens: host (logits copied back, argmax on the host), device (tqkv_model_decode_pick: argmax on the GPU, one int per row back), or host,device: both, side by side, with their ratio; default device with --device cuda, else host"},
-        {"--fill", ARG_STR, &fill, "prefill (default): run ctx tokens through the model; synthetic: put ctx tokens of random K/V straight into the caches (device only, no pp figure)"},
-        {"--max-rows", ARG_FLAG, &find_max, "also find the most rows whose caches for ctx + gen + 1 tokens fit (device memory; real allocations)"},
-        {"--json", ARG_FLAG, &json, "print a JSON array of results on stdout"},
+        {"--f32-weights", ARG_FLAG, &o->f32w, "convert weights to f32 at load"},
+        {"--device", ARG_STR, &o->device, "cpu|cuda: where the forward runs (default cpu)"},
+        {"--fast-gemm", ARG_FLAG, &o->fast_gemm, "with --device cuda: cuBLAS bf16 GEMMs, faster but NOT batch invariant"},
+        {"--graphs", ARG_STR, &o->graphs_list, "with --device cuda: 1 (default): decode steps as replayed CUDA graphs; 0: kernel by kernel; 0,1: both, side by side, with their ratio"},
+        {"--pick", ARG_STR, &o->pick_list, "how a decode step picks its next tokens: host (logits copied back, argmax on the host), device (tqkv_model_decode_pick: argmax on the GPU, one int per row back), or host,device: both, side by side, with their ratio; default device with --device cuda, else host"},
+        {"--fill", ARG_STR, &o->fill, "prefill (default): run ctx tokens through the model; synthetic: put ctx tokens of random K/V straight into the caches (device only, no pp figure)"},
+        {"--max-rows", ARG_FLAG, &o->find_max, "also find the most rows whose caches for ctx + gen + 1 tokens fit (device memory; real allocations)"},
+        {"--json", ARG_FLAG, &o->json, "print a JSON array of results on stdout"},
     };
     const int n_specs = (int)(sizeof specs / sizeof specs[0]);
     if (args_parse(CMD, argc, argv, specs, n_specs) != 0) return 2;
-    if (threads < 1 || gen < 1 || reps < 1 || window < 0 || rows < 1 || rows > 4096) {
+    if (o->threads < 1 || o->gen < 1 || o->reps < 1 || o->window < 0 || o->rows < 1 || o->rows > 4096) {
         fprintf(stderr, "tqkv bench model: --threads, --gen, --reps, --rows must be >= 1 (rows <= 4096)\n");
         return 2;
     }
-    const int synth = !strcmp(fill, "synthetic");
-    if (find_max && strcmp(device, "cuda")) {
+    o->synth = !strcmp(o->fill, "synthetic");
+    if (o->find_max && strcmp(o->device, "cuda")) {
         fprintf(stderr, "tqkv bench model: --max-rows measures device memory (--device cuda)\n");
         return 2;
     }
-    if (!synth && strcmp(fill, "prefill")) {
-        fprintf(stderr, "tqkv bench model: --fill takes prefill or synthetic, not '%s'\n", fill);
+    if (!o->synth && strcmp(o->fill, "prefill")) {
+        fprintf(stderr, "tqkv bench model: --fill takes prefill or synthetic, not '%s'\n", o->fill);
         return 2;
     }
-    tqkv_kernel pk, dk;
-    int dev = 0;
-    if (mcli_parse_kernel(CMD, prefill_kernel, &pk) || mcli_parse_kernel(CMD, decode_kernel, &dk) ||
-        mcli_parse_device(CMD, device, &dev))
+    if (mcli_parse_kernel(CMD, o->prefill_kernel, &o->pk) ||
+        mcli_parse_kernel(CMD, o->decode_kernel, &o->dk) || mcli_parse_device(CMD, o->device, &o->dev))
         return 2;
-    /* --graphs: the device_graphs values measured, in the order given */
-    int gv[2], n_gv = 0;
-    {
-        int bad_g = 0;
-        for (const char *q = graphs_list; *q && !bad_g; q++) {
-            if (*q == ',') continue;
-            const int v = *q == '0' ? 0 : *q == '1' ? 1 : -1;
-            bad_g = v < 0 || (q[1] && q[1] != ',') || n_gv == 2 || (n_gv == 1 && gv[0] == v);
-            if (!bad_g) gv[n_gv++] = v;
-        }
-        if (bad_g || n_gv == 0) {
-            fprintf(stderr, "tqkv bench model: --graphs takes 0, 1, 0,1 or 1,0, not '%s'\n", graphs_list);
-            return 2;
-        }
-        if (!dev && (n_gv != 1 || gv[0] != 1)) {
-            fprintf(stderr, "tqkv bench model: --graphs needs --device cuda (CUDA graphs of the decode step)\n");
-            return 2;
-        }
-    }
-    /* --pick: device pick (1) or host pick (0), in the order given */
-    int pv[2], n_pv = 0;
-    {
-        char buf[64];
-        snprintf(buf, sizeof buf, "%s", pick_list ? pick_list : dev ? "device" : "host");
-        int bad_p = pick_list && strlen(pick_list) >= sizeof buf;
-        for (char *it = strtok(buf, ","); it && !bad_p; it = strtok(NULL, ",")) {
-            const int v = !strcmp(it, "device") ? 1 : !strcmp(it, "host") ? 0 : -1;
-            bad_p = v < 0 || n_pv == 2 || (n_pv == 1 && pv[0] == v);
-            if (!bad_p) pv[n_pv++] = v;
-        }
-        if (bad_p || n_pv == 0) {
-            fprintf(stderr, "tqkv bench model: --pick takes host, device, host,device or device,host, not '%s'\n",
-                    pick_list ? pick_list : "");
-            return 2;
-        }
-        if (!dev && (n_pv != 1 || pv[0] != 0)) {
-            fprintf(stderr, "tqkv bench model: --pick device needs --device cuda\n");
-            return 2;
-        }
-    }
-    char *ctx_copy = strdup(ctx_list), *kv_copy = strdup(kv_list);
-    if (!ctx_copy || !kv_copy) {
+    if (bm_parse_graphs(o) || bm_parse_pick(o)) return 2;
+    return 0;
+}
+
+/* --ctx and --kv into o's items, lengths and formats; 0, or the exit code (message
+ * printed; the copies are freed by bm_opts_free). */
+static int bm_parse_lists(bm_opts *o) {
+    o->ctx_copy = strdup(o->ctx_list);
+    o->kv_copy = strdup(o->kv_list);
+    if (!o->ctx_copy || !o->kv_copy) {
         fprintf(stderr, "tqkv bench model: out of memory\n");
-        free(ctx_copy);
-        free(kv_copy);
         return 1;
     }
-    char *ctx_items[32], *kv_items[32];
-    int n_ctx = split_list(ctx_copy, ctx_items, 32), n_kv = split_list(kv_copy, kv_items, 32);
-    int ctxs[32];
-    tqkv_format kf[32], vf[32];
-    int bad = n_ctx <= 0 || n_kv <= 0;
+    o->n_ctx = split_list(o->ctx_copy, o->ctx_items, 32);
+    o->n_kv = split_list(o->kv_copy, o->kv_items, 32);
+    int bad = o->n_ctx <= 0 || o->n_kv <= 0;
     if (bad) fprintf(stderr, "tqkv bench model: --ctx and --kv take 1 to 32 comma-separated items\n");
-    for (int i = 0; i < n_ctx && !bad; i++) {
+    for (int i = 0; i < o->n_ctx && !bad; i++) {
         char *end = NULL;
-        long v = strtol(ctx_items[i], &end, 10);
-        ctxs[i] = (end && !*end && v >= 1 && v <= 1 << 20) ? (int)v : 0;
-        if (ctxs[i] < 1) {
-            fprintf(stderr, "tqkv bench model: bad --ctx item '%s'\n", ctx_items[i]);
+        long v = strtol(o->ctx_items[i], &end, 10);
+        o->ctxs[i] = (end && !*end && v >= 1 && v <= 1 << 20) ? (int)v : 0;
+        if (o->ctxs[i] < 1) {
+            fprintf(stderr, "tqkv bench model: bad --ctx item '%s'\n", o->ctx_items[i]);
             bad = 1;
         }
     }
-    for (int i = 0; i < n_kv && !bad; i++) bad = mcli_parse_kv(CMD, kv_items[i], &kf[i], &vf[i]) != 0;
-    char dir[4096];
-    tqkv_model *m = NULL;
-    if (bad || !mcli_resolve_model(CMD, model_arg, dir, sizeof dir) ||
-        mcli_load_dev(CMD, dir, blas, f32w, threads, dev, &m)) {
-        free(ctx_copy);
-        free(kv_copy);
-        return bad ? 2 : 1;
-    }
-    const int V = tqkv_model_get_config(m)->vocab_size;
-    int max_ctx = 1;
-    for (int i = 0; i < n_ctx; i++) max_ctx = ctxs[i] > max_ctx ? ctxs[i] : max_ctx;
-    int32_t *tok = malloc(sizeof(int32_t) * (size_t)max_ctx);
-    float *logits = malloc(sizeof(float) * (size_t)V * rows); // [rows, vocab]
-    if (!tok || !logits) {
-        fprintf(stderr, "tqkv bench model: out of memory\n");
-        free(tok);
-        free(logits);
-        free(ctx_copy);
-        free(kv_copy);
-        tqkv_model_free(m);
-        return 1;
-    }
+    for (int i = 0; i < o->n_kv && !bad; i++)
+        bad = mcli_parse_kv(CMD, o->kv_items[i], &o->kf[i], &o->vf[i]) != 0;
+    return bad ? 2 : 0;
+}
+
+static void bm_opts_free(bm_opts *o) {
+    free(o->ctx_copy);
+    free(o->kv_copy);
+}
+
+// ---------------------------------------------------------------------------
+// Benchmark
+// ---------------------------------------------------------------------------
+
+/* Best figures per configuration (index CONF) and max rows per (ctx, kv) (c * 32 + k). */
+typedef struct {
+    double best_pp[32 * 32 * 4], best_tg[32 * 32 * 4], bpt[32 * 32 * 4];
+    int oom[32 * 32 * 4], maxr[32 * 32];
+} bm_results;
+
+/* Fixed pseudo-random token ids tok [n] below V. */
+static void bm_fill_tokens(int32_t *tok, int n, int V) {
     uint64_t z = 12345;
-    for (int i = 0; i < max_ctx; i++) {
+    for (int i = 0; i < n; i++) {
         z = z * 6364136223846793005ull + 1442695040888963407ull;
         tok[i] = (int32_t)((z >> 33) % (uint64_t)V);
     }
+}
+
+/* Resolves "graph" kernels, prints the header line and the table's head, and returns
+ * every state's parameters (per configuration rows and the KV formats change). */
+static tqkv_model_state_params bm_prepare(bm_opts *o, const tqkv_model *m, FILE *tab) {
     { /* "graph": the graph's kernel set, resolved here so the header names it */
         tqkv_kernel gp, gd;
         tqkv_model_kernel_set(m, NULL, &gp, &gd);
-        if (pk == TQKV_KERNEL_BY_GRAPH) pk = gp;
-        if (dk == TQKV_KERNEL_BY_GRAPH) dk = gd;
+        if (o->pk == TQKV_KERNEL_BY_GRAPH) o->pk = gp;
+        if (o->dk == TQKV_KERNEL_BY_GRAPH) o->dk = gd;
     }
     fprintf(stderr, "tqkv bench model: %s weights, %d threads, gen %d, rows %d, prefill kernel %s, "
-            "decode kernel %s%s\n", tqkv_model_weight_type(m), threads, gen, rows,
-            tqkv_kernel_name(pk), tqkv_kernel_name(dk), blas ? ", blas" : "");
-    /* the table is the progress display: on stderr when stdout carries JSON */
-    FILE *tab = json ? stderr : stdout;
-    if (dev) fprintf(tab, "%-8s %-10s %6s %6s %12s %12s %14s\n", "ctx", "kv", "graphs", "pick", "pp t/s", "tg t/s", "kv B/token");
+            "decode kernel %s%s\n", tqkv_model_weight_type(m), o->threads, o->gen, o->rows,
+            tqkv_kernel_name(o->pk), tqkv_kernel_name(o->dk), o->blas ? ", blas" : "");
+    if (o->dev) fprintf(tab, "%-8s %-10s %6s %6s %12s %12s %14s\n", "ctx", "kv", "graphs", "pick", "pp t/s", "tg t/s", "kv B/token");
     else fprintf(tab, "%-8s %-10s %12s %12s %14s\n", "ctx", "kv", "pp t/s", "tg t/s", "kv B/token");
-    /* every state's parameters; per configuration rows and the KV formats change */
     tqkv_model_state_params base = tqkv_model_state_params_default();
-    base.window = window;
-    base.threads = threads;
-    base.prefill_kernel = pk;
-    base.decode_kernel = dk;
-    base.blas = blas;
-    base.device = dev;
-    base.device_fast_gemm = fast_gemm;
-    /* warm-up: map the weights in */
-    {
-        tqkv_model_state_params sp = base;
-        sp.window = 0;
-        tqkv_model_state *s = NULL;
-        if (tqkv_model_state_init(&s, m, &sp) == TQKV_OK)
-            tqkv_model_prefill(m, s, tok, NULL, max_ctx < 64 ? max_ctx : 64, TQKV_LOGITS_LAST, logits);
-        tqkv_model_state_free(s);
-    }
-    /* Repetitions are the outer loop, so every configuration is measured once per round
-     * and machine noise spreads over all of them alike; the best round is kept. */
+    base.window = o->window;
+    base.threads = o->threads;
+    base.prefill_kernel = o->pk;
+    base.decode_kernel = o->dk;
+    base.blas = o->blas;
+    base.device = o->dev;
+    base.device_fast_gemm = o->fast_gemm;
+    return base;
+}
+
+/* Warm-up: map the weights in (a prefill of up to 64 tokens of tok [max_ctx]). */
+static void bm_warm_up(const tqkv_model *m, const tqkv_model_state_params *base,
+                       const int32_t *tok, int max_ctx, float *logits) {
+    tqkv_model_state_params sp = *base;
+    sp.window = 0;
+    tqkv_model_state *s = NULL;
+    if (tqkv_model_state_init(&s, m, &sp) == TQKV_OK)
+        tqkv_model_prefill(m, s, tok, NULL, max_ctx < 64 ? max_ctx : 64, TQKV_LOGITS_LAST, logits);
+    tqkv_model_state_free(s);
+}
+
+/* Repetitions are the outer loop, so every configuration is measured once per round
+ * and machine noise spreads over all of them alike; the best round is kept. 0 or 1. */
+static int bm_measure_all(const bm_opts *o, const tqkv_model *m, const tqkv_model_state_params *base,
+                          const int32_t *tok, float *logits, bm_results *res) {
     int rc = 0;
-    double best_pp[32 * 32 * 4] = {0}, best_tg[32 * 32 * 4] = {0}, bpt[32 * 32 * 4] = {0};
-    int oom[32 * 32 * 4] = {0}, maxr[32 * 32] = {0};
-    for (int r = 0; r < reps && !rc; r++) {
-        if (reps > 1) fprintf(stderr, "tqkv bench model: round %d/%d\n", r + 1, reps);
-        for (int c = 0; c < n_ctx && !rc; c++)
-            for (int k = 0; k < n_kv && !rc; k++)
-                for (int gi = 0; gi < n_gv && !rc; gi++)
-                for (int pi = 0; pi < n_pv && !rc; pi++) {
-                    tqkv_model_state_params sp = base;
-                    sp.rows = rows;
-                    sp.k_format = kf[k];
-                    sp.v_format = vf[k];
-                    sp.device_graphs = gv[gi];
+    for (int r = 0; r < o->reps && !rc; r++) {
+        if (o->reps > 1) fprintf(stderr, "tqkv bench model: round %d/%d\n", r + 1, o->reps);
+        for (int c = 0; c < o->n_ctx && !rc; c++)
+            for (int k = 0; k < o->n_kv && !rc; k++)
+                for (int gi = 0; gi < o->n_gv && !rc; gi++)
+                for (int pi = 0; pi < o->n_pv && !rc; pi++) {
+                    tqkv_model_state_params sp = *base;
+                    sp.rows = o->rows;
+                    sp.k_format = o->kf[k];
+                    sp.v_format = o->vf[k];
+                    sp.device_graphs = o->gv[gi];
                     double pp = 0, tg = 0;
                     int i = CONF(c, k, gi, pi);
-                    if (oom[i]) continue;
-                    tqkv_status st = measure(m, &sp, tok, ctxs[c], rows, gen, synth, pv[pi], logits, &pp, &tg, &bpt[i]);
+                    if (res->oom[i]) continue;
+                    tqkv_status st = measure(m, &sp, tok, o->ctxs[c], o->rows, o->gen, o->synth,
+                                             o->pv[pi], logits, &pp, &tg, &res->bpt[i]);
                     if (st == TQKV_ENOMEM) { /* does not fit: reported, not fatal */
                         fprintf(stderr, "tqkv bench model: ctx %d kv %s rows %d: does not fit (%s)\n",
-                                ctxs[c], kv_items[k], rows, tqkv_last_error());
-                        oom[i] = 1;
+                                o->ctxs[c], o->kv_items[k], o->rows, tqkv_last_error());
+                        res->oom[i] = 1;
                         continue;
                     }
                     if (st != TQKV_OK) {
@@ -336,73 +375,135 @@ int cmd_bench_model(int argc, char **argv) {
                         continue;
                     }
                     fprintf(stderr, "tqkv bench model: ctx %d kv %s rows %d%s%s: pp %.1f t/s, tg %.1f t/s\n",
-                            ctxs[c], kv_items[k], rows, !dev ? "" : gv[gi] ? " graphs" : " no graphs",
-                            !dev ? "" : pv[pi] ? ", device pick" : ", host pick", pp, tg);
-                    if (pp > best_pp[i]) best_pp[i] = pp;
-                    if (tg > best_tg[i]) best_tg[i] = tg;
+                            o->ctxs[c], o->kv_items[k], o->rows,
+                            !o->dev ? "" : o->gv[gi] ? " graphs" : " no graphs",
+                            !o->dev ? "" : o->pv[pi] ? ", device pick" : ", host pick", pp, tg);
+                    if (pp > res->best_pp[i]) res->best_pp[i] = pp;
+                    if (tg > res->best_tg[i]) res->best_tg[i] = tg;
                 }
     }
-    for (int c = 0; c < n_ctx && !rc && find_max; c++)
-        for (int k = 0; k < n_kv; k++) {
-            tqkv_model_state_params sp = base;
-            sp.k_format = kf[k];
-            sp.v_format = vf[k];
+    return rc;
+}
+
+/* --max-rows: the most rows that fit, per (ctx, kv). */
+static void bm_find_max_rows(const bm_opts *o, const tqkv_model *m,
+                             const tqkv_model_state_params *base, bm_results *res) {
+    for (int c = 0; c < o->n_ctx; c++)
+        for (int k = 0; k < o->n_kv; k++) {
+            tqkv_model_state_params sp = *base;
+            sp.k_format = o->kf[k];
+            sp.v_format = o->vf[k];
             float *lg = NULL;
-            maxr[c * 32 + k] = max_rows(m, &sp, ctxs[c] + gen + 1, &lg); /* as measure, synth */
+            res->maxr[c * 32 + k] = max_rows(m, &sp, o->ctxs[c] + o->gen + 1, &lg); /* as measure, synth */
             free(lg);
-            fprintf(stderr, "tqkv bench model: ctx %d kv %s: at most %d rows fit\n", ctxs[c],
-                    kv_items[k], maxr[c * 32 + k]);
+            fprintf(stderr, "tqkv bench model: ctx %d kv %s: at most %d rows fit\n", o->ctxs[c],
+                    o->kv_items[k], res->maxr[c * 32 + k]);
         }
+}
+
+// ---------------------------------------------------------------------------
+// Report
+// ---------------------------------------------------------------------------
+
+/* One configuration's JSON object, appended to arr. */
+static void bm_json_row(const bm_opts *o, const bm_results *res, cJSON *arr, int c, int k,
+                        int gi, int pi, int both, int both_p, int i0, int ip) {
+    const int i = CONF(c, k, gi, pi);
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddItemToArray(arr, j);
+    cJSON_AddNumberToObject(j, "ctx", o->ctxs[c]);
+    cJSON_AddStringToObject(j, "device", o->dev ? "cuda" : "cpu");
+    cJSON_AddStringToObject(j, "kv", o->kv_items[k]);
+    cJSON_AddStringToObject(j, "fill", o->synth ? "synthetic" : "prefill");
+    cJSON_AddStringToObject(j, "gemm", o->fast_gemm ? "cublas" : "invariant");
+    cJSON_AddStringToObject(j, "matmul", o->dev ? "device" : mcli_matmul_name(mcli_exact));
+    if (o->dev) cJSON_AddBoolToObject(j, "graphs", o->gv[gi]);
+    cJSON_AddStringToObject(j, "pick", o->pv[pi] ? "device" : "host");
+    if (res->oom[i] || o->synth) cJSON_AddNullToObject(j, "prefill_tokens_per_s");
+    else json_add_num(j, "prefill_tokens_per_s", res->best_pp[i], 2);
+    if (res->oom[i]) cJSON_AddNullToObject(j, "decode_tokens_per_s");
+    else json_add_num(j, "decode_tokens_per_s", res->best_tg[i], 2);
+    if (both) json_add_num(j, "decode_graphs_speedup", res->best_tg[i] / res->best_tg[i0], 4);
+    if (both_p) json_add_num(j, "decode_pick_speedup", res->best_tg[i] / res->best_tg[ip], 4);
+    if (res->oom[i]) cJSON_AddStringToObject(j, "error", "out of memory");
+    json_add_num(j, "kv_bytes_per_token", res->bpt[i], 1);
+    cJSON_AddNumberToObject(j, "threads", o->threads);
+    cJSON_AddNumberToObject(j, "gen", o->gen);
+    cJSON_AddNumberToObject(j, "rows", o->rows);
+    cJSON_AddNumberToObject(j, "window", o->window);
+    if (o->find_max) cJSON_AddNumberToObject(j, "max_rows", res->maxr[c * 32 + k]);
+}
+
+/* The table's rows on tab and, with --json and rc 0, the JSON array on stdout; the exit
+ * code (rc, or 1 if the JSON could not be printed). */
+static int bm_report(const bm_opts *o, const bm_results *res, FILE *tab, int rc) {
     cJSON *arr = cJSON_CreateArray();
-    if (find_max) fprintf(tab, "%-8s %-10s %*s%12s %12s %14s %9s\n", "", "", dev ? 14 : 0, "", "", "", "", "max rows");
-    for (int c = 0; c < n_ctx && !rc; c++)
-        for (int k = 0; k < n_kv; k++)
-            for (int gi = 0; gi < n_gv; gi++)
-            for (int pi = 0; pi < n_pv; pi++) {
+    if (o->find_max) fprintf(tab, "%-8s %-10s %*s%12s %12s %14s %9s\n", "", "", o->dev ? 14 : 0, "", "", "", "", "max rows");
+    for (int c = 0; c < o->n_ctx && !rc; c++)
+        for (int k = 0; k < o->n_kv; k++)
+            for (int gi = 0; gi < o->n_gv; gi++)
+            for (int pi = 0; pi < o->n_pv; pi++) {
                 const int i = CONF(c, k, gi, pi), i0 = CONF(c, k, 1 - gi, pi), ip = CONF(c, k, gi, 1 - pi);
                 /* both measured: the graph row carries the ratio of its decode speed to the
                  * kernel-by-kernel one's, the device-pick row the ratio to the host pick's
                  * (same run, same rounds) */
-                const int both = n_gv == 2 && gv[gi] && !oom[i] && !oom[i0] && best_tg[i0] > 0;
-                const int both_p = n_pv == 2 && pv[pi] && !oom[i] && !oom[ip] && best_tg[ip] > 0;
-                fprintf(tab, "%-8d %-10s ", ctxs[c], kv_items[k]);
-                if (dev) fprintf(tab, "%6d %6s ", gv[gi], pv[pi] ? "device" : "host");
-                if (oom[i]) fprintf(tab, "%12s %12s %14s", "-", "oom", "-");
-                else fprintf(tab, "%12.1f %12.1f %14.1f", best_pp[i], best_tg[i], bpt[i]);
-                if (find_max) fprintf(tab, " %9d", maxr[c * 32 + k]);
-                if (both) fprintf(tab, "   graphs / no graphs: tg %.3fx", best_tg[i] / best_tg[i0]);
-                if (both_p) fprintf(tab, "   device / host pick: tg %.3fx", best_tg[i] / best_tg[ip]);
+                const int both = o->n_gv == 2 && o->gv[gi] && !res->oom[i] && !res->oom[i0] && res->best_tg[i0] > 0;
+                const int both_p = o->n_pv == 2 && o->pv[pi] && !res->oom[i] && !res->oom[ip] && res->best_tg[ip] > 0;
+                fprintf(tab, "%-8d %-10s ", o->ctxs[c], o->kv_items[k]);
+                if (o->dev) fprintf(tab, "%6d %6s ", o->gv[gi], o->pv[pi] ? "device" : "host");
+                if (res->oom[i]) fprintf(tab, "%12s %12s %14s", "-", "oom", "-");
+                else fprintf(tab, "%12.1f %12.1f %14.1f", res->best_pp[i], res->best_tg[i], res->bpt[i]);
+                if (o->find_max) fprintf(tab, " %9d", res->maxr[c * 32 + k]);
+                if (both) fprintf(tab, "   graphs / no graphs: tg %.3fx", res->best_tg[i] / res->best_tg[i0]);
+                if (both_p) fprintf(tab, "   device / host pick: tg %.3fx", res->best_tg[i] / res->best_tg[ip]);
                 fputc('\n', tab);
-                cJSON *o = cJSON_CreateObject();
-                cJSON_AddItemToArray(arr, o);
-                cJSON_AddNumberToObject(o, "ctx", ctxs[c]);
-                cJSON_AddStringToObject(o, "device", dev ? "cuda" : "cpu");
-                cJSON_AddStringToObject(o, "kv", kv_items[k]);
-                cJSON_AddStringToObject(o, "fill", synth ? "synthetic" : "prefill");
-                cJSON_AddStringToObject(o, "gemm", fast_gemm ? "cublas" : "invariant");
-                cJSON_AddStringToObject(o, "matmul", dev ? "device" : mcli_matmul_name(mcli_exact));
-                if (dev) cJSON_AddBoolToObject(o, "graphs", gv[gi]);
-                cJSON_AddStringToObject(o, "pick", pv[pi] ? "device" : "host");
-                if (oom[i] || synth) cJSON_AddNullToObject(o, "prefill_tokens_per_s");
-                else json_add_num(o, "prefill_tokens_per_s", best_pp[i], 2);
-                if (oom[i]) cJSON_AddNullToObject(o, "decode_tokens_per_s");
-                else json_add_num(o, "decode_tokens_per_s", best_tg[i], 2);
-                if (both) json_add_num(o, "decode_graphs_speedup", best_tg[i] / best_tg[i0], 4);
-                if (both_p) json_add_num(o, "decode_pick_speedup", best_tg[i] / best_tg[ip], 4);
-                if (oom[i]) cJSON_AddStringToObject(o, "error", "out of memory");
-                json_add_num(o, "kv_bytes_per_token", bpt[i], 1);
-                cJSON_AddNumberToObject(o, "threads", threads);
-                cJSON_AddNumberToObject(o, "gen", gen);
-                cJSON_AddNumberToObject(o, "rows", rows);
-                cJSON_AddNumberToObject(o, "window", window);
-                if (find_max) cJSON_AddNumberToObject(o, "max_rows", maxr[c * 32 + k]);
+                bm_json_row(o, res, arr, c, k, gi, pi, both, both_p, i0, ip);
             }
-    if (json && !rc) rc = json_print(stdout, arr, 0, "bench model") ? 1 : 0;
+    if (o->json && !rc) rc = json_print(stdout, arr, 0, "bench model") ? 1 : 0;
     else cJSON_Delete(arr);
+    return rc;
+}
+
+// ---------------------------------------------------------------------------
+// Command
+// ---------------------------------------------------------------------------
+
+int cmd_bench_model(int argc, char **argv) {
+    bm_opts o;
+    int rc = bm_parse_args(argc, argv, &o);
+    if (rc) return rc;
+    rc = bm_parse_lists(&o);
+    char dir[4096];
+    tqkv_model *m = NULL;
+    if (rc || !mcli_resolve_model(CMD, o.model_arg, dir, sizeof dir) ||
+        mcli_load_dev(CMD, dir, o.blas, o.f32w, o.threads, o.dev, &m)) {
+        bm_opts_free(&o);
+        return rc ? rc : 1;
+    }
+    const int V = tqkv_model_get_config(m)->vocab_size;
+    int max_ctx = 1;
+    for (int i = 0; i < o.n_ctx; i++) max_ctx = o.ctxs[i] > max_ctx ? o.ctxs[i] : max_ctx;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)max_ctx);   // [max_ctx]
+    float *logits = malloc(sizeof(float) * (size_t)V * o.rows); // [rows, vocab]
+    bm_results *res = calloc(1, sizeof *res);
+    if (!tok || !logits || !res) {
+        fprintf(stderr, "tqkv bench model: out of memory\n");
+        rc = 1;
+        goto done;
+    }
+    bm_fill_tokens(tok, max_ctx, V);
+    /* the table is the progress display: on stderr when stdout carries JSON */
+    FILE *tab = o.json ? stderr : stdout;
+    const tqkv_model_state_params base = bm_prepare(&o, m, tab);
+    bm_warm_up(m, &base, tok, max_ctx, logits);
+    rc = bm_measure_all(&o, m, &base, tok, logits, res);
+    if (!rc && o.find_max) bm_find_max_rows(&o, m, &base, res);
+    rc = bm_report(&o, res, tab, rc);
+done:
+    free(res);
     free(tok);
     free(logits);
-    free(ctx_copy);
-    free(kv_copy);
+    bm_opts_free(&o);
     tqkv_model_free(m);
     return rc;
 }
