@@ -171,41 +171,24 @@ static void load_stop(int n, pid_t *pids) {
 }
 
 // ---------------------------------------------------------------------------
-// Command
+// Options
 // ---------------------------------------------------------------------------
 
-int cmd_bench_engine(int argc, char **argv) {
-    const char *model_arg = MCLI_DEFAULT_MODEL, *draft = NULL, *kv = "tq4", *text_path = NULL;
-    const char *conc_arg = "1,4,16", *device = "cpu";
-    int prompt_tokens = 200, max_tokens = 128, requests = 0, threads = 1, K = 4, json = 0;
-    int window = 0, prefix = 0, load = 0, chunk = 256, no_check = 0, reps = 1;
-    double budget_mb = 0;
-    const arg_spec specs[] = {
-        {"--model", ARG_STR, &model_arg, "model directory (default " MCLI_DEFAULT_MODEL ")"},
-        {"--kv", ARG_STR, &kv, "KV format, e.g. tq4 or tq4/tq3 (default tq4)"},
-        {"--window", ARG_INT, &window, "q8 recent window (default 0)"},
-        {"--concurrency", ARG_STR, &conc_arg, "comma-separated in-flight requests (default 1,4,16)"},
-        {"--requests", ARG_INT, &requests, "requests per point (default 2 x concurrency, >= 4)"},
-        {"--prompt-tokens", ARG_INT, &prompt_tokens, "prompt length (default 200)"},
-        {"--max-tokens", ARG_INT, &max_tokens, "tokens generated per request (default 128)"},
-        {"--text", ARG_STR, &text_path, "prompt source (default ../shared/data/heldout-code.txt)"},
-        {"--threads", ARG_INT, &threads, "compute threads (default 1)"},
-        {"--exact", ARG_FLAG, &mcli_exact, MCLI_EXACT_HELP},
-        {"--prefill-chunk", ARG_INT, &chunk, "prefill chunk (default 256)"},
-        {"--kv-budget-mb", ARG_DOUBLE, &budget_mb, "KV budget in MiB (default: a quarter of RAM)"},
-        {"--draft", ARG_STR, &draft, "draft model: every point also runs with it, side by side"},
-        {"--draft-tokens", ARG_INT, &K, "draft tokens per round (default 4)"},
-        {"--prefix", ARG_INT, &prefix, "also measure a prefix-cache hit: shared prefix of N tokens"},
-        {"--load", ARG_INT, &load, "busy processes to run beside the benchmark (default 0)"},
-        {"--reps", ARG_INT, &reps, "repeat each point (plain/draft alternating) (default 1)"},
-        {"--no-check", ARG_FLAG, &no_check, "skip the check against concurrency 1"},
-        {"--device", ARG_STR, &device, "cpu|cuda: where the model runs (default cpu)"},
-        {"--json", ARG_FLAG, &json, "print one JSON object"},
-    };
-    const int n_specs = (int)(sizeof specs / sizeof specs[0]);
-    if (args_parse(CMD, argc, argv, specs, n_specs) != 0) return 2;
-    /* OpenMP teams must not spin on a shared machine: libgomp reads OMP_WAIT_POLICY at
-     * start-up, so with threads > 1 and no policy set, re-execute with passive waits */
+typedef struct {
+    const char *model_arg, *draft, *kv, *text_path;
+    const char *conc_arg, *device;
+    int prompt_tokens, max_tokens, requests, threads, K, json;
+    int window, prefix, load, chunk, no_check, reps;
+    double budget_mb;
+    int conc[16], n_conc; /* --concurrency values */
+    char mdir[1024];      /* the resolved model directory */
+    char tbuf[1100];      /* the default --text path */
+} be_opts;
+
+/* OpenMP teams must not spin on a shared machine: libgomp reads OMP_WAIT_POLICY at
+ * start-up, so with threads > 1 and no policy set, re-execute with passive waits
+ * (returns only when there is no need or the exec failed). */
+static void be_reexec_passive(int argc, char **argv, int threads) {
     if (threads > 1 && !getenv("OMP_WAIT_POLICY")) {
         char **nargv = calloc((size_t)argc + 4, sizeof *nargv);
         if (nargv) {
@@ -218,52 +201,301 @@ int cmd_bench_engine(int argc, char **argv) {
             free(nargv); /* exec failed: run as we are */
         }
     }
-    int conc[16], n_conc = 0;
-    for (const char *p = conc_arg; *p && n_conc < 16;) {
-        conc[n_conc] = atoi(p);
-        if (conc[n_conc] < 1 || conc[n_conc] > 256) {
+}
+
+/* Defaults, the command line and its checks; 0, or the exit code (message printed). */
+static int be_parse_args(int argc, char **argv, be_opts *o) {
+    *o = (be_opts){
+        .model_arg = MCLI_DEFAULT_MODEL, .kv = "tq4",
+        .conc_arg = "1,4,16", .device = "cpu",
+        .prompt_tokens = 200, .max_tokens = 128, .threads = 1, .K = 4,
+        .chunk = 256, .reps = 1,
+    };
+    const arg_spec specs[] = {
+        {"--model", ARG_STR, &o->model_arg, "model directory (default " MCLI_DEFAULT_MODEL ")"},
+        {"--kv", ARG_STR, &o->kv, "KV format, e.g. tq4 or tq4/tq3 (default tq4)"},
+        {"--window", ARG_INT, &o->window, "q8 recent window (default 0)"},
+        {"--concurrency", ARG_STR, &o->conc_arg, "comma-separated in-flight requests (default 1,4,16)"},
+        {"--requests", ARG_INT, &o->requests, "requests per point (default 2 x concurrency, >= 4)"},
+        {"--prompt-tokens", ARG_INT, &o->prompt_tokens, "prompt length (default 200)"},
+        {"--max-tokens", ARG_INT, &o->max_tokens, "tokens generated per request (default 128)"},
+        {"--text", ARG_STR, &o->text_path, "prompt source (default ../shared/data/heldout-code.txt)"},
+        {"--threads", ARG_INT, &o->threads, "compute threads (default 1)"},
+        {"--exact", ARG_FLAG, &mcli_exact, MCLI_EXACT_HELP},
+        {"--prefill-chunk", ARG_INT, &o->chunk, "prefill chunk (default 256)"},
+        {"--kv-budget-mb", ARG_DOUBLE, &o->budget_mb, "KV budget in MiB (default: a quarter of RAM)"},
+        {"--draft", ARG_STR, &o->draft, "draft model: every point also runs with it, side by side"},
+        {"--draft-tokens", ARG_INT, &o->K, "draft tokens per round (default 4)"},
+        {"--prefix", ARG_INT, &o->prefix, "also measure a prefix-cache hit: shared prefix of N tokens"},
+        {"--load", ARG_INT, &o->load, "busy processes to run beside the benchmark (default 0)"},
+        {"--reps", ARG_INT, &o->reps, "repeat each point (plain/draft alternating) (default 1)"},
+        {"--no-check", ARG_FLAG, &o->no_check, "skip the check against concurrency 1"},
+        {"--device", ARG_STR, &o->device, "cpu|cuda: where the model runs (default cpu)"},
+        {"--json", ARG_FLAG, &o->json, "print one JSON object"},
+    };
+    const int n_specs = (int)(sizeof specs / sizeof specs[0]);
+    if (args_parse(CMD, argc, argv, specs, n_specs) != 0) return 2;
+    be_reexec_passive(argc, argv, o->threads);
+    o->n_conc = 0;
+    for (const char *p = o->conc_arg; *p && o->n_conc < 16;) {
+        o->conc[o->n_conc] = atoi(p);
+        if (o->conc[o->n_conc] < 1 || o->conc[o->n_conc] > 256) {
             fprintf(stderr, "tqkv %s: --concurrency values must be in [1, 256]\n", CMD);
             return 2;
         }
-        n_conc++;
+        o->n_conc++;
         p = strchr(p, ',');
         if (!p) break;
         p++;
     }
-    if (prompt_tokens < 1 || max_tokens < 1 || threads < 1 || K < 1 || prefix < 0 || load < 0 ||
-        load > 64 || chunk < 1 || reps < 1 || reps > 16) {
+    if (o->prompt_tokens < 1 || o->max_tokens < 1 || o->threads < 1 || o->K < 1 || o->prefix < 0 ||
+        o->load < 0 || o->load > 64 || o->chunk < 1 || o->reps < 1 || o->reps > 16) {
         fprintf(stderr, "tqkv %s: bad numeric option\n", CMD);
         return 2;
     }
-    char mdir[1024], tbuf[1100];
-    if (!mcli_resolve_model(CMD, model_arg, mdir, sizeof mdir)) return 1;
-    if (!text_path) {
-        snprintf(tbuf, sizeof tbuf, "%s/../../../shared/data/heldout-code.txt", mdir);
-        text_path = tbuf;
+    return 0;
+}
+
+/* Requests per point at concurrency C: --requests, else 2 C (at least 4). */
+static int be_requests(const be_opts *o, int C) {
+    return o->requests ? o->requests : (2 * C < 4 ? 4 : 2 * C);
+}
+
+/* The engine's parameters (model resolved, default --text set); 0, or the exit code
+ * (message printed). */
+static int be_engine_params(be_opts *o, tqkv_engine_params *ep) {
+    if (!mcli_resolve_model(CMD, o->model_arg, o->mdir, sizeof o->mdir)) return 1;
+    if (!o->text_path) {
+        snprintf(o->tbuf, sizeof o->tbuf, "%s/../../../shared/data/heldout-code.txt", o->mdir);
+        o->text_path = o->tbuf;
     }
-    tqkv_engine_params ep = tqkv_engine_params_default();
-    ep.model_dir = mdir;
-    ep.threads = threads;
-    ep.bf16_act = !mcli_exact;
-    ep.window = window;
-    ep.prefill_chunk = chunk;
-    ep.kv_budget = (size_t)(budget_mb * 1048576.0);
-    if (mcli_parse_device(CMD, device, &ep.device)) return 2;
-    if (mcli_parse_kv(CMD, kv, &ep.k_format, &ep.v_format)) return 2;
+    *ep = tqkv_engine_params_default();
+    ep->model_dir = o->mdir;
+    ep->threads = o->threads;
+    ep->bf16_act = !mcli_exact;
+    ep->window = o->window;
+    ep->prefill_chunk = o->chunk;
+    ep->kv_budget = (size_t)(o->budget_mb * 1048576.0);
+    if (mcli_parse_device(CMD, o->device, &ep->device)) return 2;
+    if (mcli_parse_kv(CMD, o->kv, &ep->k_format, &ep->v_format)) return 2;
     int maxc = 1;
-    for (int i = 0; i < n_conc; i++) maxc = conc[i] > maxc ? conc[i] : maxc;
-    ep.parallel = maxc;
-    ep.queue_max = 4096;
+    for (int i = 0; i < o->n_conc; i++) maxc = o->conc[i] > maxc ? o->conc[i] : maxc;
+    ep->parallel = maxc;
+    ep->queue_max = 4096;
+    return 0;
+}
+
+/* Prompt tokens: the held-out text's first 4 MB tokenized into *ids [*n_ids], enough for
+ * Nmax prompts (and the prefix measure); 0 or -1 (message printed). */
+static int be_tokens(const be_opts *o, tqkv_engine *e, int Nmax, int32_t **ids, size_t *n_ids) {
+    char *text = NULL;
+    size_t tlen = 0;
+    if (mcli_read_file(CMD, o->text_path, &text, &tlen)) return -1;
+    size_t use = tlen < 4000000 ? tlen : 4000000;
+    tqkv_status st = tqkv_tokenizer_encode(tqkv_engine_tokenizer(e), text, use, 0, ids, n_ids);
+    free(text);
+    if (st != TQKV_OK) {
+        fprintf(stderr, "tqkv %s: tokenize: %s\n", CMD, tqkv_last_error());
+        return -1;
+    }
+    if (*n_ids < (size_t)o->prompt_tokens * Nmax + (size_t)o->prefix + 64) {
+        fprintf(stderr, "tqkv %s: the text has %zu tokens, too few for %d prompts of %d\n", CMD,
+                *n_ids, Nmax, o->prompt_tokens);
+        return -1;
+    }
+    return 0;
+}
+
+// ---------------------------------------------------------------------------
+// Points and their report
+// ---------------------------------------------------------------------------
+
+/* One measured point: a table row, or an object in pts with --json. */
+static void be_report_point(const be_opts *o, cJSON *pts, const point *p, int d, int rep, int C,
+                            int N, int same) {
+    double acc = p->drafted ? (double)p->accepted / (double)p->drafted : 0;
+    if (o->json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddItemToArray(pts, j);
+        cJSON_AddStringToObject(j, "mode", d ? "draft" : "plain");
+        cJSON_AddNumberToObject(j, "rep", rep);
+        cJSON_AddNumberToObject(j, "concurrency", C);
+        cJSON_AddNumberToObject(j, "requests", N);
+        cJSON_AddNumberToObject(j, "generated", (double)p->gen);
+        json_add_num(j, "wall_s", p->wall, 3);
+        json_add_num(j, "tok_s", p->tok_s, 2);
+        json_add_num(j, "ttft_p50_s", p->ttft50, 4);
+        json_add_num(j, "ttft_p99_s", p->ttft99, 4);
+        json_add_num(j, "itl_p50_s", p->itl50, 5);
+        json_add_num(j, "itl_p99_s", p->itl99, 5);
+        cJSON_AddNumberToObject(j, "spec_drafted", (double)p->drafted);
+        cJSON_AddNumberToObject(j, "spec_accepted", (double)p->accepted);
+        json_add_num(j, "acceptance", acc, 4);
+        if (o->no_check) cJSON_AddNullToObject(j, "same_as_alone");
+        else cJSON_AddBoolToObject(j, "same_as_alone", same);
+    } else {
+        printf("%-6s %-5d %9.1f %9.3f %9.3f %9.2f %9.2f %8.3f %8s\n", d ? "draft" : "plain", C,
+               p->tok_s, p->ttft50, p->ttft99, 1e3 * p->itl50, 1e3 * p->itl99, acc,
+               o->no_check ? "-" : same ? "yes" : "NO");
+    }
+    fflush(stdout);
+}
+
+/* Every point at concurrency C (plain, and with ed plain / draft alternating, --reps
+ * times), then the median draft / plain ratio of the pairs measured; 0 or -1 (a point
+ * failed: message printed, the ratio of the pairs before it still reported). */
+static int be_concurrency(const be_opts *o, tqkv_engine *e, tqkv_engine *ed,
+                          int32_t *const *prompts, const uint64_t *ref, int C, cJSON *pts) {
+    const int N = be_requests(o, C);
+    double ratios[32];
+    int n_ratio = 0, ok = 1;
+    double plain_tok = 0;
+    for (int rd = 0; rd < o->reps * (ed ? 2 : 1); rd++) {
+        int d = ed ? rd % 2 : 0;
+        point p;
+        memset(&p, 0, sizeof p);
+        p.hashes = calloc((size_t)N, sizeof *p.hashes);
+        fprintf(stderr, "tqkv %s: %s concurrency %d, %d requests\n", CMD, d ? "draft" : "plain", C, N);
+        if (run_point(d ? ed : e, prompts, o->prompt_tokens, N, C, o->max_tokens, &p)) {
+            free(p.hashes);
+            ok = 0;
+            break;
+        }
+        int same = 1;
+        if (!o->no_check)
+            for (int k = 0; k < N; k++) same &= p.hashes[k] == ref[k];
+        be_report_point(o, pts, &p, d, ed ? rd / 2 : rd, C, N, same);
+        free(p.hashes);
+        if (d == 0) plain_tok = p.tok_s;
+        else if (n_ratio < 32) ratios[n_ratio++] = p.tok_s / plain_tok;
+    }
+    if (n_ratio > 0) {
+        double med = pct(ratios, (size_t)n_ratio, 0.5);
+        if (o->json) {
+            cJSON *j = cJSON_CreateObject();
+            cJSON_AddItemToArray(pts, j);
+            cJSON_AddStringToObject(j, "mode", "speedup");
+            cJSON_AddNumberToObject(j, "concurrency", C);
+            cJSON_AddNumberToObject(j, "pairs", n_ratio);
+            json_add_num(j, "draft_over_plain_median", med, 3);
+        } else
+            printf("speedup at concurrency %d: draft / plain tokens/s, median of %d "
+                   "side-by-side pairs: %.2fx\n", C, n_ratio, med);
+    }
+    return ok ? 0 : -1;
+}
+
+/* Prefix cache: one miss then hits on requests sharing o->prefix tokens of ids, on an
+ * engine of its own; reported as a line, or as root's "prefix" with --json. */
+static void be_prefix(const be_opts *o, const tqkv_engine_params *ep, const int32_t *ids,
+                      cJSON *root) {
+    const int prefix = o->prefix;
+    tqkv_engine_params pp = *ep;
+    pp.prefix_cache_bytes = (size_t)256 << 20;
+    pp.parallel = 1;
+    tqkv_engine *ep2 = NULL;
+    if (tqkv_engine_init(&ep2, &pp) != TQKV_OK) return;
+    enum { NP = 5 };
+    int plen = prefix + 32;
+    int32_t *pr = malloc(sizeof(int32_t) * (size_t)plen * NP); // [NP, plen]
+    int32_t *pv[NP];
+    for (int k = 0; k < NP; k++) {
+        memcpy(pr + (size_t)k * plen, ids, sizeof(int32_t) * (size_t)prefix);
+        memcpy(pr + (size_t)k * plen + prefix, ids + prefix + 32 * (k + 1), sizeof(int32_t) * 32);
+        pv[k] = pr + (size_t)k * plen;
+    }
+    double ttft[NP];
+    int cached[NP];
+    for (int k = 0; k < NP; k++) {
+        point p;
+        uint64_t h;
+        memset(&p, 0, sizeof p);
+        p.hashes = &h;
+        run_point(ep2, pv + k, plen, 1, 1, 1, &p);
+        ttft[k] = p.ttft50;
+        tqkv_engine_stats st;
+        tqkv_engine_stats_get(ep2, &st);
+        cached[k] = (int)st.prefix_tokens_reused;
+    }
+    double hit = 0;
+    for (int k = 1; k < NP; k++) hit += ttft[k];
+    hit /= NP - 1;
+    if (o->json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddItemToObject(root, "prefix", j);
+        cJSON_AddNumberToObject(j, "prefix_tokens", prefix);
+        cJSON_AddNumberToObject(j, "prompt_tokens", plen);
+        json_add_num(j, "miss_ttft_s", ttft[0], 4);
+        json_add_num(j, "hit_ttft_s", hit, 4);
+        cJSON_AddNumberToObject(j, "tokens_reused", cached[NP - 1] - cached[NP - 2]);
+        json_add_num(j, "saved", 1.0 - hit / ttft[0], 3);
+    } else
+        printf("prefix cache: prompt %d tokens (shared %d): miss TTFT %.3f s, hit TTFT "
+               "%.3f s (mean of %d), %d tokens reused per hit, %.0f%% of the TTFT saved\n", plen,
+               prefix, ttft[0], hit, NP - 1, cached[NP - 1] - cached[NP - 2],
+               100 * (1 - hit / ttft[0]));
+    free(pr);
+    tqkv_engine_free(ep2);
+}
+
+/* The JSON document's head; its "points" array in *pts. */
+static cJSON *be_json_root(const be_opts *o, const tqkv_engine_params *ep, cJSON **pts) {
+    cJSON *root = cJSON_CreateObject();
+    *pts = cJSON_CreateArray();
+    cJSON_AddStringToObject(root, "command", "bench engine");
+    cJSON_AddStringToObject(root, "kv", o->kv);
+    cJSON_AddStringToObject(root, "device", ep->device ? "cuda" : "cpu");
+    cJSON_AddNumberToObject(root, "threads", o->threads);
+    cJSON_AddNumberToObject(root, "load", o->load);
+    cJSON_AddNumberToObject(root, "prompt_tokens", o->prompt_tokens);
+    cJSON_AddNumberToObject(root, "max_tokens", o->max_tokens);
+    cJSON_AddItemToObject(root, "points", *pts);
+    return root;
+}
+
+/* The reference run, every concurrency and the prefix measure; 1 when all points ran,
+ * else 0. */
+static int be_measure(const be_opts *o, const tqkv_engine_params *ep, tqkv_engine *e,
+                      tqkv_engine *ed, int32_t *const *prompts, const int32_t *ids, int Nmax,
+                      cJSON *root, cJSON *pts) {
+    int sched_ok = 1;
+    uint64_t *ref = calloc((size_t)Nmax, sizeof *ref);
+    if (!o->json) printf("%-6s %-5s %9s %9s %9s %9s %9s %8s %8s\n", "mode", "conc", "tok/s", "ttft50",
+                         "ttft99", "itl50ms", "itl99ms", "accept", "same");
+    /* reference hashes at concurrency 1 */
+    if (!o->no_check) {
+        point p;
+        p.hashes = ref;
+        fprintf(stderr, "tqkv %s: reference run at concurrency 1 (%d requests)\n", CMD, Nmax);
+        if (run_point(e, prompts, o->prompt_tokens, Nmax, 1, o->max_tokens, &p)) sched_ok = 0;
+    }
+    for (int i = 0; i < o->n_conc && sched_ok; i++)
+        if (be_concurrency(o, e, ed, prompts, ref, o->conc[i], pts)) sched_ok = 0;
+    if (o->prefix > 0 && sched_ok) be_prefix(o, ep, ids, root);
+    free(ref);
+    return sched_ok;
+}
+
+// ---------------------------------------------------------------------------
+// Command
+// ---------------------------------------------------------------------------
+
+int cmd_bench_engine(int argc, char **argv) {
+    be_opts o;
+    int rc = be_parse_args(argc, argv, &o);
+    if (rc) return rc;
+    tqkv_engine_params ep;
+    if ((rc = be_engine_params(&o, &ep))) return rc;
 
     tqkv_engine *e = NULL, *ed = NULL;
     if (tqkv_engine_init(&e, &ep) != TQKV_OK) {
         fprintf(stderr, "tqkv %s: %s\n", CMD, tqkv_last_error());
         return 1;
     }
-    if (draft) {
+    if (o.draft) {
         tqkv_engine_params dp = ep;
-        dp.draft_dir = draft;
-        dp.draft_tokens = K;
+        dp.draft_dir = o.draft;
+        dp.draft_tokens = o.K;
         if (tqkv_engine_init(&ed, &dp) != TQKV_OK) {
             fprintf(stderr, "tqkv %s: %s\n", CMD, tqkv_last_error());
             tqkv_engine_free(e);
@@ -271,174 +503,31 @@ int cmd_bench_engine(int argc, char **argv) {
         }
     }
     /* prompts: consecutive windows of the held-out text */
-    char *text = NULL;
-    size_t tlen = 0;
     int Nmax = 0;
-    for (int i = 0; i < n_conc; i++) {
-        int n = requests ? requests : (2 * conc[i] < 4 ? 4 : 2 * conc[i]);
+    for (int i = 0; i < o.n_conc; i++) {
+        int n = be_requests(&o, o.conc[i]);
         Nmax = n > Nmax ? n : Nmax;
     }
-    if (mcli_read_file(CMD, text_path, &text, &tlen)) return 1;
-    int32_t *ids = NULL;
+    int32_t *ids = NULL, **prompts = NULL;
     size_t n_ids = 0;
-    size_t use = tlen < 4000000 ? tlen : 4000000;
-    if (tqkv_tokenizer_encode(tqkv_engine_tokenizer(e), text, use, 0, &ids, &n_ids) != TQKV_OK) {
-        fprintf(stderr, "tqkv %s: tokenize: %s\n", CMD, tqkv_last_error());
-        return 1;
-    }
-    free(text);
-    if (n_ids < (size_t)prompt_tokens * Nmax + (size_t)prefix + 64) {
-        fprintf(stderr, "tqkv %s: the text has %zu tokens, too few for %d prompts of %d\n", CMD,
-                n_ids, Nmax, prompt_tokens);
-        return 1;
-    }
-    int32_t **prompts = malloc(sizeof(int32_t *) * (size_t)Nmax);
-    for (int i = 0; i < Nmax; i++) prompts[i] = ids + (size_t)i * prompt_tokens;
+    rc = 1;
+    if (be_tokens(&o, e, Nmax, &ids, &n_ids)) goto done;
+    prompts = malloc(sizeof(int32_t *) * (size_t)Nmax);
+    for (int i = 0; i < Nmax; i++) prompts[i] = ids + (size_t)i * o.prompt_tokens;
 
     pid_t pids[64] = {0};
-    load_start(load, pids);
-    int sched_ok = 1;
-    uint64_t *ref = calloc((size_t)Nmax, sizeof *ref);
-    cJSON *root = cJSON_CreateObject(), *pts = cJSON_CreateArray();
-    cJSON_AddStringToObject(root, "command", "bench engine");
-    cJSON_AddStringToObject(root, "kv", kv);
-    cJSON_AddStringToObject(root, "device", ep.device ? "cuda" : "cpu");
-    cJSON_AddNumberToObject(root, "threads", threads);
-    cJSON_AddNumberToObject(root, "load", load);
-    cJSON_AddNumberToObject(root, "prompt_tokens", prompt_tokens);
-    cJSON_AddNumberToObject(root, "max_tokens", max_tokens);
-    cJSON_AddItemToObject(root, "points", pts);
-    if (!json) printf("%-6s %-5s %9s %9s %9s %9s %9s %8s %8s\n", "mode", "conc", "tok/s", "ttft50",
-                "ttft99", "itl50ms", "itl99ms", "accept", "same");
-    /* reference hashes at concurrency 1 */
-    if (!no_check) {
-        point p;
-        p.hashes = ref;
-        fprintf(stderr, "tqkv %s: reference run at concurrency 1 (%d requests)\n", CMD, Nmax);
-        if (run_point(e, prompts, prompt_tokens, Nmax, 1, max_tokens, &p)) sched_ok = 0;
-    }
-    for (int i = 0; i < n_conc && sched_ok; i++) {
-        int N = requests ? requests : (2 * conc[i] < 4 ? 4 : 2 * conc[i]);
-        double ratios[32];
-        int n_ratio = 0;
-        double plain_tok = 0;
-        for (int rd = 0; rd < reps * (ed ? 2 : 1) && sched_ok; rd++) {
-            int d = ed ? rd % 2 : 0;
-            point p;
-            memset(&p, 0, sizeof p);
-            p.hashes = calloc((size_t)N, sizeof *p.hashes);
-            fprintf(stderr, "tqkv %s: %s concurrency %d, %d requests\n", CMD, d ? "draft" : "plain",
-                    conc[i], N);
-            if (run_point(d ? ed : e, prompts, prompt_tokens, N, conc[i], max_tokens, &p)) {
-                sched_ok = 0;
-                break;
-            }
-            int same = 1;
-            if (!no_check)
-                for (int k = 0; k < N; k++) same &= p.hashes[k] == ref[k];
-            double acc = p.drafted ? (double)p.accepted / (double)p.drafted : 0;
-            if (json) {
-                cJSON *o = cJSON_CreateObject();
-                cJSON_AddItemToArray(pts, o);
-                cJSON_AddStringToObject(o, "mode", d ? "draft" : "plain");
-                cJSON_AddNumberToObject(o, "rep", ed ? rd / 2 : rd);
-                cJSON_AddNumberToObject(o, "concurrency", conc[i]);
-                cJSON_AddNumberToObject(o, "requests", N);
-                cJSON_AddNumberToObject(o, "generated", (double)p.gen);
-                json_add_num(o, "wall_s", p.wall, 3);
-                json_add_num(o, "tok_s", p.tok_s, 2);
-                json_add_num(o, "ttft_p50_s", p.ttft50, 4);
-                json_add_num(o, "ttft_p99_s", p.ttft99, 4);
-                json_add_num(o, "itl_p50_s", p.itl50, 5);
-                json_add_num(o, "itl_p99_s", p.itl99, 5);
-                cJSON_AddNumberToObject(o, "spec_drafted", (double)p.drafted);
-                cJSON_AddNumberToObject(o, "spec_accepted", (double)p.accepted);
-                json_add_num(o, "acceptance", acc, 4);
-                if (no_check) cJSON_AddNullToObject(o, "same_as_alone");
-                else cJSON_AddBoolToObject(o, "same_as_alone", same);
-            } else {
-                printf("%-6s %-5d %9.1f %9.3f %9.3f %9.2f %9.2f %8.3f %8s\n", d ? "draft" : "plain",
-                       conc[i], p.tok_s, p.ttft50, p.ttft99, 1e3 * p.itl50, 1e3 * p.itl99, acc,
-                       no_check ? "-" : same ? "yes" : "NO");
-            }
-            fflush(stdout);
-            free(p.hashes);
-            if (d == 0) plain_tok = p.tok_s;
-            else if (n_ratio < 32) ratios[n_ratio++] = p.tok_s / plain_tok;
-        }
-        if (n_ratio > 0) {
-            double med = pct(ratios, (size_t)n_ratio, 0.5);
-            if (json) {
-                cJSON *o = cJSON_CreateObject();
-                cJSON_AddItemToArray(pts, o);
-                cJSON_AddStringToObject(o, "mode", "speedup");
-                cJSON_AddNumberToObject(o, "concurrency", conc[i]);
-                cJSON_AddNumberToObject(o, "pairs", n_ratio);
-                json_add_num(o, "draft_over_plain_median", med, 3);
-            } else
-                printf("speedup at concurrency %d: draft / plain tokens/s, median of %d "
-                       "side-by-side pairs: %.2fx\n", conc[i], n_ratio, med);
-        }
-    }
-    /* prefix cache: one miss then hits on requests sharing `prefix` tokens */
-    if (prefix > 0 && sched_ok) {
-        tqkv_engine_params pp = ep;
-        pp.prefix_cache_bytes = (size_t)256 << 20;
-        pp.parallel = 1;
-        tqkv_engine *ep2 = NULL;
-        if (tqkv_engine_init(&ep2, &pp) == TQKV_OK) {
-            enum { NP = 5 };
-            int plen = prefix + 32;
-            int32_t *pr = malloc(sizeof(int32_t) * (size_t)plen * NP);
-            int32_t *pv[NP];
-            for (int k = 0; k < NP; k++) {
-                memcpy(pr + (size_t)k * plen, ids, sizeof(int32_t) * (size_t)prefix);
-                memcpy(pr + (size_t)k * plen + prefix, ids + prefix + 32 * (k + 1),
-                       sizeof(int32_t) * 32);
-                pv[k] = pr + (size_t)k * plen;
-            }
-            double ttft[NP];
-            int cached[NP];
-            for (int k = 0; k < NP; k++) {
-                point p;
-                uint64_t h;
-                memset(&p, 0, sizeof p);
-                p.hashes = &h;
-                run_point(ep2, pv + k, plen, 1, 1, 1, &p);
-                ttft[k] = p.ttft50;
-                tqkv_engine_stats st;
-                tqkv_engine_stats_get(ep2, &st);
-                cached[k] = (int)st.prefix_tokens_reused;
-            }
-            double hit = 0;
-            for (int k = 1; k < NP; k++) hit += ttft[k];
-            hit /= NP - 1;
-            if (json) {
-                cJSON *o = cJSON_CreateObject();
-                cJSON_AddItemToObject(root, "prefix", o);
-                cJSON_AddNumberToObject(o, "prefix_tokens", prefix);
-                cJSON_AddNumberToObject(o, "prompt_tokens", plen);
-                json_add_num(o, "miss_ttft_s", ttft[0], 4);
-                json_add_num(o, "hit_ttft_s", hit, 4);
-                cJSON_AddNumberToObject(o, "tokens_reused", cached[NP - 1] - cached[NP - 2]);
-                json_add_num(o, "saved", 1.0 - hit / ttft[0], 3);
-            } else
-                printf("prefix cache: prompt %d tokens (shared %d): miss TTFT %.3f s, hit TTFT "
-                       "%.3f s (mean of %d), %d tokens reused per hit, %.0f%% of the TTFT saved\n", plen,
-                       prefix, ttft[0], hit, NP - 1, cached[NP - 1] - cached[NP - 2],
-                       100 * (1 - hit / ttft[0]));
-            free(pr);
-            tqkv_engine_free(ep2);
-        }
-    }
+    load_start(o.load, pids);
+    cJSON *pts = NULL, *root = be_json_root(&o, &ep, &pts);
+    int sched_ok = be_measure(&o, &ep, e, ed, prompts, ids, Nmax, root, pts);
     /* the document is printed whole, also after a failed point (the exit status says so) */
-    int jrc = json ? json_print(stdout, root, 0, CMD) : 0; /* frees root */
-    if (!json) cJSON_Delete(root);
-    load_stop(load, pids);
-    free(ref);
+    int jrc = o.json ? json_print(stdout, root, 0, CMD) : 0; /* frees root */
+    if (!o.json) cJSON_Delete(root);
+    load_stop(o.load, pids);
+    rc = sched_ok && !jrc ? 0 : 1;
+done:
     free(prompts);
     free(ids);
     tqkv_engine_free(e);
     tqkv_engine_free(ed);
-    return sched_ok && !jrc ? 0 : 1;
+    return rc;
 }
