@@ -472,12 +472,13 @@ static void prefill_item(const attn_ctx *c, const attn_item *it, float *scratch,
 }
 
 // ---------------------------------------------------------------------------
-// Entry
+// Entry: checks, context, per-query token ranges, work items, one parallel region
 // ---------------------------------------------------------------------------
-tqkv_status attn_batch(const struct tqkv_batch *b, const tqkv_mask *mask, const float *q,
-                       int n_query, const tqkv_attn_params *p, float *out) {
+
+static tqkv_status attn_check(const struct tqkv_batch *b, const tqkv_mask *mask, const float *q,
+                              int nq, const tqkv_attn_params *p, const float *out) {
     if (!b || !q || !p || !out) return tqkv_fail(TQKV_EINVAL, "attn_batch: NULL argument");
-    const int rows = b->rows, kvh = b->cfg.kv_heads, d = b->cfg.head_dim, nq = n_query;
+    const int kvh = b->cfg.kv_heads, d = b->cfg.head_dim;
     if (kvh < 1 || p->q_heads < 1 || p->q_heads % kvh)
         return tqkv_fail(TQKV_EINVAL, "attention: q_heads %d is not a positive multiple of "
                                       "kv_heads %d", p->q_heads, kvh);
@@ -485,42 +486,34 @@ tqkv_status attn_batch(const struct tqkv_batch *b, const tqkv_mask *mask, const 
     if (tqkv_check_dim(d) != TQKV_OK) return tqkv_fail(TQKV_EINVAL, "attention: bad head_dim %d", d);
     if ((int)p->kernel < 0 || p->kernel >= TQKV_KERNEL_COUNT)
         return tqkv_fail(TQKV_EINVAL, "attention: unknown kernel set %d", (int)p->kernel);
-    if (mask && (mask->rows != rows || mask->n_query != nq || !mask->lo || !mask->hi))
+    if (mask && (mask->rows != b->rows || mask->n_query != nq || !mask->lo || !mask->hi))
         return tqkv_fail(TQKV_EINVAL, "attention: mask is for %d rows x %d queries, call has "
-                                      "%d x %d", mask->rows, mask->n_query, rows, nq);
-    if (rows == 0) return TQKV_OK;
+                                      "%d x %d", mask->rows, mask->n_query, b->rows, nq);
+    return TQKV_OK;
+}
 
-    attn_ctx c;
-    memset(&c, 0, sizeof c);
-    c.b = b;
-    c.isa = (tqkv_cpu_has_avx2() && attn_isa_avx2()) ? attn_isa_avx2() : attn_isa_scalar();
-    if (c.isa == attn_isa_avx2() && tqkv_cpu_has_avx512()) c.isa = attn_isa_avx512();
-    c.kernel = p->kernel;
-    c.rows = rows;
-    c.kvh = kvh;
-    c.qh = p->q_heads;
-    c.G = p->q_heads / kvh;
-    c.d = d;
-    c.nq = nq;
-    c.scale = p->scale;
-    c.krot = c.kernel != TQKV_KERNEL_DENSE && b->k.codec.rotated;
-    c.vrot = c.kernel != TQKV_KERNEL_DENSE && b->v.codec.rotated;
-    const int nt = p->threads > 0 ? p->threads : 1;
-    const int G = c.G;
+static void attn_ctx_init(attn_ctx *c, const struct tqkv_batch *b, int nq, const tqkv_attn_params *p) {
+    memset(c, 0, sizeof *c);
+    c->b = b;
+    c->isa = (tqkv_cpu_has_avx2() && attn_isa_avx2()) ? attn_isa_avx2() : attn_isa_scalar();
+    if (c->isa == attn_isa_avx2() && tqkv_cpu_has_avx512()) c->isa = attn_isa_avx512();
+    c->kernel = p->kernel;
+    c->rows = b->rows;
+    c->kvh = b->cfg.kv_heads;
+    c->qh = p->q_heads;
+    c->G = p->q_heads / c->kvh;
+    c->d = b->cfg.head_dim;
+    c->nq = nq;
+    c->scale = p->scale;
+    c->krot = c->kernel != TQKV_KERNEL_DENSE && b->k.codec.rotated;
+    c->vrot = c->kernel != TQKV_KERNEL_DENSE && b->v.codec.rotated;
+}
 
-    // ---- sizes and items --------------------------------------------------
-    int ok = 1;
-    const size_t nvec = tqkv_mul(tqkv_mul((size_t)rows, (size_t)c.qh, &ok), (size_t)nq, &ok);
-    const size_t qfloats = tqkv_mul(nvec, (size_t)d, &ok);
-    const size_t nrq = tqkv_mul((size_t)rows, (size_t)nq, &ok);
-    if (!ok) return tqkv_fail(TQKV_EINVAL, "attention: shape too large");
-
-    int32_t *qlo = tqkv_malloc(sizeof(int32_t) * nrq * 2);   // [rows, nq] lo then hi
-    float *qd = tqkv_malloc(sizeof(float) * qfloats);       // [rows, q_heads, nq, d]
-    int *nseg = NULL, *seg0 = NULL;                          // [rows] decode segments
-    if (!qlo || !qd) goto nomem;
-    int32_t *qhi = qlo + nrq;
-    for (int r = 0; r < rows; r++) {
+/* Visible tokens [qlo, qhi) of each (row, query), in the row's token numbering: the mask's
+ * columns less the row's padding, or (no mask) causal over the last nq tokens. */
+static void attn_ranges(const struct tqkv_batch *b, const tqkv_mask *mask, int nq, int32_t *qlo,
+                        int32_t *qhi) {
+    for (int r = 0; r < b->rows; r++) {
         const int lp = b->left_pad[r], off = b->offset[r];
         for (int i = 0; i < nq; i++) {
             long lo, hi;
@@ -538,114 +531,144 @@ tqkv_status attn_batch(const struct tqkv_batch *b, const tqkv_mask *mask, const 
             qhi[(size_t)r * nq + i] = (int32_t)hi;
         }
     }
-    c.qlo = qlo;
-    c.qhi = qhi;
+}
 
-    size_t nitems = 0;
+/* The work of one call: decode (nq == 1) items are (row, head, ATTN_SEG segment) with their
+ * partial results combined per row; prefill items are (row, head, block of queries). */
+typedef struct {
+    attn_item *items;   /* [nitems] */
+    size_t nitems;
+    int *nseg, *seg0;   /* [rows] decode segments of each row, its first segment */
+    size_t *base;       /* [rows] decode: index of the row's first item */
+    float *parts;       /* [nitems, G, d + 2] decode partials */
+    size_t part_stride;
+} attn_work;
+
+static void attn_work_free(attn_work *w) {
+    free(w->items);
+    free(w->nseg);
+    free(w->seg0);
+    free(w->base);
+    free(w->parts);
+}
+
+static tqkv_status attn_work_init(attn_work *w, const attn_ctx *c) {
+    memset(w, 0, sizeof *w);
+    const int rows = c->rows, kvh = c->kvh, nq = c->nq;
     if (nq == 1) {
-        nseg = tqkv_malloc(sizeof(int) * (size_t)rows);
-        seg0 = tqkv_malloc(sizeof(int) * (size_t)rows);
-        if (!nseg || !seg0) goto nomem;
+        w->nseg = tqkv_malloc(sizeof(int) * (size_t)rows);
+        w->seg0 = tqkv_malloc(sizeof(int) * (size_t)rows);
+        w->base = tqkv_malloc(sizeof(size_t) * (size_t)rows);
+        if (!w->nseg || !w->seg0 || !w->base) goto nomem;
         for (int r = 0; r < rows; r++) {
-            const int lo = qlo[r], hi = qhi[r];
-            seg0[r] = lo / ATTN_SEG;
-            nseg[r] = hi > lo ? (hi - 1) / ATTN_SEG - lo / ATTN_SEG + 1 : 0;
-            nitems += (size_t)nseg[r] * kvh;
+            const int lo = c->qlo[r], hi = c->qhi[r];
+            w->seg0[r] = lo / ATTN_SEG;
+            w->nseg[r] = hi > lo ? (hi - 1) / ATTN_SEG - lo / ATTN_SEG + 1 : 0;
+            w->base[r] = w->nitems; /* items of row r start here */
+            w->nitems += (size_t)w->nseg[r] * kvh;
         }
+        w->part_stride = (size_t)c->G * (c->d + 2);
+        w->parts = tqkv_malloc(sizeof(float) * w->part_stride * (w->nitems ? w->nitems : 1));
+        if (!w->parts) goto nomem;
     } else {
-        const int qpi = prefill_queries_per_item(G);
-        nitems = (size_t)rows * kvh * (size_t)((nq + qpi - 1) / qpi);
+        const int qpi = prefill_queries_per_item(c->G);
+        w->nitems = (size_t)rows * kvh * (size_t)((nq + qpi - 1) / qpi);
     }
-    attn_item *items = tqkv_malloc(sizeof(attn_item) * (nitems ? nitems : 1));
-    const size_t scratch_per = nq == 1 ? decode_scratch_floats(G, d) : prefill_scratch_floats(G, d);
-    const size_t scratch_pad = (scratch_per + 15) & ~(size_t)15;   // 64-byte multiples
-    float *scratch = aligned_alloc(64, sizeof(float) * scratch_pad * (size_t)nt);
-    const size_t part_stride = (size_t)G * (d + 2);
-    float *parts = nq == 1 ? tqkv_malloc(sizeof(float) * part_stride * (nitems ? nitems : 1))
-                           : NULL;
-    size_t *base = nq == 1 ? tqkv_malloc(sizeof(size_t) * (size_t)rows) : NULL;   // [rows]
-    if (!items || !scratch || (nq == 1 && (!parts || !base))) {
-        free(items);
-        free(scratch);
-        free(parts);
-        free(base);
-        goto nomem;
-    }
-    memset(scratch, 0, sizeof(float) * scratch_pad * (size_t)nt);
-
-    // ---- items ----------------------------------------------------------------
+    w->items = tqkv_malloc(sizeof(attn_item) * (w->nitems ? w->nitems : 1));
+    if (!w->items) goto nomem;
     size_t n = 0;
-    if (nq == 1) {
-        for (int r = 0; r < rows; r++)
-            for (int h = 0; h < kvh; h++)
-                for (int s = 0; s < nseg[r]; s++) {
-                    attn_item *it = &items[n++];
-                    it->r = r;
-                    it->h = h;
-                    it->a = imax(qlo[r], (seg0[r] + s) * ATTN_SEG);
-                    it->z = imin(qhi[r], (seg0[r] + s + 1) * ATTN_SEG);
+    const int qpi = nq == 1 ? 1 : prefill_queries_per_item(c->G);
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < kvh; h++) {
+            const int parts = nq == 1 ? w->nseg[r] : (nq + qpi - 1) / qpi;
+            for (int s = 0; s < parts; s++) {
+                attn_item *it = &w->items[n++];
+                it->r = r;
+                it->h = h;
+                if (nq == 1) {
+                    it->a = imax(c->qlo[r], (w->seg0[r] + s) * ATTN_SEG);
+                    it->z = imin(c->qhi[r], (w->seg0[r] + s + 1) * ATTN_SEG);
+                } else {
+                    it->a = s * qpi;
+                    it->z = imin(nq, s * qpi + qpi);
                 }
-        // items of row r start at base[r] (prefix sums of nseg * kvh)
-        for (int r = 0, acc = 0; r < rows; r++) {
-            base[r] = (size_t)acc;
-            acc += nseg[r] * kvh;
+            }
         }
-    } else {
-        const int qpi = prefill_queries_per_item(G);
-        for (int r = 0; r < rows; r++)
-            for (int h = 0; h < kvh; h++)
-                for (int i0 = 0; i0 < nq; i0 += qpi) {
-                    attn_item *it = &items[n++];
-                    it->r = r;
-                    it->h = h;
-                    it->a = i0;
-                    it->z = imin(nq, i0 + qpi);
-                }
-    }
-    c.qd = qd;
+    return TQKV_OK;
+nomem:
+    attn_work_free(w);
+    return tqkv_fail(TQKV_ENOMEM, "attention: out of memory for scratch");
+}
 
-    // ---- run: one parallel region (queries -> items -> combine) -----------------
+/* One parallel region: queries into the K domain (qd, which c->qd reads), the items, then
+ * (decode) the combine. */
+static void attn_run(const attn_ctx *c, const attn_work *w, const float *q, float *qd,
+                     float *scratch, size_t scratch_pad, int nt, float *out) {
+    const struct tqkv_batch *b = c->b;
+    const int d = c->d, G = c->G;
+    const size_t nvec = (size_t)c->rows * c->qh * c->nq;
 #pragma omp parallel num_threads(nt)
     {
         float *scr = scratch + scratch_pad * (size_t)omp_get_thread_num();
-        // queries into the K domain
 #pragma omp for schedule(static)
         for (size_t v = 0; v < nvec; v++) {
-            float *dst = qd + v * d;
+            float *dst = qd + v * d; /* c->qd */
             memcpy(dst, q + v * d, sizeof(float) * (size_t)d);
-            if (c.krot) c.isa->rotate(b->k.codec.signs, d, dst);
+            if (c->krot) c->isa->rotate(b->k.codec.signs, d, dst);
         }
-        if (nq == 1) {
+        if (c->nq == 1) {
 #pragma omp for schedule(dynamic, 1)
-            for (size_t i = 0; i < nitems; i++)
-                decode_item(&c, &items[i], scr, parts + i * part_stride);
+            for (size_t i = 0; i < w->nitems; i++)
+                decode_item(c, &w->items[i], scr, w->parts + i * w->part_stride);
 #pragma omp for schedule(static)
-            for (size_t v = 0; v < (size_t)rows * c.qh; v++) {
-                const int r = (int)(v / c.qh), qhd = (int)(v % c.qh);
+            for (size_t v = 0; v < (size_t)c->rows * c->qh; v++) {
+                const int r = (int)(v / c->qh), qhd = (int)(v % c->qh);
                 const int h = qhd / G, g = qhd % G;
-                const float *pr = parts + (base[r] + (size_t)h * nseg[r]) * part_stride;
-                decode_combine(&c, pr, nseg[r], g, out + v * d);
+                const float *pr = w->parts + (w->base[r] + (size_t)h * w->nseg[r]) * w->part_stride;
+                decode_combine(c, pr, w->nseg[r], g, out + v * d);
             }
         } else {
 #pragma omp for schedule(dynamic, 1)
-            for (size_t i = 0; i < nitems; i++) prefill_item(&c, &items[i], scr, out);
+            for (size_t i = 0; i < w->nitems; i++) prefill_item(c, &w->items[i], scr, out);
         }
     }
+}
 
-    free(items);
+tqkv_status attn_batch(const struct tqkv_batch *b, const tqkv_mask *mask, const float *q,
+                       int n_query, const tqkv_attn_params *p, float *out) {
+    tqkv_status st = attn_check(b, mask, q, n_query, p, out);
+    if (st != TQKV_OK) return st;
+    if (b->rows == 0) return TQKV_OK;
+    attn_ctx c;
+    attn_ctx_init(&c, b, n_query, p);
+    const int nt = p->threads > 0 ? p->threads : 1;
+    int ok = 1;
+    const size_t nvec = tqkv_mul(tqkv_mul((size_t)c.rows, (size_t)c.qh, &ok), (size_t)c.nq, &ok);
+    const size_t qfloats = tqkv_mul(nvec, (size_t)c.d, &ok);
+    const size_t nrq = tqkv_mul((size_t)c.rows, (size_t)c.nq, &ok);
+    if (!ok) return tqkv_fail(TQKV_EINVAL, "attention: shape too large");
+    int32_t *qlo = tqkv_malloc(sizeof(int32_t) * nrq * 2);   // [rows, nq] lo then hi
+    float *qd = tqkv_malloc(sizeof(float) * qfloats);       // [rows, q_heads, nq, d]
+    const size_t scratch_per = c.nq == 1 ? decode_scratch_floats(c.G, c.d) : prefill_scratch_floats(c.G, c.d);
+    const size_t scratch_pad = (scratch_per + 15) & ~(size_t)15;   // 64-byte multiples
+    float *scratch = aligned_alloc(64, sizeof(float) * scratch_pad * (size_t)nt);
+    attn_work w;
+    memset(&w, 0, sizeof w);
+    if (!qlo || !qd || !scratch) st = tqkv_fail(TQKV_ENOMEM, "attention: out of memory for scratch");
+    if (st == TQKV_OK) {
+        attn_ranges(b, mask, c.nq, qlo, qlo + nrq);
+        c.qlo = qlo;
+        c.qhi = qlo + nrq;
+        c.qd = qd;
+        st = attn_work_init(&w, &c);
+    }
+    if (st == TQKV_OK) {
+        memset(scratch, 0, sizeof(float) * scratch_pad * (size_t)nt);
+        attn_run(&c, &w, q, qd, scratch, scratch_pad, nt, out);
+    }
+    attn_work_free(&w);
     free(scratch);
-    free(parts);
-    free(base);
-    free(nseg);
-    free(seg0);
     free(qd);
     free(qlo);
-    return TQKV_OK;
-
-nomem:
-    free(nseg);
-    free(seg0);
-    free(qd);
-    free(qlo);
-    return tqkv_fail(TQKV_ENOMEM, "attention: out of memory for scratch");
+    return st;
 }
