@@ -246,8 +246,20 @@ typedef struct {
 } tqkv_cache_ref;
 /* New batch whose rows are the items' rows in order, right-aligned (left-padded). */
 TQKV_API tqkv_status tqkv_batch_merge(tqkv_batch **out, const tqkv_cache_ref *items, int n_items);
-/* Keep rows keep[0..n_keep) in that order (indices distinct); common left pad removed. */
+/* Keep rows keep[0..n_keep) in that order (indices distinct); common left pad removed.
+ * With keep in increasing order the rows are compacted in place (no allocation; the
+ * storage keeps its room for rows that join later), else the batch is rebuilt. */
 TQKV_API tqkv_status tqkv_batch_filter(tqkv_batch *b, const int *keep, int n_keep);
+/* Append the items' rows to b in place (b's rows keep their bytes and places; a joining
+ * row ends at b's last end column when it fits, else starts at column 0). The checks of
+ * tqkv_batch_merge apply. tqkv_batch_append_rows_reserve makes every allocation the append
+ * needs (rows grow by a quarter, columns as appends do) without changing b's contents;
+ * after it, tqkv_batch_append_rows with the same items cannot fail, so callers changing
+ * several batches together reserve on all first. */
+TQKV_API tqkv_status tqkv_batch_append_rows_reserve(tqkv_batch *b,
+                                                    const tqkv_cache_ref *items,
+                                                    int n_items);
+TQKV_API tqkv_status tqkv_batch_append_rows(tqkv_batch *b, const tqkv_cache_ref *items, int n_items);
 TQKV_API tqkv_status tqkv_batch_extract(const tqkv_batch *b, int row, tqkv_cache **out);
 /* Move each row so that its left padding is left_pad[r]. [rows] */
 TQKV_API tqkv_status tqkv_batch_align(tqkv_batch *b, const int *left_pad);

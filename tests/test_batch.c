@@ -491,7 +491,7 @@ static void test_random_ops_mirror_singles(void **state) {
         assert_int_equal(tqkv_batch_init(&b, &cfg, R), TQKV_OK);
         for (int i = 0; i < R; i++) assert_int_equal(tqkv_cache_init(&mir[i], &cfg), TQKV_OK);
         int spec = 0, spec_base[8];
-        for (int step = 0; step < 40; step++) {
+        for (int step = 0; step < 60; step++) {
             int op = rng_int(&r, 0, 7), off[8];
             assert_int_equal(tqkv_batch_offsets(b, off, NULL), TQKV_OK);
             int mn = 1 << 30;
@@ -532,6 +532,13 @@ static void test_random_ops_mirror_singles(void **state) {
                     perm[i] = perm[j];
                     perm[j] = t;
                 }
+                if (rng_int(&r, 0, 1)) /* in order: the in-place compaction */
+                    for (int i = 1; i < n_keep; i++)
+                        for (int j = i; j > 0 && perm[j - 1] > perm[j]; j--) {
+                            int t = perm[j];
+                            perm[j] = perm[j - 1];
+                            perm[j - 1] = t;
+                        }
                 assert_int_equal(tqkv_batch_filter(b, perm, n_keep), TQKV_OK);
                 for (int i = 0; i < n_keep; i++) {
                     nm[i] = mir[perm[i]];
@@ -558,10 +565,14 @@ static void test_random_ops_mirror_singles(void **state) {
                     free(v);
                 }
                 tqkv_cache_ref refs[2] = {{.batch = b}, {.single = c}};
-                tqkv_batch *m = NULL;
-                assert_int_equal(tqkv_batch_merge(&m, refs, 2), TQKV_OK);
-                tqkv_batch_free(b);
-                b = m;
+                if (rng_int(&r, 0, 1)) { /* in place */
+                    assert_int_equal(tqkv_batch_append_rows(b, refs + 1, 1), TQKV_OK);
+                } else {
+                    tqkv_batch *m = NULL;
+                    assert_int_equal(tqkv_batch_merge(&m, refs, 2), TQKV_OK);
+                    tqkv_batch_free(b);
+                    b = m;
+                }
                 mir[R++] = c;
             } else if (op == 7 && !spec) { /* export -> restore, the mirrors too */
                 blob x = blob_batch(b);
@@ -585,6 +596,68 @@ static void test_random_ops_mirror_singles(void **state) {
         for (int i = 0; i < R; i++) tqkv_cache_free(mir[i]);
         tqkv_batch_free(b);
     }
+}
+
+/* Rows joining in place: the held rows keep their bytes, the storage keeps its room after
+ * an in-order filter (a server's rows come and go without new allocations), and refused
+ * appends change nothing. */
+static void test_append_rows_inplace(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() ^ 27);
+    tqkv_cache_config cfg = random_cfg(&r, 0);
+    const int H = cfg.kv_heads, D = cfg.head_dim;
+    tqkv_batch *b = NULL;
+    tqkv_cache *c[6] = {0};
+    assert_int_equal(tqkv_batch_init(&b, &cfg, 0), TQKV_OK);
+    for (int i = 0; i < 6; i++) {
+        const int n = 3 + 5 * i;
+        float *k = rand_floats(&r, (size_t)H * n * D), *v = rand_floats(&r, (size_t)H * n * D);
+        assert_int_equal(tqkv_cache_init(&c[i], &cfg), TQKV_OK);
+        assert_int_equal(tqkv_cache_append(c[i], k, v, n), TQKV_OK);
+        free(k);
+        free(v);
+    }
+    tqkv_cache_ref refs[6];
+    for (int i = 0; i < 6; i++) refs[i] = (tqkv_cache_ref){.single = c[i]};
+    assert_int_equal(tqkv_batch_append_rows(b, refs, 4), TQKV_OK); /* into an empty batch */
+    for (int i = 0; i < 4; i++) assert_row_is(b, i, c[i]);
+    const int keep[2] = {1, 3};
+    assert_int_equal(tqkv_batch_filter(b, keep, 2), TQKV_OK);
+    const size_t room = tqkv_batch_bytes_allocated(b);
+    /* two rows join where two left, shorter than the longest held: no new storage */
+    tqkv_cache_ref two[2] = {refs[0], refs[2]};
+    assert_int_equal(tqkv_batch_append_rows(b, two, 2), TQKV_OK);
+    assert_int_equal(tqkv_batch_bytes_allocated(b), room);
+    const int want[4] = {1, 3, 0, 2};
+    for (int i = 0; i < 4; i++) assert_row_is(b, i, c[want[i]]);
+    /* refusals leave every row as it was */
+    blob before = blob_batch(b);
+    tqkv_cache_ref self = {.batch = b}, both = {.batch = b, .single = c[0]};
+    assert_int_equal(tqkv_batch_append_rows(b, &self, 1), TQKV_EINVAL);
+    assert_int_equal(tqkv_batch_append_rows(b, &both, 1), TQKV_EINVAL);
+    tqkv_cache_config other = cfg;
+    other.seed ^= 1;
+    tqkv_cache *o = NULL;
+    assert_int_equal(tqkv_cache_init(&o, &other), TQKV_OK);
+    tqkv_cache_ref oref = {.single = o};
+    assert_int_equal(tqkv_batch_append_rows(b, &oref, 1), TQKV_EINVAL);
+    assert_non_null(strstr(tqkv_last_error(), "seed"));
+    assert_int_equal(tqkv_batch_spec_begin(b), TQKV_OK);
+    assert_int_equal(tqkv_batch_append_rows(b, refs + 5, 1), TQKV_ESTATE);
+    assert_int_equal(tqkv_batch_spec_commit(b), TQKV_OK);
+    blob after = blob_batch(b);
+    assert_int_equal(after.n, before.n);
+    assert_memory_equal(after.p, before.p, before.n);
+    blob_free(&before);
+    blob_free(&after);
+    /* a row longer than every held one starts at column 0 and grows the columns */
+    assert_int_equal(tqkv_batch_append_rows(b, refs + 5, 1), TQKV_OK);
+    assert_row_is(b, 4, c[5]);
+    for (int i = 0; i < 4; i++) assert_row_is(b, i, c[want[i]]);
+    tqkv_cache_free(o);
+    for (int i = 0; i < 6; i++) tqkv_cache_free(c[i]);
+    tqkv_batch_free(b);
 }
 
 // ---------------------------------------------------------------------------
@@ -879,6 +952,7 @@ int main(void) {
         cmocka_unit_test(test_spec_survives_row_changes),
         cmocka_unit_test(test_trim_batch),
         cmocka_unit_test(test_random_ops_mirror_singles),
+        cmocka_unit_test(test_append_rows_inplace),
         cmocka_unit_test(test_masks_bruteforce),
         cmocka_unit_test(test_mask_lease),
         cmocka_unit_test(test_capture_equals_read),

@@ -580,6 +580,25 @@ static void test_refusals(void **st) {
     const char *mm = "{\"model_type\":\"qwen3_5\"}";
     assert_int_equal(model_config_parse(mm, strlen(mm), "mm.json", &c), TQKV_ECORRUPT);
     assert_non_null(strstr(tqkv_last_error(), "text_config"));
+    /* a rotary factor far outside (0, 1] is refused before any cast (the config fuzzer
+     * found 1.4e29 cast to int: undefined behaviour) */
+    char p[1024];
+    char *text = slurp(source_path("tests/golden/qwen35/hybrid/config.json", p, sizeof p), NULL);
+    assert_non_null(text);
+    const double bad[] = {1.4e29, -1e30, 0, 1.5};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cJSON *j = cJSON_Parse(text), *rp = cJSON_GetObjectItem(j, "rope_parameters");
+        assert_non_null(j);
+        cJSON *host = cJSON_IsObject(rp) ? rp : j;
+        cJSON_DeleteItemFromObject(host, "partial_rotary_factor");
+        cJSON_AddNumberToObject(host, "partial_rotary_factor", bad[i]);
+        char *out = cJSON_PrintUnformatted(j);
+        assert_int_equal(model_config_parse(out, strlen(out), "bad.json", &c), TQKV_ECORRUPT);
+        assert_non_null(strstr(tqkv_last_error(), "partial_rotary_factor"));
+        free(out);
+        cJSON_Delete(j);
+    }
+    free(text);
 }
 
 /* Copy a safetensors file renaming "model.X" tensors to "model.language_model.X". */

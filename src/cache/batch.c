@@ -150,7 +150,7 @@ void store_install(struct tqkv_batch *b, batch_store *s) {
     free(b->k.data); free(b->k.scales); free(b->v.data); free(b->v.scales);
     free(b->k.win_data); free(b->k.win_scales); free(b->v.win_data); free(b->v.win_scales);
     free(b->offset); free(b->left_pad); free(b->win_lo); free(b->prefill_pad); free(b->spec_base);
-    b->rows = s->rows;
+    b->rows = b->rows_cap = s->rows;
     b->cap = s->cap;
     b->k.data = s->kd; b->k.scales = s->ks; b->v.data = s->vd; b->v.scales = s->vs;
     b->k.win_data = s->kwd; b->k.win_scales = s->kws;
@@ -203,7 +203,7 @@ static tqkv_status ext_reserve(struct tqkv_batch *b, int need) {
 
 /* Copy row rs of one plane (n token columns from column cs, and the whole ring) into
  * storage row rd at column cd. */
-static void copy_plane_row(const struct tqkv_batch *src, const tqkv_plane *sp, int rs, int cs,
+void copy_plane_row(const struct tqkv_batch *src, const tqkv_plane *sp, int rs, int cs,
                            uint8_t *dd, uint16_t *ds, int8_t *dwd, uint16_t *dws, int dcap,
                            int rd, int cd, int n) {
     int H = src->cfg.kv_heads;
@@ -374,12 +374,12 @@ double tqkv_batch_bytes_per_token(const tqkv_batch *b) {
  * Padding columns and spare capacity are not counted. */
 size_t tqkv_batch_bytes_allocated(const tqkv_batch *b) {
     if (!b) return 0;
-    size_t rh = (size_t)b->rows * (size_t)b->cfg.kv_heads, dim = (size_t)b->cfg.head_dim;
+    size_t rh = (size_t)b->rows_cap * (size_t)b->cfg.kv_heads, dim = (size_t)b->cfg.head_dim;
     size_t per_col = b->k.codec.payload + b->v.codec.payload +
                      2 * ((size_t)b->k.codec.n_scales + (size_t)b->v.codec.n_scales);
     size_t ring = (size_t)b->ring * (dim + 2 * (dim / 32)) *
                   (size_t)(b->k.has_window + b->v.has_window);
-    return rh * ((size_t)b->cap * per_col + ring) + (size_t)b->rows * 5 * sizeof(int);
+    return rh * ((size_t)b->cap * per_col + ring) + (size_t)b->rows_cap * 5 * sizeof(int);
 }
 
 size_t tqkv_batch_bytes_used(const tqkv_batch *b) {

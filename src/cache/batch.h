@@ -52,6 +52,8 @@ typedef struct {
 struct tqkv_batch {
     tqkv_cache_config cfg;
     int   rows;
+    int   rows_cap;             /* rows the storage has room for (>= rows): rows are the
+                                   outer dimension, so appending rows in place moves none */
     int   cap;                  /* columns allocated per row (>= max end column) */
     int   ring;                 /* window + window_slack when a plane has a window, else 0 */
     int  *offset;               /* [rows] tokens held */

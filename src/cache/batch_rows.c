@@ -2,8 +2,9 @@
  * batch_rows.c - row changes: merge, filter, extract, align.
  * Owns: moving rows between caches by copying encoded bytes (main planes column by
  * column, the q8 ring slot for slot, since slots are indexed by token, not column).
- * Every call builds the new storage completely, then installs it: a failure leaves
- * every object as it was.
+ * A call that builds new storage builds it completely, then installs it; the in-place
+ * forms (filter with rows in order, append) first make every allocation they need and
+ * then move bytes, which cannot fail: either way a failure leaves every object as it was.
  * Must not: decode, rotate or requantize anything.
  */
 #include <stdlib.h>
@@ -81,6 +82,56 @@ tqkv_status tqkv_batch_merge(tqkv_batch **out, const tqkv_cache_ref *items, int 
 // Filter
 // ---------------------------------------------------------------------------
 
+static tqkv_status batch_resize_rows(struct tqkv_batch *b, int rows);
+
+/* Move row rs of plane p to row rd <= rs, its tokens `shift` columns to the left (same
+ * storage: every destination lies below every source still to be read). */
+static void plane_move_row(struct tqkv_batch *b, tqkv_plane *p, int rs, int rd, int shift) {
+    const size_t H = (size_t)b->cfg.kv_heads, cap = (size_t)b->cap, pay = p->codec.payload;
+    const size_t nsc = (size_t)p->codec.n_scales, lp = (size_t)b->left_pad[rs];
+    const size_t n = (size_t)b->offset[rs];
+    for (size_t h = 0; h < H && n > 0; h++) {
+        const size_t si = ((size_t)rs * H + h) * cap + lp, di = ((size_t)rd * H + h) * cap + lp - shift;
+        memmove(p->data + di * pay, p->data + si * pay, n * pay);
+        memmove(p->scales + di * nsc, p->scales + si * nsc, n * nsc * 2);
+    }
+    if (p->has_window && rs != rd) {
+        const size_t per = H * (size_t)b->ring, dim = (size_t)b->cfg.head_dim;
+        memmove(p->win_data + (size_t)rd * per * dim, p->win_data + (size_t)rs * per * dim, per * dim);
+        memmove(p->win_scales + (size_t)rd * per * (dim / 32),
+                p->win_scales + (size_t)rs * per * (dim / 32), per * (dim / 32) * 2);
+    }
+}
+
+/* keep strictly increasing (so distinct, and row i comes from row keep[i] >= i): compact
+ * the rows in place, tokens moved left by the common pad; no allocation, cannot fail. The
+ * storage keeps its room (rows_cap, cap) for the rows that join next. */
+static void batch_filter_inplace(struct tqkv_batch *b, const int *keep, int n_keep) {
+    int min_pad = 0;
+    for (int i = 0; i < n_keep; i++)
+        if (i == 0 || b->left_pad[keep[i]] < min_pad) min_pad = b->left_pad[keep[i]];
+    for (int i = 0; i < n_keep; i++) {
+        const int r = keep[i];
+        plane_move_row(b, &b->k, r, i, min_pad);
+        plane_move_row(b, &b->v, r, i, min_pad);
+        b->offset[i] = b->offset[r];
+        b->left_pad[i] = b->left_pad[r] - min_pad;
+        b->win_lo[i] = b->win_lo[r];
+        b->spec_base[i] = b->spec_base[r];
+        b->prefill_pad[i] = b->prefill_pad[r];
+    }
+    b->rows = n_keep;
+    b->ext_valid = 0; /* rows moved: the side buffer no longer matches them */
+    /* most rows gone (a server going idle): give the room back, keeping a quarter spare */
+    if (b->rows_cap > 2 * n_keep + 8) (void)batch_resize_rows(b, n_keep + n_keep / 4 + 4);
+}
+
+static int strictly_increasing(const int *keep, int n, int rows) {
+    for (int i = 0; i < n; i++)
+        if (keep[i] < 0 || keep[i] >= rows || (i > 0 && keep[i] <= keep[i - 1])) return 0;
+    return 1;
+}
+
 tqkv_status tqkv_batch_filter(tqkv_batch *b, const int *keep, int n_keep) {
     CACHE_CHECK(b, TQKV_EINVAL, "batch_filter: batch is NULL");
     CACHE_CHECK(n_keep >= 0, TQKV_EINVAL, "batch_filter: n_keep must be >= 0, got %d", n_keep);
@@ -89,6 +140,10 @@ tqkv_status tqkv_batch_filter(tqkv_batch *b, const int *keep, int n_keep) {
                 "batch_filter: n_keep = %d exceeds rows (%d) (indices must be distinct)", n_keep,
                 b->rows);
     CACHE_CHECK(!b->prefill_active, TQKV_ESTATE, "batch_filter: a prefill is in progress");
+    if (strictly_increasing(keep, n_keep, b->rows)) {
+        batch_filter_inplace(b, keep, n_keep);
+        return TQKV_OK;
+    }
     char *seen = calloc((size_t)(b->rows ? b->rows : 1), 1);
     if (!seen) return tqkv_fail(TQKV_ENOMEM, "batch_filter: out of memory");
     for (int i = 0; i < n_keep; i++) {
@@ -123,6 +178,139 @@ tqkv_status tqkv_batch_filter(tqkv_batch *b, const int *keep, int n_keep) {
     for (int i = 0; i < n_keep; i++)
         store_move_row(&s, i, b->left_pad[keep[i]] - min_pad, b, keep[i]);
     store_install(b, &s);
+    return TQKV_OK;
+}
+
+// ---------------------------------------------------------------------------
+// Append (in place)
+// ---------------------------------------------------------------------------
+
+/* Storage for `rows` rows (>= b->rows), grown or shrunk by realloc: rows are the outer
+ * dimension, so the held rows keep their bytes. Growing can fail (ENOMEM; an array already
+ * grown stays grown, rows_cap is raised only once all have); shrinking cannot (a refused
+ * shrink keeps the larger block). */
+static tqkv_status batch_resize_rows(struct tqkv_batch *b, int rows) {
+    const size_t H = (size_t)b->cfg.kv_heads, cap = (size_t)b->cap, dim = (size_t)b->cfg.head_dim;
+    const size_t ring = (size_t)b->ring, R = (size_t)rows;
+    const int grow = rows > b->rows_cap;
+    int ok = 1;
+#define RESIZE(ptr, row_bytes)                                                                  \
+    do {                                                                                        \
+        const size_t n_ = tqkv_mul(R, (row_bytes), &ok);                                        \
+        void *q_ = ok ? realloc((ptr), n_ ? n_ : 1) : NULL;                                     \
+        if (q_) (ptr) = q_;                                                                     \
+        else if (grow) goto oom;                                                                \
+    } while (0)
+    RESIZE(b->k.data, H * cap * b->k.codec.payload);
+    RESIZE(b->v.data, H * cap * b->v.codec.payload);
+    RESIZE(b->k.scales, H * cap * 2 * (size_t)b->k.codec.n_scales);
+    RESIZE(b->v.scales, H * cap * 2 * (size_t)b->v.codec.n_scales);
+    if (b->k.has_window) {
+        RESIZE(b->k.win_data, H * ring * dim);
+        RESIZE(b->k.win_scales, H * ring * 2 * (dim / 32));
+    }
+    if (b->v.has_window) {
+        RESIZE(b->v.win_data, H * ring * dim);
+        RESIZE(b->v.win_scales, H * ring * 2 * (dim / 32));
+    }
+    RESIZE(b->offset, sizeof(int));
+    RESIZE(b->left_pad, sizeof(int));
+    RESIZE(b->win_lo, sizeof(int));
+    RESIZE(b->prefill_pad, sizeof(int));
+    RESIZE(b->spec_base, sizeof(int));
+#undef RESIZE
+    b->rows_cap = rows;
+    return TQKV_OK;
+oom:
+    return tqkv_fail(TQKV_ENOMEM, "out of memory growing cache storage to %d rows x %d heads x "
+                     "%d columns", rows, b->cfg.kv_heads, b->cap);
+}
+
+/* Rows the items add, the longest of them, and whether they can join b (the checks of
+ * tqkv_batch_merge, b as item 0). */
+static tqkv_status append_check(const struct tqkv_batch *b, const tqkv_cache_ref *items,
+                                int n_items, long long *rows, int *maxlen) {
+    CACHE_CHECK(b, TQKV_EINVAL, "batch_append_rows: batch is NULL");
+    CACHE_CHECK(items || n_items == 0, TQKV_EINVAL, "batch_append_rows: items is NULL");
+    CACHE_CHECK(n_items >= 0, TQKV_EINVAL, "batch_append_rows: n_items must be >= 0, got %d", n_items);
+    CACHE_CHECK(!b->spec_active, TQKV_ESTATE, "batch_append_rows: the batch is in a spec round");
+    CACHE_CHECK(!b->prefill_active, TQKV_ESTATE, "batch_append_rows: the batch is in a prefill");
+    *rows = b->rows;
+    *maxlen = 0;
+    for (int i = 0; i < n_items; i++) {
+        const tqkv_cache_ref *it = &items[i];
+        if ((it->batch != NULL) == (it->single != NULL))
+            return tqkv_fail(TQKV_EINVAL, "batch_append_rows: item %d must set exactly one of batch "
+                             "and single", i);
+        if (it->single && !it->single->b)
+            return tqkv_fail(TQKV_EINVAL, "batch_append_rows: item %d is an invalid single cache", i);
+        const struct tqkv_batch *ib = ref_batch(it);
+        if (ib == b) return tqkv_fail(TQKV_EINVAL, "batch_append_rows: item %d is the batch itself", i);
+        if (ib->spec_active) return tqkv_fail(TQKV_ESTATE, "batch_append_rows: item %d is in a spec round", i);
+        if (ib->prefill_active) return tqkv_fail(TQKV_ESTATE, "batch_append_rows: item %d is in a prefill", i);
+        char what[160];
+        if (cache_config_diff(&b->cfg, &ib->cfg, what, sizeof what))
+            return tqkv_fail(TQKV_EINVAL, "batch_append_rows: item %d differs from the batch: %s", i, what);
+        *rows += ib->rows;
+        for (int r = 0; r < ib->rows; r++)
+            if (ib->offset[r] > *maxlen) *maxlen = ib->offset[r];
+    }
+    if (*rows > (1 << 24)) return tqkv_fail(TQKV_ERANGE, "batch_append_rows: too many rows (%lld)", *rows);
+    return TQKV_OK;
+}
+
+/* The column a joining row of n tokens ends at: the batch's last end column when it fits
+ * (rows end together, as tqkv_batch_merge lays them out), else n (left_pad 0). */
+static int append_end(const struct tqkv_batch *b, int n) {
+    int end = 0;
+    for (int r = 0; r < b->rows; r++)
+        if (b->left_pad[r] + b->offset[r] > end) end = b->left_pad[r] + b->offset[r];
+    return n <= end ? end : n;
+}
+
+tqkv_status tqkv_batch_append_rows_reserve(tqkv_batch *b, const tqkv_cache_ref *items, int n_items) {
+    long long rows = 0;
+    int maxlen = 0;
+    tqkv_status st = append_check(b, items, n_items, &rows, &maxlen);
+    if (st) return st;
+    const int need = append_end(b, maxlen);
+    if (need > b->cap && (st = batch_reserve(b, need))) return st;
+    if (rows > b->rows_cap) { /* a quarter spare: rows join and leave all the time */
+        long long want = (long long)b->rows_cap + b->rows_cap / 4 + 4;
+        if (want < rows) want = rows;
+        if (want > (1 << 24)) want = rows;
+        if ((st = batch_resize_rows(b, (int)want))) return st;
+    }
+    return TQKV_OK;
+}
+
+tqkv_status tqkv_batch_append_rows(tqkv_batch *b, const tqkv_cache_ref *items, int n_items) {
+    tqkv_status st = tqkv_batch_append_rows_reserve(b, items, n_items);
+    if (st) return st;
+    const size_t H = (size_t)b->cfg.kv_heads, cap = (size_t)b->cap;
+    const int end = append_end(b, 0);
+    for (int i = 0; i < n_items; i++) {
+        const struct tqkv_batch *ib = ref_batch(&items[i]);
+        for (int r = 0; r < ib->rows; r++) {
+            const int dr = b->rows, n = ib->offset[r], pad = (n <= end ? end : n) - n;
+            /* the new row's columns start as zeros, as in storage made by store_alloc */
+            memset(b->k.data + (size_t)dr * H * cap * b->k.codec.payload, 0, H * cap * b->k.codec.payload);
+            memset(b->v.data + (size_t)dr * H * cap * b->v.codec.payload, 0, H * cap * b->v.codec.payload);
+            memset(b->k.scales + (size_t)dr * H * cap * b->k.codec.n_scales, 0, H * cap * 2 * b->k.codec.n_scales);
+            memset(b->v.scales + (size_t)dr * H * cap * b->v.codec.n_scales, 0, H * cap * 2 * b->v.codec.n_scales);
+            copy_plane_row(ib, &ib->k, r, ib->left_pad[r], b->k.data, b->k.scales, b->k.win_data,
+                           b->k.win_scales, b->cap, dr, pad, n);
+            copy_plane_row(ib, &ib->v, r, ib->left_pad[r], b->v.data, b->v.scales, b->v.win_data,
+                           b->v.win_scales, b->cap, dr, pad, n);
+            b->offset[dr] = n;
+            b->left_pad[dr] = pad;
+            b->win_lo[dr] = ib->win_lo[r];
+            b->spec_base[dr] = ib->spec_base[r];
+            b->prefill_pad[dr] = ib->prefill_pad[r];
+            b->rows++;
+        }
+    }
+    b->ext_valid = 0;
     return TQKV_OK;
 }
 

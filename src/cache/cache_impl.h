@@ -34,6 +34,11 @@ typedef struct {
     int      *offset, *left_pad, *win_lo, *prefill_pad, *spec_base; // [rows]
 } batch_store;
 
+/* Copy row rs of one plane (n token columns from column cs, and the whole ring) into
+ * storage row rd at column cd of arrays with dcap columns a row. */
+void copy_plane_row(const struct tqkv_batch *src, const tqkv_plane *sp, int rs, int cs,
+                    uint8_t *dd, uint16_t *ds, int8_t *dwd, uint16_t *dws, int dcap, int rd,
+                    int cd, int n);
 /* Spare columns given to a batch that grows or is rebuilt around cap used columns. */
 int batch_headroom(int cap);
 /* Allocate zeroed storage for b's config with the given rows and cap. */

@@ -5,7 +5,8 @@
  * commit, rollback to a per-row keep), consistency checks, byte projections, and the
  * state export format used by the engine's prompt cache.
  * Owns: the rule that every layer changes or none does: each operation first builds or
- * validates every layer (and the recurrent rows), then installs all of them.
+ * validates every layer (and the recurrent rows), then installs all of them; host states'
+ * merge and in-order filter change the layers in place, every allocation first.
  * Must not: run the graph (arch/<name>/graph.c), schedule requests (src/engine), name an
  *   architecture.
  * Device states (s->gpu): every operation goes to the device twin (model_cuda.h) after the
@@ -348,6 +349,83 @@ int tqkv_model_context_len(const tqkv_model *m) {
 // Merge / filter / extract
 // ---------------------------------------------------------------------------
 
+// ---------------------------------------------------------------------------
+// In place (host states): the running batch of a server changes rows every few steps,
+// so its KV layers are compacted and appended where they are instead of rebuilt (no
+// second copy of every row, no fresh pages to fault in). Same every-layer-or-none rule:
+// every allocation first (the recurrent rows' new block, the append's room in each layer,
+// the per-row arrays), then the byte moves, which cannot fail.
+// ---------------------------------------------------------------------------
+
+static void set_rows(tqkv_model_state *s, int rows) {
+    if (rows != s->rows) s->cap_rn = 0; /* row-shaped scratch is re-sized on next use */
+    s->rows = rows;
+    s->p.rows = rows;
+}
+
+static int keep_increasing(const int *keep, int n, int rows) {
+    for (int i = 0; i < n; i++)
+        if (keep[i] < 0 || keep[i] >= rows || (i > 0 && keep[i] <= keep[i - 1])) return 0;
+    return 1;
+}
+
+static tqkv_status filter_inplace(tqkv_model_state *s, const int *keep, int n) {
+    model_recurrent *nr = NULL;
+    tqkv_status rc = s->rec ? rec_select(s->rec, keep, n, &nr) : TQKV_OK;
+    for (int l = 0; rc == TQKV_OK && l < s->m->cfg.n_layers; l++)
+        if (has_kv(rows_layer_kind_of(s->m, l))) rc = tqkv_batch_filter(s->layers[l], keep, n);
+    if (rc != TQKV_OK) { /* only rec_select can fail (before any layer moved) */
+        rec_free(nr);
+        return rc;
+    }
+    if (nr) {
+        rec_free(s->rec);
+        s->rec = nr;
+    }
+    set_rows(s, n);
+    return TQKV_OK;
+}
+
+static tqkv_status merge_inplace(tqkv_model_state *s, tqkv_model_state *const *src, int n_src,
+                                 int rows) {
+    const int L = s->m->cfg.n_layers;
+    int *off = calloc((size_t)rows, sizeof(int)), *len = calloc((size_t)rows, sizeof(int));
+    tqkv_cache_ref *it = calloc((size_t)n_src, sizeof *it);
+    model_recurrent *nr = NULL, **items = s->rec ? calloc((size_t)n_src + 1, sizeof *items) : NULL;
+    tqkv_status rc = off && len && it && (items || !s->rec) ? TQKV_OK
+                                                            : tqkv_fail(TQKV_ENOMEM, "state merge: out of memory");
+    if (rc == TQKV_OK && s->rec) {
+        items[0] = s->rec;
+        for (int i = 0; i < n_src; i++) items[i + 1] = src[i]->rec;
+        rc = rec_concat(&nr, items, n_src + 1);
+    }
+    for (int pass = 0; pass < 2 && rc == TQKV_OK; pass++) /* 0: room in every layer; 1: rows in */
+        for (int l = 0; l < L && rc == TQKV_OK; l++) {
+            if (!has_kv(rows_layer_kind_of(s->m, l))) continue;
+            for (int i = 0; i < n_src; i++) it[i].batch = src[i]->layers[l];
+            rc = pass ? tqkv_batch_append_rows(s->layers[l], it, n_src)
+                      : tqkv_batch_append_rows_reserve(s->layers[l], it, n_src);
+        }
+    free(it);
+    free(items);
+    if (rc != TQKV_OK) { /* pass 0 failed: every layer holds its rows as before */
+        free(off);
+        free(len);
+        rec_free(nr);
+        return rc;
+    }
+    free(s->off);
+    free(s->len);
+    s->off = off;
+    s->len = len;
+    if (nr) {
+        rec_free(s->rec);
+        s->rec = nr;
+    }
+    set_rows(s, rows);
+    return TQKV_OK;
+}
+
 tqkv_status tqkv_model_state_merge(tqkv_model_state *s, tqkv_model_state *const *src, int n_src) {
     if (!s || (n_src > 0 && !src) || n_src < 0)
         return tqkv_fail(TQKV_EINVAL, "state merge: NULL argument or n_src < 0");
@@ -370,6 +448,7 @@ tqkv_status tqkv_model_state_merge(tqkv_model_state *s, tqkv_model_state *const 
         rows += src[i]->rows;
     }
     if (rows > (1 << 20)) return tqkv_fail(TQKV_ERANGE, "state merge: too many rows (%lld)", rows);
+    if (!s->gpu) return merge_inplace(s, src, n_src, (int)rows);
     const int L = s->m->cfg.n_layers;
     tqkv_batch **nl = calloc((size_t)L, sizeof *nl);
     if (!nl) return tqkv_fail(TQKV_ENOMEM, "state merge: out of memory");
@@ -433,6 +512,7 @@ tqkv_status tqkv_model_state_filter(tqkv_model_state *s, const int *keep, int n_
     tqkv_status rc = tqkv_model_state_check(s);
     if (rc != TQKV_OK) return rc;
     if (spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "state filter: a spec round is active");
+    if (!s->gpu && keep_increasing(keep, n_keep, s->rows)) return filter_inplace(s, keep, n_keep);
     tqkv_batch **nl = NULL;
     model_recurrent *nr = NULL;
     if ((rc = rows_select_all(s, keep, n_keep, &nl, &nr)) != TQKV_OK) return rc;

@@ -94,8 +94,8 @@ tqkv_status qwen35_config_parse(const cJSON *root, const char *name, tqkv_model_
     if ((v = item(root, "partial_rotary_factor")) && cJSON_IsNumber(v)) f = v->valuedouble;
     if (cJSON_IsObject(rp) && (v = item(rp, "partial_rotary_factor")) && cJSON_IsNumber(v))
         f = v->valuedouble;
-    int rd = (int)(c->head_dim * f);
-    if (!(f > 0 && f <= 1) || rd < 2 || rd % 2)
+    const int rd = f > 0 && f <= 1 ? (int)(c->head_dim * f) : 0; /* cast only in range */
+    if (rd < 2 || rd % 2)
         return tqkv_fail(TQKV_ECORRUPT, "%s: partial_rotary_factor %g gives %d rotary dims of "
                          "head_dim %d (need an even count >= 2)", name, f, rd, c->head_dim);
     c->rotary_dim = rd;
