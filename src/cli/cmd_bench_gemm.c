@@ -136,7 +136,7 @@ int cmd_bench_gemm(int argc, char **argv) {
             const double gbps = wb / (m * 1e6), tfl = 2.0 * T[j] * (double)N[i] * K[i] / (m * 1e9);
             char shape[32];
             snprintf(shape, sizeof shape, "%dx%d", N[i], K[i]);
-            const char *tile = tqkv_cuda_gemm_tile(T[j], N[i]);
+            const char *tile = tqkv_cuda_gemm_tile(T[j], N[i], parts);
             fprintf(tab, "%-14s %7d %5s %10.4f %10.4f %7.2f %12.0f %10.1f\n", shape, T[j], tile, m, cm,
                     m / cm, gbps, tfl);
             cJSON *o = cJSON_CreateObject();

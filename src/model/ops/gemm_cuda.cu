@@ -205,14 +205,17 @@ gemm_kernel(const uint16_t *__restrict__ xb, int T, int K, const uint16_t *__res
 // host: the tile shapes and their pick
 // ---------------------------------------------------------------------------
 
-/* s<8 NT>: decode, 32 weight rows x up to 64 tokens, eight stages (the weights stream);
- * m: 64 x 64, four warps; l: prefill, 128 x 128, eight warps. */
+/* s<8 NT>: decode, 32 weight rows x up to 64 tokens, deep pipelines (the weights stream);
+ * m: 64 x 64, four warps; l: prefill, 128 x 128, eight warps of 64 x 32; xl: long prefill,
+ * 128 x 256, eight warps of 64 x 64 (half the shared-memory reads per mma; one activation
+ * part only: two would leave room for two stages). */
 #define GEMM_SHAPES(X, P)                                                                          \
     X(SH_S8, 2, 1, 1, 1, P, 8) X(SH_S16, 2, 1, 1, 2, P, 8) X(SH_S32, 2, 1, 1, 4, P, 8)             \
-    X(SH_S64, 2, 1, 1, 8, P, 6) X(SH_M, 2, 2, 2, 4, P, 4) X(SH_L, 2, 4, 4, 4, P, 4)
+    X(SH_S64, 2, 1, 1, 8, P, (P == 1 ? 6 : 4)) X(SH_M, 2, 2, 2, 4, P, 4) X(SH_L, 2, 4, 4, 4, P, 4)
+#define GEMM_SHAPES_P1(X) X(SH_XL, 2, 4, 4, 8, 1, 4)
 
-enum { SH_S8, SH_S16, SH_S32, SH_S64, SH_M, SH_L, SH_N };
-static const char *const g_shape_name[SH_N] = {"s8", "s16", "s32", "s64", "m", "l"};
+enum { SH_S8, SH_S16, SH_S32, SH_S64, SH_M, SH_L, SH_XL, SH_N };
+static const char *const g_shape_name[SH_N] = {"s8", "s16", "s32", "s64", "m", "l", "xl"};
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static int g_sms = 132, g_force = -1, g_ok;
@@ -234,6 +237,7 @@ static void gemm_init(void) {
 #define X(id, wm, wn, mt, nt, p, st) ok = ok && shape_setup<wm, wn, mt, nt, p, st>();
     GEMM_SHAPES(X, 1)
     GEMM_SHAPES(X, 2)
+    GEMM_SHAPES_P1(X)
 #undef X
     g_ok = ok;
     if (!ok) (void)cudaGetLastError();
@@ -242,11 +246,15 @@ static void gemm_init(void) {
         if (!strcmp(e, g_shape_name[i])) g_force = i;
 }
 
-static int shape_pick(int T, int N) {
-    if (g_force >= 0) return g_force;
-    if (T <= GEMM_CUDA_SMALL_T) return T <= 8 ? SH_S8 : T <= 16 ? SH_S16 : T <= 32 ? SH_S32 : SH_S64;
-    const long ltiles = (long)((T + 127) / 128) * ((N + 127) / 128);
-    return ltiles >= g_sms ? SH_L : SH_M; /* 128 x 128 once they fill the GPU */
+/* The shape for T tokens, N outputs and `parts` (xl has one part: l serves two). */
+static int shape_pick(int T, int N, int parts) {
+    int sh;
+    if (g_force >= 0) sh = g_force;
+    else if (T <= GEMM_CUDA_SMALL_T) sh = T <= 8 ? SH_S8 : T <= 16 ? SH_S16 : T <= 32 ? SH_S32 : SH_S64;
+    else if ((long)((T + 255) / 256) * ((N + 127) / 128) >= g_sms) sh = SH_XL; /* each fills the GPU */
+    else if ((long)((T + 127) / 128) * ((N + 127) / 128) >= g_sms) sh = SH_L;
+    else sh = SH_M;
+    return sh == SH_XL && parts != 1 ? SH_L : sh;
 }
 
 template <int WM, int WN, int MT, int NT, int P, int ST>
@@ -259,9 +267,9 @@ static void launch(cudaStream_t s, const uint16_t *xb, int T, int K, const uint1
 
 extern "C" size_t tqkv_cuda_gemm_xf_bytes(size_t T, size_t kmax) { return 2 * T * kmax * 2; }
 
-extern "C" const char *tqkv_cuda_gemm_tile(int T, int N) {
+extern "C" const char *tqkv_cuda_gemm_tile(int T, int N, int parts) {
     pthread_once(&g_once, gemm_init);
-    return g_shape_name[shape_pick(T < 1 ? 1 : T, N < 1 ? 1 : N)];
+    return g_shape_name[shape_pick(T < 1 ? 1 : T, N < 1 ? 1 : N, parts)];
 }
 
 extern "C" tqkv_status tqkv_cuda_gemm_set_tile(const char *name) {
@@ -275,7 +283,7 @@ extern "C" tqkv_status tqkv_cuda_gemm_set_tile(const char *name) {
             g_force = i;
             return TQKV_OK;
         }
-    return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm_set_tile: no tile shape '%s' (s8, s16, s32, s64, m, l)", name);
+    return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm_set_tile: no tile shape '%s' (s8, s16, s32, s64, m, l, xl)", name);
 }
 
 extern "C" tqkv_status tqkv_cuda_gemm(const float *x, size_t ldx, int T, const uint16_t *w, int N,
@@ -290,11 +298,12 @@ extern "C" tqkv_status tqkv_cuda_gemm(const float *x, size_t ldx, int T, const u
     const uint16_t *xb = (const uint16_t *)xf;
     const size_t n8 = (size_t)T * (size_t)(K / 8);
     gemm_split_kernel<<<(unsigned)((n8 + 255) / 256), 256, 0, s>>>(x, ldx, T, K, parts, (uint4 *)xf);
-    const int sh = shape_pick(T, N);
+    const int sh = shape_pick(T, N, parts);
 #define X(id, wm, wn, mt, nt, p, st)                                                                \
     if (sh == id && parts == p) launch<wm, wn, mt, nt, p, st>(s, xb, T, K, w, N, bias, y, ldy);
     GEMM_SHAPES(X, 1)
     GEMM_SHAPES(X, 2)
+    GEMM_SHAPES_P1(X)
 #undef X
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return tqkv_fail(TQKV_EUNSUPPORTED, "CUDA: gemm: %s", cudaGetErrorString(e));

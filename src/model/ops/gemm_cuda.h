@@ -13,8 +13,8 @@
  * Reduction order (the batch-invariance contract): one running f32 sum per output, starting
  * at 0, to which the k16 steps of K are added in ascending order, each step one mma (the
  * hi part) or two (hi, then lo); the bias last. No split of K, no partials, no fold. The
- * tile shape (picked from T and N for speed: small tiles for decode, 128 x 128 for
- * prefill) decides which CTA and warp computes an output, never its arithmetic: the weight
+ * tile shape (picked from T and N for speed: small tiles for decode, 128 x 128 and 128 x
+ * 256 for prefill) decides which CTA and warp computes an output, never its arithmetic: the weight
  * rows are always the mma's A operand and the tokens its B operand, at the same fragment
  * places for the same k. So a row's outputs are bitwise the same for every T;
  * test_cuda_model checks it across every tile shape.
@@ -45,9 +45,9 @@ TQKV_API tqkv_status tqkv_cuda_gemm(const float *x, size_t ldx, int T, const uin
                                     int K, const float *bias, float *y, size_t ldy, void *xf,
                                     int parts, void *stream);
 
-/* The tile shape tqkv_cuda_gemm picks for T tokens and N outputs ("s8" .. "s64", "m", "l"):
- * for benchmarks and the tests' coverage. */
-TQKV_API const char *tqkv_cuda_gemm_tile(int T, int N);
+/* The tile shape tqkv_cuda_gemm picks for T tokens, N outputs and `parts` ("s8" .. "s64",
+ * "m", "l", "xl"; two parts take "l" for "xl"): for benchmarks and the tests' coverage. */
+TQKV_API const char *tqkv_cuda_gemm_tile(int T, int N, int parts);
 
 /* Make every later call take the named tile shape (NULL: the pick by T and N again), as
  * TQKV_GEMM_TILE does: for the tests (every shape must give the same bits) and A/B
