@@ -127,7 +127,9 @@ typedef struct {
                         and run as AVX512_BF16 dot products with f32 sums, where the CPU has
                         them (2-3x the f32 kernels' rate; batch invariant, but not the f32
                         numerics: see bench/RESULTS.md for perplexity). 0 (default): the
-                        exact f32 path (transformers fp32 perplexity). Ignored elsewhere. */
+                        exact f32 path (transformers fp32 perplexity). On the device the
+                        same choice: 1 = the GEMMs round activations to bf16 (one MMA per
+                        product); 0 = activations as bf16 hi + lo (two MMAs, ~16 bits). */
 } tqkv_model_load_params;
 
 TQKV_API tqkv_model_load_params tqkv_model_load_params_default(void);

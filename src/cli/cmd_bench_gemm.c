@@ -4,14 +4,17 @@
  * device-to-device copy measured in the same run.
  *
  *   tqkv bench gemm [--shapes 6144x4096,4096x4096,28672x4096,4096x14336] [--tokens 1,8,32,512]
- *        [--reps 20] [--json]
+ *        [--parts 1|2] [--reps 20] [--json]
  *
  * Shapes are N x K (the default: Llama-3.1-8B's qkv, o, gate|up and down matrices), weights
  * random bf16, activations random f32. Before each repetition a 256 MiB write evicts L2
  * (a decode step never finds its weights there); each is timed with CUDA events around
- * one tqkv_cuda_gemm call (split kernel + MMA kernel + fold); ms is the median.
+ * one tqkv_cuda_gemm call (activation kernel + MMA kernel), and, alternating with it in
+ * the same loop, one cuBLAS bf16 call (the --fast-gemm path: its activation kernel +
+ * cublasGemmEx); ms and cublas_ms are the medians, ratio = ms / cublas_ms.
+ * --parts 1: bf16 activations (the default, cuBLAS's arithmetic class); 2: hi + lo.
  * weight_gbps = N K 2 bytes / ms (what a decode step must stream); tflops = 2 T N K / ms
- * (useful work, not counting the second bf16 MMA of the activations' low part);
+ * (useful work, not counting the second MMA of --parts 2);
  * copy_gbps = 2 x bytes / ms of a 2 GiB device-to-device cudaMemcpy (read + write).
  * Owns: the benchmark driver and its output. Must not: contain GEMM logic.
  */
@@ -33,6 +36,7 @@ int cmd_bench_gemm(int argc, char **argv) {
 }
 #else
 #include "cache/cache_cuda.h"
+#include "model/ops/gemm_cublas.h"
 #include "model/ops/gemm_cuda.h"
 
 static const char *CMD = "bench gemm";
@@ -44,10 +48,11 @@ static int cmp_d(const void *a, const void *b) {
 
 int cmd_bench_gemm(int argc, char **argv) {
     const char *shapes_s = "6144x4096,4096x4096,28672x4096,4096x14336", *tokens_s = "1,8,32,512";
-    int reps = 20, json = 0;
+    int reps = 20, json = 0, parts = 1;
     const arg_spec specs[] = {
         {"--shapes", ARG_STR, &shapes_s, "comma-separated NxK weight shapes (default: Llama-3.1-8B's)"},
         {"--tokens", ARG_STR, &tokens_s, "comma-separated token counts T (default 1,8,32,512)"},
+        {"--parts", ARG_INT, &parts, "activation parts: 1 bf16 (default), 2 hi + lo"},
         {"--reps", ARG_INT, &reps, "timed repetitions, median kept (default 20)"},
         {"--json", ARG_FLAG, &json, "print a JSON array on stdout"},
     };
@@ -70,8 +75,8 @@ int cmd_bench_gemm(int argc, char **argv) {
         }
         nt++;
     }
-    if (ns < 1 || nt < 1 || reps < 1) {
-        fprintf(stderr, "tqkv bench gemm: need shapes, tokens and --reps >= 1\n");
+    if (ns < 1 || nt < 1 || reps < 1 || (parts != 1 && parts != 2)) {
+        fprintf(stderr, "tqkv bench gemm: need shapes, tokens, --reps >= 1 and --parts 1 or 2\n");
         return 2;
     }
     if (!tqkv_cuda_available()) {
@@ -84,54 +89,66 @@ int cmd_bench_gemm(int argc, char **argv) {
         kmax = (size_t)K[i] > kmax ? (size_t)K[i] : kmax;
     }
     for (int i = 0; i < nt; i++) tmax = (size_t)T[i] > tmax ? (size_t)T[i] : tmax;
-    float *x = NULL, *y = NULL, *part = NULL, *wf = NULL, *flush = NULL;
+    float *x = NULL, *y = NULL, *wf = NULL, *flush = NULL;
+    gemm_cublas *cb = NULL;
     const size_t flush_n = (size_t)64 << 20; /* floats: 256 MiB */
     void *xf = NULL;
-    double copy_ms = 0, *ms = malloc(sizeof(double) * (size_t)reps);
+    double copy_ms = 0, *ms = malloc(sizeof(double) * (size_t)reps), *cms = malloc(sizeof(double) * (size_t)reps);
     /* weights: random floats reinterpreted as bf16 pairs (finite: N(0, 1) halves) */
-    tqkv_status st = ms ? TQKV_OK : TQKV_ENOMEM;
+    tqkv_status st = ms && cms ? TQKV_OK : TQKV_ENOMEM;
     if (!st) st = tqkv_cuda_malloc((void **)&flush, flush_n * 4);
     if (!st) st = tqkv_cuda_malloc((void **)&wf, nmax * kmax * 2 + 16);
     if (!st) st = tqkv_cuda_malloc((void **)&x, tmax * kmax * 4);
     if (!st) st = tqkv_cuda_malloc((void **)&y, tmax * nmax * 4);
     if (!st) st = tqkv_cuda_malloc(&xf, tqkv_cuda_gemm_xf_bytes(tmax, kmax));
-    if (!st) st = tqkv_cuda_malloc((void **)&part, tqkv_cuda_gemm_part_bytes(nmax, kmax) + 16);
+    if (!st) st = gemm_cublas_init(&cb, NULL);
     if (!st) st = tqkv_cuda_fill_normal(wf, nmax * kmax / 2, 1, 0.02f);
     if (!st) st = tqkv_cuda_fill_normal(x, tmax * kmax, 2, 1.0f);
     if (!st) st = tqkv_cuda_copy_ms((size_t)1 << 31, 10, &copy_ms);
     const double copy_gbps = st ? 0 : 2.0 * (double)(1ull << 31) / (copy_ms * 1e6);
     cJSON *arr = cJSON_CreateArray();
     FILE *tab = json ? stderr : stdout;
-    if (!st) fprintf(tab, "copy (device to device): %.0f GB/s\n%-14s %7s %10s %12s %10s\n", copy_gbps,
-                     "N x K", "T", "ms", "weight GB/s", "TFLOP/s");
+    if (!st) fprintf(tab, "copy (device to device): %.0f GB/s, activation parts %d\n%-14s %7s %5s %10s %10s %7s %12s %10s\n",
+                     copy_gbps, parts, "N x K", "T", "tile", "ms", "cublas_ms", "ratio", "weight GB/s", "TFLOP/s");
     for (int i = 0; i < ns && !st; i++)
         for (int j = 0; j < nt && !st; j++) {
             const uint16_t *w = (const uint16_t *)wf;
-            for (int r = -2; r < reps && !st; r++) { /* two warm-up calls */
-                void *tm = NULL;
-                st = tqkv_cuda_fill_normal(flush, flush_n, (uint64_t)r + 7, 1.0f);
-                if (!st) st = tqkv_cuda_timer_start(&tm);
-                if (!st) st = tqkv_cuda_gemm(x, (size_t)K[i], T[j], w, N[i], K[i], NULL, y, (size_t)N[i], xf, part, NULL);
-                double t = 0;
-                if (tm) {
-                    tqkv_status s2 = tqkv_cuda_timer_stop(tm, &t);
-                    st = st ? st : s2;
+            for (int r = -2; r < reps && !st; r++) /* two warm-up rounds */
+                for (int which = 0; which < 2 && !st; which++) {
+                    void *tm = NULL;
+                    double t = 0;
+                    st = tqkv_cuda_fill_normal(flush, flush_n, (uint64_t)r + 7, 1.0f);
+                    if (!st) st = tqkv_cuda_timer_start(&tm);
+                    if (!st && which == 0)
+                        st = tqkv_cuda_gemm(x, (size_t)K[i], T[j], w, N[i], K[i], NULL, y, (size_t)N[i], xf, parts, NULL);
+                    else if (!st)
+                        st = gemm_cublas_run(cb, x, (size_t)K[i], T[j], w, N[i], K[i], NULL, y, (size_t)N[i], xf);
+                    if (tm) {
+                        tqkv_status s2 = tqkv_cuda_timer_stop(tm, &t);
+                        st = st ? st : s2;
+                    }
+                    if (r >= 0) (which ? cms : ms)[r] = t;
                 }
-                if (r >= 0) ms[r] = t;
-            }
             if (st) break;
             qsort(ms, (size_t)reps, sizeof(double), cmp_d);
-            const double m = ms[reps / 2], wb = (double)N[i] * K[i] * 2;
+            qsort(cms, (size_t)reps, sizeof(double), cmp_d);
+            const double m = ms[reps / 2], cm = cms[reps / 2], wb = (double)N[i] * K[i] * 2;
             const double gbps = wb / (m * 1e6), tfl = 2.0 * T[j] * (double)N[i] * K[i] / (m * 1e9);
             char shape[32];
             snprintf(shape, sizeof shape, "%dx%d", N[i], K[i]);
-            fprintf(tab, "%-14s %7d %10.4f %12.0f %10.1f\n", shape, T[j], m, gbps, tfl);
+            const char *tile = tqkv_cuda_gemm_tile(T[j], N[i], parts);
+            fprintf(tab, "%-14s %7d %5s %10.4f %10.4f %7.2f %12.0f %10.1f\n", shape, T[j], tile, m, cm,
+                    m / cm, gbps, tfl);
             cJSON *o = cJSON_CreateObject();
             cJSON_AddItemToArray(arr, o);
             cJSON_AddNumberToObject(o, "n", N[i]);
             cJSON_AddNumberToObject(o, "k", K[i]);
             cJSON_AddNumberToObject(o, "tokens", T[j]);
+            cJSON_AddNumberToObject(o, "parts", parts);
+            cJSON_AddStringToObject(o, "tile", tile);
             json_add_num(o, "ms", m, 4);
+            json_add_num(o, "cublas_ms", cm, 4);
+            json_add_num(o, "ratio", m / cm, 3);
             json_add_num(o, "weight_gbps", gbps, 1);
             json_add_num(o, "tflops", tfl, 2);
             json_add_num(o, "copy_gbps", copy_gbps, 1);
@@ -143,9 +160,11 @@ int cmd_bench_gemm(int argc, char **argv) {
         cJSON_Delete(arr);
     } else if (json) rc = json_print(stdout, arr, 0, "bench gemm") ? 1 : 0;
     else cJSON_Delete(arr);
-    tqkv_cuda_free(wf); tqkv_cuda_free(x); tqkv_cuda_free(y); tqkv_cuda_free(xf); tqkv_cuda_free(part);
+    tqkv_cuda_free(wf); tqkv_cuda_free(x); tqkv_cuda_free(y); tqkv_cuda_free(xf);
     tqkv_cuda_free(flush);
+    gemm_cublas_free(cb);
     free(ms);
+    free(cms);
     return rc;
 }
 #endif

@@ -75,6 +75,8 @@ struct tqkv_model {
     int                    n_owned, cap_owned;
     size_t                 n_params;
     char                   wtype[8];
+    int                    bf16_act;    /* load parameter: bf16 activations in the products
+                                           (CPU AVX512_BF16 kernels; device GEMM parts 1) */
     char                   source[1024]; /* weights file or index, for messages */
     struct model_cuda_weights *gpu_weights; /* --device cuda: bf16 weights in GPU memory,
                                                uploaded by the first device state (model_cuda.h) */

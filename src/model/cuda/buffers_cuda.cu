@@ -144,7 +144,7 @@ tqkv_status mc_make_caches(model_cuda *g, int rows) {
 void mc_free_scratch(model_cuda *g) {
     if (g->stream) cudaStreamSynchronize(g->stream);
     void *d[] = {g->x,  g->xn, g->qkv, g->att, g->gu, g->hh,   g->tmp, g->rope, g->logits, g->tinfo,
-                 g->qb, g->ob, g->kb,  g->vb,  g->xf, g->part, g->cv,  g->slot, g->ple,    g->pg};
+                 g->qb, g->ob, g->kb,  g->vb,  g->xf, g->cv,  g->slot, g->ple,    g->pg};
     for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) cudaFree(d[i]);
     g->x = g->xn = g->qkv = g->att = g->gu = g->hh = g->tmp = g->rope = g->logits = NULL;
     g->ple = g->pg = NULL;
@@ -152,7 +152,7 @@ void mc_free_scratch(model_cuda *g) {
     g->slot = NULL;
     cudaFreeHost(g->h_slot);
     g->h_slot = NULL;
-    g->qb = g->ob = g->kb = g->vb = g->part = NULL;
+    g->qb = g->ob = g->kb = g->vb = NULL;
     g->xf = NULL;
     g->tinfo = NULL;
     cudaFree(g->pick_in);
@@ -266,13 +266,10 @@ tqkv_status mc_ensure_scratch(model_cuda *g, size_t T, size_t RN) {
         if (!st && P) st = dmalloc((void **)&g->ple, t * LP * 4);
         if (!st && P) st = dmalloc((void **)&g->pg, t * P * 4);
         if (!st) st = dmalloc((void **)&g->tinfo, t * 3 * 4);
-        size_t kmax = H > AW ? H : AW, nmax = PW;
+        size_t kmax = H > AW ? H : AW;
         kmax = kmax > I ? kmax : I;
         kmax = kmax > P ? kmax : P; /* Gemma 4's per-layer projection */
-        const size_t nn[4] = {2 * I, H, (size_t)c->vocab_size, LP};
-        for (int i = 0; i < 4; i++) nmax = nn[i] > nmax ? nn[i] : nmax;
         if (!st) st = dmalloc(&g->xf, tqkv_cuda_gemm_xf_bytes(t, kmax));
-        if (!st) st = dmalloc((void **)&g->part, tqkv_cuda_gemm_part_bytes(nmax, kmax));
         if (!st) st = pinned_alloc((void **)&g->h_rope, t * RW * 4);
         if (!st) st = pinned_alloc((void **)&g->h_tinfo, t * 3 * 4);
         if (st) {

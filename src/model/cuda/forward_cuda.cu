@@ -12,8 +12,9 @@
  * Must not: let an output element's reduction order depend on T, on the token's place in
  * a tile, or on other rows (batch invariance); call the host model's CPU forward.
  *
- * GEMMs: tqkv_cuda_gemm (gemm_cuda.h: tensor cores, activations split into bf16 hi + lo,
- * a reduction order fixed by K alone, so batch invariant by construction).
+ * GEMMs: tqkv_cuda_gemm (gemm_cuda.h: tensor cores, activations as bf16 (the model's
+ * bf16_act) or bf16 hi + lo, one running sum per output over K's k16 steps in order, so
+ * batch invariant by construction).
  * RoPE cos / sin come from the host's ops_rope_table (the CPU's exact values).
  *
  * Stream and CUDA graph: every kernel and copy of a state runs on its own non-blocking
@@ -278,6 +279,7 @@ extern "C" tqkv_status model_cuda_init(model_cuda **out, const tqkv_model *m,
         if (!st) ((tqkv_model *)m)->gpu_weights = w;
     }
     g->w = m->gpu_weights;
+    g->gemm_parts = m->bf16_act ? 1 : 2; /* the CPU's choice of activation precision */
     if (!st) st = mc_make_caches(g, rows);
     if (!st && p->device_fast_gemm) st = gemm_cublas_init(&g->cublas, g->stream);
     if (st) {
@@ -415,7 +417,7 @@ tqkv_status mc_gemm(model_cuda *g, const float *x, size_t ldx, int T, const bf16
                     const float *bias, float *y, size_t ldy) {
     if (g->cublas) /* xf holds >= T K 4 bytes: room for the bf16 activations */
         return gemm_cublas_run(g->cublas, x, ldx, T, (const uint16_t *)w, N, K, bias, y, ldy, g->xf);
-    return tqkv_cuda_gemm(x, ldx, T, (const uint16_t *)w, N, K, bias, y, ldy, g->xf, g->part, g->stream);
+    return tqkv_cuda_gemm(x, ldx, T, (const uint16_t *)w, N, K, bias, y, ldy, g->xf, g->gemm_parts, g->stream);
 }
 
 /* Speculative verification (extend_as_decode, n > 1): query j of each row attends as that

@@ -138,8 +138,8 @@ struct model_cuda {
     float *ple;          /* [T, n_layers P] per-layer inputs (arch ple_width P), else NULL */
     float *pg;           /* [T, P] per-layer gate, else NULL */
     void  *arch;         /* the architecture's own state buffers (its prepare hook), or NULL */
-    void   *xf;          /* GEMM activations, fragment order (gemm_cuda.h) */
-    float  *part;        /* GEMM segment partials [nseg, 32, N] */
+    void   *xf;          /* GEMM activations as bf16 parts [parts, T, K] (gemm_cuda.h) */
+    int     gemm_parts;  /* 1: bf16 activations (the model's bf16_act); 2: hi + lo */
     float  *logits;      /* [cap_logits, V] */
     size_t  cap_logits;
     int32_t *tinfo;      /* [T, 3] token id, row, column */

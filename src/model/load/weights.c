@@ -225,6 +225,7 @@ tqkv_status tqkv_model_load(tqkv_model **out, const char *dir, const tqkv_model_
     double t0 = tqkv_now_s();
     tqkv_model *m = tqkv_calloc(1, sizeof *m);
     if (!m) return TQKV_ENOMEM;
+    m->bf16_act = lp.bf16_act;
     tqkv_status rc = model_config_load(dir, &m->cfg, &m->gen);
     if (rc != TQKV_OK) goto fail;
     m->ops = model_arch_ops_of(m->cfg.arch);

@@ -3,23 +3,21 @@
  *     y[T, N] = x[T, K] . W[N, K]^T (+ bias[N])
  * x f32, W bf16 (stored as uint16_t), y f32, on tensor cores (mma.sync m16n8k16 bf16,
  * f32 accumulate).
- * Owns: the split of each activation into two bf16 parts (x = hi + lo, |x - hi - lo| <=
- * 2^-17 |x|: two MMAs per weight fragment, so activations keep ~16 significant bits where a
- * plain bf16 GEMM keeps 8), the fragment-ordered activation buffer, and the fixed
- * reduction order below.
- * Must not: let one output element's arithmetic depend on T, on the token's place in a tile
- * or on the other rows.
+ * Owns: the activations' bf16 form (one part: x rounded to bf16, as every bf16 engine does;
+ * two parts: x = hi + lo, |x - hi - lo| <= 2^-17 |x|, two MMAs per weight fragment, so the
+ * activations keep ~16 significant bits, the CPU's exact class), the shared-memory tiles
+ * and the fixed reduction order below.
+ * Must not: let one output element's arithmetic depend on T, on the token's place in a tile,
+ * on the tile shape or on the other rows.
  *
- * Reduction order (the batch-invariance contract): K is cut into segments of
- * GEMM_CUDA_SEG values. Inside a segment the k32 blocks are dealt to GEMM_CUDA_KW warps
- * round robin, each warp accumulating its blocks in ascending order (hi then lo per
- * k16 step), and the warps' sums are added in warp order. Segments are then added left to
- * right (s0 + s1 + ... ), and the bias last. Whether the segments are summed inside one
- * CTA (T > 32) or written as partials and folded by a second kernel (T <= 32, for
- * parallelism), and whether a warp keeps the four warps' sums itself (the tiled kernel, T >=
- * GEMM_CUDA_TILED_T, and per segment for GEMM_CUDA_SEG_TILED_T <= T <= 32: tiles staged in
- * shared memory), changes nothing in that order, so a row's outputs are bitwise the same for
- * every T. test_cuda_model checks it.
+ * Reduction order (the batch-invariance contract): one running f32 sum per output, starting
+ * at 0, to which the k16 steps of K are added in ascending order, each step one mma (the
+ * hi part) or two (hi, then lo); the bias last. No split of K, no partials, no fold. The
+ * tile shape (picked from T and N for speed: small tiles for decode, 128 x 128 and 128 x
+ * 256 for prefill) decides which CTA and warp computes an output, never its arithmetic: the weight
+ * rows are always the mma's A operand and the tokens its B operand, at the same fragment
+ * places for the same k. So a row's outputs are bitwise the same for every T;
+ * test_cuda_model checks it across every tile shape.
  */
 #ifndef TQKV_GEMM_CUDA_H
 #define TQKV_GEMM_CUDA_H
@@ -33,28 +31,28 @@
 extern "C" {
 #endif
 
-#define GEMM_CUDA_SEG 1024 /* k values per reduction segment */
-#define GEMM_CUDA_KW 4     /* warps sharing one segment's k32 blocks */
-#define GEMM_CUDA_SPLIT_T 32 /* T at or below which segments run in separate CTAs */
-#define GEMM_CUDA_TILED_T 128 /* T from which the kernel stages tiles in shared memory */
-#define GEMM_CUDA_SEG_TILED_T 17 /* T from which segments (T <= 32) are staged tiles too */
+#define GEMM_CUDA_SMALL_T 64 /* T at or below which decode tiles (32 weight rows) run */
 
-/* Scratch bytes for a GEMM of up to T tokens, K <= kmax, N <= nmax:
- * xf: fragment-ordered activations; part: segment partials (T <= GEMM_CUDA_SPLIT_T). */
+/* Scratch bytes for a GEMM of up to T tokens and K <= kmax: the activations' bf16 parts
+ * [parts, T, K] (room for two parts). */
 TQKV_API size_t tqkv_cuda_gemm_xf_bytes(size_t T, size_t kmax);
-TQKV_API size_t tqkv_cuda_gemm_part_bytes(size_t nmax, size_t kmax);
 
 /* y[t * ldy + n] = sum_k x[t * ldx + k] w[n * K + k] (+ bias[n]) for t < T, n < N.
- * All pointers are device memory; K % 8 == 0; xf / part as sized above (part may be NULL
- * when T > GEMM_CUDA_SPLIT_T). Asynchronous on `stream` (a cudaStream_t; NULL: the legacy
+ * All pointers are device memory; K % 8 == 0; xf as sized above; parts 1 (bf16
+ * activations) or 2 (hi + lo). Asynchronous on `stream` (a cudaStream_t; NULL: the legacy
  * default stream); allocates nothing and never waits, so it can be captured in a graph. */
 TQKV_API tqkv_status tqkv_cuda_gemm(const float *x, size_t ldx, int T, const uint16_t *w, int N,
                                     int K, const float *bias, float *y, size_t ldy, void *xf,
-                                    float *part, void *stream);
+                                    int parts, void *stream);
 
-/* 1 when the tiled kernel serves T >= GEMM_CUDA_TILED_T and GEMM_CUDA_SEG_TILED_T <= T <= 32
- * (0: TQKV_GEMM_TILED=0 in the environment, or the device refused its shared memory). */
-TQKV_API int tqkv_cuda_gemm_tiled(void);
+/* The tile shape tqkv_cuda_gemm picks for T tokens, N outputs and `parts` ("s8" .. "s64",
+ * "m", "l", "xl"; two parts take "l" for "xl"): for benchmarks and the tests' coverage. */
+TQKV_API const char *tqkv_cuda_gemm_tile(int T, int N, int parts);
+
+/* Make every later call take the named tile shape (NULL: the pick by T and N again), as
+ * TQKV_GEMM_TILE does: for the tests (every shape must give the same bits) and A/B
+ * benchmarks. TQKV_EINVAL for an unknown name. Not for use while GEMMs run on other threads. */
+TQKV_API tqkv_status tqkv_cuda_gemm_set_tile(const char *name);
 
 #ifdef __cplusplus
 }
