@@ -20,6 +20,37 @@ static const struct tqkv_batch *ref_batch(const tqkv_cache_ref *it) {
     return it->batch ? it->batch : it->single->b;
 }
 
+/* The items' checks shared by merge and append: each sets exactly one of batch / single,
+ * is in no spec round or prefill, and has the configuration of `ref` (NULL: of item 0,
+ * returned in *first), which it may not be. Adds their rows to *rows and raises *maxlen to
+ * their longest. `who` prefixes the messages. */
+static tqkv_status items_check(const char *who, const struct tqkv_batch *ref,
+                               const tqkv_cache_ref *items, int n_items,
+                               const struct tqkv_batch **first, long long *rows, int *maxlen) {
+    for (int i = 0; i < n_items; i++) {
+        const tqkv_cache_ref *it = &items[i];
+        if ((it->batch != NULL) == (it->single != NULL))
+            return tqkv_fail(TQKV_EINVAL, "%s: item %d must set exactly one of batch and single",
+                             who, i);
+        if (it->single && !it->single->b)
+            return tqkv_fail(TQKV_EINVAL, "%s: item %d is an invalid single cache", who, i);
+        const struct tqkv_batch *ib = ref_batch(it);
+        if (ref && ib == ref) return tqkv_fail(TQKV_EINVAL, "%s: item %d is the batch itself", who, i);
+        if (ib->spec_active) return tqkv_fail(TQKV_ESTATE, "%s: item %d is in a spec round", who, i);
+        if (ib->prefill_active) return tqkv_fail(TQKV_ESTATE, "%s: item %d is in a prefill", who, i);
+        const struct tqkv_batch *cmp = ref ? ref : *first;
+        char what[160];
+        if (!cmp) *first = ib;
+        else if (cache_config_diff(&cmp->cfg, &ib->cfg, what, sizeof what))
+            return tqkv_fail(TQKV_EINVAL, "%s: item %d differs from %s: %s", who, i,
+                             ref ? "the batch" : "item 0", what);
+        *rows += ib->rows;
+        for (int r = 0; r < ib->rows; r++)
+            if (ib->offset[r] > *maxlen) *maxlen = ib->offset[r];
+    }
+    return TQKV_OK;
+}
+
 /* Rows of every item in order, right-aligned: left_pad = max offset - offset.
  * Items may be batches or singles; they must share kv_heads, head_dim, formats, seed,
  * window and slack, and none may be in a prefill or spec round. */
@@ -31,33 +62,11 @@ tqkv_status tqkv_batch_merge(tqkv_batch **out, const tqkv_cache_ref *items, int 
     long long rows = 0;
     int maxlen = 0;
     const struct tqkv_batch *first = NULL;
-    for (int i = 0; i < n_items; i++) {
-        const tqkv_cache_ref *it = &items[i];
-        if ((it->batch != NULL) == (it->single != NULL))
-            return tqkv_fail(TQKV_EINVAL, "batch_merge: item %d must set exactly one of batch "
-                             "and single", i);
-        if (it->single && !it->single->b)
-            return tqkv_fail(TQKV_EINVAL, "batch_merge: item %d is an invalid single cache", i);
-        const struct tqkv_batch *ib = ref_batch(it);
-        if (ib->spec_active)
-            return tqkv_fail(TQKV_ESTATE, "batch_merge: item %d is in a spec round", i);
-        if (ib->prefill_active)
-            return tqkv_fail(TQKV_ESTATE, "batch_merge: item %d is in a prefill", i);
-        if (!first) {
-            first = ib;
-        } else {
-            char what[160];
-            if (cache_config_diff(&first->cfg, &ib->cfg, what, sizeof what))
-                return tqkv_fail(TQKV_EINVAL, "batch_merge: item %d differs from item 0: %s", i,
-                                 what);
-        }
-        rows += ib->rows;
-        for (int r = 0; r < ib->rows; r++)
-            if (ib->offset[r] > maxlen) maxlen = ib->offset[r];
-    }
+    tqkv_status st = items_check("batch_merge", NULL, items, n_items, &first, &rows, &maxlen);
+    if (st) return st;
     if (rows > (1 << 24)) return tqkv_fail(TQKV_ERANGE, "batch_merge: too many rows (%lld)", rows);
     struct tqkv_batch *nb;
-    tqkv_status st = batch_create(&nb, &first->cfg, 0, 0, 0);
+    st = batch_create(&nb, &first->cfg, 0, 0, 0);
     if (st) return st;
     batch_store s;
     /* headroom: the next append must not copy the whole batch again at once */
@@ -237,24 +246,9 @@ static tqkv_status append_check(const struct tqkv_batch *b, const tqkv_cache_ref
     CACHE_CHECK(!b->prefill_active, TQKV_ESTATE, "batch_append_rows: the batch is in a prefill");
     *rows = b->rows;
     *maxlen = 0;
-    for (int i = 0; i < n_items; i++) {
-        const tqkv_cache_ref *it = &items[i];
-        if ((it->batch != NULL) == (it->single != NULL))
-            return tqkv_fail(TQKV_EINVAL, "batch_append_rows: item %d must set exactly one of batch "
-                             "and single", i);
-        if (it->single && !it->single->b)
-            return tqkv_fail(TQKV_EINVAL, "batch_append_rows: item %d is an invalid single cache", i);
-        const struct tqkv_batch *ib = ref_batch(it);
-        if (ib == b) return tqkv_fail(TQKV_EINVAL, "batch_append_rows: item %d is the batch itself", i);
-        if (ib->spec_active) return tqkv_fail(TQKV_ESTATE, "batch_append_rows: item %d is in a spec round", i);
-        if (ib->prefill_active) return tqkv_fail(TQKV_ESTATE, "batch_append_rows: item %d is in a prefill", i);
-        char what[160];
-        if (cache_config_diff(&b->cfg, &ib->cfg, what, sizeof what))
-            return tqkv_fail(TQKV_EINVAL, "batch_append_rows: item %d differs from the batch: %s", i, what);
-        *rows += ib->rows;
-        for (int r = 0; r < ib->rows; r++)
-            if (ib->offset[r] > *maxlen) *maxlen = ib->offset[r];
-    }
+    const struct tqkv_batch *first = NULL;
+    tqkv_status st = items_check("batch_append_rows", b, items, n_items, &first, rows, maxlen);
+    if (st) return st;
     if (*rows > (1 << 24)) return tqkv_fail(TQKV_ERANGE, "batch_append_rows: too many rows (%lld)", *rows);
     return TQKV_OK;
 }
