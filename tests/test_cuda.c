@@ -13,7 +13,9 @@
  *     per-row rollback, trim, extract, merge, restore): the device state's canonical export
  *     equals the host batch's after the same operations, byte for byte;
  *   - several queries per row with masks (causal over left-padded rows, sliding window, the
- *     q8 window) against the CPU prefill engine (float32 both: rel. L2 < 1e-4);
+ *     q8 window: each query's own newest W tokens from the copies) against the CPU prefill
+ *     engine (float32 both: rel. L2 < 1e-4); after appends on both sides, long ones that
+ *     need the side buffer and short ones between them (test_cuda_prefill_long);
  *   - head_dim 256 (*_d256): init refusals (64) and sizes (tq; bf16: no ring, no host form,
  *     export refused); encode bytes; masked
  *     attention (also G 2); decode (the tensor-core split kernel at 256, or the float32 one
@@ -392,6 +394,81 @@ static void test_cuda_prefill(void **state) {
 static void test_cuda_prefill_d256(void **state) {
     (void)state;
     prefill_case(256, 6, 0x9F11256);
+}
+
+/* Appends on both sides after an upload of rows of different lengths, the q8 window W 24
+ * (ring 40): chunks longer than window_slack + 1 push copies their own early queries need
+ * out of the ring (the side buffer, batch.h), short ones between them must not read a stale
+ * side buffer; after each append every query of it, causal (and a sliding window on the
+ * last), against the CPU prefill engine. */
+static void prefill_long_case(int D, uint64_t mix) {
+    test_rng r;
+    rng_init(&r, test_seed() ^ mix);
+    for (int it = 0; it < 2; it++) {
+        const int H = 2, G = 4, qh = H * G, R = 3, W = 24;
+        tqkv_cache_config cfg = mkcfg_d(it ? TQKV_TQ3 : TQKV_TQ4, H, W, rng_u64(&r), D);
+        tqkv_cache *rows[3];
+        tqkv_cache_ref refs[3];
+        for (int i = 0; i < R; i++) {
+            const int T = rng_int(&r, 1, 90);
+            const size_t n = (size_t)H * T * D;
+            float *k = malloc(n * 4), *v = malloc(n * 4);
+            rng_fill_normal(&r, k, n, 1.0f);
+            rng_fill_normal(&r, v, n, 1.0f);
+            assert_int_equal(tqkv_cache_init(&rows[i], &cfg), TQKV_OK);
+            assert_int_equal(tqkv_cache_append(rows[i], k, v, T), TQKV_OK);
+            refs[i].batch = NULL;
+            refs[i].single = rows[i];
+            free(k);
+            free(v);
+        }
+        tqkv_batch *b = NULL;
+        assert_int_equal(tqkv_batch_merge(&b, refs, R), TQKV_OK);
+        cuda_kv *kv = NULL;
+        assert_int_equal(tqkv_cuda_kv_init(&kv, &cfg, 0, R, b->cap), TQKV_OK);
+        assert_int_equal(tqkv_cuda_kv_upload(kv, b), TQKV_OK);
+        tqkv_mask_lease *lease = NULL;
+        assert_int_equal(tqkv_mask_lease_init(&lease), TQKV_OK);
+        const int chunks[4] = {rng_int(&r, 30, 120), rng_int(&r, 1, 4), rng_int(&r, 18, 40),
+                               rng_int(&r, 60, 200)};
+        for (int c = 0; c < 4; c++) {
+            const int nq = chunks[c], swa = c == 3 ? rng_int(&r, 5, 50) : 0;
+            const size_t nkv = (size_t)R * H * nq * D, n = (size_t)R * qh * nq * D;
+            float *k = malloc(nkv * 4), *v = malloc(nkv * 4);
+            rng_fill_normal(&r, k, nkv, 1.0f);
+            rng_fill_normal(&r, v, nkv, 1.0f);
+            assert_int_equal(tqkv_batch_append(b, k, v, nq), TQKV_OK);
+            float *dk = dev_copy(k, nkv), *dv = dev_copy(v, nkv);
+            assert_int_equal(tqkv_cuda_kv_append(kv, dk, dv, nq), TQKV_OK);
+            const tqkv_mask *mask = NULL;
+            assert_int_equal(tqkv_batch_make_mask(b, lease, nq, swa, &mask), TQKV_OK);
+            float *q = malloc(n * 4), *cpu = malloc(n * 4), *gpu = malloc(n * 4);
+            rng_fill_normal(&r, q, n, 1.0f);
+            tqkv_attn_params p = {.q_heads = qh, .scale = 0.09f, .kernel = TQKV_KERNEL_DEFERRED, .threads = 2};
+            assert_int_equal(tqkv_batch_attend(b, mask, q, nq, &p, cpu), TQKV_OK);
+            float *dq = dev_copy(q, n);
+            for (size_t i = 0; i < n; i++) gpu[i] = NAN;
+            float *dout = dev_copy(gpu, n); /* poisoned */
+            assert_int_equal(tqkv_cuda_kv_attend_masked(kv, dq, nq, qh, 0.09f, mask->lo, mask->hi, dout), TQKV_OK);
+            assert_int_equal(tqkv_cuda_d2h(gpu, dout, n * 4), TQKV_OK);
+            const double e = rel_l2(gpu, cpu, n);
+            printf("prefill after appends d %d %s append %d (lens %d %d %d) swa %d: rel L2 vs CPU %.3g\n", D,
+                   tqkv_format_name(cfg.k_format), nq, b->offset[0], b->offset[1], b->offset[2], swa, e);
+            if (!(e < 1e-4)) fail_msg("masked GPU attention after an append of %d differs from the CPU: %g", nq, e);
+            free(k); free(v); free(q); free(cpu); free(gpu);
+            tqkv_cuda_free(dk); tqkv_cuda_free(dv); tqkv_cuda_free(dq); tqkv_cuda_free(dout);
+        }
+        tqkv_cuda_kv_free(kv);
+        tqkv_mask_lease_free(lease);
+        tqkv_batch_free(b);
+        for (int i = 0; i < R; i++) tqkv_cache_free(rows[i]);
+    }
+}
+
+static void test_cuda_prefill_long(void **state) {
+    (void)state;
+    prefill_long_case(128, 0x51DE);
+    prefill_long_case(256, 0x51DE256);
 }
 
 // ---------------------------------------------------------------------------
@@ -1375,7 +1452,7 @@ int main(void) {
         cmocka_unit_test(test_cuda_encode_bytes_d256), cmocka_unit_test(test_cuda_prefill_d256),
         cmocka_unit_test(test_cuda_decode_d256),       cmocka_unit_test(test_cuda_decode_d256_long),
         cmocka_unit_test(test_cuda_decode_d256_tc),    cmocka_unit_test(test_cuda_rows_d256),
-        cmocka_unit_test(test_cuda_bf16_d256),
+        cmocka_unit_test(test_cuda_bf16_d256),         cmocka_unit_test(test_cuda_prefill_long),
     };
     test_seed();
     const char *only = getenv("TQKV_TEST_FILTER"); /* e.g. test_cuda_attend_tq, for seed sweeps */

@@ -37,10 +37,15 @@ constexpr float LOG2E = 1.4426950408889634f;
 template <int D> struct PParams {
     const uint8_t *kd, *vd;
     const uint16_t *ks, *vs;
-    const int8_t *kw, *vw;
+    const int8_t *kw, *vw;             /* q8 ring */
     const uint16_t *kws, *vws;
+    const int8_t *kx, *vx;             /* side buffer of the last append */
+    const uint16_t *kxs, *vxs;
+    const int *x;                      /* [2, rows] side-buffer tokens [xlo, xhi), or NULL */
     size_t kpay, vpay;
-    int ring, cap, kvh, G, qh, nq, bf16;
+    int ring, cap, kvh, G, qh, nq, bf16, nrows, xcap;
+    int window;                        /* q8 window W (0: none): query p reads token t from
+                                        * its q8 copy when t >= max(p + 1 - W, q8lo) */
     const cuda_row *rows;
     const int *lo, *hi;                /* [rows, nq] visible tokens [lo, hi); NULL: every
                                         * token the row holds (nq == 1; the d = 256 decode
@@ -51,16 +56,19 @@ template <int D> struct PParams {
 };
 
 /* Dynamic shared memory of prefill_kernel<D>: K and V tiles [KT][D + 1] (padded rows:
- * conflict-free column reads), the block's query vectors [QB * CUDA_MAX_G][D]. */
-template <int D> constexpr int prefill_smem() { return (2 * KT * (D + 1) + QB * CUDA_MAX_G * D) * (int)sizeof(float); }
+ * conflict-free column reads), the q8 copies of the tokens whose source differs between the
+ * block's queries (at most QB - 1) [QB][D + 1] for K and V, the block's query vectors
+ * [QB * CUDA_MAX_G][D]. */
+template <int D> constexpr int prefill_smem() {
+    return (2 * (KT + QB) * (D + 1) + QB * CUDA_MAX_G * D) * (int)sizeof(float);
+}
 static_assert(prefill_smem<CUDA_DIM_WIDE>() <= 227 * 1024, "the d = 256 tiles fit an SM");
 
-/* Value of element i of token t (row r, head h) of one plane in the stored domain, its
- * per-token scale applied; q8 window tokens when t >= wstart. */
+/* Element i of the main-plane vector at column col, its per-token scale applied (rotated
+ * domain for tq, original for the bf16 baseline). */
 template <int D>
-__device__ float elem(const uint8_t *data, const uint16_t *sc, const int8_t *win, const uint16_t *wsc,
-                      size_t pay, int bits, const float *cent, int bf16, size_t col, size_t wslot, bool w, int i) {
-    if (w) return (float)win[wslot * D + i] * __half2float(__ushort_as_half(wsc[wslot * (D / 32) + i / 32]));
+__device__ float elem_main(const uint8_t *data, const uint16_t *sc, size_t pay, int bits, const float *cent,
+                           int bf16, size_t col, int i) {
     const uint8_t *p = data + col * pay;
     if (bf16) return __uint_as_float((uint32_t)reinterpret_cast<const uint16_t *>(p)[i] << 16);
     const int g = i >> 5, j = i & 31;
@@ -73,6 +81,12 @@ __device__ float elem(const uint8_t *data, const uint16_t *sc, const int8_t *win
     return cent[idx] * __half2float(__ushort_as_half(sc[col]));
 }
 
+/* Element i of a q8 copy (slot of the ring or of the side buffer), its block scale applied. */
+template <int D>
+__device__ float elem_q8(const int8_t *q, const uint16_t *qs, size_t slot, int i) {
+    return (float)q[slot * D + i] * __half2float(__ushort_as_half(qs[slot * (D / 32) + i / 32]));
+}
+
 template <int D>
 __global__ void __launch_bounds__(NT) prefill_kernel(const PParams<D> P) {
     constexpr int DP = D + 1;          /* padded smem row */
@@ -80,7 +94,9 @@ __global__ void __launch_bounds__(NT) prefill_kernel(const PParams<D> P) {
     extern __shared__ float sm[];
     float *sk = sm;                    /* [KT][DP] */
     float *sv = sk + KT * DP;          /* [KT][DP] */
-    float *sq = sv + KT * DP;          /* [QB * G][D] query vectors of the block */
+    float *sk2 = sv + KT * DP;         /* [QB][DP] q8 copies of tokens [cmin, cmax) */
+    float *sv2 = sk2 + QB * DP;        /* [QB][DP] */
+    float *sq = sv2 + QB * DP;         /* [QB * G][D] query vectors of the block */
     const int r = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * QB;
     const int G = P.G, nv = QB * G;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -97,6 +113,19 @@ __global__ void __launch_bounds__(NT) prefill_kernel(const PParams<D> P) {
             if (lo < hi) { tlo = min(tlo, lo); thi = max(thi, hi); }
         }
     }
+    // ---- per-query window: query p reads token t from its q8 copy when t >= c(p) =
+    // max(p + 1 - W, q8lo) (a decode step at p reads the same); the block's c span at most
+    // QB - 1 tokens: [cmin, cmax) is read from both sources, t >= cmax from the copies only
+    const int *xr = P.x;
+    const bool xon = xr != nullptr && xr[P.nrows + r] > xr[r];
+    const int q8lo = xon ? xr[r] : row.win_lo;
+    int cmin = 1 << 30, cmax = 1 << 30;
+    if (P.window > 0)
+        for (int i = 0; i < QB && q0 + i < P.nq; i++) {
+            const int c = max(row.ntok - P.nq + q0 + i + 1 - P.window, q8lo);
+            cmin = i ? min(cmin, c) : c;
+            cmax = i ? max(cmax, c) : c;
+        }
     // ---- queries into shared memory: vector v = (head gg, query i) -> v = i * G + gg ----
     for (int e = threadIdx.x; e < nv * D; e += NT) {
         const int v = e / D, d = e % D, i = v / G, gg = v % G;
@@ -105,7 +134,7 @@ __global__ void __launch_bounds__(NT) prefill_kernel(const PParams<D> P) {
     // each warp owns query vectors v = w, w + 8, ...; per vector: m, l, acc (lane: dims E l..)
     constexpr int MAXV = CUDA_MAX_G * QB / (NT / 32);
     float m[MAXV], l[MAXV], acc[MAXV][E];
-    int vlo[MAXV], vhi[MAXV];
+    int vlo[MAXV], vhi[MAXV], vc[MAXV];
 #pragma unroll
     for (int k = 0; k < MAXV; k++) {
         m[k] = -INFINITY; l[k] = 0.0f;
@@ -113,6 +142,7 @@ __global__ void __launch_bounds__(NT) prefill_kernel(const PParams<D> P) {
         for (int c = 0; c < E; c++) acc[k][c] = 0.0f;
         const int v = w + k * (NT / 32), i = v / G;
         vlo[k] = vhi[k] = 0;
+        vc[k] = P.window > 0 ? max(row.ntok - P.nq + q0 + i + 1 - P.window, q8lo) : 1 << 30;
         if (v < nv && q0 + i < P.nq) {
             vlo[k] = full ? 0 : P.lo[(size_t)r * P.nq + q0 + i];
             vhi[k] = full ? row.ntok : P.hi[(size_t)r * P.nq + q0 + i];
@@ -124,11 +154,28 @@ __global__ void __launch_bounds__(NT) prefill_kernel(const PParams<D> P) {
             const int tt = e / D, i = e % D, t = t0 + tt;
             float kvv = 0.0f, vvv = 0.0f;
             if (t < thi && t < row.ntok) {
-                const bool win = t >= row.wstart;
-                const size_t col = rh * P.cap + (size_t)(row.left_pad + t);
-                const size_t ws = win ? rh * P.ring + (size_t)(t % P.ring) : 0;
-                kvv = elem<D>(P.kd, P.ks, P.kw, P.kws, P.kpay, P.kc.bits, P.kc.cent, P.bf16, col, ws, win, i);
-                vvv = elem<D>(P.vd, P.vs, P.vw, P.vws, P.vpay, P.vc.bits, P.vc.cent, P.bf16, col, ws, win, i);
+                const bool q8 = t >= cmin;   /* some query of the block reads the copy */
+                size_t xs = 0;
+                const int8_t *kq = P.kw, *vq = P.vw;
+                const uint16_t *kqs = P.kws, *vqs = P.vws;
+                if (q8 && xon && t < xr[P.nrows + r]) {
+                    xs = rh * P.xcap + (size_t)(t - xr[r]);
+                    kq = P.kx; vq = P.vx; kqs = P.kxs; vqs = P.vxs;
+                } else if (q8) {
+                    xs = rh * P.ring + (size_t)(t % P.ring);
+                }
+                if (t >= cmax) {
+                    kvv = elem_q8<D>(kq, kqs, xs, i);
+                    vvv = elem_q8<D>(vq, vqs, xs, i);
+                } else {
+                    const size_t col = rh * P.cap + (size_t)(row.left_pad + t);
+                    kvv = elem_main<D>(P.kd, P.ks, P.kpay, P.kc.bits, P.kc.cent, P.bf16, col, i);
+                    vvv = elem_main<D>(P.vd, P.vs, P.vpay, P.vc.bits, P.vc.cent, P.bf16, col, i);
+                    if (q8) {
+                        sk2[(t - cmin) * DP + i] = elem_q8<D>(kq, kqs, xs, i);
+                        sv2[(t - cmin) * DP + i] = elem_q8<D>(vq, vqs, xs, i);
+                    }
+                }
             }
             sk[tt * DP + i] = kvv;
             sv[tt * DP + i] = vvv;
@@ -140,8 +187,9 @@ __global__ void __launch_bounds__(NT) prefill_kernel(const PParams<D> P) {
             if (v >= nv || vlo[k] >= vhi[k] || t0 >= vhi[k] || t0 + KT <= vlo[k]) continue;
             const float *qv = sq + v * D;
             const int t = t0 + lane;   /* KT == 32: one token per lane */
+            const float *kr = t >= vc[k] && t < cmax ? sk2 + (t - cmin) * DP : sk + lane * DP;
             float s = 0.0f;
-            for (int d = 0; d < D; d++) s = fmaf(qv[d], sk[lane * DP + d], s);
+            for (int d = 0; d < D; d++) s = fmaf(qv[d], kr[d], s);
             const bool vis = t >= vlo[k] && t < vhi[k];
             s = vis ? s : -INFINITY;
             float mx = s;
@@ -157,7 +205,8 @@ __global__ void __launch_bounds__(NT) prefill_kernel(const PParams<D> P) {
             for (int c = 0; c < E; c++) acc[k][c] *= al;
             for (int tt = 0; tt < KT; tt++) {
                 const float pt = __shfl_sync(0xffffffffu, p, tt);
-                const float *vr = sv + tt * DP + E * lane;
+                const int t2 = t0 + tt;  /* warp-uniform source */
+                const float *vr = (t2 >= vc[k] && t2 < cmax ? sv2 + (t2 - cmin) * DP : sv + tt * DP) + E * lane;
 #pragma unroll
                 for (int c = 0; c < E; c++) acc[k][c] = fmaf(pt, vr[c], acc[k][c]);
             }
@@ -206,6 +255,10 @@ PParams<D> make_params(const cuda_kv *kv, int q_heads, int n_query, const int *l
     PParams<D> P;
     P.kd = kv->kd; P.vd = kv->vd; P.ks = kv->ks; P.vs = kv->vs;
     P.kw = kv->kw; P.vw = kv->vw; P.kws = kv->kws; P.vws = kv->vws;
+    P.kx = kv->kx; P.vx = kv->vx; P.kxs = kv->kxs; P.vxs = kv->vxs;
+    P.x = kv->ring > 0 ? cuda_kv_side_ranges(kv) : nullptr;
+    P.xcap = kv->xcap; P.nrows = kv->rows;
+    P.window = kv->ring > 0 ? kv->cfg.window : 0;
     P.kpay = kv->kpay; P.vpay = kv->vpay; P.ring = kv->ring > 0 ? kv->ring : 1; P.cap = kv->cap;
     P.kvh = kv->kvh; P.G = q_heads / kv->kvh; P.qh = q_heads; P.nq = n_query; P.bf16 = kv->bf16;
     P.rows = kv->d_rows; P.lo = lo; P.hi = hi; P.q = qp; P.out = out; P.kc = kc; P.vc = vc;

@@ -225,7 +225,10 @@ extern "C" void tqkv_cuda_kv_free(cuda_kv *kv) {
     tqkv_cuda_free(kv->kd); tqkv_cuda_free(kv->vd); tqkv_cuda_free(kv->ks); tqkv_cuda_free(kv->vs);
     tqkv_cuda_free(kv->kw); tqkv_cuda_free(kv->vw); tqkv_cuda_free(kv->kws); tqkv_cuda_free(kv->vws);
     tqkv_cuda_free(kv->d_rows); tqkv_cuda_free(kv->ws); tqkv_cuda_free(kv->d_work);
+    tqkv_cuda_free(kv->kx); tqkv_cuda_free(kv->vx); tqkv_cuda_free(kv->kxs); tqkv_cuda_free(kv->vxs);
+    tqkv_cuda_free(kv->d_x);
     free(kv->h_offset); free(kv->h_left_pad); free(kv->h_win_lo); free(kv->h_spec_base);
+    free(kv->h_x_off);
     free(kv);
 }
 
@@ -415,6 +418,7 @@ extern "C" tqkv_status tqkv_cuda_kv_upload(cuda_kv *kv, const struct tqkv_batch 
         kv->h_spec_base[r] = r < b->rows ? b->spec_base[r] : 0;
     }
     kv->spec_active = b->spec_active;
+    kv->x_valid = 0; /* the host batch's side buffer is not uploaded */
     return cuda_kv_sync_rows(kv);
 }
 
@@ -487,9 +491,114 @@ static void advance_host(cuda_kv *kv, int n) {
     }
 }
 
+// ---------------------------------------------------------------------------
+// Side buffer (per-query window of a long append; the CPU's ext_*, batch.h)
+// ---------------------------------------------------------------------------
+
+/* Side-buffer tokens [lo, hi) of a row at offset off (ring floor win_lo) for an append of n
+ * tokens: the q8 copies the append's queries need ([off - W + 1, ...)) that the ring will
+ * not hold after it ([..., off + n - ring)); lo == hi for short appends. */
+__host__ __device__ static inline void x_range(int off, int win_lo, int window, int ring, int n,
+                                               int *lo, int *hi) {
+    int a = off - window + 1;
+    if (a < win_lo) a = win_lo;
+    if (a < 0) a = 0;
+    const int b = off + n - ring;
+    *lo = a;
+    *hi = b < a ? a : b;
+}
+
+/* Slots per row the side buffer needs for an append of n tokens (0: none). */
+static int x_need(const cuda_kv *kv, int n) {
+    int need = 0;
+    for (int r = 0; r < kv->rows && kv->ring > 0 && !kv->bf16; r++) {
+        int lo, hi;
+        x_range(kv->h_offset[r], kv->h_win_lo[r], kv->cfg.window, kv->ring, n, &lo, &hi);
+        if (hi - lo > need) need = hi - lo;
+    }
+    return need;
+}
+
+/* Room for `need` slots per row (grown by a quarter at least; nothing queued reads the old
+ * buffer: cudaFree waits for the device). */
+static tqkv_status x_reserve(cuda_kv *kv, int need) {
+    if (need <= 0 || (kv->xrows == kv->rows && kv->xcap >= need)) return TQKV_OK;
+    if (kv->xrows == kv->rows && need < kv->xcap + kv->xcap / 4) need = kv->xcap + kv->xcap / 4;
+    tqkv_cuda_free(kv->kx); tqkv_cuda_free(kv->vx); tqkv_cuda_free(kv->kxs); tqkv_cuda_free(kv->vxs);
+    tqkv_cuda_free(kv->d_x);
+    free(kv->h_x_off);
+    kv->kx = kv->vx = NULL; kv->kxs = kv->vxs = NULL; kv->d_x = NULL; kv->h_x_off = NULL;
+    kv->xcap = kv->xrows = kv->x_valid = 0;
+    const size_t n = (size_t)kv->rows * kv->kvh * need;
+    kv->h_x_off = (int *)calloc((size_t)kv->rows, sizeof(int));
+    if (!kv->h_x_off) return tqkv_fail(TQKV_ENOMEM, "CUDA cache: out of memory (side buffer)");
+    tqkv_status st = tqkv_cuda_malloc((void **)&kv->kx, n * kv->d);
+    if (!st) st = tqkv_cuda_malloc((void **)&kv->vx, n * kv->d);
+    if (!st) st = tqkv_cuda_malloc((void **)&kv->kxs, n * (kv->d / 32) * 2);
+    if (!st) st = tqkv_cuda_malloc((void **)&kv->vxs, n * (kv->d / 32) * 2);
+    if (!st) st = tqkv_cuda_malloc((void **)&kv->d_x, 2 * sizeof(int) * (size_t)kv->rows);
+    if (st) return st; /* freed with the cache; xcap 0 keeps them unused */
+    kv->xcap = need;
+    kv->xrows = kv->rows;
+    return TQKV_OK;
+}
+
+/* Grid (rows, kvh): each row's range into d_x [2, rows] (from the row table before the
+ * append) and the ring's q8 copies of [xlo, min(xhi, ntok)) into the side buffer, before the
+ * append's encode overwrites them. */
+__global__ void x_save_kernel(const cuda_row *__restrict__ rows, int nrows, int kvh, int d, int ring,
+                              int window, int n, int xcap, const int8_t *kw, const uint16_t *kws,
+                              const int8_t *vw, const uint16_t *vws, int8_t *kx, uint16_t *kxs,
+                              int8_t *vx, uint16_t *vxs, int *dx) {
+    const int r = blockIdx.x, h = blockIdx.y;
+    const cuda_row rw = rows[r];
+    int lo, hi;
+    x_range(rw.ntok, rw.win_lo, window, ring, n, &lo, &hi);
+    if (h == 0 && threadIdx.x == 0) { dx[r] = lo; dx[nrows + r] = hi; }
+    const int end = hi < rw.ntok ? hi : rw.ntok;
+    const size_t rh = (size_t)r * kvh + h;
+    for (int t = lo; t < end; t++) {
+        const size_t src = rh * ring + (size_t)(t % ring), dst = rh * xcap + (size_t)(t - lo);
+        for (int e = threadIdx.x; e < d; e += blockDim.x) {
+            kx[dst * d + e] = kw[src * d + e];
+            vx[dst * d + e] = vw[src * d + e];
+            if (e < d / 32) {
+                kxs[dst * (d / 32) + e] = kws[src * (d / 32) + e];
+                vxs[dst * (d / 32) + e] = vws[src * (d / 32) + e];
+            }
+        }
+    }
+}
+
+/* Before an append of n tokens: the side buffer on (saved ring copies, host record) when the
+ * append needs one, off otherwise. Queued on kv->stream. */
+static tqkv_status x_begin(cuda_kv *kv, int n) {
+    const int need = x_need(kv, n);
+    kv->x_valid = 0;
+    if (need <= 0) return TQKV_OK;
+    tqkv_status st = x_reserve(kv, need);
+    if (st) return st;
+    x_save_kernel<<<dim3((unsigned)kv->rows, (unsigned)kv->kvh), 128, 0, kv->stream>>>(
+        kv->d_rows, kv->rows, kv->kvh, kv->d, kv->ring, kv->cfg.window, n, kv->xcap, kv->kw,
+        kv->kws, kv->vw, kv->vws, kv->kx, kv->kxs, kv->vx, kv->vxs, kv->d_x);
+    st = cuda_check(cudaGetLastError(), "side buffer kernel launch");
+    if (st) return st;
+    for (int r = 0; r < kv->rows; r++) kv->h_x_off[r] = kv->h_offset[r] + n;
+    kv->x_valid = 1;
+    return TQKV_OK;
+}
+
+const int *cuda_kv_side_ranges(const cuda_kv *kv) {
+    if (!kv->x_valid || kv->xrows != kv->rows) return NULL;
+    for (int r = 0; r < kv->rows; r++)
+        if (kv->h_x_off[r] != kv->h_offset[r]) return NULL;
+    return kv->d_x;
+}
+
 extern "C" tqkv_status tqkv_cuda_kv_reserve_append(cuda_kv *kv, int n) {
     if (!kv || n < 1) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_reserve_append: NULL cache or n < 1");
-    return kv->rows ? cuda_kv_reserve(kv, append_need(kv, n)) : TQKV_OK;
+    tqkv_status st = kv->rows ? cuda_kv_reserve(kv, append_need(kv, n)) : TQKV_OK;
+    return st ? st : x_reserve(kv, x_need(kv, n));
 }
 
 extern "C" tqkv_status tqkv_cuda_kv_replayed_append(cuda_kv *kv, int n) {
@@ -497,6 +606,7 @@ extern "C" tqkv_status tqkv_cuda_kv_replayed_append(cuda_kv *kv, int n) {
     if (append_need(kv, n) > kv->cap)
         return tqkv_fail(TQKV_ESTATE, "tqkv_cuda_kv_replayed_append: %d columns needed > cap %d "
                          "(the replayed append had no room)", append_need(kv, n), kv->cap);
+    kv->x_valid = 0; /* (a side buffer in a replayed append is not tracked: never read) */
     advance_host(kv, n);
     return TQKV_OK;
 }
@@ -507,6 +617,7 @@ extern "C" tqkv_status tqkv_cuda_kv_append(cuda_kv *kv, const float *k, const fl
     if (kv->rows == 0) return TQKV_OK;
     /* d_rows is current: every row operation ends with cuda_kv_sync_rows */
     tqkv_status st = cuda_kv_reserve(kv, append_need(kv, n));
+    if (!st) st = x_begin(kv, n);
     if (!st) st = codec_cuda_append(kv, k, v, n);
     if (!st) st = cuda_kv_advance_rows(kv, n);
     if (st) return st;
@@ -524,6 +635,10 @@ tqkv_status codec_cuda_append(cuda_kv *kv, const float *k, const float *v, int n
         P.scales = p ? kv->vs : kv->ks;
         P.win = p ? (kv->vwin ? kv->vw : NULL) : (kv->kwin ? kv->kw : NULL);
         P.wsc = p ? kv->vws : kv->kws;
+        P.ext = kv->x_valid ? (p ? kv->vx : kv->kx) : NULL;
+        P.exs = p ? kv->vxs : kv->kxs;
+        P.xlo = kv->d_x;
+        P.xcap = kv->xcap;
         P.pay = (int)(p ? kv->vpay : kv->kpay);
         P.bf16 = kv->bf16;
         const cudaError_t e = codec_cuda_encode(p ? v : k, P, p ? kv->vc : kv->kc,

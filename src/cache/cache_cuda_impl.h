@@ -30,6 +30,15 @@ struct cuda_kv {
     uint16_t *ks, *vs;        /* [rows, kvh, cap, ns] */
     int8_t   *kw, *vw;        /* [rows, kvh, ring, d] */
     uint16_t *kws, *vws;      /* [rows, kvh, ring, d / 32] */
+    /* side buffer of the last append (the CPU's ext_*, batch.h): an append longer than
+     * window_slack + 1 pushes q8 copies its own early queries need out of the ring; they
+     * are kept here for the masked attention that follows (transient, never exported) */
+    int8_t   *kx, *vx;        /* [rows, kvh, xcap, d] */
+    uint16_t *kxs, *vxs;      /* [rows, kvh, xcap, d / 32] */
+    int      *d_x;            /* device [2, rows]: tokens [xlo, xhi) held per row */
+    int       xcap, xrows;    /* token slots per row, rows allocated */
+    int       x_valid;        /* the side buffer belongs to the last append */
+    int      *h_x_off;        /* [rows] offset right after that append */
     int *h_offset, *h_left_pad, *h_win_lo; /* host mirror [rows] */
     int *h_spec_base;         /* [rows] offset at spec_begin */
     int  spec_active;
@@ -63,7 +72,11 @@ tqkv_status cuda_kv_sync_rows(cuda_kv *kv);
  * mirror's rule (no copy, so a decode step queues without waiting on the GPU). */
 tqkv_status cuda_kv_advance_rows(cuda_kv *kv, int n);
 
-/* codec_cuda.cu: encode n tokens of every row into the planes at each row's col0. */
+/* cache_cuda.cu: the side buffer's device ranges [2, rows] (xlo then xhi per row) when it
+ * belongs to the rows as they are now (the last append made it, nothing changed them since),
+ * else NULL. */
+const int *cuda_kv_side_ranges(const cuda_kv *kv);
+
 /* cache_cuda.cu: encode n new tokens per row of k and v into kv's planes (codec_cuda.cu's
  * kernel, queued on kv->stream). */
 tqkv_status codec_cuda_append(cuda_kv *kv, const float *k, const float *v, int n);

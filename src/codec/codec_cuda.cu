@@ -141,8 +141,10 @@ __global__ void __launch_bounds__(256) ce_encode_kernel(const float *__restrict_
         if (lane == 0) P.scales[slot] = scale;
         __syncwarp();
         // ---- q8 copy of the rotated vector into the ring (ggml q8_0 on 32 blocks) -------
-        if (P.win && i >= n - ring) { /* only the newest `ring` tokens of this append land in
-                                         * the ring (several tokens share a slot otherwise) */
+        /* only the newest `ring` tokens of this append land in the ring (several tokens
+         * share a slot otherwise); the older ones go to the side buffer when it is on */
+        const bool to_ring = P.win && i >= n - ring, to_ext = P.win && P.ext && i < n - ring;
+        if (to_ring || to_ext) {
             float am = 0.0f;
 #pragma unroll
             for (int j = 0; j < E; j += 4) { /* (d = 128: the one tree of four) */
@@ -153,8 +155,9 @@ __global__ void __launch_bounds__(256) ce_encode_kernel(const float *__restrict_
 #pragma unroll
             for (int m = 1; m < LB; m <<= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, m));
             const float dq = __fdiv_rn(am, 127.0f);
-            const size_t ws = ((size_t)r * kvh + h) * ring + (size_t)((rw.ntok + i) % ring);
-            int8_t *wq = P.win + ws * D + E * lane;
+            const size_t ws = to_ring ? ((size_t)r * kvh + h) * ring + (size_t)((rw.ntok + i) % ring)
+                                      : ((size_t)r * kvh + h) * P.xcap + (size_t)(rw.ntok + i - P.xlo[r]);
+            int8_t *wq = (to_ring ? P.win : P.ext) + ws * D + E * lane;
 #pragma unroll
             for (int k = 0; k < E; k++) {
                 double q = dq != 0.0f ? (double)xr[k] / (double)dq : 0.0;
@@ -162,7 +165,8 @@ __global__ void __launch_bounds__(256) ce_encode_kernel(const float *__restrict_
                 q = q < -127.0 ? -127.0 : q > 127.0 ? 127.0 : q;
                 wq[k] = (int8_t)ce_round_half_away(q);
             }
-            if ((lane & (LB - 1)) == 0) P.wsc[ws * (D / 32) + (lane >> (E == 4 ? 3 : 2))] = cw_f32_to_f16(dq);
+            if ((lane & (LB - 1)) == 0)
+                (to_ring ? P.wsc : P.exs)[ws * (D / 32) + (lane >> (E == 4 ? 3 : 2))] = cw_f32_to_f16(dq);
         }
     }
 }

@@ -53,6 +53,11 @@ struct ce_plane {
     uint16_t *scales;   /* [rows, kvh, cap, ns] */
     int8_t *win;        /* [rows, kvh, ring, d] or NULL */
     uint16_t *wsc;      /* [rows, kvh, ring, d/32] */
+    int8_t *ext;        /* side buffer [rows, kvh, xcap, d] or NULL: the q8 copies of the
+                         * append's tokens that do not land in the ring (cache_cuda_impl.h) */
+    uint16_t *exs;      /* [rows, kvh, xcap, d/32] */
+    const int *xlo;     /* device [rows]: token held in side-buffer slot 0 */
+    int xcap;
     int pay;
     int bf16;
 };
