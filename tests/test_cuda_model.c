@@ -261,7 +261,7 @@ static void gemm_case(int K, int N, int parts) {
 
 static void test_gemm(void **st) {
     (void)st;
-    assert_int_equal(tqkv_cuda_gemm_set_tile("xl"), TQKV_EINVAL); /* unknown shape refused */
+    assert_int_equal(tqkv_cuda_gemm_set_tile("xxl"), TQKV_EINVAL); /* unknown shape refused */
     for (int parts = 1; parts <= 2; parts++) {
         gemm_case(520, 72, parts);          /* K not a multiple of 64, N not of 32 */
         gemm_case(3 * 1024 + 96, 200, parts); /* long K, N past a 128-row tile */

@@ -251,8 +251,9 @@ static int shape_pick(int T, int N, int parts) {
     int sh;
     if (g_force >= 0) sh = g_force;
     else if (T <= GEMM_CUDA_SMALL_T) sh = T <= 8 ? SH_S8 : T <= 16 ? SH_S16 : T <= 32 ? SH_S32 : SH_S64;
-    /* xl is only taken when forced until a device run has checked it (written after the
-     * only run of session 3, which checked the others: see bench/RESULTS.md "GPU GEMM") */
+    /* xl where its 256-token tiles still fill about the GPU (H200: 1.2-1.3x l's speed at
+     * T >= 512 when they do, slower when they leave SMs idle; bench/RESULTS.md "GPU GEMM") */
+    else if (parts == 1 && 10L * ((T + 255) / 256) * ((N + 127) / 128) >= 7L * g_sms) sh = SH_XL;
     else if ((long)((T + 127) / 128) * ((N + 127) / 128) >= g_sms) sh = SH_L; /* fills the GPU */
     else sh = SH_M;
     return sh == SH_XL && parts != 1 ? SH_L : sh;
