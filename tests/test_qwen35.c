@@ -15,179 +15,27 @@
 
 #include "model/model_impl.h"
 #include "model/state/recurrent.h"
+#include "graph_golden.h"
 #include "model_helpers.h"
 #include "testutil.h"
 #include "tqkv_model.h"
 #include "util/common.h"
 
-// ---------------------------------------------------------------------------
-// goldens
-// ---------------------------------------------------------------------------
-
-typedef struct {
-    char     dir[1024];
-    int      vocab, n_prompts;
-    int      n[4], first[4];
-    int32_t *ids[4];
-    int      greedy[64], n_greedy;
-    float   *logits; /* [n_vectors, vocab] */
-} golden;
-
-static void golden_load(golden *g, const char *variant) {
-    char rel[256], p[1100];
-    memset(g, 0, sizeof *g);
-    snprintf(rel, sizeof rel, "tests/golden/qwen35/%s", variant);
-    source_path(rel, g->dir, sizeof g->dir);
-    snprintf(p, sizeof p, "%s/goldens.json", g->dir);
-    char *text = slurp(p, NULL);
-    assert_non_null(text);
-    cJSON *root = cJSON_Parse(text);
-    free(text);
-    assert_non_null(root);
-    g->vocab = cJSON_GetObjectItem(root, "vocab")->valueint;
-    int nv = cJSON_GetObjectItem(root, "n_vectors")->valueint;
-    const cJSON *pr = cJSON_GetObjectItem(root, "prompts"), *e;
-    cJSON_ArrayForEach(e, pr) {
-        int i = g->n_prompts++;
-        g->n[i] = cJSON_GetObjectItem(e, "n")->valueint;
-        g->first[i] = cJSON_GetObjectItem(e, "logits_index_first")->valueint;
-        g->ids[i] = malloc(sizeof(int32_t) * (size_t)g->n[i]);
-        int k = 0;
-        const cJSON *t;
-        cJSON_ArrayForEach(t, cJSON_GetObjectItem(e, "ids")) g->ids[i][k++] = t->valueint;
-        assert_int_equal(k, g->n[i]);
-    }
-    const cJSON *t;
-    cJSON_ArrayForEach(t, cJSON_GetObjectItem(root, "greedy")) g->greedy[g->n_greedy++] = t->valueint;
-    cJSON_Delete(root);
-    snprintf(p, sizeof p, "%s/logits.bin", g->dir);
-    size_t len = 0;
-    g->logits = (float *)slurp(p, &len);
-    assert_non_null(g->logits);
-    assert_int_equal(len, sizeof(float) * (size_t)nv * (size_t)g->vocab);
-}
-
-static void golden_free(golden *g) {
-    for (int i = 0; i < g->n_prompts; i++) free(g->ids[i]);
-    free(g->logits);
-}
-
-static tqkv_model *load_model(const golden *g) {
-    tqkv_model *m = NULL;
-    tqkv_model_load_params lp = tqkv_model_load_params_default();
-    tqkv_status rc = tqkv_model_load(&m, g->dir, &lp);
-    if (rc != TQKV_OK) fprintf(stderr, "load: %s\n", tqkv_last_error());
-    assert_int_equal(rc, TQKV_OK);
-    return m;
-}
-
-static tqkv_model_state *new_state(const tqkv_model *m, int rows, int threads) {
-    tqkv_model_state_params sp = tqkv_model_state_params_default();
-    sp.rows = rows;
-    sp.threads = threads;
-    tqkv_model_state *s = NULL;
-    assert_int_equal(tqkv_model_state_init(&s, m, &sp), TQKV_OK);
-    return s;
-}
-
-// ---------------------------------------------------------------------------
-// parity with transformers
-// ---------------------------------------------------------------------------
-
-/* Every prompt alone, every position; then the left-padded batch of all prompts. */
-static void check_parity(const char *variant) {
-    golden g;
-    golden_load(&g, variant);
-    tqkv_model *m = load_model(&g);
-    const int V = g.vocab;
-    int nmax = 0;
-    for (int i = 0; i < g.n_prompts; i++) nmax = g.n[i] > nmax ? g.n[i] : nmax;
-    float *alone = malloc(sizeof(float) * (size_t)g.n_prompts * nmax * V);
-    for (int i = 0; i < g.n_prompts; i++) {
-        tqkv_model_state *s = new_state(m, 1, 2);
-        float *lg = alone + (size_t)i * nmax * V;
-        assert_int_equal(tqkv_model_prefill(m, s, g.ids[i], NULL, g.n[i], TQKV_LOGITS_ALL, lg),
-                         TQKV_OK);
-        double e = rel_l2(lg, g.logits + (size_t)g.first[i] * V, (size_t)g.n[i] * V);
-        printf("%s prompt %d (%d tokens) alone: rel L2 %.2e\n", variant, i, g.n[i], e);
-        assert_true(e < 1e-3);
-        tqkv_model_state_free(s);
-    }
-    /* left-padded batch: each row's real positions equal the row alone, bitwise */
-    int R = g.n_prompts;
-    int32_t *tok = calloc((size_t)R * nmax, sizeof(int32_t));
-    int lens[4];
-    for (int r = 0; r < R; r++) {
-        lens[r] = g.n[r];
-        memcpy(tok + (size_t)r * nmax + (nmax - g.n[r]), g.ids[r], sizeof(int32_t) * g.n[r]);
-    }
-    for (int threads = 1; threads <= 3; threads += 2) {
-        tqkv_model_state *s = new_state(m, R, threads);
-        float *lb = malloc(sizeof(float) * (size_t)R * nmax * V);
-        assert_int_equal(tqkv_model_prefill(m, s, tok, lens, nmax, TQKV_LOGITS_ALL, lb), TQKV_OK);
-        for (int r = 0; r < R; r++) {
-            const float *row = lb + ((size_t)r * nmax + (nmax - g.n[r])) * V;
-            assert_memory_equal(row, alone + (size_t)r * nmax * V, sizeof(float) * g.n[r] * V);
-        }
-        free(lb);
-        tqkv_model_state_free(s);
-    }
-    free(tok);
-    free(alone);
-    tqkv_model_free(m);
-    golden_free(&g);
-}
-
-/* Prefill 40 tokens of prompt 0, then decode the rest one token at a time (the decode
- * path of every layer) against HF's no-cache logits; then greedy vs HF generate(). */
-static void check_decode_greedy(const char *variant) {
-    golden g;
-    golden_load(&g, variant);
-    tqkv_model *m = load_model(&g);
-    const int V = g.vocab, n0 = 40;
-    float *lg = malloc(sizeof(float) * (size_t)V * 64);
-    tqkv_model_state *s = new_state(m, 1, 2);
-    assert_int_equal(tqkv_model_prefill(m, s, g.ids[0], NULL, n0, TQKV_LOGITS_LAST, lg), TQKV_OK);
-    double worst = rel_l2(lg, g.logits + (size_t)(g.first[0] + n0 - 1) * V, (size_t)V);
-    for (int j = n0; j < g.n[0]; j++) {
-        assert_int_equal(tqkv_model_decode(m, s, &g.ids[0][j], lg), TQKV_OK);
-        double e = rel_l2(lg, g.logits + (size_t)(g.first[0] + j) * V, (size_t)V);
-        worst = e > worst ? e : worst;
-    }
-    printf("%s decode steps %d..%d: worst rel L2 %.2e\n", variant, n0, g.n[0] - 1, worst);
-    assert_true(worst < 1e-3);
-    /* greedy continuation of prompt 0 */
-    assert_int_equal(tqkv_model_state_reset(s, 1), TQKV_OK);
-    assert_int_equal(tqkv_model_prefill(m, s, g.ids[0], NULL, g.n[0], TQKV_LOGITS_LAST, lg), TQKV_OK);
-    for (int k = 0; k < g.n_greedy; k++) {
-        int best = 0;
-        for (int v = 1; v < V; v++) best = lg[v] > lg[best] ? v : best;
-        assert_int_equal(best, g.greedy[k]);
-        int32_t t = best;
-        assert_int_equal(tqkv_model_decode(m, s, &t, lg), TQKV_OK);
-    }
-    printf("%s greedy: %d tokens identical\n", variant, g.n_greedy);
-    tqkv_model_state_free(s);
-    free(lg);
-    tqkv_model_free(m);
-    golden_free(&g);
-}
-
 static void test_hybrid_parity(void **st) {
     (void)st;
-    check_parity("hybrid");
+    check_parity("qwen35", "hybrid");
 }
 static void test_hybrid_decode_greedy(void **st) {
     (void)st;
-    check_decode_greedy("hybrid");
+    check_decode_greedy("qwen35", "hybrid");
 }
 static void test_minicpm5_parity(void **st) {
     (void)st;
-    check_parity("minicpm5");
+    check_parity("qwen35", "minicpm5");
 }
 static void test_minicpm5_decode_greedy(void **st) {
     (void)st;
-    check_decode_greedy("minicpm5");
+    check_decode_greedy("qwen35", "minicpm5");
 }
 
 /* MiniCPM5 shape on a tq4 cache, where the deferred set really differs from the dense one
@@ -197,7 +45,7 @@ static void test_minicpm5_decode_greedy(void **st) {
 static void test_minicpm5_deferred_tq4(void **st) {
     (void)st;
     golden g;
-    golden_load(&g, "minicpm5");
+    golden_load(&g, "qwen35", "minicpm5");
     tqkv_model *m = load_model(&g);
     const int V = g.vocab, R = g.n_prompts;
     int nmax = 0, lens[4];
@@ -248,7 +96,7 @@ static void test_kernel_sets(void **st) {
     const char *variants[2] = {"hybrid", "minicpm5"}, *want[2] = {"dense", "deferred"};
     for (int i = 0; i < 2; i++) {
         golden g;
-        golden_load(&g, variants[i]);
+        golden_load(&g, "qwen35", variants[i]);
         tqkv_model *m = load_model(&g);
         const char *name = NULL;
         tqkv_kernel kp, kd;
@@ -295,7 +143,7 @@ static void state_adopt(tqkv_model_state *s, tqkv_batch **layers, model_recurren
 static void test_hybrid_merge_filter_export(void **st) {
     (void)st;
     golden g;
-    golden_load(&g, "hybrid");
+    golden_load(&g, "qwen35", "hybrid");
     tqkv_model *m = load_model(&g);
     const int V = g.vocab, L = m->cfg.n_layers, steps = 6;
     /* reference: each prompt alone, prefill then `2 * steps` greedy decode steps */
@@ -393,7 +241,7 @@ static void test_hybrid_merge_filter_export(void **st) {
 static void test_recurrent_rows(void **st) {
     (void)st;
     golden g;
-    golden_load(&g, "hybrid");
+    golden_load(&g, "qwen35", "hybrid");
     tqkv_model *m = load_model(&g);
     test_rng rng;
     rng_init(&rng, test_seed());
@@ -489,7 +337,7 @@ static void spec_rollback(tqkv_model_state *s, const int *keep, int n_keep) {
 static void test_hybrid_spec_rollback(void **st) {
     (void)st;
     golden g;
-    golden_load(&g, "hybrid");
+    golden_load(&g, "qwen35", "hybrid");
     tqkv_model *m = load_model(&g);
     test_rng rng;
     rng_init(&rng, test_seed());
@@ -551,7 +399,7 @@ static void test_hybrid_spec_rollback(void **st) {
 static void test_hybrid_kv_trim_refused(void **st) {
     (void)st;
     golden g;
-    golden_load(&g, "hybrid");
+    golden_load(&g, "qwen35", "hybrid");
     tqkv_model *m = load_model(&g);
     tqkv_model_state *s = new_state(m, 1, 1);
     float *lg = malloc(sizeof(float) * g.vocab);
@@ -639,7 +487,7 @@ static void wrap_safetensors(const char *src, const char *dst) {
 static void test_multimodal_wrapper(void **st) {
     (void)st;
     golden g;
-    golden_load(&g, "hybrid");
+    golden_load(&g, "qwen35", "hybrid");
     char tmpl[] = "/tmp/tqkv_qwen35_wrapXXXXXX", p[1200], q[1200];
     assert_non_null(mkdtemp(tmpl));
     snprintf(p, sizeof p, "%s/model.safetensors", g.dir);

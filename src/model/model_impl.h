@@ -23,6 +23,12 @@ tqkv_status model_config_parse(const char *json, size_t len, const char *name,
 struct cJSON;
 tqkv_status model_config_check_layer_types(const struct cJSON *root, const char *name,
                                            const char *const *kinds);
+/* config.json field readers for the architectures' own fields: an integer in [lo, hi]
+ * (def < -1: required, else its default when absent or null); a boolean (true / false or a
+ * number; def when absent or of another type). */
+tqkv_status model_config_int(const struct cJSON *o, const char *key, const char *name, long def,
+                             long lo, long hi, int *out);
+int         model_config_bool(const struct cJSON *o, const char *key, int def);
 tqkv_status model_generation_parse(const char *json, size_t len, const char *name,
                                    tqkv_model_config *cfg, tqkv_generation_config *gen);
 

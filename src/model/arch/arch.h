@@ -124,5 +124,6 @@ const char *model_arch_graph_name(tqkv_arch id);
 extern const model_arch_ops model_arch_llama;
 extern const model_arch_ops model_arch_gemma4;
 extern const model_arch_ops model_arch_qwen35;
+extern const model_arch_ops model_arch_qwen3moe;
 
 #endif

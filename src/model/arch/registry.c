@@ -30,6 +30,7 @@ static const arch_entry REGISTRY[] = {
     {"LlamaForCausalLM", "llama", TQKV_ARCH_LLAMA, "llama", &model_arch_llama, 0},
     {"Gemma4ForCausalLM", "gemma4_text", TQKV_ARCH_GEMMA4, "gemma4", &model_arch_gemma4, 0},
     {"Qwen3_5ForCausalLM", "qwen3_5_text", TQKV_ARCH_QWEN35, "qwen3.5 hybrid", &model_arch_qwen35, 1},
+    {"Qwen3MoeForCausalLM", "qwen3_moe", TQKV_ARCH_QWEN3_MOE, "qwen3moe", &model_arch_qwen3moe, 0},
 };
 #define N_REGISTRY (sizeof REGISTRY / sizeof REGISTRY[0])
 

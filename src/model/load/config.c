@@ -92,6 +92,13 @@ static int get_bool(const cJSON *o, const char *key, int def) {
     return def;
 }
 
+tqkv_status model_config_int(const cJSON *o, const char *key, const char *name, long def, long lo,
+                             long hi, int *out) {
+    return get_int(o, key, name, def, lo, hi, out);
+}
+
+int model_config_bool(const cJSON *o, const char *key, int def) { return get_bool(o, key, def); }
+
 /* A non-negative integer that fits an int (the cast below is then defined). */
 static int is_token_id(const cJSON *v) {
     return cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble <= 2147483647.0 &&

@@ -198,12 +198,12 @@ static tqkv_status attend(const tqkv_model *m, tqkv_model_state *s, int l, const
     return rc;
 }
 
-/* Gather ob to token order, o_proj, residual, RMSNorm, SwiGLU MLP, residual. */
-static void out_mlp(const tqkv_model *m, tqkv_model_state *s, const model_layer *L,
-                    const fwd_shape *f) {
+/* Gather ob to token order, o_proj, residual, RMSNorm into xn (the FFN's input). */
+static void out_proj(const tqkv_model *m, tqkv_model_state *s, const model_layer *L,
+                     const fwd_shape *f) {
     const tqkv_model_config *c = &m->cfg;
-    const int H = c->hidden_size, hd = c->head_dim, NH = c->n_heads, I = c->intermediate_size,
-              QD = NH * hd, n = f->n, th = s->p.threads, pf = f->pf;
+    const int H = c->hidden_size, hd = c->head_dim, NH = c->n_heads, QD = NH * hd, n = f->n,
+              th = s->p.threads;
     const size_t T = f->T;
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
     for (size_t i = 0; i < T; i++) {
@@ -212,7 +212,7 @@ static void out_mlp(const tqkv_model *m, tqkv_model_state *s, const model_layer 
             memcpy(s->att + i * QD + (size_t)h * hd, s->ob + ((r * NH + h) * n + j) * hd,
                    sizeof(float) * hd);
     }
-    matmul(s, s->att, (int)T, &L->wo, L->bo, s->tmp, pf);
+    matmul(s, s->att, (int)T, &L->wo, L->bo, s->tmp, f->pf);
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
     for (size_t i = 0; i < T; i++) {
         float *x = s->x + i * H;
@@ -220,6 +220,12 @@ static void out_mlp(const tqkv_model *m, tqkv_model_state *s, const model_layer 
         for (int e = 0; e < H; e++) x[e] += o[e];
         ops_rmsnorm(x, L->ffn_norm, c->rms_norm_eps, H, s->xn + i * H);
     }
+}
+
+/* The dense SwiGLU MLP of xn [T, hidden], added to the residual stream x. */
+tqkv_status llama_ffn_dense(const tqkv_model *m, tqkv_model_state *s, int l, size_t T, int pf) {
+    const model_layer *L = &m->layers[l];
+    const int H = m->cfg.hidden_size, I = m->cfg.intermediate_size, th = s->p.threads;
     if (L->wgu.data && !(s->p.blas && pf)) {
         matmul(s, s->xn, (int)T, &L->wgu, NULL, s->gu, pf);
     } else {
@@ -236,6 +242,7 @@ static void out_mlp(const tqkv_model *m, tqkv_model_state *s, const model_layer 
         const float *o = s->tmp + i * H;
         for (int e = 0; e < H; e++) x[e] += o[e];
     }
+    return TQKV_OK;
 }
 
 /* Final RMSNorm and lm_head: logits [rows, V] (LAST) or [rows, n, V] (ALL, padding zero). */
@@ -272,10 +279,11 @@ static void head(const tqkv_model *m, tqkv_model_state *s, const fwd_shape *f,
     }
 }
 
-/* tokens [rows, n]; lens[r] real tokens at the end of each row (prefill) or n (extend). */
-tqkv_status llama_forward(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
-                          const int *lengths, int n, int prefill, tqkv_logits_mode mode,
-                          float *logits) {
+/* tokens [rows, n]; lens[r] real tokens at the end of each row (prefill) or n (extend);
+ * ffn(m, s, l, T, pf): layer l's feed-forward of xn [T, hidden], added to x. */
+tqkv_status llama_forward_with(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+                               const int *lengths, int n, int prefill, tqkv_logits_mode mode,
+                               float *logits, llama_ffn_fn ffn) {
     const int R = s->rows, V = m->cfg.vocab_size;
     /* validate before touching anything (a scheduler may have filtered a layer's rows) */
     tqkv_status rc = tqkv_model_state_check(s); /* rows, offsets, spec round: every layer */
@@ -299,8 +307,18 @@ tqkv_status llama_forward(const tqkv_model *m, tqkv_model_state *s, const int32_
         const model_layer *L = &m->layers[l];
         qkv_project(m, s, L, &f);
         if ((rc = attend(m, s, l, &f)) != TQKV_OK) return rc;
-        out_mlp(m, s, L, &f);
+        out_proj(m, s, L, &f);
+        if ((rc = ffn(m, s, l, f.T, f.pf)) != TQKV_OK) {
+            (void)rollback(s, l + 1, n, prefill);
+            return rc;
+        }
     }
     head(m, s, &f, mode, logits);
     return TQKV_OK;
+}
+
+tqkv_status llama_forward(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+                          const int *lengths, int n, int prefill, tqkv_logits_mode mode,
+                          float *logits) {
+    return llama_forward_with(m, s, tokens, lengths, n, prefill, mode, logits, llama_ffn_dense);
 }

@@ -10,7 +10,7 @@
 #include "model/arch/llama/llama.h"
 #include "util/common.h"
 
-static tqkv_status load_layer(tqkv_model *m, const tqkv_model_load_params *lp, int l) {
+tqkv_status llama_load_attention(tqkv_model *m, const tqkv_model_load_params *lp, int l) {
     const tqkv_model_config *c = &m->cfg;
     model_layer *L = &m->layers[l];
     int H = c->hidden_size, hd = c->head_dim, qd = c->n_heads * hd, kd = c->n_kv_heads * hd;
@@ -31,12 +31,8 @@ static tqkv_status load_layer(tqkv_model *m, const tqkv_model_load_params *lp, i
     TRYL(model_load_matrix(m, &lpu, NAME("self_attn.k_proj.weight"), kd, H, &L->wk));
     TRYL(model_load_matrix(m, &lpu, NAME("self_attn.v_proj.weight"), kd, H, &L->wv));
     TRYL(model_load_matrix(m, lp, NAME("self_attn.o_proj.weight"), H, qd, &L->wo));
-    TRYL(model_load_matrix(m, &lpu, NAME("mlp.gate_proj.weight"), c->intermediate_size, H, &L->wg));
-    TRYL(model_load_matrix(m, &lpu, NAME("mlp.up_proj.weight"), c->intermediate_size, H, &L->wu));
-    TRYL(model_load_matrix(m, lp, NAME("mlp.down_proj.weight"), H, c->intermediate_size, &L->wd));
-    mm_weight *qkv[3] = {&L->wq, &L->wk, &L->wv}, *gu[2] = {&L->wg, &L->wu};
+    mm_weight *qkv[3] = {&L->wq, &L->wk, &L->wv};
     TRYL(model_fuse(m, lp, qkv, 3, &L->wqkv));
-    TRYL(model_fuse(m, lp, gu, 2, &L->wgu));
     if (c->qk_norm) {
         TRYL(model_load_vector(m, NAME("self_attn.q_norm.weight"), hd, &L->q_norm));
         TRYL(model_load_vector(m, NAME("self_attn.k_norm.weight"), hd, &L->k_norm));
@@ -57,6 +53,30 @@ static tqkv_status load_layer(tqkv_model *m, const tqkv_model_load_params *lp, i
 #undef NAME
 #undef TRYL
     return TQKV_OK;
+}
+
+tqkv_status llama_load_mlp(tqkv_model *m, const tqkv_model_load_params *lp, int l) {
+    tqkv_status rc;
+    const int H = m->cfg.hidden_size, I = m->cfg.intermediate_size;
+    model_layer *L = &m->layers[l];
+    tqkv_model_load_params lpu = *lp;
+    lpu.no_pack = 1;
+    lpu.no_f32_prefill = 1;
+    char name[256];
+#define NAME(suffix) (snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix), name)
+    if ((rc = model_load_matrix(m, &lpu, NAME("mlp.gate_proj.weight"), I, H, &L->wg)) ||
+        (rc = model_load_matrix(m, &lpu, NAME("mlp.up_proj.weight"), I, H, &L->wu)) ||
+        (rc = model_load_matrix(m, lp, NAME("mlp.down_proj.weight"), H, I, &L->wd)))
+        return rc;
+#undef NAME
+    mm_weight *gu[2] = {&L->wg, &L->wu};
+    return model_fuse(m, lp, gu, 2, &L->wgu);
+}
+
+/* Attention, then the dense MLP. */
+static tqkv_status load_layer(tqkv_model *m, const tqkv_model_load_params *lp, int l) {
+    tqkv_status rc = llama_load_attention(m, lp, l);
+    return rc != TQKV_OK ? rc : llama_load_mlp(m, lp, l);
 }
 
 tqkv_status llama_load(tqkv_model *m, const char *dir, const tqkv_model_load_params *lp) {
