@@ -1,10 +1,11 @@
 #!/bin/sh
-# check_exports.sh CC "HEADER..." LIB.so... - fail unless the installed shared libraries
-# export exactly the functions declared in the installed public headers (issue 20:
-# "only tqkv_-prefixed functions that are in a public header are exported").
-#   1. every symbol in a library's dynamic symbol table (nm -D --defined-only) must be a
-#      function declared in one of the headers: an internal helper exported across the
-#      library boundary, or an exported variable, fails;
+# check_exports.sh CC "HEADER..." LIB... - fail unless the installed libraries export
+# exactly the functions declared in the installed public headers (issue 20: "only
+# tqkv_-prefixed functions that are in a public header are exported").
+#   1. every symbol a library exports must be a function declared in one of the headers
+#      (an internal helper exported across the library boundary, or an exported variable,
+#      fails). Shared libraries: the dynamic symbol table (nm -D --defined-only); static
+#      archives: every defined global symbol (what an embedder's static link sees);
 #   2. every TQKV_API declaration of the headers must be exported by one of the
 #      libraries (so an empty or wrong library cannot pass, and no public function is
 #      silently hidden).
@@ -40,7 +41,10 @@ status=0
 : > "$tmp/all_exports"
 for lib in "$@"; do
   # TQKV_0 and the like are version nodes (absolute symbols), not code or data
-  nm -D --defined-only "$lib" > "$tmp/nm" || { echo "FAIL: nm -D $lib"; exit 1; }
+  case "$lib" in
+    *.so|*.so.*) nm -D --defined-only "$lib" > "$tmp/nm" || { echo "FAIL: nm -D $lib"; exit 1; } ;;
+    *)           nm -g --defined-only "$lib" > "$tmp/nm" || { echo "FAIL: nm -g $lib"; exit 1; } ;;
+  esac
   awk '$2 != "A" && NF >= 3 { print $3 }' "$tmp/nm" | sed 's/@.*//' | sort -u > "$tmp/exports"
   cat "$tmp/exports" >> "$tmp/all_exports"
   comm -23 "$tmp/exports" "$tmp/declared" > "$tmp/bad"
