@@ -50,7 +50,8 @@ for lib in "$@"; do
   comm -23 "$tmp/exports" "$tmp/declared" > "$tmp/bad"
   n_exp=$(wc -l < "$tmp/exports")
   if [ -s "$tmp/bad" ]; then
-    echo "FAIL: $lib exports $(wc -l < "$tmp/bad") of $n_exp symbols that no public header declares:"
+    n_bad=$(wc -l < "$tmp/bad")
+    echo "FAIL: $lib exports $n_bad of $n_exp symbols that no public header declares:"
     sed 's/^/  /' "$tmp/bad"
     status=1
   else
@@ -60,7 +61,8 @@ done
 sort -u "$tmp/all_exports" -o "$tmp/all_exports"
 comm -23 "$tmp/api" "$tmp/all_exports" > "$tmp/missing"
 if [ -s "$tmp/missing" ]; then
-  echo "FAIL: $(wc -l < "$tmp/missing") TQKV_API declarations of the public headers are exported by no library:"
+  n_miss=$(wc -l < "$tmp/missing")
+  echo "FAIL: $n_miss TQKV_API declarations of the public headers are exported by no library:"
   sed 's/^/  /' "$tmp/missing"
   status=1
 else
