@@ -49,6 +49,18 @@ typedef enum {
 TQKV_API const char *tqkv_last_error(void);
 TQKV_API const char *tqkv_status_name(tqkv_status s);
 
+#if defined(__GNUC__) || defined(__clang__)
+#  define TQKV_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#  define TQKV_PRINTF(a, b)
+#endif
+/* Set this thread's tqkv_last_error() message (printf format) and return s; clear it.
+ * For code built on libtqkv that reports failures the same way: libtqkv-model does, so
+ * one message per thread serves both libraries. Use as
+ *     return tqkv_fail(TQKV_EINVAL, "n %d < 1", n); */
+TQKV_API tqkv_status tqkv_fail(tqkv_status s, const char *fmt, ...) TQKV_PRINTF(2, 3);
+TQKV_API void        tqkv_clear_error(void);
+
 /* ------------------------------------------------------------------------- */
 /* Formats                                                                    */
 /* ------------------------------------------------------------------------- */

@@ -17,7 +17,7 @@
 set -eu
 SRC=${1:?source .cu}; DIS=${2:-nvdisasm}; BUILD=${BUILD:-build}
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-nvcc -DTQKV_HAVE_CUDA=1 --options-file "$BUILD/CMakeFiles/tqkv_objs.dir/includes_CUDA.rsp" -O3 -DNDEBUG \
+nvcc -DTQKV_HAVE_CUDA=1 --options-file "$BUILD/CMakeFiles/tqkv_cuda_objs.dir/includes_CUDA.rsp" -O3 -DNDEBUG \
   -arch=sm_90 -D_GNU_SOURCE -std=c++17 -cubin -o "$T/k.cubin" "$SRC"
 python3 - "$T/k.cubin" <<'PY'
 import struct, sys

@@ -6,8 +6,8 @@
  * the host, the GPU encode (append) and the GPU decode attention entry points, and a dense
  * bf16 baseline layout [rows, kv_heads, cap, head_dim] bf16 that is NOT a tqkv format (it
  * exists only to measure the compressed kernels against).
- * Exported (TQKV_API, tqkv_cuda_ names) because libtqkv-model's GPU forward and the CLI call
- * it across the library boundary; it is not part of the installed public headers.
+ * Internal (not exported): linked into libtqkv-model, whose GPU forward is its only
+ * caller besides the CLI and the tests (libtqkv's public API has no device entry).
  * Must not: define a second byte format for tq/q8 data, or be called when tqkv_cuda_available()
  * is 0. Every entry returns tqkv_status and calls tqkv_fail on failure.
  *
@@ -38,70 +38,70 @@ struct tqkv_batch;
 typedef struct cuda_kv cuda_kv;
 
 /* 1 when a CUDA device is usable (driver present, >= 1 device), else 0 (never fails). */
-TQKV_API int tqkv_cuda_available(void);
+int tqkv_cuda_available(void);
 /* Name, SM count, memory clock (kHz) and bus width of device 0 (for reports). */
-TQKV_API tqkv_status tqkv_cuda_device_info(char *name, size_t cap, int *sms, int *mem_clock_khz,
-                             int *bus_bits, int *sm_clock_khz);
+tqkv_status tqkv_cuda_device_info(char *name, size_t cap, int *sms, int *mem_clock_khz,
+                                  int *bus_bits, int *sm_clock_khz);
 
 /* An empty device cache of `rows` rows with room for `cap` tokens each; cfg->head_dim
  * CUDA_DIM or CUDA_DIM_WIDE (else TQKV_EUNSUPPORTED, nothing allocated).
  * bf16 != 0: the dense bf16 baseline (cfg formats ignored, no window; head_dim 128 or 256). */
-TQKV_API tqkv_status tqkv_cuda_kv_init(cuda_kv **out, const tqkv_cache_config *cfg, int bf16, int rows,
-                         int cap);
-TQKV_API void        tqkv_cuda_kv_free(cuda_kv *kv);
+tqkv_status tqkv_cuda_kv_init(cuda_kv **out, const tqkv_cache_config *cfg, int bf16, int rows,
+                              int cap);
+void        tqkv_cuda_kv_free(cuda_kv *kv);
 /* Run every later kernel and copy of kv on `stream` (a cudaStream_t; NULL = the legacy
  * default stream, where a new cache starts), after waiting for the work queued on the old
  * one. Row operations give the caches they make the source's stream. Calls that return
  * data to the host (offsets aside: a host mirror) wait for the stream themselves. */
-TQKV_API tqkv_status tqkv_cuda_kv_set_stream(cuda_kv *kv, void *stream);
+tqkv_status tqkv_cuda_kv_set_stream(cuda_kv *kv, void *stream);
 /* Process-unique id of kv's device storage: it changes whenever the planes, the ring or
  * the row table move (init, regrow, row operations that install new storage), so a CUDA
  * graph that captured kv's pointers can tell it is stale. */
-TQKV_API uint64_t    tqkv_cuda_kv_storage_id(const cuda_kv *kv);
+uint64_t    tqkv_cuda_kv_storage_id(const cuda_kv *kv);
 /* Room for `tokens` tokens per row (after its left padding), allocated exactly (appends
  * otherwise grow the planes geometrically, with old and new planes both held while rows
  * move). A cap already large enough is kept. */
-TQKV_API tqkv_status tqkv_cuda_kv_reserve(cuda_kv *kv, int tokens);
+tqkv_status tqkv_cuda_kv_reserve(cuda_kv *kv, int tokens);
 /* The cache's head_dim (CUDA_DIM or CUDA_DIM_WIDE). */
-TQKV_API int         tqkv_cuda_kv_head_dim(const cuda_kv *kv);
+int         tqkv_cuda_kv_head_dim(const cuda_kv *kv);
 /* Bytes of device memory held by the planes and rings. */
-TQKV_API size_t      tqkv_cuda_kv_bytes(const cuda_kv *kv);
+size_t      tqkv_cuda_kv_bytes(const cuda_kv *kv);
 
 /* Copy a host cache (same config, rows <= kv rows, columns <= cap) into kv: bytes, rings
  * and row state (offset, left_pad, win_lo). */
-TQKV_API tqkv_status tqkv_cuda_kv_upload(cuda_kv *kv, const struct tqkv_batch *b);
+tqkv_status tqkv_cuda_kv_upload(cuda_kv *kv, const struct tqkv_batch *b);
 /* Copy the device planes back: kd/vd [rows, kv_heads, cap, payload], ks/vs
  * [rows, kv_heads, cap, n_scales], kw/vw [rows, kv_heads, ring, head_dim] int8 and
  * kws/vws [rows, kv_heads, ring, head_dim/32] (NULL pointers are skipped). */
-TQKV_API tqkv_status tqkv_cuda_kv_download(const cuda_kv *kv, uint8_t *kd, uint16_t *ks, uint8_t *vd,
-                             uint16_t *vs, int8_t *kw, uint16_t *kws, int8_t *vw,
-                             uint16_t *vws);
+tqkv_status tqkv_cuda_kv_download(const cuda_kv *kv, uint8_t *kd, uint16_t *ks, uint8_t *vd,
+                                  uint16_t *vs, int8_t *kw, uint16_t *kws, int8_t *vw,
+                                  uint16_t *vws);
 /* Rows' token counts and left padding [rows] (host mirror). */
-TQKV_API const int  *tqkv_cuda_kv_offsets(const cuda_kv *kv);
-TQKV_API const int  *tqkv_cuda_kv_left_pads(const cuda_kv *kv);
+const int  *tqkv_cuda_kv_offsets(const cuda_kv *kv);
+const int  *tqkv_cuda_kv_left_pads(const cuda_kv *kv);
 
 /* GPU encode: append n tokens to every row. k, v: DEVICE pointers [rows, kv_heads, n,
  * head_dim] float (original domain); bytes equal to tqkv_batch_append's. Asynchronous on
  * kv's stream (k and v are read there); the host mirror (offsets) is updated at once.
  * Grows the storage first when a row lacks room (geometric growth: a new storage id). */
-TQKV_API tqkv_status tqkv_cuda_kv_append(cuda_kv *kv, const float *k, const float *v, int n);
+tqkv_status tqkv_cuda_kv_append(cuda_kv *kv, const float *k, const float *v, int n);
 /* The growth of tqkv_cuda_kv_append for an append of n tokens, alone (so an append that
  * follows allocates nothing: e.g. one captured into a CUDA graph). */
-TQKV_API tqkv_status tqkv_cuda_kv_reserve_append(cuda_kv *kv, int n);
+tqkv_status tqkv_cuda_kv_reserve_append(cuda_kv *kv, int n);
 /* The host half of tqkv_cuda_kv_append (offsets and window bounds advance by n) for an
  * append whose kernels ran without it: a CUDA graph replaying a captured append (its
  * kernels advance the device row table). Needs room for n more tokens in every row. */
-TQKV_API tqkv_status tqkv_cuda_kv_replayed_append(cuda_kv *kv, int n);
+tqkv_status tqkv_cuda_kv_replayed_append(cuda_kv *kv, int n);
 
 /* The decode attention kernels' one-time setup (shared-memory attributes, persistent grid
  * sizes, a check of where shared memory starts); thread safe, idempotent. Called by the
  * first attention call and by every device model state at init (so it is never first
  * called inside a CUDA graph capture). */
-TQKV_API tqkv_status tqkv_cuda_attn_setup(void);
+tqkv_status tqkv_cuda_attn_setup(void);
 /* 1 when d = 256 decode attention over tq caches runs the tensor-core split kernel, 0 when it
  * runs the float32 one (TQKV_WIDE_TC=0 in the environment when the setup ran, or a build with
  * -DTQKV_WIDE_TC=0); -1 when the setup fails. Runs the setup. */
-TQKV_API int tqkv_cuda_wide_tc(void);
+int tqkv_cuda_wide_tc(void);
 
 /* GPU decode attention (one query per row). q: DEVICE [rows, q_heads, head_dim] float,
  * out: DEVICE [rows, q_heads, head_dim] float. Asynchronous on kv's stream: synchronize it
@@ -113,115 +113,116 @@ TQKV_API int tqkv_cuda_wide_tc(void);
  * shape may depend on the host only through kv's rows and storage,
  * q_heads, the workspace pointer and max over rows of tqkv_cuda_attend_ws_bytes(rows,
  * q_heads, that row's tokens) (the model's CUDA graph of a decode step keys on these). */
-TQKV_API tqkv_status tqkv_cuda_kv_attend(cuda_kv *kv, const float *q, int q_heads, float scale, float *out);
+tqkv_status tqkv_cuda_kv_attend(cuda_kv *kv, const float *q, int q_heads, float scale, float *out);
 /* The same with a caller's workspace (e.g. one shared by every layer of a model state,
  * which run one after another on one stream) of at least
  * tqkv_cuda_attend_ws_bytes_dim(rows, q_heads, the longest row's tokens, head_dim) bytes
  * (monotone in max_tokens); TQKV_ERANGE when it is smaller. */
-TQKV_API size_t      tqkv_cuda_attend_ws_bytes(int rows, int q_heads, int max_tokens);
+size_t      tqkv_cuda_attend_ws_bytes(int rows, int q_heads, int max_tokens);
 /* The same for a cache of head_dim `head_dim` (128 or 256): tqkv_cuda_attend_ws_bytes at
  * 128; at 256 the partials of 4x d = 128's split bound plus the queries, so it changes
  * exactly where the 128 figure does (monotone in max_tokens). A workspace shared by layers
  * of both dims needs the larger of the two; that maximum changes whenever either does. */
-TQKV_API size_t      tqkv_cuda_attend_ws_bytes_dim(int rows, int q_heads, int max_tokens,
-                                                   int head_dim);
-TQKV_API tqkv_status tqkv_cuda_kv_attend_ws(cuda_kv *kv, const float *q, int q_heads, float scale,
-                                            float *out, void *ws, size_t ws_bytes);
+size_t      tqkv_cuda_attend_ws_bytes_dim(int rows, int q_heads, int max_tokens,
+                                          int head_dim);
+tqkv_status tqkv_cuda_kv_attend_ws(cuda_kv *kv, const float *q, int q_heads, float scale,
+                                   float *out, void *ws, size_t ws_bytes);
 
 /* GPU attention of n_query queries per row with visible ranges (prefill, windows):
  * q, out: DEVICE [rows, q_heads, n_query, head_dim] float; lo, hi: HOST [rows, n_query]
  * column ranges [lo, hi) as in tqkv_mask (token t is column left_pad + t; lo == hi: zeros).
  * Float32 (attn_cuda_prefill.cu). Synchronous. */
-TQKV_API tqkv_status tqkv_cuda_kv_attend_masked(cuda_kv *kv, const float *q, int n_query, int q_heads,
-                                  float scale, const int32_t *lo, const int32_t *hi, float *out);
+tqkv_status tqkv_cuda_kv_attend_masked(cuda_kv *kv, const float *q, int n_query, int q_heads,
+                                       float scale, const int32_t *lo, const int32_t *hi,
+                                       float *out);
 
 // ---- row operations in device memory (cache_cuda_rows.cu; semantics of the tqkv_batch_*
 // calls of the same names: encoded bytes are copied, never decoded) ----------------------
-TQKV_API tqkv_status tqkv_cuda_kv_trim(cuda_kv *kv, int n);
-TQKV_API tqkv_status tqkv_cuda_kv_filter(cuda_kv *kv, const int *keep, int n_keep);
+tqkv_status tqkv_cuda_kv_trim(cuda_kv *kv, int n);
+tqkv_status tqkv_cuda_kv_filter(cuda_kv *kv, const int *keep, int n_keep);
 /* A new cache holding rows keep[0..n_keep) of kv in that order (kv unchanged): the
  * storage tqkv_cuda_kv_filter installs. */
-TQKV_API tqkv_status tqkv_cuda_kv_select(const cuda_kv *kv, const int *keep, int n_keep, cuda_kv **out);
+tqkv_status tqkv_cuda_kv_select(const cuda_kv *kv, const int *keep, int n_keep, cuda_kv **out);
 /* Device bytes per token of one row (K + V planes and scales; the q8 ring aside) and the
  * ring's fixed bytes per row. */
-TQKV_API size_t      tqkv_cuda_kv_token_bytes(const cuda_kv *kv, size_t *ring_bytes_per_row);
-TQKV_API tqkv_status tqkv_cuda_kv_align(cuda_kv *kv, const int *left_pad);
-TQKV_API tqkv_status tqkv_cuda_kv_extract(const cuda_kv *kv, int row, cuda_kv **out);
+size_t      tqkv_cuda_kv_token_bytes(const cuda_kv *kv, size_t *ring_bytes_per_row);
+tqkv_status tqkv_cuda_kv_align(cuda_kv *kv, const int *left_pad);
+tqkv_status tqkv_cuda_kv_extract(const cuda_kv *kv, int row, cuda_kv **out);
 /* New cache whose rows are all the items' rows in order, right-aligned (left-padded). */
-TQKV_API tqkv_status tqkv_cuda_kv_merge(cuda_kv **out, cuda_kv *const *items, int n_items);
-TQKV_API tqkv_status tqkv_cuda_kv_spec_begin(cuda_kv *kv);
-TQKV_API tqkv_status tqkv_cuda_kv_spec_commit(cuda_kv *kv);
-TQKV_API tqkv_status tqkv_cuda_kv_spec_rollback(cuda_kv *kv, const int *keep, int n_keep);
+tqkv_status tqkv_cuda_kv_merge(cuda_kv **out, cuda_kv *const *items, int n_items);
+tqkv_status tqkv_cuda_kv_spec_begin(cuda_kv *kv);
+tqkv_status tqkv_cuda_kv_spec_commit(cuda_kv *kv);
+tqkv_status tqkv_cuda_kv_spec_rollback(cuda_kv *kv, const int *keep, int n_keep);
 /* 1 while a spec round is open; each row's offset at spec_begin [rows] (host mirror). */
-TQKV_API int         tqkv_cuda_kv_spec_active(const cuda_kv *kv);
-TQKV_API const int  *tqkv_cuda_kv_spec_bases(const cuda_kv *kv);
+int         tqkv_cuda_kv_spec_active(const cuda_kv *kv);
+const int  *tqkv_cuda_kv_spec_bases(const cuda_kv *kv);
 /* Drop the newest n tokens of every row, also inside a spec round (not below a row's
  * spec_begin offset): tqkv_batch_rewind's semantics (the undo of a failed forward). */
-TQKV_API tqkv_status tqkv_cuda_kv_rewind(cuda_kv *kv, int n);
+tqkv_status tqkv_cuda_kv_rewind(cuda_kv *kv, int n);
 
 /* ---- sliding-window layers (cache_cuda_slide.cu, the device form of batch_slide.c) ---- */
 /* Scratch for window views and drops: a view row table, per-row shifts and a rotated copy
  * of one cache's q8 ring. One serves every cache of the same rows / kv heads / ring / dim,
  * one call at a time, in the caches' stream order. */
 typedef struct cuda_kv_slide cuda_kv_slide;
-TQKV_API tqkv_status tqkv_cuda_slide_init(cuda_kv_slide **out);
+tqkv_status tqkv_cuda_slide_init(cuda_kv_slide **out);
 /* Frees the buffers: the caller has waited for the stream that used them. */
-TQKV_API void tqkv_cuda_slide_free(cuda_kv_slide *s);
+void tqkv_cuda_slide_free(cuda_kv_slide *s);
 /* Size s for kv (before any capture: views then allocate nothing); *moved = 1 when the
  * buffers were reallocated (a captured graph holding the old ones must be dropped). */
-TQKV_API tqkv_status tqkv_cuda_slide_reserve(cuda_kv_slide *s, const cuda_kv *kv, int *moved);
+tqkv_status tqkv_cuda_slide_reserve(cuda_kv_slide *s, const cuda_kv *kv, int *moved);
 /* A view of kv whose rows are each row's newest `window` tokens as the cache stood `back`
  * tokens ago (its q8 ring rotated to match): attend over *view with tqkv_cuda_kv_attend_ws.
  * Queued on kv's stream, capture safe; *view is owned by s and valid until the next call
  * on s or a change of kv. */
-TQKV_API tqkv_status tqkv_cuda_kv_window_view(cuda_kv *kv, cuda_kv_slide *s, int window, int back,
-                                              cuda_kv **view);
+tqkv_status tqkv_cuda_kv_window_view(cuda_kv *kv, cuda_kv_slide *s, int window, int back,
+                                     cuda_kv **view);
 /* tqkv_batch_drop_oldest(kv, keep) on a device cache: each row's oldest tokens beyond keep
  * become left padding, its q8 ring rotates by the dropped count (slots are indexed by
  * token), win_lo follows; once every row's padding reaches keep the common padding goes (a
  * filter of every row, as the CPU's compaction: a new storage id). Refused in a spec round. */
-TQKV_API tqkv_status tqkv_cuda_kv_drop_oldest(cuda_kv *kv, cuda_kv_slide *s, int keep);
+tqkv_status tqkv_cuda_kv_drop_oldest(cuda_kv *kv, cuda_kv_slide *s, int keep);
 /* Decode attention (tqkv_cuda_kv_attend_ws: q, out DEVICE [rows, q_heads, head_dim]) as the
  * cache stood `back` tokens ago: every row sees only its first offset - back tokens
  * (0 <= back <= every row's offset). The same bits as the decode call made then when the
  * cache has no q8 window or back <= window_slack (the ring still holds what that call
  * read). Speculative verification (extend_as_decode). The row table is uploaded before and
  * after (copies on kv's stream); the cache is unchanged. */
-TQKV_API tqkv_status tqkv_cuda_kv_attend_back(cuda_kv *kv, int back, const float *q, int q_heads,
-                                              float scale, float *out, void *ws, size_t ws_bytes);
+tqkv_status tqkv_cuda_kv_attend_back(cuda_kv *kv, int back, const float *q, int q_heads,
+                                     float scale, float *out, void *ws, size_t ws_bytes);
 /* The bytes of tqkv_batch_export for the same state (through host memory), and back. */
-TQKV_API tqkv_status tqkv_cuda_kv_export(const cuda_kv *kv, uint8_t **out, size_t *len);
-TQKV_API tqkv_status tqkv_cuda_kv_restore(cuda_kv **out, const uint8_t *buf, size_t len);
+tqkv_status tqkv_cuda_kv_export(const cuda_kv *kv, uint8_t **out, size_t *len);
+tqkv_status tqkv_cuda_kv_restore(cuda_kv **out, const uint8_t *buf, size_t len);
 
 // ---- small device-memory helpers for tests and benchmarks ----------------------------
-TQKV_API tqkv_status tqkv_cuda_malloc(void **p, size_t bytes);
-TQKV_API void        tqkv_cuda_free(void *p);
-TQKV_API tqkv_status tqkv_cuda_h2d(void *dst, const void *src, size_t bytes);
-TQKV_API tqkv_status tqkv_cuda_d2h(void *dst, const void *src, size_t bytes);
-TQKV_API tqkv_status tqkv_cuda_sync(void);
+tqkv_status tqkv_cuda_malloc(void **p, size_t bytes);
+void        tqkv_cuda_free(void *p);
+tqkv_status tqkv_cuda_h2d(void *dst, const void *src, size_t bytes);
+tqkv_status tqkv_cuda_d2h(void *dst, const void *src, size_t bytes);
+tqkv_status tqkv_cuda_sync(void);
 /* Free and total bytes of device 0's memory (cudaMemGetInfo). */
-TQKV_API tqkv_status tqkv_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
+tqkv_status tqkv_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 /* Fill x [n] with N(0, sd) pseudo-random floats from (seed) on the device. */
-TQKV_API tqkv_status tqkv_cuda_fill_normal(float *x, size_t n, uint64_t seed, float sd);
+tqkv_status tqkv_cuda_fill_normal(float *x, size_t n, uint64_t seed, float sd);
 /* The same queued on `stream` (a cudaStream_t), without waiting. */
-TQKV_API tqkv_status tqkv_cuda_fill_normal_on(float *x, size_t n, uint64_t seed, float sd,
-                                              void *stream);
+tqkv_status tqkv_cuda_fill_normal_on(float *x, size_t n, uint64_t seed, float sd,
+                                     void *stream);
 /* Median over reps of (cudaEvent) milliseconds of a device-to-device copy of bytes. */
-TQKV_API tqkv_status tqkv_cuda_copy_ms(size_t bytes, int reps, double *ms);
+tqkv_status tqkv_cuda_copy_ms(size_t bytes, int reps, double *ms);
 /* CUDA graph helpers for tests (cudaStream_t / cudaGraphExec_t as void *): a non-blocking
  * stream; capture of what is queued on it between begin and end
  * (cudaStreamCaptureModeThreadLocal: a call that allocates or waits inside fails the
  * capture) into an executable graph; its launch on a stream; waiting for a stream. */
-TQKV_API tqkv_status tqkv_cuda_stream_create(void **stream);
-TQKV_API void        tqkv_cuda_stream_destroy(void *stream);
-TQKV_API tqkv_status tqkv_cuda_stream_sync(void *stream);
-TQKV_API tqkv_status tqkv_cuda_capture_begin(void *stream);
-TQKV_API tqkv_status tqkv_cuda_capture_end(void *stream, void **exec);
-TQKV_API tqkv_status tqkv_cuda_graph_launch(void *exec, void *stream);
-TQKV_API void        tqkv_cuda_graph_free(void *exec);
+tqkv_status tqkv_cuda_stream_create(void **stream);
+void        tqkv_cuda_stream_destroy(void *stream);
+tqkv_status tqkv_cuda_stream_sync(void *stream);
+tqkv_status tqkv_cuda_capture_begin(void *stream);
+tqkv_status tqkv_cuda_capture_end(void *stream, void **exec);
+tqkv_status tqkv_cuda_graph_launch(void *exec, void *stream);
+void        tqkv_cuda_graph_free(void *exec);
 /* Event timer: start, then stop returning milliseconds since start. */
-TQKV_API tqkv_status tqkv_cuda_timer_start(void **t);
-TQKV_API tqkv_status tqkv_cuda_timer_stop(void *t, double *ms);
+tqkv_status tqkv_cuda_timer_start(void **t);
+tqkv_status tqkv_cuda_timer_stop(void *t, double *ms);
 
 #ifdef __cplusplus
 }

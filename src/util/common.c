@@ -1,29 +1,14 @@
 /*
- * common.c - error message, fp16 conversion, CPU feature detection.
+ * common.c - status names, checked allocation, fp16 conversion, CPU feature detection.
+ * (The thread's error message is error.c's.)
  */
 #include "common.h"
 
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 
 /* ------------------------------------------------------------------------- */
-/* Errors                                                                     */
+/* Status names, allocation                                                   */
 /* ------------------------------------------------------------------------- */
-
-static _Thread_local char g_err[512];
-
-tqkv_status tqkv_fail(tqkv_status s, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(g_err, sizeof g_err, fmt, ap);
-    va_end(ap);
-    return s;
-}
-
-void tqkv_clear_error(void) { g_err[0] = 0; }
-
-const char *tqkv_last_error(void) { return g_err; }
 
 const char *tqkv_status_name(tqkv_status s) {
     switch (s) {

@@ -1,7 +1,9 @@
 /*
- * common.h - small shared helpers: error reporting, fp16/bf16 conversion, CPU features.
- * Owns: the thread-local error message behind tqkv_last_error().
- * Must not: hold any other global state.
+ * common.h - small shared helpers: fp16/bf16 conversion, CPU features, checked allocation.
+ * Owns: nothing stateful (the thread's error message is error.c's).
+ * Must not: hold state that must be one per process (libtqkv-model runs its own hidden
+ * copy of this code: docs/ARCHITECTURE.md, "Libraries"); the CPU-feature answers it
+ * caches are the same in every copy.
  */
 #ifndef TQKV_COMMON_H
 #define TQKV_COMMON_H
@@ -13,21 +15,10 @@
 #include <time.h>
 #include "tqkv.h"
 
-#if defined(__GNUC__)
-#define TQKV_PRINTF(a, b) __attribute__((format(printf, a, b)))
-#else
-#define TQKV_PRINTF(a, b)
-#endif
-
-/* The helpers below are internal (not in include/), but libtqkv-model calls them across
- * the shared-library boundary, so they are exported (TQKV_API) under the tqkv_ prefix.
- * One error slot per thread for both libraries: tqkv_last_error() must see the message
- * that a model call set. */
-
-/* Set the thread's error message and return s. Use as: return tqkv_fail(TQKV_EINVAL, "..."); */
-TQKV_API tqkv_status tqkv_fail(tqkv_status s, const char *fmt, ...) TQKV_PRINTF(2, 3);
-/* Clear the thread's error message (called by successful public entry points that want it). */
-TQKV_API void tqkv_clear_error(void);
+/* The error slot (tqkv_fail, tqkv_clear_error, tqkv_last_error) is declared in tqkv.h and
+ * lives in error.c: public, because libtqkv-model (which carries its own hidden copy of
+ * the helpers below) must set the one message per thread that tqkv_last_error() reads.
+ * The helpers below are internal: not exported from either shared library. */
 
 /* ---- small helpers every module may use (inline: nothing to export) ---- */
 
@@ -47,8 +38,8 @@ static inline int tqkv_grow_floats(float **p, size_t n) {
 }
 
 /* ---- fp16 / bf16 (scalar, exact round-to-nearest-even) ---- */
-TQKV_API uint16_t tqkv_f32_to_f16(float f);
-TQKV_API float    tqkv_f16_to_f32(uint16_t h);
+uint16_t tqkv_f32_to_f16(float f);
+float    tqkv_f16_to_f32(uint16_t h);
 static inline float tqkv_bf16_to_f32(uint16_t b) {
     uint32_t u = (uint32_t)b << 16;
     float f;
@@ -60,18 +51,18 @@ static inline float tqkv_bf16_to_f32(uint16_t b) {
 /* The one target attribute of every AVX2/FMA/F16C function; callers reach such a function
  * only when tqkv_cpu_has_avx2() says so, and always have a scalar fallback. */
 #define TQKV_AVX2 __attribute__((target("avx2,fma,f16c")))
-TQKV_API int tqkv_cpu_has_avx2(void); /* AVX2 + FMA + F16C; honours TQKV_NO_SIMD=1 */
+int tqkv_cpu_has_avx2(void); /* AVX2 + FMA + F16C; honours TQKV_NO_SIMD=1 */
 /* AVX-512 F/BW/VL/DQ (and, for _bf16, AVX512_BF16) on top of tqkv_cpu_has_avx2(); both
  * honour TQKV_NO_AVX512=1 (the AVX2 kernels then run) and TQKV_NO_SIMD=1. */
 #define TQKV_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
 #define TQKV_AVX512_BF16                                                                          \
     __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
-TQKV_API int tqkv_cpu_has_avx512(void);
-TQKV_API int tqkv_cpu_has_avx512_bf16(void);
+int tqkv_cpu_has_avx512(void);
+int tqkv_cpu_has_avx512_bf16(void);
 
 /* ---- checked allocation helpers ---- */
-TQKV_API void *tqkv_malloc(size_t n);           /* NULL on failure, sets TQKV_ENOMEM message */
-TQKV_API void *tqkv_calloc(size_t n, size_t sz);
+void *tqkv_malloc(size_t n);           /* NULL on failure, sets TQKV_ENOMEM message */
+void *tqkv_calloc(size_t n, size_t sz);
 /* Overflow-checked a*b; returns 0 on overflow (and sets *ok = 0). */
 static inline size_t tqkv_mul(size_t a, size_t b, int *ok) {
     if (a && b > SIZE_MAX / a) { *ok = 0; return 0; }

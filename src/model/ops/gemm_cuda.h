@@ -35,24 +35,24 @@ extern "C" {
 
 /* Scratch bytes for a GEMM of up to T tokens and K <= kmax: the activations' bf16 parts
  * [parts, T, K] (room for two parts). */
-TQKV_API size_t tqkv_cuda_gemm_xf_bytes(size_t T, size_t kmax);
+size_t tqkv_cuda_gemm_xf_bytes(size_t T, size_t kmax);
 
 /* y[t * ldy + n] = sum_k x[t * ldx + k] w[n * K + k] (+ bias[n]) for t < T, n < N.
  * All pointers are device memory; K % 8 == 0; xf as sized above; parts 1 (bf16
  * activations) or 2 (hi + lo). Asynchronous on `stream` (a cudaStream_t; NULL: the legacy
  * default stream); allocates nothing and never waits, so it can be captured in a graph. */
-TQKV_API tqkv_status tqkv_cuda_gemm(const float *x, size_t ldx, int T, const uint16_t *w, int N,
-                                    int K, const float *bias, float *y, size_t ldy, void *xf,
-                                    int parts, void *stream);
+tqkv_status tqkv_cuda_gemm(const float *x, size_t ldx, int T, const uint16_t *w, int N,
+                           int K, const float *bias, float *y, size_t ldy, void *xf,
+                           int parts, void *stream);
 
 /* The tile shape tqkv_cuda_gemm picks for T tokens, N outputs and `parts` ("s8" .. "s64",
  * "m", "l", "xl"; two parts take "l" for "xl"): for benchmarks and the tests' coverage. */
-TQKV_API const char *tqkv_cuda_gemm_tile(int T, int N, int parts);
+const char *tqkv_cuda_gemm_tile(int T, int N, int parts);
 
 /* Make every later call take the named tile shape (NULL: the pick by T and N again), as
  * TQKV_GEMM_TILE does: for the tests (every shape must give the same bits) and A/B
  * benchmarks. TQKV_EINVAL for an unknown name. Not for use while GEMMs run on other threads. */
-TQKV_API tqkv_status tqkv_cuda_gemm_set_tile(const char *name);
+tqkv_status tqkv_cuda_gemm_set_tile(const char *name);
 
 #ifdef __cplusplus
 }
