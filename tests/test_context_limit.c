@@ -28,6 +28,7 @@ static const char *const CHECKPOINTS[] = {
     "tests/golden/qwen35/minicpm5",   /* LlamaForCausalLM */
     "tests/golden/gemma4/base",       /* Gemma4ForCausalLM */
     "tests/golden/qwen35/hybrid",     /* Qwen3_5ForCausalLM */
+    "tests/golden/moe/qwen3moe",      /* Qwen3MoeForCausalLM */
 };
 #define N_CHECKPOINTS (int)(sizeof CHECKPOINTS / sizeof CHECKPOINTS[0])
 

@@ -2,7 +2,8 @@
  * test_model_rows_graphs.c - model-level row operations (src/model/state/rows.c) and the
  * engine on the two new graphs, with the tiny random-weight checkpoints committed under
  * tests/golden: Gemma 4 (gemma4/base: sliding window 8 with bounded caches, KV-shared
- * layers) and Qwen 3.5 (qwen35/hybrid: gated DeltaNet layers with recurrent state rows).
+ * layers), Qwen 3.5 (qwen35/hybrid: gated DeltaNet layers with recurrent state rows) and
+ * Qwen3-MoE (moe/qwen3moe: routed experts; rows and engine only).
  * For each graph: rows merged into a running state mid-generation, filtered (reordered),
  * extracted and re-inserted, and spec rounds with a per-row rollback give logits BITWISE
  * equal to each row run alone without those operations; export / import round-trips
@@ -42,7 +43,7 @@ typedef struct {
     int V;
 } graph;
 
-static graph g_graph[2] = {{"gemma4/base", NULL, 0}, {"qwen35/hybrid", NULL, 0}};
+static graph g_graph[3] = {{"gemma4/base", NULL, 0}, {"qwen35/hybrid", NULL, 0}, {"moe/qwen3moe", NULL, 0}};
 
 static tqkv_model_state *new_state(const graph *g, int rows, tqkv_format k, tqkv_format v) {
     tqkv_model_state_params p = tqkv_model_state_params_default();
@@ -232,6 +233,14 @@ static void test_rows_qwen35(void **state) {
     rows_bitwise(&g_graph[1], TQKV_TQ3, TQKV_F16, &r);
 }
 
+static void test_rows_moe(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() ^ 24);
+    rows_bitwise(&g_graph[2], TQKV_TQ4, TQKV_TQ4, &r);
+    rows_bitwise(&g_graph[2], TQKV_TQ3, TQKV_F16, &r);
+}
+
 // ---------------------------------------------------------------------------
 // checks, projections, prefix reuse
 // ---------------------------------------------------------------------------
@@ -326,8 +335,7 @@ typedef struct {
  * ids cover the tiny vocab; prompts are given as ids). */
 static void make_engine_dir(const graph *g, char *dir, size_t cap) {
     char src[1024], tok[1024], cmd[8192];
-    snprintf(dir, cap, "/tmp/tqkv_rows_graph_%d_%s", (int)getpid(),
-             g == &g_graph[0] ? "gemma4" : "qwen35");
+    snprintf(dir, cap, "/tmp/tqkv_rows_graph_%d_%d", (int)getpid(), (int)(g - g_graph));
     char rel[256];
     snprintf(rel, sizeof rel, "tests/golden/%s", g->variant);
     source_path(rel, src, sizeof src);
@@ -451,8 +459,8 @@ static void engine_graph(const graph *g, test_rng *r) {
      * accept every proposal) and another tiny checkpoint of the same vocab (random weights:
      * proposals almost always rejected, so every round rolls rows back) */
     char other[1024], orel[256];
-    snprintf(orel, sizeof orel, "tests/golden/%s",
-             g == &g_graph[0] ? "gemma4/plain" : "qwen35/minicpm5");
+    static const char *const OTHER[3] = {"gemma4/plain", "qwen35/minicpm5", "moe/qwen3moe_s2"};
+    snprintf(orel, sizeof orel, "tests/golden/%s", OTHER[g - g_graph]);
     source_path(orel, other, sizeof other);
     const char *drafts[2] = {dir, other};
     job dj[NJ];
@@ -497,8 +505,15 @@ static void test_engine_qwen35(void **state) {
     engine_graph(&g_graph[1], &r);
 }
 
+static void test_engine_moe(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() ^ 2424);
+    engine_graph(&g_graph[2], &r);
+}
+
 int main(void) {
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 3; i++) {
         char rel[256], d[1024];
         snprintf(rel, sizeof rel, "tests/golden/%s", g_graph[i].variant);
         source_path(rel, d, sizeof d);
@@ -515,8 +530,10 @@ int main(void) {
         cmocka_unit_test(test_invariants_and_bytes),
         cmocka_unit_test(test_engine_gemma4),
         cmocka_unit_test(test_engine_qwen35),
+        cmocka_unit_test(test_rows_moe),
+        cmocka_unit_test(test_engine_moe),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    for (int i = 0; i < 2; i++) tqkv_model_free(g_graph[i].m);
+    for (int i = 0; i < 3; i++) tqkv_model_free(g_graph[i].m);
     return rc;
 }
