@@ -6,6 +6,12 @@
  * tokens it got at concurrency 1. --draft adds speculative decoding (acceptance, speedup
  * against the same points without it, run side by side); --prefix measures a prefix-cache
  * hit against a miss; --load N runs N busy processes beside the benchmark.
+ * --json-object / --json-schema add constrained decoding (OpenAI's response_format): every
+ * point runs plain and constrained side by side (the order alternating per round). A
+ * constrained row ends when its document closes, so the plain runs give each request the
+ * length its constrained run had (max_tokens per request): both runs then have the same
+ * rows in every step. Reported: the time per token of the decode-only steps (no row
+ * prefilling) and the median constrained / plain ratio of the rounds.
  * Owns: the load generator, its table and --json output.
  * Must not: contain engine, model or cache logic.
  */
@@ -77,10 +83,33 @@ typedef struct {
     uint64_t gen, drafted, accepted;
     uint64_t *hashes; /* [N] */
     int      prefix_hits;
+    int     *ntok;    /* [N] tokens each request got (or NULL) */
+    double   dec_s;   /* decode-only steps (every row in flight decoding, none prefilling) */
+    int      dec_steps, dec_tok;
 } point;
 
+/* What the requests of a point ask for: sampling, and the JSON constraint. */
+typedef struct {
+    float       temperature;
+    int         json;       /* 1: response_format json_object (or json_schema) */
+    const char *schema;     /* JSON Schema text, or NULL */
+    const int  *lens;       /* [N] max_tokens of each request, or NULL: max_tokens */
+} be_mode;
+
+/* Tokens generated so far by requests [0, n) and how many of them are decoding (started,
+ * not done). */
+static int recs_tokens(const rec *recs, int n, int *decoding) {
+    int t = 0, d = 0;
+    for (int i = 0; i < n; i++) {
+        t += recs[i].n_tok;
+        d += recs[i].n_tok > 0 && !recs[i].done;
+    }
+    *decoding = d;
+    return t;
+}
+
 static int run_point(tqkv_engine *e, int32_t *const *prompts, int n_prompt, int N, int C,
-                     int max_tokens, point *pt) {
+                     int max_tokens, const be_mode *mode, point *pt) {
     rec *recs = calloc((size_t)N, sizeof *recs);
     double *itl = calloc((size_t)N * max_tokens, sizeof *itl);
     double *ttft = calloc((size_t)N, sizeof *ttft);
@@ -91,6 +120,8 @@ static int run_point(tqkv_engine *e, int32_t *const *prompts, int n_prompt, int 
     }
     tqkv_engine_stats s0, s1;
     tqkv_engine_stats_get(e, &s0);
+    pt->dec_s = 0;
+    pt->dec_steps = pt->dec_tok = 0;
     int next = 0, done = 0, inflight = 0, busy = 1;
     double t0 = mcli_now();
     while (done < N) {
@@ -99,8 +130,12 @@ static int run_point(tqkv_engine *e, int32_t *const *prompts, int n_prompt, int 
             memset(&q, 0, sizeof q);
             q.prompt = prompts[next];
             q.n_prompt = n_prompt;
-            q.max_tokens = max_tokens;
+            q.max_tokens = mode->lens ? mode->lens[next] : max_tokens;
             q.sampling = tqkv_sampler_params_default();
+            q.sampling.temperature = mode->temperature;
+            q.sampling.seed = 1000 + (uint64_t)next;
+            q.json_object = mode->json;
+            q.json_schema = mode->json ? mode->schema : NULL;
             q.ignore_eos = 1;
             q.top_logprobs = -1;
             q.on_event = on_event;
@@ -114,9 +149,20 @@ static int run_point(tqkv_engine *e, int32_t *const *prompts, int n_prompt, int 
             next++;
             inflight++;
         }
+        /* a decode-only step: every request in flight was decoding before it (none
+         * prefilling) and each gave a token */
+        int dec0, dec1;
+        const int tok0 = recs_tokens(recs, next, &dec0);
+        const double ts = mcli_now();
         if (tqkv_engine_step(e, &busy) != TQKV_OK) {
             fprintf(stderr, "tqkv %s: step: %s\n", CMD, tqkv_last_error());
             return -1;
+        }
+        const double dt = mcli_now() - ts;
+        if (dec0 > 0 && dec0 == inflight && recs_tokens(recs, next, &dec1) - tok0 == dec0) {
+            pt->dec_s += dt;
+            pt->dec_steps++;
+            pt->dec_tok += dec0;
         }
         int d = 0;
         for (int i = 0; i < next; i++) d += recs[i].done;
@@ -132,6 +178,7 @@ static int run_point(tqkv_engine *e, int32_t *const *prompts, int n_prompt, int 
         for (int k = 0; k < recs[i].n_itl; k++) itl[n_itl++] = recs[i].itl[k];
         pt->gen += (uint64_t)recs[i].n_tok;
         pt->hashes[i] = recs[i].hash;
+        if (pt->ntok) pt->ntok[i] = recs[i].n_tok;
     }
     pt->tok_s = (double)pt->gen / pt->wall;
     pt->ttft50 = pct(ttft, (size_t)N, 0.5);
@@ -176,7 +223,10 @@ static void load_stop(int n, pid_t *pids) {
 
 typedef struct {
     const char *model_arg, *draft, *kv, *text_path;
-    const char *conc_arg, *device;
+    const char *conc_arg, *device, *schema_path;
+    char *schema;         /* --json-schema's text */
+    double temperature;
+    int json_object;      /* --json-object or --json-schema: constrained points */
     int prompt_tokens, max_tokens, requests, threads, K, json;
     int window, prefix, load, chunk, no_check, reps;
     double budget_mb;
@@ -229,6 +279,9 @@ static int be_parse_args(int argc, char **argv, be_opts *o) {
         {"--prefix", ARG_INT, &o->prefix, "also measure a prefix-cache hit: shared prefix of N tokens"},
         {"--load", ARG_INT, &o->load, "busy processes to run beside the benchmark (default 0)"},
         {"--reps", ARG_INT, &o->reps, "repeat each point (plain/draft alternating) (default 1)"},
+        {"--temperature", ARG_DOUBLE, &o->temperature, "sampling temperature, seed 1000 + request (default 0: greedy)"},
+        {"--json-object", ARG_FLAG, &o->json_object, "also run every point constrained to a JSON object, side by side"},
+        {"--json-schema", ARG_STR, &o->schema_path, "also run every point constrained to this JSON Schema file"},
         {"--no-check", ARG_FLAG, &o->no_check, "skip the check against concurrency 1"},
         {"--device", ARG_STR, &o->device, "cpu|cuda: where the model runs (default cpu)"},
         {"--json", ARG_FLAG, &o->json, "print one JSON object"},
@@ -251,6 +304,19 @@ static int be_parse_args(int argc, char **argv, be_opts *o) {
     if (o->prompt_tokens < 1 || o->max_tokens < 1 || o->threads < 1 || o->K < 1 || o->prefix < 0 ||
         o->load < 0 || o->load > 64 || o->chunk < 1 || o->reps < 1 || o->reps > 16) {
         fprintf(stderr, "tqkv %s: bad numeric option\n", CMD);
+        return 2;
+    }
+    if (!(o->temperature >= 0 && o->temperature <= 100)) {
+        fprintf(stderr, "tqkv %s: --temperature must be in [0, 100]\n", CMD);
+        return 2;
+    }
+    if (o->schema_path) {
+        size_t n = 0;
+        if (mcli_read_file(CMD, o->schema_path, &o->schema, &n)) return 1;
+        o->json_object = 1;
+    }
+    if (o->json_object && o->draft) {
+        fprintf(stderr, "tqkv %s: --draft and --json-object / --json-schema are measured apart\n", CMD);
         return 2;
     }
     return 0;
@@ -310,6 +376,14 @@ static int be_tokens(const be_opts *o, tqkv_engine *e, int Nmax, int32_t **ids, 
 // Points and their report
 // ---------------------------------------------------------------------------
 
+/* Variant names: d = 0 plain, 1 draft or constrained. */
+static const char *be_variant(const be_opts *o, int d) {
+    return !d ? "plain" : o->draft ? "draft" : o->schema ? "schema" : "json";
+}
+
+/* Seconds per token of p's decode-only steps. */
+static double dec_per_token(const point *p) { return p->dec_tok > 0 ? p->dec_s / p->dec_tok : 0; }
+
 /* One measured point: a table row, or an object in pts with --json. */
 static void be_report_point(const be_opts *o, cJSON *pts, const point *p, int d, int rep, int C,
                             int N, int same) {
@@ -317,7 +391,7 @@ static void be_report_point(const be_opts *o, cJSON *pts, const point *p, int d,
     if (o->json) {
         cJSON *j = cJSON_CreateObject();
         cJSON_AddItemToArray(pts, j);
-        cJSON_AddStringToObject(j, "mode", d ? "draft" : "plain");
+        cJSON_AddStringToObject(j, "mode", be_variant(o, d));
         cJSON_AddNumberToObject(j, "rep", rep);
         cJSON_AddNumberToObject(j, "concurrency", C);
         cJSON_AddNumberToObject(j, "requests", N);
@@ -331,57 +405,106 @@ static void be_report_point(const be_opts *o, cJSON *pts, const point *p, int d,
         cJSON_AddNumberToObject(j, "spec_drafted", (double)p->drafted);
         cJSON_AddNumberToObject(j, "spec_accepted", (double)p->accepted);
         json_add_num(j, "acceptance", acc, 4);
-        if (o->no_check) cJSON_AddNullToObject(j, "same_as_alone");
+        cJSON_AddNumberToObject(j, "decode_steps", p->dec_steps);
+        cJSON_AddNumberToObject(j, "decode_step_tokens", p->dec_tok);
+        json_add_num(j, "decode_s_per_token", dec_per_token(p), 7);
+        if (o->no_check || same < 0) cJSON_AddNullToObject(j, "same_as_alone");
         else cJSON_AddBoolToObject(j, "same_as_alone", same);
     } else {
-        printf("%-6s %-5d %9.1f %9.3f %9.3f %9.2f %9.2f %8.3f %8s\n", d ? "draft" : "plain", C,
+        printf("%-6s %-5d %9.1f %9.3f %9.3f %9.2f %9.2f %8.3f %8s %9.1f %6d\n", be_variant(o, d), C,
                p->tok_s, p->ttft50, p->ttft99, 1e3 * p->itl50, 1e3 * p->itl99, acc,
-               o->no_check ? "-" : same ? "yes" : "NO");
+               o->no_check || same < 0 ? "-" : same ? "yes" : "NO", 1e6 * dec_per_token(p), p->dec_steps);
     }
     fflush(stdout);
 }
 
-/* Every point at concurrency C (plain, and with ed plain / draft alternating, --reps
- * times), then the median draft / plain ratio of the pairs measured; 0 or -1 (a point
- * failed: message printed, the ratio of the pairs before it still reported). */
-static int be_concurrency(const be_opts *o, tqkv_engine *e, tqkv_engine *ed,
-                          int32_t *const *prompts, const uint64_t *ref, int C, cJSON *pts) {
-    const int N = be_requests(o, C);
-    double ratios[32];
-    int n_ratio = 0, ok = 1;
-    double plain_tok = 0;
-    for (int rd = 0; rd < o->reps * (ed ? 2 : 1); rd++) {
-        int d = ed ? rd % 2 : 0;
-        point p;
-        memset(&p, 0, sizeof p);
-        p.hashes = calloc((size_t)N, sizeof *p.hashes);
-        fprintf(stderr, "tqkv %s: %s concurrency %d, %d requests\n", CMD, d ? "draft" : "plain", C, N);
-        if (run_point(d ? ed : e, prompts, o->prompt_tokens, N, C, o->max_tokens, &p)) {
-            free(p.hashes);
-            ok = 0;
-            break;
-        }
-        int same = 1;
-        if (!o->no_check)
-            for (int k = 0; k < N; k++) same &= p.hashes[k] == ref[k];
-        be_report_point(o, pts, &p, d, ed ? rd / 2 : rd, C, N, same);
-        free(p.hashes);
-        if (d == 0) plain_tok = p.tok_s;
-        else if (n_ratio < 32) ratios[n_ratio++] = p.tok_s / plain_tok;
-    }
-    if (n_ratio > 0) {
-        double med = pct(ratios, (size_t)n_ratio, 0.5);
-        if (o->json) {
-            cJSON *j = cJSON_CreateObject();
-            cJSON_AddItemToArray(pts, j);
-            cJSON_AddStringToObject(j, "mode", "speedup");
-            cJSON_AddNumberToObject(j, "concurrency", C);
-            cJSON_AddNumberToObject(j, "pairs", n_ratio);
+/* The pair's ratio: draft / plain tokens/s, or constrained / plain time per token of the
+ * decode-only steps. Returns the ratio, 0 when there is none. */
+static double be_pair_ratio(const be_opts *o, const point *pp, const point *pv) {
+    if (o->draft) return pp->tok_s > 0 ? pv->tok_s / pp->tok_s : 0;
+    const double tp = dec_per_token(pp), tv = dec_per_token(pv);
+    return tp > 0 ? tv / tp : 0;
+}
+
+/* The median ratio of the pairs of concurrency C: a line, or an object in pts. */
+static void be_report_ratio(const be_opts *o, cJSON *pts, int C, double *ratios, int n_ratio) {
+    double med = pct(ratios, (size_t)n_ratio, 0.5);
+    if (o->json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddItemToArray(pts, j);
+        cJSON_AddStringToObject(j, "mode", o->draft ? "speedup" : "constrained_cost");
+        cJSON_AddNumberToObject(j, "concurrency", C);
+        cJSON_AddNumberToObject(j, "pairs", n_ratio);
+        if (o->draft) {
             json_add_num(j, "draft_over_plain_median", med, 3);
-        } else
-            printf("speedup at concurrency %d: draft / plain tokens/s, median of %d "
-                   "side-by-side pairs: %.2fx\n", C, n_ratio, med);
+            return;
+        }
+        cJSON *rs = cJSON_AddArrayToObject(j, "time_per_token_ratios");
+        for (int i = 0; i < n_ratio; i++) cJSON_AddItemToArray(rs, cJSON_CreateNumber(round(ratios[i] * 1e4) / 1e4));
+        json_add_num(j, "time_per_token_ratio_median", med, 4);
+    } else if (o->draft) {
+        printf("speedup at concurrency %d: draft / plain tokens/s, median of %d "
+               "side-by-side pairs: %.2fx\n", C, n_ratio, med);
+    } else {
+        printf("constrained (%s) cost at concurrency %d: time per token of the decode-only steps "
+               "(plain rows as long as the constrained ones), constrained / plain, median of %d "
+               "pairs: x%.3f (", be_variant(o, 1), C, n_ratio, med);
+        for (int i = 0; i < n_ratio; i++) printf("%sx%.3f", i ? ", " : "", ratios[i]);
+        printf(")\n");
     }
+}
+
+/* Every point at concurrency C (plain, and with a draft or a constraint the two side by
+ * side, --reps times), then the median ratio of the pairs measured; 0 or -1 (a point
+ * failed: message printed, the ratio of the pairs before it still reported). With a
+ * constraint the order alternates, constrained first: its first run gives each request's
+ * length, which the plain runs take as their max_tokens. ref / refv: each variant's tokens
+ * at concurrency 1 (the plain reference at full length). */
+static int be_concurrency(const be_opts *o, tqkv_engine *e, tqkv_engine *ed,
+                          int32_t *const *prompts, const uint64_t *ref, const uint64_t *refv,
+                          int C, cJSON *pts) {
+    const int N = be_requests(o, C), pair = ed || o->json_object, js = o->json_object;
+    double ratios[32];
+    int n_ratio = 0, ok = 1, same_len = 1;
+    point pp[2];
+    memset(pp, 0, sizeof pp);
+    int *lens = calloc((size_t)N, sizeof *lens);
+    for (int k = 0; k < 2 && ok; k++) {
+        pp[k].hashes = calloc((size_t)N, sizeof(uint64_t));
+        pp[k].ntok = calloc((size_t)N, sizeof(int));
+        ok = pp[k].hashes && pp[k].ntok && lens;
+    }
+    for (int r = 0; r < o->reps && ok; r++)
+        for (int i = 0; i < (pair ? 2 : 1) && ok; i++) {
+            const int d = !pair ? 0 : js ? (r % 2 ? i : 1 - i) : i;
+            point *p = &pp[d];
+            const be_mode mode = {(float)o->temperature, d && js, o->schema,
+                                  js && !d ? lens : NULL};
+            fprintf(stderr, "tqkv %s: %s concurrency %d, %d requests\n", CMD, be_variant(o, d), C, N);
+            if (run_point(d && ed ? ed : e, prompts, o->prompt_tokens, N, C, o->max_tokens, &mode, p)) {
+                ok = 0;
+                break;
+            }
+            if (js && d && r == 0) memcpy(lens, p->ntok, sizeof(int) * (size_t)N);
+            else if (js && d) same_len &= !memcmp(lens, p->ntok, sizeof(int) * (size_t)N);
+            int same = js && !d ? -1 : 1; /* a shortened plain run has no reference */
+            const uint64_t *rf = d && js ? refv : ref;
+            if (!o->no_check && same > 0)
+                for (int k = 0; k < N; k++) same &= p->hashes[k] == rf[k];
+            be_report_point(o, pts, p, d, r, C, N, same);
+            if (pair && i == 1 && n_ratio < 32) {
+                const double x = be_pair_ratio(o, &pp[0], &pp[1]);
+                if (x > 0) ratios[n_ratio++] = x;
+            }
+        }
+    if (!same_len)
+        fprintf(stderr, "tqkv %s: WARNING: the constrained runs gave different lengths\n", CMD);
+    if (n_ratio > 0) be_report_ratio(o, pts, C, ratios, n_ratio);
+    for (int k = 0; k < 2; k++) {
+        free(pp[k].hashes);
+        free(pp[k].ntok);
+    }
+    free(lens);
     return ok ? 0 : -1;
 }
 
@@ -411,7 +534,8 @@ static void be_prefix(const be_opts *o, const tqkv_engine_params *ep, const int3
         uint64_t h;
         memset(&p, 0, sizeof p);
         p.hashes = &h;
-        run_point(ep2, pv + k, plen, 1, 1, 1, &p);
+        const be_mode greedy = {0.0f, 0, NULL, NULL};
+        run_point(ep2, pv + k, plen, 1, 1, 1, &greedy, &p);
         ttft[k] = p.ttft50;
         tqkv_engine_stats st;
         tqkv_engine_stats_get(ep2, &st);
@@ -449,30 +573,36 @@ static cJSON *be_json_root(const be_opts *o, const tqkv_engine_params *ep, cJSON
     cJSON_AddNumberToObject(root, "load", o->load);
     cJSON_AddNumberToObject(root, "prompt_tokens", o->prompt_tokens);
     cJSON_AddNumberToObject(root, "max_tokens", o->max_tokens);
+    json_add_num(root, "temperature", o->temperature, 3);
+    cJSON_AddStringToObject(root, "constraint", !o->json_object ? "none" : o->schema ? "json_schema" : "json_object");
+    if (o->schema_path) cJSON_AddStringToObject(root, "schema_file", o->schema_path);
     cJSON_AddItemToObject(root, "points", *pts);
     return root;
 }
 
-/* The reference run, every concurrency and the prefix measure; 1 when all points ran,
- * else 0. */
+/* The reference runs (each variant's tokens at concurrency 1), every concurrency and the
+ * prefix measure; 1 when all points ran, else 0. */
 static int be_measure(const be_opts *o, const tqkv_engine_params *ep, tqkv_engine *e,
                       tqkv_engine *ed, int32_t *const *prompts, const int32_t *ids, int Nmax,
                       cJSON *root, cJSON *pts) {
     int sched_ok = 1;
-    uint64_t *ref = calloc((size_t)Nmax, sizeof *ref);
-    if (!o->json) printf("%-6s %-5s %9s %9s %9s %9s %9s %8s %8s\n", "mode", "conc", "tok/s", "ttft50",
-                         "ttft99", "itl50ms", "itl99ms", "accept", "same");
-    /* reference hashes at concurrency 1 */
-    if (!o->no_check) {
+    uint64_t *ref = calloc((size_t)Nmax, sizeof *ref), *refv = calloc((size_t)Nmax, sizeof *refv);
+    if (!o->json) printf("%-6s %-5s %9s %9s %9s %9s %9s %8s %8s %9s %6s\n", "mode", "conc", "tok/s", "ttft50",
+                         "ttft99", "itl50ms", "itl99ms", "accept", "same", "dec_us/t", "dsteps");
+    for (int d = 0; d < (o->json_object ? 2 : 1) && !o->no_check && sched_ok; d++) {
         point p;
-        p.hashes = ref;
-        fprintf(stderr, "tqkv %s: reference run at concurrency 1 (%d requests)\n", CMD, Nmax);
-        if (run_point(e, prompts, o->prompt_tokens, Nmax, 1, o->max_tokens, &p)) sched_ok = 0;
+        memset(&p, 0, sizeof p);
+        p.hashes = d ? refv : ref;
+        const be_mode mode = {(float)o->temperature, d, o->schema, NULL};
+        fprintf(stderr, "tqkv %s: %s reference run at concurrency 1 (%d requests)\n", CMD,
+                be_variant(o, d), Nmax);
+        if (run_point(e, prompts, o->prompt_tokens, Nmax, 1, o->max_tokens, &mode, &p)) sched_ok = 0;
     }
     for (int i = 0; i < o->n_conc && sched_ok; i++)
-        if (be_concurrency(o, e, ed, prompts, ref, o->conc[i], pts)) sched_ok = 0;
+        if (be_concurrency(o, e, ed, prompts, ref, refv, o->conc[i], pts)) sched_ok = 0;
     if (o->prefix > 0 && sched_ok) be_prefix(o, ep, ids, root);
     free(ref);
+    free(refv);
     return sched_ok;
 }
 
@@ -529,5 +659,6 @@ done:
     free(ids);
     tqkv_engine_free(e);
     tqkv_engine_free(ed);
+    free(o.schema);
     return rc;
 }
