@@ -405,6 +405,12 @@ static void be_report_point(const be_opts *o, cJSON *pts, const point *p, int d,
         cJSON_AddNumberToObject(j, "spec_drafted", (double)p->drafted);
         cJSON_AddNumberToObject(j, "spec_accepted", (double)p->accepted);
         json_add_num(j, "acceptance", acc, 4);
+        uint64_t fnv = 1469598103934665603ull; /* every request's tokens, in order */
+        for (int k = 0; k < N; k++)
+            for (int i = 0; i < 8; i++) fnv = (fnv ^ ((p->hashes[k] >> (8 * i)) & 255)) * 1099511628211ull;
+        char hx[24];
+        snprintf(hx, sizeof hx, "%016llx", (unsigned long long)fnv);
+        cJSON_AddStringToObject(j, "tokens_fnv", hx);
         cJSON_AddNumberToObject(j, "decode_steps", p->dec_steps);
         cJSON_AddNumberToObject(j, "decode_step_tokens", p->dec_tok);
         json_add_num(j, "decode_s_per_token", dec_per_token(p), 7);
