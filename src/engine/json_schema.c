@@ -4,6 +4,7 @@
  * Must not: sample, schedule, keep global state.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,20 +28,35 @@ typedef struct {
     int      items;     /* array: item node (-1 = any value) */
     int      n_enum;
     char   **enums;     /* [n_enum] serialized values */
+    int      minv;      /* the shortest value (bytes), set once compiled (memo_nodes) */
+    int     *suf;       /* object: [n_props + 1] suffix sums of len(name) + 3 + minv */
 } js_node;
 
-#define JS_CACHE 16
+#define JS_CACHE 64     /* masks of recent states (rows repeat states: inside a string,
+                           after a key, ...; choices and requests share a schema) */
+#define JS_CLOSE_SAT 255
+
+/* One cached state: its mask and, once a budget needs it, the shortest completion after
+ * each allowed token. */
+typedef struct {
+    js_state  key;       /* canonical (state_key) */
+    uint64_t  hash, used; /* used: LRU clock, 0 = empty */
+    uint64_t *bits;      /* [W] bit id: token id may come next */
+    uint8_t  *close;     /* [V] js_min_close after each allowed token (JS_CLOSE_SAT: that
+                            or more), or NULL */
+    int       have_close;
+} js_entry;
 
 struct js_schema {
-    int      refs;
+    atomic_int refs;               /* owners: requests on any thread (js_ref / js_free) */
     int      max_branch;           /* the costliest shortest completion of any branch a
                                       value's first bytes may choose (bytes) */
     js_node *nodes;
     int      n_nodes, cap;
-    int      V;
-    uint8_t *allowed;              /* [JS_CACHE][V] masks of recent states */
-    js_state keys[JS_CACHE];
-    uint64_t used[JS_CACHE], clock;
+    int      V, W;                 /* vocab, 64-bit words of a mask */
+    uint64_t *bits;                /* [JS_CACHE][W] */
+    js_entry  cache[JS_CACHE];
+    uint64_t  clock;
 };
 
 static int node_add(js_schema *s) {
@@ -178,12 +194,12 @@ static tqkv_status compile_node(js_schema *s, const cJSON *j, int depth, int *ou
 }
 
 js_schema *js_ref(js_schema *s) {
-    if (s) s->refs++;
+    if (s) atomic_fetch_add(&s->refs, 1);
     return s;
 }
 
 void js_free(js_schema *s) {
-    if (!s || --s->refs > 0) return;
+    if (!s || atomic_fetch_sub(&s->refs, 1) > 1) return;
     for (int i = 0; i < s->n_nodes; i++) {
         js_node *n = &s->nodes[i];
         for (int k = 0; k < n->n_props; k++) free(n->names[k]);
@@ -191,19 +207,39 @@ void js_free(js_schema *s) {
         free(n->props);
         for (int k = 0; k < n->n_enum; k++) free(n->enums[k]);
         free(n->enums);
+        free(n->suf);
     }
+    for (int i = 0; i < JS_CACHE; i++) free(s->cache[i].close);
     free(s->nodes);
-    free(s->allowed);
+    free(s->bits);
     free(s);
+}
+
+/* minv of every node and suf of every object (children come after their parent: from the
+ * last node up); 0 or -1 out of memory. */
+static int memo_nodes(js_schema *s) {
+    for (int i = s->n_nodes - 1; i >= 0; i--) {
+        js_node *n = &s->nodes[i];
+        if (n->n_props) {
+            if (!(n->suf = malloc(sizeof(int) * (size_t)(n->n_props + 1)))) return -1;
+            n->suf[n->n_props] = 0;
+            for (int k = n->n_props - 1; k >= 0; k--)
+                n->suf[k] = n->suf[k + 1] + (int)strlen(n->names[k]) + 3 + s->nodes[n->props[k]].minv;
+        }
+        n->minv = min_value(s, i, 0);
+    }
+    return 0;
 }
 
 tqkv_status js_compile(js_schema **out, const char *schema_json, int vocab) {
     js_schema *s = tqkv_calloc(1, sizeof *s);
     if (!s) return TQKV_ENOMEM;
     s->V = vocab;
-    s->refs = 1;
-    s->allowed = calloc((size_t)vocab * JS_CACHE, 1);
-    tqkv_status rc = s->allowed ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "json schema: out of memory");
+    s->W = (vocab + 63) / 64;
+    atomic_init(&s->refs, 1);
+    s->bits = calloc((size_t)s->W * JS_CACHE, sizeof *s->bits);
+    tqkv_status rc = s->bits ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "json schema: out of memory");
+    for (int i = 0; i < JS_CACHE && s->bits; i++) s->cache[i].bits = s->bits + (size_t)i * s->W;
     cJSON *j = NULL;
     if (rc == TQKV_OK && schema_json) {
         j = cJSON_Parse(schema_json);
@@ -219,6 +255,7 @@ tqkv_status js_compile(js_schema **out, const char *schema_json, int vocab) {
     if (rc == TQKV_OK && (s->nodes[root].types != T_OBJECT || s->nodes[root].n_enum))
         rc = tqkv_fail(TQKV_EINVAL, "json schema: the root must be of type object");
     cJSON_Delete(j);
+    if (rc == TQKV_OK && memo_nodes(s)) rc = tqkv_fail(TQKV_ENOMEM, "json schema: out of memory");
     if (rc != TQKV_OK) {
         js_free(s);
         return rc;
@@ -447,29 +484,93 @@ static int feed_cb(const void *ctx, void *state, unsigned char c) {
     return js_feed(ctx, state, c);
 }
 
-void js_mask(js_schema *s, const jg_vocab *v, const js_state *st, float *logits) {
-    int k = -1, lru = 0;
-    for (int i = 0; i < JS_CACHE && k < 0; i++) {
-        if (s->used[i] && !memcmp(&s->keys[i], st, sizeof *st)) k = i;
-        if (s->used[i] < s->used[lru]) lru = i;
+/* st with what its frames and phase do not read cleared (frames above the depth, the
+ * scalar automaton when no scalar is read, the enum match outside an enum, padding): the
+ * cache key. The mask and the shortest completions are functions of this. */
+static void state_key(const js_state *st, js_state *k) {
+    memset(k, 0, sizeof *k);
+    k->depth = st->depth;
+    k->done = st->done;
+    k->ws = st->ws;
+    for (int d = 0; d < st->depth && d < JS_MAX_DEPTH; d++) {
+        k->f[d].node = st->f[d].node;
+        k->f[d].phase = st->f[d].phase;
+        k->f[d].idx = st->f[d].idx;
+        k->f[d].off = st->f[d].off;
     }
-    uint8_t *allowed;
-    if (k >= 0) {
-        allowed = s->allowed + (size_t)k * (size_t)s->V;
-    } else {
-        k = lru;
-        allowed = s->allowed + (size_t)k * (size_t)s->V;
-        memset(allowed, 0, (size_t)s->V);
-        if (st->done) {
-            for (int id = 0; id < s->V; id++) allowed[id] = (uint8_t)jg_is_eos(v, id);
-        } else {
-            jg_walk(v, st, sizeof *st, feed_cb, s, allowed);
+    if (st->scalar) {
+        k->scalar = 1;
+        k->integer = st->integer;
+        jg_canon(&st->sc, &k->sc);
+    }
+    if (st->depth > 0 && st->f[st->depth - 1].phase == P_ENUM) {
+        k->enum_off = st->enum_off;
+        k->enum_live = st->enum_live;
+    }
+}
+
+static uint64_t key_hash(const js_state *k) {
+    uint64_t h = 0x9E3779B97F4A7C15ull, w;
+    const unsigned char *p = (const unsigned char *)k;
+    size_t i = 0;
+    for (; i + 8 <= sizeof *k; i += 8) {
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * 0xFF51AFD7ED558CCDull;
+        h ^= h >> 32;
+    }
+    for (; i < sizeof *k; i++) h = (h ^ p[i]) * 0x100000001B3ull;
+    return h;
+}
+
+static void visit_bit(void *vctx, const void *after, int32_t id) {
+    (void)after;
+    uint64_t *bits = vctx;
+    bits[id >> 6] |= (uint64_t)1 << (id & 63);
+}
+
+/* The cache entry of st: found, or made (the LRU entry refilled by a walk of the trie). */
+static js_entry *entry_of(js_schema *s, const jg_vocab *v, const js_state *st) {
+    js_state key;
+    state_key(st, &key);
+    const uint64_t h = key_hash(&key);
+    int lru = 0;
+    for (int i = 0; i < JS_CACHE; i++) {
+        js_entry *c = &s->cache[i];
+        if (c->used && c->hash == h && !memcmp(&c->key, &key, sizeof key)) {
+            c->used = ++s->clock;
+            return c;
         }
-        s->keys[k] = *st;
+        if (c->used < s->cache[lru].used) lru = i;
     }
-    s->used[k] = ++s->clock;
-    for (int id = 0; id < s->V; id++)
-        if (!allowed[id]) logits[id] = -INFINITY;
+    js_entry *c = &s->cache[lru];
+    c->key = key;
+    c->hash = h;
+    c->used = ++s->clock;
+    c->have_close = 0;
+    memset(c->bits, 0, sizeof(uint64_t) * (size_t)s->W);
+    if (st->done) {
+        for (int id = 0; id < s->V; id++)
+            if (jg_is_eos(v, id)) c->bits[id >> 6] |= (uint64_t)1 << (id & 63);
+    } else {
+        jg_walk(v, &key, sizeof key, feed_cb, s, visit_bit, c->bits);
+    }
+    return c;
+}
+
+/* -inf at every token whose bit is clear. */
+static void apply_bits(const uint64_t *bits, int V, float *logits) {
+    for (int w = 0; w * 64 < V; w++) {
+        uint64_t clear = ~bits[w];
+        if (V - w * 64 < 64) clear &= ((uint64_t)1 << (V - w * 64)) - 1;
+        while (clear) {
+            logits[w * 64 + __builtin_ctzll(clear)] = -INFINITY;
+            clear &= clear - 1;
+        }
+    }
+}
+
+void js_mask(js_schema *s, const jg_vocab *v, const js_state *st, float *logits) {
+    apply_bits(entry_of(s, v, st)->bits, s->V, logits);
 }
 
 // ---------------------------------------------------------------------------
@@ -478,17 +579,19 @@ void js_mask(js_schema *s, const jg_vocab *v, const js_state *st, float *logits)
 
 static int min_value(const js_schema *s, int node, int depth);
 
-/* Properties from..n-1 of an object node, each "name":value, commas between, then '}'. */
+/* Properties from..n-1 of an object node, each "name":value, commas between, then '}'
+ * (n->suf set: the suffix sum; else, while compiling, summed here). */
 static int rest_obj(const js_schema *s, const js_node *n, int from, int comma_first, int depth) {
+    if (n->suf) return 1 + n->suf[from] + (from < n->n_props ? n->n_props - from - 1 + comma_first : 0);
     int b = 1;
     for (int k = from; k < n->n_props; k++)
         b += (k > from || comma_first) + (int)strlen(n->names[k]) + 3 + min_value(s, n->props[k], depth + 1);
     return b;
 }
 
-static int min_value(const js_schema *s, int node, int depth) {
-    const js_node *n = &s->nodes[node];
-    if (depth > JS_MAX_DEPTH) return 1;
+/* The shortest value of node (bytes): computed from its children (their minv once memo_nodes
+ * set it; the schema's depth is bounded at compile, so depth never reaches the cap). */
+static int min_value_of(const js_schema *s, const js_node *n, int depth) {
     if (n->n_enum) {
         int b = 1 << 20;
         for (int k = 0; k < n->n_enum; k++)
@@ -505,6 +608,13 @@ static int min_value(const js_schema *s, int node, int depth) {
         if (o < b) b = o;
     }
     return b;
+}
+
+static int min_value(const js_schema *s, int node, int depth) {
+    const js_node *n = &s->nodes[node];
+    if (depth > JS_MAX_DEPTH) return 1;
+    if (n->minv) return n->minv;
+    return min_value_of(s, n, depth);
 }
 
 /* Bytes to finish frame f (the top one: its own pending part; below: after its child). */
@@ -543,8 +653,43 @@ int js_min_close(const js_schema *s, const js_state *st) {
     return b;
 }
 
+typedef struct {
+    const js_schema *s;
+    uint8_t         *close;
+} close_ctx;
+
+static void visit_close(void *vctx, const void *after, int32_t id) {
+    close_ctx *c = vctx;
+    const int b = js_min_close(c->s, after);
+    c->close[id] = (uint8_t)(b < JS_CLOSE_SAT ? b : JS_CLOSE_SAT);
+}
+
+/* The entry's shortest completion after each allowed token (a second walk, once). */
+static int entry_close(js_schema *s, const jg_vocab *v, js_entry *c) {
+    if (c->have_close) return 1;
+    if (!c->close && !(c->close = malloc((size_t)s->V))) return 0;
+    memset(c->close, JS_CLOSE_SAT, (size_t)s->V);
+    close_ctx x = {s, c->close};
+    jg_walk(v, &c->key, sizeof c->key, feed_cb, s, visit_close, &x);
+    c->have_close = 1;
+    return 1;
+}
+
+/* Token id (allowed from st, logit above -inf) keeps the document closable in the left - 1
+ * tokens after it: by the byte bound alone, or by its shortest completion. */
+static int budget_keeps(const js_schema *s, const jg_vocab *v, const js_state *st,
+                        const js_entry *c, int need, int left, int32_t id) {
+    const int nb = jg_token_len(v, id);
+    if (nb == 0) return 0; /* EOS / specials: only once done (handled before) */
+    if (need + 4 * nb + s->max_branch <= left - 1) return 1;
+    if (c->close[id] < JS_CLOSE_SAT) return c->close[id] <= left - 1;
+    js_state t = *st; /* JS_CLOSE_SAT or more: the exact figure */
+    return js_accept(s, v, &t, id) && js_min_close(s, &t) <= left - 1;
+}
+
 void js_mask_budget(js_schema *s, const jg_vocab *v, const js_state *st, int left, float *logits) {
-    js_mask(s, v, st, logits);
+    js_entry *c = entry_of(s, v, st);
+    apply_bits(c->bits, s->V, logits);
     const int need = js_min_close(s, st);
     /* A byte raises the shortest completion by at most 4 (',' opening a key of a free
      * object: "":0), and a value's first byte by at most the costliest branch it may pick
@@ -554,28 +699,22 @@ void js_mask_budget(js_schema *s, const jg_vocab *v, const js_state *st, int lef
     if (st->done || left > far) return;
     /* near it: keep the tokens after which the shortest completion still fits in the
      * tokens left (each token has at least one byte, and a one-byte step towards the end
-     * exists in a byte-level vocabulary); short tokens pass by the bound alone */
+     * exists in a byte-level vocabulary); short tokens pass by the bound alone. None
+     * kept: the mask is left as it is. */
+    if (!entry_close(s, v, c)) return;
     int kept = 0;
-    float *keep = malloc(sizeof(float) * (size_t)s->V);
-    if (!keep) return;
-    for (int id = 0; id < s->V; id++) {
-        keep[id] = -INFINITY;
-        if (logits[id] == -INFINITY) continue;
-        const char *b;
-        size_t nb;
-        if (jg_token_bytes(v, id, &b, &nb) && need + 4 * (int)nb + branch <= left - 1) {
-            keep[id] = logits[id];
-            kept++;
-            continue;
+    for (int w = 0; w < s->W && !kept; w++)
+        for (uint64_t b = c->bits[w]; b && !kept; b &= b - 1) {
+            const int32_t id = w * 64 + __builtin_ctzll(b);
+            kept = logits[id] != -INFINITY && budget_keeps(s, v, st, c, need, left, id);
         }
-        js_state t = *st;
-        if (js_accept(s, v, &t, id) && js_min_close(s, &t) <= left - 1) {
-            keep[id] = logits[id];
-            kept++;
+    if (!kept) return;
+    for (int w = 0; w < s->W; w++)
+        for (uint64_t b = c->bits[w]; b; b &= b - 1) {
+            const int32_t id = w * 64 + __builtin_ctzll(b);
+            if (logits[id] != -INFINITY && !budget_keeps(s, v, st, c, need, left, id))
+                logits[id] = -INFINITY;
         }
-    }
-    if (kept) memcpy(logits, keep, sizeof(float) * (size_t)s->V); /* none: leave the mask */
-    free(keep);
 }
 
 int js_accept(const js_schema *s, const jg_vocab *v, js_state *st, int32_t id) {
