@@ -34,17 +34,19 @@ typedef struct {
 
 #define JS_CACHE 64     /* masks of recent states (rows repeat states: inside a string,
                            after a key, ...; choices and requests share a schema) */
-#define JS_CLOSE_SAT 255
+#define JS_THR_SAT 65535
 
-/* One cached state: its mask and, once a budget needs it, the shortest completion after
- * each allowed token. */
+/* One cached state: its mask and, once a budget needs it, its allowed tokens ordered by
+ * the tokens they need after them. */
 typedef struct {
     js_state  key;       /* canonical (state_key) */
     uint64_t  hash, used; /* used: LRU clock, 0 = empty */
     uint64_t *bits;      /* [W] bit id: token id may come next */
-    uint8_t  *close;     /* [V] js_min_close after each allowed token (JS_CLOSE_SAT: that
-                            or more), or NULL */
-    int       have_close;
+    /* budget table (have_thr): each allowed token's threshold, the fewest tokens that must
+     * be left after it (js_mask_budget), ascending; JS_THR_SAT: that or more */
+    int       have_thr, n_thr, cap_thr;
+    int32_t  *thr_id;    /* [n_thr] */
+    uint16_t *thr;       /* [n_thr] */
 } js_entry;
 
 struct js_schema {
@@ -209,7 +211,10 @@ void js_free(js_schema *s) {
         free(n->enums);
         free(n->suf);
     }
-    for (int i = 0; i < JS_CACHE; i++) free(s->cache[i].close);
+    for (int i = 0; i < JS_CACHE; i++) {
+        free(s->cache[i].thr_id);
+        free(s->cache[i].thr);
+    }
     free(s->nodes);
     free(s->bits);
     free(s);
@@ -546,7 +551,7 @@ static js_entry *entry_of(js_schema *s, const jg_vocab *v, const js_state *st) {
     c->key = key;
     c->hash = h;
     c->used = ++s->clock;
-    c->have_close = 0;
+    c->have_thr = 0;
     memset(c->bits, 0, sizeof(uint64_t) * (size_t)s->W);
     if (st->done) {
         for (int id = 0; id < s->V; id++)
@@ -655,36 +660,78 @@ int js_min_close(const js_schema *s, const js_state *st) {
 
 typedef struct {
     const js_schema *s;
-    uint8_t         *close;
-} close_ctx;
+    const jg_vocab  *v;
+    js_entry        *c;
+    int              base; /* need + the costliest branch (the byte bound's constant) */
+} thr_ctx;
 
-static void visit_close(void *vctx, const void *after, int32_t id) {
-    close_ctx *c = vctx;
-    const int b = js_min_close(c->s, after);
-    c->close[id] = (uint8_t)(b < JS_CLOSE_SAT ? b : JS_CLOSE_SAT);
+/* The walk past an allowed token: its threshold, the byte bound (need + 4 n + branch, the
+ * most the token can raise the shortest completion to) or, when lower, the shortest
+ * completion itself. */
+static void visit_thr(void *vctx, const void *after, int32_t id) {
+    thr_ctx *x = vctx;
+    js_entry *c = x->c;
+    if (c->n_thr == c->cap_thr) return; /* (never: cap_thr = allowed tokens) */
+    int t = x->base + 4 * jg_token_len(x->v, id);
+    const int b = js_min_close(x->s, after);
+    if (b < t) t = b;
+    c->thr_id[c->n_thr] = id;
+    c->thr[c->n_thr++] = (uint16_t)(t < JS_THR_SAT ? t : JS_THR_SAT);
 }
 
-/* The entry's shortest completion after each allowed token (a second walk, once). */
-static int entry_close(js_schema *s, const jg_vocab *v, js_entry *c) {
-    if (c->have_close) return 1;
-    if (!c->close && !(c->close = malloc((size_t)s->V))) return 0;
-    memset(c->close, JS_CLOSE_SAT, (size_t)s->V);
-    close_ctx x = {s, c->close};
-    jg_walk(v, &c->key, sizeof c->key, feed_cb, s, visit_close, &x);
-    c->have_close = 1;
+/* The entry's budget table (a second walk of the trie and a counting sort, once); 0 out of
+ * memory. */
+static int entry_thr(js_schema *s, const jg_vocab *v, js_entry *c, int need) {
+    if (c->have_thr) return 1;
+    int n = 0;
+    for (int w = 0; w < s->W; w++) n += __builtin_popcountll(c->bits[w]);
+    int32_t *id = malloc(sizeof *id * (size_t)(n ? n : 1) * 2);
+    uint16_t *th = malloc(sizeof *th * (size_t)(n ? n : 1) * 2);
+    if (!id || !th) {
+        free(id);
+        free(th);
+        return 0;
+    }
+    thr_ctx x = {s, v, c, need + s->max_branch};
+    free(c->thr_id);
+    free(c->thr);
+    c->thr_id = id;
+    c->thr = th;
+    c->cap_thr = n;
+    c->n_thr = 0;
+    jg_walk(v, &c->key, sizeof c->key, feed_cb, s, visit_thr, &x);
+    /* ascending by threshold, ids ascending within one (a stable counting sort on the
+     * clamped value into the second halves) */
+    enum { NB = 1024 };
+    int cnt[NB + 1] = {0};
+    for (int i = 0; i < c->n_thr; i++) cnt[(th[i] < NB ? th[i] : NB - 1) + 1]++;
+    for (int k = 0; k < NB; k++) cnt[k + 1] += cnt[k];
+    int32_t *id2 = id + n;
+    uint16_t *th2 = th + n;
+    for (int i = 0; i < c->n_thr; i++) {
+        const int k = cnt[th[i] < NB ? th[i] : NB - 1]++;
+        id2[k] = id[i];
+        th2[k] = th[i];
+    }
+    /* the clamped top bucket in exact order (insertion: rare and short) */
+    for (int i = 1; i < c->n_thr; i++)
+        for (int j = i; j > 0 && th2[j - 1] > th2[j]; j--) {
+            uint16_t tt = th2[j]; th2[j] = th2[j - 1]; th2[j - 1] = tt;
+            int32_t ti = id2[j]; id2[j] = id2[j - 1]; id2[j - 1] = ti;
+        }
+    memmove(id, id2, sizeof *id * (size_t)c->n_thr);
+    memmove(th, th2, sizeof *th * (size_t)c->n_thr);
+    c->have_thr = 1;
     return 1;
 }
 
-/* Token id (allowed from st, logit above -inf) keeps the document closable in the left - 1
- * tokens after it: by the byte bound alone, or by its shortest completion. */
-static int budget_keeps(const js_schema *s, const jg_vocab *v, const js_state *st,
-                        const js_entry *c, int need, int left, int32_t id) {
-    const int nb = jg_token_len(v, id);
-    if (nb == 0) return 0; /* EOS / specials: only once done (handled before) */
-    if (need + 4 * nb + s->max_branch <= left - 1) return 1;
-    if (c->close[id] < JS_CLOSE_SAT) return c->close[id] <= left - 1;
-    js_state t = *st; /* JS_CLOSE_SAT or more: the exact figure */
-    return js_accept(s, v, &t, id) && js_min_close(s, &t) <= left - 1;
+/* Token id (allowed from st) keeps the document closable in the `room` tokens after it:
+ * its threshold fits (JS_THR_SAT: the exact figure). */
+static int thr_keeps(const js_schema *s, const jg_vocab *v, const js_state *st, int32_t id,
+                     uint16_t thr, int room) {
+    if (thr < JS_THR_SAT) return thr <= room;
+    js_state t = *st;
+    return js_accept(s, v, &t, id) && js_min_close(s, &t) <= room;
 }
 
 void js_mask_budget(js_schema *s, const jg_vocab *v, const js_state *st, int left, float *logits) {
@@ -700,21 +747,17 @@ void js_mask_budget(js_schema *s, const jg_vocab *v, const js_state *st, int lef
     /* near it: keep the tokens after which the shortest completion still fits in the
      * tokens left (each token has at least one byte, and a one-byte step towards the end
      * exists in a byte-level vocabulary); short tokens pass by the bound alone. None
-     * kept: the mask is left as it is. */
-    if (!entry_close(s, v, c)) return;
+     * kept (no allowed token with a logit above -inf fits): the mask is left as it is. */
+    if (!entry_thr(s, v, c, need)) return;
+    const int room = left - 1;
     int kept = 0;
-    for (int w = 0; w < s->W && !kept; w++)
-        for (uint64_t b = c->bits[w]; b && !kept; b &= b - 1) {
-            const int32_t id = w * 64 + __builtin_ctzll(b);
-            kept = logits[id] != -INFINITY && budget_keeps(s, v, st, c, need, left, id);
-        }
+    for (int i = 0; i < c->n_thr && !kept && c->thr[i] <= room; i++)
+        kept = logits[c->thr_id[i]] != -INFINITY;
+    for (int i = c->n_thr - 1; i >= 0 && !kept && c->thr[i] == JS_THR_SAT; i--)
+        kept = logits[c->thr_id[i]] != -INFINITY && thr_keeps(s, v, st, c->thr_id[i], c->thr[i], room);
     if (!kept) return;
-    for (int w = 0; w < s->W; w++)
-        for (uint64_t b = c->bits[w]; b; b &= b - 1) {
-            const int32_t id = w * 64 + __builtin_ctzll(b);
-            if (logits[id] != -INFINITY && !budget_keeps(s, v, st, c, need, left, id))
-                logits[id] = -INFINITY;
-        }
+    for (int i = c->n_thr - 1; i >= 0 && c->thr[i] > room; i--)
+        if (!thr_keeps(s, v, st, c->thr_id[i], c->thr[i], room)) logits[c->thr_id[i]] = -INFINITY;
 }
 
 int js_accept(const js_schema *s, const jg_vocab *v, js_state *st, int32_t id) {
