@@ -6,12 +6,14 @@
  * tokens it got at concurrency 1. --draft adds speculative decoding (acceptance, speedup
  * against the same points without it, run side by side); --prefix measures a prefix-cache
  * hit against a miss; --load N runs N busy processes beside the benchmark.
- * --json-object / --json-schema add constrained decoding (OpenAI's response_format): every
- * point runs plain and constrained side by side (the order alternating per round). A
- * constrained row ends when its document closes, so the plain runs give each request the
- * length its constrained run had (max_tokens per request): both runs then have the same
- * rows in every step. Reported: the time per token of the decode-only steps (no row
- * prefilling) and the median constrained / plain ratio of the rounds.
+ * --json-object / --json-schema add constrained decoding (OpenAI's response_format): the
+ * constrained points run on a second engine, first alone (rep -1: cold mask caches), then
+ * --reps times beside plain points, the two engines' steps taking turns, so the machine's
+ * other work falls on both alike. A constrained row ends when its document closes, so the
+ * plain requests get the lengths of the constrained run alone as their max_tokens: both
+ * then have the same rows in every step. Reported: the time per token of the decode-only
+ * steps (no row prefilling), wall and process CPU, and the median constrained / plain
+ * ratio of the pairs.
  * Owns: the load generator, its table and --json output.
  * Must not: contain engine, model or cache logic.
  */
@@ -23,6 +25,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -85,6 +88,8 @@ typedef struct {
     int      prefix_hits;
     int     *ntok;    /* [N] tokens each request got (or NULL) */
     double   dec_s;   /* decode-only steps (every row in flight decoding, none prefilling) */
+    double   dec_cpu; /* their process CPU seconds (what other work on the machine takes
+                         from the wall time is not in it) */
     int      dec_steps, dec_tok;
 } point;
 
@@ -95,6 +100,12 @@ typedef struct {
     const char *schema;     /* JSON Schema text, or NULL */
     const int  *lens;       /* [N] max_tokens of each request, or NULL: max_tokens */
 } be_mode;
+
+static double cpu_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
 
 /* Tokens generated so far by requests [0, n) and how many of them are decoding (started,
  * not done). */
@@ -108,89 +119,165 @@ static int recs_tokens(const rec *recs, int n, int *decoding) {
     return t;
 }
 
-static int run_point(tqkv_engine *e, int32_t *const *prompts, int n_prompt, int N, int C,
-                     int max_tokens, const be_mode *mode, point *pt) {
-    rec *recs = calloc((size_t)N, sizeof *recs);
-    double *itl = calloc((size_t)N * max_tokens, sizeof *itl);
-    double *ttft = calloc((size_t)N, sizeof *ttft);
-    if (!recs || !itl || !ttft) return -1;
-    for (int i = 0; i < N; i++) {
-        recs[i].itl = itl + (size_t)i * max_tokens;
-        recs[i].hash = 1469598103934665603ull;
+/* One point in progress: C clients keeping N requests in flight on engine e, a step at a
+ * time (two runners can take turns: their steps interleave). */
+typedef struct {
+    tqkv_engine         *e;
+    int32_t *const      *prompts;
+    int                  n_prompt, N, C, max_tokens;
+    be_mode              mode;
+    point               *pt;
+    rec                 *recs;   /* [N] */
+    double              *itl;    /* [N, max_tokens] */
+    double              *ttft;   /* [N] */
+    int                  next, done, inflight;
+    tqkv_engine_stats    s0;
+} runner;
+
+static void runner_free(runner *r) {
+    free(r->recs);
+    free(r->itl);
+    free(r->ttft);
+}
+
+static int runner_init(runner *r, tqkv_engine *e, int32_t *const *prompts, int n_prompt, int N,
+                       int C, int max_tokens, const be_mode *mode, point *pt) {
+    *r = (runner){.e = e, .prompts = prompts, .n_prompt = n_prompt, .N = N, .C = C,
+                  .max_tokens = max_tokens, .mode = *mode, .pt = pt};
+    r->recs = calloc((size_t)N, sizeof *r->recs);
+    r->itl = calloc((size_t)N * max_tokens, sizeof *r->itl);
+    r->ttft = calloc((size_t)N, sizeof *r->ttft);
+    if (!r->recs || !r->itl || !r->ttft) {
+        runner_free(r);
+        return -1;
     }
-    tqkv_engine_stats s0, s1;
-    tqkv_engine_stats_get(e, &s0);
-    pt->dec_s = 0;
+    for (int i = 0; i < N; i++) {
+        r->recs[i].itl = r->itl + (size_t)i * max_tokens;
+        r->recs[i].hash = 1469598103934665603ull;
+    }
+    tqkv_engine_stats_get(e, &r->s0);
+    pt->wall = pt->dec_s = pt->dec_cpu = 0;
     pt->dec_steps = pt->dec_tok = 0;
-    int next = 0, done = 0, inflight = 0, busy = 1;
-    double t0 = mcli_now();
-    while (done < N) {
-        while (next < N && inflight < C) {
-            tqkv_engine_request q;
-            memset(&q, 0, sizeof q);
-            q.prompt = prompts[next];
-            q.n_prompt = n_prompt;
-            q.max_tokens = mode->lens ? mode->lens[next] : max_tokens;
-            q.sampling = tqkv_sampler_params_default();
-            q.sampling.temperature = mode->temperature;
-            q.sampling.seed = 1000 + (uint64_t)next;
-            q.json_object = mode->json;
-            q.json_schema = mode->json ? mode->schema : NULL;
-            q.ignore_eos = 1;
-            q.top_logprobs = -1;
-            q.on_event = on_event;
-            q.user = &recs[next];
-            recs[next].t_submit = mcli_now();
-            uint64_t id;
-            if (tqkv_engine_submit(e, &q, &id) != TQKV_OK) {
-                fprintf(stderr, "tqkv %s: submit: %s\n", CMD, tqkv_last_error());
-                return -1;
-            }
-            next++;
-            inflight++;
-        }
-        /* a decode-only step: every request in flight was decoding before it (none
-         * prefilling) and each gave a token */
-        int dec0, dec1;
-        const int tok0 = recs_tokens(recs, next, &dec0);
-        const double ts = mcli_now();
-        if (tqkv_engine_step(e, &busy) != TQKV_OK) {
-            fprintf(stderr, "tqkv %s: step: %s\n", CMD, tqkv_last_error());
+    return 0;
+}
+
+/* Submit what the clients may, then one engine step; 1 when all N are done, 0 not yet,
+ * -1 failed (message printed). */
+static int runner_step(runner *r) {
+    point *pt = r->pt;
+    while (r->next < r->N && r->inflight < r->C) {
+        tqkv_engine_request q;
+        memset(&q, 0, sizeof q);
+        q.prompt = r->prompts[r->next];
+        q.n_prompt = r->n_prompt;
+        q.max_tokens = r->mode.lens ? r->mode.lens[r->next] : r->max_tokens;
+        q.sampling = tqkv_sampler_params_default();
+        q.sampling.temperature = r->mode.temperature;
+        q.sampling.seed = 1000 + (uint64_t)r->next;
+        q.json_object = r->mode.json;
+        q.json_schema = r->mode.json ? r->mode.schema : NULL;
+        q.ignore_eos = 1;
+        q.top_logprobs = -1;
+        q.on_event = on_event;
+        q.user = &r->recs[r->next];
+        r->recs[r->next].t_submit = mcli_now();
+        uint64_t id;
+        if (tqkv_engine_submit(r->e, &q, &id) != TQKV_OK) {
+            fprintf(stderr, "tqkv %s: submit: %s\n", CMD, tqkv_last_error());
             return -1;
         }
-        const double dt = mcli_now() - ts;
-        if (dec0 > 0 && dec0 == inflight && recs_tokens(recs, next, &dec1) - tok0 == dec0) {
-            pt->dec_s += dt;
-            pt->dec_steps++;
-            pt->dec_tok += dec0;
-        }
-        int d = 0;
-        for (int i = 0; i < next; i++) d += recs[i].done;
-        inflight -= d - done;
-        done = d;
+        r->next++;
+        r->inflight++;
     }
-    pt->wall = mcli_now() - t0;
-    tqkv_engine_stats_get(e, &s1);
+    /* a decode-only step: every request in flight was decoding before it (none
+     * prefilling) and each gave a token */
+    int dec0, dec1, busy = 1;
+    const int tok0 = recs_tokens(r->recs, r->next, &dec0);
+    const double ts = mcli_now(), cs = cpu_now();
+    if (tqkv_engine_step(r->e, &busy) != TQKV_OK) {
+        fprintf(stderr, "tqkv %s: step: %s\n", CMD, tqkv_last_error());
+        return -1;
+    }
+    const double dt = mcli_now() - ts, dc = cpu_now() - cs;
+    pt->wall += dt;
+    if (dec0 > 0 && dec0 == r->inflight && recs_tokens(r->recs, r->next, &dec1) - tok0 == dec0) {
+        pt->dec_s += dt;
+        pt->dec_cpu += dc;
+        pt->dec_steps++;
+        pt->dec_tok += dec0;
+    }
+    int d = 0;
+    for (int i = 0; i < r->next; i++) d += r->recs[i].done;
+    r->inflight -= d - r->done;
+    r->done = d;
+    return r->done == r->N;
+}
+
+/* The point's figures (wall: the runner's own steps). */
+static void runner_finish(runner *r) {
+    point *pt = r->pt;
+    const int N = r->N;
+    tqkv_engine_stats s1;
+    tqkv_engine_stats_get(r->e, &s1);
     size_t n_itl = 0;
     pt->gen = 0;
     for (int i = 0; i < N; i++) {
-        ttft[i] = recs[i].t_first - recs[i].t_submit;
-        for (int k = 0; k < recs[i].n_itl; k++) itl[n_itl++] = recs[i].itl[k];
-        pt->gen += (uint64_t)recs[i].n_tok;
-        pt->hashes[i] = recs[i].hash;
-        if (pt->ntok) pt->ntok[i] = recs[i].n_tok;
+        const rec *c = &r->recs[i];
+        r->ttft[i] = c->t_first - c->t_submit;
+        for (int k = 0; k < c->n_itl; k++) r->itl[n_itl++] = c->itl[k];
+        pt->gen += (uint64_t)c->n_tok;
+        pt->hashes[i] = c->hash;
+        if (pt->ntok) pt->ntok[i] = c->n_tok;
     }
-    pt->tok_s = (double)pt->gen / pt->wall;
-    pt->ttft50 = pct(ttft, (size_t)N, 0.5);
-    pt->ttft99 = pct(ttft, (size_t)N, 0.99);
-    pt->itl50 = pct(itl, n_itl, 0.5);
-    pt->itl99 = pct(itl, n_itl, 0.99);
-    pt->drafted = s1.spec_drafted - s0.spec_drafted;
-    pt->accepted = s1.spec_accepted - s0.spec_accepted;
-    pt->prefix_hits = (int)(s1.prefix_hits - s0.prefix_hits);
-    free(recs);
-    free(itl);
-    free(ttft);
+    pt->tok_s = pt->wall > 0 ? (double)pt->gen / pt->wall : 0;
+    pt->ttft50 = pct(r->ttft, (size_t)N, 0.5);
+    pt->ttft99 = pct(r->ttft, (size_t)N, 0.99);
+    pt->itl50 = pct(r->itl, n_itl, 0.5);
+    pt->itl99 = pct(r->itl, n_itl, 0.99);
+    pt->drafted = s1.spec_drafted - r->s0.spec_drafted;
+    pt->accepted = s1.spec_accepted - r->s0.spec_accepted;
+    pt->prefix_hits = (int)(s1.prefix_hits - r->s0.prefix_hits);
+    runner_free(r);
+}
+
+static int run_point(tqkv_engine *e, int32_t *const *prompts, int n_prompt, int N, int C,
+                     int max_tokens, const be_mode *mode, point *pt) {
+    runner r;
+    if (runner_init(&r, e, prompts, n_prompt, N, C, max_tokens, mode, pt)) return -1;
+    int st = 0;
+    while ((st = runner_step(&r)) == 0) {}
+    if (st < 0) {
+        runner_free(&r);
+        return -1;
+    }
+    runner_finish(&r);
+    return 0;
+}
+
+/* Two points at once, their steps taking turns (a step of a, then of b, ..., b first when
+ * b_first): what the machine's other work takes falls on both alike. */
+static int run_pair(tqkv_engine *ea, const be_mode *ma, point *pa, tqkv_engine *eb,
+                    const be_mode *mb, point *pb, int32_t *const *prompts, int n_prompt, int N,
+                    int C, int max_tokens, int b_first) {
+    runner r[2];
+    if (runner_init(&r[0], ea, prompts, n_prompt, N, C, max_tokens, ma, pa)) return -1;
+    if (runner_init(&r[1], eb, prompts, n_prompt, N, C, max_tokens, mb, pb)) {
+        runner_free(&r[0]);
+        return -1;
+    }
+    int st[2] = {0, 0};
+    while ((!st[0] || !st[1]) && st[0] >= 0 && st[1] >= 0)
+        for (int k = 0; k < 2; k++) {
+            const int i = b_first ? 1 - k : k;
+            if (!st[i]) st[i] = runner_step(&r[i]);
+        }
+    if (st[0] < 0 || st[1] < 0) {
+        runner_free(&r[0]);
+        runner_free(&r[1]);
+        return -1;
+    }
+    runner_finish(&r[0]);
+    runner_finish(&r[1]);
     return 0;
 }
 
@@ -278,7 +365,7 @@ static int be_parse_args(int argc, char **argv, be_opts *o) {
         {"--draft-tokens", ARG_INT, &o->K, "draft tokens per round (default 4)"},
         {"--prefix", ARG_INT, &o->prefix, "also measure a prefix-cache hit: shared prefix of N tokens"},
         {"--load", ARG_INT, &o->load, "busy processes to run beside the benchmark (default 0)"},
-        {"--reps", ARG_INT, &o->reps, "repeat each point (plain/draft alternating) (default 1)"},
+        {"--reps", ARG_INT, &o->reps, "repeat each point (plain/draft or plain/constrained alternating) (default 1)"},
         {"--temperature", ARG_DOUBLE, &o->temperature, "sampling temperature, seed 1000 + request (default 0: greedy)"},
         {"--json-object", ARG_FLAG, &o->json_object, "also run every point constrained to a JSON object, side by side"},
         {"--json-schema", ARG_STR, &o->schema_path, "also run every point constrained to this JSON Schema file"},
@@ -383,6 +470,7 @@ static const char *be_variant(const be_opts *o, int d) {
 
 /* Seconds per token of p's decode-only steps. */
 static double dec_per_token(const point *p) { return p->dec_tok > 0 ? p->dec_s / p->dec_tok : 0; }
+static double dec_cpu_per_token(const point *p) { return p->dec_tok > 0 ? p->dec_cpu / p->dec_tok : 0; }
 
 /* One measured point: a table row, or an object in pts with --json. */
 static void be_report_point(const be_opts *o, cJSON *pts, const point *p, int d, int rep, int C,
@@ -414,6 +502,7 @@ static void be_report_point(const be_opts *o, cJSON *pts, const point *p, int d,
         cJSON_AddNumberToObject(j, "decode_steps", p->dec_steps);
         cJSON_AddNumberToObject(j, "decode_step_tokens", p->dec_tok);
         json_add_num(j, "decode_s_per_token", dec_per_token(p), 7);
+        json_add_num(j, "decode_cpu_s_per_token", dec_cpu_per_token(p), 7);
         if (o->no_check || same < 0) cJSON_AddNullToObject(j, "same_as_alone");
         else cJSON_AddBoolToObject(j, "same_as_alone", same);
     } else {
@@ -425,92 +514,144 @@ static void be_report_point(const be_opts *o, cJSON *pts, const point *p, int d,
 }
 
 /* The pair's ratio: draft / plain tokens/s, or constrained / plain time per token of the
- * decode-only steps. Returns the ratio, 0 when there is none. */
-static double be_pair_ratio(const be_opts *o, const point *pp, const point *pv) {
+ * decode-only steps (cpu: their process CPU time). Returns the ratio, 0 when there is none. */
+static double be_pair_ratio(const be_opts *o, const point *pp, const point *pv, int cpu) {
     if (o->draft) return pp->tok_s > 0 ? pv->tok_s / pp->tok_s : 0;
-    const double tp = dec_per_token(pp), tv = dec_per_token(pv);
+    const double tp = cpu ? dec_cpu_per_token(pp) : dec_per_token(pp);
+    const double tv = cpu ? dec_cpu_per_token(pv) : dec_per_token(pv);
     return tp > 0 ? tv / tp : 0;
 }
 
-/* The median ratio of the pairs of concurrency C: a line, or an object in pts. */
-static void be_report_ratio(const be_opts *o, cJSON *pts, int C, double *ratios, int n_ratio) {
-    double med = pct(ratios, (size_t)n_ratio, 0.5);
+/* "x1.012, x0.998, ..." of r [n], in the order measured. */
+static void print_ratios(const double *r, int n) {
+    for (int i = 0; i < n; i++) printf("%sx%.3f", i ? ", " : "", r[i]);
+}
+
+/* The median ratios of the pairs of concurrency C (wall [n], and CPU [n] with a
+ * constraint): a line, or an object in pts. */
+static void be_report_ratio(const be_opts *o, cJSON *pts, int C, const double *wall,
+                            const double *cpu, int n) {
+    double sw[32], sc[32];
+    memcpy(sw, wall, sizeof(double) * (size_t)n);
+    memcpy(sc, cpu, sizeof(double) * (size_t)n);
+    const double med = pct(sw, (size_t)n, 0.5), medc = pct(sc, (size_t)n, 0.5);
     if (o->json) {
         cJSON *j = cJSON_CreateObject();
         cJSON_AddItemToArray(pts, j);
         cJSON_AddStringToObject(j, "mode", o->draft ? "speedup" : "constrained_cost");
         cJSON_AddNumberToObject(j, "concurrency", C);
-        cJSON_AddNumberToObject(j, "pairs", n_ratio);
+        cJSON_AddNumberToObject(j, "pairs", n);
         if (o->draft) {
             json_add_num(j, "draft_over_plain_median", med, 3);
             return;
         }
         cJSON *rs = cJSON_AddArrayToObject(j, "time_per_token_ratios");
-        for (int i = 0; i < n_ratio; i++) cJSON_AddItemToArray(rs, cJSON_CreateNumber(round(ratios[i] * 1e4) / 1e4));
+        cJSON *rc = cJSON_AddArrayToObject(j, "cpu_per_token_ratios");
+        for (int i = 0; i < n; i++) {
+            cJSON_AddItemToArray(rs, cJSON_CreateNumber(round(wall[i] * 1e4) / 1e4));
+            cJSON_AddItemToArray(rc, cJSON_CreateNumber(round(cpu[i] * 1e4) / 1e4));
+        }
         json_add_num(j, "time_per_token_ratio_median", med, 4);
+        json_add_num(j, "cpu_per_token_ratio_median", medc, 4);
     } else if (o->draft) {
         printf("speedup at concurrency %d: draft / plain tokens/s, median of %d "
-               "side-by-side pairs: %.2fx\n", C, n_ratio, med);
+               "side-by-side pairs: %.2fx\n", C, n, med);
     } else {
-        printf("constrained (%s) cost at concurrency %d: time per token of the decode-only steps "
-               "(plain rows as long as the constrained ones), constrained / plain, median of %d "
-               "pairs: x%.3f (", be_variant(o, 1), C, n_ratio, med);
-        for (int i = 0; i < n_ratio; i++) printf("%sx%.3f", i ? ", " : "", ratios[i]);
+        printf("constrained (%s) cost at concurrency %d, decode-only steps (plain rows as long as "
+               "the constrained ones), constrained / plain, median of %d pairs: wall time per "
+               "token x%.3f (", be_variant(o, 1), C, n, med);
+        print_ratios(wall, n);
+        printf("); process CPU time per token x%.3f (", medc);
+        print_ratios(cpu, n);
         printf(")\n");
     }
 }
 
-/* Every point at concurrency C (plain, and with a draft or a constraint the two side by
- * side, --reps times), then the median ratio of the pairs measured; 0 or -1 (a point
- * failed: message printed, the ratio of the pairs before it still reported). With a
- * constraint the order alternates, constrained first: its first run gives each request's
- * length, which the plain runs take as their max_tokens. ref / refv: each variant's tokens
- * at concurrency 1 (the plain reference at full length). */
+/* The pair's two points: ratios appended to wall / cpu [*n] (at most 32). */
+static void be_add_ratio(const be_opts *o, const point *pp, double *wall, double *cpu, int *n) {
+    if (*n >= 32) return;
+    const double x = be_pair_ratio(o, &pp[0], &pp[1], 0);
+    cpu[*n] = be_pair_ratio(o, &pp[0], &pp[1], 1);
+    if (x > 0) wall[(*n)++] = x;
+}
+
+/* A constraint at concurrency C: first the constrained points alone on engine ec (rep -1:
+ * its mask caches start cold; it gives each request's length), then --reps pairs whose
+ * steps interleave (plain on e with those lengths as max_tokens, constrained on ec; which
+ * steps first alternates); 0 or -1. */
+static int be_constrained(const be_opts *o, tqkv_engine *e, tqkv_engine *ec,
+                          int32_t *const *prompts, const uint64_t *refv, int C, int N, point *pp,
+                          cJSON *pts) {
+    double wall[32], cpu[32];
+    int n = 0, same_len = 1;
+    int *lens = calloc((size_t)N, sizeof *lens);
+    if (!lens) return -1;
+    const be_mode mp = {(float)o->temperature, 0, NULL, lens};
+    const be_mode mc = {(float)o->temperature, 1, o->schema, NULL};
+    int ok = 1;
+    for (int r = -1; r < o->reps && ok; r++) {
+        fprintf(stderr, "tqkv %s: %s concurrency %d, %d requests%s\n", CMD,
+                r < 0 ? be_variant(o, 1) : "plain and constrained, steps interleaved", C, N,
+                r < 0 ? ", alone (cold caches, the lengths)" : "");
+        if (r < 0) ok = !run_point(ec, prompts, o->prompt_tokens, N, C, o->max_tokens, &mc, &pp[1]);
+        else ok = !run_pair(e, &mp, &pp[0], ec, &mc, &pp[1], prompts, o->prompt_tokens, N, C,
+                            o->max_tokens, r % 2);
+        if (!ok) break;
+        if (r < 0) memcpy(lens, pp[1].ntok, sizeof(int) * (size_t)N);
+        else same_len &= !memcmp(lens, pp[1].ntok, sizeof(int) * (size_t)N);
+        int same = 1;
+        if (!o->no_check)
+            for (int k = 0; k < N; k++) same &= pp[1].hashes[k] == refv[k];
+        if (r >= 0) be_report_point(o, pts, &pp[0], 0, r, C, N, -1); /* shortened: no reference */
+        be_report_point(o, pts, &pp[1], 1, r, C, N, same);
+        if (r >= 0) be_add_ratio(o, pp, wall, cpu, &n);
+    }
+    if (!same_len)
+        fprintf(stderr, "tqkv %s: WARNING: the constrained runs gave different lengths\n", CMD);
+    if (n > 0) be_report_ratio(o, pts, C, wall, cpu, n);
+    free(lens);
+    return ok ? 0 : -1;
+}
+
+/* Every point at concurrency C (plain; with a draft, plain and draft one after the other,
+ * --reps times; with a constraint, be_constrained), then the median ratio of the pairs
+ * measured; 0 or -1 (a point failed: message printed, the ratio of the pairs before it
+ * still reported). ed: the draft engine, or the constrained points' engine. ref / refv:
+ * each variant's tokens at concurrency 1. */
 static int be_concurrency(const be_opts *o, tqkv_engine *e, tqkv_engine *ed,
                           int32_t *const *prompts, const uint64_t *ref, const uint64_t *refv,
                           int C, cJSON *pts) {
-    const int N = be_requests(o, C), pair = ed || o->json_object, js = o->json_object;
-    double ratios[32];
-    int n_ratio = 0, ok = 1, same_len = 1;
+    const int N = be_requests(o, C);
+    double wall[32], cpu[32];
+    int n_ratio = 0, ok = 1;
     point pp[2];
     memset(pp, 0, sizeof pp);
-    int *lens = calloc((size_t)N, sizeof *lens);
     for (int k = 0; k < 2 && ok; k++) {
         pp[k].hashes = calloc((size_t)N, sizeof(uint64_t));
         pp[k].ntok = calloc((size_t)N, sizeof(int));
-        ok = pp[k].hashes && pp[k].ntok && lens;
+        ok = pp[k].hashes && pp[k].ntok;
     }
-    for (int r = 0; r < o->reps && ok; r++)
-        for (int i = 0; i < (pair ? 2 : 1) && ok; i++) {
-            const int d = !pair ? 0 : js ? (r % 2 ? i : 1 - i) : i;
+    if (ok && o->json_object) ok = !be_constrained(o, e, ed, prompts, refv, C, N, pp, pts);
+    for (int r = 0; r < o->reps && ok && !o->json_object; r++)
+        for (int d = 0; d < (ed ? 2 : 1) && ok; d++) {
             point *p = &pp[d];
-            const be_mode mode = {(float)o->temperature, d && js, o->schema,
-                                  js && !d ? lens : NULL};
+            const be_mode mode = {(float)o->temperature, 0, NULL, NULL};
             fprintf(stderr, "tqkv %s: %s concurrency %d, %d requests\n", CMD, be_variant(o, d), C, N);
-            if (run_point(d && ed ? ed : e, prompts, o->prompt_tokens, N, C, o->max_tokens, &mode, p)) {
+            if (run_point(d ? ed : e, prompts, o->prompt_tokens, N, C, o->max_tokens, &mode, p)) {
                 ok = 0;
                 break;
             }
-            if (js && d && r == 0) memcpy(lens, p->ntok, sizeof(int) * (size_t)N);
-            else if (js && d) same_len &= !memcmp(lens, p->ntok, sizeof(int) * (size_t)N);
-            int same = js && !d ? -1 : 1; /* a shortened plain run has no reference */
-            const uint64_t *rf = d && js ? refv : ref;
-            if (!o->no_check && same > 0)
-                for (int k = 0; k < N; k++) same &= p->hashes[k] == rf[k];
+            int same = 1;
+            if (!o->no_check)
+                for (int k = 0; k < N; k++) same &= p->hashes[k] == ref[k];
             be_report_point(o, pts, p, d, r, C, N, same);
-            if (pair && i == 1 && n_ratio < 32) {
-                const double x = be_pair_ratio(o, &pp[0], &pp[1]);
-                if (x > 0) ratios[n_ratio++] = x;
-            }
+            if (d == 1) be_add_ratio(o, pp, wall, cpu, &n_ratio);
         }
-    if (!same_len)
-        fprintf(stderr, "tqkv %s: WARNING: the constrained runs gave different lengths\n", CMD);
-    if (n_ratio > 0) be_report_ratio(o, pts, C, ratios, n_ratio);
+    if (n_ratio > 0) be_report_ratio(o, pts, C, wall, cpu, n_ratio);
     for (int k = 0; k < 2; k++) {
         free(pp[k].hashes);
         free(pp[k].ntok);
     }
-    free(lens);
     return ok ? 0 : -1;
 }
 
@@ -626,6 +767,11 @@ int cmd_bench_engine(int argc, char **argv) {
     tqkv_engine *e = NULL, *ed = NULL;
     if (tqkv_engine_init(&e, &ep) != TQKV_OK) {
         fprintf(stderr, "tqkv %s: %s\n", CMD, tqkv_last_error());
+        return 1;
+    }
+    if (o.json_object && tqkv_engine_init(&ed, &ep) != TQKV_OK) { /* the constrained points' */
+        fprintf(stderr, "tqkv %s: %s\n", CMD, tqkv_last_error());
+        tqkv_engine_free(e);
         return 1;
     }
     if (o.draft) {
