@@ -6,14 +6,15 @@
  * tokens it got at concurrency 1. --draft adds speculative decoding (acceptance, speedup
  * against the same points without it, run side by side); --prefix measures a prefix-cache
  * hit against a miss; --load N runs N busy processes beside the benchmark.
- * --json-object / --json-schema add constrained decoding (OpenAI's response_format): the
- * constrained points run on a second engine, first alone (rep -1: cold mask caches), then
- * --reps times beside plain points, the two engines' steps taking turns, so the machine's
- * other work falls on both alike. A constrained row ends when its document closes, so the
- * plain requests get the lengths of the constrained run alone as their max_tokens: both
- * then have the same rows in every step. Reported: the time per token of the decode-only
- * steps (no row prefilling), wall and process CPU, and the median constrained / plain
- * ratio of the pairs.
+ * --json-object / --json-schema add constrained decoding (OpenAI's response_format) on two
+ * engines: the constrained points first alone on each (rep -1: cold mask caches), then
+ * --reps rounds of two pairs, constrained on one engine beside plain on the other and the
+ * other way round, the two engines' steps taking turns, so the machine's other work falls
+ * on both alike. A constrained row ends when its document closes, so the plain requests
+ * get the lengths of the constrained runs alone as their max_tokens: both then have the
+ * same rows in every step. Reported: the time per token of the decode-only steps (no row
+ * prefilling), wall and process CPU, and the median constrained / plain ratio of the
+ * rounds (each the geometric mean of its two pairs).
  * Owns: the load generator, its table and --json output.
  * Must not: contain engine, model or cache logic.
  */
@@ -314,6 +315,7 @@ typedef struct {
     char *schema;         /* --json-schema's text */
     double temperature;
     int json_object;      /* --json-object or --json-schema: constrained points */
+    int control;          /* --control: those run unconstrained (the noise floor) */
     int prompt_tokens, max_tokens, requests, threads, K, json;
     int window, prefix, load, chunk, no_check, reps;
     double budget_mb;
@@ -369,6 +371,7 @@ static int be_parse_args(int argc, char **argv, be_opts *o) {
         {"--temperature", ARG_DOUBLE, &o->temperature, "sampling temperature, seed 1000 + request (default 0: greedy)"},
         {"--json-object", ARG_FLAG, &o->json_object, "also run every point constrained to a JSON object, side by side"},
         {"--json-schema", ARG_STR, &o->schema_path, "also run every point constrained to this JSON Schema file"},
+        {"--control", ARG_FLAG, &o->control, "with --json-*: the constrained points run unconstrained (the noise floor)"},
         {"--no-check", ARG_FLAG, &o->no_check, "skip the check against concurrency 1"},
         {"--device", ARG_STR, &o->device, "cpu|cuda: where the model runs (default cpu)"},
         {"--json", ARG_FLAG, &o->json, "print one JSON object"},
@@ -527,6 +530,22 @@ static void print_ratios(const double *r, int n) {
     for (int i = 0; i < n; i++) printf("%sx%.3f", i ? ", " : "", r[i]);
 }
 
+/* The cold pair's ratios (one pair; the engines' own difference not cancelled). */
+static void be_report_cold(const be_opts *o, cJSON *pts, int C, double wall, double cpu) {
+    if (o->json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddItemToArray(pts, j);
+        cJSON_AddStringToObject(j, "mode", "constrained_cost_cold");
+        cJSON_AddNumberToObject(j, "concurrency", C);
+        json_add_num(j, "time_per_token_ratio", wall, 4);
+        json_add_num(j, "cpu_per_token_ratio", cpu, 4);
+    } else {
+        printf("constrained (%s) cost at concurrency %d with cold mask caches (one pair, the "
+               "engines' difference not cancelled): wall time per token x%.3f, process CPU time "
+               "per token x%.3f\n", be_variant(o, 1), C, wall, cpu);
+    }
+}
+
 /* The median ratios of the pairs of concurrency C (wall [n], and CPU [n] with a
  * constraint): a line, or an object in pts. */
 static void be_report_ratio(const be_opts *o, cJSON *pts, int C, const double *wall,
@@ -540,7 +559,7 @@ static void be_report_ratio(const be_opts *o, cJSON *pts, int C, const double *w
         cJSON_AddItemToArray(pts, j);
         cJSON_AddStringToObject(j, "mode", o->draft ? "speedup" : "constrained_cost");
         cJSON_AddNumberToObject(j, "concurrency", C);
-        cJSON_AddNumberToObject(j, "pairs", n);
+        cJSON_AddNumberToObject(j, o->draft ? "pairs" : "rounds", n);
         if (o->draft) {
             json_add_num(j, "draft_over_plain_median", med, 3);
             return;
@@ -558,7 +577,7 @@ static void be_report_ratio(const be_opts *o, cJSON *pts, int C, const double *w
                "side-by-side pairs: %.2fx\n", C, n, med);
     } else {
         printf("constrained (%s) cost at concurrency %d, decode-only steps (plain rows as long as "
-               "the constrained ones), constrained / plain, median of %d pairs: wall time per "
+               "the constrained ones), constrained / plain, median of %d rounds: wall time per "
                "token x%.3f (", be_variant(o, 1), C, n, med);
         print_ratios(wall, n);
         printf("); process CPU time per token x%.3f (", medc);
@@ -575,37 +594,53 @@ static void be_add_ratio(const be_opts *o, const point *pp, double *wall, double
     if (x > 0) wall[(*n)++] = x;
 }
 
-/* A constraint at concurrency C: first the constrained points alone on engine ec (rep -1:
- * its mask caches start cold; it gives each request's length), then --reps pairs whose
- * steps interleave (plain on e with those lengths as max_tokens, constrained on ec; which
- * steps first alternates); 0 or -1. */
-static int be_constrained(const be_opts *o, tqkv_engine *e, tqkv_engine *ec,
+/* A constraint at concurrency C on two engines: first the constrained points alone on
+ * engine 0 (rep -1: cold mask caches; they give each request's length), then beside plain
+ * points on engine 1 (rep -1: a pair with engine 1's caches cold), then --reps rounds of
+ * two pairs whose steps interleave, plain requests given those lengths as their
+ * max_tokens: constrained on engine 0 beside plain on engine 1, then the other way round
+ * (two engines of one model differ by a few percent: a round's ratio, the geometric mean of
+ * its two pairs, cancels that). --control: the "constrained" points run unconstrained (the
+ * noise floor). 0 or -1. */
+static int be_constrained(const be_opts *o, tqkv_engine *e0, tqkv_engine *e1,
                           int32_t *const *prompts, const uint64_t *refv, int C, int N, point *pp,
                           cJSON *pts) {
-    double wall[32], cpu[32];
+    tqkv_engine *eng[2] = {e0, e1};
+    double wall[34], cpu[34], pw[2], pc[2];
     int n = 0, same_len = 1;
     int *lens = calloc((size_t)N, sizeof *lens);
     if (!lens) return -1;
     const be_mode mp = {(float)o->temperature, 0, NULL, lens};
-    const be_mode mc = {(float)o->temperature, 1, o->schema, NULL};
+    const be_mode mc = {(float)o->temperature, !o->control, o->schema, NULL};
     int ok = 1;
-    for (int r = -1; r < o->reps && ok; r++) {
-        fprintf(stderr, "tqkv %s: %s concurrency %d, %d requests%s\n", CMD,
-                r < 0 ? be_variant(o, 1) : "plain and constrained, steps interleaved", C, N,
-                r < 0 ? ", alone (cold caches, the lengths)" : "");
-        if (r < 0) ok = !run_point(ec, prompts, o->prompt_tokens, N, C, o->max_tokens, &mc, &pp[1]);
-        else ok = !run_pair(e, &mp, &pp[0], ec, &mc, &pp[1], prompts, o->prompt_tokens, N, C,
-                            o->max_tokens, r % 2);
-        if (!ok) break;
-        if (r < 0) memcpy(lens, pp[1].ntok, sizeof(int) * (size_t)N);
-        else same_len &= !memcmp(lens, pp[1].ntok, sizeof(int) * (size_t)N);
-        int same = 1;
-        if (!o->no_check)
-            for (int k = 0; k < N; k++) same &= pp[1].hashes[k] == refv[k];
-        if (r >= 0) be_report_point(o, pts, &pp[0], 0, r, C, N, -1); /* shortened: no reference */
-        be_report_point(o, pts, &pp[1], 1, r, C, N, same);
-        if (r >= 0) be_add_ratio(o, pp, wall, cpu, &n);
-    }
+    for (int r = -1; r < o->reps && ok; r++)
+        for (int k = 0; k < 2 && ok; k++) {
+            const int alone = r < 0 && k == 0, ec = k; /* ec: the constrained points' engine */
+            fprintf(stderr, "tqkv %s: concurrency %d, %d requests: %s on engine %d%s\n", CMD, C, N,
+                    be_variant(o, 1), ec, alone ? " alone (cold caches)"
+                    : r < 0 ? " (cold caches), plain beside it, steps interleaved"
+                            : ", plain beside it, steps interleaved");
+            if (alone) ok = !run_point(eng[0], prompts, o->prompt_tokens, N, C, o->max_tokens, &mc, &pp[1]);
+            else ok = !run_pair(eng[1 - ec], &mp, &pp[0], eng[ec], &mc, &pp[1], prompts,
+                                o->prompt_tokens, N, C, o->max_tokens, (r + k) % 2);
+            if (!ok) break;
+            if (alone) memcpy(lens, pp[1].ntok, sizeof(int) * (size_t)N);
+            else same_len &= !memcmp(lens, pp[1].ntok, sizeof(int) * (size_t)N);
+            int same = 1;
+            if (!o->no_check)
+                for (int q = 0; q < N; q++) same &= pp[1].hashes[q] == refv[q];
+            if (!alone) be_report_point(o, pts, &pp[0], 0, r, C, N, -1); /* shortened: no reference */
+            be_report_point(o, pts, &pp[1], 1, r, C, N, same);
+            if (alone) continue;
+            pw[k] = be_pair_ratio(o, &pp[0], &pp[1], 0);
+            pc[k] = be_pair_ratio(o, &pp[0], &pp[1], 1);
+            if (r < 0) {
+                be_report_cold(o, pts, C, pw[1], pc[1]);
+            } else if (k == 1 && n < 32 && pw[0] > 0 && pw[1] > 0) {
+                wall[n] = sqrt(pw[0] * pw[1]);
+                cpu[n++] = sqrt(pc[0] * pc[1]);
+            }
+        }
     if (!same_len)
         fprintf(stderr, "tqkv %s: WARNING: the constrained runs gave different lengths\n", CMD);
     if (n > 0) be_report_ratio(o, pts, C, wall, cpu, n);
@@ -631,7 +666,7 @@ static int be_concurrency(const be_opts *o, tqkv_engine *e, tqkv_engine *ed,
         pp[k].ntok = calloc((size_t)N, sizeof(int));
         ok = pp[k].hashes && pp[k].ntok;
     }
-    if (ok && o->json_object) ok = !be_constrained(o, e, ed, prompts, refv, C, N, pp, pts);
+    if (ok && o->json_object) ok = !be_constrained(o, e, ed, prompts, o->control ? ref : refv, C, N, pp, pts);
     for (int r = 0; r < o->reps && ok && !o->json_object; r++)
         for (int d = 0; d < (ed ? 2 : 1) && ok; d++) {
             point *p = &pp[d];
@@ -722,6 +757,7 @@ static cJSON *be_json_root(const be_opts *o, const tqkv_engine_params *ep, cJSON
     cJSON_AddNumberToObject(root, "max_tokens", o->max_tokens);
     json_add_num(root, "temperature", o->temperature, 3);
     cJSON_AddStringToObject(root, "constraint", !o->json_object ? "none" : o->schema ? "json_schema" : "json_object");
+    cJSON_AddBoolToObject(root, "control", o->control);
     if (o->schema_path) cJSON_AddStringToObject(root, "schema_file", o->schema_path);
     cJSON_AddItemToObject(root, "points", *pts);
     return root;
@@ -736,7 +772,7 @@ static int be_measure(const be_opts *o, const tqkv_engine_params *ep, tqkv_engin
     uint64_t *ref = calloc((size_t)Nmax, sizeof *ref), *refv = calloc((size_t)Nmax, sizeof *refv);
     if (!o->json) printf("%-6s %-5s %9s %9s %9s %9s %9s %8s %8s %9s %6s\n", "mode", "conc", "tok/s", "ttft50",
                          "ttft99", "itl50ms", "itl99ms", "accept", "same", "dec_us/t", "dsteps");
-    for (int d = 0; d < (o->json_object ? 2 : 1) && !o->no_check && sched_ok; d++) {
+    for (int d = 0; d < (o->json_object && !o->control ? 2 : 1) && !o->no_check && sched_ok; d++) {
         point p;
         memset(&p, 0, sizeof p);
         p.hashes = d ? refv : ref;
