@@ -32,15 +32,20 @@ typedef struct {
     int     *suf;       /* object: [n_props + 1] suffix sums of len(name) + 3 + minv */
 } js_node;
 
-#define JS_CACHE 64     /* masks of recent states (rows repeat states: inside a string,
-                           after a key, ...; choices and requests share a schema) */
+/* Masks of recent states (rows repeat states: inside a string, after a key, ...; choices
+ * and requests share a schema): as many as JS_CACHE_BYTES of bits hold, within [64, 512]
+ * (a schema's documents visit a few hundred states); budget tables of at most
+ * JS_THR_TABLES of them (each up to 6 bytes a token). */
+#define JS_CACHE_BYTES ((size_t)4 << 20)
+#define JS_CACHE_MIN 64
+#define JS_CACHE_MAX 512
+#define JS_THR_TABLES 32
 #define JS_THR_SAT 65535
 
 /* One cached state: its mask and, once a budget needs it, its allowed tokens ordered by
  * the tokens they need after them. */
 typedef struct {
-    js_state  key;       /* canonical (state_key) */
-    uint64_t  hash, used; /* used: LRU clock, 0 = empty */
+    js_state  key;       /* canonical (state_key); hash and LRU clock in js_schema */
     uint64_t *bits;      /* [W] bit id: token id may come next */
     /* budget table (have_thr): each allowed token's threshold, the fewest tokens that must
      * be left after it (js_mask_budget), ascending; JS_THR_SAT: that or more */
@@ -56,8 +61,11 @@ struct js_schema {
     js_node *nodes;
     int      n_nodes, cap;
     int      V, W;                 /* vocab, 64-bit words of a mask */
-    uint64_t *bits;                /* [JS_CACHE][W] */
-    js_entry  cache[JS_CACHE];
+    int       n_cache;             /* cache entries */
+    uint64_t *bits;                /* [n_cache, W] */
+    js_entry *cache;               /* [n_cache] */
+    uint64_t *hash, *used;         /* [n_cache] each entry's key hash, LRU clock (0 = empty) */
+    int       n_tables;            /* entries with a budget table allocated */
     uint64_t  clock;
 };
 
@@ -211,10 +219,13 @@ void js_free(js_schema *s) {
         free(n->enums);
         free(n->suf);
     }
-    for (int i = 0; i < JS_CACHE; i++) {
+    for (int i = 0; i < s->n_cache && s->cache; i++) {
         free(s->cache[i].thr_id);
         free(s->cache[i].thr);
     }
+    free(s->cache);
+    free(s->hash);
+    free(s->used);
     free(s->nodes);
     free(s->bits);
     free(s);
@@ -242,9 +253,15 @@ tqkv_status js_compile(js_schema **out, const char *schema_json, int vocab) {
     s->V = vocab;
     s->W = (vocab + 63) / 64;
     atomic_init(&s->refs, 1);
-    s->bits = calloc((size_t)s->W * JS_CACHE, sizeof *s->bits);
-    tqkv_status rc = s->bits ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "json schema: out of memory");
-    for (int i = 0; i < JS_CACHE && s->bits; i++) s->cache[i].bits = s->bits + (size_t)i * s->W;
+    size_t nc = JS_CACHE_BYTES / (sizeof(uint64_t) * (size_t)s->W);
+    s->n_cache = nc < JS_CACHE_MIN ? JS_CACHE_MIN : nc > JS_CACHE_MAX ? JS_CACHE_MAX : (int)nc;
+    s->bits = calloc((size_t)s->W * (size_t)s->n_cache, sizeof *s->bits); /* pages touched as used */
+    s->cache = calloc((size_t)s->n_cache, sizeof *s->cache);
+    s->hash = calloc((size_t)s->n_cache, sizeof *s->hash);
+    s->used = calloc((size_t)s->n_cache, sizeof *s->used);
+    tqkv_status rc = s->bits && s->cache && s->hash && s->used
+                         ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "json schema: out of memory");
+    for (int i = 0; i < s->n_cache && rc == TQKV_OK; i++) s->cache[i].bits = s->bits + (size_t)i * s->W;
     cJSON *j = NULL;
     if (rc == TQKV_OK && schema_json) {
         j = cJSON_Parse(schema_json);
@@ -533,25 +550,34 @@ static void visit_bit(void *vctx, const void *after, int32_t id) {
     bits[id >> 6] |= (uint64_t)1 << (id & 63);
 }
 
+/* Free the budget table of c. */
+static void table_drop(js_schema *s, js_entry *c) {
+    if (c->thr_id) s->n_tables--;
+    free(c->thr_id);
+    free(c->thr);
+    c->thr_id = NULL;
+    c->thr = NULL;
+    c->have_thr = 0;
+}
+
 /* The cache entry of st: found, or made (the LRU entry refilled by a walk of the trie). */
 static js_entry *entry_of(js_schema *s, const jg_vocab *v, const js_state *st) {
     js_state key;
     state_key(st, &key);
     const uint64_t h = key_hash(&key);
-    int lru = 0;
-    for (int i = 0; i < JS_CACHE; i++) {
-        js_entry *c = &s->cache[i];
-        if (c->used && c->hash == h && !memcmp(&c->key, &key, sizeof key)) {
-            c->used = ++s->clock;
-            return c;
+    for (int i = 0; i < s->n_cache; i++)
+        if (s->hash[i] == h && s->used[i] && !memcmp(&s->cache[i].key, &key, sizeof key)) {
+            s->used[i] = ++s->clock;
+            return &s->cache[i];
         }
-        if (c->used < s->cache[lru].used) lru = i;
-    }
+    int lru = 0;
+    for (int i = 1; i < s->n_cache; i++)
+        if (s->used[i] < s->used[lru]) lru = i;
     js_entry *c = &s->cache[lru];
+    table_drop(s, c);
     c->key = key;
-    c->hash = h;
-    c->used = ++s->clock;
-    c->have_thr = 0;
+    s->hash[lru] = h;
+    s->used[lru] = ++s->clock;
     memset(c->bits, 0, sizeof(uint64_t) * (size_t)s->W);
     if (st->done) {
         for (int id = 0; id < s->V; id++)
@@ -683,6 +709,13 @@ static void visit_thr(void *vctx, const void *after, int32_t id) {
  * memory. */
 static int entry_thr(js_schema *s, const jg_vocab *v, js_entry *c, int need) {
     if (c->have_thr) return 1;
+    table_drop(s, c);
+    if (s->n_tables >= JS_THR_TABLES) { /* drop the least recently used table */
+        int lru = -1;
+        for (int i = 0; i < s->n_cache; i++)
+            if (s->cache[i].thr_id && (lru < 0 || s->used[i] < s->used[lru])) lru = i;
+        if (lru >= 0) table_drop(s, &s->cache[lru]);
+    }
     int n = 0;
     for (int w = 0; w < s->W; w++) n += __builtin_popcountll(c->bits[w]);
     int32_t *id = malloc(sizeof *id * (size_t)(n ? n : 1) * 2);
@@ -693,10 +726,9 @@ static int entry_thr(js_schema *s, const jg_vocab *v, js_entry *c, int need) {
         return 0;
     }
     thr_ctx x = {s, v, c, need + s->max_branch};
-    free(c->thr_id);
-    free(c->thr);
     c->thr_id = id;
     c->thr = th;
+    s->n_tables++;
     c->cap_thr = n;
     c->n_thr = 0;
     jg_walk(v, &c->key, sizeof c->key, feed_cb, s, visit_thr, &x);
