@@ -34,12 +34,12 @@ typedef struct {
 
 /* Masks of recent states (rows repeat states: inside a string, after a key, ...; choices
  * and requests share a schema): as many as JS_CACHE_BYTES of bits hold, within [64, 512]
- * (a schema's documents visit a few hundred states); budget tables of at most
- * JS_THR_TABLES of them (each up to 6 bytes a token). */
+ * (a schema's documents visit a few hundred states); budget tables of as many as
+ * JS_TABLE_BYTES hold (6 bytes an allowed token). */
 #define JS_CACHE_BYTES ((size_t)4 << 20)
 #define JS_CACHE_MIN 64
 #define JS_CACHE_MAX 512
-#define JS_THR_TABLES 32
+#define JS_TABLE_BYTES ((size_t)8 << 20)
 #define JS_THR_SAT 65535
 
 /* One cached state: its mask and, once a budget needs it, its allowed tokens ordered by
@@ -65,7 +65,7 @@ struct js_schema {
     uint64_t *bits;                /* [n_cache, W] */
     js_entry *cache;               /* [n_cache] */
     uint64_t *hash, *used;         /* [n_cache] each entry's key hash, LRU clock (0 = empty) */
-    int       n_tables;            /* entries with a budget table allocated */
+    size_t    table_bytes;         /* budget tables allocated */
     uint64_t  clock;
 };
 
@@ -552,7 +552,7 @@ static void visit_bit(void *vctx, const void *after, int32_t id) {
 
 /* Free the budget table of c. */
 static void table_drop(js_schema *s, js_entry *c) {
-    if (c->thr_id) s->n_tables--;
+    if (c->thr_id) s->table_bytes -= (size_t)c->cap_thr * (sizeof *c->thr_id + sizeof *c->thr);
     free(c->thr_id);
     free(c->thr);
     c->thr_id = NULL;
@@ -710,14 +710,16 @@ static void visit_thr(void *vctx, const void *after, int32_t id) {
 static int entry_thr(js_schema *s, const jg_vocab *v, js_entry *c, int need) {
     if (c->have_thr) return 1;
     table_drop(s, c);
-    if (s->n_tables >= JS_THR_TABLES) { /* drop the least recently used table */
+    int n = 0;
+    for (int w = 0; w < s->W; w++) n += __builtin_popcountll(c->bits[w]);
+    const size_t bytes = (size_t)n * (sizeof(int32_t) + sizeof(uint16_t));
+    while (s->table_bytes > 0 && s->table_bytes + bytes > JS_TABLE_BYTES) { /* drop LRU tables */
         int lru = -1;
         for (int i = 0; i < s->n_cache; i++)
             if (s->cache[i].thr_id && (lru < 0 || s->used[i] < s->used[lru])) lru = i;
-        if (lru >= 0) table_drop(s, &s->cache[lru]);
+        if (lru < 0) break;
+        table_drop(s, &s->cache[lru]);
     }
-    int n = 0;
-    for (int w = 0; w < s->W; w++) n += __builtin_popcountll(c->bits[w]);
     int32_t *id = malloc(sizeof *id * (size_t)(n ? n : 1) * 2);
     uint16_t *th = malloc(sizeof *th * (size_t)(n ? n : 1) * 2);
     if (!id || !th) {
@@ -728,7 +730,6 @@ static int entry_thr(js_schema *s, const jg_vocab *v, js_entry *c, int need) {
     thr_ctx x = {s, v, c, need + s->max_branch};
     c->thr_id = id;
     c->thr = th;
-    s->n_tables++;
     c->cap_thr = n;
     c->n_thr = 0;
     jg_walk(v, &c->key, sizeof c->key, feed_cb, s, visit_thr, &x);
@@ -753,6 +754,11 @@ static int entry_thr(js_schema *s, const jg_vocab *v, js_entry *c, int need) {
         }
     memmove(id, id2, sizeof *id * (size_t)c->n_thr);
     memmove(th, th2, sizeof *th * (size_t)c->n_thr);
+    int32_t *id1 = realloc(id, sizeof *id * (size_t)(n ? n : 1)); /* the sorting halves go */
+    uint16_t *th1 = realloc(th, sizeof *th * (size_t)(n ? n : 1));
+    if (id1) c->thr_id = id1;
+    if (th1) c->thr = th1;
+    s->table_bytes += bytes;
     c->have_thr = 1;
     return 1;
 }
