@@ -132,6 +132,7 @@ typedef struct {
     double              *itl;    /* [N, max_tokens] */
     double              *ttft;   /* [N] */
     int                  next, done, inflight;
+    double               t0;     /* start (wall) */
     tqkv_engine_stats    s0;
 } runner;
 
@@ -157,6 +158,7 @@ static int runner_init(runner *r, tqkv_engine *e, int32_t *const *prompts, int n
         r->recs[i].hash = 1469598103934665603ull;
     }
     tqkv_engine_stats_get(e, &r->s0);
+    r->t0 = mcli_now();
     pt->wall = pt->dec_s = pt->dec_cpu = 0;
     pt->dec_steps = pt->dec_tok = 0;
     return 0;
@@ -214,9 +216,10 @@ static int runner_step(runner *r) {
     return r->done == r->N;
 }
 
-/* The point's figures (wall: the runner's own steps). */
-static void runner_finish(runner *r) {
+/* The point's figures; wall: since the start, or (own_steps) the runner's own steps. */
+static void runner_finish(runner *r, int own_steps) {
     point *pt = r->pt;
+    if (!own_steps) pt->wall = mcli_now() - r->t0;
     const int N = r->N;
     tqkv_engine_stats s1;
     tqkv_engine_stats_get(r->e, &s1);
@@ -251,12 +254,13 @@ static int run_point(tqkv_engine *e, int32_t *const *prompts, int n_prompt, int 
         runner_free(&r);
         return -1;
     }
-    runner_finish(&r);
+    runner_finish(&r, 0);
     return 0;
 }
 
 /* Two points at once, their steps taking turns (a step of a, then of b, ..., b first when
- * b_first): what the machine's other work takes falls on both alike. */
+ * b_first): what the machine's other work takes falls on both alike. wall, tok/s: each
+ * one's own steps; TTFT and ITL include the other's steps. */
 static int run_pair(tqkv_engine *ea, const be_mode *ma, point *pa, tqkv_engine *eb,
                     const be_mode *mb, point *pb, int32_t *const *prompts, int n_prompt, int N,
                     int C, int max_tokens, int b_first) {
@@ -277,8 +281,8 @@ static int run_pair(tqkv_engine *ea, const be_mode *ma, point *pa, tqkv_engine *
         runner_free(&r[1]);
         return -1;
     }
-    runner_finish(&r[0]);
-    runner_finish(&r[1]);
+    runner_finish(&r[0], 1);
+    runner_finish(&r[1], 1);
     return 0;
 }
 
@@ -512,6 +516,7 @@ static void be_report_point(const be_opts *o, cJSON *pts, const point *p, int d,
         printf("%-6s %-5d %9.1f %9.3f %9.3f %9.2f %9.2f %8.3f %8s %9.1f %6d\n", be_variant(o, d), C,
                p->tok_s, p->ttft50, p->ttft99, 1e3 * p->itl50, 1e3 * p->itl99, acc,
                o->no_check || same < 0 ? "-" : same ? "yes" : "NO", 1e6 * dec_per_token(p), p->dec_steps);
+        /* (a speculative round gives several tokens a row: its steps are not decode-only) */
     }
     fflush(stdout);
 }
