@@ -575,7 +575,7 @@ static js_entry *entry_of(js_schema *s, const jg_vocab *v, const js_state *st) {
         if (s->used[i] < s->used[lru]) lru = i;
     js_entry *c = &s->cache[lru];
     table_drop(s, c);
-    c->key = key;
+    memcpy(&c->key, &key, sizeof key); /* (padding too: keys compare with memcmp) */
     s->hash[lru] = h;
     s->used[lru] = ++s->clock;
     memset(c->bits, 0, sizeof(uint64_t) * (size_t)s->W);
