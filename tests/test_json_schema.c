@@ -6,8 +6,10 @@
  * a value of another type is refused; the schema mask over the bundled vocabulary equals
  * feeding each token's bytes in random reachable states; unsupported schemas are refused
  * with the keyword named; with a token budget no smaller than the shortest completion,
- * random walks among the tokens js_mask_budget allows always close in time.
+ * random walks among the tokens js_mask_budget allows always close in time; the budgeted
+ * mask (its cached tables) equals the rule computed token by token from the bytes.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -244,12 +246,101 @@ static void test_budget_closes(void **state) {
     tqkv_model_free(m);
 }
 
+/* The budgeted mask from the schema's cache (bitsets, tables sorted by threshold, reused
+ * across budgets and states) equals the rule computed here token by token: the tokens whose
+ * bytes are accepted, whose logit is above -inf and after which the shortest completion
+ * fits in the tokens left after them; none such: the plain mask. Random reachable states of
+ * corpus schemas and json_object, budgets from 1 to past the far bound, ~1% of the logits
+ * -inf beforehand; one schema serves many states (its cache warm). */
+static void test_budget_equals_rule(void **state) {
+    (void)state;
+    char dir[4096];
+    source_path("models/qwen3-code-28m", dir, sizeof dir);
+    tqkv_model_load_params lp = tqkv_model_load_params_default();
+    tqkv_model *m = NULL;
+    tqkv_tokenizer *tok = NULL;
+    assert_int_equal(tqkv_model_load(&m, dir, &lp), TQKV_OK);
+    assert_int_equal(tqkv_tokenizer_load(&tok, dir), TQKV_OK);
+    jg_vocab *v = NULL;
+    assert_int_equal(jg_vocab_init(&v, tok, m), TQKV_OK);
+    const int V = tqkv_model_get_config(m)->vocab_size;
+    float *l = malloc(sizeof(float) * (size_t)V), *l0 = malloc(sizeof(float) * (size_t)V);
+    uint8_t *want = malloc((size_t)V);
+    test_rng r;
+    rng_init(&r, test_seed());
+    int checks = 0, narrowed = 0;
+    for (int sch = 0; sch < 8; sch++) {
+        cJSON *schema = sch % 4 == 0 ? NULL : corpus_schema(rng_int(&r, 0, CORPUS_N - 1));
+        char *txt = schema ? cJSON_PrintUnformatted(schema) : NULL;
+        js_schema *s = NULL;
+        assert_int_equal(js_compile(&s, txt, V), TQKV_OK);
+        for (int it = 0; it < 12; it++) {
+            cJSON *inst = schema ? corpus_instance(schema, &r)
+                                 : cJSON_Parse("{\"a\": [1, \"xy z\", {\"b\": null, \"c\": -2.5e3}], \"d\": true}");
+            char *t = it % 2 ? cJSON_Print(inst) : cJSON_PrintUnformatted(inst);
+            size_t cut = (size_t)rng_int(&r, 0, (int)strlen(t) - 1);
+            js_state st;
+            js_init(s, &st);
+            for (size_t i = 0; i < cut; i++) assert_true(js_feed(s, &st, (unsigned char)t[i]));
+            const int need = js_min_close(s, &st);
+            for (int b = 0; b < 4; b++) {
+                const int left = b == 0 ? 1 : b == 1 ? need + 1 : b == 2 ? need + rng_int(&r, 0, 24)
+                                                                        : need + rng_int(&r, 0, 400);
+                for (int id = 0; id < V; id++)
+                    l0[id] = rng_int(&r, 0, 99) == 0 ? -INFINITY : (float)rng_int(&r, -1000, 1000) / 100.0f;
+                /* the rule, from the bytes */
+                int kept = 0;
+                for (int id = 0; id < V; id++) {
+                    js_state u = st;
+                    want[id] = (uint8_t)js_accept(s, v, &u, id); /* bytes accepted (EOS: done) */
+                    if (want[id] && l0[id] != -INFINITY && (js_complete(&st) || js_min_close(s, &u) <= left - 1)) {
+                        want[id] = 2;
+                        kept++;
+                    }
+                }
+                memcpy(l, l0, sizeof(float) * (size_t)V);
+                js_mask_budget(s, v, &st, left, l);
+                int differ = 0;
+                for (int id = 0; id < V; id++) {
+                    const int allowed = kept ? want[id] == 2 : want[id] != 0;
+                    const float exp_l = allowed ? l0[id] : -INFINITY;
+                    if (memcmp(&exp_l, &l[id], sizeof exp_l)) {
+                        if (!differ++)
+                            fail_msg("schema %s prefix '%.*s' left %d (need %d): token %d logit %g, the rule says %g",
+                                     txt ? txt : "(object)", (int)cut, t, left, need, id, (double)l[id], (double)exp_l);
+                    }
+                }
+                checks++;
+                for (int id = 0; id < V && kept; id++)
+                    if (want[id] == 1 && l0[id] != -INFINITY) {
+                        narrowed++;
+                        break;
+                    }
+            }
+            free(t);
+            cJSON_Delete(inst);
+        }
+        free(txt);
+        cJSON_Delete(schema);
+        js_free(s);
+    }
+    fprintf(stderr, "%d budgeted masks equal the rule (%d of them narrowed by the budget)\n", checks, narrowed);
+    assert_true(narrowed > 0); /* the budget path ran */
+    free(want);
+    free(l0);
+    free(l);
+    jg_vocab_free(v);
+    tqkv_tokenizer_free(tok);
+    tqkv_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_corpus_instances),
         cmocka_unit_test(test_unsupported),
         cmocka_unit_test(test_mask_equals_bytes),
         cmocka_unit_test(test_budget_closes),
+        cmocka_unit_test(test_budget_equals_rule),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,6 +6,15 @@
  * tokens it got at concurrency 1. --draft adds speculative decoding (acceptance, speedup
  * against the same points without it, run side by side); --prefix measures a prefix-cache
  * hit against a miss; --load N runs N busy processes beside the benchmark.
+ * --json-object / --json-schema add constrained decoding (OpenAI's response_format) on two
+ * engines: the constrained points first alone on each (rep -1: cold mask caches), then
+ * --reps rounds of two pairs, constrained on one engine beside plain on the other and the
+ * other way round, the two engines' steps taking turns, so the machine's other work falls
+ * on both alike. A constrained row ends when its document closes, so the plain requests
+ * get the lengths of the constrained runs alone as their max_tokens: both then have the
+ * same rows in every step. Reported: the time per token of the decode-only steps (no row
+ * prefilling), wall and process CPU, and the median constrained / plain ratio of the
+ * rounds (each the geometric mean of its two pairs).
  * Owns: the load generator, its table and --json output.
  * Must not: contain engine, model or cache logic.
  */
@@ -17,6 +26,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -77,73 +87,202 @@ typedef struct {
     uint64_t gen, drafted, accepted;
     uint64_t *hashes; /* [N] */
     int      prefix_hits;
+    int     *ntok;    /* [N] tokens each request got (or NULL) */
+    double   dec_s;   /* decode-only steps (every row in flight decoding, none prefilling) */
+    double   dec_cpu; /* their process CPU seconds (what other work on the machine takes
+                         from the wall time is not in it) */
+    int      dec_steps, dec_tok;
 } point;
 
-static int run_point(tqkv_engine *e, int32_t *const *prompts, int n_prompt, int N, int C,
-                     int max_tokens, point *pt) {
-    rec *recs = calloc((size_t)N, sizeof *recs);
-    double *itl = calloc((size_t)N * max_tokens, sizeof *itl);
-    double *ttft = calloc((size_t)N, sizeof *ttft);
-    if (!recs || !itl || !ttft) return -1;
-    for (int i = 0; i < N; i++) {
-        recs[i].itl = itl + (size_t)i * max_tokens;
-        recs[i].hash = 1469598103934665603ull;
+/* What the requests of a point ask for: sampling, and the JSON constraint. */
+typedef struct {
+    float       temperature;
+    int         json;       /* 1: response_format json_object (or json_schema) */
+    const char *schema;     /* JSON Schema text, or NULL */
+    const int  *lens;       /* [N] max_tokens of each request, or NULL: max_tokens */
+} be_mode;
+
+static double cpu_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Tokens generated so far by requests [0, n) and how many of them are decoding (started,
+ * not done). */
+static int recs_tokens(const rec *recs, int n, int *decoding) {
+    int t = 0, d = 0;
+    for (int i = 0; i < n; i++) {
+        t += recs[i].n_tok;
+        d += recs[i].n_tok > 0 && !recs[i].done;
     }
-    tqkv_engine_stats s0, s1;
-    tqkv_engine_stats_get(e, &s0);
-    int next = 0, done = 0, inflight = 0, busy = 1;
-    double t0 = mcli_now();
-    while (done < N) {
-        while (next < N && inflight < C) {
-            tqkv_engine_request q;
-            memset(&q, 0, sizeof q);
-            q.prompt = prompts[next];
-            q.n_prompt = n_prompt;
-            q.max_tokens = max_tokens;
-            q.sampling = tqkv_sampler_params_default();
-            q.ignore_eos = 1;
-            q.top_logprobs = -1;
-            q.on_event = on_event;
-            q.user = &recs[next];
-            recs[next].t_submit = mcli_now();
-            uint64_t id;
-            if (tqkv_engine_submit(e, &q, &id) != TQKV_OK) {
-                fprintf(stderr, "tqkv %s: submit: %s\n", CMD, tqkv_last_error());
-                return -1;
-            }
-            next++;
-            inflight++;
-        }
-        if (tqkv_engine_step(e, &busy) != TQKV_OK) {
-            fprintf(stderr, "tqkv %s: step: %s\n", CMD, tqkv_last_error());
+    *decoding = d;
+    return t;
+}
+
+/* One point in progress: C clients keeping N requests in flight on engine e, a step at a
+ * time (two runners can take turns: their steps interleave). */
+typedef struct {
+    tqkv_engine         *e;
+    int32_t *const      *prompts;
+    int                  n_prompt, N, C, max_tokens;
+    be_mode              mode;
+    point               *pt;
+    rec                 *recs;   /* [N] */
+    double              *itl;    /* [N, max_tokens] */
+    double              *ttft;   /* [N] */
+    int                  next, done, inflight;
+    double               t0;     /* start (wall) */
+    tqkv_engine_stats    s0;
+} runner;
+
+static void runner_free(runner *r) {
+    free(r->recs);
+    free(r->itl);
+    free(r->ttft);
+}
+
+static int runner_init(runner *r, tqkv_engine *e, int32_t *const *prompts, int n_prompt, int N,
+                       int C, int max_tokens, const be_mode *mode, point *pt) {
+    *r = (runner){.e = e, .prompts = prompts, .n_prompt = n_prompt, .N = N, .C = C,
+                  .max_tokens = max_tokens, .mode = *mode, .pt = pt};
+    r->recs = calloc((size_t)N, sizeof *r->recs);
+    r->itl = calloc((size_t)N * max_tokens, sizeof *r->itl);
+    r->ttft = calloc((size_t)N, sizeof *r->ttft);
+    if (!r->recs || !r->itl || !r->ttft) {
+        runner_free(r);
+        return -1;
+    }
+    for (int i = 0; i < N; i++) {
+        r->recs[i].itl = r->itl + (size_t)i * max_tokens;
+        r->recs[i].hash = 1469598103934665603ull;
+    }
+    tqkv_engine_stats_get(e, &r->s0);
+    r->t0 = mcli_now();
+    pt->wall = pt->dec_s = pt->dec_cpu = 0;
+    pt->dec_steps = pt->dec_tok = 0;
+    return 0;
+}
+
+/* Submit what the clients may, then one engine step; 1 when all N are done, 0 not yet,
+ * -1 failed (message printed). */
+static int runner_step(runner *r) {
+    point *pt = r->pt;
+    while (r->next < r->N && r->inflight < r->C) {
+        tqkv_engine_request q;
+        memset(&q, 0, sizeof q);
+        q.prompt = r->prompts[r->next];
+        q.n_prompt = r->n_prompt;
+        q.max_tokens = r->mode.lens ? r->mode.lens[r->next] : r->max_tokens;
+        q.sampling = tqkv_sampler_params_default();
+        q.sampling.temperature = r->mode.temperature;
+        q.sampling.seed = 1000 + (uint64_t)r->next;
+        q.json_object = r->mode.json;
+        q.json_schema = r->mode.json ? r->mode.schema : NULL;
+        q.ignore_eos = 1;
+        q.top_logprobs = -1;
+        q.on_event = on_event;
+        q.user = &r->recs[r->next];
+        r->recs[r->next].t_submit = mcli_now();
+        uint64_t id;
+        if (tqkv_engine_submit(r->e, &q, &id) != TQKV_OK) {
+            fprintf(stderr, "tqkv %s: submit: %s\n", CMD, tqkv_last_error());
             return -1;
         }
-        int d = 0;
-        for (int i = 0; i < next; i++) d += recs[i].done;
-        inflight -= d - done;
-        done = d;
+        r->next++;
+        r->inflight++;
     }
-    pt->wall = mcli_now() - t0;
-    tqkv_engine_stats_get(e, &s1);
+    /* a decode-only step: every request in flight was decoding before it (none
+     * prefilling) and each gave a token */
+    int dec0, dec1, busy = 1;
+    const int tok0 = recs_tokens(r->recs, r->next, &dec0);
+    const double ts = mcli_now(), cs = cpu_now();
+    if (tqkv_engine_step(r->e, &busy) != TQKV_OK) {
+        fprintf(stderr, "tqkv %s: step: %s\n", CMD, tqkv_last_error());
+        return -1;
+    }
+    const double dt = mcli_now() - ts, dc = cpu_now() - cs;
+    pt->wall += dt;
+    if (dec0 > 0 && dec0 == r->inflight && recs_tokens(r->recs, r->next, &dec1) - tok0 == dec0) {
+        pt->dec_s += dt;
+        pt->dec_cpu += dc;
+        pt->dec_steps++;
+        pt->dec_tok += dec0;
+    }
+    int d = 0;
+    for (int i = 0; i < r->next; i++) d += r->recs[i].done;
+    r->inflight -= d - r->done;
+    r->done = d;
+    return r->done == r->N;
+}
+
+/* The point's figures; wall: since the start, or (own_steps) the runner's own steps. */
+static void runner_finish(runner *r, int own_steps) {
+    point *pt = r->pt;
+    if (!own_steps) pt->wall = mcli_now() - r->t0;
+    const int N = r->N;
+    tqkv_engine_stats s1;
+    tqkv_engine_stats_get(r->e, &s1);
     size_t n_itl = 0;
     pt->gen = 0;
     for (int i = 0; i < N; i++) {
-        ttft[i] = recs[i].t_first - recs[i].t_submit;
-        for (int k = 0; k < recs[i].n_itl; k++) itl[n_itl++] = recs[i].itl[k];
-        pt->gen += (uint64_t)recs[i].n_tok;
-        pt->hashes[i] = recs[i].hash;
+        const rec *c = &r->recs[i];
+        r->ttft[i] = c->t_first - c->t_submit;
+        for (int k = 0; k < c->n_itl; k++) r->itl[n_itl++] = c->itl[k];
+        pt->gen += (uint64_t)c->n_tok;
+        pt->hashes[i] = c->hash;
+        if (pt->ntok) pt->ntok[i] = c->n_tok;
     }
-    pt->tok_s = (double)pt->gen / pt->wall;
-    pt->ttft50 = pct(ttft, (size_t)N, 0.5);
-    pt->ttft99 = pct(ttft, (size_t)N, 0.99);
-    pt->itl50 = pct(itl, n_itl, 0.5);
-    pt->itl99 = pct(itl, n_itl, 0.99);
-    pt->drafted = s1.spec_drafted - s0.spec_drafted;
-    pt->accepted = s1.spec_accepted - s0.spec_accepted;
-    pt->prefix_hits = (int)(s1.prefix_hits - s0.prefix_hits);
-    free(recs);
-    free(itl);
-    free(ttft);
+    pt->tok_s = pt->wall > 0 ? (double)pt->gen / pt->wall : 0;
+    pt->ttft50 = pct(r->ttft, (size_t)N, 0.5);
+    pt->ttft99 = pct(r->ttft, (size_t)N, 0.99);
+    pt->itl50 = pct(r->itl, n_itl, 0.5);
+    pt->itl99 = pct(r->itl, n_itl, 0.99);
+    pt->drafted = s1.spec_drafted - r->s0.spec_drafted;
+    pt->accepted = s1.spec_accepted - r->s0.spec_accepted;
+    pt->prefix_hits = (int)(s1.prefix_hits - r->s0.prefix_hits);
+    runner_free(r);
+}
+
+static int run_point(tqkv_engine *e, int32_t *const *prompts, int n_prompt, int N, int C,
+                     int max_tokens, const be_mode *mode, point *pt) {
+    runner r;
+    if (runner_init(&r, e, prompts, n_prompt, N, C, max_tokens, mode, pt)) return -1;
+    int st = 0;
+    while ((st = runner_step(&r)) == 0) {}
+    if (st < 0) {
+        runner_free(&r);
+        return -1;
+    }
+    runner_finish(&r, 0);
+    return 0;
+}
+
+/* Two points at once, their steps taking turns (a step of a, then of b, ..., b first when
+ * b_first): what the machine's other work takes falls on both alike. wall, tok/s: each
+ * one's own steps; TTFT and ITL include the other's steps. */
+static int run_pair(tqkv_engine *ea, const be_mode *ma, point *pa, tqkv_engine *eb,
+                    const be_mode *mb, point *pb, int32_t *const *prompts, int n_prompt, int N,
+                    int C, int max_tokens, int b_first) {
+    runner r[2];
+    if (runner_init(&r[0], ea, prompts, n_prompt, N, C, max_tokens, ma, pa)) return -1;
+    if (runner_init(&r[1], eb, prompts, n_prompt, N, C, max_tokens, mb, pb)) {
+        runner_free(&r[0]);
+        return -1;
+    }
+    int st[2] = {0, 0};
+    while ((!st[0] || !st[1]) && st[0] >= 0 && st[1] >= 0)
+        for (int k = 0; k < 2; k++) {
+            const int i = b_first ? 1 - k : k;
+            if (!st[i]) st[i] = runner_step(&r[i]);
+        }
+    if (st[0] < 0 || st[1] < 0) {
+        runner_free(&r[0]);
+        runner_free(&r[1]);
+        return -1;
+    }
+    runner_finish(&r[0], 1);
+    runner_finish(&r[1], 1);
     return 0;
 }
 
@@ -176,7 +315,11 @@ static void load_stop(int n, pid_t *pids) {
 
 typedef struct {
     const char *model_arg, *draft, *kv, *text_path;
-    const char *conc_arg, *device;
+    const char *conc_arg, *device, *schema_path;
+    char *schema;         /* --json-schema's text */
+    double temperature;
+    int json_object;      /* --json-object or --json-schema: constrained points */
+    int control;          /* --control: those run unconstrained (the noise floor) */
     int prompt_tokens, max_tokens, requests, threads, K, json;
     int window, prefix, load, chunk, no_check, reps;
     double budget_mb;
@@ -228,7 +371,11 @@ static int be_parse_args(int argc, char **argv, be_opts *o) {
         {"--draft-tokens", ARG_INT, &o->K, "draft tokens per round (default 4)"},
         {"--prefix", ARG_INT, &o->prefix, "also measure a prefix-cache hit: shared prefix of N tokens"},
         {"--load", ARG_INT, &o->load, "busy processes to run beside the benchmark (default 0)"},
-        {"--reps", ARG_INT, &o->reps, "repeat each point (plain/draft alternating) (default 1)"},
+        {"--reps", ARG_INT, &o->reps, "repeat each point (plain/draft or plain/constrained alternating) (default 1)"},
+        {"--temperature", ARG_DOUBLE, &o->temperature, "sampling temperature, seed 1000 + request (default 0: greedy)"},
+        {"--json-object", ARG_FLAG, &o->json_object, "also run every point constrained to a JSON object, side by side"},
+        {"--json-schema", ARG_STR, &o->schema_path, "also run every point constrained to this JSON Schema file"},
+        {"--control", ARG_FLAG, &o->control, "with --json-*: the constrained points run unconstrained (the noise floor)"},
         {"--no-check", ARG_FLAG, &o->no_check, "skip the check against concurrency 1"},
         {"--device", ARG_STR, &o->device, "cpu|cuda: where the model runs (default cpu)"},
         {"--json", ARG_FLAG, &o->json, "print one JSON object"},
@@ -251,6 +398,19 @@ static int be_parse_args(int argc, char **argv, be_opts *o) {
     if (o->prompt_tokens < 1 || o->max_tokens < 1 || o->threads < 1 || o->K < 1 || o->prefix < 0 ||
         o->load < 0 || o->load > 64 || o->chunk < 1 || o->reps < 1 || o->reps > 16) {
         fprintf(stderr, "tqkv %s: bad numeric option\n", CMD);
+        return 2;
+    }
+    if (!(o->temperature >= 0 && o->temperature <= 100)) {
+        fprintf(stderr, "tqkv %s: --temperature must be in [0, 100]\n", CMD);
+        return 2;
+    }
+    if (o->schema_path) {
+        size_t n = 0;
+        if (mcli_read_file(CMD, o->schema_path, &o->schema, &n)) return 1;
+        o->json_object = 1;
+    }
+    if (o->json_object && o->draft) {
+        fprintf(stderr, "tqkv %s: --draft and --json-object / --json-schema are measured apart\n", CMD);
         return 2;
     }
     return 0;
@@ -310,6 +470,15 @@ static int be_tokens(const be_opts *o, tqkv_engine *e, int Nmax, int32_t **ids, 
 // Points and their report
 // ---------------------------------------------------------------------------
 
+/* Variant names: d = 0 plain, 1 draft or constrained. */
+static const char *be_variant(const be_opts *o, int d) {
+    return !d ? "plain" : o->draft ? "draft" : o->schema ? "schema" : "json";
+}
+
+/* Seconds per token of p's decode-only steps. */
+static double dec_per_token(const point *p) { return p->dec_tok > 0 ? p->dec_s / p->dec_tok : 0; }
+static double dec_cpu_per_token(const point *p) { return p->dec_tok > 0 ? p->dec_cpu / p->dec_tok : 0; }
+
 /* One measured point: a table row, or an object in pts with --json. */
 static void be_report_point(const be_opts *o, cJSON *pts, const point *p, int d, int rep, int C,
                             int N, int same) {
@@ -317,7 +486,7 @@ static void be_report_point(const be_opts *o, cJSON *pts, const point *p, int d,
     if (o->json) {
         cJSON *j = cJSON_CreateObject();
         cJSON_AddItemToArray(pts, j);
-        cJSON_AddStringToObject(j, "mode", d ? "draft" : "plain");
+        cJSON_AddStringToObject(j, "mode", be_variant(o, d));
         cJSON_AddNumberToObject(j, "rep", rep);
         cJSON_AddNumberToObject(j, "concurrency", C);
         cJSON_AddNumberToObject(j, "requests", N);
@@ -331,56 +500,197 @@ static void be_report_point(const be_opts *o, cJSON *pts, const point *p, int d,
         cJSON_AddNumberToObject(j, "spec_drafted", (double)p->drafted);
         cJSON_AddNumberToObject(j, "spec_accepted", (double)p->accepted);
         json_add_num(j, "acceptance", acc, 4);
-        if (o->no_check) cJSON_AddNullToObject(j, "same_as_alone");
+        uint64_t fnv = 1469598103934665603ull; /* every request's tokens, in order */
+        for (int k = 0; k < N; k++)
+            for (int i = 0; i < 8; i++) fnv = (fnv ^ ((p->hashes[k] >> (8 * i)) & 255)) * 1099511628211ull;
+        char hx[24];
+        snprintf(hx, sizeof hx, "%016llx", (unsigned long long)fnv);
+        cJSON_AddStringToObject(j, "tokens_fnv", hx);
+        cJSON_AddNumberToObject(j, "decode_steps", p->dec_steps);
+        cJSON_AddNumberToObject(j, "decode_step_tokens", p->dec_tok);
+        json_add_num(j, "decode_s_per_token", dec_per_token(p), 7);
+        json_add_num(j, "decode_cpu_s_per_token", dec_cpu_per_token(p), 7);
+        if (o->no_check || same < 0) cJSON_AddNullToObject(j, "same_as_alone");
         else cJSON_AddBoolToObject(j, "same_as_alone", same);
     } else {
-        printf("%-6s %-5d %9.1f %9.3f %9.3f %9.2f %9.2f %8.3f %8s\n", d ? "draft" : "plain", C,
+        printf("%-6s %-5d %9.1f %9.3f %9.3f %9.2f %9.2f %8.3f %8s %9.1f %6d\n", be_variant(o, d), C,
                p->tok_s, p->ttft50, p->ttft99, 1e3 * p->itl50, 1e3 * p->itl99, acc,
-               o->no_check ? "-" : same ? "yes" : "NO");
+               o->no_check || same < 0 ? "-" : same ? "yes" : "NO", 1e6 * dec_per_token(p), p->dec_steps);
+        /* (a speculative round gives several tokens a row: its steps are not decode-only) */
     }
     fflush(stdout);
 }
 
-/* Every point at concurrency C (plain, and with ed plain / draft alternating, --reps
- * times), then the median draft / plain ratio of the pairs measured; 0 or -1 (a point
- * failed: message printed, the ratio of the pairs before it still reported). */
-static int be_concurrency(const be_opts *o, tqkv_engine *e, tqkv_engine *ed,
-                          int32_t *const *prompts, const uint64_t *ref, int C, cJSON *pts) {
-    const int N = be_requests(o, C);
-    double ratios[32];
-    int n_ratio = 0, ok = 1;
-    double plain_tok = 0;
-    for (int rd = 0; rd < o->reps * (ed ? 2 : 1); rd++) {
-        int d = ed ? rd % 2 : 0;
-        point p;
-        memset(&p, 0, sizeof p);
-        p.hashes = calloc((size_t)N, sizeof *p.hashes);
-        fprintf(stderr, "tqkv %s: %s concurrency %d, %d requests\n", CMD, d ? "draft" : "plain", C, N);
-        if (run_point(d ? ed : e, prompts, o->prompt_tokens, N, C, o->max_tokens, &p)) {
-            free(p.hashes);
-            ok = 0;
-            break;
-        }
-        int same = 1;
-        if (!o->no_check)
-            for (int k = 0; k < N; k++) same &= p.hashes[k] == ref[k];
-        be_report_point(o, pts, &p, d, ed ? rd / 2 : rd, C, N, same);
-        free(p.hashes);
-        if (d == 0) plain_tok = p.tok_s;
-        else if (n_ratio < 32) ratios[n_ratio++] = p.tok_s / plain_tok;
+/* The pair's ratio: draft / plain tokens/s, or constrained / plain time per token of the
+ * decode-only steps (cpu: their process CPU time). Returns the ratio, 0 when there is none. */
+static double be_pair_ratio(const be_opts *o, const point *pp, const point *pv, int cpu) {
+    if (o->draft) return pp->tok_s > 0 ? pv->tok_s / pp->tok_s : 0;
+    const double tp = cpu ? dec_cpu_per_token(pp) : dec_per_token(pp);
+    const double tv = cpu ? dec_cpu_per_token(pv) : dec_per_token(pv);
+    return tp > 0 ? tv / tp : 0;
+}
+
+/* "x1.012, x0.998, ..." of r [n], in the order measured. */
+static void print_ratios(const double *r, int n) {
+    for (int i = 0; i < n; i++) printf("%sx%.3f", i ? ", " : "", r[i]);
+}
+
+/* The cold pair's ratios (one pair; the engines' own difference not cancelled). */
+static void be_report_cold(const be_opts *o, cJSON *pts, int C, double wall, double cpu) {
+    if (o->json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddItemToArray(pts, j);
+        cJSON_AddStringToObject(j, "mode", "constrained_cost_cold");
+        cJSON_AddNumberToObject(j, "concurrency", C);
+        json_add_num(j, "time_per_token_ratio", wall, 4);
+        json_add_num(j, "cpu_per_token_ratio", cpu, 4);
+    } else {
+        printf("constrained (%s) cost at concurrency %d with cold mask caches (one pair, the "
+               "engines' difference not cancelled): wall time per token x%.3f, process CPU time "
+               "per token x%.3f\n", be_variant(o, 1), C, wall, cpu);
     }
-    if (n_ratio > 0) {
-        double med = pct(ratios, (size_t)n_ratio, 0.5);
-        if (o->json) {
-            cJSON *j = cJSON_CreateObject();
-            cJSON_AddItemToArray(pts, j);
-            cJSON_AddStringToObject(j, "mode", "speedup");
-            cJSON_AddNumberToObject(j, "concurrency", C);
-            cJSON_AddNumberToObject(j, "pairs", n_ratio);
+}
+
+/* The median ratios of the pairs of concurrency C (wall [n], and CPU [n] with a
+ * constraint): a line, or an object in pts. */
+static void be_report_ratio(const be_opts *o, cJSON *pts, int C, const double *wall,
+                            const double *cpu, int n) {
+    double sw[32], sc[32];
+    memcpy(sw, wall, sizeof(double) * (size_t)n);
+    memcpy(sc, cpu, sizeof(double) * (size_t)n);
+    const double med = pct(sw, (size_t)n, 0.5), medc = pct(sc, (size_t)n, 0.5);
+    if (o->json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddItemToArray(pts, j);
+        cJSON_AddStringToObject(j, "mode", o->draft ? "speedup" : "constrained_cost");
+        cJSON_AddNumberToObject(j, "concurrency", C);
+        cJSON_AddNumberToObject(j, o->draft ? "pairs" : "rounds", n);
+        if (o->draft) {
             json_add_num(j, "draft_over_plain_median", med, 3);
-        } else
-            printf("speedup at concurrency %d: draft / plain tokens/s, median of %d "
-                   "side-by-side pairs: %.2fx\n", C, n_ratio, med);
+            return;
+        }
+        cJSON *rs = cJSON_AddArrayToObject(j, "time_per_token_ratios");
+        cJSON *rc = cJSON_AddArrayToObject(j, "cpu_per_token_ratios");
+        for (int i = 0; i < n; i++) {
+            cJSON_AddItemToArray(rs, cJSON_CreateNumber(round(wall[i] * 1e4) / 1e4));
+            cJSON_AddItemToArray(rc, cJSON_CreateNumber(round(cpu[i] * 1e4) / 1e4));
+        }
+        json_add_num(j, "time_per_token_ratio_median", med, 4);
+        json_add_num(j, "cpu_per_token_ratio_median", medc, 4);
+    } else if (o->draft) {
+        printf("speedup at concurrency %d: draft / plain tokens/s, median of %d "
+               "side-by-side pairs: %.2fx\n", C, n, med);
+    } else {
+        printf("constrained (%s) cost at concurrency %d, decode-only steps (plain rows as long as "
+               "the constrained ones), constrained / plain, median of %d rounds: wall time per "
+               "token x%.3f (", be_variant(o, 1), C, n, med);
+        print_ratios(wall, n);
+        printf("); process CPU time per token x%.3f (", medc);
+        print_ratios(cpu, n);
+        printf(")\n");
+    }
+}
+
+/* The pair's two points: ratios appended to wall / cpu [*n] (at most 32). */
+static void be_add_ratio(const be_opts *o, const point *pp, double *wall, double *cpu, int *n) {
+    if (*n >= 32) return;
+    const double x = be_pair_ratio(o, &pp[0], &pp[1], 0);
+    cpu[*n] = be_pair_ratio(o, &pp[0], &pp[1], 1);
+    if (x > 0) wall[(*n)++] = x;
+}
+
+/* A constraint at concurrency C on two engines: first the constrained points alone on
+ * engine 0 (rep -1: cold mask caches; they give each request's length), then beside plain
+ * points on engine 1 (rep -1: a pair with engine 1's caches cold), then --reps rounds of
+ * two pairs whose steps interleave, plain requests given those lengths as their
+ * max_tokens: constrained on engine 0 beside plain on engine 1, then the other way round
+ * (two engines of one model differ by a few percent: a round's ratio, the geometric mean of
+ * its two pairs, cancels that). --control: the "constrained" points run unconstrained (the
+ * noise floor). 0 or -1. */
+static int be_constrained(const be_opts *o, tqkv_engine *e0, tqkv_engine *e1,
+                          int32_t *const *prompts, const uint64_t *refv, int C, int N, point *pp,
+                          cJSON *pts) {
+    tqkv_engine *eng[2] = {e0, e1};
+    double wall[34], cpu[34], pw[2], pc[2];
+    int n = 0, same_len = 1;
+    int *lens = calloc((size_t)N, sizeof *lens);
+    if (!lens) return -1;
+    const be_mode mp = {(float)o->temperature, 0, NULL, lens};
+    const be_mode mc = {(float)o->temperature, !o->control, o->schema, NULL};
+    int ok = 1;
+    for (int r = -1; r < o->reps && ok; r++)
+        for (int k = 0; k < 2 && ok; k++) {
+            const int alone = r < 0 && k == 0, ec = k; /* ec: the constrained points' engine */
+            fprintf(stderr, "tqkv %s: concurrency %d, %d requests: %s on engine %d%s\n", CMD, C, N,
+                    be_variant(o, 1), ec, alone ? " alone (cold caches)"
+                    : r < 0 ? " (cold caches), plain beside it, steps interleaved"
+                            : ", plain beside it, steps interleaved");
+            if (alone) ok = !run_point(eng[0], prompts, o->prompt_tokens, N, C, o->max_tokens, &mc, &pp[1]);
+            else ok = !run_pair(eng[1 - ec], &mp, &pp[0], eng[ec], &mc, &pp[1], prompts,
+                                o->prompt_tokens, N, C, o->max_tokens, (r + k) % 2);
+            if (!ok) break;
+            if (alone) memcpy(lens, pp[1].ntok, sizeof(int) * (size_t)N);
+            else same_len &= !memcmp(lens, pp[1].ntok, sizeof(int) * (size_t)N);
+            int same = 1;
+            if (!o->no_check)
+                for (int q = 0; q < N; q++) same &= pp[1].hashes[q] == refv[q];
+            if (!alone) be_report_point(o, pts, &pp[0], 0, r, C, N, -1); /* shortened: no reference */
+            be_report_point(o, pts, &pp[1], 1, r, C, N, same);
+            if (alone) continue;
+            pw[k] = be_pair_ratio(o, &pp[0], &pp[1], 0);
+            pc[k] = be_pair_ratio(o, &pp[0], &pp[1], 1);
+            if (r < 0) {
+                be_report_cold(o, pts, C, pw[1], pc[1]);
+            } else if (k == 1 && n < 32 && pw[0] > 0 && pw[1] > 0) {
+                wall[n] = sqrt(pw[0] * pw[1]);
+                cpu[n++] = sqrt(pc[0] * pc[1]);
+            }
+        }
+    if (!same_len)
+        fprintf(stderr, "tqkv %s: WARNING: the constrained runs gave different lengths\n", CMD);
+    if (n > 0) be_report_ratio(o, pts, C, wall, cpu, n);
+    free(lens);
+    return ok ? 0 : -1;
+}
+
+/* Every point at concurrency C (plain; with a draft, plain and draft one after the other,
+ * --reps times; with a constraint, be_constrained), then the median ratio of the pairs
+ * measured; 0 or -1 (a point failed: message printed, the ratio of the pairs before it
+ * still reported). ed: the draft engine, or the constrained points' engine. ref / refv:
+ * each variant's tokens at concurrency 1. */
+static int be_concurrency(const be_opts *o, tqkv_engine *e, tqkv_engine *ed,
+                          int32_t *const *prompts, const uint64_t *ref, const uint64_t *refv,
+                          int C, cJSON *pts) {
+    const int N = be_requests(o, C);
+    double wall[32], cpu[32];
+    int n_ratio = 0, ok = 1;
+    point pp[2];
+    memset(pp, 0, sizeof pp);
+    for (int k = 0; k < 2 && ok; k++) {
+        pp[k].hashes = calloc((size_t)N, sizeof(uint64_t));
+        pp[k].ntok = calloc((size_t)N, sizeof(int));
+        ok = pp[k].hashes && pp[k].ntok;
+    }
+    if (ok && o->json_object) ok = !be_constrained(o, e, ed, prompts, o->control ? ref : refv, C, N, pp, pts);
+    for (int r = 0; r < o->reps && ok && !o->json_object; r++)
+        for (int d = 0; d < (ed ? 2 : 1) && ok; d++) {
+            point *p = &pp[d];
+            const be_mode mode = {(float)o->temperature, 0, NULL, NULL};
+            fprintf(stderr, "tqkv %s: %s concurrency %d, %d requests\n", CMD, be_variant(o, d), C, N);
+            if (run_point(d ? ed : e, prompts, o->prompt_tokens, N, C, o->max_tokens, &mode, p)) {
+                ok = 0;
+                break;
+            }
+            int same = 1;
+            if (!o->no_check)
+                for (int k = 0; k < N; k++) same &= p->hashes[k] == ref[k];
+            be_report_point(o, pts, p, d, r, C, N, same);
+            if (d == 1) be_add_ratio(o, pp, wall, cpu, &n_ratio);
+        }
+    if (n_ratio > 0) be_report_ratio(o, pts, C, wall, cpu, n_ratio);
+    for (int k = 0; k < 2; k++) {
+        free(pp[k].hashes);
+        free(pp[k].ntok);
     }
     return ok ? 0 : -1;
 }
@@ -411,7 +721,8 @@ static void be_prefix(const be_opts *o, const tqkv_engine_params *ep, const int3
         uint64_t h;
         memset(&p, 0, sizeof p);
         p.hashes = &h;
-        run_point(ep2, pv + k, plen, 1, 1, 1, &p);
+        const be_mode greedy = {0.0f, 0, NULL, NULL};
+        run_point(ep2, pv + k, plen, 1, 1, 1, &greedy, &p);
         ttft[k] = p.ttft50;
         tqkv_engine_stats st;
         tqkv_engine_stats_get(ep2, &st);
@@ -449,30 +760,37 @@ static cJSON *be_json_root(const be_opts *o, const tqkv_engine_params *ep, cJSON
     cJSON_AddNumberToObject(root, "load", o->load);
     cJSON_AddNumberToObject(root, "prompt_tokens", o->prompt_tokens);
     cJSON_AddNumberToObject(root, "max_tokens", o->max_tokens);
+    json_add_num(root, "temperature", o->temperature, 3);
+    cJSON_AddStringToObject(root, "constraint", !o->json_object ? "none" : o->schema ? "json_schema" : "json_object");
+    cJSON_AddBoolToObject(root, "control", o->control);
+    if (o->schema_path) cJSON_AddStringToObject(root, "schema_file", o->schema_path);
     cJSON_AddItemToObject(root, "points", *pts);
     return root;
 }
 
-/* The reference run, every concurrency and the prefix measure; 1 when all points ran,
- * else 0. */
+/* The reference runs (each variant's tokens at concurrency 1), every concurrency and the
+ * prefix measure; 1 when all points ran, else 0. */
 static int be_measure(const be_opts *o, const tqkv_engine_params *ep, tqkv_engine *e,
                       tqkv_engine *ed, int32_t *const *prompts, const int32_t *ids, int Nmax,
                       cJSON *root, cJSON *pts) {
     int sched_ok = 1;
-    uint64_t *ref = calloc((size_t)Nmax, sizeof *ref);
-    if (!o->json) printf("%-6s %-5s %9s %9s %9s %9s %9s %8s %8s\n", "mode", "conc", "tok/s", "ttft50",
-                         "ttft99", "itl50ms", "itl99ms", "accept", "same");
-    /* reference hashes at concurrency 1 */
-    if (!o->no_check) {
+    uint64_t *ref = calloc((size_t)Nmax, sizeof *ref), *refv = calloc((size_t)Nmax, sizeof *refv);
+    if (!o->json) printf("%-6s %-5s %9s %9s %9s %9s %9s %8s %8s %9s %6s\n", "mode", "conc", "tok/s", "ttft50",
+                         "ttft99", "itl50ms", "itl99ms", "accept", "same", "dec_us/t", "dsteps");
+    for (int d = 0; d < (o->json_object && !o->control ? 2 : 1) && !o->no_check && sched_ok; d++) {
         point p;
-        p.hashes = ref;
-        fprintf(stderr, "tqkv %s: reference run at concurrency 1 (%d requests)\n", CMD, Nmax);
-        if (run_point(e, prompts, o->prompt_tokens, Nmax, 1, o->max_tokens, &p)) sched_ok = 0;
+        memset(&p, 0, sizeof p);
+        p.hashes = d ? refv : ref;
+        const be_mode mode = {(float)o->temperature, d, o->schema, NULL};
+        fprintf(stderr, "tqkv %s: %s reference run at concurrency 1 (%d requests)\n", CMD,
+                be_variant(o, d), Nmax);
+        if (run_point(e, prompts, o->prompt_tokens, Nmax, 1, o->max_tokens, &mode, &p)) sched_ok = 0;
     }
     for (int i = 0; i < o->n_conc && sched_ok; i++)
-        if (be_concurrency(o, e, ed, prompts, ref, o->conc[i], pts)) sched_ok = 0;
+        if (be_concurrency(o, e, ed, prompts, ref, refv, o->conc[i], pts)) sched_ok = 0;
     if (o->prefix > 0 && sched_ok) be_prefix(o, ep, ids, root);
     free(ref);
+    free(refv);
     return sched_ok;
 }
 
@@ -490,6 +808,11 @@ int cmd_bench_engine(int argc, char **argv) {
     tqkv_engine *e = NULL, *ed = NULL;
     if (tqkv_engine_init(&e, &ep) != TQKV_OK) {
         fprintf(stderr, "tqkv %s: %s\n", CMD, tqkv_last_error());
+        return 1;
+    }
+    if (o.json_object && tqkv_engine_init(&ed, &ep) != TQKV_OK) { /* the constrained points' */
+        fprintf(stderr, "tqkv %s: %s\n", CMD, tqkv_last_error());
+        tqkv_engine_free(e);
         return 1;
     }
     if (o.draft) {
@@ -529,5 +852,6 @@ done:
     free(ids);
     tqkv_engine_free(e);
     tqkv_engine_free(ed);
+    free(o.schema);
     return rc;
 }

@@ -127,6 +127,10 @@ static void engine_release(tqkv_engine *e) {
     tqkv_model_state_free(e->drun);
     prefix_free(&e->pc); /* its states refer to the model */
     jg_vocab_free(e->jv);
+    for (int i = 0; i < ENGINE_SCHEMAS; i++) {
+        js_free(e->schemas[i].js);
+        free(e->schemas[i].text);
+    }
     tqkv_model_free(e->m);
     tqkv_model_free(e->dm);
     tqkv_tokenizer_free(e->tok);
@@ -326,6 +330,37 @@ static size_t req_projected(const tqkv_engine *e, const eng_req *q, tqkv_model_s
     return b;
 }
 
+/* The compiled constraint for schema text (NULL: json_object), shared with the requests
+ * that asked for the same text (their masks are cached once); a new reference in *out.
+ * Called under e->mu. */
+static tqkv_status engine_schema(tqkv_engine *e, const char *text, int V, js_schema **out) {
+    int lru = 0;
+    for (int i = 0; i < ENGINE_SCHEMAS; i++) {
+        if (e->schemas[i].js && (text ? e->schemas[i].text && !strcmp(text, e->schemas[i].text)
+                                      : !e->schemas[i].text)) {
+            e->schemas[i].used = ++e->schema_clock;
+            *out = js_ref(e->schemas[i].js);
+            return TQKV_OK;
+        }
+        if (e->schemas[i].used < e->schemas[lru].used) lru = i;
+    }
+    js_schema *js = NULL;
+    char *t = text ? str_dup(text) : NULL;
+    if (text && !t) return TQKV_ENOMEM;
+    tqkv_status rc = js_compile(&js, text, V);
+    if (rc != TQKV_OK) {
+        free(t);
+        return rc;
+    }
+    js_free(e->schemas[lru].js); /* requests still holding it keep it */
+    free(e->schemas[lru].text);
+    e->schemas[lru].js = js;
+    e->schemas[lru].text = t;
+    e->schemas[lru].used = ++e->schema_clock;
+    *out = js_ref(js);
+    return TQKV_OK;
+}
+
 tqkv_status tqkv_engine_submit(tqkv_engine *e, const tqkv_engine_request *r, uint64_t *id) {
     if (!e || !r || !id) return tqkv_fail(TQKV_EINVAL, "engine_submit: NULL argument");
     if (!r->on_event) return tqkv_fail(TQKV_EINVAL, "engine_submit: on_event is required");
@@ -393,8 +428,8 @@ tqkv_status tqkv_engine_submit(tqkv_engine *e, const tqkv_engine_request *r, uin
     if (rc == TQKV_OK && (r->json_object || r->json_schema)) {
         pthread_mutex_lock(&e->mu); /* the vocabulary trie is made once, on first use */
         if (!e->jv) rc = jg_vocab_init(&e->jv, e->tok, e->m);
+        if (rc == TQKV_OK) rc = engine_schema(e, r->json_schema, V, &q->js);
         pthread_mutex_unlock(&e->mu);
-        if (rc == TQKV_OK) rc = js_compile(&q->js, r->json_schema, V);
         if (rc == TQKV_OK) {
             q->jv = e->jv;
             js_init(q->js, &q->jst);

@@ -106,6 +106,8 @@ typedef struct eng_req {
 // Engine
 // ---------------------------------------------------------------------------
 
+#define ENGINE_SCHEMAS 8 /* distinct JSON constraints kept compiled */
+
 struct tqkv_engine {
     tqkv_engine_params      p;
     char                   *model_dir, *draft_dir, *name;
@@ -143,6 +145,10 @@ struct tqkv_engine {
     prefix_cache            pc;
     tqkv_engine_stats       st;
     jg_vocab               *jv;           /* JSON constraint vocabulary (made on first use) */
+    /* compiled JSON constraints shared by the requests that ask for the same one (and
+     * so their mask caches); under mu. text NULL: json_object */
+    struct { char *text; js_schema *js; uint64_t used; } schemas[ENGINE_SCHEMAS];
+    uint64_t                schema_clock;
 };
 
 // ---------------------------------------------------------------------------

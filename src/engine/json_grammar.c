@@ -199,6 +199,7 @@ struct jg_vocab {
     int32_t   *tok_next;   /* [V] next token ending at the same node, -1 end */
     uint8_t   *eos;        /* [V] */
     uint8_t   *text;       /* [V] 1 = an ordinary token with bytes (in the trie) */
+    uint16_t  *len;        /* [V] its length in bytes (0: not in the trie) */
     uint8_t   *allowed;    /* [JG_CACHE][V] masks of recent states (rows repeat states: inside
                               a string, after a key, ...) */
     jg_state   keys[JG_CACHE];
@@ -238,6 +239,7 @@ void jg_vocab_free(jg_vocab *v) {
     free(v->tok_next);
     free(v->eos);
     free(v->text);
+    free(v->len);
     free(v->allowed);
     free(v->frames);
     free(v);
@@ -253,8 +255,9 @@ tqkv_status jg_vocab_init(jg_vocab **out, const tqkv_tokenizer *tok, const tqkv_
     v->tok_next = malloc(sizeof(int32_t) * (size_t)V);
     v->eos = calloc((size_t)V, 1);
     v->text = calloc((size_t)V, 1);
+    v->len = calloc((size_t)V, sizeof *v->len);
     v->allowed = calloc((size_t)V * JG_CACHE, 1);
-    if (!v->tok_next || !v->eos || !v->text || !v->allowed || node_new(v, 0) < 0) goto oom;
+    if (!v->tok_next || !v->eos || !v->text || !v->len || !v->allowed || node_new(v, 0) < 0) goto oom;
     for (int32_t id = 0; id < V; id++) {
         v->tok_next[id] = -1;
         v->eos[id] = (uint8_t)(tqkv_model_is_eos(m, id) != 0);
@@ -269,6 +272,7 @@ tqkv_status jg_vocab_init(jg_vocab **out, const tqkv_tokenizer *tok, const tqkv_
         v->tok_next[id] = v->nodes[at].first;
         v->nodes[at].first = id;
         v->text[id] = 1;
+        v->len[id] = (uint16_t)(n < 65535 ? n : 65535);
         if ((int)n > v->max_len) v->max_len = (int)n;
     }
     if (!(v->frames = malloc((sizeof(int32_t) + sizeof(jg_state)) * 2 * (size_t)v->n_nodes))) goto oom;
@@ -333,21 +337,34 @@ void jg_mask(jg_vocab *v, const jg_state *s, float *logits) {
 
 /* Depth-first along the trie: one state per byte of the path (tokens are short). */
 static void walk_rec(const jg_vocab *v, int32_t node, const void *state, size_t size,
-                     jg_feed_fn feed, const void *ctx, uint8_t *allowed, int depth) {
+                     jg_feed_fn feed, const void *ctx, jg_visit_fn visit, void *vctx, int depth) {
     unsigned char buf[512];
     if (depth > 256) return;
     for (int32_t c = v->nodes[node].child; c >= 0; c = v->nodes[c].sibling) {
         memcpy(buf, state, size);
         if (!feed(ctx, buf, v->nodes[c].byte)) continue;
-        for (int32_t id = v->nodes[c].first; id >= 0; id = v->tok_next[id]) allowed[id] = 1;
-        if (v->nodes[c].child >= 0) walk_rec(v, c, buf, size, feed, ctx, allowed, depth + 1);
+        for (int32_t id = v->nodes[c].first; id >= 0; id = v->tok_next[id]) visit(vctx, buf, id);
+        if (v->nodes[c].child >= 0) walk_rec(v, c, buf, size, feed, ctx, visit, vctx, depth + 1);
     }
 }
 
 void jg_walk(const jg_vocab *v, const void *state, size_t size, jg_feed_fn feed, const void *ctx,
-             uint8_t *allowed) {
+             jg_visit_fn visit, void *vctx) {
     if (size > 512) return;
-    walk_rec(v, 0, state, size, feed, ctx, allowed, 0);
+    walk_rec(v, 0, state, size, feed, ctx, visit, vctx, 0);
+}
+
+int jg_token_len(const jg_vocab *v, int32_t id) { return id >= 0 && id < v->V ? v->len[id] : 0; }
+
+void jg_canon(const jg_state *s, jg_state *out) {
+    memset(out, 0, sizeof *out);
+    out->mode = s->mode;
+    out->ws = s->ws;
+    out->depth = s->depth;
+    out->stack = s->depth >= 64 ? s->stack : s->stack & (((uint64_t)1 << s->depth) - 1);
+    if (s->mode == M_NUM || s->mode == M_LIT || s->mode == M_HEX) out->sub = s->sub;
+    if (s->mode == M_LIT) out->lit = s->lit;
+    if (s->mode == M_STR || s->mode == M_ESC || s->mode == M_HEX) out->key = s->key;
 }
 
 int jg_vocab_size(const jg_vocab *v) { return v->V; }

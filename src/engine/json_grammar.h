@@ -50,11 +50,17 @@ void        jg_vocab_free(jg_vocab *v);
  * vocabulary's cache of recent states' masks: one caller at a time. */
 void        jg_mask(jg_vocab *v, const jg_state *s, float *logits);
 /* The trie walked with any byte automaton: a state of `size` bytes (<= 512) fed by
- * feed(ctx, state, byte) (1 accepted and state advanced, 0 refused); allowed [vocab]
- * gets 1 for every token whose bytes are all accepted from state. */
+ * feed(ctx, state, byte) (1 accepted and state advanced, 0 refused); visit(vctx, after, id)
+ * for every token whose bytes are all accepted from state (after: the state past them). */
 typedef int (*jg_feed_fn)(const void *ctx, void *state, unsigned char c);
+typedef void (*jg_visit_fn)(void *vctx, const void *after, int32_t id);
 void jg_walk(const jg_vocab *v, const void *state, size_t size, jg_feed_fn feed, const void *ctx,
-             uint8_t *allowed);
+             jg_visit_fn visit, void *vctx);
+/* An ordinary token's length in bytes; 0: special, EOS, beyond the tokenizer. */
+int  jg_token_len(const jg_vocab *v, int32_t id);
+/* s with the fields its mode does not read cleared (stale sub-states, stack bits above
+ * the depth): two states that accept the same bytes in the same way compare equal. */
+void jg_canon(const jg_state *s, jg_state *out);
 int  jg_vocab_size(const jg_vocab *v);
 /* The longest ordinary token, in bytes. */
 int  jg_vocab_max_len(const jg_vocab *v);

@@ -4,6 +4,7 @@
  * Must not: sample, schedule, keep global state.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,20 +28,45 @@ typedef struct {
     int      items;     /* array: item node (-1 = any value) */
     int      n_enum;
     char   **enums;     /* [n_enum] serialized values */
+    int      minv;      /* the shortest value (bytes), set once compiled (memo_nodes) */
+    int     *suf;       /* object: [n_props + 1] suffix sums of len(name) + 3 + minv */
 } js_node;
 
-#define JS_CACHE 16
+/* Masks of recent states (rows repeat states: inside a string, after a key, ...; choices
+ * and requests share a schema): as many as JS_CACHE_BYTES of bits hold, within [64, 512]
+ * (a schema's documents visit a few hundred states); budget tables of as many as
+ * JS_TABLE_BYTES hold (6 bytes an allowed token). */
+#define JS_CACHE_BYTES ((size_t)4 << 20)
+#define JS_CACHE_MIN 64
+#define JS_CACHE_MAX 512
+#define JS_TABLE_BYTES ((size_t)8 << 20)
+#define JS_THR_SAT 65535
+
+/* One cached state: its mask and, once a budget needs it, its allowed tokens ordered by
+ * the tokens they need after them. */
+typedef struct {
+    js_state  key;       /* canonical (state_key); hash and LRU clock in js_schema */
+    uint64_t *bits;      /* [W] bit id: token id may come next */
+    /* budget table (have_thr): each allowed token's threshold, the fewest tokens that must
+     * be left after it (js_mask_budget), ascending; JS_THR_SAT: that or more */
+    int       have_thr, n_thr, cap_thr;
+    int32_t  *thr_id;    /* [n_thr] */
+    uint16_t *thr;       /* [n_thr] */
+} js_entry;
 
 struct js_schema {
-    int      refs;
+    atomic_int refs;               /* owners: requests on any thread (js_ref / js_free) */
     int      max_branch;           /* the costliest shortest completion of any branch a
                                       value's first bytes may choose (bytes) */
     js_node *nodes;
     int      n_nodes, cap;
-    int      V;
-    uint8_t *allowed;              /* [JS_CACHE][V] masks of recent states */
-    js_state keys[JS_CACHE];
-    uint64_t used[JS_CACHE], clock;
+    int      V, W;                 /* vocab, 64-bit words of a mask */
+    int       n_cache;             /* cache entries */
+    uint64_t *bits;                /* [n_cache, W] */
+    js_entry *cache;               /* [n_cache] */
+    uint64_t *hash, *used;         /* [n_cache] each entry's key hash, LRU clock (0 = empty) */
+    size_t    table_bytes;         /* budget tables allocated */
+    uint64_t  clock;
 };
 
 static int node_add(js_schema *s) {
@@ -178,12 +204,12 @@ static tqkv_status compile_node(js_schema *s, const cJSON *j, int depth, int *ou
 }
 
 js_schema *js_ref(js_schema *s) {
-    if (s) s->refs++;
+    if (s) atomic_fetch_add(&s->refs, 1);
     return s;
 }
 
 void js_free(js_schema *s) {
-    if (!s || --s->refs > 0) return;
+    if (!s || atomic_fetch_sub(&s->refs, 1) > 1) return;
     for (int i = 0; i < s->n_nodes; i++) {
         js_node *n = &s->nodes[i];
         for (int k = 0; k < n->n_props; k++) free(n->names[k]);
@@ -191,19 +217,51 @@ void js_free(js_schema *s) {
         free(n->props);
         for (int k = 0; k < n->n_enum; k++) free(n->enums[k]);
         free(n->enums);
+        free(n->suf);
     }
+    for (int i = 0; i < s->n_cache && s->cache; i++) {
+        free(s->cache[i].thr_id);
+        free(s->cache[i].thr);
+    }
+    free(s->cache);
+    free(s->hash);
+    free(s->used);
     free(s->nodes);
-    free(s->allowed);
+    free(s->bits);
     free(s);
+}
+
+/* minv of every node and suf of every object (children come after their parent: from the
+ * last node up); 0 or -1 out of memory. */
+static int memo_nodes(js_schema *s) {
+    for (int i = s->n_nodes - 1; i >= 0; i--) {
+        js_node *n = &s->nodes[i];
+        if (n->n_props) {
+            if (!(n->suf = malloc(sizeof(int) * (size_t)(n->n_props + 1)))) return -1;
+            n->suf[n->n_props] = 0;
+            for (int k = n->n_props - 1; k >= 0; k--)
+                n->suf[k] = n->suf[k + 1] + (int)strlen(n->names[k]) + 3 + s->nodes[n->props[k]].minv;
+        }
+        n->minv = min_value(s, i, 0);
+    }
+    return 0;
 }
 
 tqkv_status js_compile(js_schema **out, const char *schema_json, int vocab) {
     js_schema *s = tqkv_calloc(1, sizeof *s);
     if (!s) return TQKV_ENOMEM;
     s->V = vocab;
-    s->refs = 1;
-    s->allowed = calloc((size_t)vocab * JS_CACHE, 1);
-    tqkv_status rc = s->allowed ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "json schema: out of memory");
+    s->W = (vocab + 63) / 64;
+    atomic_init(&s->refs, 1);
+    size_t nc = JS_CACHE_BYTES / (sizeof(uint64_t) * (size_t)s->W);
+    s->n_cache = nc < JS_CACHE_MIN ? JS_CACHE_MIN : nc > JS_CACHE_MAX ? JS_CACHE_MAX : (int)nc;
+    s->bits = calloc((size_t)s->W * (size_t)s->n_cache, sizeof *s->bits); /* pages touched as used */
+    s->cache = calloc((size_t)s->n_cache, sizeof *s->cache);
+    s->hash = calloc((size_t)s->n_cache, sizeof *s->hash);
+    s->used = calloc((size_t)s->n_cache, sizeof *s->used);
+    tqkv_status rc = s->bits && s->cache && s->hash && s->used
+                         ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "json schema: out of memory");
+    for (int i = 0; i < s->n_cache && rc == TQKV_OK; i++) s->cache[i].bits = s->bits + (size_t)i * s->W;
     cJSON *j = NULL;
     if (rc == TQKV_OK && schema_json) {
         j = cJSON_Parse(schema_json);
@@ -219,6 +277,7 @@ tqkv_status js_compile(js_schema **out, const char *schema_json, int vocab) {
     if (rc == TQKV_OK && (s->nodes[root].types != T_OBJECT || s->nodes[root].n_enum))
         rc = tqkv_fail(TQKV_EINVAL, "json schema: the root must be of type object");
     cJSON_Delete(j);
+    if (rc == TQKV_OK && memo_nodes(s)) rc = tqkv_fail(TQKV_ENOMEM, "json schema: out of memory");
     if (rc != TQKV_OK) {
         js_free(s);
         return rc;
@@ -447,29 +506,102 @@ static int feed_cb(const void *ctx, void *state, unsigned char c) {
     return js_feed(ctx, state, c);
 }
 
-void js_mask(js_schema *s, const jg_vocab *v, const js_state *st, float *logits) {
-    int k = -1, lru = 0;
-    for (int i = 0; i < JS_CACHE && k < 0; i++) {
-        if (s->used[i] && !memcmp(&s->keys[i], st, sizeof *st)) k = i;
-        if (s->used[i] < s->used[lru]) lru = i;
+/* st with what its frames and phase do not read cleared (frames above the depth, the
+ * scalar automaton when no scalar is read, the enum match outside an enum, padding): the
+ * cache key. The mask and the shortest completions are functions of this. */
+static void state_key(const js_state *st, js_state *k) {
+    memset(k, 0, sizeof *k);
+    k->depth = st->depth;
+    k->done = st->done;
+    k->ws = st->ws;
+    for (int d = 0; d < st->depth && d < JS_MAX_DEPTH; d++) {
+        k->f[d].node = st->f[d].node;
+        k->f[d].phase = st->f[d].phase;
+        k->f[d].idx = st->f[d].idx;
+        k->f[d].off = st->f[d].off;
     }
-    uint8_t *allowed;
-    if (k >= 0) {
-        allowed = s->allowed + (size_t)k * (size_t)s->V;
-    } else {
-        k = lru;
-        allowed = s->allowed + (size_t)k * (size_t)s->V;
-        memset(allowed, 0, (size_t)s->V);
-        if (st->done) {
-            for (int id = 0; id < s->V; id++) allowed[id] = (uint8_t)jg_is_eos(v, id);
-        } else {
-            jg_walk(v, st, sizeof *st, feed_cb, s, allowed);
+    if (st->scalar) {
+        k->scalar = 1;
+        k->integer = st->integer;
+        jg_canon(&st->sc, &k->sc);
+    }
+    if (st->depth > 0 && st->f[st->depth - 1].phase == P_ENUM) {
+        k->enum_off = st->enum_off;
+        k->enum_live = st->enum_live;
+    }
+}
+
+static uint64_t key_hash(const js_state *k) {
+    uint64_t h = 0x9E3779B97F4A7C15ull, w;
+    const unsigned char *p = (const unsigned char *)k;
+    size_t i = 0;
+    for (; i + 8 <= sizeof *k; i += 8) {
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * 0xFF51AFD7ED558CCDull;
+        h ^= h >> 32;
+    }
+    for (; i < sizeof *k; i++) h = (h ^ p[i]) * 0x100000001B3ull;
+    return h;
+}
+
+static void visit_bit(void *vctx, const void *after, int32_t id) {
+    (void)after;
+    uint64_t *bits = vctx;
+    bits[id >> 6] |= (uint64_t)1 << (id & 63);
+}
+
+/* Free the budget table of c. */
+static void table_drop(js_schema *s, js_entry *c) {
+    if (c->thr_id) s->table_bytes -= (size_t)c->cap_thr * (sizeof *c->thr_id + sizeof *c->thr);
+    free(c->thr_id);
+    free(c->thr);
+    c->thr_id = NULL;
+    c->thr = NULL;
+    c->have_thr = 0;
+}
+
+/* The cache entry of st: found, or made (the LRU entry refilled by a walk of the trie). */
+static js_entry *entry_of(js_schema *s, const jg_vocab *v, const js_state *st) {
+    js_state key;
+    state_key(st, &key);
+    const uint64_t h = key_hash(&key);
+    for (int i = 0; i < s->n_cache; i++)
+        if (s->hash[i] == h && s->used[i] && !memcmp(&s->cache[i].key, &key, sizeof key)) {
+            s->used[i] = ++s->clock;
+            return &s->cache[i];
         }
-        s->keys[k] = *st;
+    int lru = 0;
+    for (int i = 1; i < s->n_cache; i++)
+        if (s->used[i] < s->used[lru]) lru = i;
+    js_entry *c = &s->cache[lru];
+    table_drop(s, c);
+    memcpy(&c->key, &key, sizeof key); /* (padding too: keys compare with memcmp) */
+    s->hash[lru] = h;
+    s->used[lru] = ++s->clock;
+    memset(c->bits, 0, sizeof(uint64_t) * (size_t)s->W);
+    if (st->done) {
+        for (int id = 0; id < s->V; id++)
+            if (jg_is_eos(v, id)) c->bits[id >> 6] |= (uint64_t)1 << (id & 63);
+    } else {
+        jg_walk(v, &key, sizeof key, feed_cb, s, visit_bit, c->bits);
     }
-    s->used[k] = ++s->clock;
-    for (int id = 0; id < s->V; id++)
-        if (!allowed[id]) logits[id] = -INFINITY;
+    return c;
+}
+
+/* -inf at every token whose bit is clear. */
+static void apply_bits(const uint64_t *bits, int V, float *logits) {
+    for (int w = 0; w * 64 < V; w++) {
+        uint64_t clear = ~bits[w];
+        if (V - w * 64 < 64) clear &= ((uint64_t)1 << (V - w * 64)) - 1;
+        while (clear) {
+            logits[w * 64 + __builtin_ctzll(clear)] = -INFINITY;
+            clear &= clear - 1;
+        }
+    }
+}
+
+void js_mask(js_schema *s, const jg_vocab *v, const js_state *st, float *logits) {
+    apply_bits(entry_of(s, v, st)->bits, s->V, logits);
 }
 
 // ---------------------------------------------------------------------------
@@ -478,17 +610,19 @@ void js_mask(js_schema *s, const jg_vocab *v, const js_state *st, float *logits)
 
 static int min_value(const js_schema *s, int node, int depth);
 
-/* Properties from..n-1 of an object node, each "name":value, commas between, then '}'. */
+/* Properties from..n-1 of an object node, each "name":value, commas between, then '}'
+ * (n->suf set: the suffix sum; else, while compiling, summed here). */
 static int rest_obj(const js_schema *s, const js_node *n, int from, int comma_first, int depth) {
+    if (n->suf) return 1 + n->suf[from] + (from < n->n_props ? n->n_props - from - 1 + comma_first : 0);
     int b = 1;
     for (int k = from; k < n->n_props; k++)
         b += (k > from || comma_first) + (int)strlen(n->names[k]) + 3 + min_value(s, n->props[k], depth + 1);
     return b;
 }
 
-static int min_value(const js_schema *s, int node, int depth) {
-    const js_node *n = &s->nodes[node];
-    if (depth > JS_MAX_DEPTH) return 1;
+/* The shortest value of node (bytes): computed from its children (their minv once memo_nodes
+ * set it; the schema's depth is bounded at compile, so depth never reaches the cap). */
+static int min_value_of(const js_schema *s, const js_node *n, int depth) {
     if (n->n_enum) {
         int b = 1 << 20;
         for (int k = 0; k < n->n_enum; k++)
@@ -505,6 +639,13 @@ static int min_value(const js_schema *s, int node, int depth) {
         if (o < b) b = o;
     }
     return b;
+}
+
+static int min_value(const js_schema *s, int node, int depth) {
+    const js_node *n = &s->nodes[node];
+    if (depth > JS_MAX_DEPTH) return 1;
+    if (n->minv) return n->minv;
+    return min_value_of(s, n, depth);
 }
 
 /* Bytes to finish frame f (the top one: its own pending part; below: after its child). */
@@ -543,8 +684,97 @@ int js_min_close(const js_schema *s, const js_state *st) {
     return b;
 }
 
+typedef struct {
+    const js_schema *s;
+    const jg_vocab  *v;
+    js_entry        *c;
+    int              base; /* need + the costliest branch (the byte bound's constant) */
+} thr_ctx;
+
+/* The walk past an allowed token: its threshold, the byte bound (need + 4 n + branch, the
+ * most the token can raise the shortest completion to) or, when lower, the shortest
+ * completion itself. */
+static void visit_thr(void *vctx, const void *after, int32_t id) {
+    thr_ctx *x = vctx;
+    js_entry *c = x->c;
+    if (c->n_thr == c->cap_thr) return; /* (never: cap_thr = allowed tokens) */
+    int t = x->base + 4 * jg_token_len(x->v, id);
+    const int b = js_min_close(x->s, after);
+    if (b < t) t = b;
+    c->thr_id[c->n_thr] = id;
+    c->thr[c->n_thr++] = (uint16_t)(t < JS_THR_SAT ? t : JS_THR_SAT);
+}
+
+/* The entry's budget table (a second walk of the trie and a counting sort, once); 0 out of
+ * memory. */
+static int entry_thr(js_schema *s, const jg_vocab *v, js_entry *c, int need) {
+    if (c->have_thr) return 1;
+    table_drop(s, c);
+    int n = 0;
+    for (int w = 0; w < s->W; w++) n += __builtin_popcountll(c->bits[w]);
+    const size_t bytes = (size_t)n * (sizeof(int32_t) + sizeof(uint16_t));
+    while (s->table_bytes > 0 && s->table_bytes + bytes > JS_TABLE_BYTES) { /* drop LRU tables */
+        int lru = -1;
+        for (int i = 0; i < s->n_cache; i++)
+            if (s->cache[i].thr_id && (lru < 0 || s->used[i] < s->used[lru])) lru = i;
+        if (lru < 0) break;
+        table_drop(s, &s->cache[lru]);
+    }
+    int32_t *id = malloc(sizeof *id * (size_t)(n ? n : 1) * 2);
+    uint16_t *th = malloc(sizeof *th * (size_t)(n ? n : 1) * 2);
+    if (!id || !th) {
+        free(id);
+        free(th);
+        return 0;
+    }
+    thr_ctx x = {s, v, c, need + s->max_branch};
+    c->thr_id = id;
+    c->thr = th;
+    c->cap_thr = n;
+    c->n_thr = 0;
+    jg_walk(v, &c->key, sizeof c->key, feed_cb, s, visit_thr, &x);
+    /* ascending by threshold, ids ascending within one (a stable counting sort on the
+     * clamped value into the second halves) */
+    enum { NB = 1024 };
+    int cnt[NB + 1] = {0};
+    for (int i = 0; i < c->n_thr; i++) cnt[(th[i] < NB ? th[i] : NB - 1) + 1]++;
+    for (int k = 0; k < NB; k++) cnt[k + 1] += cnt[k];
+    int32_t *id2 = id + n;
+    uint16_t *th2 = th + n;
+    for (int i = 0; i < c->n_thr; i++) {
+        const int k = cnt[th[i] < NB ? th[i] : NB - 1]++;
+        id2[k] = id[i];
+        th2[k] = th[i];
+    }
+    /* the clamped top bucket in exact order (insertion: rare and short) */
+    for (int i = 1; i < c->n_thr; i++)
+        for (int j = i; j > 0 && th2[j - 1] > th2[j]; j--) {
+            uint16_t tt = th2[j]; th2[j] = th2[j - 1]; th2[j - 1] = tt;
+            int32_t ti = id2[j]; id2[j] = id2[j - 1]; id2[j - 1] = ti;
+        }
+    memmove(id, id2, sizeof *id * (size_t)c->n_thr);
+    memmove(th, th2, sizeof *th * (size_t)c->n_thr);
+    int32_t *id1 = realloc(id, sizeof *id * (size_t)(n ? n : 1)); /* the sorting halves go */
+    uint16_t *th1 = realloc(th, sizeof *th * (size_t)(n ? n : 1));
+    if (id1) c->thr_id = id1;
+    if (th1) c->thr = th1;
+    s->table_bytes += bytes;
+    c->have_thr = 1;
+    return 1;
+}
+
+/* Token id (allowed from st) keeps the document closable in the `room` tokens after it:
+ * its threshold fits (JS_THR_SAT: the exact figure). */
+static int thr_keeps(const js_schema *s, const jg_vocab *v, const js_state *st, int32_t id,
+                     uint16_t thr, int room) {
+    if (thr < JS_THR_SAT) return thr <= room;
+    js_state t = *st;
+    return js_accept(s, v, &t, id) && js_min_close(s, &t) <= room;
+}
+
 void js_mask_budget(js_schema *s, const jg_vocab *v, const js_state *st, int left, float *logits) {
-    js_mask(s, v, st, logits);
+    js_entry *c = entry_of(s, v, st);
+    apply_bits(c->bits, s->V, logits);
     const int need = js_min_close(s, st);
     /* A byte raises the shortest completion by at most 4 (',' opening a key of a free
      * object: "":0), and a value's first byte by at most the costliest branch it may pick
@@ -554,28 +784,18 @@ void js_mask_budget(js_schema *s, const jg_vocab *v, const js_state *st, int lef
     if (st->done || left > far) return;
     /* near it: keep the tokens after which the shortest completion still fits in the
      * tokens left (each token has at least one byte, and a one-byte step towards the end
-     * exists in a byte-level vocabulary); short tokens pass by the bound alone */
+     * exists in a byte-level vocabulary); short tokens pass by the bound alone. None
+     * kept (no allowed token with a logit above -inf fits): the mask is left as it is. */
+    if (!entry_thr(s, v, c, need)) return;
+    const int room = left - 1;
     int kept = 0;
-    float *keep = malloc(sizeof(float) * (size_t)s->V);
-    if (!keep) return;
-    for (int id = 0; id < s->V; id++) {
-        keep[id] = -INFINITY;
-        if (logits[id] == -INFINITY) continue;
-        const char *b;
-        size_t nb;
-        if (jg_token_bytes(v, id, &b, &nb) && need + 4 * (int)nb + branch <= left - 1) {
-            keep[id] = logits[id];
-            kept++;
-            continue;
-        }
-        js_state t = *st;
-        if (js_accept(s, v, &t, id) && js_min_close(s, &t) <= left - 1) {
-            keep[id] = logits[id];
-            kept++;
-        }
-    }
-    if (kept) memcpy(logits, keep, sizeof(float) * (size_t)s->V); /* none: leave the mask */
-    free(keep);
+    for (int i = 0; i < c->n_thr && !kept && c->thr[i] <= room; i++)
+        kept = logits[c->thr_id[i]] != -INFINITY;
+    for (int i = c->n_thr - 1; i >= 0 && !kept && c->thr[i] == JS_THR_SAT; i--)
+        kept = logits[c->thr_id[i]] != -INFINITY && thr_keeps(s, v, st, c->thr_id[i], c->thr[i], room);
+    if (!kept) return;
+    for (int i = c->n_thr - 1; i >= 0 && c->thr[i] > room; i--)
+        if (!thr_keeps(s, v, st, c->thr_id[i], c->thr[i], room)) logits[c->thr_id[i]] = -INFINITY;
 }
 
 int js_accept(const js_schema *s, const jg_vocab *v, js_state *st, int32_t id) {

@@ -12,9 +12,11 @@
  * an object without properties is any JSON object. Anything else is refused at compile
  * with a message naming the keyword.
  *
- * Owns: js_schema (nodes, a cache of the masks of recent states), js_state (copied by
- * value: a choice forks with a copy). Must not: sample or schedule; keep global state;
- * js_mask uses the schema's cache: one caller at a time (the engine's compute thread).
+ * Owns: js_schema (nodes, a cache of recent states' masks as bitsets and, near a token
+ * budget, their allowed tokens sorted by the tokens they need after them), js_state
+ * (copied by value: a choice forks with a copy). Must not: sample or schedule; keep global
+ * state. js_mask / js_mask_budget use the schema's cache: one caller at a time (the
+ * engine's compute thread); js_ref / js_free may come from any thread.
  */
 #ifndef TQKV_JSON_SCHEMA_H
 #define TQKV_JSON_SCHEMA_H
