@@ -67,6 +67,13 @@ typedef struct {
                                      products): tqkv_model_load_params.bf16_act (default 0:
                                      the exact f32 path; tqkv serve turns it on unless
                                      --exact) */
+    /* Optional: called once the model is loaded, with the running rows' state params
+     * (k_format / v_format / window above already applied; device set): it may change
+     * the KV part of them (formats, per-layer formats layer_k / layer_v, window,
+     * window_slack) for this model, e.g. to resolve a `--kv auto:B` preset. Its failure
+     * (a status with a message) fails tqkv_engine_init. NULL: none. */
+    tqkv_status (*kv_setup)(const tqkv_model *m, tqkv_model_state_params *sp, void *user);
+    void       *kv_setup_user;
 } tqkv_engine_params;
 
 TQKV_API tqkv_engine_params tqkv_engine_params_default(void);

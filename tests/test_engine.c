@@ -370,6 +370,91 @@ static void test_prefix_cache(void **state) {
     rm_dir(dir2);
 }
 
+// ---------------------------------------------------------------------------
+// kv_setup: a preset / per-layer formats chosen once the model is loaded
+// ---------------------------------------------------------------------------
+
+typedef struct {
+    int calls, fail;
+    const tqkv_model *seen;
+} kv_probe;
+
+/* tq4/tq2 with a 10-token q8 window, layers 0 and 1 at q8 / tq4 (what a preset may choose). */
+static tqkv_status probe_setup(const tqkv_model *m, tqkv_model_state_params *sp, void *user) {
+    kv_probe *k = user;
+    k->calls++;
+    k->seen = m;
+    if (k->fail) return tqkv_fail(TQKV_EINVAL, "probe refuses");
+    sp->k_format = TQKV_TQ4;
+    sp->v_format = TQKV_TQ2;
+    sp->window = 10;
+    return tqkv_kv_layers_parse("0-1:q8/tq4", sp);
+}
+
+/* The engine runs the KV the callback chose: greedy tokens equal to the model decoding alone
+ * on state params with the same formats, window and per-layer formats (and differ from plain
+ * tq4, so the choice mattered); a failing callback fails init; a window with a draft is
+ * refused. */
+static void test_kv_setup(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() ^ 23);
+    kv_probe k = {0};
+    tqkv_engine_params p = tqkv_engine_params_default();
+    p.model_dir = g_dir;
+    p.threads = 2;
+    p.kv_setup = probe_setup;
+    p.kv_setup_user = &k;
+    tqkv_engine *e = NULL;
+    OK(tqkv_engine_init(&e, &p));
+    assert_int_equal(k.calls, 1);
+    assert_ptr_equal(k.seen, tqkv_engine_model(e));
+    const tqkv_model *m = tqkv_engine_model(e);
+    const int V = tqkv_model_get_config(m)->vocab_size;
+    job j;
+    make_jobs(&r, &j, 1, V);
+    j.temp = 0;
+    j.max_tokens = 24;
+    result res;
+    submit(e, &j, &res);
+    run_until_idle(e);
+    assert_int_equal(res.n_tok, j.max_tokens);
+    /* the same KV by hand: prefill then greedy decodes */
+    int32_t ref[2][64];
+    for (int c = 0; c < 2; c++) {
+        tqkv_model_state_params sp = tqkv_model_state_params_default();
+        sp.threads = 2;
+        if (c == 0) OK(probe_setup(m, &sp, &(kv_probe){0}));
+        else sp.k_format = sp.v_format = TQKV_TQ4;
+        tqkv_model_state *s = NULL;
+        OK(tqkv_model_state_init(&s, m, &sp));
+        float *lg = malloc(sizeof(float) * (size_t)V);
+        OK(tqkv_model_prefill(m, s, j.prompt, NULL, j.n_prompt, TQKV_LOGITS_LAST, lg));
+        for (int t = 0; t < j.max_tokens; t++) {
+            int best = 0;
+            for (int v = 1; v < V; v++) best = lg[v] > lg[best] ? v : best;
+            ref[c][t] = best;
+            OK(tqkv_model_decode(m, s, &ref[c][t], lg));
+        }
+        free(lg);
+        tqkv_model_state_free(s);
+    }
+    assert_memory_equal(res.toks, ref[0], sizeof(int32_t) * (size_t)j.max_tokens);
+    assert_memory_not_equal(ref[0], ref[1], sizeof(int32_t) * (size_t)j.max_tokens);
+    tqkv_engine_free(e);
+    /* refusals */
+    k.fail = 1;
+    e = NULL;
+    assert_int_equal(tqkv_engine_init(&e, &p), TQKV_EINVAL);
+    assert_null(e);
+    assert_non_null(strstr(tqkv_last_error(), "probe refuses"));
+    k.fail = 0;
+    p.draft_dir = g_dir;
+    assert_int_equal(tqkv_engine_init(&e, &p), TQKV_EUNSUPPORTED);
+    assert_null(e);
+    assert_non_null(strstr(tqkv_last_error(), "window"));
+}
+
 int main(void) {
     source_path("models/qwen3-code-28m", g_dir, sizeof g_dir);
     struct stat s;
@@ -383,6 +468,7 @@ int main(void) {
         cmocka_unit_test(test_device_params),
         cmocka_unit_test(test_budget_waits),
         cmocka_unit_test(test_prefix_cache),
+        cmocka_unit_test(test_kv_setup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "kv_preset.h"
 #include "model_cli.h"
 #include "serve_mem.h"
 #include "server/server.h"
@@ -96,7 +97,7 @@ typedef struct {
     const char *model, *host, *kv, *draft;
     const char *budget, *api_key, *port_file, *cache_dir;
     const char *prefix_bytes, *max_body, *device;
-    const char *alias_last;
+    const char *alias_last, *kv_layers;
     int port, window, parallel, draft_tokens, threads, queue;
     int chunk, verbose, max_conns, metrics_auth;
     /* slow-client defence (src/server/conn_guard.c) */
@@ -120,7 +121,8 @@ static int serve_parse_args(int argc, char **argv, serve_opts *o) {
         {"--host", ARG_STR, &o->host, "address to listen on: IPv4, IPv6 (\"::\" = all, IPv4 too) or a host name (default 127.0.0.1)"},
         {"--port", ARG_INT, &o->port, "TCP port (default 8080; 0 = any free port)"},
         {"--port-file", ARG_STR, &o->port_file, "write the bound port to this file once listening"},
-        {"--kv", ARG_STR, &o->kv, "KV format: f16|q8|q4|tq2|tq3|tq4|fp8 or K/V (default tq4)"},
+        {"--kv", ARG_STR, &o->kv, "KV format: f16|q8|q4|tq2|tq3|tq4|fp8, K/V, or a preset auto:B (the best measured configuration within B bits per value at the model's context; default tq4)"},
+        {"--kv-layers", ARG_STR, &o->kv_layers, "per-layer KV formats, e.g. '0,7:q8' or '0-1:q8;7:tq4/q8' (CPU)"},
         {"--window", ARG_INT, &o->window, "q8 recent window in tokens (default 0 = off)"},
         {"--draft", ARG_STR, &o->draft, "draft model directory for speculative decoding"},
         {"--draft-tokens", ARG_INT, &o->draft_tokens, "tokens drafted per round (default 4)"},
@@ -202,6 +204,23 @@ static int serve_check_opts(const serve_opts *o) {
 // Engine and server parameters
 // ---------------------------------------------------------------------------
 
+/* --kv auto:B and --kv-layers, applied by the engine once the model is loaded. */
+typedef struct {
+    const char *kv, *layers;
+    char        desc[256]; /* the resolved preset, for the start-up line */
+} serve_kv;
+
+static tqkv_status serve_kv_setup(const tqkv_model *m, tqkv_model_state_params *sp, void *user) {
+    serve_kv *k = user;
+    if (kvp_is_preset(k->kv) &&
+        kvp_resolve(CMD, m, k->kv, tqkv_model_context_len(m), sp, k->desc, sizeof k->desc))
+        return tqkv_fail(TQKV_EINVAL, "--kv %s: no configuration (see above)", k->kv);
+    if (k->layers) return tqkv_kv_layers_parse(k->layers, sp);
+    return TQKV_OK;
+}
+
+static serve_kv g_serve_kv;
+
 /* Engine parameters from the options (model paths resolved into mbuf / dbuf [4096]) and
  * the server's byte limit; 0 or -1 (message printed). */
 static int serve_engine_params(const serve_opts *o, char *mbuf, char *dbuf,
@@ -214,7 +233,20 @@ static int serve_engine_params(const serve_opts *o, char *mbuf, char *dbuf,
         if (!(ep->draft_dir = mcli_resolve_model(CMD, o->draft, dbuf, 4096))) return -1;
         ep->draft_tokens = o->draft_tokens;
     }
-    if (mcli_parse_kv(CMD, o->kv, &ep->k_format, &ep->v_format)) return -1;
+    if (kvp_is_preset(o->kv)) {
+        if (o->window || o->draft) {
+            fprintf(stderr, "tqkv serve: a preset (--kv %s) chooses the window itself and takes "
+                    "no --window or --draft\n", o->kv);
+            return -1;
+        }
+    } else if (mcli_parse_kv(CMD, o->kv, &ep->k_format, &ep->v_format)) {
+        return -1;
+    }
+    if (kvp_is_preset(o->kv) || o->kv_layers) {
+        g_serve_kv = (serve_kv){.kv = o->kv, .layers = o->kv_layers};
+        ep->kv_setup = serve_kv_setup;
+        ep->kv_setup_user = &g_serve_kv;
+    }
     ep->window = o->window;
     ep->parallel = o->parallel;
     ep->queue_max = o->queue;
@@ -292,9 +324,11 @@ static int serve_run(serve_opts *o, const tqkv_engine_params *ep, srv_params *sp
         tqkv_engine_free(e);
         return 1;
     }
-    fprintf(stderr, "tqkv serve: model %s, kv %s, threads %d, prefix cache %zu bytes, "
+    fprintf(stderr, "tqkv serve: model %s, kv %s%s%s%s%s%s, threads %d, prefix cache %zu bytes, "
             "listening on http://%s%s%s:%d\n", o->n_aliases ? o->aliases[0] : eng.model_name,
-            o->kv, o->threads, ep->prefix_cache_bytes, strchr(o->host, ':') ? "[" : "", o->host,
+            o->kv, g_serve_kv.desc[0] ? " = " : "", g_serve_kv.desc,
+            o->kv_layers ? ", layers " : "", o->kv_layers ? o->kv_layers : "", "",
+            o->threads, ep->prefix_cache_bytes, strchr(o->host, ':') ? "[" : "", o->host,
             strchr(o->host, ':') ? "]" : "", bound);
 
     serve_trimmer *trim = serve_trimmer_start(e); /* freed memory back after bursts */

@@ -119,6 +119,13 @@ static uint64_t engine_fingerprint(const tqkv_engine *e) {
     /* device states hold the GPU forward's K/V (equal to the CPU's only within rounding):
      * entries are not shared across devices (CPU fingerprints are as before) */
     if (e->sp.device) h = fnv(h, "device cuda", 11);
+    int per_layer = 0; /* per-layer formats (a preset's): hashed only when set, so plain
+                          configurations keep their fingerprints */
+    for (size_t l = 0; l < sizeof e->sp.layer_k; l++) per_layer |= e->sp.layer_k[l] | e->sp.layer_v[l];
+    if (per_layer) {
+        h = fnv(h, e->sp.layer_k, sizeof e->sp.layer_k);
+        h = fnv(h, e->sp.layer_v, sizeof e->sp.layer_v);
+    }
     return fnv(h, e->name, strlen(e->name));
 }
 
@@ -233,6 +240,26 @@ tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
     e->sp.threads = p.threads;
     e->sp.extend_as_decode = e->dm != NULL;
     e->sp.device = p.device;
+    if (p.kv_setup) { /* a preset / per-layer formats chosen for this model */
+        tqkv_model_state_params t = e->sp;
+        rc = p.kv_setup(e->m, &t, p.kv_setup_user);
+        if (rc == TQKV_OK && e->dm && t.window > 0)
+            rc = tqkv_fail(TQKV_EUNSUPPORTED, "engine: the KV setup chose a q8 window, which a "
+                           "draft model cannot take (verification needs window 0)");
+        if (rc != TQKV_OK) {
+            engine_release(e);
+            return rc;
+        }
+        e->sp.k_format = t.k_format;
+        e->sp.v_format = t.v_format;
+        e->sp.window = t.window;
+        e->sp.window_slack = t.window_slack;
+        memcpy(e->sp.layer_k, t.layer_k, sizeof t.layer_k);
+        memcpy(e->sp.layer_v, t.layer_v, sizeof t.layer_v);
+        e->p.k_format = t.k_format;
+        e->p.v_format = t.v_format;
+        e->p.window = t.window;
+    }
     e->psp = e->sp;
     e->psp.extend_as_decode = 0;
     e->dsp = tqkv_model_state_params_default();
@@ -252,7 +279,7 @@ tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
     }
     char desc[256];
     snprintf(desc, sizeof desc, "model %s, kv %s/%s, window %d, chunk %d%s", e->name,
-             tqkv_format_name(p.k_format), tqkv_format_name(p.v_format), p.window,
+             tqkv_format_name(e->p.k_format), tqkv_format_name(e->p.v_format), e->p.window,
              p.prefill_chunk, p.device ? ", device cuda" : "");
     rc = prefix_init(&e->pc, p.prefix_cache_bytes, p.prompt_cache_dir, engine_fingerprint(e), desc);
     if (rc != TQKV_OK) {
