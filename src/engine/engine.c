@@ -154,6 +154,43 @@ static void engine_release(tqkv_engine *e) {
     free(e);
 }
 
+/* The running rows', prefill probes' and draft's state params from e->p (and the
+ * kv_setup callback, which may choose the KV for the loaded model). */
+static tqkv_status engine_state_params(tqkv_engine *e) {
+    e->sp = tqkv_model_state_params_default();
+    e->sp.k_format = e->p.k_format;
+    e->sp.v_format = e->p.v_format;
+    e->sp.window = e->p.window;
+    e->sp.threads = e->p.threads;
+    e->sp.extend_as_decode = e->dm != NULL;
+    e->sp.device = e->p.device;
+    if (e->p.kv_setup) { /* a preset / per-layer formats chosen for this model */
+        tqkv_model_state_params t = e->sp;
+        tqkv_status rc = e->p.kv_setup(e->m, &t, e->p.kv_setup_user);
+        if (rc == TQKV_OK && e->dm && t.window > 0)
+            rc = tqkv_fail(TQKV_EUNSUPPORTED, "engine: the KV setup chose a q8 window, which a "
+                           "draft model cannot take (verification needs window 0)");
+        if (rc != TQKV_OK) return rc;
+        e->sp.k_format = t.k_format;
+        e->sp.v_format = t.v_format;
+        e->sp.window = t.window;
+        e->sp.window_slack = t.window_slack;
+        memcpy(e->sp.layer_k, t.layer_k, sizeof t.layer_k);
+        memcpy(e->sp.layer_v, t.layer_v, sizeof t.layer_v);
+        e->p.k_format = t.k_format;
+        e->p.v_format = t.v_format;
+        e->p.window = t.window;
+    }
+    e->psp = e->sp;
+    e->psp.extend_as_decode = 0;
+    e->dsp = tqkv_model_state_params_default();
+    e->dsp.k_format = e->p.k_format;
+    e->dsp.v_format = e->p.v_format;
+    e->dsp.threads = e->p.threads;
+    e->dsp.device = e->p.device; /* the draft runs where the target does */
+    return TQKV_OK;
+}
+
 tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
     if (!out || !pin || !pin->model_dir)
         return tqkv_fail(TQKV_EINVAL, "engine_init: NULL argument or no model_dir");
@@ -233,40 +270,10 @@ tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
     }
     e->ctx = tqkv_model_context_len(e->m);
     if (e->dm && tqkv_model_context_len(e->dm) < e->ctx) e->ctx = tqkv_model_context_len(e->dm);
-    e->sp = tqkv_model_state_params_default();
-    e->sp.k_format = p.k_format;
-    e->sp.v_format = p.v_format;
-    e->sp.window = p.window;
-    e->sp.threads = p.threads;
-    e->sp.extend_as_decode = e->dm != NULL;
-    e->sp.device = p.device;
-    if (p.kv_setup) { /* a preset / per-layer formats chosen for this model */
-        tqkv_model_state_params t = e->sp;
-        rc = p.kv_setup(e->m, &t, p.kv_setup_user);
-        if (rc == TQKV_OK && e->dm && t.window > 0)
-            rc = tqkv_fail(TQKV_EUNSUPPORTED, "engine: the KV setup chose a q8 window, which a "
-                           "draft model cannot take (verification needs window 0)");
-        if (rc != TQKV_OK) {
-            engine_release(e);
-            return rc;
-        }
-        e->sp.k_format = t.k_format;
-        e->sp.v_format = t.v_format;
-        e->sp.window = t.window;
-        e->sp.window_slack = t.window_slack;
-        memcpy(e->sp.layer_k, t.layer_k, sizeof t.layer_k);
-        memcpy(e->sp.layer_v, t.layer_v, sizeof t.layer_v);
-        e->p.k_format = t.k_format;
-        e->p.v_format = t.v_format;
-        e->p.window = t.window;
+    if ((rc = engine_state_params(e)) != TQKV_OK) {
+        engine_release(e);
+        return rc;
     }
-    e->psp = e->sp;
-    e->psp.extend_as_decode = 0;
-    e->dsp = tqkv_model_state_params_default();
-    e->dsp.k_format = p.k_format;
-    e->dsp.v_format = p.v_format;
-    e->dsp.threads = p.threads;
-    e->dsp.device = p.device; /* the draft runs where the target does */
     if (pthread_mutex_init(&e->mu, NULL) || pthread_cond_init(&e->cv_work, NULL) ||
         pthread_cond_init(&e->cv_idle, NULL)) {
         engine_release(e);
