@@ -77,6 +77,30 @@ static void slice(const float *x, int rows, int kvh, int T, int t0, int n, float
     slice_d(x, rows, kvh, T, t0, n, out, 128);
 }
 
+/* R (<= 3) single caches of random K/V, lengths in [lo, hi] (rows[i], freed by the
+ * caller), merged into a new batch. */
+static tqkv_batch *merged_rows(test_rng *r, const tqkv_cache_config *cfg, int R, int lo, int hi,
+                               tqkv_cache **rows) {
+    const int H = cfg->kv_heads, D = cfg->head_dim;
+    tqkv_cache_ref refs[3];
+    for (int i = 0; i < R; i++) {
+        const int T = rng_int(r, lo, hi);
+        const size_t n = (size_t)H * T * D;
+        float *k = malloc(n * 4), *v = malloc(n * 4);
+        rng_fill_normal(r, k, n, 1.0f);
+        rng_fill_normal(r, v, n, 1.0f);
+        assert_int_equal(tqkv_cache_init(&rows[i], cfg), TQKV_OK);
+        assert_int_equal(tqkv_cache_append(rows[i], k, v, T), TQKV_OK);
+        refs[i].batch = NULL;
+        refs[i].single = rows[i];
+        free(k);
+        free(v);
+    }
+    tqkv_batch *b = NULL;
+    assert_int_equal(tqkv_batch_merge(&b, refs, R), TQKV_OK);
+    return b;
+}
+
 // ---------------------------------------------------------------------------
 // Encode
 // ---------------------------------------------------------------------------
@@ -335,24 +359,9 @@ static void prefill_case(int D, int iters, uint64_t mix) {
         const int H = 2, G = it >= 4 ? 2 : it & 1 ? 4 : 8, qh = H * G, R = 3, W = it >= 2 ? 40 : 0;
         tqkv_cache_config cfg = mkcfg_d(it & 1 ? TQKV_TQ3 : TQKV_TQ4, H, W, rng_u64(&r), D);
         tqkv_cache *rows[3];
-        tqkv_cache_ref refs[3];
+        tqkv_batch *b = merged_rows(&r, &cfg, R, 12, 400, rows);
         int minlen = 1 << 30;
-        for (int i = 0; i < R; i++) {
-            const int T = rng_int(&r, 12, 400);
-            if (T < minlen) minlen = T;
-            const size_t n = (size_t)H * T * D;
-            float *k = malloc(n * 4), *v = malloc(n * 4);
-            rng_fill_normal(&r, k, n, 1.0f);
-            rng_fill_normal(&r, v, n, 1.0f);
-            assert_int_equal(tqkv_cache_init(&rows[i], &cfg), TQKV_OK);
-            assert_int_equal(tqkv_cache_append(rows[i], k, v, T), TQKV_OK);
-            refs[i].batch = NULL;
-            refs[i].single = rows[i];
-            free(k);
-            free(v);
-        }
-        tqkv_batch *b = NULL;
-        assert_int_equal(tqkv_batch_merge(&b, refs, R), TQKV_OK);
+        for (int i = 0; i < R; i++) minlen = b->offset[i] < minlen ? b->offset[i] : minlen;
         const int nq = rng_int(&r, 2, minlen < 11 ? minlen : 11),
                   swa = it == 3 || it == 5 ? rng_int(&r, 1, 60) : 0;
         tqkv_mask_lease *lease = NULL;
@@ -408,22 +417,7 @@ static void prefill_long_case(int D, uint64_t mix) {
         const int H = 2, G = 4, qh = H * G, R = 3, W = 24;
         tqkv_cache_config cfg = mkcfg_d(it ? TQKV_TQ3 : TQKV_TQ4, H, W, rng_u64(&r), D);
         tqkv_cache *rows[3];
-        tqkv_cache_ref refs[3];
-        for (int i = 0; i < R; i++) {
-            const int T = rng_int(&r, 1, 90);
-            const size_t n = (size_t)H * T * D;
-            float *k = malloc(n * 4), *v = malloc(n * 4);
-            rng_fill_normal(&r, k, n, 1.0f);
-            rng_fill_normal(&r, v, n, 1.0f);
-            assert_int_equal(tqkv_cache_init(&rows[i], &cfg), TQKV_OK);
-            assert_int_equal(tqkv_cache_append(rows[i], k, v, T), TQKV_OK);
-            refs[i].batch = NULL;
-            refs[i].single = rows[i];
-            free(k);
-            free(v);
-        }
-        tqkv_batch *b = NULL;
-        assert_int_equal(tqkv_batch_merge(&b, refs, R), TQKV_OK);
+        tqkv_batch *b = merged_rows(&r, &cfg, R, 1, 90, rows);
         cuda_kv *kv = NULL;
         assert_int_equal(tqkv_cuda_kv_init(&kv, &cfg, 0, R, b->cap), TQKV_OK);
         assert_int_equal(tqkv_cuda_kv_upload(kv, b), TQKV_OK);
@@ -486,22 +480,7 @@ static void rows_case(int D, tqkv_format fm, double tol, uint64_t mix) {
     tqkv_cache_config cfg = mkcfg_d(fm == TQKV_F32 ? f0 : fm, H, W, rng_u64(&r), D);
     cfg.window_slack = 8;
     tqkv_cache *rows[3];
-    tqkv_cache_ref refs[3];
-    for (int i = 0; i < n_in; i++) {
-        const int T = rng_int(&r, 20, 300);
-        const size_t n = (size_t)H * T * D;
-        float *k = malloc(n * 4), *v = malloc(n * 4);
-        rng_fill_normal(&r, k, n, 1.0f);
-        rng_fill_normal(&r, v, n, 1.0f);
-        assert_int_equal(tqkv_cache_init(&rows[i], &cfg), TQKV_OK);
-        assert_int_equal(tqkv_cache_append(rows[i], k, v, T), TQKV_OK);
-        refs[i].batch = NULL;
-        refs[i].single = rows[i];
-        free(k);
-        free(v);
-    }
-    tqkv_batch *b = NULL;
-    assert_int_equal(tqkv_batch_merge(&b, refs, n_in), TQKV_OK);
+    tqkv_batch *b = merged_rows(&r, &cfg, n_in, 20, 300, rows);
     cuda_kv *kv = NULL;
     assert_int_equal(tqkv_cuda_kv_init(&kv, &cfg, 0, b->rows, b->cap), TQKV_OK);
     assert_int_equal(tqkv_cuda_kv_upload(kv, b), TQKV_OK);
