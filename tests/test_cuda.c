@@ -348,8 +348,13 @@ static void test_cuda_attend_tq(void **state) {
 }
 
 // ---------------------------------------------------------------------------
-// Several queries per row with masks (prefill / sliding window), float32 on the GPU
+// Several queries per row with masks (prefill / sliding window), both GPU kernels
 // ---------------------------------------------------------------------------
+/* The masked kernels' bound against the CPU (rel. L2 over the whole output): the
+ * tensor-core kernel rounds the query and the values to fp16 as the decode kernel does
+ * (its 6e-3), the float32 kernel 1e-4. */
+static double prefill_tol(int tc) { return tc ? 6e-3 : 1e-4; }
+
 /* Head dim D; iterations: 0..3 G 8 / 4 (tq4 / tq3), the q8 window from 2 on, a sliding
  * window at 3; 4..5 (d 256 only): G 2 (4 query heads over 2 kv heads), window and swa. */
 static void prefill_case(int D, int iters, uint64_t mix) {
@@ -378,16 +383,21 @@ static void prefill_case(int D, int iters, uint64_t mix) {
         assert_int_equal(tqkv_cuda_kv_init(&kv, &cfg, 0, R, b->cap), TQKV_OK);
         assert_int_equal(tqkv_cuda_kv_upload(kv, b), TQKV_OK);
         float *dq = dev_copy(q, n);
-        for (size_t i = 0; i < n; i++) gpu[i] = NAN;
-        dout = dev_copy(gpu, n); /* poisoned */
-        assert_int_equal(tqkv_cuda_kv_attend_masked(kv, dq, nq, qh, 0.09f, mask->lo, mask->hi, dout), TQKV_OK);
-        assert_int_equal(tqkv_cuda_d2h(gpu, dout, n * 4), TQKV_OK);
-        const double e = rel_l2(gpu, cpu, n);
-        printf("prefill d %d %s G %d window %d swa %d nq %d: rel L2 vs CPU %.3g\n", D,
-               tqkv_format_name(cfg.k_format), G, W, swa, nq, e);
-        if (!(e < 1e-4)) fail_msg("masked GPU attention differs from the CPU: %g", e);
+        for (int tc = 1; tc >= 0; tc--) {
+            assert_int_equal(tqkv_cuda_prefill_tc(tc), tc);
+            for (size_t i = 0; i < n; i++) gpu[i] = NAN;
+            dout = dev_copy(gpu, n); /* poisoned */
+            assert_int_equal(tqkv_cuda_kv_attend_masked(kv, dq, nq, qh, 0.09f, mask->lo, mask->hi, dout), TQKV_OK);
+            assert_int_equal(tqkv_cuda_d2h(gpu, dout, n * 4), TQKV_OK);
+            const double e = rel_l2(gpu, cpu, n);
+            printf("prefill d %d %s G %d window %d swa %d nq %d, %s kernel: rel L2 vs CPU %.3g\n", D,
+                   tqkv_format_name(cfg.k_format), G, W, swa, nq, tc ? "tensor-core" : "float32", e);
+            if (!(e < prefill_tol(tc))) fail_msg("masked GPU attention differs from the CPU: %g", e);
+            tqkv_cuda_free(dout);
+        }
+        tqkv_cuda_prefill_tc(1);
         free(q); free(cpu); free(gpu);
-        tqkv_cuda_free(dq); tqkv_cuda_free(dout);
+        tqkv_cuda_free(dq);
         tqkv_cuda_kv_free(kv);
         tqkv_mask_lease_free(lease);
         tqkv_batch_free(b);
@@ -441,16 +451,23 @@ static void prefill_long_case(int D, uint64_t mix) {
             tqkv_attn_params p = {.q_heads = qh, .scale = 0.09f, .kernel = TQKV_KERNEL_DEFERRED, .threads = 2};
             assert_int_equal(tqkv_batch_attend(b, mask, q, nq, &p, cpu), TQKV_OK);
             float *dq = dev_copy(q, n);
-            for (size_t i = 0; i < n; i++) gpu[i] = NAN;
-            float *dout = dev_copy(gpu, n); /* poisoned */
-            assert_int_equal(tqkv_cuda_kv_attend_masked(kv, dq, nq, qh, 0.09f, mask->lo, mask->hi, dout), TQKV_OK);
-            assert_int_equal(tqkv_cuda_d2h(gpu, dout, n * 4), TQKV_OK);
-            const double e = rel_l2(gpu, cpu, n);
-            printf("prefill after appends d %d %s append %d (lens %d %d %d) swa %d: rel L2 vs CPU %.3g\n", D,
-                   tqkv_format_name(cfg.k_format), nq, b->offset[0], b->offset[1], b->offset[2], swa, e);
-            if (!(e < 1e-4)) fail_msg("masked GPU attention after an append of %d differs from the CPU: %g", nq, e);
+            for (int tc = 1; tc >= 0; tc--) {
+                assert_int_equal(tqkv_cuda_prefill_tc(tc), tc);
+                for (size_t i = 0; i < n; i++) gpu[i] = NAN;
+                float *dout = dev_copy(gpu, n); /* poisoned */
+                assert_int_equal(tqkv_cuda_kv_attend_masked(kv, dq, nq, qh, 0.09f, mask->lo, mask->hi, dout), TQKV_OK);
+                assert_int_equal(tqkv_cuda_d2h(gpu, dout, n * 4), TQKV_OK);
+                const double e = rel_l2(gpu, cpu, n);
+                printf("prefill after appends d %d %s append %d (lens %d %d %d) swa %d, %s kernel: rel L2 vs CPU %.3g\n",
+                       D, tqkv_format_name(cfg.k_format), nq, b->offset[0], b->offset[1], b->offset[2], swa,
+                       tc ? "tensor-core" : "float32", e);
+                if (!(e < prefill_tol(tc)))
+                    fail_msg("masked GPU attention after an append of %d differs from the CPU: %g", nq, e);
+                tqkv_cuda_free(dout);
+            }
+            tqkv_cuda_prefill_tc(1);
             free(k); free(v); free(q); free(cpu); free(gpu);
-            tqkv_cuda_free(dk); tqkv_cuda_free(dv); tqkv_cuda_free(dq); tqkv_cuda_free(dout);
+            tqkv_cuda_free(dk); tqkv_cuda_free(dv); tqkv_cuda_free(dq);
         }
         tqkv_cuda_kv_free(kv);
         tqkv_mask_lease_free(lease);
@@ -1393,7 +1410,12 @@ static void test_cuda_bf16_d256(void **state) {
         printf("bf16 d 256 G %d lens %d %d %d: worst rel L2 vs float64 decode %.3g, masked %.3g, "
                "back %d %.3g, window view %.3g, graph replays %.3g\n",
                G, lens[0] - 2, lens[1] - 2, lens[2] - 2, e, em, back, eb, ev, eg);
-        if (!(e < tol) || !(em < tol) || !(eb < tol) || !(ev < tol) || !(eg < tol))
+        /* the masked kernel: the tensor-core one rounds the query and the weights to bf16 as
+         * d = 128's bf16 decode does (bound 1.5e-2 there; 1.0e-2 to 1.8e-2 measured here on
+         * the H100, per query vector, with this test's few-token sliding ranges), the float32
+         * one keeps 1e-4 */
+        const double tolm = tqkv_cuda_prefill_tc(-1) ? 2.5e-2 : tol;
+        if (!(e < tol) || !(em < tolm) || !(eb < tol) || !(ev < tol) || !(eg < tol))
             fail_msg(
                 "bf16 d 256 differs from float64: decode %g, masked %g, back %g, view %g, graph %g",
                 e, em, eb, ev, eg);

@@ -159,9 +159,16 @@ static void expect_f32_on_device(void) {
  * position is a tail statistic of 1120 prefill positions: the ninth session's run 2 (seed
  * 1796182937197460, prefill path and ppl unchanged to the last digit since the eighth
  * session) had tq3's at 0.243 (median 1.4e-2, every argmax flip a near-tie), so the bound on
- * it is 0.35 (it was 0.2, from two seeds). */
+ * it is 0.35 (it was 0.2, from two seeds).
+ * Since the masked prefill runs on tensor cores (fp16 query and values, as decode; session 5),
+ * prefill is no longer near-exact (medians 3.5e-4 / 8.3e-4 before, 1.1e-2 to 2.1e-2 now, the
+ * decode kernel's level), so K codes flip in every prefill position's later layers and the
+ * worst of 1120 positions is a wider tail: 0.099 to 0.567 over five H100 runs (tq4 / tq3),
+ * argmax equal at >= 96%, every flip a near-tie; ppl over 4 windows moved +0.05% (tq4) and
+ * -0.01% (tq3) against the float32 kernel. The worst-position bound is 0.8: a broken
+ * forward still gives O(1) errors at most positions, which the median catches. */
 #define TOL_MED_TQ 5e-2
-#define TOL_WORST_TQ 3.5e-1
+#define TOL_WORST_TQ 8e-1
 
 /* The bounds for f32 KV (the device's dense bf16 cache vs the CPU's f32 cache).
  * test_cuda_hybrid's 1e-2 / 5e-2 are too tight here: Gemma's scaling-1.0 attention over

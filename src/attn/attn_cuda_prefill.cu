@@ -10,14 +10,18 @@
  * Must not: mutate the cache; let a query's output depend on anything but its own row and
  * range (a tile a query cannot see leaves it unchanged).
  * Templated on the head_dim D (128, 256).
- * Not tuned: plain FMA, no tensor cores (decode, n_query == 1, is attn_cuda.cu at d = 128 and
- * attn_cuda_wide.cu at d = 256).
+ * The float32 kernel here is the reference (TQKV_PREFILL_TC=0, or tqkv_cuda_prefill_tc(0)):
+ * plain FMA, no tensor cores. The default is the tensor-core kernel of attn_cuda_prefill_tc.cu
+ * (fp16 / bf16 operands as the decode kernels: attn_cuda.cu at d = 128, attn_cuda_wide.cu at
+ * d = 256).
  */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <vector>
 
@@ -26,6 +30,7 @@ extern "C" {
 }
 #include "cache/cache_cuda_impl.h"
 #include "codec/codec_cuda.cuh"
+#include "attn/attn_cuda_prefill.cuh"
 
 namespace {
 
@@ -33,27 +38,6 @@ constexpr int KT = 32;                 /* tokens per tile */
 constexpr int QB = 4;                  /* queries per CTA (x G heads = query vectors) */
 constexpr int NT = 256;                /* threads per CTA */
 constexpr float LOG2E = 1.4426950408889634f;
-
-template <int D> struct PParams {
-    const uint8_t *kd, *vd;
-    const uint16_t *ks, *vs;
-    const int8_t *kw, *vw;             /* q8 ring */
-    const uint16_t *kws, *vws;
-    const int8_t *kx, *vx;             /* side buffer of the last append */
-    const uint16_t *kxs, *vxs;
-    const int *x;                      /* [2, rows] side-buffer tokens [xlo, xhi), or NULL */
-    size_t kpay, vpay;
-    int ring, cap, kvh, G, qh, nq, bf16, nrows, xcap;
-    int window;                        /* q8 window W (0: none): query p reads token t from
-                                        * its q8 copy when t >= max(p + 1 - W, q8lo) */
-    const cuda_row *rows;
-    const int *lo, *hi;                /* [rows, nq] visible tokens [lo, hi); NULL: every
-                                        * token the row holds (nq == 1; the d = 256 decode
-                                        * was this before its split kernel, unused now) */
-    const float *q;                    /* [rows, qh, nq, D] prepared (rotated, scaled) */
-    float *out;                        /* [rows, qh, nq, D] (V domain; un-rotated later) */
-    typename cuda_codec_of<D>::type kc, vc;
-};
 
 /* Dynamic shared memory of prefill_kernel<D>: K and V tiles [KT][D + 1] (padded rows:
  * conflict-free column reads), the q8 copies of the tokens whose source differs between the
@@ -247,23 +231,7 @@ __global__ void pqprep_kernel(const float *__restrict__ q, float *__restrict__ o
             make_float4(x[4 * j] * mul, x[4 * j + 1] * mul, x[4 * j + 2] * mul, x[4 * j + 3] * mul);
 }
 
-/* The kernels' arguments for kv (lo, hi: device ranges or NULL for whole rows). */
-template <int D>
-PParams<D> make_params(const cuda_kv *kv, int q_heads, int n_query, const int *lo, const int *hi,
-                       const float *qp, float *out, const typename cuda_codec_of<D>::type &kc,
-                       const typename cuda_codec_of<D>::type &vc) {
-    PParams<D> P;
-    P.kd = kv->kd; P.vd = kv->vd; P.ks = kv->ks; P.vs = kv->vs;
-    P.kw = kv->kw; P.vw = kv->vw; P.kws = kv->kws; P.vws = kv->vws;
-    P.kx = kv->kx; P.vx = kv->vx; P.kxs = kv->kxs; P.vxs = kv->vxs;
-    P.x = kv->ring > 0 ? cuda_kv_side_ranges(kv) : nullptr;
-    P.xcap = kv->xcap; P.nrows = kv->rows;
-    P.window = kv->ring > 0 ? kv->cfg.window : 0;
-    P.kpay = kv->kpay; P.vpay = kv->vpay; P.ring = kv->ring > 0 ? kv->ring : 1; P.cap = kv->cap;
-    P.kvh = kv->kvh; P.G = q_heads / kv->kvh; P.qh = q_heads; P.nq = n_query; P.bf16 = kv->bf16;
-    P.rows = kv->d_rows; P.lo = lo; P.hi = hi; P.q = qp; P.out = out; P.kc = kc; P.vc = vc;
-    return P;
-}
+int g_tc = 1; /* the tensor-core kernel (attn_cuda_prefill_tc.cu); 0: the float32 one */
 
 /* Query preparation and the masked kernel on kv->stream (qp: [rows, q_heads, n_query, D]
  * scratch); asynchronous. */
@@ -274,6 +242,7 @@ tqkv_status launch(const cuda_kv *kv, const float *q, int n_query, int q_heads, 
     const size_t nv = (size_t)kv->rows * q_heads * n_query;
     pqprep_kernel<D><<<(unsigned)((nv + 3) / 4), 128, 0, kv->stream>>>(q, qp, kc, !kv->bf16, scale * LOG2E, (int)nv);
     const PParams<D> P = make_params<D>(kv, q_heads, n_query, lo, hi, qp, out, kc, vc);
+    if (__atomic_load_n(&g_tc, __ATOMIC_RELAXED)) return prefill_tc_launch<D>(P, kv->bf16, kv->stream);
     const dim3 grid((unsigned)((n_query + QB - 1) / QB), (unsigned)kv->kvh, (unsigned)kv->rows);
     prefill_kernel<D><<<grid, NT, prefill_smem<D>(), kv->stream>>>(P);
     return cuda_check(cudaGetLastError(), "prefill kernel launch");
@@ -301,10 +270,19 @@ tqkv_status cuda_prefill_setup(void) {
             st = cuda_check(cudaFuncSetAttribute(prefill_kernel<CUDA_DIM_WIDE>,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  prefill_smem<CUDA_DIM_WIDE>()), "prefill shared memory");
+        if (!st) st = prefill_tc_setup();
+        const char *e = getenv("TQKV_PREFILL_TC");
+        if (e && !strcmp(e, "0")) __atomic_store_n(&g_tc, 0, __ATOMIC_RELAXED);
         if (!st) __atomic_store_n(&g_setup_done, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&g_setup_mu);
     return st;
+}
+
+extern "C" int tqkv_cuda_prefill_tc(int on) {
+    if (cuda_prefill_setup()) return -1;
+    if (on >= 0) __atomic_store_n(&g_tc, on ? 1 : 0, __ATOMIC_RELAXED);
+    return __atomic_load_n(&g_tc, __ATOMIC_RELAXED);
 }
 
 extern "C" tqkv_status tqkv_cuda_kv_attend_masked(cuda_kv *kv, const float *q, int n_query, int q_heads,

@@ -1,0 +1,472 @@
+/*
+ * attn_cuda_prefill_tc.cu - the tensor-core form of the masked prefill attention (prefill,
+ * chunked prefill, speculative verify): the contract, the float32 reference kernel and the
+ * dispatch are attn_cuda_prefill.cu's.
+ * Owns: one CTA of 4 warps per (row, kv head, block of BQ = 64 / G query positions); its 64
+ * query vectors (G heads x BQ positions, vector m = position m / G, head m % G) against
+ * tiles of 64 tokens decoded once into shared memory, fp16 (tq) or bf16 (the dense bf16
+ * baseline), with a float factor per token:
+ *   S [16 vectors, 64 tokens] = Q [16, D] . K^T [D, 64]    mma.m16n8k16, one warp
+ *   O [16, D]               += P [16, 64] . V [64, D]      mma.m16n8k16
+ * Tile values: tq tokens their codebook values (factor: the token's scale); q8 window copies
+ * their values times block scale / token factor (factor: q8_tok_factor's max, so values stay
+ * within 127); bf16 tokens as stored (factor 1). K's factor multiplies the scores; V's enters
+ * the softmax as in the decode kernel (attn_cuda_tile.cuh: s' = s + log2 f, P = 2^(s' - m),
+ * the sum adds P / f), so P's fp16 range never depends on the V scales; P is shifted up by
+ * 2^15 and the sum adds P as rounded (PSHIFT).
+ * The per-query q8 window (a query at p reads token t from its q8 copy when t >= c(p) =
+ * max(p + 1 - W, q8lo)): the block's c span [cmin, cmax) is at most BQ - 1 tokens; tokens
+ * t >= cmax are tiled from their copies, t < cmax from the main plane, and the tiles that
+ * meet [cmin, cmax) get a second K / V tile of copies: their scores are computed from both
+ * and each (vector, token) takes its own, the P of each source multiplies its own V.
+ * Must not: mutate the cache; let a query's output depend on anything but its own row and
+ * range (tile boundaries are row-local: t0 = the block's lowest visible token + 64 k).
+ * Precision: the decode kernel's (fp16 query and values, float32 accumulation): test_cuda
+ * bounds it like decode, 6e-3 rel. L2 (tq) / 1.5e-2 (bf16); TQKV_PREFILL_TC=0 runs the
+ * float32 kernel instead.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "attn/attn_cuda_prefill.cuh"
+#include "attn/attn_cuda_tile.cuh"
+#include "codec/codec_cuda.cuh"
+
+namespace {
+
+constexpr int TM = 64;   /* query vectors per CTA (4 warps x 16) */
+constexpr int TK = 64;   /* tokens per tile */
+constexpr int TT = 128;  /* threads */
+
+/* Shared memory: per-token factors (K factor, log2 V factor, 1 / V factor; second set for the
+ * window's copy tile) and the codebooks, then Q [TM][LD], K, V [TK][LD] and, with a window,
+ * K2, V2 [TK][LD] (16-bit values; LD = D + 8: rows 16 bytes apart modulo 128, so ldmatrix
+ * reads 8 rows without bank conflicts). The output is staged through K and V's space as
+ * float [TM][D + 8]. */
+template <int D> struct TcLayout {
+    static constexpr int LD = D + 8;
+    static constexpr int NF = 6 * TK + 32;                 /* floats before the tiles */
+    static constexpr size_t bytes(bool two) { return (size_t)NF * 4 + (size_t)(TM + (two ? 4 : 2) * TK) * LD * 2; }
+    static_assert((size_t)TM * LD * 4 <= (size_t)2 * TK * LD * 2, "the output stage fits K and V");
+};
+static_assert(TcLayout<CUDA_DIM_WIDE>::bytes(true) <= 227 * 1024, "the d = 256 tiles fit an SM");
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void ldsm4(uint32_t (&r)[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm4t(uint32_t (&r)[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+
+/* 32 values (one 32-dim group) as 16-bit words into dst (16-byte aligned). */
+template <int F> __device__ __forceinline__ void put32(uint16_t *dst, const float (&x)[32]) {
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        uint4 w;
+        w.x = pack2<F>(x[8 * c], x[8 * c + 1]);
+        w.y = pack2<F>(x[8 * c + 2], x[8 * c + 3]);
+        w.z = pack2<F>(x[8 * c + 4], x[8 * c + 5]);
+        w.w = pack2<F>(x[8 * c + 6], x[8 * c + 7]);
+        reinterpret_cast<uint4 *>(dst)[c] = w;
+    }
+}
+
+/* Group g of a main-plane token (column col) into dst; returns the token's factor. */
+template <int D, int F>
+__device__ float load_main(uint16_t *dst, const uint8_t *data, const uint16_t *sc, size_t pay, int bits,
+                           const float *cent, size_t col, int g) {
+    const uint8_t *p = data + col * pay;
+    if constexpr (F == F_BF16) {
+#pragma unroll
+        for (int c = 0; c < 4; c++) reinterpret_cast<uint4 *>(dst)[c] = reinterpret_cast<const uint4 *>(p + 64 * g)[c];
+        return 1.0f;
+    } else {
+        float x[32];
+        if (bits == 4) {
+            const uint4 w = *reinterpret_cast<const uint4 *>(p + 16 * g);
+            const uint32_t b[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+            for (int j = 0; j < 32; j++) x[j] = cent[(b[(j & 15) >> 2] >> (8 * (j & 3) + 4 * (j >> 4))) & 15];
+        } else {
+            const uint2 w = *reinterpret_cast<const uint2 *>(p + 8 * g);
+            const uint32_t b[2] = {w.x, w.y};
+            const uint32_t hb = bits == 3 ? *reinterpret_cast<const uint32_t *>(p + D / 4 + 4 * g) : 0u;
+#pragma unroll
+            for (int j = 0; j < 32; j++) {
+                int idx = (b[(j & 7) >> 2] >> (8 * (j & 3) + 2 * (j >> 3))) & 3;
+                idx |= ((hb >> (8 * (j >> 3) + (j & 7))) & 1) << 2;
+                x[j] = cent[idx];
+            }
+        }
+        put32<F>(dst, x);
+        return __half2float(__ushort_as_half(sc[col]));
+    }
+}
+
+/* Group g of a q8 copy (slot) into dst, relative to the token's factor (returned). */
+template <int D, int F>
+__device__ float load_q8(uint16_t *dst, const int8_t *q, const uint16_t *qs, size_t slot, int g) {
+    float tf = 0.0f;
+#pragma unroll
+    for (int b = 0; b < D / 32; b++) tf = fmaxf(tf, fabsf(__half2float(__ushort_as_half(qs[slot * (D / 32) + b]))));
+    const float rel = q8_rel(__half2float(__ushort_as_half(qs[slot * (D / 32) + g])), tf);
+    const int8_t *src = q + slot * D + 32 * g;
+    float x[32];
+#pragma unroll
+    for (int c = 0; c < 2; c++) {
+        const uint4 w = reinterpret_cast<const uint4 *>(src)[c];
+        const uint32_t b[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int j = 0; j < 16; j++) x[16 * c + j] = (float)(int8_t)(b[j >> 2] >> (8 * (j & 3))) * rel;
+    }
+    put32<F>(dst, x);
+    return tf;
+}
+
+/* P = 2^(s' - m + PSHIFT), at most 2^15 (fp16 holds 65504): weights down to 2^-24 of the
+ * largest stay normal fp16 numbers instead of subnormal or 0 (at PSHIFT 0 the many small
+ * weights of a long, peaked row lost their bits, and with them part of the numerator). The
+ * sum l adds the same rounded P / f, so numerator and denominator weigh each token alike. */
+constexpr float PSHIFT = 15.0f;
+
+/* x rounded to the mma's 16-bit type, as a float (exact in that type). */
+template <int F> __device__ __forceinline__ float round16(float x) {
+    if constexpr (F == F_BF16) return __bfloat162float(__float2bfloat16_rn(x));
+    else return __half2float(__float2half_rn(x));
+}
+
+/* The window's state of one CTA: tokens [cmin, cmax) come from both sources, t >= cmax from
+ * the q8 copies (side buffer or ring). */
+struct Win {
+    int on, cmin, cmax, xon, xlo, xhi;
+};
+
+/* Per token of a tile: the V factor's log2 and inverse (at least VSCALE_MIN; 1 for a padding
+ * token, whose values are 0 and whose scores are masked). */
+__device__ __forceinline__ void put_factors(float *fk, float *lfv, float *ifv, int tt, float kf, float vf) {
+    const float v = vf >= VSCALE_MIN ? vf : (vf != vf ? vf : VSCALE_MIN);
+    fk[tt] = kf;
+    lfv[tt] = log2f(v);
+    ifv[tt] = 1.0f / v;
+}
+
+/* Decode tokens [t0, t0 + TK) of row r, kv head rh into the tiles (second: the copy tile of
+ * [cmin, cmax), or NULL). Every thread of the CTA takes (token, group) items. */
+template <int D, int F>
+__device__ void tile_load(const PParams<D> &P, const cuda_row &row, size_t rh, int t0, int tend, const Win &wn,
+                          const float *ck, const float *cv, uint16_t *sk, uint16_t *sv, float *f1,
+                          uint16_t *sk2, uint16_t *sv2, float *f2) {
+    constexpr int LD = TcLayout<D>::LD, NG = D / 32;
+    for (int it = threadIdx.x; it < TK * NG; it += TT) {
+        const int tt = it / NG, g = it % NG, t = t0 + tt;
+        uint16_t *dk = sk + tt * LD + 32 * g, *dv = sv + tt * LD + 32 * g;
+        float kf = 0.0f, vf = 1.0f;
+        size_t xs = 0;
+        const int8_t *kq = P.kw, *vq = P.vw;
+        const uint16_t *kqs = P.kws, *vqs = P.vws;
+        const bool have = t < tend, q8 = have && wn.on && t >= wn.cmin;
+        if (q8 && wn.xon && t >= wn.xlo && t < wn.xhi) {
+            xs = rh * P.xcap + (size_t)(t - wn.xlo);
+            kq = P.kx; vq = P.vx; kqs = P.kxs; vqs = P.vxs;
+        } else if (q8) {
+            xs = rh * P.ring + (size_t)(t % P.ring);
+        }
+        if (!have) {
+            const float z[32] = {};
+            put32<F>(dk, z);
+            put32<F>(dv, z);
+        } else if (q8 && t >= wn.cmax) {
+            kf = load_q8<D, F>(dk, kq, kqs, xs, g);
+            vf = load_q8<D, F>(dv, vq, vqs, xs, g);
+        } else {
+            const size_t col = rh * P.cap + (size_t)(row.left_pad + t);
+            kf = load_main<D, F>(dk, P.kd, P.ks, P.kpay, P.kc.bits, ck, col, g);
+            vf = load_main<D, F>(dv, P.vd, P.vs, P.vpay, P.vc.bits, cv, col, g);
+        }
+        if (g == 0) put_factors(f1, f1 + TK, f1 + 2 * TK, tt, kf, vf);
+        if (!sk2) continue;
+        uint16_t *ek = sk2 + tt * LD + 32 * g, *ev = sv2 + tt * LD + 32 * g;
+        float kf2 = 0.0f, vf2 = 1.0f;
+        if (q8 && t < wn.cmax) {
+            kf2 = load_q8<D, F>(ek, kq, kqs, xs, g);
+            vf2 = load_q8<D, F>(ev, vq, vqs, xs, g);
+        } else {
+            const float z[32] = {};
+            put32<F>(ek, z);
+            put32<F>(ev, z);
+        }
+        if (g == 0) put_factors(f2, f2 + TK, f2 + 2 * TK, tt, kf2, vf2);
+    }
+}
+
+/* S [16, 64] of this warp's vectors against tile sk (fragment j: tokens 8 j .. 8 j + 7). */
+template <int D, int F>
+__device__ __forceinline__ void tile_scores(float (&s)[8][4], const uint16_t *sq, const uint16_t *sk, int lane) {
+    constexpr int LD = TcLayout<D>::LD;
+#pragma unroll
+    for (int j = 0; j < 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll 4
+    for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t a[4];
+        ldsm4(a, sq + (lane & 15) * LD + 16 * kk + 8 * (lane >> 4));
+#pragma unroll
+        for (int np = 0; np < 4; np++) {
+            uint32_t b[4];
+            ldsm4(b, sk + (16 * np + (lane & 7) + 8 * (lane >> 4)) * LD + 16 * kk + 8 * ((lane >> 3) & 1));
+            mma<F>(s[2 * np], a, b[0], b[1]);
+            mma<F>(s[2 * np + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+/* The scores against the copy tile sk2 where this thread's (vector, token) reads the copy
+ * (t >= c(vector), t < cmax), times the copy's K factor, replacing s (already scaled by the
+ * main factors); two fragments at a time, so that only 8 more accumulators are live. */
+template <int D, int F>
+__device__ __forceinline__ void tile_scores2(float (&s)[8][4], const uint16_t *sq, const uint16_t *sk2,
+                                             const float *fk2, int t0, const int (&vc)[2], int cmax, int lane) {
+    constexpr int LD = TcLayout<D>::LD;
+#pragma unroll
+    for (int np = 0; np < 4; np++) {
+        float c[2][4] = {};
+#pragma unroll 4
+        for (int kk = 0; kk < D / 16; kk++) {
+            uint32_t a[4], b[4];
+            ldsm4(a, sq + (lane & 15) * LD + 16 * kk + 8 * (lane >> 4));
+            ldsm4(b, sk2 + (16 * np + (lane & 7) + 8 * (lane >> 4)) * LD + 16 * kk + 8 * ((lane >> 3) & 1));
+            mma<F>(c[0], a, b[0], b[1]);
+            mma<F>(c[1], a, b[2], b[3]);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int u = e >> 1, tt = 16 * np + 8 * h + 2 * (lane & 3) + (e & 1), t = t0 + tt;
+                if (t >= vc[u] && t < cmax) s[2 * np + h][e] = c[h][e] * fk2[tt];
+            }
+    }
+}
+
+/* O [16, D] += P [16, 16 tokens of step kt] . V (tile sv). */
+template <int D, int F>
+__device__ __forceinline__ void tile_pv(float (&o)[D / 8][4], const uint32_t (&a)[4], const uint16_t *sv, int kt,
+                                        int lane) {
+    constexpr int LD = TcLayout<D>::LD;
+#pragma unroll
+    for (int np = 0; np < D / 16; np++) {
+        uint32_t b[4];
+        ldsm4t(b, sv + (16 * kt + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 16 * np + 8 * (lane >> 4));
+        mma<F>(o[2 * np], a, b[0], b[1]);
+        mma<F>(o[2 * np + 1], a, b[2], b[3]);
+    }
+}
+
+/* The block's visible range [tlo, thi) and window state (as the float32 kernel's). */
+template <int D>
+__device__ void block_range(const PParams<D> &P, const cuda_row &row, int r, int q0, int bq, int &tlo, int &thi,
+                            Win &wn) {
+    tlo = 1 << 30; thi = 0;
+    if (P.lo == nullptr) {
+        if (row.ntok > 0) { tlo = 0; thi = row.ntok; }
+    } else {
+        for (int i = 0; i < bq && q0 + i < P.nq; i++) {
+            const int lo = P.lo[(size_t)r * P.nq + q0 + i], hi = P.hi[(size_t)r * P.nq + q0 + i];
+            if (lo < hi) { tlo = min(tlo, lo); thi = max(thi, hi); }
+        }
+    }
+    const int *xr = P.x;
+    wn.xon = xr != nullptr && xr[P.nrows + r] > xr[r];
+    wn.xlo = wn.xon ? xr[r] : 0;
+    wn.xhi = wn.xon ? xr[P.nrows + r] : 0;
+    const int q8lo = wn.xon ? xr[r] : row.win_lo;
+    wn.on = P.window > 0;
+    wn.cmin = wn.cmax = 1 << 30;
+    for (int i = 0; wn.on && i < bq && q0 + i < P.nq; i++) {
+        const int c = max(row.ntok - P.nq + q0 + i + 1 - P.window, q8lo);
+        wn.cmin = i ? min(wn.cmin, c) : c;
+        wn.cmax = i ? max(wn.cmax, c) : c;
+    }
+}
+
+template <int D, int F>
+__global__ void __launch_bounds__(TT, 1) prefill_tc_kernel(const PParams<D> P) {
+    using L = TcLayout<D>;
+    constexpr int LD = L::LD;
+    extern __shared__ __align__(16) float smf[];
+    float *f1 = smf, *f2 = smf + 3 * TK, *ck = smf + 6 * TK, *cv = ck + 16;
+    uint16_t *sq = reinterpret_cast<uint16_t *>(smf + L::NF);
+    uint16_t *sk = sq + TM * LD, *sv = sk + TK * LD, *sk2 = sv + TK * LD, *sv2 = sk2 + TK * LD;
+    const int r = blockIdx.z, h = blockIdx.y, G = P.G, bq = TM / G, q0 = blockIdx.x * bq;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const cuda_row row = P.rows[r];
+    const size_t rh = (size_t)r * P.kvh + h;
+    int tlo, thi;
+    Win wn;
+    block_range<D>(P, row, r, q0, bq, tlo, thi, wn);
+    if (threadIdx.x < 16) {
+        ck[threadIdx.x] = P.kc.cent[threadIdx.x];
+        cv[threadIdx.x] = P.vc.cent[threadIdx.x];
+    }
+    // ---- queries: vector m = (position m / G, head m % G) -> sq [TM][LD] ------------------
+    for (int e = threadIdx.x; e < TM * D; e += TT) {
+        const int m = e / D, d = e % D, i = m / G, gg = m % G;
+        const bool ok = m < bq * G && q0 + i < P.nq;
+        const float x = ok ? P.q[(((size_t)r * P.qh + (size_t)h * G + gg) * P.nq + q0 + i) * D + d] : 0.0f;
+        sq[m * LD + d] = (uint16_t)(pack2<F>(x, 0.0f) & 0xffffu);
+    }
+    // ---- this thread's two vectors (fragment rows lane / 4 and + 8) ------------------------
+    int vlo[2], vhi[2], vc[2];   /* visible [lo, hi); the window's c (t >= c: the copy) */
+    const int q8lo = wn.xon ? wn.xlo : row.win_lo;
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        const int m = 16 * w + (lane >> 2) + 8 * u, i = m / G;
+        const bool ok = m < bq * G && q0 + i < P.nq;
+        vlo[u] = ok ? (P.lo ? P.lo[(size_t)r * P.nq + q0 + i] : 0) : 0;
+        vhi[u] = ok ? (P.lo ? P.hi[(size_t)r * P.nq + q0 + i] : row.ntok) : 0;
+        vc[u] = wn.on && ok ? max(row.ntok - P.nq + q0 + i + 1 - P.window, q8lo) : 1 << 30;
+    }
+    const int wlo = __reduce_min_sync(0xffffffffu, vlo[0] < vhi[0] ? vlo[0] : (vlo[1] < vhi[1] ? vlo[1] : 1 << 30));
+    const int whi = __reduce_max_sync(0xffffffffu, max(vhi[0], vhi[1]));
+    float o[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float mx[2] = {M_START, M_START}, l[2] = {0.0f, 0.0f};
+    const int tend = min(thi, row.ntok);
+    for (int t0 = tlo; t0 < thi; t0 += TK) {
+        const bool two = wn.on && t0 < wn.cmax && t0 + TK > wn.cmin;   /* block-uniform */
+        __syncthreads();   /* the previous tile is used (and sq written) */
+        tile_load<D, F>(P, row, rh, t0, tend, wn, ck, cv, sk, sv, f1, two ? sk2 : nullptr, sv2, f2);
+        __syncthreads();
+        if (t0 >= whi || t0 + TK <= wlo) continue;   /* warp-uniform */
+        // ---- scores (the copy tile's where a vector reads it), V factors, mask, row maxima --
+        float s[8][4];
+        tile_scores<D, F>(s, sq + 16 * w * LD, sk, lane);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[j][e] *= f1[8 * j + 2 * (lane & 3) + (e & 1)];
+        if (two) tile_scores2<D, F>(s, sq + 16 * w * LD, sk2, f2, t0, vc, wn.cmax, lane);
+        float tmax[2] = {M_START, M_START};
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int u = e >> 1, tt = 8 * j + 2 * (lane & 3) + (e & 1), t = t0 + tt;
+                const bool b2 = two && t >= vc[u] && t < wn.cmax, vis = t >= vlo[u] && t < vhi[u];
+                s[j][e] = vis ? s[j][e] + (b2 ? f2 : f1)[TK + tt] : -INFINITY;
+                tmax[u] = fmaxf(tmax[u], s[j][e]);
+            }
+        float al[2];
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            tmax[u] = fmaxf(tmax[u], __shfl_xor_sync(0xffffffffu, tmax[u], 1));
+            tmax[u] = fmaxf(tmax[u], __shfl_xor_sync(0xffffffffu, tmax[u], 2));
+            const float mn = fmaxf(mx[u], tmax[u]);
+            al[u] = ex2(mx[u] - mn);
+            mx[u] = mn;
+            l[u] *= al[u];
+        }
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            o[n][0] *= al[0]; o[n][1] *= al[0];
+            o[n][2] *= al[1]; o[n][3] *= al[1];
+        }
+        // ---- P = 2^(s' - m + PSHIFT) as the mma will read it; l += P / f; O += P V, each
+        // source's P against its V tile
+
+        bool any2 = false;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int u = e >> 1, tt = 8 * j + 2 * (lane & 3) + (e & 1), t = t0 + tt;
+                const bool b2 = two && t >= vc[u] && t < wn.cmax;
+                s[j][e] = round16<F>(ex2(s[j][e] - mx[u] + PSHIFT));
+                l[u] += s[j][e] * (b2 ? f2 : f1)[2 * TK + tt];
+                any2 |= b2;
+            }
+        any2 = __any_sync(0xffffffffu, any2);
+#pragma unroll
+        for (int kt = 0; kt < 4; kt++) {
+            uint32_t a[4], a2[4];
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int j = 2 * kt + (c >> 1), e0 = 2 * (c & 1), u = c & 1;
+                const int t = t0 + 8 * j + 2 * (lane & 3);
+                const bool b0 = two && t >= vc[u] && t < wn.cmax, b1 = two && t + 1 >= vc[u] && t + 1 < wn.cmax;
+                a[c] = pack2<F>(b0 ? 0.0f : s[j][e0], b1 ? 0.0f : s[j][e0 + 1]);
+                a2[c] = pack2<F>(b0 ? s[j][e0] : 0.0f, b1 ? s[j][e0 + 1] : 0.0f);
+            }
+            tile_pv<D, F>(o, a, sv, kt, lane);
+            if (any2) tile_pv<D, F>(o, a2, sv2, kt, lane);
+        }
+    }
+    // ---- normalize, stage [TM][LD] float through K / V's space, un-rotate, store ----------
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        l[u] += __shfl_xor_sync(0xffffffffu, l[u], 1);
+        l[u] += __shfl_xor_sync(0xffffffffu, l[u], 2);
+        l[u] = l[u] > 0.0f ? 1.0f / l[u] : 0.0f;
+    }
+    __syncthreads();
+    float *so = reinterpret_cast<float *>(sk);
+#pragma unroll
+    for (int n = 0; n < D / 8; n++)
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int m = 16 * w + (lane >> 2) + 8 * u;
+            *reinterpret_cast<float2 *>(so + m * LD + 8 * n + 2 * (lane & 3)) =
+                make_float2(o[n][2 * u] * l[u], o[n][2 * u + 1] * l[u]);
+        }
+    __syncthreads();
+    constexpr int E = D / 32;
+    for (int m = w; m < bq * G; m += TT / 32) {
+        const int i = m / G, gg = m % G;
+        if (q0 + i >= P.nq) break;
+        float x[E];
+#pragma unroll
+        for (int c = 0; c < E; c++) x[c] = so[m * LD + E * lane + c];
+        if (!P.bf16) {
+            float sg[E];
+#pragma unroll
+            for (int c = 0; c < E; c++) sg[c] = P.vc.signs[E * lane + c];
+            cw_unrotate_n<E>(x, sg, P.vc.inv, lane);
+        }
+        float *op = P.out + (((size_t)r * P.qh + (size_t)h * G + gg) * P.nq + q0 + i) * D + E * lane;
+#pragma unroll
+        for (int c = 0; c < E; c++) op[c] = x[c];
+    }
+}
+
+template <int D, int F> cudaError_t tc_attr() {
+    return cudaFuncSetAttribute(prefill_tc_kernel<D, F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)TcLayout<D>::bytes(true));
+}
+
+} // namespace
+
+tqkv_status prefill_tc_setup(void) {
+    cudaError_t e = tc_attr<CUDA_DIM, F_TQ4>();
+    if (e == cudaSuccess) e = tc_attr<CUDA_DIM, F_BF16>();
+    if (e == cudaSuccess) e = tc_attr<CUDA_DIM_WIDE, F_TQ4>();
+    if (e == cudaSuccess) e = tc_attr<CUDA_DIM_WIDE, F_BF16>();
+    return cuda_check(e, "tensor-core prefill shared memory");
+}
+
+template <int D> tqkv_status prefill_tc_launch(const PParams<D> &P, int bf16, cudaStream_t stream) {
+    const int bq = TM / P.G;
+    const dim3 grid((unsigned)((P.nq + bq - 1) / bq), (unsigned)P.kvh, (unsigned)P.nrows);
+    const size_t sm = TcLayout<D>::bytes(P.window > 0);
+    if (bf16) prefill_tc_kernel<D, F_BF16><<<grid, TT, sm, stream>>>(P);
+    else prefill_tc_kernel<D, F_TQ4><<<grid, TT, sm, stream>>>(P);
+    return cuda_check(cudaGetLastError(), "tensor-core prefill kernel launch");
+}
+
+template tqkv_status prefill_tc_launch<CUDA_DIM>(const PParams<CUDA_DIM> &, int, cudaStream_t);
+template tqkv_status prefill_tc_launch<CUDA_DIM_WIDE>(const PParams<CUDA_DIM_WIDE> &, int, cudaStream_t);
