@@ -251,11 +251,10 @@ static int shape_pick(int T, int N, int parts) {
     int sh;
     if (g_force >= 0) sh = g_force;
     else if (T <= GEMM_CUDA_SMALL_T) sh = T <= 8 ? SH_S8 : T <= 16 ? SH_S16 : T <= 32 ? SH_S32 : SH_S64;
-    /* xl would pay where its 256-token tiles still fill about the GPU (H200: 1.2-1.3x l's
-     * speed at T >= 512 when they do, slower when they leave SMs idle; bench/RESULTS.md
-     * "GPU, session 4"), but test_gemm has not yet checked it bitwise on a device: taken
-     * only when forced (TQKV_GEMM_TILE=xl) until then. The rule it would use:
-     * parts == 1 && 10 * ceil(T / 256) * ceil(N / 128) >= 7 * SMs. */
+    /* xl where its 256-token tiles still about fill the GPU (H200: 1.2-1.3x l's speed at
+     * T >= 512 when they do, slower when they leave SMs idle; bench/RESULTS.md "GPU, session
+     * 4"); test_gemm checked it bitwise against every other shape on an H100 (session 5). */
+    else if (parts == 1 && 10L * ((T + 255) / 256) * ((N + 127) / 128) >= 7L * g_sms) sh = SH_XL;
     else if ((long)((T + 127) / 128) * ((N + 127) / 128) >= g_sms) sh = SH_L; /* fills the GPU */
     else sh = SH_M;
     return sh == SH_XL && parts != 1 ? SH_L : sh;
