@@ -3,15 +3,20 @@
  * TQKV_ERANGE and changes nothing, on every architecture (the common preamble in
  * src/model/state/state.c), on the CPU and, where a GPU is present, on the device.
  * Checkpoints: the tiny random-weight goldens in tests/golden/ (Gemma 4, Qwen 3.5 hybrid,
- * a Llama-shaped MiniCPM5) and the bundled Qwen3. The loaded config's limit is lowered to
- * a few dozen tokens (RoPE has no position table, so any limit is a valid model), which
- * keeps each case to a short prefill.
- * Owns: nothing on disk. Must not: depend on ../shared.
+ * a Llama-shaped MiniCPM5, Qwen3-MoE), the bundled Qwen3, and a Qwen 3.5 MoE checkpoint
+ * derived from the hybrid golden (moe_derive.h, in a temporary directory removed at the
+ * end). The loaded config's limit is lowered to a few dozen tokens (RoPE has no position
+ * table, so any limit is a valid model), which keeps each case to a short prefill. A graph
+ * that runs on the CPU only (the MoE graphs) must be refused clearly on the device.
+ * Owns: nothing on disk but that temporary directory. Must not: depend on ../shared.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
+#include "moe_derive.h"
 #include "testutil.h"
 #include "tqkv_model.h"
 #ifdef TQKV_HAVE_CUDA
@@ -29,14 +34,19 @@ static const char *const CHECKPOINTS[] = {
     "tests/golden/gemma4/base",       /* Gemma4ForCausalLM */
     "tests/golden/qwen35/hybrid",     /* Qwen3_5ForCausalLM */
     "tests/golden/moe/qwen3moe",      /* Qwen3MoeForCausalLM */
+    NULL,                             /* Qwen3_5MoeForCausalLM: derived (g_derived) */
 };
+static char g_derived[] = "/tmp/tqkv_ctxlim_q35moeXXXXXX";
 #define N_CHECKPOINTS (int)(sizeof CHECKPOINTS / sizeof CHECKPOINTS[0])
 
 #define OK(x) assert_int_equal((x), TQKV_OK)
 
 static tqkv_model *load(const char *rel) {
     char dir[1024];
-    snprintf(dir, sizeof dir, "%s/%s", TQKV_SOURCE_DIR, rel);
+    if (rel)
+        snprintf(dir, sizeof dir, "%s/%s", TQKV_SOURCE_DIR, rel);
+    else
+        snprintf(dir, sizeof dir, "%s", g_derived);
     tqkv_model *m = NULL;
     if (tqkv_model_load(&m, dir, NULL) != TQKV_OK) fail_msg("%s: %s", dir, tqkv_last_error());
     /* the limit under test: lowered in the loaded copy only */
@@ -111,15 +121,34 @@ static void test_device(void **state) {
     rng_init(&rng, test_seed());
     for (int i = 0; i < N_CHECKPOINTS; i++) {
         tqkv_model *m = load(CHECKPOINTS[i]);
-        check_limit(m, 1, &rng);
+        tqkv_model_state_params p = tqkv_model_state_params_default();
+        p.device = 1;
+        tqkv_model_state *s = NULL;
+        const tqkv_status rc = tqkv_model_state_init(&s, m, &p);
+        if (rc == TQKV_EUNSUPPORTED && strstr(tqkv_last_error(), "CPU only")) {
+            print_message("%s: %s\n", CHECKPOINTS[i] ? CHECKPOINTS[i] : g_derived,
+                          tqkv_last_error());
+        } else {
+            OK(rc);
+            tqkv_model_state_free(s);
+            check_limit(m, 1, &rng);
+        }
         tqkv_model_free(m);
     }
 }
 
 int main(void) {
+    if (!mkdtemp(g_derived)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    const derive_spec d = {4, 2, 16, 24, 1, 0, 7};
+    derive_qwen35moe(g_derived, &d);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cpu),
         cmocka_unit_test(test_device),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    const int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    derive_remove(g_derived);
+    return rc;
 }
