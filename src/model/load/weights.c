@@ -365,6 +365,25 @@ tqkv_status model_fuse(tqkv_model *m, const tqkv_model_load_params *lp, mm_weigh
 
 void *model_own(tqkv_model *m, size_t bytes) { return own(m, bytes); }
 
+tqkv_status model_load_swiglu(tqkv_model *m, const tqkv_model_load_params *lp, const char *pre,
+                              int inter, mm_weight *g, mm_weight *u, mm_weight *down,
+                              mm_weight *gu) {
+    const int H = m->cfg.hidden_size;
+    char name[320];
+    tqkv_status rc;
+    tqkv_model_load_params lpu = *lp; /* gate / up in place: packed into the fused copy */
+    lpu.no_pack = 1;
+    lpu.no_f32_prefill = 1;
+#define NAME(part) (snprintf(name, sizeof name, "%s%s_proj.weight", pre, part), name)
+    if ((rc = load_matrix(m, &lpu, NAME("gate"), inter, H, g)) ||
+        (rc = load_matrix(m, &lpu, NAME("up"), inter, H, u)) ||
+        (rc = load_matrix(m, lp, NAME("down"), H, inter, down)))
+        return rc;
+#undef NAME
+    mm_weight *parts[2] = {g, u};
+    return fuse(m, lp, parts, 2, gu);
+}
+
 /* Expert e of `pre` in either layout into X->gu / g / u / down [e]. */
 static tqkv_status load_expert(tqkv_model *m, const tqkv_model_load_params *lp, const char *pre,
                                int fused, int e, const moe_shape *sh, moe_layer *X) {
@@ -379,17 +398,8 @@ static tqkv_status load_expert(tqkv_model *m, const tqkv_model_load_params *lp, 
         snprintf(name, sizeof name, "%sdown_proj", pre);
         return load_slice(m, lp, name, e, E, H, I, &X->down[e]);
     }
-    tqkv_model_load_params lpu = *lp; /* gate / up in place: packed into the fused copy */
-    lpu.no_pack = 1;
-    lpu.no_f32_prefill = 1;
-#define NAME(part) (snprintf(name, sizeof name, "%s%d.%s_proj.weight", pre, e, part), name)
-    if ((rc = load_matrix(m, &lpu, NAME("gate"), I, H, &X->g[e])) ||
-        (rc = load_matrix(m, &lpu, NAME("up"), I, H, &X->u[e])) ||
-        (rc = load_matrix(m, lp, NAME("down"), H, I, &X->down[e])))
-        return rc;
-#undef NAME
-    mm_weight *gu[2] = {&X->g[e], &X->u[e]};
-    return fuse(m, lp, gu, 2, &X->gu[e]);
+    snprintf(name, sizeof name, "%s%d.", pre, e);
+    return model_load_swiglu(m, lp, name, I, &X->g[e], &X->u[e], &X->down[e], &X->gu[e]);
 }
 
 tqkv_status model_load_experts(tqkv_model *m, const tqkv_model_load_params *lp, const char *pre,

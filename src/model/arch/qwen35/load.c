@@ -113,23 +113,12 @@ tqkv_status qwen35_load_mixer(tqkv_model *m, const tqkv_model_load_params *lp, i
 
 /* The dense SwiGLU MLP of layer l (gate / up read in place and fused when bf16). */
 static tqkv_status load_mlp(tqkv_model *m, const tqkv_model_load_params *lp, int l) {
-    const tqkv_model_config *c = &m->cfg;
     model_layer *L = &m->layers[l];
-    const int H = c->hidden_size, I = c->intermediate_size;
-    const char *pfx = c->weight_prefix[0] ? c->weight_prefix : "model.";
-    char name[256];
-    tqkv_status rc;
-    tqkv_model_load_params lpu = *lp;
-    lpu.no_pack = 1;
-    lpu.no_f32_prefill = 1;
-#define NAME(suffix) (snprintf(name, sizeof name, "%slayers.%d.mlp.%s", pfx, l, suffix), name)
-    if ((rc = model_load_matrix(m, &lpu, NAME("gate_proj.weight"), I, H, &L->wg)) ||
-        (rc = model_load_matrix(m, &lpu, NAME("up_proj.weight"), I, H, &L->wu)) ||
-        (rc = model_load_matrix(m, lp, NAME("down_proj.weight"), H, I, &L->wd)))
-        return rc;
-#undef NAME
-    mm_weight *gu[2] = {&L->wg, &L->wu};
-    return model_fuse(m, lp, gu, 2, &L->wgu);
+    const char *pfx = m->cfg.weight_prefix[0] ? m->cfg.weight_prefix : "model.";
+    char pre[128];
+    snprintf(pre, sizeof pre, "%slayers.%d.mlp.", pfx, l);
+    return model_load_swiglu(m, lp, pre, m->cfg.intermediate_size, &L->wg, &L->wu, &L->wd,
+                             &L->wgu);
 }
 
 static tqkv_status load_layer(tqkv_model *m, const tqkv_model_load_params *lp, int l) {

@@ -3,7 +3,7 @@
  *   hybrid's loader, qwen35_load_mixer), then its sparse block under mlp.: the router
  *   (gate.weight [E, H]), the experts (experts.gate_up_proj [E, 2I, H] + experts.down_proj
  *   [E, H, I] as published, or one tensor per expert: model_load_experts), the shared expert
- *   (shared_expert.{gate,up,down}_proj, gate / up read in place and fused when bf16) and its
+ *   (shared_expert.{gate,up,down}_proj: model_load_swiglu) and its
  *   gate (shared_expert_gate.weight [1, H]).
  * Must not: run the forward pass.
  */
@@ -18,23 +18,17 @@
 static tqkv_status load_block(tqkv_model *m, const tqkv_model_load_params *lp, const char *pre,
                               moe_layer *X) {
     const moe_shape sh = moe_shape_of(&m->cfg);
-    const int H = sh.hidden, S = sh.shared_inter;
     char name[320];
     tqkv_status rc;
-    tqkv_model_load_params lpu = *lp; /* shared gate / up in place: packed into the fused copy */
-    lpu.no_pack = 1;
-    lpu.no_f32_prefill = 1;
 #define NAME(suffix) (snprintf(name, sizeof name, "%s%s", pre, suffix), name)
-    if ((rc = model_load_matrix(m, lp, NAME("gate.weight"), sh.n_experts, H, &X->router)) ||
+    if ((rc = model_load_matrix(m, lp, NAME("gate.weight"), sh.n_experts, sh.hidden, &X->router)) ||
         (rc = model_load_experts(m, lp, NAME("experts."), &sh, X)) ||
-        (rc = model_load_matrix(m, &lpu, NAME("shared_expert.gate_proj.weight"), S, H, &X->sh_g)) ||
-        (rc = model_load_matrix(m, &lpu, NAME("shared_expert.up_proj.weight"), S, H, &X->sh_u)) ||
-        (rc = model_load_matrix(m, lp, NAME("shared_expert.down_proj.weight"), H, S, &X->sh_down)) ||
-        (rc = model_load_matrix(m, lp, NAME("shared_expert_gate.weight"), 1, H, &X->sh_gate)))
+        (rc = model_load_swiglu(m, lp, NAME("shared_expert."), sh.shared_inter, &X->sh_g,
+                                &X->sh_u, &X->sh_down, &X->sh_gu)))
         return rc;
+    rc = model_load_matrix(m, lp, NAME("shared_expert_gate.weight"), 1, sh.hidden, &X->sh_gate);
 #undef NAME
-    mm_weight *gu[2] = {&X->sh_g, &X->sh_u};
-    return model_fuse(m, lp, gu, 2, &X->sh_gu);
+    return rc;
 }
 
 static tqkv_status load_layer(tqkv_model *m, const tqkv_model_load_params *lp, int l) {
