@@ -5,7 +5,8 @@
  * (router, E experts in the fused or the per-expert layout, a shared expert and its gate).
  * dense_equiv: two experts that are both the dense MLP, top 1 (weight p / p = 1 exactly)
  * and a shared expert whose down projection is zero, so the logits must equal the dense
- * graph's bit for bit; otherwise every new weight is random (bf16, seed given).
+ * graph's bit for bit; otherwise every new weight is random (bf16, seed given). wrapped:
+ * the same checkpoint as the multimodal wrapper's text model.
  * Must not: decide what a test asserts.
  */
 #ifndef TQKV_TEST_MOE_DERIVE_H
@@ -27,6 +28,8 @@ typedef struct {
     int      fused;       /* experts.gate_up_proj / down_proj instead of one tensor per expert */
     int      dense_equiv; /* see the top of the file (E = 2, K = 1, I = the dense width) */
     uint64_t seed;
+    int      wrapped;     /* as Qwen3_5MoeForConditionalGeneration: text_config, tensors under
+                             model.language_model. (the same weights otherwise) */
 } derive_spec;
 
 typedef struct {
@@ -109,12 +112,13 @@ static inline const uint8_t *dv_src(const cJSON *h, const uint8_t *base, const c
     return base + a;
 }
 
-/* Layer l's sparse block into out (pre = "model.layers.l.mlp."). */
+/* Layer l's sparse block into out under opre, from the dense MLP under pre
+ * ("model.layers.l.mlp."). */
 static inline void dv_block(dv_list *out, const cJSON *h, const uint8_t *base, const char *pre,
-                            int H, int Id, const derive_spec *d, test_rng *r) {
+                            const char *opre, int H, int Id, const derive_spec *d, test_rng *r) {
     char name[200];
     const int E = d->E, I = d->I, S = d->S;
-    snprintf(name, sizeof name, "%sgate.weight", pre);
+    snprintf(name, sizeof name, "%sgate.weight", opre);
     dv_random(dv_add(out, name, 2, (int64_t[]){E, H}), 0, (size_t)E * H, 1.0f, r);
     size_t gb, ub, db;
     snprintf(name, sizeof name, "%sgate_proj.weight", pre);
@@ -126,20 +130,20 @@ static inline void dv_block(dv_list *out, const cJSON *h, const uint8_t *base, c
     const size_t gu = (size_t)I * H * 2; /* bytes of one [I, H] */
     dv_tensor *fgu = NULL, *fd = NULL;
     if (d->fused) {
-        snprintf(name, sizeof name, "%sexperts.gate_up_proj", pre);
+        snprintf(name, sizeof name, "%sexperts.gate_up_proj", opre);
         fgu = dv_add(out, name, 3, (int64_t[]){E, 2 * I, H});
-        snprintf(name, sizeof name, "%sexperts.down_proj", pre);
+        snprintf(name, sizeof name, "%sexperts.down_proj", opre);
         fd = dv_add(out, name, 3, (int64_t[]){E, H, I});
     }
     for (int e = 0; e < E; e++) {
         dv_tensor *tg = fgu, *tu = fgu, *td = fd;
         size_t ag = 2 * (size_t)e * gu, au = ag + gu, ad = (size_t)e * gu;
         if (!d->fused) {
-            snprintf(name, sizeof name, "%sexperts.%d.gate_proj.weight", pre, e);
+            snprintf(name, sizeof name, "%sexperts.%d.gate_proj.weight", opre, e);
             tg = dv_add(out, name, 2, (int64_t[]){I, H});
-            snprintf(name, sizeof name, "%sexperts.%d.up_proj.weight", pre, e);
+            snprintf(name, sizeof name, "%sexperts.%d.up_proj.weight", opre, e);
             tu = dv_add(out, name, 2, (int64_t[]){I, H});
-            snprintf(name, sizeof name, "%sexperts.%d.down_proj.weight", pre, e);
+            snprintf(name, sizeof name, "%sexperts.%d.down_proj.weight", opre, e);
             td = dv_add(out, name, 2, (int64_t[]){H, I});
             ag = au = ad = 0;
         }
@@ -155,14 +159,14 @@ static inline void dv_block(dv_list *out, const cJSON *h, const uint8_t *base, c
             dv_random(td, ad, (size_t)I * H, 1.0f / sqrtf((float)I), r);
         }
     }
-    snprintf(name, sizeof name, "%sshared_expert.gate_proj.weight", pre);
+    snprintf(name, sizeof name, "%sshared_expert.gate_proj.weight", opre);
     dv_random(dv_add(out, name, 2, (int64_t[]){S, H}), 0, (size_t)S * H, 1.0f / sqrtf((float)H), r);
-    snprintf(name, sizeof name, "%sshared_expert.up_proj.weight", pre);
+    snprintf(name, sizeof name, "%sshared_expert.up_proj.weight", opre);
     dv_random(dv_add(out, name, 2, (int64_t[]){S, H}), 0, (size_t)S * H, 1.0f / sqrtf((float)H), r);
-    snprintf(name, sizeof name, "%sshared_expert.down_proj.weight", pre);
+    snprintf(name, sizeof name, "%sshared_expert.down_proj.weight", opre);
     dv_tensor *sd = dv_add(out, name, 2, (int64_t[]){H, S});
     if (!d->dense_equiv) dv_random(sd, 0, (size_t)S * H, 1.0f / sqrtf((float)S), r);
-    snprintf(name, sizeof name, "%sshared_expert_gate.weight", pre);
+    snprintf(name, sizeof name, "%sshared_expert_gate.weight", opre);
     dv_random(dv_add(out, name, 2, (int64_t[]){1, H}), 0, (size_t)H, 1.0f / sqrtf((float)H), r);
 }
 
@@ -188,6 +192,14 @@ static inline void derive_qwen35moe(const char *dst, const derive_spec *d) {
     cJSON_AddNumberToObject(c, "num_experts_per_tok", d->K);
     cJSON_AddNumberToObject(c, "moe_intermediate_size", d->I);
     cJSON_AddNumberToObject(c, "shared_expert_intermediate_size", d->S);
+    if (d->wrapped) {
+        cJSON *w = cJSON_CreateObject(), *wa = cJSON_AddArrayToObject(w, "architectures");
+        cJSON_AddItemToArray(wa, cJSON_CreateString("Qwen3_5MoeForConditionalGeneration"));
+        cJSON_AddStringToObject(w, "model_type", "qwen3_5_moe");
+        cJSON_AddItemToObject(w, "text_config", c);
+        cJSON_AddItemToObject(w, "vision_config", cJSON_CreateObject());
+        c = w;
+    }
     char *out = cJSON_Print(c);
     snprintf(p, sizeof p, "%s/config.json", dst);
     FILE *f = fopen(p, "wb");
@@ -216,16 +228,23 @@ static inline void derive_qwen35moe(const char *dst, const derive_spec *d) {
         assert_string_equal(cJSON_GetObjectItem(e, "dtype")->valuestring, "BF16");
         size_t nb;
         const uint8_t *sdata = dv_src(h, base, e->string, &nb);
-        dv_tensor *t = dv_add(&l, e->string, nd, shape);
+        char nm[256];
+        if (d->wrapped && !strncmp(e->string, "model.", 6))
+            snprintf(nm, sizeof nm, "model.language_model.%s", e->string + 6);
+        else
+            snprintf(nm, sizeof nm, "%s", e->string);
+        dv_tensor *t = dv_add(&l, nm, nd, shape);
         assert_int_equal(t->nbytes, nb);
         memcpy(t->data, sdata, nb);
     }
     test_rng r;
     rng_init(&r, d->seed);
     for (int ly = 0; ly < NL; ly++) {
-        char pre[64];
+        char pre[64], out_pre[96];
         snprintf(pre, sizeof pre, "model.layers.%d.mlp.", ly);
-        dv_block(&l, h, base, pre, H, Id, d, &r);
+        snprintf(out_pre, sizeof out_pre, "model.%slayers.%d.mlp.",
+                 d->wrapped ? "language_model." : "", ly);
+        dv_block(&l, h, base, pre, out_pre, H, Id, d, &r);
     }
     snprintf(p, sizeof p, "%s/model.safetensors", dst);
     dv_write(&l, p);

@@ -142,7 +142,7 @@ int main(void) {
         perror("mkdtemp");
         return 1;
     }
-    const derive_spec d = {4, 2, 16, 24, 1, 0, 7};
+    const derive_spec d = {4, 2, 16, 24, 1, 0, 7, 0};
     derive_qwen35moe(g_derived, &d);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cpu),

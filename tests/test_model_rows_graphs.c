@@ -552,7 +552,7 @@ static int derive_missing(void) {
     char p[1100];
     snprintf(p, sizeof p, "%s/config.json", d);
     if (access(p, R_OK) == 0) return 0;
-    const derive_spec spec[2] = {{6, 2, 32, 24, 1, 0, 11}, {4, 3, 16, 40, 0, 0, 12}};
+    const derive_spec spec[2] = {{6, 2, 32, 24, 1, 0, 11, 0}, {4, 3, 16, 40, 0, 0, 12, 0}};
     for (int i = 0; i < 2; i++) {
         snprintf(g_derived[i], sizeof g_derived[i], "/tmp/tqkv_rows_q35moe_%d_%d", (int)getpid(), i);
         if (mkdir(g_derived[i], 0755) != 0) return -1;

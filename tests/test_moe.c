@@ -319,7 +319,7 @@ static void test_qwen35moe_dense_equiv(void **st) {
         char dir[] = "/tmp/tqkv_q35moe_eqXXXXXX";
         assert_non_null(mkdtemp(dir));
         derive_spec d = {2, 1, tqkv_model_get_config(dense)->intermediate_size, 8, fused, 1,
-                         test_seed()};
+                         test_seed(), 0};
         derive_qwen35moe(dir, &d);
         tqkv_model *m = load_dir(dir);
         assert_int_equal(tqkv_model_get_config(m)->arch, TQKV_ARCH_QWEN35_MOE);
@@ -346,7 +346,7 @@ static void test_qwen35moe_derived_rows(void **st) {
     golden_load(&g, "qwen35", "hybrid");
     char dir[] = "/tmp/tqkv_q35moe_rdXXXXXX";
     assert_non_null(mkdtemp(dir));
-    derive_spec d = {6, 2, 32, 24, 1, 0, test_seed()};
+    derive_spec d = {6, 2, 32, 24, 1, 0, test_seed(), 0};
     derive_qwen35moe(dir, &d);
     tqkv_model *m = load_dir(dir);
     const tqkv_model_config *c = tqkv_model_get_config(m);
@@ -400,13 +400,41 @@ static void test_qwen35moe_derived_rows(void **st) {
     golden_free(&g);
 }
 
+/* The text model of a Qwen3_5MoeForConditionalGeneration checkpoint (text_config, tensors
+ * under model.language_model.): the plain checkpoint's logits, bitwise. */
+static void test_qwen35moe_wrapper(void **st) {
+    (void)st;
+    golden g;
+    golden_load(&g, "qwen35", "hybrid");
+    char a[] = "/tmp/tqkv_q35moe_plXXXXXX", b[] = "/tmp/tqkv_q35moe_wrXXXXXX";
+    assert_non_null(mkdtemp(a));
+    assert_non_null(mkdtemp(b));
+    derive_spec d = {4, 2, 16, 24, 0, 0, test_seed(), 0};
+    derive_qwen35moe(a, &d);
+    d.wrapped = 1;
+    derive_qwen35moe(b, &d);
+    tqkv_model *ma = load_dir(a), *mb = load_dir(b);
+    assert_string_equal(tqkv_model_get_config(mb)->arch_name, "Qwen3_5MoeForConditionalGeneration");
+    assert_int_equal(tqkv_model_get_config(mb)->arch, TQKV_ARCH_QWEN35_MOE);
+    const int nmax = max_len(&g);
+    float *la = prompts_alone(ma, &g, nmax, 2, TQKV_F32), *lb = prompts_alone(mb, &g, nmax, 2, TQKV_F32);
+    assert_memory_equal(la, lb, sizeof(float) * (size_t)g.n_prompts * nmax * g.vocab);
+    free(la);
+    free(lb);
+    tqkv_model_free(ma);
+    tqkv_model_free(mb);
+    derive_remove(a);
+    derive_remove(b);
+    golden_free(&g);
+}
+
 /* Refusals: each bad field of a Qwen 3.5 MoE config named; the dense name with experts and
  * Qwen3-Next refused as unsupported. */
 static void test_qwen35moe_refusals(void **st) {
     (void)st;
     char dir[] = "/tmp/tqkv_q35moe_cfXXXXXX", p[1200];
     assert_non_null(mkdtemp(dir));
-    derive_spec d = {4, 2, 16, 8, 1, 0, 1};
+    derive_spec d = {4, 2, 16, 8, 1, 0, 1, 0};
     derive_qwen35moe(dir, &d);
     snprintf(p, sizeof p, "%s/config.json", dir);
     char *text = slurp(p, NULL);
@@ -499,6 +527,7 @@ int main(void) {
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_moe_block_reference),  cmocka_unit_test(test_qwen35moe_dense_equiv),
         cmocka_unit_test(test_qwen35moe_derived_rows), cmocka_unit_test(test_qwen35moe_refusals),
+        cmocka_unit_test(test_qwen35moe_wrapper),
         cmocka_unit_test(test_qwen35moe_parity),     cmocka_unit_test(test_qwen35moe_decode_greedy),
         cmocka_unit_test(test_qwen35moe_split_parity),
         cmocka_unit_test(test_qwen35moe_split_decode_greedy),
