@@ -36,7 +36,8 @@ typedef struct {
     char     name[256];
     int      nd;
     int64_t  shape[3];
-    uint8_t *data;  /* bf16 (owned) */
+    int      f32;   /* F32, else BF16 */
+    uint8_t *data;  /* (owned) */
     size_t   nbytes;
 } dv_tensor;
 
@@ -45,7 +46,8 @@ typedef struct {
     int        n, cap;
 } dv_list;
 
-static inline dv_tensor *dv_add(dv_list *l, const char *name, int nd, const int64_t *shape) {
+static inline dv_tensor *dv_add_t(dv_list *l, const char *name, int nd, const int64_t *shape,
+                                  int f32) {
     if (l->n == l->cap) {
         l->cap = l->cap ? 2 * l->cap : 64;
         l->t = realloc(l->t, sizeof(dv_tensor) * (size_t)l->cap);
@@ -55,18 +57,27 @@ static inline dv_tensor *dv_add(dv_list *l, const char *name, int nd, const int6
     memset(t, 0, sizeof *t);
     snprintf(t->name, sizeof t->name, "%s", name);
     t->nd = nd;
+    t->f32 = f32;
     size_t n = 1;
     for (int d = 0; d < nd; d++) n *= (size_t)(t->shape[d] = shape[d]);
-    t->nbytes = 2 * n;
+    t->nbytes = (f32 ? 4 : 2) * n;
     t->data = calloc(1, t->nbytes);
     assert_non_null(t->data);
     return t;
 }
 
-/* Random bf16 N(0, sd^2) into t (from byte offset at, n values). */
-static inline void dv_random(dv_tensor *t, size_t at, size_t n, float sd, test_rng *r) {
+static inline dv_tensor *dv_add(dv_list *l, const char *name, int nd, const int64_t *shape) {
+    return dv_add_t(l, name, nd, shape, 0);
+}
+
+/* mean + N(0, sd^2) values into t (from byte offset at, n values; bf16 truncated). */
+static inline void dv_fill(dv_tensor *t, size_t at, size_t n, float mean, float sd, test_rng *r) {
     for (size_t i = 0; i < n; i++) {
-        float f = (float)rng_normal(r) * sd;
+        float f = mean + (float)rng_normal(r) * sd;
+        if (t->f32) {
+            memcpy(t->data + at + 4 * i, &f, 4);
+            continue;
+        }
         uint32_t u;
         memcpy(&u, &f, 4);
         uint16_t h = (uint16_t)(u >> 16);
@@ -74,12 +85,17 @@ static inline void dv_random(dv_tensor *t, size_t at, size_t n, float sd, test_r
     }
 }
 
+/* Random N(0, sd^2) into t (from byte offset at, n values). */
+static inline void dv_random(dv_tensor *t, size_t at, size_t n, float sd, test_rng *r) {
+    dv_fill(t, at, n, 0.0f, sd, r);
+}
+
 static inline void dv_write(const dv_list *l, const char *path) {
     cJSON *h = cJSON_CreateObject();
     size_t off = 0;
     for (int i = 0; i < l->n; i++) {
         cJSON *e = cJSON_AddObjectToObject(h, l->t[i].name);
-        cJSON_AddStringToObject(e, "dtype", "BF16");
+        cJSON_AddStringToObject(e, "dtype", l->t[i].f32 ? "F32" : "BF16");
         cJSON *sh = cJSON_AddArrayToObject(e, "shape");
         for (int d = 0; d < l->t[i].nd; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)l->t[i].shape[d]));
         cJSON *o = cJSON_AddArrayToObject(e, "data_offsets");
@@ -110,6 +126,42 @@ static inline const uint8_t *dv_src(const cJSON *h, const uint8_t *base, const c
     size_t a = (size_t)cJSON_GetArrayItem(o, 0)->valuedouble, b = (size_t)cJSON_GetArrayItem(o, 1)->valuedouble;
     *nbytes = b - a;
     return base + a;
+}
+
+/* The tensors of srcdir/model.safetensors into l, except those whose name contains skip
+ * (NULL: none), renamed under model.language_model. when wrapped; returns the header
+ * (*b: the file, *base: its data) for dv_src. */
+static inline cJSON *dv_read(const char *srcdir, const char *skip, int wrapped, dv_list *l,
+                             uint8_t **b, const uint8_t **base) {
+    char p[1200];
+    size_t len = 0;
+    snprintf(p, sizeof p, "%s/model.safetensors", srcdir);
+    *b = (uint8_t *)slurp(p, &len);
+    assert_non_null(*b);
+    uint64_t hl;
+    memcpy(&hl, *b, 8);
+    cJSON *h = cJSON_ParseWithLength((const char *)*b + 8, (size_t)hl), *e;
+    assert_non_null(h);
+    *base = *b + 8 + hl;
+    cJSON_ArrayForEach(e, h) {
+        if (!strcmp(e->string, "__metadata__") || (skip && strstr(e->string, skip))) continue;
+        const cJSON *sh = cJSON_GetObjectItem(e, "shape"), *v;
+        int64_t shape[3];
+        int nd = 0;
+        cJSON_ArrayForEach(v, sh) shape[nd++] = (int64_t)v->valuedouble;
+        const int f32 = !strcmp(cJSON_GetObjectItem(e, "dtype")->valuestring, "F32");
+        size_t nb;
+        const uint8_t *sdata = dv_src(h, *base, e->string, &nb);
+        char nm[256];
+        if (wrapped && !strncmp(e->string, "model.", 6))
+            snprintf(nm, sizeof nm, "model.language_model.%s", e->string + 6);
+        else
+            snprintf(nm, sizeof nm, "%s", e->string);
+        dv_tensor *t = dv_add_t(l, nm, nd, shape, f32);
+        assert_int_equal(t->nbytes, nb);
+        memcpy(t->data, sdata, nb);
+    }
+    return h;
 }
 
 /* Layer l's sparse block into out under opre, from the dense MLP under pre
@@ -170,6 +222,30 @@ static inline void dv_block(dv_list *out, const cJSON *h, const uint8_t *base, c
     dv_random(dv_add(out, name, 2, (int64_t[]){1, H}), 0, (size_t)H, 1.0f / sqrtf((float)H), r);
 }
 
+/* dst/config.json from c (freed). */
+static inline void dv_write_config(const char *dst, cJSON *c) {
+    char p[1200];
+    char *out = cJSON_Print(c);
+    snprintf(p, sizeof p, "%s/config.json", dst);
+    FILE *f = fopen(p, "wb");
+    assert_non_null(f);
+    fputs(out, f);
+    fclose(f);
+    free(out);
+    cJSON_Delete(c);
+}
+
+/* dst/model.safetensors from l; frees l, the source header h and file b. */
+static inline void dv_finish(const char *dst, dv_list *l, cJSON *h, uint8_t *b) {
+    char p[1200];
+    snprintf(p, sizeof p, "%s/model.safetensors", dst);
+    dv_write(l, p);
+    for (int i = 0; i < l->n; i++) free(l->t[i].data);
+    free(l->t);
+    cJSON_Delete(h);
+    free(b);
+}
+
 /* dst/{config.json, model.safetensors}: the derived checkpoint (dst must exist). */
 static inline void derive_qwen35moe(const char *dst, const derive_spec *d) {
     char p[1200], src[1024];
@@ -200,43 +276,12 @@ static inline void derive_qwen35moe(const char *dst, const derive_spec *d) {
         cJSON_AddItemToObject(w, "vision_config", cJSON_CreateObject());
         c = w;
     }
-    char *out = cJSON_Print(c);
-    snprintf(p, sizeof p, "%s/config.json", dst);
-    FILE *f = fopen(p, "wb");
-    assert_non_null(f);
-    fputs(out, f);
-    fclose(f);
-    free(out);
-    cJSON_Delete(c);
+    dv_write_config(dst, c);
 
-    size_t len = 0;
-    snprintf(p, sizeof p, "%s/model.safetensors", src);
-    uint8_t *b = (uint8_t *)slurp(p, &len);
-    assert_non_null(b);
-    uint64_t hl;
-    memcpy(&hl, b, 8);
-    cJSON *h = cJSON_ParseWithLength((const char *)b + 8, (size_t)hl), *e;
-    assert_non_null(h);
-    const uint8_t *base = b + 8 + hl;
     dv_list l = {0};
-    cJSON_ArrayForEach(e, h) {
-        if (!strcmp(e->string, "__metadata__") || strstr(e->string, ".mlp.")) continue;
-        const cJSON *sh = cJSON_GetObjectItem(e, "shape"), *v;
-        int64_t shape[3];
-        int nd = 0;
-        cJSON_ArrayForEach(v, sh) shape[nd++] = (int64_t)v->valuedouble;
-        assert_string_equal(cJSON_GetObjectItem(e, "dtype")->valuestring, "BF16");
-        size_t nb;
-        const uint8_t *sdata = dv_src(h, base, e->string, &nb);
-        char nm[256];
-        if (d->wrapped && !strncmp(e->string, "model.", 6))
-            snprintf(nm, sizeof nm, "model.language_model.%s", e->string + 6);
-        else
-            snprintf(nm, sizeof nm, "%s", e->string);
-        dv_tensor *t = dv_add(&l, nm, nd, shape);
-        assert_int_equal(t->nbytes, nb);
-        memcpy(t->data, sdata, nb);
-    }
+    uint8_t *b = NULL;
+    const uint8_t *base = NULL;
+    cJSON *h = dv_read(src, ".mlp.", d->wrapped, &l, &b, &base);
     test_rng r;
     rng_init(&r, d->seed);
     for (int ly = 0; ly < NL; ly++) {
@@ -246,12 +291,63 @@ static inline void derive_qwen35moe(const char *dst, const derive_spec *d) {
                  d->wrapped ? "language_model." : "", ly);
         dv_block(&l, h, base, pre, out_pre, H, Id, d, &r);
     }
-    snprintf(p, sizeof p, "%s/model.safetensors", dst);
-    dv_write(&l, p);
-    for (int i = 0; i < l.n; i++) free(l.t[i].data);
-    free(l.t);
-    cJSON_Delete(h);
-    free(b);
+    dv_finish(dst, &l, h, b);
+}
+
+/* Gemma 4 with MoE blocks derived from tests/golden/gemma4/plain (F32): every layer keeps
+ * its MLP and gains router.{proj.weight, scale, per_expert_scale}, experts.{gate_up_proj,
+ * down_proj} (fused) and the three block norms. near_dense: post_feedforward_layernorm_2
+ * is zero (the experts add nothing) and post_feedforward_layernorm_1 one, so the logits
+ * are the dense graph's up to a second RMSNorm of the MLP output. */
+typedef struct {
+    int      E, K, I;
+    int      near_dense;
+    uint64_t seed;
+} derive_g4_spec;
+
+static inline void derive_gemma4moe(const char *dst, const derive_g4_spec *d) {
+    char p[1200], src[1024];
+    source_path("tests/golden/gemma4/plain", src, sizeof src);
+    snprintf(p, sizeof p, "%s/config.json", src);
+    char *ctext = slurp(p, NULL);
+    assert_non_null(ctext);
+    cJSON *c = cJSON_Parse(ctext);
+    free(ctext);
+    const int H = cJSON_GetObjectItem(c, "hidden_size")->valueint,
+              NL = cJSON_GetObjectItem(c, "num_hidden_layers")->valueint;
+    const char *keys[] = {"enable_moe_block", "num_experts", "top_k_experts", "moe_intermediate_size"};
+    for (int i = 0; i < 4; i++) cJSON_DeleteItemFromObject(c, keys[i]);
+    cJSON_AddTrueToObject(c, "enable_moe_block");
+    cJSON_AddNumberToObject(c, "num_experts", d->E);
+    cJSON_AddNumberToObject(c, "top_k_experts", d->K);
+    cJSON_AddNumberToObject(c, "moe_intermediate_size", d->I);
+    dv_write_config(dst, c);
+    dv_list l = {0};
+    uint8_t *b = NULL;
+    const uint8_t *base = NULL;
+    cJSON *h = dv_read(src, NULL, 0, &l, &b, &base);
+    test_rng r;
+    rng_init(&r, d->seed);
+    const int E = d->E, I = d->I;
+    for (int ly = 0; ly < NL; ly++) {
+        char n[200];
+#define T(suffix, nd, ...) \
+    (snprintf(n, sizeof n, "model.layers.%d.%s", ly, suffix), dv_add_t(&l, n, nd, (int64_t[]){__VA_ARGS__}, 1))
+        dv_fill(T("router.proj.weight", 2, E, H), 0, (size_t)E * H, 0.0f, 2.0f, &r);
+        dv_fill(T("router.scale", 1, H), 0, (size_t)H, 1.0f, 0.2f, &r);
+        dv_fill(T("router.per_expert_scale", 1, E), 0, (size_t)E, 1.0f, 0.2f, &r);
+        dv_fill(T("experts.gate_up_proj", 3, E, 2 * I, H), 0, (size_t)E * 2 * I * H, 0.0f,
+                1.0f / sqrtf((float)H), &r);
+        dv_fill(T("experts.down_proj", 3, E, H, I), 0, (size_t)E * H * I, 0.0f,
+                1.0f / sqrtf((float)I), &r);
+        dv_fill(T("pre_feedforward_layernorm_2.weight", 1, H), 0, (size_t)H, 1.0f, 0.2f, &r);
+        dv_fill(T("post_feedforward_layernorm_1.weight", 1, H), 0, (size_t)H, 1.0f,
+                d->near_dense ? 0.0f : 0.2f, &r);
+        dv_fill(T("post_feedforward_layernorm_2.weight", 1, H), 0, (size_t)H,
+                d->near_dense ? 0.0f : 1.0f, d->near_dense ? 0.0f : 0.2f, &r);
+#undef T
+    }
+    dv_finish(dst, &l, h, b);
 }
 
 /* rm dst/{config.json, model.safetensors} and dst. */

@@ -6,7 +6,8 @@
  * Qwen3-MoE (moe/qwen3moe: routed experts; rows and engine only) and Qwen 3.5 MoE
  * (moe/qwen35moe: the hybrid's recurrent rows with routed experts and a shared expert; rows
  * and engine only; until its goldens are in the tree, checkpoints derived from the hybrid
- * golden by moe_derive.h in a temporary directory).
+ * golden by moe_derive.h in a temporary directory), and Gemma 4 with MoE blocks (derived
+ * from gemma4/plain: sliding window 4, bounded caches; rows and engine only).
  * For each graph: rows merged into a running state mid-generation, filtered (reordered),
  * extracted and re-inserted, and spec rounds with a per-row rollback give logits BITWISE
  * equal to each row run alone without those operations; export / import round-trips
@@ -47,13 +48,16 @@ typedef struct {
     int V;
 } graph;
 
-#define N_GRAPHS 4
+#define N_GRAPHS 5
 static graph g_graph[N_GRAPHS] = {{"gemma4/base", NULL, 0}, {"qwen35/hybrid", NULL, 0},
-                                  {"moe/qwen3moe", NULL, 0}, {"moe/qwen35moe", NULL, 0}};
+                                  {"moe/qwen3moe", NULL, 0}, {"moe/qwen35moe", NULL, 0},
+                                  {"(derived gemma4moe)", NULL, 0}};
 /* each graph's other checkpoint of the same vocab (a draft that rejects) */
 static const char *g_other[N_GRAPHS] = {"gemma4/plain", "qwen35/minicpm5", "moe/qwen3moe_s2",
-                                        "moe/qwen35moe_split"};
-static char g_derived[2][64]; /* Qwen 3.5 MoE checkpoints derived when its goldens are absent */
+                                        "moe/qwen35moe_split", "(derived)"};
+/* derived checkpoints (moe_derive.h): Qwen 3.5 MoE when its goldens are absent ([0], [1]),
+ * Gemma 4 MoE always ([2], [3]) */
+static char g_derived[4][64];
 
 /* The directory of a variant (tests/golden/<variant>, or the variant itself if absolute). */
 static const char *variant_dir(const char *variant, char *buf, size_t cap) {
@@ -545,23 +549,51 @@ static void test_engine_qwen35moe(void **state) {
     engine_graph(&g_graph[3], &r);
 }
 
-/* Qwen 3.5 MoE: its goldens, else two checkpoints derived from the hybrid golden. */
+static void test_rows_gemma4moe(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() ^ 4424);
+    rows_bitwise(&g_graph[4], TQKV_TQ4, TQKV_TQ4, &r);
+    rows_bitwise(&g_graph[4], TQKV_TQ3, TQKV_F16, &r);
+}
+
+static void test_engine_gemma4moe(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() ^ 442424);
+    engine_graph(&g_graph[4], &r);
+}
+
+static int derive_dir(int i) {
+    snprintf(g_derived[i], sizeof g_derived[i], "/tmp/tqkv_rows_moe_%d_%d", (int)getpid(), i);
+    return mkdir(g_derived[i], 0755);
+}
+
+/* Qwen 3.5 MoE: its goldens, else two checkpoints derived from the hybrid golden; Gemma 4
+ * MoE: two derived from gemma4/plain. */
 static int derive_missing(void) {
     char d[1024];
     variant_dir(g_graph[3].variant, d, sizeof d);
     char p[1100];
     snprintf(p, sizeof p, "%s/config.json", d);
-    if (access(p, R_OK) == 0) return 0;
-    const derive_spec spec[2] = {{6, 2, 32, 24, 1, 0, 11, 0}, {4, 3, 16, 40, 0, 0, 12, 0}};
-    for (int i = 0; i < 2; i++) {
-        snprintf(g_derived[i], sizeof g_derived[i], "/tmp/tqkv_rows_q35moe_%d_%d", (int)getpid(), i);
-        if (mkdir(g_derived[i], 0755) != 0) return -1;
-        derive_qwen35moe(g_derived[i], &spec[i]);
+    if (access(p, R_OK) != 0) {
+        const derive_spec spec[2] = {{6, 2, 32, 24, 1, 0, 11, 0}, {4, 3, 16, 40, 0, 0, 12, 0}};
+        for (int i = 0; i < 2; i++) {
+            if (derive_dir(i) != 0) return -1;
+            derive_qwen35moe(g_derived[i], &spec[i]);
+        }
+        printf("qwen35moe goldens absent: rows and engine on checkpoints derived from "
+               "qwen35/hybrid (%s, %s)\n", g_derived[0], g_derived[1]);
+        g_graph[3].variant = g_derived[0];
+        g_other[3] = g_derived[1];
     }
-    printf("qwen35moe goldens absent: rows and engine on checkpoints derived from qwen35/hybrid "
-           "(%s, %s)\n", g_derived[0], g_derived[1]);
-    g_graph[3].variant = g_derived[0];
-    g_other[3] = g_derived[1];
+    const derive_g4_spec g4[2] = {{6, 2, 24, 0, 21}, {4, 2, 16, 0, 22}};
+    for (int i = 0; i < 2; i++) {
+        if (derive_dir(2 + i) != 0) return -1;
+        derive_gemma4moe(g_derived[2 + i], &g4[i]);
+    }
+    g_graph[4].variant = g_derived[2];
+    g_other[4] = g_derived[3];
     return 0;
 }
 
@@ -590,10 +622,12 @@ int main(void) {
         cmocka_unit_test(test_engine_moe),
         cmocka_unit_test(test_rows_qwen35moe),
         cmocka_unit_test(test_engine_qwen35moe),
+        cmocka_unit_test(test_rows_gemma4moe),
+        cmocka_unit_test(test_engine_gemma4moe),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (int i = 0; i < N_GRAPHS; i++) tqkv_model_free(g_graph[i].m);
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 4; i++)
         if (g_derived[i][0]) derive_remove(g_derived[i]);
     return rc;
 }

@@ -5,8 +5,9 @@
  *   - qwen3moe: Qwen3-MoE, 8 experts, top 2 renormalised, layer 1 dense (mlp_only_layers);
  *   - qwen3moe_s2: 6 experts, top 3 raw weights, every second layer sparse;
  *   - qwen35moe / qwen35moe_split: Qwen 3.5 MoE (the hybrid with routed experts and a gated
- *     shared expert on every layer), fused / per-expert tensors (skipped, visibly, until
- *     their goldens are in the tree);
+ *     shared expert on every layer), fused / per-expert tensors;
+ *   - gemma4moe: Gemma 4 with MoE blocks beside every MLP;
+ *   (the last three skipped, visibly, until their goldens are in the tree)
  * every prompt alone at every position (rel. L2 < 1e-3), the left-padded batch bitwise equal
  * to the rows alone at 1 and 3 threads (a token's routing and expert sums never depend on
  * the other tokens), prefill + per-token decode, greedy equal to generate(); the sparse
@@ -14,7 +15,9 @@
  * Without goldens: the experts block (src/model/ops/moe.c) against a float64 reference,
  * and Qwen 3.5 MoE checkpoints derived from the dense Qwen 3.5 golden (moe_derive.h): one
  * whose experts are the dense MLP must give the dense graph's logits bit for bit (either
- * expert layout); a random one must be batch invariant, decode as it prefills, run tq4.
+ * expert layout); a random one must be batch invariant, decode as it prefills, run tq4;
+ * Gemma 4 MoE checkpoints derived from gemma4/plain: with the experts' output normed by zero
+ * the dense logits (up to one more RMSNorm), with random ones the same invariance checks.
  * Skipped (77) when the Qwen3-MoE goldens are absent.
  */
 #include <math.h>
@@ -167,13 +170,14 @@ static double dot_d(const float *w, const float *x, int k) {
     return s;
 }
 
-/* y [H] += wgt * down(silu(g x) * u x) in float64. */
+/* y [H] += wgt * down(act(g x) * u x) in float64 (act: SiLU, or GELU-tanh if gelu). */
 static void swiglu_ref(const float *g, const float *u, const float *dn, int I, int H,
-                       const float *x, double wgt, double *y) {
+                       const float *x, double wgt, int gelu, double *y) {
     double *h = malloc(sizeof(double) * I);
     for (int i = 0; i < I; i++) {
         double a = dot_d(g + (size_t)i * H, x, H), b = dot_d(u + (size_t)i * H, x, H);
-        h[i] = a / (1 + exp(-a)) * b;
+        h[i] = (gelu ? 0.5 * a * (1 + tanh(0.79788456080286536 * (a + 0.044715 * a * a * a)))
+                     : a / (1 + exp(-a))) * b;
     }
     for (int j = 0; j < H; j++) {
         double s = 0;
@@ -184,8 +188,9 @@ static void swiglu_ref(const float *g, const float *u, const float *dn, int I, i
 }
 
 /* One shape: moe_forward's increment vs float64, and token 3 alone bitwise equal to token 3
- * in the batch. Experts unfused (g / u), the shared expert fused (sh_gu). */
-static void moe_case(test_rng *r, moe_shape sh, int T) {
+ * in the batch. Experts unfused (g / u), the shared expert fused (sh_gu). gemma: GELU-tanh
+ * experts, a per-expert scale of the weights and the router on its own input (moe_experts). */
+static void moe_case(test_rng *r, moe_shape sh, int T, int gemma) {
     const int H = sh.hidden, E = sh.n_experts, I = sh.inter, S = sh.shared_inter;
     float *rw = malloc(sizeof(float) * E * H), *gw = malloc(sizeof(float) * E * I * H),
           *uw = malloc(sizeof(float) * E * I * H), *dw = malloc(sizeof(float) * E * H * I);
@@ -208,17 +213,30 @@ static void moe_case(test_rng *r, moe_shape sh, int T) {
         L.sh_gate = f32_weight(sgw, 1, H, r, 1.0f);
     }
     float *xn = malloc(sizeof(float) * T * H), *x0 = malloc(sizeof(float) * T * H),
-          *x = malloc(sizeof(float) * T * H), *got = malloc(sizeof(float) * T * H);
+          *x = malloc(sizeof(float) * T * H), *got = malloc(sizeof(float) * T * H),
+          *xr = malloc(sizeof(float) * T * H), escale[64];
     double *ref = calloc((size_t)T * H, sizeof(double));
     rng_fill_normal(r, xn, (size_t)T * H, 1.0f);
     rng_fill_normal(r, x0, (size_t)T * H, 1.0f);
+    rng_fill_normal(r, xr, (size_t)T * H, 1.0f);
+    for (int e = 0; e < E; e++) escale[e] = 1.0f + 0.3f * (float)rng_normal(r);
+    if (gemma) {
+        sh.act = MOE_ACT_GELU_TANH;
+        L.expert_scale = escale;
+    }
     memcpy(x, x0, sizeof(float) * T * H);
     moe_scratch sc = {0};
-    assert_int_equal(moe_forward(&L, &sh, xn, x, (size_t)T, 2, &sc), TQKV_OK);
+    if (gemma) {
+        assert_int_equal(moe_scratch_reserve(&sc, &sh, (size_t)T), TQKV_OK);
+        assert_int_equal(moe_experts(&L, &sh, xr, xn, sc.acc, (size_t)T, 2, &sc), TQKV_OK);
+        for (size_t i = 0; i < (size_t)T * H; i++) x[i] += sc.acc[i];
+    } else {
+        assert_int_equal(moe_forward(&L, &sh, xn, x, (size_t)T, 2, &sc), TQKV_OK);
+    }
     for (int t = 0; t < T; t++) {
-        const float *v = xn + (size_t)t * H;
+        const float *v = xn + (size_t)t * H, *vr = gemma ? xr + (size_t)t * H : v;
         double p[64], mx = -1e300, sum = 0;
-        for (int e = 0; e < E; e++) mx = fmax(mx, p[e] = dot_d(rw + (size_t)e * H, v, H));
+        for (int e = 0; e < E; e++) mx = fmax(mx, p[e] = dot_d(rw + (size_t)e * H, vr, H));
         for (int e = 0; e < E; e++) sum += p[e] = exp(p[e] - mx);
         int sel[64] = {0};
         double w[64], wsum = 0;
@@ -234,26 +252,34 @@ static void moe_case(test_rng *r, moe_shape sh, int T) {
         }
         for (int k = 0; k < sh.top_k; k++) {
             const int e = sel[k];
+            const double wk = (sh.norm_topk ? w[k] / wsum : w[k]) * (gemma ? escale[e] : 1.0);
             swiglu_ref(gw + (size_t)e * I * H, uw + (size_t)e * I * H, dw + (size_t)e * H * I, I, H,
-                       v, sh.norm_topk ? w[k] / wsum : w[k], ref + (size_t)t * H);
+                       v, wk, gemma, ref + (size_t)t * H);
         }
         if (S) {
             const double gs = 1 / (1 + exp(-dot_d(sgw, v, H)));
-            swiglu_ref(sgu, sgu + (size_t)S * H, sdw, S, H, v, gs, ref + (size_t)t * H);
+            swiglu_ref(sgu, sgu + (size_t)S * H, sdw, S, H, v, gs, gemma, ref + (size_t)t * H);
         }
     }
     for (size_t i = 0; i < (size_t)T * H; i++) got[i] = x[i] - x0[i];
     const double err = rel_l2_d(got, ref, (size_t)T * H);
-    printf("moe block H %d, %d experts top %d%s, shared %d, %d tokens: rel L2 vs float64 %.2e\n",
-           H, E, sh.top_k, sh.norm_topk ? " renormalised" : "", S, T, err);
+    printf("moe block H %d, %d experts top %d%s, shared %d, %d tokens%s: rel L2 vs float64 %.2e\n",
+           H, E, sh.top_k, sh.norm_topk ? " renormalised" : "", S, T,
+           gemma ? " (GELU, per-expert scale, own router input)" : "", err);
     assert_true(err < 1e-5);
     /* token 3 alone: the same bits as in the batch */
     float *x1 = malloc(sizeof(float) * H);
     memcpy(x1, x0 + 3 * (size_t)H, sizeof(float) * H);
-    assert_int_equal(moe_forward(&L, &sh, xn + 3 * (size_t)H, x1, 1, 1, &sc), TQKV_OK);
+    if (gemma) {
+        assert_int_equal(moe_experts(&L, &sh, xr + 3 * (size_t)H, xn + 3 * (size_t)H, sc.acc, 1, 1,
+                                     &sc), TQKV_OK);
+        for (int j = 0; j < H; j++) x1[j] += sc.acc[j];
+    } else {
+        assert_int_equal(moe_forward(&L, &sh, xn + 3 * (size_t)H, x1, 1, 1, &sc), TQKV_OK);
+    }
     assert_memory_equal(x1, x + 3 * (size_t)H, sizeof(float) * H);
     moe_scratch_free(&sc);
-    free(x1); free(xn); free(x0); free(x); free(got); free(ref);
+    free(x1); free(xn); free(x0); free(x); free(got); free(ref); free(xr);
     free(L.gu); free(L.g); free(L.u); free(L.down);
     free(rw); free(gw); free(uw); free(dw); free(sgu); free(sdw); free(sgw);
 }
@@ -262,10 +288,11 @@ static void test_moe_block_reference(void **st) {
     (void)st;
     test_rng r;
     rng_init(&r, test_seed());
-    moe_case(&r, (moe_shape){48, 5, 2, 24, 1, 0}, 9);  /* Qwen3-MoE-like */
-    moe_case(&r, (moe_shape){48, 6, 3, 16, 0, 0}, 7);  /* raw top-k weights */
-    moe_case(&r, (moe_shape){64, 8, 2, 16, 1, 40}, 11); /* Qwen 3.5 MoE: shared expert */
-    moe_case(&r, (moe_shape){32, 4, 4, 8, 1, 12}, 6);  /* every expert chosen */
+    moe_case(&r, (moe_shape){48, 5, 2, 24, 1, 0, MOE_ACT_SILU}, 9, 0);   /* Qwen3-MoE-like */
+    moe_case(&r, (moe_shape){48, 6, 3, 16, 0, 0, MOE_ACT_SILU}, 7, 0);   /* raw top-k weights */
+    moe_case(&r, (moe_shape){64, 8, 2, 16, 1, 40, MOE_ACT_SILU}, 11, 0); /* Qwen 3.5 MoE */
+    moe_case(&r, (moe_shape){32, 4, 4, 8, 1, 12, MOE_ACT_SILU}, 6, 0);   /* every expert */
+    moe_case(&r, (moe_shape){64, 8, 2, 24, 1, 0, MOE_ACT_SILU}, 10, 1);  /* Gemma 4 */
 }
 
 // ---------------------------------------------------------------------------
@@ -512,6 +539,150 @@ static void test_qwen35moe_split_decode_greedy(void **st) {
     check_decode_greedy("moe", "qwen35moe_split");
 }
 
+// ---------------------------------------------------------------------------
+// Gemma 4 with MoE blocks on checkpoints derived from the dense Gemma 4 golden
+// ---------------------------------------------------------------------------
+
+/* Rows of random tokens (lengths len[r], left-padded to n) prefilled alone: [R][n, V]. */
+static float *g4_alone(const tqkv_model *m, const int32_t *tok, const int *len, int R, int n,
+                       int threads, tqkv_format fmt) {
+    const int V = tqkv_model_get_config(m)->vocab_size;
+    float *out = calloc((size_t)R * n * V, sizeof(float));
+    for (int r = 0; r < R; r++) {
+        tqkv_model_state_params sp = tqkv_model_state_params_default();
+        sp.rows = 1;
+        sp.threads = threads;
+        sp.k_format = sp.v_format = fmt;
+        tqkv_model_state *s = NULL;
+        assert_int_equal(tqkv_model_state_init(&s, m, &sp), TQKV_OK);
+        assert_int_equal(tqkv_model_prefill(m, s, tok + (size_t)r * n + (n - len[r]), NULL, len[r],
+                                            TQKV_LOGITS_ALL, out + (size_t)r * n * V), TQKV_OK);
+        tqkv_model_state_free(s);
+    }
+    return out;
+}
+
+static void g4_tokens(test_rng *r, int V, int32_t *tok, int *len, int R, int n) {
+    for (int i = 0; i < R; i++) {
+        len[i] = i == 0 ? n : rng_int(r, 3, n);
+        for (int j = 0; j < n; j++) tok[(size_t)i * n + j] = j < n - len[i] ? 0 : rng_int(r, 1, V - 1);
+    }
+}
+
+/* The experts' output normed by a zero weight: the dense graph's logits up to the second
+ * RMSNorm of the MLP output (the dense checkpoint's own weights everywhere else). */
+static void test_gemma4moe_near_dense(void **st) {
+    (void)st;
+    char dir[] = "/tmp/tqkv_g4moe_ndXXXXXX", src[1024];
+    assert_non_null(mkdtemp(dir));
+    derive_g4_spec d = {4, 2, 32, 1, test_seed()};
+    derive_gemma4moe(dir, &d);
+    tqkv_model *m = load_dir(dir), *dense = load_dir(source_path("tests/golden/gemma4/plain", src, sizeof src));
+    const tqkv_model_config *c = tqkv_model_get_config(m);
+    assert_int_equal(c->arch, TQKV_ARCH_GEMMA4);
+    assert_int_equal(c->n_experts, 4);
+    assert_int_equal(c->n_experts_used, 2);
+    assert_int_equal(c->n_moe_layers, c->n_layers);
+    test_rng r;
+    rng_init(&r, test_seed() ^ 44);
+    enum { R = 3, N = 20 };
+    int32_t tok[R * N];
+    int len[R];
+    g4_tokens(&r, c->vocab_size, tok, len, R, N);
+    float *a = g4_alone(m, tok, len, R, N, 2, TQKV_F32), *b = g4_alone(dense, tok, len, R, N, 2, TQKV_F32);
+    const double e = rel_l2(a, b, (size_t)R * N * c->vocab_size);
+    printf("gemma4moe with a zero expert-output norm vs dense gemma4/plain: rel L2 %.2e\n", e);
+    assert_true(e > 0 && e < 1e-4);
+    free(a);
+    free(b);
+    tqkv_model_free(m);
+    tqkv_model_free(dense);
+    derive_remove(dir);
+}
+
+/* Random experts: the left-padded batch bitwise equal to the rows alone (1 and 3 threads),
+ * decode near prefill (past the sliding window), q8 / tq4 near f32; refusals. */
+static void test_gemma4moe_derived_rows(void **st) {
+    (void)st;
+    char dir[] = "/tmp/tqkv_g4moe_rdXXXXXX";
+    assert_non_null(mkdtemp(dir));
+    derive_g4_spec d = {6, 2, 24, 0, test_seed()};
+    derive_gemma4moe(dir, &d);
+    tqkv_model *m = load_dir(dir);
+    const int V = tqkv_model_get_config(m)->vocab_size;
+    test_rng r;
+    rng_init(&r, test_seed() ^ 45);
+    enum { R = 3, N = 24 };
+    int32_t tok[R * N];
+    int len[R];
+    g4_tokens(&r, V, tok, len, R, N);
+    float *alone = g4_alone(m, tok, len, R, N, 2, TQKV_F32), *lb = malloc(sizeof(float) * R * N * V);
+    for (int threads = 1; threads <= 3; threads += 2) {
+        tqkv_model_state *s = new_state(m, R, threads);
+        assert_int_equal(tqkv_model_prefill(m, s, tok, len, N, TQKV_LOGITS_ALL, lb), TQKV_OK);
+        for (int i = 0; i < R; i++)
+            assert_memory_equal(lb + ((size_t)i * N + (N - len[i])) * V, alone + (size_t)i * N * V,
+                                sizeof(float) * len[i] * V);
+        tqkv_model_state_free(s);
+    }
+    tqkv_model_state *s = new_state(m, 1, 2);
+    const int n0 = 6;
+    assert_int_equal(tqkv_model_prefill(m, s, tok, NULL, n0, TQKV_LOGITS_LAST, lb), TQKV_OK);
+    double worst = rel_l2(lb, alone + (size_t)(n0 - 1) * V, (size_t)V);
+    for (int j = n0; j < N; j++) {
+        assert_int_equal(tqkv_model_decode(m, s, &tok[j], lb), TQKV_OK);
+        const double e = rel_l2(lb, alone + (size_t)j * V, (size_t)V);
+        worst = e > worst ? e : worst;
+    }
+    printf("gemma4moe derived: decode %d..%d vs prefill worst rel L2 %.2e\n", n0, N - 1, worst);
+    assert_true(worst < 1e-4);
+    tqkv_model_state_free(s);
+    float *q8 = g4_alone(m, tok, len, 1, N, 2, TQKV_Q8), *t4 = g4_alone(m, tok, len, 1, N, 2, TQKV_TQ4);
+    const double e8 = rel_l2(q8, alone, (size_t)N * V), e4 = rel_l2(t4, alone, (size_t)N * V);
+    printf("gemma4moe derived vs the f32 cache, %d positions: q8 rel L2 %.3g, tq4 %.3g\n", N, e8, e4);
+    assert_true(e8 > 0 && e8 < 0.02);
+    assert_true(e4 > e8 && e4 < 0.3);
+    /* refusals of the block's fields */
+    char p[1200];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    char *text = slurp(p, NULL);
+    const struct { const char *key; double v; int del; } bad[] = {
+        {"num_experts", 0, 1}, {"top_k_experts", 7, 0}, {"moe_intermediate_size", 0, 1},
+        {"top_k_experts", 0, 0},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cJSON *j = cJSON_Parse(text);
+        cJSON_DeleteItemFromObject(j, bad[i].key);
+        if (!bad[i].del) cJSON_AddNumberToObject(j, bad[i].key, bad[i].v);
+        char *out = cJSON_PrintUnformatted(j);
+        tqkv_model_config c;
+        const tqkv_status rc = model_config_parse(out, strlen(out), "bad.json", &c);
+        printf("refused (%d): %s\n", (int)rc, tqkv_last_error());
+        assert_int_equal(rc, TQKV_ECORRUPT);
+        assert_non_null(strstr(tqkv_last_error(), bad[i].key));
+        free(out);
+        cJSON_Delete(j);
+    }
+    free(text);
+    free(q8);
+    free(t4);
+    free(lb);
+    free(alone);
+    tqkv_model_free(m);
+    derive_remove(dir);
+}
+
+static void test_gemma4moe_parity(void **st) {
+    (void)st;
+    if (!have_golden("gemma4moe")) { skip(); return; }
+    check_parity("moe", "gemma4moe");
+}
+static void test_gemma4moe_decode_greedy(void **st) {
+    (void)st;
+    if (!have_golden("gemma4moe")) { skip(); return; }
+    check_decode_greedy("moe", "gemma4moe");
+}
+
 int main(void) {
     char p[1024];
     FILE *f = fopen(source_path("tests/golden/moe/qwen3moe/goldens.json", p, sizeof p), "rb");
@@ -531,6 +702,8 @@ int main(void) {
         cmocka_unit_test(test_qwen35moe_parity),     cmocka_unit_test(test_qwen35moe_decode_greedy),
         cmocka_unit_test(test_qwen35moe_split_parity),
         cmocka_unit_test(test_qwen35moe_split_decode_greedy),
+        cmocka_unit_test(test_gemma4moe_near_dense), cmocka_unit_test(test_gemma4moe_derived_rows),
+        cmocka_unit_test(test_gemma4moe_parity),     cmocka_unit_test(test_gemma4moe_decode_greedy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -17,8 +17,8 @@ published Qwen 3.5 MoE checkpoints) or one tensor per expert.
 Variants: qwen3moe, qwen3moe_s2 (Qwen3MoeForCausalLM); qwen35moe, qwen35moe_split
 (Qwen3_5MoeForCausalLM, model_type qwen3_5_moe_text: the Qwen 3.5 hybrid with a routed
 experts block and a sigmoid-gated shared expert on every layer); gemma4moe
-(Gemma4ForCausalLM with enable_moe_block, for the next graph; its module tree goes to
-modules.txt). --only picks some of them.
+(Gemma4ForCausalLM with enable_moe_block: a routed GELU experts block beside every layer's
+MLP; its module tree goes to modules.txt). --only picks some of them.
 
 usage: python3 tools/make_graph_goldens_moe.py --out OUTDIR [--threads 8] [--only a,b]
 """
@@ -71,7 +71,7 @@ def variants():
                            layer_types=["linear_attention", "linear_attention", "full_attention"],
                            num_experts=6, num_experts_per_tok=3, moe_intermediate_size=24,
                            shared_expert_intermediate_size=40)
-    # Gemma 4 with MoE blocks (not yet a tqkv graph: goldens and module tree for it)
+    # Gemma 4 with MoE blocks beside every MLP (router on the residual, per-expert scale)
     gemma4moe = dict(model_type="gemma4_text", architectures=["Gemma4ForCausalLM"],
                      vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
                      num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2,

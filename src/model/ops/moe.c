@@ -14,7 +14,7 @@
 
 moe_shape moe_shape_of(const tqkv_model_config *c) {
     moe_shape sh = {c->hidden_size, c->n_experts, c->n_experts_used, c->moe_intermediate_size,
-                    c->norm_topk_prob, c->moe_shared_intermediate_size};
+                    c->norm_topk_prob, c->moe_shared_intermediate_size, MOE_ACT_SILU};
     return sh;
 }
 
@@ -60,8 +60,10 @@ tqkv_status moe_scratch_reserve(moe_scratch *x, const moe_shape *sh, size_t T) {
 // ---------------------------------------------------------------------------
 
 /* One token: p = softmax(logits [E]) in place; the K most probable experts (ties: the lower
- * index) into sel [K] by descending p, their weights into w [K] (renormalised if asked). */
-static void route_token(float *p, int E, int K, int norm, int32_t *sel, float *w) {
+ * index) into sel [K] by descending p, their weights into w [K] (renormalised if asked,
+ * then times scale[e] if given). */
+static void route_token(float *p, int E, int K, int norm, const float *scale, int32_t *sel,
+                        float *w) {
     float mx = p[0];
     for (int e = 1; e < E; e++) mx = p[e] > mx ? p[e] : mx;
     float sum = 0.0f;
@@ -80,39 +82,57 @@ static void route_token(float *p, int E, int K, int norm, int32_t *sel, float *w
         sel[k] = best;
         w[k] = p[best];
     }
-    if (!norm) return;
-    float t = 0.0f;
-    for (int k = 0; k < K; k++) t += w[k];
-    for (int k = 0; k < K; k++) w[k] /= t;
+    if (norm) {
+        float t = 0.0f;
+        for (int k = 0; k < K; k++) t += w[k];
+        for (int k = 0; k < K; k++) w[k] /= t;
+    }
+    if (scale)
+        for (int k = 0; k < K; k++) w[k] *= scale[sel[k]];
 }
 
 // ---------------------------------------------------------------------------
 // the experts
 // ---------------------------------------------------------------------------
 
-/* One SwiGLU (gu fused, else g / u) over the n rows of in [n, hidden] -> out [n, hidden]. */
-static void swiglu_mlp(const mm_weight *gu, const mm_weight *g, const mm_weight *u,
-                       const mm_weight *down, int I, int H, const float *in, int n, float *out,
-                       int threads, moe_scratch *x) {
+/* gelu_pytorch_tanh, the expression of src/model/arch/gemma4/graph.c */
+static inline float gelu_tanh(float x) {
+    float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(inner));
+}
+
+/* One gated MLP (gu fused, else g / u; act(gate) * up) over the n rows of in [n, hidden] ->
+ * out [n, hidden]. */
+static void gated_mlp(const mm_weight *gu, const mm_weight *g, const mm_weight *u,
+                      const mm_weight *down, int I, int H, moe_act act, const float *in, int n,
+                      float *out, int threads, moe_scratch *x) {
     if (gu->data) {
         mm_matmul_ld(in, n, gu, NULL, x->gu, 2 * (size_t)I, threads, x->perm);
     } else {
         mm_matmul_ld(in, n, g, NULL, x->gu, 2 * (size_t)I, threads, x->perm);
         mm_matmul_ld(in, n, u, NULL, x->gu + I, 2 * (size_t)I, threads, x->perm);
     }
-    for (int i = 0; i < n; i++)
-        ops_swiglu(x->gu + (size_t)i * 2 * I, x->gu + (size_t)i * 2 * I + I, I, x->h + (size_t)i * I);
+    for (int i = 0; i < n; i++) {
+        const float *gg = x->gu + (size_t)i * 2 * I, *uu = gg + I;
+        float *hh = x->h + (size_t)i * I;
+        if (act == MOE_ACT_SILU)
+            ops_swiglu(gg, uu, I, hh);
+        else
+            for (int e = 0; e < I; e++) hh[e] = gelu_tanh(gg[e]) * uu[e];
+    }
     mm_matmul_ld(x->h, n, down, NULL, out, (size_t)H, threads, x->perm);
 }
 
-/* acc [T, hidden] = the routed experts' weighted sum (ascending expert order per token). */
-static void routed(const moe_layer *L, const moe_shape *sh, const float *xn, size_t T,
-                   int th, moe_scratch *x) {
+/* acc [T, hidden] = the routed experts' weighted sum of xn (ascending expert order per
+ * token), routed on xr. */
+static void routed(const moe_layer *L, const moe_shape *sh, const float *xr, const float *xn,
+                   float *acc, size_t T, int th, moe_scratch *x) {
     const int H = sh->hidden, E = sh->n_experts, K = sh->top_k;
-    mm_matmul_ld(xn, (int)T, &L->router, NULL, x->logits, (size_t)E, th, x->perm);
+    mm_matmul_ld(xr, (int)T, &L->router, NULL, x->logits, (size_t)E, th, x->perm);
     for (size_t t = 0; t < T; t++)
-        route_token(x->logits + t * E, E, K, sh->norm_topk, x->sel + t * K, x->wts + t * K);
-    memset(x->acc, 0, sizeof(float) * T * (size_t)H);
+        route_token(x->logits + t * E, E, K, sh->norm_topk, L->expert_scale, x->sel + t * K,
+                    x->wts + t * K);
+    memset(acc, 0, sizeof(float) * T * (size_t)H);
     for (int e = 0; e < E; e++) {
         int n = 0; // tokens routed to e, ascending
         for (size_t t = 0; t < T; t++)
@@ -124,10 +144,10 @@ static void routed(const moe_layer *L, const moe_shape *sh, const float *xn, siz
                     n++;
                 }
         if (n == 0) continue;
-        swiglu_mlp(&L->gu[e], &L->g[e], &L->u[e], &L->down[e], sh->inter, H, x->xg, n, x->y,
-                   th, x);
+        gated_mlp(&L->gu[e], &L->g[e], &L->u[e], &L->down[e], sh->inter, H, sh->act, x->xg, n,
+                  x->y, th, x);
         for (int i = 0; i < n; i++) {
-            float *a = x->acc + (size_t)x->tok[i] * H;
+            float *a = acc + (size_t)x->tok[i] * H;
             const float *y = x->y + (size_t)i * H;
             for (int j = 0; j < H; j++) {
                 const float v = y[j] * x->w1[i]; /* rounded, then added (transformers' order) */
@@ -137,20 +157,20 @@ static void routed(const moe_layer *L, const moe_shape *sh, const float *xn, siz
     }
 }
 
-tqkv_status moe_forward(const moe_layer *L, const moe_shape *sh, const float *xn, float *x,
-                        size_t T, int threads, moe_scratch *sc) {
+tqkv_status moe_experts(const moe_layer *L, const moe_shape *sh, const float *xr,
+                        const float *xn, float *out, size_t T, int threads, moe_scratch *sc) {
     const int H = sh->hidden;
     tqkv_status rc = moe_scratch_reserve(sc, sh, T);
     if (rc != TQKV_OK) return rc;
-    routed(L, sh, xn, T, threads, sc);
-    if (sh->shared_inter > 0) { /* acc += sigmoid(gate . xn) * shared(xn), the product rounded */
+    routed(L, sh, xr ? xr : xn, xn, out, T, threads, sc);
+    if (sh->shared_inter > 0) { /* out += sigmoid(gate . xn) * shared(xn), the product rounded */
         const int S = sh->shared_inter;
-        swiglu_mlp(&L->sh_gu, &L->sh_g, &L->sh_u, &L->sh_down, S, H, xn, (int)T, sc->y,
-                   threads, sc);
+        gated_mlp(&L->sh_gu, &L->sh_g, &L->sh_u, &L->sh_down, S, H, sh->act, xn, (int)T, sc->y,
+                  threads, sc);
         mm_matmul_ld(xn, (int)T, &L->sh_gate, NULL, sc->sg, 1, threads, sc->perm);
         for (size_t t = 0; t < T; t++) {
             const float g = 1.0f / (1.0f + expf(-sc->sg[t]));
-            float *a = sc->acc + t * H;
+            float *a = out + t * H;
             const float *y = sc->y + t * H;
             for (int j = 0; j < H; j++) {
                 const float v = g * y[j];
@@ -158,6 +178,15 @@ tqkv_status moe_forward(const moe_layer *L, const moe_shape *sh, const float *xn
             }
         }
     }
+    return TQKV_OK;
+}
+
+tqkv_status moe_forward(const moe_layer *L, const moe_shape *sh, const float *xn, float *x,
+                        size_t T, int threads, moe_scratch *sc) {
+    const int H = sh->hidden;
+    tqkv_status rc = moe_scratch_reserve(sc, sh, T);
+    if (rc != TQKV_OK) return rc;
+    moe_experts(L, sh, NULL, xn, sc->acc, T, threads, sc);
     for (size_t t = 0; t < T; t++) {
         float *xr = x + t * H;
         const float *a = sc->acc + t * H;

@@ -1,20 +1,21 @@
 /*
  * moe.h - the routed-experts feed-forward the mixture-of-experts graphs share (issue 24):
- *   router, float32 softmax, top-k, each expert's SwiGLU over the tokens routed to it, the
- *   weighted sum in ascending expert order, and an optional shared expert scaled by
- *   sigmoid(shared_expert_gate) (Qwen3-Next / Qwen 3.5 MoE).
+ *   router, float32 softmax, top-k, each expert's gated MLP (SiLU, or GELU-tanh for Gemma 4)
+ *   over the tokens routed to it, the weighted sum in ascending expert order, and an
+ *   optional shared expert scaled by sigmoid(shared_expert_gate) (Qwen3-Next / Qwen 3.5 MoE).
  * Owns: one sparse layer's weights (moe_layer), its shape (moe_shape), the scratch.
  * Must not: load weights (load/weights.c: model_load_experts) or know which graph calls it;
  *   let a token's output depend on the other tokens of the call: every product is a
  *   row-independent GEMM (mm_matmul_ld) and a token's expert outputs are added in ascending
  *   expert order, whatever else was routed with it.
  *
- * moe_forward, per token t (transformers' Qwen3MoeSparseMoeBlock / Qwen3_5MoeSparseMoeBlock):
- *   p = softmax(router xn_t) over E experts;  the K most probable (ties: the lower index),
- *   weights p (divided by their sum when norm_topk);
- *   r = sum over the chosen e, ascending e, of round(w_e * down_e(silu(gate_e xn_t) * up_e xn_t));
+ * moe_experts, per token t (transformers' Qwen3MoeSparseMoeBlock / Qwen3_5MoeSparseMoeBlock,
+ * Gemma4TextRouter + Gemma4TextExperts), xr_t the router's input (xn_t unless given):
+ *   p = softmax(router xr_t) over E experts;  the K most probable (ties: the lower index),
+ *   weights p (divided by their sum when norm_topk, then times expert_scale[e] if given);
+ *   r = sum over the chosen e, ascending e, of round(w_e * down_e(act(gate_e xn_t) * up_e xn_t));
  *   shared expert (if any): r = r + sigmoid(shared_gate . xn_t) * shared(xn_t);
- *   x_t += r.
+ *   out_t = r.   moe_forward: x_t += r.
  */
 #ifndef TQKV_OPS_MOE_H
 #define TQKV_OPS_MOE_H
@@ -37,15 +38,19 @@ typedef struct {
     mm_weight  sh_g, sh_u; /* [shared_inter, hidden] */
     mm_weight  sh_down;  /* [hidden, shared_inter] */
     mm_weight  sh_gate;  /* [1, hidden] */
+    const float *expert_scale; /* [E] per-expert factor of the routing weight (Gemma 4), or NULL */
 } moe_layer;
+
+typedef enum { MOE_ACT_SILU = 0, MOE_ACT_GELU_TANH } moe_act;
 
 typedef struct {
     int hidden, n_experts, top_k, inter; /* inter: one expert's SwiGLU width */
     int norm_topk;                       /* renormalise the top-k weights to sum 1 */
     int shared_inter;                    /* the shared expert's width (0: none) */
+    moe_act act;                         /* the experts' gate activation */
 } moe_shape;
 
-/* The shape of a config's sparse layers. */
+/* The shape of a config's sparse layers (SiLU experts: a graph with others sets act). */
 moe_shape moe_shape_of(const tqkv_model_config *c);
 
 /* Per-state scratch, grown on demand (zero-initialise before the first use). */
@@ -69,8 +74,13 @@ typedef struct {
 tqkv_status moe_scratch_reserve(moe_scratch *x, const moe_shape *sh, size_t T);
 void        moe_scratch_free(moe_scratch *x);
 
-/* x [T, hidden] += the layer's feed-forward of xn [T, hidden] (formula above). Fails only
- * when the scratch cannot grow, before touching x. */
+/* out [T, hidden] = the layer's experts of xn [T, hidden] routed on xr [T, hidden] (NULL:
+ * xn) (formula above); out may be sc->acc once the scratch holds T tokens
+ * (moe_scratch_reserve). Fails only when the scratch cannot grow, before
+ * touching out. */
+tqkv_status moe_experts(const moe_layer *L, const moe_shape *sh, const float *xr,
+                        const float *xn, float *out, size_t T, int threads, moe_scratch *sc);
+/* x [T, hidden] += the layer's feed-forward of xn [T, hidden]; the same failure rule. */
 tqkv_status moe_forward(const moe_layer *L, const moe_shape *sh, const float *xn, float *x,
                         size_t T, int threads, moe_scratch *sc);
 
