@@ -7,7 +7,7 @@
  *   - qwen35moe / qwen35moe_split: Qwen 3.5 MoE (the hybrid with routed experts and a gated
  *     shared expert on every layer), fused / per-expert tensors;
  *   - gemma4moe: Gemma 4 with MoE blocks beside every MLP;
- *   (the last three skipped, visibly, until their goldens are in the tree)
+ *   (the last three skipped, visibly, when their goldens are not in the tree)
  * every prompt alone at every position (rel. L2 < 1e-3), the left-padded batch bitwise equal
  * to the rows alone at 1 and 3 threads (a token's routing and expert sums never depend on
  * the other tokens), prefill + per-token decode, greedy equal to generate(); the sparse
@@ -693,6 +693,46 @@ static void test_gemma4moe_derived_rows(void **st) {
     derive_remove(dir);
 }
 
+/* The goldens' configs as loaded, and their compressed caches (every prompt, every
+ * position; the median position's rel L2, as for the derived checkpoints). */
+static void golden_config_kv(const char *variant, tqkv_arch arch, int E, int K, int I, int S) {
+    golden g;
+    golden_load(&g, "moe", variant);
+    tqkv_model *m = load_model(&g);
+    const tqkv_model_config *c = tqkv_model_get_config(m);
+    assert_int_equal(c->arch, arch);
+    assert_int_equal(c->n_experts, E);
+    assert_int_equal(c->n_experts_used, K);
+    assert_int_equal(c->moe_intermediate_size, I);
+    assert_int_equal(c->moe_shared_intermediate_size, S);
+    assert_int_equal(c->n_moe_layers, c->n_layers);
+    assert_int_equal(c->norm_topk_prob, 1);
+    const int nmax = max_len(&g), V = g.vocab;
+    float *f = prompts_alone(m, &g, nmax, 2, TQKV_F32), *q8 = prompts_alone(m, &g, nmax, 2, TQKV_Q8),
+          *t4 = prompts_alone(m, &g, nmax, 2, TQKV_TQ4);
+    const double m8 = median_pos_err(q8, f, g.n[0], V), m4 = median_pos_err(t4, f, g.n[0], V);
+    printf("%s vs the f32 cache, prompt 0 (%d positions): q8 rel L2 %.3g (median position %.3g), "
+           "tq4 %.3g (median %.3g)\n", variant, g.n[0], rel_l2(q8, f, (size_t)g.n[0] * V), m8,
+           rel_l2(t4, f, (size_t)g.n[0] * V), m4);
+    assert_true(m8 > 0 && m8 < 0.02);
+    assert_true(m4 > m8 && m4 < 0.3);
+    free(f);
+    free(q8);
+    free(t4);
+    tqkv_model_free(m);
+    golden_free(&g);
+}
+static void test_moe_golden_configs(void **st) {
+    (void)st;
+    if (!have_golden("qwen35moe") || !have_golden("qwen35moe_split") || !have_golden("gemma4moe")) {
+        skip();
+        return;
+    }
+    golden_config_kv("qwen35moe", TQKV_ARCH_QWEN35_MOE, 8, 2, 32, 48);
+    golden_config_kv("qwen35moe_split", TQKV_ARCH_QWEN35_MOE, 6, 3, 24, 40);
+    golden_config_kv("gemma4moe", TQKV_ARCH_GEMMA4, 8, 2, 32, 0);
+}
+
 static void test_gemma4moe_parity(void **st) {
     (void)st;
     if (!have_golden("gemma4moe")) { skip(); return; }
@@ -725,6 +765,7 @@ int main(void) {
         cmocka_unit_test(test_qwen35moe_split_decode_greedy),
         cmocka_unit_test(test_gemma4moe_near_dense), cmocka_unit_test(test_gemma4moe_derived_rows),
         cmocka_unit_test(test_gemma4moe_parity),     cmocka_unit_test(test_gemma4moe_decode_greedy),
+        cmocka_unit_test(test_moe_golden_configs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

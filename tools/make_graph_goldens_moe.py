@@ -11,8 +11,8 @@ run_variant (same file layout). Checkpoints are written with one tensor per expe
 (model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight), the layout the published
 Qwen3-MoE checkpoints use, whatever layout this transformers keeps in memory; Qwen 3.5 MoE
 variants are written in either layout (see EXPERT_LAYOUT): fused
-(mlp.experts.gate_up_proj [E, 2I, H], mlp.experts.down_proj [E, H, I], the layout of the
-published Qwen 3.5 MoE checkpoints) or one tensor per expert.
+(mlp.experts.gate_up_proj [E, 2I, H], mlp.experts.down_proj [E, H, I], the layout the
+modeling code holds) or one tensor per expert (what transformers 5.17 saves for them).
 
 Variants: qwen3moe, qwen3moe_s2 (Qwen3MoeForCausalLM); qwen35moe, qwen35moe_split
 (Qwen3_5MoeForCausalLM, model_type qwen3_5_moe_text: the Qwen 3.5 hybrid with a routed

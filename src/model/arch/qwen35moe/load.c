@@ -2,9 +2,9 @@
  * load.c - the weights of a Qwen 3.5 MoE checkpoint: each layer's norms and mixer (the
  *   hybrid's loader, qwen35_load_mixer), then its sparse block under mlp.: the router
  *   (gate.weight [E, H]), the experts (experts.gate_up_proj [E, 2I, H] + experts.down_proj
- *   [E, H, I] as published, or one tensor per expert: model_load_experts), the shared expert
- *   (shared_expert.{gate,up,down}_proj: model_load_swiglu) and its
- *   gate (shared_expert_gate.weight [1, H]).
+ *   [E, H, I], or one tensor per expert as transformers 5.17 saves them: model_load_experts),
+ *   the shared expert (shared_expert.{gate,up,down}_proj: model_load_swiglu) and its gate
+ *   (shared_expert_gate.weight [1, H]).
  * Must not: run the forward pass.
  */
 #include <stdio.h>
