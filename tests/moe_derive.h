@@ -222,6 +222,19 @@ static inline void dv_block(dv_list *out, const cJSON *h, const uint8_t *base, c
     dv_random(dv_add(out, name, 2, (int64_t[]){1, H}), 0, (size_t)H, 1.0f / sqrtf((float)H), r);
 }
 
+/* The parsed config.json of the checkpoint at rel (its directory into src). */
+static inline cJSON *dv_read_config(const char *rel, char *src, size_t cap) {
+    char p[1200];
+    source_path(rel, src, cap);
+    snprintf(p, sizeof p, "%s/config.json", src);
+    char *ctext = slurp(p, NULL);
+    assert_non_null(ctext);
+    cJSON *c = cJSON_Parse(ctext);
+    free(ctext);
+    assert_non_null(c);
+    return c;
+}
+
 /* dst/config.json from c (freed). */
 static inline void dv_write_config(const char *dst, cJSON *c) {
     char p[1200];
@@ -248,13 +261,8 @@ static inline void dv_finish(const char *dst, dv_list *l, cJSON *h, uint8_t *b) 
 
 /* dst/{config.json, model.safetensors}: the derived checkpoint (dst must exist). */
 static inline void derive_qwen35moe(const char *dst, const derive_spec *d) {
-    char p[1200], src[1024];
-    source_path("tests/golden/qwen35/hybrid", src, sizeof src);
-    snprintf(p, sizeof p, "%s/config.json", src);
-    char *ctext = slurp(p, NULL);
-    assert_non_null(ctext);
-    cJSON *c = cJSON_Parse(ctext);
-    free(ctext);
+    char src[1024];
+    cJSON *c = dv_read_config("tests/golden/qwen35/hybrid", src, sizeof src);
     const int H = cJSON_GetObjectItem(c, "hidden_size")->valueint,
               Id = cJSON_GetObjectItem(c, "intermediate_size")->valueint,
               NL = cJSON_GetObjectItem(c, "num_hidden_layers")->valueint;
@@ -306,13 +314,8 @@ typedef struct {
 } derive_g4_spec;
 
 static inline void derive_gemma4moe(const char *dst, const derive_g4_spec *d) {
-    char p[1200], src[1024];
-    source_path("tests/golden/gemma4/plain", src, sizeof src);
-    snprintf(p, sizeof p, "%s/config.json", src);
-    char *ctext = slurp(p, NULL);
-    assert_non_null(ctext);
-    cJSON *c = cJSON_Parse(ctext);
-    free(ctext);
+    char src[1024];
+    cJSON *c = dv_read_config("tests/golden/gemma4/plain", src, sizeof src);
     const int H = cJSON_GetObjectItem(c, "hidden_size")->valueint,
               NL = cJSON_GetObjectItem(c, "num_hidden_layers")->valueint;
     const char *keys[] = {"enable_moe_block", "num_experts", "top_k_experts", "moe_intermediate_size"};
