@@ -35,7 +35,9 @@ typedef enum {
     TQKV_ARCH_GEMMA4,    /* Gemma4ForCausalLM (gemma4_text): sliding/full layers, KV sharing;
                             head_dim/n_kv_heads here are the sliding layers' */
     TQKV_ARCH_QWEN35,    /* Qwen3_5ForCausalLM (qwen3_5_text): gated DeltaNet + gated attention */
-    TQKV_ARCH_QWEN3_MOE  /* Qwen3MoeForCausalLM (qwen3_moe): Qwen3 attention, routed experts */
+    TQKV_ARCH_QWEN3_MOE, /* Qwen3MoeForCausalLM (qwen3_moe): Qwen3 attention, routed experts */
+    TQKV_ARCH_QWEN35_MOE /* Qwen3_5MoeForCausalLM (qwen3_5_moe_text): the Qwen 3.5 hybrid with
+                            routed experts and a gated shared expert on every layer */
 } tqkv_arch;
 
 /* Kind of a layer's token mixer (tqkv_model_config.layer_type). */
@@ -93,13 +95,15 @@ typedef struct {
     int            lin_k_dim;        /* DeltaNet key head dim */
     int            lin_v_dim;        /* DeltaNet value head dim */
     int            lin_conv_kernel;  /* depthwise causal conv1d width */
-    /* ---- mixture-of-experts graphs (Qwen3-MoE); zero for dense ones ---- */
+    /* ---- mixture-of-experts graphs (Qwen3-MoE, Qwen 3.5 MoE); zero for dense ones ---- */
     int            n_experts;        /* routed experts of an MoE layer */
     int            n_experts_used;   /* experts each token runs (top-k) */
     int            moe_intermediate_size; /* one expert's SwiGLU width */
     int            norm_topk_prob;   /* the top-k routing weights renormalised to sum 1 */
     unsigned char  layer_moe[TQKV_MAX_LAYERS]; /* 1: the layer's feed-forward is the experts */
     int            n_moe_layers;     /* layers whose layer_moe is 1 */
+    int            moe_shared_intermediate_size; /* the shared expert's SwiGLU width, scaled
+                                                    by sigmoid(shared_expert_gate); 0: none */
     char           weight_prefix[32]; /* tensor name prefix of the text model: "" means
                                          "model."; "model.language_model." for the text part
                                          of a multimodal wrapper (Qwen3_5ForConditionalGeneration) */

@@ -3,15 +3,20 @@
  * TQKV_ERANGE and changes nothing, on every architecture (the common preamble in
  * src/model/state/state.c), on the CPU and, where a GPU is present, on the device.
  * Checkpoints: the tiny random-weight goldens in tests/golden/ (Gemma 4, Qwen 3.5 hybrid,
- * a Llama-shaped MiniCPM5) and the bundled Qwen3. The loaded config's limit is lowered to
- * a few dozen tokens (RoPE has no position table, so any limit is a valid model), which
- * keeps each case to a short prefill.
- * Owns: nothing on disk. Must not: depend on ../shared.
+ * a Llama-shaped MiniCPM5, Qwen3-MoE), the bundled Qwen3, and Qwen 3.5 MoE and Gemma 4 MoE
+ * checkpoints derived from the dense goldens (moe_derive.h, in temporary directories removed
+ * at the end). The loaded config's limit is lowered to a few dozen tokens (RoPE has no position
+ * table, so any limit is a valid model), which keeps each case to a short prefill. A graph
+ * that runs on the CPU only (the MoE graphs) must be refused clearly on the device.
+ * Owns: nothing on disk but that temporary directory. Must not: depend on ../shared.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
+#include "moe_derive.h"
 #include "testutil.h"
 #include "tqkv_model.h"
 #ifdef TQKV_HAVE_CUDA
@@ -29,14 +34,22 @@ static const char *const CHECKPOINTS[] = {
     "tests/golden/gemma4/base",       /* Gemma4ForCausalLM */
     "tests/golden/qwen35/hybrid",     /* Qwen3_5ForCausalLM */
     "tests/golden/moe/qwen3moe",      /* Qwen3MoeForCausalLM */
+    NULL,                             /* Qwen3_5MoeForCausalLM: derived (g_derived[0]) */
+    NULL,                             /* Gemma4ForCausalLM with MoE blocks: g_derived[1] */
 };
+static char g_derived[2][40] = {"/tmp/tqkv_ctxlim_q35moeXXXXXX", "/tmp/tqkv_ctxlim_g4moeXXXXXX"};
 #define N_CHECKPOINTS (int)(sizeof CHECKPOINTS / sizeof CHECKPOINTS[0])
 
 #define OK(x) assert_int_equal((x), TQKV_OK)
 
-static tqkv_model *load(const char *rel) {
+/* CHECKPOINTS[i], or the derived checkpoint of its NULL entry (the last two). */
+static tqkv_model *load(int i) {
+    const char *rel = CHECKPOINTS[i];
     char dir[1024];
-    snprintf(dir, sizeof dir, "%s/%s", TQKV_SOURCE_DIR, rel);
+    if (rel)
+        snprintf(dir, sizeof dir, "%s/%s", TQKV_SOURCE_DIR, rel);
+    else
+        snprintf(dir, sizeof dir, "%s", g_derived[i - (N_CHECKPOINTS - 2)]);
     tqkv_model *m = NULL;
     if (tqkv_model_load(&m, dir, NULL) != TQKV_OK) fail_msg("%s: %s", dir, tqkv_last_error());
     /* the limit under test: lowered in the loaded copy only */
@@ -94,7 +107,7 @@ static void test_cpu(void **state) {
     test_rng rng;
     rng_init(&rng, test_seed());
     for (int i = 0; i < N_CHECKPOINTS; i++) {
-        tqkv_model *m = load(CHECKPOINTS[i]);
+        tqkv_model *m = load(i);
         check_limit(m, 0, &rng);
         tqkv_model_free(m);
     }
@@ -110,16 +123,38 @@ static void test_device(void **state) {
     test_rng rng;
     rng_init(&rng, test_seed());
     for (int i = 0; i < N_CHECKPOINTS; i++) {
-        tqkv_model *m = load(CHECKPOINTS[i]);
-        check_limit(m, 1, &rng);
+        tqkv_model *m = load(i);
+        tqkv_model_state_params p = tqkv_model_state_params_default();
+        p.device = 1;
+        tqkv_model_state *s = NULL;
+        const tqkv_status rc = tqkv_model_state_init(&s, m, &p);
+        if (rc == TQKV_EUNSUPPORTED && strstr(tqkv_last_error(), "CPU only")) {
+            print_message("%s: %s\n", CHECKPOINTS[i] ? CHECKPOINTS[i] : "(derived)",
+                          tqkv_last_error());
+        } else {
+            OK(rc);
+            tqkv_model_state_free(s);
+            check_limit(m, 1, &rng);
+        }
         tqkv_model_free(m);
     }
 }
 
 int main(void) {
+    if (!mkdtemp(g_derived[0]) || !mkdtemp(g_derived[1])) {
+        perror("mkdtemp");
+        return 1;
+    }
+    const derive_spec d = {4, 2, 16, 24, 1, 0, 7, 0};
+    derive_qwen35moe(g_derived[0], &d);
+    const derive_g4_spec d4 = {4, 2, 16, 0, 8};
+    derive_gemma4moe(g_derived[1], &d4);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cpu),
         cmocka_unit_test(test_device),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    const int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    derive_remove(g_derived[0]);
+    derive_remove(g_derived[1]);
+    return rc;
 }

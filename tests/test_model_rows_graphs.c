@@ -3,7 +3,11 @@
  * engine on the two new graphs, with the tiny random-weight checkpoints committed under
  * tests/golden: Gemma 4 (gemma4/base: sliding window 8 with bounded caches, KV-shared
  * layers), Qwen 3.5 (qwen35/hybrid: gated DeltaNet layers with recurrent state rows) and
- * Qwen3-MoE (moe/qwen3moe: routed experts; rows and engine only).
+ * Qwen3-MoE (moe/qwen3moe: routed experts; rows and engine only) and Qwen 3.5 MoE
+ * (moe/qwen35moe: the hybrid's recurrent rows with routed experts and a shared expert; rows
+ * and engine only; until its goldens are in the tree, checkpoints derived from the hybrid
+ * golden by moe_derive.h in a temporary directory), and Gemma 4 with MoE blocks (derived
+ * from gemma4/plain: sliding window 4, bounded caches; rows and engine only).
  * For each graph: rows merged into a running state mid-generation, filtered (reordered),
  * extracted and re-inserted, and spec rounds with a per-row rollback give logits BITWISE
  * equal to each row run alone without those operations; export / import round-trips
@@ -14,7 +18,7 @@
  * target itself; another tiny checkpoint of its vocab) exactly the tokens and logprobs of
  * the engine without one, greedy and seeded sampled (verification windows reproduce single
  * decodes bit for bit: extend_as_decode).
- * Needs no ../shared fixture (the checkpoints are in the source tree).
+ * Needs no ../shared fixture (the checkpoints are in the source tree, or derived from one).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +29,7 @@
 #include "model/arch/gemma4/gemma4.h"
 #include "model/model_impl.h"
 #include "model/state/recurrent.h"
+#include "moe_derive.h"
 #include "testutil.h"
 #include "tqkv_engine.h"
 #include "tqkv_model.h"
@@ -38,12 +43,32 @@
 enum { SLACK = 4 };
 
 typedef struct {
-    const char *variant; /* under tests/golden */
+    const char *variant; /* under tests/golden, or an absolute directory */
     tqkv_model *m;
     int V;
 } graph;
 
-static graph g_graph[3] = {{"gemma4/base", NULL, 0}, {"qwen35/hybrid", NULL, 0}, {"moe/qwen3moe", NULL, 0}};
+#define N_GRAPHS 5
+static graph g_graph[N_GRAPHS] = {{"gemma4/base", NULL, 0}, {"qwen35/hybrid", NULL, 0},
+                                  {"moe/qwen3moe", NULL, 0}, {"moe/qwen35moe", NULL, 0},
+                                  {"(derived gemma4moe)", NULL, 0}};
+/* each graph's other checkpoint of the same vocab (a draft that rejects) */
+static const char *g_other[N_GRAPHS] = {"gemma4/plain", "qwen35/minicpm5", "moe/qwen3moe_s2",
+                                        "moe/qwen35moe_split", "(derived)"};
+/* derived checkpoints (moe_derive.h): Qwen 3.5 MoE when its goldens are absent ([0], [1]),
+ * Gemma 4 MoE always ([2], [3]) */
+static char g_derived[4][64];
+
+/* The directory of a variant (tests/golden/<variant>, or the variant itself if absolute). */
+static const char *variant_dir(const char *variant, char *buf, size_t cap) {
+    if (variant[0] == '/') {
+        snprintf(buf, cap, "%s", variant);
+        return buf;
+    }
+    char rel[256];
+    snprintf(rel, sizeof rel, "tests/golden/%s", variant);
+    return source_path(rel, buf, cap);
+}
 
 static tqkv_model_state *new_state(const graph *g, int rows, tqkv_format k, tqkv_format v) {
     tqkv_model_state_params p = tqkv_model_state_params_default();
@@ -336,9 +361,7 @@ typedef struct {
 static void make_engine_dir(const graph *g, char *dir, size_t cap) {
     char src[1024], tok[1024], cmd[8192];
     snprintf(dir, cap, "/tmp/tqkv_rows_graph_%d_%d", (int)getpid(), (int)(g - g_graph));
-    char rel[256];
-    snprintf(rel, sizeof rel, "tests/golden/%s", g->variant);
-    source_path(rel, src, sizeof src);
+    variant_dir(g->variant, src, sizeof src);
     source_path("models/qwen3-code-28m/tokenizer.json", tok, sizeof tok);
     snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s' && ln -s '%s/config.json' "
              "'%s/model.safetensors' '%s' '%s/'", dir, dir, src, src, tok, dir);
@@ -458,10 +481,9 @@ static void engine_graph(const graph *g, test_rng *r) {
      * sampled requests joining a running batch. Drafts: the target itself (greedy rows
      * accept every proposal) and another tiny checkpoint of the same vocab (random weights:
      * proposals almost always rejected, so every round rolls rows back) */
-    char other[1024], orel[256];
-    static const char *const OTHER[3] = {"gemma4/plain", "qwen35/minicpm5", "moe/qwen3moe_s2"};
-    snprintf(orel, sizeof orel, "tests/golden/%s", OTHER[g - g_graph]);
-    source_path(orel, other, sizeof other);
+    char other[1024];
+    const char *orel = g_other[g - g_graph];
+    variant_dir(orel, other, sizeof other);
     const char *drafts[2] = {dir, other};
     job dj[NJ];
     result dref[NJ], dout[NJ];
@@ -512,11 +534,77 @@ static void test_engine_moe(void **state) {
     engine_graph(&g_graph[2], &r);
 }
 
+static void test_rows_qwen35moe(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() ^ 3524);
+    rows_bitwise(&g_graph[3], TQKV_TQ4, TQKV_TQ4, &r);
+    rows_bitwise(&g_graph[3], TQKV_TQ3, TQKV_F16, &r);
+}
+
+static void test_engine_qwen35moe(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() ^ 352424);
+    engine_graph(&g_graph[3], &r);
+}
+
+static void test_rows_gemma4moe(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() ^ 4424);
+    rows_bitwise(&g_graph[4], TQKV_TQ4, TQKV_TQ4, &r);
+    rows_bitwise(&g_graph[4], TQKV_TQ3, TQKV_F16, &r);
+}
+
+static void test_engine_gemma4moe(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() ^ 442424);
+    engine_graph(&g_graph[4], &r);
+}
+
+static int derive_dir(int i) {
+    snprintf(g_derived[i], sizeof g_derived[i], "/tmp/tqkv_rows_moe_%d_%d", (int)getpid(), i);
+    return mkdir(g_derived[i], 0755);
+}
+
+/* Qwen 3.5 MoE: its goldens, else two checkpoints derived from the hybrid golden; Gemma 4
+ * MoE: two derived from gemma4/plain. */
+static int derive_missing(void) {
+    char d[1024];
+    variant_dir(g_graph[3].variant, d, sizeof d);
+    char p[1100];
+    snprintf(p, sizeof p, "%s/config.json", d);
+    if (access(p, R_OK) != 0) {
+        const derive_spec spec[2] = {{6, 2, 32, 24, 1, 0, 11, 0}, {4, 3, 16, 40, 0, 0, 12, 0}};
+        for (int i = 0; i < 2; i++) {
+            if (derive_dir(i) != 0) return -1;
+            derive_qwen35moe(g_derived[i], &spec[i]);
+        }
+        printf("qwen35moe goldens absent: rows and engine on checkpoints derived from "
+               "qwen35/hybrid (%s, %s)\n", g_derived[0], g_derived[1]);
+        g_graph[3].variant = g_derived[0];
+        g_other[3] = g_derived[1];
+    }
+    const derive_g4_spec g4[2] = {{6, 2, 24, 0, 21}, {4, 2, 16, 0, 22}};
+    for (int i = 0; i < 2; i++) {
+        if (derive_dir(2 + i) != 0) return -1;
+        derive_gemma4moe(g_derived[2 + i], &g4[i]);
+    }
+    g_graph[4].variant = g_derived[2];
+    g_other[4] = g_derived[3];
+    return 0;
+}
+
 int main(void) {
-    for (int i = 0; i < 3; i++) {
-        char rel[256], d[1024];
-        snprintf(rel, sizeof rel, "tests/golden/%s", g_graph[i].variant);
-        source_path(rel, d, sizeof d);
+    if (derive_missing() != 0) {
+        perror("mkdir");
+        return 1;
+    }
+    for (int i = 0; i < N_GRAPHS; i++) {
+        char d[1024];
+        variant_dir(g_graph[i].variant, d, sizeof d);
         tqkv_model_load_params lp = tqkv_model_load_params_default();
         if (tqkv_model_load(&g_graph[i].m, d, &lp) != TQKV_OK) {
             fprintf(stderr, "load %s: %s\n", d, tqkv_last_error());
@@ -532,8 +620,14 @@ int main(void) {
         cmocka_unit_test(test_engine_qwen35),
         cmocka_unit_test(test_rows_moe),
         cmocka_unit_test(test_engine_moe),
+        cmocka_unit_test(test_rows_qwen35moe),
+        cmocka_unit_test(test_engine_qwen35moe),
+        cmocka_unit_test(test_rows_gemma4moe),
+        cmocka_unit_test(test_engine_gemma4moe),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    for (int i = 0; i < 3; i++) tqkv_model_free(g_graph[i].m);
+    for (int i = 0; i < N_GRAPHS; i++) tqkv_model_free(g_graph[i].m);
+    for (int i = 0; i < 4; i++)
+        if (g_derived[i][0]) derive_remove(g_derived[i]);
     return rc;
 }

@@ -418,13 +418,17 @@ static void test_hybrid_kv_trim_refused(void **st) {
     golden_free(&g);
 }
 
-/* Clear refusals: MoE, a multimodal wrapper without text_config. */
+/* Clear refusals: the dense graph with experts (the MoE graph is its own architecture,
+ * test_moe), a multimodal wrapper without text_config. */
 static void test_refusals(void **st) {
     (void)st;
     tqkv_model_config c;
-    const char *moe = "{\"architectures\":[\"Qwen3_5MoeForCausalLM\"],\"model_type\":\"qwen3_5_moe_text\"}";
+    const char *moe = "{\"architectures\":[\"Qwen3_5ForCausalLM\"],\"model_type\":\"qwen3_5_text\","
+                      "\"vocab_size\":256,\"hidden_size\":64,\"intermediate_size\":128,"
+                      "\"num_hidden_layers\":4,\"num_attention_heads\":4,\"head_dim\":64,"
+                      "\"num_experts\":8}";
     assert_int_equal(model_config_parse(moe, strlen(moe), "moe.json", &c), TQKV_EUNSUPPORTED);
-    assert_non_null(strstr(tqkv_last_error(), "mixture-of-experts"));
+    assert_non_null(strstr(tqkv_last_error(), "Qwen3_5MoeForCausalLM"));
     const char *mm = "{\"model_type\":\"qwen3_5\"}";
     assert_int_equal(model_config_parse(mm, strlen(mm), "mm.json", &c), TQKV_ECORRUPT);
     assert_non_null(strstr(tqkv_last_error(), "text_config"));

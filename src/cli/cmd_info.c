@@ -128,14 +128,18 @@ static void print_table(const tqkv_model *m, const char *dir, const cJSON *root,
            tqkv_model_graph_name(m), c->arch_name, (double)tqkv_model_params(m) / 1e6,
            tqkv_model_weight_type(m), c->hidden_size, c->vocab_size);
     const cJSON *mo = cJSON_GetObjectItem(root, "experts");
-    if (mo)
-        printf("experts      %d routed, top %d%s, width %d, on %d of %d layers; %.1fM active "
+    if (mo) {
+        char shared[64] = "";
+        const int sw = cJSON_GetObjectItem(mo, "shared_width")->valueint;
+        if (sw > 0) snprintf(shared, sizeof shared, " + a gated shared expert of width %d", sw);
+        printf("experts      %d routed, top %d%s, width %d%s, on %d of %d layers; %.1fM active "
                "params per token\n", cJSON_GetObjectItem(mo, "experts")->valueint,
                cJSON_GetObjectItem(mo, "top_k")->valueint,
                cJSON_IsTrue(cJSON_GetObjectItem(mo, "norm_topk_prob")) ? " (renormalised)" : "",
-               cJSON_GetObjectItem(mo, "width")->valueint,
+               cJSON_GetObjectItem(mo, "width")->valueint, shared,
                cJSON_GetObjectItem(mo, "moe_layers")->valueint, c->n_layers,
                cJSON_GetObjectItem(mo, "active_params")->valuedouble / 1e6);
+    }
     printf("layers       %d: %s\n", c->n_layers, il->map);
     printf("             F = full attention, S = sliding window, L = gated DeltaNet "
            "(recurrent rows); lower case = reads a donor's KV rows\n");
@@ -211,7 +215,8 @@ int cmd_info(int argc, char **argv) {
     cJSON_AddNumberToObject(root, "hidden", c->hidden_size);
     cJSON_AddNumberToObject(root, "vocab", c->vocab_size);
     cJSON_AddNumberToObject(root, "rope_theta", c->rope_theta);
-    if (c->n_experts > 0) { /* active: all but the experts a token does not run */
+    if (c->n_experts > 0) { /* active: all but the routed experts a token does not run (the
+                               shared expert always runs) */
         cJSON *mo = cJSON_AddObjectToObject(root, "experts");
         const double idle = (double)c->n_moe_layers * (c->n_experts - c->n_experts_used) * 3.0 *
                             c->hidden_size * c->moe_intermediate_size;
@@ -219,6 +224,7 @@ int cmd_info(int argc, char **argv) {
         cJSON_AddNumberToObject(mo, "top_k", c->n_experts_used);
         cJSON_AddBoolToObject(mo, "norm_topk_prob", c->norm_topk_prob);
         cJSON_AddNumberToObject(mo, "width", c->moe_intermediate_size);
+        cJSON_AddNumberToObject(mo, "shared_width", c->moe_shared_intermediate_size);
         cJSON_AddNumberToObject(mo, "moe_layers", c->n_moe_layers);
         cJSON_AddNumberToObject(mo, "active_params", (double)tqkv_model_params(m) - idle);
     }

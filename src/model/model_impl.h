@@ -7,6 +7,7 @@
 #define TQKV_MODEL_IMPL_H
 
 #include "model/ops/matmul.h"
+#include "model/ops/moe.h"
 #include "model/load/safetensors.h"
 #include "tqkv_model.h"
 
@@ -98,6 +99,18 @@ tqkv_status model_load_matrix(tqkv_model *m, const tqkv_model_load_params *lp, c
 /* Fused packed copy of parts (bf16, packable) or out->data == NULL. */
 tqkv_status model_fuse(tqkv_model *m, const tqkv_model_load_params *lp, mm_weight **parts, int n,
                        mm_weight *out);
+/* A SwiGLU MLP: pre + "{gate,up}_proj.weight" [inter, hidden] (read in place) and
+ * pre + "down_proj.weight" [hidden, inter], gate / up fused into *gu when packable (else
+ * gu->data NULL). */
+tqkv_status model_load_swiglu(tqkv_model *m, const tqkv_model_load_params *lp, const char *pre,
+                              int inter, mm_weight *g, mm_weight *u, mm_weight *down,
+                              mm_weight *gu);
+/* The routed experts of one sparse layer under pre ("model.layers.L.mlp.experts."), in
+ * either layout: fused (pre + "gate_up_proj" [E, 2 * inter, hidden] = gate rows then up
+ * rows per expert, pre + "down_proj" [E, hidden, inter]) or one tensor per expert
+ * (pre + "E.{gate,up,down}_proj.weight"); X->gu / g / u / down allocated here. */
+tqkv_status model_load_experts(tqkv_model *m, const tqkv_model_load_params *lp, const char *pre,
+                               const moe_shape *sh, moe_layer *X);
 /* Memory freed with the model. */
 void       *model_own(tqkv_model *m, size_t bytes);
 /* The token embedding `name` (kept in place) and the lm_head (or the tied embedding). */

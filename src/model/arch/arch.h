@@ -91,6 +91,8 @@ typedef struct model_arch_ops {
     tqkv_status (*state_init)(tqkv_model_state *s);
     void (*state_free)(tqkv_model_state *s);
     model_forward_fn forward; /* the CPU graph */
+    int experts_only;         /* 1: every layer's feed-forward is the experts, so config.json
+                                 need not give intermediate_size (0 when absent) */
     int device;                      /* 1: runs on the GPU (--device cuda) */
     const model_arch_cuda_ops *cuda; /* its device hooks (NULL: the common device graph, or
                                         a build without CUDA) */
@@ -125,5 +127,6 @@ extern const model_arch_ops model_arch_llama;
 extern const model_arch_ops model_arch_gemma4;
 extern const model_arch_ops model_arch_qwen35;
 extern const model_arch_ops model_arch_qwen3moe;
+extern const model_arch_ops model_arch_qwen35moe;
 
 #endif

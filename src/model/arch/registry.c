@@ -2,7 +2,7 @@
  * registry.c - which architecture runs a checkpoint: the one table of Hugging Face
  * architecture names / model_types -> ops (arch.h).
  * Owns: the registry lines, name lookup, the refusal of names this build knows but does not
- *   run (mixture-of-experts variants), wrapper checkpoints (a multimodal model around a text
+ *   run (Qwen3-Next), wrapper checkpoints (a multimodal model around a text
  *   model this build runs).
  * Must not: parse sizes or load weights (load/config.c, the architectures' own files).
  *
@@ -31,6 +31,8 @@ static const arch_entry REGISTRY[] = {
     {"Gemma4ForCausalLM", "gemma4_text", TQKV_ARCH_GEMMA4, "gemma4", &model_arch_gemma4, 0},
     {"Qwen3_5ForCausalLM", "qwen3_5_text", TQKV_ARCH_QWEN35, "qwen3.5 hybrid", &model_arch_qwen35, 1},
     {"Qwen3MoeForCausalLM", "qwen3_moe", TQKV_ARCH_QWEN3_MOE, "qwen3moe", &model_arch_qwen3moe, 0},
+    {"Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", TQKV_ARCH_QWEN35_MOE, "qwen3.5 moe hybrid",
+     &model_arch_qwen35moe, 1},
 };
 #define N_REGISTRY (sizeof REGISTRY / sizeof REGISTRY[0])
 
@@ -38,8 +40,9 @@ static const arch_entry REGISTRY[] = {
 static const struct {
     const char *arch_prefix, *type_prefix, *what;
 } REFUSED[] = {
-    {"Qwen3_5Moe", "qwen3_5_moe", "a Qwen 3.5 mixture-of-experts checkpoint; only the dense "
-                                  "Qwen 3.5 graph (Qwen3_5ForCausalLM) is supported"},
+    {"Qwen3Next", "qwen3_next", "a Qwen3-Next checkpoint (its DeltaNet projections are laid "
+                                "out unlike Qwen 3.5's); the hybrid MoE graph this build runs "
+                                "is Qwen 3.5 MoE (Qwen3_5MoeForCausalLM)"},
 };
 
 /* Wrapper checkpoints: the text model inside, the model_type its text_config gets, the
@@ -48,6 +51,8 @@ static const struct {
     const char *hf_arch, *model_type, *text_type, *prefix;
 } WRAPPERS[] = {
     {"Qwen3_5ForConditionalGeneration", "qwen3_5", "qwen3_5_text", "model.language_model."},
+    {"Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe", "qwen3_5_moe_text",
+     "model.language_model."},
 };
 
 const char *model_arch_name_of_type(const char *model_type) {

@@ -212,7 +212,8 @@ tqkv_status model_config_parse(const char *json, size_t len, const char *name,
     /* sizes */
     TRY(get_int(root, "vocab_size", name, -2, 1, 1 << 24, &c.vocab_size));
     TRY(get_int(root, "hidden_size", name, -2, 1, 1 << 16, &c.hidden_size));
-    TRY(get_int(root, "intermediate_size", name, -2, 1, 1 << 18, &c.intermediate_size));
+    TRY(get_int(root, "intermediate_size", name, ops->experts_only ? 0 : -2, 1, 1 << 18,
+                &c.intermediate_size));
     TRY(get_int(root, "num_hidden_layers", name, -2, 1, 1024, &c.n_layers));
     TRY(get_int(root, "num_attention_heads", name, -2, 1, 1024, &c.n_heads));
     TRY(get_int(root, "num_key_value_heads", name, c.n_heads, 1, 1024, &c.n_kv_heads));

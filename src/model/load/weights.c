@@ -11,6 +11,7 @@
 
 #include "model/arch/arch.h"
 #include "model/model_impl.h"
+#include "model/ops/moe.h"
 #include "model/ops/ops.h"
 #include "util/common.h"
 #ifdef TQKV_HAVE_CUDA
@@ -114,11 +115,9 @@ static tqkv_status add_f32p(tqkv_model *m, const tqkv_model_load_params *lp, mm_
 
 /* A matrix [rows, cols] read in place (or converted when asked / misaligned; bf16 packed
  * unless lp->no_pack). */
-static tqkv_status load_matrix(tqkv_model *m, const tqkv_model_load_params *lp, const char *name,
-                               int rows, int cols, mm_weight *w) {
-    const st_tensor *t;
-    tqkv_status rc = find_tensor(m, name, rows, cols, &t);
-    if (rc != TQKV_OK) return rc;
+static tqkv_status load_matrix_t(tqkv_model *m, const tqkv_model_load_params *lp,
+                                 const char *name, const st_tensor *t, int rows, int cols,
+                                 mm_weight *w) {
     size_t n = (size_t)rows * (size_t)cols;
     size_t esz = st_dtype_size(t->dtype);
     memset(w, 0, sizeof *w);
@@ -169,6 +168,38 @@ static tqkv_status load_matrix(tqkv_model *m, const tqkv_model_load_params *lp, 
     }
     m->n_params += n;
     return TQKV_OK;
+}
+
+static tqkv_status load_matrix(tqkv_model *m, const tqkv_model_load_params *lp, const char *name,
+                               int rows, int cols, mm_weight *w) {
+    const st_tensor *t;
+    tqkv_status rc = find_tensor(m, name, rows, cols, &t);
+    if (rc != TQKV_OK) return rc;
+    return load_matrix_t(m, lp, name, t, rows, cols, w);
+}
+
+/* Slice i of the 3-d tensor `name` [n, rows, cols] as a matrix [rows, cols] (a view of the
+ * slice's bytes loaded as load_matrix loads a 2-d tensor). */
+static tqkv_status load_slice(tqkv_model *m, const tqkv_model_load_params *lp, const char *name,
+                              int i, int n, int rows, int cols, mm_weight *w) {
+    const st_tensor *t = st_find(&m->st, name);
+    if (!t) return tqkv_fail(TQKV_ECORRUPT, "missing tensor '%s' in %s", name, m->source);
+    if (t->ndim != 3 || t->shape[0] != n || t->shape[1] != rows || t->shape[2] != cols) {
+        char got[96];
+        return tqkv_fail(TQKV_ECORRUPT, "tensor '%s' (%s) has shape %s, expected [%d, %d, %d]",
+                         name, st_file_of(&m->st, t), shape_str(t, got, sizeof got), n, rows, cols);
+    }
+    if (t->dtype == ST_OTHER)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "tensor '%s' (%s) has dtype %s (need F32, F16 or BF16)",
+                         name, st_file_of(&m->st, t), t->dtype_name);
+    st_tensor v = *t;
+    const size_t bytes = (size_t)rows * (size_t)cols * st_dtype_size(t->dtype);
+    v.ndim = 2;
+    v.shape[0] = rows;
+    v.shape[1] = cols;
+    v.data = t->data + (size_t)i * bytes;
+    v.nbytes = bytes;
+    return load_matrix_t(m, lp, name, &v, rows, cols, w);
 }
 
 /* Pack bf16 matrices parts[0..n) (same k) into one fused packed matrix; 0 if not possible. */
@@ -333,6 +364,61 @@ tqkv_status model_fuse(tqkv_model *m, const tqkv_model_load_params *lp, mm_weigh
 }
 
 void *model_own(tqkv_model *m, size_t bytes) { return own(m, bytes); }
+
+tqkv_status model_load_swiglu(tqkv_model *m, const tqkv_model_load_params *lp, const char *pre,
+                              int inter, mm_weight *g, mm_weight *u, mm_weight *down,
+                              mm_weight *gu) {
+    const int H = m->cfg.hidden_size;
+    char name[320];
+    tqkv_status rc;
+    tqkv_model_load_params lpu = *lp; /* gate / up in place: packed into the fused copy */
+    lpu.no_pack = 1;
+    lpu.no_f32_prefill = 1;
+#define NAME(part) (snprintf(name, sizeof name, "%s%s_proj.weight", pre, part), name)
+    if ((rc = load_matrix(m, &lpu, NAME("gate"), inter, H, g)) ||
+        (rc = load_matrix(m, &lpu, NAME("up"), inter, H, u)) ||
+        (rc = load_matrix(m, lp, NAME("down"), H, inter, down)))
+        return rc;
+#undef NAME
+    mm_weight *parts[2] = {g, u};
+    return fuse(m, lp, parts, 2, gu);
+}
+
+/* Expert e of `pre` in either layout into X->gu / g / u / down [e]. */
+static tqkv_status load_expert(tqkv_model *m, const tqkv_model_load_params *lp, const char *pre,
+                               int fused, int e, const moe_shape *sh, moe_layer *X) {
+    const int H = sh->hidden, I = sh->inter, E = sh->n_experts;
+    char name[320];
+    tqkv_status rc;
+    memset(&X->g[e], 0, sizeof X->g[e]);
+    memset(&X->u[e], 0, sizeof X->u[e]);
+    if (fused) { /* gate; up rows of slice e: already the fused layout */
+        snprintf(name, sizeof name, "%sgate_up_proj", pre);
+        if ((rc = load_slice(m, lp, name, e, E, 2 * I, H, &X->gu[e])) != TQKV_OK) return rc;
+        snprintf(name, sizeof name, "%sdown_proj", pre);
+        return load_slice(m, lp, name, e, E, H, I, &X->down[e]);
+    }
+    snprintf(name, sizeof name, "%s%d.", pre, e);
+    return model_load_swiglu(m, lp, name, I, &X->g[e], &X->u[e], &X->down[e], &X->gu[e]);
+}
+
+tqkv_status model_load_experts(tqkv_model *m, const tqkv_model_load_params *lp, const char *pre,
+                               const moe_shape *sh, moe_layer *X) {
+    const int E = sh->n_experts;
+    char name[320];
+    X->gu = own(m, sizeof(mm_weight) * (size_t)E);
+    X->g = own(m, sizeof(mm_weight) * (size_t)E);
+    X->u = own(m, sizeof(mm_weight) * (size_t)E);
+    X->down = own(m, sizeof(mm_weight) * (size_t)E);
+    if (!X->gu || !X->g || !X->u || !X->down) return tqkv_fail(TQKV_ENOMEM, "out of memory");
+    snprintf(name, sizeof name, "%sgate_up_proj", pre);
+    const int fused = st_find(&m->st, name) != NULL;
+    for (int e = 0; e < E; e++) {
+        tqkv_status rc = load_expert(m, lp, pre, fused, e, sh, X);
+        if (rc != TQKV_OK) return rc;
+    }
+    return TQKV_OK;
+}
 
 /* The token embedding [vocab, hidden]: only ever read one row at a time, so kept in place
  * (never converted, packed or copied for prefill). */

@@ -77,8 +77,6 @@ tqkv_status gemma4_config_parse(const cJSON *root, const char *name, tqkv_model_
         rc = tqkv_fail(code, __VA_ARGS__);                                                        \
         goto done;                                                                                \
     } while (0)
-    if (jtrue(root, "enable_moe_block") || jint(root, "num_experts", 0) > 0)
-        BAD(TQKV_EUNSUPPORTED, "%s: Gemma 4 MoE blocks (enable_moe_block) are not supported", name);
     if (jtrue(root, "use_double_wide_mlp"))
         BAD(TQKV_EUNSUPPORTED, "%s: use_double_wide_mlp is not supported", name);
     if (jget(root, "use_bidirectional_attention"))
@@ -177,6 +175,22 @@ tqkv_status gemma4_config_parse(const cJSON *root, const char *name, tqkv_model_
     const cJSON *rp = jget(root, "rope_parameters");
     if ((rc = parse_rope(rp, "sliding_attention", 0, name, g)) != TQKV_OK) goto done;
     if ((rc = parse_rope(rp, "full_attention", 1, name, g)) != TQKV_OK) goto done;
+
+    /* the MoE block beside every layer's MLP (num_experts alone, as in transformers, adds
+     * none) */
+    if (jtrue(root, "enable_moe_block")) {
+        if ((rc = model_config_int(root, "num_experts", name, -2, 1, 4096, &c->n_experts)) ||
+            (rc = model_config_int(root, "top_k_experts", name, -2, 1, 4096, &c->n_experts_used)) ||
+            (rc = model_config_int(root, "moe_intermediate_size", name, -2, 1, 1 << 18,
+                                   &c->moe_intermediate_size)))
+            goto done;
+        if (c->n_experts_used > c->n_experts)
+            BAD(TQKV_ECORRUPT, "%s: top_k_experts %d > num_experts %d", name, c->n_experts_used,
+                c->n_experts);
+        c->norm_topk_prob = 1; /* Gemma4TextRouter always renormalises */
+        c->n_moe_layers = L;
+        for (int l = 0; l < L; l++) c->layer_moe[l] = 1;
+    }
 
     /* the public config describes the sliding layers (a full-only model: the first layer) */
     c->qk_norm = 1;

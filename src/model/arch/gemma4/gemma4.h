@@ -10,6 +10,10 @@
  *   ple[l] = (rmsnorm_P(W_plp x * H^-1/2) + embed_ple(tok)[l] * sqrt(P)) * 2^-1/2   (if P)
  *   per layer: a = attn(rmsnorm(x)); x += rmsnorm_post_attn(a)
  *              f = down(gelu_tanh(gate(xn)) * up(xn)), xn = rmsnorm_pre_ffn(x);
+ *              MoE block (enable_moe_block, every layer): routed on
+ *                xr = rmsnorm(x) * router.scale * H^-1/2 (softmax, top-k renormalised, times
+ *                router.per_expert_scale), experts (GELU-tanh, src/model/ops/moe.h) of
+ *                rmsnorm_pre_ffn_2(x): f = rmsnorm_post_ffn_1(f) + rmsnorm_post_ffn_2(experts)
  *              x += rmsnorm_post_ffn(f)
  *              if P: x += rmsnorm_post_ple(W_proj(gelu_tanh(W_gate x) * ple[l]))
  *              x *= layer_scalar
@@ -28,6 +32,7 @@
 
 #include "model/arch/arch.h"
 #include "model/model_impl.h"
+#include "model/ops/moe.h"
 
 #define G4_MAX_LAYERS 512
 
@@ -59,6 +64,12 @@ typedef struct {
     mm_weight ple_gate;         /* [P, hidden] */
     mm_weight ple_proj;         /* [hidden, P] */
     float     layer_scalar;
+    /* the MoE block (m->cfg.n_experts > 0; zeroed otherwise) */
+    moe_layer moe;              /* router (router.proj), experts, router.per_expert_scale */
+    float    *router_scale;     /* [hidden] router.scale */
+    float    *post_ffn_norm_1;  /* [hidden] the dense MLP's output norm */
+    float    *pre_ffn_norm_2;   /* [hidden] the experts' input norm */
+    float    *post_ffn_norm_2;  /* [hidden] the experts' output norm */
 } g4_layer;
 
 typedef struct g4_model {

@@ -33,6 +33,10 @@ struct g4_state {
     float *pe;                   /* [T, n_layers * P] per-layer embedding rows */
     float *pg;                   /* [T, P] per-layer gate */
     float *rc[2], *rs[2];        /* [T, half[t]] rope cos / sin per layer type */
+    /* the MoE block (n_experts > 0) */
+    size_t moe_cap;              /* tokens the buffers below hold */
+    float *xr, *x2, *h2;         /* [T, H] router input, experts' input, experts' output */
+    moe_scratch moe;
 };
 typedef struct g4_state g4_state;
 
@@ -51,6 +55,10 @@ void gemma4_state_free(tqkv_model_state *s) {
         free(S->rc[t]);
         free(S->rs[t]);
     }
+    free(S->xr);
+    free(S->x2);
+    free(S->h2);
+    moe_scratch_free(&S->moe);
     free(S);
     s->ext = NULL;
 }
@@ -94,6 +102,15 @@ static tqkv_status ensure_scratch(tqkv_model_state *s, size_t T, size_t RN) {
             return tqkv_fail(TQKV_ENOMEM, "out of memory for %zu tokens of activations", T);
         }
         s->cap_t = t;
+    }
+    if (m->cfg.n_experts > 0 && T > S->moe_cap) { /* reserved here: the block cannot fail */
+        const moe_shape sh = moe_shape_of(&m->cfg);
+        if (!tqkv_grow_floats(&S->xr, T * H) || !tqkv_grow_floats(&S->x2, T * H) ||
+            !tqkv_grow_floats(&S->h2, T * H))
+            return tqkv_fail(TQKV_ENOMEM, "out of memory for %zu tokens of the MoE block", T);
+        tqkv_status rc = moe_scratch_reserve(&S->moe, &sh, T);
+        if (rc != TQKV_OK) return rc;
+        S->moe_cap = T;
     }
     if (RN > s->cap_rn) {
         int ok = tqkv_grow_floats(&s->qb, RN * QD) && tqkv_grow_floats(&s->kb, RN * KD) && tqkv_grow_floats(&s->vb, RN * KD) &&
@@ -282,8 +299,29 @@ static tqkv_status g4_attend(const tqkv_model *m, tqkv_model_state *s, int l, co
     return rc;
 }
 
-/* Gather ob, o_proj, post-attention norm, residual, pre-FFN norm, GeGLU MLP, post-FFN norm,
- * residual. */
+/* The MoE block's inputs from the residual x [T, H] (before the FFN): the router's
+ * xr = rmsnorm(x) * router.scale * H^-1/2 and the experts' x2 = rmsnorm_pre_ffn_2(x); then the
+ * experts' output h2 [T, H] (not yet normed). */
+static void g4_moe_block(const tqkv_model *m, tqkv_model_state *s, const g4_layer *X, size_t T) {
+    g4_state *S = s->ext;
+    const int H = m->cfg.hidden_size, th = s->p.threads;
+    const float eps = m->cfg.rms_norm_eps, root = 1.0f / sqrtf((float)H);
+    moe_shape sh = moe_shape_of(&m->cfg);
+    sh.act = MOE_ACT_GELU_TANH;
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
+    for (size_t i = 0; i < T; i++) {
+        const float *x = s->x + i * H;
+        float *xr = S->xr + i * H;
+        ops_rmsnorm(x, X->router_scale, eps, H, xr);
+        for (int e = 0; e < H; e++) xr[e] *= root;
+        ops_rmsnorm(x, X->pre_ffn_norm_2, eps, H, S->x2 + i * H);
+    }
+    /* cannot fail: the scratch holds T tokens (ensure_scratch) */
+    (void)moe_experts(&X->moe, &sh, S->xr, S->x2, S->h2, T, th, &S->moe);
+}
+
+/* Gather ob, o_proj, post-attention norm, residual, pre-FFN norm, GeGLU MLP (beside it the
+ * MoE block when the model has one), post-FFN norm, residual. */
 static void g4_out_mlp(const tqkv_model *m, tqkv_model_state *s, int l, const fwd_shape *f) {
     const g4_config *g = &gemma4_of(m)->cfg;
     const model_layer *L = &m->layers[l];
@@ -307,6 +345,8 @@ static void g4_out_mlp(const tqkv_model *m, tqkv_model_state *s, int l, const fw
         for (int e = 0; e < H; e++) x[e] += o[e];
         ops_rmsnorm(x, L->ffn_norm, eps, H, s->xn + i * H);
     }
+    const int moe = m->cfg.n_experts > 0;
+    if (moe) g4_moe_block(m, s, X, T);
     if (L->wgu.data && !(s->p.blas && pf)) {
         matmul(s, s->xn, (int)T, &L->wgu, s->gu, pf);
     } else {
@@ -323,6 +363,12 @@ static void g4_out_mlp(const tqkv_model *m, tqkv_model_state *s, int l, const fw
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
     for (size_t i = 0; i < T; i++) {
         float *x = s->x + i * H, *o = s->tmp + i * H;
+        if (moe) { /* o = rmsnorm_post_ffn_1(o) + rmsnorm_post_ffn_2(h2) */
+            float *h2 = ((g4_state *)s->ext)->h2 + i * H;
+            ops_rmsnorm(o, X->post_ffn_norm_1, eps, H, o);
+            ops_rmsnorm(h2, X->post_ffn_norm_2, eps, H, h2);
+            for (int e = 0; e < H; e++) o[e] += h2[e];
+        }
         ops_rmsnorm(o, X->post_ffn_norm, eps, H, o);
         for (int e = 0; e < H; e++) x[e] += o[e];
     }

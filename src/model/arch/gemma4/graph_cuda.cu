@@ -563,6 +563,9 @@ extern "C" tqkv_status g4_cuda_forward_queue(model_cuda *g, int n, int as_decode
 extern "C" tqkv_status g4_cuda_check(const tqkv_model *m) {
     const tqkv_model_config *c = &m->cfg;
     const g4_config *g4 = &gemma4_of(m)->cfg;
+    if (c->n_experts > 0)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: Gemma 4 with MoE blocks "
+                         "(enable_moe_block) runs on the CPU only");
     for (int l = 0; l < c->n_layers; l++) {
         if (g4->head_dim[l] != CUDA_DIM && g4->head_dim[l] != CUDA_DIM_WIDE)
             return tqkv_fail(TQKV_EUNSUPPORTED,

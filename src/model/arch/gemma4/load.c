@@ -2,7 +2,8 @@
  * src/model/arch/gemma4/load.c - loading the weights of a Gemma 4 text checkpoint (gemma4.h).
  * Owns: the gemma-specific config (re-read from config.json), tensor names and shapes of
  * every layer (no K/V weights on KV-shared layers, no v_proj under attention_k_eq_v),
- * per-layer input tables, the two RoPE frequency tables.
+ * per-layer input tables, the two RoPE frequency tables, the MoE block's router, experts
+ * (model_load_experts) and norms.
  * Must not: run the forward pass; change how other architectures load (model.c).
  */
 #include <math.h>
@@ -105,6 +106,18 @@ static tqkv_status load_layer(tqkv_model *m, const tqkv_model_load_params *lp, i
         TRYL(model_load_matrix(m, lp, NAME("per_layer_input_gate.weight"), P, H, &X->ple_gate));
         TRYL(model_load_matrix(m, lp, NAME("per_layer_projection.weight"), H, P, &X->ple_proj));
         TRYL(model_load_vector(m, NAME("post_per_layer_input_norm.weight"), H, &X->post_ple_norm));
+    }
+    if (c->n_experts > 0) { /* the MoE block: router, experts (either layout), its norms */
+        const moe_shape sh = moe_shape_of(c);
+        TRYL(model_load_matrix(m, lp, NAME("router.proj.weight"), sh.n_experts, H, &X->moe.router));
+        TRYL(model_load_vector(m, NAME("router.scale"), H, &X->router_scale));
+        float *pes;
+        TRYL(model_load_vector(m, NAME("router.per_expert_scale"), sh.n_experts, &pes));
+        X->moe.expert_scale = pes;
+        TRYL(model_load_experts(m, lp, NAME("experts."), &sh, &X->moe));
+        TRYL(model_load_vector(m, NAME("post_feedforward_layernorm_1.weight"), H, &X->post_ffn_norm_1));
+        TRYL(model_load_vector(m, NAME("pre_feedforward_layernorm_2.weight"), H, &X->pre_ffn_norm_2));
+        TRYL(model_load_vector(m, NAME("post_feedforward_layernorm_2.weight"), H, &X->post_ffn_norm_2));
     }
     if (!L->wk.data) L->wk.type = L->wq.type; /* absent (shared / k_eq_v): no "mixed" label */
     if (!L->wv.data) L->wv.type = L->wq.type;

@@ -1,8 +1,8 @@
 /*
  * src/model/arch/qwen35/config.c - the Qwen 3.5 hybrid part of config.json (Qwen3_5ForCausalLM,
  * model_type qwen3_5_text).
- * Owns: recognising Qwen 3.5 checkpoints (and refusing the variants this build does not
- *   run: MoE, the multimodal wrapper), the layer types, the gated DeltaNet sizes, partial
+ * Owns: recognising Qwen 3.5 checkpoints (a dense config with experts is refused: the MoE
+ *   graph is its own architecture, src/model/arch/qwen35moe/), the layer types, the gated DeltaNet sizes, partial
  *   RoPE, the attention output gate and the zero-centred norms.
  * Must not: read weights; touch the fields config.c parses for every architecture.
  *
@@ -42,13 +42,18 @@ static tqkv_status int_field(const cJSON *o, const char *key, const char *name, 
 }
 
 tqkv_status qwen35_config_parse(const cJSON *root, const char *name, tqkv_model_config *c) {
+    if (item(root, "num_experts") && cJSON_IsNumber(item(root, "num_experts")) &&
+        item(root, "num_experts")->valuedouble > 0)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "%s: a dense Qwen 3.5 config (Qwen3_5ForCausalLM) "
+                         "with experts (num_experts); the MoE graph is Qwen3_5MoeForCausalLM "
+                         "(model_type qwen3_5_moe_text)", name);
+    return qwen35_config_hybrid(root, name, c);
+}
+
+tqkv_status qwen35_config_hybrid(const cJSON *root, const char *name, tqkv_model_config *c) {
     static const char *const kinds[] = {"full_attention", "linear_attention", NULL};
     tqkv_status rc = model_config_check_layer_types(root, name, kinds);
     if (rc != TQKV_OK) return rc;
-    if (item(root, "num_experts") && cJSON_IsNumber(item(root, "num_experts")) &&
-        item(root, "num_experts")->valuedouble > 0)
-        return tqkv_fail(TQKV_EUNSUPPORTED, "%s: Qwen 3.5 with experts (num_experts) is not "
-                         "supported; only the dense graph", name);
     /* layer types: explicit list, else HF's default (every full_attention_interval-th full) */
     const cJSON *lt = item(root, "layer_types");
     if (c->n_layers > TQKV_MAX_LAYERS)

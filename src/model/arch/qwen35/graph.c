@@ -7,7 +7,8 @@
  *      linear: qkv|z|b|a projections, depthwise causal conv1d + SiLU, L2-normalised q/k,
  *              beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias), gated delta rule,
  *              gated RMSNorm (w * norm(o) * silu(z)), out_proj;
- *      residual, RMSNorm, SwiGLU MLP, residual] -> RMSNorm -> lm_head
+ *      residual, RMSNorm, SwiGLU MLP (or a graph's own feed-forward: qwen35_forward_with),
+ *      residual] -> RMSNorm -> lm_head
  *   and its scratch.
  * Must not: make a row's result depend on other rows or on the thread count: matmuls are
  * batch invariant, every conv channel / DeltaNet (row, value head) item is computed by one
@@ -60,6 +61,7 @@ typedef struct qwen35_scratch {
     int32_t *tok_row;    /* [T] */
     int32_t *tok_col;    /* [T] */
     int     *first;      /* [R + 1] first compact token of each row */
+    void    *ffn_ext;    /* a feed-forward hook's own per-state data (its owner frees it) */
 } qwen35_scratch;
 
 static void scratch_free(qwen35_scratch *k) {
@@ -121,6 +123,8 @@ tqkv_status qwen35_state_init(tqkv_model_state *s) {
     s->ext = k;
     return rec_init(&s->rec, &s->m->cfg, s->rows);
 }
+
+void **qwen35_ffn_ext(tqkv_model_state *s) { return &((qwen35_scratch *)s->ext)->ffn_ext; }
 
 void qwen35_state_free(tqkv_model_state *s) {
     rec_free(s->rec);
@@ -329,14 +333,41 @@ static tqkv_status full_attention(const tqkv_model *m, tqkv_model_state *s, cons
 }
 
 // ---------------------------------------------------------------------------
+// dense MLP: x [T, H] += down(silu(gate xn) * up xn)
+// ---------------------------------------------------------------------------
+
+static tqkv_status ffn_dense(const tqkv_model *m, tqkv_model_state *s, const model_layer *L,
+                             size_t T) {
+    qwen35_scratch *k = ((qwen35_scratch *)s->ext);
+    const int H = m->cfg.hidden_size, I = m->cfg.intermediate_size, th = s->p.threads;
+    if (L->wgu.data) {
+        matmul_ld(s, k->xn, (int)T, &L->wgu, k->gu, 2 * (size_t)I);
+    } else {
+        matmul_ld(s, k->xn, (int)T, &L->wg, k->gu, 2 * (size_t)I);
+        matmul_ld(s, k->xn, (int)T, &L->wu, k->gu + I, 2 * (size_t)I);
+    }
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 16)
+    for (size_t i = 0; i < T; i++)
+        ops_swiglu(k->gu + i * 2 * I, k->gu + i * 2 * I + I, I, k->h + i * I);
+    matmul_ld(s, k->h, (int)T, &L->wd, k->tmp, (size_t)H);
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
+    for (size_t i = 0; i < T; i++) {
+        float *x = k->x + i * H;
+        const float *o = k->tmp + i * H;
+        for (int e = 0; e < H; e++) x[e] += o[e];
+    }
+    return TQKV_OK;
+}
+
+// ---------------------------------------------------------------------------
 // forward
 // ---------------------------------------------------------------------------
 
-tqkv_status qwen35_forward(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
-                                 const int *lengths, int n, int prefill, tqkv_logits_mode mode,
-                                 float *logits) {
+tqkv_status qwen35_forward_with(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+                                const int *lengths, int n, int prefill, tqkv_logits_mode mode,
+                                float *logits, qwen35_ffn_fn ffn) {
     const tqkv_model_config *c = &m->cfg;
-    const int R = s->rows, H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size,
+    const int R = s->rows, H = c->hidden_size, V = c->vocab_size,
               th = s->p.threads, half = c->rotary_dim / 2;
     model_recurrent *rec = s->rec;
     if (!rec || !((qwen35_scratch *)s->ext)) return tqkv_fail(TQKV_ESTATE, "forward: state has no recurrent rows");
@@ -411,21 +442,11 @@ tqkv_status qwen35_forward(const tqkv_model *m, tqkv_model_state *s, const int32
             for (int e = 0; e < H; e++) x[e] += o[e];
             ops_rmsnorm(x, L->ffn_norm, c->rms_norm_eps, H, k->xn + i * H);
         }
-        if (L->wgu.data) {
-            matmul_ld(s, k->xn, (int)T, &L->wgu, k->gu, 2 * (size_t)I);
-        } else {
-            matmul_ld(s, k->xn, (int)T, &L->wg, k->gu, 2 * (size_t)I);
-            matmul_ld(s, k->xn, (int)T, &L->wu, k->gu + I, 2 * (size_t)I);
-        }
-#pragma omp parallel for num_threads(th) schedule(static) if (T >= 16)
-        for (size_t i = 0; i < T; i++)
-            ops_swiglu(k->gu + i * 2 * I, k->gu + i * 2 * I + I, I, k->h + i * I);
-        matmul_ld(s, k->h, (int)T, &L->wd, k->tmp, (size_t)H);
-#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
-        for (size_t i = 0; i < T; i++) {
-            float *x = k->x + i * H;
-            const float *o = k->tmp + i * H;
-            for (int e = 0; e < H; e++) x[e] += o[e];
+        rc = ffn ? ffn(m, s, l, k->xn, k->x, T) : ffn_dense(m, s, L, T);
+        if (rc != TQKV_OK) {
+            model_kv_trim_rollback(s, l + 1, n, prefill);
+            if (lin > 0) rec->broken = 1;
+            return rc;
         }
     }
     rec_advance(rec, s->len);
@@ -454,6 +475,12 @@ tqkv_status qwen35_forward(const tqkv_model *m, tqkv_model_state *s, const int32
                   dst + (size_t)pad * V, th, k->mm);
     }
     return TQKV_OK;
+}
+
+tqkv_status qwen35_forward(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+                           const int *lengths, int n, int prefill, tqkv_logits_mode mode,
+                           float *logits) {
+    return qwen35_forward_with(m, s, tokens, lengths, n, prefill, mode, logits, NULL);
 }
 
 size_t tqkv_model_state_row_fixed_bytes(const tqkv_model_state *s) {

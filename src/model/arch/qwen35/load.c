@@ -1,7 +1,8 @@
 /*
  * src/model/arch/qwen35/load.c - weights of the Qwen 3.5 hybrid graph (Qwen3_5ForCausalLM).
  * Owns: loading one layer, gated full attention (self_attn.*) or gated DeltaNet
- *   (linear_attn.*), with the shared MLP and norms; the load-time transforms: zero-centred
+ *   (linear_attn.*), with the dense MLP and norms (the mixer and norms alone for graphs built
+ *   on this one: qwen35_load_mixer); the load-time transforms: zero-centred
  *   RMSNorm weights w -> 1 + w (HF computes normed * (1.0 + w) in float32, the same value),
  *   A_log -> -exp(A_log), and the partial RoPE frequency table.
  * Must not: run the graph (src/model/arch/qwen35/graph.c), parse config.json (src/model/arch/qwen35/config.c).
@@ -57,10 +58,10 @@ static tqkv_status load_conv(tqkv_model *m, const char *name, int C, int K, floa
     return TQKV_OK;
 }
 
-static tqkv_status load_layer(tqkv_model *m, const tqkv_model_load_params *lp, int l) {
+tqkv_status qwen35_load_mixer(tqkv_model *m, const tqkv_model_load_params *lp, int l) {
     const tqkv_model_config *c = &m->cfg;
     model_layer *L = &m->layers[l];
-    const int H = c->hidden_size, hd = c->head_dim, I = c->intermediate_size;
+    const int H = c->hidden_size, hd = c->head_dim;
     char name[256];
     tqkv_status rc;
     const char *pfx = c->weight_prefix[0] ? c->weight_prefix : "model.";
@@ -77,11 +78,6 @@ static tqkv_status load_layer(tqkv_model *m, const tqkv_model_load_params *lp, i
     TRYL(model_load_vector(m, NAME("post_attention_layernorm.weight"), H, &L->ffn_norm));
     add_one(L->attn_norm, H);
     add_one(L->ffn_norm, H);
-    TRYL(model_load_matrix(m, &lpu, NAME("mlp.gate_proj.weight"), I, H, &L->wg));
-    TRYL(model_load_matrix(m, &lpu, NAME("mlp.up_proj.weight"), I, H, &L->wu));
-    TRYL(model_load_matrix(m, lp, NAME("mlp.down_proj.weight"), H, I, &L->wd));
-    mm_weight *gu[2] = {&L->wg, &L->wu};
-    TRYL(model_fuse(m, lp, gu, 2, &L->wgu));
     if (c->layer_type[l] == TQKV_LAYER_FULL) {
         int qd2 = 2 * c->n_heads * hd, kd = c->n_kv_heads * hd;
         TRYL(model_load_matrix(m, &lpu, NAME("self_attn.q_proj.weight"), qd2, H, &L->wq));
@@ -115,7 +111,22 @@ static tqkv_status load_layer(tqkv_model *m, const tqkv_model_load_params *lp, i
     return TQKV_OK;
 }
 
-static tqkv_status finish(tqkv_model *m) {
+/* The dense SwiGLU MLP of layer l (gate / up read in place and fused when bf16). */
+static tqkv_status load_mlp(tqkv_model *m, const tqkv_model_load_params *lp, int l) {
+    model_layer *L = &m->layers[l];
+    const char *pfx = m->cfg.weight_prefix[0] ? m->cfg.weight_prefix : "model.";
+    char pre[128];
+    snprintf(pre, sizeof pre, "%slayers.%d.mlp.", pfx, l);
+    return model_load_swiglu(m, lp, pre, m->cfg.intermediate_size, &L->wg, &L->wu, &L->wd,
+                             &L->wgu);
+}
+
+static tqkv_status load_layer(tqkv_model *m, const tqkv_model_load_params *lp, int l) {
+    tqkv_status rc = qwen35_load_mixer(m, lp, l);
+    return rc != TQKV_OK ? rc : load_mlp(m, lp, l);
+}
+
+tqkv_status qwen35_load_finish(tqkv_model *m) {
     add_one(m->final_norm, m->cfg.hidden_size);
     /* partial RoPE: inv_freq[i] = theta^(-2i / rotary_dim), i < rotary_dim / 2 */
     tqkv_model_config rc = m->cfg;
@@ -126,5 +137,5 @@ static tqkv_status finish(tqkv_model *m) {
 
 tqkv_status qwen35_load(tqkv_model *m, const char *dir, const tqkv_model_load_params *lp) {
     (void)dir;
-    return model_load_decoder(m, lp, load_layer, finish);
+    return model_load_decoder(m, lp, load_layer, qwen35_load_finish);
 }

@@ -8,10 +8,8 @@
  * Graph (transformers modeling_qwen3_moe.py, read as the reference): per layer, the Qwen3
  * attention block, then x += ffn(rmsnorm(x)) where ffn is, on a sparse layer
  * (layer_moe[l]: not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0):
- *   p = softmax(W_router xn) over the E experts (float32);
- *   the top-k experts by p, weights p (renormalised to sum 1 when norm_topk_prob);
- *   ffn = sum over the chosen experts, in ascending expert order, of
- *         weight * down_e(silu(gate_e xn) * up_e xn);
+ *   the routed experts of src/model/ops/moe.h (softmax router, top-k renormalised when
+ *   norm_topk_prob, no shared expert);
  * and the dense SwiGLU MLP (intermediate_size) on the other layers.
  */
 #ifndef TQKV_ARCH_QWEN3MOE_H
@@ -19,18 +17,10 @@
 
 #include "model/arch/arch.h"
 #include "model/model_impl.h"
-
-/* One sparse layer's weights. */
-typedef struct {
-    mm_weight  router;  /* [E, hidden] */
-    mm_weight *gu;      /* [E] each [2 * moe_inter, hidden] = gate; up rows (fused, or data
-                           NULL when not packable: then g / u below) */
-    mm_weight *g, *u;   /* [E] each [moe_inter, hidden] */
-    mm_weight *down;    /* [E] each [hidden, moe_inter] */
-} q3m_layer;
+#include "model/ops/moe.h"
 
 typedef struct {
-    q3m_layer *layers;  /* [n_layers] (zeroed on dense layers) */
+    moe_layer *layers;  /* [n_layers] router and experts (zeroed on dense layers) */
 } q3m_model;
 
 /* The MoE data of a model loaded by qwen3moe_load (m->arch). */
