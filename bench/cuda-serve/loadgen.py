@@ -52,6 +52,11 @@ async def one(host, port, path, body, res):
                     if not line.startswith(b"data: ") or line == b"data: [DONE]":
                         continue
                     j = json.loads(line[6:])
+                    if j.get("error") and "error" not in res:   # a mid-stream failure
+                        res["error"] = str(j["error"].get("message", j["error"]))
+                    fr = (j.get("choices") or [{}])[0].get("finish_reason")
+                    if fr == "error" and "error" not in res:
+                        res["error"] = "finish_reason error"
                     if j.get("usage"):
                         res["tokens"] = j["usage"]["completion_tokens"]
                     ch = (j.get("choices") or [{}])[0]
