@@ -233,25 +233,91 @@ __global__ void pqprep_kernel(const float *__restrict__ q, float *__restrict__ o
 
 int g_tc = 1; /* the tensor-core kernel (attn_cuda_prefill_tc.cu); 0: the float32 one */
 
-/* Query preparation and the masked kernel on kv->stream (qp: [rows, q_heads, n_query, D]
- * scratch); asynchronous. */
+/* The masked kernel on kv->stream; asynchronous. The tensor-core kernel prepares the queries
+ * itself; the float32 one reads them prepared into qp ([rows, q_heads, n_query, D] scratch,
+ * unused by the other). */
 template <int D>
 tqkv_status launch(const cuda_kv *kv, const float *q, int n_query, int q_heads, float scale,
                    const int *lo, const int *hi, float *qp, float *out,
-                   const typename cuda_codec_of<D>::type &kc, const typename cuda_codec_of<D>::type &vc) {
+                   const typename cuda_codec_of<D>::type &kc, const typename cuda_codec_of<D>::type &vc, int tc) {
+    if (tc) {
+        PParams<D> P = make_params<D>(kv, q_heads, n_query, lo, hi, q, out, kc, vc);
+        P.qmul = scale * LOG2E;
+        return prefill_tc_launch<D>(P, kv->bf16, kv->stream);
+    }
     const size_t nv = (size_t)kv->rows * q_heads * n_query;
     pqprep_kernel<D><<<(unsigned)((nv + 3) / 4), 128, 0, kv->stream>>>(q, qp, kc, !kv->bf16, scale * LOG2E, (int)nv);
     const PParams<D> P = make_params<D>(kv, q_heads, n_query, lo, hi, qp, out, kc, vc);
-    if (__atomic_load_n(&g_tc, __ATOMIC_RELAXED)) return prefill_tc_launch<D>(P, kv->bf16, kv->stream);
     const dim3 grid((unsigned)((n_query + QB - 1) / QB), (unsigned)kv->kvh, (unsigned)kv->rows);
     prefill_kernel<D><<<grid, NT, prefill_smem<D>(), kv->stream>>>(P);
     return cuda_check(cudaGetLastError(), "prefill kernel launch");
 }
 
 tqkv_status launch_dim(const cuda_kv *kv, const float *q, int n_query, int q_heads, float scale,
-                       const int *lo, const int *hi, float *qp, float *out) {
-    if (kv->d == CUDA_DIM) return launch<CUDA_DIM>(kv, q, n_query, q_heads, scale, lo, hi, qp, out, kv->kc, kv->vc);
-    return launch<CUDA_DIM_WIDE>(kv, q, n_query, q_heads, scale, lo, hi, qp, out, kv->kc256, kv->vc256);
+                       const int *lo, const int *hi, float *qp, float *out, int tc) {
+    if (kv->d == CUDA_DIM)
+        return launch<CUDA_DIM>(kv, q, n_query, q_heads, scale, lo, hi, qp, out, kv->kc, kv->vc, tc);
+    return launch<CUDA_DIM_WIDE>(kv, q, n_query, q_heads, scale, lo, hi, qp, out, kv->kc256, kv->vc256, tc);
+}
+
+/* Room for 2 x n ints of ranges in kv's pinned and device buffers, the last copy out of the
+ * pinned one done (a no-op wait when it ran long ago). */
+tqkv_status ranges_room(cuda_kv *kv, size_t n) {
+    if (kv->rng_ev) {
+        tqkv_status st = cuda_check(cudaEventSynchronize(kv->rng_ev), "prefill ranges");
+        if (st) return st;
+    } else if (tqkv_status st = cuda_check(cudaEventCreateWithFlags(&kv->rng_ev, cudaEventDisableTiming),
+                                           "prefill ranges event")) {
+        return st;
+    }
+    if (n <= kv->rng_cap) return TQKV_OK;
+    const size_t cap = n > 2 * kv->rng_cap ? n : 2 * kv->rng_cap;
+    (void)cudaStreamSynchronize(kv->stream); /* the device copy is no longer read */
+    if (kv->h_rng) cudaFreeHost(kv->h_rng);
+    tqkv_cuda_free(kv->d_rng);
+    kv->h_rng = NULL; kv->d_rng = NULL; kv->rng_cap = 0;
+    tqkv_status st = cuda_check(cudaMallocHost((void **)&kv->h_rng, 2 * cap * sizeof(int)), "prefill ranges");
+    if (!st) st = tqkv_cuda_malloc((void **)&kv->d_rng, 2 * cap * sizeof(int));
+    if (!st) kv->rng_cap = cap;
+    return st;
+}
+
+/* The row-local ranges [a, b) of lo / hi into tl / th (TQKV_ERANGE on a bad one). */
+tqkv_status ranges_local(const cuda_kv *kv, int n_query, const int32_t *lo, const int32_t *hi, int *tl, int *th) {
+    for (int r = 0; r < kv->rows; r++)
+        for (int i = 0; i < n_query; i++) {
+            const size_t k = (size_t)r * n_query + i;
+            int a = lo[k] - kv->h_left_pad[r], b = hi[k] - kv->h_left_pad[r];
+            if (a < 0) a = 0;
+            if (b > kv->h_offset[r]) b = kv->h_offset[r];
+            if (lo[k] > hi[k] || b < a)
+                return tqkv_fail(TQKV_ERANGE, "tqkv_cuda_kv_attend_masked: bad range of row %d query %d", r, i);
+            tl[k] = a;
+            th[k] = b;
+        }
+    return TQKV_OK;
+}
+
+/* The float32 kernel: temporaries of its own, synchronous. */
+tqkv_status attend_f32(cuda_kv *kv, const float *q, int n_query, int q_heads, float scale, const int *tl,
+                       const int *th, float *out) {
+    const size_t nrq = (size_t)kv->rows * n_query, nv = nrq * q_heads;
+    int *dlo = NULL, *dhi = NULL;
+    float *qp = NULL;
+    tqkv_status st = tqkv_cuda_malloc((void **)&dlo, nrq * sizeof(int));
+    if (!st) st = tqkv_cuda_malloc((void **)&dhi, nrq * sizeof(int));
+    if (!st) st = tqkv_cuda_malloc((void **)&qp, nv * kv->d * sizeof(float));
+    /* everything on the cache's stream: the encode of these tokens ran there */
+    if (!st) st = cuda_check(cudaMemcpyAsync(dlo, tl, nrq * sizeof(int), cudaMemcpyHostToDevice, kv->stream),
+                             "prefill ranges");
+    if (!st) st = cuda_check(cudaMemcpyAsync(dhi, th, nrq * sizeof(int), cudaMemcpyHostToDevice, kv->stream),
+                             "prefill ranges");
+    if (!st) st = launch_dim(kv, q, n_query, q_heads, scale, dlo, dhi, qp, out, 0);
+    (void)cudaStreamSynchronize(kv->stream); /* nothing queued still reads the temporaries */
+    tqkv_cuda_free(dlo);
+    tqkv_cuda_free(dhi);
+    tqkv_cuda_free(qp);
+    return st;
 }
 
 pthread_mutex_t g_setup_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -295,36 +361,17 @@ extern "C" tqkv_status tqkv_cuda_kv_attend_masked(cuda_kv *kv, const float *q, i
     tqkv_status st = cuda_prefill_setup();
     if (st) return st;
     const size_t nrq = (size_t)kv->rows * n_query;
-    std::vector<int> tl(nrq), th(nrq);
-    for (int r = 0; r < kv->rows; r++)
-        for (int i = 0; i < n_query; i++) {
-            const size_t k = (size_t)r * n_query + i;
-            int a = lo[k] - kv->h_left_pad[r], b = hi[k] - kv->h_left_pad[r];
-            if (a < 0) a = 0;
-            if (b > kv->h_offset[r]) b = kv->h_offset[r];
-            if (lo[k] > hi[k] || b < a) return tqkv_fail(TQKV_ERANGE, "tqkv_cuda_kv_attend_masked: bad range of row %d query %d", r, i);
-            tl[k] = a;
-            th[k] = b;
-        }
-    const size_t nv = (size_t)kv->rows * q_heads * n_query;
-    int *dlo = NULL, *dhi = NULL;
-    float *qp = NULL;
-    st = tqkv_cuda_malloc((void **)&dlo, nrq * sizeof(int));
-    if (!st) st = tqkv_cuda_malloc((void **)&dhi, nrq * sizeof(int));
-    if (!st) st = tqkv_cuda_malloc((void **)&qp, nv * kv->d * sizeof(float));
-    /* everything on the cache's stream: the encode of these tokens ran there */
-    if (!st) st = cuda_check(cudaMemcpyAsync(dlo, tl.data(), nrq * sizeof(int), cudaMemcpyHostToDevice, kv->stream),
-                             "prefill ranges");
-    if (!st) st = cuda_check(cudaMemcpyAsync(dhi, th.data(), nrq * sizeof(int), cudaMemcpyHostToDevice, kv->stream),
-                             "prefill ranges");
-    if (!st) {
-        st = launch_dim(kv, q, n_query, q_heads, scale, dlo, dhi, qp, out);
-        /* the temporaries are freed below, and the ranges' host copies die here */
-        if (!st) st = cuda_check(cudaStreamSynchronize(kv->stream), "prefill attention");
+    if (!__atomic_load_n(&g_tc, __ATOMIC_RELAXED)) {
+        std::vector<int> tl(nrq), th(nrq);
+        st = ranges_local(kv, n_query, lo, hi, tl.data(), th.data());
+        return st ? st : attend_f32(kv, q, n_query, q_heads, scale, tl.data(), th.data(), out);
     }
-    if (st) (void)cudaStreamSynchronize(kv->stream); /* nothing queued still reads them */
-    tqkv_cuda_free(dlo);
-    tqkv_cuda_free(dhi);
-    tqkv_cuda_free(qp);
+    /* the tensor-core kernel: ranges through kv's pinned buffer, no temporaries, no wait */
+    if ((st = ranges_room(kv, nrq))) return st;
+    if ((st = ranges_local(kv, n_query, lo, hi, kv->h_rng, kv->h_rng + nrq))) return st;
+    st = cuda_check(cudaMemcpyAsync(kv->d_rng, kv->h_rng, 2 * nrq * sizeof(int), cudaMemcpyHostToDevice, kv->stream),
+                    "prefill ranges");
+    if (!st) st = cuda_check(cudaEventRecord(kv->rng_ev, kv->stream), "prefill ranges event");
+    if (!st) st = launch_dim(kv, q, n_query, q_heads, scale, kv->d_rng, kv->d_rng + nrq, NULL, out, 1);
     return st;
 }

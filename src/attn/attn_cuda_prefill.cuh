@@ -32,7 +32,10 @@ template <int D> struct PParams {
     const int *lo, *hi;                /* [rows, nq] visible tokens [lo, hi); NULL: every
                                         * token the row holds (nq == 1; the d = 256 decode
                                         * was this before its split kernel, unused now) */
-    const float *q;                    /* [rows, qh, nq, D] prepared (rotated, scaled) */
+    const float *q;                    /* [rows, qh, nq, D]: prepared (rotated, scaled) when
+                                        * qmul == 0; else as given, and the tensor-core
+                                        * kernel rotates (tq) and multiplies by qmul itself */
+    float qmul;
     float *out;                        /* [rows, qh, nq, D] (V domain; un-rotated later) */
     typename cuda_codec_of<D>::type kc, vc;
 };
@@ -52,6 +55,7 @@ static inline PParams<D> make_params(const cuda_kv *kv, int q_heads, int n_query
     P.window = kv->ring > 0 ? kv->cfg.window : 0;
     P.kpay = kv->kpay; P.vpay = kv->vpay; P.ring = kv->ring > 0 ? kv->ring : 1; P.cap = kv->cap;
     P.kvh = kv->kvh; P.G = q_heads / kv->kvh; P.qh = q_heads; P.nq = n_query; P.bf16 = kv->bf16;
+    P.qmul = 0.0f;
     P.rows = kv->d_rows; P.lo = lo; P.hi = hi; P.q = qp; P.out = out; P.kc = kc; P.vc = vc;
     return P;
 }

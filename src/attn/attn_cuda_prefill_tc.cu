@@ -313,12 +313,21 @@ __global__ void __launch_bounds__(TT, 1) prefill_tc_kernel(const PParams<D> P) {
         ck[threadIdx.x] = P.kc.cent[threadIdx.x];
         cv[threadIdx.x] = P.vc.cent[threadIdx.x];
     }
-    // ---- queries: vector m = (position m / G, head m % G) -> sq [TM][LD] ------------------
-    for (int e = threadIdx.x; e < TM * D; e += TT) {
-        const int m = e / D, d = e % D, i = m / G, gg = m % G;
-        const bool ok = m < bq * G && q0 + i < P.nq;
-        const float x = ok ? P.q[(((size_t)r * P.qh + (size_t)h * G + gg) * P.nq + q0 + i) * D + d] : 0.0f;
-        sq[m * LD + d] = (uint16_t)(pack2<F>(x, 0.0f) & 0xffffu);
+    // ---- queries: vector m = (position m / G, head m % G) -> sq [TM][LD], one warp per
+    // vector: rotated by K's codec (tq) and scaled as attn_cuda_prefill.cu's pqprep_kernel
+    constexpr int E = D / 32;
+    for (int m = w; m < TM; m += TT / 32) {
+        const int i = m / G, gg = m % G;
+        float x[E] = {};
+        if (m < bq * G && q0 + i < P.nq) {   /* warp-uniform */
+            cw_load_rotate<E>(P.q + (((size_t)r * P.qh + (size_t)h * G + gg) * P.nq + q0 + i) * D, P.kc, !P.bf16,
+                              lane, x);
+#pragma unroll
+            for (int c = 0; c < E; c++) x[c] *= P.qmul;
+        }
+#pragma unroll
+        for (int c = 0; c < E; c += 2)
+            *reinterpret_cast<uint32_t *>(sq + m * LD + E * lane + c) = pack2<F>(x[c], x[c + 1]);
     }
     // ---- this thread's two vectors (fragment rows lane / 4 and + 8) ------------------------
     int vlo[2], vhi[2], vc[2];   /* visible [lo, hi); the window's c (t >= c: the copy) */
@@ -425,7 +434,6 @@ __global__ void __launch_bounds__(TT, 1) prefill_tc_kernel(const PParams<D> P) {
                 make_float2(o[n][2 * u] * l[u], o[n][2 * u + 1] * l[u]);
         }
     __syncthreads();
-    constexpr int E = D / 32;
     for (int m = w; m < bq * G; m += TT / 32) {
         const int i = m / G, gg = m % G;
         if (q0 + i >= P.nq) break;

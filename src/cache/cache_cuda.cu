@@ -226,7 +226,9 @@ extern "C" void tqkv_cuda_kv_free(cuda_kv *kv) {
     tqkv_cuda_free(kv->kw); tqkv_cuda_free(kv->vw); tqkv_cuda_free(kv->kws); tqkv_cuda_free(kv->vws);
     tqkv_cuda_free(kv->d_rows); tqkv_cuda_free(kv->ws); tqkv_cuda_free(kv->d_work);
     tqkv_cuda_free(kv->kx); tqkv_cuda_free(kv->vx); tqkv_cuda_free(kv->kxs); tqkv_cuda_free(kv->vxs);
-    tqkv_cuda_free(kv->d_x);
+    tqkv_cuda_free(kv->d_x); tqkv_cuda_free(kv->d_rng);
+    if (kv->h_rng) cudaFreeHost(kv->h_rng);
+    if (kv->rng_ev) cudaEventDestroy(kv->rng_ev);
     free(kv->h_offset); free(kv->h_left_pad); free(kv->h_win_lo); free(kv->h_spec_base);
     free(kv->h_x_off);
     free(kv);

@@ -131,8 +131,10 @@ tqkv_status tqkv_cuda_kv_attend_ws(cuda_kv *kv, const float *q, int q_heads, flo
 /* GPU attention of n_query queries per row with visible ranges (prefill, windows):
  * q, out: DEVICE [rows, q_heads, n_query, head_dim] float; lo, hi: HOST [rows, n_query]
  * column ranges [lo, hi) as in tqkv_mask (token t is column left_pad + t; lo == hi: zeros).
- * The tensor-core kernel (fp16 / bf16 operands, float32 accumulation, as decode) unless
- * tqkv_cuda_prefill_tc(0) or TQKV_PREFILL_TC=0 chose the float32 one. Synchronous. */
+ * The tensor-core kernel (fp16 / bf16 operands, float32 accumulation, as decode):
+ * asynchronous on kv's stream (synchronize it before reading out on the host; the ranges
+ * go through a pinned buffer of kv, so the caller's lo / hi may change on return). With
+ * tqkv_cuda_prefill_tc(0) or TQKV_PREFILL_TC=0 the float32 kernel, synchronous. */
 /* Which masked kernel runs: on 1 the tensor-core one, 0 the float32 one, -1 leaves it.
  * Returns the choice now (-1 when the setup fails). For tests and A/B runs. */
 int tqkv_cuda_prefill_tc(int on);

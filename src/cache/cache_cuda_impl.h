@@ -50,6 +50,11 @@ struct cuda_kv {
     size_t ws_bytes;
     cudaStream_t stream;      /* every kernel of this cache runs here (0: legacy default) */
     int *d_work;              /* device [2]: the attention's work counters (zero between launches) */
+    /* the masked attention's visible ranges (attn_cuda_prefill.cu): pinned host and device
+     * [2, rng_cap] ints, refilled once the copy recorded in rng_ev has run */
+    int *h_rng, *d_rng;
+    size_t rng_cap;
+    cudaEvent_t rng_ev;
     uint64_t storage_id;      /* process-unique id of the storage (planes, ring, d_rows): a
                                * new one at every init, so a row op or a regrow (which
                                * install a freshly made cache) changes it; CUDA graphs that

@@ -61,7 +61,7 @@ static tqkv_status move_row(cuda_kv *dst, int rd, int pd, const cuda_kv *src, in
 }
 
 /* Take over tmp's storage, rows and storage id (tmp is freed). Keeps kv's attention
- * workspace and stream; waits for the copies that built tmp (they read kv's old storage,
+ * workspace, masked-attention range buffers and stream; waits for the copies that built tmp (they read kv's old storage,
  * which is freed here). */
 static void install(cuda_kv *kv, cuda_kv *tmp) {
     if (tmp->stream != kv->stream) cudaStreamSynchronize(tmp->stream);
@@ -72,8 +72,10 @@ static void install(cuda_kv *kv, cuda_kv *tmp) {
     kv->ws = old.ws;
     kv->ws_bytes = old.ws_bytes;
     kv->stream = old.stream;
+    kv->h_rng = old.h_rng; kv->d_rng = old.d_rng; kv->rng_cap = old.rng_cap; kv->rng_ev = old.rng_ev;
     *tmp = old;
     tmp->ws = NULL;
+    tmp->h_rng = NULL; tmp->d_rng = NULL; tmp->rng_cap = 0; tmp->rng_ev = NULL;
     tqkv_cuda_kv_free(tmp);
 }
 
