@@ -30,10 +30,13 @@ tqkv_status model_tp_check(const tqkv_model *m, const tqkv_model_state_params *p
     if (p->blas)
         return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel %d: not with BLAS products (not "
                          "batch invariant)", n);
+    if (c->n_kv_heads % n && n % c->n_kv_heads)
+        return tqkv_fail(TQKV_EINVAL, "tensor_parallel %d neither divides the model's %d KV heads "
+                         "nor is a multiple of them (a KV head is split across ranks only whole "
+                         "or replicated)", n, c->n_kv_heads);
     const struct { const char *what; int v; } d[] = {{"query heads", c->n_heads},
-                                                     {"KV heads", c->n_kv_heads},
                                                      {"intermediate size", c->intermediate_size}};
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 2; i++)
         if (d[i].v % n)
             return tqkv_fail(TQKV_EINVAL, "tensor_parallel %d does not divide the model's %s "
                              "(%d): every rank needs whole heads and an equal MLP slice", n,
@@ -102,6 +105,11 @@ tqkv_status tp_weight_cols(tqkv_model *owner, const mm_weight *src, int k0, int 
     return copy_block(owner, src, 0, src->n, k0, k1, out);
 }
 
+void tp_kv_range(int kv_heads, int n, int r, int *h0, int *hn) {
+    *h0 = r * kv_heads / n;
+    *hn = kv_heads >= n ? kv_heads / n : 1;
+}
+
 void tp_vocab_range(int vocab, int n, int r, int *v0, int *v1, int *chunk) {
     int c = (vocab + n - 1) / n;
     c = (c + 7) / 8 * 8; /* packed heads slice on 8-row groups */
@@ -132,7 +140,8 @@ static tqkv_status rank_model_make(const tqkv_model *m, int r, int n, tqkv_model
     rm->n_owned = rm->cap_owned = 0;
     rm->gpu_weights = NULL;
     rm->cfg.n_heads = m->cfg.n_heads / n;
-    rm->cfg.n_kv_heads = m->cfg.n_kv_heads / n;
+    int h0;
+    tp_kv_range(m->cfg.n_kv_heads, n, r, &h0, &rm->cfg.n_kv_heads);
     rm->cfg.intermediate_size = m->cfg.intermediate_size / n;
     rm->layers = calloc((size_t)m->cfg.n_layers, sizeof *rm->layers);
     tqkv_status rc = rm->layers ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "out of memory");

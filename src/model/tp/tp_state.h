@@ -32,7 +32,8 @@ typedef struct model_tp {
 } model_tp;
 
 /* The refusal of a tensor_parallel value for this model and params (nothing changes):
- * TQKV_EINVAL when N does not divide the query heads, KV heads or MLP width, or N is out of
+ * TQKV_EINVAL when N does not divide the query heads or MLP width, N neither divides the KV
+ * heads nor is a multiple of them (replication, tp_kv_range), or N is out of
  * 0..TP_MAX_RANKS; TQKV_EUNSUPPORTED for a graph without a sharded forward, a device state,
  * or BLAS products. N <= 1 is always accepted (off). */
 tqkv_status model_tp_check(const tqkv_model *m, const tqkv_model_state_params *p);
@@ -57,6 +58,9 @@ tqkv_status tp_weight_rows(tqkv_model *owner, const mm_weight *src, int n0, int 
  * be. */
 tqkv_status tp_weight_cols(tqkv_model *owner, const mm_weight *src, int k0, int k1,
                            mm_weight *out);
+/* Rank r's KV heads [*h0, *h0 + *hn): NKV / n heads each when n divides NKV, else (n a
+ * multiple of NKV) one head replicated on n / NKV ranks (its cache then held n / NKV times). */
+void        tp_kv_range(int kv_heads, int n, int r, int *h0, int *hn);
 /* Rank r's vocabulary rows of the lm_head: [r * chunk, min((r + 1) * chunk, V)). */
 void        tp_vocab_range(int vocab, int n, int r, int *v0, int *v1, int *chunk);
 

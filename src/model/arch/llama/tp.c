@@ -33,7 +33,10 @@
 static tqkv_status shard_layer(tqkv_model *rm, const model_layer *L, int r, int n,
                                const tqkv_model_config *c, model_layer *S) {
     const int hd = c->head_dim, QD = c->n_heads * hd, KD = c->n_kv_heads * hd;
-    const int I = c->intermediate_size, qr = QD / n, kr = KD / n, ir = I / n;
+    const int I = c->intermediate_size, qr = QD / n, ir = I / n;
+    int h0, hn; /* the rank's KV heads (replicated when n > KV heads) */
+    tp_kv_range(c->n_kv_heads, n, r, &h0, &hn);
+    const int k0 = h0 * hd, kr = hn * hd;
     tqkv_status rc;
     S->attn_norm = L->attn_norm; /* norms replicated: [hidden], q/k norms [head_dim] */
     S->ffn_norm = L->ffn_norm;
@@ -41,20 +44,20 @@ static tqkv_status shard_layer(tqkv_model *rm, const model_layer *L, int r, int 
     S->k_norm = L->k_norm;
     if (L->bq) { /* head-major biases: the rank's heads are one contiguous range */
         S->bq = L->bq + r * qr;
-        S->bk = L->bk + r * kr;
-        S->bv = L->bv + r * kr;
+        S->bk = L->bk + k0;
+        S->bv = L->bv + k0;
     }
     S->bo = NULL; /* added once, after the all-reduce */
     /* q/k/v rows of the rank's heads: from the fused matrix when there is one (its packing
      * and activation mode are what the unsharded graph runs) */
     if (L->wqkv.data) {
         if ((rc = tp_weight_rows(rm, &L->wqkv, r * qr, (r + 1) * qr, &S->wq)) ||
-            (rc = tp_weight_rows(rm, &L->wqkv, QD + r * kr, QD + (r + 1) * kr, &S->wk)) ||
-            (rc = tp_weight_rows(rm, &L->wqkv, QD + KD + r * kr, QD + KD + (r + 1) * kr, &S->wv)))
+            (rc = tp_weight_rows(rm, &L->wqkv, QD + k0, QD + k0 + kr, &S->wk)) ||
+            (rc = tp_weight_rows(rm, &L->wqkv, QD + KD + k0, QD + KD + k0 + kr, &S->wv)))
             return rc;
     } else if ((rc = tp_weight_rows(rm, &L->wq, r * qr, (r + 1) * qr, &S->wq)) ||
-               (rc = tp_weight_rows(rm, &L->wk, r * kr, (r + 1) * kr, &S->wk)) ||
-               (rc = tp_weight_rows(rm, &L->wv, r * kr, (r + 1) * kr, &S->wv))) {
+               (rc = tp_weight_rows(rm, &L->wk, k0, k0 + kr, &S->wk)) ||
+               (rc = tp_weight_rows(rm, &L->wv, k0, k0 + kr, &S->wv))) {
         return rc;
     }
     if ((rc = tp_weight_cols(rm, &L->wo, r * qr, (r + 1) * qr, &S->wo))) return rc;
