@@ -11,14 +11,19 @@
  *   - batch invariance for a fixed N: a row alone and as row 1 of 3 give the same bits;
  *   - refusals (N not dividing the heads, BLAS, device, row operations) are clear and change
  *     nothing; reset works on every rank;
+ *   - the bootstrap of one process per rank: rank 0's id reaches every other rank over TCP
+ *     (threads on the loopback here), a repeated or out-of-range rank is refused;
  *   - the NCCL backend's self-check where NCCL and GPUs exist (skipped here otherwise).
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include "model/tp/tp_bootstrap.h"
 #include "model/tp/tp_comm.h"
 #include "testutil.h"
 #include "tqkv_model.h"
@@ -116,6 +121,62 @@ static void test_nccl_selftest(void **state) {
     OK(rc);
     rc = tp_comm_nccl_selftest(2, test_seed());
     if (rc != TQKV_EUNSUPPORTED) OK(rc);
+}
+
+typedef struct {
+    int port, rank, n;
+    unsigned char id[TP_ID_BYTES];
+    tqkv_status rc;
+} fetch_job;
+
+static void *fetch_main(void *arg) {
+    fetch_job *j = arg;
+    j->rc = tp_bootstrap_fetch("localhost", j->port, j->rank, j->n, j->id, 10000);
+    return NULL;
+}
+
+/* Rank 0 serves n ranks whose requested ranks are ranks[1..n); 0 when all got the id. */
+static tqkv_status bootstrap_round(int n, const int *ranks, const unsigned char *id,
+                                   fetch_job *jobs) {
+    int fd = -1, port = 0;
+    OK(tp_bootstrap_listen(0, &fd, &port));
+    assert_true(port > 0);
+    pthread_t th[TP_MAX_RANKS];
+    for (int r = 1; r < n; r++) {
+        jobs[r] = (fetch_job){.port = port, .rank = ranks[r], .n = n};
+        assert_int_equal(pthread_create(&th[r], NULL, fetch_main, &jobs[r]), 0);
+    }
+    tqkv_status rc = tp_bootstrap_serve(fd, n, id, 10000);
+    for (int r = 1; r < n; r++) pthread_join(th[r], NULL);
+    return rc;
+}
+
+static void test_bootstrap(void **state) {
+    (void)state;
+    test_rng rg;
+    rng_init(&rg, test_seed() ^ 0xb0);
+    unsigned char id[TP_ID_BYTES];
+    for (int i = 0; i < TP_ID_BYTES; i++) id[i] = (unsigned char)rng_int(&rg, 0, 255);
+    fetch_job jobs[TP_MAX_RANKS];
+    const int ok_ranks[] = {0, 3, 1, 2};
+    OK(bootstrap_round(4, ok_ranks, id, jobs));
+    for (int r = 1; r < 4; r++) {
+        OK(jobs[r].rc);
+        assert_memory_equal(jobs[r].id, id, TP_ID_BYTES);
+    }
+    /* rank 1 twice: rank 0 refuses, and the refused peer gets no id */
+    const int dup[] = {0, 1, 1};
+    assert_int_equal(bootstrap_round(3, dup, id, jobs), TQKV_EINVAL);
+    assert_non_null(strstr(tqkv_last_error(), "each once"));
+    assert_true(jobs[1].rc != TQKV_OK || jobs[2].rc != TQKV_OK);
+    /* out of range and nothing listening */
+    unsigned char got[TP_ID_BYTES];
+    assert_int_equal(tp_bootstrap_fetch("localhost", 9, 0, 2, got, 10), TQKV_EINVAL);
+    assert_int_equal(tp_bootstrap_fetch("localhost", 9, 2, 2, got, 10), TQKV_EINVAL);
+    int fd = -1, port = 0;
+    OK(tp_bootstrap_listen(0, &fd, &port));
+    close(fd); /* the port is free again: a fetch finds nobody */
+    assert_int_equal(tp_bootstrap_fetch("localhost", port, 1, 2, got, 200), TQKV_EIO);
 }
 
 // ---------------------------------------------------------------------------
@@ -333,6 +394,7 @@ int main(void) {
     V = tqkv_model_get_config(g_m)->vocab_size;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_allreduce_fixed_order),
+        cmocka_unit_test(test_bootstrap),
         cmocka_unit_test(test_nccl_selftest),
         cmocka_unit_test(test_sharded_vs_unsharded),
         cmocka_unit_test(test_batch_invariance),

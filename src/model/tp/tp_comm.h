@@ -27,6 +27,10 @@
 
 #include "tqkv.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define TP_MAX_RANKS 8
 /* bytes of a bootstrap id (NCCL_UNIQUE_ID_BYTES) */
 #define TP_ID_BYTES 128
@@ -71,5 +75,9 @@ void tp_sum_rank_order(const float *const *in, int n, size_t count, float *out);
  * tp_sum_rank_order on the host. TQKV_EUNSUPPORTED when NCCL is not built in or fewer than
  * n GPUs are visible. */
 tqkv_status tp_comm_nccl_selftest(int n, unsigned long long seed);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

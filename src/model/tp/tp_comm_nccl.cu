@@ -59,7 +59,7 @@ static tqkv_status make_comm(tp_comm **out, int n, int local, int first, nccl_st
     c->first = first;
     c->threads = 1;
     c->nccl = s;
-    *out = c;
+    *out = c; /* the caller's local, published only once the communicator is up */
     *st = s;
     return TQKV_OK;
 }
@@ -72,9 +72,9 @@ extern "C" tqkv_status tp_comm_init_nccl_local(tp_comm **out, int n, const int *
     if (have < n)
         return tqkv_fail(TQKV_EUNSUPPORTED, "tensor parallel: %d ranks need %d GPUs, %d visible",
                          n, n, have);
-    tp_comm *c;
-    nccl_state *s;
-    tqkv_status rc = make_comm(&c, n, n, 0, &s);
+    tp_comm *c = NULL;
+    nccl_state *s = NULL;
+    tqkv_status rc = make_comm(&c, n, n, 0, &s); /* c: a local until it is up */
     if (rc != TQKV_OK) return rc;
     for (int i = 0; i < n; i++) s->device[i] = devices ? devices[i] : i;
     ncclResult_t r = ncclCommInitAll(s->comm, n, s->device);
@@ -99,8 +99,8 @@ extern "C" tqkv_status tp_comm_init_nccl_rank(tp_comm **out, int n, int rank, in
     if (!out || !id || n < 1 || n > TP_MAX_RANKS || rank < 0 || rank >= n)
         return tqkv_fail(TQKV_EINVAL, "tensor parallel: rank %d of %d", rank, n);
     CUDA_TRY(cudaSetDevice(device), "cudaSetDevice");
-    tp_comm *c;
-    nccl_state *s;
+    tp_comm *c = NULL;
+    nccl_state *s = NULL;
     tqkv_status rc = make_comm(&c, n, 1, rank, &s);
     if (rc != TQKV_OK) return rc;
     ncclUniqueId u;
