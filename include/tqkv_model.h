@@ -267,7 +267,9 @@ TQKV_API tqkv_status tqkv_model_state_offsets(const tqkv_model_state *s, int *of
  *     positions from tqkv_model_state_offsets), and is not trimmed during a spec round;
  *   - a linear-attention layer of a hybrid graph (Qwen 3.5): it holds recurrent state rows
  *     instead (src/model/state/recurrent.h), to which every row operation must apply too;
- *   - every layer of a state on the device (params.device == 1). */
+ *   - every layer of a state on the device (params.device == 1).
+ * With tensor_parallel > 1 it is rank 0's cache (its KV heads only); the other ranks' caches
+ * are not reachable here, and the row operations refuse such a state. */
 TQKV_API tqkv_batch *tqkv_model_state_layer(tqkv_model_state *s, int layer);
 /* Room for `tokens` tokens per row (its left padding aside) in every layer's cache, so
  * that appends up to that length allocate nothing. Device states allocate exactly here

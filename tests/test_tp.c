@@ -8,7 +8,9 @@
  *     against the unsharded one on the bundled model: logits within a relative L2 bound
  *     (float32 reassociation of o_proj / down_proj only), greedy tokens equal over 32 steps,
  *     with f32 and tq4 KV; a rank's cache holds its KV heads' share of the bytes;
- *   - batch invariance for a fixed N: a row alone and as row 1 of 3 give the same bits;
+ *   - batch invariance for a fixed N: a row alone and as row 1 of 3 give the same bits; a
+ *     padded row's logits of every position too (padding zero); a verification window
+ *     (extend_as_decode) gives the bits of single decodes;
  *   - refusals (N not dividing the heads, BLAS, device, row operations) are clear and change
  *     nothing; reset works on every rank;
  *   - the bootstrap of one process per rank: rank 0's id reaches every other rank over TCP
@@ -298,6 +300,46 @@ static void test_batch_invariance(void **state) {
     free(lb);
 }
 
+/* Every position's logits of a left-padded prefill: padding zero, row 0's real positions
+ * equal to row 0 alone; a verification window (extend_as_decode) equals single decodes. */
+static void test_padded_all_and_window(void **state) {
+    (void)state;
+    test_rng rg;
+    rng_init(&rg, test_seed() ^ 0xa11);
+    enum { N = 24, PAD = 9, R = 2, W = 4 };
+    const int lens[R] = {N - PAD, N};
+    int32_t tok[R * N], win[W];
+    for (int i = 0; i < R * N; i++) tok[i] = rng_int(&rg, 3, V - 1);
+    for (int i = 0; i < W; i++) win[i] = rng_int(&rg, 3, V - 1);
+    float *all = malloc(sizeof(float) * R * N * (size_t)V), *one = malloc(sizeof(float) * N * (size_t)V);
+    tqkv_model_state *s2 = new_state(R, 2, TQKV_TQ4), *s1 = new_state(1, 2, TQKV_TQ4);
+    OK(tqkv_model_prefill(g_m, s2, tok, lens, N, TQKV_LOGITS_ALL, all));
+    OK(tqkv_model_prefill(g_m, s1, tok + PAD, NULL, N - PAD, TQKV_LOGITS_ALL, one));
+    for (size_t i = 0; i < (size_t)PAD * V; i++) assert_true(all[i] == 0.0f);
+    assert_memory_equal(all + (size_t)PAD * V, one, sizeof(float) * (N - PAD) * (size_t)V);
+    /* the window: W tokens in one extend vs W decodes, on two states fed the same prompt */
+    tqkv_model_state_params p = tqkv_model_state_params_default();
+    p.threads = 2;
+    p.tensor_parallel = 2;
+    p.extend_as_decode = 1;
+    tqkv_model_state *sw = NULL, *sd = new_state(1, 2, TQKV_F32);
+    OK(tqkv_model_state_init(&sw, g_m, &p));
+    OK(tqkv_model_prefill(g_m, sw, tok, NULL, N, TQKV_LOGITS_NONE, NULL));
+    OK(tqkv_model_prefill(g_m, sd, tok, NULL, N, TQKV_LOGITS_NONE, NULL));
+    OK(tqkv_model_extend(g_m, sw, win, W, TQKV_LOGITS_ALL, all));
+    for (int j = 0; j < W; j++) {
+        OK(tqkv_model_decode(g_m, sd, &win[j], one));
+        if (memcmp(all + (size_t)j * V, one, sizeof(float) * (size_t)V))
+            fail_msg("window query %d differs from its single decode", j);
+    }
+    tqkv_model_state_free(s2);
+    tqkv_model_state_free(s1);
+    tqkv_model_state_free(sw);
+    tqkv_model_state_free(sd);
+    free(all);
+    free(one);
+}
+
 // ---------------------------------------------------------------------------
 // refusals and reset
 // ---------------------------------------------------------------------------
@@ -398,6 +440,7 @@ int main(void) {
         cmocka_unit_test(test_nccl_selftest),
         cmocka_unit_test(test_sharded_vs_unsharded),
         cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_padded_all_and_window),
         cmocka_unit_test(test_refusals_and_reset),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -111,9 +111,11 @@ tqkv_status tp_allgather(tp_comm *c, const float *const *send, float *const *rec
     if (c->backend == TP_BACKEND_NCCL) return tp_nccl_allgather(c, send, recv, count, streams);
 #endif
     (void)streams;
-    for (int i = 0; i < c->local; i++)
+    for (int i = 0; i < c->local; i++) {
+        if (i > 0 && recv[i] == recv[0]) continue; /* one host buffer may serve every rank */
         for (int r = 0; r < c->n; r++)
             if (recv[i] + (size_t)r * count != send[r]) /* in place when it is already there */
                 memmove(recv[i] + (size_t)r * count, send[r], sizeof(float) * count);
+    }
     return TQKV_OK;
 }

@@ -61,7 +61,8 @@ tp_backend tp_comm_backend(const tp_comm *c);
  * ranks in rank order (above). streams[i]: cudaStream_t of local rank i (NCCL; NULL: the
  * default stream), ignored by the CPU backend (may be NULL). */
 tqkv_status tp_allreduce_sum(tp_comm *c, float *const *bufs, size_t count, void *const *streams);
-/* send[i] [count] of local rank i; recv[i] [N * count] gets every rank r's at r * count. */
+/* send[i] [count] of local rank i; recv[i] [N * count] gets every rank r's at r * count (CPU
+ * backend: the recv[i] may all be one buffer). */
 tqkv_status tp_allgather(tp_comm *c, const float *const *send, float *const *recv, size_t count,
                          void *const *streams);
 
