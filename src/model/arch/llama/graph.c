@@ -63,7 +63,7 @@ tqkv_status llama_scratch(tqkv_model_state *s, size_t T, size_t RN) {
 // ---------------------------------------------------------------------------
 
 void llama_matmul_ld(const tqkv_model_state *s, const float *x, int T, const mm_weight *w,
-                      const float *bias, float *y, size_t ldy, int prefill) {
+                     const float *bias, float *y, size_t ldy, int prefill) {
     if (s->p.blas && prefill && w->f32 && T > 1)
         mm_matmul_blas(x, T, w, bias, y, ldy, s->p.threads);
     else
@@ -71,7 +71,7 @@ void llama_matmul_ld(const tqkv_model_state *s, const float *x, int T, const mm_
 }
 
 void llama_matmul(const tqkv_model_state *s, const float *x, int T, const mm_weight *w,
-                   const float *bias, float *y, int prefill) {
+                  const float *bias, float *y, int prefill) {
     llama_matmul_ld(s, x, T, w, bias, y, (size_t)w->n, prefill);
 }
 
@@ -98,10 +98,9 @@ tqkv_status llama_rollback(tqkv_model_state *s, int done, int n, int prefill) {
     return worst;
 }
 
-
 /* Embedding rows and RoPE tables of the T compact tokens. */
 void llama_embed(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
-                  const llama_shape *f) {
+                 const llama_shape *f) {
     const int H = m->cfg.hidden_size, half = m->cfg.head_dim / 2, n = f->n;
 #pragma omp parallel for num_threads(s->p.threads) schedule(static) if (f->T >= 64)
     for (size_t i = 0; i < f->T; i++) {
@@ -115,7 +114,7 @@ void llama_embed(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens
 /* RMSNorm, q/k/v projections, q/k norm, RoPE, scatter to qb / kb / vb
  * [rows, heads, n, hd] (padding positions zero). */
 void llama_qkv_project(const tqkv_model *m, tqkv_model_state *s, const model_layer *L,
-                        const llama_shape *f) {
+                       const llama_shape *f) {
     const tqkv_model_config *c = &m->cfg;
     const int R = s->rows, H = c->hidden_size, hd = c->head_dim, NH = c->n_heads,
               NKV = c->n_kv_heads, half = hd / 2, n = f->n, th = s->p.threads, pf = f->pf;
