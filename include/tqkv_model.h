@@ -217,6 +217,13 @@ typedef struct {
      * defaults. CPU states only. */
     uint8_t     layer_k[64];
     uint8_t     layer_v[64];
+    /* Tensor parallelism (docs/TP.md): 0 or 1 = off; N in 2..8 shards the graph Megatron-style
+     * over N ranks (heads, MLP columns / rows, lm_head vocabulary), each rank holding the
+     * compressed cache of its own KV heads, joined by all-reduces in a fixed rank order. N
+     * must divide the query heads, KV heads and intermediate size (else TQKV_EINVAL). CPU
+     * only for now (the ranks run one after another in this process; Llama-family graphs);
+     * row operations (merge, filter, extract, spec rounds, export) refuse such a state. */
+    int         tensor_parallel;
 } tqkv_model_state_params;
 
 #define TQKV_MAX_KV_LAYERS 64
@@ -264,7 +271,9 @@ TQKV_API tqkv_status tqkv_model_state_offsets(const tqkv_model_state *s, int *of
  *     positions from tqkv_model_state_offsets), and is not trimmed during a spec round;
  *   - a linear-attention layer of a hybrid graph (Qwen 3.5): it holds recurrent state rows
  *     instead (src/model/state/recurrent.h), to which every row operation must apply too;
- *   - every layer of a state on the device (params.device == 1). */
+ *   - every layer of a state on the device (params.device == 1).
+ * With tensor_parallel > 1 it is rank 0's cache (its KV heads only); the other ranks' caches
+ * are not reachable here, and the row operations refuse such a state. */
 TQKV_API tqkv_batch *tqkv_model_state_layer(tqkv_model_state *s, int layer);
 /* Room for `tokens` tokens per row (its left padding aside) in every layer's cache, so
  * that appends up to that length allocate nothing. Device states allocate exactly here
@@ -281,8 +290,13 @@ TQKV_API tqkv_status tqkv_model_state_fill_synthetic(tqkv_model_state *s, int n,
 TQKV_API double      tqkv_model_state_kv_bytes_per_token(const tqkv_model_state *s);
 /* Bits per stored K/V value, averaged over K and V (window excluded). */
 TQKV_API double      tqkv_model_state_kv_bits_per_value(const tqkv_model_state *s);
-/* Bytes the caches hold now. */
+/* Bytes the caches hold now (every rank's with tensor_parallel). */
 TQKV_API size_t      tqkv_model_state_kv_bytes_used(const tqkv_model_state *s);
+/* Bytes the caches of one tensor-parallel rank hold now (rank 0 of an unsharded state: all;
+ * 0 for a rank out of range). */
+TQKV_API size_t      tqkv_model_state_kv_bytes_rank(const tqkv_model_state *s, int rank);
+/* The state's tensor-parallel ranks (1 when off). */
+TQKV_API int         tqkv_model_state_tensor_parallel(const tqkv_model_state *s);
 
 /* ------------------------------------------------------------------------- */
 /* Forward                                                                    */

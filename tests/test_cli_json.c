@@ -200,6 +200,38 @@ static void test_cli_run_json(void **state) {
     cJSON_Delete(o);
 }
 
+/* `tqkv run --tensor-parallel 2 --exact`: the same greedy tokens as unsharded, rank 0 holding
+ * half the cache bytes; refusals (a rank count that splits no head evenly, the device) exit
+ * non-zero with nothing on stdout. */
+static void test_cli_tensor_parallel(void **state) {
+    (void)state;
+    char model[1024], args[2048], out[1 << 16];
+    source_path("models/qwen3-code-28m", model, sizeof model);
+    double rank0[2] = {0, 0};
+    char toks[2][512];
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "run --model '%s' --prompt 'def add(a, b):' -n 12 --temp 0 "
+                 "--kv tq4 --threads 2 --exact --tensor-parallel %d --json", model, i + 1);
+        assert_int_equal(run_cli(args, out, sizeof out), 0);
+        cJSON *o = cJSON_Parse(out);
+        if (!o) fail_msg("not JSON: %s", out);
+        assert_int_equal(cJSON_GetObjectItem(o, "tensor_parallel")->valueint, i + 1);
+        rank0[i] = cJSON_GetObjectItem(o, "kv_bytes_rank0")->valuedouble;
+        char *t = cJSON_PrintUnformatted(cJSON_GetObjectItem(o, "tokens"));
+        snprintf(toks[i], sizeof toks[i], "%s", t);
+        free(t);
+        cJSON_Delete(o);
+    }
+    assert_string_equal(toks[1], toks[0]);
+    assert_true(rank0[0] > 0 && rank0[1] == rank0[0] / 2);
+    const char *bad[] = {"--tensor-parallel 3", "--tensor-parallel 2 --device cuda",
+                         "--tensor-parallel 9"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(args, sizeof args, "run --model '%s' --prompt 'x' -n 2 --json %s", model, bad[i]);
+        assert_int_not_equal(run_cli(args, out, sizeof out), 0);
+        assert_int_equal(strlen(out), 0);
+    }
+}
 
 /* `tqkv bench capacity --json`: one document that parses, whose figures agree with each
  * other; a bad format in the list fails with nothing on stdout (never a truncated
@@ -237,6 +269,7 @@ int main(void) {
         cmocka_unit_test(test_json_numbers),
         cmocka_unit_test(test_cli_tokenize_json),
         cmocka_unit_test(test_cli_run_json),
+        cmocka_unit_test(test_cli_tensor_parallel),
         cmocka_unit_test(test_cli_capacity_json),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -145,7 +145,7 @@ static int max_rows(const tqkv_model *m, const tqkv_model_state_params *base, in
 typedef struct {
     const char *model_arg, *ctx_list, *kv_list, *prefill_kernel, *decode_kernel, *device;
     const char *fill, *graphs_list, *pick_list;
-    int threads, gen, json, window, reps, blas, f32w, rows, find_max, fast_gemm;
+    int threads, gen, json, window, reps, blas, f32w, rows, find_max, fast_gemm, tp;
     int synth, dev;            /* --fill synthetic; --device cuda */
     tqkv_kernel pk, dk;        /* prefill / decode kernels */
     int gv[2], n_gv;           /* --graphs: the device_graphs values measured, in order */
@@ -232,6 +232,7 @@ static int bm_parse_args(int argc, char **argv, bm_opts *o) {
         {"--fill", ARG_STR, &o->fill, "prefill (default): run ctx tokens through the model; synthetic: put ctx tokens of random K/V straight into the caches (device only, no pp figure)"},
         {"--max-rows", ARG_FLAG, &o->find_max, "also find the most rows whose caches for ctx + gen + 1 tokens fit (device memory; real allocations)"},
         {"--json", ARG_FLAG, &o->json, "print a JSON array of results on stdout"},
+        {"--tensor-parallel", ARG_INT, &o->tp, MCLI_TP_HELP},
     };
     const int n_specs = (int)(sizeof specs / sizeof specs[0]);
     if (args_parse(CMD, argc, argv, specs, n_specs) != 0) return 2;
@@ -251,6 +252,8 @@ static int bm_parse_args(int argc, char **argv, bm_opts *o) {
     if (mcli_parse_kernel(CMD, o->prefill_kernel, &o->pk) ||
         mcli_parse_kernel(CMD, o->decode_kernel, &o->dk) || mcli_parse_device(CMD, o->device, &o->dev))
         return 2;
+    tqkv_model_state_params tpp; /* checks --tensor-parallel against --device */
+    if (mcli_parse_tp(CMD, o->tp, o->dev, &tpp)) return 2;
     if (bm_parse_graphs(o) || bm_parse_pick(o)) return 2;
     return 0;
 }
@@ -328,6 +331,7 @@ static tqkv_model_state_params bm_prepare(bm_opts *o, const tqkv_model *m, FILE 
     base.blas = o->blas;
     base.device = o->dev;
     base.device_fast_gemm = o->fast_gemm;
+    base.tensor_parallel = o->tp;
     return base;
 }
 
@@ -430,6 +434,7 @@ static void bm_json_row(const bm_opts *o, const bm_results *res, cJSON *arr, int
     cJSON_AddNumberToObject(j, "threads", o->threads);
     cJSON_AddNumberToObject(j, "gen", o->gen);
     cJSON_AddNumberToObject(j, "rows", o->rows);
+    cJSON_AddNumberToObject(j, "tensor_parallel", o->tp > 1 ? o->tp : 1);
     cJSON_AddNumberToObject(j, "window", o->window);
     if (o->find_max) cJSON_AddNumberToObject(j, "max_rows", res->maxr[c * 32 + k]);
 }

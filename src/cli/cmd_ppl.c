@@ -63,7 +63,7 @@ typedef struct {
     const char *model_arg, *text_path, *kv;
     const char *prefill_kernel, *device, *kv_layers;
     int ctx, max_windows, window, kld, threads, json, kv_seed;
-    int chunk, blas, fast_gemm, slack;
+    int chunk, blas, fast_gemm, slack, tp;
     int preset;                  /* --kv is a preset (auto:B), resolved once the model is loaded */
     tqkv_model_state_params sp;  /* formats, kernel, device from the options */
     char dir[4096];              /* the resolved model directory */
@@ -94,6 +94,7 @@ static int ppl_parse_args(int argc, char **argv, ppl_opts *o) {
         {"--exact", ARG_FLAG, &mcli_exact, MCLI_EXACT_HELP},
         {"--device", ARG_STR, &o->device, "cpu|cuda: where the forward runs (default cpu)"},
         {"--fast-gemm", ARG_FLAG, &o->fast_gemm, "with --device cuda: cuBLAS bf16 GEMMs, faster but NOT batch invariant"},
+        {"--tensor-parallel", ARG_INT, &o->tp, MCLI_TP_HELP},
         {"--json", ARG_FLAG, &o->json, "end with a JSON summary line"},
     };
     const int n_specs = (int)(sizeof specs / sizeof specs[0]);
@@ -123,7 +124,8 @@ static int ppl_parse_args(int argc, char **argv, ppl_opts *o) {
                         mcli_parse_kv_layers(CMD, o->kv_layers, sp) ||
                         mcli_check_window(CMD, o->window, sp->k_format, sp->v_format))) ||
         mcli_parse_kernel(CMD, o->prefill_kernel, &sp->prefill_kernel) ||
-        mcli_parse_device(CMD, o->device, &sp->device))
+        mcli_parse_device(CMD, o->device, &sp->device) ||
+        mcli_parse_tp(CMD, o->tp, sp->device, sp))
         return 2;
     if (!mcli_resolve_model(CMD, o->model_arg, o->dir, sizeof o->dir)) return 1;
     return 0;
@@ -267,6 +269,7 @@ static int ppl_report(const ppl_opts *o, const tqkv_model *m, tqkv_model_state *
         cJSON_AddNumberToObject(j, "windows", n_win);
         cJSON_AddNumberToObject(j, "tokens", (double)cnt);
         cJSON_AddStringToObject(j, "device", sp->device ? "cuda" : "cpu");
+        cJSON_AddNumberToObject(j, "tensor_parallel", tqkv_model_state_tensor_parallel(s));
         cJSON_AddStringToObject(j, "gemm", sp->device_fast_gemm ? "cublas" : "invariant");
         cJSON_AddStringToObject(j, "matmul", sp->device ? "device" : mcli_matmul_name(mcli_exact));
         cJSON_AddStringToObject(j, "kv", o->kv);

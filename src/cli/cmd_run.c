@@ -36,7 +36,7 @@ typedef struct {
     const char *model_arg, *prompt, *prompt_file;
     const char *kv, *kv_layers, *prefill_kernel, *decode_kernel;
     const char *device;
-    int n_gen, top_k, seed, window, threads, chat, json, fast_gemm;
+    int n_gen, top_k, seed, window, threads, chat, json, fast_gemm, tp;
     int ignore_eos, kv_seed, blas, f32w;
     double temp, top_p, min_p, rep; /* NAN: not given */
     int preset;                     /* --kv is a preset (auto:B), resolved once the model is loaded */
@@ -98,6 +98,7 @@ static int run_parse_args(int argc, char **argv, run_opts *o) {
         {"--f32-weights", ARG_FLAG, &o->f32w, "convert weights to f32 at load"},
         {"--device", ARG_STR, &o->device, "cpu|cuda: where the forward runs (default cpu)"},
         {"--fast-gemm", ARG_FLAG, &o->fast_gemm, "with --device cuda: cuBLAS bf16 GEMMs, faster but NOT batch invariant"},
+        {"--tensor-parallel", ARG_INT, &o->tp, MCLI_TP_HELP},
     };
     const int n_specs = (int)(sizeof specs / sizeof specs[0]);
     if (args_parse(CMD, argc, argv, specs, n_specs) != 0) return 2;
@@ -126,7 +127,8 @@ static int run_parse_args(int argc, char **argv, run_opts *o) {
                         mcli_check_window(CMD, o->window, sp->k_format, sp->v_format))) ||
         mcli_parse_kernel(CMD, o->prefill_kernel, &sp->prefill_kernel) ||
         mcli_parse_kernel(CMD, o->decode_kernel, &sp->decode_kernel) ||
-        mcli_parse_device(CMD, o->device, &sp->device))
+        mcli_parse_device(CMD, o->device, &sp->device) ||
+        mcli_parse_tp(CMD, o->tp, sp->device, sp))
         return 2;
     if (!mcli_resolve_model(CMD, o->model_arg, o->dir, sizeof o->dir)) return 1;
     return 0;
@@ -394,6 +396,9 @@ static int run_report(const run_opts *o, const run_session *r, const run_output 
         cJSON_AddStringToObject(j, "kv", o->kv);
         json_add_num(j, "kv_bits_per_value", tqkv_model_state_kv_bits_per_value(r->s), 4);
         json_add_num(j, "kv_bytes_per_token", tqkv_model_state_kv_bytes_per_token(r->s), 1);
+        cJSON_AddNumberToObject(j, "tensor_parallel", tqkv_model_state_tensor_parallel(r->s));
+        /* the cache bytes one rank holds (all of them without tensor parallelism) */
+        cJSON_AddNumberToObject(j, "kv_bytes_rank0", (double)tqkv_model_state_kv_bytes_rank(r->s, 0));
         json_add_num(j, "prefill_tokens_per_s", pp_tps, 2);
         json_add_num(j, "decode_tokens_per_s", tg_tps, 2);
         cJSON_AddNumberToObject(j, "seed", (double)r->pp.seed);

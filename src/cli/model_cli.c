@@ -132,6 +132,21 @@ int mcli_parse_device(const char *cmd, const char *name, int *out) {
     return 0;
 }
 
+int mcli_parse_tp(const char *cmd, int n, int device, tqkv_model_state_params *p) {
+    if (n < 0 || n > 8) {
+        fprintf(stderr, "tqkv %s: --tensor-parallel must be in 1..8, got %d\n", cmd, n);
+        return -1;
+    }
+    if (device && n > 1) {
+        fprintf(stderr, "tqkv %s: --tensor-parallel %d runs on the CPU only for now (the "
+                "device's sharded graph is not built; docs/TP.md): drop --device cuda or use "
+                "--tensor-parallel 1\n", cmd, n);
+        return -1;
+    }
+    p->tensor_parallel = n;
+    return 0;
+}
+
 int mcli_cpus(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n >= 1 ? (int)n : 1;

@@ -163,7 +163,16 @@ struct tqkv_model_state {
      * otherwise; layers[l] is NULL for such a layer (it has no KV rows) */
     struct model_recurrent *rec;
     struct model_pick      *pick; /* tqkv_model_decode_pick's scratch (pick.c), NULL until used */
+    /* tensor_parallel > 1 (tp/tp_state.h): the ranks, each with its shard of the weights and
+     * the caches of its KV heads; layers is then rank 0's. NULL otherwise. */
+    struct model_tp        *tp;
 };
+
+/* state.c: fresh empty caches for `rows` rows, one per layer with KV of its own (shared and
+ * recurrent layers NULL), shaped by m's layer geometry; and their free (NULL is fine). */
+tqkv_status model_state_make_layers(const tqkv_model *m, const tqkv_model_state_params *p,
+                                    int rows, tqkv_batch ***out);
+void        model_state_free_layers(tqkv_batch **layers, int n);
 
 /* forward.c: skeleton pieces of a forward call shared by every graph.
  * model_forward_lengths: check each row's real-token count (lengths[r], or n when NULL) is

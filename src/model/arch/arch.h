@@ -93,6 +93,12 @@ typedef struct model_arch_ops {
     model_forward_fn forward; /* the CPU graph */
     int experts_only;         /* 1: every layer's feed-forward is the experts, so config.json
                                  need not give intermediate_size (0 when absent) */
+    /* tensor parallelism (tp/tp_state.h, docs/TP.md): rank r of n's shard of every layer into
+     * rm, a copy of m with the rank's geometry (n_heads, n_kv_heads, intermediate_size / n),
+     * its lm_head already the rank's vocabulary rows and its layers zeroed; slices through
+     * tp_weight_rows / tp_weight_cols, memory from model_own(rm). The forward then runs the
+     * ranks when s->tp is set. NULL: tensor_parallel > 1 is refused. */
+    tqkv_status (*tp_shard)(const tqkv_model *m, int r, int n, tqkv_model *rm);
     int device;                      /* 1: runs on the GPU (--device cuda) */
     const model_arch_cuda_ops *cuda; /* its device hooks (NULL: the common device graph, or
                                         a build without CUDA) */

@@ -34,6 +34,7 @@
 #include "model/cuda/model_cuda.h"
 #endif
 #include "model/state/recurrent.h"
+#include "model/tp/tp_state.h"
 #include "util/common.h"
 
 // ---------------------------------------------------------------------------
@@ -281,6 +282,11 @@ size_t tqkv_model_state_projected_bytes_spec(const tqkv_model_state *s, int toke
         return model_cuda_projected_bytes(s->gpu, tokens, round) + model_cuda_row_fixed_bytes(s->gpu);
 #endif
     size_t b = 0;
+    if (s->tp) { /* every rank's share */
+        for (int r = 0; r < s->tp->n; r++)
+            b += tqkv_model_state_projected_bytes_spec(s->tp->rank[r], tokens, draft_tokens);
+        return b;
+    }
     const int keep = sliding_keep(s) + round;
     for (int l = 0; l < s->m->cfg.n_layers; l++) {
         model_layer_kind k = rows_layer_kind_of(s->m, l);
@@ -426,6 +432,14 @@ static tqkv_status merge_inplace(tqkv_model_state *s, tqkv_model_state *const *s
     return TQKV_OK;
 }
 
+/* Row operations that would move every tensor-parallel rank's rows refuse such a state for
+ * now (tp/tp_state.h); nothing changes. */
+static tqkv_status tp_refuse(const tqkv_model_state *s, const char *what) {
+    if (!s || !s->tp) return TQKV_OK;
+    return tqkv_fail(TQKV_EUNSUPPORTED, "%s: not with tensor_parallel > 1 (yet): the ranks' "
+                     "caches would have to move in lockstep (docs/TP.md)", what);
+}
+
 tqkv_status tqkv_model_state_merge(tqkv_model_state *s, tqkv_model_state *const *src, int n_src) {
     if (!s || (n_src > 0 && !src) || n_src < 0)
         return tqkv_fail(TQKV_EINVAL, "state merge: NULL argument or n_src < 0");
@@ -433,10 +447,12 @@ tqkv_status tqkv_model_state_merge(tqkv_model_state *s, tqkv_model_state *const 
     long long rows = s->rows;
     tqkv_status rc = tqkv_model_state_check(s);
     if (rc != TQKV_OK) return rc;
+    if ((rc = tp_refuse(s, "state merge")) != TQKV_OK) return rc;
     if (spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "state merge: a spec round is active");
     for (int i = 0; i < n_src; i++) {
         if (!src[i] || src[i] == s)
             return tqkv_fail(TQKV_EINVAL, "state merge: source %d is NULL or the target", i);
+        if ((rc = tp_refuse(src[i], "state merge")) != TQKV_OK) return rc;
         if (src[i]->m != s->m)
             return tqkv_fail(TQKV_EINVAL, "state merge: source %d belongs to another model", i);
         if (!same_cache_params(s, src[i]))
@@ -511,6 +527,7 @@ tqkv_status tqkv_model_state_filter(tqkv_model_state *s, const int *keep, int n_
         return tqkv_fail(TQKV_EINVAL, "state filter: NULL argument or n_keep < 0");
     tqkv_status rc = tqkv_model_state_check(s);
     if (rc != TQKV_OK) return rc;
+    if ((rc = tp_refuse(s, "state filter")) != TQKV_OK) return rc;
     if (spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "state filter: a spec round is active");
     if (!s->gpu && keep_increasing(keep, n_keep, s->rows)) return filter_inplace(s, keep, n_keep);
     tqkv_batch **nl = NULL;
@@ -533,6 +550,7 @@ tqkv_status tqkv_model_state_extract_row(const tqkv_model_state *s, int row,
         return tqkv_fail(TQKV_ERANGE, "state extract: row %d not in [0, %d)", row, s->rows);
     tqkv_status rc = tqkv_model_state_check(s);
     if (rc != TQKV_OK) return rc;
+    if ((rc = tp_refuse(s, "state extract")) != TQKV_OK) return rc;
     if (spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "state extract: a spec round is active");
     tqkv_model_state_params p = s->p;
     p.rows = 1;
@@ -567,6 +585,7 @@ tqkv_status tqkv_model_state_extract_row(const tqkv_model_state *s, int row,
 tqkv_status tqkv_model_state_spec_begin(tqkv_model_state *s) {
     tqkv_status rc = tqkv_model_state_check(s);
     if (rc != TQKV_OK) return rc;
+    if ((rc = tp_refuse(s, "spec_begin")) != TQKV_OK) return rc;
     if (spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "spec_begin: a spec round is already active");
 #ifdef TQKV_HAVE_CUDA
     if (s->gpu) return model_cuda_spec_begin(s->gpu);
@@ -673,6 +692,7 @@ tqkv_status tqkv_model_state_export(const tqkv_model_state *s, uint8_t **out, si
     if (!s || !out || !len) return tqkv_fail(TQKV_EINVAL, "state export: NULL argument");
     tqkv_status rc = tqkv_model_state_check(s);
     if (rc != TQKV_OK) return rc;
+    if ((rc = tp_refuse(s, "state export")) != TQKV_OK) return rc;
     if (spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "state export: a spec round is active");
     const int L = s->m->cfg.n_layers;
     uint8_t **blob = calloc((size_t)L + 1, sizeof *blob); /* [L] = recurrent rows */
@@ -735,6 +755,8 @@ tqkv_status tqkv_model_state_import(tqkv_model_state **out, const tqkv_model *m,
                                     size_t len) {
     if (!out || !m || !buf) return tqkv_fail(TQKV_EINVAL, "state import: NULL argument");
     tqkv_model_state_params p = p_in ? *p_in : tqkv_model_state_params_default();
+    if (p.tensor_parallel > 1)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "state import: not with tensor_parallel > 1 (yet)");
     if (p.device != 0 && (p.k_format == TQKV_F32 || p.v_format == TQKV_F32))
         return tqkv_fail(TQKV_EUNSUPPORTED, "state import: a device state with f32 KV holds a "
                          "dense bf16 cache, which has no state format (import into tq4 or tq3 KV)");

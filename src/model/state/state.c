@@ -20,6 +20,7 @@
 #include "model/model_impl.h"
 #include "model/ops/ops.h"
 #include "model/state/recurrent.h"
+#include "model/tp/tp_state.h"
 #include "util/common.h"
 #ifdef TQKV_HAVE_CUDA
 #include "model/cuda/model_cuda.h"
@@ -46,7 +47,7 @@ tqkv_model_state_params tqkv_model_state_params_default(void) {
     return p;
 }
 
-static void free_layers(tqkv_batch **layers, int n) {
+void model_state_free_layers(tqkv_batch **layers, int n) {
     if (!layers) return;
     for (int l = 0; l < n; l++) tqkv_batch_free(layers[l]);
     free(layers);
@@ -54,8 +55,8 @@ static void free_layers(tqkv_batch **layers, int n) {
 
 /* Fresh empty caches for `rows` rows: one per layer with KV of its own (shared and
  * recurrent layers hold NULL), shaped by the layer's geometry. */
-static tqkv_status make_layers(const tqkv_model *m, const tqkv_model_state_params *p, int rows,
-                               tqkv_batch ***out) {
+tqkv_status model_state_make_layers(const tqkv_model *m, const tqkv_model_state_params *p,
+                                    int rows, tqkv_batch ***out) {
     int L = m->cfg.n_layers;
     tqkv_batch **layers = calloc((size_t)L, sizeof *layers);
     if (!layers) return tqkv_fail(TQKV_ENOMEM, "out of memory");
@@ -73,7 +74,7 @@ static tqkv_status make_layers(const tqkv_model *m, const tqkv_model_state_param
         cc.window_slack = p->window_slack;
         tqkv_status rc = tqkv_batch_init(&layers[l], &cc, rows);
         if (rc != TQKV_OK) {
-            free_layers(layers, l);
+            model_state_free_layers(layers, l);
             return rc;
         }
     }
@@ -116,12 +117,16 @@ tqkv_status tqkv_model_state_init(tqkv_model_state **out, const tqkv_model *m,
             return tqkv_fail(TQKV_EUNSUPPORTED, "model state: per-layer KV formats run on the "
                              "CPU only (layer %d)", l);
     }
+    tqkv_status rc = model_tp_check(m, &p); /* tensor_parallel (tp/tp_state.h) */
+    if (rc != TQKV_OK) return rc;
     tqkv_model_state *s = tqkv_calloc(1, sizeof *s);
     if (!s) return TQKV_ENOMEM;
     s->m = m;
     s->p = p;
     s->rows = p.rows;
-    tqkv_status rc = make_layers(m, &p, p.rows, &s->layers);
+    /* tensor parallel: the ranks hold the caches (s->layers: rank 0's) */
+    rc = p.tensor_parallel > 1 ? model_tp_init(s)
+                               : model_state_make_layers(m, &p, p.rows, &s->layers);
     if (rc == TQKV_OK) rc = tqkv_mask_lease_init(&s->lease);
 #ifdef TQKV_HAVE_CUDA
     if (rc == TQKV_OK && p.device == 1) rc = model_cuda_init(&s->gpu, m, &p, p.rows);
@@ -145,7 +150,8 @@ tqkv_status tqkv_model_state_init(tqkv_model_state **out, const tqkv_model *m,
 
 void tqkv_model_state_free(tqkv_model_state *s) {
     if (!s) return;
-    free_layers(s->layers, s->m->cfg.n_layers);
+    model_tp_free(s); /* the ranks and their caches; s->layers was rank 0's */
+    model_state_free_layers(s->layers, s->m->cfg.n_layers);
 #ifdef TQKV_HAVE_CUDA
     model_cuda_free(s->gpu);
 #endif
@@ -162,6 +168,7 @@ tqkv_status tqkv_model_state_reset(tqkv_model_state *s, int rows) {
     if (!s) return tqkv_fail(TQKV_EINVAL, "tqkv_model_state_reset: NULL");
     if (rows < 0) return tqkv_fail(TQKV_EINVAL, "tqkv_model_state_reset: rows %d", rows);
     if (rows == 0) rows = s->rows;
+    if (s->tp) return model_tp_reset(s, rows);
     tqkv_batch **layers = NULL;
 #ifdef TQKV_HAVE_CUDA
     if (s->gpu) {
@@ -169,22 +176,22 @@ tqkv_status tqkv_model_state_reset(tqkv_model_state *s, int rows) {
         if (grc != TQKV_OK) return grc;
     }
 #endif
-    tqkv_status rc = make_layers(s->m, &s->p, rows, &layers);
+    tqkv_status rc = model_state_make_layers(s->m, &s->p, rows, &layers);
     if (rc != TQKV_OK) return rc;
     int *off = calloc((size_t)rows, sizeof(int)), *len = calloc((size_t)rows, sizeof(int));
     if (!off || !len) {
         free(off);
         free(len);
-        free_layers(layers, s->m->cfg.n_layers);
+        model_state_free_layers(layers, s->m->cfg.n_layers);
         return tqkv_fail(TQKV_ENOMEM, "out of memory");
     }
     if (s->rec && (rc = rec_reset(s->rec, rows)) != TQKV_OK) {
         free(off);
         free(len);
-        free_layers(layers, s->m->cfg.n_layers);
+        model_state_free_layers(layers, s->m->cfg.n_layers);
         return rc;
     }
-    free_layers(s->layers, s->m->cfg.n_layers);
+    model_state_free_layers(s->layers, s->m->cfg.n_layers);
     free(s->off);
     free(s->len);
     s->layers = layers;
@@ -237,6 +244,10 @@ tqkv_batch *tqkv_model_state_layer(tqkv_model_state *s, int layer) {
 double tqkv_model_state_kv_bytes_per_token(const tqkv_model_state *s) {
     if (!s) return 0;
     double b = 0;
+    if (s->tp) { /* every rank's share */
+        for (int r = 0; r < s->tp->n; r++) b += tqkv_model_state_kv_bytes_per_token(s->tp->rank[r]);
+        return b;
+    }
     for (int l = 0; l < s->m->cfg.n_layers; l++)
         if (s->layers[l]) b += tqkv_batch_bytes_per_token(s->layers[l]);
     return b;
@@ -265,9 +276,23 @@ size_t tqkv_model_state_kv_bytes_used(const tqkv_model_state *s) {
     if (s->gpu) return model_cuda_kv_bytes(s->gpu); /* device bytes held (capacity) */
 #endif
     size_t b = 0;
+    if (s->tp) { /* every rank's share */
+        for (int r = 0; r < s->tp->n; r++) b += tqkv_model_state_kv_bytes_used(s->tp->rank[r]);
+        return b;
+    }
     for (int l = 0; l < s->m->cfg.n_layers; l++)
         if (s->layers[l]) b += tqkv_batch_bytes_used(s->layers[l]);
     return b + (s->rec ? (size_t)s->rows * rec_row_bytes(s->rec) : 0);
+}
+
+size_t tqkv_model_state_kv_bytes_rank(const tqkv_model_state *s, int rank) {
+    if (!s) return 0;
+    if (!s->tp) return rank == 0 ? tqkv_model_state_kv_bytes_used(s) : 0;
+    return rank >= 0 && rank < s->tp->n ? tqkv_model_state_kv_bytes_used(s->tp->rank[rank]) : 0;
+}
+
+int tqkv_model_state_tensor_parallel(const tqkv_model_state *s) {
+    return s && s->tp ? s->tp->n : 1;
 }
 
 /* Shift of row r's token grid for its query j of this call (model_impl.h): how many more

@@ -11,5 +11,6 @@ const model_arch_ops model_arch_llama = {
     .config_parse = llama_config_parse,
     .load = llama_load,
     .forward = llama_forward,
+    .tp_shard = llama_tp_shard, /* tensor_parallel > 1 (tp.c) */
     .device = 1, /* the common device graph (src/model/cuda/forward_cuda.cu) */
 };

@@ -24,7 +24,7 @@
 // scratch
 // ---------------------------------------------------------------------------
 
-static tqkv_status ensure_scratch(tqkv_model_state *s, size_t T, size_t RN) {
+tqkv_status llama_scratch(tqkv_model_state *s, size_t T, size_t RN) {
     const tqkv_model_config *c = &s->m->cfg;
     size_t H = (size_t)c->hidden_size, I = (size_t)c->intermediate_size, hd = (size_t)c->head_dim;
     size_t QD = (size_t)c->n_heads * hd, KD = (size_t)c->n_kv_heads * hd;
@@ -62,24 +62,24 @@ static tqkv_status ensure_scratch(tqkv_model_state *s, size_t T, size_t RN) {
 // forward
 // ---------------------------------------------------------------------------
 
-static void matmul_ld(const tqkv_model_state *s, const float *x, int T, const mm_weight *w,
-                      const float *bias, float *y, size_t ldy, int prefill) {
+void llama_matmul_ld(const tqkv_model_state *s, const float *x, int T, const mm_weight *w,
+                     const float *bias, float *y, size_t ldy, int prefill) {
     if (s->p.blas && prefill && w->f32 && T > 1)
         mm_matmul_blas(x, T, w, bias, y, ldy, s->p.threads);
     else
         mm_matmul_ld(x, T, w, bias, y, ldy, s->p.threads, s->mm_scratch);
 }
 
-static void matmul(const tqkv_model_state *s, const float *x, int T, const mm_weight *w,
-                   const float *bias, float *y, int prefill) {
-    matmul_ld(s, x, T, w, bias, y, (size_t)w->n, prefill);
+void llama_matmul(const tqkv_model_state *s, const float *x, int T, const mm_weight *w,
+                  const float *bias, float *y, int prefill) {
+    llama_matmul_ld(s, x, T, w, bias, y, (size_t)w->n, prefill);
 }
 
 /* Undo the appends of layers [0, done) after a failure (extend: rewind n, also inside a
  * spec round; prefill: empty). Neither can fail after the checks forward() made: rows
  * held >= n tokens more than before, and an empty batch of the same config is a small
  * allocation; if even that fails the layer stays as appended and the state says so. */
-static tqkv_status rollback(tqkv_model_state *s, int done, int n, int prefill) {
+tqkv_status llama_rollback(tqkv_model_state *s, int done, int n, int prefill) {
     tqkv_status worst = TQKV_OK;
     for (int l = 0; l < done; l++) {
         tqkv_status rc;
@@ -98,19 +98,9 @@ static tqkv_status rollback(tqkv_model_state *s, int done, int n, int prefill) {
     return worst;
 }
 
-/* One forward's shape: the parts every block below reads. */
-typedef struct {
-    int    n;       /* columns per row */
-    int    prefill; /* rows empty before the call */
-    int    as_dec;  /* a verification window (extend_as_decode): decode matmuls, per-query attention */
-    int    pf;      /* prefill-style matmuls (n > 1, not as_dec) */
-    int    nq_pad;  /* some row has fewer than n real tokens */
-    size_t T;       /* compact tokens */
-} fwd_shape;
-
 /* Embedding rows and RoPE tables of the T compact tokens. */
-static void embed(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
-                  const fwd_shape *f) {
+void llama_embed(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+                 const llama_shape *f) {
     const int H = m->cfg.hidden_size, half = m->cfg.head_dim / 2, n = f->n;
 #pragma omp parallel for num_threads(s->p.threads) schedule(static) if (f->T >= 64)
     for (size_t i = 0; i < f->T; i++) {
@@ -123,8 +113,8 @@ static void embed(const tqkv_model *m, tqkv_model_state *s, const int32_t *token
 
 /* RMSNorm, q/k/v projections, q/k norm, RoPE, scatter to qb / kb / vb
  * [rows, heads, n, hd] (padding positions zero). */
-static void qkv_project(const tqkv_model *m, tqkv_model_state *s, const model_layer *L,
-                        const fwd_shape *f) {
+void llama_qkv_project(const tqkv_model *m, tqkv_model_state *s, const model_layer *L,
+                       const llama_shape *f) {
     const tqkv_model_config *c = &m->cfg;
     const int R = s->rows, H = c->hidden_size, hd = c->head_dim, NH = c->n_heads,
               NKV = c->n_kv_heads, half = hd / 2, n = f->n, th = s->p.threads, pf = f->pf;
@@ -134,11 +124,11 @@ static void qkv_project(const tqkv_model *m, tqkv_model_state *s, const model_la
     for (size_t i = 0; i < T; i++)
         ops_rmsnorm(s->x + i * H, L->attn_norm, c->rms_norm_eps, H, s->xn + i * H);
     if (L->wqkv.data && !(s->p.blas && pf)) {
-        matmul(s, s->xn, (int)T, &L->wqkv, L->bqkv, s->qkv, pf);
+        llama_matmul(s, s->xn, (int)T, &L->wqkv, L->bqkv, s->qkv, pf);
     } else {
-        matmul_ld(s, s->xn, (int)T, &L->wq, L->bq, s->qkv, QS, pf);
-        matmul_ld(s, s->xn, (int)T, &L->wk, L->bk, s->qkv + QD, QS, pf);
-        matmul_ld(s, s->xn, (int)T, &L->wv, L->bv, s->qkv + QD + KD, QS, pf);
+        llama_matmul_ld(s, s->xn, (int)T, &L->wq, L->bq, s->qkv, QS, pf);
+        llama_matmul_ld(s, s->xn, (int)T, &L->wk, L->bk, s->qkv + QD, QS, pf);
+        llama_matmul_ld(s, s->xn, (int)T, &L->wv, L->bv, s->qkv + QD + KD, QS, pf);
     }
     if (f->nq_pad) {
         memset(s->qb, 0, sizeof(float) * (size_t)R * n * QD);
@@ -166,7 +156,7 @@ static void qkv_project(const tqkv_model *m, tqkv_model_state *s, const model_la
 
 /* Layer l's cache append and attention: ob [rows, NH, n, hd]. On failure the appends of
  * layers [0, l] are rolled back. */
-static tqkv_status attend(const tqkv_model *m, tqkv_model_state *s, int l, const fwd_shape *f) {
+tqkv_status llama_attend(const tqkv_model *m, tqkv_model_state *s, int l, const llama_shape *f) {
     tqkv_batch *b = s->layers[l];
     const int n = f->n;
     tqkv_status rc;
@@ -178,7 +168,7 @@ static tqkv_status attend(const tqkv_model *m, tqkv_model_state *s, int l, const
         rc = tqkv_batch_append(b, s->kb, s->vb, n);
     }
     if (rc != TQKV_OK) {
-        (void)rollback(s, f->prefill ? l + 1 : l, n, f->prefill);
+        (void)llama_rollback(s, f->prefill ? l + 1 : l, n, f->prefill);
         return rc;
     }
     const tqkv_mask *mask = NULL;
@@ -194,16 +184,16 @@ static tqkv_status attend(const tqkv_model *m, tqkv_model_state *s, int l, const
             rc = tqkv_batch_attend(b, mask, s->qb, n, &ap, s->ob);
         }
     }
-    if (rc != TQKV_OK) (void)rollback(s, l + 1, n, f->prefill);
+    if (rc != TQKV_OK) (void)llama_rollback(s, l + 1, n, f->prefill);
     return rc;
 }
 
-/* Gather ob to token order, o_proj, residual, RMSNorm into xn (the FFN's input). */
-static void out_proj(const tqkv_model *m, tqkv_model_state *s, const model_layer *L,
-                     const fwd_shape *f) {
+/* Gather ob [rows, NH, n, hd] to token order att [T, NH * hd], then o_proj (+ bias) into
+ * tmp [T, hidden]. */
+void llama_out_matmul(const tqkv_model *m, tqkv_model_state *s, const model_layer *L,
+                      const llama_shape *f, const float *bias) {
     const tqkv_model_config *c = &m->cfg;
-    const int H = c->hidden_size, hd = c->head_dim, NH = c->n_heads, QD = NH * hd, n = f->n,
-              th = s->p.threads;
+    const int hd = c->head_dim, NH = c->n_heads, QD = NH * hd, n = f->n, th = s->p.threads;
     const size_t T = f->T;
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
     for (size_t i = 0; i < T; i++) {
@@ -212,41 +202,50 @@ static void out_proj(const tqkv_model *m, tqkv_model_state *s, const model_layer
             memcpy(s->att + i * QD + (size_t)h * hd, s->ob + ((r * NH + h) * n + j) * hd,
                    sizeof(float) * hd);
     }
-    matmul(s, s->att, (int)T, &L->wo, L->bo, s->tmp, f->pf);
-#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
+    llama_matmul(s, s->att, (int)T, &L->wo, bias, s->tmp, f->pf);
+}
+
+/* x [T, hidden] += o [T, hidden] (+ bias [hidden] after it when not NULL); then, when norm is
+ * not NULL, RMSNorm of x into xn. */
+void llama_residual(const tqkv_model *m, tqkv_model_state *s, size_t T, const float *o,
+                    const float *bias, const float *norm) {
+    const int H = m->cfg.hidden_size;
+#pragma omp parallel for num_threads(s->p.threads) schedule(static) if (T >= 64)
     for (size_t i = 0; i < T; i++) {
         float *x = s->x + i * H;
-        const float *o = s->tmp + i * H;
-        for (int e = 0; e < H; e++) x[e] += o[e];
-        ops_rmsnorm(x, L->ffn_norm, c->rms_norm_eps, H, s->xn + i * H);
+        const float *oi = o + i * H;
+        if (bias)
+            for (int e = 0; e < H; e++) x[e] += oi[e] + bias[e];
+        else
+            for (int e = 0; e < H; e++) x[e] += oi[e];
+        if (norm) ops_rmsnorm(x, norm, m->cfg.rms_norm_eps, H, s->xn + i * H);
     }
 }
 
-/* The dense SwiGLU MLP of xn [T, hidden], added to the residual stream x. */
-tqkv_status llama_ffn_dense(const tqkv_model *m, tqkv_model_state *s, int l, size_t T, int pf) {
-    const model_layer *L = &m->layers[l];
-    const int H = m->cfg.hidden_size, I = m->cfg.intermediate_size, th = s->p.threads;
+/* The SwiGLU MLP of xn [T, hidden] into tmp [T, hidden] (down_proj's product). */
+void llama_mlp(const tqkv_model *m, tqkv_model_state *s, const model_layer *L, size_t T, int pf) {
+    const int I = m->cfg.intermediate_size, th = s->p.threads;
     if (L->wgu.data && !(s->p.blas && pf)) {
-        matmul(s, s->xn, (int)T, &L->wgu, NULL, s->gu, pf);
+        llama_matmul(s, s->xn, (int)T, &L->wgu, NULL, s->gu, pf);
     } else {
-        matmul_ld(s, s->xn, (int)T, &L->wg, NULL, s->gu, 2 * (size_t)I, pf);
-        matmul_ld(s, s->xn, (int)T, &L->wu, NULL, s->gu + I, 2 * (size_t)I, pf);
+        llama_matmul_ld(s, s->xn, (int)T, &L->wg, NULL, s->gu, 2 * (size_t)I, pf);
+        llama_matmul_ld(s, s->xn, (int)T, &L->wu, NULL, s->gu + I, 2 * (size_t)I, pf);
     }
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 16)
     for (size_t i = 0; i < T; i++)
         ops_swiglu(s->gu + i * 2 * I, s->gu + i * 2 * I + I, I, s->h + i * I);
-    matmul(s, s->h, (int)T, &L->wd, NULL, s->tmp, pf);
-#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
-    for (size_t i = 0; i < T; i++) {
-        float *x = s->x + i * H;
-        const float *o = s->tmp + i * H;
-        for (int e = 0; e < H; e++) x[e] += o[e];
-    }
+    llama_matmul(s, s->h, (int)T, &L->wd, NULL, s->tmp, pf);
+}
+
+/* The dense SwiGLU MLP of xn [T, hidden], added to the residual stream x. */
+tqkv_status llama_ffn_dense(const tqkv_model *m, tqkv_model_state *s, int l, size_t T, int pf) {
+    llama_mlp(m, s, &m->layers[l], T, pf);
+    llama_residual(m, s, T, s->tmp, NULL, NULL);
     return TQKV_OK;
 }
 
 /* Final RMSNorm and lm_head: logits [rows, V] (LAST) or [rows, n, V] (ALL, padding zero). */
-static void head(const tqkv_model *m, tqkv_model_state *s, const fwd_shape *f,
+static void head(const tqkv_model *m, tqkv_model_state *s, const llama_shape *f,
                  tqkv_logits_mode mode, float *logits) {
     const tqkv_model_config *c = &m->cfg;
     const int R = s->rows, H = c->hidden_size, V = c->vocab_size, n = f->n;
@@ -259,13 +258,13 @@ static void head(const tqkv_model *m, tqkv_model_state *s, const fwd_shape *f,
             at += (size_t)s->len[r];
             ops_rmsnorm(s->x + (at - 1) * H, m->final_norm, c->rms_norm_eps, H, s->xn + (size_t)r * H);
         }
-        matmul(s, s->xn, R, &m->lm_head, NULL, logits, 0);
+        llama_matmul(s, s->xn, R, &m->lm_head, NULL, logits, 0);
         return;
     }
 #pragma omp parallel for num_threads(s->p.threads) schedule(static) if (T >= 64)
     for (size_t i = 0; i < T; i++) ops_rmsnorm(s->x + i * H, m->final_norm, c->rms_norm_eps, H, s->xn + i * H);
     if (!f->nq_pad) { /* compact order == [rows, n] order */
-        matmul(s, s->xn, (int)T, &m->lm_head, NULL, logits, f->pf);
+        llama_matmul(s, s->xn, (int)T, &m->lm_head, NULL, logits, f->pf);
         return;
     }
     /* padded: compute per row into its slot, zero the padding positions */
@@ -274,7 +273,7 @@ static void head(const tqkv_model *m, tqkv_model_state *s, const fwd_shape *f,
         int pad = n - s->len[r];
         float *dst = logits + (size_t)r * n * V;
         memset(dst, 0, sizeof(float) * (size_t)pad * V);
-        matmul(s, s->xn + at * H, s->len[r], &m->lm_head, NULL, dst + (size_t)pad * V, f->pf);
+        llama_matmul(s, s->xn + at * H, s->len[r], &m->lm_head, NULL, dst + (size_t)pad * V, f->pf);
         at += (size_t)s->len[r];
     }
 }
@@ -290,14 +289,14 @@ tqkv_status llama_forward_with(const tqkv_model *m, tqkv_model_state *s, const i
     if (rc != TQKV_OK) return rc;
     rc = tqkv_batch_offsets(s->layers[0], s->off, NULL);
     if (rc != TQKV_OK) return rc;
-    fwd_shape f = {.n = n, .prefill = prefill};
+    llama_shape f = {.n = n, .prefill = prefill};
     rc = model_forward_lengths(s, tokens, lengths, n, prefill, V, V, &f.T);
     if (rc != TQKV_OK) return rc;
-    rc = ensure_scratch(s, f.T, (size_t)R * (size_t)n);
+    rc = llama_scratch(s, f.T, (size_t)R * (size_t)n);
     if (rc != TQKV_OK) return rc;
 
     model_forward_compact(s->len, R, n, s->tok_row, s->tok_col, NULL);
-    embed(m, s, tokens, &f);
+    llama_embed(m, s, tokens, &f);
     /* a verification window (extend_as_decode) runs the decode path's matmuls (never BLAS),
      * so each of its tokens gets the bits of its single decode */
     f.as_dec = !prefill && n > 1 && s->p.extend_as_decode;
@@ -305,11 +304,12 @@ tqkv_status llama_forward_with(const tqkv_model *m, tqkv_model_state *s, const i
     for (int r = 0; r < R; r++) f.nq_pad |= s->len[r] != n;
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const model_layer *L = &m->layers[l];
-        qkv_project(m, s, L, &f);
-        if ((rc = attend(m, s, l, &f)) != TQKV_OK) return rc;
-        out_proj(m, s, L, &f);
+        llama_qkv_project(m, s, L, &f);
+        if ((rc = llama_attend(m, s, l, &f)) != TQKV_OK) return rc;
+        llama_out_matmul(m, s, L, &f, L->bo);
+        llama_residual(m, s, f.T, s->tmp, NULL, L->ffn_norm);
         if ((rc = ffn(m, s, l, f.T, f.pf)) != TQKV_OK) {
-            (void)rollback(s, l + 1, n, prefill);
+            (void)llama_rollback(s, l + 1, n, prefill);
             return rc;
         }
     }
@@ -320,5 +320,6 @@ tqkv_status llama_forward_with(const tqkv_model *m, tqkv_model_state *s, const i
 tqkv_status llama_forward(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
                           const int *lengths, int n, int prefill, tqkv_logits_mode mode,
                           float *logits) {
+    if (s->tp) return llama_forward_tp(m, s, tokens, lengths, n, prefill, mode, logits);
     return llama_forward_with(m, s, tokens, lengths, n, prefill, mode, logits, llama_ffn_dense);
 }

@@ -34,4 +34,48 @@ tqkv_status llama_forward_with(const tqkv_model *m, tqkv_model_state *s, const i
                                const int *lengths, int n, int prefill, tqkv_logits_mode mode,
                                float *logits, llama_ffn_fn ffn);
 
+/* ---- the graph's pieces (graph.c), for its sharded forward (tp.c) ---- */
+/* One forward's shape: the parts every block reads. */
+typedef struct {
+    int    n;       /* columns per row */
+    int    prefill; /* rows empty before the call */
+    int    as_dec;  /* a verification window (extend_as_decode): decode matmuls, per-query attention */
+    int    pf;      /* prefill-style matmuls (n > 1, not as_dec) */
+    int    nq_pad;  /* some row has fewer than n real tokens */
+    size_t T;       /* compact tokens */
+} llama_shape;
+/* The state's scratch for T compact tokens and RN = rows * n attention positions, shaped by
+ * s->m's config. */
+tqkv_status llama_scratch(tqkv_model_state *s, size_t T, size_t RN);
+/* y [T, w->n] (rows ldy apart) = x [T, k] . w^T (+ bias): the batch-invariant product (BLAS
+ * for prefill when the state asks and w has an f32 copy). */
+void llama_matmul_ld(const tqkv_model_state *s, const float *x, int T, const mm_weight *w,
+                     const float *bias, float *y, size_t ldy, int prefill);
+void llama_matmul(const tqkv_model_state *s, const float *x, int T, const mm_weight *w,
+                  const float *bias, float *y, int prefill);
+/* Undo the KV appends of layers [0, done) after a failure. */
+tqkv_status llama_rollback(tqkv_model_state *s, int done, int n, int prefill);
+/* Embedding rows into x [T, hidden] and RoPE tables of the compact tokens. */
+void llama_embed(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+                 const llama_shape *f);
+/* RMSNorm of x, q/k/v, q/k norm, RoPE, scattered to qb / kb / vb. */
+void llama_qkv_project(const tqkv_model *m, tqkv_model_state *s, const model_layer *L,
+                       const llama_shape *f);
+/* Layer l's cache append and attention into ob; on failure layers [0, l] rolled back. */
+tqkv_status llama_attend(const tqkv_model *m, tqkv_model_state *s, int l, const llama_shape *f);
+/* ob gathered to token order and o_proj (+ bias) into tmp [T, hidden]. */
+void llama_out_matmul(const tqkv_model *m, tqkv_model_state *s, const model_layer *L,
+                      const llama_shape *f, const float *bias);
+/* x += o (+ bias), then RMSNorm into xn when norm is not NULL. */
+void llama_residual(const tqkv_model *m, tqkv_model_state *s, size_t T, const float *o,
+                    const float *bias, const float *norm);
+/* The SwiGLU MLP of xn into tmp [T, hidden]. */
+void llama_mlp(const tqkv_model *m, tqkv_model_state *s, const model_layer *L, size_t T, int pf);
+
+/* ---- tensor parallelism (tp.c; docs/TP.md) ---- */
+tqkv_status llama_tp_shard(const tqkv_model *m, int r, int n, tqkv_model *rm);
+tqkv_status llama_forward_tp(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+                             const int *lengths, int n, int prefill, tqkv_logits_mode mode,
+                             float *logits);
+
 #endif

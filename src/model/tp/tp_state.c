@@ -1,0 +1,263 @@
+/*
+ * tp_state.c - a tensor-parallel model state's ranks (tp_state.h): the check of a
+ *   tensor_parallel value, rank models and rank states, reset, the weight slicing helpers.
+ * Must not: compute a graph; name an architecture (it asks m->ops->tp_shard).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/arch/arch.h"
+#include "model/tp/tp_state.h"
+#include "util/common.h"
+
+// ---------------------------------------------------------------------------
+// check
+// ---------------------------------------------------------------------------
+
+tqkv_status model_tp_check(const tqkv_model *m, const tqkv_model_state_params *p) {
+    const int n = p->tensor_parallel;
+    const tqkv_model_config *c = &m->cfg;
+    if (n < 0 || n > TP_MAX_RANKS)
+        return tqkv_fail(TQKV_EINVAL, "tensor_parallel %d: need 0..%d (0 and 1 = off)", n,
+                         TP_MAX_RANKS);
+    if (n <= 1) return TQKV_OK;
+    if (!m->ops->tp_shard)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel %d: the %s graph has no sharded "
+                         "forward (the Llama family has)", n, tqkv_model_graph_name(m));
+    if (p->device != 0)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel %d: runs on the CPU only for now "
+                         "(the device sharded graph is not built; docs/TP.md)", n);
+    if (p->blas)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel %d: not with BLAS products (not "
+                         "batch invariant)", n);
+    if (c->n_kv_heads % n && n % c->n_kv_heads)
+        return tqkv_fail(TQKV_EINVAL, "tensor_parallel %d neither divides the model's %d KV heads "
+                         "nor is a multiple of them (a KV head is split across ranks only whole "
+                         "or replicated)", n, c->n_kv_heads);
+    const struct { const char *what; int v; } d[] = {{"query heads", c->n_heads},
+                                                     {"intermediate size", c->intermediate_size}};
+    for (int i = 0; i < 2; i++)
+        if (d[i].v % n)
+            return tqkv_fail(TQKV_EINVAL, "tensor_parallel %d does not divide the model's %s "
+                             "(%d): every rank needs whole heads and an equal MLP slice", n,
+                             d[i].what, d[i].v);
+    return TQKV_OK;
+}
+
+// ---------------------------------------------------------------------------
+// weight slices
+// ---------------------------------------------------------------------------
+
+static size_t esize(const mm_weight *w) { return w->type == MM_F32 ? 4 : 2; }
+
+/* Index of element (n, k) in w's storage (matmul.c's layout; packed: [n/8][k/16][8][16]). */
+static size_t elem_index(const mm_weight *w, int n, int k) {
+    if (!w->packed) return (size_t)n * (size_t)w->k + (size_t)k;
+    return (((size_t)(n / 8) * (size_t)(w->k / 16) + (size_t)(k / 16)) * 8 + (size_t)(n % 8)) * 16 +
+           (size_t)(k % 16);
+}
+
+/* rows [n0, n1) x cols [k0, k1) of src as an unpacked copy, then packed like src. */
+static tqkv_status copy_block(tqkv_model *owner, const mm_weight *src, int n0, int n1, int k0,
+                              int k1, mm_weight *out) {
+    const size_t es = esize(src), rows = (size_t)(n1 - n0), cols = (size_t)(k1 - k0);
+    unsigned char *d = model_own(owner, es * rows * cols);
+    if (!d) return tqkv_fail(TQKV_ENOMEM, "out of memory slicing a weight");
+    const unsigned char *s = src->data;
+    for (size_t i = 0; i < rows; i++)
+        for (size_t j = 0; j < cols; j++)
+            memcpy(d + (i * cols + j) * es, s + elem_index(src, n0 + (int)i, k0 + (int)j) * es, es);
+    memset(out, 0, sizeof *out);
+    out->data = d;
+    out->type = src->type;
+    out->n = (int)rows;
+    out->k = (int)cols;
+    if (src->packed && mm_can_pack(out)) {
+        uint16_t *pk = model_own(owner, 2 * rows * cols);
+        if (!pk) return tqkv_fail(TQKV_ENOMEM, "out of memory packing a weight slice");
+        mm_pack(out, pk, 1);
+        out->data = pk;
+        out->packed = 1;
+        out->bf16_act = src->bf16_act;
+    }
+    return TQKV_OK;
+}
+
+tqkv_status tp_weight_rows(tqkv_model *owner, const mm_weight *src, int n0, int n1,
+                           mm_weight *out) {
+    if (n0 < 0 || n1 > src->n || n0 >= n1)
+        return tqkv_fail(TQKV_EINVAL, "weight rows [%d, %d) of %d", n0, n1, src->n);
+    const int view = !src->packed || (n0 % 8 == 0 && n1 % 8 == 0);
+    if (!view) return copy_block(owner, src, n0, n1, 0, src->k, out);
+    const size_t off = (size_t)n0 * (size_t)src->k; /* the same in both layouts */
+    *out = *src;
+    out->data = (const unsigned char *)src->data + off * esize(src);
+    out->n = n1 - n0;
+    out->f32 = src->f32 ? src->f32 + off : NULL;
+    out->f32p = src->f32p ? src->f32p + off : NULL;
+    return TQKV_OK;
+}
+
+tqkv_status tp_weight_cols(tqkv_model *owner, const mm_weight *src, int k0, int k1,
+                           mm_weight *out) {
+    if (k0 < 0 || k1 > src->k || k0 >= k1)
+        return tqkv_fail(TQKV_EINVAL, "weight columns [%d, %d) of %d", k0, k1, src->k);
+    return copy_block(owner, src, 0, src->n, k0, k1, out);
+}
+
+void tp_kv_range(int kv_heads, int n, int r, int *h0, int *hn) {
+    *h0 = r * kv_heads / n;
+    *hn = kv_heads >= n ? kv_heads / n : 1;
+}
+
+void tp_vocab_range(int vocab, int n, int r, int *v0, int *v1, int *chunk) {
+    int c = (vocab + n - 1) / n;
+    c = (c + 7) / 8 * 8; /* packed heads slice on 8-row groups */
+    *chunk = c;
+    *v0 = r * c < vocab ? r * c : vocab;
+    *v1 = (r + 1) * c < vocab ? (r + 1) * c : vocab;
+}
+
+// ---------------------------------------------------------------------------
+// rank models and states
+// ---------------------------------------------------------------------------
+
+static void rank_model_free(tqkv_model *rm) {
+    if (!rm) return;
+    for (int i = 0; i < rm->n_owned; i++) free(rm->owned[i]);
+    free(rm->owned);
+    free(rm->layers);
+    free(rm);
+}
+
+/* A shallow copy of m (the mapping, embedding, norms shared) with rank r's geometry and
+ * the architecture's shard of every layer and of the head. */
+static tqkv_status rank_model_make(const tqkv_model *m, int r, int n, tqkv_model **out) {
+    tqkv_model *rm = calloc(1, sizeof *rm);
+    if (!rm) return tqkv_fail(TQKV_ENOMEM, "out of memory");
+    *rm = *m;
+    rm->owned = NULL;
+    rm->n_owned = rm->cap_owned = 0;
+    rm->gpu_weights = NULL;
+    rm->cfg.n_heads = m->cfg.n_heads / n;
+    int h0;
+    tp_kv_range(m->cfg.n_kv_heads, n, r, &h0, &rm->cfg.n_kv_heads);
+    rm->cfg.intermediate_size = m->cfg.intermediate_size / n;
+    rm->layers = calloc((size_t)m->cfg.n_layers, sizeof *rm->layers);
+    tqkv_status rc = rm->layers ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "out of memory");
+    int v0, v1, chunk;
+    tp_vocab_range(m->cfg.vocab_size, n, r, &v0, &v1, &chunk);
+    if (rc == TQKV_OK && v1 <= v0)
+        rc = tqkv_fail(TQKV_EINVAL, "tensor_parallel %d: rank %d gets no vocabulary rows", n, r);
+    if (rc == TQKV_OK) rc = tp_weight_rows(rm, &m->lm_head, v0, v1, &rm->lm_head);
+    if (rc == TQKV_OK) rc = m->ops->tp_shard(m, r, n, rm);
+    if (rc != TQKV_OK) {
+        rank_model_free(rm);
+        return rc;
+    }
+    *out = rm;
+    return TQKV_OK;
+}
+
+static void rank_state_free(model_tp *tp, int r) {
+    if (tp->rank[r]) tqkv_model_state_free(tp->rank[r]);
+    rank_model_free(tp->model[r]);
+    tp->rank[r] = NULL;
+    tp->model[r] = NULL;
+}
+
+void model_tp_free(tqkv_model_state *s) {
+    model_tp *tp = s->tp;
+    if (!tp) return;
+    if (s->layers == (tp->rank[0] ? tp->rank[0]->layers : NULL)) s->layers = NULL;
+    for (int r = 0; r < tp->n; r++) {
+        rank_state_free(tp, r);
+        free(tp->head_out[r]);
+    }
+    free(tp->head_all);
+    tp_comm_free(tp->comm);
+    free(tp);
+    s->tp = NULL;
+}
+
+tqkv_status model_tp_init(tqkv_model_state *s) {
+    const int n = s->p.tensor_parallel;
+    tqkv_status rc = model_tp_check(s->m, &s->p);
+    if (rc != TQKV_OK || n <= 1) return rc;
+    model_tp *tp = calloc(1, sizeof *tp);
+    if (!tp) return tqkv_fail(TQKV_ENOMEM, "out of memory");
+    s->tp = tp;
+    tp->n = n;
+    int v0, v1;
+    tp_vocab_range(s->m->cfg.vocab_size, n, 0, &v0, &v1, &tp->vchunk);
+    rc = tp_comm_init_cpu(&tp->comm, n, s->p.threads);
+    tqkv_model_state_params pr = s->p;
+    pr.tensor_parallel = 0;
+    for (int r = 0; r < n && rc == TQKV_OK; r++) {
+        rc = rank_model_make(s->m, r, n, &tp->model[r]);
+        if (rc == TQKV_OK) rc = tqkv_model_state_init(&tp->rank[r], tp->model[r], &pr);
+    }
+    if (rc != TQKV_OK) {
+        model_tp_free(s);
+        return rc;
+    }
+    s->layers = tp->rank[0]->layers;
+    return TQKV_OK;
+}
+
+void model_tp_sync(tqkv_model_state *s) {
+    model_tp *tp = s->tp;
+    for (int r = 0; r < tp->n; r++) {
+        tp->rank[r]->rows = s->rows;
+        tp->rank[r]->p.threads = s->p.threads;
+    }
+    s->layers = tp->rank[0]->layers;
+}
+
+tqkv_status model_tp_head_buffers(model_tp *tp, size_t m) {
+    const size_t need = m * (size_t)tp->vchunk;
+    if (need <= tp->cap_head) return TQKV_OK;
+    int ok = tqkv_grow_floats(&tp->head_all, need * (size_t)tp->n);
+    for (int r = 0; r < tp->n && ok; r++) ok = tqkv_grow_floats(&tp->head_out[r], need);
+    if (!ok) return tqkv_fail(TQKV_ENOMEM, "out of memory for the sharded logits");
+    tp->cap_head = need;
+    return TQKV_OK;
+}
+
+// ---------------------------------------------------------------------------
+// reset
+// ---------------------------------------------------------------------------
+
+tqkv_status model_tp_reset(tqkv_model_state *s, int rows) {
+    model_tp *tp = s->tp;
+    const int L = s->m->cfg.n_layers, N = tp->n;
+    tqkv_batch **layers[TP_MAX_RANKS] = {0};
+    int *off[TP_MAX_RANKS + 1] = {0}, *len[TP_MAX_RANKS + 1] = {0}; /* [rows]; [N]: parent */
+    tqkv_status rc = TQKV_OK;
+    for (int r = 0; r <= N && rc == TQKV_OK; r++) {
+        off[r] = calloc((size_t)rows, sizeof(int));
+        len[r] = calloc((size_t)rows, sizeof(int));
+        if (!off[r] || !len[r]) rc = tqkv_fail(TQKV_ENOMEM, "out of memory");
+        else if (r < N) rc = model_state_make_layers(tp->model[r], &s->p, rows, &layers[r]);
+    }
+    if (rc != TQKV_OK) {
+        for (int r = 0; r <= N; r++) {
+            if (r < N) model_state_free_layers(layers[r], L);
+            free(off[r]);
+            free(len[r]);
+        }
+        return rc;
+    }
+    for (int r = 0; r <= N; r++) {
+        tqkv_model_state *q = r < N ? tp->rank[r] : s;
+        if (r < N) model_state_free_layers(q->layers, L);
+        free(q->off);
+        free(q->len);
+        q->layers = r < N ? layers[r] : layers[0];
+        q->off = off[r];
+        q->len = len[r];
+        if (rows != q->rows) q->cap_rn = 0; /* row-shaped buffers are re-sized on next use */
+        q->rows = q->p.rows = rows;
+    }
+    return TQKV_OK;
+}

@@ -1,0 +1,67 @@
+/*
+ * tp_state.h - a tensor-parallel model state (issue 25; docs/TP.md): N rank states, each with
+ *   its own shard of the weights (a rank model) and the compressed caches of its own KV heads
+ *   (1/N of the cache bytes), in lockstep, and the communicator that joins them.
+ * Owns: the ranks' lifecycle (init / free / reset), the weight slicing helpers the
+ *   architectures' tp_shard hooks use (views of row ranges, copies of column ranges), the
+ *   vocabulary split of the lm_head.
+ * Must not: compute a graph (the architecture's forward runs the ranks: arch/llama/tp.c);
+ *   name an architecture.
+ *
+ * The parent state's `layers` are rank 0's caches (rank 0's state owns them), so everything
+ * that reads positions and offsets from the parent (the forward preamble, offsets, state
+ * checks) sees the ranks' common rows. Row operations that would have to move every rank's
+ * rows (merge, filter, extract, spec rounds, export / import) refuse a tensor-parallel state
+ * for now (TQKV_EUNSUPPORTED); reset and the forward act on every rank.
+ */
+#ifndef TQKV_TP_STATE_H
+#define TQKV_TP_STATE_H
+
+#include "model/model_impl.h"
+#include "model/tp/tp_comm.h"
+
+typedef struct model_tp {
+    int               n;                        /* ranks */
+    tp_comm          *comm;                     /* CPU backend: every rank in this process */
+    tqkv_model       *model[TP_MAX_RANKS];      /* rank r's shard (arch tp_shard) */
+    tqkv_model_state *rank[TP_MAX_RANKS];       /* rank r's state: its caches and scratch */
+    int               vchunk;                   /* lm_head rows per rank (multiple of 8) */
+    float            *head_out[TP_MAX_RANKS];   /* [M, vchunk] rank r's logits slice */
+    float            *head_all;                 /* [N, M, vchunk] gathered slices */
+    size_t            cap_head;                 /* M * vchunk the buffers hold */
+} model_tp;
+
+/* The refusal of a tensor_parallel value for this model and params (nothing changes):
+ * TQKV_EINVAL when N does not divide the query heads or MLP width, N neither divides the KV
+ * heads nor is a multiple of them (replication, tp_kv_range), or N is out of
+ * 0..TP_MAX_RANKS; TQKV_EUNSUPPORTED for a graph without a sharded forward, a device state,
+ * or BLAS products. N <= 1 is always accepted (off). */
+tqkv_status model_tp_check(const tqkv_model *m, const tqkv_model_state_params *p);
+/* s->p.tensor_parallel > 1: the ranks (s->layers becomes rank 0's caches). */
+tqkv_status model_tp_init(tqkv_model_state *s);
+void        model_tp_free(tqkv_model_state *s);
+/* Every rank's caches emptied with `rows` rows (and the parent's off / len); on failure
+ * nothing changed. */
+tqkv_status model_tp_reset(tqkv_model_state *s, int rows);
+/* The rank states in step with the parent before a forward (rows, rank 0's caches). */
+void        model_tp_sync(tqkv_model_state *s);
+/* head_out / head_all for m rows of logits. */
+tqkv_status model_tp_head_buffers(model_tp *tp, size_t m);
+
+/* ---- for the architectures' tp_shard hooks ---- */
+/* Rows [n0, n1) of src: a view into src's storage when its layout allows (unpacked, or packed
+ * with n0, n1 multiples of 8), else a copy owned by `owner`. Same element type, packing and
+ * bf16 activation mode, so every output element is computed exactly as by src. */
+tqkv_status tp_weight_rows(tqkv_model *owner, const mm_weight *src, int n0, int n1,
+                           mm_weight *out);
+/* Columns [k0, k1) of src copied (owned by `owner`), packed when src was and the slice can
+ * be. */
+tqkv_status tp_weight_cols(tqkv_model *owner, const mm_weight *src, int k0, int k1,
+                           mm_weight *out);
+/* Rank r's KV heads [*h0, *h0 + *hn): NKV / n heads each when n divides NKV, else (n a
+ * multiple of NKV) one head replicated on n / NKV ranks (its cache then held n / NKV times). */
+void        tp_kv_range(int kv_heads, int n, int r, int *h0, int *hn);
+/* Rank r's vocabulary rows of the lm_head: [r * chunk, min((r + 1) * chunk, V)). */
+void        tp_vocab_range(int vocab, int n, int r, int *v0, int *v1, int *chunk);
+
+#endif
