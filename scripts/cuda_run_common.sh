@@ -8,6 +8,11 @@
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 W=/tmp/tqkv_$NAME; rm -rf "$W"; mkdir -p "$W"
 export PATH=$PATH:/usr/local/cuda/bin LD_LIBRARY_PATH=$PWD/lib:/usr/local/cuda/lib64
+# libnccl.so.2 (the CUDA builds link it for tensor parallelism's NCCL backend): the toolkit's
+# lib/ here, else PyTorch's nvidia-nccl wheel
+for d in /usr/local/cuda/lib $(python3 -c "import nvidia.nccl, os; print(os.path.join(os.path.dirname(nvidia.nccl.__file__), 'lib'))" 2>/dev/null); do
+  [ -f "$d/libnccl.so.2" ] && { LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d; break; }
+done
 LOG=$W/$NAME.log
 { date -u; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw --format=csv; } >"$LOG" 2>&1
 ldd ./tqkv | grep -i "not found" >>"$LOG" && echo "MISSING LIBRARIES" >>"$LOG"
