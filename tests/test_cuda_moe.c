@@ -30,6 +30,7 @@
 
 #include "testutil.h"
 #include "tqkv_model.h"
+#include "engine_helpers.h"
 #include "model_helpers.h"
 
 #ifdef TQKV_HAVE_CUDA
@@ -51,6 +52,22 @@ static uint64_t    g_seed;
 // ---------------------------------------------------------------------------
 
 enum { CK_H = 256, CK_NH = 4, CK_NKV = 2, CK_HD = 128, CK_ID = 256 };
+
+/* Routing that device rounding cannot flip: the routers read only the first CK_RD
+ * dimensions of the residual stream, which no layer writes (o_proj's and every down
+ * projection's rows there are zero), so they hold the token's embedding exactly and a
+ * token's router logits are that exact dot product times one common factor (the RMSNorm's
+ * 1 / rms): the device's rounding elsewhere scales them all alike and cannot reorder the
+ * top k. Routing still differs from token to token (by its embedding). With random routers
+ * on the whole stream, the f32 case's bf16 device cache moves a logit by ~1e-3 of its size,
+ * which flips a near-tied k-th expert at a fraction of a percent of the decisions, and
+ * a flip moves that token's hidden state by ~10%: no logits bound could hold. */
+enum { CK_RD = 32 };
+
+/* Zero rows [0, CK_RD) of a bf16 [rows, cols] tensor from byte offset at. */
+static void ck_zero_rows(dv_tensor *t, size_t at, int cols) {
+    memset(t->data + at, 0, (size_t)CK_RD * cols * 2);
+}
 
 typedef struct {
     int layers, E, K, I, step, mlp_only; /* mlp_only: a layer index, or -1 */
@@ -102,7 +119,8 @@ static void ck_experts(dv_list *o, const char *pre, const ck_spec *s, const dv_t
     const int E = s->E, I = s->I, H = CK_H;
     const size_t one = (size_t)I * H * 2; /* bytes of one [I, H] */
     snprintf(nm, sizeof nm, "%sgate.weight", pre);
-    dv_random(dv_add(o, nm, 2, (int64_t[]){E, H}), 0, (size_t)E * H, 2.0f / 16.0f, r);
+    dv_tensor *rt = dv_add(o, nm, 2, (int64_t[]){E, H}); /* [E, H]: columns < CK_RD only */
+    for (int e = 0; e < E; e++) dv_random(rt, (size_t)e * H * 2, CK_RD, 0.35f, r);
     dv_tensor *fgu = NULL, *fd = NULL;
     if (s->fused) {
         snprintf(nm, sizeof nm, "%sexperts.gate_up_proj", pre);
@@ -130,6 +148,7 @@ static void ck_experts(dv_list *o, const char *pre, const ck_spec *s, const dv_t
             dv_random(tg, ag, (size_t)I * H, 1.0f / 16.0f, r);
             dv_random(tu, au, (size_t)I * H, 1.0f / 16.0f, r);
             dv_random(td, ad, (size_t)I * H, 1.0f / sqrtf((float)I), r);
+            ck_zero_rows(td, ad, I);
         }
     }
 }
@@ -148,7 +167,7 @@ static void ck_write(const char *dir, const ck_spec *s) {
     dv_random(dv_add(&o, "lm_head.weight", 2, (int64_t[]){V, H}), 0, (size_t)V * H, 2.0f / 16.0f, &r);
     dv_fill(dv_add(&o, "model.norm.weight", 1, (int64_t[]){H}), 0, H, 1.0f, 0.1f, &r);
     for (int l = 0; l < s->layers; l++) {
-        char nm[200], pre[64];
+        char nm[200], pre[40];
         snprintf(pre, sizeof pre, "model.layers.%d.", l);
 #define T_(suffix) (snprintf(nm, sizeof nm, "%s%s", pre, suffix), nm)
         dv_fill(dv_add(&o, T_("input_layernorm.weight"), 1, (int64_t[]){H}), 0, H, 1.0f, 0.1f, &r);
@@ -158,7 +177,9 @@ static void ck_write(const char *dir, const ck_spec *s) {
         dv_random(dv_add(&o, T_("self_attn.q_proj.weight"), 2, (int64_t[]){QD, H}), 0, (size_t)QD * H, 1.0f / 16.0f, &r);
         dv_random(dv_add(&o, T_("self_attn.k_proj.weight"), 2, (int64_t[]){KD, H}), 0, (size_t)KD * H, 1.0f / 16.0f, &r);
         dv_random(dv_add(&o, T_("self_attn.v_proj.weight"), 2, (int64_t[]){KD, H}), 0, (size_t)KD * H, 1.0f / 16.0f, &r);
-        dv_random(dv_add(&o, T_("self_attn.o_proj.weight"), 2, (int64_t[]){H, QD}), 0, (size_t)QD * H, 1.0f / sqrtf((float)QD), &r);
+        dv_tensor *wo = dv_add(&o, T_("self_attn.o_proj.weight"), 2, (int64_t[]){H, QD});
+        dv_random(wo, 0, (size_t)QD * H, 1.0f / sqrtf((float)QD), &r);
+        ck_zero_rows(wo, 0, QD);
         /* the dense MLP (drawn for every layer, so the stream of draws is the same for all specs) */
         dv_list *to = ck_sparse(s, l) ? &mlp : &o;
         dv_tensor *g = dv_add(to, T_("mlp.gate_proj.weight"), 2, (int64_t[]){CK_ID, H});
@@ -168,9 +189,11 @@ static void ck_write(const char *dir, const ck_spec *s) {
         dv_random(g, 0, (size_t)CK_ID * H, 1.0f / 16.0f, &r);
         dv_random(u, 0, (size_t)CK_ID * H, 1.0f / 16.0f, &r);
         dv_random(d, 0, (size_t)CK_ID * H, 1.0f / 16.0f, &r);
+        ck_zero_rows(d, 0, CK_ID);
         if (ck_sparse(s, l)) {
-            snprintf(nm, sizeof nm, "%smlp.", pre);
-            ck_experts(&o, nm, s, g, u, d, &rx);
+            char mp[48];
+            snprintf(mp, sizeof mp, "%smlp.", pre);
+            ck_experts(&o, mp, s, g, u, d, &rx);
         }
     }
     char p[1200];

@@ -194,16 +194,20 @@ tqkv_status q3m_cuda_prepare(model_cuda *g) {
 // ---------------------------------------------------------------------------
 
 /* logits[t, e] = xn[t] . router[e]: one warp per (t, e); lane j sums k = j, j + 32, ... in
- * order (double), then a fixed xor butterfly. grid ceil(T E / 4), block 128. */
+ * order (double), then a fixed xor butterfly. bf16x: xn rounded to bf16 first (the model's
+ * bf16_act, as the CPU's product). grid ceil(T E / 4), block 128. */
 __global__ void q3m_router_kernel(const float *__restrict__ xn, const float *__restrict__ rw,
-                                  int T, int E, int H, float *__restrict__ logits) {
+                                  int T, int E, int H, int bf16x, float *__restrict__ logits) {
     const size_t gw = (size_t)blockIdx.x * 4 + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (gw >= (size_t)T * E) return;
     const size_t t = gw / E, e = gw % E;
     const float *a = xn + t * H, *b = rw + e * H;
     double s = 0;
-    for (int k = lane; k < H; k += 32) s += (double)a[k] * b[k];
+    for (int k = lane; k < H; k += 32) {
+        const float v = bf16x ? __bfloat162float(__float2bfloat16_rn(a[k])) : a[k];
+        s += (double)v * b[k];
+    }
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if (lane == 0) logits[gw] = (float)s;
 }
@@ -275,7 +279,8 @@ tqkv_status q3m_cuda_ffn(model_cuda *g, int l, int T) {
     const cudaStream_t s = g->stream;
     // ---- router logits [T, E], back to the host
     const size_t warps = (size_t)T * E;
-    q3m_router_kernel<<<(unsigned)((warps + 3) / 4), 128, 0, s>>>(g->xn, D->router, T, E, H, x->logits);
+    q3m_router_kernel<<<(unsigned)((warps + 3) / 4), 128, 0, s>>>(g->xn, D->router, T, E, H,
+                                                                   g->m->bf16_act, x->logits);
     tqkv_status st = mc_ck(cudaMemcpyAsync(x->h_logits, x->logits, (size_t)T * E * 4,
                                            cudaMemcpyDeviceToHost, s), "router logits");
     if (!st) st = mc_ck(cudaStreamSynchronize(s), "router logits");
