@@ -17,11 +17,16 @@
  *    dense checkpoint's MLP, top 1 renormalised (weight exactly 1), gives that dense
  *    checkpoint's device logits bit for bit (the gathered expert GEMMs and the combine add
  *    nothing to the dense path's arithmetic);
+ *  - a speculative round (extend_as_decode window, per-row rollback, commit) and row
+ *    operations (filter, merge with left-padded rows, extract) mid-generation give each
+ *    row's single decodes bit for bit;
  *  - a state with sparse layers runs its decode steps kernel by kernel (graphs off, the
  *    routing reads the router on the host), and a device init of the head_dim 32 golden is
  *    refused with a message.
  * The checkpoints live in temporary directories removed at the end.
- * Exits 77 (skipped) when the build has no CUDA or no GPU is present.
+ * Exits 77 (skipped) when the build has no CUDA or no GPU is present. The same cases ran on
+ * the CPU (the device states mapped to CPU states, f16 KV standing in for the bf16 device
+ * cache) while this file was written, to check the checkpoints and the bounds.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -347,6 +352,137 @@ static void test_dense_equiv(void **st) {
 }
 
 // ---------------------------------------------------------------------------
+// spec rounds and row operations on a MoE device state (the experts' T varies)
+// ---------------------------------------------------------------------------
+
+static tqkv_model_state *spec_state(int rows, int as_decode) {
+    tqkv_model_state_params p = hparams(1, TQKV_TQ4, rows);
+    p.extend_as_decode = as_decode;
+    return mk(&p);
+}
+
+/* A 3-row round (extend 4, keep {1, 4, 0}) and a committed round (extend 3), each row
+ * against a 1-row device state that decoded only the kept tokens, bitwise: the window's
+ * experts run on 12 and 9 tokens, the references' on 1. */
+static void test_spec_rounds(void **st) {
+    (void)st;
+    enum { R = 3, N = 29, W = 4, C = 3 };
+    const int V = TWIN_V;
+    g_model = g_models[CK_A];
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x5bec);
+    int32_t prompt[R * N], win[R * W], com[R * C], t1[R];
+    random_tokens(&r, prompt, (size_t)R * N);
+    random_tokens(&r, win, (size_t)R * W);
+    random_tokens(&r, com, (size_t)R * C);
+    random_tokens(&r, t1, R);
+    tqkv_model_state *run = spec_state(R, 1), *ref[R];
+    OK(tqkv_model_prefill(g_model, run, prompt, NULL, N, TQKV_LOGITS_NONE, NULL));
+    for (int i = 0; i < R; i++) {
+        ref[i] = spec_state(1, 0);
+        OK(tqkv_model_prefill(g_model, ref[i], prompt + i * N, NULL, N, TQKV_LOGITS_NONE, NULL));
+    }
+    float *lw = malloc(sizeof(float) * (size_t)R * W * V), *lb = malloc(sizeof(float) * (size_t)V);
+    const int keep[R] = {1, W, 0};
+    int want[R];
+    OK(tqkv_model_state_spec_begin(run));
+    OK(tqkv_model_extend(g_model, run, win, W, TQKV_LOGITS_ALL, lw));
+    OK(tqkv_model_state_spec_rollback(run, keep, R));
+    for (int i = 0; i < R; i++) want[i] = N + keep[i];
+    expect_offsets(run, want, "after rollback {1, 4, 0}");
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < keep[i]; j++) {
+            OK(tqkv_model_decode(g_model, ref[i], &win[i * W + j], lb));
+            expect_same(lw + ((size_t)i * W + j) * V, lb, (size_t)V, "window position vs single decode", j);
+        }
+    OK(tqkv_model_decode(g_model, run, t1, lw));
+    for (int i = 0; i < R; i++) {
+        OK(tqkv_model_decode(g_model, ref[i], &t1[i], lb));
+        expect_same(lw + (size_t)i * V, lb, (size_t)V, "after rollback: row vs the row alone", i);
+    }
+    OK(tqkv_model_state_spec_begin(run));
+    OK(tqkv_model_extend(g_model, run, com, C, TQKV_LOGITS_ALL, lw));
+    OK(tqkv_model_state_spec_commit(run));
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < C; j++) {
+            OK(tqkv_model_decode(g_model, ref[i], &com[i * C + j], lb));
+            expect_same(lw + ((size_t)i * C + j) * V, lb, (size_t)V, "committed window vs single decode", j);
+        }
+    printf("tq4 spec rounds: rollback keep {1, 4, 0} and commit of 3 == single decodes, bitwise\n");
+    tqkv_model_state_free(run);
+    for (int i = 0; i < R; i++) tqkv_model_state_free(ref[i]);
+    free(lw);
+    free(lb);
+}
+
+/* Five sequences: A's three rows (24 tokens) and B's two (15: merged, they are left
+ * padded). Each has a 1-row reference state that decodes its tokens alone. */
+enum { NSEQ = 5, RSTEPS = 8 };
+typedef struct {
+    tqkv_model_state *ref[NSEQ];
+    int32_t gen[NSEQ][RSTEPS];
+    int     plen[NSEQ], cnt[NSEQ];
+    float  *la, *lb;
+} rows_ctx;
+
+/* One decode step of s, whose rows are sequences seq[0..n): every row bitwise equal to its
+ * reference taking the same token; then the offsets. */
+static void rows_step(rows_ctx *c, tqkv_model_state *s, const int *seq, int n, const char *phase) {
+    int32_t tk[NSEQ];
+    int want[NSEQ];
+    assert_int_equal(tqkv_model_state_rows(s), n);
+    for (int i = 0; i < n; i++) tk[i] = c->gen[seq[i]][c->cnt[seq[i]]];
+    OK(tqkv_model_decode(g_model, s, tk, c->la));
+    for (int i = 0; i < n; i++) {
+        OK(tqkv_model_decode(g_model, c->ref[seq[i]], &tk[i], c->lb));
+        if (memcmp(c->la + (size_t)i * TWIN_V, c->lb, sizeof(float) * (size_t)TWIN_V))
+            fail_msg("%s: row %d (sequence %d) differs from the sequence run alone", phase, i, seq[i]);
+        want[i] = c->plen[seq[i]] + ++c->cnt[seq[i]];
+    }
+    expect_offsets(s, want, phase);
+}
+
+static void test_rows(void **st) {
+    (void)st;
+    g_model = g_models[CK_B];
+    rows_ctx c = {.plen = {24, 24, 24, 15, 15}};
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x40a5);
+    int32_t pa[3 * 24], pb[2 * 15];
+    random_tokens(&r, pa, sizeof pa / sizeof pa[0]);
+    random_tokens(&r, pb, sizeof pb / sizeof pb[0]);
+    random_tokens(&r, &c.gen[0][0], (size_t)NSEQ * RSTEPS);
+    c.la = malloc(sizeof(float) * NSEQ * (size_t)TWIN_V);
+    c.lb = malloc(sizeof(float) * (size_t)TWIN_V);
+    for (int k = 0; k < NSEQ; k++) {
+        c.ref[k] = new_state(1, TQKV_TQ4, 1);
+        const int32_t *p = k < 3 ? pa + k * 24 : pb + (k - 3) * 15;
+        OK(tqkv_model_prefill(g_model, c.ref[k], p, NULL, c.plen[k], TQKV_LOGITS_NONE, NULL));
+    }
+    tqkv_model_state *a = new_state(3, TQKV_TQ4, 1), *b = new_state(2, TQKV_TQ4, 1), *x = NULL;
+    OK(tqkv_model_prefill(g_model, a, pa, NULL, 24, TQKV_LOGITS_NONE, NULL));
+    OK(tqkv_model_prefill(g_model, b, pb, NULL, 15, TQKV_LOGITS_NONE, NULL));
+    rows_step(&c, a, (const int[]){0, 1, 2}, 3, "A before the row operations");
+    rows_step(&c, b, (const int[]){3, 4}, 2, "B before the row operations");
+    OK(tqkv_model_state_filter(a, (const int[]){2, 0}, 2));
+    rows_step(&c, a, (const int[]){2, 0}, 2, "after filter {2, 0}");
+    rows_step(&c, b, (const int[]){3, 4}, 2, "B");
+    OK(tqkv_model_state_merge(a, &b, 1));
+    rows_step(&c, a, (const int[]){2, 0, 3, 4}, 4, "after merge A + B");
+    OK(tqkv_model_state_extract_row(a, 1, &x));
+    OK(tqkv_model_state_filter(a, (const int[]){0, 2, 3}, 3));
+    rows_step(&c, x, (const int[]){0}, 1, "extracted row 1");
+    rows_step(&c, a, (const int[]){2, 3, 4}, 3, "after extract + filter {0, 2, 3}");
+    printf("device rows: filter, merge, extract mid-generation == each sequence alone, bitwise\n");
+    tqkv_model_state_free(a);
+    tqkv_model_state_free(b);
+    tqkv_model_state_free(x);
+    for (int k = 0; k < NSEQ; k++) tqkv_model_state_free(c.ref[k]);
+    free(c.la);
+    free(c.lb);
+}
+
+// ---------------------------------------------------------------------------
 // refusals
 // ---------------------------------------------------------------------------
 
@@ -412,6 +548,8 @@ int main(void) {
         cmocka_unit_test(test_invariance_b_tq4),
         cmocka_unit_test(test_invariance_b_f32),
         cmocka_unit_test(test_dense_equiv),
+        cmocka_unit_test(test_spec_rounds),
+        cmocka_unit_test(test_rows),
         cmocka_unit_test(test_golden_refused),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);
