@@ -66,7 +66,8 @@ enum { CK_H = 256, CK_NH = 4, CK_NKV = 2, CK_HD = 128, CK_ID = 256 };
  * top k. Routing still differs from token to token (by its embedding). With random routers
  * on the whole stream, the f32 case's bf16 device cache moves a logit by ~1e-3 of its size,
  * which flips a near-tied k-th expert at a fraction of a percent of the decisions, and
- * a flip moves that token's hidden state by ~10%: no logits bound could hold. */
+ * a flip moves that token's hidden state by ~10% (estimates from these scales, not
+ * measured): no logits bound could hold. */
 enum { CK_RD = 32 };
 
 /* Zero rows [0, CK_RD) of a bf16 [rows, cols] tensor from byte offset at. */
