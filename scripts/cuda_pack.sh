@@ -11,7 +11,7 @@ set -eu
 BUILD=${1:?build dir}; DEST=${2:?dest}
 mkdir -p "$DEST/lib"
 cp "$BUILD/tqkv" "$BUILD/test_cuda" "$DEST/" && strip "$DEST/tqkv" "$DEST/test_cuda"
-for t in test_cuda_model test_cuda_hybrid test_cuda_gemma4 test_cuda_slide; do
+for t in test_cuda_model test_cuda_hybrid test_cuda_gemma4 test_cuda_slide test_cuda_moe; do
   if [ -f "$BUILD/$t" ]; then cp "$BUILD/$t" "$DEST/" && strip "$DEST/$t"; fi
 done
 cp scripts/cuda_anchor.py scripts/cuda_gemm_anchor.py scripts/cuda_run_common.sh scripts/cuda_device.sh scripts/cuda_seed_sweep.sh scripts/cuda_model_device.sh scripts/cuda_hybrid_device.sh scripts/cuda_gemma4_device.sh scripts/cuda_d256_device.sh scripts/cuda_tq3_probe_device.sh scripts/cuda_gemm_device.sh scripts/cuda_e2e_device.sh scripts/cuda_make_llama8b.py bench/cuda-serve/loadgen.py bench/cuda-serve/extend_tokenizer.py bench/cuda-serve/run.sh "$DEST/"

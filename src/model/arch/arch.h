@@ -64,6 +64,13 @@ typedef struct model_arch_cuda_ops {
     void (*rope_row)(const tqkv_model *m, int pos, float *row);
     /* per-token floats of per-layer inputs the scratch holds (NULL: none) */
     int (*ple_width)(const tqkv_model *m);
+    /* its own feed-forward layers (NULL: every layer's is the dense MLP). ffn_upload: their
+     * device weights (in w->arch, with w->arch_free), beside the common upload, which then
+     * skips the MLP of every layer whose host weights have none (no gate matrix); ffn: queue
+     * layer l's feed-forward of g->xn [T, H] into g->tmp [T, H] on g->stream (a layer it
+     * does not own: mc_ffn_dense, the common MLP) */
+    tqkv_status (*ffn_upload)(const tqkv_model *m, struct model_cuda_weights *w);
+    tqkv_status (*ffn)(struct model_cuda *g, int l, int T);
     /* queue recurrent layer j's mixer for R rows of n tokens (TQKV_LAYER_LINEAR layers) */
     tqkv_status (*linear)(const tqkv_model_config *c, const struct mc_layer *L,
                           struct mc_rec *rec, int j, int R, int n, const float *proj, float *cv,

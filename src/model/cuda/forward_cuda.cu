@@ -458,6 +458,22 @@ tqkv_status mc_pick_queue(model_cuda *g, int stride) {
     return st;
 }
 
+/* h [T, I] = SwiGLU of gu [T, 2I] (gate | up), the CPU's exp, on stream s. */
+void mc_swiglu_queue(const float *gu, int I, float *h, size_t T, cudaStream_t s) {
+    if (T == 0) return;
+    swiglu_kernel<<<dim3((unsigned)T, (unsigned)((I + 255) / 256)), 256, 0, s>>>(gu, I, h);
+}
+
+/* Layer l's dense MLP: tmp [T, H] = down(SwiGLU(gate|up xn [T, H])), through gu / hh. */
+tqkv_status mc_ffn_dense(model_cuda *g, int l, int T) {
+    const mc_layer *L = &g->w->layers[l];
+    const int H = g->m->cfg.hidden_size, I = g->m->cfg.intermediate_size;
+    tqkv_status st = mc_gemm(g, g->xn, H, T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I);
+    if (st) return st;
+    mc_swiglu_queue(g->gu, I, g->hh, (size_t)T, g->stream);
+    return mc_gemm(g, g->hh, I, T, L->wd, H, I, NULL, g->tmp, H);
+}
+
 /* Queue one forward's device work on g->stream for the token list in h_tinfo / h_rope
  * (T = rows n tokens): its upload, the embedding, the layers, the lm_head, the logits'
  * copy to `out` (host memory; pinned when captured; NULL: no copy) and, with pick > 0
@@ -471,7 +487,7 @@ static tqkv_status forward_queue(model_cuda *g, int n, int as_decode, tqkv_logit
         return g->arch_ops->forward_queue(g, n, as_decode, mode, out, pick, done);
     const tqkv_model_config *c = &g->m->cfg;
     const int R = g->rows, H = c->hidden_size, hd = c->head_dim, NH = c->n_heads,
-              NKV = c->n_kv_heads, I = c->intermediate_size, V = c->vocab_size;
+              NKV = c->n_kv_heads, V = c->vocab_size;
     const int gated = c->attn_output_gate; /* a gate row block per query head */
     const int qs = gated ? 2 * hd : hd, QD = NH * hd, KD = NKV * hd, QS = NH * qs + 2 * KD;
     const int half = (c->rotary_dim ? c->rotary_dim : hd) / 2;
@@ -533,11 +549,9 @@ static tqkv_status forward_queue(model_cuda *g, int n, int as_decode, tqkv_logit
             if (st) break;
         }
         rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, L->ffn_norm, eps, H, g->xn);
-        // ---- MLP block
-        st = mc_gemm(g, g->xn, H, (int)T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I);
-        if (st) break;
-        swiglu_kernel<<<dim3((unsigned)T, (unsigned)((I + 255) / 256)), 256, 0, s>>>(g->gu, I, g->hh);
-        st = mc_gemm(g, g->hh, I, (int)T, L->wd, H, I, NULL, g->tmp, H);
+        // ---- feed-forward: xn -> tmp (the architecture's, e.g. routed experts, or the MLP)
+        st = g->arch_ops && g->arch_ops->ffn ? g->arch_ops->ffn(g, l, (int)T)
+                                             : mc_ffn_dense(g, l, (int)T);
         if (st) break;
         /* residual x += tmp, then the next layer's attention norm (or the final norm) */
         const float *nw = l + 1 < c->n_layers ? g->w->layers[l + 1].attn_norm : g->w->final_norm;

@@ -216,6 +216,11 @@ tqkv_status mc_upload_weights(const tqkv_model *m, model_cuda_weights **out);
 /* y [T, N] (ldy) = x [T, K] (ldx) . w^T (+ bias): the invariant GEMM (or cuBLAS) on g's stream. */
 tqkv_status mc_gemm(model_cuda *g, const float *x, size_t ldx, int T, const bf16 *w, int N, int K,
                     const float *bias, float *y, size_t ldy);
+/* h [T, I] = SwiGLU of gu [T, 2I] (gate | up) with the CPU's exp, queued on s. */
+void        mc_swiglu_queue(const float *gu, int I, float *h, size_t T, cudaStream_t s);
+/* Layer l's dense MLP of xn [T, H] into tmp [T, H] (gu, hh as scratch), on g's stream: the
+ * common feed-forward, and an architecture's ffn hook's for the layers it does not own. */
+tqkv_status mc_ffn_dense(model_cuda *g, int l, int T);
 /* The device pick after the lm_head (g->logits [rows, V]) and its records' copy. */
 tqkv_status mc_pick_queue(model_cuda *g, int stride);
 /* The verification window's attention on kv (head_dim hd): query j of each row through the

@@ -122,8 +122,9 @@ tqkv_status mc_upload_weights(const tqkv_model *m, model_cuda_weights **out) {
         mc_layer *L = &g->layers[l];
         const mm_weight *gu[2] = {&S->wg, &S->wu}, *wd = &S->wd;
         const float *an = S->attn_norm, *fn = S->ffn_norm;
-        st = mc_upload_matrix(&L->wgu, gu, 2);
-        if (!st) st = mc_upload_matrix(&L->wd, &wd, 1);
+        const int mlp = !(ao && ao->ffn && !S->wg.data); /* else the ffn hook's own layer */
+        if (mlp) st = mc_upload_matrix(&L->wgu, gu, 2);
+        if (!st && mlp) st = mc_upload_matrix(&L->wd, &wd, 1);
         if (!st) st = mc_upload_vec(&L->attn_norm, &an, &H, 1);
         if (!st) st = mc_upload_vec(&L->ffn_norm, &fn, &H, 1);
         if (st) break;
@@ -151,6 +152,7 @@ tqkv_status mc_upload_weights(const tqkv_model *m, model_cuda_weights **out) {
         if (!st) st = mc_upload_vec(&L->bqkv, bq, lq, 3);
         if (!st) st = mc_upload_vec(&L->bo, &bo, &H, 1);
     }
+    if (!st && ao && ao->ffn_upload) st = ao->ffn_upload(m, g); /* its feed-forward layers */
     const mm_weight *e = &m->embed, *lm = &m->lm_head;
     const float *fnorm = m->final_norm;
     if (!st) st = mc_upload_matrix(&g->embed, &e, 1);

@@ -59,11 +59,8 @@ tqkv_status moe_scratch_reserve(moe_scratch *x, const moe_shape *sh, size_t T) {
 // routing
 // ---------------------------------------------------------------------------
 
-/* One token: p = softmax(logits [E]) in place; the K most probable experts (ties: the lower
- * index) into sel [K] by descending p, their weights into w [K] (renormalised if asked,
- * then times scale[e] if given). */
-static void route_token(float *p, int E, int K, int norm, const float *scale, int32_t *sel,
-                        float *w) {
+void moe_route_token(float *p, int E, int K, int norm, const float *scale, int32_t *sel,
+                     float *w) {
     float mx = p[0];
     for (int e = 1; e < E; e++) mx = p[e] > mx ? p[e] : mx;
     float sum = 0.0f;
@@ -130,7 +127,7 @@ static void routed(const moe_layer *L, const moe_shape *sh, const float *xr, con
     const int H = sh->hidden, E = sh->n_experts, K = sh->top_k;
     mm_matmul_ld(xr, (int)T, &L->router, NULL, x->logits, (size_t)E, th, x->perm);
     for (size_t t = 0; t < T; t++)
-        route_token(x->logits + t * E, E, K, sh->norm_topk, L->expert_scale, x->sel + t * K,
+        moe_route_token(x->logits + t * E, E, K, sh->norm_topk, L->expert_scale, x->sel + t * K,
                     x->wts + t * K);
     memset(acc, 0, sizeof(float) * T * (size_t)H);
     for (int e = 0; e < E; e++) {

@@ -70,6 +70,13 @@ typedef struct {
     float   *perm;    /* [T, max(hidden, inter, shared_inter)] matmul scratch */
 } moe_scratch;
 
+/* One token's routing (moe_experts' and the device graphs' one rule): p = softmax(logits
+ * [E]) in place; the K most probable experts (ties: the lower index) into sel [K] by
+ * descending p, their weights into w [K] (renormalised if norm, then times scale[e] if
+ * scale is given). */
+void moe_route_token(float *p, int E, int K, int norm, const float *scale, int32_t *sel,
+                     float *w);
+
 /* Buffers for T tokens (nothing changes on failure but the scratch, which stays usable). */
 tqkv_status moe_scratch_reserve(moe_scratch *x, const moe_shape *sh, size_t T);
 void        moe_scratch_free(moe_scratch *x);

@@ -1,0 +1,568 @@
+/*
+ * test_cuda_moe.c - the Qwen3-MoE graph on the GPU (tqkv_model_state_params.device = 1,
+ * src/model/arch/qwen3moe/graph_cuda.cu) against its CPU forward, on tiny random-weight
+ * checkpoints written here (head_dim 128: the common device graph's; the transformers
+ * goldens in tests/golden/moe/ have head_dim 32 and are refused on the device, which is
+ * checked too):
+ *  - A: 3 layers, layer 1 in mlp_only_layers, 8 experts, top 2, norm_topk_prob, one tensor
+ *    per expert; B: 4 layers, decoder_sparse_step 2, 6 experts, top 3, no renormalisation,
+ *    the fused experts layout;
+ *  - parity, f32 (dense bf16 device cache) and tq4: prefill logits of every position of 3
+ *    rows and 16 greedy decode steps (device_twin.h's expect_close: the dense graphs' bounds,
+ *    every argmax flip explained by the position's error);
+ *  - batch invariance on the device: a row alone and the same row as row 1 of 3 give the
+ *    same logits bit for bit (prefill and decode), although its experts' GEMMs then run
+ *    on other row counts;
+ *  - an equivalent of the dense graph: every layer sparse with 2 experts that are both a
+ *    dense checkpoint's MLP, top 1 renormalised (weight exactly 1), gives that dense
+ *    checkpoint's device logits bit for bit (the gathered expert GEMMs and the combine add
+ *    nothing to the dense path's arithmetic);
+ *  - a speculative round (extend_as_decode window, per-row rollback, commit) and row
+ *    operations (filter, merge with left-padded rows, extract) mid-generation give each
+ *    row's single decodes bit for bit;
+ *  - a state with sparse layers runs its decode steps kernel by kernel (graphs off, the
+ *    routing reads the router on the host), and a device init of the head_dim 32 golden is
+ *    refused with a message.
+ * The checkpoints live in temporary directories removed at the end.
+ * Exits 77 (skipped) when the build has no CUDA or no GPU is present. The same cases ran on
+ * the CPU (the device states mapped to CPU states, f16 KV standing in for the bf16 device
+ * cache) while this file was written, to check the checkpoints and the bounds.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "testutil.h"
+#include "tqkv_model.h"
+#include "engine_helpers.h"
+#include "model_helpers.h"
+
+#ifdef TQKV_HAVE_CUDA
+#include "cache/cache_cuda.h"
+#include "model/cuda/model_cuda.h"
+#include "model/model_impl.h"
+#include "moe_derive.h"
+
+static tqkv_model *g_model; /* the checkpoint the current case runs */
+static uint64_t    g_seed;
+
+#define TWIN_MODEL   g_model
+#define TWIN_V       256
+#define TWIN_THREADS 2
+#include "device_twin.h"
+
+// ---------------------------------------------------------------------------
+// checkpoints
+// ---------------------------------------------------------------------------
+
+enum { CK_H = 256, CK_NH = 4, CK_NKV = 2, CK_HD = 128, CK_ID = 256 };
+
+/* Routing that device rounding cannot flip: the routers read only the first CK_RD
+ * dimensions of the residual stream, which no layer writes (o_proj's and every down
+ * projection's rows there are zero), so they hold the token's embedding exactly and a
+ * token's router logits are that exact dot product times one common factor (the RMSNorm's
+ * 1 / rms): the device's rounding elsewhere scales them all alike and cannot reorder the
+ * top k. Routing still differs from token to token (by its embedding). With random routers
+ * on the whole stream, the f32 case's bf16 device cache moves a logit by ~1e-3 of its size,
+ * which flips a near-tied k-th expert at a fraction of a percent of the decisions, and
+ * a flip moves that token's hidden state by ~10% (estimates from these scales, not
+ * measured): no logits bound could hold. */
+enum { CK_RD = 32 };
+
+/* Zero rows [0, CK_RD) of a bf16 [rows, cols] tensor from byte offset at. */
+static void ck_zero_rows(dv_tensor *t, size_t at, int cols) {
+    memset(t->data + at, 0, (size_t)CK_RD * cols * 2);
+}
+
+typedef struct {
+    int layers, E, K, I, step, mlp_only; /* mlp_only: a layer index, or -1 */
+    int norm, fused;
+    int dense_equiv; /* experts 0 and 1 are the layer's dense MLP (E 2, K 1, I = CK_ID) */
+    int dense;       /* write the dense Qwen3 checkpoint with the same weights instead */
+    uint64_t seed;
+} ck_spec;
+
+static void ck_config(const char *dir, const ck_spec *s) {
+    cJSON *c = cJSON_CreateObject(), *a = cJSON_AddArrayToObject(c, "architectures");
+    cJSON_AddItemToArray(a, cJSON_CreateString(s->dense ? "Qwen3ForCausalLM" : "Qwen3MoeForCausalLM"));
+    cJSON_AddStringToObject(c, "model_type", s->dense ? "qwen3" : "qwen3_moe");
+    cJSON_AddStringToObject(c, "dtype", "bfloat16");
+    cJSON_AddFalseToObject(c, "attention_bias");
+    cJSON_AddFalseToObject(c, "tie_word_embeddings");
+    cJSON_AddNumberToObject(c, "bos_token_id", 0);
+    cJSON_AddNumberToObject(c, "eos_token_id", 0);
+    cJSON_AddNumberToObject(c, "head_dim", CK_HD);
+    cJSON_AddNumberToObject(c, "hidden_size", CK_H);
+    cJSON_AddNumberToObject(c, "intermediate_size", CK_ID);
+    cJSON_AddNumberToObject(c, "max_position_embeddings", 4096);
+    cJSON_AddNumberToObject(c, "num_attention_heads", CK_NH);
+    cJSON_AddNumberToObject(c, "num_key_value_heads", CK_NKV);
+    cJSON_AddNumberToObject(c, "num_hidden_layers", s->layers);
+    cJSON_AddNumberToObject(c, "rms_norm_eps", 1e-6);
+    cJSON_AddNumberToObject(c, "rope_theta", 1e6);
+    cJSON_AddNumberToObject(c, "vocab_size", TWIN_V);
+    if (!s->dense) {
+        cJSON_AddNumberToObject(c, "num_experts", s->E);
+        cJSON_AddNumberToObject(c, "num_experts_per_tok", s->K);
+        cJSON_AddNumberToObject(c, "moe_intermediate_size", s->I);
+        cJSON_AddNumberToObject(c, "decoder_sparse_step", s->step);
+        cJSON_AddBoolToObject(c, "norm_topk_prob", s->norm);
+        cJSON *o = cJSON_AddArrayToObject(c, "mlp_only_layers");
+        if (s->mlp_only >= 0) cJSON_AddItemToArray(o, cJSON_CreateNumber(s->mlp_only));
+    }
+    dv_write_config(dir, c);
+}
+
+static int ck_sparse(const ck_spec *s, int l) {
+    return !s->dense && l != s->mlp_only && (l + 1) % s->step == 0;
+}
+
+/* Layer l's sparse block under pre, the dense MLP's tensors g, u, d ([Id, H] x 2, [H, Id]). */
+static void ck_experts(dv_list *o, const char *pre, const ck_spec *s, const dv_tensor *g,
+                       const dv_tensor *u, const dv_tensor *d, test_rng *r) {
+    char nm[200];
+    const int E = s->E, I = s->I, H = CK_H;
+    const size_t one = (size_t)I * H * 2; /* bytes of one [I, H] */
+    snprintf(nm, sizeof nm, "%sgate.weight", pre);
+    dv_tensor *rt = dv_add(o, nm, 2, (int64_t[]){E, H}); /* [E, H]: columns < CK_RD only */
+    for (int e = 0; e < E; e++) dv_random(rt, (size_t)e * H * 2, CK_RD, 0.35f, r);
+    dv_tensor *fgu = NULL, *fd = NULL;
+    if (s->fused) {
+        snprintf(nm, sizeof nm, "%sexperts.gate_up_proj", pre);
+        fgu = dv_add(o, nm, 3, (int64_t[]){E, 2 * I, H});
+        snprintf(nm, sizeof nm, "%sexperts.down_proj", pre);
+        fd = dv_add(o, nm, 3, (int64_t[]){E, H, I});
+    }
+    for (int e = 0; e < E; e++) {
+        dv_tensor *tg = fgu, *tu = fgu, *td = fd;
+        size_t ag = 2 * (size_t)e * one, au = ag + one, ad = (size_t)e * one;
+        if (!s->fused) {
+            snprintf(nm, sizeof nm, "%sexperts.%d.gate_proj.weight", pre, e);
+            tg = dv_add(o, nm, 2, (int64_t[]){I, H});
+            snprintf(nm, sizeof nm, "%sexperts.%d.up_proj.weight", pre, e);
+            tu = dv_add(o, nm, 2, (int64_t[]){I, H});
+            snprintf(nm, sizeof nm, "%sexperts.%d.down_proj.weight", pre, e);
+            td = dv_add(o, nm, 2, (int64_t[]){H, I});
+            ag = au = ad = 0;
+        }
+        if (s->dense_equiv) {
+            memcpy(tg->data + ag, g->data, one);
+            memcpy(tu->data + au, u->data, one);
+            memcpy(td->data + ad, d->data, one);
+        } else {
+            dv_random(tg, ag, (size_t)I * H, 1.0f / 16.0f, r);
+            dv_random(tu, au, (size_t)I * H, 1.0f / 16.0f, r);
+            dv_random(td, ad, (size_t)I * H, 1.0f / sqrtf((float)I), r);
+            ck_zero_rows(td, ad, I);
+        }
+    }
+}
+
+/* dir/{config.json, model.safetensors} for spec s. The attention, norms, embedding, head and
+ * dense MLPs come from the seed alone, so a dense_equiv checkpoint and its dense twin (same
+ * seed) share them. */
+static void ck_write(const char *dir, const ck_spec *s) {
+    ck_config(dir, s);
+    const int H = CK_H, QD = CK_NH * CK_HD, KD = CK_NKV * CK_HD, V = TWIN_V;
+    dv_list o = {0}, mlp = {0};
+    test_rng r, rx; /* rx: the experts' own draws, so the rest does not depend on them */
+    rng_init(&r, s->seed);
+    rng_init(&rx, s->seed ^ 0x5eed5);
+    dv_random(dv_add(&o, "model.embed_tokens.weight", 2, (int64_t[]){V, H}), 0, (size_t)V * H, 1.0f, &r);
+    dv_random(dv_add(&o, "lm_head.weight", 2, (int64_t[]){V, H}), 0, (size_t)V * H, 2.0f / 16.0f, &r);
+    dv_fill(dv_add(&o, "model.norm.weight", 1, (int64_t[]){H}), 0, H, 1.0f, 0.1f, &r);
+    for (int l = 0; l < s->layers; l++) {
+        char nm[200], pre[40];
+        snprintf(pre, sizeof pre, "model.layers.%d.", l);
+#define T_(suffix) (snprintf(nm, sizeof nm, "%s%s", pre, suffix), nm)
+        dv_fill(dv_add(&o, T_("input_layernorm.weight"), 1, (int64_t[]){H}), 0, H, 1.0f, 0.1f, &r);
+        dv_fill(dv_add(&o, T_("post_attention_layernorm.weight"), 1, (int64_t[]){H}), 0, H, 1.0f, 0.1f, &r);
+        dv_fill(dv_add(&o, T_("self_attn.q_norm.weight"), 1, (int64_t[]){CK_HD}), 0, CK_HD, 1.0f, 0.1f, &r);
+        dv_fill(dv_add(&o, T_("self_attn.k_norm.weight"), 1, (int64_t[]){CK_HD}), 0, CK_HD, 1.0f, 0.1f, &r);
+        dv_random(dv_add(&o, T_("self_attn.q_proj.weight"), 2, (int64_t[]){QD, H}), 0, (size_t)QD * H, 1.0f / 16.0f, &r);
+        dv_random(dv_add(&o, T_("self_attn.k_proj.weight"), 2, (int64_t[]){KD, H}), 0, (size_t)KD * H, 1.0f / 16.0f, &r);
+        dv_random(dv_add(&o, T_("self_attn.v_proj.weight"), 2, (int64_t[]){KD, H}), 0, (size_t)KD * H, 1.0f / 16.0f, &r);
+        dv_tensor *wo = dv_add(&o, T_("self_attn.o_proj.weight"), 2, (int64_t[]){H, QD});
+        dv_random(wo, 0, (size_t)QD * H, 1.0f / sqrtf((float)QD), &r);
+        ck_zero_rows(wo, 0, QD);
+        /* the dense MLP (drawn for every layer, so the stream of draws is the same for all specs) */
+        dv_list *to = ck_sparse(s, l) ? &mlp : &o;
+        dv_tensor *g = dv_add(to, T_("mlp.gate_proj.weight"), 2, (int64_t[]){CK_ID, H});
+        dv_tensor *u = dv_add(to, T_("mlp.up_proj.weight"), 2, (int64_t[]){CK_ID, H});
+        dv_tensor *d = dv_add(to, T_("mlp.down_proj.weight"), 2, (int64_t[]){H, CK_ID});
+#undef T_
+        dv_random(g, 0, (size_t)CK_ID * H, 1.0f / 16.0f, &r);
+        dv_random(u, 0, (size_t)CK_ID * H, 1.0f / 16.0f, &r);
+        dv_random(d, 0, (size_t)CK_ID * H, 1.0f / 16.0f, &r);
+        ck_zero_rows(d, 0, CK_ID);
+        if (ck_sparse(s, l)) {
+            char mp[48];
+            snprintf(mp, sizeof mp, "%smlp.", pre);
+            ck_experts(&o, mp, s, g, u, d, &rx);
+        }
+    }
+    char p[1200];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    dv_write(&o, p);
+    for (int i = 0; i < o.n; i++) free(o.t[i].data);
+    for (int i = 0; i < mlp.n; i++) free(mlp.t[i].data);
+    free(o.t);
+    free(mlp.t);
+}
+
+static tqkv_model *ck_load(const char *dir) {
+    tqkv_model_load_params lp = tqkv_model_load_params_default();
+    lp.threads = TWIN_THREADS;
+    tqkv_model *m = NULL;
+    if (tqkv_model_load(&m, dir, &lp) != TQKV_OK) {
+        fprintf(stderr, "load %s: %s\n", dir, tqkv_last_error());
+        exit(1);
+    }
+    return m;
+}
+
+enum { CK_A, CK_B, CK_EQ, CK_DENSE, CK_N };
+static const ck_spec SPECS[CK_N] = {
+    {3, 8, 2, 64, 1, 1, 1, 0, 0, 0, 0xa11ce},     /* A */
+    {4, 6, 3, 48, 2, -1, 0, 1, 0, 0, 0xb0b},      /* B */
+    {2, 2, 1, CK_ID, 1, -1, 1, 0, 1, 0, 0xe0e0},  /* every layer sparse, dense equivalent */
+    {2, 0, 0, 0, 1, -1, 0, 0, 0, 1, 0xe0e0},      /* its dense twin */
+};
+static char        g_dir[CK_N][40];
+static tqkv_model *g_models[CK_N];
+
+// ---------------------------------------------------------------------------
+// parity: device vs CPU, 3 rows, every prefill position + 16 greedy steps
+// ---------------------------------------------------------------------------
+
+/* Bounds as test_cuda_model's / test_cuda_hybrid's (the dense graphs'): bf16 weights and a
+ * bf16 hi + lo split of the activations on the device (another summation order), f32 on a
+ * bf16 device cache, tq decode on fp16 tensor cores. */
+static void parity(int ck, tqkv_format f, double tol_med, double tol_worst) {
+    enum { R = 3, N = 48, STEPS = 16 };
+    const int V = TWIN_V;
+    g_model = g_models[ck];
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x3e ^ (uint64_t)f * 77 ^ (uint64_t)ck << 20);
+    int32_t tok[R * N];
+    random_tokens(&r, tok, (size_t)R * N);
+    float *lg = malloc(sizeof(float) * (size_t)R * N * V), *lc = malloc(sizeof(float) * (size_t)R * N * V);
+    tqkv_model_state *sg = new_state(R, f, 1), *sc = new_state(R, f, 0);
+    OK(tqkv_model_prefill(g_model, sg, tok, NULL, N, TQKV_LOGITS_ALL, lg));
+    OK(tqkv_model_prefill(g_model, sc, tok, NULL, N, TQKV_LOGITS_ALL, lc));
+    char what[96];
+    snprintf(what, sizeof what, "%c %s: prefill %d x %d positions", 'A' + ck, tqkv_format_name(f), R, N);
+    expect_close(what, lg, lc, R * N, tol_med, tol_worst);
+    /* greedy: both take the CPU's token, so they stay on one sequence; a flip must be a
+     * near-tie explained by the error (expect_close) */
+    twin_greedy(sg, sc, R, lc + (size_t)(N - 1) * V, (size_t)N * V, STEPS, lg, lc);
+    snprintf(what, sizeof what, "%c %s: greedy decode %d steps x %d rows", 'A' + ck,
+             tqkv_format_name(f), STEPS, R);
+    expect_close(what, lg, lc, STEPS * R, tol_med, tol_worst);
+    const int want[R] = {N + STEPS, N + STEPS, N + STEPS};
+    expect_offsets(sg, want, "device after decode");
+    expect_offsets(sc, want, "CPU after decode");
+    /* the routing waits on the host: no CUDA graphs for this state (docs/CUDA.md) */
+    const model_cuda_graph_stats gs = graph_stats(sg);
+    assert_int_equal(gs.enabled, 0);
+    assert_int_equal(gs.captures + gs.replays, 0);
+    tqkv_model_state_free(sg);
+    tqkv_model_state_free(sc);
+    free(lg);
+    free(lc);
+}
+
+static void test_parity_a_f32(void **st) { (void)st; parity(CK_A, TQKV_F32, 1e-2, 3e-2); }
+static void test_parity_a_tq4(void **st) { (void)st; parity(CK_A, TQKV_TQ4, 1e-2, 1e-1); }
+static void test_parity_b_f32(void **st) { (void)st; parity(CK_B, TQKV_F32, 1e-2, 3e-2); }
+static void test_parity_b_tq4(void **st) { (void)st; parity(CK_B, TQKV_TQ4, 1e-2, 1e-1); }
+
+// ---------------------------------------------------------------------------
+// batch invariance on the device: row 1 of 3 == the row alone, bitwise
+// ---------------------------------------------------------------------------
+
+static void invariance(int ck, tqkv_format f) {
+    enum { R = 3, N = 37, STEPS = 6 };
+    const int V = TWIN_V;
+    g_model = g_models[ck];
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x1a7a ^ (uint64_t)f ^ (uint64_t)ck << 24);
+    int32_t tok[R * N], step[STEPS][R];
+    random_tokens(&r, tok, (size_t)R * N);
+    random_tokens(&r, &step[0][0], (size_t)STEPS * R);
+    float *l1 = malloc(sizeof(float) * (size_t)N * V), *lb = malloc(sizeof(float) * (size_t)R * N * V);
+    tqkv_model_state *s1 = new_state(1, f, 1), *sb = new_state(R, f, 1);
+    OK(tqkv_model_prefill(g_model, s1, tok + N, NULL, N, TQKV_LOGITS_ALL, l1));
+    OK(tqkv_model_prefill(g_model, sb, tok, NULL, N, TQKV_LOGITS_ALL, lb));
+    expect_same(l1, lb + (size_t)N * V, (size_t)N * V, "prefill: row alone vs row 1 of 3", N);
+    for (int t = 0; t < STEPS; t++) {
+        OK(tqkv_model_decode(g_model, s1, &step[t][1], l1));
+        OK(tqkv_model_decode(g_model, sb, step[t], lb));
+        expect_same(l1, lb + V, (size_t)V, "decode step: row alone vs row 1 of 3", t);
+    }
+    assert_true(memcmp(lb, lb + V, sizeof(float) * (size_t)V) != 0); /* the rows do differ */
+    printf("%c %s: row alone == row 1 of 3, bitwise (prefill %d, decode %d)\n", 'A' + ck,
+           tqkv_format_name(f), N, STEPS);
+    tqkv_model_state_free(s1);
+    tqkv_model_state_free(sb);
+    free(l1);
+    free(lb);
+}
+
+static void test_invariance_a_tq4(void **st) { (void)st; invariance(CK_A, TQKV_TQ4); }
+static void test_invariance_a_f32(void **st) { (void)st; invariance(CK_A, TQKV_F32); }
+static void test_invariance_b_tq4(void **st) { (void)st; invariance(CK_B, TQKV_TQ4); }
+static void test_invariance_b_f32(void **st) { (void)st; invariance(CK_B, TQKV_F32); }
+
+// ---------------------------------------------------------------------------
+// the dense equivalent: bitwise the dense checkpoint's device logits
+// ---------------------------------------------------------------------------
+
+static void test_dense_equiv(void **st) {
+    (void)st;
+    enum { R = 2, N = 40, STEPS = 4 };
+    const int V = TWIN_V;
+    test_rng r;
+    rng_init(&r, g_seed ^ 0xde25e);
+    int32_t tok[R * N], step[STEPS][R];
+    random_tokens(&r, tok, (size_t)R * N);
+    random_tokens(&r, &step[0][0], (size_t)STEPS * R);
+    float *lm = malloc(sizeof(float) * (size_t)R * N * V), *ld = malloc(sizeof(float) * (size_t)R * N * V);
+    for (int f = 0; f < 2; f++) {
+        const tqkv_format fmt = f ? TQKV_F32 : TQKV_TQ4;
+        g_model = g_models[CK_EQ];
+        tqkv_model_state *sm = new_state(R, fmt, 1);
+        g_model = g_models[CK_DENSE];
+        tqkv_model_state *sd = new_state(R, fmt, 1);
+        OK(tqkv_model_prefill(g_models[CK_EQ], sm, tok, NULL, N, TQKV_LOGITS_ALL, lm));
+        OK(tqkv_model_prefill(g_models[CK_DENSE], sd, tok, NULL, N, TQKV_LOGITS_ALL, ld));
+        expect_same(lm, ld, (size_t)R * N * V, "prefill: dense-equivalent MoE vs dense", N);
+        for (int t = 0; t < STEPS; t++) {
+            OK(tqkv_model_decode(g_models[CK_EQ], sm, step[t], lm));
+            OK(tqkv_model_decode(g_models[CK_DENSE], sd, step[t], ld));
+            expect_same(lm, ld, (size_t)R * V, "decode: dense-equivalent MoE vs dense", t);
+        }
+        printf("%s: 2 experts = the dense MLP, top 1: logits == the dense graph's, bitwise\n",
+               tqkv_format_name(fmt));
+        tqkv_model_state_free(sm);
+        tqkv_model_state_free(sd);
+    }
+    free(lm);
+    free(ld);
+}
+
+// ---------------------------------------------------------------------------
+// spec rounds and row operations on a MoE device state (the experts' T varies)
+// ---------------------------------------------------------------------------
+
+static tqkv_model_state *spec_state(int rows, int as_decode) {
+    tqkv_model_state_params p = hparams(1, TQKV_TQ4, rows);
+    p.extend_as_decode = as_decode;
+    return mk(&p);
+}
+
+/* A 3-row round (extend 4, keep {1, 4, 0}) and a committed round (extend 3), each row
+ * against a 1-row device state that decoded only the kept tokens, bitwise: the window's
+ * experts run on 12 and 9 tokens, the references' on 1. */
+static void test_spec_rounds(void **st) {
+    (void)st;
+    enum { R = 3, N = 29, W = 4, C = 3 };
+    const int V = TWIN_V;
+    g_model = g_models[CK_A];
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x5bec);
+    int32_t prompt[R * N], win[R * W], com[R * C], t1[R];
+    random_tokens(&r, prompt, (size_t)R * N);
+    random_tokens(&r, win, (size_t)R * W);
+    random_tokens(&r, com, (size_t)R * C);
+    random_tokens(&r, t1, R);
+    tqkv_model_state *run = spec_state(R, 1), *ref[R];
+    OK(tqkv_model_prefill(g_model, run, prompt, NULL, N, TQKV_LOGITS_NONE, NULL));
+    for (int i = 0; i < R; i++) {
+        ref[i] = spec_state(1, 0);
+        OK(tqkv_model_prefill(g_model, ref[i], prompt + i * N, NULL, N, TQKV_LOGITS_NONE, NULL));
+    }
+    float *lw = malloc(sizeof(float) * (size_t)R * W * V), *lb = malloc(sizeof(float) * (size_t)V);
+    const int keep[R] = {1, W, 0};
+    int want[R];
+    OK(tqkv_model_state_spec_begin(run));
+    OK(tqkv_model_extend(g_model, run, win, W, TQKV_LOGITS_ALL, lw));
+    OK(tqkv_model_state_spec_rollback(run, keep, R));
+    for (int i = 0; i < R; i++) want[i] = N + keep[i];
+    expect_offsets(run, want, "after rollback {1, 4, 0}");
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < keep[i]; j++) {
+            OK(tqkv_model_decode(g_model, ref[i], &win[i * W + j], lb));
+            expect_same(lw + ((size_t)i * W + j) * V, lb, (size_t)V, "window position vs single decode", j);
+        }
+    OK(tqkv_model_decode(g_model, run, t1, lw));
+    for (int i = 0; i < R; i++) {
+        OK(tqkv_model_decode(g_model, ref[i], &t1[i], lb));
+        expect_same(lw + (size_t)i * V, lb, (size_t)V, "after rollback: row vs the row alone", i);
+    }
+    OK(tqkv_model_state_spec_begin(run));
+    OK(tqkv_model_extend(g_model, run, com, C, TQKV_LOGITS_ALL, lw));
+    OK(tqkv_model_state_spec_commit(run));
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < C; j++) {
+            OK(tqkv_model_decode(g_model, ref[i], &com[i * C + j], lb));
+            expect_same(lw + ((size_t)i * C + j) * V, lb, (size_t)V, "committed window vs single decode", j);
+        }
+    printf("tq4 spec rounds: rollback keep {1, 4, 0} and commit of 3 == single decodes, bitwise\n");
+    tqkv_model_state_free(run);
+    for (int i = 0; i < R; i++) tqkv_model_state_free(ref[i]);
+    free(lw);
+    free(lb);
+}
+
+/* Five sequences: A's three rows (24 tokens) and B's two (15: merged, they are left
+ * padded). Each has a 1-row reference state that decodes its tokens alone. */
+enum { NSEQ = 5, RSTEPS = 8 };
+typedef struct {
+    tqkv_model_state *ref[NSEQ];
+    int32_t gen[NSEQ][RSTEPS];
+    int     plen[NSEQ], cnt[NSEQ];
+    float  *la, *lb;
+} rows_ctx;
+
+/* One decode step of s, whose rows are sequences seq[0..n): every row bitwise equal to its
+ * reference taking the same token; then the offsets. */
+static void rows_step(rows_ctx *c, tqkv_model_state *s, const int *seq, int n, const char *phase) {
+    int32_t tk[NSEQ];
+    int want[NSEQ];
+    assert_int_equal(tqkv_model_state_rows(s), n);
+    for (int i = 0; i < n; i++) tk[i] = c->gen[seq[i]][c->cnt[seq[i]]];
+    OK(tqkv_model_decode(g_model, s, tk, c->la));
+    for (int i = 0; i < n; i++) {
+        OK(tqkv_model_decode(g_model, c->ref[seq[i]], &tk[i], c->lb));
+        if (memcmp(c->la + (size_t)i * TWIN_V, c->lb, sizeof(float) * (size_t)TWIN_V))
+            fail_msg("%s: row %d (sequence %d) differs from the sequence run alone", phase, i, seq[i]);
+        want[i] = c->plen[seq[i]] + ++c->cnt[seq[i]];
+    }
+    expect_offsets(s, want, phase);
+}
+
+static void test_rows(void **st) {
+    (void)st;
+    g_model = g_models[CK_B];
+    rows_ctx c = {.plen = {24, 24, 24, 15, 15}};
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x40a5);
+    int32_t pa[3 * 24], pb[2 * 15];
+    random_tokens(&r, pa, sizeof pa / sizeof pa[0]);
+    random_tokens(&r, pb, sizeof pb / sizeof pb[0]);
+    random_tokens(&r, &c.gen[0][0], (size_t)NSEQ * RSTEPS);
+    c.la = malloc(sizeof(float) * NSEQ * (size_t)TWIN_V);
+    c.lb = malloc(sizeof(float) * (size_t)TWIN_V);
+    for (int k = 0; k < NSEQ; k++) {
+        c.ref[k] = new_state(1, TQKV_TQ4, 1);
+        const int32_t *p = k < 3 ? pa + k * 24 : pb + (k - 3) * 15;
+        OK(tqkv_model_prefill(g_model, c.ref[k], p, NULL, c.plen[k], TQKV_LOGITS_NONE, NULL));
+    }
+    tqkv_model_state *a = new_state(3, TQKV_TQ4, 1), *b = new_state(2, TQKV_TQ4, 1), *x = NULL;
+    OK(tqkv_model_prefill(g_model, a, pa, NULL, 24, TQKV_LOGITS_NONE, NULL));
+    OK(tqkv_model_prefill(g_model, b, pb, NULL, 15, TQKV_LOGITS_NONE, NULL));
+    rows_step(&c, a, (const int[]){0, 1, 2}, 3, "A before the row operations");
+    rows_step(&c, b, (const int[]){3, 4}, 2, "B before the row operations");
+    OK(tqkv_model_state_filter(a, (const int[]){2, 0}, 2));
+    rows_step(&c, a, (const int[]){2, 0}, 2, "after filter {2, 0}");
+    rows_step(&c, b, (const int[]){3, 4}, 2, "B");
+    OK(tqkv_model_state_merge(a, &b, 1));
+    rows_step(&c, a, (const int[]){2, 0, 3, 4}, 4, "after merge A + B");
+    OK(tqkv_model_state_extract_row(a, 1, &x));
+    OK(tqkv_model_state_filter(a, (const int[]){0, 2, 3}, 3));
+    rows_step(&c, x, (const int[]){0}, 1, "extracted row 1");
+    rows_step(&c, a, (const int[]){2, 3, 4}, 3, "after extract + filter {0, 2, 3}");
+    printf("device rows: filter, merge, extract mid-generation == each sequence alone, bitwise\n");
+    tqkv_model_state_free(a);
+    tqkv_model_state_free(b);
+    tqkv_model_state_free(x);
+    for (int k = 0; k < NSEQ; k++) tqkv_model_state_free(c.ref[k]);
+    free(c.la);
+    free(c.lb);
+}
+
+// ---------------------------------------------------------------------------
+// refusals
+// ---------------------------------------------------------------------------
+
+/* The transformers golden (head_dim 32) has no device kernels: a clear refusal. */
+static void test_golden_refused(void **st) {
+    (void)st;
+    char d[1024], cfg[1100];
+    source_path("tests/golden/moe/qwen3moe", d, sizeof d);
+    snprintf(cfg, sizeof cfg, "%s/config.json", d);
+    if (access(cfg, R_OK) != 0) { /* a packed binary on the device machine: no source tree */
+        print_message("golden %s absent: the refusal case is skipped\n", d);
+        skip();
+        return;
+    }
+    tqkv_model *m = ck_load(d);
+    tqkv_model_state_params p = hparams(1, TQKV_TQ4, 1);
+    tqkv_model_state *s = NULL;
+    assert_int_equal(tqkv_model_state_init(&s, m, &p), TQKV_EUNSUPPORTED);
+    assert_null(s);
+    assert_non_null(strstr(tqkv_last_error(), "head_dim"));
+    printf("golden qwen3moe (head_dim 32) on the device: %s\n", tqkv_last_error());
+    tqkv_model_free(m);
+}
+
+static void remove_dir(const char *dir) {
+    char p[1200];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    unlink(p);
+    rmdir(dir);
+}
+
+int main(void) {
+    if (!tqkv_cuda_available()) {
+        printf("SKIPPED: no CUDA device\n");
+        return 77;
+    }
+    g_seed = test_seed();
+    for (int i = 0; i < CK_N; i++) {
+        snprintf(g_dir[i], sizeof g_dir[i], "/tmp/tqkv_cuda_moe%dXXXXXX", i);
+        if (!mkdtemp(g_dir[i])) {
+            perror("mkdtemp");
+            return 1;
+        }
+        ck_write(g_dir[i], &SPECS[i]);
+        g_models[i] = ck_load(g_dir[i]);
+    }
+    const tqkv_model_config *ca = tqkv_model_get_config(g_models[CK_A]);
+    if (ca->n_moe_layers != 2 || !ca->layer_moe[0] || ca->layer_moe[1] ||
+        tqkv_model_get_config(g_models[CK_B])->n_moe_layers != 2 ||
+        tqkv_model_get_config(g_models[CK_EQ])->n_moe_layers != 2) {
+        fprintf(stderr, "the written checkpoints do not have the sparse layers they should\n");
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parity_a_f32),
+        cmocka_unit_test(test_parity_a_tq4),
+        cmocka_unit_test(test_parity_b_f32),
+        cmocka_unit_test(test_parity_b_tq4),
+        cmocka_unit_test(test_invariance_a_tq4),
+        cmocka_unit_test(test_invariance_a_f32),
+        cmocka_unit_test(test_invariance_b_tq4),
+        cmocka_unit_test(test_invariance_b_f32),
+        cmocka_unit_test(test_dense_equiv),
+        cmocka_unit_test(test_spec_rounds),
+        cmocka_unit_test(test_rows),
+        cmocka_unit_test(test_golden_refused),
+    };
+    const int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    for (int i = 0; i < CK_N; i++) {
+        tqkv_model_free(g_models[i]);
+        remove_dir(g_dir[i]);
+    }
+    return rc;
+}
+#else
+int main(void) {
+    printf("SKIPPED: built without CUDA\n");
+    return 77;
+}
+#endif
