@@ -273,10 +273,17 @@ static void parity(int ck, tqkv_format f, double tol_med, double tol_worst) {
     free(lc);
 }
 
+/* Bounds: f32 KV the dense graphs' (measured on an H100, session 5: medians 1.1e-3 to
+ * 1.8e-3, worst 3.1e-3). tq4's median bound is 2e-2, twice the dense graphs': with the
+ * tensor-core prefill attention (fp16 queries and values, as decode) K codes flip in later
+ * layers, and checkpoint B (top 3, not renormalised) measured prefill medians 9.5e-3 and
+ * 1.04e-2 in two runs (A: 5.8e-3), every argmax flip a near-tie. A broken expert path gives
+ * O(1) errors. */
+#define TOL_MED_TQ4 2e-2
 static void test_parity_a_f32(void **st) { (void)st; parity(CK_A, TQKV_F32, 1e-2, 3e-2); }
-static void test_parity_a_tq4(void **st) { (void)st; parity(CK_A, TQKV_TQ4, 1e-2, 1e-1); }
+static void test_parity_a_tq4(void **st) { (void)st; parity(CK_A, TQKV_TQ4, TOL_MED_TQ4, 1e-1); }
 static void test_parity_b_f32(void **st) { (void)st; parity(CK_B, TQKV_F32, 1e-2, 3e-2); }
-static void test_parity_b_tq4(void **st) { (void)st; parity(CK_B, TQKV_TQ4, 1e-2, 1e-1); }
+static void test_parity_b_tq4(void **st) { (void)st; parity(CK_B, TQKV_TQ4, TOL_MED_TQ4, 1e-1); }
 
 // ---------------------------------------------------------------------------
 // batch invariance on the device: row 1 of 3 == the row alone, bitwise
