@@ -68,7 +68,10 @@ extern "C" tqkv_status tp_comm_init_nccl_local(tp_comm **out, int n, const int *
     if (!out || n < 1 || n > TP_MAX_RANKS)
         return tqkv_fail(TQKV_EINVAL, "tensor parallel: %d ranks (need 1..%d)", n, TP_MAX_RANKS);
     int have = 0;
-    CUDA_TRY(cudaGetDeviceCount(&have), "cudaGetDeviceCount");
+    if (cudaGetDeviceCount(&have) != cudaSuccess) { /* no driver or no device: none visible */
+        (void)cudaGetLastError();
+        have = 0;
+    }
     if (have < n)
         return tqkv_fail(TQKV_EUNSUPPORTED, "tensor parallel: %d ranks need %d GPUs, %d visible",
                          n, n, have);
