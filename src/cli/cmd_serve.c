@@ -329,10 +329,13 @@ static int serve_run(serve_opts *o, const tqkv_engine_params *ep, srv_params *sp
         tqkv_engine_free(e);
         return 1;
     }
+    char tpd[40] = "";
+    if (ep->tensor_parallel > 1)
+        snprintf(tpd, sizeof tpd, ", tensor parallel %d", ep->tensor_parallel);
     fprintf(stderr, "tqkv serve: model %s, kv %s%s%s%s%s%s, threads %d, prefix cache %zu bytes, "
             "listening on http://%s%s%s:%d\n", o->n_aliases ? o->aliases[0] : eng.model_name,
             o->kv, g_serve_kv.desc[0] ? " = " : "", g_serve_kv.desc,
-            o->kv_layers ? ", layers " : "", o->kv_layers ? o->kv_layers : "", "",
+            o->kv_layers ? ", layers " : "", o->kv_layers ? o->kv_layers : "", tpd,
             o->threads, ep->prefix_cache_bytes, strchr(o->host, ':') ? "[" : "", o->host,
             strchr(o->host, ':') ? "]" : "", bound);
 
