@@ -74,6 +74,10 @@ typedef struct {
      * (a status with a message) fails tqkv_engine_init. NULL: none. */
     tqkv_status (*kv_setup)(const tqkv_model *m, tqkv_model_state_params *sp, void *user);
     void       *kv_setup_user;
+    int         tensor_parallel;  /* the running rows' (and prefix cache's) states sharded
+                                     over N ranks (tqkv_model_state_params.tensor_parallel,
+                                     docs/TP.md; CPU only); 0 or 1 = off. A draft model's
+                                     states stay unsharded. */
 } tqkv_engine_params;
 
 TQKV_API tqkv_engine_params tqkv_engine_params_default(void);

@@ -273,7 +273,7 @@ TQKV_API tqkv_status tqkv_model_state_offsets(const tqkv_model_state *s, int *of
  *     instead (src/model/state/recurrent.h), to which every row operation must apply too;
  *   - every layer of a state on the device (params.device == 1).
  * With tensor_parallel > 1 it is rank 0's cache (its KV heads only); the other ranks' caches
- * are not reachable here, and the row operations refuse such a state. */
+ * are not reachable here (the row operations below move every rank's rows in lockstep). */
 TQKV_API tqkv_batch *tqkv_model_state_layer(tqkv_model_state *s, int layer);
 /* Room for `tokens` tokens per row (its left padding aside) in every layer's cache, so
  * that appends up to that length allocate nothing. Device states allocate exactly here
@@ -335,8 +335,10 @@ TQKV_API int         tqkv_model_context_len(const tqkv_model *m);
  * layer may hold fewer: min(position, window + slack) up to the position; recurrent rows
  * count the same tokens): TQKV_OK, else TQKV_ESTATE naming the layer. */
 TQKV_API tqkv_status tqkv_model_state_check(const tqkv_model_state *s);
-/* Append the rows of src[0..n_src) (states of the same model and cache parameters, not in
- * a spec round) after s's rows, copying encoded bytes; sources are unchanged. */
+/* Append the rows of src[0..n_src) (states of the same model, cache parameters and
+ * tensor_parallel, not in a spec round) after s's rows, copying encoded bytes; sources are
+ * unchanged. With tensor_parallel > 1 this and every row operation below act on every
+ * rank's caches in lockstep (each rank changes, or on failure none). */
 TQKV_API tqkv_status tqkv_model_state_merge(tqkv_model_state *s, tqkv_model_state *const *src,
                                             int n_src);
 /* Keep rows keep[0..n_keep) in that order (n_keep may be 0: a state with no rows, which
@@ -368,7 +370,9 @@ TQKV_API size_t      tqkv_model_state_projected_bytes_spec(const tqkv_model_stat
 TQKV_API int         tqkv_model_state_min_reusable_offset(const tqkv_model_state *s, int row);
 /* Export every layer of a state (not in a spec round): "TQKVMS02" header, layer count, each
  * layer's tqkv_batch_export (length 0 for KV-shared and recurrent layers), then the
- * recurrent rows (docs/ENGINE.md). Import also reads "TQKVMS01". *out malloc'd. */
+ * recurrent rows (docs/ENGINE.md). Import also reads "TQKVMS01". *out malloc'd. A state of
+ * tensor_parallel N > 1 exports "TQKVTP01", N, rows, then each rank's export (docs/TP.md),
+ * which imports only with the same tensor_parallel N (an unsharded export only without). */
 TQKV_API tqkv_status tqkv_model_state_export(const tqkv_model_state *s, uint8_t **out,
                                              size_t *len);
 /* Rebuild a state of model m from an export; p gives threads/kernels and the cache

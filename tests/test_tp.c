@@ -11,8 +11,8 @@
  *   - batch invariance for a fixed N: a row alone and as row 1 of 3 give the same bits; a
  *     padded row's logits of every position too (padding zero); a verification window
  *     (extend_as_decode) gives the bits of single decodes;
- *   - refusals (N not dividing the heads, BLAS, device, row operations) are clear and change
- *     nothing; reset works on every rank;
+ *   - refusals (N not dividing the heads, BLAS, device, a merge or import mixing sharded and
+ *     unsharded states) are clear and change nothing; reset works on every rank;
  *   - the bootstrap of one process per rank: rank 0's id reaches every other rank over TCP
  *     (threads on the loopback here), a repeated or out-of-range rank is refused;
  *   - the NCCL backend's self-check where NCCL and GPUs exist (skipped here otherwise).
@@ -370,7 +370,8 @@ static void test_refusals_and_reset(void **state) {
     p.device = 1;
     expect_init_refused(p, TQKV_EUNSUPPORTED, "CPU only");
 
-    /* row operations refuse a sharded state and change nothing */
+    /* row operations mixing sharded and unsharded states refuse and change nothing (the
+     * lockstep operations themselves: test_tp_rows) */
     enum { N = 20 };
     int32_t tok[N];
     for (int i = 0; i < N; i++) tok[i] = 5 + 7 * i;
@@ -379,18 +380,18 @@ static void test_refusals_and_reset(void **state) {
     OK(tqkv_model_prefill(g_m, s, tok, NULL, N, TQKV_LOGITS_LAST, a));
     OK(tqkv_model_prefill(g_m, twin, tok, NULL, N, TQKV_LOGITS_LAST, b));
     const size_t bytes = tqkv_model_state_kv_bytes_used(s);
-    int keep = 0;
     uint8_t *blob = NULL;
     size_t blen = 0;
-    tqkv_model_state *one = new_state(1, 2, TQKV_TQ4), *out = NULL;
-    assert_int_equal(tqkv_model_state_filter(s, &keep, 1), TQKV_EUNSUPPORTED);
+    tqkv_model_state *one = new_state(1, 1, TQKV_TQ4), *out = NULL;
+    assert_int_equal(tqkv_model_state_merge(s, &one, 1), TQKV_EINVAL);
     assert_non_null(strstr(tqkv_last_error(), "tensor_parallel"));
-    assert_int_equal(tqkv_model_state_merge(s, &one, 1), TQKV_EUNSUPPORTED);
-    assert_int_equal(tqkv_model_state_extract_row(s, 0, &out), TQKV_EUNSUPPORTED);
-    assert_int_equal(tqkv_model_state_spec_begin(s), TQKV_EUNSUPPORTED);
-    assert_int_equal(tqkv_model_state_export(s, &blob, &blen), TQKV_EUNSUPPORTED);
+    OK(tqkv_model_state_export(s, &blob, &blen));
+    tqkv_model_state_params up = tqkv_model_state_params_default();
+    up.k_format = up.v_format = TQKV_TQ4;
+    assert_int_equal(tqkv_model_state_import(&out, g_m, &up, blob, blen), TQKV_EINVAL);
+    assert_non_null(strstr(tqkv_last_error(), "sharded over 2 ranks"));
     assert_null(out);
-    assert_null(blob);
+    free(blob);
     assert_int_equal(tqkv_model_state_rows(s), 1);
     assert_int_equal(tqkv_model_state_kv_bytes_used(s), bytes);
     int32_t t = 77;

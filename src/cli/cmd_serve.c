@@ -103,6 +103,7 @@ typedef struct {
     /* slow-client defence (src/server/conn_guard.c) */
     int idle_timeout, header_timeout, body_timeout, max_conns_ip;
     int reserved_conns;
+    int tp; /* --tensor-parallel (docs/TP.md) */
     const char *aliases[MAX_ALIASES]; /* --alias / --served-model-name, in order */
     int n_aliases;
 } serve_opts;
@@ -131,6 +132,7 @@ static int serve_parse_args(int argc, char **argv, serve_opts *o) {
         {"--queue", ARG_INT, &o->queue, "requests waiting for admission before 503 (default 256)"},
         {"--threads", ARG_INT, &o->threads, "compute threads (default: the physical cores)"},
         {"--exact", ARG_FLAG, &mcli_exact, MCLI_EXACT_HELP},
+        {"--tensor-parallel", ARG_INT, &o->tp, MCLI_TP_HELP "; a --draft stays unsharded"},
         {"--prefill-chunk", ARG_INT, &o->chunk, "prompt tokens prefilled per step (default 256)"},
         {"--prefix-cache", ARG_STR, &o->prefix_bytes, "prefix cache bytes, e.g. 64M; 0 = off (default 1/16 of RAM, 64M..2G)"},
         {"--prompt-cache-dir", ARG_STR, &o->cache_dir, "persist the prefix cache in this directory"},
@@ -256,6 +258,9 @@ static int serve_engine_params(const serve_opts *o, char *mbuf, char *dbuf,
     ep->prompt_cache_dir = o->cache_dir;
     ep->verbose = o->verbose;
     if (mcli_parse_device(CMD, o->device, &ep->device)) return -1;
+    tqkv_model_state_params tpp = tqkv_model_state_params_default();
+    if (mcli_parse_tp(CMD, o->tp, ep->device, &tpp)) return -1;
+    ep->tensor_parallel = tpp.tensor_parallel;
     *sp = srv_params_default();
     if ((o->budget && parse_bytes(o->budget, &ep->kv_budget)) ||
         (o->prefix_bytes && parse_bytes(o->prefix_bytes, &ep->prefix_cache_bytes)) ||
@@ -324,10 +329,13 @@ static int serve_run(serve_opts *o, const tqkv_engine_params *ep, srv_params *sp
         tqkv_engine_free(e);
         return 1;
     }
+    char tpd[40] = "";
+    if (ep->tensor_parallel > 1)
+        snprintf(tpd, sizeof tpd, ", tensor parallel %d", ep->tensor_parallel);
     fprintf(stderr, "tqkv serve: model %s, kv %s%s%s%s%s%s, threads %d, prefix cache %zu bytes, "
             "listening on http://%s%s%s:%d\n", o->n_aliases ? o->aliases[0] : eng.model_name,
             o->kv, g_serve_kv.desc[0] ? " = " : "", g_serve_kv.desc,
-            o->kv_layers ? ", layers " : "", o->kv_layers ? o->kv_layers : "", "",
+            o->kv_layers ? ", layers " : "", o->kv_layers ? o->kv_layers : "", tpd,
             o->threads, ep->prefix_cache_bytes, strchr(o->host, ':') ? "[" : "", o->host,
             strchr(o->host, ':') ? "]" : "", bound);
 

@@ -119,6 +119,8 @@ static uint64_t engine_fingerprint(const tqkv_engine *e) {
     /* device states hold the GPU forward's K/V (equal to the CPU's only within rounding):
      * entries are not shared across devices (CPU fingerprints are as before) */
     if (e->sp.device) h = fnv(h, "device cuda", 11);
+    /* sharded states export per rank (docs/TP.md): their entries are kept apart too */
+    if (e->sp.tensor_parallel > 1) h = fnv(h, &e->sp.tensor_parallel, sizeof e->sp.tensor_parallel);
     int per_layer = 0; /* per-layer formats (a preset's): hashed only when set, so plain
                           configurations keep their fingerprints */
     for (size_t l = 0; l < sizeof e->sp.layer_k; l++) per_layer |= e->sp.layer_k[l] | e->sp.layer_v[l];
@@ -164,6 +166,7 @@ static tqkv_status engine_state_params(tqkv_engine *e) {
     e->sp.threads = e->p.threads;
     e->sp.extend_as_decode = e->dm != NULL;
     e->sp.device = e->p.device;
+    e->sp.tensor_parallel = e->p.tensor_parallel; /* the draft's (dsp) stay unsharded */
     if (e->p.kv_setup) { /* a preset / per-layer formats chosen for this model */
         tqkv_model_state_params t = e->sp;
         tqkv_status rc = e->p.kv_setup(e->m, &t, e->p.kv_setup_user);
@@ -285,9 +288,11 @@ tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
         return tqkv_fail(TQKV_ENOMEM, "engine: out of memory");
     }
     char desc[256];
-    snprintf(desc, sizeof desc, "model %s, kv %s/%s, window %d, chunk %d%s", e->name,
+    char tpd[32] = "";
+    if (e->sp.tensor_parallel > 1) snprintf(tpd, sizeof tpd, ", tensor parallel %d", e->sp.tensor_parallel);
+    snprintf(desc, sizeof desc, "model %s, kv %s/%s, window %d, chunk %d%s%s", e->name,
              tqkv_format_name(e->p.k_format), tqkv_format_name(e->p.v_format), e->p.window,
-             p.prefill_chunk, p.device ? ", device cuda" : "");
+             p.prefill_chunk, p.device ? ", device cuda" : "", tpd);
     rc = prefix_init(&e->pc, p.prefix_cache_bytes, p.prompt_cache_dir, engine_fingerprint(e), desc);
     if (rc != TQKV_OK) {
         engine_release(e);
@@ -802,7 +807,9 @@ static size_t state_kv_allocated(tqkv_model_state *s, const tqkv_model *m) {
         for (int k = 0; k < l && b && !seen; k++) seen = tqkv_model_state_layer(s, k) == b;
         if (b && !seen) total += tqkv_batch_bytes_allocated(b);
     }
-    return total;
+    /* a sharded state's layers are rank 0's; every rank holds as many KV heads and the same
+     * rows (the row operations move them in lockstep), so as many bytes */
+    return total * (size_t)tqkv_model_state_tensor_parallel(s);
 }
 
 /* The running states plus the 1-row states of requests still prefilling. */

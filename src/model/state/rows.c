@@ -11,6 +11,9 @@
  *   architecture.
  * Device states (s->gpu): every operation goes to the device twin (model_cuda.h) after the
  * same argument checks; export / import share this file's format and validation.
+ * Tensor-parallel states (s->tp): after the same checks every operation goes to
+ * tp/tp_rows.c, which applies it to every rank's state in lockstep with the halves below
+ * (rows_impl.h); their export is the ranks' exports under a sharded header.
  *
  * Layer kinds (the architecture's, arch.h: model_layer_kind_of):
  *   KV        a tqkv_batch of K/V rows whose offsets are the rows' positions;
@@ -34,6 +37,7 @@
 #include "model/cuda/model_cuda.h"
 #endif
 #include "model/state/recurrent.h"
+#include "model/state/rows_impl.h"
 #include "model/tp/tp_state.h"
 #include "util/common.h"
 
@@ -119,19 +123,23 @@ static void free_batches(tqkv_batch **b, int n) {
     free(b);
 }
 
-/* Install new layers, new recurrent rows (rec: NULL when the graph has none) and a new row
- * count (per-row arrays resized). Takes ownership of layers and rec, also on failure. */
-static tqkv_status install_layers(tqkv_model_state *s, tqkv_batch **layers, model_recurrent *rec,
-                                  int rows) {
-    int *off = calloc((size_t)(rows ? rows : 1), sizeof(int));
-    int *len = calloc((size_t)(rows ? rows : 1), sizeof(int));
-    if (!off || !len) {
-        free(off);
-        free(len);
-        free_batches(layers, s->m->cfg.n_layers);
-        rec_free(rec);
-        return tqkv_fail(TQKV_ENOMEM, "state rows: out of memory");
-    }
+/* The per-row arrays of a state of `rows` rows (off, len): the fallible half of an
+ * install, so that callers changing several states (tensor-parallel ranks) can make every
+ * allocation before they change any state. */
+tqkv_status rows_arrays_alloc(int rows, int **off, int **len) {
+    *off = calloc((size_t)(rows ? rows : 1), sizeof(int));
+    *len = calloc((size_t)(rows ? rows : 1), sizeof(int));
+    if (*off && *len) return TQKV_OK;
+    free(*off);
+    free(*len);
+    *off = *len = NULL;
+    return tqkv_fail(TQKV_ENOMEM, "state rows: out of memory");
+}
+
+/* Install new layers, new recurrent rows (rec: NULL when the graph has none), the per-row
+ * arrays (rows_arrays_alloc) and a new row count; cannot fail, takes ownership of all. */
+void rows_install(tqkv_model_state *s, tqkv_batch **layers, model_recurrent *rec, int rows,
+                  int *off, int *len) {
     free_batches(s->layers, s->m->cfg.n_layers);
     free(s->off);
     free(s->len);
@@ -145,6 +153,19 @@ static tqkv_status install_layers(tqkv_model_state *s, tqkv_batch **layers, mode
     if (rows != s->rows) s->cap_rn = 0; /* row-shaped scratch is re-sized on next use */
     s->rows = rows;
     s->p.rows = rows;
+}
+
+/* rows_arrays_alloc then rows_install. Takes ownership of layers and rec, also on failure. */
+static tqkv_status install_layers(tqkv_model_state *s, tqkv_batch **layers, model_recurrent *rec,
+                                  int rows) {
+    int *off = NULL, *len = NULL;
+    tqkv_status rc = rows_arrays_alloc(rows, &off, &len);
+    if (rc != TQKV_OK) {
+        free_batches(layers, s->m->cfg.n_layers);
+        rec_free(rec);
+        return rc;
+    }
+    rows_install(s, layers, rec, rows, off, len);
     return TQKV_OK;
 }
 
@@ -248,6 +269,7 @@ tqkv_status tqkv_model_state_check(const tqkv_model_state *s) {
             }
         }
     }
+    if (rc == TQKV_OK && s->tp) rc = model_tp_check_ranks(s, o0, spec0);
     if (rc == TQKV_OK && s->rec) {
         const model_recurrent *q = s->rec;
         if (q->rows != R)
@@ -369,13 +391,13 @@ static void set_rows(tqkv_model_state *s, int rows) {
     s->p.rows = rows;
 }
 
-static int keep_increasing(const int *keep, int n, int rows) {
+int rows_keep_increasing(const int *keep, int n, int rows) {
     for (int i = 0; i < n; i++)
         if (keep[i] < 0 || keep[i] >= rows || (i > 0 && keep[i] <= keep[i - 1])) return 0;
     return 1;
 }
 
-static tqkv_status filter_inplace(tqkv_model_state *s, const int *keep, int n) {
+tqkv_status rows_filter_inplace(tqkv_model_state *s, const int *keep, int n) {
     model_recurrent *nr = NULL;
     tqkv_status rc = s->rec ? rec_select(s->rec, keep, n, &nr) : TQKV_OK;
     for (int l = 0; rc == TQKV_OK && l < s->m->cfg.n_layers; l++)
@@ -392,52 +414,70 @@ static tqkv_status filter_inplace(tqkv_model_state *s, const int *keep, int n) {
     return TQKV_OK;
 }
 
-static tqkv_status merge_inplace(tqkv_model_state *s, tqkv_model_state *const *src, int n_src,
-                                 int rows) {
+/* The fallible half of an in-place merge: the new per-row arrays and recurrent rows, and
+ * room for the sources' rows in every layer (room alone changes no row). On failure
+ * nothing is held and every layer holds its rows as before. */
+tqkv_status rows_merge_reserve(tqkv_model_state *s, tqkv_model_state *const *src, int n_src,
+                               int rows, rows_prep *pr) {
     const int L = s->m->cfg.n_layers;
-    int *off = calloc((size_t)rows, sizeof(int)), *len = calloc((size_t)rows, sizeof(int));
-    tqkv_cache_ref *it = calloc((size_t)n_src, sizeof *it);
-    model_recurrent *nr = NULL, **items = s->rec ? calloc((size_t)n_src + 1, sizeof *items) : NULL;
-    tqkv_status rc = off && len && it && (items || !s->rec) ? TQKV_OK
-                                                            : tqkv_fail(TQKV_ENOMEM, "state merge: out of memory");
+    memset(pr, 0, sizeof *pr);
+    pr->it = calloc((size_t)n_src, sizeof *pr->it);
+    model_recurrent **items = s->rec ? calloc((size_t)n_src + 1, sizeof *items) : NULL;
+    tqkv_status rc = pr->it && (items || !s->rec)
+                         ? rows_arrays_alloc(rows, &pr->off, &pr->len)
+                         : tqkv_fail(TQKV_ENOMEM, "state merge: out of memory");
     if (rc == TQKV_OK && s->rec) {
         items[0] = s->rec;
         for (int i = 0; i < n_src; i++) items[i + 1] = src[i]->rec;
-        rc = rec_concat(&nr, items, n_src + 1);
+        rc = rec_concat(&pr->rec, items, n_src + 1);
     }
-    for (int pass = 0; pass < 2 && rc == TQKV_OK; pass++) /* 0: room in every layer; 1: rows in */
-        for (int l = 0; l < L && rc == TQKV_OK; l++) {
-            if (!has_kv(rows_layer_kind_of(s->m, l))) continue;
-            for (int i = 0; i < n_src; i++) it[i].batch = src[i]->layers[l];
-            rc = pass ? tqkv_batch_append_rows(s->layers[l], it, n_src)
-                      : tqkv_batch_append_rows_reserve(s->layers[l], it, n_src);
-        }
-    free(it);
+    for (int l = 0; l < L && rc == TQKV_OK; l++) {
+        if (!has_kv(rows_layer_kind_of(s->m, l))) continue;
+        for (int i = 0; i < n_src; i++) pr->it[i].batch = src[i]->layers[l];
+        rc = tqkv_batch_append_rows_reserve(s->layers[l], pr->it, n_src);
+    }
     free(items);
-    if (rc != TQKV_OK) { /* pass 0 failed: every layer holds its rows as before */
-        free(off);
-        free(len);
-        rec_free(nr);
-        return rc;
+    if (rc != TQKV_OK) rows_prep_free(pr);
+    return rc;
+}
+
+void rows_prep_free(rows_prep *pr) {
+    free(pr->off);
+    free(pr->len);
+    free(pr->it);
+    rec_free(pr->rec);
+    memset(pr, 0, sizeof *pr);
+}
+
+/* The other half: the rows moved in (tqkv_batch_append_rows cannot fail after
+ * rows_merge_reserve with the same sources), the arrays and recurrent rows installed; pr
+ * is consumed. */
+void rows_merge_apply(tqkv_model_state *s, tqkv_model_state *const *src, int n_src, int rows,
+                      rows_prep *pr) {
+    for (int l = 0; l < s->m->cfg.n_layers; l++) {
+        if (!has_kv(rows_layer_kind_of(s->m, l))) continue;
+        for (int i = 0; i < n_src; i++) pr->it[i].batch = src[i]->layers[l];
+        tqkv_batch_append_rows(s->layers[l], pr->it, n_src);
     }
     free(s->off);
     free(s->len);
-    s->off = off;
-    s->len = len;
-    if (nr) {
+    s->off = pr->off;
+    s->len = pr->len;
+    if (pr->rec) {
         rec_free(s->rec);
-        s->rec = nr;
+        s->rec = pr->rec;
     }
+    free(pr->it);
+    memset(pr, 0, sizeof *pr);
     set_rows(s, rows);
-    return TQKV_OK;
 }
 
-/* Row operations that would move every tensor-parallel rank's rows refuse such a state for
- * now (tp/tp_state.h); nothing changes. */
-static tqkv_status tp_refuse(const tqkv_model_state *s, const char *what) {
-    if (!s || !s->tp) return TQKV_OK;
-    return tqkv_fail(TQKV_EUNSUPPORTED, "%s: not with tensor_parallel > 1 (yet): the ranks' "
-                     "caches would have to move in lockstep (docs/TP.md)", what);
+static tqkv_status merge_inplace(tqkv_model_state *s, tqkv_model_state *const *src, int n_src,
+                                 int rows) {
+    rows_prep pr;
+    tqkv_status rc = rows_merge_reserve(s, src, n_src, rows, &pr);
+    if (rc == TQKV_OK) rows_merge_apply(s, src, n_src, rows, &pr);
+    return rc;
 }
 
 tqkv_status tqkv_model_state_merge(tqkv_model_state *s, tqkv_model_state *const *src, int n_src) {
@@ -447,23 +487,27 @@ tqkv_status tqkv_model_state_merge(tqkv_model_state *s, tqkv_model_state *const 
     long long rows = s->rows;
     tqkv_status rc = tqkv_model_state_check(s);
     if (rc != TQKV_OK) return rc;
-    if ((rc = tp_refuse(s, "state merge")) != TQKV_OK) return rc;
     if (spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "state merge: a spec round is active");
     for (int i = 0; i < n_src; i++) {
         if (!src[i] || src[i] == s)
             return tqkv_fail(TQKV_EINVAL, "state merge: source %d is NULL or the target", i);
-        if ((rc = tp_refuse(src[i], "state merge")) != TQKV_OK) return rc;
         if (src[i]->m != s->m)
             return tqkv_fail(TQKV_EINVAL, "state merge: source %d belongs to another model", i);
         if (!same_cache_params(s, src[i]))
             return tqkv_fail(TQKV_EINVAL, "state merge: source %d has other cache parameters "
                              "(formats, window, seed)", i);
+        if (tqkv_model_state_tensor_parallel(src[i]) != tqkv_model_state_tensor_parallel(s))
+            return tqkv_fail(TQKV_EINVAL, "state merge: source %d is sharded over %d ranks, the "
+                             "target over %d (tensor_parallel must match)", i,
+                             tqkv_model_state_tensor_parallel(src[i]),
+                             tqkv_model_state_tensor_parallel(s));
         if ((rc = tqkv_model_state_check(src[i])) != TQKV_OK) return rc;
         if (spec_active_of(src[i]))
             return tqkv_fail(TQKV_ESTATE, "state merge: source %d is in a spec round", i);
         rows += src[i]->rows;
     }
     if (rows > (1 << 20)) return tqkv_fail(TQKV_ERANGE, "state merge: too many rows (%lld)", rows);
+    if (s->tp) return model_tp_merge(s, src, n_src, (int)rows); /* every rank in lockstep */
     if (!s->gpu) return merge_inplace(s, src, n_src, (int)rows);
     const int L = s->m->cfg.n_layers;
     tqkv_batch **nl = calloc((size_t)L, sizeof *nl);
@@ -505,7 +549,7 @@ tqkv_status tqkv_model_state_merge(tqkv_model_state *s, tqkv_model_state *const 
 }
 
 /* New layers and recurrent rows holding rows keep[0..n) of s (s unchanged). */
-static tqkv_status rows_select_all(const tqkv_model_state *s, const int *keep, int n,
+tqkv_status rows_select_all(const tqkv_model_state *s, const int *keep, int n,
                                    tqkv_batch ***layers, model_recurrent **rec) {
     const int L = s->m->cfg.n_layers;
     tqkv_batch **nl = calloc((size_t)L, sizeof *nl);
@@ -527,9 +571,10 @@ tqkv_status tqkv_model_state_filter(tqkv_model_state *s, const int *keep, int n_
         return tqkv_fail(TQKV_EINVAL, "state filter: NULL argument or n_keep < 0");
     tqkv_status rc = tqkv_model_state_check(s);
     if (rc != TQKV_OK) return rc;
-    if ((rc = tp_refuse(s, "state filter")) != TQKV_OK) return rc;
     if (spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "state filter: a spec round is active");
-    if (!s->gpu && keep_increasing(keep, n_keep, s->rows)) return filter_inplace(s, keep, n_keep);
+    if (s->tp) return model_tp_filter(s, keep, n_keep); /* every rank in lockstep */
+    if (!s->gpu && rows_keep_increasing(keep, n_keep, s->rows))
+        return rows_filter_inplace(s, keep, n_keep);
     tqkv_batch **nl = NULL;
     model_recurrent *nr = NULL;
     if ((rc = rows_select_all(s, keep, n_keep, &nl, &nr)) != TQKV_OK) return rc;
@@ -550,12 +595,19 @@ tqkv_status tqkv_model_state_extract_row(const tqkv_model_state *s, int row,
         return tqkv_fail(TQKV_ERANGE, "state extract: row %d not in [0, %d)", row, s->rows);
     tqkv_status rc = tqkv_model_state_check(s);
     if (rc != TQKV_OK) return rc;
-    if ((rc = tp_refuse(s, "state extract")) != TQKV_OK) return rc;
     if (spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "state extract: a spec round is active");
     tqkv_model_state_params p = s->p;
     p.rows = 1;
     tqkv_model_state *n = NULL;
     if ((rc = tqkv_model_state_init(&n, s->m, &p)) != TQKV_OK) return rc;
+    if (s->tp) { /* a sharded 1-row state: every rank's row */
+        if ((rc = model_tp_extract(s, row, n)) != TQKV_OK) {
+            tqkv_model_state_free(n);
+            return rc;
+        }
+        *out = n;
+        return TQKV_OK;
+    }
     tqkv_batch **nl = NULL;
     model_recurrent *nr = NULL;
     if ((rc = rows_select_all(s, &row, 1, &nl, &nr)) != TQKV_OK) {
@@ -582,19 +634,14 @@ tqkv_status tqkv_model_state_extract_row(const tqkv_model_state *s, int row,
 // Spec rounds over every layer (and the recurrent rows' snapshots)
 // ---------------------------------------------------------------------------
 
-tqkv_status tqkv_model_state_spec_begin(tqkv_model_state *s) {
-    tqkv_status rc = tqkv_model_state_check(s);
-    if (rc != TQKV_OK) return rc;
-    if ((rc = tp_refuse(s, "spec_begin")) != TQKV_OK) return rc;
-    if (spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "spec_begin: a spec round is already active");
-#ifdef TQKV_HAVE_CUDA
-    if (s->gpu) return model_cuda_spec_begin(s->gpu);
-#endif
+/* A checked host state not in a round. */
+tqkv_status rows_spec_begin_host(tqkv_model_state *s) {
     /* Bounded sliding layers first drop what they hold beyond window + slack (what the last
      * round kept: a round never drops at the front, so rows that only run rounds would grow
      * them without bound). Their attention reads the same bits before and after a drop
      * (model_attend_per_query's token grid), and no row reads the dropped tokens again. A
      * failure (memory) leaves the state valid: no round open, some layers dropped. */
+    tqkv_status rc;
     const int keep = sliding_keep(s);
     for (int l = 0; l < s->m->cfg.n_layers; l++)
         if (rows_layer_kind_of(s->m, l) == MODEL_LAYER_SLIDING &&
@@ -606,6 +653,23 @@ tqkv_status tqkv_model_state_spec_begin(tqkv_model_state *s) {
     return TQKV_OK;
 }
 
+tqkv_status tqkv_model_state_spec_begin(tqkv_model_state *s) {
+    tqkv_status rc = tqkv_model_state_check(s);
+    if (rc != TQKV_OK) return rc;
+    if (spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "spec_begin: a spec round is already active");
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu) return model_cuda_spec_begin(s->gpu);
+#endif
+    if (s->tp) return model_tp_spec_begin(s); /* every rank in lockstep */
+    return rows_spec_begin_host(s);
+}
+
+void rows_spec_commit_host(tqkv_model_state *s) {
+    if (s->rec) rec_spec_commit(s->rec);
+    for (int l = 0; l < s->m->cfg.n_layers; l++)
+        if (s->layers[l]) tqkv_batch_spec_commit(s->layers[l]);
+}
+
 tqkv_status tqkv_model_state_spec_commit(tqkv_model_state *s) {
     tqkv_status rc = tqkv_model_state_check(s);
     if (rc != TQKV_OK) return rc;
@@ -613,26 +677,17 @@ tqkv_status tqkv_model_state_spec_commit(tqkv_model_state *s) {
 #ifdef TQKV_HAVE_CUDA
     if (s->gpu) return model_cuda_spec_commit(s->gpu);
 #endif
-    if (s->rec) rec_spec_commit(s->rec);
-    for (int l = 0; l < s->m->cfg.n_layers; l++)
-        if (s->layers[l]) tqkv_batch_spec_commit(s->layers[l]);
+    if (s->tp) { /* checked on every rank: cannot fail */
+        for (int r = 0; r < s->tp->n; r++) rows_spec_commit_host(s->tp->rank[r]);
+        return TQKV_OK;
+    }
+    rows_spec_commit_host(s);
     return TQKV_OK;
 }
 
-/* keep: n_keep == 1 (all rows) or rows; validated against every layer and the recurrent
- * rows before any change. Sliding layers are never trimmed at the front during a round, so
- * their rollback is exact as every other layer's. */
-tqkv_status tqkv_model_state_spec_rollback(tqkv_model_state *s, const int *keep, int n_keep) {
-    tqkv_status rc = tqkv_model_state_check(s);
-    if (rc != TQKV_OK) return rc;
-    if (!keep) return tqkv_fail(TQKV_EINVAL, "spec_rollback: keep is NULL");
-    if (!spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "spec_rollback: no spec round is active");
-    if (n_keep != 1 && n_keep != s->rows)
-        return tqkv_fail(TQKV_EINVAL, "spec_rollback: n_keep must be 1 or rows (%d), got %d",
-                         s->rows, n_keep);
-#ifdef TQKV_HAVE_CUDA
-    if (s->gpu) return model_cuda_spec_rollback(s->gpu, keep, n_keep); /* validates every layer first */
-#endif
+/* keep (n_keep 1 or rows) against every layer and the recurrent rows of a host state in a
+ * round; changes nothing. */
+tqkv_status rows_spec_rollback_check(const tqkv_model_state *s, const int *keep, int n_keep) {
     for (int r = 0; r < s->rows; r++) {
         int k = keep[n_keep == 1 ? 0 : r];
         for (int l = 0; l < s->m->cfg.n_layers; l++) {
@@ -647,9 +702,38 @@ tqkv_status tqkv_model_state_spec_rollback(tqkv_model_state *s, const int *keep,
             return tqkv_fail(TQKV_ERANGE, "spec_rollback: keep[%d] = %d not in [0, %d] "
                              "(recurrent rows)", r, k, s->rec->spec_steps[r]);
     }
-    if (s->rec && (rc = rec_spec_rollback(s->rec, keep, n_keep)) != TQKV_OK) return rc; /* validated */
+    return TQKV_OK;
+}
+
+/* A keep that passed rows_spec_rollback_check (the recurrent rollback then only re-checks). */
+void rows_spec_rollback_host(tqkv_model_state *s, const int *keep, int n_keep) {
+    if (s->rec) rec_spec_rollback(s->rec, keep, n_keep);
     for (int l = 0; l < s->m->cfg.n_layers; l++)
         if (s->layers[l]) tqkv_batch_spec_rollback(s->layers[l], keep, n_keep);
+}
+
+/* keep: n_keep == 1 (all rows) or rows; validated against every layer and the recurrent
+ * rows (of every rank) before any change. Sliding layers are never trimmed at the front
+ * during a round, so their rollback is exact as every other layer's. */
+tqkv_status tqkv_model_state_spec_rollback(tqkv_model_state *s, const int *keep, int n_keep) {
+    tqkv_status rc = tqkv_model_state_check(s);
+    if (rc != TQKV_OK) return rc;
+    if (!keep) return tqkv_fail(TQKV_EINVAL, "spec_rollback: keep is NULL");
+    if (!spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "spec_rollback: no spec round is active");
+    if (n_keep != 1 && n_keep != s->rows)
+        return tqkv_fail(TQKV_EINVAL, "spec_rollback: n_keep must be 1 or rows (%d), got %d",
+                         s->rows, n_keep);
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu) return model_cuda_spec_rollback(s->gpu, keep, n_keep); /* validates every layer first */
+#endif
+    if (s->tp) { /* every rank's keep checked before any rank rolls back */
+        for (int r = 0; r < s->tp->n; r++)
+            if ((rc = rows_spec_rollback_check(s->tp->rank[r], keep, n_keep)) != TQKV_OK) return rc;
+        for (int r = 0; r < s->tp->n; r++) rows_spec_rollback_host(s->tp->rank[r], keep, n_keep);
+        return TQKV_OK;
+    }
+    if ((rc = rows_spec_rollback_check(s, keep, n_keep)) != TQKV_OK) return rc;
+    rows_spec_rollback_host(s, keep, n_keep);
     return TQKV_OK;
 }
 
@@ -692,8 +776,8 @@ tqkv_status tqkv_model_state_export(const tqkv_model_state *s, uint8_t **out, si
     if (!s || !out || !len) return tqkv_fail(TQKV_EINVAL, "state export: NULL argument");
     tqkv_status rc = tqkv_model_state_check(s);
     if (rc != TQKV_OK) return rc;
-    if ((rc = tp_refuse(s, "state export")) != TQKV_OK) return rc;
     if (spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "state export: a spec round is active");
+    if (s->tp) return model_tp_export(s, out, len); /* the ranks' exports (tp_rows.c) */
     const int L = s->m->cfg.n_layers;
     uint8_t **blob = calloc((size_t)L + 1, sizeof *blob); /* [L] = recurrent rows */
     size_t *bl = calloc((size_t)L + 1, sizeof *bl);
@@ -755,8 +839,8 @@ tqkv_status tqkv_model_state_import(tqkv_model_state **out, const tqkv_model *m,
                                     size_t len) {
     if (!out || !m || !buf) return tqkv_fail(TQKV_EINVAL, "state import: NULL argument");
     tqkv_model_state_params p = p_in ? *p_in : tqkv_model_state_params_default();
-    if (p.tensor_parallel > 1)
-        return tqkv_fail(TQKV_EUNSUPPORTED, "state import: not with tensor_parallel > 1 (yet)");
+    if (p.tensor_parallel > 1 || model_tp_is_export(buf, len)) /* sharded (tp_rows.c) */
+        return model_tp_import(out, m, &p, buf, len);
     if (p.device != 0 && (p.k_format == TQKV_F32 || p.v_format == TQKV_F32))
         return tqkv_fail(TQKV_EUNSUPPORTED, "state import: a device state with f32 KV holds a "
                          "dense bf16 cache, which has no state format (import into tq4 or tq3 KV)");

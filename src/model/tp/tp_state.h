@@ -10,9 +10,9 @@
  *
  * The parent state's `layers` are rank 0's caches (rank 0's state owns them), so everything
  * that reads positions and offsets from the parent (the forward preamble, offsets, state
- * checks) sees the ranks' common rows. Row operations that would have to move every rank's
- * rows (merge, filter, extract, spec rounds, export / import) refuse a tensor-parallel state
- * for now (TQKV_EUNSUPPORTED); reset and the forward act on every rank.
+ * checks) sees the ranks' common rows. Reset, the forward and the row operations (merge,
+ * filter, extract, spec rounds, export / import: tp_rows.c, called by state/rows.c after its
+ * argument checks) act on every rank in lockstep: every rank changes or none does.
  */
 #ifndef TQKV_TP_STATE_H
 #define TQKV_TP_STATE_H
@@ -47,6 +47,28 @@ tqkv_status model_tp_reset(tqkv_model_state *s, int rows);
 void        model_tp_sync(tqkv_model_state *s);
 /* head_out / head_all for m rows of logits. */
 tqkv_status model_tp_head_buffers(model_tp *tp, size_t m);
+
+/* ---- row operations in lockstep (tp_rows.c); rows.c has checked the arguments, the
+ * parent state (rank 0) and that no spec round is open (merge, filter, extract, export) or
+ * one is (rollback, commit). Each changes every rank or none. ---- */
+/* Every rank consistent with the parent: its rows, positions pos0 [rows] and round spec0. */
+tqkv_status model_tp_check_ranks(const tqkv_model_state *s, const int *pos0, int spec0);
+/* src: sharded states over the same N (checked by rows.c); rows: the merged row count. */
+tqkv_status model_tp_merge(tqkv_model_state *s, tqkv_model_state *const *src, int n_src,
+                           int rows);
+tqkv_status model_tp_filter(tqkv_model_state *s, const int *keep, int n_keep);
+/* Row `row` of every rank into the fresh 1-row sharded state n (same params). */
+tqkv_status model_tp_extract(const tqkv_model_state *s, int row, tqkv_model_state *n);
+tqkv_status model_tp_spec_begin(tqkv_model_state *s);
+/* Export: "TQKVTP01" | u32 N | u32 rows | per rank: u64 length, that rank's state export
+ * (the unsharded "TQKVMS02" format of its KV heads). */
+tqkv_status model_tp_export(const tqkv_model_state *s, uint8_t **out, size_t *len);
+/* buf starts with the sharded export's magic. */
+int         model_tp_is_export(const uint8_t *buf, size_t len);
+/* Import a sharded export into a state of p->tensor_parallel ranks (the same N); refuses an
+ * unsharded export into a sharded state and a sharded one into an unsharded state. */
+tqkv_status model_tp_import(tqkv_model_state **out, const tqkv_model *m,
+                            const tqkv_model_state_params *p, const uint8_t *buf, size_t len);
 
 /* ---- for the architectures' tp_shard hooks ---- */
 /* Rows [n0, n1) of src: a view into src's storage when its layout allows (unpacked, or packed

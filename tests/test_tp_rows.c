@@ -1,0 +1,461 @@
+/*
+ * test_tp_rows.c - row operations, spec rounds, state export / import and the serving
+ *   engine on tensor-parallel states (issue 25; docs/TP.md), N = 2 on the bundled model:
+ *   - merge (in place), filter (in place and rebuilt), extract on sharded states: every row
+ *     then decodes the bits of the same row decoded alone in its own sharded state (batch
+ *     invariance: a row's logits depend only on its row), f32 and tq4 KV;
+ *   - spec rounds in lockstep: a verification window, a per-row rollback and a commit give
+ *     the bits of the same operations on the rows alone; a rollback with a bad keep refuses
+ *     and leaves the round as it was;
+ *   - export / import: the import decodes as the exported state, its export is the same
+ *     bytes; a mismatched N, an unsharded target or source, a truncated export refuse;
+ *   - refusals (a source of another N, bad keeps) change nothing on any rank;
+ *   - the engine with tensor_parallel 2: requests together give the tokens (and logprob
+ *     bits) they give alone, a prefix-cache hit (memory and directory) equals a miss, an
+ *     unsharded draft changes nothing, and the greedy tokens equal the unsharded engine's.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine_helpers.h"
+#include "testutil.h"
+#include "tqkv_model.h"
+
+static tqkv_model *g_m;
+static int V;
+static char g_dir[1024];
+
+enum { TP = 2 };
+
+static tqkv_model_state *new_state(int rows, int tp, tqkv_format kv) {
+    tqkv_model_state_params p = tqkv_model_state_params_default();
+    p.rows = rows;
+    p.k_format = p.v_format = kv;
+    p.threads = 2;
+    p.tensor_parallel = tp;
+    p.extend_as_decode = 1; /* verification windows: the bits of single decodes */
+    tqkv_model_state *s = NULL;
+    OK(tqkv_model_state_init(&s, g_m, &p));
+    return s;
+}
+
+/* A 1-row sharded state holding a random prompt of n tokens. */
+static tqkv_model_state *prefilled(test_rng *rg, int n, tqkv_format kv) {
+    int32_t tok[64];
+    for (int i = 0; i < n; i++) tok[i] = rng_int(rg, 3, V - 1);
+    tqkv_model_state *s = new_state(1, TP, kv);
+    OK(tqkv_model_prefill(g_m, s, tok, NULL, n, TQKV_LOGITS_NONE, NULL));
+    return s;
+}
+
+/* A 1-row copy of a 1-row state (through the lockstep extract). */
+static tqkv_model_state *copy_of(const tqkv_model_state *s) {
+    tqkv_model_state *c = NULL;
+    OK(tqkv_model_state_extract_row(s, 0, &c));
+    return c;
+}
+
+/* One decode of random tokens on s and, row by row, on the lone row ref[map[i]]: the same
+ * bits. */
+static void step_compare(tqkv_model_state *s, tqkv_model_state **ref, const int *map,
+                         test_rng *rg, const char *what) {
+    const int R = tqkv_model_state_rows(s);
+    int32_t in[8];
+    float *ls = malloc(sizeof(float) * (size_t)(R ? R : 1) * V), *lr = malloc(sizeof(float) * (size_t)V);
+    for (int i = 0; i < R; i++) in[i] = rng_int(rg, 3, V - 1);
+    OK(tqkv_model_decode(g_m, s, in, ls));
+    for (int i = 0; i < R; i++) {
+        OK(tqkv_model_decode(g_m, ref[map[i]], &in[i], lr));
+        if (memcmp(ls + (size_t)i * V, lr, sizeof(float) * (size_t)V))
+            fail_msg("%s: row %d differs from its row alone (%d)", what, i, map[i]);
+    }
+    free(ls);
+    free(lr);
+}
+
+// ---------------------------------------------------------------------------
+// merge / filter / extract
+// ---------------------------------------------------------------------------
+
+static void test_merge_filter_extract(void **state) {
+    (void)state;
+    test_rng rg;
+    rng_init(&rg, test_seed() ^ 0x25a);
+    const tqkv_format kvs[] = {TQKV_F32, TQKV_TQ4};
+    const int len[4] = {21, 13, 8, 17};
+    for (int k = 0; k < 2; k++) {
+        tqkv_model_state *ref[4], *src[4];
+        for (int i = 0; i < 4; i++) {
+            ref[i] = prefilled(&rg, len[i], kvs[k]);
+            src[i] = copy_of(ref[i]);
+        }
+        tqkv_model_state *s = src[0];
+        /* merge two sources (in place): 3 rows of different lengths */
+        OK(tqkv_model_state_merge(s, &src[1], 2));
+        assert_int_equal(tqkv_model_state_rows(s), 3);
+        OK(tqkv_model_state_check(s));
+        int map3[3] = {0, 1, 2};
+        for (int t = 0; t < 2; t++) step_compare(s, ref, map3, &rg, "merged");
+        /* filter in place (increasing keep): rows 0 and 2 */
+        const int inc[2] = {0, 2};
+        OK(tqkv_model_state_filter(s, inc, 2));
+        int map2[2] = {0, 2};
+        step_compare(s, ref, map2, &rg, "filtered in place");
+        /* merge again, then a rebuilt filter (keep not increasing) */
+        OK(tqkv_model_state_merge(s, &src[3], 1));
+        int map3b[3] = {0, 2, 3};
+        step_compare(s, ref, map3b, &rg, "merged again");
+        const int rev[2] = {2, 0};
+        OK(tqkv_model_state_filter(s, rev, 2));
+        int map2b[2] = {3, 0};
+        step_compare(s, ref, map2b, &rg, "filter rebuilt");
+        /* extract row 0 (ref 3): a 1-row sharded state; s unchanged */
+        const size_t bytes = tqkv_model_state_kv_bytes_used(s);
+        tqkv_model_state *e = NULL;
+        OK(tqkv_model_state_extract_row(s, 0, &e));
+        assert_int_equal(tqkv_model_state_tensor_parallel(e), TP);
+        assert_int_equal(tqkv_model_state_rows(e), 1);
+        assert_int_equal(tqkv_model_state_kv_bytes_used(s), bytes);
+        for (int r = 0; r < TP; r++)
+            assert_int_equal(tqkv_model_state_kv_bytes_rank(e, r), tqkv_model_state_kv_bytes_rank(ref[3], r));
+        int map1[1] = {3};
+        step_compare(e, ref, map1, &rg, "extracted");
+        /* s's row 0 is now behind ref 3: keep only row 1 (ref 0) */
+        const int one = 1;
+        OK(tqkv_model_state_filter(s, &one, 1));
+        int map1b[1] = {0};
+        step_compare(s, ref, map1b, &rg, "filtered to one");
+        /* to no rows and back */
+        OK(tqkv_model_state_filter(s, NULL, 0));
+        assert_int_equal(tqkv_model_state_rows(s), 0);
+        OK(tqkv_model_state_merge(s, &e, 1));
+        step_compare(s, ref, map1, &rg, "merged into an empty state");
+        print_message("kv %s: merge / filter / extract on tp %d == rows alone\n",
+                      tqkv_format_name(kvs[k]), TP);
+        tqkv_model_state_free(e);
+        for (int i = 0; i < 4; i++) {
+            tqkv_model_state_free(ref[i]);
+            tqkv_model_state_free(src[i]);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// spec rounds, export / import
+// ---------------------------------------------------------------------------
+
+/* A verification window of W tokens per row in a spec round: s's window logits equal the
+ * lone rows' windows. */
+enum { W = 3 };
+static void window_compare(tqkv_model_state *s, tqkv_model_state **ref, const int *map,
+                           test_rng *rg) {
+    const int R = tqkv_model_state_rows(s);
+    int32_t win[8 * W];
+    float *ls = malloc(sizeof(float) * (size_t)R * W * V), *lr = malloc(sizeof(float) * W * (size_t)V);
+    for (int i = 0; i < R * W; i++) win[i] = rng_int(rg, 3, V - 1);
+    OK(tqkv_model_extend(g_m, s, win, W, TQKV_LOGITS_ALL, ls));
+    for (int i = 0; i < R; i++) {
+        OK(tqkv_model_extend(g_m, ref[map[i]], win + i * W, W, TQKV_LOGITS_ALL, lr));
+        if (memcmp(ls + (size_t)i * W * V, lr, sizeof(float) * W * (size_t)V))
+            fail_msg("window: row %d differs from its row alone", i);
+    }
+    free(ls);
+    free(lr);
+}
+
+static void test_spec_and_export(void **state) {
+    (void)state;
+    test_rng rg;
+    rng_init(&rg, test_seed() ^ 0x5bec);
+    tqkv_model_state *ref[2], *src[2];
+    ref[0] = prefilled(&rg, 19, TQKV_TQ4);
+    ref[1] = prefilled(&rg, 11, TQKV_TQ4);
+    for (int i = 0; i < 2; i++) src[i] = copy_of(ref[i]);
+    tqkv_model_state *s = src[0];
+    OK(tqkv_model_state_merge(s, &src[1], 1));
+    const int map[2] = {0, 1};
+
+    /* a round rolled back per row: keep 1 and 3 of the 3 appended */
+    OK(tqkv_model_state_spec_begin(s));
+    assert_int_equal(tqkv_model_state_spec_begin(s), TQKV_ESTATE);
+    for (int i = 0; i < 2; i++) OK(tqkv_model_state_spec_begin(ref[i]));
+    window_compare(s, ref, map, &rg);
+    int off[2], off2[2];
+    OK(tqkv_model_state_offsets(s, off));
+    const int bad[2] = {1, W + 1};
+    assert_int_equal(tqkv_model_state_spec_rollback(s, bad, 2), TQKV_ERANGE);
+    assert_int_equal(tqkv_model_state_spec_active(s), 1);
+    OK(tqkv_model_state_offsets(s, off2));
+    assert_memory_equal(off, off2, sizeof off);
+    uint8_t *blob = NULL;
+    size_t blen = 0;
+    assert_int_equal(tqkv_model_state_export(s, &blob, &blen), TQKV_ESTATE);
+    assert_null(blob);
+    const int keep[2] = {1, W};
+    OK(tqkv_model_state_spec_rollback(s, keep, 2));
+    for (int i = 0; i < 2; i++) OK(tqkv_model_state_spec_rollback(ref[i], &keep[i], 1));
+    OK(tqkv_model_state_offsets(s, off2));
+    assert_int_equal(off2[0], off[0] - W + 1);
+    assert_int_equal(off2[1], off[1]);
+    step_compare(s, ref, map, &rg, "after a rollback");
+
+    /* a round committed */
+    OK(tqkv_model_state_spec_begin(s));
+    for (int i = 0; i < 2; i++) OK(tqkv_model_state_spec_begin(ref[i]));
+    window_compare(s, ref, map, &rg);
+    OK(tqkv_model_state_spec_commit(s));
+    for (int i = 0; i < 2; i++) OK(tqkv_model_state_spec_commit(ref[i]));
+    assert_int_equal(tqkv_model_state_spec_commit(s), TQKV_ESTATE);
+    step_compare(s, ref, map, &rg, "after a commit");
+
+    /* export / import: the same rows, the same bytes again */
+    OK(tqkv_model_state_export(s, &blob, &blen));
+    assert_memory_equal(blob, "TQKVTP01", 8);
+    tqkv_model_state_params p = tqkv_model_state_params_default();
+    p.k_format = p.v_format = TQKV_TQ4;
+    p.threads = 2;
+    p.extend_as_decode = 1;
+    p.tensor_parallel = TP;
+    tqkv_model_state *im = NULL;
+    OK(tqkv_model_state_import(&im, g_m, &p, blob, blen));
+    assert_int_equal(tqkv_model_state_tensor_parallel(im), TP);
+    assert_int_equal(tqkv_model_state_rows(im), 2);
+    assert_int_equal(tqkv_model_state_kv_bytes_used(im), tqkv_model_state_kv_bytes_used(s));
+    uint8_t *blob2 = NULL;
+    size_t blen2 = 0;
+    OK(tqkv_model_state_export(im, &blob2, &blen2));
+    assert_int_equal(blen2, blen);
+    assert_memory_equal(blob2, blob, blen);
+    free(blob2);
+    /* the import decodes as the rows alone (and so as s) */
+    tqkv_model_state *refc[2] = {copy_of(ref[0]), copy_of(ref[1])};
+    step_compare(im, refc, map, &rg, "imported");
+    tqkv_model_state_free(refc[0]);
+    tqkv_model_state_free(refc[1]);
+
+    /* refusals: another N, an unsharded target, an unsharded source, truncation */
+    tqkv_model_state *none = NULL;
+    p.tensor_parallel = 4;
+    assert_int_equal(tqkv_model_state_import(&none, g_m, &p, blob, blen), TQKV_EINVAL);
+    assert_non_null(strstr(tqkv_last_error(), "tensor_parallel must match"));
+    p.tensor_parallel = 1;
+    assert_int_equal(tqkv_model_state_import(&none, g_m, &p, blob, blen), TQKV_EINVAL);
+    assert_non_null(strstr(tqkv_last_error(), "import it into a state of tensor_parallel 2"));
+    p.tensor_parallel = TP;
+    assert_int_equal(tqkv_model_state_import(&none, g_m, &p, blob, blen - 1), TQKV_ECORRUPT);
+    uint8_t *longer = malloc(blen + 1);
+    memcpy(longer, blob, blen);
+    longer[blen] = 0;
+    assert_int_equal(tqkv_model_state_import(&none, g_m, &p, longer, blen + 1), TQKV_ECORRUPT);
+    free(longer);
+    tqkv_model_state *u = new_state(1, 1, TQKV_TQ4);
+    int32_t t3[3] = {5, 6, 7};
+    OK(tqkv_model_prefill(g_m, u, t3, NULL, 3, TQKV_LOGITS_NONE, NULL));
+    uint8_t *ub = NULL;
+    size_t ul = 0;
+    OK(tqkv_model_state_export(u, &ub, &ul));
+    assert_memory_equal(ub, "TQKVMS02", 8); /* the unsharded format as before */
+    assert_int_equal(tqkv_model_state_import(&none, g_m, &p, ub, ul), TQKV_EINVAL);
+    assert_non_null(strstr(tqkv_last_error(), "unsharded"));
+    assert_null(none);
+    free(ub);
+    tqkv_model_state_free(u);
+    free(blob);
+    tqkv_model_state_free(im);
+    tqkv_model_state_free(s);
+    tqkv_model_state_free(src[1]);
+    for (int i = 0; i < 2; i++) tqkv_model_state_free(ref[i]);
+}
+
+// ---------------------------------------------------------------------------
+// refusals leave every rank unchanged
+// ---------------------------------------------------------------------------
+
+static void test_refusals_unchanged(void **state) {
+    (void)state;
+    test_rng rg;
+    rng_init(&rg, test_seed() ^ 0x4ef);
+    tqkv_model_state *ref[2], *src[2];
+    ref[0] = prefilled(&rg, 12, TQKV_TQ4);
+    ref[1] = prefilled(&rg, 7, TQKV_TQ4);
+    for (int i = 0; i < 2; i++) src[i] = copy_of(ref[i]);
+    tqkv_model_state *s = src[0];
+    OK(tqkv_model_state_merge(s, &src[1], 1));
+    size_t rb[TP];
+    for (int r = 0; r < TP; r++) rb[r] = tqkv_model_state_kv_bytes_rank(s, r);
+    /* a source of another N */
+    tqkv_model_state *t4 = new_state(1, 4, TQKV_TQ4);
+    int32_t t3[3] = {9, 10, 11};
+    OK(tqkv_model_prefill(g_m, t4, t3, NULL, 3, TQKV_LOGITS_NONE, NULL));
+    assert_int_equal(tqkv_model_state_merge(s, &t4, 1), TQKV_EINVAL);
+    assert_non_null(strstr(tqkv_last_error(), "sharded over 4 ranks, the target over 2"));
+    /* keeps out of range or repeated */
+    const int oob[1] = {2}, dup[2] = {1, 1}, neg[1] = {-1};
+    assert_true(tqkv_model_state_filter(s, oob, 1) != TQKV_OK);
+    assert_true(tqkv_model_state_filter(s, dup, 2) != TQKV_OK);
+    assert_true(tqkv_model_state_filter(s, neg, 1) != TQKV_OK);
+    tqkv_model_state *e = NULL;
+    assert_int_equal(tqkv_model_state_extract_row(s, 2, &e), TQKV_ERANGE);
+    assert_null(e);
+    assert_int_equal(tqkv_model_state_spec_rollback(s, oob, 1), TQKV_ESTATE); /* no round */
+    assert_int_equal(tqkv_model_state_rows(s), 2);
+    for (int r = 0; r < TP; r++) assert_int_equal(tqkv_model_state_kv_bytes_rank(s, r), rb[r]);
+    OK(tqkv_model_state_check(s));
+    const int map[2] = {0, 1};
+    step_compare(s, ref, map, &rg, "after refusals");
+    tqkv_model_state_free(t4);
+    tqkv_model_state_free(s);
+    tqkv_model_state_free(src[1]);
+    for (int i = 0; i < 2; i++) tqkv_model_state_free(ref[i]);
+}
+
+// ---------------------------------------------------------------------------
+// the engine
+// ---------------------------------------------------------------------------
+
+static tqkv_engine *tp_engine(int tp, size_t prefix_bytes, const char *cache_dir,
+                              const char *draft) {
+    tqkv_engine_params p = tqkv_engine_params_default();
+    p.model_dir = g_dir;
+    p.draft_dir = draft;
+    p.k_format = p.v_format = TQKV_TQ4;
+    p.threads = 2;
+    p.prefill_chunk = 32;
+    p.prefix_cache_bytes = prefix_bytes;
+    p.prompt_cache_dir = cache_dir;
+    p.tensor_parallel = tp;
+    tqkv_engine *e = NULL;
+    OK(tqkv_engine_init(&e, &p));
+    return e;
+}
+
+static void rm_dir(const char *d) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", d);
+    assert_int_equal(system(cmd), 0);
+}
+
+enum { NJ = 4 };
+
+static void test_engine_tp(void **state) {
+    (void)state;
+    test_rng rg;
+    rng_init(&rg, test_seed() ^ 0xe25);
+    job j[NJ];
+    for (int i = 0; i < NJ; i++) {
+        memset(&j[i], 0, sizeof j[i]);
+        j[i].n_prompt = rng_int(&rg, 5, 60);
+        for (int t = 0; t < j[i].n_prompt; t++) j[i].prompt[t] = rng_int(&rg, 1, V - 1);
+        j[i].max_tokens = rng_int(&rg, 4, 10);
+        j[i].top_logprobs = 1;
+    }
+    j[NJ - 1].temp = 0.8f; /* one seeded sampled request */
+    j[NJ - 1].seed = rng_u64(&rg);
+    result alone[NJ], together[NJ], other[NJ];
+    tqkv_engine *e = tp_engine(TP, 0, NULL, NULL);
+    for (int i = 0; i < NJ; i++) {
+        submit(e, &j[i], &alone[i]);
+        run_until_idle(e);
+        assert_int_equal(alone[i].n_tok, j[i].max_tokens);
+    }
+    run_staggered(e, j, NJ, together, 2); /* joining a running batch: merge, filter */
+    for (int i = 0; i < NJ; i++) assert_same_tokens(&together[i], &alone[i]);
+    tqkv_engine_stats st;
+    OK(tqkv_engine_stats_get(e, &st));
+    assert_true(st.kv_bytes_per_token > 0);
+    tqkv_engine_free(e);
+
+    /* an unsharded draft: spec rounds on the sharded rows, the same tokens */
+    e = tp_engine(TP, 0, NULL, g_dir);
+    run_staggered(e, j, NJ, other, 1);
+    for (int i = 0; i < NJ; i++) assert_same_tokens(&other[i], &alone[i]);
+    OK(tqkv_engine_stats_get(e, &st));
+    assert_true(st.spec_drafted > 0);
+    tqkv_engine_free(e);
+
+    /* the unsharded engine (exact f32 products): the same greedy tokens */
+    e = tp_engine(1, 0, NULL, NULL);
+    int greedy = 0;
+    for (int i = 0; i < NJ; i++) {
+        if (j[i].temp > 0) continue;
+        submit(e, &j[i], &other[i]);
+        run_until_idle(e);
+        assert_int_equal(other[i].n_tok, alone[i].n_tok);
+        assert_memory_equal(other[i].toks, alone[i].toks, sizeof(int32_t) * (size_t)alone[i].n_tok);
+        greedy++;
+    }
+    print_message("engine tp %d: %d requests together == alone, with a draft too; %d greedy "
+                  "== unsharded\n", TP, NJ, greedy);
+    tqkv_engine_free(e);
+}
+
+static void test_engine_tp_prefix(void **state) {
+    (void)state;
+    test_rng rg;
+    rng_init(&rg, test_seed() ^ 0xfc);
+    char dir[256];
+    snprintf(dir, sizeof dir, "/tmp/tqkv_test_tp_pc_%d", (int)getpid());
+    rm_dir(dir);
+    job a, b;
+    make_prefix_pair(&rg, V, 6, &a, &b); /* b shares 100 tokens, then differs */
+    result ma, mb, ha, hb;
+    tqkv_engine *e = tp_engine(TP, 0, NULL, NULL);
+    submit(e, &a, &ma);
+    run_until_idle(e);
+    submit(e, &b, &mb);
+    run_until_idle(e);
+    tqkv_engine_free(e);
+
+    e = tp_engine(TP, 64 << 20, dir, NULL);
+    submit(e, &a, &ha);
+    run_until_idle(e);
+    assert_int_equal(ha.cached, 0);
+    submit(e, &b, &hb);
+    run_until_idle(e);
+    assert_int_equal(hb.cached, 96); /* longest chunk boundary inside the shared prefix */
+    assert_same_tokens(&ha, &ma);
+    assert_same_tokens(&hb, &mb);
+    tqkv_engine_free(e);
+    /* restart: the sharded entries come back from the directory (export / import) */
+    e = tp_engine(TP, 64 << 20, dir, NULL);
+    submit(e, &b, &hb);
+    run_until_idle(e);
+    assert_true(hb.cached >= 96);
+    assert_same_tokens(&hb, &mb);
+    tqkv_engine_free(e);
+    /* an unsharded engine does not read the sharded entries (another fingerprint) */
+    e = tp_engine(1, 64 << 20, dir, NULL);
+    submit(e, &b, &hb);
+    run_until_idle(e);
+    assert_int_equal(hb.cached, 0);
+    tqkv_engine_free(e);
+    rm_dir(dir);
+}
+
+int main(void) {
+    source_path("models/qwen3-code-28m", g_dir, sizeof g_dir);
+    struct stat st;
+    if (stat(g_dir, &st) != 0) {
+        fprintf(stderr, "test_tp_rows: bundled model absent: SKIPPED\n");
+        return 77;
+    }
+    tqkv_model_load_params lp = tqkv_model_load_params_default();
+    if (tqkv_model_load(&g_m, g_dir, &lp) != TQKV_OK) {
+        fprintf(stderr, "load: %s\n", tqkv_last_error());
+        return 1;
+    }
+    V = tqkv_model_get_config(g_m)->vocab_size;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_merge_filter_extract),
+        cmocka_unit_test(test_spec_and_export),
+        cmocka_unit_test(test_refusals_unchanged),
+        cmocka_unit_test(test_engine_tp),
+        cmocka_unit_test(test_engine_tp_prefix),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    tqkv_model_free(g_m);
+    return rc;
+}
