@@ -42,19 +42,21 @@ typedef struct {
 } dv_tensor;
 
 typedef struct {
-    dv_tensor *t;
-    int        n, cap;
+    dv_tensor **t;  /* each tensor allocated alone: a pointer dv_add returned stays valid
+                       while later adds grow the list */
+    int         n, cap;
 } dv_list;
 
 static inline dv_tensor *dv_add_t(dv_list *l, const char *name, int nd, const int64_t *shape,
                                   int f32) {
     if (l->n == l->cap) {
         l->cap = l->cap ? 2 * l->cap : 64;
-        l->t = realloc(l->t, sizeof(dv_tensor) * (size_t)l->cap);
+        l->t = realloc(l->t, sizeof(dv_tensor *) * (size_t)l->cap);
         assert_non_null(l->t);
     }
-    dv_tensor *t = &l->t[l->n++];
-    memset(t, 0, sizeof *t);
+    dv_tensor *t = calloc(1, sizeof *t);
+    assert_non_null(t);
+    l->t[l->n++] = t;
     snprintf(t->name, sizeof t->name, "%s", name);
     t->nd = nd;
     t->f32 = f32;
@@ -94,14 +96,14 @@ static inline void dv_write(const dv_list *l, const char *path) {
     cJSON *h = cJSON_CreateObject();
     size_t off = 0;
     for (int i = 0; i < l->n; i++) {
-        cJSON *e = cJSON_AddObjectToObject(h, l->t[i].name);
-        cJSON_AddStringToObject(e, "dtype", l->t[i].f32 ? "F32" : "BF16");
+        cJSON *e = cJSON_AddObjectToObject(h, l->t[i]->name);
+        cJSON_AddStringToObject(e, "dtype", l->t[i]->f32 ? "F32" : "BF16");
         cJSON *sh = cJSON_AddArrayToObject(e, "shape");
-        for (int d = 0; d < l->t[i].nd; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)l->t[i].shape[d]));
+        for (int d = 0; d < l->t[i]->nd; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)l->t[i]->shape[d]));
         cJSON *o = cJSON_AddArrayToObject(e, "data_offsets");
         cJSON_AddItemToArray(o, cJSON_CreateNumber((double)off));
-        cJSON_AddItemToArray(o, cJSON_CreateNumber((double)(off + l->t[i].nbytes)));
-        off += l->t[i].nbytes;
+        cJSON_AddItemToArray(o, cJSON_CreateNumber((double)(off + l->t[i]->nbytes)));
+        off += l->t[i]->nbytes;
     }
     char *txt = cJSON_PrintUnformatted(h);
     size_t n = strlen(txt), pad = (8 - n % 8) % 8;
@@ -111,7 +113,7 @@ static inline void dv_write(const dv_list *l, const char *path) {
     fwrite(&hl, 8, 1, f);
     fwrite(txt, 1, n, f);
     for (size_t i = 0; i < pad; i++) fputc(' ', f);
-    for (int i = 0; i < l->n; i++) fwrite(l->t[i].data, 1, l->t[i].nbytes, f);
+    for (int i = 0; i < l->n; i++) fwrite(l->t[i]->data, 1, l->t[i]->nbytes, f);
     fclose(f);
     free(txt);
     cJSON_Delete(h);
@@ -253,7 +255,10 @@ static inline void dv_finish(const char *dst, dv_list *l, cJSON *h, uint8_t *b) 
     char p[1200];
     snprintf(p, sizeof p, "%s/model.safetensors", dst);
     dv_write(l, p);
-    for (int i = 0; i < l->n; i++) free(l->t[i].data);
+    for (int i = 0; i < l->n; i++) {
+        free(l->t[i]->data);
+        free(l->t[i]);
+    }
     free(l->t);
     cJSON_Delete(h);
     free(b);

@@ -205,8 +205,14 @@ static void ck_write(const char *dir, const ck_spec *s) {
     char p[1200];
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
     dv_write(&o, p);
-    for (int i = 0; i < o.n; i++) free(o.t[i].data);
-    for (int i = 0; i < mlp.n; i++) free(mlp.t[i].data);
+    for (int i = 0; i < o.n; i++) {
+        free(o.t[i]->data);
+        free(o.t[i]);
+    }
+    for (int i = 0; i < mlp.n; i++) {
+        free(mlp.t[i]->data);
+        free(mlp.t[i]);
+    }
     free(o.t);
     free(mlp.t);
 }
