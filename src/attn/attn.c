@@ -48,7 +48,7 @@
  * size or thread count; each item is computed by one thread in a fixed order.
  */
 #include <math.h>
-#include <omp.h>
+#include "util/pool.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -600,38 +600,51 @@ nomem:
     return tqkv_fail(TQKV_ENOMEM, "attention: out of memory for scratch");
 }
 
-/* One parallel region: queries into the K domain (qd, which c->qd reads), the items, then
- * (decode) the combine. */
+/* The three loops of attn_run as pool loops (util/pool.h): item i, thread slot. */
+typedef struct {
+    const attn_ctx *c;
+    const attn_work *w;
+    const float *q;
+    float *qd, *scratch, *out;
+    size_t scratch_pad;
+} attn_job;
+
+static void job_query(void *arg, size_t v, int slot) {
+    (void)slot;
+    const attn_job *j = arg;
+    const int d = j->c->d;
+    float *dst = j->qd + v * d; /* c->qd */
+    memcpy(dst, j->q + v * d, sizeof(float) * (size_t)d);
+    if (j->c->krot) j->c->isa->rotate(j->c->b->k.codec.signs, d, dst);
+}
+
+static void job_item(void *arg, size_t i, int slot) {
+    const attn_job *j = arg;
+    float *scr = j->scratch + j->scratch_pad * (size_t)slot;
+    if (j->c->nq == 1)
+        decode_item(j->c, &j->w->items[i], scr, j->w->parts + i * j->w->part_stride);
+    else
+        prefill_item(j->c, &j->w->items[i], scr, j->out);
+}
+
+static void job_combine(void *arg, size_t v, int slot) {
+    (void)slot;
+    const attn_job *j = arg;
+    const attn_ctx *c = j->c;
+    const int r = (int)(v / c->qh), qhd = (int)(v % c->qh);
+    const int h = qhd / c->G, g = qhd % c->G;
+    const float *pr = j->w->parts + (j->w->base[r] + (size_t)h * j->w->nseg[r]) * j->w->part_stride;
+    decode_combine(c, pr, j->w->nseg[r], g, j->out + v * c->d);
+}
+
+/* Queries into the K domain (qd, which c->qd reads), the items, then (decode) the combine:
+ * three pool loops of nt threads. */
 static void attn_run(const attn_ctx *c, const attn_work *w, const float *q, float *qd,
                      float *scratch, size_t scratch_pad, int nt, float *out) {
-    const struct tqkv_batch *b = c->b;
-    const int d = c->d, G = c->G;
-    const size_t nvec = (size_t)c->rows * c->qh * c->nq;
-#pragma omp parallel num_threads(nt)
-    {
-        float *scr = scratch + scratch_pad * (size_t)omp_get_thread_num();
-#pragma omp for schedule(static)
-        for (size_t v = 0; v < nvec; v++) {
-            float *dst = qd + v * d; /* c->qd */
-            memcpy(dst, q + v * d, sizeof(float) * (size_t)d);
-            if (c->krot) c->isa->rotate(b->k.codec.signs, d, dst);
-        }
-        if (c->nq == 1) {
-#pragma omp for schedule(dynamic, 1)
-            for (size_t i = 0; i < w->nitems; i++)
-                decode_item(c, &w->items[i], scr, w->parts + i * w->part_stride);
-#pragma omp for schedule(static)
-            for (size_t v = 0; v < (size_t)c->rows * c->qh; v++) {
-                const int r = (int)(v / c->qh), qhd = (int)(v % c->qh);
-                const int h = qhd / G, g = qhd % G;
-                const float *pr = w->parts + (w->base[r] + (size_t)h * w->nseg[r]) * w->part_stride;
-                decode_combine(c, pr, w->nseg[r], g, out + v * d);
-            }
-        } else {
-#pragma omp for schedule(dynamic, 1)
-            for (size_t i = 0; i < w->nitems; i++) prefill_item(c, &w->items[i], scr, out);
-        }
-    }
+    attn_job j = {c, w, q, qd, scratch, out, scratch_pad};
+    pool_for(nt, (size_t)c->rows * c->qh * c->nq, job_query, &j);
+    pool_for(nt, w->nitems, job_item, &j);
+    if (c->nq == 1) pool_for(nt, (size_t)c->rows * c->qh, job_combine, &j);
 }
 
 tqkv_status attn_batch(const struct tqkv_batch *b, const tqkv_mask *mask, const float *q,

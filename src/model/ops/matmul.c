@@ -18,6 +18,7 @@
 
 #include "model/ops/matmul_avx512.h"
 #include "util/common.h"
+#include "util/pool.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -386,11 +387,28 @@ static void range_avx2_rowwise(const float *x, int m, const mm_weight *w, const 
 // drivers
 // ---------------------------------------------------------------------------
 
-typedef void (*range_fn)(const float *, int, const mm_weight *, const float *, float *, size_t,
-                         int, int);
+/* One matmul as a pool loop: item i is columns [i * per, (i + 1) * per) of every row. */
+typedef struct {
+    mm_range_fn fn;
+    const float *x;
+    const mm_weight *w;
+    const float *bias;
+    float *y;
+    size_t ldy;
+    int m, per;
+} split_job;
 
-static void run_split(range_fn fn, const float *x, int m, const mm_weight *w, const float *bias,
-                      float *y, size_t ldy, int threads, int unit) {
+static void split_item(void *arg, size_t i, int slot) {
+    (void)slot;
+    const split_job *j = arg;
+    int a = (int)i * j->per, b = a + j->per < j->w->n ? a + j->per : j->w->n;
+    j->fn(j->x, j->m, j->w, j->bias, j->y, j->ldy, a, b);
+}
+
+/* Items of whole units (a unit is the tile width the range function needs), about eight
+ * per thread so that a thread the machine takes away holds back little. */
+void mm_run_split(mm_range_fn fn, const float *x, int m, const mm_weight *w, const float *bias,
+                  float *y, size_t ldy, int threads, int unit) {
     int N = w->n;
     int tiles = (N + unit - 1) / unit;
     if (threads > tiles) threads = tiles;
@@ -398,18 +416,14 @@ static void run_split(range_fn fn, const float *x, int m, const mm_weight *w, co
         fn(x, m, w, bias, y, ldy, 0, N);
         return;
     }
-#pragma omp parallel num_threads(threads)
-    {
-        int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        int a = (int)((long)tiles * t / nt) * unit, b = (int)((long)tiles * (t + 1) / nt) * unit;
-        if (b > N) b = N;
-        if (a < b) fn(x, m, w, bias, y, ldy, a, b);
-    }
+    int items = threads * 8 < tiles ? threads * 8 : tiles;
+    split_job j = {fn, x, w, bias, y, ldy, m, (tiles + items - 1) / items * unit};
+    pool_for(threads, (size_t)((N + j.per - 1) / j.per), split_item, &j);
 }
 
 void mm_matmul_scalar(const float *x, int m, const mm_weight *w, const float *bias, float *y,
                       int threads) {
-    run_split(range_scalar, x, m, w, bias, y, (size_t)w->n, threads, 8);
+    mm_run_split(range_scalar, x, m, w, bias, y, (size_t)w->n, threads, 8);
 }
 
 /* bf16 kernels read x with each 16-block split into its even then its odd elements:
@@ -445,7 +459,7 @@ void mm_matmul_ld(const float *x, int m, const mm_weight *w, const float *bias, 
         if (w->type == MM_BF16) {
             xp = scratch ? scratch : malloc(sizeof(float) * (size_t)m * (size_t)w->k);
             if (!xp) { /* no memory for the permuted copy: same bits, slower */
-                run_split(range_scalar, x, m, w, bias, y, ldy, threads, 8);
+                mm_run_split(range_scalar, x, m, w, bias, y, ldy, threads, 8);
                 return;
             }
             permute_pairs(x, m, w->k, xp);
@@ -461,19 +475,19 @@ void mm_matmul_ld(const float *x, int m, const mm_weight *w, const float *bias, 
             w = &wf;
         }
         if (use512) { /* same bits */
-            run_split(mm512_range_exact, xp, m, w, bias, y, ldy, threads, 8);
+            mm_run_split(mm512_range_exact, xp, m, w, bias, y, ldy, threads, 8);
         } else if (w->packed && m > 1 && m < MM_F32P_MIN_ROWS) {
-            run_split(range_avx2_rowwise, xp, m, w, bias, y, ldy, threads, 8);
+            mm_run_split(range_avx2_rowwise, xp, m, w, bias, y, ldy, threads, 8);
         } else {
             int NR = tile_nr(m, w->type);
             int unit = NR * (NR <= 3 ? 4 : 1);
-            run_split(range_avx2, xp ? xp : x, m, w, bias, y, ldy, threads, unit);
+            mm_run_split(range_avx2, xp ? xp : x, m, w, bias, y, ldy, threads, unit);
         }
         if (xp != scratch) free(xp);
         return;
     }
 #endif
-    run_split(range_scalar, x, m, w, bias, y, ldy, threads, 8);
+    mm_run_split(range_scalar, x, m, w, bias, y, ldy, threads, 8);
 }
 
 void mm_matmul_blas(const float *x, int m, const mm_weight *w, const float *bias, float *y,

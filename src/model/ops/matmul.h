@@ -60,6 +60,15 @@ void  mm_make_f32p(const mm_weight *w, float *dst, int threads);
 /* Rows from which products use w->f32p when present. */
 #define MM_F32P_MIN_ROWS 8
 
+/* Columns [n0, n1) of every row of y [m, ldy] from x (the range function's own layout). */
+typedef void (*mm_range_fn)(const float *x, int m, const mm_weight *w, const float *bias,
+                            float *y, size_t ldy, int n0, int n1);
+/* fn over all N columns, split into items of whole units (the tile width fn needs) run by
+ * `threads` threads of the compute pool (util/pool.h); small products run on the caller.
+ * The split never changes a bit: every range function computes each element alone. */
+void  mm_run_split(mm_range_fn fn, const float *x, int m, const mm_weight *w,
+                   const float *bias, float *y, size_t ldy, int threads, int unit);
+
 /* Element conversion helpers (any layout). */
 float mm_weight_at(const mm_weight *w, int n, int k);
 /* Row n of w to floats: out [k]. */

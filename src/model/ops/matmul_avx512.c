@@ -10,7 +10,6 @@
  */
 #include "model/ops/matmul_avx512.h"
 
-#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -119,10 +118,12 @@ void mm512_range_exact(const float *xp, int m, const mm_weight *w, const float *
 // ---------------------------------------------------------------------------
 
 /* Rows xb[0..MR) (bf16, stride ldx) times one packed group: lane l of output 2p / 2p+1
- * takes pair l of each 16-block. MR <= 6 (24 accumulators, 4 weight vectors, 1 x). */
+ * takes pair l of each 16-block. MR <= 6 (24 accumulators, 4 weight vectors, 1 x).
+ * pf: NULL, or the next group, fetched into L1 a k-step at a time while this one computes
+ * (with few rows the hardware prefetcher alone leaves the cores waiting on DRAM). */
 static AINL TQKV_AVX512_BF16 void tile_bf16(const uint16_t *xb, size_t ldx, const uint16_t *wg,
                                             int K, float *y, size_t ldy, const float *bias,
-                                            const int MR) {
+                                            const uint16_t *pf, const int MR) {
     __m512 acc[6][4];
     #pragma GCC unroll 6
     for (int i = 0; i < MR; i++)
@@ -130,6 +131,8 @@ static AINL TQKV_AVX512_BF16 void tile_bf16(const uint16_t *xb, size_t ldx, cons
         for (int p = 0; p < 4; p++) acc[i][p] = _mm512_setzero_ps();
     for (int k = 0; k < K; k += 16) {
         const uint16_t *b = wg + (size_t)k * 8;
+        if (pf)
+            for (int p = 0; p < 4; p++) _mm_prefetch((const char *)(pf + (size_t)k * 8 + 32 * p), _MM_HINT_T0);
         __m512bh v[4];
         #pragma GCC unroll 6
         for (int p = 0; p < 4; p++) v[p] = (__m512bh)_mm512_loadu_si512((const void *)(b + 32 * p));
@@ -148,15 +151,17 @@ static AINL TQKV_AVX512_BF16 void tile_bf16(const uint16_t *xb, size_t ldx, cons
 #define DEF_BF16(MR)                                                                              \
     static TQKV_AVX512_BF16 void tile_bf16_##MR(const uint16_t *xb, size_t ldx,                 \
                                                 const uint16_t *wg, int K, float *y, size_t ldy, \
-                                                const float *bias) {                            \
-        tile_bf16(xb, ldx, wg, K, y, ldy, bias, MR);                                             \
+                                                const float *bias, const uint16_t *pf) {        \
+        tile_bf16(xb, ldx, wg, K, y, ldy, bias, pf, MR);                                         \
     }
 DEF_BF16(1) DEF_BF16(2) DEF_BF16(3) DEF_BF16(4) DEF_BF16(5) DEF_BF16(6)
 
-static void range_bf16(const uint16_t *xb, int m, const mm_weight *w, const float *bias, float *y,
+/* x: the bf16 copy of the activations ([m, K] uint16), typed as mm_range_fn wants. */
+static void range_bf16(const float *x, int m, const mm_weight *w, const float *bias, float *y,
                        size_t ldy, int n0, int n1) {
+    const uint16_t *xb = (const uint16_t *)x;
     typedef void (*fn)(const uint16_t *, size_t, const uint16_t *, int, float *, size_t,
-                       const float *);
+                       const float *, const uint16_t *);
     static const fn tiles[7] = {NULL, tile_bf16_1, tile_bf16_2, tile_bf16_3,
                                 tile_bf16_4, tile_bf16_5, tile_bf16_6};
     const int K = w->k;
@@ -165,10 +170,11 @@ static void range_bf16(const uint16_t *xb, int m, const mm_weight *w, const floa
         int me = mb + MB512 < m ? mb + MB512 : m;
         for (int n = n0; n < n1; n += 8) {
             const uint16_t *wg = wb + (size_t)n * K;
+            const uint16_t *next = n + 8 < n1 ? wg + (size_t)8 * K : NULL;
             for (int i = mb; i < me; i += 6) {
                 int mr = me - i < 6 ? me - i : 6;
                 tiles[mr](xb + (size_t)i * K, (size_t)K, wg, K, y + (size_t)i * ldy + n, ldy,
-                          bias ? bias + n : NULL);
+                          bias ? bias + n : NULL, i == mb ? next : NULL);
             }
         }
     }
@@ -183,22 +189,11 @@ static TQKV_AVX512_BF16 void to_bf16(const float *x, size_t cnt, uint16_t *xb) {
 
 int mm512_matmul_bf16(const float *x, int m, const mm_weight *w, const float *bias, float *y,
                       size_t ldy, int threads, float *scratch) {
-    const int N = w->n, K = w->k;
+    const int K = w->k;
     uint16_t *xb = scratch ? (uint16_t *)scratch : malloc(sizeof(uint16_t) * (size_t)m * K);
     if (!xb) return 0;
     to_bf16(x, (size_t)m * K, xb);
-    int groups = N / 8;
-    if (threads > groups) threads = groups;
-    if (threads <= 1 || (size_t)m * (size_t)N * (size_t)K < 32768) {
-        range_bf16(xb, m, w, bias, y, ldy, 0, N);
-    } else {
-#pragma omp parallel num_threads(threads)
-        {
-            int t = omp_get_thread_num(), nt = omp_get_num_threads();
-            int a = (int)((long)groups * t / nt) * 8, b = (int)((long)groups * (t + 1) / nt) * 8;
-            if (a < b) range_bf16(xb, m, w, bias, y, ldy, a, b);
-        }
-    }
+    mm_run_split(range_bf16, (const float *)xb, m, w, bias, y, ldy, threads, 8);
     if ((float *)xb != scratch) free(xb);
     return 1;
 }

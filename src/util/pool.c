@@ -1,0 +1,235 @@
+/*
+ * pool.c - the compute threads (see pool.h).
+ * Owns: the team (workers created on first need, never stopped), the current loop, the
+ * spin-then-futex waits.
+ * Must not: block a caller forever when a worker cannot start (the caller claims every
+ * item a worker has not taken and only waits for items already taken).
+ *
+ * Protocol. The caller owns the team by `lock` (trylock; a second caller goes to OpenMP).
+ * It writes the loop (fn, arg, n, nth), resets `next`, opens `state` (OPEN, no workers
+ * in), bumps `gen` and wakes sleeping workers. A worker that sees `gen` move enters by a
+ * CAS on `state` that succeeds only while OPEN (so it reads the loop only while the caller
+ * cannot change it), claims items from `next` until none is left, and leaves (decrements
+ * `state`). The caller claims items too; when none is left it closes `state` and waits
+ * until no worker is inside. A worker that wakes late finds `state` closed and goes back
+ * to waiting: it never touches a finished loop.
+ */
+#include "util/pool.h"
+
+#include <omp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <time.h>
+
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define POOL_FUTEX 1
+#else
+#define POOL_FUTEX 0
+#endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+#define POOL_MAX 64          /* threads in a team, the caller included */
+#define POOL_OPEN 0x80000000u /* state: workers may enter; low bits: workers inside */
+
+typedef struct {
+    pthread_mutex_t lock;                 // one caller at a time
+    pthread_once_t once;
+    int nworkers;                         // started so far (slots 1..nworkers)
+    _Atomic uint32_t gen;                 // bumped per loop: the workers' wake word
+    _Atomic uint32_t state;               // POOL_OPEN | workers inside
+    _Atomic int sleepers;                 // workers asleep on gen
+    _Atomic int caller_asleep;            // the caller asleep on state
+    _Atomic size_t next;                  // the next unclaimed item
+    _Atomic int slots;                    // slots handed out in this loop (the caller is 0)
+    pool_item_fn fn;                      // the loop: written before OPEN, read inside
+    void *arg;
+    size_t n;
+    int nth;
+    long spin_ns;
+} pool_team;
+
+static pool_team T = {.lock = PTHREAD_MUTEX_INITIALIZER, .once = PTHREAD_ONCE_INIT};
+
+// ---------------------------------------------------------------------------
+// waits: spin for the budget, then sleep on the word
+// ---------------------------------------------------------------------------
+
+static long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long)t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+#if POOL_FUTEX
+static void futex_wait(_Atomic uint32_t *w, uint32_t val) {
+    syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
+}
+static void futex_wake(_Atomic uint32_t *w, int count) {
+    syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE_PRIVATE, count, NULL, NULL, 0);
+}
+#endif
+
+/* Spins while (*w & mask) == val (want 1) or != val (want 0), at most the budget; returns
+ * the last value read. */
+static uint32_t spin_while(_Atomic uint32_t *w, uint32_t mask, uint32_t val, int want) {
+    uint32_t v = atomic_load_explicit(w, memory_order_acquire);
+    if (((v & mask) == val) != want || T.spin_ns <= 0) return v;
+    const long end = now_ns() + T.spin_ns;
+    for (unsigned i = 1;; i++) {
+        cpu_relax();
+        v = atomic_load_explicit(w, memory_order_acquire);
+        if (((v & mask) == val) != want) return v;
+        if ((i & 63) == 0 && now_ns() > end) return v;
+    }
+}
+
+long pool_spin_ns(void) {
+    const char *e = getenv("TQKV_SPIN_US");
+    long us = e && *e ? strtol(e, NULL, 10) : 50;
+    return us < 0 ? 0 : us > 100000 ? 100000000L : us * 1000L;
+}
+
+// ---------------------------------------------------------------------------
+// the loop's items, run by the caller and the workers alike
+// ---------------------------------------------------------------------------
+
+static void run_items(int slot) {
+    for (;;) {
+        size_t i = atomic_fetch_add_explicit(&T.next, 1, memory_order_relaxed);
+        if (i >= T.n) return;
+        T.fn(T.arg, i, slot);
+    }
+}
+
+/* Enters the open loop (1) or finds it closed (0). */
+static int worker_enter(void) {
+    uint32_t s = atomic_load_explicit(&T.state, memory_order_relaxed);
+    while (s & POOL_OPEN)
+        if (atomic_compare_exchange_weak_explicit(&T.state, &s, s + 1, memory_order_acquire,
+                                                  memory_order_relaxed))
+            return 1;
+    return 0;
+}
+
+static void worker_leave(void) {
+    uint32_t s = atomic_fetch_sub_explicit(&T.state, 1, memory_order_seq_cst) - 1;
+#if POOL_FUTEX
+    if (s == 0 && atomic_load_explicit(&T.caller_asleep, memory_order_seq_cst))
+        futex_wake(&T.state, 1);
+#else
+    (void)s;
+#endif
+}
+
+static void *worker_main(void *unused) {
+    (void)unused;
+    uint32_t seen = atomic_load_explicit(&T.gen, memory_order_acquire);
+    for (;;) {
+        uint32_t g = spin_while(&T.gen, 0xffffffffu, seen, 1);
+#if POOL_FUTEX
+        while (g == seen) {
+            atomic_fetch_add_explicit(&T.sleepers, 1, memory_order_seq_cst);
+            if (atomic_load_explicit(&T.gen, memory_order_seq_cst) == seen) futex_wait(&T.gen, seen);
+            atomic_fetch_sub_explicit(&T.sleepers, 1, memory_order_seq_cst);
+            g = atomic_load_explicit(&T.gen, memory_order_acquire);
+        }
+#endif
+        seen = g;
+        if (!worker_enter()) continue;
+        /* inside: the loop cannot change until we leave */
+        const int slot = atomic_fetch_add_explicit(&T.slots, 1, memory_order_relaxed);
+        if (slot < T.nth) run_items(slot);
+        worker_leave();
+    }
+    return NULL;
+}
+
+// ---------------------------------------------------------------------------
+// the caller
+// ---------------------------------------------------------------------------
+
+static void team_init(void) { T.spin_ns = pool_spin_ns(); }
+
+/* Starts workers up to want (slots 1..want); returns how many run. */
+static int team_grow(int want) {
+    if (want > POOL_MAX - 1) want = POOL_MAX - 1;
+    while (T.nworkers < want) {
+        pthread_t th;
+        pthread_attr_t a;
+        pthread_attr_init(&a);
+        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+        int rc = pthread_create(&th, &a, worker_main, NULL);
+        pthread_attr_destroy(&a);
+        if (rc) break; /* fewer workers: the caller does more items */
+        T.nworkers++;
+    }
+    return T.nworkers;
+}
+
+static void caller_wait_empty(void) {
+    uint32_t s = spin_while(&T.state, ~POOL_OPEN, 0, 0);
+#if POOL_FUTEX
+    while (s & ~POOL_OPEN) {
+        atomic_store_explicit(&T.caller_asleep, 1, memory_order_seq_cst);
+        s = atomic_load_explicit(&T.state, memory_order_seq_cst);
+        if (s & ~POOL_OPEN) futex_wait(&T.state, s);
+        atomic_store_explicit(&T.caller_asleep, 0, memory_order_seq_cst);
+        s = atomic_load_explicit(&T.state, memory_order_acquire);
+    }
+#else
+    while (s & ~POOL_OPEN) s = atomic_load_explicit(&T.state, memory_order_acquire);
+#endif
+}
+
+static void run_omp(int nth, size_t n, pool_item_fn fn, void *arg) {
+    _Atomic size_t next = 0;
+#pragma omp parallel num_threads(nth)
+    {
+        const int slot = omp_get_thread_num();
+        for (size_t i; (i = atomic_fetch_add(&next, 1)) < n;) fn(arg, i, slot);
+    }
+}
+
+void pool_for(int nth, size_t n, pool_item_fn fn, void *arg) {
+    if (n == 0) return;
+    if (nth > (int)n) nth = (int)n;
+    if (nth <= 1) {
+        for (size_t i = 0; i < n; i++) fn(arg, i, 0);
+        return;
+    }
+    if (!POOL_FUTEX || nth > POOL_MAX || pthread_mutex_trylock(&T.lock) != 0) {
+        run_omp(nth, n, fn, arg);
+        return;
+    }
+    pthread_once(&T.once, team_init);
+    if (team_grow(nth - 1) < 1) {
+        pthread_mutex_unlock(&T.lock);
+        run_omp(nth, n, fn, arg);
+        return;
+    }
+    T.fn = fn;
+    T.arg = arg;
+    T.n = n;
+    T.nth = nth;
+    atomic_store_explicit(&T.next, 0, memory_order_relaxed);
+    atomic_store_explicit(&T.slots, 1, memory_order_relaxed);
+    atomic_store_explicit(&T.state, POOL_OPEN, memory_order_release);
+    atomic_fetch_add_explicit(&T.gen, 1, memory_order_seq_cst);
+#if POOL_FUTEX
+    if (atomic_load_explicit(&T.sleepers, memory_order_seq_cst) > 0) futex_wake(&T.gen, nth - 1);
+#endif
+    run_items(0);
+    atomic_fetch_and_explicit(&T.state, ~POOL_OPEN, memory_order_seq_cst);
+    caller_wait_empty();
+    pthread_mutex_unlock(&T.lock);
+}

@@ -1,0 +1,42 @@
+/*
+ * pool.h - the compute threads: a persistent team that runs parallel loops with cheap
+ * fork/joins (issue 21: "both cores busy").
+ * Owns: one process-wide team of worker threads (per copy of the core: libtqkv-model runs
+ * its own, see docs/ARCHITECTURE.md "Libraries"; two teams cost idle threads, nothing
+ * else), their wake-up and their waits.
+ * Must not: decide which thread runs which item in a way a result may depend on. Callers
+ * must make every item's result independent of the thread that runs it (the matmul's
+ * and the attention's items are: tiles of fixed shape), so batch and thread invariance
+ * hold whatever the machine's load does to the schedule.
+ *
+ * Why not OpenMP for these loops: a decode step forks and joins about 50 times (every
+ * matmul and the attention of every layer). libgomp's passive waits put a worker to
+ * sleep after each join and wake it through a futex, tens of microseconds each on a VM
+ * (RESULTS.md, "what two threads buy at 16 rows"), which made two threads slower than one
+ * at one row; its active waits spin without bound and collapse when another process
+ * takes a core. Here a waiting thread spins for a bounded time (TQKV_SPIN_US, default
+ * 50 us), then sleeps on a futex; items are claimed one at a time from a shared counter,
+ * so a thread the kernel has descheduled holds back at most the item it is running, and
+ * the caller does the rest.
+ */
+#ifndef TQKV_POOL_H
+#define TQKV_POOL_H
+
+#include <stddef.h>
+
+/* fn(arg, i, slot) for one item i; slot in [0, nth) names the thread (the caller is 0),
+ * for per-thread scratch. */
+typedef void (*pool_item_fn)(void *arg, size_t i, int slot);
+
+/* Runs fn for every i in [0, n) exactly once, on up to nth threads including the caller,
+ * and returns when all have finished (their writes are then visible to the caller).
+ * nth <= 1 or n <= 1 runs everything on the caller. A second caller while the team is
+ * busy (another thread's loop, or a loop inside an item) runs its loop through an OpenMP
+ * team instead: the same items, the same results. */
+void pool_for(int nth, size_t n, pool_item_fn fn, void *arg);
+
+/* The spin budget in nanoseconds before a waiting thread sleeps (TQKV_SPIN_US * 1000 at
+ * the first use; 0 = sleep at once). */
+long pool_spin_ns(void);
+
+#endif
