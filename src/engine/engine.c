@@ -131,7 +131,13 @@ static uint64_t engine_fingerprint(const tqkv_engine *e) {
     return fnv(h, e->name, strlen(e->name));
 }
 
+static void engine_spares_free(tqkv_engine *e) {
+    for (int i = 0; i < e->n_spare; i++) tqkv_model_state_free(e->spare[i]);
+    e->n_spare = 0;
+}
+
 static void engine_release(tqkv_engine *e) {
+    engine_spares_free(e);
     tqkv_model_state_free(e->run);
     tqkv_model_state_free(e->drun);
     prefix_free(&e->pc); /* its states refer to the model */
@@ -609,6 +615,27 @@ static void release_budget(tqkv_engine *e, eng_req *q) {
     pthread_mutex_unlock(&e->mu);
 }
 
+/* A 1-row prefill state with e->psp: an emptied one kept from an earlier request (its
+ * scratch already mapped and faulted in: in `tqkv serve`, whose mmap threshold is 256 KiB,
+ * a fresh state's buffers cost page faults in every layer of its first chunk), else new. */
+static tqkv_status engine_pre_take(tqkv_engine *e, tqkv_model_state **out) {
+    if (e->n_spare > 0) {
+        *out = e->spare[--e->n_spare];
+        return TQKV_OK;
+    }
+    return tqkv_model_state_init(out, e->m, &e->psp);
+}
+
+/* Keeps s emptied for the next request when it came from engine_pre_take and there is
+ * room, else frees it. */
+static void engine_pre_give(tqkv_engine *e, tqkv_model_state *s, int spare) {
+    if (s && spare && e->n_spare < ENGINE_SPARE_PRE && tqkv_model_state_reset(s, 1) == TQKV_OK) {
+        e->spare[e->n_spare++] = s;
+        return;
+    }
+    tqkv_model_state_free(s);
+}
+
 /* One prefill chunk of q: tokens [prefilled, prefilled + C) at fixed multiples of C.
  * On the last chunk, picks the first token. Returns tokens processed, or -1 on error
  * (request finished with an error event). */
@@ -630,7 +657,7 @@ static int prefill_chunk(tqkv_engine *e, eng_req *q) {
             pthread_mutex_unlock(&e->mu);
         }
         if (rc == TQKV_OK && hit_n) q->prefilled = q->cached = hit_n;
-        else if (rc == TQKV_OK) rc = tqkv_model_state_init(&q->pre, e->m, &e->psp);
+        else if (rc == TQKV_OK && (rc = engine_pre_take(e, &q->pre)) == TQKV_OK) q->pre_spare = 1;
         if (rc != TQKV_OK) goto fail;
     }
     int n = q->n_prompt - q->prefilled < C ? q->n_prompt - q->prefilled : C;
@@ -782,7 +809,7 @@ static tqkv_status sched_rows(tqkv_engine *e, eng_req **ready, int n_ready) {
     if (rc != TQKV_OK) return rc;
     pthread_mutex_lock(&e->mu);
     for (int i = 0; i < n_ready; i++) {
-        tqkv_model_state_free(ready[i]->pre);
+        engine_pre_give(e, ready[i]->pre, ready[i]->pre_spare);
         tqkv_model_state_free(ready[i]->dpre);
         ready[i]->pre = ready[i]->dpre = NULL;
         e->rows[e->n_rows++] = ready[i];
@@ -889,6 +916,7 @@ tqkv_status tqkv_engine_step(tqkv_engine *e, int *busy) {
     e->st.prefix_cache_bytes = e->pc.bytes;
     if (!b) pthread_cond_broadcast(&e->cv_idle);
     pthread_mutex_unlock(&e->mu);
+    if (!b) engine_spares_free(e); /* idle: hold only the weights and the kept prefixes */
     if (busy) *busy = b;
     return rc != TQKV_OK ? rc : rc2;
 }

@@ -89,6 +89,7 @@ typedef struct eng_req {
     /* prefill */
     tqkv_model_state     *pre;          /* 1-row target state while prefilling */
     tqkv_model_state     *dpre;         /* 1-row draft state */
+    int                   pre_spare;    /* pre came from engine_pre_take (psp, recyclable) */
     int                   prefilled;    /* prompt tokens in pre */
     int                   cached;       /* prompt tokens from the prefix cache */
     /* generation */
@@ -107,6 +108,7 @@ typedef struct eng_req {
 // ---------------------------------------------------------------------------
 
 #define ENGINE_SCHEMAS 8 /* distinct JSON constraints kept compiled */
+#define ENGINE_SPARE_PRE 4 /* emptied prefill states kept between requests */
 
 struct tqkv_engine {
     tqkv_engine_params      p;
@@ -122,6 +124,10 @@ struct tqkv_engine {
     tqkv_model_state       *run, *drun;
     eng_req               **rows;
     int                     n_rows, cap_rows;
+    /* emptied prefill states kept for the next requests (their scratch stays mapped and
+       faulted in); freed when the engine goes idle */
+    tqkv_model_state       *spare[ENGINE_SPARE_PRE];
+    int                     n_spare;
     /* admitted, prefilling (FIFO) */
     eng_req               **pre;
     int                     n_pre, cap_pre;
