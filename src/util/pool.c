@@ -233,3 +233,30 @@ void pool_for(int nth, size_t n, pool_item_fn fn, void *arg) {
     caller_wait_empty();
     pthread_mutex_unlock(&T.lock);
 }
+
+// ---------------------------------------------------------------------------
+// blocks of small items
+// ---------------------------------------------------------------------------
+
+typedef struct {
+    pool_index_fn fn;
+    void *arg;
+    size_t n, per;
+} each_job;
+
+static void each_block(void *arg, size_t b, int slot) {
+    (void)slot;
+    const each_job *j = arg;
+    const size_t a = b * j->per, e = a + j->per < j->n ? a + j->per : j->n;
+    for (size_t i = a; i < e; i++) j->fn(j->arg, i);
+}
+
+void pool_for_each(int nth, size_t n, size_t min_n, pool_index_fn fn, void *arg) {
+    if (nth <= 1 || n < min_n || n < 2) {
+        for (size_t i = 0; i < n; i++) fn(arg, i);
+        return;
+    }
+    const size_t blocks = (size_t)nth * 4 < n ? (size_t)nth * 4 : n;
+    each_job j = {fn, arg, n, (n + blocks - 1) / blocks};
+    pool_for(nth, (n + j.per - 1) / j.per, each_block, &j);
+}

@@ -35,6 +35,12 @@ typedef void (*pool_item_fn)(void *arg, size_t i, int slot);
  * team instead: the same items, the same results. */
 void pool_for(int nth, size_t n, pool_item_fn fn, void *arg);
 
+/* fn(arg, i) for every i in [0, n): on the caller alone when n < min_n, else in blocks of
+ * consecutive i (about four per thread) over up to nth threads. For loops whose items are
+ * too small to claim one at a time (a norm of one token). */
+typedef void (*pool_index_fn)(void *arg, size_t i);
+void pool_for_each(int nth, size_t n, size_t min_n, pool_index_fn fn, void *arg);
+
 /* The spin budget in nanoseconds before a waiting thread sleeps (TQKV_SPIN_US * 1000 at
  * the first use; 0 = sleep at once). */
 long pool_spin_ns(void);

@@ -12,13 +12,13 @@
  * invariant (ops/matmul.c), attention is by contract.
  */
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "model/arch/llama/llama.h"
 #include "model/ops/ops.h"
 #include "util/common.h"
+#include "util/pool.h"
 
 // ---------------------------------------------------------------------------
 // scratch
@@ -98,16 +98,75 @@ tqkv_status llama_rollback(tqkv_model_state *s, int done, int n, int prefill) {
     return worst;
 }
 
+// ---------------------------------------------------------------------------
+// per-token loops (the compute pool, util/pool.h)
+// ---------------------------------------------------------------------------
+
+/* Tokens from which a per-token loop is split over the threads: below, the fork and join
+ * cost more than the work (a token's norm of 512 floats takes ~0.1 us). */
+#define LLAMA_LOOP_MIN 16
+
+/* What a per-token loop body reads; each body fills the fields it needs. */
+typedef struct {
+    const tqkv_model *m;
+    tqkv_model_state *s;
+    const model_layer *L;
+    const llama_shape *f;
+    const int32_t *tokens;
+    const float *o, *bias, *norm;
+} llama_loop;
+
+static void loop_run(const llama_loop *c, size_t T, pool_index_fn body) {
+    pool_for_each(c->s->p.threads, T, LLAMA_LOOP_MIN, body, (void *)c);
+}
+
 /* Embedding rows and RoPE tables of the T compact tokens. */
+static void embed_tok(void *arg, size_t i) {
+    const llama_loop *c = arg;
+    const tqkv_model *m = c->m;
+    tqkv_model_state *s = c->s;
+    const int H = m->cfg.hidden_size, half = m->cfg.head_dim / 2, n = c->f->n;
+    int r = s->tok_row[i], j = s->tok_col[i];
+    int pos = s->off[r] + j - (n - s->len[r]);
+    mm_weight_row(&m->embed, c->tokens[(size_t)r * n + j], s->x + i * H);
+    ops_rope_table(pos, m->inv_freq, half, s->rc + i * half, s->rs + i * half);
+}
+
 void llama_embed(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
                  const llama_shape *f) {
-    const int H = m->cfg.hidden_size, half = m->cfg.head_dim / 2, n = f->n;
-#pragma omp parallel for num_threads(s->p.threads) schedule(static) if (f->T >= 64)
-    for (size_t i = 0; i < f->T; i++) {
-        int r = s->tok_row[i], j = s->tok_col[i];
-        int pos = s->off[r] + j - (n - s->len[r]);
-        mm_weight_row(&m->embed, tokens[(size_t)r * n + j], s->x + i * H);
-        ops_rope_table(pos, m->inv_freq, half, s->rc + i * half, s->rs + i * half);
+    llama_loop c = {.m = m, .s = s, .f = f, .tokens = tokens};
+    loop_run(&c, f->T, embed_tok);
+}
+
+/* RMSNorm of x into xn with norm (c->norm). */
+static void norm_tok(void *arg, size_t i) {
+    const llama_loop *c = arg;
+    const int H = c->m->cfg.hidden_size;
+    ops_rmsnorm(c->s->x + i * H, c->norm, c->m->cfg.rms_norm_eps, H, c->s->xn + i * H);
+}
+
+/* q/k norm, RoPE, scatter of token i's q/k/v to qb / kb / vb. */
+static void qkv_scatter_tok(void *arg, size_t i) {
+    const llama_loop *c = arg;
+    const tqkv_model_config *cf = &c->m->cfg;
+    tqkv_model_state *s = c->s;
+    const model_layer *L = c->L;
+    const int hd = cf->head_dim, NH = cf->n_heads, NKV = cf->n_kv_heads, half = hd / 2, n = c->f->n;
+    const int QD = NH * hd, KD = NKV * hd;
+    const size_t QS = (size_t)QD + 2 * (size_t)KD;
+    float *q = s->qkv + i * QS, *k = q + QD, *v = k + KD;
+    if (L->q_norm) {
+        for (int h = 0; h < NH; h++) ops_rmsnorm(q + h * hd, L->q_norm, cf->rms_norm_eps, hd, q + h * hd);
+        for (int h = 0; h < NKV; h++) ops_rmsnorm(k + h * hd, L->k_norm, cf->rms_norm_eps, hd, k + h * hd);
+    }
+    ops_rope_apply(q, NH, hd, s->rc + i * half, s->rs + i * half);
+    ops_rope_apply(k, NKV, hd, s->rc + i * half, s->rs + i * half);
+    size_t r = (size_t)s->tok_row[i], j = (size_t)s->tok_col[i];
+    for (int h = 0; h < NH; h++)
+        memcpy(s->qb + ((r * NH + h) * n + j) * hd, q + h * hd, sizeof(float) * hd);
+    for (int h = 0; h < NKV; h++) {
+        memcpy(s->kb + ((r * NKV + h) * n + j) * hd, k + h * hd, sizeof(float) * hd);
+        memcpy(s->vb + ((r * NKV + h) * n + j) * hd, v + h * hd, sizeof(float) * hd);
     }
 }
 
@@ -116,13 +175,11 @@ void llama_embed(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens
 void llama_qkv_project(const tqkv_model *m, tqkv_model_state *s, const model_layer *L,
                        const llama_shape *f) {
     const tqkv_model_config *c = &m->cfg;
-    const int R = s->rows, H = c->hidden_size, hd = c->head_dim, NH = c->n_heads,
-              NKV = c->n_kv_heads, half = hd / 2, n = f->n, th = s->p.threads, pf = f->pf;
-    const int QD = NH * hd, KD = NKV * hd;
+    const int R = s->rows, hd = c->head_dim, n = f->n, pf = f->pf;
+    const int QD = c->n_heads * hd, KD = c->n_kv_heads * hd;
     const size_t T = f->T, QS = (size_t)QD + 2 * (size_t)KD;
-#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
-    for (size_t i = 0; i < T; i++)
-        ops_rmsnorm(s->x + i * H, L->attn_norm, c->rms_norm_eps, H, s->xn + i * H);
+    llama_loop lp = {.m = m, .s = s, .L = L, .f = f, .norm = L->attn_norm};
+    loop_run(&lp, T, norm_tok);
     if (L->wqkv.data && !(s->p.blas && pf)) {
         llama_matmul(s, s->xn, (int)T, &L->wqkv, L->bqkv, s->qkv, pf);
     } else {
@@ -135,23 +192,7 @@ void llama_qkv_project(const tqkv_model *m, tqkv_model_state *s, const model_lay
         memset(s->kb, 0, sizeof(float) * (size_t)R * n * KD);
         memset(s->vb, 0, sizeof(float) * (size_t)R * n * KD);
     }
-#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
-    for (size_t i = 0; i < T; i++) {
-        float *q = s->qkv + i * QS, *k = q + QD, *v = k + KD;
-        if (L->q_norm) {
-            for (int h = 0; h < NH; h++) ops_rmsnorm(q + h * hd, L->q_norm, c->rms_norm_eps, hd, q + h * hd);
-            for (int h = 0; h < NKV; h++) ops_rmsnorm(k + h * hd, L->k_norm, c->rms_norm_eps, hd, k + h * hd);
-        }
-        ops_rope_apply(q, NH, hd, s->rc + i * half, s->rs + i * half);
-        ops_rope_apply(k, NKV, hd, s->rc + i * half, s->rs + i * half);
-        size_t r = (size_t)s->tok_row[i], j = (size_t)s->tok_col[i];
-        for (int h = 0; h < NH; h++)
-            memcpy(s->qb + ((r * NH + h) * n + j) * hd, q + h * hd, sizeof(float) * hd);
-        for (int h = 0; h < NKV; h++) {
-            memcpy(s->kb + ((r * NKV + h) * n + j) * hd, k + h * hd, sizeof(float) * hd);
-            memcpy(s->vb + ((r * NKV + h) * n + j) * hd, v + h * hd, sizeof(float) * hd);
-        }
-    }
+    loop_run(&lp, T, qkv_scatter_tok);
 }
 
 /* Layer l's cache append and attention: ob [rows, NH, n, hd]. On failure the appends of
@@ -190,50 +231,60 @@ tqkv_status llama_attend(const tqkv_model *m, tqkv_model_state *s, int l, const 
 
 /* Gather ob [rows, NH, n, hd] to token order att [T, NH * hd], then o_proj (+ bias) into
  * tmp [T, hidden]. */
+static void gather_tok(void *arg, size_t i) {
+    const llama_loop *c = arg;
+    tqkv_model_state *s = c->s;
+    const int hd = c->m->cfg.head_dim, NH = c->m->cfg.n_heads, QD = NH * hd, n = c->f->n;
+    size_t r = (size_t)s->tok_row[i], j = (size_t)s->tok_col[i];
+    for (int h = 0; h < NH; h++)
+        memcpy(s->att + i * QD + (size_t)h * hd, s->ob + ((r * NH + h) * n + j) * hd,
+               sizeof(float) * hd);
+}
+
 void llama_out_matmul(const tqkv_model *m, tqkv_model_state *s, const model_layer *L,
                       const llama_shape *f, const float *bias) {
-    const tqkv_model_config *c = &m->cfg;
-    const int hd = c->head_dim, NH = c->n_heads, QD = NH * hd, n = f->n, th = s->p.threads;
-    const size_t T = f->T;
-#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
-    for (size_t i = 0; i < T; i++) {
-        size_t r = (size_t)s->tok_row[i], j = (size_t)s->tok_col[i];
-        for (int h = 0; h < NH; h++)
-            memcpy(s->att + i * QD + (size_t)h * hd, s->ob + ((r * NH + h) * n + j) * hd,
-                   sizeof(float) * hd);
-    }
-    llama_matmul(s, s->att, (int)T, &L->wo, bias, s->tmp, f->pf);
+    llama_loop c = {.m = m, .s = s, .f = f};
+    loop_run(&c, f->T, gather_tok);
+    llama_matmul(s, s->att, (int)f->T, &L->wo, bias, s->tmp, f->pf);
 }
 
 /* x [T, hidden] += o [T, hidden] (+ bias [hidden] after it when not NULL); then, when norm is
  * not NULL, RMSNorm of x into xn. */
+static void residual_tok(void *arg, size_t i) {
+    const llama_loop *c = arg;
+    const int H = c->m->cfg.hidden_size;
+    float *x = c->s->x + i * H;
+    const float *oi = c->o + i * H, *bias = c->bias;
+    if (bias)
+        for (int e = 0; e < H; e++) x[e] += oi[e] + bias[e];
+    else
+        for (int e = 0; e < H; e++) x[e] += oi[e];
+    if (c->norm) ops_rmsnorm(x, c->norm, c->m->cfg.rms_norm_eps, H, c->s->xn + i * H);
+}
+
 void llama_residual(const tqkv_model *m, tqkv_model_state *s, size_t T, const float *o,
                     const float *bias, const float *norm) {
-    const int H = m->cfg.hidden_size;
-#pragma omp parallel for num_threads(s->p.threads) schedule(static) if (T >= 64)
-    for (size_t i = 0; i < T; i++) {
-        float *x = s->x + i * H;
-        const float *oi = o + i * H;
-        if (bias)
-            for (int e = 0; e < H; e++) x[e] += oi[e] + bias[e];
-        else
-            for (int e = 0; e < H; e++) x[e] += oi[e];
-        if (norm) ops_rmsnorm(x, norm, m->cfg.rms_norm_eps, H, s->xn + i * H);
-    }
+    llama_loop c = {.m = m, .s = s, .o = o, .bias = bias, .norm = norm};
+    loop_run(&c, T, residual_tok);
+}
+
+static void swiglu_tok(void *arg, size_t i) {
+    const llama_loop *c = arg;
+    const size_t I = (size_t)c->m->cfg.intermediate_size;
+    ops_swiglu(c->s->gu + i * 2 * I, c->s->gu + i * 2 * I + I, (int)I, c->s->h + i * I);
 }
 
 /* The SwiGLU MLP of xn [T, hidden] into tmp [T, hidden] (down_proj's product). */
 void llama_mlp(const tqkv_model *m, tqkv_model_state *s, const model_layer *L, size_t T, int pf) {
-    const int I = m->cfg.intermediate_size, th = s->p.threads;
+    const int I = m->cfg.intermediate_size;
     if (L->wgu.data && !(s->p.blas && pf)) {
         llama_matmul(s, s->xn, (int)T, &L->wgu, NULL, s->gu, pf);
     } else {
         llama_matmul_ld(s, s->xn, (int)T, &L->wg, NULL, s->gu, 2 * (size_t)I, pf);
         llama_matmul_ld(s, s->xn, (int)T, &L->wu, NULL, s->gu + I, 2 * (size_t)I, pf);
     }
-#pragma omp parallel for num_threads(th) schedule(static) if (T >= 16)
-    for (size_t i = 0; i < T; i++)
-        ops_swiglu(s->gu + i * 2 * I, s->gu + i * 2 * I + I, I, s->h + i * I);
+    llama_loop c = {.m = m, .s = s};
+    loop_run(&c, T, swiglu_tok);
     llama_matmul(s, s->h, (int)T, &L->wd, NULL, s->tmp, pf);
 }
 
@@ -261,8 +312,8 @@ static void head(const tqkv_model *m, tqkv_model_state *s, const llama_shape *f,
         llama_matmul(s, s->xn, R, &m->lm_head, NULL, logits, 0);
         return;
     }
-#pragma omp parallel for num_threads(s->p.threads) schedule(static) if (T >= 64)
-    for (size_t i = 0; i < T; i++) ops_rmsnorm(s->x + i * H, m->final_norm, c->rms_norm_eps, H, s->xn + i * H);
+    llama_loop lp = {.m = m, .s = s, .norm = m->final_norm};
+    loop_run(&lp, T, norm_tok);
     if (!f->nq_pad) { /* compact order == [rows, n] order */
         llama_matmul(s, s->xn, (int)T, &m->lm_head, NULL, logits, f->pf);
         return;
