@@ -152,6 +152,7 @@ static void engine_release(tqkv_engine *e) {
     free(e->rows);
     free(e->pre);
     free(e->logits);
+    free(e->picktmp);
     free(e->dlogits);
     free(e->tmp);
     free(e->tokbuf);

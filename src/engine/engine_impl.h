@@ -144,6 +144,8 @@ struct tqkv_engine {
     /* scratch */
     float                  *logits, *dlogits, *tmp;
     size_t                  cap_logits, cap_dlogits;
+    float                  *picktmp;      /* [rows, V] the picks' scratch (engine_step_decode) */
+    size_t                  cap_picktmp;
     int32_t                *tokbuf;
     size_t                  cap_tok;
     tqkv_sampler          **smpbuf;       /* [cap_smp] each row's sampler for a decode pick */
@@ -174,6 +176,10 @@ void        req_finish_plain(tqkv_engine *e, eng_req *q, tqkv_finish_reason fin,
 /* Pick the next token of q from raw logits [V] (e->tmp is scratch [V]); fills ti when
  * q asked for logprobs. */
 tqkv_status req_pick(tqkv_engine *e, eng_req *q, const float *raw, int32_t *tok, tok_info *ti);
+/* The same with tmp [V] as scratch: touches only q (its sampler), so rows may be picked
+ * on several threads at once. */
+tqkv_status req_pick_with(const tqkv_engine *e, eng_req *q, const float *raw, float *tmp,
+                          int32_t *tok, tok_info *ti);
 /* Account a generated token: text, stop strings, EOS, limits, and its event. Returns 1
  * when the request finished with this token. */
 int         req_take(tqkv_engine *e, eng_req *q, int32_t tok, const tok_info *ti);

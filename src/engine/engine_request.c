@@ -139,10 +139,15 @@ static int out_append(eng_req *q, const char *s, size_t n) {
 /* Pick the next token of q from raw logits [V]; scratch [V]. */
 tqkv_status req_pick(tqkv_engine *e, eng_req *q, const float *raw, int32_t *tok,
                      tok_info *ti) {
+    return req_pick_with(e, q, raw, e->tmp, tok, ti);
+}
+
+tqkv_status req_pick_with(const tqkv_engine *e, eng_req *q, const float *raw, float *tmp,
+                          int32_t *tok, tok_info *ti) {
     int V = tqkv_model_get_config(e->m)->vocab_size;
-    memcpy(e->tmp, raw, sizeof(float) * (size_t)V);
+    memcpy(tmp, raw, sizeof(float) * (size_t)V);
     int t = 0;
-    tqkv_status rc = tqkv_sampler_sample(q->sampler, e->tmp, &t);
+    tqkv_status rc = tqkv_sampler_sample(q->sampler, tmp, &t);
     if (rc != TQKV_OK) return rc;
     *tok = t;
     if (q->top_logprobs >= 0) logprob_info(raw, V, t, q->top_logprobs, ti);

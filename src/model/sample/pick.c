@@ -24,6 +24,7 @@
 #include "model/sample/pick.h"
 #include "model/sample/sampler_impl.h"
 #include "util/common.h"
+#include "util/pool.h"
 #ifdef TQKV_HAVE_CUDA
 #include "model/cuda/model_cuda.h"
 #endif
@@ -73,6 +74,20 @@ static int32_t pick_full_row(tqkv_sampler *smp, float *l, int V) {
     int t = -1;
     const tqkv_status st = smp ? tqkv_sampler_sample(smp, l, &t) : sampler_argmax(l, V, &t);
     return st == TQKV_OK ? t : -1;
+}
+
+/* Rows picked on the host, one per item (util/pool.h): each row reads its own logits
+ * and draws from its own sampler, so any thread gives the same pick. */
+typedef struct {
+    tqkv_sampler *const *samplers;
+    float *logits; // [R, V]
+    int32_t *next; // [R]
+    int V;
+} pick_host_job;
+
+static void pick_host_row(void *arg, size_t r) {
+    const pick_host_job *j = arg;
+    j->next[r] = pick_full_row(j->samplers ? j->samplers[r] : NULL, j->logits + r * j->V, j->V);
 }
 
 #ifdef TQKV_HAVE_CUDA
@@ -177,7 +192,16 @@ tqkv_status tqkv_model_decode_pick(const tqkv_model *m, tqkv_model_state *s, con
         return tqkv_fail(TQKV_ENOMEM, "decode pick: out of memory");
     tqkv_status rc = tqkv_model_decode(m, s, tokens, pk->logits);
     if (rc != TQKV_OK) return rc;
-    for (int r = 0; r < R; r++)
-        next[r] = pick_full_row(samplers ? samplers[r] : NULL, pk->logits + (size_t)r * V, V);
+    int shared = 0; /* constrained samplers may share state: then one thread picks */
+    for (int r = 0; samplers && r < R; r++) shared |= samplers[r] && sampler_constrained(samplers[r]);
+    pick_host_job j = {samplers, pk->logits, next, V};
+    pool_for_each(shared ? 1 : s->p.threads, (size_t)R, 2, pick_host_row, &j);
+    /* a refused row's reason went to its thread's error slot: the last one again here */
+    for (int r = R - 1; r >= 0; r--)
+        if (next[r] < 0) {
+            if (samplers && samplers[r]) (void)tqkv_sampler_sample(samplers[r], pk->logits + (size_t)r * V, &(int){0});
+            else (void)sampler_argmax(pk->logits + (size_t)r * V, V, &(int){0});
+            break;
+        }
     return TQKV_OK;
 }

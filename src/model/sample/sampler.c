@@ -363,6 +363,7 @@ sampler_pick_kind sampler_pick_kind_of(const tqkv_sampler *s, int k_limit, int *
 }
 
 int sampler_vocab(const tqkv_sampler *s) { return s->vocab; }
+int sampler_constrained(const tqkv_sampler *s) { return s->p.constrain != NULL; }
 float sampler_temperature(const tqkv_sampler *s) { return s->p.temperature; }
 
 float sampler_penalty(const tqkv_sampler *s) {

@@ -26,6 +26,9 @@ typedef enum {
  * 1 for GREEDY, 0 for FULL. */
 sampler_pick_kind sampler_pick_kind_of(const tqkv_sampler *s, int k_limit, int *k);
 int   sampler_vocab(const tqkv_sampler *s);
+/* 1 when the sampler masks through a constraint callback (whose state may be shared with
+ * other rows' samplers: such rows are picked on one thread). */
+int   sampler_constrained(const tqkv_sampler *s);
 float sampler_temperature(const tqkv_sampler *s);
 /* The repetition penalty factor r (logit l becomes l > 0 ? l / r : l * r), 1 = none. */
 float sampler_penalty(const tqkv_sampler *s);
