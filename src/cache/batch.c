@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "cache/cache_impl.h"
+#include "util/pool.h"
 
 // ---------------------------------------------------------------------------
 // Config
@@ -466,6 +467,32 @@ static int all_finite(const float *x, size_t n) {
     return 1;
 }
 
+void batch_set_threads(struct tqkv_batch *b, int threads) {
+    if (b) b->threads = threads;
+}
+
+/* One (row, head, plane) of an append (item i of rows x kv_heads x 2): each writes its own
+ * bytes, from the row's offset and side-buffer range as they were before the append. */
+typedef struct {
+    struct tqkv_batch *b;
+    const float *k, *v;
+    int n, prefill;
+    size_t per_row;
+} append_job;
+
+static void append_item(void *arg, size_t i, int slot) {
+    (void)slot;
+    const append_job *j = arg;
+    struct tqkv_batch *b = j->b;
+    const int H = b->cfg.kv_heads, dim = b->cfg.head_dim;
+    const int r = (int)(i / ((size_t)H * 2)), h = (int)(i / 2 % (size_t)H), plane = (int)(i % 2);
+    const int skip = j->prefill ? b->prefill_pad[r] : 0;
+    const int lo = b->ext_valid ? b->ext_lo[r] : 0, hi = b->ext_valid ? b->ext_hi[r] : 0;
+    const size_t o = (size_t)r * j->per_row + ((size_t)h * j->n + skip) * dim;
+    plane_encode(b, plane ? &b->v : &b->k, r, h, b->offset[r], (plane ? j->v : j->k) + o,
+                 j->n - skip, lo, hi);
+}
+
 tqkv_status tqkv_batch_append(tqkv_batch *b, const float *k, const float *v, int n) {
     CACHE_CHECK(b, TQKV_EINVAL, "batch_append: batch is NULL");
     CACHE_CHECK(n >= 1, TQKV_EINVAL, "batch_append: n must be >= 1, got %d", n);
@@ -507,23 +534,19 @@ tqkv_status tqkv_batch_append(tqkv_batch *b, const float *k, const float *v, int
     }
     if (ext_need > 0 && (st = ext_reserve(b, ext_need))) return st;
     b->ext_valid = ext_need > 0;
+    for (int r = 0; r < b->rows && b->ext_valid; r++) { /* before any of the row's encodes */
+        int lo, hi;
+        ext_range(b, r, n - (prefill ? b->prefill_pad[r] : 0), &lo, &hi);
+        if (hi < lo) hi = lo;
+        ext_save_ring(b, r, lo, hi < b->offset[r] ? hi : b->offset[r]);
+        b->ext_lo[r] = lo;
+        b->ext_hi[r] = hi;
+        b->ext_off[r] = b->offset[r] + n - (prefill ? b->prefill_pad[r] : 0);
+    }
+    append_job j = {b, k, v, n, prefill, per_row};
+    pool_for(b->threads, (size_t)b->rows * H * 2, append_item, &j);
     for (int r = 0; r < b->rows; r++) {
-        int skip = prefill ? b->prefill_pad[r] : 0;
-        int cnt = n - skip, lo = 0, hi = 0;
-        if (b->ext_valid) {
-            ext_range(b, r, cnt, &lo, &hi);
-            if (hi < lo) hi = lo;
-            ext_save_ring(b, r, lo, hi < b->offset[r] ? hi : b->offset[r]);
-            b->ext_lo[r] = lo;
-            b->ext_hi[r] = hi;
-            b->ext_off[r] = b->offset[r] + cnt;
-        }
-        for (int h = 0; h < H; h++) {
-            size_t o = (size_t)r * per_row + ((size_t)h * n + skip) * dim;
-            plane_encode(b, &b->k, r, h, b->offset[r], k + o, cnt, lo, hi);
-            plane_encode(b, &b->v, r, h, b->offset[r], v + o, cnt, lo, hi);
-        }
-        b->offset[r] += cnt;
+        b->offset[r] += n - (prefill ? b->prefill_pad[r] : 0);
         if (b->ring > 0 && b->win_lo[r] < b->offset[r] - b->ring)
             b->win_lo[r] = b->offset[r] - b->ring;
     }

@@ -60,6 +60,8 @@ struct tqkv_batch {
     int  *left_pad;             /* [rows] padding columns before the first token */
     int  *win_lo;               /* [rows] oldest token with a valid q8 copy */
     tqkv_plane k, v;
+    int   threads;              /* compute-pool threads an append may encode with (<= 1:
+                                   the caller alone); batch_set_threads */
 
     int   ext_valid;            /* the side buffer belongs to the last append */
     int   ext_rows, ext_cap;    /* allocated rows and token slots of the side buffer */
@@ -165,5 +167,10 @@ tqkv_status batch_check_config(const tqkv_cache_config *cfg);
 /* Internal attention entry (src/attn): rows are independent. */
 tqkv_status attn_batch(const struct tqkv_batch *b, const tqkv_mask *mask, const float *q,
                        int n_query, const tqkv_attn_params *p, float *out);
+
+/* Threads of the compute pool (util/pool.h) that appends may encode with: the model sets
+ * its state's threads. Rows, heads and planes are encoded independently, so the bytes
+ * never depend on it. */
+void batch_set_threads(struct tqkv_batch *b, int threads);
 
 #endif

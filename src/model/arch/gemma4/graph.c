@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/batch.h"
 #include "model/arch/gemma4/gemma4.h"
 #include "model/ops/ops.h"
 #include "util/common.h"
@@ -270,6 +271,7 @@ static tqkv_status g4_attend(const tqkv_model *m, tqkv_model_state *s, int l, co
     const int n = f->n, ty = g->sliding[l] ? 0 : 1, own = g->donor[l] == l;
     tqkv_batch *b = s->layers[g->donor[l]];
     tqkv_status rc = TQKV_OK;
+    batch_set_threads(b, s->p.threads);
     if (own) {
         if (f->prefill) {
             rc = tqkv_batch_prepare_prefill(b, s->len);

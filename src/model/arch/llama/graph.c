@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/batch.h"
 #include "model/arch/llama/llama.h"
 #include "model/ops/ops.h"
 #include "util/common.h"
@@ -201,6 +202,7 @@ tqkv_status llama_attend(const tqkv_model *m, tqkv_model_state *s, int l, const 
     tqkv_batch *b = s->layers[l];
     const int n = f->n;
     tqkv_status rc;
+    batch_set_threads(b, s->p.threads);
     if (f->prefill) {
         rc = tqkv_batch_prepare_prefill(b, s->len);
         if (rc == TQKV_OK) rc = tqkv_batch_append(b, s->kb, s->vb, n);

@@ -35,6 +35,7 @@
 #ifdef TQKV_HAVE_CUDA
 #include "model/cuda/model_cuda.h"
 #endif
+#include "cache/batch.h"
 #include "model/arch/qwen35/qwen35.h"
 #include "model/ops/ops.h"
 #include "model/state/recurrent.h"
@@ -296,6 +297,7 @@ static tqkv_status full_attention(const tqkv_model *m, tqkv_model_state *s, cons
         }
     }
     tqkv_status rc;
+    batch_set_threads(b, th);
     if (prefill) {
         rc = tqkv_batch_prepare_prefill(b, len);
         if (rc == TQKV_OK) rc = tqkv_batch_append(b, k->kb, k->vb, n);
