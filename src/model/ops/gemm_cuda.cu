@@ -2,7 +2,8 @@
  * gemm_cuda.cu - the GPU forward's batch-invariant tensor-core GEMM (see gemm_cuda.h for
  * the contract and the reduction order).
  * Owns: the activation kernel (f32 -> bf16 parts [parts, T, K]), the tiled mma kernel
- * (cp.async pipeline, swizzled shared memory, ldmatrix), its tile shapes and their pick.
+ * (cp.async pipeline, swizzled shared memory, ldmatrix), its tile shapes and their pick,
+ * and the skinny kernel for T <= 8 (one warp a CTA, bulk copies into a deep pipeline).
  * Must not: split K, fold partials, or let a tile shape change one output's arithmetic.
  *
  * Shapes. A CTA is WM x WN warps; a warp covers MT weight tiles of 16 rows (the mma's M)
@@ -202,6 +203,166 @@ gemm_kernel(const uint16_t *__restrict__ xb, int T, int K, const uint16_t *__res
 }
 
 // ---------------------------------------------------------------------------
+// the skinny kernel (decode, T <= 8): one warp per CTA streams whole weight rows
+// ---------------------------------------------------------------------------
+
+/* Why: at T <= 8 a GEMM is a stream of the weights, and the tiled kernel's CTAs keep too
+ * few bytes in flight when N is small (4096 rows are 128 CTAs of 32 rows). Here a CTA is
+ * one warp that owns SK rows (16 MT) of W, walks its row blocks (block b, b + grid, ...)
+ * and keeps S stages of SK_BK k in flight with bulk copies (cp.async.bulk, one per weight
+ * row and per token row and part, completing on the stage's mbarrier), the stage sequence
+ * running on across its row blocks without a drain.
+ * Same arithmetic as gemm_kernel: the same ldmatrix fragments, the weights the mma's A
+ * operand and the tokens (8 columns, those past T zero) its B operand, the k16 steps of
+ * K in ascending order, hi then lo, 4 ceil(K / 64) steps in all (the steps past K are
+ * mma's of zeros, as the tiled kernel's zero-filled tail tiles are), the bias last.
+ *
+ * Shared memory: S mbarriers (128 bytes), then S stages of [SK rows of W | P T token
+ * rows], SK_RB bytes a row (SK_BK k of bf16 + 16 bytes of pad: ldmatrix's eight rows of
+ * one 16-byte chunk fall in distinct banks). */
+#define SK_BK 256              /* k per stage (a multiple of 64) */
+#define SK_RB (2 * SK_BK + 16) /* bytes per shared-memory row */
+#define SK_BAR 128             /* bytes for the mbarriers (S <= 16) */
+#define SK_SMAX 16
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "SK_WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra SK_WAIT;\n"
+                 "}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+/* bytes (a multiple of 16, both addresses 16-byte aligned) global -> shared, completing on bar */
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar,
+                                          uint64_t policy) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
+                 "[%0], [%1], %2, [%3], %4;\n" ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+                 : "memory");
+}
+
+/* Stage i of this warp's sequence (row block j = i / nk, k stage i % nk) into slot i % S:
+ * lane 0 arms the slot's mbarrier with the stage's bytes, then the lanes issue one bulk
+ * copy each per weight row (rows past N are left out: their outputs are never stored) and
+ * per token row of each part. */
+template <int MT, int P>
+__device__ __forceinline__ void skinny_issue(int i, uint32_t sbase, int S, int sb, const uint16_t *__restrict__ w,
+                                             int N, const uint16_t *__restrict__ xb, int T, int K, int nk,
+                                             int rb0, int rbs, int lane, uint64_t pol_w, uint64_t pol_x) {
+    constexpr int SK = 16 * MT;
+    const int slot = i % S, j = i / nk, kt = i % nk;
+    const int n0 = (rb0 + j * rbs) * SK, k0 = kt * SK_BK;
+    const int kn = K - k0 < SK_BK ? K - k0 : SK_BK;
+    const int rows = N - n0 < SK ? N - n0 : SK, nc = rows + P * T;
+    const uint32_t bytes = (uint32_t)kn * 2u, bar = sbase + 8u * (uint32_t)slot;
+    const uint32_t st = sbase + SK_BAR + (uint32_t)slot * (uint32_t)sb;
+    if (lane == 0) mbar_expect_tx(bar, bytes * (uint32_t)nc);
+    __syncwarp();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* the slot's reads are done */
+    for (int c = lane; c < nc; c += 32) {
+        if (c < rows) bulk_copy(st + (uint32_t)c * SK_RB, w + (size_t)(n0 + c) * K + k0, bytes, bar, pol_w);
+        else bulk_copy(st + (uint32_t)(SK + c - rows) * SK_RB, xb + (size_t)(c - rows) * K + k0, bytes, bar, pol_x);
+    }
+}
+
+/* The fragments of k16 step s of a stage: A of each m tile, B of each part (token rows
+ * past T read row T - 1; the caller zeroes them). */
+template <int MT, int P>
+__device__ __forceinline__ void skinny_frag(uint32_t (&a)[MT][4], uint32_t (&b)[P][2], uint32_t st, int s,
+                                            int T, int lane) {
+#pragma unroll
+    for (int m = 0; m < MT; m++) ldsm_x4(a[m], st + (uint32_t)(16 * m + (lane & 15)) * SK_RB + (uint32_t)(2 * s + (lane >> 4)) * 16u);
+    const int tr = (lane & 7) < T ? (lane & 7) : T - 1;
+#pragma unroll
+    for (int p = 0; p < P; p++)
+        ldsm_x2(b[p][0], b[p][1], st + (uint32_t)(16 * MT + p * T + tr) * SK_RB + (uint32_t)(2 * s + ((lane >> 3) & 1)) * 16u);
+}
+
+/* grid: min(row blocks, resident CTAs), block 32, dynamic shared memory SK_BAR + S sb. */
+template <int MT, int P>
+__global__ void __launch_bounds__(32)
+gemm_skinny_kernel(const uint16_t *__restrict__ xb, int T, int K, const uint16_t *__restrict__ w, int N,
+                   const float *__restrict__ bias, float *__restrict__ y, size_t ldy, int S) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    constexpr int SK = 16 * MT;
+    extern __shared__ __align__(128) uint8_t sm[];
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm);
+    const int lane = threadIdx.x, sb = (SK + P * T) * SK_RB;
+    const int nrb = (N + SK - 1) / SK, rb0 = blockIdx.x, rbs = gridDim.x;
+    const int nb = (nrb - rb0 + rbs - 1) / rbs, nk = (K + SK_BK - 1) / SK_BK, total = nb * nk;
+    uint64_t pol_w, pol_x; /* weights: streamed once, evict first; activations: every CTA reads them */
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol_w));
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(pol_x));
+    if (lane == 0) {
+        for (int s = 0; s < S; s++) mbar_init(sbase + 8u * (uint32_t)s, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncwarp();
+    for (int i = 0; i < S && i < total; i++)
+        skinny_issue<MT, P>(i, sbase, S, sb, w, N, xb, T, K, nk, rb0, rbs, lane, pol_w, pol_x);
+    const int g = lane >> 2, c = lane & 3;
+    const bool tok = g < T; /* this lane's B columns are real tokens */
+    float acc[MT][4];
+#pragma unroll
+    for (int m = 0; m < MT; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
+    for (int i = 0; i < total; i++) {
+        const int slot = i % S, kt = i % nk, k0 = kt * SK_BK;
+        const uint32_t st = sbase + SK_BAR + (uint32_t)slot * (uint32_t)sb;
+        mbar_wait(sbase + 8u * (uint32_t)slot, (uint32_t)(i / S) & 1u);
+        /* the tiled kernel's steps: 4 per 64 k of the stage, zeros past K */
+        const int kn = K - k0 < SK_BK ? K - k0 : SK_BK, ns = 4 * ((kn + 63) / 64);
+        uint32_t a[MT][4], b[P][2];
+        skinny_frag<MT, P>(a, b, st, 0, T, lane);
+        for (int s = 0; s < ns; s++) {
+            uint32_t ca[MT][4], cb[P][2];
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) ca[m][q] = a[m][q];
+#pragma unroll
+            for (int p = 0; p < P; p++) cb[p][0] = b[p][0], cb[p][1] = b[p][1];
+            if (s + 1 < ns) skinny_frag<MT, P>(a, b, st, s + 1, T, lane); /* ahead of the mma's */
+            const int kb = 16 * s;
+            const bool lo = kb < kn, hi = kb + 8 < kn; /* k 0..7 and 8..15 of the step inside K */
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                if (!lo) ca[m][0] = ca[m][1] = 0u;
+                if (!hi) ca[m][2] = ca[m][3] = 0u;
+            }
+#pragma unroll
+            for (int p = 0; p < P; p++) {
+                if (!lo || !tok) cb[p][0] = 0u;
+                if (!hi || !tok) cb[p][1] = 0u;
+            }
+#pragma unroll
+            for (int p = 0; p < P; p++)
+#pragma unroll
+                for (int m = 0; m < MT; m++) mma16816(acc[m], ca[m], cb[p][0], cb[p][1]);
+        }
+        __syncwarp(); /* every lane's reads of the slot are done before it is refilled */
+        if (i + S < total) skinny_issue<MT, P>(i + S, sbase, S, sb, w, N, xb, T, K, nk, rb0, rbs, lane, pol_w, pol_x);
+        if (kt == nk - 1) { /* the row block's outputs, then a fresh sum for the next */
+            const int n0 = (rb0 + (i / nk) * rbs) * SK;
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const int n = n0 + 16 * m + g + (q >> 1) * 8, t = 2 * c + (q & 1);
+                    if (n < N && t < T) y[(size_t)t * ldy + n] = bias ? acc[m][q] + bias[n] : acc[m][q];
+                    acc[m][q] = 0.f;
+                }
+        }
+    }
+#endif
+}
+
+// ---------------------------------------------------------------------------
 // host: the tile shapes and their pick
 // ---------------------------------------------------------------------------
 
@@ -214,11 +375,19 @@ gemm_kernel(const uint16_t *__restrict__ xb, int T, int K, const uint16_t *__res
     X(SH_S64, 2, 1, 1, 8, P, (P == 1 ? 6 : 4)) X(SH_M, 2, 2, 2, 4, P, 4) X(SH_L, 2, 4, 4, 4, P, 4)
 #define GEMM_SHAPES_P1(X) X(SH_XL, 2, 4, 4, 8, 1, 4)
 
-enum { SH_S8, SH_S16, SH_S32, SH_S64, SH_M, SH_L, SH_XL, SH_N };
-static const char *const g_shape_name[SH_N] = {"s8", "s16", "s32", "s64", "m", "l", "xl"};
+enum { SH_S8, SH_S16, SH_S32, SH_S64, SH_M, SH_L, SH_XL, SH_SK, SH_N };
+static const char *const g_shape_name[SH_N] = {"s8", "s16", "s32", "s64", "m", "l", "xl", "sk"};
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static int g_sms = 132, g_force = -1, g_ok;
+static int g_sk_ok;                                 /* sm_90 and the skinny kernels set up */
+static int g_sk_mt, g_sk_stages;                    /* forced by tqkv_cuda_gemm_set_skinny (0: the pick) */
+static size_t g_smem_sm = 228 << 10, g_smem_cta = 227 << 10; /* shared memory per SM, per CTA */
+
+template <int MT, int P> static bool skinny_setup() {
+    return cudaFuncSetAttribute(gemm_skinny_kernel<MT, P>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)g_smem_cta) == cudaSuccess;
+}
 
 template <int WM, int WN, int MT, int NT, int P, int ST> static bool shape_setup() {
     using C = Tile<WM, WN, MT, NT, P, ST>;
@@ -233,6 +402,16 @@ static void gemm_init(void) {
     if (cudaGetDevice(&dev) == cudaSuccess &&
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && sms > 0)
         g_sms = sms;
+    int major = 0, v = 0;
+    (void)cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) == cudaSuccess && v > 0)
+        g_smem_sm = (size_t)v;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess && v > 0)
+        g_smem_cta = (size_t)v;
+    /* the skinny kernel's bulk copies need sm_90; elsewhere T <= 8 keeps s8 (same bits) */
+    g_sk_ok = major >= 9 && skinny_setup<1, 1>() && skinny_setup<1, 2>() && skinny_setup<2, 1>() &&
+              skinny_setup<2, 2>();
+    if (!g_sk_ok) (void)cudaGetLastError();
     bool ok = true;
 #define X(id, wm, wn, mt, nt, p, st) ok = ok && shape_setup<wm, wn, mt, nt, p, st>();
     GEMM_SHAPES(X, 1)
@@ -249,7 +428,8 @@ static void gemm_init(void) {
 /* The shape for T tokens, N outputs and `parts` (xl has one part: l serves two). */
 static int shape_pick(int T, int N, int parts) {
     int sh;
-    if (g_force >= 0) sh = g_force;
+    if (g_force >= 0 && !(g_force == SH_SK && (T > GEMM_CUDA_SKINNY_T || !g_sk_ok))) sh = g_force;
+    else if (T <= GEMM_CUDA_SKINNY_T && g_sk_ok) sh = SH_SK; /* by T alone: decode streams the weights */
     else if (T <= GEMM_CUDA_SMALL_T) sh = T <= 8 ? SH_S8 : T <= 16 ? SH_S16 : T <= 32 ? SH_S32 : SH_S64;
     /* xl where its 256-token tiles still about fill the GPU (H200: 1.2-1.3x l's speed at
      * T >= 512 when they do, slower when they leave SMs idle; bench/RESULTS.md "GPU, session
@@ -268,11 +448,69 @@ static void launch(cudaStream_t s, const uint16_t *xb, int T, int K, const uint1
     gemm_kernel<WM, WN, MT, NT, P, ST><<<grid, C::THREADS, C::SMEM, s>>>(xb, T, K, w, N, bias, y, ldy);
 }
 
+/* The skinny kernel's launch for N rows, K and T tokens: MT (16 or 32 rows a warp: 32 once
+ * N gives every SM four warps of 16), the CTAs one SM holds (up to 4, as many as there are
+ * row blocks per SM), and the stages that share its shared memory (at least 3 if fewer
+ * CTAs allow it; at most SK_SMAX). The grid never exceeds what is resident at once. */
+struct skinny_plan {
+    int mt, stages, grid;
+    size_t smem;
+};
+static skinny_plan skinny_pick(int T, int N, int K, int parts) {
+    skinny_plan p;
+    p.mt = g_sk_mt ? g_sk_mt : (long)N >= 64L * 4 * g_sms ? 2 : 1;
+    const int sk = 16 * p.mt, nrb = (N + sk - 1) / sk, nk = (K + SK_BK - 1) / SK_BK;
+    const size_t sb = (size_t)(sk + parts * T) * SK_RB;
+    int per = (nrb + g_sms - 1) / g_sms;
+    per = per < 1 ? 1 : per > 4 ? 4 : per;
+    long st = 0;
+    for (;; per--) {
+        const size_t room = g_smem_sm / (size_t)per - 1024 - SK_BAR; /* 1 KiB a CTA is the system's */
+        const size_t cta = room < g_smem_cta - SK_BAR ? room : g_smem_cta - SK_BAR;
+        st = (long)(cta / sb);
+        if (st >= 3 || per == 1) break;
+    }
+    const long need = (long)((nrb + (long)per * g_sms - 1) / ((long)per * g_sms)) * nk; /* a warp's stages */
+    st = st > SK_SMAX ? SK_SMAX : st;
+    st = st > need ? need : st;
+    if (g_sk_stages) { /* forced (tests): as many as one CTA's shared memory holds */
+        const long fit = (long)((g_smem_cta - SK_BAR) / sb);
+        st = g_sk_stages < fit ? g_sk_stages : fit;
+    }
+    p.stages = st < 2 ? 2 : (int)st;
+    p.grid = nrb < per * g_sms ? nrb : per * g_sms;
+    p.smem = SK_BAR + (size_t)p.stages * sb;
+    return p;
+}
+
 extern "C" size_t tqkv_cuda_gemm_xf_bytes(size_t T, size_t kmax) { return 2 * T * kmax * 2; }
 
 extern "C" const char *tqkv_cuda_gemm_tile(int T, int N, int parts) {
     pthread_once(&g_once, gemm_init);
     return g_shape_name[shape_pick(T < 1 ? 1 : T, N < 1 ? 1 : N, parts)];
+}
+
+extern "C" tqkv_status tqkv_cuda_gemm_skinny_plan(int T, int N, int K, int parts, int *mt, int *stages,
+                                                  int *grid) {
+    if (T < 1 || T > GEMM_CUDA_SKINNY_T || N < 1 || K < 8 || K % 8 || (parts != 1 && parts != 2))
+        return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm_skinny_plan: bad argument (T %d, N %d, K %d, parts %d)",
+                         T, N, K, parts);
+    pthread_once(&g_once, gemm_init);
+    const skinny_plan p = skinny_pick(T, N, K, parts);
+    if (mt) *mt = p.mt;
+    if (stages) *stages = p.stages;
+    if (grid) *grid = p.grid;
+    return TQKV_OK;
+}
+
+extern "C" tqkv_status tqkv_cuda_gemm_set_skinny(int mt, int stages) {
+    if (mt < 0 || mt > 2 || stages < 0 || stages == 1 || stages > SK_SMAX)
+        return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm_set_skinny: mt %d (0, 1, 2), stages %d (0, 2..%d)", mt,
+                         stages, SK_SMAX);
+    pthread_once(&g_once, gemm_init);
+    g_sk_mt = mt;
+    g_sk_stages = stages;
+    return TQKV_OK;
 }
 
 extern "C" tqkv_status tqkv_cuda_gemm_set_tile(const char *name) {
@@ -286,7 +524,7 @@ extern "C" tqkv_status tqkv_cuda_gemm_set_tile(const char *name) {
             g_force = i;
             return TQKV_OK;
         }
-    return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm_set_tile: no tile shape '%s' (s8, s16, s32, s64, m, l, xl)", name);
+    return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm_set_tile: no tile shape '%s' (s8, s16, s32, s64, m, l, xl, sk)", name);
 }
 
 extern "C" tqkv_status tqkv_cuda_gemm(const float *x, size_t ldx, int T, const uint16_t *w, int N,
@@ -295,6 +533,8 @@ extern "C" tqkv_status tqkv_cuda_gemm(const float *x, size_t ldx, int T, const u
     if (!x || !w || !y || !xf || T < 1 || N < 1 || K < 8 || K % 8 || (parts != 1 && parts != 2))
         return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm: bad argument (T %d, N %d, K %d, parts %d)",
                          T, N, K, parts);
+    if (((uintptr_t)w | (uintptr_t)xf) & 15) /* both kernels copy 16-byte pieces */
+        return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm: weights or scratch not 16-byte aligned");
     pthread_once(&g_once, gemm_init); /* before any launch */
     if (!g_ok) return tqkv_fail(TQKV_EUNSUPPORTED, "CUDA: gemm: the device refused the tiles' shared memory");
     const cudaStream_t s = (cudaStream_t)stream;
@@ -302,6 +542,13 @@ extern "C" tqkv_status tqkv_cuda_gemm(const float *x, size_t ldx, int T, const u
     const size_t n8 = (size_t)T * (size_t)(K / 8);
     gemm_split_kernel<<<(unsigned)((n8 + 255) / 256), 256, 0, s>>>(x, ldx, T, K, parts, (uint4 *)xf);
     const int sh = shape_pick(T, N, parts);
+    if (sh == SH_SK) {
+        const skinny_plan p = skinny_pick(T, N, K, parts);
+        if (p.mt == 1 && parts == 1) gemm_skinny_kernel<1, 1><<<p.grid, 32, p.smem, s>>>(xb, T, K, w, N, bias, y, ldy, p.stages);
+        if (p.mt == 1 && parts == 2) gemm_skinny_kernel<1, 2><<<p.grid, 32, p.smem, s>>>(xb, T, K, w, N, bias, y, ldy, p.stages);
+        if (p.mt == 2 && parts == 1) gemm_skinny_kernel<2, 1><<<p.grid, 32, p.smem, s>>>(xb, T, K, w, N, bias, y, ldy, p.stages);
+        if (p.mt == 2 && parts == 2) gemm_skinny_kernel<2, 2><<<p.grid, 32, p.smem, s>>>(xb, T, K, w, N, bias, y, ldy, p.stages);
+    }
 #define X(id, wm, wn, mt, nt, p, st)                                                                \
     if (sh == id && parts == p) launch<wm, wn, mt, nt, p, st>(s, xb, T, K, w, N, bias, y, ldy);
     GEMM_SHAPES(X, 1)
