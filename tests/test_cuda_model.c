@@ -529,6 +529,48 @@ static void test_engine_device(void **st) {
     tqkv_engine_free(e);
     printf("device engine: %d requests joining a running batch == each alone (tokens, logprobs)\n", NJ);
 
+    /* a tight budget on the device: the burst waits in the queue instead of failing, each
+     * request still gives its tokens alone, and the device storage the engine reports
+     * (capacity: padding and growth included) never exceeds the budget */
+    {
+        tqkv_engine_params p = tqkv_engine_params_default();
+        p.model_dir = g_dir;
+        p.k_format = p.v_format = TQKV_TQ4;
+        p.threads = 2;
+        p.prefill_chunk = 32;
+        p.device = 1;
+        int longest = 0;
+        for (int i = 0; i < NJ; i++)
+            if (j[i].n_prompt + j[i].max_tokens > longest) longest = j[i].n_prompt + j[i].max_tokens;
+        /* one request's device peak is 2 rows of (final + max(final / 4, 256)) columns */
+        const size_t col = sts.kv_bytes_per_token, one = 2 * (size_t)(longest + (longest / 4 > 256 ? longest / 4 : 256)) * col;
+        p.kv_budget = 3 * one;
+        OK(tqkv_engine_init(&e, &p));
+        result tight[NJ];
+        for (int i = 0; i < NJ; i++) submit(e, &j[i], &tight[i]);
+        int busy = 1, held = 0, steps = 0;
+        size_t most = 0;
+        while (busy) {
+            OK(tqkv_engine_step(e, &busy));
+            OK(tqkv_engine_stats_get(e, &sts));
+            if (sts.queued > 0 && sts.running > 0) held = 1;
+            if (sts.kv_bytes_allocated > most) most = sts.kv_bytes_allocated;
+            if (sts.kv_bytes_allocated > p.kv_budget)
+                fail_msg("device engine, budget %zu: %zu bytes of KV storage allocated after step %d",
+                         p.kv_budget, sts.kv_bytes_allocated, steps);
+            assert_true(++steps < 100000);
+        }
+        for (int i = 0; i < NJ; i++) {
+            if (tight[i].finish == TQKV_FINISH_ERROR) fail_msg("device engine, tight budget: request %d failed", i);
+            assert_same_tokens(&tight[i], &alone[i]);
+        }
+        assert_true(held);  /* the budget did hold requests back */
+        assert_true(most > 0); /* device storage is counted */
+        tqkv_engine_free(e);
+        printf("device engine, budget %zu: %d requests, some queued, all == alone; most KV storage %zu bytes\n",
+               p.kv_budget, NJ, most);
+    }
+
     /* prefix cache: b shares 100 tokens with a; its hit (at the chunk boundary 96) gives
      * the cold run's tokens */
     job a, b;
