@@ -210,18 +210,22 @@ gemm_kernel(const uint16_t *__restrict__ xb, int T, int K, const uint16_t *__res
  * few bytes in flight when N is small (4096 rows are 128 CTAs of 32 rows). Here a CTA is
  * one warp that owns SK rows (16 MT) of W, walks its row blocks (block b, b + grid, ...)
  * and keeps S stages of SK_BK k in flight with bulk copies (cp.async.bulk, one per weight
- * row and per token row and part, completing on the stage's mbarrier), the stage sequence
- * running on across its row blocks without a drain.
+ * row and per token row, completing on the stage's mbarrier), the stage sequence running
+ * on across its row blocks without a drain. The tokens come in as f32 and are split into
+ * their bf16 parts in registers with gemm_split_kernel's arithmetic (so no activation
+ * kernel runs at T <= 8, and xf is not used).
  * Same arithmetic as gemm_kernel: the same ldmatrix fragments, the weights the mma's A
  * operand and the tokens (8 columns, those past T zero) its B operand, the k16 steps of
  * K in ascending order, hi then lo, 4 ceil(K / 64) steps in all (the steps past K are
  * mma's of zeros, as the tiled kernel's zero-filled tail tiles are), the bias last.
  *
- * Shared memory: S mbarriers (128 bytes), then S stages of [SK rows of W | P T token
- * rows], SK_RB bytes a row (SK_BK k of bf16 + 16 bytes of pad: ldmatrix's eight rows of
- * one 16-byte chunk fall in distinct banks). */
+ * Shared memory: S mbarriers (128 bytes), then S stages of [SK rows of W, SK_RB bytes a
+ * row (SK_BK k of bf16 + 16 bytes of pad: ldmatrix's eight rows of one 16-byte chunk fall
+ * in distinct banks) | T token rows of f32, SK_XRB bytes a row (+ 32 bytes of pad: a
+ * half-warp's 8-byte reads of four rows fall in distinct banks)]. */
 #define SK_BK 256              /* k per stage (a multiple of 64) */
-#define SK_RB (2 * SK_BK + 16) /* bytes per shared-memory row */
+#define SK_RB (2 * SK_BK + 16) /* bytes per shared-memory weight row */
+#define SK_XRB (4 * SK_BK + 32) /* bytes per shared-memory token row (f32) */
 #define SK_BAR 128             /* bytes for the mbarriers (S <= 16) */
 #define SK_SMAX 16
 
@@ -253,47 +257,62 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_
  * per token row of each part. */
 template <int MT, int P>
 __device__ __forceinline__ void skinny_issue(int i, uint32_t sbase, int S, int sb, const uint16_t *__restrict__ w,
-                                             int N, const uint16_t *__restrict__ xb, int T, int K, int nk,
-                                             int rb0, int rbs, int lane, uint64_t pol_w, uint64_t pol_x) {
+                                             int N, const float *__restrict__ x, size_t ldx, int T, int K,
+                                             int nk, int rb0, int rbs, int lane, uint64_t pol_w, uint64_t pol_x) {
     constexpr int SK = 16 * MT;
     const int slot = i % S, j = i / nk, kt = i % nk;
     const int n0 = (rb0 + j * rbs) * SK, k0 = kt * SK_BK;
     const int kn = K - k0 < SK_BK ? K - k0 : SK_BK;
-    const int rows = N - n0 < SK ? N - n0 : SK, nc = rows + P * T;
+    const int rows = N - n0 < SK ? N - n0 : SK, nc = rows + T;
     const uint32_t bytes = (uint32_t)kn * 2u, bar = sbase + 8u * (uint32_t)slot;
     const uint32_t st = sbase + SK_BAR + (uint32_t)slot * (uint32_t)sb;
-    if (lane == 0) mbar_expect_tx(bar, bytes * (uint32_t)nc);
+    if (lane == 0) mbar_expect_tx(bar, bytes * (uint32_t)(rows + 2 * T));
     __syncwarp();
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* the slot's reads are done */
     for (int c = lane; c < nc; c += 32) {
         if (c < rows) bulk_copy(st + (uint32_t)c * SK_RB, w + (size_t)(n0 + c) * K + k0, bytes, bar, pol_w);
-        else bulk_copy(st + (uint32_t)(SK + c - rows) * SK_RB, xb + (size_t)(c - rows) * K + k0, bytes, bar, pol_x);
+        else bulk_copy(st + (uint32_t)SK * SK_RB + (uint32_t)(c - rows) * SK_XRB, x + (size_t)(c - rows) * ldx + k0,
+                       2u * bytes, bar, pol_x);
     }
 }
 
-/* The fragments of k16 step s of a stage: A of each m tile, B of each part (token rows
- * past T read row T - 1; the caller zeroes them). */
-template <int MT, int P>
-__device__ __forceinline__ void skinny_frag(uint32_t (&a)[MT][4], uint32_t (&b)[P][2], uint32_t st, int s,
-                                            int T, int lane) {
+/* Two f32 as the bf16 pair of part 0 (hi) or, P = 2, of both parts: gemm_split_kernel's
+ * arithmetic (hi = bf16(v) to nearest even, lo = bf16(v - hi)), its packing (the lower k in
+ * the low half, as ldmatrix gives a B fragment from the split kernel's bytes). */
+template <int P>
+__device__ __forceinline__ void skinny_split(float2 v, uint32_t (&b)[P][2], int half) {
+    const __nv_bfloat16 h0 = __float2bfloat16_rn(v.x), h1 = __float2bfloat16_rn(v.y);
+    b[0][half] = (uint32_t)__bfloat16_as_ushort(h0) | ((uint32_t)__bfloat16_as_ushort(h1) << 16);
+    if (P == 2) {
+        const __nv_bfloat16 l0 = __float2bfloat16_rn(v.x - __bfloat162float(h0));
+        const __nv_bfloat16 l1 = __float2bfloat16_rn(v.y - __bfloat162float(h1));
+        b[P - 1][half] = (uint32_t)__bfloat16_as_ushort(l0) | ((uint32_t)__bfloat16_as_ushort(l1) << 16);
+    }
+}
+
+/* The fragments of k16 step s of a stage: A of each m tile by ldmatrix; the lane's B
+ * values (token g = lane / 4, k 2c, 2c + 1 and 2c + 8, 2c + 9 of the step, c = lane % 4)
+ * as f32 from its token row (lanes past T read row T - 1; the caller zeroes them). */
+template <int MT>
+__device__ __forceinline__ void skinny_frag(uint32_t (&a)[MT][4], float2 (&xv)[2], uint32_t st,
+                                            const uint8_t *xs, int s, int lane) {
 #pragma unroll
     for (int m = 0; m < MT; m++) ldsm_x4(a[m], st + (uint32_t)(16 * m + (lane & 15)) * SK_RB + (uint32_t)(2 * s + (lane >> 4)) * 16u);
-    const int tr = (lane & 7) < T ? (lane & 7) : T - 1;
-#pragma unroll
-    for (int p = 0; p < P; p++)
-        ldsm_x2(b[p][0], b[p][1], st + (uint32_t)(16 * MT + p * T + tr) * SK_RB + (uint32_t)(2 * s + ((lane >> 3) & 1)) * 16u);
+    const float2 *r = reinterpret_cast<const float2 *>(xs + 64 * s) + (lane & 3);
+    xv[0] = r[0];
+    xv[1] = r[4];
 }
 
 /* grid: min(row blocks, resident CTAs), block 32, dynamic shared memory SK_BAR + S sb. */
 template <int MT, int P>
 __global__ void __launch_bounds__(32)
-gemm_skinny_kernel(const uint16_t *__restrict__ xb, int T, int K, const uint16_t *__restrict__ w, int N,
+gemm_skinny_kernel(const float *__restrict__ x, size_t ldx, int T, int K, const uint16_t *__restrict__ w, int N,
                    const float *__restrict__ bias, float *__restrict__ y, size_t ldy, int S) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
     constexpr int SK = 16 * MT;
     extern __shared__ __align__(128) uint8_t sm[];
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm);
-    const int lane = threadIdx.x, sb = (SK + P * T) * SK_RB;
+    const int lane = threadIdx.x, sb = SK * SK_RB + T * SK_XRB;
     const int nrb = (N + SK - 1) / SK, rb0 = blockIdx.x, rbs = gridDim.x;
     const int nb = (nrb - rb0 + rbs - 1) / rbs, nk = (K + SK_BK - 1) / SK_BK, total = nb * nk;
     uint64_t pol_w, pol_x; /* weights: streamed once, evict first; activations: every CTA reads them */
@@ -305,29 +324,32 @@ gemm_skinny_kernel(const uint16_t *__restrict__ xb, int T, int K, const uint16_t
     }
     __syncwarp();
     for (int i = 0; i < S && i < total; i++)
-        skinny_issue<MT, P>(i, sbase, S, sb, w, N, xb, T, K, nk, rb0, rbs, lane, pol_w, pol_x);
+        skinny_issue<MT, P>(i, sbase, S, sb, w, N, x, ldx, T, K, nk, rb0, rbs, lane, pol_w, pol_x);
     const int g = lane >> 2, c = lane & 3;
     const bool tok = g < T; /* this lane's B columns are real tokens */
+    const int xrow = (tok ? g : T - 1) * SK_XRB; /* its token row in a stage */
     float acc[MT][4];
 #pragma unroll
     for (int m = 0; m < MT; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
     for (int i = 0; i < total; i++) {
         const int slot = i % S, kt = i % nk, k0 = kt * SK_BK;
         const uint32_t st = sbase + SK_BAR + (uint32_t)slot * (uint32_t)sb;
+        const uint8_t *xs = sm + SK_BAR + (size_t)slot * sb + SK * SK_RB + xrow;
         mbar_wait(sbase + 8u * (uint32_t)slot, (uint32_t)(i / S) & 1u);
         /* the tiled kernel's steps: 4 per 64 k of the stage, zeros past K */
         const int kn = K - k0 < SK_BK ? K - k0 : SK_BK, ns = 4 * ((kn + 63) / 64);
-        uint32_t a[MT][4], b[P][2];
-        skinny_frag<MT, P>(a, b, st, 0, T, lane);
+        uint32_t a[MT][4];
+        float2 xv[2];
+        skinny_frag<MT>(a, xv, st, xs, 0, lane);
         for (int s = 0; s < ns; s++) {
             uint32_t ca[MT][4], cb[P][2];
 #pragma unroll
             for (int m = 0; m < MT; m++)
 #pragma unroll
                 for (int q = 0; q < 4; q++) ca[m][q] = a[m][q];
-#pragma unroll
-            for (int p = 0; p < P; p++) cb[p][0] = b[p][0], cb[p][1] = b[p][1];
-            if (s + 1 < ns) skinny_frag<MT, P>(a, b, st, s + 1, T, lane); /* ahead of the mma's */
+            skinny_split<P>(xv[0], cb, 0);
+            skinny_split<P>(xv[1], cb, 1);
+            if (s + 1 < ns) skinny_frag<MT>(a, xv, st, xs, s + 1, lane); /* ahead of the mma's */
             const int kb = 16 * s;
             const bool lo = kb < kn, hi = kb + 8 < kn; /* k 0..7 and 8..15 of the step inside K */
 #pragma unroll
@@ -346,7 +368,7 @@ gemm_skinny_kernel(const uint16_t *__restrict__ xb, int T, int K, const uint16_t
                 for (int m = 0; m < MT; m++) mma16816(acc[m], ca[m], cb[p][0], cb[p][1]);
         }
         __syncwarp(); /* every lane's reads of the slot are done before it is refilled */
-        if (i + S < total) skinny_issue<MT, P>(i + S, sbase, S, sb, w, N, xb, T, K, nk, rb0, rbs, lane, pol_w, pol_x);
+        if (i + S < total) skinny_issue<MT, P>(i + S, sbase, S, sb, w, N, x, ldx, T, K, nk, rb0, rbs, lane, pol_w, pol_x);
         if (kt == nk - 1) { /* the row block's outputs, then a fresh sum for the next */
             const int n0 = (rb0 + (i / nk) * rbs) * SK;
 #pragma unroll
@@ -460,7 +482,8 @@ static skinny_plan skinny_pick(int T, int N, int K, int parts) {
     skinny_plan p;
     p.mt = g_sk_mt ? g_sk_mt : (long)N >= 64L * 4 * g_sms ? 2 : 1;
     const int sk = 16 * p.mt, nrb = (N + sk - 1) / sk, nk = (K + SK_BK - 1) / SK_BK;
-    const size_t sb = (size_t)(sk + parts * T) * SK_RB;
+    (void)parts; /* the tokens come in as f32, split in registers */
+    const size_t sb = (size_t)sk * SK_RB + (size_t)T * SK_XRB;
     int per = (nrb + g_sms - 1) / g_sms;
     per = per < 1 ? 1 : per > 4 ? 4 : per;
     long st = 0;
@@ -533,21 +556,23 @@ extern "C" tqkv_status tqkv_cuda_gemm(const float *x, size_t ldx, int T, const u
     if (!x || !w || !y || !xf || T < 1 || N < 1 || K < 8 || K % 8 || (parts != 1 && parts != 2))
         return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm: bad argument (T %d, N %d, K %d, parts %d)",
                          T, N, K, parts);
-    if (((uintptr_t)w | (uintptr_t)xf) & 15) /* both kernels copy 16-byte pieces */
-        return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm: weights or scratch not 16-byte aligned");
+    if ((((uintptr_t)w | (uintptr_t)xf | (uintptr_t)x) & 15) || ldx % 4) /* 16-byte pieces */
+        return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm: x, w or xf not 16-byte aligned, or ldx %zu not a "
+                         "multiple of 4", ldx);
     pthread_once(&g_once, gemm_init); /* before any launch */
     if (!g_ok) return tqkv_fail(TQKV_EUNSUPPORTED, "CUDA: gemm: the device refused the tiles' shared memory");
     const cudaStream_t s = (cudaStream_t)stream;
     const uint16_t *xb = (const uint16_t *)xf;
     const size_t n8 = (size_t)T * (size_t)(K / 8);
-    gemm_split_kernel<<<(unsigned)((n8 + 255) / 256), 256, 0, s>>>(x, ldx, T, K, parts, (uint4 *)xf);
     const int sh = shape_pick(T, N, parts);
+    if (sh != SH_SK) /* the skinny kernel splits its tokens itself */
+        gemm_split_kernel<<<(unsigned)((n8 + 255) / 256), 256, 0, s>>>(x, ldx, T, K, parts, (uint4 *)xf);
     if (sh == SH_SK) {
         const skinny_plan p = skinny_pick(T, N, K, parts);
-        if (p.mt == 1 && parts == 1) gemm_skinny_kernel<1, 1><<<p.grid, 32, p.smem, s>>>(xb, T, K, w, N, bias, y, ldy, p.stages);
-        if (p.mt == 1 && parts == 2) gemm_skinny_kernel<1, 2><<<p.grid, 32, p.smem, s>>>(xb, T, K, w, N, bias, y, ldy, p.stages);
-        if (p.mt == 2 && parts == 1) gemm_skinny_kernel<2, 1><<<p.grid, 32, p.smem, s>>>(xb, T, K, w, N, bias, y, ldy, p.stages);
-        if (p.mt == 2 && parts == 2) gemm_skinny_kernel<2, 2><<<p.grid, 32, p.smem, s>>>(xb, T, K, w, N, bias, y, ldy, p.stages);
+        if (p.mt == 1 && parts == 1) gemm_skinny_kernel<1, 1><<<p.grid, 32, p.smem, s>>>(x, ldx, T, K, w, N, bias, y, ldy, p.stages);
+        if (p.mt == 1 && parts == 2) gemm_skinny_kernel<1, 2><<<p.grid, 32, p.smem, s>>>(x, ldx, T, K, w, N, bias, y, ldy, p.stages);
+        if (p.mt == 2 && parts == 1) gemm_skinny_kernel<2, 1><<<p.grid, 32, p.smem, s>>>(x, ldx, T, K, w, N, bias, y, ldy, p.stages);
+        if (p.mt == 2 && parts == 2) gemm_skinny_kernel<2, 2><<<p.grid, 32, p.smem, s>>>(x, ldx, T, K, w, N, bias, y, ldy, p.stages);
     }
 #define X(id, wm, wn, mt, nt, p, st)                                                                \
     if (sh == id && parts == p) launch<wm, wn, mt, nt, p, st>(s, xb, T, K, w, N, bias, y, ldy);

@@ -40,7 +40,8 @@ extern "C" {
 size_t tqkv_cuda_gemm_xf_bytes(size_t T, size_t kmax);
 
 /* y[t * ldy + n] = sum_k x[t * ldx + k] w[n * K + k] (+ bias[n]) for t < T, n < N.
- * All pointers are device memory, w and xf 16-byte aligned; K % 8 == 0; xf as sized above; parts 1 (bf16
+ * All pointers are device memory, x, w and xf 16-byte aligned, ldx % 4 == 0; K % 8 == 0;
+ * xf as sized above (the skinny kernel, T <= 8, splits x itself and leaves it); parts 1 (bf16
  * activations) or 2 (hi + lo). Asynchronous on `stream` (a cudaStream_t; NULL: the legacy
  * default stream); allocates nothing and never waits, so it can be captured in a graph. */
 tqkv_status tqkv_cuda_gemm(const float *x, size_t ldx, int T, const uint16_t *w, int N,
