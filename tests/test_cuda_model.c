@@ -317,14 +317,15 @@ static int skinny_case(int K, int N, int parts, int with_bias) {
     assert_int_equal(tqkv_cuda_h2d(dw, w, sizeof(uint16_t) * (size_t)N * K), TQKV_OK);
     assert_int_equal(tqkv_cuda_h2d(db, b, sizeof(float) * (size_t)N), TQKV_OK);
     const float *bias = with_bias ? db : NULL;
-#define SK_RUN(xp, T, out)                                                                           \
+    /* a failed launch (a trap, a fault) names the run before anything else is tried */
+#define SK_RUN(xp, T, out, label)                                                                    \
     do {                                                                                             \
-        assert_int_equal(tqkv_cuda_gemm(xp, (size_t)K, T, dw, N, K, bias, dy, (size_t)N, xf, parts, NULL), \
-                         TQKV_OK);                                                                   \
-        assert_int_equal(tqkv_cuda_d2h(out, dy, sizeof(float) * (size_t)(T) * N), TQKV_OK);            \
+        tqkv_status rc_ = tqkv_cuda_gemm(xp, (size_t)K, T, dw, N, K, bias, dy, (size_t)N, xf, parts, NULL); \
+        if (!rc_) rc_ = tqkv_cuda_d2h(out, dy, sizeof(float) * (size_t)(T) * N);                        \
+        if (rc_) fail_msg("skinny test, %s: %s", label, tqkv_last_error());                          \
     } while (0)
     assert_int_equal(tqkv_cuda_gemm_set_tile("s8"), TQKV_OK);
-    SK_RUN(dx, TB, yt);
+    SK_RUN(dx, TB, yt, "the tiled s8 reference");
     assert_int_equal(tqkv_cuda_gemm_set_tile("sk"), TQKV_OK);
     const int plans[][2] = {{0, 0}, {1, 2}, {2, 2}, {1, 3}, {2, 5}};
     int bad = 0;
@@ -336,14 +337,14 @@ static int skinny_case(int K, int N, int parts, int with_bias) {
             char what[160];
             snprintf(what, sizeof what, "K %d N %d parts %d bias %d plan mt %d stages %d grid %d: batch of %d",
                      K, N, parts, with_bias, mt, stages, grid, T);
-            SK_RUN(dx, T, y);
+            SK_RUN(dx, T, y, what);
             bad += sk_diff(what, y, yt, T, N);
         }
         for (int t = 0; t < TB; t++) { /* each token alone: its row of the tiled batch */
             char what[160];
             snprintf(what, sizeof what, "K %d N %d parts %d bias %d forced (%d, %d): token %d alone", K, N,
                      parts, with_bias, plans[pi][0], plans[pi][1], t);
-            SK_RUN(dx + (size_t)t * K, 1, y);
+            SK_RUN(dx + (size_t)t * K, 1, y, what);
             bad += sk_diff(what, y, yt + (size_t)t * N, 1, N);
         }
     }

@@ -235,13 +235,21 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
+/* Until the phase of `parity` completed. A stage's bytes land in microseconds; after 2^26
+ * failed tries (seconds) the kernel traps, so a copy that never completes is a launch
+ * error the caller sees, not a hung stream. */
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    asm volatile("{\n"
-                 ".reg .pred p;\n"
-                 "SK_WAIT:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra SK_WAIT;\n"
-                 "}\n" ::"r"(bar), "r"(parity) : "memory");
+    for (uint32_t n = 0;; n++) {
+        uint32_t done;
+        asm volatile("{\n"
+                     ".reg .pred p;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n"
+                     "}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+        if (done) return;
+        if (n == (1u << 26)) __trap();
+    }
 }
 /* bytes (a multiple of 16, both addresses 16-byte aligned) global -> shared, completing on bar */
 __device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar,
