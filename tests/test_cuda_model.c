@@ -293,7 +293,8 @@ static int sk_diff(const char *what, const float *got, const float *want, int T,
 /* One shape: the 8-token batch under the tiled s8 kernel is the reference; the skinny kernel
  * must give its rows bitwise for every T = 1 .. 8 (first T tokens), for each token alone,
  * under the automatic plan and forced ones (16 / 32 rows a warp, 2 .. 5 stages: slots
- * reused, parity flips, row blocks chained in one warp's pipeline), with and without bias.
+ * reused, parity flips, row blocks chained in one warp's pipeline; 64 .. 1024 k a stage),
+ * with and without bias.
  * Returns the number of mismatching runs (the first of each printed). */
 static int skinny_case(int K, int N, int parts, int with_bias) {
     const int TB = 8;
@@ -327,32 +328,34 @@ static int skinny_case(int K, int N, int parts, int with_bias) {
     assert_int_equal(tqkv_cuda_gemm_set_tile("s8"), TQKV_OK);
     SK_RUN(dx, TB, yt, "the tiled s8 reference");
     assert_int_equal(tqkv_cuda_gemm_set_tile("sk"), TQKV_OK);
-    const int plans[][2] = {{0, 0}, {1, 2}, {2, 2}, {1, 3}, {2, 5}};
+    /* (mt, stages, bk): the automatic plan; 16 / 32 rows a warp with 2 .. 5 stages; 64 k a
+     * stage (one step of 64 per stage: the tail logic at every stage) and 1024 */
+    const int plans[][3] = {{0, 0, 0}, {1, 2, 0}, {2, 2, 0}, {1, 3, 64}, {2, 5, 1024}, {2, 3, 128}};
     int bad = 0;
     for (size_t pi = 0; pi < sizeof plans / sizeof plans[0]; pi++) {
-        assert_int_equal(tqkv_cuda_gemm_set_skinny(plans[pi][0], plans[pi][1]), TQKV_OK);
+        assert_int_equal(tqkv_cuda_gemm_set_skinny(plans[pi][0], plans[pi][1], plans[pi][2]), TQKV_OK);
         for (int T = 1; T <= TB; T++) {
-            int mt = 0, stages = 0, grid = 0;
-            assert_int_equal(tqkv_cuda_gemm_skinny_plan(T, N, K, parts, &mt, &stages, &grid), TQKV_OK);
+            int mt = 0, stages = 0, grid = 0, bk = 0;
+            assert_int_equal(tqkv_cuda_gemm_skinny_plan(T, N, K, parts, &mt, &stages, &grid, &bk), TQKV_OK);
             char what[160];
-            snprintf(what, sizeof what, "K %d N %d parts %d bias %d plan mt %d stages %d grid %d: batch of %d",
-                     K, N, parts, with_bias, mt, stages, grid, T);
+            snprintf(what, sizeof what, "K %d N %d parts %d bias %d plan mt %d stages %d grid %d bk %d: batch of %d",
+                     K, N, parts, with_bias, mt, stages, grid, bk, T);
             SK_RUN(dx, T, y, what);
             bad += sk_diff(what, y, yt, T, N);
         }
         for (int t = 0; t < TB; t++) { /* each token alone: its row of the tiled batch */
             char what[160];
-            snprintf(what, sizeof what, "K %d N %d parts %d bias %d forced (%d, %d): token %d alone", K, N,
-                     parts, with_bias, plans[pi][0], plans[pi][1], t);
+            snprintf(what, sizeof what, "K %d N %d parts %d bias %d forced (%d, %d, %d): token %d alone", K, N,
+                     parts, with_bias, plans[pi][0], plans[pi][1], plans[pi][2], t);
             SK_RUN(dx + (size_t)t * K, 1, y, what);
             bad += sk_diff(what, y, yt + (size_t)t * N, 1, N);
         }
     }
 #undef SK_RUN
-    assert_int_equal(tqkv_cuda_gemm_set_skinny(0, 0), TQKV_OK);
+    assert_int_equal(tqkv_cuda_gemm_set_skinny(0, 0, 0), TQKV_OK);
     assert_int_equal(tqkv_cuda_gemm_set_tile(NULL), TQKV_OK);
     assert_true(memcmp(yt, yt + N, sizeof(float) * (size_t)N) != 0); /* tokens do differ */
-    printf("skinny K %d N %d parts %d bias %d: T 1..8 and single tokens, 5 plans: %s\n", K, N, parts,
+    printf("skinny K %d N %d parts %d bias %d: T 1..8 and single tokens, 6 plans: %s\n", K, N, parts,
            with_bias, bad ? "MISMATCHES (above)" : "bitwise equal to the tiled s8 kernel");
     tqkv_cuda_free(dx); tqkv_cuda_free(dy); tqkv_cuda_free(db); tqkv_cuda_free(dw);
     tqkv_cuda_free(xf);
@@ -370,9 +373,10 @@ static void test_gemm_skinny(void **st) {
                 fail_msg("gemm pick at T %d parts %d: tile %s (want sk exactly for T <= %d; sm_90 device?)",
                          T, parts, t, GEMM_CUDA_SKINNY_T);
         }
-    assert_int_equal(tqkv_cuda_gemm_set_skinny(3, 0), TQKV_EINVAL);
-    assert_int_equal(tqkv_cuda_gemm_set_skinny(1, 1), TQKV_EINVAL);
-    assert_int_equal(tqkv_cuda_gemm_skinny_plan(9, 4096, 4096, 1, NULL, NULL, NULL), TQKV_EINVAL);
+    assert_int_equal(tqkv_cuda_gemm_set_skinny(3, 0, 0), TQKV_EINVAL);
+    assert_int_equal(tqkv_cuda_gemm_set_skinny(1, 1, 0), TQKV_EINVAL);
+    assert_int_equal(tqkv_cuda_gemm_set_skinny(1, 2, 96), TQKV_EINVAL);
+    assert_int_equal(tqkv_cuda_gemm_skinny_plan(9, 4096, 4096, 1, NULL, NULL, NULL, NULL), TQKV_EINVAL);
     /* K: one stage exactly (256), the smallest (8), a partial k16 step in a partial stage
      * (520, 2088: K % 16 = 8), a partial stage of whole steps (3168: 96 past 3072), 14336
      * (the 8B down projection); N: one partial row block (8, 72), blocks past a 32-row

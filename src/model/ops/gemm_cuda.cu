@@ -209,7 +209,7 @@ gemm_kernel(const uint16_t *__restrict__ xb, int T, int K, const uint16_t *__res
 /* Why: at T <= 8 a GEMM is a stream of the weights, and the tiled kernel's CTAs keep too
  * few bytes in flight when N is small (4096 rows are 128 CTAs of 32 rows). Here a CTA is
  * one warp that owns SK rows (16 MT) of W, walks its row blocks (block b, b + grid, ...)
- * and keeps S stages of SK_BK k in flight with bulk copies (cp.async.bulk, one per weight
+ * and keeps S stages of BK k in flight with bulk copies (cp.async.bulk, one per weight
  * row and per token row, completing on the stage's mbarrier), the stage sequence running
  * on across its row blocks without a drain. The tokens come in as f32 and are split into
  * their bf16 parts in registers with gemm_split_kernel's arithmetic (so no activation
@@ -219,13 +219,13 @@ gemm_kernel(const uint16_t *__restrict__ xb, int T, int K, const uint16_t *__res
  * K in ascending order, hi then lo, 4 ceil(K / 64) steps in all (the steps past K are
  * mma's of zeros, as the tiled kernel's zero-filled tail tiles are), the bias last.
  *
- * Shared memory: S mbarriers (128 bytes), then S stages of [SK rows of W, SK_RB bytes a
- * row (SK_BK k of bf16 + 16 bytes of pad: ldmatrix's eight rows of one 16-byte chunk fall
- * in distinct banks) | T token rows of f32, SK_XRB bytes a row (+ 32 bytes of pad: a
+ * Shared memory: S mbarriers (128 bytes), then S stages of [SK rows of W, SK_RB(BK) bytes
+ * a row (BK k of bf16 + 16 bytes of pad: ldmatrix's eight rows of one 16-byte chunk fall
+ * in distinct banks) | T token rows of f32, SK_XRB(BK) bytes a row (+ 32 bytes of pad: a
  * half-warp's 8-byte reads of four rows fall in distinct banks)]. */
-#define SK_BK 256              /* k per stage (a multiple of 64) */
-#define SK_RB (2 * SK_BK + 16) /* bytes per shared-memory weight row */
-#define SK_XRB (4 * SK_BK + 32) /* bytes per shared-memory token row (f32) */
+#define SK_BK 256                  /* k per stage (BK, a multiple of 64), unless TQKV_GEMM_SK_BK */
+#define SK_RB(bk) (2 * (bk) + 16)  /* bytes per shared-memory weight row */
+#define SK_XRB(bk) (4 * (bk) + 32) /* bytes per shared-memory token row (f32) */
 #define SK_BAR 128             /* bytes for the mbarriers (S <= 16) */
 #define SK_SMAX 16
 
@@ -266,11 +266,12 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_
 template <int MT, int P>
 __device__ __forceinline__ void skinny_issue(int i, uint32_t sbase, int S, int sb, const uint16_t *__restrict__ w,
                                              int N, const float *__restrict__ x, size_t ldx, int T, int K,
-                                             int nk, int rb0, int rbs, int lane, uint64_t pol_w, uint64_t pol_x) {
+                                             int bk, int nk, int rb0, int rbs, int lane, uint64_t pol_w,
+                                             uint64_t pol_x) {
     constexpr int SK = 16 * MT;
     const int slot = i % S, j = i / nk, kt = i % nk;
-    const int n0 = (rb0 + j * rbs) * SK, k0 = kt * SK_BK;
-    const int kn = K - k0 < SK_BK ? K - k0 : SK_BK;
+    const int n0 = (rb0 + j * rbs) * SK, k0 = kt * bk;
+    const int kn = K - k0 < bk ? K - k0 : bk;
     const int rows = N - n0 < SK ? N - n0 : SK, nc = rows + T;
     const uint32_t bytes = (uint32_t)kn * 2u, bar = sbase + 8u * (uint32_t)slot;
     const uint32_t st = sbase + SK_BAR + (uint32_t)slot * (uint32_t)sb;
@@ -278,8 +279,8 @@ __device__ __forceinline__ void skinny_issue(int i, uint32_t sbase, int S, int s
     __syncwarp();
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* the slot's reads are done */
     for (int c = lane; c < nc; c += 32) {
-        if (c < rows) bulk_copy(st + (uint32_t)c * SK_RB, w + (size_t)(n0 + c) * K + k0, bytes, bar, pol_w);
-        else bulk_copy(st + (uint32_t)SK * SK_RB + (uint32_t)(c - rows) * SK_XRB, x + (size_t)(c - rows) * ldx + k0,
+        if (c < rows) bulk_copy(st + (uint32_t)(c * SK_RB(bk)), w + (size_t)(n0 + c) * K + k0, bytes, bar, pol_w);
+        else bulk_copy(st + (uint32_t)(SK * SK_RB(bk) + (c - rows) * SK_XRB(bk)), x + (size_t)(c - rows) * ldx + k0,
                        2u * bytes, bar, pol_x);
     }
 }
@@ -303,9 +304,9 @@ __device__ __forceinline__ void skinny_split(float2 v, uint32_t (&b)[P][2], int 
  * as f32 from its token row (lanes past T read row T - 1; the caller zeroes them). */
 template <int MT>
 __device__ __forceinline__ void skinny_frag(uint32_t (&a)[MT][4], float2 (&xv)[2], uint32_t st,
-                                            const uint8_t *xs, int s, int lane) {
+                                            const uint8_t *xs, int s, int lane, int rb) {
 #pragma unroll
-    for (int m = 0; m < MT; m++) ldsm_x4(a[m], st + (uint32_t)(16 * m + (lane & 15)) * SK_RB + (uint32_t)(2 * s + (lane >> 4)) * 16u);
+    for (int m = 0; m < MT; m++) ldsm_x4(a[m], st + (uint32_t)((16 * m + (lane & 15)) * rb + (2 * s + (lane >> 4)) * 16));
     const float2 *r = reinterpret_cast<const float2 *>(xs + 64 * s) + (lane & 3);
     xv[0] = r[0];
     xv[1] = r[4];
@@ -315,14 +316,14 @@ __device__ __forceinline__ void skinny_frag(uint32_t (&a)[MT][4], float2 (&xv)[2
 template <int MT, int P>
 __global__ void __launch_bounds__(32)
 gemm_skinny_kernel(const float *__restrict__ x, size_t ldx, int T, int K, const uint16_t *__restrict__ w, int N,
-                   const float *__restrict__ bias, float *__restrict__ y, size_t ldy, int S) {
+                   const float *__restrict__ bias, float *__restrict__ y, size_t ldy, int S, int bk) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
     constexpr int SK = 16 * MT;
     extern __shared__ __align__(128) uint8_t sm[];
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm);
-    const int lane = threadIdx.x, sb = SK * SK_RB + T * SK_XRB;
+    const int lane = threadIdx.x, rb = SK_RB(bk), sb = SK * rb + T * SK_XRB(bk);
     const int nrb = (N + SK - 1) / SK, rb0 = blockIdx.x, rbs = gridDim.x;
-    const int nb = (nrb - rb0 + rbs - 1) / rbs, nk = (K + SK_BK - 1) / SK_BK, total = nb * nk;
+    const int nb = (nrb - rb0 + rbs - 1) / rbs, nk = (K + bk - 1) / bk, total = nb * nk;
     uint64_t pol_w, pol_x; /* weights: streamed once, evict first; activations: every CTA reads them */
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol_w));
     asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(pol_x));
@@ -332,23 +333,23 @@ gemm_skinny_kernel(const float *__restrict__ x, size_t ldx, int T, int K, const 
     }
     __syncwarp();
     for (int i = 0; i < S && i < total; i++)
-        skinny_issue<MT, P>(i, sbase, S, sb, w, N, x, ldx, T, K, nk, rb0, rbs, lane, pol_w, pol_x);
+        skinny_issue<MT, P>(i, sbase, S, sb, w, N, x, ldx, T, K, bk, nk, rb0, rbs, lane, pol_w, pol_x);
     const int g = lane >> 2, c = lane & 3;
     const bool tok = g < T; /* this lane's B columns are real tokens */
-    const int xrow = (tok ? g : T - 1) * SK_XRB; /* its token row in a stage */
+    const int xrow = (tok ? g : T - 1) * SK_XRB(bk); /* its token row in a stage */
     float acc[MT][4];
 #pragma unroll
     for (int m = 0; m < MT; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
     for (int i = 0; i < total; i++) {
-        const int slot = i % S, kt = i % nk, k0 = kt * SK_BK;
+        const int slot = i % S, kt = i % nk, k0 = kt * bk;
         const uint32_t st = sbase + SK_BAR + (uint32_t)slot * (uint32_t)sb;
-        const uint8_t *xs = sm + SK_BAR + (size_t)slot * sb + SK * SK_RB + xrow;
+        const uint8_t *xs = sm + SK_BAR + (size_t)slot * sb + SK * rb + xrow;
         mbar_wait(sbase + 8u * (uint32_t)slot, (uint32_t)(i / S) & 1u);
         /* the tiled kernel's steps: 4 per 64 k of the stage, zeros past K */
-        const int kn = K - k0 < SK_BK ? K - k0 : SK_BK, ns = 4 * ((kn + 63) / 64);
+        const int kn = K - k0 < bk ? K - k0 : bk, ns = 4 * ((kn + 63) / 64);
         uint32_t a[MT][4];
         float2 xv[2];
-        skinny_frag<MT>(a, xv, st, xs, 0, lane);
+        skinny_frag<MT>(a, xv, st, xs, 0, lane, rb);
         for (int s = 0; s < ns; s++) {
             uint32_t ca[MT][4], cb[P][2];
 #pragma unroll
@@ -357,7 +358,7 @@ gemm_skinny_kernel(const float *__restrict__ x, size_t ldx, int T, int K, const 
                 for (int q = 0; q < 4; q++) ca[m][q] = a[m][q];
             skinny_split<P>(xv[0], cb, 0);
             skinny_split<P>(xv[1], cb, 1);
-            if (s + 1 < ns) skinny_frag<MT>(a, xv, st, xs, s + 1, lane); /* ahead of the mma's */
+            if (s + 1 < ns) skinny_frag<MT>(a, xv, st, xs, s + 1, lane, rb); /* ahead of the mma's */
             const int kb = 16 * s;
             const bool lo = kb < kn, hi = kb + 8 < kn; /* k 0..7 and 8..15 of the step inside K */
 #pragma unroll
@@ -376,7 +377,8 @@ gemm_skinny_kernel(const float *__restrict__ x, size_t ldx, int T, int K, const 
                 for (int m = 0; m < MT; m++) mma16816(acc[m], ca[m], cb[p][0], cb[p][1]);
         }
         __syncwarp(); /* every lane's reads of the slot are done before it is refilled */
-        if (i + S < total) skinny_issue<MT, P>(i + S, sbase, S, sb, w, N, x, ldx, T, K, nk, rb0, rbs, lane, pol_w, pol_x);
+        if (i + S < total)
+            skinny_issue<MT, P>(i + S, sbase, S, sb, w, N, x, ldx, T, K, bk, nk, rb0, rbs, lane, pol_w, pol_x);
         if (kt == nk - 1) { /* the row block's outputs, then a fresh sum for the next */
             const int n0 = (rb0 + (i / nk) * rbs) * SK;
 #pragma unroll
@@ -411,7 +413,9 @@ static const char *const g_shape_name[SH_N] = {"s8", "s16", "s32", "s64", "m", "
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static int g_sms = 132, g_force = -1, g_ok;
 static int g_sk_ok;                                 /* sm_90 and the skinny kernels set up */
-static int g_sk_mt, g_sk_stages;                    /* forced by tqkv_cuda_gemm_set_skinny (0: the pick) */
+static int g_sk_mt, g_sk_stages, g_sk_bk;           /* forced by tqkv_cuda_gemm_set_skinny (0: the pick) */
+static int g_sk_bk_env = SK_BK;                     /* TQKV_GEMM_SK_BK (64 .. 1024, a multiple of 64) */
+static int bk_ok(int bk) { return bk >= 64 && bk <= 1024 && bk % 64 == 0; }
 static size_t g_smem_sm = 228 << 10, g_smem_cta = 227 << 10; /* shared memory per SM, per CTA */
 
 template <int MT, int P> static bool skinny_setup() {
@@ -450,6 +454,8 @@ static void gemm_init(void) {
 #undef X
     g_ok = ok;
     if (!ok) (void)cudaGetLastError();
+    const char *b = getenv("TQKV_GEMM_SK_BK");
+    if (b && bk_ok(atoi(b))) g_sk_bk_env = atoi(b);
     const char *e = getenv("TQKV_GEMM_TILE");
     for (int i = 0; e && i < SH_N; i++)
         if (!strcmp(e, g_shape_name[i])) g_force = i;
@@ -483,15 +489,16 @@ static void launch(cudaStream_t s, const uint16_t *xb, int T, int K, const uint1
  * row blocks per SM), and the stages that share its shared memory (at least 3 if fewer
  * CTAs allow it; at most SK_SMAX). The grid never exceeds what is resident at once. */
 struct skinny_plan {
-    int mt, stages, grid;
+    int mt, stages, grid, bk;
     size_t smem;
 };
 static skinny_plan skinny_pick(int T, int N, int K, int parts) {
     skinny_plan p;
     p.mt = g_sk_mt ? g_sk_mt : (long)N >= 64L * 4 * g_sms ? 2 : 1;
-    const int sk = 16 * p.mt, nrb = (N + sk - 1) / sk, nk = (K + SK_BK - 1) / SK_BK;
+    p.bk = g_sk_bk ? g_sk_bk : g_sk_bk_env;
+    const int sk = 16 * p.mt, nrb = (N + sk - 1) / sk, nk = (K + p.bk - 1) / p.bk;
     (void)parts; /* the tokens come in as f32, split in registers */
-    const size_t sb = (size_t)sk * SK_RB + (size_t)T * SK_XRB;
+    const size_t sb = (size_t)sk * SK_RB(p.bk) + (size_t)T * SK_XRB(p.bk);
     int per = (nrb + g_sms - 1) / g_sms;
     per = per < 1 ? 1 : per > 4 ? 4 : per;
     long st = 0;
@@ -522,7 +529,7 @@ extern "C" const char *tqkv_cuda_gemm_tile(int T, int N, int parts) {
 }
 
 extern "C" tqkv_status tqkv_cuda_gemm_skinny_plan(int T, int N, int K, int parts, int *mt, int *stages,
-                                                  int *grid) {
+                                                  int *grid, int *bk) {
     if (T < 1 || T > GEMM_CUDA_SKINNY_T || N < 1 || K < 8 || K % 8 || (parts != 1 && parts != 2))
         return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm_skinny_plan: bad argument (T %d, N %d, K %d, parts %d)",
                          T, N, K, parts);
@@ -531,16 +538,18 @@ extern "C" tqkv_status tqkv_cuda_gemm_skinny_plan(int T, int N, int K, int parts
     if (mt) *mt = p.mt;
     if (stages) *stages = p.stages;
     if (grid) *grid = p.grid;
+    if (bk) *bk = p.bk;
     return TQKV_OK;
 }
 
-extern "C" tqkv_status tqkv_cuda_gemm_set_skinny(int mt, int stages) {
-    if (mt < 0 || mt > 2 || stages < 0 || stages == 1 || stages > SK_SMAX)
-        return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm_set_skinny: mt %d (0, 1, 2), stages %d (0, 2..%d)", mt,
-                         stages, SK_SMAX);
+extern "C" tqkv_status tqkv_cuda_gemm_set_skinny(int mt, int stages, int bk) {
+    if (mt < 0 || mt > 2 || stages < 0 || stages == 1 || stages > SK_SMAX || (bk && !bk_ok(bk)))
+        return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm_set_skinny: mt %d (0, 1, 2), stages %d (0, 2..%d), "
+                         "bk %d (0, or 64..1024 by 64)", mt, stages, SK_SMAX, bk);
     pthread_once(&g_once, gemm_init);
     g_sk_mt = mt;
     g_sk_stages = stages;
+    g_sk_bk = bk;
     return TQKV_OK;
 }
 
@@ -577,10 +586,10 @@ extern "C" tqkv_status tqkv_cuda_gemm(const float *x, size_t ldx, int T, const u
         gemm_split_kernel<<<(unsigned)((n8 + 255) / 256), 256, 0, s>>>(x, ldx, T, K, parts, (uint4 *)xf);
     if (sh == SH_SK) {
         const skinny_plan p = skinny_pick(T, N, K, parts);
-        if (p.mt == 1 && parts == 1) gemm_skinny_kernel<1, 1><<<p.grid, 32, p.smem, s>>>(x, ldx, T, K, w, N, bias, y, ldy, p.stages);
-        if (p.mt == 1 && parts == 2) gemm_skinny_kernel<1, 2><<<p.grid, 32, p.smem, s>>>(x, ldx, T, K, w, N, bias, y, ldy, p.stages);
-        if (p.mt == 2 && parts == 1) gemm_skinny_kernel<2, 1><<<p.grid, 32, p.smem, s>>>(x, ldx, T, K, w, N, bias, y, ldy, p.stages);
-        if (p.mt == 2 && parts == 2) gemm_skinny_kernel<2, 2><<<p.grid, 32, p.smem, s>>>(x, ldx, T, K, w, N, bias, y, ldy, p.stages);
+        if (p.mt == 1 && parts == 1) gemm_skinny_kernel<1, 1><<<p.grid, 32, p.smem, s>>>(x, ldx, T, K, w, N, bias, y, ldy, p.stages, p.bk);
+        if (p.mt == 1 && parts == 2) gemm_skinny_kernel<1, 2><<<p.grid, 32, p.smem, s>>>(x, ldx, T, K, w, N, bias, y, ldy, p.stages, p.bk);
+        if (p.mt == 2 && parts == 1) gemm_skinny_kernel<2, 1><<<p.grid, 32, p.smem, s>>>(x, ldx, T, K, w, N, bias, y, ldy, p.stages, p.bk);
+        if (p.mt == 2 && parts == 2) gemm_skinny_kernel<2, 2><<<p.grid, 32, p.smem, s>>>(x, ldx, T, K, w, N, bias, y, ldy, p.stages, p.bk);
     }
 #define X(id, wm, wn, mt, nt, p, st)                                                                \
     if (sh == id && parts == p) launch<wm, wn, mt, nt, p, st>(s, xb, T, K, w, N, bias, y, ldy);

@@ -59,14 +59,17 @@ const char *tqkv_cuda_gemm_tile(int T, int N, int parts);
 tqkv_status tqkv_cuda_gemm_set_tile(const char *name);
 
 /* The skinny kernel's launch for T <= 8 tokens, N x K and `parts`: weight rows a warp owns
- * (mt 1: 16, 2: 32), pipeline stages (256 k each) and CTAs of one warp: for benchmarks.
- * TQKV_EINVAL for T outside 1..8 or a bad shape. */
-tqkv_status tqkv_cuda_gemm_skinny_plan(int T, int N, int K, int parts, int *mt, int *stages, int *grid);
+ * (mt 1: 16, 2: 32), pipeline stages, k per stage (bk: 256, or TQKV_GEMM_SK_BK, 64 .. 1024
+ * by 64, read once) and CTAs of one warp: for benchmarks. TQKV_EINVAL for T outside 1..8
+ * or a bad shape. */
+tqkv_status tqkv_cuda_gemm_skinny_plan(int T, int N, int K, int parts, int *mt, int *stages, int *grid,
+                                       int *bk);
 
-/* Force the skinny kernel's rows a warp (mt 1 or 2; 0: the pick by N) and stages (2..16,
- * capped by one CTA's shared memory; 0: the pick), for the tests (the bits must not change).
- * Not for use while GEMMs run on other threads. */
-tqkv_status tqkv_cuda_gemm_set_skinny(int mt, int stages);
+/* Force the skinny kernel's rows a warp (mt 1 or 2; 0: the pick by N), stages (2..16,
+ * capped by one CTA's shared memory; 0: the pick) and k per stage (64 .. 1024 by 64; 0: the
+ * default), for the tests (the bits must not change). Not for use while GEMMs run on other
+ * threads. */
+tqkv_status tqkv_cuda_gemm_set_skinny(int mt, int stages, int bk);
 
 #ifdef __cplusplus
 }
