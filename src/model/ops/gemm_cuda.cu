@@ -262,7 +262,7 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_
 /* Stage i of this warp's sequence (row block j = i / nk, k stage i % nk) into slot i % S:
  * lane 0 arms the slot's mbarrier with the stage's bytes, then the lanes issue one bulk
  * copy each per weight row (rows past N are left out: their outputs are never stored) and
- * per token row of each part. */
+ * per token row (f32, twice a weight row's bytes). */
 template <int MT, int P>
 __device__ __forceinline__ void skinny_issue(int i, uint32_t sbase, int S, int sb, const uint16_t *__restrict__ w,
                                              int N, const float *__restrict__ x, size_t ldx, int T, int K,
