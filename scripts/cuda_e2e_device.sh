@@ -19,8 +19,8 @@
 # (the T <= 8 GEMM kernel: test_gemm + test_gemm_skinny (bitwise against the tiled kernel)
 # and memcheck of them; `bench gemm` at T = 1, 8 on the 8B shapes, parts 1 and 2, as picked
 # (tile "sk") and with TQKV_GEMM_TILE=s8 (the tiled kernel), each beside cuBLAS, and sk with
-# 128 and 512 k a stage (TQKV_GEMM_SK_BK); the 8B
-# decode at depth 4096, rows 1 and 8 (bf16 activations) and rows 1 --exact (hi + lo), sk vs s8).
+# 128 and 512 k a stage (TQKV_GEMM_SK_BK)) and "skinny_e2e" (the 8B decode at depth 4096,
+# rows 1 and 8 (bf16 activations) and rows 1 --exact (hi + lo), sk vs s8: TQKV_GEMM_TILE).
 # Logs go to a work folder packed into $OUT/results.tgz after every step.
 # Runs in a scripts/cuda_pack.sh folder:   cd PACK && ./cuda_e2e_device.sh MODEL_DIR [STEPS]
 # STEPS (default "tests gemm e2e") picks the parts.
@@ -112,6 +112,8 @@ if has skinny; then
       --shapes 6144x4096,4096x4096,28672x4096,4096x14336,128256x4096 --tokens 1,8 --parts 1 --reps 20 \
       --json >"$W/skinny_gemm_p1_bk$bk.json" 2>"$W/skinny_gemm_p1_bk$bk.err"
   done
+fi
+if has skinny_e2e; then
   B=/tmp/llama8b
   [ -f $B/config.json ] || step 150 make_llama8b python3 cuda_make_llama8b.py $B >"$W/make_llama8b.log" 2>&1
   for run in 1:default 8:default 1:--exact; do rows=${run%%:*} g=${run#*:}; for tile in sk s8; do
