@@ -54,8 +54,8 @@ tqkv_status tqkv_cuda_gemm(const float *x, size_t ldx, int T, const uint16_t *w,
 const char *tqkv_cuda_gemm_tile(int T, int N, int parts);
 
 /* Make every later call take the named tile shape (NULL: the pick by T and N again), as
- * TQKV_GEMM_TILE does ("sk" only where T <= 8 and the device is sm_90; elsewhere the pick): for the tests (every shape must give the same bits) and A/B
- * benchmarks. TQKV_EINVAL for an unknown name. Not for use while GEMMs run on other threads. */
+ * TQKV_GEMM_TILE does ("sk" only where T <= 8 and the device is sm_90; elsewhere the
+ * pick): for the tests (every shape must give the same bits) and A/B benchmarks. TQKV_EINVAL for an unknown name. Not for use while GEMMs run on other threads. */
 tqkv_status tqkv_cuda_gemm_set_tile(const char *name);
 
 /* The skinny kernel's launch for T <= 8 tokens, N x K and `parts`: weight rows a warp owns
