@@ -48,7 +48,10 @@ typedef struct {
     int         parallel;         /* most rows decoding at once (default 16) */
     size_t      kv_budget;        /* bytes of KV (plus per-row state) for running rows and
                                      their projected growth; 0 = default (documented in
-                                     the implementation: a fraction of physical RAM) */
+                                     the implementation: a fraction of physical RAM; on the
+                                     device 80% of the memory free after the weights). On
+                                     the device it also bounds the caches' storage at its
+                                     peak (padding, growth, a merge's old and new copies) */
     int         queue_max;        /* requests waiting for admission; past it submit
                                      returns TQKV_EBUSY (default 256) */
     int         threads;          /* compute threads (default 1) */
@@ -225,7 +228,8 @@ typedef struct {
     uint64_t prompt_cache_refused; /* prompt-cache files refused (wrong model, weights or KV
                                       spec, checksum, not a regular file, over the cap) */
     size_t   kv_bytes_allocated;   /* storage the running and prefilling rows' caches occupy
-                                      (padding and spare columns included; >= kv_bytes_used);
+                                      (padding and spare columns included; >= kv_bytes_used;
+                                      device states: their device storage);
                                       admission also waits while this + a newcomer's
                                       projection exceeds kv_budget */
 } tqkv_engine_stats;

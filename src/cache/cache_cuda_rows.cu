@@ -12,6 +12,7 @@
  * Must not: decode, rotate or requantize anything; launch attention kernels.
  */
 #include <cuda_runtime.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -108,9 +109,14 @@ static tqkv_status regrow(cuda_kv *kv, int cap) {
     return TQKV_OK;
 }
 
+/* Room for `need` columns: 1.25x the capacity (at least 256 columns more), or need if
+ * larger. Not 2x: every row of a batch gets the new columns, and for a long batch a
+ * doubling is mostly padding the serving budget must hold (src/engine/engine.c
+ * device_peak counts this 1.25). */
 tqkv_status cuda_kv_reserve(cuda_kv *kv, int need) {
     if (need <= kv->cap) return TQKV_OK;
-    return regrow(kv, kv->cap * 2 > need ? kv->cap * 2 : need);
+    const long grown = (long)kv->cap + (kv->cap / 4 > 256 ? kv->cap / 4 : 256);
+    return regrow(kv, grown > need ? (int)(grown < INT32_MAX ? grown : INT32_MAX) : need);
 }
 
 extern "C" tqkv_status tqkv_cuda_kv_reserve(cuda_kv *kv, int tokens) {

@@ -23,6 +23,10 @@
  * Budget: kv_budget 0 means a quarter of physical RAM. A request reserves
  * projected_bytes(n_prompt + max_tokens) of the target (and draft) state when admitted
  * and releases it when it finishes, so running rows can never outgrow the budget.
+ * On the device the budget also bounds the storage really allocated at its peak
+ * (device_peak below: padded columns, growth slack, and the old and new running states
+ * side by side while rows are merged or filtered), so a request that would not fit waits
+ * in the queue instead of failing the running batch with an allocation error.
  */
 #include <math.h>
 #include <stdio.h>
@@ -543,6 +547,46 @@ tqkv_status tqkv_engine_cancel(tqkv_engine *e, uint64_t id) {
 // Scheduler pieces
 // ---------------------------------------------------------------------------
 
+/* Device storage at its peak if q joins (the budget's second bound on the device). A
+ * device state stores every row in as many columns (rows of unequal length padded to a
+ * common end), grows by 1.25x (at least 256 columns) when an append needs room
+ * (cuda_kv_reserve), and a merge
+ * (newcomers joining) or filter (finished rows leaving) builds the new storage for every
+ * layer before the old goes, while the newcomers' 1-row prefill states still exist. So:
+ *   c    = longest final length + (other rows ? longest max_tokens : 0)
+ *          (a row joining late is padded by at most the others' remaining tokens)
+ *   cols = c + max(c / 4, 256) (the growth step)
+ *   peak = bytes the running state holds now + (rows after q + prefill rows incl. q's)
+ *          x a row's projected bytes at cols.
+ * For an idle engine this is q's own peak (the too-large check), so a request that passes
+ * that check is always admitted once the engine is idle. Called under e->mu. */
+static size_t device_peak(const tqkv_engine *e, const eng_req *q, tqkv_model_state *probe,
+                          tqkv_model_state *dprobe) {
+    int fin = q->n_prompt + q->max_tokens, newt = q->max_tokens, rows = 0, pre_rows = q->n_choices;
+    for (int i = 0; i < e->n_rows; i++) {
+        const eng_req *r = e->rows[i];
+        if (r->n_prompt + r->max_tokens > fin) fin = r->n_prompt + r->max_tokens;
+        if (r->max_tokens > newt) newt = r->max_tokens;
+        rows++;
+    }
+    for (int i = 0; i < e->n_pre; i++) {
+        const eng_req *r = e->pre[i];
+        const int n = r->forked ? 1 : r->n_choices;
+        if (r->n_prompt + r->max_tokens > fin) fin = r->n_prompt + r->max_tokens;
+        if (r->max_tokens > newt) newt = r->max_tokens;
+        rows += n;
+        pre_rows += n;
+    }
+    long cols = (long)fin + (rows > 0 ? newt : 0) + (e->dm ? e->p.draft_tokens : 0);
+    cols += cols / 4 > 256 ? cols / 4 : 256;
+    const int K = e->dm ? e->p.draft_tokens : 0;
+    size_t row = tqkv_model_state_projected_bytes_spec(probe, (int)cols, K);
+    if (dprobe) row += tqkv_model_state_projected_bytes_spec(dprobe, (int)cols, K);
+    const size_t held = (e->run ? tqkv_model_state_kv_bytes_used(e->run) : 0) +
+                        (e->drun ? tqkv_model_state_kv_bytes_used(e->drun) : 0);
+    return held + (size_t)(rows + q->n_choices + pre_rows) * row;
+}
+
 /* Queue: drop cancelled requests, admit from the head while slots and budget allow. */
 static void sched_admit(tqkv_engine *e, eng_req **dropped, int *n_dropped, int cap_dropped) {
     /* probes for projections: empty 1-row states of the same parameters */
@@ -579,7 +623,9 @@ static void sched_admit(tqkv_engine *e, eng_req **dropped, int *n_dropped, int c
             continue; /* the head may have changed while unlocked */
         }
         size_t need = req_projected(e, q, probe, dprobe) * (size_t)q->n_choices;
-        if (need > e->p.kv_budget) {
+        const int idle = e->n_rows + e->n_pre == 0;
+        const size_t peak = e->sp.device ? device_peak(e, q, probe, dprobe) : 0;
+        if (need > e->p.kv_budget || (idle && peak > e->p.kv_budget)) {
             /* can never fit: fail it rather than block the queue */
             e->q_head = q->next;
             if (!e->q_head) e->q_tail = NULL;
@@ -590,6 +636,7 @@ static void sched_admit(tqkv_engine *e, eng_req **dropped, int *n_dropped, int c
             continue;
         }
         if (e->reserved + need > e->p.kv_budget) break; /* wait for rows to finish */
+        if (peak > e->p.kv_budget) break; /* device: its storage's peak must fit too */
         /* the storage really held (padding of rows of unequal lengths, spare columns)
          * counts too: the budget bounds memory, not only the projected token bytes */
         if (e->st.kv_bytes_allocated + need > e->p.kv_budget && e->n_rows + e->n_pre > 0) break;
@@ -824,9 +871,10 @@ static tqkv_status sched_rows(tqkv_engine *e, eng_req **ready, int n_ready) {
 // ---------------------------------------------------------------------------
 
 /* Bytes of KV storage of a state's layers (each batch once: KV-shared layers may name
- * their donor's); 0 for a device state (its caches live on the device). */
-static size_t state_kv_allocated(tqkv_model_state *s, const tqkv_model *m) {
+ * their donor's); for a device state, its caches' device storage (capacity). */
+static size_t state_kv_allocated(tqkv_model_state *s, const tqkv_model *m, int device) {
     if (!s || !m) return 0;
+    if (device) return tqkv_model_state_kv_bytes_used(s);
     int L = tqkv_model_get_config(m)->n_layers;
     size_t total = 0;
     for (int l = 0; l < L; l++) {
@@ -842,9 +890,10 @@ static size_t state_kv_allocated(tqkv_model_state *s, const tqkv_model *m) {
 
 /* The running states plus the 1-row states of requests still prefilling. */
 static size_t engine_kv_allocated(tqkv_engine *e) {
-    size_t total = state_kv_allocated(e->run, e->m) + state_kv_allocated(e->drun, e->dm);
+    const int d = e->sp.device;
+    size_t total = state_kv_allocated(e->run, e->m, d) + state_kv_allocated(e->drun, e->dm, d);
     for (int i = 0; i < e->n_pre; i++)
-        total += state_kv_allocated(e->pre[i]->pre, e->m) + state_kv_allocated(e->pre[i]->dpre, e->dm);
+        total += state_kv_allocated(e->pre[i]->pre, e->m, d) + state_kv_allocated(e->pre[i]->dpre, e->dm, d);
     return total;
 }
 

@@ -59,11 +59,12 @@ static int step_one(fake_engine *f, freq *r, int cancel) {
     tqkv_engine_event ev;
     memset(&ev, 0, sizeof ev);
     ev.prompt_tokens = r->n_prompt;
-    if (cancel) {
+    if (cancel || (f->p.fail_after > 0 && r->n_gen >= f->p.fail_after)) {
         ev.token = -1;
         ev.text = "";
         ev.done = 1;
-        ev.finish = TQKV_FINISH_CANCELLED;
+        ev.finish = cancel ? TQKV_FINISH_CANCELLED : TQKV_FINISH_ERROR;
+        ev.error = cancel ? NULL : FAKE_FAIL_MESSAGE;
         ev.completion_tokens = r->n_gen;
         r->fn(r->user, r->id, &ev);
         return 1;

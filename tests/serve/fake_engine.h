@@ -13,6 +13,8 @@
 
 typedef struct fake_engine fake_engine;
 
+#define FAKE_FAIL_MESSAGE "CUDA: out of memory (fake engine: a KV cache allocation failed)"
+
 typedef struct {
     int   queue_max;      /* open requests beyond this: TQKV_EBUSY */
     int   step_us;        /* sleep per generated token (all requests) */
@@ -20,6 +22,9 @@ typedef struct {
     int   first_us;       /* sleep before the first token of each request */
     const char *script;   /* non-NULL: every request (every choice) generates the tokens of
                              this text (a forced output, e.g. a tool call), then stops */
+    int   fail_after;     /* > 0: every request fails after this many tokens (final event
+                             TQKV_FINISH_ERROR with a message), as the real engine ends the
+                             running rows when a device allocation fails mid-generation */
 } fake_params;
 
 int         fake_engine_init(fake_engine **out, const fake_params *p, const tqkv_tokenizer *tok);

@@ -32,7 +32,7 @@ int main(int argc, char **argv) {
     char path[4096];
     tqkv_tokenizer *tok = NULL;
     if (tqkv_tokenizer_load(&tok, source_path("models/qwen3-code-28m", path, sizeof path)) != TQKV_OK) return 1;
-    fake_params fp = {64, 0, 4096, 0, script};
+    fake_params fp = {64, 0, 4096, 0, script, 0};
     fake_engine *fe = NULL;
     if (fake_engine_init(&fe, &fp, tok)) return 1;
     srv_engine eng = fake_engine_bind(fe);

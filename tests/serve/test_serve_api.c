@@ -49,7 +49,7 @@ static int start(fixture *fx, const fx_opts *o) {
     memset(fx, 0, sizeof *fx);
     if (tqkv_tokenizer_load(&fx->tok, source_path("models/qwen3-code-28m", path, sizeof path)) != TQKV_OK)
         return -1;
-    fake_params fp = {o->queue_max ? o->queue_max : 64, o->step_us, 4096, 0, o->script};
+    fake_params fp = {o->queue_max ? o->queue_max : 64, o->step_us, 4096, 0, o->script, 0};
     if (fake_engine_init(&fx->fe, &fp, fx->tok)) return -1;
     srv_engine eng = fake_engine_bind(fx->fe);
     srv_params sp = srv_params_default();

@@ -46,7 +46,7 @@ static int start(fixture *fx, const srv_params *sp_in, int step_us) {
     memset(fx, 0, sizeof *fx);
     if (tqkv_tokenizer_load(&fx->tok, source_path("models/qwen3-code-28m", path, sizeof path)) != TQKV_OK)
         return -1;
-    fake_params fp = {256, step_us, 4096, 0, NULL};
+    fake_params fp = {256, step_us, 4096, 0, NULL, 0};
     if (fake_engine_init(&fx->fe, &fp, fx->tok)) return -1;
     srv_engine eng = fake_engine_bind(fx->fe);
     srv_params sp = *sp_in;

@@ -2,7 +2,8 @@
  * test_serve_http.c - the HTTP layer of `tqkv serve` against the engine test double:
  * OpenAI response shapes (completions and chat, whole and streamed, logprobs, usage),
  * error JSON and status for bad input, body limit, API key, unknown routes, queue full,
- * client disconnect -> cancel, draining, malformed and truncated requests, concurrency.
+ * client disconnect -> cancel, draining, malformed and truncated requests, concurrency,
+ * an engine failure mid-generation (error object in the stream, 500 when whole).
  * Generation itself (real model) is tested in test_serve_engine.c.
  */
 #include <arpa/inet.h>
@@ -27,12 +28,12 @@ typedef struct {
 } fixture;
 
 static int start_ex(fixture *fx, int queue_max, int step_us, const char *api_key, size_t max_body,
-                    int first_us, int idle_timeout_s) {
+                    int first_us, int idle_timeout_s, int fail_after) {
     char path[4096];
     memset(fx, 0, sizeof *fx);
     if (tqkv_tokenizer_load(&fx->tok, source_path("models/qwen3-code-28m", path, sizeof path)) != TQKV_OK)
         return -1;
-    fake_params fp = {queue_max, step_us, 4096, first_us, NULL};
+    fake_params fp = {queue_max, step_us, 4096, first_us, NULL, fail_after};
     if (fake_engine_init(&fx->fe, &fp, fx->tok)) return -1;
     srv_engine eng = fake_engine_bind(fx->fe);
     srv_params sp = srv_params_default();
@@ -46,7 +47,7 @@ static int start_ex(fixture *fx, int queue_max, int step_us, const char *api_key
 }
 
 static int start(fixture *fx, int queue_max, int step_us, const char *api_key, size_t max_body) {
-    return start_ex(fx, queue_max, step_us, api_key, max_body, 0, 0);
+    return start_ex(fx, queue_max, step_us, api_key, max_body, 0, 0, 0);
 }
 
 static void stop(fixture *fx) {
@@ -538,7 +539,7 @@ static void test_malformed_never_crash(void **state) {
 static void test_slow_first_token(void **state) {
     (void)state;
     fixture fx;
-    assert_int_equal(start_ex(&fx, 64, 0, NULL, 0, 2500 * 1000, 1), 0);
+    assert_int_equal(start_ex(&fx, 64, 0, NULL, 0, 2500 * 1000, 1, 0), 0);
     for (int stream = 0; stream < 2; stream++) {
         char body[128];
         snprintf(body, sizeof body, "{\"prompt\":\"slow\",\"max_tokens\":3,\"stream\":%s}",
@@ -590,6 +591,58 @@ static void *work(void *arg) {
     return NULL;
 }
 
+/* An engine failure after some tokens (the GPU engine ends its running rows so when a KV
+ * allocation fails mid-generation): a stream already answered 200 carries the tokens
+ * made so far, then an error object with the engine's message, then [DONE]; a whole
+ * response is a 500 with the message. Never a 200 with nothing in it. */
+static void test_mid_stream_error(void **state) {
+    (void)state;
+    fixture fx;
+    const int after = 3;
+    assert_int_equal(start_ex(&fx, 64, 0, NULL, 0, 0, 0, after), 0);
+    char *want = expected(&fx, "def f(x):", after);
+    http_resp r;
+    assert_int_equal(http_do(fx.port, "POST", "/v1/completions", NULL,
+                             "{\"prompt\":\"def f(x):\",\"max_tokens\":12,\"stream\":true,"
+                             "\"stream_options\":{\"include_usage\":true}}", &r), 0);
+    assert_int_equal(r.status, 200);
+    /* the tokens before the failure, in chunks of their own */
+    const char *err = strstr(r.body, "data: {\"error\"");
+    if (!err) fail_msg("stream without an error object: %s", r.body);
+    const size_t hn = (size_t)(err - r.body);
+    char *head = malloc(hn + 16); /* the chunks before the error, closed as sse_collect wants */
+    assert_non_null(head);
+    memcpy(head, r.body, hn);
+    memcpy(head + hn, "data: [DONE]\n\n", 15);
+    char finish[32];
+    cJSON *usage = NULL;
+    char *got = sse_collect(head, 0, finish, sizeof finish, &usage, NULL);
+    free(head);
+    if (!got) fail_msg("stream before the error does not parse: %s", r.body);
+    assert_string_equal(got, want);
+    assert_null(usage); /* no usage chunk: the request did not complete */
+    free(got);
+    /* then the error, the engine's message in it, and [DONE] last */
+    const char *eol = strstr(err, "\n\n");
+    assert_non_null(eol);
+    cJSON *j = cJSON_ParseWithLength(err + 6, (size_t)(eol - err - 6));
+    assert_non_null(j);
+    cJSON *m = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "error"), "message");
+    assert_true(cJSON_IsString(m));
+    assert_non_null(strstr(m->valuestring, "out of memory"));
+    cJSON_Delete(j);
+    assert_string_equal(eol + 2, "data: [DONE]\n\n");
+    http_resp_free(&r);
+    /* whole: a 500 with the message */
+    assert_int_equal(http_do(fx.port, "POST", "/v1/completions", NULL,
+                             "{\"prompt\":\"def f(x):\",\"max_tokens\":12}", &r), 0);
+    check_error(&r, 500, NULL);
+    assert_non_null(strstr(r.body, "out of memory"));
+    http_resp_free(&r);
+    free(want);
+    stop(&fx);
+}
+
 static void test_concurrent(void **state) {
     (void)state;
     fixture fx;
@@ -625,6 +678,7 @@ int main(void) {
         cmocka_unit_test(test_queue_full_and_drain),
         cmocka_unit_test(test_malformed_never_crash),
         cmocka_unit_test(test_concurrent),
+        cmocka_unit_test(test_mid_stream_error),
         cmocka_unit_test(test_slow_first_token),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
