@@ -15,13 +15,7 @@
 # test_cuda_model) and "serve" (`tqkv bench engine --device cuda` against the CPU on the
 # bundled model, and a `tqkv serve --device cuda` smoke test over HTTP with curl) and
 # "graphs" (decode as replayed CUDA graphs vs kernel by kernel, `bench model --graphs 0,1`,
-# on the bundled model at rows 1 / 8 / 32 and on the 8B shape at rows 1 / 32) and "skinny"
-# (the T <= 8 GEMM kernel: test_gemm + test_gemm_skinny (bitwise against the tiled kernel);
-# `bench gemm` at T = 1, 8 on the 8B shapes, parts 1 and 2, as picked
-# (tile "sk") and with TQKV_GEMM_TILE=s8 (the tiled kernel), each beside cuBLAS, and sk with
-# 128 and 512 k a stage (TQKV_GEMM_SK_BK)), "skinny_memcheck" (compute-sanitizer memcheck of
-# test_gemm_skinny) and "skinny_e2e" (the 8B decode at depth 4096,
-# rows 1 and 8 (bf16 activations) and rows 1 --exact (hi + lo), sk vs s8: TQKV_GEMM_TILE).
+# on the bundled model at rows 1 / 8 / 32 and on the 8B shape at rows 1 / 32).
 # Logs go to a work folder packed into $OUT/results.tgz after every step.
 # Runs in a scripts/cuda_pack.sh folder:   cd PACK && ./cuda_e2e_device.sh MODEL_DIR [STEPS]
 # STEPS (default "tests gemm e2e") picks the parts.
@@ -97,33 +91,6 @@ if has fast; then # the same decode matrix with the opt-in cuBLAS GEMM (not batc
     --rows 119 --gen 16 --reps 1 --fill synthetic --json >"$W/fast_tq4_119.json" 2>"$W/fast_tq4_119.err"
   step 120 fast_prefill ./tqkv bench model --device cuda --fast-gemm --model $B --ctx 512 --kv f32,tq4 \
     --rows 8 --gen 16 --reps 1 --json >"$W/fast_prefill.json" 2>"$W/fast_prefill.err"
-fi
-if has skinny; then
-  step 200 skinny_tests env TQKV_TEST_MODEL="$M" TQKV_TEST_FILTER='test_gemm*' ./test_cuda_model \
-    >"$W/skinny_tests.log" 2>&1
-  for p in 1 2; do for tile in sk s8; do
-    step 150 "skinny_gemm_p${p}_$tile" env TQKV_GEMM_TILE=$tile ./tqkv bench gemm \
-      --shapes 6144x4096,4096x4096,28672x4096,4096x14336,128256x4096 --tokens 1,8 --parts $p --reps 20 \
-      --json >"$W/skinny_gemm_p${p}_$tile.json" 2>"$W/skinny_gemm_p${p}_$tile.err"
-  done; done
-  for bk in 128 512; do # the skinny kernel's k per stage (256 by default), bf16 activations
-    step 150 "skinny_gemm_p1_bk$bk" env TQKV_GEMM_SK_BK=$bk ./tqkv bench gemm \
-      --shapes 6144x4096,4096x4096,28672x4096,4096x14336,128256x4096 --tokens 1,8 --parts 1 --reps 20 \
-      --json >"$W/skinny_gemm_p1_bk$bk.json" 2>"$W/skinny_gemm_p1_bk$bk.err"
-  done
-fi
-if has skinny_memcheck; then
-  step 500 skinny_memcheck compute-sanitizer --tool memcheck --error-exitcode 9 env TQKV_TEST_MODEL="$M" \
-    TQKV_TEST_SEED=1 TQKV_TEST_FILTER=test_gemm_skinny ./test_cuda_model >"$W/skinny_memcheck.log" 2>&1
-fi
-if has skinny_e2e; then
-  B=/tmp/llama8b
-  [ -f $B/config.json ] || step 150 make_llama8b python3 cuda_make_llama8b.py $B >"$W/make_llama8b.log" 2>&1
-  for run in 1:default 8:default 1:--exact; do rows=${run%%:*} g=${run#*:}; for tile in sk s8; do
-    n="skinny_decode${rows}_${g#--}_$tile"
-    step 150 "$n" env TQKV_GEMM_TILE=$tile ./tqkv bench model --device cuda $([ "$g" = default ] || echo "$g") \
-      --model $B --ctx 4096 --kv f32,tq4 --rows $rows --gen 32 --reps 2 --fill synthetic --json >"$W/$n.json" 2>"$W/$n.err"
-  done; done
 fi
 if has graphs; then
   for rows in 1 8 32; do

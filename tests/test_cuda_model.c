@@ -2,8 +2,6 @@
  * test_cuda_model.c - the model forward on the GPU (tqkv_model_state_params.device = 1)
  * against the CPU forward on the bundled model (models/qwen3-code-28m, or the directory in
  * TQKV_TEST_MODEL), on fresh random token sequences:
- *  - the GEMM alone: float64 accuracy, every tile shape bitwise across T, and the skinny
- *    (T <= 8) kernel bitwise against the tiled one (test_gemm, test_gemm_skinny);
  *  - prefill logits of every position and decode logits, GPU vs CPU, for f32 (dense bf16
  *    cache on the device), tq4 and tq3 (+ q8 window), within a stated relative L2;
  *  - batch invariance on the device: a row's prefill and decode logits alone (1 row) and
@@ -201,7 +199,7 @@ static double gemm_error(const float *x, const uint16_t *w, const float *b, cons
     return worst;
 }
 
-static const char *const g_tiles[] = {"s8", "s16", "s32", "s64", "m", "l", "xl", "sk"};
+static const char *const g_tiles[] = {"s8", "s16", "s32", "s64", "m", "l", "xl"};
 
 static void gemm_case(int K, int N, int parts) {
     /* every tile shape at every T: partial token tiles (3, 9, 17, 33, 70, 130), exact ones
@@ -254,7 +252,7 @@ static void gemm_case(int K, int N, int parts) {
     /* the two precisions are different arithmetic (parts 2 is not parts 1 in disguise) */
     run_gemm(dx, 8, K, dw, N, db, dy, xf, 3 - parts, y);
     assert_true(memcmp(y, ya, sizeof(float) * 8 * (size_t)N) != 0);
-    printf("gemm K %d N %d parts %d: tiles s8 .. xl and sk, batches of 1 .. 130 and single rows: bitwise "
+    printf("gemm K %d N %d parts %d: tiles s8 .. xl, batches of 1 .. 130 and single rows: bitwise "
            "equal to the batch of %d\n", K, N, parts, TB);
     tqkv_cuda_free(dx); tqkv_cuda_free(dy); tqkv_cuda_free(db); tqkv_cuda_free(dw);
     tqkv_cuda_free(xf);
@@ -269,126 +267,6 @@ static void test_gemm(void **st) {
         gemm_case(3 * 1024 + 96, 200, parts); /* long K, N past a 128-row tile */
         gemm_case(2 * 1024 + 40, 136, parts); /* K ends in a partial k16 step's chunk */
     }
-}
-
-/* ---- the skinny kernel (T <= 8) against the tiled one, bit for bit ---- */
-
-/* 0 when equal; else prints the first differing output (token, row, both values' bits). */
-static int sk_diff(const char *what, const float *got, const float *want, int T, int N) {
-    for (int t = 0; t < T; t++)
-        for (int n = 0; n < N; n++) {
-            const size_t i = (size_t)t * N + n;
-            if (memcmp(&got[i], &want[i], sizeof(float))) {
-                uint32_t a, b;
-                memcpy(&a, &got[i], 4);
-                memcpy(&b, &want[i], 4);
-                printf("MISMATCH %s: token %d row %d: %.9g (0x%08x) vs tiled %.9g (0x%08x)\n", what, t, n,
-                       got[i], a, want[i], b);
-                return 1;
-            }
-        }
-    return 0;
-}
-
-/* One shape: the 8-token batch under the tiled s8 kernel is the reference; the skinny kernel
- * must give its rows bitwise for every T = 1 .. 8 (first T tokens), for each token alone,
- * under the automatic plan and forced ones (16 / 32 rows a warp, 2 .. 5 stages: slots
- * reused, parity flips, row blocks chained in one warp's pipeline; 64 .. 1024 k a stage),
- * with and without bias.
- * Returns the number of mismatching runs (the first of each printed). */
-static int skinny_case(int K, int N, int parts, int with_bias) {
-    const int TB = 8;
-    test_rng r;
-    rng_init(&r, g_seed ^ (uint64_t)K * 7919 ^ (uint64_t)N * 31 ^ (uint64_t)parts);
-    float *x = malloc(sizeof(float) * (size_t)TB * K), *b = malloc(sizeof(float) * (size_t)N);
-    uint16_t *w = malloc(sizeof(uint16_t) * (size_t)N * K);
-    float *yt = malloc(sizeof(float) * (size_t)TB * N), *y = malloc(sizeof(float) * (size_t)TB * N);
-    assert_non_null(x); assert_non_null(b); assert_non_null(w); assert_non_null(yt); assert_non_null(y);
-    for (size_t i = 0; i < (size_t)TB * K; i++) x[i] = (float)rng_normal(&r) * (i % 7 == 0 ? 30.f : 1.f);
-    for (size_t i = 0; i < (size_t)N * K; i++) w[i] = bf16_bits((float)rng_normal(&r) * 0.05f);
-    for (int i = 0; i < N; i++) b[i] = (float)rng_normal(&r);
-    float *dx, *dy, *db;
-    void *dw, *xf;
-    assert_int_equal(tqkv_cuda_malloc((void **)&dx, sizeof(float) * (size_t)TB * K), TQKV_OK);
-    assert_int_equal(tqkv_cuda_malloc((void **)&dy, sizeof(float) * (size_t)TB * N), TQKV_OK);
-    assert_int_equal(tqkv_cuda_malloc((void **)&db, sizeof(float) * (size_t)N), TQKV_OK);
-    assert_int_equal(tqkv_cuda_malloc(&dw, sizeof(uint16_t) * (size_t)N * K), TQKV_OK);
-    assert_int_equal(tqkv_cuda_malloc(&xf, tqkv_cuda_gemm_xf_bytes(TB, (size_t)K)), TQKV_OK);
-    assert_int_equal(tqkv_cuda_h2d(dx, x, sizeof(float) * (size_t)TB * K), TQKV_OK);
-    assert_int_equal(tqkv_cuda_h2d(dw, w, sizeof(uint16_t) * (size_t)N * K), TQKV_OK);
-    assert_int_equal(tqkv_cuda_h2d(db, b, sizeof(float) * (size_t)N), TQKV_OK);
-    const float *bias = with_bias ? db : NULL;
-    /* a failed launch (a trap, a fault) names the run before anything else is tried */
-#define SK_RUN(xp, T, out, label)                                                                    \
-    do {                                                                                             \
-        tqkv_status rc_ = tqkv_cuda_gemm(xp, (size_t)K, T, dw, N, K, bias, dy, (size_t)N, xf, parts, NULL); \
-        if (!rc_) rc_ = tqkv_cuda_d2h(out, dy, sizeof(float) * (size_t)(T) * N);                        \
-        if (rc_) fail_msg("skinny test, %s: %s", label, tqkv_last_error());                          \
-    } while (0)
-    assert_int_equal(tqkv_cuda_gemm_set_tile("s8"), TQKV_OK);
-    SK_RUN(dx, TB, yt, "the tiled s8 reference");
-    assert_int_equal(tqkv_cuda_gemm_set_tile("sk"), TQKV_OK);
-    /* (mt, stages, bk): the automatic plan; 16 / 32 rows a warp with 2 .. 5 stages; 64 k a
-     * stage (one step of 64 per stage: the tail logic at every stage) and 1024 */
-    const int plans[][3] = {{0, 0, 0}, {1, 2, 0}, {2, 2, 0}, {1, 3, 64}, {2, 5, 1024}, {2, 3, 128}};
-    int bad = 0;
-    for (size_t pi = 0; pi < sizeof plans / sizeof plans[0]; pi++) {
-        assert_int_equal(tqkv_cuda_gemm_set_skinny(plans[pi][0], plans[pi][1], plans[pi][2]), TQKV_OK);
-        for (int T = 1; T <= TB; T++) {
-            int mt = 0, stages = 0, grid = 0, bk = 0;
-            assert_int_equal(tqkv_cuda_gemm_skinny_plan(T, N, K, parts, &mt, &stages, &grid, &bk), TQKV_OK);
-            char what[160];
-            snprintf(what, sizeof what, "K %d N %d parts %d bias %d plan mt %d stages %d grid %d bk %d: batch of %d",
-                     K, N, parts, with_bias, mt, stages, grid, bk, T);
-            SK_RUN(dx, T, y, what);
-            bad += sk_diff(what, y, yt, T, N);
-        }
-        for (int t = 0; t < TB; t++) { /* each token alone: its row of the tiled batch */
-            char what[160];
-            snprintf(what, sizeof what, "K %d N %d parts %d bias %d forced (%d, %d, %d): token %d alone", K, N,
-                     parts, with_bias, plans[pi][0], plans[pi][1], plans[pi][2], t);
-            SK_RUN(dx + (size_t)t * K, 1, y, what);
-            bad += sk_diff(what, y, yt + (size_t)t * N, 1, N);
-        }
-    }
-#undef SK_RUN
-    assert_int_equal(tqkv_cuda_gemm_set_skinny(0, 0, 0), TQKV_OK);
-    assert_int_equal(tqkv_cuda_gemm_set_tile(NULL), TQKV_OK);
-    assert_true(memcmp(yt, yt + N, sizeof(float) * (size_t)N) != 0); /* tokens do differ */
-    printf("skinny K %d N %d parts %d bias %d: T 1..8 and single tokens, 6 plans: %s\n", K, N, parts,
-           with_bias, bad ? "MISMATCHES (above)" : "bitwise equal to the tiled s8 kernel");
-    tqkv_cuda_free(dx); tqkv_cuda_free(dy); tqkv_cuda_free(db); tqkv_cuda_free(dw);
-    tqkv_cuda_free(xf);
-    free(x); free(b); free(w); free(yt); free(y);
-    return bad;
-}
-
-static void test_gemm_skinny(void **st) {
-    (void)st;
-    /* the pick: the skinny kernel for T <= 8 (by T alone), the tiles above */
-    for (int T = 1; T <= 9; T++)
-        for (int parts = 1; parts <= 2; parts++) {
-            const char *t = tqkv_cuda_gemm_tile(T, 4096, parts);
-            if ((T <= GEMM_CUDA_SKINNY_T) != !strcmp(t, "sk"))
-                fail_msg("gemm pick at T %d parts %d: tile %s (want sk exactly for T <= %d; sm_90 device?)",
-                         T, parts, t, GEMM_CUDA_SKINNY_T);
-        }
-    assert_int_equal(tqkv_cuda_gemm_set_skinny(3, 0, 0), TQKV_EINVAL);
-    assert_int_equal(tqkv_cuda_gemm_set_skinny(1, 1, 0), TQKV_EINVAL);
-    assert_int_equal(tqkv_cuda_gemm_set_skinny(1, 2, 96), TQKV_EINVAL);
-    assert_int_equal(tqkv_cuda_gemm_skinny_plan(9, 4096, 4096, 1, NULL, NULL, NULL, NULL), TQKV_EINVAL);
-    /* K: one stage exactly (256), the smallest (8), a partial k16 step in a partial stage
-     * (520, 2088: K % 16 = 8), a partial stage of whole steps (3168: 96 past 3072), 14336
-     * (the 8B down projection); N: one partial row block (8, 72), blocks past a 32-row
-     * multiple (1000), and enough blocks that warps chain several (20000; 34000 takes 32
-     * rows a warp under the automatic plan on a 132-SM H100) */
-    const int shapes[][2] = {{256, 8},    {8, 72},      {520, 72},     {2088, 136}, {3168, 1000},
-                             {14336, 40}, {1032, 20000}, {520, 34000}};
-    int bad = 0;
-    for (int parts = 1; parts <= 2; parts++)
-        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-            bad += skinny_case(shapes[i][0], shapes[i][1], parts, (int)(i & 1) ^ (parts - 1));
-    if (bad) fail_msg("skinny GEMM: %d runs differ from the tiled kernel (first mismatch of each printed above)", bad);
 }
 
 /* Row alone vs the same row at position 2 of a 3-row batch: bitwise equal logits. */
@@ -1424,7 +1302,6 @@ int main(void) {
     g_seed = test_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm),
-        cmocka_unit_test(test_gemm_skinny),
         cmocka_unit_test(test_parity_f32),
         cmocka_unit_test(test_parity_tq4),
         cmocka_unit_test(test_parity_tq3_window),

@@ -16,9 +16,6 @@
  * weight_gbps = N K 2 bytes / ms (what a decode step must stream); tflops = 2 T N K / ms
  * (useful work, not counting the second MMA of --parts 2);
  * copy_gbps = 2 x bytes / ms of a 2 GiB device-to-device cudaMemcpy (read + write).
- * tile: the kernel that ran ("sk": the skinny kernel, T <= 8, with its plan in sk_mt (16 or
- * 32 weight rows a warp as 1 or 2), sk_stages, sk_grid and sk_bk (k per stage;
- * TQKV_GEMM_SK_BK=64..1024 sets it); TQKV_GEMM_TILE=s8 forces the tiled kernel for an A/B run).
  * Owns: the benchmark driver and its output. Must not: contain GEMM logic.
  */
 #include <cjson/cJSON.h>
@@ -155,14 +152,6 @@ int cmd_bench_gemm(int argc, char **argv) {
             json_add_num(o, "weight_gbps", gbps, 1);
             json_add_num(o, "tflops", tfl, 2);
             json_add_num(o, "copy_gbps", copy_gbps, 1);
-            int mt, stages, grid, bk;
-            if (!strcmp(tile, "sk") &&
-                tqkv_cuda_gemm_skinny_plan(T[j], N[i], K[i], parts, &mt, &stages, &grid, &bk) == TQKV_OK) {
-                cJSON_AddNumberToObject(o, "sk_mt", mt);
-                cJSON_AddNumberToObject(o, "sk_stages", stages);
-                cJSON_AddNumberToObject(o, "sk_grid", grid);
-                cJSON_AddNumberToObject(o, "sk_bk", bk);
-            }
         }
     int rc = 0;
     if (st) {

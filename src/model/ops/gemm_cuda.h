@@ -13,9 +13,8 @@
  * Reduction order (the batch-invariance contract): one running f32 sum per output, starting
  * at 0, to which the k16 steps of K are added in ascending order, each step one mma (the
  * hi part) or two (hi, then lo); the bias last. No split of K, no partials, no fold. The
- * tile shape (picked from T and N for speed: the skinny kernel at T <= 8, small tiles for
- * decode, 128 x 128 and 128 x 256 for prefill) decides which CTA and warp computes an output,
- * never its arithmetic: the weight
+ * tile shape (picked from T and N for speed: small tiles for decode, 128 x 128 and 128 x
+ * 256 for prefill) decides which CTA and warp computes an output, never its arithmetic: the weight
  * rows are always the mma's A operand and the tokens its B operand, at the same fragment
  * places for the same k. So a row's outputs are bitwise the same for every T;
  * test_cuda_model checks it across every tile shape.
@@ -33,43 +32,27 @@ extern "C" {
 #endif
 
 #define GEMM_CUDA_SMALL_T 64 /* T at or below which decode tiles (32 weight rows) run */
-#define GEMM_CUDA_SKINNY_T 8 /* T at or below which the skinny kernel ("sk", sm_90) runs */
 
 /* Scratch bytes for a GEMM of up to T tokens and K <= kmax: the activations' bf16 parts
  * [parts, T, K] (room for two parts). */
 size_t tqkv_cuda_gemm_xf_bytes(size_t T, size_t kmax);
 
 /* y[t * ldy + n] = sum_k x[t * ldx + k] w[n * K + k] (+ bias[n]) for t < T, n < N.
- * All pointers are device memory, x, w and xf 16-byte aligned, ldx % 4 == 0; K % 8 == 0;
- * xf as sized above (the skinny kernel, T <= 8, splits x itself and leaves it); parts 1 (bf16
+ * All pointers are device memory; K % 8 == 0; xf as sized above; parts 1 (bf16
  * activations) or 2 (hi + lo). Asynchronous on `stream` (a cudaStream_t; NULL: the legacy
  * default stream); allocates nothing and never waits, so it can be captured in a graph. */
 tqkv_status tqkv_cuda_gemm(const float *x, size_t ldx, int T, const uint16_t *w, int N,
                            int K, const float *bias, float *y, size_t ldy, void *xf,
                            int parts, void *stream);
 
-/* The tile shape tqkv_cuda_gemm picks for T tokens, N outputs and `parts` ("sk" at T <= 8
- * on sm_90, "s8" .. "s64", "m", "l", "xl"; two parts take "l" for "xl"): for benchmarks and
- * the tests' coverage. */
+/* The tile shape tqkv_cuda_gemm picks for T tokens, N outputs and `parts` ("s8" .. "s64",
+ * "m", "l", "xl"; two parts take "l" for "xl"): for benchmarks and the tests' coverage. */
 const char *tqkv_cuda_gemm_tile(int T, int N, int parts);
 
 /* Make every later call take the named tile shape (NULL: the pick by T and N again), as
- * TQKV_GEMM_TILE does ("sk" only where T <= 8 and the device is sm_90; elsewhere the
- * pick): for the tests (every shape must give the same bits) and A/B benchmarks. TQKV_EINVAL for an unknown name. Not for use while GEMMs run on other threads. */
+ * TQKV_GEMM_TILE does: for the tests (every shape must give the same bits) and A/B
+ * benchmarks. TQKV_EINVAL for an unknown name. Not for use while GEMMs run on other threads. */
 tqkv_status tqkv_cuda_gemm_set_tile(const char *name);
-
-/* The skinny kernel's launch for T <= 8 tokens, N x K and `parts`: weight rows a warp owns
- * (mt 1: 16, 2: 32), pipeline stages, k per stage (bk: 256, or TQKV_GEMM_SK_BK, 64 .. 1024
- * by 64, read once) and CTAs of one warp: for benchmarks. TQKV_EINVAL for T outside 1..8
- * or a bad shape. */
-tqkv_status tqkv_cuda_gemm_skinny_plan(int T, int N, int K, int parts, int *mt, int *stages, int *grid,
-                                       int *bk);
-
-/* Force the skinny kernel's rows a warp (mt 1 or 2; 0: the pick by N), stages (2..16,
- * capped by one CTA's shared memory; 0: the pick) and k per stage (64 .. 1024 by 64; 0: the
- * default), for the tests (the bits must not change). Not for use while GEMMs run on other
- * threads. */
-tqkv_status tqkv_cuda_gemm_set_skinny(int mt, int stages, int bk);
 
 #ifdef __cplusplus
 }
