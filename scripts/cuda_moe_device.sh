@@ -1,0 +1,49 @@
+#!/bin/bash
+# cuda_moe_device.sh - the mixture-of-experts device run of issue 24, in a scripts/cuda_pack.sh
+# folder (no fixtures needed):
+#  - tests: test_cuda_moe (Qwen3-MoE, Qwen 3.5 MoE and Gemma 4 MoE on the GPU against their CPU
+#    forwards, batch invariance, spec rounds and row operations on Qwen3-MoE; it writes its
+#    own tiny checkpoints);
+#  - make: a Qwen3-30B-A3B-shaped checkpoint (cuda_make_qwen3moe30b.py: 48 layers, hidden
+#    2048, 128 experts top 8 of width 768, 32 q / 4 KV heads, head_dim 128, vocab 151936,
+#    61 GB of bf16) in /tmp/qwen3moe30b. Its experts are ZEROS left as holes of sparse files,
+#    so it takes ~3 GB of the device's 64 GB of disk; zero experts do not change the GEMMs'
+#    time (the same bytes move, the same tensor-core multiply-adds run), the random router
+#    spreads the tokens over the experts. The load maps the shards and uploads one stacked
+#    matrix at a time (the largest staging buffer: one layer's gate|up, 0.8 GB), so the host
+#    needs the page cache of the file and not twice the model;
+#  - bench: ONE `tqkv bench model --device cuda --fill synthetic` (one 61 GB load) over rows
+#    1 / 8 / 32 / 64, depth 4096 and 32768, KV f32 (the device's dense bf16 cache: "bf16 KV")
+#    and tq4, 16 greedy steps after the synthetic fill; then --max-rows (the most rows whose
+#    caches for depth + 17 tokens fit, real allocations) and --at-max-rows (decode at those
+#    rows), every JSON row with "shape": "qwen3-30b-a3b" (issue 24 item 5; the rows go to
+#    bench/cuda-e2e.json as they are: max_rows is in each row).
+# Logs go to a work folder packed into $OUT/results.tgz after every step.
+#   Usage: cd PACK && OUT=$OUT ./cuda_moe_device.sh [STEPS]   (default "tests make bench")
+# The checkpoint stays in /tmp/qwen3moe30b while the machine is warm: a later call can run
+# "bench" alone. Expected times on an H100 / H200 (estimates, not measured): tests 1-2 min,
+# make 1 min, bench 4-6 min (load ~1 min, 16 configurations, the fit search, 4 at-max runs).
+set -u -o pipefail
+STEPS=${1:-tests make bench}
+NAME=moe; . "$(dirname "$0")/cuda_run_common.sh"
+has() { case " $STEPS " in *" $1 "*) return 0;; esac; return 1; }
+B=/tmp/qwen3moe30b
+if has tests; then
+  step 240 test_cuda_moe ./test_cuda_moe >"$W/test_cuda_moe.log" 2>&1
+fi
+if has make; then
+  rm -rf "$B"
+  step 300 make_qwen3moe30b python3 cuda_make_qwen3moe30b.py "$B" >"$W/make_qwen3moe30b.log" 2>&1
+  { df -h /tmp; du -sh "$B"; free -g; } >>"$W/make_qwen3moe30b.log" 2>&1
+fi
+if has bench; then
+  # host memory during the load (page cache vs anonymous), sampled every 5 s beside the run
+  ( while sleep 5; do echo "$(date -u +%T) $(free -m | awk '/Mem:/ {print "used " $3 " MB, cache " $6 " MB"}') $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)"; done ) >"$W/mem.log" 2>&1 &
+  mp=$!
+  step 540 bench_qwen3moe30b ./tqkv bench model --device cuda --model "$B" --ctx 4096,32768 \
+    --kv f32,tq4 --rows 1,8,32,64 --gen 16 --reps 1 --fill synthetic --max-rows --at-max-rows \
+    --shape qwen3-30b-a3b --json >"$W/bench_qwen3moe30b.json" 2>"$W/bench_qwen3moe30b.err"
+  kill $mp 2>/dev/null; wait $mp 2>/dev/null
+fi
+nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv >>"$LOG" 2>&1
+tar czf "$OUT/results.tgz" -C "$W" . ; cp "$LOG" "$OUT/moe.log"
