@@ -7,7 +7,9 @@
  *  - Qwen 3.5 MoE (4 layers L F L F: gated DeltaNet and gated attention, 8 experts top 2
  *    and a gated shared expert) and Gemma 4 MoE (4 layers S F S F at head_dim 128 / 256,
  *    sliding window 16, the MoE block beside each MLP: 8 GELU-tanh experts top 2 with a
- *    per-expert scale): parity (f32, tq4) and batch invariance as below;
+ *    per-expert scale): parity (f32, tq4), batch invariance, a spec round and row
+ *    operations as below (the recurrent rows' snapshots / the sliding windows under the
+ *    experts);
  * Qwen3-MoE:
  *  - A: 3 layers, layer 1 in mlp_only_layers, 8 experts, top 2, norm_topk_prob, one tensor
  *    per expert; B: 4 layers, decoder_sparse_step 2, 6 experts, top 3, no renormalisation,
@@ -565,11 +567,10 @@ static tqkv_model_state *spec_state(int rows, int as_decode) {
 /* A 3-row round (extend 4, keep {1, 4, 0}) and a committed round (extend 3), each row
  * against a 1-row device state that decoded only the kept tokens, bitwise: the window's
  * experts run on 12 and 9 tokens, the references' on 1. */
-static void test_spec_rounds(void **st) {
-    (void)st;
+static void spec_rounds(int ck) {
     enum { R = 3, N = 29, W = 4, C = 3 };
     const int V = TWIN_V;
-    g_model = g_models[CK_A];
+    g_model = g_models[ck];
     test_rng r;
     rng_init(&r, g_seed ^ 0x5bec);
     int32_t prompt[R * N], win[R * W], com[R * C], t1[R];
@@ -609,7 +610,8 @@ static void test_spec_rounds(void **st) {
             OK(tqkv_model_decode(g_model, ref[i], &com[i * C + j], lb));
             expect_same(lw + ((size_t)i * C + j) * V, lb, (size_t)V, "committed window vs single decode", j);
         }
-    printf("tq4 spec rounds: rollback keep {1, 4, 0} and commit of 3 == single decodes, bitwise\n");
+    printf("%s tq4 spec rounds: rollback keep {1, 4, 0} and commit of 3 == single decodes, "
+           "bitwise\n", CK_NAME[ck]);
     tqkv_model_state_free(run);
     for (int i = 0; i < R; i++) tqkv_model_state_free(ref[i]);
     free(lw);
@@ -643,9 +645,8 @@ static void rows_step(rows_ctx *c, tqkv_model_state *s, const int *seq, int n, c
     expect_offsets(s, want, phase);
 }
 
-static void test_rows(void **st) {
-    (void)st;
-    g_model = g_models[CK_B];
+static void rows_ops(int ck) {
+    g_model = g_models[ck];
     rows_ctx c = {.plen = {24, 24, 24, 15, 15}};
     test_rng r;
     rng_init(&r, g_seed ^ 0x40a5);
@@ -674,7 +675,8 @@ static void test_rows(void **st) {
     OK(tqkv_model_state_filter(a, (const int[]){0, 2, 3}, 3));
     rows_step(&c, x, (const int[]){0}, 1, "extracted row 1");
     rows_step(&c, a, (const int[]){2, 3, 4}, 3, "after extract + filter {0, 2, 3}");
-    printf("device rows: filter, merge, extract mid-generation == each sequence alone, bitwise\n");
+    printf("%s device rows: filter, merge, extract mid-generation == each sequence alone, "
+           "bitwise\n", CK_NAME[ck]);
     tqkv_model_state_free(a);
     tqkv_model_state_free(b);
     tqkv_model_state_free(x);
@@ -682,6 +684,15 @@ static void test_rows(void **st) {
     free(c.la);
     free(c.lb);
 }
+
+/* The recurrent rows' snapshots (Qwen 3.5 MoE) and the sliding layers' windows (Gemma 4 MoE)
+ * under the experts, besides Qwen3-MoE's A (spec) and B (rows). */
+static void test_spec_rounds(void **st) { (void)st; spec_rounds(CK_A); }
+static void test_spec_rounds_q35(void **st) { (void)st; spec_rounds(CK_Q35); }
+static void test_spec_rounds_g4(void **st) { (void)st; spec_rounds(CK_G4); }
+static void test_rows(void **st) { (void)st; rows_ops(CK_B); }
+static void test_rows_q35(void **st) { (void)st; rows_ops(CK_Q35); }
+static void test_rows_g4(void **st) { (void)st; rows_ops(CK_G4); }
 
 // ---------------------------------------------------------------------------
 // refusals
@@ -763,7 +774,11 @@ int main(void) {
         cmocka_unit_test(test_invariance_g4_f32),
         cmocka_unit_test(test_dense_equiv),
         cmocka_unit_test(test_spec_rounds),
+        cmocka_unit_test(test_spec_rounds_q35),
+        cmocka_unit_test(test_spec_rounds_g4),
         cmocka_unit_test(test_rows),
+        cmocka_unit_test(test_rows_q35),
+        cmocka_unit_test(test_rows_g4),
         cmocka_unit_test(test_golden_refused),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);
