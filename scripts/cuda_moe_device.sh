@@ -19,6 +19,11 @@
 #    rows), every JSON row with "shape": "qwen3-30b-a3b" (issue 24 item 5; the rows go to
 #    bench/cuda-e2e.json as they are: max_rows is in each row).
 # Logs go to a work folder packed into $OUT/results.tgz after every step.
+# The experts' GEMMs run as one grouped launch per projection (tqkv_cuda_gemm_grouped); when
+# test_cuda_moe's test_gemm_grouped / test_grouped (grouped == per-expert, bitwise) do not
+# pass, the script sets TQKV_MOE_GROUPED=0 (one GEMM per expert) for the rest and says so in
+# moe.log (a later call without "tests" needs TQKV_MOE_GROUPED=0 set by hand then). STEPS
+# "pergemm" measures the per-expert path at depth 4096, rows 1 / 8 / 64, for an A/B.
 #   Usage: cd PACK && OUT=$OUT ./cuda_moe_device.sh [STEPS]   (default "tests make bench")
 # The checkpoint stays in /tmp/qwen3moe30b while the machine is warm: a later call can run
 # "bench" alone. Expected times on an H100 / H200 (estimates, not measured): tests 1-2 min,
@@ -30,6 +35,15 @@ has() { case " $STEPS " in *" $1 "*) return 0;; esac; return 1; }
 B=/tmp/qwen3moe30b
 if has tests; then
   step 240 test_cuda_moe ./test_cuda_moe >"$W/test_cuda_moe.log" 2>&1
+  # the experts' grouped GEMM launch must give the per-expert GEMMs' bits (test_gemm_grouped
+  # and test_grouped run first): if either did not pass, the rest runs the per-expert path
+  # and the tests run again on it
+  if ! grep -q "OK \] test_gemm_grouped" "$W/test_cuda_moe.log" ||
+     ! grep -q "OK \] test_grouped" "$W/test_cuda_moe.log"; then
+    echo "test_gemm_grouped / test_grouped did not pass: TQKV_MOE_GROUPED=0 from here on" >>"$LOG"
+    export TQKV_MOE_GROUPED=0
+    step 240 test_cuda_moe_pergemm ./test_cuda_moe >"$W/test_cuda_moe_pergemm.log" 2>&1
+  fi
 fi
 if has make; then
   rm -rf "$B"
@@ -44,6 +58,11 @@ if has bench; then
     --kv f32,tq4 --rows 1,8,32,64 --gen 16 --reps 1 --fill synthetic --max-rows --at-max-rows \
     --shape qwen3-30b-a3b --json >"$W/bench_qwen3moe30b.json" 2>"$W/bench_qwen3moe30b.err"
   kill $mp 2>/dev/null; wait $mp 2>/dev/null
+fi
+if has pergemm; then # A/B: the same decode points with one GEMM per expert (TQKV_MOE_GROUPED=0)
+  TQKV_MOE_GROUPED=0 step 300 bench_pergemm ./tqkv bench model --device cuda --model "$B" \
+    --ctx 4096 --kv f32,tq4 --rows 1,8,64 --gen 16 --reps 1 --fill synthetic \
+    --shape qwen3-30b-a3b --json >"$W/bench_pergemm.json" 2>"$W/bench_pergemm.err"
 fi
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv >>"$LOG" 2>&1
 tar czf "$OUT/results.tgz" -C "$W" . ; cp "$LOG" "$OUT/moe.log"

@@ -27,6 +27,8 @@
  *  - a speculative round (extend_as_decode window, per-row rollback, commit) and row
  *    operations (filter, merge with left-padded rows, extract) mid-generation give each
  *    row's single decodes bit for bit;
+ *  - the experts' GEMMs as one grouped launch give the bits of one GEMM per expert
+ *    (every checkpoint above; TQKV_MOE_GROUPED=0 runs the per-expert path);
  *  - a state with sparse layers runs its decode steps kernel by kernel (graphs off, the
  *    routing reads the router on the host), and a device init of the head_dim 32 golden is
  *    refused with a message.
@@ -48,7 +50,9 @@
 #ifdef TQKV_HAVE_CUDA
 #include "cache/cache_cuda.h"
 #include "model/cuda/model_cuda.h"
+#include "model/cuda/moe_cuda.h"
 #include "model/model_impl.h"
+#include "model/ops/gemm_cuda.h"
 #include "moe_derive.h"
 
 static tqkv_model *g_model; /* the checkpoint the current case runs */
@@ -518,6 +522,115 @@ static void test_invariance_g4_tq4(void **st) { (void)st; invariance(CK_G4, TQKV
 static void test_invariance_g4_f32(void **st) { (void)st; invariance(CK_G4, TQKV_F32); }
 
 // ---------------------------------------------------------------------------
+// the experts' grouped GEMM launch == one GEMM per expert, bitwise
+// ---------------------------------------------------------------------------
+
+/* Prefill of R rows (every position's logits) and decode steps with the experts' GEMMs as
+ * one grouped launch per projection, then again as one tqkv_cuda_gemm per expert: the same
+ * bits (the grouped kernel runs each output's arithmetic as the plain one). */
+static void grouped(int ck, tqkv_format f) {
+    enum { R = 3, N = 33, STEPS = 4 };
+    const int V = TWIN_V;
+    g_model = g_models[ck];
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x6a0 ^ (uint64_t)ck << 16 ^ (uint64_t)f);
+    int32_t tok[R * N], step[STEPS][R];
+    random_tokens(&r, tok, (size_t)R * N);
+    random_tokens(&r, &step[0][0], (size_t)STEPS * R);
+    const size_t per = (size_t)R * N * V + (size_t)STEPS * R * V; /* floats of one run */
+    float *l[2];
+    for (int gi = 0; gi < 2; gi++) {
+        mc_moe_set_grouped(1 - gi);
+        l[gi] = malloc(sizeof(float) * per);
+        tqkv_model_state *sg = new_state(R, f, 1);
+        OK(tqkv_model_prefill(g_model, sg, tok, NULL, N, TQKV_LOGITS_ALL, l[gi]));
+        for (int t = 0; t < STEPS; t++)
+            OK(tqkv_model_decode(g_model, sg, step[t], l[gi] + (size_t)R * N * V + (size_t)t * R * V));
+        tqkv_model_state_free(sg);
+    }
+    mc_moe_set_grouped(1);
+    for (size_t i = 0; i < per; i++)
+        if (memcmp(&l[0][i], &l[1][i], sizeof(float)))
+            fail_msg("%s %s: grouped experts GEMM vs one GEMM per expert: logit %zu (%s, row %zu) "
+                     "%.9g vs %.9g (TQKV_MOE_GROUPED=0 runs the per-expert path)", CK_NAME[ck],
+                     tqkv_format_name(f), i % V, i < (size_t)R * N * V ? "prefill" : "decode",
+                     i / V, (double)l[0][i], (double)l[1][i]);
+    printf("%s %s: grouped experts GEMM == one GEMM per expert, bitwise (prefill %d x %d, decode %d)\n",
+           CK_NAME[ck], tqkv_format_name(f), R, N, STEPS);
+    free(l[0]);
+    free(l[1]);
+}
+
+/* tqkv_cuda_gemm_grouped alone: 4 groups of 1, 70, 129 and 100 rows of a split of 300 rows,
+ * each with its own matrix of 5, under every tile shape and both activation precisions,
+ * bitwise equal to one tqkv_cuda_gemm per group on the same rows and matrix. */
+static void gemm_grouped_case(int parts) {
+    enum { P = 300, K = 256, N = 96, E = 5, G = 4 };
+    static const int32_t grp[G * 4] = {0, 1, 3, 0, 1, 70, 0, 0, 71, 129, 4, 0, 200, 100, 1, 0};
+    static const char *const tiles[] = {"s8", "s16", "s32", "s64", "m", "l", "xl"};
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x9e0 ^ (uint64_t)parts);
+    float *x = malloc(sizeof(float) * P * K), *ya = malloc(sizeof(float) * P * N),
+          *yb = malloc(sizeof(float) * P * N);
+    uint16_t *w = malloc(sizeof(uint16_t) * (size_t)E * N * K);
+    for (size_t i = 0; i < (size_t)P * K; i++) x[i] = (float)rng_normal(&r);
+    for (size_t i = 0; i < (size_t)E * N * K; i++) {
+        const float f = (float)rng_normal(&r) * 0.05f;
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        w[i] = (uint16_t)(u >> 16);
+    }
+    float *dx, *dy;
+    void *dw, *xf, *dg;
+    OK(tqkv_cuda_malloc((void **)&dx, sizeof(float) * P * K));
+    OK(tqkv_cuda_malloc((void **)&dy, sizeof(float) * P * N));
+    OK(tqkv_cuda_malloc(&dw, sizeof(uint16_t) * (size_t)E * N * K));
+    OK(tqkv_cuda_malloc(&xf, tqkv_cuda_gemm_xf_bytes(P, K)));
+    OK(tqkv_cuda_malloc(&dg, sizeof grp));
+    OK(tqkv_cuda_h2d(dx, x, sizeof(float) * P * K));
+    OK(tqkv_cuda_h2d(dw, w, sizeof(uint16_t) * (size_t)E * N * K));
+    OK(tqkv_cuda_h2d(dg, grp, sizeof grp));
+    for (size_t s = 0; s < sizeof tiles / sizeof tiles[0]; s++) {
+        OK(tqkv_cuda_gemm_set_tile(tiles[s]));
+        OK(tqkv_cuda_gemm_grouped(dx, K, P, dw, (size_t)N * K, N, K, dy, N, dg, G, 129, xf, parts, NULL));
+        OK(tqkv_cuda_d2h(ya, dy, sizeof(float) * P * N));
+        for (int gi = 0; gi < G; gi++) {
+            const int row0 = grp[4 * gi], rows = grp[4 * gi + 1], e = grp[4 * gi + 2];
+            OK(tqkv_cuda_gemm(dx + (size_t)row0 * K, K, rows, (const uint16_t *)dw + (size_t)e * N * K,
+                              N, K, NULL, dy + (size_t)row0 * N, N, xf, parts, NULL));
+        }
+        OK(tqkv_cuda_d2h(yb, dy, sizeof(float) * P * N));
+        for (int gi = 0; gi < G; gi++) {
+            const int row0 = grp[4 * gi], rows = grp[4 * gi + 1];
+            for (int t = row0; t < row0 + rows; t++)
+                if (memcmp(ya + (size_t)t * N, yb + (size_t)t * N, sizeof(float) * N))
+                    fail_msg("gemm grouped, tile %s, parts %d: group %d (rows %d .. %d) row %d "
+                             "differs from its own tqkv_cuda_gemm", tiles[s], parts, gi, row0,
+                             row0 + rows - 1, t);
+        }
+    }
+    OK(tqkv_cuda_gemm_set_tile(NULL));
+    assert_true(memcmp(ya, ya + N, sizeof(float) * N) != 0); /* rows do differ */
+    printf("gemm grouped, parts %d: tiles s8 .. xl, 4 groups of 1 .. 129 rows == one GEMM per "
+           "group, bitwise\n", parts);
+    tqkv_cuda_free(dx); tqkv_cuda_free(dy); tqkv_cuda_free(dw); tqkv_cuda_free(xf);
+    tqkv_cuda_free(dg);
+    free(x); free(ya); free(yb); free(w);
+}
+
+static void test_gemm_grouped(void **st) {
+    (void)st;
+    gemm_grouped_case(1);
+    gemm_grouped_case(2);
+}
+
+static void test_grouped(void **st) {
+    (void)st;
+    const int cks[] = {CK_A, CK_B, CK_Q35, CK_G4};
+    for (int i = 0; i < 4; i++) grouped(cks[i], i % 2 ? TQKV_F32 : TQKV_TQ4);
+}
+
+// ---------------------------------------------------------------------------
 // the dense equivalent: bitwise the dense checkpoint's device logits
 // ---------------------------------------------------------------------------
 
@@ -756,6 +869,8 @@ int main(void) {
         return 1;
     }
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gemm_grouped),
+        cmocka_unit_test(test_grouped),
         cmocka_unit_test(test_parity_a_f32),
         cmocka_unit_test(test_parity_a_tq4),
         cmocka_unit_test(test_parity_b_f32),

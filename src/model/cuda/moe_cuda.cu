@@ -18,7 +18,10 @@
  *                   when norm_topk, times the per-expert scale if any), pairs grouped by
  *                   expert: expert 0's tokens ascending, then expert 1's ...
  *   gather_kernel   xg [P, H] = xn [tok[p]]
- *   per expert e    gu = xg[o_e .. o_e + n_e) . wgu_e^T   [n_e, 2I]   (tqkv_cuda_gemm)
+ *   per expert e    gu = xg[o_e .. o_e + n_e) . wgu_e^T   [n_e, 2I]   (tqkv_cuda_gemm_grouped:
+ *                                                                       every expert in one
+ *                                                                       launch, bitwise the
+ *                                                                       per-expert calls')
  *                   h = act(gate) * up                     [P, I]      (SiLU: the dense MLP's
  *                                                                       kernel; GELU-tanh)
  *                   y = h[o_e ..) . wd_e^T                [n_e, H]
@@ -29,6 +32,8 @@
  * The routing is data dependent and read on the host, so a sparse layer waits for its
  * router once: decode steps of a state with sparse layers run kernel by kernel (the
  * scratch's reserve turns CUDA graphs off for it: docs/CUDA.md, "Mixture of experts").
+ * TQKV_MOE_GROUPED=0 (or mc_moe_set_grouped(0)) runs one tqkv_cuda_gemm per expert instead
+ * of the grouped launch (the same bits: test_cuda_moe checks it); so does --fast-gemm (cuBLAS).
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -40,6 +45,7 @@ extern "C" {
 }
 #include "model/cuda/model_cuda_impl.h"
 #include "model/cuda/moe_cuda.h"
+#include "model/ops/gemm_cuda.h"
 
 // ---------------------------------------------------------------------------
 // device weights and state scratch
@@ -58,8 +64,10 @@ struct mc_moe_state {
     size_t   cap;      /* tokens the buffers hold */
     float   *logits;   /* device [T, E] */
     float   *h_logits; /* pinned [T, E] */
-    int32_t *idx;      /* device [3 P]: tok [P] | pair [T, K] | weight bits [T, K] */
+    int32_t *idx;      /* device [4 E + 3 P]: groups [E, 4] (row0, rows, expert, 0 of each
+                        * expert with tokens) | tok [P] | pair [T, K] | weight bits [T, K] */
     int32_t *h_idx;    /* pinned, the same */
+    void    *xf;       /* device: the grouped GEMMs' activations, [parts, P, max(H, I)] bf16 */
     int32_t *sel;      /* host [T, K] chosen experts by descending probability */
     float   *wts;      /* host [T, K] their weights */
     int     *have;     /* host [T] pairs of each token placed so far */
@@ -146,7 +154,7 @@ extern "C" void mc_moe_state_free(model_cuda *g, mc_moe_state **xp) {
     free(x->wts);
     free(x->have);
     free(x->n_of);
-    void *ps[] = {x->xg, x->gu, x->h, x->y, x->sy, x->sg};
+    void *ps[] = {x->xg, x->gu, x->h, x->y, x->sy, x->sg, x->xf};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) cudaFree(ps[i]);
     free(x);
     *xp = NULL;
@@ -179,8 +187,9 @@ extern "C" tqkv_status mc_moe_reserve(model_cuda *g, const moe_shape *sh, mc_moe
     if (!x->sel || !x->wts || !x->have || !x->n_of) return tqkv_fail(TQKV_ENOMEM, "out of memory (experts routing)");
     tqkv_status st = mc_regrow(g, (void **)&x->logits, 0, T * E * 4, &cap, T);
     if (!st) st = mc_regrow(g, (void **)&x->h_logits, 1, T * E * 4, &cap, T);
-    if (!st) st = mc_regrow(g, (void **)&x->idx, 0, 3 * P * 4, &cap, T);
-    if (!st) st = mc_regrow(g, (void **)&x->h_idx, 1, 3 * P * 4, &cap, T);
+    if (!st) st = mc_regrow(g, (void **)&x->idx, 0, (4 * E + 3 * P) * 4, &cap, T);
+    if (!st) st = mc_regrow(g, (void **)&x->h_idx, 1, (4 * E + 3 * P) * 4, &cap, T);
+    if (!st) st = mc_regrow(g, &x->xf, 0, tqkv_cuda_gemm_xf_bytes(P, H > I ? H : I), &cap, T);
     if (!st) st = mc_regrow(g, (void **)&x->xg, 0, P * H * 4, &cap, T);
     if (!st) st = mc_regrow(g, (void **)&x->gu, 0, GU * 4, &cap, T);
     if (!st) st = mc_regrow(g, (void **)&x->h, 0, GU / 2 * 4, &cap, T);
@@ -246,20 +255,38 @@ __global__ void moe_combine_kernel(const float *__restrict__ y, const int32_t *_
 // one sparse layer
 // ---------------------------------------------------------------------------
 
-/* Host: route every token (moe.c's rule) and group the pairs by expert: h_idx gets tok [P]
+/* The grouped GEMMs: -1 until the first use reads TQKV_MOE_GROUPED (0: off). */
+static int g_grouped = -1;
+
+extern "C" void mc_moe_set_grouped(int on) { g_grouped = on ? 1 : 0; }
+
+static int grouped_on(void) {
+    if (g_grouped < 0) {
+        const char *e = getenv("TQKV_MOE_GROUPED");
+        g_grouped = !(e && !strcmp(e, "0"));
+    }
+    return g_grouped;
+}
+
+/* Host: route every token (moe.c's rule) and group the pairs by expert: h_idx gets the
+ * groups [G, 4] (row0, rows, expert, 0 of each expert with tokens, ascending), then tok [P]
  * (expert 0's tokens ascending, then expert 1's, ...), pair [T, K] and weight bits [T, K]
- * (each token's pairs in ascending expert order); n_of [E] the tokens of each expert. */
-static void route_group(mc_moe_state *x, const moe_shape *sh, const float *scale, int T) {
+ * (each token's pairs in ascending expert order); n_of [E] the tokens of each expert, *G the
+ * groups, *most the most tokens of an expert. */
+static void route_group(mc_moe_state *x, const moe_shape *sh, const float *scale, int T, int *G,
+                        int *most) {
     const int E = sh->n_experts, K = sh->top_k;
     const size_t P = (size_t)T * K;
-    int32_t *tok = x->h_idx, *pair = tok + P, *wb = pair + P;
+    int32_t *grp = x->h_idx, *tok = grp + 4 * (size_t)E, *pair = tok + P, *wb = pair + P;
     for (int t = 0; t < T; t++)
         moe_route_token(x->h_logits + (size_t)t * E, E, K, sh->norm_topk, scale,
                         x->sel + (size_t)t * K, x->wts + (size_t)t * K);
     int *have = x->have, *n_of = x->n_of;
     memset(have, 0, sizeof(int) * (size_t)T);
     int p = 0;
+    *G = *most = 0;
     for (int e = 0; e < E; e++) {
+        const int row0 = p;
         n_of[e] = 0;
         for (int t = 0; t < T; t++)
             for (int k = 0; k < K; k++)
@@ -271,7 +298,31 @@ static void route_group(mc_moe_state *x, const moe_shape *sh, const float *scale
                     n_of[e]++;
                     p++;
                 }
+        if (!n_of[e]) continue;
+        int32_t *gr = grp + 4 * (size_t)(*G)++;
+        gr[0] = row0;
+        gr[1] = n_of[e];
+        gr[2] = e;
+        gr[3] = 0;
+        *most = n_of[e] > *most ? n_of[e] : *most;
     }
+}
+
+/* y [P, N] (rows of expert e at its group's rows) = x [P, K] . w_e^T, w_e = w + e N K: one
+ * grouped launch, or one tqkv_cuda_gemm per expert with tokens (grouped off, or cuBLAS). */
+static tqkv_status experts_gemm(model_cuda *g, mc_moe_state *x, const float *in, int K,
+                                const bf16 *w, int N, float *y, int P, int G, int most,
+                                int E) {
+    if (grouped_on() && !g->cublas)
+        return tqkv_cuda_gemm_grouped(in, K, P, (const uint16_t *)w, (size_t)N * K, N, K, y, N,
+                                      x->idx, G, most, x->xf, g->gemm_parts, g->stream);
+    tqkv_status st = TQKV_OK;
+    size_t o = 0;
+    for (int e = 0; e < E && !st; o += (size_t)x->n_of[e], e++)
+        if (x->n_of[e])
+            st = mc_gemm(g, in + o * K, K, x->n_of[e], w + (size_t)e * N * K, N, K, NULL,
+                         y + o * N, N);
+    return st;
 }
 
 /* h [n, W] = act(gate) * up of gu [n, 2W] on g's stream. */
@@ -311,27 +362,21 @@ extern "C" tqkv_status mc_moe_queue(model_cuda *g, const mc_moe_layer *D, const 
     if (!st) st = mc_ck(cudaStreamSynchronize(s), "router logits");
     if (st) return st;
     // ---- routing and grouping (host), up in one copy
-    const int *n_of = x->n_of;
-    route_group(x, sh, D->expert_scale, T);
-    st = mc_ck(cudaMemcpyAsync(x->idx, x->h_idx, 3 * P * 4, cudaMemcpyHostToDevice, s), "routing");
-    if (!st) moe_gather_kernel<<<(unsigned)P, 128, 0, s>>>(xn, x->idx, H, x->xg);
+    int G = 0, most = 0;
+    route_group(x, sh, D->expert_scale, T, &G, &most);
+    const int32_t *tok = x->idx + 4 * (size_t)E, *pair = tok + P;
+    st = mc_ck(cudaMemcpyAsync(x->idx, x->h_idx, (4 * (size_t)E + 3 * P) * 4,
+                               cudaMemcpyHostToDevice, s), "routing");
+    if (!st) moe_gather_kernel<<<(unsigned)P, 128, 0, s>>>(xn, tok, H, x->xg);
     // ---- experts over their gathered rows: gate|up, activation, down
-    size_t o = 0;
-    for (int e = 0; e < E && !st; o += (size_t)n_of[e], e++)
-        if (n_of[e])
-            st = mc_gemm(g, x->xg + o * H, H, n_of[e], D->wgu + (size_t)e * 2 * I * H, 2 * I, H,
-                         NULL, x->gu + o * 2 * I, 2 * (size_t)I);
+    if (!st) st = experts_gemm(g, x, x->xg, H, D->wgu, 2 * I, x->gu, (int)P, G, most, E);
     if (!st) act_queue(g, sh->act, x->gu, I, x->h, P);
-    o = 0;
-    for (int e = 0; e < E && !st; o += (size_t)n_of[e], e++)
-        if (n_of[e])
-            st = mc_gemm(g, x->h + o * I, I, n_of[e], D->wd + (size_t)e * H * I, H, I, NULL,
-                         x->y + o * H, H);
+    if (!st) st = experts_gemm(g, x, x->h, I, D->wd, H, x->y, (int)P, G, most, E);
     // ---- the shared expert, then combine: out [T, H], each token's experts in ascending order
     const int shared = sh->shared_inter > 0;
     if (!st && shared) st = shared_queue(g, D, sh, x, xn, T);
     if (!st)
-        moe_combine_kernel<<<(unsigned)T, 128, 0, s>>>(x->y, x->idx + P, x->idx + 2 * P, K, H,
+        moe_combine_kernel<<<(unsigned)T, 128, 0, s>>>(x->y, pair, pair + P, K, H,
                                                        shared ? x->sy : NULL, x->sg, out);
     if (!st) st = mc_ck(cudaGetLastError(), "experts kernels");
     return st;

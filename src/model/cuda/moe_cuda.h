@@ -45,6 +45,11 @@ void        mc_moe_state_free(struct model_cuda *g, mc_moe_state **x);
 tqkv_status mc_moe_queue(struct model_cuda *g, const mc_moe_layer *D, const moe_shape *sh,
                          mc_moe_state *x, const float *xr, const float *xn, float *out, int T);
 
+/* The experts' GEMMs as one grouped launch per projection (1, the default unless the
+ * environment has TQKV_MOE_GROUPED=0) or one tqkv_cuda_gemm per expert (0): the same bits.
+ * For tests and A/B runs; not while a forward runs on another thread. */
+void        mc_moe_set_grouped(int on);
+
 /* --- hooks for a `moe_layer` array behind the common device graph --------------------- */
 
 /* ffn_upload: the sparse layers (cfg.layer_moe) of `layers` [n_layers], SiLU experts, into
