@@ -250,16 +250,27 @@ static inline void dv_write_config(const char *dst, cJSON *c) {
     cJSON_Delete(c);
 }
 
-/* dst/model.safetensors from l; frees l, the source header h and file b. */
-static inline void dv_finish(const char *dst, dv_list *l, cJSON *h, uint8_t *b) {
-    char p[1200];
-    snprintf(p, sizeof p, "%s/model.safetensors", dst);
-    dv_write(l, p);
+/* Free every tensor of l and the list. */
+static inline void dv_list_free(dv_list *l) {
     for (int i = 0; i < l->n; i++) {
         free(l->t[i]->data);
         free(l->t[i]);
     }
     free(l->t);
+    memset(l, 0, sizeof *l);
+}
+
+/* dst/model.safetensors from l, then l freed. */
+static inline void dv_write_free(const char *dst, dv_list *l) {
+    char p[1200];
+    snprintf(p, sizeof p, "%s/model.safetensors", dst);
+    dv_write(l, p);
+    dv_list_free(l);
+}
+
+/* dst/model.safetensors from l; frees l, the source header h and file b. */
+static inline void dv_finish(const char *dst, dv_list *l, cJSON *h, uint8_t *b) {
+    dv_write_free(dst, l);
     cJSON_Delete(h);
     free(b);
 }

@@ -1,9 +1,16 @@
 /*
- * test_cuda_moe.c - the Qwen3-MoE graph on the GPU (tqkv_model_state_params.device = 1,
- * src/model/arch/qwen3moe/graph_cuda.cu) against its CPU forward, on tiny random-weight
- * checkpoints written here (head_dim 128: the common device graph's; the transformers
- * goldens in tests/golden/moe/ have head_dim 32 and are refused on the device, which is
- * checked too):
+ * test_cuda_moe.c - the mixture-of-experts graphs on the GPU (tqkv_model_state_params.device
+ * = 1; the shared device experts of src/model/cuda/moe_cuda.cu) against their CPU forwards,
+ * on tiny random-weight checkpoints written here (head dims the device kernels take; the
+ * transformers goldens in tests/golden/moe/ have head_dim 32 and are refused on the device,
+ * which is checked too):
+ *  - Qwen 3.5 MoE (4 layers L F L F: gated DeltaNet and gated attention, 8 experts top 2
+ *    and a gated shared expert) and Gemma 4 MoE (4 layers S F S F at head_dim 128 / 256,
+ *    sliding window 16, the MoE block beside each MLP: 8 GELU-tanh experts top 2 with a
+ *    per-expert scale): parity (f32, tq4), batch invariance, a spec round and row
+ *    operations as below (the recurrent rows' snapshots / the sliding windows under the
+ *    experts);
+ * Qwen3-MoE:
  *  - A: 3 layers, layer 1 in mlp_only_layers, 8 experts, top 2, norm_topk_prob, one tensor
  *    per expert; B: 4 layers, decoder_sparse_step 2, 6 experts, top 3, no renormalisation,
  *    the fused experts layout;
@@ -20,6 +27,8 @@
  *  - a speculative round (extend_as_decode window, per-row rollback, commit) and row
  *    operations (filter, merge with left-padded rows, extract) mid-generation give each
  *    row's single decodes bit for bit;
+ *  - the experts' GEMMs as one grouped launch give the bits of one GEMM per expert
+ *    (every checkpoint above; TQKV_MOE_GROUPED=0 runs the per-expert path);
  *  - a state with sparse layers runs its decode steps kernel by kernel (graphs off, the
  *    routing reads the router on the host), and a device init of the head_dim 32 golden is
  *    refused with a message.
@@ -41,7 +50,9 @@
 #ifdef TQKV_HAVE_CUDA
 #include "cache/cache_cuda.h"
 #include "model/cuda/model_cuda.h"
+#include "model/cuda/moe_cuda.h"
 #include "model/model_impl.h"
+#include "model/ops/gemm_cuda.h"
 #include "moe_derive.h"
 
 static tqkv_model *g_model; /* the checkpoint the current case runs */
@@ -83,25 +94,32 @@ typedef struct {
     uint64_t seed;
 } ck_spec;
 
-static void ck_config(const char *dir, const ck_spec *s) {
+/* The config keys every checkpoint here shares (hidden CK_H, head_dim CK_HD, vocab TWIN_V). */
+static cJSON *ck_base_config(const char *arch, const char *type, int layers) {
     cJSON *c = cJSON_CreateObject(), *a = cJSON_AddArrayToObject(c, "architectures");
-    cJSON_AddItemToArray(a, cJSON_CreateString(s->dense ? "Qwen3ForCausalLM" : "Qwen3MoeForCausalLM"));
-    cJSON_AddStringToObject(c, "model_type", s->dense ? "qwen3" : "qwen3_moe");
+    cJSON_AddItemToArray(a, cJSON_CreateString(arch));
+    cJSON_AddStringToObject(c, "model_type", type);
     cJSON_AddStringToObject(c, "dtype", "bfloat16");
     cJSON_AddFalseToObject(c, "attention_bias");
     cJSON_AddFalseToObject(c, "tie_word_embeddings");
     cJSON_AddNumberToObject(c, "bos_token_id", 0);
     cJSON_AddNumberToObject(c, "eos_token_id", 0);
-    cJSON_AddNumberToObject(c, "head_dim", CK_HD);
     cJSON_AddNumberToObject(c, "hidden_size", CK_H);
-    cJSON_AddNumberToObject(c, "intermediate_size", CK_ID);
     cJSON_AddNumberToObject(c, "max_position_embeddings", 4096);
     cJSON_AddNumberToObject(c, "num_attention_heads", CK_NH);
     cJSON_AddNumberToObject(c, "num_key_value_heads", CK_NKV);
-    cJSON_AddNumberToObject(c, "num_hidden_layers", s->layers);
+    cJSON_AddNumberToObject(c, "head_dim", CK_HD);
+    cJSON_AddNumberToObject(c, "num_hidden_layers", layers);
     cJSON_AddNumberToObject(c, "rms_norm_eps", 1e-6);
-    cJSON_AddNumberToObject(c, "rope_theta", 1e6);
     cJSON_AddNumberToObject(c, "vocab_size", TWIN_V);
+    return c;
+}
+
+static void ck_config(const char *dir, const ck_spec *s) {
+    cJSON *c = ck_base_config(s->dense ? "Qwen3ForCausalLM" : "Qwen3MoeForCausalLM",
+                              s->dense ? "qwen3" : "qwen3_moe", s->layers);
+    cJSON_AddNumberToObject(c, "intermediate_size", CK_ID);
+    cJSON_AddNumberToObject(c, "rope_theta", 1e6);
     if (!s->dense) {
         cJSON_AddNumberToObject(c, "num_experts", s->E);
         cJSON_AddNumberToObject(c, "num_experts_per_tok", s->K);
@@ -202,19 +220,8 @@ static void ck_write(const char *dir, const ck_spec *s) {
             ck_experts(&o, mp, s, g, u, d, &rx);
         }
     }
-    char p[1200];
-    snprintf(p, sizeof p, "%s/model.safetensors", dir);
-    dv_write(&o, p);
-    for (int i = 0; i < o.n; i++) {
-        free(o.t[i]->data);
-        free(o.t[i]);
-    }
-    for (int i = 0; i < mlp.n; i++) {
-        free(mlp.t[i]->data);
-        free(mlp.t[i]);
-    }
-    free(o.t);
-    free(mlp.t);
+    dv_write_free(dir, &o);
+    dv_list_free(&mlp);
 }
 
 static tqkv_model *ck_load(const char *dir) {
@@ -228,12 +235,185 @@ static tqkv_model *ck_load(const char *dir) {
     return m;
 }
 
-enum { CK_A, CK_B, CK_EQ, CK_DENSE, CK_N };
+// ---------------------------------------------------------------------------
+// Qwen 3.5 MoE and Gemma 4 MoE checkpoints (head dims the device kernels take)
+// ---------------------------------------------------------------------------
+
+/* A bf16 matrix [rows, cols] of N(0, sd^2) under name, rows [0, CK_RD) zero when zr (a
+ * projection into the residual stream: the routers' dimensions stay the embedding's). */
+static dv_tensor *ck_mat(dv_list *o, const char *name, int rows, int cols, float sd, int zr,
+                         test_rng *r) {
+    dv_tensor *t = dv_add(o, name, 2, (int64_t[]){rows, cols});
+    dv_random(t, 0, (size_t)rows * cols, sd, r);
+    if (zr) ck_zero_rows(t, 0, cols);
+    return t;
+}
+
+/* A vector [n] of mean + N(0, sd^2) (bf16, or f32). */
+static void ck_vec(dv_list *o, const char *name, int n, float mean, float sd, int f32, test_rng *r) {
+    dv_fill(dv_add_t(o, name, 1, (int64_t[]){n}, f32), 0, (size_t)n, mean, sd, r);
+}
+
+/* The routed experts under pre (experts.gate_up_proj / down_proj, fused) with a router
+ * [E, H] named router that reads the columns < CK_RD only. */
+static void ck_fused_experts(dv_list *o, const char *pre, const char *router, int E, int I,
+                             test_rng *r) {
+    char nm[200];
+    const int H = CK_H;
+    snprintf(nm, sizeof nm, "%s%s", pre, router);
+    dv_tensor *rt = dv_add(o, nm, 2, (int64_t[]){E, H});
+    for (int e = 0; e < E; e++) dv_random(rt, (size_t)e * H * 2, CK_RD, 0.35f, r);
+    snprintf(nm, sizeof nm, "%sexperts.gate_up_proj", pre);
+    dv_random(dv_add(o, nm, 3, (int64_t[]){E, 2 * I, H}), 0, (size_t)E * 2 * I * H, 1.0f / 16.0f, r);
+    snprintf(nm, sizeof nm, "%sexperts.down_proj", pre);
+    dv_tensor *d = dv_add(o, nm, 3, (int64_t[]){E, H, I});
+    dv_random(d, 0, (size_t)E * H * I, 1.0f / sqrtf((float)I), r);
+    for (int e = 0; e < E; e++) ck_zero_rows(d, (size_t)e * H * I * 2, I);
+}
+
+/* dir/config.json from c (freed), then into o (r seeded) the embedding, the untied head and
+ * the final norm (mean norm_mean: 0 for zero-centred norms). */
+static void ck_begin(const char *dir, cJSON *c, dv_list *o, test_rng *r, uint64_t seed,
+                     float norm_mean) {
+    dv_write_config(dir, c);
+    rng_init(r, seed);
+    ck_mat(o, "model.embed_tokens.weight", TWIN_V, CK_H, 1.0f, 0, r);
+    ck_mat(o, "lm_head.weight", TWIN_V, CK_H, 2.0f / 16.0f, 0, r);
+    ck_vec(o, "model.norm.weight", CK_H, norm_mean, 0.1f, 0, r);
+}
+
+/* Qwen 3.5 MoE (Qwen3_5MoeForCausalLM): layers L F L F (gated DeltaNet: 2 key heads, 4
+ * value heads, dims 64, conv 4; gated attention, head_dim 128, partial RoPE 25%), every
+ * layer 8 experts of width 64, top 2 (always renormalised), a shared expert of width 96
+ * and its sigmoid gate, fused experts. Norm weights are zero-centred (1 + w). */
+enum { Q35_E = 8, Q35_K = 2, Q35_I = 64, Q35_S = 96, Q35_KH = 2, Q35_VH = 4, Q35_D = 64 };
+static void q35_write(const char *dir, uint64_t seed) {
+    cJSON *c = ck_base_config("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", 4);
+    cJSON *lt = cJSON_AddArrayToObject(c, "layer_types");
+    for (int l = 0; l < 4; l++)
+        cJSON_AddItemToArray(lt, cJSON_CreateString(l % 2 ? "full_attention" : "linear_attention"));
+    cJSON_AddNumberToObject(c, "linear_num_key_heads", Q35_KH);
+    cJSON_AddNumberToObject(c, "linear_num_value_heads", Q35_VH);
+    cJSON_AddNumberToObject(c, "linear_key_head_dim", Q35_D);
+    cJSON_AddNumberToObject(c, "linear_value_head_dim", Q35_D);
+    cJSON_AddNumberToObject(c, "linear_conv_kernel_dim", 4);
+    cJSON *rp = cJSON_AddObjectToObject(c, "rope_parameters");
+    cJSON_AddStringToObject(rp, "rope_type", "default");
+    cJSON_AddNumberToObject(rp, "rope_theta", 1e7);
+    cJSON_AddNumberToObject(rp, "partial_rotary_factor", 0.25);
+    cJSON_AddNumberToObject(c, "num_experts", Q35_E);
+    cJSON_AddNumberToObject(c, "num_experts_per_tok", Q35_K);
+    cJSON_AddNumberToObject(c, "moe_intermediate_size", Q35_I);
+    cJSON_AddNumberToObject(c, "shared_expert_intermediate_size", Q35_S);
+    const int H = CK_H, hd = CK_HD, QD = CK_NH * hd, KD = CK_NKV * hd, kd = Q35_KH * Q35_D,
+              vd = Q35_VH * Q35_D, cd = 2 * kd + vd;
+    dv_list o = {0};
+    test_rng r;
+    ck_begin(dir, c, &o, &r, seed, 0.0f);
+    for (int l = 0; l < 4; l++) {
+        char nm[200], pre[40];
+        snprintf(pre, sizeof pre, "model.layers.%d.", l);
+#define N_(suffix) (snprintf(nm, sizeof nm, "%s%s", pre, suffix), nm)
+        ck_vec(&o, N_("input_layernorm.weight"), H, 0.0f, 0.1f, 0, &r);
+        ck_vec(&o, N_("post_attention_layernorm.weight"), H, 0.0f, 0.1f, 0, &r);
+        if (l % 2) { /* gated full attention: per head hd query rows then hd gate rows */
+            ck_mat(&o, N_("self_attn.q_proj.weight"), 2 * QD, H, 1.0f / 16.0f, 0, &r);
+            ck_mat(&o, N_("self_attn.k_proj.weight"), KD, H, 1.0f / 16.0f, 0, &r);
+            ck_mat(&o, N_("self_attn.v_proj.weight"), KD, H, 1.0f / 16.0f, 0, &r);
+            ck_mat(&o, N_("self_attn.o_proj.weight"), H, QD, 1.0f / sqrtf((float)QD), 1, &r);
+            ck_vec(&o, N_("self_attn.q_norm.weight"), hd, 0.0f, 0.1f, 0, &r);
+            ck_vec(&o, N_("self_attn.k_norm.weight"), hd, 0.0f, 0.1f, 0, &r);
+        } else { /* gated DeltaNet */
+            ck_mat(&o, N_("linear_attn.in_proj_qkv.weight"), cd, H, 1.0f / 16.0f, 0, &r);
+            ck_mat(&o, N_("linear_attn.in_proj_z.weight"), vd, H, 1.0f / 16.0f, 0, &r);
+            ck_mat(&o, N_("linear_attn.in_proj_b.weight"), Q35_VH, H, 1.0f / 16.0f, 0, &r);
+            ck_mat(&o, N_("linear_attn.in_proj_a.weight"), Q35_VH, H, 1.0f / 16.0f, 0, &r);
+            ck_mat(&o, N_("linear_attn.out_proj.weight"), H, vd, 1.0f / sqrtf((float)vd), 1, &r);
+            dv_random(dv_add(&o, N_("linear_attn.conv1d.weight"), 3, (int64_t[]){cd, 1, 4}), 0,
+                      (size_t)cd * 4, 0.25f, &r);
+            ck_vec(&o, N_("linear_attn.A_log"), Q35_VH, 0.0f, 0.5f, 1, &r);
+            ck_vec(&o, N_("linear_attn.dt_bias"), Q35_VH, 0.0f, 0.5f, 1, &r);
+            ck_vec(&o, N_("linear_attn.norm.weight"), Q35_D, 1.0f, 0.1f, 0, &r);
+        }
+        ck_fused_experts(&o, N_("mlp."), "gate.weight", Q35_E, Q35_I, &r);
+        ck_mat(&o, N_("mlp.shared_expert.gate_proj.weight"), Q35_S, H, 1.0f / 16.0f, 0, &r);
+        ck_mat(&o, N_("mlp.shared_expert.up_proj.weight"), Q35_S, H, 1.0f / 16.0f, 0, &r);
+        ck_mat(&o, N_("mlp.shared_expert.down_proj.weight"), H, Q35_S, 1.0f / sqrtf((float)Q35_S), 1, &r);
+        ck_mat(&o, N_("mlp.shared_expert_gate.weight"), 1, H, 1.0f / 16.0f, 0, &r);
+#undef N_
+    }
+    dv_write_free(dir, &o);
+}
+
+/* Gemma 4 with MoE blocks (Gemma4ForCausalLM, enable_moe_block): layers S F S F (sliding
+ * window 16 at head_dim 128; full at head_dim 256, proportional RoPE 25%), the GeGLU MLP
+ * of width 256 beside 8 GELU-tanh experts of width 64, top 2 (renormalised, times
+ * router.per_expert_scale), routed on rmsnorm(x) * router.scale / sqrt(H); no per-layer
+ * inputs, an untied head. */
+enum { G4M_E = 8, G4M_K = 2, G4M_I = 64, G4M_WIN = 16 };
+static void g4m_write(const char *dir, uint64_t seed) {
+    cJSON *c = ck_base_config("Gemma4ForCausalLM", "gemma4_text", 4);
+    cJSON *lt = cJSON_AddArrayToObject(c, "layer_types");
+    for (int l = 0; l < 4; l++)
+        cJSON_AddItemToArray(lt, cJSON_CreateString(l % 2 ? "full_attention" : "sliding_attention"));
+    cJSON *plc = cJSON_AddObjectToObject(c, "per_layer_config");
+    cJSON_AddNumberToObject(cJSON_AddObjectToObject(plc, "1"), "head_dim", 2 * CK_HD);
+    cJSON_AddNumberToObject(cJSON_AddObjectToObject(plc, "3"), "head_dim", 2 * CK_HD);
+    cJSON_AddNumberToObject(c, "intermediate_size", CK_ID);
+    cJSON_AddNumberToObject(c, "sliding_window", G4M_WIN);
+    cJSON_AddNumberToObject(c, "hidden_size_per_layer_input", 0);
+    cJSON_AddNumberToObject(c, "num_kv_shared_layers", 0);
+    cJSON_AddStringToObject(c, "hidden_activation", "gelu_pytorch_tanh");
+    cJSON *rp = cJSON_AddObjectToObject(c, "rope_parameters"), *rf, *rs;
+    rf = cJSON_AddObjectToObject(rp, "full_attention");
+    cJSON_AddNumberToObject(rf, "partial_rotary_factor", 0.25);
+    cJSON_AddNumberToObject(rf, "rope_theta", 1e6);
+    cJSON_AddStringToObject(rf, "rope_type", "proportional");
+    rs = cJSON_AddObjectToObject(rp, "sliding_attention");
+    cJSON_AddNumberToObject(rs, "rope_theta", 1e4);
+    cJSON_AddStringToObject(rs, "rope_type", "default");
+    cJSON_AddTrueToObject(c, "enable_moe_block");
+    cJSON_AddNumberToObject(c, "num_experts", G4M_E);
+    cJSON_AddNumberToObject(c, "top_k_experts", G4M_K);
+    cJSON_AddNumberToObject(c, "moe_intermediate_size", G4M_I);
+    const int H = CK_H;
+    dv_list o = {0};
+    test_rng r;
+    ck_begin(dir, c, &o, &r, seed, 1.0f);
+    for (int l = 0; l < 4; l++) {
+        char nm[200], pre[40];
+        const int hd = l % 2 ? 2 * CK_HD : CK_HD, QD = CK_NH * hd, KD = CK_NKV * hd;
+        snprintf(pre, sizeof pre, "model.layers.%d.", l);
+#define N_(suffix) (snprintf(nm, sizeof nm, "%s%s", pre, suffix), nm)
+        const char *norms[] = {"input_layernorm.weight", "post_attention_layernorm.weight",
+                               "pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight",
+                               "pre_feedforward_layernorm_2.weight", "post_feedforward_layernorm_1.weight",
+                               "post_feedforward_layernorm_2.weight", "router.scale"};
+        for (int i = 0; i < 8; i++) ck_vec(&o, N_(norms[i]), H, 1.0f, 0.1f, 0, &r);
+        ck_vec(&o, N_("self_attn.q_norm.weight"), hd, 1.0f, 0.1f, 0, &r);
+        ck_vec(&o, N_("self_attn.k_norm.weight"), hd, 1.0f, 0.1f, 0, &r);
+        ck_mat(&o, N_("self_attn.q_proj.weight"), QD, H, 1.0f / 16.0f, 0, &r);
+        ck_mat(&o, N_("self_attn.k_proj.weight"), KD, H, 1.0f / 16.0f, 0, &r);
+        ck_mat(&o, N_("self_attn.v_proj.weight"), KD, H, 1.0f / 16.0f, 0, &r);
+        ck_mat(&o, N_("self_attn.o_proj.weight"), H, QD, 1.0f / sqrtf((float)QD), 1, &r);
+        ck_mat(&o, N_("mlp.gate_proj.weight"), CK_ID, H, 1.0f / 16.0f, 0, &r);
+        ck_mat(&o, N_("mlp.up_proj.weight"), CK_ID, H, 1.0f / 16.0f, 0, &r);
+        ck_mat(&o, N_("mlp.down_proj.weight"), H, CK_ID, 1.0f / 16.0f, 1, &r);
+        ck_vec(&o, N_("router.per_expert_scale"), G4M_E, 1.0f, 0.2f, 0, &r);
+        ck_fused_experts(&o, pre, "router.proj.weight", G4M_E, G4M_I, &r);
+#undef N_
+    }
+    dv_write_free(dir, &o);
+}
+
+enum { CK_A, CK_B, CK_EQ, CK_DENSE, CK_Q35, CK_G4, CK_N };
+static const char *const CK_NAME[CK_N] = {"A", "B", "EQ", "DENSE", "Qwen 3.5 MoE", "Gemma 4 MoE"};
 static const ck_spec SPECS[CK_N] = {
     {3, 8, 2, 64, 1, 1, 1, 0, 0, 0, 0xa11ce},     /* A */
     {4, 6, 3, 48, 2, -1, 0, 1, 0, 0, 0xb0b},      /* B */
     {2, 2, 1, CK_ID, 1, -1, 1, 0, 1, 0, 0xe0e0},  /* every layer sparse, dense equivalent */
     {2, 0, 0, 0, 1, -1, 0, 0, 0, 1, 0xe0e0},      /* its dense twin */
+    {0}, {0}, /* CK_Q35, CK_G4: q35_write, g4m_write */
 };
 static char        g_dir[CK_N][40];
 static tqkv_model *g_models[CK_N];
@@ -258,12 +438,12 @@ static void parity(int ck, tqkv_format f, double tol_med, double tol_worst) {
     OK(tqkv_model_prefill(g_model, sg, tok, NULL, N, TQKV_LOGITS_ALL, lg));
     OK(tqkv_model_prefill(g_model, sc, tok, NULL, N, TQKV_LOGITS_ALL, lc));
     char what[96];
-    snprintf(what, sizeof what, "%c %s: prefill %d x %d positions", 'A' + ck, tqkv_format_name(f), R, N);
+    snprintf(what, sizeof what, "%s %s: prefill %d x %d positions", CK_NAME[ck], tqkv_format_name(f), R, N);
     expect_close(what, lg, lc, R * N, tol_med, tol_worst);
     /* greedy: both take the CPU's token, so they stay on one sequence; a flip must be a
      * near-tie explained by the error (expect_close) */
     twin_greedy(sg, sc, R, lc + (size_t)(N - 1) * V, (size_t)N * V, STEPS, lg, lc);
-    snprintf(what, sizeof what, "%c %s: greedy decode %d steps x %d rows", 'A' + ck,
+    snprintf(what, sizeof what, "%s %s: greedy decode %d steps x %d rows", CK_NAME[ck],
              tqkv_format_name(f), STEPS, R);
     expect_close(what, lg, lc, STEPS * R, tol_med, tol_worst);
     const int want[R] = {N + STEPS, N + STEPS, N + STEPS};
@@ -290,6 +470,15 @@ static void test_parity_a_f32(void **st) { (void)st; parity(CK_A, TQKV_F32, 1e-2
 static void test_parity_a_tq4(void **st) { (void)st; parity(CK_A, TQKV_TQ4, TOL_MED_TQ4, 1e-1); }
 static void test_parity_b_f32(void **st) { (void)st; parity(CK_B, TQKV_F32, 1e-2, 3e-2); }
 static void test_parity_b_tq4(void **st) { (void)st; parity(CK_B, TQKV_TQ4, TOL_MED_TQ4, 1e-1); }
+/* Qwen 3.5 MoE: the hybrid's bounds (test_cuda_hybrid) and, for tq4, this file's median
+ * bound (the experts' tq4 case above). Gemma 4 MoE: test_cuda_gemma4's bounds (its
+ * post-norms and the head_dim 256 full layers: the dense Gemma 4 graph's error class).
+ * Not run on a GPU when written (the lead's device run decides; a failure prints the
+ * measured median / worst and every argmax flip's gap). */
+static void test_parity_q35_f32(void **st) { (void)st; parity(CK_Q35, TQKV_F32, 1e-2, 3e-2); }
+static void test_parity_q35_tq4(void **st) { (void)st; parity(CK_Q35, TQKV_TQ4, TOL_MED_TQ4, 1e-1); }
+static void test_parity_g4_f32(void **st) { (void)st; parity(CK_G4, TQKV_F32, 2.5e-2, 1.5e-1); }
+static void test_parity_g4_tq4(void **st) { (void)st; parity(CK_G4, TQKV_TQ4, 5e-2, 8e-1); }
 
 // ---------------------------------------------------------------------------
 // batch invariance on the device: row 1 of 3 == the row alone, bitwise
@@ -315,7 +504,7 @@ static void invariance(int ck, tqkv_format f) {
         expect_same(l1, lb + V, (size_t)V, "decode step: row alone vs row 1 of 3", t);
     }
     assert_true(memcmp(lb, lb + V, sizeof(float) * (size_t)V) != 0); /* the rows do differ */
-    printf("%c %s: row alone == row 1 of 3, bitwise (prefill %d, decode %d)\n", 'A' + ck,
+    printf("%s %s: row alone == row 1 of 3, bitwise (prefill %d, decode %d)\n", CK_NAME[ck],
            tqkv_format_name(f), N, STEPS);
     tqkv_model_state_free(s1);
     tqkv_model_state_free(sb);
@@ -327,6 +516,119 @@ static void test_invariance_a_tq4(void **st) { (void)st; invariance(CK_A, TQKV_T
 static void test_invariance_a_f32(void **st) { (void)st; invariance(CK_A, TQKV_F32); }
 static void test_invariance_b_tq4(void **st) { (void)st; invariance(CK_B, TQKV_TQ4); }
 static void test_invariance_b_f32(void **st) { (void)st; invariance(CK_B, TQKV_F32); }
+static void test_invariance_q35_tq4(void **st) { (void)st; invariance(CK_Q35, TQKV_TQ4); }
+static void test_invariance_q35_f32(void **st) { (void)st; invariance(CK_Q35, TQKV_F32); }
+static void test_invariance_g4_tq4(void **st) { (void)st; invariance(CK_G4, TQKV_TQ4); }
+static void test_invariance_g4_f32(void **st) { (void)st; invariance(CK_G4, TQKV_F32); }
+
+// ---------------------------------------------------------------------------
+// the experts' grouped GEMM launch == one GEMM per expert, bitwise
+// ---------------------------------------------------------------------------
+
+/* Prefill of R rows (every position's logits) and decode steps with the experts' GEMMs as
+ * one grouped launch per projection, then again as one tqkv_cuda_gemm per expert: the same
+ * bits (the grouped kernel runs each output's arithmetic as the plain one). */
+static void grouped(int ck, tqkv_format f) {
+    enum { R = 3, N = 33, STEPS = 4 };
+    const int V = TWIN_V;
+    g_model = g_models[ck];
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x6a0 ^ (uint64_t)ck << 16 ^ (uint64_t)f);
+    int32_t tok[R * N], step[STEPS][R];
+    random_tokens(&r, tok, (size_t)R * N);
+    random_tokens(&r, &step[0][0], (size_t)STEPS * R);
+    const size_t per = (size_t)R * N * V + (size_t)STEPS * R * V; /* floats of one run */
+    float *l[2];
+    for (int gi = 0; gi < 2; gi++) {
+        mc_moe_set_grouped(1 - gi);
+        l[gi] = malloc(sizeof(float) * per);
+        tqkv_model_state *sg = new_state(R, f, 1);
+        OK(tqkv_model_prefill(g_model, sg, tok, NULL, N, TQKV_LOGITS_ALL, l[gi]));
+        for (int t = 0; t < STEPS; t++)
+            OK(tqkv_model_decode(g_model, sg, step[t], l[gi] + (size_t)R * N * V + (size_t)t * R * V));
+        tqkv_model_state_free(sg);
+    }
+    mc_moe_set_grouped(1);
+    for (size_t i = 0; i < per; i++)
+        if (memcmp(&l[0][i], &l[1][i], sizeof(float)))
+            fail_msg("%s %s: grouped experts GEMM vs one GEMM per expert: logit %zu (%s, row %zu) "
+                     "%.9g vs %.9g (TQKV_MOE_GROUPED=0 runs the per-expert path)", CK_NAME[ck],
+                     tqkv_format_name(f), i % V, i < (size_t)R * N * V ? "prefill" : "decode",
+                     i / V, (double)l[0][i], (double)l[1][i]);
+    printf("%s %s: grouped experts GEMM == one GEMM per expert, bitwise (prefill %d x %d, decode %d)\n",
+           CK_NAME[ck], tqkv_format_name(f), R, N, STEPS);
+    free(l[0]);
+    free(l[1]);
+}
+
+/* tqkv_cuda_gemm_grouped alone: 4 groups of 1, 70, 129 and 100 rows of a split of 300 rows,
+ * each with its own matrix of 5, under every tile shape and both activation precisions,
+ * bitwise equal to one tqkv_cuda_gemm per group on the same rows and matrix. */
+static void gemm_grouped_case(int parts) {
+    enum { P = 300, K = 256, N = 96, E = 5, G = 4 };
+    static const int32_t grp[G * 4] = {0, 1, 3, 0, 1, 70, 0, 0, 71, 129, 4, 0, 200, 100, 1, 0};
+    static const char *const tiles[] = {"s8", "s16", "s32", "s64", "m", "l", "xl"};
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x9e0 ^ (uint64_t)parts);
+    float *x = malloc(sizeof(float) * P * K), *ya = malloc(sizeof(float) * P * N),
+          *yb = malloc(sizeof(float) * P * N);
+    uint16_t *w = malloc(sizeof(uint16_t) * (size_t)E * N * K);
+    for (size_t i = 0; i < (size_t)P * K; i++) x[i] = (float)rng_normal(&r);
+    for (size_t i = 0; i < (size_t)E * N * K; i++) {
+        const float f = (float)rng_normal(&r) * 0.05f;
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        w[i] = (uint16_t)(u >> 16);
+    }
+    float *dx, *dy;
+    void *dw, *xf, *dg;
+    OK(tqkv_cuda_malloc((void **)&dx, sizeof(float) * P * K));
+    OK(tqkv_cuda_malloc((void **)&dy, sizeof(float) * P * N));
+    OK(tqkv_cuda_malloc(&dw, sizeof(uint16_t) * (size_t)E * N * K));
+    OK(tqkv_cuda_malloc(&xf, tqkv_cuda_gemm_xf_bytes(P, K)));
+    OK(tqkv_cuda_malloc(&dg, sizeof grp));
+    OK(tqkv_cuda_h2d(dx, x, sizeof(float) * P * K));
+    OK(tqkv_cuda_h2d(dw, w, sizeof(uint16_t) * (size_t)E * N * K));
+    OK(tqkv_cuda_h2d(dg, grp, sizeof grp));
+    for (size_t s = 0; s < sizeof tiles / sizeof tiles[0]; s++) {
+        OK(tqkv_cuda_gemm_set_tile(tiles[s]));
+        OK(tqkv_cuda_gemm_grouped(dx, K, P, dw, (size_t)N * K, N, K, dy, N, dg, G, 129, xf, parts, NULL));
+        OK(tqkv_cuda_d2h(ya, dy, sizeof(float) * P * N));
+        for (int gi = 0; gi < G; gi++) {
+            const int row0 = grp[4 * gi], rows = grp[4 * gi + 1], e = grp[4 * gi + 2];
+            OK(tqkv_cuda_gemm(dx + (size_t)row0 * K, K, rows, (const uint16_t *)dw + (size_t)e * N * K,
+                              N, K, NULL, dy + (size_t)row0 * N, N, xf, parts, NULL));
+        }
+        OK(tqkv_cuda_d2h(yb, dy, sizeof(float) * P * N));
+        for (int gi = 0; gi < G; gi++) {
+            const int row0 = grp[4 * gi], rows = grp[4 * gi + 1];
+            for (int t = row0; t < row0 + rows; t++)
+                if (memcmp(ya + (size_t)t * N, yb + (size_t)t * N, sizeof(float) * N))
+                    fail_msg("gemm grouped, tile %s, parts %d: group %d (rows %d .. %d) row %d "
+                             "differs from its own tqkv_cuda_gemm", tiles[s], parts, gi, row0,
+                             row0 + rows - 1, t);
+        }
+    }
+    OK(tqkv_cuda_gemm_set_tile(NULL));
+    assert_true(memcmp(ya, ya + N, sizeof(float) * N) != 0); /* rows do differ */
+    printf("gemm grouped, parts %d: tiles s8 .. xl, 4 groups of 1 .. 129 rows == one GEMM per "
+           "group, bitwise\n", parts);
+    tqkv_cuda_free(dx); tqkv_cuda_free(dy); tqkv_cuda_free(dw); tqkv_cuda_free(xf);
+    tqkv_cuda_free(dg);
+    free(x); free(ya); free(yb); free(w);
+}
+
+static void test_gemm_grouped(void **st) {
+    (void)st;
+    gemm_grouped_case(1);
+    gemm_grouped_case(2);
+}
+
+static void test_grouped(void **st) {
+    (void)st;
+    const int cks[] = {CK_A, CK_B, CK_Q35, CK_G4};
+    for (int i = 0; i < 4; i++) grouped(cks[i], i % 2 ? TQKV_F32 : TQKV_TQ4);
+}
 
 // ---------------------------------------------------------------------------
 // the dense equivalent: bitwise the dense checkpoint's device logits
@@ -378,11 +680,10 @@ static tqkv_model_state *spec_state(int rows, int as_decode) {
 /* A 3-row round (extend 4, keep {1, 4, 0}) and a committed round (extend 3), each row
  * against a 1-row device state that decoded only the kept tokens, bitwise: the window's
  * experts run on 12 and 9 tokens, the references' on 1. */
-static void test_spec_rounds(void **st) {
-    (void)st;
+static void spec_rounds(int ck) {
     enum { R = 3, N = 29, W = 4, C = 3 };
     const int V = TWIN_V;
-    g_model = g_models[CK_A];
+    g_model = g_models[ck];
     test_rng r;
     rng_init(&r, g_seed ^ 0x5bec);
     int32_t prompt[R * N], win[R * W], com[R * C], t1[R];
@@ -422,7 +723,8 @@ static void test_spec_rounds(void **st) {
             OK(tqkv_model_decode(g_model, ref[i], &com[i * C + j], lb));
             expect_same(lw + ((size_t)i * C + j) * V, lb, (size_t)V, "committed window vs single decode", j);
         }
-    printf("tq4 spec rounds: rollback keep {1, 4, 0} and commit of 3 == single decodes, bitwise\n");
+    printf("%s tq4 spec rounds: rollback keep {1, 4, 0} and commit of 3 == single decodes, "
+           "bitwise\n", CK_NAME[ck]);
     tqkv_model_state_free(run);
     for (int i = 0; i < R; i++) tqkv_model_state_free(ref[i]);
     free(lw);
@@ -456,9 +758,8 @@ static void rows_step(rows_ctx *c, tqkv_model_state *s, const int *seq, int n, c
     expect_offsets(s, want, phase);
 }
 
-static void test_rows(void **st) {
-    (void)st;
-    g_model = g_models[CK_B];
+static void rows_ops(int ck) {
+    g_model = g_models[ck];
     rows_ctx c = {.plen = {24, 24, 24, 15, 15}};
     test_rng r;
     rng_init(&r, g_seed ^ 0x40a5);
@@ -487,7 +788,8 @@ static void test_rows(void **st) {
     OK(tqkv_model_state_filter(a, (const int[]){0, 2, 3}, 3));
     rows_step(&c, x, (const int[]){0}, 1, "extracted row 1");
     rows_step(&c, a, (const int[]){2, 3, 4}, 3, "after extract + filter {0, 2, 3}");
-    printf("device rows: filter, merge, extract mid-generation == each sequence alone, bitwise\n");
+    printf("%s device rows: filter, merge, extract mid-generation == each sequence alone, "
+           "bitwise\n", CK_NAME[ck]);
     tqkv_model_state_free(a);
     tqkv_model_state_free(b);
     tqkv_model_state_free(x);
@@ -495,6 +797,15 @@ static void test_rows(void **st) {
     free(c.la);
     free(c.lb);
 }
+
+/* The recurrent rows' snapshots (Qwen 3.5 MoE) and the sliding layers' windows (Gemma 4 MoE)
+ * under the experts, besides Qwen3-MoE's A (spec) and B (rows). */
+static void test_spec_rounds(void **st) { (void)st; spec_rounds(CK_A); }
+static void test_spec_rounds_q35(void **st) { (void)st; spec_rounds(CK_Q35); }
+static void test_spec_rounds_g4(void **st) { (void)st; spec_rounds(CK_G4); }
+static void test_rows(void **st) { (void)st; rows_ops(CK_B); }
+static void test_rows_q35(void **st) { (void)st; rows_ops(CK_Q35); }
+static void test_rows_g4(void **st) { (void)st; rows_ops(CK_G4); }
 
 // ---------------------------------------------------------------------------
 // refusals
@@ -542,17 +853,24 @@ int main(void) {
             perror("mkdtemp");
             return 1;
         }
-        ck_write(g_dir[i], &SPECS[i]);
+        if (i == CK_Q35) q35_write(g_dir[i], 0x35e);
+        else if (i == CK_G4) g4m_write(g_dir[i], 0x94e);
+        else ck_write(g_dir[i], &SPECS[i]);
         g_models[i] = ck_load(g_dir[i]);
     }
     const tqkv_model_config *ca = tqkv_model_get_config(g_models[CK_A]);
     if (ca->n_moe_layers != 2 || !ca->layer_moe[0] || ca->layer_moe[1] ||
         tqkv_model_get_config(g_models[CK_B])->n_moe_layers != 2 ||
-        tqkv_model_get_config(g_models[CK_EQ])->n_moe_layers != 2) {
+        tqkv_model_get_config(g_models[CK_EQ])->n_moe_layers != 2 ||
+        tqkv_model_get_config(g_models[CK_Q35])->n_moe_layers != 4 ||
+        tqkv_model_get_config(g_models[CK_Q35])->moe_shared_intermediate_size != Q35_S ||
+        tqkv_model_get_config(g_models[CK_G4])->n_moe_layers != 4) {
         fprintf(stderr, "the written checkpoints do not have the sparse layers they should\n");
         return 1;
     }
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gemm_grouped),
+        cmocka_unit_test(test_grouped),
         cmocka_unit_test(test_parity_a_f32),
         cmocka_unit_test(test_parity_a_tq4),
         cmocka_unit_test(test_parity_b_f32),
@@ -561,9 +879,21 @@ int main(void) {
         cmocka_unit_test(test_invariance_a_f32),
         cmocka_unit_test(test_invariance_b_tq4),
         cmocka_unit_test(test_invariance_b_f32),
+        cmocka_unit_test(test_parity_q35_f32),
+        cmocka_unit_test(test_parity_q35_tq4),
+        cmocka_unit_test(test_invariance_q35_tq4),
+        cmocka_unit_test(test_invariance_q35_f32),
+        cmocka_unit_test(test_parity_g4_f32),
+        cmocka_unit_test(test_parity_g4_tq4),
+        cmocka_unit_test(test_invariance_g4_tq4),
+        cmocka_unit_test(test_invariance_g4_f32),
         cmocka_unit_test(test_dense_equiv),
         cmocka_unit_test(test_spec_rounds),
+        cmocka_unit_test(test_spec_rounds_q35),
+        cmocka_unit_test(test_spec_rounds_g4),
         cmocka_unit_test(test_rows),
+        cmocka_unit_test(test_rows_q35),
+        cmocka_unit_test(test_rows_g4),
         cmocka_unit_test(test_golden_refused),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -13,6 +13,10 @@
  * launched kernel by kernel and as a CUDA graph, side by side, and prints their ratio;
  * --pick host,device likewise the next token picked on the host (the logits [rows, vocab]
  * copied back, argmax there) and on the device (tqkv_model_decode_pick: one int per row).
+ * --rows takes a list (every row count measured from one model load: a 61 GB checkpoint
+ * loads once); --max-rows finds the most rows whose caches fit per (ctx, kv), and
+ * --at-max-rows then measures decode at that many rows; --shape names the model's shape
+ * in every JSON row (e.g. qwen3-30b-a3b for a random checkpoint of that shape).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,8 +43,10 @@ static int split_list(char *s, char **items, int cap) {
     return n;
 }
 
-/* Configuration index of (ctx, kv format, --graphs value, --pick value) indices. */
-#define CONF(c, k, gi, pi) ((((c) * 32 + (k)) * 2 + (gi)) * 2 + (pi))
+/* Configuration index of (--rows item, ctx, kv format, --graphs value, --pick value) indices. */
+#define BM_MAX_ROWS_ITEMS 8
+#define CONF(ri, c, k, gi, pi) (((((ri) * 32 + (c)) * 32 + (k)) * 2 + (gi)) * 2 + (pi))
+#define BM_CONFS (BM_MAX_ROWS_ITEMS * 32 * 32 * 4)
 
 static int argmax(const float *x, int n) {
     int b = 0;
@@ -151,15 +157,20 @@ static int max_rows(const tqkv_model *m, const tqkv_model_state_params *base, in
 
 typedef struct {
     const char *model_arg, *ctx_list, *kv_list, *prefill_kernel, *decode_kernel, *device;
-    const char *fill, *graphs_list, *pick_list;
-    int threads, gen, json, window, reps, blas, f32w, rows, find_max, fast_gemm, tp;
+    const char *fill, *graphs_list, *pick_list, *rows_list, *shape;
+    int threads, gen, json, window, reps, blas, f32w, find_max, at_max, fast_gemm, tp;
     int synth, dev;            /* --fill synthetic; --device cuda */
+    int moe;                   /* the model has sparse layers: its device decode steps run
+                                  kernel by kernel (the routing waits on the host), whatever
+                                  --graphs asks */
     tqkv_kernel pk, dk;        /* prefill / decode kernels */
     int gv[2], n_gv;           /* --graphs: the device_graphs values measured, in order */
     int pv[2], n_pv;           /* --pick: device pick (1) or host pick (0), in order */
-    char *ctx_copy, *kv_copy;  /* the lists' copies, which the items point into */
-    char *ctx_items[32], *kv_items[32];
-    int n_ctx, n_kv;
+    char *ctx_copy, *kv_copy, *rows_copy; /* the lists' copies, which the items point into */
+    char *ctx_items[32], *kv_items[32], *rows_items[BM_MAX_ROWS_ITEMS];
+    int n_ctx, n_kv, n_rows;
+    int rowv[BM_MAX_ROWS_ITEMS]; /* [n_rows] --rows */
+    int most_rows;             /* the largest of them */
     int ctxs[32];              /* [n_ctx] */
     tqkv_format kf[32], vf[32]; /* [n_kv] */
 } bm_opts;
@@ -215,8 +226,8 @@ static int bm_parse_args(int argc, char **argv, bm_opts *o) {
         .model_arg = MCLI_DEFAULT_MODEL, .ctx_list = "512,4096",
         .kv_list = "f32,f16,q8,tq4,tq3", .prefill_kernel = "graph",
         .decode_kernel = "graph", .device = "cpu",
-        .fill = "prefill", .graphs_list = "1",
-        .threads = 2, .gen = 64, .reps = 3, .rows = 1,
+        .fill = "prefill", .graphs_list = "1", .rows_list = "1",
+        .threads = 2, .gen = 64, .reps = 3,
     };
     const arg_spec specs[] = {
         {"--model", ARG_STR, &o->model_arg, "model directory (default " MCLI_DEFAULT_MODEL ")"},
@@ -225,7 +236,7 @@ static int bm_parse_args(int argc, char **argv, bm_opts *o) {
         {"--threads", ARG_INT, &o->threads, "threads (default 2)"},
         {"--gen", ARG_INT, &o->gen, "decode steps after the prefill (default 64)"},
         {"--window", ARG_INT, &o->window, "q8 recent window of tq caches (default 0)"},
-        {"--rows", ARG_INT, &o->rows, "rows decoded together (default 1; prefill is per row)"},
+        {"--rows", ARG_STR, &o->rows_list, "comma-separated counts of rows decoded together, each measured (default 1; at most 8 items; prefill is per row)"},
         {"--reps", ARG_INT, &o->reps, "rounds over all configurations, best kept (default 3)"},
         {"--prefill-kernel", ARG_STR, &o->prefill_kernel, "attention kernel for prefill: graph (the graph's kernel set, default), dense, deferred, fused"},
         {"--decode-kernel", ARG_STR, &o->decode_kernel, "attention kernel for decode: graph (default), dense, deferred, fused"},
@@ -238,13 +249,19 @@ static int bm_parse_args(int argc, char **argv, bm_opts *o) {
         {"--pick", ARG_STR, &o->pick_list, "how a decode step picks its next tokens: host (logits copied back, argmax on the host), device (tqkv_model_decode_pick: argmax on the GPU, one int per row back), or host,device: both, side by side, with their ratio; default device with --device cuda, else host"},
         {"--fill", ARG_STR, &o->fill, "prefill (default): run ctx tokens through the model; synthetic: put ctx tokens of random K/V straight into the caches (device only, no pp figure)"},
         {"--max-rows", ARG_FLAG, &o->find_max, "also find the most rows whose caches for ctx + gen + 1 tokens fit (device memory; real allocations)"},
+        {"--at-max-rows", ARG_FLAG, &o->at_max, "with --max-rows: then measure decode at that many rows per ctx and KV format (JSON rows with at_max_rows true)"},
+        {"--shape", ARG_STR, &o->shape, "a name for the model's shape, copied into every JSON row as \"shape\""},
         {"--json", ARG_FLAG, &o->json, "print a JSON array of results on stdout"},
         {"--tensor-parallel", ARG_INT, &o->tp, MCLI_TP_HELP},
     };
     const int n_specs = (int)(sizeof specs / sizeof specs[0]);
     if (args_parse(CMD, argc, argv, specs, n_specs) != 0) return 2;
-    if (o->threads < 1 || o->gen < 1 || o->reps < 1 || o->window < 0 || o->rows < 1 || o->rows > 4096) {
-        fprintf(stderr, "tqkv bench model: --threads, --gen, --reps, --rows must be >= 1 (rows <= 4096)\n");
+    if (o->threads < 1 || o->gen < 1 || o->reps < 1 || o->window < 0) {
+        fprintf(stderr, "tqkv bench model: --threads, --gen, --reps must be >= 1\n");
+        return 2;
+    }
+    if (o->at_max && !o->find_max) {
+        fprintf(stderr, "tqkv bench model: --at-max-rows needs --max-rows\n");
         return 2;
     }
     o->synth = !strcmp(o->fill, "synthetic");
@@ -265,12 +282,35 @@ static int bm_parse_args(int argc, char **argv, bm_opts *o) {
     return 0;
 }
 
-/* --ctx and --kv into o's items, lengths and formats; 0, or the exit code (message
- * printed; the copies are freed by bm_opts_free). */
+/* --rows into o->rowv [o->n_rows] (o->rows_copy set); 0 or 2 (message printed). */
+static int bm_parse_rows(bm_opts *o) {
+    o->n_rows = split_list(o->rows_copy, o->rows_items, BM_MAX_ROWS_ITEMS);
+    if (o->n_rows <= 0) {
+        fprintf(stderr, "tqkv bench model: --rows takes 1 to %d comma-separated counts\n",
+                BM_MAX_ROWS_ITEMS);
+        return 2;
+    }
+    o->most_rows = 1;
+    for (int i = 0; i < o->n_rows; i++) {
+        char *end = NULL;
+        const long v = strtol(o->rows_items[i], &end, 10);
+        if (!end || *end || v < 1 || v > 4096) {
+            fprintf(stderr, "tqkv bench model: bad --rows item '%s' (1 to 4096)\n", o->rows_items[i]);
+            return 2;
+        }
+        o->rowv[i] = (int)v;
+        o->most_rows = o->rowv[i] > o->most_rows ? o->rowv[i] : o->most_rows;
+    }
+    return 0;
+}
+
+/* --ctx, --kv and --rows into o's items, lengths, formats and counts; 0, or the exit code
+ * (message printed; the copies are freed by bm_opts_free). */
 static int bm_parse_lists(bm_opts *o) {
     o->ctx_copy = strdup(o->ctx_list);
     o->kv_copy = strdup(o->kv_list);
-    if (!o->ctx_copy || !o->kv_copy) {
+    o->rows_copy = strdup(o->rows_list);
+    if (!o->ctx_copy || !o->kv_copy || !o->rows_copy) {
         fprintf(stderr, "tqkv bench model: out of memory\n");
         return 1;
     }
@@ -289,22 +329,26 @@ static int bm_parse_lists(bm_opts *o) {
     }
     for (int i = 0; i < o->n_kv && !bad; i++)
         bad = mcli_parse_kv(CMD, o->kv_items[i], &o->kf[i], &o->vf[i]) != 0;
-    return bad ? 2 : 0;
+    return bad ? 2 : bm_parse_rows(o);
 }
 
 static void bm_opts_free(bm_opts *o) {
     free(o->ctx_copy);
     free(o->kv_copy);
+    free(o->rows_copy);
 }
 
 // ---------------------------------------------------------------------------
 // Benchmark
 // ---------------------------------------------------------------------------
 
-/* Best figures per configuration (index CONF) and max rows per (ctx, kv) (c * 32 + k). */
+/* Best figures per configuration (index CONF), max rows per (ctx, kv) (c * 32 + k) and
+ * the decode figures at those rows (--at-max-rows, same index). */
 typedef struct {
-    double best_pp[32 * 32 * 4], best_tg[32 * 32 * 4], bpt[32 * 32 * 4];
-    int oom[32 * 32 * 4], maxr[32 * 32];
+    double best_pp[BM_CONFS], best_tg[BM_CONFS], bpt[BM_CONFS];
+    int oom[BM_CONFS], maxr[32 * 32];
+    double max_tg[32 * 32], max_bpt[32 * 32];
+    int max_oom[32 * 32];
 } bm_results;
 
 /* Fixed pseudo-random token ids tok [n] below V. */
@@ -325,9 +369,12 @@ static tqkv_model_state_params bm_prepare(bm_opts *o, const tqkv_model *m, FILE 
         if (o->pk == TQKV_KERNEL_BY_GRAPH) o->pk = gp;
         if (o->dk == TQKV_KERNEL_BY_GRAPH) o->dk = gd;
     }
-    fprintf(stderr, "tqkv bench model: %s weights, %d threads, gen %d, rows %d, prefill kernel %s, "
-            "decode kernel %s%s\n", tqkv_model_weight_type(m), o->threads, o->gen, o->rows,
+    fprintf(stderr, "tqkv bench model: %s weights, %d threads, gen %d, rows %s, prefill kernel %s, "
+            "decode kernel %s%s\n", tqkv_model_weight_type(m), o->threads, o->gen, o->rows_list,
             tqkv_kernel_name(o->pk), tqkv_kernel_name(o->dk), o->blas ? ", blas" : "");
+    if (o->dev && o->moe)
+        fprintf(stderr, "tqkv bench model: sparse (MoE) layers: decode steps run kernel by kernel "
+                "(the routing waits on the host), whatever --graphs asks\n");
     if (o->dev) fprintf(tab, "%-8s %-10s %6s %6s %12s %12s %14s\n", "ctx", "kv", "graphs", "pick", "pp t/s", "tg t/s", "kv B/token");
     else fprintf(tab, "%-8s %-10s %12s %12s %14s\n", "ctx", "kv", "pp t/s", "tg t/s", "kv B/token");
     tqkv_model_state_params base = tqkv_model_state_params_default();
@@ -353,42 +400,51 @@ static void bm_warm_up(const tqkv_model *m, const tqkv_model_state_params *base,
     tqkv_model_state_free(s);
 }
 
+/* One measure() of `rows` rows at (ctx c, kv k, graphs gi, pick pi), its line on stderr.
+ * TQKV_ENOMEM (does not fit) is reported as such; another failure's message is printed. */
+static tqkv_status bm_measure_one(const bm_opts *o, const tqkv_model *m,
+                                  const tqkv_model_state_params *base, const int32_t *tok,
+                                  float *logits, int rows, int c, int k, int gi, int pi,
+                                  double *pp, double *tg, double *bpt) {
+    tqkv_model_state_params sp = *base;
+    sp.rows = rows;
+    sp.k_format = o->kf[k];
+    sp.v_format = o->vf[k];
+    sp.device_graphs = o->gv[gi];
+    const tqkv_status st = measure(m, &sp, tok, o->ctxs[c], rows, o->gen, o->synth, o->pv[pi],
+                                   logits, pp, tg, bpt);
+    if (st == TQKV_ENOMEM) /* does not fit: reported, not fatal */
+        fprintf(stderr, "tqkv bench model: ctx %d kv %s rows %d: does not fit (%s)\n", o->ctxs[c],
+                o->kv_items[k], rows, tqkv_last_error());
+    else if (st != TQKV_OK)
+        fprintf(stderr, "tqkv bench model: %s\n", tqkv_last_error());
+    else
+        fprintf(stderr, "tqkv bench model: ctx %d kv %s rows %d%s%s: pp %.1f t/s, tg %.1f t/s\n",
+                o->ctxs[c], o->kv_items[k], rows, !o->dev ? "" : o->gv[gi] ? " graphs" : " no graphs",
+                !o->dev ? "" : o->pv[pi] ? ", device pick" : ", host pick", *pp, *tg);
+    return st;
+}
+
 /* Repetitions are the outer loop, so every configuration is measured once per round
- * and machine noise spreads over all of them alike; the best round is kept. 0 or 1. */
+ * and machine noise spreads over all of them alike; the best round is kept. logits holds
+ * [most_rows, V]. 0 or 1. */
 static int bm_measure_all(const bm_opts *o, const tqkv_model *m, const tqkv_model_state_params *base,
                           const int32_t *tok, float *logits, bm_results *res) {
     int rc = 0;
     for (int r = 0; r < o->reps && !rc; r++) {
         if (o->reps > 1) fprintf(stderr, "tqkv bench model: round %d/%d\n", r + 1, o->reps);
+        for (int ri = 0; ri < o->n_rows && !rc; ri++)
         for (int c = 0; c < o->n_ctx && !rc; c++)
             for (int k = 0; k < o->n_kv && !rc; k++)
                 for (int gi = 0; gi < o->n_gv && !rc; gi++)
                 for (int pi = 0; pi < o->n_pv && !rc; pi++) {
-                    tqkv_model_state_params sp = *base;
-                    sp.rows = o->rows;
-                    sp.k_format = o->kf[k];
-                    sp.v_format = o->vf[k];
-                    sp.device_graphs = o->gv[gi];
+                    const int i = CONF(ri, c, k, gi, pi);
                     double pp = 0, tg = 0;
-                    int i = CONF(c, k, gi, pi);
                     if (res->oom[i]) continue;
-                    tqkv_status st = measure(m, &sp, tok, o->ctxs[c], o->rows, o->gen, o->synth,
-                                             o->pv[pi], logits, &pp, &tg, &res->bpt[i]);
-                    if (st == TQKV_ENOMEM) { /* does not fit: reported, not fatal */
-                        fprintf(stderr, "tqkv bench model: ctx %d kv %s rows %d: does not fit (%s)\n",
-                                o->ctxs[c], o->kv_items[k], o->rows, tqkv_last_error());
-                        res->oom[i] = 1;
-                        continue;
-                    }
-                    if (st != TQKV_OK) {
-                        fprintf(stderr, "tqkv bench model: %s\n", tqkv_last_error());
-                        rc = 1;
-                        continue;
-                    }
-                    fprintf(stderr, "tqkv bench model: ctx %d kv %s rows %d%s%s: pp %.1f t/s, tg %.1f t/s\n",
-                            o->ctxs[c], o->kv_items[k], o->rows,
-                            !o->dev ? "" : o->gv[gi] ? " graphs" : " no graphs",
-                            !o->dev ? "" : o->pv[pi] ? ", device pick" : ", host pick", pp, tg);
+                    const tqkv_status st = bm_measure_one(o, m, base, tok, logits, o->rowv[ri], c, k,
+                                                          gi, pi, &pp, &tg, &res->bpt[i]);
+                    res->oom[i] = st == TQKV_ENOMEM;
+                    rc = st != TQKV_OK && st != TQKV_ENOMEM;
                     if (pp > res->best_pp[i]) res->best_pp[i] = pp;
                     if (tg > res->best_tg[i]) res->best_tg[i] = tg;
                 }
@@ -412,24 +468,62 @@ static void bm_find_max_rows(const bm_opts *o, const tqkv_model *m,
         }
 }
 
+/* --at-max-rows: decode at the most rows that fit, per (ctx, kv) (the first --graphs and
+ * --pick values), best of --reps rounds. *logits grows to [rows, V]. 0 or 1. */
+static int bm_measure_at_max(const bm_opts *o, const tqkv_model *m,
+                             const tqkv_model_state_params *base, const int32_t *tok,
+                             float **logits, bm_results *res) {
+    const int V = tqkv_model_get_config(m)->vocab_size;
+    int rc = 0;
+    for (int r = 0; r < o->reps && !rc; r++)
+        for (int c = 0; c < o->n_ctx && !rc; c++)
+            for (int k = 0; k < o->n_kv && !rc; k++) {
+                const int j = c * 32 + k, rows = res->maxr[j];
+                double pp = 0, tg = 0;
+                if (rows < 1 || res->max_oom[j]) continue;
+                float *lg = realloc(*logits, sizeof(float) * (size_t)V * rows);
+                if (!lg) return 1;
+                *logits = lg;
+                const tqkv_status st = bm_measure_one(o, m, base, tok, lg, rows, c, k, 0, 0, &pp,
+                                                      &tg, &res->max_bpt[j]);
+                res->max_oom[j] = st == TQKV_ENOMEM;
+                rc = st != TQKV_OK && st != TQKV_ENOMEM;
+                if (tg > res->max_tg[j]) res->max_tg[j] = tg;
+            }
+    return rc;
+}
+
 // ---------------------------------------------------------------------------
 // Report
 // ---------------------------------------------------------------------------
 
-/* One configuration's JSON object, appended to arr. */
-static void bm_json_row(const bm_opts *o, const bm_results *res, cJSON *arr, int c, int k,
-                        int gi, int pi, int both, int both_p, int i0, int ip) {
-    const int i = CONF(c, k, gi, pi);
+/* A JSON row's fields that say what was measured: (ctx c, kv k, graphs gi, pick pi) at
+ * `rows` rows. */
+static cJSON *bm_json_conf(const bm_opts *o, cJSON *arr, int c, int k, int gi, int pi, int rows) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddItemToArray(arr, j);
+    if (o->shape) cJSON_AddStringToObject(j, "shape", o->shape);
     cJSON_AddNumberToObject(j, "ctx", o->ctxs[c]);
     cJSON_AddStringToObject(j, "device", o->dev ? "cuda" : "cpu");
     cJSON_AddStringToObject(j, "kv", o->kv_items[k]);
     cJSON_AddStringToObject(j, "fill", o->synth ? "synthetic" : "prefill");
     cJSON_AddStringToObject(j, "gemm", o->fast_gemm ? "cublas" : "invariant");
     cJSON_AddStringToObject(j, "matmul", o->dev ? "device" : mcli_matmul_name(mcli_exact));
-    if (o->dev) cJSON_AddBoolToObject(j, "graphs", o->gv[gi]);
+    if (o->dev) cJSON_AddBoolToObject(j, "graphs", o->gv[gi] && !o->moe);
     cJSON_AddStringToObject(j, "pick", o->pv[pi] ? "device" : "host");
+    cJSON_AddNumberToObject(j, "threads", o->threads);
+    cJSON_AddNumberToObject(j, "gen", o->gen);
+    cJSON_AddNumberToObject(j, "rows", rows);
+    cJSON_AddNumberToObject(j, "tensor_parallel", o->tp > 1 ? o->tp : 1);
+    cJSON_AddNumberToObject(j, "window", o->window);
+    return j;
+}
+
+/* One configuration's JSON object, appended to arr. */
+static void bm_json_row(const bm_opts *o, const bm_results *res, cJSON *arr, int ri, int c, int k,
+                        int gi, int pi, int both, int both_p, int i0, int ip) {
+    const int i = CONF(ri, c, k, gi, pi);
+    cJSON *j = bm_json_conf(o, arr, c, k, gi, pi, o->rowv[ri]);
     if (res->oom[i] || o->synth) cJSON_AddNullToObject(j, "prefill_tokens_per_s");
     else json_add_num(j, "prefill_tokens_per_s", res->best_pp[i], 2);
     if (res->oom[i]) cJSON_AddNullToObject(j, "decode_tokens_per_s");
@@ -438,12 +532,30 @@ static void bm_json_row(const bm_opts *o, const bm_results *res, cJSON *arr, int
     if (both_p) json_add_num(j, "decode_pick_speedup", res->best_tg[i] / res->best_tg[ip], 4);
     if (res->oom[i]) cJSON_AddStringToObject(j, "error", "out of memory");
     json_add_num(j, "kv_bytes_per_token", res->bpt[i], 1);
-    cJSON_AddNumberToObject(j, "threads", o->threads);
-    cJSON_AddNumberToObject(j, "gen", o->gen);
-    cJSON_AddNumberToObject(j, "rows", o->rows);
-    cJSON_AddNumberToObject(j, "tensor_parallel", o->tp > 1 ? o->tp : 1);
-    cJSON_AddNumberToObject(j, "window", o->window);
     if (o->find_max) cJSON_AddNumberToObject(j, "max_rows", res->maxr[c * 32 + k]);
+}
+
+/* --at-max-rows: a table line and a JSON row (at_max_rows true) per (ctx, kv). */
+static void bm_report_at_max(const bm_opts *o, const bm_results *res, FILE *tab, cJSON *arr) {
+    for (int c = 0; c < o->n_ctx; c++)
+        for (int k = 0; k < o->n_kv; k++) {
+            const int j = c * 32 + k, rows = res->maxr[j];
+            fprintf(tab, "%-8d %-10s at the most rows that fit (%d): ", o->ctxs[c], o->kv_items[k], rows);
+            if (rows < 1 || res->max_oom[j]) fprintf(tab, "tg -%s\n", rows < 1 ? "" : " (oom)");
+            else fprintf(tab, "tg %.1f t/s\n", res->max_tg[j]);
+            if (rows < 1) continue;
+            cJSON *r = bm_json_conf(o, arr, c, k, 0, 0, rows);
+            cJSON_AddBoolToObject(r, "at_max_rows", 1);
+            cJSON_AddNullToObject(r, "prefill_tokens_per_s");
+            if (res->max_oom[j]) {
+                cJSON_AddNullToObject(r, "decode_tokens_per_s");
+                cJSON_AddStringToObject(r, "error", "out of memory");
+            } else {
+                json_add_num(r, "decode_tokens_per_s", res->max_tg[j], 2);
+            }
+            json_add_num(r, "kv_bytes_per_token", res->max_bpt[j], 1);
+            cJSON_AddNumberToObject(r, "max_rows", rows);
+        }
 }
 
 /* The table's rows on tab and, with --json and rc 0, the JSON array on stdout; the exit
@@ -451,26 +563,31 @@ static void bm_json_row(const bm_opts *o, const bm_results *res, cJSON *arr, int
 static int bm_report(const bm_opts *o, const bm_results *res, FILE *tab, int rc) {
     cJSON *arr = cJSON_CreateArray();
     if (o->find_max) fprintf(tab, "%-8s %-10s %*s%12s %12s %14s %9s\n", "", "", o->dev ? 14 : 0, "", "", "", "", "max rows");
-    for (int c = 0; c < o->n_ctx && !rc; c++)
-        for (int k = 0; k < o->n_kv; k++)
-            for (int gi = 0; gi < o->n_gv; gi++)
-            for (int pi = 0; pi < o->n_pv; pi++) {
-                const int i = CONF(c, k, gi, pi), i0 = CONF(c, k, 1 - gi, pi), ip = CONF(c, k, gi, 1 - pi);
-                /* both measured: the graph row carries the ratio of its decode speed to the
-                 * kernel-by-kernel one's, the device-pick row the ratio to the host pick's
-                 * (same run, same rounds) */
-                const int both = o->n_gv == 2 && o->gv[gi] && !res->oom[i] && !res->oom[i0] && res->best_tg[i0] > 0;
-                const int both_p = o->n_pv == 2 && o->pv[pi] && !res->oom[i] && !res->oom[ip] && res->best_tg[ip] > 0;
-                fprintf(tab, "%-8d %-10s ", o->ctxs[c], o->kv_items[k]);
-                if (o->dev) fprintf(tab, "%6d %6s ", o->gv[gi], o->pv[pi] ? "device" : "host");
-                if (res->oom[i]) fprintf(tab, "%12s %12s %14s", "-", "oom", "-");
-                else fprintf(tab, "%12.1f %12.1f %14.1f", res->best_pp[i], res->best_tg[i], res->bpt[i]);
-                if (o->find_max) fprintf(tab, " %9d", res->maxr[c * 32 + k]);
-                if (both) fprintf(tab, "   graphs / no graphs: tg %.3fx", res->best_tg[i] / res->best_tg[i0]);
-                if (both_p) fprintf(tab, "   device / host pick: tg %.3fx", res->best_tg[i] / res->best_tg[ip]);
-                fputc('\n', tab);
-                bm_json_row(o, res, arr, c, k, gi, pi, both, both_p, i0, ip);
-            }
+    for (int ri = 0; ri < o->n_rows && !rc; ri++) {
+        if (o->n_rows > 1) fprintf(tab, "rows %d\n", o->rowv[ri]);
+        for (int c = 0; c < o->n_ctx; c++)
+            for (int k = 0; k < o->n_kv; k++)
+                for (int gi = 0; gi < o->n_gv; gi++)
+                for (int pi = 0; pi < o->n_pv; pi++) {
+                    const int i = CONF(ri, c, k, gi, pi), i0 = CONF(ri, c, k, 1 - gi, pi),
+                              ip = CONF(ri, c, k, gi, 1 - pi);
+                    /* both measured: the graph row carries the ratio of its decode speed to
+                     * the kernel-by-kernel one's, the device-pick row the ratio to the host
+                     * pick's (same run, same rounds) */
+                    const int both = o->n_gv == 2 && o->gv[gi] && !res->oom[i] && !res->oom[i0] && res->best_tg[i0] > 0;
+                    const int both_p = o->n_pv == 2 && o->pv[pi] && !res->oom[i] && !res->oom[ip] && res->best_tg[ip] > 0;
+                    fprintf(tab, "%-8d %-10s ", o->ctxs[c], o->kv_items[k]);
+                    if (o->dev) fprintf(tab, "%6d %6s ", o->gv[gi], o->pv[pi] ? "device" : "host");
+                    if (res->oom[i]) fprintf(tab, "%12s %12s %14s", "-", "oom", "-");
+                    else fprintf(tab, "%12.1f %12.1f %14.1f", res->best_pp[i], res->best_tg[i], res->bpt[i]);
+                    if (o->find_max) fprintf(tab, " %9d", res->maxr[c * 32 + k]);
+                    if (both) fprintf(tab, "   graphs / no graphs: tg %.3fx", res->best_tg[i] / res->best_tg[i0]);
+                    if (both_p) fprintf(tab, "   device / host pick: tg %.3fx", res->best_tg[i] / res->best_tg[ip]);
+                    fputc('\n', tab);
+                    bm_json_row(o, res, arr, ri, c, k, gi, pi, both, both_p, i0, ip);
+                }
+    }
+    if (o->at_max && !rc) bm_report_at_max(o, res, tab, arr);
     if (o->json && !rc) rc = json_print(stdout, arr, 0, "bench model") ? 1 : 0;
     else cJSON_Delete(arr);
     return rc;
@@ -493,10 +610,11 @@ int cmd_bench_model(int argc, char **argv) {
         return rc ? rc : 1;
     }
     const int V = tqkv_model_get_config(m)->vocab_size;
+    o.moe = tqkv_model_get_config(m)->n_moe_layers > 0;
     int max_ctx = 1;
     for (int i = 0; i < o.n_ctx; i++) max_ctx = o.ctxs[i] > max_ctx ? o.ctxs[i] : max_ctx;
-    int32_t *tok = malloc(sizeof(int32_t) * (size_t)max_ctx);   // [max_ctx]
-    float *logits = malloc(sizeof(float) * (size_t)V * o.rows); // [rows, vocab]
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)max_ctx);         // [max_ctx]
+    float *logits = malloc(sizeof(float) * (size_t)V * o.most_rows); // [rows, vocab]
     bm_results *res = calloc(1, sizeof *res);
     if (!tok || !logits || !res) {
         fprintf(stderr, "tqkv bench model: out of memory\n");
@@ -510,6 +628,7 @@ int cmd_bench_model(int argc, char **argv) {
     bm_warm_up(m, &base, tok, max_ctx, logits);
     rc = bm_measure_all(&o, m, &base, tok, logits, res);
     if (!rc && o.find_max) bm_find_max_rows(&o, m, &base, res);
+    if (!rc && o.at_max) rc = bm_measure_at_max(&o, m, &base, tok, &logits, res);
     rc = bm_report(&o, res, tab, rc);
 done:
     free(res);

@@ -269,6 +269,9 @@ tqkv_status mc_ensure_scratch(model_cuda *g, size_t T, size_t RN) {
         size_t kmax = H > AW ? H : AW;
         kmax = kmax > I ? kmax : I;
         kmax = kmax > P ? kmax : P; /* Gemma 4's per-layer projection */
+        const size_t MI = (size_t)c->moe_intermediate_size, MS = (size_t)c->moe_shared_intermediate_size;
+        kmax = kmax > MI ? kmax : MI; /* the experts' down projections */
+        kmax = kmax > MS ? kmax : MS; /* the shared expert's */
         if (!st) st = dmalloc(&g->xf, tqkv_cuda_gemm_xf_bytes(t, kmax));
         if (!st) st = pinned_alloc((void **)&g->h_rope, t * RW * 4);
         if (!st) st = pinned_alloc((void **)&g->h_tinfo, t * 3 * 4);

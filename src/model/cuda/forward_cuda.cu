@@ -464,6 +464,20 @@ void mc_swiglu_queue(const float *gu, int I, float *h, size_t T, cudaStream_t s)
     swiglu_kernel<<<dim3((unsigned)T, (unsigned)((I + 255) / 256)), 256, 0, s>>>(gu, I, h);
 }
 
+/* h = gelu_tanh(g) * u, gu [T, 2I] = gate | up. grid (T, ceil(I / 256)), block 256. */
+__global__ void geglu_kernel(const float *__restrict__ gu, int I, float *__restrict__ h) {
+    const size_t t = blockIdx.x;
+    const int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i >= I) return;
+    h[t * I + i] = __fmul_rn(mc_gelu_tanh(gu[t * 2 * I + i]), gu[t * 2 * I + I + i]);
+}
+
+/* h [T, I] = GeGLU (GELU-tanh) of gu [T, 2I] (gate | up), on stream s. */
+void mc_geglu_queue(const float *gu, int I, float *h, size_t T, cudaStream_t s) {
+    if (T == 0) return;
+    geglu_kernel<<<dim3((unsigned)T, (unsigned)((I + 255) / 256)), 256, 0, s>>>(gu, I, h);
+}
+
 /* Layer l's dense MLP: tmp [T, H] = down(SwiGLU(gate|up xn [T, H])), through gu / hh. */
 tqkv_status mc_ffn_dense(model_cuda *g, int l, int T) {
     const mc_layer *L = &g->w->layers[l];

@@ -2,7 +2,9 @@
  * gemm_cuda.cu - the GPU forward's batch-invariant tensor-core GEMM (see gemm_cuda.h for
  * the contract and the reduction order).
  * Owns: the activation kernel (f32 -> bf16 parts [parts, T, K]), the tiled mma kernel
- * (cp.async pipeline, swizzled shared memory, ldmatrix), its tile shapes and their pick.
+ * (cp.async pipeline, swizzled shared memory, ldmatrix) and its grouped launch (row groups
+ * of one split, each with its own matrix: the experts of an MoE layer; the same tile code),
+ * its tile shapes and their pick.
  * Must not: split K, fold partials, or let a tile shape change one output's arithmetic.
  *
  * Shapes. A CTA is WM x WN warps; a warp covers MT weight tiles of 16 rows (the mma's M)
@@ -93,11 +95,12 @@ template <int WM, int WN, int MT, int NT, int P, int ST> struct Tile {
 };
 
 /* One stage: W rows n0 .. n0 + BM and the tokens' parts t0 .. t0 + BN at k 64 kt .. 64 kt +
- * 63 into slot `st` (zeros past N, T or K). */
+ * 63 into slot `st` (zeros past N, T or K). Part p of token t is at xb + (p TS + t) K (TS:
+ * the split's row count; a grouped GEMM's xb starts at its group's first row). */
 template <class C, int P>
 __device__ __forceinline__ void gemm_load(uint32_t st, const uint16_t *__restrict__ w, int N,
-                                          const uint16_t *__restrict__ xb, int T, int K, int n0,
-                                          int t0, int kt) {
+                                          const uint16_t *__restrict__ xb, int T, int TS, int K,
+                                          int n0, int t0, int kt) {
     const int kc = K / 8;
 #pragma unroll
     for (int h = 0; h < C::WCP; h++) {
@@ -112,7 +115,7 @@ __device__ __forceinline__ void gemm_load(uint32_t st, const uint16_t *__restric
         for (int h = 0; h < C::XCP; h++) {
             const int q = threadIdx.x + C::THREADS * h, r = q >> 3, c = q & 7, t = t0 + r, kq = kt * 8 + c;
             const bool ok = t < T && kq < kc;
-            const uint16_t *src = xb + ((size_t)p * T + t) * K + 8 * kq;
+            const uint16_t *src = xb + ((size_t)p * TS + t) * K + 8 * kq;
             cp_async16(st + C::WBYTES + p * C::XBYTES + swz(r, c), ok ? (const void *)src : (const void *)xb,
                        ok ? 16u : 0u);
         }
@@ -157,18 +160,18 @@ __device__ __forceinline__ void gemm_stage(float (&acc)[MT][NT][4], uint32_t st,
     }
 }
 
-/* grid (ceil(T / BN), ceil(N / BM)), block THREADS, dynamic shared memory SMEM.
+/* One CTA's tile: weight rows n0 .. n0 + BM, tokens t0 .. t0 + BN of T (parts TS rows apart),
  * y[t * ldy + n] = acc (+ bias[n]). */
 template <int WM, int WN, int MT, int NT, int P, int ST>
-__global__ void __launch_bounds__(32 * WM * WN)
-gemm_kernel(const uint16_t *__restrict__ xb, int T, int K, const uint16_t *__restrict__ w, int N,
-            const float *__restrict__ bias, float *__restrict__ y, size_t ldy) {
+__device__ __forceinline__ void gemm_tile(const uint16_t *__restrict__ xb, int T, int TS, int K,
+                                          const uint16_t *__restrict__ w, int N,
+                                          const float *__restrict__ bias, float *__restrict__ y,
+                                          size_t ldy, int t0, int n0) {
     using C = Tile<WM, WN, MT, NT, P, ST>;
     extern __shared__ __align__(128) uint8_t sm[];
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int wrow = (warp % WM) * 16 * MT, wtok = (warp / WM) * 8 * NT;
-    const int t0 = blockIdx.x * C::BN, n0 = blockIdx.y * C::BM, nk = (K + 63) / 64;
+    const int wrow = (warp % WM) * 16 * MT, wtok = (warp / WM) * 8 * NT, nk = (K + 63) / 64;
     float acc[MT][NT][4];
 #pragma unroll
     for (int m = 0; m < MT; m++)
@@ -176,14 +179,14 @@ gemm_kernel(const uint16_t *__restrict__ xb, int T, int K, const uint16_t *__res
         for (int j = 0; j < NT; j++) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.f;
 #pragma unroll
     for (int s = 0; s < ST - 1; s++) {
-        if (s < nk) gemm_load<C, P>(sbase + s * C::STAGE, w, N, xb, T, K, n0, t0, s);
+        if (s < nk) gemm_load<C, P>(sbase + s * C::STAGE, w, N, xb, T, TS, K, n0, t0, s);
         cp_async_commit();
     }
     for (int kt = 0; kt < nk; kt++) {
         cp_async_wait<ST - 2>(); /* stage kt has landed (this thread's copies) */
         __syncthreads();         /* ... everyone's, and stage kt - 1's slot is free */
         const int nx = kt + ST - 1;
-        if (nx < nk) gemm_load<C, P>(sbase + (nx % ST) * C::STAGE, w, N, xb, T, K, n0, t0, nx);
+        if (nx < nk) gemm_load<C, P>(sbase + (nx % ST) * C::STAGE, w, N, xb, T, TS, K, n0, t0, nx);
         cp_async_commit();
         gemm_stage<C, MT, NT, P>(acc, sbase + (kt % ST) * C::STAGE, wrow, wtok, lane);
     }
@@ -199,6 +202,32 @@ gemm_kernel(const uint16_t *__restrict__ xb, int T, int K, const uint16_t *__res
                 const int t = t0 + wtok + 8 * j + 2 * c + (q & 1);
                 if (n < N && t < T) y[(size_t)t * ldy + n] = bias ? acc[m][j][q] + bias[n] : acc[m][j][q];
             }
+}
+
+/* grid (ceil(T / BN), ceil(N / BM)), block THREADS, dynamic shared memory SMEM. */
+template <int WM, int WN, int MT, int NT, int P, int ST>
+__global__ void __launch_bounds__(32 * WM * WN)
+gemm_kernel(const uint16_t *__restrict__ xb, int T, int K, const uint16_t *__restrict__ w, int N,
+            const float *__restrict__ bias, float *__restrict__ y, size_t ldy) {
+    using C = Tile<WM, WN, MT, NT, P, ST>;
+    gemm_tile<WM, WN, MT, NT, P, ST>(xb, T, T, K, w, N, bias, y, ldy, blockIdx.x * C::BN,
+                                     blockIdx.y * C::BM);
+}
+
+/* Grouped: grid (ceil(max rows / BN), ceil(N / BM), G); CTA z computes group z = {row0,
+ * rows, matrix, -}: y rows row0 .. row0 + rows from the split's same rows (TS rows per part)
+ * and matrix w + matrix wstride. A CTA past its group's rows returns at once (whole block). */
+template <int WM, int WN, int MT, int NT, int P, int ST>
+__global__ void __launch_bounds__(32 * WM * WN)
+gemm_grouped_kernel(const uint16_t *__restrict__ xb, int TS, int K, const uint16_t *__restrict__ w,
+                    size_t wstride, int N, float *__restrict__ y, size_t ldy,
+                    const int4 *__restrict__ groups) {
+    using C = Tile<WM, WN, MT, NT, P, ST>;
+    const int4 gr = groups[blockIdx.z];
+    const int t0 = blockIdx.x * C::BN;
+    if (t0 >= gr.y) return;
+    gemm_tile<WM, WN, MT, NT, P, ST>(xb + (size_t)gr.x * K, gr.y, TS, K, w + (size_t)gr.z * wstride,
+                                     N, nullptr, y + (size_t)gr.x * ldy, ldy, t0, blockIdx.y * C::BM);
 }
 
 // ---------------------------------------------------------------------------
@@ -223,6 +252,8 @@ static int g_sms = 132, g_force = -1, g_ok;
 template <int WM, int WN, int MT, int NT, int P, int ST> static bool shape_setup() {
     using C = Tile<WM, WN, MT, NT, P, ST>;
     return cudaFuncSetAttribute(gemm_kernel<WM, WN, MT, NT, P, ST>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM) == cudaSuccess &&
+           cudaFuncSetAttribute(gemm_grouped_kernel<WM, WN, MT, NT, P, ST>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM) == cudaSuccess;
 }
 
@@ -268,6 +299,17 @@ static void launch(cudaStream_t s, const uint16_t *xb, int T, int K, const uint1
     gemm_kernel<WM, WN, MT, NT, P, ST><<<grid, C::THREADS, C::SMEM, s>>>(xb, T, K, w, N, bias, y, ldy);
 }
 
+template <int WM, int WN, int MT, int NT, int P, int ST>
+static void launch_grouped(cudaStream_t s, const uint16_t *xb, int TS, int K, const uint16_t *w,
+                           size_t wstride, int N, float *y, size_t ldy, const int4 *groups, int G,
+                           int max_rows) {
+    using C = Tile<WM, WN, MT, NT, P, ST>;
+    const dim3 grid((unsigned)((max_rows + C::BN - 1) / C::BN), (unsigned)((N + C::BM - 1) / C::BM),
+                    (unsigned)G);
+    gemm_grouped_kernel<WM, WN, MT, NT, P, ST><<<grid, C::THREADS, C::SMEM, s>>>(xb, TS, K, w, wstride,
+                                                                               N, y, ldy, groups);
+}
+
 extern "C" size_t tqkv_cuda_gemm_xf_bytes(size_t T, size_t kmax) { return 2 * T * kmax * 2; }
 
 extern "C" const char *tqkv_cuda_gemm_tile(int T, int N, int parts) {
@@ -289,18 +331,54 @@ extern "C" tqkv_status tqkv_cuda_gemm_set_tile(const char *name) {
     return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm_set_tile: no tile shape '%s' (s8, s16, s32, s64, m, l, xl)", name);
 }
 
+/* Checks, the one-time setup and the activations' split of x [T, K] into xf; 0 or the failure. */
+static tqkv_status gemm_begin(const char *fn, const float *x, size_t ldx, int T, const void *w,
+                              int N, int K, const float *y, void *xf, int parts, cudaStream_t s) {
+    if (!x || !w || !y || !xf || T < 1 || N < 1 || K < 8 || K % 8 || (parts != 1 && parts != 2))
+        return tqkv_fail(TQKV_EINVAL, "%s: bad argument (T %d, N %d, K %d, parts %d)", fn, T, N,
+                         K, parts);
+    pthread_once(&g_once, gemm_init); /* before any launch */
+    if (!g_ok) return tqkv_fail(TQKV_EUNSUPPORTED, "CUDA: gemm: the device refused the tiles' shared memory");
+    const size_t n8 = (size_t)T * (size_t)(K / 8);
+    gemm_split_kernel<<<(unsigned)((n8 + 255) / 256), 256, 0, s>>>(x, ldx, T, K, parts, (uint4 *)xf);
+    return TQKV_OK;
+}
+
+static tqkv_status gemm_launched(void) {
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return tqkv_fail(TQKV_EUNSUPPORTED, "CUDA: gemm: %s", cudaGetErrorString(e));
+    return TQKV_OK;
+}
+
+extern "C" tqkv_status tqkv_cuda_gemm_grouped(const float *x, size_t ldx, int T, const uint16_t *w,
+                                              size_t wstride, int N, int K, float *y, size_t ldy,
+                                              const int32_t *groups, int G, int max_rows, void *xf,
+                                              int parts, void *stream) {
+    const cudaStream_t s = (cudaStream_t)stream;
+    if (!groups || G < 1 || max_rows < 1 || max_rows > T)
+        return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm_grouped: bad groups (G %d, max rows %d of %d)",
+                         G, max_rows, T);
+    const tqkv_status st = gemm_begin("tqkv_cuda_gemm_grouped", x, ldx, T, w, N, K, y, xf, parts, s);
+    if (st) return st;
+    const uint16_t *xb = (const uint16_t *)xf;
+    const int4 *gr = (const int4 *)groups;
+    const int sh = shape_pick(max_rows, N, parts);
+#define X(id, wm, wn, mt, nt, p, st)                                                                \
+    if (sh == id && parts == p) launch_grouped<wm, wn, mt, nt, p, st>(s, xb, T, K, w, wstride, N, y, ldy, gr, G, max_rows);
+    GEMM_SHAPES(X, 1)
+    GEMM_SHAPES(X, 2)
+    GEMM_SHAPES_P1(X)
+#undef X
+    return gemm_launched();
+}
+
 extern "C" tqkv_status tqkv_cuda_gemm(const float *x, size_t ldx, int T, const uint16_t *w, int N,
                                       int K, const float *bias, float *y, size_t ldy, void *xf,
                                       int parts, void *stream) {
-    if (!x || !w || !y || !xf || T < 1 || N < 1 || K < 8 || K % 8 || (parts != 1 && parts != 2))
-        return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm: bad argument (T %d, N %d, K %d, parts %d)",
-                         T, N, K, parts);
-    pthread_once(&g_once, gemm_init); /* before any launch */
-    if (!g_ok) return tqkv_fail(TQKV_EUNSUPPORTED, "CUDA: gemm: the device refused the tiles' shared memory");
     const cudaStream_t s = (cudaStream_t)stream;
+    const tqkv_status st0 = gemm_begin("tqkv_cuda_gemm", x, ldx, T, w, N, K, y, xf, parts, s);
+    if (st0) return st0;
     const uint16_t *xb = (const uint16_t *)xf;
-    const size_t n8 = (size_t)T * (size_t)(K / 8);
-    gemm_split_kernel<<<(unsigned)((n8 + 255) / 256), 256, 0, s>>>(x, ldx, T, K, parts, (uint4 *)xf);
     const int sh = shape_pick(T, N, parts);
 #define X(id, wm, wn, mt, nt, p, st)                                                                \
     if (sh == id && parts == p) launch<wm, wn, mt, nt, p, st>(s, xb, T, K, w, N, bias, y, ldy);
@@ -308,7 +386,5 @@ extern "C" tqkv_status tqkv_cuda_gemm(const float *x, size_t ldx, int T, const u
     GEMM_SHAPES(X, 2)
     GEMM_SHAPES_P1(X)
 #undef X
-    const cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return tqkv_fail(TQKV_EUNSUPPORTED, "CUDA: gemm: %s", cudaGetErrorString(e));
-    return TQKV_OK;
+    return gemm_launched();
 }

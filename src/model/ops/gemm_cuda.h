@@ -45,6 +45,17 @@ tqkv_status tqkv_cuda_gemm(const float *x, size_t ldx, int T, const uint16_t *w,
                            int K, const float *bias, float *y, size_t ldy, void *xf,
                            int parts, void *stream);
 
+/* G GEMMs over row groups of one x [T, K] (one split, one launch; the experts of a
+ * mixture-of-experts layer): group g, groups[4 g ..] = {row0, rows, matrix, unused} (device
+ * int32, 16-byte aligned), computes y[t * ldy + n] = sum_k x[t * ldx + k] w_g[n * K + k] for
+ * row0 <= t < row0 + rows, with w_g = w + matrix * wstride ([N, K] each); no bias. Every
+ * output's arithmetic is tqkv_cuda_gemm's (bitwise what G separate calls on the groups' rows
+ * give). max_rows: the most rows of a group (<= T, sizes the grid); xf sized for T rows. */
+tqkv_status tqkv_cuda_gemm_grouped(const float *x, size_t ldx, int T, const uint16_t *w,
+                                   size_t wstride, int N, int K, float *y, size_t ldy,
+                                   const int32_t *groups, int G, int max_rows, void *xf,
+                                   int parts, void *stream);
+
 /* The tile shape tqkv_cuda_gemm picks for T tokens, N outputs and `parts` ("s8" .. "s64",
  * "m", "l", "xl"; two parts take "l" for "xl"): for benchmarks and the tests' coverage. */
 const char *tqkv_cuda_gemm_tile(int T, int N, int parts);

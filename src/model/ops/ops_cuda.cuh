@@ -1,7 +1,7 @@
 /*
  * ops_cuda.cuh - device helpers shared by the model forward's kernels (forward_cuda.cu,
- * src/model/arch/gemma4/graph_cuda.cu): fixed-order block sums, the RMSNorm factor, and the warp-level
- * RoPE of one head. The device twins of ops.c's reductions: every sum has one fixed order
+ * src/model/arch/gemma4/graph_cuda.cu): fixed-order block sums, the RMSNorm factor, the warp-level
+ * RoPE of one head, GELU-tanh. The device twins of ops.c's reductions: every sum has one fixed order
  * and every rounding step is explicit, so that a row's result depends on nothing but its
  * own values (batch invariance) and matches the CPU's within float32 rounding.
  * Must not: hold state, allocate, or depend on the launch's grid size.
@@ -48,6 +48,14 @@ __device__ __forceinline__ void mc_warp_rope(float (&v)[NPL], float *w, const fl
     __syncwarp();
 #pragma unroll
     for (int i = 0; i < NPL; i++) v[i] = w[lane + 32 * i];
+}
+
+/* gelu_pytorch_tanh as the CPU computes it (src/model/arch/gemma4/graph.c, moe.c), operation
+ * for operation (no contraction); tanhf is CUDA's (within two ulp of libm's). */
+__device__ __forceinline__ float mc_gelu_tanh(float x) {
+    const float x3 = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, x), x), x);
+    const float inner = __fmul_rn(0.7978845608028654f, __fadd_rn(x, x3));
+    return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(inner)));
 }
 
 #endif

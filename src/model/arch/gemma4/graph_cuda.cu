@@ -8,7 +8,9 @@
  * scalar, GeGLU, the per-layer gate, the final logit softcap), the KV-shared layers'
  * reads of their donor's device cache (no copy), the sliding layers' window views (decode
  * attention over the newest `window` keys) and their bounded caches (the device form of
- * tqkv_batch_drop_oldest, after each forward outside a spec round).
+ * tqkv_batch_drop_oldest, after each forward outside a spec round), and the MoE block's
+ * inputs, norms and mix (enable_moe_block; its experts are the shared device experts,
+ * src/model/cuda/moe_cuda.h, so a MoE state's decode steps run kernel by kernel).
  * Must not: make a row's result depend on other rows (per-token kernels, the batch-
  * invariant GEMM and attention: nothing here is shared across rows); change the other
  * graphs' device forward (forward_cuda.cu).
@@ -34,6 +36,7 @@ extern "C" {
 }
 #include "cache/cache_cuda.h"
 #include "model/cuda/model_cuda_impl.h"
+#include "model/cuda/moe_cuda.h"
 #include "model/ops/ops_cuda.cuh"
 extern "C" {
 #include "model/arch/gemma4/gemma4.h"
@@ -48,6 +51,10 @@ typedef struct {
     bf16 *ple_gate;                         /* [P, H] */
     bf16 *ple_proj;                         /* [H, P] */
     float layer_scalar;
+    /* the MoE block (enable_moe_block), else NULL: the experts (moe_cuda.h), the router's
+     * input scale and the block's three norms, [H] each */
+    mc_moe_layer *moe;
+    float *router_scale, *pre_ffn_2, *post_ffn_1, *post_ffn_2;
 } g4_cuda_layer;
 
 struct g4_cuda_weights {
@@ -63,14 +70,37 @@ static void weights_free(void *p) {
     if (!w) return;
     for (int l = 0; w->layers && l < w->n_layers; l++) {
         g4_cuda_layer *X = &w->layers[l];
-        void *ps[] = {X->post_attn, X->post_ffn, X->post_ple, X->ple_gate, X->ple_proj};
+        void *ps[] = {X->post_attn,    X->post_ffn,  X->post_ple,   X->ple_gate,  X->ple_proj,
+                      X->router_scale, X->pre_ffn_2, X->post_ffn_1, X->post_ffn_2};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) cudaFree(ps[i]);
+        mc_moe_layer_free(X->moe);
     }
     free(w->layers);
     cudaFree(w->embed_ple);
     cudaFree(w->ple_model_proj);
     cudaFree(w->ple_norm);
     free(w);
+}
+
+/* The shape of Gemma 4's experts: GELU-tanh gated MLPs. */
+static moe_shape g4_moe_shape(const tqkv_model *m) {
+    moe_shape sh = moe_shape_of(&m->cfg);
+    sh.act = MOE_ACT_GELU_TANH;
+    return sh;
+}
+
+/* Layer SX's MoE block (router, experts, per-expert scale, its norms) into X. */
+static tqkv_status upload_moe(const tqkv_model *m, const g4_layer *SX, g4_cuda_layer *X) {
+    const int H = m->cfg.hidden_size;
+    const moe_shape sh = g4_moe_shape(m);
+    tqkv_status st = mc_moe_layer_upload(&SX->moe, &sh, &X->moe);
+    if (!st) st = mc_upload_vec(&X->router_scale, &SX->router_scale, &H, 1);
+    if (!st) st = mc_upload_vec(&X->pre_ffn_2, &SX->pre_ffn_norm_2, &H, 1);
+    if (!st) st = mc_upload_vec(&X->post_ffn_1, &SX->post_ffn_norm_1, &H, 1);
+    if (!st) st = mc_upload_vec(&X->post_ffn_2, &SX->post_ffn_norm_2, &H, 1);
+    if (!st && (!X->router_scale || !X->pre_ffn_2 || !X->post_ffn_1 || !X->post_ffn_2))
+        st = tqkv_fail(TQKV_EUNSUPPORTED, "cuda forward: a Gemma 4 MoE block lacks a norm weight");
+    return st;
 }
 
 /* Every layer's mc_layer (q|k|v stacked as the layer has them: q only on a KV-shared
@@ -117,6 +147,7 @@ extern "C" tqkv_status g4_cuda_upload(const tqkv_model *m, model_cuda_weights *w
             if (!st) st = mc_upload_vec(&X->post_ple, &pp, &H, 1);
         }
         X->layer_scalar = SX->layer_scalar;
+        if (!st && c->n_experts > 0) st = upload_moe(m, SX, X);
         if (!st && (!D->q_norm || (own && !D->k_norm) || !X->post_attn || !X->post_ffn ||
                     (P && !X->post_ple)))
             st = tqkv_fail(TQKV_EUNSUPPORTED, "cuda forward: Gemma 4 layer %d lacks a norm weight",
@@ -140,6 +171,11 @@ extern "C" tqkv_status g4_cuda_upload(const tqkv_model *m, model_cuda_weights *w
 
 struct g4_cuda_state {
     cuda_kv_slide *slide; /* the sliding layers' window views and drops (one at a time) */
+    /* the MoE block (enable_moe_block): the experts' scratch, and for moe_cap tokens the
+     * router's input xr, the experts' input x2 and their output h2, [T, H] each */
+    mc_moe_state *moe;
+    size_t moe_cap;
+    float *xr, *x2, *h2;
 };
 
 static inline g4_cuda_state *g4s(const model_cuda *g) { return (g4_cuda_state *)g->arch; }
@@ -149,6 +185,10 @@ extern "C" void g4_cuda_state_free(model_cuda *g) {
     if (!S) return;
     if (g->stream) cudaStreamSynchronize(g->stream);
     tqkv_cuda_slide_free(S->slide);
+    mc_moe_state_free(g, &S->moe);
+    cudaFree(S->xr);
+    cudaFree(S->x2);
+    cudaFree(S->h2);
     free(S);
     g->arch = NULL;
 }
@@ -159,6 +199,21 @@ static int first_sliding(const model_cuda *g) {
     for (int l = 0; l < c->n_layers; l++)
         if (c->sliding[l] && g->kv[l]) return l;
     return -1;
+}
+
+/* The MoE block's buffers for the g->cap_t tokens of the common scratch (graphs off). */
+static tqkv_status prepare_moe(model_cuda *g, g4_cuda_state *S) {
+    const moe_shape sh = g4_moe_shape(g->m);
+    tqkv_status st = mc_moe_reserve(g, &sh, &S->moe);
+    const size_t T = g->cap_t, bytes = T * (size_t)g->m->cfg.hidden_size * 4;
+    if (st || T <= S->moe_cap) return st;
+    size_t cap = 0;
+    S->moe_cap = 0;
+    st = mc_regrow(g, (void **)&S->xr, 0, bytes, &cap, T);
+    if (!st) st = mc_regrow(g, (void **)&S->x2, 0, bytes, &cap, T);
+    if (!st) st = mc_regrow(g, (void **)&S->h2, 0, bytes, &cap, T);
+    if (!st) S->moe_cap = T;
+    return st;
 }
 
 /* Buffers for g->rows rows, made before any capture (a new set bumps the generation). */
@@ -173,6 +228,10 @@ extern "C" tqkv_status g4_cuda_prepare(model_cuda *g) {
         }
         g->arch = S;
     }
+    if (g->m->cfg.n_experts > 0) {
+        const tqkv_status sm = prepare_moe(g, g4s(g));
+        if (sm) return sm;
+    }
     const int ls = first_sliding(g);
     if (ls < 0) return TQKV_OK;
     int moved = 0;
@@ -184,13 +243,6 @@ extern "C" tqkv_status g4_cuda_prepare(model_cuda *g) {
 // ---------------------------------------------------------------------------
 // kernels
 // ---------------------------------------------------------------------------
-
-/* src/model/arch/gemma4/graph.c's gelu_tanh, operation for operation (no contraction). */
-__device__ __forceinline__ float g4_gelu(float x) {
-    const float x3 = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, x), x), x);
-    const float inner = __fmul_rn(0.7978845608028654f, __fadd_rn(x, x3));
-    return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(inner)));
-}
 
 /* x[t, :] = embed[token] * escale. grid T, block 128. */
 __global__ void g4_embed_kernel(const int32_t *__restrict__ tinfo, const bf16 *__restrict__ e,
@@ -228,9 +280,10 @@ __global__ void g4_ple_kernel(float *__restrict__ ple, const int32_t *__restrict
     }
 }
 
-/* out[t] = w * (x[t] * r) (RMSNorm, the CPU's formula). grid T, block 128. */
+/* out[t] = w * (x[t] * r) (RMSNorm, the CPU's formula), then times post when post != 1 (the
+ * MoE router's input scale, rounded after the norm as graph.c does). grid T, block 128. */
 __global__ void g4_rmsnorm_kernel(const float *__restrict__ x, const float *__restrict__ w,
-                                  float eps, int H, float *__restrict__ out) {
+                                  float eps, int H, float post, float *__restrict__ out) {
     __shared__ double sh[4];
     const size_t t = blockIdx.x;
     const float *xr = x + t * H;
@@ -238,8 +291,32 @@ __global__ void g4_rmsnorm_kernel(const float *__restrict__ x, const float *__re
     for (int i = threadIdx.x; i < H; i += blockDim.x) s += (double)xr[i] * xr[i];
     s = mc_block_sum128(s, sh);
     const float r = mc_rms_r(s, H, eps);
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+        const float v = __fmul_rn(w[i], __fmul_rn(xr[i], r));
+        out[t * H + i] = post != 1.0f ? __fmul_rn(v, post) : v;
+    }
+}
+
+/* The MLP and experts' outputs mixed in place: o = rmsnorm(o, w1) + rmsnorm(h2, w2), o and
+ * h2 [T, H] (graph.c's order). grid T, block 128. */
+__global__ void g4_moe_mix_kernel(float *__restrict__ o, const float *__restrict__ h2,
+                                  const float *__restrict__ w1, const float *__restrict__ w2,
+                                  float eps, int H) {
+    __shared__ double sh[4];
+    const size_t t = blockIdx.x;
+    float *ot = o + t * H;
+    const float *ht = h2 + t * H;
+    double s1 = 0, s2 = 0;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+        s1 += (double)ot[i] * ot[i];
+        s2 += (double)ht[i] * ht[i];
+    }
+    s1 = mc_block_sum128(s1, sh);
+    s2 = mc_block_sum128(s2, sh);
+    const float r1 = mc_rms_r(s1, H, eps), r2 = mc_rms_r(s2, H, eps);
     for (int i = threadIdx.x; i < H; i += blockDim.x)
-        out[t * H + i] = __fmul_rn(w[i], __fmul_rn(xr[i], r));
+        ot[i] = __fadd_rn(__fmul_rn(w1[i], __fmul_rn(ot[i], r1)),
+                          __fmul_rn(w2[i], __fmul_rn(ht[i], r2)));
 }
 
 /* The end of a block: o = rmsnorm(o, wpost); x += o; x *= ls (when ls != 1); then, with
@@ -329,20 +406,12 @@ __global__ void g4_gather_kernel(const float *__restrict__ ob, const int32_t *__
     }
 }
 
-/* h = gelu_tanh(g) * u, gu [T, 2I] = gate | up. grid (T, ceil(I / 256)), block 256. */
-__global__ void g4_geglu_kernel(const float *__restrict__ gu, int I, float *__restrict__ h) {
-    const size_t t = blockIdx.x;
-    const int i = blockIdx.y * blockDim.x + threadIdx.x;
-    if (i >= I) return;
-    h[t * I + i] = __fmul_rn(g4_gelu(gu[t * 2 * I + i]), gu[t * 2 * I + I + i]);
-}
-
 /* pg[t, e] = gelu_tanh(pg[t, e]) * ple[t, l P + e]. grid T, block 128. */
 __global__ void g4_ple_gate_kernel(float *__restrict__ pg, const float *__restrict__ ple, int P,
                                    size_t LP, int l) {
     const size_t t = blockIdx.x;
     for (int e = threadIdx.x; e < P; e += blockDim.x)
-        pg[t * P + e] = __fmul_rn(g4_gelu(pg[t * P + e]), ple[t * LP + (size_t)l * P + e]);
+        pg[t * P + e] = __fmul_rn(mc_gelu_tanh(pg[t * P + e]), ple[t * LP + (size_t)l * P + e]);
 }
 
 /* logits = tanh(logits / cap) * cap over n floats. */
@@ -447,6 +516,7 @@ extern "C" tqkv_status g4_cuda_forward_queue(model_cuda *g, int n, int as_decode
     const size_t T = (size_t)R * n, LP = (size_t)NL * P;
     const float eps = c->rms_norm_eps;
     const cudaStream_t s = g->stream;
+    const moe_shape msh = g4_moe_shape(m);
     *done = 0;
     if (!g->arch) return tqkv_fail(TQKV_ESTATE, "cuda forward: Gemma 4 buffers not prepared");
     tqkv_status st =
@@ -467,7 +537,8 @@ extern "C" tqkv_status g4_cuda_forward_queue(model_cuda *g, int n, int as_decode
             g->ple, g->tinfo, (int)T, NL, P, X->embed_ple, X->ple_norm, eps, 1.0f / sqrtf((float)H),
             sqrtf((float)P), 1.0f / sqrtf(2.0f));
     }
-    g4_rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->w->layers[0].attn_norm, eps, H, g->xn);
+    g4_rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->w->layers[0].attn_norm, eps, H, 1.0f,
+                                                  g->xn);
     for (int l = 0; l < NL && !st; l++) {
         const mc_layer *L = &g->w->layers[l];
         const g4_cuda_layer *XL = &X->layers[l];
@@ -508,13 +579,25 @@ extern "C" tqkv_status g4_cuda_forward_queue(model_cuda *g, int n, int as_decode
         /* x += post_attn_norm(o); xn = pre_ffn_norm(x) */
         g4_residual_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, XL->post_attn, eps, H, 1.0f,
                                                        L->ffn_norm, g->xn);
-        // ---- MLP block (GeGLU)
+        // ---- MoE block beside the MLP: h2 = experts(x2) routed on xr
+        g4_cuda_state *GS = g4s(g);
+        if (XL->moe) {
+            /* xr = rmsnorm(x) * router.scale * H^-1/2, x2 = rmsnorm_pre_ffn_2(x) */
+            g4_rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, XL->router_scale, eps, H,
+                                                          1.0f / sqrtf((float)H), GS->xr);
+            g4_rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, XL->pre_ffn_2, eps, H, 1.0f, GS->x2);
+            st = mc_moe_queue(g, XL->moe, &msh, GS->moe, GS->xr, GS->x2, GS->h2, (int)T);
+            if (st) break;
+        }
+        // ---- MLP block (GeGLU); with the MoE block f = post_1(f) + post_2(h2)
         st = mc_gemm(g, g->xn, H, (int)T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I);
         if (st) break;
-        g4_geglu_kernel<<<dim3((unsigned)T, (unsigned)((I + 255) / 256)), 256, 0, s>>>(g->gu, I,
-                                                                                       g->hh);
+        mc_geglu_queue(g->gu, I, g->hh, T, s);
         st = mc_gemm(g, g->hh, I, (int)T, L->wd, H, I, NULL, g->tmp, H);
         if (st) break;
+        if (XL->moe)
+            g4_moe_mix_kernel<<<(unsigned)T, 128, 0, s>>>(g->tmp, GS->h2, XL->post_ffn_1,
+                                                          XL->post_ffn_2, eps, H);
         const float *nw = l + 1 < NL ? g->w->layers[l + 1].attn_norm : g->w->final_norm;
         if (!P) { /* x += post_ffn_norm(f); x *= layer_scalar; xn = the next block's norm */
             g4_residual_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, XL->post_ffn, eps, H,
@@ -563,9 +646,10 @@ extern "C" tqkv_status g4_cuda_forward_queue(model_cuda *g, int n, int as_decode
 extern "C" tqkv_status g4_cuda_check(const tqkv_model *m) {
     const tqkv_model_config *c = &m->cfg;
     const g4_config *g4 = &gemma4_of(m)->cfg;
-    if (c->n_experts > 0)
-        return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: Gemma 4 with MoE blocks "
-                         "(enable_moe_block) runs on the CPU only");
+    if (c->n_experts > 0) { /* the MoE blocks' expert shapes */
+        const tqkv_status rc = mc_moe_check(m);
+        if (rc) return rc;
+    }
     for (int l = 0; l < c->n_layers; l++) {
         if (g4->head_dim[l] != CUDA_DIM && g4->head_dim[l] != CUDA_DIM_WIDE)
             return tqkv_fail(TQKV_EUNSUPPORTED,

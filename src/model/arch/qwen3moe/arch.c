@@ -2,17 +2,22 @@
  * arch.c - Qwen3-MoE's entry in the architecture interface (arch.h): every layer a full
  * attention KV layer (the common geometry), the Llama family's deferred kernel set, a
  * per-state experts scratch; on the GPU the common device graph with the experts' own
- * feed-forward hook (graph_cuda.cu).
+ * feed-forward hook (the shared device experts, src/model/cuda/moe_cuda.h).
  */
 #include "model/arch/qwen3moe/qwen3moe.h"
+#include "model/cuda/moe_cuda.h"
 
 #ifdef TQKV_HAVE_CUDA
+static tqkv_status cuda_upload(const tqkv_model *m, struct model_cuda_weights *w) {
+    return mc_moe_upload_layers(m, qwen3moe_of(m)->layers, w);
+}
+
 static const model_arch_cuda_ops cuda_ops = {
-    .check = q3m_cuda_check,
-    .prepare = q3m_cuda_prepare,
-    .state_free = q3m_cuda_state_free,
-    .ffn_upload = q3m_cuda_upload,
-    .ffn = q3m_cuda_ffn,
+    .check = mc_moe_check,
+    .prepare = mc_moe_prepare,
+    .state_free = mc_moe_free,
+    .ffn_upload = cuda_upload,
+    .ffn = mc_moe_ffn,
 };
 #endif
 

@@ -34,12 +34,4 @@ tqkv_status qwen3moe_forward(const tqkv_model *m, tqkv_model_state *s, const int
                              const int *lengths, int n, int prefill, tqkv_logits_mode mode,
                              float *logits);
 
-/* graph_cuda.cu (CUDA builds): the device hooks of model_arch_qwen3moe (arch.h): the
- * experts' upload, a state's experts scratch, the feed-forward of every layer. */
-tqkv_status q3m_cuda_check(const tqkv_model *m);
-tqkv_status q3m_cuda_upload(const tqkv_model *m, struct model_cuda_weights *w);
-tqkv_status q3m_cuda_prepare(struct model_cuda *g);
-void        q3m_cuda_state_free(struct model_cuda *g);
-tqkv_status q3m_cuda_ffn(struct model_cuda *g, int l, int T);
-
 #endif

@@ -1,0 +1,70 @@
+/*
+ * moe_cuda.h - the routed-experts feed-forward on the device (moe_cuda.cu), shared by the
+ * mixture-of-experts graphs (issue 24): the GPU twin of src/model/ops/moe.h's moe_experts
+ * (router, top-k with the checkpoint's normalisation and per-expert scale, the experts'
+ * gated MLPs with SiLU or GELU-tanh, the shared expert and its sigmoid gate).
+ * Owns: one sparse layer's device weights (mc_moe_layer), a state's experts scratch
+ * (mc_moe_state), and ready-made hooks (arch.h's model_arch_cuda_ops) for graphs whose
+ * experts are a `moe_layer` array the common device graph runs through its `ffn` hook
+ * (Qwen3-MoE, Qwen 3.5 MoE). Plain C declarations with opaque types: the arch.c files
+ * (C) point their hooks here; a graph with its own forward queue (Gemma 4) calls the layer
+ * functions itself.
+ * Must not: know which graph calls it, or let a token's output depend on the other tokens
+ *   of the call (moe_cuda.cu says how).
+ */
+#ifndef TQKV_MODEL_MOE_CUDA_H
+#define TQKV_MODEL_MOE_CUDA_H
+
+#include "model/ops/moe.h"
+#include "tqkv_model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct model_cuda;
+struct model_cuda_weights;
+typedef struct mc_moe_layer mc_moe_layer; /* one sparse layer's device weights */
+typedef struct mc_moe_state mc_moe_state; /* a state's experts scratch */
+
+/* --- one sparse layer, for graphs with their own forward queue ------------------------ */
+
+/* A refusal (TQKV_EUNSUPPORTED, with a message) of expert shapes the device cannot run. */
+tqkv_status mc_moe_check(const tqkv_model *m);
+/* Sparse layer X of shape sh onto the device (*out NULL on failure, nothing left over).
+ * The host layer's expert_scale is kept by pointer: the routing runs on the host. */
+tqkv_status mc_moe_layer_upload(const moe_layer *X, const moe_shape *sh, mc_moe_layer **out);
+void        mc_moe_layer_free(mc_moe_layer *D);
+/* *x holds the scratch for g's cap_t tokens (made or grown; NULL before the first call)
+ * and turns g's decode graphs off (the routing waits on the host inside a step). */
+tqkv_status mc_moe_reserve(struct model_cuda *g, const moe_shape *sh, mc_moe_state **x);
+/* Frees *x (waits for g's stream) and sets it NULL. */
+void        mc_moe_state_free(struct model_cuda *g, mc_moe_state **x);
+/* out [T, H] = the layer's experts of xn [T, H] routed on xr [T, H] (xr may be xn), queued
+ * on g's stream; the host waits once for the router's logits. T <= the reserved tokens. */
+tqkv_status mc_moe_queue(struct model_cuda *g, const mc_moe_layer *D, const moe_shape *sh,
+                         mc_moe_state *x, const float *xr, const float *xn, float *out, int T);
+
+/* The experts' GEMMs as one grouped launch per projection (1, the default unless the
+ * environment has TQKV_MOE_GROUPED=0) or one tqkv_cuda_gemm per expert (0): the same bits.
+ * For tests and A/B runs; not while a forward runs on another thread. */
+void        mc_moe_set_grouped(int on);
+
+/* --- hooks for a `moe_layer` array behind the common device graph --------------------- */
+
+/* ffn_upload: the sparse layers (cfg.layer_moe) of `layers` [n_layers], SiLU experts, into
+ * w->arch. An arch.c wraps it with its own array. */
+tqkv_status mc_moe_upload_layers(const tqkv_model *m, const moe_layer *layers,
+                                 struct model_cuda_weights *w);
+/* prepare / state_free: the state's scratch in g->arch */
+tqkv_status mc_moe_prepare(struct model_cuda *g);
+void        mc_moe_free(struct model_cuda *g);
+/* ffn: layer l of g->xn [T, H] into g->tmp: the experts on a sparse layer, mc_ffn_dense
+ * on the others */
+tqkv_status mc_moe_ffn(struct model_cuda *g, int l, int T);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
