@@ -157,6 +157,7 @@ static void engine_release(tqkv_engine *e) {
     free(e->pre);
     free(e->logits);
     free(e->picktmp);
+    free(e->picks);
     free(e->dlogits);
     free(e->tmp);
     free(e->tokbuf);

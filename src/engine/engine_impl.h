@@ -146,6 +146,8 @@ struct tqkv_engine {
     size_t                  cap_logits, cap_dlogits;
     float                  *picktmp;      /* [rows, V] the picks' scratch (engine_step_decode) */
     size_t                  cap_picktmp;
+    struct eng_pick        *picks;        /* [rows] the picks' results (engine_step_decode) */
+    size_t                  cap_picks;
     int32_t                *tokbuf;
     size_t                  cap_tok;
     tqkv_sampler          **smpbuf;       /* [cap_smp] each row's sampler for a decode pick */
@@ -170,6 +172,13 @@ typedef struct {
     int32_t top_ids[TQKV_MAX_TOP_LOGPROBS];
     float   top_lp[TQKV_MAX_TOP_LOGPROBS];
 } tok_info;
+
+/* One row's pick in a raw-logits decode step (engine_step_decode). */
+typedef struct eng_pick {
+    int32_t     tok;
+    tqkv_status rc;
+    tok_info    ti;
+} eng_pick;
 
 /* Final event with no token (cancel, error); nothing when q already finished. */
 void        req_finish_plain(tqkv_engine *e, eng_req *q, tqkv_finish_reason fin, const char *err);

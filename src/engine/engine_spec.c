@@ -70,9 +70,6 @@ static tqkv_status step_decode_pick(tqkv_engine *e) {
  * its own sampler and scratch, so the picks are those of a loop in row order. */
 typedef struct {
     tqkv_engine *e;
-    int32_t *tok;       // [R]
-    tok_info *ti;       // [R]
-    tqkv_status *rc;    // [R]
     float *tmp;         // [R, V]
     int V;
 } pick_job;
@@ -80,10 +77,19 @@ typedef struct {
 static void pick_row(void *arg, size_t i) {
     const pick_job *j = arg;
     eng_req *q = j->e->rows[i];
-    j->rc[i] = TQKV_OK;
+    eng_pick *pk = &j->e->picks[i];
+    pk->rc = TQKV_OK;
     if (q->finished || q->cancel) return;
-    j->rc[i] = req_pick_with(j->e, q, j->e->logits + i * j->V, j->tmp + i * j->V, &j->tok[i],
-                             &j->ti[i]);
+    pk->rc = req_pick_with(j->e, q, j->e->logits + i * j->V, j->tmp + i * j->V, &pk->tok, &pk->ti);
+}
+
+static int ensure_picks(tqkv_engine *e, size_t n) {
+    if (e->cap_picks >= n) return 1;
+    eng_pick *p = realloc(e->picks, sizeof(eng_pick) * n);
+    if (!p) return 0;
+    e->picks = p;
+    e->cap_picks = n;
+    return 1;
 }
 
 /* Plain decode step over all running rows: decode-and-pick unless a row asked for
@@ -97,37 +103,29 @@ tqkv_status engine_step_decode(tqkv_engine *e) {
         raw = !e->rows[i]->finished && !e->rows[i]->cancel && e->rows[i]->top_logprobs >= 0;
     if (!raw) return step_decode_pick(e);
     if (!engine_grow_floats(&e->logits, &e->cap_logits, (size_t)R * V) || !ensure_tok(e, (size_t)R) ||
-        !engine_grow_floats(&e->picktmp, &e->cap_picktmp, (size_t)R * V))
+        !engine_grow_floats(&e->picktmp, &e->cap_picktmp, (size_t)R * V) || !ensure_picks(e, (size_t)R))
         return tqkv_fail(TQKV_ENOMEM, "engine: out of memory");
-    tok_info *ti = malloc(sizeof(tok_info) * (size_t)R);
-    tqkv_status *prc = malloc(sizeof(tqkv_status) * (size_t)R);
-    int32_t *tok = malloc(sizeof(int32_t) * (size_t)R);
-    if (!ti || !prc || !tok) {
-        free(ti), free(prc), free(tok);
-        return tqkv_fail(TQKV_ENOMEM, "engine: out of memory");
-    }
     for (int i = 0; i < R; i++) e->tokbuf[i] = e->rows[i]->last;
     tqkv_status rc = tqkv_model_decode(e->m, e->run, e->tokbuf, e->logits);
     if (rc == TQKV_OK && e->drun) rc = tqkv_model_decode(e->dm, e->drun, e->tokbuf, NULL);
-    if (rc == TQKV_OK) {
-        /* constrained rows share their schema's mask cache: then one thread picks */
-        int shared = 0;
-        for (int i = 0; i < R; i++) shared |= e->rows[i]->js != NULL;
-        pick_job j = {e, tok, ti, prc, e->picktmp, V};
-        pool_for_each(shared ? 1 : e->p.threads, (size_t)R, 2, pick_row, &j);
-    }
-    for (int i = 0; i < R && rc == TQKV_OK; i++) {
+    if (rc != TQKV_OK) return rc;
+    /* constrained rows share their schema's mask cache: then one thread picks */
+    int shared = 0;
+    for (int i = 0; i < R; i++) shared |= e->rows[i]->js != NULL;
+    pick_job j = {e, e->picktmp, V};
+    pool_for_each(shared ? 1 : e->p.threads, (size_t)R, 2, pick_row, &j);
+    for (int i = 0; i < R; i++) {
         eng_req *q = e->rows[i];
+        eng_pick *pk = &e->picks[i];
         if (q->finished || q->cancel) continue;
         /* a refused row is picked again here, for its message (this thread's error slot) */
-        if (prc[i] != TQKV_OK && req_pick(e, q, e->logits + (size_t)i * V, &tok[i], &ti[i]) != TQKV_OK) {
+        if (pk->rc != TQKV_OK && req_pick(e, q, e->logits + (size_t)i * V, &pk->tok, &pk->ti) != TQKV_OK) {
             req_finish_plain(e, q, TQKV_FINISH_ERROR, tqkv_last_error());
             continue;
         }
-        req_take(e, q, tok[i], &ti[i]);
+        req_take(e, q, pk->tok, &pk->ti);
     }
-    free(ti), free(prc), free(tok);
-    return rc;
+    return TQKV_OK;
 }
 
 /* Speculative round: the draft proposes K tokens per row (greedy), the target checks
