@@ -70,13 +70,17 @@ int engine_grow_ptrs(void ***a, int *cap, int need) {
     return 1;
 }
 
-int engine_grow_floats(float **a, size_t *cap, size_t need) {
+int engine_grow(void **a, size_t *cap, size_t need, size_t size) {
     if (need <= *cap) return 1;
-    float *n = realloc(*a, sizeof(float) * need);
+    void *n = realloc(*a, size * need);
     if (!n) return 0;
     *a = n;
     *cap = need;
     return 1;
+}
+
+int engine_grow_floats(float **a, size_t *cap, size_t need) {
+    return engine_grow((void **)a, cap, need, sizeof(float));
 }
 
 static size_t default_budget(void) {

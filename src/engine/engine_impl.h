@@ -223,6 +223,8 @@ tqkv_status engine_step_spec(tqkv_engine *e);
 
 double engine_now(void);
 /* Grow *a [*cap] to at least need floats (contents kept); 0 when out of memory. */
+/* *a (room for *cap elements of size bytes) grown to hold need; 0 without memory (*a kept). */
+int    engine_grow(void **a, size_t *cap, size_t need, size_t size);
 int    engine_grow_floats(float **a, size_t *cap, size_t need);
 
 #endif

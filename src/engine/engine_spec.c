@@ -17,21 +17,11 @@
 // ---------------------------------------------------------------------------
 
 static int ensure_tok(tqkv_engine *e, size_t n) {
-    if (e->cap_tok >= n) return 1;
-    int32_t *t = realloc(e->tokbuf, sizeof(int32_t) * n);
-    if (!t) return 0;
-    e->tokbuf = t;
-    e->cap_tok = n;
-    return 1;
+    return engine_grow((void **)&e->tokbuf, &e->cap_tok, n, sizeof(int32_t));
 }
 
 static int ensure_smp(tqkv_engine *e, size_t n) {
-    if (e->cap_smp >= n) return 1;
-    tqkv_sampler **s = realloc(e->smpbuf, sizeof(tqkv_sampler *) * n);
-    if (!s) return 0;
-    e->smpbuf = s;
-    e->cap_smp = n;
-    return 1;
+    return engine_grow((void **)&e->smpbuf, &e->cap_smp, n, sizeof(tqkv_sampler *));
 }
 
 /* Decode step whose rows need no raw logits: tqkv_model_decode_pick (on a device state the
@@ -84,12 +74,7 @@ static void pick_row(void *arg, size_t i) {
 }
 
 static int ensure_picks(tqkv_engine *e, size_t n) {
-    if (e->cap_picks >= n) return 1;
-    eng_pick *p = realloc(e->picks, sizeof(eng_pick) * n);
-    if (!p) return 0;
-    e->picks = p;
-    e->cap_picks = n;
-    return 1;
+    return engine_grow((void **)&e->picks, &e->cap_picks, n, sizeof(eng_pick));
 }
 
 /* Plain decode step over all running rows: decode-and-pick unless a row asked for
