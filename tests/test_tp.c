@@ -226,9 +226,11 @@ static void test_sharded_vs_unsharded(void **state) {
     int32_t prompt[N_PROMPT];
     for (int i = 0; i < N_PROMPT; i++) prompt[i] = rng_int(&rg, 3, V - 1);
     const tqkv_format kvs[] = {TQKV_F32, TQKV_TQ4};
-    /* f32 KV: float32 reassociation only (measured ~1e-6); tq4: the same, plus the rare
-     * key whose code flips on such a difference */
-    const double bound[] = {1e-5, 1e-3};
+    /* f32 KV: float32 reassociation only (measured ~1e-6), the bound that catches a
+     * sharding error; tq4: the same, plus keys whose code flips on such a difference:
+     * measured 2e-7 .. 1.5e-3 over random prompts (seed 1796509375660599 gives 1.5e-3 at
+     * tp 4), hence 1e-2; greedy tokens must still be identical */
+    const double bound[] = {1e-5, 1e-2};
     float *ref = malloc(sizeof(float) * N_PROMPT * (size_t)V), *got = malloc(sizeof(float) * N_PROMPT * (size_t)V);
     for (int k = 0; k < 2; k++) {
         int32_t tref[STEPS], tgot[STEPS];
