@@ -29,9 +29,10 @@
  *    row's single decodes bit for bit;
  *  - the experts' GEMMs as one grouped launch give the bits of one GEMM per expert
  *    (every checkpoint above; TQKV_MOE_GROUPED=0 runs the per-expert path);
- *  - a state with sparse layers runs its decode steps kernel by kernel (graphs off, the
- *    routing reads the router on the host), and a device init of the head_dim 32 golden is
- *    refused with a message.
+ *  - the routing runs on the device, so decode steps replay as CUDA graphs: a graph twin
+ *    and a kernel-by-kernel twin give the same logits bit for bit (decode at 1 and 3 rows,
+ *    the grouped GEMMs sized by bounds there); the per-expert path turns graphs off;
+ *  - a device init of the head_dim 32 golden is refused with a message.
  * The checkpoints live in temporary directories removed at the end.
  * Exits 77 (skipped) when the build has no CUDA or no GPU is present. The same cases ran on
  * the CPU (the device states mapped to CPU states, f16 KV standing in for the bf16 device
@@ -449,10 +450,11 @@ static void parity(int ck, tqkv_format f, double tol_med, double tol_worst) {
     const int want[R] = {N + STEPS, N + STEPS, N + STEPS};
     expect_offsets(sg, want, "device after decode");
     expect_offsets(sc, want, "CPU after decode");
-    /* the routing waits on the host: no CUDA graphs for this state (docs/CUDA.md) */
+    /* the routing runs on the device: the decode steps ran as CUDA graphs */
     const model_cuda_graph_stats gs = graph_stats(sg);
-    assert_int_equal(gs.enabled, 0);
-    assert_int_equal(gs.captures + gs.replays, 0);
+    if (getenv("TQKV_CUDA_GRAPHS") == NULL && (!gs.enabled || gs.replays == 0))
+        fail_msg("%s: the decode steps did not replay as CUDA graphs (enabled %d, %llu replays)",
+                 what, gs.enabled, (unsigned long long)gs.replays);
     tqkv_model_state_free(sg);
     tqkv_model_state_free(sc);
     free(lg);
@@ -565,8 +567,10 @@ static void grouped(int ck, tqkv_format f) {
  * each with its own matrix of 5, under every tile shape and both activation precisions,
  * bitwise equal to one tqkv_cuda_gemm per group on the same rows and matrix. */
 static void gemm_grouped_case(int parts) {
-    enum { P = 300, K = 256, N = 96, E = 5, G = 4 };
-    static const int32_t grp[G * 4] = {0, 1, 3, 0, 1, 70, 0, 0, 71, 129, 4, 0, 200, 100, 1, 0};
+    enum { P = 300, K = 256, N = 96, E = 5, G = 5 };
+    /* the last group has no rows (the decode bound's padding): it must write nothing */
+    static const int32_t grp[G * 4] = {0, 1, 3, 0, 1, 70, 0, 0, 71, 129, 4, 0, 200, 100, 1, 0,
+                                       0, 0, 2, 0};
     static const char *const tiles[] = {"s8", "s16", "s32", "s64", "m", "l", "xl"};
     test_rng r;
     rng_init(&r, g_seed ^ 0x9e0 ^ (uint64_t)parts);
@@ -611,8 +615,8 @@ static void gemm_grouped_case(int parts) {
     }
     OK(tqkv_cuda_gemm_set_tile(NULL));
     assert_true(memcmp(ya, ya + N, sizeof(float) * N) != 0); /* rows do differ */
-    printf("gemm grouped, parts %d: tiles s8 .. xl, 4 groups of 1 .. 129 rows == one GEMM per "
-           "group, bitwise\n", parts);
+    printf("gemm grouped, parts %d: tiles s8 .. xl, 4 groups of 1 .. 129 rows and an empty one "
+           "== one GEMM per group, bitwise\n", parts);
     tqkv_cuda_free(dx); tqkv_cuda_free(dy); tqkv_cuda_free(dw); tqkv_cuda_free(xf);
     tqkv_cuda_free(dg);
     free(x); free(ya); free(yb); free(w);
@@ -628,6 +632,78 @@ static void test_grouped(void **st) {
     (void)st;
     const int cks[] = {CK_A, CK_B, CK_Q35, CK_G4};
     for (int i = 0; i < 4; i++) grouped(cks[i], i % 2 ? TQKV_F32 : TQKV_TQ4);
+}
+
+// ---------------------------------------------------------------------------
+// decode steps as CUDA graphs == kernel by kernel, bitwise
+// ---------------------------------------------------------------------------
+
+/* Twins of `rows` rows, graphs on and off, take the same prefill and decode steps: equal
+ * logits bit for bit at every step, and the graph twin captured and replayed (the routing
+ * runs on the device; at decode the grouped GEMMs run on bounds, not on read-back sizes). */
+static void graphs(int ck, tqkv_format f, int rows) {
+    enum { R = 3, N = 21, STEPS = 8 };
+    const int V = TWIN_V;
+    g_model = g_models[ck];
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x96a ^ (uint64_t)ck << 12 ^ (uint64_t)f ^ (uint64_t)rows << 30);
+    int32_t tok[R * N], step[STEPS][R];
+    random_tokens(&r, tok, (size_t)R * N);
+    random_tokens(&r, &step[0][0], (size_t)STEPS * R);
+    float *l[2];
+    tqkv_model_state *s[2];
+    for (int i = 0; i < 2; i++) {
+        tqkv_model_state_params p = hparams(1, f, rows);
+        p.device_graphs = 1 - i;
+        s[i] = mk(&p);
+        l[i] = malloc(sizeof(float) * (size_t)R * N * V);
+        OK(tqkv_model_prefill(g_model, s[i], tok, NULL, N, TQKV_LOGITS_ALL, l[i]));
+    }
+    expect_same(l[0], l[1], (size_t)rows * N * V, "prefill: graph twin vs kernel by kernel", N);
+    for (int t = 0; t < STEPS; t++) {
+        for (int i = 0; i < 2; i++) OK(tqkv_model_decode(g_model, s[i], step[t], l[i]));
+        expect_same(l[0], l[1], (size_t)rows * V, "decode: graph twin vs kernel by kernel", t);
+    }
+    const model_cuda_graph_stats gs = graph_stats(s[0]);
+    assert_int_equal(graph_stats(s[1]).enabled, 0);
+    if (getenv("TQKV_CUDA_GRAPHS") == NULL && (!gs.enabled || gs.captures == 0 || gs.replays == 0))
+        fail_msg("%s %s: the graph twin did not run as graphs (enabled %d, %llu captures, %llu "
+                 "replays)", CK_NAME[ck], tqkv_format_name(f), gs.enabled,
+                 (unsigned long long)gs.captures, (unsigned long long)gs.replays);
+    printf("%s %s, %d rows: decode as CUDA graphs == kernel by kernel, bitwise (%llu captured, "
+           "%llu replayed)\n", CK_NAME[ck], tqkv_format_name(f), rows,
+           (unsigned long long)gs.captures, (unsigned long long)gs.replays);
+    for (int i = 0; i < 2; i++) {
+        tqkv_model_state_free(s[i]);
+        free(l[i]);
+    }
+}
+
+/* The per-expert path reads the experts' counts back inside a step: no graphs. */
+static void graphs_off_per_expert(void) {
+    mc_moe_set_grouped(0);
+    g_model = g_models[CK_A];
+    tqkv_model_state *sg = new_state(1, TQKV_TQ4, 1);
+    int32_t tok[4] = {5, 6, 7, 8};
+    float *lg = malloc(sizeof(float) * (size_t)TWIN_V);
+    OK(tqkv_model_prefill(g_model, sg, tok, NULL, 4, TQKV_LOGITS_LAST, lg));
+    for (int t = 0; t < 3; t++) OK(tqkv_model_decode(g_model, sg, &tok[t], lg));
+    mc_moe_set_grouped(1);
+    const model_cuda_graph_stats gs = graph_stats(sg);
+    assert_int_equal(gs.enabled, 0);
+    assert_int_equal(gs.captures + gs.replays, 0);
+    tqkv_model_state_free(sg);
+    free(lg);
+}
+
+static void test_graphs(void **st) {
+    (void)st;
+    graphs(CK_A, TQKV_TQ4, 1);
+    graphs(CK_B, TQKV_F32, 3);
+    graphs(CK_Q35, TQKV_TQ4, 3);
+    graphs(CK_G4, TQKV_F32, 1);
+    graphs(CK_G4, TQKV_TQ4, 3);
+    graphs_off_per_expert();
 }
 
 // ---------------------------------------------------------------------------
@@ -887,6 +963,7 @@ int main(void) {
         cmocka_unit_test(test_parity_g4_tq4),
         cmocka_unit_test(test_invariance_g4_tq4),
         cmocka_unit_test(test_invariance_g4_f32),
+        cmocka_unit_test(test_graphs),
         cmocka_unit_test(test_dense_equiv),
         cmocka_unit_test(test_spec_rounds),
         cmocka_unit_test(test_spec_rounds_q35),

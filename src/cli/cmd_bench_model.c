@@ -160,9 +160,9 @@ typedef struct {
     const char *fill, *graphs_list, *pick_list, *rows_list, *shape;
     int threads, gen, json, window, reps, blas, f32w, find_max, at_max, fast_gemm, tp;
     int synth, dev;            /* --fill synthetic; --device cuda */
-    int moe;                   /* the model has sparse layers: its device decode steps run
-                                  kernel by kernel (the routing waits on the host), whatever
-                                  --graphs asks */
+    int moe;                   /* sparse layers with the per-expert GEMMs (--fast-gemm or
+                                  TQKV_MOE_GROUPED=0): device decode steps run kernel by
+                                  kernel, whatever --graphs asks */
     tqkv_kernel pk, dk;        /* prefill / decode kernels */
     int gv[2], n_gv;           /* --graphs: the device_graphs values measured, in order */
     int pv[2], n_pv;           /* --pick: device pick (1) or host pick (0), in order */
@@ -373,8 +373,8 @@ static tqkv_model_state_params bm_prepare(bm_opts *o, const tqkv_model *m, FILE 
             "decode kernel %s%s\n", tqkv_model_weight_type(m), o->threads, o->gen, o->rows_list,
             tqkv_kernel_name(o->pk), tqkv_kernel_name(o->dk), o->blas ? ", blas" : "");
     if (o->dev && o->moe)
-        fprintf(stderr, "tqkv bench model: sparse (MoE) layers: decode steps run kernel by kernel "
-                "(the routing waits on the host), whatever --graphs asks\n");
+        fprintf(stderr, "tqkv bench model: sparse (MoE) layers with one GEMM per expert: decode "
+                "steps run kernel by kernel (the counts come back), whatever --graphs asks\n");
     if (o->dev) fprintf(tab, "%-8s %-10s %6s %6s %12s %12s %14s\n", "ctx", "kv", "graphs", "pick", "pp t/s", "tg t/s", "kv B/token");
     else fprintf(tab, "%-8s %-10s %12s %12s %14s\n", "ctx", "kv", "pp t/s", "tg t/s", "kv B/token");
     tqkv_model_state_params base = tqkv_model_state_params_default();
@@ -610,7 +610,9 @@ int cmd_bench_model(int argc, char **argv) {
         return rc ? rc : 1;
     }
     const int V = tqkv_model_get_config(m)->vocab_size;
-    o.moe = tqkv_model_get_config(m)->n_moe_layers > 0;
+    const char *grouped = getenv("TQKV_MOE_GROUPED");
+    o.moe = tqkv_model_get_config(m)->n_moe_layers > 0 &&
+            (o.fast_gemm || (grouped && !strcmp(grouped, "0")));
     int max_ctx = 1;
     for (int i = 0; i < o.n_ctx; i++) max_ctx = o.ctxs[i] > max_ctx ? o.ctxs[i] : max_ctx;
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)max_ctx);         // [max_ctx]

@@ -85,6 +85,8 @@ size_t      model_cuda_row_fixed_bytes(const model_cuda *g);
 /* Device bytes one row of `tokens` tokens takes over all layers (planes, scales, q8 ring);
  * bounded sliding layers hold their keep + `round` tokens (a speculative round's). */
 size_t      model_cuda_projected_bytes(const model_cuda *g, int tokens, int round);
+/* Device bytes one token takes over all layers, K and V (the dense cache's bf16 for f32). */
+size_t      model_cuda_kv_token_bytes(const model_cuda *g);
 /* Device bytes held by the caches. */
 size_t      model_cuda_kv_bytes(const model_cuda *g);
 /* The forward of forward.c (same arguments and logits layout), on the device. Queued on

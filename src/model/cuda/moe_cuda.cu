@@ -13,10 +13,13 @@
  * One sparse layer, T tokens, E experts, top K, expert width I, shared expert width S
  * (0: none), P = T K (token, expert) pairs, xr the router's input, xn the experts':
  *   router_kernel   logits [T, E] = xr [T, H] . router [E, H]^T      (float32, fixed order)
- *   host            copy the logits back (one wait per sparse layer), moe_route_token per
- *                   token (moe.c's softmax, top-k, ties to the lower index, renormalised
- *                   when norm_topk, times the per-expert scale if any), pairs grouped by
- *                   expert: expert 0's tokens ascending, then expert 1's ...
+ *   route_kernel    per token (a warp) moe.c's moe_route_token (softmax, top-k, ties to the lower
+ *                   index, renormalised when norm_topk, times the per-expert scale if any),
+ *                   its K picks sorted by ascending expert: sel [T, K], weights [T, K]
+ *   count_kernel    count [E] the pairs of each expert
+ *   place_kernel    the pairs grouped by expert (expert 0's tokens ascending, then expert
+ *                   1's ...): tok [P], pair [T, K], and the groups [G, 4] of the experts with
+ *                   tokens; the unused groups up to the bound get no rows
  *   gather_kernel   xg [P, H] = xn [tok[p]]
  *   per expert e    gu = xg[o_e .. o_e + n_e) . wgu_e^T   [n_e, 2I]   (tqkv_cuda_gemm_grouped:
  *                                                                       every expert in one
@@ -29,11 +32,15 @@
  *                   router kernel with one expert)
  *   combine_kernel  out [T, H] = sum over the token's K pairs, ascending expert, of
  *                   round(w y[p]), from 0, then + round(sigmoid(sg) sy) (moe.c's order).
- * The routing is data dependent and read on the host, so a sparse layer waits for its
- * router once: decode steps of a state with sparse layers run kernel by kernel (the
- * scratch's reserve turns CUDA graphs off for it: docs/CUDA.md, "Mixture of experts").
+ * The routing stays on the device, so a step queues without waiting and decode steps are
+ * captured as CUDA graphs: at T <= GEMM_CUDA_SMALL_T (decode) the grouped GEMMs are sized by
+ * bounds (min(E, P) groups of at most T rows: a token picks K distinct experts), and CTAs past
+ * a group's rows return at once. Above it (prefill, never captured) the host reads the group
+ * count and the largest group back (one wait per sparse layer) to size the grids tightly.
  * TQKV_MOE_GROUPED=0 (or mc_moe_set_grouped(0)) runs one tqkv_cuda_gemm per expert instead
- * of the grouped launch (the same bits: test_cuda_moe checks it); so does --fast-gemm (cuBLAS).
+ * of the grouped launch (the same bits: test_cuda_moe checks it); so does --fast-gemm
+ * (cuBLAS). Those read every expert's count back (one wait per sparse layer), so the
+ * scratch's reserve turns CUDA graphs off for such a state.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -57,21 +64,16 @@ struct mc_moe_layer {
     bf16  *wd;                 /* [E, H, I] */
     bf16  *sh_wgu, *sh_wd;     /* [2S, H], [H, S] the shared expert, or NULL */
     float *sh_gate;            /* [H] float32 its gate, or NULL */
-    const float *expert_scale; /* host [E] the routing weights' factors (the host model's), or NULL */
+    float *scale;              /* [E] float32 the routing weights' factors (Gemma 4), or NULL */
 };
 
 struct mc_moe_state {
     size_t   cap;      /* tokens the buffers hold */
+    int      e_cap;    /* experts the buffers hold */
     float   *logits;   /* device [T, E] */
-    float   *h_logits; /* pinned [T, E] */
-    int32_t *idx;      /* device [4 E + 3 P]: groups [E, 4] (row0, rows, expert, 0 of each
-                        * expert with tokens) | tok [P] | pair [T, K] | weight bits [T, K] */
-    int32_t *h_idx;    /* pinned, the same */
+    int32_t *idx;      /* device [4 E + 4 P + E + 2], IDX_* below */
+    int32_t *h_back;   /* pinned [E + 2]: count [E] | used groups | most rows */
     void    *xf;       /* device: the grouped GEMMs' activations, [parts, P, max(H, I)] bf16 */
-    int32_t *sel;      /* host [T, K] chosen experts by descending probability */
-    float   *wts;      /* host [T, K] their weights */
-    int     *have;     /* host [T] pairs of each token placed so far */
-    int     *n_of;     /* host [E] tokens routed to each expert */
     float   *xg;       /* device [P, H] */
     float   *gu;       /* device [max(P 2I, T 2S)] */
     float   *h;        /* device [max(P I, T S)] */
@@ -80,9 +82,19 @@ struct mc_moe_state {
     float   *sg;       /* device [T] its gate logits (S > 0) */
 };
 
+/* The parts of mc_moe_state.idx, in int32 from its start: groups [E, 4] (row0, rows,
+ * expert, 0: the experts with tokens, ascending, then rows 0 up to the bound) | tok [P] |
+ * pair [T, K] | weight bits [T, K] | sel [T, K] | count [E] | used groups, most rows. */
+#define IDX_TOK(E)        (4 * (size_t)(E))
+#define IDX_PAIR(E, P)    (IDX_TOK(E) + (size_t)(P))
+#define IDX_WB(E, P)      (IDX_TOK(E) + 2 * (size_t)(P))
+#define IDX_SEL(E, P)     (IDX_TOK(E) + 3 * (size_t)(P))
+#define IDX_COUNT(E, P)   (IDX_TOK(E) + 4 * (size_t)(P))
+#define IDX_WORDS(E, P)   (IDX_COUNT(E, P) + (size_t)(E) + 2)
+
 extern "C" void mc_moe_layer_free(mc_moe_layer *D) {
     if (!D) return;
-    void *ps[] = {D->router, D->wgu, D->wd, D->sh_wgu, D->sh_wd, D->sh_gate};
+    void *ps[] = {D->router, D->wgu, D->wd, D->sh_wgu, D->sh_wd, D->sh_gate, D->scale};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) cudaFree(ps[i]);
     free(D);
 }
@@ -122,8 +134,8 @@ extern "C" tqkv_status mc_moe_layer_upload(const moe_layer *X, const moe_shape *
         free(ws);
         return tqkv_fail(TQKV_ENOMEM, "out of memory staging the experts");
     }
-    D->expert_scale = X->expert_scale;
     tqkv_status st = upload_f32(&X->router, &D->router);
+    if (!st && X->expert_scale) st = mc_upload_vec(&D->scale, &X->expert_scale, &E, 1);
     int nw = 0; /* [E] fused gate|up, or gate, up per expert */
     for (int e = 0; e < E; e++) nw += gate_up_parts(&X->gu[e], &X->g[e], &X->u[e], ws + nw);
     if (!st) st = mc_upload_matrix(&D->wgu, ws, nw);
@@ -147,22 +159,30 @@ extern "C" void mc_moe_state_free(model_cuda *g, mc_moe_state **xp) {
     if (!x) return;
     cudaStreamSynchronize(g->stream);
     cudaFree(x->logits);
-    cudaFreeHost(x->h_logits);
     cudaFree(x->idx);
-    cudaFreeHost(x->h_idx);
-    free(x->sel);
-    free(x->wts);
-    free(x->have);
-    free(x->n_of);
+    cudaFreeHost(x->h_back);
     void *ps[] = {x->xg, x->gu, x->h, x->y, x->sy, x->sg, x->xf};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) cudaFree(ps[i]);
     free(x);
     *xp = NULL;
 }
 
+/* The grouped GEMMs: -1 until the first use reads TQKV_MOE_GROUPED (0: off). */
+static int g_grouped = -1;
+
+extern "C" void mc_moe_set_grouped(int on) { g_grouped = on ? 1 : 0; }
+
+static int grouped_on(void) {
+    if (g_grouped < 0) {
+        const char *e = getenv("TQKV_MOE_GROUPED");
+        g_grouped = !(e && !strcmp(e, "0"));
+    }
+    return g_grouped;
+}
+
 /* Scratch for the T tokens the common scratch holds (g->cap_t), grown with it. */
 extern "C" tqkv_status mc_moe_reserve(model_cuda *g, const moe_shape *sh, mc_moe_state **xp) {
-    g->graph.enabled = 0; /* the host routing waits inside the step: no capture */
+    if (!grouped_on() || g->cublas) g->graph.enabled = 0; /* a wait inside the step: no capture */
     mc_moe_state *x = *xp;
     if (!x) {
         x = (mc_moe_state *)calloc(1, sizeof *x);
@@ -176,19 +196,10 @@ extern "C" tqkv_status mc_moe_reserve(model_cuda *g, const moe_shape *sh, mc_moe
     const size_t GU = P * 2 * I > T * 2 * S ? P * 2 * I : T * 2 * S;
     size_t cap = 0; /* mc_regrow's; x->cap is set once everything is there */
     x->cap = 0;
-    free(x->sel);
-    free(x->wts);
-    free(x->have);
-    free(x->n_of);
-    x->sel = (int32_t *)malloc(sizeof(int32_t) * P);
-    x->wts = (float *)malloc(sizeof(float) * P);
-    x->have = (int *)malloc(sizeof(int) * T);
-    x->n_of = (int *)malloc(sizeof(int) * E);
-    if (!x->sel || !x->wts || !x->have || !x->n_of) return tqkv_fail(TQKV_ENOMEM, "out of memory (experts routing)");
+    x->e_cap = (int)E;
     tqkv_status st = mc_regrow(g, (void **)&x->logits, 0, T * E * 4, &cap, T);
-    if (!st) st = mc_regrow(g, (void **)&x->h_logits, 1, T * E * 4, &cap, T);
-    if (!st) st = mc_regrow(g, (void **)&x->idx, 0, (4 * E + 3 * P) * 4, &cap, T);
-    if (!st) st = mc_regrow(g, (void **)&x->h_idx, 1, (4 * E + 3 * P) * 4, &cap, T);
+    if (!st) st = mc_regrow(g, (void **)&x->idx, 0, IDX_WORDS(E, P) * 4, &cap, T);
+    if (!st) st = mc_regrow(g, (void **)&x->h_back, 1, (E + 2) * 4, &cap, T);
     if (!st) st = mc_regrow(g, &x->xf, 0, tqkv_cuda_gemm_xf_bytes(P, H > I ? H : I), &cap, T);
     if (!st) st = mc_regrow(g, (void **)&x->xg, 0, P * H * 4, &cap, T);
     if (!st) st = mc_regrow(g, (void **)&x->gu, 0, GU * 4, &cap, T);
@@ -223,6 +234,153 @@ __global__ void moe_router_kernel(const float *__restrict__ xr, const float *__r
     if (lane == 0) logits[gw] = (float)s;
 }
 
+/* (v, i) the better of two candidates: the larger value, ties to the lower index, i < 0 none. */
+__device__ __forceinline__ void route_better(float &v, int &i, float ov, int oi) {
+    if (oi >= 0 && (i < 0 || ov > v || (ov == v && oi < i))) v = ov, i = oi;
+}
+
+/* Token t's routing, moe.c's moe_route_token step for step (float32; the softmax's sum in
+ * expert order on lane 0, exp rounded from double as the host's correctly rounded expf;
+ * each pick the largest probability not taken, ties to the lower index), then its K picks
+ * sorted by ascending expert (the combine's order): sel [T, K] and the weights' bits
+ * wbits [T, K]. One warp per token. grid T, block 32. */
+__global__ void moe_route_kernel(const float *__restrict__ logits, int E, int K, int norm,
+                                 const float *__restrict__ scale, int32_t *__restrict__ sel,
+                                 int32_t *__restrict__ wbits) {
+    __shared__ float p[MOE_CUDA_E_MAX];
+    __shared__ unsigned char taken[MOE_CUDA_E_MAX];
+    __shared__ float w[MOE_CUDA_K_MAX];
+    __shared__ int s[MOE_CUDA_K_MAX];
+    __shared__ float sum;
+    const size_t t = blockIdx.x;
+    const int lane = threadIdx.x;
+    const float *l = logits + t * E;
+    float mx = l[0];
+    for (int e = lane; e < E; e += 32) mx = l[e] > mx ? l[e] : mx;
+    for (int o = 16; o > 0; o >>= 1) {
+        const float v = __shfl_xor_sync(0xffffffffu, mx, o);
+        mx = v > mx ? v : mx;
+    }
+    for (int e = lane; e < E; e += 32) {
+        p[e] = (float)exp((double)__fsub_rn(l[e], mx));
+        taken[e] = 0;
+    }
+    __syncwarp();
+    if (lane == 0) {
+        float a = 0.0f;
+        for (int e = 0; e < E; e++) a = __fadd_rn(a, p[e]);
+        sum = a;
+    }
+    __syncwarp();
+    for (int e = lane; e < E; e += 32) p[e] = __fdiv_rn(p[e], sum);
+    __syncwarp();
+    for (int k = 0; k < K; k++) {
+        float bv = 0.0f;
+        int bi = -1;
+        for (int e = lane; e < E; e += 32)
+            if (!taken[e]) route_better(bv, bi, p[e], e);
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            route_better(bv, bi, ov, oi);
+        }
+        if (lane == 0) s[k] = bi, w[k] = p[bi], taken[bi] = 1;
+        __syncwarp();
+    }
+    if (lane != 0) return;
+    if (norm) {
+        float tot = 0.0f;
+        for (int k = 0; k < K; k++) tot = __fadd_rn(tot, w[k]);
+        for (int k = 0; k < K; k++) w[k] = __fdiv_rn(w[k], tot);
+    }
+    if (scale)
+        for (int k = 0; k < K; k++) w[k] = __fmul_rn(w[k], scale[s[k]]);
+    for (int k = 1; k < K; k++) /* insertion sort by expert: K is small */
+        for (int j = k; j > 0 && s[j - 1] > s[j]; j--) {
+            const int se = s[j];
+            const float we = w[j];
+            s[j] = s[j - 1], w[j] = w[j - 1];
+            s[j - 1] = se, w[j - 1] = we;
+        }
+    for (int k = 0; k < K; k++) {
+        sel[t * K + k] = s[k];
+        wbits[t * K + k] = __float_as_int(w[k]);
+    }
+}
+
+/* The sum of every thread's v over a block of 256 (part: 8 ints of shared memory), to all. */
+__device__ int block_sum256(int v, int *part) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads(); /* part may still be read from a previous call */
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    int a = 0;
+    for (int w = 0; w < 8; w++) a += part[w];
+    return a;
+}
+
+/* count[e] = the pairs of sel [P] that chose expert e. grid E, block 256. */
+__global__ void moe_count_kernel(const int32_t *__restrict__ sel, int P, int32_t *__restrict__ count) {
+    __shared__ int part[8];
+    const int e = blockIdx.x;
+    int c = 0;
+    for (int i = threadIdx.x; i < P; i += blockDim.x) c += sel[i] == e;
+    c = block_sum256(c, part);
+    if (threadIdx.x == 0) count[e] = c;
+}
+
+/* Expert e's pairs in pair order (token ascending): tok[p] = t and pair[t K + k] = p at
+ * p = its offset (the pairs of the experts before it) + rank; its group, if it has pairs,
+ * at the index of the experts with pairs before it. Block E - 1 also gives the groups from
+ * the used ones up to the bound G no rows, and back[0..1] = used groups, most rows.
+ * groups [G, 4]; grid E, block 256. */
+__global__ void moe_place_kernel(const int32_t *__restrict__ sel, const int32_t *__restrict__ count,
+                                 int P, int K, int E, int G, int32_t *__restrict__ groups,
+                                 int32_t *__restrict__ tok, int32_t *__restrict__ pair,
+                                 int32_t *__restrict__ back) {
+    __shared__ int part[8];
+    const int e = blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    int o = 0, n = 0; /* pairs and experts with pairs before e */
+    for (int j = threadIdx.x; j < e; j += blockDim.x) o += count[j], n += count[j] > 0;
+    const int off = block_sum256(o, part), gi = block_sum256(n, part);
+    int base = off;
+    for (int i0 = 0; i0 < P; i0 += blockDim.x) {
+        const int i = i0 + threadIdx.x, f = i < P && sel[i] == e;
+        const unsigned b = __ballot_sync(0xffffffffu, f);
+        __syncthreads(); /* part is rewritten */
+        if (lane == 0) part[wid] = __popc(b);
+        __syncthreads();
+        int before = 0, all = 0;
+        for (int w = 0; w < 8; w++) {
+            before += w < wid ? part[w] : 0;
+            all += part[w];
+        }
+        if (f) {
+            const int p = base + before + __popc(b & ((1u << lane) - 1u));
+            tok[p] = i / K;
+            pair[i] = p;
+        }
+        base += all;
+    }
+    if (threadIdx.x == 0 && count[e] > 0) {
+        int32_t *gr = groups + 4 * (size_t)gi;
+        gr[0] = off, gr[1] = count[e], gr[2] = e, gr[3] = 0;
+    }
+    if (e != E - 1) return;
+    const int used = gi + (count[e] > 0);
+    int most = 0;
+    for (int j = threadIdx.x; j < E; j += blockDim.x) most = count[j] > most ? count[j] : most;
+    for (int o2 = 16; o2 > 0; o2 >>= 1) most = max(most, __shfl_xor_sync(0xffffffffu, most, o2));
+    __syncthreads();
+    if (lane == 0) part[wid] = most;
+    __syncthreads();
+    for (int j = used + (int)threadIdx.x; j < G; j += blockDim.x)
+        groups[4 * j] = groups[4 * j + 1] = groups[4 * j + 2] = groups[4 * j + 3] = 0;
+    if (threadIdx.x != 0) return;
+    for (int w = 1; w < 8; w++) most = max(most, part[w]);
+    back[0] = used, back[1] = most;
+}
+
 /* xg[p] = xn[tok[p]], rows of H. grid P, block 128. */
 __global__ void moe_gather_kernel(const float *__restrict__ xn, const int32_t *__restrict__ tok,
                                   int H, float *__restrict__ xg) {
@@ -255,72 +413,27 @@ __global__ void moe_combine_kernel(const float *__restrict__ y, const int32_t *_
 // one sparse layer
 // ---------------------------------------------------------------------------
 
-/* The grouped GEMMs: -1 until the first use reads TQKV_MOE_GROUPED (0: off). */
-static int g_grouped = -1;
-
-extern "C" void mc_moe_set_grouped(int on) { g_grouped = on ? 1 : 0; }
-
-static int grouped_on(void) {
-    if (g_grouped < 0) {
-        const char *e = getenv("TQKV_MOE_GROUPED");
-        g_grouped = !(e && !strcmp(e, "0"));
-    }
-    return g_grouped;
-}
-
-/* Host: route every token (moe.c's rule) and group the pairs by expert: h_idx gets the
- * groups [G, 4] (row0, rows, expert, 0 of each expert with tokens, ascending), then tok [P]
- * (expert 0's tokens ascending, then expert 1's, ...), pair [T, K] and weight bits [T, K]
- * (each token's pairs in ascending expert order); n_of [E] the tokens of each expert, *G the
- * groups, *most the most tokens of an expert. */
-static void route_group(mc_moe_state *x, const moe_shape *sh, const float *scale, int T, int *G,
-                        int *most) {
-    const int E = sh->n_experts, K = sh->top_k;
-    const size_t P = (size_t)T * K;
-    int32_t *grp = x->h_idx, *tok = grp + 4 * (size_t)E, *pair = tok + P, *wb = pair + P;
-    for (int t = 0; t < T; t++)
-        moe_route_token(x->h_logits + (size_t)t * E, E, K, sh->norm_topk, scale,
-                        x->sel + (size_t)t * K, x->wts + (size_t)t * K);
-    int *have = x->have, *n_of = x->n_of;
-    memset(have, 0, sizeof(int) * (size_t)T);
-    int p = 0;
-    *G = *most = 0;
-    for (int e = 0; e < E; e++) {
-        const int row0 = p;
-        n_of[e] = 0;
-        for (int t = 0; t < T; t++)
-            for (int k = 0; k < K; k++)
-                if (x->sel[(size_t)t * K + k] == e) {
-                    const size_t slot = (size_t)t * K + have[t]++;
-                    tok[p] = t;
-                    pair[slot] = p;
-                    memcpy(&wb[slot], &x->wts[(size_t)t * K + k], 4);
-                    n_of[e]++;
-                    p++;
-                }
-        if (!n_of[e]) continue;
-        int32_t *gr = grp + 4 * (size_t)(*G)++;
-        gr[0] = row0;
-        gr[1] = n_of[e];
-        gr[2] = e;
-        gr[3] = 0;
-        *most = n_of[e] > *most ? n_of[e] : *most;
-    }
-}
+/* One call's grouping as the GEMMs see it. */
+typedef struct {
+    int            E, P;  /* experts, pairs */
+    int            G;     /* groups the grouped launch covers (a bound at decode) */
+    int            most;  /* rows of its largest group (a bound at decode) */
+    const int32_t *count; /* host [E] each expert's pairs (the per-expert path), or NULL */
+} moe_routing;
 
 /* y [P, N] (rows of expert e at its group's rows) = x [P, K] . w_e^T, w_e = w + e N K: one
- * grouped launch, or one tqkv_cuda_gemm per expert with tokens (grouped off, or cuBLAS). */
-static tqkv_status experts_gemm(model_cuda *g, mc_moe_state *x, const float *in, int K,
-                                const bf16 *w, int N, float *y, int P, int G, int most,
-                                int E) {
-    if (grouped_on() && !g->cublas)
-        return tqkv_cuda_gemm_grouped(in, K, P, (const uint16_t *)w, (size_t)N * K, N, K, y, N,
-                                      x->idx, G, most, x->xf, g->gemm_parts, g->stream);
+ * grouped launch over r's groups, or one tqkv_cuda_gemm per expert with tokens (grouped
+ * off, or cuBLAS: r->count read back). */
+static tqkv_status experts_gemm(model_cuda *g, mc_moe_state *x, const moe_routing *r,
+                                const float *in, int K, const bf16 *w, int N, float *y) {
+    if (!r->count)
+        return tqkv_cuda_gemm_grouped(in, K, r->P, (const uint16_t *)w, (size_t)N * K, N, K, y, N,
+                                      x->idx, r->G, r->most, x->xf, g->gemm_parts, g->stream);
     tqkv_status st = TQKV_OK;
     size_t o = 0;
-    for (int e = 0; e < E && !st; o += (size_t)x->n_of[e], e++)
-        if (x->n_of[e])
-            st = mc_gemm(g, in + o * K, K, x->n_of[e], w + (size_t)e * N * K, N, K, NULL,
+    for (int e = 0; e < r->E && !st; o += (size_t)r->count[e], e++)
+        if (r->count[e])
+            st = mc_gemm(g, in + o * K, K, r->count[e], w + (size_t)e * N * K, N, K, NULL,
                          y + o * N, N);
     return st;
 }
@@ -344,39 +457,65 @@ static tqkv_status shared_queue(model_cuda *g, const mc_moe_layer *D, const moe_
     return st;
 }
 
+/* The routing of T tokens on g's stream: router logits, each token's picks, the pairs
+ * grouped by expert (x->idx). r gets the grouped GEMMs' bounds (decode: min(E, P) groups of
+ * at most T rows, no wait) or, above GEMM_CUDA_SMALL_T tokens and for the per-expert path,
+ * the exact ones read back (one wait; r->count then points at the experts' counts). */
+static tqkv_status route_queue(model_cuda *g, const mc_moe_layer *D, const moe_shape *sh,
+                               mc_moe_state *x, const float *xr, int T, moe_routing *r) {
+    const int E = sh->n_experts, K = sh->top_k, H = sh->hidden;
+    const size_t P = (size_t)T * K;
+    const cudaStream_t s = g->stream;
+    int32_t *idx = x->idx;
+    r->E = E, r->P = (int)P, r->G = E < (int)P ? E : (int)P, r->most = T, r->count = NULL;
+    moe_router_kernel<<<(unsigned)(((size_t)T * E + 3) / 4), 128, 0, s>>>(xr, D->router, T, E, H,
+                                                                         g->m->bf16_act, x->logits);
+    moe_route_kernel<<<(unsigned)T, 32, 0, s>>>(x->logits, E, K, sh->norm_topk, D->scale,
+                                                idx + IDX_SEL(E, P), idx + IDX_WB(E, P));
+    moe_count_kernel<<<(unsigned)E, 256, 0, s>>>(idx + IDX_SEL(E, P), (int)P, idx + IDX_COUNT(E, P));
+    moe_place_kernel<<<(unsigned)E, 256, 0, s>>>(idx + IDX_SEL(E, P), idx + IDX_COUNT(E, P), (int)P,
+                                                 K, E, r->G, idx, idx + IDX_TOK(E),
+                                                 idx + IDX_PAIR(E, P), idx + IDX_COUNT(E, P) + E);
+    tqkv_status st = mc_ck(cudaGetLastError(), "experts routing");
+    const int per_expert = !grouped_on() || g->cublas;
+    if (st || (T <= GEMM_CUDA_SMALL_T && !per_expert)) return st;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    st = mc_ck(cudaStreamIsCapturing(s, &cs), "experts routing");
+    if (!st && cs != cudaStreamCaptureStatusNone)
+        return tqkv_fail(TQKV_ESTATE, "cuda forward: the experts' per-expert GEMMs or a %d-token "
+                         "step cannot be captured in a graph", T);
+    if (!st) st = mc_ck(cudaMemcpyAsync(x->h_back, idx + IDX_COUNT(E, P), ((size_t)E + 2) * 4,
+                                        cudaMemcpyDeviceToHost, s), "experts routing");
+    if (!st) st = mc_ck(cudaStreamSynchronize(s), "experts routing");
+    if (st) return st;
+    r->G = x->h_back[E], r->most = x->h_back[E + 1];
+    if (per_expert) r->count = x->h_back;
+    return TQKV_OK;
+}
+
 extern "C" tqkv_status mc_moe_queue(model_cuda *g, const mc_moe_layer *D, const moe_shape *sh,
                                     mc_moe_state *x, const float *xr, const float *xn,
                                     float *out, int T) {
     const int E = sh->n_experts, K = sh->top_k, H = sh->hidden, I = sh->inter;
     const size_t P = (size_t)T * K;
     const cudaStream_t s = g->stream;
-    if (!x || (size_t)T > x->cap)
+    if (!x || (size_t)T > x->cap || E > x->e_cap)
         return tqkv_fail(TQKV_ESTATE, "cuda forward: experts scratch holds %zu tokens, not %d",
                          x ? x->cap : 0, T);
-    // ---- router logits [T, E], back to the host
-    const size_t warps = (size_t)T * E;
-    moe_router_kernel<<<(unsigned)((warps + 3) / 4), 128, 0, s>>>(xr, D->router, T, E, H,
-                                                                   g->m->bf16_act, x->logits);
-    tqkv_status st = mc_ck(cudaMemcpyAsync(x->h_logits, x->logits, (size_t)T * E * 4,
-                                           cudaMemcpyDeviceToHost, s), "router logits");
-    if (!st) st = mc_ck(cudaStreamSynchronize(s), "router logits");
-    if (st) return st;
-    // ---- routing and grouping (host), up in one copy
-    int G = 0, most = 0;
-    route_group(x, sh, D->expert_scale, T, &G, &most);
-    const int32_t *tok = x->idx + 4 * (size_t)E, *pair = tok + P;
-    st = mc_ck(cudaMemcpyAsync(x->idx, x->h_idx, (4 * (size_t)E + 3 * P) * 4,
-                               cudaMemcpyHostToDevice, s), "routing");
+    // ---- routing on the device: x->idx's groups, tok, pair and weights
+    moe_routing r;
+    tqkv_status st = route_queue(g, D, sh, x, xr, T, &r);
+    const int32_t *tok = x->idx + IDX_TOK(E), *pair = x->idx + IDX_PAIR(E, P);
     if (!st) moe_gather_kernel<<<(unsigned)P, 128, 0, s>>>(xn, tok, H, x->xg);
     // ---- experts over their gathered rows: gate|up, activation, down
-    if (!st) st = experts_gemm(g, x, x->xg, H, D->wgu, 2 * I, x->gu, (int)P, G, most, E);
+    if (!st) st = experts_gemm(g, x, &r, x->xg, H, D->wgu, 2 * I, x->gu);
     if (!st) act_queue(g, sh->act, x->gu, I, x->h, P);
-    if (!st) st = experts_gemm(g, x, x->h, I, D->wd, H, x->y, (int)P, G, most, E);
+    if (!st) st = experts_gemm(g, x, &r, x->h, I, D->wd, H, x->y);
     // ---- the shared expert, then combine: out [T, H], each token's experts in ascending order
     const int shared = sh->shared_inter > 0;
     if (!st && shared) st = shared_queue(g, D, sh, x, xn, T);
     if (!st)
-        moe_combine_kernel<<<(unsigned)T, 128, 0, s>>>(x->y, pair, pair + P, K, H,
+        moe_combine_kernel<<<(unsigned)T, 128, 0, s>>>(x->y, pair, x->idx + IDX_WB(E, P), K, H,
                                                        shared ? x->sy : NULL, x->sg, out);
     if (!st) st = mc_ck(cudaGetLastError(), "experts kernels");
     return st;
@@ -385,6 +524,10 @@ extern "C" tqkv_status mc_moe_queue(model_cuda *g, const mc_moe_layer *D, const 
 extern "C" tqkv_status mc_moe_check(const tqkv_model *m) {
     const tqkv_model_config *c = &m->cfg;
     const int I = c->moe_intermediate_size, S = c->moe_shared_intermediate_size;
+    if (c->n_moe_layers && (c->n_experts > MOE_CUDA_E_MAX || c->n_experts_used > MOE_CUDA_K_MAX))
+        return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: %s: %d experts, top %d: the device "
+                         "routes at most %d experts, top %d", c->arch_name, c->n_experts,
+                         c->n_experts_used, MOE_CUDA_E_MAX, MOE_CUDA_K_MAX);
     if (c->n_moe_layers && (I % 8 || c->hidden_size % 8 || S % 8))
         return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: %s: expert width %d, shared expert "
                          "width %d and hidden %d must be multiples of 8", c->arch_name, I, S,

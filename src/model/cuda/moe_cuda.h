@@ -22,6 +22,10 @@
 extern "C" {
 #endif
 
+/* The most experts and picks per token the device routing takes (a thread's arrays). */
+#define MOE_CUDA_E_MAX 512
+#define MOE_CUDA_K_MAX 32
+
 struct model_cuda;
 struct model_cuda_weights;
 typedef struct mc_moe_layer mc_moe_layer; /* one sparse layer's device weights */
@@ -31,17 +35,18 @@ typedef struct mc_moe_state mc_moe_state; /* a state's experts scratch */
 
 /* A refusal (TQKV_EUNSUPPORTED, with a message) of expert shapes the device cannot run. */
 tqkv_status mc_moe_check(const tqkv_model *m);
-/* Sparse layer X of shape sh onto the device (*out NULL on failure, nothing left over).
- * The host layer's expert_scale is kept by pointer: the routing runs on the host. */
+/* Sparse layer X of shape sh onto the device (*out NULL on failure, nothing left over). */
 tqkv_status mc_moe_layer_upload(const moe_layer *X, const moe_shape *sh, mc_moe_layer **out);
 void        mc_moe_layer_free(mc_moe_layer *D);
-/* *x holds the scratch for g's cap_t tokens (made or grown; NULL before the first call)
- * and turns g's decode graphs off (the routing waits on the host inside a step). */
+/* *x holds the scratch for g's cap_t tokens (made or grown; NULL before the first call).
+ * With the per-expert GEMMs (mc_moe_set_grouped(0), cuBLAS) it turns g's decode graphs
+ * off: those read the experts' counts back inside a step. */
 tqkv_status mc_moe_reserve(struct model_cuda *g, const moe_shape *sh, mc_moe_state **x);
 /* Frees *x (waits for g's stream) and sets it NULL. */
 void        mc_moe_state_free(struct model_cuda *g, mc_moe_state **x);
 /* out [T, H] = the layer's experts of xn [T, H] routed on xr [T, H] (xr may be xn), queued
- * on g's stream; the host waits once for the router's logits. T <= the reserved tokens. */
+ * on g's stream, routing included: no wait at T <= GEMM_CUDA_SMALL_T (graph capturable),
+ * one above it (the grid sizes come back). T <= the reserved tokens. */
 tqkv_status mc_moe_queue(struct model_cuda *g, const mc_moe_layer *D, const moe_shape *sh,
                          mc_moe_state *x, const float *xr, const float *xn, float *out, int T);
 

@@ -205,6 +205,13 @@ extern "C" size_t model_cuda_projected_bytes(const model_cuda *g, int tokens, in
     return b;
 }
 
+extern "C" size_t model_cuda_kv_token_bytes(const model_cuda *g) {
+    size_t b = 0, ring;
+    for (int l = 0; l < g->m->cfg.n_layers; l++)
+        if (g->kv[l]) b += tqkv_cuda_kv_token_bytes(g->kv[l], &ring);
+    return b;
+}
+
 extern "C" size_t model_cuda_kv_bytes(const model_cuda *g) {
     size_t b = 0;
     if (g && g->kv)

@@ -248,6 +248,9 @@ double tqkv_model_state_kv_bytes_per_token(const tqkv_model_state *s) {
         for (int r = 0; r < s->tp->n; r++) b += tqkv_model_state_kv_bytes_per_token(s->tp->rank[r]);
         return b;
     }
+#ifdef TQKV_HAVE_CUDA
+    if (s->gpu) return (double)model_cuda_kv_token_bytes(s->gpu); /* the device's own format */
+#endif
     for (int l = 0; l < s->m->cfg.n_layers; l++)
         if (s->layers[l]) b += tqkv_batch_bytes_per_token(s->layers[l]);
     return b;
