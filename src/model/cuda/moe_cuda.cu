@@ -16,8 +16,8 @@
  *   route_kernel    per token (a warp) moe.c's moe_route_token (softmax, top-k, ties to the lower
  *                   index, renormalised when norm_topk, times the per-expert scale if any),
  *                   its K picks sorted by ascending expert: sel [T, K], weights [T, K]
- *   count_kernel    count [E] the pairs of each expert
- *   place_kernel    the pairs grouped by expert (expert 0's tokens ascending, then expert
+ *   place_kernel    (a block per expert, each counting every expert's pairs first) the
+ *                   pairs grouped by expert (expert 0's tokens ascending, then expert
  *                   1's ...): tok [P], pair [T, K], and the groups [G, 4] of the experts with
  *                   tokens; the unused groups up to the bound get no rows
  *   gather_kernel   xg [P, H] = xn [tok[p]]
@@ -319,32 +319,27 @@ __device__ int block_sum256(int v, int *part) {
     return a;
 }
 
-/* count[e] = the pairs of sel [P] that chose expert e. grid E, block 256. */
-__global__ void moe_count_kernel(const int32_t *__restrict__ sel, int P, int32_t *__restrict__ count) {
-    __shared__ int part[8];
-    const int e = blockIdx.x;
-    int c = 0;
-    for (int i = threadIdx.x; i < P; i += blockDim.x) c += sel[i] == e;
-    c = block_sum256(c, part);
-    if (threadIdx.x == 0) count[e] = c;
-}
-
 /* Expert e's pairs in pair order (token ascending): tok[p] = t and pair[t K + k] = p at
  * p = its offset (the pairs of the experts before it) + rank; its group, if it has pairs,
- * at the index of the experts with pairs before it. Block E - 1 also gives the groups from
- * the used ones up to the bound G no rows, and back[0..1] = used groups, most rows.
- * groups [G, 4]; grid E, block 256. */
-__global__ void moe_place_kernel(const int32_t *__restrict__ sel, const int32_t *__restrict__ count,
-                                 int P, int K, int E, int G, int32_t *__restrict__ groups,
-                                 int32_t *__restrict__ tok, int32_t *__restrict__ pair,
+ * at the index of the experts with pairs before it. Every block counts all the pairs per
+ * expert in shared memory first (integer adds: the same counts in any order). Block E - 1
+ * also writes count [E], gives the groups from the used ones up to the bound G no rows,
+ * and back[0..1] = used groups, most rows. groups [G, 4]; grid E, block 256. */
+__global__ void moe_place_kernel(const int32_t *__restrict__ sel, int P, int K, int E, int G,
+                                 int32_t *__restrict__ groups, int32_t *__restrict__ tok,
+                                 int32_t *__restrict__ pair, int32_t *__restrict__ count,
                                  int32_t *__restrict__ back) {
-    __shared__ int part[8];
+    __shared__ int hist[MOE_CUDA_E_MAX], part[8];
     const int e = blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    for (int j = threadIdx.x; j < E; j += blockDim.x) hist[j] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < P; i += blockDim.x) atomicAdd(&hist[sel[i]], 1);
+    __syncthreads();
     int o = 0, n = 0; /* pairs and experts with pairs before e */
-    for (int j = threadIdx.x; j < e; j += blockDim.x) o += count[j], n += count[j] > 0;
-    const int off = block_sum256(o, part), gi = block_sum256(n, part);
+    for (int j = threadIdx.x; j < e; j += blockDim.x) o += hist[j], n += hist[j] > 0;
+    const int off = block_sum256(o, part), gi = block_sum256(n, part), mine = hist[e];
     int base = off;
-    for (int i0 = 0; i0 < P; i0 += blockDim.x) {
+    for (int i0 = 0; i0 < P && mine; i0 += blockDim.x) {
         const int i = i0 + threadIdx.x, f = i < P && sel[i] == e;
         const unsigned b = __ballot_sync(0xffffffffu, f);
         __syncthreads(); /* part is rewritten */
@@ -362,20 +357,23 @@ __global__ void moe_place_kernel(const int32_t *__restrict__ sel, const int32_t 
         }
         base += all;
     }
-    if (threadIdx.x == 0 && count[e] > 0) {
+    if (threadIdx.x == 0 && mine > 0) {
         int32_t *gr = groups + 4 * (size_t)gi;
-        gr[0] = off, gr[1] = count[e], gr[2] = e, gr[3] = 0;
+        gr[0] = off, gr[1] = mine, gr[2] = e, gr[3] = 0;
     }
     if (e != E - 1) return;
-    const int used = gi + (count[e] > 0);
+    const int used = gi + (mine > 0);
     int most = 0;
-    for (int j = threadIdx.x; j < E; j += blockDim.x) most = count[j] > most ? count[j] : most;
+    for (int j = threadIdx.x; j < E; j += blockDim.x) {
+        count[j] = hist[j];
+        most = hist[j] > most ? hist[j] : most;
+    }
+    for (int j = used + (int)threadIdx.x; j < G; j += blockDim.x)
+        groups[4 * j] = groups[4 * j + 1] = groups[4 * j + 2] = groups[4 * j + 3] = 0;
     for (int o2 = 16; o2 > 0; o2 >>= 1) most = max(most, __shfl_xor_sync(0xffffffffu, most, o2));
     __syncthreads();
     if (lane == 0) part[wid] = most;
     __syncthreads();
-    for (int j = used + (int)threadIdx.x; j < G; j += blockDim.x)
-        groups[4 * j] = groups[4 * j + 1] = groups[4 * j + 2] = groups[4 * j + 3] = 0;
     if (threadIdx.x != 0) return;
     for (int w = 1; w < 8; w++) most = max(most, part[w]);
     back[0] = used, back[1] = most;
@@ -457,7 +455,7 @@ static tqkv_status shared_queue(model_cuda *g, const mc_moe_layer *D, const moe_
     return st;
 }
 
-/* The routing of T tokens on g's stream: router logits, each token's picks, the pairs
+/* The routing of T tokens on g's stream (three launches): router logits, each token's picks, the pairs
  * grouped by expert (x->idx). r gets the grouped GEMMs' bounds (decode: min(E, P) groups of
  * at most T rows, no wait) or, above GEMM_CUDA_SMALL_T tokens and for the per-expert path,
  * the exact ones read back (one wait; r->count then points at the experts' counts). */
@@ -472,10 +470,9 @@ static tqkv_status route_queue(model_cuda *g, const mc_moe_layer *D, const moe_s
                                                                          g->m->bf16_act, x->logits);
     moe_route_kernel<<<(unsigned)T, 32, 0, s>>>(x->logits, E, K, sh->norm_topk, D->scale,
                                                 idx + IDX_SEL(E, P), idx + IDX_WB(E, P));
-    moe_count_kernel<<<(unsigned)E, 256, 0, s>>>(idx + IDX_SEL(E, P), (int)P, idx + IDX_COUNT(E, P));
-    moe_place_kernel<<<(unsigned)E, 256, 0, s>>>(idx + IDX_SEL(E, P), idx + IDX_COUNT(E, P), (int)P,
-                                                 K, E, r->G, idx, idx + IDX_TOK(E),
-                                                 idx + IDX_PAIR(E, P), idx + IDX_COUNT(E, P) + E);
+    moe_place_kernel<<<(unsigned)E, 256, 0, s>>>(idx + IDX_SEL(E, P), (int)P, K, E, r->G, idx,
+                                                 idx + IDX_TOK(E), idx + IDX_PAIR(E, P),
+                                                 idx + IDX_COUNT(E, P), idx + IDX_COUNT(E, P) + E);
     tqkv_status st = mc_ck(cudaGetLastError(), "experts routing");
     const int per_expert = !grouped_on() || g->cublas;
     if (st || (T <= GEMM_CUDA_SMALL_T && !per_expert)) return st;
