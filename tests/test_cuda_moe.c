@@ -600,6 +600,7 @@ static void gemm_grouped_case(int parts) {
         OK(tqkv_cuda_d2h(ya, dy, sizeof(float) * P * N));
         for (int gi = 0; gi < G; gi++) {
             const int row0 = grp[4 * gi], rows = grp[4 * gi + 1], e = grp[4 * gi + 2];
+            if (rows == 0) continue;
             OK(tqkv_cuda_gemm(dx + (size_t)row0 * K, K, rows, (const uint16_t *)dw + (size_t)e * N * K,
                               N, K, NULL, dy + (size_t)row0 * N, N, xf, parts, NULL));
         }
