@@ -2,12 +2,15 @@
  * test_pool.c - the compute pool (src/util/pool.c): every item runs exactly once, on a
  * slot below nth, and its writes are visible when pool_for returns; also with several
  * callers at once (the OpenMP fallback), loops inside items, and workers that sleep
- * between loops (spin budget 0) or spin (the budget picked at random, printed).
+ * between loops (spin budget 0) or spin (the budget picked at random, printed); and the
+ * neighbour watch: its verdict rule, and a team that goes solo beside busy threads.
  */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "testutil.h"
@@ -101,6 +104,67 @@ static void test_after_sleep(void **state) {
     }
 }
 
+/* The rule: two windows in a row crowded (9 of 10) with the caller waiting >= 30% go solo;
+ * solo holds while the windows stay crowded. */
+static void test_watch_rule(void **state) {
+    (void)state;
+    int hot = 0;
+    assert_int_equal(pool_watch_next(0, &hot, 10, 10, 40), 0); /* one window is not enough */
+    assert_int_equal(pool_watch_next(0, &hot, 9, 10, 30), 1);  /* the second in a row */
+    assert_int_equal(pool_watch_next(1, &hot, 10, 10, 0), 1);  /* solo: no contention felt */
+    assert_int_equal(pool_watch_next(1, &hot, 8, 10, 0), 0);   /* the neighbour left */
+    hot = 0;
+    assert_int_equal(pool_watch_next(0, &hot, 10, 10, 45), 0);
+    assert_int_equal(pool_watch_next(0, &hot, 10, 10, 29), 0); /* the row breaks */
+    assert_int_equal(pool_watch_next(0, &hot, 10, 10, 45), 0);
+    assert_int_equal(pool_watch_next(0, &hot, 8, 10, 45), 0);  /* not crowded enough */
+    assert_int_equal(pool_watch_next(0, &hot, 10, 10, 45), 0);
+    assert_int_equal(pool_watch_next(0, &hot, 10, 10, 45), 1);
+    hot = 0;
+    assert_int_equal(pool_watch_next(0, &hot, 0, 0, 90), 0);   /* no samples */
+    assert_int_equal(pool_watch_next(0, &hot, 0, 0, 90), 0);
+}
+
+static _Atomic int g_spin_on;
+
+static void *busy_main(void *unused) {
+    (void)unused;
+    volatile unsigned x = 0;
+    while (atomic_load_explicit(&g_spin_on, memory_order_relaxed)) x++;
+    return NULL;
+}
+
+static double secs(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* As many busy threads as CPUs (never asleep, not the team's): within 1.5 s of loops the
+ * watch says solo, and the loops still run every item once. */
+static void test_watch_busy(void **state) {
+    (void)state;
+    const long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    const char *e = getenv("TQKV_POOL_WATCH");
+    if (access("/proc/loadavg", R_OK) != 0 || (e && !strcmp(e, "0")) || ncpu < 1 || ncpu > 16) {
+        printf("neighbour watch: skipped (no /proc/loadavg, TQKV_POOL_WATCH=0, or %ld CPUs)\n", ncpu);
+        skip();
+    }
+    pthread_t th[16];
+    atomic_store(&g_spin_on, 1);
+    for (long i = 0; i < ncpu; i++) assert_int_equal(pthread_create(&th[i], NULL, busy_main, NULL), 0);
+    const double t0 = secs();
+    int fail = 0;
+    while (!pool_solo() && secs() - t0 < 1.5) fail += run_checked(500, 2, 20);
+    const double took = secs() - t0;
+    for (int t = 0; t < 20; t++) fail += run_checked(500, 2, 20); /* solo loops */
+    atomic_store(&g_spin_on, 0);
+    for (long i = 0; i < ncpu; i++) pthread_join(th[i], NULL);
+    printf("neighbour watch: %ld busy threads, solo after %.0f ms\n", ncpu, 1e3 * took);
+    assert_int_equal(fail, 0);
+    if (!pool_solo()) fail_msg("the watch did not go solo within 1.5 s beside %ld busy threads", ncpu);
+}
+
 int main(void) {
     /* the budget is read once, at the team's first loop: pick one per run */
     uint64_t seed = test_seed();
@@ -113,6 +177,8 @@ int main(void) {
         cmocka_unit_test(test_concurrent_callers),
         cmocka_unit_test(test_nested),
         cmocka_unit_test(test_after_sleep),
+        cmocka_unit_test(test_watch_rule),
+        cmocka_unit_test(test_watch_busy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,12 +16,16 @@
  */
 #include "util/pool.h"
 
+#include <fcntl.h>
+#include <stdio.h>
 #include <omp.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #if defined(__linux__)
 #include <linux/futex.h>
@@ -39,7 +43,25 @@
 #endif
 
 #define POOL_MAX 64          /* threads in a team, the caller included */
+#define WATCH_NS 20000000L   /* the neighbour watch samples every 20 ms ... */
+#define WATCH_N 10           /* ... and decides every 10 samples (200 ms) */
+#define WATCH_DELAY_PCT 30   /* a window the worker waited to run this much of: contended */
+#define WATCH_HOT 2          /* windows in a row that go solo */
 #define POOL_OPEN 0x80000000u /* state: workers may enter; low bits: workers inside */
+
+/* The neighbour watch (pool.h). */
+typedef struct {
+    int  fd;      // /proc/loadavg, or -1: the watch is off
+    int  ncpu;    // online CPUs
+    long next_ns; // the next sample
+    long t0;      // the window's start
+    long delay0;  // the caller's run delay (ns) then, or -1
+    int  tid;     // the caller then
+    int  samples; // in this window
+    int  crowded; // of which crowded
+    int  hot;     // windows in a row that said "a neighbour" while the team ran
+    int  solo;    // loops on the caller alone
+} pool_watch;
 
 typedef struct {
     pthread_mutex_t lock;                 // one caller at a time
@@ -56,6 +78,7 @@ typedef struct {
     size_t n;
     int nth;
     long spin_ns;
+    pool_watch watch;                     // the caller's (under lock)
 } pool_team;
 
 static pool_team T = {.lock = PTHREAD_MUTEX_INITIALIZER, .once = PTHREAD_ONCE_INIT};
@@ -155,10 +178,77 @@ static void *worker_main(void *unused) {
 }
 
 // ---------------------------------------------------------------------------
+// the neighbour watch
+// ---------------------------------------------------------------------------
+
+int pool_watch_next(int solo, int *hot, int crowded, int samples, int delay_pct) {
+    const int full = samples > 0 && 10 * crowded >= 9 * samples; /* others nearly always */
+    if (solo) {
+        *hot = 0;
+        return full;
+    }
+    *hot = full && delay_pct >= WATCH_DELAY_PCT ? *hot + 1 : 0;
+    return *hot >= WATCH_HOT;
+}
+
+/* The number after the skip-th space of the file (pread from 0), or -1. */
+static long read_field(int fd, int skip) {
+    char b[128];
+    const ssize_t n = fd < 0 ? -1 : pread(fd, b, sizeof b - 1, 0);
+    if (n <= 0) return -1;
+    b[n] = 0;
+    const char *p = b - 1;
+    for (int f = 0; f < skip && p; f++) p = strchr(p + 1, ' ');
+    return p ? strtol(p + 1, NULL, 10) : -1;
+}
+
+static void watch_init(pool_watch *w) {
+    const char *e = getenv("TQKV_POOL_WATCH");
+    w->ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    w->delay0 = -1;
+    w->fd = (e && !strcmp(e, "0")) || w->ncpu < 1 ? -1 : open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+}
+
+/* The window's end: the caller's run delay over it (its schedstat: "cpu_ns delay_ns
+ * slices"; none when another thread called last time), the next verdict. */
+static void watch_window(pool_watch *w, long now) {
+    const int tid = (int)syscall(SYS_gettid), fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+    const long d = read_field(fd, 1);
+    if (fd >= 0) close(fd);
+    const int pct = d >= 0 && w->delay0 >= 0 && tid == w->tid && now > w->t0
+                        ? (int)(100 * (d - w->delay0) / (now - w->t0)) : 0;
+    w->delay0 = d, w->t0 = now, w->tid = tid;
+    w->solo = pool_watch_next(w->solo, &w->hot, w->crowded, w->samples, pct);
+    w->samples = w->crowded = 0;
+}
+
+/* Whether a loop of nth threads runs on the caller alone: a sample every WATCH_NS (the
+ * runnable threads less the caller and the workers awake: others; crowded when others and
+ * the team want more CPUs than there are), a verdict every WATCH_N samples. */
+static int watch_solo(pool_watch *w, int nth) {
+    if (w->fd < 0) return 0;
+    const long now = now_ns();
+    if (now < w->next_ns) return w->solo;
+    w->next_ns = now + WATCH_NS;
+    const long run = read_field(w->fd, 3); /* "0.50 0.40 0.30 3/412 999" */
+    if (run < 0) return w->solo;
+    const int awake = T.nworkers - atomic_load_explicit(&T.sleepers, memory_order_relaxed);
+    const int others = (int)run - 1 - (awake > 0 ? awake : 0), team = nth < w->ncpu ? nth : w->ncpu;
+    w->crowded += others + team > w->ncpu;
+    if (++w->samples == WATCH_N) watch_window(w, now);
+    return w->solo;
+}
+
+int pool_solo(void) { return T.watch.solo; }
+
+// ---------------------------------------------------------------------------
 // the caller
 // ---------------------------------------------------------------------------
 
-static void team_init(void) { T.spin_ns = pool_spin_ns(); }
+static void team_init(void) {
+    T.spin_ns = pool_spin_ns();
+    watch_init(&T.watch);
+}
 
 /* Starts workers up to want (slots 1..want); returns how many run. */
 static int team_grow(int want) {
@@ -212,6 +302,11 @@ void pool_for(int nth, size_t n, pool_item_fn fn, void *arg) {
         return;
     }
     pthread_once(&T.once, team_init);
+    if (watch_solo(&T.watch, nth)) { /* a neighbour keeps a core: joins would wait on it */
+        pthread_mutex_unlock(&T.lock);
+        for (size_t i = 0; i < n; i++) fn(arg, i, 0);
+        return;
+    }
     if (team_grow(nth - 1) < 1) {
         pthread_mutex_unlock(&T.lock);
         run_omp(nth, n, fn, arg);

@@ -41,6 +41,23 @@ void pool_for(int nth, size_t n, pool_item_fn fn, void *arg);
 typedef void (*pool_index_fn)(void *arg, size_t i);
 void pool_for_each(int nth, size_t n, size_t min_n, pool_index_fn fn, void *arg);
 
+/* The neighbour watch. Beside a process that keeps a core busy, a team of two on two CPUs
+ * shares them three ways and its joins wait for a worker the kernel took away: one thread
+ * (a whole core) is faster. The caller of a loop samples every 20 ms the machine's
+ * runnable threads (/proc/loadavg) less itself and the workers awake ("others"; crowded
+ * when they and the team want more CPUs than are online) and, every 10 samples, the share
+ * of the window the caller spent runnable but waiting (its schedstat run delay).
+ * Two windows in a row with at least 9 of 10 samples crowded and the caller waiting 30%
+ * or more: loops run on the caller alone (the same results: items never depend on the
+ * thread) while the samples stay at least 9 of 10 crowded. A client or our own HTTP
+ * threads are runnable part of the time and delay the team now and then; a busy neighbour
+ * always is, and delays it a third of the time or more (bench/RESULTS.md, "CPU: the
+ * neighbour watch"). TQKV_POOL_WATCH=0 turns it off. */
+int pool_solo(void);
+/* The rule: the next solo from this one, the windows in a row so far (*hot, updated), the
+ * window's crowded samples and the caller's run delay in percent (for tests). */
+int pool_watch_next(int solo, int *hot, int crowded, int samples, int delay_pct);
+
 /* The spin budget in nanoseconds before a waiting thread sleeps (TQKV_SPIN_US * 1000 at
  * the first use; 0 = sleep at once). */
 long pool_spin_ns(void);
