@@ -27,9 +27,10 @@
 # "pergemm" measures the per-expert path at depth 4096, rows 1 / 8 / 64, for an A/B.
 #   Usage: cd PACK && OUT=$OUT ./cuda_moe_device.sh [STEPS]   (default "tests make rows maxrows")
 # The checkpoint stays in /tmp/qwen3moe30b while the machine is warm, so the steps can be
-# spread over calls of at most 10 minutes: "tests make" (estimated 2-3 min), then "rows"
-# (3-5 min: the load ~1 min, 16 configurations, several out of memory at once), then
-# "maxrows" (2-4 min). Estimates from the shapes, nothing here has run on a GPU yet.
+# spread over calls of at most 10 minutes; on an H100 (session 7) all four steps took 2.5 min
+# in one call: tests 2 s, make 7 s, rows 58 s (about 50 s of it the load), maxrows 49 s.
+# The load goes through the page cache at about 1 GB/s; Nsight Compute intercepting it ran
+# past 7 minutes, so profile a smaller shape.
 set -u -o pipefail
 STEPS=${1:-tests make rows maxrows}
 NAME=moe; . "$(dirname "$0")/cuda_run_common.sh"
