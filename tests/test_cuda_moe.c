@@ -30,8 +30,8 @@
  *  - the experts' GEMMs as one grouped launch give the bits of one GEMM per expert
  *    (every checkpoint above; TQKV_MOE_GROUPED=0 runs the per-expert path);
  *  - the routing runs on the device, so decode steps replay as CUDA graphs: a graph twin
- *    and a kernel-by-kernel twin give the same logits bit for bit (decode at 1 and 3 rows,
- *    the grouped GEMMs sized by bounds there); the per-expert path turns graphs off;
+ *    and a kernel-by-kernel twin give the same logits bit for bit (decode at 1, 3 and 66
+ *    rows, the grouped GEMMs sized by bounds there); the per-expert path turns graphs off;
  *  - a device init of the head_dim 32 golden is refused with a message.
  * The checkpoints live in temporary directories removed at the end.
  * Exits 77 (skipped) when the build has no CUDA or no GPU is present. The same cases ran on
@@ -643,26 +643,27 @@ static void test_grouped(void **st) {
  * logits bit for bit at every step, and the graph twin captured and replayed (the routing
  * runs on the device; at decode the grouped GEMMs run on bounds, not on read-back sizes). */
 static void graphs(int ck, tqkv_format f, int rows) {
-    enum { R = 3, N = 21, STEPS = 8 };
+    enum { N = 21, STEPS = 8 };
     const int V = TWIN_V;
     g_model = g_models[ck];
     test_rng r;
     rng_init(&r, g_seed ^ 0x96a ^ (uint64_t)ck << 12 ^ (uint64_t)f ^ (uint64_t)rows << 30);
-    int32_t tok[R * N], step[STEPS][R];
-    random_tokens(&r, tok, (size_t)R * N);
-    random_tokens(&r, &step[0][0], (size_t)STEPS * R);
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)rows * N),
+            *step = malloc(sizeof(int32_t) * (size_t)rows * STEPS);
+    random_tokens(&r, tok, (size_t)rows * N);
+    random_tokens(&r, step, (size_t)rows * STEPS);
     float *l[2];
     tqkv_model_state *s[2];
     for (int i = 0; i < 2; i++) {
         tqkv_model_state_params p = hparams(1, f, rows);
         p.device_graphs = 1 - i;
         s[i] = mk(&p);
-        l[i] = malloc(sizeof(float) * (size_t)R * N * V);
+        l[i] = malloc(sizeof(float) * (size_t)rows * N * V);
         OK(tqkv_model_prefill(g_model, s[i], tok, NULL, N, TQKV_LOGITS_ALL, l[i]));
     }
     expect_same(l[0], l[1], (size_t)rows * N * V, "prefill: graph twin vs kernel by kernel", N);
     for (int t = 0; t < STEPS; t++) {
-        for (int i = 0; i < 2; i++) OK(tqkv_model_decode(g_model, s[i], step[t], l[i]));
+        for (int i = 0; i < 2; i++) OK(tqkv_model_decode(g_model, s[i], step + (size_t)t * rows, l[i]));
         expect_same(l[0], l[1], (size_t)rows * V, "decode: graph twin vs kernel by kernel", t);
     }
     const model_cuda_graph_stats gs = graph_stats(s[0]);
@@ -678,6 +679,8 @@ static void graphs(int ck, tqkv_format f, int rows) {
         tqkv_model_state_free(s[i]);
         free(l[i]);
     }
+    free(tok);
+    free(step);
 }
 
 /* The per-expert path reads the experts' counts back inside a step: no graphs. */
@@ -704,6 +707,7 @@ static void test_graphs(void **st) {
     graphs(CK_Q35, TQKV_TQ4, 3);
     graphs(CK_G4, TQKV_F32, 1);
     graphs(CK_G4, TQKV_TQ4, 3);
+    graphs(CK_A, TQKV_TQ4, 66); /* a captured step above 64 tokens: the bounds, no wait */
     graphs_off_per_expert();
 }
 

@@ -29,6 +29,7 @@
 
 #if defined(__linux__)
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #define POOL_FUTEX 1
@@ -60,7 +61,7 @@ typedef struct {
     int  samples; // in this window
     int  crowded; // of which crowded
     int  hot;     // windows in a row that said "a neighbour" while the team ran
-    int  solo;    // loops on the caller alone
+    _Atomic int solo; // loops on the caller alone (written under the lock, read by pool_solo)
 } pool_watch;
 
 typedef struct {
@@ -191,20 +192,32 @@ int pool_watch_next(int solo, int *hot, int crowded, int samples, int delay_pct)
     return *hot >= WATCH_HOT;
 }
 
+#if POOL_FUTEX /* Linux: /proc/loadavg, schedstat, the affinity mask */
+
 /* The number after the skip-th space of the file (pread from 0), or -1. */
 static long read_field(int fd, int skip) {
     char b[128];
     const ssize_t n = fd < 0 ? -1 : pread(fd, b, sizeof b - 1, 0);
     if (n <= 0) return -1;
     b[n] = 0;
-    const char *p = b - 1;
-    for (int f = 0; f < skip && p; f++) p = strchr(p + 1, ' ');
-    return p ? strtol(p + 1, NULL, 10) : -1;
+    const char *p = b;
+    for (int f = 0; f < skip && p; f++) {
+        p = strchr(p, ' ');
+        if (p) p++;
+    }
+    return p ? strtol(p, NULL, 10) : -1;
+}
+
+/* The CPUs this process may run on. */
+static int watch_cpus(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+    return (int)sysconf(_SC_NPROCESSORS_ONLN);
 }
 
 static void watch_init(pool_watch *w) {
     const char *e = getenv("TQKV_POOL_WATCH");
-    w->ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    w->ncpu = watch_cpus();
     w->delay0 = -1;
     w->fd = (e && !strcmp(e, "0")) || w->ncpu < 1 ? -1 : open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
 }
@@ -218,28 +231,43 @@ static void watch_window(pool_watch *w, long now) {
     const int pct = d >= 0 && w->delay0 >= 0 && tid == w->tid && now > w->t0
                         ? (int)(100 * (d - w->delay0) / (now - w->t0)) : 0;
     w->delay0 = d, w->t0 = now, w->tid = tid;
-    w->solo = pool_watch_next(w->solo, &w->hot, w->crowded, w->samples, pct);
+    const int solo = atomic_load_explicit(&w->solo, memory_order_relaxed);
+    atomic_store_explicit(&w->solo, pool_watch_next(solo, &w->hot, w->crowded, w->samples, pct),
+                          memory_order_relaxed);
     w->samples = w->crowded = 0;
 }
 
 /* Whether a loop of nth threads runs on the caller alone: a sample every WATCH_NS (the
- * runnable threads less the caller and the workers awake: others; crowded when others and
- * the team want more CPUs than there are), a verdict every WATCH_N samples. */
+ * runnable threads less the caller and the workers awake: others), a verdict every WATCH_N
+ * samples. A sample is crowded when others and the team want more CPUs than there are; the
+ * team counts as nth, but while solo as the smallest team to go back to (2), so two
+ * processes solo beside each other on a larger machine do not keep each other there. */
 static int watch_solo(pool_watch *w, int nth) {
+    const int solo = atomic_load_explicit(&w->solo, memory_order_relaxed);
     if (w->fd < 0) return 0;
     const long now = now_ns();
-    if (now < w->next_ns) return w->solo;
+    if (now < w->next_ns) return solo;
     w->next_ns = now + WATCH_NS;
     const long run = read_field(w->fd, 3); /* "0.50 0.40 0.30 3/412 999" */
-    if (run < 0) return w->solo;
+    if (run < 0) return solo;
     const int awake = T.nworkers - atomic_load_explicit(&T.sleepers, memory_order_relaxed);
-    const int others = (int)run - 1 - (awake > 0 ? awake : 0), team = nth < w->ncpu ? nth : w->ncpu;
+    const int others = (int)run - 1 - (awake > 0 ? awake : 0);
+    int team = solo ? 2 : nth;
+    team = team < w->ncpu ? team : w->ncpu;
     w->crowded += others + team > w->ncpu;
     if (++w->samples == WATCH_N) watch_window(w, now);
-    return w->solo;
+    return atomic_load_explicit(&w->solo, memory_order_relaxed);
 }
 
-int pool_solo(void) { return T.watch.solo; }
+#else /* no /proc: the watch is off */
+static void watch_init(pool_watch *w) { w->fd = -1; }
+static int  watch_solo(pool_watch *w, int nth) {
+    (void)w, (void)nth;
+    return 0;
+}
+#endif
+
+int pool_solo(void) { return atomic_load_explicit(&T.watch.solo, memory_order_relaxed); }
 
 // ---------------------------------------------------------------------------
 // the caller

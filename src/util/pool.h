@@ -49,10 +49,11 @@ void pool_for_each(int nth, size_t n, size_t min_n, pool_index_fn fn, void *arg)
  * of the window the caller spent runnable but waiting (its schedstat run delay).
  * Two windows in a row with at least 9 of 10 samples crowded and the caller waiting 30%
  * or more: loops run on the caller alone (the same results: items never depend on the
- * thread) while the samples stay at least 9 of 10 crowded. A client or our own HTTP
+ * thread) while the samples stay at least 9 of 10 crowded (counting the team as 2 then,
+ * so two solo processes on a larger machine go back to teams). CPUs: the affinity mask. A client or our own HTTP
  * threads are runnable part of the time and delay the team now and then; a busy neighbour
  * always is, and delays it a third of the time or more (bench/RESULTS.md, "CPU: the
- * neighbour watch"). TQKV_POOL_WATCH=0 turns it off. */
+ * neighbour watch"). TQKV_POOL_WATCH=0 turns it off; off without Linux's /proc. */
 int pool_solo(void);
 /* The rule: the next solo from this one, the windows in a row so far (*hot, updated), the
  * window's crowded samples and the caller's run delay in percent (for tests). */

@@ -14,7 +14,9 @@
  * (0: none), P = T K (token, expert) pairs, xr the router's input, xn the experts':
  *   router_kernel   logits [T, E] = xr [T, H] . router [E, H]^T      (float32, fixed order)
  *   route_kernel    per token (a warp) moe.c's moe_route_token (softmax, top-k, ties to the lower
- *                   index, renormalised when norm_topk, times the per-expert scale if any),
+ *                   index, renormalised when norm_topk, times the per-expert scale if any;
+ *                   exp rounded from double, within an ulp of the host's expf: GPU vs CPU
+ *                   is bounded, not bitwise),
  *                   its K picks sorted by ascending expert: sel [T, K], weights [T, K]
  *   place_kernel    (a block per expert, each counting every expert's pairs first) the
  *                   pairs grouped by expert (expert 0's tokens ascending, then expert
@@ -33,10 +35,11 @@
  *   combine_kernel  out [T, H] = sum over the token's K pairs, ascending expert, of
  *                   round(w y[p]), from 0, then + round(sigmoid(sg) sy) (moe.c's order).
  * The routing stays on the device, so a step queues without waiting and decode steps are
- * captured as CUDA graphs: at T <= GEMM_CUDA_SMALL_T (decode) the grouped GEMMs are sized by
- * bounds (min(E, P) groups of at most T rows: a token picks K distinct experts), and CTAs past
- * a group's rows return at once. Above it (prefill, never captured) the host reads the group
- * count and the largest group back (one wait per sparse layer) to size the grids tightly.
+ * captured as CUDA graphs: at T <= GEMM_CUDA_SMALL_T (decode) and in any step being captured
+ * the grouped GEMMs are sized by bounds (min(E, P) groups of at most T rows: a token picks K
+ * distinct experts), and CTAs past a group's rows return at once. Otherwise (prefill) the
+ * host reads the group count and the largest group back (one wait per sparse layer) to size
+ * the grids tightly.
  * TQKV_MOE_GROUPED=0 (or mc_moe_set_grouped(0)) runs one tqkv_cuda_gemm per expert instead
  * of the grouped launch (the same bits: test_cuda_moe checks it); so does --fast-gemm
  * (cuBLAS). Those read every expert's count back (one wait per sparse layer), so the
@@ -70,6 +73,7 @@ struct mc_moe_layer {
 struct mc_moe_state {
     size_t   cap;      /* tokens the buffers hold */
     int      e_cap;    /* experts the buffers hold */
+    int      k_cap;    /* picks per token they hold */
     float   *logits;   /* device [T, E] */
     int32_t *idx;      /* device [4 E + 4 P + E + 2], IDX_* below */
     int32_t *h_back;   /* pinned [E + 2]: count [E] | used groups | most rows */
@@ -197,6 +201,7 @@ extern "C" tqkv_status mc_moe_reserve(model_cuda *g, const moe_shape *sh, mc_moe
     size_t cap = 0; /* mc_regrow's; x->cap is set once everything is there */
     x->cap = 0;
     x->e_cap = (int)E;
+    x->k_cap = (int)K;
     tqkv_status st = mc_regrow(g, (void **)&x->logits, 0, T * E * 4, &cap, T);
     if (!st) st = mc_regrow(g, (void **)&x->idx, 0, IDX_WORDS(E, P) * 4, &cap, T);
     if (!st) st = mc_regrow(g, (void **)&x->h_back, 1, (E + 2) * 4, &cap, T);
@@ -240,7 +245,8 @@ __device__ __forceinline__ void route_better(float &v, int &i, float ov, int oi)
 }
 
 /* Token t's routing, moe.c's moe_route_token step for step (float32; the softmax's sum in
- * expert order on lane 0, exp rounded from double as the host's correctly rounded expf;
+ * expert order on lane 0, exp rounded from double: within an ulp of glibc's expf (0.502 ulp),
+ * so a weight may differ from the CPU's in its last bit;
  * each pick the largest probability not taken, ties to the lower index), then its K picks
  * sorted by ascending expert (the combine's order): sel [T, K] and the weights' bits
  * wbits [T, K]. One warp per token. grid T, block 32. */
@@ -458,7 +464,8 @@ static tqkv_status shared_queue(model_cuda *g, const mc_moe_layer *D, const moe_
 /* The routing of T tokens on g's stream (three launches): router logits, each token's picks, the pairs
  * grouped by expert (x->idx). r gets the grouped GEMMs' bounds (decode: min(E, P) groups of
  * at most T rows, no wait) or, above GEMM_CUDA_SMALL_T tokens and for the per-expert path,
- * the exact ones read back (one wait; r->count then points at the experts' counts). */
+ * the exact ones read back (one wait; r->count then points at the experts' counts). A step
+ * being captured (decode at any row count) always takes the bounds. */
 static tqkv_status route_queue(model_cuda *g, const mc_moe_layer *D, const moe_shape *sh,
                                mc_moe_state *x, const float *xr, int T, moe_routing *r) {
     const int E = sh->n_experts, K = sh->top_k, H = sh->hidden;
@@ -478,9 +485,12 @@ static tqkv_status route_queue(model_cuda *g, const mc_moe_layer *D, const moe_s
     if (st || (T <= GEMM_CUDA_SMALL_T && !per_expert)) return st;
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     st = mc_ck(cudaStreamIsCapturing(s, &cs), "experts routing");
-    if (!st && cs != cudaStreamCaptureStatusNone)
-        return tqkv_fail(TQKV_ESTATE, "cuda forward: the experts' per-expert GEMMs or a %d-token "
-                         "step cannot be captured in a graph", T);
+    if (!st && cs != cudaStreamCaptureStatusNone) { /* a decode step of many rows: the bounds */
+        if (per_expert)
+            return tqkv_fail(TQKV_ESTATE, "cuda forward: the experts' per-expert GEMMs cannot "
+                             "be captured in a graph");
+        return TQKV_OK;
+    }
     if (!st) st = mc_ck(cudaMemcpyAsync(x->h_back, idx + IDX_COUNT(E, P), ((size_t)E + 2) * 4,
                                         cudaMemcpyDeviceToHost, s), "experts routing");
     if (!st) st = mc_ck(cudaStreamSynchronize(s), "experts routing");
@@ -496,9 +506,11 @@ extern "C" tqkv_status mc_moe_queue(model_cuda *g, const mc_moe_layer *D, const 
     const int E = sh->n_experts, K = sh->top_k, H = sh->hidden, I = sh->inter;
     const size_t P = (size_t)T * K;
     const cudaStream_t s = g->stream;
-    if (!x || (size_t)T > x->cap || E > x->e_cap)
-        return tqkv_fail(TQKV_ESTATE, "cuda forward: experts scratch holds %zu tokens, not %d",
-                         x ? x->cap : 0, T);
+    if (!x || (size_t)T > x->cap || E > x->e_cap || K > x->k_cap || E > MOE_CUDA_E_MAX ||
+        K > MOE_CUDA_K_MAX)
+        return tqkv_fail(TQKV_ESTATE, "cuda forward: experts scratch holds %zu tokens of %d "
+                         "experts top %d, not %d of %d top %d", x ? x->cap : 0, x ? x->e_cap : 0,
+                         x ? x->k_cap : 0, T, E, K);
     // ---- routing on the device: x->idx's groups, tok, pair and weights
     moe_routing r;
     tqkv_status st = route_queue(g, D, sh, x, xr, T, &r);
