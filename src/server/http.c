@@ -437,8 +437,12 @@ static int stream_choice(job *j, int i, const choice_snap *sn) {
         }
         c->content_sent = sn->text_len;
     } else {
-        /* content up to where a tool call could begin; logprobs with it */
-        size_t safe = sn->done ? sn->text_len : srv_tool_safe_len(sn->text, sn->text_len);
+        /* content up to where a tool call could begin; logprobs with it. A closed choice
+         * (its calls parsed and sent by an earlier fill: another choice's events bring it
+         * here again) has no content left. */
+        size_t safe = c->closed    ? c->content_sent
+                      : sn->done ? sn->text_len
+                                 : srv_tool_safe_len(sn->text, sn->text_len);
         srv_tool_call *calls = NULL;
         int n_calls = 0;
         size_t content_end = safe;

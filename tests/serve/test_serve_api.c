@@ -647,22 +647,27 @@ static void test_tool_calls_http(void **state) {
     cJSON_Delete(args);
     cJSON_Delete(j);
     http_resp_free(&r);
-    /* streamed, n = 2: content before the call, then delta.tool_calls, finish tool_calls */
-    snprintf(body, sizeof body, "{" MSG ",%s,\"stream\":true,\"n\":2}", TOOLS);
-    assert_int_equal(http_do(fx.port, "POST", H, NULL, body, &r), 0);
-    assert_int_equal(r.status, 200);
-    char *text[2];
-    char fin[2][32];
-    sse_by_index(r.body, 1, 2, text, fin, NULL);
-    for (int c = 0; c < 2; c++) {
-        assert_string_equal(text[c], "I will look it up.");
-        assert_string_equal(fin[c], "tool_calls");
-        free(text[c]);
+    /* streamed, n = 4, a few times: content before the call, then delta.tool_calls, finish
+     * tool_calls; a choice that finishes in an earlier write than the others must not send
+     * its call's text as content when their events come (it did, under load) */
+    for (int rep = 0; rep < 6; rep++) {
+        snprintf(body, sizeof body, "{" MSG ",%s,\"stream\":true,\"n\":4}", TOOLS);
+        assert_int_equal(http_do(fx.port, "POST", H, NULL, body, &r), 0);
+        assert_int_equal(r.status, 200);
+        char *text[4];
+        char fin[4][32];
+        sse_by_index(r.body, 1, 4, text, fin, NULL);
+        for (int c = 0; c < 4; c++) {
+            if (strcmp(text[c], "I will look it up.") || strcmp(fin[c], "tool_calls"))
+                fail_msg("streamed tool call, request %d, choice %d: content '%s', finish '%s'",
+                         rep, c, text[c], fin[c]);
+            free(text[c]);
+        }
+        assert_non_null(strstr(r.body, "\"tool_calls\":[{\"index\":0,\"id\":\"call_"));
+        assert_non_null(strstr(r.body, "\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\""));
+        assert_null(strstr(r.body, "<tool_call>"));
+        http_resp_free(&r);
     }
-    assert_non_null(strstr(r.body, "\"tool_calls\":[{\"index\":0,\"id\":\"call_"));
-    assert_non_null(strstr(r.body, "\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\""));
-    assert_null(strstr(r.body, "<tool_call>"));
-    http_resp_free(&r);
     /* tool_choice none: the same output is plain content */
     snprintf(body, sizeof body, "{" MSG ",%s,\"tool_choice\":\"none\"}", TOOLS);
     assert_int_equal(http_do(fx.port, "POST", H, NULL, body, &r), 0);
