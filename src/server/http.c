@@ -498,7 +498,8 @@ static int stream_fill(job *j) {
             bad = 1;
             continue;
         }
-        memcpy(sn[i].pieces, c->pieces + sn[i].from, sizeof(srv_piece) * (size_t)(sn[i].to - sn[i].from));
+        if (sn[i].to > sn[i].from) /* a choice with no pieces yet has none to copy (NULL) */
+            memcpy(sn[i].pieces, c->pieces + sn[i].from, sizeof(srv_piece) * (size_t)(sn[i].to - sn[i].from));
         memcpy(sn[i].text, c->text ? c->text : "", c->text_len);
         sn[i].text[c->text_len] = 0;
     }
