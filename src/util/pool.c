@@ -16,20 +16,19 @@
  */
 #include "util/pool.h"
 
-#include <fcntl.h>
-#include <stdio.h>
 #include <omp.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #if defined(__linux__)
+#include <fcntl.h>
 #include <linux/futex.h>
 #include <sched.h>
+#include <stdio.h>
+#include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #define POOL_FUTEX 1
@@ -46,14 +45,14 @@
 #define POOL_MAX 64          /* threads in a team, the caller included */
 #define WATCH_NS 20000000L   /* the neighbour watch samples every 20 ms ... */
 #define WATCH_N 10           /* ... and decides every 10 samples (200 ms) */
-#define WATCH_DELAY_PCT 30   /* a window the worker waited to run this much of: contended */
+#define WATCH_DELAY_PCT 30   /* a window the caller waited to run this much of: contended */
 #define WATCH_HOT 2          /* windows in a row that go solo */
 #define POOL_OPEN 0x80000000u /* state: workers may enter; low bits: workers inside */
 
 /* The neighbour watch (pool.h). */
 typedef struct {
     int  fd;      // /proc/loadavg, or -1: the watch is off
-    int  ncpu;    // online CPUs
+    int  ncpu;    // CPUs the process may run on
     long next_ns; // the next sample
     long t0;      // the window's start
     long delay0;  // the caller's run delay (ns) then, or -1
@@ -309,6 +308,10 @@ static void caller_wait_empty(void) {
 #endif
 }
 
+static void run_serial(size_t n, pool_item_fn fn, void *arg) {
+    for (size_t i = 0; i < n; i++) fn(arg, i, 0);
+}
+
 static void run_omp(int nth, size_t n, pool_item_fn fn, void *arg) {
     _Atomic size_t next = 0;
 #pragma omp parallel num_threads(nth)
@@ -322,7 +325,7 @@ void pool_for(int nth, size_t n, pool_item_fn fn, void *arg) {
     if (n == 0) return;
     if (nth > (int)n) nth = (int)n;
     if (nth <= 1) {
-        for (size_t i = 0; i < n; i++) fn(arg, i, 0);
+        run_serial(n, fn, arg);
         return;
     }
     if (!POOL_FUTEX || nth > POOL_MAX || pthread_mutex_trylock(&T.lock) != 0) {
@@ -332,7 +335,7 @@ void pool_for(int nth, size_t n, pool_item_fn fn, void *arg) {
     pthread_once(&T.once, team_init);
     if (watch_solo(&T.watch, nth)) { /* a neighbour keeps a core: joins would wait on it */
         pthread_mutex_unlock(&T.lock);
-        for (size_t i = 0; i < n; i++) fn(arg, i, 0);
+        run_serial(n, fn, arg);
         return;
     }
     if (team_grow(nth - 1) < 1) {
