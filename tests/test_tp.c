@@ -205,17 +205,53 @@ static int argmax(const float *x, int n) {
 
 /* Prefill `n` tokens (logits of every position), then `steps` greedy decodes; logits of the
  * prefill [n, V] into pl and the greedy tokens into toks. */
+/* A top-2 gap (logits) below which a tq4 run may pick the other token: flipped key codes
+ * move logits by up to about 1e-2 at the measured rel L2 (4e-4 .. 1.5e-3); the seed above
+ * parted at a gap of 0.0016. */
+#define TIE_TQ4 0.05f
+
+/* The gap between the largest logit and the runner-up. */
+static float top2_gap(const float *l) {
+    float a = -INFINITY, b = -INFINITY;
+    for (int i = 0; i < V; i++) {
+        if (l[i] > a) b = a, a = l[i];
+        else if (l[i] > b) b = l[i];
+    }
+    return a - b;
+}
+
+/* Greedy: prefill logits into pl, steps tokens into toks, and gap[i] the top-2 gap of the
+ * logits that chose toks[i]. */
 static void run_greedy(tqkv_model_state *s, const int32_t *prompt, int n, int steps, float *pl,
-                       int32_t *toks) {
+                       int32_t *toks, float *gap) {
     float *lg = malloc(sizeof(float) * (size_t)V);
     OK(tqkv_model_prefill(g_m, s, prompt, NULL, n, TQKV_LOGITS_ALL, pl));
     int32_t t = argmax(pl + (size_t)(n - 1) * V, V);
+    gap[0] = top2_gap(pl + (size_t)(n - 1) * V);
     for (int i = 0; i < steps; i++) {
         toks[i] = t;
         OK(tqkv_model_decode(g_m, s, &t, lg));
         t = argmax(lg, V);
+        if (i + 1 < steps) gap[i + 1] = top2_gap(lg);
     }
     free(lg);
+}
+
+/* Greedy tokens of a sharded run against the unsharded one: identical (exact), or (tq4)
+ * identical up to a step where the unsharded run's choice was a near-tie (top-2 gap under
+ * tie), which a flipped key code may decide the other way; later steps then follow other
+ * tokens and are not compared. */
+static void expect_greedy(const int32_t *got, const int32_t *ref, const float *gap, int steps,
+                          int exact, float tie, const char *what) {
+    for (int i = 0; i < steps; i++) {
+        if (got[i] == ref[i]) continue;
+        if (exact || gap[i] >= tie)
+            fail_msg("%s: greedy token %d differs (%d vs %d) with a top-2 gap of %.4g", what, i,
+                     got[i], ref[i], (double)gap[i]);
+        print_message("%s: greedy tokens part at step %d, a near-tie (gap %.4g)\n", what, i,
+                      (double)gap[i]);
+        return;
+    }
 }
 
 static void test_sharded_vs_unsharded(void **state) {
@@ -229,26 +265,30 @@ static void test_sharded_vs_unsharded(void **state) {
     /* f32 KV: float32 reassociation only (measured ~1e-6), the bound that catches a
      * sharding error; tq4: the same, plus keys whose code flips on such a difference:
      * measured 2e-7 .. 1.5e-3 over random prompts (seed 1796509375660599 gives 1.5e-3 at
-     * tp 4), hence 1e-2; greedy tokens must still be identical */
+     * tp 4), hence 1e-2; greedy tokens identical for f32, for tq4 up to a near-tie (seed
+     * 1796520847176353 parts at tp 4 where the tokens' top-2 gap was TIE_TQ4 or less) */
     const double bound[] = {1e-5, 1e-2};
     float *ref = malloc(sizeof(float) * N_PROMPT * (size_t)V), *got = malloc(sizeof(float) * N_PROMPT * (size_t)V);
     for (int k = 0; k < 2; k++) {
         int32_t tref[STEPS], tgot[STEPS];
+        float gref[STEPS], ggot[STEPS];
         tqkv_model_state *s1 = new_state(1, 1, kvs[k]);
-        run_greedy(s1, prompt, N_PROMPT, STEPS, ref, tref);
+        run_greedy(s1, prompt, N_PROMPT, STEPS, ref, tref, gref);
         const size_t bytes1 = tqkv_model_state_kv_bytes_used(s1);
         assert_int_equal(tqkv_model_state_tensor_parallel(s1), 1);
         assert_int_equal(tqkv_model_state_kv_bytes_rank(s1, 0), bytes1);
         for (int tp = 2; tp <= 4; tp += 2) {
             tqkv_model_state *s = new_state(1, tp, kvs[k]);
             assert_int_equal(tqkv_model_state_tensor_parallel(s), tp);
-            run_greedy(s, prompt, N_PROMPT, STEPS, got, tgot);
+            run_greedy(s, prompt, N_PROMPT, STEPS, got, tgot, ggot);
             const double e = rel_l2(got, ref, (size_t)N_PROMPT * V);
             print_message("kv %s tp %d: prefill logits rel L2 %.3g (bound %.0e)\n",
                           tqkv_format_name(kvs[k]), tp, e, bound[k]);
             assert_true(e <= bound[k]);
             assert_true(e > 0); /* the row-parallel sums do reassociate */
-            assert_memory_equal(tgot, tref, sizeof tref);
+            char what[48];
+            snprintf(what, sizeof what, "kv %s tp %d", tqkv_format_name(kvs[k]), tp);
+            expect_greedy(tgot, tref, gref, STEPS, kvs[k] == TQKV_F32, TIE_TQ4, what);
             /* each rank holds its KV heads: 1 of the 2 (tp 2: split; tp 4: replicated) */
             size_t sum = 0;
             for (int r = 0; r < tp; r++) {
