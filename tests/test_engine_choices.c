@@ -208,11 +208,18 @@ static void test_penalties_and_bias(void **state) {
     multi plain, pen, both;
     submit_n(e, &j, 1, &none, &plain);
     run_until_idle(e);
-    /* the plain greedy output's first token banned, its second favoured */
+    /* the plain greedy output's first token banned, its next other token favoured (a
+     * token given twice is refused: outputs may repeat their first token) */
+    int32_t fav = (plain.ch[0].toks[0] + 1) % V;
+    for (int i = 1; i < j.max_tokens; i++)
+        if (plain.ch[0].toks[i] != plain.ch[0].toks[0]) {
+            fav = plain.ch[0].toks[i];
+            break;
+        }
     op.n_bias = 2;
     op.bias_ids[0] = plain.ch[0].toks[0];
     op.bias_vals[0] = -100;
-    op.bias_ids[1] = plain.ch[0].toks[1];
+    op.bias_ids[1] = fav;
     op.bias_vals[1] = 3;
     submit_n(e, &j, 1, &op, &pen);
     job js = j;
