@@ -274,7 +274,13 @@ static void encode_one(const struct tqkv_codec *c, const float *x, int rot_in, u
     switch (c->format) {
     case TQKV_F32: memcpy(payload, x, (size_t)d * sizeof(float)); break;
     case TQKV_F16: f16_encode_one(d, x, payload, simd); break;
-    case TQKV_Q8: q8_encode_one(d, x, payload, scales); break;
+    case TQKV_Q8:
+#if TQKV_CODEC_X86
+        if (simd) codec_q8_encode_avx2(d, x, payload, scales);
+        else
+#endif
+            q8_encode_one(d, x, payload, scales);
+        break;
     case TQKV_Q4: q4_encode_one(d, x, payload, scales); break;
     case TQKV_FP8: fp8_encode_one(d, x, payload, scales, simd); break;
     case TQKV_TQ2:

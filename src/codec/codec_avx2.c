@@ -253,6 +253,39 @@ TQKV_AVX2 void codec_f16_encode_avx2(int dim, const float *x, uint8_t *payload) 
     }
 }
 
+/* q8_0 of one vector, bit for bit codec.c's q8_encode_one: the block's |max| and its float
+ * scale, then q = x / scale in float64, clamped to +-127 and rounded half away from zero. */
+TQKV_AVX2 void codec_q8_encode_avx2(int dim, const float *x, uint8_t *payload, uint16_t *scales) {
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256d lim = _mm256_set1_pd(127.0), half = _mm256_set1_pd(0.5), one = _mm256_set1_pd(1.0);
+    for (int b = 0; b < dim / 32; b++) {
+        const float *v = x + 32 * b;
+        __m256 m = _mm256_setzero_ps();
+        /* max(|v|, m): a NaN |v| keeps m, as the scalar compare skips it */
+        for (int j = 0; j < 32; j += 8) m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(v + j), absm), m);
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        const float dq = _mm_cvtss_f32(m4) / 127.0f;
+        scales[b] = tqkv_f32_to_f16(dq);
+        const __m256d dd = _mm256_set1_pd((double)dq);
+        for (int j = 0; j < 32; j += 4) {
+            __m256d q = dq != 0.0f ? _mm256_div_pd(_mm256_cvtps_pd(_mm_loadu_ps(v + j)), dd)
+                                   : _mm256_setzero_pd();
+            q = _mm256_and_pd(q, _mm256_cmp_pd(q, q, _CMP_ORD_Q)); /* NaN -> 0 */
+            q = _mm256_max_pd(_mm256_min_pd(q, lim), _mm256_sub_pd(_mm256_setzero_pd(), lim));
+            const __m256d t = _mm256_round_pd(q, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            const __m256d f = _mm256_sub_pd(q, t); /* exact */
+            const __m256d up = _mm256_and_pd(_mm256_cmp_pd(f, half, _CMP_GE_OQ), one);
+            const __m256d dn = _mm256_and_pd(_mm256_cmp_pd(f, _mm256_sub_pd(_mm256_setzero_pd(), half), _CMP_LE_OQ), one);
+            const __m128i r = _mm256_cvttpd_epi32(_mm256_sub_pd(_mm256_add_pd(t, up), dn));
+            const __m128i p16 = _mm_packs_epi32(r, r);
+            const int32_t p8 = _mm_cvtsi128_si32(_mm_packs_epi16(p16, p16));
+            memcpy(payload + 32 * b + j, &p8, 4);
+        }
+    }
+}
+
 /* codec_e4m3_from_double on 4 float64 lanes -> 4 codes in the low bytes of int64 lanes. */
 TQKV_AVX2 static inline __m256i e4m3_x4(__m256d v) {
     const __m256d sgnm = _mm256_set1_pd(-0.0);

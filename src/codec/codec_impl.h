@@ -58,6 +58,8 @@ double codec_tq_quantize_avx2(const struct tqkv_codec *c, const float *xr, float
                               uint8_t *idx);
 /* f16 payload (LE halves) of x [dim]; NaN -> sign | 0x7e00 like tqkv_f32_to_f16. */
 void codec_f16_encode_avx2(int dim, const float *x, uint8_t *payload);
+/* q8_0 of one vector (codec.c's q8_encode_one, bit for bit). */
+void codec_q8_encode_avx2(int dim, const float *x, uint8_t *payload, uint16_t *scales);
 /* fp8 payload of x [dim] at scale s (finite, > 0): bytes equal to codec_e4m3_from_double
  * of the float64 quotients x[i] / s. */
 void codec_fp8_encode_avx2(int dim, const float *x, float s, uint8_t *payload);
