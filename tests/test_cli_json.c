@@ -200,6 +200,39 @@ static void test_cli_run_json(void **state) {
     cJSON_Delete(o);
 }
 
+/* With no --kv, `tqkv run` takes the default preset (auto:4.25 resolved to a tq4 cache with
+ * a q8 window on this model); with --window, plain tq4 and that window. */
+static void test_cli_run_default_kv(void **state) {
+    (void)state;
+    char model[1024], args[2048], out[1 << 16];
+    source_path("models/qwen3-code-28m", model, sizeof model);
+    const char *extra[2] = {"", "--window 8"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "run --model '%s' --prompt 'def add(a, b):' -n 4 --temp 0 "
+                 "--threads 2 --json %s", model, extra[i]);
+        assert_int_equal(run_cli(args, out, sizeof out), 0);
+        cJSON *o = cJSON_Parse(out);
+        if (!o) fail_msg("not JSON: %s", out);
+        const cJSON *res = cJSON_GetObjectItem(o, "kv_resolved");
+        if (i == 0) {
+            assert_string_equal(cJSON_GetObjectItem(o, "kv")->valuestring, "auto:4.25");
+            assert_true(cJSON_IsString(res));
+            /* resolved at the model's context (4096): the window measured at ctx 2048 (30)
+             * grows until the 4.25 bits are spent, to within one window token (8.5 / ctx) */
+            int w = 0, ctx = 0;
+            double bits = 0;
+            if (sscanf(res->valuestring, "tq4 window %d (%lf bits/value at ctx %d)", &w, &bits, &ctx) != 3)
+                fail_msg("kv_resolved: %s", res->valuestring);
+            assert_int_equal(ctx, 4096);
+            assert_true(w > 30 && bits <= 4.25 && bits > 4.25 - 8.5 / ctx);
+        } else {
+            assert_string_equal(cJSON_GetObjectItem(o, "kv")->valuestring, "tq4");
+            assert_null(res);
+        }
+        cJSON_Delete(o);
+    }
+}
+
 /* `tqkv run --tensor-parallel 2 --exact`: the same greedy tokens as unsharded, rank 0 holding
  * half the cache bytes; refusals (a rank count that splits no head evenly, the device) exit
  * non-zero with nothing on stdout. */
@@ -269,6 +302,7 @@ int main(void) {
         cmocka_unit_test(test_json_numbers),
         cmocka_unit_test(test_cli_tokenize_json),
         cmocka_unit_test(test_cli_run_json),
+        cmocka_unit_test(test_cli_run_default_kv),
         cmocka_unit_test(test_cli_tensor_parallel),
         cmocka_unit_test(test_cli_capacity_json),
     };

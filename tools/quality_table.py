@@ -13,17 +13,17 @@ for f in sys.argv[1:]:
             continue
         if r.get('res'):
             rows.append(r)
-base = {}
+base = {}  # the f32 run of the same model, window count and context
 for r in rows:
-    if r['args'].split()[:2] == ['--kv', 'f32'] and r['res']:
-        base[(r['model'], r['res']['windows'])] = r['res']['ppl']
+    if r['res']['kv'] == 'f32' and not r['res'].get('kv_resolved'):
+        base[(r['model'], r['res']['windows'], r['res'].get('ctx'))] = r['res']['ppl']
 print('| model | windows | --kv | resolved | bits/value | ppl | vs f32 | KLD |')
 print('|---|---|---|---|---|---|---|---|')
 for r in rows:
     x = r['res']
     if not x:
         continue
-    b = base.get((r['model'], x['windows']))
+    b = base.get((r['model'], x['windows'], x.get('ctx')))
     d = f"{100 * (x['ppl'] / b - 1):+.3f}%" if b else ''
     kld = '' if x.get('kld') is None else f"{x['kld']:.5f}"
     res = x.get('kv_resolved') or ''

@@ -24,6 +24,7 @@
 
 #include "cli.h"
 #include "json_out.h"
+#include "kv_preset.h"
 #include "model_cli.h"
 #include "tqkv_model.h"
 
@@ -173,6 +174,9 @@ typedef struct {
     int most_rows;             /* the largest of them */
     int ctxs[32];              /* [n_ctx] */
     tqkv_format kf[32], vf[32]; /* [n_kv] */
+    int is_preset[32];         /* [n_kv] --kv item k is a preset (auto:B) */
+    tqkv_model_state_params *pre; /* [n_ctx * 32 + k] presets resolved at ctx + gen + 1 */
+    char (*pre_desc)[160];     /* [n_ctx * 32 + k] their resolved specs */
 } bm_opts;
 
 /* --graphs into o->gv [o->n_gv]; 0 or -1 (message printed). */
@@ -232,7 +236,7 @@ static int bm_parse_args(int argc, char **argv, bm_opts *o) {
     const arg_spec specs[] = {
         {"--model", ARG_STR, &o->model_arg, "model directory (default " MCLI_DEFAULT_MODEL ")"},
         {"--ctx", ARG_STR, &o->ctx_list, "comma-separated prefill lengths (default 512,4096)"},
-        {"--kv", ARG_STR, &o->kv_list, "comma-separated KV formats (default f32,f16,q8,tq4,tq3)"},
+        {"--kv", ARG_STR, &o->kv_list, "comma-separated KV formats or presets auto:B (default f32,f16,q8,tq4,tq3)"},
         {"--threads", ARG_INT, &o->threads, "threads (default 2)"},
         {"--gen", ARG_INT, &o->gen, "decode steps after the prefill (default 64)"},
         {"--window", ARG_INT, &o->window, "q8 recent window of tq caches (default 0)"},
@@ -327,12 +331,21 @@ static int bm_parse_lists(bm_opts *o) {
             bad = 1;
         }
     }
-    for (int i = 0; i < o->n_kv && !bad; i++)
-        bad = mcli_parse_kv(CMD, o->kv_items[i], &o->kf[i], &o->vf[i]) != 0;
+    for (int i = 0; i < o->n_kv && !bad; i++) {
+        o->is_preset[i] = kvp_is_preset(o->kv_items[i]);
+        if (o->is_preset[i] && o->window) {
+            fprintf(stderr, "tqkv bench model: --kv %s chooses the window itself; drop --window\n",
+                    o->kv_items[i]);
+            bad = 1;
+        }
+        if (!o->is_preset[i]) bad = mcli_parse_kv(CMD, o->kv_items[i], &o->kf[i], &o->vf[i]) != 0;
+    }
     return bad ? 2 : bm_parse_rows(o);
 }
 
 static void bm_opts_free(bm_opts *o) {
+    free(o->pre);
+    free(o->pre_desc);
     free(o->ctx_copy);
     free(o->kv_copy);
     free(o->rows_copy);
@@ -400,16 +413,50 @@ static void bm_warm_up(const tqkv_model *m, const tqkv_model_state_params *base,
     tqkv_model_state_free(s);
 }
 
+/* The presets among --kv, resolved for m at each --ctx (the context run: ctx + gen + 1)
+ * from base (so the device's own candidates); 0, or 1 (message printed). */
+static int bm_resolve_presets(bm_opts *o, const tqkv_model *m, const tqkv_model_state_params *base) {
+    int any = 0;
+    for (int k = 0; k < o->n_kv; k++) any |= o->is_preset[k];
+    if (!any) return 0;
+    o->pre = calloc((size_t)o->n_ctx * 32, sizeof *o->pre);
+    o->pre_desc = calloc((size_t)o->n_ctx * 32, sizeof *o->pre_desc);
+    if (!o->pre || !o->pre_desc) {
+        fprintf(stderr, "tqkv bench model: out of memory\n");
+        return 1;
+    }
+    for (int c = 0; c < o->n_ctx; c++)
+        for (int k = 0; k < o->n_kv; k++) {
+            if (!o->is_preset[k]) continue;
+            const int j = c * 32 + k;
+            o->pre[j] = *base;
+            if (kvp_resolve(CMD, m, o->kv_items[k], o->ctxs[c] + o->gen + 1, &o->pre[j],
+                            o->pre_desc[j], sizeof o->pre_desc[j]))
+                return 1;
+            fprintf(stderr, "tqkv bench model: ctx %d: --kv %s -> %s\n", o->ctxs[c], o->kv_items[k],
+                    o->pre_desc[j]);
+        }
+    return 0;
+}
+
+/* The state parameters of (ctx c, kv k): base with kv item k's formats, or its preset. */
+static tqkv_model_state_params bm_params(const bm_opts *o, const tqkv_model_state_params *base,
+                                         int c, int k) {
+    if (o->is_preset[k]) return o->pre[c * 32 + k];
+    tqkv_model_state_params sp = *base;
+    sp.k_format = o->kf[k];
+    sp.v_format = o->vf[k];
+    return sp;
+}
+
 /* One measure() of `rows` rows at (ctx c, kv k, graphs gi, pick pi), its line on stderr.
  * TQKV_ENOMEM (does not fit) is reported as such; another failure's message is printed. */
 static tqkv_status bm_measure_one(const bm_opts *o, const tqkv_model *m,
                                   const tqkv_model_state_params *base, const int32_t *tok,
                                   float *logits, int rows, int c, int k, int gi, int pi,
                                   double *pp, double *tg, double *bpt) {
-    tqkv_model_state_params sp = *base;
+    tqkv_model_state_params sp = bm_params(o, base, c, k);
     sp.rows = rows;
-    sp.k_format = o->kf[k];
-    sp.v_format = o->vf[k];
     sp.device_graphs = o->gv[gi];
     const tqkv_status st = measure(m, &sp, tok, o->ctxs[c], rows, o->gen, o->synth, o->pv[pi],
                                    logits, pp, tg, bpt);
@@ -457,9 +504,7 @@ static void bm_find_max_rows(const bm_opts *o, const tqkv_model *m,
                              const tqkv_model_state_params *base, bm_results *res) {
     for (int c = 0; c < o->n_ctx; c++)
         for (int k = 0; k < o->n_kv; k++) {
-            tqkv_model_state_params sp = *base;
-            sp.k_format = o->kf[k];
-            sp.v_format = o->vf[k];
+            tqkv_model_state_params sp = bm_params(o, base, c, k);
             float *lg = NULL;
             res->maxr[c * 32 + k] = max_rows(m, &sp, o->ctxs[c] + o->gen + 1, &lg); /* as measure, synth */
             free(lg);
@@ -515,7 +560,8 @@ static cJSON *bm_json_conf(const bm_opts *o, cJSON *arr, int c, int k, int gi, i
     cJSON_AddNumberToObject(j, "gen", o->gen);
     cJSON_AddNumberToObject(j, "rows", rows);
     cJSON_AddNumberToObject(j, "tensor_parallel", o->tp > 1 ? o->tp : 1);
-    cJSON_AddNumberToObject(j, "window", o->window);
+    cJSON_AddNumberToObject(j, "window", o->is_preset[k] ? o->pre[c * 32 + k].window : o->window);
+    if (o->is_preset[k]) cJSON_AddStringToObject(j, "kv_resolved", o->pre_desc[c * 32 + k]);
     return j;
 }
 
@@ -627,6 +673,8 @@ int cmd_bench_model(int argc, char **argv) {
     /* the table is the progress display: on stderr when stdout carries JSON */
     FILE *tab = o.json ? stderr : stdout;
     const tqkv_model_state_params base = bm_prepare(&o, m, tab);
+    rc = bm_resolve_presets(&o, m, &base);
+    if (rc) goto done;
     bm_warm_up(m, &base, tok, max_ctx, logits);
     rc = bm_measure_all(&o, m, &base, tok, logits, res);
     if (!rc && o.find_max) bm_find_max_rows(&o, m, &base, res);

@@ -42,6 +42,7 @@ typedef struct {
     int preset;                     /* --kv is a preset (auto:B), resolved once the model is loaded */
     tqkv_model_state_params sp;     /* formats, kernels, device from the options */
     char dir[4096];                 /* the resolved model directory */
+    char resolved[256];             /* the preset's resolved spec ("" when --kv is no preset) */
 } run_opts;
 
 /* Out-of-range sampling options are refused here, never replaced by a default; 0 or -1
@@ -67,7 +68,7 @@ static int run_check_sampling(const run_opts *o) {
 /* Defaults, the command line and its checks; 0, or the exit code (message printed). */
 static int run_parse_args(int argc, char **argv, run_opts *o) {
     *o = (run_opts){
-        .model_arg = MCLI_DEFAULT_MODEL, .kv = "f32", .kv_layers = "",
+        .model_arg = MCLI_DEFAULT_MODEL, .kv_layers = "",
         .prefill_kernel = "graph", .decode_kernel = "graph", .device = "cpu",
         .n_gen = 128, .top_k = UNSET, .seed = UNSET,
         .temp = NAN, .top_p = NAN, .min_p = NAN, .rep = NAN,
@@ -83,7 +84,7 @@ static int run_parse_args(int argc, char **argv, run_opts *o) {
         {"--min-p", ARG_DOUBLE, &o->min_p, "min-p (0 = off)"},
         {"--repeat-penalty", ARG_DOUBLE, &o->rep, "repetition penalty (1 = off)"},
         {"--seed", ARG_INT, &o->seed, "sampling seed (default: from the clock)"},
-        {"--kv", ARG_STR, &o->kv, "KV cache format: f32|f16|q8|q4|tq2|tq3|tq4|fp8, K/V, or a preset auto:B (default f32)"},
+        {"--kv", ARG_STR, &o->kv, "KV cache format: f32|f16|q8|q4|tq2|tq3|tq4|fp8, K/V, or a preset auto:B (default " MCLI_DEFAULT_KV "; tq4 with --window or --kv-layers)"},
         {"--kv-layers", ARG_STR, &o->kv_layers, "per-layer KV formats, e.g. '0,7:q8'"},
         {"--window", ARG_INT, &o->window, "newest tokens kept at q8 beside a tq cache (default 0)"},
         {"--kv-seed", ARG_INT, &o->kv_seed, "rotation seed of the KV cache (layer l: seed + l)"},
@@ -116,6 +117,7 @@ static int run_parse_args(int argc, char **argv, run_opts *o) {
     tqkv_model_state_params *sp = &o->sp;
     *sp = tqkv_model_state_params_default();
     sp->device_fast_gemm = o->fast_gemm;
+    if (!o->kv) o->kv = mcli_default_kv(o->window || o->kv_layers[0]);
     o->preset = kvp_is_preset(o->kv);
     if (o->preset && (o->window || o->kv_layers[0])) {
         fprintf(stderr, "tqkv run: --kv %s chooses the window and per-layer formats itself; "
@@ -262,9 +264,8 @@ static int run_session_init(run_opts *o, const char *ptext, size_t plen, run_ses
     sp->rows = 1;
     sp->window = o->window;
     if (o->preset) { /* resolved at the model's context length */
-        char resolved[256];
-        if (kvp_resolve(CMD, r->m, o->kv, ctx_len, sp, resolved, sizeof resolved)) return -1;
-        fprintf(stderr, "tqkv run: --kv %s -> %s\n", o->kv, resolved);
+        if (kvp_resolve(CMD, r->m, o->kv, ctx_len, sp, o->resolved, sizeof o->resolved)) return -1;
+        fprintf(stderr, "tqkv run: --kv %s -> %s\n", o->kv, o->resolved);
     }
     sp->kv_seed = (uint64_t)o->kv_seed;
     sp->threads = o->threads;
@@ -394,6 +395,7 @@ static int run_report(const run_opts *o, const run_session *r, const run_output 
         json_add_ints(j, "tokens", r->gen, (size_t)out->n_out);
         cJSON_AddNumberToObject(j, "prompt_tokens", (double)r->n_ids);
         cJSON_AddStringToObject(j, "kv", o->kv);
+        if (o->preset) cJSON_AddStringToObject(j, "kv_resolved", o->resolved);
         json_add_num(j, "kv_bits_per_value", tqkv_model_state_kv_bits_per_value(r->s), 4);
         json_add_num(j, "kv_bytes_per_token", tqkv_model_state_kv_bytes_per_token(r->s), 1);
         cJSON_AddNumberToObject(j, "tensor_parallel", tqkv_model_state_tensor_parallel(r->s));

@@ -111,7 +111,7 @@ typedef struct {
 /* Defaults, then the command line; 0 or -1 (message printed). */
 static int serve_parse_args(int argc, char **argv, serve_opts *o) {
     *o = (serve_opts){
-        .model = MCLI_DEFAULT_MODEL, .host = "127.0.0.1", .kv = "tq4", .device = "cpu",
+        .model = MCLI_DEFAULT_MODEL, .host = "127.0.0.1", .device = "cpu",
         .port = 8080, .parallel = 16, .draft_tokens = 4, .queue = 256,
         .chunk = 256, .max_conns = 512,
         .idle_timeout = 600, .header_timeout = 20, .body_timeout = 60,
@@ -122,7 +122,7 @@ static int serve_parse_args(int argc, char **argv, serve_opts *o) {
         {"--host", ARG_STR, &o->host, "address to listen on: IPv4, IPv6 (\"::\" = all, IPv4 too) or a host name (default 127.0.0.1)"},
         {"--port", ARG_INT, &o->port, "TCP port (default 8080; 0 = any free port)"},
         {"--port-file", ARG_STR, &o->port_file, "write the bound port to this file once listening"},
-        {"--kv", ARG_STR, &o->kv, "KV format: f16|q8|q4|tq2|tq3|tq4|fp8, K/V, or a preset auto:B (the best measured configuration within B bits per value at the model's context; default tq4)"},
+        {"--kv", ARG_STR, &o->kv, "KV format: f16|q8|q4|tq2|tq3|tq4|fp8, K/V, or a preset auto:B (the best measured configuration within B bits per value at the model's context; default " MCLI_DEFAULT_KV "; tq4 with --window, --kv-layers or --draft)"},
         {"--kv-layers", ARG_STR, &o->kv_layers, "per-layer KV formats, e.g. '0,7:q8' or '0-1:q8;7:tq4/q8' (CPU)"},
         {"--window", ARG_INT, &o->window, "q8 recent window in tokens (default 0 = off)"},
         {"--draft", ARG_STR, &o->draft, "draft model directory for speculative decoding"},
@@ -186,7 +186,8 @@ static void serve_reexec_passive(int argc, char **argv, int threads) {
 }
 
 /* Range checks of the numeric options; 0 or -1 (message printed). */
-static int serve_check_opts(const serve_opts *o) {
+static int serve_check_opts(serve_opts *o) {
+    if (!o->kv) o->kv = mcli_default_kv(o->window || o->kv_layers || o->draft);
     if (o->port < 0 || o->port > 65535 || o->parallel < 1 || o->draft_tokens < 1 ||
         o->threads < 1 || o->queue < 0 || o->chunk < 1 || o->window < 0 || o->max_conns < 1) {
         fprintf(stderr, "tqkv serve: --port must be 0..65535; --parallel, --draft-tokens, --threads, "

@@ -78,6 +78,54 @@ static int apply(const tqkv_model *m, const kv_candidate *c, tqkv_model_state_pa
     return 0;
 }
 
+/* Bits per value of candidate parameters t with window w at ctx tokens (mcli_kv_bits on a
+ * CPU state of one row); -1 when no state can be made. */
+static double window_bits(const tqkv_model *m, const tqkv_model_state_params *t, int w, int ctx) {
+    tqkv_model_state_params cpu = *t;
+    cpu.window = w;
+    cpu.device = 0;
+    cpu.rows = 1;
+    tqkv_model_state *s = NULL;
+    if (tqkv_model_state_init(&s, m, &cpu) != TQKV_OK) return -1;
+    const double bits = mcli_kv_bits(m, s, ctx);
+    tqkv_model_state_free(s);
+    return bits;
+}
+
+/* The window of candidate t at ctx within budget: its measured window w0 (ranked at ctx
+ * 2048) when that fits, grown to the largest that fits (a longer context pays less per
+ * window token, so the same bits buy a longer window: about w0 ctx / 2048 where the cache
+ * is the whole context), else shrunk, down to w0 / 2. -1 when none fits; *bits: its bits,
+ * *smallest: the least seen. */
+static int window_fit(const tqkv_model *m, const tqkv_model_state_params *t, int w0, int ctx,
+                      double budget, double *bits, double *smallest) {
+    double b = window_bits(m, t, w0, ctx);
+    if (b < 0) return -1;
+    if (b < *smallest) *smallest = b;
+    if (b <= budget + 1e-9) {
+        *bits = b;
+        if (w0 == 0) return 0;
+        int lo = w0, hi = ctx; /* lo fits; a window past the context buys nothing */
+        while (hi - lo > 1) {
+            const int mid = lo + (hi - lo) / 2;
+            const double bm = window_bits(m, t, mid, ctx);
+            if (bm >= 0 && bm <= budget + 1e-9) lo = mid, *bits = bm;
+            else hi = mid;
+        }
+        return lo;
+    }
+    for (int w = w0 - 1; w >= w0 / 2 && w > 0; w--) { /* the ring costs more on short contexts */
+        b = window_bits(m, t, w, ctx);
+        if (b < 0) return -1;
+        if (b < *smallest) *smallest = b;
+        if (b <= budget + 1e-9) {
+            *bits = b;
+            return w;
+        }
+    }
+    return -1;
+}
+
 int kvp_resolve(const char *cmd, const tqkv_model *m, const char *kv, int ctx,
                 tqkv_model_state_params *p, char *desc, size_t cap) {
     char *end;
@@ -97,28 +145,15 @@ int kvp_resolve(const char *cmd, const tqkv_model *m, const char *kv, int ctx,
         if (t.device && (layers[0] || t.k_format != t.v_format ||
                          (t.k_format != TQKV_TQ4 && t.k_format != TQKV_TQ3)))
             continue;
-        /* a candidate's window may shrink to half its size to fit (the ring costs more on
-         * short contexts and on Gemma 4's sliding layers) */
-        for (int w = c->window; w >= c->window / 2 && (w > 0 || c->window == 0); w--) {
-            tqkv_model_state_params cpu = t;
-            cpu.window = w;
-            cpu.device = 0;
-            cpu.rows = 1;
-            tqkv_model_state *s = NULL;
-            if (tqkv_model_state_init(&s, m, &cpu) != TQKV_OK) break;
-            const double bits = mcli_kv_bits(m, s, ctx);
-            tqkv_model_state_free(s);
-            if (bits < smallest) smallest = bits;
-            if (bits <= budget + 1e-9) {
-                t.window = w;
-                *p = t;
-                snprintf(desc, cap, "%s%s%s%s%s window %d (%.4f bits/value at ctx %d)", c->kv,
-                         layers[0] ? " layers " : "", layers[0] ? layers : "", layers[0] ? ":" : "",
-                         layers[0] ? c->layer_kv : "", w, bits, ctx);
-                return 0;
-            }
-            if (w == 0) break;
-        }
+        double bits = 0;
+        const int w = window_fit(m, &t, c->window, ctx, budget, &bits, &smallest);
+        if (w < 0) continue;
+        t.window = w;
+        *p = t;
+        snprintf(desc, cap, "%s%s%s%s%s window %d (%.4f bits/value at ctx %d)", c->kv,
+                 layers[0] ? " layers " : "", layers[0] ? layers : "", layers[0] ? ":" : "",
+                 layers[0] ? c->layer_kv : "", w, bits, ctx);
+        return 0;
     }
     fprintf(stderr, "tqkv %s: --kv %s: no configuration fits %.4g bits per value at ctx %d "
             "(the smallest takes %.4f)\n", cmd, kv, budget, ctx, smallest);

@@ -112,6 +112,8 @@ int mcli_parse_kernel(const char *cmd, const char *name, tqkv_kernel *out) {
     return 0;
 }
 
+const char *mcli_default_kv(int own_window) { return own_window ? "tq4" : MCLI_DEFAULT_KV; }
+
 int mcli_check_window(const char *cmd, int window, tqkv_format k, tqkv_format v) {
     if (window > 0 && !tqkv_format_is_tq(k) && !tqkv_format_is_tq(v)) {
         fprintf(stderr, "tqkv %s: --window keeps a q8 copy beside a tq cache; --kv %s%s%s has "

@@ -13,6 +13,14 @@
 #include "tqkv_model.h"
 
 #define MCLI_DEFAULT_MODEL "models/qwen3-code-28m"
+/* The default --kv of run and serve: the best measured preset within 4.25 bits per value
+ * (docs/QUALITY.md "The default --kv"). */
+#define MCLI_DEFAULT_KV "auto:4.25"
+
+/* --kv when none was given: MCLI_DEFAULT_KV, or tq4 (the format the preset builds on) when
+ * the command line asks for what a preset chooses itself or excludes (own_window: --window,
+ * --kv-layers, or serve's --draft). */
+const char *mcli_default_kv(int own_window);
 
 /* Resolve --model: as given (relative to cwd), else, for a relative path, relative to the
  * executable's directory's parent ("<exe dir>/../DIR"). Returns buf or NULL (message printed). */
