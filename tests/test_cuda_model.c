@@ -199,7 +199,7 @@ static double gemm_error(const float *x, const uint16_t *w, const float *b, cons
     return worst;
 }
 
-static const char *const g_tiles[] = {"s8", "s16", "s32", "s64", "m", "l", "xl"};
+static const char *const g_tiles[] = {"s8", "s16", "s32", "s64", "m", "l", "xl", "s8d", "s8n"};
 
 static void gemm_case(int K, int N, int parts) {
     /* every tile shape at every T: partial token tiles (3, 9, 17, 33, 70, 130), exact ones
@@ -308,6 +308,44 @@ static void test_invariance_f32(void **st) { (void)st; invariance(TQKV_F32, 0); 
 static void test_invariance_tq4(void **st) { (void)st; invariance(TQKV_TQ4, 0); }
 static void test_invariance_tq3_window(void **st) { (void)st; invariance(TQKV_TQ3, 16); }
 
+
+/* The GEMM activation splits that the norms, the attention gather and SwiGLU write
+ * (mc_split_store) are the split kernel's: the forward with them (default) equals the
+ * forward with TQKV_GEMM_PRESPLIT=0 (a split launch before every GEMM) bit for bit, with
+ * bf16 activations and with hi + lo, in prefill and decode. */
+static void test_presplit(void **st) {
+    (void)st;
+    const int V = tqkv_model_get_config(g_model)->vocab_size, n = 29, steps = 3, R = 2;
+    const int bf16_act = g_model->bf16_act;
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x9e5);
+    int32_t tok[R * (29 + 3)];
+    random_tokens(&r, tok, sizeof tok / sizeof tok[0], V);
+    const size_t per = (size_t)R * (n + steps) * V;
+    float *lg[2] = {malloc(sizeof(float) * per), malloc(sizeof(float) * per)};
+    for (int parts = 1; parts <= 2; parts++) {
+        g_model->bf16_act = parts == 1;
+        for (int pre = 0; pre < 2; pre++) {
+            if (pre) unsetenv("TQKV_GEMM_PRESPLIT");
+            else setenv("TQKV_GEMM_PRESPLIT", "0", 1);
+            tqkv_model_state *s = new_state(R, TQKV_TQ4, 0, 1);
+            float *l = lg[pre];
+            assert_int_equal(tqkv_model_prefill(g_model, s, tok, NULL, n, TQKV_LOGITS_ALL, l), TQKV_OK);
+            for (int i = 0; i < steps; i++)
+                assert_int_equal(tqkv_model_decode(g_model, s, tok + R * n + R * i,
+                                                   l + (size_t)R * (n + i) * V), TQKV_OK);
+            tqkv_model_state_free(s);
+        }
+        if (memcmp(lg[0], lg[1], sizeof(float) * per))
+            fail_msg("parts %d: logits with the kernels' own splits differ from the split launch's", parts);
+    }
+    unsetenv("TQKV_GEMM_PRESPLIT");
+    g_model->bf16_act = bf16_act;
+    assert_true(memcmp(lg[0], lg[0] + V, sizeof(float) * (size_t)V) != 0); /* rows differ */
+    printf("presplit: logits equal the split launch's, bitwise, parts 1 and 2\n");
+    free(lg[0]);
+    free(lg[1]);
+}
 
 /* ---- model-level row operations on device states: merge, extract, filter mid-generation
  * give each row the same logits, bit for bit, as the row decoded alone from the start. */
@@ -1309,6 +1347,7 @@ int main(void) {
         cmocka_unit_test(test_invariance_f32),
         cmocka_unit_test(test_invariance_tq4),
         cmocka_unit_test(test_invariance_tq3_window),
+        cmocka_unit_test(test_presplit),
         cmocka_unit_test(test_padded_refused),
         cmocka_unit_test(test_graphs_tq4),
         cmocka_unit_test(test_graphs_tq3_window),

@@ -70,34 +70,61 @@ tqkv_status mc_dmalloc(void **p, size_t bytes) {
 // kernels
 // ---------------------------------------------------------------------------
 
-/* x[t, :] = embed[tinfo[t].token, :]. grid T, block 128. */
+/* x[t, :] = embed[tinfo[t].token, :]. grid mc_grid_elems(T, H), block 256. */
 __global__ void embed_kernel(const int32_t *__restrict__ tinfo, const bf16 *__restrict__ e, int H,
                              float *__restrict__ x) {
     const size_t t = blockIdx.x;
-    const bf16 *row = e + (size_t)tinfo[t * 3] * H;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) x[t * H + i] = __bfloat162float(row[i]);
+    const int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i < H) x[t * H + i] = __bfloat162float(e[(size_t)tinfo[t * 3] * H + i]);
 }
 
 /* Optionally x[t] += add[t]; then out[t] = w * (x[t] * r), r = 1 / sqrt(mean(x^2) + eps)
- * (sum of squares in double, as the CPU). x, add, out [T, H]. grid T, block 128. */
+ * (sum of squares in double, as the CPU). x, add, out [T, H]; with xf also out's GEMM split
+ * (mc_split_store, `parts`). grid T, block 128. */
 __global__ void rmsnorm_kernel(float *__restrict__ x, const float *__restrict__ add,
                                const float *__restrict__ w, float eps, int H,
-                               float *__restrict__ out) {
+                               float *__restrict__ out, uint16_t *__restrict__ xf, int parts) {
+    constexpr int U = 8; /* a thread's values i, i + 128, ... loaded U at a time, then summed
+                            in that order: the loads overlap, the additions keep their order */
     __shared__ double sh[4];
     const size_t t = blockIdx.x;
     float *xr = x + t * H;
+    const float *ar = add ? add + t * H : NULL;
     double s = 0;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) {
-        float v = xr[i];
-        if (add) {
-            v = v + add[t * H + i];
-            xr[i] = v;
+    for (int i0 = threadIdx.x; i0 < H; i0 += U * 128) {
+        float v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + 128 * u;
+            v[u] = i < H ? (ar ? xr[i] + ar[i] : xr[i]) : 0.0f;
         }
-        s += (double)v * v;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + 128 * u;
+            if (i >= H) break;
+            if (ar) xr[i] = v[u];
+            s += (double)v[u] * v[u];
+        }
     }
     s = mc_block_sum128(s, sh);
     const float r = mc_rms_r(s, H, eps);
-    for (int i = threadIdx.x; i < H; i += blockDim.x) out[t * H + i] = w[i] * (xr[i] * r);
+    for (int i0 = threadIdx.x; i0 < H; i0 += U * 128) {
+        float v[U], g[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + 128 * u;
+            v[u] = i < H ? xr[i] : 0.0f;
+            g[u] = i < H ? w[i] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + 128 * u;
+            if (i >= H) break;
+            const float o = g[u] * (v[u] * r);
+            out[t * H + i] = o;
+            if (xf) mc_split_store(xf, (size_t)gridDim.x * H, t * H + i, o, parts);
+        }
+    }
 }
 
 /* One warp per (token, head) of q | k | v: q/k RMSNorm (if qn), RoPE on q and k (pairs
@@ -145,21 +172,22 @@ __global__ void qkv_post_kernel(const float *__restrict__ qkv, int QS, int qs, i
 
 /* att[t, h * hd + d] = ob[((row * NH + h) * n + col) * hd + d], times sigmoid(gate) when
  * gate is set (Qwen 3.5's gated attention: head h's gate at gate[t * QS + h * 2 hd + d]).
- * grid T, block 128. */
+ * With xf also att's GEMM split. grid mc_grid_elems(T, NH 128), block 256. */
 __global__ void gather_kernel(const float *__restrict__ ob, const int32_t *__restrict__ tinfo,
                               int NH, int n, const float *__restrict__ gate, int QS,
-                              float *__restrict__ att) {
+                              float *__restrict__ att, uint16_t *__restrict__ xf, int parts) {
     const size_t t = blockIdx.x;
+    const int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i >= NH * 128) return;
     const int r = tinfo[t * 3 + 1], j = tinfo[t * 3 + 2];
-    for (int i = threadIdx.x; i < NH * 128; i += blockDim.x) {
-        const int h = i >> 7, d = i & 127;
-        float o = ob[(((size_t)r * NH + h) * n + j) * 128 + d];
-        if (gate) {
-            const float x = gate[t * QS + (size_t)h * 256 + d];
-            o = __fmul_rn(o, __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))));
-        }
-        att[t * NH * 128 + i] = o;
+    const int h = i >> 7, d = i & 127;
+    float o = ob[(((size_t)r * NH + h) * n + j) * 128 + d];
+    if (gate) {
+        const float x = gate[t * QS + (size_t)h * 256 + d];
+        o = __fmul_rn(o, __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))));
     }
+    att[t * NH * 128 + i] = o;
+    if (xf) mc_split_store(xf, (size_t)gridDim.x * NH * 128, t * NH * 128 + i, o, parts);
 }
 
 /* The CPU's exp_scalar (ops.c), operation for operation. */
@@ -181,13 +209,17 @@ __device__ float exp_cpu(float x) {
     return __fmul_rn(yv, s);
 }
 
-/* h[t, i] = g / (1 + exp(-g)) * u with gu [T, 2I] = gate | up. grid (T, ceil(I/256)). */
-__global__ void swiglu_kernel(const float *__restrict__ gu, int I, float *__restrict__ h) {
+/* h[t, i] = g / (1 + exp(-g)) * u with gu [T, 2I] = gate | up; with xf also h's GEMM
+ * split. grid (T, ceil(I/256)). */
+__global__ void swiglu_kernel(const float *__restrict__ gu, int I, float *__restrict__ h,
+                              uint16_t *__restrict__ xf, int parts) {
     const size_t t = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= I) return;
     const float g = gu[t * 2 * I + i], u = gu[t * 2 * I + I + i];
-    h[t * I + i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, exp_cpu(0.0f - g))), u);
+    const float o = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, exp_cpu(0.0f - g))), u);
+    h[t * I + i] = o;
+    if (xf) mc_split_store(xf, (size_t)gridDim.x * I, t * I + i, o, parts);
 }
 
 // ---------------------------------------------------------------------------
@@ -280,6 +312,8 @@ extern "C" tqkv_status model_cuda_init(model_cuda **out, const tqkv_model *m,
     }
     g->w = m->gpu_weights;
     g->gemm_parts = m->bf16_act ? 1 : 2; /* the CPU's choice of activation precision */
+    const char *pre = getenv("TQKV_GEMM_PRESPLIT"); /* "0": a split launch before each GEMM */
+    g->presplit = !(pre && !strcmp(pre, "0"));
     if (!st) st = mc_make_caches(g, rows);
     if (!st && p->device_fast_gemm) st = gemm_cublas_init(&g->cublas, g->stream);
     if (st) {
@@ -420,6 +454,21 @@ tqkv_status mc_gemm(model_cuda *g, const float *x, size_t ldx, int T, const bf16
     return tqkv_cuda_gemm(x, ldx, T, (const uint16_t *)w, N, K, bias, y, ldy, g->xf, g->gemm_parts, g->stream);
 }
 
+/* mc_gemm on x whose split the kernel before wrote into g->xf (the split it passes
+ * mc_split_xf(g)): no split launch. With --fast-gemm (cuBLAS) x itself is read. */
+static tqkv_status mc_gemm_pre(model_cuda *g, const float *x, size_t ldx, int T, const bf16 *w,
+                               int N, int K, const float *bias, float *y, size_t ldy) {
+    if (g->cublas || !g->presplit) return mc_gemm(g, x, ldx, T, w, N, K, bias, y, ldy);
+    return tqkv_cuda_gemm_presplit(T, (const uint16_t *)w, N, K, bias, y, ldy, g->xf,
+                                   g->gemm_parts, g->stream);
+}
+
+/* Where a kernel before a GEMM writes that GEMM's split (NULL with cuBLAS, which splits
+ * itself, or with presplit off). */
+static uint16_t *mc_split_xf(const model_cuda *g) {
+    return g->cublas || !g->presplit ? NULL : (uint16_t *)g->xf;
+}
+
 /* Speculative verification (extend_as_decode, n > 1): query j of each row attends as that
  * token's single decode did, with the decode kernel over the row's tokens up to its own
  * position (tqkv_cuda_kv_attend_back, n - 1 - j tokens back), so the window's logits equal n
@@ -461,7 +510,7 @@ tqkv_status mc_pick_queue(model_cuda *g, int stride) {
 /* h [T, I] = SwiGLU of gu [T, 2I] (gate | up), the CPU's exp, on stream s. */
 void mc_swiglu_queue(const float *gu, int I, float *h, size_t T, cudaStream_t s) {
     if (T == 0) return;
-    swiglu_kernel<<<dim3((unsigned)T, (unsigned)((I + 255) / 256)), 256, 0, s>>>(gu, I, h);
+    swiglu_kernel<<<dim3((unsigned)T, (unsigned)((I + 255) / 256)), 256, 0, s>>>(gu, I, h, NULL, 1);
 }
 
 /* h = gelu_tanh(g) * u, gu [T, 2I] = gate | up. grid (T, ceil(I / 256)), block 256. */
@@ -482,10 +531,12 @@ void mc_geglu_queue(const float *gu, int I, float *h, size_t T, cudaStream_t s) 
 tqkv_status mc_ffn_dense(model_cuda *g, int l, int T) {
     const mc_layer *L = &g->w->layers[l];
     const int H = g->m->cfg.hidden_size, I = g->m->cfg.intermediate_size;
-    tqkv_status st = mc_gemm(g, g->xn, H, T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I);
-    if (st) return st;
-    mc_swiglu_queue(g->gu, I, g->hh, (size_t)T, g->stream);
-    return mc_gemm(g, g->hh, I, T, L->wd, H, I, NULL, g->tmp, H);
+    /* xn's split: the RMSNorm before (forward_queue's) wrote it */
+    tqkv_status st = mc_gemm_pre(g, g->xn, H, T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I);
+    if (st || T == 0) return st;
+    swiglu_kernel<<<dim3((unsigned)T, (unsigned)((I + 255) / 256)), 256, 0, g->stream>>>(
+        g->gu, I, g->hh, mc_split_xf(g), g->gemm_parts);
+    return mc_gemm_pre(g, g->hh, I, T, L->wd, H, I, NULL, g->tmp, H);
 }
 
 /* Queue one forward's device work on g->stream for the token list in h_tinfo / h_rope
@@ -509,6 +560,8 @@ static tqkv_status forward_queue(model_cuda *g, int n, int as_decode, tqkv_logit
     const int PWL = 2 * c->lin_k_heads * c->lin_k_dim + 2 * VD + 2 * c->lin_v_heads;
     const size_t T = (size_t)R * n;
     const cudaStream_t s = g->stream;
+    uint16_t *xf = mc_split_xf(g); /* the norms and the gather write their GEMMs' split */
+    const int parts = g->gemm_parts;
     *done = 0;
     tqkv_status st = ck(cudaMemcpyAsync(g->tinfo, g->h_tinfo, T * 3 * 4, cudaMemcpyHostToDevice, s),
                         "upload tokens");
@@ -518,23 +571,24 @@ static tqkv_status forward_queue(model_cuda *g, int n, int as_decode, tqkv_logit
         st = ck(cudaMemcpyAsync(g->slot, g->h_slot, T * 4, cudaMemcpyHostToDevice, s), "upload slots");
     if (st) return st;
 
-    embed_kernel<<<(unsigned)T, 128, 0, s>>>(g->tinfo, g->w->embed, H, g->x);
+    embed_kernel<<<mc_grid_elems(T, (size_t)H), 256, 0, s>>>(g->tinfo, g->w->embed, H, g->x);
     const float scale = 1.0f / sqrtf((float)hd), eps = c->rms_norm_eps;
     int lin = 0; /* linear layers so far */
     for (int l = 0; l < c->n_layers && !st; l++) {
         const mc_layer *L = &g->w->layers[l];
         cuda_kv *kv = g->kv[l];
         // ---- token mixer
-        if (l == 0) rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, NULL, L->attn_norm, eps, H, g->xn);
+        if (l == 0)
+            rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, NULL, L->attn_norm, eps, H, g->xn, xf, parts);
         if (!kv) { /* Qwen 3.5 gated DeltaNet: xn -> proj -> cv -> att [T, VD] -> tmp */
-            st = mc_gemm(g, g->xn, H, (int)T, L->lin_in, PWL, H, NULL, g->qkv, PWL);
+            st = mc_gemm_pre(g, g->xn, H, (int)T, L->lin_in, PWL, H, NULL, g->qkv, PWL);
             if (!st) st = g->arch_ops->linear(c, L, &g->rec, lin, R, n, g->qkv, g->cv, g->slot, g->att, s);
             if (!st) lin++;
             *done = l + 1; /* the recurrent rows changed: forward_fail marks the state broken */
             if (!st) st = mc_gemm(g, g->att, VD, (int)T, L->lin_out, H, VD, NULL, g->tmp, H);
             if (st) break;
         } else {
-            st = mc_gemm(g, g->xn, H, (int)T, L->wqkv, QS, H, L->bqkv, g->qkv, QS);
+            st = mc_gemm_pre(g, g->xn, H, (int)T, L->wqkv, QS, H, L->bqkv, g->qkv, QS);
             if (st) break;
             const size_t warps = T * (size_t)(NH + 2 * NKV);
             qkv_post_kernel<<<(unsigned)((warps + 3) / 4), 128, 0, s>>>(
@@ -557,19 +611,19 @@ static tqkv_status forward_queue(model_cuda *g, int n, int as_decode, tqkv_logit
                 st = tqkv_cuda_kv_attend_masked(kv, g->qb, n, NH, scale, g->h_lo, g->h_hi, g->ob);
             }
             if (st) break;
-            gather_kernel<<<(unsigned)T, 128, 0, s>>>(g->ob, g->tinfo, NH, n, gated ? g->qkv + hd : NULL,
-                                                      QS, g->att);
-            st = mc_gemm(g, g->att, QD, (int)T, L->wo, H, QD, L->bo, g->tmp, H);
+            gather_kernel<<<mc_grid_elems(T, (size_t)NH * 128), 256, 0, s>>>(
+                g->ob, g->tinfo, NH, n, gated ? g->qkv + hd : NULL, QS, g->att, xf, parts);
+            st = mc_gemm_pre(g, g->att, QD, (int)T, L->wo, H, QD, L->bo, g->tmp, H);
             if (st) break;
         }
-        rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, L->ffn_norm, eps, H, g->xn);
+        rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, L->ffn_norm, eps, H, g->xn, xf, parts);
         // ---- feed-forward: xn -> tmp (the architecture's, e.g. routed experts, or the MLP)
         st = g->arch_ops && g->arch_ops->ffn ? g->arch_ops->ffn(g, l, (int)T)
                                              : mc_ffn_dense(g, l, (int)T);
         if (st) break;
         /* residual x += tmp, then the next layer's attention norm (or the final norm) */
         const float *nw = l + 1 < c->n_layers ? g->w->layers[l + 1].attn_norm : g->w->final_norm;
-        rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, nw, eps, H, g->xn);
+        rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, nw, eps, H, g->xn, xf, parts);
     }
     if (!st) st = ck(cudaGetLastError(), "forward kernels");
     if (st || mode == TQKV_LOGITS_NONE) return st;

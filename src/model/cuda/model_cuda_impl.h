@@ -140,6 +140,8 @@ struct model_cuda {
     void  *arch;         /* the architecture's own state buffers (its prepare hook), or NULL */
     void   *xf;          /* GEMM activations as bf16 parts [parts, T, K] (gemm_cuda.h) */
     int     gemm_parts;  /* 1: bf16 activations (the model's bf16_act); 2: hi + lo */
+    int     presplit;    /* the kernel before a GEMM writes its activation split (default;
+                            TQKV_GEMM_PRESPLIT=0: a split launch before every GEMM) */
     float  *logits;      /* [cap_logits, V] */
     size_t  cap_logits;
     int32_t *tinfo;      /* [T, 3] token id, row, column */

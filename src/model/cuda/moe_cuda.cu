@@ -56,6 +56,7 @@ extern "C" {
 #include "model/cuda/model_cuda_impl.h"
 #include "model/cuda/moe_cuda.h"
 #include "model/ops/gemm_cuda.h"
+#include "model/ops/ops_cuda.cuh"
 
 // ---------------------------------------------------------------------------
 // device weights and state scratch
@@ -230,10 +231,22 @@ __global__ void moe_router_kernel(const float *__restrict__ xr, const float *__r
     if (gw >= (size_t)T * E) return;
     const size_t t = gw / E, e = gw % E;
     const float *a = xr + t * H, *b = rw + e * H;
+    constexpr int U = 8; /* lane's k = lane, lane + 32, ...: loaded U at a time, summed in order */
     double s = 0;
-    for (int k = lane; k < H; k += 32) {
-        const float v = bf16x ? __bfloat162float(__float2bfloat16_rn(a[k])) : a[k];
-        s += (double)v * b[k];
+    for (int k0 = lane; k0 < H; k0 += 32 * U) {
+        float va[U], vb[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int k = k0 + 32 * u;
+            va[u] = k < H ? a[k] : 0.0f;
+            vb[u] = k < H ? b[k] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (k0 + 32 * u >= H) break;
+            const float v = bf16x ? __bfloat162float(__float2bfloat16_rn(va[u])) : va[u];
+            s += (double)v * vb[u];
+        }
     }
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if (lane == 0) logits[gw] = (float)s;
@@ -272,9 +285,16 @@ __global__ void moe_route_kernel(const float *__restrict__ logits, int E, int K,
         taken[e] = 0;
     }
     __syncwarp();
-    if (lane == 0) {
+    if (lane == 0) { /* in expert order; eight loads ahead of the additions */
         float a = 0.0f;
-        for (int e = 0; e < E; e++) a = __fadd_rn(a, p[e]);
+        for (int e0 = 0; e0 < E; e0 += 8) {
+            float v[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) v[u] = e0 + u < E ? p[e0 + u] : 0.0f;
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                if (e0 + u < E) a = __fadd_rn(a, v[u]);
+        }
         sum = a;
     }
     __syncwarp();
@@ -385,32 +405,38 @@ __global__ void moe_place_kernel(const int32_t *__restrict__ sel, int P, int K, 
     back[0] = used, back[1] = most;
 }
 
-/* xg[p] = xn[tok[p]], rows of H. grid P, block 128. */
+/* xg[p] = xn[tok[p]], rows of H. grid mc_grid_elems(P, H), block 256. */
 __global__ void moe_gather_kernel(const float *__restrict__ xn, const int32_t *__restrict__ tok,
                                   int H, float *__restrict__ xg) {
     const size_t p = blockIdx.x;
-    const float *src = xn + (size_t)tok[p] * H;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) xg[p * H + i] = src[i];
+    const int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i < H) xg[p * H + i] = xn[(size_t)tok[p] * H + i];
 }
 
 /* out[t, i] = sum over k < K (the token's pairs, ascending expert) of round(w y[pair, i]),
- * from 0; then, with sy, + round(sigmoid(sg[t]) sy[t, i]). pair, wbits [T, K]. grid T,
- * block 128. */
+ * from 0; then, with sy, + round(sigmoid(sg[t]) sy[t, i]). pair, wbits [T, K]. grid
+ * mc_grid_elems(T, H), block 256. The K rows are loaded before the sum (in its order). */
 __global__ void moe_combine_kernel(const float *__restrict__ y, const int32_t *__restrict__ pair,
                                    const int32_t *__restrict__ wbits, int K, int H,
                                    const float *__restrict__ sy, const float *__restrict__ sg,
                                    float *__restrict__ out) {
+    constexpr int U = 8;
     const size_t t = blockIdx.x;
+    const int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i >= H) return;
     const float gate = sy ? __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(0.0f - sg[t]))) : 0.0f;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) {
-        float a = 0.0f;
-        for (int k = 0; k < K; k++) {
-            const float w = __int_as_float(wbits[t * K + k]);
-            a = __fadd_rn(a, __fmul_rn(y[(size_t)pair[t * K + k] * H + i], w));
-        }
-        if (sy) a = __fadd_rn(a, __fmul_rn(gate, sy[t * H + i]));
-        out[t * H + i] = a;
+    float a = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += U) {
+        float v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            v[u] = k0 + u < K ? y[(size_t)pair[t * K + k0 + u] * H + i] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (k0 + u < K) a = __fadd_rn(a, __fmul_rn(v[u], __int_as_float(wbits[t * K + k0 + u])));
     }
+    if (sy) a = __fadd_rn(a, __fmul_rn(gate, sy[t * H + i]));
+    out[t * H + i] = a;
 }
 
 // ---------------------------------------------------------------------------
@@ -515,7 +541,7 @@ extern "C" tqkv_status mc_moe_queue(model_cuda *g, const mc_moe_layer *D, const 
     moe_routing r;
     tqkv_status st = route_queue(g, D, sh, x, xr, T, &r);
     const int32_t *tok = x->idx + IDX_TOK(E), *pair = x->idx + IDX_PAIR(E, P);
-    if (!st) moe_gather_kernel<<<(unsigned)P, 128, 0, s>>>(xn, tok, H, x->xg);
+    if (!st) moe_gather_kernel<<<mc_grid_elems(P, (size_t)H), 256, 0, s>>>(xn, tok, H, x->xg);
     // ---- experts over their gathered rows: gate|up, activation, down
     if (!st) st = experts_gemm(g, x, &r, x->xg, H, D->wgu, 2 * I, x->gu);
     if (!st) act_queue(g, sh->act, x->gu, I, x->h, P);
@@ -524,8 +550,8 @@ extern "C" tqkv_status mc_moe_queue(model_cuda *g, const mc_moe_layer *D, const 
     const int shared = sh->shared_inter > 0;
     if (!st && shared) st = shared_queue(g, D, sh, x, xn, T);
     if (!st)
-        moe_combine_kernel<<<(unsigned)T, 128, 0, s>>>(x->y, pair, x->idx + IDX_WB(E, P), K, H,
-                                                       shared ? x->sy : NULL, x->sg, out);
+        moe_combine_kernel<<<mc_grid_elems((size_t)T, (size_t)H), 256, 0, s>>>(
+            x->y, pair, x->idx + IDX_WB(E, P), K, H, shared ? x->sy : NULL, x->sg, out);
     if (!st) st = mc_ck(cudaGetLastError(), "experts kernels");
     return st;
 }

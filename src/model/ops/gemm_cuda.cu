@@ -240,11 +240,15 @@ gemm_grouped_kernel(const uint16_t *__restrict__ xb, int TS, int K, const uint16
  * part only: two would leave room for two stages). */
 #define GEMM_SHAPES(X, P)                                                                          \
     X(SH_S8, 2, 1, 1, 1, P, 8) X(SH_S16, 2, 1, 1, 2, P, 8) X(SH_S32, 2, 1, 1, 4, P, 8)             \
-    X(SH_S64, 2, 1, 1, 8, P, (P == 1 ? 6 : 4)) X(SH_M, 2, 2, 2, 4, P, 4) X(SH_L, 2, 4, 4, 4, P, 4)
+    X(SH_S64, 2, 1, 1, 8, P, (P == 1 ? 6 : 4)) X(SH_M, 2, 2, 2, 4, P, 4) X(SH_L, 2, 4, 4, 4, P, 4)  \
+    X(SH_S8D, 2, 1, 1, 1, P, 16) X(SH_S8N, 1, 1, 1, 1, P, 16)
 #define GEMM_SHAPES_P1(X) X(SH_XL, 2, 4, 4, 8, 1, 4)
 
-enum { SH_S8, SH_S16, SH_S32, SH_S64, SH_M, SH_L, SH_XL, SH_N };
-static const char *const g_shape_name[SH_N] = {"s8", "s16", "s32", "s64", "m", "l", "xl"};
+/* s8d, s8n: T <= 8 with 16 stages in flight (32 weight rows, two warps; 16 rows, one warp):
+ * more bytes in flight per SM where N / 32 CTAs leave SMs with one CTA of 28 KB in flight.
+ * s8n is the pick at T = 1; s8d only when forced. */
+enum { SH_S8, SH_S16, SH_S32, SH_S64, SH_M, SH_L, SH_XL, SH_S8D, SH_S8N, SH_N };
+static const char *const g_shape_name[SH_N] = {"s8", "s16", "s32", "s64", "m", "l", "xl", "s8d", "s8n"};
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static int g_sms = 132, g_force = -1, g_ok;
@@ -281,7 +285,10 @@ static void gemm_init(void) {
 static int shape_pick(int T, int N, int parts) {
     int sh;
     if (g_force >= 0) sh = g_force;
-    else if (T <= GEMM_CUDA_SMALL_T) sh = T <= 8 ? SH_S8 : T <= 16 ? SH_S16 : T <= 32 ? SH_S32 : SH_S64;
+    /* one token: s8n (16 rows a CTA, 16 stages); H100, Llama-8B decode at 1 row, 1.05x s8's
+     * tokens/s (bench/RESULTS.md "GPU, session 8"); T 2..8 keep s8 (not measured) */
+    else if (T <= GEMM_CUDA_SMALL_T)
+        sh = T == 1 ? SH_S8N : T <= 8 ? SH_S8 : T <= 16 ? SH_S16 : T <= 32 ? SH_S32 : SH_S64;
     /* xl where its 256-token tiles still about fill the GPU (H200: 1.2-1.3x l's speed at
      * T >= 512 when they do, slower when they leave SMs idle; bench/RESULTS.md "GPU, session
      * 4"); test_gemm checked it bitwise against every other shape on an H100 (session 5). */
@@ -328,17 +335,26 @@ extern "C" tqkv_status tqkv_cuda_gemm_set_tile(const char *name) {
             g_force = i;
             return TQKV_OK;
         }
-    return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm_set_tile: no tile shape '%s' (s8, s16, s32, s64, m, l, xl)", name);
+    return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm_set_tile: no tile shape '%s' (s8, s16, s32, s64, m, l, xl, s8d, s8n)", name);
 }
 
-/* Checks, the one-time setup and the activations' split of x [T, K] into xf; 0 or the failure. */
-static tqkv_status gemm_begin(const char *fn, const float *x, size_t ldx, int T, const void *w,
-                              int N, int K, const float *y, void *xf, int parts, cudaStream_t s) {
-    if (!x || !w || !y || !xf || T < 1 || N < 1 || K < 8 || K % 8 || (parts != 1 && parts != 2))
+/* Checks and the one-time setup; 0 or the failure. */
+static tqkv_status gemm_check(const char *fn, int T, const void *w, int N, int K, const float *y,
+                              const void *xf, int parts) {
+    if (!w || !y || !xf || T < 1 || N < 1 || K < 8 || K % 8 || (parts != 1 && parts != 2))
         return tqkv_fail(TQKV_EINVAL, "%s: bad argument (T %d, N %d, K %d, parts %d)", fn, T, N,
                          K, parts);
     pthread_once(&g_once, gemm_init); /* before any launch */
     if (!g_ok) return tqkv_fail(TQKV_EUNSUPPORTED, "CUDA: gemm: the device refused the tiles' shared memory");
+    return TQKV_OK;
+}
+
+/* gemm_check, then the activations' split of x [T, K] into xf; 0 or the failure. */
+static tqkv_status gemm_begin(const char *fn, const float *x, size_t ldx, int T, const void *w,
+                              int N, int K, const float *y, void *xf, int parts, cudaStream_t s) {
+    if (!x) return tqkv_fail(TQKV_EINVAL, "%s: x is NULL", fn);
+    const tqkv_status st = gemm_check(fn, T, w, N, K, y, xf, parts);
+    if (st) return st;
     const size_t n8 = (size_t)T * (size_t)(K / 8);
     gemm_split_kernel<<<(unsigned)((n8 + 255) / 256), 256, 0, s>>>(x, ldx, T, K, parts, (uint4 *)xf);
     return TQKV_OK;
@@ -372,13 +388,9 @@ extern "C" tqkv_status tqkv_cuda_gemm_grouped(const float *x, size_t ldx, int T,
     return gemm_launched();
 }
 
-extern "C" tqkv_status tqkv_cuda_gemm(const float *x, size_t ldx, int T, const uint16_t *w, int N,
-                                      int K, const float *bias, float *y, size_t ldy, void *xf,
-                                      int parts, void *stream) {
-    const cudaStream_t s = (cudaStream_t)stream;
-    const tqkv_status st0 = gemm_begin("tqkv_cuda_gemm", x, ldx, T, w, N, K, y, xf, parts, s);
-    if (st0) return st0;
-    const uint16_t *xb = (const uint16_t *)xf;
+/* The tile launch on split activations xb [parts, T, K]. */
+static tqkv_status gemm_launch(const uint16_t *xb, int T, const uint16_t *w, int N, int K,
+                               const float *bias, float *y, size_t ldy, int parts, cudaStream_t s) {
     const int sh = shape_pick(T, N, parts);
 #define X(id, wm, wn, mt, nt, p, st)                                                                \
     if (sh == id && parts == p) launch<wm, wn, mt, nt, p, st>(s, xb, T, K, w, N, bias, y, ldy);
@@ -387,4 +399,20 @@ extern "C" tqkv_status tqkv_cuda_gemm(const float *x, size_t ldx, int T, const u
     GEMM_SHAPES_P1(X)
 #undef X
     return gemm_launched();
+}
+
+extern "C" tqkv_status tqkv_cuda_gemm(const float *x, size_t ldx, int T, const uint16_t *w, int N,
+                                      int K, const float *bias, float *y, size_t ldy, void *xf,
+                                      int parts, void *stream) {
+    const cudaStream_t s = (cudaStream_t)stream;
+    const tqkv_status st = gemm_begin("tqkv_cuda_gemm", x, ldx, T, w, N, K, y, xf, parts, s);
+    return st ? st : gemm_launch((const uint16_t *)xf, T, w, N, K, bias, y, ldy, parts, s);
+}
+
+extern "C" tqkv_status tqkv_cuda_gemm_presplit(int T, const uint16_t *w, int N, int K,
+                                               const float *bias, float *y, size_t ldy,
+                                               const void *xf, int parts, void *stream) {
+    const tqkv_status st = gemm_check("tqkv_cuda_gemm_presplit", T, w, N, K, y, xf, parts);
+    return st ? st : gemm_launch((const uint16_t *)xf, T, w, N, K, bias, y, ldy, parts,
+                                 (cudaStream_t)stream);
 }

@@ -45,6 +45,13 @@ tqkv_status tqkv_cuda_gemm(const float *x, size_t ldx, int T, const uint16_t *w,
                            int K, const float *bias, float *y, size_t ldy, void *xf,
                            int parts, void *stream);
 
+/* tqkv_cuda_gemm whose activations are already in xf: the kernel before it wrote x's split
+ * [parts, T, K] (element i of token t: hi at t K + i, lo at T K + t K + i; gemm_cuda.cu's
+ * split, element for element: ops_cuda.cuh's mc_split_store), so no split launch runs.
+ * The same bits as tqkv_cuda_gemm on that x. */
+tqkv_status tqkv_cuda_gemm_presplit(int T, const uint16_t *w, int N, int K, const float *bias,
+                                    float *y, size_t ldy, const void *xf, int parts, void *stream);
+
 /* G GEMMs over row groups of one x [T, K] (one split, one launch; the experts of a
  * mixture-of-experts layer): group g, groups[4 g ..] = {row0, rows, matrix, unused} (device
  * int32, 16-byte aligned), computes y[t * ldy + n] = sum_k x[t * ldx + k] w_g[n * K + k] for

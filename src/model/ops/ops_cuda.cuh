@@ -9,8 +9,10 @@
 #ifndef TQKV_MODEL_OPS_CUDA_CUH
 #define TQKV_MODEL_OPS_CUDA_CUH
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdint.h>
 
 /* Block-wide double sum in a fixed order (blockDim 128): warp xor butterflies, then the
  * four warp sums as (w0 + w1) + (w2 + w3). sh: 4 doubles of shared memory. */
@@ -21,6 +23,23 @@ __device__ __forceinline__ double mc_block_sum128(double v, double *sh) {
     const double s = (sh[0] + sh[1]) + (sh[2] + sh[3]);
     __syncthreads();
     return s;
+}
+
+/* Element i of x's GEMM activation split, as gemm_cuda.cu's split kernel writes it:
+ * xf [parts, T, K] bf16 (TK = T K), hi = bf16(v) at i, lo = bf16(v - hi) at TK + i when
+ * parts = 2 (tqkv_cuda_gemm_presplit then skips its split launch). */
+__device__ __forceinline__ void mc_split_store(uint16_t *__restrict__ xf, size_t TK, size_t i,
+                                               float v, int parts) {
+    const __nv_bfloat16 hi = __float2bfloat16_rn(v);
+    xf[i] = __bfloat16_as_ushort(hi);
+    if (parts == 2) xf[TK + i] = __bfloat16_as_ushort(__float2bfloat16_rn(v - __bfloat162float(hi)));
+}
+
+/* Element-wise kernels take a thread per element: grid (T, ceil(width / 256)), block 256.
+ * (One block per token looping over the width waits for memory once per pass: 9-33 us a
+ * launch at one token, Nsight Compute on an H100, bench/RESULTS.md "GPU, session 8".) */
+static inline dim3 mc_grid_elems(size_t T, size_t width) {
+    return dim3((unsigned)T, (unsigned)((width + 255) / 256));
 }
 
 /* RMSNorm factor 1 / sqrt(mean + eps) from a sum of squares over n values (in double, as

@@ -1,0 +1,31 @@
+#!/bin/bash
+# cuda_step_profile.sh - where a 1-row decode step's time goes, kernel by kernel (issue 22's
+# batch-1 decode, issue 24's 1-row MoE bandwidth). Runs in a scripts/cuda_pack.sh folder:
+#   cd PACK && OUT=$OUT ./cuda_step_profile.sh [SHAPES]     (default "llama8b qwen3moe")
+# For each shape it makes a 4-layer checkpoint of the full shape (cuda_make_*.py OUT 4: the
+# matrices, and so every kernel's time, are the full model's; only the layer count differs),
+# then:
+#  - step time: `tqkv bench model --device cuda --rows 1 --ctx 4096 --kv tq4 --gen 16
+#    --graphs 0,1 --fill synthetic` (graphs replayed and kernel by kernel, one call);
+#  - per kernel: Nsight Compute, gpu__time_duration only (one pass, no replay), on the same
+#    command kernel by kernel with --gen 3, as CSV (ncu_SHAPE.csv; launch order kept).
+# The sum of the kernel times of one step against the graph's step time is the time between
+# kernels. `python3 scripts/ncu_step_table.py ncu_SHAPE.csv` folds it by kernel name.
+set -u -o pipefail
+SHAPES=${1:-llama8b qwen3moe}
+NAME=prof; . "$(dirname "$0")/cuda_run_common.sh"
+for s in $SHAPES; do
+  case $s in
+    llama8b) mk=cuda_make_llama8b.py ;;
+    qwen3moe) mk=cuda_make_qwen3moe30b.py ;;
+    *) echo "unknown shape $s" >>"$LOG"; continue ;;
+  esac
+  M=/tmp/prof_$s; rm -rf "$M"
+  step 200 "make_$s" python3 "$mk" "$M" 4 >"$W/make_$s.log" 2>&1
+  step 200 "step_$s" ./tqkv bench model --device cuda --model "$M" --rows 1 --ctx 4096 \
+    --kv tq4 --gen 16 --reps 2 --graphs 0,1 --fill synthetic --json >"$W/step_$s.json" 2>"$W/step_$s.err"
+  step 300 "ncu_$s" ncu --metrics gpu__time_duration.sum --csv --page raw \
+    ./tqkv bench model --device cuda --model "$M" --rows 1 --ctx 4096 --kv tq4 --gen 3 \
+    --reps 1 --graphs 0 --fill synthetic >"$W/ncu_$s.csv" 2>"$W/ncu_$s.err"
+  rm -rf "$M"
+done
