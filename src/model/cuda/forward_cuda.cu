@@ -92,17 +92,14 @@ __global__ void rmsnorm_kernel(float *__restrict__ x, const float *__restrict__ 
     const float *ar = add ? add + t * H : NULL;
     double s = 0;
     for (int i0 = threadIdx.x; i0 < H; i0 += U * 128) {
-        float v[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int i = i0 + 128 * u;
-            v[u] = i < H ? (ar ? xr[i] + ar[i] : xr[i]) : 0.0f;
-        }
+        float v[U], a[U];
+        mc_load_strided<U>(v, xr, i0, 128, H);
+        if (ar) mc_load_strided<U>(a, ar, i0, 128, H);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int i = i0 + 128 * u;
             if (i >= H) break;
-            if (ar) xr[i] = v[u];
+            if (ar) xr[i] = v[u] = v[u] + a[u];
             s += (double)v[u] * v[u];
         }
     }
@@ -110,12 +107,8 @@ __global__ void rmsnorm_kernel(float *__restrict__ x, const float *__restrict__ 
     const float r = mc_rms_r(s, H, eps);
     for (int i0 = threadIdx.x; i0 < H; i0 += U * 128) {
         float v[U], g[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int i = i0 + 128 * u;
-            v[u] = i < H ? xr[i] : 0.0f;
-            g[u] = i < H ? w[i] : 0.0f;
-        }
+        mc_load_strided<U>(v, xr, i0, 128, H);
+        mc_load_strided<U>(g, w, i0, 128, H);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int i = i0 + 128 * u;

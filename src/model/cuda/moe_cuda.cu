@@ -235,12 +235,8 @@ __global__ void moe_router_kernel(const float *__restrict__ xr, const float *__r
     double s = 0;
     for (int k0 = lane; k0 < H; k0 += 32 * U) {
         float va[U], vb[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int k = k0 + 32 * u;
-            va[u] = k < H ? a[k] : 0.0f;
-            vb[u] = k < H ? b[k] : 0.0f;
-        }
+        mc_load_strided<U>(va, a, k0, 32, H);
+        mc_load_strided<U>(vb, b, k0, 32, H);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             if (k0 + 32 * u >= H) break;

@@ -35,6 +35,18 @@ __device__ __forceinline__ void mc_split_store(uint16_t *__restrict__ xf, size_t
     if (parts == 2) xf[TK + i] = __bfloat16_as_ushort(__float2bfloat16_rn(v - __bfloat162float(hi)));
 }
 
+/* v[u] = p[i0 + stride u] for the indices below n, else 0: a thread's strided values loaded
+ * before they are used, so the loads overlap while the sums that follow keep their order. */
+template <int U>
+__device__ __forceinline__ void mc_load_strided(float (&v)[U], const float *__restrict__ p, int i0,
+                                                int stride, int n) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int i = i0 + stride * u;
+        v[u] = i < n ? p[i] : 0.0f;
+    }
+}
+
 /* Element-wise kernels take a thread per element: grid (T, ceil(width / 256)), block 256.
  * (One block per token looping over the width waits for memory once per pass: 9-33 us a
  * launch at one token, Nsight Compute on an H100, bench/RESULTS.md "GPU, session 8".) */
