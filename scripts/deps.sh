@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # deps.sh - make sure the Debian packages tqkv needs are installed.
-# usage: scripts/deps.sh [build|test]
+# usage: scripts/deps.sh [build|test|plot]   (plot: python3-matplotlib for tools/quality_plot.py)
 # As root it installs what is missing with apt-get; otherwise it prints the exact
 # apt-get line and exits 1.
 set -euo pipefail
 want=(build-essential cmake pkg-config libopenblas-dev libpcre2-dev libutf8proc-dev
       libcjson-dev zlib1g-dev libmicrohttpd-dev)
+if [ "${1:-build}" = plot ]; then
+  want=(python3-matplotlib)
+fi
 if [ "${1:-build}" = test ]; then
   # cmocka for the tests (BUILD_TESTING); dpkg-dev for the CPack .deb check
   want+=(libcmocka-dev dpkg-dev)

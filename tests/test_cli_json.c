@@ -233,6 +233,29 @@ static void test_cli_run_default_kv(void **state) {
     }
 }
 
+/* `tqkv ppl --kld --json`: KL divergence and top-1 agreement with the f32 cache, in range
+ * and ordered by the formats' error (q8 agrees more and diverges less than tq2). */
+static void test_cli_ppl_kld_json(void **state) {
+    (void)state;
+    char model[1024], text[1024], args[4096], out[1 << 16];
+    source_path("models/qwen3-code-28m", model, sizeof model);
+    source_path("src/util/common.c", text, sizeof text);
+    double kld[2], top[2];
+    const char *kv[2] = {"q8", "tq2"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "ppl --model '%s' --text '%s' --ctx 128 --max-windows 2 "
+                 "--threads 2 --kv %s --kld --json", model, text, kv[i]);
+        assert_int_equal(run_cli(args, out, sizeof out), 0);
+        cJSON *o = cJSON_Parse(strrchr(out, '{') ? strrchr(out, '{') : out);
+        if (!o) fail_msg("not JSON: %s", out);
+        kld[i] = cJSON_GetObjectItem(o, "kld")->valuedouble;
+        top[i] = cJSON_GetObjectItem(o, "top1_agreement")->valuedouble;
+        assert_true(kld[i] >= 0 && top[i] > 0 && top[i] <= 1);
+        cJSON_Delete(o);
+    }
+    assert_true(kld[0] < kld[1] && top[0] > top[1]);
+}
+
 /* `tqkv run --tensor-parallel 2 --exact`: the same greedy tokens as unsharded, rank 0 holding
  * half the cache bytes; refusals (a rank count that splits no head evenly, the device) exit
  * non-zero with nothing on stdout. */
@@ -303,6 +326,7 @@ int main(void) {
         cmocka_unit_test(test_cli_tokenize_json),
         cmocka_unit_test(test_cli_run_json),
         cmocka_unit_test(test_cli_run_default_kv),
+        cmocka_unit_test(test_cli_ppl_kld_json),
         cmocka_unit_test(test_cli_tensor_parallel),
         cmocka_unit_test(test_cli_capacity_json),
     };

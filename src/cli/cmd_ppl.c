@@ -87,7 +87,7 @@ static int ppl_parse_args(int argc, char **argv, ppl_opts *o) {
         {"--window-slack", ARG_INT, &o->slack, "extra q8 ring slots for trims (default 32; counted in kv_bits_per_value)"},
         {"--chunk", ARG_INT, &o->chunk, "feed each window in chunks of N tokens (default: whole)"},
         {"--kv-seed", ARG_INT, &o->kv_seed, "rotation seed of the KV cache (layer l: seed + l)"},
-        {"--kld", ARG_FLAG, &o->kld, "also the mean KL divergence from an f32-cache pass"},
+        {"--kld", ARG_FLAG, &o->kld, "also the mean KL divergence and the top-1 agreement with an f32-cache pass"},
         {"--threads", ARG_INT, &o->threads, "threads (default: all CPUs)"},
         {"--prefill-kernel", ARG_STR, &o->prefill_kernel, "attention kernel for n_query > 1 (default graph: the graph's kernel set)"},
         {"--blas", ARG_FLAG, &o->blas, "OpenBLAS sgemm for prefill matmuls"},
@@ -176,7 +176,16 @@ static int ppl_states_init(ppl_opts *o, const tqkv_model *m, tqkv_model_state **
 typedef struct {
     double nll, kl, t_fwd; /* t_fwd: seconds in the forward passes */
     size_t cnt;            /* predictions */
+    size_t top1;           /* with a reference: positions whose argmax equals the f32 cache's */
 } ppl_sums;
+
+/* Index of the largest of x [n] (ties: the lowest index). */
+static int ppl_argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
 
 /* Scores n_win windows of ids through s (and ref, when not NULL: the KL terms), with a
  * progress line per window; 0 or -1 (message printed). */
@@ -187,8 +196,9 @@ static int ppl_score(const ppl_opts *o, const tqkv_model *m, tqkv_model_state *s
     float *lr = do_kld ? malloc(sizeof(float) * (size_t)ctx * V) : NULL;    // [ctx, vocab]
     double *pos_nll = malloc(sizeof(double) * (size_t)ctx);                 // [ctx]
     double *pos_kl = malloc(sizeof(double) * (size_t)ctx);                  // [ctx]
+    char *pos_top = malloc((size_t)ctx);                                    // [ctx]
     int rc = -1;
-    if (!lg || (do_kld && !lr) || !pos_nll || !pos_kl) {
+    if (!lg || (do_kld && !lr) || !pos_nll || !pos_kl || !pos_top) {
         fprintf(stderr, "tqkv ppl: out of memory\n");
         goto done;
     }
@@ -210,6 +220,7 @@ static int ppl_score(const ppl_opts *o, const tqkv_model *m, tqkv_model_state *s
             double z = lse(l, V);
             pos_nll[j] = z - (double)l[x[j + 1]];
             pos_kl[j] = 0;
+            pos_top[j] = 0;
             if (do_kld) {
                 const float *rl = lr + (size_t)j * V;
                 double zr = lse(rl, V), acc = 0;
@@ -218,11 +229,13 @@ static int ppl_score(const ppl_opts *o, const tqkv_model *m, tqkv_model_state *s
                     acc += exp(lpr) * (lpr - lpq);
                 }
                 pos_kl[j] = acc;
+                pos_top[j] = ppl_argmax(l, V) == ppl_argmax(rl, V);
             }
         }
         for (int j = 0; j < ctx; j++) {
             r->nll += pos_nll[j];
             r->kl += pos_kl[j];
+            r->top1 += (size_t)pos_top[j];
         }
         r->cnt += (size_t)ctx;
         double el = mcli_now() - t0;
@@ -238,6 +251,7 @@ static int ppl_score(const ppl_opts *o, const tqkv_model *m, tqkv_model_state *s
 done:
     free(pos_nll);
     free(pos_kl);
+    free(pos_top);
     free(lg);
     free(lr);
     return rc;
@@ -258,7 +272,7 @@ static int ppl_report(const ppl_opts *o, const tqkv_model *m, tqkv_model_state *
     if (o->kv_layers[0]) printf(" layers %s", o->kv_layers);
     if (o->window) printf(" window %d", o->window);
     printf(" (%.4f bits/value)", kv_bits);
-    if (do_kld) printf(", kld %.5f", r->kl / (double)cnt);
+    if (do_kld) printf(", kld %.5f, top-1 agreement %.4f", r->kl / (double)cnt, (double)r->top1 / (double)cnt);
     printf("\n");
     if (o->json) {
         const tqkv_model_state_params *sp = &o->sp;
@@ -266,6 +280,9 @@ static int ppl_report(const ppl_opts *o, const tqkv_model *m, tqkv_model_state *
         json_add_num(j, "ppl", ppl, 6);
         if (o->kld) json_add_num(j, "kld", do_kld ? r->kl / (double)cnt : 0.0, 6);
         else cJSON_AddNullToObject(j, "kld");
+        /* the share of positions whose most likely token is the f32 cache's (with --kld) */
+        if (do_kld) json_add_num(j, "top1_agreement", (double)r->top1 / (double)cnt, 6);
+        else cJSON_AddNullToObject(j, "top1_agreement");
         cJSON_AddNumberToObject(j, "windows", n_win);
         cJSON_AddNumberToObject(j, "tokens", (double)cnt);
         cJSON_AddStringToObject(j, "device", sp->device ? "cuda" : "cpu");
