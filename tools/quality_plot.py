@@ -93,7 +93,7 @@ def main():
     for ax in list(axes.flat)[len(keys):]:
         ax.axis("off")
     fig.tight_layout()
-    fig.savefig(sys.argv[1], dpi=110)
+    fig.savefig(sys.argv[1], dpi=90)
     print(f"{sys.argv[1]}: {len(keys)} panels, {sum(len(v) for v in pts.values())} points")
 
 
