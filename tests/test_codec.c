@@ -456,6 +456,40 @@ static void ref_q4(const float *x, int d, uint8_t *out) {
     }
 }
 
+/* q8's AVX2 encoder against the scalar one, byte for byte, on the inputs the float64
+ * reference cannot take or rarely draws: NaN, +-inf, -0, exact half steps of the scale,
+ * quotients past +-127 after the scale's float rounding, an all-zero block. */
+static void test_q8_simd_special(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() ^ 0x98);
+    tqkv_codec *c;
+    assert_int_equal(tqkv_codec_init(&c, TQKV_Q8, 128, 0), TQKV_OK);
+    const size_t B = tqkv_codec_bytes(c);
+    float x[128];
+    uint8_t e[2][256];
+    for (int t = 0; t < 400; t++) {
+        rng_fill_normal(&r, x, 128, (float)exp(rng_uniform(&r) * 8 - 4));
+        for (int j = 0; j < 128; j++) {
+            const int k = rng_int(&r, 0, 15);
+            if (k == 0) x[j] = (float)rng_int(&r, -254, 254) * 0.5f; /* half steps (scale 1) */
+            if (k == 1) x[j] = -0.0f;
+        }
+        x[rng_int(&r, 0, 31)] = 127.0f; /* block 0's scale exactly 1: ties above are real */
+        if (t % 5 == 1) x[rng_int(&r, 32, 63)] = NAN;
+        if (t % 5 == 2) x[rng_int(&r, 64, 95)] = t % 2 ? INFINITY : -INFINITY;
+        if (t % 5 == 3) memset(x + 96, 0, 32 * sizeof(float));
+        if (t % 5 == 4) x[rng_int(&r, 96, 127)] = nextafterf(x[100], INFINITY) * 1e30f;
+        for (int simd = 0; simd <= 1; simd++) {
+            set_simd(simd);
+            assert_int_equal(tqkv_codec_encode(c, x, 1, e[simd]), TQKV_OK);
+        }
+        assert_memory_equal(e[0], e[1], B);
+    }
+    set_simd(1);
+    tqkv_codec_free(c);
+}
+
 static void test_q8_q4_reference(void **state) {
     (void)state;
     test_rng r;
@@ -962,6 +996,7 @@ int main(void) {
         cmocka_unit_test(test_pack_roundtrip),
         cmocka_unit_test(test_pack_layout),
         cmocka_unit_test(test_q8_q4_reference),
+        cmocka_unit_test(test_q8_simd_special),
         cmocka_unit_test(test_fp8_codes),
         cmocka_unit_test(test_fp8_reference),
         cmocka_unit_test(test_f16),

@@ -347,6 +347,11 @@ static void test_cli_refuses_bad_values(void **state) {
             fail_msg("tqkv %s: rc %d, output '%s' (want rc 2 and '%s')", CASES[i].args, rc, out,
                      CASES[i].needle);
     }
+    /* once the model is loaded (exit 1): the default preset says why no state can be made
+     * (a rank count that splits no KV head), not that nothing fits its bits */
+    int rc = run_cli("run --prompt x --tensor-parallel 3", out, sizeof out);
+    if (rc != 1 || !strstr(out, "neither divides") || strstr(out, "no configuration fits"))
+        fail_msg("tqkv run --tensor-parallel 3: rc %d, output '%s'", rc, out);
 }
 
 int main(void) {

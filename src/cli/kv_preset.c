@@ -83,7 +83,9 @@ static int apply(const tqkv_model *m, const kv_candidate *c, tqkv_model_state_pa
 static double window_bits(const tqkv_model *m, const tqkv_model_state_params *t, int w, int ctx) {
     tqkv_model_state_params cpu = *t;
     cpu.window = w;
-    cpu.device = 0;
+    cpu.device = 0; /* and none of the device's own options */
+    cpu.device_fast_gemm = 0;
+    cpu.device_graphs = 0;
     cpu.rows = 1;
     tqkv_model_state *s = NULL;
     if (tqkv_model_state_init(&s, m, &cpu) != TQKV_OK) return -1;
@@ -147,6 +149,10 @@ int kvp_resolve(const char *cmd, const tqkv_model *m, const char *kv, int ctx,
             continue;
         double bits = 0;
         const int w = window_fit(m, &t, c->window, ctx, budget, &bits, &smallest);
+        if (w < 0 && smallest > 1e8) { /* no state could be made: say why, not "too big" */
+            fprintf(stderr, "tqkv %s: --kv %s: %s\n", cmd, kv, tqkv_last_error());
+            return -1;
+        }
         if (w < 0) continue;
         t.window = w;
         *p = t;
@@ -185,18 +191,26 @@ int kvp_list_json(cJSON *arr, int dim) {
     const int L = 8, ctx = 2048, slack = 0;
     for (size_t b = 0; b < sizeof LISTED / sizeof LISTED[0]; b++) {
         for (int i = 0; i < N_RANK; i++) {
-            const double bits = generic_bits(&RANK[i], L, dim, ctx, slack);
+            kv_candidate c = RANK[i];
+            double bits = generic_bits(&c, L, dim, ctx, slack);
             if (bits > LISTED[b] + 1e-9) continue;
+            while (c.window > 0 && c.window < ctx) { /* grown as kvp_resolve grows it */
+                kv_candidate g = c;
+                g.window++;
+                const double gb = generic_bits(&g, L, dim, ctx, slack);
+                if (gb > LISTED[b] + 1e-9) break;
+                c = g, bits = gb;
+            }
             cJSON *o = cJSON_CreateObject();
             if (!o) return -1;
             char name[32];
             snprintf(name, sizeof name, "auto:%g", LISTED[b]);
             cJSON_AddStringToObject(o, "preset", name);
-            cJSON_AddStringToObject(o, "kv", RANK[i].kv);
-            cJSON_AddStringToObject(o, "layers", RANK[i].layers == 2 ? "first,last"
-                                                 : RANK[i].layers == 1 ? "first" : "");
-            cJSON_AddStringToObject(o, "layer_kv", RANK[i].layer_kv ? RANK[i].layer_kv : "");
-            cJSON_AddNumberToObject(o, "window", RANK[i].window);
+            cJSON_AddStringToObject(o, "kv", c.kv);
+            cJSON_AddStringToObject(o, "layers", c.layers == 2 ? "first,last"
+                                                 : c.layers == 1 ? "first" : "");
+            cJSON_AddStringToObject(o, "layer_kv", c.layer_kv ? c.layer_kv : "");
+            cJSON_AddNumberToObject(o, "window", c.window);
             cJSON_AddNumberToObject(o, "dim", dim);
             json_add_num(o, "bits_per_value", bits, 4);
             cJSON_AddStringToObject(o, "bits_at", "8 layers with their own K/V, ctx 2048, "
