@@ -313,10 +313,21 @@ static void test_invariance_tq3_window(void **st) { (void)st; invariance(TQKV_TQ
  * (mc_split_store) are the split kernel's: the forward with them (default) equals the
  * forward with TQKV_GEMM_PRESPLIT=0 (a split launch before every GEMM) bit for bit, with
  * bf16 activations and with hi + lo, in prefill and decode. */
+static int g_bf16_act_saved = -1;
+/* test_presplit's teardown: the environment and the model's activation mode back, also after
+ * a failure (cmocka runs it either way). */
+static int presplit_teardown(void **st) {
+    (void)st;
+    unsetenv("TQKV_GEMM_PRESPLIT");
+    if (g_bf16_act_saved >= 0) g_model->bf16_act = g_bf16_act_saved;
+    g_bf16_act_saved = -1;
+    return 0;
+}
+
 static void test_presplit(void **st) {
     (void)st;
     const int V = tqkv_model_get_config(g_model)->vocab_size, n = 29, steps = 3, R = 2;
-    const int bf16_act = g_model->bf16_act;
+    g_bf16_act_saved = g_model->bf16_act;
     test_rng r;
     rng_init(&r, g_seed ^ 0x9e5);
     int32_t tok[R * (29 + 3)];
@@ -339,8 +350,6 @@ static void test_presplit(void **st) {
         if (memcmp(lg[0], lg[1], sizeof(float) * per))
             fail_msg("parts %d: logits with the kernels' own splits differ from the split launch's", parts);
     }
-    unsetenv("TQKV_GEMM_PRESPLIT");
-    g_model->bf16_act = bf16_act;
     assert_true(memcmp(lg[0], lg[0] + V, sizeof(float) * (size_t)V) != 0); /* rows differ */
     printf("presplit: logits equal the split launch's, bitwise, parts 1 and 2\n");
     free(lg[0]);
@@ -1347,7 +1356,7 @@ int main(void) {
         cmocka_unit_test(test_invariance_f32),
         cmocka_unit_test(test_invariance_tq4),
         cmocka_unit_test(test_invariance_tq3_window),
-        cmocka_unit_test(test_presplit),
+        cmocka_unit_test_teardown(test_presplit, presplit_teardown),
         cmocka_unit_test(test_padded_refused),
         cmocka_unit_test(test_graphs_tq4),
         cmocka_unit_test(test_graphs_tq3_window),
