@@ -8,8 +8,8 @@
 #    of the new build (parity with the CPU, batch invariance bit for bit); "modeltests": the
 #    last two only;
 #  - tiles: `tqkv bench gemm --tokens 1` on Llama-3.1-8B's shapes under each decode tile
-#    forced (TQKV_GEMM_TILE=s8, s8d, s8n), and in llama8b the new build's 1-row decode under
-#    s8d and s8n as well;
+#    forced (TQKV_GEMM_TILE=s8, s8n), and in llama8b the new build's 1-row decode under s8
+#    as well (the pick at T = 1 is s8n);
 #  - llama8b: the Llama-3.1-8B-shaped random checkpoint (cuda_make_llama8b.py), decode at
 #    depth 4096, rows 1 and 8, tq4 and bf16 KV (f32: the device's dense bf16 cache), CUDA
 #    graphs on, 32 greedy steps after a synthetic fill; old, new, old, new;
@@ -32,7 +32,7 @@ bench() { # NAME BIN MODEL ARGS...
   cp "$W/$n.json" "$OUT/" 2>/dev/null
 }
 if has tiles; then
-  for t in s8 s8d s8n; do
+  for t in s8 s8n; do
     TQKV_GEMM_TILE=$t step 60 "gemm_$t" ./tqkv bench gemm --tokens 1 --reps 20 --json \
       >"$W/gemm_$t.json" 2>"$W/gemm_$t.err"; cp "$W/gemm_$t.json" "$OUT/"
   done
@@ -44,7 +44,7 @@ if has llama8b; then
     bench "ab_llama8b_new_$r" ./tqkv /tmp/ab_l8 --rows 1,8 --kv tq4,f32 --shape llama-8b
   done
   if has tiles; then
-    for t in s8d s8n; do
+    for t in s8; do
       TQKV_GEMM_TILE=$t bench "ab_llama8b_new_$t" ./tqkv /tmp/ab_l8 --rows 1 --kv tq4 --shape llama-8b
     done
   fi

@@ -203,7 +203,7 @@ __device__ float exp_cpu(float x) {
 }
 
 /* h[t, i] = g / (1 + exp(-g)) * u with gu [T, 2I] = gate | up; with xf also h's GEMM
- * split. grid (T, ceil(I/256)). */
+ * split. grid mc_grid_elems(T, I), block 256. */
 __global__ void swiglu_kernel(const float *__restrict__ gu, int I, float *__restrict__ h,
                               uint16_t *__restrict__ xf, int parts) {
     const size_t t = blockIdx.x;
@@ -500,10 +500,16 @@ tqkv_status mc_pick_queue(model_cuda *g, int stride) {
     return st;
 }
 
-/* h [T, I] = SwiGLU of gu [T, 2I] (gate | up), the CPU's exp, on stream s. */
-void mc_swiglu_queue(const float *gu, int I, float *h, size_t T, cudaStream_t s) {
+/* h [T, I] = SwiGLU of gu [T, 2I] (gate | up), the CPU's exp, on stream s; with xf also h's
+ * GEMM split (`parts`). */
+static void swiglu_queue(const float *gu, int I, float *h, size_t T, uint16_t *xf, int parts,
+                         cudaStream_t s) {
     if (T == 0) return;
-    swiglu_kernel<<<dim3((unsigned)T, (unsigned)((I + 255) / 256)), 256, 0, s>>>(gu, I, h, NULL, 1);
+    swiglu_kernel<<<mc_grid_elems(T, (size_t)I), 256, 0, s>>>(gu, I, h, xf, parts);
+}
+
+void mc_swiglu_queue(const float *gu, int I, float *h, size_t T, cudaStream_t s) {
+    swiglu_queue(gu, I, h, T, NULL, 1, s);
 }
 
 /* h = gelu_tanh(g) * u, gu [T, 2I] = gate | up. grid (T, ceil(I / 256)), block 256. */
@@ -526,9 +532,8 @@ tqkv_status mc_ffn_dense(model_cuda *g, int l, int T) {
     const int H = g->m->cfg.hidden_size, I = g->m->cfg.intermediate_size;
     /* xn's split: the RMSNorm before (forward_queue's) wrote it */
     tqkv_status st = mc_gemm_pre(g, g->xn, H, T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I);
-    if (st || T == 0) return st;
-    swiglu_kernel<<<dim3((unsigned)T, (unsigned)((I + 255) / 256)), 256, 0, g->stream>>>(
-        g->gu, I, g->hh, mc_split_xf(g), g->gemm_parts);
+    if (st) return st;
+    swiglu_queue(g->gu, I, g->hh, (size_t)T, mc_split_xf(g), g->gemm_parts, g->stream);
     return mc_gemm_pre(g, g->hh, I, T, L->wd, H, I, NULL, g->tmp, H);
 }
 
