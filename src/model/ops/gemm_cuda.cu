@@ -25,6 +25,7 @@ extern "C" {
 #include "util/common.h"
 }
 #include "model/ops/gemm_cuda.h"
+#include "model/ops/ops_cuda.cuh"
 
 // ---------------------------------------------------------------------------
 // activations: x f32 [T, ldx] -> xb bf16 [parts, T, K]
@@ -42,11 +43,9 @@ __global__ void gemm_split_kernel(const float *__restrict__ x, size_t ldx, int T
     uint32_t hi[4], lo[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        const __nv_bfloat16 h0 = __float2bfloat16_rn(v[2 * j]), h1 = __float2bfloat16_rn(v[2 * j + 1]);
-        const __nv_bfloat16 l0 = __float2bfloat16_rn(v[2 * j] - __bfloat162float(h0));
-        const __nv_bfloat16 l1 = __float2bfloat16_rn(v[2 * j + 1] - __bfloat162float(h1));
-        hi[j] = (uint32_t)__bfloat16_as_ushort(h0) | ((uint32_t)__bfloat16_as_ushort(h1) << 16);
-        lo[j] = (uint32_t)__bfloat16_as_ushort(l0) | ((uint32_t)__bfloat16_as_ushort(l1) << 16);
+        const uint16_t h0 = mc_split_hi(v[2 * j]), h1 = mc_split_hi(v[2 * j + 1]);
+        hi[j] = (uint32_t)h0 | ((uint32_t)h1 << 16);
+        lo[j] = (uint32_t)mc_split_lo(v[2 * j], h0) | ((uint32_t)mc_split_lo(v[2 * j + 1], h1) << 16);
     }
     xb[i] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
     if (parts == 2) xb[(size_t)T * kc + i] = make_uint4(lo[0], lo[1], lo[2], lo[3]);

@@ -25,14 +25,23 @@ __device__ __forceinline__ double mc_block_sum128(double v, double *sh) {
     return s;
 }
 
+/* The GEMM's two bf16 parts of an activation (gemm_cuda.h): hi = bf16(v) (nearest even),
+ * lo = bf16(v - hi). The split kernel and every mc_split_store take them from here. */
+__device__ __forceinline__ uint16_t mc_split_hi(float v) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+__device__ __forceinline__ uint16_t mc_split_lo(float v, uint16_t hi) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(v - __bfloat162float(__ushort_as_bfloat16(hi))));
+}
+
 /* Element i of x's GEMM activation split, as gemm_cuda.cu's split kernel writes it:
- * xf [parts, T, K] bf16 (TK = T K), hi = bf16(v) at i, lo = bf16(v - hi) at TK + i when
- * parts = 2 (tqkv_cuda_gemm_presplit then skips its split launch). */
+ * xf [parts, T, K] bf16 (TK = T K), hi at i, lo at TK + i when parts = 2
+ * (tqkv_cuda_gemm_presplit then skips its split launch). */
 __device__ __forceinline__ void mc_split_store(uint16_t *__restrict__ xf, size_t TK, size_t i,
                                                float v, int parts) {
-    const __nv_bfloat16 hi = __float2bfloat16_rn(v);
-    xf[i] = __bfloat16_as_ushort(hi);
-    if (parts == 2) xf[TK + i] = __bfloat16_as_ushort(__float2bfloat16_rn(v - __bfloat162float(hi)));
+    const uint16_t hi = mc_split_hi(v);
+    xf[i] = hi;
+    if (parts == 2) xf[TK + i] = mc_split_lo(v, hi);
 }
 
 /* v[u] = p[i0 + stride u] for the indices below n, else 0: a thread's strided values loaded
