@@ -11,7 +11,7 @@
  *   - batch invariance for a fixed N: a row alone and as row 1 of 3 give the same bits; a
  *     padded row's logits of every position too (padding zero); a verification window
  *     (extend_as_decode) gives the bits of single decodes;
- *   - refusals (N not dividing the heads, BLAS, device, a merge or import mixing sharded and
+ *   - refusals (N not dividing the heads, BLAS, an unknown device, a merge or import mixing sharded and
  *     unsharded states) are clear and change nothing; reset works on every rank;
  *   - the bootstrap of one process per rank: rank 0's id reaches every other rank over TCP
  *     (threads on the loopback here), a repeated or out-of-range rank is refused;
@@ -409,8 +409,9 @@ static void test_refusals_and_reset(void **state) {
     p.blas = 1;
     expect_init_refused(p, TQKV_EUNSUPPORTED, "BLAS");
     p.blas = 0;
-    p.device = 1;
-    expect_init_refused(p, TQKV_EUNSUPPORTED, "CPU only");
+    p.device = 2; /* device 1 (CUDA) is sharded on the GPU: test_cuda_tp */
+    expect_init_refused(p, TQKV_EUNSUPPORTED, "device 2");
+    p.device = 0;
 
     /* row operations mixing sharded and unsharded states refuse and change nothing (the
      * lockstep operations themselves: test_tp_rows) */
