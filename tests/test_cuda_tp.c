@@ -331,6 +331,8 @@ int main(void) {
     }
     tqkv_model_load_params lp = tqkv_model_load_params_default();
     lp.threads = 4;
+    lp.bf16_act = 0; /* the GEMMs' hi + lo activations (~16 bits): the sharded logits then
+                      * differ from the unsharded ones by float32 reassociation only */
     if (tqkv_model_load(&g_model, d, &lp) != TQKV_OK) {
         fprintf(stderr, "load failed: %s\n", tqkv_last_error());
         return 1;

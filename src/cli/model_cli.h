@@ -57,7 +57,7 @@ int  mcli_parse_device(const char *cmd, const char *name, int *out);
  * --device cuda refused for serve only (the sharded device state has no row operations).
  * 0 or -1 (printed). */
 int  mcli_parse_tp(const char *cmd, int n, int device, tqkv_model_state_params *p);
-#define MCLI_TP_HELP "ranks of tensor parallelism (Megatron sharding, docs/TP.md): the ranks run one after another on the CPU, each with its shard of the weights and the cache of its KV heads; must divide the heads and MLP width (default 1 = off; --device cuda: the Llama family, each rank a device state on GPU rank % visible GPUs; not with serve yet)"
+#define MCLI_TP_HELP "ranks of tensor parallelism (Megatron sharding, docs/TP.md), each with its shard of the weights and the cache of its KV heads: on the CPU they run one after another; with --device cuda (the Llama family) each rank is a device state on GPU rank % visible GPUs (not with serve yet); must divide the heads and MLP width (default 1 = off)"
 /* Number of online CPUs (>= 1). */
 int  mcli_cpus(void);
 /* Whole file into a malloc'd NUL-terminated buffer; 0 or -1 (message printed). */

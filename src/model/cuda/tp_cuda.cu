@@ -86,6 +86,9 @@ static tqkv_status upload_biases(tqkv_model_state *s) {
     for (int r = 0; r < tp->n && !st; r++) {
         st = model_cuda_set_device(tp->device[r]);
         if (!st) st = mc_upload_vec(&tp->bo[r], parts, lens, L);
+        /* a pageable copy may return before its DMA lands, and the ranks' non-blocking
+         * streams do not wait for the legacy stream (as mc_upload_weights) */
+        if (!st) st = ck(cudaStreamSynchronize(0), "upload o_proj biases");
     }
     free(parts);
     free(lens);

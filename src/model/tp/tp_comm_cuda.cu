@@ -232,6 +232,7 @@ static tqkv_status dev_selftest_run(tp_comm *c, int n, size_t count, uint64_t se
         streams[r] = (void *)st[r];
     }
     CUDA_TRY(cudaMemcpy(dev, host, bytes * (size_t)n, cudaMemcpyHostToDevice), "copy");
+    CUDA_TRY(cudaDeviceSynchronize(), "copy"); /* landed before the non-blocking streams read */
     tp_sum_rank_order(in, n, count, want);
     tqkv_status rc = tp_allgather(c, (const float *const *)bufs, recv, count, streams);
     if (rc == TQKV_OK) rc = tp_allreduce_sum(c, bufs, count, streams);

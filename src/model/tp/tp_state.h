@@ -45,8 +45,8 @@ int         model_tp_ranks(const tqkv_model_state_params *p);
 /* The refusal of a tensor_parallel value for this model and params (nothing changes):
  * TQKV_EINVAL when N does not divide the query heads or MLP width, N neither divides the KV
  * heads nor is a multiple of them (replication, tp_kv_range), or N is out of
- * 0..TP_MAX_RANKS; TQKV_EUNSUPPORTED for a graph without a sharded forward, a device state,
- * or BLAS products. N <= 1 is always accepted (off). */
+ * 0..TP_MAX_RANKS; TQKV_EUNSUPPORTED for a graph without a sharded forward, a device other
+ * than the CPU (0) or CUDA (1), or BLAS products. N <= 1 is always accepted (off). */
 tqkv_status model_tp_check(const tqkv_model *m, const tqkv_model_state_params *p);
 /* model_tp_ranks(&s->p) > 0: the ranks (s->layers becomes rank 0's caches); on the device
  * (params.device 1) each rank is a device state on GPU r % visible GPUs. */
