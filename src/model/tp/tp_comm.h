@@ -2,10 +2,11 @@
  * tp_comm.h - the collective layer of tensor parallelism (issue 25): N ranks, one all-reduce
  *   (sum) and one all-gather, with a FIXED addition order.
  * Owns: the communicator's lifecycle and its backends: CPU (every rank in this process, host
- *   buffers; the CPU sharded forward and its tests) and NCCL (compiled only in a CUDA build
+ *   buffers; the CPU sharded forward and its tests), NCCL (compiled only in a CUDA build
  *   where nccl.h was found, TQKV_HAVE_NCCL; device buffers): one process driving n GPUs
  *   (ncclCommInitAll) or one rank per process on any host (ncclCommInitRank with a unique id
- *   shared by tp_bootstrap.h). Not run on a GPU yet: see docs/TP.md.
+ *   shared by tp_bootstrap.h), and device-local (every CUDA build; device buffers of ranks
+ *   of this process, several possibly on one GPU). Not run on a GPU yet: see docs/TP.md.
  * Must not: know the model; allocate the callers' buffers; reduce in an order that depends
  *   on threads, rows, ring topology or the backend.
  *

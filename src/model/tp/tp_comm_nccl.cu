@@ -2,8 +2,8 @@
  * tp_comm_nccl.cu - the NCCL backend of tp_comm.h (built in a CUDA build where nccl.h was
  *   found: TQKV_HAVE_NCCL). Device buffers.
  * Owns: the NCCL communicators (one per local GPU), each local rank's gather scratch
- *   [N * count] on its GPU (the rank-order sum kernel is tp_comm_cuda.cu's). The all-reduce is an ncclAllGather
- *   of every rank's buffer followed by a local sum in rank order on every GPU, so its bits are
+ *   [N * count] on its GPU (the rank-order sum kernel is tp_comm_cuda.cu's). The all-reduce
+ *   is an ncclAllGather of every rank's buffer followed by a local sum in rank order on every GPU, so its bits are
  *   those of tp_sum_rank_order (the CPU backend) whatever NCCL's ring or tree order would be.
  *   Bootstrap: ncclCommInitAll for one process driving n GPUs; ncclCommInitRank with the id of
  *   tp_comm_nccl_unique_id (shared by tp_bootstrap.h) for one rank per process / host.
