@@ -100,6 +100,15 @@ static tqkv_status dev_init_events(dev_state *s, int n) {
 extern "C" tqkv_status tp_comm_init_device(tp_comm **out, int n, const int *devices) {
     if (!out || n < 1 || n > TP_MAX_RANKS)
         return tqkv_fail(TQKV_EINVAL, "tensor parallel: %d ranks (need 1..%d)", n, TP_MAX_RANKS);
+    int have = 0;
+    if (cudaGetDeviceCount(&have) != cudaSuccess) { /* no driver, or one too old */
+        (void)cudaGetLastError();
+        have = 0;
+    }
+    for (int i = 0; i < n; i++)
+        if ((devices ? devices[i] : 0) < 0 || (devices ? devices[i] : 0) >= have)
+            return tqkv_fail(TQKV_EUNSUPPORTED, "tensor parallel: rank %d's GPU %d is not among "
+                             "the %d visible", i, devices ? devices[i] : 0, have);
     tp_comm *c = (tp_comm *)calloc(1, sizeof *c);
     dev_state *s = (dev_state *)calloc(1, sizeof *s);
     if (!c || !s) {
@@ -254,12 +263,7 @@ static tqkv_status dev_selftest_run(tp_comm *c, int n, size_t count, uint64_t se
 }
 
 extern "C" tqkv_status tp_comm_device_selftest(int n, unsigned long long seed) {
-    int have = 0;
-    if (cudaGetDeviceCount(&have) != cudaSuccess || have < 1) {
-        (void)cudaGetLastError();
-        return tqkv_fail(TQKV_EUNSUPPORTED, "tensor parallel: no CUDA device");
-    }
-    tp_comm *c = NULL;
+    tp_comm *c = NULL; /* TQKV_EUNSUPPORTED without a visible GPU */
     tqkv_status rc = tp_comm_init_device(&c, n, NULL);
     if (rc != TQKV_OK) return rc;
     const size_t count = 100003; /* not a multiple of any block */

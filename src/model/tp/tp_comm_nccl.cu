@@ -3,8 +3,9 @@
  *   found: TQKV_HAVE_NCCL). Device buffers.
  * Owns: the NCCL communicators (one per local GPU), each local rank's gather scratch
  *   [N * count] on its GPU (the rank-order sum kernel is tp_comm_cuda.cu's). The all-reduce
- *   is an ncclAllGather of every rank's buffer followed by a local sum in rank order on every GPU, so its bits are
- *   those of tp_sum_rank_order (the CPU backend) whatever NCCL's ring or tree order would be.
+ *   is an ncclAllGather of every rank's buffer followed by a local sum in rank order on every
+ *   GPU, so its bits are those of tp_sum_rank_order (the CPU backend) whatever NCCL's ring or
+ *   tree order would be.
  *   Bootstrap: ncclCommInitAll for one process driving n GPUs; ncclCommInitRank with the id of
  *   tp_comm_nccl_unique_id (shared by tp_bootstrap.h) for one rank per process / host.
  * Must not: call ncclAllReduce (its order is not fixed); use fast math in the sum.
