@@ -29,13 +29,19 @@ tqkv_status model_tp_check(const tqkv_model *m, const tqkv_model_state_params *p
     if (n < 0 || n > TP_MAX_RANKS)
         return tqkv_fail(TQKV_EINVAL, "tensor_parallel %d: need 0..%d (0 and 1 = off)", n,
                          TP_MAX_RANKS);
-    if (n <= 1) return TQKV_OK;
+    if (n <= 1 && !model_tp_ranks(p)) return TQKV_OK; /* off (a forced 1-rank state is not) */
     if (!m->ops->tp_shard)
         return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel %d: the %s graph has no sharded "
                          "forward (the Llama family has)", n, tqkv_model_graph_name(m));
     if (p->device != 0 && p->device != 1)
         return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel %d: device %d (the CPU or CUDA)", n,
                          p->device);
+    /* the sharded device forward runs the common device graph's pieces (cuda/tp_cuda.cu):
+     * graphs with device hooks of their own (Gemma 4, Qwen 3.5, MoE) have none */
+    if (p->device == 1 && m->ops->cuda)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel %d with --device cuda: the %s graph "
+                         "has no sharded device forward (the Llama family has; on the CPU it "
+                         "may)", n, tqkv_model_graph_name(m));
     if (p->blas)
         return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel %d: not with BLAS products (not "
                          "batch invariant)", n);
