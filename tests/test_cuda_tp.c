@@ -184,6 +184,9 @@ static void parity_case(int N, tqkv_format f, double tol_med, double tol_worst) 
     tqkv_model_state *sg = new_state(1, f, 1, N, 0), *su = new_state(1, f, 1, 0, 0),
                      *sc = new_state(1, f, 0, N, 0);
     assert_int_equal(tqkv_model_state_tensor_parallel(sg), N);
+    /* exact allocations: the cache bytes below compare like for like */
+    OK(tqkv_model_state_reserve(sg, n + steps + 8));
+    OK(tqkv_model_state_reserve(su, n + steps + 8));
     run_row(sg, prompt, n, steps, g, tg);
     run_row(su, prompt, n, steps, u, tu);
     run_row(sc, prompt, n, steps, c, tc);

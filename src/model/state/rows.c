@@ -332,6 +332,7 @@ size_t tqkv_model_state_projected_bytes(const tqkv_model_state *s, int tokens) {
  * The engine's prefix cache never trims: it stores states taken at the prefix length. */
 int tqkv_model_state_min_reusable_offset(const tqkv_model_state *s, int row) {
     if (!s || row < 0 || row >= s->rows) return 0;
+    if (s->tp && s->tp->on_device) return tqkv_model_state_min_reusable_offset(s->tp->rank[0], row);
 #ifdef TQKV_HAVE_CUDA
     if (s->gpu) { /* conservative: only the whole row */
         int *o = malloc(sizeof(int) * (size_t)s->rows), pos = 1 << 30;

@@ -257,7 +257,8 @@ tqkv_status tqkv_model_state_offsets(const tqkv_model_state *s, int *offset) {
 }
 
 tqkv_batch *tqkv_model_state_layer(tqkv_model_state *s, int layer) {
-    if (!s || layer < 0 || layer >= s->m->cfg.n_layers || s->gpu) return NULL;
+    if (!s || layer < 0 || layer >= s->m->cfg.n_layers || s->gpu || (s->tp && s->tp->on_device))
+        return NULL; /* the caches are on the device */
     return s->layers[layer];
 }
 
