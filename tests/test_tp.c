@@ -11,11 +11,12 @@
  *   - batch invariance for a fixed N: a row alone and as row 1 of 3 give the same bits; a
  *     padded row's logits of every position too (padding zero); a verification window
  *     (extend_as_decode) gives the bits of single decodes;
- *   - refusals (N not dividing the heads, BLAS, device, a merge or import mixing sharded and
+ *   - refusals (N not dividing the heads, BLAS, an unknown device, a merge or import mixing sharded and
  *     unsharded states) are clear and change nothing; reset works on every rank;
  *   - the bootstrap of one process per rank: rank 0's id reaches every other rank over TCP
  *     (threads on the loopback here), a repeated or out-of-range rank is refused;
- *   - the NCCL backend's self-check where NCCL and GPUs exist (skipped here otherwise).
+ *   - the NCCL backend's and the device-local backend's self-checks where NCCL and GPUs
+ *     exist (skipped here otherwise); a sharded device state refused where no GPU is.
  */
 #include <math.h>
 #include <pthread.h>
@@ -123,6 +124,42 @@ static void test_nccl_selftest(void **state) {
     OK(rc);
     rc = tp_comm_nccl_selftest(2, test_seed());
     if (rc != TQKV_EUNSUPPORTED) OK(rc);
+}
+
+/* The device-local backend (several ranks on one GPU) where a GPU is visible: bit for bit
+ * the rank-order sum; refused with TQKV_EUNSUPPORTED elsewhere. */
+static void test_device_selftest(void **state) {
+    (void)state;
+    tqkv_status rc = tp_comm_device_selftest(2, test_seed());
+    if (rc == TQKV_EUNSUPPORTED) {
+        print_message("device-local self-check: %s: SKIPPED\n", tqkv_last_error());
+        skip();
+        return;
+    }
+    OK(rc);
+    OK(tp_comm_device_selftest(3, test_seed() + 1));
+}
+
+/* --device cuda --tensor-parallel 2 where no GPU (or no CUDA build) is: TQKV_EUNSUPPORTED
+ * naming CUDA, nothing made (with a GPU it is a sharded device state: test_cuda_tp). */
+static void test_device_state_without_gpu(void **state) {
+    (void)state;
+    tqkv_model_state_params p = tqkv_model_state_params_default();
+    p.threads = 2;
+    p.tensor_parallel = 2;
+    p.device = 1;
+    tqkv_model_state *s = NULL;
+    tqkv_status rc = tqkv_model_state_init(&s, g_m, &p);
+    if (rc == TQKV_OK) {
+        assert_int_equal(tqkv_model_state_tensor_parallel(s), 2);
+        tqkv_model_state_free(s);
+        print_message("a GPU is visible: the sharded device state is test_cuda_tp's: SKIPPED\n");
+        skip();
+        return;
+    }
+    assert_int_equal(rc, TQKV_EUNSUPPORTED);
+    assert_null(s);
+    if (!strstr(tqkv_last_error(), "CUDA")) fail_msg("message: %s", tqkv_last_error());
 }
 
 typedef struct {
@@ -409,8 +446,9 @@ static void test_refusals_and_reset(void **state) {
     p.blas = 1;
     expect_init_refused(p, TQKV_EUNSUPPORTED, "BLAS");
     p.blas = 0;
-    p.device = 1;
-    expect_init_refused(p, TQKV_EUNSUPPORTED, "CPU only");
+    p.device = 2; /* device 1 (CUDA) is sharded on the GPU: test_cuda_tp */
+    expect_init_refused(p, TQKV_EUNSUPPORTED, "device 2");
+    p.device = 0;
 
     /* row operations mixing sharded and unsharded states refuse and change nothing (the
      * lockstep operations themselves: test_tp_rows) */
@@ -481,6 +519,8 @@ int main(void) {
         cmocka_unit_test(test_allreduce_fixed_order),
         cmocka_unit_test(test_bootstrap),
         cmocka_unit_test(test_nccl_selftest),
+        cmocka_unit_test(test_device_selftest),
+        cmocka_unit_test(test_device_state_without_gpu),
         cmocka_unit_test(test_sharded_vs_unsharded),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_padded_all_and_window),

@@ -537,30 +537,19 @@ tqkv_status mc_ffn_dense(model_cuda *g, int l, int T) {
     return mc_gemm_pre(g, g->hh, I, T, L->wd, H, I, NULL, g->tmp, H);
 }
 
-/* Queue one forward's device work on g->stream for the token list in h_tinfo / h_rope
- * (T = rows n tokens): its upload, the embedding, the layers, the lm_head, the logits'
- * copy to `out` (host memory; pinned when captured; NULL: no copy) and, with pick > 0
- * (a decode step, mode LAST), the device pick with record stride `pick`. Waits for
- * nothing. *done: the layers whose cache took this call's append (forward_undo rewinds
- * them) or whose recurrent rows it queued changes to. With n == 1 and !as_decode it only launches kernels and copies between fixed
- * buffers, and reads from the host only what the graph key holds: capturable. */
-static tqkv_status forward_queue(model_cuda *g, int n, int as_decode, tqkv_logits_mode mode,
-                                 float *out, int pick, int *done) {
-    if (g->arch_ops && g->arch_ops->forward_queue)
-        return g->arch_ops->forward_queue(g, n, as_decode, mode, out, pick, done);
+// ---------------------------------------------------------------------------
+// the common graph's pieces (Qwen3 / Qwen2 / Llama, Qwen 3.5): forward_queue below runs
+// them in order; the sharded forward (tp_cuda.cu) runs them per rank with all-reduces
+// between. Each queues on g->stream and waits for nothing.
+// ---------------------------------------------------------------------------
+
+/* The call's upload (token list, RoPE rows, spec slots from the pinned host buffers), the
+ * embedding x [T, H] and layer 0's attention RMSNorm into xn [T, H]. T = rows n. */
+tqkv_status mc_queue_begin(model_cuda *g, int n) {
     const tqkv_model_config *c = &g->m->cfg;
-    const int R = g->rows, H = c->hidden_size, hd = c->head_dim, NH = c->n_heads,
-              NKV = c->n_kv_heads, V = c->vocab_size;
-    const int gated = c->attn_output_gate; /* a gate row block per query head */
-    const int qs = gated ? 2 * hd : hd, QD = NH * hd, KD = NKV * hd, QS = NH * qs + 2 * KD;
-    const int half = (c->rotary_dim ? c->rotary_dim : hd) / 2;
-    const int VD = c->lin_v_heads * c->lin_v_dim;
-    const int PWL = 2 * c->lin_k_heads * c->lin_k_dim + 2 * VD + 2 * c->lin_v_heads;
-    const size_t T = (size_t)R * n;
+    const int H = c->hidden_size, hd = c->head_dim;
+    const size_t T = (size_t)g->rows * n;
     const cudaStream_t s = g->stream;
-    uint16_t *xf = mc_split_xf(g); /* the norms and the gather write their GEMMs' split */
-    const int parts = g->gemm_parts;
-    *done = 0;
     tqkv_status st = ck(cudaMemcpyAsync(g->tinfo, g->h_tinfo, T * 3 * 4, cudaMemcpyHostToDevice, s),
                         "upload tokens");
     if (!st) st = ck(cudaMemcpyAsync(g->rope, g->h_rope, T * hd * 4, cudaMemcpyHostToDevice, s),
@@ -568,65 +557,100 @@ static tqkv_status forward_queue(model_cuda *g, int n, int as_decode, tqkv_logit
     if (!st && g->rec.n_lin)
         st = ck(cudaMemcpyAsync(g->slot, g->h_slot, T * 4, cudaMemcpyHostToDevice, s), "upload slots");
     if (st) return st;
-
     embed_kernel<<<mc_grid_elems(T, (size_t)H), 256, 0, s>>>(g->tinfo, g->w->embed, H, g->x);
+    rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, NULL, g->w->layers[0].attn_norm, c->rms_norm_eps,
+                                               H, g->xn, mc_split_xf(g), g->gemm_parts);
+    return TQKV_OK;
+}
+
+/* Layer l's token mixer: xn [T, H] -> tmp [T, H]. An attention layer: qkv GEMM, q/k norm +
+ * RoPE + scatter, the cache append, attention (decode / verification window / masked
+ * prefill), gather, o GEMM (+ its bias, when the layer has one); a linear layer (Qwen 3.5):
+ * its projection, DeltaNet (*lin: linear layers so far, advanced) and output GEMM.
+ * *done = l + 1 once the layer's cache took the append or its recurrent rows changed. */
+tqkv_status mc_layer_mixer(model_cuda *g, int l, int n, int as_decode, int *lin, int *done) {
+    const tqkv_model_config *c = &g->m->cfg;
+    const int R = g->rows, H = c->hidden_size, hd = c->head_dim, NH = c->n_heads,
+              NKV = c->n_kv_heads;
+    const int gated = c->attn_output_gate; /* a gate row block per query head */
+    const int qs = gated ? 2 * hd : hd, QD = NH * hd, KD = NKV * hd, QS = NH * qs + 2 * KD;
+    const int half = (c->rotary_dim ? c->rotary_dim : hd) / 2;
+    const int VD = c->lin_v_heads * c->lin_v_dim;
+    const int PWL = 2 * c->lin_k_heads * c->lin_k_dim + 2 * VD + 2 * c->lin_v_heads;
+    const size_t T = (size_t)R * n;
+    const cudaStream_t s = g->stream;
+    uint16_t *xf = mc_split_xf(g);
+    const int parts = g->gemm_parts;
     const float scale = 1.0f / sqrtf((float)hd), eps = c->rms_norm_eps;
-    int lin = 0; /* linear layers so far */
-    for (int l = 0; l < c->n_layers && !st; l++) {
-        const mc_layer *L = &g->w->layers[l];
-        cuda_kv *kv = g->kv[l];
-        // ---- token mixer
-        if (l == 0)
-            rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, NULL, L->attn_norm, eps, H, g->xn, xf, parts);
-        if (!kv) { /* Qwen 3.5 gated DeltaNet: xn -> proj -> cv -> att [T, VD] -> tmp */
-            st = mc_gemm_pre(g, g->xn, H, (int)T, L->lin_in, PWL, H, NULL, g->qkv, PWL);
-            if (!st) st = g->arch_ops->linear(c, L, &g->rec, lin, R, n, g->qkv, g->cv, g->slot, g->att, s);
-            if (!st) lin++;
-            *done = l + 1; /* the recurrent rows changed: forward_fail marks the state broken */
-            if (!st) st = mc_gemm(g, g->att, VD, (int)T, L->lin_out, H, VD, NULL, g->tmp, H);
-            if (st) break;
-        } else {
-            st = mc_gemm_pre(g, g->xn, H, (int)T, L->wqkv, QS, H, L->bqkv, g->qkv, QS);
-            if (st) break;
-            const size_t warps = T * (size_t)(NH + 2 * NKV);
-            qkv_post_kernel<<<(unsigned)((warps + 3) / 4), 128, 0, s>>>(
-                g->qkv, QS, qs, (int)T, NH, NKV, n, g->tinfo, L->q_norm, L->k_norm, eps, g->rope, half,
-                g->qb, g->kb, g->vb);
-            st = tqkv_cuda_kv_append(kv, g->kb, g->vb, n);
-            if (st) break;
-            *done = l + 1;
-            if (n == 1) {
-                st = tqkv_cuda_kv_attend_ws(kv, g->qb, NH, scale, g->ob, g->aws, g->aws_bytes);
-            } else if (as_decode) {
-                st = mc_attend_as_decode(g, kv, n, NH, hd, scale);
-            } else {
-                for (int r = 0; r < R; r++)
-                    for (int j = 0; j < n; j++) {
-                        const int lp = tqkv_cuda_kv_left_pads(kv)[r];
-                        g->h_lo[(size_t)r * n + j] = lp;
-                        g->h_hi[(size_t)r * n + j] = lp + g->off[r] + j + 1;
-                    }
-                st = tqkv_cuda_kv_attend_masked(kv, g->qb, n, NH, scale, g->h_lo, g->h_hi, g->ob);
-            }
-            if (st) break;
-            gather_kernel<<<mc_grid_elems(T, (size_t)NH * 128), 256, 0, s>>>(
-                g->ob, g->tinfo, NH, n, gated ? g->qkv + hd : NULL, QS, g->att, xf, parts);
-            st = mc_gemm_pre(g, g->att, QD, (int)T, L->wo, H, QD, L->bo, g->tmp, H);
-            if (st) break;
-        }
-        rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, L->ffn_norm, eps, H, g->xn, xf, parts);
-        // ---- feed-forward: xn -> tmp (the architecture's, e.g. routed experts, or the MLP)
-        st = g->arch_ops && g->arch_ops->ffn ? g->arch_ops->ffn(g, l, (int)T)
-                                             : mc_ffn_dense(g, l, (int)T);
-        if (st) break;
-        /* residual x += tmp, then the next layer's attention norm (or the final norm) */
-        const float *nw = l + 1 < c->n_layers ? g->w->layers[l + 1].attn_norm : g->w->final_norm;
-        rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, nw, eps, H, g->xn, xf, parts);
+    const mc_layer *L = &g->w->layers[l];
+    cuda_kv *kv = g->kv[l];
+    tqkv_status st;
+    if (!kv) { /* Qwen 3.5 gated DeltaNet: xn -> proj -> cv -> att [T, VD] -> tmp */
+        st = mc_gemm_pre(g, g->xn, H, (int)T, L->lin_in, PWL, H, NULL, g->qkv, PWL);
+        if (!st) st = g->arch_ops->linear(c, L, &g->rec, *lin, R, n, g->qkv, g->cv, g->slot, g->att, s);
+        if (!st) (*lin)++;
+        *done = l + 1; /* the recurrent rows changed: forward_fail marks the state broken */
+        if (!st) st = mc_gemm(g, g->att, VD, (int)T, L->lin_out, H, VD, NULL, g->tmp, H);
+        return st;
     }
-    if (!st) st = ck(cudaGetLastError(), "forward kernels");
-    if (st || mode == TQKV_LOGITS_NONE) return st;
-    /* xn holds every token's final-normed state (the last layer's fused norm) */
-    if (mode == TQKV_LOGITS_LAST) { /* row r's last token is t = r n + n - 1 */
+    st = mc_gemm_pre(g, g->xn, H, (int)T, L->wqkv, QS, H, L->bqkv, g->qkv, QS);
+    if (st) return st;
+    const size_t warps = T * (size_t)(NH + 2 * NKV);
+    qkv_post_kernel<<<(unsigned)((warps + 3) / 4), 128, 0, s>>>(
+        g->qkv, QS, qs, (int)T, NH, NKV, n, g->tinfo, L->q_norm, L->k_norm, eps, g->rope, half,
+        g->qb, g->kb, g->vb);
+    st = tqkv_cuda_kv_append(kv, g->kb, g->vb, n);
+    if (st) return st;
+    *done = l + 1;
+    if (n == 1) {
+        st = tqkv_cuda_kv_attend_ws(kv, g->qb, NH, scale, g->ob, g->aws, g->aws_bytes);
+    } else if (as_decode) {
+        st = mc_attend_as_decode(g, kv, n, NH, hd, scale);
+    } else {
+        for (int r = 0; r < R; r++)
+            for (int j = 0; j < n; j++) {
+                const int lp = tqkv_cuda_kv_left_pads(kv)[r];
+                g->h_lo[(size_t)r * n + j] = lp;
+                g->h_hi[(size_t)r * n + j] = lp + g->off[r] + j + 1;
+            }
+        st = tqkv_cuda_kv_attend_masked(kv, g->qb, n, NH, scale, g->h_lo, g->h_hi, g->ob);
+    }
+    if (st) return st;
+    gather_kernel<<<mc_grid_elems(T, (size_t)NH * 128), 256, 0, s>>>(
+        g->ob, g->tinfo, NH, n, gated ? g->qkv + hd : NULL, QS, g->att, xf, parts);
+    return mc_gemm_pre(g, g->att, QD, (int)T, L->wo, H, QD, L->bo, g->tmp, H);
+}
+
+/* x [T, H] += tmp; xn = RMSNorm(x) with weight w (and xn's GEMM split): the residual of a
+ * block fused with the next block's norm. */
+void mc_residual_norm(model_cuda *g, const float *w, size_t T) {
+    const tqkv_model_config *c = &g->m->cfg;
+    rmsnorm_kernel<<<(unsigned)T, 128, 0, g->stream>>>(g->x, g->tmp, w, c->rms_norm_eps,
+                                                       c->hidden_size, g->xn, mc_split_xf(g), g->gemm_parts);
+}
+
+/* Layer l's feed-forward: xn [T, H] -> tmp [T, H] (the architecture's hook, e.g. routed
+ * experts, or the dense MLP). */
+tqkv_status mc_layer_ffn(model_cuda *g, int l, int T) {
+    return g->arch_ops && g->arch_ops->ffn ? g->arch_ops->ffn(g, l, T) : mc_ffn_dense(g, l, T);
+}
+
+/* The norm weight after layer l's feed-forward: layer l + 1's attention norm, or the final
+ * norm after the last layer. */
+const float *mc_next_norm(const model_cuda *g, int l) {
+    return l + 1 < g->m->cfg.n_layers ? g->w->layers[l + 1].attn_norm : g->w->final_norm;
+}
+
+/* The head: lm_head rows [head_n, H] over xn (every token's final-normed state) into logits
+ * [rows, head_n] (LAST: each row's last token, t = r n + n - 1) or [T, head_n] (ALL), their
+ * copy to `out` (host; NULL: none) and, with pick > 0 (mode LAST), the device pick. */
+tqkv_status mc_head(model_cuda *g, int n, tqkv_logits_mode mode, float *out, int pick) {
+    const int R = g->rows, H = g->m->cfg.hidden_size;
+    const int V = g->head_n ? g->head_n : g->m->cfg.vocab_size;
+    const size_t T = (size_t)R * n;
+    const cudaStream_t s = g->stream;
+    tqkv_status st;
+    if (mode == TQKV_LOGITS_LAST) {
         st = mc_gemm(g, g->xn + (size_t)(n - 1) * H, (size_t)n * H, R, g->w->lm_head, V, H, NULL,
                      g->logits, V);
         /* the full rows leave before the pick's penalty changes them in place */
@@ -637,6 +661,38 @@ static tqkv_status forward_queue(model_cuda *g, int n, int as_decode, tqkv_logit
     st = mc_gemm(g, g->xn, H, (int)T, g->w->lm_head, V, H, NULL, g->logits, V);
     if (!st && out) st = ck(cudaMemcpyAsync(out, g->logits, T * V * 4, cudaMemcpyDeviceToHost, s), "logits");
     return st;
+}
+
+/* Queue one forward's device work on g->stream for the token list in h_tinfo / h_rope
+ * (T = rows n tokens): its upload, the embedding, the layers, the lm_head, the logits'
+ * copy to `out` (host memory; pinned when captured; NULL: no copy) and, with pick > 0
+ * (a decode step, mode LAST), the device pick with record stride `pick`. Waits for
+ * nothing. *done: the layers whose cache took this call's append (forward_undo rewinds
+ * them) or whose recurrent rows it queued changes to. With n == 1 and !as_decode it only
+ * launches kernels and copies between fixed buffers, and reads from the host only what the
+ * graph key holds: capturable. */
+static tqkv_status forward_queue(model_cuda *g, int n, int as_decode, tqkv_logits_mode mode,
+                                 float *out, int pick, int *done) {
+    if (g->arch_ops && g->arch_ops->forward_queue)
+        return g->arch_ops->forward_queue(g, n, as_decode, mode, out, pick, done);
+    const tqkv_model_config *c = &g->m->cfg;
+    const size_t T = (size_t)g->rows * n;
+    *done = 0;
+    tqkv_status st = mc_queue_begin(g, n);
+    int lin = 0; /* linear layers so far */
+    for (int l = 0; l < c->n_layers && !st; l++) {
+        st = mc_layer_mixer(g, l, n, as_decode, &lin, done);
+        if (st) break;
+        mc_residual_norm(g, g->w->layers[l].ffn_norm, T);
+        st = mc_layer_ffn(g, l, (int)T);
+        if (st) break;
+        /* residual x += tmp, then the next layer's attention norm (or the final norm) */
+        mc_residual_norm(g, mc_next_norm(g, l), T);
+    }
+    if (!st) st = ck(cudaGetLastError(), "forward kernels");
+    if (st || mode == TQKV_LOGITS_NONE) return st;
+    /* xn holds every token's final-normed state (the last layer's fused norm) */
+    return mc_head(g, n, mode, out, pick);
 }
 
 /* Undo the appends of a failed call to the first `done` layers (prefill: the rows were
@@ -660,6 +716,8 @@ static void forward_fail(model_cuda *g, int done, int n) {
     for (int l = 0; l < done && g->rec.n_lin; l++)
         if (g->m->cfg.layer_type[l] == TQKV_LAYER_LINEAR) g->broken = 1;
 }
+
+void mc_forward_fail(model_cuda *g, int done, int n) { forward_fail(g, done, n); }
 
 static tqkv_status forward_direct(model_cuda *g, int n, int as_decode, tqkv_logits_mode mode,
                                   float *out, int pick) {
@@ -804,10 +862,12 @@ typedef struct {
     int32_t        *rec;
 } pick_req;
 
-/* model_cuda_forward's body; logits may be NULL with mode LAST when pk is set (the pick
- * alone). Arguments are checked by the callers. */
-static tqkv_status forward_run(model_cuda *g, const int32_t *tokens, const int *lengths, int n,
-                               int prefill, tqkv_logits_mode mode, float *logits, const pick_req *pk) {
+/* forward_run's first half: the checks of the rows and tokens, every buffer the call needs
+ * (scratch, decode attention workspace -> *attn_ws, logits, the pick's) and the token list,
+ * RoPE rows and the pick's upload in the pinned buffers. Nothing queued reads them yet. */
+static tqkv_status forward_prepare(model_cuda *g, const int32_t *tokens, const int *lengths, int n,
+                                   int prefill, tqkv_logits_mode mode, float *logits,
+                                   const pick_req *pk, size_t *attn_ws_out) {
     const tqkv_model *m = g->m;
     const tqkv_model_config *c = &m->cfg;
     const int R = g->rows, hd = c->head_dim, V = c->vocab_size,
@@ -890,6 +950,28 @@ static tqkv_status forward_run(model_cuda *g, const int32_t *tokens, const int *
                 "pick upload");
         if (st) return st;
     }
+    *attn_ws_out = attn_ws;
+    return TQKV_OK;
+}
+
+tqkv_status mc_forward_prepare(model_cuda *g, const int32_t *tokens, const int *lengths, int n,
+                               int prefill, tqkv_logits_mode mode) {
+    size_t attn_ws = 0;
+    return forward_prepare(g, tokens, lengths, n, prefill, mode, NULL, NULL, &attn_ws);
+}
+
+/* model_cuda_forward's body; logits may be NULL with mode LAST when pk is set (the pick
+ * alone). Arguments are checked by the callers. */
+static tqkv_status forward_run(model_cuda *g, const int32_t *tokens, const int *lengths, int n,
+                               int prefill, tqkv_logits_mode mode, float *logits, const pick_req *pk) {
+    const int R = g->rows, V = g->m->cfg.vocab_size;
+    const model_arch_cuda_ops *ao = g->arch_ops;
+    mc_rec *rc = &g->rec;
+    const int copy = mode != TQKV_LOGITS_NONE && logits;
+    size_t attn_ws = 0; /* decode attention: its workspace need, the graph key's launch shape */
+    tqkv_status st = forward_prepare(g, tokens, lengths, n, prefill, mode, logits, pk, &attn_ws);
+    if (st) return st;
+    const int as_decode = !prefill && n > 1 && g->p.extend_as_decode; /* verification window */
     const int pick = pk ? pk->stride : 0;
     float *out = !copy ? NULL : n == 1 ? g->h_logits : logits;
     if (n == 1 && R > 0 && g->graph.enabled) {

@@ -106,6 +106,26 @@ tqkv_status model_cuda_decode_pick(model_cuda *g, const int32_t *tokens, const p
                                    const int32_t *pen, int n_pen, int stride, float *logits,
                                    int32_t *rec);
 
+/* ---- tensor parallelism on the device (tp_cuda.cu; docs/TP.md) ---- */
+struct model_tp;
+/* CUDA devices visible (0 when none or no driver). */
+int         model_cuda_device_count(void);
+tqkv_status model_cuda_set_device(int device);
+/* The same on cleanup paths: a failure is ignored and leaves the last error message alone. */
+void        model_cuda_select_device(int device);
+/* After a sharded state's rank states (device states of the rank models, on GPUs
+ * tp->device[r]) are made: each rank's lm_head slice width, the o_proj biases on every
+ * rank's GPU, and tp->comm (NCCL when the ranks' GPUs are all distinct and NCCL is built in,
+ * else the device-local backend). Ends with GPU tp->device[0] current. */
+tqkv_status model_cuda_tp_setup(tqkv_model_state *s);
+/* Frees what model_cuda_tp_setup made besides the communicator. */
+void        model_cuda_tp_free(struct model_tp *tp);
+/* The sharded forward of a state whose ranks are device states: model_cuda_forward's
+ * arguments and logits layout (the caller has run model_forward_check); direct launches,
+ * no CUDA graph. On failure every rank's appends are undone. */
+tqkv_status model_cuda_tp_forward(tqkv_model_state *s, const int32_t *tokens, const int *lengths,
+                                  int n, int prefill, tqkv_logits_mode mode, float *logits);
+
 /* How the decode steps of a state ran (tests, benchmarks). A step whose graph key is new
  * runs kernel by kernel; the next with the same key is captured (applied to the existing
  * executable graph through cudaGraphExecUpdate when the topology allows, else

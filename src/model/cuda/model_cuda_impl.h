@@ -142,7 +142,9 @@ struct model_cuda {
     int     gemm_parts;  /* 1: bf16 activations (the model's bf16_act); 2: hi + lo */
     int     presplit;    /* the kernel before a GEMM writes its activation split (default;
                             TQKV_GEMM_PRESPLIT=0: a split launch before every GEMM) */
-    float  *logits;      /* [cap_logits, V] */
+    float  *logits;      /* [cap_logits, V] (a tensor-parallel rank: [cap_logits, head_n]) */
+    int     head_n;      /* lm_head rows: 0 = the vocabulary (a tensor-parallel rank: its
+                          * vocabulary slice, tp_cuda.cu) */
     size_t  cap_logits;
     int32_t *tinfo;      /* [T, 3] token id, row, column */
     void   *aws;         /* decode attention workspace shared by the layers */
@@ -235,6 +237,31 @@ int mc_rope_width(const tqkv_model *m);
 /* Bytes of decode-attention workspace for rows of up to `tokens` tokens over every layer
  * (head dims above 128 scale it: see the definition). */
 size_t mc_attend_ws_bytes(const model_cuda *g, int tokens);
+
+/* The common graph's pieces (forward_cuda.cu), each queued on g->stream, in forward order:
+ * begin (upload, embed, layer 0's norm -> xn), per layer [mixer: xn -> tmp; residual_norm
+ * (ffn_norm); ffn: xn -> tmp; residual_norm (mc_next_norm)], head. The sharded forward
+ * (tp_cuda.cu) runs them per rank with its all-reduces of tmp between. */
+tqkv_status  mc_queue_begin(model_cuda *g, int n);
+/* Layer l's mixer xn [T, H] -> tmp [T, H] (o GEMM bias included when the layer has one);
+ * *lin: linear layers so far (advanced); *done = l + 1 once the layer's rows changed. */
+tqkv_status  mc_layer_mixer(model_cuda *g, int l, int n, int as_decode, int *lin, int *done);
+/* x [T, H] += tmp; xn = RMSNorm(x) w (and its GEMM split). */
+void         mc_residual_norm(model_cuda *g, const float *w, size_t T);
+tqkv_status  mc_layer_ffn(model_cuda *g, int l, int T);
+const float *mc_next_norm(const model_cuda *g, int l);
+/* lm_head (head_n rows, else V) over xn into logits, the copy to out (host, NULL: none),
+ * the device pick when pick > 0. */
+tqkv_status  mc_head(model_cuda *g, int n, tqkv_logits_mode mode, float *out, int pick);
+
+/* A forward's host half without running it (a tensor-parallel rank, tp_cuda.cu): the checks
+ * of rows and tokens, every buffer for mode (no host logits staging, no pick) and the
+ * token list / RoPE rows in the pinned buffers mc_queue_begin uploads. */
+tqkv_status  mc_forward_prepare(model_cuda *g, const int32_t *tokens, const int *lengths, int n,
+                                int prefill, tqkv_logits_mode mode);
+/* After a failed call whose queue ran (some of) `done` layers: their appends rewound (a
+ * failed rewind, or a recurrent layer reached, marks the state broken). */
+void         mc_forward_fail(model_cuda *g, int done, int n);
 
 /* state_cuda.cu: room in the spec round's snapshots for n more tokens per row (a bigger
  * buffer: the old slots copied over, the generation bumped). */

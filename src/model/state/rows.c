@@ -68,6 +68,7 @@ tqkv_status model_state_positions(const tqkv_model_state *s, int *pos) {
 #ifdef TQKV_HAVE_CUDA
     if (s->gpu) return model_cuda_offsets(s->gpu, pos);
 #endif
+    if (s->tp && s->tp->on_device) return model_state_positions(s->tp->rank[0], pos);
     const int pl = position_layer(s);
     if (pl < 0) {
         if (!s->rec) return tqkv_fail(TQKV_ESTATE, "state: no layer holds the rows' positions");
@@ -200,6 +201,7 @@ tqkv_status tqkv_model_state_check(const tqkv_model_state *s) {
 #ifdef TQKV_HAVE_CUDA
     if (s->gpu) return model_cuda_check(s->gpu);
 #endif
+    if (s->tp && s->tp->on_device) return model_tp_check_device(s); /* tp/tp_state.c */
     const tqkv_model *m = s->m;
     const int L = m->cfg.n_layers, R = s->rows, pl = position_layer(s);
     if (!s->layers) return tqkv_fail(TQKV_ESTATE, "state: no layers");
@@ -330,6 +332,7 @@ size_t tqkv_model_state_projected_bytes(const tqkv_model_state *s, int tokens) {
  * The engine's prefix cache never trims: it stores states taken at the prefix length. */
 int tqkv_model_state_min_reusable_offset(const tqkv_model_state *s, int row) {
     if (!s || row < 0 || row >= s->rows) return 0;
+    if (s->tp && s->tp->on_device) return tqkv_model_state_min_reusable_offset(s->tp->rank[0], row);
 #ifdef TQKV_HAVE_CUDA
     if (s->gpu) { /* conservative: only the whole row */
         int *o = malloc(sizeof(int) * (size_t)s->rows), pos = 1 << 30;
@@ -596,6 +599,8 @@ tqkv_status tqkv_model_state_extract_row(const tqkv_model_state *s, int row,
     tqkv_status rc = tqkv_model_state_check(s);
     if (rc != TQKV_OK) return rc;
     if (spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "state extract: a spec round is active");
+    if (s->tp && s->tp->on_device) /* refused before a state is made (tp_rows.c) */
+        return model_tp_extract(s, row, NULL);
     tqkv_model_state_params p = s->p;
     p.rows = 1;
     tqkv_model_state *n = NULL;

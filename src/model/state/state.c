@@ -125,16 +125,18 @@ tqkv_status tqkv_model_state_init(tqkv_model_state **out, const tqkv_model *m,
     s->p = p;
     s->rows = p.rows;
     /* tensor parallel: the ranks hold the caches (s->layers: rank 0's) */
-    rc = p.tensor_parallel > 1 ? model_tp_init(s)
+    rc = model_tp_ranks(&p) ? model_tp_init(s)
                                : model_state_make_layers(m, &p, p.rows, &s->layers);
     if (rc == TQKV_OK) rc = tqkv_mask_lease_init(&s->lease);
 #ifdef TQKV_HAVE_CUDA
-    if (rc == TQKV_OK && p.device == 1) rc = model_cuda_init(&s->gpu, m, &p, p.rows);
+    /* a sharded device state's ranks are the device states (tp/tp_state.c) */
+    if (rc == TQKV_OK && p.device == 1 && !s->tp) rc = model_cuda_init(&s->gpu, m, &p, p.rows);
 #endif
-    if (rc == TQKV_OK && p.device != 0 && !s->gpu)
+    if (rc == TQKV_OK && p.device != 0 && !s->gpu && !(s->tp && s->tp->on_device))
         rc = tqkv_fail(TQKV_EUNSUPPORTED, "model state: device %d is not built in", p.device);
     /* the architecture's host extension (a device state keeps its own in the twin) */
-    if (rc == TQKV_OK && !s->gpu && m->ops->state_init) rc = m->ops->state_init(s);
+    if (rc == TQKV_OK && !s->gpu && !(s->tp && s->tp->on_device) && m->ops->state_init)
+        rc = m->ops->state_init(s);
     if (rc == TQKV_OK) {
         s->off = calloc((size_t)p.rows, sizeof(int));
         s->len = calloc((size_t)p.rows, sizeof(int));
@@ -215,6 +217,15 @@ tqkv_status tqkv_model_state_reserve(tqkv_model_state *s, int tokens) {
     if (!s || tokens < 1) return tqkv_fail(TQKV_EINVAL, "state_reserve: NULL state or tokens < 1");
 #ifdef TQKV_HAVE_CUDA
     if (s->gpu) return model_cuda_reserve(s->gpu, tokens);
+    if (s->tp && s->tp->on_device) { /* every rank's caches (its GPU current) */
+        tqkv_status rc = TQKV_OK;
+        for (int r = 0; r < s->tp->n && rc == TQKV_OK; r++) {
+            rc = model_cuda_set_device(s->tp->device[r]);
+            if (rc == TQKV_OK) rc = model_cuda_reserve(s->tp->rank[r]->gpu, tokens);
+        }
+        model_cuda_select_device(s->tp->device[0]);
+        return rc;
+    }
 #endif
     return TQKV_OK;
 }
@@ -223,6 +234,15 @@ tqkv_status tqkv_model_state_fill_synthetic(tqkv_model_state *s, int n, uint64_t
     if (!s || n < 1) return tqkv_fail(TQKV_EINVAL, "state_fill_synthetic: NULL state or n < 1");
 #ifdef TQKV_HAVE_CUDA
     if (s->gpu) return model_cuda_fill(s->gpu, n, seed);
+    if (s->tp && s->tp->on_device) { /* every rank's KV heads (the same seed per rank) */
+        tqkv_status rc = TQKV_OK;
+        for (int r = 0; r < s->tp->n && rc == TQKV_OK; r++) {
+            rc = model_cuda_set_device(s->tp->device[r]);
+            if (rc == TQKV_OK) rc = model_cuda_fill(s->tp->rank[r]->gpu, n, seed);
+        }
+        model_cuda_select_device(s->tp->device[0]);
+        return rc;
+    }
 #endif
     (void)seed;
     return tqkv_fail(TQKV_EUNSUPPORTED, "state_fill_synthetic: device states only");
@@ -237,7 +257,8 @@ tqkv_status tqkv_model_state_offsets(const tqkv_model_state *s, int *offset) {
 }
 
 tqkv_batch *tqkv_model_state_layer(tqkv_model_state *s, int layer) {
-    if (!s || layer < 0 || layer >= s->m->cfg.n_layers || s->gpu) return NULL;
+    if (!s || layer < 0 || layer >= s->m->cfg.n_layers || s->gpu || (s->tp && s->tp->on_device))
+        return NULL; /* the caches are on the device */
     return s->layers[layer];
 }
 
@@ -454,6 +475,8 @@ static tqkv_status forward(const tqkv_model *m, tqkv_model_state *s, const int32
     if (rc != TQKV_OK) return rc;
 #ifdef TQKV_HAVE_CUDA
     if (s->gpu) return model_cuda_forward(s->gpu, tokens, lengths, n, prefill, mode, logits);
+    if (s->tp && s->tp->on_device) /* the sharded device forward (cuda/tp_cuda.cu) */
+        return model_cuda_tp_forward(s, tokens, lengths, n, prefill, mode, logits);
 #endif
     return m->ops->forward(m, s, tokens, lengths, n, prefill, mode, logits);
 }

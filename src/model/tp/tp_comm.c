@@ -45,6 +45,9 @@ void tp_comm_free(tp_comm *c) {
 #ifdef TQKV_HAVE_NCCL
     if (c->backend == TP_BACKEND_NCCL) tp_nccl_free(c);
 #endif
+#ifdef TQKV_HAVE_CUDA
+    if (c->backend == TP_BACKEND_DEVICE) tp_dev_free(c);
+#endif
     free(c);
 }
 
@@ -52,6 +55,17 @@ int        tp_comm_size(const tp_comm *c) { return c ? c->n : 0; }
 int        tp_comm_local(const tp_comm *c) { return c ? c->local : 0; }
 int        tp_comm_first_rank(const tp_comm *c) { return c ? c->first : 0; }
 tp_backend tp_comm_backend(const tp_comm *c) { return c ? c->backend : TP_BACKEND_CPU; }
+
+#ifndef TQKV_HAVE_CUDA
+tqkv_status tp_comm_init_device(tp_comm **out, int n, const int *devices) {
+    (void)out, (void)n, (void)devices;
+    return tqkv_fail(TQKV_EUNSUPPORTED, "tensor parallel: the device backend needs a CUDA build");
+}
+tqkv_status tp_comm_device_selftest(int n, unsigned long long seed) {
+    (void)n, (void)seed;
+    return tqkv_fail(TQKV_EUNSUPPORTED, "tensor parallel: the device backend needs a CUDA build");
+}
+#endif
 
 #ifndef TQKV_HAVE_NCCL
 tqkv_status tp_comm_init_nccl_local(tp_comm **out, int n, const int *devices) {
@@ -99,6 +113,9 @@ tqkv_status tp_allreduce_sum(tp_comm *c, float *const *bufs, size_t count, void 
 #ifdef TQKV_HAVE_NCCL
     if (c->backend == TP_BACKEND_NCCL) return tp_nccl_allreduce_sum(c, bufs, count, streams);
 #endif
+#ifdef TQKV_HAVE_CUDA
+    if (c->backend == TP_BACKEND_DEVICE) return tp_dev_allreduce_sum(c, bufs, count, streams);
+#endif
     (void)streams;
     if (c->n > 1 && count) cpu_allreduce(c, bufs, count);
     return TQKV_OK;
@@ -109,6 +126,9 @@ tqkv_status tp_allgather(tp_comm *c, const float *const *send, float *const *rec
     if (!c || !send || !recv) return tqkv_fail(TQKV_EINVAL, "tp_allgather: NULL argument");
 #ifdef TQKV_HAVE_NCCL
     if (c->backend == TP_BACKEND_NCCL) return tp_nccl_allgather(c, send, recv, count, streams);
+#endif
+#ifdef TQKV_HAVE_CUDA
+    if (c->backend == TP_BACKEND_DEVICE) return tp_dev_allgather(c, send, recv, count, streams);
 #endif
     (void)streams;
     for (int i = 0; i < c->local; i++) {

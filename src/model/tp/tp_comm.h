@@ -2,10 +2,11 @@
  * tp_comm.h - the collective layer of tensor parallelism (issue 25): N ranks, one all-reduce
  *   (sum) and one all-gather, with a FIXED addition order.
  * Owns: the communicator's lifecycle and its backends: CPU (every rank in this process, host
- *   buffers; the CPU sharded forward and its tests) and NCCL (compiled only in a CUDA build
+ *   buffers; the CPU sharded forward and its tests), NCCL (compiled only in a CUDA build
  *   where nccl.h was found, TQKV_HAVE_NCCL; device buffers): one process driving n GPUs
  *   (ncclCommInitAll) or one rank per process on any host (ncclCommInitRank with a unique id
- *   shared by tp_bootstrap.h). Not run on a GPU yet: see docs/TP.md.
+ *   shared by tp_bootstrap.h), and device-local (every CUDA build; device buffers of ranks
+ *   of this process, several possibly on one GPU). Not run on a GPU yet: see docs/TP.md.
  * Must not: know the model; allocate the callers' buffers; reduce in an order that depends
  *   on threads, rows, ring topology or the backend.
  *
@@ -35,7 +36,7 @@ extern "C" {
 /* bytes of a bootstrap id (NCCL_UNIQUE_ID_BYTES) */
 #define TP_ID_BYTES 128
 
-typedef enum { TP_BACKEND_CPU = 0, TP_BACKEND_NCCL } tp_backend;
+typedef enum { TP_BACKEND_CPU = 0, TP_BACKEND_NCCL, TP_BACKEND_DEVICE } tp_backend;
 
 typedef struct tp_comm tp_comm;
 
@@ -48,6 +49,11 @@ tqkv_status tp_comm_init_nccl_local(tp_comm **out, int n, const int *devices);
  * from tp_comm_nccl_unique_id and shared (tp_bootstrap.h). ncclCommInitRank. */
 tqkv_status tp_comm_init_nccl_rank(tp_comm **out, int n, int rank, int device,
                                    const unsigned char id[TP_ID_BYTES]);
+/* The device-local backend (CUDA builds, tp_comm_cuda.cu): n ranks of this process with
+ * device buffers on devices[0..n) (NULL: all on GPU 0; several ranks may share a GPU, which
+ * NCCL cannot do): gathers by peer copies on rank 0's stream and the same rank-order sum
+ * kernel as the NCCL backend. TQKV_EUNSUPPORTED in a build without CUDA. */
+tqkv_status tp_comm_init_device(tp_comm **out, int n, const int *devices);
 /* rank 0's bootstrap id (ncclGetUniqueId). */
 tqkv_status tp_comm_nccl_unique_id(unsigned char id[TP_ID_BYTES]);
 void        tp_comm_free(tp_comm *c);
@@ -76,6 +82,10 @@ void tp_sum_rank_order(const float *const *in, int n, size_t count, float *out);
  * tp_sum_rank_order on the host. TQKV_EUNSUPPORTED when NCCL is not built in or fewer than
  * n GPUs are visible. */
 tqkv_status tp_comm_nccl_selftest(int n, unsigned long long seed);
+/* The device-local backend's self check: n ranks (1..TP_MAX_RANKS) on GPU 0, each with its
+ * own stream, random buffers; tp_allreduce_sum and tp_allgather compared bit for bit with
+ * tp_sum_rank_order and the sent blocks. TQKV_EUNSUPPORTED without CUDA or a GPU. */
+tqkv_status tp_comm_device_selftest(int n, unsigned long long seed);
 
 #ifdef __cplusplus
 }

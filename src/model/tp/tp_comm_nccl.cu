@@ -2,9 +2,10 @@
  * tp_comm_nccl.cu - the NCCL backend of tp_comm.h (built in a CUDA build where nccl.h was
  *   found: TQKV_HAVE_NCCL). Device buffers.
  * Owns: the NCCL communicators (one per local GPU), each local rank's gather scratch
- *   [N * count] on its GPU, and the rank-order sum kernel. The all-reduce is an ncclAllGather
- *   of every rank's buffer followed by a local sum in rank order on every GPU, so its bits are
- *   those of tp_sum_rank_order (the CPU backend) whatever NCCL's ring or tree order would be.
+ *   [N * count] on its GPU (the rank-order sum kernel is tp_comm_cuda.cu's). The all-reduce
+ *   is an ncclAllGather of every rank's buffer followed by a local sum in rank order on every
+ *   GPU, so its bits are those of tp_sum_rank_order (the CPU backend) whatever NCCL's ring or
+ *   tree order would be.
  *   Bootstrap: ncclCommInitAll for one process driving n GPUs; ncclCommInitRank with the id of
  *   tp_comm_nccl_unique_id (shared by tp_bootstrap.h) for one rank per process / host.
  * Must not: call ncclAllReduce (its order is not fixed); use fast math in the sum.
@@ -135,17 +136,6 @@ extern "C" void tp_nccl_free(tp_comm *c) {
 // collectives
 // ---------------------------------------------------------------------------
 
-/* out[i] = ((g[0][i] + g[1][i]) + ...) + g[n-1][i], g[r] = gather + r * count; the adds are
- * __fadd_rn so no contraction or reassociation can change them. */
-__global__ void k_sum_rank_order(const float *gather, int n, size_t count, float *out) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count;
-         i += (size_t)gridDim.x * blockDim.x) {
-        float acc = gather[i];
-        for (int r = 1; r < n; r++) acc = __fadd_rn(acc, gather[(size_t)r * count + i]);
-        out[i] = acc;
-    }
-}
-
 static tqkv_status ensure_gather(tp_comm *c, nccl_state *s, size_t count) {
     if (count <= s->cap) return TQKV_OK;
     for (int i = 0; i < c->local; i++) {
@@ -182,21 +172,17 @@ extern "C" tqkv_status tp_nccl_allgather(tp_comm *c, const float *const *send,
 extern "C" tqkv_status tp_nccl_allreduce_sum(tp_comm *c, float *const *bufs, size_t count,
                                              void *const *streams) {
     nccl_state *s = (nccl_state *)c->nccl;
-    if (c->n == 1 || count == 0) return TQKV_OK;
+    if (count == 0) return TQKV_OK; /* n == 1 too runs the gather and the sum (a copy): the
+                                     * single-GPU check of this path (docs/TP.md) */
     tqkv_status rc = ensure_gather(c, s, count);
     if (rc != TQKV_OK) return rc;
     rc = tp_nccl_allgather(c, (const float *const *)bufs, s->gather, count, streams);
     if (rc != TQKV_OK) return rc;
-    const int threads = 256;
-    const size_t want = (count + threads - 1) / threads;
-    const int blocks = want > 4096 ? 4096 : (int)want;
-    for (int i = 0; i < c->local; i++) {
+    for (int i = 0; i < c->local && rc == TQKV_OK; i++) { /* k_sum_rank_order (tp_comm_cuda.cu) */
         CUDA_TRY(cudaSetDevice(s->device[i]), "cudaSetDevice");
-        k_sum_rank_order<<<blocks, threads, 0, stream_of(streams, i)>>>(s->gather[i], c->n, count,
-                                                                        bufs[i]);
-        CUDA_TRY(cudaGetLastError(), "rank-order sum");
+        rc = tp_sum_rank_order_queue(s->gather[i], c->n, count, bufs[i], (void *)stream_of(streams, i));
     }
-    return TQKV_OK;
+    return rc;
 }
 
 // ---------------------------------------------------------------------------

@@ -37,6 +37,16 @@ static void parent_rows(tqkv_model_state *s, int rows, int *off, int *len) {
 }
 
 /* Rank r's state of every source. */
+/* Sharded device states (--device cuda --tensor-parallel N): the lockstep halves below act
+ * on the ranks' host layers, not on their device twins, so these operations are refused
+ * there (docs/TP.md); reset, the forward, reserve and the checks work. */
+static tqkv_status refuse_device(const char *what) {
+    return tqkv_fail(TQKV_EUNSUPPORTED, "%s: not supported on a tensor-parallel device state "
+                     "(--device cuda --tensor-parallel N runs prefill, extend, decode and reset; "
+                     "row operations, spec rounds and export / import of sharded device states "
+                     "are not built: docs/TP.md)", what);
+}
+
 static void rank_sources(tqkv_model_state *const *src, int n_src, int r, tqkv_model_state **out) {
     for (int i = 0; i < n_src; i++) out[i] = src[i]->tp->rank[r];
 }
@@ -81,6 +91,7 @@ tqkv_status model_tp_check_ranks(const tqkv_model_state *s, const int *pos0, int
 tqkv_status model_tp_merge(tqkv_model_state *s, tqkv_model_state *const *src, int n_src,
                            int rows) {
     model_tp *tp = s->tp;
+    if (tp->on_device) return refuse_device("state merge");
     rows_prep pr[TP_MAX_RANKS];
     memset(pr, 0, sizeof pr);
     tqkv_model_state **rs = calloc((size_t)n_src, sizeof *rs);
@@ -109,6 +120,7 @@ tqkv_status model_tp_merge(tqkv_model_state *s, tqkv_model_state *const *src, in
 
 tqkv_status model_tp_filter(tqkv_model_state *s, const int *keep, int n_keep) {
     model_tp *tp = s->tp;
+    if (tp->on_device) return refuse_device("state filter");
     const int N = tp->n, L = s->m->cfg.n_layers;
     int has_rec = 0;
     for (int r = 0; r < N; r++) has_rec |= tp->rank[r]->rec != NULL;
@@ -145,6 +157,7 @@ tqkv_status model_tp_filter(tqkv_model_state *s, const int *keep, int n_keep) {
 
 tqkv_status model_tp_extract(const tqkv_model_state *s, int row, tqkv_model_state *n) {
     const model_tp *tp = s->tp;
+    if (tp->on_device) return refuse_device("state extract");
     if (!n->tp || n->tp->n != tp->n)
         return tqkv_fail(TQKV_ESTATE, "state extract: the new state is not sharded alike");
     for (int r = 0; r < tp->n; r++) { /* n is fresh: a failure frees it (rows.c) */
@@ -169,6 +182,7 @@ tqkv_status model_tp_extract(const tqkv_model_state *s, int row, tqkv_model_stat
 
 tqkv_status model_tp_spec_begin(tqkv_model_state *s) {
     model_tp *tp = s->tp;
+    if (tp->on_device) return refuse_device("spec begin");
     for (int r = 0; r < tp->n; r++) {
         tqkv_status rc = rows_spec_begin_host(tp->rank[r]);
         if (rc != TQKV_OK) { /* rank r opened none; close the rounds opened before it: a
@@ -205,6 +219,7 @@ int model_tp_is_export(const uint8_t *buf, size_t len) {
 
 tqkv_status model_tp_export(const tqkv_model_state *s, uint8_t **out, size_t *len) {
     const model_tp *tp = s->tp;
+    if (tp->on_device) return refuse_device("state export");
     uint8_t *blob[TP_MAX_RANKS] = {0};
     size_t bl[TP_MAX_RANKS] = {0}, total = 16;
     tqkv_status rc = TQKV_OK;
@@ -260,6 +275,7 @@ static tqkv_status import_header(const tqkv_model_state_params *p, const uint8_t
 tqkv_status model_tp_import(tqkv_model_state **out, const tqkv_model *m,
                             const tqkv_model_state_params *p_in, const uint8_t *buf, size_t len) {
     int N = 0, rows = 0;
+    if (p_in->device == 1 && model_tp_ranks(p_in)) return refuse_device("state import");
     tqkv_status rc = import_header(p_in, buf, len, &N, &rows);
     if (rc != TQKV_OK) return rc;
     tqkv_model_state_params p = *p_in;

@@ -7,6 +7,9 @@
 #include <string.h>
 
 #include "model/arch/arch.h"
+#ifdef TQKV_HAVE_CUDA
+#include "model/cuda/model_cuda.h"
+#endif
 #include "model/tp/tp_state.h"
 #include "util/common.h"
 
@@ -14,19 +17,31 @@
 // check
 // ---------------------------------------------------------------------------
 
+int model_tp_ranks(const tqkv_model_state_params *p) {
+    if (p->tensor_parallel > 1) return p->tensor_parallel;
+    const char *one = getenv("TQKV_TP_ONE_RANK");
+    return p->tensor_parallel == 1 && p->device == 1 && one && !strcmp(one, "1") ? 1 : 0;
+}
+
 tqkv_status model_tp_check(const tqkv_model *m, const tqkv_model_state_params *p) {
     const int n = p->tensor_parallel;
     const tqkv_model_config *c = &m->cfg;
     if (n < 0 || n > TP_MAX_RANKS)
         return tqkv_fail(TQKV_EINVAL, "tensor_parallel %d: need 0..%d (0 and 1 = off)", n,
                          TP_MAX_RANKS);
-    if (n <= 1) return TQKV_OK;
+    if (n <= 1 && !model_tp_ranks(p)) return TQKV_OK; /* off (a forced 1-rank state is not) */
     if (!m->ops->tp_shard)
         return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel %d: the %s graph has no sharded "
                          "forward (the Llama family has)", n, tqkv_model_graph_name(m));
-    if (p->device != 0)
-        return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel %d: runs on the CPU only for now "
-                         "(the device sharded graph is not built; docs/TP.md)", n);
+    if (p->device != 0 && p->device != 1)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel %d: device %d (the CPU or CUDA)", n,
+                         p->device);
+    /* the sharded device forward runs the common device graph's pieces (cuda/tp_cuda.cu):
+     * graphs with device hooks of their own (Gemma 4, Qwen 3.5, MoE) have none */
+    if (p->device == 1 && m->ops->cuda)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel %d with --device cuda: the %s graph "
+                         "has no sharded device forward (the Llama family has; on the CPU it "
+                         "may)", n, tqkv_model_graph_name(m));
     if (p->blas)
         return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel %d: not with BLAS products (not "
                          "batch invariant)", n);
@@ -124,6 +139,9 @@ void tp_vocab_range(int vocab, int n, int r, int *v0, int *v1, int *chunk) {
 
 static void rank_model_free(tqkv_model *rm) {
     if (!rm) return;
+#ifdef TQKV_HAVE_CUDA
+    model_cuda_weights_free(rm->gpu_weights); /* its device states' weights (the GPU current) */
+#endif
     for (int i = 0; i < rm->n_owned; i++) free(rm->owned[i]);
     free(rm->owned);
     free(rm->layers);
@@ -160,6 +178,9 @@ static tqkv_status rank_model_make(const tqkv_model *m, int r, int n, tqkv_model
 }
 
 static void rank_state_free(model_tp *tp, int r) {
+#ifdef TQKV_HAVE_CUDA
+    if (tp->on_device) model_cuda_select_device(tp->device[r]);
+#endif
     if (tp->rank[r]) tqkv_model_state_free(tp->rank[r]);
     rank_model_free(tp->model[r]);
     tp->rank[r] = NULL;
@@ -175,28 +196,52 @@ void model_tp_free(tqkv_model_state *s) {
         free(tp->head_out[r]);
     }
     free(tp->head_all);
+#ifdef TQKV_HAVE_CUDA
+    if (tp->on_device) model_cuda_tp_free(tp);
+#endif
     tp_comm_free(tp->comm);
     free(tp);
     s->tp = NULL;
 }
 
+/* The ranks' GPUs (r % visible GPUs) on the device; the CPU communicator otherwise (a
+ * device state's is made by model_cuda_tp_setup once the ranks exist). */
+static tqkv_status tp_place(tqkv_model_state *s, model_tp *tp) {
+    if (!tp->on_device) return tp_comm_init_cpu(&tp->comm, tp->n, s->p.threads);
+#ifdef TQKV_HAVE_CUDA
+    const int nd = model_cuda_device_count();
+    if (nd < 1) return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: no CUDA device is available");
+    for (int r = 0; r < tp->n; r++) tp->device[r] = r % nd;
+    return TQKV_OK;
+#else
+    return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel on the device: not a CUDA build");
+#endif
+}
+
 tqkv_status model_tp_init(tqkv_model_state *s) {
-    const int n = s->p.tensor_parallel;
+    const int n = model_tp_ranks(&s->p);
     tqkv_status rc = model_tp_check(s->m, &s->p);
-    if (rc != TQKV_OK || n <= 1) return rc;
+    if (rc != TQKV_OK || n < 1) return rc;
     model_tp *tp = calloc(1, sizeof *tp);
     if (!tp) return tqkv_fail(TQKV_ENOMEM, "out of memory");
     s->tp = tp;
     tp->n = n;
+    tp->on_device = s->p.device == 1;
     int v0, v1;
     tp_vocab_range(s->m->cfg.vocab_size, n, 0, &v0, &v1, &tp->vchunk);
-    rc = tp_comm_init_cpu(&tp->comm, n, s->p.threads);
+    rc = tp_place(s, tp);
     tqkv_model_state_params pr = s->p;
     pr.tensor_parallel = 0;
     for (int r = 0; r < n && rc == TQKV_OK; r++) {
-        rc = rank_model_make(s->m, r, n, &tp->model[r]);
+#ifdef TQKV_HAVE_CUDA
+        if (tp->on_device) rc = model_cuda_set_device(tp->device[r]); /* its weights, caches */
+#endif
+        if (rc == TQKV_OK) rc = rank_model_make(s->m, r, n, &tp->model[r]);
         if (rc == TQKV_OK) rc = tqkv_model_state_init(&tp->rank[r], tp->model[r], &pr);
     }
+#ifdef TQKV_HAVE_CUDA
+    if (rc == TQKV_OK && tp->on_device) rc = model_cuda_tp_setup(s);
+#endif
     if (rc != TQKV_OK) {
         model_tp_free(s);
         return rc;
@@ -228,8 +273,67 @@ tqkv_status model_tp_head_buffers(model_tp *tp, size_t m) {
 // reset
 // ---------------------------------------------------------------------------
 
+/* A sharded device state's reset: every rank's own reset (its device caches, then its host
+ * layers), then the parent's rows. A failure on rank r > 0 leaves ranks of other row counts:
+ * the state is then unusable until a reset succeeds (the device twins cannot build every
+ * rank's caches before installing any). */
+static tqkv_status tp_reset_device(tqkv_model_state *s, int rows) {
+    model_tp *tp = s->tp;
+    int *off = calloc((size_t)rows, sizeof(int)), *len = calloc((size_t)rows, sizeof(int));
+    tqkv_status rc = off && len ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "out of memory");
+    for (int r = 0; r < tp->n && rc == TQKV_OK; r++) {
+#ifdef TQKV_HAVE_CUDA
+        rc = model_cuda_set_device(tp->device[r]);
+#endif
+        if (rc == TQKV_OK) rc = tqkv_model_state_reset(tp->rank[r], rows);
+    }
+#ifdef TQKV_HAVE_CUDA
+    model_cuda_select_device(tp->device[0]);
+#endif
+    if (rc != TQKV_OK) {
+        free(off);
+        free(len);
+        return rc;
+    }
+    free(s->off);
+    free(s->len);
+    s->off = off;
+    s->len = len;
+    s->layers = tp->rank[0]->layers;
+    if (rows != s->rows) s->cap_rn = 0;
+    s->rows = s->p.rows = rows;
+    return TQKV_OK;
+}
+
+tqkv_status model_tp_check_device(const tqkv_model_state *s) {
+    const model_tp *tp = s->tp;
+    const int R = s->rows;
+    int *pos0 = malloc(sizeof(int) * (size_t)(R ? R : 1) * 2);
+    if (!pos0) return tqkv_fail(TQKV_ENOMEM, "state check: out of memory");
+    int *pos = pos0 + (R ? R : 1);
+    tqkv_status rc = TQKV_OK;
+    for (int r = 0; r < tp->n && rc == TQKV_OK; r++) {
+        const tqkv_model_state *q = tp->rank[r];
+        if (q->rows != R) {
+            rc = tqkv_fail(TQKV_ESTATE, "state: rank %d holds %d rows, the state %d", r, q->rows, R);
+            break;
+        }
+        if ((rc = tqkv_model_state_check(q)) != TQKV_OK) break;
+        if ((rc = tqkv_model_state_offsets(q, r ? pos : pos0)) != TQKV_OK) break;
+        for (int i = 0; i < R && r; i++)
+            if (pos[i] != pos0[i]) {
+                rc = tqkv_fail(TQKV_ESTATE, "state: row %d holds %d tokens on rank %d, %d on "
+                               "rank 0", i, pos[i], r, pos0[i]);
+                break;
+            }
+    }
+    free(pos0);
+    return rc;
+}
+
 tqkv_status model_tp_reset(tqkv_model_state *s, int rows) {
     model_tp *tp = s->tp;
+    if (tp->on_device) return tp_reset_device(s, rows);
     const int L = s->m->cfg.n_layers, N = tp->n;
     tqkv_batch **layers[TP_MAX_RANKS] = {0};
     int *off[TP_MAX_RANKS + 1] = {0}, *len[TP_MAX_RANKS + 1] = {0}; /* [rows]; [N]: parent */

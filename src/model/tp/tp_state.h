@@ -29,15 +29,29 @@ typedef struct model_tp {
     float            *head_out[TP_MAX_RANKS];   /* [M, vchunk] rank r's logits slice */
     float            *head_all;                 /* [N, M, vchunk] gathered slices */
     size_t            cap_head;                 /* M * vchunk the buffers hold */
+    /* params.device 1: the ranks are device states (src/model/cuda/tp_cuda.cu runs the
+     * forward), comm is NCCL or the device-local backend */
+    int               on_device;
+    int               device[TP_MAX_RANKS];     /* rank r's GPU: r % visible GPUs */
+    float            *bo[TP_MAX_RANKS];         /* device [L, H] o_proj biases on rank r's
+                                                 * GPU (NULL: no layer has one) */
 } model_tp;
+
+/* The ranks a state of these params has: tensor_parallel when > 1; 1 for tensor_parallel 1
+ * on the device with TQKV_TP_ONE_RANK=1 in the environment (a 1-rank sharded device state:
+ * the NCCL path on one GPU, for tests; docs/TP.md); else 0 (not sharded). */
+int         model_tp_ranks(const tqkv_model_state_params *p);
 
 /* The refusal of a tensor_parallel value for this model and params (nothing changes):
  * TQKV_EINVAL when N does not divide the query heads or MLP width, N neither divides the KV
  * heads nor is a multiple of them (replication, tp_kv_range), or N is out of
- * 0..TP_MAX_RANKS; TQKV_EUNSUPPORTED for a graph without a sharded forward, a device state,
- * or BLAS products. N <= 1 is always accepted (off). */
+ * 0..TP_MAX_RANKS; TQKV_EUNSUPPORTED for a graph without a sharded forward, a device other
+ * than the CPU (0) or CUDA (1), a graph with device hooks of its own on CUDA (only the Llama
+ * family shards on the device), or BLAS products. N <= 1 is accepted (off) unless
+ * model_tp_ranks makes it a 1-rank state. */
 tqkv_status model_tp_check(const tqkv_model *m, const tqkv_model_state_params *p);
-/* s->p.tensor_parallel > 1: the ranks (s->layers becomes rank 0's caches). */
+/* model_tp_ranks(&s->p) > 0: the ranks (s->layers becomes rank 0's caches); on the device
+ * (params.device 1) each rank is a device state on GPU r % visible GPUs. */
 tqkv_status model_tp_init(tqkv_model_state *s);
 void        model_tp_free(tqkv_model_state *s);
 /* Every rank's caches emptied with `rows` rows (and the parent's off / len); on failure
@@ -51,6 +65,9 @@ tqkv_status model_tp_head_buffers(model_tp *tp, size_t m);
 /* ---- row operations in lockstep (tp_rows.c); rows.c has checked the arguments, the
  * parent state (rank 0) and that no spec round is open (merge, filter, extract, export) or
  * one is (rollback, commit). Each changes every rank or none. ---- */
+/* A sharded device state's check: every rank's device check, and every rank's rows and
+ * offsets equal rank 0's. */
+tqkv_status model_tp_check_device(const tqkv_model_state *s);
 /* Every rank consistent with the parent: its rows, positions pos0 [rows] and round spec0. */
 tqkv_status model_tp_check_ranks(const tqkv_model_state *s, const int *pos0, int spec0);
 /* src: sharded states over the same N (checked by rows.c); rows: the merged row count. */

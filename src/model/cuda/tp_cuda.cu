@@ -1,0 +1,257 @@
+/*
+ * tp_cuda.cu - the tensor-parallel forward on the GPU (issue 25; docs/TP.md): the Llama
+ *   family's Megatron sharding (src/model/arch/llama/tp.c shards the weights) run by N rank
+ *   states, each a device state (model_cuda) of its rank model on GPU tp->device[r] (several
+ *   ranks may share one GPU), with the collectives of tp_comm.h on device buffers.
+ * Owns: the ranks' device setup (lm_head slice widths, the o_proj biases on every rank's GPU,
+ *   the communicator: NCCL when the ranks' GPUs are distinct, else the device-local backend)
+ *   and the sharded forward:
+ *     every rank: upload, embed (replicated), layer 0's RMSNorm
+ *     per layer: every rank's mixer (forward_cuda.cu's mc_layer_mixer: its q/k/v heads, its
+ *       KV heads' cache append and attention, o_proj of its heads -> partial tmp [T, H]);
+ *       all-reduce of tmp (rank order); every rank: + o_proj bias, residual + RMSNorm, its
+ *       MLP slice -> partial tmp; all-reduce; every rank: residual + the next RMSNorm
+ *     every rank: lm_head of its vocabulary rows; the slices gathered into the caller's
+ *       logits [rows, V] (device-to-host copies into each rank's columns).
+ *   Launched directly (no CUDA graph for sharded states); one wait per rank at the end.
+ * Must not: let a row's bits depend on other rows (every piece is the unsharded device
+ *   graph's per-token or batch-invariant kernel; the all-reduce is elementwise in rank
+ *   order); run for a graph without tp_shard (model_tp_check refuses it).
+ * NOT RUN: compiled only (no GPU on the machine it was written on).
+ */
+#include <cuda_runtime.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "model/model_impl.h"
+#include "model/tp/tp_state.h"
+#include "util/common.h"
+}
+#include "model/cuda/model_cuda_impl.h"
+#include "model/ops/ops_cuda.cuh"
+
+#define ck mc_ck
+
+// ---------------------------------------------------------------------------
+// devices
+// ---------------------------------------------------------------------------
+
+extern "C" int model_cuda_device_count(void) {
+    if (!tqkv_cuda_available()) return 0; /* no driver, or a driver too old for the runtime */
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+extern "C" tqkv_status model_cuda_set_device(int device) {
+    return ck(cudaSetDevice(device), "cudaSetDevice (tensor parallel rank)");
+}
+
+extern "C" void model_cuda_select_device(int device) {
+    if (cudaSetDevice(device) != cudaSuccess) (void)cudaGetLastError();
+}
+
+// ---------------------------------------------------------------------------
+// setup
+// ---------------------------------------------------------------------------
+
+/* tmp [T, H] += bo [H] per token (the o_proj bias, once after the all-reduce, as the CPU's
+ * llama_residual adds o + bias). grid mc_grid_elems(T, H), block 256. */
+__global__ void tp_bias_kernel(float *__restrict__ tmp, const float *__restrict__ bo, int H) {
+    const size_t t = blockIdx.x;
+    const int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i < H) tmp[t * H + i] = __fadd_rn(tmp[t * H + i], bo[i]);
+}
+
+/* Every rank's copy of the o_proj biases [L, H] on its GPU (NULL parts as zeros), when any
+ * layer has one. */
+static tqkv_status upload_biases(tqkv_model_state *s) {
+    model_tp *tp = s->tp;
+    const tqkv_model *m = s->m;
+    const int L = m->cfg.n_layers, H = m->cfg.hidden_size;
+    int any = 0;
+    for (int l = 0; l < L; l++) any |= m->layers[l].bo != NULL;
+    if (!any) return TQKV_OK;
+    const float **parts = (const float **)calloc((size_t)L, sizeof *parts);
+    int *lens = (int *)calloc((size_t)L, sizeof *lens);
+    tqkv_status st = parts && lens ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "out of memory");
+    for (int l = 0; l < L && !st; l++) {
+        parts[l] = m->layers[l].bo;
+        lens[l] = H;
+    }
+    for (int r = 0; r < tp->n && !st; r++) {
+        st = model_cuda_set_device(tp->device[r]);
+        if (!st) st = mc_upload_vec(&tp->bo[r], parts, lens, L);
+        /* a pageable copy may return before its DMA lands, and the ranks' non-blocking
+         * streams do not wait for the legacy stream (as mc_upload_weights) */
+        if (!st) st = ck(cudaStreamSynchronize(0), "upload o_proj biases");
+    }
+    free(parts);
+    free(lens);
+    return st;
+}
+
+extern "C" tqkv_status model_cuda_tp_setup(tqkv_model_state *s) {
+    model_tp *tp = s->tp;
+    const int N = tp->n;
+    for (int r = 0; r < N; r++) {
+        int v0, v1, chunk;
+        tp_vocab_range(s->m->cfg.vocab_size, N, r, &v0, &v1, &chunk);
+        tp->rank[r]->gpu->head_n = v1 - v0; /* its lm_head slice [v1 - v0, H] */
+    }
+    tqkv_status st = upload_biases(s);
+    int distinct = 1; /* NCCL needs one GPU per rank */
+    for (int r = 0; r < N; r++)
+        for (int q = 0; q < r; q++) distinct &= tp->device[q] != tp->device[r];
+    if (!st) {
+#ifdef TQKV_HAVE_NCCL
+        if (distinct) st = tp_comm_init_nccl_local(&tp->comm, N, tp->device);
+        else st = tp_comm_init_device(&tp->comm, N, tp->device);
+#else
+        (void)distinct;
+        st = tp_comm_init_device(&tp->comm, N, tp->device);
+#endif
+    }
+    if (st) {
+        model_cuda_select_device(tp->device[0]);
+        return st;
+    }
+    return model_cuda_set_device(tp->device[0]);
+}
+
+extern "C" void model_cuda_tp_free(model_tp *tp) {
+    for (int r = 0; r < tp->n; r++)
+        if (tp->bo[r]) {
+            model_cuda_select_device(tp->device[r]);
+            cudaFree(tp->bo[r]);
+            tp->bo[r] = NULL;
+        }
+    model_cuda_select_device(tp->device[0]);
+}
+
+// ---------------------------------------------------------------------------
+// forward
+// ---------------------------------------------------------------------------
+
+/* The ranks' device twins and streams, and their partial buffers tmp [T, H]. */
+typedef struct {
+    model_tp   *tp;
+    int         N;
+    model_cuda *g[TP_MAX_RANKS];
+    void       *stream[TP_MAX_RANKS];
+    float      *tmp[TP_MAX_RANKS];
+} tp_ranks;
+
+static tqkv_status allreduce_tmp(tp_ranks *k, size_t T) {
+    const size_t count = T * (size_t)k->g[0]->m->cfg.hidden_size;
+    return tp_allreduce_sum(k->tp->comm, k->tmp, count, k->stream);
+}
+
+/* Layer l on every rank (see the file comment). done[r]: rank r's layers whose cache took
+ * this call's append. */
+static tqkv_status tp_layer(tp_ranks *k, int l, int n, int as_decode, int *lin, int *done) {
+    const int H = k->g[0]->m->cfg.hidden_size;
+    const size_t T = (size_t)k->g[0]->rows * n;
+    tqkv_status st = TQKV_OK;
+    for (int r = 0; r < k->N && !st; r++) {
+        st = model_cuda_set_device(k->tp->device[r]);
+        if (!st) st = mc_layer_mixer(k->g[r], l, n, as_decode, &lin[r], &done[r]);
+    }
+    if (!st) st = allreduce_tmp(k, T); /* the attention's partials, summed in rank order */
+    for (int r = 0; r < k->N && !st; r++) {
+        model_cuda *g = k->g[r];
+        st = model_cuda_set_device(k->tp->device[r]);
+        if (st) break;
+        if (k->tp->bo[r] && T)
+            tp_bias_kernel<<<mc_grid_elems(T, (size_t)H), 256, 0, g->stream>>>(
+                g->tmp, k->tp->bo[r] + (size_t)l * H, H);
+        mc_residual_norm(g, g->w->layers[l].ffn_norm, T);
+        st = mc_layer_ffn(g, l, (int)T);
+    }
+    if (!st) st = allreduce_tmp(k, T); /* the MLP's partials */
+    for (int r = 0; r < k->N && !st; r++) {
+        st = model_cuda_set_device(k->tp->device[r]);
+        if (!st) mc_residual_norm(k->g[r], mc_next_norm(k->g[r], l), T);
+    }
+    return st;
+}
+
+/* Every rank's queue: begin, the layers, the heads; the logits' copies into out [M, V]
+ * (NULL: none; each rank's slice into its columns). */
+static tqkv_status tp_queue(tp_ranks *k, int n, int as_decode, tqkv_logits_mode mode, float *out,
+                            int *done) {
+    const tqkv_model_config *c = &k->g[0]->m->cfg;
+    const int V = c->vocab_size;
+    int lin[TP_MAX_RANKS] = {0};
+    tqkv_status st = TQKV_OK;
+    for (int r = 0; r < k->N && !st; r++) {
+        st = model_cuda_set_device(k->tp->device[r]);
+        if (!st) st = mc_queue_begin(k->g[r], n);
+    }
+    for (int l = 0; l < c->n_layers && !st; l++) st = tp_layer(k, l, n, as_decode, lin, done);
+    for (int r = 0; r < k->N && !st; r++) {
+        st = model_cuda_set_device(k->tp->device[r]);
+        if (!st) st = ck(cudaGetLastError(), "sharded forward kernels");
+    }
+    if (st || mode == TQKV_LOGITS_NONE) return st;
+    const size_t M = mode == TQKV_LOGITS_LAST ? (size_t)k->g[0]->rows : (size_t)k->g[0]->rows * n;
+    for (int r = 0; r < k->N && !st; r++) {
+        model_cuda *g = k->g[r];
+        int v0, v1, chunk;
+        tp_vocab_range(V, k->N, r, &v0, &v1, &chunk);
+        const size_t w = (size_t)(v1 - v0) * sizeof(float);
+        st = model_cuda_set_device(k->tp->device[r]);
+        if (!st) st = mc_head(g, n, mode, NULL, 0); /* g->logits [M, v1 - v0] */
+        if (!st && out)
+            st = ck(cudaMemcpy2DAsync(out + v0, (size_t)V * sizeof(float), g->logits, w, w, M,
+                                      cudaMemcpyDeviceToHost, g->stream), "sharded logits");
+    }
+    return st;
+}
+
+extern "C" tqkv_status model_cuda_tp_forward(tqkv_model_state *s, const int32_t *tokens,
+                                             const int *lengths, int n, int prefill,
+                                             tqkv_logits_mode mode, float *logits) {
+    model_tp_sync(s);
+    tp_ranks k;
+    memset(&k, 0, sizeof k);
+    k.tp = s->tp;
+    k.N = s->tp->n;
+    tqkv_status st = TQKV_OK;
+    for (int r = 0; r < k.N; r++) {
+        k.g[r] = s->tp->rank[r]->gpu;
+        if (!k.g[r] || k.g[r]->rows != s->rows)
+            return tqkv_fail(TQKV_ESTATE, "forward: tensor-parallel rank %d is not a device state "
+                             "of the state's %d rows", r, s->rows);
+    }
+    /* every rank's host half first: a refusal (bad token, row state) queues nothing */
+    for (int r = 0; r < k.N && !st; r++) {
+        st = model_cuda_set_device(k.tp->device[r]);
+        if (!st) st = mc_forward_prepare(k.g[r], tokens, lengths, n, prefill, mode);
+    }
+    if (st) return st;
+    for (int r = 0; r < k.N; r++) { /* after prepare: the buffers no longer move */
+        k.stream[r] = (void *)k.g[r]->stream;
+        k.tmp[r] = k.g[r]->tmp;
+    }
+    const int as_decode = !prefill && n > 1 && k.g[0]->p.extend_as_decode;
+    int done[TP_MAX_RANKS] = {0};
+    const tqkv_logits_mode m2 = logits ? mode : TQKV_LOGITS_NONE;
+    st = tp_queue(&k, n, as_decode, m2, logits, done);
+    for (int r = 0; r < k.N && st; r++) { /* every rank's appends undone */
+        model_cuda_select_device(k.tp->device[r]);
+        mc_forward_fail(k.g[r], done[r], n);
+    }
+    for (int r = 0; r < k.N; r++) { /* one wait per rank: the logits are on the host */
+        model_cuda_select_device(k.tp->device[r]);
+        const tqkv_status ss = ck(cudaStreamSynchronize(k.g[r]->stream), "sharded forward");
+        if (ss) k.g[r]->broken = 1; /* what ran of the step is unknown */
+        if (!st) st = ss;
+    }
+    model_cuda_select_device(k.tp->device[0]);
+    return st;
+}

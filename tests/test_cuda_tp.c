@@ -1,0 +1,389 @@
+/*
+ * test_cuda_tp.c - tensor parallelism on the GPU (issue 25; docs/TP.md): the sharded device
+ * forward (src/model/cuda/tp_cuda.cu) on the bundled model (models/qwen3-code-28m, or the
+ * directory in TQKV_TEST_MODEL), every rank on GPU rank % visible GPUs, fresh random tokens:
+ *  - the collectives: the NCCL backend's self check at n = 1 (and n = visible GPUs when
+ *    >= 2, else SKIPPED), the device-local backend's (n ranks on GPU 0) at n = 1, 2, 3, 4, 8:
+ *    bit for bit the host rank-order sum and the sent blocks;
+ *  - N = 1 (TQKV_TP_ONE_RANK=1: the NCCL all-reduce path with one rank) against the
+ *    unsharded device state: prefill logits of every position and decode logits within a
+ *    relative L2 of 1e-6 (bitwise is expected; printed);
+ *  - N = 2 and 4 on one GPU (the device-local backend; N = 4 replicates the model's 2 KV
+ *    heads) against the unsharded device state and against the CPU sharded forward of the
+ *    same N, f32 and tq4 KV: within test_cuda_model's CPU / GPU parity bounds; greedy tokens
+ *    equal to the unsharded device state's over 16 decode steps;
+ *  - batch invariance for a fixed N: a row alone and as row 1 of 3 (other rows, other
+ *    tokens; the same length: the device refuses padded prefill and sharded device states
+ *    have no merge) give the same bits, prefill and decodes;
+ *  - each rank's cache bytes are its KV heads' share of the unsharded state's;
+ *  - row operations on a sharded device state are refused (TQKV_EUNSUPPORTED) and change
+ *    nothing; reset works and a second prefill gives the first one's bits.
+ * Prints "PASS" / "FAIL" per case (cmocka's [ OK ] / [ FAILED ]). Exits 77 (skipped) when
+ * the build has no CUDA, no GPU is present or the model is absent.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "testutil.h"
+#include "tqkv_model.h"
+
+#ifdef TQKV_HAVE_CUDA
+#include "cache/cache_cuda.h"
+#include "model/tp/tp_comm.h"
+
+static tqkv_model *g_model;
+static uint64_t    g_seed;
+static int         V;
+
+#define OK(x)                                                                                     \
+    do {                                                                                          \
+        tqkv_status rc_ = (x);                                                                    \
+        if (rc_ != TQKV_OK) fail_msg("%s: %s", #x, tqkv_last_error());                            \
+    } while (0)
+
+/* A state of `rows` rows: device 0 / 1, tensor_parallel tp (1 with one_rank: the 1-rank
+ * sharded device state). */
+static tqkv_model_state *new_state(int rows, tqkv_format f, int device, int tp, int one_rank) {
+    tqkv_model_state_params p = tqkv_model_state_params_default();
+    p.rows = rows;
+    p.k_format = p.v_format = f;
+    p.threads = 4;
+    p.device = device;
+    p.tensor_parallel = tp;
+    if (one_rank) setenv("TQKV_TP_ONE_RANK", "1", 1);
+    tqkv_model_state *s = NULL;
+    const tqkv_status rc = tqkv_model_state_init(&s, g_model, &p);
+    unsetenv("TQKV_TP_ONE_RANK");
+    if (rc != TQKV_OK) fail_msg("state init (device %d, tp %d): %s", device, tp, tqkv_last_error());
+    return s;
+}
+
+static void random_tokens(test_rng *r, int32_t *t, size_t n) {
+    for (size_t i = 0; i < n; i++) t[i] = rng_int(r, 1, V - 1);
+}
+
+static int argmax_of(const float *x) {
+    int b = 0;
+    for (int i = 1; i < V; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* One row: prefill n tokens (logits of every position) then `steps` greedy decode steps
+ * (each state decodes its own argmax); lg [n + steps, V]; toks [steps] the picked tokens. */
+static void run_row(tqkv_model_state *s, const int32_t *prompt, int n, int steps, float *lg,
+                    int32_t *toks) {
+    OK(tqkv_model_prefill(g_model, s, prompt, NULL, n, TQKV_LOGITS_ALL, lg));
+    int32_t t = argmax_of(lg + (size_t)(n - 1) * V);
+    for (int i = 0; i < steps; i++) {
+        toks[i] = t;
+        float *o = lg + (size_t)(n + i) * V;
+        OK(tqkv_model_decode(g_model, s, &t, o));
+        t = argmax_of(o);
+    }
+}
+
+/* Relative L2 per position of a against b [npos, V]: the median and the largest; bitwise
+ * equal positions counted. */
+static void compare(const float *a, const float *b, int npos, double *med, double *worst, int *bits) {
+    double *e = malloc(sizeof(double) * (size_t)npos);
+    *bits = 0;
+    for (int i = 0; i < npos; i++) {
+        e[i] = rel_l2(a + (size_t)i * V, b + (size_t)i * V, (size_t)V);
+        if (e[i] != e[i]) e[i] = 1e30;
+        *bits += !memcmp(a + (size_t)i * V, b + (size_t)i * V, sizeof(float) * (size_t)V);
+    }
+    for (int i = 1; i < npos; i++) /* insertion sort: npos is small */
+        for (int j = i; j > 0 && e[j] < e[j - 1]; j--) {
+            const double t = e[j];
+            e[j] = e[j - 1];
+            e[j - 1] = t;
+        }
+    *med = e[npos / 2];
+    *worst = e[npos - 1];
+    free(e);
+}
+
+/* 1 when the model's query heads and MLP width split over N ranks (else the case prints
+ * SKIPPED: e.g. N = 4 on the 2-head draft fixture). */
+static int tp_fits(int N) {
+    const tqkv_model_config *c = tqkv_model_get_config(g_model);
+    if (c->n_heads % N == 0 && c->intermediate_size % N == 0 &&
+        (c->n_kv_heads % N == 0 || N % c->n_kv_heads == 0))
+        return 1;
+    print_message("N = %d does not split this model's %d heads / MLP %d: SKIPPED\n", N,
+                  c->n_heads, c->intermediate_size);
+    return 0;
+}
+
+// ---------------------------------------------------------------------------
+// collectives
+// ---------------------------------------------------------------------------
+
+static void test_nccl_selftest(void **st) {
+    (void)st;
+    tqkv_status rc = tp_comm_nccl_selftest(1, g_seed);
+    if (rc == TQKV_EUNSUPPORTED) {
+        print_message("NCCL self-check n = 1: SKIPPED (%s)\n", tqkv_last_error());
+        skip();
+        return;
+    }
+    OK(rc);
+    print_message("NCCL self-check n = 1: PASS\n");
+    int have = 0;
+    for (int n = 2; n <= TP_MAX_RANKS; n++) /* the visible GPUs: the largest n that inits */
+        if (tp_comm_nccl_selftest(n, g_seed) == TQKV_OK) have = n;
+        else if (tqkv_last_error() && !strstr(tqkv_last_error(), "visible"))
+            fail_msg("NCCL self-check n = %d: %s", n, tqkv_last_error());
+        else break;
+    if (have >= 2) print_message("NCCL self-check n = 2..%d: PASS\n", have);
+    else print_message("NCCL self-check n >= 2: SKIPPED (one GPU visible)\n");
+}
+
+static void test_device_selftest(void **st) {
+    (void)st;
+    const int ns[] = {1, 2, 3, 4, 8};
+    for (int i = 0; i < 5; i++) {
+        OK(tp_comm_device_selftest(ns[i], g_seed + (uint64_t)i));
+        print_message("device-local all-reduce / all-gather n = %d on GPU 0: PASS\n", ns[i]);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// the sharded forward
+// ---------------------------------------------------------------------------
+
+/* N = 1 through the NCCL path against the unsharded device state. */
+static void test_tp1_nccl(void **st) {
+    (void)st;
+    enum { n = 37, steps = 8 };
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x71);
+    int32_t prompt[n], ta[steps], tb[steps];
+    random_tokens(&r, prompt, n);
+    float *a = malloc(sizeof(float) * (size_t)(n + steps) * V);
+    float *b = malloc(sizeof(float) * (size_t)(n + steps) * V);
+    tqkv_model_state *s = new_state(1, TQKV_TQ4, 1, 1, 1), *u = new_state(1, TQKV_TQ4, 1, 0, 0);
+    assert_int_equal(tqkv_model_state_tensor_parallel(s), 1);
+    run_row(s, prompt, n, steps, a, ta);
+    run_row(u, prompt, n, steps, b, tb);
+    double med, worst;
+    int bits;
+    compare(a, b, n + steps, &med, &worst, &bits);
+    print_message("N = 1 (NCCL path) vs unsharded device: rel L2 median %.3g worst %.3g, %d of %d "
+                  "positions bitwise\n", med, worst, bits, n + steps);
+    assert_true(worst <= 1e-6);
+    assert_memory_equal(ta, tb, sizeof ta);
+    tqkv_model_state_free(s);
+    tqkv_model_state_free(u);
+    free(a);
+    free(b);
+}
+
+/* N ranks on one GPU against the unsharded device state and the CPU sharded forward of the
+ * same N: test_cuda_model's parity bounds; greedy tokens as the unsharded device state's. */
+static void parity_case(int N, tqkv_format f, double tol_med, double tol_worst) {
+    enum { n = 48, steps = 16 };
+    if (!tp_fits(N)) {
+        skip();
+        return;
+    }
+    test_rng r;
+    rng_init(&r, g_seed ^ ((uint64_t)N << 8) ^ (uint64_t)f);
+    int32_t prompt[n], tg[steps], tu[steps], tc[steps];
+    random_tokens(&r, prompt, n);
+    const size_t sz = sizeof(float) * (size_t)(n + steps) * V;
+    float *g = malloc(sz), *u = malloc(sz), *c = malloc(sz);
+    tqkv_model_state *sg = new_state(1, f, 1, N, 0), *su = new_state(1, f, 1, 0, 0),
+                     *sc = new_state(1, f, 0, N, 0);
+    assert_int_equal(tqkv_model_state_tensor_parallel(sg), N);
+    /* exact allocations: the cache bytes below compare like for like */
+    OK(tqkv_model_state_reserve(sg, n + steps + 8));
+    OK(tqkv_model_state_reserve(su, n + steps + 8));
+    run_row(sg, prompt, n, steps, g, tg);
+    run_row(su, prompt, n, steps, u, tu);
+    run_row(sc, prompt, n, steps, c, tc);
+    double med, worst, cmed, cworst;
+    int bits, cbits;
+    compare(g, u, n + steps, &med, &worst, &bits);
+    compare(g, c, n + steps, &cmed, &cworst, &cbits);
+    int same_cpu = 0;
+    for (int i = 0; i < steps; i++) same_cpu += tg[i] == tc[i];
+    print_message("N = %d %s: vs unsharded device rel L2 median %.3g worst %.3g; vs CPU N = %d "
+                  "median %.3g worst %.3g; greedy %d/%d as the CPU's\n", N, tqkv_format_name(f),
+                  med, worst, N, cmed, cworst, same_cpu, steps);
+    if (!(med < tol_med) || !(worst < tol_worst) || !(cmed < tol_med) || !(cworst < tol_worst))
+        fail_msg("N = %d %s: outside the parity bounds (median < %g, worst < %g)", N,
+                 tqkv_format_name(f), tol_med, tol_worst);
+    for (int i = 0; i < steps; i++)
+        if (tg[i] != tu[i])
+            fail_msg("N = %d %s: greedy step %d: token %d, the unsharded device state's %d", N,
+                     tqkv_format_name(f), i, tg[i], tu[i]);
+    /* each rank holds its KV heads' share of the cache (N > KV heads: one replicated head) */
+    const int nkv = tqkv_model_get_config(g_model)->n_kv_heads;
+    const int per = nkv >= N ? nkv / N : 1;
+    const double full = (double)tqkv_model_state_kv_bytes_used(su);
+    for (int k = 0; k < N; k++) {
+        const double rb = (double)tqkv_model_state_kv_bytes_rank(sg, k);
+        print_message("  rank %d cache %.0f bytes, unsharded %.0f (share %d/%d)\n", k, rb, full,
+                      per, nkv);
+        assert_true(fabs(rb * nkv / per - full) <= 0.01 * full);
+    }
+    tqkv_model_state_free(sg);
+    tqkv_model_state_free(su);
+    tqkv_model_state_free(sc);
+    free(g);
+    free(u);
+    free(c);
+}
+
+static void test_parity_n2_tq4(void **st) { (void)st; parity_case(2, TQKV_TQ4, 1e-2, 1e-1); }
+static void test_parity_n4_tq4(void **st) { (void)st; parity_case(4, TQKV_TQ4, 1e-2, 1e-1); }
+static void test_parity_n2_f32(void **st) { (void)st; parity_case(2, TQKV_F32, 1e-2, 3e-2); }
+static void test_parity_n4_f32(void **st) { (void)st; parity_case(4, TQKV_F32, 1e-2, 3e-2); }
+
+/* A row alone and as row 1 of 3 (other tokens in rows 0 and 2): the same bits. */
+static void invariance_case(int N, tqkv_format f) {
+    enum { n = 29, steps = 6, R = 3 };
+    if (!tp_fits(N)) {
+        skip();
+        return;
+    }
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x1a7 ^ ((uint64_t)N << 4) ^ (uint64_t)f);
+    int32_t batch[R * n];
+    random_tokens(&r, batch, (size_t)R * n);
+    const size_t row = sizeof(float) * (size_t)V;
+    float *one = malloc(row * (size_t)(n + steps)), *all = malloc(row * (size_t)R * n);
+    float *d1 = malloc(row), *d3 = malloc(row * R);
+    tqkv_model_state *s1 = new_state(1, f, 1, N, 0), *s3 = new_state(R, f, 1, N, 0);
+    OK(tqkv_model_prefill(g_model, s1, batch + n, NULL, n, TQKV_LOGITS_ALL, one));
+    OK(tqkv_model_prefill(g_model, s3, batch, NULL, n, TQKV_LOGITS_ALL, all));
+    for (int j = 0; j < n; j++)
+        if (memcmp(one + (size_t)j * V, all + ((size_t)n + j) * V, row))
+            fail_msg("N = %d %s: prefill position %d differs alone and in a batch", N,
+                     tqkv_format_name(f), j);
+    for (int i = 0; i < steps; i++) {
+        int32_t t3[R];
+        for (int k = 0; k < R; k++) t3[k] = rng_int(&r, 1, V - 1);
+        OK(tqkv_model_decode(g_model, s1, &t3[1], d1));
+        OK(tqkv_model_decode(g_model, s3, t3, d3));
+        if (memcmp(d1, d3 + V, row))
+            fail_msg("N = %d %s: decode step %d differs alone and in a batch", N, tqkv_format_name(f), i);
+    }
+    print_message("N = %d %s: a row alone and as row 1 of 3: bitwise over %d prefill positions "
+                  "and %d decodes\n", N, tqkv_format_name(f), n, steps);
+    tqkv_model_state_free(s1);
+    tqkv_model_state_free(s3);
+    free(one);
+    free(all);
+    free(d1);
+    free(d3);
+}
+
+static void test_invariance_n2_tq4(void **st) { (void)st; invariance_case(2, TQKV_TQ4); }
+static void test_invariance_n4_f32(void **st) { (void)st; invariance_case(4, TQKV_F32); }
+
+/* Row operations refused (nothing changes: the next decode equals a twin's); reset, then
+ * the same prefill gives the same bits. */
+static void test_refusals_reset(void **st) {
+    (void)st;
+    enum { n = 21 };
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x5e7);
+    int32_t prompt[2 * n];
+    random_tokens(&r, prompt, 2 * n);
+    const size_t row = sizeof(float) * (size_t)V;
+    float *a = malloc(row * 2), *b = malloc(row * 2), *c = malloc(row * 2);
+    tqkv_model_state *s = new_state(2, TQKV_TQ4, 1, 2, 0), *twin = new_state(2, TQKV_TQ4, 1, 2, 0);
+    tqkv_model_state *other = new_state(1, TQKV_TQ4, 1, 2, 0), *out = NULL;
+    OK(tqkv_model_prefill(g_model, s, prompt, NULL, n, TQKV_LOGITS_LAST, a));
+    OK(tqkv_model_prefill(g_model, twin, prompt, NULL, n, TQKV_LOGITS_LAST, b));
+    assert_memory_equal(a, b, row * 2);
+    const int keep[1] = {1};
+    uint8_t *blob = NULL;
+    size_t blen = 0;
+    assert_int_equal(tqkv_model_state_merge(s, &other, 1), TQKV_EUNSUPPORTED);
+    assert_int_equal(tqkv_model_state_filter(s, keep, 1), TQKV_EUNSUPPORTED);
+    assert_int_equal(tqkv_model_state_extract_row(s, 0, &out), TQKV_EUNSUPPORTED);
+    assert_null(out);
+    assert_int_equal(tqkv_model_state_spec_begin(s), TQKV_EUNSUPPORTED);
+    assert_int_equal(tqkv_model_state_export(s, &blob, &blen), TQKV_EUNSUPPORTED);
+    assert_null(blob);
+    int pos[2];
+    OK(tqkv_model_state_offsets(s, pos));
+    assert_true(pos[0] == n && pos[1] == n);
+    OK(tqkv_model_state_check(s));
+    const int32_t next[2] = {7, 11};
+    OK(tqkv_model_decode(g_model, s, next, a));
+    OK(tqkv_model_decode(g_model, twin, next, b));
+    assert_memory_equal(a, b, row * 2);
+    OK(tqkv_model_state_reset(s, 0));
+    OK(tqkv_model_state_offsets(s, pos));
+    assert_true(pos[0] == 0 && pos[1] == 0);
+    OK(tqkv_model_prefill(g_model, s, prompt + n, NULL, n, TQKV_LOGITS_LAST, a));
+    OK(tqkv_model_state_reset(s, 1)); /* another row count */
+    OK(tqkv_model_state_reset(s, 2));
+    OK(tqkv_model_prefill(g_model, s, prompt + n, NULL, n, TQKV_LOGITS_LAST, c));
+    assert_memory_equal(a, c, row * 2);
+    print_message("sharded device state: row operations refused, reset and re-prefill bitwise\n");
+    tqkv_model_state_free(s);
+    tqkv_model_state_free(twin);
+    tqkv_model_state_free(other);
+    free(a);
+    free(b);
+    free(c);
+}
+
+int main(void) {
+    if (!tqkv_cuda_available()) {
+        printf("SKIPPED: no CUDA device\n");
+        return 77;
+    }
+    char d[1024];
+    const char *env = getenv("TQKV_TEST_MODEL");
+    if (env) snprintf(d, sizeof d, "%s", env);
+    else source_path("models/qwen3-code-28m", d, sizeof d);
+    struct stat sb;
+    if (stat(d, &sb) != 0) {
+        printf("SKIPPED: no model at %s\n", d);
+        return 77;
+    }
+    tqkv_model_load_params lp = tqkv_model_load_params_default();
+    lp.threads = 4;
+    lp.bf16_act = 0; /* the GEMMs' hi + lo activations (~16 bits): the sharded logits then
+                      * differ from the unsharded ones by float32 reassociation only */
+    if (tqkv_model_load(&g_model, d, &lp) != TQKV_OK) {
+        fprintf(stderr, "load failed: %s\n", tqkv_last_error());
+        return 1;
+    }
+    V = tqkv_model_get_config(g_model)->vocab_size;
+    g_seed = test_seed();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_nccl_selftest),
+        cmocka_unit_test(test_device_selftest),
+        cmocka_unit_test(test_tp1_nccl),
+        cmocka_unit_test(test_parity_n2_tq4),
+        cmocka_unit_test(test_parity_n4_tq4),
+        cmocka_unit_test(test_parity_n2_f32),
+        cmocka_unit_test(test_parity_n4_f32),
+        cmocka_unit_test(test_invariance_n2_tq4),
+        cmocka_unit_test(test_invariance_n4_f32),
+        cmocka_unit_test(test_refusals_reset),
+    };
+    const char *only = getenv("TQKV_TEST_FILTER");
+    if (only) cmocka_set_test_filter(only);
+    const int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    printf("%s\n", rc ? "FAIL" : "PASS");
+    tqkv_model_free(g_model);
+    return rc;
+}
+#else
+int main(void) {
+    printf("SKIPPED: built without CUDA\n");
+    return 77;
+}
+#endif
