@@ -258,75 +258,79 @@ __device__ __forceinline__ void route_better(float &v, int &i, float ov, int oi)
  * so a weight may differ from the CPU's in its last bit;
  * each pick the largest probability not taken, ties to the lower index), then its K picks
  * sorted by ascending expert (the combine's order): sel [T, K] and the weights' bits
- * wbits [T, K]. One warp per token. grid T, block 32. */
+ * wbits [T, K]. One warp per token; lane l holds experts l + 32 j (j < E_MAX / 32: logits,
+ * probabilities and taken flags in registers), pick k ends on lane k, which loads its scale
+ * at once and writes at its rank among the picks' experts. grid T, block 32. */
 __global__ void moe_route_kernel(const float *__restrict__ logits, int E, int K, int norm,
                                  const float *__restrict__ scale, int32_t *__restrict__ sel,
                                  int32_t *__restrict__ wbits) {
-    __shared__ float p[MOE_CUDA_E_MAX];
-    __shared__ unsigned char taken[MOE_CUDA_E_MAX];
-    __shared__ float w[MOE_CUDA_K_MAX];
-    __shared__ int s[MOE_CUDA_K_MAX];
-    __shared__ float sum;
+    constexpr int NJ = MOE_CUDA_E_MAX / 32;
+    __shared__ float ps[MOE_CUDA_E_MAX];
     const size_t t = blockIdx.x;
     const int lane = threadIdx.x;
     const float *l = logits + t * E;
+    float p[NJ];
+#pragma unroll
+    for (int j = 0; j < NJ; j++) p[j] = lane + 32 * j < E ? l[lane + 32 * j] : 0.0f;
     float mx = l[0];
-    for (int e = lane; e < E; e += 32) mx = l[e] > mx ? l[e] : mx;
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+        if (lane + 32 * j < E) mx = p[j] > mx ? p[j] : mx;
     for (int o = 16; o > 0; o >>= 1) {
         const float v = __shfl_xor_sync(0xffffffffu, mx, o);
         mx = v > mx ? v : mx;
     }
-    for (int e = lane; e < E; e += 32) {
-        p[e] = (float)exp((double)__fsub_rn(l[e], mx));
-        taken[e] = 0;
-    }
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+        if (lane + 32 * j < E) ps[lane + 32 * j] = p[j] = (float)exp((double)__fsub_rn(p[j], mx));
     __syncwarp();
+    float a = 0.0f;
     if (lane == 0) { /* in expert order; eight loads ahead of the additions */
-        float a = 0.0f;
         for (int e0 = 0; e0 < E; e0 += 8) {
             float v[8];
 #pragma unroll
-            for (int u = 0; u < 8; u++) v[u] = e0 + u < E ? p[e0 + u] : 0.0f;
+            for (int u = 0; u < 8; u++) v[u] = e0 + u < E ? ps[e0 + u] : 0.0f;
 #pragma unroll
             for (int u = 0; u < 8; u++)
                 if (e0 + u < E) a = __fadd_rn(a, v[u]);
         }
-        sum = a;
     }
-    __syncwarp();
-    for (int e = lane; e < E; e += 32) p[e] = __fdiv_rn(p[e], sum);
-    __syncwarp();
+    const float sum = __shfl_sync(0xffffffffu, a, 0);
+#pragma unroll
+    for (int j = 0; j < NJ; j++) p[j] = __fdiv_rn(p[j], sum);
+    unsigned taken = 0;       /* bit j: expert lane + 32 j picked */
+    int ms = -1;              /* lane k < K: pick k's expert, weight, scale */
+    float mw = 0.0f, msc = 1.0f;
     for (int k = 0; k < K; k++) {
         float bv = 0.0f;
         int bi = -1;
-        for (int e = lane; e < E; e += 32)
-            if (!taken[e]) route_better(bv, bi, p[e], e);
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+            if (lane + 32 * j < E && !((taken >> j) & 1u)) route_better(bv, bi, p[j], lane + 32 * j);
         for (int o = 16; o > 0; o >>= 1) {
             const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
             const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
             route_better(bv, bi, ov, oi);
         }
-        if (lane == 0) s[k] = bi, w[k] = p[bi], taken[bi] = 1;
-        __syncwarp();
+        bv = __shfl_sync(0xffffffffu, bv, 0); /* lane 0's pick, as the shared-memory version took */
+        bi = __shfl_sync(0xffffffffu, bi, 0);
+        if (bi >= 0 && lane == (bi & 31)) taken |= 1u << (bi >> 5);
+        if (lane == k) {
+            ms = bi, mw = bv;
+            if (scale) msc = scale[bi];
+        }
     }
-    if (lane != 0) return;
     if (norm) {
         float tot = 0.0f;
-        for (int k = 0; k < K; k++) tot = __fadd_rn(tot, w[k]);
-        for (int k = 0; k < K; k++) w[k] = __fdiv_rn(w[k], tot);
+        for (int k = 0; k < K; k++) tot = __fadd_rn(tot, __shfl_sync(0xffffffffu, mw, k));
+        mw = __fdiv_rn(mw, tot);
     }
-    if (scale)
-        for (int k = 0; k < K; k++) w[k] = __fmul_rn(w[k], scale[s[k]]);
-    for (int k = 1; k < K; k++) /* insertion sort by expert: K is small */
-        for (int j = k; j > 0 && s[j - 1] > s[j]; j--) {
-            const int se = s[j];
-            const float we = w[j];
-            s[j] = s[j - 1], w[j] = w[j - 1];
-            s[j - 1] = se, w[j - 1] = we;
-        }
-    for (int k = 0; k < K; k++) {
-        sel[t * K + k] = s[k];
-        wbits[t * K + k] = __float_as_int(w[k]);
+    if (scale) mw = __fmul_rn(mw, msc);
+    int rank = 0;             /* picks with a lower expert (distinct experts) */
+    for (int k = 0; k < K; k++) rank += __shfl_sync(0xffffffffu, ms, k) < ms;
+    if (lane < K) {
+        sel[t * K + rank] = ms;
+        wbits[t * K + rank] = __float_as_int(mw);
     }
 }
 
