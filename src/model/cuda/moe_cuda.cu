@@ -231,7 +231,8 @@ __global__ void moe_router_kernel(const float *__restrict__ xr, const float *__r
     if (gw >= (size_t)T * E) return;
     const size_t t = gw / E, e = gw % E;
     const float *a = xr + t * H, *b = rw + e * H;
-    constexpr int U = 8; /* lane's k = lane, lane + 32, ...: loaded U at a time, summed in order */
+    constexpr int U = 32; /* lane's k = lane, lane + 32, ...: loaded U at a time (H = 2048: two
+                           * rounds of loads), summed in order */
     double s = 0;
     for (int k0 = lane; k0 < H; k0 += 32 * U) {
         float va[U], vb[U];
