@@ -244,13 +244,12 @@ extern "C" tqkv_status g4_cuda_prepare(model_cuda *g) {
 // kernels
 // ---------------------------------------------------------------------------
 
-/* x[t, :] = embed[token] * escale. grid T, block 128. */
+/* x[t, :] = embed[token] * escale. grid mc_grid_elems(T, H), block 256. */
 __global__ void g4_embed_kernel(const int32_t *__restrict__ tinfo, const bf16 *__restrict__ e,
                                 int H, float escale, float *__restrict__ x) {
     const size_t t = blockIdx.x;
-    const bf16 *row = e + (size_t)tinfo[t * 3] * H;
-    for (int i = threadIdx.x; i < H; i += blockDim.x)
-        x[t * H + i] = __fmul_rn(__bfloat162float(row[i]), escale);
+    const int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i < H) x[t * H + i] = __fmul_rn(__bfloat162float(e[(size_t)tinfo[t * 3] * H + i]), escale);
 }
 
 /* Per-layer inputs, one warp per (token, layer slice of P), in place on ple [T, L P]
@@ -395,23 +394,23 @@ __global__ void g4_qkv_kernel(const float *__restrict__ qkv, int QS, int T, int 
     for (int i = 0; i < NPL; i++) dst[lane + 32 * i] = v[i];
 }
 
-/* att[t, h hd + d] = ob[((row NH + h) n + col) hd + d]. grid T, block 128. */
+/* att[t, h hd + d] = ob[((row NH + h) n + col) hd + d]. grid mc_grid_elems(T, NH hd), block 256. */
 __global__ void g4_gather_kernel(const float *__restrict__ ob, const int32_t *__restrict__ tinfo,
                                  int NH, int n, int hd, float *__restrict__ att) {
     const size_t t = blockIdx.x;
-    const int r = tinfo[t * 3 + 1], j = tinfo[t * 3 + 2], QD = NH * hd;
-    for (int i = threadIdx.x; i < QD; i += blockDim.x) {
-        const int h = i / hd, d = i - h * hd;
-        att[t * QD + i] = ob[(((size_t)r * NH + h) * n + j) * hd + d];
-    }
+    const int i = blockIdx.y * blockDim.x + threadIdx.x, QD = NH * hd;
+    if (i >= QD) return;
+    const int r = tinfo[t * 3 + 1], j = tinfo[t * 3 + 2];
+    const int h = i / hd, d = i - h * hd;
+    att[t * QD + i] = ob[(((size_t)r * NH + h) * n + j) * hd + d];
 }
 
-/* pg[t, e] = gelu_tanh(pg[t, e]) * ple[t, l P + e]. grid T, block 128. */
+/* pg[t, e] = gelu_tanh(pg[t, e]) * ple[t, l P + e]. grid mc_grid_elems(T, P), block 256. */
 __global__ void g4_ple_gate_kernel(float *__restrict__ pg, const float *__restrict__ ple, int P,
                                    size_t LP, int l) {
     const size_t t = blockIdx.x;
-    for (int e = threadIdx.x; e < P; e += blockDim.x)
-        pg[t * P + e] = __fmul_rn(mc_gelu_tanh(pg[t * P + e]), ple[t * LP + (size_t)l * P + e]);
+    const int e = blockIdx.y * blockDim.x + threadIdx.x;
+    if (e < P) pg[t * P + e] = __fmul_rn(mc_gelu_tanh(pg[t * P + e]), ple[t * LP + (size_t)l * P + e]);
 }
 
 /* logits = tanh(logits / cap) * cap over n floats. */
@@ -528,7 +527,7 @@ extern "C" tqkv_status g4_cuda_forward_queue(model_cuda *g, int n, int as_decode
     if (st) return st;
 
     /* scaled embeddings; per-layer inputs from them */
-    g4_embed_kernel<<<(unsigned)T, 128, 0, s>>>(g->tinfo, g->w->embed, H, sqrtf((float)H), g->x);
+    g4_embed_kernel<<<mc_grid_elems(T, H), 256, 0, s>>>(g->tinfo, g->w->embed, H, sqrtf((float)H), g->x);
     if (P) {
         st = mc_gemm(g, g->x, H, (int)T, X->ple_model_proj, (int)LP, H, NULL, g->ple, LP);
         if (st) return st;
@@ -573,7 +572,7 @@ extern "C" tqkv_status g4_cuda_forward_queue(model_cuda *g, int n, int as_decode
             st = tqkv_cuda_kv_attend_masked(kv, g->qb, n, NH, 1.0f, g->h_lo, g->h_hi, g->ob);
         }
         if (st) break;
-        g4_gather_kernel<<<(unsigned)T, 128, 0, s>>>(g->ob, g->tinfo, NH, n, hd, g->att);
+        g4_gather_kernel<<<mc_grid_elems(T, QD), 256, 0, s>>>(g->ob, g->tinfo, NH, n, hd, g->att);
         st = mc_gemm(g, g->att, QD, (int)T, L->wo, H, QD, NULL, g->tmp, H);
         if (st) break;
         /* x += post_attn_norm(o); xn = pre_ffn_norm(x) */
@@ -609,7 +608,7 @@ extern "C" tqkv_status g4_cuda_forward_queue(model_cuda *g, int n, int as_decode
         // ---- per-layer input block: x += post_ple_norm(W_proj(gelu(W_gate x) * ple[l]))
         st = mc_gemm(g, g->x, H, (int)T, XL->ple_gate, P, H, NULL, g->pg, P);
         if (st) break;
-        g4_ple_gate_kernel<<<(unsigned)T, 128, 0, s>>>(g->pg, g->ple, P, LP, l);
+        g4_ple_gate_kernel<<<mc_grid_elems(T, P), 256, 0, s>>>(g->pg, g->ple, P, LP, l);
         st = mc_gemm(g, g->pg, P, (int)T, XL->ple_proj, H, P, NULL, g->tmp, H);
         if (st) break;
         g4_residual_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, XL->post_ple, eps, H,
