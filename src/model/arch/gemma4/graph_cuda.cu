@@ -279,20 +279,39 @@ __global__ void g4_ple_kernel(float *__restrict__ ple, const int32_t *__restrict
     }
 }
 
+/* The Gemma 4 norms below: block 128, a thread's values i, i + 128, ... loaded G4_U at a time
+ * (mc_load_strided), then used in that order: the loads overlap, every sum keeps its order. */
+constexpr int G4_U = 8;
+
 /* out[t] = w * (x[t] * r) (RMSNorm, the CPU's formula), then times post when post != 1 (the
  * MoE router's input scale, rounded after the norm as graph.c does). grid T, block 128. */
 __global__ void g4_rmsnorm_kernel(const float *__restrict__ x, const float *__restrict__ w,
                                   float eps, int H, float post, float *__restrict__ out) {
+    constexpr int U = G4_U;
     __shared__ double sh[4];
     const size_t t = blockIdx.x;
     const float *xr = x + t * H;
     double s = 0;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) s += (double)xr[i] * xr[i];
+    for (int i0 = threadIdx.x; i0 < H; i0 += U * 128) {
+        float v[U];
+        mc_load_strided<U>(v, xr, i0, 128, H);
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (i0 + 128 * u < H) s += (double)v[u] * v[u];
+    }
     s = mc_block_sum128(s, sh);
     const float r = mc_rms_r(s, H, eps);
-    for (int i = threadIdx.x; i < H; i += blockDim.x) {
-        const float v = __fmul_rn(w[i], __fmul_rn(xr[i], r));
-        out[t * H + i] = post != 1.0f ? __fmul_rn(v, post) : v;
+    for (int i0 = threadIdx.x; i0 < H; i0 += U * 128) {
+        float v[U], g[U];
+        mc_load_strided<U>(v, xr, i0, 128, H);
+        mc_load_strided<U>(g, w, i0, 128, H);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + 128 * u;
+            if (i >= H) break;
+            const float o = __fmul_rn(g[u], __fmul_rn(v[u], r));
+            out[t * H + i] = post != 1.0f ? __fmul_rn(o, post) : o;
+        }
     }
 }
 
@@ -301,21 +320,39 @@ __global__ void g4_rmsnorm_kernel(const float *__restrict__ x, const float *__re
 __global__ void g4_moe_mix_kernel(float *__restrict__ o, const float *__restrict__ h2,
                                   const float *__restrict__ w1, const float *__restrict__ w2,
                                   float eps, int H) {
+    constexpr int U = G4_U;
     __shared__ double sh[4];
     const size_t t = blockIdx.x;
     float *ot = o + t * H;
     const float *ht = h2 + t * H;
     double s1 = 0, s2 = 0;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) {
-        s1 += (double)ot[i] * ot[i];
-        s2 += (double)ht[i] * ht[i];
+    for (int i0 = threadIdx.x; i0 < H; i0 += U * 128) {
+        float a[U], b[U];
+        mc_load_strided<U>(a, ot, i0, 128, H);
+        mc_load_strided<U>(b, ht, i0, 128, H);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (i0 + 128 * u >= H) break;
+            s1 += (double)a[u] * a[u];
+            s2 += (double)b[u] * b[u];
+        }
     }
     s1 = mc_block_sum128(s1, sh);
     s2 = mc_block_sum128(s2, sh);
     const float r1 = mc_rms_r(s1, H, eps), r2 = mc_rms_r(s2, H, eps);
-    for (int i = threadIdx.x; i < H; i += blockDim.x)
-        ot[i] = __fadd_rn(__fmul_rn(w1[i], __fmul_rn(ot[i], r1)),
-                          __fmul_rn(w2[i], __fmul_rn(ht[i], r2)));
+    for (int i0 = threadIdx.x; i0 < H; i0 += U * 128) {
+        float a[U], b[U], g1[U], g2[U];
+        mc_load_strided<U>(a, ot, i0, 128, H);
+        mc_load_strided<U>(b, ht, i0, 128, H);
+        mc_load_strided<U>(g1, w1, i0, 128, H);
+        mc_load_strided<U>(g2, w2, i0, 128, H);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + 128 * u;
+            if (i >= H) break;
+            ot[i] = __fadd_rn(__fmul_rn(g1[u], __fmul_rn(a[u], r1)), __fmul_rn(g2[u], __fmul_rn(b[u], r2)));
+        }
+    }
 }
 
 /* The end of a block: o = rmsnorm(o, wpost); x += o; x *= ls (when ls != 1); then, with
@@ -324,26 +361,51 @@ __global__ void g4_moe_mix_kernel(float *__restrict__ o, const float *__restrict
 __global__ void g4_residual_kernel(float *__restrict__ x, const float *__restrict__ o,
                                    const float *__restrict__ wpost, float eps, int H, float ls,
                                    const float *__restrict__ wnext, float *__restrict__ xn) {
+    constexpr int U = G4_U;
     __shared__ double sh[4];
     const size_t t = blockIdx.x;
     float *xr = x + t * H;
     const float *orow = o + t * H;
     double s = 0;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) s += (double)orow[i] * orow[i];
+    for (int i0 = threadIdx.x; i0 < H; i0 += U * 128) {
+        float a[U];
+        mc_load_strided<U>(a, orow, i0, 128, H);
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (i0 + 128 * u < H) s += (double)a[u] * a[u];
+    }
     s = mc_block_sum128(s, sh);
     const float r = mc_rms_r(s, H, eps);
     double s2 = 0;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) {
-        float v = __fadd_rn(xr[i], __fmul_rn(wpost[i], __fmul_rn(orow[i], r)));
-        if (ls != 1.0f) v = __fmul_rn(v, ls);
-        xr[i] = v;
-        s2 += (double)v * v;
+    for (int i0 = threadIdx.x; i0 < H; i0 += U * 128) {
+        float xv[U], g[U], a[U];
+        mc_load_strided<U>(xv, xr, i0, 128, H);
+        mc_load_strided<U>(g, wpost, i0, 128, H);
+        mc_load_strided<U>(a, orow, i0, 128, H);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + 128 * u;
+            if (i >= H) break;
+            float v = __fadd_rn(xv[u], __fmul_rn(g[u], __fmul_rn(a[u], r)));
+            if (ls != 1.0f) v = __fmul_rn(v, ls);
+            xr[i] = v;
+            s2 += (double)v * v;
+        }
     }
     if (!wnext) return; /* uniform over the block */
     s2 = mc_block_sum128(s2, sh);
     const float r2 = mc_rms_r(s2, H, eps);
-    for (int i = threadIdx.x; i < H; i += blockDim.x)
-        xn[t * H + i] = __fmul_rn(wnext[i], __fmul_rn(xr[i], r2));
+    for (int i0 = threadIdx.x; i0 < H; i0 += U * 128) {
+        float xv[U], g[U];
+        mc_load_strided<U>(xv, xr, i0, 128, H);
+        mc_load_strided<U>(g, wnext, i0, 128, H);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + 128 * u;
+            if (i >= H) break;
+            xn[t * H + i] = __fmul_rn(g[u], __fmul_rn(xv[u], r2));
+        }
+    }
 }
 
 /* One warp per (token, head) of q | k | v at head dim HD (128 or 256; NPL = HD / 32 values
