@@ -40,16 +40,17 @@ constexpr int D = CUDA_DIM;   /* this file's head dim (the split kernel's templa
  * fp16 (bf16 for the dense cache) and stored in the split kernel's qdim<F, 128> order: element
  * 32 c + 2 p + e holds dim kdim(c, p, e), so a lane loads its 16 pairs as four uint4. */
 template <int F>
-__global__ void qprep_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, cuda_codec C,
-                             float mul, int n) {
+__global__ void qprep_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, cw_sbits sb,
+                             float cinv, float mul, int n) {
     __shared__ float s_q[4][D];
     const int wv = threadIdx.x >> 5, v = blockIdx.x * 4 + wv, lane = threadIdx.x & 31;
     if (v >= n) return;
     const float4 in = reinterpret_cast<const float4 *>(q + (size_t)v * D)[lane];
     float x[4] = {in.x, in.y, in.z, in.w};
     if constexpr (F != F_BF16) {
-        const float s[4] = {C.signs[4 * lane], C.signs[4 * lane + 1], C.signs[4 * lane + 2], C.signs[4 * lane + 3]};
-        cw_rotate(x, s, C.inv, lane);
+        float s[4];
+        cw_signs_n<4>(sb, lane, s);   /* K's signs (bits: no per-lane parameter reads) */
+        cw_rotate(x, s, cinv, lane);
     }
 #pragma unroll
     for (int k = 0; k < 4; k++) s_q[wv][4 * lane + k] = x[k];
@@ -266,9 +267,10 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
     const int nvi = (int)nv;
     const float mul = scale * LOG2E;
     const unsigned qgrid = (unsigned)((nvi + 3) / 4);
-    if (fmt == F_TQ4) qprep_kernel<F_TQ4><<<qgrid, 128, 0, kv->stream>>>(q, qp, kv->kc, mul, nvi);
-    else if (fmt == F_TQ3) qprep_kernel<F_TQ3><<<qgrid, 128, 0, kv->stream>>>(q, qp, kv->kc, mul, nvi);
-    else qprep_kernel<F_BF16><<<qgrid, 128, 0, kv->stream>>>(q, qp, kv->kc, mul, nvi);
+    const cw_sbits ksb = cw_sbits_of(kv->kc.signs, D);
+    if (fmt == F_TQ4) qprep_kernel<F_TQ4><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
+    else if (fmt == F_TQ3) qprep_kernel<F_TQ3><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
+    else qprep_kernel<F_BF16><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
     const Params<D> P = split_params<D>(kv, kv->kc, kv->vc, qp, po, pml, q_heads, nsmax);
     /* persistent: the resident CTAs, at most one per possible work item (a CTA's groups
      * take items gridDim.x apart, so the first items land on different SMs) */
