@@ -139,26 +139,29 @@ __global__ void qkv_post_kernel(const float *__restrict__ qkv, int QS, int qs, i
     if (gw >= (size_t)T * HT) return;
     const size_t t = gw / HT;
     const int h = (int)(gw % HT);
+    const int row = tinfo[t * 3 + 1], j = tinfo[t * 3 + 2]; /* (loaded first: no wait at the end) */
     const float *src = qkv + t * (size_t)QS + (h < NH ? (size_t)h * qs : (size_t)NH * qs + (size_t)(h - NH) * 128);
     float v[4] = {src[lane], src[lane + 32], src[lane + 64], src[lane + 96]};
     const int kind = h < NH ? 0 : h < NH + NKV ? 1 : 2; /* q, k, v */
     if (kind < 2) {
         const float *nw = kind == 0 ? qn : kn;
+        float g[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) g[i] = nw ? nw[lane + 32 * i] : 0.0f;
         if (nw) {
             double s = (double)v[0] * v[0] + (double)v[1] * v[1] + (double)v[2] * v[2] +
                        (double)v[3] * v[3];
             for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
             const float r = mc_rms_r(s, 128, eps);
 #pragma unroll
-            for (int i = 0; i < 4; i++) v[i] = nw[lane + 32 * i] * (v[i] * r);
+            for (int i = 0; i < 4; i++) v[i] = g[i] * (v[i] * r);
         }
         mc_warp_rope<4>(v, sv[threadIdx.x >> 5], rope + t * 128, half);
     }
-    const int r = tinfo[t * 3 + 1], j = tinfo[t * 3 + 2];
     float *dst;
-    if (kind == 0) dst = qb + (((size_t)r * NH + h) * n + j) * 128;
-    else if (kind == 1) dst = kb + (((size_t)r * NKV + (h - NH)) * n + j) * 128;
-    else dst = vb + (((size_t)r * NKV + (h - NH - NKV)) * n + j) * 128;
+    if (kind == 0) dst = qb + (((size_t)row * NH + h) * n + j) * 128;
+    else if (kind == 1) dst = kb + (((size_t)row * NKV + (h - NH)) * n + j) * 128;
+    else dst = vb + (((size_t)row * NKV + (h - NH - NKV)) * n + j) * 128;
 #pragma unroll
     for (int i = 0; i < 4; i++) dst[lane + 32 * i] = v[i];
 }

@@ -435,21 +435,22 @@ __global__ void g4_qkv_kernel(const float *__restrict__ qkv, int QS, int T, int 
     const float *src =
         qkv + t * (size_t)QS +
         (kind == 0 ? (size_t)hh * HD : QD + (kind == 2 && !v_from_k ? KD : 0) + (size_t)hh * HD);
-    float v[NPL];
-    double s = 0;
+    const int row = tinfo[t * 3 + 1], j = tinfo[t * 3 + 2]; /* (loaded first: no wait at the end) */
+    const float *nw = kind == 0 ? qn : kind == 1 ? kn : NULL;
+    float v[NPL], g[NPL];
 #pragma unroll
     for (int i = 0; i < NPL; i++) {
         v[i] = src[lane + 32 * i];
-        s += (double)v[i] * v[i];
+        g[i] = nw ? nw[lane + 32 * i] : 0.0f;
     }
+    double s = 0;
+#pragma unroll
+    for (int i = 0; i < NPL; i++) s += (double)v[i] * v[i];
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     const float r = mc_rms_r(s, HD, eps);
-    const float *nw = kind == 0 ? qn : kind == 1 ? kn : NULL;
 #pragma unroll
-    for (int i = 0; i < NPL; i++)
-        v[i] = nw ? __fmul_rn(nw[lane + 32 * i], __fmul_rn(v[i], r)) : __fmul_rn(v[i], r);
+    for (int i = 0; i < NPL; i++) v[i] = nw ? __fmul_rn(g[i], __fmul_rn(v[i], r)) : __fmul_rn(v[i], r);
     if (kind < 2) mc_warp_rope<NPL>(v, sv[threadIdx.x >> 5], rope + t * (size_t)RW, HALF); /* RoPE */
-    const int row = tinfo[t * 3 + 1], j = tinfo[t * 3 + 2];
     float *dst = kind == 0 ? qb + (((size_t)row * NH + hh) * n + j) * HD
                            : (kind == 1 ? kb : vb) + (((size_t)row * nkv + hh) * n + j) * HD;
 #pragma unroll
