@@ -511,22 +511,28 @@ static void swiglu_queue(const float *gu, int I, float *h, size_t T, uint16_t *x
     swiglu_kernel<<<mc_grid_elems(T, (size_t)I), 256, 0, s>>>(gu, I, h, xf, parts);
 }
 
-void mc_swiglu_queue(const float *gu, int I, float *h, size_t T, cudaStream_t s) {
-    swiglu_queue(gu, I, h, T, NULL, 1, s);
+void mc_swiglu_queue(const float *gu, int I, float *h, size_t T, uint16_t *xf, int parts,
+                     cudaStream_t s) {
+    swiglu_queue(gu, I, h, T, xf, parts, s);
 }
 
-/* h = gelu_tanh(g) * u, gu [T, 2I] = gate | up. grid (T, ceil(I / 256)), block 256. */
-__global__ void geglu_kernel(const float *__restrict__ gu, int I, float *__restrict__ h) {
+/* h = gelu_tanh(g) * u, gu [T, 2I] = gate | up; with xf also h's GEMM split. grid (T,
+ * ceil(I / 256)), block 256. */
+__global__ void geglu_kernel(const float *__restrict__ gu, int I, float *__restrict__ h,
+                             uint16_t *__restrict__ xf, int parts) {
     const size_t t = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= I) return;
-    h[t * I + i] = __fmul_rn(mc_gelu_tanh(gu[t * 2 * I + i]), gu[t * 2 * I + I + i]);
+    const float o = __fmul_rn(mc_gelu_tanh(gu[t * 2 * I + i]), gu[t * 2 * I + I + i]);
+    h[t * I + i] = o;
+    if (xf) mc_split_store(xf, (size_t)gridDim.x * I, t * I + i, o, parts);
 }
 
-/* h [T, I] = GeGLU (GELU-tanh) of gu [T, 2I] (gate | up), on stream s. */
-void mc_geglu_queue(const float *gu, int I, float *h, size_t T, cudaStream_t s) {
+/* h [T, I] = GeGLU (GELU-tanh) of gu [T, 2I] (gate | up), on stream s (xf: h's split too). */
+void mc_geglu_queue(const float *gu, int I, float *h, size_t T, uint16_t *xf, int parts,
+                    cudaStream_t s) {
     if (T == 0) return;
-    geglu_kernel<<<dim3((unsigned)T, (unsigned)((I + 255) / 256)), 256, 0, s>>>(gu, I, h);
+    geglu_kernel<<<dim3((unsigned)T, (unsigned)((I + 255) / 256)), 256, 0, s>>>(gu, I, h, xf, parts);
 }
 
 /* Layer l's dense MLP: tmp [T, H] = down(SwiGLU(gate|up xn [T, H])), through gu / hh. */

@@ -406,12 +406,16 @@ __global__ void moe_place_kernel(const int32_t *__restrict__ sel, int P, int K, 
     back[0] = used, back[1] = most;
 }
 
-/* xg[p] = xn[tok[p]], rows of H. grid mc_grid_elems(P, H), block 256. */
+/* xg[p] = xn[tok[p]], rows of H; with xf also xg's GEMM split [parts, P, H] (mc_split_store).
+ * grid mc_grid_elems(P, H), block 256. */
 __global__ void moe_gather_kernel(const float *__restrict__ xn, const int32_t *__restrict__ tok,
-                                  int H, float *__restrict__ xg) {
+                                  int H, float *__restrict__ xg, uint16_t *__restrict__ xf, int parts) {
     const size_t p = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
-    if (i < H) xg[p * H + i] = xn[(size_t)tok[p] * H + i];
+    if (i >= H) return;
+    const float v = xn[(size_t)tok[p] * H + i];
+    xg[p * H + i] = v;
+    if (xf) mc_split_store(xf, (size_t)gridDim.x * H, p * H + i, v, parts);
 }
 
 /* out[t, i] = sum over k < K (the token's pairs, ascending expert) of round(w y[pair, i]),
@@ -454,9 +458,14 @@ typedef struct {
 
 /* y [P, N] (rows of expert e at its group's rows) = x [P, K] . w_e^T, w_e = w + e N K: one
  * grouped launch over r's groups, or one tqkv_cuda_gemm per expert with tokens (grouped
- * off, or cuBLAS: r->count read back). */
-static tqkv_status experts_gemm(model_cuda *g, mc_moe_state *x, const moe_routing *r,
+ * off, or cuBLAS: r->count read back). pre: the kernel before wrote in's split into x->xf
+ * (grouped only: experts_presplit). */
+static tqkv_status experts_gemm(model_cuda *g, mc_moe_state *x, const moe_routing *r, int pre,
                                 const float *in, int K, const bf16 *w, int N, float *y) {
+    if (!r->count && pre)
+        return tqkv_cuda_gemm_grouped_presplit(r->P, (const uint16_t *)w, (size_t)N * K, N, K, y, N,
+                                               x->idx, r->G, r->most, x->xf, g->gemm_parts,
+                                               g->stream);
     if (!r->count)
         return tqkv_cuda_gemm_grouped(in, K, r->P, (const uint16_t *)w, (size_t)N * K, N, K, y, N,
                                       x->idx, r->G, r->most, x->xf, g->gemm_parts, g->stream);
@@ -469,10 +478,11 @@ static tqkv_status experts_gemm(model_cuda *g, mc_moe_state *x, const moe_routin
     return st;
 }
 
-/* h [n, W] = act(gate) * up of gu [n, 2W] on g's stream. */
-static void act_queue(model_cuda *g, moe_act act, const float *gu, int W, float *h, size_t n) {
-    if (act == MOE_ACT_SILU) mc_swiglu_queue(gu, W, h, n, g->stream);
-    else mc_geglu_queue(gu, W, h, n, g->stream);
+/* h [n, W] = act(gate) * up of gu [n, 2W] on g's stream; with xf also h's GEMM split. */
+static void act_queue(model_cuda *g, moe_act act, const float *gu, int W, float *h, size_t n,
+                      uint16_t *xf) {
+    if (act == MOE_ACT_SILU) mc_swiglu_queue(gu, W, h, n, xf, g->gemm_parts, g->stream);
+    else mc_geglu_queue(gu, W, h, n, xf, g->gemm_parts, g->stream);
 }
 
 /* The shared expert of xn [T, H] into x->sy, its gate logits into x->sg. */
@@ -480,7 +490,7 @@ static tqkv_status shared_queue(model_cuda *g, const mc_moe_layer *D, const moe_
                                 mc_moe_state *x, const float *xn, int T) {
     const int H = sh->hidden, S = sh->shared_inter;
     tqkv_status st = mc_gemm(g, xn, H, T, D->sh_wgu, 2 * S, H, NULL, x->gu, 2 * (size_t)S);
-    if (!st) act_queue(g, sh->act, x->gu, S, x->h, (size_t)T);
+    if (!st) act_queue(g, sh->act, x->gu, S, x->h, (size_t)T, NULL);
     if (!st) st = mc_gemm(g, x->h, S, T, D->sh_wd, H, S, NULL, x->sy, H);
     if (!st)
         moe_router_kernel<<<(unsigned)((T + 3) / 4), 128, 0, g->stream>>>(xn, D->sh_gate, T, 1, H,
@@ -542,11 +552,17 @@ extern "C" tqkv_status mc_moe_queue(model_cuda *g, const mc_moe_layer *D, const 
     moe_routing r;
     tqkv_status st = route_queue(g, D, sh, x, xr, T, &r);
     const int32_t *tok = x->idx + IDX_TOK(E), *pair = x->idx + IDX_PAIR(E, P);
-    if (!st) moe_gather_kernel<<<mc_grid_elems(P, (size_t)H), 256, 0, s>>>(xn, tok, H, x->xg);
+    /* the grouped GEMMs' activation splits written by the gather and the activation (into
+     * x->xf, read by the GEMM right after each; TQKV_GEMM_PRESPLIT=0: the split launches) */
+    const int pre = !st && !r.count && g->presplit && !g->cublas;
+    uint16_t *xf = pre ? (uint16_t *)x->xf : NULL;
+    if (!st)
+        moe_gather_kernel<<<mc_grid_elems(P, (size_t)H), 256, 0, s>>>(xn, tok, H, x->xg, xf,
+                                                                      g->gemm_parts);
     // ---- experts over their gathered rows: gate|up, activation, down
-    if (!st) st = experts_gemm(g, x, &r, x->xg, H, D->wgu, 2 * I, x->gu);
-    if (!st) act_queue(g, sh->act, x->gu, I, x->h, P);
-    if (!st) st = experts_gemm(g, x, &r, x->h, I, D->wd, H, x->y);
+    if (!st) st = experts_gemm(g, x, &r, pre, x->xg, H, D->wgu, 2 * I, x->gu);
+    if (!st) act_queue(g, sh->act, x->gu, I, x->h, P, xf);
+    if (!st) st = experts_gemm(g, x, &r, pre, x->h, I, D->wd, H, x->y);
     // ---- the shared expert, then combine: out [T, H], each token's experts in ascending order
     const int shared = sh->shared_inter > 0;
     if (!st && shared) st = shared_queue(g, D, sh, x, xn, T);

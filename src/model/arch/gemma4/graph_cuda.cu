@@ -654,7 +654,7 @@ extern "C" tqkv_status g4_cuda_forward_queue(model_cuda *g, int n, int as_decode
         // ---- MLP block (GeGLU); with the MoE block f = post_1(f) + post_2(h2)
         st = mc_gemm(g, g->xn, H, (int)T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I);
         if (st) break;
-        mc_geglu_queue(g->gu, I, g->hh, T, s);
+        mc_geglu_queue(g->gu, I, g->hh, T, NULL, 1, s);
         st = mc_gemm(g, g->hh, I, (int)T, L->wd, H, I, NULL, g->tmp, H);
         if (st) break;
         if (XL->moe)
