@@ -452,8 +452,8 @@ tqkv_status mc_gemm(model_cuda *g, const float *x, size_t ldx, int T, const bf16
 
 /* mc_gemm on x whose split the kernel before wrote into g->xf (the split it passes
  * mc_split_xf(g)): no split launch. With --fast-gemm (cuBLAS) x itself is read. */
-static tqkv_status mc_gemm_pre(model_cuda *g, const float *x, size_t ldx, int T, const bf16 *w,
-                               int N, int K, const float *bias, float *y, size_t ldy) {
+tqkv_status mc_gemm_pre(model_cuda *g, const float *x, size_t ldx, int T, const bf16 *w,
+                        int N, int K, const float *bias, float *y, size_t ldy) {
     if (g->cublas || !g->presplit) return mc_gemm(g, x, ldx, T, w, N, K, bias, y, ldy);
     return tqkv_cuda_gemm_presplit(T, (const uint16_t *)w, N, K, bias, y, ldy, g->xf,
                                    g->gemm_parts, g->stream);
@@ -461,7 +461,7 @@ static tqkv_status mc_gemm_pre(model_cuda *g, const float *x, size_t ldx, int T,
 
 /* Where a kernel before a GEMM writes that GEMM's split (NULL with cuBLAS, which splits
  * itself, or with presplit off). */
-static uint16_t *mc_split_xf(const model_cuda *g) {
+uint16_t *mc_split_xf(const model_cuda *g) {
     return g->cublas || !g->presplit ? NULL : (uint16_t *)g->xf;
 }
 

@@ -284,9 +284,11 @@ __global__ void g4_ple_kernel(float *__restrict__ ple, const int32_t *__restrict
 constexpr int G4_U = 8;
 
 /* out[t] = w * (x[t] * r) (RMSNorm, the CPU's formula), then times post when post != 1 (the
- * MoE router's input scale, rounded after the norm as graph.c does). grid T, block 128. */
+ * MoE router's input scale, rounded after the norm as graph.c does); with xf also out's GEMM
+ * split (mc_split_store, `parts`). grid T, block 128. */
 __global__ void g4_rmsnorm_kernel(const float *__restrict__ x, const float *__restrict__ w,
-                                  float eps, int H, float post, float *__restrict__ out) {
+                                  float eps, int H, float post, float *__restrict__ out,
+                                  uint16_t *__restrict__ xf, int parts) {
     constexpr int U = G4_U;
     __shared__ double sh[4];
     const size_t t = blockIdx.x;
@@ -309,8 +311,10 @@ __global__ void g4_rmsnorm_kernel(const float *__restrict__ x, const float *__re
         for (int u = 0; u < U; u++) {
             const int i = i0 + 128 * u;
             if (i >= H) break;
-            const float o = __fmul_rn(g[u], __fmul_rn(v[u], r));
-            out[t * H + i] = post != 1.0f ? __fmul_rn(o, post) : o;
+            float o = __fmul_rn(g[u], __fmul_rn(v[u], r));
+            if (post != 1.0f) o = __fmul_rn(o, post);
+            out[t * H + i] = o;
+            if (xf) mc_split_store(xf, (size_t)gridDim.x * H, t * H + i, o, parts);
         }
     }
 }
@@ -356,11 +360,12 @@ __global__ void g4_moe_mix_kernel(float *__restrict__ o, const float *__restrict
 }
 
 /* The end of a block: o = rmsnorm(o, wpost); x += o; x *= ls (when ls != 1); then, with
- * wnext, xn = rmsnorm(x, wnext) (the next block's input). x, o, xn [T, H]. grid T, block
- * 128 (a thread reads back only the elements of x it wrote). */
+ * wnext, xn = rmsnorm(x, wnext) (the next block's input), and with xf also xn's GEMM split.
+ * x, o, xn [T, H]. grid T, block 128 (a thread reads back only the elements of x it wrote). */
 __global__ void g4_residual_kernel(float *__restrict__ x, const float *__restrict__ o,
                                    const float *__restrict__ wpost, float eps, int H, float ls,
-                                   const float *__restrict__ wnext, float *__restrict__ xn) {
+                                   const float *__restrict__ wnext, float *__restrict__ xn,
+                                   uint16_t *__restrict__ xf, int parts) {
     constexpr int U = G4_U;
     __shared__ double sh[4];
     const size_t t = blockIdx.x;
@@ -403,7 +408,9 @@ __global__ void g4_residual_kernel(float *__restrict__ x, const float *__restric
         for (int u = 0; u < U; u++) {
             const int i = i0 + 128 * u;
             if (i >= H) break;
-            xn[t * H + i] = __fmul_rn(g[u], __fmul_rn(xv[u], r2));
+            const float y = __fmul_rn(g[u], __fmul_rn(xv[u], r2));
+            xn[t * H + i] = y;
+            if (xf) mc_split_store(xf, (size_t)gridDim.x * H, t * H + i, y, parts);
         }
     }
 }
@@ -457,23 +464,31 @@ __global__ void g4_qkv_kernel(const float *__restrict__ qkv, int QS, int T, int 
     for (int i = 0; i < NPL; i++) dst[lane + 32 * i] = v[i];
 }
 
-/* att[t, h hd + d] = ob[((row NH + h) n + col) hd + d]. grid mc_grid_elems(T, NH hd), block 256. */
+/* att[t, h hd + d] = ob[((row NH + h) n + col) hd + d]; with xf also att's GEMM split.
+ * grid mc_grid_elems(T, NH hd), block 256. */
 __global__ void g4_gather_kernel(const float *__restrict__ ob, const int32_t *__restrict__ tinfo,
-                                 int NH, int n, int hd, float *__restrict__ att) {
+                                 int NH, int n, int hd, float *__restrict__ att,
+                                 uint16_t *__restrict__ xf, int parts) {
     const size_t t = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x, QD = NH * hd;
     if (i >= QD) return;
     const int r = tinfo[t * 3 + 1], j = tinfo[t * 3 + 2];
     const int h = i / hd, d = i - h * hd;
-    att[t * QD + i] = ob[(((size_t)r * NH + h) * n + j) * hd + d];
+    const float v = ob[(((size_t)r * NH + h) * n + j) * hd + d];
+    att[t * QD + i] = v;
+    if (xf) mc_split_store(xf, (size_t)gridDim.x * QD, t * QD + i, v, parts);
 }
 
-/* pg[t, e] = gelu_tanh(pg[t, e]) * ple[t, l P + e]. grid mc_grid_elems(T, P), block 256. */
+/* pg[t, e] = gelu_tanh(pg[t, e]) * ple[t, l P + e]; with xf also pg's GEMM split. grid
+ * mc_grid_elems(T, P), block 256. */
 __global__ void g4_ple_gate_kernel(float *__restrict__ pg, const float *__restrict__ ple, int P,
-                                   size_t LP, int l) {
+                                   size_t LP, int l, uint16_t *__restrict__ xf, int parts) {
     const size_t t = blockIdx.x;
     const int e = blockIdx.y * blockDim.x + threadIdx.x;
-    if (e < P) pg[t * P + e] = __fmul_rn(mc_gelu_tanh(pg[t * P + e]), ple[t * LP + (size_t)l * P + e]);
+    if (e >= P) return;
+    const float v = __fmul_rn(mc_gelu_tanh(pg[t * P + e]), ple[t * LP + (size_t)l * P + e]);
+    pg[t * P + e] = v;
+    if (xf) mc_split_store(xf, (size_t)gridDim.x * P, t * P + e, v, parts);
 }
 
 /* logits = tanh(logits / cap) * cap over n floats. */
@@ -599,8 +614,12 @@ extern "C" tqkv_status g4_cuda_forward_queue(model_cuda *g, int n, int as_decode
             g->ple, g->tinfo, (int)T, NL, P, X->embed_ple, X->ple_norm, eps, 1.0f / sqrtf((float)H),
             sqrtf((float)P), 1.0f / sqrtf(2.0f));
     }
+    /* the kernels before a GEMM write its activation split where mc_split_xf says (none
+     * with cuBLAS or TQKV_GEMM_PRESPLIT=0); mc_gemm_pre then skips the split launch */
+    uint16_t *const xf = mc_split_xf(g);
+    const int parts = g->gemm_parts;
     g4_rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->w->layers[0].attn_norm, eps, H, 1.0f,
-                                                  g->xn);
+                                                  g->xn, xf, parts);
     for (int l = 0; l < NL && !st; l++) {
         const mc_layer *L = &g->w->layers[l];
         const g4_cuda_layer *XL = &X->layers[l];
@@ -610,7 +629,7 @@ extern "C" tqkv_status g4_cuda_forward_queue(model_cuda *g, int n, int as_decode
         const float *rope = g->rope + (ty ? 2 * G->half[0] : 0);
         cuda_kv *kv = g->kv[gc->donor[l]]; /* a KV-shared layer: the donor's, appended earlier */
         // ---- attention block
-        st = mc_gemm(g, g->xn, H, (int)T, L->wqkv, QS, H, NULL, g->qkv, QS);
+        st = mc_gemm_pre(g, g->xn, H, (int)T, L->wqkv, QS, H, NULL, g->qkv, QS); /* split: the norm before */
         if (!st) st = qkv_launch(g, hd, QS, (int)T, NH, own ? NKV : 0, n, keqv, L, eps, rope, RW);
         if (!st && own) {
             st = tqkv_cuda_kv_append(kv, g->kb, g->vb, n);
@@ -635,47 +654,52 @@ extern "C" tqkv_status g4_cuda_forward_queue(model_cuda *g, int n, int as_decode
             st = tqkv_cuda_kv_attend_masked(kv, g->qb, n, NH, 1.0f, g->h_lo, g->h_hi, g->ob);
         }
         if (st) break;
-        g4_gather_kernel<<<mc_grid_elems(T, QD), 256, 0, s>>>(g->ob, g->tinfo, NH, n, hd, g->att);
-        st = mc_gemm(g, g->att, QD, (int)T, L->wo, H, QD, NULL, g->tmp, H);
+        g4_gather_kernel<<<mc_grid_elems(T, QD), 256, 0, s>>>(g->ob, g->tinfo, NH, n, hd, g->att, xf, parts);
+        st = mc_gemm_pre(g, g->att, QD, (int)T, L->wo, H, QD, NULL, g->tmp, H);
         if (st) break;
-        /* x += post_attn_norm(o); xn = pre_ffn_norm(x) */
+        /* x += post_attn_norm(o); xn = pre_ffn_norm(x), its split for the MLP's first GEMM
+         * unless the MoE block runs between (its GEMMs may use g->xf) */
+        uint16_t *const xf_mlp = XL->moe ? NULL : xf;
         g4_residual_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, XL->post_attn, eps, H, 1.0f,
-                                                       L->ffn_norm, g->xn);
+                                                       L->ffn_norm, g->xn, xf_mlp, parts);
         // ---- MoE block beside the MLP: h2 = experts(x2) routed on xr
         g4_cuda_state *GS = g4s(g);
         if (XL->moe) {
             /* xr = rmsnorm(x) * router.scale * H^-1/2, x2 = rmsnorm_pre_ffn_2(x) */
             g4_rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, XL->router_scale, eps, H,
-                                                          1.0f / sqrtf((float)H), GS->xr);
-            g4_rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, XL->pre_ffn_2, eps, H, 1.0f, GS->x2);
+                                                          1.0f / sqrtf((float)H), GS->xr, NULL, 1);
+            g4_rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, XL->pre_ffn_2, eps, H, 1.0f, GS->x2,
+                                                          NULL, 1);
             st = mc_moe_queue(g, XL->moe, &msh, GS->moe, GS->xr, GS->x2, GS->h2, (int)T);
             if (st) break;
         }
         // ---- MLP block (GeGLU); with the MoE block f = post_1(f) + post_2(h2)
-        st = mc_gemm(g, g->xn, H, (int)T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I);
+        st = xf_mlp ? mc_gemm_pre(g, g->xn, H, (int)T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I)
+                    : mc_gemm(g, g->xn, H, (int)T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I);
         if (st) break;
-        mc_geglu_queue(g->gu, I, g->hh, T, NULL, 1, s);
-        st = mc_gemm(g, g->hh, I, (int)T, L->wd, H, I, NULL, g->tmp, H);
+        mc_geglu_queue(g->gu, I, g->hh, T, xf, parts, s);
+        st = mc_gemm_pre(g, g->hh, I, (int)T, L->wd, H, I, NULL, g->tmp, H);
         if (st) break;
         if (XL->moe)
             g4_moe_mix_kernel<<<(unsigned)T, 128, 0, s>>>(g->tmp, GS->h2, XL->post_ffn_1,
                                                           XL->post_ffn_2, eps, H);
         const float *nw = l + 1 < NL ? g->w->layers[l + 1].attn_norm : g->w->final_norm;
+        uint16_t *const xf_next = l + 1 < NL ? xf : NULL; /* the next qkv GEMM's (the lm_head splits) */
         if (!P) { /* x += post_ffn_norm(f); x *= layer_scalar; xn = the next block's norm */
             g4_residual_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, XL->post_ffn, eps, H,
-                                                           XL->layer_scalar, nw, g->xn);
+                                                           XL->layer_scalar, nw, g->xn, xf_next, parts);
             continue;
         }
         g4_residual_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, XL->post_ffn, eps, H, 1.0f,
-                                                       NULL, NULL);
+                                                       NULL, NULL, NULL, 1);
         // ---- per-layer input block: x += post_ple_norm(W_proj(gelu(W_gate x) * ple[l]))
         st = mc_gemm(g, g->x, H, (int)T, XL->ple_gate, P, H, NULL, g->pg, P);
         if (st) break;
-        g4_ple_gate_kernel<<<mc_grid_elems(T, P), 256, 0, s>>>(g->pg, g->ple, P, LP, l);
-        st = mc_gemm(g, g->pg, P, (int)T, XL->ple_proj, H, P, NULL, g->tmp, H);
+        g4_ple_gate_kernel<<<mc_grid_elems(T, P), 256, 0, s>>>(g->pg, g->ple, P, LP, l, xf, parts);
+        st = mc_gemm_pre(g, g->pg, P, (int)T, XL->ple_proj, H, P, NULL, g->tmp, H);
         if (st) break;
         g4_residual_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, XL->post_ple, eps, H,
-                                                       XL->layer_scalar, nw, g->xn);
+                                                       XL->layer_scalar, nw, g->xn, xf_next, parts);
     }
     if (!st) st = mc_ck(cudaGetLastError(), "forward kernels");
     if (st || mode == TQKV_LOGITS_NONE) return st;
