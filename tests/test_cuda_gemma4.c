@@ -250,6 +250,70 @@ static void test_invariance_f32(void **st) {
 }
 
 // ---------------------------------------------------------------------------
+// The kernels' own GEMM splits == the split launches, bitwise
+// ---------------------------------------------------------------------------
+
+/* The activation splits that Gemma 4's norms, residuals, gather, GeGLU and per-layer gate
+ * write (mc_split_store, read by mc_gemm_pre) are the split kernel's: logits with them
+ * (default) equal those with TQKV_GEMM_PRESPLIT=0 (a split launch before every GEMM) bit for
+ * bit, with bf16 activations and with hi + lo, prefill and decode, on both fixtures. */
+static int g_bf16_saved = -1;
+static tqkv_model *g_bf16_model;
+static int presplit_teardown(void **st) { /* also after a failure */
+    (void)st;
+    unsetenv("TQKV_GEMM_PRESPLIT");
+    if (g_bf16_saved >= 0) g_bf16_model->bf16_act = g_bf16_saved;
+    g_bf16_saved = -1;
+    g_m = g_model;
+    return 0;
+}
+
+static void presplit_case(tqkv_model *m) {
+    enum { R = 2, N = 37, STEPS = 3 };
+    const int V = g_V;
+    g_m = g_bf16_model = m;
+    g_bf16_saved = m->bf16_act;
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x5b1 ^ (uint64_t)(m == g_keqv));
+    int32_t tok[R * N], step[STEPS][R];
+    random_tokens(&r, tok, (size_t)R * N);
+    random_tokens(&r, &step[0][0], (size_t)STEPS * R);
+    const size_t per = (size_t)R * (N + STEPS) * V;
+    float *lg[2] = {malloc(sizeof(float) * per), malloc(sizeof(float) * per)};
+    for (int parts = 1; parts <= 2; parts++) {
+        m->bf16_act = parts == 1;
+        for (int pre = 0; pre < 2; pre++) {
+            if (pre) unsetenv("TQKV_GEMM_PRESPLIT");
+            else setenv("TQKV_GEMM_PRESPLIT", "0", 1);
+            tqkv_model_state *s = new_state(R, TQKV_TQ4, 1);
+            float *l = lg[pre];
+            OK(tqkv_model_prefill(m, s, tok, NULL, N, TQKV_LOGITS_ALL, l));
+            for (int t = 0; t < STEPS; t++)
+                OK(tqkv_model_decode(m, s, step[t], l + (size_t)R * (N + t) * V));
+            tqkv_model_state_free(s);
+        }
+        for (size_t i = 0; i < per; i++)
+            if (memcmp(&lg[0][i], &lg[1][i], sizeof(float)))
+                fail_msg("%s parts %d: logit %zu with the kernels' splits %.9g, with the split "
+                         "launches %.9g", m == g_keqv ? "k_eq_v" : "fixture", parts, i,
+                         (double)lg[1][i], (double)lg[0][i]);
+    }
+    assert_true(memcmp(lg[0], lg[0] + V, sizeof(float) * (size_t)V) != 0); /* rows differ */
+    printf("%s: presplit logits == split launches', bitwise, parts 1 and 2\n",
+           m == g_keqv ? "k_eq_v + softcap" : "fixture");
+    m->bf16_act = g_bf16_saved;
+    g_bf16_saved = -1;
+    free(lg[0]);
+    free(lg[1]);
+}
+
+static void test_presplit(void **st) {
+    (void)st;
+    presplit_case(g_model);
+    presplit_case(g_keqv);
+}
+
+// ---------------------------------------------------------------------------
 // Spec rounds across the sliding bound
 // ---------------------------------------------------------------------------
 
@@ -785,6 +849,7 @@ int main(void) {
         cmocka_unit_test(test_graphs_tq4),     cmocka_unit_test(test_graphs_tq3_q8),
         cmocka_unit_test(test_graphs_f32),     cmocka_unit_test(test_graphs_keqv),
         cmocka_unit_test(test_graphs_short),   cmocka_unit_test(test_errors),
+        cmocka_unit_test_teardown(test_presplit, presplit_teardown),
     };
     const char *only = getenv("TQKV_TEST_FILTER"); /* e.g. 'test_spec_rounds*' under memcheck */
     if (only) cmocka_set_test_filter(only);

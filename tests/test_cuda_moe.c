@@ -563,6 +563,54 @@ static void grouped(int ck, tqkv_format f) {
     free(l[1]);
 }
 
+/* The routing in the router kernel's last block (decode sizes, the default) == the route and
+ * place launches (mc_moe_set_fused(0)): logits bit for bit, prefill (fused too while R N K <=
+ * MOE_FUSED_P) and decode (any difference in the groups, tokens, pairs or weights would move
+ * a token's expert outputs). */
+static void fused_routing(int ck, tqkv_format f) {
+    enum { R = 3, N = 9, STEPS = 4 };
+    const int V = TWIN_V;
+    g_model = g_models[ck];
+    test_rng r;
+    rng_init(&r, g_seed ^ 0xf05 ^ (uint64_t)ck << 16 ^ (uint64_t)f);
+    int32_t tok[R * N], step[STEPS][R];
+    random_tokens(&r, tok, (size_t)R * N);
+    random_tokens(&r, &step[0][0], (size_t)STEPS * R);
+    const size_t per = (size_t)R * N * V + (size_t)STEPS * R * V;
+    float *l[2];
+    for (int fi = 0; fi < 2; fi++) {
+        mc_moe_set_fused(1 - fi);
+        l[fi] = malloc(sizeof(float) * per);
+        tqkv_model_state *sg = new_state(R, f, 1);
+        OK(tqkv_model_prefill(g_model, sg, tok, NULL, N, TQKV_LOGITS_ALL, l[fi]));
+        for (int t = 0; t < STEPS; t++)
+            OK(tqkv_model_decode(g_model, sg, step[t], l[fi] + (size_t)R * N * V + (size_t)t * R * V));
+        tqkv_model_state_free(sg);
+    }
+    mc_moe_set_fused(1);
+    for (size_t i = 0; i < per; i++)
+        if (memcmp(&l[0][i], &l[1][i], sizeof(float)))
+            fail_msg("%s %s: routing in the router's last block vs its own launches: logit %zu (%s) "
+                     "%.9g vs %.9g", CK_NAME[ck], tqkv_format_name(f), i % V,
+                     i < (size_t)R * N * V ? "prefill" : "decode", (double)l[0][i], (double)l[1][i]);
+    printf("%s %s: fused routing == route + place launches, bitwise (prefill %d x %d, decode %d)\n",
+           CK_NAME[ck], tqkv_format_name(f), R, N, STEPS);
+    free(l[0]);
+    free(l[1]);
+}
+
+static int fused_teardown(void **st) { /* also after a failure */
+    (void)st;
+    mc_moe_set_fused(1);
+    return 0;
+}
+
+static void test_fused_routing(void **st) {
+    (void)st;
+    const int cks[] = {CK_A, CK_B, CK_Q35, CK_G4};
+    for (int i = 0; i < 4; i++) fused_routing(cks[i], i % 2 ? TQKV_F32 : TQKV_TQ4);
+}
+
 /* tqkv_cuda_gemm_grouped alone: 4 groups of 1, 70, 129 and 100 rows of a split of 300 rows,
  * each with its own matrix of 5, under every tile shape and both activation precisions,
  * bitwise equal to one tqkv_cuda_gemm per group on the same rows and matrix. */
@@ -952,6 +1000,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_grouped),
         cmocka_unit_test(test_grouped),
+        cmocka_unit_test_teardown(test_fused_routing, fused_teardown),
         cmocka_unit_test(test_parity_a_f32),
         cmocka_unit_test(test_parity_a_tq4),
         cmocka_unit_test(test_parity_b_f32),

@@ -40,16 +40,17 @@ constexpr int D = CUDA_DIM;   /* this file's head dim (the split kernel's templa
  * fp16 (bf16 for the dense cache) and stored in the split kernel's qdim<F, 128> order: element
  * 32 c + 2 p + e holds dim kdim(c, p, e), so a lane loads its 16 pairs as four uint4. */
 template <int F>
-__global__ void qprep_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, cuda_codec C,
-                             float mul, int n) {
+__global__ void qprep_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, cw_sbits sb,
+                             float cinv, float mul, int n) {
     __shared__ float s_q[4][D];
     const int wv = threadIdx.x >> 5, v = blockIdx.x * 4 + wv, lane = threadIdx.x & 31;
     if (v >= n) return;
     const float4 in = reinterpret_cast<const float4 *>(q + (size_t)v * D)[lane];
     float x[4] = {in.x, in.y, in.z, in.w};
     if constexpr (F != F_BF16) {
-        const float s[4] = {C.signs[4 * lane], C.signs[4 * lane + 1], C.signs[4 * lane + 2], C.signs[4 * lane + 3]};
-        cw_rotate(x, s, C.inv, lane);
+        float s[4];
+        cw_signs_n<4>(sb, lane, s);   /* K's signs (bits: no per-lane parameter reads) */
+        cw_rotate(x, s, cinv, lane);
     }
 #pragma unroll
     for (int k = 0; k < 4; k++) s_q[wv][4 * lane + k] = x[k];
@@ -63,31 +64,51 @@ __global__ void qprep_kernel(const float *__restrict__ q, uint16_t *__restrict__
     }
 }
 
+/* Per (row, q head) one warp (lane l: dims 4 l .. 4 l + 3): the row's splits' (max, sum,
+ * output) merged in split order, divided by the sum, un-rotated once (V's signs sb and
+ * 1 / sqrt(d) cinv; unrotate 0: the bf16 baseline). Lane s holds split s's (max, sum) (at
+ * most 32 splits: split_count) and its weight 2^(max - M); the partial outputs are loaded 16
+ * splits at a time, then added in split order as before. M is the max over the splits' maxima
+ * (fmaxf from -inf: a NaN max is dropped, as in the sequential loop). */
 __global__ void merge_kernel(const float *__restrict__ po, const float2 *__restrict__ pml,
-                             const cuda_row *__restrict__ rows, float *__restrict__ out, cuda_codec C,
-                             int unrotate, int qh, int nsmax, int n) {
+                             const cuda_row *__restrict__ rows, float *__restrict__ out, cw_sbits sb,
+                             float cinv, int unrotate, int qh, int nsmax, int n) {
+    constexpr int B = 16;             /* splits' loads in flight */
     const int v = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (v >= n) return;
     const int r = v / qh;
-    const int ns = split_count(rows[r].ntok);
-    float M = -INFINITY;
-    for (int s = 0; s < ns; s++) M = fmaxf(M, pml[(size_t)v * nsmax + s].x);
+    const int ns = min(split_count(rows[r].ntok), min(nsmax, 32));
+    const float2 ml = lane < ns ? pml[(size_t)v * nsmax + lane] : make_float2(-INFINITY, 0.0f);
+    float M = fmaxf(-INFINITY, ml.x);
+#pragma unroll
+    for (int m = 16; m; m >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, m));
+    const unsigned use = __ballot_sync(0xffffffffu, lane < ns && ml.x != -INFINITY);
+    const float fl = exp2f(ml.x - M);  /* split lane's weight (used where `use` has it) */
     float o[4] = {0, 0, 0, 0}, L = 0.0f;
     if (M != -INFINITY)
-        for (int s = 0; s < ns; s++) {
-            const float2 ml = pml[(size_t)v * nsmax + s];
-            if (ml.x == -INFINITY) continue;
-            const float f = exp2f(ml.x - M);
-            const float4 p = reinterpret_cast<const float4 *>(po + ((size_t)v * nsmax + s) * D)[lane];
-            o[0] += p.x * f; o[1] += p.y * f; o[2] += p.z * f; o[3] += p.w * f;
-            L += ml.y * f;
+        for (int s0 = 0; s0 < ns; s0 += B) {
+            float4 p[B];
+#pragma unroll
+            for (int j = 0; j < B; j++)
+                if (s0 + j < ns)
+                    p[j] = reinterpret_cast<const float4 *>(po + ((size_t)v * nsmax + s0 + j) * D)[lane];
+#pragma unroll
+            for (int j = 0; j < B; j++) {
+                const int s = s0 + j;
+                if (s >= ns) break;
+                const float f = __shfl_sync(0xffffffffu, fl, s), y = __shfl_sync(0xffffffffu, ml.y, s);
+                if (!((use >> s) & 1u)) continue;
+                o[0] += p[j].x * f; o[1] += p[j].y * f; o[2] += p[j].z * f; o[3] += p[j].w * f;
+                L += y * f;
+            }
         }
     const float inv = L > 0.0f ? 1.0f / L : 0.0f;
 #pragma unroll
     for (int k = 0; k < 4; k++) o[k] *= inv;
     if (unrotate) {
-        const float s[4] = {C.signs[4 * lane], C.signs[4 * lane + 1], C.signs[4 * lane + 2], C.signs[4 * lane + 3]};
-        cw_unrotate(o, s, C.inv, lane);
+        float s[4];
+        cw_signs_n<4>(sb, lane, s);
+        cw_unrotate(o, s, cinv, lane);
     }
     reinterpret_cast<float4 *>(out + (size_t)v * D)[lane] = make_float4(o[0], o[1], o[2], o[3]);
 }
@@ -246,9 +267,10 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
     const int nvi = (int)nv;
     const float mul = scale * LOG2E;
     const unsigned qgrid = (unsigned)((nvi + 3) / 4);
-    if (fmt == F_TQ4) qprep_kernel<F_TQ4><<<qgrid, 128, 0, kv->stream>>>(q, qp, kv->kc, mul, nvi);
-    else if (fmt == F_TQ3) qprep_kernel<F_TQ3><<<qgrid, 128, 0, kv->stream>>>(q, qp, kv->kc, mul, nvi);
-    else qprep_kernel<F_BF16><<<qgrid, 128, 0, kv->stream>>>(q, qp, kv->kc, mul, nvi);
+    const cw_sbits ksb = cw_sbits_of(kv->kc.signs, D);
+    if (fmt == F_TQ4) qprep_kernel<F_TQ4><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
+    else if (fmt == F_TQ3) qprep_kernel<F_TQ3><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
+    else qprep_kernel<F_BF16><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
     const Params<D> P = split_params<D>(kv, kv->kc, kv->vc, qp, po, pml, q_heads, nsmax);
     /* persistent: the resident CTAs, at most one per possible work item (a CTA's groups
      * take items gridDim.x apart, so the first items land on different SMs) */
@@ -256,7 +278,8 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
     const long items_ub = (long)kv->rows * kv->kvh * nsmax;
     const unsigned grid = (unsigned)(items_ub < k->ctas ? items_ub : k->ctas);
     k->fn<<<grid, k->ng * NW * 32, k->smem, kv->stream>>>(P);
-    merge_kernel<<<qgrid, 128, 0, kv->stream>>>(po, pml, kv->d_rows, out, kv->vc, !kv->bf16, q_heads, nsmax, nvi);
+    merge_kernel<<<qgrid, 128, 0, kv->stream>>>(po, pml, kv->d_rows, out, cw_sbits_of(kv->vc.signs, D), kv->vc.inv,
+                                                 !kv->bf16, q_heads, nsmax, nvi);
     return cuda_check(cudaGetLastError(), "attention kernel launch");
 }
 

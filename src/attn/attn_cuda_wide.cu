@@ -50,14 +50,23 @@ constexpr int WD = CUDA_DIM_WIDE;
  * kernel's qdim<OUT, 256> order (element o holds dim qdim(o): a lane of column c loads its 32
  * pairs as four uint4 from 32 c and four from 128 + 32 c). q [n, 256] -> out [n, 256]. */
 template <int OUT>
-__global__ void wprep_kernel(const float *__restrict__ q, void *__restrict__ out, cuda_codec256 C, int rotate,
-                             float mul, int n) {
+__global__ void wprep_kernel(const float *__restrict__ q, void *__restrict__ out, cw_sbits sb, float cinv,
+                             int rotate, float mul, int n) {
     constexpr int E = WD / 32;
     __shared__ float s_q[4][WD];
     const int wv = threadIdx.x >> 5, v = blockIdx.x * 4 + wv, lane = threadIdx.x & 31;
     if (v >= n) return;
     float x[E];
-    cw_load_rotate<E>(q + (size_t)v * WD, C, rotate, lane, x);
+#pragma unroll
+    for (int j = 0; j < E / 4; j++) {
+        const float4 in = reinterpret_cast<const float4 *>(q + (size_t)v * WD + E * lane)[j];
+        x[4 * j] = in.x; x[4 * j + 1] = in.y; x[4 * j + 2] = in.z; x[4 * j + 3] = in.w;
+    }
+    if (rotate) { /* cw_load_rotate's rotation, K's signs as bits (no per-lane parameter reads) */
+        float sg[E];
+        cw_signs_n<E>(sb, lane, sg);
+        cw_rotate_n<E>(x, sg, cinv, lane);
+    }
     if constexpr (OUT < 0) {
         float *const o = reinterpret_cast<float *>(out) + (size_t)v * WD + E * lane;
 #pragma unroll
@@ -334,8 +343,9 @@ __global__ void __launch_bounds__(WNW * 32) wdec_kernel(const WParams P) {
  * no finite score is M_START with a sum of 0: weighed 2^(M_START - M) = 0). */
 template <bool TC>
 __global__ void wmerge_kernel(const float *__restrict__ po, const float2 *__restrict__ pml,
-                              const cuda_row *__restrict__ rows, float *__restrict__ out, cuda_codec256 C,
-                              int unrotate, int qh, int nsmax, int n) {
+                              const cuda_row *__restrict__ rows, float *__restrict__ out, cw_sbits sb,
+                              float cinv, int unrotate, int qh, int nsmax, int n) {
+    constexpr int B = 8;      /* splits' loads in flight */
     const int v = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (v >= n) return;
     const int ntok = rows[v / qh].ntok;
@@ -347,11 +357,11 @@ __global__ void wmerge_kernel(const float *__restrict__ po, const float2 *__rest
     for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
     float o8[8] = {0, 0, 0, 0, 0, 0, 0, 0}, L = 0.0f;
     if (M != -INFINITY)
-        for (int s0 = 0; s0 < ns; s0 += 4) {  /* 4 splits' loads in flight, added in order */
-            float2 mj[4];
-            float4 pa[4], pb[4];
+        for (int s0 = 0; s0 < ns; s0 += B) {  /* B splits' loads in flight, added in order */
+            float2 mj[B];
+            float4 pa[B], pb[B];
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
+            for (int j = 0; j < B; j++) {
                 mj[j] = make_float2(-INFINITY, 0.0f);
                 pa[j] = pb[j] = make_float4(0, 0, 0, 0);
                 if (s0 + j < ns) {
@@ -362,7 +372,7 @@ __global__ void wmerge_kernel(const float *__restrict__ po, const float2 *__rest
                 }
             }
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
+            for (int j = 0; j < B; j++) {
                 if (mj[j].x == -INFINITY) continue;
                 const float f = exp2f(mj[j].x - M);
                 o8[0] += pa[j].x * f; o8[1] += pa[j].y * f; o8[2] += pa[j].z * f; o8[3] += pa[j].w * f;
@@ -375,9 +385,8 @@ __global__ void wmerge_kernel(const float *__restrict__ po, const float2 *__rest
     for (int c = 0; c < 8; c++) o8[c] *= inv;
     if (unrotate) {
         float sg[8];
-#pragma unroll
-        for (int c = 0; c < 8; c++) sg[c] = C.signs[8 * lane + c];
-        cw_unrotate_n<8>(o8, sg, C.inv, lane);
+        cw_signs_n<8>(sb, lane, sg);
+        cw_unrotate_n<8>(o8, sg, cinv, lane);
     }
     float4 *op = reinterpret_cast<float4 *>(out + (size_t)v * WD + 8 * lane);
     op[0] = make_float4(o8[0], o8[1], o8[2], o8[3]);
@@ -450,7 +459,8 @@ template <int F>
 static void tc_partials(const cuda_kv *kv, const float *q, int q_heads, float scale, float *po, float2 *pml,
                         uint16_t *qp, int nsmax) {
     const int nvi = kv->rows * q_heads;
-    wprep_kernel<F><<<(unsigned)((nvi + 3) / 4), 128, 0, kv->stream>>>(q, qp, kv->kc256, 1, scale * LOG2E, nvi);
+    wprep_kernel<F><<<(unsigned)((nvi + 3) / 4), 128, 0, kv->stream>>>(q, qp, cw_sbits_of(kv->kc256.signs, WD),
+                                                                      kv->kc256.inv, 1, scale * LOG2E, nvi);
     const Params<WD> P = split_params<WD>(kv, kv->kc256, kv->vc256, qp, po, pml, q_heads, nsmax);
     /* persistent: the resident CTAs, at most one per possible work item (a CTA's groups take
      * items gridDim.x apart, so the first items land on different SMs) */
@@ -524,11 +534,13 @@ tqkv_status cuda_attend_decode_wide(cuda_kv *kv, const float *q, int q_heads, fl
     if (tc) {
         if (kv->kfmt == TQKV_TQ4) tc_partials<F_TQ4>(kv, q, q_heads, scale, po, pml, (uint16_t *)qp, nsmax);
         else tc_partials<F_TQ3>(kv, q, q_heads, scale, po, pml, (uint16_t *)qp, nsmax);
-        wmerge_kernel<true><<<qgrid, 128, 0, kv->stream>>>(po, pml, kv->d_rows, out, kv->vc256, 1, q_heads, nsmax, nvi);
+        wmerge_kernel<true><<<qgrid, 128, 0, kv->stream>>>(po, pml, kv->d_rows, out, cw_sbits_of(kv->vc256.signs, WD),
+                                                           kv->vc256.inv, 1, q_heads, nsmax, nvi);
         return cuda_check(cudaGetLastError(), "d 256 decode attention launch");
     }
     /* bf16: not rotated (stored as given), so the queries are only scaled */
-    wprep_kernel<-1><<<qgrid, 128, 0, kv->stream>>>(q, qp, kv->kc256, !kv->bf16, scale * LOG2E, nvi);
+    wprep_kernel<-1><<<qgrid, 128, 0, kv->stream>>>(q, qp, cw_sbits_of(kv->kc256.signs, WD), kv->kc256.inv,
+                                                    !kv->bf16, scale * LOG2E, nvi);
     WParams P;
     P.kd = kv->kd; P.vd = kv->vd; P.ks = kv->ks; P.vs = kv->vs;
     P.kw = kv->kw; P.vw = kv->vw; P.kws = kv->kws; P.vws = kv->vws;
@@ -545,7 +557,8 @@ tqkv_status cuda_attend_decode_wide(cuda_kv *kv, const float *q, int q_heads, fl
     if (kv->bf16) wdec_launch<WB_BF16>(P, grid, kv->stream);
     else if (kv->kfmt == TQKV_TQ4) wdec_launch<4>(P, grid, kv->stream);
     else wdec_launch<3>(P, grid, kv->stream);
-    wmerge_kernel<false><<<qgrid, 128, 0, kv->stream>>>(po, pml, kv->d_rows, out, kv->vc256, !kv->bf16, q_heads,
+    wmerge_kernel<false><<<qgrid, 128, 0, kv->stream>>>(po, pml, kv->d_rows, out, cw_sbits_of(kv->vc256.signs, WD),
+                                                        kv->vc256.inv, !kv->bf16, q_heads,
                                                         nsmax, nvi);
     return cuda_check(cudaGetLastError(), "d 256 decode attention launch");
 }

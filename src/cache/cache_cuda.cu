@@ -628,27 +628,25 @@ extern "C" tqkv_status tqkv_cuda_kv_append(cuda_kv *kv, const float *k, const fl
 }
 
 // ---------------------------------------------------------------------------
-// Encode: both planes through the codec's kernel on kv->stream, asynchronous
+// Encode: both planes in one launch of the codec's kernel on kv->stream, asynchronous
 // ---------------------------------------------------------------------------
 tqkv_status codec_cuda_append(cuda_kv *kv, const float *k, const float *v, int n) {
+    ce_plane P[2];
     for (int p = 0; p < 2; p++) {
-        ce_plane P;
-        P.data = p ? kv->vd : kv->kd;
-        P.scales = p ? kv->vs : kv->ks;
-        P.win = p ? (kv->vwin ? kv->vw : NULL) : (kv->kwin ? kv->kw : NULL);
-        P.wsc = p ? kv->vws : kv->kws;
-        P.ext = kv->x_valid ? (p ? kv->vx : kv->kx) : NULL;
-        P.exs = p ? kv->vxs : kv->kxs;
-        P.xlo = kv->d_x;
-        P.xcap = kv->xcap;
-        P.pay = (int)(p ? kv->vpay : kv->kpay);
-        P.bf16 = kv->bf16;
-        const cudaError_t e = codec_cuda_encode(p ? v : k, P, p ? kv->vc : kv->kc,
-                                                p ? kv->vc256 : kv->kc256, kv->d, kv->d_rows,
-                                                kv->rows, kv->kvh, n, kv->cap, kv->ring,
-                                                kv->stream);
-        tqkv_status st = cuda_check(e, "encode kernel launch");
-        if (st) return st;
+        P[p].data = p ? kv->vd : kv->kd;
+        P[p].scales = p ? kv->vs : kv->ks;
+        P[p].win = p ? (kv->vwin ? kv->vw : NULL) : (kv->kwin ? kv->kw : NULL);
+        P[p].wsc = p ? kv->vws : kv->kws;
+        P[p].ext = kv->x_valid ? (p ? kv->vx : kv->kx) : NULL;
+        P[p].exs = p ? kv->vxs : kv->kxs;
+        P[p].xlo = kv->d_x;
+        P[p].xcap = kv->xcap;
+        P[p].pay = (int)(p ? kv->vpay : kv->kpay);
+        P[p].bf16 = kv->bf16;
     }
-    return TQKV_OK; /* queued on kv->stream: no wait (a decode step may be being captured) */
+    const cudaError_t e = codec_cuda_encode(k, v, P, kv->kc, kv->vc, kv->kc256, kv->vc256, kv->d,
+                                            kv->d_rows, kv->rows, kv->kvh, n, kv->cap, kv->ring,
+                                            kv->stream);
+    /* queued on kv->stream: no wait (a decode step may be being captured) */
+    return cuda_check(e, "encode kernel launch");
 }

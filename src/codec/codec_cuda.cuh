@@ -115,6 +115,32 @@ __device__ __forceinline__ void cw_unrotate_n(float (&x)[E], const float (&s)[E]
     for (int k = 0; k < E; k++) x[k] = __fmul_rn(x[k], __fmul_rn(s[k], inv));
 }
 
+/* A codec's signs as bits (bit i of word w set: element 32 w + i has sign -1), passed by value
+ * to kernels whose lanes need their own elements' signs: a lane's word is picked from the
+ * parameter bank by constant-indexed (uniform) reads, where C.signs[E * lane + k] makes every
+ * lane read its own address (a replayed, cold constant-bank load). Filled by cw_sbits_of. */
+struct cw_sbits {
+    uint32_t w[8];            /* d <= 256 */
+};
+
+__host__ inline cw_sbits cw_sbits_of(const float *signs, int d) {
+    cw_sbits b;
+    for (int j = 0; j < 8; j++) b.w[j] = 0;
+    for (int i = 0; i < d && i < 256; i++) b.w[i >> 5] |= (uint32_t)(signs[i] < 0.0f) << (i & 31);
+    return b;
+}
+
+/* s[k] = sign of element E lane + k (+-1.0f, the values of the codec's signs array), d = 32 E. */
+template <int E>
+__device__ __forceinline__ void cw_signs_n(const cw_sbits &b, int lane, float (&s)[E]) {
+    const int wi = (E * lane) >> 5;
+    uint32_t w = b.w[0];
+#pragma unroll
+    for (int j = 1; j < E; j++) w = wi == j ? b.w[j] : w;   /* (d = 32 E: E words) */
+#pragma unroll
+    for (int k = 0; k < E; k++) s[k] = (w >> ((E * lane + k) & 31)) & 1u ? -1.0f : 1.0f;
+}
+
 /* tqkv_f32_to_f16, bit for bit (round to nearest even, NaN -> sign | 0x7e00). */
 __device__ __forceinline__ uint16_t cw_f32_to_f16(float f) {
     const uint32_t x = __float_as_uint(f);

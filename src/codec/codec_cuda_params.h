@@ -62,10 +62,13 @@ struct ce_plane {
     int bf16;
 };
 
-/* Encode x [rows, kvh, n, d] into plane P at each row's col0 (d = CUDA_DIM with c128, or
- * CUDA_DIM_WIDE with c256), queued on stream; the launch's error (no wait). */
-cudaError_t codec_cuda_encode(const float *x, const ce_plane &P, const cuda_codec &c128,
-                              const cuda_codec256 &c256, int d, const cuda_row *rows, int nrows,
-                              int kvh, int n, int cap, int ring, cudaStream_t stream);
+/* Encode k and v [rows, kvh, n, d] into planes P[0] (K) and P[1] (V) at each row's col0, in
+ * one launch (d = CUDA_DIM with the K and V codecs k128, v128, or CUDA_DIM_WIDE with k256,
+ * v256), queued on stream; the launch's error (no wait). */
+cudaError_t codec_cuda_encode(const float *k, const float *v, const ce_plane P[2],
+                              const cuda_codec &k128, const cuda_codec &v128,
+                              const cuda_codec256 &k256, const cuda_codec256 &v256, int d,
+                              const cuda_row *rows, int nrows, int kvh, int n, int cap, int ring,
+                              cudaStream_t stream);
 
 #endif

@@ -139,26 +139,29 @@ __global__ void qkv_post_kernel(const float *__restrict__ qkv, int QS, int qs, i
     if (gw >= (size_t)T * HT) return;
     const size_t t = gw / HT;
     const int h = (int)(gw % HT);
+    const int row = tinfo[t * 3 + 1], j = tinfo[t * 3 + 2]; /* (loaded first: no wait at the end) */
     const float *src = qkv + t * (size_t)QS + (h < NH ? (size_t)h * qs : (size_t)NH * qs + (size_t)(h - NH) * 128);
     float v[4] = {src[lane], src[lane + 32], src[lane + 64], src[lane + 96]};
     const int kind = h < NH ? 0 : h < NH + NKV ? 1 : 2; /* q, k, v */
     if (kind < 2) {
         const float *nw = kind == 0 ? qn : kn;
+        float g[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) g[i] = nw ? nw[lane + 32 * i] : 0.0f;
         if (nw) {
             double s = (double)v[0] * v[0] + (double)v[1] * v[1] + (double)v[2] * v[2] +
                        (double)v[3] * v[3];
             for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
             const float r = mc_rms_r(s, 128, eps);
 #pragma unroll
-            for (int i = 0; i < 4; i++) v[i] = nw[lane + 32 * i] * (v[i] * r);
+            for (int i = 0; i < 4; i++) v[i] = g[i] * (v[i] * r);
         }
         mc_warp_rope<4>(v, sv[threadIdx.x >> 5], rope + t * 128, half);
     }
-    const int r = tinfo[t * 3 + 1], j = tinfo[t * 3 + 2];
     float *dst;
-    if (kind == 0) dst = qb + (((size_t)r * NH + h) * n + j) * 128;
-    else if (kind == 1) dst = kb + (((size_t)r * NKV + (h - NH)) * n + j) * 128;
-    else dst = vb + (((size_t)r * NKV + (h - NH - NKV)) * n + j) * 128;
+    if (kind == 0) dst = qb + (((size_t)row * NH + h) * n + j) * 128;
+    else if (kind == 1) dst = kb + (((size_t)row * NKV + (h - NH)) * n + j) * 128;
+    else dst = vb + (((size_t)row * NKV + (h - NH - NKV)) * n + j) * 128;
 #pragma unroll
     for (int i = 0; i < 4; i++) dst[lane + 32 * i] = v[i];
 }
@@ -449,8 +452,8 @@ tqkv_status mc_gemm(model_cuda *g, const float *x, size_t ldx, int T, const bf16
 
 /* mc_gemm on x whose split the kernel before wrote into g->xf (the split it passes
  * mc_split_xf(g)): no split launch. With --fast-gemm (cuBLAS) x itself is read. */
-static tqkv_status mc_gemm_pre(model_cuda *g, const float *x, size_t ldx, int T, const bf16 *w,
-                               int N, int K, const float *bias, float *y, size_t ldy) {
+tqkv_status mc_gemm_pre(model_cuda *g, const float *x, size_t ldx, int T, const bf16 *w,
+                        int N, int K, const float *bias, float *y, size_t ldy) {
     if (g->cublas || !g->presplit) return mc_gemm(g, x, ldx, T, w, N, K, bias, y, ldy);
     return tqkv_cuda_gemm_presplit(T, (const uint16_t *)w, N, K, bias, y, ldy, g->xf,
                                    g->gemm_parts, g->stream);
@@ -458,7 +461,7 @@ static tqkv_status mc_gemm_pre(model_cuda *g, const float *x, size_t ldx, int T,
 
 /* Where a kernel before a GEMM writes that GEMM's split (NULL with cuBLAS, which splits
  * itself, or with presplit off). */
-static uint16_t *mc_split_xf(const model_cuda *g) {
+uint16_t *mc_split_xf(const model_cuda *g) {
     return g->cublas || !g->presplit ? NULL : (uint16_t *)g->xf;
 }
 
@@ -508,22 +511,28 @@ static void swiglu_queue(const float *gu, int I, float *h, size_t T, uint16_t *x
     swiglu_kernel<<<mc_grid_elems(T, (size_t)I), 256, 0, s>>>(gu, I, h, xf, parts);
 }
 
-void mc_swiglu_queue(const float *gu, int I, float *h, size_t T, cudaStream_t s) {
-    swiglu_queue(gu, I, h, T, NULL, 1, s);
+void mc_swiglu_queue(const float *gu, int I, float *h, size_t T, uint16_t *xf, int parts,
+                     cudaStream_t s) {
+    swiglu_queue(gu, I, h, T, xf, parts, s);
 }
 
-/* h = gelu_tanh(g) * u, gu [T, 2I] = gate | up. grid (T, ceil(I / 256)), block 256. */
-__global__ void geglu_kernel(const float *__restrict__ gu, int I, float *__restrict__ h) {
+/* h = gelu_tanh(g) * u, gu [T, 2I] = gate | up; with xf also h's GEMM split. grid (T,
+ * ceil(I / 256)), block 256. */
+__global__ void geglu_kernel(const float *__restrict__ gu, int I, float *__restrict__ h,
+                             uint16_t *__restrict__ xf, int parts) {
     const size_t t = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= I) return;
-    h[t * I + i] = __fmul_rn(mc_gelu_tanh(gu[t * 2 * I + i]), gu[t * 2 * I + I + i]);
+    const float o = __fmul_rn(mc_gelu_tanh(gu[t * 2 * I + i]), gu[t * 2 * I + I + i]);
+    h[t * I + i] = o;
+    if (xf) mc_split_store(xf, (size_t)gridDim.x * I, t * I + i, o, parts);
 }
 
-/* h [T, I] = GeGLU (GELU-tanh) of gu [T, 2I] (gate | up), on stream s. */
-void mc_geglu_queue(const float *gu, int I, float *h, size_t T, cudaStream_t s) {
+/* h [T, I] = GeGLU (GELU-tanh) of gu [T, 2I] (gate | up), on stream s (xf: h's split too). */
+void mc_geglu_queue(const float *gu, int I, float *h, size_t T, uint16_t *xf, int parts,
+                    cudaStream_t s) {
     if (T == 0) return;
-    geglu_kernel<<<dim3((unsigned)T, (unsigned)((I + 255) / 256)), 256, 0, s>>>(gu, I, h);
+    geglu_kernel<<<dim3((unsigned)T, (unsigned)((I + 255) / 256)), 256, 0, s>>>(gu, I, h, xf, parts);
 }
 
 /* Layer l's dense MLP: tmp [T, H] = down(SwiGLU(gate|up xn [T, H])), through gu / hh. */

@@ -22,6 +22,8 @@
  *                   pairs grouped by expert (expert 0's tokens ascending, then expert
  *                   1's ...): tok [P], pair [T, K], and the groups [G, 4] of the experts with
  *                   tokens; the unused groups up to the bound get no rows
+ *                   (up to MOE_FUSED_P pairs, i.e. decode, the router kernel's last block
+ *                   does route and place itself: one launch instead of three, same integers)
  *   gather_kernel   xg [P, H] = xn [tok[p]]
  *   per expert e    gu = xg[o_e .. o_e + n_e) . wgu_e^T   [n_e, 2I]   (tqkv_cuda_gemm_grouped:
  *                                                                       every expert in one
@@ -85,6 +87,7 @@ struct mc_moe_state {
     float   *y;        /* device [P, H] */
     float   *sy;       /* device [T, H] the shared expert's output (S > 0) */
     float   *sg;       /* device [T] its gate logits (S > 0) */
+    int     *done;     /* device [1] the router's finished blocks (its fused tail), zero between launches */
 };
 
 /* The parts of mc_moe_state.idx, in int32 from its start: groups [E, 4] (row0, rows,
@@ -165,6 +168,7 @@ extern "C" void mc_moe_state_free(model_cuda *g, mc_moe_state **xp) {
     cudaStreamSynchronize(g->stream);
     cudaFree(x->logits);
     cudaFree(x->idx);
+    cudaFree(x->done);
     cudaFreeHost(x->h_back);
     void *ps[] = {x->xg, x->gu, x->h, x->y, x->sy, x->sg, x->xf};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) cudaFree(ps[i]);
@@ -176,6 +180,11 @@ extern "C" void mc_moe_state_free(model_cuda *g, mc_moe_state **xp) {
 static int g_grouped = -1;
 
 extern "C" void mc_moe_set_grouped(int on) { g_grouped = on ? 1 : 0; }
+
+/* The routing fused into the router's last block at decode sizes (mc_moe_set_fused). */
+static int g_fused = 1;
+
+extern "C" void mc_moe_set_fused(int on) { g_fused = on ? 1 : 0; }
 
 static int grouped_on(void) {
     if (g_grouped < 0) {
@@ -193,6 +202,11 @@ extern "C" tqkv_status mc_moe_reserve(model_cuda *g, const moe_shape *sh, mc_moe
         x = (mc_moe_state *)calloc(1, sizeof *x);
         if (!x) return tqkv_fail(TQKV_ENOMEM, "out of memory");
         *xp = x;
+    }
+    if (!x->done) { /* once per state: a counter the router's fused tail resets itself */
+        tqkv_status st = mc_dmalloc((void **)&x->done, sizeof(int));
+        if (!st) st = mc_ck(cudaMemset(x->done, 0, sizeof(int)), "experts counter");
+        if (st) return st;
     }
     const size_t T = g->cap_t;
     if (T <= x->cap) return TQKV_OK;
@@ -221,113 +235,234 @@ extern "C" tqkv_status mc_moe_reserve(model_cuda *g, const moe_shape *sh, mc_moe
 // kernels
 // ---------------------------------------------------------------------------
 
-/* logits[t, e] = xr[t] . router[e]: one warp per (t, e); lane j sums k = j, j + 32, ... in
- * order (double), then a fixed xor butterfly. bf16x: xr rounded to bf16 first (the model's
- * bf16_act, as the CPU's product). grid ceil(T E / 4), block 128. */
-__global__ void moe_router_kernel(const float *__restrict__ xr, const float *__restrict__ rw,
-                                  int T, int E, int H, int bf16x, float *__restrict__ logits) {
-    const size_t gw = (size_t)blockIdx.x * 4 + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
-    if (gw >= (size_t)T * E) return;
-    const size_t t = gw / E, e = gw % E;
-    const float *a = xr + t * H, *b = rw + e * H;
-    constexpr int U = 8; /* lane's k = lane, lane + 32, ...: loaded U at a time, summed in order */
-    double s = 0;
-    for (int k0 = lane; k0 < H; k0 += 32 * U) {
-        float va[U], vb[U];
-        mc_load_strided<U>(va, a, k0, 32, H);
-        mc_load_strided<U>(vb, b, k0, 32, H);
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            if (k0 + 32 * u >= H) break;
-            const float v = bf16x ? __bfloat162float(__float2bfloat16_rn(va[u])) : va[u];
-            s += (double)v * vb[u];
-        }
-    }
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (lane == 0) logits[gw] = (float)s;
-}
+/* Where the routing writes (moe_route_token, moe_place_block) and, for the router's fused
+ * tail, the counter of its finished blocks (NULL: no tail; zero between launches). */
+struct moe_route_out {
+    int E, K, norm;
+    const float *scale;         /* [E] the weights' factors, or NULL */
+    int32_t *sel, *wbits;       /* [T, K] */
+};
+struct moe_place_out {
+    int P, K, E, G;
+    int32_t *groups, *tok, *pair, *count, *back;
+};
+struct moe_tail {
+    int *done;                  /* NULL: the router alone */
+    moe_route_out r;
+    moe_place_out p;
+};
+
+/* The router's fused tail: at most this many pairs (P = T K), and its block size. */
+#define MOE_FUSED_P 256
+constexpr int MOE_TAIL_THREADS = 128;
 
 /* (v, i) the better of two candidates: the larger value, ties to the lower index, i < 0 none. */
 __device__ __forceinline__ void route_better(float &v, int &i, float ov, int oi) {
     if (oi >= 0 && (i < 0 || ov > v || (ov == v && oi < i))) v = ov, i = oi;
 }
 
-/* Token t's routing, moe.c's moe_route_token step for step (float32; the softmax's sum in
- * expert order on lane 0, exp rounded from double: within an ulp of glibc's expf (0.502 ulp),
- * so a weight may differ from the CPU's in its last bit;
+/* Token t's routing (one warp; l: its logits [E], read past L1 as the fused tail needs; ps:
+ * the warp's [E_MAX] floats of shared scratch), moe.c's moe_route_token step for step
+ * (float32; the softmax's sum in expert order on lane 0, exp rounded from double: within an
+ * ulp of glibc's expf (0.502 ulp), so a weight may differ from the CPU's in its last bit;
  * each pick the largest probability not taken, ties to the lower index), then its K picks
  * sorted by ascending expert (the combine's order): sel [T, K] and the weights' bits
- * wbits [T, K]. One warp per token. grid T, block 32. */
-__global__ void moe_route_kernel(const float *__restrict__ logits, int E, int K, int norm,
-                                 const float *__restrict__ scale, int32_t *__restrict__ sel,
-                                 int32_t *__restrict__ wbits) {
-    __shared__ float p[MOE_CUDA_E_MAX];
-    __shared__ unsigned char taken[MOE_CUDA_E_MAX];
-    __shared__ float w[MOE_CUDA_K_MAX];
-    __shared__ int s[MOE_CUDA_K_MAX];
-    __shared__ float sum;
-    const size_t t = blockIdx.x;
-    const int lane = threadIdx.x;
-    const float *l = logits + t * E;
-    float mx = l[0];
-    for (int e = lane; e < E; e += 32) mx = l[e] > mx ? l[e] : mx;
-    for (int o = 16; o > 0; o >>= 1) {
-        const float v = __shfl_xor_sync(0xffffffffu, mx, o);
+ * wbits [T, K]. Lane l holds experts l + 32 j (j < E_MAX / 32: logits, probabilities and
+ * taken flags in registers), pick k ends on lane k, which loads its scale at once and writes
+ * at its rank among the picks' experts. */
+__device__ void moe_route_token(const float *l, float *ps, const moe_route_out &o, size_t t) {
+    constexpr int NJ = MOE_CUDA_E_MAX / 32;
+    const int lane = threadIdx.x & 31, E = o.E, K = o.K;
+    float p[NJ];
+#pragma unroll
+    for (int j = 0; j < NJ; j++) p[j] = lane + 32 * j < E ? __ldcg(l + lane + 32 * j) : 0.0f;
+    float mx = __ldcg(l);
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+        if (lane + 32 * j < E) mx = p[j] > mx ? p[j] : mx;
+    for (int off = 16; off > 0; off >>= 1) {
+        const float v = __shfl_xor_sync(0xffffffffu, mx, off);
         mx = v > mx ? v : mx;
     }
-    for (int e = lane; e < E; e += 32) {
-        p[e] = (float)exp((double)__fsub_rn(l[e], mx));
-        taken[e] = 0;
-    }
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+        if (lane + 32 * j < E) ps[lane + 32 * j] = p[j] = (float)exp((double)__fsub_rn(p[j], mx));
     __syncwarp();
+    float a = 0.0f;
     if (lane == 0) { /* in expert order; eight loads ahead of the additions */
-        float a = 0.0f;
         for (int e0 = 0; e0 < E; e0 += 8) {
             float v[8];
 #pragma unroll
-            for (int u = 0; u < 8; u++) v[u] = e0 + u < E ? p[e0 + u] : 0.0f;
+            for (int u = 0; u < 8; u++) v[u] = e0 + u < E ? ps[e0 + u] : 0.0f;
 #pragma unroll
             for (int u = 0; u < 8; u++)
                 if (e0 + u < E) a = __fadd_rn(a, v[u]);
         }
-        sum = a;
     }
-    __syncwarp();
-    for (int e = lane; e < E; e += 32) p[e] = __fdiv_rn(p[e], sum);
-    __syncwarp();
+    const float sum = __shfl_sync(0xffffffffu, a, 0);
+#pragma unroll
+    for (int j = 0; j < NJ; j++) p[j] = __fdiv_rn(p[j], sum);
+    unsigned taken = 0;       /* bit j: expert lane + 32 j picked */
+    int ms = -1;              /* lane k < K: pick k's expert, weight, scale */
+    float mw = 0.0f, msc = 1.0f;
     for (int k = 0; k < K; k++) {
         float bv = 0.0f;
         int bi = -1;
-        for (int e = lane; e < E; e += 32)
-            if (!taken[e]) route_better(bv, bi, p[e], e);
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+            if (lane + 32 * j < E && !((taken >> j) & 1u)) route_better(bv, bi, p[j], lane + 32 * j);
+        for (int off = 16; off > 0; off >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
             route_better(bv, bi, ov, oi);
         }
-        if (lane == 0) s[k] = bi, w[k] = p[bi], taken[bi] = 1;
-        __syncwarp();
-    }
-    if (lane != 0) return;
-    if (norm) {
-        float tot = 0.0f;
-        for (int k = 0; k < K; k++) tot = __fadd_rn(tot, w[k]);
-        for (int k = 0; k < K; k++) w[k] = __fdiv_rn(w[k], tot);
-    }
-    if (scale)
-        for (int k = 0; k < K; k++) w[k] = __fmul_rn(w[k], scale[s[k]]);
-    for (int k = 1; k < K; k++) /* insertion sort by expert: K is small */
-        for (int j = k; j > 0 && s[j - 1] > s[j]; j--) {
-            const int se = s[j];
-            const float we = w[j];
-            s[j] = s[j - 1], w[j] = w[j - 1];
-            s[j - 1] = se, w[j - 1] = we;
+        bv = __shfl_sync(0xffffffffu, bv, 0); /* lane 0's pick, as the shared-memory version took */
+        bi = __shfl_sync(0xffffffffu, bi, 0);
+        if (bi >= 0 && lane == (bi & 31)) taken |= 1u << (bi >> 5);
+        if (lane == k) {
+            ms = bi, mw = bv;
+            if (o.scale) msc = o.scale[bi];
         }
-    for (int k = 0; k < K; k++) {
-        sel[t * K + k] = s[k];
-        wbits[t * K + k] = __float_as_int(w[k]);
     }
+    if (o.norm) {
+        float tot = 0.0f;
+        for (int k = 0; k < K; k++) tot = __fadd_rn(tot, __shfl_sync(0xffffffffu, mw, k));
+        mw = __fdiv_rn(mw, tot);
+    }
+    if (o.scale) mw = __fmul_rn(mw, msc);
+    int rank = 0;             /* picks with a lower expert (distinct experts) */
+    for (int k = 0; k < K; k++) rank += __shfl_sync(0xffffffffu, ms, k) < ms;
+    if (lane < K) {
+        o.sel[t * K + rank] = ms;
+        o.wbits[t * K + rank] = __float_as_int(mw);
+    }
+    __syncwarp();             /* ps is read before the warp's next token writes it */
+}
+
+/* moe_place_kernel's outputs from one block of MOE_TAIL_THREADS (P <= MOE_FUSED_P pairs of
+ * sel [P], written by this block before a __syncthreads): the per-expert counts, their
+ * exclusive prefix sums over experts (pair offsets, group indices), each pair's place
+ * (offset + pairs of its expert before it), the groups, count, back: the same integers. */
+__device__ void moe_place_block(const int32_t *sel, const moe_place_out &o) {
+    constexpr int NT = MOE_TAIL_THREADS, NWP = NT / 32, C = MOE_CUDA_E_MAX / NT;
+    __shared__ int hist[MOE_CUDA_E_MAX], offs[MOE_CUDA_E_MAX], gix[MOE_CUDA_E_MAX];
+    __shared__ int ssel[MOE_FUSED_P], wpo[NWP], wpn[NWP], wpm[NWP];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, E = o.E, P = o.P;
+    for (int j = tid; j < E; j += NT) hist[j] = 0;
+    for (int i = tid; i < P; i += NT) ssel[i] = sel[i];
+    __syncthreads();
+    for (int i = tid; i < P; i += NT) atomicAdd(&hist[ssel[i]], 1);
+    __syncthreads();
+    int so = 0, sn = 0, mx = 0; /* this thread's experts C tid .. C tid + C - 1 */
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+        const int j = C * tid + c, h = j < E ? hist[j] : 0;
+        so += h, sn += h > 0, mx = max(mx, h);
+    }
+    int io = so, in = sn;       /* inclusive scans over the warp */
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const int a = __shfl_up_sync(0xffffffffu, io, d), b = __shfl_up_sync(0xffffffffu, in, d);
+        if (lane >= d) io += a, in += b;
+    }
+#pragma unroll
+    for (int m = 16; m; m >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, m));
+    if (lane == 31) wpo[warp] = io, wpn[warp] = in;
+    if (lane == 0) wpm[warp] = mx;
+    __syncthreads();
+    int ro = io - so, rn = in - sn, used = 0, most = 0;
+#pragma unroll
+    for (int w = 0; w < NWP; w++) {
+        if (w < warp) ro += wpo[w], rn += wpn[w];
+        used += wpn[w];
+        most = max(most, wpm[w]);
+    }
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+        const int j = C * tid + c;
+        if (j >= E) break;
+        offs[j] = ro, gix[j] = rn;
+        ro += hist[j], rn += hist[j] > 0;
+    }
+    __syncthreads();
+    for (int i = tid; i < P; i += NT) {
+        const int e = ssel[i];
+        int before = 0;           /* its expert's pairs before it (token ascending) */
+        for (int j = 0; j < i; j++) before += ssel[j] == e;
+        const int p = offs[e] + before;
+        o.tok[p] = i / o.K;
+        o.pair[i] = p;
+    }
+    for (int j = tid; j < E; j += NT) {
+        o.count[j] = hist[j];
+        if (hist[j] > 0) {
+            int32_t *gr = o.groups + 4 * (size_t)gix[j];
+            gr[0] = offs[j], gr[1] = hist[j], gr[2] = j, gr[3] = 0;
+        }
+    }
+    for (int j = used + tid; j < o.G; j += NT)
+        o.groups[4 * j] = o.groups[4 * j + 1] = o.groups[4 * j + 2] = o.groups[4 * j + 3] = 0;
+    if (tid == 0) o.back[0] = used, o.back[1] = most;
+}
+
+/* The router's last block (after every block's logits, which it reads past L1): each token's
+ * routing (a warp per token) and the pairs' placement, then the counter back to 0. */
+__device__ void moe_tail_run(const float *logits, int T, const moe_tail &tl) {
+    __shared__ int last;
+    __shared__ float ps[MOE_TAIL_THREADS / 32][MOE_CUDA_E_MAX];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(tl.done, 1) == (int)gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int warp = threadIdx.x >> 5;
+    for (int t = warp; t < T; t += MOE_TAIL_THREADS / 32)
+        moe_route_token(logits + (size_t)t * tl.r.E, ps[warp], tl.r, (size_t)t);
+    __syncthreads();
+    moe_place_block(tl.r.sel, tl.p);
+    if (threadIdx.x == 0) *tl.done = 0;  /* (stream order publishes it to the next launch) */
+}
+
+/* logits[t, e] = xr[t] . router[e]: one warp per (t, e); lane j sums k = j, j + 32, ... in
+ * order (double), then a fixed xor butterfly. bf16x: xr rounded to bf16 first (the model's
+ * bf16_act, as the CPU's product). With tail.done, the last block to finish also routes and
+ * places every token (moe_tail_run: route and place kernels in this launch, at P <=
+ * MOE_FUSED_P). grid ceil(T E / 4), block 128. */
+__global__ void __launch_bounds__(MOE_TAIL_THREADS)
+moe_router_kernel(const float *__restrict__ xr, const float *__restrict__ rw, int T, int E, int H,
+                  int bf16x, float *__restrict__ logits, const moe_tail tail) {
+    const size_t gw = (size_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (gw < (size_t)T * E) {
+        const size_t t = gw / E, e = gw % E;
+        const float *a = xr + t * H, *b = rw + e * H;
+        constexpr int U = 32; /* lane's k = lane, lane + 32, ...: loaded U at a time (H = 2048: two
+                               * rounds of loads), summed in order */
+        double s = 0;
+        for (int k0 = lane; k0 < H; k0 += 32 * U) {
+            float va[U], vb[U];
+            mc_load_strided<U>(va, a, k0, 32, H);
+            mc_load_strided<U>(vb, b, k0, 32, H);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (k0 + 32 * u >= H) break;
+                const float v = bf16x ? __bfloat162float(__float2bfloat16_rn(va[u])) : va[u];
+                s += (double)v * vb[u];
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0) logits[gw] = (float)s;
+    }
+    if (tail.done) moe_tail_run(logits, T, tail); /* uniform over the grid */
+}
+
+/* Each token's routing (moe_route_token) as its own launch (P > MOE_FUSED_P). grid T, block 32. */
+__global__ void moe_route_kernel(const float *__restrict__ logits, const moe_route_out o) {
+    __shared__ float ps[MOE_CUDA_E_MAX];
+    moe_route_token(logits + (size_t)blockIdx.x * o.E, ps, o, blockIdx.x);
 }
 
 /* The sum of every thread's v over a block of 256 (part: 8 ints of shared memory), to all. */
@@ -401,12 +536,16 @@ __global__ void moe_place_kernel(const int32_t *__restrict__ sel, int P, int K, 
     back[0] = used, back[1] = most;
 }
 
-/* xg[p] = xn[tok[p]], rows of H. grid mc_grid_elems(P, H), block 256. */
+/* xg[p] = xn[tok[p]], rows of H; with xf also xg's GEMM split [parts, P, H] (mc_split_store).
+ * grid mc_grid_elems(P, H), block 256. */
 __global__ void moe_gather_kernel(const float *__restrict__ xn, const int32_t *__restrict__ tok,
-                                  int H, float *__restrict__ xg) {
+                                  int H, float *__restrict__ xg, uint16_t *__restrict__ xf, int parts) {
     const size_t p = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
-    if (i < H) xg[p * H + i] = xn[(size_t)tok[p] * H + i];
+    if (i >= H) return;
+    const float v = xn[(size_t)tok[p] * H + i];
+    xg[p * H + i] = v;
+    if (xf) mc_split_store(xf, (size_t)gridDim.x * H, p * H + i, v, parts);
 }
 
 /* out[t, i] = sum over k < K (the token's pairs, ascending expert) of round(w y[pair, i]),
@@ -449,9 +588,14 @@ typedef struct {
 
 /* y [P, N] (rows of expert e at its group's rows) = x [P, K] . w_e^T, w_e = w + e N K: one
  * grouped launch over r's groups, or one tqkv_cuda_gemm per expert with tokens (grouped
- * off, or cuBLAS: r->count read back). */
-static tqkv_status experts_gemm(model_cuda *g, mc_moe_state *x, const moe_routing *r,
+ * off, or cuBLAS: r->count read back). pre: the kernel before wrote in's split into x->xf
+ * (grouped only: experts_presplit). */
+static tqkv_status experts_gemm(model_cuda *g, mc_moe_state *x, const moe_routing *r, int pre,
                                 const float *in, int K, const bf16 *w, int N, float *y) {
+    if (!r->count && pre)
+        return tqkv_cuda_gemm_grouped_presplit(r->P, (const uint16_t *)w, (size_t)N * K, N, K, y, N,
+                                               x->idx, r->G, r->most, x->xf, g->gemm_parts,
+                                               g->stream);
     if (!r->count)
         return tqkv_cuda_gemm_grouped(in, K, r->P, (const uint16_t *)w, (size_t)N * K, N, K, y, N,
                                       x->idx, r->G, r->most, x->xf, g->gemm_parts, g->stream);
@@ -464,10 +608,11 @@ static tqkv_status experts_gemm(model_cuda *g, mc_moe_state *x, const moe_routin
     return st;
 }
 
-/* h [n, W] = act(gate) * up of gu [n, 2W] on g's stream. */
-static void act_queue(model_cuda *g, moe_act act, const float *gu, int W, float *h, size_t n) {
-    if (act == MOE_ACT_SILU) mc_swiglu_queue(gu, W, h, n, g->stream);
-    else mc_geglu_queue(gu, W, h, n, g->stream);
+/* h [n, W] = act(gate) * up of gu [n, 2W] on g's stream; with xf also h's GEMM split. */
+static void act_queue(model_cuda *g, moe_act act, const float *gu, int W, float *h, size_t n,
+                      uint16_t *xf) {
+    if (act == MOE_ACT_SILU) mc_swiglu_queue(gu, W, h, n, xf, g->gemm_parts, g->stream);
+    else mc_geglu_queue(gu, W, h, n, xf, g->gemm_parts, g->stream);
 }
 
 /* The shared expert of xn [T, H] into x->sy, its gate logits into x->sg. */
@@ -475,11 +620,11 @@ static tqkv_status shared_queue(model_cuda *g, const mc_moe_layer *D, const moe_
                                 mc_moe_state *x, const float *xn, int T) {
     const int H = sh->hidden, S = sh->shared_inter;
     tqkv_status st = mc_gemm(g, xn, H, T, D->sh_wgu, 2 * S, H, NULL, x->gu, 2 * (size_t)S);
-    if (!st) act_queue(g, sh->act, x->gu, S, x->h, (size_t)T);
+    if (!st) act_queue(g, sh->act, x->gu, S, x->h, (size_t)T, NULL);
     if (!st) st = mc_gemm(g, x->h, S, T, D->sh_wd, H, S, NULL, x->sy, H);
     if (!st)
-        moe_router_kernel<<<(unsigned)((T + 3) / 4), 128, 0, g->stream>>>(xn, D->sh_gate, T, 1, H,
-                                                                          g->m->bf16_act, x->sg);
+        moe_router_kernel<<<(unsigned)((T + 3) / 4), MOE_TAIL_THREADS, 0, g->stream>>>(
+            xn, D->sh_gate, T, 1, H, g->m->bf16_act, x->sg, moe_tail{});
     return st;
 }
 
@@ -495,13 +640,20 @@ static tqkv_status route_queue(model_cuda *g, const mc_moe_layer *D, const moe_s
     const cudaStream_t s = g->stream;
     int32_t *idx = x->idx;
     r->E = E, r->P = (int)P, r->G = E < (int)P ? E : (int)P, r->most = T, r->count = NULL;
-    moe_router_kernel<<<(unsigned)(((size_t)T * E + 3) / 4), 128, 0, s>>>(xr, D->router, T, E, H,
-                                                                         g->m->bf16_act, x->logits);
-    moe_route_kernel<<<(unsigned)T, 32, 0, s>>>(x->logits, E, K, sh->norm_topk, D->scale,
-                                                idx + IDX_SEL(E, P), idx + IDX_WB(E, P));
-    moe_place_kernel<<<(unsigned)E, 256, 0, s>>>(idx + IDX_SEL(E, P), (int)P, K, E, r->G, idx,
-                                                 idx + IDX_TOK(E), idx + IDX_PAIR(E, P),
-                                                 idx + IDX_COUNT(E, P), idx + IDX_COUNT(E, P) + E);
+    moe_tail tl;
+    tl.r = moe_route_out{E, K, sh->norm_topk, D->scale, idx + IDX_SEL(E, P), idx + IDX_WB(E, P)};
+    tl.p = moe_place_out{(int)P, K, E, r->G, idx, idx + IDX_TOK(E), idx + IDX_PAIR(E, P),
+                         idx + IDX_COUNT(E, P), idx + IDX_COUNT(E, P) + E};
+    /* up to MOE_FUSED_P pairs (decode) the router's last block routes and places too */
+    tl.done = g_fused && P <= MOE_FUSED_P ? x->done : NULL;
+    moe_router_kernel<<<(unsigned)(((size_t)T * E + 3) / 4), MOE_TAIL_THREADS, 0, s>>>(
+        xr, D->router, T, E, H, g->m->bf16_act, x->logits, tl);
+    if (!tl.done) {
+        moe_route_kernel<<<(unsigned)T, 32, 0, s>>>(x->logits, tl.r);
+        moe_place_kernel<<<(unsigned)E, 256, 0, s>>>(idx + IDX_SEL(E, P), (int)P, K, E, r->G, idx,
+                                                     idx + IDX_TOK(E), idx + IDX_PAIR(E, P),
+                                                     idx + IDX_COUNT(E, P), idx + IDX_COUNT(E, P) + E);
+    }
     tqkv_status st = mc_ck(cudaGetLastError(), "experts routing");
     const int per_expert = !grouped_on() || g->cublas;
     if (st || (T <= GEMM_CUDA_SMALL_T && !per_expert)) return st;
@@ -537,11 +689,17 @@ extern "C" tqkv_status mc_moe_queue(model_cuda *g, const mc_moe_layer *D, const 
     moe_routing r;
     tqkv_status st = route_queue(g, D, sh, x, xr, T, &r);
     const int32_t *tok = x->idx + IDX_TOK(E), *pair = x->idx + IDX_PAIR(E, P);
-    if (!st) moe_gather_kernel<<<mc_grid_elems(P, (size_t)H), 256, 0, s>>>(xn, tok, H, x->xg);
+    /* the grouped GEMMs' activation splits written by the gather and the activation (into
+     * x->xf, read by the GEMM right after each; TQKV_GEMM_PRESPLIT=0: the split launches) */
+    const int pre = !st && !r.count && g->presplit && !g->cublas;
+    uint16_t *xf = pre ? (uint16_t *)x->xf : NULL;
+    if (!st)
+        moe_gather_kernel<<<mc_grid_elems(P, (size_t)H), 256, 0, s>>>(xn, tok, H, x->xg, xf,
+                                                                      g->gemm_parts);
     // ---- experts over their gathered rows: gate|up, activation, down
-    if (!st) st = experts_gemm(g, x, &r, x->xg, H, D->wgu, 2 * I, x->gu);
-    if (!st) act_queue(g, sh->act, x->gu, I, x->h, P);
-    if (!st) st = experts_gemm(g, x, &r, x->h, I, D->wd, H, x->y);
+    if (!st) st = experts_gemm(g, x, &r, pre, x->xg, H, D->wgu, 2 * I, x->gu);
+    if (!st) act_queue(g, sh->act, x->gu, I, x->h, P, xf);
+    if (!st) st = experts_gemm(g, x, &r, pre, x->h, I, D->wd, H, x->y);
     // ---- the shared expert, then combine: out [T, H], each token's experts in ascending order
     const int shared = sh->shared_inter > 0;
     if (!st && shared) st = shared_queue(g, D, sh, x, xn, T);

@@ -54,6 +54,10 @@ tqkv_status mc_moe_queue(struct model_cuda *g, const mc_moe_layer *D, const moe_
  * environment has TQKV_MOE_GROUPED=0) or one tqkv_cuda_gemm per expert (0): the same bits.
  * For tests and A/B runs; not while a forward runs on another thread. */
 void        mc_moe_set_grouped(int on);
+/* The routing of up to MOE_FUSED_P pairs in the router kernel's last block (1, the default)
+ * or as the route and place launches (0): the same integers. For tests; not while a forward
+ * runs on another thread. */
+void        mc_moe_set_fused(int on);
 
 /* --- hooks for a `moe_layer` array behind the common device graph --------------------- */
 

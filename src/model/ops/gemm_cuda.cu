@@ -365,17 +365,10 @@ static tqkv_status gemm_launched(void) {
     return TQKV_OK;
 }
 
-extern "C" tqkv_status tqkv_cuda_gemm_grouped(const float *x, size_t ldx, int T, const uint16_t *w,
-                                              size_t wstride, int N, int K, float *y, size_t ldy,
-                                              const int32_t *groups, int G, int max_rows, void *xf,
-                                              int parts, void *stream) {
-    const cudaStream_t s = (cudaStream_t)stream;
-    if (!groups || G < 1 || max_rows < 1 || max_rows > T)
-        return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm_grouped: bad groups (G %d, max rows %d of %d)",
-                         G, max_rows, T);
-    const tqkv_status st = gemm_begin("tqkv_cuda_gemm_grouped", x, ldx, T, w, N, K, y, xf, parts, s);
-    if (st) return st;
-    const uint16_t *xb = (const uint16_t *)xf;
+/* The grouped tile launch on split activations xb [parts, T, K]. */
+static tqkv_status grouped_launch(const uint16_t *xb, int T, const uint16_t *w, size_t wstride,
+                                  int N, int K, float *y, size_t ldy, const int32_t *groups, int G,
+                                  int max_rows, int parts, cudaStream_t s) {
     const int4 *gr = (const int4 *)groups;
     const int sh = shape_pick(max_rows, N, parts);
 #define X(id, wm, wn, mt, nt, p, st)                                                                \
@@ -385,6 +378,34 @@ extern "C" tqkv_status tqkv_cuda_gemm_grouped(const float *x, size_t ldx, int T,
     GEMM_SHAPES_P1(X)
 #undef X
     return gemm_launched();
+}
+
+static tqkv_status grouped_check(const char *fn, int T, const int32_t *groups, int G, int max_rows) {
+    if (!groups || G < 1 || max_rows < 1 || max_rows > T)
+        return tqkv_fail(TQKV_EINVAL, "%s: bad groups (G %d, max rows %d of %d)", fn, G, max_rows, T);
+    return TQKV_OK;
+}
+
+extern "C" tqkv_status tqkv_cuda_gemm_grouped(const float *x, size_t ldx, int T, const uint16_t *w,
+                                              size_t wstride, int N, int K, float *y, size_t ldy,
+                                              const int32_t *groups, int G, int max_rows, void *xf,
+                                              int parts, void *stream) {
+    const cudaStream_t s = (cudaStream_t)stream;
+    tqkv_status st = grouped_check("tqkv_cuda_gemm_grouped", T, groups, G, max_rows);
+    if (!st) st = gemm_begin("tqkv_cuda_gemm_grouped", x, ldx, T, w, N, K, y, xf, parts, s);
+    return st ? st : grouped_launch((const uint16_t *)xf, T, w, wstride, N, K, y, ldy, groups, G,
+                                    max_rows, parts, s);
+}
+
+extern "C" tqkv_status tqkv_cuda_gemm_grouped_presplit(int T, const uint16_t *w, size_t wstride,
+                                                       int N, int K, float *y, size_t ldy,
+                                                       const int32_t *groups, int G, int max_rows,
+                                                       const void *xf, int parts, void *stream) {
+    const char *fn = "tqkv_cuda_gemm_grouped_presplit";
+    tqkv_status st = grouped_check(fn, T, groups, G, max_rows);
+    if (!st) st = gemm_check(fn, T, w, N, K, y, xf, parts);
+    return st ? st : grouped_launch((const uint16_t *)xf, T, w, wstride, N, K, y, ldy, groups, G,
+                                    max_rows, parts, (cudaStream_t)stream);
 }
 
 /* The tile launch on split activations xb [parts, T, K]. */

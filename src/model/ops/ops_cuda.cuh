@@ -72,18 +72,30 @@ __device__ __forceinline__ float mc_rms_r(double ss, int n, float eps) {
 /* RoPE of one head held by a warp, lane l holding dims l + 32 i (i < NPL): pairs (d, d +
  * half) for d < half rotated by rope = cos [half] | sin [half] (ops_rope's order, no
  * contraction); dims from 2 half on pass unchanged. w: the warp's 32 NPL floats of shared
- * scratch. Each pair is one lane's: read and written in place, the warp in step around it. */
+ * scratch. Each pair is one lane's: read and written in place, the warp in step around it.
+ * A lane's cos / sin (d = lane + 32 m, half <= 16 NPL) are loaded first, before the warp's
+ * barrier. */
 template <int NPL>
 __device__ __forceinline__ void mc_warp_rope(float (&v)[NPL], float *w, const float *rope, int half) {
+    constexpr int NP = NPL / 2;   /* a lane's pairs at most */
     const int lane = threadIdx.x & 31;
+    float cc[NP], ss[NP];
+#pragma unroll
+    for (int m = 0; m < NP; m++) {
+        const int d = lane + 32 * m;
+        cc[m] = d < half ? rope[d] : 0.0f;
+        ss[m] = d < half ? rope[half + d] : 0.0f;
+    }
 #pragma unroll
     for (int i = 0; i < NPL; i++) w[lane + 32 * i] = v[i];
     __syncwarp();
-    const float *sn = rope + half;
-    for (int d = lane; d < half; d += 32) {
-        const float a = w[d], b = w[d + half], cc = rope[d], ss = sn[d];
-        w[d] = __fsub_rn(__fmul_rn(a, cc), __fmul_rn(b, ss));
-        w[d + half] = __fadd_rn(__fmul_rn(b, cc), __fmul_rn(a, ss));
+#pragma unroll
+    for (int m = 0; m < NP; m++) {
+        const int d = lane + 32 * m;
+        if (d >= half) break;
+        const float a = w[d], b = w[d + half];
+        w[d] = __fsub_rn(__fmul_rn(a, cc[m]), __fmul_rn(b, ss[m]));
+        w[d + half] = __fadd_rn(__fmul_rn(b, cc[m]), __fmul_rn(a, ss[m]));
     }
     __syncwarp();
 #pragma unroll

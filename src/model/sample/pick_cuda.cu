@@ -69,13 +69,20 @@ __device__ __forceinline__ void warp_best(float &bv, int &bi) {
 __device__ void pick_greedy(const float *l, int V, pick_smem &sh, int32_t *rec,
                             int stride) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    constexpr int U = 16; /* a thread's logits loaded U at a time, then scanned in id order */
     float bv = 0.0f;
     int bi = -1;
-    for (int i = tid; i < V; i += PICK_THREADS) { /* ascending ids: the first best stays */
-        const float x = l[i];
-        if (!isnan(x) && (bi < 0 || x > bv)) {
-            bv = x;
-            bi = i;
+    for (int i0 = tid; i0 < V; i0 += U * PICK_THREADS) { /* ascending ids: the first best stays */
+        float x[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) x[u] = i0 + u * PICK_THREADS < V ? l[i0 + u * PICK_THREADS] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + u * PICK_THREADS;
+            if (i < V && !isnan(x[u]) && (bi < 0 || x[u] > bv)) {
+                bv = x[u];
+                bi = i;
+            }
         }
     }
     warp_best(bv, bi);

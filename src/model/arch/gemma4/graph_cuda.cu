@@ -244,13 +244,12 @@ extern "C" tqkv_status g4_cuda_prepare(model_cuda *g) {
 // kernels
 // ---------------------------------------------------------------------------
 
-/* x[t, :] = embed[token] * escale. grid T, block 128. */
+/* x[t, :] = embed[token] * escale. grid mc_grid_elems(T, H), block 256. */
 __global__ void g4_embed_kernel(const int32_t *__restrict__ tinfo, const bf16 *__restrict__ e,
                                 int H, float escale, float *__restrict__ x) {
     const size_t t = blockIdx.x;
-    const bf16 *row = e + (size_t)tinfo[t * 3] * H;
-    for (int i = threadIdx.x; i < H; i += blockDim.x)
-        x[t * H + i] = __fmul_rn(__bfloat162float(row[i]), escale);
+    const int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i < H) x[t * H + i] = __fmul_rn(__bfloat162float(e[(size_t)tinfo[t * 3] * H + i]), escale);
 }
 
 /* Per-layer inputs, one warp per (token, layer slice of P), in place on ple [T, L P]
@@ -280,20 +279,43 @@ __global__ void g4_ple_kernel(float *__restrict__ ple, const int32_t *__restrict
     }
 }
 
+/* The Gemma 4 norms below: block 128, a thread's values i, i + 128, ... loaded G4_U at a time
+ * (mc_load_strided), then used in that order: the loads overlap, every sum keeps its order. */
+constexpr int G4_U = 8;
+
 /* out[t] = w * (x[t] * r) (RMSNorm, the CPU's formula), then times post when post != 1 (the
- * MoE router's input scale, rounded after the norm as graph.c does). grid T, block 128. */
+ * MoE router's input scale, rounded after the norm as graph.c does); with xf also out's GEMM
+ * split (mc_split_store, `parts`). grid T, block 128. */
 __global__ void g4_rmsnorm_kernel(const float *__restrict__ x, const float *__restrict__ w,
-                                  float eps, int H, float post, float *__restrict__ out) {
+                                  float eps, int H, float post, float *__restrict__ out,
+                                  uint16_t *__restrict__ xf, int parts) {
+    constexpr int U = G4_U;
     __shared__ double sh[4];
     const size_t t = blockIdx.x;
     const float *xr = x + t * H;
     double s = 0;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) s += (double)xr[i] * xr[i];
+    for (int i0 = threadIdx.x; i0 < H; i0 += U * 128) {
+        float v[U];
+        mc_load_strided<U>(v, xr, i0, 128, H);
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (i0 + 128 * u < H) s += (double)v[u] * v[u];
+    }
     s = mc_block_sum128(s, sh);
     const float r = mc_rms_r(s, H, eps);
-    for (int i = threadIdx.x; i < H; i += blockDim.x) {
-        const float v = __fmul_rn(w[i], __fmul_rn(xr[i], r));
-        out[t * H + i] = post != 1.0f ? __fmul_rn(v, post) : v;
+    for (int i0 = threadIdx.x; i0 < H; i0 += U * 128) {
+        float v[U], g[U];
+        mc_load_strided<U>(v, xr, i0, 128, H);
+        mc_load_strided<U>(g, w, i0, 128, H);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + 128 * u;
+            if (i >= H) break;
+            float o = __fmul_rn(g[u], __fmul_rn(v[u], r));
+            if (post != 1.0f) o = __fmul_rn(o, post);
+            out[t * H + i] = o;
+            if (xf) mc_split_store(xf, (size_t)gridDim.x * H, t * H + i, o, parts);
+        }
     }
 }
 
@@ -302,49 +324,95 @@ __global__ void g4_rmsnorm_kernel(const float *__restrict__ x, const float *__re
 __global__ void g4_moe_mix_kernel(float *__restrict__ o, const float *__restrict__ h2,
                                   const float *__restrict__ w1, const float *__restrict__ w2,
                                   float eps, int H) {
+    constexpr int U = G4_U;
     __shared__ double sh[4];
     const size_t t = blockIdx.x;
     float *ot = o + t * H;
     const float *ht = h2 + t * H;
     double s1 = 0, s2 = 0;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) {
-        s1 += (double)ot[i] * ot[i];
-        s2 += (double)ht[i] * ht[i];
+    for (int i0 = threadIdx.x; i0 < H; i0 += U * 128) {
+        float a[U], b[U];
+        mc_load_strided<U>(a, ot, i0, 128, H);
+        mc_load_strided<U>(b, ht, i0, 128, H);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (i0 + 128 * u >= H) break;
+            s1 += (double)a[u] * a[u];
+            s2 += (double)b[u] * b[u];
+        }
     }
     s1 = mc_block_sum128(s1, sh);
     s2 = mc_block_sum128(s2, sh);
     const float r1 = mc_rms_r(s1, H, eps), r2 = mc_rms_r(s2, H, eps);
-    for (int i = threadIdx.x; i < H; i += blockDim.x)
-        ot[i] = __fadd_rn(__fmul_rn(w1[i], __fmul_rn(ot[i], r1)),
-                          __fmul_rn(w2[i], __fmul_rn(ht[i], r2)));
+    for (int i0 = threadIdx.x; i0 < H; i0 += U * 128) {
+        float a[U], b[U], g1[U], g2[U];
+        mc_load_strided<U>(a, ot, i0, 128, H);
+        mc_load_strided<U>(b, ht, i0, 128, H);
+        mc_load_strided<U>(g1, w1, i0, 128, H);
+        mc_load_strided<U>(g2, w2, i0, 128, H);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + 128 * u;
+            if (i >= H) break;
+            ot[i] = __fadd_rn(__fmul_rn(g1[u], __fmul_rn(a[u], r1)), __fmul_rn(g2[u], __fmul_rn(b[u], r2)));
+        }
+    }
 }
 
 /* The end of a block: o = rmsnorm(o, wpost); x += o; x *= ls (when ls != 1); then, with
- * wnext, xn = rmsnorm(x, wnext) (the next block's input). x, o, xn [T, H]. grid T, block
- * 128 (a thread reads back only the elements of x it wrote). */
+ * wnext, xn = rmsnorm(x, wnext) (the next block's input), and with xf also xn's GEMM split.
+ * x, o, xn [T, H]. grid T, block 128 (a thread reads back only the elements of x it wrote). */
 __global__ void g4_residual_kernel(float *__restrict__ x, const float *__restrict__ o,
                                    const float *__restrict__ wpost, float eps, int H, float ls,
-                                   const float *__restrict__ wnext, float *__restrict__ xn) {
+                                   const float *__restrict__ wnext, float *__restrict__ xn,
+                                   uint16_t *__restrict__ xf, int parts) {
+    constexpr int U = G4_U;
     __shared__ double sh[4];
     const size_t t = blockIdx.x;
     float *xr = x + t * H;
     const float *orow = o + t * H;
     double s = 0;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) s += (double)orow[i] * orow[i];
+    for (int i0 = threadIdx.x; i0 < H; i0 += U * 128) {
+        float a[U];
+        mc_load_strided<U>(a, orow, i0, 128, H);
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (i0 + 128 * u < H) s += (double)a[u] * a[u];
+    }
     s = mc_block_sum128(s, sh);
     const float r = mc_rms_r(s, H, eps);
     double s2 = 0;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) {
-        float v = __fadd_rn(xr[i], __fmul_rn(wpost[i], __fmul_rn(orow[i], r)));
-        if (ls != 1.0f) v = __fmul_rn(v, ls);
-        xr[i] = v;
-        s2 += (double)v * v;
+    for (int i0 = threadIdx.x; i0 < H; i0 += U * 128) {
+        float xv[U], g[U], a[U];
+        mc_load_strided<U>(xv, xr, i0, 128, H);
+        mc_load_strided<U>(g, wpost, i0, 128, H);
+        mc_load_strided<U>(a, orow, i0, 128, H);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + 128 * u;
+            if (i >= H) break;
+            float v = __fadd_rn(xv[u], __fmul_rn(g[u], __fmul_rn(a[u], r)));
+            if (ls != 1.0f) v = __fmul_rn(v, ls);
+            xr[i] = v;
+            s2 += (double)v * v;
+        }
     }
     if (!wnext) return; /* uniform over the block */
     s2 = mc_block_sum128(s2, sh);
     const float r2 = mc_rms_r(s2, H, eps);
-    for (int i = threadIdx.x; i < H; i += blockDim.x)
-        xn[t * H + i] = __fmul_rn(wnext[i], __fmul_rn(xr[i], r2));
+    for (int i0 = threadIdx.x; i0 < H; i0 += U * 128) {
+        float xv[U], g[U];
+        mc_load_strided<U>(xv, xr, i0, 128, H);
+        mc_load_strided<U>(g, wnext, i0, 128, H);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + 128 * u;
+            if (i >= H) break;
+            const float y = __fmul_rn(g[u], __fmul_rn(xv[u], r2));
+            xn[t * H + i] = y;
+            if (xf) mc_split_store(xf, (size_t)gridDim.x * H, t * H + i, y, parts);
+        }
+    }
 }
 
 /* One warp per (token, head) of q | k | v at head dim HD (128 or 256; NPL = HD / 32 values
@@ -374,44 +442,53 @@ __global__ void g4_qkv_kernel(const float *__restrict__ qkv, int QS, int T, int 
     const float *src =
         qkv + t * (size_t)QS +
         (kind == 0 ? (size_t)hh * HD : QD + (kind == 2 && !v_from_k ? KD : 0) + (size_t)hh * HD);
-    float v[NPL];
-    double s = 0;
+    const int row = tinfo[t * 3 + 1], j = tinfo[t * 3 + 2]; /* (loaded first: no wait at the end) */
+    const float *nw = kind == 0 ? qn : kind == 1 ? kn : NULL;
+    float v[NPL], g[NPL];
 #pragma unroll
     for (int i = 0; i < NPL; i++) {
         v[i] = src[lane + 32 * i];
-        s += (double)v[i] * v[i];
+        g[i] = nw ? nw[lane + 32 * i] : 0.0f;
     }
+    double s = 0;
+#pragma unroll
+    for (int i = 0; i < NPL; i++) s += (double)v[i] * v[i];
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     const float r = mc_rms_r(s, HD, eps);
-    const float *nw = kind == 0 ? qn : kind == 1 ? kn : NULL;
 #pragma unroll
-    for (int i = 0; i < NPL; i++)
-        v[i] = nw ? __fmul_rn(nw[lane + 32 * i], __fmul_rn(v[i], r)) : __fmul_rn(v[i], r);
+    for (int i = 0; i < NPL; i++) v[i] = nw ? __fmul_rn(g[i], __fmul_rn(v[i], r)) : __fmul_rn(v[i], r);
     if (kind < 2) mc_warp_rope<NPL>(v, sv[threadIdx.x >> 5], rope + t * (size_t)RW, HALF); /* RoPE */
-    const int row = tinfo[t * 3 + 1], j = tinfo[t * 3 + 2];
     float *dst = kind == 0 ? qb + (((size_t)row * NH + hh) * n + j) * HD
                            : (kind == 1 ? kb : vb) + (((size_t)row * nkv + hh) * n + j) * HD;
 #pragma unroll
     for (int i = 0; i < NPL; i++) dst[lane + 32 * i] = v[i];
 }
 
-/* att[t, h hd + d] = ob[((row NH + h) n + col) hd + d]. grid T, block 128. */
+/* att[t, h hd + d] = ob[((row NH + h) n + col) hd + d]; with xf also att's GEMM split.
+ * grid mc_grid_elems(T, NH hd), block 256. */
 __global__ void g4_gather_kernel(const float *__restrict__ ob, const int32_t *__restrict__ tinfo,
-                                 int NH, int n, int hd, float *__restrict__ att) {
+                                 int NH, int n, int hd, float *__restrict__ att,
+                                 uint16_t *__restrict__ xf, int parts) {
     const size_t t = blockIdx.x;
-    const int r = tinfo[t * 3 + 1], j = tinfo[t * 3 + 2], QD = NH * hd;
-    for (int i = threadIdx.x; i < QD; i += blockDim.x) {
-        const int h = i / hd, d = i - h * hd;
-        att[t * QD + i] = ob[(((size_t)r * NH + h) * n + j) * hd + d];
-    }
+    const int i = blockIdx.y * blockDim.x + threadIdx.x, QD = NH * hd;
+    if (i >= QD) return;
+    const int r = tinfo[t * 3 + 1], j = tinfo[t * 3 + 2];
+    const int h = i / hd, d = i - h * hd;
+    const float v = ob[(((size_t)r * NH + h) * n + j) * hd + d];
+    att[t * QD + i] = v;
+    if (xf) mc_split_store(xf, (size_t)gridDim.x * QD, t * QD + i, v, parts);
 }
 
-/* pg[t, e] = gelu_tanh(pg[t, e]) * ple[t, l P + e]. grid T, block 128. */
+/* pg[t, e] = gelu_tanh(pg[t, e]) * ple[t, l P + e]; with xf also pg's GEMM split. grid
+ * mc_grid_elems(T, P), block 256. */
 __global__ void g4_ple_gate_kernel(float *__restrict__ pg, const float *__restrict__ ple, int P,
-                                   size_t LP, int l) {
+                                   size_t LP, int l, uint16_t *__restrict__ xf, int parts) {
     const size_t t = blockIdx.x;
-    for (int e = threadIdx.x; e < P; e += blockDim.x)
-        pg[t * P + e] = __fmul_rn(mc_gelu_tanh(pg[t * P + e]), ple[t * LP + (size_t)l * P + e]);
+    const int e = blockIdx.y * blockDim.x + threadIdx.x;
+    if (e >= P) return;
+    const float v = __fmul_rn(mc_gelu_tanh(pg[t * P + e]), ple[t * LP + (size_t)l * P + e]);
+    pg[t * P + e] = v;
+    if (xf) mc_split_store(xf, (size_t)gridDim.x * P, t * P + e, v, parts);
 }
 
 /* logits = tanh(logits / cap) * cap over n floats. */
@@ -528,7 +605,7 @@ extern "C" tqkv_status g4_cuda_forward_queue(model_cuda *g, int n, int as_decode
     if (st) return st;
 
     /* scaled embeddings; per-layer inputs from them */
-    g4_embed_kernel<<<(unsigned)T, 128, 0, s>>>(g->tinfo, g->w->embed, H, sqrtf((float)H), g->x);
+    g4_embed_kernel<<<mc_grid_elems(T, H), 256, 0, s>>>(g->tinfo, g->w->embed, H, sqrtf((float)H), g->x);
     if (P) {
         st = mc_gemm(g, g->x, H, (int)T, X->ple_model_proj, (int)LP, H, NULL, g->ple, LP);
         if (st) return st;
@@ -537,8 +614,12 @@ extern "C" tqkv_status g4_cuda_forward_queue(model_cuda *g, int n, int as_decode
             g->ple, g->tinfo, (int)T, NL, P, X->embed_ple, X->ple_norm, eps, 1.0f / sqrtf((float)H),
             sqrtf((float)P), 1.0f / sqrtf(2.0f));
     }
+    /* the kernels before a GEMM write its activation split where mc_split_xf says (none
+     * with cuBLAS or TQKV_GEMM_PRESPLIT=0); mc_gemm_pre then skips the split launch */
+    uint16_t *const xf = mc_split_xf(g);
+    const int parts = g->gemm_parts;
     g4_rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->w->layers[0].attn_norm, eps, H, 1.0f,
-                                                  g->xn);
+                                                  g->xn, xf, parts);
     for (int l = 0; l < NL && !st; l++) {
         const mc_layer *L = &g->w->layers[l];
         const g4_cuda_layer *XL = &X->layers[l];
@@ -548,7 +629,7 @@ extern "C" tqkv_status g4_cuda_forward_queue(model_cuda *g, int n, int as_decode
         const float *rope = g->rope + (ty ? 2 * G->half[0] : 0);
         cuda_kv *kv = g->kv[gc->donor[l]]; /* a KV-shared layer: the donor's, appended earlier */
         // ---- attention block
-        st = mc_gemm(g, g->xn, H, (int)T, L->wqkv, QS, H, NULL, g->qkv, QS);
+        st = mc_gemm_pre(g, g->xn, H, (int)T, L->wqkv, QS, H, NULL, g->qkv, QS); /* split: the norm before */
         if (!st) st = qkv_launch(g, hd, QS, (int)T, NH, own ? NKV : 0, n, keqv, L, eps, rope, RW);
         if (!st && own) {
             st = tqkv_cuda_kv_append(kv, g->kb, g->vb, n);
@@ -573,47 +654,52 @@ extern "C" tqkv_status g4_cuda_forward_queue(model_cuda *g, int n, int as_decode
             st = tqkv_cuda_kv_attend_masked(kv, g->qb, n, NH, 1.0f, g->h_lo, g->h_hi, g->ob);
         }
         if (st) break;
-        g4_gather_kernel<<<(unsigned)T, 128, 0, s>>>(g->ob, g->tinfo, NH, n, hd, g->att);
-        st = mc_gemm(g, g->att, QD, (int)T, L->wo, H, QD, NULL, g->tmp, H);
+        g4_gather_kernel<<<mc_grid_elems(T, QD), 256, 0, s>>>(g->ob, g->tinfo, NH, n, hd, g->att, xf, parts);
+        st = mc_gemm_pre(g, g->att, QD, (int)T, L->wo, H, QD, NULL, g->tmp, H);
         if (st) break;
-        /* x += post_attn_norm(o); xn = pre_ffn_norm(x) */
+        /* x += post_attn_norm(o); xn = pre_ffn_norm(x), its split for the MLP's first GEMM
+         * unless the MoE block runs between (its GEMMs may use g->xf) */
+        uint16_t *const xf_mlp = XL->moe ? NULL : xf;
         g4_residual_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, XL->post_attn, eps, H, 1.0f,
-                                                       L->ffn_norm, g->xn);
+                                                       L->ffn_norm, g->xn, xf_mlp, parts);
         // ---- MoE block beside the MLP: h2 = experts(x2) routed on xr
         g4_cuda_state *GS = g4s(g);
         if (XL->moe) {
             /* xr = rmsnorm(x) * router.scale * H^-1/2, x2 = rmsnorm_pre_ffn_2(x) */
             g4_rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, XL->router_scale, eps, H,
-                                                          1.0f / sqrtf((float)H), GS->xr);
-            g4_rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, XL->pre_ffn_2, eps, H, 1.0f, GS->x2);
+                                                          1.0f / sqrtf((float)H), GS->xr, NULL, 1);
+            g4_rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, XL->pre_ffn_2, eps, H, 1.0f, GS->x2,
+                                                          NULL, 1);
             st = mc_moe_queue(g, XL->moe, &msh, GS->moe, GS->xr, GS->x2, GS->h2, (int)T);
             if (st) break;
         }
         // ---- MLP block (GeGLU); with the MoE block f = post_1(f) + post_2(h2)
-        st = mc_gemm(g, g->xn, H, (int)T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I);
+        st = xf_mlp ? mc_gemm_pre(g, g->xn, H, (int)T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I)
+                    : mc_gemm(g, g->xn, H, (int)T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I);
         if (st) break;
-        mc_geglu_queue(g->gu, I, g->hh, T, s);
-        st = mc_gemm(g, g->hh, I, (int)T, L->wd, H, I, NULL, g->tmp, H);
+        mc_geglu_queue(g->gu, I, g->hh, T, xf, parts, s);
+        st = mc_gemm_pre(g, g->hh, I, (int)T, L->wd, H, I, NULL, g->tmp, H);
         if (st) break;
         if (XL->moe)
             g4_moe_mix_kernel<<<(unsigned)T, 128, 0, s>>>(g->tmp, GS->h2, XL->post_ffn_1,
                                                           XL->post_ffn_2, eps, H);
         const float *nw = l + 1 < NL ? g->w->layers[l + 1].attn_norm : g->w->final_norm;
+        uint16_t *const xf_next = l + 1 < NL ? xf : NULL; /* the next qkv GEMM's (the lm_head splits) */
         if (!P) { /* x += post_ffn_norm(f); x *= layer_scalar; xn = the next block's norm */
             g4_residual_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, XL->post_ffn, eps, H,
-                                                           XL->layer_scalar, nw, g->xn);
+                                                           XL->layer_scalar, nw, g->xn, xf_next, parts);
             continue;
         }
         g4_residual_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, XL->post_ffn, eps, H, 1.0f,
-                                                       NULL, NULL);
+                                                       NULL, NULL, NULL, 1);
         // ---- per-layer input block: x += post_ple_norm(W_proj(gelu(W_gate x) * ple[l]))
         st = mc_gemm(g, g->x, H, (int)T, XL->ple_gate, P, H, NULL, g->pg, P);
         if (st) break;
-        g4_ple_gate_kernel<<<(unsigned)T, 128, 0, s>>>(g->pg, g->ple, P, LP, l);
-        st = mc_gemm(g, g->pg, P, (int)T, XL->ple_proj, H, P, NULL, g->tmp, H);
+        g4_ple_gate_kernel<<<mc_grid_elems(T, P), 256, 0, s>>>(g->pg, g->ple, P, LP, l, xf, parts);
+        st = mc_gemm_pre(g, g->pg, P, (int)T, XL->ple_proj, H, P, NULL, g->tmp, H);
         if (st) break;
         g4_residual_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, XL->post_ple, eps, H,
-                                                       XL->layer_scalar, nw, g->xn);
+                                                       XL->layer_scalar, nw, g->xn, xf_next, parts);
     }
     if (!st) st = mc_ck(cudaGetLastError(), "forward kernels");
     if (st || mode == TQKV_LOGITS_NONE) return st;
