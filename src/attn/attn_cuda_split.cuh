@@ -48,16 +48,15 @@ template <int D> __device__ __forceinline__ int dsplit_count(int ntok) {
     if constexpr (D == 128) return split_count(ntok);
     else return tsplit_count(ntok);
 }
-/* The row's splits that are numbered first (per kv head): those holding q8 window tokens, at
- * least the last (0 for an empty row). They take the longest (a window tile is loaded by the
+/* The row's splits that are numbered first (per kv head): those holding q8 window tokens (0
+ * without a window: such rows keep their former order). They take the longest (a window tile is loaded by the
  * lanes, a main-plane tile is staged), so running them first keeps them off the end of the
  * launch: with the window's splits numbered among the rest, the launch ended up to 80%
  * later than without the window (batch 8 / 64k, +0.18 ms at both batch 8 and 32). Only the
  * order in which items are taken changes, not what an item computes. */
 template <int D> __device__ __forceinline__ int dsplit_first(const cuda_row &row) {
-    if (row.ntok <= 0) return 0;
-    const int w = min(row.wstart, row.ntok - 1);
-    return dsplit_count<D>(row.ntok) - w / dsplit_len<D>(row.ntok);
+    if (row.wstart >= row.ntok) return 0;                  /* no window (or an empty row) */
+    return dsplit_count<D>(row.ntok) - row.wstart / dsplit_len<D>(row.ntok);
 }
 
 // ---------------------------------------------------------------------------
@@ -474,6 +473,12 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
 
         /* d = 128: a tile in registers (R: from the stage or loaded by load_tile) */
         auto process = [&](const RawT &R, int t0, bool slow) {
+            /* a tile holding window tokens (warp-uniform): their q8 values replace the
+             * lookups (their tq bytes are not loaded: lim = fast_end); wsl: the ring slot of
+             * token t0 + lane (every slot is valid: the ring exists), shuffled to the
+             * fragments' tokens */
+            const bool wt = F != F_BF16 && slow && row.wstart < min(z, t0 + TT);
+            const int wsl = wt ? (t0 + lane) % P.ring.ring : 0;
             // ---- per-lane token factors (token t0 + lane): K's, log2 of V's and its inverse
             float kf = 1.0f, vl = 0.0f, vi = 1.0f;  /* (see RESCALE_SLACK) */
             float vf = 1.0f;                          /* (the window's V fragments use it) */
@@ -482,9 +487,9 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
                 if constexpr (F != F_BF16) {
                     kf = __half2float(__ushort_as_half((uint16_t)R.ksc));
                     vf = __half2float(__ushort_as_half((uint16_t)R.vsc));
-                    if (slow && t >= row.wstart && t < z) {     /* q8_tok_factor */
+                    if (wt && t >= row.wstart && t < z) {     /* q8_tok_factor */
                         const Ring x = ring_of();
-                        const size_t slot = (size_t)(t % x.ring);
+                        const size_t slot = (size_t)wsl;
                         kf = q8_tok_factor(x.kws + slot * (D / 32));
                         vf = q8_tok_factor(x.vws + slot * (D / 32));
                     }
@@ -495,9 +500,6 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
                     kf = vl = vi = 0.0f;
                 }
             }
-            /* a tile holding window tokens (warp-uniform): its q8 values replace the
-             * lookups of those tokens (their tq bytes are not loaded: lim = fast_end) */
-            const bool wt = F != F_BF16 && slow && row.wstart < min(z, t0 + TT);
             float sc[SUB][4];
 #pragma unroll
             for (int u = 0; u < SUB; u++) {
@@ -511,7 +513,7 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
                         float kb[2], tf[2];
 #pragma unroll
                         for (int row2 = 0; row2 < 2; row2++) {   /* every load first (valid slots) */
-                            const size_t slot = (size_t)((t0 + 16 * u + krow_tok<F>(g, row2)) % x.ring);
+                            const size_t slot = (size_t)__shfl_sync(0xffffffffu, wsl, 16 * u + krow_tok<F>(g, row2));
                             kq[row2] = q8k_load(x.kw + slot * D, c);
                             kb[row2] = __half2float(__ushort_as_half(__ldg(x.kws + slot * (D / 32) + c)));
                             tf[row2] = __shfl_sync(0xffffffffu, kf, 16 * u + krow_tok<F>(g, row2)); /* its factor */
@@ -575,7 +577,7 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
                         float vb[4], tf[4];
 #pragma unroll
                         for (int j = 0; j < 4; j++) {    /* every load first (valid slots) */
-                            const size_t slot = (size_t)((t0 + 16 * u + vcol_tok<F>(c, j)) % x.ring);
+                            const size_t slot = (size_t)__shfl_sync(0xffffffffu, wsl, 16 * u + vcol_tok<F>(c, j));
                             vq[j] = q8v_load<F>(x.vw + slot * D, vdim<F>(g, 0, 0));
                             vb[j] = __half2float(__ushort_as_half(__ldg(x.vws + slot * (D / 32) + (g >> 1))));
                             tf[j] = __shfl_sync(0xffffffffu, vf, 16 * u + vcol_tok<F>(c, j)); /* its factor */
@@ -605,15 +607,19 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
          * memory for slow tiles); ksc / vsc: the fp16 scales of token t0 + lane. Tokens:
          * ktok256 / vtok256. */
         auto process_w = [&](const auto &S, uint32_t ksc, uint32_t vsc, int t0, bool slow) {
+            /* a tile holding window tokens (warp-uniform) and the ring slot of token t0 +
+             * lane, as process */
+            const bool wt = slow && row.wstart < min(z, t0 + TT);
+            const int wsl = wt ? (t0 + lane) % P.ring.ring : 0;
             // ---- per-lane token factors (token t0 + lane): K's, log2 of V's and its inverse
             float kf, vl, vi, vf;
             {
                 const int t = t0 + lane;
                 kf = __half2float(__ushort_as_half((uint16_t)ksc));
                 vf = __half2float(__ushort_as_half((uint16_t)vsc));
-                if (slow && t >= row.wstart && t < z) {     /* q8_tok_factor8 */
+                if (wt && t >= row.wstart && t < z) {     /* q8_tok_factor8 */
                     const Ring x = ring_of();
-                    const size_t slot = (size_t)(t % x.ring);
+                    const size_t slot = (size_t)wsl;
                     kf = q8_tok_factor8(x.kws + slot * (D / 32));
                     vf = q8_tok_factor8(x.vws + slot * (D / 32));
                 }
@@ -623,8 +629,6 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
                     kf = vl = vi = 0.0f;
                 }
             }
-            /* a tile holding window tokens (warp-uniform), as process */
-            const bool wt = slow && row.wstart < min(z, t0 + TT);
             float sc[SUB][4];
 #pragma unroll
             for (int u = 0; u < SUB; u++) {
@@ -645,7 +649,7 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
                         float kb[2];
 #pragma unroll
                         for (int row2 = 0; row2 < 2; row2++) {   /* every load first (valid slots) */
-                            const size_t slot = (size_t)((t0 + ktok256(u, g, row2)) % x.ring);
+                            const size_t slot = (size_t)__shfl_sync(0xffffffffu, wsl, ktok256(u, g, row2));
                             kq[row2] = q8k_load(x.kw + slot * D + 128 * hh, c);
                             kb[row2] = __half2float(__ushort_as_half(__ldg(x.kws + slot * (D / 32) + c + 4 * hh)));
                         }
@@ -705,7 +709,7 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
                         float vb[4];
 #pragma unroll
                         for (int j = 0; j < 4; j++) {    /* every load first (valid slots) */
-                            const size_t slot = (size_t)((t0 + vtok256(u, c, j)) % x.ring);
+                            const size_t slot = (size_t)__shfl_sync(0xffffffffu, wsl, vtok256(u, c, j));
                             vq[j] = q8v_load<F>(x.vw + slot * D + 128 * hh, vdim<F>(g, 0, 0));
                             vb[j] = __half2float(__ushort_as_half(__ldg(x.vws + slot * (D / 32) + (g >> 1) + 4 * hh)));
                         }
