@@ -5,8 +5,8 @@
  *     fp16 scales and the q8 window ring (tq4, tq3; with and without a window);
  *   - GPU decode attention over tq4 / tq3 rows (left padding, rows of different lengths,
  *     several KV splits, the q8 window, one longer than a split, V norms near fp16's range)
- *     matches the CPU fused
- *     kernel, rel. L2 < 6e-3 per (row, head) (fp16 query / codebook / weights against float32);
+ *     matches the CPU fused kernel, rel. L2 < 6e-3 per (row, head) (fp16 query / codebook /
+ *     weights against float32);
  *   - batch invariance: a row attended alone gives bit-identical output;
  *   - the dense bf16 baseline against a float64 reference on the bf16-rounded K/V
  *     (rel. L2 < 1.5e-2: bf16 query and weights);
