@@ -4,8 +4,9 @@
  *   - GPU encode (append) writes the same bytes as tqkv_batch_append: payload planes,
  *     fp16 scales and the q8 window ring (tq4, tq3; with and without a window);
  *   - GPU decode attention over tq4 / tq3 rows (left padding, rows of different lengths,
- *     several KV splits, the q8 window, V norms near fp16's range) matches the CPU fused
- *     kernel, rel. L2 < 6e-3 per (row, head) (fp16 query / codebook / weights against float32);
+ *     several KV splits, the q8 window, one longer than a split, V norms near fp16's range)
+ *     matches the CPU fused kernel, rel. L2 < 6e-3 per (row, head) (fp16 query / codebook /
+ *     weights against float32);
  *   - batch invariance: a row attended alone gives bit-identical output;
  *   - the dense bf16 baseline against a float64 reference on the bf16-rounded K/V
  *     (rel. L2 < 1.5e-2: bf16 query and weights);
@@ -245,7 +246,7 @@ static void test_cuda_attend_tq(void **state) {
     rng_init(&r, test_seed() ^ 0xA77E);
     const tqkv_format fm[2] = {TQKV_TQ4, TQKV_TQ3};
     for (int fi = 0; fi < 2; fi++)
-        for (int wi = 0; wi < 6; wi++) {
+        for (int wi = 0; wi < 7; wi++) {
             /* wi 2: more (row, head, split) items than twice the persistent grid's groups
              * (3 per SM: 792 on 132 SMs; here about 1300-2400), so groups claim items from the
              * counter after their first two; splits of 512-768 tokens give each warp 4-6
@@ -258,17 +259,21 @@ static void test_cuda_attend_tq(void **state) {
              * subnormal with the V scale (attn_cuda_split.cuh folds its log2 into the score; the
              * weights reach 2^4 against a running max up to 4 stale). Rows long enough for
              * stages refilled within an item. */
+            /* wi 6: a q8 window longer than one split (300-1500 tokens over splits of 512: up to
+             * four splits of each (row, head) hold window tokens and are numbered first, the
+             * kernel's run 0), ending anywhere in a tile, and longer than row 0 itself */
             const float vmul = wi == 3 ? 1500.0f : wi == 4 ? 1e-3f : wi == 5 ? 1e-5f : 1.0f;
             const int R = many ? rng_int(&r, 10, 12) : rng_int(&r, 2, 4), H = many ? 8 : 2;
             const int G = rng_int(&r, 0, 1) ? 4 : 8, qh = H * G;
-            const int W = wi == 1 || wi >= 3 || (many && rng_int(&r, 0, 1)) ? rng_int(&r, 16, 200) : 0;
+            const int W = wi == 6 ? rng_int(&r, 300, 1500)
+                          : wi == 1 || wi >= 3 || (many && rng_int(&r, 0, 1)) ? rng_int(&r, 16, 200) : 0;
             tqkv_cache_config cfg = mkcfg(fm[fi], H, W, rng_u64(&r));
             tqkv_cache *rows[12] = {0};
             tqkv_cache_ref refs[12];
             int lens[12];
             for (int i = 0; i < R; i++) {
                 lens[i] = i == 0 ? rng_int(&r, 1, 40) : many ? rng_int(&r, 9000, 20000)
-                          : wi >= 3 ? rng_int(&r, 9000, 12000) : rng_int(&r, 200, 3000);
+                          : wi >= 3 ? rng_int(&r, 9000, 12000 + (wi == 6) * 4000) : rng_int(&r, 200, 3000);
                 assert_int_equal(tqkv_cache_init(&rows[i], &cfg), TQKV_OK);
                 const size_t n = (size_t)H * lens[i] * 128;
                 float *k = malloc(n * 4), *v = malloc(n * 4);
@@ -324,8 +329,8 @@ static void test_cuda_attend_tq(void **state) {
                 const double e = rel_l2(gpu + (size_t)i * 128, cpu + (size_t)i * 128, 128);
                 if (!(e <= worst)) worst = e; /* NaN sticks */
             }
-            printf("attend %s G %d window %d rows %d (lens %d..)%s: worst rel L2 vs CPU %.3g\n",
-                   tqkv_format_name(fm[fi]), G, W, R, lens[0],
+            printf("attend %s G %d window %d rows %d (lens %d %d ..)%s: worst rel L2 vs CPU %.3g\n",
+                   tqkv_format_name(fm[fi]), G, W, R, lens[0], lens[1],
                    wi == 3 ? " |v| ~ 17000" : wi == 4 ? " |v| ~ 0.01" : wi == 5 ? " |v| ~ 1e-4" : "",
                    worst);
             /* fp16 queries and codebook values put errors of ~2^-11 |s| on the scores; with

@@ -48,6 +48,16 @@ template <int D> __device__ __forceinline__ int dsplit_count(int ntok) {
     if constexpr (D == 128) return split_count(ntok);
     else return tsplit_count(ntok);
 }
+/* The row's splits that are numbered first (per kv head): those holding q8 window tokens (0
+ * without a window: such rows keep their former order). They take the longest (a window tile is loaded by the
+ * lanes, a main-plane tile is staged), so running them first keeps them off the end of the
+ * launch: with the window's splits numbered among the rest, the launch ended up to 80%
+ * later than without the window (batch 8 / 64k, +0.18 ms at both batch 8 and 32). Only the
+ * order in which items are taken changes, not what an item computes. */
+template <int D> __device__ __forceinline__ int dsplit_first(const cuda_row &row) {
+    if (row.wstart >= row.ntok) return 0;                  /* no window (or an empty row) */
+    return dsplit_count<D>(row.ntok) - row.wstart / dsplit_len<D>(row.ntok);
+}
 
 // ---------------------------------------------------------------------------
 // The split kernel (persistent: one CTA per SM of NG groups of 4 warps sharing one table;
@@ -106,7 +116,7 @@ template <int F, int ST, int D> __host__ __device__ constexpr int warp_area() {
     else return ST * Stg256<F>::BYTES;
 }
 /* Dynamic shared memory: [table 64 KiB (tq)] [warp areas] [mbarriers] [s_ml] [s_next]
- * [s_pre] [exchange slots (tq3: tq4 keeps them in the table's holes)]. The table is first:
+ * [s_pre, s_pre0] [exchange slots (tq3: tq4 keeps them in the table's holes)]. The table is first:
  * it must start at TAB_BASE. */
 template <int F, int NG, int ST, int D> __host__ __device__ constexpr int smem_tab() { return F == F_BF16 ? 0 : 256 * 256; }
 template <int F, int NG, int ST, int D> __host__ __device__ constexpr int smem_bar() {
@@ -116,7 +126,7 @@ template <int F, int NG, int ST, int D> __host__ __device__ constexpr int smem_m
     return smem_bar<F, NG, ST, D>() + (F == F_BF16 ? 0 : NG * NW * ST * 8);
 }
 template <int F, int NG, int ST, int D> __host__ __device__ constexpr int smem_xs() {
-    return (smem_ml<F, NG, ST, D>() + NG * 2 * 4 * 16 + NG * NW * 4 + (ATTN_MAX_ROWS + 1) * 4 + 15) / 16 * 16;  /* s_ml, s_next, s_pre */
+    return (smem_ml<F, NG, ST, D>() + NG * 2 * 4 * 16 + NG * NW * 8 + 2 * (ATTN_MAX_ROWS + 1) * 4 + 15) / 16 * 16;  /* s_ml, s_next, s_pre, s_pre0 */
 }
 template <int F, int NG, int ST, int D> __host__ __device__ constexpr int smem_bytes() {
     return smem_xs<F, NG, ST, D>() + (F == F_TQ3 ? NG * 2 * (D / 4) * 128 : 0);  /* D / 4 slot rows per lane */
@@ -210,8 +220,9 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
     /* after the table, the warp areas and the mbarriers: the merge's (m0, m1, l0, l1) per
      * (group, slot, lane column) */
     float4 *const s_mlg = reinterpret_cast<float4 *>(sbytes + smem_ml<F, NG, ST, D>());   /* [NG][2][4] */
-    int *const s_next = reinterpret_cast<int *>(s_mlg + NG * 2 * 4);   /* [NG * NW] */
-    int *const s_pre = s_next + NG * NW;                          /* [rows + 1] */
+    int *const s_next = reinterpret_cast<int *>(s_mlg + NG * 2 * 4);   /* [2][NG * NW] */
+    int *const s_pre = s_next + 2 * NG * NW;                      /* [rows + 1] */
+    int *const s_pre0 = s_pre + ATTN_MAX_ROWS + 1;                /* [rows + 1] */
     /* this warp's area and mbarriers (uniform: the staging arithmetic runs once per warp) */
     char *const wa = sbytes + uni((uint32_t)(smem_tab<F, NG, ST, D>() + wc * warp_area<F, ST, D>()));
     const uint32_t win = (uint32_t)__cvta_generic_to_shared(s_dyn);
@@ -241,33 +252,54 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
         pol = uni(pol);
     }
 
-    // ---- the work items: (row, kv head, split) for every split of every row, numbered
-    //      row by row (within a row head-major), so none is empty. s_pre[r] = first item
-    //      of row r (an exclusive scan of kvh * split_count(ntok) over the row table).
+    // ---- the work items: (row, kv head, split) for every split of every row, so none is
+    //      empty, numbered in two runs: first the splits of dsplit_first (the window's),
+    //      then the others, each run row by row (within a row head-major). s_pre0[r] /
+    //      s_pre[r] = row r's first item in run 0 / 1 (exclusive scans of kvh x the row's
+    //      split counts in each run over the row table; run 1 counted from 0).
     {
         constexpr int NT = NG * NW * 32;
         const int per = (P.nrows + NT - 1) / NT, r0 = threadIdx.x * per;
-        int sum = 0;
-        for (int r = r0; r < r0 + per && r < P.nrows; r++) sum += P.kvh * dsplit_count<D>(P.rows[r].ntok);
-        int inc = sum;                                         /* inclusive scan in the warp */
+        int sum0 = 0, sum1 = 0;
+        for (int r = r0; r < r0 + per && r < P.nrows; r++) {
+            const int f = dsplit_first<D>(P.rows[r]);
+            sum0 += P.kvh * f;
+            sum1 += P.kvh * (dsplit_count<D>(P.rows[r].ntok) - f);
+        }
+        int inc0 = sum0, inc1 = sum1;                          /* inclusive scans in the warp */
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
-            const int y = __shfl_up_sync(0xffffffffu, inc, o);
-            if (lane >= o) inc += y;
+            const int y0 = __shfl_up_sync(0xffffffffu, inc0, o), y1 = __shfl_up_sync(0xffffffffu, inc1, o);
+            if (lane >= o) {
+                inc0 += y0;
+                inc1 += y1;
+            }
         }
-        if (lane == 31) s_next[wc] = inc;                      /* warp totals (s_next reused) */
+        if (lane == 31) {                                      /* warp totals (s_next reused) */
+            s_next[wc] = inc0;
+            s_next[NG * NW + wc] = inc1;
+        }
         __syncthreads();                                       /* also: the table and mbarriers */
-        int base = 0;
-        for (int ww = 0; ww < wc; ww++) base += s_next[ww];
-        int run = base + inc - sum;
-        for (int r = r0; r < r0 + per && r < P.nrows; r++) {
-            s_pre[r] = run;
-            run += P.kvh * dsplit_count<D>(P.rows[r].ntok);
+        int base0 = 0, base1 = 0;
+        for (int ww = 0; ww < wc; ww++) {
+            base0 += s_next[ww];
+            base1 += s_next[NG * NW + ww];
         }
-        if (threadIdx.x == NT - 1) s_pre[P.nrows] = base + inc;
+        int run0 = base0 + inc0 - sum0, run1 = base1 + inc1 - sum1;
+        for (int r = r0; r < r0 + per && r < P.nrows; r++) {
+            const int f = dsplit_first<D>(P.rows[r]);
+            s_pre0[r] = run0;
+            s_pre[r] = run1;
+            run0 += P.kvh * f;
+            run1 += P.kvh * (dsplit_count<D>(P.rows[r].ntok) - f);
+        }
+        if (threadIdx.x == NT - 1) {
+            s_pre0[P.nrows] = base0 + inc0;
+            s_pre[P.nrows] = base1 + inc1;
+        }
         __syncthreads();
     }
-    const int total = s_pre[P.nrows];
+    const int total0 = s_pre0[P.nrows], total = total0 + s_pre[P.nrows];
     const int workers = (int)gridDim.x * NG;
     /* worker k's first two items are k and k + workers; with more items than that the rest
      * are claimed from the counter (items 2 workers, 2 workers + 1, ...), each claim made
@@ -289,18 +321,22 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
             x.nf = 0;
             return x;
         }
-        int lo_r = 0, hi_r = P.nrows - 1;                      /* last r with s_pre[r] <= item */
+        const bool run0 = item < total0;
+        const int *const pre = run0 ? s_pre0 : s_pre;
+        const int it = run0 ? item : item - total0;
+        int lo_r = 0, hi_r = P.nrows - 1;                      /* last r with pre[r] <= it */
         while (lo_r < hi_r) {
             const int mid = (lo_r + hi_r + 1) >> 1;
-            if (s_pre[mid] <= item) lo_r = mid;
+            if (pre[mid] <= it) lo_r = mid;
             else hi_r = mid - 1;
         }
         x.r = lo_r;
         x.row = P.rows[x.r];
         const int ntok = x.row.ntok;
-        const int nsr = dsplit_count<D>(ntok), local = item - s_pre[x.r];
-        x.h = local / nsr;
-        x.sp = local - x.h * nsr;
+        const int nsr = dsplit_count<D>(ntok), f = dsplit_first<D>(x.row), local = it - pre[x.r];
+        const int n = run0 ? f : nsr - f;                      /* > 0: the row holds item */
+        x.h = local / n;
+        x.sp = local - x.h * n + (run0 ? nsr - f : 0);
         const int seg = dsplit_len<D>(ntok);
         x.a = x.sp * seg;
         x.z = min(ntok, x.a + seg);
@@ -359,6 +395,29 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
             y.vws += rh * y.ring * (D / 32);
             return y;
         };
+        /* The window tiles of this warp (the item's tiles from k = nf on, past fast_end) read
+         * their q8 values and block scales with loads that wait where they are used: their
+         * lines go to L2 now (a prefetch per token and plane), while the fast tiles run, so
+         * those loads wait on L2, not HBM (the window item is the longest on the critical
+         * path: it carries a full split's main-plane tiles too). */
+        if constexpr (F != F_BF16) {
+            if (row.wstart < z) {
+                const Ring x = ring_of();
+                for (int t0 = first + nf * NW * TT; t0 < z; t0 += NW * TT) {
+                    const int t = t0 + lane;
+                    if (t >= row.wstart && t < z) {
+                        const size_t slot = (size_t)(t % x.ring);
+#pragma unroll
+                        for (int b = 0; b < D; b += 128) {
+                            l2_prefetch(x.kw + slot * D + b);
+                            l2_prefetch(x.vw + slot * D + b);
+                        }
+                        l2_prefetch(x.kws + slot * (D / 32));
+                        l2_prefetch(x.vws + slot * (D / 32));
+                    }
+                }
+            }
+        }
 #if TQKV_COPY_TOK32
         const uint32_t tt0 = (uint32_t)col + (uint32_t)first, ntt0 = nxt_tt - (uint32_t)(nf * NW * TT);
 #endif
@@ -414,6 +473,12 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
 
         /* d = 128: a tile in registers (R: from the stage or loaded by load_tile) */
         auto process = [&](const RawT &R, int t0, bool slow) {
+            /* a tile holding window tokens (warp-uniform): their q8 values replace the
+             * lookups (their tq bytes are not loaded: lim = fast_end); wsl: the ring slot of
+             * token t0 + lane (every slot is valid: the ring exists), shuffled to the
+             * fragments' tokens */
+            const bool wt = F != F_BF16 && slow && row.wstart < min(z, t0 + TT);
+            const int wsl = wt ? (t0 + lane) % P.ring.ring : 0;
             // ---- per-lane token factors (token t0 + lane): K's, log2 of V's and its inverse
             float kf = 1.0f, vl = 0.0f, vi = 1.0f;  /* (see RESCALE_SLACK) */
             float vf = 1.0f;                          /* (the window's V fragments use it) */
@@ -422,9 +487,9 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
                 if constexpr (F != F_BF16) {
                     kf = __half2float(__ushort_as_half((uint16_t)R.ksc));
                     vf = __half2float(__ushort_as_half((uint16_t)R.vsc));
-                    if (slow && t >= row.wstart && t < z) {     /* q8_tok_factor */
+                    if (wt && t >= row.wstart && t < z) {     /* q8_tok_factor */
                         const Ring x = ring_of();
-                        const size_t slot = (size_t)(t % x.ring);
+                        const size_t slot = (size_t)wsl;
                         kf = q8_tok_factor(x.kws + slot * (D / 32));
                         vf = q8_tok_factor(x.vws + slot * (D / 32));
                     }
@@ -442,21 +507,21 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
                 deq_k<F, SUB>(R, T, u, 0, pa);
                 deq_k<F, SUB>(R, T, u, 1, pb);
                 if constexpr (F != F_BF16) {
-                    if (slow) { /* window tokens: q8 values with their block scale */
+                    if (wt) { /* window tokens: q8 values with their block scale */
                         const Ring x = ring_of();
+                        Q8K kq[2];
+                        float kb[2], tf[2];
+#pragma unroll
+                        for (int row2 = 0; row2 < 2; row2++) {   /* every load first (valid slots) */
+                            const size_t slot = (size_t)__shfl_sync(0xffffffffu, wsl, 16 * u + krow_tok<F>(g, row2));
+                            kq[row2] = q8k_load(x.kw + slot * D, c);
+                            kb[row2] = __half2float(__ushort_as_half(__ldg(x.kws + slot * (D / 32) + c)));
+                            tf[row2] = __shfl_sync(0xffffffffu, kf, 16 * u + krow_tok<F>(g, row2)); /* its factor */
+                        }
 #pragma unroll
                         for (int row2 = 0; row2 < 2; row2++) {
                             const int t = t0 + 16 * u + krow_tok<F>(g, row2);
-                            const float tf = __shfl_sync(0xffffffffu, kf, 16 * u + krow_tok<F>(g, row2)); /* its factor */
-                            if (t >= row.wstart && t < z) {
-                                const size_t slot = (size_t)(t % x.ring);
-                                const int8_t *qp = x.kw + slot * D;
-                                const float bs = q8_rel(__half2float(__ushort_as_half(x.kws[slot * (D / 32) + c])), tf);
-                                uint32_t *pr = row2 ? pb : pa;
-#pragma unroll
-                                for (int p = 0; p < 16; p++)
-                                    pr[p] = pack2<F>(q8_at(qp, kdim<F>(c, p, 0)) * bs, q8_at(qp, kdim<F>(c, p, 1)) * bs);
-                            }
+                            if (t >= row.wstart && t < z) q8k_pairs<F>(kq[row2], q8_rel(kb[row2], tf[row2]), row2 ? pb : pa);
                         }
                     }
                 }
@@ -506,22 +571,28 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
                 uint32_t va[8][4];
                 deq_v<F, SUB>(R, T, u, g, va);
                 if constexpr (F != F_BF16) {
-                    if (slow) {
+                    if (wt) {
                         const Ring x = ring_of();
+                        Q8V vq[4];
+                        float vb[4], tf[4];
+#pragma unroll
+                        for (int j = 0; j < 4; j++) {    /* every load first (valid slots) */
+                            const size_t slot = (size_t)__shfl_sync(0xffffffffu, wsl, 16 * u + vcol_tok<F>(c, j));
+                            vq[j] = q8v_load<F>(x.vw + slot * D, vdim<F>(g, 0, 0));
+                            vb[j] = __half2float(__ushort_as_half(__ldg(x.vws + slot * (D / 32) + (g >> 1))));
+                            tf[j] = __shfl_sync(0xffffffffu, vf, 16 * u + vcol_tok<F>(c, j)); /* its factor */
+                        }
 #pragma unroll
                         for (int j = 0; j < 4; j++) {
                             const int t = t0 + 16 * u + vcol_tok<F>(c, j);
-                            const float tf = __shfl_sync(0xffffffffu, vf, 16 * u + vcol_tok<F>(c, j)); /* its factor */
                             if (t >= row.wstart && t < z) {
-                                const size_t slot = (size_t)(t % x.ring);
-                                const int8_t *qp = x.vw + slot * D;
-                                const float bs = q8_rel(__half2float(__ushort_as_half(x.vws[slot * (D / 32) + (g >> 1)])), tf);
+                                const float bs = q8_rel(vb[j], tf[j]);
 #pragma unroll
                                 for (int i = 0; i < 8; i++)
 #pragma unroll
                                     for (int e = 0; e < 2; e++)
                                         va[i][2 * (j >> 1) + e] = set_half(va[i][2 * (j >> 1) + e], j & 1,
-                                                                           q8_at(qp, vdim<F>(g, i, e)) * bs);
+                                                                           q8v_at<F>(vq[j], i, e) * bs);
                             }
                         }
                     }
@@ -536,15 +607,19 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
          * memory for slow tiles); ksc / vsc: the fp16 scales of token t0 + lane. Tokens:
          * ktok256 / vtok256. */
         auto process_w = [&](const auto &S, uint32_t ksc, uint32_t vsc, int t0, bool slow) {
+            /* a tile holding window tokens (warp-uniform) and the ring slot of token t0 +
+             * lane, as process */
+            const bool wt = slow && row.wstart < min(z, t0 + TT);
+            const int wsl = wt ? (t0 + lane) % P.ring.ring : 0;
             // ---- per-lane token factors (token t0 + lane): K's, log2 of V's and its inverse
             float kf, vl, vi, vf;
             {
                 const int t = t0 + lane;
                 kf = __half2float(__ushort_as_half((uint16_t)ksc));
                 vf = __half2float(__ushort_as_half((uint16_t)vsc));
-                if (slow && t >= row.wstart && t < z) {     /* q8_tok_factor8 */
+                if (wt && t >= row.wstart && t < z) {     /* q8_tok_factor8 */
                     const Ring x = ring_of();
-                    const size_t slot = (size_t)(t % x.ring);
+                    const size_t slot = (size_t)wsl;
                     kf = q8_tok_factor8(x.kws + slot * (D / 32));
                     vf = q8_tok_factor8(x.vws + slot * (D / 32));
                 }
@@ -559,7 +634,7 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
             for (int u = 0; u < SUB; u++) {
                 float s4[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s4b[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 float tf[2] = {0.0f, 0.0f};           /* the rows' factors (window tokens) */
-                if (slow) {
+                if (wt) {
 #pragma unroll
                     for (int row2 = 0; row2 < 2; row2++) tf[row2] = __shfl_sync(0xffffffffu, kf, ktok256(u, g, row2));
                 }
@@ -568,22 +643,20 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
                     uint32_t pa[16], pb[16];
                     S.deq_k(T, u, 0, hh, pa);
                     S.deq_k(T, u, 1, hh, pb);
-                    if (slow) { /* window tokens: q8 values with their block scale */
+                    if (wt) { /* window tokens: q8 values with their block scale (kdim256: the half's kdim) */
                         const Ring x = ring_of();
+                        Q8K kq[2];
+                        float kb[2];
+#pragma unroll
+                        for (int row2 = 0; row2 < 2; row2++) {   /* every load first (valid slots) */
+                            const size_t slot = (size_t)__shfl_sync(0xffffffffu, wsl, ktok256(u, g, row2));
+                            kq[row2] = q8k_load(x.kw + slot * D + 128 * hh, c);
+                            kb[row2] = __half2float(__ushort_as_half(__ldg(x.kws + slot * (D / 32) + c + 4 * hh)));
+                        }
 #pragma unroll
                         for (int row2 = 0; row2 < 2; row2++) {
                             const int t = t0 + ktok256(u, g, row2);
-                            if (t >= row.wstart && t < z) {
-                                const size_t slot = (size_t)(t % x.ring);
-                                const int8_t *qp = x.kw + slot * D;
-                                const float bs =
-                                    q8_rel(__half2float(__ushort_as_half(x.kws[slot * (D / 32) + c + 4 * hh])), tf[row2]);
-                                uint32_t *pr = row2 ? pb : pa;
-#pragma unroll
-                                for (int p = 0; p < 16; p++)
-                                    pr[p] = pack2<F>(q8_at(qp, kdim256<F>(c, 16 * hh + p, 0)) * bs,
-                                                     q8_at(qp, kdim256<F>(c, 16 * hh + p, 1)) * bs);
-                            }
+                            if (t >= row.wstart && t < z) q8k_pairs<F>(kq[row2], q8_rel(kb[row2], tf[row2]), row2 ? pb : pa);
                         }
                     }
 #pragma unroll
@@ -622,7 +695,7 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
                 uint32_t b0, b1;      /* S rows c, c + 4 are P's slots of column c: layout256_ok */
                 p_frags(pack2<F>(p[0], p[1]), pack2<F>(p[2], p[3]), g, c, b0, b1);
                 float tfv[4] = {0.0f, 0.0f, 0.0f, 0.0f};  /* the slots' factors (window tokens) */
-                if (slow) {
+                if (wt) {
 #pragma unroll
                     for (int j = 0; j < 4; j++) tfv[j] = __shfl_sync(0xffffffffu, vf, vtok256(u, c, j));
                 }
@@ -630,22 +703,27 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
                 for (int hh = 0; hh < 2; hh++) {      /* m-tiles 8 hh ..: dims 128 hh .. */
                     uint32_t va[8][4];
                     S.deq_v(T, u, hh, va);
-                    if (slow) {
+                    if (wt) {                         /* vdim256: the half's vdim */
                         const Ring x = ring_of();
+                        Q8V vq[4];
+                        float vb[4];
+#pragma unroll
+                        for (int j = 0; j < 4; j++) {    /* every load first (valid slots) */
+                            const size_t slot = (size_t)__shfl_sync(0xffffffffu, wsl, vtok256(u, c, j));
+                            vq[j] = q8v_load<F>(x.vw + slot * D + 128 * hh, vdim<F>(g, 0, 0));
+                            vb[j] = __half2float(__ushort_as_half(__ldg(x.vws + slot * (D / 32) + (g >> 1) + 4 * hh)));
+                        }
 #pragma unroll
                         for (int j = 0; j < 4; j++) {
                             const int t = t0 + vtok256(u, c, j);
                             if (t >= row.wstart && t < z) {
-                                const size_t slot = (size_t)(t % x.ring);
-                                const int8_t *qp = x.vw + slot * D;
-                                const float bs = q8_rel(
-                                    __half2float(__ushort_as_half(x.vws[slot * (D / 32) + (g >> 1) + 4 * hh])), tfv[j]);
+                                const float bs = q8_rel(vb[j], tfv[j]);
 #pragma unroll
                                 for (int i = 0; i < 8; i++)
 #pragma unroll
                                     for (int e = 0; e < 2; e++)
                                         va[i][2 * (j >> 1) + e] = set_half(va[i][2 * (j >> 1) + e], j & 1,
-                                                                           q8_at(qp, vdim256<F>(g, 8 * hh + i, e)) * bs);
+                                                                           q8v_at<F>(vq[j], i, e) * bs);
                             }
                         }
                     }

@@ -720,7 +720,6 @@ __device__ __forceinline__ uint32_t set_half(uint32_t w, int hi, float v) {
     const uint32_t h = __half_as_ushort(__float2half_rn(v));
     return hi ? (w & 0xFFFFu) | (h << 16) : (w & 0xFFFF0000u) | h;
 }
-__device__ __forceinline__ float q8_at(const int8_t *p, int i) { return (float)p[i]; }
 /* A q8 window token's factor: 512 x its largest block scale (about its largest |value| x 4).
  * Its fragments hold q8 x block scale / factor (|.| <= 127 / 512, like the tq codebook's
  * values), and the factor multiplies its score (K) or its softmax weight (V), as a tq token's
@@ -747,6 +746,76 @@ __device__ __forceinline__ float q8_tok_factor8(const uint16_t *bs8) {
 static_assert(CUDA_DIM_WIDE / 32 == 8, "q8_tok_factor8 reads eight block scales");
 /* block scale / token factor (0 for an all-zero token, whose values are 0) */
 __device__ __forceinline__ float q8_rel(float bs, float f) { return f > 0.0f ? bs / f : 0.0f; }
+
+/* ---- q8 window tokens' fragments from vector loads (tq4, tq3; both head dims) ----
+ * A lane's q8 values of one window token are a few short runs of its 128-dim half (d = 256:
+ * the half 128 h, the d = 128 orders shifted): K row pairs kdim(c, p, e) are the 32 bytes of
+ * group c; V's vdim(g, i, e) sit at fixed offsets from vdim(g, 0, 0). So a token costs two
+ * 16-byte (K) or up to four 4-to-8-byte (V) loads, issued before any value is used (the
+ * slots are valid for every token of a tile holding a window token: the ring is allocated),
+ * where a byte load per value (64 per K row) stalled the warp each tile. The values and
+ * their rounding are the byte loads': q8 x (block scale / factor), rounded to fp16 once. */
+template <int F> __host__ __device__ constexpr int q8k_off(int p, int e) { return kdim<F>(0, p, e); }
+template <int F> __host__ __device__ constexpr int q8v_off(int i, int e) { return vdim<F>(0, i, e) - vdim<F>(0, 0, 0); }
+/* the loaded V word holding offset o (tq4: words at 0, 4, 16, 20; tq3: at 0, 8, 16, 24) */
+template <int F> __host__ __device__ constexpr int q8v_word(int o) {
+    if constexpr (F == F_TQ4) return o < 8 ? o >> 2 : 2 + ((o - 16) >> 2);
+    else return o >> 3;
+}
+template <int F> constexpr bool q8_offs_ok() {
+    for (int c = 0; c < 4; c++)
+        for (int p = 0; p < 16; p++)
+            for (int e = 0; e < 2; e++)
+                if (kdim<F>(c, p, e) != 32 * c + q8k_off<F>(p, e) || q8k_off<F>(p, e) >= 32) return false;
+    for (int g = 0; g < 8; g++)
+        for (int i = 0; i < 8; i++)
+            for (int e = 0; e < 2; e++) {
+                const int o = q8v_off<F>(i, e), wd = q8v_word<F>(o);
+                const int wo = F == F_TQ4 ? (wd & 1) * 4 + (wd >> 1) * 16 : 8 * wd;  /* the word's offset */
+                if (vdim<F>(g, i, e) != vdim<F>(g, 0, 0) + o || o < wo || o >= wo + 4) return false;
+                if (vdim<F>(g, 0, 0) % (F == F_TQ4 ? 8 : 4) != 0) return false;     /* the loads' alignment */
+            }
+    return true;
+}
+static_assert(q8_offs_ok<F_TQ4>() && q8_offs_ok<F_TQ3>(), "the window's fragment loads cover the lane's q8 values");
+__device__ __forceinline__ float q8_byte(const uint32_t *w, int o) {
+    return (float)((int)(w[o >> 2] << (24 - 8 * (o & 3))) >> 24);   /* sign-extended byte o */
+}
+/* K row: the 32 bytes of group c of token q (its 128-dim half) */
+struct Q8K {
+    uint32_t w[8];
+};
+__device__ __forceinline__ Q8K q8k_load(const int8_t *q, int c) {
+    const uint4 a = __ldg(reinterpret_cast<const uint4 *>(q + 32 * c));
+    const uint4 b = __ldg(reinterpret_cast<const uint4 *>(q + 32 * c + 16));
+    return {{a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w}};
+}
+template <int F> __device__ __forceinline__ void q8k_pairs(const Q8K &k, float bs, uint32_t pr[16]) {
+#pragma unroll
+    for (int p = 0; p < 16; p++) pr[p] = pack2<F>(q8_byte(k.w, q8k_off<F>(p, 0)) * bs, q8_byte(k.w, q8k_off<F>(p, 1)) * bs);
+}
+/* V: the lane's words of token q (vo = vdim(g, 0, 0)) */
+struct Q8V {
+    uint32_t w[4];
+};
+template <int F> __device__ __forceinline__ Q8V q8v_load(const int8_t *q, int vo) {
+    if constexpr (F == F_TQ4) {
+        const uint2 a = __ldg(reinterpret_cast<const uint2 *>(q + vo));
+        const uint2 b = __ldg(reinterpret_cast<const uint2 *>(q + vo + 16));
+        return {{a.x, a.y, b.x, b.y}};
+    } else {
+        const uint32_t *p = reinterpret_cast<const uint32_t *>(q + vo);
+        return {{__ldg(p), __ldg(p + 2), __ldg(p + 4), __ldg(p + 6)}};
+    }
+}
+/* the 128-byte line at p into L2 (a hint: no fault, no wait) */
+__device__ __forceinline__ void l2_prefetch(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+/* value (i, e) of the loaded words */
+template <int F> __device__ __forceinline__ float q8v_at(const Q8V &v, int i, int e) {
+    const int o = q8v_off<F>(i, e);
+    const uint32_t w = v.w[q8v_word<F>(o)];
+    return (float)((int)(w << (24 - 8 * (o & 3))) >> 24);
+}
 
 // ---------------------------------------------------------------------------
 // d = 256 tiles (tq4, tq3): token order, stage layout, lane offsets, loads

@@ -91,7 +91,7 @@ __global__ void wprep_kernel(const float *__restrict__ q, void *__restrict__ out
 // ---------------------------------------------------------------------------
 /* NG = 2 groups of 4 warps per CTA (256 threads: up to 255 registers, which acc[16][4] and
  * qb[16][2] need) and ST = 2 stages per warp: with the 64 KiB table the stages (8608 bytes a
- * tq4 tile, 6560 tq3) fill the SM's shared memory (smem_bytes, about 203 KiB each). */
+ * tq4 tile, 6560 tq3) fill the SM's shared memory (smem_bytes, about 207 KiB each). */
 constexpr int WIDE_NG = 2, WIDE_ST = 2;
 struct WideCfg {
     void (*fn)(Params<WD>);
