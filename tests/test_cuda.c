@@ -476,13 +476,17 @@ static void test_cuda_prefill_d256(void **state) {
  * (ring 40): chunks longer than window_slack + 1 push copies their own early queries need
  * out of the ring (the side buffer, batch.h), short ones between them must not read a stale
  * side buffer; after each append every query of it, causal (and a sliding window on the
- * last), against the CPU prefill engine. */
+ * last), against the CPU prefill engine. K/V tq4, tq3, tq4/tq2 (auto:3.25's formats) and fp8
+ * (no ring: appends and masks only). */
 static void prefill_long_case(int D, uint64_t mix) {
     test_rng r;
     rng_init(&r, test_seed() ^ mix);
-    for (int it = 0; it < 2; it++) {
+    static const tqkv_format kfs[4] = {TQKV_TQ4, TQKV_TQ3, TQKV_TQ4, TQKV_FP8};
+    static const tqkv_format vfs[4] = {TQKV_TQ4, TQKV_TQ3, TQKV_TQ2, TQKV_FP8};
+    for (int it = 0; it < 4; it++) {
         const int H = 2, G = 4, qh = H * G, R = 3, W = 24;
-        tqkv_cache_config cfg = mkcfg_d(it ? TQKV_TQ3 : TQKV_TQ4, H, W, rng_u64(&r), D);
+        tqkv_cache_config cfg = mkcfg_d(kfs[it], H, W, rng_u64(&r), D);
+        cfg.v_format = vfs[it];
         tqkv_cache *rows[3];
         tqkv_batch *b = merged_rows(&r, &cfg, R, 1, 90, rows);
         cuda_kv *kv = NULL;
@@ -515,8 +519,8 @@ static void prefill_long_case(int D, uint64_t mix) {
                 assert_int_equal(tqkv_cuda_kv_attend_masked(kv, dq, nq, qh, 0.09f, mask->lo, mask->hi, dout), TQKV_OK);
                 assert_int_equal(tqkv_cuda_d2h(gpu, dout, n * 4), TQKV_OK);
                 const double e = rel_l2(gpu, cpu, n);
-                printf("prefill after appends d %d %s append %d (lens %d %d %d) swa %d, %s kernel: rel L2 vs CPU %.3g\n",
-                       D, tqkv_format_name(cfg.k_format), nq, b->offset[0], b->offset[1], b->offset[2], swa,
+                printf("prefill after appends d %d %s/%s append %d (lens %d %d %d) swa %d, %s kernel: rel L2 vs CPU %.3g\n",
+                       D, tqkv_format_name(cfg.k_format), tqkv_format_name(cfg.v_format), nq, b->offset[0], b->offset[1], b->offset[2], swa,
                        tc ? "tensor-core" : "float32", e);
                 if (!(e < prefill_tol(tc)))
                     fail_msg("masked GPU attention after an append of %d differs from the CPU: %g", nq, e);
