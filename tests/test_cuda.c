@@ -32,7 +32,14 @@
  *     attention against float64 on the bf16-rounded K/V (float32 on the device: rel. L2 <
  *     1e-4), each row alone / extracted bitwise, attend_back, filter, spec rollback and
  *     rewind bitwise, a window view bitwise across tqkv_cuda_kv_drop_oldest, a replayed
- *     CUDA graph bitwise equal to direct calls.
+ *     CUDA graph bitwise equal to direct calls;
+ *   - fp8/fp8, tq2/tq2 and mixed tq K/V (tq4/tq2, tq4/tq3, tq3/tq2), head_dim 128 and 256
+ *     (*_fmt): encode bytes equal the CPU's (fp8 also with scales near fp16's limits and e4m3
+ *     subnormals; tq with and without the q8 window); decode on the float32 kernel of
+ *     attn_cuda_fmt.cu against the CPU fused kernel (worst rel. L2 per (row, head) < 1e-4),
+ *     each row alone bitwise, a caller's workspace of tqkv_cuda_attend_ws_bytes_dim bytes
+ *     bitwise (one byte less refused); masked attention on both kernels (prefill_tol);
+ *     row operations on fp8 / tq2 caches (exports byte for byte).
  * Exits 77 (skipped) when the build has no CUDA or no GPU is present.
  */
 #include <math.h>
@@ -105,76 +112,116 @@ static tqkv_batch *merged_rows(test_rng *r, const tqkv_cache_config *cfg, int R,
 // ---------------------------------------------------------------------------
 // Encode
 // ---------------------------------------------------------------------------
+/* One random case at head dim D, K format kf, V format vf, q8 window W: R rows appended in
+ * random chunks on the host batch and on the device; every payload, scale and ring byte
+ * equal. extreme: some vectors scaled near fp16's limits and e4m3's subnormals (x 1e-5,
+ * x 1e8: scales subnormal / saturated), one all zero (the fp8 cases). */
+static void encode_case(test_rng *r, int D, tqkv_format kf, tqkv_format vf, int W, int extreme) {
+    const int R = rng_int(r, 1, 3), H = rng_int(r, 1, 3), T = rng_int(r, 40, 400);
+    tqkv_cache_config cfg = mkcfg_d(kf, H, W, rng_u64(r), D);
+    cfg.v_format = vf;
+    const size_t n = (size_t)R * H * T * D;
+    float *k = malloc(n * 4), *v = malloc(n * 4), *kb = malloc(n * 4), *vb = malloc(n * 4);
+    rng_fill_normal(r, k, n, 1.0f);
+    rng_fill_normal(r, v, n, 0.5f);
+    for (size_t i = 0; i < n; i += 97) k[i] *= 40.0f; /* outliers */
+    for (size_t vec = 0; extreme && vec < n / D; vec++) {
+        const float m = vec % 7 == 3 ? 1e-5f : vec % 11 == 5 ? 1e8f : vec % 13 == 6 ? 0.0f : 1.0f;
+        for (int i = 0; i < D; i++) (vec & 1 ? v : k)[vec * D + i] *= m;
+        if (vec % 5 == 1) /* values in e4m3's subnormal range (or rounding to 0) */
+            (vec & 1 ? k : v)[vec * D + (vec % D)] = vec % 10 == 1 ? 3e-5f : 1e-3f;
+    }
+    tqkv_batch *b = NULL;
+    cuda_kv *kv = NULL;
+    assert_int_equal(tqkv_batch_init(&b, &cfg, R), TQKV_OK);
+    assert_int_equal(tqkv_cuda_kv_init(&kv, &cfg, 0, R, T + 8), TQKV_OK);
+    for (int t = 0, c; t < T; t += c) {
+        c = rng_int(r, 1, 150);
+        if (c > T - t) c = T - t;
+        slice_d(k, R, H, T, t, c, kb, D);
+        slice_d(v, R, H, T, t, c, vb, D);
+        assert_int_equal(tqkv_batch_append(b, kb, vb, c), TQKV_OK);
+        float *dk = dev_copy(kb, (size_t)R * H * c * D), *dv = dev_copy(vb, (size_t)R * H * c * D);
+        assert_int_equal(tqkv_cuda_kv_append(kv, dk, dv, c), TQKV_OK);
+        tqkv_cuda_free(dk);
+        tqkv_cuda_free(dv);
+    }
+    const size_t kpay = b->k.codec.payload, vpay = b->v.codec.payload, cap = (size_t)T + 8, ring = (size_t)b->ring;
+    assert_int_equal(b->k.codec.n_scales, 1);
+    assert_int_equal(b->v.codec.n_scales, 1);
+    uint8_t *kd = malloc((size_t)R * H * cap * kpay), *vd = malloc((size_t)R * H * cap * vpay);
+    uint16_t *ks = malloc((size_t)R * H * cap * 2), *vs = malloc((size_t)R * H * cap * 2);
+    const size_t nb = (size_t)D / 32; /* q8 block scales per vector */
+    int8_t *kw = malloc(R * H * ring * D + 1), *vw = malloc(R * H * ring * D + 1);
+    uint16_t *kws = malloc(R * H * ring * nb * 2 + 1), *vws = malloc(R * H * ring * nb * 2 + 1);
+    assert_int_equal(tqkv_cuda_kv_download(kv, kd, ks, vd, vs, kw, kws, vw, vws), TQKV_OK);
+    long bad = 0, checked = 0;
+    for (int rr = 0; rr < R; rr++)
+        for (int h = 0; h < H; h++) {
+            for (int t = 0; t < T; t++) {
+                const size_t dsl = ((size_t)rr * H + h) * cap + t;
+                bad += memcmp(kd + dsl * kpay, plane_data(&b->k, b, rr, h, t), kpay) != 0;
+                bad += memcmp(vd + dsl * vpay, plane_data(&b->v, b, rr, h, t), vpay) != 0;
+                bad += ks[dsl] != *plane_scales(&b->k, b, rr, h, t);
+                bad += vs[dsl] != *plane_scales(&b->v, b, rr, h, t);
+                checked += 4;
+            }
+            for (int t = b->win_lo[rr]; ring && t < b->offset[rr]; t++) {
+                const size_t sl = ((size_t)rr * H + h) * ring + (size_t)t % ring;
+                bad += memcmp(kw + sl * D, plane_win_data(&b->k, b, rr, h, t), D) != 0;
+                bad += memcmp(vw + sl * D, plane_win_data(&b->v, b, rr, h, t), D) != 0;
+                bad += memcmp(kws + sl * nb, plane_win_scales(&b->k, b, rr, h, t), 2 * nb) != 0;
+                bad += memcmp(vws + sl * nb, plane_win_scales(&b->v, b, rr, h, t), 2 * nb) != 0;
+                checked += 4;
+            }
+        }
+    printf("encode d %d %s/%s window %d%s: %ld of %ld vectors differ\n", D, tqkv_format_name(kf),
+           tqkv_format_name(vf), W, extreme ? " (extreme scales)" : "", bad, checked);
+    assert_true(checked > 0);
+    assert_int_equal(bad, 0);
+    free(kd); free(vd); free(ks); free(vs); free(kw); free(vw); free(kws); free(vws);
+    free(k); free(v); free(kb); free(vb);
+    tqkv_batch_free(b);
+    tqkv_cuda_kv_free(kv);
+}
+
 /* Head dim D: tq4 / tq3, without and with the q8 window. */
 static void encode_bytes(int D, uint64_t mix) {
     test_rng r;
     rng_init(&r, test_seed() ^ mix);
     const tqkv_format fm[2] = {TQKV_TQ4, TQKV_TQ3};
     for (int fi = 0; fi < 2; fi++)
-        for (int wi = 0; wi < 2; wi++) {
-            const int R = rng_int(&r, 1, 3), H = rng_int(&r, 1, 3), T = rng_int(&r, 40, 400);
-            const int W = wi ? rng_int(&r, 8, 64) : 0;
-            tqkv_cache_config cfg = mkcfg_d(fm[fi], H, W, rng_u64(&r), D);
-            const size_t n = (size_t)R * H * T * D;
-            float *k = malloc(n * 4), *v = malloc(n * 4), *kb = malloc(n * 4), *vb = malloc(n * 4);
-            rng_fill_normal(&r, k, n, 1.0f);
-            rng_fill_normal(&r, v, n, 0.5f);
-            for (size_t i = 0; i < n; i += 97) k[i] *= 40.0f; /* outliers */
-            tqkv_batch *b = NULL;
-            cuda_kv *kv = NULL;
-            assert_int_equal(tqkv_batch_init(&b, &cfg, R), TQKV_OK);
-            assert_int_equal(tqkv_cuda_kv_init(&kv, &cfg, 0, R, T + 8), TQKV_OK);
-            for (int t = 0, c; t < T; t += c) {
-                c = rng_int(&r, 1, 150);
-                if (c > T - t) c = T - t;
-                slice_d(k, R, H, T, t, c, kb, D);
-                slice_d(v, R, H, T, t, c, vb, D);
-                assert_int_equal(tqkv_batch_append(b, kb, vb, c), TQKV_OK);
-                float *dk = dev_copy(kb, (size_t)R * H * c * D),
-                      *dv = dev_copy(vb, (size_t)R * H * c * D);
-                assert_int_equal(tqkv_cuda_kv_append(kv, dk, dv, c), TQKV_OK);
-                tqkv_cuda_free(dk);
-                tqkv_cuda_free(dv);
-            }
-            const size_t pay = b->k.codec.payload, cap = (size_t)T + 8, ring = (size_t)b->ring;
-            uint8_t *kd = malloc((size_t)R * H * cap * pay), *vd = malloc((size_t)R * H * cap * pay);
-            uint16_t *ks = malloc((size_t)R * H * cap * 2), *vs = malloc((size_t)R * H * cap * 2);
-            const size_t nb = (size_t)D / 32; /* q8 block scales per vector */
-            int8_t *kw = malloc(R * H * ring * D + 1), *vw = malloc(R * H * ring * D + 1);
-            uint16_t *kws = malloc(R * H * ring * nb * 2 + 1),
-                     *vws = malloc(R * H * ring * nb * 2 + 1);
-            assert_int_equal(tqkv_cuda_kv_download(kv, kd, ks, vd, vs, kw, kws, vw, vws), TQKV_OK);
-            long bad = 0, checked = 0;
-            for (int rr = 0; rr < R; rr++)
-                for (int h = 0; h < H; h++) {
-                    for (int t = 0; t < T; t++) {
-                        const size_t dsl = ((size_t)rr * H + h) * cap + t;
-                        bad += memcmp(kd + dsl * pay, plane_data(&b->k, b, rr, h, t), pay) != 0;
-                        bad += memcmp(vd + dsl * pay, plane_data(&b->v, b, rr, h, t), pay) != 0;
-                        bad += ks[dsl] != *plane_scales(&b->k, b, rr, h, t);
-                        bad += vs[dsl] != *plane_scales(&b->v, b, rr, h, t);
-                        checked += 4;
-                    }
-                    for (int t = b->win_lo[rr]; ring && t < b->offset[rr]; t++) {
-                        const size_t s = ((size_t)rr * H + h) * ring + (size_t)t % ring;
-                        bad += memcmp(kw + s * D, plane_win_data(&b->k, b, rr, h, t), D) != 0;
-                        bad += memcmp(vw + s * D, plane_win_data(&b->v, b, rr, h, t), D) != 0;
-                        bad +=
-                            memcmp(kws + s * nb, plane_win_scales(&b->k, b, rr, h, t), 2 * nb) != 0;
-                        bad +=
-                            memcmp(vws + s * nb, plane_win_scales(&b->v, b, rr, h, t), 2 * nb) != 0;
-                        checked += 4;
-                    }
-                }
-            printf("encode d %d %s window %d: %ld of %ld vectors differ\n", D,
-                   tqkv_format_name(fm[fi]), W, bad, checked);
-            assert_true(checked > 0);
-            assert_int_equal(bad, 0);
-            free(kd); free(vd); free(ks); free(vs); free(kw); free(vw); free(kws); free(vws);
-            free(k); free(v); free(kb); free(vb);
-            tqkv_batch_free(b);
-            tqkv_cuda_kv_free(kv);
+        for (int wi = 0; wi < 2; wi++) encode_case(&r, D, fm[fi], fm[fi], wi ? rng_int(&r, 8, 64) : 0, 0);
+}
+
+/* The formats of the float32 decode kernel (attn_cuda_fmt.cu): K / V pairs. */
+static const tqkv_format FMT_KV[][2] = {
+    {TQKV_FP8, TQKV_FP8}, {TQKV_TQ2, TQKV_TQ2}, {TQKV_TQ4, TQKV_TQ2}, {TQKV_TQ4, TQKV_TQ3}, {TQKV_TQ3, TQKV_TQ2},
+};
+#define N_FMT_KV ((int)(sizeof FMT_KV / sizeof FMT_KV[0]))
+
+/* fp8 (extreme scales too; no window), tq2 and mixed tq (without and with the window): the
+ * CPU codec's bytes at head dim D. */
+static void encode_fmt(int D, uint64_t mix) {
+    test_rng r;
+    rng_init(&r, test_seed() ^ mix);
+    for (int fi = 0; fi < N_FMT_KV; fi++) {
+        const tqkv_format kf = FMT_KV[fi][0], vf = FMT_KV[fi][1];
+        if (kf == TQKV_FP8) {
+            encode_case(&r, D, kf, vf, 0, 0);
+            encode_case(&r, D, kf, vf, 0, 1);
+            encode_case(&r, D, kf, vf, 0, 1);
+        } else {
+            encode_case(&r, D, kf, vf, 0, 0);
+            encode_case(&r, D, kf, vf, rng_int(&r, 8, 64), 0);
         }
+    }
+}
+
+static void test_cuda_encode_fmt(void **state) {
+    (void)state;
+    encode_fmt(128, 0xF8E4);
+    encode_fmt(256, 0xF8E4256);
 }
 
 static void test_cuda_encode_bytes(void **state) {
@@ -360,6 +407,53 @@ static void test_cuda_attend_tq(void **state) {
  * (its 6e-3), the float32 kernel 1e-4. */
 static double prefill_tol(int tc) { return tc ? 6e-3 : 1e-4; }
 
+/* One case: head dim D, K / V formats, G query heads per kv head, q8 window W, a sliding
+ * window when swa_on: R = 3 rows, nq queries each, against the CPU prefill engine, both GPU
+ * kernels. */
+static void prefill_one(test_rng *r, int D, tqkv_format kf, tqkv_format vf, int G, int W, int swa_on) {
+    const int H = 2, qh = H * G, R = 3;
+    tqkv_cache_config cfg = mkcfg_d(kf, H, W, rng_u64(r), D);
+    cfg.v_format = vf;
+    tqkv_cache *rows[3];
+    tqkv_batch *b = merged_rows(r, &cfg, R, 12, 400, rows);
+    int minlen = 1 << 30;
+    for (int i = 0; i < R; i++) minlen = b->offset[i] < minlen ? b->offset[i] : minlen;
+    const int nq = rng_int(r, 2, minlen < 11 ? minlen : 11), swa = swa_on ? rng_int(r, 1, 60) : 0;
+    tqkv_mask_lease *lease = NULL;
+    const tqkv_mask *mask = NULL;
+    assert_int_equal(tqkv_mask_lease_init(&lease), TQKV_OK);
+    assert_int_equal(tqkv_batch_make_mask(b, lease, nq, swa, &mask), TQKV_OK);
+    assert_non_null(mask);
+    const size_t n = (size_t)R * qh * nq * D;
+    float *q = malloc(n * 4), *cpu = malloc(n * 4), *gpu = malloc(n * 4), *dout = NULL;
+    rng_fill_normal(r, q, n, 1.0f);
+    tqkv_attn_params p = {.q_heads = qh, .scale = 0.09f, .kernel = TQKV_KERNEL_DEFERRED, .threads = 2};
+    assert_int_equal(tqkv_batch_attend(b, mask, q, nq, &p, cpu), TQKV_OK);
+    cuda_kv *kv = NULL;
+    assert_int_equal(tqkv_cuda_kv_init(&kv, &cfg, 0, R, b->cap), TQKV_OK);
+    assert_int_equal(tqkv_cuda_kv_upload(kv, b), TQKV_OK);
+    float *dq = dev_copy(q, n);
+    for (int tc = 1; tc >= 0; tc--) {
+        assert_int_equal(tqkv_cuda_prefill_tc(tc), tc);
+        for (size_t i = 0; i < n; i++) gpu[i] = NAN;
+        dout = dev_copy(gpu, n); /* poisoned */
+        assert_int_equal(tqkv_cuda_kv_attend_masked(kv, dq, nq, qh, 0.09f, mask->lo, mask->hi, dout), TQKV_OK);
+        assert_int_equal(tqkv_cuda_d2h(gpu, dout, n * 4), TQKV_OK);
+        const double e = rel_l2(gpu, cpu, n);
+        printf("prefill d %d %s/%s G %d window %d swa %d nq %d, %s kernel: rel L2 vs CPU %.3g\n", D,
+               tqkv_format_name(kf), tqkv_format_name(vf), G, W, swa, nq, tc ? "tensor-core" : "float32", e);
+        if (!(e < prefill_tol(tc))) fail_msg("masked GPU attention differs from the CPU: %g", e);
+        tqkv_cuda_free(dout);
+    }
+    tqkv_cuda_prefill_tc(1);
+    free(q); free(cpu); free(gpu);
+    tqkv_cuda_free(dq);
+    tqkv_cuda_kv_free(kv);
+    tqkv_mask_lease_free(lease);
+    tqkv_batch_free(b);
+    for (int i = 0; i < R; i++) tqkv_cache_free(rows[i]);
+}
+
 /* Head dim D; iterations: 0..3 G 8 / 4 (tq4 / tq3), the q8 window from 2 on, a sliding
  * window at 3; 4..5: G 2 at d 256, G 3 at d 128 (64 query vectors per block do not divide
  * into positions: the tensor-core kernel's last vector row is unused), window and swa. */
@@ -367,48 +461,9 @@ static void prefill_case(int D, int iters, uint64_t mix) {
     test_rng r;
     rng_init(&r, test_seed() ^ mix);
     for (int it = 0; it < iters; it++) {
-        const int H = 2, G = it >= 4 ? (D == 128 ? 3 : 2) : it & 1 ? 4 : 8, qh = H * G, R = 3,
-                  W = it >= 2 ? 40 : 0;
-        tqkv_cache_config cfg = mkcfg_d(it & 1 ? TQKV_TQ3 : TQKV_TQ4, H, W, rng_u64(&r), D);
-        tqkv_cache *rows[3];
-        tqkv_batch *b = merged_rows(&r, &cfg, R, 12, 400, rows);
-        int minlen = 1 << 30;
-        for (int i = 0; i < R; i++) minlen = b->offset[i] < minlen ? b->offset[i] : minlen;
-        const int nq = rng_int(&r, 2, minlen < 11 ? minlen : 11),
-                  swa = it == 3 || it == 5 ? rng_int(&r, 1, 60) : 0;
-        tqkv_mask_lease *lease = NULL;
-        const tqkv_mask *mask = NULL;
-        assert_int_equal(tqkv_mask_lease_init(&lease), TQKV_OK);
-        assert_int_equal(tqkv_batch_make_mask(b, lease, nq, swa, &mask), TQKV_OK);
-        assert_non_null(mask);
-        const size_t n = (size_t)R * qh * nq * D;
-        float *q = malloc(n * 4), *cpu = malloc(n * 4), *gpu = malloc(n * 4), *dout = NULL;
-        rng_fill_normal(&r, q, n, 1.0f);
-        tqkv_attn_params p = {.q_heads = qh, .scale = 0.09f, .kernel = TQKV_KERNEL_DEFERRED, .threads = 2};
-        assert_int_equal(tqkv_batch_attend(b, mask, q, nq, &p, cpu), TQKV_OK);
-        cuda_kv *kv = NULL;
-        assert_int_equal(tqkv_cuda_kv_init(&kv, &cfg, 0, R, b->cap), TQKV_OK);
-        assert_int_equal(tqkv_cuda_kv_upload(kv, b), TQKV_OK);
-        float *dq = dev_copy(q, n);
-        for (int tc = 1; tc >= 0; tc--) {
-            assert_int_equal(tqkv_cuda_prefill_tc(tc), tc);
-            for (size_t i = 0; i < n; i++) gpu[i] = NAN;
-            dout = dev_copy(gpu, n); /* poisoned */
-            assert_int_equal(tqkv_cuda_kv_attend_masked(kv, dq, nq, qh, 0.09f, mask->lo, mask->hi, dout), TQKV_OK);
-            assert_int_equal(tqkv_cuda_d2h(gpu, dout, n * 4), TQKV_OK);
-            const double e = rel_l2(gpu, cpu, n);
-            printf("prefill d %d %s G %d window %d swa %d nq %d, %s kernel: rel L2 vs CPU %.3g\n", D,
-                   tqkv_format_name(cfg.k_format), G, W, swa, nq, tc ? "tensor-core" : "float32", e);
-            if (!(e < prefill_tol(tc))) fail_msg("masked GPU attention differs from the CPU: %g", e);
-            tqkv_cuda_free(dout);
-        }
-        tqkv_cuda_prefill_tc(1);
-        free(q); free(cpu); free(gpu);
-        tqkv_cuda_free(dq);
-        tqkv_cuda_kv_free(kv);
-        tqkv_mask_lease_free(lease);
-        tqkv_batch_free(b);
-        for (int i = 0; i < R; i++) tqkv_cache_free(rows[i]);
+        const int G = it >= 4 ? (D == 128 ? 3 : 2) : it & 1 ? 4 : 8, W = it >= 2 ? 40 : 0;
+        const tqkv_format f = it & 1 ? TQKV_TQ3 : TQKV_TQ4;
+        prefill_one(&r, D, f, f, G, W, it == 3 || it == 5);
     }
 }
 
@@ -426,13 +481,17 @@ static void test_cuda_prefill_d256(void **state) {
  * (ring 40): chunks longer than window_slack + 1 push copies their own early queries need
  * out of the ring (the side buffer, batch.h), short ones between them must not read a stale
  * side buffer; after each append every query of it, causal (and a sliding window on the
- * last), against the CPU prefill engine. */
+ * last), against the CPU prefill engine. K/V tq4, tq3, tq4/tq2 (auto:3.25's formats) and fp8
+ * (no ring: appends and masks only). */
 static void prefill_long_case(int D, uint64_t mix) {
     test_rng r;
     rng_init(&r, test_seed() ^ mix);
-    for (int it = 0; it < 2; it++) {
+    static const tqkv_format kfs[4] = {TQKV_TQ4, TQKV_TQ3, TQKV_TQ4, TQKV_FP8};
+    static const tqkv_format vfs[4] = {TQKV_TQ4, TQKV_TQ3, TQKV_TQ2, TQKV_FP8};
+    for (int it = 0; it < 4; it++) {
         const int H = 2, G = 4, qh = H * G, R = 3, W = 24;
-        tqkv_cache_config cfg = mkcfg_d(it ? TQKV_TQ3 : TQKV_TQ4, H, W, rng_u64(&r), D);
+        tqkv_cache_config cfg = mkcfg_d(kfs[it], H, W, rng_u64(&r), D);
+        cfg.v_format = vfs[it];
         tqkv_cache *rows[3];
         tqkv_batch *b = merged_rows(&r, &cfg, R, 1, 90, rows);
         cuda_kv *kv = NULL;
@@ -465,8 +524,8 @@ static void prefill_long_case(int D, uint64_t mix) {
                 assert_int_equal(tqkv_cuda_kv_attend_masked(kv, dq, nq, qh, 0.09f, mask->lo, mask->hi, dout), TQKV_OK);
                 assert_int_equal(tqkv_cuda_d2h(gpu, dout, n * 4), TQKV_OK);
                 const double e = rel_l2(gpu, cpu, n);
-                printf("prefill after appends d %d %s append %d (lens %d %d %d) swa %d, %s kernel: rel L2 vs CPU %.3g\n",
-                       D, tqkv_format_name(cfg.k_format), nq, b->offset[0], b->offset[1], b->offset[2], swa,
+                printf("prefill after appends d %d %s/%s append %d (lens %d %d %d) swa %d, %s kernel: rel L2 vs CPU %.3g\n",
+                       D, tqkv_format_name(cfg.k_format), tqkv_format_name(cfg.v_format), nq, b->offset[0], b->offset[1], b->offset[2], swa,
                        tc ? "tensor-core" : "float32", e);
                 if (!(e < prefill_tol(tc)))
                     fail_msg("masked GPU attention after an append of %d differs from the CPU: %g", nq, e);
@@ -1448,6 +1507,135 @@ static void test_cuda_bf16_d256(void **state) {
     }
 }
 
+// ---------------------------------------------------------------------------
+// fp8, tq2 and mixed tq K / V (the float32 decode kernel of attn_cuda_fmt.cu; the masked
+// kernels), head_dim 128 and 256
+// ---------------------------------------------------------------------------
+/* One decode case: R rows of random lengths (a short one; long ones: several splits), a few
+ * dominating keys and all-zero values, G query heads per kv head, q8 window W (tq): against
+ * the CPU fused kernel (float32 both: worst rel. L2 per (row, head) < 1e-4, the d = 256
+ * float32 kernel's bound), each row alone bitwise, a caller's workspace of
+ * tqkv_cuda_attend_ws_bytes_dim bytes bitwise (one byte less refused). */
+static void decode_fmt_one(test_rng *r, int D, tqkv_format kf, tqkv_format vf, int G, int W) {
+    const int H = 2, qh = H * G, R = 3;
+    tqkv_cache_config cfg = mkcfg_d(kf, H, W, rng_u64(r), D);
+    cfg.v_format = vf;
+    tqkv_cache *rows[3];
+    tqkv_cache_ref refs[3];
+    int maxlen = 0;
+    for (int i = 0; i < R; i++) {
+        const int T = i == 0 ? rng_int(r, 1, 40) : rng_int(r, 200, 3000);
+        maxlen = T > maxlen ? T : maxlen;
+        const size_t n = (size_t)H * T * D;
+        float *k = malloc(n * 4), *v = malloc(n * 4), *kb = malloc(n * 4), *vb = malloc(n * 4);
+        rng_fill_normal(r, k, n, 1.0f);
+        rng_fill_normal(r, v, n, 1.0f);
+        for (size_t t = 0; t < (size_t)H * T; t++) {
+            if (rng_int(r, 0, 200) == 0) /* a key that dominates the softmax */
+                for (int d = 0; d < D; d++) k[t * D + d] *= 3.0f;
+            if (rng_int(r, 0, 300) == 0) memset(v + t * D, 0, (size_t)D * sizeof(float));
+        }
+        assert_int_equal(tqkv_cache_init(&rows[i], &cfg), TQKV_OK);
+        for (int t = 0, c; t < T; t += c) { /* [H, T, D] in chunks */
+            c = rng_int(r, 1, 700);
+            if (c > T - t) c = T - t;
+            slice_d(k, 1, H, T, t, c, kb, D);
+            slice_d(v, 1, H, T, t, c, vb, D);
+            assert_int_equal(tqkv_cache_append(rows[i], kb, vb, c), TQKV_OK);
+        }
+        free(k); free(v); free(kb); free(vb);
+        refs[i].batch = NULL;
+        refs[i].single = rows[i];
+    }
+    tqkv_batch *b = NULL;
+    assert_int_equal(tqkv_batch_merge(&b, refs, R), TQKV_OK);
+    const size_t n = (size_t)R * qh * D;
+    float *q = malloc(n * 4), *cpu = malloc(n * 4), *gpu = malloc(n * 4), *one = malloc(n * 4);
+    rng_fill_normal(r, q, n, 1.0f);
+    const float scale = 1.0f / sqrtf((float)D);
+    tqkv_attn_params p = {.q_heads = qh, .scale = scale, .kernel = TQKV_KERNEL_FUSED, .threads = 2};
+    tqkv_mask_lease *lease = NULL;
+    const tqkv_mask *mask = NULL;
+    assert_int_equal(tqkv_mask_lease_init(&lease), TQKV_OK);
+    assert_int_equal(tqkv_batch_make_mask(b, lease, 1, 0, &mask), TQKV_OK);
+    assert_int_equal(tqkv_batch_attend(b, mask, q, 1, &p, cpu), TQKV_OK);
+    tqkv_mask_lease_free(lease);
+    attend_gpu_d(b, q, qh, scale, gpu, D);
+    double worst = 0;
+    for (int i = 0; i < R * qh; i++) {
+        const double e = rel_l2(gpu + (size_t)i * D, cpu + (size_t)i * D, (size_t)D);
+        if (!(e <= worst)) worst = e; /* NaN sticks */
+    }
+    printf("decode d %d %s/%s G %d window %d lens %d..: worst rel L2 vs CPU %.3g\n", D, tqkv_format_name(kf),
+           tqkv_format_name(vf), G, W, b->offset[0], worst);
+    if (!(worst < 1e-4)) fail_msg("GPU decode attention differs from the CPU: %g", worst);
+    for (int i = 0; i < R; i++) { /* batch invariance: each row alone */
+        attend_gpu_d(rows[i]->b, q + (size_t)i * qh * D, qh, scale, one, D);
+        if (memcmp(one, gpu + (size_t)i * qh * D, (size_t)qh * D * 4))
+            fail_msg("row %d alone differs from row %d in a batch of %d", i, i, R);
+    }
+    /* a caller's workspace of the size the model state allocates */
+    cuda_kv *kv = NULL;
+    assert_int_equal(tqkv_cuda_kv_init(&kv, &b->cfg, 0, R, b->cap), TQKV_OK);
+    assert_int_equal(tqkv_cuda_kv_upload(kv, b), TQKV_OK);
+    const size_t wsb = tqkv_cuda_attend_ws_bytes_dim(R, qh, maxlen, D);
+    void *ws = NULL;
+    float *dq = dev_copy(q, n), *dout = dev_copy(q, n);
+    assert_int_equal(tqkv_cuda_malloc(&ws, wsb), TQKV_OK);
+    assert_int_equal(tqkv_cuda_kv_attend_ws(kv, dq, qh, scale, dout, ws, wsb - 1), TQKV_ERANGE);
+    assert_int_equal(tqkv_cuda_kv_attend_ws(kv, dq, qh, scale, dout, ws, wsb), TQKV_OK);
+    assert_int_equal(tqkv_cuda_sync(), TQKV_OK);
+    assert_int_equal(tqkv_cuda_d2h(one, dout, n * 4), TQKV_OK);
+    if (memcmp(one, gpu, n * 4)) fail_msg("attend_ws with a caller's workspace differs from attend");
+    tqkv_cuda_free(ws); tqkv_cuda_free(dq); tqkv_cuda_free(dout);
+    tqkv_cuda_kv_free(kv);
+    free(q); free(cpu); free(gpu); free(one);
+    tqkv_batch_free(b);
+    for (int i = 0; i < R; i++) tqkv_cache_free(rows[i]);
+}
+
+/* Every pair of FMT_KV at head dim D, G 1 / 2 / 3 / 4 / 8 over the pairs; tq with and
+ * without the q8 window. */
+static void decode_fmt(int D, uint64_t mix) {
+    test_rng r;
+    rng_init(&r, test_seed() ^ mix);
+    static const int Gs[5] = {1, 2, 3, 4, 8};
+    for (int fi = 0; fi < N_FMT_KV; fi++) {
+        const tqkv_format kf = FMT_KV[fi][0], vf = FMT_KV[fi][1];
+        decode_fmt_one(&r, D, kf, vf, Gs[rng_int(&r, 0, 4)], 0);
+        if (kf != TQKV_FP8) decode_fmt_one(&r, D, kf, vf, Gs[rng_int(&r, 0, 4)], rng_int(&r, 16, 200));
+        else decode_fmt_one(&r, D, kf, vf, 8, 0);
+    }
+}
+
+static void test_cuda_decode_fmt(void **state) {
+    (void)state;
+    decode_fmt(128, 0xDEF8);
+    decode_fmt(256, 0xDEF8256);
+}
+
+/* The masked kernels on every pair of FMT_KV (tq: with the q8 window and a sliding window). */
+static void test_cuda_prefill_fmt(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() ^ 0x9F8F);
+    for (int D = 128; D <= 256; D *= 2)
+        for (int fi = 0; fi < N_FMT_KV; fi++) {
+            const tqkv_format kf = FMT_KV[fi][0], vf = FMT_KV[fi][1];
+            prefill_one(&r, D, kf, vf, rng_int(&r, 0, 1) ? 4 : 8, 0, 0);
+            prefill_one(&r, D, kf, vf, D == 128 ? 3 : 2, kf == TQKV_FP8 ? 0 : 40, 1);
+        }
+}
+
+/* Row operations on fp8 and tq2 caches (exports byte for byte; attention through the float32
+ * decode kernel: its 1e-4). */
+static void test_cuda_rows_fmt(void **state) {
+    (void)state;
+    rows_case(128, TQKV_FP8, 1e-4, 0x50F8);
+    rows_case(128, TQKV_TQ2, 1e-4, 0x5072);
+    rows_case(256, TQKV_FP8, 1e-4, 0x50F8256);
+}
+
 int main(void) {
     if (!tqkv_cuda_available()) {
         printf("SKIPPED: no CUDA device\n");
@@ -1461,6 +1649,8 @@ int main(void) {
         cmocka_unit_test(test_cuda_decode_d256),       cmocka_unit_test(test_cuda_decode_d256_long),
         cmocka_unit_test(test_cuda_decode_d256_tc),    cmocka_unit_test(test_cuda_rows_d256),
         cmocka_unit_test(test_cuda_bf16_d256),         cmocka_unit_test(test_cuda_prefill_long),
+        cmocka_unit_test(test_cuda_encode_fmt),        cmocka_unit_test(test_cuda_decode_fmt),
+        cmocka_unit_test(test_cuda_prefill_fmt),       cmocka_unit_test(test_cuda_rows_fmt),
     };
     test_seed();
     const char *only = getenv("TQKV_TEST_FILTER"); /* e.g. test_cuda_attend_tq, for seed sweeps */

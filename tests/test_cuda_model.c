@@ -3,7 +3,8 @@
  * against the CPU forward on the bundled model (models/qwen3-code-28m, or the directory in
  * TQKV_TEST_MODEL), on fresh random token sequences:
  *  - prefill logits of every position and decode logits, GPU vs CPU, for f32 (dense bf16
- *    cache on the device), tq4 and tq3 (+ q8 window), within a stated relative L2;
+ *    cache on the device), tq4 and tq3 (+ q8 window), within a stated relative L2; fp8 and
+ *    tq4/tq2 (+ q8 window 14, no slack: auto:3.25's shape) with 8 greedy decode steps;
  *  - batch invariance on the device: a row's prefill and decode logits alone (1 row) and
  *    inside a batch of 3 rows (at position 2, other rows with other tokens) are bitwise
  *    equal;
@@ -67,6 +68,13 @@ static tqkv_model_state *new_state(int rows, tqkv_format f, int window, int devi
 
 static void random_tokens(test_rng *r, int32_t *t, size_t n, int V) {
     for (size_t i = 0; i < n; i++) t[i] = rng_int(r, 1, V - 1);
+}
+
+static int argmax_of(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -146,6 +154,61 @@ static void parity(tqkv_format f, int window, double tol_med, double tol_worst) 
 static void test_parity_f32(void **st) { (void)st; parity(TQKV_F32, 0, 1e-2, 3e-2); }
 static void test_parity_tq4(void **st) { (void)st; parity(TQKV_TQ4, 0, 1e-2, 1e-1); }
 static void test_parity_tq3_window(void **st) { (void)st; parity(TQKV_TQ3, 32, 1e-2, 1e-1); }
+/* fp8 and tq4/tq2 (the float32 decode kernel of attn_cuda_fmt.cu; the masked kernels' fp8 /
+ * mixed tq tiles), as `--kv fp8` and the auto:3.25 preset (tq4/tq2, q8 window 14, no ring
+ * slack) run them: prefill n tokens (all logits), then 8 greedy steps (each step's token the
+ * CPU's argmax, fed to both), GPU vs CPU within parity()'s bounds. */
+static void parity_greedy(tqkv_format kf, tqkv_format vf, int window, int slack) {
+    const int V = tqkv_model_get_config(g_model)->vocab_size, n = 150, steps = 8;
+    test_rng r;
+    rng_init(&r, g_seed ^ (uint64_t)kf * 131 ^ (uint64_t)vf * 7);
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(n + steps + 1));
+    float *lg = malloc(sizeof(float) * (size_t)n * V), *lc = malloc(sizeof(float) * (size_t)n * V);
+    random_tokens(&r, tok, (size_t)n, V);
+    tqkv_model_state *s2[2];
+    for (int dev = 0; dev < 2; dev++) {
+        tqkv_model_state_params p = tqkv_model_state_params_default();
+        p.rows = 1;
+        p.k_format = kf;
+        p.v_format = vf;
+        p.window = window;
+        if (window) p.window_slack = slack;
+        p.threads = 4;
+        p.device = dev;
+        s2[dev] = NULL;
+        if (tqkv_model_state_init(&s2[dev], g_model, &p) != TQKV_OK)
+            fail_msg("state init %s/%s (device %d): %s", tqkv_format_name(kf), tqkv_format_name(vf), dev,
+                     tqkv_last_error());
+    }
+    tqkv_model_state *sc = s2[0], *sg = s2[1];
+    assert_int_equal(tqkv_model_prefill(g_model, sg, tok, NULL, n, TQKV_LOGITS_ALL, lg), TQKV_OK);
+    assert_int_equal(tqkv_model_prefill(g_model, sc, tok, NULL, n, TQKV_LOGITS_ALL, lc), TQKV_OK);
+    int same = 0;
+    double med = 0, wp = 0;
+    rel_stats(lg, lc, n, V, &med, &wp, &same);
+    printf("%s/%s window %d: prefill %d: rel L2 median %.3g worst %.3g, argmax equal %d/%d\n",
+           tqkv_format_name(kf), tqkv_format_name(vf), window, n, med, wp, same, n);
+    if (!(med < 1e-2) || !(wp < 1e-1) || same * 10 < 9 * n)
+        fail_msg("prefill logits GPU vs CPU: median %g, worst %g, argmax %d/%d", med, wp, same, n);
+    float *dg = malloc(sizeof(float) * (size_t)steps * V), *dc = malloc(sizeof(float) * (size_t)steps * V);
+    tok[n] = (int32_t)argmax_of(lc + (size_t)(n - 1) * V, V);
+    for (int i = 0; i < steps; i++) {
+        assert_int_equal(tqkv_model_decode(g_model, sg, tok + n + i, dg + (size_t)i * V), TQKV_OK);
+        assert_int_equal(tqkv_model_decode(g_model, sc, tok + n + i, dc + (size_t)i * V), TQKV_OK);
+        tok[n + i + 1] = (int32_t)argmax_of(dc + (size_t)i * V, V);
+    }
+    rel_stats(dg, dc, steps, V, &med, &wp, &same);
+    printf("%s/%s window %d: %d greedy steps: rel L2 median %.3g worst %.3g, argmax equal %d/%d\n",
+           tqkv_format_name(kf), tqkv_format_name(vf), window, steps, med, wp, same, steps);
+    if (!(med < 1e-2) || !(wp < 1e-1) || same < steps - 2)
+        fail_msg("greedy decode logits GPU vs CPU: median %g, worst %g, argmax %d/%d", med, wp, same, steps);
+    tqkv_model_state_free(sg);
+    tqkv_model_state_free(sc);
+    free(tok); free(lg); free(lc); free(dg); free(dc);
+}
+static void test_parity_fp8(void **st) { (void)st; parity_greedy(TQKV_FP8, TQKV_FP8, 0, 0); }
+static void test_parity_tq4_tq2_window(void **st) { (void)st; parity_greedy(TQKV_TQ4, TQKV_TQ2, 14, 0); }
+
 /* The opt-in cuBLAS GEMM rounds activations to bf16 (~4e-3 relative per value) and is not
  * batch invariant: only parity is checked, with bounds for that rounding. */
 static void test_parity_fast_gemm(void **st) {
@@ -1353,6 +1416,8 @@ int main(void) {
         cmocka_unit_test(test_parity_tq4),
         cmocka_unit_test(test_parity_tq3_window),
         cmocka_unit_test(test_parity_fast_gemm),
+        cmocka_unit_test(test_parity_fp8),
+        cmocka_unit_test(test_parity_tq4_tq2_window),
         cmocka_unit_test(test_invariance_f32),
         cmocka_unit_test(test_invariance_tq4),
         cmocka_unit_test(test_invariance_tq3_window),

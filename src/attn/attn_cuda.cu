@@ -7,7 +7,8 @@
  * the q8 recent window, the dense bf16 baseline), the merge of split partials (log-sum-exp)
  * with the single un-rotation of each output, the workspace of d = 128, the one-time setup of
  * every decode kernel (tqkv_cuda_attn_setup), the public entry points (d = 256 goes to
- * cuda_attend_decode_wide, attn_cuda_wide.cu), attention at an earlier length
+ * cuda_attend_decode_wide, attn_cuda_wide.cu; fp8, tq2 and mixed tq K/V of either dim to
+ * cuda_attend_decode_fmt, attn_cuda_fmt.cu), attention at an earlier length
  * (tqkv_cuda_kv_attend_back).
  * Must not: mutate the cache, or let a row's result depend on other rows (split sizes from
  * each row's own length, attn_cuda_splits.h; merges in split order); allocate, free or wait
@@ -189,11 +190,13 @@ static tqkv_status attn_cuda_setup_locked(void) {
     return TQKV_OK;
 }
 /* Workspace layout for rows x q_heads vectors and nsmax splits: partial outputs
- * [nv, nsmax, D] f32, (max, sum) [nv, nsmax] float2, rotated queries [nv, D] fp16. */
+ * [nv, nsmax, D] f32, (max, sum) [nv, nsmax] float2, rotated queries [nv, D] fp16 (room for
+ * [nv, D] f32: the float32 kernel of attn_cuda_fmt.cu, for the other formats, keeps its
+ * queries there and its partials in the same split bound). */
 static size_t ws_need(size_t nv, int nsmax, size_t *po_b, size_t *pml_b) {
     *po_b = nv * nsmax * D * sizeof(float);
     *pml_b = (nv * nsmax * sizeof(float2) + 255) / 256 * 256; /* the queries after it: 16-byte loads */
-    return *po_b + *pml_b + nv * D * sizeof(uint16_t) + 256;
+    return *po_b + *pml_b + nv * D * sizeof(float) + 256;
 }
 
 extern "C" size_t tqkv_cuda_attend_ws_bytes(int rows, int q_heads, int max_tokens) {
@@ -207,6 +210,8 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
 extern "C" tqkv_status tqkv_cuda_kv_attend_ws(cuda_kv *kv, const float *q, int q_heads, float scale,
                                          float *out, void *ws, size_t ws_bytes) {
     if (!ws) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_attend_ws: NULL workspace");
+    /* fp8, tq2, mixed tq: the float32 kernel of attn_cuda_fmt.cu (both dims) */
+    if (cuda_kv_fmt_generic(kv)) return cuda_attend_decode_fmt(kv, q, q_heads, scale, out, ws, ws_bytes);
     /* d = 256: attn_cuda_wide.cu (the tensor-core or the float32 split kernel, the merge) */
     if (kv && kv->d != D) return cuda_attend_decode_wide(kv, q, q_heads, scale, out, ws, ws_bytes);
     return attend(kv, q, q_heads, scale, out, ws, ws_bytes);
@@ -214,6 +219,7 @@ extern "C" tqkv_status tqkv_cuda_kv_attend_ws(cuda_kv *kv, const float *q, int q
 
 extern "C" tqkv_status tqkv_cuda_kv_attend(cuda_kv *kv, const float *q, int q_heads, float scale,
                                       float *out) {
+    if (cuda_kv_fmt_generic(kv)) return cuda_attend_decode_fmt(kv, q, q_heads, scale, out, NULL, 0);
     if (kv && kv->d != D) return cuda_attend_decode_wide(kv, q, q_heads, scale, out, NULL, 0);
     return attend(kv, q, q_heads, scale, out, NULL, 0);
 }

@@ -49,12 +49,17 @@ template <int D> constexpr int prefill_smem() {
 static_assert(prefill_smem<CUDA_DIM_WIDE>() <= 227 * 1024, "the d = 256 tiles fit an SM");
 
 /* Element i of the main-plane vector at column col, its per-token scale applied (rotated
- * domain for tq, original for the bf16 baseline). */
+ * domain for tq, original for fp8 and the bf16 baseline). */
 template <int D>
 __device__ float elem_main(const uint8_t *data, const uint16_t *sc, size_t pay, int bits, const float *cent,
                            int bf16, size_t col, int i) {
     const uint8_t *p = data + col * pay;
     if (bf16) return __uint_as_float((uint32_t)reinterpret_cast<const uint16_t *>(p)[i] << 16);
+    if (bits == CUDA_BITS_FP8) { /* codec_fp8_half(b) x (scale x 256), as codec_decode */
+        const uint32_t b = p[i];
+        const float x = __half2float(__ushort_as_half((uint16_t)(((b & 0x80u) << 8) | ((b & 0x7fu) << 7))));
+        return x * (__half2float(__ushort_as_half(sc[col])) * 256.0f);
+    }
     const int g = i >> 5, j = i & 31;
     int idx;
     if (bits == 4) idx = (p[16 * g + (j & 15)] >> (4 * (j >> 4))) & 15;
@@ -204,7 +209,7 @@ __global__ void __launch_bounds__(NT) prefill_kernel(const PParams<D> P) {
         float o[E];
 #pragma unroll
         for (int c = 0; c < E; c++) o[c] = acc[k][c] * inv;
-        if (!P.bf16) {
+        if (P.vrot) {
             float sg[E];
 #pragma unroll
             for (int c = 0; c < E; c++) sg[c] = P.vc.signs[E * lane + c];
@@ -246,8 +251,8 @@ tqkv_status launch(const cuda_kv *kv, const float *q, int n_query, int q_heads, 
         return prefill_tc_launch<D>(P, kv->bf16, kv->stream);
     }
     const size_t nv = (size_t)kv->rows * q_heads * n_query;
-    pqprep_kernel<D><<<(unsigned)((nv + 3) / 4), 128, 0, kv->stream>>>(q, qp, kc, !kv->bf16, scale * LOG2E, (int)nv);
     const PParams<D> P = make_params<D>(kv, q_heads, n_query, lo, hi, qp, out, kc, vc);
+    pqprep_kernel<D><<<(unsigned)((nv + 3) / 4), 128, 0, kv->stream>>>(q, qp, kc, P.krot, scale * LOG2E, (int)nv);
     const dim3 grid((unsigned)((n_query + QB - 1) / QB), (unsigned)kv->kvh, (unsigned)kv->rows);
     prefill_kernel<D><<<grid, NT, prefill_smem<D>(), kv->stream>>>(P);
     return cuda_check(cudaGetLastError(), "prefill kernel launch");

@@ -26,6 +26,9 @@ template <int D> struct PParams {
     const int *x;                      /* [2, rows] side-buffer tokens [xlo, xhi), or NULL */
     size_t kpay, vpay;
     int ring, cap, kvh, G, qh, nq, bf16, nrows, xcap;
+    int krot, vrot;                    /* K / V planes hold rotated tq indices (queries are
+                                        * rotated by K's codec, outputs un-rotated by V's);
+                                        * 0: fp8 and the bf16 baseline, stored as given */
     int window;                        /* q8 window W (0: none): query p reads token t from
                                         * its q8 copy when t >= max(p + 1 - W, q8lo) */
     const cuda_row *rows;
@@ -55,6 +58,8 @@ static inline PParams<D> make_params(const cuda_kv *kv, int q_heads, int n_query
     P.window = kv->ring > 0 ? kv->cfg.window : 0;
     P.kpay = kv->kpay; P.vpay = kv->vpay; P.ring = kv->ring > 0 ? kv->ring : 1; P.cap = kv->cap;
     P.kvh = kv->kvh; P.G = q_heads / kv->kvh; P.qh = q_heads; P.nq = n_query; P.bf16 = kv->bf16;
+    P.krot = !kv->bf16 && CUDA_BITS_ROTATED(kc.bits);
+    P.vrot = !kv->bf16 && CUDA_BITS_ROTATED(vc.bits);
     P.qmul = 0.0f;
     P.rows = kv->d_rows; P.lo = lo; P.hi = hi; P.q = qp; P.out = out; P.kc = kc; P.vc = vc;
     return P;

@@ -88,6 +88,17 @@ __device__ float load_main(uint16_t *dst, const uint8_t *data, const uint16_t *s
         return 1.0f;
     } else {
         float x[32];
+        if (bits == CUDA_BITS_FP8) { /* codec_fp8_half: the e4m3 value x 2^-8, exact in fp16 */
+            const uint4 w0 = reinterpret_cast<const uint4 *>(p + 32 * g)[0], w1 = reinterpret_cast<const uint4 *>(p + 32 * g)[1];
+            const uint32_t b[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+            for (int j = 0; j < 32; j++) {
+                const uint32_t by = (b[j >> 2] >> (8 * (j & 3))) & 0xFFu;
+                x[j] = __half2float(__ushort_as_half((uint16_t)(((by & 0x80u) << 8) | ((by & 0x7fu) << 7))));
+            }
+            put32<F>(dst, x);
+            return __half2float(__ushort_as_half(sc[col])) * 256.0f;
+        }
         if (bits == 4) {
             const uint4 w = *reinterpret_cast<const uint4 *>(p + 16 * g);
             const uint32_t b[4] = {w.x, w.y, w.z, w.w};
@@ -320,7 +331,7 @@ __global__ void __launch_bounds__(TT, 1) prefill_tc_kernel(const PParams<D> P) {
         const int i = m / G, gg = m % G;
         float x[E] = {};
         if (m < bq * G && q0 + i < P.nq) {   /* warp-uniform */
-            cw_load_rotate<E>(P.q + (((size_t)r * P.qh + (size_t)h * G + gg) * P.nq + q0 + i) * D, P.kc, !P.bf16,
+            cw_load_rotate<E>(P.q + (((size_t)r * P.qh + (size_t)h * G + gg) * P.nq + q0 + i) * D, P.kc, P.krot,
                               lane, x);
 #pragma unroll
             for (int c = 0; c < E; c++) x[c] *= P.qmul;
@@ -440,7 +451,7 @@ __global__ void __launch_bounds__(TT, 1) prefill_tc_kernel(const PParams<D> P) {
         float x[E];
 #pragma unroll
         for (int c = 0; c < E; c++) x[c] = so[m * LD + E * lane + c];
-        if (!P.bf16) {
+        if (P.vrot) {
             float sg[E];
 #pragma unroll
             for (int c = 0; c < E; c++) sg[c] = P.vc.signs[E * lane + c];

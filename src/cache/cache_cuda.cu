@@ -212,7 +212,7 @@ extern "C" tqkv_status tqkv_cuda_copy_ms(size_t bytes, int reps, double *ms) {
 template <typename CC, int DIM> static void codec_params(const struct tqkv_codec *c, CC *out) {
     static_assert(sizeof(out->signs) == DIM * sizeof(float), "codec parameters of another dim");
     memset(out, 0, sizeof *out);
-    out->bits = c->bits;
+    out->bits = c->format == TQKV_FP8 ? CUDA_BITS_FP8 : c->bits;
     out->inv = (float)(1.0 / sqrt((double)c->dim));
     for (int i = 0; i < 16; i++) out->cent[i] = c->centroids[i];
     for (int i = 0; i < 15; i++) out->bounds[i] = c->bounds[i];
@@ -259,10 +259,10 @@ tqkv_status cuda_kv_init_on(cuda_kv **out, const tqkv_cache_config *cfg, int bf1
         return tqkv_fail(TQKV_EUNSUPPORTED, "CUDA cache: head_dim %d is not supported (the "
                          "device kernels are built for %d and %d)", cfg->head_dim, CUDA_DIM,
                          CUDA_DIM_WIDE);
-    if (!bf16 && (cfg->k_format != cfg->v_format ||
-                  (cfg->k_format != TQKV_TQ4 && cfg->k_format != TQKV_TQ3)))
+    if (!bf16 && !tqkv_cuda_kv_formats_ok(cfg->k_format, cfg->v_format))
         return tqkv_fail(TQKV_EUNSUPPORTED, "CUDA cache: K/V formats %s/%s are not supported "
-                         "(tq4/tq4, tq3/tq3 or the bf16 baseline)",
+                         "(tq4/tq4, tq3/tq3, fp8/fp8, tq K and V with K bits >= V bits, or "
+                         "the bf16 baseline)",
                          tqkv_format_name(cfg->k_format), tqkv_format_name(cfg->v_format));
     if (rows < 0 || cap < 1) return tqkv_fail(TQKV_EINVAL, "CUDA cache: rows must be >= 0 and cap >= 1");
     cuda_kv *kv = (cuda_kv *)calloc(1, sizeof *kv);
@@ -299,7 +299,7 @@ tqkv_status cuda_kv_init_on(cuda_kv **out, const tqkv_cache_config *cfg, int bf1
         }
         codec_teardown(&kc);
         codec_teardown(&vc);
-        kv->ring = batch_ring_for(cfg);
+        kv->ring = batch_ring_for(cfg); /* 0 for fp8 (K or V tq: both are, formats_ok) */
         kv->kwin = kv->vwin = kv->ring > 0;
     } else {
         kv->kpay = kv->vpay = 2 * (size_t)kv->d;
@@ -628,7 +628,8 @@ extern "C" tqkv_status tqkv_cuda_kv_append(cuda_kv *kv, const float *k, const fl
 }
 
 // ---------------------------------------------------------------------------
-// Encode: both planes in one launch of the codec's kernel on kv->stream, asynchronous
+// Encode: both planes in one launch of the codec's kernel on kv->stream (fp8: its own
+// kernel per plane, codec_cuda_fp8.cu), asynchronous
 // ---------------------------------------------------------------------------
 tqkv_status codec_cuda_append(cuda_kv *kv, const float *k, const float *v, int n) {
     ce_plane P[2];
@@ -643,6 +644,16 @@ tqkv_status codec_cuda_append(cuda_kv *kv, const float *k, const float *v, int n
         P[p].xcap = kv->xcap;
         P[p].pay = (int)(p ? kv->vpay : kv->kpay);
         P[p].bf16 = kv->bf16;
+    }
+    if (!kv->bf16 && kv->kfmt == TQKV_FP8) { /* fp8 K and V (tqkv_cuda_kv_formats_ok): no ring */
+        for (int p = 0; p < 2; p++) {
+            const tqkv_status st = cuda_check(
+                codec_cuda_encode_fp8(p ? v : k, P[p], kv->d, kv->d_rows, kv->rows, kv->kvh, n,
+                                      kv->cap, kv->stream),
+                "encode kernel launch");
+            if (st) return st;
+        }
+        return TQKV_OK; /* queued on kv->stream: no wait (a decode step may be being captured) */
     }
     const cudaError_t e = codec_cuda_encode(k, v, P, kv->kc, kv->vc, kv->kc256, kv->vc256, kv->d,
                                             kv->d_rows, kv->rows, kv->kvh, n, kv->cap, kv->ring,

@@ -12,7 +12,10 @@
  * is 0. Every entry returns tqkv_status and calls tqkv_fail on failure.
  *
  * Supported on the device: head_dim 128 or 256; K/V formats tq4/tq4 and tq3/tq3 (with or
- * without the q8 window), or the bf16 baseline (no window); q_heads / kv_heads <= 8.
+ * without the q8 window; the tuned tensor-core decode kernels), fp8/fp8 (no window), tq2/tq2
+ * and the mixed tq4/tq3, tq4/tq2, tq3/tq2 (with or without the window; these and fp8 decode
+ * on the float32 split kernel of attn_cuda_fmt.cu), or the bf16 baseline (no window);
+ * q_heads / kv_heads <= 8.
  * head_dim 256 has the same encode, masked attention and row operations; its decode
  * attention is the tensor-core split kernel at 256 for tq (batch invariant, capture safe) and a
  * float32 split-KV kernel for the bf16 baseline (and for tq with TQKV_WIDE_TC=0).
@@ -36,6 +39,16 @@ struct tqkv_batch;
 #define CUDA_MAX_ROWS 1024    /* rows of one decode attention call (its work-item scan) */
 
 typedef struct cuda_kv cuda_kv;
+
+/* 1 when the device cache holds K format k with V format v (tqkv_cuda_kv_init's rule, also
+ * for callers that pick formats without a device: presets, the model's checks): tq4/tq4,
+ * tq3/tq3, fp8/fp8, or tq K and V with K bits >= V bits (tq2/tq2, tq4/tq3, tq4/tq2, tq3/tq2). */
+static inline int tqkv_cuda_kv_formats_ok(tqkv_format k, tqkv_format v) {
+    if (k == TQKV_FP8 || v == TQKV_FP8) return k == v;
+    const int kb = k == TQKV_TQ4 ? 4 : k == TQKV_TQ3 ? 3 : k == TQKV_TQ2 ? 2 : 0;
+    const int vb = v == TQKV_TQ4 ? 4 : v == TQKV_TQ3 ? 3 : v == TQKV_TQ2 ? 2 : 0;
+    return kb && vb && kb >= vb;
+}
 
 /* 1 when a CUDA device is usable (driver present, >= 1 device), else 0 (never fails). */
 int tqkv_cuda_available(void);

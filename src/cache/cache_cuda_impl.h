@@ -96,6 +96,16 @@ tqkv_status codec_cuda_append(cuda_kv *kv, const float *k, const float *v, int n
  * allocated, freed or waited for (capture safe). Asynchronous on kv->stream. */
 tqkv_status cuda_attend_decode_wide(cuda_kv *kv, const float *q, int q_heads, float scale,
                                     float *out, void *ws, size_t ws_bytes);
+/* attn_cuda_fmt.cu: 1 when kv's decode attention is the float32 kernel of attn_cuda_fmt.cu
+ * (fp8/fp8, tq2/tq2, tq K and V of different bits; not the bf16 baseline, tq4/tq4, tq3/tq3). */
+int cuda_kv_fmt_generic(const cuda_kv *kv);
+/* attn_cuda_fmt.cu: decode attention of such a cache at head_dim 128 or 256 (query prep, the
+ * float32 split kernel, the merge), each row's splits from its own length on the device.
+ * q, out: DEVICE [rows, q_heads, d]. ws == NULL: kv's own workspace (grown here); else at least
+ * tqkv_cuda_attend_ws_bytes_dim(rows, q_heads, .., d) bytes: then nothing is allocated, freed
+ * or waited for (capture safe). Asynchronous on kv->stream. */
+tqkv_status cuda_attend_decode_fmt(cuda_kv *kv, const float *q, int q_heads, float scale,
+                                   float *out, void *ws, size_t ws_bytes);
 /* attn_cuda_wide.cu: the d = 256 tensor-core kernels' one-time setup (shared-memory limits,
  * persistent grids for `sms` SMs, the kernel choice from TQKV_WIDE_TC); tqkv_cuda_attn_setup
  * runs it under its lock. */

@@ -5,7 +5,7 @@
  * program in the same run (scripts/cuda_anchor.py: PyTorch cuDNN SDPA on bf16).
  *
  *   tqkv bench attention --device cuda [--batches 1,8,32] [--ctxs 4096,16384,65536,131072]
- *        [--formats bf16,tq4,tq3,tq4w] [--window 128] [--q-heads 32] [--kv-heads 8]
+ *        [--formats bf16,tq4,tq3,tq4w,fp8,tq2,tq4/tq2w] [--window 128] [--q-heads 32] [--kv-heads 8]
  *        [--dim 128|256] [--reps 30] [--anchor anchor.json] [--out bench.json] [--json]
  *
  * Caches are filled on the GPU (random normal K/V, encoded by the GPU append). Each timed
@@ -16,7 +16,9 @@
  * speedup = anchor_ms / ms (anchor: same batch and ctx, from --anchor).
  * --dim 256: caches of head_dim 256 (Gemma 4's full layers; scale 1 / 16): tq on the
  * tensor-core split kernel, or on the float32 one with TQKV_WIDE_TC=0 in the environment (the
- * "kernel" key says which), bf16 on the float32 one. The anchor script measures d = 128 only.
+ * "kernel" key says which), bf16 on the float32 one. fp8, tq2 and mixed tq K/V decode on the
+ * float32 kernel of attn_cuda_fmt.cu at both dims ("kernel": "f32"). The anchor script
+ * measures d = 128 only.
  * Owns: the benchmark driver and its output. Must not: contain attention logic.
  */
 #include <cjson/cJSON.h>
@@ -84,27 +86,49 @@ static cJSON *bc_read_json(const char *path) {
 }
 
 typedef struct {
-    const char *name;
+    char name[32];
     int bf16;
-    tqkv_format fmt;
+    tqkv_format fmt, vfmt; /* K and V formats (bf16: unused) */
     int window;
 } bc_format;
 
-/* --formats: bf16, tq4, tq3, tq4w (tq4 with a q8 window); the count, or -1 (printed). */
+#define BC_MAX_FORMATS 8
+
+/* --formats: bf16, or a K/V spec the device cache holds (tq4, tq3, tq2, fp8, tq4/tq2, ...:
+ * tqkv_cuda_kv_formats_ok) with a trailing 'w' for the q8 window (tq4w: tq4 + the window);
+ * the count, or -1 (printed). */
 static int bc_formats(const char *formats_s, int window, bc_format *fmts) {
     int nf = 0;
-    char buf[128];
+    char buf[256];
     snprintf(buf, sizeof buf, "%s", formats_s);
-    for (char *s = strtok(buf, ","); s && nf < 4; s = strtok(NULL, ",")) {
-        bc_format f = {NULL, 0, TQKV_TQ4, 0};
-        if (!strcmp(s, "bf16")) f = (bc_format){"bf16", 1, TQKV_TQ4, 0};
-        else if (!strcmp(s, "tq4")) f = (bc_format){"tq4", 0, TQKV_TQ4, 0};
-        else if (!strcmp(s, "tq3")) f = (bc_format){"tq3", 0, TQKV_TQ3, 0};
-        else if (!strcmp(s, "tq4w")) f = (bc_format){"tq4+q8win", 0, TQKV_TQ4, window};
-        else {
-            fprintf(stderr, "tqkv bench attention: unknown format '%s'\n", s);
+    for (char *s = strtok(buf, ","); s; s = strtok(NULL, ",")) {
+        if (nf == BC_MAX_FORMATS) {
+            fprintf(stderr, "tqkv bench attention: at most %d formats\n", BC_MAX_FORMATS);
             return -1;
         }
+        bc_format f;
+        memset(&f, 0, sizeof f);
+        const size_t len = strlen(s);
+        if (!strcmp(s, "bf16")) {
+            f.bf16 = 1;
+            f.fmt = f.vfmt = TQKV_TQ4;
+            snprintf(f.name, sizeof f.name, "bf16");
+            fmts[nf++] = f;
+            continue;
+        }
+        const int win = len > 1 && len < sizeof f.name - 8 && s[len - 1] == 'w';
+        char spec[24];
+        snprintf(spec, sizeof spec, "%.*s", (int)(len - (size_t)win), s);
+        if (len >= sizeof f.name - 8 || tqkv_kv_spec_parse(spec, &f.fmt, &f.vfmt) != TQKV_OK ||
+            !tqkv_cuda_kv_formats_ok(f.fmt, f.vfmt) ||
+            (win && !(tqkv_format_is_tq(f.fmt) && tqkv_format_is_tq(f.vfmt)))) {
+            fprintf(stderr, "tqkv bench attention: unknown format '%s' (bf16, or K/V formats the "
+                    "device holds: tq4, tq3, tq2, fp8, tq4/tq3, tq4/tq2, tq3/tq2; a trailing w: "
+                    "the q8 window of tq formats)\n", s);
+            return -1;
+        }
+        f.window = win ? window : 0;
+        snprintf(f.name, sizeof f.name, "%s%s", spec, win ? "+q8win" : "");
         fmts[nf++] = f;
     }
     return nf;
@@ -120,12 +144,13 @@ typedef struct {
     double *t; /* [reps] */
 } bc_run;
 
-/* K + V bytes a decode over B rows of N tokens reads (docs/FORMATS.md): bf16 2 d, tq4
- * d / 2 + 2, tq3 3 d / 8 + 2 per token and kv head, a q8 window token d + d / 16. */
+/* K + V bytes a decode over B rows of N tokens reads (docs/FORMATS.md): bf16 2 d per token
+ * and kv head and plane, the formats their vector bytes (tq4 d / 2 + 2, tq3 3 d / 8 + 2, tq2
+ * d / 4 + 2, fp8 d + 2), a q8 window token d + d / 16. */
 static double bc_bytes(const bc_format *f, int B, int N, int kvh, int dim) {
     const int w = f->window < N ? f->window : N;
-    const double per_tok = f->bf16 ? 2.0 * 2 * dim : f->fmt == TQKV_TQ4 ? 2.0 * (dim / 2 + 2)
-                                                                       : 2.0 * (3 * dim / 8 + 2);
+    const double per_tok = f->bf16 ? 2.0 * 2 * dim
+                                   : (double)(tqkv_format_bytes(f->fmt, dim) + tqkv_format_bytes(f->vfmt, dim));
     if (!f->window) return (double)B * kvh * (double)N * per_tok;
     return (double)B * kvh * ((double)(N - w) * per_tok + (double)w * 2.0 * (dim + dim / 16));
 }
@@ -157,7 +182,8 @@ static int bc_point(const bc_run *R, const bc_format *f, int B, int N, double an
     tqkv_cache_config cfg = tqkv_cache_config_default();
     cfg.kv_heads = kvh;
     cfg.head_dim = dim;
-    cfg.k_format = cfg.v_format = f->fmt;
+    cfg.k_format = f->fmt;
+    cfg.v_format = f->vfmt;
     cfg.seed = 12345;
     cfg.window = f->window;
     cfg.window_slack = f->window ? 32 : 0;
@@ -207,8 +233,9 @@ static int bc_point(const bc_run *R, const bc_format *f, int B, int N, double an
         cJSON_AddNumberToObject(o, "q_heads", R->qh);
         cJSON_AddNumberToObject(o, "kv_heads", kvh);
         cJSON_AddNumberToObject(o, "head_dim", dim);
+        const int tuned = f->fmt == f->vfmt && (f->fmt == TQKV_TQ4 || f->fmt == TQKV_TQ3);
         cJSON_AddStringToObject(o, "kernel", f->bf16 ? (dim == 256 ? "f32" : "tc")
-                                             : R->wide_tc ? "tc" : "f32");
+                                             : !tuned ? "f32" : R->wide_tc ? "tc" : "f32");
         cJSON_AddNumberToObject(o, "reps", R->reps);
         cJSON_AddStringToObject(o, "gpu", R->gpu);
         cJSON_AddItemToArray(arr, o);
@@ -278,7 +305,8 @@ int cmd_bench_attention_cuda(int argc, char **argv) {
         {"--device", ARG_STR, &device, "cuda"},
         {"--batches", ARG_STR, &batches_s, "comma list of rows (default 1,8,32)"},
         {"--ctxs", ARG_STR, &ctxs_s, "comma list of tokens per row (default 4096,16384,65536,131072)"},
-        {"--formats", ARG_STR, &formats_s, "bf16,tq4,tq3,tq4w (tq4w: tq4 + q8 window)"},
+        {"--formats", ARG_STR, &formats_s, "bf16,tq4,tq3,tq4w (also fp8, tq2, tq4/tq2, tq4/tq3, "
+         "tq3/tq2; a trailing w: + the q8 window)"},
         {"--window", ARG_INT, &window, "q8 window of tq4w (default 128)"},
         {"--q-heads", ARG_INT, &qh, "query heads (default 32)"},
         {"--kv-heads", ARG_INT, &kvh, "kv heads (default 8)"},
@@ -302,7 +330,7 @@ int cmd_bench_attention_cuda(int argc, char **argv) {
     }
     int batches[8], ctxs[8];
     const int nb = bc_ints(batches_s, batches, 8), nc = bc_ints(ctxs_s, ctxs, 8);
-    bc_format fmts[4];
+    bc_format fmts[BC_MAX_FORMATS];
     const int nf = bc_formats(formats_s, window, fmts);
     if (nf < 0) return 2;
     cJSON *anchor = anchor_path ? bc_read_json(anchor_path) : NULL;

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/cache_cuda.h" /* tqkv_cuda_kv_formats_ok (inline: no device code) */
 #include "json_out.h"
 #include "kv_preset.h"
 #include "model_cli.h"
@@ -143,9 +144,9 @@ int kvp_resolve(const char *cmd, const tqkv_model *m, const char *kv, int ctx,
         tqkv_model_state_params t = *p;
         char layers[64];
         if (apply(m, c, &t, layers, sizeof layers)) continue;
-        /* the device runs same-format tq4 / tq3 without per-layer formats or fp8 */
-        if (t.device && (layers[0] || t.k_format != t.v_format ||
-                         (t.k_format != TQKV_TQ4 && t.k_format != TQKV_TQ3)))
+        /* the device cache's formats (tq pairs with K bits >= V bits, fp8), without
+         * per-layer formats */
+        if (t.device && (layers[0] || !tqkv_cuda_kv_formats_ok(t.k_format, t.v_format)))
             continue;
         double bits = 0;
         const int w = window_fit(m, &t, c->window, ctx, budget, &bits, &smallest);

@@ -21,7 +21,7 @@ typedef struct {
     float bounds[15];         /* midpoints */
     float signs[CUDA_DIM];    /* +-1 */
     float inv;                /* (float)(1 / sqrt(d)) */
-    int   bits;               /* 2..4, 0 for non-tq */
+    int   bits;               /* tq: 2..4; fp8: CUDA_BITS_FP8; 0 otherwise */
 } cuda_codec;
 
 /* The same for a d = 256 cache (~1.2 KB). */
@@ -32,6 +32,11 @@ typedef struct {
     float inv;
     int   bits;
 } cuda_codec256;
+
+/* cuda_codec(256).bits of an fp8 plane (e4m3 values in the original domain, not rotated). */
+#define CUDA_BITS_FP8 8
+/* A plane of these parameters holds rotated-domain tq indices (2..4 bits). */
+#define CUDA_BITS_ROTATED(b) ((b) >= 2 && (b) <= 4)
 
 /* The codec parameters of head_dim DIM (kernels templated on the dim take this type). */
 template <int DIM> struct cuda_codec_of;
@@ -70,5 +75,10 @@ cudaError_t codec_cuda_encode(const float *k, const float *v, const ce_plane P[2
                               const cuda_codec256 &k256, const cuda_codec256 &v256, int d,
                               const cuda_row *rows, int nrows, int kvh, int n, int cap, int ring,
                               cudaStream_t stream);
+
+/* The same for an fp8 plane (codec_cuda_fp8.cu): payload [d] e4m3 bytes and one fp16 scale
+ * per vector; P.win is ignored (fp8 has no q8 window). */
+cudaError_t codec_cuda_encode_fp8(const float *x, const ce_plane &P, int d, const cuda_row *rows,
+                                  int nrows, int kvh, int n, int cap, cudaStream_t stream);
 
 #endif
