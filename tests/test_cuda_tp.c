@@ -294,8 +294,8 @@ static void test_refusals_reset(void **st) {
     enum { n = 21 };
     test_rng r;
     rng_init(&r, g_seed ^ 0x5e7);
-    int32_t prompt[2 * n];
-    random_tokens(&r, prompt, 2 * n);
+    int32_t prompt[3 * n]; /* [2 rows, n] from 0, and again from n after the reset */
+    random_tokens(&r, prompt, 3 * n);
     const size_t row = sizeof(float) * (size_t)V;
     float *a = malloc(row * 2), *b = malloc(row * 2), *c = malloc(row * 2);
     tqkv_model_state *s = new_state(2, TQKV_TQ4, 1, 2, 0), *twin = new_state(2, TQKV_TQ4, 1, 2, 0);
