@@ -25,6 +25,7 @@
 
 extern "C" {
 #include "util/common.h"
+#include "util/cuda_device.h"
 }
 #include "attn/attn_cuda_split.cuh"
 #include "cache/cache_cuda_impl.h"
@@ -130,7 +131,7 @@ struct SplitCfg {
 #define SPLIT_CFG(F, NG, ST) {split_kernel<F, NG, ST, D>, NG, ST, smem_bytes<F, NG, ST, D>(), 0}
 static SplitCfg g_cfg[3] = {SPLIT_CFG(F_TQ4, 3, 3), SPLIT_CFG(F_TQ3, 3, 3), SPLIT_CFG(F_BF16, 2, 1)};
 #undef SPLIT_CFG
-static int g_setup_done;
+static unsigned g_setup_done; /* bit d: device d's setup ran (kernel attributes are per device) */
 
 __global__ void smem_probe_kernel(uint32_t *out) {
     extern __shared__ __align__(16) uint32_t s_dyn[];
@@ -146,9 +147,10 @@ static tqkv_status attn_cuda_setup_locked(void);
 extern "C" tqkv_status tqkv_cuda_attn_setup(void) {
     const tqkv_status pst = cuda_prefill_setup(); /* the masked kernels */
     if (pst) return pst;
-    if (__atomic_load_n(&g_setup_done, __ATOMIC_ACQUIRE)) return TQKV_OK;
+    const unsigned bit = cuda_device_bit();
+    if (__atomic_load_n(&g_setup_done, __ATOMIC_ACQUIRE) & bit) return TQKV_OK;
     pthread_mutex_lock(&g_setup_mu);
-    const tqkv_status st = g_setup_done ? TQKV_OK : attn_cuda_setup_locked();
+    const tqkv_status st = (g_setup_done & bit) ? TQKV_OK : attn_cuda_setup_locked();
     pthread_mutex_unlock(&g_setup_mu);
     return st;
 }
@@ -186,7 +188,7 @@ static tqkv_status attn_cuda_setup_locked(void) {
     if (probe != TAB_BASE)
         return tqkv_fail(TQKV_EUNSUPPORTED, "attention kernels: dynamic shared memory starts at %u in the CTA's "
                          "window, the lookup table assumes %u (a GPU other than sm_90?)", probe, TAB_BASE);
-    __atomic_store_n(&g_setup_done, 1, __ATOMIC_RELEASE);
+    __atomic_fetch_or(&g_setup_done, cuda_device_bit(), __ATOMIC_RELEASE);
     return TQKV_OK;
 }
 /* Workspace layout for rows x q_heads vectors and nsmax splits: partial outputs

@@ -28,6 +28,7 @@
 extern "C" {
 #include "util/common.h"
 }
+#include "util/cuda_device.h"
 #include "cache/cache_cuda_impl.h"
 #include "codec/codec_cuda.cuh"
 #include "attn/attn_cuda_prefill.cuh"
@@ -326,15 +327,16 @@ tqkv_status attend_f32(cuda_kv *kv, const float *q, int n_query, int q_heads, fl
 }
 
 pthread_mutex_t g_setup_mu = PTHREAD_MUTEX_INITIALIZER;
-int g_setup_done;
+unsigned g_setup_done; /* bit d: device d's setup ran (kernel attributes are per device) */
 
 } // namespace
 
 tqkv_status cuda_prefill_setup(void) {
-    if (__atomic_load_n(&g_setup_done, __ATOMIC_ACQUIRE)) return TQKV_OK;
+    const unsigned bit = cuda_device_bit();
+    if (__atomic_load_n(&g_setup_done, __ATOMIC_ACQUIRE) & bit) return TQKV_OK;
     pthread_mutex_lock(&g_setup_mu);
     tqkv_status st = TQKV_OK;
-    if (!g_setup_done) {
+    if (!(g_setup_done & bit)) {
         st = cuda_check(cudaFuncSetAttribute(prefill_kernel<CUDA_DIM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              prefill_smem<CUDA_DIM>()), "prefill shared memory");
         if (!st)
@@ -344,7 +346,7 @@ tqkv_status cuda_prefill_setup(void) {
         if (!st) st = prefill_tc_setup();
         const char *e = getenv("TQKV_PREFILL_TC");
         if (e && !strcmp(e, "0")) __atomic_store_n(&g_tc, 0, __ATOMIC_RELAXED);
-        if (!st) __atomic_store_n(&g_setup_done, 1, __ATOMIC_RELEASE);
+        if (!st) __atomic_fetch_or(&g_setup_done, bit, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&g_setup_mu);
     return st;

@@ -205,7 +205,8 @@ extern "C" tqkv_status mc_moe_reserve(model_cuda *g, const moe_shape *sh, mc_moe
     }
     if (!x->done) { /* once per state: a counter the router's fused tail resets itself */
         tqkv_status st = mc_dmalloc((void **)&x->done, sizeof(int));
-        if (!st) st = mc_ck(cudaMemset(x->done, 0, sizeof(int)), "experts counter");
+        /* on the stream the router runs on (non-blocking: the legacy stream would not order it) */
+        if (!st) st = mc_ck(cudaMemsetAsync(x->done, 0, sizeof(int), g->stream), "experts counter");
         if (st) return st;
     }
     const size_t T = g->cap_t;

@@ -24,6 +24,7 @@
 extern "C" {
 #include "util/common.h"
 }
+#include "util/cuda_device.h"
 #include "model/ops/gemm_cuda.h"
 #include "model/ops/ops_cuda.cuh"
 
@@ -249,8 +250,10 @@ gemm_grouped_kernel(const uint16_t *__restrict__ xb, int TS, int K, const uint16
 enum { SH_S8, SH_S16, SH_S32, SH_S64, SH_M, SH_L, SH_XL, SH_S8N, SH_N };
 static const char *const g_shape_name[SH_N] = {"s8", "s16", "s32", "s64", "m", "l", "xl", "s8n"};
 
-static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static int g_sms = 132, g_force = -1, g_ok;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT; /* TQKV_GEMM_TILE */
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static unsigned g_done, g_bad; /* bit d: device d's tiles set up / refused (cuda_device.h) */
+static int g_sms = 132, g_force = -1;
 
 template <int WM, int WN, int MT, int NT, int P, int ST> static bool shape_setup() {
     using C = Tile<WM, WN, MT, NT, P, ST>;
@@ -260,24 +263,40 @@ template <int WM, int WN, int MT, int NT, int P, int ST> static bool shape_setup
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM) == cudaSuccess;
 }
 
-/* Once per process, before the first launch: the kernels' shared memory, the SM count, and
- * TQKV_GEMM_TILE (a shape name: every T takes it, for benchmarks; the bits are the same). */
+/* Once per process: TQKV_GEMM_TILE (a shape name: every T takes it, for benchmarks; the bits
+ * are the same). */
 static void gemm_init(void) {
-    int dev = 0, sms = 0;
-    if (cudaGetDevice(&dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && sms > 0)
-        g_sms = sms;
-    bool ok = true;
-#define X(id, wm, wn, mt, nt, p, st) ok = ok && shape_setup<wm, wn, mt, nt, p, st>();
-    GEMM_SHAPES(X, 1)
-    GEMM_SHAPES(X, 2)
-    GEMM_SHAPES_P1(X)
-#undef X
-    g_ok = ok;
-    if (!ok) (void)cudaGetLastError();
     const char *e = getenv("TQKV_GEMM_TILE");
     for (int i = 0; e && i < SH_N; i++)
         if (!strcmp(e, g_shape_name[i])) g_force = i;
+}
+
+/* Once per device, before its first launch: the kernels' shared memory and the SM count
+ * (kernel attributes belong to the device current when they are set). 1: usable. */
+static int gemm_device_ready(void) {
+    pthread_once(&g_once, gemm_init);
+    const unsigned bit = cuda_device_bit();
+    if (__atomic_load_n(&g_done, __ATOMIC_ACQUIRE) & bit) return !(__atomic_load_n(&g_bad, __ATOMIC_ACQUIRE) & bit);
+    pthread_mutex_lock(&g_mu);
+    if (!(g_done & bit)) {
+        int dev = 0, sms = 0;
+        if (cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && sms > 0)
+            g_sms = sms; /* the tensor-parallel ranks' GPUs are one model */
+        bool ok = true;
+#define X(id, wm, wn, mt, nt, p, st) ok = ok && shape_setup<wm, wn, mt, nt, p, st>();
+        GEMM_SHAPES(X, 1)
+        GEMM_SHAPES(X, 2)
+        GEMM_SHAPES_P1(X)
+#undef X
+        if (!ok) {
+            (void)cudaGetLastError();
+            __atomic_fetch_or(&g_bad, bit, __ATOMIC_RELEASE);
+        }
+        __atomic_fetch_or(&g_done, bit, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&g_mu);
+    return !(__atomic_load_n(&g_bad, __ATOMIC_ACQUIRE) & bit);
 }
 
 /* The shape for T tokens, N outputs and `parts` (xl has one part: l serves two). */
@@ -319,7 +338,7 @@ static void launch_grouped(cudaStream_t s, const uint16_t *xb, int TS, int K, co
 extern "C" size_t tqkv_cuda_gemm_xf_bytes(size_t T, size_t kmax) { return 2 * T * kmax * 2; }
 
 extern "C" const char *tqkv_cuda_gemm_tile(int T, int N, int parts) {
-    pthread_once(&g_once, gemm_init);
+    (void)gemm_device_ready();
     return g_shape_name[shape_pick(T < 1 ? 1 : T, N < 1 ? 1 : N, parts)];
 }
 
@@ -343,8 +362,8 @@ static tqkv_status gemm_check(const char *fn, int T, const void *w, int N, int K
     if (!w || !y || !xf || T < 1 || N < 1 || K < 8 || K % 8 || (parts != 1 && parts != 2))
         return tqkv_fail(TQKV_EINVAL, "%s: bad argument (T %d, N %d, K %d, parts %d)", fn, T, N,
                          K, parts);
-    pthread_once(&g_once, gemm_init); /* before any launch */
-    if (!g_ok) return tqkv_fail(TQKV_EUNSUPPORTED, "CUDA: gemm: the device refused the tiles' shared memory");
+    if (!gemm_device_ready()) /* before any launch on this device */
+        return tqkv_fail(TQKV_EUNSUPPORTED, "CUDA: gemm: the device refused the tiles' shared memory");
     return TQKV_OK;
 }
 
