@@ -13,6 +13,10 @@
  *     (extend_as_decode) gives the bits of single decodes;
  *   - refusals (N not dividing the heads, BLAS, device, a merge or import mixing sharded and
  *     unsharded states) are clear and change nothing; reset works on every rank;
+ *   - the same on the other graphs' ../shared fixtures (skipped when ../shared is absent):
+ *     Gemma 4 (sliding and full layers of different head_dim, KV-shared layers reading the
+ *     same rank's donor cache, per-layer inputs; plus a prompt past its sliding window, whose
+ *     bounded caches then drop on every rank);
  *   - the bootstrap of one process per rank: rank 0's id reaches every other rank over TCP
  *     (threads on the loopback here), a repeated or out-of-range rank is refused;
  *   - the NCCL backend's self-check where NCCL and GPUs exist (skipped here otherwise).
@@ -32,6 +36,7 @@
 
 static tqkv_model *g_m;
 static int V;
+static const char *g_name = "qwen3-code-28m";
 
 #define OK(x)                                                                                     \
     do {                                                                                          \
@@ -254,6 +259,16 @@ static void expect_greedy(const int32_t *got, const int32_t *ref, const float *g
     }
 }
 
+/* The bytes rank r of a state sharded over tp should hold, from the unsharded state s1 of the
+ * same tokens: its KV heads' share of the caches (1 of the fixtures' 2 KV heads at N = 2 and
+ * N = 4) and 1/N of the recurrent rows (split by head). */
+static size_t rank_bytes_want(const tqkv_model_state *s1, int tp) {
+    const size_t rec = (size_t)tqkv_model_state_rows(s1) * tqkv_model_state_row_fixed_bytes(s1);
+    const size_t kv = tqkv_model_state_kv_bytes_used(s1) - rec;
+    const int kvh = tqkv_model_get_config(g_m)->n_kv_heads;
+    return kv / (size_t)(tp < kvh ? tp : kvh) + rec / (size_t)tp;
+}
+
 static void test_sharded_vs_unsharded(void **state) {
     (void)state;
     test_rng rg;
@@ -277,22 +292,23 @@ static void test_sharded_vs_unsharded(void **state) {
         const size_t bytes1 = tqkv_model_state_kv_bytes_used(s1);
         assert_int_equal(tqkv_model_state_tensor_parallel(s1), 1);
         assert_int_equal(tqkv_model_state_kv_bytes_rank(s1, 0), bytes1);
+        if (!tqkv_model_state_row_fixed_bytes(s1)) assert_int_equal(rank_bytes_want(s1, 2), bytes1 / 2);
         for (int tp = 2; tp <= 4; tp += 2) {
             tqkv_model_state *s = new_state(1, tp, kvs[k]);
             assert_int_equal(tqkv_model_state_tensor_parallel(s), tp);
             run_greedy(s, prompt, N_PROMPT, STEPS, got, tgot, ggot);
             const double e = rel_l2(got, ref, (size_t)N_PROMPT * V);
-            print_message("kv %s tp %d: prefill logits rel L2 %.3g (bound %.0e)\n",
+            print_message("%s kv %s tp %d: prefill logits rel L2 %.3g (bound %.0e)\n", g_name,
                           tqkv_format_name(kvs[k]), tp, e, bound[k]);
             assert_true(e <= bound[k]);
             assert_true(e > 0); /* the row-parallel sums do reassociate */
-            char what[48];
-            snprintf(what, sizeof what, "kv %s tp %d", tqkv_format_name(kvs[k]), tp);
+            char what[64];
+            snprintf(what, sizeof what, "%s kv %s tp %d", g_name, tqkv_format_name(kvs[k]), tp);
             expect_greedy(tgot, tref, gref, STEPS, kvs[k] == TQKV_F32, TIE_TQ4, what);
             /* each rank holds its KV heads: 1 of the 2 (tp 2: split; tp 4: replicated) */
             size_t sum = 0;
             for (int r = 0; r < tp; r++) {
-                assert_int_equal(tqkv_model_state_kv_bytes_rank(s, r), bytes1 / 2);
+                assert_int_equal(tqkv_model_state_kv_bytes_rank(s, r), rank_bytes_want(s1, tp));
                 sum += tqkv_model_state_kv_bytes_rank(s, r);
             }
             assert_int_equal(tqkv_model_state_kv_bytes_rank(s, tp), 0);
@@ -306,6 +322,39 @@ static void test_sharded_vs_unsharded(void **state) {
     }
     free(ref);
     free(got);
+}
+
+/* A prompt past the sliding window (Gemma 4: 512), then decodes: the bounded sliding caches
+ * drop their oldest tokens on every rank as in the unsharded state (f32 KV, N = 2). */
+static void test_long_prompt(void **state) {
+    (void)state;
+    test_rng rg;
+    rng_init(&rg, test_seed() ^ 0x10f);
+    enum { N = 600, STEPS = 6 };
+    int32_t *tok = malloc(sizeof(int32_t) * N);
+    for (int i = 0; i < N; i++) tok[i] = rng_int(&rg, 3, V - 1);
+    float *a = malloc(sizeof(float) * (size_t)V), *b = malloc(sizeof(float) * (size_t)V);
+    tqkv_model_state *s1 = new_state(1, 1, TQKV_F32), *s2 = new_state(1, 2, TQKV_F32);
+    OK(tqkv_model_prefill(g_m, s1, tok, NULL, N, TQKV_LOGITS_LAST, a));
+    OK(tqkv_model_prefill(g_m, s2, tok, NULL, N, TQKV_LOGITS_LAST, b));
+    double worst = rel_l2(b, a, (size_t)V);
+    for (int i = 0; i < STEPS; i++) {
+        int32_t t = argmax(a, V), u = argmax(b, V);
+        assert_int_equal(t, u);
+        OK(tqkv_model_decode(g_m, s1, &t, a));
+        OK(tqkv_model_decode(g_m, s2, &u, b));
+        double e = rel_l2(b, a, (size_t)V);
+        if (e > worst) worst = e;
+    }
+    print_message("%s: %d-token prompt + %d decodes, tp 2, f32 KV: worst rel L2 %.3g\n", g_name,
+                  N, STEPS, worst);
+    assert_true(worst <= 1e-5);
+    assert_int_equal(tqkv_model_state_kv_bytes_rank(s2, 0), rank_bytes_want(s1, 2));
+    tqkv_model_state_free(s1);
+    tqkv_model_state_free(s2);
+    free(tok);
+    free(a);
+    free(b);
 }
 
 /* Row 1 of 3 (left-padded prefill beside rows of other lengths, then decodes) against the
@@ -332,8 +381,8 @@ static void test_batch_invariance(void **state) {
                 OK(tqkv_model_decode(g_m, s3, in, la));
                 OK(tqkv_model_decode(g_m, s1, in + 1, lb));
                 if (memcmp(la + V, lb, sizeof(float) * (size_t)V))
-                    fail_msg("kv %s tp %d decode %d: row 1 of 3 differs from the row alone",
-                             tqkv_format_name(kvs[k]), tp, i);
+                    fail_msg("%s kv %s tp %d decode %d: row 1 of 3 differs from the row alone",
+                             g_name, tqkv_format_name(kvs[k]), tp, i);
             }
             tqkv_model_state_free(s3);
             tqkv_model_state_free(s1);
@@ -372,7 +421,7 @@ static void test_padded_all_and_window(void **state) {
     for (int j = 0; j < W; j++) {
         OK(tqkv_model_decode(g_m, sd, &win[j], one));
         if (memcmp(all + (size_t)j * V, one, sizeof(float) * (size_t)V))
-            fail_msg("window query %d differs from its single decode", j);
+            fail_msg("%s: window query %d differs from its single decode", g_name, j);
     }
     tqkv_model_state_free(s2);
     tqkv_model_state_free(s1);
@@ -463,6 +512,24 @@ static void test_refusals_and_reset(void **state) {
     tqkv_model_state_free(fresh);
 }
 
+/* Load the ../shared fixture `rel` into g_m: 0, or 77 when ../shared lacks it. */
+static int load_fixture(const char *rel) {
+    char p[1024];
+    const char *dir = shared_path(rel, p, sizeof p);
+    if (!dir) {
+        printf("test_tp: %s absent: its group SKIPPED\n", rel);
+        return 77;
+    }
+    tqkv_model_load_params lp = tqkv_model_load_params_default();
+    if (tqkv_model_load(&g_m, dir, &lp) != TQKV_OK) {
+        fprintf(stderr, "load %s: %s\n", dir, tqkv_last_error());
+        return 1;
+    }
+    V = tqkv_model_get_config(g_m)->vocab_size;
+    g_name = rel + strlen("models/");
+    return 0;
+}
+
 int main(void) {
     char d[1024];
     source_path("models/qwen3-code-28m", d, sizeof d);
@@ -486,7 +553,21 @@ int main(void) {
         cmocka_unit_test(test_padded_all_and_window),
         cmocka_unit_test(test_refusals_and_reset),
     };
-    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    int rc = cmocka_run_group_tests_name("qwen3", tests, NULL, NULL);
     tqkv_model_free(g_m);
+    /* the other graphs, on the ../shared fixtures */
+    const struct CMUnitTest gemma4[] = {
+        cmocka_unit_test(test_sharded_vs_unsharded),
+        cmocka_unit_test(test_long_prompt),
+        cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_padded_all_and_window),
+        cmocka_unit_test(test_refusals_and_reset),
+    };
+    int lr = load_fixture("models/gemma4-code-30m");
+    if (lr == 1) return 1;
+    if (lr == 0) {
+        rc |= cmocka_run_group_tests_name("gemma4", gemma4, NULL, NULL);
+        tqkv_model_free(g_m);
+    }
     return rc;
 }

@@ -23,17 +23,16 @@ tqkv_status model_tp_check(const tqkv_model *m, const tqkv_model_state_params *p
     if (n <= 1) return TQKV_OK;
     if (!m->ops->tp_shard)
         return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel %d: the %s graph has no sharded "
-                         "forward (the Llama family has)", n, tqkv_model_graph_name(m));
+                         "forward (the Llama family and Gemma 4 have; Qwen 3.5 and the MoE "
+                         "graphs do not yet)", n, tqkv_model_graph_name(m));
     if (p->device != 0)
         return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel %d: runs on the CPU only for now "
                          "(the device sharded graph is not built; docs/TP.md)", n);
     if (p->blas)
         return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel %d: not with BLAS products (not "
                          "batch invariant)", n);
-    if (c->n_kv_heads % n && n % c->n_kv_heads)
-        return tqkv_fail(TQKV_EINVAL, "tensor_parallel %d neither divides the model's %d KV heads "
-                         "nor is a multiple of them (a KV head is split across ranks only whole "
-                         "or replicated)", n, c->n_kv_heads);
+    tqkv_status rc = tp_check_kv(c->n_kv_heads, n, "KV heads");
+    if (rc != TQKV_OK) return rc;
     const struct { const char *what; int v; } d[] = {{"query heads", c->n_heads},
                                                      {"intermediate size", c->intermediate_size}};
     for (int i = 0; i < 2; i++)
@@ -103,6 +102,46 @@ tqkv_status tp_weight_cols(tqkv_model *owner, const mm_weight *src, int k0, int 
     if (k0 < 0 || k1 > src->k || k0 >= k1)
         return tqkv_fail(TQKV_EINVAL, "weight columns [%d, %d) of %d", k0, k1, src->k);
     return copy_block(owner, src, 0, src->n, k0, k1, out);
+}
+
+tqkv_status tp_shard_attn(tqkv_model *owner, const model_layer *L, int QD, int KD, int q0,
+                          int q1, int k0, int k1, int parts, model_layer *S) {
+    tqkv_status rc;
+    if (L->wqkv.data) { /* rows of the fused matrix: q; k; v */
+        if ((rc = tp_weight_rows(owner, &L->wqkv, q0, q1, &S->wq)) ||
+            (parts > 1 && (rc = tp_weight_rows(owner, &L->wqkv, QD + k0, QD + k1, &S->wk))) ||
+            (parts > 2 &&
+             (rc = tp_weight_rows(owner, &L->wqkv, QD + KD + k0, QD + KD + k1, &S->wv))))
+            return rc;
+    } else if ((rc = tp_weight_rows(owner, &L->wq, q0, q1, &S->wq)) ||
+               (parts > 1 && (rc = tp_weight_rows(owner, &L->wk, k0, k1, &S->wk))) ||
+               (parts > 2 && (rc = tp_weight_rows(owner, &L->wv, k0, k1, &S->wv)))) {
+        return rc;
+    }
+    return tp_weight_cols(owner, &L->wo, q0, q1, &S->wo);
+}
+
+tqkv_status tp_shard_glu(tqkv_model *owner, const model_layer *L, int I, int r, int n,
+                         model_layer *S) {
+    const int i0 = r * (I / n), i1 = (r + 1) * (I / n);
+    tqkv_status rc;
+    if (L->wgu.data) {
+        if ((rc = tp_weight_rows(owner, &L->wgu, i0, i1, &S->wg)) ||
+            (rc = tp_weight_rows(owner, &L->wgu, I + i0, I + i1, &S->wu)))
+            return rc;
+    } else if ((rc = tp_weight_rows(owner, &L->wg, i0, i1, &S->wg)) ||
+               (rc = tp_weight_rows(owner, &L->wu, i0, i1, &S->wu))) {
+        return rc;
+    }
+    return tp_weight_cols(owner, &L->wd, i0, i1, &S->wd);
+}
+
+tqkv_status tp_check_kv(int kv_heads, int n, const char *what) {
+    if (kv_heads % n && n % kv_heads)
+        return tqkv_fail(TQKV_EINVAL, "tensor_parallel %d neither divides the model's %d %s "
+                         "nor is a multiple of them (a head is split across ranks only whole "
+                         "or replicated)", n, kv_heads, what);
+    return TQKV_OK;
 }
 
 void tp_kv_range(int kv_heads, int n, int r, int *h0, int *hn) {

@@ -80,6 +80,20 @@ tqkv_status tp_weight_rows(tqkv_model *owner, const mm_weight *src, int n0, int 
  * be. */
 tqkv_status tp_weight_cols(tqkv_model *owner, const mm_weight *src, int k0, int k1,
                            mm_weight *out);
+/* A layer's attention projections of one rank into S: query rows [q0, q1) of wq (QD rows),
+ * K / V rows [k0, k1) of wk / wv (KD rows each), taken from the fused q|k|v (wqkv) when L has
+ * one (its packing and activation mode are what the unsharded graph runs; S->wqkv stays
+ * empty); parts: 1 (q only: a layer reading another's cache), 2 (q, k: V is K's raw
+ * projection) or 3; and o_proj's columns [q0, q1) (a copy). */
+tqkv_status tp_shard_attn(tqkv_model *owner, const model_layer *L, int QD, int KD, int q0,
+                          int q1, int k0, int k1, int parts, model_layer *S);
+/* A layer's gated MLP slice of rank r of n (width I, n | I) into S: gate / up rows
+ * [r I/n, (r+1) I/n) (views into the fused gate|up when L has one), down_proj's columns (a
+ * copy). */
+tqkv_status tp_shard_glu(tqkv_model *owner, const model_layer *L, int I, int r, int n,
+                         model_layer *S);
+/* The refusal of n for kv_heads KV heads (what) unless n divides them or is a multiple. */
+tqkv_status tp_check_kv(int kv_heads, int n, const char *what);
 /* Rank r's KV heads [*h0, *h0 + *hn): NKV / n heads each when n divides NKV, else (n a
  * multiple of NKV) one head replicated on n / NKV ranks (its cache then held n / NKV times). */
 void        tp_kv_range(int kv_heads, int n, int r, int *h0, int *hn);
