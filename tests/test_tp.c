@@ -16,7 +16,8 @@
  *   - the same on the other graphs' ../shared fixtures (skipped when ../shared is absent):
  *     Gemma 4 (sliding and full layers of different head_dim, KV-shared layers reading the
  *     same rank's donor cache, per-layer inputs; plus a prompt past its sliding window, whose
- *     bounded caches then drop on every rank);
+ *     bounded caches then drop on every rank) and Qwen 3.5 (gated DeltaNet layers sharded by
+ *     head, each rank's recurrent rows its heads': the rank bytes check counts them 1/N);
  *   - the bootstrap of one process per rank: rank 0's id reaches every other rank over TCP
  *     (threads on the loopback here), a repeated or out-of-range rank is refused;
  *   - the NCCL backend's self-check where NCCL and GPUs exist (skipped here otherwise).
@@ -490,10 +491,13 @@ static void test_refusals_and_reset(void **state) {
     OK(tqkv_model_decode(g_m, twin, &t, b));
     assert_memory_equal(a, b, sizeof(float) * (size_t)V);
 
-    /* reset to 2 rows empties every rank; a prefill then matches a fresh state's */
+    /* reset to 2 rows empties every rank (a hybrid's ranks keep their fixed recurrent rows,
+     * zeroed: half of the per-row bytes each); a prefill then matches a fresh state's */
     OK(tqkv_model_state_reset(s, 2));
     assert_int_equal(tqkv_model_state_rows(s), 2);
-    for (int r = 0; r < 2; r++) assert_int_equal(tqkv_model_state_kv_bytes_rank(s, r), 0);
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(tqkv_model_state_kv_bytes_rank(s, r),
+                         tqkv_model_state_row_fixed_bytes(s)); /* 2 rows x half */
     int32_t tok2[2 * N];
     memcpy(tok2, tok, sizeof tok);
     memcpy(tok2 + N, tok, sizeof tok);
@@ -567,6 +571,17 @@ int main(void) {
     if (lr == 1) return 1;
     if (lr == 0) {
         rc |= cmocka_run_group_tests_name("gemma4", gemma4, NULL, NULL);
+        tqkv_model_free(g_m);
+    }
+    const struct CMUnitTest qwen35[] = {
+        cmocka_unit_test(test_sharded_vs_unsharded),
+        cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_padded_all_and_window),
+        cmocka_unit_test(test_refusals_and_reset),
+    };
+    if ((lr = load_fixture("models/qwen35-code-hybrid-30m")) == 1) return 1;
+    if (lr == 0) {
+        rc |= cmocka_run_group_tests_name("qwen35", qwen35, NULL, NULL);
         tqkv_model_free(g_m);
     }
     return rc;

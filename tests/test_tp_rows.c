@@ -13,6 +13,9 @@
  *   - the engine with tensor_parallel 2: requests together give the tokens (and logprob
  *     bits) they give alone, a prefix-cache hit (memory and directory) equals a miss, an
  *     unsharded draft changes nothing, and the greedy tokens equal the unsharded engine's.
+ * The same on the ../shared fixtures of Gemma 4 (sliding, KV-shared layers) and Qwen 3.5
+ * (every rank's recurrent rows move with its caches: merged, filtered, extracted, rolled back
+ * per row in a spec round, exported), skipped when ../shared is absent.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -435,6 +438,21 @@ static void test_engine_tp_prefix(void **state) {
     rm_dir(dir);
 }
 
+/* The ../shared fixture `rel` into g_m / g_dir: 0, or 77 when ../shared lacks it. */
+static int load_fixture(const char *rel) {
+    if (!shared_path(rel, g_dir, sizeof g_dir)) {
+        printf("test_tp_rows: %s absent: its group SKIPPED\n", rel);
+        return 77;
+    }
+    tqkv_model_load_params lp = tqkv_model_load_params_default();
+    if (tqkv_model_load(&g_m, g_dir, &lp) != TQKV_OK) {
+        fprintf(stderr, "load %s: %s\n", g_dir, tqkv_last_error());
+        return 1;
+    }
+    V = tqkv_model_get_config(g_m)->vocab_size;
+    return 0;
+}
+
 int main(void) {
     source_path("models/qwen3-code-28m", g_dir, sizeof g_dir);
     struct stat st;
@@ -455,7 +473,22 @@ int main(void) {
         cmocka_unit_test(test_engine_tp),
         cmocka_unit_test(test_engine_tp_prefix),
     };
-    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    int rc = cmocka_run_group_tests_name("qwen3", tests, NULL, NULL);
     tqkv_model_free(g_m);
+    /* the other graphs' row operations, on the ../shared fixtures */
+    const struct CMUnitTest graphs[] = {
+        cmocka_unit_test(test_merge_filter_extract),
+        cmocka_unit_test(test_spec_and_export),
+        cmocka_unit_test(test_refusals_unchanged),
+        cmocka_unit_test(test_engine_tp),
+    };
+    const char *fixtures[] = {"models/gemma4-code-30m", "models/qwen35-code-hybrid-30m"};
+    for (int i = 0; i < 2; i++) {
+        int lr = load_fixture(fixtures[i]);
+        if (lr == 1) return 1;
+        if (lr) continue;
+        rc |= cmocka_run_group_tests_name(fixtures[i] + strlen("models/"), graphs, NULL, NULL);
+        tqkv_model_free(g_m);
+    }
     return rc;
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "model/arch/arch.h"
+#include "model/state/recurrent.h"
 #include "model/tp/tp_state.h"
 #include "util/common.h"
 
@@ -23,8 +24,8 @@ tqkv_status model_tp_check(const tqkv_model *m, const tqkv_model_state_params *p
     if (n <= 1) return TQKV_OK;
     if (!m->ops->tp_shard)
         return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel %d: the %s graph has no sharded "
-                         "forward (the Llama family and Gemma 4 have; Qwen 3.5 and the MoE "
-                         "graphs do not yet)", n, tqkv_model_graph_name(m));
+                         "forward (the Llama family, Gemma 4 and Qwen 3.5 have; the MoE graphs "
+                         "do not yet)", n, tqkv_model_graph_name(m));
     if (p->device != 0)
         return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel %d: runs on the CPU only for now "
                          "(the device sharded graph is not built; docs/TP.md)", n);
@@ -56,16 +57,10 @@ static size_t elem_index(const mm_weight *w, int n, int k) {
            (size_t)(k % 16);
 }
 
-/* rows [n0, n1) x cols [k0, k1) of src as an unpacked copy, then packed like src. */
-static tqkv_status copy_block(tqkv_model *owner, const mm_weight *src, int n0, int n1, int k0,
-                              int k1, mm_weight *out) {
-    const size_t es = esize(src), rows = (size_t)(n1 - n0), cols = (size_t)(k1 - k0);
-    unsigned char *d = model_own(owner, es * rows * cols);
-    if (!d) return tqkv_fail(TQKV_ENOMEM, "out of memory slicing a weight");
-    const unsigned char *s = src->data;
-    for (size_t i = 0; i < rows; i++)
-        for (size_t j = 0; j < cols; j++)
-            memcpy(d + (i * cols + j) * es, s + elem_index(src, n0 + (int)i, k0 + (int)j) * es, es);
+/* out: the unpacked copy d [rows, cols] of src's type, packed when src was and it can be
+ * (with src's activation mode). */
+static tqkv_status finish_copy(tqkv_model *owner, const mm_weight *src, unsigned char *d,
+                               size_t rows, size_t cols, mm_weight *out) {
     memset(out, 0, sizeof *out);
     out->data = d;
     out->type = src->type;
@@ -80,6 +75,19 @@ static tqkv_status copy_block(tqkv_model *owner, const mm_weight *src, int n0, i
         out->bf16_act = src->bf16_act;
     }
     return TQKV_OK;
+}
+
+/* rows [n0, n1) x cols [k0, k1) of src as an unpacked copy, then packed like src. */
+static tqkv_status copy_block(tqkv_model *owner, const mm_weight *src, int n0, int n1, int k0,
+                              int k1, mm_weight *out) {
+    const size_t es = esize(src), rows = (size_t)(n1 - n0), cols = (size_t)(k1 - k0);
+    unsigned char *d = model_own(owner, es * rows * cols);
+    if (!d) return tqkv_fail(TQKV_ENOMEM, "out of memory slicing a weight");
+    const unsigned char *s = src->data;
+    for (size_t i = 0; i < rows; i++)
+        for (size_t j = 0; j < cols; j++)
+            memcpy(d + (i * cols + j) * es, s + elem_index(src, n0 + (int)i, k0 + (int)j) * es, es);
+    return finish_copy(owner, src, d, rows, cols, out);
 }
 
 tqkv_status tp_weight_rows(tqkv_model *owner, const mm_weight *src, int n0, int n1,
@@ -118,7 +126,47 @@ tqkv_status tp_shard_attn(tqkv_model *owner, const model_layer *L, int QD, int K
                (parts > 2 && (rc = tp_weight_rows(owner, &L->wv, k0, k1, &S->wv)))) {
         return rc;
     }
-    return tp_weight_cols(owner, &L->wo, q0, q1, &S->wo);
+    return TQKV_OK;
+}
+
+tqkv_status tp_weight_gather(tqkv_model *owner, const tp_rows_part *parts, int n_parts,
+                             mm_weight *out) {
+    const mm_weight *w0 = parts[0].w;
+    size_t rows = 0;
+    for (int i = 0; i < n_parts; i++) {
+        const tp_rows_part *p = &parts[i];
+        if (p->w->type != w0->type || p->w->k != w0->k || p->n0 < 0 || p->n1 > p->w->n ||
+            p->n0 > p->n1)
+            return tqkv_fail(TQKV_EINVAL, "weight rows [%d, %d) of %d (part %d)", p->n0, p->n1,
+                             p->w->n, i);
+        rows += (size_t)(p->n1 - p->n0);
+    }
+    const size_t es = esize(w0), k = (size_t)w0->k;
+    unsigned char *d = model_own(owner, es * rows * k);
+    if (!d) return tqkv_fail(TQKV_ENOMEM, "out of memory gathering weight rows");
+    size_t at = 0;
+    for (int i = 0; i < n_parts; i++)
+        for (int n = parts[i].n0; n < parts[i].n1; n++, at++)
+            for (size_t j = 0; j < k; j++)
+                memcpy(d + (at * k + j) * es,
+                       (const unsigned char *)parts[i].w->data + elem_index(parts[i].w, n, (int)j) * es, es);
+    return finish_copy(owner, w0, d, rows, k, out);
+}
+
+tqkv_status tp_floats_gather(tqkv_model *owner, const float *src, int width, const int (*ranges)[2],
+                             int n_ranges, float **out) {
+    size_t rows = 0;
+    for (int i = 0; i < n_ranges; i++) rows += (size_t)(ranges[i][1] - ranges[i][0]);
+    float *d = model_own(owner, sizeof(float) * (rows ? rows : 1) * (size_t)width);
+    if (!d) return tqkv_fail(TQKV_ENOMEM, "out of memory gathering a vector");
+    size_t at = 0;
+    for (int i = 0; i < n_ranges; i++) {
+        const size_t nr = (size_t)(ranges[i][1] - ranges[i][0]);
+        memcpy(d + at * width, src + (size_t)ranges[i][0] * width, sizeof(float) * nr * width);
+        at += nr;
+    }
+    *out = d;
+    return TQKV_OK;
 }
 
 tqkv_status tp_shard_glu(tqkv_model *owner, const model_layer *L, int I, int r, int n,
@@ -271,6 +319,7 @@ tqkv_status model_tp_reset(tqkv_model_state *s, int rows) {
     model_tp *tp = s->tp;
     const int L = s->m->cfg.n_layers, N = tp->n;
     tqkv_batch **layers[TP_MAX_RANKS] = {0};
+    model_recurrent *rec[TP_MAX_RANKS] = {0}; /* fresh recurrent rows (hybrid graphs) */
     int *off[TP_MAX_RANKS + 1] = {0}, *len[TP_MAX_RANKS + 1] = {0}; /* [rows]; [N]: parent */
     tqkv_status rc = TQKV_OK;
     for (int r = 0; r <= N && rc == TQKV_OK; r++) {
@@ -278,10 +327,13 @@ tqkv_status model_tp_reset(tqkv_model_state *s, int rows) {
         len[r] = calloc((size_t)rows, sizeof(int));
         if (!off[r] || !len[r]) rc = tqkv_fail(TQKV_ENOMEM, "out of memory");
         else if (r < N) rc = model_state_make_layers(tp->model[r], &s->p, rows, &layers[r]);
+        if (rc == TQKV_OK && r < N && tp->rank[r]->rec)
+            rc = rec_init(&rec[r], &tp->model[r]->cfg, rows);
     }
     if (rc != TQKV_OK) {
         for (int r = 0; r <= N; r++) {
             if (r < N) model_state_free_layers(layers[r], L);
+            if (r < N) rec_free(rec[r]);
             free(off[r]);
             free(len[r]);
         }
@@ -290,6 +342,10 @@ tqkv_status model_tp_reset(tqkv_model_state *s, int rows) {
     for (int r = 0; r <= N; r++) {
         tqkv_model_state *q = r < N ? tp->rank[r] : s;
         if (r < N) model_state_free_layers(q->layers, L);
+        if (r < N && rec[r]) {
+            rec_free(q->rec);
+            q->rec = rec[r];
+        }
         free(q->off);
         free(q->len);
         q->layers = r < N ? layers[r] : layers[0];

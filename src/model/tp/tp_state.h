@@ -84,9 +84,23 @@ tqkv_status tp_weight_cols(tqkv_model *owner, const mm_weight *src, int k0, int 
  * K / V rows [k0, k1) of wk / wv (KD rows each), taken from the fused q|k|v (wqkv) when L has
  * one (its packing and activation mode are what the unsharded graph runs; S->wqkv stays
  * empty); parts: 1 (q only: a layer reading another's cache), 2 (q, k: V is K's raw
- * projection) or 3; and o_proj's columns [q0, q1) (a copy). */
+ * projection) or 3. o_proj's columns are the caller's (tp_weight_cols). */
 tqkv_status tp_shard_attn(tqkv_model *owner, const model_layer *L, int QD, int KD, int q0,
                           int q1, int k0, int k1, int parts, model_layer *S);
+/* Row ranges of one or more matrices stacked into one copy (owned by `owner`): the rows
+ * [n0, n1) of each part in order, packed when the first part was and the result can be
+ * (rows % 8 == 0; else unpacked: the same f32 numerics, matmul.h), its activation mode.
+ * The parts must share element type and k. */
+typedef struct {
+    const mm_weight *w;
+    int              n0, n1;
+} tp_rows_part;
+tqkv_status tp_weight_gather(tqkv_model *owner, const tp_rows_part *parts, int n_parts,
+                             mm_weight *out);
+/* Rows [ranges[i][0], ranges[i][1]) of a float matrix src [*, width], stacked into a copy
+ * owned by `owner`. */
+tqkv_status tp_floats_gather(tqkv_model *owner, const float *src, int width,
+                             const int (*ranges)[2], int n_ranges, float **out);
 /* A layer's gated MLP slice of rank r of n (width I, n | I) into S: gate / up rows
  * [r I/n, (r+1) I/n) (views into the fused gate|up when L has one), down_proj's columns (a
  * copy). */

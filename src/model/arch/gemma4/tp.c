@@ -46,6 +46,7 @@ static tqkv_status shard_layer(tqkv_model *rm, const tqkv_model *m, int l, int r
     S->k_norm = L->k_norm;
     tqkv_status rc = tp_shard_attn(rm, L, QD, KD, r * qr, (r + 1) * qr, h0 * hd, (h0 + hn) * hd,
                                    parts, S);
+    if (rc == TQKV_OK) rc = tp_weight_cols(rm, &L->wo, r * qr, (r + 1) * qr, &S->wo);
     return rc ? rc : tp_shard_glu(rm, L, m->cfg.intermediate_size, r, n, S);
 }
 

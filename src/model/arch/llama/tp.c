@@ -47,6 +47,7 @@ static tqkv_status shard_layer(tqkv_model *rm, const model_layer *L, int r, int 
     }
     S->bo = NULL; /* added once, after the all-reduce */
     tqkv_status rc = tp_shard_attn(rm, L, QD, KD, r * qr, (r + 1) * qr, k0, k0 + kr, 3, S);
+    if (rc == TQKV_OK) rc = tp_weight_cols(rm, &L->wo, r * qr, (r + 1) * qr, &S->wo);
     return rc ? rc : tp_shard_glu(rm, L, c->intermediate_size, r, n, S);
 }
 
