@@ -18,6 +18,9 @@
  *     same rank's donor cache, per-layer inputs; plus a prompt past its sliding window, whose
  *     bounded caches then drop on every rank) and Qwen 3.5 (gated DeltaNet layers sharded by
  *     head, each rank's recurrent rows its heads': the rank bytes check counts them 1/N);
+ *   - Qwen3-MoE on the in-tree random checkpoint of test_moe (tests/golden/moe/qwen3moe:
+ *     8 experts of width 32, top 2, one dense layer): experts split over their width, the
+ *     router replicated (every rank routes alike), the same checks as the bundled model;
  *   - the bootstrap of one process per rank: rank 0's id reaches every other rank over TCP
  *     (threads on the loopback here), a repeated or out-of-range rank is refused;
  *   - the NCCL backend's self-check where NCCL and GPUs exist (skipped here otherwise).
@@ -584,5 +587,15 @@ int main(void) {
         rc |= cmocka_run_group_tests_name("qwen35", qwen35, NULL, NULL);
         tqkv_model_free(g_m);
     }
+    /* Qwen3-MoE: the in-tree random checkpoint of test_moe (8 experts, top 2, layer 1 dense) */
+    source_path("tests/golden/moe/qwen3moe", d, sizeof d);
+    if (stat(d, &st) != 0 || tqkv_model_load(&g_m, d, &lp) != TQKV_OK) {
+        fprintf(stderr, "load %s: %s\n", d, tqkv_last_error());
+        return 1;
+    }
+    V = tqkv_model_get_config(g_m)->vocab_size;
+    g_name = "qwen3moe";
+    rc |= cmocka_run_group_tests_name("qwen3moe", qwen35, NULL, NULL); /* the same tests */
+    tqkv_model_free(g_m);
     return rc;
 }

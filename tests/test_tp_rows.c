@@ -15,7 +15,8 @@
  *     unsharded draft changes nothing, and the greedy tokens equal the unsharded engine's.
  * The same on the ../shared fixtures of Gemma 4 (sliding, KV-shared layers) and Qwen 3.5
  * (every rank's recurrent rows move with its caches: merged, filtered, extracted, rolled back
- * per row in a spec round, exported), skipped when ../shared is absent.
+ * per row in a spec round, exported), skipped when ../shared is absent; and (the state
+ * operations, not the engine) on Qwen3-MoE's in-tree random checkpoint (tests/golden/moe/).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -490,5 +491,19 @@ int main(void) {
         rc |= cmocka_run_group_tests_name(fixtures[i] + strlen("models/"), graphs, NULL, NULL);
         tqkv_model_free(g_m);
     }
+    /* Qwen3-MoE (experts split over their width): the in-tree checkpoint of test_moe */
+    source_path("tests/golden/moe/qwen3moe", g_dir, sizeof g_dir);
+    if (tqkv_model_load(&g_m, g_dir, &lp) != TQKV_OK) {
+        fprintf(stderr, "load %s: %s\n", g_dir, tqkv_last_error());
+        return 1;
+    }
+    V = tqkv_model_get_config(g_m)->vocab_size;
+    const struct CMUnitTest states[] = {
+        cmocka_unit_test(test_merge_filter_extract),
+        cmocka_unit_test(test_spec_and_export),
+        cmocka_unit_test(test_refusals_unchanged),
+    };
+    rc |= cmocka_run_group_tests_name("qwen3moe", states, NULL, NULL);
+    tqkv_model_free(g_m);
     return rc;
 }

@@ -24,8 +24,8 @@ tqkv_status model_tp_check(const tqkv_model *m, const tqkv_model_state_params *p
     if (n <= 1) return TQKV_OK;
     if (!m->ops->tp_shard)
         return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel %d: the %s graph has no sharded "
-                         "forward (the Llama family, Gemma 4 and Qwen 3.5 have; the MoE graphs "
-                         "do not yet)", n, tqkv_model_graph_name(m));
+                         "forward (the Llama family, Gemma 4, Qwen 3.5 and Qwen3-MoE have; "
+                         "Qwen 3.5 MoE does not yet)", n, tqkv_model_graph_name(m));
     if (p->device != 0)
         return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel %d: runs on the CPU only for now "
                          "(the device sharded graph is not built; docs/TP.md)", n);

@@ -9,7 +9,8 @@
  *       cache append and attention, o_proj of its heads -> partial [T, hidden]]
  *     all-reduce of the partials (tp_comm: rank 0 + rank 1 + ... in float32), + o_proj bias,
  *       residual, RMSNorm (replicated)
- *     every rank: gate/up of its MLP slice, SwiGLU, down_proj of its slice -> partial
+ *     every rank: gate/up of its MLP slice, SwiGLU, down_proj of its slice -> partial (or a
+ *       graph's own feed-forward partial: llama_forward_tp_with, Qwen3-MoE's experts)
  *     all-reduce, residual
  *     every rank: final RMSNorm, lm_head of its vocabulary rows -> all-gather -> logits.
  * Column-parallel products are the unsharded ones restricted to some outputs (the same bits,
@@ -29,9 +30,8 @@
 // shard
 // ---------------------------------------------------------------------------
 
-/* Layer L's rank-r shard into S (views of row ranges, copies of column ranges). */
-static tqkv_status shard_layer(tqkv_model *rm, const model_layer *L, int r, int n,
-                               const tqkv_model_config *c, model_layer *S) {
+tqkv_status llama_tp_shard_attn(tqkv_model *rm, const model_layer *L, int r, int n,
+                                const tqkv_model_config *c, model_layer *S) {
     const int hd = c->head_dim, QD = c->n_heads * hd, KD = c->n_kv_heads * hd, qr = QD / n;
     int h0, hn; /* the rank's KV heads (replicated when n > KV heads) */
     tp_kv_range(c->n_kv_heads, n, r, &h0, &hn);
@@ -47,13 +47,15 @@ static tqkv_status shard_layer(tqkv_model *rm, const model_layer *L, int r, int 
     }
     S->bo = NULL; /* added once, after the all-reduce */
     tqkv_status rc = tp_shard_attn(rm, L, QD, KD, r * qr, (r + 1) * qr, k0, k0 + kr, 3, S);
-    if (rc == TQKV_OK) rc = tp_weight_cols(rm, &L->wo, r * qr, (r + 1) * qr, &S->wo);
-    return rc ? rc : tp_shard_glu(rm, L, c->intermediate_size, r, n, S);
+    return rc ? rc : tp_weight_cols(rm, &L->wo, r * qr, (r + 1) * qr, &S->wo);
 }
 
 tqkv_status llama_tp_shard(const tqkv_model *m, int r, int n, tqkv_model *rm) {
     for (int l = 0; l < m->cfg.n_layers; l++) {
-        tqkv_status rc = shard_layer(rm, &m->layers[l], r, n, &m->cfg, &rm->layers[l]);
+        const model_layer *L = &m->layers[l];
+        model_layer *S = &rm->layers[l];
+        tqkv_status rc = llama_tp_shard_attn(rm, L, r, n, &m->cfg, S);
+        if (rc == TQKV_OK) rc = tp_shard_glu(rm, L, m->cfg.intermediate_size, r, n, S);
         if (rc != TQKV_OK) return rc;
     }
     return TQKV_OK;
@@ -71,7 +73,8 @@ static void undo(tqkv_model_state *q, int done, int n, int prefill) {
 /* Layer l: the attention block on every rank, all-reduce, + bias, residual, RMSNorm; then
  * the MLP block on every rank, all-reduce, residual. On failure every rank's appends of
  * layers [0, l] are undone. */
-static tqkv_status tp_layer(const tqkv_model *m, model_tp *tp, int l, const llama_shape *f) {
+static tqkv_status tp_layer(const tqkv_model *m, model_tp *tp, int l, const llama_shape *f,
+                            llama_tp_ffn_fn ffn) {
     const model_layer *L = &m->layers[l];
     const int H = m->cfg.hidden_size;
     tqkv_status rc = TQKV_OK;
@@ -88,9 +91,9 @@ static tqkv_status tp_layer(const tqkv_model *m, model_tp *tp, int l, const llam
     if ((rc = tp_reduce_tmp(tp, f->T * (size_t)H)) == TQKV_OK) {
         for (int r = 0; r < tp->n; r++)
             llama_residual(m, tp->rank[r], f->T, tp->rank[r]->tmp, L->bo, L->ffn_norm);
-        for (int r = 0; r < tp->n; r++)
-            llama_mlp(tp->model[r], tp->rank[r], &tp->model[r]->layers[l], f->T, f->pf);
-        rc = tp_reduce_tmp(tp, f->T * (size_t)H);
+        for (int r = 0; r < tp->n && rc == TQKV_OK; r++)
+            rc = ffn(tp->model[r], tp->rank[r], l, f->T, f->pf);
+        if (rc == TQKV_OK) rc = tp_reduce_tmp(tp, f->T * (size_t)H);
     }
     if (rc != TQKV_OK) {
         tp_undo_ranks(tp, -1, l, f->n, f->prefill, undo);
@@ -127,9 +130,21 @@ static tqkv_status tp_begin(const tqkv_model *m, tqkv_model_state *s, const int3
     return TQKV_OK;
 }
 
+/* The dense SwiGLU MLP's partial (llama_tp_ffn_fn). */
+static tqkv_status ffn_dense(const tqkv_model *rm, tqkv_model_state *q, int l, size_t T, int pf) {
+    llama_mlp(rm, q, &rm->layers[l], T, pf);
+    return TQKV_OK;
+}
+
 tqkv_status llama_forward_tp(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
                              const int *lengths, int n, int prefill, tqkv_logits_mode mode,
                              float *logits) {
+    return llama_forward_tp_with(m, s, tokens, lengths, n, prefill, mode, logits, ffn_dense);
+}
+
+tqkv_status llama_forward_tp_with(const tqkv_model *m, tqkv_model_state *s,
+                                  const int32_t *tokens, const int *lengths, int n, int prefill,
+                                  tqkv_logits_mode mode, float *logits, llama_tp_ffn_fn ffn) {
     model_tp_sync(s);
     const int R = s->rows, V = m->cfg.vocab_size;
     tqkv_status rc = tqkv_model_state_check(s); /* rank 0's caches: the rows' offsets */
@@ -143,7 +158,7 @@ tqkv_status llama_forward_tp(const tqkv_model *m, tqkv_model_state *s, const int
     for (int r = 0; r < R; r++) f.nq_pad |= s->len[r] != n;
     if ((rc = tp_begin(m, s, tokens, &f)) != TQKV_OK) return rc;
     for (int l = 0; l < m->cfg.n_layers; l++)
-        if ((rc = tp_layer(m, s->tp, l, &f)) != TQKV_OK) return rc;
+        if ((rc = tp_layer(m, s->tp, l, &f, ffn)) != TQKV_OK) return rc;
     if (mode == TQKV_LOGITS_NONE) return TQKV_OK;
     rc = tp_head(m, s, &f, mode, logits);
     if (rc != TQKV_OK) { /* the appends stand without their logits: undo them */
