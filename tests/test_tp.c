@@ -21,6 +21,9 @@
  *   - Qwen3-MoE on the in-tree random checkpoint of test_moe (tests/golden/moe/qwen3moe:
  *     8 experts of width 32, top 2, one dense layer): experts split over their width, the
  *     router replicated (every rank routes alike), the same checks as the bundled model;
+ *   - Qwen 3.5 MoE on test_moe's in-tree checkpoint (tests/golden/moe/qwen35moe: the hybrid
+ *     with 8 routed experts and a gated shared expert on every layer), N = 2 (its 2 DeltaNet
+ *     key heads allow no more);
  *   - the bootstrap of one process per rank: rank 0's id reaches every other rank over TCP
  *     (threads on the loopback here), a repeated or out-of-range rank is refused;
  *   - the NCCL backend's self-check where NCCL and GPUs exist (skipped here otherwise).
@@ -41,6 +44,7 @@
 static tqkv_model *g_m;
 static int V;
 static const char *g_name = "qwen3-code-28m";
+static int g_tp_max = 4; /* the largest N the model allows (2 or 4) */
 
 #define OK(x)                                                                                     \
     do {                                                                                          \
@@ -297,7 +301,7 @@ static void test_sharded_vs_unsharded(void **state) {
         assert_int_equal(tqkv_model_state_tensor_parallel(s1), 1);
         assert_int_equal(tqkv_model_state_kv_bytes_rank(s1, 0), bytes1);
         if (!tqkv_model_state_row_fixed_bytes(s1)) assert_int_equal(rank_bytes_want(s1, 2), bytes1 / 2);
-        for (int tp = 2; tp <= 4; tp += 2) {
+        for (int tp = 2; tp <= g_tp_max; tp += 2) {
             tqkv_model_state *s = new_state(1, tp, kvs[k]);
             assert_int_equal(tqkv_model_state_tensor_parallel(s), tp);
             run_greedy(s, prompt, N_PROMPT, STEPS, got, tgot, ggot);
@@ -374,7 +378,7 @@ static void test_batch_invariance(void **state) {
     const tqkv_format kvs[] = {TQKV_F32, TQKV_TQ4};
     float *la = malloc(sizeof(float) * R * (size_t)V), *lb = malloc(sizeof(float) * (size_t)V);
     for (int k = 0; k < 2; k++)
-        for (int tp = 2; tp <= 4; tp += 2) {
+        for (int tp = 2; tp <= g_tp_max; tp += 2) {
             tqkv_model_state *s3 = new_state(R, tp, kvs[k]), *s1 = new_state(1, tp, kvs[k]);
             OK(tqkv_model_prefill(g_m, s3, tok, lens, N, TQKV_LOGITS_LAST, la));
             OK(tqkv_model_prefill(g_m, s1, tok + N, NULL, N, TQKV_LOGITS_LAST, lb));
@@ -454,6 +458,10 @@ static void test_refusals_and_reset(void **state) {
     expect_init_refused(p, TQKV_EINVAL, "KV heads");
     p.tensor_parallel = 8;
     expect_init_refused(p, TQKV_EINVAL, "query heads");
+    if (g_tp_max < 4) { /* Qwen 3.5 MoE's 2 DeltaNet key heads */
+        p.tensor_parallel = 4;
+        expect_init_refused(p, TQKV_EINVAL, "DeltaNet key heads");
+    }
     p.tensor_parallel = 9;
     expect_init_refused(p, TQKV_EINVAL, "tensor_parallel 9");
     p.tensor_parallel = -1;
@@ -519,10 +527,11 @@ static void test_refusals_and_reset(void **state) {
     tqkv_model_state_free(fresh);
 }
 
-/* Load the ../shared fixture `rel` into g_m: 0, or 77 when ../shared lacks it. */
-static int load_fixture(const char *rel) {
+/* The model `rel` into g_m: ../shared's (in_tree 0) or the source tree's. 0; 77 when
+ * ../shared lacks it; 1 on a load failure. */
+static int load_model(const char *rel, int in_tree) {
     char p[1024];
-    const char *dir = shared_path(rel, p, sizeof p);
+    const char *dir = in_tree ? source_path(rel, p, sizeof p) : shared_path(rel, p, sizeof p);
     if (!dir) {
         printf("test_tp: %s absent: its group SKIPPED\n", rel);
         return 77;
@@ -533,7 +542,6 @@ static int load_fixture(const char *rel) {
         return 1;
     }
     V = tqkv_model_get_config(g_m)->vocab_size;
-    g_name = rel + strlen("models/");
     return 0;
 }
 
@@ -545,12 +553,7 @@ int main(void) {
         fprintf(stderr, "test_tp: bundled model absent: SKIPPED\n");
         return 77;
     }
-    tqkv_model_load_params lp = tqkv_model_load_params_default();
-    if (tqkv_model_load(&g_m, d, &lp) != TQKV_OK) {
-        fprintf(stderr, "load: %s\n", tqkv_last_error());
-        return 1;
-    }
-    V = tqkv_model_get_config(g_m)->vocab_size;
+    if (load_model("models/qwen3-code-28m", 1)) return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_allreduce_fixed_order),
         cmocka_unit_test(test_bootstrap),
@@ -562,40 +565,43 @@ int main(void) {
     };
     int rc = cmocka_run_group_tests_name("qwen3", tests, NULL, NULL);
     tqkv_model_free(g_m);
-    /* the other graphs, on the ../shared fixtures */
-    const struct CMUnitTest gemma4[] = {
+    /* the other graphs: ../shared's fixtures and test_moe's in-tree random checkpoints */
+    const struct CMUnitTest with_window[] = {
         cmocka_unit_test(test_sharded_vs_unsharded),
-        cmocka_unit_test(test_long_prompt),
+        cmocka_unit_test(test_long_prompt), /* past Gemma 4's sliding window */
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_padded_all_and_window),
         cmocka_unit_test(test_refusals_and_reset),
     };
-    int lr = load_fixture("models/gemma4-code-30m");
-    if (lr == 1) return 1;
-    if (lr == 0) {
-        rc |= cmocka_run_group_tests_name("gemma4", gemma4, NULL, NULL);
-        tqkv_model_free(g_m);
-    }
-    const struct CMUnitTest qwen35[] = {
+    const struct CMUnitTest graph[] = {
         cmocka_unit_test(test_sharded_vs_unsharded),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_padded_all_and_window),
         cmocka_unit_test(test_refusals_and_reset),
     };
-    if ((lr = load_fixture("models/qwen35-code-hybrid-30m")) == 1) return 1;
-    if (lr == 0) {
-        rc |= cmocka_run_group_tests_name("qwen35", qwen35, NULL, NULL);
+    const struct {
+        const char *rel, *name;
+        int in_tree, tp_max, window;
+    } models[] = {
+        {"models/gemma4-code-30m", "gemma4-code-30m", 0, 4, 1},
+        {"models/qwen35-code-hybrid-30m", "qwen35-code-hybrid-30m", 0, 4, 0},
+        /* 8 experts of width 32, top 2, layer 1 dense */
+        {"tests/golden/moe/qwen3moe", "qwen3moe", 1, 4, 0},
+        /* the hybrid with routed experts and a gated shared expert; 2 DeltaNet key heads */
+        {"tests/golden/moe/qwen35moe", "qwen35moe", 1, 2, 0},
+    };
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+        int lr = load_model(models[i].rel, models[i].in_tree);
+        if (lr == 1) return 1;
+        if (lr) continue;
+        g_name = models[i].name;
+        g_tp_max = models[i].tp_max;
+        rc |= models[i].window
+                  ? _cmocka_run_group_tests(g_name, with_window,
+                                            sizeof with_window / sizeof with_window[0], NULL, NULL)
+                  : _cmocka_run_group_tests(g_name, graph, sizeof graph / sizeof graph[0], NULL,
+                                            NULL);
         tqkv_model_free(g_m);
     }
-    /* Qwen3-MoE: the in-tree random checkpoint of test_moe (8 experts, top 2, layer 1 dense) */
-    source_path("tests/golden/moe/qwen3moe", d, sizeof d);
-    if (stat(d, &st) != 0 || tqkv_model_load(&g_m, d, &lp) != TQKV_OK) {
-        fprintf(stderr, "load %s: %s\n", d, tqkv_last_error());
-        return 1;
-    }
-    V = tqkv_model_get_config(g_m)->vocab_size;
-    g_name = "qwen3moe";
-    rc |= cmocka_run_group_tests_name("qwen3moe", qwen35, NULL, NULL); /* the same tests */
-    tqkv_model_free(g_m);
     return rc;
 }

@@ -24,8 +24,8 @@ tqkv_status model_tp_check(const tqkv_model *m, const tqkv_model_state_params *p
     if (n <= 1) return TQKV_OK;
     if (!m->ops->tp_shard)
         return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel %d: the %s graph has no sharded "
-                         "forward (the Llama family, Gemma 4, Qwen 3.5 and Qwen3-MoE have; "
-                         "Qwen 3.5 MoE does not yet)", n, tqkv_model_graph_name(m));
+                         "forward (the Llama family, Gemma 4, Qwen 3.5, Qwen3-MoE and Qwen 3.5 "
+                         "MoE have)", n, tqkv_model_graph_name(m));
     if (p->device != 0)
         return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel %d: runs on the CPU only for now "
                          "(the device sharded graph is not built; docs/TP.md)", n);
@@ -182,6 +182,57 @@ tqkv_status tp_shard_glu(tqkv_model *owner, const model_layer *L, int I, int r, 
         return rc;
     }
     return tp_weight_cols(owner, &L->wd, i0, i1, &S->wd);
+}
+
+tqkv_status tp_check_moe(const tqkv_model_config *c, int n) {
+    const struct { const char *what; int v; } d[] = {
+        {"moe_intermediate_size", c->moe_intermediate_size},
+        {"shared_expert_intermediate_size", c->moe_shared_intermediate_size}};
+    for (int i = 0; i < 2 && c->n_experts > 0; i++)
+        if (d[i].v % n)
+            return tqkv_fail(TQKV_EINVAL, "tensor_parallel %d does not divide the model's expert "
+                             "width %s (%d): every rank needs an equal slice of each expert", n,
+                             d[i].what, d[i].v);
+    return TQKV_OK;
+}
+
+/* One SwiGLU (gu fused or g / u, down) of width I: rank r's slice into g / u views and a down
+ * copy (gu of the slice left empty). */
+static tqkv_status shard_swiglu(tqkv_model *owner, const mm_weight *gu, const mm_weight *g,
+                                const mm_weight *u, const mm_weight *down, int I, int r, int n,
+                                mm_weight *sgu, mm_weight *sg, mm_weight *su, mm_weight *sd) {
+    model_layer whole = {.wgu = *gu, .wg = *g, .wu = *u, .wd = *down};
+    model_layer part;
+    memset(&part, 0, sizeof part);
+    tqkv_status rc = tp_shard_glu(owner, &whole, I, r, n, &part);
+    memset(sgu, 0, sizeof *sgu);
+    *sg = part.wg;
+    *su = part.wu;
+    *sd = part.wd;
+    return rc;
+}
+
+tqkv_status tp_shard_moe(tqkv_model *owner, const moe_layer *X, const tqkv_model_config *c,
+                         int r, int n, moe_layer *S) {
+    const int E = c->n_experts;
+    memset(S, 0, sizeof *S);
+    S->router = X->router; /* [E, hidden]: every rank routes alike */
+    S->expert_scale = X->expert_scale;
+    S->gu = model_own(owner, sizeof(mm_weight) * (size_t)E);
+    S->g = model_own(owner, sizeof(mm_weight) * (size_t)E);
+    S->u = model_own(owner, sizeof(mm_weight) * (size_t)E);
+    S->down = model_own(owner, sizeof(mm_weight) * (size_t)E);
+    if (!S->gu || !S->g || !S->u || !S->down) return tqkv_fail(TQKV_ENOMEM, "out of memory");
+    tqkv_status rc = TQKV_OK;
+    for (int e = 0; e < E && rc == TQKV_OK; e++)
+        rc = shard_swiglu(owner, &X->gu[e], &X->g[e], &X->u[e], &X->down[e],
+                          c->moe_intermediate_size, r, n, &S->gu[e], &S->g[e], &S->u[e],
+                          &S->down[e]);
+    if (rc != TQKV_OK || !X->sh_down.data) return rc;
+    S->sh_gate = X->sh_gate; /* [1, hidden]: the same gate on every rank */
+    return shard_swiglu(owner, &X->sh_gu, &X->sh_g, &X->sh_u, &X->sh_down,
+                        c->moe_shared_intermediate_size, r, n, &S->sh_gu, &S->sh_g, &S->sh_u,
+                        &S->sh_down);
 }
 
 tqkv_status tp_check_kv(int kv_heads, int n, const char *what) {

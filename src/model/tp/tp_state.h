@@ -106,6 +106,14 @@ tqkv_status tp_floats_gather(tqkv_model *owner, const float *src, int width,
  * copy). */
 tqkv_status tp_shard_glu(tqkv_model *owner, const model_layer *L, int I, int r, int n,
                          model_layer *S);
+/* A sparse layer's rank-r shard into S (c: the whole model's config): the router and the
+ * per-expert scale replicated (every rank routes alike), every expert's SwiGLU and the
+ * shared expert's (if any) split over their widths as tp_shard_glu splits an MLP, the shared
+ * expert's gate replicated. */
+tqkv_status tp_shard_moe(tqkv_model *owner, const moe_layer *X, const tqkv_model_config *c,
+                         int r, int n, moe_layer *S);
+/* The refusal (TQKV_EINVAL) of n not dividing an expert width of c (experts, shared expert). */
+tqkv_status tp_check_moe(const tqkv_model_config *c, int n);
 /* The refusal of n for kv_heads KV heads (what) unless n divides them or is a multiple. */
 tqkv_status tp_check_kv(int kv_heads, int n, const char *what);
 /* Rank r's KV heads [*h0, *h0 + *hn): NKV / n heads each when n divides NKV, else (n a

@@ -89,6 +89,16 @@ tqkv_status qwen35_tp_shard(const tqkv_model *m, int r, int n, tqkv_model *rm);
 tqkv_status qwen35_forward_tp(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
                               const int *lengths, int n, int prefill, tqkv_logits_mode mode,
                               float *logits);
+/* Every layer's norms and token mixer of rank r of n into rm (and rm's DeltaNet head
+ * counts); the caller shards the feed-forward. */
+tqkv_status qwen35_tp_shard_mixers(const tqkv_model *m, int r, int n, tqkv_model *rm);
+/* A rank's feed-forward partial: layer l of rank model rm on its scratch's xn [T, hidden]
+ * into its tmp [T, hidden] (all-reduced by the caller, then added to x). */
+typedef tqkv_status (*qwen35_tp_ffn_fn)(const tqkv_model *rm, tqkv_model_state *q, int l,
+                                        size_t T);
+tqkv_status qwen35_forward_tp_with(const tqkv_model *m, tqkv_model_state *s,
+                                   const int32_t *tokens, const int *lengths, int n, int prefill,
+                                   tqkv_logits_mode mode, float *logits, qwen35_tp_ffn_fn ffn);
 
 /* graph_cuda.cu (CUDA builds): the device hooks of model_arch_qwen35 (arch.h): the DeltaNet
  * shapes the kernels take, and a linear layer's conv + gated delta rule queued on s. */

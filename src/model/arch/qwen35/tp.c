@@ -14,7 +14,8 @@
  *     channels, A / dt_bias / conv state / recurrent state are its heads' only (the rank's
  *     recurrent rows: state/recurrent.c sized by the rank's head counts); out_proj's columns
  *     of its value heads are row-parallel;
- *   - the SwiGLU MLP column then row parallel; norms and the embedding replicated; one
+ *   - the SwiGLU MLP column then row parallel (or a graph's own feed-forward partial:
+ *     qwen35_forward_tp_with, Qwen 3.5 MoE's experts); norms and the embedding replicated; one
  *     all-reduce (tp_comm: rank 0 + rank 1 + ... in float32) after each mixer's output
  *     projection and one after down_proj; the vocabulary-parallel head and its all-gather.
  * The row operations move every rank's recurrent rows in lockstep with its caches
@@ -81,7 +82,7 @@ static tqkv_status shard_full(tqkv_model *rm, const tqkv_model_config *c, const 
     return rc ? rc : tp_weight_cols(rm, &L->wo, r * QD / n, (r + 1) * QD / n, &S->wo);
 }
 
-tqkv_status qwen35_tp_shard(const tqkv_model *m, int r, int n, tqkv_model *rm) {
+tqkv_status qwen35_tp_shard_mixers(const tqkv_model *m, int r, int n, tqkv_model *rm) {
     const tqkv_model_config *c = &m->cfg;
     if (c->n_linear > 0 && c->lin_k_heads % n)
         return tqkv_fail(TQKV_EINVAL, "tensor_parallel %d does not divide the model's %d "
@@ -96,10 +97,16 @@ tqkv_status qwen35_tp_shard(const tqkv_model *m, int r, int n, tqkv_model *rm) {
         S->ffn_norm = L->ffn_norm;
         tqkv_status rc = c->layer_type[l] == TQKV_LAYER_LINEAR ? shard_linear(rm, c, L, r, n, S)
                                                                : shard_full(rm, c, L, r, n, S);
-        if (rc == TQKV_OK) rc = tp_shard_glu(rm, L, c->intermediate_size, r, n, S);
         if (rc != TQKV_OK) return rc;
     }
     return TQKV_OK;
+}
+
+tqkv_status qwen35_tp_shard(const tqkv_model *m, int r, int n, tqkv_model *rm) {
+    tqkv_status rc = qwen35_tp_shard_mixers(m, r, n, rm);
+    for (int l = 0; l < m->cfg.n_layers && rc == TQKV_OK; l++)
+        rc = tp_shard_glu(rm, &m->layers[l], m->cfg.intermediate_size, r, n, &rm->layers[l]);
+    return rc;
 }
 
 // ---------------------------------------------------------------------------
@@ -126,7 +133,7 @@ static void fail_layer(model_tp *tp, int failed, int l, int lin, const q35_shape
 
 /* Layer l on every rank (the file's comment); lin: DeltaNet layers before it. */
 static tqkv_status tp_layer(const tqkv_model *m, model_tp *tp, int l, int lin,
-                            const q35_shape *f) {
+                            const q35_shape *f, qwen35_tp_ffn_fn ffn) {
     const int H = m->cfg.hidden_size, now = lin + (m->cfg.layer_type[l] == TQKV_LAYER_LINEAR);
     tqkv_status rc;
     for (int r = 0; r < tp->n; r++)
@@ -136,9 +143,9 @@ static tqkv_status tp_layer(const tqkv_model *m, model_tp *tp, int l, int lin,
         }
     if ((rc = reduce(tp, f->T, H)) == TQKV_OK) {
         for (int r = 0; r < tp->n; r++) q35_mixer_residual(tp->model[r], tp->rank[r], l, f->T);
-        for (int r = 0; r < tp->n; r++)
-            q35_mlp(tp->model[r], tp->rank[r], &tp->model[r]->layers[l], f->T);
-        rc = reduce(tp, f->T, H);
+        for (int r = 0; r < tp->n && rc == TQKV_OK; r++)
+            rc = ffn(tp->model[r], tp->rank[r], l, f->T);
+        if (rc == TQKV_OK) rc = reduce(tp, f->T, H);
     }
     if (rc != TQKV_OK) {
         fail_layer(tp, -1, l, now, f);
@@ -168,9 +175,21 @@ static tqkv_status tp_begin(const tqkv_model *m, tqkv_model_state *s, const int3
     return rc;
 }
 
+/* The dense SwiGLU MLP's partial (qwen35_tp_ffn_fn). */
+static tqkv_status ffn_dense(const tqkv_model *rm, tqkv_model_state *q, int l, size_t T) {
+    q35_mlp(rm, q, &rm->layers[l], T);
+    return TQKV_OK;
+}
+
 tqkv_status qwen35_forward_tp(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
                               const int *lengths, int n, int prefill, tqkv_logits_mode mode,
                               float *logits) {
+    return qwen35_forward_tp_with(m, s, tokens, lengths, n, prefill, mode, logits, ffn_dense);
+}
+
+tqkv_status qwen35_forward_tp_with(const tqkv_model *m, tqkv_model_state *s,
+                                   const int32_t *tokens, const int *lengths, int n, int prefill,
+                                   tqkv_logits_mode mode, float *logits, qwen35_tp_ffn_fn ffn) {
     model_tp_sync(s);
     model_tp *tp = s->tp;
     q35_shape f;
@@ -178,7 +197,7 @@ tqkv_status qwen35_forward_tp(const tqkv_model *m, tqkv_model_state *s, const in
     if (rc != TQKV_OK) return rc;
     int lin = 0;
     for (int l = 0; l < m->cfg.n_layers; l++) {
-        if ((rc = tp_layer(m, tp, l, lin, &f)) != TQKV_OK) return rc;
+        if ((rc = tp_layer(m, tp, l, lin, &f, ffn)) != TQKV_OK) return rc;
         lin += m->cfg.layer_type[l] == TQKV_LAYER_LINEAR;
     }
     for (int r = 0; r < tp->n; r++) rec_advance(tp->rank[r]->rec, tp->rank[r]->len);

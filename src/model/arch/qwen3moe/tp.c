@@ -20,38 +20,11 @@
 #include "model/tp/tp_state.h"
 #include "util/common.h"
 
-/* Sparse layer X's rank-r shard into S: the router replicated, each expert's SwiGLU slice
- * (tp_shard_glu over its intermediate width I). */
-static tqkv_status shard_experts(tqkv_model *rm, const moe_layer *X, int E, int I, int r, int n,
-                                 moe_layer *S) {
-    S->router = X->router; /* [E, hidden]: every rank routes alike */
-    S->expert_scale = X->expert_scale;
-    S->gu = model_own(rm, sizeof(mm_weight) * (size_t)E);
-    S->g = model_own(rm, sizeof(mm_weight) * (size_t)E);
-    S->u = model_own(rm, sizeof(mm_weight) * (size_t)E);
-    S->down = model_own(rm, sizeof(mm_weight) * (size_t)E);
-    if (!S->gu || !S->g || !S->u || !S->down) return tqkv_fail(TQKV_ENOMEM, "out of memory");
-    for (int e = 0; e < E; e++) {
-        model_layer whole = {.wgu = X->gu[e], .wg = X->g[e], .wu = X->u[e], .wd = X->down[e]};
-        model_layer part;
-        memset(&part, 0, sizeof part);
-        tqkv_status rc = tp_shard_glu(rm, &whole, I, r, n, &part);
-        if (rc != TQKV_OK) return rc;
-        memset(&S->gu[e], 0, sizeof S->gu[e]); /* the rank's gate / up: g and u views */
-        S->g[e] = part.wg;
-        S->u[e] = part.wu;
-        S->down[e] = part.wd;
-    }
-    return TQKV_OK;
-}
-
 tqkv_status qwen3moe_tp_shard(const tqkv_model *m, int r, int n, tqkv_model *rm) {
     const tqkv_model_config *c = &m->cfg;
     const q3m_model *X = qwen3moe_of(m);
-    if (c->n_moe_layers > 0 && c->moe_intermediate_size % n)
-        return tqkv_fail(TQKV_EINVAL, "tensor_parallel %d does not divide the model's expert "
-                         "width moe_intermediate_size (%d): every rank needs an equal slice of "
-                         "each expert", n, c->moe_intermediate_size);
+    tqkv_status rc0 = tp_check_moe(c, n);
+    if (rc0 != TQKV_OK) return rc0;
     q3m_model *RX = model_own(rm, sizeof *RX);
     moe_layer *layers = model_own(rm, sizeof(moe_layer) * (size_t)c->n_layers);
     if (!RX || !layers) return tqkv_fail(TQKV_ENOMEM, "out of memory");
@@ -59,13 +32,13 @@ tqkv_status qwen3moe_tp_shard(const tqkv_model *m, int r, int n, tqkv_model *rm)
     RX->layers = layers;
     rm->arch = RX;
     rm->cfg.moe_intermediate_size = c->moe_intermediate_size / n; /* the rank's moe_shape */
+    rm->cfg.moe_shared_intermediate_size = c->moe_shared_intermediate_size / n;
     for (int l = 0; l < c->n_layers; l++) {
         const model_layer *L = &m->layers[l];
         model_layer *S = &rm->layers[l];
         tqkv_status rc = llama_tp_shard_attn(rm, L, r, n, c, S);
         if (rc == TQKV_OK)
-            rc = c->layer_moe[l] ? shard_experts(rm, &X->layers[l], c->n_experts,
-                                                 c->moe_intermediate_size, r, n, &layers[l])
+            rc = c->layer_moe[l] ? tp_shard_moe(rm, &X->layers[l], c, r, n, &layers[l])
                                  : tp_shard_glu(rm, L, c->intermediate_size, r, n, S);
         if (rc != TQKV_OK) return rc;
     }
