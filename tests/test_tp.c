@@ -23,7 +23,8 @@
  *     router replicated (every rank routes alike), the same checks as the bundled model;
  *   - Qwen 3.5 MoE on test_moe's in-tree checkpoint (tests/golden/moe/qwen35moe: the hybrid
  *     with 8 routed experts and a gated shared expert on every layer), N = 2 (its 2 DeltaNet
- *     key heads allow no more);
+ *     key heads allow no more); Gemma 4 with its MoE block (tests/golden/moe/gemma4moe: the
+ *     experts' partials reduced apart from the MLP's, their output normed on its own);
  *   - the bootstrap of one process per rank: rank 0's id reaches every other rank over TCP
  *     (threads on the loopback here), a repeated or out-of-range rank is refused;
  *   - the NCCL backend's self-check where NCCL and GPUs exist (skipped here otherwise).
@@ -589,6 +590,8 @@ int main(void) {
         {"tests/golden/moe/qwen3moe", "qwen3moe", 1, 4, 0},
         /* the hybrid with routed experts and a gated shared expert; 2 DeltaNet key heads */
         {"tests/golden/moe/qwen35moe", "qwen35moe", 1, 2, 0},
+        /* Gemma 4 with a MoE block beside every MLP (8 experts of width 32, top 2) */
+        {"tests/golden/moe/gemma4moe", "gemma4moe", 1, 4, 0},
     };
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
         int lr = load_model(models[i].rel, models[i].in_tree);

@@ -16,8 +16,8 @@
  * The same on the ../shared fixtures of Gemma 4 (sliding, KV-shared layers) and Qwen 3.5
  * (every rank's recurrent rows move with its caches: merged, filtered, extracted, rolled back
  * per row in a spec round, exported), skipped when ../shared is absent; and (the state
- * operations, not the engine) on the in-tree random checkpoints of Qwen3-MoE and Qwen 3.5 MoE
- * (tests/golden/moe/).
+ * operations, not the engine) on the in-tree random checkpoints of Qwen3-MoE, Qwen 3.5 MoE
+ * and Gemma 4 with its MoE block (tests/golden/moe/).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -496,6 +496,7 @@ int main(void) {
         {"models/qwen35-code-hybrid-30m", 0},
         {"tests/golden/moe/qwen3moe", 1},
         {"tests/golden/moe/qwen35moe", 1},
+        {"tests/golden/moe/gemma4moe", 1},
     };
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
         int lr = load_model(models[i].rel, models[i].in_tree);

@@ -125,6 +125,8 @@ tqkv_status g4_attend(const tqkv_model *m, tqkv_model_state *s, int l, const g4_
 void        g4_out_proj(const tqkv_model *m, tqkv_model_state *s, int l, const g4_shape *f);
 /* x += rmsnorm_post_attn(tmp), xn = rmsnorm_pre_ffn(x) (and the MoE block's experts). */
 void        g4_attn_residual(const tqkv_model *m, tqkv_model_state *s, int l, size_t T);
+/* The MoE block's experts output [T, hidden] of the last g4_attn_residual (n_experts > 0). */
+float      *g4_moe_out(tqkv_model_state *s);
 /* The GeGLU MLP of xn into tmp [T, hidden]. */
 void        g4_mlp(const tqkv_model *m, tqkv_model_state *s, int l, const g4_shape *f);
 /* x += rmsnorm_post_ffn(tmp (+ the MoE block's output)). */

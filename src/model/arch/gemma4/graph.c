@@ -345,6 +345,8 @@ void g4_attn_residual(const tqkv_model *m, tqkv_model_state *s, int l, size_t T)
     if (m->cfg.n_experts > 0) g4_moe_block(m, s, X, T);
 }
 
+float *g4_moe_out(tqkv_model_state *s) { return ((g4_state *)s->ext)->h2; }
+
 /* The GeGLU MLP of xn [T, hidden] into tmp [T, hidden] (down_proj's product). */
 void g4_mlp(const tqkv_model *m, tqkv_model_state *s, int l, const g4_shape *f) {
     const model_layer *L = &m->layers[l];

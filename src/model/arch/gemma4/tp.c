@@ -11,15 +11,17 @@
  *       the same KV heads), its cache append and attention, o_proj of its heads -> partial]
  *     all-reduce (tp_comm: rank 0 + rank 1 + ... in float32), then replicated: post-attention
  *       RMSNorm, residual, pre-FFN RMSNorm
- *     every rank: gate/up of its MLP slice, GeGLU, down_proj of its slice -> partial
- *     all-reduce, then replicated: post-FFN RMSNorm, residual, the per-layer-input block, the
- *       layer scalar
+ *     every rank: gate/up of its MLP slice, GeGLU, down_proj of its slice -> partial; with
+ *       the MoE block, beside it the router (replicated: every rank routes alike) and its
+ *       slices of the chosen experts -> a second partial
+ *     all-reduce (and one of the experts' partials: their output is normed on its own), then
+ *       replicated: post-FFN RMSNorm(s), residual, the per-layer-input block, the layer scalar
  *     every rank: its sliding layers' drop, final RMSNorm, lm_head of its vocabulary rows,
  *       the soft-cap of its slice (elementwise) -> all-gather -> logits.
  * Sliding and full layers keep their own head_dim: the split is by head, so a rank's q rows
  * of layer l are its heads' head_dim[l]-wide blocks.
  * Must not: let a row's bits depend on other rows or on the thread count (every piece is per
- *   token or batch invariant, the all-reduce is elementwise); shard the MoE block (refused).
+ *   token or batch invariant, the all-reduce is elementwise).
  */
 #include <string.h>
 
@@ -31,7 +33,7 @@
 // shard
 // ---------------------------------------------------------------------------
 
-/* Layer l's rank-r shard into S; its KV heads are RG's (already the rank's). */
+/* Layer l's rank-r shard into S. */
 static tqkv_status shard_layer(tqkv_model *rm, const tqkv_model *m, int l, int r, int n,
                                model_layer *S) {
     const g4_config *g = &gemma4_of(m)->cfg;
@@ -52,16 +54,19 @@ static tqkv_status shard_layer(tqkv_model *rm, const tqkv_model *m, int l, int r
 
 tqkv_status gemma4_tp_shard(const tqkv_model *m, int r, int n, tqkv_model *rm) {
     const g4_model *G = gemma4_of(m);
-    if (m->cfg.n_experts > 0)
-        return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel %d: Gemma 4's MoE block is not "
-                         "sharded (its dense layers are)", n);
+    tqkv_status rc = tp_check_moe(&m->cfg, n);
+    if (rc != TQKV_OK) return rc;
     g4_model *RG = model_own(rm, sizeof *RG); /* the rank's geometry: its KV heads per layer */
     if (!RG) return tqkv_fail(TQKV_ENOMEM, "out of memory");
     memcpy(RG, G, sizeof *RG);
     rm->arch = RG;
     RG->cfg.max_qd = RG->cfg.max_kd = 0;
+    rm->cfg.moe_intermediate_size = m->cfg.moe_intermediate_size / n; /* the rank's experts */
     for (int l = 0; l < m->cfg.n_layers; l++) {
-        tqkv_status rc = tp_check_kv(G->cfg.n_kv[l], n, "KV heads of a layer");
+        if (m->cfg.n_experts > 0 &&
+            (rc = tp_shard_moe(rm, &G->layers[l].moe, &m->cfg, r, n, &RG->layers[l].moe)))
+            return rc;
+        rc = tp_check_kv(G->cfg.n_kv[l], n, "KV heads of a layer");
         if (rc != TQKV_OK) return rc;
         int h0, hn;
         tp_kv_range(G->cfg.n_kv[l], n, r, &h0, &hn);
@@ -97,6 +102,11 @@ static tqkv_status tp_layer(const tqkv_model *m, model_tp *tp, int l, const g4_s
         for (int r = 0; r < tp->n; r++) g4_attn_residual(tp->model[r], tp->rank[r], l, f->T);
         for (int r = 0; r < tp->n; r++) g4_mlp(tp->model[r], tp->rank[r], l, f);
         rc = tp_reduce_tmp(tp, f->T * (size_t)H);
+    }
+    if (rc == TQKV_OK && m->cfg.n_experts > 0) { /* the experts' partials, normed after */
+        float *h2[TP_MAX_RANKS];
+        for (int r = 0; r < tp->n; r++) h2[r] = g4_moe_out(tp->rank[r]);
+        rc = tp_reduce(tp, h2, f->T * (size_t)H);
     }
     if (rc != TQKV_OK) {
         tp_undo_ranks(tp, -1, l, f->n, f->prefill, model_kv_trim_rollback);
