@@ -5,8 +5,8 @@
  * Owns: the ranks' lifecycle (init / free / reset), the weight slicing helpers the
  *   architectures' tp_shard hooks use (views of row ranges, copies of column ranges), the
  *   vocabulary split of the lm_head.
- * Must not: compute a graph (the architecture's forward runs the ranks: arch/llama/tp.c);
- *   name an architecture.
+ * Must not: compute a graph (the architecture's forward runs the ranks: arch/<name>/tp.c,
+ *   with the shared steps of tp_forward.h); name an architecture.
  *
  * The parent state's `layers` are rank 0's caches (rank 0's state owns them), so everything
  * that reads positions and offsets from the parent (the forward preamble, offsets, state
