@@ -13,6 +13,18 @@
  *     (extend_as_decode) gives the bits of single decodes;
  *   - refusals (N not dividing the heads, BLAS, an unknown device, a merge or import mixing sharded and
  *     unsharded states) are clear and change nothing; reset works on every rank;
+ *   - the same on the other graphs' ../shared fixtures (skipped when ../shared is absent):
+ *     Gemma 4 (sliding and full layers of different head_dim, KV-shared layers reading the
+ *     same rank's donor cache, per-layer inputs; plus a prompt past its sliding window, whose
+ *     bounded caches then drop on every rank) and Qwen 3.5 (gated DeltaNet layers sharded by
+ *     head, each rank's recurrent rows its heads': the rank bytes check counts them 1/N);
+ *   - Qwen3-MoE on the in-tree random checkpoint of test_moe (tests/golden/moe/qwen3moe:
+ *     8 experts of width 32, top 2, one dense layer): experts split over their width, the
+ *     router replicated (every rank routes alike), the same checks as the bundled model;
+ *   - Qwen 3.5 MoE on test_moe's in-tree checkpoint (tests/golden/moe/qwen35moe: the hybrid
+ *     with 8 routed experts and a gated shared expert on every layer), N = 2 (its 2 DeltaNet
+ *     key heads allow no more); Gemma 4 with its MoE block (tests/golden/moe/gemma4moe: the
+ *     experts' partials reduced apart from the MLP's, their output normed on its own);
  *   - the bootstrap of one process per rank: rank 0's id reaches every other rank over TCP
  *     (threads on the loopback here), a repeated or out-of-range rank is refused;
  *   - the NCCL backend's and the device-local backend's self-checks where NCCL and GPUs
@@ -33,6 +45,8 @@
 
 static tqkv_model *g_m;
 static int V;
+static const char *g_name = "qwen3-code-28m";
+static int g_tp_max = 4; /* the largest N the model allows (2 or 4) */
 
 #define OK(x)                                                                                     \
     do {                                                                                          \
@@ -291,6 +305,16 @@ static void expect_greedy(const int32_t *got, const int32_t *ref, const float *g
     }
 }
 
+/* The bytes rank r of a state sharded over tp should hold, from the unsharded state s1 of the
+ * same tokens: its KV heads' share of the caches (1 of the fixtures' 2 KV heads at N = 2 and
+ * N = 4) and 1/N of the recurrent rows (split by head). */
+static size_t rank_bytes_want(const tqkv_model_state *s1, int tp) {
+    const size_t rec = (size_t)tqkv_model_state_rows(s1) * tqkv_model_state_row_fixed_bytes(s1);
+    const size_t kv = tqkv_model_state_kv_bytes_used(s1) - rec;
+    const int kvh = tqkv_model_get_config(g_m)->n_kv_heads;
+    return kv / (size_t)(tp < kvh ? tp : kvh) + rec / (size_t)tp;
+}
+
 static void test_sharded_vs_unsharded(void **state) {
     (void)state;
     test_rng rg;
@@ -314,22 +338,23 @@ static void test_sharded_vs_unsharded(void **state) {
         const size_t bytes1 = tqkv_model_state_kv_bytes_used(s1);
         assert_int_equal(tqkv_model_state_tensor_parallel(s1), 1);
         assert_int_equal(tqkv_model_state_kv_bytes_rank(s1, 0), bytes1);
-        for (int tp = 2; tp <= 4; tp += 2) {
+        if (!tqkv_model_state_row_fixed_bytes(s1)) assert_int_equal(rank_bytes_want(s1, 2), bytes1 / 2);
+        for (int tp = 2; tp <= g_tp_max; tp += 2) {
             tqkv_model_state *s = new_state(1, tp, kvs[k]);
             assert_int_equal(tqkv_model_state_tensor_parallel(s), tp);
             run_greedy(s, prompt, N_PROMPT, STEPS, got, tgot, ggot);
             const double e = rel_l2(got, ref, (size_t)N_PROMPT * V);
-            print_message("kv %s tp %d: prefill logits rel L2 %.3g (bound %.0e)\n",
+            print_message("%s kv %s tp %d: prefill logits rel L2 %.3g (bound %.0e)\n", g_name,
                           tqkv_format_name(kvs[k]), tp, e, bound[k]);
             assert_true(e <= bound[k]);
             assert_true(e > 0); /* the row-parallel sums do reassociate */
-            char what[48];
-            snprintf(what, sizeof what, "kv %s tp %d", tqkv_format_name(kvs[k]), tp);
+            char what[64];
+            snprintf(what, sizeof what, "%s kv %s tp %d", g_name, tqkv_format_name(kvs[k]), tp);
             expect_greedy(tgot, tref, gref, STEPS, kvs[k] == TQKV_F32, TIE_TQ4, what);
             /* each rank holds its KV heads: 1 of the 2 (tp 2: split; tp 4: replicated) */
             size_t sum = 0;
             for (int r = 0; r < tp; r++) {
-                assert_int_equal(tqkv_model_state_kv_bytes_rank(s, r), bytes1 / 2);
+                assert_int_equal(tqkv_model_state_kv_bytes_rank(s, r), rank_bytes_want(s1, tp));
                 sum += tqkv_model_state_kv_bytes_rank(s, r);
             }
             assert_int_equal(tqkv_model_state_kv_bytes_rank(s, tp), 0);
@@ -345,6 +370,39 @@ static void test_sharded_vs_unsharded(void **state) {
     free(got);
 }
 
+/* A prompt past the sliding window (Gemma 4: 512), then decodes: the bounded sliding caches
+ * drop their oldest tokens on every rank as in the unsharded state (f32 KV, N = 2). */
+static void test_long_prompt(void **state) {
+    (void)state;
+    test_rng rg;
+    rng_init(&rg, test_seed() ^ 0x10f);
+    enum { N = 600, STEPS = 6 };
+    int32_t *tok = malloc(sizeof(int32_t) * N);
+    for (int i = 0; i < N; i++) tok[i] = rng_int(&rg, 3, V - 1);
+    float *a = malloc(sizeof(float) * (size_t)V), *b = malloc(sizeof(float) * (size_t)V);
+    tqkv_model_state *s1 = new_state(1, 1, TQKV_F32), *s2 = new_state(1, 2, TQKV_F32);
+    OK(tqkv_model_prefill(g_m, s1, tok, NULL, N, TQKV_LOGITS_LAST, a));
+    OK(tqkv_model_prefill(g_m, s2, tok, NULL, N, TQKV_LOGITS_LAST, b));
+    double worst = rel_l2(b, a, (size_t)V);
+    for (int i = 0; i < STEPS; i++) {
+        int32_t t = argmax(a, V), u = argmax(b, V);
+        assert_int_equal(t, u);
+        OK(tqkv_model_decode(g_m, s1, &t, a));
+        OK(tqkv_model_decode(g_m, s2, &u, b));
+        double e = rel_l2(b, a, (size_t)V);
+        if (e > worst) worst = e;
+    }
+    print_message("%s: %d-token prompt + %d decodes, tp 2, f32 KV: worst rel L2 %.3g\n", g_name,
+                  N, STEPS, worst);
+    assert_true(worst <= 1e-5);
+    assert_int_equal(tqkv_model_state_kv_bytes_rank(s2, 0), rank_bytes_want(s1, 2));
+    tqkv_model_state_free(s1);
+    tqkv_model_state_free(s2);
+    free(tok);
+    free(a);
+    free(b);
+}
+
 /* Row 1 of 3 (left-padded prefill beside rows of other lengths, then decodes) against the
  * same row alone: the same bits, for a fixed N. */
 static void test_batch_invariance(void **state) {
@@ -358,7 +416,7 @@ static void test_batch_invariance(void **state) {
     const tqkv_format kvs[] = {TQKV_F32, TQKV_TQ4};
     float *la = malloc(sizeof(float) * R * (size_t)V), *lb = malloc(sizeof(float) * (size_t)V);
     for (int k = 0; k < 2; k++)
-        for (int tp = 2; tp <= 4; tp += 2) {
+        for (int tp = 2; tp <= g_tp_max; tp += 2) {
             tqkv_model_state *s3 = new_state(R, tp, kvs[k]), *s1 = new_state(1, tp, kvs[k]);
             OK(tqkv_model_prefill(g_m, s3, tok, lens, N, TQKV_LOGITS_LAST, la));
             OK(tqkv_model_prefill(g_m, s1, tok + N, NULL, N, TQKV_LOGITS_LAST, lb));
@@ -369,8 +427,8 @@ static void test_batch_invariance(void **state) {
                 OK(tqkv_model_decode(g_m, s3, in, la));
                 OK(tqkv_model_decode(g_m, s1, in + 1, lb));
                 if (memcmp(la + V, lb, sizeof(float) * (size_t)V))
-                    fail_msg("kv %s tp %d decode %d: row 1 of 3 differs from the row alone",
-                             tqkv_format_name(kvs[k]), tp, i);
+                    fail_msg("%s kv %s tp %d decode %d: row 1 of 3 differs from the row alone",
+                             g_name, tqkv_format_name(kvs[k]), tp, i);
             }
             tqkv_model_state_free(s3);
             tqkv_model_state_free(s1);
@@ -409,7 +467,7 @@ static void test_padded_all_and_window(void **state) {
     for (int j = 0; j < W; j++) {
         OK(tqkv_model_decode(g_m, sd, &win[j], one));
         if (memcmp(all + (size_t)j * V, one, sizeof(float) * (size_t)V))
-            fail_msg("window query %d differs from its single decode", j);
+            fail_msg("%s: window query %d differs from its single decode", g_name, j);
     }
     tqkv_model_state_free(s2);
     tqkv_model_state_free(s1);
@@ -438,6 +496,10 @@ static void test_refusals_and_reset(void **state) {
     expect_init_refused(p, TQKV_EINVAL, "KV heads");
     p.tensor_parallel = 8;
     expect_init_refused(p, TQKV_EINVAL, "query heads");
+    if (g_tp_max < 4) { /* Qwen 3.5 MoE's 2 DeltaNet key heads */
+        p.tensor_parallel = 4;
+        expect_init_refused(p, TQKV_EINVAL, "DeltaNet key heads");
+    }
     p.tensor_parallel = 9;
     expect_init_refused(p, TQKV_EINVAL, "tensor_parallel 9");
     p.tensor_parallel = -1;
@@ -479,10 +541,13 @@ static void test_refusals_and_reset(void **state) {
     OK(tqkv_model_decode(g_m, twin, &t, b));
     assert_memory_equal(a, b, sizeof(float) * (size_t)V);
 
-    /* reset to 2 rows empties every rank; a prefill then matches a fresh state's */
+    /* reset to 2 rows empties every rank (a hybrid's ranks keep their fixed recurrent rows,
+     * zeroed: half of the per-row bytes each); a prefill then matches a fresh state's */
     OK(tqkv_model_state_reset(s, 2));
     assert_int_equal(tqkv_model_state_rows(s), 2);
-    for (int r = 0; r < 2; r++) assert_int_equal(tqkv_model_state_kv_bytes_rank(s, r), 0);
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(tqkv_model_state_kv_bytes_rank(s, r),
+                         tqkv_model_state_row_fixed_bytes(s)); /* 2 rows x half */
     int32_t tok2[2 * N];
     memcpy(tok2, tok, sizeof tok);
     memcpy(tok2 + N, tok, sizeof tok);
@@ -501,6 +566,24 @@ static void test_refusals_and_reset(void **state) {
     tqkv_model_state_free(fresh);
 }
 
+/* The model `rel` into g_m: ../shared's (in_tree 0) or the source tree's. 0; 77 when
+ * ../shared lacks it; 1 on a load failure. */
+static int load_model(const char *rel, int in_tree) {
+    char p[1024];
+    const char *dir = in_tree ? source_path(rel, p, sizeof p) : shared_path(rel, p, sizeof p);
+    if (!dir) {
+        printf("test_tp: %s absent: its group SKIPPED\n", rel);
+        return 77;
+    }
+    tqkv_model_load_params lp = tqkv_model_load_params_default();
+    if (tqkv_model_load(&g_m, dir, &lp) != TQKV_OK) {
+        fprintf(stderr, "load %s: %s\n", dir, tqkv_last_error());
+        return 1;
+    }
+    V = tqkv_model_get_config(g_m)->vocab_size;
+    return 0;
+}
+
 int main(void) {
     char d[1024];
     source_path("models/qwen3-code-28m", d, sizeof d);
@@ -509,12 +592,7 @@ int main(void) {
         fprintf(stderr, "test_tp: bundled model absent: SKIPPED\n");
         return 77;
     }
-    tqkv_model_load_params lp = tqkv_model_load_params_default();
-    if (tqkv_model_load(&g_m, d, &lp) != TQKV_OK) {
-        fprintf(stderr, "load: %s\n", tqkv_last_error());
-        return 1;
-    }
-    V = tqkv_model_get_config(g_m)->vocab_size;
+    if (load_model("models/qwen3-code-28m", 1)) return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_allreduce_fixed_order),
         cmocka_unit_test(test_bootstrap),
@@ -526,7 +604,47 @@ int main(void) {
         cmocka_unit_test(test_padded_all_and_window),
         cmocka_unit_test(test_refusals_and_reset),
     };
-    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    int rc = cmocka_run_group_tests_name("qwen3", tests, NULL, NULL);
     tqkv_model_free(g_m);
+    /* the other graphs: ../shared's fixtures and test_moe's in-tree random checkpoints */
+    const struct CMUnitTest with_window[] = {
+        cmocka_unit_test(test_sharded_vs_unsharded),
+        cmocka_unit_test(test_long_prompt), /* past Gemma 4's sliding window */
+        cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_padded_all_and_window),
+        cmocka_unit_test(test_refusals_and_reset),
+    };
+    const struct CMUnitTest graph[] = {
+        cmocka_unit_test(test_sharded_vs_unsharded),
+        cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_padded_all_and_window),
+        cmocka_unit_test(test_refusals_and_reset),
+    };
+    const struct {
+        const char *rel, *name;
+        int in_tree, tp_max, window;
+    } models[] = {
+        {"models/gemma4-code-30m", "gemma4-code-30m", 0, 4, 1},
+        {"models/qwen35-code-hybrid-30m", "qwen35-code-hybrid-30m", 0, 4, 0},
+        /* 8 experts of width 32, top 2, layer 1 dense */
+        {"tests/golden/moe/qwen3moe", "qwen3moe", 1, 4, 0},
+        /* the hybrid with routed experts and a gated shared expert; 2 DeltaNet key heads */
+        {"tests/golden/moe/qwen35moe", "qwen35moe", 1, 2, 0},
+        /* Gemma 4 with a MoE block beside every MLP (8 experts of width 32, top 2) */
+        {"tests/golden/moe/gemma4moe", "gemma4moe", 1, 4, 0},
+    };
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+        int lr = load_model(models[i].rel, models[i].in_tree);
+        if (lr == 1) return 1;
+        if (lr) continue;
+        g_name = models[i].name;
+        g_tp_max = models[i].tp_max;
+        rc |= models[i].window
+                  ? _cmocka_run_group_tests(g_name, with_window,
+                                            sizeof with_window / sizeof with_window[0], NULL, NULL)
+                  : _cmocka_run_group_tests(g_name, graph, sizeof graph / sizeof graph[0], NULL,
+                                            NULL);
+        tqkv_model_free(g_m);
+    }
     return rc;
 }

@@ -13,6 +13,11 @@
  *   - the engine with tensor_parallel 2: requests together give the tokens (and logprob
  *     bits) they give alone, a prefix-cache hit (memory and directory) equals a miss, an
  *     unsharded draft changes nothing, and the greedy tokens equal the unsharded engine's.
+ * The same on the ../shared fixtures of Gemma 4 (sliding, KV-shared layers) and Qwen 3.5
+ * (every rank's recurrent rows move with its caches: merged, filtered, extracted, rolled back
+ * per row in a spec round, exported), skipped when ../shared is absent; and (the state
+ * operations, not the engine) on the in-tree random checkpoints of Qwen3-MoE, Qwen 3.5 MoE
+ * and Gemma 4 with its MoE block (tests/golden/moe/).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -286,12 +291,18 @@ static void test_refusals_unchanged(void **state) {
     OK(tqkv_model_state_merge(s, &src[1], 1));
     size_t rb[TP];
     for (int r = 0; r < TP; r++) rb[r] = tqkv_model_state_kv_bytes_rank(s, r);
-    /* a source of another N */
-    tqkv_model_state *t4 = new_state(1, 4, TQKV_TQ4);
-    int32_t t3[3] = {9, 10, 11};
-    OK(tqkv_model_prefill(g_m, t4, t3, NULL, 3, TQKV_LOGITS_NONE, NULL));
-    assert_int_equal(tqkv_model_state_merge(s, &t4, 1), TQKV_EINVAL);
-    assert_non_null(strstr(tqkv_last_error(), "sharded over 4 ranks, the target over 2"));
+    /* a source of another N (where the model allows N = 4) */
+    tqkv_model_state_params p4 = tqkv_model_state_params_default();
+    p4.k_format = p4.v_format = TQKV_TQ4;
+    p4.threads = 2;
+    p4.tensor_parallel = 4;
+    tqkv_model_state *t4 = NULL;
+    if (tqkv_model_state_init(&t4, g_m, &p4) == TQKV_OK) {
+        int32_t t3[3] = {9, 10, 11};
+        OK(tqkv_model_prefill(g_m, t4, t3, NULL, 3, TQKV_LOGITS_NONE, NULL));
+        assert_int_equal(tqkv_model_state_merge(s, &t4, 1), TQKV_EINVAL);
+        assert_non_null(strstr(tqkv_last_error(), "sharded over 4 ranks, the target over 2"));
+    }
     /* keeps out of range or repeated */
     const int oob[1] = {2}, dup[2] = {1, 1}, neg[1] = {-1};
     assert_true(tqkv_model_state_filter(s, oob, 1) != TQKV_OK);
@@ -435,6 +446,24 @@ static void test_engine_tp_prefix(void **state) {
     rm_dir(dir);
 }
 
+/* The model `rel` into g_m / g_dir: ../shared's (in_tree 0) or the source tree's. 0; 77
+ * when ../shared lacks it; 1 on a load failure. */
+static int load_model(const char *rel, int in_tree) {
+    const char *dir = in_tree ? source_path(rel, g_dir, sizeof g_dir)
+                              : shared_path(rel, g_dir, sizeof g_dir);
+    if (!dir) {
+        printf("test_tp_rows: %s absent: its group SKIPPED\n", rel);
+        return 77;
+    }
+    tqkv_model_load_params lp = tqkv_model_load_params_default();
+    if (tqkv_model_load(&g_m, g_dir, &lp) != TQKV_OK) {
+        fprintf(stderr, "load %s: %s\n", g_dir, tqkv_last_error());
+        return 1;
+    }
+    V = tqkv_model_get_config(g_m)->vocab_size;
+    return 0;
+}
+
 int main(void) {
     source_path("models/qwen3-code-28m", g_dir, sizeof g_dir);
     struct stat st;
@@ -442,12 +471,7 @@ int main(void) {
         fprintf(stderr, "test_tp_rows: bundled model absent: SKIPPED\n");
         return 77;
     }
-    tqkv_model_load_params lp = tqkv_model_load_params_default();
-    if (tqkv_model_load(&g_m, g_dir, &lp) != TQKV_OK) {
-        fprintf(stderr, "load: %s\n", tqkv_last_error());
-        return 1;
-    }
-    V = tqkv_model_get_config(g_m)->vocab_size;
+    if (load_model("models/qwen3-code-28m", 1)) return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_merge_filter_extract),
         cmocka_unit_test(test_spec_and_export),
@@ -455,7 +479,32 @@ int main(void) {
         cmocka_unit_test(test_engine_tp),
         cmocka_unit_test(test_engine_tp_prefix),
     };
-    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    int rc = cmocka_run_group_tests_name("qwen3", tests, NULL, NULL);
     tqkv_model_free(g_m);
+    /* the other graphs' row operations (and, on ../shared's fixtures, the engine) */
+    const struct CMUnitTest states[] = {
+        cmocka_unit_test(test_merge_filter_extract),
+        cmocka_unit_test(test_spec_and_export),
+        cmocka_unit_test(test_refusals_unchanged),
+        cmocka_unit_test(test_engine_tp),
+    };
+    const struct {
+        const char *rel;
+        int in_tree;
+    } models[] = {
+        {"models/gemma4-code-30m", 0},
+        {"models/qwen35-code-hybrid-30m", 0},
+        {"tests/golden/moe/qwen3moe", 1},
+        {"tests/golden/moe/qwen35moe", 1},
+        {"tests/golden/moe/gemma4moe", 1},
+    };
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+        int lr = load_model(models[i].rel, models[i].in_tree);
+        if (lr == 1) return 1;
+        if (lr) continue;
+        const size_t count = models[i].in_tree ? 3 : 4; /* the engine: ../shared's (tokenizer) */
+        rc |= _cmocka_run_group_tests(strrchr(models[i].rel, '/') + 1, states, count, NULL, NULL);
+        tqkv_model_free(g_m);
+    }
     return rc;
 }

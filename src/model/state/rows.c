@@ -207,7 +207,7 @@ tqkv_status tqkv_model_state_check(const tqkv_model_state *s) {
     if (!s->layers) return tqkv_fail(TQKV_ESTATE, "state: no layers");
     if (pl >= 0 && !s->layers[pl])
         return tqkv_fail(TQKV_ESTATE, "state: position layer %d has no cache", pl);
-    if (m->cfg.n_linear > 0 && !s->rec)
+    if (m->cfg.n_linear > 0 && !s->rec && !s->tp) /* sharded: the ranks' (checked below) */
         return tqkv_fail(TQKV_ESTATE, "state: hybrid graph without recurrent rows");
     if (pl < 0 && !s->rec) return tqkv_fail(TQKV_ESTATE, "state: no layer holds rows");
     int *o0 = malloc(sizeof(int) * (size_t)(R ? 2 * R : 2)), *o1 = malloc(sizeof(int) * (size_t)(R ? 2 * R : 2));

@@ -65,7 +65,7 @@ tqkv_status model_tp_check_ranks(const tqkv_model_state *s, const int *pos0, int
             rc = tqkv_fail(TQKV_ESTATE, "state: rank %d holds %d rows, the state %d", r, q->rows, R);
             break;
         }
-        if (r == 0) continue; /* its caches are the parent's, checked */
+        if (r == 0 && !q->rec) continue; /* its caches are the parent's, checked */
         if ((rc = tqkv_model_state_check(q)) != TQKV_OK) break;
         if (tqkv_model_state_spec_active(q) != spec0) {
             rc = tqkv_fail(TQKV_ESTATE, "state: rank %d %s in a spec round, rank 0 %s", r,

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "model/arch/arch.h"
+#include "model/state/recurrent.h"
 #ifdef TQKV_HAVE_CUDA
 #include "model/cuda/model_cuda.h"
 #endif
@@ -32,7 +33,8 @@ tqkv_status model_tp_check(const tqkv_model *m, const tqkv_model_state_params *p
     if (n <= 1 && !model_tp_ranks(p)) return TQKV_OK; /* off (a forced 1-rank state is not) */
     if (!m->ops->tp_shard)
         return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel %d: the %s graph has no sharded "
-                         "forward (the Llama family has)", n, tqkv_model_graph_name(m));
+                         "forward (the Llama family, Gemma 4, Qwen 3.5, Qwen3-MoE and Qwen 3.5 "
+                         "MoE have)", n, tqkv_model_graph_name(m));
     if (p->device != 0 && p->device != 1)
         return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel %d: device %d (the CPU or CUDA)", n,
                          p->device);
@@ -45,10 +47,8 @@ tqkv_status model_tp_check(const tqkv_model *m, const tqkv_model_state_params *p
     if (p->blas)
         return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel %d: not with BLAS products (not "
                          "batch invariant)", n);
-    if (c->n_kv_heads % n && n % c->n_kv_heads)
-        return tqkv_fail(TQKV_EINVAL, "tensor_parallel %d neither divides the model's %d KV heads "
-                         "nor is a multiple of them (a KV head is split across ranks only whole "
-                         "or replicated)", n, c->n_kv_heads);
+    tqkv_status rc = tp_check_kv(c->n_kv_heads, n, "KV heads");
+    if (rc != TQKV_OK) return rc;
     const struct { const char *what; int v; } d[] = {{"query heads", c->n_heads},
                                                      {"intermediate size", c->intermediate_size}};
     for (int i = 0; i < 2; i++)
@@ -72,16 +72,10 @@ static size_t elem_index(const mm_weight *w, int n, int k) {
            (size_t)(k % 16);
 }
 
-/* rows [n0, n1) x cols [k0, k1) of src as an unpacked copy, then packed like src. */
-static tqkv_status copy_block(tqkv_model *owner, const mm_weight *src, int n0, int n1, int k0,
-                              int k1, mm_weight *out) {
-    const size_t es = esize(src), rows = (size_t)(n1 - n0), cols = (size_t)(k1 - k0);
-    unsigned char *d = model_own(owner, es * rows * cols);
-    if (!d) return tqkv_fail(TQKV_ENOMEM, "out of memory slicing a weight");
-    const unsigned char *s = src->data;
-    for (size_t i = 0; i < rows; i++)
-        for (size_t j = 0; j < cols; j++)
-            memcpy(d + (i * cols + j) * es, s + elem_index(src, n0 + (int)i, k0 + (int)j) * es, es);
+/* out: the unpacked copy d [rows, cols] of src's type, packed when src was and it can be
+ * (with src's activation mode). */
+static tqkv_status finish_copy(tqkv_model *owner, const mm_weight *src, unsigned char *d,
+                               size_t rows, size_t cols, mm_weight *out) {
     memset(out, 0, sizeof *out);
     out->data = d;
     out->type = src->type;
@@ -96,6 +90,19 @@ static tqkv_status copy_block(tqkv_model *owner, const mm_weight *src, int n0, i
         out->bf16_act = src->bf16_act;
     }
     return TQKV_OK;
+}
+
+/* rows [n0, n1) x cols [k0, k1) of src as an unpacked copy, then packed like src. */
+static tqkv_status copy_block(tqkv_model *owner, const mm_weight *src, int n0, int n1, int k0,
+                              int k1, mm_weight *out) {
+    const size_t es = esize(src), rows = (size_t)(n1 - n0), cols = (size_t)(k1 - k0);
+    unsigned char *d = model_own(owner, es * rows * cols);
+    if (!d) return tqkv_fail(TQKV_ENOMEM, "out of memory slicing a weight");
+    const unsigned char *s = src->data;
+    for (size_t i = 0; i < rows; i++)
+        for (size_t j = 0; j < cols; j++)
+            memcpy(d + (i * cols + j) * es, s + elem_index(src, n0 + (int)i, k0 + (int)j) * es, es);
+    return finish_copy(owner, src, d, rows, cols, out);
 }
 
 tqkv_status tp_weight_rows(tqkv_model *owner, const mm_weight *src, int n0, int n1,
@@ -118,6 +125,137 @@ tqkv_status tp_weight_cols(tqkv_model *owner, const mm_weight *src, int k0, int 
     if (k0 < 0 || k1 > src->k || k0 >= k1)
         return tqkv_fail(TQKV_EINVAL, "weight columns [%d, %d) of %d", k0, k1, src->k);
     return copy_block(owner, src, 0, src->n, k0, k1, out);
+}
+
+tqkv_status tp_shard_attn(tqkv_model *owner, const model_layer *L, int QD, int KD, int q0,
+                          int q1, int k0, int k1, int parts, model_layer *S) {
+    tqkv_status rc;
+    if (L->wqkv.data) { /* rows of the fused matrix: q; k; v */
+        if ((rc = tp_weight_rows(owner, &L->wqkv, q0, q1, &S->wq)) ||
+            (parts > 1 && (rc = tp_weight_rows(owner, &L->wqkv, QD + k0, QD + k1, &S->wk))) ||
+            (parts > 2 &&
+             (rc = tp_weight_rows(owner, &L->wqkv, QD + KD + k0, QD + KD + k1, &S->wv))))
+            return rc;
+    } else if ((rc = tp_weight_rows(owner, &L->wq, q0, q1, &S->wq)) ||
+               (parts > 1 && (rc = tp_weight_rows(owner, &L->wk, k0, k1, &S->wk))) ||
+               (parts > 2 && (rc = tp_weight_rows(owner, &L->wv, k0, k1, &S->wv)))) {
+        return rc;
+    }
+    return TQKV_OK;
+}
+
+tqkv_status tp_weight_gather(tqkv_model *owner, const tp_rows_part *parts, int n_parts,
+                             mm_weight *out) {
+    const mm_weight *w0 = parts[0].w;
+    size_t rows = 0;
+    for (int i = 0; i < n_parts; i++) {
+        const tp_rows_part *p = &parts[i];
+        if (p->w->type != w0->type || p->w->k != w0->k || p->n0 < 0 || p->n1 > p->w->n ||
+            p->n0 > p->n1)
+            return tqkv_fail(TQKV_EINVAL, "weight rows [%d, %d) of %d (part %d)", p->n0, p->n1,
+                             p->w->n, i);
+        rows += (size_t)(p->n1 - p->n0);
+    }
+    const size_t es = esize(w0), k = (size_t)w0->k;
+    unsigned char *d = model_own(owner, es * rows * k);
+    if (!d) return tqkv_fail(TQKV_ENOMEM, "out of memory gathering weight rows");
+    size_t at = 0;
+    for (int i = 0; i < n_parts; i++)
+        for (int n = parts[i].n0; n < parts[i].n1; n++, at++)
+            for (size_t j = 0; j < k; j++)
+                memcpy(d + (at * k + j) * es,
+                       (const unsigned char *)parts[i].w->data + elem_index(parts[i].w, n, (int)j) * es, es);
+    return finish_copy(owner, w0, d, rows, k, out);
+}
+
+tqkv_status tp_floats_gather(tqkv_model *owner, const float *src, int width, const int (*ranges)[2],
+                             int n_ranges, float **out) {
+    size_t rows = 0;
+    for (int i = 0; i < n_ranges; i++) rows += (size_t)(ranges[i][1] - ranges[i][0]);
+    float *d = model_own(owner, sizeof(float) * (rows ? rows : 1) * (size_t)width);
+    if (!d) return tqkv_fail(TQKV_ENOMEM, "out of memory gathering a vector");
+    size_t at = 0;
+    for (int i = 0; i < n_ranges; i++) {
+        const size_t nr = (size_t)(ranges[i][1] - ranges[i][0]);
+        memcpy(d + at * width, src + (size_t)ranges[i][0] * width, sizeof(float) * nr * width);
+        at += nr;
+    }
+    *out = d;
+    return TQKV_OK;
+}
+
+tqkv_status tp_shard_glu(tqkv_model *owner, const model_layer *L, int I, int r, int n,
+                         model_layer *S) {
+    const int i0 = r * (I / n), i1 = (r + 1) * (I / n);
+    tqkv_status rc;
+    if (L->wgu.data) {
+        if ((rc = tp_weight_rows(owner, &L->wgu, i0, i1, &S->wg)) ||
+            (rc = tp_weight_rows(owner, &L->wgu, I + i0, I + i1, &S->wu)))
+            return rc;
+    } else if ((rc = tp_weight_rows(owner, &L->wg, i0, i1, &S->wg)) ||
+               (rc = tp_weight_rows(owner, &L->wu, i0, i1, &S->wu))) {
+        return rc;
+    }
+    return tp_weight_cols(owner, &L->wd, i0, i1, &S->wd);
+}
+
+tqkv_status tp_check_moe(const tqkv_model_config *c, int n) {
+    const struct { const char *what; int v; } d[] = {
+        {"moe_intermediate_size", c->moe_intermediate_size},
+        {"shared_expert_intermediate_size", c->moe_shared_intermediate_size}};
+    for (int i = 0; i < 2 && c->n_experts > 0; i++)
+        if (d[i].v % n)
+            return tqkv_fail(TQKV_EINVAL, "tensor_parallel %d does not divide the model's expert "
+                             "width %s (%d): every rank needs an equal slice of each expert", n,
+                             d[i].what, d[i].v);
+    return TQKV_OK;
+}
+
+/* One SwiGLU (gu fused or g / u, down) of width I: rank r's slice into g / u views and a down
+ * copy (gu of the slice left empty). */
+static tqkv_status shard_swiglu(tqkv_model *owner, const mm_weight *gu, const mm_weight *g,
+                                const mm_weight *u, const mm_weight *down, int I, int r, int n,
+                                mm_weight *sgu, mm_weight *sg, mm_weight *su, mm_weight *sd) {
+    model_layer whole = {.wgu = *gu, .wg = *g, .wu = *u, .wd = *down};
+    model_layer part;
+    memset(&part, 0, sizeof part);
+    tqkv_status rc = tp_shard_glu(owner, &whole, I, r, n, &part);
+    memset(sgu, 0, sizeof *sgu);
+    *sg = part.wg;
+    *su = part.wu;
+    *sd = part.wd;
+    return rc;
+}
+
+tqkv_status tp_shard_moe(tqkv_model *owner, const moe_layer *X, const tqkv_model_config *c,
+                         int r, int n, moe_layer *S) {
+    const int E = c->n_experts;
+    memset(S, 0, sizeof *S);
+    S->router = X->router; /* [E, hidden]: every rank routes alike */
+    S->expert_scale = X->expert_scale;
+    S->gu = model_own(owner, sizeof(mm_weight) * (size_t)E);
+    S->g = model_own(owner, sizeof(mm_weight) * (size_t)E);
+    S->u = model_own(owner, sizeof(mm_weight) * (size_t)E);
+    S->down = model_own(owner, sizeof(mm_weight) * (size_t)E);
+    if (!S->gu || !S->g || !S->u || !S->down) return tqkv_fail(TQKV_ENOMEM, "out of memory");
+    tqkv_status rc = TQKV_OK;
+    for (int e = 0; e < E && rc == TQKV_OK; e++)
+        rc = shard_swiglu(owner, &X->gu[e], &X->g[e], &X->u[e], &X->down[e],
+                          c->moe_intermediate_size, r, n, &S->gu[e], &S->g[e], &S->u[e],
+                          &S->down[e]);
+    if (rc != TQKV_OK || !X->sh_down.data) return rc;
+    S->sh_gate = X->sh_gate; /* [1, hidden]: the same gate on every rank */
+    return shard_swiglu(owner, &X->sh_gu, &X->sh_g, &X->sh_u, &X->sh_down,
+                        c->moe_shared_intermediate_size, r, n, &S->sh_gu, &S->sh_g, &S->sh_u,
+                        &S->sh_down);
+}
+
+tqkv_status tp_check_kv(int kv_heads, int n, const char *what) {
+    if (kv_heads % n && n % kv_heads)
+        return tqkv_fail(TQKV_EINVAL, "tensor_parallel %d neither divides the model's %d %s "
+                         "nor is a multiple of them (a head is split across ranks only whole "
+                         "or replicated)", n, kv_heads, what);
+    return TQKV_OK;
 }
 
 void tp_kv_range(int kv_heads, int n, int r, int *h0, int *hn) {
@@ -336,6 +474,7 @@ tqkv_status model_tp_reset(tqkv_model_state *s, int rows) {
     if (tp->on_device) return tp_reset_device(s, rows);
     const int L = s->m->cfg.n_layers, N = tp->n;
     tqkv_batch **layers[TP_MAX_RANKS] = {0};
+    model_recurrent *rec[TP_MAX_RANKS] = {0}; /* fresh recurrent rows (hybrid graphs) */
     int *off[TP_MAX_RANKS + 1] = {0}, *len[TP_MAX_RANKS + 1] = {0}; /* [rows]; [N]: parent */
     tqkv_status rc = TQKV_OK;
     for (int r = 0; r <= N && rc == TQKV_OK; r++) {
@@ -343,10 +482,13 @@ tqkv_status model_tp_reset(tqkv_model_state *s, int rows) {
         len[r] = calloc((size_t)rows, sizeof(int));
         if (!off[r] || !len[r]) rc = tqkv_fail(TQKV_ENOMEM, "out of memory");
         else if (r < N) rc = model_state_make_layers(tp->model[r], &s->p, rows, &layers[r]);
+        if (rc == TQKV_OK && r < N && tp->rank[r]->rec)
+            rc = rec_init(&rec[r], &tp->model[r]->cfg, rows);
     }
     if (rc != TQKV_OK) {
         for (int r = 0; r <= N; r++) {
             if (r < N) model_state_free_layers(layers[r], L);
+            if (r < N) rec_free(rec[r]);
             free(off[r]);
             free(len[r]);
         }
@@ -355,6 +497,10 @@ tqkv_status model_tp_reset(tqkv_model_state *s, int rows) {
     for (int r = 0; r <= N; r++) {
         tqkv_model_state *q = r < N ? tp->rank[r] : s;
         if (r < N) model_state_free_layers(q->layers, L);
+        if (r < N && rec[r]) {
+            rec_free(q->rec);
+            q->rec = rec[r];
+        }
         free(q->off);
         free(q->len);
         q->layers = r < N ? layers[r] : layers[0];

@@ -5,8 +5,8 @@
  * Owns: the ranks' lifecycle (init / free / reset), the weight slicing helpers the
  *   architectures' tp_shard hooks use (views of row ranges, copies of column ranges), the
  *   vocabulary split of the lm_head.
- * Must not: compute a graph (the architecture's forward runs the ranks: arch/llama/tp.c);
- *   name an architecture.
+ * Must not: compute a graph (the architecture's forward runs the ranks: arch/<name>/tp.c,
+ *   with the shared steps of tp_forward.h); name an architecture.
  *
  * The parent state's `layers` are rank 0's caches (rank 0's state owns them), so everything
  * that reads positions and offsets from the parent (the forward preamble, offsets, state
@@ -97,6 +97,42 @@ tqkv_status tp_weight_rows(tqkv_model *owner, const mm_weight *src, int n0, int 
  * be. */
 tqkv_status tp_weight_cols(tqkv_model *owner, const mm_weight *src, int k0, int k1,
                            mm_weight *out);
+/* A layer's attention projections of one rank into S: query rows [q0, q1) of wq (QD rows),
+ * K / V rows [k0, k1) of wk / wv (KD rows each), taken from the fused q|k|v (wqkv) when L has
+ * one (its packing and activation mode are what the unsharded graph runs; S->wqkv stays
+ * empty); parts: 1 (q only: a layer reading another's cache), 2 (q, k: V is K's raw
+ * projection) or 3. o_proj's columns are the caller's (tp_weight_cols). */
+tqkv_status tp_shard_attn(tqkv_model *owner, const model_layer *L, int QD, int KD, int q0,
+                          int q1, int k0, int k1, int parts, model_layer *S);
+/* Row ranges of one or more matrices stacked into one copy (owned by `owner`): the rows
+ * [n0, n1) of each part in order, packed when the first part was and the result can be
+ * (rows % 8 == 0; else unpacked: the same f32 numerics, matmul.h), its activation mode.
+ * The parts must share element type and k. */
+typedef struct {
+    const mm_weight *w;
+    int              n0, n1;
+} tp_rows_part;
+tqkv_status tp_weight_gather(tqkv_model *owner, const tp_rows_part *parts, int n_parts,
+                             mm_weight *out);
+/* Rows [ranges[i][0], ranges[i][1]) of a float matrix src [*, width], stacked into a copy
+ * owned by `owner`. */
+tqkv_status tp_floats_gather(tqkv_model *owner, const float *src, int width,
+                             const int (*ranges)[2], int n_ranges, float **out);
+/* A layer's gated MLP slice of rank r of n (width I, n | I) into S: gate / up rows
+ * [r I/n, (r+1) I/n) (views into the fused gate|up when L has one), down_proj's columns (a
+ * copy). */
+tqkv_status tp_shard_glu(tqkv_model *owner, const model_layer *L, int I, int r, int n,
+                         model_layer *S);
+/* A sparse layer's rank-r shard into S (c: the whole model's config): the router and the
+ * per-expert scale replicated (every rank routes alike), every expert's SwiGLU and the
+ * shared expert's (if any) split over their widths as tp_shard_glu splits an MLP, the shared
+ * expert's gate replicated. */
+tqkv_status tp_shard_moe(tqkv_model *owner, const moe_layer *X, const tqkv_model_config *c,
+                         int r, int n, moe_layer *S);
+/* The refusal (TQKV_EINVAL) of n not dividing an expert width of c (experts, shared expert). */
+tqkv_status tp_check_moe(const tqkv_model_config *c, int n);
+/* The refusal of n for kv_heads KV heads (what) unless n divides them or is a multiple. */
+tqkv_status tp_check_kv(int kv_heads, int n, const char *what);
 /* Rank r's KV heads [*h0, *h0 + *hn): NKV / n heads each when n divides NKV, else (n a
  * multiple of NKV) one head replicated on n / NKV ranks (its cache then held n / NKV times). */
 void        tp_kv_range(int kv_heads, int n, int r, int *h0, int *hn);

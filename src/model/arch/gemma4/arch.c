@@ -62,6 +62,7 @@ const model_arch_ops model_arch_gemma4 = {
     .token_limit = token_limit,
     .state_free = gemma4_state_free,
     .forward = gemma4_forward,
+    .tp_shard = gemma4_tp_shard, /* tensor_parallel > 1 (tp.c) */
     .device = 1,
     .cuda = MODEL_ARCH_CUDA(&cuda_ops),
 };

@@ -98,6 +98,50 @@ tqkv_status gemma4_forward(const tqkv_model *m, tqkv_model_state *s, const int32
                            float *logits);
 void        gemma4_state_free(tqkv_model_state *s);
 
+/* ---- the graph's pieces (graph.c), for its sharded forward (tp.c) ---- */
+/* One forward's shape: the parts every block reads. */
+typedef struct {
+    int    n;       /* columns per row */
+    int    prefill; /* rows empty before the call */
+    int    as_dec;  /* a verification window (extend_as_decode) */
+    int    pf;      /* prefill-style matmuls (n > 1, not as_dec) */
+    int    nq_pad;  /* some row has fewer than n real tokens */
+    size_t T;       /* compact tokens */
+} g4_shape;
+/* The checks before a forward (rows of every cache, positions into s->off, token ids, the
+ * rows' real tokens into s->len) and the call's shape f; changes nothing else. */
+tqkv_status g4_preamble(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+                        const int *lengths, int n, int prefill, g4_shape *f);
+/* The state's scratch for T compact tokens and RN = rows * n attention slots. */
+tqkv_status gemma4_scratch(tqkv_model_state *s, size_t T, size_t RN);
+/* Scaled embeddings x [T, hidden], RoPE tables and the per-layer inputs. */
+void        g4_embed(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+                     const g4_shape *f);
+/* Layer l: RMSNorm, q (k, v on a layer with its own KV) of m's heads, scattered to qb/kb/vb. */
+void        g4_qkv_project(const tqkv_model *m, tqkv_model_state *s, int l, const g4_shape *f);
+/* Layer l's cache append and attention into ob; on failure layers [0, l] rolled back. */
+tqkv_status g4_attend(const tqkv_model *m, tqkv_model_state *s, int l, const g4_shape *f);
+/* ob gathered to token order, o_proj into tmp [T, hidden]. */
+void        g4_out_proj(const tqkv_model *m, tqkv_model_state *s, int l, const g4_shape *f);
+/* x += rmsnorm_post_attn(tmp), xn = rmsnorm_pre_ffn(x) (and the MoE block's experts). */
+void        g4_attn_residual(const tqkv_model *m, tqkv_model_state *s, int l, size_t T);
+/* The MoE block's experts output [T, hidden] of the last g4_attn_residual (n_experts > 0). */
+float      *g4_moe_out(tqkv_model_state *s);
+/* The GeGLU MLP of xn into tmp [T, hidden]. */
+void        g4_mlp(const tqkv_model *m, tqkv_model_state *s, int l, const g4_shape *f);
+/* x += rmsnorm_post_ffn(tmp (+ the MoE block's output)). */
+void        g4_ffn_residual(const tqkv_model *m, tqkv_model_state *s, int l, size_t T);
+/* The per-layer input block and the layer scalar. */
+void        g4_ple_block(const tqkv_model *m, tqkv_model_state *s, int l, const g4_shape *f);
+/* Bounded sliding layers keep their newest window + slack tokens (outside a spec round). */
+tqkv_status g4_drop_sliding(const tqkv_model *m, tqkv_model_state *s);
+
+/* ---- tensor parallelism (tp.c; docs/TP.md) ---- */
+tqkv_status gemma4_tp_shard(const tqkv_model *m, int r, int n, tqkv_model *rm);
+tqkv_status gemma4_forward_tp(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+                              const int *lengths, int n, int prefill, tqkv_logits_mode mode,
+                              float *logits);
+
 /* graph_cuda.cu (CUDA builds): the device hooks of model_arch_gemma4 (arch.h). */
 tqkv_status g4_cuda_check(const tqkv_model *m);
 tqkv_status g4_cuda_upload(const tqkv_model *m, struct model_cuda_weights *w);

@@ -66,7 +66,7 @@ void gemma4_state_free(tqkv_model_state *s) {
 
 /* Scratch for T compact tokens and RN = rows * n attention slots (the state's buffers are
  * sized for this model's largest layer; only this file uses them for a Gemma state). */
-static tqkv_status ensure_scratch(tqkv_model_state *s, size_t T, size_t RN) {
+tqkv_status gemma4_scratch(tqkv_model_state *s, size_t T, size_t RN) {
     const tqkv_model *m = s->m;
     const g4_config *g = &gemma4_of(m)->cfg;
     if (!s->ext) {
@@ -152,21 +152,11 @@ static void matmul(const tqkv_model_state *s, const float *x, int T, const mm_we
 // forward
 // ---------------------------------------------------------------------------
 
-/* One forward's shape: the parts every block below reads. */
-typedef struct {
-    int    n;       /* columns per row */
-    int    prefill; /* rows empty before the call */
-    int    as_dec;  /* a verification window (extend_as_decode) */
-    int    pf;      /* prefill-style matmuls (n > 1, not as_dec) */
-    int    nq_pad;  /* some row has fewer than n real tokens */
-    size_t T;       /* compact tokens */
-} fwd_shape;
-
 /* Scaled embeddings, both layer types' RoPE tables and the per-layer embedding rows of the
  * T compact tokens; then the per-layer inputs
  * ple = (rmsnorm_P(W_plp x * H^-1/2) + pe) * 2^-1/2, per layer slice of P. */
-static void g4_embed(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
-                     const fwd_shape *f) {
+void g4_embed(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+                     const g4_shape *f) {
     const g4_model *G = gemma4_of(m);
     g4_state *S = s->ext;
     const int H = m->cfg.hidden_size, NL = m->cfg.n_layers, P = G->cfg.ple_dim, n = f->n,
@@ -208,7 +198,7 @@ static void g4_embed(const tqkv_model *m, tqkv_model_state *s, const int32_t *to
 
 /* Layer l's RMSNorm, q (and, on a layer with KV of its own, k and v) projections, q/k
  * norms, RoPE, the scale-free v norm; scatter to qb / kb / vb [rows, heads, n, hd]. */
-static void g4_qkv_project(const tqkv_model *m, tqkv_model_state *s, int l, const fwd_shape *f) {
+void g4_qkv_project(const tqkv_model *m, tqkv_model_state *s, int l, const g4_shape *f) {
     const g4_model *G = gemma4_of(m);
     const g4_config *g = &G->cfg;
     const g4_state *S = s->ext;
@@ -265,7 +255,7 @@ static void g4_qkv_project(const tqkv_model *m, tqkv_model_state *s, int l, cons
  * token grid of a single decode at its position, so the bits depend neither on the window
  * nor on when the layer last dropped its oldest tokens. On failure the appends of layers
  * [0, l] are rolled back. */
-static tqkv_status g4_attend(const tqkv_model *m, tqkv_model_state *s, int l, const fwd_shape *f) {
+tqkv_status g4_attend(const tqkv_model *m, tqkv_model_state *s, int l, const g4_shape *f) {
     const g4_config *g = &gemma4_of(m)->cfg;
     g4_state *S = s->ext;
     const int n = f->n, ty = g->sliding[l] ? 0 : 1, own = g->donor[l] == l;
@@ -322,16 +312,12 @@ static void g4_moe_block(const tqkv_model *m, tqkv_model_state *s, const g4_laye
     (void)moe_experts(&X->moe, &sh, S->xr, S->x2, S->h2, T, th, &S->moe);
 }
 
-/* Gather ob, o_proj, post-attention norm, residual, pre-FFN norm, GeGLU MLP (beside it the
- * MoE block when the model has one), post-FFN norm, residual. */
-static void g4_out_mlp(const tqkv_model *m, tqkv_model_state *s, int l, const fwd_shape *f) {
-    const g4_config *g = &gemma4_of(m)->cfg;
-    const model_layer *L = &m->layers[l];
-    const g4_layer *X = &gemma4_of(m)->layers[l];
-    const int H = m->cfg.hidden_size, NH = m->cfg.n_heads, I = m->cfg.intermediate_size,
-              hd = g->head_dim[l], QD = NH * hd, n = f->n, th = s->p.threads, pf = f->pf;
+/* Gather ob [rows, NH, n, hd] to token order att [T, NH * hd], then o_proj into tmp
+ * [T, hidden]. */
+void g4_out_proj(const tqkv_model *m, tqkv_model_state *s, int l, const g4_shape *f) {
+    const int NH = m->cfg.n_heads, hd = gemma4_of(m)->cfg.head_dim[l], QD = NH * hd, n = f->n,
+              th = s->p.threads;
     const size_t T = f->T;
-    const float eps = m->cfg.rms_norm_eps;
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
     for (size_t i = 0; i < T; i++) {
         size_t r = (size_t)s->tok_row[i], j = (size_t)s->tok_col[i];
@@ -339,7 +325,16 @@ static void g4_out_mlp(const tqkv_model *m, tqkv_model_state *s, int l, const fw
             memcpy(s->att + i * QD + (size_t)h * hd, s->ob + ((r * NH + h) * n + j) * hd,
                    sizeof(float) * hd);
     }
-    matmul(s, s->att, (int)T, &L->wo, s->tmp, pf);
+    matmul(s, s->att, (int)T, &m->layers[l].wo, s->tmp, f->pf);
+}
+
+/* x [T, hidden] += rmsnorm_post_attn(tmp); xn = rmsnorm_pre_ffn(x); beside it the MoE
+ * block's experts when the model has one (their output in the state's h2). */
+void g4_attn_residual(const tqkv_model *m, tqkv_model_state *s, int l, size_t T) {
+    const model_layer *L = &m->layers[l];
+    const g4_layer *X = &gemma4_of(m)->layers[l];
+    const int H = m->cfg.hidden_size, th = s->p.threads;
+    const float eps = m->cfg.rms_norm_eps;
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
     for (size_t i = 0; i < T; i++) {
         float *x = s->x + i * H, *o = s->tmp + i * H;
@@ -347,8 +342,16 @@ static void g4_out_mlp(const tqkv_model *m, tqkv_model_state *s, int l, const fw
         for (int e = 0; e < H; e++) x[e] += o[e];
         ops_rmsnorm(x, L->ffn_norm, eps, H, s->xn + i * H);
     }
-    const int moe = m->cfg.n_experts > 0;
-    if (moe) g4_moe_block(m, s, X, T);
+    if (m->cfg.n_experts > 0) g4_moe_block(m, s, X, T);
+}
+
+float *g4_moe_out(tqkv_model_state *s) { return ((g4_state *)s->ext)->h2; }
+
+/* The GeGLU MLP of xn [T, hidden] into tmp [T, hidden] (down_proj's product). */
+void g4_mlp(const tqkv_model *m, tqkv_model_state *s, int l, const g4_shape *f) {
+    const model_layer *L = &m->layers[l];
+    const int I = m->cfg.intermediate_size, th = s->p.threads, pf = f->pf;
+    const size_t T = f->T;
     if (L->wgu.data && !(s->p.blas && pf)) {
         matmul(s, s->xn, (int)T, &L->wgu, s->gu, pf);
     } else {
@@ -362,6 +365,14 @@ static void g4_out_mlp(const tqkv_model *m, tqkv_model_state *s, int l, const fw
         for (int e = 0; e < I; e++) hh[e] = gelu_tanh(gg[e]) * uu[e];
     }
     matmul(s, s->h, (int)T, &L->wd, s->tmp, pf);
+}
+
+/* x [T, hidden] += rmsnorm_post_ffn(tmp) (with the MoE block: of
+ * rmsnorm_post_ffn_1(tmp) + rmsnorm_post_ffn_2(h2)). */
+void g4_ffn_residual(const tqkv_model *m, tqkv_model_state *s, int l, size_t T) {
+    const g4_layer *X = &gemma4_of(m)->layers[l];
+    const int H = m->cfg.hidden_size, th = s->p.threads, moe = m->cfg.n_experts > 0;
+    const float eps = m->cfg.rms_norm_eps;
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
     for (size_t i = 0; i < T; i++) {
         float *x = s->x + i * H, *o = s->tmp + i * H;
@@ -378,7 +389,7 @@ static void g4_out_mlp(const tqkv_model *m, tqkv_model_state *s, int l, const fw
 
 /* Layer l's per-layer input block (x += rmsnorm(W_proj(gelu_tanh(W_gate x) * ple[l]))) and
  * its layer scalar. */
-static void g4_ple_block(const tqkv_model *m, tqkv_model_state *s, int l, const fwd_shape *f) {
+void g4_ple_block(const tqkv_model *m, tqkv_model_state *s, int l, const g4_shape *f) {
     const g4_layer *X = &gemma4_of(m)->layers[l];
     g4_state *S = s->ext;
     const int H = m->cfg.hidden_size, P = gemma4_of(m)->cfg.ple_dim, th = s->p.threads;
@@ -412,7 +423,7 @@ static void g4_ple_block(const tqkv_model *m, tqkv_model_state *s, int l, const 
 
 /* Final RMSNorm, lm_head, soft-capping: logits [rows, V] (LAST) or [rows, n, V] (ALL,
  * padding zero). */
-static void g4_head(const tqkv_model *m, tqkv_model_state *s, const fwd_shape *f,
+static void g4_head(const tqkv_model *m, tqkv_model_state *s, const g4_shape *f,
                     tqkv_logits_mode mode, float *logits) {
     const int R = s->rows, H = m->cfg.hidden_size, V = m->cfg.vocab_size, n = f->n,
               th = s->p.threads;
@@ -453,49 +464,63 @@ static void g4_head(const tqkv_model *m, tqkv_model_state *s, const fwd_shape *f
     }
 }
 
-tqkv_status gemma4_forward(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
-                           const int *lengths, int n, int prefill, tqkv_logits_mode mode,
-                           float *logits) {
-    const g4_config *g = &gemma4_of(m)->cfg;
+tqkv_status g4_preamble(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+                        const int *lengths, int n, int prefill, g4_shape *f) {
     const int R = s->rows, V = m->cfg.vocab_size, NL = m->cfg.n_layers;
-
-    /* validate before touching anything */
     for (int l = 0; l < NL; l++)
         if (s->layers[l] && tqkv_batch_rows(s->layers[l]) != R)
             return tqkv_fail(TQKV_ESTATE, "forward: layer %d cache holds %d rows, the state %d",
                              l, tqkv_batch_rows(s->layers[l]), R);
     tqkv_status rc = tqkv_batch_offsets(s->layers[gemma4_position_layer(m)], s->off, NULL);
     if (rc != TQKV_OK) return rc;
-    fwd_shape f = {.n = n, .prefill = prefill};
-    rc = model_forward_lengths(s, tokens, lengths, n, prefill, V, m->ops->token_limit(m), &f.T);
+    *f = (g4_shape){.n = n, .prefill = prefill};
+    rc = model_forward_lengths(s, tokens, lengths, n, prefill, V, m->ops->token_limit(m), &f->T);
     if (rc != TQKV_OK) return rc;
-    rc = ensure_scratch(s, f.T, (size_t)R * (size_t)n);
+    /* a verification window (extend_as_decode) runs the decode path's matmuls (never BLAS)
+     * and attention (model_attend_per_query), so each token gets its single decode's bits */
+    f->as_dec = !prefill && n > 1 && s->p.extend_as_decode;
+    f->pf = n > 1 && !f->as_dec;
+    for (int r = 0; r < R; r++) f->nq_pad |= s->len[r] != n;
+    return TQKV_OK;
+}
+
+tqkv_status g4_drop_sliding(const tqkv_model *m, tqkv_model_state *s) {
+    const g4_config *g = &gemma4_of(m)->cfg;
+    if (g->pos_layer < 0) return TQKV_OK;
+    const int keep = g->window + s->p.window_slack;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        if (!g->sliding[l] || !s->layers[l] || tqkv_batch_spec_active(s->layers[l])) continue;
+        tqkv_status rc = tqkv_batch_drop_oldest(s->layers[l], keep);
+        if (rc != TQKV_OK) return rc;
+    }
+    return TQKV_OK;
+}
+
+tqkv_status gemma4_forward(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+                           const int *lengths, int n, int prefill, tqkv_logits_mode mode,
+                           float *logits) {
+    if (s->tp) return gemma4_forward_tp(m, s, tokens, lengths, n, prefill, mode, logits);
+    const int R = s->rows, NL = m->cfg.n_layers;
+    g4_shape f;
+    tqkv_status rc = g4_preamble(m, s, tokens, lengths, n, prefill, &f); /* changes nothing */
+    if (rc != TQKV_OK) return rc;
+    rc = gemma4_scratch(s, f.T, (size_t)R * (size_t)n);
     if (rc != TQKV_OK) return rc;
 
     model_forward_compact(s->len, R, n, s->tok_row, s->tok_col, NULL);
-    /* a verification window (extend_as_decode) runs the decode path's matmuls (never BLAS)
-     * and attention (model_attend_per_query), so each token gets its single decode's bits */
-    f.as_dec = !prefill && n > 1 && s->p.extend_as_decode;
-    f.pf = n > 1 && !f.as_dec;
     g4_embed(m, s, tokens, &f);
-    for (int r = 0; r < R; r++) f.nq_pad |= s->len[r] != n;
     for (int l = 0; l < NL; l++) {
         g4_qkv_project(m, s, l, &f);
         if ((rc = g4_attend(m, s, l, &f)) != TQKV_OK) return rc;
-        g4_out_mlp(m, s, l, &f);
+        g4_out_proj(m, s, l, &f);
+        g4_attn_residual(m, s, l, f.T);
+        g4_mlp(m, s, l, &f);
+        g4_ffn_residual(m, s, l, f.T);
         g4_ple_block(m, s, l, &f);
     }
-
     /* bounded sliding layers: keep the newest window + slack tokens (not in a spec round:
      * a rollback must find the round's base) */
-    if (g->pos_layer >= 0) {
-        int keep = g->window + s->p.window_slack;
-        for (int l = 0; l < NL; l++) {
-            if (!g->sliding[l] || !s->layers[l] || tqkv_batch_spec_active(s->layers[l])) continue;
-            rc = tqkv_batch_drop_oldest(s->layers[l], keep);
-            if (rc != TQKV_OK) return rc;
-        }
-    }
+    if ((rc = g4_drop_sliding(m, s)) != TQKV_OK) return rc;
     g4_head(m, s, &f, mode, logits);
     return TQKV_OK;
 }

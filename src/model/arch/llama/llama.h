@@ -74,8 +74,20 @@ void llama_mlp(const tqkv_model *m, tqkv_model_state *s, const model_layer *L, s
 
 /* ---- tensor parallelism (tp.c; docs/TP.md) ---- */
 tqkv_status llama_tp_shard(const tqkv_model *m, int r, int n, tqkv_model *rm);
+/* Layer L's attention and norms of rank r of n into S (c: the whole model's config): q/k/v
+ * rows of its heads, o_proj's columns; the caller shards the feed-forward. */
+tqkv_status llama_tp_shard_attn(tqkv_model *rm, const model_layer *L, int r, int n,
+                                const tqkv_model_config *c, model_layer *S);
 tqkv_status llama_forward_tp(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
                              const int *lengths, int n, int prefill, tqkv_logits_mode mode,
                              float *logits);
+/* A rank's feed-forward partial: layer l of rank model rm on xn [T, hidden] into tmp
+ * [T, hidden] (all-reduced by the caller, then added to x). A failure rolls the call back. */
+typedef tqkv_status (*llama_tp_ffn_fn)(const tqkv_model *rm, tqkv_model_state *q, int l,
+                                       size_t T, int pf);
+/* llama_forward_tp with each layer's feed-forward partial from ffn. */
+tqkv_status llama_forward_tp_with(const tqkv_model *m, tqkv_model_state *s,
+                                  const int32_t *tokens, const int *lengths, int n, int prefill,
+                                  tqkv_logits_mode mode, float *logits, llama_tp_ffn_fn ffn);
 
 #endif

@@ -9,7 +9,8 @@
  *       cache append and attention, o_proj of its heads -> partial [T, hidden]]
  *     all-reduce of the partials (tp_comm: rank 0 + rank 1 + ... in float32), + o_proj bias,
  *       residual, RMSNorm (replicated)
- *     every rank: gate/up of its MLP slice, SwiGLU, down_proj of its slice -> partial
+ *     every rank: gate/up of its MLP slice, SwiGLU, down_proj of its slice -> partial (or a
+ *       graph's own feed-forward partial: llama_forward_tp_with, Qwen3-MoE's experts)
  *     all-reduce, residual
  *     every rank: final RMSNorm, lm_head of its vocabulary rows -> all-gather -> logits.
  * Column-parallel products are the unsharded ones restricted to some outputs (the same bits,
@@ -22,22 +23,19 @@
 
 #include "model/arch/llama/llama.h"
 #include "model/ops/ops.h"
-#include "model/tp/tp_state.h"
+#include "model/tp/tp_forward.h"
 #include "util/common.h"
 
 // ---------------------------------------------------------------------------
 // shard
 // ---------------------------------------------------------------------------
 
-/* Layer L's rank-r shard into S (views of row ranges, copies of column ranges). */
-static tqkv_status shard_layer(tqkv_model *rm, const model_layer *L, int r, int n,
-                               const tqkv_model_config *c, model_layer *S) {
-    const int hd = c->head_dim, QD = c->n_heads * hd, KD = c->n_kv_heads * hd;
-    const int I = c->intermediate_size, qr = QD / n, ir = I / n;
+tqkv_status llama_tp_shard_attn(tqkv_model *rm, const model_layer *L, int r, int n,
+                                const tqkv_model_config *c, model_layer *S) {
+    const int hd = c->head_dim, QD = c->n_heads * hd, KD = c->n_kv_heads * hd, qr = QD / n;
     int h0, hn; /* the rank's KV heads (replicated when n > KV heads) */
     tp_kv_range(c->n_kv_heads, n, r, &h0, &hn);
     const int k0 = h0 * hd, kr = hn * hd;
-    tqkv_status rc;
     S->attn_norm = L->attn_norm; /* norms replicated: [hidden], q/k norms [head_dim] */
     S->ffn_norm = L->ffn_norm;
     S->q_norm = L->q_norm;
@@ -48,33 +46,16 @@ static tqkv_status shard_layer(tqkv_model *rm, const model_layer *L, int r, int 
         S->bv = L->bv + k0;
     }
     S->bo = NULL; /* added once, after the all-reduce */
-    /* q/k/v rows of the rank's heads: from the fused matrix when there is one (its packing
-     * and activation mode are what the unsharded graph runs) */
-    if (L->wqkv.data) {
-        if ((rc = tp_weight_rows(rm, &L->wqkv, r * qr, (r + 1) * qr, &S->wq)) ||
-            (rc = tp_weight_rows(rm, &L->wqkv, QD + k0, QD + k0 + kr, &S->wk)) ||
-            (rc = tp_weight_rows(rm, &L->wqkv, QD + KD + k0, QD + KD + k0 + kr, &S->wv)))
-            return rc;
-    } else if ((rc = tp_weight_rows(rm, &L->wq, r * qr, (r + 1) * qr, &S->wq)) ||
-               (rc = tp_weight_rows(rm, &L->wk, k0, k0 + kr, &S->wk)) ||
-               (rc = tp_weight_rows(rm, &L->wv, k0, k0 + kr, &S->wv))) {
-        return rc;
-    }
-    if ((rc = tp_weight_cols(rm, &L->wo, r * qr, (r + 1) * qr, &S->wo))) return rc;
-    if (L->wgu.data) {
-        if ((rc = tp_weight_rows(rm, &L->wgu, r * ir, (r + 1) * ir, &S->wg)) ||
-            (rc = tp_weight_rows(rm, &L->wgu, I + r * ir, I + (r + 1) * ir, &S->wu)))
-            return rc;
-    } else if ((rc = tp_weight_rows(rm, &L->wg, r * ir, (r + 1) * ir, &S->wg)) ||
-               (rc = tp_weight_rows(rm, &L->wu, r * ir, (r + 1) * ir, &S->wu))) {
-        return rc;
-    }
-    return tp_weight_cols(rm, &L->wd, r * ir, (r + 1) * ir, &S->wd);
+    tqkv_status rc = tp_shard_attn(rm, L, QD, KD, r * qr, (r + 1) * qr, k0, k0 + kr, 3, S);
+    return rc ? rc : tp_weight_cols(rm, &L->wo, r * qr, (r + 1) * qr, &S->wo);
 }
 
 tqkv_status llama_tp_shard(const tqkv_model *m, int r, int n, tqkv_model *rm) {
     for (int l = 0; l < m->cfg.n_layers; l++) {
-        tqkv_status rc = shard_layer(rm, &m->layers[l], r, n, &m->cfg, &rm->layers[l]);
+        const model_layer *L = &m->layers[l];
+        model_layer *S = &rm->layers[l];
+        tqkv_status rc = llama_tp_shard_attn(rm, L, r, n, &m->cfg, S);
+        if (rc == TQKV_OK) rc = tp_shard_glu(rm, L, m->cfg.intermediate_size, r, n, S);
         if (rc != TQKV_OK) return rc;
     }
     return TQKV_OK;
@@ -84,90 +65,49 @@ tqkv_status llama_tp_shard(const tqkv_model *m, int r, int n, tqkv_model *rm) {
 // forward
 // ---------------------------------------------------------------------------
 
-/* The partials tmp [T, hidden] of every rank summed in rank order, in place. */
-static tqkv_status reduce_tmp(model_tp *tp, size_t T, int H) {
-    float *bufs[TP_MAX_RANKS];
-    for (int r = 0; r < tp->n; r++) bufs[r] = tp->rank[r]->tmp;
-    return tp_allreduce_sum(tp->comm, bufs, T * (size_t)H, NULL);
-}
-
-/* Undo every rank's appends of layers [0, done[r]). */
-static void rollback_all(model_tp *tp, const int *done, const llama_shape *f) {
-    for (int r = 0; r < tp->n; r++)
-        (void)llama_rollback(tp->rank[r], done[r], f->n, f->prefill);
+/* llama_rollback as a tp_undo_fn (its status: as the unsharded graph, not reported). */
+static void undo(tqkv_model_state *q, int done, int n, int prefill) {
+    (void)llama_rollback(q, done, n, prefill);
 }
 
 /* Layer l: the attention block on every rank, all-reduce, + bias, residual, RMSNorm; then
  * the MLP block on every rank, all-reduce, residual. On failure every rank's appends of
  * layers [0, l] are undone. */
-static tqkv_status tp_layer(const tqkv_model *m, model_tp *tp, int l, const llama_shape *f) {
+static tqkv_status tp_layer(const tqkv_model *m, model_tp *tp, int l, const llama_shape *f,
+                            llama_tp_ffn_fn ffn) {
     const model_layer *L = &m->layers[l];
     const int H = m->cfg.hidden_size;
-    int done[TP_MAX_RANKS];
     tqkv_status rc = TQKV_OK;
     for (int r = 0; r < tp->n; r++) {
         const tqkv_model *rm = tp->model[r];
         tqkv_model_state *q = tp->rank[r];
         llama_qkv_project(rm, q, &rm->layers[l], f);
         if ((rc = llama_attend(rm, q, l, f)) != TQKV_OK) { /* it undid its own [0, l] */
-            for (int i = 0; i < tp->n; i++) done[i] = i < r ? l + 1 : i > r ? l : 0;
-            rollback_all(tp, done, f);
+            tp_undo_ranks(tp, r, l, f->n, f->prefill, undo);
             return rc;
         }
         llama_out_matmul(rm, q, &rm->layers[l], f, NULL); /* partial [T, hidden] */
     }
-    if ((rc = reduce_tmp(tp, f->T, H)) == TQKV_OK) {
+    if ((rc = tp_reduce_tmp(tp, f->T * (size_t)H)) == TQKV_OK) {
         for (int r = 0; r < tp->n; r++)
             llama_residual(m, tp->rank[r], f->T, tp->rank[r]->tmp, L->bo, L->ffn_norm);
-        for (int r = 0; r < tp->n; r++)
-            llama_mlp(tp->model[r], tp->rank[r], &tp->model[r]->layers[l], f->T, f->pf);
-        rc = reduce_tmp(tp, f->T, H);
+        for (int r = 0; r < tp->n && rc == TQKV_OK; r++)
+            rc = ffn(tp->model[r], tp->rank[r], l, f->T, f->pf);
+        if (rc == TQKV_OK) rc = tp_reduce_tmp(tp, f->T * (size_t)H);
     }
     if (rc != TQKV_OK) {
-        for (int i = 0; i < tp->n; i++) done[i] = l + 1;
-        rollback_all(tp, done, f);
+        tp_undo_ranks(tp, -1, l, f->n, f->prefill, undo);
         return rc;
     }
     for (int r = 0; r < tp->n; r++) llama_residual(m, tp->rank[r], f->T, tp->rank[r]->tmp, NULL, NULL);
     return TQKV_OK;
 }
 
-/* Final RMSNorm and every rank's vocabulary rows, gathered: logits [rows, V] (LAST) or
- * [rows, n, V] (ALL, padding zero), the layout of the unsharded head. */
+/* Final RMSNorm and every rank's vocabulary rows, gathered (tp_forward.h). */
 static tqkv_status tp_head(const tqkv_model *m, tqkv_model_state *s, const llama_shape *f,
                            tqkv_logits_mode mode, float *logits) {
-    model_tp *tp = s->tp;
-    const tqkv_model_config *c = &m->cfg;
-    const int R = s->rows, H = c->hidden_size, V = c->vocab_size, n = f->n, C = tp->vchunk;
-    const size_t M = mode == TQKV_LOGITS_LAST ? (size_t)R : f->T;
-    tqkv_status rc = model_tp_head_buffers(tp, M);
-    if (rc != TQKV_OK) return rc;
-    for (int r = 0; r < tp->n; r++) {
-        tqkv_model_state *q = tp->rank[r];
-        size_t at = 0;
-        for (size_t i = 0; i < M; i++) { /* LAST: each row's last compact token */
-            const size_t t = mode == TQKV_LOGITS_LAST ? (at += (size_t)s->len[i]) - 1 : i;
-            ops_rmsnorm(q->x + t * H, m->final_norm, c->rms_norm_eps, H, q->xn + i * H);
-        }
-        llama_matmul_ld(q, q->xn, (int)M, &tp->model[r]->lm_head, NULL, tp->head_out[r],
-                        (size_t)C, mode == TQKV_LOGITS_LAST ? 0 : f->pf);
-    }
-    float *recv[TP_MAX_RANKS]; /* the CPU backend: one gathered copy serves every rank */
-    for (int r = 0; r < tp->n; r++) recv[r] = tp->head_all;
-    rc = tp_allgather(tp->comm, (const float *const *)tp->head_out, recv, M * (size_t)C, NULL);
-    if (rc != TQKV_OK) return rc;
-    if (mode == TQKV_LOGITS_ALL && f->nq_pad) memset(logits, 0, sizeof(float) * (size_t)R * n * V);
-    const int32_t *row = tp->rank[0]->tok_row, *col = tp->rank[0]->tok_col;
-    for (size_t i = 0; i < M; i++) {
-        float *dst = mode == TQKV_LOGITS_LAST ? logits + i * V
-                                              : logits + ((size_t)row[i] * n + col[i]) * V;
-        for (int r = 0; r < tp->n; r++) {
-            int v0, v1, chunk;
-            tp_vocab_range(V, tp->n, r, &v0, &v1, &chunk);
-            memcpy(dst + v0, tp->head_all + ((size_t)r * M + i) * C, sizeof(float) * (size_t)(v1 - v0));
-        }
-    }
-    return TQKV_OK;
+    const tp_head_args a = {.T = f->T, .n = f->n, .nq_pad = f->nq_pad, .len = s->len};
+    return tp_head_logits(m, s, NULL, &a, mode, logits);
 }
 
 /* Every rank's scratch, token lists, positions and embeddings for this call. */
@@ -179,9 +119,8 @@ static tqkv_status tp_begin(const tqkv_model *m, tqkv_model_state *s, const int3
         tqkv_model_state *q = tp->rank[r];
         tqkv_status rc = llama_scratch(q, f->T, (size_t)R * (size_t)f->n);
         if (rc != TQKV_OK) return rc;
-        memcpy(q->off, s->off, sizeof(int) * (size_t)R);
-        memcpy(q->len, s->len, sizeof(int) * (size_t)R);
     }
+    tp_ranks_rows(s);
     for (int r = 0; r < tp->n; r++) {
         tqkv_model_state *q = tp->rank[r];
         model_forward_compact(q->len, R, f->n, q->tok_row, q->tok_col, NULL);
@@ -191,9 +130,21 @@ static tqkv_status tp_begin(const tqkv_model *m, tqkv_model_state *s, const int3
     return TQKV_OK;
 }
 
+/* The dense SwiGLU MLP's partial (llama_tp_ffn_fn). */
+static tqkv_status ffn_dense(const tqkv_model *rm, tqkv_model_state *q, int l, size_t T, int pf) {
+    llama_mlp(rm, q, &rm->layers[l], T, pf);
+    return TQKV_OK;
+}
+
 tqkv_status llama_forward_tp(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
                              const int *lengths, int n, int prefill, tqkv_logits_mode mode,
                              float *logits) {
+    return llama_forward_tp_with(m, s, tokens, lengths, n, prefill, mode, logits, ffn_dense);
+}
+
+tqkv_status llama_forward_tp_with(const tqkv_model *m, tqkv_model_state *s,
+                                  const int32_t *tokens, const int *lengths, int n, int prefill,
+                                  tqkv_logits_mode mode, float *logits, llama_tp_ffn_fn ffn) {
     model_tp_sync(s);
     const int R = s->rows, V = m->cfg.vocab_size;
     tqkv_status rc = tqkv_model_state_check(s); /* rank 0's caches: the rows' offsets */
@@ -207,13 +158,11 @@ tqkv_status llama_forward_tp(const tqkv_model *m, tqkv_model_state *s, const int
     for (int r = 0; r < R; r++) f.nq_pad |= s->len[r] != n;
     if ((rc = tp_begin(m, s, tokens, &f)) != TQKV_OK) return rc;
     for (int l = 0; l < m->cfg.n_layers; l++)
-        if ((rc = tp_layer(m, s->tp, l, &f)) != TQKV_OK) return rc;
+        if ((rc = tp_layer(m, s->tp, l, &f, ffn)) != TQKV_OK) return rc;
     if (mode == TQKV_LOGITS_NONE) return TQKV_OK;
     rc = tp_head(m, s, &f, mode, logits);
     if (rc != TQKV_OK) { /* the appends stand without their logits: undo them */
-        int done[TP_MAX_RANKS];
-        for (int r = 0; r < s->tp->n; r++) done[r] = m->cfg.n_layers;
-        rollback_all(s->tp, done, &f);
+        tp_undo_ranks(s->tp, -1, m->cfg.n_layers - 1, f.n, f.prefill, undo);
     }
     return rc;
 }

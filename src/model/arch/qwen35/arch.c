@@ -21,6 +21,7 @@ const model_arch_ops model_arch_qwen35 = {
     .state_init = qwen35_state_init,
     .state_free = qwen35_state_free,
     .forward = qwen35_forward,
+    .tp_shard = qwen35_tp_shard, /* tensor_parallel > 1 (tp.c) */
     .device = 1,
     .cuda = MODEL_ARCH_CUDA(&cuda_ops),
 };

@@ -39,31 +39,13 @@
 #include "model/arch/qwen35/qwen35.h"
 #include "model/ops/ops.h"
 #include "model/state/recurrent.h"
+#include "model/tp/tp_state.h"
 #include "util/common.h"
 
 // ---------------------------------------------------------------------------
 // scratch
 // ---------------------------------------------------------------------------
 
-typedef struct qwen35_scratch {
-    size_t   cap_t, cap_rn;
-    float   *x, *xn;     /* [T, H] residual stream, normed */
-    float   *proj;       /* [T, PW] projections: full 2QD + 2KD (q|gate per head, k, v);
-                            linear CD + VD + 2NV (qkv, z, b, a) */
-    float   *cv;         /* [T, CD] conv + SiLU output (q | k | v of the delta rule) */
-    float   *att;        /* [T, AW] mixer output before the out projection (AW = max(QD, VD)) */
-    float   *gu;         /* [T, 2I] gate | up */
-    float   *h;          /* [T, I] */
-    float   *tmp;        /* [T, W] W = max(H, I, QD, VD) */
-    float   *mm;         /* [T, W] matmul scratch */
-    float   *rc, *rs;    /* [T, rotary_dim / 2] */
-    float   *qb, *ob;    /* [R, NH, n, hd] */
-    float   *kb, *vb;    /* [R, NKV, n, hd] */
-    int32_t *tok_row;    /* [T] */
-    int32_t *tok_col;    /* [T] */
-    int     *first;      /* [R + 1] first compact token of each row */
-    void    *ffn_ext;    /* a feed-forward hook's own per-state data (its owner frees it) */
-} qwen35_scratch;
 
 static void scratch_free(qwen35_scratch *k) {
     if (!k) return;
@@ -119,6 +101,7 @@ static tqkv_status scratch_ensure(const tqkv_model_config *c, qwen35_scratch *k,
 // ---------------------------------------------------------------------------
 
 tqkv_status qwen35_state_init(tqkv_model_state *s) {
+    if (s->tp) return TQKV_OK; /* sharded: each rank state holds its heads' rows (tp.c) */
     qwen35_scratch *k = tqkv_calloc(1, sizeof *k);
     if (!k) return TQKV_ENOMEM;
     s->ext = k;
@@ -338,8 +321,20 @@ static tqkv_status full_attention(const tqkv_model *m, tqkv_model_state *s, cons
 // dense MLP: x [T, H] += down(silu(gate xn) * up xn)
 // ---------------------------------------------------------------------------
 
-static tqkv_status ffn_dense(const tqkv_model *m, tqkv_model_state *s, const model_layer *L,
-                             size_t T) {
+/* x [T, H] += tmp [T, H]. */
+void q35_add_tmp(const tqkv_model *m, tqkv_model_state *s, size_t T) {
+    qwen35_scratch *k = ((qwen35_scratch *)s->ext);
+    const int H = m->cfg.hidden_size, th = s->p.threads;
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
+    for (size_t i = 0; i < T; i++) {
+        float *x = k->x + i * H;
+        const float *o = k->tmp + i * H;
+        for (int e = 0; e < H; e++) x[e] += o[e];
+    }
+}
+
+/* The SwiGLU MLP of xn [T, H] into tmp [T, H] (down_proj's product). */
+void q35_mlp(const tqkv_model *m, tqkv_model_state *s, const model_layer *L, size_t T) {
     qwen35_scratch *k = ((qwen35_scratch *)s->ext);
     const int H = m->cfg.hidden_size, I = m->cfg.intermediate_size, th = s->p.threads;
     if (L->wgu.data) {
@@ -352,12 +347,12 @@ static tqkv_status ffn_dense(const tqkv_model *m, tqkv_model_state *s, const mod
     for (size_t i = 0; i < T; i++)
         ops_swiglu(k->gu + i * 2 * I, k->gu + i * 2 * I + I, I, k->h + i * I);
     matmul_ld(s, k->h, (int)T, &L->wd, k->tmp, (size_t)H);
-#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
-    for (size_t i = 0; i < T; i++) {
-        float *x = k->x + i * H;
-        const float *o = k->tmp + i * H;
-        for (int e = 0; e < H; e++) x[e] += o[e];
-    }
+}
+
+static tqkv_status ffn_dense(const tqkv_model *m, tqkv_model_state *s, const model_layer *L,
+                             size_t T) {
+    q35_mlp(m, s, L, T);
+    q35_add_tmp(m, s, T);
     return TQKV_OK;
 }
 
@@ -365,18 +360,14 @@ static tqkv_status ffn_dense(const tqkv_model *m, tqkv_model_state *s, const mod
 // forward
 // ---------------------------------------------------------------------------
 
-tqkv_status qwen35_forward_with(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
-                                const int *lengths, int n, int prefill, tqkv_logits_mode mode,
-                                float *logits, qwen35_ffn_fn ffn) {
+tqkv_status q35_check(const tqkv_model *m, tqkv_model_state *s) {
     const tqkv_model_config *c = &m->cfg;
-    const int R = s->rows, H = c->hidden_size, V = c->vocab_size,
-              th = s->p.threads, half = c->rotary_dim / 2;
+    const int R = s->rows;
     model_recurrent *rec = s->rec;
     if (!rec || !((qwen35_scratch *)s->ext)) return tqkv_fail(TQKV_ESTATE, "forward: state has no recurrent rows");
     if (rec->broken)
         return tqkv_fail(TQKV_ESTATE, "forward: an earlier forward failed midway and left the "
                          "recurrent rows inconsistent; reset the state");
-    /* validate before touching anything */
     int first_full = -1;
     for (int l = 0; l < c->n_layers; l++) {
         if (!s->layers[l]) continue;
@@ -399,16 +390,19 @@ tqkv_status qwen35_forward_with(const tqkv_model *m, tqkv_model_state *s, const 
         return tqkv_fail(TQKV_ESTATE, "forward: spec round open on the %s but not on the %s",
                          rec->spec_active ? "recurrent rows" : "KV rows",
                          rec->spec_active ? "KV rows" : "recurrent rows");
-    size_t T = 0;
-    rc = model_forward_lengths(s, tokens, lengths, n, prefill, V, V, &T);
-    if (rc != TQKV_OK) return rc;
-    if (T > (size_t)1 << 30) return tqkv_fail(TQKV_ERANGE, "forward: too many tokens");
-    rc = scratch_ensure(c, ((qwen35_scratch *)s->ext), T, (size_t)R * (size_t)n, R);
-    if (rc == TQKV_OK) rc = rec_spec_reserve(rec, n);
-    if (rc != TQKV_OK) return rc;
-    qwen35_scratch *k = ((qwen35_scratch *)s->ext);
-    int *step0 = rec->spec_steps;
+    return TQKV_OK;
+}
 
+tqkv_status q35_begin(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+                      const q35_shape *f) {
+    const tqkv_model_config *c = &m->cfg;
+    const int R = s->rows, H = c->hidden_size, th = s->p.threads, half = c->rotary_dim / 2,
+              n = f->n;
+    const size_t T = f->T;
+    qwen35_scratch *k = ((qwen35_scratch *)s->ext);
+    tqkv_status rc = scratch_ensure(c, k, T, (size_t)R * (size_t)n, R);
+    if (rc == TQKV_OK) rc = rec_spec_reserve(s->rec, n);
+    if (rc != TQKV_OK) return rc;
     /* compact tokens, embeddings, rope tables */
     model_forward_compact(s->len, R, n, k->tok_row, k->tok_col, k->first);
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
@@ -418,56 +412,61 @@ tqkv_status qwen35_forward_with(const tqkv_model *m, tqkv_model_state *s, const 
         mm_weight_row(&m->embed, tokens[(size_t)r * n + jj], k->x + i * H);
         ops_rope_table(pos, m->inv_freq, half, k->rc + i * half, k->rs + i * half);
     }
-    int nq_pad = 0;
-    for (int r = 0; r < R; r++) nq_pad |= s->len[r] != n;
+    return TQKV_OK;
+}
 
-    int lin = 0;
-    for (int l = 0; l < c->n_layers; l++) {
-        const model_layer *L = &m->layers[l];
+tqkv_status q35_mixer(const tqkv_model *m, tqkv_model_state *s, int l, int lin,
+                      const q35_shape *f) {
+    const tqkv_model_config *c = &m->cfg;
+    const model_layer *L = &m->layers[l];
+    qwen35_scratch *k = ((qwen35_scratch *)s->ext);
+    const int H = c->hidden_size, th = s->p.threads;
+    const size_t T = f->T;
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
-        for (size_t i = 0; i < T; i++)
-            ops_rmsnorm(k->x + i * H, L->attn_norm, c->rms_norm_eps, H, k->xn + i * H);
-        if (c->layer_type[l] == TQKV_LAYER_LINEAR) {
-            deltanet(m, s, L, lin++, (int)T, n, step0);
-        } else {
-            rc = full_attention(m, s, L, s->layers[l], (int)T, n, prefill, nq_pad, s->len);
-            if (rc != TQKV_OK) {
-                model_kv_trim_rollback(s, l + 1, n, prefill);
-                if (lin > 0) rec->broken = 1;
-                return rc;
-            }
-        }
-#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
-        for (size_t i = 0; i < T; i++) {
-            float *x = k->x + i * H;
-            const float *o = k->tmp + i * H;
-            for (int e = 0; e < H; e++) x[e] += o[e];
-            ops_rmsnorm(x, L->ffn_norm, c->rms_norm_eps, H, k->xn + i * H);
-        }
-        rc = ffn ? ffn(m, s, l, k->xn, k->x, T) : ffn_dense(m, s, L, T);
-        if (rc != TQKV_OK) {
-            model_kv_trim_rollback(s, l + 1, n, prefill);
-            if (lin > 0) rec->broken = 1;
-            return rc;
-        }
+    for (size_t i = 0; i < T; i++)
+        ops_rmsnorm(k->x + i * H, L->attn_norm, c->rms_norm_eps, H, k->xn + i * H);
+    if (c->layer_type[l] == TQKV_LAYER_LINEAR) {
+        deltanet(m, s, L, lin, (int)T, f->n, s->rec->spec_steps);
+        return TQKV_OK;
     }
-    rec_advance(rec, s->len);
+    return full_attention(m, s, L, s->layers[l], (int)T, f->n, f->prefill, f->nq_pad, s->len);
+}
 
-    // ---- head
-    if (mode == TQKV_LOGITS_NONE) return TQKV_OK;
+void q35_mixer_residual(const tqkv_model *m, tqkv_model_state *s, int l, size_t T) {
+    const tqkv_model_config *c = &m->cfg;
+    const model_layer *L = &m->layers[l];
+    qwen35_scratch *k = ((qwen35_scratch *)s->ext);
+    const int H = c->hidden_size, th = s->p.threads;
+#pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
+    for (size_t i = 0; i < T; i++) {
+        float *x = k->x + i * H;
+        const float *o = k->tmp + i * H;
+        for (int e = 0; e < H; e++) x[e] += o[e];
+        ops_rmsnorm(x, L->ffn_norm, c->rms_norm_eps, H, k->xn + i * H);
+    }
+}
+
+/* Final RMSNorm and lm_head: logits [rows, V] (LAST) or [rows, n, V] (ALL, padding zero). */
+static void head(const tqkv_model *m, tqkv_model_state *s, const q35_shape *f,
+                 tqkv_logits_mode mode, float *logits) {
+    const tqkv_model_config *c = &m->cfg;
+    qwen35_scratch *k = ((qwen35_scratch *)s->ext);
+    const int R = s->rows, H = c->hidden_size, V = c->vocab_size, th = s->p.threads, n = f->n;
+    const size_t T = f->T;
+    if (mode == TQKV_LOGITS_NONE) return;
     if (mode == TQKV_LOGITS_LAST) {
         for (int r = 0; r < R; r++)
             ops_rmsnorm(k->x + (size_t)(k->first[r + 1] - 1) * H, m->final_norm, c->rms_norm_eps,
                         H, k->xn + (size_t)r * H);
         mm_matmul(k->xn, R, &m->lm_head, NULL, logits, th, k->mm);
-        return TQKV_OK;
+        return;
     }
 #pragma omp parallel for num_threads(th) schedule(static) if (T >= 64)
     for (size_t i = 0; i < T; i++)
         ops_rmsnorm(k->x + i * H, m->final_norm, c->rms_norm_eps, H, k->xn + i * H);
-    if (!nq_pad) {
+    if (!f->nq_pad) {
         mm_matmul(k->xn, (int)T, &m->lm_head, NULL, logits, th, k->mm);
-        return TQKV_OK;
+        return;
     }
     for (int r = 0; r < R; r++) {
         int pad = n - s->len[r];
@@ -476,12 +475,55 @@ tqkv_status qwen35_forward_with(const tqkv_model *m, tqkv_model_state *s, const 
         mm_matmul(k->xn + (size_t)k->first[r] * H, s->len[r], &m->lm_head, NULL,
                   dst + (size_t)pad * V, th, k->mm);
     }
+}
+
+tqkv_status q35_shape_of(tqkv_model_state *s, const int32_t *tokens, const int *lengths, int n,
+                         int prefill, q35_shape *f) {
+    const int V = s->m->cfg.vocab_size;
+    *f = (q35_shape){.n = n, .prefill = prefill};
+    tqkv_status rc = model_forward_lengths(s, tokens, lengths, n, prefill, V, V, &f->T);
+    if (rc != TQKV_OK) return rc;
+    if (f->T > (size_t)1 << 30) return tqkv_fail(TQKV_ERANGE, "forward: too many tokens");
+    for (int r = 0; r < s->rows; r++) f->nq_pad |= s->len[r] != n;
+    return TQKV_OK;
+}
+
+tqkv_status qwen35_forward_with(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+                                const int *lengths, int n, int prefill, tqkv_logits_mode mode,
+                                float *logits, qwen35_ffn_fn ffn) {
+    const tqkv_model_config *c = &m->cfg;
+    /* validate before touching anything */
+    tqkv_status rc = q35_check(m, s);
+    q35_shape f;
+    if (rc == TQKV_OK) rc = q35_shape_of(s, tokens, lengths, n, prefill, &f);
+    if (rc == TQKV_OK) rc = q35_begin(m, s, tokens, &f);
+    if (rc != TQKV_OK) return rc;
+    qwen35_scratch *k = ((qwen35_scratch *)s->ext);
+    int lin = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const model_layer *L = &m->layers[l];
+        const int is_lin = c->layer_type[l] == TQKV_LAYER_LINEAR;
+        rc = q35_mixer(m, s, l, lin, &f);
+        lin += is_lin;
+        if (rc == TQKV_OK) {
+            q35_mixer_residual(m, s, l, f.T);
+            rc = ffn ? ffn(m, s, l, k->xn, k->x, f.T) : ffn_dense(m, s, L, f.T);
+        }
+        if (rc != TQKV_OK) {
+            model_kv_trim_rollback(s, l + 1, n, prefill);
+            if (lin > 0) s->rec->broken = 1;
+            return rc;
+        }
+    }
+    rec_advance(s->rec, s->len);
+    head(m, s, &f, mode, logits);
     return TQKV_OK;
 }
 
 tqkv_status qwen35_forward(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
                            const int *lengths, int n, int prefill, tqkv_logits_mode mode,
                            float *logits) {
+    if (s->tp) return qwen35_forward_tp(m, s, tokens, lengths, n, prefill, mode, logits);
     return qwen35_forward_with(m, s, tokens, lengths, n, prefill, mode, logits, NULL);
 }
 
@@ -489,5 +531,10 @@ size_t tqkv_model_state_row_fixed_bytes(const tqkv_model_state *s) {
 #ifdef TQKV_HAVE_CUDA
     if (s && s->gpu) return model_cuda_row_fixed_bytes(s->gpu);
 #endif
+    if (s && s->tp) { /* every rank's share (its heads' rows) */
+        size_t b = 0;
+        for (int r = 0; r < s->tp->n; r++) b += tqkv_model_state_row_fixed_bytes(s->tp->rank[r]);
+        return b;
+    }
     return s && s->rec ? rec_row_bytes(s->rec) : 0;
 }

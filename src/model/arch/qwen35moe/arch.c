@@ -38,6 +38,7 @@ const model_arch_ops model_arch_qwen35moe = {
     .state_init = qwen35moe_state_init,
     .state_free = qwen35moe_state_free,
     .forward = qwen35moe_forward,
+    .tp_shard = qwen35moe_tp_shard, /* tensor_parallel > 1 (tp.c) */
     .experts_only = 1,
     .device = 1,
     .cuda = MODEL_ARCH_CUDA(&cuda_ops),

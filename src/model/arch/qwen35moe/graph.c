@@ -13,6 +13,7 @@
 #include "util/common.h"
 
 tqkv_status qwen35moe_state_init(tqkv_model_state *s) {
+    if (s->tp) return TQKV_OK; /* sharded: every rank state holds its own (tp.c) */
     tqkv_status rc = qwen35_state_init(s);
     if (rc != TQKV_OK) return rc;
     moe_scratch *x = calloc(1, sizeof *x);
@@ -41,6 +42,7 @@ static tqkv_status ffn(const tqkv_model *m, tqkv_model_state *s, int l, const fl
 tqkv_status qwen35moe_forward(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
                               const int *lengths, int n, int prefill, tqkv_logits_mode mode,
                               float *logits) {
+    if (s->tp) return qwen35moe_forward_tp(m, s, tokens, lengths, n, prefill, mode, logits);
     if (!s->ext || !*qwen35_ffn_ext(s))
         return tqkv_fail(TQKV_ESTATE, "forward: state has no experts scratch");
     /* the scratch for every token the call may hold, before anything changes (a layer's

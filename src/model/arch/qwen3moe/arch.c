@@ -29,6 +29,7 @@ const model_arch_ops model_arch_qwen3moe = {
     .state_init = qwen3moe_state_init,
     .state_free = qwen3moe_state_free,
     .forward = qwen3moe_forward,
+    .tp_shard = qwen3moe_tp_shard, /* tensor_parallel > 1 (tp.c) */
     .device = 1,
     .cuda = MODEL_ARCH_CUDA(&cuda_ops),
 };

@@ -33,5 +33,6 @@ static tqkv_status ffn(const tqkv_model *m, tqkv_model_state *s, int l, size_t T
 tqkv_status qwen3moe_forward(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
                              const int *lengths, int n, int prefill, tqkv_logits_mode mode,
                              float *logits) {
+    if (s->tp) return qwen3moe_forward_tp(m, s, tokens, lengths, n, prefill, mode, logits);
     return llama_forward_with(m, s, tokens, lengths, n, prefill, mode, logits, ffn);
 }

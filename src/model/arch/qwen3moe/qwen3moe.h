@@ -34,4 +34,10 @@ tqkv_status qwen3moe_forward(const tqkv_model *m, tqkv_model_state *s, const int
                              const int *lengths, int n, int prefill, tqkv_logits_mode mode,
                              float *logits);
 
+/* ---- tensor parallelism (tp.c; docs/TP.md) ---- */
+tqkv_status qwen3moe_tp_shard(const tqkv_model *m, int r, int n, tqkv_model *rm);
+tqkv_status qwen3moe_forward_tp(const tqkv_model *m, tqkv_model_state *s, const int32_t *tokens,
+                                const int *lengths, int n, int prefill, tqkv_logits_mode mode,
+                                float *logits);
+
 #endif
