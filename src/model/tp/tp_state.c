@@ -319,6 +319,12 @@ tqkv_status model_tp_check_device(const tqkv_model_state *s) {
             break;
         }
         if ((rc = tqkv_model_state_check(q)) != TQKV_OK) break;
+        if (tqkv_model_state_spec_active(q) != tqkv_model_state_spec_active(tp->rank[0])) {
+            rc = tqkv_fail(TQKV_ESTATE, "state: rank %d %s in a spec round, rank 0 %s", r,
+                           tqkv_model_state_spec_active(q) ? "is" : "is not",
+                           tqkv_model_state_spec_active(q) ? "is not" : "is");
+            break;
+        }
         if ((rc = tqkv_model_state_offsets(q, r ? pos : pos0)) != TQKV_OK) break;
         for (int i = 0; i < R && r; i++)
             if (pos[i] != pos0[i]) {

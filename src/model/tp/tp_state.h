@@ -65,8 +65,8 @@ tqkv_status model_tp_head_buffers(model_tp *tp, size_t m);
 /* ---- row operations in lockstep (tp_rows.c); rows.c has checked the arguments, the
  * parent state (rank 0) and that no spec round is open (merge, filter, extract, export) or
  * one is (rollback, commit). Each changes every rank or none. ---- */
-/* A sharded device state's check: every rank's device check, and every rank's rows and
- * offsets equal rank 0's. */
+/* A sharded device state's check: every rank's device check, and every rank's rows,
+ * offsets and spec round equal rank 0's. */
 tqkv_status model_tp_check_device(const tqkv_model_state *s);
 /* Every rank consistent with the parent: its rows, positions pos0 [rows] and round spec0. */
 tqkv_status model_tp_check_ranks(const tqkv_model_state *s, const int *pos0, int spec0);
@@ -76,7 +76,11 @@ tqkv_status model_tp_merge(tqkv_model_state *s, tqkv_model_state *const *src, in
 tqkv_status model_tp_filter(tqkv_model_state *s, const int *keep, int n_keep);
 /* Row `row` of every rank into the fresh 1-row sharded state n (same params). */
 tqkv_status model_tp_extract(const tqkv_model_state *s, int row, tqkv_model_state *n);
+/* Spec rounds: begin on every rank (a failure closes the rounds opened); rollback with keep
+ * checked against every rank before any rolls back; commit (rows.c has checked the round). */
 tqkv_status model_tp_spec_begin(tqkv_model_state *s);
+tqkv_status model_tp_spec_rollback(tqkv_model_state *s, const int *keep, int n_keep);
+tqkv_status model_tp_spec_commit(tqkv_model_state *s);
 /* Export: "TQKVTP01" | u32 N | u32 rows | per rank: u64 length, that rank's state export
  * (the unsharded "TQKVMS02" format of its KV heads). */
 tqkv_status model_tp_export(const tqkv_model_state *s, uint8_t **out, size_t *len);
