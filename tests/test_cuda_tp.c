@@ -24,8 +24,10 @@
  *    export / import (tq4): "TQKVTP01", the import decodes as the rows alone and exports the
  *    same bytes;
  *  - refusals change nothing on any rank: a merge past the device's row limit (CUDA_MAX_ROWS:
- *    cannot fit), a source of another N, bad keeps, a rollback outside a round or with a keep
- *    past what a row appended, an export of f32 KV;
+ *    cannot fit; refused by rank 0's build), a source of another N, bad keeps, a rollback
+ *    outside a round or with a keep past what a row appended, an export of f32 KV, and rank
+ *    1's device build failing after rank 0's succeeded (TQKV_TP_FAIL_RANK=1: merge, filter
+ *    in order and reordered, spec begin);
  *  - the engine at N = 2 on the device: requests joining a running batch give the tokens and
  *    logprob bits they give alone, with an unsharded device draft too, a prefix-cache hit
  *    (memory, and the directory after a restart: export / import) equals a miss, and the
@@ -592,6 +594,17 @@ static void test_refusals_unchanged_n2(void **st) {
     assert_int_equal(tqkv_model_state_extract_row(s, 2, &e), TQKV_ERANGE);
     assert_null(e);
     assert_int_equal(tqkv_model_state_spec_rollback(s, oob, 1), TQKV_ESTATE);
+    /* rank 1's device build fails after rank 0 built its own (TQKV_TP_FAIL_RANK=1) */
+    tqkv_model_state *x = copy_of(ref[0]);
+    const int inc[1] = {1}, rev[2] = {1, 0};
+    setenv("TQKV_TP_FAIL_RANK", "1", 1);
+    assert_int_equal(tqkv_model_state_merge(s, &x, 1), TQKV_ENOMEM);
+    assert_int_equal(tqkv_model_state_filter(s, inc, 1), TQKV_ENOMEM);
+    assert_int_equal(tqkv_model_state_filter(s, rev, 2), TQKV_ENOMEM);
+    assert_int_equal(tqkv_model_state_spec_begin(s), TQKV_ENOMEM);
+    unsetenv("TQKV_TP_FAIL_RANK");
+    tqkv_model_state_free(x);
+    assert_int_equal(tqkv_model_state_spec_active(s), 0);
     assert_int_equal(tqkv_model_state_rows(s), 2);
     for (int r = 0; r < TPR; r++) assert_int_equal(tqkv_model_state_kv_bytes_rank(s, r), rb[r]);
     OK(tqkv_model_state_check(s));
@@ -605,8 +618,8 @@ static void test_refusals_unchanged_n2(void **st) {
     assert_null(blob);
     tqkv_model_state_free(f);
     print_message("N = %d on the device: refusals (a merge past %d rows, another N, bad keeps, "
-                  "rollback outside a round, f32 export) left every rank unchanged\n", TPR,
-                  CUDA_MAX_ROWS);
+                  "rollback outside a round, f32 export) and rank 1 failing after rank 0 (merge, "
+                  "filter, spec begin) left every rank unchanged\n", TPR, CUDA_MAX_ROWS);
     tqkv_model_state_free(s);
     tqkv_model_state_free(src[1]);
     for (int i = 0; i < 2; i++) tqkv_model_state_free(ref[i]);
@@ -628,6 +641,7 @@ static tqkv_engine *dev_engine(int tp, size_t prefix_bytes, const char *cache_di
     p.prompt_cache_dir = cache_dir;
     p.device = 1;
     p.tensor_parallel = tp;
+    p.bf16_act = 0; /* as the states above */
     tqkv_engine *e = NULL;
     OK(tqkv_engine_init(&e, &p));
     return e;

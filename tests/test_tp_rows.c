@@ -9,7 +9,9 @@
  *     and leaves the round as it was;
  *   - export / import: the import decodes as the exported state, its export is the same
  *     bytes; a mismatched N, an unsharded target or source, a truncated export refuse;
- *   - refusals (a source of another N, bad keeps) change nothing on any rank;
+ *   - refusals (a source of another N, bad keeps) change nothing on any rank; a failure of
+ *     rank 1's fallible half (TQKV_TP_FAIL_RANK=1) after rank 0 did its own (merge, rebuilt
+ *     filter, spec begin) leaves both ranks as they were;
  *   - the engine with tensor_parallel 2: requests together give the tokens (and logprob
  *     bits) they give alone, a prefix-cache hit (memory and directory) equals a miss, an
  *     unsharded draft changes nothing, and the greedy tokens equal the unsharded engine's.
@@ -312,6 +314,50 @@ static void test_refusals_unchanged(void **state) {
     for (int i = 0; i < 2; i++) tqkv_model_state_free(ref[i]);
 }
 
+/* Rank 1 fails after rank 0 did its part (TQKV_TP_FAIL_RANK=1): merge, rebuilt filter and
+ * spec begin change nothing on either rank; then the same operations succeed. */
+static void test_rank_failure_unchanged(void **state) {
+    (void)state;
+    test_rng rg;
+    rng_init(&rg, test_seed() ^ 0xfa1);
+    tqkv_model_state *ref[3], *src[3];
+    const int len[3] = {14, 9, 5};
+    for (int i = 0; i < 3; i++) {
+        ref[i] = prefilled(&rg, len[i], TQKV_TQ4);
+        src[i] = copy_of(ref[i]);
+    }
+    tqkv_model_state *s = src[0];
+    OK(tqkv_model_state_merge(s, &src[1], 1));
+    size_t rb[TP];
+    for (int r = 0; r < TP; r++) rb[r] = tqkv_model_state_kv_bytes_rank(s, r);
+    int off[2], off2[2];
+    OK(tqkv_model_state_offsets(s, off));
+    const int rev[2] = {1, 0};
+    setenv("TQKV_TP_FAIL_RANK", "1", 1);
+    assert_int_equal(tqkv_model_state_merge(s, &src[2], 1), TQKV_ENOMEM);
+    assert_non_null(strstr(tqkv_last_error(), "rank 1"));
+    assert_int_equal(tqkv_model_state_filter(s, rev, 2), TQKV_ENOMEM);
+    assert_int_equal(tqkv_model_state_spec_begin(s), TQKV_ENOMEM);
+    unsetenv("TQKV_TP_FAIL_RANK");
+    assert_int_equal(tqkv_model_state_rows(s), 2);
+    assert_int_equal(tqkv_model_state_spec_active(s), 0);
+    for (int r = 0; r < TP; r++) assert_int_equal(tqkv_model_state_kv_bytes_rank(s, r), rb[r]);
+    OK(tqkv_model_state_check(s));
+    OK(tqkv_model_state_offsets(s, off2));
+    assert_memory_equal(off, off2, sizeof off);
+    const int map[2] = {0, 1};
+    step_compare(s, ref, map, &rg, "after rank 1's failures");
+    OK(tqkv_model_state_merge(s, &src[2], 1)); /* then it works */
+    OK(tqkv_model_state_filter(s, (const int[]){2, 0}, 2));
+    const int map2[2] = {2, 0};
+    step_compare(s, ref, map2, &rg, "merge and filter after the failures");
+    print_message("tp %d: rank 1 failing after rank 0 (merge, filter, spec begin): no rank "
+                  "changed\n", TP);
+    tqkv_model_state_free(s);
+    for (int i = 1; i < 3; i++) tqkv_model_state_free(src[i]);
+    for (int i = 0; i < 3; i++) tqkv_model_state_free(ref[i]);
+}
+
 // ---------------------------------------------------------------------------
 // the engine
 // ---------------------------------------------------------------------------
@@ -452,6 +498,7 @@ int main(void) {
         cmocka_unit_test(test_merge_filter_extract),
         cmocka_unit_test(test_spec_and_export),
         cmocka_unit_test(test_refusals_unchanged),
+        cmocka_unit_test(test_rank_failure_unchanged),
         cmocka_unit_test(test_engine_tp),
         cmocka_unit_test(test_engine_tp_prefix),
     };

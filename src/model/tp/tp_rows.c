@@ -118,6 +118,15 @@ static tqkv_status dev_filter_build(const model_tp *tp, int r, const int *keep, 
 #endif
 }
 
+/* Tests: TQKV_TP_FAIL_RANK=r in the environment fails the fallible half of a merge, a
+ * rebuilt or device filter and a spec begin on rank r, after the ranks before it did theirs
+ * (the all-or-nothing path; test_tp_rows, test_cuda_tp). */
+static tqkv_status injected(int r) {
+    const char *v = getenv("TQKV_TP_FAIL_RANK");
+    if (!v || !*v || atoi(v) != r) return TQKV_OK;
+    return tqkv_fail(TQKV_ENOMEM, "state rows: injected failure on rank %d (TQKV_TP_FAIL_RANK)", r);
+}
+
 static void rank_sources(tqkv_model_state *const *src, int n_src, int r, tqkv_model_state **out) {
     for (int i = 0; i < n_src; i++) out[i] = src[i]->tp->rank[r];
 }
@@ -173,6 +182,7 @@ tqkv_status model_tp_merge(tqkv_model_state *s, tqkv_model_state *const *src, in
         rank_sources(src, n_src, r, rs);
         if ((rc = rank_enter(tp, r)) == TQKV_OK) rc = dev_merge_build(tp, r, rs, n_src, &dev[r]);
         if (rc == TQKV_OK) rc = rows_merge_reserve(tp->rank[r], rs, n_src, rows, &pr[r]);
+        if (rc == TQKV_OK) rc = injected(r);
     }
     if (rc != TQKV_OK) { /* reserved room and built twins change no row: every rank as before */
         dev_finish(tp, dev, 0);
@@ -198,7 +208,9 @@ tqkv_status model_tp_filter(tqkv_model_state *s, const int *keep, int n_keep) {
     struct model_cuda_rows *dev[TP_MAX_RANKS] = {0}; /* every rank's twin first (device) */
     tqkv_status rc = TQKV_OK;
     for (int r = 0; r < N && rc == TQKV_OK; r++)
-        if ((rc = rank_enter(tp, r)) == TQKV_OK) rc = dev_filter_build(tp, r, keep, n_keep, &dev[r]);
+        if ((rc = rank_enter(tp, r)) == TQKV_OK && tp->on_device &&
+            (rc = dev_filter_build(tp, r, keep, n_keep, &dev[r])) == TQKV_OK)
+            rc = injected(r);
     if (rc != TQKV_OK) {
         dev_finish(tp, dev, 0);
         return rc;
@@ -217,7 +229,8 @@ tqkv_status model_tp_filter(tqkv_model_state *s, const int *keep, int n_keep) {
     model_recurrent *nr[TP_MAX_RANKS] = {0};
     int *off[TP_MAX_RANKS + 1] = {0}, *len[TP_MAX_RANKS + 1] = {0};
     for (int r = 0; r <= N && rc == TQKV_OK; r++) {
-        if (r < N) rc = rows_select_all(tp->rank[r], keep, n_keep, &nl[r], &nr[r]);
+        if (r < N && (rc = rows_select_all(tp->rank[r], keep, n_keep, &nl[r], &nr[r])) == TQKV_OK)
+            rc = injected(r);
         if (rc == TQKV_OK) rc = rows_arrays_alloc(n_keep, &off[r], &len[r]);
     }
     if (rc != TQKV_OK) {
@@ -275,7 +288,8 @@ tqkv_status model_tp_extract(const tqkv_model_state *s, int row, tqkv_model_stat
 // ---------------------------------------------------------------------------
 
 static tqkv_status rank_spec_begin(const model_tp *tp, int r) {
-    tqkv_status rc = rank_enter(tp, r);
+    tqkv_status rc = injected(r);
+    if (rc == TQKV_OK) rc = rank_enter(tp, r);
 #ifdef TQKV_HAVE_CUDA
     if (rc == TQKV_OK && tp->on_device) return model_cuda_spec_begin(tp->rank[r]->gpu);
 #endif
