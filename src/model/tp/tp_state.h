@@ -23,7 +23,8 @@
 typedef struct model_tp {
     int               n;                        /* ranks */
     tp_comm          *comm;                     /* CPU backend: every rank in this process */
-    tqkv_model       *model[TP_MAX_RANKS];      /* rank r's shard (arch tp_shard) */
+    tqkv_model       *model[TP_MAX_RANKS];      /* rank r's shard (arch tp_shard), the
+                                                 * model's kept one (model_tp_models_free) */
     tqkv_model_state *rank[TP_MAX_RANKS];       /* rank r's state: its caches and scratch */
     int               vchunk;                   /* lm_head rows per rank (multiple of 8) */
     float            *head_out[TP_MAX_RANKS];   /* [M, vchunk] rank r's logits slice */
@@ -53,6 +54,12 @@ tqkv_status model_tp_check(const tqkv_model *m, const tqkv_model_state_params *p
 /* model_tp_ranks(&s->p) > 0: the ranks (s->layers becomes rank 0's caches); on the device
  * (params.device 1) each rank is a device state on GPU r % visible GPUs. */
 tqkv_status model_tp_init(tqkv_model_state *s);
+/* The rank models a model keeps (tqkv_model.tp_models), one set per N: made by the first
+ * sharded state of that N, shared by every later one (their weight slices copied once, and
+ * on the device their uploaded weights: once per model and rank, not per state), freed here
+ * by tqkv_model_free. Not thread safe: a model's sharded states are made from one thread
+ * (as its first device state). */
+void        model_tp_models_free(tqkv_model *m);
 void        model_tp_free(tqkv_model_state *s);
 /* Every rank's caches emptied with `rows` rows (and the parent's off / len); on failure
  * nothing changed. */
