@@ -45,6 +45,7 @@
 #include <unistd.h>
 
 #include "engine_helpers.h" /* OK(), jobs, results, stepping an engine */
+#include "tp_rows_check.h"
 #include "testutil.h"
 #include "tqkv_model.h"
 
@@ -357,32 +358,6 @@ static tqkv_model_state *prefilled(test_rng *rg, int n, tqkv_format kv) {
     return s;
 }
 
-/* A 1-row copy of a 1-row state (through the lockstep extract). */
-static tqkv_model_state *copy_of(const tqkv_model_state *s) {
-    tqkv_model_state *c = NULL;
-    OK(tqkv_model_state_extract_row(s, 0, &c));
-    assert_int_equal(tqkv_model_state_tensor_parallel(c), TPR);
-    return c;
-}
-
-/* One decode of random tokens on s and, row by row, on the lone row ref[map[i]]: the same
- * bits. */
-static void step_compare(tqkv_model_state *s, tqkv_model_state **ref, const int *map,
-                         test_rng *rg, const char *what) {
-    const int R = tqkv_model_state_rows(s);
-    int32_t in[8];
-    float *ls = malloc(sizeof(float) * (size_t)(R ? R : 1) * V), *lr = malloc(sizeof(float) * (size_t)V);
-    for (int i = 0; i < R; i++) in[i] = rng_int(rg, 3, V - 1);
-    OK(tqkv_model_decode(g_model, s, in, ls));
-    for (int i = 0; i < R; i++) {
-        OK(tqkv_model_decode(g_model, ref[map[i]], &in[i], lr));
-        if (memcmp(ls + (size_t)i * V, lr, sizeof(float) * (size_t)V))
-            fail_msg("%s: row %d differs from its row alone (%d)", what, i, map[i]);
-    }
-    free(ls);
-    free(lr);
-}
-
 static void rows_case(tqkv_format kv) {
     if (!tp_fits(TPR)) {
         skip();
@@ -394,43 +369,11 @@ static void rows_case(tqkv_format kv) {
     tqkv_model_state *ref[4], *src[4];
     for (int i = 0; i < 4; i++) {
         ref[i] = prefilled(&rg, len[i], kv);
-        src[i] = copy_of(ref[i]);
+        src[i] = tp_copy_of(ref[i]);
     }
-    tqkv_model_state *s = src[0];
-    OK(tqkv_model_state_merge(s, &src[1], 2)); /* 3 rows of different lengths */
-    assert_int_equal(tqkv_model_state_rows(s), 3);
-    OK(tqkv_model_state_check(s));
-    int off[3];
-    OK(tqkv_model_state_offsets(s, off));
-    for (int i = 0; i < 3; i++) assert_int_equal(off[i], len[i]);
-    const int map3[3] = {0, 1, 2};
-    for (int t = 0; t < 2; t++) step_compare(s, ref, map3, &rg, "merged");
-    const int inc[2] = {0, 2}, map2[2] = {0, 2};
-    OK(tqkv_model_state_filter(s, inc, 2));
-    step_compare(s, ref, map2, &rg, "filtered in order");
-    OK(tqkv_model_state_merge(s, &src[3], 1));
-    const int map3b[3] = {0, 2, 3};
-    step_compare(s, ref, map3b, &rg, "merged again");
-    const int rev[2] = {2, 0}, map2b[2] = {3, 0};
-    OK(tqkv_model_state_filter(s, rev, 2));
-    step_compare(s, ref, map2b, &rg, "filtered reordered");
-    tqkv_model_state *e = NULL; /* row 0 (ref 3): a 1-row sharded device state; s unchanged */
-    OK(tqkv_model_state_extract_row(s, 0, &e));
-    assert_int_equal(tqkv_model_state_tensor_parallel(e), TPR);
-    assert_int_equal(tqkv_model_state_rows(e), 1);
-    const int map1[1] = {3};
-    step_compare(e, ref, map1, &rg, "extracted");
-    step_compare(s, ref, map2b, &rg, "after the extract");
-    const int one = 1, map1b[1] = {0};
-    OK(tqkv_model_state_filter(s, &one, 1));
-    step_compare(s, ref, map1b, &rg, "filtered to one");
-    OK(tqkv_model_state_filter(s, NULL, 0)); /* to no rows and back */
-    assert_int_equal(tqkv_model_state_rows(s), 0);
-    OK(tqkv_model_state_merge(s, &e, 1));
-    step_compare(s, ref, map1, &rg, "merged into an empty state");
+    tp_rows_sequence(g_model, ref, src, &rg, 0); /* device bytes are capacities */
     print_message("N = %d on the device, kv %s: merge / filter / extract == rows alone, bitwise\n",
                   TPR, tqkv_format_name(kv));
-    tqkv_model_state_free(e);
     for (int i = 0; i < 4; i++) {
         tqkv_model_state_free(ref[i]);
         tqkv_model_state_free(src[i]);
@@ -439,25 +382,6 @@ static void rows_case(tqkv_format kv) {
 
 static void test_rows_n2_tq4(void **st) { (void)st; rows_case(TQKV_TQ4); }
 static void test_rows_n2_f32(void **st) { (void)st; rows_case(TQKV_F32); }
-
-/* A verification window of W tokens per row (in a spec round): s's window logits equal the
- * lone rows' windows. */
-enum { W = 3 };
-static void window_compare(tqkv_model_state *s, tqkv_model_state **ref, const int *map,
-                           test_rng *rg) {
-    const int R = tqkv_model_state_rows(s);
-    int32_t win[8 * W];
-    float *ls = malloc(sizeof(float) * (size_t)R * W * V), *lr = malloc(sizeof(float) * W * (size_t)V);
-    for (int i = 0; i < R * W; i++) win[i] = rng_int(rg, 3, V - 1);
-    OK(tqkv_model_extend(g_model, s, win, W, TQKV_LOGITS_ALL, ls));
-    for (int i = 0; i < R; i++) {
-        OK(tqkv_model_extend(g_model, ref[map[i]], win + i * W, W, TQKV_LOGITS_ALL, lr));
-        if (memcmp(ls + (size_t)i * W * V, lr, sizeof(float) * W * (size_t)V))
-            fail_msg("window: row %d differs from its row alone", i);
-    }
-    free(ls);
-    free(lr);
-}
 
 /* Export, import (tq4: the device's f32 KV has no state format), the import's export. */
 static void export_import_check(tqkv_model_state *s, tqkv_model_state **ref, test_rng *rg) {
@@ -482,9 +406,9 @@ static void export_import_check(tqkv_model_state *s, tqkv_model_state **ref, tes
     OK(tqkv_model_state_offsets(s, o1));
     OK(tqkv_model_state_offsets(im, o2));
     assert_memory_equal(o1, o2, sizeof o1);
-    tqkv_model_state *refc[2] = {copy_of(ref[0]), copy_of(ref[1])};
+    tqkv_model_state *refc[2] = {tp_copy_of(ref[0]), tp_copy_of(ref[1])};
     const int map[2] = {0, 1};
-    step_compare(im, refc, map, rg, "imported");
+    tp_step_compare(g_model, im, refc, map, rg, "imported");
     p.tensor_parallel = 4; /* another N: refused */
     assert_int_equal(tqkv_model_state_import(&none, g_model, &p, blob, blen), TQKV_EINVAL);
     p.tensor_parallel = TPR;
@@ -508,44 +432,10 @@ static void test_spec_export_n2(void **st) {
     tqkv_model_state *ref[2], *src[2];
     ref[0] = prefilled(&rg, 19, TQKV_TQ4);
     ref[1] = prefilled(&rg, 11, TQKV_TQ4);
-    for (int i = 0; i < 2; i++) src[i] = copy_of(ref[i]);
+    for (int i = 0; i < 2; i++) src[i] = tp_copy_of(ref[i]);
     tqkv_model_state *s = src[0];
     OK(tqkv_model_state_merge(s, &src[1], 1));
-    const int map[2] = {0, 1};
-    /* a round rolled back per row: keep 1 and W of the W appended */
-    OK(tqkv_model_state_spec_begin(s));
-    assert_int_equal(tqkv_model_state_spec_active(s), 1);
-    assert_int_equal(tqkv_model_state_spec_begin(s), TQKV_ESTATE);
-    for (int i = 0; i < 2; i++) OK(tqkv_model_state_spec_begin(ref[i]));
-    window_compare(s, ref, map, &rg);
-    int off[2], off2[2];
-    OK(tqkv_model_state_offsets(s, off));
-    const int bad[2] = {1, W + 1}; /* row 1 keeps more than it appended: refused everywhere */
-    assert_int_equal(tqkv_model_state_spec_rollback(s, bad, 2), TQKV_ERANGE);
-    assert_int_equal(tqkv_model_state_spec_active(s), 1);
-    OK(tqkv_model_state_check(s));
-    OK(tqkv_model_state_offsets(s, off2));
-    assert_memory_equal(off, off2, sizeof off);
-    uint8_t *blob = NULL;
-    size_t blen = 0;
-    assert_int_equal(tqkv_model_state_export(s, &blob, &blen), TQKV_ESTATE); /* in a round */
-    assert_null(blob);
-    const int keep[2] = {1, W};
-    OK(tqkv_model_state_spec_rollback(s, keep, 2));
-    for (int i = 0; i < 2; i++) OK(tqkv_model_state_spec_rollback(ref[i], &keep[i], 1));
-    assert_int_equal(tqkv_model_state_spec_active(s), 0);
-    OK(tqkv_model_state_offsets(s, off2));
-    assert_int_equal(off2[0], off[0] - W + 1);
-    assert_int_equal(off2[1], off[1]);
-    step_compare(s, ref, map, &rg, "after a per-row rollback");
-    /* a round committed */
-    OK(tqkv_model_state_spec_begin(s));
-    for (int i = 0; i < 2; i++) OK(tqkv_model_state_spec_begin(ref[i]));
-    window_compare(s, ref, map, &rg);
-    OK(tqkv_model_state_spec_commit(s));
-    for (int i = 0; i < 2; i++) OK(tqkv_model_state_spec_commit(ref[i]));
-    assert_int_equal(tqkv_model_state_spec_commit(s), TQKV_ESTATE);
-    step_compare(s, ref, map, &rg, "after a commit");
+    tp_spec_sequence(g_model, s, ref, &rg); /* a per-row rollback, a commit */
     export_import_check(s, ref, &rg);
     print_message("N = %d on the device: spec rounds (per-row rollback, commit) == rows alone; "
                   "export / import round trip bytewise, decodes bitwise\n", TPR);
@@ -566,7 +456,7 @@ static void test_refusals_unchanged_n2(void **st) {
     tqkv_model_state *ref[2], *src[2];
     ref[0] = prefilled(&rg, 12, TQKV_TQ4);
     ref[1] = prefilled(&rg, 7, TQKV_TQ4);
-    for (int i = 0; i < 2; i++) src[i] = copy_of(ref[i]);
+    for (int i = 0; i < 2; i++) src[i] = tp_copy_of(ref[i]);
     tqkv_model_state *s = src[0];
     OK(tqkv_model_state_merge(s, &src[1], 1));
     size_t rb[TPR];
@@ -595,7 +485,7 @@ static void test_refusals_unchanged_n2(void **st) {
     assert_null(e);
     assert_int_equal(tqkv_model_state_spec_rollback(s, oob, 1), TQKV_ESTATE);
     /* rank 1's device build fails after rank 0 built its own (TQKV_TP_FAIL_RANK=1) */
-    tqkv_model_state *x = copy_of(ref[0]);
+    tqkv_model_state *x = tp_copy_of(ref[0]);
     const int inc[1] = {1}, rev[2] = {1, 0};
     setenv("TQKV_TP_FAIL_RANK", "1", 1);
     assert_int_equal(tqkv_model_state_merge(s, &x, 1), TQKV_ENOMEM);
@@ -609,7 +499,7 @@ static void test_refusals_unchanged_n2(void **st) {
     for (int r = 0; r < TPR; r++) assert_int_equal(tqkv_model_state_kv_bytes_rank(s, r), rb[r]);
     OK(tqkv_model_state_check(s));
     const int map[2] = {0, 1};
-    step_compare(s, ref, map, &rg, "after refusals");
+    tp_step_compare(g_model, s, ref, map, &rg, "after refusals");
     /* f32 KV: the device's dense bf16 cache has no state format */
     tqkv_model_state *f = rows_state(1, TQKV_F32);
     uint8_t *blob = NULL;

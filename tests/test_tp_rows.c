@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "engine_helpers.h"
+#include "tp_rows_check.h"
 #include "testutil.h"
 #include "tqkv_model.h"
 
@@ -53,31 +54,6 @@ static tqkv_model_state *prefilled(test_rng *rg, int n, tqkv_format kv) {
     return s;
 }
 
-/* A 1-row copy of a 1-row state (through the lockstep extract). */
-static tqkv_model_state *copy_of(const tqkv_model_state *s) {
-    tqkv_model_state *c = NULL;
-    OK(tqkv_model_state_extract_row(s, 0, &c));
-    return c;
-}
-
-/* One decode of random tokens on s and, row by row, on the lone row ref[map[i]]: the same
- * bits. */
-static void step_compare(tqkv_model_state *s, tqkv_model_state **ref, const int *map,
-                         test_rng *rg, const char *what) {
-    const int R = tqkv_model_state_rows(s);
-    int32_t in[8];
-    float *ls = malloc(sizeof(float) * (size_t)(R ? R : 1) * V), *lr = malloc(sizeof(float) * (size_t)V);
-    for (int i = 0; i < R; i++) in[i] = rng_int(rg, 3, V - 1);
-    OK(tqkv_model_decode(g_m, s, in, ls));
-    for (int i = 0; i < R; i++) {
-        OK(tqkv_model_decode(g_m, ref[map[i]], &in[i], lr));
-        if (memcmp(ls + (size_t)i * V, lr, sizeof(float) * (size_t)V))
-            fail_msg("%s: row %d differs from its row alone (%d)", what, i, map[i]);
-    }
-    free(ls);
-    free(lr);
-}
-
 // ---------------------------------------------------------------------------
 // merge / filter / extract
 // ---------------------------------------------------------------------------
@@ -92,52 +68,11 @@ static void test_merge_filter_extract(void **state) {
         tqkv_model_state *ref[4], *src[4];
         for (int i = 0; i < 4; i++) {
             ref[i] = prefilled(&rg, len[i], kvs[k]);
-            src[i] = copy_of(ref[i]);
+            src[i] = tp_copy_of(ref[i]);
         }
-        tqkv_model_state *s = src[0];
-        /* merge two sources (in place): 3 rows of different lengths */
-        OK(tqkv_model_state_merge(s, &src[1], 2));
-        assert_int_equal(tqkv_model_state_rows(s), 3);
-        OK(tqkv_model_state_check(s));
-        int map3[3] = {0, 1, 2};
-        for (int t = 0; t < 2; t++) step_compare(s, ref, map3, &rg, "merged");
-        /* filter in place (increasing keep): rows 0 and 2 */
-        const int inc[2] = {0, 2};
-        OK(tqkv_model_state_filter(s, inc, 2));
-        int map2[2] = {0, 2};
-        step_compare(s, ref, map2, &rg, "filtered in place");
-        /* merge again, then a rebuilt filter (keep not increasing) */
-        OK(tqkv_model_state_merge(s, &src[3], 1));
-        int map3b[3] = {0, 2, 3};
-        step_compare(s, ref, map3b, &rg, "merged again");
-        const int rev[2] = {2, 0};
-        OK(tqkv_model_state_filter(s, rev, 2));
-        int map2b[2] = {3, 0};
-        step_compare(s, ref, map2b, &rg, "filter rebuilt");
-        /* extract row 0 (ref 3): a 1-row sharded state; s unchanged */
-        const size_t bytes = tqkv_model_state_kv_bytes_used(s);
-        tqkv_model_state *e = NULL;
-        OK(tqkv_model_state_extract_row(s, 0, &e));
-        assert_int_equal(tqkv_model_state_tensor_parallel(e), TP);
-        assert_int_equal(tqkv_model_state_rows(e), 1);
-        assert_int_equal(tqkv_model_state_kv_bytes_used(s), bytes);
-        for (int r = 0; r < TP; r++)
-            assert_int_equal(tqkv_model_state_kv_bytes_rank(e, r), tqkv_model_state_kv_bytes_rank(ref[3], r));
-        int map1[1] = {3};
-        step_compare(e, ref, map1, &rg, "extracted");
-        /* s's row 0 is now behind ref 3: keep only row 1 (ref 0) */
-        const int one = 1;
-        OK(tqkv_model_state_filter(s, &one, 1));
-        int map1b[1] = {0};
-        step_compare(s, ref, map1b, &rg, "filtered to one");
-        /* to no rows and back */
-        OK(tqkv_model_state_filter(s, NULL, 0));
-        assert_int_equal(tqkv_model_state_rows(s), 0);
-        OK(tqkv_model_state_merge(s, &e, 1));
-        step_compare(s, ref, map1, &rg, "merged into an empty state");
+        tp_rows_sequence(g_m, ref, src, &rg, 1);
         print_message("kv %s: merge / filter / extract on tp %d == rows alone\n",
                       tqkv_format_name(kvs[k]), TP);
-        tqkv_model_state_free(e);
         for (int i = 0; i < 4; i++) {
             tqkv_model_state_free(ref[i]);
             tqkv_model_state_free(src[i]);
@@ -149,25 +84,6 @@ static void test_merge_filter_extract(void **state) {
 // spec rounds, export / import
 // ---------------------------------------------------------------------------
 
-/* A verification window of W tokens per row in a spec round: s's window logits equal the
- * lone rows' windows. */
-enum { W = 3 };
-static void window_compare(tqkv_model_state *s, tqkv_model_state **ref, const int *map,
-                           test_rng *rg) {
-    const int R = tqkv_model_state_rows(s);
-    int32_t win[8 * W];
-    float *ls = malloc(sizeof(float) * (size_t)R * W * V), *lr = malloc(sizeof(float) * W * (size_t)V);
-    for (int i = 0; i < R * W; i++) win[i] = rng_int(rg, 3, V - 1);
-    OK(tqkv_model_extend(g_m, s, win, W, TQKV_LOGITS_ALL, ls));
-    for (int i = 0; i < R; i++) {
-        OK(tqkv_model_extend(g_m, ref[map[i]], win + i * W, W, TQKV_LOGITS_ALL, lr));
-        if (memcmp(ls + (size_t)i * W * V, lr, sizeof(float) * W * (size_t)V))
-            fail_msg("window: row %d differs from its row alone", i);
-    }
-    free(ls);
-    free(lr);
-}
-
 static void test_spec_and_export(void **state) {
     (void)state;
     test_rng rg;
@@ -175,44 +91,13 @@ static void test_spec_and_export(void **state) {
     tqkv_model_state *ref[2], *src[2];
     ref[0] = prefilled(&rg, 19, TQKV_TQ4);
     ref[1] = prefilled(&rg, 11, TQKV_TQ4);
-    for (int i = 0; i < 2; i++) src[i] = copy_of(ref[i]);
+    for (int i = 0; i < 2; i++) src[i] = tp_copy_of(ref[i]);
     tqkv_model_state *s = src[0];
     OK(tqkv_model_state_merge(s, &src[1], 1));
     const int map[2] = {0, 1};
-
-    /* a round rolled back per row: keep 1 and 3 of the 3 appended */
-    OK(tqkv_model_state_spec_begin(s));
-    assert_int_equal(tqkv_model_state_spec_begin(s), TQKV_ESTATE);
-    for (int i = 0; i < 2; i++) OK(tqkv_model_state_spec_begin(ref[i]));
-    window_compare(s, ref, map, &rg);
-    int off[2], off2[2];
-    OK(tqkv_model_state_offsets(s, off));
-    const int bad[2] = {1, W + 1};
-    assert_int_equal(tqkv_model_state_spec_rollback(s, bad, 2), TQKV_ERANGE);
-    assert_int_equal(tqkv_model_state_spec_active(s), 1);
-    OK(tqkv_model_state_offsets(s, off2));
-    assert_memory_equal(off, off2, sizeof off);
+    tp_spec_sequence(g_m, s, ref, &rg); /* a per-row rollback, a commit */
     uint8_t *blob = NULL;
     size_t blen = 0;
-    assert_int_equal(tqkv_model_state_export(s, &blob, &blen), TQKV_ESTATE);
-    assert_null(blob);
-    const int keep[2] = {1, W};
-    OK(tqkv_model_state_spec_rollback(s, keep, 2));
-    for (int i = 0; i < 2; i++) OK(tqkv_model_state_spec_rollback(ref[i], &keep[i], 1));
-    OK(tqkv_model_state_offsets(s, off2));
-    assert_int_equal(off2[0], off[0] - W + 1);
-    assert_int_equal(off2[1], off[1]);
-    step_compare(s, ref, map, &rg, "after a rollback");
-
-    /* a round committed */
-    OK(tqkv_model_state_spec_begin(s));
-    for (int i = 0; i < 2; i++) OK(tqkv_model_state_spec_begin(ref[i]));
-    window_compare(s, ref, map, &rg);
-    OK(tqkv_model_state_spec_commit(s));
-    for (int i = 0; i < 2; i++) OK(tqkv_model_state_spec_commit(ref[i]));
-    assert_int_equal(tqkv_model_state_spec_commit(s), TQKV_ESTATE);
-    step_compare(s, ref, map, &rg, "after a commit");
-
     /* export / import: the same rows, the same bytes again */
     OK(tqkv_model_state_export(s, &blob, &blen));
     assert_memory_equal(blob, "TQKVTP01", 8);
@@ -233,8 +118,8 @@ static void test_spec_and_export(void **state) {
     assert_memory_equal(blob2, blob, blen);
     free(blob2);
     /* the import decodes as the rows alone (and so as s) */
-    tqkv_model_state *refc[2] = {copy_of(ref[0]), copy_of(ref[1])};
-    step_compare(im, refc, map, &rg, "imported");
+    tqkv_model_state *refc[2] = {tp_copy_of(ref[0]), tp_copy_of(ref[1])};
+    tp_step_compare(g_m, im, refc, map, &rg, "imported");
     tqkv_model_state_free(refc[0]);
     tqkv_model_state_free(refc[1]);
 
@@ -283,7 +168,7 @@ static void test_refusals_unchanged(void **state) {
     tqkv_model_state *ref[2], *src[2];
     ref[0] = prefilled(&rg, 12, TQKV_TQ4);
     ref[1] = prefilled(&rg, 7, TQKV_TQ4);
-    for (int i = 0; i < 2; i++) src[i] = copy_of(ref[i]);
+    for (int i = 0; i < 2; i++) src[i] = tp_copy_of(ref[i]);
     tqkv_model_state *s = src[0];
     OK(tqkv_model_state_merge(s, &src[1], 1));
     size_t rb[TP];
@@ -307,7 +192,7 @@ static void test_refusals_unchanged(void **state) {
     for (int r = 0; r < TP; r++) assert_int_equal(tqkv_model_state_kv_bytes_rank(s, r), rb[r]);
     OK(tqkv_model_state_check(s));
     const int map[2] = {0, 1};
-    step_compare(s, ref, map, &rg, "after refusals");
+    tp_step_compare(g_m, s, ref, map, &rg, "after refusals");
     tqkv_model_state_free(t4);
     tqkv_model_state_free(s);
     tqkv_model_state_free(src[1]);
@@ -324,7 +209,7 @@ static void test_rank_failure_unchanged(void **state) {
     const int len[3] = {14, 9, 5};
     for (int i = 0; i < 3; i++) {
         ref[i] = prefilled(&rg, len[i], TQKV_TQ4);
-        src[i] = copy_of(ref[i]);
+        src[i] = tp_copy_of(ref[i]);
     }
     tqkv_model_state *s = src[0];
     OK(tqkv_model_state_merge(s, &src[1], 1));
@@ -346,11 +231,11 @@ static void test_rank_failure_unchanged(void **state) {
     OK(tqkv_model_state_offsets(s, off2));
     assert_memory_equal(off, off2, sizeof off);
     const int map[2] = {0, 1};
-    step_compare(s, ref, map, &rg, "after rank 1's failures");
+    tp_step_compare(g_m, s, ref, map, &rg, "after rank 1's failures");
     OK(tqkv_model_state_merge(s, &src[2], 1)); /* then it works */
     OK(tqkv_model_state_filter(s, (const int[]){2, 0}, 2));
     const int map2[2] = {2, 0};
-    step_compare(s, ref, map2, &rg, "merge and filter after the failures");
+    tp_step_compare(g_m, s, ref, map2, &rg, "merge and filter after the failures");
     print_message("tp %d: rank 1 failing after rank 0 (merge, filter, spec begin): no rank "
                   "changed\n", TP);
     tqkv_model_state_free(s);
