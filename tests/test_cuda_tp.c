@@ -537,59 +537,13 @@ static tqkv_engine *dev_engine(int tp, size_t prefix_bytes, const char *cache_di
     return e;
 }
 
-enum { NJ = 4 };
-
 static void test_engine_n2(void **st) {
     (void)st;
     if (!tp_fits(TPR)) {
         skip();
         return;
     }
-    test_rng rg;
-    rng_init(&rg, g_seed ^ 0xe25);
-    job j[NJ];
-    for (int i = 0; i < NJ; i++) {
-        memset(&j[i], 0, sizeof j[i]);
-        j[i].n_prompt = rng_int(&rg, 5, 60);
-        for (int t = 0; t < j[i].n_prompt; t++) j[i].prompt[t] = rng_int(&rg, 1, V - 1);
-        j[i].max_tokens = rng_int(&rg, 4, 12);
-        j[i].top_logprobs = 1;
-    }
-    j[NJ - 1].temp = 0.8f; /* one seeded sampled request */
-    j[NJ - 1].seed = rng_u64(&rg);
-    result alone[NJ], together[NJ], other[NJ];
-    tqkv_engine *e = dev_engine(TPR, 0, NULL, NULL);
-    for (int i = 0; i < NJ; i++) {
-        submit(e, &j[i], &alone[i]);
-        run_until_idle(e);
-        assert_int_equal(alone[i].n_tok, j[i].max_tokens);
-    }
-    run_staggered(e, j, NJ, together, 2); /* joining a running batch: merge, filter */
-    for (int i = 0; i < NJ; i++) assert_same_tokens(&together[i], &alone[i]);
-    tqkv_engine_free(e);
-
-    e = dev_engine(TPR, 0, NULL, g_dir); /* an unsharded device draft: spec rounds */
-    run_staggered(e, j, NJ, other, 1);
-    for (int i = 0; i < NJ; i++) assert_same_tokens(&other[i], &alone[i]);
-    tqkv_engine_stats sts;
-    OK(tqkv_engine_stats_get(e, &sts));
-    assert_true(sts.spec_drafted > 0);
-    tqkv_engine_free(e);
-
-    e = dev_engine(0, 0, NULL, NULL); /* the unsharded device engine: the same greedy tokens */
-    int greedy = 0;
-    for (int i = 0; i < NJ; i++) {
-        if (j[i].temp > 0) continue;
-        submit(e, &j[i], &other[i]);
-        run_until_idle(e);
-        assert_int_equal(other[i].n_tok, alone[i].n_tok);
-        assert_memory_equal(other[i].toks, alone[i].toks, sizeof(int32_t) * (size_t)alone[i].n_tok);
-        greedy++;
-    }
-    tqkv_engine_free(e);
-    print_message("device engine N = %d: %d requests together == alone (tokens, logprob bits), "
-                  "with a draft too (%llu drafted); %d greedy == the unsharded device engine\n",
-                  TPR, NJ, (unsigned long long)sts.spec_drafted, greedy);
+    tp_engine_check(dev_engine, TPR, V, g_dir, g_seed ^ 0xe25); /* an unsharded device draft */
 }
 
 static void test_engine_n2_prefix(void **st) {
@@ -598,40 +552,9 @@ static void test_engine_n2_prefix(void **st) {
         skip();
         return;
     }
-    test_rng rg;
-    rng_init(&rg, g_seed ^ 0xfc);
-    char dir[256], cmd[300];
+    char dir[256];
     snprintf(dir, sizeof dir, "/tmp/tqkv_test_cuda_tp_pc_%d", (int)getpid());
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
-    job a, b;
-    make_prefix_pair(&rg, V, 6, &a, &b); /* b shares 100 tokens, then differs */
-    result ma, mb, ha, hb;
-    tqkv_engine *e = dev_engine(TPR, 0, NULL, NULL);
-    submit(e, &a, &ma);
-    run_until_idle(e);
-    submit(e, &b, &mb);
-    run_until_idle(e);
-    tqkv_engine_free(e);
-    e = dev_engine(TPR, 64 << 20, dir, NULL);
-    submit(e, &a, &ha);
-    run_until_idle(e);
-    assert_int_equal(ha.cached, 0);
-    submit(e, &b, &hb);
-    run_until_idle(e);
-    assert_int_equal(hb.cached, 96); /* the longest chunk boundary inside the shared prefix */
-    assert_same_tokens(&ha, &ma);
-    assert_same_tokens(&hb, &mb);
-    tqkv_engine_free(e);
-    e = dev_engine(TPR, 64 << 20, dir, NULL); /* restart: entries from the directory */
-    submit(e, &b, &hb);
-    run_until_idle(e);
-    assert_true(hb.cached >= 96);
-    assert_same_tokens(&hb, &mb);
-    tqkv_engine_free(e);
-    assert_int_equal(system(cmd), 0);
-    print_message("device engine N = %d: prefix-cache hits (memory, directory after a restart) == "
-                  "misses\n", TPR);
+    tp_engine_prefix_check(dev_engine, TPR, V, dir, g_seed ^ 0xfc);
 }
 
 int main(void) {

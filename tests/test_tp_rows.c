@@ -263,107 +263,16 @@ static tqkv_engine *tp_engine(int tp, size_t prefix_bytes, const char *cache_dir
     return e;
 }
 
-static void rm_dir(const char *d) {
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", d);
-    assert_int_equal(system(cmd), 0);
-}
-
-enum { NJ = 4 };
-
 static void test_engine_tp(void **state) {
     (void)state;
-    test_rng rg;
-    rng_init(&rg, test_seed() ^ 0xe25);
-    job j[NJ];
-    for (int i = 0; i < NJ; i++) {
-        memset(&j[i], 0, sizeof j[i]);
-        j[i].n_prompt = rng_int(&rg, 5, 60);
-        for (int t = 0; t < j[i].n_prompt; t++) j[i].prompt[t] = rng_int(&rg, 1, V - 1);
-        j[i].max_tokens = rng_int(&rg, 4, 10);
-        j[i].top_logprobs = 1;
-    }
-    j[NJ - 1].temp = 0.8f; /* one seeded sampled request */
-    j[NJ - 1].seed = rng_u64(&rg);
-    result alone[NJ], together[NJ], other[NJ];
-    tqkv_engine *e = tp_engine(TP, 0, NULL, NULL);
-    for (int i = 0; i < NJ; i++) {
-        submit(e, &j[i], &alone[i]);
-        run_until_idle(e);
-        assert_int_equal(alone[i].n_tok, j[i].max_tokens);
-    }
-    run_staggered(e, j, NJ, together, 2); /* joining a running batch: merge, filter */
-    for (int i = 0; i < NJ; i++) assert_same_tokens(&together[i], &alone[i]);
-    tqkv_engine_stats st;
-    OK(tqkv_engine_stats_get(e, &st));
-    assert_true(st.kv_bytes_per_token > 0);
-    tqkv_engine_free(e);
-
-    /* an unsharded draft: spec rounds on the sharded rows, the same tokens */
-    e = tp_engine(TP, 0, NULL, g_dir);
-    run_staggered(e, j, NJ, other, 1);
-    for (int i = 0; i < NJ; i++) assert_same_tokens(&other[i], &alone[i]);
-    OK(tqkv_engine_stats_get(e, &st));
-    assert_true(st.spec_drafted > 0);
-    tqkv_engine_free(e);
-
-    /* the unsharded engine (exact f32 products): the same greedy tokens */
-    e = tp_engine(1, 0, NULL, NULL);
-    int greedy = 0;
-    for (int i = 0; i < NJ; i++) {
-        if (j[i].temp > 0) continue;
-        submit(e, &j[i], &other[i]);
-        run_until_idle(e);
-        assert_int_equal(other[i].n_tok, alone[i].n_tok);
-        assert_memory_equal(other[i].toks, alone[i].toks, sizeof(int32_t) * (size_t)alone[i].n_tok);
-        greedy++;
-    }
-    print_message("engine tp %d: %d requests together == alone, with a draft too; %d greedy "
-                  "== unsharded\n", TP, NJ, greedy);
-    tqkv_engine_free(e);
+    tp_engine_check(tp_engine, TP, V, g_dir, test_seed() ^ 0xe25);
 }
 
 static void test_engine_tp_prefix(void **state) {
     (void)state;
-    test_rng rg;
-    rng_init(&rg, test_seed() ^ 0xfc);
     char dir[256];
     snprintf(dir, sizeof dir, "/tmp/tqkv_test_tp_pc_%d", (int)getpid());
-    rm_dir(dir);
-    job a, b;
-    make_prefix_pair(&rg, V, 6, &a, &b); /* b shares 100 tokens, then differs */
-    result ma, mb, ha, hb;
-    tqkv_engine *e = tp_engine(TP, 0, NULL, NULL);
-    submit(e, &a, &ma);
-    run_until_idle(e);
-    submit(e, &b, &mb);
-    run_until_idle(e);
-    tqkv_engine_free(e);
-
-    e = tp_engine(TP, 64 << 20, dir, NULL);
-    submit(e, &a, &ha);
-    run_until_idle(e);
-    assert_int_equal(ha.cached, 0);
-    submit(e, &b, &hb);
-    run_until_idle(e);
-    assert_int_equal(hb.cached, 96); /* longest chunk boundary inside the shared prefix */
-    assert_same_tokens(&ha, &ma);
-    assert_same_tokens(&hb, &mb);
-    tqkv_engine_free(e);
-    /* restart: the sharded entries come back from the directory (export / import) */
-    e = tp_engine(TP, 64 << 20, dir, NULL);
-    submit(e, &b, &hb);
-    run_until_idle(e);
-    assert_true(hb.cached >= 96);
-    assert_same_tokens(&hb, &mb);
-    tqkv_engine_free(e);
-    /* an unsharded engine does not read the sharded entries (another fingerprint) */
-    e = tp_engine(1, 64 << 20, dir, NULL);
-    submit(e, &b, &hb);
-    run_until_idle(e);
-    assert_int_equal(hb.cached, 0);
-    tqkv_engine_free(e);
-    rm_dir(dir);
+    tp_engine_prefix_check(tp_engine, TP, V, dir, test_seed() ^ 0xfc);
 }
 
 int main(void) {

@@ -8,6 +8,7 @@
 #ifndef TQKV_TP_ROWS_CHECK_H
 #define TQKV_TP_ROWS_CHECK_H
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -142,6 +143,107 @@ static inline void tp_spec_sequence(const tqkv_model *m, tqkv_model_state *s,
     for (int i = 0; i < 2; i++) OK(tqkv_model_state_spec_commit(ref[i]));
     assert_int_equal(tqkv_model_state_spec_commit(s), TQKV_ESTATE);
     tp_step_compare(m, s, ref, map, rg, "after a commit");
+}
+
+/* ---- the engine on sharded states ---- */
+
+/* An engine of the test's kind (CPU or device) with tensor_parallel tp (0: off). */
+typedef tqkv_engine *(*tp_engine_open)(int tp, size_t prefix_bytes, const char *cache_dir,
+                                       const char *draft);
+
+/* NJ random jobs (one seeded sampled) at N ranks: run alone, then joining a running batch
+ * (merge, filter), then with draft_dir as an unsharded draft: the same tokens and logprob
+ * bits; the unsharded engine: the same greedy tokens. */
+enum { TP_NJ = 4 };
+static inline void tp_engine_check(tp_engine_open open, int N, int V, const char *draft_dir,
+                                   uint64_t seed) {
+    test_rng rg;
+    rng_init(&rg, seed);
+    job j[TP_NJ];
+    for (int i = 0; i < TP_NJ; i++) {
+        memset(&j[i], 0, sizeof j[i]);
+        j[i].n_prompt = rng_int(&rg, 5, 60);
+        for (int t = 0; t < j[i].n_prompt; t++) j[i].prompt[t] = rng_int(&rg, 1, V - 1);
+        j[i].max_tokens = rng_int(&rg, 4, 10);
+        j[i].top_logprobs = 1;
+    }
+    j[TP_NJ - 1].temp = 0.8f; /* one seeded sampled request */
+    j[TP_NJ - 1].seed = rng_u64(&rg);
+    result alone[TP_NJ], together[TP_NJ], other[TP_NJ];
+    tqkv_engine *e = open(N, 0, NULL, NULL);
+    for (int i = 0; i < TP_NJ; i++) {
+        submit(e, &j[i], &alone[i]);
+        run_until_idle(e);
+        assert_int_equal(alone[i].n_tok, j[i].max_tokens);
+    }
+    run_staggered(e, j, TP_NJ, together, 2); /* joining a running batch: merge, filter */
+    for (int i = 0; i < TP_NJ; i++) assert_same_tokens(&together[i], &alone[i]);
+    tqkv_engine_stats st;
+    OK(tqkv_engine_stats_get(e, &st));
+    assert_true(st.kv_bytes_per_token > 0);
+    tqkv_engine_free(e);
+    e = open(N, 0, NULL, draft_dir); /* an unsharded draft: spec rounds on the sharded rows */
+    run_staggered(e, j, TP_NJ, other, 1);
+    for (int i = 0; i < TP_NJ; i++) assert_same_tokens(&other[i], &alone[i]);
+    OK(tqkv_engine_stats_get(e, &st));
+    assert_true(st.spec_drafted > 0);
+    tqkv_engine_free(e);
+    e = open(0, 0, NULL, NULL); /* the unsharded engine: the same greedy tokens */
+    int greedy = 0;
+    for (int i = 0; i < TP_NJ; i++) {
+        if (j[i].temp > 0) continue;
+        submit(e, &j[i], &other[i]);
+        run_until_idle(e);
+        assert_int_equal(other[i].n_tok, alone[i].n_tok);
+        assert_memory_equal(other[i].toks, alone[i].toks, sizeof(int32_t) * (size_t)alone[i].n_tok);
+        greedy++;
+    }
+    tqkv_engine_free(e);
+    print_message("engine tp %d: %d requests together == alone (tokens, logprob bits), with a "
+                  "draft too; %d greedy == unsharded\n", N, TP_NJ, greedy);
+}
+
+/* A prefix-cache hit at N ranks (in memory, then from the directory `dir` after a restart)
+ * gives the tokens of a miss; an unsharded engine does not read the sharded entries. */
+static inline void tp_engine_prefix_check(tp_engine_open open, int N, int V, const char *dir,
+                                          uint64_t seed) {
+    test_rng rg;
+    rng_init(&rg, seed);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    job a, b;
+    make_prefix_pair(&rg, V, 6, &a, &b); /* b shares 100 tokens, then differs */
+    result ma, mb, ha, hb;
+    tqkv_engine *e = open(N, 0, NULL, NULL);
+    submit(e, &a, &ma);
+    run_until_idle(e);
+    submit(e, &b, &mb);
+    run_until_idle(e);
+    tqkv_engine_free(e);
+    e = open(N, 64 << 20, dir, NULL);
+    submit(e, &a, &ha);
+    run_until_idle(e);
+    assert_int_equal(ha.cached, 0);
+    submit(e, &b, &hb);
+    run_until_idle(e);
+    assert_int_equal(hb.cached, 96); /* the longest chunk boundary inside the shared prefix */
+    assert_same_tokens(&ha, &ma);
+    assert_same_tokens(&hb, &mb);
+    tqkv_engine_free(e);
+    e = open(N, 64 << 20, dir, NULL); /* restart: the entries from the directory (import) */
+    submit(e, &b, &hb);
+    run_until_idle(e);
+    assert_true(hb.cached >= 96);
+    assert_same_tokens(&hb, &mb);
+    tqkv_engine_free(e);
+    e = open(0, 64 << 20, dir, NULL); /* another fingerprint: not read */
+    submit(e, &b, &hb);
+    run_until_idle(e);
+    assert_int_equal(hb.cached, 0);
+    tqkv_engine_free(e);
+    assert_int_equal(system(cmd), 0);
+    print_message("engine tp %d: prefix-cache hits (memory, directory after a restart) == misses\n", N);
 }
 
 #endif
