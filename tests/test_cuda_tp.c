@@ -475,15 +475,7 @@ static void test_refusals_unchanged_n2(void **st) {
     OK(tqkv_model_state_init(&u, g_model, &p));
     assert_int_equal(tqkv_model_state_merge(s, &u, 1), TQKV_EINVAL);
     tqkv_model_state_free(u);
-    /* bad keeps, a row out of range, a rollback outside a round */
-    const int oob[1] = {2}, dup[2] = {1, 1}, neg[1] = {-1};
-    assert_true(tqkv_model_state_filter(s, oob, 1) != TQKV_OK);
-    assert_true(tqkv_model_state_filter(s, dup, 2) != TQKV_OK);
-    assert_true(tqkv_model_state_filter(s, neg, 1) != TQKV_OK);
-    tqkv_model_state *e = NULL;
-    assert_int_equal(tqkv_model_state_extract_row(s, 2, &e), TQKV_ERANGE);
-    assert_null(e);
-    assert_int_equal(tqkv_model_state_spec_rollback(s, oob, 1), TQKV_ESTATE);
+    tp_bad_keeps_refused(s); /* bad keeps, a row out of range, rollback outside a round */
     /* rank 1's device build fails after rank 0 built its own (TQKV_TP_FAIL_RANK=1) */
     tqkv_model_state *x = tp_copy_of(ref[0]);
     const int inc[1] = {1}, rev[2] = {1, 0};

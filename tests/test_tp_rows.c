@@ -179,15 +179,7 @@ static void test_refusals_unchanged(void **state) {
     OK(tqkv_model_prefill(g_m, t4, t3, NULL, 3, TQKV_LOGITS_NONE, NULL));
     assert_int_equal(tqkv_model_state_merge(s, &t4, 1), TQKV_EINVAL);
     assert_non_null(strstr(tqkv_last_error(), "sharded over 4 ranks, the target over 2"));
-    /* keeps out of range or repeated */
-    const int oob[1] = {2}, dup[2] = {1, 1}, neg[1] = {-1};
-    assert_true(tqkv_model_state_filter(s, oob, 1) != TQKV_OK);
-    assert_true(tqkv_model_state_filter(s, dup, 2) != TQKV_OK);
-    assert_true(tqkv_model_state_filter(s, neg, 1) != TQKV_OK);
-    tqkv_model_state *e = NULL;
-    assert_int_equal(tqkv_model_state_extract_row(s, 2, &e), TQKV_ERANGE);
-    assert_null(e);
-    assert_int_equal(tqkv_model_state_spec_rollback(s, oob, 1), TQKV_ESTATE); /* no round */
+    tp_bad_keeps_refused(s); /* bad keeps, a row out of range, rollback outside a round */
     assert_int_equal(tqkv_model_state_rows(s), 2);
     for (int r = 0; r < TP; r++) assert_int_equal(tqkv_model_state_kv_bytes_rank(s, r), rb[r]);
     OK(tqkv_model_state_check(s));

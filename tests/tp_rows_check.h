@@ -145,6 +145,19 @@ static inline void tp_spec_sequence(const tqkv_model *m, tqkv_model_state *s,
     tp_step_compare(m, s, ref, map, rg, "after a commit");
 }
 
+/* A 2-row sharded state s refuses keeps out of range or repeated, a row out of range and a
+ * rollback outside a round (the caller checks that nothing changed). */
+static inline void tp_bad_keeps_refused(tqkv_model_state *s) {
+    const int oob[1] = {2}, dup[2] = {1, 1}, neg[1] = {-1};
+    assert_true(tqkv_model_state_filter(s, oob, 1) != TQKV_OK);
+    assert_true(tqkv_model_state_filter(s, dup, 2) != TQKV_OK);
+    assert_true(tqkv_model_state_filter(s, neg, 1) != TQKV_OK);
+    tqkv_model_state *e = NULL;
+    assert_int_equal(tqkv_model_state_extract_row(s, 2, &e), TQKV_ERANGE);
+    assert_null(e);
+    assert_int_equal(tqkv_model_state_spec_rollback(s, oob, 1), TQKV_ESTATE); /* no round */
+}
+
 /* ---- the engine on sharded states ---- */
 
 /* An engine of the test's kind (CPU or device) with tensor_parallel tp (0: off). */
