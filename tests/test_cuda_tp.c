@@ -16,8 +16,23 @@
  *    tokens; the same length: the device refuses padded prefill and sharded device states
  *    have no merge) give the same bits, prefill and decodes;
  *  - each rank's cache bytes are its KV heads' share of the unsharded state's;
- *  - row operations on a sharded device state are refused (TQKV_EUNSUPPORTED) and change
- *    nothing; reset works and a second prefill gives the first one's bits.
+ *  - row operations on N = 2 sharded device states (both ranks on GPU 0 or on GPUs 0 and 1),
+ *    as test_tp_rows does on the CPU: merge, filter (in order and reordered, to no rows and
+ *    back), extract: every row then decodes the bits of the same row decoded alone in its
+ *    own sharded device state (tq4 and f32 KV); spec rounds (a verification window, a
+ *    per-row rollback, a commit) give the bits of the same operations on the rows alone;
+ *    export / import (tq4): "TQKVTP01", the import decodes as the rows alone and exports the
+ *    same bytes;
+ *  - refusals change nothing on any rank: a merge past the device's row limit (CUDA_MAX_ROWS:
+ *    cannot fit; refused by rank 0's build), a source of another N, bad keeps, a rollback
+ *    outside a round or with a keep past what a row appended, an export of f32 KV, and rank
+ *    1's device build failing after rank 0's succeeded (TQKV_TP_FAIL_RANK=1: merge, filter
+ *    in order and reordered, spec begin);
+ *  - the engine at N = 2 on the device: requests joining a running batch give the tokens and
+ *    logprob bits they give alone, with an unsharded device draft too, a prefix-cache hit
+ *    (memory, and the directory after a restart: export / import) equals a miss, and the
+ *    greedy tokens equal the unsharded device engine's;
+ *  - reset works and a second prefill gives the first one's bits.
  * Prints "PASS" / "FAIL" per case (cmocka's [ OK ] / [ FAILED ]). Exits 77 (skipped) when
  * the build has no CUDA, no GPU is present or the model is absent.
  */
@@ -27,6 +42,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <unistd.h>
+
+#include "engine_helpers.h" /* OK(), jobs, results, stepping an engine */
+#include "tp_rows_check.h"
 #include "testutil.h"
 #include "tqkv_model.h"
 
@@ -37,12 +56,7 @@
 static tqkv_model *g_model;
 static uint64_t    g_seed;
 static int         V;
-
-#define OK(x)                                                                                     \
-    do {                                                                                          \
-        tqkv_status rc_ = (x);                                                                    \
-        if (rc_ != TQKV_OK) fail_msg("%s: %s", #x, tqkv_last_error());                            \
-    } while (0)
+static char        g_dir[1024];
 
 /* A state of `rows` rows: device 0 / 1, tensor_parallel tp (1 with one_rank: the 1-rank
  * sharded device state). */
@@ -291,9 +305,9 @@ static void invariance_case(int N, tqkv_format f) {
 static void test_invariance_n2_tq4(void **st) { (void)st; invariance_case(2, TQKV_TQ4); }
 static void test_invariance_n4_f32(void **st) { (void)st; invariance_case(4, TQKV_F32); }
 
-/* Row operations refused (nothing changes: the next decode equals a twin's); reset, then
- * the same prefill gives the same bits. */
-static void test_refusals_reset(void **st) {
+/* Reset: the rows emptied (and another row count), then the same prefill gives the same
+ * bits. */
+static void test_reset(void **st) {
     (void)st;
     enum { n = 21 };
     test_rng r;
@@ -301,30 +315,10 @@ static void test_refusals_reset(void **st) {
     int32_t prompt[3 * n]; /* [2 rows, n] from 0, and again from n after the reset */
     random_tokens(&r, prompt, 3 * n);
     const size_t row = sizeof(float) * (size_t)V;
-    float *a = malloc(row * 2), *b = malloc(row * 2), *c = malloc(row * 2);
-    tqkv_model_state *s = new_state(2, TQKV_TQ4, 1, 2, 0), *twin = new_state(2, TQKV_TQ4, 1, 2, 0);
-    tqkv_model_state *other = new_state(1, TQKV_TQ4, 1, 2, 0), *out = NULL;
+    float *a = malloc(row * 2), *c = malloc(row * 2);
+    tqkv_model_state *s = new_state(2, TQKV_TQ4, 1, 2, 0);
     OK(tqkv_model_prefill(g_model, s, prompt, NULL, n, TQKV_LOGITS_LAST, a));
-    OK(tqkv_model_prefill(g_model, twin, prompt, NULL, n, TQKV_LOGITS_LAST, b));
-    assert_memory_equal(a, b, row * 2);
-    const int keep[1] = {1};
-    uint8_t *blob = NULL;
-    size_t blen = 0;
-    assert_int_equal(tqkv_model_state_merge(s, &other, 1), TQKV_EUNSUPPORTED);
-    assert_int_equal(tqkv_model_state_filter(s, keep, 1), TQKV_EUNSUPPORTED);
-    assert_int_equal(tqkv_model_state_extract_row(s, 0, &out), TQKV_EUNSUPPORTED);
-    assert_null(out);
-    assert_int_equal(tqkv_model_state_spec_begin(s), TQKV_EUNSUPPORTED);
-    assert_int_equal(tqkv_model_state_export(s, &blob, &blen), TQKV_EUNSUPPORTED);
-    assert_null(blob);
     int pos[2];
-    OK(tqkv_model_state_offsets(s, pos));
-    assert_true(pos[0] == n && pos[1] == n);
-    OK(tqkv_model_state_check(s));
-    const int32_t next[2] = {7, 11};
-    OK(tqkv_model_decode(g_model, s, next, a));
-    OK(tqkv_model_decode(g_model, twin, next, b));
-    assert_memory_equal(a, b, row * 2);
     OK(tqkv_model_state_reset(s, 0));
     OK(tqkv_model_state_offsets(s, pos));
     assert_true(pos[0] == 0 && pos[1] == 0);
@@ -333,13 +327,230 @@ static void test_refusals_reset(void **st) {
     OK(tqkv_model_state_reset(s, 2));
     OK(tqkv_model_prefill(g_model, s, prompt + n, NULL, n, TQKV_LOGITS_LAST, c));
     assert_memory_equal(a, c, row * 2);
-    print_message("sharded device state: row operations refused, reset and re-prefill bitwise\n");
+    print_message("sharded device state: reset and re-prefill bitwise\n");
     tqkv_model_state_free(s);
-    tqkv_model_state_free(twin);
-    tqkv_model_state_free(other);
     free(a);
-    free(b);
     free(c);
+}
+
+// ---------------------------------------------------------------------------
+// row operations on sharded device states (N = 2), as test_tp_rows on the CPU
+// ---------------------------------------------------------------------------
+
+enum { TPR = 2 };
+
+/* A 1-row N = 2 sharded device state (extend_as_decode: verification windows give the bits
+ * of single decodes) holding a random prompt of n tokens. */
+static tqkv_model_state *rows_state(int rows, tqkv_format kv) {
+    tqkv_model_state_params p = tqkv_model_state_params_default();
+    p.rows = rows;
+    p.k_format = p.v_format = kv;
+    p.threads = 4;
+    p.device = 1;
+    p.tensor_parallel = TPR;
+    p.extend_as_decode = 1;
+    tqkv_model_state *s = NULL;
+    OK(tqkv_model_state_init(&s, g_model, &p));
+    return s;
+}
+
+static tqkv_model_state *prefilled(test_rng *rg, int n, tqkv_format kv) {
+    int32_t tok[64];
+    for (int i = 0; i < n; i++) tok[i] = rng_int(rg, 3, V - 1);
+    tqkv_model_state *s = rows_state(1, kv);
+    OK(tqkv_model_prefill(g_model, s, tok, NULL, n, TQKV_LOGITS_NONE, NULL));
+    return s;
+}
+
+static void rows_case(tqkv_format kv) {
+    if (!tp_fits(TPR)) {
+        skip();
+        return;
+    }
+    test_rng rg;
+    rng_init(&rg, g_seed ^ 0x25a ^ (uint64_t)kv);
+    const int len[4] = {21, 13, 8, 17};
+    tqkv_model_state *ref[4], *src[4];
+    for (int i = 0; i < 4; i++) {
+        ref[i] = prefilled(&rg, len[i], kv);
+        src[i] = tp_copy_of(ref[i]);
+    }
+    tp_rows_sequence(g_model, ref, src, &rg, 0); /* device bytes are capacities */
+    print_message("N = %d on the device, kv %s: merge / filter / extract == rows alone, bitwise\n",
+                  TPR, tqkv_format_name(kv));
+    for (int i = 0; i < 4; i++) {
+        tqkv_model_state_free(ref[i]);
+        tqkv_model_state_free(src[i]);
+    }
+}
+
+static void test_rows_n2_tq4(void **st) { (void)st; rows_case(TQKV_TQ4); }
+static void test_rows_n2_f32(void **st) { (void)st; rows_case(TQKV_F32); }
+
+/* Export, import (tq4: the device's f32 KV has no state format), the import's export. */
+static void export_import_check(tqkv_model_state *s, tqkv_model_state **ref, test_rng *rg) {
+    uint8_t *blob = NULL, *blob2 = NULL;
+    size_t blen = 0, blen2 = 0;
+    OK(tqkv_model_state_export(s, &blob, &blen));
+    assert_memory_equal(blob, "TQKVTP01", 8);
+    tqkv_model_state_params p = tqkv_model_state_params_default();
+    p.k_format = p.v_format = TQKV_TQ4;
+    p.threads = 4;
+    p.device = 1;
+    p.extend_as_decode = 1;
+    p.tensor_parallel = TPR;
+    tqkv_model_state *im = NULL, *none = NULL;
+    OK(tqkv_model_state_import(&im, g_model, &p, blob, blen));
+    assert_int_equal(tqkv_model_state_tensor_parallel(im), TPR);
+    assert_int_equal(tqkv_model_state_rows(im), tqkv_model_state_rows(s));
+    OK(tqkv_model_state_export(im, &blob2, &blen2));
+    assert_int_equal(blen2, blen);
+    assert_memory_equal(blob2, blob, blen);
+    int o1[2], o2[2];
+    OK(tqkv_model_state_offsets(s, o1));
+    OK(tqkv_model_state_offsets(im, o2));
+    assert_memory_equal(o1, o2, sizeof o1);
+    tqkv_model_state *refc[2] = {tp_copy_of(ref[0]), tp_copy_of(ref[1])};
+    const int map[2] = {0, 1};
+    tp_step_compare(g_model, im, refc, map, rg, "imported");
+    p.tensor_parallel = 4; /* another N: refused */
+    assert_int_equal(tqkv_model_state_import(&none, g_model, &p, blob, blen), TQKV_EINVAL);
+    p.tensor_parallel = TPR;
+    assert_int_equal(tqkv_model_state_import(&none, g_model, &p, blob, blen - 1), TQKV_ECORRUPT);
+    assert_null(none);
+    tqkv_model_state_free(refc[0]);
+    tqkv_model_state_free(refc[1]);
+    tqkv_model_state_free(im);
+    free(blob);
+    free(blob2);
+}
+
+static void test_spec_export_n2(void **st) {
+    (void)st;
+    if (!tp_fits(TPR)) {
+        skip();
+        return;
+    }
+    test_rng rg;
+    rng_init(&rg, g_seed ^ 0x5bec);
+    tqkv_model_state *ref[2], *src[2];
+    ref[0] = prefilled(&rg, 19, TQKV_TQ4);
+    ref[1] = prefilled(&rg, 11, TQKV_TQ4);
+    for (int i = 0; i < 2; i++) src[i] = tp_copy_of(ref[i]);
+    tqkv_model_state *s = src[0];
+    OK(tqkv_model_state_merge(s, &src[1], 1));
+    tp_spec_sequence(g_model, s, ref, &rg); /* a per-row rollback, a commit */
+    export_import_check(s, ref, &rg);
+    print_message("N = %d on the device: spec rounds (per-row rollback, commit) == rows alone; "
+                  "export / import round trip bytewise, decodes bitwise\n", TPR);
+    tqkv_model_state_free(s);
+    tqkv_model_state_free(src[1]);
+    for (int i = 0; i < 2; i++) tqkv_model_state_free(ref[i]);
+}
+
+/* Refusals change nothing on any rank: the rows, every rank's cache bytes, the next decode. */
+static void test_refusals_unchanged_n2(void **st) {
+    (void)st;
+    if (!tp_fits(TPR)) {
+        skip();
+        return;
+    }
+    test_rng rg;
+    rng_init(&rg, g_seed ^ 0x4ef);
+    tqkv_model_state *ref[2], *src[2];
+    ref[0] = prefilled(&rg, 12, TQKV_TQ4);
+    ref[1] = prefilled(&rg, 7, TQKV_TQ4);
+    for (int i = 0; i < 2; i++) src[i] = tp_copy_of(ref[i]);
+    tqkv_model_state *s = src[0];
+    OK(tqkv_model_state_merge(s, &src[1], 1));
+    size_t rb[TPR];
+    for (int r = 0; r < TPR; r++) rb[r] = tqkv_model_state_kv_bytes_rank(s, r);
+    /* a merge that cannot fit: past the device's rows (CUDA_MAX_ROWS) */
+    tqkv_model_state *big = rows_state(CUDA_MAX_ROWS - 1, TQKV_TQ4);
+    assert_int_equal(tqkv_model_state_merge(s, &big, 1), TQKV_EUNSUPPORTED);
+    print_message("merge of %d + %d rows refused: %s\n", 2, CUDA_MAX_ROWS - 1, tqkv_last_error());
+    tqkv_model_state_free(big);
+    /* a source of another N */
+    tqkv_model_state_params p = tqkv_model_state_params_default();
+    p.k_format = p.v_format = TQKV_TQ4;
+    p.device = 1;
+    p.tensor_parallel = 1;
+    tqkv_model_state *u = NULL;
+    OK(tqkv_model_state_init(&u, g_model, &p));
+    assert_int_equal(tqkv_model_state_merge(s, &u, 1), TQKV_EINVAL);
+    tqkv_model_state_free(u);
+    tp_bad_keeps_refused(s); /* bad keeps, a row out of range, rollback outside a round */
+    /* rank 1's device build fails after rank 0 built its own (TQKV_TP_FAIL_RANK=1) */
+    tqkv_model_state *x = tp_copy_of(ref[0]);
+    const int inc[1] = {1}, rev[2] = {1, 0};
+    setenv("TQKV_TP_FAIL_RANK", "1", 1);
+    assert_int_equal(tqkv_model_state_merge(s, &x, 1), TQKV_ENOMEM);
+    assert_int_equal(tqkv_model_state_filter(s, inc, 1), TQKV_ENOMEM);
+    assert_int_equal(tqkv_model_state_filter(s, rev, 2), TQKV_ENOMEM);
+    assert_int_equal(tqkv_model_state_spec_begin(s), TQKV_ENOMEM);
+    unsetenv("TQKV_TP_FAIL_RANK");
+    tqkv_model_state_free(x);
+    assert_int_equal(tqkv_model_state_spec_active(s), 0);
+    assert_int_equal(tqkv_model_state_rows(s), 2);
+    for (int r = 0; r < TPR; r++) assert_int_equal(tqkv_model_state_kv_bytes_rank(s, r), rb[r]);
+    OK(tqkv_model_state_check(s));
+    const int map[2] = {0, 1};
+    tp_step_compare(g_model, s, ref, map, &rg, "after refusals");
+    /* f32 KV: the device's dense bf16 cache has no state format */
+    tqkv_model_state *f = rows_state(1, TQKV_F32);
+    uint8_t *blob = NULL;
+    size_t blen = 0;
+    assert_int_equal(tqkv_model_state_export(f, &blob, &blen), TQKV_EUNSUPPORTED);
+    assert_null(blob);
+    tqkv_model_state_free(f);
+    print_message("N = %d on the device: refusals (a merge past %d rows, another N, bad keeps, "
+                  "rollback outside a round, f32 export) and rank 1 failing after rank 0 (merge, "
+                  "filter, spec begin) left every rank unchanged\n", TPR, CUDA_MAX_ROWS);
+    tqkv_model_state_free(s);
+    tqkv_model_state_free(src[1]);
+    for (int i = 0; i < 2; i++) tqkv_model_state_free(ref[i]);
+}
+
+// ---------------------------------------------------------------------------
+// the engine at N = 2 on the device
+// ---------------------------------------------------------------------------
+
+static tqkv_engine *dev_engine(int tp, size_t prefix_bytes, const char *cache_dir,
+                               const char *draft) {
+    tqkv_engine_params p = tqkv_engine_params_default();
+    p.model_dir = g_dir;
+    p.draft_dir = draft;
+    p.k_format = p.v_format = TQKV_TQ4;
+    p.threads = 4;
+    p.prefill_chunk = 32;
+    p.prefix_cache_bytes = prefix_bytes;
+    p.prompt_cache_dir = cache_dir;
+    p.device = 1;
+    p.tensor_parallel = tp;
+    p.bf16_act = 0; /* as the states above */
+    tqkv_engine *e = NULL;
+    OK(tqkv_engine_init(&e, &p));
+    return e;
+}
+
+static void test_engine_n2(void **st) {
+    (void)st;
+    if (!tp_fits(TPR)) {
+        skip();
+        return;
+    }
+    tp_engine_check(dev_engine, TPR, V, g_dir, g_seed ^ 0xe25); /* an unsharded device draft */
+}
+
+static void test_engine_n2_prefix(void **st) {
+    (void)st;
+    if (!tp_fits(TPR)) {
+        skip();
+        return;
+    }
+    char dir[256];
+    snprintf(dir, sizeof dir, "/tmp/tqkv_test_cuda_tp_pc_%d", (int)getpid());
+    tp_engine_prefix_check(dev_engine, TPR, V, dir, g_seed ^ 0xfc);
 }
 
 int main(void) {
@@ -347,10 +558,11 @@ int main(void) {
         printf("SKIPPED: no CUDA device\n");
         return 77;
     }
-    char d[1024];
+    char *d = g_dir;
+    const size_t dn = sizeof g_dir;
     const char *env = getenv("TQKV_TEST_MODEL");
-    if (env) snprintf(d, sizeof d, "%s", env);
-    else source_path("models/qwen3-code-28m", d, sizeof d);
+    if (env) snprintf(d, dn, "%s", env);
+    else source_path("models/qwen3-code-28m", d, dn);
     struct stat sb;
     if (stat(d, &sb) != 0) {
         printf("SKIPPED: no model at %s\n", d);
@@ -376,7 +588,13 @@ int main(void) {
         cmocka_unit_test(test_parity_n4_f32),
         cmocka_unit_test(test_invariance_n2_tq4),
         cmocka_unit_test(test_invariance_n4_f32),
-        cmocka_unit_test(test_refusals_reset),
+        cmocka_unit_test(test_reset),
+        cmocka_unit_test(test_rows_n2_tq4),
+        cmocka_unit_test(test_rows_n2_f32),
+        cmocka_unit_test(test_spec_export_n2),
+        cmocka_unit_test(test_refusals_unchanged_n2),
+        cmocka_unit_test(test_engine_n2),
+        cmocka_unit_test(test_engine_n2_prefix),
     };
     const char *only = getenv("TQKV_TEST_FILTER");
     if (only) cmocka_set_test_filter(only);

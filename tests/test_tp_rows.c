@@ -9,7 +9,9 @@
  *     and leaves the round as it was;
  *   - export / import: the import decodes as the exported state, its export is the same
  *     bytes; a mismatched N, an unsharded target or source, a truncated export refuse;
- *   - refusals (a source of another N, bad keeps) change nothing on any rank;
+ *   - refusals (a source of another N, bad keeps) change nothing on any rank; a failure of
+ *     rank 1's fallible half (TQKV_TP_FAIL_RANK=1) after rank 0 did its own (merge, rebuilt
+ *     filter, spec begin) leaves both ranks as they were;
  *   - the engine with tensor_parallel 2: requests together give the tokens (and logprob
  *     bits) they give alone, a prefix-cache hit (memory and directory) equals a miss, an
  *     unsharded draft changes nothing, and the greedy tokens equal the unsharded engine's.
@@ -26,6 +28,7 @@
 #include <unistd.h>
 
 #include "engine_helpers.h"
+#include "tp_rows_check.h"
 #include "testutil.h"
 #include "tqkv_model.h"
 
@@ -56,31 +59,6 @@ static tqkv_model_state *prefilled(test_rng *rg, int n, tqkv_format kv) {
     return s;
 }
 
-/* A 1-row copy of a 1-row state (through the lockstep extract). */
-static tqkv_model_state *copy_of(const tqkv_model_state *s) {
-    tqkv_model_state *c = NULL;
-    OK(tqkv_model_state_extract_row(s, 0, &c));
-    return c;
-}
-
-/* One decode of random tokens on s and, row by row, on the lone row ref[map[i]]: the same
- * bits. */
-static void step_compare(tqkv_model_state *s, tqkv_model_state **ref, const int *map,
-                         test_rng *rg, const char *what) {
-    const int R = tqkv_model_state_rows(s);
-    int32_t in[8];
-    float *ls = malloc(sizeof(float) * (size_t)(R ? R : 1) * V), *lr = malloc(sizeof(float) * (size_t)V);
-    for (int i = 0; i < R; i++) in[i] = rng_int(rg, 3, V - 1);
-    OK(tqkv_model_decode(g_m, s, in, ls));
-    for (int i = 0; i < R; i++) {
-        OK(tqkv_model_decode(g_m, ref[map[i]], &in[i], lr));
-        if (memcmp(ls + (size_t)i * V, lr, sizeof(float) * (size_t)V))
-            fail_msg("%s: row %d differs from its row alone (%d)", what, i, map[i]);
-    }
-    free(ls);
-    free(lr);
-}
-
 // ---------------------------------------------------------------------------
 // merge / filter / extract
 // ---------------------------------------------------------------------------
@@ -95,52 +73,11 @@ static void test_merge_filter_extract(void **state) {
         tqkv_model_state *ref[4], *src[4];
         for (int i = 0; i < 4; i++) {
             ref[i] = prefilled(&rg, len[i], kvs[k]);
-            src[i] = copy_of(ref[i]);
+            src[i] = tp_copy_of(ref[i]);
         }
-        tqkv_model_state *s = src[0];
-        /* merge two sources (in place): 3 rows of different lengths */
-        OK(tqkv_model_state_merge(s, &src[1], 2));
-        assert_int_equal(tqkv_model_state_rows(s), 3);
-        OK(tqkv_model_state_check(s));
-        int map3[3] = {0, 1, 2};
-        for (int t = 0; t < 2; t++) step_compare(s, ref, map3, &rg, "merged");
-        /* filter in place (increasing keep): rows 0 and 2 */
-        const int inc[2] = {0, 2};
-        OK(tqkv_model_state_filter(s, inc, 2));
-        int map2[2] = {0, 2};
-        step_compare(s, ref, map2, &rg, "filtered in place");
-        /* merge again, then a rebuilt filter (keep not increasing) */
-        OK(tqkv_model_state_merge(s, &src[3], 1));
-        int map3b[3] = {0, 2, 3};
-        step_compare(s, ref, map3b, &rg, "merged again");
-        const int rev[2] = {2, 0};
-        OK(tqkv_model_state_filter(s, rev, 2));
-        int map2b[2] = {3, 0};
-        step_compare(s, ref, map2b, &rg, "filter rebuilt");
-        /* extract row 0 (ref 3): a 1-row sharded state; s unchanged */
-        const size_t bytes = tqkv_model_state_kv_bytes_used(s);
-        tqkv_model_state *e = NULL;
-        OK(tqkv_model_state_extract_row(s, 0, &e));
-        assert_int_equal(tqkv_model_state_tensor_parallel(e), TP);
-        assert_int_equal(tqkv_model_state_rows(e), 1);
-        assert_int_equal(tqkv_model_state_kv_bytes_used(s), bytes);
-        for (int r = 0; r < TP; r++)
-            assert_int_equal(tqkv_model_state_kv_bytes_rank(e, r), tqkv_model_state_kv_bytes_rank(ref[3], r));
-        int map1[1] = {3};
-        step_compare(e, ref, map1, &rg, "extracted");
-        /* s's row 0 is now behind ref 3: keep only row 1 (ref 0) */
-        const int one = 1;
-        OK(tqkv_model_state_filter(s, &one, 1));
-        int map1b[1] = {0};
-        step_compare(s, ref, map1b, &rg, "filtered to one");
-        /* to no rows and back */
-        OK(tqkv_model_state_filter(s, NULL, 0));
-        assert_int_equal(tqkv_model_state_rows(s), 0);
-        OK(tqkv_model_state_merge(s, &e, 1));
-        step_compare(s, ref, map1, &rg, "merged into an empty state");
+        tp_rows_sequence(g_m, ref, src, &rg, 1);
         print_message("kv %s: merge / filter / extract on tp %d == rows alone\n",
                       tqkv_format_name(kvs[k]), TP);
-        tqkv_model_state_free(e);
         for (int i = 0; i < 4; i++) {
             tqkv_model_state_free(ref[i]);
             tqkv_model_state_free(src[i]);
@@ -152,25 +89,6 @@ static void test_merge_filter_extract(void **state) {
 // spec rounds, export / import
 // ---------------------------------------------------------------------------
 
-/* A verification window of W tokens per row in a spec round: s's window logits equal the
- * lone rows' windows. */
-enum { W = 3 };
-static void window_compare(tqkv_model_state *s, tqkv_model_state **ref, const int *map,
-                           test_rng *rg) {
-    const int R = tqkv_model_state_rows(s);
-    int32_t win[8 * W];
-    float *ls = malloc(sizeof(float) * (size_t)R * W * V), *lr = malloc(sizeof(float) * W * (size_t)V);
-    for (int i = 0; i < R * W; i++) win[i] = rng_int(rg, 3, V - 1);
-    OK(tqkv_model_extend(g_m, s, win, W, TQKV_LOGITS_ALL, ls));
-    for (int i = 0; i < R; i++) {
-        OK(tqkv_model_extend(g_m, ref[map[i]], win + i * W, W, TQKV_LOGITS_ALL, lr));
-        if (memcmp(ls + (size_t)i * W * V, lr, sizeof(float) * W * (size_t)V))
-            fail_msg("window: row %d differs from its row alone", i);
-    }
-    free(ls);
-    free(lr);
-}
-
 static void test_spec_and_export(void **state) {
     (void)state;
     test_rng rg;
@@ -178,44 +96,13 @@ static void test_spec_and_export(void **state) {
     tqkv_model_state *ref[2], *src[2];
     ref[0] = prefilled(&rg, 19, TQKV_TQ4);
     ref[1] = prefilled(&rg, 11, TQKV_TQ4);
-    for (int i = 0; i < 2; i++) src[i] = copy_of(ref[i]);
+    for (int i = 0; i < 2; i++) src[i] = tp_copy_of(ref[i]);
     tqkv_model_state *s = src[0];
     OK(tqkv_model_state_merge(s, &src[1], 1));
     const int map[2] = {0, 1};
-
-    /* a round rolled back per row: keep 1 and 3 of the 3 appended */
-    OK(tqkv_model_state_spec_begin(s));
-    assert_int_equal(tqkv_model_state_spec_begin(s), TQKV_ESTATE);
-    for (int i = 0; i < 2; i++) OK(tqkv_model_state_spec_begin(ref[i]));
-    window_compare(s, ref, map, &rg);
-    int off[2], off2[2];
-    OK(tqkv_model_state_offsets(s, off));
-    const int bad[2] = {1, W + 1};
-    assert_int_equal(tqkv_model_state_spec_rollback(s, bad, 2), TQKV_ERANGE);
-    assert_int_equal(tqkv_model_state_spec_active(s), 1);
-    OK(tqkv_model_state_offsets(s, off2));
-    assert_memory_equal(off, off2, sizeof off);
+    tp_spec_sequence(g_m, s, ref, &rg); /* a per-row rollback, a commit */
     uint8_t *blob = NULL;
     size_t blen = 0;
-    assert_int_equal(tqkv_model_state_export(s, &blob, &blen), TQKV_ESTATE);
-    assert_null(blob);
-    const int keep[2] = {1, W};
-    OK(tqkv_model_state_spec_rollback(s, keep, 2));
-    for (int i = 0; i < 2; i++) OK(tqkv_model_state_spec_rollback(ref[i], &keep[i], 1));
-    OK(tqkv_model_state_offsets(s, off2));
-    assert_int_equal(off2[0], off[0] - W + 1);
-    assert_int_equal(off2[1], off[1]);
-    step_compare(s, ref, map, &rg, "after a rollback");
-
-    /* a round committed */
-    OK(tqkv_model_state_spec_begin(s));
-    for (int i = 0; i < 2; i++) OK(tqkv_model_state_spec_begin(ref[i]));
-    window_compare(s, ref, map, &rg);
-    OK(tqkv_model_state_spec_commit(s));
-    for (int i = 0; i < 2; i++) OK(tqkv_model_state_spec_commit(ref[i]));
-    assert_int_equal(tqkv_model_state_spec_commit(s), TQKV_ESTATE);
-    step_compare(s, ref, map, &rg, "after a commit");
-
     /* export / import: the same rows, the same bytes again */
     OK(tqkv_model_state_export(s, &blob, &blen));
     assert_memory_equal(blob, "TQKVTP01", 8);
@@ -236,8 +123,8 @@ static void test_spec_and_export(void **state) {
     assert_memory_equal(blob2, blob, blen);
     free(blob2);
     /* the import decodes as the rows alone (and so as s) */
-    tqkv_model_state *refc[2] = {copy_of(ref[0]), copy_of(ref[1])};
-    step_compare(im, refc, map, &rg, "imported");
+    tqkv_model_state *refc[2] = {tp_copy_of(ref[0]), tp_copy_of(ref[1])};
+    tp_step_compare(g_m, im, refc, map, &rg, "imported");
     tqkv_model_state_free(refc[0]);
     tqkv_model_state_free(refc[1]);
 
@@ -286,7 +173,7 @@ static void test_refusals_unchanged(void **state) {
     tqkv_model_state *ref[2], *src[2];
     ref[0] = prefilled(&rg, 12, TQKV_TQ4);
     ref[1] = prefilled(&rg, 7, TQKV_TQ4);
-    for (int i = 0; i < 2; i++) src[i] = copy_of(ref[i]);
+    for (int i = 0; i < 2; i++) src[i] = tp_copy_of(ref[i]);
     tqkv_model_state *s = src[0];
     OK(tqkv_model_state_merge(s, &src[1], 1));
     size_t rb[TP];
@@ -303,24 +190,60 @@ static void test_refusals_unchanged(void **state) {
         assert_int_equal(tqkv_model_state_merge(s, &t4, 1), TQKV_EINVAL);
         assert_non_null(strstr(tqkv_last_error(), "sharded over 4 ranks, the target over 2"));
     }
-    /* keeps out of range or repeated */
-    const int oob[1] = {2}, dup[2] = {1, 1}, neg[1] = {-1};
-    assert_true(tqkv_model_state_filter(s, oob, 1) != TQKV_OK);
-    assert_true(tqkv_model_state_filter(s, dup, 2) != TQKV_OK);
-    assert_true(tqkv_model_state_filter(s, neg, 1) != TQKV_OK);
-    tqkv_model_state *e = NULL;
-    assert_int_equal(tqkv_model_state_extract_row(s, 2, &e), TQKV_ERANGE);
-    assert_null(e);
-    assert_int_equal(tqkv_model_state_spec_rollback(s, oob, 1), TQKV_ESTATE); /* no round */
+    tp_bad_keeps_refused(s); /* bad keeps, a row out of range, rollback outside a round */
     assert_int_equal(tqkv_model_state_rows(s), 2);
     for (int r = 0; r < TP; r++) assert_int_equal(tqkv_model_state_kv_bytes_rank(s, r), rb[r]);
     OK(tqkv_model_state_check(s));
     const int map[2] = {0, 1};
-    step_compare(s, ref, map, &rg, "after refusals");
+    tp_step_compare(g_m, s, ref, map, &rg, "after refusals");
     tqkv_model_state_free(t4);
     tqkv_model_state_free(s);
     tqkv_model_state_free(src[1]);
     for (int i = 0; i < 2; i++) tqkv_model_state_free(ref[i]);
+}
+
+/* Rank 1 fails after rank 0 did its part (TQKV_TP_FAIL_RANK=1): merge, rebuilt filter and
+ * spec begin change nothing on either rank; then the same operations succeed. */
+static void test_rank_failure_unchanged(void **state) {
+    (void)state;
+    test_rng rg;
+    rng_init(&rg, test_seed() ^ 0xfa1);
+    tqkv_model_state *ref[3], *src[3];
+    const int len[3] = {14, 9, 5};
+    for (int i = 0; i < 3; i++) {
+        ref[i] = prefilled(&rg, len[i], TQKV_TQ4);
+        src[i] = tp_copy_of(ref[i]);
+    }
+    tqkv_model_state *s = src[0];
+    OK(tqkv_model_state_merge(s, &src[1], 1));
+    size_t rb[TP];
+    for (int r = 0; r < TP; r++) rb[r] = tqkv_model_state_kv_bytes_rank(s, r);
+    int off[2], off2[2];
+    OK(tqkv_model_state_offsets(s, off));
+    const int rev[2] = {1, 0};
+    setenv("TQKV_TP_FAIL_RANK", "1", 1);
+    assert_int_equal(tqkv_model_state_merge(s, &src[2], 1), TQKV_ENOMEM);
+    assert_non_null(strstr(tqkv_last_error(), "rank 1"));
+    assert_int_equal(tqkv_model_state_filter(s, rev, 2), TQKV_ENOMEM);
+    assert_int_equal(tqkv_model_state_spec_begin(s), TQKV_ENOMEM);
+    unsetenv("TQKV_TP_FAIL_RANK");
+    assert_int_equal(tqkv_model_state_rows(s), 2);
+    assert_int_equal(tqkv_model_state_spec_active(s), 0);
+    for (int r = 0; r < TP; r++) assert_int_equal(tqkv_model_state_kv_bytes_rank(s, r), rb[r]);
+    OK(tqkv_model_state_check(s));
+    OK(tqkv_model_state_offsets(s, off2));
+    assert_memory_equal(off, off2, sizeof off);
+    const int map[2] = {0, 1};
+    tp_step_compare(g_m, s, ref, map, &rg, "after rank 1's failures");
+    OK(tqkv_model_state_merge(s, &src[2], 1)); /* then it works */
+    OK(tqkv_model_state_filter(s, (const int[]){2, 0}, 2));
+    const int map2[2] = {2, 0};
+    tp_step_compare(g_m, s, ref, map2, &rg, "merge and filter after the failures");
+    print_message("tp %d: rank 1 failing after rank 0 (merge, filter, spec begin): no rank "
+                  "changed\n", TP);
+    tqkv_model_state_free(s);
+    for (int i = 1; i < 3; i++) tqkv_model_state_free(src[i]);
+    for (int i = 0; i < 3; i++) tqkv_model_state_free(ref[i]);
 }
 
 // ---------------------------------------------------------------------------
@@ -343,107 +266,16 @@ static tqkv_engine *tp_engine(int tp, size_t prefix_bytes, const char *cache_dir
     return e;
 }
 
-static void rm_dir(const char *d) {
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", d);
-    assert_int_equal(system(cmd), 0);
-}
-
-enum { NJ = 4 };
-
 static void test_engine_tp(void **state) {
     (void)state;
-    test_rng rg;
-    rng_init(&rg, test_seed() ^ 0xe25);
-    job j[NJ];
-    for (int i = 0; i < NJ; i++) {
-        memset(&j[i], 0, sizeof j[i]);
-        j[i].n_prompt = rng_int(&rg, 5, 60);
-        for (int t = 0; t < j[i].n_prompt; t++) j[i].prompt[t] = rng_int(&rg, 1, V - 1);
-        j[i].max_tokens = rng_int(&rg, 4, 10);
-        j[i].top_logprobs = 1;
-    }
-    j[NJ - 1].temp = 0.8f; /* one seeded sampled request */
-    j[NJ - 1].seed = rng_u64(&rg);
-    result alone[NJ], together[NJ], other[NJ];
-    tqkv_engine *e = tp_engine(TP, 0, NULL, NULL);
-    for (int i = 0; i < NJ; i++) {
-        submit(e, &j[i], &alone[i]);
-        run_until_idle(e);
-        assert_int_equal(alone[i].n_tok, j[i].max_tokens);
-    }
-    run_staggered(e, j, NJ, together, 2); /* joining a running batch: merge, filter */
-    for (int i = 0; i < NJ; i++) assert_same_tokens(&together[i], &alone[i]);
-    tqkv_engine_stats st;
-    OK(tqkv_engine_stats_get(e, &st));
-    assert_true(st.kv_bytes_per_token > 0);
-    tqkv_engine_free(e);
-
-    /* an unsharded draft: spec rounds on the sharded rows, the same tokens */
-    e = tp_engine(TP, 0, NULL, g_dir);
-    run_staggered(e, j, NJ, other, 1);
-    for (int i = 0; i < NJ; i++) assert_same_tokens(&other[i], &alone[i]);
-    OK(tqkv_engine_stats_get(e, &st));
-    assert_true(st.spec_drafted > 0);
-    tqkv_engine_free(e);
-
-    /* the unsharded engine (exact f32 products): the same greedy tokens */
-    e = tp_engine(1, 0, NULL, NULL);
-    int greedy = 0;
-    for (int i = 0; i < NJ; i++) {
-        if (j[i].temp > 0) continue;
-        submit(e, &j[i], &other[i]);
-        run_until_idle(e);
-        assert_int_equal(other[i].n_tok, alone[i].n_tok);
-        assert_memory_equal(other[i].toks, alone[i].toks, sizeof(int32_t) * (size_t)alone[i].n_tok);
-        greedy++;
-    }
-    print_message("engine tp %d: %d requests together == alone, with a draft too; %d greedy "
-                  "== unsharded\n", TP, NJ, greedy);
-    tqkv_engine_free(e);
+    tp_engine_check(tp_engine, TP, V, g_dir, test_seed() ^ 0xe25);
 }
 
 static void test_engine_tp_prefix(void **state) {
     (void)state;
-    test_rng rg;
-    rng_init(&rg, test_seed() ^ 0xfc);
     char dir[256];
     snprintf(dir, sizeof dir, "/tmp/tqkv_test_tp_pc_%d", (int)getpid());
-    rm_dir(dir);
-    job a, b;
-    make_prefix_pair(&rg, V, 6, &a, &b); /* b shares 100 tokens, then differs */
-    result ma, mb, ha, hb;
-    tqkv_engine *e = tp_engine(TP, 0, NULL, NULL);
-    submit(e, &a, &ma);
-    run_until_idle(e);
-    submit(e, &b, &mb);
-    run_until_idle(e);
-    tqkv_engine_free(e);
-
-    e = tp_engine(TP, 64 << 20, dir, NULL);
-    submit(e, &a, &ha);
-    run_until_idle(e);
-    assert_int_equal(ha.cached, 0);
-    submit(e, &b, &hb);
-    run_until_idle(e);
-    assert_int_equal(hb.cached, 96); /* longest chunk boundary inside the shared prefix */
-    assert_same_tokens(&ha, &ma);
-    assert_same_tokens(&hb, &mb);
-    tqkv_engine_free(e);
-    /* restart: the sharded entries come back from the directory (export / import) */
-    e = tp_engine(TP, 64 << 20, dir, NULL);
-    submit(e, &b, &hb);
-    run_until_idle(e);
-    assert_true(hb.cached >= 96);
-    assert_same_tokens(&hb, &mb);
-    tqkv_engine_free(e);
-    /* an unsharded engine does not read the sharded entries (another fingerprint) */
-    e = tp_engine(1, 64 << 20, dir, NULL);
-    submit(e, &b, &hb);
-    run_until_idle(e);
-    assert_int_equal(hb.cached, 0);
-    tqkv_engine_free(e);
-    rm_dir(dir);
+    tp_engine_prefix_check(tp_engine, TP, V, dir, test_seed() ^ 0xfc);
 }
 
 /* The model `rel` into g_m / g_dir: ../shared's (in_tree 0) or the source tree's. 0; 77
@@ -476,6 +308,7 @@ int main(void) {
         cmocka_unit_test(test_merge_filter_extract),
         cmocka_unit_test(test_spec_and_export),
         cmocka_unit_test(test_refusals_unchanged),
+        cmocka_unit_test(test_rank_failure_unchanged),
         cmocka_unit_test(test_engine_tp),
         cmocka_unit_test(test_engine_tp_prefix),
     };

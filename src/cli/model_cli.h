@@ -53,11 +53,10 @@ double mcli_kv_bits(const tqkv_model *m, tqkv_model_state *s, int ctx);
 int  mcli_check_window(const char *cmd, int window, tqkv_format k, tqkv_format v);
 /* --device: "cpu" -> 0, "cuda" -> 1 (tqkv_model_state_params.device); 0 or -1 (printed). */
 int  mcli_parse_device(const char *cmd, const char *name, int *out);
-/* --tensor-parallel N (docs/TP.md) into p->tensor_parallel: 0..8 (0, 1 = off); with
- * --device cuda refused for serve only (the sharded device state has no row operations).
- * 0 or -1 (printed). */
+/* --tensor-parallel N (docs/TP.md) into p->tensor_parallel: 0..8 (0, 1 = off); any device
+ * (the state refuses what the device cannot shard). 0 or -1 (printed). */
 int  mcli_parse_tp(const char *cmd, int n, int device, tqkv_model_state_params *p);
-#define MCLI_TP_HELP "ranks of tensor parallelism (Megatron sharding, docs/TP.md), each with its shard of the weights and the cache of its KV heads: on the CPU they run one after another; with --device cuda (the Llama family) each rank is a device state on GPU rank % visible GPUs (not with serve yet); must divide the heads and MLP width (default 1 = off)"
+#define MCLI_TP_HELP "ranks of tensor parallelism (Megatron sharding, docs/TP.md), each with its shard of the weights and the cache of its KV heads: on the CPU they run one after another; with --device cuda (the Llama family) each rank is a device state on GPU rank % visible GPUs; must divide the heads and MLP width (default 1 = off)"
 /* Number of online CPUs (>= 1). */
 int  mcli_cpus(void);
 /* Whole file into a malloc'd NUL-terminated buffer; 0 or -1 (message printed). */

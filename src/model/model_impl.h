@@ -87,6 +87,9 @@ struct tqkv_model {
     char                   source[1024]; /* weights file or index, for messages */
     struct model_cuda_weights *gpu_weights; /* --device cuda: bf16 weights in GPU memory,
                                                uploaded by the first device state (model_cuda.h) */
+    struct model_tp_models *tp_models;  /* tensor parallelism: the rank models of one N, made
+                                           by its first sharded state, shared by the later ones
+                                           (tp/tp_state.h), or NULL */
     const struct model_arch_ops *ops;   /* the architecture (arch/arch.h) */
     void                  *arch;        /* the architecture's own model data (its load sets
                                            it; memory from model_own), or NULL */

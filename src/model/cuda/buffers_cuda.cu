@@ -75,37 +75,83 @@ void mc_graph_drop(model_cuda *g) {
     g->gen++;
 }
 
-tqkv_status mc_install_caches(model_cuda *g, cuda_kv **kv, float *rec_state, int *rec_tokens,
-                              int rows) {
-    int *off = (int *)calloc((size_t)(rows ? rows : 1), sizeof(int));
-    int *steps = g->rec.n_lin ? (int *)calloc((size_t)(rows ? rows : 1), sizeof(int)) : NULL;
-    tqkv_status st = off && (steps || !g->rec.n_lin) ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "out of memory");
-    if (!st && g->rec.n_lin && (!rec_state || !rec_tokens))
-        st = tqkv_fail(TQKV_EINVAL, "device state: install without recurrent rows");
-    for (int l = 0; l < g->m->cfg.n_layers && !st; l++)
-        if (kv[l]) st = tqkv_cuda_kv_set_stream(kv[l], g->stream);
-    if (st) {
-        free(off);
-        free(steps);
-        mc_free_cache_array(kv, g->m->cfg.n_layers);
-        if (rec_state) cudaStreamSynchronize(g->stream); /* its zeroing / copies may be queued */
+/* What an install of new caches puts into a twin, made before it changes anything (the
+ * fallible half: the per-row arrays, the caches moved to the twin's stream). */
+struct model_cuda_rows {
+    cuda_kv    **kv;          /* [L] new caches (NULL entries: layers without KV) */
+    int          L;
+    float       *rec_state;   /* [rows, row_floats] device, or NULL */
+    int         *rec_tokens;  /* [rows] host, or NULL */
+    int         *off, *steps; /* [rows] the twin's offsets, recurrent spec steps (or NULL) */
+    int          rows;
+    cudaStream_t stream;      /* the twin's: the recurrent rows' zeroing / copies queued there */
+};
+
+extern "C" void model_cuda_rows_free(model_cuda_rows *b) {
+    if (!b) return;
+    mc_free_cache_array(b->kv, b->L);
+    if (b->rec_state) cudaStreamSynchronize(b->stream); /* its zeroing / copies may be queued */
+    cudaFree(b->rec_state);
+    free(b->rec_tokens);
+    free(b->off);
+    free(b->steps);
+    free(b);
+}
+
+tqkv_status mc_rows_make(model_cuda *g, cuda_kv **kv, float *rec_state, int *rec_tokens, int rows,
+                         model_cuda_rows **out) {
+    model_cuda_rows *b = (model_cuda_rows *)calloc(1, sizeof *b);
+    const int L = g->m->cfg.n_layers;
+    if (!b) { /* take ownership also on failure */
+        mc_free_cache_array(kv, L);
+        if (rec_state) cudaStreamSynchronize(g->stream);
         cudaFree(rec_state);
         free(rec_tokens);
+        return tqkv_fail(TQKV_ENOMEM, "out of memory");
+    }
+    b->kv = kv;
+    b->L = L;
+    b->rec_state = rec_state;
+    b->rec_tokens = rec_tokens;
+    b->rows = rows;
+    b->stream = g->stream;
+    b->off = (int *)calloc((size_t)(rows ? rows : 1), sizeof(int));
+    b->steps = g->rec.n_lin ? (int *)calloc((size_t)(rows ? rows : 1), sizeof(int)) : NULL;
+    tqkv_status st = b->off && (b->steps || !g->rec.n_lin) ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "out of memory");
+    if (!st && g->rec.n_lin && (!rec_state || !rec_tokens))
+        st = tqkv_fail(TQKV_EINVAL, "device state: install without recurrent rows");
+    for (int l = 0; l < L && !st; l++)
+        if (kv[l]) st = tqkv_cuda_kv_set_stream(kv[l], g->stream);
+    if (st) {
+        model_cuda_rows_free(b);
         return st;
     }
+    *out = b;
+    return TQKV_OK;
+}
+
+extern "C" void model_cuda_rows_install(model_cuda *g, model_cuda_rows *b) {
     mc_graph_drop(g);
     mc_free_caches(g);
-    g->kv = kv;
-    g->rec.state = rec_state;
-    g->rec.tokens = rec_tokens;
-    g->rec.spec_steps = steps;
+    g->kv = b->kv;
+    g->rec.state = b->rec_state;
+    g->rec.tokens = b->rec_tokens;
+    g->rec.spec_steps = b->steps;
     free(g->off);
-    g->off = off;
-    if (rows != g->rows) {
+    g->off = b->off;
+    if (b->rows != g->rows) {
         mc_free_scratch(g); /* row-shaped buffers */
-        g->rows = rows;
+        g->rows = b->rows;
     }
-    return TQKV_OK;
+    free(b);
+}
+
+tqkv_status mc_install_caches(model_cuda *g, cuda_kv **kv, float *rec_state, int *rec_tokens,
+                              int rows) {
+    model_cuda_rows *b = NULL;
+    const tqkv_status st = mc_rows_make(g, kv, rec_state, rec_tokens, rows, &b);
+    if (!st) model_cuda_rows_install(g, b);
+    return st;
 }
 
 tqkv_status mc_make_caches(model_cuda *g, int rows) {

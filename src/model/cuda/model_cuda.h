@@ -58,6 +58,19 @@ tqkv_status model_cuda_fill(model_cuda *g, int n, uint64_t seed);
 tqkv_status model_cuda_merge(model_cuda *g, model_cuda *const *src, int n);
 tqkv_status model_cuda_filter(model_cuda *g, const int *keep, int n);
 tqkv_status model_cuda_extract(const model_cuda *g, int row, model_cuda *dst);
+/* The same three operations in two halves, for callers that change several twins in
+ * lockstep (a sharded state's ranks, tp/tp_rows.c): the build (every allocation: the new
+ * caches and per-row arrays, built on the target's stream; fallible, changes no twin) into
+ * *out, then model_cuda_rows_install into the target (g; dst for an extract), which cannot
+ * fail and consumes it, or model_cuda_rows_free. The sources must stay unchanged between. */
+typedef struct model_cuda_rows model_cuda_rows;
+tqkv_status model_cuda_merge_build(model_cuda *g, model_cuda *const *src, int n,
+                                   model_cuda_rows **out);
+tqkv_status model_cuda_filter_build(model_cuda *g, const int *keep, int n, model_cuda_rows **out);
+tqkv_status model_cuda_extract_build(const model_cuda *g, int row, model_cuda *dst,
+                                     model_cuda_rows **out);
+void        model_cuda_rows_install(model_cuda *g, model_cuda_rows *b);
+void        model_cuda_rows_free(model_cuda_rows *b);
 /* Every layer holds the same tokens per row and the same spec round (else TQKV_ESTATE). */
 tqkv_status model_cuda_check(const model_cuda *g);
 /* Spec rounds over every layer's cache, with tqkv_model_state_spec_*'s semantics (the
@@ -68,6 +81,10 @@ tqkv_status model_cuda_spec_begin(model_cuda *g);
 tqkv_status model_cuda_spec_commit(model_cuda *g);
 tqkv_status model_cuda_spec_rollback(model_cuda *g, const int *keep, int n_keep);
 int         model_cuda_spec_active(const model_cuda *g);
+/* model_cuda_spec_rollback's validation alone (a round open on every layer, keep within what
+ * every row appended): changes nothing. After it succeeds the rollback fails only on a CUDA
+ * error (model_cuda_check then reports the twin broken or out of step). */
+tqkv_status model_cuda_spec_rollback_check(const model_cuda *g, const int *keep, int n_keep);
 /* Layer l's cache as tqkv_batch_export bytes (through host memory; the same bytes as a
  * host batch holding the same tokens). TQKV_EUNSUPPORTED for f32 KV (the device's dense
  * bf16 cache has no state format). */

@@ -174,6 +174,10 @@ struct model_cuda {
  * the recurrent rows are freed and g is unchanged. */
 tqkv_status mc_install_caches(model_cuda *g, cuda_kv **kv, float *rec_state, int *rec_tokens,
                               int rows);
+/* The fallible half of mc_install_caches: the same arguments, taken over also on failure,
+ * into *out (model_cuda.h's model_cuda_rows; install with model_cuda_rows_install). */
+tqkv_status mc_rows_make(model_cuda *g, cuda_kv **kv, float *rec_state, int *rec_tokens, int rows,
+                         model_cuda_rows **out);
 /* Fresh zero recurrent rows for `rows` rows (*state device, zeroed on g's stream; *tokens
  * host; both NULL when the graph has none). */
 tqkv_status mc_rec_alloc(const model_cuda *g, int rows, float **state, int **tokens);

@@ -84,7 +84,19 @@ static tqkv_status rec_rows(const model_cuda *dst, const model_cuda *g, model_cu
 // first, then installed, so a failure leaves the twin as it was
 // ---------------------------------------------------------------------------
 
-extern "C" tqkv_status model_cuda_merge(model_cuda *g, model_cuda *const *src, int n) {
+/* The new caches nk [L] and recurrent rows of an operation, made ready to install into
+ * `into` (*out), or all freed. */
+static tqkv_status rows_ready(model_cuda *into, tqkv_status st, cuda_kv **nk, float *rs, int *rt,
+                             int rows, model_cuda_rows **out) {
+    if (st) {
+        mc_free_cache_array(nk, into->m->cfg.n_layers);
+        return st;
+    }
+    return mc_rows_make(into, nk, rs, rt, rows, out);
+}
+
+extern "C" tqkv_status model_cuda_merge_build(model_cuda *g, model_cuda *const *src, int n,
+                                              model_cuda_rows **out) {
     const int L = g->m->cfg.n_layers;
     int rows = g->rows;
     for (int i = 0; i < n; i++) rows += src[i]->rows;
@@ -104,14 +116,11 @@ extern "C" tqkv_status model_cuda_merge(model_cuda *g, model_cuda *const *src, i
     float *rs = NULL;
     int *rt = NULL;
     if (!st) st = rec_rows(g, g, src, n, NULL, rows, &rs, &rt);
-    if (st) {
-        mc_free_cache_array(nk, L);
-        return st;
-    }
-    return mc_install_caches(g, nk, rs, rt, rows);
+    return rows_ready(g, st, nk, rs, rt, rows, out);
 }
 
-extern "C" tqkv_status model_cuda_filter(model_cuda *g, const int *keep, int n) {
+extern "C" tqkv_status model_cuda_filter_build(model_cuda *g, const int *keep, int n,
+                                               model_cuda_rows **out) {
     const int L = g->m->cfg.n_layers;
     cuda_kv **nk = (cuda_kv **)calloc((size_t)L, sizeof *nk);
     tqkv_status st = nk ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "out of memory");
@@ -120,14 +129,11 @@ extern "C" tqkv_status model_cuda_filter(model_cuda *g, const int *keep, int n) 
     float *rs = NULL;
     int *rt = NULL;
     if (!st) st = rec_rows(g, g, NULL, 0, keep, n, &rs, &rt);
-    if (st) {
-        mc_free_cache_array(nk, L);
-        return st;
-    }
-    return mc_install_caches(g, nk, rs, rt, n);
+    return rows_ready(g, st, nk, rs, rt, n, out);
 }
 
-extern "C" tqkv_status model_cuda_extract(const model_cuda *g, int row, model_cuda *dst) {
+extern "C" tqkv_status model_cuda_extract_build(const model_cuda *g, int row, model_cuda *dst,
+                                                model_cuda_rows **out) {
     const int L = g->m->cfg.n_layers;
     cuda_kv **nk = (cuda_kv **)calloc((size_t)L, sizeof *nk);
     tqkv_status st = nk ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "out of memory");
@@ -136,11 +142,28 @@ extern "C" tqkv_status model_cuda_extract(const model_cuda *g, int row, model_cu
     float *rs = NULL;
     int *rt = NULL;
     if (!st) st = rec_rows(dst, g, NULL, 0, &row, 1, &rs, &rt);
-    if (st) {
-        mc_free_cache_array(nk, L);
-        return st;
-    }
-    return mc_install_caches(dst, nk, rs, rt, 1);
+    return rows_ready(dst, st, nk, rs, rt, 1, out);
+}
+
+extern "C" tqkv_status model_cuda_merge(model_cuda *g, model_cuda *const *src, int n) {
+    model_cuda_rows *b = NULL;
+    const tqkv_status st = model_cuda_merge_build(g, src, n, &b);
+    if (!st) model_cuda_rows_install(g, b);
+    return st;
+}
+
+extern "C" tqkv_status model_cuda_filter(model_cuda *g, const int *keep, int n) {
+    model_cuda_rows *b = NULL;
+    const tqkv_status st = model_cuda_filter_build(g, keep, n, &b);
+    if (!st) model_cuda_rows_install(g, b);
+    return st;
+}
+
+extern "C" tqkv_status model_cuda_extract(const model_cuda *g, int row, model_cuda *dst) {
+    model_cuda_rows *b = NULL;
+    const tqkv_status st = model_cuda_extract_build(g, row, dst, &b);
+    if (!st) model_cuda_rows_install(dst, b);
+    return st;
 }
 
 extern "C" tqkv_status model_cuda_check(const model_cuda *g) {
@@ -322,7 +345,8 @@ extern "C" tqkv_status model_cuda_spec_commit(model_cuda *g) {
 /* Only the row-table upload of each layer and the recurrent rows' copies can fail after
  * the checks (a CUDA error), and then the layers are out of step: model_cuda_check
  * reports it. */
-extern "C" tqkv_status model_cuda_spec_rollback(model_cuda *g, const int *keep, int n_keep) {
+extern "C" tqkv_status model_cuda_spec_rollback_check(const model_cuda *g, const int *keep,
+                                                      int n_keep) {
     const int L = g->m->cfg.n_layers, R = g->rows;
     if (!keep) return tqkv_fail(TQKV_EINVAL, "spec_rollback: keep is NULL");
     if (n_keep != 1 && n_keep != R)
@@ -339,17 +363,28 @@ extern "C" tqkv_status model_cuda_spec_rollback(model_cuda *g, const int *keep, 
                                  "(layer %d)", r, k, appended, l);
         }
     }
+    const mc_rec *rc = &g->rec;
+    if (!rc->n_lin) return TQKV_OK;
+    if (!rc->spec_active)
+        return tqkv_fail(TQKV_ESTATE, "spec_rollback: no spec round is active (recurrent rows)");
+    for (int r = 0; r < R; r++) {
+        const int k = keep[n_keep == 1 ? 0 : r];
+        if (k > rc->spec_steps[r])
+            return tqkv_fail(TQKV_ERANGE, "spec_rollback: keep[%d] = %d not in [0, %d] "
+                             "(recurrent rows)", r, k, rc->spec_steps[r]);
+    }
+    return TQKV_OK;
+}
+
+/* Only the row-table upload of each layer and the recurrent rows' copies can fail after
+ * the checks (a CUDA error), and then the layers are out of step: model_cuda_check
+ * reports it. */
+extern "C" tqkv_status model_cuda_spec_rollback(model_cuda *g, const int *keep, int n_keep) {
+    const int L = g->m->cfg.n_layers, R = g->rows;
+    tqkv_status st = model_cuda_spec_rollback_check(g, keep, n_keep);
+    if (st) return st;
     mc_rec *rc = &g->rec;
-    tqkv_status st = TQKV_OK;
     if (rc->n_lin) {
-        if (!rc->spec_active)
-            return tqkv_fail(TQKV_ESTATE, "spec_rollback: no spec round is active (recurrent rows)");
-        for (int r = 0; r < R; r++) {
-            const int k = keep[n_keep == 1 ? 0 : r];
-            if (k > rc->spec_steps[r])
-                return tqkv_fail(TQKV_ERANGE, "spec_rollback: keep[%d] = %d not in [0, %d] "
-                                 "(recurrent rows)", r, k, rc->spec_steps[r]);
-        }
         const size_t rb = rc->row_floats * sizeof(float);
         for (int r = 0; r < R && !st; r++) {
             const int k = keep[n_keep == 1 ? 0 : r];

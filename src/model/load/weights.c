@@ -13,6 +13,7 @@
 #include "model/model_impl.h"
 #include "model/ops/moe.h"
 #include "model/ops/ops.h"
+#include "model/tp/tp_state.h"
 #include "util/common.h"
 #ifdef TQKV_HAVE_CUDA
 #include "model/cuda/model_cuda.h"
@@ -240,6 +241,7 @@ tqkv_model_load_params tqkv_model_load_params_default(void) {
 
 void tqkv_model_free(tqkv_model *m) {
     if (!m) return;
+    model_tp_models_free(m); /* its rank models first: they view its weights */
 #ifdef TQKV_HAVE_CUDA
     model_cuda_weights_free(m->gpu_weights);
 #endif

@@ -187,6 +187,7 @@ static int spec_active_of(const tqkv_model_state *s) {
 #ifdef TQKV_HAVE_CUDA
     if (s->gpu) return model_cuda_spec_active(s->gpu);
 #endif
+    if (s->tp && s->tp->on_device) return spec_active_of(s->tp->rank[0]); /* its twin's */
     int pl = position_layer(s);
     if (pl >= 0) return tqkv_batch_spec_active(s->layers[pl]);
     return s->rec ? s->rec->spec_active : 0;
@@ -599,8 +600,6 @@ tqkv_status tqkv_model_state_extract_row(const tqkv_model_state *s, int row,
     tqkv_status rc = tqkv_model_state_check(s);
     if (rc != TQKV_OK) return rc;
     if (spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "state extract: a spec round is active");
-    if (s->tp && s->tp->on_device) /* refused before a state is made (tp_rows.c) */
-        return model_tp_extract(s, row, NULL);
     tqkv_model_state_params p = s->p;
     p.rows = 1;
     tqkv_model_state *n = NULL;
@@ -682,10 +681,7 @@ tqkv_status tqkv_model_state_spec_commit(tqkv_model_state *s) {
 #ifdef TQKV_HAVE_CUDA
     if (s->gpu) return model_cuda_spec_commit(s->gpu);
 #endif
-    if (s->tp) { /* checked on every rank: cannot fail */
-        for (int r = 0; r < s->tp->n; r++) rows_spec_commit_host(s->tp->rank[r]);
-        return TQKV_OK;
-    }
+    if (s->tp) return model_tp_spec_commit(s); /* checked on every rank: cannot fail */
     rows_spec_commit_host(s);
     return TQKV_OK;
 }
@@ -731,12 +727,7 @@ tqkv_status tqkv_model_state_spec_rollback(tqkv_model_state *s, const int *keep,
 #ifdef TQKV_HAVE_CUDA
     if (s->gpu) return model_cuda_spec_rollback(s->gpu, keep, n_keep); /* validates every layer first */
 #endif
-    if (s->tp) { /* every rank's keep checked before any rank rolls back */
-        for (int r = 0; r < s->tp->n; r++)
-            if ((rc = rows_spec_rollback_check(s->tp->rank[r], keep, n_keep)) != TQKV_OK) return rc;
-        for (int r = 0; r < s->tp->n; r++) rows_spec_rollback_host(s->tp->rank[r], keep, n_keep);
-        return TQKV_OK;
-    }
+    if (s->tp) return model_tp_spec_rollback(s, keep, n_keep); /* every rank's keep first */
     if ((rc = rows_spec_rollback_check(s, keep, n_keep)) != TQKV_OK) return rc;
     rows_spec_rollback_host(s, keep, n_keep);
     return TQKV_OK;
@@ -844,7 +835,7 @@ tqkv_status tqkv_model_state_import(tqkv_model_state **out, const tqkv_model *m,
                                     size_t len) {
     if (!out || !m || !buf) return tqkv_fail(TQKV_EINVAL, "state import: NULL argument");
     tqkv_model_state_params p = p_in ? *p_in : tqkv_model_state_params_default();
-    if (p.tensor_parallel > 1 || model_tp_is_export(buf, len)) /* sharded (tp_rows.c) */
+    if (model_tp_ranks(&p) || model_tp_is_export(buf, len)) /* sharded (tp_rows.c) */
         return model_tp_import(out, m, &p, buf, len);
     if (p.device != 0 && (p.k_format == TQKV_F32 || p.v_format == TQKV_F32))
         return tqkv_fail(TQKV_EUNSUPPORTED, "state import: a device state with f32 KV holds a "

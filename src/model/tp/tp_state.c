@@ -295,6 +295,7 @@ static tqkv_status rank_model_make(const tqkv_model *m, int r, int n, tqkv_model
     rm->owned = NULL;
     rm->n_owned = rm->cap_owned = 0;
     rm->gpu_weights = NULL;
+    rm->tp_models = NULL;
     rm->cfg.n_heads = m->cfg.n_heads / n;
     int h0;
     tp_kv_range(m->cfg.n_kv_heads, n, r, &h0, &rm->cfg.n_kv_heads);
@@ -315,12 +316,61 @@ static tqkv_status rank_model_make(const tqkv_model *m, int r, int n, tqkv_model
     return TQKV_OK;
 }
 
+/* A model's kept rank models (tqkv_model.tp_models): set[N] for states of N ranks. */
+struct model_tp_models {
+    struct {
+        int         device[TP_MAX_RANKS];  /* rank r's GPU (its uploaded weights), -1: none */
+        tqkv_model *rank[TP_MAX_RANKS];
+    } set[TP_MAX_RANKS + 1];
+};
+
+void model_tp_models_free(tqkv_model *m) {
+    struct model_tp_models *k = m ? m->tp_models : NULL;
+    if (!k) return;
+    int gpu = 0; /* a GPU was selected: GPU 0 current again after */
+    for (int n = 1; n <= TP_MAX_RANKS; n++)
+        for (int r = 0; r < n; r++) {
+#ifdef TQKV_HAVE_CUDA
+            if (k->set[n].device[r] >= 0) model_cuda_select_device(k->set[n].device[r]);
+#endif
+            gpu |= k->set[n].device[r] >= 0;
+            rank_model_free(k->set[n].rank[r]);
+        }
+#ifdef TQKV_HAVE_CUDA
+    if (gpu) model_cuda_select_device(0);
+#endif
+    (void)gpu;
+    free(k);
+    m->tp_models = NULL;
+}
+
+/* Rank r's model: the model's kept one for this N, made and kept when missing. */
+static tqkv_status rank_model_get(tqkv_model_state *s, int r) {
+    model_tp *tp = s->tp;
+    tqkv_model *m = (tqkv_model *)s->m; /* its cache of rank models (model_impl.h) */
+    if (!m->tp_models) {
+        struct model_tp_models *k = calloc(1, sizeof *k);
+        if (!k) return tqkv_fail(TQKV_ENOMEM, "out of memory");
+        for (int n = 0; n <= TP_MAX_RANKS; n++)
+            for (int q = 0; q < TP_MAX_RANKS; q++) k->set[n].device[q] = -1;
+        m->tp_models = k;
+    }
+    struct model_tp_models *k = m->tp_models;
+    if (!k->set[tp->n].rank[r]) {
+        tqkv_status rc = rank_model_make(s->m, r, tp->n, &k->set[tp->n].rank[r]);
+        if (rc != TQKV_OK) return rc;
+    }
+    tp->model[r] = k->set[tp->n].rank[r];
+    if (tp->on_device) k->set[tp->n].device[r] = tp->device[r];
+    return TQKV_OK;
+}
+
 static void rank_state_free(model_tp *tp, int r) {
 #ifdef TQKV_HAVE_CUDA
     if (tp->on_device) model_cuda_select_device(tp->device[r]);
 #endif
     if (tp->rank[r]) tqkv_model_state_free(tp->rank[r]);
-    rank_model_free(tp->model[r]);
+    /* tp->model[r] is the model's (kept until tqkv_model_free) */
     tp->rank[r] = NULL;
     tp->model[r] = NULL;
 }
@@ -374,7 +424,7 @@ tqkv_status model_tp_init(tqkv_model_state *s) {
 #ifdef TQKV_HAVE_CUDA
         if (tp->on_device) rc = model_cuda_set_device(tp->device[r]); /* its weights, caches */
 #endif
-        if (rc == TQKV_OK) rc = rank_model_make(s->m, r, n, &tp->model[r]);
+        if (rc == TQKV_OK) rc = rank_model_get(s, r);
         if (rc == TQKV_OK) rc = tqkv_model_state_init(&tp->rank[r], tp->model[r], &pr);
     }
 #ifdef TQKV_HAVE_CUDA
@@ -457,6 +507,12 @@ tqkv_status model_tp_check_device(const tqkv_model_state *s) {
             break;
         }
         if ((rc = tqkv_model_state_check(q)) != TQKV_OK) break;
+        if (tqkv_model_state_spec_active(q) != tqkv_model_state_spec_active(tp->rank[0])) {
+            rc = tqkv_fail(TQKV_ESTATE, "state: rank %d %s in a spec round, rank 0 %s", r,
+                           tqkv_model_state_spec_active(q) ? "is" : "is not",
+                           tqkv_model_state_spec_active(q) ? "is not" : "is");
+            break;
+        }
         if ((rc = tqkv_model_state_offsets(q, r ? pos : pos0)) != TQKV_OK) break;
         for (int i = 0; i < R && r; i++)
             if (pos[i] != pos0[i]) {

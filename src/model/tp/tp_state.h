@@ -23,7 +23,8 @@
 typedef struct model_tp {
     int               n;                        /* ranks */
     tp_comm          *comm;                     /* CPU backend: every rank in this process */
-    tqkv_model       *model[TP_MAX_RANKS];      /* rank r's shard (arch tp_shard) */
+    tqkv_model       *model[TP_MAX_RANKS];      /* rank r's shard (arch tp_shard), the
+                                                 * model's kept one (model_tp_models_free) */
     tqkv_model_state *rank[TP_MAX_RANKS];       /* rank r's state: its caches and scratch */
     int               vchunk;                   /* lm_head rows per rank (multiple of 8) */
     float            *head_out[TP_MAX_RANKS];   /* [M, vchunk] rank r's logits slice */
@@ -53,6 +54,12 @@ tqkv_status model_tp_check(const tqkv_model *m, const tqkv_model_state_params *p
 /* model_tp_ranks(&s->p) > 0: the ranks (s->layers becomes rank 0's caches); on the device
  * (params.device 1) each rank is a device state on GPU r % visible GPUs. */
 tqkv_status model_tp_init(tqkv_model_state *s);
+/* The rank models a model keeps (tqkv_model.tp_models), one set per N: made by the first
+ * sharded state of that N, shared by every later one (their weight slices copied once, and
+ * on the device their uploaded weights: once per model and rank, not per state), freed here
+ * by tqkv_model_free. Not thread safe: a model's sharded states are made from one thread
+ * (as its first device state). */
+void        model_tp_models_free(tqkv_model *m);
 void        model_tp_free(tqkv_model_state *s);
 /* Every rank's caches emptied with `rows` rows (and the parent's off / len); on failure
  * nothing changed. */
@@ -65,8 +72,8 @@ tqkv_status model_tp_head_buffers(model_tp *tp, size_t m);
 /* ---- row operations in lockstep (tp_rows.c); rows.c has checked the arguments, the
  * parent state (rank 0) and that no spec round is open (merge, filter, extract, export) or
  * one is (rollback, commit). Each changes every rank or none. ---- */
-/* A sharded device state's check: every rank's device check, and every rank's rows and
- * offsets equal rank 0's. */
+/* A sharded device state's check: every rank's device check, and every rank's rows,
+ * offsets and spec round equal rank 0's. */
 tqkv_status model_tp_check_device(const tqkv_model_state *s);
 /* Every rank consistent with the parent: its rows, positions pos0 [rows] and round spec0. */
 tqkv_status model_tp_check_ranks(const tqkv_model_state *s, const int *pos0, int spec0);
@@ -76,7 +83,11 @@ tqkv_status model_tp_merge(tqkv_model_state *s, tqkv_model_state *const *src, in
 tqkv_status model_tp_filter(tqkv_model_state *s, const int *keep, int n_keep);
 /* Row `row` of every rank into the fresh 1-row sharded state n (same params). */
 tqkv_status model_tp_extract(const tqkv_model_state *s, int row, tqkv_model_state *n);
+/* Spec rounds: begin on every rank (a failure closes the rounds opened); rollback with keep
+ * checked against every rank before any rolls back; commit (rows.c has checked the round). */
 tqkv_status model_tp_spec_begin(tqkv_model_state *s);
+tqkv_status model_tp_spec_rollback(tqkv_model_state *s, const int *keep, int n_keep);
+tqkv_status model_tp_spec_commit(tqkv_model_state *s);
 /* Export: "TQKVTP01" | u32 N | u32 rows | per rank: u64 length, that rank's state export
  * (the unsharded "TQKVMS02" format of its KV heads). */
 tqkv_status model_tp_export(const tqkv_model_state *s, uint8_t **out, size_t *len);
