@@ -4,12 +4,13 @@
  * Owns: the query preparation (rotation into K's domain, softmax scale and log2(e) folded,
  * fp16/bf16, stored in the split kernel's qdim order), the split kernel's d = 128
  * configurations and launch (split_kernel<F, NG, ST, 128>, attn_cuda_split.cuh: tq4, tq3, tq2
- * and tq4 K with tq2 V, with the q8 recent window, the dense bf16 baseline), the merge of
- * split partials (log-sum-exp) with the single un-rotation of each output, the workspace of
- * d = 128, the one-time setup of every decode kernel (tqkv_cuda_attn_setup), the public entry
- * points (d = 256 goes to cuda_attend_decode_wide, attn_cuda_wide.cu; fp8, the other mixed tq
- * K/V at d = 128, and tq2 and mixed tq K/V at d = 256 to cuda_attend_decode_fmt,
- * attn_cuda_fmt.cu), attention at an earlier length (tqkv_cuda_kv_attend_back).
+ * and the mixed tq K/V tq4/tq2, tq4/tq3, tq3/tq2, with the q8 recent window, the dense bf16
+ * baseline), the merge of split partials (log-sum-exp) with the single un-rotation of each
+ * output, the workspace of d = 128, the one-time setup of every decode kernel
+ * (tqkv_cuda_attn_setup), the public entry points (d = 256 goes to cuda_attend_decode_wide,
+ * attn_cuda_wide.cu; fp8 of either dim, and tq2 and mixed tq K/V at d = 256 to
+ * cuda_attend_decode_fmt, attn_cuda_fmt.cu), attention at an earlier length
+ * (tqkv_cuda_kv_attend_back).
  * Must not: mutate the cache, or let a row's result depend on other rows (split sizes from
  * each row's own length, attn_cuda_splits.h; merges in split order); allocate, free or wait
  * inside a decode with a caller's workspace.
@@ -122,17 +123,20 @@ __global__ void merge_kernel(const float *__restrict__ po, const float2 *__restr
 // ---------------------------------------------------------------------------
 /* The split kernel per format (indexed by F): groups per CTA (NG) x stages per warp (ST). tq:
  * 3 x 3 (12 warps per SM at 168 registers, one 64 KiB table, 36 staged tiles); 3 x 2, 2 x 4 and
- * 4 x 2 measured slower (bench/RESULTS.md). bf16: 2 groups, no staging. The pairs (tq4/tq2,
- * tq2/tq2) take tq4's 3 x 3 (not tuned apart). */
+ * 4 x 2 measured slower (bench/RESULTS.md). bf16: 2 groups, no staging. The pairs take tq4's
+ * 3 x 3 (not tuned apart), but tq4/tq3: 3 x 2 (its 112-byte tokens' 36 stages and two tables
+ * exceed the 227 KiB). */
 struct SplitCfg {
     void (*fn)(Params<D>);
     int ng, st, smem;
     int ctas;                 /* resident CTAs (one per SM), set by the setup */
 };
 #define SPLIT_CFG(F, NG, ST) {split_kernel<F, NG, ST, D>, NG, ST, smem_bytes<F, NG, ST, D>(), 0}
-static SplitCfg g_cfg[5] = {SPLIT_CFG(F_TQ4, 3, 3), SPLIT_CFG(F_TQ3, 3, 3), SPLIT_CFG(F_BF16, 2, 1),
-                            SPLIT_CFG(F_TQ42, 3, 3), SPLIT_CFG(F_TQ2, 3, 3)};
-static_assert(F_TQ4 == 0 && F_TQ3 == 1 && F_BF16 == 2 && F_TQ42 == 3 && F_TQ2 == 4, "g_cfg is indexed by F");
+static SplitCfg g_cfg[7] = {SPLIT_CFG(F_TQ4, 3, 3),  SPLIT_CFG(F_TQ3, 3, 3), SPLIT_CFG(F_BF16, 2, 1),
+                            SPLIT_CFG(F_TQ42, 3, 3), SPLIT_CFG(F_TQ2, 3, 3), SPLIT_CFG(F_TQ43, 3, 2),
+                            SPLIT_CFG(F_TQ32, 3, 3)};
+static_assert(F_TQ4 == 0 && F_TQ3 == 1 && F_BF16 == 2 && F_TQ42 == 3 && F_TQ2 == 4 && F_TQ43 == 5 && F_TQ32 == 6,
+              "g_cfg is indexed by F");
 #undef SPLIT_CFG
 static unsigned g_setup_done; /* bit d: device d's setup ran (kernel attributes are per device) */
 
@@ -167,7 +171,7 @@ static tqkv_status attn_cuda_setup_locked(void) {
     int dev = 0, sms = 0;
     if (e == cudaSuccess) e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    for (int f = 0; f < 5 && e == cudaSuccess; f++) {
+    for (int f = 0; f < 7 && e == cudaSuccess; f++) {
         SplitCfg *k = &g_cfg[f];
         e = cudaFuncSetAttribute(k->fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k->smem);
         int per_sm = 0;
@@ -236,16 +240,15 @@ static int split_fmt(const cuda_kv *kv) {
     if (kv->kfmt == TQKV_TQ3 && kv->vfmt == TQKV_TQ3) return F_TQ3;
     if (kv->kfmt == TQKV_TQ4 && kv->vfmt == TQKV_TQ2) return F_TQ42;
     if (kv->kfmt == TQKV_TQ2 && kv->vfmt == TQKV_TQ2) return F_TQ2;
+    if (kv->kfmt == TQKV_TQ4 && kv->vfmt == TQKV_TQ3) return F_TQ43;
+    if (kv->kfmt == TQKV_TQ3 && kv->vfmt == TQKV_TQ2) return F_TQ32;
     return -1;
 }
-static size_t kpay_of(int f) {
-    return f == F_TQ4 ? kpay<F_TQ4, D>() : f == F_TQ3 ? kpay<F_TQ3, D>() : f == F_TQ42 ? kpay<F_TQ42, D>()
-         : f == F_TQ2 ? kpay<F_TQ2, D>() : kpay<F_BF16, D>();
-}
-static size_t vpay_of(int f) {
-    return f == F_TQ4 ? vpay<F_TQ4, D>() : f == F_TQ3 ? vpay<F_TQ3, D>() : f == F_TQ42 ? vpay<F_TQ42, D>()
-         : f == F_TQ2 ? vpay<F_TQ2, D>() : vpay<F_BF16, D>();
-}
+/* payload bytes per token of K and V, by F (g_cfg's order) */
+static const size_t g_kpay[7] = {kpay<F_TQ4, D>(),  kpay<F_TQ3, D>(), kpay<F_BF16, D>(), kpay<F_TQ42, D>(),
+                                 kpay<F_TQ2, D>(),  kpay<F_TQ43, D>(), kpay<F_TQ32, D>()};
+static const size_t g_vpay[7] = {vpay<F_TQ4, D>(),  vpay<F_TQ3, D>(), vpay<F_BF16, D>(), vpay<F_TQ42, D>(),
+                                 vpay<F_TQ2, D>(),  vpay<F_TQ43, D>(), vpay<F_TQ32, D>()};
 
 /* ws == NULL: the cache's own workspace, grown as needed. */
 static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale, float *out,
@@ -258,9 +261,9 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
     tqkv_status sst = tqkv_cuda_attn_setup(); /* model states run it at init, before any capture */
     if (sst) return sst;
     const int fmt = split_fmt(kv);
-    if (fmt < 0 || kv->d != D || kv->kpay != kpay_of(fmt) || kv->vpay != vpay_of(fmt))
+    if (fmt < 0 || kv->d != D || kv->kpay != g_kpay[fmt] || kv->vpay != g_vpay[fmt])
         return tqkv_fail(TQKV_EUNSUPPORTED, "tqkv_cuda_kv_attend: the device kernels need d %d and K/V formats "
-                         "tq4/tq4, tq3/tq3, tq4/tq2, tq2/tq2 or the dense bf16 cache", D);
+                         "tq4/tq4, tq3/tq3, tq4/tq2, tq2/tq2, tq4/tq3, tq3/tq2 or the dense bf16 cache", D);
     if (kv->rows > ATTN_MAX_ROWS)
         return tqkv_fail(TQKV_EUNSUPPORTED, "tqkv_cuda_kv_attend: %d rows (the decode kernel takes at most %d)",
                          kv->rows, ATTN_MAX_ROWS);
@@ -300,6 +303,8 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
     else if (fmt == F_TQ3) qprep_kernel<F_TQ3><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
     else if (fmt == F_TQ42) qprep_kernel<F_TQ42><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
     else if (fmt == F_TQ2) qprep_kernel<F_TQ2><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
+    else if (fmt == F_TQ43) qprep_kernel<F_TQ43><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
+    else if (fmt == F_TQ32) qprep_kernel<F_TQ32><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
     else qprep_kernel<F_BF16><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
     const Params<D> P = split_params<D>(kv, kv->kc, kv->vc, qp, po, pml, q_heads, nsmax);
     /* persistent: the resident CTAs, at most one per possible work item (a CTA's groups

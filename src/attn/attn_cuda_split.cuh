@@ -2,7 +2,8 @@
  * attn_cuda_split.cuh - the split-KV flash-decoding kernel over the device cache, sm_90,
  * split_kernel<F, NG, ST, D>: F = tq4, tq3 (with the q8 recent window) or the dense bf16
  * baseline (d = 128 only), or a K/V pair (d = 128 only, with the window: F_TQ42 = tq4 K with
- * tq2 V, F_TQ2 = tq2 both; attn_cuda_tile.cuh), head dim D = 128 or 256. Instantiated by attn_cuda.cu (d = 128) and
+ * tq2 V, F_TQ2 = tq2 both, F_TQ43 = tq4 K with tq3 V, F_TQ32 = tq3 K with tq2 V;
+ * attn_cuda_tile.cuh), head dim D = 128 or 256. Instantiated by attn_cuda.cu (d = 128) and
  * attn_cuda_wide.cu (d = 256), which prepare its queries, launch it and merge its partials.
  * Owns: the kernel's parameters (Params<D>), its shared-memory layout, work items and their
  * claims, the stream of staged tiles and its mbarrier phases, the online softmax, the merge of
@@ -77,7 +78,7 @@ template <int D> struct Params {
     int nsmax;                /* split stride of po / pml: >= every row's split_count */
     int *work;                /* [2] counters (next item, groups done), zero between launches */
     typename cuda_codec_of<D>::type kc, vc;  /* the kernel reads kc.cent (one format for K and V), and
-                                              * vc.cent for the tq4/tq2 pair (F_TQ42) */
+                                              * vc.cent for the pairs of two formats */
 };
 
 /* The kernel's parameters for cache kv (both head dims' launchers): its planes, q8 ring and
@@ -130,8 +131,11 @@ template <int F, int NG, int ST, int D> __host__ __device__ constexpr int smem_m
 template <int F, int NG, int ST, int D> __host__ __device__ constexpr int smem_xs() {
     return (smem_ml<F, NG, ST, D>() + NG * 2 * 4 * 16 + NG * NW * 8 + 2 * (ATTN_MAX_ROWS + 1) * 4 + 15) / 16 * 16;  /* s_ml, s_next, s_pre, s_pre0 */
 }
-/* the merge's exchange slots after s_pre (tq3, tq4/tq2: the table's holes hold a second table) */
-template <int F> __host__ __device__ constexpr bool xs_after() { return F == F_TQ3 || F == F_TQ42; }
+/* the merge's exchange slots after s_pre (tq3 and the pairs of two formats: the table's holes
+ * hold a second table) */
+template <int F> __host__ __device__ constexpr bool xs_after() {
+    return F == F_TQ3 || F == F_TQ42 || F == F_TQ43 || F == F_TQ32;
+}
 template <int F, int NG, int ST, int D> __host__ __device__ constexpr int smem_bytes() {
     return smem_xs<F, NG, ST, D>() + (xs_after<F>() ? NG * 2 * (D / 4) * 128 : 0);  /* D / 4 slot rows per lane */
 }
@@ -205,10 +209,11 @@ __device__ __forceinline__ void p_frags(uint32_t plo, uint32_t phi, int g, int c
     b1 = prmt(x2, x3, sel);
 }
 
-/* The kernel's codebook tables (tq formats): entry e of table t (2 tables: tq3, tq4/tq2). */
-template <int F> __host__ __device__ constexpr int tab_count() { return F == F_TQ3 || F == F_TQ42 ? 2 : 1; }
+/* The kernel's codebook tables (tq formats): entry e of table t (2 tables: tq3 and the pairs of
+ * two formats). */
+template <int F> __host__ __device__ constexpr int tab_count() { return xs_after<F>() ? 2 : 1; }
 template <int F, int D> __device__ __forceinline__ uint32_t tab_value(const Params<D> &P, int e, int t) {
-    if constexpr (F == F_TQ42 || F == F_TQ2) return tab_entry_pair<F>(P.kc.cent, P.vc.cent, e, t);
+    if constexpr (F == F_TQ42 || F == F_TQ2 || F == F_TQ43 || F == F_TQ32) return tab_entry_pair<F>(P.kc.cent, P.vc.cent, e, t);
     else return tab_entry<F>(P.kc.cent, e, t);
 }
 
