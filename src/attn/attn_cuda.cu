@@ -3,11 +3,12 @@
  * sm_90, and the decode entry points of every head dim.
  * Owns: the query preparation (rotation into K's domain, softmax scale and log2(e) folded,
  * fp16/bf16, stored in the split kernel's qdim order), the split kernel's d = 128
- * configurations and launch (split_kernel<F, NG, ST, 128>, attn_cuda_split.cuh: tq4, tq3 with
- * the q8 recent window, the dense bf16 baseline), the merge of split partials (log-sum-exp)
- * with the single un-rotation of each output, the workspace of d = 128, the one-time setup of
- * every decode kernel (tqkv_cuda_attn_setup), the public entry points (d = 256 goes to
- * cuda_attend_decode_wide, attn_cuda_wide.cu; fp8, tq2 and mixed tq K/V of either dim to
+ * configurations and launch (split_kernel<F, NG, ST, 128>, attn_cuda_split.cuh: tq4, tq3, tq2
+ * and the mixed tq K/V tq4/tq2, tq4/tq3, tq3/tq2, with the q8 recent window, the dense bf16
+ * baseline), the merge of split partials (log-sum-exp) with the single un-rotation of each
+ * output, the workspace of d = 128, the one-time setup of every decode kernel
+ * (tqkv_cuda_attn_setup), the public entry points (d = 256 goes to cuda_attend_decode_wide,
+ * attn_cuda_wide.cu; fp8 of either dim, and tq2 and mixed tq K/V at d = 256 to
  * cuda_attend_decode_fmt, attn_cuda_fmt.cu), attention at an earlier length
  * (tqkv_cuda_kv_attend_back).
  * Must not: mutate the cache, or let a row's result depend on other rows (split sizes from
@@ -120,16 +121,22 @@ __global__ void merge_kernel(const float *__restrict__ po, const float2 *__restr
 // ---------------------------------------------------------------------------
 // Entry points
 // ---------------------------------------------------------------------------
-/* The split kernel per format: groups per CTA (NG) x stages per warp (ST). tq: 3 x 3 (12
- * warps per SM at 168 registers, one 64 KiB table, 36 staged tiles); 3 x 2, 2 x 4 and 4 x 2
- * measured slower (bench/RESULTS.md). bf16: 2 groups, no staging. */
+/* The split kernel per format (indexed by F): groups per CTA (NG) x stages per warp (ST). tq:
+ * 3 x 3 (12 warps per SM at 168 registers, one 64 KiB table, 36 staged tiles); 3 x 2, 2 x 4 and
+ * 4 x 2 measured slower (bench/RESULTS.md). bf16: 2 groups, no staging. The pairs take tq4's
+ * 3 x 3 (not tuned apart), but tq4/tq3: 3 x 2 (its 112-byte tokens' 36 stages and two tables
+ * exceed the 227 KiB). */
 struct SplitCfg {
     void (*fn)(Params<D>);
     int ng, st, smem;
     int ctas;                 /* resident CTAs (one per SM), set by the setup */
 };
 #define SPLIT_CFG(F, NG, ST) {split_kernel<F, NG, ST, D>, NG, ST, smem_bytes<F, NG, ST, D>(), 0}
-static SplitCfg g_cfg[3] = {SPLIT_CFG(F_TQ4, 3, 3), SPLIT_CFG(F_TQ3, 3, 3), SPLIT_CFG(F_BF16, 2, 1)};
+static SplitCfg g_cfg[7] = {SPLIT_CFG(F_TQ4, 3, 3),  SPLIT_CFG(F_TQ3, 3, 3), SPLIT_CFG(F_BF16, 2, 1),
+                            SPLIT_CFG(F_TQ42, 3, 3), SPLIT_CFG(F_TQ2, 3, 3), SPLIT_CFG(F_TQ43, 3, 2),
+                            SPLIT_CFG(F_TQ32, 3, 3)};
+static_assert(F_TQ4 == 0 && F_TQ3 == 1 && F_BF16 == 2 && F_TQ42 == 3 && F_TQ2 == 4 && F_TQ43 == 5 && F_TQ32 == 6,
+              "g_cfg is indexed by F");
 #undef SPLIT_CFG
 static unsigned g_setup_done; /* bit d: device d's setup ran (kernel attributes are per device) */
 
@@ -164,7 +171,7 @@ static tqkv_status attn_cuda_setup_locked(void) {
     int dev = 0, sms = 0;
     if (e == cudaSuccess) e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    for (int f = 0; f < 3 && e == cudaSuccess; f++) {
+    for (int f = 0; f < 7 && e == cudaSuccess; f++) {
         SplitCfg *k = &g_cfg[f];
         e = cudaFuncSetAttribute(k->fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k->smem);
         int per_sm = 0;
@@ -226,6 +233,23 @@ extern "C" tqkv_status tqkv_cuda_kv_attend(cuda_kv *kv, const float *q, int q_he
     return attend(kv, q, q_heads, scale, out, NULL, 0);
 }
 
+/* The split kernel's format of cache kv (its K and V formats), -1 for none. */
+static int split_fmt(const cuda_kv *kv) {
+    if (kv->bf16) return F_BF16;
+    if (kv->kfmt == TQKV_TQ4 && kv->vfmt == TQKV_TQ4) return F_TQ4;
+    if (kv->kfmt == TQKV_TQ3 && kv->vfmt == TQKV_TQ3) return F_TQ3;
+    if (kv->kfmt == TQKV_TQ4 && kv->vfmt == TQKV_TQ2) return F_TQ42;
+    if (kv->kfmt == TQKV_TQ2 && kv->vfmt == TQKV_TQ2) return F_TQ2;
+    if (kv->kfmt == TQKV_TQ4 && kv->vfmt == TQKV_TQ3) return F_TQ43;
+    if (kv->kfmt == TQKV_TQ3 && kv->vfmt == TQKV_TQ2) return F_TQ32;
+    return -1;
+}
+/* payload bytes per token of K and V, by F (g_cfg's order) */
+static const size_t g_kpay[7] = {kpay<F_TQ4, D>(),  kpay<F_TQ3, D>(), kpay<F_BF16, D>(), kpay<F_TQ42, D>(),
+                                 kpay<F_TQ2, D>(),  kpay<F_TQ43, D>(), kpay<F_TQ32, D>()};
+static const size_t g_vpay[7] = {vpay<F_TQ4, D>(),  vpay<F_TQ3, D>(), vpay<F_BF16, D>(), vpay<F_TQ42, D>(),
+                                 vpay<F_TQ2, D>(),  vpay<F_TQ43, D>(), vpay<F_TQ32, D>()};
+
 /* ws == NULL: the cache's own workspace, grown as needed. */
 static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale, float *out,
                           void *ws, size_t ws_bytes) {
@@ -236,11 +260,10 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
     if (kv->rows == 0) return TQKV_OK;
     tqkv_status sst = tqkv_cuda_attn_setup(); /* model states run it at init, before any capture */
     if (sst) return sst;
-    const int fmt = kv->bf16 ? F_BF16 : kv->kfmt == TQKV_TQ4 ? F_TQ4 : F_TQ3;
-    const size_t pay = fmt == F_TQ4 ? Fmt<F_TQ4, D>::PAY : fmt == F_TQ3 ? Fmt<F_TQ3, D>::PAY : Fmt<F_BF16, D>::PAY;
-    if (kv->d != D || kv->kpay != pay || kv->vpay != pay || (!kv->bf16 && kv->vfmt != kv->kfmt))
-        return tqkv_fail(TQKV_EUNSUPPORTED, "tqkv_cuda_kv_attend: the device kernels need d %d and the same "
-                         "format for K and V (tq4/tq4, tq3/tq3 or the dense bf16 cache)", D);
+    const int fmt = split_fmt(kv);
+    if (fmt < 0 || kv->d != D || kv->kpay != g_kpay[fmt] || kv->vpay != g_vpay[fmt])
+        return tqkv_fail(TQKV_EUNSUPPORTED, "tqkv_cuda_kv_attend: the device kernels need d %d and K/V formats "
+                         "tq4/tq4, tq3/tq3, tq4/tq2, tq2/tq2, tq4/tq3, tq3/tq2 or the dense bf16 cache", D);
     if (kv->rows > ATTN_MAX_ROWS)
         return tqkv_fail(TQKV_EUNSUPPORTED, "tqkv_cuda_kv_attend: %d rows (the decode kernel takes at most %d)",
                          kv->rows, ATTN_MAX_ROWS);
@@ -278,6 +301,10 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
     const cw_sbits ksb = cw_sbits_of(kv->kc.signs, D);
     if (fmt == F_TQ4) qprep_kernel<F_TQ4><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
     else if (fmt == F_TQ3) qprep_kernel<F_TQ3><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
+    else if (fmt == F_TQ42) qprep_kernel<F_TQ42><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
+    else if (fmt == F_TQ2) qprep_kernel<F_TQ2><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
+    else if (fmt == F_TQ43) qprep_kernel<F_TQ43><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
+    else if (fmt == F_TQ32) qprep_kernel<F_TQ32><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
     else qprep_kernel<F_BF16><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
     const Params<D> P = split_params<D>(kv, kv->kc, kv->vc, qp, po, pml, q_heads, nsmax);
     /* persistent: the resident CTAs, at most one per possible work item (a CTA's groups

@@ -1,8 +1,8 @@
 /*
  * attn_cuda_fmt.cu - decode attention (one query per row) over the device cache for the
- * formats the tuned tensor-core kernels do not take: fp8/fp8, tq2/tq2 and tq K and V of
- * different bits (tq4/tq3, tq4/tq2, tq3/tq2), at head_dim 128 and 256, with the q8 recent
- * window of the tq formats. attn_cuda.cu's entry points come here when cuda_kv_fmt_generic.
+ * formats the tuned tensor-core kernels do not take: fp8/fp8 at head_dim 128 and 256; tq2/tq2
+ * and tq K and V of different bits (tq4/tq3, tq4/tq2, tq3/tq2) at 256 (at 128 attn_cuda.cu's
+ * tensor-core split kernel takes them); with the q8 recent window of the tq formats. attn_cuda.cu's entry points come here when cuda_kv_fmt_generic.
  * Owns: the query preparation (rotated into K's domain when K is tq; fp8 is stored as given),
  * the float32 split kernel fdec_kernel<D, KB, VB, MG> (attn_cuda_wide.cu's wdec_kernel with
  * the head dim, the K format and the V format as template arguments), the merge (split
@@ -393,7 +393,15 @@ tqkv_status fmt_queue(cuda_kv *kv, const typename cuda_codec_of<D>::type &kc,
 } // namespace
 
 int cuda_kv_fmt_generic(const cuda_kv *kv) {
-    return kv && !kv->bf16 && !(kv->kfmt == kv->vfmt && (kv->kfmt == TQKV_TQ4 || kv->kfmt == TQKV_TQ3));
+    if (!kv || kv->bf16) return 0;
+    if (kv->kfmt == kv->vfmt && (kv->kfmt == TQKV_TQ4 || kv->kfmt == TQKV_TQ3)) return 0;
+    /* d = 128: the tensor-core split kernel also takes tq4/tq2, tq2/tq2, tq4/tq3 and tq3/tq2
+     * (attn_cuda.cu) */
+    const int k = kv->kfmt, v = kv->vfmt;
+    if (kv->d == CUDA_DIM && ((v == TQKV_TQ2 && (k == TQKV_TQ4 || k == TQKV_TQ2 || k == TQKV_TQ3)) ||
+                              (k == TQKV_TQ4 && v == TQKV_TQ3)))
+        return 0;
+    return 1;
 }
 
 tqkv_status cuda_attend_decode_fmt(cuda_kv *kv, const float *q, int q_heads, float scale, float *out, void *ws,

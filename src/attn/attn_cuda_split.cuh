@@ -1,7 +1,9 @@
 /*
  * attn_cuda_split.cuh - the split-KV flash-decoding kernel over the device cache, sm_90,
  * split_kernel<F, NG, ST, D>: F = tq4, tq3 (with the q8 recent window) or the dense bf16
- * baseline (d = 128 only), head dim D = 128 or 256. Instantiated by attn_cuda.cu (d = 128) and
+ * baseline (d = 128 only), or a K/V pair (d = 128 only, with the window: F_TQ42 = tq4 K with
+ * tq2 V, F_TQ2 = tq2 both, F_TQ43 = tq4 K with tq3 V, F_TQ32 = tq3 K with tq2 V;
+ * attn_cuda_tile.cuh), head dim D = 128 or 256. Instantiated by attn_cuda.cu (d = 128) and
  * attn_cuda_wide.cu (d = 256), which prepare its queries, launch it and merge its partials.
  * Owns: the kernel's parameters (Params<D>), its shared-memory layout, work items and their
  * claims, the stream of staged tiles and its mbarrier phases, the online softmax, the merge of
@@ -75,7 +77,8 @@ template <int D> struct Params {
     int nrows, kvh, G, qh, cap;
     int nsmax;                /* split stride of po / pml: >= every row's split_count */
     int *work;                /* [2] counters (next item, groups done), zero between launches */
-    typename cuda_codec_of<D>::type kc, vc;  /* the kernel reads kc.cent (K and V share the format) */
+    typename cuda_codec_of<D>::type kc, vc;  /* the kernel reads kc.cent (one format for K and V), and
+                                              * vc.cent for the pairs of two formats */
 };
 
 /* The kernel's parameters for cache kv (both head dims' launchers): its planes, q8 ring and
@@ -128,8 +131,13 @@ template <int F, int NG, int ST, int D> __host__ __device__ constexpr int smem_m
 template <int F, int NG, int ST, int D> __host__ __device__ constexpr int smem_xs() {
     return (smem_ml<F, NG, ST, D>() + NG * 2 * 4 * 16 + NG * NW * 8 + 2 * (ATTN_MAX_ROWS + 1) * 4 + 15) / 16 * 16;  /* s_ml, s_next, s_pre, s_pre0 */
 }
+/* the merge's exchange slots after s_pre (tq3 and the pairs of two formats: the table's holes
+ * hold a second table) */
+template <int F> __host__ __device__ constexpr bool xs_after() {
+    return F == F_TQ3 || F == F_TQ42 || F == F_TQ43 || F == F_TQ32;
+}
 template <int F, int NG, int ST, int D> __host__ __device__ constexpr int smem_bytes() {
-    return smem_xs<F, NG, ST, D>() + (F == F_TQ3 ? NG * 2 * (D / 4) * 128 : 0);  /* D / 4 slot rows per lane */
+    return smem_xs<F, NG, ST, D>() + (xs_after<F>() ? NG * 2 * (D / 4) * 128 : 0);  /* D / 4 slot rows per lane */
 }
 
 /* Group barrier (ids 1..NG; 0 is __syncthreads). */
@@ -201,6 +209,14 @@ __device__ __forceinline__ void p_frags(uint32_t plo, uint32_t phi, int g, int c
     b1 = prmt(x2, x3, sel);
 }
 
+/* The kernel's codebook tables (tq formats): entry e of table t (2 tables: tq3 and the pairs of
+ * two formats). */
+template <int F> __host__ __device__ constexpr int tab_count() { return xs_after<F>() ? 2 : 1; }
+template <int F, int D> __device__ __forceinline__ uint32_t tab_value(const Params<D> &P, int e, int t) {
+    if constexpr (F == F_TQ42 || F == F_TQ2 || F == F_TQ43 || F == F_TQ32) return tab_entry_pair<F>(P.kc.cent, P.vc.cent, e, t);
+    else return tab_entry<F>(P.kc.cent, e, t);
+}
+
 /* NG groups of NW warps per CTA, ST stages per warp (tq). bf16: each warp's next tile is
  * loaded into registers (double buffer) while this one is computed. */
 template <int F, int NG, int ST, int D>
@@ -208,9 +224,11 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
     constexpr int SUB = F == F_BF16 ? 1 : 2, TT = 16 * SUB;
     constexpr int NM = D / 16;                /* m-tiles of O^T (8 / 16) */
     using RawT = Raw<F, SUB>;
-    static_assert(D == 128 || (D == 256 && F != F_BF16), "d = 256: tq4 / tq3 (bf16 stays on the float32 kernel)");
+    static_assert(D == 128 || (D == 256 && (F == F_TQ4 || F == F_TQ3)),
+                  "d = 256: tq4 / tq3 (bf16 and the pairs stay on the float32 kernel)");
     static_assert(F != F_BF16 || warp_area<F, ST, D>() >= CUDA_MAX_G * D * 4, "bf16: exchange slots in the warp areas");
     static_assert(F != F_TQ4 || NG * 2 * (4 * NM) <= 256, "tq4: the exchange slots fit the table's holes");
+    static_assert(F != F_TQ2 || NG * 2 * (4 * NM) <= 256, "tq2: the exchange slots fit the table's holes");
     static_assert(smem_bytes<F, NG, ST, D>() <= 227 * 1024, "one CTA per SM");
     extern __shared__ __align__(16) uint32_t s_dyn[];
     char *const sbytes = reinterpret_cast<char *>(s_dyn);
@@ -230,9 +248,9 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
     const uint32_t bar_s = uni(win + smem_bar<F, NG, ST, D>() + wc * ST * 8);
 
     if constexpr (F != F_BF16) {
-        for (int i = threadIdx.x; i < (F == F_TQ3 ? 2 : 1) * 256 * 32; i += NG * NW * 32) {
+        for (int i = threadIdx.x; i < tab_count<F>() * 256 * 32; i += NG * NW * 32) {
             const int t = i >> 13, e = (i >> 5) & 255;           /* table, entry */
-            s_dyn[e * 64 + 32 * t + (i & 31)] = tab_entry<F>(P.kc.cent, e, t);
+            s_dyn[e * 64 + 32 * t + (i & 31)] = tab_value<F, D>(P, e, t);
         }
         if (lane < ST) mbar_init(bar_s + 8 * lane, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -807,12 +825,12 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
         }
 
         // ---- merge the group's warps: 2 + 3 into 0 + 1, then 1 into 0, in registers ----
-        /* exchange slots, lane-major (conflict free): element j = (i, e, k) of lane l. tq4: in
-         * the table's holes (the stages hold the next item's tiles); tq3: after s_pre; bf16:
-         * the warp areas of warps 0 and 1. */
+        /* exchange slots, lane-major (conflict free): element j = (i, e, k) of lane l. tq4, tq2:
+         * in the table's holes (the stages hold the next item's tiles); tq3, tq4/tq2: after
+         * s_pre; bf16: the warp areas of warps 0 and 1. */
         auto slot_off = [&](int s_, int j) {
             if constexpr (F == F_BF16) return (wc0 + s_) * warp_area<F, ST, D>() + (j * 32 + lane) * 4;
-            else if constexpr (F == F_TQ3) return smem_xs<F, NG, ST, D>() + ((grp * 2 + s_) * (4 * NM) + j) * 128 + lane * 4;
+            else if constexpr (xs_after<F>()) return smem_xs<F, NG, ST, D>() + ((grp * 2 + s_) * (4 * NM) + j) * 128 + lane * 4;
             else return ((grp * 2 + s_) * (4 * NM) + j) * 256 + 128 + lane * 4;
         };
 #pragma unroll

@@ -57,7 +57,14 @@
 
 namespace {
 
-enum { F_TQ4 = 0, F_TQ3 = 1, F_BF16 = 2 };
+/* Formats of the kernel's K and V: one format for both (tq4, tq3, the dense bf16 baseline)
+ * or a pair (d = 128 only): F_TQ42 = tq4 K with tq2 V, F_TQ2 = tq2 for both, F_TQ43 = tq4 K
+ * with tq3 V, F_TQ32 = tq3 K with tq2 V. kfmt / vfmt name each side's format; a pair's K-side
+ * building blocks are its K format's, its V-side ones its V format's (tq2: tq3's head-dim
+ * orders without the 1-bit plane; tq3 in a pair: one table, C, tq3c_kwords / tq3c_vwords). */
+enum { F_TQ4 = 0, F_TQ3 = 1, F_BF16 = 2, F_TQ42 = 3, F_TQ2 = 4, F_TQ43 = 5, F_TQ32 = 6 };
+__host__ __device__ constexpr int kfmt(int F) { return F == F_TQ42 || F == F_TQ43 ? F_TQ4 : F == F_TQ32 ? F_TQ3 : F; }
+__host__ __device__ constexpr int vfmt(int F) { return F == F_TQ42 || F == F_TQ32 ? F_TQ2 : F == F_TQ43 ? F_TQ3 : F; }
 constexpr float LOG2E = 1.4426950408889634f;
 /* Online softmax. A token's V values are its factor f (tq: the fp16 V scale; q8 window:
  * q8_tok_factor; bf16: 1) times its fragment values, and its weight in the output is
@@ -123,6 +130,10 @@ template <int F, int D> struct Fmt;
 template <int D> struct Fmt<F_TQ4, D> { static constexpr int PAY = D / 2; };
 template <int D> struct Fmt<F_TQ3, D> { static constexpr int PAY = 3 * D / 8; };  /* 2-bit plane, 1-bit plane */
 template <int D> struct Fmt<F_BF16, D> { static constexpr int PAY = 2 * D; };
+template <int D> struct Fmt<F_TQ2, D> { static constexpr int PAY = D / 4; };      /* 2-bit plane */
+/* payload bytes per token of K and of V (a pair's sides differ) */
+template <int F, int D> __host__ __device__ constexpr int kpay() { return Fmt<kfmt(F), D>::PAY; }
+template <int F, int D> __host__ __device__ constexpr int vpay() { return Fmt<vfmt(F), D>::PAY; }
 
 __device__ __forceinline__ float ex2(float x) { /* 2^x; -inf -> 0 (denormal results flush to 0) */
     float y;
@@ -143,7 +154,11 @@ __device__ __forceinline__ float lg2(float x) { /* log2 x of a normal x (NaN -> 
  * 0 / 1: dims 8 w + j and 8 w + 4 + j of the lane's 32-dim group; tables C / D (TQKV_TQ3_CD):
  * dims d + j and d + 8 + j, d = 0, 16, 4, 20 for w = 0..3. */
 template <int F> __host__ __device__ constexpr int kdim(int c, int p, int e) {
-    if constexpr (F == F_TQ4) return 32 * c + p + 16 * e;
+    if constexpr (F == F_TQ4 || F == F_TQ42 || F == F_TQ43) return 32 * c + p + 16 * e;
+    /* tq2: word w of deq_k_tq2 (the 2-bit plane words and them >> 4), byte j: dims d + j and
+     * d + 8 + j, d = 0, 16, 4, 20 for w = 0..3 (tq3's tables C / D order; tq3 K in a pair: the
+     * same order, tq3c_kwords) */
+    else if constexpr (F == F_TQ2 || F == F_TQ32) return 32 * c + 16 * ((p >> 2) & 1) + 4 * (p >> 3) + (p & 3) + 8 * e;
 #if TQKV_TQ3_CD
     else if constexpr (F == F_TQ3) return 32 * c + 16 * ((p >> 2) & 1) + 4 * (p >> 3) + (p & 3) + 8 * e;
 #else
@@ -154,7 +169,8 @@ template <int F> __host__ __device__ constexpr int kdim(int c, int p, int e) {
 /* V: thread row g, m-tile i (0..7), e = 0 for fragment row g, 1 for row g + 8. */
 template <int F> __host__ __device__ constexpr int vdim(int g, int i, int e) {
     if constexpr (F == F_TQ4) return 32 * (g >> 1) + 8 * (g & 1) + i + 16 * e;
-    else if constexpr (F == F_TQ3) return 32 * (g >> 1) + 8 * (2 * e + (i >> 2)) + 4 * (g & 1) + (i & 3);
+    else if constexpr (F == F_TQ3 || F == F_TQ42 || F == F_TQ2 || F == F_TQ43 || F == F_TQ32) /* tq2 V: tq3's */
+        return 32 * (g >> 1) + 8 * (2 * e + (i >> 2)) + 4 * (g & 1) + (i & 3);
     else return 16 * g + 2 * i + e;
 }
 /* d = 256 (tq4, tq3): each thread column covers two 32-dim groups, c and c + 4, and each
@@ -203,6 +219,8 @@ template <int F, int D> constexpr bool dim_orders_ok() {
     return true;
 }
 static_assert(dim_orders_ok<F_TQ4, 128>() && dim_orders_ok<F_TQ3, 128>() && dim_orders_ok<F_BF16, 128>() &&
+                  dim_orders_ok<F_TQ42, 128>() && dim_orders_ok<F_TQ2, 128>() && dim_orders_ok<F_TQ43, 128>() &&
+                  dim_orders_ok<F_TQ32, 128>() &&
                   dim_orders_ok<F_TQ4, 256>() && dim_orders_ok<F_TQ3, 256>(),
               "kdim, vdim and qdim are permutations of the head dims");
 /* The query pairs a lane loads are K's: at d = 256, element 128 h + 32 c + 2 p + e of the
@@ -239,6 +257,12 @@ static_assert(qdim256_is_kdim<F_TQ4>() && qdim256_is_kdim<F_TQ3>(), "Q's storage
  *   tq3 with TQKV_TQ3_CD, tables C (0) and D (1), two 2-bit fields next to each other:
  *   table C:      e = (lo0 | lo1 << 2 | hi0 << 4 | hi1 << 5 | xx << 6)
  *   table D:      e = (xx | hi0 << 2 | hi1 << 3 | lo0 << 4 | lo1 << 6)
+ *   tq2:          e = (i0 | i1 << 2 | xxxx << 4)                -> (c[i0], c[i1])
+ *   (the high nibble ignored: a 2-bit plane word or it >> 4 is looked up as it is). Pairs:
+ * tq4/tq2 keeps tq4's table at 0 and tq2's (V's codebook) at 128, its exchange slots after
+ * s_pre as tq3's; tq2/tq2 has one table (K's codebook, equal to V's: same bits and dim) and
+ * tq4's holes; tq4/tq3: tq4's at 0, tq3's table C (V's codebook) at 128; tq3/tq2: tq3's C (K's
+ * codebook) at 0, tq2's at 128 (tq3 in a pair looks up table C only: tq3c_kwords / vwords).
  * The shared address is the CTA's table base (a uniform register) plus the offset, so the
  * load is one LDS [R + UR]. */
 constexpr uint32_t TAB_BASE = 1024;
@@ -280,6 +304,27 @@ template <int F> __device__ __forceinline__ uint32_t tab_entry(const float *cent
     } else {
         a = cent[((e >> 2) & 3) | ((e << 1) & 4)];
         b = cent[((e >> 6) & 3) | ((e >> 3) & 4)];
+    }
+    const __half2 v = __floats2half2_rn(a, b);
+    return *reinterpret_cast<const uint32_t *>(&v);
+}
+/* The pairs' tables (F_TQ42, F_TQ2): entry e of table t from K's codebook kc (tq4's entry) or
+ * V's vc (tq2's entry, F_TQ42's table 1; F_TQ2's table 0 from kc, K's and V's codebooks
+ * being the same). */
+template <int F> __device__ __forceinline__ uint32_t tab_entry_pair(const float *kc, const float *vc, int e, int t) {
+    static_assert(F == F_TQ42 || F == F_TQ2 || F == F_TQ43 || F == F_TQ32, "the pairs' tables");
+    const int tf = t == 0 ? kfmt(F) : vfmt(F);               /* table t's format */
+    const float *c = t == 0 ? kc : vc;
+    float a, b;
+    if (tf == F_TQ4) {
+        a = c[e & 15];
+        b = c[e >> 4];
+    } else if (tf == F_TQ3) {                                   /* table C */
+        a = c[(e & 3) | ((e >> 2) & 4)];
+        b = c[((e >> 2) & 3) | ((e >> 3) & 4)];
+    } else {                                                    /* tq2 */
+        a = c[e & 3];
+        b = c[(e >> 2) & 3];
     }
     const __half2 v = __floats2half2_rn(a, b);
     return *reinterpret_cast<const uint32_t *>(&v);
@@ -381,6 +426,28 @@ __device__ __forceinline__ void tq3_vwords(uint32_t W0, uint32_t W1, uint32_t H0
 #endif
 }
 
+/* tq3 in a pair (F_TQ43's V, F_TQ32's K): table C only, so that the other side's table fits
+ * beside it. The words of tq3_kwords / tq3_vwords (TQKV_TQ3_CD) whose lookups went to table D
+ * take their 2-bit fields from the plane word shifted right by 4 and their high bits shifted
+ * to bits 4, 5, i.e. table C's places: the same dims per word (kdim, vdim), two shifts more. */
+__device__ __forceinline__ void tq3c_kwords(uint32_t W0, uint32_t W1, uint32_t H, uint32_t y[4]) {
+    const uint32_t X = tq3_hi_t(H);
+    y[0] = bsel(X << 4, W0, 0x30303030u);                      /* dims j, 8 + j */
+    y[1] = bsel(X << 2, W0 >> 4, 0x30303030u);                 /* dims 16 + j, 24 + j */
+    y[2] = bsel(X, W1, 0x30303030u);                           /* dims 4 + j, 12 + j */
+    y[3] = bsel(X >> 2, W1 >> 4, 0x30303030u);                 /* dims 20 + j, 28 + j */
+}
+__device__ __forceinline__ void tq3c_vwords(uint32_t W0, uint32_t W1, uint32_t H0, uint32_t H1, uint32_t sh,
+                                            uint32_t y[4]) {
+    const uint32_t P0 = prmt(H0, H1, 0x6240u), P1 = prmt(H0, H1, 0x7351u);
+    const uint32_t X = tq3_hi_t(bsel(P0 >> sh, P1 * (16u >> sh), 0x0F0F0F0Fu));
+    const uint32_t V0 = bsel(W0, W1 << 2, 0x33333333u), V1 = bsel(W0 >> 2, W1, 0x33333333u);
+    y[0] = bsel(X << 4, V0, 0x30303030u);
+    y[1] = bsel(X, V1, 0x30303030u);
+    y[2] = bsel(X << 2, V0 >> 4, 0x30303030u);
+    y[3] = bsel(X >> 2, V1 >> 4, 0x30303030u);
+}
+
 // ---------------------------------------------------------------------------
 // Raw tile (registers) and its loads
 // ---------------------------------------------------------------------------
@@ -397,6 +464,32 @@ template <int S> struct Raw<F_TQ3, S> {
     uint32_t kh[SUB][2];      /* 1-bit plane word of group c */
     uint32_t vl[SUB][4];      /* 2-bit plane bytes 4g..4g+3 */
     uint32_t vh[SUB][4];      /* 1-bit plane word of group g/2 */
+    uint32_t ksc, vsc;
+};
+template <int S> struct Raw<F_TQ42, S> {  /* tq4 K, tq2 V */
+    static constexpr int SUB = S;
+    uint4 k[SUB][2];          /* tq4: bytes 16c.. of the token */
+    uint32_t vl[SUB][4];      /* tq2: 2-bit plane bytes 4g..4g+3 */
+    uint32_t ksc, vsc;
+};
+template <int S> struct Raw<F_TQ2, S> {
+    static constexpr int SUB = S;
+    uint2 kl[SUB][2];         /* 2-bit plane bytes 8c..8c+7 */
+    uint32_t vl[SUB][4];      /* 2-bit plane bytes 4g..4g+3 */
+    uint32_t ksc, vsc;
+};
+template <int S> struct Raw<F_TQ43, S> {  /* tq4 K, tq3 V */
+    static constexpr int SUB = S;
+    uint4 k[SUB][2];
+    uint32_t vl[SUB][4];
+    uint32_t vh[SUB][4];
+    uint32_t ksc, vsc;
+};
+template <int S> struct Raw<F_TQ32, S> {  /* tq3 K, tq2 V */
+    static constexpr int SUB = S;
+    uint2 kl[SUB][2];
+    uint32_t kh[SUB][2];
+    uint32_t vl[SUB][4];
     uint32_t ksc, vsc;
 };
 template <int S> struct Raw<F_BF16, S> {
@@ -430,11 +523,11 @@ struct Ring {                 /* the q8 recent window (slow tiles only) */
  * In both, S row g's token for g = c and g = c + 4 are P's slots (2c, 2c+1) (+ 8 for rows
  * g + 8: slots 2c+8, 2c+9), so one transposition (the shuffles in process) serves both. */
 template <int F> __host__ __device__ constexpr int krow_tok(int g, int row) {
-    if constexpr (F == F_TQ3) return 2 * (g & 3) + (g >> 2) + 8 * row;
+    if constexpr (F == F_TQ3 || F == F_TQ32) return 2 * (g & 3) + (g >> 2) + 8 * row;
     else return g + 8 * row;
 }
 template <int F> __host__ __device__ constexpr int vcol_tok(int c, int j) {
-    if constexpr (F == F_TQ3) return 8 * (j >> 1) + 2 * c + (j & 1);
+    if constexpr (F == F_TQ3 || F == F_TQ32) return 8 * (j >> 1) + 2 * c + (j & 1);
     else return 4 * j + c;
 }
 template <int F> constexpr bool orders_match() {
@@ -444,7 +537,8 @@ template <int F> constexpr bool orders_match() {
                 return false;
     return true;
 }
-static_assert(orders_match<F_TQ4>() && orders_match<F_TQ3>() && orders_match<F_BF16>(),
+static_assert(orders_match<F_TQ4>() && orders_match<F_TQ3>() && orders_match<F_BF16>() && orders_match<F_TQ42>() &&
+                  orders_match<F_TQ2>() && orders_match<F_TQ43>() && orders_match<F_TQ32>(),
               "S rows c, c + 4 are P's k slots of column c (the transposition in process)");
 
 /* Per-lane byte offsets inside a tile (tokens from the tile's first), so that every load
@@ -453,12 +547,16 @@ struct LaneOff {
     int k, kh, v, vh;
 };
 template <int F> __device__ __forceinline__ LaneOff lane_off(int g, int c) {
-    constexpr int PAY = Fmt<F, 128>::PAY;
+    constexpr int KPAY = kpay<F, 128>(), VPAY = vpay<F, 128>();
     LaneOff o;
-    o.k = krow_tok<F>(g, 0) * PAY;
-    o.v = vcol_tok<F>(c, 0) * PAY;
+    o.k = krow_tok<F>(g, 0) * KPAY;
+    o.v = vcol_tok<F>(c, 0) * VPAY;
     if constexpr (F == F_TQ4) { o.kh = o.k; o.k += 16 * c; o.vh = o.v; o.v += 8 * g; }
     else if constexpr (F == F_TQ3) { o.kh = o.k + 32 + 4 * c; o.k += 8 * c; o.vh = o.v + 32 + 4 * (g >> 1); o.v += 4 * g; }
+    else if constexpr (F == F_TQ42) { o.kh = o.k; o.k += 16 * c; o.vh = o.v; o.v += 4 * g; }
+    else if constexpr (F == F_TQ2) { o.kh = o.k; o.k += 8 * c; o.vh = o.v; o.v += 4 * g; }
+    else if constexpr (F == F_TQ43) { o.kh = o.k; o.k += 16 * c; o.vh = o.v + 32 + 4 * (g >> 1); o.v += 4 * g; }
+    else if constexpr (F == F_TQ32) { o.kh = o.k + 32 + 4 * c; o.k += 8 * c; o.vh = o.v; o.v += 4 * g; }
     else { o.kh = o.k; o.k += 64 * c; o.vh = o.v; o.v += 32 * g; }
     return o;
 }
@@ -466,18 +564,20 @@ template <int F> __device__ __forceinline__ LaneOff lane_off(int g, int c) {
 template <int F, int S, bool SLOW>
 __device__ __forceinline__ void load_tile(Raw<F, S> &R, const Ctx &x, size_t col, const LaneOff &o, int t0, int lim,
                                           int g, int c, int lane) {
-    constexpr int SUB = S, PAY = Fmt<F, 128>::PAY;
+    constexpr int SUB = S, KPAY = kpay<F, 128>(), VPAY = vpay<F, 128>();
     const size_t tt = col + (size_t)t0;     /* the tile's first token in the planes */
-    const uint8_t *kt = x.kb + tt * PAY, *vt = x.vb + tt * PAY;
+    const uint8_t *kt = x.kb + tt * KPAY, *vt = x.vb + tt * VPAY;
 #pragma unroll
     for (int u = 0; u < SUB; u++) {
 #pragma unroll
         for (int row = 0; row < 2; row++) {
             const bool ok = !SLOW || t0 + 16 * u + krow_tok<F>(g, row) < lim;
-            const int tk = (16 * u + krow_tok<F>(0, row)) * PAY;    /* immediate */
-            if constexpr (F == F_TQ4) {
+            const int tk = (16 * u + krow_tok<F>(0, row)) * KPAY;   /* immediate */
+            if constexpr (F == F_TQ4 || F == F_TQ42 || F == F_TQ43) {
                 R.k[u][row] = ok ? __ldg(reinterpret_cast<const uint4 *>(kt + o.k + tk)) : make_uint4(0, 0, 0, 0);
-            } else if constexpr (F == F_TQ3) {
+            } else if constexpr (F == F_TQ2) {
+                R.kl[u][row] = ok ? __ldg(reinterpret_cast<const uint2 *>(kt + o.k + tk)) : make_uint2(0, 0);
+            } else if constexpr (F == F_TQ3 || F == F_TQ32) {
                 R.kl[u][row] = ok ? __ldg(reinterpret_cast<const uint2 *>(kt + o.k + tk)) : make_uint2(0, 0);
                 R.kh[u][row] = ok ? __ldg(reinterpret_cast<const uint32_t *>(kt + o.kh + tk)) : 0u;
             } else {
@@ -489,10 +589,12 @@ __device__ __forceinline__ void load_tile(Raw<F, S> &R, const Ctx &x, size_t col
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             const bool ok = !SLOW || t0 + 16 * u + vcol_tok<F>(c, j) < lim;
-            const int tv = (16 * u + vcol_tok<F>(0, j)) * PAY;
+            const int tv = (16 * u + vcol_tok<F>(0, j)) * VPAY;
             if constexpr (F == F_TQ4) {
                 R.v[u][j] = ok ? __ldg(reinterpret_cast<const uint2 *>(vt + o.v + tv)) : make_uint2(0, 0);
-            } else if constexpr (F == F_TQ3) {
+            } else if constexpr (F == F_TQ42 || F == F_TQ2 || F == F_TQ32) {
+                R.vl[u][j] = ok ? __ldg(reinterpret_cast<const uint32_t *>(vt + o.v + tv)) : 0u;
+            } else if constexpr (F == F_TQ3 || F == F_TQ43) {
                 R.vl[u][j] = ok ? __ldg(reinterpret_cast<const uint32_t *>(vt + o.v + tv)) : 0u;
                 R.vh[u][j] = ok ? __ldg(reinterpret_cast<const uint32_t *>(vt + o.vh + tv)) : 0u;
             } else {
@@ -536,14 +638,14 @@ __device__ __forceinline__ bool elect_one() {
  * flight then cost no registers and L2 sees each line once (the L2 prefetch this replaced
  * made it look lines up twice). */
 template <int F> struct Stg {
-    static constexpr int TT = 32, PAY = Fmt<F, 128>::PAY;
-    static constexpr int V_OFF = TT * PAY;
+    static constexpr int TT = 32, KPAY = kpay<F, 128>(), VPAY = vpay<F, 128>();
+    static constexpr int V_OFF = TT * KPAY;
     static constexpr int SC = 80;             /* a tile's scales from their 16-byte floor */
-    static constexpr int KS_OFF = 2 * TT * PAY;
+    static constexpr int KS_OFF = TT * KPAY + TT * VPAY;
     static constexpr int VS_OFF = KS_OFF + SC;
     static constexpr int BYTES = VS_OFF + SC;
     static_assert(SC % 16 == 0 && SC >= 2 * TT + 14, "the tile's scales from any 2-byte offset");
-    static_assert(PAY % 16 == 0 && BYTES % 16 == 0, "bulk copies move 16-byte multiples");
+    static_assert(KPAY % 16 == 0 && VPAY % 16 == 0 && BYTES % 16 == 0, "bulk copies move 16-byte multiples");
 };
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
@@ -592,8 +694,8 @@ __device__ __forceinline__ void stage_issue(const Ctx &x, size_t col, int t, uin
     if (elect_one()) {
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* after the warp's reads of the stage */
         mbar_expect(bar, G::BYTES);
-        bulk_g2s(dst, x.kb + (size_t)tt * G::PAY, G::TT * G::PAY, bar, pol);
-        bulk_g2s(dst + G::V_OFF, x.vb + (size_t)tt * G::PAY, G::TT * G::PAY, bar, pol);
+        bulk_g2s(dst, x.kb + (size_t)tt * G::KPAY, G::TT * G::KPAY, bar, pol);
+        bulk_g2s(dst + G::V_OFF, x.vb + (size_t)tt * G::VPAY, G::TT * G::VPAY, bar, pol);
         bulk_g2s(dst + G::KS_OFF, reinterpret_cast<const void *>(ks0), G::SC, bar, pol);
         bulk_g2s(dst + G::VS_OFF, reinterpret_cast<const void *>(vs0), G::SC, bar, pol);
     }
@@ -604,15 +706,17 @@ template <int F, int S>
 __device__ __forceinline__ void load_stage(Raw<F, S> &R, const char *st, const LaneOff &o, int misk, int misv,
                                            int lane) {
     using G = Stg<F>;
-    constexpr int PAY = Fmt<F, 128>::PAY;
+    constexpr int KPAY = G::KPAY, VPAY = G::VPAY;
     static_assert(16 * S == G::TT, "a stage is one tile");
 #pragma unroll
     for (int u = 0; u < S; u++) {
 #pragma unroll
         for (int row = 0; row < 2; row++) {
-            const int tk = (16 * u + krow_tok<F>(0, row)) * PAY;
-            if constexpr (F == F_TQ4) {
+            const int tk = (16 * u + krow_tok<F>(0, row)) * KPAY;
+            if constexpr (F == F_TQ4 || F == F_TQ42 || F == F_TQ43) {
                 R.k[u][row] = *reinterpret_cast<const uint4 *>(st + o.k + tk);
+            } else if constexpr (F == F_TQ2) {
+                R.kl[u][row] = *reinterpret_cast<const uint2 *>(st + o.k + tk);
             } else {
                 R.kl[u][row] = *reinterpret_cast<const uint2 *>(st + o.k + tk);
                 R.kh[u][row] = *reinterpret_cast<const uint32_t *>(st + o.kh + tk);
@@ -620,9 +724,11 @@ __device__ __forceinline__ void load_stage(Raw<F, S> &R, const char *st, const L
         }
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            const int tv = G::V_OFF + (16 * u + vcol_tok<F>(0, j)) * PAY;
+            const int tv = G::V_OFF + (16 * u + vcol_tok<F>(0, j)) * VPAY;
             if constexpr (F == F_TQ4) {
                 R.v[u][j] = *reinterpret_cast<const uint2 *>(st + o.v + tv);
+            } else if constexpr (F == F_TQ42 || F == F_TQ2 || F == F_TQ32) {
+                R.vl[u][j] = *reinterpret_cast<const uint32_t *>(st + o.v + tv);
             } else {
                 R.vl[u][j] = *reinterpret_cast<const uint32_t *>(st + o.v + tv);
                 R.vh[u][j] = *reinterpret_cast<const uint32_t *>(st + o.vh + tv);
@@ -647,6 +753,42 @@ __device__ __forceinline__ void deq_k_tq3(uint2 kl, uint32_t kh, const Tab &T, u
     tq3_kwords(kl.x, kl.y, kh, y);
 #pragma unroll
     for (int p = 0; p < 16; p++) pr[p] = tlook3(T, y[p >> 2], p & 3, (p >> 2) & 1);
+}
+/* tq2 (d = 128): the group's 8 bytes of the 2-bit plane, looked up in table t. Words W0, W0 >> 4,
+ * W1, W1 >> 4: byte j's low nibble holds fields (0, 1) or (2, 3) of W's byte j, i.e. dims
+ * (j, 8 + j), (16 + j, 24 + j) of W0 (bytes 0..3) and (4 + j, ..) of W1 (kdim<F_TQ2>). */
+__device__ __forceinline__ void deq_k_tq2(uint2 kl, const Tab &T, int t, uint32_t pr[16]) {
+    const uint32_t y[4] = {kl.x, kl.x >> 4, kl.y, kl.y >> 4};
+#pragma unroll
+    for (int p = 0; p < 16; p++) pr[p] = tlook(T, y[p >> 2], p & 3, t);
+}
+/* ... and V: two tokens' 2-bit plane words (this lane's half of the group, as tq3's W0 / W1):
+ * V0 byte j = (W0 f0, W1 f0, W0 f2, W1 f2), V1 = (W0 f1, W1 f1, W0 f3, W1 f3) (2 bits each), so
+ * field k's word is V0, V1, V0 >> 4, V1 >> 4 (low nibble: the two tokens' indices), placed as
+ * deq_v_tq3 places tq3's (vdim). */
+__device__ __forceinline__ void deq_v_tq2(uint32_t W0, uint32_t W1, const Tab &T, int t, int hp, uint32_t a[8][4]) {
+    const uint32_t V0 = bsel(W0, W1 << 2, 0x33333333u), V1 = bsel(W0 >> 2, W1, 0x33333333u);
+    const uint32_t vw[4] = {V0, V1, V0 >> 4, V1 >> 4};
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) a[4 * (k & 1) + j][2 * hp + (k >> 1)] = tlook(T, vw[k], j, t);
+}
+/* tq3 in a pair: deq_k_tq3 / deq_v_tq3 on table C (t) only (tq3c_kwords / tq3c_vwords) */
+__device__ __forceinline__ void deq_k_tq3c(uint2 kl, uint32_t kh, const Tab &T, int t, uint32_t pr[16]) {
+    uint32_t y[4];
+    tq3c_kwords(kl.x, kl.y, kh, y);
+#pragma unroll
+    for (int p = 0; p < 16; p++) pr[p] = tlook(T, y[p >> 2], p & 3, t);
+}
+__device__ __forceinline__ void deq_v_tq3c(uint32_t W0, uint32_t W1, uint32_t H0, uint32_t H1, uint32_t sh,
+                                           const Tab &T, int t, int hp, uint32_t a[8][4]) {
+    uint32_t vw[4];
+    tq3c_vwords(W0, W1, H0, H1, sh, vw);
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) a[4 * (k & 1) + j][2 * hp + (k >> 1)] = tlook(T, vw[k], j, t);
 }
 /* V^T fragment registers 2 hp, 2 hp + 1 (k slots j0 = 2 hp, j1 = 2 hp + 1) of 8 m-tiles from two
  * tokens' bytes: tq4 the lane's 8 payload bytes of each (n0, n1), tq3 its 2-bit plane word
@@ -684,6 +826,12 @@ template <int F, int S> __device__ __forceinline__ void deq_k(const Raw<F, S> &R
         deq_k_tq4(R.k[u][row], T, pr);
     } else if constexpr (F == F_TQ3) {
         deq_k_tq3(R.kl[u][row], R.kh[u][row], T, pr);
+    } else if constexpr (F == F_TQ42 || F == F_TQ43) {
+        deq_k_tq4(R.k[u][row], T, pr);        /* table 0 */
+    } else if constexpr (F == F_TQ2) {
+        deq_k_tq2(R.kl[u][row], T, 0, pr);
+    } else if constexpr (F == F_TQ32) {
+        deq_k_tq3c(R.kl[u][row], R.kh[u][row], T, 0, pr);
     } else {
 #pragma unroll
         for (int q = 0; q < 4; q++) {
@@ -709,6 +857,10 @@ template <int F, int S> __device__ __forceinline__ void deq_v(const Raw<F, S> &R
             }
         } else if constexpr (F == F_TQ4) {
             deq_v_tq4(R.v[u][j0], R.v[u][j1], T, hp, a);
+        } else if constexpr (F == F_TQ42 || F == F_TQ2 || F == F_TQ32) { /* tq2 V: table 1 beside K's, else 0 */
+            deq_v_tq2(R.vl[u][j0], R.vl[u][j1], T, F == F_TQ2 ? 0 : 1, hp, a);
+        } else if constexpr (F == F_TQ43) {   /* tq3 V: table C at 1 */
+            deq_v_tq3c(R.vl[u][j0], R.vl[u][j1], R.vh[u][j0], R.vh[u][j1], 4u * (uint32_t)(g & 1), T, 1, hp, a);
         } else {
             deq_v_tq3(R.vl[u][j0], R.vl[u][j1], R.vh[u][j0], R.vh[u][j1], 4u * (uint32_t)(g & 1), T, hp, a);
         }
@@ -777,7 +929,9 @@ template <int F> constexpr bool q8_offs_ok() {
             }
     return true;
 }
-static_assert(q8_offs_ok<F_TQ4>() && q8_offs_ok<F_TQ3>(), "the window's fragment loads cover the lane's q8 values");
+static_assert(q8_offs_ok<F_TQ4>() && q8_offs_ok<F_TQ3>() && q8_offs_ok<F_TQ42>() && q8_offs_ok<F_TQ2>() &&
+                  q8_offs_ok<F_TQ43>() && q8_offs_ok<F_TQ32>(),
+              "the window's fragment loads cover the lane's q8 values");
 __device__ __forceinline__ float q8_byte(const uint32_t *w, int o) {
     return (float)((int)(w[o >> 2] << (24 - 8 * (o & 3))) >> 24);   /* sign-extended byte o */
 }

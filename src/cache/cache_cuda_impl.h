@@ -97,7 +97,9 @@ tqkv_status codec_cuda_append(cuda_kv *kv, const float *k, const float *v, int n
 tqkv_status cuda_attend_decode_wide(cuda_kv *kv, const float *q, int q_heads, float scale,
                                     float *out, void *ws, size_t ws_bytes);
 /* attn_cuda_fmt.cu: 1 when kv's decode attention is the float32 kernel of attn_cuda_fmt.cu
- * (fp8/fp8, tq2/tq2, tq K and V of different bits; not the bf16 baseline, tq4/tq4, tq3/tq3). */
+ * (fp8/fp8, tq2/tq2, tq K and V of different bits; not the bf16 baseline, tq4/tq4, tq3/tq3,
+ * nor at d = 128 tq2/tq2, tq4/tq2, tq4/tq3 and tq3/tq2, which attn_cuda.cu's tensor-core split
+ * kernel takes: at 128 only fp8). */
 int cuda_kv_fmt_generic(const cuda_kv *kv);
 /* attn_cuda_fmt.cu: decode attention of such a cache at head_dim 128 or 256 (query prep, the
  * float32 split kernel, the merge), each row's splits from its own length on the device.
