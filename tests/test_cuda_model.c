@@ -1063,9 +1063,13 @@ static int graph_longest(const tqkv_model_state *s) {
  * and 6 decode steps; run 0 with plain launches (TQKV_PDL=0) and graphs, run 1 with PDL and
  * graphs (the programmatic edges captured), run 2 with PDL kernel by kernel; every logit of
  * runs 1 and 2 must equal run 0's bitwise, and the graph runs must have replayed graphs. */
+static char *g_pdl_saved; /* TQKV_PDL as the test found it (NULL: unset) */
 static int pdl_teardown(void **st) {
     (void)st;
-    unsetenv("TQKV_PDL");
+    if (g_pdl_saved) setenv("TQKV_PDL", g_pdl_saved, 1);
+    else unsetenv("TQKV_PDL");
+    free(g_pdl_saved);
+    g_pdl_saved = NULL;
     return 0;
 }
 
@@ -1082,6 +1086,7 @@ static void test_pdl(void **st) {
     for (int k = 0; k < RUNS; k++) assert_non_null(lg[k] = malloc(sizeof(float) * per));
     char *genv = getenv("TQKV_CUDA_GRAPHS") ? strdup(getenv("TQKV_CUDA_GRAPHS")) : NULL;
     unsetenv("TQKV_CUDA_GRAPHS"); /* the graph runs must run as graphs */
+    g_pdl_saved = getenv("TQKV_PDL") ? strdup(getenv("TQKV_PDL")) : NULL;
     const int probe = tqkv_cuda_gemm_pdl_probe(NULL);
     for (int run = 0; run < RUNS; run++) {
         setenv("TQKV_PDL", run ? "1" : "0", 1);
