@@ -1058,6 +1058,70 @@ static int graph_longest(const tqkv_model_state *s) {
     return m;
 }
 
+/* PDL (docs/CUDA.md "PDL"): the decode-size GEMMs' programmatic launches (TQKV_PDL, on by
+ * default) change no bit. Two rows: a prefill of 29 tokens each (T = 58: decode-size GEMMs)
+ * and 6 decode steps; run 0 with plain launches (TQKV_PDL=0) and graphs, run 1 with PDL and
+ * graphs (the programmatic edges captured), run 2 with PDL kernel by kernel; every logit of
+ * runs 1 and 2 must equal run 0's bitwise, and the graph runs must have replayed graphs. */
+static char *g_pdl_saved; /* TQKV_PDL as the test found it (NULL: unset) */
+static int pdl_teardown(void **st) {
+    (void)st;
+    if (g_pdl_saved) setenv("TQKV_PDL", g_pdl_saved, 1);
+    else unsetenv("TQKV_PDL");
+    free(g_pdl_saved);
+    g_pdl_saved = NULL;
+    return 0;
+}
+
+static void test_pdl(void **st) {
+    (void)st;
+    enum { R = 2, N = 29, STEPS = 6, RUNS = 3 };
+    const int V = tqkv_model_get_config(g_model)->vocab_size;
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x9d1);
+    int32_t tok[R * (N + STEPS)];
+    random_tokens(&r, tok, sizeof tok / sizeof tok[0], V);
+    const size_t per = (size_t)R * (N + STEPS) * V;
+    float *lg[RUNS];
+    for (int k = 0; k < RUNS; k++) assert_non_null(lg[k] = malloc(sizeof(float) * per));
+    char *genv = getenv("TQKV_CUDA_GRAPHS") ? strdup(getenv("TQKV_CUDA_GRAPHS")) : NULL;
+    unsetenv("TQKV_CUDA_GRAPHS"); /* the graph runs must run as graphs */
+    g_pdl_saved = getenv("TQKV_PDL") ? strdup(getenv("TQKV_PDL")) : NULL;
+    const int probe = tqkv_cuda_gemm_pdl_probe(NULL);
+    for (int run = 0; run < RUNS; run++) {
+        setenv("TQKV_PDL", run ? "1" : "0", 1);
+        tqkv_model_state_params p = tqkv_model_state_params_default();
+        p.rows = R;
+        p.k_format = p.v_format = TQKV_TQ4;
+        p.threads = 4;
+        p.device = 1;
+        p.device_graphs = run < 2;
+        tqkv_model_state *s = NULL;
+        if (tqkv_model_state_init(&s, g_model, &p) != TQKV_OK) fail_msg("state init: %s", tqkv_last_error());
+        float *l = lg[run];
+        OK(tqkv_model_prefill(g_model, s, tok, NULL, N, TQKV_LOGITS_ALL, l));
+        for (int i = 0; i < STEPS; i++)
+            OK(tqkv_model_decode(g_model, s, tok + R * N + R * i, l + (size_t)R * (N + i) * V));
+        const model_cuda_graph_stats gs = graph_stats(s);
+        printf("pdl run %d (TQKV_PDL=%d, graphs %d): %llu captured, %llu replayed, %llu direct\n",
+               run, run ? 1 : 0, run < 2, (unsigned long long)gs.captures,
+               (unsigned long long)gs.replays, (unsigned long long)gs.direct);
+        tqkv_model_state_free(s);
+        if (run < 2 && gs.replays < 1) fail_msg("pdl run %d: the decode steps replayed no graph", run);
+    }
+    if (genv) setenv("TQKV_CUDA_GRAPHS", genv, 1);
+    free(genv);
+    for (int k = 1; k < RUNS; k++)
+        for (size_t i = 0; i < per; i++)
+            if (memcmp(&lg[0][i], &lg[k][i], sizeof(float)))
+                fail_msg("pdl run %d: logit %zu (token %zu) %.9g differs from the plain launches' %.9g",
+                         k, i, i / (size_t)V, (double)lg[k][i], (double)lg[0][i]);
+    assert_true(memcmp(lg[0], lg[0] + V, sizeof(float) * (size_t)V) != 0); /* rows differ */
+    printf("pdl: the device %s the programmatic launch; logits with PDL (graphs and kernel by "
+           "kernel) equal the plain launches', bitwise\n", probe ? "takes" : "REFUSED (plain launches ran)");
+    for (int k = 0; k < RUNS; k++) free(lg[k]);
+}
+
 static void graphs_case(tqkv_format f, int window) {
     const int V = tqkv_model_get_config(g_model)->vocab_size;
     const int plen[4] = {20, 33, 47, 10};
@@ -1422,6 +1486,7 @@ int main(void) {
         cmocka_unit_test(test_invariance_tq4),
         cmocka_unit_test(test_invariance_tq3_window),
         cmocka_unit_test_teardown(test_presplit, presplit_teardown),
+        cmocka_unit_test_teardown(test_pdl, pdl_teardown),
         cmocka_unit_test(test_padded_refused),
         cmocka_unit_test(test_graphs_tq4),
         cmocka_unit_test(test_graphs_tq3_window),

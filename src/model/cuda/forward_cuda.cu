@@ -84,6 +84,7 @@ __global__ void embed_kernel(const int32_t *__restrict__ tinfo, const bf16 *__re
 __global__ void rmsnorm_kernel(float *__restrict__ x, const float *__restrict__ add,
                                const float *__restrict__ w, float eps, int H,
                                float *__restrict__ out, uint16_t *__restrict__ xf, int parts) {
+    mc_pdl_trigger(); /* the next GEMM (PDL) may start its weight stream */
     constexpr int U = 8; /* a thread's values i, i + 128, ... loaded U at a time, then summed
                             in that order: the loads overlap, the additions keep their order */
     __shared__ double sh[4];
@@ -172,6 +173,7 @@ __global__ void qkv_post_kernel(const float *__restrict__ qkv, int QS, int qs, i
 __global__ void gather_kernel(const float *__restrict__ ob, const int32_t *__restrict__ tinfo,
                               int NH, int n, const float *__restrict__ gate, int QS,
                               float *__restrict__ att, uint16_t *__restrict__ xf, int parts) {
+    mc_pdl_trigger(); /* the next GEMM (PDL) may start its weight stream */
     const size_t t = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= NH * 128) return;
@@ -209,6 +211,7 @@ __device__ float exp_cpu(float x) {
  * split. grid mc_grid_elems(T, I), block 256. */
 __global__ void swiglu_kernel(const float *__restrict__ gu, int I, float *__restrict__ h,
                               uint16_t *__restrict__ xf, int parts) {
+    mc_pdl_trigger(); /* the next GEMM (PDL) may start its weight stream */
     const size_t t = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= I) return;
@@ -311,6 +314,9 @@ extern "C" tqkv_status model_cuda_init(model_cuda **out, const tqkv_model *m,
     g->gemm_parts = m->bf16_act ? 1 : 2; /* the CPU's choice of activation precision */
     const char *pre = getenv("TQKV_GEMM_PRESPLIT"); /* "0": a split launch before each GEMM */
     g->presplit = !(pre && !strcmp(pre, "0"));
+    const char *pdl = getenv("TQKV_PDL"); /* "0": the decode GEMMs' plain launches */
+    g->pdl = !(pdl && !strcmp(pdl, "0"));
+    if (!st && g->pdl) g->pdl = tqkv_cuda_gemm_pdl_probe(g->stream); /* refused: plain */
     if (!st) st = mc_make_caches(g, rows);
     if (!st && p->device_fast_gemm) st = gemm_cublas_init(&g->cublas, g->stream);
     if (st) {
@@ -456,8 +462,10 @@ tqkv_status mc_gemm(model_cuda *g, const float *x, size_t ldx, int T, const bf16
 tqkv_status mc_gemm_pre(model_cuda *g, const float *x, size_t ldx, int T, const bf16 *w,
                         int N, int K, const float *bias, float *y, size_t ldy) {
     if (g->cublas || !g->presplit) return mc_gemm(g, x, ldx, T, w, N, K, bias, y, ldy);
+    /* decode sizes: a programmatic (PDL) launch, the weights' first stages streaming while
+     * the kernel before (the one that wrote the split) finishes */
     return tqkv_cuda_gemm_presplit(T, (const uint16_t *)w, N, K, bias, y, ldy, g->xf,
-                                   g->gemm_parts, g->stream);
+                                   g->gemm_parts, g->pdl && T <= GEMM_CUDA_SMALL_T, g->stream);
 }
 
 /* Where a kernel before a GEMM writes that GEMM's split (NULL with cuBLAS, which splits
@@ -521,6 +529,7 @@ void mc_swiglu_queue(const float *gu, int I, float *h, size_t T, uint16_t *xf, i
  * ceil(I / 256)), block 256. */
 __global__ void geglu_kernel(const float *__restrict__ gu, int I, float *__restrict__ h,
                              uint16_t *__restrict__ xf, int parts) {
+    mc_pdl_trigger(); /* the next GEMM (PDL) may start its weight stream */
     const size_t t = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= I) return;

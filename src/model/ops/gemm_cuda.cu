@@ -94,13 +94,13 @@ template <int WM, int WN, int MT, int NT, int P, int ST> struct Tile {
     static_assert(NT == 1 || NT % 2 == 0, "token tiles load in pairs");
 };
 
-/* One stage: W rows n0 .. n0 + BM and the tokens' parts t0 .. t0 + BN at k 64 kt .. 64 kt +
- * 63 into slot `st` (zeros past N, T or K). Part p of token t is at xb + (p TS + t) K (TS:
- * the split's row count; a grouped GEMM's xb starts at its group's first row). */
-template <class C, int P>
-__device__ __forceinline__ void gemm_load(uint32_t st, const uint16_t *__restrict__ w, int N,
-                                          const uint16_t *__restrict__ xb, int T, int TS, int K,
-                                          int n0, int t0, int kt) {
+/* One stage: W rows n0 .. n0 + BM (gemm_load_w) and the tokens' parts t0 .. t0 + BN
+ * (gemm_load_x) at k 64 kt .. 64 kt + 63 into slot `st` (zeros past N, T or K). Part p of
+ * token t is at xb + (p TS + t) K (TS: the split's row count; a grouped GEMM's xb starts at
+ * its group's first row). */
+template <class C>
+__device__ __forceinline__ void gemm_load_w(uint32_t st, const uint16_t *__restrict__ w, int N, int K,
+                                            int n0, int kt) {
     const int kc = K / 8;
 #pragma unroll
     for (int h = 0; h < C::WCP; h++) {
@@ -109,6 +109,11 @@ __device__ __forceinline__ void gemm_load(uint32_t st, const uint16_t *__restric
         cp_async16(st + swz(r, c), ok ? (const void *)(w + (size_t)n * K + 8 * kq) : (const void *)w,
                    ok ? 16u : 0u);
     }
+}
+template <class C, int P>
+__device__ __forceinline__ void gemm_load_x(uint32_t st, const uint16_t *__restrict__ xb, int T,
+                                            int TS, int K, int t0, int kt) {
+    const int kc = K / 8;
 #pragma unroll
     for (int p = 0; p < P; p++)
 #pragma unroll
@@ -119,6 +124,13 @@ __device__ __forceinline__ void gemm_load(uint32_t st, const uint16_t *__restric
             cp_async16(st + C::WBYTES + p * C::XBYTES + swz(r, c), ok ? (const void *)src : (const void *)xb,
                        ok ? 16u : 0u);
         }
+}
+template <class C, int P>
+__device__ __forceinline__ void gemm_load(uint32_t st, const uint16_t *__restrict__ w, int N,
+                                          const uint16_t *__restrict__ xb, int T, int TS, int K,
+                                          int n0, int t0, int kt) {
+    gemm_load_w<C>(st, w, N, K, n0, kt);
+    gemm_load_x<C, P>(st, xb, T, TS, K, t0, kt);
 }
 
 /* One stage's four k16 steps into acc: per step the warp's MT weight fragments, each
@@ -177,9 +189,20 @@ __device__ __forceinline__ void gemm_tile(const uint16_t *__restrict__ xb, int T
     for (int m = 0; m < MT; m++)
 #pragma unroll
         for (int j = 0; j < NT; j++) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.f;
+    /* The prologue's ST - 1 stages: first their weight tiles, which no kernel writes, then
+     * the grid dependency wait (PDL: a programmatic launch starts while the kernel before,
+     * the one that wrote xb, still runs; the wait returns once it completed and its writes
+     * are visible; a no-op for a plain launch), then the activations. Commit group 0 holds
+     * all the prologue's weights and stage 0's activations, group s stage s's: stage s has
+     * landed once groups 0 .. s have, as before. Nothing is read from or written to global
+     * memory but W before the wait; the same bytes land in the same slots. */
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++)
+        if (s < nk) gemm_load_w<C>(sbase + s * C::STAGE, w, N, K, n0, s);
+    mc_pdl_wait();
 #pragma unroll
     for (int s = 0; s < ST - 1; s++) {
-        if (s < nk) gemm_load<C, P>(sbase + s * C::STAGE, w, N, xb, T, TS, K, n0, t0, s);
+        if (s < nk) gemm_load_x<C, P>(sbase + s * C::STAGE, xb, T, TS, K, t0, s);
         cp_async_commit();
     }
     for (int kt = 0; kt < nk; kt++) {
@@ -316,12 +339,56 @@ static int shape_pick(int T, int N, int parts) {
     return sh == SH_XL && parts != 1 ? SH_L : sh;
 }
 
+/* The programmatic serialization attribute (PDL): the kernel may start before the one
+ * ahead of it on the stream has finished; its own mc_pdl_wait orders its dependent reads. */
+static cudaLaunchConfig_t pdl_config(dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                                     cudaLaunchAttribute *at) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    *at = cudaLaunchAttribute{};
+    at->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at->val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    return cfg;
+}
+
+/* pdl: a programmatic launch (a plain one when the runtime refuses it). */
 template <int WM, int WN, int MT, int NT, int P, int ST>
 static void launch(cudaStream_t s, const uint16_t *xb, int T, int K, const uint16_t *w, int N,
-                   const float *bias, float *y, size_t ldy) {
+                   const float *bias, float *y, size_t ldy, int pdl) {
     using C = Tile<WM, WN, MT, NT, P, ST>;
     const dim3 grid((unsigned)((T + C::BN - 1) / C::BN), (unsigned)((N + C::BM - 1) / C::BM));
+    if (pdl) {
+        cudaLaunchAttribute at;
+        const cudaLaunchConfig_t cfg = pdl_config(grid, dim3(C::THREADS), C::SMEM, s, &at);
+        if (cudaLaunchKernelEx(&cfg, gemm_kernel<WM, WN, MT, NT, P, ST>, xb, T, K, w, N, bias, y,
+                               ldy) == cudaSuccess)
+            return;
+        (void)cudaGetLastError();
+    }
     gemm_kernel<WM, WN, MT, NT, P, ST><<<grid, C::THREADS, C::SMEM, s>>>(xb, T, K, w, N, bias, y, ldy);
+}
+
+__global__ void pdl_probe_kernel(int unused) {
+    (void)unused;
+    mc_pdl_wait();
+}
+
+/* 1 when the device takes a programmatic launch (tried on `stream`, then synchronized:
+ * outside any capture), else 0 (the error cleared). */
+extern "C" int tqkv_cuda_gemm_pdl_probe(void *stream) {
+    const cudaStream_t s = (cudaStream_t)stream;
+    cudaLaunchAttribute at;
+    const cudaLaunchConfig_t cfg = pdl_config(dim3(1), dim3(32), 0, s, &at);
+    if (cudaLaunchKernelEx(&cfg, pdl_probe_kernel, 0) != cudaSuccess || cudaStreamSynchronize(s) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return 1;
 }
 
 template <int WM, int WN, int MT, int NT, int P, int ST>
@@ -429,10 +496,11 @@ extern "C" tqkv_status tqkv_cuda_gemm_grouped_presplit(int T, const uint16_t *w,
 
 /* The tile launch on split activations xb [parts, T, K]. */
 static tqkv_status gemm_launch(const uint16_t *xb, int T, const uint16_t *w, int N, int K,
-                               const float *bias, float *y, size_t ldy, int parts, cudaStream_t s) {
+                               const float *bias, float *y, size_t ldy, int parts, int pdl,
+                               cudaStream_t s) {
     const int sh = shape_pick(T, N, parts);
 #define X(id, wm, wn, mt, nt, p, st)                                                                \
-    if (sh == id && parts == p) launch<wm, wn, mt, nt, p, st>(s, xb, T, K, w, N, bias, y, ldy);
+    if (sh == id && parts == p) launch<wm, wn, mt, nt, p, st>(s, xb, T, K, w, N, bias, y, ldy, pdl);
     GEMM_SHAPES(X, 1)
     GEMM_SHAPES(X, 2)
     GEMM_SHAPES_P1(X)
@@ -445,13 +513,13 @@ extern "C" tqkv_status tqkv_cuda_gemm(const float *x, size_t ldx, int T, const u
                                       int parts, void *stream) {
     const cudaStream_t s = (cudaStream_t)stream;
     const tqkv_status st = gemm_begin("tqkv_cuda_gemm", x, ldx, T, w, N, K, y, xf, parts, s);
-    return st ? st : gemm_launch((const uint16_t *)xf, T, w, N, K, bias, y, ldy, parts, s);
+    return st ? st : gemm_launch((const uint16_t *)xf, T, w, N, K, bias, y, ldy, parts, 0, s);
 }
 
 extern "C" tqkv_status tqkv_cuda_gemm_presplit(int T, const uint16_t *w, int N, int K,
                                                const float *bias, float *y, size_t ldy,
-                                               const void *xf, int parts, void *stream) {
+                                               const void *xf, int parts, int pdl, void *stream) {
     const tqkv_status st = gemm_check("tqkv_cuda_gemm_presplit", T, w, N, K, y, xf, parts);
-    return st ? st : gemm_launch((const uint16_t *)xf, T, w, N, K, bias, y, ldy, parts,
+    return st ? st : gemm_launch((const uint16_t *)xf, T, w, N, K, bias, y, ldy, parts, pdl,
                                  (cudaStream_t)stream);
 }

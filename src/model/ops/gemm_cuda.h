@@ -48,9 +48,17 @@ tqkv_status tqkv_cuda_gemm(const float *x, size_t ldx, int T, const uint16_t *w,
 /* tqkv_cuda_gemm whose activations are already in xf: the kernel before it wrote x's split
  * [parts, T, K] (element i of token t: hi at t K + i, lo at T K + t K + i; gemm_cuda.cu's
  * split, element for element: ops_cuda.cuh's mc_split_store), so no split launch runs.
- * The same bits as tqkv_cuda_gemm on that x. */
+ * The same bits as tqkv_cuda_gemm on that x. pdl: a Programmatic Dependent Launch (sm_90):
+ * the kernel starts while the one before it on the stream still runs, streams its first
+ * weight stages and waits for that kernel's completion before it reads xf or writes y (a
+ * plain launch if the runtime refuses the attribute); 0: a plain launch. The same bits. */
 tqkv_status tqkv_cuda_gemm_presplit(int T, const uint16_t *w, int N, int K, const float *bias,
-                                    float *y, size_t ldy, const void *xf, int parts, void *stream);
+                                    float *y, size_t ldy, const void *xf, int parts, int pdl,
+                                    void *stream);
+
+/* 1 when the current device takes a programmatic (PDL) launch on `stream` (a cudaStream_t;
+ * tried with a tiny kernel and synchronized, so never while the stream is captured), else 0. */
+int tqkv_cuda_gemm_pdl_probe(void *stream);
 
 /* tqkv_cuda_gemm_grouped whose activations are already in xf (x's split [parts, T, K], as
  * for tqkv_cuda_gemm_presplit): no split launch; the same bits. */
