@@ -1058,7 +1058,7 @@ static int graph_longest(const tqkv_model_state *s) {
     return m;
 }
 
-/* PDL (docs/CUDA.md "PDL"): the decode-size GEMMs' programmatic launches (TQKV_PDL, on by
+/* PDL (docs/CUDA.md "PDL"): the decode-size GEMMs' programmatic launches (TQKV_PDL=1; off by
  * default) change no bit. Two rows: a prefill of 29 tokens each (T = 58: decode-size GEMMs)
  * and 6 decode steps; run 0 with plain launches (TQKV_PDL=0) and graphs, run 1 with PDL and
  * graphs (the programmatic edges captured), run 2 with PDL kernel by kernel; every logit of
