@@ -262,7 +262,7 @@ static double gemm_error(const float *x, const uint16_t *w, const float *b, cons
     return worst;
 }
 
-static const char *const g_tiles[] = {"s8", "s16", "s32", "s64", "m", "l", "xl", "s8n"};
+static const char *const g_tiles[] = {"s8", "s16", "s32", "s64", "m", "l", "xl", "s8n", "wl", "wxl"};
 
 static void gemm_case(int K, int N, int parts) {
     /* every tile shape at every T: partial token tiles (3, 9, 17, 33, 70, 130), exact ones
@@ -315,7 +315,7 @@ static void gemm_case(int K, int N, int parts) {
     /* the two precisions are different arithmetic (parts 2 is not parts 1 in disguise) */
     run_gemm(dx, 8, K, dw, N, db, dy, xf, 3 - parts, y);
     assert_true(memcmp(y, ya, sizeof(float) * 8 * (size_t)N) != 0);
-    printf("gemm K %d N %d parts %d: tiles s8 .. xl, batches of 1 .. 130 and single rows: bitwise "
+    printf("gemm K %d N %d parts %d: tiles s8 .. wxl, batches of 1 .. 130 and single rows: bitwise "
            "equal to the batch of %d\n", K, N, parts, TB);
     tqkv_cuda_free(dx); tqkv_cuda_free(dy); tqkv_cuda_free(db); tqkv_cuda_free(dw);
     tqkv_cuda_free(xf);

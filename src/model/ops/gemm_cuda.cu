@@ -4,7 +4,7 @@
  * Owns: the activation kernel (f32 -> bf16 parts [parts, T, K]), the tiled mma kernel
  * (cp.async pipeline, swizzled shared memory, ldmatrix) and its grouped launch (row groups
  * of one split, each with its own matrix: the experts of an MoE layer; the same tile code),
- * its tile shapes and their pick.
+ * its tile shapes and their pick; the warpgroup (wgmma) tiles are in gemm_wgmma.cuh.
  * Must not: split K, fold partials, or let a tile shape change one output's arithmetic.
  *
  * Shapes. A CTA is WM x WN warps; a warp covers MT weight tiles of 16 rows (the mma's M)
@@ -253,6 +253,8 @@ gemm_grouped_kernel(const uint16_t *__restrict__ xb, int TS, int K, const uint16
                                      N, nullptr, y + (size_t)gr.x * ldy, ldy, t0, blockIdx.y * C::BM);
 }
 
+#include "model/ops/gemm_wgmma.cuh"
+
 // ---------------------------------------------------------------------------
 // host: the tile shapes and their pick
 // ---------------------------------------------------------------------------
@@ -266,17 +268,26 @@ gemm_grouped_kernel(const uint16_t *__restrict__ xb, int TS, int K, const uint16
     X(SH_S64, 2, 1, 1, 8, P, (P == 1 ? 6 : 4)) X(SH_M, 2, 2, 2, 4, P, 4) X(SH_L, 2, 4, 4, 4, P, 4)  \
     X(SH_S8N, 1, 1, 1, 1, P, 16)
 #define GEMM_SHAPES_P1(X) X(SH_XL, 2, 4, 4, 8, 1, 4)
+/* wl / wxl: the warpgroup (wgmma) tiles of gemm_wgmma.cuh, 128 weight rows x 128 / 256 tokens:
+ * (id, BN, parts, stages). Built for sm_90a only (TQKV_CUDA_SM90A); forced by name, and
+ * picked where measured faster (shape_pick). */
+#define GEMM_WG_SHAPES(X) X(SH_WL, 128, 1, 6) X(SH_WL, 128, 2, 4) X(SH_WXL, 256, 1, 4)
 
 /* s8n: one token, 16 weight rows a CTA (one warp) with 16 stages in flight: twice the CTAs of
  * s8 where N / 32 CTAs leave SMs with one CTA of 28 KB in flight. (A 32-row 16-stage shape
  * was measured beside it and dropped: bench/RESULTS.md "GPU, session 8".) */
-enum { SH_S8, SH_S16, SH_S32, SH_S64, SH_M, SH_L, SH_XL, SH_S8N, SH_N };
-static const char *const g_shape_name[SH_N] = {"s8", "s16", "s32", "s64", "m", "l", "xl", "s8n"};
+enum { SH_S8, SH_S16, SH_S32, SH_S64, SH_M, SH_L, SH_XL, SH_S8N, SH_WL, SH_WXL, SH_N };
+static const char *const g_shape_name[SH_N] = {"s8", "s16", "s32", "s64", "m", "l", "xl", "s8n", "wl", "wxl"};
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT; /* TQKV_GEMM_TILE */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static unsigned g_done, g_bad; /* bit d: device d's tiles set up / refused (cuda_device.h) */
 static int g_sms = 132, g_force = -1;
+
+template <int BN, int P, int ST> static bool wg_shape_setup() {
+    return cudaFuncSetAttribute(gemm_wg_kernel<BN, P, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                WTile<BN, P, ST>::SMEM) == cudaSuccess;
+}
 
 template <int WM, int WN, int MT, int NT, int P, int ST> static bool shape_setup() {
     using C = Tile<WM, WN, MT, NT, P, ST>;
@@ -312,6 +323,11 @@ static int gemm_device_ready(void) {
         GEMM_SHAPES(X, 2)
         GEMM_SHAPES_P1(X)
 #undef X
+#ifdef TQKV_CUDA_SM90A
+#define X(id, bn, p, st) ok = ok && wg_shape_setup<bn, p, st>();
+        GEMM_WG_SHAPES(X)
+#undef X
+#endif
         if (!ok) {
             (void)cudaGetLastError();
             __atomic_fetch_or(&g_bad, bit, __ATOMIC_RELEASE);
@@ -322,21 +338,50 @@ static int gemm_device_ready(void) {
     return !(__atomic_load_n(&g_bad, __ATOMIC_ACQUIRE) & bit);
 }
 
-/* The shape for T tokens, N outputs and `parts` (xl has one part: l serves two). */
-static int shape_pick(int T, int N, int parts) {
+/* The mma.sync shape for T > GEMM_CUDA_SMALL_T tokens: xl where its 256-token tiles still
+ * about fill the GPU (H200: 1.2-1.3x l's speed at T >= 512 when they do, slower when they
+ * leave SMs idle; bench/RESULTS.md "GPU, session 4"), l where its tiles fill it, else m. */
+static int pick_mma(int T, int N, int parts) {
+    if (parts == 1 && 10L * ((T + 255) / 256) * ((N + 127) / 128) >= 7L * g_sms) return SH_XL;
+    if ((long)((T + 127) / 128) * ((N + 127) / 128) >= g_sms) return SH_L; /* fills the GPU */
+    return SH_M;
+}
+
+/* The warpgroup shape for T > GEMM_CUDA_SMALL_T tokens (sm_90a). Measured on an H100 at the
+ * Llama-8B matrices, T 96 .. 4096 (bench/RESULTS.md "GPU, session 10"): m where wl's CTAs
+ * would fill less than half the SMs (bf16 activations: its 64 x 64 tiles keep more SMs
+ * busy); else whichever of wl / wxl needs fewer waves of CTAs, a wave of wxl costing 1.77
+ * of wl's (its tiles are twice the work at 0.886 of the time per output). With hi + lo
+ * activations wl everywhere (m at best ties it there). */
+static int pick_wg(int T, int N, int parts) {
+    const long sms = g_sms, cl = (long)((T + 127) / 128) * ((N + 127) / 128);
+    const long cx = (long)((T + 255) / 256) * ((N + 127) / 128);
+    if (parts != 1) return SH_WL;
+    if (2 * cl < sms) return SH_M;
+    return 177 * ((cx + sms - 1) / sms) < 100 * ((cl + sms - 1) / sms) ? SH_WXL : SH_WL;
+}
+
+/* The shape for T tokens, N outputs and `parts` (xl, wxl have one part: l, wl serve two);
+ * `wg`: the warpgroup tiles may be picked (not for the grouped launch, which has none). */
+static int shape_pick(int T, int N, int parts, int wg) {
     int sh;
     if (g_force >= 0) sh = g_force;
     /* one token: s8n (16 rows a CTA, 16 stages); H100, Llama-8B decode at 1 row, 1.05x s8's
      * tokens/s (bench/RESULTS.md "GPU, session 8"); T 2..8 keep s8 (not measured) */
     else if (T <= GEMM_CUDA_SMALL_T)
         sh = T == 1 ? SH_S8N : T <= 8 ? SH_S8 : T <= 16 ? SH_S16 : T <= 32 ? SH_S32 : SH_S64;
-    /* xl where its 256-token tiles still about fill the GPU (H200: 1.2-1.3x l's speed at
-     * T >= 512 when they do, slower when they leave SMs idle; bench/RESULTS.md "GPU, session
-     * 4"); test_gemm checked it bitwise against every other shape on an H100 (session 5). */
-    else if (parts == 1 && 10L * ((T + 255) / 256) * ((N + 127) / 128) >= 7L * g_sms) sh = SH_XL;
-    else if ((long)((T + 127) / 128) * ((N + 127) / 128) >= g_sms) sh = SH_L; /* fills the GPU */
-    else sh = SH_M;
-    return sh == SH_XL && parts != 1 ? SH_L : sh;
+#ifdef TQKV_CUDA_SM90A
+    else if (wg) sh = pick_wg(T, N, parts);
+#endif
+    else sh = pick_mma(T, N, parts);
+#ifdef TQKV_CUDA_SM90A
+    if (!wg) sh = sh == SH_WL ? SH_L : sh == SH_WXL ? SH_XL : sh;
+#else
+    (void)wg;
+    sh = sh == SH_WL ? SH_L : sh == SH_WXL ? SH_XL : sh; /* no warpgroup tiles in this build */
+#endif
+    if (parts != 1) sh = sh == SH_XL ? SH_L : sh == SH_WXL ? SH_WL : sh; /* one part only */
+    return sh;
 }
 
 /* The programmatic serialization attribute (PDL): the kernel may start before the one
@@ -373,6 +418,22 @@ static void launch(cudaStream_t s, const uint16_t *xb, int T, int K, const uint1
     gemm_kernel<WM, WN, MT, NT, P, ST><<<grid, C::THREADS, C::SMEM, s>>>(xb, T, K, w, N, bias, y, ldy);
 }
 
+/* The warpgroup tiles' launch, as launch(). */
+template <int BN, int P, int ST>
+static void launch_wg(cudaStream_t s, const uint16_t *xb, int T, int K, const uint16_t *w, int N,
+                      const float *bias, float *y, size_t ldy, int pdl) {
+    using C = WTile<BN, P, ST>;
+    const dim3 grid((unsigned)((T + BN - 1) / BN), (unsigned)((N + C::BM - 1) / C::BM));
+    if (pdl) {
+        cudaLaunchAttribute at;
+        const cudaLaunchConfig_t cfg = pdl_config(grid, dim3(C::THREADS), C::SMEM, s, &at);
+        if (cudaLaunchKernelEx(&cfg, gemm_wg_kernel<BN, P, ST>, xb, T, K, w, N, bias, y, ldy) == cudaSuccess)
+            return;
+        (void)cudaGetLastError();
+    }
+    gemm_wg_kernel<BN, P, ST><<<grid, C::THREADS, C::SMEM, s>>>(xb, T, K, w, N, bias, y, ldy);
+}
+
 __global__ void pdl_probe_kernel(int unused) {
     (void)unused;
     mc_pdl_wait();
@@ -406,7 +467,7 @@ extern "C" size_t tqkv_cuda_gemm_xf_bytes(size_t T, size_t kmax) { return 2 * T 
 
 extern "C" const char *tqkv_cuda_gemm_tile(int T, int N, int parts) {
     (void)gemm_device_ready();
-    return g_shape_name[shape_pick(T < 1 ? 1 : T, N < 1 ? 1 : N, parts)];
+    return g_shape_name[shape_pick(T < 1 ? 1 : T, N < 1 ? 1 : N, parts, 1)];
 }
 
 extern "C" tqkv_status tqkv_cuda_gemm_set_tile(const char *name) {
@@ -420,7 +481,7 @@ extern "C" tqkv_status tqkv_cuda_gemm_set_tile(const char *name) {
             g_force = i;
             return TQKV_OK;
         }
-    return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm_set_tile: no tile shape '%s' (s8, s16, s32, s64, m, l, xl, s8n)", name);
+    return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm_set_tile: no tile shape '%s' (s8, s16, s32, s64, m, l, xl, s8n, wl, wxl)", name);
 }
 
 /* Checks and the one-time setup; 0 or the failure. */
@@ -456,7 +517,7 @@ static tqkv_status grouped_launch(const uint16_t *xb, int T, const uint16_t *w, 
                                   int N, int K, float *y, size_t ldy, const int32_t *groups, int G,
                                   int max_rows, int parts, cudaStream_t s) {
     const int4 *gr = (const int4 *)groups;
-    const int sh = shape_pick(max_rows, N, parts);
+    const int sh = shape_pick(max_rows, N, parts, 0); /* no grouped warpgroup tile */
 #define X(id, wm, wn, mt, nt, p, st)                                                                \
     if (sh == id && parts == p) launch_grouped<wm, wn, mt, nt, p, st>(s, xb, T, K, w, wstride, N, y, ldy, gr, G, max_rows);
     GEMM_SHAPES(X, 1)
@@ -498,13 +559,19 @@ extern "C" tqkv_status tqkv_cuda_gemm_grouped_presplit(int T, const uint16_t *w,
 static tqkv_status gemm_launch(const uint16_t *xb, int T, const uint16_t *w, int N, int K,
                                const float *bias, float *y, size_t ldy, int parts, int pdl,
                                cudaStream_t s) {
-    const int sh = shape_pick(T, N, parts);
+    const int sh = shape_pick(T, N, parts, 1);
 #define X(id, wm, wn, mt, nt, p, st)                                                                \
     if (sh == id && parts == p) launch<wm, wn, mt, nt, p, st>(s, xb, T, K, w, N, bias, y, ldy, pdl);
     GEMM_SHAPES(X, 1)
     GEMM_SHAPES(X, 2)
     GEMM_SHAPES_P1(X)
 #undef X
+#ifdef TQKV_CUDA_SM90A
+#define X(id, bn, p, st)                                                                           \
+    if (sh == id && parts == p) launch_wg<bn, p, st>(s, xb, T, K, w, N, bias, y, ldy, pdl);
+    GEMM_WG_SHAPES(X)
+#undef X
+#endif
     return gemm_launched();
 }
 

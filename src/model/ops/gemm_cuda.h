@@ -77,8 +77,9 @@ tqkv_status tqkv_cuda_gemm_grouped(const float *x, size_t ldx, int T, const uint
                                    const int32_t *groups, int G, int max_rows, void *xf,
                                    int parts, void *stream);
 
-/* The tile shape tqkv_cuda_gemm picks for T tokens, N outputs and `parts` ("s8" .. "s64",
- * "m", "l", "xl"; two parts take "l" for "xl"): for benchmarks and the tests' coverage. */
+/* The tile shape tqkv_cuda_gemm picks for T tokens, N outputs and `parts` ("s8n", "s8" ..
+ * "s64", "m", "l", "xl", and on sm_90a the warpgroup tiles "wl", "wxl"; two parts take "l" /
+ * "wl" for "xl" / "wxl"): for benchmarks and the tests' coverage. */
 const char *tqkv_cuda_gemm_tile(int T, int N, int parts);
 
 /* Make every later call take the named tile shape (NULL: the pick by T and N again), as
