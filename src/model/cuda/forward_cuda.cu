@@ -981,13 +981,26 @@ tqkv_status mc_forward_prepare(model_cuda *g, const int32_t *tokens, const int *
     return forward_prepare(g, tokens, lengths, n, prefill, mode, NULL, NULL, &attn_ws);
 }
 
+tqkv_status mc_forward_finish(model_cuda *g, int n) {
+    const model_arch_cuda_ops *ao = g->arch_ops;
+    mc_rec *rc = &g->rec;
+    for (int r = 0; r < g->rows && rc->n_lin; r++) { /* rec_advance */
+        rc->tokens[r] += n;
+        if (rc->spec_active) rc->spec_steps[r] += n;
+    }
+    /* bounded sliding layers (after the forward, not in a spec round); their copies are
+     * queued after the logits' and waited for by the next call */
+    if (!ao || !ao->drop_oldest || tqkv_cuda_kv_spec_active(g->kv[g->kv0])) return TQKV_OK;
+    const tqkv_status st = ao->drop_oldest(g);
+    if (st) g->broken = 1; /* the layers may be out of step */
+    return st;
+}
+
 /* model_cuda_forward's body; logits may be NULL with mode LAST when pk is set (the pick
  * alone). Arguments are checked by the callers. */
 static tqkv_status forward_run(model_cuda *g, const int32_t *tokens, const int *lengths, int n,
                                int prefill, tqkv_logits_mode mode, float *logits, const pick_req *pk) {
     const int R = g->rows, V = g->m->cfg.vocab_size;
-    const model_arch_cuda_ops *ao = g->arch_ops;
-    mc_rec *rc = &g->rec;
     const int copy = mode != TQKV_LOGITS_NONE && logits;
     size_t attn_ws = 0; /* decode attention: its workspace need, the graph key's launch shape */
     tqkv_status st = forward_prepare(g, tokens, lengths, n, prefill, mode, logits, pk, &attn_ws);
@@ -1005,16 +1018,7 @@ static tqkv_status forward_run(model_cuda *g, const int32_t *tokens, const int *
     const tqkv_status ss = ck(cudaStreamSynchronize(g->stream), "forward");
     if (!st) st = ss;
     if (ss) g->broken = 1; /* what ran of the step is unknown */
-    for (int r = 0; r < R && !st && rc->n_lin; r++) { /* rec_advance */
-        rc->tokens[r] += n;
-        if (rc->spec_active) rc->spec_steps[r] += n;
-    }
-    /* bounded sliding layers (after the forward, not in a spec round); their copies are
-     * queued after the logits' and waited for by the next call */
-    if (!st && ao && ao->drop_oldest && !tqkv_cuda_kv_spec_active(g->kv[g->kv0])) {
-        st = ao->drop_oldest(g);
-        if (st) g->broken = 1; /* the layers may be out of step */
-    }
+    if (!st) st = mc_forward_finish(g, n);
     if (!st && out && out == g->h_logits) memcpy(logits, g->h_logits, (size_t)R * V * sizeof(float));
     if (!st && pk) memcpy(pk->rec, g->h_pick_rec, (size_t)R * PICK_REC_WORDS(pk->stride) * sizeof(int32_t));
     return st;

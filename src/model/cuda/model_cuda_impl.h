@@ -276,6 +276,10 @@ tqkv_status  mc_head(model_cuda *g, int n, tqkv_logits_mode mode, float *out, in
  * token list / RoPE rows in the pinned buffers mc_queue_begin uploads. */
 tqkv_status  mc_forward_prepare(model_cuda *g, const int32_t *tokens, const int *lengths, int n,
                                 int prefill, tqkv_logits_mode mode);
+/* After a forward's queue ran and its stream was waited for: the recurrent rows' token
+ * counts advanced by n, the bounded sliding layers' drop (outside a spec round; a failure
+ * marks the state broken). */
+tqkv_status  mc_forward_finish(model_cuda *g, int n);
 /* After a failed call whose queue ran (some of) `done` layers: their appends rewound (a
  * failed rewind, or a recurrent layer reached, marks the state broken). */
 void         mc_forward_fail(model_cuda *g, int done, int n);

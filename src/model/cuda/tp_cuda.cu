@@ -137,31 +137,76 @@ extern "C" void model_cuda_tp_free(model_tp *tp) {
 // forward
 // ---------------------------------------------------------------------------
 
-/* The ranks' device twins and streams, and their partial buffers tmp [T, H]. */
+/* The common device graph's pieces (forward_cuda.cu) as a rank runs them: the Llama family,
+ * Qwen 3.5 (its DeltaNet layers through the linear hook, by head) and the MoE graphs (their
+ * experts through the ffn hook, by width). */
+static tqkv_status common_ffn(model_cuda *g, int l, int T) {
+    mc_residual_norm(g, g->w->layers[l].ffn_norm, (size_t)T);
+    return mc_layer_ffn(g, l, T);
+}
+
+static float *common_extra(model_cuda *g, int l) {
+    (void)g;
+    (void)l;
+    return NULL;
+}
+
+static tqkv_status common_end(model_cuda *g, int l, int T) {
+    mc_residual_norm(g, mc_next_norm(g, l), (size_t)T);
+    return TQKV_OK;
+}
+
+static tqkv_status common_head(model_cuda *g, int n, tqkv_logits_mode mode) {
+    return mc_head(g, n, mode, NULL, 0);
+}
+
+static const model_arch_cuda_tp_ops common_ops = {
+    mc_queue_begin, mc_layer_mixer, common_ffn, common_extra, common_end, common_head,
+};
+
+/* The pieces rank model m runs: its graph's own, or the common graph's. */
+static const model_arch_cuda_tp_ops *tp_ops_of(const tqkv_model *m) {
+    const model_arch_cuda_ops *ao = m->ops->cuda;
+    return ao && ao->tp ? ao->tp : &common_ops;
+}
+
+/* The ranks' device twins and streams, their pieces, and their partial buffers tmp [T, H]
+ * (and a layer's second partial, extra). */
 typedef struct {
     model_tp   *tp;
     int         N;
+    const model_arch_cuda_tp_ops *ops;
     model_cuda *g[TP_MAX_RANKS];
     void       *stream[TP_MAX_RANKS];
     float      *tmp[TP_MAX_RANKS];
+    float      *extra[TP_MAX_RANKS];
 } tp_ranks;
 
-static tqkv_status allreduce_tmp(tp_ranks *k, size_t T) {
+static tqkv_status allreduce(tp_ranks *k, float **bufs, size_t T) {
     const size_t count = T * (size_t)k->g[0]->m->cfg.hidden_size;
-    return tp_allreduce_sum(k->tp->comm, k->tmp, count, k->stream);
+    return tp_allreduce_sum(k->tp->comm, bufs, count, k->stream);
+}
+
+/* The feed-forward's partials of layer l summed in rank order: tmp, then the graph's second
+ * partial when the layer has one (Gemma 4's experts: normed on their own before they join). */
+static tqkv_status allreduce_ffn(tp_ranks *k, int l, size_t T) {
+    tqkv_status st = allreduce(k, k->tmp, T);
+    if (st || !k->ops->extra(k->g[0], l)) return st;
+    for (int r = 0; r < k->N; r++) k->extra[r] = k->ops->extra(k->g[r], l);
+    return allreduce(k, k->extra, T);
 }
 
 /* Layer l on every rank (see the file comment). done[r]: rank r's layers whose cache took
- * this call's append. */
+ * this call's append (or whose recurrent rows changed). */
 static tqkv_status tp_layer(tp_ranks *k, int l, int n, int as_decode, int *lin, int *done) {
     const int H = k->g[0]->m->cfg.hidden_size;
     const size_t T = (size_t)k->g[0]->rows * n;
     tqkv_status st = TQKV_OK;
     for (int r = 0; r < k->N && !st; r++) {
         st = model_cuda_set_device(k->tp->device[r]);
-        if (!st) st = mc_layer_mixer(k->g[r], l, n, as_decode, &lin[r], &done[r]);
+        if (!st) st = k->ops->mixer(k->g[r], l, n, as_decode, &lin[r], &done[r]);
     }
-    if (!st) st = allreduce_tmp(k, T); /* the attention's partials, summed in rank order */
+    if (!st) st = allreduce(k, k->tmp, T); /* the mixer's partials, summed in rank order */
     for (int r = 0; r < k->N && !st; r++) {
         model_cuda *g = k->g[r];
         st = model_cuda_set_device(k->tp->device[r]);
@@ -169,13 +214,12 @@ static tqkv_status tp_layer(tp_ranks *k, int l, int n, int as_decode, int *lin, 
         if (k->tp->bo[r] && T)
             tp_bias_kernel<<<mc_grid_elems(T, (size_t)H), 256, 0, g->stream>>>(
                 g->tmp, k->tp->bo[r] + (size_t)l * H, H);
-        mc_residual_norm(g, g->w->layers[l].ffn_norm, T);
-        st = mc_layer_ffn(g, l, (int)T);
+        st = k->ops->ffn(g, l, (int)T);
     }
-    if (!st) st = allreduce_tmp(k, T); /* the MLP's partials */
+    if (!st) st = allreduce_ffn(k, l, T); /* the feed-forward's partials */
     for (int r = 0; r < k->N && !st; r++) {
         st = model_cuda_set_device(k->tp->device[r]);
-        if (!st) mc_residual_norm(k->g[r], mc_next_norm(k->g[r], l), T);
+        if (!st) st = k->ops->end(k->g[r], l, (int)T);
     }
     return st;
 }
@@ -190,7 +234,7 @@ static tqkv_status tp_queue(tp_ranks *k, int n, int as_decode, tqkv_logits_mode 
     tqkv_status st = TQKV_OK;
     for (int r = 0; r < k->N && !st; r++) {
         st = model_cuda_set_device(k->tp->device[r]);
-        if (!st) st = mc_queue_begin(k->g[r], n);
+        if (!st) st = k->ops->begin(k->g[r], n);
     }
     for (int l = 0; l < c->n_layers && !st; l++) st = tp_layer(k, l, n, as_decode, lin, done);
     for (int r = 0; r < k->N && !st; r++) {
@@ -205,10 +249,22 @@ static tqkv_status tp_queue(tp_ranks *k, int n, int as_decode, tqkv_logits_mode 
         tp_vocab_range(V, k->N, r, &v0, &v1, &chunk);
         const size_t w = (size_t)(v1 - v0) * sizeof(float);
         st = model_cuda_set_device(k->tp->device[r]);
-        if (!st) st = mc_head(g, n, mode, NULL, 0); /* g->logits [M, v1 - v0] */
+        if (!st) st = k->ops->head(g, n, mode); /* g->logits [M, v1 - v0] */
         if (!st && out)
             st = ck(cudaMemcpy2DAsync(out + v0, (size_t)V * sizeof(float), g->logits, w, w, M,
                                       cudaMemcpyDeviceToHost, g->stream), "sharded logits");
+    }
+    return st;
+}
+
+/* After a forward that ran on every rank: every rank's recurrent token counts and sliding
+ * drops (each rank's, even after another's failed: that rank is then broken). */
+static tqkv_status tp_finish(tp_ranks *k, int n) {
+    tqkv_status st = TQKV_OK;
+    for (int r = 0; r < k->N; r++) {
+        model_cuda_select_device(k->tp->device[r]);
+        const tqkv_status fs = mc_forward_finish(k->g[r], n);
+        if (!st) st = fs;
     }
     return st;
 }
@@ -221,6 +277,7 @@ extern "C" tqkv_status model_cuda_tp_forward(tqkv_model_state *s, const int32_t 
     memset(&k, 0, sizeof k);
     k.tp = s->tp;
     k.N = s->tp->n;
+    k.ops = tp_ops_of(s->m);
     tqkv_status st = TQKV_OK;
     for (int r = 0; r < k.N; r++) {
         k.g[r] = s->tp->rank[r]->gpu;
@@ -252,6 +309,7 @@ extern "C" tqkv_status model_cuda_tp_forward(tqkv_model_state *s, const int32_t 
         if (ss) k.g[r]->broken = 1; /* what ran of the step is unknown */
         if (!st) st = ss;
     }
+    if (!st) st = tp_finish(&k, n);
     model_cuda_select_device(k.tp->device[0]);
     return st;
 }
