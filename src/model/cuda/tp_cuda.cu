@@ -1,23 +1,28 @@
 /*
- * tp_cuda.cu - the tensor-parallel forward on the GPU (issue 25; docs/TP.md): the Llama
- *   family's Megatron sharding (src/model/arch/llama/tp.c shards the weights) run by N rank
- *   states, each a device state (model_cuda) of its rank model on GPU tp->device[r] (several
- *   ranks may share one GPU), with the collectives of tp_comm.h on device buffers.
+ * tp_cuda.cu - the tensor-parallel forward on the GPU (issue 25; docs/TP.md): every graph's
+ *   Megatron sharding (its arch tp_shard shards the weights, as for the CPU path) run by N
+ *   rank states, each a device state (model_cuda) of its rank model on GPU tp->device[r]
+ *   (several ranks may share one GPU), with the collectives of tp_comm.h on device buffers.
  * Owns: the ranks' device setup (lm_head slice widths, the o_proj biases on every rank's GPU,
  *   the communicator: NCCL when the ranks' GPUs are distinct, else the device-local backend)
- *   and the sharded forward:
- *     every rank: upload, embed (replicated), layer 0's RMSNorm
- *     per layer: every rank's mixer (forward_cuda.cu's mc_layer_mixer: its q/k/v heads, its
- *       KV heads' cache append and attention, o_proj of its heads -> partial tmp [T, H]);
- *       all-reduce of tmp (rank order); every rank: + o_proj bias, residual + RMSNorm, its
- *       MLP slice -> partial tmp; all-reduce; every rank: residual + the next RMSNorm
- *     every rank: lm_head of its vocabulary rows; the slices gathered into the caller's
- *       logits [rows, V] (device-to-host copies into each rank's columns).
+ *   and the sharded forward, over a graph's pieces (arch.h's model_arch_cuda_tp_ops: the
+ *   common device graph's below for the Llama family, Qwen 3.5 and the MoE graphs; Gemma 4's
+ *   own from its graph_cuda.cu):
+ *     every rank: begin (upload, embed (replicated), layer 0's input norm)
+ *     per layer: every rank's mixer (its heads: q/k/v, its KV heads' cache append and
+ *       attention, o_proj -> partial tmp [T, H]; a DeltaNet layer: its heads, its recurrent
+ *       rows); all-reduce of tmp (rank order); every rank: + o_proj bias, ffn (residual +
+ *       norm, its MLP / experts slice -> partial tmp, and a second partial `extra` where the
+ *       graph has one: Gemma 4's experts); all-reduce (tmp, then extra); every rank: end
+ *       (residual, the next layer's norm)
+ *     every rank: head (its vocabulary rows); the slices gathered into the caller's
+ *       logits [rows, V] (device-to-host copies into each rank's columns); after the wait,
+ *       every rank's mc_forward_finish (recurrent token counts, sliding drops).
  *   Launched directly (no CUDA graph for sharded states); one wait per rank at the end.
  * Must not: let a row's bits depend on other rows (every piece is the unsharded device
  *   graph's per-token or batch-invariant kernel; the all-reduce is elementwise in rank
  *   order); run for a graph without tp_shard (model_tp_check refuses it).
- * NOT RUN: compiled only (no GPU on the machine it was written on).
+ * Ran on one H100 for the Llama family; the other graphs' pieces are compiled only.
  */
 #include <cuda_runtime.h>
 #include <stdlib.h>
