@@ -33,6 +33,8 @@
  *    (memory, and the directory after a restart: export / import) equals a miss, and the
  *    greedy tokens equal the unsharded device engine's;
  *  - reset works and a second prefill gives the first one's bits;
+ *  - the sharded decode step as one CUDA graph (TQKV_TP_GRAPHS=1, opt in) gives the direct
+ *    steps' bits (3 rows, N = 2, tq4, 12 steps), captured and replayed;
  *  - the other graphs (issue 25 item 1: Qwen 3.5 hybrid and Gemma 4 on the ../shared fixtures,
  *    SKIPPED without them; Qwen3-MoE, Qwen 3.5 MoE and Gemma 4 MoE on checkpoints written here
  *    by moe_ckpt.h), each: N = 1 through NCCL bitwise the unsharded device state (every
@@ -40,7 +42,7 @@
  *    the CPU sharded forward (f32 and tq4 KV; Gemma 4's CPU / GPU bounds are
  *    test_cuda_gemma4's), greedy equal, each rank's cache bytes half; batch invariance at
  *    N = 2 bitwise; row operations, spec rounds and export / import at N = 2 (tq4) against
- *    the rows alone, bitwise.
+ *    the rows alone, bitwise; the sharded decode graph as above.
  * Prints "PASS" / "FAIL" per case (cmocka's [ OK ] / [ FAILED ]). Exits 77 (skipped) when
  * the build has no CUDA, no GPU is present or the model is absent.
  */
@@ -60,7 +62,9 @@
 
 #ifdef TQKV_HAVE_CUDA
 #include "cache/cache_cuda.h"
+#include "model/cuda/model_cuda.h"
 #include "model/tp/tp_comm.h"
+#include "model/tp/tp_state.h" /* a sharded state's rank device states */
 
 static tqkv_model *g_model;
 static uint64_t    g_seed;
@@ -483,6 +487,62 @@ static void test_spec_export_n2(void **st) {
     spec_export_case();
 }
 
+/* A decode step of s with TQKV_TP_GRAPHS set to `on` for the call. */
+static void decode_graphs(tqkv_model_state *s, const int32_t *t, float *out, int on) {
+    if (on) setenv("TQKV_TP_GRAPHS", "1", 1);
+    const tqkv_status rc = tqkv_model_decode(g_model, s, t, out);
+    unsetenv("TQKV_TP_GRAPHS");
+    OK(rc);
+}
+
+/* The sharded decode step as one CUDA graph (TQKV_TP_GRAPHS=1) against the same steps
+ * launched directly: 3 rows at N = 2 (tq4), the same prompts and fed tokens, every step's
+ * logits bitwise; the graph state captured and replayed (when the rank states have graphs
+ * on: the experts' per-expert path turns them off). */
+static void graphs_case(void) {
+    enum { n = 23, steps = 12, R = 3 };
+    if (!tp_fits(TPR)) {
+        skip();
+        return;
+    }
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x96a);
+    int32_t prompt[R * n], t[R];
+    random_tokens(&r, prompt, (size_t)R * n);
+    const size_t row = sizeof(float) * (size_t)V;
+    float *a = malloc(row * R), *b = malloc(row * R);
+    tqkv_model_state *sg = new_state(R, TQKV_TQ4, 1, TPR, 0), *sd = new_state(R, TQKV_TQ4, 1, TPR, 0);
+    OK(tqkv_model_prefill(g_model, sg, prompt, NULL, n, TQKV_LOGITS_LAST, a));
+    OK(tqkv_model_prefill(g_model, sd, prompt, NULL, n, TQKV_LOGITS_LAST, b));
+    for (int i = 0; i < steps; i++) {
+        for (int k = 0; k < R; k++) t[k] = rng_int(&r, 1, V - 1);
+        decode_graphs(sg, t, a, 1);
+        decode_graphs(sd, t, b, 0);
+        if (memcmp(a, b, row * R))
+            fail_msg("N = %d: decode step %d through the sharded graph differs from the direct "
+                     "step", TPR, i);
+    }
+    uint64_t cap = 0, rep = 0, dir = 0, c2 = 0, r2 = 0, d2 = 0;
+    model_cuda_tp_graph_counts(sg, &cap, &rep, &dir);
+    model_cuda_tp_graph_counts(sd, &c2, &r2, &d2);
+    model_cuda_graph_stats gs;
+    model_cuda_graph_stats_get(sg->tp->rank[0]->gpu, &gs);
+    print_message("N = %d graphs: %d decodes bitwise the direct ones; %llu direct, %llu captured, "
+                  "%llu replayed (rank graphs %s)\n", TPR, steps, (unsigned long long)dir,
+                  (unsigned long long)cap, (unsigned long long)rep, gs.enabled ? "on" : "off");
+    assert_true(c2 == 0 && r2 == 0 && d2 == 0); /* the direct state never took the graph path */
+    if (gs.enabled) assert_true(cap >= 1 && rep >= 1);
+    tqkv_model_state_free(sg);
+    tqkv_model_state_free(sd);
+    free(a);
+    free(b);
+}
+
+static void test_graphs_n2(void **st) {
+    (void)st;
+    graphs_case();
+}
+
 /* Refusals change nothing on any rank: the rows, every rank's cache bytes, the next decode. */
 static void test_refusals_unchanged_n2(void **st) {
     (void)st;
@@ -721,6 +781,10 @@ static void graph_parity(int gi, tqkv_format f) {
     static void test_##tag##_spec_export(void **st) {                                            \
         (void)st;                                                                                \
         if (graph_enter(gi)) spec_export_case();                                                 \
+    }                                                                                            \
+    static void test_##tag##_graphs(void **st) {                                                 \
+        (void)st;                                                                                \
+        if (graph_enter(gi)) graphs_case();                                                      \
     }
 GRAPH_CASES(q35, GR_Q35)
 GRAPH_CASES(g4, GR_G4)
@@ -735,7 +799,8 @@ GRAPH_CASES(g4m, GR_G4M)
         cmocka_unit_test_teardown(test_##tag##_n2_f32, graph_leave),                             \
         cmocka_unit_test_teardown(test_##tag##_invariance, graph_leave),                         \
         cmocka_unit_test_teardown(test_##tag##_rows, graph_leave),                               \
-        cmocka_unit_test_teardown(test_##tag##_spec_export, graph_leave)
+        cmocka_unit_test_teardown(test_##tag##_spec_export, graph_leave),                        \
+        cmocka_unit_test_teardown(test_##tag##_graphs, graph_leave)
 
 int main(void) {
     if (!tqkv_cuda_available()) {
@@ -779,6 +844,7 @@ int main(void) {
         cmocka_unit_test(test_rows_n2_tq4),
         cmocka_unit_test(test_rows_n2_f32),
         cmocka_unit_test(test_spec_export_n2),
+        cmocka_unit_test(test_graphs_n2),
         cmocka_unit_test(test_refusals_unchanged_n2),
         cmocka_unit_test(test_engine_n2),
         cmocka_unit_test(test_engine_n2_prefix),

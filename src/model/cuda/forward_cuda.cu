@@ -740,6 +740,8 @@ static void forward_fail(model_cuda *g, int done, int n) {
 
 void mc_forward_fail(model_cuda *g, int done, int n) { forward_fail(g, done, n); }
 
+tqkv_status mc_forward_undo(model_cuda *g, int done, int n) { return forward_undo(g, done, n); }
+
 static tqkv_status forward_direct(model_cuda *g, int n, int as_decode, tqkv_logits_mode mode,
                                   float *out, int pick) {
     int done = 0;
@@ -779,6 +781,12 @@ static int graph_key_eq(const mc_graph_key *a, const mc_graph_key *b) {
            a->attn_ws == b->attn_ws && a->pick == b->pick && a->win_ws == b->win_ws &&
            a->gen == b->gen;
 }
+
+mc_graph_key mc_graph_key_now(model_cuda *g, int logits, size_t attn_ws, int pick) {
+    return graph_key(g, logits, attn_ws, pick);
+}
+
+int mc_graph_key_same(const mc_graph_key *a, const mc_graph_key *b) { return graph_key_eq(a, b); }
 
 /* The graph machinery failed (not the forward): graphs off for this state, said once on
  * stderr, and the step runs directly (the same bits). */
@@ -976,9 +984,8 @@ static tqkv_status forward_prepare(model_cuda *g, const int32_t *tokens, const i
 }
 
 tqkv_status mc_forward_prepare(model_cuda *g, const int32_t *tokens, const int *lengths, int n,
-                               int prefill, tqkv_logits_mode mode) {
-    size_t attn_ws = 0;
-    return forward_prepare(g, tokens, lengths, n, prefill, mode, NULL, NULL, &attn_ws);
+                               int prefill, tqkv_logits_mode mode, size_t *attn_ws) {
+    return forward_prepare(g, tokens, lengths, n, prefill, mode, NULL, NULL, attn_ws);
 }
 
 tqkv_status mc_forward_finish(model_cuda *g, int n) {
