@@ -408,10 +408,18 @@ static int tp_keys_same(const tp_ranks *k, const mc_graph_key *a, const mc_graph
     return 1;
 }
 
-/* Replay: one launch on rank 0's stream, every rank's appends' host half by hand. */
-static tqkv_status tp_replay(tp_ranks *k) {
-    tqkv_status st = model_cuda_set_device(k->tp->device[0]);
+/* The executable on rank 0's stream, after what every rank's stream queued before (the
+ * last step's sliding drops, a row operation's copies) and before what they queue next. */
+static tqkv_status tp_launch(tp_ranks *k) {
+    tqkv_status st = tp_fork_join(k, 0);
+    if (!st) st = model_cuda_set_device(k->tp->device[0]);
     if (!st) st = ck(cudaGraphLaunch(k->tp->graph->exec, k->g[0]->stream), "sharded graph launch");
+    return st ? st : tp_fork_join(k, 1);
+}
+
+/* Replay: the launch, every rank's appends' host half by hand. */
+static tqkv_status tp_replay(tp_ranks *k) {
+    tqkv_status st = tp_launch(k);
     for (int r = 0; r < k->N && !st; r++)
         for (int l = 0; l < k->g[r]->m->cfg.n_layers && !st; l++)
             if (k->g[r]->kv[l]) st = tqkv_cuda_kv_replayed_append(k->g[r]->kv[l], 1);
@@ -450,9 +458,7 @@ static tqkv_status tp_step_graph(tp_ranks *k, tqkv_logits_mode mode, float *out,
     memcpy(G->key, key, sizeof key);
     G->captures++;
     *staged = pin;
-    st = model_cuda_set_device(k->tp->device[0]);
-    if (!st) st = ck(cudaGraphLaunch(G->exec, k->g[0]->stream), "sharded graph launch");
-    return st;
+    return tp_launch(k);
 }
 
 extern "C" void model_cuda_tp_graph_counts(const tqkv_model_state *s, uint64_t *captures,
