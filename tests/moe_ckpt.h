@@ -88,7 +88,7 @@ static inline int ck_sparse(const ck_spec *s, int l) {
 
 /* Layer l's sparse block under pre, the dense MLP's tensors g, u, d ([Id, H] x 2, [H, Id]). */
 static inline void ck_experts(dv_list *o, const char *pre, const ck_spec *s, const dv_tensor *g,
-                       const dv_tensor *u, const dv_tensor *d, test_rng *r) {
+                              const dv_tensor *u, const dv_tensor *d, test_rng *r) {
     char nm[200];
     const int E = s->E, I = s->I, H = CK_H;
     const size_t one = (size_t)I * H * 2; /* bytes of one [I, H] */
@@ -181,7 +181,7 @@ static inline void ck_write(const char *dir, const ck_spec *s) {
 /* A bf16 matrix [rows, cols] of N(0, sd^2) under name, rows [0, CK_RD) zero when zr (a
  * projection into the residual stream: the routers' dimensions stay the embedding's). */
 static inline dv_tensor *ck_mat(dv_list *o, const char *name, int rows, int cols, float sd, int zr,
-                         test_rng *r) {
+                                test_rng *r) {
     dv_tensor *t = dv_add(o, name, 2, (int64_t[]){rows, cols});
     dv_random(t, 0, (size_t)rows * cols, sd, r);
     if (zr) ck_zero_rows(t, 0, cols);
@@ -196,7 +196,7 @@ static inline void ck_vec(dv_list *o, const char *name, int n, float mean, float
 /* The routed experts under pre (experts.gate_up_proj / down_proj, fused) with a router
  * [E, H] named router that reads the columns < CK_RD only. */
 static inline void ck_fused_experts(dv_list *o, const char *pre, const char *router, int E, int I,
-                             test_rng *r) {
+                                    test_rng *r) {
     char nm[200];
     const int H = CK_H;
     snprintf(nm, sizeof nm, "%s%s", pre, router);
@@ -213,7 +213,7 @@ static inline void ck_fused_experts(dv_list *o, const char *pre, const char *rou
 /* dir/config.json from c (freed), then into o (r seeded) the embedding, the untied head and
  * the final norm (mean norm_mean: 0 for zero-centred norms). */
 static inline void ck_begin(const char *dir, cJSON *c, dv_list *o, test_rng *r, uint64_t seed,
-                     float norm_mean) {
+                            float norm_mean) {
     dv_write_config(dir, c);
     rng_init(r, seed);
     ck_mat(o, "model.embed_tokens.weight", CK_V, CK_H, 1.0f, 0, r);
