@@ -42,7 +42,9 @@
  *    the CPU sharded forward (f32 and tq4 KV; Gemma 4's CPU / GPU bounds are
  *    test_cuda_gemma4's), greedy equal, each rank's cache bytes half; batch invariance at
  *    N = 2 bitwise; row operations, spec rounds and export / import at N = 2 (tq4) against
- *    the rows alone, bitwise; the sharded decode graph as above.
+ *    the rows alone, bitwise; the sharded decode graph as above; the engine at N = 2 as
+ *    above (the graph's own model as the unsharded device draft) and its prefix cache
+ *    (the fixtures only: the written checkpoints have no tokenizer, SKIPPED).
  * Prints "PASS" / "FAIL" per case (cmocka's [ OK ] / [ FAILED ]). Exits 77 (skipped) when
  * the build has no CUDA, no GPU is present or the model is absent.
  */
@@ -70,6 +72,7 @@ static tqkv_model *g_model;
 static uint64_t    g_seed;
 static int         V;
 static char        g_dir[1024];
+static const char *g_cur_dir = g_dir; /* the directory of g_model (a graph case's: its own) */
 
 /* A state of `rows` rows: device 0 / 1, tensor_parallel tp (1 with one_rank: the 1-rank
  * sharded device state). */
@@ -613,7 +616,7 @@ static void test_refusals_unchanged_n2(void **st) {
 static tqkv_engine *dev_engine(int tp, size_t prefix_bytes, const char *cache_dir,
                                const char *draft) {
     tqkv_engine_params p = tqkv_engine_params_default();
-    p.model_dir = g_dir;
+    p.model_dir = g_cur_dir;
     p.draft_dir = draft;
     p.k_format = p.v_format = TQKV_TQ4;
     p.threads = 4;
@@ -628,24 +631,44 @@ static tqkv_engine *dev_engine(int tp, size_t prefix_bytes, const char *cache_di
     return e;
 }
 
-static void test_engine_n2(void **st) {
-    (void)st;
-    if (!tp_fits(TPR)) {
+/* 1 when g_model's directory has the tokenizer an engine loads (the checkpoints written
+ * here have none: their engine cases print SKIPPED). */
+static int engine_fits(void) {
+    char p[1100];
+    struct stat sb;
+    snprintf(p, sizeof p, "%.1023s/tokenizer.json", g_cur_dir);
+    if (stat(p, &sb) == 0) return tp_fits(TPR);
+    print_message("engine: no tokenizer in %s: SKIPPED\n", g_cur_dir);
+    return 0;
+}
+
+/* The engine at N = 2 (an unsharded device draft of the same model), and its prefix cache. */
+static void engine_case(void) {
+    if (!engine_fits()) {
         skip();
         return;
     }
-    tp_engine_check(dev_engine, TPR, V, g_dir, g_seed ^ 0xe25); /* an unsharded device draft */
+    tp_engine_check(dev_engine, TPR, V, g_cur_dir, g_seed ^ 0xe25);
 }
 
-static void test_engine_n2_prefix(void **st) {
-    (void)st;
-    if (!tp_fits(TPR)) {
+static void engine_prefix_case(void) {
+    if (!engine_fits()) {
         skip();
         return;
     }
     char dir[256];
     snprintf(dir, sizeof dir, "/tmp/tqkv_test_cuda_tp_pc_%d", (int)getpid());
     tp_engine_prefix_check(dev_engine, TPR, V, dir, g_seed ^ 0xfc);
+}
+
+static void test_engine_n2(void **st) {
+    (void)st;
+    engine_case();
+}
+
+static void test_engine_n2_prefix(void **st) {
+    (void)st;
+    engine_prefix_case();
 }
 
 // ---------------------------------------------------------------------------
@@ -727,6 +750,7 @@ static int graph_enter(int gi) {
         return 0;
     }
     g_model = g_graph[gi];
+    g_cur_dir = g_gdir[gi];
     V = tqkv_model_get_config(g_model)->vocab_size;
     print_message("-- %s (%s)\n", GR_NAME[gi], g_gdir[gi]);
     return 1;
@@ -735,6 +759,7 @@ static int graph_enter(int gi) {
 static int graph_leave(void **st) {
     (void)st;
     g_model = g_base;
+    g_cur_dir = g_dir;
     V = g_base_v;
     return 0;
 }
@@ -785,6 +810,14 @@ static void graph_parity(int gi, tqkv_format f) {
     static void test_##tag##_graphs(void **st) {                                                 \
         (void)st;                                                                                \
         if (graph_enter(gi)) graphs_case();                                                      \
+    }                                                                                            \
+    static void test_##tag##_engine(void **st) {                                                 \
+        (void)st;                                                                                \
+        if (graph_enter(gi)) engine_case();                                                      \
+    }                                                                                            \
+    static void test_##tag##_engine_prefix(void **st) {                                          \
+        (void)st;                                                                                \
+        if (graph_enter(gi)) engine_prefix_case();                                               \
     }
 GRAPH_CASES(q35, GR_Q35)
 GRAPH_CASES(g4, GR_G4)
@@ -800,7 +833,9 @@ GRAPH_CASES(g4m, GR_G4M)
         cmocka_unit_test_teardown(test_##tag##_invariance, graph_leave),                         \
         cmocka_unit_test_teardown(test_##tag##_rows, graph_leave),                               \
         cmocka_unit_test_teardown(test_##tag##_spec_export, graph_leave),                        \
-        cmocka_unit_test_teardown(test_##tag##_graphs, graph_leave)
+        cmocka_unit_test_teardown(test_##tag##_graphs, graph_leave),                             \
+        cmocka_unit_test_teardown(test_##tag##_engine, graph_leave),                             \
+        cmocka_unit_test_teardown(test_##tag##_engine_prefix, graph_leave)
 
 int main(void) {
     if (!tqkv_cuda_available()) {
