@@ -220,19 +220,73 @@ static void tp1_case(int bitwise) {
     free(b);
 }
 
-/* Bounds on the relative L2 of logits: the median position and the worst. */
-typedef struct {
-    double med, worst;
-} tp_bounds;
-
 static void test_tp1_nccl(void **st) {
     (void)st;
     tp1_case(0);
 }
 
+/* How a greedy run is held to the reference's: equal, equal up to a near-tie (the
+ * reference's top two within TIE_FRAC of its logit range: tq4 codes may flip one), or only
+ * printed (the CPU's, whose error is the GPU's rounding). */
+enum { GREEDY_EQUAL, GREEDY_TIE_OK, GREEDY_PRINT };
+#define TIE_FRAC 1e-3
+
+/* Bounds on the relative L2 of logits (the median position and the worst) and the greedy
+ * rule, against one reference. */
+typedef struct {
+    double med, worst;
+    int    greedy;
+} tp_bounds;
+
+/* The first step at which two greedy runs of `steps` picked different tokens, or steps. */
+static int first_diff(const int32_t *a, const int32_t *b, int steps) {
+    int i = 0;
+    while (i < steps && a[i] == b[i]) i++;
+    return i;
+}
+
+/* 1 when picking `have` instead of ref's argmax `want` at one position [V] is a near-tie:
+ * ref[want] - ref[have] <= TIE_FRAC (max - min of ref). */
+static int near_tie(const float *ref, int want, int have) {
+    float lo = ref[0], hi = ref[0];
+    for (int j = 1; j < V; j++) {
+        lo = fminf(lo, ref[j]);
+        hi = fmaxf(hi, ref[j]);
+    }
+    return (double)ref[want] - ref[have] <= TIE_FRAC * ((double)hi - lo);
+}
+
+/* The greedy run tg against the reference's tu (its logits u [n + steps, V]): the steps they
+ * agree on (the positions compared are those whose inputs agree); a difference is held to
+ * b.greedy. */
+static int greedy_agree(const char *what, const float *u, const int32_t *tg, const int32_t *tu,
+                        int n, int steps, tp_bounds b) {
+    const int d = first_diff(tg, tu, steps);
+    if (d == steps) return d;
+    const int tie = near_tie(u + (size_t)(n - 1 + d) * V, tu[d], tg[d]);
+    print_message("  %s: greedy step %d: token %d, the reference's %d (%s)\n", what, d, tg[d],
+                  tu[d], tie ? "a near-tie" : "not a near-tie");
+    if (b.greedy == GREEDY_EQUAL || (b.greedy == GREEDY_TIE_OK && !tie))
+        fail_msg("%s: greedy step %d: token %d, the reference's %d", what, d, tg[d], tu[d]);
+    return d;
+}
+
+/* Each rank of sg holds its KV heads' share of su's cache (N > KV heads: one replicated). */
+static void rank_bytes_check(tqkv_model_state *sg, tqkv_model_state *su, int N) {
+    const int nkv = tqkv_model_get_config(g_model)->n_kv_heads;
+    const int per = nkv >= N ? nkv / N : 1;
+    const double full = (double)tqkv_model_state_kv_bytes_used(su);
+    for (int k = 0; k < N; k++) {
+        const double rb = (double)tqkv_model_state_kv_bytes_rank(sg, k);
+        print_message("  rank %d cache %.0f bytes, unsharded %.0f (share %d/%d)\n", k, rb, full,
+                      per, nkv);
+        assert_true(fabs(rb * nkv / per - full) <= 0.01 * full);
+    }
+}
+
 /* N ranks on one GPU against the unsharded device state (within dev) and the CPU sharded
- * forward of the same N (within cpu: the graph's CPU / GPU parity bounds); greedy tokens as
- * the unsharded device state's. */
+ * forward of the same N (within cpu: the graph's CPU / GPU bounds), over the positions whose
+ * inputs agree; greedy tokens as each bounds' rule says. */
 static void parity_case_within(int N, tqkv_format f, tp_bounds dev, tp_bounds cpu) {
     enum { n = 48, steps = 16 };
     if (!tp_fits(N)) {
@@ -254,33 +308,20 @@ static void parity_case_within(int N, tqkv_format f, tp_bounds dev, tp_bounds cp
     run_row(sg, prompt, n, steps, g, tg);
     run_row(su, prompt, n, steps, u, tu);
     run_row(sc, prompt, n, steps, c, tc);
+    const int du = greedy_agree("vs unsharded device", u, tg, tu, n, steps, dev);
+    const int dc = greedy_agree("vs CPU", c, tg, tc, n, steps, cpu);
     double med, worst, cmed, cworst;
     int bits, cbits;
-    compare(g, u, n + steps, &med, &worst, &bits);
-    compare(g, c, n + steps, &cmed, &cworst, &cbits);
-    int same_cpu = 0;
-    for (int i = 0; i < steps; i++) same_cpu += tg[i] == tc[i];
-    print_message("N = %d %s: vs unsharded device rel L2 median %.3g worst %.3g; vs CPU N = %d "
-                  "median %.3g worst %.3g; greedy %d/%d as the CPU's\n", N, tqkv_format_name(f),
-                  med, worst, N, cmed, cworst, same_cpu, steps);
+    compare(g, u, n + du, &med, &worst, &bits);
+    compare(g, c, n + dc, &cmed, &cworst, &cbits);
+    print_message("N = %d %s: vs unsharded device rel L2 median %.3g worst %.3g (%d positions); "
+                  "vs CPU N = %d median %.3g worst %.3g (%d); greedy %d/%d as the CPU's\n", N,
+                  tqkv_format_name(f), med, worst, n + du, N, cmed, cworst, n + dc, dc, steps);
     if (!(med < dev.med) || !(worst < dev.worst) || !(cmed < cpu.med) || !(cworst < cpu.worst))
         fail_msg("N = %d %s: outside the parity bounds (device median < %g, worst < %g; CPU "
                  "median < %g, worst < %g)", N, tqkv_format_name(f), dev.med, dev.worst, cpu.med,
                  cpu.worst);
-    for (int i = 0; i < steps; i++)
-        if (tg[i] != tu[i])
-            fail_msg("N = %d %s: greedy step %d: token %d, the unsharded device state's %d", N,
-                     tqkv_format_name(f), i, tg[i], tu[i]);
-    /* each rank holds its KV heads' share of the cache (N > KV heads: one replicated head) */
-    const int nkv = tqkv_model_get_config(g_model)->n_kv_heads;
-    const int per = nkv >= N ? nkv / N : 1;
-    const double full = (double)tqkv_model_state_kv_bytes_used(su);
-    for (int k = 0; k < N; k++) {
-        const double rb = (double)tqkv_model_state_kv_bytes_rank(sg, k);
-        print_message("  rank %d cache %.0f bytes, unsharded %.0f (share %d/%d)\n", k, rb, full,
-                      per, nkv);
-        assert_true(fabs(rb * nkv / per - full) <= 0.01 * full);
-    }
+    rank_bytes_check(sg, su, N);
     tqkv_model_state_free(sg);
     tqkv_model_state_free(su);
     tqkv_model_state_free(sc);
@@ -291,8 +332,8 @@ static void parity_case_within(int N, tqkv_format f, tp_bounds dev, tp_bounds cp
 
 /* test_cuda_model's parity bounds against both references. */
 static void parity_case(int N, tqkv_format f, double tol_med, double tol_worst) {
-    const tp_bounds b = {tol_med, tol_worst};
-    parity_case_within(N, f, b, b);
+    const tp_bounds dev = {tol_med, tol_worst, GREEDY_EQUAL}, cpu = {tol_med, tol_worst, GREEDY_PRINT};
+    parity_case_within(N, f, dev, cpu);
 }
 
 static void test_parity_n2_tq4(void **st) { (void)st; parity_case(2, TQKV_TQ4, 1e-2, 1e-1); }
@@ -769,12 +810,16 @@ static int graph_leave(void **st) {
  * scaling-1.0 attention; see there). The device-to-device bounds are test_cuda_model's. */
 static tp_bounds cpu_bounds(int gi, tqkv_format f) {
     const int g4 = gi == GR_G4 || gi == GR_G4M;
-    if (f == TQKV_F32) return g4 ? (tp_bounds){2.5e-2, 1.5e-1} : (tp_bounds){1e-2, 3e-2};
-    return g4 ? (tp_bounds){5e-2, 8e-1} : (tp_bounds){1e-2, 1e-1};
+    const int p = GREEDY_PRINT;
+    if (f == TQKV_F32) return g4 ? (tp_bounds){2.5e-2, 1.5e-1, p} : (tp_bounds){1e-2, 3e-2, p};
+    return g4 ? (tp_bounds){1e-1, 8e-1, p} : (tp_bounds){1e-2, 1e-1, p}; /* main's 005b355: 0.1 */
 }
 
 static void graph_parity(int gi, tqkv_format f) {
-    const tp_bounds dev = f == TQKV_F32 ? (tp_bounds){1e-2, 3e-2} : (tp_bounds){1e-2, 1e-1};
+    /* greedy equal, or (tq4) a near-tie its codes' flips explain (the CPU test's Gemma 4 case
+     * saw one: docs/TP.md) */
+    const tp_bounds dev = f == TQKV_F32 ? (tp_bounds){1e-2, 3e-2, GREEDY_EQUAL}
+                                        : (tp_bounds){1e-2, 1e-1, GREEDY_TIE_OK};
     if (graph_enter(gi)) parity_case_within(2, f, dev, cpu_bounds(gi, f));
 }
 
