@@ -32,7 +32,19 @@
  *    logprob bits they give alone, with an unsharded device draft too, a prefix-cache hit
  *    (memory, and the directory after a restart: export / import) equals a miss, and the
  *    greedy tokens equal the unsharded device engine's;
- *  - reset works and a second prefill gives the first one's bits.
+ *  - reset works and a second prefill gives the first one's bits;
+ *  - the sharded decode step as one CUDA graph (TQKV_TP_GRAPHS=1, opt in) gives the direct
+ *    steps' bits (3 rows, N = 2, tq4, 12 steps), captured and replayed;
+ *  - the other graphs (issue 25 item 1: Qwen 3.5 hybrid and Gemma 4 on the ../shared fixtures,
+ *    SKIPPED without them; Qwen3-MoE, Qwen 3.5 MoE and Gemma 4 MoE on checkpoints written here
+ *    by moe_ckpt.h), each: N = 1 through NCCL bitwise the unsharded device state (every
+ *    prefill and decode position), N = 2 on one GPU against the unsharded device state and
+ *    the CPU sharded forward (f32 and tq4 KV; Gemma 4's CPU / GPU bounds are
+ *    test_cuda_gemma4's), greedy equal, each rank's cache bytes half; batch invariance at
+ *    N = 2 bitwise; row operations, spec rounds and export / import at N = 2 (tq4) against
+ *    the rows alone, bitwise; the sharded decode graph as above; the engine at N = 2 as
+ *    above (the graph's own model as the unsharded device draft) and its prefix cache
+ *    (the fixtures only: the written checkpoints have no tokenizer, SKIPPED).
  * Prints "PASS" / "FAIL" per case (cmocka's [ OK ] / [ FAILED ]). Exits 77 (skipped) when
  * the build has no CUDA, no GPU is present or the model is absent.
  */
@@ -45,18 +57,22 @@
 #include <unistd.h>
 
 #include "engine_helpers.h" /* OK(), jobs, results, stepping an engine */
+#include "moe_ckpt.h"       /* the MoE graphs' checkpoints */
 #include "tp_rows_check.h"
 #include "testutil.h"
 #include "tqkv_model.h"
 
 #ifdef TQKV_HAVE_CUDA
 #include "cache/cache_cuda.h"
+#include "model/cuda/model_cuda.h"
 #include "model/tp/tp_comm.h"
+#include "model/tp/tp_state.h" /* a sharded state's rank device states */
 
 static tqkv_model *g_model;
 static uint64_t    g_seed;
 static int         V;
 static char        g_dir[1024];
+static const char *g_cur_dir = g_dir; /* the directory of g_model (a graph case's: its own) */
 
 /* A state of `rows` rows: device 0 / 1, tensor_parallel tp (1 with one_rank: the 1-rank
  * sharded device state). */
@@ -170,9 +186,9 @@ static void test_device_selftest(void **st) {
 // the sharded forward
 // ---------------------------------------------------------------------------
 
-/* N = 1 through the NCCL path against the unsharded device state. */
-static void test_tp1_nccl(void **st) {
-    (void)st;
+/* N = 1 through the NCCL path against the unsharded device state: every position bit for
+ * bit when `bitwise`, else within a relative L2 of 1e-6 (the bits printed). */
+static void tp1_case(int bitwise) {
     enum { n = 37, steps = 8 };
     test_rng r;
     rng_init(&r, g_seed ^ 0x71);
@@ -194,6 +210,9 @@ static void test_tp1_nccl(void **st) {
                   "positions bitwise\n", nccl ? "NCCL path" : "NCCL not built in: device-local path",
                   med, worst, bits, n + steps);
     assert_true(worst <= 1e-6);
+    if (bitwise && bits != n + steps)
+        fail_msg("N = 1: %d of %d positions differ from the unsharded device state's bits",
+                 n + steps - bits, n + steps);
     assert_memory_equal(ta, tb, sizeof ta);
     tqkv_model_state_free(s);
     tqkv_model_state_free(u);
@@ -201,9 +220,74 @@ static void test_tp1_nccl(void **st) {
     free(b);
 }
 
-/* N ranks on one GPU against the unsharded device state and the CPU sharded forward of the
- * same N: test_cuda_model's parity bounds; greedy tokens as the unsharded device state's. */
-static void parity_case(int N, tqkv_format f, double tol_med, double tol_worst) {
+static void test_tp1_nccl(void **st) {
+    (void)st;
+    tp1_case(0);
+}
+
+/* How a greedy run is held to the reference's: equal, equal up to a near-tie (the
+ * reference's top two within TIE_FRAC of its logit range: tq4 codes may flip one), or only
+ * printed (the CPU's, whose error is the GPU's rounding). */
+enum { GREEDY_EQUAL, GREEDY_TIE_OK, GREEDY_PRINT };
+#define TIE_FRAC 1e-3
+
+/* Bounds on the relative L2 of logits (the median position and the worst) and the greedy
+ * rule, against one reference. */
+typedef struct {
+    double med, worst;
+    int    greedy;
+} tp_bounds;
+
+/* The first step at which two greedy runs of `steps` picked different tokens, or steps. */
+static int first_diff(const int32_t *a, const int32_t *b, int steps) {
+    int i = 0;
+    while (i < steps && a[i] == b[i]) i++;
+    return i;
+}
+
+/* 1 when picking `have` instead of ref's argmax `want` at one position [V] is a near-tie:
+ * ref[want] - ref[have] <= TIE_FRAC (max - min of ref). */
+static int near_tie(const float *ref, int want, int have) {
+    float lo = ref[0], hi = ref[0];
+    for (int j = 1; j < V; j++) {
+        lo = fminf(lo, ref[j]);
+        hi = fmaxf(hi, ref[j]);
+    }
+    return (double)ref[want] - ref[have] <= TIE_FRAC * ((double)hi - lo);
+}
+
+/* The greedy run tg against the reference's tu (its logits u [n + steps, V]): the steps they
+ * agree on (the positions compared are those whose inputs agree); a difference is held to
+ * b.greedy. */
+static int greedy_agree(const char *what, const float *u, const int32_t *tg, const int32_t *tu,
+                        int n, int steps, tp_bounds b) {
+    const int d = first_diff(tg, tu, steps);
+    if (d == steps) return d;
+    const int tie = near_tie(u + (size_t)(n - 1 + d) * V, tu[d], tg[d]);
+    print_message("  %s: greedy step %d: token %d, the reference's %d (%s)\n", what, d, tg[d],
+                  tu[d], tie ? "a near-tie" : "not a near-tie");
+    if (b.greedy == GREEDY_EQUAL || (b.greedy == GREEDY_TIE_OK && !tie))
+        fail_msg("%s: greedy step %d: token %d, the reference's %d", what, d, tg[d], tu[d]);
+    return d;
+}
+
+/* Each rank of sg holds its KV heads' share of su's cache (N > KV heads: one replicated). */
+static void rank_bytes_check(tqkv_model_state *sg, tqkv_model_state *su, int N) {
+    const int nkv = tqkv_model_get_config(g_model)->n_kv_heads;
+    const int per = nkv >= N ? nkv / N : 1;
+    const double full = (double)tqkv_model_state_kv_bytes_used(su);
+    for (int k = 0; k < N; k++) {
+        const double rb = (double)tqkv_model_state_kv_bytes_rank(sg, k);
+        print_message("  rank %d cache %.0f bytes, unsharded %.0f (share %d/%d)\n", k, rb, full,
+                      per, nkv);
+        assert_true(fabs(rb * nkv / per - full) <= 0.01 * full);
+    }
+}
+
+/* N ranks on one GPU against the unsharded device state (within dev) and the CPU sharded
+ * forward of the same N (within cpu: the graph's CPU / GPU bounds), over the positions whose
+ * inputs agree; greedy tokens as each bounds' rule says. */
+static void parity_case_within(int N, tqkv_format f, tp_bounds dev, tp_bounds cpu) {
     enum { n = 48, steps = 16 };
     if (!tp_fits(N)) {
         skip();
@@ -224,38 +308,32 @@ static void parity_case(int N, tqkv_format f, double tol_med, double tol_worst) 
     run_row(sg, prompt, n, steps, g, tg);
     run_row(su, prompt, n, steps, u, tu);
     run_row(sc, prompt, n, steps, c, tc);
+    const int du = greedy_agree("vs unsharded device", u, tg, tu, n, steps, dev);
+    const int dc = greedy_agree("vs CPU", c, tg, tc, n, steps, cpu);
     double med, worst, cmed, cworst;
     int bits, cbits;
-    compare(g, u, n + steps, &med, &worst, &bits);
-    compare(g, c, n + steps, &cmed, &cworst, &cbits);
-    int same_cpu = 0;
-    for (int i = 0; i < steps; i++) same_cpu += tg[i] == tc[i];
-    print_message("N = %d %s: vs unsharded device rel L2 median %.3g worst %.3g; vs CPU N = %d "
-                  "median %.3g worst %.3g; greedy %d/%d as the CPU's\n", N, tqkv_format_name(f),
-                  med, worst, N, cmed, cworst, same_cpu, steps);
-    if (!(med < tol_med) || !(worst < tol_worst) || !(cmed < tol_med) || !(cworst < tol_worst))
-        fail_msg("N = %d %s: outside the parity bounds (median < %g, worst < %g)", N,
-                 tqkv_format_name(f), tol_med, tol_worst);
-    for (int i = 0; i < steps; i++)
-        if (tg[i] != tu[i])
-            fail_msg("N = %d %s: greedy step %d: token %d, the unsharded device state's %d", N,
-                     tqkv_format_name(f), i, tg[i], tu[i]);
-    /* each rank holds its KV heads' share of the cache (N > KV heads: one replicated head) */
-    const int nkv = tqkv_model_get_config(g_model)->n_kv_heads;
-    const int per = nkv >= N ? nkv / N : 1;
-    const double full = (double)tqkv_model_state_kv_bytes_used(su);
-    for (int k = 0; k < N; k++) {
-        const double rb = (double)tqkv_model_state_kv_bytes_rank(sg, k);
-        print_message("  rank %d cache %.0f bytes, unsharded %.0f (share %d/%d)\n", k, rb, full,
-                      per, nkv);
-        assert_true(fabs(rb * nkv / per - full) <= 0.01 * full);
-    }
+    compare(g, u, n + du, &med, &worst, &bits);
+    compare(g, c, n + dc, &cmed, &cworst, &cbits);
+    print_message("N = %d %s: vs unsharded device rel L2 median %.3g worst %.3g (%d positions); "
+                  "vs CPU N = %d median %.3g worst %.3g (%d); greedy %d/%d as the CPU's\n", N,
+                  tqkv_format_name(f), med, worst, n + du, N, cmed, cworst, n + dc, dc, steps);
+    if (!(med < dev.med) || !(worst < dev.worst) || !(cmed < cpu.med) || !(cworst < cpu.worst))
+        fail_msg("N = %d %s: outside the parity bounds (device median < %g, worst < %g; CPU "
+                 "median < %g, worst < %g)", N, tqkv_format_name(f), dev.med, dev.worst, cpu.med,
+                 cpu.worst);
+    rank_bytes_check(sg, su, N);
     tqkv_model_state_free(sg);
     tqkv_model_state_free(su);
     tqkv_model_state_free(sc);
     free(g);
     free(u);
     free(c);
+}
+
+/* test_cuda_model's parity bounds against both references. */
+static void parity_case(int N, tqkv_format f, double tol_med, double tol_worst) {
+    const tp_bounds dev = {tol_med, tol_worst, GREEDY_EQUAL}, cpu = {tol_med, tol_worst, GREEDY_PRINT};
+    parity_case_within(N, f, dev, cpu);
 }
 
 static void test_parity_n2_tq4(void **st) { (void)st; parity_case(2, TQKV_TQ4, 1e-2, 1e-1); }
@@ -425,8 +503,8 @@ static void export_import_check(tqkv_model_state *s, tqkv_model_state **ref, tes
     free(blob2);
 }
 
-static void test_spec_export_n2(void **st) {
-    (void)st;
+/* Two rows merged, spec rounds on them, export / import: each as the rows alone. */
+static void spec_export_case(void) {
     if (!tp_fits(TPR)) {
         skip();
         return;
@@ -446,6 +524,67 @@ static void test_spec_export_n2(void **st) {
     tqkv_model_state_free(s);
     tqkv_model_state_free(src[1]);
     for (int i = 0; i < 2; i++) tqkv_model_state_free(ref[i]);
+}
+
+static void test_spec_export_n2(void **st) {
+    (void)st;
+    spec_export_case();
+}
+
+/* A decode step of s with TQKV_TP_GRAPHS set to `on` for the call. */
+static void decode_graphs(tqkv_model_state *s, const int32_t *t, float *out, int on) {
+    if (on) setenv("TQKV_TP_GRAPHS", "1", 1);
+    const tqkv_status rc = tqkv_model_decode(g_model, s, t, out);
+    unsetenv("TQKV_TP_GRAPHS");
+    OK(rc);
+}
+
+/* The sharded decode step as one CUDA graph (TQKV_TP_GRAPHS=1) against the same steps
+ * launched directly: 3 rows at N = 2 (tq4), the same prompts and fed tokens, every step's
+ * logits bitwise; the graph state captured and replayed (when the rank states have graphs
+ * on: the experts' per-expert path turns them off). */
+static void graphs_case(void) {
+    enum { n = 23, steps = 12, R = 3 };
+    if (!tp_fits(TPR)) {
+        skip();
+        return;
+    }
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x96a);
+    int32_t prompt[R * n], t[R];
+    random_tokens(&r, prompt, (size_t)R * n);
+    const size_t row = sizeof(float) * (size_t)V;
+    float *a = malloc(row * R), *b = malloc(row * R);
+    tqkv_model_state *sg = new_state(R, TQKV_TQ4, 1, TPR, 0), *sd = new_state(R, TQKV_TQ4, 1, TPR, 0);
+    OK(tqkv_model_prefill(g_model, sg, prompt, NULL, n, TQKV_LOGITS_LAST, a));
+    OK(tqkv_model_prefill(g_model, sd, prompt, NULL, n, TQKV_LOGITS_LAST, b));
+    for (int i = 0; i < steps; i++) {
+        for (int k = 0; k < R; k++) t[k] = rng_int(&r, 1, V - 1);
+        decode_graphs(sg, t, a, 1);
+        decode_graphs(sd, t, b, 0);
+        if (memcmp(a, b, row * R))
+            fail_msg("N = %d: decode step %d through the sharded graph differs from the direct "
+                     "step", TPR, i);
+    }
+    uint64_t cap = 0, rep = 0, dir = 0, c2 = 0, r2 = 0, d2 = 0;
+    model_cuda_tp_graph_counts(sg, &cap, &rep, &dir);
+    model_cuda_tp_graph_counts(sd, &c2, &r2, &d2);
+    model_cuda_graph_stats gs;
+    model_cuda_graph_stats_get(sg->tp->rank[0]->gpu, &gs);
+    print_message("N = %d graphs: %d decodes bitwise the direct ones; %llu direct, %llu captured, "
+                  "%llu replayed (rank graphs %s)\n", TPR, steps, (unsigned long long)dir,
+                  (unsigned long long)cap, (unsigned long long)rep, gs.enabled ? "on" : "off");
+    assert_true(c2 == 0 && r2 == 0 && d2 == 0); /* the direct state never took the graph path */
+    if (gs.enabled) assert_true(cap >= 1 && rep >= 1);
+    tqkv_model_state_free(sg);
+    tqkv_model_state_free(sd);
+    free(a);
+    free(b);
+}
+
+static void test_graphs_n2(void **st) {
+    (void)st;
+    graphs_case();
 }
 
 /* Refusals change nothing on any rank: the rows, every rank's cache bytes, the next decode. */
@@ -518,7 +657,7 @@ static void test_refusals_unchanged_n2(void **st) {
 static tqkv_engine *dev_engine(int tp, size_t prefix_bytes, const char *cache_dir,
                                const char *draft) {
     tqkv_engine_params p = tqkv_engine_params_default();
-    p.model_dir = g_dir;
+    p.model_dir = g_cur_dir;
     p.draft_dir = draft;
     p.k_format = p.v_format = TQKV_TQ4;
     p.threads = 4;
@@ -533,18 +672,28 @@ static tqkv_engine *dev_engine(int tp, size_t prefix_bytes, const char *cache_di
     return e;
 }
 
-static void test_engine_n2(void **st) {
-    (void)st;
-    if (!tp_fits(TPR)) {
+/* 1 when g_model's directory has the tokenizer an engine loads (the checkpoints written
+ * here have none: their engine cases print SKIPPED). */
+static int engine_fits(void) {
+    char p[1100];
+    struct stat sb;
+    snprintf(p, sizeof p, "%.1023s/tokenizer.json", g_cur_dir);
+    if (stat(p, &sb) == 0) return tp_fits(TPR);
+    print_message("engine: no tokenizer in %s: SKIPPED\n", g_cur_dir);
+    return 0;
+}
+
+/* The engine at N = 2 (an unsharded device draft of the same model), and its prefix cache. */
+static void engine_case(void) {
+    if (!engine_fits()) {
         skip();
         return;
     }
-    tp_engine_check(dev_engine, TPR, V, g_dir, g_seed ^ 0xe25); /* an unsharded device draft */
+    tp_engine_check(dev_engine, TPR, V, g_cur_dir, g_seed ^ 0xe25);
 }
 
-static void test_engine_n2_prefix(void **st) {
-    (void)st;
-    if (!tp_fits(TPR)) {
+static void engine_prefix_case(void) {
+    if (!engine_fits()) {
         skip();
         return;
     }
@@ -552,6 +701,186 @@ static void test_engine_n2_prefix(void **st) {
     snprintf(dir, sizeof dir, "/tmp/tqkv_test_cuda_tp_pc_%d", (int)getpid());
     tp_engine_prefix_check(dev_engine, TPR, V, dir, g_seed ^ 0xfc);
 }
+
+static void test_engine_n2(void **st) {
+    (void)st;
+    engine_case();
+}
+
+static void test_engine_n2_prefix(void **st) {
+    (void)st;
+    engine_prefix_case();
+}
+
+// ---------------------------------------------------------------------------
+// the other graphs (issue 25 item 1): each graph's sharded device forward
+// ---------------------------------------------------------------------------
+
+/* The graphs beside the Llama family: the ../shared fixtures of Qwen 3.5 and Gemma 4 (their
+ * cases print SKIPPED without them) and checkpoints written here for the MoE graphs
+ * (moe_ckpt.h: head dims the device takes; the goldens in tests/golden/ have head_dim 32 and
+ * DeltaNet key dim 32, which the device refuses). */
+enum { GR_Q35, GR_G4, GR_Q3M, GR_Q35M, GR_G4M, GR_N };
+static const char *const GR_NAME[GR_N] = {"Qwen 3.5 hybrid", "Gemma 4", "Qwen3-MoE",
+                                          "Qwen 3.5 MoE", "Gemma 4 MoE"};
+static tqkv_model *g_graph[GR_N];  /* NULL: absent */
+static char        g_gdir[GR_N][1024];
+static int         g_written[GR_N]; /* g_gdir is a temporary checkpoint to remove */
+static tqkv_model *g_base;          /* the bundled model, g_model again after each case */
+static int         g_base_v;
+
+/* Qwen3-MoE: 3 layers, layer 1 dense (mlp_only), 8 experts of width 64, top 2 renormalised,
+ * one tensor per expert (test_cuda_moe's checkpoint A). */
+static const ck_spec Q3M_SPEC = {3, 8, 2, 64, 1, 1, 1, 0, 0, 0, 0xa11ce};
+
+static tqkv_model *graph_load(const char *dir) {
+    tqkv_model_load_params lp = tqkv_model_load_params_default();
+    lp.threads = 4;
+    lp.bf16_act = 0; /* as the bundled model's cases: reassociation is the only difference */
+    tqkv_model *m = NULL;
+    if (tqkv_model_load(&m, dir, &lp) != TQKV_OK) {
+        fprintf(stderr, "load %s: %s\n", dir, tqkv_last_error());
+        exit(1);
+    }
+    return m;
+}
+
+/* Every graph's model: a fixture when present, a written checkpoint otherwise. */
+static void graphs_load(void) {
+    const char *fixture[GR_N] = {"models/qwen35-code-hybrid-30m/config.json",
+                                 "models/gemma4-code-30m/config.json", NULL, NULL, NULL};
+    for (int i = 0; i < GR_N; i++) {
+        if (fixture[i]) {
+            if (!shared_path(fixture[i], g_gdir[i], sizeof g_gdir[i])) continue;
+            *strrchr(g_gdir[i], '/') = 0;
+        } else {
+            snprintf(g_gdir[i], sizeof g_gdir[i], "/tmp/tqkv_cuda_tp_g%dXXXXXX", i);
+            if (!mkdtemp(g_gdir[i])) {
+                perror("mkdtemp");
+                exit(1);
+            }
+            g_written[i] = 1;
+            if (i == GR_Q3M) ck_write(g_gdir[i], &Q3M_SPEC);
+            else if (i == GR_Q35M) q35_write(g_gdir[i], 0x35e);
+            else g4m_write(g_gdir[i], 0x94e);
+        }
+        g_graph[i] = graph_load(g_gdir[i]);
+    }
+}
+
+static void graphs_free(void) {
+    for (int i = 0; i < GR_N; i++) {
+        tqkv_model_free(g_graph[i]);
+        if (!g_written[i]) continue;
+        char p[1200];
+        snprintf(p, sizeof p, "%.1023s/config.json", g_gdir[i]);
+        unlink(p);
+        snprintf(p, sizeof p, "%.1023s/model.safetensors", g_gdir[i]);
+        unlink(p);
+        rmdir(g_gdir[i]);
+    }
+}
+
+/* Graph gi becomes g_model for the case (graph_leave restores the bundled model); 0 (the
+ * case SKIPPED) when its fixture is absent. */
+static int graph_enter(int gi) {
+    if (!g_graph[gi]) {
+        print_message("%s: SKIPPED (fixture absent: ../shared/%s)\n", GR_NAME[gi],
+                      gi == GR_Q35 ? "models/qwen35-code-hybrid-30m" : "models/gemma4-code-30m");
+        skip();
+        return 0;
+    }
+    g_model = g_graph[gi];
+    g_cur_dir = g_gdir[gi];
+    V = tqkv_model_get_config(g_model)->vocab_size;
+    print_message("-- %s (%s)\n", GR_NAME[gi], g_gdir[gi]);
+    return 1;
+}
+
+static int graph_leave(void **st) {
+    (void)st;
+    g_model = g_base;
+    g_cur_dir = g_dir;
+    V = g_base_v;
+    return 0;
+}
+
+/* CPU / GPU bounds of each graph against its CPU sharded forward: test_cuda_model's
+ * (test_cuda_hybrid's, test_cuda_moe's dense ones), Gemma 4's test_cuda_gemma4 ones (its
+ * scaling-1.0 attention; see there). The device-to-device bounds are test_cuda_model's. */
+static tp_bounds cpu_bounds(int gi, tqkv_format f) {
+    const int g4 = gi == GR_G4 || gi == GR_G4M;
+    const int p = GREEDY_PRINT;
+    if (f == TQKV_F32) return g4 ? (tp_bounds){2.5e-2, 1.5e-1, p} : (tp_bounds){1e-2, 3e-2, p};
+    return g4 ? (tp_bounds){1e-1, 8e-1, p} : (tp_bounds){1e-2, 1e-1, p}; /* main's 005b355: 0.1 */
+}
+
+static void graph_parity(int gi, tqkv_format f) {
+    /* greedy equal, or (tq4) a near-tie its codes' flips explain (the CPU test's Gemma 4 case
+     * saw one: docs/TP.md) */
+    const tp_bounds dev = f == TQKV_F32 ? (tp_bounds){1e-2, 3e-2, GREEDY_EQUAL}
+                                        : (tp_bounds){1e-2, 1e-1, GREEDY_TIE_OK};
+    if (graph_enter(gi)) parity_case_within(2, f, dev, cpu_bounds(gi, f));
+}
+
+/* Per graph: N = 1 through NCCL bitwise the unsharded device state; N = 2 on one GPU (the
+ * device-local collective) within the parity bounds, greedy equal; a row alone and in a
+ * batch bitwise at N = 2; at N = 2 (tq4) the row operations (merge / filter / extract) and
+ * spec rounds, export / import against the rows alone, bitwise (the Llama family's cases). */
+#define GRAPH_CASES(tag, gi)                                                                     \
+    static void test_##tag##_tp1(void **st) {                                                    \
+        (void)st;                                                                                \
+        if (graph_enter(gi)) tp1_case(1);                                                        \
+    }                                                                                            \
+    static void test_##tag##_n2_tq4(void **st) {                                                 \
+        (void)st;                                                                                \
+        graph_parity(gi, TQKV_TQ4);                                                              \
+    }                                                                                            \
+    static void test_##tag##_n2_f32(void **st) {                                                 \
+        (void)st;                                                                                \
+        graph_parity(gi, TQKV_F32);                                                              \
+    }                                                                                            \
+    static void test_##tag##_invariance(void **st) {                                             \
+        (void)st;                                                                                \
+        if (graph_enter(gi)) invariance_case(2, TQKV_TQ4);                                       \
+    }                                                                                            \
+    static void test_##tag##_rows(void **st) {                                                   \
+        (void)st;                                                                                \
+        if (graph_enter(gi)) rows_case(TQKV_TQ4);                                                \
+    }                                                                                            \
+    static void test_##tag##_spec_export(void **st) {                                            \
+        (void)st;                                                                                \
+        if (graph_enter(gi)) spec_export_case();                                                 \
+    }                                                                                            \
+    static void test_##tag##_graphs(void **st) {                                                 \
+        (void)st;                                                                                \
+        if (graph_enter(gi)) graphs_case();                                                      \
+    }                                                                                            \
+    static void test_##tag##_engine(void **st) {                                                 \
+        (void)st;                                                                                \
+        if (graph_enter(gi)) engine_case();                                                      \
+    }                                                                                            \
+    static void test_##tag##_engine_prefix(void **st) {                                          \
+        (void)st;                                                                                \
+        if (graph_enter(gi)) engine_prefix_case();                                               \
+    }
+GRAPH_CASES(q35, GR_Q35)
+GRAPH_CASES(g4, GR_G4)
+GRAPH_CASES(q3m, GR_Q3M)
+GRAPH_CASES(q35m, GR_Q35M)
+GRAPH_CASES(g4m, GR_G4M)
+#undef GRAPH_CASES
+
+#define GRAPH_TESTS(tag)                                                                         \
+    cmocka_unit_test_teardown(test_##tag##_tp1, graph_leave),                                    \
+        cmocka_unit_test_teardown(test_##tag##_n2_tq4, graph_leave),                             \
+        cmocka_unit_test_teardown(test_##tag##_n2_f32, graph_leave),                             \
+        cmocka_unit_test_teardown(test_##tag##_invariance, graph_leave),                         \
+        cmocka_unit_test_teardown(test_##tag##_rows, graph_leave),                               \
+        cmocka_unit_test_teardown(test_##tag##_spec_export, graph_leave),                        \
+        cmocka_unit_test_teardown(test_##tag##_graphs, graph_leave),                             \
+        cmocka_unit_test_teardown(test_##tag##_engine, graph_leave),                             \
+        cmocka_unit_test_teardown(test_##tag##_engine_prefix, graph_leave)
 
 int main(void) {
     if (!tqkv_cuda_available()) {
@@ -577,7 +906,10 @@ int main(void) {
         return 1;
     }
     V = tqkv_model_get_config(g_model)->vocab_size;
+    g_base = g_model;
+    g_base_v = V;
     g_seed = test_seed();
+    graphs_load();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_nccl_selftest),
         cmocka_unit_test(test_device_selftest),
@@ -592,14 +924,21 @@ int main(void) {
         cmocka_unit_test(test_rows_n2_tq4),
         cmocka_unit_test(test_rows_n2_f32),
         cmocka_unit_test(test_spec_export_n2),
+        cmocka_unit_test(test_graphs_n2),
         cmocka_unit_test(test_refusals_unchanged_n2),
         cmocka_unit_test(test_engine_n2),
         cmocka_unit_test(test_engine_n2_prefix),
+        GRAPH_TESTS(q35),
+        GRAPH_TESTS(g4),
+        GRAPH_TESTS(q3m),
+        GRAPH_TESTS(q35m),
+        GRAPH_TESTS(g4m),
     };
     const char *only = getenv("TQKV_TEST_FILTER");
     if (only) cmocka_set_test_filter(only);
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);
     printf("%s\n", rc ? "FAIL" : "PASS");
+    graphs_free();
     tqkv_model_free(g_model);
     return rc;
 }

@@ -56,7 +56,7 @@ int  mcli_parse_device(const char *cmd, const char *name, int *out);
 /* --tensor-parallel N (docs/TP.md) into p->tensor_parallel: 0..8 (0, 1 = off); any device
  * (the state refuses what the device cannot shard). 0 or -1 (printed). */
 int  mcli_parse_tp(const char *cmd, int n, int device, tqkv_model_state_params *p);
-#define MCLI_TP_HELP "ranks of tensor parallelism (Megatron sharding, docs/TP.md), each with its shard of the weights and the cache of its KV heads: on the CPU they run one after another; with --device cuda (the Llama family) each rank is a device state on GPU rank % visible GPUs; must divide the heads and MLP width (default 1 = off)"
+#define MCLI_TP_HELP "ranks of tensor parallelism (Megatron sharding, docs/TP.md), each with its shard of the weights and the cache of its KV heads: on the CPU they run one after another; with --device cuda (every graph) each rank is a device state on GPU rank % visible GPUs; must divide the heads and MLP width (default 1 = off)"
 /* Number of online CPUs (>= 1). */
 int  mcli_cpus(void);
 /* Whole file into a malloc'd NUL-terminated buffer; 0 or -1 (message printed). */

@@ -75,7 +75,31 @@ typedef struct model_arch_cuda_ops {
     tqkv_status (*linear)(const tqkv_model_config *c, const struct mc_layer *L,
                           struct mc_rec *rec, int j, int R, int n, const float *proj, float *cv,
                           const int32_t *slot, float *att, struct CUstream_st *s);
+    /* a graph with its own forward_queue: the pieces of it a tensor-parallel rank runs
+     * (cuda/tp_cuda.cu; NULL: no sharded device forward). The common graph's are
+     * tp_cuda.cu's own. */
+    const struct model_arch_cuda_tp_ops *tp;
 } model_arch_cuda_ops;
+
+/* One rank's share of a forward, in the order the sharded device forward (cuda/tp_cuda.cu)
+ * queues them on the rank's stream, with all-reduces of the partials between; each queues
+ * on g's stream and waits for nothing. T = rows n. */
+typedef struct model_arch_cuda_tp_ops {
+    /* upload the call's token list and tables, embed, layer 0's input norm */
+    tqkv_status (*begin)(struct model_cuda *g, int n);
+    /* layer l's token mixer of the rank's heads -> partial g->tmp [T, H]; *lin: recurrent
+     * layers so far (advanced); *done = l + 1 once the layer's rows changed */
+    tqkv_status (*mixer)(struct model_cuda *g, int l, int n, int as_decode, int *lin, int *done);
+    /* after the mixer's all-reduce (the sum in tmp): its residual, then the rank's slice of
+     * the feed-forward -> partial tmp (and the partial `extra` names) */
+    tqkv_status (*ffn)(struct model_cuda *g, int l, int T);
+    /* a second partial [T, H] of layer l's feed-forward all-reduced beside tmp, or NULL */
+    float *(*extra)(struct model_cuda *g, int l);
+    /* after the feed-forward's all-reduce: its residual and the next layer's input norm */
+    tqkv_status (*end)(struct model_cuda *g, int l, int T);
+    /* the rank's lm_head rows (g->head_n) into g->logits (mode LAST or ALL), no copy */
+    tqkv_status (*head)(struct model_cuda *g, int n, tqkv_logits_mode mode);
+} model_arch_cuda_tp_ops;
 
 typedef struct model_arch_ops {
     const char *name;   /* the folder under src/model/arch/ */

@@ -740,6 +740,8 @@ static void forward_fail(model_cuda *g, int done, int n) {
 
 void mc_forward_fail(model_cuda *g, int done, int n) { forward_fail(g, done, n); }
 
+tqkv_status mc_forward_undo(model_cuda *g, int done, int n) { return forward_undo(g, done, n); }
+
 static tqkv_status forward_direct(model_cuda *g, int n, int as_decode, tqkv_logits_mode mode,
                                   float *out, int pick) {
     int done = 0;
@@ -779,6 +781,12 @@ static int graph_key_eq(const mc_graph_key *a, const mc_graph_key *b) {
            a->attn_ws == b->attn_ws && a->pick == b->pick && a->win_ws == b->win_ws &&
            a->gen == b->gen;
 }
+
+mc_graph_key mc_graph_key_now(model_cuda *g, int logits, size_t attn_ws, int pick) {
+    return graph_key(g, logits, attn_ws, pick);
+}
+
+int mc_graph_key_same(const mc_graph_key *a, const mc_graph_key *b) { return graph_key_eq(a, b); }
 
 /* The graph machinery failed (not the forward): graphs off for this state, said once on
  * stderr, and the step runs directly (the same bits). */
@@ -976,9 +984,23 @@ static tqkv_status forward_prepare(model_cuda *g, const int32_t *tokens, const i
 }
 
 tqkv_status mc_forward_prepare(model_cuda *g, const int32_t *tokens, const int *lengths, int n,
-                               int prefill, tqkv_logits_mode mode) {
-    size_t attn_ws = 0;
-    return forward_prepare(g, tokens, lengths, n, prefill, mode, NULL, NULL, &attn_ws);
+                               int prefill, tqkv_logits_mode mode, size_t *attn_ws) {
+    return forward_prepare(g, tokens, lengths, n, prefill, mode, NULL, NULL, attn_ws);
+}
+
+tqkv_status mc_forward_finish(model_cuda *g, int n) {
+    const model_arch_cuda_ops *ao = g->arch_ops;
+    mc_rec *rc = &g->rec;
+    for (int r = 0; r < g->rows && rc->n_lin; r++) { /* rec_advance */
+        rc->tokens[r] += n;
+        if (rc->spec_active) rc->spec_steps[r] += n;
+    }
+    /* bounded sliding layers (after the forward, not in a spec round); their copies are
+     * queued after the logits' and waited for by the next call */
+    if (!ao || !ao->drop_oldest || tqkv_cuda_kv_spec_active(g->kv[g->kv0])) return TQKV_OK;
+    const tqkv_status st = ao->drop_oldest(g);
+    if (st) g->broken = 1; /* the layers may be out of step */
+    return st;
 }
 
 /* model_cuda_forward's body; logits may be NULL with mode LAST when pk is set (the pick
@@ -986,8 +1008,6 @@ tqkv_status mc_forward_prepare(model_cuda *g, const int32_t *tokens, const int *
 static tqkv_status forward_run(model_cuda *g, const int32_t *tokens, const int *lengths, int n,
                                int prefill, tqkv_logits_mode mode, float *logits, const pick_req *pk) {
     const int R = g->rows, V = g->m->cfg.vocab_size;
-    const model_arch_cuda_ops *ao = g->arch_ops;
-    mc_rec *rc = &g->rec;
     const int copy = mode != TQKV_LOGITS_NONE && logits;
     size_t attn_ws = 0; /* decode attention: its workspace need, the graph key's launch shape */
     tqkv_status st = forward_prepare(g, tokens, lengths, n, prefill, mode, logits, pk, &attn_ws);
@@ -1005,16 +1025,7 @@ static tqkv_status forward_run(model_cuda *g, const int32_t *tokens, const int *
     const tqkv_status ss = ck(cudaStreamSynchronize(g->stream), "forward");
     if (!st) st = ss;
     if (ss) g->broken = 1; /* what ran of the step is unknown */
-    for (int r = 0; r < R && !st && rc->n_lin; r++) { /* rec_advance */
-        rc->tokens[r] += n;
-        if (rc->spec_active) rc->spec_steps[r] += n;
-    }
-    /* bounded sliding layers (after the forward, not in a spec round); their copies are
-     * queued after the logits' and waited for by the next call */
-    if (!st && ao && ao->drop_oldest && !tqkv_cuda_kv_spec_active(g->kv[g->kv0])) {
-        st = ao->drop_oldest(g);
-        if (st) g->broken = 1; /* the layers may be out of step */
-    }
+    if (!st) st = mc_forward_finish(g, n);
     if (!st && out && out == g->h_logits) memcpy(logits, g->h_logits, (size_t)R * V * sizeof(float));
     if (!st && pk) memcpy(pk->rec, g->h_pick_rec, (size_t)R * PICK_REC_WORDS(pk->stride) * sizeof(int32_t));
     return st;

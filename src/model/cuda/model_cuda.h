@@ -140,9 +140,16 @@ tqkv_status model_cuda_tp_setup(tqkv_model_state *s);
 void        model_cuda_tp_free(struct model_tp *tp);
 /* The sharded forward of a state whose ranks are device states: model_cuda_forward's
  * arguments and logits layout (the caller has run model_forward_check); direct launches,
- * no CUDA graph. On failure every rank's appends are undone. */
+ * or with TQKV_TP_GRAPHS=1 in the environment (opt in, not run on a GPU yet) decode steps
+ * as one CUDA graph over every rank's stream (a new shape direct, captured when it
+ * repeats, then replayed; a failed capture turns them off for the state, said on stderr).
+ * On failure every rank's appends are undone. */
 tqkv_status model_cuda_tp_forward(tqkv_model_state *s, const int32_t *tokens, const int *lengths,
                                   int n, int prefill, tqkv_logits_mode mode, float *logits);
+/* How a sharded device state's decode steps ran through its graph (tests): captured,
+ * replayed, direct (a new shape); all 0 without TQKV_TP_GRAPHS=1. */
+void        model_cuda_tp_graph_counts(const tqkv_model_state *s, uint64_t *captures,
+                                       uint64_t *replays, uint64_t *direct);
 
 /* How the decode steps of a state ran (tests, benchmarks). A step whose graph key is new
  * runs kernel by kernel; the next with the same key is captured (applied to the existing

@@ -275,7 +275,19 @@ tqkv_status  mc_head(model_cuda *g, int n, tqkv_logits_mode mode, float *out, in
  * of rows and tokens, every buffer for mode (no host logits staging, no pick) and the
  * token list / RoPE rows in the pinned buffers mc_queue_begin uploads. */
 tqkv_status  mc_forward_prepare(model_cuda *g, const int32_t *tokens, const int *lengths, int n,
-                                int prefill, tqkv_logits_mode mode);
+                                int prefill, tqkv_logits_mode mode, size_t *attn_ws);
+/* After a forward's queue ran and its stream was waited for: the recurrent rows' token
+ * counts advanced by n, the bounded sliding layers' drop (outside a spec round; a failure
+ * marks the state broken). */
+tqkv_status  mc_forward_finish(model_cuda *g, int n);
+/* The appends of a call's first `done` layers rewound (a capture that never ran: nothing
+ * else changed); a failed rewind's status. */
+tqkv_status  mc_forward_undo(model_cuda *g, int done, int n);
+/* The decode step's graph key now (logits copied or not, the decode attention's workspace
+ * need from mc_forward_prepare, the pick stride) and the equality of two keys: a graph
+ * captured under one replays under an equal one (the sharded step's graph, tp_cuda.cu). */
+mc_graph_key mc_graph_key_now(model_cuda *g, int logits, size_t attn_ws, int pick);
+int          mc_graph_key_same(const mc_graph_key *a, const mc_graph_key *b);
 /* After a failed call whose queue ran (some of) `done` layers: their appends rewound (a
  * failed rewind, or a recurrent layer reached, marks the state broken). */
 void         mc_forward_fail(model_cuda *g, int done, int n);

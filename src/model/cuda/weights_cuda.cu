@@ -131,9 +131,13 @@ tqkv_status mc_upload_weights(const tqkv_model *m, model_cuda_weights **out) {
         if (c->layer_type[l] == TQKV_LAYER_LINEAR) { /* Qwen 3.5 gated DeltaNet */
             const int NV = c->lin_v_heads, VD = NV * c->lin_v_dim,
                       CD = 2 * c->lin_k_heads * c->lin_k_dim + VD, CK = CD * c->lin_conv_kernel;
+            /* qkv | z | b | a: the parts, or a tensor-parallel rank's gathered rows of them
+             * (src/model/arch/qwen35/tp.c: lin_in alone, in the same order) */
             const mm_weight *in[4] = {&S->lin_qkv, &S->lin_z, &S->lin_b, &S->lin_a}, *out = &S->lin_out;
+            const mm_weight *gathered = &S->lin_in;
             const float *cw = S->conv_w, *na = S->lin_neg_a, *db = S->dt_bias, *nw = S->lin_norm;
-            st = mc_upload_matrix(&L->lin_in, in, 4);
+            st = S->lin_qkv.data ? mc_upload_matrix(&L->lin_in, in, 4)
+                                 : mc_upload_matrix(&L->lin_in, &gathered, 1);
             if (!st) st = mc_upload_matrix(&L->lin_out, &out, 1);
             if (!st) st = mc_upload_vec(&L->conv_w, &cw, &CK, 1);
             if (!st) st = mc_upload_vec(&L->lin_neg_a, &na, &NV, 1);

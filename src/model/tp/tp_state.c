@@ -38,12 +38,14 @@ tqkv_status model_tp_check(const tqkv_model *m, const tqkv_model_state_params *p
     if (p->device != 0 && p->device != 1)
         return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel %d: device %d (the CPU or CUDA)", n,
                          p->device);
-    /* the sharded device forward runs the common device graph's pieces (cuda/tp_cuda.cu):
-     * graphs with device hooks of their own (Gemma 4, Qwen 3.5, MoE) have none */
-    if (p->device == 1 && m->ops->cuda)
+    /* the sharded device forward (cuda/tp_cuda.cu) runs the common device graph's pieces
+     * (with a graph's linear / ffn hooks: Qwen 3.5, the MoE graphs) or, for a graph with a
+     * forward queue of its own, the pieces of it its tp hook gives (Gemma 4) */
+    const model_arch_cuda_ops *ao = m->ops->cuda;
+    if (p->device == 1 && ao && ao->forward_queue && !ao->tp)
         return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel %d with --device cuda: the %s graph "
-                         "has no sharded device forward (the Llama family has; on the CPU it "
-                         "may)", n, tqkv_model_graph_name(m));
+                         "has no sharded device forward (on the CPU it may)", n,
+                         tqkv_model_graph_name(m));
     if (p->blas)
         return tqkv_fail(TQKV_EUNSUPPORTED, "tensor_parallel %d: not with BLAS products (not "
                          "batch invariant)", n);

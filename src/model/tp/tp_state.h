@@ -36,6 +36,8 @@ typedef struct model_tp {
     int               device[TP_MAX_RANKS];     /* rank r's GPU: r % visible GPUs */
     float            *bo[TP_MAX_RANKS];         /* device [L, H] o_proj biases on rank r's
                                                  * GPU (NULL: no layer has one) */
+    struct tp_graph  *graph;                    /* the sharded decode step's CUDA graph
+                                                 * (TQKV_TP_GRAPHS=1; cuda/tp_cuda.cu), or NULL */
 } model_tp;
 
 /* The ranks a state of these params has: tensor_parallel when > 1; 1 for tensor_parallel 1
@@ -47,8 +49,8 @@ int         model_tp_ranks(const tqkv_model_state_params *p);
  * TQKV_EINVAL when N does not divide the query heads or MLP width, N neither divides the KV
  * heads nor is a multiple of them (replication, tp_kv_range), or N is out of
  * 0..TP_MAX_RANKS; TQKV_EUNSUPPORTED for a graph without a sharded forward, a device other
- * than the CPU (0) or CUDA (1), a graph with device hooks of its own on CUDA (only the Llama
- * family shards on the device), or BLAS products. N <= 1 is accepted (off) unless
+ * than the CPU (0) or CUDA (1), a graph with a device forward queue of its own but no tp
+ * pieces for it on CUDA (arch.h; none today), or BLAS products. N <= 1 is accepted (off) unless
  * model_tp_ranks makes it a 1-rank state. */
 tqkv_status model_tp_check(const tqkv_model *m, const tqkv_model_state_params *p);
 /* model_tp_ranks(&s->p) > 0: the ranks (s->layers becomes rank 0's caches); on the device

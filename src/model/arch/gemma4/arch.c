@@ -48,6 +48,7 @@ static const model_arch_cuda_ops cuda_ops = {
     .rope_width = g4_cuda_rope_width,
     .rope_row = g4_cuda_rope_row,
     .ple_width = g4_cuda_ple_width,
+    .tp = &g4_cuda_tp, /* --device cuda --tensor-parallel N (cuda/tp_cuda.cu) */
 };
 #endif
 

@@ -157,5 +157,7 @@ int         g4_cuda_win_tokens(const struct model_cuda *g, int n);
 int         g4_cuda_rope_width(const tqkv_model *m);
 void        g4_cuda_rope_row(const tqkv_model *m, int pos, float *row);
 int         g4_cuda_ple_width(const tqkv_model *m);
+/* the sharded device forward's pieces (arch.h's model_arch_cuda_tp_ops) */
+extern const struct model_arch_cuda_tp_ops g4_cuda_tp;
 
 #endif

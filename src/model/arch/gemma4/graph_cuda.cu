@@ -580,25 +580,15 @@ static tqkv_status qkv_launch(model_cuda *g, int hd, int QS, int T, int NH, int 
     return TQKV_OK;
 }
 
-/* forward_queue's contract (forward_cuda.cu) for src/model/arch/gemma4/graph.c's graph. *done: the layers
- * whose cache took this call's append (forward_undo rewinds them). With n == 1 and
- * !as_decode only kernels and copies between fixed buffers, and host reads the graph key
- * holds (rows, the attention shapes, storage generations): capturable. */
-extern "C" tqkv_status g4_cuda_forward_queue(model_cuda *g, int n, int as_decode,
-                                             tqkv_logits_mode mode, float *out, int pick,
-                                             int *done) {
-    const tqkv_model *m = g->m;
-    const tqkv_model_config *c = &m->cfg;
-    const g4_model *G = gemma4_of(m);
-    const g4_config *gc = &G->cfg;
+/* The call's upload (token list, both RoPE tables), the scaled embeddings x [T, H], the
+ * per-layer inputs from them, layer 0's input norm into xn (and its GEMM split). */
+static tqkv_status g4_begin(model_cuda *g, int n) {
+    const tqkv_model_config *c = &g->m->cfg;
     const g4_cuda_weights *X = (const g4_cuda_weights *)g->w->arch;
-    const int R = g->rows, H = c->hidden_size, NH = c->n_heads, I = c->intermediate_size,
-              V = c->vocab_size, NL = c->n_layers, P = gc->ple_dim, RW = mc_rope_width(m);
-    const size_t T = (size_t)R * n, LP = (size_t)NL * P;
+    const int H = c->hidden_size, NL = c->n_layers, P = gemma4_of(g->m)->cfg.ple_dim;
+    const size_t T = (size_t)g->rows * n, LP = (size_t)NL * P, RW = (size_t)mc_rope_width(g->m);
     const float eps = c->rms_norm_eps;
     const cudaStream_t s = g->stream;
-    const moe_shape msh = g4_moe_shape(m);
-    *done = 0;
     if (!g->arch) return tqkv_fail(TQKV_ESTATE, "cuda forward: Gemma 4 buffers not prepared");
     tqkv_status st =
         mc_ck(cudaMemcpyAsync(g->tinfo, g->h_tinfo, T * 3 * 4, cudaMemcpyHostToDevice, s),
@@ -607,8 +597,6 @@ extern "C" tqkv_status g4_cuda_forward_queue(model_cuda *g, int n, int as_decode
         st = mc_ck(cudaMemcpyAsync(g->rope, g->h_rope, T * RW * 4, cudaMemcpyHostToDevice, s),
                    "upload rope");
     if (st) return st;
-
-    /* scaled embeddings; per-layer inputs from them */
     g4_embed_kernel<<<mc_grid_elems(T, H), 256, 0, s>>>(g->tinfo, g->w->embed, H, sqrtf((float)H), g->x);
     if (P) {
         st = mc_gemm(g, g->x, H, (int)T, X->ple_model_proj, (int)LP, H, NULL, g->ple, LP);
@@ -620,96 +608,146 @@ extern "C" tqkv_status g4_cuda_forward_queue(model_cuda *g, int n, int as_decode
     }
     /* the kernels before a GEMM write its activation split where mc_split_xf says (none
      * with cuBLAS or TQKV_GEMM_PRESPLIT=0); mc_gemm_pre then skips the split launch */
-    uint16_t *const xf = mc_split_xf(g);
-    const int parts = g->gemm_parts;
     g4_rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->w->layers[0].attn_norm, eps, H, 1.0f,
-                                                  g->xn, xf, parts);
-    for (int l = 0; l < NL && !st; l++) {
-        const mc_layer *L = &g->w->layers[l];
-        const g4_cuda_layer *XL = &X->layers[l];
-        const int hd = gc->head_dim[l], NKV = gc->n_kv[l], ty = gc->sliding[l] ? 0 : 1;
-        const int own = gc->donor[l] == l, keqv = gc->k_eq_v[l];
-        const int QD = NH * hd, KD = NKV * hd, QS = QD + (own ? (keqv ? 1 : 2) * KD : 0);
-        const float *rope = g->rope + (ty ? 2 * G->half[0] : 0);
-        cuda_kv *kv = g->kv[gc->donor[l]]; /* a KV-shared layer: the donor's, appended earlier */
-        // ---- attention block
-        st = mc_gemm_pre(g, g->xn, H, (int)T, L->wqkv, QS, H, NULL, g->qkv, QS); /* split: the norm before */
-        if (!st) st = qkv_launch(g, hd, QS, (int)T, NH, own ? NKV : 0, n, keqv, L, eps, rope, RW);
-        if (!st && own) {
-            st = tqkv_cuda_kv_append(kv, g->kb, g->vb, n);
-            if (!st) *done = l + 1;
+                                                  g->xn, mc_split_xf(g), g->gemm_parts);
+    return TQKV_OK;
+}
+
+/* Layer l's attention of its query heads over its cache (decode, verification window or
+ * causal prefill; sliding layers through their window views) into ob. */
+static tqkv_status g4_attend(model_cuda *g, int l, int n, int as_decode) {
+    const g4_config *gc = &gemma4_of(g->m)->cfg;
+    const int R = g->rows, NH = g->m->cfg.n_heads, hd = gc->head_dim[l], ty = gc->sliding[l] ? 0 : 1;
+    cuda_kv *kv = g->kv[gc->donor[l]]; /* a KV-shared layer: the donor's, appended earlier */
+    if (n == 1)
+        return ty ? tqkv_cuda_kv_attend_ws(kv, g->qb, NH, 1.0f, g->ob, g->aws, g->aws_bytes)
+                  : view_attend(g, kv, 0, g->qb, NH, g->ob);
+    if (as_decode)
+        return ty ? mc_attend_as_decode(g, kv, n, NH, hd, 1.0f)
+                  : view_attend_as_decode(g, kv, n, NH, hd);
+    /* causal; sliding layers see the newest `window` keys, self included */
+    const int *o = tqkv_cuda_kv_offsets(kv), *lp = tqkv_cuda_kv_left_pads(kv);
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < n; j++) {
+            const int pos = o[r] - n + j; /* the token's index in this cache */
+            const int lo = ty || pos + 1 <= gc->window ? 0 : pos + 1 - gc->window;
+            g->h_lo[(size_t)r * n + j] = lp[r] + lo;
+            g->h_hi[(size_t)r * n + j] = lp[r] + pos + 1;
         }
-        if (st) break;
-        if (n == 1) {
-            st = ty ? tqkv_cuda_kv_attend_ws(kv, g->qb, NH, 1.0f, g->ob, g->aws, g->aws_bytes)
-                    : view_attend(g, kv, 0, g->qb, NH, g->ob);
-        } else if (as_decode) {
-            st = ty ? mc_attend_as_decode(g, kv, n, NH, hd, 1.0f)
-                    : view_attend_as_decode(g, kv, n, NH, hd);
-        } else { /* causal; sliding layers see the newest `window` keys, self included */
-            const int *o = tqkv_cuda_kv_offsets(kv), *lp = tqkv_cuda_kv_left_pads(kv);
-            for (int r = 0; r < R; r++)
-                for (int j = 0; j < n; j++) {
-                    const int pos = o[r] - n + j; /* the token's index in this cache */
-                    const int lo = ty || pos + 1 <= gc->window ? 0 : pos + 1 - gc->window;
-                    g->h_lo[(size_t)r * n + j] = lp[r] + lo;
-                    g->h_hi[(size_t)r * n + j] = lp[r] + pos + 1;
-                }
-            st = tqkv_cuda_kv_attend_masked(kv, g->qb, n, NH, 1.0f, g->h_lo, g->h_hi, g->ob);
-        }
-        if (st) break;
-        g4_gather_kernel<<<mc_grid_elems(T, QD), 256, 0, s>>>(g->ob, g->tinfo, NH, n, hd, g->att, xf, parts);
-        st = mc_gemm_pre(g, g->att, QD, (int)T, L->wo, H, QD, NULL, g->tmp, H);
-        if (st) break;
-        /* x += post_attn_norm(o); xn = pre_ffn_norm(x), its split for the MLP's first GEMM
-         * unless the MoE block runs between (its GEMMs may use g->xf) */
-        uint16_t *const xf_mlp = XL->moe ? NULL : xf;
-        g4_residual_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, XL->post_attn, eps, H, 1.0f,
-                                                       L->ffn_norm, g->xn, xf_mlp, parts);
-        // ---- MoE block beside the MLP: h2 = experts(x2) routed on xr
-        g4_cuda_state *GS = g4s(g);
-        if (XL->moe) {
-            /* xr = rmsnorm(x) * router.scale * H^-1/2, x2 = rmsnorm_pre_ffn_2(x) */
-            g4_rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, XL->router_scale, eps, H,
-                                                          1.0f / sqrtf((float)H), GS->xr, NULL, 1);
-            g4_rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, XL->pre_ffn_2, eps, H, 1.0f, GS->x2,
-                                                          NULL, 1);
-            st = mc_moe_queue(g, XL->moe, &msh, GS->moe, GS->xr, GS->x2, GS->h2, (int)T);
-            if (st) break;
-        }
-        // ---- MLP block (GeGLU); with the MoE block f = post_1(f) + post_2(h2)
-        st = xf_mlp ? mc_gemm_pre(g, g->xn, H, (int)T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I)
-                    : mc_gemm(g, g->xn, H, (int)T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I);
-        if (st) break;
-        mc_geglu_queue(g->gu, I, g->hh, T, xf, parts, s);
-        st = mc_gemm_pre(g, g->hh, I, (int)T, L->wd, H, I, NULL, g->tmp, H);
-        if (st) break;
-        if (XL->moe)
-            g4_moe_mix_kernel<<<(unsigned)T, 128, 0, s>>>(g->tmp, GS->h2, XL->post_ffn_1,
-                                                          XL->post_ffn_2, eps, H);
-        const float *nw = l + 1 < NL ? g->w->layers[l + 1].attn_norm : g->w->final_norm;
-        uint16_t *const xf_next = l + 1 < NL ? xf : NULL; /* the next qkv GEMM's (the lm_head splits) */
-        if (!P) { /* x += post_ffn_norm(f); x *= layer_scalar; xn = the next block's norm */
-            g4_residual_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, XL->post_ffn, eps, H,
-                                                           XL->layer_scalar, nw, g->xn, xf_next, parts);
-            continue;
-        }
-        g4_residual_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, XL->post_ffn, eps, H, 1.0f,
-                                                       NULL, NULL, NULL, 1);
-        // ---- per-layer input block: x += post_ple_norm(W_proj(gelu(W_gate x) * ple[l]))
-        st = mc_gemm(g, g->x, H, (int)T, XL->ple_gate, P, H, NULL, g->pg, P);
-        if (st) break;
-        g4_ple_gate_kernel<<<mc_grid_elems(T, P), 256, 0, s>>>(g->pg, g->ple, P, LP, l, xf, parts);
-        st = mc_gemm_pre(g, g->pg, P, (int)T, XL->ple_proj, H, P, NULL, g->tmp, H);
-        if (st) break;
-        g4_residual_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, XL->post_ple, eps, H,
-                                                       XL->layer_scalar, nw, g->xn, xf_next, parts);
+    return tqkv_cuda_kv_attend_masked(kv, g->qb, n, NH, 1.0f, g->h_lo, g->h_hi, g->ob);
+}
+
+/* Layer l's attention block: xn [T, H] -> q/k/v of the state's heads, the cache append (own
+ * layers), attention, o_proj -> tmp [T, H]. *done = l + 1 once its cache took the append. */
+static tqkv_status g4_mixer(model_cuda *g, int l, int n, int as_decode, int *lin, int *done) {
+    const tqkv_model_config *c = &g->m->cfg;
+    const g4_model *G = gemma4_of(g->m);
+    const g4_config *gc = &G->cfg;
+    const mc_layer *L = &g->w->layers[l];
+    const int H = c->hidden_size, NH = c->n_heads, hd = gc->head_dim[l], NKV = gc->n_kv[l];
+    const int own = gc->donor[l] == l, keqv = gc->k_eq_v[l], ty = gc->sliding[l] ? 0 : 1;
+    const int QD = NH * hd, KD = NKV * hd, QS = QD + (own ? (keqv ? 1 : 2) * KD : 0);
+    const int T = g->rows * n, RW = mc_rope_width(g->m);
+    const float *rope = g->rope + (ty ? 2 * G->half[0] : 0);
+    (void)lin; /* no recurrent layers */
+    tqkv_status st = mc_gemm_pre(g, g->xn, H, T, L->wqkv, QS, H, NULL, g->qkv, QS); /* split: the norm before */
+    if (!st) st = qkv_launch(g, hd, QS, T, NH, own ? NKV : 0, n, keqv, L, c->rms_norm_eps, rope, RW);
+    if (!st && own) {
+        st = tqkv_cuda_kv_append(g->kv[l], g->kb, g->vb, n);
+        if (!st) *done = l + 1;
     }
-    if (!st) st = mc_ck(cudaGetLastError(), "forward kernels");
-    if (st || mode == TQKV_LOGITS_NONE) return st;
-    /* xn holds every token's final-normed state (the last layer's fused norm) */
-    const float cap = gc->softcap;
-    const size_t nl = mode == TQKV_LOGITS_LAST ? (size_t)R : T;
+    if (!st) st = g4_attend(g, l, n, as_decode);
+    if (st) return st;
+    g4_gather_kernel<<<mc_grid_elems((size_t)T, QD), 256, 0, g->stream>>>(
+        g->ob, g->tinfo, NH, n, hd, g->att, mc_split_xf(g), g->gemm_parts);
+    return mc_gemm_pre(g, g->att, QD, T, L->wo, H, QD, NULL, g->tmp, H);
+}
+
+/* After the attention (its output in tmp): x += post_attn_norm(o), xn = pre_ffn_norm(x);
+ * the MoE block's experts of layer l into h2 (routed on xr, from x2) when it has one; the
+ * GeGLU MLP of xn -> tmp [T, H]. */
+static tqkv_status g4_ffn(model_cuda *g, int l, int T) {
+    const tqkv_model_config *c = &g->m->cfg;
+    const g4_cuda_layer *XL = &((const g4_cuda_weights *)g->w->arch)->layers[l];
+    const mc_layer *L = &g->w->layers[l];
+    const int H = c->hidden_size, I = c->intermediate_size;
+    const float eps = c->rms_norm_eps;
+    const cudaStream_t s = g->stream;
+    uint16_t *const xf = mc_split_xf(g);
+    /* xn's split for the MLP's first GEMM unless the MoE block runs between (its GEMMs may
+     * use g->xf) */
+    uint16_t *const xf_mlp = XL->moe ? NULL : xf;
+    g4_residual_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, XL->post_attn, eps, H, 1.0f,
+                                                   L->ffn_norm, g->xn, xf_mlp, g->gemm_parts);
+    tqkv_status st = TQKV_OK;
+    if (XL->moe) { /* xr = rmsnorm(x) * router.scale * H^-1/2, x2 = rmsnorm_pre_ffn_2(x) */
+        g4_cuda_state *GS = g4s(g);
+        const moe_shape msh = g4_moe_shape(g->m);
+        g4_rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, XL->router_scale, eps, H,
+                                                      1.0f / sqrtf((float)H), GS->xr, NULL, 1);
+        g4_rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, XL->pre_ffn_2, eps, H, 1.0f, GS->x2,
+                                                      NULL, 1);
+        st = mc_moe_queue(g, XL->moe, &msh, GS->moe, GS->xr, GS->x2, GS->h2, T);
+        if (st) return st;
+    }
+    st = xf_mlp ? mc_gemm_pre(g, g->xn, H, T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I)
+                : mc_gemm(g, g->xn, H, T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I);
+    if (st) return st;
+    mc_geglu_queue(g->gu, I, g->hh, (size_t)T, xf, g->gemm_parts, s);
+    return mc_gemm_pre(g, g->hh, I, T, L->wd, H, I, NULL, g->tmp, H);
+}
+
+/* The experts' output h2 of layer l (a second partial of a sharded rank), or NULL. */
+static float *g4_extra(model_cuda *g, int l) {
+    const g4_cuda_layer *XL = &((const g4_cuda_weights *)g->w->arch)->layers[l];
+    return XL->moe ? g4s(g)->h2 : NULL;
+}
+
+/* After the feed-forward (the MLP's output in tmp, the experts' in h2): with the MoE block
+ * f = post_1(f) + post_2(h2); x += post_ffn_norm(f); the per-layer input block
+ * x += post_ple_norm(W_proj(gelu(W_gate x) * ple[l])); x *= layer_scalar; xn = the next
+ * block's norm (the final norm after the last layer). */
+static tqkv_status g4_end(model_cuda *g, int l, int T) {
+    const tqkv_model_config *c = &g->m->cfg;
+    const g4_cuda_layer *XL = &((const g4_cuda_weights *)g->w->arch)->layers[l];
+    const int H = c->hidden_size, NL = c->n_layers, P = gemma4_of(g->m)->cfg.ple_dim;
+    const size_t LP = (size_t)NL * P;
+    const float eps = c->rms_norm_eps;
+    const cudaStream_t s = g->stream;
+    const int parts = g->gemm_parts;
+    uint16_t *const xf = mc_split_xf(g);
+    if (XL->moe)
+        g4_moe_mix_kernel<<<(unsigned)T, 128, 0, s>>>(g->tmp, g4s(g)->h2, XL->post_ffn_1,
+                                                      XL->post_ffn_2, eps, H);
+    const float *nw = mc_next_norm(g, l);
+    uint16_t *const xf_next = l + 1 < NL ? xf : NULL; /* the next qkv GEMM's (the lm_head splits) */
+    if (!P) {
+        g4_residual_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, XL->post_ffn, eps, H,
+                                                       XL->layer_scalar, nw, g->xn, xf_next, parts);
+        return TQKV_OK;
+    }
+    g4_residual_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, XL->post_ffn, eps, H, 1.0f,
+                                                   NULL, NULL, NULL, 1);
+    tqkv_status st = mc_gemm(g, g->x, H, T, XL->ple_gate, P, H, NULL, g->pg, P);
+    if (st) return st;
+    g4_ple_gate_kernel<<<mc_grid_elems((size_t)T, P), 256, 0, s>>>(g->pg, g->ple, P, LP, l, xf, parts);
+    st = mc_gemm_pre(g, g->pg, P, T, XL->ple_proj, H, P, NULL, g->tmp, H);
+    if (st) return st;
+    g4_residual_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, XL->post_ple, eps, H,
+                                                   XL->layer_scalar, nw, g->xn, xf_next, parts);
+    return TQKV_OK;
+}
+
+/* The lm_head (head_n rows: a tensor-parallel rank's vocabulary slice, else V) over xn
+ * into logits [rows or T, V], the soft-cap (elementwise: a slice gets the unsharded bits),
+ * the copy to out (host; NULL: none), the device pick when pick > 0 (mode LAST). */
+static tqkv_status g4_head_queue(model_cuda *g, int n, tqkv_logits_mode mode, float *out, int pick) {
+    const int R = g->rows, H = g->m->cfg.hidden_size;
+    const int V = g->head_n ? g->head_n : g->m->cfg.vocab_size;
+    const size_t T = (size_t)R * n, nl = mode == TQKV_LOGITS_LAST ? (size_t)R : T;
+    const float cap = gemma4_of(g->m)->cfg.softcap;
+    const cudaStream_t s = g->stream;
+    tqkv_status st;
     if (mode == TQKV_LOGITS_LAST) /* row r's last token is t = r n + n - 1 */
         st = mc_gemm(g, g->xn + (size_t)(n - 1) * H, (size_t)n * H, R, g->w->lm_head, V, H, NULL,
                      g->logits, V);
@@ -721,10 +759,43 @@ extern "C" tqkv_status g4_cuda_forward_queue(model_cuda *g, int n, int as_decode
     }
     /* the full rows leave before the pick's penalty changes them in place */
     if (!st && out)
-        st =
-            mc_ck(cudaMemcpyAsync(out, g->logits, nl * V * 4, cudaMemcpyDeviceToHost, s), "logits");
+        st = mc_ck(cudaMemcpyAsync(out, g->logits, nl * V * 4, cudaMemcpyDeviceToHost, s), "logits");
     if (!st && pick && mode == TQKV_LOGITS_LAST) st = mc_pick_queue(g, pick);
     return st;
+}
+
+static tqkv_status g4_head(model_cuda *g, int n, tqkv_logits_mode mode) {
+    return g4_head_queue(g, n, mode, NULL, 0);
+}
+
+/* The pieces a tensor-parallel rank runs (arch.h; cuda/tp_cuda.cu): the attention's and the
+ * MLP's partials all-reduced, and the experts' on their own (they are normed before they
+ * join the MLP's), as src/model/arch/gemma4/tp.c on the CPU. */
+extern "C" const model_arch_cuda_tp_ops g4_cuda_tp = {
+    g4_begin, g4_mixer, g4_ffn, g4_extra, g4_end, g4_head,
+};
+
+/* forward_queue's contract (forward_cuda.cu) for src/model/arch/gemma4/graph.c's graph: the
+ * pieces above in order. *done: the layers whose cache took this call's append
+ * (forward_undo rewinds them). With n == 1 and !as_decode only kernels and copies between
+ * fixed buffers, and host reads the graph key holds (rows, the attention shapes, storage
+ * generations): capturable. */
+extern "C" tqkv_status g4_cuda_forward_queue(model_cuda *g, int n, int as_decode,
+                                             tqkv_logits_mode mode, float *out, int pick,
+                                             int *done) {
+    const int NL = g->m->cfg.n_layers, T = g->rows * n;
+    int lin = 0;
+    *done = 0;
+    tqkv_status st = g4_begin(g, n);
+    for (int l = 0; l < NL && !st; l++) {
+        st = g4_mixer(g, l, n, as_decode, &lin, done);
+        if (!st) st = g4_ffn(g, l, T);
+        if (!st) st = g4_end(g, l, T);
+    }
+    if (!st) st = mc_ck(cudaGetLastError(), "forward kernels");
+    if (st || mode == TQKV_LOGITS_NONE) return st;
+    /* xn holds every token's final-normed state (the last layer's fused norm) */
+    return g4_head_queue(g, n, mode, out, pick);
 }
 
 // ---------------------------------------------------------------------------
