@@ -4,7 +4,7 @@
  * Owns: the device-local communicator (TP_BACKEND_DEVICE): N ranks of this process whose
  *   buffers are device memory, possibly several ranks on one GPU (the single-GPU test of the
  *   sharded forward), where NCCL cannot run (it needs one GPU per rank). The all-reduce
- *   gathers the N buffers by cudaMemcpyPeerAsync into one staging buffer [N, count] on rank
+ *   gathers the N buffers by cudaMemcpyAsync (unified addressing) into one staging buffer [N, count] on rank
  *   0's GPU, on rank 0's stream, after every rank's stream reached the call (events), sums it
  *   in rank order (k_sum_rank_order, the NCCL backend's kernel), copies the sum back into
  *   every rank's buffer, and makes every rank's stream wait for that. The all-gather copies
@@ -162,6 +162,13 @@ static tqkv_status release_ranks(tp_comm *c, dev_state *s, void *const *streams)
     return TQKV_OK;
 }
 
+/* A copy between two ranks' buffers (the same GPU or two: unified addressing tells which),
+ * queued on `stream`. cudaMemcpyAsync, not cudaMemcpyPeerAsync: the latter invalidates a
+ * stream capture (the sharded decode graph; H100, session 10), this one becomes a copy node. */
+static cudaError_t peer_copy(void *dst, const void *src, size_t bytes, cudaStream_t stream) {
+    return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream);
+}
+
 static tqkv_status ensure_stage(dev_state *s, int n, size_t count) {
     if (count <= s->cap) return TQKV_OK;
     CUDA_TRY(cudaSetDevice(s->device[0]), "cudaSetDevice");
@@ -185,13 +192,11 @@ extern "C" tqkv_status tp_dev_allreduce_sum(tp_comm *c, float *const *bufs, size
     if (rc != TQKV_OK) return rc;
     const cudaStream_t s0 = stream_of(streams, 0);
     for (int i = 0; i < c->n; i++) /* [n, count]: rank i at i * count */
-        CUDA_TRY(cudaMemcpyPeerAsync(s->stage + (size_t)i * count, s->device[0], bufs[i],
-                                     s->device[i], bytes, s0), "gather copy");
+        CUDA_TRY(peer_copy(s->stage + (size_t)i * count, bufs[i], bytes, s0), "gather copy");
     rc = tp_sum_rank_order_queue(s->stage, c->n, count, bufs[0], (void *)s0);
     if (rc != TQKV_OK) return rc;
     for (int i = 1; i < c->n; i++)
-        CUDA_TRY(cudaMemcpyPeerAsync(bufs[i], s->device[i], bufs[0], s->device[0], bytes, s0),
-                 "broadcast copy");
+        CUDA_TRY(peer_copy(bufs[i], bufs[0], bytes, s0), "broadcast copy");
     return release_ranks(c, s, streams);
 }
 
@@ -204,8 +209,8 @@ extern "C" tqkv_status tp_dev_allgather(tp_comm *c, const float *const *send, fl
     const cudaStream_t s0 = stream_of(streams, 0);
     for (int i = 0; i < c->n; i++)
         for (int r = 0; r < c->n; r++)
-            CUDA_TRY(cudaMemcpyPeerAsync(recv[i] + (size_t)r * count, s->device[i], send[r],
-                                         s->device[r], sizeof(float) * count, s0), "gather copy");
+            CUDA_TRY(peer_copy(recv[i] + (size_t)r * count, send[r], sizeof(float) * count, s0),
+                     "gather copy");
     return release_ranks(c, s, streams);
 }
 
