@@ -57,12 +57,12 @@
 
 namespace {
 
-/* Formats of the kernel's K and V: one format for both (tq4, tq3, the dense bf16 baseline)
- * or a pair (d = 128 only): F_TQ42 = tq4 K with tq2 V, F_TQ2 = tq2 for both, F_TQ43 = tq4 K
+/* Formats of the kernel's K and V: one format for both (tq4, tq3, the dense bf16 baseline,
+ * fp8 = OCP e4m3 with an fp16 scale per vector: d = 128 only, no table, no q8 window) or a pair (d = 128 only): F_TQ42 = tq4 K with tq2 V, F_TQ2 = tq2 for both, F_TQ43 = tq4 K
  * with tq3 V, F_TQ32 = tq3 K with tq2 V. kfmt / vfmt name each side's format; a pair's K-side
  * building blocks are its K format's, its V-side ones its V format's (tq2: tq3's head-dim
  * orders without the 1-bit plane; tq3 in a pair: one table, C, tq3c_kwords / tq3c_vwords). */
-enum { F_TQ4 = 0, F_TQ3 = 1, F_BF16 = 2, F_TQ42 = 3, F_TQ2 = 4, F_TQ43 = 5, F_TQ32 = 6 };
+enum { F_TQ4 = 0, F_TQ3 = 1, F_BF16 = 2, F_TQ42 = 3, F_TQ2 = 4, F_TQ43 = 5, F_TQ32 = 6, F_FP8 = 7 };
 __host__ __device__ constexpr int kfmt(int F) { return F == F_TQ42 || F == F_TQ43 ? F_TQ4 : F == F_TQ32 ? F_TQ3 : F; }
 __host__ __device__ constexpr int vfmt(int F) { return F == F_TQ42 || F == F_TQ32 ? F_TQ2 : F == F_TQ43 ? F_TQ3 : F; }
 constexpr float LOG2E = 1.4426950408889634f;
@@ -131,6 +131,7 @@ template <int D> struct Fmt<F_TQ4, D> { static constexpr int PAY = D / 2; };
 template <int D> struct Fmt<F_TQ3, D> { static constexpr int PAY = 3 * D / 8; };  /* 2-bit plane, 1-bit plane */
 template <int D> struct Fmt<F_BF16, D> { static constexpr int PAY = 2 * D; };
 template <int D> struct Fmt<F_TQ2, D> { static constexpr int PAY = D / 4; };      /* 2-bit plane */
+template <int D> struct Fmt<F_FP8, D> { static constexpr int PAY = D; };          /* e4m3 bytes */
 /* payload bytes per token of K and of V (a pair's sides differ) */
 template <int F, int D> __host__ __device__ constexpr int kpay() { return Fmt<kfmt(F), D>::PAY; }
 template <int F, int D> __host__ __device__ constexpr int vpay() { return Fmt<vfmt(F), D>::PAY; }
@@ -220,7 +221,7 @@ template <int F, int D> constexpr bool dim_orders_ok() {
 }
 static_assert(dim_orders_ok<F_TQ4, 128>() && dim_orders_ok<F_TQ3, 128>() && dim_orders_ok<F_BF16, 128>() &&
                   dim_orders_ok<F_TQ42, 128>() && dim_orders_ok<F_TQ2, 128>() && dim_orders_ok<F_TQ43, 128>() &&
-                  dim_orders_ok<F_TQ32, 128>() &&
+                  dim_orders_ok<F_TQ32, 128>() && dim_orders_ok<F_FP8, 128>() &&
                   dim_orders_ok<F_TQ4, 256>() && dim_orders_ok<F_TQ3, 256>(),
               "kdim, vdim and qdim are permutations of the head dims");
 /* The query pairs a lane loads are K's: at d = 256, element 128 h + 32 c + 2 p + e of the
@@ -492,6 +493,18 @@ template <int S> struct Raw<F_TQ32, S> {  /* tq3 K, tq2 V */
     uint32_t vl[SUB][4];
     uint32_t ksc, vsc;
 };
+/* fp8: the tile is read where it is used (in registers it would be 64 of them): pointers to
+ * the lane's first K row and V token in the warp's stage (gl = false) or in global memory (gl =
+ * true, slow tiles: tokens at or past lim, tile-relative, read as zero bytes). K row: dims
+ * 32c..32c+31 (32 bytes) of token krow_tok(g, row); V: dims 16g..16g+15 (16 bytes) of token
+ * vcol_tok(c, j). */
+template <int S> struct Raw<F_FP8, S> {
+    static constexpr int SUB = S;
+    const char *k, *v;        /* + lane offset (lane_off<F_FP8>) */
+    int ktok, vtok, lim;      /* the lane's first K / V token (tile-relative); valid tokens */
+    bool gl;
+    uint32_t ksc, vsc;
+};
 template <int S> struct Raw<F_BF16, S> {
     static constexpr int SUB = S;
     uint4 k[SUB][2][4];       /* dims 32c..32c+31 */
@@ -538,7 +551,7 @@ template <int F> constexpr bool orders_match() {
     return true;
 }
 static_assert(orders_match<F_TQ4>() && orders_match<F_TQ3>() && orders_match<F_BF16>() && orders_match<F_TQ42>() &&
-                  orders_match<F_TQ2>() && orders_match<F_TQ43>() && orders_match<F_TQ32>(),
+                  orders_match<F_TQ2>() && orders_match<F_TQ43>() && orders_match<F_TQ32>() && orders_match<F_FP8>(),
               "S rows c, c + 4 are P's k slots of column c (the transposition in process)");
 
 /* Per-lane byte offsets inside a tile (tokens from the tile's first), so that every load
@@ -557,6 +570,7 @@ template <int F> __device__ __forceinline__ LaneOff lane_off(int g, int c) {
     else if constexpr (F == F_TQ2) { o.kh = o.k; o.k += 8 * c; o.vh = o.v; o.v += 4 * g; }
     else if constexpr (F == F_TQ43) { o.kh = o.k; o.k += 16 * c; o.vh = o.v + 32 + 4 * (g >> 1); o.v += 4 * g; }
     else if constexpr (F == F_TQ32) { o.kh = o.k + 32 + 4 * c; o.k += 8 * c; o.vh = o.v; o.v += 4 * g; }
+    else if constexpr (F == F_FP8) { o.kh = o.k; o.k += 32 * c; o.vh = o.v; o.v += 16 * g; }
     else { o.kh = o.k; o.k += 64 * c; o.vh = o.v; o.v += 32 * g; }
     return o;
 }
@@ -567,8 +581,16 @@ __device__ __forceinline__ void load_tile(Raw<F, S> &R, const Ctx &x, size_t col
     constexpr int SUB = S, KPAY = kpay<F, 128>(), VPAY = vpay<F, 128>();
     const size_t tt = col + (size_t)t0;     /* the tile's first token in the planes */
     const uint8_t *kt = x.kb + tt * KPAY, *vt = x.vb + tt * VPAY;
+    if constexpr (F == F_FP8) {               /* read where used (deq_k_fp8 / deq_v_fp8) */
+        R.k = reinterpret_cast<const char *>(kt + o.k);
+        R.v = reinterpret_cast<const char *>(vt + o.v);
+        R.ktok = krow_tok<F>(g, 0);
+        R.vtok = vcol_tok<F>(c, 0);
+        R.lim = SLOW ? lim - t0 : 16 * SUB;
+        R.gl = true;
+    }
 #pragma unroll
-    for (int u = 0; u < SUB; u++) {
+    for (int u = 0; u < SUB && F != F_FP8; u++) {
 #pragma unroll
         for (int row = 0; row < 2; row++) {
             const bool ok = !SLOW || t0 + 16 * u + krow_tok<F>(g, row) < lim;
@@ -580,7 +602,7 @@ __device__ __forceinline__ void load_tile(Raw<F, S> &R, const Ctx &x, size_t col
             } else if constexpr (F == F_TQ3 || F == F_TQ32) {
                 R.kl[u][row] = ok ? __ldg(reinterpret_cast<const uint2 *>(kt + o.k + tk)) : make_uint2(0, 0);
                 R.kh[u][row] = ok ? __ldg(reinterpret_cast<const uint32_t *>(kt + o.kh + tk)) : 0u;
-            } else {
+            } else if constexpr (F == F_BF16) {
 #pragma unroll
                 for (int q = 0; q < 4; q++)
                     R.k[u][row][q] = ok ? __ldg(reinterpret_cast<const uint4 *>(kt + o.k + tk) + q) : make_uint4(0, 0, 0, 0);
@@ -597,7 +619,7 @@ __device__ __forceinline__ void load_tile(Raw<F, S> &R, const Ctx &x, size_t col
             } else if constexpr (F == F_TQ3 || F == F_TQ43) {
                 R.vl[u][j] = ok ? __ldg(reinterpret_cast<const uint32_t *>(vt + o.v + tv)) : 0u;
                 R.vh[u][j] = ok ? __ldg(reinterpret_cast<const uint32_t *>(vt + o.vh + tv)) : 0u;
-            } else {
+            } else if constexpr (F == F_BF16) {
 #pragma unroll
                 for (int q = 0; q < 2; q++)
                     R.v[u][j][q] = ok ? __ldg(reinterpret_cast<const uint4 *>(vt + o.v + tv) + q) : make_uint4(0, 0, 0, 0);
@@ -708,8 +730,16 @@ __device__ __forceinline__ void load_stage(Raw<F, S> &R, const char *st, const L
     using G = Stg<F>;
     constexpr int KPAY = G::KPAY, VPAY = G::VPAY;
     static_assert(16 * S == G::TT, "a stage is one tile");
+    if constexpr (F == F_FP8) {               /* read where used (deq_k_fp8 / deq_v_fp8) */
+        R.k = st + o.k;
+        R.v = st + G::V_OFF + o.v;
+        R.ktok = 0;                           /* (gl = false: every token is valid) */
+        R.vtok = 0;
+        R.lim = G::TT;
+        R.gl = false;
+    }
 #pragma unroll
-    for (int u = 0; u < S; u++) {
+    for (int u = 0; u < S && F != F_FP8; u++) {
 #pragma unroll
         for (int row = 0; row < 2; row++) {
             const int tk = (16 * u + krow_tok<F>(0, row)) * KPAY;
@@ -717,7 +747,7 @@ __device__ __forceinline__ void load_stage(Raw<F, S> &R, const char *st, const L
                 R.k[u][row] = *reinterpret_cast<const uint4 *>(st + o.k + tk);
             } else if constexpr (F == F_TQ2) {
                 R.kl[u][row] = *reinterpret_cast<const uint2 *>(st + o.k + tk);
-            } else {
+            } else if constexpr (F != F_FP8) {
                 R.kl[u][row] = *reinterpret_cast<const uint2 *>(st + o.k + tk);
                 R.kh[u][row] = *reinterpret_cast<const uint32_t *>(st + o.kh + tk);
             }
@@ -729,7 +759,7 @@ __device__ __forceinline__ void load_stage(Raw<F, S> &R, const char *st, const L
                 R.v[u][j] = *reinterpret_cast<const uint2 *>(st + o.v + tv);
             } else if constexpr (F == F_TQ42 || F == F_TQ2 || F == F_TQ32) {
                 R.vl[u][j] = *reinterpret_cast<const uint32_t *>(st + o.v + tv);
-            } else {
+            } else if constexpr (F != F_FP8) {
                 R.vl[u][j] = *reinterpret_cast<const uint32_t *>(st + o.v + tv);
                 R.vh[u][j] = *reinterpret_cast<const uint32_t *>(st + o.vh + tv);
             }
@@ -820,6 +850,49 @@ __device__ __forceinline__ void deq_v_tq3(uint32_t W0, uint32_t W1, uint32_t H0,
             a[4 * (k & 1) + j][2 * hp + (k >> 1)] = tlook3(T, vw[k], j, TQKV_TQ3_CD ? k >> 1 : k & 1);
 }
 
+/* fp8 (d = 128): e4m3 bytes to fp16 by the hardware conversion (sm_89+), exact: every e4m3
+ * value (subnormals included) is an fp16 normal, x_hat / scale = h(b) x 256 (docs/FORMATS.md).
+ * Bytes 0, 1 of w become the fp16 pair lo (byte 0 in its low half), bytes 2, 3 the pair hi.
+ * (The codes 0x7f / 0xff, never written by the encoder, convert to NaN here; the CPU reads
+ * them as +-480.) */
+__device__ __forceinline__ void e4m3x4_f16(uint32_t w, uint32_t &lo, uint32_t &hi) {
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}"
+        : "=r"(lo), "=r"(hi) : "r"(w));
+}
+/* A 16-byte word of the fp8 tile: the stage (shared memory) or, for slow tiles, global memory
+ * (zero bytes where !ok). */
+template <int S> __device__ __forceinline__ uint4 fp8_ld(const Raw<F_FP8, S> &R, const char *p, bool ok) {
+    if (R.gl) return ok ? __ldg(reinterpret_cast<const uint4 *>(p)) : make_uint4(0, 0, 0, 0);
+    return *reinterpret_cast<const uint4 *>(p);
+}
+/* K pairs of one row: the 32 bytes of dims 32c.. (kdim<F_FP8>(c, p, e) = 32 c + 2 p + e: pair p
+ * is bytes 2p, 2p + 1). */
+template <int S> __device__ __forceinline__ void deq_k_fp8(const Raw<F_FP8, S> &R, int u, int row, uint32_t pr[16]) {
+    const int tk = 16 * u + krow_tok<F_FP8>(0, row);
+    const bool ok = R.ktok + tk < R.lim;
+    const uint4 a = fp8_ld(R, R.k + tk * 128, ok), b = fp8_ld(R, R.k + tk * 128 + 16, ok);
+    const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int m = 0; m < 8; m++) e4m3x4_f16(w[m], pr[2 * m], pr[2 * m + 1]);
+}
+/* V^T fragments: tokens j0 = 2 hp, j1 = 2 hp + 1 of column c, 16 bytes each (dims 16g..). Word m
+ * of both tokens interleaved by bytes (prmt) gives the (tok j0, tok j1) pairs of dims 16g + 4m ..
+ * 16g + 4m + 3, i.e. vdim<F_FP8>(g, 2m + (d >> 1), d & 1) = 16 g + 2 i + e. */
+template <int S> __device__ __forceinline__ void deq_v_fp8(const Raw<F_FP8, S> &R, int u, uint32_t a[8][4]) {
+#pragma unroll
+    for (int hp = 0; hp < 2; hp++) {
+        const int t0 = 16 * u + vcol_tok<F_FP8>(0, 2 * hp), t1 = 16 * u + vcol_tok<F_FP8>(0, 2 * hp + 1);
+        const uint4 x0 = fp8_ld(R, R.v + t0 * 128, R.vtok + t0 < R.lim);
+        const uint4 x1 = fp8_ld(R, R.v + t1 * 128, R.vtok + t1 < R.lim);
+        const uint32_t w0[4] = {x0.x, x0.y, x0.z, x0.w}, w1[4] = {x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            e4m3x4_f16(prmt(w0[m], w1[m], 0x5140u), a[2 * m][2 * hp], a[2 * m][2 * hp + 1]);
+            e4m3x4_f16(prmt(w0[m], w1[m], 0x7362u), a[2 * m + 1][2 * hp], a[2 * m + 1][2 * hp + 1]);
+        }
+    }
+}
+
 /* K pairs of one row of subtile u (d = 128). */
 template <int F, int S> __device__ __forceinline__ void deq_k(const Raw<F, S> &R, const Tab &T, int u, int row, uint32_t pr[16]) {
     if constexpr (F == F_TQ4) {
@@ -832,6 +905,8 @@ template <int F, int S> __device__ __forceinline__ void deq_k(const Raw<F, S> &R
         deq_k_tq2(R.kl[u][row], T, 0, pr);
     } else if constexpr (F == F_TQ32) {
         deq_k_tq3c(R.kl[u][row], R.kh[u][row], T, 0, pr);
+    } else if constexpr (F == F_FP8) {
+        deq_k_fp8(R, u, row, pr);
     } else {
 #pragma unroll
         for (int q = 0; q < 4; q++) {
@@ -845,8 +920,9 @@ template <int F, int S> __device__ __forceinline__ void deq_k(const Raw<F, S> &R
 
 /* V^T fragments of subtile u: a[i] = {a0, a1, a2, a3} of m-tile i (d = 128). */
 template <int F, int S> __device__ __forceinline__ void deq_v(const Raw<F, S> &R, const Tab &T, int u, int g, uint32_t a[8][4]) {
+    if constexpr (F == F_FP8) deq_v_fp8(R, u, a);
 #pragma unroll
-    for (int hp = 0; hp < 2; hp++) {          /* k slots (2c, 2c+1) or (2c+8, 2c+9): j = 2hp, 2hp+1 */
+    for (int hp = 0; hp < 2 && F != F_FP8; hp++) {   /* k slots (2c, 2c+1) or (2c+8, 2c+9): j = 2hp, 2hp+1 */
         const int j0 = 2 * hp, j1 = 2 * hp + 1;
         if constexpr (F == F_BF16) {
 #pragma unroll
@@ -861,7 +937,7 @@ template <int F, int S> __device__ __forceinline__ void deq_v(const Raw<F, S> &R
             deq_v_tq2(R.vl[u][j0], R.vl[u][j1], T, F == F_TQ2 ? 0 : 1, hp, a);
         } else if constexpr (F == F_TQ43) {   /* tq3 V: table C at 1 */
             deq_v_tq3c(R.vl[u][j0], R.vl[u][j1], R.vh[u][j0], R.vh[u][j1], 4u * (uint32_t)(g & 1), T, 1, hp, a);
-        } else {
+        } else if constexpr (F == F_TQ3) {
             deq_v_tq3(R.vl[u][j0], R.vl[u][j1], R.vh[u][j0], R.vh[u][j1], 4u * (uint32_t)(g & 1), T, hp, a);
         }
     }
