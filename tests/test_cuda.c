@@ -1530,7 +1530,7 @@ static int fmt_tc(int D, tqkv_format kf, tqkv_format vf) {
 
 /* One decode case: R <= 8 rows of random lengths (a short one of 1..40 tokens; the others
  * 200..tmax: several splits, partial tiles), a few dominating keys and all-zero values, K and V
- * of amplitude amp, G query heads per kv head, q8 window W (tq): against the CPU fused kernel
+ * of amplitude amp (the query of 1 / amp), G query heads per kv head, q8 window W (tq): against the CPU fused kernel
  * (float32 kernel: worst rel. L2 per (row, head) < 1e-4, the d = 256 float32 kernel's bound;
  * tensor-core kernel, fmt_tc: 6e-3), each row alone bitwise, a caller's workspace of
  * tqkv_cuda_attend_ws_bytes_dim bytes bitwise (one byte less refused). */
@@ -1571,7 +1571,8 @@ static void decode_fmt_shape(test_rng *r, int D, tqkv_format kf, tqkv_format vf,
     assert_int_equal(tqkv_batch_merge(&b, refs, R), TQKV_OK);
     const size_t n = (size_t)R * qh * D;
     float *q = malloc(n * 4), *cpu = malloc(n * 4), *gpu = malloc(n * 4), *one = malloc(n * 4);
-    rng_fill_normal(r, q, n, 1.0f);
+    rng_fill_normal(r, q, n, 1.0f / amp); /* the scores' spread as at amp 1 (the fp16 query's
+                                            * rounding is relative to the score) */
     const float scale = 1.0f / sqrtf((float)D);
     tqkv_attn_params p = {.q_heads = qh, .scale = scale, .kernel = TQKV_KERNEL_FUSED, .threads = 2};
     tqkv_mask_lease *lease = NULL;

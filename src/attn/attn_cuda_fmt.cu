@@ -416,6 +416,8 @@ int cuda_kv_fmt_generic(const cuda_kv *kv) {
     if (kv->d == CUDA_DIM && ((v == TQKV_TQ2 && (k == TQKV_TQ4 || k == TQKV_TQ2 || k == TQKV_TQ3)) ||
                               (k == TQKV_TQ4 && v == TQKV_TQ3)))
         return 0;
+    /* fp8/fp8 at d = 128 (as tq, at most CUDA_MAX_ROWS rows per call: more are refused, not
+     * sent to the float32 kernel, so that a row's bits never depend on its batch's size) */
     if (kv->d == CUDA_DIM && k == TQKV_FP8 && v == TQKV_FP8 && fp8_tc()) return 0;
     return 1;
 }
