@@ -1,36 +1,53 @@
 #!/usr/bin/env python3
 """Bit-level model of the d = 128 split kernel's fp8 tile (attn_cuda_tile.cuh: Raw<F_FP8>,
-lane_off<F_FP8>, deq_k_fp8, deq_v_fp8, e4m3x4_f16; the stage layout Stg<F_FP8>), checked
-against the mma.m16n8k16 fragment layouts: every K fragment element must be the byte of the
-token of its S row (krow_tok) at the dim its query element holds (kdim / qdim), every V^T
-fragment element the byte of the token of its P column (vcol_tok) at its output dim (vdim).
-Bytes are modelled as (token, dim) tags, so a wrong lane offset, word, byte permute or half
-shows up as a mismatch. Run: python3 scripts/attn_fp8_model.py (exit 0: all agree)."""
+lane_off<F_FP8>, load_stage / load_tile's pointers, deq_k_fp8, deq_v_fp8, e4m3x4_f16; the stage
+layout Stg<F_FP8> with its V pieces), checked against the mma.m16n8k16 fragment layouts: every
+K fragment element must be the byte of the token of its S row (krow_tok) at the dim its query
+element holds (kdim / qdim), every V^T fragment element the byte of the token of its P column
+(vcol_tok) at its output dim (vdim); both from the stage and from global memory (slow tiles:
+the plain layout). Bytes are modelled as (token, dim) tags, so a wrong lane offset, immediate,
+word, byte permute or half shows up as a mismatch. Also the staged loads' bank conflicts (16-byte
+loads served a quarter warp at a time, as lds_ways in attn_cuda_tile.cuh): K 2-way, V none.
+Run: python3 scripts/attn_fp8_model.py (exit 0: all agree)."""
 import sys
 
 KPAY = VPAY = 128
 TT = 32
 V_OFF = TT * KPAY                       # Stg<F_FP8>::V_OFF
+VCH, VPAD = 8, 32                       # V copies (4 tokens each) and the pad after each
+VCT = TT // VCH
+VSTR = VCT * VPAY + VPAD
 
 
-def krow_tok(g, row): return g + 8 * row          # default order (tq4, bf16, fp8)
-def vcol_tok(c, j): return 4 * j + c
+def krow_tok(g, row): return 4 * (g & 3) + (g >> 2) + 2 * row
+def vcol_tok(c, j): return 4 * c + j
 def kdim(c, p, e): return 32 * c + 2 * p + e      # the default (bf16's) order
 def vdim(g, i, e): return 16 * g + 2 * i + e
+def vpos(t): return V_OFF + t // VCT * VSTR + t % VCT * VPAY   # Stg<F_FP8>::vpos
 
 
 def stage():
-    """byte address -> (plane, token, dim)"""
+    """byte address -> (plane, token, dim): the stage (K plain, V in pieces)"""
     m = {}
     for t in range(TT):
         for d in range(128):
             m[t * KPAY + d] = ('K', t, d)
-            m[V_OFF + t * VPAY + d] = ('V', t, d)
+            m[vpos(t) + d] = ('V', t, d)
+    return m
+
+
+def plain():
+    """the tile in global memory: K and V planes apart (V at a separate base, modelled at 1 << 20)"""
+    m = {}
+    for t in range(TT):
+        for d in range(128):
+            m[t * KPAY + d] = ('K', t, d)
+            m[(1 << 20) + t * VPAY + d] = ('V', t, d)
     return m
 
 
 def word(mem, a):   # 4 bytes little endian: list of tags, byte 0 first
-    return [mem[a + k] for k in range(4)]
+    return [mem.get(a + k, ('?', -1, -1)) for k in range(4)]   # '?': a pad or outside the tile
 
 
 def prmt(a, b, sel):
@@ -42,17 +59,23 @@ def e4m3x4_f16(w):  # bytes 0, 1 -> pair lo (byte 0 in its low half); bytes 2, 3
     return (w[0], w[1]), (w[2], w[3])
 
 
-def check(mem, bad):
+def check(mem, bad, gl=False, addrs=None):
     errors = 0
     for lane in range(32):
         g, c = lane >> 2, lane & 3
-        ok_k = krow_tok(g, 0) * KPAY + 32 * c + (bad == 'koff') * 16
-        ok_v = V_OFF + vcol_tok(c, 0) * VPAY + 16 * g
+        ok_k = krow_tok(g, 0) * KPAY + 32 * c + (bad == 'koff') * 16       # lane_off: R.k
+        if gl:
+            ok_v = (1 << 20) + vcol_tok(c, 0) * VPAY + 16 * g               # lane_off: R.v (global)
+        else:
+            ok_v = vpos(vcol_tok(c, 0)) + 16 * g                            # load_stage: R.v
         for u in range(2):
             # K: rows 0 / 1 (pa / pb), 16 pairs each
             pr = {}
             for row in range(2):
                 tk = 16 * u + krow_tok(0, row)
+                if addrs is not None:
+                    for h in range(2):
+                        addrs.setdefault(('K', u, row, h), {})[lane] = ok_k + tk * 128 + 16 * h
                 ws = [word(mem, ok_k + tk * 128 + 4 * m) for m in range(8)]
                 p = []
                 for m in range(8):
@@ -77,8 +100,15 @@ def check(mem, bad):
             for hp in range(2):
                 t0 = 16 * u + vcol_tok(0, 2 * hp)
                 t1 = 16 * u + vcol_tok(0, 2 * hp + 1)
-                w0 = [word(mem, ok_v + t0 * 128 + 4 * m) for m in range(4)]
-                w1 = [word(mem, ok_v + t1 * 128 + 4 * m) for m in range(4)]
+                i0 = t0 * 128 if gl else vpos(t0) - V_OFF                      # deq_v_fp8's immediates
+                i1 = t1 * 128 if gl else vpos(t1) - V_OFF
+                if bad == 'vplain':
+                    i0, i1 = t0 * 128, t1 * 128
+                if addrs is not None:
+                    addrs.setdefault(('V', u, 2 * hp), {})[lane] = ok_v + i0
+                    addrs.setdefault(('V', u, 2 * hp + 1), {})[lane] = ok_v + i1
+                w0 = [word(mem, ok_v + i0 + 4 * m) for m in range(4)]
+                w1 = [word(mem, ok_v + i1 + 4 * m) for m in range(4)]
                 for m in range(4):
                     sx = 0x5140 if bad != 'vperm' else 0x5410
                     x = prmt(w0[m], w1[m], sx)
@@ -97,6 +127,21 @@ def check(mem, bad):
     return errors
 
 
+def ways16(a):
+    """the most distinct 16-byte words one bank group serves in one quarter-warp phase"""
+    worst = 1
+    for p0 in range(0, 32, 8):
+        for bank in range(32):
+            words = {a[l] // 4 + k for l in range(p0, p0 + 8) for k in range(4) if (a[l] // 4 + k) % 32 == bank}
+            worst = max(worst, len(words))
+    return worst
+
+
+def orders_match():
+    return all(krow_tok(c, r) == vcol_tok(c, 2 * r) and krow_tok(c + 4, r) == vcol_tok(c, 2 * r + 1)
+               for c in range(4) for r in range(2))
+
+
 def perms_ok():
     k = sorted(kdim(c, p, e) for c in range(4) for p in range(16) for e in range(2))
     v = sorted(vdim(g, i, e) for g in range(8) for i in range(8) for e in range(2))
@@ -106,13 +151,21 @@ def perms_ok():
 
 
 def main():
-    mem = stage()
-    e = check(mem, None)
-    print(f"fp8 tile: {e} mismatches (dims and token orders are permutations: {perms_ok()})")
-    # the model must catch a wrong lane offset and a wrong byte permute
-    ek, ev = check(mem, 'koff'), check(mem, 'vperm')
-    print(f"self-check: a K lane offset 16 bytes off -> {ek} mismatches, V permute 0x5410 -> {ev}")
-    return 0 if e == 0 and perms_ok() and ek > 0 and ev > 0 else 1
+    mem, gmem = stage(), plain()
+    addrs = {}
+    e = check(mem, None, addrs=addrs)
+    eg = check(gmem, None, gl=True)
+    print(f"fp8 tile: stage {e} mismatches, global memory {eg} (dims and token orders are permutations: "
+          f"{perms_ok()}, S rows c, c + 4 are P's slots of column c: {orders_match()})")
+    kw = max(ways16([a[l] for l in range(32)]) for k, a in addrs.items() if k[0] == 'K')
+    vw = max(ways16([a[l] for l in range(32)]) for k, a in addrs.items() if k[0] == 'V')
+    print(f"staged 16-byte loads: K {kw}-way, V {vw}-way bank conflicts")
+    # the model must catch a wrong lane offset, a wrong byte permute, the plain V offsets in the stage
+    ek, ev, ep = check(mem, 'koff'), check(mem, 'vperm'), check(mem, 'vplain')
+    print(f"self-check: a K lane offset 16 bytes off -> {ek} mismatches, V permute 0x5410 -> {ev}, "
+          f"plain V offsets in the stage -> {ep}")
+    ok = e == 0 and eg == 0 and perms_ok() and orders_match() and kw == 2 and vw == 1
+    return 0 if ok and ek > 0 and ev > 0 and ep > 0 else 1
 
 
 if __name__ == '__main__':

@@ -125,8 +125,8 @@ __global__ void merge_kernel(const float *__restrict__ po, const float2 *__restr
  * 3 x 3 (12 warps per SM at 168 registers, one 64 KiB table, 36 staged tiles); 3 x 2, 2 x 4 and
  * 4 x 2 measured slower (bench/RESULTS.md). bf16: 2 groups, no staging. The pairs take tq4's
  * 3 x 3 (not tuned apart), but tq4/tq3: 3 x 2 (its 112-byte tokens' 36 stages and two tables
- * exceed the 227 KiB). fp8: 2 x 3 (no table, 8.2 KiB stages: 3 x 2 with its exchange slots
- * and the row scans would be 228.4 KiB; not tuned). */
+ * exceed the 227 KiB). fp8: 2 x 3 (no table, 8.4 KiB stages: 3 x 2 with its exchange slots
+ * and the row scans would be 233.7 KiB; not tuned). */
 struct SplitCfg {
     void (*fn)(Params<D>);
     int ng, st, smem;

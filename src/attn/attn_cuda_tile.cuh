@@ -537,10 +537,15 @@ struct Ring {                 /* the q8 recent window (slow tiles only) */
  * g + 8: slots 2c+8, 2c+9), so one transposition (the shuffles in process) serves both. */
 template <int F> __host__ __device__ constexpr int krow_tok(int g, int row) {
     if constexpr (F == F_TQ3 || F == F_TQ32) return 2 * (g & 3) + (g >> 2) + 8 * row;
+    else if constexpr (F == F_FP8) return 4 * (g & 3) + (g >> 2) + 2 * row;
     else return g + 8 * row;
 }
+/* fp8: column c's slots are the 4 consecutive tokens 4c .. 4c + 3, so that the stage can place
+ * each column's tokens in a copy of their own, 32 bytes further along the banks (Stg<F_FP8>):
+ * a V load's lanes (4 columns x 2 rows) then read 8 different 16-byte bank groups. */
 template <int F> __host__ __device__ constexpr int vcol_tok(int c, int j) {
     if constexpr (F == F_TQ3 || F == F_TQ32) return 8 * (j >> 1) + 2 * c + (j & 1);
+    else if constexpr (F == F_FP8) return 4 * c + j;
     else return 4 * j + c;
 }
 template <int F> constexpr bool orders_match() {
@@ -570,7 +575,7 @@ template <int F> __device__ __forceinline__ LaneOff lane_off(int g, int c) {
     else if constexpr (F == F_TQ2) { o.kh = o.k; o.k += 8 * c; o.vh = o.v; o.v += 4 * g; }
     else if constexpr (F == F_TQ43) { o.kh = o.k; o.k += 16 * c; o.vh = o.v + 32 + 4 * (g >> 1); o.v += 4 * g; }
     else if constexpr (F == F_TQ32) { o.kh = o.k + 32 + 4 * c; o.k += 8 * c; o.vh = o.v; o.v += 4 * g; }
-    else if constexpr (F == F_FP8) { o.kh = o.k; o.k += 32 * c; o.vh = o.v; o.v += 16 * g; }
+    else if constexpr (F == F_FP8) { o.kh = o.k; o.k += 32 * c; o.vh = o.v; o.v += 16 * g; } /* V: the plain layout */
     else { o.kh = o.k; o.k += 64 * c; o.vh = o.v; o.v += 32 * g; }
     return o;
 }
@@ -659,15 +664,26 @@ __device__ __forceinline__ bool elect_one() {
  * below them (the scales of token tt start (tt & 7) tokens into their 80 bytes). Loads in
  * flight then cost no registers and L2 sees each line once (the L2 prefetch this replaced
  * made it look lines up twice). */
+/* fp8's V payload is copied in VCH = 8 pieces of 4 tokens (a column's slots, vcol_tok), piece k
+ * at V_OFF + k VSTR, VPAD = 32 bytes after the previous one, so that the lanes of one 16-byte V
+ * load (columns 0..3, rows g, g + 1: same in-token bytes of 4 tokens) hit 8 different bank groups
+ * (with one copy they hit 2, 4-way). Every other format: one V copy (VCH = 1, VPAD = 0). */
 template <int F> struct Stg {
     static constexpr int TT = 32, KPAY = kpay<F, 128>(), VPAY = vpay<F, 128>();
+    static constexpr int VCH = F == F_FP8 ? 8 : 1, VPAD = F == F_FP8 ? 32 : 0;
+    static constexpr int VCT = TT / VCH, VSTR = VCT * VPAY + VPAD;   /* tokens per V copy, its stride */
     static constexpr int V_OFF = TT * KPAY;
     static constexpr int SC = 80;             /* a tile's scales from their 16-byte floor */
-    static constexpr int KS_OFF = TT * KPAY + TT * VPAY;
+    static constexpr int KS_OFF = V_OFF + VCH * VSTR - VPAD;
     static constexpr int VS_OFF = KS_OFF + SC;
     static constexpr int BYTES = VS_OFF + SC;
+    static constexpr int TX = TT * KPAY + TT * VPAY + 2 * SC;        /* what the copies bring */
+    /* stage offset of tile token t's V row */
+    __host__ __device__ static constexpr int vpos(int t) { return V_OFF + t / VCT * VSTR + t % VCT * VPAY; }
     static_assert(SC % 16 == 0 && SC >= 2 * TT + 14, "the tile's scales from any 2-byte offset");
-    static_assert(KPAY % 16 == 0 && VPAY % 16 == 0 && BYTES % 16 == 0, "bulk copies move 16-byte multiples");
+    static_assert(KPAY % 16 == 0 && VPAY % 16 == 0 && VSTR % 16 == 0 && BYTES % 16 == 0,
+                  "bulk copies move 16-byte multiples to 16-byte aligned places");
+    static_assert(F == F_FP8 || (KS_OFF == TT * KPAY + TT * VPAY && TX == BYTES), "one V copy: the plain layout");
 };
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
@@ -715,9 +731,16 @@ __device__ __forceinline__ void stage_issue(const Ctx &x, size_t col, int t, uin
     const uintptr_t vs0 = reinterpret_cast<uintptr_t>(x.vsb + tt) & ~(uintptr_t)15;
     if (elect_one()) {
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* after the warp's reads of the stage */
-        mbar_expect(bar, G::BYTES);
+        mbar_expect(bar, G::TX);
         bulk_g2s(dst, x.kb + (size_t)tt * G::KPAY, G::TT * G::KPAY, bar, pol);
-        bulk_g2s(dst + G::V_OFF, x.vb + (size_t)tt * G::VPAY, G::TT * G::VPAY, bar, pol);
+        if constexpr (G::VCH == 1) {
+            bulk_g2s(dst + G::V_OFF, x.vb + (size_t)tt * G::VPAY, G::TT * G::VPAY, bar, pol);
+        } else {
+#pragma unroll
+            for (int k = 0; k < G::VCH; k++)
+                bulk_g2s(dst + G::V_OFF + k * G::VSTR, x.vb + ((size_t)tt + k * G::VCT) * G::VPAY, G::VCT * G::VPAY,
+                         bar, pol);
+        }
         bulk_g2s(dst + G::KS_OFF, reinterpret_cast<const void *>(ks0), G::SC, bar, pol);
         bulk_g2s(dst + G::VS_OFF, reinterpret_cast<const void *>(vs0), G::SC, bar, pol);
     }
@@ -732,7 +755,7 @@ __device__ __forceinline__ void load_stage(Raw<F, S> &R, const char *st, const L
     static_assert(16 * S == G::TT, "a stage is one tile");
     if constexpr (F == F_FP8) {               /* read where used (deq_k_fp8 / deq_v_fp8) */
         R.k = st + o.k;
-        R.v = st + G::V_OFF + o.v;
+        R.v = st + G::vpos(vcol_tok<F>(lane & 3, 0)) + 16 * (lane >> 2);   /* V: the stage's pieces */
         R.ktok = 0;                           /* (gl = false: every token is valid) */
         R.vtok = 0;
         R.lim = G::TT;
@@ -879,11 +902,15 @@ template <int S> __device__ __forceinline__ void deq_k_fp8(const Raw<F_FP8, S> &
  * of both tokens interleaved by bytes (prmt) gives the (tok j0, tok j1) pairs of dims 16g + 4m ..
  * 16g + 4m + 3, i.e. vdim<F_FP8>(g, 2m + (d >> 1), d & 1) = 16 g + 2 i + e. */
 template <int S> __device__ __forceinline__ void deq_v_fp8(const Raw<F_FP8, S> &R, int u, uint32_t a[8][4]) {
+    using G = Stg<F_FP8>;
 #pragma unroll
     for (int hp = 0; hp < 2; hp++) {
+        /* the tokens' places from the lane's first (vcol_tok(c, 0) of subtile 0): plain (global
+         * memory) or in the stage's pieces (each column's 4 tokens in one piece) */
         const int t0 = 16 * u + vcol_tok<F_FP8>(0, 2 * hp), t1 = 16 * u + vcol_tok<F_FP8>(0, 2 * hp + 1);
-        const uint4 x0 = fp8_ld(R, R.v + t0 * 128, R.vtok + t0 < R.lim);
-        const uint4 x1 = fp8_ld(R, R.v + t1 * 128, R.vtok + t1 < R.lim);
+        const int i0 = R.gl ? t0 * 128 : G::vpos(t0) - G::V_OFF, i1 = R.gl ? t1 * 128 : G::vpos(t1) - G::V_OFF;
+        const uint4 x0 = fp8_ld(R, R.v + i0, R.vtok + t0 < R.lim);
+        const uint4 x1 = fp8_ld(R, R.v + i1, R.vtok + t1 < R.lim);
         const uint32_t w0[4] = {x0.x, x0.y, x0.z, x0.w}, w1[4] = {x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
         for (int m = 0; m < 4; m++) {
@@ -1229,6 +1256,26 @@ static_assert(stage_conflicts<F_TQ4>(0) == 1 && stage_conflicts<F_TQ4>(2) == 1,
 static_assert(stage_conflicts<F_TQ3>(0) == 1 && stage_conflicts<F_TQ3>(1) == 2 && stage_conflicts<F_TQ3>(2) == 1 &&
                   stage_conflicts<F_TQ3>(3) == 1,
               "tq3 d = 256: staged reads conflict free but K's 1-bit plane words (2-way)");
+/* fp8 (d = 128): the worst of its staged 16-byte loads, K (kind 0: rows of 32 bytes, two loads)
+ * or V (kind 1: 16 bytes of each slot's token, in the stage's pieces) */
+constexpr int fp8_conflicts(int kind) {
+    using G = Stg<F_FP8>;
+    int worst = 1;
+    for (int u = 0; u < 2; u++)
+        for (int r = 0; r < 4; r++) {
+            int a[32] = {};
+            for (int lane = 0; lane < 32; lane++) {
+                const int g = lane >> 2, c = lane & 3;
+                a[lane] = kind == 0 ? (16 * u + krow_tok<F_FP8>(g, r & 1)) * G::KPAY + 32 * c + 16 * (r >> 1)
+                                    : G::vpos(16 * u + vcol_tok<F_FP8>(c, r)) + 16 * g;
+            }
+            const int n = lds_ways(a, 16);
+            worst = n > worst ? n : worst;
+        }
+    return worst;
+}
+static_assert(fp8_conflicts(0) == 2 && fp8_conflicts(1) == 1,
+              "fp8 staged reads: V conflict free (its pieces), K 2-way (128-byte rows, one copy)");
 
 /* The whole warp (warp-uniform arguments, as stage_issue): ask for the d = 256 fast tile whose
  * first token in the planes is tt into the stage at dst. */
