@@ -1530,10 +1530,10 @@ static int fmt_tc(int D, tqkv_format kf, tqkv_format vf) {
 
 /* One decode case: R <= 8 rows of random lengths (a short one of 1..40 tokens; the others
  * 200..tmax: several splits, partial tiles), a few dominating keys and all-zero values, K and V
- * of amplitude amp (the query of 1 / amp), G query heads per kv head, q8 window W (tq): against the CPU fused kernel
- * (float32 kernel: worst rel. L2 per (row, head) < 1e-4, the d = 256 float32 kernel's bound;
- * tensor-core kernel, fmt_tc: 6e-3), each row alone bitwise, a caller's workspace of
- * tqkv_cuda_attend_ws_bytes_dim bytes bitwise (one byte less refused). */
+ * of amplitude amp (the query of 1 / amp), G query heads per kv head, q8 window W (tq):
+ * against the CPU fused kernel (float32 kernel: worst rel. L2 per (row, head) < 1e-4, the
+ * d = 256 float32 kernel's bound; tensor-core kernel, fmt_tc: 6e-3), each row alone bitwise, a
+ * caller's workspace of tqkv_cuda_attend_ws_bytes_dim bytes bitwise (one byte less refused). */
 static void decode_fmt_shape(test_rng *r, int D, tqkv_format kf, tqkv_format vf, int G, int W, int R, int tmax,
                              float amp) {
     const int H = 2, qh = H * G;

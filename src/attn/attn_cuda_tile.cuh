@@ -58,7 +58,8 @@
 namespace {
 
 /* Formats of the kernel's K and V: one format for both (tq4, tq3, the dense bf16 baseline,
- * fp8 = OCP e4m3 with an fp16 scale per vector: d = 128 only, no table, no q8 window) or a pair (d = 128 only): F_TQ42 = tq4 K with tq2 V, F_TQ2 = tq2 for both, F_TQ43 = tq4 K
+ * fp8 = OCP e4m3 with an fp16 scale per vector: d = 128 only, no table, no q8 window) or a
+ * pair (d = 128 only): F_TQ42 = tq4 K with tq2 V, F_TQ2 = tq2 for both, F_TQ43 = tq4 K
  * with tq3 V, F_TQ32 = tq3 K with tq2 V. kfmt / vfmt name each side's format; a pair's K-side
  * building blocks are its K format's, its V-side ones its V format's (tq2: tq3's head-dim
  * orders without the 1-bit plane; tq3 in a pair: one table, C, tq3c_kwords / tq3c_vwords). */
