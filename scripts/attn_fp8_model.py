@@ -56,7 +56,42 @@ def prmt(a, b, sel):
 
 
 def e4m3x4_f16(w):  # bytes 0, 1 -> pair lo (byte 0 in its low half); bytes 2, 3 -> pair hi
-    return (w[0], w[1]), (w[2], w[3])
+    if not INT:
+        return (w[0], w[1]), (w[2], w[3])
+    zero = [('0', -1, -1)] * 4                    # TQKV_FP8_CVT=0: prmt(w, 0, ..), fp8_h2
+    return fp8_h2(prmt(w, zero, 0x1404)), fp8_h2(prmt(w, zero, 0x3424))
+
+
+def fp8_h2(a):      # TQKV_FP8_CVT=0: the pair of bytes 1 and 3 (0 and 2 ignored)
+    return (a[1], a[3])
+
+
+INT = False         # model the TQKV_FP8_CVT=0 build's data movement
+
+
+def fp8_h2_bits(a):  # fp8_h2 on integers: ((a & 0x7F007F00) >> 1) | (a & 0x80008000)
+    return ((a & 0x7F007F00) >> 1) | (a & 0x80008000)
+
+
+def h_ok():
+    """fp8_h2 gives (h(b1), h(b3)), h(b) = (b & 0x80) << 8 | (b & 0x7f) << 7, for every code pair
+    (bytes 0 and 2 arbitrary), and h(b) x 256 is the e4m3 value (as fp16 bits -> float)"""
+    import struct
+    def h(b): return (b & 0x80) << 8 | (b & 0x7f) << 7
+    def f16(x): return struct.unpack('<e', struct.pack('<H', x))[0]
+    def e4m3(b):
+        s, e, m = b >> 7, (b >> 3) & 15, b & 7
+        v = (m / 8) * 2.0 ** -6 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7)
+        return -v if s else v
+    for b1 in range(256):
+        for b3 in range(0, 256, 7):
+            a = (b3 << 24) | (0x5A << 16) | (b1 << 8) | 0xA5
+            r = fp8_h2_bits(a)
+            if r != (h(b3) << 16 | h(b1)):
+                return False
+        if (b1 & 0x7f) != 0x7f and f16(h(b1)) * 256 != e4m3(b1):
+            return False
+    return True
 
 
 def check(mem, bad, gl=False, addrs=None):
@@ -110,6 +145,11 @@ def check(mem, bad, gl=False, addrs=None):
                 w0 = [word(mem, ok_v + i0 + 4 * m) for m in range(4)]
                 w1 = [word(mem, ok_v + i1 + 4 * m) for m in range(4)]
                 for m in range(4):
+                    if INT:   # byte k of both tokens: fp8_h2(prmt(w0, w1, 0x4400 + 0x1111 k))
+                        for k in range(4):
+                            sel = 0x4400 + 0x1111 * k if bad != 'vperm' else 0x4411 + 0x1111 * k
+                            a[2 * m + (k >> 1)][2 * hp + (k & 1)] = fp8_h2(prmt(w0[m], w1[m], sel & 0x7777))
+                        continue
                     sx = 0x5140 if bad != 'vperm' else 0x5410
                     x = prmt(w0[m], w1[m], sx)
                     y = prmt(w0[m], w1[m], 0x7362)
@@ -165,7 +205,15 @@ def main():
     print(f"self-check: a K lane offset 16 bytes off -> {ek} mismatches, V permute 0x5410 -> {ev}, "
           f"plain V offsets in the stage -> {ep}")
     ok = e == 0 and eg == 0 and perms_ok() and orders_match() and kw == 2 and vw == 1
-    return 0 if ok and ek > 0 and ev > 0 and ep > 0 else 1
+    ok = ok and ek > 0 and ev > 0 and ep > 0
+    global INT
+    INT = True      # the TQKV_FP8_CVT=0 build: integer h(b), the same fragments
+    ei, eig, eiv = check(mem, None), check(gmem, None, gl=True), check(mem, 'vperm')
+    hb = h_ok()
+    print(f"TQKV_FP8_CVT=0: stage {ei} mismatches, global memory {eig}; wrong V permute -> {eiv}; "
+          f"fp8_h2 = (h(b1), h(b3)) and h(b) x 256 = e4m3(b) for every code: {hb}")
+    ok = ok and ei == 0 and eig == 0 and eiv > 0 and hb
+    return 0 if ok else 1
 
 
 if __name__ == '__main__':

@@ -508,6 +508,10 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
                 if constexpr (F != F_BF16) {
                     kf = __half2float(__ushort_as_half((uint16_t)R.ksc));
                     vf = __half2float(__ushort_as_half((uint16_t)R.vsc));
+                    if constexpr (F == F_FP8 && FP8_FACTOR != 1.0f) {  /* TQKV_FP8_CVT=0: h(b) x 256 */
+                        kf *= FP8_FACTOR;
+                        vf *= FP8_FACTOR;
+                    }
                     if (wt && t >= row.wstart && t < z) {     /* q8_tok_factor */
                         const Ring x = ring_of();
                         const size_t slot = (size_t)wsl;

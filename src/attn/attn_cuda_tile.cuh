@@ -54,6 +54,13 @@
 #ifndef TQKV_TQ3_SOL
 #define TQKV_TQ3_SOL 0
 #endif
+/* fp8 decode (d = 128): 1: e4m3 -> fp16 by the hardware conversion (cvt.rn.f16x2.e4m3x2); 0: by
+ * integer ops, the fp16 h(b) = e4m3 x 2^-8 of docs/FORMATS.md (exact, subnormals included),
+ * with the x 256 in the token's factor (4 ops per fp16 pair instead of one conversion: for an
+ * A/B run where the conversion's throughput limits). */
+#ifndef TQKV_FP8_CVT
+#define TQKV_FP8_CVT 1
+#endif
 
 namespace {
 
@@ -879,9 +886,23 @@ __device__ __forceinline__ void deq_v_tq3(uint32_t W0, uint32_t W1, uint32_t H0,
  * Bytes 0, 1 of w become the fp16 pair lo (byte 0 in its low half), bytes 2, 3 the pair hi.
  * (The codes 0x7f / 0xff, never written by the encoder, convert to NaN here; the CPU reads
  * them as +-480.) */
+/* The token factor's multiplier of fp8's fragment values: 1 for cvt's (the e4m3 values), 256 for
+ * TQKV_FP8_CVT=0's h(b) = e4m3 x 2^-8. */
+constexpr float FP8_FACTOR = TQKV_FP8_CVT ? 1.0f : 256.0f;
+/* TQKV_FP8_CVT=0: the fp16 pair (h(b1), h(b3)) of bytes 1 and 3 of a (bytes 0 and 2 ignored):
+ * h(b) = (b & 0x80) << 8 | (b & 0x7f) << 7, i.e. e4m3 x 2^-8 (exact; e4m3 subnormals are fp16
+ * subnormals) */
+__device__ __forceinline__ uint32_t fp8_h2(uint32_t a) {
+    return lop3<0xF8>((a & 0x7F007F00u) >> 1, a, 0x80008000u);   /* x | (a & sign bits) */
+}
 __device__ __forceinline__ void e4m3x4_f16(uint32_t w, uint32_t &lo, uint32_t &hi) {
+#if TQKV_FP8_CVT
     asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}"
         : "=r"(lo), "=r"(hi) : "r"(w));
+#else
+    lo = fp8_h2(prmt(w, 0u, 0x1404u));        /* bytes (0, b0, 0, b1) */
+    hi = fp8_h2(prmt(w, 0u, 0x3424u));        /* bytes (0, b2, 0, b3) */
+#endif
 }
 /* A 16-byte word of the fp8 tile: the stage (shared memory) or, for slow tiles, global memory
  * (zero bytes where !ok). */
@@ -913,11 +934,19 @@ template <int S> __device__ __forceinline__ void deq_v_fp8(const Raw<F_FP8, S> &
         const uint4 x0 = fp8_ld(R, R.v + i0, R.vtok + t0 < R.lim);
         const uint4 x1 = fp8_ld(R, R.v + i1, R.vtok + t1 < R.lim);
         const uint32_t w0[4] = {x0.x, x0.y, x0.z, x0.w}, w1[4] = {x1.x, x1.y, x1.z, x1.w};
+#if TQKV_FP8_CVT
 #pragma unroll
         for (int m = 0; m < 4; m++) {
             e4m3x4_f16(prmt(w0[m], w1[m], 0x5140u), a[2 * m][2 * hp], a[2 * m][2 * hp + 1]);
             e4m3x4_f16(prmt(w0[m], w1[m], 0x7362u), a[2 * m + 1][2 * hp], a[2 * m + 1][2 * hp + 1]);
         }
+#else
+#pragma unroll
+        for (int m = 0; m < 4; m++)
+#pragma unroll
+            for (int k = 0; k < 4; k++)           /* byte k of both tokens: bytes 1 and 3 of the permute */
+                a[2 * m + (k >> 1)][2 * hp + (k & 1)] = fp8_h2(prmt(w0[m], w1[m], 0x4400u + 0x1111u * (uint32_t)k));
+#endif
     }
 }
 
