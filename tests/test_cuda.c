@@ -38,11 +38,12 @@
  *     (*_fmt): encode bytes equal the CPU's (fp8 also with scales near fp16's limits and e4m3
  *     subnormals; tq with and without the q8 window); decode against the CPU fused kernel
  *     (worst rel. L2 per (row, head) < 1e-4 on the float32 kernel of attn_cuda_fmt.cu; the tq
- *     pairs at d = 128 on the tensor-core split kernel: < 6e-3, also G 1 and 3),
+ *     pairs and fp8 at d = 128 on the tensor-core split kernel: < 6e-3, also G 1 and 3; fp8
+ *     also 8 rows up to 20000 tokens and K / V amplitudes 1e-3 and 300),
  *     each row alone bitwise, a caller's workspace of tqkv_cuda_attend_ws_bytes_dim bytes
  *     bitwise (one byte less refused); masked attention on both kernels (prefill_tol);
- *     row operations on fp8 / tq2 caches (exports byte for byte; tq2 at d = 128 attends on the
- *     tensor-core kernel: 4e-3 as tq4 / tq3).
+ *     row operations on fp8 / tq2 caches (exports byte for byte; tq2 and fp8 at d = 128 attend on
+ *     the tensor-core kernel: 4e-3 as tq4 / tq3).
  * Exits 77 (skipped) when the build has no CUDA or no GPU is present.
  */
 #include <math.h>
@@ -1519,30 +1520,36 @@ static void test_cuda_bf16_d256(void **state) {
 // kernels), head_dim 128 and 256
 // ---------------------------------------------------------------------------
 /* 1 when K / V formats kf / vf at head dim D attend on the tensor-core split kernel (its fp16
- * roundings: test_cuda_attend_tq's bound 6e-3), not the float32 kernel of attn_cuda_fmt.cu. */
+ * roundings: test_cuda_attend_tq's bound 6e-3), not the float32 kernel of attn_cuda_fmt.cu:
+ * every pair at d = 128 (fp8/fp8 too, unless TQKV_FP8_TC=0 puts it back on the float32 one). */
 static int fmt_tc(int D, tqkv_format kf, tqkv_format vf) {
-    return D == 128 && kf != TQKV_FP8 && vf != TQKV_FP8;
+    const char *env = getenv("TQKV_FP8_TC");
+    const int fp8_tc = !(env && *env && atoi(env) == 0);
+    return D == 128 && (kf != TQKV_FP8 || (vf == TQKV_FP8 && fp8_tc));
 }
 
-/* One decode case: R rows of random lengths (a short one; long ones: several splits), a few
- * dominating keys and all-zero values, G query heads per kv head, q8 window W (tq): against
- * the CPU fused kernel (float32 kernel: worst rel. L2 per (row, head) < 1e-4, the d = 256
- * float32 kernel's bound; tensor-core kernel, fmt_tc: 6e-3), each row alone bitwise, a
+/* One decode case: R <= 8 rows of random lengths (a short one of 1..40 tokens; the others
+ * 200..tmax: several splits, partial tiles), a few dominating keys and all-zero values, K and V
+ * of amplitude amp (the query of 1 / amp), G query heads per kv head, q8 window W (tq):
+ * against the CPU fused kernel (float32 kernel: worst rel. L2 per (row, head) < 1e-4, the
+ * d = 256 float32 kernel's bound; tensor-core kernel, fmt_tc: 6e-3), each row alone bitwise, a
  * caller's workspace of tqkv_cuda_attend_ws_bytes_dim bytes bitwise (one byte less refused). */
-static void decode_fmt_one(test_rng *r, int D, tqkv_format kf, tqkv_format vf, int G, int W) {
-    const int H = 2, qh = H * G, R = 3;
+static void decode_fmt_shape(test_rng *r, int D, tqkv_format kf, tqkv_format vf, int G, int W, int R, int tmax,
+                             float amp) {
+    const int H = 2, qh = H * G;
     tqkv_cache_config cfg = mkcfg_d(kf, H, W, rng_u64(r), D);
     cfg.v_format = vf;
-    tqkv_cache *rows[3];
-    tqkv_cache_ref refs[3];
+    tqkv_cache *rows[8];
+    tqkv_cache_ref refs[8];
+    assert_true(R >= 1 && R <= 8);
     int maxlen = 0;
     for (int i = 0; i < R; i++) {
-        const int T = i == 0 ? rng_int(r, 1, 40) : rng_int(r, 200, 3000);
+        const int T = i == 0 ? rng_int(r, 1, 40) : rng_int(r, 200, tmax);
         maxlen = T > maxlen ? T : maxlen;
         const size_t n = (size_t)H * T * D;
         float *k = malloc(n * 4), *v = malloc(n * 4), *kb = malloc(n * 4), *vb = malloc(n * 4);
-        rng_fill_normal(r, k, n, 1.0f);
-        rng_fill_normal(r, v, n, 1.0f);
+        rng_fill_normal(r, k, n, amp);
+        rng_fill_normal(r, v, n, amp);
         for (size_t t = 0; t < (size_t)H * T; t++) {
             if (rng_int(r, 0, 200) == 0) /* a key that dominates the softmax */
                 for (int d = 0; d < D; d++) k[t * D + d] *= 3.0f;
@@ -1564,7 +1571,8 @@ static void decode_fmt_one(test_rng *r, int D, tqkv_format kf, tqkv_format vf, i
     assert_int_equal(tqkv_batch_merge(&b, refs, R), TQKV_OK);
     const size_t n = (size_t)R * qh * D;
     float *q = malloc(n * 4), *cpu = malloc(n * 4), *gpu = malloc(n * 4), *one = malloc(n * 4);
-    rng_fill_normal(r, q, n, 1.0f);
+    rng_fill_normal(r, q, n, 1.0f / amp); /* the scores' spread as at amp 1 (the fp16 query's
+                                            * rounding is relative to the score) */
     const float scale = 1.0f / sqrtf((float)D);
     tqkv_attn_params p = {.q_heads = qh, .scale = scale, .kernel = TQKV_KERNEL_FUSED, .threads = 2};
     tqkv_mask_lease *lease = NULL;
@@ -1580,8 +1588,9 @@ static void decode_fmt_one(test_rng *r, int D, tqkv_format kf, tqkv_format vf, i
         if (!(e <= worst)) worst = e; /* NaN sticks */
     }
     const int tc = fmt_tc(D, kf, vf);
-    printf("decode d %d %s/%s G %d window %d lens %d.. (%s kernel): worst rel L2 vs CPU %.3g\n", D,
-           tqkv_format_name(kf), tqkv_format_name(vf), G, W, b->offset[0], tc ? "tensor-core" : "float32", worst);
+    printf("decode d %d %s/%s G %d window %d rows %d lens %d.. amp %g (%s kernel): worst rel L2 vs CPU %.3g\n", D,
+           tqkv_format_name(kf), tqkv_format_name(vf), G, W, R, b->offset[0], (double)amp,
+           tc ? "tensor-core" : "float32", worst);
     if (!(worst < (tc ? 6e-3 : 1e-4))) fail_msg("GPU decode attention differs from the CPU: %g", worst);
     for (int i = 0; i < R; i++) { /* batch invariance: each row alone */
         attend_gpu_d(rows[i]->b, q + (size_t)i * qh * D, qh, scale, one, D);
@@ -1607,9 +1616,15 @@ static void decode_fmt_one(test_rng *r, int D, tqkv_format kf, tqkv_format vf, i
     tqkv_batch_free(b);
     for (int i = 0; i < R; i++) tqkv_cache_free(rows[i]);
 }
+static void decode_fmt_one(test_rng *r, int D, tqkv_format kf, tqkv_format vf, int G, int W) {
+    decode_fmt_shape(r, D, kf, vf, G, W, 3, 3000, 1.0f);
+}
 
 /* Every pair of FMT_KV at head dim D, G 1 / 2 / 3 / 4 / 8 over the pairs; tq with and
- * without the q8 window; the tensor-core kernel's pairs (fmt_tc) also at G 1 (window) and 3. */
+ * without the q8 window; the tensor-core kernel's pairs (fmt_tc) also at G 1 (window: tq) and
+ * 3; fp8 on the tensor-core kernel also over 8 rows up to 20000 tokens (many splits and items,
+ * more than the persistent grid), G 4 / 5 / 6 / 7, and K / V of amplitudes 1e-3 and 300 (the
+ * per-vector scales far from 1: fp16 scales, e4m3 values unchanged). */
 static void decode_fmt(int D, uint64_t mix) {
     test_rng r;
     rng_init(&r, test_seed() ^ mix);
@@ -1620,8 +1635,13 @@ static void decode_fmt(int D, uint64_t mix) {
         if (kf != TQKV_FP8) decode_fmt_one(&r, D, kf, vf, Gs[rng_int(&r, 0, 4)], rng_int(&r, 16, 200));
         else decode_fmt_one(&r, D, kf, vf, 8, 0);
         if (fmt_tc(D, kf, vf)) {
-            decode_fmt_one(&r, D, kf, vf, 1, rng_int(&r, 16, 200));
+            decode_fmt_one(&r, D, kf, vf, 1, kf == TQKV_FP8 ? 0 : rng_int(&r, 16, 200));
             decode_fmt_one(&r, D, kf, vf, 3, 0);
+        }
+        if (fmt_tc(D, kf, vf) && kf == TQKV_FP8) {
+            decode_fmt_shape(&r, D, kf, vf, rng_int(&r, 4, 7), 0, 8, 20000, 1.0f);
+            decode_fmt_shape(&r, D, kf, vf, 2, 0, 5, 4000, 1e-3f);
+            decode_fmt_shape(&r, D, kf, vf, 8, 0, 5, 4000, 300.0f);
         }
     }
 }
@@ -1646,10 +1666,10 @@ static void test_cuda_prefill_fmt(void **state) {
 }
 
 /* Row operations on fp8 and tq2 caches (exports byte for byte; attention through the float32
- * decode kernel: its 1e-4; tq2 at d = 128 through the tensor-core kernel: tq4's 4e-3). */
+ * decode kernel: its 1e-4; tq2 and fp8 at d = 128 through the tensor-core kernel: tq4's 4e-3). */
 static void test_cuda_rows_fmt(void **state) {
     (void)state;
-    rows_case(128, TQKV_FP8, 1e-4, 0x50F8);
+    rows_case(128, TQKV_FP8, fmt_tc(128, TQKV_FP8, TQKV_FP8) ? 4e-3 : 1e-4, 0x50F8);
     rows_case(128, TQKV_TQ2, 4e-3, 0x5072);
     rows_case(256, TQKV_FP8, 1e-4, 0x50F8256);
 }

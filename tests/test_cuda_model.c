@@ -154,8 +154,8 @@ static void parity(tqkv_format f, int window, double tol_med, double tol_worst) 
 static void test_parity_f32(void **st) { (void)st; parity(TQKV_F32, 0, 1e-2, 3e-2); }
 static void test_parity_tq4(void **st) { (void)st; parity(TQKV_TQ4, 0, 1e-2, 1e-1); }
 static void test_parity_tq3_window(void **st) { (void)st; parity(TQKV_TQ3, 32, 1e-2, 1e-1); }
-/* fp8 and tq4/tq2 (decode: fp8 on the float32 kernel of attn_cuda_fmt.cu, tq4/tq2 on the
- * tensor-core split kernel; the masked kernels' fp8 / mixed tq tiles), as `--kv fp8` and the auto:3.25 preset (tq4/tq2, q8 window 14, no ring
+/* fp8 and tq4/tq2 (decode: both on the tensor-core split kernel (fp8 on the float32 kernel of
+ * attn_cuda_fmt.cu with TQKV_FP8_TC=0); the masked kernels' fp8 / mixed tq tiles), as `--kv fp8` and the auto:3.25 preset (tq4/tq2, q8 window 14, no ring
  * slack) run them: prefill n tokens (all logits), then 8 greedy steps (each step's token the
  * CPU's argmax, fed to both), GPU vs CPU within parity()'s bounds. */
 static void parity_greedy(tqkv_format kf, tqkv_format vf, int window, int slack) {

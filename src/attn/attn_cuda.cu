@@ -4,12 +4,12 @@
  * Owns: the query preparation (rotation into K's domain, softmax scale and log2(e) folded,
  * fp16/bf16, stored in the split kernel's qdim order), the split kernel's d = 128
  * configurations and launch (split_kernel<F, NG, ST, 128>, attn_cuda_split.cuh: tq4, tq3, tq2
- * and the mixed tq K/V tq4/tq2, tq4/tq3, tq3/tq2, with the q8 recent window, the dense bf16
- * baseline), the merge of split partials (log-sum-exp) with the single un-rotation of each
+ * and the mixed tq K/V tq4/tq2, tq4/tq3, tq3/tq2, with the q8 recent window, fp8/fp8, the
+ * dense bf16 baseline), the merge of split partials (log-sum-exp) with the single un-rotation of each
  * output, the workspace of d = 128, the one-time setup of every decode kernel
  * (tqkv_cuda_attn_setup), the public entry points (d = 256 goes to cuda_attend_decode_wide,
- * attn_cuda_wide.cu; fp8 of either dim, and tq2 and mixed tq K/V at d = 256 to
- * cuda_attend_decode_fmt, attn_cuda_fmt.cu), attention at an earlier length
+ * attn_cuda_wide.cu; fp8 at d = 256 (or at 128 with TQKV_FP8_TC=0), and tq2 and mixed tq
+ * K/V at d = 256 to cuda_attend_decode_fmt, attn_cuda_fmt.cu), attention at an earlier length
  * (tqkv_cuda_kv_attend_back).
  * Must not: mutate the cache, or let a row's result depend on other rows (split sizes from
  * each row's own length, attn_cuda_splits.h; merges in split order); allocate, free or wait
@@ -50,7 +50,7 @@ __global__ void qprep_kernel(const float *__restrict__ q, uint16_t *__restrict__
     if (v >= n) return;
     const float4 in = reinterpret_cast<const float4 *>(q + (size_t)v * D)[lane];
     float x[4] = {in.x, in.y, in.z, in.w};
-    if constexpr (F != F_BF16) {
+    if constexpr (F != F_BF16 && F != F_FP8) {   /* fp8 is not rotated */
         float s[4];
         cw_signs_n<4>(sb, lane, s);   /* K's signs (bits: no per-lane parameter reads) */
         cw_rotate(x, s, cinv, lane);
@@ -125,17 +125,20 @@ __global__ void merge_kernel(const float *__restrict__ po, const float2 *__restr
  * 3 x 3 (12 warps per SM at 168 registers, one 64 KiB table, 36 staged tiles); 3 x 2, 2 x 4 and
  * 4 x 2 measured slower (bench/RESULTS.md). bf16: 2 groups, no staging. The pairs take tq4's
  * 3 x 3 (not tuned apart), but tq4/tq3: 3 x 2 (its 112-byte tokens' 36 stages and two tables
- * exceed the 227 KiB). */
+ * exceed the 227 KiB). fp8: 2 x 3 (no table, 8.4 KiB stages: 3 x 2 with its exchange slots
+ * and the row scans would be 233.7 KiB; not tuned). */
 struct SplitCfg {
     void (*fn)(Params<D>);
     int ng, st, smem;
     int ctas;                 /* resident CTAs (one per SM), set by the setup */
 };
 #define SPLIT_CFG(F, NG, ST) {split_kernel<F, NG, ST, D>, NG, ST, smem_bytes<F, NG, ST, D>(), 0}
-static SplitCfg g_cfg[7] = {SPLIT_CFG(F_TQ4, 3, 3),  SPLIT_CFG(F_TQ3, 3, 3), SPLIT_CFG(F_BF16, 2, 1),
-                            SPLIT_CFG(F_TQ42, 3, 3), SPLIT_CFG(F_TQ2, 3, 3), SPLIT_CFG(F_TQ43, 3, 2),
-                            SPLIT_CFG(F_TQ32, 3, 3)};
-static_assert(F_TQ4 == 0 && F_TQ3 == 1 && F_BF16 == 2 && F_TQ42 == 3 && F_TQ2 == 4 && F_TQ43 == 5 && F_TQ32 == 6,
+constexpr int N_CFG = 8;
+static SplitCfg g_cfg[N_CFG] = {SPLIT_CFG(F_TQ4, 3, 3),  SPLIT_CFG(F_TQ3, 3, 3), SPLIT_CFG(F_BF16, 2, 1),
+                                SPLIT_CFG(F_TQ42, 3, 3), SPLIT_CFG(F_TQ2, 3, 3), SPLIT_CFG(F_TQ43, 3, 2),
+                                SPLIT_CFG(F_TQ32, 3, 3), SPLIT_CFG(F_FP8, 2, 3)};
+static_assert(F_TQ4 == 0 && F_TQ3 == 1 && F_BF16 == 2 && F_TQ42 == 3 && F_TQ2 == 4 && F_TQ43 == 5 && F_TQ32 == 6 &&
+                  F_FP8 == 7,
               "g_cfg is indexed by F");
 #undef SPLIT_CFG
 static unsigned g_setup_done; /* bit d: device d's setup ran (kernel attributes are per device) */
@@ -171,7 +174,7 @@ static tqkv_status attn_cuda_setup_locked(void) {
     int dev = 0, sms = 0;
     if (e == cudaSuccess) e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    for (int f = 0; f < 7 && e == cudaSuccess; f++) {
+    for (int f = 0; f < N_CFG && e == cudaSuccess; f++) {
         SplitCfg *k = &g_cfg[f];
         e = cudaFuncSetAttribute(k->fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k->smem);
         int per_sm = 0;
@@ -242,13 +245,14 @@ static int split_fmt(const cuda_kv *kv) {
     if (kv->kfmt == TQKV_TQ2 && kv->vfmt == TQKV_TQ2) return F_TQ2;
     if (kv->kfmt == TQKV_TQ4 && kv->vfmt == TQKV_TQ3) return F_TQ43;
     if (kv->kfmt == TQKV_TQ3 && kv->vfmt == TQKV_TQ2) return F_TQ32;
+    if (kv->kfmt == TQKV_FP8 && kv->vfmt == TQKV_FP8) return F_FP8;
     return -1;
 }
 /* payload bytes per token of K and V, by F (g_cfg's order) */
-static const size_t g_kpay[7] = {kpay<F_TQ4, D>(),  kpay<F_TQ3, D>(), kpay<F_BF16, D>(), kpay<F_TQ42, D>(),
-                                 kpay<F_TQ2, D>(),  kpay<F_TQ43, D>(), kpay<F_TQ32, D>()};
-static const size_t g_vpay[7] = {vpay<F_TQ4, D>(),  vpay<F_TQ3, D>(), vpay<F_BF16, D>(), vpay<F_TQ42, D>(),
-                                 vpay<F_TQ2, D>(),  vpay<F_TQ43, D>(), vpay<F_TQ32, D>()};
+static const size_t g_kpay[N_CFG] = {kpay<F_TQ4, D>(), kpay<F_TQ3, D>(),  kpay<F_BF16, D>(), kpay<F_TQ42, D>(),
+                                     kpay<F_TQ2, D>(), kpay<F_TQ43, D>(), kpay<F_TQ32, D>(), kpay<F_FP8, D>()};
+static const size_t g_vpay[N_CFG] = {vpay<F_TQ4, D>(), vpay<F_TQ3, D>(),  vpay<F_BF16, D>(), vpay<F_TQ42, D>(),
+                                     vpay<F_TQ2, D>(), vpay<F_TQ43, D>(), vpay<F_TQ32, D>(), vpay<F_FP8, D>()};
 
 /* ws == NULL: the cache's own workspace, grown as needed. */
 static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale, float *out,
@@ -263,7 +267,7 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
     const int fmt = split_fmt(kv);
     if (fmt < 0 || kv->d != D || kv->kpay != g_kpay[fmt] || kv->vpay != g_vpay[fmt])
         return tqkv_fail(TQKV_EUNSUPPORTED, "tqkv_cuda_kv_attend: the device kernels need d %d and K/V formats "
-                         "tq4/tq4, tq3/tq3, tq4/tq2, tq2/tq2, tq4/tq3, tq3/tq2 or the dense bf16 cache", D);
+                         "tq4/tq4, tq3/tq3, tq4/tq2, tq2/tq2, tq4/tq3, tq3/tq2, fp8/fp8 or the dense bf16 cache", D);
     if (kv->rows > ATTN_MAX_ROWS)
         return tqkv_fail(TQKV_EUNSUPPORTED, "tqkv_cuda_kv_attend: %d rows (the decode kernel takes at most %d)",
                          kv->rows, ATTN_MAX_ROWS);
@@ -305,6 +309,7 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
     else if (fmt == F_TQ2) qprep_kernel<F_TQ2><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
     else if (fmt == F_TQ43) qprep_kernel<F_TQ43><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
     else if (fmt == F_TQ32) qprep_kernel<F_TQ32><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
+    else if (fmt == F_FP8) qprep_kernel<F_FP8><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
     else qprep_kernel<F_BF16><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
     const Params<D> P = split_params<D>(kv, kv->kc, kv->vc, qp, po, pml, q_heads, nsmax);
     /* persistent: the resident CTAs, at most one per possible work item (a CTA's groups
@@ -314,7 +319,7 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
     const unsigned grid = (unsigned)(items_ub < k->ctas ? items_ub : k->ctas);
     k->fn<<<grid, k->ng * NW * 32, k->smem, kv->stream>>>(P);
     merge_kernel<<<qgrid, 128, 0, kv->stream>>>(po, pml, kv->d_rows, out, cw_sbits_of(kv->vc.signs, D), kv->vc.inv,
-                                                 !kv->bf16, q_heads, nsmax, nvi);
+                                                 fmt != F_BF16 && fmt != F_FP8, q_heads, nsmax, nvi); /* tq: un-rotate */
     return cuda_check(cudaGetLastError(), "attention kernel launch");
 }
 

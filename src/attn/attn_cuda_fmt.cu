@@ -1,6 +1,7 @@
 /*
  * attn_cuda_fmt.cu - decode attention (one query per row) over the device cache for the
- * formats the tuned tensor-core kernels do not take: fp8/fp8 at head_dim 128 and 256; tq2/tq2
+ * formats the tuned tensor-core kernels do not take: fp8/fp8 at head_dim 256 (at 128 only with
+ * TQKV_FP8_TC=0: the tensor-core split kernel takes it); tq2/tq2
  * and tq K and V of different bits (tq4/tq3, tq4/tq2, tq3/tq2) at 256 (at 128 attn_cuda.cu's
  * tensor-core split kernel takes them); with the q8 recent window of the tq formats. attn_cuda.cu's entry points come here when cuda_kv_fmt_generic.
  * Owns: the query preparation (rotated into K's domain when K is tq; fp8 is stored as given),
@@ -17,6 +18,7 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 extern "C" {
 #include "util/common.h"
@@ -392,6 +394,19 @@ tqkv_status fmt_queue(cuda_kv *kv, const typename cuda_codec_of<D>::type &kc,
 
 } // namespace
 
+/* fp8/fp8 at d = 128 on the tensor-core split kernel: 1 unless the environment's TQKV_FP8_TC
+ * is 0 (the float32 kernel, for A/B timings), read once. */
+static int fp8_tc(void) {
+    static int v = -1;                    /* -1: not read yet (a race reads the same value) */
+    int x = __atomic_load_n(&v, __ATOMIC_RELAXED);
+    if (x < 0) {
+        const char *env = getenv("TQKV_FP8_TC");
+        x = env && *env ? atoi(env) != 0 : 1;
+        __atomic_store_n(&v, x, __ATOMIC_RELAXED);
+    }
+    return x;
+}
+
 int cuda_kv_fmt_generic(const cuda_kv *kv) {
     if (!kv || kv->bf16) return 0;
     if (kv->kfmt == kv->vfmt && (kv->kfmt == TQKV_TQ4 || kv->kfmt == TQKV_TQ3)) return 0;
@@ -401,6 +416,9 @@ int cuda_kv_fmt_generic(const cuda_kv *kv) {
     if (kv->d == CUDA_DIM && ((v == TQKV_TQ2 && (k == TQKV_TQ4 || k == TQKV_TQ2 || k == TQKV_TQ3)) ||
                               (k == TQKV_TQ4 && v == TQKV_TQ3)))
         return 0;
+    /* fp8/fp8 at d = 128 (as tq, at most CUDA_MAX_ROWS rows per call: more are refused, not
+     * sent to the float32 kernel, so that a row's bits never depend on its batch's size) */
+    if (kv->d == CUDA_DIM && k == TQKV_FP8 && v == TQKV_FP8 && fp8_tc()) return 0;
     return 1;
 }
 

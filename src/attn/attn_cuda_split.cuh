@@ -1,7 +1,8 @@
 /*
  * attn_cuda_split.cuh - the split-KV flash-decoding kernel over the device cache, sm_90,
- * split_kernel<F, NG, ST, D>: F = tq4, tq3 (with the q8 recent window) or the dense bf16
- * baseline (d = 128 only), or a K/V pair (d = 128 only, with the window: F_TQ42 = tq4 K with
+ * split_kernel<F, NG, ST, D>: F = tq4, tq3 (with the q8 recent window), fp8 (d = 128 only: e4m3
+ * converted to fp16 by cvt, no table, no window) or the dense bf16 baseline (d = 128 only), or
+ * a K/V pair (d = 128 only, with the window: F_TQ42 = tq4 K with
  * tq2 V, F_TQ2 = tq2 both, F_TQ43 = tq4 K with tq3 V, F_TQ32 = tq3 K with tq2 V;
  * attn_cuda_tile.cuh), head dim D = 128 or 256. Instantiated by attn_cuda.cu (d = 128) and
  * attn_cuda_wide.cu (d = 256), which prepare its queries, launch it and merge its partials.
@@ -121,7 +122,9 @@ template <int F, int ST, int D> __host__ __device__ constexpr int warp_area() {
 /* Dynamic shared memory: [table 64 KiB (tq)] [warp areas] [mbarriers] [s_ml] [s_next]
  * [s_pre, s_pre0] [exchange slots (tq3: tq4 keeps them in the table's holes)]. The table is first:
  * it must start at TAB_BASE. */
-template <int F, int NG, int ST, int D> __host__ __device__ constexpr int smem_tab() { return F == F_BF16 ? 0 : 256 * 256; }
+template <int F, int NG, int ST, int D> __host__ __device__ constexpr int smem_tab() {
+    return F == F_BF16 || F == F_FP8 ? 0 : 256 * 256;   /* fp8 converts, no table */
+}
 template <int F, int NG, int ST, int D> __host__ __device__ constexpr int smem_bar() {
     return smem_tab<F, NG, ST, D>() + NG * NW * warp_area<F, ST, D>();
 }
@@ -132,9 +135,9 @@ template <int F, int NG, int ST, int D> __host__ __device__ constexpr int smem_x
     return (smem_ml<F, NG, ST, D>() + NG * 2 * 4 * 16 + NG * NW * 8 + 2 * (ATTN_MAX_ROWS + 1) * 4 + 15) / 16 * 16;  /* s_ml, s_next, s_pre, s_pre0 */
 }
 /* the merge's exchange slots after s_pre (tq3 and the pairs of two formats: the table's holes
- * hold a second table) */
+ * hold a second table; fp8: no table) */
 template <int F> __host__ __device__ constexpr bool xs_after() {
-    return F == F_TQ3 || F == F_TQ42 || F == F_TQ43 || F == F_TQ32;
+    return F == F_TQ3 || F == F_TQ42 || F == F_TQ43 || F == F_TQ32 || F == F_FP8;
 }
 template <int F, int NG, int ST, int D> __host__ __device__ constexpr int smem_bytes() {
     return smem_xs<F, NG, ST, D>() + (xs_after<F>() ? NG * 2 * (D / 4) * 128 : 0);  /* D / 4 slot rows per lane */
@@ -210,8 +213,8 @@ __device__ __forceinline__ void p_frags(uint32_t plo, uint32_t phi, int g, int c
 }
 
 /* The kernel's codebook tables (tq formats): entry e of table t (2 tables: tq3 and the pairs of
- * two formats). */
-template <int F> __host__ __device__ constexpr int tab_count() { return xs_after<F>() ? 2 : 1; }
+ * two formats; fp8 builds none). */
+template <int F> __host__ __device__ constexpr int tab_count() { return F == F_FP8 ? 0 : xs_after<F>() ? 2 : 1; }
 template <int F, int D> __device__ __forceinline__ uint32_t tab_value(const Params<D> &P, int e, int t) {
     if constexpr (F == F_TQ42 || F == F_TQ2 || F == F_TQ43 || F == F_TQ32) return tab_entry_pair<F>(P.kc.cent, P.vc.cent, e, t);
     else return tab_entry<F>(P.kc.cent, e, t);
@@ -248,7 +251,7 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
     const uint32_t bar_s = uni(win + smem_bar<F, NG, ST, D>() + wc * ST * 8);
 
     if constexpr (F != F_BF16) {
-        for (int i = threadIdx.x; i < tab_count<F>() * 256 * 32; i += NG * NW * 32) {
+        for (int i = threadIdx.x; F != F_FP8 && i < tab_count<F>() * 256 * 32; i += NG * NW * 32) {
             const int t = i >> 13, e = (i >> 5) & 255;           /* table, entry */
             s_dyn[e * 64 + 32 * t + (i & 31)] = tab_value<F, D>(P, e, t);
         }
@@ -418,7 +421,7 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
          * lines go to L2 now (a prefetch per token and plane), while the fast tiles run, so
          * those loads wait on L2, not HBM (the window item is the longest on the critical
          * path: it carries a full split's main-plane tiles too). */
-        if constexpr (F != F_BF16) {
+        if constexpr (F != F_BF16 && F != F_FP8) {
             if (row.wstart < z) {
                 const Ring x = ring_of();
                 for (int t0 = first + nf * NW * TT; t0 < z; t0 += NW * TT) {
@@ -495,7 +498,7 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
              * lookups (their tq bytes are not loaded: lim = fast_end); wsl: the ring slot of
              * token t0 + lane (every slot is valid: the ring exists), shuffled to the
              * fragments' tokens */
-            const bool wt = F != F_BF16 && slow && row.wstart < min(z, t0 + TT);
+            const bool wt = F != F_BF16 && F != F_FP8 && slow && row.wstart < min(z, t0 + TT); /* fp8: no ring */
             const int wsl = wt ? (t0 + lane) % P.ring.ring : 0;
             // ---- per-lane token factors (token t0 + lane): K's, log2 of V's and its inverse
             float kf = 1.0f, vl = 0.0f, vi = 1.0f;  /* (see RESCALE_SLACK) */
@@ -505,6 +508,10 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
                 if constexpr (F != F_BF16) {
                     kf = __half2float(__ushort_as_half((uint16_t)R.ksc));
                     vf = __half2float(__ushort_as_half((uint16_t)R.vsc));
+                    if constexpr (F == F_FP8 && FP8_FACTOR != 1.0f) {  /* TQKV_FP8_CVT=0: h(b) x 256 */
+                        kf *= FP8_FACTOR;
+                        vf *= FP8_FACTOR;
+                    }
                     if (wt && t >= row.wstart && t < z) {     /* q8_tok_factor */
                         const Ring x = ring_of();
                         const size_t slot = (size_t)wsl;
@@ -889,7 +896,7 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
                 /* 16-byte stores: four consecutive dims of vdim() per store (a quarter of the
                  * L2 sectors of 4-byte stores) */
                 float *const dst = P.po + pi * D;
-                if constexpr (F == F_BF16) {  /* vdim(g, i, e) = 16 g + 2 i + e */
+                if constexpr (F == F_BF16 || F == F_FP8) {  /* vdim(g, i, e) = 16 g + 2 i + e */
 #pragma unroll
                     for (int i = 0; i < 8; i += 2)
                         *reinterpret_cast<float4 *>(dst + vdim<F>(g, i, 0)) =

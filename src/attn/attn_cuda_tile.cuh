@@ -54,15 +54,23 @@
 #ifndef TQKV_TQ3_SOL
 #define TQKV_TQ3_SOL 0
 #endif
+/* fp8 decode (d = 128): 1: e4m3 -> fp16 by the hardware conversion (cvt.rn.f16x2.e4m3x2); 0: by
+ * integer ops, the fp16 h(b) = e4m3 x 2^-8 of docs/FORMATS.md (exact, subnormals included),
+ * with the x 256 in the token's factor (4 ops per fp16 pair instead of one conversion: for an
+ * A/B run where the conversion's throughput limits). */
+#ifndef TQKV_FP8_CVT
+#define TQKV_FP8_CVT 1
+#endif
 
 namespace {
 
-/* Formats of the kernel's K and V: one format for both (tq4, tq3, the dense bf16 baseline)
- * or a pair (d = 128 only): F_TQ42 = tq4 K with tq2 V, F_TQ2 = tq2 for both, F_TQ43 = tq4 K
+/* Formats of the kernel's K and V: one format for both (tq4, tq3, the dense bf16 baseline,
+ * fp8 = OCP e4m3 with an fp16 scale per vector: d = 128 only, no table, no q8 window) or a
+ * pair (d = 128 only): F_TQ42 = tq4 K with tq2 V, F_TQ2 = tq2 for both, F_TQ43 = tq4 K
  * with tq3 V, F_TQ32 = tq3 K with tq2 V. kfmt / vfmt name each side's format; a pair's K-side
  * building blocks are its K format's, its V-side ones its V format's (tq2: tq3's head-dim
  * orders without the 1-bit plane; tq3 in a pair: one table, C, tq3c_kwords / tq3c_vwords). */
-enum { F_TQ4 = 0, F_TQ3 = 1, F_BF16 = 2, F_TQ42 = 3, F_TQ2 = 4, F_TQ43 = 5, F_TQ32 = 6 };
+enum { F_TQ4 = 0, F_TQ3 = 1, F_BF16 = 2, F_TQ42 = 3, F_TQ2 = 4, F_TQ43 = 5, F_TQ32 = 6, F_FP8 = 7 };
 __host__ __device__ constexpr int kfmt(int F) { return F == F_TQ42 || F == F_TQ43 ? F_TQ4 : F == F_TQ32 ? F_TQ3 : F; }
 __host__ __device__ constexpr int vfmt(int F) { return F == F_TQ42 || F == F_TQ32 ? F_TQ2 : F == F_TQ43 ? F_TQ3 : F; }
 constexpr float LOG2E = 1.4426950408889634f;
@@ -131,6 +139,7 @@ template <int D> struct Fmt<F_TQ4, D> { static constexpr int PAY = D / 2; };
 template <int D> struct Fmt<F_TQ3, D> { static constexpr int PAY = 3 * D / 8; };  /* 2-bit plane, 1-bit plane */
 template <int D> struct Fmt<F_BF16, D> { static constexpr int PAY = 2 * D; };
 template <int D> struct Fmt<F_TQ2, D> { static constexpr int PAY = D / 4; };      /* 2-bit plane */
+template <int D> struct Fmt<F_FP8, D> { static constexpr int PAY = D; };          /* e4m3 bytes */
 /* payload bytes per token of K and of V (a pair's sides differ) */
 template <int F, int D> __host__ __device__ constexpr int kpay() { return Fmt<kfmt(F), D>::PAY; }
 template <int F, int D> __host__ __device__ constexpr int vpay() { return Fmt<vfmt(F), D>::PAY; }
@@ -220,7 +229,7 @@ template <int F, int D> constexpr bool dim_orders_ok() {
 }
 static_assert(dim_orders_ok<F_TQ4, 128>() && dim_orders_ok<F_TQ3, 128>() && dim_orders_ok<F_BF16, 128>() &&
                   dim_orders_ok<F_TQ42, 128>() && dim_orders_ok<F_TQ2, 128>() && dim_orders_ok<F_TQ43, 128>() &&
-                  dim_orders_ok<F_TQ32, 128>() &&
+                  dim_orders_ok<F_TQ32, 128>() && dim_orders_ok<F_FP8, 128>() &&
                   dim_orders_ok<F_TQ4, 256>() && dim_orders_ok<F_TQ3, 256>(),
               "kdim, vdim and qdim are permutations of the head dims");
 /* The query pairs a lane loads are K's: at d = 256, element 128 h + 32 c + 2 p + e of the
@@ -492,6 +501,18 @@ template <int S> struct Raw<F_TQ32, S> {  /* tq3 K, tq2 V */
     uint32_t vl[SUB][4];
     uint32_t ksc, vsc;
 };
+/* fp8: the tile is read where it is used (in registers it would be 64 of them): pointers to
+ * the lane's first K row and V token in the warp's stage (gl = false) or in global memory (gl =
+ * true, slow tiles: tokens at or past lim, tile-relative, read as zero bytes). K row: dims
+ * 32c..32c+31 (32 bytes) of token krow_tok(g, row); V: dims 16g..16g+15 (16 bytes) of token
+ * vcol_tok(c, j). */
+template <int S> struct Raw<F_FP8, S> {
+    static constexpr int SUB = S;
+    const char *k, *v;        /* + lane offset (lane_off<F_FP8>) */
+    int ktok, vtok, lim;      /* the lane's first K / V token (tile-relative); valid tokens */
+    bool gl;
+    uint32_t ksc, vsc;
+};
 template <int S> struct Raw<F_BF16, S> {
     static constexpr int SUB = S;
     uint4 k[SUB][2][4];       /* dims 32c..32c+31 */
@@ -524,10 +545,15 @@ struct Ring {                 /* the q8 recent window (slow tiles only) */
  * g + 8: slots 2c+8, 2c+9), so one transposition (the shuffles in process) serves both. */
 template <int F> __host__ __device__ constexpr int krow_tok(int g, int row) {
     if constexpr (F == F_TQ3 || F == F_TQ32) return 2 * (g & 3) + (g >> 2) + 8 * row;
+    else if constexpr (F == F_FP8) return 4 * (g & 3) + (g >> 2) + 2 * row;
     else return g + 8 * row;
 }
+/* fp8: column c's slots are the 4 consecutive tokens 4c .. 4c + 3, so that the stage can place
+ * each column's tokens in a copy of their own, 32 bytes further along the banks (Stg<F_FP8>):
+ * a V load's lanes (4 columns x 2 rows) then read 8 different 16-byte bank groups. */
 template <int F> __host__ __device__ constexpr int vcol_tok(int c, int j) {
     if constexpr (F == F_TQ3 || F == F_TQ32) return 8 * (j >> 1) + 2 * c + (j & 1);
+    else if constexpr (F == F_FP8) return 4 * c + j;
     else return 4 * j + c;
 }
 template <int F> constexpr bool orders_match() {
@@ -538,7 +564,7 @@ template <int F> constexpr bool orders_match() {
     return true;
 }
 static_assert(orders_match<F_TQ4>() && orders_match<F_TQ3>() && orders_match<F_BF16>() && orders_match<F_TQ42>() &&
-                  orders_match<F_TQ2>() && orders_match<F_TQ43>() && orders_match<F_TQ32>(),
+                  orders_match<F_TQ2>() && orders_match<F_TQ43>() && orders_match<F_TQ32>() && orders_match<F_FP8>(),
               "S rows c, c + 4 are P's k slots of column c (the transposition in process)");
 
 /* Per-lane byte offsets inside a tile (tokens from the tile's first), so that every load
@@ -557,6 +583,7 @@ template <int F> __device__ __forceinline__ LaneOff lane_off(int g, int c) {
     else if constexpr (F == F_TQ2) { o.kh = o.k; o.k += 8 * c; o.vh = o.v; o.v += 4 * g; }
     else if constexpr (F == F_TQ43) { o.kh = o.k; o.k += 16 * c; o.vh = o.v + 32 + 4 * (g >> 1); o.v += 4 * g; }
     else if constexpr (F == F_TQ32) { o.kh = o.k + 32 + 4 * c; o.k += 8 * c; o.vh = o.v; o.v += 4 * g; }
+    else if constexpr (F == F_FP8) { o.kh = o.k; o.k += 32 * c; o.vh = o.v; o.v += 16 * g; } /* V: the plain layout */
     else { o.kh = o.k; o.k += 64 * c; o.vh = o.v; o.v += 32 * g; }
     return o;
 }
@@ -567,8 +594,16 @@ __device__ __forceinline__ void load_tile(Raw<F, S> &R, const Ctx &x, size_t col
     constexpr int SUB = S, KPAY = kpay<F, 128>(), VPAY = vpay<F, 128>();
     const size_t tt = col + (size_t)t0;     /* the tile's first token in the planes */
     const uint8_t *kt = x.kb + tt * KPAY, *vt = x.vb + tt * VPAY;
+    if constexpr (F == F_FP8) {               /* read where used (deq_k_fp8 / deq_v_fp8) */
+        R.k = reinterpret_cast<const char *>(kt + o.k);
+        R.v = reinterpret_cast<const char *>(vt + o.v);
+        R.ktok = krow_tok<F>(g, 0);
+        R.vtok = vcol_tok<F>(c, 0);
+        R.lim = SLOW ? lim - t0 : 16 * SUB;
+        R.gl = true;
+    }
 #pragma unroll
-    for (int u = 0; u < SUB; u++) {
+    for (int u = 0; u < SUB && F != F_FP8; u++) {
 #pragma unroll
         for (int row = 0; row < 2; row++) {
             const bool ok = !SLOW || t0 + 16 * u + krow_tok<F>(g, row) < lim;
@@ -580,7 +615,7 @@ __device__ __forceinline__ void load_tile(Raw<F, S> &R, const Ctx &x, size_t col
             } else if constexpr (F == F_TQ3 || F == F_TQ32) {
                 R.kl[u][row] = ok ? __ldg(reinterpret_cast<const uint2 *>(kt + o.k + tk)) : make_uint2(0, 0);
                 R.kh[u][row] = ok ? __ldg(reinterpret_cast<const uint32_t *>(kt + o.kh + tk)) : 0u;
-            } else {
+            } else if constexpr (F == F_BF16) {
 #pragma unroll
                 for (int q = 0; q < 4; q++)
                     R.k[u][row][q] = ok ? __ldg(reinterpret_cast<const uint4 *>(kt + o.k + tk) + q) : make_uint4(0, 0, 0, 0);
@@ -597,7 +632,7 @@ __device__ __forceinline__ void load_tile(Raw<F, S> &R, const Ctx &x, size_t col
             } else if constexpr (F == F_TQ3 || F == F_TQ43) {
                 R.vl[u][j] = ok ? __ldg(reinterpret_cast<const uint32_t *>(vt + o.v + tv)) : 0u;
                 R.vh[u][j] = ok ? __ldg(reinterpret_cast<const uint32_t *>(vt + o.vh + tv)) : 0u;
-            } else {
+            } else if constexpr (F == F_BF16) {
 #pragma unroll
                 for (int q = 0; q < 2; q++)
                     R.v[u][j][q] = ok ? __ldg(reinterpret_cast<const uint4 *>(vt + o.v + tv) + q) : make_uint4(0, 0, 0, 0);
@@ -637,15 +672,26 @@ __device__ __forceinline__ bool elect_one() {
  * below them (the scales of token tt start (tt & 7) tokens into their 80 bytes). Loads in
  * flight then cost no registers and L2 sees each line once (the L2 prefetch this replaced
  * made it look lines up twice). */
+/* fp8's V payload is copied in VCH = 8 pieces of 4 tokens (a column's slots, vcol_tok), piece k
+ * at V_OFF + k VSTR, VPAD = 32 bytes after the previous one, so that the lanes of one 16-byte V
+ * load (columns 0..3, rows g, g + 1: same in-token bytes of 4 tokens) hit 8 different bank groups
+ * (with one copy they hit 2, 4-way). Every other format: one V copy (VCH = 1, VPAD = 0). */
 template <int F> struct Stg {
     static constexpr int TT = 32, KPAY = kpay<F, 128>(), VPAY = vpay<F, 128>();
+    static constexpr int VCH = F == F_FP8 ? 8 : 1, VPAD = F == F_FP8 ? 32 : 0;
+    static constexpr int VCT = TT / VCH, VSTR = VCT * VPAY + VPAD;   /* tokens per V copy, its stride */
     static constexpr int V_OFF = TT * KPAY;
     static constexpr int SC = 80;             /* a tile's scales from their 16-byte floor */
-    static constexpr int KS_OFF = TT * KPAY + TT * VPAY;
+    static constexpr int KS_OFF = V_OFF + VCH * VSTR - VPAD;
     static constexpr int VS_OFF = KS_OFF + SC;
     static constexpr int BYTES = VS_OFF + SC;
+    static constexpr int TX = TT * KPAY + TT * VPAY + 2 * SC;        /* what the copies bring */
+    /* stage offset of tile token t's V row */
+    __host__ __device__ static constexpr int vpos(int t) { return V_OFF + t / VCT * VSTR + t % VCT * VPAY; }
     static_assert(SC % 16 == 0 && SC >= 2 * TT + 14, "the tile's scales from any 2-byte offset");
-    static_assert(KPAY % 16 == 0 && VPAY % 16 == 0 && BYTES % 16 == 0, "bulk copies move 16-byte multiples");
+    static_assert(KPAY % 16 == 0 && VPAY % 16 == 0 && VSTR % 16 == 0 && BYTES % 16 == 0,
+                  "bulk copies move 16-byte multiples to 16-byte aligned places");
+    static_assert(F == F_FP8 || (KS_OFF == TT * KPAY + TT * VPAY && TX == BYTES), "one V copy: the plain layout");
 };
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
@@ -693,9 +739,16 @@ __device__ __forceinline__ void stage_issue(const Ctx &x, size_t col, int t, uin
     const uintptr_t vs0 = reinterpret_cast<uintptr_t>(x.vsb + tt) & ~(uintptr_t)15;
     if (elect_one()) {
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* after the warp's reads of the stage */
-        mbar_expect(bar, G::BYTES);
+        mbar_expect(bar, G::TX);
         bulk_g2s(dst, x.kb + (size_t)tt * G::KPAY, G::TT * G::KPAY, bar, pol);
-        bulk_g2s(dst + G::V_OFF, x.vb + (size_t)tt * G::VPAY, G::TT * G::VPAY, bar, pol);
+        if constexpr (G::VCH == 1) {
+            bulk_g2s(dst + G::V_OFF, x.vb + (size_t)tt * G::VPAY, G::TT * G::VPAY, bar, pol);
+        } else {
+#pragma unroll
+            for (int k = 0; k < G::VCH; k++)
+                bulk_g2s(dst + G::V_OFF + k * G::VSTR, x.vb + ((size_t)tt + k * G::VCT) * G::VPAY, G::VCT * G::VPAY,
+                         bar, pol);
+        }
         bulk_g2s(dst + G::KS_OFF, reinterpret_cast<const void *>(ks0), G::SC, bar, pol);
         bulk_g2s(dst + G::VS_OFF, reinterpret_cast<const void *>(vs0), G::SC, bar, pol);
     }
@@ -708,8 +761,16 @@ __device__ __forceinline__ void load_stage(Raw<F, S> &R, const char *st, const L
     using G = Stg<F>;
     constexpr int KPAY = G::KPAY, VPAY = G::VPAY;
     static_assert(16 * S == G::TT, "a stage is one tile");
+    if constexpr (F == F_FP8) {               /* read where used (deq_k_fp8 / deq_v_fp8) */
+        R.k = st + o.k;
+        R.v = st + G::vpos(vcol_tok<F>(lane & 3, 0)) + 16 * (lane >> 2);   /* V: the stage's pieces */
+        R.ktok = 0;                           /* (gl = false: every token is valid) */
+        R.vtok = 0;
+        R.lim = G::TT;
+        R.gl = false;
+    }
 #pragma unroll
-    for (int u = 0; u < S; u++) {
+    for (int u = 0; u < S && F != F_FP8; u++) {
 #pragma unroll
         for (int row = 0; row < 2; row++) {
             const int tk = (16 * u + krow_tok<F>(0, row)) * KPAY;
@@ -717,7 +778,7 @@ __device__ __forceinline__ void load_stage(Raw<F, S> &R, const char *st, const L
                 R.k[u][row] = *reinterpret_cast<const uint4 *>(st + o.k + tk);
             } else if constexpr (F == F_TQ2) {
                 R.kl[u][row] = *reinterpret_cast<const uint2 *>(st + o.k + tk);
-            } else {
+            } else if constexpr (F != F_FP8) {
                 R.kl[u][row] = *reinterpret_cast<const uint2 *>(st + o.k + tk);
                 R.kh[u][row] = *reinterpret_cast<const uint32_t *>(st + o.kh + tk);
             }
@@ -729,7 +790,7 @@ __device__ __forceinline__ void load_stage(Raw<F, S> &R, const char *st, const L
                 R.v[u][j] = *reinterpret_cast<const uint2 *>(st + o.v + tv);
             } else if constexpr (F == F_TQ42 || F == F_TQ2 || F == F_TQ32) {
                 R.vl[u][j] = *reinterpret_cast<const uint32_t *>(st + o.v + tv);
-            } else {
+            } else if constexpr (F != F_FP8) {
                 R.vl[u][j] = *reinterpret_cast<const uint32_t *>(st + o.v + tv);
                 R.vh[u][j] = *reinterpret_cast<const uint32_t *>(st + o.vh + tv);
             }
@@ -820,6 +881,75 @@ __device__ __forceinline__ void deq_v_tq3(uint32_t W0, uint32_t W1, uint32_t H0,
             a[4 * (k & 1) + j][2 * hp + (k >> 1)] = tlook3(T, vw[k], j, TQKV_TQ3_CD ? k >> 1 : k & 1);
 }
 
+/* fp8 (d = 128): e4m3 bytes to fp16 by the hardware conversion (sm_89+), exact: every e4m3
+ * value (subnormals included) is an fp16 normal, x_hat / scale = h(b) x 256 (docs/FORMATS.md).
+ * Bytes 0, 1 of w become the fp16 pair lo (byte 0 in its low half), bytes 2, 3 the pair hi.
+ * (The codes 0x7f / 0xff, never written by the encoder, convert to NaN here; the CPU reads
+ * them as +-480.) */
+/* The token factor's multiplier of fp8's fragment values: 1 for cvt's (the e4m3 values), 256 for
+ * TQKV_FP8_CVT=0's h(b) = e4m3 x 2^-8. */
+constexpr float FP8_FACTOR = TQKV_FP8_CVT ? 1.0f : 256.0f;
+/* TQKV_FP8_CVT=0: the fp16 pair (h(b1), h(b3)) of bytes 1 and 3 of a (bytes 0 and 2 ignored):
+ * h(b) = (b & 0x80) << 8 | (b & 0x7f) << 7, i.e. e4m3 x 2^-8 (exact; e4m3 subnormals are fp16
+ * subnormals) */
+__device__ __forceinline__ uint32_t fp8_h2(uint32_t a) {
+    return lop3<0xF8>((a & 0x7F007F00u) >> 1, a, 0x80008000u);   /* x | (a & sign bits) */
+}
+__device__ __forceinline__ void e4m3x4_f16(uint32_t w, uint32_t &lo, uint32_t &hi) {
+#if TQKV_FP8_CVT
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}"
+        : "=r"(lo), "=r"(hi) : "r"(w));
+#else
+    lo = fp8_h2(prmt(w, 0u, 0x1404u));        /* bytes (0, b0, 0, b1) */
+    hi = fp8_h2(prmt(w, 0u, 0x3424u));        /* bytes (0, b2, 0, b3) */
+#endif
+}
+/* A 16-byte word of the fp8 tile: the stage (shared memory) or, for slow tiles, global memory
+ * (zero bytes where !ok). */
+template <int S> __device__ __forceinline__ uint4 fp8_ld(const Raw<F_FP8, S> &R, const char *p, bool ok) {
+    if (R.gl) return ok ? __ldg(reinterpret_cast<const uint4 *>(p)) : make_uint4(0, 0, 0, 0);
+    return *reinterpret_cast<const uint4 *>(p);
+}
+/* K pairs of one row: the 32 bytes of dims 32c.. (kdim<F_FP8>(c, p, e) = 32 c + 2 p + e: pair p
+ * is bytes 2p, 2p + 1). */
+template <int S> __device__ __forceinline__ void deq_k_fp8(const Raw<F_FP8, S> &R, int u, int row, uint32_t pr[16]) {
+    const int tk = 16 * u + krow_tok<F_FP8>(0, row);
+    const bool ok = R.ktok + tk < R.lim;
+    const uint4 a = fp8_ld(R, R.k + tk * 128, ok), b = fp8_ld(R, R.k + tk * 128 + 16, ok);
+    const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int m = 0; m < 8; m++) e4m3x4_f16(w[m], pr[2 * m], pr[2 * m + 1]);
+}
+/* V^T fragments: tokens j0 = 2 hp, j1 = 2 hp + 1 of column c, 16 bytes each (dims 16g..). Word m
+ * of both tokens interleaved by bytes (prmt) gives the (tok j0, tok j1) pairs of dims 16g + 4m ..
+ * 16g + 4m + 3, i.e. vdim<F_FP8>(g, 2m + (d >> 1), d & 1) = 16 g + 2 i + e. */
+template <int S> __device__ __forceinline__ void deq_v_fp8(const Raw<F_FP8, S> &R, int u, uint32_t a[8][4]) {
+    using G = Stg<F_FP8>;
+#pragma unroll
+    for (int hp = 0; hp < 2; hp++) {
+        /* the tokens' places from the lane's first (vcol_tok(c, 0) of subtile 0): plain (global
+         * memory) or in the stage's pieces (each column's 4 tokens in one piece) */
+        const int t0 = 16 * u + vcol_tok<F_FP8>(0, 2 * hp), t1 = 16 * u + vcol_tok<F_FP8>(0, 2 * hp + 1);
+        const int i0 = R.gl ? t0 * 128 : G::vpos(t0) - G::V_OFF, i1 = R.gl ? t1 * 128 : G::vpos(t1) - G::V_OFF;
+        const uint4 x0 = fp8_ld(R, R.v + i0, R.vtok + t0 < R.lim);
+        const uint4 x1 = fp8_ld(R, R.v + i1, R.vtok + t1 < R.lim);
+        const uint32_t w0[4] = {x0.x, x0.y, x0.z, x0.w}, w1[4] = {x1.x, x1.y, x1.z, x1.w};
+#if TQKV_FP8_CVT
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            e4m3x4_f16(prmt(w0[m], w1[m], 0x5140u), a[2 * m][2 * hp], a[2 * m][2 * hp + 1]);
+            e4m3x4_f16(prmt(w0[m], w1[m], 0x7362u), a[2 * m + 1][2 * hp], a[2 * m + 1][2 * hp + 1]);
+        }
+#else
+#pragma unroll
+        for (int m = 0; m < 4; m++)
+#pragma unroll
+            for (int k = 0; k < 4; k++)           /* byte k of both tokens: bytes 1 and 3 of the permute */
+                a[2 * m + (k >> 1)][2 * hp + (k & 1)] = fp8_h2(prmt(w0[m], w1[m], 0x4400u + 0x1111u * (uint32_t)k));
+#endif
+    }
+}
+
 /* K pairs of one row of subtile u (d = 128). */
 template <int F, int S> __device__ __forceinline__ void deq_k(const Raw<F, S> &R, const Tab &T, int u, int row, uint32_t pr[16]) {
     if constexpr (F == F_TQ4) {
@@ -832,6 +962,8 @@ template <int F, int S> __device__ __forceinline__ void deq_k(const Raw<F, S> &R
         deq_k_tq2(R.kl[u][row], T, 0, pr);
     } else if constexpr (F == F_TQ32) {
         deq_k_tq3c(R.kl[u][row], R.kh[u][row], T, 0, pr);
+    } else if constexpr (F == F_FP8) {
+        deq_k_fp8(R, u, row, pr);
     } else {
 #pragma unroll
         for (int q = 0; q < 4; q++) {
@@ -845,8 +977,9 @@ template <int F, int S> __device__ __forceinline__ void deq_k(const Raw<F, S> &R
 
 /* V^T fragments of subtile u: a[i] = {a0, a1, a2, a3} of m-tile i (d = 128). */
 template <int F, int S> __device__ __forceinline__ void deq_v(const Raw<F, S> &R, const Tab &T, int u, int g, uint32_t a[8][4]) {
+    if constexpr (F == F_FP8) deq_v_fp8(R, u, a);
 #pragma unroll
-    for (int hp = 0; hp < 2; hp++) {          /* k slots (2c, 2c+1) or (2c+8, 2c+9): j = 2hp, 2hp+1 */
+    for (int hp = 0; hp < 2 && F != F_FP8; hp++) {   /* k slots (2c, 2c+1) or (2c+8, 2c+9): j = 2hp, 2hp+1 */
         const int j0 = 2 * hp, j1 = 2 * hp + 1;
         if constexpr (F == F_BF16) {
 #pragma unroll
@@ -861,7 +994,7 @@ template <int F, int S> __device__ __forceinline__ void deq_v(const Raw<F, S> &R
             deq_v_tq2(R.vl[u][j0], R.vl[u][j1], T, F == F_TQ2 ? 0 : 1, hp, a);
         } else if constexpr (F == F_TQ43) {   /* tq3 V: table C at 1 */
             deq_v_tq3c(R.vl[u][j0], R.vl[u][j1], R.vh[u][j0], R.vh[u][j1], 4u * (uint32_t)(g & 1), T, 1, hp, a);
-        } else {
+        } else if constexpr (F == F_TQ3) {
             deq_v_tq3(R.vl[u][j0], R.vl[u][j1], R.vh[u][j0], R.vh[u][j1], 4u * (uint32_t)(g & 1), T, hp, a);
         }
     }
@@ -1153,6 +1286,26 @@ static_assert(stage_conflicts<F_TQ4>(0) == 1 && stage_conflicts<F_TQ4>(2) == 1,
 static_assert(stage_conflicts<F_TQ3>(0) == 1 && stage_conflicts<F_TQ3>(1) == 2 && stage_conflicts<F_TQ3>(2) == 1 &&
                   stage_conflicts<F_TQ3>(3) == 1,
               "tq3 d = 256: staged reads conflict free but K's 1-bit plane words (2-way)");
+/* fp8 (d = 128): the worst of its staged 16-byte loads, K (kind 0: rows of 32 bytes, two loads)
+ * or V (kind 1: 16 bytes of each slot's token, in the stage's pieces) */
+constexpr int fp8_conflicts(int kind) {
+    using G = Stg<F_FP8>;
+    int worst = 1;
+    for (int u = 0; u < 2; u++)
+        for (int r = 0; r < 4; r++) {
+            int a[32] = {};
+            for (int lane = 0; lane < 32; lane++) {
+                const int g = lane >> 2, c = lane & 3;
+                a[lane] = kind == 0 ? (16 * u + krow_tok<F_FP8>(g, r & 1)) * G::KPAY + 32 * c + 16 * (r >> 1)
+                                    : G::vpos(16 * u + vcol_tok<F_FP8>(c, r)) + 16 * g;
+            }
+            const int n = lds_ways(a, 16);
+            worst = n > worst ? n : worst;
+        }
+    return worst;
+}
+static_assert(fp8_conflicts(0) == 2 && fp8_conflicts(1) == 1,
+              "fp8 staged reads: V conflict free (its pieces), K 2-way (128-byte rows, one copy)");
 
 /* The whole warp (warp-uniform arguments, as stage_issue): ask for the d = 256 fast tile whose
  * first token in the planes is tt into the stage at dst. */

@@ -17,8 +17,9 @@
  * --dim 256: caches of head_dim 256 (Gemma 4's full layers; scale 1 / 16): tq on the
  * tensor-core split kernel, or on the float32 one with TQKV_WIDE_TC=0 in the environment (the
  * "kernel" key says which), bf16 on the float32 one. fp8, tq2 and mixed tq K/V decode on the
- * float32 kernel of attn_cuda_fmt.cu ("kernel": "f32"), but tq2 and mixed tq at d = 128 on the
- * tensor-core split kernel ("tc"). The anchor script
+ * float32 kernel of attn_cuda_fmt.cu ("kernel": "f32"), but tq2, mixed tq and fp8 at d = 128 on
+ * the tensor-core split kernel ("tc"; fp8 on the float32 one with TQKV_FP8_TC=0 in the
+ * environment, for A/B runs). The anchor script
  * measures d = 128 only.
  * Owns: the benchmark driver and its output. Must not: contain attention logic.
  */
@@ -234,9 +235,13 @@ static int bc_point(const bc_run *R, const bc_format *f, int B, int N, double an
         cJSON_AddNumberToObject(o, "q_heads", R->qh);
         cJSON_AddNumberToObject(o, "kv_heads", kvh);
         cJSON_AddNumberToObject(o, "head_dim", dim);
-        /* the tensor-core split kernel's formats (d = 128 also tq2 and the mixed tq K/V) */
+        /* the tensor-core split kernel's formats (d = 128 also tq2, the mixed tq K/V and fp8/fp8
+         * unless TQKV_FP8_TC=0) */
+        const char *fp8_env = getenv("TQKV_FP8_TC");
+        const int fp8_tc = !(fp8_env && *fp8_env && atoi(fp8_env) == 0);
         const int tuned = (f->fmt == f->vfmt && (f->fmt == TQKV_TQ4 || f->fmt == TQKV_TQ3)) ||
-                          (dim == 128 && f->fmt != TQKV_FP8 && f->vfmt != TQKV_FP8);
+                          (dim == 128 && f->fmt != TQKV_FP8 && f->vfmt != TQKV_FP8) ||
+                          (dim == 128 && f->fmt == TQKV_FP8 && f->vfmt == TQKV_FP8 && fp8_tc);
         cJSON_AddStringToObject(o, "kernel", f->bf16 ? (dim == 256 ? "f32" : "tc")
                                              : !tuned ? "f32" : R->wide_tc ? "tc" : "f32");
         cJSON_AddNumberToObject(o, "reps", R->reps);
