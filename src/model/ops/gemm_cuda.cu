@@ -133,6 +133,28 @@ __device__ __forceinline__ void gemm_load(uint32_t st, const uint16_t *__restric
     gemm_load_x<C, P>(st, xb, T, TS, K, t0, kt);
 }
 
+/* The prologue's ST - 1 stages: first their weight tiles, which no kernel writes, then the
+ * grid dependency wait (PDL: a programmatic launch starts while the kernel before, the one
+ * that wrote xb, still runs; the wait returns once it completed and its writes are visible;
+ * a no-op for a plain launch), then the activations. Commit group 0 holds all the
+ * prologue's weights and stage 0's activations, group s stage s's: stage s has landed once
+ * groups 0 .. s have. Nothing is read from or written to global memory but W before the
+ * wait; the same bytes land in the same slots. */
+template <class C, int P, int ST>
+__device__ __forceinline__ void gemm_prologue(uint32_t sbase, const uint16_t *__restrict__ w, int N,
+                                              const uint16_t *__restrict__ xb, int T, int TS, int K,
+                                              int n0, int t0, int nk) {
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++)
+        if (s < nk) gemm_load_w<C>(sbase + s * C::STAGE, w, N, K, n0, s);
+    mc_pdl_wait();
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++) {
+        if (s < nk) gemm_load_x<C, P>(sbase + s * C::STAGE, xb, T, TS, K, t0, s);
+        cp_async_commit();
+    }
+}
+
 /* One stage's four k16 steps into acc: per step the warp's MT weight fragments, each
  * part's NT token fragments, then per output the hi mma and (P = 2) the lo mma. */
 template <class C, int MT, int NT, int P>
@@ -189,22 +211,7 @@ __device__ __forceinline__ void gemm_tile(const uint16_t *__restrict__ xb, int T
     for (int m = 0; m < MT; m++)
 #pragma unroll
         for (int j = 0; j < NT; j++) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.f;
-    /* The prologue's ST - 1 stages: first their weight tiles, which no kernel writes, then
-     * the grid dependency wait (PDL: a programmatic launch starts while the kernel before,
-     * the one that wrote xb, still runs; the wait returns once it completed and its writes
-     * are visible; a no-op for a plain launch), then the activations. Commit group 0 holds
-     * all the prologue's weights and stage 0's activations, group s stage s's: stage s has
-     * landed once groups 0 .. s have, as before. Nothing is read from or written to global
-     * memory but W before the wait; the same bytes land in the same slots. */
-#pragma unroll
-    for (int s = 0; s < ST - 1; s++)
-        if (s < nk) gemm_load_w<C>(sbase + s * C::STAGE, w, N, K, n0, s);
-    mc_pdl_wait();
-#pragma unroll
-    for (int s = 0; s < ST - 1; s++) {
-        if (s < nk) gemm_load_x<C, P>(sbase + s * C::STAGE, xb, T, TS, K, t0, s);
-        cp_async_commit();
-    }
+    gemm_prologue<C, P, ST>(sbase, w, N, xb, T, TS, K, n0, t0, nk);
     for (int kt = 0; kt < nk; kt++) {
         cp_async_wait<ST - 2>(); /* stage kt has landed (this thread's copies) */
         __syncthreads();         /* ... everyone's, and stage kt - 1's slot is free */

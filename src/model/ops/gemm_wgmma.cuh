@@ -38,7 +38,9 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 __device__ __forceinline__ void wg_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 #define WG_F8(i)                                                                                   \
@@ -81,7 +83,7 @@ __device__ __forceinline__ void wgmma_n256(float (&d)[128], uint64_t da, uint64_
 #else
 __device__ __forceinline__ void wg_fence() {}
 __device__ __forceinline__ void wg_commit() {}
-__device__ __forceinline__ void wg_wait0() {}
+template <int N> __device__ __forceinline__ void wg_wait() {}
 __device__ __forceinline__ void wg_proxy_fence() {}
 __device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t, uint64_t) { (void)d; }
 __device__ __forceinline__ void wgmma_n256(float (&d)[128], uint64_t, uint64_t) { (void)d; }
@@ -145,27 +147,18 @@ __device__ __forceinline__ void gemm_wg_tile(const uint16_t *__restrict__ xb, in
     float d[BN / 2];
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) d[i] = 0.f;
-    /* the prologue as the mma.sync tile's: weights, the PDL wait, then the activations */
-#pragma unroll
-    for (int s = 0; s < ST - 1; s++)
-        if (s < nk) gemm_load_w<C>(sbase + s * C::STAGE, w, N, K, n0, s);
-    mc_pdl_wait();
-#pragma unroll
-    for (int s = 0; s < ST - 1; s++) {
-        if (s < nk) gemm_load_x<C, P>(sbase + s * C::STAGE, xb, T, TS, K, t0, s);
-        cp_async_commit();
-    }
+    gemm_prologue<C, P, ST>(sbase, w, N, xb, T, TS, K, n0, t0, nk); /* the mma.sync tile's */
     for (int kt = 0; kt < nk; kt++) {
         cp_async_wait<ST - 2>(); /* stage kt has landed (this thread's copies) */
         wg_proxy_fence();        /* ... and is visible to the wgmma's async proxy */
-        wg_wait0();              /* stage kt - 1's wgmmas are done: its slot is refilled next */
+        wg_wait<0>();            /* stage kt - 1's wgmmas are done: its slot is refilled next */
         __syncthreads();
         const int nx = kt + ST - 1;
         if (nx < nk) gemm_load<C, P>(sbase + (nx % ST) * C::STAGE, w, N, xb, T, TS, K, n0, t0, nx);
         cp_async_commit();
         wg_stage<C, P>(d, sbase + (kt % ST) * C::STAGE, wg);
     }
-    wg_wait0();
+    wg_wait<0>();
     cp_async_wait<0>();
     wg_store<C>(d, T, N, bias, y, ldy, t0, n0 + 64 * wg);
 }
