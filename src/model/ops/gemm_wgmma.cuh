@@ -12,8 +12,9 @@
  * mma.sync tiles' own (cp.async by every thread into 128-byte rows, chunk c of row r at
  * c ^ (r & 7)): that is wgmma's 128-byte swizzle when a tile starts on 1024 bytes, so the
  * stage buffer is aligned to 1024 and read through K-major SWIZZLE_128B descriptors.
- * Per stage: wait for its copies, make them visible to the async proxy, wait for the last
- * stage's wgmmas (their slot is refilled next), barrier, refill, then 4 x P wgmmas.
+ * Per stage: wait for its copies, make them visible to the async proxy, barrier, queue its
+ * 4 x P wgmmas behind the last stage's, wait for the last stage's (not this one's), barrier,
+ * then refill the last stage's slot: the tensor cores always hold a stage's work.
  */
 #pragma once
 
@@ -151,12 +152,13 @@ __device__ __forceinline__ void gemm_wg_tile(const uint16_t *__restrict__ xb, in
     for (int kt = 0; kt < nk; kt++) {
         cp_async_wait<ST - 2>(); /* stage kt has landed (this thread's copies) */
         wg_proxy_fence();        /* ... and is visible to the wgmma's async proxy */
-        wg_wait<0>();            /* stage kt - 1's wgmmas are done: its slot is refilled next */
-        __syncthreads();
+        __syncthreads();         /* ... everyone's */
+        wg_stage<C, P>(d, sbase + (kt % ST) * C::STAGE, wg); /* queued behind stage kt - 1's */
+        wg_wait<1>();            /* stage kt - 1's wgmmas are done (this warpgroup's) */
+        __syncthreads();         /* ... both warpgroups': its slot is free */
         const int nx = kt + ST - 1;
         if (nx < nk) gemm_load<C, P>(sbase + (nx % ST) * C::STAGE, w, N, xb, T, TS, K, n0, t0, nx);
         cp_async_commit();
-        wg_stage<C, P>(d, sbase + (kt % ST) * C::STAGE, wg);
     }
     wg_wait<0>();
     cp_async_wait<0>();
