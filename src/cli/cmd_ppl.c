@@ -154,7 +154,7 @@ static int ppl_states_init(ppl_opts *o, const tqkv_model *m, tqkv_model_state **
     sp->window = o->window;
     sp->window_slack = o->slack;
     if (o->preset) {
-        if (kvp_resolve(CMD, m, o->kv, o->ctx, sp, resolved, 256)) return -1;
+        if (kvp_resolve_model(CMD, m, o->dir, o->kv, o->ctx, sp, resolved, 256)) return -1;
         o->window = sp->window;
         fprintf(stderr, "tqkv ppl: --kv %s -> %s\n", o->kv, resolved);
     }

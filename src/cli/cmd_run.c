@@ -273,7 +273,8 @@ static int run_session_init(run_opts *o, const char *ptext, size_t plen, run_ses
     sp->rows = 1;
     sp->window = o->window;
     if (o->preset) { /* resolved at the model's context length */
-        if (kvp_resolve(CMD, r->m, o->kv, ctx_len, sp, o->resolved, sizeof o->resolved)) return -1;
+        if (kvp_resolve_model(CMD, r->m, o->dir, o->kv, ctx_len, sp, o->resolved,
+                              sizeof o->resolved)) return -1;
         fprintf(stderr, "tqkv run: --kv %s -> %s\n", o->kv, o->resolved);
     }
     if (o->kv_policy) { /* checked at the model's context length */

@@ -216,7 +216,7 @@ static int serve_check_opts(serve_opts *o) {
 
 /* --kv auto:B, --kv-layers and --kv-policy, applied by the engine once the model is loaded. */
 typedef struct {
-    const char *kv, *layers;
+    const char *kv, *layers, *dir; /* dir: the model's, for a policy beside it (auto:B) */
     const kv_policy *pol;  /* NULL: none */
     char        desc[256]; /* the resolved preset, for the start-up line */
 } serve_kv;
@@ -224,7 +224,8 @@ typedef struct {
 static tqkv_status serve_kv_setup(const tqkv_model *m, tqkv_model_state_params *sp, void *user) {
     serve_kv *k = user;
     if (kvp_is_preset(k->kv) &&
-        kvp_resolve(CMD, m, k->kv, tqkv_model_context_len(m), sp, k->desc, sizeof k->desc))
+        kvp_resolve_model(CMD, m, k->dir, k->kv, tqkv_model_context_len(m), sp, k->desc,
+                          sizeof k->desc))
         return tqkv_fail(TQKV_EINVAL, "--kv %s: no configuration (see above)", k->kv);
     if (k->pol && kvpol_apply(CMD, m, k->pol, tqkv_model_context_len(m), sp, k->desc,
                               sizeof k->desc))
@@ -259,7 +260,7 @@ static int serve_engine_params(const serve_opts *o, char *mbuf, char *dbuf,
     }
     if (o->kv_policy && kvpol_load(CMD, o->kv_policy, &g_serve_pol)) return -1;
     if (kvp_is_preset(o->kv) || o->kv_layers || o->kv_policy) {
-        g_serve_kv = (serve_kv){.kv = o->kv, .layers = o->kv_layers,
+        g_serve_kv = (serve_kv){.kv = o->kv, .layers = o->kv_layers, .dir = dir,
                                 .pol = o->kv_policy ? &g_serve_pol : NULL};
         ep->kv_setup = serve_kv_setup;
         ep->kv_setup_user = &g_serve_kv;
