@@ -350,7 +350,7 @@ static int serve_run(serve_opts *o, const tqkv_engine_params *ep, srv_params *sp
         snprintf(tpd, sizeof tpd, ", tensor parallel %d", ep->tensor_parallel);
     fprintf(stderr, "tqkv serve: model %s, kv %s%s%s%s%s%s, threads %d, prefix cache %zu bytes, "
             "listening on http://%s%s%s:%d\n", o->n_aliases ? o->aliases[0] : eng.model_name,
-            o->kv, g_serve_kv.desc[0] ? " = " : "", g_serve_kv.desc,
+            o->kv_policy ? o->kv_policy : o->kv, g_serve_kv.desc[0] ? " = " : "", g_serve_kv.desc,
             o->kv_layers ? ", layers " : "", o->kv_layers ? o->kv_layers : "", tpd,
             o->threads, ep->prefix_cache_bytes, strchr(o->host, ':') ? "[" : "", o->host,
             strchr(o->host, ':') ? "]" : "", bound);
