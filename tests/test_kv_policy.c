@@ -234,6 +234,33 @@ static void test_cli_calibrate(void **state) {
     unlink(pol_path);
 }
 
+/* ppl --kld's reference is f32 on every layer: per-layer formats that name the default's
+ * formats give the default's KLD (the reference once kept the per-layer formats), and a
+ * cache f32 by default but tq4 per layer is measured (it once had no reference: KLD 0). */
+static void test_cli_kld_reference(void **state) {
+    (void)state;
+    char md[1024], text[1024], args[4096], out[1 << 16];
+    source_path("models/qwen3-code-28m", md, sizeof md);
+    source_path("src/cli/cmd_ppl.c", text, sizeof text);
+    struct stat st;
+    if (stat(md, &st) != 0) skip();
+    const char *kv[3] = {"--kv tq4 --window 8", "--kv q8/tq4 --kv-layers 0-7:tq4 --window 8",
+                         "--kv f32 --kv-layers 0-7:tq4"};
+    double kld[3], ppl[3];
+    for (int i = 0; i < 3; i++) {
+        snprintf(args, sizeof args, "ppl --model '%s' --text '%s' --ctx 128 --max-windows 1 "
+                 "--threads 2 --kld --json --window-slack 0 %s", md, text, kv[i]);
+        assert_int_equal(run_cli(args, out, sizeof out), 0);
+        cJSON *a = cJSON_Parse(out);
+        if (!a) fail_msg("not JSON: %s", out);
+        kld[i] = jnum(a, "kld");
+        ppl[i] = jnum(a, "ppl");
+        cJSON_Delete(a);
+    }
+    assert_true(ppl[0] == ppl[1] && kld[0] == kld[1] && kld[0] > 0);
+    assert_true(kld[2] > kld[0]); /* tq4 without a window: more divergence, not none */
+}
+
 /* `--kv auto:B` takes DIR/kv-policy-B.txt when it fits, else the ranked presets. */
 static void test_cli_auto_policy(void **state) {
     (void)state;
@@ -280,6 +307,6 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse), cmocka_unit_test(test_apply),
         cmocka_unit_test(test_state_roundtrip), cmocka_unit_test(test_cli_calibrate),
-        cmocka_unit_test(test_cli_auto_policy)};
+        cmocka_unit_test(test_cli_auto_policy), cmocka_unit_test(test_cli_kld_reference)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

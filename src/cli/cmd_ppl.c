@@ -172,9 +172,18 @@ static int ppl_states_init(ppl_opts *o, const tqkv_model *m, tqkv_model_state **
         fprintf(stderr, "tqkv ppl: %s\n", tqkv_last_error());
         return -1;
     }
-    if (o->kld && !(sp->k_format == TQKV_F32 && sp->v_format == TQKV_F32)) {
+    int all_f32 = sp->k_format == TQKV_F32 && sp->v_format == TQKV_F32;
+    for (int l = 0; l < TQKV_MAX_KV_LAYERS; l++)
+        all_f32 &= (!sp->layer_k[l] || sp->layer_k[l] == TQKV_F32 + 1) &&
+                   (!sp->layer_v[l] || sp->layer_v[l] == TQKV_F32 + 1);
+    if (o->kld && !all_f32) {
+        /* the reference is f32 on every layer: no per-layer formats, no window (before
+         * session 10 it kept the per-layer formats, so --kv-layers runs' KLD was measured
+         * against a partly quantized cache) */
         tqkv_model_state_params rp = *sp;
         rp.k_format = rp.v_format = TQKV_F32;
+        memset(rp.layer_k, 0, sizeof rp.layer_k);
+        memset(rp.layer_v, 0, sizeof rp.layer_v);
         rp.window = 0;
         if (tqkv_model_state_init(ref, m, &rp) != TQKV_OK) {
             fprintf(stderr, "tqkv ppl: %s\n", tqkv_last_error());
