@@ -22,6 +22,7 @@
 #include "cli.h"
 #include "json_out.h"
 #include "kv_policy.h"
+#include "kv_preset.h"
 #include "model_cli.h"
 #include "tqkv_model.h"
 #include "tqkv_tokenizer.h"
@@ -33,7 +34,7 @@ static const char *CMD = "calibrate";
 
 typedef struct {
     const char *model_arg, *text_path, *out, *out_dir, *budgets, *formats;
-    int ctx, max_windows, first_window, window, threads, json;
+    int ctx, max_windows, first_window, window, threads, json, no_check;
     char dir[4096];
     int n_budget;
     double budget[CAL_MAX_BUDGETS];
@@ -111,6 +112,7 @@ static int cal_parse_args(int argc, char **argv, cal_opts *o) {
         {"--out", ARG_STR, &o->out, "policy file to write (one budget)"},
         {"--out-dir", ARG_STR, &o->out_dir, "write DIR/kv-policy-B.txt per budget B"},
         {"--threads", ARG_INT, &o->threads, "threads (default: all CPUs)"},
+        {"--no-check", ARG_FLAG, &o->no_check, "do not measure the choice against auto:B on the calibration windows"},
         {"--json", ARG_FLAG, &o->json, "end with a JSON line: sensitivities and the choices"},
     };
     const int n_specs = (int)(sizeof specs / sizeof specs[0]);
@@ -357,17 +359,94 @@ static int cal_grow_window(const cal_opts *o, const tqkv_model *m, kv_policy *po
 }
 
 // ---------------------------------------------------------------------------
+// Check: the choice against the ranked preset auto:B on the calibration windows
+// ---------------------------------------------------------------------------
+
+/* Mean KLD from the f32 cache of params a and b over the n_win calibration windows. 0/-1. */
+static int cal_compare(const cal_opts *o, const tqkv_model *m, const int32_t *ids, int n_win,
+                       const tqkv_model_state_params *a, const tqkv_model_state_params *b,
+                       double *ka, double *kb) {
+    const int V = tqkv_model_get_config(m)->vocab_size, ctx = o->ctx;
+    float *ref = malloc(sizeof(float) * (size_t)ctx * V); // [ctx, vocab]
+    float *lg = malloc(sizeof(float) * (size_t)ctx * V);  // [ctx, vocab]
+    const tqkv_model_state_params rp = cal_params(o, -1, 0, TQKV_F32);
+    int rc = ref && lg ? 0 : -1;
+    *ka = *kb = 0;
+    for (int w = 0; w < n_win && !rc; w++) {
+        const int32_t *tok = ids + (size_t)(o->first_window + w) * ctx;
+        rc = cal_forward(m, &rp, tok, ctx, ref);
+        if (!rc) cal_log_softmax(ref, ctx, V, o->threads);
+        for (int i = 0; i < 2 && !rc; i++) {
+            rc = cal_forward(m, i ? b : a, tok, ctx, lg);
+            if (rc) break;
+            cal_log_softmax(lg, ctx, V, o->threads);
+            *(i ? kb : ka) += cal_kld(ref, lg, ctx, V, o->threads) / n_win;
+        }
+    }
+    free(ref);
+    free(lg);
+    return rc;
+}
+
+/* Policy of params p (formats, per-layer formats, window) into pol. */
+static void cal_policy_of(const tqkv_model *m, const tqkv_model_state_params *p, kv_policy *pol) {
+    const int L = tqkv_model_get_config(m)->n_layers;
+    pol->layers = L;
+    snprintf(pol->kv, sizeof pol->kv, "%s/%s", tqkv_format_name(p->k_format),
+             tqkv_format_name(p->v_format));
+    size_t n = 0;
+    pol->kv_layers[0] = 0;
+    for (int l = 0; l < L && l < TQKV_MAX_KV_LAYERS; l++) {
+        if (!p->layer_k[l] && !p->layer_v[l]) continue;
+        tqkv_format k, v;
+        tqkv_kv_layer_formats(p, l, &k, &v);
+        n += (size_t)snprintf(pol->kv_layers + n, sizeof pol->kv_layers - n, "%s%d:%s/%s",
+                              n ? ";" : "", l, tqkv_format_name(k), tqkv_format_name(v));
+    }
+    pol->window = p->window;
+}
+
+/* Measure pol against auto:B on the calibration windows; when the preset measures better,
+ * pol becomes the preset's configuration. *kp, *kr: the two KLDs. 0 or -1. */
+static int cal_check(const cal_opts *o, const tqkv_model *m, const int32_t *ids, int n_win,
+                     kv_policy *pol, double B, double *kp, double *kr) {
+    tqkv_model_state_params a = cal_params(o, -1, 0, TQKV_F32), b = a;
+    char desc[256], name[32];
+    snprintf(name, sizeof name, "auto:%.6g", B);
+    memset(b.layer_k, 0, sizeof b.layer_k);
+    memset(b.layer_v, 0, sizeof b.layer_v);
+    if (kvpol_apply(CMD, m, pol, o->ctx, &a, desc, sizeof desc) ||
+        kvp_resolve(CMD, m, name, o->ctx, &b, desc, sizeof desc) ||
+        cal_compare(o, m, ids, n_win, &a, &b, kp, kr))
+        return -1;
+    fprintf(stderr, "tqkv calibrate: %.4g bits: calibrated KLD %.5f, %s (%s) %.5f on the "
+            "calibration windows\n", B, *kp, name, desc, *kr);
+    if (*kr < *kp) {
+        cal_policy_of(m, &b, pol);
+        pol->bits = kvpol_bits(m, &b, o->ctx);
+        fprintf(stderr, "tqkv calibrate: %.4g bits: the preset measured better; the policy "
+                "holds its configuration\n", B);
+    }
+    return 0;
+}
+
+// ---------------------------------------------------------------------------
 // Output and command
 // ---------------------------------------------------------------------------
 
-/* Write pol to path; 0 or -1 (message). */
-static int cal_write(const cal_opts *o, const kv_policy *pol, const char *path, double loss) {
+/* Write pol to path with a comment of how it was made; 0 or -1 (message). */
+static int cal_write(const cal_opts *o, const kv_policy *pol, const char *path, double loss,
+                     double kp, double kr) {
     FILE *f = fopen(path, "w");
-    char c[512];
-    snprintf(c, sizeof c, "tqkv calibrate: %d window(s) from %d of %s, ctx %d, measured with "
-             "window %d; predicted KLD %.5f", o->max_windows, o->first_window, o->text_path,
-             o->ctx, o->window, loss);
-    if (!f || kvpol_write(f, pol, c) || fclose(f)) {
+    char c[1024];
+    int n = snprintf(c, sizeof c, "tqkv calibrate: %d window(s) from %d of %s, ctx %d, measured "
+                     "with window %d; predicted KLD %.5f", o->max_windows, o->first_window,
+                     o->text_path, o->ctx, o->window, loss);
+    if (!o->no_check && n > 0 && (size_t)n < sizeof c)
+        snprintf(c + n, sizeof c - (size_t)n, "; measured KLD %.5f against auto:%g's %.5f%s", kp,
+                 pol->budget, kr, kr < kp ? " (so this is the preset's configuration)" : "");
+    int bad = !f || kvpol_write(f, pol, c);
+    if ((f && fclose(f)) || bad) {
         fprintf(stderr, "tqkv calibrate: cannot write %s\n", path);
         return -1;
     }
@@ -395,7 +474,8 @@ static cJSON *cal_json_table(const cal_opts *o, const cal_table *t) {
 }
 
 /* Choose, write and report a policy per budget; 0 or -1. */
-static int cal_emit(const cal_opts *o, const tqkv_model *m, const cal_table *t, int n_win) {
+static int cal_emit(const cal_opts *o, const tqkv_model *m, const cal_table *t,
+                    const int32_t *ids, int n_win) {
     cJSON *j = cJSON_CreateObject(), *pols = cJSON_CreateArray();
     int rc = 0;
     for (int b = 0; b < o->n_budget && !rc; b++) {
@@ -411,9 +491,12 @@ static int cal_emit(const cal_opts *o, const tqkv_model *m, const cal_table *t, 
         }
         cal_policy(o, m, t, ch, &pol);
         if (cal_grow_window(o, m, &pol, o->budget[b])) rc = -1;
+        double kp = NAN, kr = NAN;
+        if (!rc && !o->no_check && cal_check(o, m, ids, n_win, &pol, o->budget[b], &kp, &kr))
+            rc = -1;
         char path[4200];
         if (o->out_dir) snprintf(path, sizeof path, "%s/kv-policy-%g.txt", o->out_dir, o->budget[b]);
-        if (!rc && (o->out || o->out_dir)) rc = cal_write(o, &pol, o->out ? o->out : path, loss);
+        if (!rc && (o->out || o->out_dir)) rc = cal_write(o, &pol, o->out ? o->out : path, loss, kp, kr);
         if (!rc && !o->out && !o->out_dir && !o->json) kvpol_write(stdout, &pol, NULL);
         cJSON *e = cJSON_CreateObject();
         json_add_num(e, "budget", o->budget[b], 4);
@@ -422,6 +505,8 @@ static int cal_emit(const cal_opts *o, const tqkv_model *m, const cal_table *t, 
         cJSON_AddNumberToObject(e, "window", pol.window);
         json_add_num(e, "kv_bits_per_value", pol.bits, 4);
         json_add_num(e, "predicted_kld", loss, 6);
+        json_add_num(e, "checked_kld", kp, 6); /* null with --no-check */
+        json_add_num(e, "checked_kld_preset", kr, 6);
         cJSON_AddItemToArray(pols, e);
     }
     if (o->json && !rc) {
@@ -494,7 +579,7 @@ int cmd_calibrate(int argc, char **argv) {
     fprintf(stderr, "tqkv calibrate: %zu tokens, windows %d..%d of %d tokens, %d formats, "
             "window %d\n", n_ids, o.first_window, o.first_window + n_win - 1, o.ctx, o.n_fmt,
             o.window);
-    if (cal_scan(&o, m, ids, n_win, t) || cal_emit(&o, m, t, n_win)) goto done;
+    if (cal_scan(&o, m, ids, n_win, t) || cal_emit(&o, m, t, ids, n_win)) goto done;
     rc = 0;
 done:
     free(t);
