@@ -14,6 +14,7 @@ int cmd_bench_attention(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_ppl(int argc, char **argv);
+int cmd_calibrate(int argc, char **argv);
 int cmd_kv_error(int argc, char **argv);
 int cmd_bench_model(int argc, char **argv);
 int cmd_bench_gemm(int argc, char **argv);

@@ -20,6 +20,7 @@
 
 #include "cli.h"
 #include "json_out.h"
+#include "kv_policy.h"
 #include "kv_preset.h"
 #include "model_cli.h"
 #include "tqkv_model.h"
@@ -61,7 +62,8 @@ static double lse(const float *x, int n) {
 
 typedef struct {
     const char *model_arg, *text_path, *kv;
-    const char *prefill_kernel, *device, *kv_layers;
+    const char *prefill_kernel, *device, *kv_layers, *kv_policy;
+    kv_policy pol;               /* --kv-policy FILE, applied once the model is loaded */
     int ctx, max_windows, window, kld, threads, json, kv_seed;
     int chunk, blas, fast_gemm, slack, tp;
     int preset;                  /* --kv is a preset (auto:B), resolved once the model is loaded */
@@ -83,6 +85,7 @@ static int ppl_parse_args(int argc, char **argv, ppl_opts *o) {
         {"--max-windows", ARG_INT, &o->max_windows, "score at most N windows (default all)"},
         {"--kv", ARG_STR, &o->kv, "KV cache format (default f32)"},
         {"--kv-layers", ARG_STR, &o->kv_layers, "per-layer KV formats, e.g. '0,7:q8' or '0-1:q8;7:tq4/q8'"},
+        {"--kv-policy", ARG_STR, &o->kv_policy, "KV policy file from `tqkv calibrate` (formats, per-layer formats, window; instead of --kv)"},
         {"--window", ARG_INT, &o->window, "newest tokens kept at q8 beside a tq cache (default 0)"},
         {"--window-slack", ARG_INT, &o->slack, "extra q8 ring slots for trims (default 32; counted in kv_bits_per_value)"},
         {"--chunk", ARG_INT, &o->chunk, "feed each window in chunks of N tokens (default: whole)"},
@@ -115,6 +118,12 @@ static int ppl_parse_args(int argc, char **argv, ppl_opts *o) {
     *sp = tqkv_model_state_params_default();
     sp->device_fast_gemm = o->fast_gemm;
     o->preset = kvp_is_preset(o->kv);
+    if (o->kv_policy && (o->preset || o->window || o->kv_layers[0] || strcmp(o->kv, "f32"))) {
+        fprintf(stderr, "tqkv ppl: --kv-policy sets the formats and the window; drop --kv, "
+                "--window and --kv-layers\n");
+        return 2;
+    }
+    if (o->kv_policy && kvpol_load(CMD, o->kv_policy, &o->pol)) return 2;
     if (o->preset && (o->window || o->kv_layers[0])) {
         fprintf(stderr, "tqkv ppl: --kv %s chooses the window and per-layer formats itself; "
                 "drop --window / --kv-layers\n", o->kv);
@@ -145,9 +154,16 @@ static int ppl_states_init(ppl_opts *o, const tqkv_model *m, tqkv_model_state **
     sp->window = o->window;
     sp->window_slack = o->slack;
     if (o->preset) {
-        if (kvp_resolve(CMD, m, o->kv, o->ctx, sp, resolved, 256)) return -1;
+        if (kvp_resolve_model(CMD, m, o->dir, o->kv, o->ctx, sp, resolved, 256)) return -1;
         o->window = sp->window;
         fprintf(stderr, "tqkv ppl: --kv %s -> %s\n", o->kv, resolved);
+    }
+    if (o->kv_policy) {
+        if (kvpol_apply(CMD, m, &o->pol, o->ctx, sp, resolved, 256)) return -1;
+        o->window = sp->window;
+        o->kv = o->pol.kv;
+        o->kv_layers = o->pol.kv_layers;
+        fprintf(stderr, "tqkv ppl: --kv-policy %s -> %s\n", o->kv_policy, resolved);
     }
     sp->kv_seed = (uint64_t)o->kv_seed;
     sp->threads = o->threads;
@@ -156,9 +172,18 @@ static int ppl_states_init(ppl_opts *o, const tqkv_model *m, tqkv_model_state **
         fprintf(stderr, "tqkv ppl: %s\n", tqkv_last_error());
         return -1;
     }
-    if (o->kld && !(sp->k_format == TQKV_F32 && sp->v_format == TQKV_F32)) {
+    int all_f32 = sp->k_format == TQKV_F32 && sp->v_format == TQKV_F32;
+    for (int l = 0; l < TQKV_MAX_KV_LAYERS; l++)
+        all_f32 &= (!sp->layer_k[l] || sp->layer_k[l] == TQKV_F32 + 1) &&
+                   (!sp->layer_v[l] || sp->layer_v[l] == TQKV_F32 + 1);
+    if (o->kld && !all_f32) {
+        /* the reference is f32 on every layer: no per-layer formats, no window (before
+         * session 10 it kept the per-layer formats, so --kv-layers runs' KLD was measured
+         * against a partly quantized cache) */
         tqkv_model_state_params rp = *sp;
         rp.k_format = rp.v_format = TQKV_F32;
+        memset(rp.layer_k, 0, sizeof rp.layer_k);
+        memset(rp.layer_v, 0, sizeof rp.layer_v);
         rp.window = 0;
         if (tqkv_model_state_init(ref, m, &rp) != TQKV_OK) {
             fprintf(stderr, "tqkv ppl: %s\n", tqkv_last_error());
@@ -291,7 +316,9 @@ static int ppl_report(const ppl_opts *o, const tqkv_model *m, tqkv_model_state *
         cJSON_AddStringToObject(j, "matmul", sp->device ? "device" : mcli_matmul_name(mcli_exact));
         cJSON_AddStringToObject(j, "kv", o->kv);
         cJSON_AddStringToObject(j, "kv_layers", o->kv_layers);
-        if (o->preset) cJSON_AddStringToObject(j, "kv_resolved", resolved);
+        if (o->kv_policy) cJSON_AddStringToObject(j, "kv_policy", o->kv_policy);
+        else cJSON_AddNullToObject(j, "kv_policy");
+        if (o->preset || o->kv_policy) cJSON_AddStringToObject(j, "kv_resolved", resolved);
         else cJSON_AddNullToObject(j, "kv_resolved");
         /* everything counted at ctx: scales, per-layer mix, window ring, sliding layers */
         json_add_num(j, "kv_bits_per_value", kv_bits, 4);

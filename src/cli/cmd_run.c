@@ -18,6 +18,7 @@
 
 #include "cli.h"
 #include "json_out.h"
+#include "kv_policy.h"
 #include "kv_preset.h"
 #include "model_cli.h"
 #include "tqkv_model.h"
@@ -34,7 +35,8 @@ enum { UNSET = INT_MIN };
 
 typedef struct {
     const char *model_arg, *prompt, *prompt_file;
-    const char *kv, *kv_layers, *prefill_kernel, *decode_kernel;
+    const char *kv, *kv_layers, *prefill_kernel, *decode_kernel, *kv_policy;
+    kv_policy pol;                  /* --kv-policy FILE, applied once the model is loaded */
     const char *device;
     int n_gen, top_k, seed, window, threads, chat, json, fast_gemm, tp;
     int ignore_eos, kv_seed, blas, f32w;
@@ -86,6 +88,7 @@ static int run_parse_args(int argc, char **argv, run_opts *o) {
         {"--seed", ARG_INT, &o->seed, "sampling seed (default: from the clock)"},
         {"--kv", ARG_STR, &o->kv, "KV cache format: f32|f16|q8|q4|tq2|tq3|tq4|fp8, K/V, or a preset auto:B (default " MCLI_DEFAULT_KV "; tq4 with --window or --kv-layers)"},
         {"--kv-layers", ARG_STR, &o->kv_layers, "per-layer KV formats, e.g. '0,7:q8'"},
+        {"--kv-policy", ARG_STR, &o->kv_policy, "KV policy file from `tqkv calibrate` (formats, per-layer formats, window; instead of --kv)"},
         {"--window", ARG_INT, &o->window, "newest tokens kept at q8 beside a tq cache (default 0)"},
         {"--kv-seed", ARG_INT, &o->kv_seed, "rotation seed of the KV cache (layer l: seed + l)"},
         {"--threads", ARG_INT, &o->threads, "threads (default: all CPUs)"},
@@ -117,7 +120,13 @@ static int run_parse_args(int argc, char **argv, run_opts *o) {
     tqkv_model_state_params *sp = &o->sp;
     *sp = tqkv_model_state_params_default();
     sp->device_fast_gemm = o->fast_gemm;
-    if (!o->kv) o->kv = mcli_default_kv(o->window || o->kv_layers[0]);
+    if (o->kv_policy && (o->kv || o->window || o->kv_layers[0])) {
+        fprintf(stderr, "tqkv run: --kv-policy sets the formats and the window; drop --kv, "
+                "--window and --kv-layers\n");
+        return 2;
+    }
+    if (o->kv_policy && kvpol_load(CMD, o->kv_policy, &o->pol)) return 2;
+    if (!o->kv) o->kv = mcli_default_kv(o->window || o->kv_layers[0] || o->kv_policy);
     o->preset = kvp_is_preset(o->kv);
     if (o->preset && (o->window || o->kv_layers[0])) {
         fprintf(stderr, "tqkv run: --kv %s chooses the window and per-layer formats itself; "
@@ -264,8 +273,15 @@ static int run_session_init(run_opts *o, const char *ptext, size_t plen, run_ses
     sp->rows = 1;
     sp->window = o->window;
     if (o->preset) { /* resolved at the model's context length */
-        if (kvp_resolve(CMD, r->m, o->kv, ctx_len, sp, o->resolved, sizeof o->resolved)) return -1;
+        if (kvp_resolve_model(CMD, r->m, o->dir, o->kv, ctx_len, sp, o->resolved,
+                              sizeof o->resolved)) return -1;
         fprintf(stderr, "tqkv run: --kv %s -> %s\n", o->kv, o->resolved);
+    }
+    if (o->kv_policy) { /* checked at the model's context length */
+        if (kvpol_apply(CMD, r->m, &o->pol, ctx_len, sp, o->resolved, sizeof o->resolved))
+            return -1;
+        o->kv = o->pol.kv;
+        fprintf(stderr, "tqkv run: --kv-policy %s -> %s\n", o->kv_policy, o->resolved);
     }
     sp->kv_seed = (uint64_t)o->kv_seed;
     sp->threads = o->threads;
@@ -395,7 +411,7 @@ static int run_report(const run_opts *o, const run_session *r, const run_output 
         json_add_ints(j, "tokens", r->gen, (size_t)out->n_out);
         cJSON_AddNumberToObject(j, "prompt_tokens", (double)r->n_ids);
         cJSON_AddStringToObject(j, "kv", o->kv);
-        if (o->preset) cJSON_AddStringToObject(j, "kv_resolved", o->resolved);
+        if (o->preset || o->kv_policy) cJSON_AddStringToObject(j, "kv_resolved", o->resolved);
         json_add_num(j, "kv_bits_per_value", tqkv_model_state_kv_bits_per_value(r->s), 4);
         json_add_num(j, "kv_bytes_per_token", tqkv_model_state_kv_bytes_per_token(r->s), 1);
         cJSON_AddNumberToObject(j, "tensor_parallel", tqkv_model_state_tensor_parallel(r->s));

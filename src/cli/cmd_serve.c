@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "kv_policy.h"
 #include "kv_preset.h"
 #include "model_cli.h"
 #include "serve_mem.h"
@@ -97,7 +98,7 @@ typedef struct {
     const char *model, *host, *kv, *draft;
     const char *budget, *api_key, *port_file, *cache_dir;
     const char *prefix_bytes, *max_body, *device;
-    const char *alias_last, *kv_layers;
+    const char *alias_last, *kv_layers, *kv_policy;
     int port, window, parallel, draft_tokens, threads, queue;
     int chunk, verbose, max_conns, metrics_auth;
     /* slow-client defence (src/server/conn_guard.c) */
@@ -124,6 +125,7 @@ static int serve_parse_args(int argc, char **argv, serve_opts *o) {
         {"--port-file", ARG_STR, &o->port_file, "write the bound port to this file once listening"},
         {"--kv", ARG_STR, &o->kv, "KV format: f16|q8|q4|tq2|tq3|tq4|fp8, K/V, or a preset auto:B (the best measured configuration within B bits per value at the model's context; default " MCLI_DEFAULT_KV "; tq4 with --window, --kv-layers or --draft)"},
         {"--kv-layers", ARG_STR, &o->kv_layers, "per-layer KV formats, e.g. '0,7:q8' or '0-1:q8;7:tq4/q8' (CPU)"},
+        {"--kv-policy", ARG_STR, &o->kv_policy, "KV policy file from `tqkv calibrate` (formats, per-layer formats, window; CPU; instead of --kv)"},
         {"--window", ARG_INT, &o->window, "q8 recent window in tokens (default 0 = off)"},
         {"--draft", ARG_STR, &o->draft, "draft model directory for speculative decoding"},
         {"--draft-tokens", ARG_INT, &o->draft_tokens, "tokens drafted per round (default 4)"},
@@ -187,7 +189,12 @@ static void serve_reexec_passive(int argc, char **argv, int threads) {
 
 /* Range checks of the numeric options; 0 or -1 (message printed). */
 static int serve_check_opts(serve_opts *o) {
-    if (!o->kv) o->kv = mcli_default_kv(o->window || o->kv_layers || o->draft);
+    if (o->kv_policy && (o->kv || o->window || o->kv_layers || o->draft)) {
+        fprintf(stderr, "tqkv serve: --kv-policy sets the formats and the window; drop --kv, "
+                "--window, --kv-layers and --draft\n");
+        return -1;
+    }
+    if (!o->kv) o->kv = mcli_default_kv(o->window || o->kv_layers || o->draft || o->kv_policy);
     if (o->port < 0 || o->port > 65535 || o->parallel < 1 || o->draft_tokens < 1 ||
         o->threads < 1 || o->queue < 0 || o->chunk < 1 || o->window < 0 || o->max_conns < 1) {
         fprintf(stderr, "tqkv serve: --port must be 0..65535; --parallel, --draft-tokens, --threads, "
@@ -207,22 +214,28 @@ static int serve_check_opts(serve_opts *o) {
 // Engine and server parameters
 // ---------------------------------------------------------------------------
 
-/* --kv auto:B and --kv-layers, applied by the engine once the model is loaded. */
+/* --kv auto:B, --kv-layers and --kv-policy, applied by the engine once the model is loaded. */
 typedef struct {
-    const char *kv, *layers;
+    const char *kv, *layers, *dir; /* dir: the model's, for a policy beside it (auto:B) */
+    const kv_policy *pol;  /* NULL: none */
     char        desc[256]; /* the resolved preset, for the start-up line */
 } serve_kv;
 
 static tqkv_status serve_kv_setup(const tqkv_model *m, tqkv_model_state_params *sp, void *user) {
     serve_kv *k = user;
     if (kvp_is_preset(k->kv) &&
-        kvp_resolve(CMD, m, k->kv, tqkv_model_context_len(m), sp, k->desc, sizeof k->desc))
+        kvp_resolve_model(CMD, m, k->dir, k->kv, tqkv_model_context_len(m), sp, k->desc,
+                          sizeof k->desc))
         return tqkv_fail(TQKV_EINVAL, "--kv %s: no configuration (see above)", k->kv);
+    if (k->pol && kvpol_apply(CMD, m, k->pol, tqkv_model_context_len(m), sp, k->desc,
+                              sizeof k->desc))
+        return tqkv_fail(TQKV_EINVAL, "--kv-policy: not applied (see above)");
     if (k->layers) return tqkv_kv_layers_parse(k->layers, sp);
     return TQKV_OK;
 }
 
 static serve_kv g_serve_kv;
+static kv_policy g_serve_pol;
 
 /* Engine parameters from the options (model paths resolved into mbuf / dbuf [4096]) and
  * the server's byte limit; 0 or -1 (message printed). */
@@ -245,8 +258,10 @@ static int serve_engine_params(const serve_opts *o, char *mbuf, char *dbuf,
     } else if (mcli_parse_kv(CMD, o->kv, &ep->k_format, &ep->v_format)) {
         return -1;
     }
-    if (kvp_is_preset(o->kv) || o->kv_layers) {
-        g_serve_kv = (serve_kv){.kv = o->kv, .layers = o->kv_layers};
+    if (o->kv_policy && kvpol_load(CMD, o->kv_policy, &g_serve_pol)) return -1;
+    if (kvp_is_preset(o->kv) || o->kv_layers || o->kv_policy) {
+        g_serve_kv = (serve_kv){.kv = o->kv, .layers = o->kv_layers, .dir = dir,
+                                .pol = o->kv_policy ? &g_serve_pol : NULL};
         ep->kv_setup = serve_kv_setup;
         ep->kv_setup_user = &g_serve_kv;
     }
@@ -335,7 +350,7 @@ static int serve_run(serve_opts *o, const tqkv_engine_params *ep, srv_params *sp
         snprintf(tpd, sizeof tpd, ", tensor parallel %d", ep->tensor_parallel);
     fprintf(stderr, "tqkv serve: model %s, kv %s%s%s%s%s%s, threads %d, prefix cache %zu bytes, "
             "listening on http://%s%s%s:%d\n", o->n_aliases ? o->aliases[0] : eng.model_name,
-            o->kv, g_serve_kv.desc[0] ? " = " : "", g_serve_kv.desc,
+            o->kv_policy ? o->kv_policy : o->kv, g_serve_kv.desc[0] ? " = " : "", g_serve_kv.desc,
             o->kv_layers ? ", layers " : "", o->kv_layers ? o->kv_layers : "", tpd,
             o->threads, ep->prefix_cache_bytes, strchr(o->host, ':') ? "[" : "", o->host,
             strchr(o->host, ':') ? "]" : "", bound);

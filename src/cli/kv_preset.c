@@ -13,6 +13,7 @@
 
 #include "cache/cache_cuda.h" /* tqkv_cuda_kv_formats_ok (inline: no device code) */
 #include "json_out.h"
+#include "kv_policy.h"
 #include "kv_preset.h"
 #include "model_cli.h"
 
@@ -165,6 +166,30 @@ int kvp_resolve(const char *cmd, const tqkv_model *m, const char *kv, int ctx,
     fprintf(stderr, "tqkv %s: --kv %s: no configuration fits %.4g bits per value at ctx %d "
             "(the smallest takes %.4f)\n", cmd, kv, budget, ctx, smallest);
     return -1;
+}
+
+int kvp_resolve_model(const char *cmd, const tqkv_model *m, const char *dir, const char *kv,
+                      int ctx, tqkv_model_state_params *p, char *desc, size_t cap) {
+    char path[4200];
+    FILE *f = NULL;
+    snprintf(path, sizeof path, "%s/kv-policy-%s.txt", dir ? dir : "", kv + 5);
+    const double budget = strtod(kv + 5, NULL);
+    if (!dir || p->device || p->tensor_parallel > 1 || !(budget > 0) || !(f = fopen(path, "r")))
+        return kvp_resolve(cmd, m, kv, ctx, p, desc, cap);
+    fclose(f);
+    kv_policy pol;
+    if (kvpol_load(cmd, path, &pol)) return -1;
+    if (!(pol.budget > 0) || pol.budget > budget) pol.budget = budget;
+    char d[200];
+    tqkv_model_state_params t = *p;
+    if (kvpol_apply(cmd, m, &pol, ctx, &t, d, sizeof d) == 0) {
+        *p = t;
+        snprintf(desc, cap, "policy %s: %s", path, d);
+        return 0;
+    }
+    fprintf(stderr, "tqkv %s: --kv %s: %s does not apply here; the ranked presets decide\n",
+            cmd, kv, path);
+    return kvp_resolve(cmd, m, kv, ctx, p, desc, cap);
 }
 
 /* Bits of candidate c (its full window) on a uniform graph: L layers of head_dim dim, all with their own K/V,

@@ -16,6 +16,12 @@ int kvp_is_preset(const char *kv);
  * bits. -1 with a message when B is malformed or nothing fits. */
 int kvp_resolve(const char *cmd, const tqkv_model *m, const char *kv, int ctx,
                 tqkv_model_state_params *p, char *desc, size_t cap);
+/* kvp_resolve, but a calibrated policy beside the model wins: DIR/kv-policy-B.txt (B as
+ * written after "auto:", e.g. kv-policy-4.25.txt; `tqkv calibrate --out-dir DIR` writes
+ * them) is applied when present, on a CPU state, and fits B at ctx; a file that does not
+ * parse is an error, one that does not fit leaves the choice to the ranked presets. */
+int kvp_resolve_model(const char *cmd, const tqkv_model *m, const char *dir, const char *kv,
+                      int ctx, tqkv_model_state_params *p, char *desc, size_t cap);
 /* Append the listed presets (auto:4.25, auto:3.25, auto:2.5) resolved on a generic graph. */
 int kvp_list_json(cJSON *arr, int dim);
 

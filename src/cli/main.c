@@ -20,6 +20,7 @@ static const command COMMANDS[] = {
     {"tokenize", NULL, cmd_tokenize, "tokenize text with a model's tokenizer.json"},
     {"run", NULL, cmd_run, "generate text from a prompt"},
     {"ppl", NULL, cmd_ppl, "perplexity (and KL divergence) of a text file"},
+    {"calibrate", NULL, cmd_calibrate, "per-layer KV sensitivity and a KV policy within B bits per value"},
     {"kv-error", NULL, cmd_kv_error, "per-layer reconstruction error of a model's real K/V per format"},
     {"bench", "gemm", cmd_bench_gemm, "GPU: the batch-invariant GEMM's weight bandwidth and TFLOP/s"},
     {"bench", "model", cmd_bench_model, "model prefill/decode tokens per second per KV format"},

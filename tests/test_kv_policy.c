@@ -1,0 +1,312 @@
+/*
+ * test_kv_policy.c - KV policy files (src/cli/kv_policy.c) and `tqkv calibrate`:
+ *   - the parser takes a well-formed policy and refuses bad ones (header, version, unknown or
+ *     duplicate key, bad formats, bad numbers, missing keys) with a message, leaving its
+ *     output unchanged;
+ *   - kvpol_apply on the bundled qwen3-code-28m: the formats, per-layer formats and window
+ *     of the policy; refuses a wrong layer count, a layer the model lacks and bits over the
+ *     budget, leaving the params unchanged;
+ *   - a state made from a policy exports and imports with its per-layer formats, and its
+ *     export is refused by a state without them;
+ *   - `tqkv calibrate` writes a policy within its budget, and `tqkv ppl --kv-policy` gives
+ *     the same ppl, KLD and bits as the explicit --kv / --kv-layers / --window it holds.
+ * Owns: temporary files under /tmp. Must not: depend on ../shared. Skips (77) when the
+ * bundled model is absent.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "testutil.h"
+#include "cli/kv_policy.h"
+#include "tqkv_model.h"
+
+static const char GOOD[] = "tqkv-kv-policy 1\n# a comment\nlayers 8\nkv tq4/tq2\n"
+                           "kv-layers 3:q8/tq2;5,6:tq3  # trailing comment\nwindow 30\n"
+                           "budget 4.25\nctx 2048\nbits 4.2\n";
+
+// ---------------------------------------------------------------------------
+// helpers
+// ---------------------------------------------------------------------------
+
+/* The bundled model, or skip. */
+static tqkv_model *load_model(char *md, size_t cap) {
+    source_path("models/qwen3-code-28m", md, cap);
+    struct stat st;
+    if (stat(md, &st) != 0) skip();
+    tqkv_model *m = NULL;
+    assert_int_equal(tqkv_model_load(&m, md, NULL), TQKV_OK);
+    return m;
+}
+
+/* Run `tqkv ARGS` (stderr discarded); the last stdout line in out; the exit status. */
+static int run_cli(const char *args, char *out, size_t cap) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s' %s 2>/dev/null", TQKV_CLI_PATH, args);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    char line[1 << 16];
+    out[0] = 0;
+    while (fgets(line, sizeof line, f)) snprintf(out, cap, "%s", line);
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Parse pol text that must fail; checks the message and that out is unchanged. */
+static void parse_bad(const char *text) {
+    kv_policy out, before;
+    memset(&out, 0x5a, sizeof out);
+    before = out;
+    char err[256] = "";
+    if (kvpol_parse(text, &out, err, sizeof err) == 0) fail_msg("accepted: %s", text);
+    assert_true(err[0] != 0);
+    assert_memory_equal(&out, &before, sizeof out);
+}
+
+// ---------------------------------------------------------------------------
+// tests
+// ---------------------------------------------------------------------------
+
+static void test_parse(void **state) {
+    (void)state;
+    kv_policy p;
+    char err[256];
+    if (kvpol_parse(GOOD, &p, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(p.layers, 8);
+    assert_string_equal(p.kv, "tq4/tq2");
+    assert_string_equal(p.kv_layers, "3:q8/tq2;5,6:tq3");
+    assert_int_equal(p.window, 30);
+    assert_true(p.budget == 4.25 && p.ctx == 2048 && p.bits == 4.2);
+    /* written and read back */
+    char buf[1024];
+    FILE *f = fmemopen(buf, sizeof buf, "w");
+    assert_int_equal(kvpol_write(f, &p, "note"), 0);
+    fclose(f);
+    kv_policy q;
+    if (kvpol_parse(buf, &q, err, sizeof err)) fail_msg("%s: %s", err, buf);
+    assert_memory_equal(&p, &q, sizeof p);
+    const char *bad[] = {
+        "",
+        "layers 8\nkv tq4\n",                               /* no header */
+        "tqkv-kv-policy 2\nlayers 8\nkv tq4\n",             /* version */
+        "tqkv-kv-policy 1\nlayers 8\n",                     /* no kv */
+        "tqkv-kv-policy 1\nkv tq4\n",                       /* no layers */
+        "tqkv-kv-policy 1\nlayers 8\nkv tq9\n",             /* unknown format */
+        "tqkv-kv-policy 1\nlayers 8\nkv tq4\nkv-layers 3:zz\n",
+        "tqkv-kv-policy 1\nlayers 8\nkv tq4\nkv-layers 99:q8\n",
+        "tqkv-kv-policy 1\nlayers 8\nkv tq4\nwindow -1\n",
+        "tqkv-kv-policy 1\nlayers 0\nkv tq4\n",
+        "tqkv-kv-policy 1\nlayers 8x\nkv tq4\n",
+        "tqkv-kv-policy 1\nlayers 8\nkv tq4\nbudget 0\n",
+        "tqkv-kv-policy 1\nlayers 8\nkv tq4\nbudget abc\n",
+        "tqkv-kv-policy 1\nlayers 8\nkv tq4\nlayers 8\n",   /* duplicate */
+        "tqkv-kv-policy 1\nlayers 8\nkv tq4\ncolour blue\n", /* unknown key */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) parse_bad(bad[i]);
+}
+
+static void test_apply(void **state) {
+    (void)state;
+    char md[1024], err[256], desc[256];
+    tqkv_model *m = load_model(md, sizeof md);
+    kv_policy pol;
+    assert_int_equal(kvpol_parse(GOOD, &pol, err, sizeof err), 0);
+    tqkv_model_state_params p = tqkv_model_state_params_default(), want = p;
+    assert_int_equal(kvpol_apply("test", m, &pol, 2048, &p, desc, sizeof desc), 0);
+    assert_int_equal(tqkv_kv_spec_parse("tq4/tq2", &want.k_format, &want.v_format), TQKV_OK);
+    assert_int_equal(tqkv_kv_layers_parse("3:q8/tq2;5,6:tq3", &want), TQKV_OK);
+    want.window = 30;
+    want.window_slack = 0;
+    assert_memory_equal(&p, &want, sizeof p);
+    /* refused, params unchanged */
+    kv_policy bad[3] = {pol, pol, pol};
+    bad[0].layers = 9;
+    snprintf(bad[1].kv_layers, sizeof bad[1].kv_layers, "8:q8");
+    bad[2].budget = 3.0; /* tq4/tq2 with q8 on layer 3 takes more */
+    for (int i = 0; i < 3; i++) {
+        tqkv_model_state_params q = tqkv_model_state_params_default(), q0 = q;
+        assert_int_equal(kvpol_apply("test", m, &bad[i], 2048, &q, desc, sizeof desc), -1);
+        assert_memory_equal(&q, &q0, sizeof q);
+    }
+    tqkv_model_free(m);
+}
+
+/* A state made from a policy exports and imports with its per-layer formats. */
+static void test_state_roundtrip(void **state) {
+    (void)state;
+    char md[1024], err[256], desc[256];
+    tqkv_model *m = load_model(md, sizeof md);
+    kv_policy pol;
+    assert_int_equal(kvpol_parse(GOOD, &pol, err, sizeof err), 0);
+    tqkv_model_state_params p = tqkv_model_state_params_default();
+    p.threads = 2;
+    assert_int_equal(kvpol_apply("test", m, &pol, 2048, &p, desc, sizeof desc), 0);
+    tqkv_model_state *s = NULL, *r = NULL;
+    assert_int_equal(tqkv_model_state_init(&s, m, &p), TQKV_OK);
+    int32_t tok[40];
+    for (int i = 0; i < 40; i++) tok[i] = 200 + 3 * i;
+    const int V = tqkv_model_get_config(m)->vocab_size;
+    float *a = malloc(sizeof(float) * (size_t)V), *b = malloc(sizeof(float) * (size_t)V);
+    assert_int_equal(tqkv_model_prefill(m, s, tok, NULL, 39, TQKV_LOGITS_LAST, a), TQKV_OK);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    assert_int_equal(tqkv_model_state_export(s, &buf, &len), TQKV_OK);
+    assert_int_equal(tqkv_model_state_import(&r, m, &p, buf, len), TQKV_OK);
+    const tqkv_cache_config *c3 = tqkv_batch_get_config(tqkv_model_state_layer(r, 3));
+    assert_true(c3->k_format == TQKV_Q8 && c3->v_format == TQKV_TQ2 && c3->window == 30);
+    assert_int_equal(tqkv_batch_get_config(tqkv_model_state_layer(r, 5))->k_format, TQKV_TQ3);
+    /* the next token's logits are the same from the restored state */
+    assert_int_equal(tqkv_model_extend(m, s, tok + 39, 1, TQKV_LOGITS_LAST, a), TQKV_OK);
+    assert_int_equal(tqkv_model_extend(m, r, tok + 39, 1, TQKV_LOGITS_LAST, b), TQKV_OK);
+    assert_memory_equal(a, b, sizeof(float) * (size_t)V);
+    tqkv_model_state_free(r);
+    r = NULL;
+    tqkv_model_state_params other = p; /* the same formats without the per-layer ones */
+    assert_int_equal(tqkv_kv_layers_parse("", &other), TQKV_OK);
+    assert_int_not_equal(tqkv_model_state_import(&r, m, &other, buf, len), TQKV_OK);
+    assert_null(r);
+    free(buf);
+    free(a);
+    free(b);
+    tqkv_model_state_free(s);
+    tqkv_model_free(m);
+}
+
+/* One field of a JSON line as a number (fails when absent). */
+static double jnum(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItem(o, k);
+    if (!cJSON_IsNumber(v)) fail_msg("no number '%s'", k);
+    return v->valuedouble;
+}
+
+/* `tqkv calibrate` on a source file of this repository (code, as the held-out text), then ppl
+ * with the policy against ppl with the explicit options it holds. */
+static void test_cli_calibrate(void **state) {
+    (void)state;
+    char md[1024], text[1024], pol_path[256], args[4096], out[1 << 16], err[256];
+    source_path("models/qwen3-code-28m", md, sizeof md);
+    source_path("src/cli/cmd_ppl.c", text, sizeof text);
+    struct stat st;
+    if (stat(md, &st) != 0) skip();
+    snprintf(pol_path, sizeof pol_path, "/tmp/tqkv_kv_policy_%d.txt", (int)getpid());
+    snprintf(args, sizeof args, "calibrate --model '%s' --text '%s' --ctx 128 --max-windows 1 "
+             "--first-window 1 --window 8 --budget 3.5 --threads 2 --out '%s'", md, text, pol_path);
+    assert_int_equal(run_cli(args, out, sizeof out), 0);
+    char *ptext = NULL;
+    FILE *f = fopen(pol_path, "r");
+    assert_non_null(f);
+    ptext = calloc(1, 4096);
+    assert_true(fread(ptext, 1, 4095, f) > 0);
+    fclose(f);
+    kv_policy pol;
+    if (kvpol_parse(ptext, &pol, err, sizeof err)) fail_msg("%s: %s", err, ptext);
+    free(ptext);
+    assert_true(pol.layers == 8 && pol.budget == 3.5 && pol.bits > 2 && pol.bits <= 3.5);
+    assert_true(pol.window >= 8);
+    /* ppl --kv-policy == ppl with the explicit --kv / --kv-layers / --window */
+    const char *common = "--ctx 128 --max-windows 2 --threads 2 --kld --json";
+    snprintf(args, sizeof args, "ppl --model '%s' --text '%s' %s --kv-policy '%s'", md, text,
+             common, pol_path);
+    assert_int_equal(run_cli(args, out, sizeof out), 0);
+    cJSON *a = cJSON_Parse(out);
+    if (!a) fail_msg("not JSON: %s", out);
+    snprintf(args, sizeof args, "ppl --model '%s' --text '%s' %s --kv %s --kv-layers '%s' "
+             "--window %d --window-slack 0", md, text, common, pol.kv, pol.kv_layers, pol.window);
+    assert_int_equal(run_cli(args, out, sizeof out), 0);
+    cJSON *b = cJSON_Parse(out);
+    if (!b) fail_msg("not JSON: %s", out);
+    assert_true(jnum(a, "ppl") == jnum(b, "ppl") && jnum(a, "kld") == jnum(b, "kld"));
+    assert_true(jnum(a, "kv_bits_per_value") == jnum(b, "kv_bits_per_value"));
+    assert_true(fabs(jnum(a, "kv_bits_per_value") - pol.bits) < 1e-4);
+    assert_true(jnum(a, "kv_bits_per_value") <= 3.5);
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+    /* a policy that does not fit its budget at a shorter context is refused */
+    snprintf(args, sizeof args, "ppl --model '%s' --text '%s' --ctx 16 --max-windows 1 "
+             "--threads 2 --kv-policy '%s'", md, text, pol_path);
+    assert_int_not_equal(run_cli(args, out, sizeof out), 0);
+    unlink(pol_path);
+}
+
+/* ppl --kld's reference is f32 on every layer: per-layer formats that name the default's
+ * formats give the default's KLD (the reference once kept the per-layer formats), and a
+ * cache f32 by default but tq4 per layer is measured (it once had no reference: KLD 0). */
+static void test_cli_kld_reference(void **state) {
+    (void)state;
+    char md[1024], text[1024], args[4096], out[1 << 16];
+    source_path("models/qwen3-code-28m", md, sizeof md);
+    source_path("src/cli/cmd_ppl.c", text, sizeof text);
+    struct stat st;
+    if (stat(md, &st) != 0) skip();
+    const char *kv[3] = {"--kv tq4 --window 8", "--kv q8/tq4 --kv-layers 0-7:tq4 --window 8",
+                         "--kv f32 --kv-layers 0-7:tq4"};
+    double kld[3], ppl[3];
+    for (int i = 0; i < 3; i++) {
+        snprintf(args, sizeof args, "ppl --model '%s' --text '%s' --ctx 128 --max-windows 1 "
+                 "--threads 2 --kld --json --window-slack 0 %s", md, text, kv[i]);
+        assert_int_equal(run_cli(args, out, sizeof out), 0);
+        cJSON *a = cJSON_Parse(out);
+        if (!a) fail_msg("not JSON: %s", out);
+        kld[i] = jnum(a, "kld");
+        ppl[i] = jnum(a, "ppl");
+        cJSON_Delete(a);
+    }
+    assert_true(ppl[0] == ppl[1] && kld[0] == kld[1] && kld[0] > 0);
+    assert_true(kld[2] > kld[0]); /* tq4 without a window: more divergence, not none */
+}
+
+/* `--kv auto:B` takes DIR/kv-policy-B.txt when it fits, else the ranked presets. */
+static void test_cli_auto_policy(void **state) {
+    (void)state;
+    char md[1024], text[1024], dir[256], args[4096], out[1 << 16];
+    source_path("models/qwen3-code-28m", md, sizeof md);
+    source_path("src/cli/cmd_ppl.c", text, sizeof text);
+    struct stat st;
+    if (stat(md, &st) != 0) skip();
+    snprintf(dir, sizeof dir, "/tmp/tqkv_kv_policy_model_%d", (int)getpid());
+    snprintf(args, sizeof args, "mkdir -p '%s' && ln -sf '%s'/* '%s'/ && printf "
+             "'tqkv-kv-policy 1\\nlayers 8\\nkv tq4/tq3\\nkv-layers 0:q8/tq3\\n"
+             "window 4\\n' > '%s/kv-policy-4.5.txt'", dir, md, dir, dir);
+    assert_int_equal(system(args), 0);
+    const char *common = "--ctx 64 --max-windows 1 --threads 2 --json";
+    snprintf(args, sizeof args, "ppl --model '%s' --text '%s' %s --kv auto:4.5", dir, text, common);
+    assert_int_equal(run_cli(args, out, sizeof out), 0);
+    cJSON *a = cJSON_Parse(out);
+    if (!a) fail_msg("not JSON: %s", out);
+    const cJSON *r = cJSON_GetObjectItem(a, "kv_resolved");
+    assert_true(cJSON_IsString(r) && strstr(r->valuestring, "policy ") == r->valuestring);
+    assert_true(jnum(a, "kv_bits_per_value") <= 4.5 && jnum(a, "window") == 4);
+    cJSON_Delete(a);
+    /* the same policy under a budget it does not fit: the ranked presets */
+    snprintf(args, sizeof args, "mv '%s/kv-policy-4.5.txt' '%s/kv-policy-3.5.txt'", dir, dir);
+    assert_int_equal(system(args), 0);
+    snprintf(args, sizeof args, "ppl --model '%s' --text '%s' %s --kv auto:3.5", dir, text, common);
+    assert_int_equal(run_cli(args, out, sizeof out), 0);
+    a = cJSON_Parse(out);
+    if (!a) fail_msg("not JSON: %s", out);
+    r = cJSON_GetObjectItem(a, "kv_resolved");
+    assert_true(cJSON_IsString(r) && !strstr(r->valuestring, "policy"));
+    assert_true(jnum(a, "kv_bits_per_value") <= 3.5);
+    cJSON_Delete(a);
+    /* a file that does not parse is an error */
+    snprintf(args, sizeof args, "echo junk > '%s/kv-policy-3.5.txt'", dir);
+    assert_int_equal(system(args), 0);
+    snprintf(args, sizeof args, "ppl --model '%s' --text '%s' %s --kv auto:3.5", dir, text, common);
+    assert_int_not_equal(run_cli(args, out, sizeof out), 0);
+    snprintf(args, sizeof args, "rm -rf '%s'", dir);
+    assert_int_equal(system(args), 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parse), cmocka_unit_test(test_apply),
+        cmocka_unit_test(test_state_roundtrip), cmocka_unit_test(test_cli_calibrate),
+        cmocka_unit_test(test_cli_auto_policy), cmocka_unit_test(test_cli_kld_reference)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
