@@ -6,7 +6,8 @@ Each point is one `tqkv ppl --json` run: x its kv_bits_per_value (everything cou
 perplexity over the f32 cache's of the same model, window count and context, in percent (log
 scale; a run at or below the f32 perplexity is drawn at the floor). KLD is not plotted (the
 table has it). Families: tqkv's presets (auto:B, what they resolved to in the label), plain tq
-formats, tq with a window or K/V splits, and the field's formats (fp8, q8, q4).
+formats, tq with a window or K/V splits, calibrated per-layer policies (--kv-policy), and the
+field's formats (fp8, q8, q4).
 Regenerate: tools/quality_report.sh (installs python3-matplotlib as root when missing)."""
 import json
 import sys
@@ -34,6 +35,8 @@ def load(paths):
 
 def family(args, res):
     kv = res["kv"]
+    if "--kv-policy" in args or res.get("kv_policy"):
+        return "policy"
     if kv.startswith("auto:"):
         return "preset"
     if kv in ("fp8", "q8", "q4") and "--window" not in args and "--kv-layers" not in args:
@@ -46,7 +49,8 @@ def family(args, res):
 STYLE = {"preset": ("*", "tab:red", "tqkv presets (auto:B)"),
          "tq": ("o", "tab:blue", "tq formats"),
          "tq+": ("s", "tab:cyan", "tq with a window / K-V split / per-layer"),
-         "field": ("^", "tab:gray", "fp8, q8, q4")}
+         "field": ("^", "tab:gray", "fp8, q8, q4"),
+         "policy": ("D", "tab:green", "calibrated per-layer policies (tqkv calibrate)")}
 
 
 def panels(rows):
@@ -63,6 +67,8 @@ def panels(rows):
             continue
         d = 100.0 * (x["ppl"] / base[key] - 1.0)
         label = x["kv"] + (" = " + x["kv_resolved"].split(" (")[0] if x.get("kv_resolved") else "")
+        if x.get("kv_policy"):
+            label = "policy " + x["kv_policy"].rsplit("/", 1)[-1].replace(".txt", "")
         pts.setdefault(key, []).append((x["kv_bits_per_value"], max(d, FLOOR), label,
                                         family(r["args"], x)))
     return pts
