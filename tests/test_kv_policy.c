@@ -109,6 +109,13 @@ static void test_parse(void **state) {
         "tqkv-kv-policy 1\nlayers 8\nkv tq4\ncolour blue\n", /* unknown key */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) parse_bad(bad[i]);
+    /* a line longer than the parser's line buffer is refused as such, before any key sees
+     * a cut value */
+    char longp[2048] = "tqkv-kv-policy 1\nlayers 8\nkv tq4\nkv-layers 1:q8", err2[256] = "";
+    while (strlen(longp) < 900) strcat(longp, ";1:q8");
+    parse_bad(longp);
+    assert_int_equal(kvpol_parse(longp, &q, err2, sizeof err2), -1);
+    if (!strstr(err2, "line 4 is longer than")) fail_msg("long line: %s", err2);
 }
 
 static void test_apply(void **state) {

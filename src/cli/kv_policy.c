@@ -60,13 +60,15 @@ static int set_key(kv_policy *pol, int k, const char *val) {
     return 0;
 }
 
-/* Trim line [s, e) of comment and blanks into buf [cap]; its length. */
+/* Trim line [s, e) of comment and blanks into buf [cap]; its length, or cap when it does
+ * not fit (nothing copied: a long line is refused, never cut). */
 static size_t clean_line(const char *s, const char *e, char *buf, size_t cap) {
     const char *h = memchr(s, '#', (size_t)(e - s));
     if (h) e = h;
     while (s < e && isspace((unsigned char)*s)) s++;
     while (e > s && isspace((unsigned char)e[-1])) e--;
-    size_t n = (size_t)(e - s) < cap - 1 ? (size_t)(e - s) : cap - 1;
+    const size_t n = (size_t)(e - s);
+    if (n >= cap) return cap;
     memcpy(buf, s, n);
     buf[n] = 0;
     return n;
@@ -83,6 +85,8 @@ int kvpol_parse(const char *text, kv_policy *out, char *err, size_t cap) {
         line++;
         size_t n = clean_line(s, e, buf, sizeof buf);
         s = *e ? e + 1 : e;
+        if (n == sizeof buf)
+            return snprintf(err, cap, "line %d is longer than %zu characters", line, sizeof buf - 1), -1;
         if (!n) continue;
         val = buf + strcspn(buf, " \t");
         if (*val) *val++ = 0;
