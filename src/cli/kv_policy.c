@@ -143,17 +143,9 @@ int kvpol_write(FILE *f, const kv_policy *pol, const char *comment) {
 }
 
 double kvpol_bits(const tqkv_model *m, const tqkv_model_state_params *t, int ctx) {
-    tqkv_model_state_params cpu = *t;
-    cpu.device = 0; /* and none of the device's own options */
-    cpu.device_fast_gemm = 0;
-    cpu.device_graphs = 0;
-    cpu.tensor_parallel = 0;
-    cpu.rows = 1;
-    tqkv_model_state *s = NULL;
-    if (tqkv_model_state_init(&s, m, &cpu) != TQKV_OK) return -1;
-    const double bits = mcli_kv_bits(m, s, ctx);
-    tqkv_model_state_free(s);
-    return bits;
+    tqkv_model_state_params c = *t;
+    c.tensor_parallel = 0; /* one state holds every layer's planes */
+    return mcli_params_bits(m, &c, ctx);
 }
 
 int kvpol_apply(const char *cmd, const tqkv_model *m, const kv_policy *pol, int ctx,

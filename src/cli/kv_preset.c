@@ -83,17 +83,9 @@ static int apply(const tqkv_model *m, const kv_candidate *c, tqkv_model_state_pa
 /* Bits per value of candidate parameters t with window w at ctx tokens (mcli_kv_bits on a
  * CPU state of one row); -1 when no state can be made. */
 static double window_bits(const tqkv_model *m, const tqkv_model_state_params *t, int w, int ctx) {
-    tqkv_model_state_params cpu = *t;
-    cpu.window = w;
-    cpu.device = 0; /* and none of the device's own options */
-    cpu.device_fast_gemm = 0;
-    cpu.device_graphs = 0;
-    cpu.rows = 1;
-    tqkv_model_state *s = NULL;
-    if (tqkv_model_state_init(&s, m, &cpu) != TQKV_OK) return -1;
-    const double bits = mcli_kv_bits(m, s, ctx);
-    tqkv_model_state_free(s);
-    return bits;
+    tqkv_model_state_params c = *t;
+    c.window = w;
+    return mcli_params_bits(m, &c, ctx);
 }
 
 /* The window of candidate t at ctx within budget: its measured window w0 (ranked at ctx

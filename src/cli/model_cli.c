@@ -100,6 +100,19 @@ double mcli_kv_bits(const tqkv_model *m, tqkv_model_state *s, int ctx) {
     return vals > 0 ? 8.0 * bytes / vals : 0.0;
 }
 
+double mcli_params_bits(const tqkv_model *m, const tqkv_model_state_params *t, int ctx) {
+    tqkv_model_state_params cpu = *t;
+    cpu.device = 0; /* and none of the device's own options */
+    cpu.device_fast_gemm = 0;
+    cpu.device_graphs = 0;
+    cpu.rows = 1;
+    tqkv_model_state *s = NULL;
+    if (tqkv_model_state_init(&s, m, &cpu) != TQKV_OK) return -1;
+    const double bits = mcli_kv_bits(m, s, ctx);
+    tqkv_model_state_free(s);
+    return bits;
+}
+
 int mcli_parse_kernel(const char *cmd, const char *name, tqkv_kernel *out) {
     if (!strcmp(name, "graph")) { /* the graph's kernel set (src/model/kernel_set.c) */
         *out = TQKV_KERNEL_BY_GRAPH;

@@ -42,14 +42,17 @@ const char *mcli_matmul_name(int exact);
 #define MCLI_EXACT_HELP "exact f32 matmuls (transformers fp32 numerics); default: bf16 activations with AVX512_BF16 dot products where the CPU has them"
 int  mcli_parse_kv(const char *cmd, const char *spec, tqkv_format *k, tqkv_format *v);
 int  mcli_parse_kernel(const char *cmd, const char *name, tqkv_kernel *out);
-/* --window W needs a tq K or V format (only tq planes keep a q8 window): 0, or -1 with a
- * message. */
 /* --kv-layers SPEC (tqkv_kv_layers_parse) into p; -1 with a message on error. */
 int  mcli_parse_kv_layers(const char *cmd, const char *spec, tqkv_model_state_params *p);
 /* Bits per stored K/V value at a context of ctx tokens, everything counted: each layer with
  * its own K/V at its formats (per-layer mix), scales, the q8 window ring (window + slack
  * slots), a sliding layer holding only window + slack tokens; averaged over the values held. */
 double mcli_kv_bits(const tqkv_model *m, tqkv_model_state *s, int ctx);
+/* mcli_kv_bits of state params t (not a state): measured on a CPU state of one row made from
+ * t without its device options; -1 when no such state can be made. */
+double mcli_params_bits(const tqkv_model *m, const tqkv_model_state_params *t, int ctx);
+/* --window W needs a tq K or V format (only tq planes keep a q8 window): 0, or -1 with a
+ * message. */
 int  mcli_check_window(const char *cmd, int window, tqkv_format k, tqkv_format v);
 /* --device: "cpu" -> 0, "cuda" -> 1 (tqkv_model_state_params.device); 0 or -1 (printed). */
 int  mcli_parse_device(const char *cmd, const char *name, int *out);
