@@ -55,8 +55,17 @@ typedef struct {
     int         queue_max;        /* requests waiting for admission; past it submit
                                      returns TQKV_EBUSY (default 256) */
     int         threads;          /* compute threads (default 1) */
-    int         prefill_chunk;    /* prompt tokens prefilled per step per newcomer batch,
-                                     so running rows keep a bounded step time (default 256) */
+    int         prefill_chunk;    /* a prompt is prefilled in chunks of this many tokens, at
+                                     fixed multiples of it (default 256; it is part of what
+                                     a request computes, so of the prefix cache's key) */
+    int         prefill_step;     /* prompt tokens prefilled per scheduler step, in whole
+                                     chunks, oldest newcomer first, before the running rows'
+                                     decode step: bounds the step time of running rows
+                                     (TPOT) against the newcomers' TTFT. It never changes a
+                                     token (the chunks are the same). 0 = the default: one
+                                     chunk on the CPU, 16 chunks (4096 tokens at the
+                                     default chunk) on the device, where a decode step of
+                                     many rows costs about as much as 16 chunks */
     size_t      prefix_cache_bytes; /* in-memory prefix cache budget; 0 = off */
     const char *prompt_cache_dir; /* persist prefix-cache entries here (state export
                                      format); NULL = memory only */

@@ -85,6 +85,30 @@ static void test_concurrent_equals_alone(void **state) {
     q.user = &together[0];
     assert_int_equal(tqkv_engine_submit(e, &q, &id), TQKV_ESTATE); /* draining */
     tqkv_engine_free(e);
+
+    /* several chunks a step (prefill_step): more prompt tokens in the first step than one
+     * chunk, the same tokens as alone */
+    tqkv_engine_params p = tqkv_engine_params_default();
+    p.model_dir = g_dir;
+    p.threads = 2;
+    p.prefill_chunk = 64;
+    p.prefill_step = 3 * 64;
+    e = NULL;
+    OK(tqkv_engine_init(&e, &p));
+    int prompt_total = 0;
+    for (int i = 0; i < NJ; i++) {
+        submit(e, &j[i], &together[i]);
+        prompt_total += j[i].n_prompt;
+    }
+    int busy = 0;
+    OK(tqkv_engine_step(e, &busy));
+    OK(tqkv_engine_stats_get(e, &st));
+    assert_true(st.prefill_tokens >= (uint64_t)(prompt_total < 3 * 64 ? prompt_total : 3 * 64));
+    run_until_idle(e);
+    for (int i = 0; i < NJ; i++) assert_same_tokens(&together[i], &alone[i]);
+    tqkv_engine_free(e);
+    p.prefill_step = -1;
+    assert_int_equal(tqkv_engine_init(&e, &p), TQKV_EINVAL);
 }
 
 // ---------------------------------------------------------------------------

@@ -8,7 +8,9 @@
 #    against each server in turn, set by set (interleaved);
 #  - every point is one loadgen.py JSON line in $OUT/serve.jsonl (+ the servers' logs).
 # SETS: "RATE:INPUT:OUTPUT:REQUESTS ..." (RATE inf = burst).
-#   Usage: cd PACK && OUT=$OUT [KVS="f32 tq4"] [SETS=...] [BUDGET=40G] [PAR=128] \
+# SEQ=1: one server at a time instead (each has the card to itself: its --kv-budget BUDGET is
+#   the only KV on the device), its sets run back to back, then the next format's server.
+#   Usage: cd PACK && OUT=$OUT [KVS="f32 tq4"] [SETS=...] [BUDGET=40G] [PAR=128] [SEQ=1] \
 #          bash run.sh TOKSRC_MODEL_DIR
 set -u -o pipefail
 TOKSRC=${1:?tokenizer source model dir}
@@ -23,26 +25,36 @@ t0=$SECONDS
 python3 extend_tokenizer.py "$TOKSRC" $B >>"$LOG" 2>&1
 echo "checkpoint ready +$((SECONDS - t0))s" >>"$LOG"
 declare -A PORT PID
-for kv in $KVS; do
-  rm -f /tmp/pf.$kv
+serve_up() {   # serve_up KV: start its server, wait for its port
+  local kv=$1; rm -f /tmp/pf.$kv
   ./tqkv serve --device cuda --model $B --kv $kv --parallel $PAR --queue 4096 --kv-budget $BUDGET \
     --prefix-cache 0 --port 0 --port-file /tmp/pf.$kv >"$OUT/serve_$kv.log" 2>&1 &
   PID[$kv]=$!
-done
-for kv in $KVS; do
+}
+serve_wait() {
+  local kv=$1
   for i in $(seq 600); do [ -s /tmp/pf.$kv ] && break; sleep 0.2; done
   PORT[$kv]=$(cat /tmp/pf.$kv 2>/dev/null)
   echo "server $kv port ${PORT[$kv]} +$((SECONDS - t0))s" >>"$LOG"
-done
-for s in $SETS; do
-  IFS=: read -r rate inp outp n <<<"$s"
+}
+run_set() {   # run_set KV RATE:INPUT:OUTPUT:REQUESTS
+  local kv=$1 rate inp outp n; IFS=: read -r rate inp outp n <<<"$2"
+  [ -n "${PORT[$kv]}" ] || return
+  timeout 400 python3 loadgen.py --url http://127.0.0.1:${PORT[$kv]} --requests $n --rate $rate \
+    --input $inp --output $outp --label "$kv" --id-hi 8000 >>"$OUT/serve.jsonl" 2>>"$LOG"
+  echo "set $2 kv $kv rc=$? +$((SECONDS - t0))s" >>"$LOG"
+}
+if [ "${SEQ:-0}" = 1 ]; then
   for kv in $KVS; do
-    [ -n "${PORT[$kv]}" ] || continue
-    timeout 400 python3 loadgen.py --url http://127.0.0.1:${PORT[$kv]} --requests $n --rate $rate \
-      --input $inp --output $outp --label "$kv" --id-hi 8000 >>"$OUT/serve.jsonl" 2>>"$LOG"
-    echo "set $s kv $kv rc=$? +$((SECONDS - t0))s" >>"$LOG"
+    serve_up $kv; serve_wait $kv
+    for s in $SETS; do run_set $kv $s; done
+    kill ${PID[$kv]} 2>/dev/null; wait ${PID[$kv]} 2>/dev/null
   done
-done
+else
+  for kv in $KVS; do serve_up $kv; done
+  for kv in $KVS; do serve_wait $kv; done
+  for s in $SETS; do for kv in $KVS; do run_set $kv $s; done; done
+fi
 for kv in $KVS; do kill ${PID[$kv]} 2>/dev/null; done
 wait
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv >>"$LOG" 2>&1

@@ -321,7 +321,7 @@ typedef struct {
     int json_object;      /* --json-object or --json-schema: constrained points */
     int control;          /* --control: those run unconstrained (the noise floor) */
     int prompt_tokens, max_tokens, requests, threads, K, json;
-    int window, prefix, load, chunk, no_check, reps;
+    int window, prefix, load, chunk, step, no_check, reps;
     double budget_mb;
     int conc[16], n_conc; /* --concurrency values */
     char mdir[1024];      /* the resolved model directory */
@@ -366,6 +366,7 @@ static int be_parse_args(int argc, char **argv, be_opts *o) {
         {"--threads", ARG_INT, &o->threads, "compute threads (default 1)"},
         {"--exact", ARG_FLAG, &mcli_exact, MCLI_EXACT_HELP},
         {"--prefill-chunk", ARG_INT, &o->chunk, "prefill chunk (default 256)"},
+        {"--prefill-step", ARG_INT, &o->step, "prompt tokens prefilled per step, whole chunks (default: the engine's)"},
         {"--kv-budget-mb", ARG_DOUBLE, &o->budget_mb, "KV budget in MiB (default: a quarter of RAM)"},
         {"--draft", ARG_STR, &o->draft, "draft model: every point also runs with it, side by side"},
         {"--draft-tokens", ARG_INT, &o->K, "draft tokens per round (default 4)"},
@@ -396,7 +397,7 @@ static int be_parse_args(int argc, char **argv, be_opts *o) {
         p++;
     }
     if (o->prompt_tokens < 1 || o->max_tokens < 1 || o->threads < 1 || o->K < 1 || o->prefix < 0 ||
-        o->load < 0 || o->load > 64 || o->chunk < 1 || o->reps < 1 || o->reps > 16) {
+        o->load < 0 || o->load > 64 || o->chunk < 1 || o->step < 0 || o->reps < 1 || o->reps > 16) {
         fprintf(stderr, "tqkv %s: bad numeric option\n", CMD);
         return 2;
     }
@@ -435,6 +436,7 @@ static int be_engine_params(be_opts *o, tqkv_engine_params *ep) {
     ep->bf16_act = !mcli_exact;
     ep->window = o->window;
     ep->prefill_chunk = o->chunk;
+    ep->prefill_step = o->step;
     ep->kv_budget = (size_t)(o->budget_mb * 1048576.0);
     if (mcli_parse_device(CMD, o->device, &ep->device)) return 2;
     if (mcli_parse_kv(CMD, o->kv, &ep->k_format, &ep->v_format)) return 2;

@@ -100,7 +100,7 @@ typedef struct {
     const char *prefix_bytes, *max_body, *device;
     const char *alias_last, *kv_layers, *kv_policy;
     int port, window, parallel, draft_tokens, threads, queue;
-    int chunk, verbose, max_conns, metrics_auth;
+    int chunk, step, verbose, max_conns, metrics_auth;
     /* slow-client defence (src/server/conn_guard.c) */
     int idle_timeout, header_timeout, body_timeout, max_conns_ip;
     int reserved_conns;
@@ -135,7 +135,8 @@ static int serve_parse_args(int argc, char **argv, serve_opts *o) {
         {"--threads", ARG_INT, &o->threads, "compute threads (default: the physical cores)"},
         {"--exact", ARG_FLAG, &mcli_exact, MCLI_EXACT_HELP},
         {"--tensor-parallel", ARG_INT, &o->tp, MCLI_TP_HELP "; a --draft stays unsharded"},
-        {"--prefill-chunk", ARG_INT, &o->chunk, "prompt tokens prefilled per step (default 256)"},
+        {"--prefill-chunk", ARG_INT, &o->chunk, "a prompt is prefilled in chunks of this many tokens (default 256)"},
+        {"--prefill-step", ARG_INT, &o->step, "prompt tokens prefilled per scheduler step, whole chunks, before the running rows' decode step (default: 1 chunk on the CPU, 16 on the device)"},
         {"--prefix-cache", ARG_STR, &o->prefix_bytes, "prefix cache bytes, e.g. 64M; 0 = off (default 1/16 of RAM, 64M..2G)"},
         {"--prompt-cache-dir", ARG_STR, &o->cache_dir, "persist the prefix cache in this directory"},
         {"--api-key", ARG_STR, &o->api_key, "require Authorization: Bearer KEY (or env TQKV_API_KEY)"},
@@ -196,9 +197,9 @@ static int serve_check_opts(serve_opts *o) {
     }
     if (!o->kv) o->kv = mcli_default_kv(o->window || o->kv_layers || o->draft || o->kv_policy);
     if (o->port < 0 || o->port > 65535 || o->parallel < 1 || o->draft_tokens < 1 ||
-        o->threads < 1 || o->queue < 0 || o->chunk < 1 || o->window < 0 || o->max_conns < 1) {
+        o->threads < 1 || o->queue < 0 || o->chunk < 1 || o->step < 0 || o->window < 0 || o->max_conns < 1) {
         fprintf(stderr, "tqkv serve: --port must be 0..65535; --parallel, --draft-tokens, --threads, "
-                        "--prefill-chunk, --max-conns >= 1; --queue, --window >= 0\n");
+                        "--prefill-chunk, --max-conns >= 1; --queue, --window, --prefill-step >= 0\n");
         return -1;
     }
     if (o->idle_timeout < 1 || o->header_timeout < 0 || o->body_timeout < 0 ||
@@ -271,6 +272,7 @@ static int serve_engine_params(const serve_opts *o, char *mbuf, char *dbuf,
     ep->threads = o->threads;
     ep->bf16_act = !mcli_exact;
     ep->prefill_chunk = o->chunk;
+    ep->prefill_step = o->step;
     ep->prompt_cache_dir = o->cache_dir;
     ep->verbose = o->verbose;
     if (mcli_parse_device(CMD, o->device, &ep->device)) return -1;

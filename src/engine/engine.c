@@ -220,6 +220,9 @@ tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
     if (p.queue_max == 0) p.queue_max = d.queue_max;
     if (p.threads == 0) p.threads = d.threads;
     if (p.prefill_chunk == 0) p.prefill_chunk = d.prefill_chunk;
+    if (p.prefill_step < 0)
+        return tqkv_fail(TQKV_EINVAL, "engine: prefill_step %d must be >= 0", p.prefill_step);
+    if (p.prefill_step == 0) p.prefill_step = p.device == 1 ? 16 * p.prefill_chunk : p.prefill_chunk;
     if (p.draft_tokens < 1 || p.draft_tokens > 16)
         return tqkv_fail(TQKV_EINVAL, "engine: draft_tokens %d not in [1, 16]", p.draft_tokens);
     if (p.parallel < 1 || p.queue_max < 1 || p.threads < 1 || p.prefill_chunk < 1 ||
@@ -920,13 +923,16 @@ tqkv_status tqkv_engine_step(tqkv_engine *e, int *busy) {
         }
         req_free(q);
     }
-    /* prefill: chunks in FIFO order, about prefill_chunk tokens per step in all */
-    int budget = e->p.prefill_chunk;
+    /* prefill: whole chunks, oldest newcomer first, about prefill_step tokens in all */
+    int budget = e->p.prefill_step;
     for (int i = 0; i < e->n_pre && budget > 0; i++) {
         eng_req *q = e->pre[i];
-        if (q->cancel || q->finished || q->phase != REQ_PREFILL) continue;
-        int n = prefill_chunk(e, q);
-        if (n > 0) budget -= n;
+        while (budget > 0 && !q->cancel && !q->finished && q->phase == REQ_PREFILL &&
+               q->prefilled < q->n_prompt) {
+            int n = prefill_chunk(e, q);
+            if (n <= 0) break;
+            budget -= n;
+        }
     }
     eng_req **ready = malloc(sizeof(eng_req *) * (size_t)(e->n_pre ? e->n_pre : 1));
     if (!ready) return tqkv_fail(TQKV_ENOMEM, "engine: out of memory");
