@@ -534,9 +534,9 @@ static void test_spec_export_n2(void **st) {
     spec_export_case();
 }
 
-/* A decode step of s with TQKV_TP_GRAPHS set to `on` for the call. */
+/* A decode step of s with TQKV_TP_GRAPHS set to `on` (1 or 0) for the call. */
 static void decode_graphs(tqkv_model_state *s, const int32_t *t, float *out, int on) {
-    if (on) setenv("TQKV_TP_GRAPHS", "1", 1);
+    setenv("TQKV_TP_GRAPHS", on ? "1" : "0", 1);
     const tqkv_status rc = tqkv_model_decode(g_model, s, t, out);
     unsetenv("TQKV_TP_GRAPHS");
     OK(rc);

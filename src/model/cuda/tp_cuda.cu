@@ -317,11 +317,16 @@ static void tp_graph_free(model_tp *tp) {
     tp->graph = NULL;
 }
 
-/* Graphs for this step: TQKV_TP_GRAPHS=1, every rank's graphs on (params.device_graphs; an
- * experts path that reads back turns them off), none failed before. */
+/* Whether sharded decode graphs are on when TQKV_TP_GRAPHS is unset (docs/TP.md). */
+#define TP_GRAPHS_DEFAULT 0
+
+/* Graphs for this step: TQKV_TP_GRAPHS=1 (or unset with TP_GRAPHS_DEFAULT 1; =0 turns
+ * them off), every rank's graphs on (params.device_graphs; an experts path that reads back
+ * turns them off), none failed before. */
 static int tp_graphs_on(const tp_ranks *k) {
     const char *e = getenv("TQKV_TP_GRAPHS");
-    if (!e || strcmp(e, "1") || (k->tp->graph && k->tp->graph->off)) return 0;
+    const int want = e ? !strcmp(e, "1") : TP_GRAPHS_DEFAULT;
+    if (!want || (k->tp->graph && k->tp->graph->off)) return 0;
     for (int r = 0; r < k->N; r++)
         if (!k->g[r]->graph.enabled) return 0;
     return 1;
