@@ -31,7 +31,8 @@
  *  - the engine at N = 2 on the device: requests joining a running batch give the tokens and
  *    logprob bits they give alone, with an unsharded device draft too, a prefix-cache hit
  *    (memory, and the directory after a restart: export / import) equals a miss, and the
- *    greedy tokens equal the unsharded device engine's;
+ *    greedy tokens equal the unsharded device engine's; a sharded device draft
+ *    (draft_tensor_parallel 2 and -1) gives the tokens and logprob bits of no draft;
  *  - reset works and a second prefill gives the first one's bits;
  *  - the sharded decode step as one CUDA graph (TQKV_TP_GRAPHS=1, opt in) gives the direct
  *    steps' bits (3 rows, N = 2, tq4, 12 steps), captured and replayed;
@@ -769,6 +770,35 @@ static void test_engine_n2(void **st) {
     engine_case();
 }
 
+/* The device engine at N = 2 with the model as its own draft, or none (draft 0); the draft's
+ * states at draft_tensor_parallel dtp (tq4 KV, exact products as the states above). */
+static tqkv_engine *dev_draft_engine(int tp, int draft, int dtp, tqkv_status *rc) {
+    tqkv_engine_params p = tqkv_engine_params_default();
+    p.model_dir = g_cur_dir;
+    p.draft_dir = draft ? g_cur_dir : NULL;
+    p.k_format = p.v_format = TQKV_TQ4;
+    p.threads = 4;
+    p.device = 1;
+    p.tensor_parallel = tp;
+    p.draft_tensor_parallel = dtp;
+    p.bf16_act = 0;
+    tqkv_engine *e = NULL;
+    *rc = tqkv_engine_init(&e, &p);
+    return e;
+}
+
+/* A sharded device draft (draft_tensor_parallel 2 and -1): tokens and logprob bits of the
+ * engine without a draft; acceptance printed beside the unsharded draft's (not asserted
+ * equal: the device's sharded and unsharded logits differ by rounding). */
+static void test_engine_n2_draft_tp(void **st) {
+    (void)st;
+    if (!engine_fits()) {
+        skip();
+        return;
+    }
+    tp_engine_draft_check(dev_draft_engine, TPR, V, 0, g_seed ^ 0xd7a);
+}
+
 static void test_engine_n2_prefix(void **st) {
     (void)st;
     engine_prefix_case();
@@ -991,6 +1021,7 @@ int main(void) {
         cmocka_unit_test(test_refusals_unchanged_n2),
         cmocka_unit_test(test_engine_n2),
         cmocka_unit_test(test_engine_n2_prefix),
+        cmocka_unit_test(test_engine_n2_draft_tp),
         GRAPH_TESTS(q35),
         GRAPH_TESTS(g4),
         GRAPH_TESTS(q3m),
