@@ -145,14 +145,16 @@ void        model_cuda_tp_free(struct model_tp *tp);
 tqkv_status model_cuda_tp_comm_init(int n, const int *device, struct tp_comm **out);
 /* The sharded forward of a state whose ranks are device states: model_cuda_forward's
  * arguments and logits layout (the caller has run model_forward_check); direct launches,
- * or with TQKV_TP_GRAPHS=1 in the environment (opt in, not run on a GPU yet) decode steps
- * as one CUDA graph over every rank's stream (a new shape direct, captured when it
- * repeats, then replayed; a failed capture turns them off for the state, said on stderr).
+ * or with the sharded graphs on (TQKV_TP_GRAPHS=1; unset: TP_GRAPHS_DEFAULT in tp_cuda.cu;
+ * any other value: off) and the ranks' device_graphs on, decode steps as one CUDA graph over
+ * every rank's stream (a new shape direct, captured when it repeats or when the shared
+ * communicator's scratch moved, then replayed; a failed capture turns them off for the
+ * state, said on stderr).
  * On failure every rank's appends are undone. */
 tqkv_status model_cuda_tp_forward(tqkv_model_state *s, const int32_t *tokens, const int *lengths,
                                   int n, int prefill, tqkv_logits_mode mode, float *logits);
 /* How a sharded device state's decode steps ran through its graph (tests): captured,
- * replayed, direct (a new shape); all 0 without TQKV_TP_GRAPHS=1. */
+ * replayed, direct (a new shape); all 0 while the sharded graphs are off. */
 void        model_cuda_tp_graph_counts(const tqkv_model_state *s, uint64_t *captures,
                                        uint64_t *replays, uint64_t *direct);
 

@@ -39,7 +39,7 @@ typedef struct model_tp {
     float            *bo[TP_MAX_RANKS];         /* device [L, H] o_proj biases on rank r's
                                                  * GPU (NULL: no layer has one) */
     struct tp_graph  *graph;                    /* the sharded decode step's CUDA graph
-                                                 * (TQKV_TP_GRAPHS=1; cuda/tp_cuda.cu), or NULL */
+                                                 * (TQKV_TP_GRAPHS; cuda/tp_cuda.cu), or NULL */
 } model_tp;
 
 /* The ranks a state of these params has: tensor_parallel when > 1; 1 for tensor_parallel 1
