@@ -88,8 +88,14 @@ typedef struct {
     void       *kv_setup_user;
     int         tensor_parallel;  /* the running rows' (and prefix cache's) states sharded
                                      over N ranks (tqkv_model_state_params.tensor_parallel,
-                                     docs/TP.md; CPU only); 0 or 1 = off. A draft model's
-                                     states stay unsharded. */
+                                     docs/TP.md; the CPU or the device); 0 or 1 = off. */
+    int         draft_tensor_parallel; /* the draft model's states sharded over N ranks:
+                                     0 or 1 (the default) = unsharded (on the device: on
+                                     GPU 0, beside rank 0); N in 2..8 = N ranks (rank r on
+                                     GPU r % visible GPUs, as the target's); -1 = the
+                                     target's tensor_parallel. The draft's heads and MLP
+                                     width must split over N (else tqkv_engine_init fails
+                                     naming the draft). Ignored without a draft model. */
 } tqkv_engine_params;
 
 TQKV_API tqkv_engine_params tqkv_engine_params_default(void);

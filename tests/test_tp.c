@@ -40,6 +40,7 @@
 
 #include "model/tp/tp_bootstrap.h"
 #include "model/tp/tp_comm.h"
+#include "model/tp/tp_state.h" /* the model's kept communicators */
 #include "testutil.h"
 #include "tqkv_model.h"
 
@@ -478,6 +479,92 @@ static void test_padded_all_and_window(void **state) {
 }
 
 // ---------------------------------------------------------------------------
+// one communicator per model and N
+// ---------------------------------------------------------------------------
+
+/* Prefill prompt [n] into s then `steps` decodes of fed tokens; out [steps + 1, V]. */
+static void run_fed(tqkv_model_state *s, const int32_t *prompt, int n, const int32_t *fed,
+                    int steps, float *out) {
+    OK(tqkv_model_prefill(g_m, s, prompt, NULL, n, TQKV_LOGITS_LAST, out));
+    for (int i = 0; i < steps; i++)
+        OK(tqkv_model_decode(g_m, s, &fed[i], out + (size_t)(i + 1) * V));
+}
+
+/* The model keeps one communicator per N (tp_state.h): two states of N = 2 share it, a state
+ * of another N has its own, the last user frees it; states of other thread counts
+ * interleaved on the shared one give the bits each gives alone. */
+static void test_comm_shared(void **state) {
+    (void)state;
+    enum { n = 19, steps = 5 };
+    test_rng rg;
+    rng_init(&rg, 0xc0ff);
+    int32_t pa[n], pb[n], fa[steps], fb[steps];
+    for (int i = 0; i < n; i++) {
+        pa[i] = rng_int(&rg, 1, V - 1);
+        pb[i] = rng_int(&rg, 1, V - 1);
+    }
+    for (int i = 0; i < steps; i++) {
+        fa[i] = rng_int(&rg, 1, V - 1);
+        fb[i] = rng_int(&rg, 1, V - 1);
+    }
+    const size_t bytes = sizeof(float) * (size_t)(steps + 1) * V;
+    float *ra = malloc(bytes), *rb = malloc(bytes), *a = malloc(bytes), *b = malloc(bytes);
+    assert_int_equal(model_tp_comm_users(g_m, 2, 0), 0);
+    tqkv_model_state *sa = new_state(1, 2, TQKV_TQ4); /* alone: the references */
+    run_fed(sa, pa, n, fa, steps, ra);
+    tqkv_model_state_free(sa);
+    assert_int_equal(model_tp_comm_users(g_m, 2, 0), 0); /* freed with its last user */
+    tqkv_model_state *sb = new_state(1, 2, TQKV_F32);
+    run_fed(sb, pb, n, fb, steps, rb);
+    tqkv_model_state_free(sb);
+
+    sa = new_state(1, 2, TQKV_TQ4);
+    tqkv_model_state_params p = tqkv_model_state_params_default();
+    p.k_format = p.v_format = TQKV_F32;
+    p.threads = 1; /* another thread count on the same communicator */
+    p.tensor_parallel = 2;
+    OK(tqkv_model_state_init(&sb, g_m, &p));
+    assert_non_null(sa->tp->comm);
+    assert_ptr_equal(sa->tp->comm, sb->tp->comm);
+    assert_int_equal(model_tp_comm_users(g_m, 2, 0), 2);
+    if (g_tp_max >= 4) { /* another N: a communicator of its own */
+        tqkv_model_state *s4 = new_state(1, 4, TQKV_TQ4);
+        assert_true(s4->tp->comm != sa->tp->comm);
+        assert_int_equal(tp_comm_size(s4->tp->comm), 4);
+        assert_int_equal(model_tp_comm_users(g_m, 4, 0), 1);
+        tqkv_model_state_free(s4);
+        assert_int_equal(model_tp_comm_users(g_m, 4, 0), 0);
+    }
+    /* interleaved step by step on the shared communicator */
+    OK(tqkv_model_prefill(g_m, sa, pa, NULL, n, TQKV_LOGITS_LAST, a));
+    OK(tqkv_model_prefill(g_m, sb, pb, NULL, n, TQKV_LOGITS_LAST, b));
+    for (int i = 0; i < steps; i++) {
+        OK(tqkv_model_decode(g_m, sa, &fa[i], a + (size_t)(i + 1) * V));
+        if (i == 2) { /* a third user comes and goes: the two keep the communicator */
+            const tp_comm *c = sb->tp->comm;
+            tqkv_model_state *x = new_state(1, 2, TQKV_TQ4);
+            assert_ptr_equal(x->tp->comm, c);
+            assert_int_equal(model_tp_comm_users(g_m, 2, 0), 3);
+            tqkv_model_state_free(x);
+            assert_ptr_equal(sb->tp->comm, c);
+        }
+        OK(tqkv_model_decode(g_m, sb, &fb[i], b + (size_t)(i + 1) * V));
+    }
+    assert_memory_equal(a, ra, bytes);
+    assert_memory_equal(b, rb, bytes);
+    tqkv_model_state_free(sa);
+    assert_int_equal(model_tp_comm_users(g_m, 2, 0), 1);
+    tqkv_model_state_free(sb);
+    assert_int_equal(model_tp_comm_users(g_m, 2, 0), 0);
+    print_message("N = 2: one communicator shared by the model's states (threads 2 and 1), "
+                  "interleaved decodes bitwise the states alone; freed with its last user\n");
+    free(ra);
+    free(rb);
+    free(a);
+    free(b);
+}
+
+// ---------------------------------------------------------------------------
 // refusals and reset
 // ---------------------------------------------------------------------------
 
@@ -599,6 +686,7 @@ int main(void) {
         cmocka_unit_test(test_nccl_selftest),
         cmocka_unit_test(test_device_selftest),
         cmocka_unit_test(test_device_state_without_gpu),
+        cmocka_unit_test(test_comm_shared),
         cmocka_unit_test(test_sharded_vs_unsharded),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_padded_all_and_window),

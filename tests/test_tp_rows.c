@@ -278,6 +278,27 @@ static void test_engine_tp_prefix(void **state) {
     tp_engine_prefix_check(tp_engine, TP, V, dir, test_seed() ^ 0xfc);
 }
 
+/* An engine at tensor_parallel tp, with the model as its own draft (draft 1) whose states
+ * are at draft_tensor_parallel dtp, or without a draft; f32 KV (exact: sharded greedy ==
+ * unsharded, test_tp); init's status into *rc. */
+static tqkv_engine *draft_engine(int tp, int draft, int dtp, tqkv_status *rc) {
+    tqkv_engine_params p = tqkv_engine_params_default();
+    p.model_dir = g_dir;
+    p.draft_dir = draft ? g_dir : NULL;
+    p.k_format = p.v_format = TQKV_F32;
+    p.threads = 2;
+    p.tensor_parallel = tp;
+    p.draft_tensor_parallel = dtp;
+    tqkv_engine *e = NULL;
+    *rc = tqkv_engine_init(&e, &p);
+    return e;
+}
+
+static void test_engine_draft_tp(void **state) {
+    (void)state;
+    tp_engine_draft_check(draft_engine, TP, V, 1, test_seed() ^ 0xd7a);
+}
+
 /* The model `rel` into g_m / g_dir: ../shared's (in_tree 0) or the source tree's. 0; 77
  * when ../shared lacks it; 1 on a load failure. */
 static int load_model(const char *rel, int in_tree) {
@@ -311,6 +332,7 @@ int main(void) {
         cmocka_unit_test(test_rank_failure_unchanged),
         cmocka_unit_test(test_engine_tp),
         cmocka_unit_test(test_engine_tp_prefix),
+        cmocka_unit_test(test_engine_draft_tp),
     };
     int rc = cmocka_run_group_tests_name("qwen3", tests, NULL, NULL);
     tqkv_model_free(g_m);

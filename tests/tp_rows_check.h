@@ -216,6 +216,72 @@ static inline void tp_engine_check(tp_engine_open open, int N, int V, const char
                   "draft too; %d greedy == unsharded\n", N, TP_NJ, greedy);
 }
 
+/* An engine of the test's kind at tensor_parallel tp with the model as its own draft (draft
+ * 1) at draft_tensor_parallel dtp, or without a draft (draft 0); init's status in *rc. */
+typedef tqkv_engine *(*tp_draft_open)(int tp, int draft, int dtp, tqkv_status *rc);
+
+/* The draft's states sharded too (draft_tensor_parallel N, and -1 = the target's N): the
+ * model drafting for itself (greedy requests joining a running batch) gives the tokens and
+ * logprob bits of the engine without a draft; with same_accept (exact products: sharded
+ * greedy == unsharded) its drafts are accepted exactly as often as the unsharded draft's
+ * (the same proposals; a wrongly sharded draft would propose others), else some are; a
+ * draft N its heads do not split (3: the fixtures' 2 KV heads) or one out of range fails
+ * init naming the draft. */
+static inline void tp_engine_draft_check(tp_draft_open open, int N, int V, int same_accept,
+                                         uint64_t seed) {
+    test_rng rg;
+    rng_init(&rg, seed);
+    enum { NJ = 3 };
+    job j[NJ];
+    for (int i = 0; i < NJ; i++) {
+        memset(&j[i], 0, sizeof j[i]);
+        j[i].n_prompt = rng_int(&rg, 5, 60);
+        for (int t = 0; t < j[i].n_prompt; t++) j[i].prompt[t] = rng_int(&rg, 1, V - 1);
+        j[i].max_tokens = rng_int(&rg, 6, 12);
+        j[i].top_logprobs = 1;
+    }
+    result plain[NJ], drafted[NJ];
+    tqkv_status rc;
+    tqkv_engine_stats st0, st;
+    tqkv_engine *e = open(N, 1, 0, &rc); /* the unsharded draft's acceptance */
+    OK(rc);
+    run_staggered(e, j, NJ, drafted, 1);
+    OK(tqkv_engine_stats_get(e, &st0));
+    tqkv_engine_free(e);
+    e = open(N, 0, 0, &rc); /* no draft: the reference */
+    OK(rc);
+    run_staggered(e, j, NJ, plain, 1);
+    tqkv_engine_free(e);
+    const int dtps[2] = {N, -1};
+    for (int k = 0; k < 2; k++) {
+        e = open(N, 1, dtps[k], &rc);
+        OK(rc);
+        run_staggered(e, j, NJ, drafted, 1);
+        for (int i = 0; i < NJ; i++) assert_same_tokens(&drafted[i], &plain[i]);
+        OK(tqkv_engine_stats_get(e, &st));
+        assert_true(st.spec_drafted > 0 && st.spec_accepted > 0);
+        if (same_accept) {
+            assert_int_equal(st.spec_drafted, st0.spec_drafted);
+            assert_int_equal(st.spec_accepted, st0.spec_accepted);
+        }
+        print_message("engine tp %d, draft tensor_parallel %d: %d requests == no draft (tokens, "
+                      "logprob bits); %llu of %llu drafts accepted (unsharded draft: %llu of "
+                      "%llu)\n", N, dtps[k], NJ, (unsigned long long)st.spec_accepted,
+                      (unsigned long long)st.spec_drafted, (unsigned long long)st0.spec_accepted,
+                      (unsigned long long)st0.spec_drafted);
+        tqkv_engine_free(e);
+    }
+    const int bad[2] = {3, 9};
+    const char *why[2] = {"the draft model's states: tensor_parallel 3", "draft_tensor_parallel 9"};
+    for (int k = 0; k < 2; k++) {
+        e = open(N, 1, bad[k], &rc);
+        assert_int_equal(rc, TQKV_EINVAL);
+        assert_null(e);
+        if (!strstr(tqkv_last_error(), why[k]))
+            fail_msg("draft_tensor_parallel %d: message '%s'", bad[k], tqkv_last_error());
+    }
+}
+
 /* A prefix-cache hit at N ranks (in memory, then from the directory `dir` after a restart)
  * gives the tokens of a miss; an unsharded engine does not read the sharded entries. */
 static inline void tp_engine_prefix_check(tp_engine_open open, int N, int V, const char *dir,

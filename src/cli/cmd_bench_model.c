@@ -10,7 +10,9 @@
  * depend on the text). Best of --reps rounds; each round measures every configuration
  * once, so noise spreads evenly.
  * With --device cuda, --graphs 0,1 measures every configuration with the decode step
- * launched kernel by kernel and as a CUDA graph, side by side, and prints their ratio;
+ * launched kernel by kernel and as a CUDA graph, side by side, and prints their ratio
+ * (with --tensor-parallel N too: the sharded decode graph, TQKV_TP_GRAPHS, is opted in
+ * unless the environment says otherwise);
  * --pick host,device likewise the next token picked on the host (the logits [rows, vocab]
  * copied back, argmax there) and on the device (tqkv_model_decode_pick: one int per row).
  * --rows takes a list (every row count measured from one model load: a 61 GB checkpoint
@@ -161,6 +163,8 @@ typedef struct {
     const char *fill, *graphs_list, *pick_list, *rows_list, *shape;
     int threads, gen, json, window, reps, blas, f32w, find_max, at_max, fast_gemm, tp;
     int synth, dev;            /* --fill synthetic; --device cuda */
+    int tp_graphs;             /* the sharded decode step may run as a graph (--graphs 1
+                                  with --tensor-parallel on the device: bm_tp_graphs) */
     int moe;                   /* sparse layers with the per-expert GEMMs (--fast-gemm or
                                   TQKV_MOE_GROUPED=0): device decode steps run kernel by
                                   kernel, whatever --graphs asks */
@@ -198,6 +202,21 @@ static int bm_parse_graphs(bm_opts *o) {
         return -1;
     }
     return 0;
+}
+
+/* --tensor-parallel N on the device: the sharded decode step's CUDA graphs follow
+ * TQKV_TP_GRAPHS (docs/TP.md). When the environment does not say, this run opts them in
+ * (set before any state exists; each state's graphs then follow --graphs as an unsharded
+ * state's do), so --graphs 0,1 times the sharded graphs against direct steps in one run. */
+static void bm_tp_graphs(bm_opts *o) {
+    o->tp_graphs = 1;
+    if (!o->dev || o->tp < 2) return;
+    const char *e = getenv("TQKV_TP_GRAPHS");
+    if (!e) setenv("TQKV_TP_GRAPHS", "1", 1);
+    o->tp_graphs = !e || !strcmp(e, "1");
+    if (!o->tp_graphs && (o->gv[0] || (o->n_gv == 2 && o->gv[1])))
+        fprintf(stderr, "tqkv bench model: TQKV_TP_GRAPHS=%s: sharded decode steps run kernel by "
+                "kernel, whatever --graphs asks\n", e);
 }
 
 /* --pick into o->pv [o->n_pv]; 0 or -1 (message printed). */
@@ -249,7 +268,7 @@ static int bm_parse_args(int argc, char **argv, bm_opts *o) {
         {"--f32-weights", ARG_FLAG, &o->f32w, "convert weights to f32 at load"},
         {"--device", ARG_STR, &o->device, "cpu|cuda: where the forward runs (default cpu)"},
         {"--fast-gemm", ARG_FLAG, &o->fast_gemm, "with --device cuda: cuBLAS bf16 GEMMs, faster but NOT batch invariant"},
-        {"--graphs", ARG_STR, &o->graphs_list, "with --device cuda: 1 (default): decode steps as replayed CUDA graphs; 0: kernel by kernel; 0,1: both, side by side, with their ratio"},
+        {"--graphs", ARG_STR, &o->graphs_list, "with --device cuda: 1 (default): decode steps as replayed CUDA graphs; 0: kernel by kernel; 0,1: both, side by side, with their ratio (with --tensor-parallel: the sharded decode graph, opted in unless TQKV_TP_GRAPHS is set)"},
         {"--pick", ARG_STR, &o->pick_list, "how a decode step picks its next tokens: host (logits copied back, argmax on the host), device (tqkv_model_decode_pick: argmax on the GPU, one int per row back), or host,device: both, side by side, with their ratio; default device with --device cuda, else host"},
         {"--fill", ARG_STR, &o->fill, "prefill (default): run ctx tokens through the model; synthetic: put ctx tokens of random K/V straight into the caches (device only, no pp figure)"},
         {"--max-rows", ARG_FLAG, &o->find_max, "also find the most rows whose caches for ctx + gen + 1 tokens fit (device memory; real allocations)"},
@@ -283,6 +302,7 @@ static int bm_parse_args(int argc, char **argv, bm_opts *o) {
     tqkv_model_state_params tpp; /* checks --tensor-parallel against --device */
     if (mcli_parse_tp(CMD, o->tp, o->dev, &tpp)) return 2;
     if (bm_parse_graphs(o) || bm_parse_pick(o)) return 2;
+    bm_tp_graphs(o);
     return 0;
 }
 
@@ -554,7 +574,7 @@ static cJSON *bm_json_conf(const bm_opts *o, cJSON *arr, int c, int k, int gi, i
     cJSON_AddStringToObject(j, "fill", o->synth ? "synthetic" : "prefill");
     cJSON_AddStringToObject(j, "gemm", o->fast_gemm ? "cublas" : "invariant");
     cJSON_AddStringToObject(j, "matmul", o->dev ? "device" : mcli_matmul_name(mcli_exact));
-    if (o->dev) cJSON_AddBoolToObject(j, "graphs", o->gv[gi] && !o->moe);
+    if (o->dev) cJSON_AddBoolToObject(j, "graphs", o->gv[gi] && !o->moe && o->tp_graphs);
     cJSON_AddStringToObject(j, "pick", o->pv[pi] ? "device" : "host");
     cJSON_AddNumberToObject(j, "threads", o->threads);
     cJSON_AddNumberToObject(j, "gen", o->gen);

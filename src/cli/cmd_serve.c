@@ -104,7 +104,8 @@ typedef struct {
     /* slow-client defence (src/server/conn_guard.c) */
     int idle_timeout, header_timeout, body_timeout, max_conns_ip;
     int reserved_conns;
-    int tp; /* --tensor-parallel (docs/TP.md) */
+    int tp;       /* --tensor-parallel (docs/TP.md) */
+    int draft_tp; /* --draft-tensor-parallel: the draft's ranks (-1: --tensor-parallel's) */
     const char *aliases[MAX_ALIASES]; /* --alias / --served-model-name, in order */
     int n_aliases;
 } serve_opts;
@@ -134,7 +135,8 @@ static int serve_parse_args(int argc, char **argv, serve_opts *o) {
         {"--queue", ARG_INT, &o->queue, "requests waiting for admission before 503 (default 256)"},
         {"--threads", ARG_INT, &o->threads, "compute threads (default: the physical cores)"},
         {"--exact", ARG_FLAG, &mcli_exact, MCLI_EXACT_HELP},
-        {"--tensor-parallel", ARG_INT, &o->tp, MCLI_TP_HELP "; a --draft stays unsharded"},
+        {"--tensor-parallel", ARG_INT, &o->tp, MCLI_TP_HELP "; a --draft stays unsharded unless --draft-tensor-parallel"},
+        {"--draft-tensor-parallel", ARG_INT, &o->draft_tp, "ranks of the --draft model's states: 0 or 1 = unsharded (default), N = N ranks (its heads and MLP width must split), -1 = --tensor-parallel's"},
         {"--prefill-chunk", ARG_INT, &o->chunk, "a prompt is prefilled in chunks of this many tokens (default 256)"},
         {"--prefill-step", ARG_INT, &o->step, "prompt tokens prefilled per scheduler step, whole chunks, before the running rows' decode step (default: 1 chunk on the CPU, 16 on the device)"},
         {"--prefix-cache", ARG_STR, &o->prefix_bytes, "prefix cache bytes, e.g. 64M; 0 = off (default 1/16 of RAM, 64M..2G)"},
@@ -249,6 +251,7 @@ static int serve_engine_params(const serve_opts *o, char *mbuf, char *dbuf,
     if (o->draft) {
         if (!(ep->draft_dir = mcli_resolve_model(CMD, o->draft, dbuf, 4096))) return -1;
         ep->draft_tokens = o->draft_tokens;
+        ep->draft_tensor_parallel = o->draft_tp; /* checked by tqkv_engine_init */
     }
     if (kvp_is_preset(o->kv)) {
         if (o->window || o->draft) {

@@ -182,7 +182,7 @@ static tqkv_status engine_state_params(tqkv_engine *e) {
     e->sp.threads = e->p.threads;
     e->sp.extend_as_decode = e->dm != NULL;
     e->sp.device = e->p.device;
-    e->sp.tensor_parallel = e->p.tensor_parallel; /* the draft's (dsp) stay unsharded */
+    e->sp.tensor_parallel = e->p.tensor_parallel; /* the draft's: dsp below */
     if (e->p.kv_setup) { /* a preset / per-layer formats chosen for this model */
         tqkv_model_state_params t = e->sp;
         tqkv_status rc = e->p.kv_setup(e->m, &t, e->p.kv_setup_user);
@@ -207,6 +207,8 @@ static tqkv_status engine_state_params(tqkv_engine *e) {
     e->dsp.v_format = e->p.v_format;
     e->dsp.threads = e->p.threads;
     e->dsp.device = e->p.device; /* the draft runs where the target does */
+    e->dsp.tensor_parallel = e->p.draft_tensor_parallel < 0 ? e->p.tensor_parallel
+                                                            : e->p.draft_tensor_parallel;
     return TQKV_OK;
 }
 
@@ -225,6 +227,9 @@ tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
     if (p.prefill_step == 0) p.prefill_step = p.device == 1 ? 16 * p.prefill_chunk : p.prefill_chunk;
     if (p.draft_tokens < 1 || p.draft_tokens > 16)
         return tqkv_fail(TQKV_EINVAL, "engine: draft_tokens %d not in [1, 16]", p.draft_tokens);
+    if (p.draft_tensor_parallel < -1 || p.draft_tensor_parallel > 8)
+        return tqkv_fail(TQKV_EINVAL, "engine: draft_tensor_parallel %d not in -1..8",
+                         p.draft_tensor_parallel);
     if (p.parallel < 1 || p.queue_max < 1 || p.threads < 1 || p.prefill_chunk < 1 ||
         p.window < 0)
         return tqkv_fail(TQKV_EINVAL, "engine: parallel, queue_max, threads, prefill_chunk must "
@@ -334,6 +339,11 @@ tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
         tmp = NULL;
         rc = tqkv_model_state_init(&tmp, e->dm, &e->dsp);
         tqkv_model_state_free(tmp);
+        if (rc != TQKV_OK) { /* say whose states */
+            char why[512];
+            snprintf(why, sizeof why, "%s", tqkv_last_error());
+            rc = tqkv_fail(rc, "engine: the draft model's states: %s", why);
+        }
     }
 #ifdef TQKV_HAVE_CUDA
     if (rc == TQKV_OK && p.device && e->p.kv_budget == 0) {

@@ -126,28 +126,35 @@ tqkv_status model_cuda_decode_pick(model_cuda *g, const int32_t *tokens, const p
 
 /* ---- tensor parallelism on the device (tp_cuda.cu; docs/TP.md) ---- */
 struct model_tp;
+struct tp_comm;
 /* CUDA devices visible (0 when none or no driver). */
 int         model_cuda_device_count(void);
 tqkv_status model_cuda_set_device(int device);
 /* The same on cleanup paths: a failure is ignored and leaves the last error message alone. */
 void        model_cuda_select_device(int device);
 /* After a sharded state's rank states (device states of the rank models, on GPUs
- * tp->device[r]) are made: each rank's lm_head slice width, the o_proj biases on every
- * rank's GPU, and tp->comm (NCCL when the ranks' GPUs are all distinct and NCCL is built in,
- * else the device-local backend). Ends with GPU tp->device[0] current. */
+ * tp->device[r]) are made: each rank's lm_head slice width and the o_proj biases on every
+ * rank's GPU. Ends with GPU tp->device[0] current. */
 tqkv_status model_cuda_tp_setup(tqkv_model_state *s);
-/* Frees what model_cuda_tp_setup made besides the communicator. */
+/* Frees what model_cuda_tp_setup made (and the state's decode graph). */
 void        model_cuda_tp_free(struct model_tp *tp);
+/* A communicator for n ranks of this process on GPUs device[0..n): NCCL
+ * (tp_comm_init_nccl_local) when the GPUs are all distinct and NCCL is built in, else the
+ * device-local backend (several ranks on one GPU). Ends with GPU device[0] current. The
+ * sharded states of one model and N share one (tp_state.c keeps it, refcounted). */
+tqkv_status model_cuda_tp_comm_init(int n, const int *device, struct tp_comm **out);
 /* The sharded forward of a state whose ranks are device states: model_cuda_forward's
  * arguments and logits layout (the caller has run model_forward_check); direct launches,
- * or with TQKV_TP_GRAPHS=1 in the environment (opt in, not run on a GPU yet) decode steps
- * as one CUDA graph over every rank's stream (a new shape direct, captured when it
- * repeats, then replayed; a failed capture turns them off for the state, said on stderr).
+ * or with the sharded graphs on (TQKV_TP_GRAPHS=1; unset: TP_GRAPHS_DEFAULT in tp_cuda.cu;
+ * any other value: off) and the ranks' device_graphs on, decode steps as one CUDA graph over
+ * every rank's stream (a new shape direct, captured when it repeats or when the shared
+ * communicator's scratch moved, then replayed; a failed capture turns them off for the
+ * state, said on stderr).
  * On failure every rank's appends are undone. */
 tqkv_status model_cuda_tp_forward(tqkv_model_state *s, const int32_t *tokens, const int *lengths,
                                   int n, int prefill, tqkv_logits_mode mode, float *logits);
 /* How a sharded device state's decode steps ran through its graph (tests): captured,
- * replayed, direct (a new shape); all 0 without TQKV_TP_GRAPHS=1. */
+ * replayed, direct (a new shape); all 0 while the sharded graphs are off. */
 void        model_cuda_tp_graph_counts(const tqkv_model_state *s, uint64_t *captures,
                                        uint64_t *replays, uint64_t *direct);
 

@@ -3,8 +3,9 @@
  *   Megatron sharding (its arch tp_shard shards the weights, as for the CPU path) run by N
  *   rank states, each a device state (model_cuda) of its rank model on GPU tp->device[r]
  *   (several ranks may share one GPU), with the collectives of tp_comm.h on device buffers.
- * Owns: the ranks' device setup (lm_head slice widths, the o_proj biases on every rank's GPU,
- *   the communicator: NCCL when the ranks' GPUs are distinct, else the device-local backend)
+ * Owns: the ranks' device setup (lm_head slice widths, the o_proj biases on every rank's GPU),
+ *   the making of a communicator for the ranks' GPUs (NCCL when they are distinct, else the
+ *   device-local backend; the model keeps one per N, shared by its states: tp_state.c)
  *   and the sharded forward, over a graph's pieces (arch.h's model_arch_cuda_tp_ops: the
  *   common device graph's below for the Llama family, Qwen 3.5 and the MoE graphs; Gemma 4's
  *   own from its graph_cuda.cu):
@@ -18,12 +19,14 @@
  *     every rank: head (its vocabulary rows); the slices gathered into the caller's
  *       logits [rows, V] (device-to-host copies into each rank's columns); after the wait,
  *       every rank's mc_forward_finish (recurrent token counts, sliding drops).
- *   Launched directly, or (TQKV_TP_GRAPHS=1, opt in: never run on a GPU) a decode step as one
- *   CUDA graph over every rank's stream; one wait per rank at the end.
+ *   Launched directly, or (TQKV_TP_GRAPHS=1, opt in) a decode step as one CUDA graph over
+ *   every rank's stream, captured again when the shared communicator's scratch moved; one
+ *   wait per rank at the end.
  * Must not: let a row's bits depend on other rows (every piece is the unsharded device
  *   graph's per-token or batch-invariant kernel; the all-reduce is elementwise in rank
  *   order); run for a graph without tp_shard (model_tp_check refuses it).
- * Ran on one H100 for the Llama family; the other graphs' pieces are compiled only.
+ * Ran on one H100 (every graph, ranks sharing it; session 10); the shared communicator and
+ *   the graphs' scratch check are compiled only.
  */
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -113,24 +116,30 @@ extern "C" tqkv_status model_cuda_tp_setup(tqkv_model_state *s) {
         tp_vocab_range(s->m->cfg.vocab_size, N, r, &v0, &v1, &chunk);
         tp->rank[r]->gpu->head_n = v1 - v0; /* its lm_head slice [v1 - v0, H] */
     }
-    tqkv_status st = upload_biases(s);
-    int distinct = 1; /* NCCL needs one GPU per rank */
-    for (int r = 0; r < N; r++)
-        for (int q = 0; q < r; q++) distinct &= tp->device[q] != tp->device[r];
-    if (!st) {
-#ifdef TQKV_HAVE_NCCL
-        if (distinct) st = tp_comm_init_nccl_local(&tp->comm, N, tp->device);
-        else st = tp_comm_init_device(&tp->comm, N, tp->device);
-#else
-        (void)distinct;
-        st = tp_comm_init_device(&tp->comm, N, tp->device);
-#endif
-    }
+    const tqkv_status st = upload_biases(s);
     if (st) {
         model_cuda_select_device(tp->device[0]);
         return st;
     }
     return model_cuda_set_device(tp->device[0]);
+}
+
+extern "C" tqkv_status model_cuda_tp_comm_init(int n, const int *device, tp_comm **out) {
+    int distinct = 1; /* NCCL needs one GPU per rank */
+    for (int r = 0; r < n; r++)
+        for (int q = 0; q < r; q++) distinct &= device[q] != device[r];
+#ifdef TQKV_HAVE_NCCL
+    tqkv_status st =
+        distinct ? tp_comm_init_nccl_local(out, n, device) : tp_comm_init_device(out, n, device);
+#else
+    (void)distinct;
+    tqkv_status st = tp_comm_init_device(out, n, device);
+#endif
+    if (st) {
+        model_cuda_select_device(device[0]);
+        return st;
+    }
+    return model_cuda_set_device(device[0]);
 }
 
 extern "C" void model_cuda_tp_free(model_tp *tp) {
@@ -286,6 +295,10 @@ struct tp_graph {
     cudaEvent_t     join[TP_MAX_RANKS];    /* join[r] on rank r's GPU */
     float          *h_logits;              /* pinned [cap, V] */
     size_t          cap;
+    unsigned long long gen;                /* the communicator's scratch generation exec
+                                            * captured (tp_comm_scratch_gen): the model's
+                                            * communicator is shared, so another state's
+                                            * longer prefill may move the scratch */
     int             off;                   /* a capture failed: graphs off for this state */
     uint64_t        captures, replays, direct;
 };
@@ -304,11 +317,16 @@ static void tp_graph_free(model_tp *tp) {
     tp->graph = NULL;
 }
 
-/* Graphs for this step: TQKV_TP_GRAPHS=1, every rank's graphs on (params.device_graphs; an
- * experts path that reads back turns them off), none failed before. */
+/* Whether sharded decode graphs are on when TQKV_TP_GRAPHS is unset (docs/TP.md). */
+#define TP_GRAPHS_DEFAULT 0
+
+/* Graphs for this step: TQKV_TP_GRAPHS=1 (or unset with TP_GRAPHS_DEFAULT 1; =0 turns
+ * them off), every rank's graphs on (params.device_graphs; an experts path that reads back
+ * turns them off), none failed before. */
 static int tp_graphs_on(const tp_ranks *k) {
     const char *e = getenv("TQKV_TP_GRAPHS");
-    if (!e || strcmp(e, "1") || (k->tp->graph && k->tp->graph->off)) return 0;
+    const int want = e ? !strcmp(e, "1") : TP_GRAPHS_DEFAULT;
+    if (!want || (k->tp->graph && k->tp->graph->off)) return 0;
     for (int r = 0; r < k->N; r++)
         if (!k->g[r]->graph.enabled) return 0;
     return 1;
@@ -439,11 +457,14 @@ static tqkv_status tp_step_graph(tp_ranks *k, tqkv_logits_mode mode, float *out,
     if (st) return st;
     tp_graph *G = k->tp->graph;
     float *pin = out ? G->h_logits : NULL;
-    if (G->exec && tp_keys_same(k, key, G->key)) {
+    const unsigned long long gen = tp_comm_scratch_gen(k->tp->comm);
+    if (G->exec && tp_keys_same(k, key, G->key) && G->gen == gen) {
         *staged = pin;
         return tp_replay(k);
     }
-    if (!tp_keys_same(k, key, G->pending)) { /* a new shape: direct, captured if it repeats */
+    /* a new shape: direct, captured if it repeats (the same shape after the scratch moved:
+     * captured again, the scratch only grows) */
+    if (!tp_keys_same(k, key, G->pending)) {
         G->direct++;
         st = tp_queue(k, 1, 0, mode, out, done);
         if (!st) memcpy(G->pending, key, sizeof key);
@@ -456,6 +477,7 @@ static tqkv_status tp_step_graph(tp_ranks *k, tqkv_logits_mode mode, float *out,
         return tp_queue(k, 1, 0, mode, out, done);
     }
     memcpy(G->key, key, sizeof key);
+    G->gen = tp_comm_scratch_gen(k->tp->comm); /* unchanged by the capture: nothing grows */
     G->captures++;
     *staged = pin;
     return tp_launch(k);

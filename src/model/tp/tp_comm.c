@@ -55,6 +55,11 @@ int        tp_comm_size(const tp_comm *c) { return c ? c->n : 0; }
 int        tp_comm_local(const tp_comm *c) { return c ? c->local : 0; }
 int        tp_comm_first_rank(const tp_comm *c) { return c ? c->first : 0; }
 tp_backend tp_comm_backend(const tp_comm *c) { return c ? c->backend : TP_BACKEND_CPU; }
+unsigned long long tp_comm_scratch_gen(const tp_comm *c) { return c ? c->scratch_gen : 0; }
+
+void tp_comm_set_threads(tp_comm *c, int threads) {
+    if (c && threads >= 1) c->threads = threads;
+}
 
 #ifndef TQKV_HAVE_CUDA
 tqkv_status tp_comm_init_device(tp_comm **out, int n, const int *devices) {

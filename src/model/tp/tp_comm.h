@@ -62,6 +62,14 @@ int        tp_comm_size(const tp_comm *c);       /* N, all ranks */
 int        tp_comm_local(const tp_comm *c);      /* ranks this process drives */
 int        tp_comm_first_rank(const tp_comm *c); /* global rank of local rank 0 */
 tp_backend tp_comm_backend(const tp_comm *c);
+/* The CPU backend's thread count (threads >= 1; ignored by the device backends): a
+ * communicator shared by states of other thread counts (tp_state.h) takes each state's before
+ * its forward. */
+void       tp_comm_set_threads(tp_comm *c, int threads);
+/* How many times the device backends' scratch (NCCL's gather buffers, the device-local
+ * staging) was allocated or moved: a CUDA graph that captured a collective holds the
+ * scratch's address and must not replay once this changed (0 for the CPU backend). */
+unsigned long long tp_comm_scratch_gen(const tp_comm *c);
 
 /* In place: bufs[i] [count] of every local rank i; afterwards each holds the sum over all N
  * ranks in rank order (above). streams[i]: cudaStream_t of local rank i (NCCL; NULL: the

@@ -169,8 +169,9 @@ static cudaError_t peer_copy(void *dst, const void *src, size_t bytes, cudaStrea
     return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream);
 }
 
-static tqkv_status ensure_stage(dev_state *s, int n, size_t count) {
+static tqkv_status ensure_stage(tp_comm *c, dev_state *s, int n, size_t count) {
     if (count <= s->cap) return TQKV_OK;
+    c->scratch_gen++; /* a graph holding the old address must not replay (tp_comm.h) */
     CUDA_TRY(cudaSetDevice(s->device[0]), "cudaSetDevice");
     /* the old staging may still be read by queued work: wait for the device first */
     CUDA_TRY(cudaDeviceSynchronize(), "staging regrow");
@@ -187,7 +188,7 @@ extern "C" tqkv_status tp_dev_allreduce_sum(tp_comm *c, float *const *bufs, size
     dev_state *s = (dev_state *)c->nccl;
     if (count == 0) return TQKV_OK;
     const size_t bytes = sizeof(float) * count;
-    tqkv_status rc = ensure_stage(s, c->n, count);
+    tqkv_status rc = ensure_stage(c, s, c->n, count);
     if (rc == TQKV_OK) rc = join_ranks(c, s, streams);
     if (rc != TQKV_OK) return rc;
     const cudaStream_t s0 = stream_of(streams, 0);

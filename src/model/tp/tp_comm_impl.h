@@ -18,6 +18,7 @@ struct tp_comm {
     int        local;   /* ranks this process drives */
     int        first;   /* global rank of local rank 0 */
     int        threads; /* CPU backend: threads over elements */
+    unsigned long long scratch_gen; /* device backends: scratch (re)allocations so far */
     void      *nccl;    /* the NCCL backend's state (tp_comm_nccl.cu) or the device-local
                          * backend's (tp_comm_cuda.cu), NULL for the CPU backend */
 };

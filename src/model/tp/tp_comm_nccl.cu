@@ -138,6 +138,7 @@ extern "C" void tp_nccl_free(tp_comm *c) {
 
 static tqkv_status ensure_gather(tp_comm *c, nccl_state *s, size_t count) {
     if (count <= s->cap) return TQKV_OK;
+    c->scratch_gen++; /* a graph holding the old addresses must not replay (tp_comm.h) */
     for (int i = 0; i < c->local; i++) {
         CUDA_TRY(cudaSetDevice(s->device[i]), "cudaSetDevice");
         cudaFree(s->gather[i]);

@@ -318,13 +318,28 @@ static tqkv_status rank_model_make(const tqkv_model *m, int r, int n, tqkv_model
     return TQKV_OK;
 }
 
-/* A model's kept rank models (tqkv_model.tp_models): set[N] for states of N ranks. */
+/* A model's kept rank models and communicators (tqkv_model.tp_models): set[N] for states
+ * of N ranks. */
 struct model_tp_models {
     struct {
         int         device[TP_MAX_RANKS];  /* rank r's GPU (its uploaded weights), -1: none */
         tqkv_model *rank[TP_MAX_RANKS];
+        tp_comm    *comm[2];               /* [on_device]: shared by every sharded state of
+                                            * this N (CPU: the CPU backend; device: NCCL or
+                                            * device-local, on the ranks' GPUs) */
+        int         users[2];              /* [on_device]: the states holding comm */
     } set[TP_MAX_RANKS + 1];
 };
+
+/* A kept communicator freed (the device's with its GPUs current in turn). */
+static void tp_comm_drop(tp_comm *c, int on_device) {
+    if (!c) return;
+    tp_comm_free(c);
+#ifdef TQKV_HAVE_CUDA
+    if (on_device) model_cuda_select_device(0);
+#endif
+    (void)on_device;
+}
 
 void model_tp_models_free(tqkv_model *m) {
     struct model_tp_models *k = m ? m->tp_models : NULL;
@@ -338,6 +353,8 @@ void model_tp_models_free(tqkv_model *m) {
             gpu |= k->set[n].device[r] >= 0;
             rank_model_free(k->set[n].rank[r]);
         }
+    for (int n = 1; n <= TP_MAX_RANKS; n++) /* left by states freed after the model: none */
+        for (int d = 0; d < 2; d++) tp_comm_drop(k->set[n].comm[d], d);
 #ifdef TQKV_HAVE_CUDA
     if (gpu) model_cuda_select_device(0);
 #endif
@@ -367,6 +384,51 @@ static tqkv_status rank_model_get(tqkv_model_state *s, int r) {
     return TQKV_OK;
 }
 
+/* The communicator of the model's sharded states of tp->n ranks on this side (CPU or
+ * device) into tp->comm: the kept one, or made and kept; one more user either way. The
+ * engine makes a sharded state per newcomer's prefill, extract and prefix-cache entry: they
+ * share one communicator (one ncclCommInitAll, one scratch) instead of one each. Sharing is
+ * safe because a model's sharded states run from one thread and every forward waits for
+ * its ranks' streams before it returns, so two states' collectives never overlap; a decode
+ * graph that captured the scratch's address checks tp_comm_scratch_gen before it replays. */
+static tqkv_status tp_comm_acquire(tqkv_model_state *s) {
+    model_tp *tp = s->tp;
+    struct model_tp_models *k = ((tqkv_model *)s->m)->tp_models; /* made by rank_model_get */
+    const int d = tp->on_device;
+    if (!k->set[tp->n].comm[d]) {
+        tp_comm *c = NULL;
+        tqkv_status rc = TQKV_EUNSUPPORTED;
+        if (!d) rc = tp_comm_init_cpu(&c, tp->n, s->p.threads);
+#ifdef TQKV_HAVE_CUDA
+        else rc = model_cuda_tp_comm_init(tp->n, tp->device, &c);
+#endif
+        if (rc != TQKV_OK) return rc;
+        k->set[tp->n].comm[d] = c;
+    }
+    k->set[tp->n].users[d]++;
+    tp->comm = k->set[tp->n].comm[d];
+    return TQKV_OK;
+}
+
+/* tp->comm given back: freed with its last user (the NCCL communicators and the scratch
+ * returned to the GPUs while the model has no sharded state of this N). */
+static void tp_comm_release(tqkv_model_state *s) {
+    model_tp *tp = s->tp;
+    struct model_tp_models *k = s->m->tp_models;
+    const int d = tp->on_device;
+    if (!tp->comm || !k || k->set[tp->n].comm[d] != tp->comm) return;
+    tp->comm = NULL;
+    if (--k->set[tp->n].users[d] > 0) return;
+    tp_comm_drop(k->set[tp->n].comm[d], d);
+    k->set[tp->n].comm[d] = NULL;
+}
+
+int model_tp_comm_users(const tqkv_model *m, int n, int on_device) {
+    const struct model_tp_models *k = m ? m->tp_models : NULL;
+    if (!k || n < 1 || n > TP_MAX_RANKS) return 0;
+    return k->set[n].users[on_device ? 1 : 0];
+}
+
 static void rank_state_free(model_tp *tp, int r) {
 #ifdef TQKV_HAVE_CUDA
     if (tp->on_device) model_cuda_select_device(tp->device[r]);
@@ -389,15 +451,18 @@ void model_tp_free(tqkv_model_state *s) {
 #ifdef TQKV_HAVE_CUDA
     if (tp->on_device) model_cuda_tp_free(tp);
 #endif
-    tp_comm_free(tp->comm);
+    tp_comm_release(s);
+#ifdef TQKV_HAVE_CUDA
+    if (tp->on_device) model_cuda_select_device(tp->device[0]);
+#endif
     free(tp);
     s->tp = NULL;
 }
 
-/* The ranks' GPUs (r % visible GPUs) on the device; the CPU communicator otherwise (a
- * device state's is made by model_cuda_tp_setup once the ranks exist). */
-static tqkv_status tp_place(tqkv_model_state *s, model_tp *tp) {
-    if (!tp->on_device) return tp_comm_init_cpu(&tp->comm, tp->n, s->p.threads);
+/* The ranks' GPUs (r % visible GPUs) on the device (the communicator is the model's:
+ * tp_comm_acquire, once the ranks exist). */
+static tqkv_status tp_place(model_tp *tp) {
+    if (!tp->on_device) return TQKV_OK;
 #ifdef TQKV_HAVE_CUDA
     const int nd = model_cuda_device_count();
     if (nd < 1) return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: no CUDA device is available");
@@ -419,7 +484,7 @@ tqkv_status model_tp_init(tqkv_model_state *s) {
     tp->on_device = s->p.device == 1;
     int v0, v1;
     tp_vocab_range(s->m->cfg.vocab_size, n, 0, &v0, &v1, &tp->vchunk);
-    rc = tp_place(s, tp);
+    rc = tp_place(tp);
     tqkv_model_state_params pr = s->p;
     pr.tensor_parallel = 0;
     for (int r = 0; r < n && rc == TQKV_OK; r++) {
@@ -432,6 +497,7 @@ tqkv_status model_tp_init(tqkv_model_state *s) {
 #ifdef TQKV_HAVE_CUDA
     if (rc == TQKV_OK && tp->on_device) rc = model_cuda_tp_setup(s);
 #endif
+    if (rc == TQKV_OK) rc = tp_comm_acquire(s);
     if (rc != TQKV_OK) {
         model_tp_free(s);
         return rc;
@@ -446,6 +512,7 @@ void model_tp_sync(tqkv_model_state *s) {
         tp->rank[r]->rows = s->rows;
         tp->rank[r]->p.threads = s->p.threads;
     }
+    tp_comm_set_threads(tp->comm, s->p.threads); /* the model's, shared: this state's threads */
     s->layers = tp->rank[0]->layers;
 }
 

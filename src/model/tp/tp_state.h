@@ -22,7 +22,9 @@
 
 typedef struct model_tp {
     int               n;                        /* ranks */
-    tp_comm          *comm;                     /* CPU backend: every rank in this process */
+    tp_comm          *comm;                     /* the model's communicator for N ranks on
+                                                 * this side (CPU or device), shared by its
+                                                 * sharded states (refcounted: tp_state.c) */
     tqkv_model       *model[TP_MAX_RANKS];      /* rank r's shard (arch tp_shard), the
                                                  * model's kept one (model_tp_models_free) */
     tqkv_model_state *rank[TP_MAX_RANKS];       /* rank r's state: its caches and scratch */
@@ -37,7 +39,7 @@ typedef struct model_tp {
     float            *bo[TP_MAX_RANKS];         /* device [L, H] o_proj biases on rank r's
                                                  * GPU (NULL: no layer has one) */
     struct tp_graph  *graph;                    /* the sharded decode step's CUDA graph
-                                                 * (TQKV_TP_GRAPHS=1; cuda/tp_cuda.cu), or NULL */
+                                                 * (TQKV_TP_GRAPHS; cuda/tp_cuda.cu), or NULL */
 } model_tp;
 
 /* The ranks a state of these params has: tensor_parallel when > 1; 1 for tensor_parallel 1
@@ -62,6 +64,9 @@ tqkv_status model_tp_init(tqkv_model_state *s);
  * by tqkv_model_free. Not thread safe: a model's sharded states are made from one thread
  * (as its first device state). */
 void        model_tp_models_free(tqkv_model *m);
+/* The sharded states of m with n ranks on the CPU (on_device 0) or the device (1) holding
+ * the model's one communicator for them (0: none is kept; it is freed with its last user). */
+int         model_tp_comm_users(const tqkv_model *m, int n, int on_device);
 void        model_tp_free(tqkv_model_state *s);
 /* Every rank's caches emptied with `rows` rows (and the parent's off / len); on failure
  * nothing changed. */
