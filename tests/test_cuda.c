@@ -1578,8 +1578,8 @@ static cuda_kv *bf16_row(test_rng *r, const tqkv_cache_config *cfg, int lens, fl
  * kernel prefetches d = 128's bf16 tiles): 3 rows of 150-700 tokens merged (left padding),
  * the last NQ (100-149) tokens of each row as queries, causal, and on odd iterations every
  * 7th query on a sliding range; G 1 / 3 / 4 / 8. Each kernel against float64 on the
- * bf16-rounded K/V (test_cuda_bf16_d256's bounds); the two tensor-core kernels bitwise
- * equal on the causal iterations. */
+ * bf16-rounded K/V (worst rel. L2 per vector < 4e-2 on the tensor-core kernels, 1e-4 on
+ * the float32 one); the two tensor-core kernels bitwise equal on the causal iterations. */
 static void prefill_bf16_case(int D, uint64_t mix) {
     enum { H = 2, R = 3 };
     test_rng r;
@@ -1622,7 +1622,9 @@ static void prefill_bf16_case(int D, uint64_t mix) {
             const double e = bf16_worst_d(out, q, kr, vr, lens, tlo, thi, R, H, G, nq, scale, D);
             printf("prefill bf16 d %d G %d nq %d lens %d %d %d%s, %s kernel: worst rel L2 vs float64 %.3g\n", D, G,
                    nq, lens[0], lens[1], lens[2], swa ? " (sliding ranges)" : "", prefill_kernel_name(tc), e);
-            if (!(e < (tc ? 2.5e-2 : 1e-4))) fail_msg("masked bf16 attention differs from float64: %g", e);
+            /* the worst of up to 7000 vectors (test_cuda_bf16_d256's bound 2.5e-2 is for 240,
+             * measured up to 1.8e-2); a wrong tile or mask gives errors of order 1 */
+            if (!(e < (tc ? 4e-2 : 1e-4))) fail_msg("masked bf16 attention differs from float64: %g", e);
             prefill_same_tc(tc, !swa, out, out2, n);
         }
         tqkv_cuda_prefill_tc(2);

@@ -147,7 +147,6 @@ __device__ void tile_load(const PParams<D> &P, const cuda_row &row, size_t rh, i
                           const float *ck, const float *cv, uint16_t *sk, uint16_t *sv, float *f1,
                           uint16_t *sk2, uint16_t *sv2, float *f2) {
     constexpr int LD = TC_LD<D>, NG = D / 32;
-#pragma unroll 1
     for (int it = threadIdx.x; it < TK * NG; it += NT) {
         const int tt = it / NG, g = it % NG, t = t0 + tt;
         uint16_t *dk = sk + tt * LD + 32 * g, *dv = sv + tt * LD + 32 * g;
