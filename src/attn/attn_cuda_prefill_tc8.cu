@@ -11,7 +11,8 @@
  * them: one barrier per tile); tiles that meet the q8 window, and every tile at d = 256
  * (one buffer: the shared memory of two does not fit), are loaded synchronously as in the
  * 4-warp kernel. Blocks are launched longest first (the position block is the grid's slowest
- * dimension, counted from the end): under a causal mask the last blocks read the most tiles.
+ * dimension, counted from the end): under a causal mask the last blocks read the most tiles
+ * (more than 65535 blocks, over 1M positions at G = 8, run the 4-warp kernel).
  *   S [16 vectors, 64 tokens] = Q [16, D] . K^T [D, 64]    mma.m16n8k16, one warp
  *   O [16, D]               += P [16, 64] . V [64, D]      mma.m16n8k16
  * Must not: mutate the cache; let a query's output depend on anything but its own row and
@@ -388,8 +389,7 @@ tqkv_status prefill_tc8_setup(void) {
 
 template <int D> tqkv_status prefill_tc8_launch(const PParams<D> &P, int bf16, cudaStream_t stream) {
     const int bq = TM / P.G, nblk = (P.nq + bq - 1) / bq;
-    if (nblk > 65535 || P.nrows > 65535)
-        return tqkv_fail(TQKV_EINVAL, "tensor-core prefill: %d query blocks x %d rows exceed the grid", nblk, P.nrows);
+    if (nblk > 65535) return prefill_tc_launch<D>(P, bf16, stream); /* past grid.z: blocks on grid.x */
     const dim3 grid((unsigned)P.kvh, (unsigned)P.nrows, (unsigned)nblk);
     const size_t sm = Tc8Layout<D>::bytes(P.window > 0);
     if (bf16) prefill_tc8_kernel<D, F_BF16><<<grid, TT, sm, stream>>>(P);
