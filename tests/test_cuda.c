@@ -19,8 +19,9 @@
  *     engine (float32 both: rel. L2 < 1e-4); after appends on both sides, long ones that
  *     need the side buffer and short ones between them (test_cuda_prefill_long); each
  *     masked case on the three kernels (TQKV_PREFILL_TC 2, 1, 0: the 8-warp and 4-warp
- *     tensor-core ones, 6e-3, and the float32 one), the two tensor-core kernels bitwise
- *     equal where no q8 window or sliding range applies; the dense bf16 baseline's masked
+ *     tensor-core ones, 6e-3, and the float32 one), the two tensor-core kernels within
+ *     1e-5 of each other (same tiles and operations) where no q8 window or sliding range
+ *     applies; the dense bf16 baseline's masked
  *     attention at d = 128 and 256 with many tiles and query blocks, G 1 / 3 / 4 / 8,
  *     against float64 (test_cuda_prefill_bf16);
  *   - head_dim 256 (*_d256): init refusals (64) and sizes (tq; bf16: no ring, no host form,
@@ -424,13 +425,18 @@ static const char *prefill_kernel_name(int tc) {
     return tc == 2 ? "8-warp tensor-core" : tc ? "4-warp tensor-core" : "float32";
 }
 
-/* The 8-warp tensor-core kernel's output (tc 2, run first) equals the 4-warp one's (tc 1)
- * bitwise where the blocks of both start at the same token and no q8 window splits a tile
- * (same tiles, same operations per query vector); fails the test otherwise. */
-static void prefill_same_tc(int tc, int bitwise, const float *out, float *out2, size_t n) {
+/* The 8-warp tensor-core kernel's output (tc 2, run first) against the 4-warp one's (tc 1)
+ * where the blocks of both start at the same token and no q8 window splits a tile: the same
+ * tiles and the same source per (query vector, tile), so equal up to the compilers' choices
+ * of fused multiply-adds in the two kernels: rel. L2 < 1e-5 (a wrong tile, mask or decode
+ * gives errors of order 1e-2 to 1); printed, with whether they are bitwise equal. */
+static void prefill_same_tc(int tc, int same, const float *out, float *out2, size_t n) {
     if (tc == 2) memcpy(out2, out, n * 4);
-    if (tc == 1 && bitwise && memcmp(out, out2, n * 4))
-        fail_msg("the 8-warp tensor-core kernel differs from the 4-warp one (causal, no window)");
+    if (tc != 1 || !same) return;
+    const double e = rel_l2(out, out2, n);
+    printf("  8-warp vs 4-warp tensor-core kernel: rel L2 %.3g%s\n", e,
+           memcmp(out, out2, n * 4) ? "" : " (bitwise equal)");
+    if (!(e < 1e-5)) fail_msg("the 8-warp tensor-core kernel differs from the 4-warp one: %g", e);
 }
 
 /* One case: head dim D, K / V formats, G query heads per kv head, q8 window W, a sliding
@@ -1579,7 +1585,8 @@ static cuda_kv *bf16_row(test_rng *r, const tqkv_cache_config *cfg, int lens, fl
  * the last NQ (100-149) tokens of each row as queries, causal, and on odd iterations every
  * 7th query on a sliding range; G 1 / 3 / 4 / 8. Each kernel against float64 on the
  * bf16-rounded K/V (worst rel. L2 per vector < 4e-2 on the tensor-core kernels, 1e-4 on
- * the float32 one); the two tensor-core kernels bitwise equal on the causal iterations. */
+ * the float32 one); the two tensor-core kernels alike (prefill_same_tc) on the causal
+ * iterations. */
 static void prefill_bf16_case(int D, uint64_t mix) {
     enum { H = 2, R = 3 };
     test_rng r;

@@ -8,7 +8,8 @@
  * each decoded tile of 64 tokens serves 128 query vectors (twice the 4-warp kernel's); at
  * d = 128 the K / V tiles are double-buffered and the next tile's compressed bytes are
  * loaded into registers before the current tile's MMAs (decoded into the other buffer after
- * them: one barrier per tile); tiles that meet the q8 window, and every tile at d = 256
+ * them: one barrier per tile; O's rescale is skipped when no row maximum of the warp moved,
+ * x 1 being exact); tiles that meet the q8 window, and every tile at d = 256
  * (one buffer: the shared memory of two does not fit), are loaded synchronously as in the
  * 4-warp kernel. Blocks are launched longest first (the position block is the grid's slowest
  * dimension, counted from the end): under a causal mask the last blocks read the most tiles
@@ -309,10 +310,12 @@ __global__ void __launch_bounds__(TT, 1) prefill_tc8_kernel(const PParams<D> P) 
                 mx[u] = mn;
                 l[u] *= al[u];
             }
+            if (__any_sync(0xffffffffu, al[0] != 1.0f || al[1] != 1.0f)) {   /* o x 1 = o: skipped */
 #pragma unroll
-            for (int n = 0; n < D / 8; n++) {
-                o[n][0] *= al[0]; o[n][1] *= al[0];
-                o[n][2] *= al[1]; o[n][3] *= al[1];
+                for (int n = 0; n < D / 8; n++) {
+                    o[n][0] *= al[0]; o[n][1] *= al[0];
+                    o[n][2] *= al[1]; o[n][3] *= al[1];
+                }
             }
             // ---- P = 2^(s' - m + PSHIFT) as the mma will read it; l += P / f; O += P V, each
             // source's P against its V tile
