@@ -440,8 +440,8 @@ static void prefill_same_tc(int tc, int same, const float *out, float *out2, siz
 }
 
 /* One case: head dim D, K / V formats, G query heads per kv head, q8 window W, a sliding
- * window when swa_on: R = 3 rows, nq queries each, against the CPU prefill engine, both GPU
- * kernels. */
+ * window when swa_on: R = 3 rows, nq queries each, against the CPU prefill engine, the three
+ * GPU kernels. */
 static void prefill_one(test_rng *r, int D, tqkv_format kf, tqkv_format vf, int G, int W, int swa_on) {
     const int H = 2, qh = H * G, R = 3;
     tqkv_cache_config cfg = mkcfg_d(kf, H, W, rng_u64(r), D);
@@ -1194,8 +1194,8 @@ static void test_cuda_attend_bf16(void **state) {
     tqkv_cuda_kv_free(kv);
 }
 
-/* Worst rel L2 of out [R, H G, nq, 256] against float64 attention over the bf16-rounded
- * K/V kr / vr [r][H, tc[r], 256] (rounded on the host), query (r, j, i) over tokens
+/* Worst rel L2 of out [R, H G, nq, D] against float64 attention over the bf16-rounded
+ * K/V kr / vr [r][H, tc[r], D] (rounded on the host; D <= 256), query (r, j, i) over tokens
  * [tlo, thi)[r nq + i] of kv head j / G, scores times scale. */
 static double bf16_worst_d(const float *out, const float *q, float *const *kr, float *const *vr,
                            const int *tc, const int *tlo, const int *thi, int R, int H, int G, int nq,
