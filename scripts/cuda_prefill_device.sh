@@ -9,7 +9,9 @@
 # same binary, interleaved 1, 2, 1, 2.
 # Runs in a scripts/cuda_pack.sh folder:
 #   cd PACK && OUT=$OUT ./cuda_prefill_device.sh [MODEL_DIR|-] [STEPS]
-# STEPS (default "tests ab"). JSON rows in $OUT/ab_tc{1,2}_{1,2}.json; logs in $OUT/results.tgz.
+# STEPS (default "tests ab"; also "sanitizer": the prefill cases under compute-sanitizer's
+# memcheck, racecheck and synccheck). JSON rows in $OUT/ab_tc{1,2}_{1,2}.json; logs in
+# $OUT/results.tgz.
 set -u -o pipefail
 M=${1:--}; STEPS=${2:-tests ab}
 NAME=prefill; . "$(dirname "$0")/cuda_run_common.sh"
@@ -20,6 +22,13 @@ if has tests; then
   [ "$M" != - ] && TQKV_TEST_MODEL=$M step 240 test_cuda_model ./test_cuda_model >"$W/test_cuda_model.log" 2>&1
   for t in test_cuda_slide test_cuda_gemma4; do
     [ -x "./$t" ] && step 240 "$t" "./$t" >"$W/$t.log" 2>&1
+  done
+fi
+if has sanitizer; then # the prefill cases under memcheck, racecheck (shared memory: the tiles'
+  # double buffer) and synccheck
+  for tool in memcheck racecheck synccheck; do
+    step 300 "$tool" compute-sanitizer --tool $tool --error-exitcode 9 env TQKV_TEST_SEED=1 \
+      TQKV_TEST_FILTER='test_cuda_prefill*' ./test_cuda >"$W/sanitizer_$tool.log" 2>&1
   done
 fi
 if has ab; then
