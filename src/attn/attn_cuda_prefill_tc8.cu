@@ -218,8 +218,10 @@ __device__ __forceinline__ void output_store(const PParams<D> &P, int r, int h, 
     }
 }
 
-/* Grid (kv heads, rows, position blocks): block z holds positions from (nblk - 1 - z) BQ. */
-template <int D, int F>
+/* Grid (kv heads, rows, position blocks): block z holds positions from (nblk - 1 - z) BQ.
+ * WIN: P.window > 0 (without it no tile has a copy tile: the per-token source selects of
+ * the softmax compile away). */
+template <int D, int F, bool WIN>
 __global__ void __launch_bounds__(TT, 1) prefill_tc8_kernel(const PParams<D> P) {
     using L = Tc8Layout<D>;
     constexpr int LD = L::LD, NB = L::NB, NG = D / 32;
@@ -268,7 +270,7 @@ __global__ void __launch_bounds__(TT, 1) prefill_tc8_kernel(const PParams<D> P) 
     bool ready = false;   /* tile k is in buffer k % NB */
     for (int k = 0; k < nt; k++) {
         const int t0 = tlo + k * TK, t1 = t0 + TK, b = NB == 2 ? k & 1 : 0;
-        const bool two = wn.on && t0 < wn.cmax && t0 + TK > wn.cmin;   /* block-uniform */
+        const bool two = WIN && wn.on && t0 < wn.cmax && t0 + TK > wn.cmin;   /* block-uniform */
         uint16_t *sk = sb + 2 * b * TK * LD;
         if (!ready) {
             __syncthreads();   /* the previous tiles are used (and sq, ck, cv written) */
@@ -276,7 +278,7 @@ __global__ void __launch_bounds__(TT, 1) prefill_tc8_kernel(const PParams<D> P) 
                                 two ? sk2 : nullptr, sv2, f2);
             __syncthreads();
         }
-        const bool pf = NB == 2 && k + 1 < nt && (!wn.on || t1 + TK <= wn.cmin);
+        const bool pf = NB == 2 && k + 1 < nt && (!WIN || !wn.on || t1 + TK <= wn.cmin);
         if (pf) pf_fetch<D, F>(rk, rv, P, row, rh, t1, tend, ptt, pg);
         if (t0 < whi && t0 + TK > wlo) {   /* warp-uniform: a vector of the warp sees the tile */
             const uint16_t *sv = sk + TK * LD;
@@ -375,28 +377,32 @@ __global__ void __launch_bounds__(TT, 1) prefill_tc8_kernel(const PParams<D> P) 
     output_store<D>(P, r, h, q0, bq, so);
 }
 
-template <int D, int F> cudaError_t tc8_attr() {
-    return cudaFuncSetAttribute(prefill_tc8_kernel<D, F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+template <int D, int F, bool WIN> cudaError_t tc8_attr() {
+    return cudaFuncSetAttribute(prefill_tc8_kernel<D, F, WIN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)Tc8Layout<D>::bytes(true));
 }
 
 } // namespace
 
 tqkv_status prefill_tc8_setup(void) {
-    cudaError_t e = tc8_attr<CUDA_DIM, F_TQ4>();
-    if (e == cudaSuccess) e = tc8_attr<CUDA_DIM, F_BF16>();
-    if (e == cudaSuccess) e = tc8_attr<CUDA_DIM_WIDE, F_TQ4>();
-    if (e == cudaSuccess) e = tc8_attr<CUDA_DIM_WIDE, F_BF16>();
+    cudaError_t e = tc8_attr<CUDA_DIM, F_TQ4, false>();
+    if (e == cudaSuccess) e = tc8_attr<CUDA_DIM, F_TQ4, true>();
+    if (e == cudaSuccess) e = tc8_attr<CUDA_DIM, F_BF16, false>();
+    if (e == cudaSuccess) e = tc8_attr<CUDA_DIM_WIDE, F_TQ4, false>();
+    if (e == cudaSuccess) e = tc8_attr<CUDA_DIM_WIDE, F_TQ4, true>();
+    if (e == cudaSuccess) e = tc8_attr<CUDA_DIM_WIDE, F_BF16, false>();
     return cuda_check(e, "8-warp tensor-core prefill shared memory");
 }
 
 template <int D> tqkv_status prefill_tc8_launch(const PParams<D> &P, int bf16, cudaStream_t stream) {
     const int bq = TM / P.G, nblk = (P.nq + bq - 1) / bq;
-    if (nblk > 65535) return prefill_tc_launch<D>(P, bf16, stream); /* past grid.z: blocks on grid.x */
+    /* past grid.z (blocks on grid.x there); a dense bf16 cache has no ring, so no q8 window */
+    if (nblk > 65535 || (bf16 && P.window > 0)) return prefill_tc_launch<D>(P, bf16, stream);
     const dim3 grid((unsigned)P.kvh, (unsigned)P.nrows, (unsigned)nblk);
     const size_t sm = Tc8Layout<D>::bytes(P.window > 0);
-    if (bf16) prefill_tc8_kernel<D, F_BF16><<<grid, TT, sm, stream>>>(P);
-    else prefill_tc8_kernel<D, F_TQ4><<<grid, TT, sm, stream>>>(P);
+    if (bf16) prefill_tc8_kernel<D, F_BF16, false><<<grid, TT, sm, stream>>>(P);
+    else if (P.window > 0) prefill_tc8_kernel<D, F_TQ4, true><<<grid, TT, sm, stream>>>(P);
+    else prefill_tc8_kernel<D, F_TQ4, false><<<grid, TT, sm, stream>>>(P);
     return cuda_check(cudaGetLastError(), "8-warp tensor-core prefill kernel launch");
 }
 
