@@ -9,7 +9,8 @@
  * d = 128 the K / V tiles are double-buffered and the next tile's compressed bytes are
  * loaded into registers before the current tile's MMAs (decoded into the other buffer after
  * them: one barrier per tile; O's rescale is skipped when no row maximum of the warp moved,
- * x 1 being exact); tiles that meet the q8 window, and every tile at d = 256
+ * x 1 being exact, and without a q8 window the mask when the tile is visible to all the
+ * warp's vectors); tiles that meet the q8 window, and every tile at d = 256
  * (one buffer: the shared memory of two does not fit), are loaded synchronously as in the
  * 4-warp kernel. Blocks are launched longest first (the position block is the grid's slowest
  * dimension, counted from the end): under a causal mask the last blocks read the most tiles
@@ -245,6 +246,7 @@ __global__ void __launch_bounds__(TT, 1) prefill_tc8_kernel(const PParams<D> P) 
     queries_load<D, F>(P, r, h, q0, bq, sq);
     Vec2 vv;
     const int q8lo = wn.xon ? wn.xlo : row.win_lo;
+    int flo = -(1 << 30), fhi = 1 << 30;   /* [the largest lo, the smallest hi) of valid vectors */
 #pragma unroll
     for (int u = 0; u < 2; u++) {
         const int m = 16 * w + (lane >> 2) + 8 * u, i = m / G;
@@ -252,9 +254,13 @@ __global__ void __launch_bounds__(TT, 1) prefill_tc8_kernel(const PParams<D> P) 
         vv.lo[u] = ok ? (P.lo ? P.lo[(size_t)r * P.nq + q0 + i] : 0) : 0;
         vv.hi[u] = ok ? (P.lo ? P.hi[(size_t)r * P.nq + q0 + i] : row.ntok) : 0;
         vv.c[u] = wn.on && ok ? max(row.ntok - P.nq + q0 + i + 1 - P.window, q8lo) : 1 << 30;
+        if (ok) { flo = max(flo, vv.lo[u]); fhi = min(fhi, vv.hi[u]); }
     }
     const int wlo = __reduce_min_sync(0xffffffffu, vv.lo[0] < vv.hi[0] ? vv.lo[0] : (vv.lo[1] < vv.hi[1] ? vv.lo[1] : 1 << 30));
     const int whi = __reduce_max_sync(0xffffffffu, max(vv.hi[0], vv.hi[1]));
+    /* a tile inside [wflo, wfhi) is visible to every valid vector of the warp (invalid ones
+     * are never stored): no mask */
+    const int wflo = WIN ? 0 : __reduce_max_sync(0xffffffffu, flo), wfhi = WIN ? 0 : __reduce_min_sync(0xffffffffu, fhi);
     float o[D / 8][4];
 #pragma unroll
     for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
@@ -293,15 +299,25 @@ __global__ void __launch_bounds__(TT, 1) prefill_tc8_kernel(const PParams<D> P) 
                 for (int e = 0; e < 4; e++) s[j][e] *= f1[8 * j + 2 * (lane & 3) + (e & 1)];
             if (two) tile_scores2<D, F>(s, sq + 16 * w * LD, sk2, f2, t0, vc, wn.cmax, lane);
             float tmax[2] = {M_START, M_START};
+            if (!WIN && t0 >= wflo && t0 + TK <= wfhi) {   /* warp-uniform: all visible */
 #pragma unroll
-            for (int j = 0; j < 8; j++)
+                for (int j = 0; j < 8; j++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int u = e >> 1, tt = 8 * j + 2 * (lane & 3) + (e & 1), t = t0 + tt;
-                    const bool b2 = two && t >= vc[u] && t < wn.cmax, vis = t >= vlo[u] && t < vhi[u];
-                    s[j][e] = vis ? s[j][e] + (b2 ? f2 : f1)[TK + tt] : -INFINITY;
-                    tmax[u] = fmaxf(tmax[u], s[j][e]);
-                }
+                    for (int e = 0; e < 4; e++) {
+                        s[j][e] += f1[TK + 8 * j + 2 * (lane & 3) + (e & 1)];
+                        tmax[e >> 1] = fmaxf(tmax[e >> 1], s[j][e]);
+                    }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int u = e >> 1, tt = 8 * j + 2 * (lane & 3) + (e & 1), t = t0 + tt;
+                        const bool b2 = two && t >= vc[u] && t < wn.cmax, vis = t >= vlo[u] && t < vhi[u];
+                        s[j][e] = vis ? s[j][e] + (b2 ? f2 : f1)[TK + tt] : -INFINITY;
+                        tmax[u] = fmaxf(tmax[u], s[j][e]);
+                    }
+            }
             float al[2];
 #pragma unroll
             for (int u = 0; u < 2; u++) {
