@@ -226,6 +226,9 @@ template <int D, int F, bool WIN>
 __global__ void __launch_bounds__(TT, 1) prefill_tc8_kernel(const PParams<D> P) {
     using L = Tc8Layout<D>;
     constexpr int LD = L::LD, NB = L::NB, NG = D / 32;
+    /* the dense bf16 tiles' factors are 1 (K), log2 1 = 0 and 1 (V) for every token the
+     * mask lets through: no factor arithmetic (x 1 and + 0 are exact) */
+    constexpr bool FAC = F != F_BF16;
     extern __shared__ __align__(16) float smf[];
     float *fm = smf, *f2 = smf + 3 * TK * NB, *ck = f2 + 3 * TK, *cv = ck + 16;
     uint16_t *sq = reinterpret_cast<uint16_t *>(smf + L::NF);
@@ -296,7 +299,8 @@ __global__ void __launch_bounds__(TT, 1) prefill_tc8_kernel(const PParams<D> P) 
 #pragma unroll
             for (int j = 0; j < 8; j++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) s[j][e] *= f1[8 * j + 2 * (lane & 3) + (e & 1)];
+                for (int e = 0; e < 4; e++)
+                    if (FAC) s[j][e] *= f1[8 * j + 2 * (lane & 3) + (e & 1)];
             if (two) tile_scores2<D, F>(s, sq + 16 * w * LD, sk2, f2, t0, vc, wn.cmax, lane);
             float tmax[2] = {M_START, M_START};
             if (!WIN && t0 >= wflo && t0 + TK <= wfhi) {   /* warp-uniform: all visible */
@@ -304,7 +308,7 @@ __global__ void __launch_bounds__(TT, 1) prefill_tc8_kernel(const PParams<D> P) 
                 for (int j = 0; j < 8; j++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
-                        s[j][e] += f1[TK + 8 * j + 2 * (lane & 3) + (e & 1)];
+                        if (FAC) s[j][e] += f1[TK + 8 * j + 2 * (lane & 3) + (e & 1)];
                         tmax[e >> 1] = fmaxf(tmax[e >> 1], s[j][e]);
                     }
             } else {
@@ -314,7 +318,7 @@ __global__ void __launch_bounds__(TT, 1) prefill_tc8_kernel(const PParams<D> P) 
                     for (int e = 0; e < 4; e++) {
                         const int u = e >> 1, tt = 8 * j + 2 * (lane & 3) + (e & 1), t = t0 + tt;
                         const bool b2 = two && t >= vc[u] && t < wn.cmax, vis = t >= vlo[u] && t < vhi[u];
-                        s[j][e] = vis ? s[j][e] + (b2 ? f2 : f1)[TK + tt] : -INFINITY;
+                        s[j][e] = vis ? (FAC ? s[j][e] + (b2 ? f2 : f1)[TK + tt] : s[j][e]) : -INFINITY;
                         tmax[u] = fmaxf(tmax[u], s[j][e]);
                     }
             }
@@ -346,7 +350,7 @@ __global__ void __launch_bounds__(TT, 1) prefill_tc8_kernel(const PParams<D> P) 
                     const int u = e >> 1, tt = 8 * j + 2 * (lane & 3) + (e & 1), t = t0 + tt;
                     const bool b2 = two && t >= vc[u] && t < wn.cmax;
                     s[j][e] = round16<F>(ex2(s[j][e] - mx[u] + PSHIFT));
-                    l[u] += s[j][e] * (b2 ? f2 : f1)[2 * TK + tt];
+                    l[u] += FAC ? s[j][e] * (b2 ? f2 : f1)[2 * TK + tt] : s[j][e];
                     any2 |= b2;
                 }
             any2 = __any_sync(0xffffffffu, any2);
