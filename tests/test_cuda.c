@@ -17,7 +17,13 @@
  *   - several queries per row with masks (causal over left-padded rows, sliding window, the
  *     q8 window: each query's own newest W tokens from the copies) against the CPU prefill
  *     engine (float32 both: rel. L2 < 1e-4); after appends on both sides, long ones that
- *     need the side buffer and short ones between them (test_cuda_prefill_long);
+ *     need the side buffer and short ones between them (test_cuda_prefill_long); each
+ *     masked case on the three kernels (TQKV_PREFILL_TC 2, 1, 0: the 8-warp and 4-warp
+ *     tensor-core ones, 6e-3, and the float32 one), the two tensor-core kernels within
+ *     1e-5 of each other (same tiles and operations) where no q8 window or sliding range
+ *     applies; the dense bf16 baseline's masked
+ *     attention at d = 128 and 256 with many tiles and query blocks, G 1 / 3 / 4 / 8,
+ *     against float64 (test_cuda_prefill_bf16);
  *   - head_dim 256 (*_d256): init refusals (64) and sizes (tq; bf16: no ring, no host form,
  *     export refused); encode bytes; masked
  *     attention (also G 2); decode (the tensor-core split kernel at 256, or the float32 one
@@ -415,9 +421,27 @@ static void test_cuda_attend_tq(void **state) {
  * (its 6e-3), the float32 kernel 1e-4. */
 static double prefill_tol(int tc) { return tc ? 6e-3 : 1e-4; }
 
+static const char *prefill_kernel_name(int tc) {
+    return tc == 2 ? "8-warp tensor-core" : tc ? "4-warp tensor-core" : "float32";
+}
+
+/* The 8-warp tensor-core kernel's output (tc 2, run first) against the 4-warp one's (tc 1)
+ * where the blocks of both start at the same token and no q8 window splits a tile: the same
+ * tiles and the same source per (query vector, tile), so equal up to the compilers' choices
+ * of fused multiply-adds in the two kernels: rel. L2 < 1e-5 (a wrong tile, mask or decode
+ * gives errors of order 1e-2 to 1); printed, with whether they are bitwise equal. */
+static void prefill_same_tc(int tc, int same, const float *out, float *out2, size_t n) {
+    if (tc == 2) memcpy(out2, out, n * 4);
+    if (tc != 1 || !same) return;
+    const double e = rel_l2(out, out2, n);
+    printf("  8-warp vs 4-warp tensor-core kernel: rel L2 %.3g%s\n", e,
+           memcmp(out, out2, n * 4) ? "" : " (bitwise equal)");
+    if (!(e < 1e-5)) fail_msg("the 8-warp tensor-core kernel differs from the 4-warp one: %g", e);
+}
+
 /* One case: head dim D, K / V formats, G query heads per kv head, q8 window W, a sliding
- * window when swa_on: R = 3 rows, nq queries each, against the CPU prefill engine, both GPU
- * kernels. */
+ * window when swa_on: R = 3 rows, nq queries each, against the CPU prefill engine, the three
+ * GPU kernels. */
 static void prefill_one(test_rng *r, int D, tqkv_format kf, tqkv_format vf, int G, int W, int swa_on) {
     const int H = 2, qh = H * G, R = 3;
     tqkv_cache_config cfg = mkcfg_d(kf, H, W, rng_u64(r), D);
@@ -440,8 +464,8 @@ static void prefill_one(test_rng *r, int D, tqkv_format kf, tqkv_format vf, int 
     cuda_kv *kv = NULL;
     assert_int_equal(tqkv_cuda_kv_init(&kv, &cfg, 0, R, b->cap), TQKV_OK);
     assert_int_equal(tqkv_cuda_kv_upload(kv, b), TQKV_OK);
-    float *dq = dev_copy(q, n);
-    for (int tc = 1; tc >= 0; tc--) {
+    float *dq = dev_copy(q, n), *gpu2 = malloc(n * 4);
+    for (int tc = 2; tc >= 0; tc--) {
         assert_int_equal(tqkv_cuda_prefill_tc(tc), tc);
         for (size_t i = 0; i < n; i++) gpu[i] = NAN;
         dout = dev_copy(gpu, n); /* poisoned */
@@ -449,12 +473,13 @@ static void prefill_one(test_rng *r, int D, tqkv_format kf, tqkv_format vf, int 
         assert_int_equal(tqkv_cuda_d2h(gpu, dout, n * 4), TQKV_OK);
         const double e = rel_l2(gpu, cpu, n);
         printf("prefill d %d %s/%s G %d window %d swa %d nq %d, %s kernel: rel L2 vs CPU %.3g\n", D,
-               tqkv_format_name(kf), tqkv_format_name(vf), G, W, swa, nq, tc ? "tensor-core" : "float32", e);
+               tqkv_format_name(kf), tqkv_format_name(vf), G, W, swa, nq, prefill_kernel_name(tc), e);
         if (!(e < prefill_tol(tc))) fail_msg("masked GPU attention differs from the CPU: %g", e);
+        prefill_same_tc(tc, W == 0 && swa == 0, gpu, gpu2, n);
         tqkv_cuda_free(dout);
     }
-    tqkv_cuda_prefill_tc(1);
-    free(q); free(cpu); free(gpu);
+    tqkv_cuda_prefill_tc(2);
+    free(q); free(cpu); free(gpu); free(gpu2);
     tqkv_cuda_free(dq);
     tqkv_cuda_kv_free(kv);
     tqkv_mask_lease_free(lease);
@@ -524,8 +549,8 @@ static void prefill_long_case(int D, uint64_t mix) {
             rng_fill_normal(&r, q, n, 1.0f);
             tqkv_attn_params p = {.q_heads = qh, .scale = 0.09f, .kernel = TQKV_KERNEL_DEFERRED, .threads = 2};
             assert_int_equal(tqkv_batch_attend(b, mask, q, nq, &p, cpu), TQKV_OK);
-            float *dq = dev_copy(q, n);
-            for (int tc = 1; tc >= 0; tc--) {
+            float *dq = dev_copy(q, n), *gpu2 = malloc(n * 4);
+            for (int tc = 2; tc >= 0; tc--) {
                 assert_int_equal(tqkv_cuda_prefill_tc(tc), tc);
                 for (size_t i = 0; i < n; i++) gpu[i] = NAN;
                 float *dout = dev_copy(gpu, n); /* poisoned */
@@ -534,13 +559,15 @@ static void prefill_long_case(int D, uint64_t mix) {
                 const double e = rel_l2(gpu, cpu, n);
                 printf("prefill after appends d %d %s/%s append %d (lens %d %d %d) swa %d, %s kernel: rel L2 vs CPU %.3g\n",
                        D, tqkv_format_name(cfg.k_format), tqkv_format_name(cfg.v_format), nq, b->offset[0], b->offset[1], b->offset[2], swa,
-                       tc ? "tensor-core" : "float32", e);
+                       prefill_kernel_name(tc), e);
                 if (!(e < prefill_tol(tc)))
                     fail_msg("masked GPU attention after an append of %d differs from the CPU: %g", nq, e);
+                /* fp8 has no ring, so no q8 window */
+                prefill_same_tc(tc, kfs[it] == TQKV_FP8 && swa == 0, gpu, gpu2, n);
                 tqkv_cuda_free(dout);
             }
-            tqkv_cuda_prefill_tc(1);
-            free(k); free(v); free(q); free(cpu); free(gpu);
+            tqkv_cuda_prefill_tc(2);
+            free(k); free(v); free(q); free(cpu); free(gpu); free(gpu2);
             tqkv_cuda_free(dk); tqkv_cuda_free(dv); tqkv_cuda_free(dq);
         }
         tqkv_cuda_kv_free(kv);
@@ -1167,15 +1194,14 @@ static void test_cuda_attend_bf16(void **state) {
     tqkv_cuda_kv_free(kv);
 }
 
-/* Worst rel L2 of out [R, H G, nq, 256] against float64 attention over the bf16-rounded
- * K/V kr / vr [r][H, tc[r], 256] (rounded on the host), query (r, j, i) over tokens
+/* Worst rel L2 of out [R, H G, nq, D] against float64 attention over the bf16-rounded
+ * K/V kr / vr [r][H, tc[r], D] (rounded on the host; D <= 256), query (r, j, i) over tokens
  * [tlo, thi)[r nq + i] of kv head j / G, scores times scale. */
-static double bf16_worst(const float *out, const float *q, float *const *kr, float *const *vr,
-                         const int *tc, const int *tlo, const int *thi, int R, int H, int G, int nq,
-                         double scale) {
-    enum { D = 256 };
+static double bf16_worst_d(const float *out, const float *q, float *const *kr, float *const *vr,
+                           const int *tc, const int *tlo, const int *thi, int R, int H, int G, int nq,
+                           double scale, int D) {
     const int qh = H * G;
-    double worst = 0, ref[D];
+    double worst = 0, ref[256];
     for (int r = 0; r < R; r++)
         for (int j = 0; j < qh; j++)
             for (int i = 0; i < nq; i++) {
@@ -1200,6 +1226,13 @@ static double bf16_worst(const float *out, const float *q, float *const *kr, flo
                 if (!(e <= worst)) worst = e;
             }
     return worst;
+}
+
+/* bf16_worst_d at head dim 256. */
+static double bf16_worst(const float *out, const float *q, float *const *kr, float *const *vr,
+                         const int *tc, const int *tlo, const int *thi, int R, int H, int G, int nq,
+                         double scale) {
+    return bf16_worst_d(out, q, kr, vr, tc, tlo, thi, R, H, G, nq, scale, 256);
 }
 
 /* The dense bf16 baseline at head_dim 256 (the float32 split decode's bf16 instantiation,
@@ -1515,6 +1548,110 @@ static void test_cuda_bf16_d256(void **state) {
     }
 }
 
+/* Row i of a bf16 baseline cache: lens tokens [H, lens, D] of normal K / V (a few large
+ * scores) appended in chunks of 1-300 tokens; kr / vr: the values rounded to bf16. */
+static cuda_kv *bf16_row(test_rng *r, const tqkv_cache_config *cfg, int lens, float **kr, float **vr) {
+    const int H = cfg->kv_heads, D = cfg->head_dim;
+    const size_t n = (size_t)H * lens * D;
+    float *kh = malloc(n * 4), *vh = malloc(n * 4), *kb = malloc(n * 4), *vb = malloc(n * 4);
+    *kr = malloc(n * 4);
+    *vr = malloc(n * 4);
+    rng_fill_normal(r, kh, n, 1.0f);
+    rng_fill_normal(r, vh, n, 1.0f);
+    for (size_t j = 0; j < n; j += 331) kh[j] *= 12.0f;
+    for (size_t j = 0; j < n; j++) {
+        (*kr)[j] = bf16_round(kh[j]);
+        (*vr)[j] = bf16_round(vh[j]);
+    }
+    cuda_kv *kv = NULL;
+    assert_int_equal(tqkv_cuda_kv_init(&kv, cfg, 1, 1, 16), TQKV_OK);
+    for (int t = 0, c; t < lens; t += c) {
+        c = rng_int(r, 1, 300);
+        if (c > lens - t) c = lens - t;
+        slice_d(kh, 1, H, lens, t, c, kb, D);
+        slice_d(vh, 1, H, lens, t, c, vb, D);
+        float *dk = dev_copy(kb, (size_t)H * c * D), *dv = dev_copy(vb, (size_t)H * c * D);
+        assert_int_equal(tqkv_cuda_kv_append(kv, dk, dv, c), TQKV_OK);
+        assert_int_equal(tqkv_cuda_sync(), TQKV_OK);
+        tqkv_cuda_free(dk);
+        tqkv_cuda_free(dv);
+    }
+    free(kh); free(vh); free(kb); free(vb);
+    return kv;
+}
+
+/* The dense bf16 baseline's masked attention with many tiles and query blocks (the 8-warp
+ * kernel prefetches d = 128's bf16 tiles): 3 rows of 150-700 tokens merged (left padding),
+ * the last NQ (100-149) tokens of each row as queries, causal, and on odd iterations every
+ * 7th query on a sliding range; G 1 / 3 / 4 / 8. Each kernel against float64 on the
+ * bf16-rounded K/V (worst rel. L2 per vector < 4e-2 on the tensor-core kernels, 1e-4 on
+ * the float32 one); the two tensor-core kernels alike (prefill_same_tc) on the causal
+ * iterations. */
+static void prefill_bf16_case(int D, uint64_t mix) {
+    enum { H = 2, R = 3 };
+    test_rng r;
+    rng_init(&r, test_seed() ^ mix);
+    const double scale = 1.0 / sqrt((double)D);
+    for (int it = 0; it < 4; it++) {
+        const int G = it == 0 ? 1 : it == 1 ? 3 : it == 2 ? 4 : 8, qh = H * G, swa = it & 1;
+        tqkv_cache_config cfg = mkcfg_d(TQKV_TQ4, H, 0, rng_u64(&r), D); /* formats ignored */
+        int lens[R], maxlen = 0;
+        float *kr[R], *vr[R];
+        cuda_kv *items[R], *kv = NULL;
+        for (int i = 0; i < R; i++) {
+            lens[i] = rng_int(&r, 150, 700);
+            if (lens[i] > maxlen) maxlen = lens[i];
+            items[i] = bf16_row(&r, &cfg, lens[i], &kr[i], &vr[i]);
+        }
+        assert_int_equal(tqkv_cuda_kv_merge(&kv, items, R), TQKV_OK);
+        const int nq = rng_int(&r, 100, 149);
+        int *tlo = malloc(sizeof(int) * R * nq), *thi = malloc(sizeof(int) * R * nq);
+        int32_t *lo = malloc(sizeof(int32_t) * R * nq), *hi = malloc(sizeof(int32_t) * R * nq);
+        for (int i = 0; i < R; i++)
+            for (int j = 0; j < nq; j++) {
+                const int b = lens[i] - (nq - 1 - j), a = swa && j % 7 == 3 ? b - rng_int(&r, 1, 90) : 0;
+                tlo[i * nq + j] = a < 0 ? 0 : a;
+                thi[i * nq + j] = b;
+                lo[i * nq + j] = maxlen - lens[i] + tlo[i * nq + j];
+                hi[i * nq + j] = maxlen - lens[i] + b;
+            }
+        const size_t n = (size_t)R * qh * nq * D;
+        float *q = malloc(n * 4), *out = malloc(n * 4), *out2 = malloc(n * 4);
+        rng_fill_normal(&r, q, n, 1.0f);
+        float *dq = dev_copy(q, n);
+        for (int tc = 2; tc >= 0; tc--) {
+            assert_int_equal(tqkv_cuda_prefill_tc(tc), tc);
+            for (size_t i = 0; i < n; i++) out[i] = NAN;
+            float *dout = dev_copy(out, n); /* poisoned */
+            assert_int_equal(tqkv_cuda_kv_attend_masked(kv, dq, nq, qh, (float)scale, lo, hi, dout), TQKV_OK);
+            assert_int_equal(tqkv_cuda_d2h(out, dout, n * 4), TQKV_OK);
+            tqkv_cuda_free(dout);
+            const double e = bf16_worst_d(out, q, kr, vr, lens, tlo, thi, R, H, G, nq, scale, D);
+            printf("prefill bf16 d %d G %d nq %d lens %d %d %d%s, %s kernel: worst rel L2 vs float64 %.3g\n", D, G,
+                   nq, lens[0], lens[1], lens[2], swa ? " (sliding ranges)" : "", prefill_kernel_name(tc), e);
+            /* the worst of up to 7000 vectors (test_cuda_bf16_d256's bound 2.5e-2 is for 240,
+             * measured up to 1.8e-2); a wrong tile or mask gives errors of order 1 */
+            if (!(e < (tc ? 4e-2 : 1e-4))) fail_msg("masked bf16 attention differs from float64: %g", e);
+            prefill_same_tc(tc, !swa, out, out2, n);
+        }
+        tqkv_cuda_prefill_tc(2);
+        tqkv_cuda_free(dq);
+        free(q); free(out); free(out2); free(tlo); free(thi); free(lo); free(hi);
+        tqkv_cuda_kv_free(kv);
+        for (int i = 0; i < R; i++) {
+            tqkv_cuda_kv_free(items[i]);
+            free(kr[i]);
+            free(vr[i]);
+        }
+    }
+}
+
+static void test_cuda_prefill_bf16(void **state) {
+    (void)state;
+    prefill_bf16_case(128, 0xBF16128);
+    prefill_bf16_case(256, 0xBF16257);
+}
+
 // ---------------------------------------------------------------------------
 // fp8, tq2 and mixed tq K / V (the float32 decode kernel of attn_cuda_fmt.cu; the masked
 // kernels), head_dim 128 and 256
@@ -1689,6 +1826,7 @@ int main(void) {
         cmocka_unit_test(test_cuda_bf16_d256),         cmocka_unit_test(test_cuda_prefill_long),
         cmocka_unit_test(test_cuda_encode_fmt),        cmocka_unit_test(test_cuda_decode_fmt),
         cmocka_unit_test(test_cuda_prefill_fmt),       cmocka_unit_test(test_cuda_rows_fmt),
+        cmocka_unit_test(test_cuda_prefill_bf16),
     };
     test_seed();
     const char *only = getenv("TQKV_TEST_FILTER"); /* e.g. test_cuda_attend_tq, for seed sweeps */

@@ -11,9 +11,10 @@
  * range (a tile a query cannot see leaves it unchanged).
  * Templated on the head_dim D (128, 256).
  * The float32 kernel here is the reference (TQKV_PREFILL_TC=0, or tqkv_cuda_prefill_tc(0)):
- * plain FMA, no tensor cores. The default is the tensor-core kernel of attn_cuda_prefill_tc.cu
- * (fp16 / bf16 operands as the decode kernels: attn_cuda.cu at d = 128, attn_cuda_wide.cu at
- * d = 256).
+ * plain FMA, no tensor cores. The tensor-core kernels (fp16 / bf16 operands as the decode
+ * kernels: attn_cuda.cu at d = 128, attn_cuda_wide.cu at d = 256): the default, 8 warps per
+ * CTA with prefetched tiles (attn_cuda_prefill_tc8.cu, TQKV_PREFILL_TC=2), and the 4-warp one
+ * it replaced (attn_cuda_prefill_tc.cu, TQKV_PREFILL_TC=1), kept for A/B runs.
  */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -237,11 +238,11 @@ __global__ void pqprep_kernel(const float *__restrict__ q, float *__restrict__ o
             make_float4(x[4 * j] * mul, x[4 * j + 1] * mul, x[4 * j + 2] * mul, x[4 * j + 3] * mul);
 }
 
-int g_tc = 1; /* the tensor-core kernel (attn_cuda_prefill_tc.cu); 0: the float32 one */
+int g_tc = 2; /* 2: the 8-warp tensor-core kernel, 1: the 4-warp one, 0: the float32 one */
 
-/* The masked kernel on kv->stream; asynchronous. The tensor-core kernel prepares the queries
- * itself; the float32 one reads them prepared into qp ([rows, q_heads, n_query, D] scratch,
- * unused by the other). */
+/* The masked kernel tc (g_tc's values) on kv->stream; asynchronous. The tensor-core kernels
+ * prepare the queries themselves; the float32 one reads them prepared into qp ([rows,
+ * q_heads, n_query, D] scratch, unused by the others). */
 template <int D>
 tqkv_status launch(const cuda_kv *kv, const float *q, int n_query, int q_heads, float scale,
                    const int *lo, const int *hi, float *qp, float *out,
@@ -249,7 +250,7 @@ tqkv_status launch(const cuda_kv *kv, const float *q, int n_query, int q_heads, 
     if (tc) {
         PParams<D> P = make_params<D>(kv, q_heads, n_query, lo, hi, q, out, kc, vc);
         P.qmul = scale * LOG2E;
-        return prefill_tc_launch<D>(P, kv->bf16, kv->stream);
+        return tc == 2 ? prefill_tc8_launch<D>(P, kv->bf16, kv->stream) : prefill_tc_launch<D>(P, kv->bf16, kv->stream);
     }
     const size_t nv = (size_t)kv->rows * q_heads * n_query;
     const PParams<D> P = make_params<D>(kv, q_heads, n_query, lo, hi, qp, out, kc, vc);
@@ -344,8 +345,9 @@ tqkv_status cuda_prefill_setup(void) {
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  prefill_smem<CUDA_DIM_WIDE>()), "prefill shared memory");
         if (!st) st = prefill_tc_setup();
+        if (!st) st = prefill_tc8_setup();
         const char *e = getenv("TQKV_PREFILL_TC");
-        if (e && !strcmp(e, "0")) __atomic_store_n(&g_tc, 0, __ATOMIC_RELAXED);
+        if (e && (!strcmp(e, "0") || !strcmp(e, "1"))) __atomic_store_n(&g_tc, e[0] - '0', __ATOMIC_RELAXED);
         if (!st) __atomic_fetch_or(&g_setup_done, bit, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&g_setup_mu);
@@ -354,7 +356,7 @@ tqkv_status cuda_prefill_setup(void) {
 
 extern "C" int tqkv_cuda_prefill_tc(int on) {
     if (cuda_prefill_setup()) return -1;
-    if (on >= 0) __atomic_store_n(&g_tc, on ? 1 : 0, __ATOMIC_RELAXED);
+    if (on >= 0) __atomic_store_n(&g_tc, on > 2 ? 2 : on, __ATOMIC_RELAXED);
     return __atomic_load_n(&g_tc, __ATOMIC_RELAXED);
 }
 
@@ -368,17 +370,18 @@ extern "C" tqkv_status tqkv_cuda_kv_attend_masked(cuda_kv *kv, const float *q, i
     tqkv_status st = cuda_prefill_setup();
     if (st) return st;
     const size_t nrq = (size_t)kv->rows * n_query;
-    if (!__atomic_load_n(&g_tc, __ATOMIC_RELAXED)) {
+    const int tc = __atomic_load_n(&g_tc, __ATOMIC_RELAXED);
+    if (!tc) {
         std::vector<int> tl(nrq), th(nrq);
         st = ranges_local(kv, n_query, lo, hi, tl.data(), th.data());
         return st ? st : attend_f32(kv, q, n_query, q_heads, scale, tl.data(), th.data(), out);
     }
-    /* the tensor-core kernel: ranges through kv's pinned buffer, no temporaries, no wait */
+    /* the tensor-core kernels: ranges through kv's pinned buffer, no temporaries, no wait */
     if ((st = ranges_room(kv, nrq))) return st;
     if ((st = ranges_local(kv, n_query, lo, hi, kv->h_rng, kv->h_rng + nrq))) return st;
     st = cuda_check(cudaMemcpyAsync(kv->d_rng, kv->h_rng, 2 * nrq * sizeof(int), cudaMemcpyHostToDevice, kv->stream),
                     "prefill ranges");
     if (!st) st = cuda_check(cudaEventRecord(kv->rng_ev, kv->stream), "prefill ranges event");
-    if (!st) st = launch_dim(kv, q, n_query, q_heads, scale, kv->d_rng, kv->d_rng + nrq, NULL, out, 1);
+    if (!st) st = launch_dim(kv, q, n_query, q_heads, scale, kv->d_rng, kv->d_rng + nrq, NULL, out, tc);
     return st;
 }
