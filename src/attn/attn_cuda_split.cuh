@@ -39,8 +39,123 @@
 
 #include "attn/attn_cuda_splits.h"
 #include "attn/attn_cuda_tile.cuh"
+#include "codec/codec_cuda.cuh"
 
 namespace {
+
+// ---------------------------------------------------------------------------
+// The merge of a (row, q head)'s split partials (one warp): the merge kernels of
+// attn_cuda.cu / attn_cuda_wide.cu and the split kernel's fused merge run this same code, so
+// both give the same bits. CG: the fused merge, whose partials were written by other CTAs of
+// the same launch: loaded through L2 (ld.global.cg), never the read-only path.
+// ---------------------------------------------------------------------------
+template <bool CG, typename T> __device__ __forceinline__ T merge_ld(const T *p) {
+    if constexpr (CG) return __ldcg(p);
+    else return *p;
+}
+
+/* d = 128 (lane l: dims 4 l .. 4 l + 3): vector v's ns splits' (max, sum, output) of stride
+ * nsmax merged in split order, divided by the sum, un-rotated once (V's signs sb and 1 /
+ * sqrt(d) cinv; unrotate 0: the bf16 / fp8 caches), stored to out[v]. Lane s holds split s's
+ * (max, sum) (ns <= 32: split_count) and its weight 2^(max - M); the partial outputs are loaded
+ * B splits at a time, then added in split order (B changes no arithmetic). M is the max over the splits' maxima (fmaxf
+ * from -inf: a NaN max is dropped, as in the sequential loop). ns = 0 stores the zero vector
+ * (un-rotated). */
+template <bool CG>
+__device__ __forceinline__ void merge_vec128(const float *po, const float2 *pml, float *out, size_t v, int ns,
+                                             int nsmax, const cw_sbits &sb, float cinv, int unrotate, int lane) {
+    constexpr int D = 128, B = CG ? 4 : 16;  /* splits' loads in flight (the fused merge: fewer registers) */
+    const float2 ml = lane < ns ? merge_ld<CG>(pml + v * nsmax + lane) : make_float2(-INFINITY, 0.0f);
+    float M = fmaxf(-INFINITY, ml.x);
+#pragma unroll
+    for (int m = 16; m; m >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, m));
+    const unsigned use = __ballot_sync(0xffffffffu, lane < ns && ml.x != -INFINITY);
+    const float fl = exp2f(ml.x - M);  /* split lane's weight (used where `use` has it) */
+    float o[4] = {0, 0, 0, 0}, L = 0.0f;
+    if (M != -INFINITY)
+        for (int s0 = 0; s0 < ns; s0 += B) {
+            float4 p[B];
+#pragma unroll
+            for (int j = 0; j < B; j++)
+                if (s0 + j < ns)
+                    p[j] = merge_ld<CG>(reinterpret_cast<const float4 *>(po + (v * nsmax + s0 + j) * D) + lane);
+#pragma unroll
+            for (int j = 0; j < B; j++) {
+                const int s = s0 + j;
+                if (s >= ns) break;
+                const float f = __shfl_sync(0xffffffffu, fl, s), y = __shfl_sync(0xffffffffu, ml.y, s);
+                if (!((use >> s) & 1u)) continue;
+                o[0] += p[j].x * f; o[1] += p[j].y * f; o[2] += p[j].z * f; o[3] += p[j].w * f;
+                L += y * f;
+            }
+        }
+    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) o[k] *= inv;
+    if (unrotate) {
+        float s[4];
+        cw_signs_n<4>(sb, lane, s);
+        cw_unrotate(o, s, cinv, lane);
+    }
+    reinterpret_cast<float4 *>(out + v * D)[lane] = make_float4(o[0], o[1], o[2], o[3]);
+}
+
+/* d = 256 (lane l: dims 8 l .. 8 l + 7): as merge_vec128, the maxima read by every lane in
+ * strides of 32 (ns <= wsplit_bound: up to 128 splits), 8 splits' loads in flight. A split
+ * whose max is -inf is skipped (the tensor-core kernel's split that saw no finite score reports
+ * M_START with a sum of 0: weighed 2^(M_START - M) = 0). */
+template <bool CG>
+__device__ __forceinline__ void merge_vec256(const float *po, const float2 *pml, float *out, size_t v, int ns,
+                                             int nsmax, const cw_sbits &sb, float cinv, int unrotate, int lane) {
+    constexpr int D = 256, B = CG ? 2 : 8;  /* splits' loads in flight (as merge_vec128) */
+    const float2 *ml = pml + v * nsmax;
+    float M = -INFINITY;
+    for (int s = lane; s < ns; s += 32) M = fmaxf(M, merge_ld<CG>(ml + s).x);
+#pragma unroll
+    for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    float o8[8] = {0, 0, 0, 0, 0, 0, 0, 0}, L = 0.0f;
+    if (M != -INFINITY)
+        for (int s0 = 0; s0 < ns; s0 += B) {  /* B splits' loads in flight, added in order */
+            float2 mj[B];
+            float4 pa[B], pb[B];
+#pragma unroll
+            for (int j = 0; j < B; j++) {
+                mj[j] = make_float2(-INFINITY, 0.0f);
+                pa[j] = pb[j] = make_float4(0, 0, 0, 0);
+                if (s0 + j < ns) {
+                    mj[j] = merge_ld<CG>(ml + s0 + j);
+                    const float4 *p = reinterpret_cast<const float4 *>(po + (v * nsmax + s0 + j) * D + 8 * lane);
+                    pa[j] = merge_ld<CG>(p);
+                    pb[j] = merge_ld<CG>(p + 1);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < B; j++) {
+                if (mj[j].x == -INFINITY) continue;
+                const float f = exp2f(mj[j].x - M);
+                o8[0] += pa[j].x * f; o8[1] += pa[j].y * f; o8[2] += pa[j].z * f; o8[3] += pa[j].w * f;
+                o8[4] += pb[j].x * f; o8[5] += pb[j].y * f; o8[6] += pb[j].z * f; o8[7] += pb[j].w * f;
+                L += mj[j].y * f;
+            }
+        }
+    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+#pragma unroll
+    for (int c = 0; c < 8; c++) o8[c] *= inv;
+    if (unrotate) {
+        float sg[8];
+        cw_signs_n<8>(sb, lane, sg);
+        cw_unrotate_n<8>(o8, sg, cinv, lane);
+    }
+    float4 *op = reinterpret_cast<float4 *>(out + v * D + 8 * lane);
+    op[0] = make_float4(o8[0], o8[1], o8[2], o8[3]);
+    op[1] = make_float4(o8[4], o8[5], o8[6], o8[7]);
+}
+template <int D, bool CG>
+__device__ __forceinline__ void merge_vec(const float *po, const float2 *pml, float *out, size_t v, int ns,
+                                          int nsmax, const cw_sbits &sb, float cinv, int unrotate, int lane) {
+    if constexpr (D == 128) merge_vec128<CG>(po, pml, out, v, ns, nsmax, sb, cinv, unrotate, lane);
+    else merge_vec256<CG>(po, pml, out, v, ns, nsmax, sb, cinv, unrotate, lane);
+}
 
 /* A row's split length and count at head dim D (attn_cuda_splits.h). */
 template <int D> __device__ __forceinline__ int dsplit_len(int ntok) {
@@ -78,6 +193,13 @@ template <int D> struct Params {
     int nrows, kvh, G, qh, cap;
     int nsmax;                /* split stride of po / pml: >= every row's split_count */
     int *work;                /* [2] counters (next item, groups done), zero between launches */
+    /* the fused merge (out != NULL; split_fuse): the group that finishes the last split of a
+     * (row, kv head) merges its G heads' partials into out, as the merge kernel would */
+    float *out;               /* [rows, qh, D] outputs; NULL: the merge kernel's launch merges */
+    int *done;                /* [rows, kvh] splits finished, zero between launches */
+    cw_sbits vsb;             /* V's signs and 1 / sqrt(d): the un-rotation */
+    float vinv;
+    int unrotate;             /* 0: the bf16 and fp8 caches (not rotated) */
     typename cuda_codec_of<D>::type kc, vc;  /* the kernel reads kc.cent (one format for K and V), and
                                               * vc.cent for the pairs of two formats */
 };
@@ -108,7 +230,19 @@ inline Params<D> split_params(const cuda_kv *kv, const typename cuda_codec_of<D>
     P.work = kv->d_work;
     P.kc = kc;
     P.vc = vc;
+    P.out = NULL;
+    P.done = kv->d_work + 2;  /* cache_cuda.cu: [2 + rows kvh] */
+    P.vsb = cw_sbits_of(vc.signs, D);
+    P.vinv = vc.inv;
+    P.unrotate = 0;
     return P;
+}
+
+/* The merge folded into the split kernel (TQKV_FUSED_MERGE, attn_cuda.cu): outputs to out,
+ * un-rotated unless unrotate is 0. */
+template <int D> inline void split_fuse(Params<D> *P, float *out, int unrotate) {
+    P->out = out;
+    P->unrotate = unrotate;
 }
 
 constexpr int NW = 4;                         /* warps per group (one work item at a time) */
@@ -146,6 +280,52 @@ template <int F, int NG, int ST, int D> __host__ __device__ constexpr int smem_b
 /* Group barrier (ids 1..NG; 0 is __syncthreads). */
 __device__ __forceinline__ void grp_sync(int grp) {
     asm volatile("bar.sync %0, %1;" ::"r"(1 + grp), "n"(NW * 32) : "memory");
+}
+
+/* The fused merge of heads v0 + w, v0 + w + NW, .. below v0 + G (warp w of a group). A call,
+ * not inlined, so that its registers do not enter the item loop's allocation (ptxas -v, tq4 at
+ * d = 128: 64 bytes of spill stores without the fused merge, 176 with it inlined (16 loads in
+ * flight: 548), about the same as a call, whose saves are made at the call, once per item;
+ * where ptxas put the spills was not read: no disassembler on the build machine). */
+template <int D>
+__device__ __noinline__ void merge_heads(const float *po, const float2 *pml, float *out, size_t v0, int G, int ns,
+                                         int nsmax, cw_sbits sb, float cinv, int unrotate, int w, int lane) {
+    for (int hd = w; hd < G; hd += NW) merge_vec<D, true>(po, pml, out, v0 + hd, ns, nsmax, sb, cinv, unrotate, lane);
+}
+
+/* The fused merge after a group's item of (row r, kv head h), whose partials warp w = 0 has
+ * just stored (ns: the row's splits). With ns > 1 each group counts its finished split in
+ * P.done[r, h] (release: every storing lane's fence, then lane 0's fence and atomic); the one
+ * that counts the last split (acquire: fences after the atomic; the partials read through L2)
+ * merges the G heads (warp w: heads w, w + NW, ...; merge_vec: the merge kernel's code) and
+ * resets the counter for the next launch (stream order publishes it). ns = 1: the group's own
+ * split, merged after the group barrier. s_flag: the group's shared word (the count seen). */
+template <int D>
+__device__ __forceinline__ void fused_merge(const Params<D> &P, int r, int h, int ns, volatile int *s_flag, int grp,
+                                            int w, int lane) {
+    const size_t rh = (size_t)r * P.kvh + h;
+    bool last = true;
+    if (ns > 1) {
+        if (w == 0) {
+            __threadfence();
+            __syncwarp();
+            if (lane == 0) {
+                __threadfence();
+                const int old = atomicAdd(P.done + rh, 1);
+                __threadfence();
+                *s_flag = old;
+            }
+        }
+        grp_sync(grp);
+        last = *s_flag == ns - 1;   /* read before the item's next group barrier */
+    } else {
+        grp_sync(grp);              /* warp 0's stores seen by the group */
+    }
+    if (!last) return;
+    __threadfence();
+    merge_heads<D>(P.po, P.pml, P.out, (size_t)r * P.qh + (size_t)h * P.G, P.G, ns, P.nsmax, P.vsb, P.vinv,
+                   P.unrotate, w, lane);
+    if (ns > 1 && w == 0 && lane == 0) P.done[rh] = 0;
 }
 
 /* The online softmax's max step for a tile (heads 2c, 2c+1 of this lane; the D = 128 and 256
@@ -322,6 +502,13 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
     }
     const int total0 = s_pre0[P.nrows], total = total0 + s_pre[P.nrows];
     const int workers = (int)gridDim.x * NG;
+    if (P.out) { /* fused merge: rows without tokens have no items; their outputs as the merge kernel's (0 splits) */
+        for (int r = grp * (int)gridDim.x + (int)blockIdx.x; r < P.nrows; r += workers)
+            if (P.rows[r].ntok <= 0)
+                for (int qv = w; qv < P.qh; qv += NW)
+                    merge_vec<D, true>(P.po, P.pml, P.out, (size_t)r * P.qh + qv, 0, P.nsmax, P.vsb, P.vinv,
+                                       P.unrotate, lane);
+    }
     /* worker k's first two items are k and k + workers; with more items than that the rest
      * are claimed from the counter (items 2 workers, 2 workers + 1, ...), each claim made
      * an item ahead of its use, so its latency hides behind a whole item. With at most
@@ -913,6 +1100,7 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
                 if (g == 0) P.pml[pi] = make_float2(m[k], l[k]);
             }
         }
+        if (P.out) fused_merge<D>(P, r, h, dsplit_count<D>(row.ntok), s_next + NG * NW + wc0, grp, w, lane);
         item = nxt_item;
         nxt_item = claims ? claimed : total;
         cur = locate(item);
