@@ -44,10 +44,11 @@
  *     bitwise (one byte less refused); masked attention on both kernels (prefill_tol);
  *     row operations on fp8 / tq2 caches (exports byte for byte; tq2 and fp8 at d = 128 attend on
  *     the tensor-core kernel: 4e-3 as tq4 / tq3).
- *   - the fused merge (the split kernel merges its own partials; test_cuda_fused_merge) bitwise
- *     equal to the merge kernel's launch (TQKV_FUSED_MERGE=0): tq4 / tq3, with and without the
- *     q8 window, head dims 128 and 256, one split and many, more items than the grid's groups,
- *     direct calls and replayed CUDA graphs.
+ *   - the fused merge and query prep (the split kernel merges its own partials, prepares its
+ *     own queries; test_cuda_fused_merge) bitwise equal to the qprep and merge kernels' launches
+ *     (TQKV_FUSED_MERGE=0 TQKV_FUSED_QPREP=0): tq4 / tq3, with and without the q8 window, head
+ *     dims 128 and 256, one split and many, more items than the grid's groups, direct calls and
+ *     replayed CUDA graphs.
  * Exits 77 (skipped) when the build has no CUDA or no GPU is present.
  */
 #include <math.h>
@@ -1144,10 +1145,12 @@ static tqkv_batch *fused_batch(test_rng *r, int D, tqkv_format fm, int H, int W,
     return b;
 }
 
-/* kv's decode into dout (poisoned first) with the fused merge on or off, read back to out. */
+/* kv's decode into dout (poisoned first) with the fused merge (fused bit 0) and the fused query
+ * prep (bit 1) on or off, read back to out. */
 static void fused_attend(cuda_kv *kv, const float *dq, int qh, float scale, float *dout, float *out, size_t n,
                          int fused, void *stream, void *ws, size_t wsb) {
-    assert_true(tqkv_cuda_attn_fused_merge(fused) >= 0);
+    assert_true(tqkv_cuda_attn_fused_merge(fused & 1) >= 0);
+    assert_true(tqkv_cuda_attn_fused_qprep(fused >> 1) >= 0);
     for (size_t i = 0; i < n; i++) out[i] = NAN;
     assert_int_equal(tqkv_cuda_h2d(dout, out, n * 4), TQKV_OK);
     assert_int_equal(tqkv_cuda_sync(), TQKV_OK);
@@ -1156,10 +1159,10 @@ static void fused_attend(cuda_kv *kv, const float *dq, int qh, float scale, floa
     assert_int_equal(tqkv_cuda_d2h(out, dout, n * 4), TQKV_OK);
 }
 
-/* One case: the merge kernel's outputs (TQKV_FUSED_MERGE=0's path) against the fused merge's,
- * bitwise: a direct call, a second one (the split counters reset themselves), and a CUDA graph
- * captured with the fused merge, replayed twice; the outputs near the CPU's (so that two equally
- * wrong paths fail too). */
+/* One case: the three launches' outputs (qprep, split, merge kernels: TQKV_FUSED_MERGE=0
+ * TQKV_FUSED_QPREP=0) against the fused paths', bitwise: the fused merge alone, the fused prep
+ * alone, both (twice: the split counters reset themselves), and a CUDA graph captured with both,
+ * replayed twice; the outputs near the CPU's (so that two equally wrong paths fail too). */
 static void fused_case(test_rng *r, int D, tqkv_format fm, int H, int G, int W, int R, const int *lens) {
     tqkv_cache *rows[16] = {0};
     tqkv_batch *b = fused_batch(r, D, fm, H, W, R, lens, rows);
@@ -1184,8 +1187,8 @@ static void fused_case(test_rng *r, int D, tqkv_format fm, int H, int G, int W, 
     assert_int_equal(tqkv_cuda_malloc((void **)&dout, n * 4), TQKV_OK);
     assert_int_equal(tqkv_cuda_stream_create(&stream), TQKV_OK);
     assert_int_equal(tqkv_cuda_kv_set_stream(kv, stream), TQKV_OK);
-    const int was = tqkv_cuda_attn_fused_merge(-1);
-    fused_attend(kv, dq, qh, scale, dout, ref, n, 0, stream, ws, wsb);
+    const int was = tqkv_cuda_attn_fused_merge(-1), was_prep = tqkv_cuda_attn_fused_qprep(-1);
+    fused_attend(kv, dq, qh, scale, dout, ref, n, 0, stream, ws, wsb); /* the three launches */
     int nsplit = 0; /* the longest row's splits (d = 128: 256-token splits up to 32; 256: 128 up to 32) */
     for (int i = 0; i < R; i++) {
         const int len = D == 128 ? 256 : 128, c = (lens[i] + len - 1) / len;
@@ -1196,13 +1199,14 @@ static void fused_case(test_rng *r, int D, tqkv_format fm, int H, int G, int W, 
     printf("fused merge d %d %s G %d window %d rows %d (longest %d tokens, up to ~%d splits): merge kernel vs "
            "CPU %.3g\n", D, tqkv_format_name(fm), G, W, R, maxlen, nsplit > 32 ? 32 : nsplit, e);
     if (!(e < 6e-3)) fail_msg("fused-merge case: the merge kernel's path differs from the CPU: %g", e);
-    for (int rep = 0; rep < 2; rep++) {
-        fused_attend(kv, dq, qh, scale, dout, got, n, 1, stream, ws, wsb);
+    const int modes[4] = {1, 2, 3, 3}; /* merge, prep, both, both again */
+    for (int mi = 0; mi < 4; mi++) {
+        fused_attend(kv, dq, qh, scale, dout, got, n, modes[mi], stream, ws, wsb);
         if (memcmp(got, ref, n * 4))
-            fail_msg("d %d %s window %d: the fused merge (call %d) differs from the merge kernel", D,
-                     tqkv_format_name(fm), W, rep);
+            fail_msg("d %d %s window %d: the fused %s (call %d) differs from the three launches", D,
+                     tqkv_format_name(fm), W, modes[mi] == 1 ? "merge" : modes[mi] == 2 ? "prep" : "merge and prep", mi);
     }
-    /* a graph captured with the fused merge, replayed twice (no host reset of the counters) */
+    /* a graph captured with both fused, replayed twice (no host reset of the counters) */
     assert_int_equal(tqkv_cuda_capture_begin(stream), TQKV_OK);
     const tqkv_status cst = tqkv_cuda_kv_attend_ws(kv, dq, qh, scale, dout, ws, wsb);
     const tqkv_status est = tqkv_cuda_capture_end(stream, &exec);
@@ -1220,10 +1224,11 @@ static void fused_case(test_rng *r, int D, tqkv_format fm, int H, int G, int W, 
             fail_msg("d %d %s window %d: fused-merge graph replay %d differs from the merge kernel", D,
                      tqkv_format_name(fm), W, rep);
     }
-    /* and the merge kernel's path again after the fused calls (no state left behind) */
+    /* and the three launches again after the fused calls (no state left behind) */
     fused_attend(kv, dq, qh, scale, dout, got, n, 0, stream, ws, wsb);
-    if (memcmp(got, ref, n * 4)) fail_msg("the merge kernel's path changed after fused calls");
+    if (memcmp(got, ref, n * 4)) fail_msg("the three launches' outputs changed after fused calls");
     assert_true(tqkv_cuda_attn_fused_merge(was) >= 0);
+    assert_true(tqkv_cuda_attn_fused_qprep(was_prep) >= 0);
     assert_int_equal(tqkv_cuda_kv_set_stream(kv, NULL), TQKV_OK);
     tqkv_cuda_graph_free(exec);
     tqkv_cuda_stream_destroy(stream);
@@ -1236,35 +1241,39 @@ static void fused_case(test_rng *r, int D, tqkv_format fm, int H, int G, int W, 
     for (int i = 0; i < R; i++) tqkv_cache_free(rows[i]);
 }
 
-/* The fused merge (tqkv_cuda_attn_fused_merge(1), the default) bitwise equal to the merge
- * kernel's launch (0, TQKV_FUSED_MERGE=0), tq4 and tq3, with and without the q8 window, head
- * dims 128 and 256:
- *   it 0: one row of 1-200 tokens (one split), G 4;
- *   it 1: 4 rows of 1-100, 300-700, 2500-4500 and 9000-12000 tokens (1 to 32 splits), G 2;
+/* The fused merge and query prep (tqkv_cuda_attn_fused_merge / _qprep(1), the defaults) bitwise
+ * equal to the qprep and merge kernels' launches (0: TQKV_FUSED_MERGE=0, TQKV_FUSED_QPREP=0),
+ * tq4 and tq3, with and without the q8 window, head dims 128 and 256:
+ *   it 0: one row of 1-200 tokens (one split), G 3 (a warp without a head);
+ *   it 1: 4 rows of 1-100, 300-700, 2500-4500 and 9000-12000 tokens (1 to 32 splits), G 8
+ *     (two heads per warp);
  *   it 2: 10 rows of 3000-6000 tokens over 8 kv heads, G 1 (more items than the persistent
  *     grid's groups: claims from the counter, many groups finishing splits of one (row, head)).
- * Each: a direct call twice, a replayed CUDA graph twice, the merge kernel's path again. */
+ * Each: the fused merge, the fused prep, both twice, a replayed CUDA graph twice, the three
+ * launches again. */
 static void test_cuda_fused_merge(void **state) {
     (void)state;
     test_rng r;
     rng_init(&r, test_seed() ^ 0xF05ED);
     const tqkv_format fm[2] = {TQKV_TQ4, TQKV_TQ3};
     const int dims[2] = {128, 256};
+    const char *ie = getenv("TQKV_TEST_ITERS"); /* N (sanitizer runs): cases 0..N-1 only */
+    const int iters = ie && *ie ? atoi(ie) : 3;
     for (int di = 0; di < 2; di++)
         for (int fi = 0; fi < 2; fi++)
             for (int win = 0; win < 2; win++)
-                for (int it = 0; it < 3; it++) {
+                for (int it = 0; it < iters && it < 3; it++) {
                     const int W = win ? rng_int(&r, 16, 200) : 0;
                     int lens[16];
                     if (it == 0) {
                         lens[0] = rng_int(&r, 1, 200);
-                        fused_case(&r, dims[di], fm[fi], 2, 4, W, 1, lens);
+                        fused_case(&r, dims[di], fm[fi], 2, 3, W, 1, lens);
                     } else if (it == 1) {
                         lens[0] = rng_int(&r, 1, 100);
                         lens[1] = rng_int(&r, 300, 700);
                         lens[2] = rng_int(&r, 2500, 4500);
                         lens[3] = rng_int(&r, 9000, 12000);
-                        fused_case(&r, dims[di], fm[fi], 2, 2, W, 4, lens);
+                        fused_case(&r, dims[di], fm[fi], 2, 8, W, 4, lens);
                     } else {
                         const int R = 10;
                         for (int i = 0; i < R; i++) lens[i] = rng_int(&r, 3000, 6000);

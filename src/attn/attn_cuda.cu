@@ -48,23 +48,9 @@ __global__ void qprep_kernel(const float *__restrict__ q, uint16_t *__restrict__
     __shared__ float s_q[4][D];
     const int wv = threadIdx.x >> 5, v = blockIdx.x * 4 + wv, lane = threadIdx.x & 31;
     if (v >= n) return;
-    const float4 in = reinterpret_cast<const float4 *>(q + (size_t)v * D)[lane];
-    float x[4] = {in.x, in.y, in.z, in.w};
-    if constexpr (F != F_BF16 && F != F_FP8) {   /* fp8 is not rotated */
-        float s[4];
-        cw_signs_n<4>(sb, lane, s);   /* K's signs (bits: no per-lane parameter reads) */
-        cw_rotate(x, s, cinv, lane);
-    }
-#pragma unroll
-    for (int k = 0; k < 4; k++) s_q[wv][4 * lane + k] = x[k];
-    __syncwarp();
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const int o = 4 * lane + k;
-        const float y = s_q[wv][kdim<F>(o >> 5, (o & 31) >> 1, o & 1)] * mul;
-        out[(size_t)v * D + o] = F == F_BF16 ? __bfloat16_as_ushort(__float2bfloat16_rn(y))
-                                             : __half_as_ushort(__float2half_rn(y));
-    }
+    uint16_t *const o = out + (size_t)v * D;
+    qprep_vec<F, D>(q + (size_t)v * D, sb, cinv, mul, lane, [&](int i) -> float & { return s_q[wv][i]; },
+                    [&](int i, uint16_t y) { o[i] = y; }); /* attn_cuda_split.cuh (the fused prep's code) */
 }
 
 /* Per (row, q head) one warp: the row's splits merged (merge_vec128, attn_cuda_split.cuh: in
@@ -109,14 +95,20 @@ static unsigned g_setup_done; /* bit d: device d's setup ran (kernel attributes 
  * 0: the merge kernel's launch (TQKV_FUSED_MERGE=0 in the environment when the setup first
  * ran, or tqkv_cuda_attn_fused_merge) */
 static int g_fused_merge = 1;
+/* 1: the split kernels prepare their queries themselves (the fused prep), 0: the qprep
+ * kernel's launch before them (TQKV_FUSED_QPREP=0, tqkv_cuda_attn_fused_qprep) */
+static int g_fused_qprep = 1;
 static int g_fused_read;      /* the environment was read */
 
 int cuda_fused_merge(void) { return __atomic_load_n(&g_fused_merge, __ATOMIC_RELAXED); }
+int cuda_fused_qprep(void) { return __atomic_load_n(&g_fused_qprep, __ATOMIC_RELAXED); }
 
-extern "C" int tqkv_cuda_attn_fused_merge(int on) {
+static int fused_set(int *flag, int on) {
     if (tqkv_cuda_attn_setup()) return -1;
-    return on < 0 ? cuda_fused_merge() : __atomic_exchange_n(&g_fused_merge, on != 0, __ATOMIC_RELAXED);
+    return on < 0 ? __atomic_load_n(flag, __ATOMIC_RELAXED) : __atomic_exchange_n(flag, on != 0, __ATOMIC_RELAXED);
 }
+extern "C" int tqkv_cuda_attn_fused_merge(int on) { return fused_set(&g_fused_merge, on); }
+extern "C" int tqkv_cuda_attn_fused_qprep(int on) { return fused_set(&g_fused_qprep, on); }
 
 __global__ void smem_probe_kernel(uint32_t *out) {
     extern __shared__ __align__(16) uint32_t s_dyn[];
@@ -138,6 +130,8 @@ extern "C" tqkv_status tqkv_cuda_attn_setup(void) {
     if (!g_fused_read) { /* once per process (an explicit tqkv_cuda_attn_fused_merge comes after) */
         const char *env = getenv("TQKV_FUSED_MERGE");
         if (env && *env) __atomic_store_n(&g_fused_merge, atoi(env) != 0, __ATOMIC_RELAXED);
+        env = getenv("TQKV_FUSED_QPREP");
+        if (env && *env) __atomic_store_n(&g_fused_qprep, atoi(env) != 0, __ATOMIC_RELAXED);
         g_fused_read = 1;
     }
     const tqkv_status st = (g_setup_done & bit) ? TQKV_OK : attn_cuda_setup_locked();
@@ -283,7 +277,10 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
     const float mul = scale * LOG2E;
     const unsigned qgrid = (unsigned)((nvi + 3) / 4);
     const cw_sbits ksb = cw_sbits_of(kv->kc.signs, D);
-    if (fmt == F_TQ4) qprep_kernel<F_TQ4><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
+    const int fprep = cuda_fused_qprep(); /* the split kernel prepares its queries (no qprep launch) */
+    if (fprep) {
+        /* nothing: split_prep below */
+    } else if (fmt == F_TQ4) qprep_kernel<F_TQ4><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
     else if (fmt == F_TQ3) qprep_kernel<F_TQ3><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
     else if (fmt == F_TQ42) qprep_kernel<F_TQ42><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
     else if (fmt == F_TQ2) qprep_kernel<F_TQ2><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
@@ -295,6 +292,7 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
     const int unrotate = fmt != F_BF16 && fmt != F_FP8; /* tq: un-rotate */
     const int fused = cuda_fused_merge();
     if (fused) split_fuse<D>(&P, out, unrotate);
+    if (fprep) split_prep<D>(&P, q, mul);
     /* persistent: the resident CTAs, at most one per possible work item (a CTA's groups
      * take items gridDim.x apart, so the first items land on different SMs) */
     const SplitCfg *k = &g_cfg[fmt];

@@ -150,6 +150,43 @@ __device__ __forceinline__ void merge_vec256(const float *po, const float2 *pml,
     op[0] = make_float4(o8[0], o8[1], o8[2], o8[3]);
     op[1] = make_float4(o8[4], o8[5], o8[6], o8[7]);
 }
+// ---------------------------------------------------------------------------
+// The query prep of one (row, q head) vector (one warp): the qprep kernels of attn_cuda.cu /
+// attn_cuda_wide.cu and the split kernel's fused prep run this same code (the same bits)
+// ---------------------------------------------------------------------------
+/* Lane l: dims E l .. E l + E - 1 of qv [D] (E = D / 32), rotated into K's domain (sb: K's
+ * signs, cinv: 1 / sqrt(d); not for the bf16 and fp8 caches), through the warp's float scratch
+ * (sq(i): element i's shared float) gathered into the split kernel's qdim<F, D> order, times
+ * mul (softmax scale * log2(e)), rounded to fp16 (bf16 for the dense cache): put(o, bits) for
+ * element o = E l + k. d = 128: qprep_kernel's operations, d = 256: wprep_kernel<F>'s. */
+template <int F, int D, class Sq, class Put>
+__device__ __forceinline__ void qprep_vec(const float *qv, const cw_sbits &sb, float cinv, float mul, int lane,
+                                          Sq sq, Put put) {
+    constexpr int E = D / 32;
+    float x[E];
+#pragma unroll
+    for (int j = 0; j < E / 4; j++) {
+        const float4 in = reinterpret_cast<const float4 *>(qv + E * lane)[j];
+        x[4 * j] = in.x; x[4 * j + 1] = in.y; x[4 * j + 2] = in.z; x[4 * j + 3] = in.w;
+    }
+    if constexpr (F != F_BF16 && F != F_FP8) {   /* fp8 is not rotated */
+        float sg[E];
+        cw_signs_n<E>(sb, lane, sg);   /* K's signs (bits: no per-lane parameter reads) */
+        if constexpr (D == 128) cw_rotate(x, sg, cinv, lane);
+        else cw_rotate_n<E>(x, sg, cinv, lane);
+    }
+#pragma unroll
+    for (int k = 0; k < E; k++) sq(E * lane + k) = x[k];
+    __syncwarp();
+#pragma unroll
+    for (int k = 0; k < E; k++) {
+        const int o = E * lane + k;
+        const float y = sq(qdim<F, D>(o)) * mul;
+        put(o, F == F_BF16 ? __bfloat16_as_ushort(__float2bfloat16_rn(y)) : __half_as_ushort(__float2half_rn(y)));
+    }
+    __syncwarp();                  /* the scratch is read before it is written again */
+}
+
 template <int D, bool CG>
 __device__ __forceinline__ void merge_vec(const float *po, const float2 *pml, float *out, size_t v, int ns,
                                           int nsmax, const cw_sbits &sb, float cinv, int unrotate, int lane) {
@@ -200,6 +237,13 @@ template <int D> struct Params {
     cw_sbits vsb;             /* V's signs and 1 / sqrt(d): the un-rotation */
     float vinv;
     int unrotate;             /* 0: the bf16 and fp8 caches (not rotated) */
+    /* the fused query prep (qraw != NULL; split_prep): each item prepares its G heads' queries
+     * from qraw in its group's exchange slots (prep_query), as the qprep kernel would, and
+     * does not read q */
+    const float *qraw;        /* [rows, qh, D] float queries */
+    cw_sbits ksb;             /* K's signs and 1 / sqrt(d): the rotation */
+    float kinv;
+    float qmul;               /* softmax scale * log2(e) */
     typename cuda_codec_of<D>::type kc, vc;  /* the kernel reads kc.cent (one format for K and V), and
                                               * vc.cent for the pairs of two formats */
 };
@@ -235,6 +279,10 @@ inline Params<D> split_params(const cuda_kv *kv, const typename cuda_codec_of<D>
     P.vsb = cw_sbits_of(vc.signs, D);
     P.vinv = vc.inv;
     P.unrotate = 0;
+    P.qraw = NULL;
+    P.ksb = cw_sbits_of(kc.signs, D);
+    P.kinv = kc.inv;
+    P.qmul = 0.0f;
     return P;
 }
 
@@ -243,6 +291,12 @@ inline Params<D> split_params(const cuda_kv *kv, const typename cuda_codec_of<D>
 template <int D> inline void split_fuse(Params<D> *P, float *out, int unrotate) {
     P->out = out;
     P->unrotate = unrotate;
+}
+/* The query prep folded into the split kernel (TQKV_FUSED_QPREP, attn_cuda.cu): the float
+ * queries q [rows, qh, D], mul = softmax scale * log2(e). */
+template <int D> inline void split_prep(Params<D> *P, const float *q, float mul) {
+    P->qraw = q;
+    P->qmul = mul;
 }
 
 constexpr int NW = 4;                         /* warps per group (one work item at a time) */
@@ -277,9 +331,55 @@ template <int F, int NG, int ST, int D> __host__ __device__ constexpr int smem_b
     return smem_xs<F, NG, ST, D>() + (xs_after<F>() ? NG * 2 * (D / 4) * 128 : 0);  /* D / 4 slot rows per lane */
 }
 
+/* Byte offset of row R (128 bytes: 32 lanes x 4) of group grp's exchange slots (2 slots of
+ * 4 D / 16 rows: the split kernel's slot_off, R = slot x 4 NM + j). */
+template <int F, int NG, int ST, int D> __device__ __forceinline__ int xs_row(int grp, int R) {
+    constexpr int NR = 4 * (D / 16);          /* rows per slot */
+    if constexpr (F == F_BF16) return (grp * NW + R / NR) * warp_area<F, ST, D>() + (R % NR) * 128;
+    else if constexpr (xs_after<F>()) return smem_xs<F, NG, ST, D>() + (grp * 2 * NR + R) * 128;
+    else return (grp * 2 * NR + R) * 256 + 128;
+}
+
 /* Group barrier (ids 1..NG; 0 is __syncthreads). */
 __device__ __forceinline__ void grp_sync(int grp) {
     asm volatile("bar.sync %0, %1;" ::"r"(1 + grp), "n"(NW * 32) : "memory");
+}
+
+/* The fused query prep of item (r, h) for group grp (warp w, from the item's start): warp w
+ * prepares heads w, w + NW, .. < G (qprep_vec: the qprep kernels' code, so the same fp16 bits)
+ * into the group's exchange slots (free between the previous item's merge and this one's:
+ * rows [0, QR) the fp16 queries [G, D], then D / 32 rows of float scratch per warp), then
+ * every warp loads its B fragments qb (head g = lane / 4, as from the prepared queries in
+ * global memory). Two group barriers: the queries written before they are read, and read by
+ * every warp before the slots serve the item's merge. */
+template <int F, int NG, int ST, int D>
+__device__ __forceinline__ void prep_query(const Params<D> &P, char *sb, int r, int h, int grp, int w, int lane,
+                                           uint32_t (&qb)[D / 16][2]) {
+    constexpr int QR = CUDA_MAX_G * D / 64;   /* rows of the fp16 queries */
+    static_assert(QR + NW * (D / 32) <= 2 * 4 * (D / 16), "the prep fits the exchange slots");
+    const int G = P.G;
+    auto row = [&](int R) { return sb + xs_row<F, NG, ST, D>(grp, R); };
+    const size_t v0 = (size_t)r * P.qh + (size_t)h * G;
+    for (int hd = w; hd < G; hd += NW)
+        qprep_vec<F, D>(
+            P.qraw + (v0 + hd) * D, P.ksb, P.kinv, P.qmul, lane,
+            [&](int i) -> float & { return *reinterpret_cast<float *>(row(QR + w * (D / 32) + (i >> 5)) + (i & 31) * 4); },
+            [&](int o, uint16_t y) {
+                const int b = (hd * D + o) * 2;
+                *reinterpret_cast<uint16_t *>(row(b >> 7) + (b & 127)) = y;
+            });
+    grp_sync(grp);
+    const int g = lane >> 2, c = lane & 3;
+#pragma unroll
+    for (int k = 0; k < D / 32; k++) {       /* elements 32 c + 128 (k / 4) + 8 (k % 4) .. + 8 of head g */
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (g < G) {
+            const int b = (g * D + 32 * c + 128 * (k >> 2) + 8 * (k & 3)) * 2;
+            v = *reinterpret_cast<const uint4 *>(row(b >> 7) + (b & 127));
+        }
+        qb[2 * k][0] = v.x; qb[2 * k][1] = v.y; qb[2 * k + 1][0] = v.z; qb[2 * k + 1][1] = v.w;
+    }
+    grp_sync(grp);
 }
 
 /* The fused merge of heads v0 + w, v0 + w + NW, .. below v0 + G (warp w of a group). A call,
@@ -584,8 +684,16 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
             nxt_col = nxt_nf > 0 ? uni((uint64_t)x.col) : 0;
             nxt_first = nxt_nf > 0 ? uni(x.first) : 0;
 #endif
-            /* its query (G heads, up to 2 / 4 KiB) into L1 now, so the next item starts without waiting */
-            if (x.nf > 0 && lane < CUDA_MAX_G * D / 64 && lane * 128 < G * D * 2)
+            /* its query (G heads, up to 2 / 4 KiB; the fused prep's float ones: 4 / 8 KiB) into L1
+             * now, so the next item starts without waiting */
+            if (P.qraw) {
+                if (x.nf > 0) {
+                    const char *const qr =
+                        reinterpret_cast<const char *>(P.qraw + ((size_t)x.r * P.qh + (size_t)x.h * G) * D);
+                    for (int o = 128 * lane; o < G * D * 4; o += 32 * 128)
+                        asm volatile("prefetch.global.L1 [%0];" ::"l"(qr + o));
+                }
+            } else if (x.nf > 0 && lane < CUDA_MAX_G * D / 64 && lane * 128 < G * D * 2)
                 asm volatile("prefetch.global.L1 [%0];" ::"l"(reinterpret_cast<const char *>(
                     P.q + ((size_t)x.r * P.qh + (size_t)x.h * G) * D) + 128 * lane));
         }
@@ -662,7 +770,9 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
         // ---- query fragments (B of QK^T): head g, pairs 2s / 2s+1 (stored in qdim order:
         //      d = 256 pairs 16 h .. of K's column c at 128 h + 32 c, four uint4 per half)
         uint32_t qb[NM][2];
-        if (g < G) {
+        if (P.qraw) {
+            prep_query<F, NG, ST, D>(P, sbytes, r, h, grp, w, lane, qb);
+        } else if (g < G) {
             const uint4 *q = reinterpret_cast<const uint4 *>(P.q + ((size_t)r * P.qh + (size_t)h * G + g) * D + 32 * c);
 #pragma unroll
             for (int k = 0; k < D / 32; k++) {

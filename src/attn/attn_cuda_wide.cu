@@ -56,33 +56,27 @@ __global__ void wprep_kernel(const float *__restrict__ q, void *__restrict__ out
     __shared__ float s_q[4][WD];
     const int wv = threadIdx.x >> 5, v = blockIdx.x * 4 + wv, lane = threadIdx.x & 31;
     if (v >= n) return;
-    float x[E];
+    if constexpr (OUT >= 0) { /* tq (rotate = 1): qprep_vec, attn_cuda_split.cuh (the fused prep's code) */
+        uint16_t *const o = reinterpret_cast<uint16_t *>(out) + (size_t)v * WD;
+        qprep_vec<OUT, WD>(q + (size_t)v * WD, sb, cinv, mul, lane, [&](int i) -> float & { return s_q[wv][i]; },
+                           [&](int i, uint16_t y) { o[i] = y; });
+    } else {
+        float x[E];
 #pragma unroll
-    for (int j = 0; j < E / 4; j++) {
-        const float4 in = reinterpret_cast<const float4 *>(q + (size_t)v * WD + E * lane)[j];
-        x[4 * j] = in.x; x[4 * j + 1] = in.y; x[4 * j + 2] = in.z; x[4 * j + 3] = in.w;
-    }
-    if (rotate) { /* cw_load_rotate's rotation, K's signs as bits (no per-lane parameter reads) */
-        float sg[E];
-        cw_signs_n<E>(sb, lane, sg);
-        cw_rotate_n<E>(x, sg, cinv, lane);
-    }
-    if constexpr (OUT < 0) {
+        for (int j = 0; j < E / 4; j++) {
+            const float4 in = reinterpret_cast<const float4 *>(q + (size_t)v * WD + E * lane)[j];
+            x[4 * j] = in.x; x[4 * j + 1] = in.y; x[4 * j + 2] = in.z; x[4 * j + 3] = in.w;
+        }
+        if (rotate) { /* cw_load_rotate's rotation, K's signs as bits (no per-lane parameter reads) */
+            float sg[E];
+            cw_signs_n<E>(sb, lane, sg);
+            cw_rotate_n<E>(x, sg, cinv, lane);
+        }
         float *const o = reinterpret_cast<float *>(out) + (size_t)v * WD + E * lane;
 #pragma unroll
         for (int j = 0; j < E / 4; j++)
             reinterpret_cast<float4 *>(o)[j] =
                 make_float4(x[4 * j] * mul, x[4 * j + 1] * mul, x[4 * j + 2] * mul, x[4 * j + 3] * mul);
-    } else {
-#pragma unroll
-        for (int k = 0; k < E; k++) s_q[wv][E * lane + k] = x[k];
-        __syncwarp();
-        uint16_t *const o = reinterpret_cast<uint16_t *>(out) + (size_t)v * WD;
-#pragma unroll
-        for (int k = 0; k < E; k++) {
-            const int i = E * lane + k;
-            o[i] = __half_as_ushort(__float2half_rn(s_q[wv][qdim<OUT, WD>(i)] * mul));
-        }
     }
 }
 
@@ -420,10 +414,13 @@ template <int F>
 static void tc_partials(const cuda_kv *kv, const float *q, int q_heads, float scale, float *po, float2 *pml,
                         uint16_t *qp, int nsmax, float *out) {
     const int nvi = kv->rows * q_heads;
-    wprep_kernel<F><<<(unsigned)((nvi + 3) / 4), 128, 0, kv->stream>>>(q, qp, cw_sbits_of(kv->kc256.signs, WD),
-                                                                      kv->kc256.inv, 1, scale * LOG2E, nvi);
+    const int fprep = cuda_fused_qprep(); /* the split kernel prepares its queries (no wprep launch) */
+    if (!fprep)
+        wprep_kernel<F><<<(unsigned)((nvi + 3) / 4), 128, 0, kv->stream>>>(q, qp, cw_sbits_of(kv->kc256.signs, WD),
+                                                                          kv->kc256.inv, 1, scale * LOG2E, nvi);
     Params<WD> P = split_params<WD>(kv, kv->kc256, kv->vc256, qp, po, pml, q_heads, nsmax);
     if (out) split_fuse<WD>(&P, out, 1);
+    if (fprep) split_prep<WD>(&P, q, scale * LOG2E);
     /* persistent: the resident CTAs, at most one per possible work item (a CTA's groups take
      * items gridDim.x apart, so the first items land on different SMs) */
     const WideCfg *k = &g_wcfg[F];

@@ -117,6 +117,10 @@ tqkv_status cuda_wide_setup(int sms);
  * partials themselves (the fused merge), 0 when a merge kernel is launched after them
  * (TQKV_FUSED_MERGE=0, tqkv_cuda_attn_fused_merge). The float32 kernels always launch theirs. */
 int cuda_fused_merge(void);
+/* attn_cuda.cu: 1 when those split kernels prepare their queries themselves (the fused prep),
+ * 0 when a qprep kernel is launched before them (TQKV_FUSED_QPREP=0,
+ * tqkv_cuda_attn_fused_qprep). */
+int cuda_fused_qprep(void);
 /* attn_cuda_prefill.cu: the masked kernels' one-time setup (their dynamic shared-memory
  * limits); thread safe, idempotent; tqkv_cuda_attn_setup runs it. */
 tqkv_status cuda_prefill_setup(void);
