@@ -62,7 +62,8 @@ __global__ void merge_kernel(const float *__restrict__ po, const float2 *__restr
     const int v = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (v >= n) return;
     const int ns = min(split_count(rows[v / qh].ntok), min(nsmax, 32));
-    merge_vec128<false>(po, pml, out, (size_t)v, ns, nsmax, sb, cinv, unrotate, lane);
+    RegStage<D> st;
+    merge_vec128(po, pml, out, (size_t)v, ns, nsmax, sb, cinv, unrotate, lane, st);
 }
 
 } // namespace

@@ -5,11 +5,15 @@
  * a K/V pair (d = 128 only, with the window: F_TQ42 = tq4 K with
  * tq2 V, F_TQ2 = tq2 both, F_TQ43 = tq4 K with tq3 V, F_TQ32 = tq3 K with tq2 V;
  * attn_cuda_tile.cuh), head dim D = 128 or 256. Instantiated by attn_cuda.cu (d = 128) and
- * attn_cuda_wide.cu (d = 256), which prepare its queries, launch it and merge its partials.
+ * attn_cuda_wide.cu (d = 256), which launch it (and, with TQKV_FUSED_QPREP=0 /
+ * TQKV_FUSED_MERGE=0, prepare its queries / merge its partials in kernels of their own).
  * Owns: the kernel's parameters (Params<D>), its shared-memory layout, work items and their
  * claims, the stream of staged tiles and its mbarrier phases, the online softmax, the merge of
  * a group's warps and the partials' layout ([rows, q_heads, nsmax, D] unnormalized outputs in
- * the V domain, [rows, q_heads, nsmax] (max, sum) in base 2).
+ * the V domain, [rows, q_heads, nsmax] (max, sum) in base 2); the query prep of one vector
+ * (qprep_vec) and the merge of one vector's splits (merge_vec128 / 256), which the separate
+ * kernels and the fused ones share; the fused prep (prep_query) and merge (fused_merge, its
+ * per-(row, kv head) split counters).
  * Must not: mutate the cache, or let a row's result depend on other rows: a row's split size
  * depends only on its own token count (attn_cuda_splits.h), every reduction runs in a fixed
  * order.
@@ -26,7 +30,8 @@
  * and that factor (q8_tok_factor) takes the scale's place.
  * Online softmax in base 2 per warp over scores plus log2 of the V factor, with a lazy
  * rescale (RESCALE_SLACK), merged across a group's warps in registers (two rounds through
- * exchange slots in shared memory), and across splits by the merge kernel in split order.
+ * exchange slots in shared memory), and across splits in split order by the group that
+ * finishes a (row, kv head)'s last split (the fused merge; or by the merge kernel).
  * Staging runs on warp-uniform values (uni()): one elected lane issues a tile's bulk copies
  * from uniform registers.
  * d = 256: the same kernel with 16 k-steps (K decoded per head-dim half), 16 m-tiles
@@ -46,26 +51,41 @@ namespace {
 // ---------------------------------------------------------------------------
 // The merge of a (row, q head)'s split partials (one warp): the merge kernels of
 // attn_cuda.cu / attn_cuda_wide.cu and the split kernel's fused merge run this same code, so
-// both give the same bits. CG: the fused merge, whose partials were written by other CTAs of
-// the same launch: loaded through L2 (ld.global.cg), never the read-only path.
+// both give the same bits. Where the partial outputs wait between their loads and their
+// additions is the caller's Stage:
+//   RegStage (the merge kernels): B splits' loads in registers;
+//   SmemStage (the fused merge, whose partials other CTAs of the same launch wrote): copied
+//     through L2 (cp.async.cg) into the group's exchange slots, 4 splits at a time, each lane
+//     reading back only its own bytes; few registers, so the split kernel's tile loop keeps
+//     its allocation (with 4 splits in registers ptxas spilled in the tile loop, tq3 / tq4).
 // ---------------------------------------------------------------------------
-template <bool CG, typename T> __device__ __forceinline__ T merge_ld(const T *p) {
-    if constexpr (CG) return __ldcg(p);
-    else return *p;
-}
+template <int D> struct RegStage {
+    static constexpr int B = D == 128 ? 16 : 8;         /* splits' loads in flight */
+    static constexpr int NQ = D / 128;                  /* float4 per lane per split */
+    float4 p[B][NQ];
+    __device__ __forceinline__ void fetch(int j, const float4 *src) {
+#pragma unroll
+        for (int q = 0; q < NQ; q++) p[j][q] = src[q];
+    }
+    __device__ __forceinline__ void wait() {}
+    __device__ __forceinline__ float4 take(int j, int q) const { return p[j][q]; }
+    template <typename T> __device__ __forceinline__ T ld(const T *a) const { return *a; }
+};
+/* (SmemStage: after the split kernel's shared-memory layout, below.) */
 
 /* d = 128 (lane l: dims 4 l .. 4 l + 3): vector v's ns splits' (max, sum, output) of stride
  * nsmax merged in split order, divided by the sum, un-rotated once (V's signs sb and 1 /
  * sqrt(d) cinv; unrotate 0: the bf16 / fp8 caches), stored to out[v]. Lane s holds split s's
  * (max, sum) (ns <= 32: split_count) and its weight 2^(max - M); the partial outputs are loaded
- * B splits at a time, then added in split order (B changes no arithmetic). M is the max over the splits' maxima (fmaxf
- * from -inf: a NaN max is dropped, as in the sequential loop). ns = 0 stores the zero vector
- * (un-rotated). */
-template <bool CG>
+ * B splits at a time (St), then added in split order (B changes no arithmetic). M is the max
+ * over the splits' maxima (fmaxf from -inf: a NaN max is dropped, as in the sequential loop).
+ * ns = 0 stores the zero vector (un-rotated). */
+template <class St>
 __device__ __forceinline__ void merge_vec128(const float *po, const float2 *pml, float *out, size_t v, int ns,
-                                             int nsmax, const cw_sbits &sb, float cinv, int unrotate, int lane) {
-    constexpr int D = 128, B = CG ? 4 : 16;  /* splits' loads in flight (the fused merge: fewer registers) */
-    const float2 ml = lane < ns ? merge_ld<CG>(pml + v * nsmax + lane) : make_float2(-INFINITY, 0.0f);
+                                             int nsmax, const cw_sbits &sb, float cinv, int unrotate, int lane,
+                                             St &st) {
+    constexpr int D = 128, B = St::B;
+    const float2 ml = lane < ns ? st.ld(pml + v * nsmax + lane) : make_float2(-INFINITY, 0.0f);
     float M = fmaxf(-INFINITY, ml.x);
 #pragma unroll
     for (int m = 16; m; m >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, m));
@@ -74,18 +94,18 @@ __device__ __forceinline__ void merge_vec128(const float *po, const float2 *pml,
     float o[4] = {0, 0, 0, 0}, L = 0.0f;
     if (M != -INFINITY)
         for (int s0 = 0; s0 < ns; s0 += B) {
-            float4 p[B];
 #pragma unroll
             for (int j = 0; j < B; j++)
-                if (s0 + j < ns)
-                    p[j] = merge_ld<CG>(reinterpret_cast<const float4 *>(po + (v * nsmax + s0 + j) * D) + lane);
+                if (s0 + j < ns) st.fetch(j, reinterpret_cast<const float4 *>(po + (v * nsmax + s0 + j) * D) + lane);
+            st.wait();
 #pragma unroll
             for (int j = 0; j < B; j++) {
                 const int s = s0 + j;
                 if (s >= ns) break;
                 const float f = __shfl_sync(0xffffffffu, fl, s), y = __shfl_sync(0xffffffffu, ml.y, s);
                 if (!((use >> s) & 1u)) continue;
-                o[0] += p[j].x * f; o[1] += p[j].y * f; o[2] += p[j].z * f; o[3] += p[j].w * f;
+                const float4 p = st.take(j, 0);
+                o[0] += p.x * f; o[1] += p.y * f; o[2] += p.z * f; o[3] += p.w * f;
                 L += y * f;
             }
         }
@@ -101,40 +121,39 @@ __device__ __forceinline__ void merge_vec128(const float *po, const float2 *pml,
 }
 
 /* d = 256 (lane l: dims 8 l .. 8 l + 7): as merge_vec128, the maxima read by every lane in
- * strides of 32 (ns <= wsplit_bound: up to 128 splits), 8 splits' loads in flight. A split
- * whose max is -inf is skipped (the tensor-core kernel's split that saw no finite score reports
- * M_START with a sum of 0: weighed 2^(M_START - M) = 0). */
-template <bool CG>
+ * strides of 32 (ns <= wsplit_bound: up to 128 splits). A split whose max is -inf is skipped
+ * (the tensor-core kernel's split that saw no finite score reports M_START with a sum of 0:
+ * weighed 2^(M_START - M) = 0). */
+template <class St>
 __device__ __forceinline__ void merge_vec256(const float *po, const float2 *pml, float *out, size_t v, int ns,
-                                             int nsmax, const cw_sbits &sb, float cinv, int unrotate, int lane) {
-    constexpr int D = 256, B = CG ? 2 : 8;  /* splits' loads in flight (as merge_vec128) */
+                                             int nsmax, const cw_sbits &sb, float cinv, int unrotate, int lane,
+                                             St &st) {
+    constexpr int D = 256, B = St::B;
     const float2 *ml = pml + v * nsmax;
     float M = -INFINITY;
-    for (int s = lane; s < ns; s += 32) M = fmaxf(M, merge_ld<CG>(ml + s).x);
+    for (int s = lane; s < ns; s += 32) M = fmaxf(M, st.ld(ml + s).x);
 #pragma unroll
     for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
     float o8[8] = {0, 0, 0, 0, 0, 0, 0, 0}, L = 0.0f;
     if (M != -INFINITY)
         for (int s0 = 0; s0 < ns; s0 += B) {  /* B splits' loads in flight, added in order */
             float2 mj[B];
-            float4 pa[B], pb[B];
 #pragma unroll
             for (int j = 0; j < B; j++) {
                 mj[j] = make_float2(-INFINITY, 0.0f);
-                pa[j] = pb[j] = make_float4(0, 0, 0, 0);
                 if (s0 + j < ns) {
-                    mj[j] = merge_ld<CG>(ml + s0 + j);
-                    const float4 *p = reinterpret_cast<const float4 *>(po + (v * nsmax + s0 + j) * D + 8 * lane);
-                    pa[j] = merge_ld<CG>(p);
-                    pb[j] = merge_ld<CG>(p + 1);
+                    mj[j] = st.ld(ml + s0 + j);
+                    st.fetch(j, reinterpret_cast<const float4 *>(po + (v * nsmax + s0 + j) * D + 8 * lane));
                 }
             }
+            st.wait();
 #pragma unroll
             for (int j = 0; j < B; j++) {
                 if (mj[j].x == -INFINITY) continue;
                 const float f = exp2f(mj[j].x - M);
-                o8[0] += pa[j].x * f; o8[1] += pa[j].y * f; o8[2] += pa[j].z * f; o8[3] += pa[j].w * f;
-                o8[4] += pb[j].x * f; o8[5] += pb[j].y * f; o8[6] += pb[j].z * f; o8[7] += pb[j].w * f;
+                const float4 pa = st.take(j, 0), pb = st.take(j, 1);
+                o8[0] += pa.x * f; o8[1] += pa.y * f; o8[2] += pa.z * f; o8[3] += pa.w * f;
+                o8[4] += pb.x * f; o8[5] += pb.y * f; o8[6] += pb.z * f; o8[7] += pb.w * f;
                 L += mj[j].y * f;
             }
         }
@@ -149,6 +168,13 @@ __device__ __forceinline__ void merge_vec256(const float *po, const float2 *pml,
     float4 *op = reinterpret_cast<float4 *>(out + v * D + 8 * lane);
     op[0] = make_float4(o8[0], o8[1], o8[2], o8[3]);
     op[1] = make_float4(o8[4], o8[5], o8[6], o8[7]);
+}
+template <int D, class St>
+__device__ __forceinline__ void merge_vec(const float *po, const float2 *pml, float *out, size_t v, int ns,
+                                          int nsmax, const cw_sbits &sb, float cinv, int unrotate, int lane,
+                                          St &st) {
+    if constexpr (D == 128) merge_vec128(po, pml, out, v, ns, nsmax, sb, cinv, unrotate, lane, st);
+    else merge_vec256(po, pml, out, v, ns, nsmax, sb, cinv, unrotate, lane, st);
 }
 // ---------------------------------------------------------------------------
 // The query prep of one (row, q head) vector (one warp): the qprep kernels of attn_cuda.cu /
@@ -187,12 +213,6 @@ __device__ __forceinline__ void qprep_vec(const float *qv, const cw_sbits &sb, f
     __syncwarp();                  /* the scratch is read before it is written again */
 }
 
-template <int D, bool CG>
-__device__ __forceinline__ void merge_vec(const float *po, const float2 *pml, float *out, size_t v, int ns,
-                                          int nsmax, const cw_sbits &sb, float cinv, int unrotate, int lane) {
-    if constexpr (D == 128) merge_vec128<CG>(po, pml, out, v, ns, nsmax, sb, cinv, unrotate, lane);
-    else merge_vec256<CG>(po, pml, out, v, ns, nsmax, sb, cinv, unrotate, lane);
-}
 
 /* A row's split length and count at head dim D (attn_cuda_splits.h). */
 template <int D> __device__ __forceinline__ int dsplit_len(int ntok) {
@@ -340,6 +360,32 @@ template <int F, int NG, int ST, int D> __device__ __forceinline__ int xs_row(in
     else return (grp * 2 * NR + R) * 256 + 128;
 }
 
+/* The fused merge's Stage (merge_vec128 / 256): split j's float4 q of this lane (unit u = (j NQ
+ * + q) 32 + lane, 16 bytes) in row w B NQ 4 + u / 8 of group grp's exchange slots (warp w's
+ * B NQ 4 rows: all 2 x 4 D / 16 rows for the 4 warps), copied from global memory through L2
+ * (cp.async.cg: the partials of other CTAs of this launch, never a stale L1 line); each lane
+ * reads back only its own units, after its own wait. */
+template <int F, int NG, int ST, int D> struct SmemStage {
+    static constexpr int B = 4, NQ = D / 128;
+    static_assert(NW * B * NQ * 4 == 2 * 4 * (D / 16), "the warps' stages fill the group's exchange slots");
+    char *sb;                 /* dynamic shared memory */
+    int grp, w, lane;
+    __device__ __forceinline__ char *at(int j, int q) const {
+        const int u = (j * NQ + q) * 32 + lane;
+        return sb + xs_row<F, NG, ST, D>(grp, w * (B * NQ * 4) + (u >> 3)) + (u & 7) * 16;
+    }
+    __device__ __forceinline__ void fetch(int j, const float4 *src) {
+#pragma unroll
+        for (int q = 0; q < NQ; q++)
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(at(j, q))),
+                         "l"(src + q)
+                         : "memory");
+    }
+    __device__ __forceinline__ void wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+    __device__ __forceinline__ float4 take(int j, int q) const { return *reinterpret_cast<const float4 *>(at(j, q)); }
+    template <typename T> __device__ __forceinline__ T ld(const T *a) const { return __ldcg(a); }
+};
+
 /* Group barrier (ids 1..NG; 0 is __syncthreads). */
 __device__ __forceinline__ void grp_sync(int grp) {
     asm volatile("bar.sync %0, %1;" ::"r"(1 + grp), "n"(NW * 32) : "memory");
@@ -382,15 +428,14 @@ __device__ __forceinline__ void prep_query(const Params<D> &P, char *sb, int r, 
     grp_sync(grp);
 }
 
-/* The fused merge of heads v0 + w, v0 + w + NW, .. below v0 + G (warp w of a group). A call,
- * not inlined, so that its registers do not enter the item loop's allocation (ptxas -v, tq4 at
- * d = 128: 64 bytes of spill stores without the fused merge, 176 with it inlined (16 loads in
- * flight: 548), about the same as a call, whose saves are made at the call, once per item;
- * where ptxas put the spills was not read: no disassembler on the build machine). */
-template <int D>
+/* The fused merge of heads v0 + w, v0 + w + NW, .. below v0 + G (warp w of group grp), staged
+ * through the group's exchange slots (SmemStage). */
+template <int F, int NG, int ST, int D>
 __device__ __noinline__ void merge_heads(const float *po, const float2 *pml, float *out, size_t v0, int G, int ns,
-                                         int nsmax, cw_sbits sb, float cinv, int unrotate, int w, int lane) {
-    for (int hd = w; hd < G; hd += NW) merge_vec<D, true>(po, pml, out, v0 + hd, ns, nsmax, sb, cinv, unrotate, lane);
+                                         int nsmax, cw_sbits sb, float cinv, int unrotate, char *sbytes, int grp,
+                                         int w, int lane) {
+    SmemStage<F, NG, ST, D> st = {sbytes, grp, w, lane};
+    for (int hd = w; hd < G; hd += NW) merge_vec<D>(po, pml, out, v0 + hd, ns, nsmax, sb, cinv, unrotate, lane, st);
 }
 
 /* The fused merge after a group's item of (row r, kv head h), whose partials warp w = 0 has
@@ -400,9 +445,9 @@ __device__ __noinline__ void merge_heads(const float *po, const float2 *pml, flo
  * merges the G heads (warp w: heads w, w + NW, ...; merge_vec: the merge kernel's code) and
  * resets the counter for the next launch (stream order publishes it). ns = 1: the group's own
  * split, merged after the group barrier. s_flag: the group's shared word (the count seen). */
-template <int D>
-__device__ __forceinline__ void fused_merge(const Params<D> &P, int r, int h, int ns, volatile int *s_flag, int grp,
-                                            int w, int lane) {
+template <int F, int NG, int ST, int D>
+__device__ __forceinline__ void fused_merge(const Params<D> &P, int r, int h, int ns, volatile int *s_flag,
+                                            char *sbytes, int grp, int w, int lane) {
     const size_t rh = (size_t)r * P.kvh + h;
     bool last = true;
     if (ns > 1) {
@@ -423,9 +468,10 @@ __device__ __forceinline__ void fused_merge(const Params<D> &P, int r, int h, in
     }
     if (!last) return;
     __threadfence();
-    merge_heads<D>(P.po, P.pml, P.out, (size_t)r * P.qh + (size_t)h * P.G, P.G, ns, P.nsmax, P.vsb, P.vinv,
-                   P.unrotate, w, lane);
+    merge_heads<F, NG, ST, D>(P.po, P.pml, P.out, (size_t)r * P.qh + (size_t)h * P.G, P.G, ns, P.nsmax, P.vsb,
+                              P.vinv, P.unrotate, sbytes, grp, w, lane);
     if (ns > 1 && w == 0 && lane == 0) P.done[rh] = 0;
+    grp_sync(grp);            /* the slots are read before the next item's query prep writes them */
 }
 
 /* The online softmax's max step for a tile (heads 2c, 2c+1 of this lane; the D = 128 and 256
@@ -605,9 +651,11 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
     if (P.out) { /* fused merge: rows without tokens have no items; their outputs as the merge kernel's (0 splits) */
         for (int r = grp * (int)gridDim.x + (int)blockIdx.x; r < P.nrows; r += workers)
             if (P.rows[r].ntok <= 0)
-                for (int qv = w; qv < P.qh; qv += NW)
-                    merge_vec<D, true>(P.po, P.pml, P.out, (size_t)r * P.qh + qv, 0, P.nsmax, P.vsb, P.vinv,
-                                       P.unrotate, lane);
+                for (int qv = w; qv < P.qh; qv += NW) { /* (0 splits: nothing staged) */
+                    SmemStage<F, NG, ST, D> st = {sbytes, grp, w, lane};
+                    merge_vec<D>(P.po, P.pml, P.out, (size_t)r * P.qh + qv, 0, P.nsmax, P.vsb, P.vinv, P.unrotate,
+                                 lane, st);
+                }
     }
     /* worker k's first two items are k and k + workers; with more items than that the rest
      * are claimed from the counter (items 2 workers, 2 workers + 1, ...), each claim made
@@ -1210,7 +1258,7 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
                 if (g == 0) P.pml[pi] = make_float2(m[k], l[k]);
             }
         }
-        if (P.out) fused_merge<D>(P, r, h, dsplit_count<D>(row.ntok), s_next + NG * NW + wc0, grp, w, lane);
+        if (P.out) fused_merge<F, NG, ST, D>(P, r, h, dsplit_count<D>(row.ntok), s_next + NG * NW + wc0, sbytes, grp, w, lane);
         item = nxt_item;
         nxt_item = claims ? claimed : total;
         cur = locate(item);

@@ -344,7 +344,8 @@ __global__ void wmerge_kernel(const float *__restrict__ po, const float2 *__rest
     if (v >= n) return;
     const int ntok = rows[v / qh].ntok;
     const int ns = min(TC ? tsplit_count(ntok) : wsplit_count(ntok), nsmax);
-    merge_vec256<false>(po, pml, out, (size_t)v, ns, nsmax, sb, cinv, unrotate, lane); /* attn_cuda_split.cuh */
+    RegStage<WD> st;
+    merge_vec256(po, pml, out, (size_t)v, ns, nsmax, sb, cinv, unrotate, lane, st); /* attn_cuda_split.cuh */
 }
 
 template <int B>
