@@ -48,7 +48,8 @@
  *     own queries; test_cuda_fused_merge) bitwise equal to the qprep and merge kernels' launches
  *     (TQKV_FUSED_MERGE=0 TQKV_FUSED_QPREP=0): tq4 / tq3, with and without the q8 window, head
  *     dims 128 and 256, one split and many, more items than the grid's groups, direct calls and
- *     replayed CUDA graphs.
+ *     replayed CUDA graphs; also the other formats of the d = 128 split kernel (fp8, tq2, the tq
+ *     pairs, the dense bf16 cache: test_cuda_fused_merge_fmt).
  * Exits 77 (skipped) when the build has no CUDA or no GPU is present.
  */
 #include <math.h>
@@ -1282,6 +1283,62 @@ static void test_cuda_fused_merge(void **state) {
                 }
 }
 
+/* The other formats of the d = 128 split kernel (fp8/fp8, tq2/tq2, tq4/tq2, tq4/tq3, tq3/tq2,
+ * the dense bf16 cache): the fused merge and prep bitwise equal to the three launches, 3 rows
+ * of T tokens appended on the device (several splits), G 3 and 8, the q8 window on the tq
+ * pairs at G 8. (Their accuracy with the fused defaults: test_cuda_decode_fmt,
+ * test_cuda_attend_bf16.) */
+static void test_cuda_fused_merge_fmt(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() ^ 0xF05EDF);
+    for (int fi = 0; fi <= N_FMT_KV; fi++)
+        for (int gi = 0; gi < 2; gi++) {
+            const int bf16 = fi == N_FMT_KV, R = 3, H = 2, G = gi ? 8 : 3, qh = H * G;
+            const tqkv_format kf = bf16 ? TQKV_TQ4 : FMT_KV[fi][0], vf = bf16 ? TQKV_TQ4 : FMT_KV[fi][1];
+            const int W = !bf16 && kf != TQKV_FP8 && gi ? rng_int(&r, 16, 200) : 0;
+            const int T = rng_int(&r, 300, 9000);
+            tqkv_cache_config cfg = mkcfg(kf, H, W, rng_u64(&r));
+            cfg.v_format = vf;
+            cuda_kv *kv = NULL;
+            assert_int_equal(tqkv_cuda_kv_init(&kv, &cfg, bf16, R, T), TQKV_OK);
+            const size_t n = (size_t)R * H * T * 128, nq = (size_t)R * qh * 128;
+            float *k = malloc(n * 4), *v = malloc(n * 4), *q = malloc(nq * 4), *ref = malloc(nq * 4),
+                  *got = malloc(nq * 4);
+            assert_true(k && v && q && ref && got);
+            rng_fill_normal(&r, k, n, 1.0f);
+            rng_fill_normal(&r, v, n, 1.0f);
+            rng_fill_normal(&r, q, nq, 1.0f);
+            float *dk = dev_copy(k, n), *dv = dev_copy(v, n), *dq = dev_copy(q, nq), *dout = NULL;
+            void *stream = NULL, *ws = NULL;
+            const size_t wsb = tqkv_cuda_attend_ws_bytes_dim(R, qh, T, 128);
+            assert_int_equal(tqkv_cuda_kv_append(kv, dk, dv, T), TQKV_OK);
+            assert_int_equal(tqkv_cuda_malloc((void **)&dout, nq * 4), TQKV_OK);
+            assert_int_equal(tqkv_cuda_malloc(&ws, wsb), TQKV_OK);
+            assert_int_equal(tqkv_cuda_sync(), TQKV_OK);
+            assert_int_equal(tqkv_cuda_stream_create(&stream), TQKV_OK);
+            assert_int_equal(tqkv_cuda_kv_set_stream(kv, stream), TQKV_OK);
+            const int was = tqkv_cuda_attn_fused_merge(-1), was_prep = tqkv_cuda_attn_fused_qprep(-1);
+            const float scale = 0.08838834764831845f;
+            fused_attend(kv, dq, qh, scale, dout, ref, nq, 0, stream, ws, wsb); /* the three launches */
+            for (int mode = 1; mode <= 3; mode++) {
+                fused_attend(kv, dq, qh, scale, dout, got, nq, mode, stream, ws, wsb);
+                if (memcmp(got, ref, nq * 4))
+                    fail_msg("%s/%s%s G %d window %d: fused mode %d differs from the three launches",
+                             tqkv_format_name(kf), tqkv_format_name(vf), bf16 ? " (bf16 cache)" : "", G, W, mode);
+            }
+            printf("fused merge and prep, %s/%s%s G %d window %d, %d tokens: bitwise equal\n",
+                   tqkv_format_name(kf), tqkv_format_name(vf), bf16 ? " (bf16 cache)" : "", G, W, T);
+            assert_true(tqkv_cuda_attn_fused_merge(was) >= 0);
+            assert_true(tqkv_cuda_attn_fused_qprep(was_prep) >= 0);
+            assert_int_equal(tqkv_cuda_kv_set_stream(kv, NULL), TQKV_OK);
+            tqkv_cuda_stream_destroy(stream);
+            free(k); free(v); free(q); free(ref); free(got);
+            tqkv_cuda_free(dk); tqkv_cuda_free(dv); tqkv_cuda_free(dq); tqkv_cuda_free(dout); tqkv_cuda_free(ws);
+            tqkv_cuda_kv_free(kv);
+        }
+}
+
 // ---------------------------------------------------------------------------
 // bf16 baseline
 // ---------------------------------------------------------------------------
@@ -1861,7 +1918,7 @@ int main(void) {
         cmocka_unit_test(test_cuda_bf16_d256),         cmocka_unit_test(test_cuda_prefill_long),
         cmocka_unit_test(test_cuda_encode_fmt),        cmocka_unit_test(test_cuda_decode_fmt),
         cmocka_unit_test(test_cuda_prefill_fmt),       cmocka_unit_test(test_cuda_rows_fmt),
-        cmocka_unit_test(test_cuda_fused_merge),
+        cmocka_unit_test(test_cuda_fused_merge),       cmocka_unit_test(test_cuda_fused_merge_fmt),
     };
     test_seed();
     const char *only = getenv("TQKV_TEST_FILTER"); /* e.g. test_cuda_attend_tq, for seed sweeps */
