@@ -50,6 +50,12 @@
  *     bitwise (one byte less refused); masked attention on both kernels (prefill_tol);
  *     row operations on fp8 / tq2 caches (exports byte for byte; tq2 and fp8 at d = 128 attend on
  *     the tensor-core kernel: 4e-3 as tq4 / tq3).
+ *   - the fused merge and query prep (the split kernel merges its own partials, prepares its
+ *     own queries; test_cuda_fused_merge) bitwise equal to the qprep and merge kernels' launches
+ *     (TQKV_FUSED_MERGE=0 TQKV_FUSED_QPREP=0): tq4 / tq3, with and without the q8 window, head
+ *     dims 128 and 256, one split and many, more items than the grid's groups, direct calls and
+ *     replayed CUDA graphs; also the other formats of the d = 128 split kernel (fp8, tq2, the tq
+ *     pairs, the dense bf16 cache: test_cuda_fused_merge_fmt).
  * Exits 77 (skipped) when the build has no CUDA or no GPU is present.
  */
 #include <math.h>
@@ -1138,6 +1144,229 @@ static void test_cuda_decode_d256_tc(void **state) {
 }
 
 // ---------------------------------------------------------------------------
+// The fused merge (the split kernel merges its own partials) against the merge kernel
+// ---------------------------------------------------------------------------
+/* R rows of lens[i] tokens, H kv heads, head dim D, format fm, q8 window W: the merged batch
+ * (left padding), random K/V with a few dominating keys. */
+static tqkv_batch *fused_batch(test_rng *r, int D, tqkv_format fm, int H, int W, int R, const int *lens,
+                               tqkv_cache **rows) {
+    tqkv_cache_config cfg = mkcfg_d(fm, H, W, rng_u64(r), D);
+    tqkv_cache_ref refs[16];
+    for (int i = 0; i < R; i++) {
+        assert_int_equal(tqkv_cache_init(&rows[i], &cfg), TQKV_OK);
+        const size_t n = (size_t)H * lens[i] * D;
+        float *k = malloc(n * 4 + 4), *v = malloc(n * 4 + 4);
+        assert_true(k && v);
+        rng_fill_normal(r, k, n, 1.0f);
+        rng_fill_normal(r, v, n, 1.0f);
+        for (size_t j = 0; j < n; j += D)
+            if (rng_int(r, 0, 150) == 0)
+                for (int d = 0; d < D; d++) k[j + d] *= 3.0f;
+        if (lens[i] > 0) assert_int_equal(tqkv_cache_append(rows[i], k, v, lens[i]), TQKV_OK); /* [H, T, D] */
+        free(k);
+        free(v);
+        refs[i].batch = NULL;
+        refs[i].single = rows[i];
+    }
+    tqkv_batch *b = NULL;
+    assert_int_equal(tqkv_batch_merge(&b, refs, R), TQKV_OK);
+    return b;
+}
+
+/* kv's decode into dout (poisoned first) with the fused merge (fused bit 0) and the fused query
+ * prep (bit 1) on or off, read back to out. */
+static void fused_attend(cuda_kv *kv, const float *dq, int qh, float scale, float *dout, float *out, size_t n,
+                         int fused, void *stream, void *ws, size_t wsb) {
+    assert_true(tqkv_cuda_attn_fused_merge(fused & 1) >= 0);
+    assert_true(tqkv_cuda_attn_fused_qprep(fused >> 1) >= 0);
+    for (size_t i = 0; i < n; i++) out[i] = NAN;
+    assert_int_equal(tqkv_cuda_h2d(dout, out, n * 4), TQKV_OK);
+    assert_int_equal(tqkv_cuda_sync(), TQKV_OK);
+    assert_int_equal(tqkv_cuda_kv_attend_ws(kv, dq, qh, scale, dout, ws, wsb), TQKV_OK);
+    assert_int_equal(tqkv_cuda_stream_sync(stream), TQKV_OK);
+    assert_int_equal(tqkv_cuda_d2h(out, dout, n * 4), TQKV_OK);
+}
+
+/* One case: the three launches' outputs (qprep, split, merge kernels: TQKV_FUSED_MERGE=0
+ * TQKV_FUSED_QPREP=0) against the fused paths', bitwise: the fused merge alone, the fused prep
+ * alone, both (twice: the split counters reset themselves), and a CUDA graph captured with both,
+ * replayed twice; the outputs near the CPU's (so that two equally wrong paths fail too). */
+static void fused_case(test_rng *r, int D, tqkv_format fm, int H, int G, int W, int R, const int *lens) {
+    tqkv_cache *rows[16] = {0};
+    tqkv_batch *b = fused_batch(r, D, fm, H, W, R, lens, rows);
+    const int qh = H * G;
+    const size_t n = (size_t)R * qh * D;
+    float *q = malloc(n * 4), *cpu = malloc(n * 4), *ref = malloc(n * 4), *got = malloc(n * 4);
+    assert_true(q && cpu && ref && got);
+    rng_fill_normal(r, q, n, 1.0f);
+    const float scale = 1.0f / sqrtf((float)D);
+    int cap = 1, maxlen = 0;
+    for (int i = 0; i < R; i++) {
+        if (b->left_pad[i] + b->offset[i] > cap) cap = b->left_pad[i] + b->offset[i];
+        if (lens[i] > maxlen) maxlen = lens[i];
+    }
+    cuda_kv *kv = NULL;
+    void *stream = NULL, *exec = NULL, *ws = NULL;
+    const size_t wsb = tqkv_cuda_attend_ws_bytes_dim(R, qh, maxlen, D);
+    assert_int_equal(tqkv_cuda_kv_init(&kv, &b->cfg, 0, R, cap), TQKV_OK);
+    assert_int_equal(tqkv_cuda_kv_upload(kv, b), TQKV_OK);
+    assert_int_equal(tqkv_cuda_malloc(&ws, wsb), TQKV_OK);
+    float *dq = dev_copy(q, n), *dout = NULL;
+    assert_int_equal(tqkv_cuda_malloc((void **)&dout, n * 4), TQKV_OK);
+    assert_int_equal(tqkv_cuda_stream_create(&stream), TQKV_OK);
+    assert_int_equal(tqkv_cuda_kv_set_stream(kv, stream), TQKV_OK);
+    const int was = tqkv_cuda_attn_fused_merge(-1), was_prep = tqkv_cuda_attn_fused_qprep(-1);
+    fused_attend(kv, dq, qh, scale, dout, ref, n, 0, stream, ws, wsb); /* the three launches */
+    int nsplit = 0; /* the longest row's splits (d = 128: 256-token splits up to 32; 256: 128 up to 32) */
+    for (int i = 0; i < R; i++) {
+        const int len = D == 128 ? 256 : 128, c = (lens[i] + len - 1) / len;
+        nsplit = c > nsplit ? c : nsplit;
+    }
+    cpu_decode(b, q, qh, scale, cpu);
+    const double e = worst_rel(ref, cpu, (size_t)R * qh, D);
+    printf("fused merge d %d %s G %d window %d rows %d (longest %d tokens, up to ~%d splits): merge kernel vs "
+           "CPU %.3g\n", D, tqkv_format_name(fm), G, W, R, maxlen, nsplit > 32 ? 32 : nsplit, e);
+    if (!(e < 6e-3)) fail_msg("fused-merge case: the merge kernel's path differs from the CPU: %g", e);
+    const int modes[4] = {1, 2, 3, 3}; /* merge, prep, both, both again */
+    for (int mi = 0; mi < 4; mi++) {
+        fused_attend(kv, dq, qh, scale, dout, got, n, modes[mi], stream, ws, wsb);
+        if (memcmp(got, ref, n * 4))
+            fail_msg("d %d %s window %d: the fused %s (call %d) differs from the three launches", D,
+                     tqkv_format_name(fm), W, modes[mi] == 1 ? "merge" : modes[mi] == 2 ? "prep" : "merge and prep", mi);
+    }
+    /* a graph captured with both fused, replayed twice (no host reset of the counters) */
+    assert_int_equal(tqkv_cuda_capture_begin(stream), TQKV_OK);
+    const tqkv_status cst = tqkv_cuda_kv_attend_ws(kv, dq, qh, scale, dout, ws, wsb);
+    const tqkv_status est = tqkv_cuda_capture_end(stream, &exec);
+    if (cst || est)
+        fail_msg("fused merge under capture: %s / %s (%s)", tqkv_status_name(cst), tqkv_status_name(est),
+                 tqkv_last_error());
+    for (int rep = 0; rep < 2; rep++) {
+        for (size_t i = 0; i < n; i++) got[i] = NAN;
+        assert_int_equal(tqkv_cuda_h2d(dout, got, n * 4), TQKV_OK);
+        assert_int_equal(tqkv_cuda_sync(), TQKV_OK);
+        assert_int_equal(tqkv_cuda_graph_launch(exec, stream), TQKV_OK);
+        assert_int_equal(tqkv_cuda_stream_sync(stream), TQKV_OK);
+        assert_int_equal(tqkv_cuda_d2h(got, dout, n * 4), TQKV_OK);
+        if (memcmp(got, ref, n * 4))
+            fail_msg("d %d %s window %d: fused-merge graph replay %d differs from the merge kernel", D,
+                     tqkv_format_name(fm), W, rep);
+    }
+    /* and the three launches again after the fused calls (no state left behind) */
+    fused_attend(kv, dq, qh, scale, dout, got, n, 0, stream, ws, wsb);
+    if (memcmp(got, ref, n * 4)) fail_msg("the three launches' outputs changed after fused calls");
+    assert_true(tqkv_cuda_attn_fused_merge(was) >= 0);
+    assert_true(tqkv_cuda_attn_fused_qprep(was_prep) >= 0);
+    assert_int_equal(tqkv_cuda_kv_set_stream(kv, NULL), TQKV_OK);
+    tqkv_cuda_graph_free(exec);
+    tqkv_cuda_stream_destroy(stream);
+    tqkv_cuda_free(dq);
+    tqkv_cuda_free(dout);
+    tqkv_cuda_free(ws);
+    tqkv_cuda_kv_free(kv);
+    free(q); free(cpu); free(ref); free(got);
+    tqkv_batch_free(b);
+    for (int i = 0; i < R; i++) tqkv_cache_free(rows[i]);
+}
+
+/* The fused merge and query prep (tqkv_cuda_attn_fused_merge / _qprep(1), the defaults) bitwise
+ * equal to the qprep and merge kernels' launches (0: TQKV_FUSED_MERGE=0, TQKV_FUSED_QPREP=0),
+ * tq4 and tq3, with and without the q8 window, head dims 128 and 256:
+ *   it 0: one row of 1-200 tokens (one split), G 3 (a warp without a head);
+ *   it 1: 4 rows of 1-100, 300-700, 2500-4500 and 9000-12000 tokens (1 to 32 splits), G 8
+ *     (two heads per warp);
+ *   it 2: 10 rows of 3000-6000 tokens over 8 kv heads, G 1 (more items than the persistent
+ *     grid's groups: claims from the counter, many groups finishing splits of one (row, head)).
+ * Each: the fused merge, the fused prep, both twice, a replayed CUDA graph twice, the three
+ * launches again. */
+static void test_cuda_fused_merge(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() ^ 0xF05ED);
+    const tqkv_format fm[2] = {TQKV_TQ4, TQKV_TQ3};
+    const int dims[2] = {128, 256};
+    const char *ie = getenv("TQKV_TEST_ITERS"); /* N (sanitizer runs): cases 0..N-1 only */
+    const int iters = ie && *ie ? atoi(ie) : 3;
+    for (int di = 0; di < 2; di++)
+        for (int fi = 0; fi < 2; fi++)
+            for (int win = 0; win < 2; win++)
+                for (int it = 0; it < iters && it < 3; it++) {
+                    const int W = win ? rng_int(&r, 16, 200) : 0;
+                    int lens[16];
+                    if (it == 0) {
+                        lens[0] = rng_int(&r, 1, 200);
+                        fused_case(&r, dims[di], fm[fi], 2, 3, W, 1, lens);
+                    } else if (it == 1) {
+                        lens[0] = rng_int(&r, 1, 100);
+                        lens[1] = rng_int(&r, 300, 700);
+                        lens[2] = rng_int(&r, 2500, 4500);
+                        lens[3] = rng_int(&r, 9000, 12000);
+                        fused_case(&r, dims[di], fm[fi], 2, 8, W, 4, lens);
+                    } else {
+                        const int R = 10;
+                        for (int i = 0; i < R; i++) lens[i] = rng_int(&r, 3000, 6000);
+                        fused_case(&r, dims[di], fm[fi], 8, 1, W, R, lens);
+                    }
+                }
+}
+
+/* The other formats of the d = 128 split kernel (fp8/fp8, tq2/tq2, tq4/tq2, tq4/tq3, tq3/tq2,
+ * the dense bf16 cache): the fused merge and prep bitwise equal to the three launches, 3 rows
+ * of T tokens appended on the device (several splits), G 3 and 8, the q8 window on the tq
+ * pairs at G 8. (Their accuracy with the fused defaults: test_cuda_decode_fmt,
+ * test_cuda_attend_bf16.) */
+static void test_cuda_fused_merge_fmt(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() ^ 0xF05EDF);
+    for (int fi = 0; fi <= N_FMT_KV; fi++)
+        for (int gi = 0; gi < 2; gi++) {
+            const int bf16 = fi == N_FMT_KV, R = 3, H = 2, G = gi ? 8 : 3, qh = H * G;
+            const tqkv_format kf = bf16 ? TQKV_TQ4 : FMT_KV[fi][0], vf = bf16 ? TQKV_TQ4 : FMT_KV[fi][1];
+            const int W = !bf16 && kf != TQKV_FP8 && gi ? rng_int(&r, 16, 200) : 0;
+            const int T = rng_int(&r, 300, 9000);
+            tqkv_cache_config cfg = mkcfg(kf, H, W, rng_u64(&r));
+            cfg.v_format = vf;
+            cuda_kv *kv = NULL;
+            assert_int_equal(tqkv_cuda_kv_init(&kv, &cfg, bf16, R, T), TQKV_OK);
+            const size_t n = (size_t)R * H * T * 128, nq = (size_t)R * qh * 128;
+            float *k = malloc(n * 4), *v = malloc(n * 4), *q = malloc(nq * 4), *ref = malloc(nq * 4),
+                  *got = malloc(nq * 4);
+            assert_true(k && v && q && ref && got);
+            rng_fill_normal(&r, k, n, 1.0f);
+            rng_fill_normal(&r, v, n, 1.0f);
+            rng_fill_normal(&r, q, nq, 1.0f);
+            float *dk = dev_copy(k, n), *dv = dev_copy(v, n), *dq = dev_copy(q, nq), *dout = NULL;
+            void *stream = NULL, *ws = NULL;
+            const size_t wsb = tqkv_cuda_attend_ws_bytes_dim(R, qh, T, 128);
+            assert_int_equal(tqkv_cuda_kv_append(kv, dk, dv, T), TQKV_OK);
+            assert_int_equal(tqkv_cuda_malloc((void **)&dout, nq * 4), TQKV_OK);
+            assert_int_equal(tqkv_cuda_malloc(&ws, wsb), TQKV_OK);
+            assert_int_equal(tqkv_cuda_sync(), TQKV_OK);
+            assert_int_equal(tqkv_cuda_stream_create(&stream), TQKV_OK);
+            assert_int_equal(tqkv_cuda_kv_set_stream(kv, stream), TQKV_OK);
+            const int was = tqkv_cuda_attn_fused_merge(-1), was_prep = tqkv_cuda_attn_fused_qprep(-1);
+            const float scale = 0.08838834764831845f;
+            fused_attend(kv, dq, qh, scale, dout, ref, nq, 0, stream, ws, wsb); /* the three launches */
+            for (int mode = 1; mode <= 3; mode++) {
+                fused_attend(kv, dq, qh, scale, dout, got, nq, mode, stream, ws, wsb);
+                if (memcmp(got, ref, nq * 4))
+                    fail_msg("%s/%s%s G %d window %d: fused mode %d differs from the three launches",
+                             tqkv_format_name(kf), tqkv_format_name(vf), bf16 ? " (bf16 cache)" : "", G, W, mode);
+            }
+            printf("fused merge and prep, %s/%s%s G %d window %d, %d tokens: bitwise equal\n",
+                   tqkv_format_name(kf), tqkv_format_name(vf), bf16 ? " (bf16 cache)" : "", G, W, T);
+            assert_true(tqkv_cuda_attn_fused_merge(was) >= 0);
+            assert_true(tqkv_cuda_attn_fused_qprep(was_prep) >= 0);
+            assert_int_equal(tqkv_cuda_kv_set_stream(kv, NULL), TQKV_OK);
+            tqkv_cuda_stream_destroy(stream);
+            free(k); free(v); free(q); free(ref); free(got);
+            tqkv_cuda_free(dk); tqkv_cuda_free(dv); tqkv_cuda_free(dq); tqkv_cuda_free(dout); tqkv_cuda_free(ws);
+            tqkv_cuda_kv_free(kv);
+        }
+}
+
+// ---------------------------------------------------------------------------
 // bf16 baseline
 // ---------------------------------------------------------------------------
 static float bf16_round(float f) {
@@ -1827,6 +2056,7 @@ int main(void) {
         cmocka_unit_test(test_cuda_encode_fmt),        cmocka_unit_test(test_cuda_decode_fmt),
         cmocka_unit_test(test_cuda_prefill_fmt),       cmocka_unit_test(test_cuda_rows_fmt),
         cmocka_unit_test(test_cuda_prefill_bf16),
+        cmocka_unit_test(test_cuda_fused_merge),       cmocka_unit_test(test_cuda_fused_merge_fmt),
     };
     test_seed();
     const char *only = getenv("TQKV_TEST_FILTER"); /* e.g. test_cuda_attend_tq, for seed sweeps */
