@@ -1345,7 +1345,7 @@ static tqkv_status finish_rec(tqkv_sampler *smp, const pick_row *p, const int32_
 /* R rows of vocab V through pick_cuda_queue against pick_ref_row (records and penalized
  * logits) and, finished on the host, against tqkv_sampler_sample on the raw rows. Row i's
  * sampler: greedy (i % 4 == 0), or top-k with k from a list (< V), temperatures 0.3 .. 1.6,
- * top-p / min-p on some; penalties with a history on half the rows. */
+ * top-p / min-p on some; penalties with a history on the odd rows and rows 4 + 8 j (greedy). */
 static void pick_kernel_case(int V, int R, test_rng *r, int *n_cmp) {
     const int ks[] = {1, 2, 7, 50, 256, 1000, 1024};
     const float temps[] = {0.3f, 0.7f, 1.0f, 1.6f};
@@ -1365,7 +1365,7 @@ static void pick_kernel_case(int V, int R, test_rng *r, int *n_cmp) {
             sp.top_p = i % 3 == 1 ? 0.9f : 1.0f;
             sp.min_p = i % 3 == 2 ? 0.05f : 0.0f;
         }
-        sp.repetition_penalty = i % 2 ? (i % 4 == 1 ? 1.3f : 0.7f) : 1.0f;
+        sp.repetition_penalty = i % 2 || i % 8 == 4 ? (i % 4 == 1 ? 1.3f : 0.7f) : 1.0f;
         sp.seed = rng_u64(r);
         OK(tqkv_sampler_init(&a[i], &sp, V));
         OK(tqkv_sampler_init(&b[i], &sp, V));
@@ -1451,7 +1451,8 @@ static void test_pick_kernel(void **st) {
     for (int split = 1; split >= 0; split--) { /* greedy rows over a cluster, then one CTA */
         pick_cuda_set_split(split);
         for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++)
-            for (int rep = 0; rep < (vs[i] < 5000 ? 6 : 2); rep++) pick_kernel_case(vs[i], 12, &r, &n);
+            for (int rep = 0; rep < (vs[i] < 5000 ? 6 : 2); rep++) /* 6 rows: the split */
+                pick_kernel_case(vs[i], rep % 2 ? 6 : 12, &r, &n);
     }
     pick_cuda_set_split(1);
     /* a bad launch is refused */

@@ -18,12 +18,15 @@
  *                   exp rounded from double, within an ulp of the host's expf: GPU vs CPU
  *                   is bounded, not bitwise),
  *                   its K picks sorted by ascending expert: sel [T, K], weights [T, K]
+ *                   (each pick by two warp reductions while the probabilities are
+ *                   non-negative numbers, else the (value, index) butterfly: the same picks)
  *   place_kernel    (a block per expert, each counting every expert's pairs first) the
  *                   pairs grouped by expert (expert 0's tokens ascending, then expert
  *                   1's ...): tok [P], pair [T, K], and the groups [G, 4] of the experts with
  *                   tokens; the unused groups up to the bound get no rows
  *                   (up to MOE_FUSED_P pairs, i.e. decode, the router kernel's last block
- *                   does route and place itself: one launch instead of three, same integers)
+ *                   does route and place itself: one launch instead of three, same integers;
+ *                   one token's pairs placed by its warp, moe_place_one)
  *   gather_kernel   xg [P, H] = xn [tok[p]]
  *   per expert e    gu = xg[o_e .. o_e + n_e) . wgu_e^T   [n_e, 2I]   (tqkv_cuda_gemm_grouped:
  *                                                                       every expert in one

@@ -16,8 +16,8 @@
  * candidates in the CPU's order. Values come back as the penalized logits l (the host
  * divides by T again, to the same bits).
  * Greedy: each thread keeps its first best number (NaN skipped), then warp and block
- * reductions under (value desc, id asc); by default (pick_split_kernel) a greedy row is
- * split over a cluster of 8 CTAs and CTA 0 reduces their bests (the same (id, value): the
+ * reductions under (value desc, id asc); by default at up to 8 rows (pick_split_kernel) a
+ * greedy row is split over a cluster of 8 CTAs and CTA 0 reduces their bests (the same (id, value): the
  * order is total), so the row is read by 8 SMs instead of one (18.8 .. 21.7 us for one
  * CTA on 128256 .. 151936 logits, Nsight Compute on an H100).
  * The row is read with plain loads (no __restrict__ / read-only path): the same CTA wrote
@@ -289,6 +289,10 @@ pick_kernel(float *logits, size_t ld, int V, const pick_row *__restrict__ plan,
  * (id, value) as pick_kernel's one CTA. Other rows: CTA 0 alone, as pick_kernel.
  * grid (PICK_SPLIT, rows), block PICK_THREADS. */
 #define PICK_SPLIT 8
+/* Up to this many rows (clusters of 8 CTAs of 1024 threads: about 16 fit an H100 at once;
+ * a top-k row keeps one CTA of its cluster busy and its cluster's SMs reserved, so many
+ * rows go one CTA a row, pick_kernel, as before). */
+#define PICK_SPLIT_ROWS 8
 __global__ void __cluster_dims__(PICK_SPLIT, 1, 1) __launch_bounds__(PICK_THREADS)
 pick_split_kernel(float *logits, size_t ld, int V, const pick_row *__restrict__ plan,
                   const int32_t *__restrict__ pen, int stride, int32_t *__restrict__ rec) {
@@ -390,7 +394,7 @@ extern "C" tqkv_status pick_cuda_queue(float *logits, size_t ld, int rows, int V
                          rows, V, stride);
     const pick_row *plan = (const pick_row *)in;
     const int32_t *pen = (const int32_t *)(plan + rows);
-    if (split_on())
+    if (split_on() && rows <= PICK_SPLIT_ROWS)
         pick_split_kernel<<<dim3(PICK_SPLIT, (unsigned)rows), PICK_THREADS, 0, (cudaStream_t)stream>>>(
             logits, ld, V, plan, pen, stride, rec);
     else

@@ -25,8 +25,9 @@ extern "C" {
  * logits [rows, ld] device floats, V <= ld valid per row: the penalty is applied in place.
  * in: device copy of the upload, pick_row [rows] then the int32 penalty tokens (pick.h);
  * rec: device [rows, PICK_REC_WORDS(stride)] int32; stride >= every row's k, k <=
- * PICK_TOP_K_MAX and k < V for TOP_K rows. One cluster of 8 1024-thread CTAs per row: a
- * greedy row's argmax split over them, other rows in the first alone. */
+ * PICK_TOP_K_MAX and k < V for TOP_K rows. Up to 8 rows: one cluster of 8 1024-thread
+ * CTAs per row (a greedy row's argmax split over them, other rows in the first alone);
+ * more rows: one 1024-thread CTA per row. */
 tqkv_status pick_cuda_queue(float *logits, size_t ld, int rows, int V, const void *in,
                             int stride, int32_t *rec, void *stream);
 
