@@ -495,6 +495,53 @@ g4_residual_regs_kernel(float *__restrict__ x, const float *__restrict__ o,
     }
 }
 
+/* g4_moe_mix_kernel with a thread's NV values in registers (H <= 128 NV): o, h2, w1 and w2
+ * loaded before the first addition; the same operations in the same order. grid T,
+ * block 128. */
+template <int NV>
+__global__ void __launch_bounds__(128)
+g4_moe_mix_regs_kernel(float *__restrict__ o, const float *__restrict__ h2,
+                       const float *__restrict__ w1, const float *__restrict__ w2, float eps,
+                       int H) {
+    __shared__ double sh[4];
+    const size_t t = blockIdx.x;
+    const int i0 = threadIdx.x;
+    float *ot = o + t * H;
+    float a[NV], b[NV], g1[NV], g2[NV];
+    mc_load_strided<NV>(a, ot, i0, 128, H);
+    mc_load_strided<NV>(b, h2 + t * H, i0, 128, H);
+    mc_load_strided<NV>(g1, w1, i0, 128, H);
+    mc_load_strided<NV>(g2, w2, i0, 128, H);
+    double s1 = 0, s2 = 0;
+#pragma unroll
+    for (int u = 0; u < NV; u++) {
+        if (i0 + 128 * u >= H) break;
+        s1 += (double)a[u] * a[u];
+        s2 += (double)b[u] * b[u];
+    }
+    s1 = mc_block_sum128(s1, sh);
+    s2 = mc_block_sum128(s2, sh);
+    const float r1 = mc_rms_r(s1, H, eps), r2 = mc_rms_r(s2, H, eps);
+#pragma unroll
+    for (int u = 0; u < NV; u++) {
+        const int i = i0 + 128 * u;
+        if (i >= H) break;
+        ot[i] = __fadd_rn(__fmul_rn(g1[u], __fmul_rn(a[u], r1)), __fmul_rn(g2[u], __fmul_rn(b[u], r2)));
+    }
+}
+
+/* g4_moe_mix_kernel or its register twin (mc_norm_nv) over T rows on s. */
+static void g4_moe_mix_queue(float *o, const float *h2, const float *w1, const float *w2,
+                             float eps, int H, size_t T, cudaStream_t s) {
+    const unsigned b = (unsigned)T;
+    switch (mc_norm_nv(H, 32)) {
+    case 8: g4_moe_mix_regs_kernel<8><<<b, 128, 0, s>>>(o, h2, w1, w2, eps, H); break;
+    case 16: g4_moe_mix_regs_kernel<16><<<b, 128, 0, s>>>(o, h2, w1, w2, eps, H); break;
+    case 32: g4_moe_mix_regs_kernel<32><<<b, 128, 0, s>>>(o, h2, w1, w2, eps, H); break;
+    default: g4_moe_mix_kernel<<<b, 128, 0, s>>>(o, h2, w1, w2, eps, H); break;
+    }
+}
+
 /* g4_rmsnorm_kernel or its register twin (mc_norm_nv) over T rows on s. */
 static void g4_rmsnorm_queue(const float *x, const float *w, float eps, int H, float post,
                              float *out, uint16_t *xf, int parts, size_t T, cudaStream_t s) {
@@ -827,8 +874,7 @@ static tqkv_status g4_end(model_cuda *g, int l, int T) {
     const int parts = g->gemm_parts;
     uint16_t *const xf = mc_split_xf(g);
     if (XL->moe)
-        g4_moe_mix_kernel<<<(unsigned)T, 128, 0, s>>>(g->tmp, g4s(g)->h2, XL->post_ffn_1,
-                                                      XL->post_ffn_2, eps, H);
+        g4_moe_mix_queue(g->tmp, g4s(g)->h2, XL->post_ffn_1, XL->post_ffn_2, eps, H, T, s);
     const float *nw = mc_next_norm(g, l);
     uint16_t *const xf_next = l + 1 < NL ? xf : NULL; /* the next qkv GEMM's (the lm_head splits) */
     if (!P) {
