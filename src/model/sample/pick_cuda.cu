@@ -17,9 +17,9 @@
  * divides by T again, to the same bits).
  * Greedy: each thread keeps its first best number (NaN skipped), then warp and block
  * reductions under (value desc, id asc); by default at up to 8 rows (pick_split_kernel) a
- * greedy row is split over a cluster of 8 CTAs and CTA 0 reduces their bests (the same (id, value): the
- * order is total), so the row is read by 8 SMs instead of one (18.8 .. 21.7 us for one
- * CTA on 128256 .. 151936 logits, Nsight Compute on an H100).
+ * greedy row is split over a cluster of 8 CTAs and CTA 0 reduces their bests (the same
+ * (id, value): the order is total), so the row is read by 8 SMs instead of one (18.8 ..
+ * 21.7 us for one CTA on 128256 .. 151936 logits, Nsight Compute on an H100).
  * The row is read with plain loads (no __restrict__ / read-only path): the same CTA wrote
  * its penalized logits at the start of the kernel.
  */
@@ -293,37 +293,15 @@ pick_kernel(float *logits, size_t ld, int V, const pick_row *__restrict__ plan,
  * a top-k row keeps one CTA of its cluster busy and its cluster's SMs reserved, so many
  * rows go one CTA a row, pick_kernel, as before). */
 #define PICK_SPLIT_ROWS 8
-__global__ void __cluster_dims__(PICK_SPLIT, 1, 1) __launch_bounds__(PICK_THREADS)
-pick_split_kernel(float *logits, size_t ld, int V, const pick_row *__restrict__ plan,
-                  const int32_t *__restrict__ pen, int stride, int32_t *__restrict__ rec) {
+/* CTA c of a row split over PICK_SPLIT CTAs: its best (bv, bi) on thread 0 (bi < 0: none)
+ * over its 1024-id chunks c, c + PICK_SPLIT, ...: each thread's first best number over its
+ * ids in ascending order (NaN skipped), then the warp and block reductions. */
+__device__ void pick_split_scan(const float *l, int V, int c, pick_smem &sh, float &bv, int &bi) {
     constexpr int NC = PICK_SPLIT, U = 24; /* U: a thread's logits loaded at once (V <= 196608:
                                               one round) */
-    __shared__ pick_smem sh;
-    __shared__ float cbv[NC];
-    __shared__ int cbi[NC];
-    namespace cg = cooperative_groups;
-    const int r = blockIdx.y, c = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const pick_row p = plan[r];
-    int32_t *out = rec + (size_t)r * PICK_REC_WORDS(stride);
-    float *l = logits + (size_t)r * ld;
-    if (p.mode != PICK_GREEDY) { /* uniform over the cluster: no cluster barrier */
-        if (c != 0) return;
-        if (p.mode == PICK_TOP_K) pick_row_run(l, V, p, pen, sh, out, stride);
-        else if (tid == 0) out[0] = out[1] = 0;
-        return;
-    }
-    cg::cluster_group cl = cg::this_cluster();
-    cl.barrier_arrive(); /* this CTA has started (waited for before the shared writes below) */
-    for (int j = tid; j < p.pen_n; j += PICK_THREADS) {
-        const int32_t t = pen[p.pen_off + j];
-        if ((t / PICK_THREADS) % NC != c) continue;
-        const float x = l[t];
-        l[t] = x > 0.0f ? __fdiv_rn(x, p.penalty) : __fmul_rn(x, p.penalty);
-    }
-    __syncthreads(); /* the block's global writes are visible to it after the barrier */
-    float bv = 0.0f;
-    int bi = -1;
-    for (int i0 = c * PICK_THREADS + tid; i0 < V; i0 += U * NC * PICK_THREADS) { /* ascending */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    bv = 0.0f, bi = -1;
+    for (int i0 = c * PICK_THREADS + tid; i0 < V; i0 += U * NC * PICK_THREADS) {
         float x[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -345,18 +323,50 @@ pick_split_kernel(float *logits, size_t ld, int V, const pick_row *__restrict__ 
         sh.bi[warp] = bi;
     }
     __syncthreads();
-    cl.barrier_wait();   /* every CTA of the cluster has started: CTA 0's shared memory is there */
     if (warp == 0) {
         bv = sh.bv[lane];
         bi = sh.bi[lane];
         warp_best(bv, bi);
-        if (lane == 0) {
-            *cl.map_shared_rank(&cbv[c], 0) = bv;
-            *cl.map_shared_rank(&cbi[c], 0) = bi;
-        }
+    }
+}
+
+__global__ void __cluster_dims__(PICK_SPLIT, 1, 1) __launch_bounds__(PICK_THREADS)
+pick_split_kernel(float *logits, size_t ld, int V, const pick_row *__restrict__ plan,
+                  const int32_t *__restrict__ pen, int stride, int32_t *__restrict__ rec) {
+    constexpr int NC = PICK_SPLIT;
+    __shared__ pick_smem sh;
+    __shared__ float cbv[NC];
+    __shared__ int cbi[NC];
+    namespace cg = cooperative_groups;
+    const int r = blockIdx.y, c = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
+    const pick_row p = plan[r];
+    int32_t *out = rec + (size_t)r * PICK_REC_WORDS(stride);
+    float *l = logits + (size_t)r * ld;
+    if (p.mode != PICK_GREEDY) { /* uniform over the cluster: no cluster barrier */
+        if (c != 0) return;
+        if (p.mode == PICK_TOP_K) pick_row_run(l, V, p, pen, sh, out, stride);
+        else if (tid == 0) out[0] = out[1] = 0;
+        return;
+    }
+    cg::cluster_group cl = cg::this_cluster();
+    cl.barrier_arrive(); /* this CTA has started (waited for before the shared writes below) */
+    for (int j = tid; j < p.pen_n; j += PICK_THREADS) {
+        const int32_t t = pen[p.pen_off + j];
+        if ((t / PICK_THREADS) % NC != c) continue;
+        const float x = l[t];
+        l[t] = x > 0.0f ? __fdiv_rn(x, p.penalty) : __fmul_rn(x, p.penalty);
+    }
+    __syncthreads(); /* the block's global writes are visible to it after the barrier */
+    float bv;
+    int bi;
+    pick_split_scan(l, V, c, sh, bv, bi);
+    cl.barrier_wait();   /* every CTA of the cluster has started: CTA 0's shared memory is there */
+    if (tid == 0) {
+        *cl.map_shared_rank(&cbv[c], 0) = bv;
+        *cl.map_shared_rank(&cbi[c], 0) = bi;
     }
     cl.sync();           /* the CTAs' bests are in CTA 0's cbv / cbi */
-    if (c != 0 || warp != 0) return;
+    if (c != 0 || tid >= 32) return;
     bv = lane < NC ? cbv[lane] : 0.0f;
     bi = lane < NC ? cbi[lane] : -1;
     warp_best(bv, bi);
