@@ -374,17 +374,29 @@ __device__ void moe_route_token(const float *l, float *ps, const moe_route_out &
         const float v = __shfl_xor_sync(0xffffffffu, mx, off);
         mx = v > mx ? v : mx;
     }
+    /* exp and division four experts a lane at a time, unguarded inside a group (the
+     * independent chains overlap; values past E are never used), groups past E skipped */
+#pragma unroll
+    for (int j0 = 0; j0 < MOE_NJ; j0 += 4) {
+        if (32 * j0 >= E) break; /* uniform over the warp */
+#pragma unroll
+        for (int j = j0; j < j0 + 4; j++) p[j] = (float)exp((double)__fsub_rn(p[j], mx));
+    }
 #pragma unroll
     for (int j = 0; j < MOE_NJ; j++)
-        if (lane + 32 * j < E) ps[lane + 32 * j] = p[j] = (float)exp((double)__fsub_rn(p[j], mx));
+        if (lane + 32 * j < E) ps[lane + 32 * j] = p[j];
     __syncwarp();
     const float a = lane == 0 ? route_sum(ps, E) : 0.0f;
     const float sum = __shfl_sync(0xffffffffu, a, 0);
     bool num = true;          /* this lane's probabilities: non-negative numbers */
 #pragma unroll
-    for (int j = 0; j < MOE_NJ; j++) {
-        p[j] = __fdiv_rn(p[j], sum);
-        if (lane + 32 * j < E) num = num && __float_as_uint(p[j]) <= 0x7f800000u;
+    for (int j0 = 0; j0 < MOE_NJ; j0 += 4) {
+        if (32 * j0 >= E) break;
+#pragma unroll
+        for (int j = j0; j < j0 + 4; j++) {
+            p[j] = __fdiv_rn(p[j], sum);
+            if (lane + 32 * j < E) num = num && __float_as_uint(p[j]) <= 0x7f800000u;
+        }
     }
     const bool redux = o.fast && __all_sync(0xffffffffu, num);
     unsigned taken = 0;       /* bit j: expert lane + 32 j picked */
