@@ -11,8 +11,12 @@
 #    command kernel by kernel with --gen 3, as CSV (ncu_SHAPE.csv; launch order kept).
 # The sum of the kernel times of one step against the graph's step time is the time between
 # kernels. `python3 scripts/ncu_step_table.py ncu_SHAPE.csv` folds it by kernel name.
+# AB=1 runs both again with the small kernels' earlier paths (TQKV_MOE_ROUTE_FAST=0
+# TQKV_NORM_REGS=0 TQKV_PICK_SPLIT=0: the same bits), into step_SHAPE_old.json and
+# ncu_SHAPE_old.csv (the router's 64-value loads have no switch: main's build for those).
 set -u -o pipefail
 SHAPES=${1:-llama8b qwen3moe}
+VARIANTS=new; [ "${AB:-0}" = 1 ] && VARIANTS="new old"
 NAME=prof; . "$(dirname "$0")/cuda_run_common.sh"
 for s in $SHAPES; do
   case $s in
@@ -22,10 +26,14 @@ for s in $SHAPES; do
   esac
   M=/tmp/prof_$s; rm -rf "$M"
   step 200 "make_$s" python3 "$mk" "$M" 4 >"$W/make_$s.log" 2>&1
-  step 200 "step_$s" ./tqkv bench model --device cuda --model "$M" --rows 1 --ctx 4096 \
-    --kv tq4 --gen 16 --reps 2 --graphs 0,1 --fill synthetic --json >"$W/step_$s.json" 2>"$W/step_$s.err"
-  step 300 "ncu_$s" ncu --metrics gpu__time_duration.sum --csv --page raw \
-    ./tqkv bench model --device cuda --model "$M" --rows 1 --ctx 4096 --kv tq4 --gen 3 \
-    --reps 1 --graphs 0 --fill synthetic >"$W/ncu_$s.csv" 2>"$W/ncu_$s.err"
+  for v in $VARIANTS; do
+    x=$s; E=(env)
+    [ "$v" = old ] && x=${s}_old && E=(env TQKV_MOE_ROUTE_FAST=0 TQKV_NORM_REGS=0 TQKV_PICK_SPLIT=0)
+    step 200 "step_$x" "${E[@]}" ./tqkv bench model --device cuda --model "$M" --rows 1 --ctx 4096 \
+      --kv tq4 --gen 16 --reps 2 --graphs 0,1 --fill synthetic --json >"$W/step_$x.json" 2>"$W/step_$x.err"
+    step 300 "ncu_$x" "${E[@]}" ncu --metrics gpu__time_duration.sum --csv --page raw \
+      ./tqkv bench model --device cuda --model "$M" --rows 1 --ctx 4096 --kv tq4 --gen 3 \
+      --reps 1 --graphs 0 --fill synthetic >"$W/ncu_$x.csv" 2>"$W/ncu_$x.err"
+  done
   rm -rf "$M"
 done

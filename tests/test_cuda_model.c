@@ -19,8 +19,9 @@
  *    model (the bundled model itself; the ../shared fixture draft when present) gives the
  *    tokens of the engine without one; the prompt-cache directory on the device;
  *  - the device pick: the kernel alone (pick_cuda_queue) on synthetic rows (ties, NaN,
- *    +-inf, -0.0, overflow, vocab sizes off the block size up to 151936) equals the C
- *    reference (pick_ref.h) record for record, and its records finished on the host equal
+ *    +-inf, -0.0, overflow, vocab sizes off the block size up to 200000), greedy rows
+ *    split over a cluster of CTAs and in one CTA, equals the C reference (pick_ref.h)
+ *    record for record, and its records finished on the host equal
  *    tqkv_sampler_sample; tqkv_model_decode_pick on device states equals the CPU sampler on
  *    the device's own logits for greedy, top-k and full-row rows with penalties, with
  *    graphs on and off.
@@ -376,6 +377,105 @@ static void test_invariance_tq3_window(void **st) { (void)st; invariance(TQKV_TQ
  * (mc_split_store) are the split kernel's: the forward with them (default) equals the
  * forward with TQKV_GEMM_PRESPLIT=0 (a split launch before every GEMM) bit for bit, with
  * bf16 activations and with hi + lo, in prefill and decode. */
+/* ---- the forward's RMSNorm: registers between its passes == its passes of loads ------ */
+
+/* T rows of H through model_cuda_rmsnorm (x += add when with_add; out and its two-part
+ * split) with the values in registers (on = 1) or passes of loads (0): x, out, xf. */
+static void norm_run(int on, const float *x0, const float *add, const float *w, int H, int T,
+                     int with_add, float *x, float *out, uint16_t *xf) {
+    const size_t n = (size_t)T * H;
+    float *dx, *da, *dw, *dout;
+    uint16_t *dxf;
+    OK(tqkv_cuda_malloc((void **)&dx, sizeof(float) * n));
+    OK(tqkv_cuda_malloc((void **)&da, sizeof(float) * n));
+    OK(tqkv_cuda_malloc((void **)&dw, sizeof(float) * (size_t)H));
+    OK(tqkv_cuda_malloc((void **)&dout, sizeof(float) * n));
+    OK(tqkv_cuda_malloc((void **)&dxf, sizeof(uint16_t) * 2 * n));
+    OK(tqkv_cuda_h2d(dx, x0, sizeof(float) * n));
+    OK(tqkv_cuda_h2d(da, add, sizeof(float) * n));
+    OK(tqkv_cuda_h2d(dw, w, sizeof(float) * (size_t)H));
+    model_cuda_set_norm_regs(on);
+    OK(model_cuda_rmsnorm(dx, with_add ? da : NULL, dw, 1e-6f, H, dout, dxf, 2, T));
+    model_cuda_set_norm_regs(1);
+    OK(tqkv_cuda_sync());
+    OK(tqkv_cuda_d2h(x, dx, sizeof(float) * n));
+    OK(tqkv_cuda_d2h(out, dout, sizeof(float) * n));
+    OK(tqkv_cuda_d2h(xf, dxf, sizeof(uint16_t) * 2 * n));
+    tqkv_cuda_free(dx);
+    tqkv_cuda_free(da);
+    tqkv_cuda_free(dw);
+    tqkv_cuda_free(dout);
+    tqkv_cuda_free(dxf);
+}
+
+/* Widths around each register size (8, 16, 32, 64 values a thread, and past them: the
+ * passes), with and without the residual add: x, out and out's split bitwise equal both
+ * ways, and out within 1e-6 of a float64 RMSNorm of the float32 sum. */
+static void test_norm_regs(void **st) {
+    (void)st;
+    const int Hs[] = {1, 100, 128, 1000, 1024, 1025, 2048, 2560, 4096, 4097, 5376, 8192, 8193, 12288};
+    enum { T = 3 };
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x4e0);
+    int n_cases = 0;
+    for (size_t hi = 0; hi < sizeof Hs / sizeof Hs[0]; hi++)
+        for (int with_add = 0; with_add < 2; with_add++) {
+            const int H = Hs[hi];
+            const size_t n = (size_t)T * H;
+            float *x0 = malloc(sizeof(float) * n), *add = malloc(sizeof(float) * n),
+                  *w = malloc(sizeof(float) * (size_t)H), *x[2], *out[2];
+            uint16_t *xf[2];
+            for (size_t i = 0; i < n; i++) x0[i] = (float)rng_normal(&r) * (i % 5 ? 1.0f : 20.0f);
+            for (size_t i = 0; i < n; i++) add[i] = (float)rng_normal(&r);
+            for (int i = 0; i < H; i++) w[i] = 1.0f + 0.1f * (float)rng_normal(&r);
+            for (int k = 0; k < 2; k++) {
+                x[k] = malloc(sizeof(float) * n);
+                out[k] = malloc(sizeof(float) * n);
+                xf[k] = malloc(sizeof(uint16_t) * 2 * n);
+                norm_run(1 - k, x0, add, w, H, T, with_add, x[k], out[k], xf[k]);
+            }
+            if (memcmp(x[0], x[1], sizeof(float) * n) || memcmp(out[0], out[1], sizeof(float) * n) ||
+                memcmp(xf[0], xf[1], sizeof(uint16_t) * 2 * n))
+                fail_msg("RMSNorm H %d add %d: registers vs passes differ", H, with_add);
+            for (int t = 0; t < T; t++) { /* float64 reference of the float32 sum x0 + add */
+                double ss = 0;
+                for (int i = 0; i < H; i++) {
+                    const float v = with_add ? x0[(size_t)t * H + i] + add[(size_t)t * H + i]
+                                             : x0[(size_t)t * H + i];
+                    if (memcmp(&v, &x[0][(size_t)t * H + i], 4))
+                        fail_msg("RMSNorm H %d: x[%d, %d] is not x + add", H, t, i);
+                    ss += (double)v * v;
+                }
+                const double rr = 1.0 / sqrt(ss / H + 1e-6);
+                for (int i = 0; i < H; i++) {
+                    const double ref = (double)w[i] * (double)x[0][(size_t)t * H + i] * rr;
+                    const double e = fabs(out[0][(size_t)t * H + i] - ref);
+                    if (!(e <= 1e-6 * fabs(ref) + 1e-30))
+                        fail_msg("RMSNorm H %d [%d, %d]: %.9g vs float64 %.9g", H, t, i,
+                                 (double)out[0][(size_t)t * H + i], ref);
+                }
+            }
+            n_cases++;
+            for (int k = 0; k < 2; k++) {
+                free(x[k]);
+                free(out[k]);
+                free(xf[k]);
+            }
+            free(x0);
+            free(add);
+            free(w);
+        }
+    assert_int_equal(model_cuda_rmsnorm(NULL, NULL, NULL, 1e-6f, 8, NULL, NULL, 1, 1), TQKV_EINVAL);
+    printf("device RMSNorm: registers == passes, bitwise, and float64 within 1e-6, %d cases\n",
+           n_cases);
+}
+
+static int norm_teardown(void **st) { /* also after a failure */
+    (void)st;
+    model_cuda_set_norm_regs(1);
+    return 0;
+}
+
 static int g_bf16_act_saved = -1;
 /* test_presplit's teardown: the environment and the model's activation mode back, also after
  * a failure (cmocka runs it either way). */
@@ -1245,7 +1345,7 @@ static tqkv_status finish_rec(tqkv_sampler *smp, const pick_row *p, const int32_
 /* R rows of vocab V through pick_cuda_queue against pick_ref_row (records and penalized
  * logits) and, finished on the host, against tqkv_sampler_sample on the raw rows. Row i's
  * sampler: greedy (i % 4 == 0), or top-k with k from a list (< V), temperatures 0.3 .. 1.6,
- * top-p / min-p on some; penalties with a history on half the rows. */
+ * top-p / min-p on some; penalties with a history on the odd rows and rows 4 + 8 j (greedy). */
 static void pick_kernel_case(int V, int R, test_rng *r, int *n_cmp) {
     const int ks[] = {1, 2, 7, 50, 256, 1000, 1024};
     const float temps[] = {0.3f, 0.7f, 1.0f, 1.6f};
@@ -1265,7 +1365,7 @@ static void pick_kernel_case(int V, int R, test_rng *r, int *n_cmp) {
             sp.top_p = i % 3 == 1 ? 0.9f : 1.0f;
             sp.min_p = i % 3 == 2 ? 0.05f : 0.0f;
         }
-        sp.repetition_penalty = i % 2 ? (i % 4 == 1 ? 1.3f : 0.7f) : 1.0f;
+        sp.repetition_penalty = i % 2 || i % 8 == 4 ? (i % 4 == 1 ? 1.3f : 0.7f) : 1.0f;
         sp.seed = rng_u64(r);
         OK(tqkv_sampler_init(&a[i], &sp, V));
         OK(tqkv_sampler_init(&b[i], &sp, V));
@@ -1345,13 +1445,26 @@ static void test_pick_kernel(void **st) {
     (void)st;
     test_rng r;
     rng_init(&r, g_seed ^ 0x91c4);
-    const int vs[] = {1, 2, 3, 1000, 1023, 1024, 1025, 3001, 50000, 128256, 151936};
+    const int vs[] = {1, 2, 3, 1000, 1023, 1024, 1025, 3001, 8191, 8192, 8193, 50000, 128256,
+                      151936, 200000};
     int n = 0;
-    for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++)
-        for (int rep = 0; rep < (vs[i] < 5000 ? 6 : 2); rep++) pick_kernel_case(vs[i], 12, &r, &n);
+    for (int split = 1; split >= 0; split--) { /* greedy rows over a cluster, then one CTA */
+        pick_cuda_set_split(split);
+        for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++)
+            for (int rep = 0; rep < (vs[i] < 5000 ? 6 : 2); rep++) /* 6 rows: the split */
+                pick_kernel_case(vs[i], rep % 2 ? 6 : 12, &r, &n);
+    }
+    pick_cuda_set_split(1);
     /* a bad launch is refused */
     assert_int_equal(pick_cuda_queue(NULL, 10, 1, 10, NULL, 1, NULL, NULL), TQKV_EINVAL);
-    printf("device pick kernel == reference == CPU sampler on %d rows\n", n);
+    printf("device pick kernel (greedy rows split over a cluster, and one CTA a row) == "
+           "reference == CPU sampler on %d rows\n", n);
+}
+
+static int pick_teardown(void **st) { /* also after a failure */
+    (void)st;
+    pick_cuda_set_split(1);
+    return 0;
 }
 
 /* tqkv_model_decode_pick on a device state against tqkv_model_decode on its twin (the same
@@ -1476,6 +1589,7 @@ int main(void) {
     g_seed = test_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm),
+        cmocka_unit_test_teardown(test_norm_regs, norm_teardown),
         cmocka_unit_test(test_parity_f32),
         cmocka_unit_test(test_parity_tq4),
         cmocka_unit_test(test_parity_tq3_window),
@@ -1497,7 +1611,7 @@ int main(void) {
         cmocka_unit_test(test_export_device),
         cmocka_unit_test(test_engine_device_draft),
         cmocka_unit_test(test_engine_device_prompt_cache),
-        cmocka_unit_test(test_pick_kernel),
+        cmocka_unit_test_teardown(test_pick_kernel, pick_teardown),
         cmocka_unit_test(test_pick_model_tq4),
         cmocka_unit_test(test_pick_model_f32),
     };

@@ -32,6 +32,11 @@
  *  - the routing runs on the device, so decode steps replay as CUDA graphs: a graph twin
  *    and a kernel-by-kernel twin give the same logits bit for bit (decode at 1, 3 and 66
  *    rows, the grouped GEMMs sized by bounds there); the per-expert path turns graphs off;
+ *  - the routing fused into the router's last block gives the bits of its own route and
+ *    place launches, and its fast picks (warp reductions) and one token's direct placement
+ *    give those of the (value, index) butterfly and the block's counting (at 3 rows and 1);
+ *  - the norm kernels with a thread's values in registers give the bits of their passes of
+ *    loads (Qwen3-MoE, Qwen 3.5 and Gemma 4 checkpoints);
  *  - a device init of the head_dim 32 golden is refused with a message.
  * The checkpoints live in temporary directories removed at the end.
  * Exits 77 (skipped) when the build has no CUDA or no GPU is present. The same cases ran on
@@ -236,23 +241,23 @@ static void grouped(int ck, tqkv_format f) {
     free(l[1]);
 }
 
-/* The routing in the router kernel's last block (decode sizes, the default) == the route and
- * place launches (mc_moe_set_fused(0)): logits bit for bit, prefill (fused too while R N K <=
- * MOE_FUSED_P) and decode (any difference in the groups, tokens, pairs or weights would move
- * a token's expert outputs). */
-static void fused_routing(int ck, tqkv_format f) {
-    enum { R = 3, N = 9, STEPS = 4 };
+/* Logits of R rows (prefill of N positions, then decode steps) with a routing switch on
+ * (set(1), the default) and off (set(0)): the same bits (any difference in the groups,
+ * tokens, pairs or weights would move a token's expert outputs). */
+static void routing_ab(int ck, tqkv_format f, int R, void (*set)(int), const char *what) {
+    enum { RM = 3, N = 9, STEPS = 4 };
     const int V = TWIN_V;
+    assert_true(R >= 1 && R <= RM);
     g_model = g_models[ck];
     test_rng r;
-    rng_init(&r, g_seed ^ 0xf05 ^ (uint64_t)ck << 16 ^ (uint64_t)f);
-    int32_t tok[R * N], step[STEPS][R];
+    rng_init(&r, g_seed ^ 0xf05 ^ (uint64_t)ck << 16 ^ (uint64_t)f ^ (uint64_t)R << 24);
+    int32_t tok[RM * N], step[STEPS][RM];
     random_tokens(&r, tok, (size_t)R * N);
-    random_tokens(&r, &step[0][0], (size_t)STEPS * R);
+    random_tokens(&r, &step[0][0], (size_t)STEPS * RM);
     const size_t per = (size_t)R * N * V + (size_t)STEPS * R * V;
     float *l[2];
     for (int fi = 0; fi < 2; fi++) {
-        mc_moe_set_fused(1 - fi);
+        set(1 - fi);
         l[fi] = malloc(sizeof(float) * per);
         tqkv_model_state *sg = new_state(R, f, 1);
         OK(tqkv_model_prefill(g_model, sg, tok, NULL, N, TQKV_LOGITS_ALL, l[fi]));
@@ -260,14 +265,14 @@ static void fused_routing(int ck, tqkv_format f) {
             OK(tqkv_model_decode(g_model, sg, step[t], l[fi] + (size_t)R * N * V + (size_t)t * R * V));
         tqkv_model_state_free(sg);
     }
-    mc_moe_set_fused(1);
+    set(1);
     for (size_t i = 0; i < per; i++)
         if (memcmp(&l[0][i], &l[1][i], sizeof(float)))
-            fail_msg("%s %s: routing in the router's last block vs its own launches: logit %zu (%s) "
-                     "%.9g vs %.9g", CK_NAME[ck], tqkv_format_name(f), i % V,
+            fail_msg("%s %s, %d rows: %s: logit %zu (%s) %.9g vs %.9g", CK_NAME[ck],
+                     tqkv_format_name(f), R, what, i % V,
                      i < (size_t)R * N * V ? "prefill" : "decode", (double)l[0][i], (double)l[1][i]);
-    printf("%s %s: fused routing == route + place launches, bitwise (prefill %d x %d, decode %d)\n",
-           CK_NAME[ck], tqkv_format_name(f), R, N, STEPS);
+    printf("%s %s, %d rows: %s, bitwise (prefill %d x %d, decode %d)\n", CK_NAME[ck],
+           tqkv_format_name(f), R, what, R, N, STEPS);
     free(l[0]);
     free(l[1]);
 }
@@ -275,13 +280,48 @@ static void fused_routing(int ck, tqkv_format f) {
 static int fused_teardown(void **st) { /* also after a failure */
     (void)st;
     mc_moe_set_fused(1);
+    mc_moe_set_route_fast(1);
+    model_cuda_set_norm_regs(1);
     return 0;
 }
 
+/* The routing in the router kernel's last block (decode sizes, the default) == the route and
+ * place launches (mc_moe_set_fused(0)), prefill (fused too while R N K <= MOE_FUSED_P) and
+ * decode, at 3 rows and at one (the tail's direct placement of one token). */
 static void test_fused_routing(void **st) {
     (void)st;
     const int cks[] = {CK_A, CK_B, CK_Q35, CK_G4};
-    for (int i = 0; i < 4; i++) fused_routing(cks[i], i % 2 ? TQKV_F32 : TQKV_TQ4);
+    for (int i = 0; i < 4; i++)
+        for (int R = 3; R >= 1; R -= 2)
+            routing_ab(cks[i], i % 2 ? TQKV_F32 : TQKV_TQ4, R, mc_moe_set_fused,
+                       "fused routing == route + place launches");
+}
+
+/* The picks by warp reductions and one token's direct placement (the default) == the
+ * (value, index) butterfly and the block's counting (mc_moe_set_route_fast(0)), fused and not. */
+static void test_route_fast(void **st) {
+    (void)st;
+    const int cks[] = {CK_A, CK_B, CK_Q35, CK_G4};
+    for (int fu = 1; fu >= 0; fu--) {
+        mc_moe_set_fused(fu);
+        for (int i = 0; i < 4; i++)
+            for (int R = 3; R >= 1; R -= 2)
+                routing_ab(cks[i], i % 2 ? TQKV_TQ4 : TQKV_F32, R, mc_moe_set_route_fast,
+                           fu ? "fast routing == butterfly routing (fused)"
+                              : "fast routing == butterfly routing (own launches)");
+    }
+    mc_moe_set_fused(1);
+}
+
+/* The norm kernels with a thread's values in registers (the default) == their passes of
+ * loads (model_cuda_set_norm_regs(0)): the common graph's RMSNorm and Gemma 4's norms. */
+static void test_norm_regs_models(void **st) {
+    (void)st;
+    const int cks[] = {CK_A, CK_Q35, CK_G4};
+    for (int i = 0; i < 3; i++)
+        for (int R = 3; R >= 1; R -= 2)
+            routing_ab(cks[i], TQKV_TQ4, R, model_cuda_set_norm_regs,
+                       "norm kernels in registers == passes of loads");
 }
 
 /* tqkv_cuda_gemm_grouped alone: 4 groups of 1, 70, 129 and 100 rows of a split of 300 rows,
@@ -674,6 +714,8 @@ int main(void) {
         cmocka_unit_test(test_gemm_grouped),
         cmocka_unit_test(test_grouped),
         cmocka_unit_test_teardown(test_fused_routing, fused_teardown),
+        cmocka_unit_test_teardown(test_route_fast, fused_teardown),
+        cmocka_unit_test_teardown(test_norm_regs_models, fused_teardown),
         cmocka_unit_test(test_parity_a_f32),
         cmocka_unit_test(test_parity_a_tq4),
         cmocka_unit_test(test_parity_b_f32),

@@ -80,20 +80,28 @@ __global__ void embed_kernel(const int32_t *__restrict__ tinfo, const bf16 *__re
 
 /* Optionally x[t] += add[t]; then out[t] = w * (x[t] * r), r = 1 / sqrt(mean(x^2) + eps)
  * (sum of squares in double, as the CPU). x, add, out [T, H]; with xf also out's GEMM split
- * (mc_split_store, `parts`). grid T, block 128. */
-__global__ void rmsnorm_kernel(float *__restrict__ x, const float *__restrict__ add,
-                               const float *__restrict__ w, float eps, int H,
-                               float *__restrict__ out, uint16_t *__restrict__ xf, int parts) {
+ * (mc_split_store, `parts`). A thread's values are i, i + 128, ..., summed in that order.
+ * NV > 0 (H <= 128 NV): they stay in registers between the two passes, and x, add and (NV
+ * <= 32; 64 would spill) w are all loaded before the first addition (one memory round
+ * trip; NV = 64: w's in the second pass); NV = 0 (any H): passes of
+ * U loads, x read back in the second (the same values: this thread wrote them). The same
+ * operations in the same order either way. grid T, block 128 (rmsnorm_queue). */
+template <int NV>
+__global__ void __launch_bounds__(128)
+rmsnorm_kernel(float *__restrict__ x, const float *__restrict__ add, const float *__restrict__ w,
+               float eps, int H, float *__restrict__ out, uint16_t *__restrict__ xf, int parts) {
     mc_pdl_trigger(); /* the next GEMM (PDL) may start its weight stream */
-    constexpr int U = 8; /* a thread's values i, i + 128, ... loaded U at a time, then summed
-                            in that order: the loads overlap, the additions keep their order */
+    constexpr int U = NV > 0 ? NV : 8; /* a thread's values loaded U at a time */
+    constexpr bool W_EARLY = NV > 0 && NV <= 32;
     __shared__ double sh[4];
     const size_t t = blockIdx.x;
     float *xr = x + t * H;
     const float *ar = add ? add + t * H : NULL;
     double s = 0;
+    float v[U], g[U];
+    if (W_EARLY) mc_load_strided<U>(g, w, threadIdx.x, 128, H);
     for (int i0 = threadIdx.x; i0 < H; i0 += U * 128) {
-        float v[U], a[U];
+        float a[U];
         mc_load_strided<U>(v, xr, i0, 128, H);
         if (ar) mc_load_strided<U>(a, ar, i0, 128, H);
 #pragma unroll
@@ -107,9 +115,8 @@ __global__ void rmsnorm_kernel(float *__restrict__ x, const float *__restrict__ 
     s = mc_block_sum128(s, sh);
     const float r = mc_rms_r(s, H, eps);
     for (int i0 = threadIdx.x; i0 < H; i0 += U * 128) {
-        float v[U], g[U];
-        mc_load_strided<U>(v, xr, i0, 128, H);
-        mc_load_strided<U>(g, w, i0, 128, H);
+        if (NV == 0) mc_load_strided<U>(v, xr, i0, 128, H);
+        if (!W_EARLY) mc_load_strided<U>(g, w, i0, 128, H);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int i = i0 + 128 * u;
@@ -119,6 +126,44 @@ __global__ void rmsnorm_kernel(float *__restrict__ x, const float *__restrict__ 
             if (xf) mc_split_store(xf, (size_t)gridDim.x * H, t * H + i, o, parts);
         }
     }
+}
+
+/* Registers between the norm's passes (1, the default unless TQKV_NORM_REGS=0) or the
+ * passes of 8 loads (0): the same bits. -1 until the first launch reads the variable. */
+static int g_norm_regs = -1;
+
+extern "C" void model_cuda_set_norm_regs(int on) { g_norm_regs = on ? 1 : 0; }
+
+int mc_norm_nv(int H, int max_nv) {
+    if (g_norm_regs < 0) {
+        const char *e = getenv("TQKV_NORM_REGS");
+        g_norm_regs = !(e && !strcmp(e, "0"));
+    }
+    const int nv = (H + 127) / 128;
+    if (!g_norm_regs || nv > max_nv) return 0;
+    return nv <= 8 ? 8 : nv <= 16 ? 16 : nv <= 32 ? 32 : 64;
+}
+
+/* rmsnorm_kernel over T rows of H on s (NV: mc_norm_nv). */
+static void rmsnorm_queue(float *x, const float *add, const float *w, float eps, int H,
+                          float *out, uint16_t *xf, int parts, size_t T, cudaStream_t s) {
+    const unsigned b = (unsigned)T;
+    switch (mc_norm_nv(H, 64)) {
+    case 8: rmsnorm_kernel<8><<<b, 128, 0, s>>>(x, add, w, eps, H, out, xf, parts); break;
+    case 16: rmsnorm_kernel<16><<<b, 128, 0, s>>>(x, add, w, eps, H, out, xf, parts); break;
+    case 32: rmsnorm_kernel<32><<<b, 128, 0, s>>>(x, add, w, eps, H, out, xf, parts); break;
+    case 64: rmsnorm_kernel<64><<<b, 128, 0, s>>>(x, add, w, eps, H, out, xf, parts); break;
+    default: rmsnorm_kernel<0><<<b, 128, 0, s>>>(x, add, w, eps, H, out, xf, parts); break;
+    }
+}
+
+extern "C" tqkv_status model_cuda_rmsnorm(float *x, const float *add, const float *w, float eps,
+                                          int H, float *out, uint16_t *xf, int parts, int T) {
+    if (!x || !w || !out || H < 1 || T < 1 || (parts != 1 && parts != 2))
+        return tqkv_fail(TQKV_EINVAL, "device RMSNorm: bad arguments (H %d, T %d, parts %d)", H,
+                         T, parts);
+    rmsnorm_queue(x, add, w, eps, H, out, xf, parts, (size_t)T, 0);
+    return ck(cudaGetLastError(), "RMSNorm launch");
 }
 
 /* One warp per (token, head) of q | k | v: q/k RMSNorm (if qn), RoPE on q and k (pairs
@@ -579,8 +624,8 @@ tqkv_status mc_queue_begin(model_cuda *g, int n) {
         st = ck(cudaMemcpyAsync(g->slot, g->h_slot, T * 4, cudaMemcpyHostToDevice, s), "upload slots");
     if (st) return st;
     embed_kernel<<<mc_grid_elems(T, (size_t)H), 256, 0, s>>>(g->tinfo, g->w->embed, H, g->x);
-    rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, NULL, g->w->layers[0].attn_norm, c->rms_norm_eps,
-                                               H, g->xn, mc_split_xf(g), g->gemm_parts);
+    rmsnorm_queue(g->x, NULL, g->w->layers[0].attn_norm, c->rms_norm_eps, H, g->xn, mc_split_xf(g),
+                  g->gemm_parts, T, s);
     return TQKV_OK;
 }
 
@@ -646,8 +691,8 @@ tqkv_status mc_layer_mixer(model_cuda *g, int l, int n, int as_decode, int *lin,
  * block fused with the next block's norm. */
 void mc_residual_norm(model_cuda *g, const float *w, size_t T) {
     const tqkv_model_config *c = &g->m->cfg;
-    rmsnorm_kernel<<<(unsigned)T, 128, 0, g->stream>>>(g->x, g->tmp, w, c->rms_norm_eps,
-                                                       c->hidden_size, g->xn, mc_split_xf(g), g->gemm_parts);
+    rmsnorm_queue(g->x, g->tmp, w, c->rms_norm_eps, c->hidden_size, g->xn, mc_split_xf(g),
+                  g->gemm_parts, T, g->stream);
 }
 
 /* Layer l's feed-forward: xn [T, H] -> tmp [T, H] (the architecture's hook, e.g. routed

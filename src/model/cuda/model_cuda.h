@@ -124,6 +124,17 @@ tqkv_status model_cuda_decode_pick(model_cuda *g, const int32_t *tokens, const p
                                    const int32_t *pen, int n_pen, int stride, float *logits,
                                    int32_t *rec);
 
+/* The norm kernels (forward_cuda.cu's RMSNorm, Gemma 4's) keep a thread's values in
+ * registers between their passes (1, the default unless the environment has
+ * TQKV_NORM_REGS=0) or run passes of loads (0): the same bits. For tests and A/B runs; not
+ * while a forward runs on another thread. */
+void        model_cuda_set_norm_regs(int on);
+/* The forward's RMSNorm alone, for its tests: on T rows of H (device pointers), x += add
+ * (when add), out = w (x r) and with xf out's GEMM split (`parts`: 1 or 2, [parts, T, H]
+ * bf16), on the legacy stream. */
+tqkv_status model_cuda_rmsnorm(float *x, const float *add, const float *w, float eps, int H,
+                               float *out, uint16_t *xf, int parts, int T);
+
 /* ---- tensor parallelism on the device (tp_cuda.cu; docs/TP.md) ---- */
 struct model_tp;
 struct tp_comm;

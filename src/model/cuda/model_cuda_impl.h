@@ -265,6 +265,10 @@ tqkv_status  mc_queue_begin(model_cuda *g, int n);
 tqkv_status  mc_layer_mixer(model_cuda *g, int l, int n, int as_decode, int *lin, int *done);
 /* x [T, H] += tmp; xn = RMSNorm(x) w (and its GEMM split). */
 void         mc_residual_norm(model_cuda *g, const float *w, size_t T);
+/* The values per thread a 128-thread norm kernel keeps in registers between its passes for
+ * rows of H: the smallest of 8, 16, 32 with H <= 128 NV (64 when max_nv allows), else 0
+ * (the passes of loads); 0 as well with TQKV_NORM_REGS=0 (an A/B switch: the same bits). */
+int          mc_norm_nv(int H, int max_nv);
 tqkv_status  mc_layer_ffn(model_cuda *g, int l, int T);
 const float *mc_next_norm(const model_cuda *g, int l);
 /* lm_head (head_n rows, else V) over xn into logits, the copy to out (host, NULL: none),

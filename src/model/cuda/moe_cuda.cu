@@ -18,12 +18,15 @@
  *                   exp rounded from double, within an ulp of the host's expf: GPU vs CPU
  *                   is bounded, not bitwise),
  *                   its K picks sorted by ascending expert: sel [T, K], weights [T, K]
+ *                   (each pick by two warp reductions while the probabilities are
+ *                   non-negative numbers, else the (value, index) butterfly: the same picks)
  *   place_kernel    (a block per expert, each counting every expert's pairs first) the
  *                   pairs grouped by expert (expert 0's tokens ascending, then expert
  *                   1's ...): tok [P], pair [T, K], and the groups [G, 4] of the experts with
  *                   tokens; the unused groups up to the bound get no rows
  *                   (up to MOE_FUSED_P pairs, i.e. decode, the router kernel's last block
- *                   does route and place itself: one launch instead of three, same integers)
+ *                   does route and place itself: one launch instead of three, same integers;
+ *                   one token's pairs placed by its warp, moe_place_one)
  *   gather_kernel   xg [P, H] = xn [tok[p]]
  *   per expert e    gu = xg[o_e .. o_e + n_e) . wgu_e^T   [n_e, 2I]   (tqkv_cuda_gemm_grouped:
  *                                                                       every expert in one
@@ -186,6 +189,20 @@ static int g_fused = 1;
 
 extern "C" void mc_moe_set_fused(int on) { g_fused = on ? 1 : 0; }
 
+/* The routing's fast picks and one token's direct placement: -1 until the first use reads
+ * TQKV_MOE_ROUTE_FAST (0: off). */
+static int g_route_fast = -1;
+
+extern "C" void mc_moe_set_route_fast(int on) { g_route_fast = on ? 1 : 0; }
+
+static int route_fast_on(void) {
+    if (g_route_fast < 0) {
+        const char *e = getenv("TQKV_MOE_ROUTE_FAST");
+        g_route_fast = !(e && !strcmp(e, "0"));
+    }
+    return g_route_fast;
+}
+
 static int grouped_on(void) {
     if (g_grouped < 0) {
         const char *e = getenv("TQKV_MOE_GROUPED");
@@ -240,6 +257,8 @@ extern "C" tqkv_status mc_moe_reserve(model_cuda *g, const moe_shape *sh, mc_moe
  * tail, the counter of its finished blocks (NULL: no tail; zero between launches). */
 struct moe_route_out {
     int E, K, norm;
+    int fast;                   /* the picks by warp reductions, one token placed directly
+                                 * (mc_moe_set_route_fast) */
     const float *scale;         /* [E] the weights' factors, or NULL */
     int32_t *sel, *wbits;       /* [T, K] */
 };
@@ -256,88 +275,183 @@ struct moe_tail {
 /* The router's fused tail: at most this many pairs (P = T K), and its block size. */
 #define MOE_FUSED_P 256
 constexpr int MOE_TAIL_THREADS = 128;
+constexpr int MOE_NJ = MOE_CUDA_E_MAX / 32; /* a lane's experts in the routing */
 
 /* (v, i) the better of two candidates: the larger value, ties to the lower index, i < 0 none. */
 __device__ __forceinline__ void route_better(float &v, int &i, float ov, int oi) {
     if (oi >= 0 && (i < 0 || ov > v || (ov == v && oi < i))) v = ov, i = oi;
 }
 
+/* Lane 0: ps[0] + ps[1] + ... + ps[E - 1] in that order from 0 (float32). ps 16-byte aligned,
+ * [E_MAX]; the next 32 values are loaded (float4) before the current 32 are added. */
+__device__ __forceinline__ float route_sum(const float *ps, int E) {
+    const float4 *q = reinterpret_cast<const float4 *>(ps);
+    float4 c[8];
+#pragma unroll
+    for (int u = 0; u < 8; u++) c[u] = q[u];
+    float a = 0.0f;
+    for (int e0 = 0; e0 < E; e0 += 32) {
+        float4 n[8];
+        const bool more = e0 + 32 < E;
+#pragma unroll
+        for (int u = 0; u < 8; u++) n[u] = more ? q[(e0 + 32) / 4 + u] : c[u];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const float v[4] = {c[u].x, c[u].y, c[u].z, c[u].w};
+#pragma unroll
+            for (int w = 0; w < 4; w++)
+                if (e0 + 4 * u + w < E) a = __fadd_rn(a, v[w]);
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) c[u] = n[u];
+    }
+    return a;
+}
+
+/* One pick (every lane gets it): the largest p not taken, ties to the lower expert, (bv, bi)
+ * = (0, -1) when none is left. Lane l holds experts l + 32 j. The xor butterfly of (value,
+ * index) pairs, then lane 0's. */
+__device__ __forceinline__ void route_pick_pairs(const float (&p)[MOE_NJ], unsigned taken, int E,
+                                                 float &bv, int &bi) {
+    const int lane = threadIdx.x & 31;
+    bv = 0.0f, bi = -1;
+#pragma unroll
+    for (int j = 0; j < MOE_NJ; j++)
+        if (lane + 32 * j < E && !((taken >> j) & 1u)) route_better(bv, bi, p[j], lane + 32 * j);
+    for (int off = 16; off > 0; off >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+        route_better(bv, bi, ov, oi);
+    }
+    bv = __shfl_sync(0xffffffffu, bv, 0); /* lane 0's pick, as the shared-memory version took */
+    bi = __shfl_sync(0xffffffffu, bi, 0);
+}
+
+/* route_pick_pairs' pick while every p is a non-negative number (sign bit clear, not NaN:
+ * then the unsigned order of the bits is the float order, and equal bits are equal floats,
+ * so (value desc, index asc) is a total order and both give its first): the largest bits
+ * + 1 (0: none) by one warp reduction, the lowest expert with them by another. */
+__device__ __forceinline__ void route_pick_redux(const float (&p)[MOE_NJ], unsigned taken, int E,
+                                                 float &bv, int &bi) {
+    const int lane = threadIdx.x & 31;
+    unsigned best = 0;
+#pragma unroll
+    for (int j = 0; j < MOE_NJ; j++)
+        if (lane + 32 * j < E && !((taken >> j) & 1u)) best = max(best, __float_as_uint(p[j]) + 1u);
+    const unsigned m = __reduce_max_sync(0xffffffffu, best);
+    unsigned id = 0xffffffffu;
+#pragma unroll
+    for (int j = MOE_NJ - 1; j >= 0; j--) /* the lane's lowest with the best bits */
+        if (lane + 32 * j < E && !((taken >> j) & 1u) && __float_as_uint(p[j]) + 1u == m)
+            id = (unsigned)(lane + 32 * j);
+    const unsigned w = __reduce_min_sync(0xffffffffu, id);
+    bv = m ? __uint_as_float(m - 1u) : 0.0f;
+    bi = m ? (int)w : -1;
+}
+
 /* Token t's routing (one warp; l: its logits [E], read past L1 as the fused tail needs; ps:
- * the warp's [E_MAX] floats of shared scratch), moe.c's moe_route_token step for step
- * (float32; the softmax's sum in expert order on lane 0, exp rounded from double: within an
- * ulp of glibc's expf (0.502 ulp), so a weight may differ from the CPU's in its last bit;
- * each pick the largest probability not taken, ties to the lower index), then its K picks
- * sorted by ascending expert (the combine's order): sel [T, K] and the weights' bits
+ * the warp's [E_MAX] floats of 16-byte aligned shared scratch), moe.c's moe_route_token step
+ * for step (float32; the softmax's sum in expert order on lane 0, exp rounded from double:
+ * within an ulp of glibc's expf (0.502 ulp), so a weight may differ from the CPU's in its
+ * last bit; each pick the largest probability not taken, ties to the lower index), then its
+ * K picks sorted by ascending expert (the combine's order): sel [T, K] and the weights' bits
  * wbits [T, K]. Lane l holds experts l + 32 j (j < E_MAX / 32: logits, probabilities and
  * taken flags in registers), pick k ends on lane k, which loads its scale at once and writes
- * at its rank among the picks' experts. */
-__device__ void moe_route_token(const float *l, float *ps, const moe_route_out &o, size_t t) {
-    constexpr int NJ = MOE_CUDA_E_MAX / 32;
+ * at its rank among the picks' experts: *ms, *rank (lane k < K; others -1, 0). Every lane
+ * sees each pick, so the renormalising sum runs in the loop (pick order, from 0: the same
+ * additions as summing lane 0 .. K - 1 after it). */
+__device__ void moe_route_token(const float *l, float *ps, const moe_route_out &o, size_t t,
+                                int *ms_out, int *rank_out) {
     const int lane = threadIdx.x & 31, E = o.E, K = o.K;
-    float p[NJ];
+    float p[MOE_NJ];
 #pragma unroll
-    for (int j = 0; j < NJ; j++) p[j] = lane + 32 * j < E ? __ldcg(l + lane + 32 * j) : 0.0f;
+    for (int j = 0; j < MOE_NJ; j++) p[j] = lane + 32 * j < E ? __ldcg(l + lane + 32 * j) : 0.0f;
     float mx = __ldcg(l);
 #pragma unroll
-    for (int j = 0; j < NJ; j++)
+    for (int j = 0; j < MOE_NJ; j++)
         if (lane + 32 * j < E) mx = p[j] > mx ? p[j] : mx;
     for (int off = 16; off > 0; off >>= 1) {
         const float v = __shfl_xor_sync(0xffffffffu, mx, off);
         mx = v > mx ? v : mx;
     }
+    /* exp and division four experts a lane at a time, unguarded inside a group (the
+     * independent chains overlap; values past E are never used), groups past E skipped */
 #pragma unroll
-    for (int j = 0; j < NJ; j++)
-        if (lane + 32 * j < E) ps[lane + 32 * j] = p[j] = (float)exp((double)__fsub_rn(p[j], mx));
+    for (int j0 = 0; j0 < MOE_NJ; j0 += 4) {
+        if (32 * j0 >= E) break; /* uniform over the warp */
+#pragma unroll
+        for (int j = j0; j < j0 + 4; j++) p[j] = (float)exp((double)__fsub_rn(p[j], mx));
+    }
+#pragma unroll
+    for (int j = 0; j < MOE_NJ; j++)
+        if (lane + 32 * j < E) ps[lane + 32 * j] = p[j];
     __syncwarp();
-    float a = 0.0f;
-    if (lane == 0) { /* in expert order; eight loads ahead of the additions */
-        for (int e0 = 0; e0 < E; e0 += 8) {
-            float v[8];
+    const float a = lane == 0 ? route_sum(ps, E) : 0.0f;
+    const float sum = __shfl_sync(0xffffffffu, a, 0);
+    bool num = true;          /* this lane's probabilities: non-negative numbers */
 #pragma unroll
-            for (int u = 0; u < 8; u++) v[u] = e0 + u < E ? ps[e0 + u] : 0.0f;
+    for (int j0 = 0; j0 < MOE_NJ; j0 += 4) {
+        if (32 * j0 >= E) break;
 #pragma unroll
-            for (int u = 0; u < 8; u++)
-                if (e0 + u < E) a = __fadd_rn(a, v[u]);
+        for (int j = j0; j < j0 + 4; j++) {
+            p[j] = __fdiv_rn(p[j], sum);
+            if (lane + 32 * j < E) num = num && __float_as_uint(p[j]) <= 0x7f800000u;
         }
     }
-    const float sum = __shfl_sync(0xffffffffu, a, 0);
-#pragma unroll
-    for (int j = 0; j < NJ; j++) p[j] = __fdiv_rn(p[j], sum);
+    const bool redux = o.fast && __all_sync(0xffffffffu, num);
     unsigned taken = 0;       /* bit j: expert lane + 32 j picked */
     int ms = -1;              /* lane k < K: pick k's expert, weight, scale */
-    float mw = 0.0f, msc = 1.0f;
+    float mw = 0.0f, msc = 1.0f, tot = 0.0f;
     for (int k = 0; k < K; k++) {
-        float bv = 0.0f;
-        int bi = -1;
-#pragma unroll
-        for (int j = 0; j < NJ; j++)
-            if (lane + 32 * j < E && !((taken >> j) & 1u)) route_better(bv, bi, p[j], lane + 32 * j);
-        for (int off = 16; off > 0; off >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
-            route_better(bv, bi, ov, oi);
-        }
-        bv = __shfl_sync(0xffffffffu, bv, 0); /* lane 0's pick, as the shared-memory version took */
-        bi = __shfl_sync(0xffffffffu, bi, 0);
+        float bv;
+        int bi;
+        if (redux) route_pick_redux(p, taken, E, bv, bi);
+        else route_pick_pairs(p, taken, E, bv, bi);
+        tot = __fadd_rn(tot, bv);
         if (bi >= 0 && lane == (bi & 31)) taken |= 1u << (bi >> 5);
         if (lane == k) {
             ms = bi, mw = bv;
             if (o.scale) msc = o.scale[bi];
         }
     }
-    if (o.norm) {
-        float tot = 0.0f;
-        for (int k = 0; k < K; k++) tot = __fadd_rn(tot, __shfl_sync(0xffffffffu, mw, k));
-        mw = __fdiv_rn(mw, tot);
-    }
+    if (o.norm) mw = __fdiv_rn(mw, tot);
     if (o.scale) mw = __fmul_rn(mw, msc);
     int rank = 0;             /* picks with a lower expert (distinct experts) */
-    for (int k = 0; k < K; k++) rank += __shfl_sync(0xffffffffu, ms, k) < ms;
+#pragma unroll
+    for (int k = 0; k < MOE_CUDA_K_MAX; k++) {
+        const int e = __shfl_sync(0xffffffffu, ms, k);
+        rank += k < K && e < ms;
+    }
     if (lane < K) {
         o.sel[t * K + rank] = ms;
         o.wbits[t * K + rank] = __float_as_int(mw);
     }
+    *ms_out = ms, *rank_out = lane < K ? rank : 0;
     __syncwarp();             /* ps is read before the warp's next token writes it */
+}
+
+/* moe_place_block's outputs for one token (P = K pairs; one warp, lane k < K holding a pick:
+ * its expert ms, valid and distinct, at rank `rank` among them): sel's K experts ascend,
+ * so pair i is expert sel[i]'s only one, at place i (offset = experts with pairs before it =
+ * i); group i = (i, 1, sel[i], 0); count 1 for the picked experts, else 0; K used groups of
+ * at most 1 row. The same integers without the block's counting. */
+__device__ void moe_place_one(int ms, int rank, const moe_place_out &o) {
+    __shared__ unsigned picked[MOE_CUDA_E_MAX / 32]; /* bit l of word w: expert 32 w + l */
+    const int lane = threadIdx.x & 31, K = o.K, E = o.E;
+    for (int w = lane; w < MOE_CUDA_E_MAX / 32; w += 32) picked[w] = 0;
+    __syncwarp();
+    if (lane < K) atomicOr(&picked[ms >> 5], 1u << (ms & 31));
+    __syncwarp();
+    for (int j = lane; j < E; j += 32) o.count[j] = (int32_t)((picked[j >> 5] >> (j & 31)) & 1u);
+    if (lane < K) {
+        o.tok[rank] = 0;
+        o.pair[rank] = rank;
+        int32_t *gr = o.groups + 4 * (size_t)rank;
+        gr[0] = rank, gr[1] = 1, gr[2] = ms, gr[3] = 0;
+    }
+    for (int j = K + lane; j < o.G; j += 32)
+        o.groups[4 * j] = o.groups[4 * j + 1] = o.groups[4 * j + 2] = o.groups[4 * j + 3] = 0;
+    if (lane == 0) o.back[0] = K, o.back[1] = K > 0 ? 1 : 0;
 }
 
 /* moe_place_kernel's outputs from one block of MOE_TAIL_THREADS (P <= MOE_FUSED_P pairs of
@@ -407,10 +521,11 @@ __device__ void moe_place_block(const int32_t *sel, const moe_place_out &o) {
 }
 
 /* The router's last block (after every block's logits, which it reads past L1): each token's
- * routing (a warp per token) and the pairs' placement, then the counter back to 0. */
+ * routing (a warp per token) and the pairs' placement (one token with fast routing:
+ * moe_place_one by its warp, else moe_place_block), then the counter back to 0. */
 __device__ void moe_tail_run(const float *logits, int T, const moe_tail &tl) {
-    __shared__ int last;
-    __shared__ float ps[MOE_TAIL_THREADS / 32][MOE_CUDA_E_MAX];
+    __shared__ int last, one;
+    __shared__ __align__(16) float ps[MOE_TAIL_THREADS / 32][MOE_CUDA_E_MAX];
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
@@ -419,11 +534,20 @@ __device__ void moe_tail_run(const float *logits, int T, const moe_tail &tl) {
     __syncthreads();
     if (!last) return;
     __threadfence();
-    const int warp = threadIdx.x >> 5;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int ms = -1, rank = 0;
     for (int t = warp; t < T; t += MOE_TAIL_THREADS / 32)
-        moe_route_token(logits + (size_t)t * tl.r.E, ps[warp], tl.r, (size_t)t);
+        moe_route_token(logits + (size_t)t * tl.r.E, ps[warp], tl.r, (size_t)t, &ms, &rank);
+    if (T == 1 && warp == 0) {  /* every pick valid (K <= E): the direct placement */
+        const bool ok = __all_sync(0xffffffffu, lane >= tl.r.K || ms >= 0);
+        if (lane == 0) one = tl.r.fast && ok;
+    }
     __syncthreads();
-    moe_place_block(tl.r.sel, tl.p);
+    if (T == 1 && one) {
+        if (warp == 0) moe_place_one(ms, rank, tl.p);
+    } else {
+        moe_place_block(tl.r.sel, tl.p);
+    }
     if (threadIdx.x == 0) *tl.done = 0;  /* (stream order publishes it to the next launch) */
 }
 
@@ -431,7 +555,10 @@ __device__ void moe_tail_run(const float *logits, int T, const moe_tail &tl) {
  * order (double), then a fixed xor butterfly. bf16x: xr rounded to bf16 first (the model's
  * bf16_act, as the CPU's product). With tail.done, the last block to finish also routes and
  * places every token (moe_tail_run: route and place kernels in this launch, at P <=
- * MOE_FUSED_P). grid ceil(T E / 4), block 128. */
+ * MOE_FUSED_P). A lane's k loaded U at a time, summed in order: U = 64 at decode sizes
+ * (H = 2048: one round of loads; 213 registers), U = 32 otherwise (114: twice the warps per
+ * SM for long prefills' DFMA chains); the same sums. grid ceil(T E / 4), block 128. */
+template <int U>
 __global__ void __launch_bounds__(MOE_TAIL_THREADS)
 moe_router_kernel(const float *__restrict__ xr, const float *__restrict__ rw, int T, int E, int H,
                   int bf16x, float *__restrict__ logits, const moe_tail tail) {
@@ -440,8 +567,6 @@ moe_router_kernel(const float *__restrict__ xr, const float *__restrict__ rw, in
     if (gw < (size_t)T * E) {
         const size_t t = gw / E, e = gw % E;
         const float *a = xr + t * H, *b = rw + e * H;
-        constexpr int U = 32; /* lane's k = lane, lane + 32, ...: loaded U at a time (H = 2048: two
-                               * rounds of loads), summed in order */
         double s = 0;
         for (int k0 = lane; k0 < H; k0 += 32 * U) {
             float va[U], vb[U];
@@ -462,8 +587,9 @@ moe_router_kernel(const float *__restrict__ xr, const float *__restrict__ rw, in
 
 /* Each token's routing (moe_route_token) as its own launch (P > MOE_FUSED_P). grid T, block 32. */
 __global__ void moe_route_kernel(const float *__restrict__ logits, const moe_route_out o) {
-    __shared__ float ps[MOE_CUDA_E_MAX];
-    moe_route_token(logits + (size_t)blockIdx.x * o.E, ps, o, blockIdx.x);
+    __shared__ __align__(16) float ps[MOE_CUDA_E_MAX];
+    int ms, rank;
+    moe_route_token(logits + (size_t)blockIdx.x * o.E, ps, o, blockIdx.x, &ms, &rank);
 }
 
 /* The sum of every thread's v over a block of 256 (part: 8 ints of shared memory), to all. */
@@ -624,7 +750,7 @@ static tqkv_status shared_queue(model_cuda *g, const mc_moe_layer *D, const moe_
     if (!st) act_queue(g, sh->act, x->gu, S, x->h, (size_t)T, NULL);
     if (!st) st = mc_gemm(g, x->h, S, T, D->sh_wd, H, S, NULL, x->sy, H);
     if (!st)
-        moe_router_kernel<<<(unsigned)((T + 3) / 4), MOE_TAIL_THREADS, 0, g->stream>>>(
+        moe_router_kernel<32><<<(unsigned)((T + 3) / 4), MOE_TAIL_THREADS, 0, g->stream>>>(
             xn, D->sh_gate, T, 1, H, g->m->bf16_act, x->sg, moe_tail{});
     return st;
 }
@@ -642,13 +768,19 @@ static tqkv_status route_queue(model_cuda *g, const mc_moe_layer *D, const moe_s
     int32_t *idx = x->idx;
     r->E = E, r->P = (int)P, r->G = E < (int)P ? E : (int)P, r->most = T, r->count = NULL;
     moe_tail tl;
-    tl.r = moe_route_out{E, K, sh->norm_topk, D->scale, idx + IDX_SEL(E, P), idx + IDX_WB(E, P)};
+    tl.r = moe_route_out{E, K, sh->norm_topk, route_fast_on(), D->scale, idx + IDX_SEL(E, P),
+                         idx + IDX_WB(E, P)};
     tl.p = moe_place_out{(int)P, K, E, r->G, idx, idx + IDX_TOK(E), idx + IDX_PAIR(E, P),
                          idx + IDX_COUNT(E, P), idx + IDX_COUNT(E, P) + E};
     /* up to MOE_FUSED_P pairs (decode) the router's last block routes and places too */
     tl.done = g_fused && P <= MOE_FUSED_P ? x->done : NULL;
-    moe_router_kernel<<<(unsigned)(((size_t)T * E + 3) / 4), MOE_TAIL_THREADS, 0, s>>>(
-        xr, D->router, T, E, H, g->m->bf16_act, x->logits, tl);
+    const unsigned nb = (unsigned)(((size_t)T * E + 3) / 4);
+    if (P <= MOE_FUSED_P)
+        moe_router_kernel<64><<<nb, MOE_TAIL_THREADS, 0, s>>>(xr, D->router, T, E, H,
+                                                              g->m->bf16_act, x->logits, tl);
+    else
+        moe_router_kernel<32><<<nb, MOE_TAIL_THREADS, 0, s>>>(xr, D->router, T, E, H,
+                                                              g->m->bf16_act, x->logits, tl);
     if (!tl.done) {
         moe_route_kernel<<<(unsigned)T, 32, 0, s>>>(x->logits, tl.r);
         moe_place_kernel<<<(unsigned)E, 256, 0, s>>>(idx + IDX_SEL(E, P), (int)P, K, E, r->G, idx,

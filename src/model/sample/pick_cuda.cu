@@ -16,13 +16,19 @@
  * candidates in the CPU's order. Values come back as the penalized logits l (the host
  * divides by T again, to the same bits).
  * Greedy: each thread keeps its first best number (NaN skipped), then warp and block
- * reductions under (value desc, id asc).
+ * reductions under (value desc, id asc); by default at up to 8 rows (pick_split_kernel) a
+ * greedy row is split over a cluster of 8 CTAs and CTA 0 reduces their bests (the same
+ * (id, value): the order is total), so the row is read by 8 SMs instead of one (18.8 ..
+ * 21.7 us for one CTA on 128256 .. 151936 logits, Nsight Compute on an H100).
  * The row is read with plain loads (no __restrict__ / read-only path): the same CTA wrote
  * its penalized logits at the start of the kernel.
  */
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 extern "C" {
 #include "util/common.h"
@@ -246,21 +252,11 @@ __device__ void pick_top_k(const float *l, int V, int k, float temp, pick_smem &
     }
 }
 
-/* grid rows, block PICK_THREADS. */
-__global__ void __launch_bounds__(PICK_THREADS)
-pick_kernel(float *logits, size_t ld, int V, const pick_row *__restrict__ plan,
-            const int32_t *__restrict__ pen, int stride, int32_t *__restrict__ rec) {
-    __shared__ pick_smem sh;
-    const int r = blockIdx.x, tid = threadIdx.x;
-    const pick_row p = plan[r];
-    int32_t *out = rec + (size_t)r * PICK_REC_WORDS(stride);
-    if (p.mode != PICK_GREEDY && p.mode != PICK_TOP_K) {
-        if (tid == 0) out[0] = out[1] = 0;
-        return;
-    }
-    float *l = logits + (size_t)r * ld;
-    /* repetition penalty, in place: distinct tokens, so no two threads touch one logit */
-    for (int j = tid; j < p.pen_n; j += PICK_THREADS) {
+/* Row l's pick by one CTA: the repetition penalty in place (distinct tokens, so no two
+ * threads touch one logit), then the greedy argmax or the top-k candidates into out. */
+__device__ void pick_row_run(float *l, int V, const pick_row &p, const int32_t *pen, pick_smem &sh,
+                             int32_t *out, int stride) {
+    for (int j = threadIdx.x; j < p.pen_n; j += PICK_THREADS) {
         const int32_t t = pen[p.pen_off + j];
         const float x = l[t];
         l[t] = x > 0.0f ? __fdiv_rn(x, p.penalty) : __fmul_rn(x, p.penalty);
@@ -270,9 +266,135 @@ pick_kernel(float *logits, size_t ld, int V, const pick_row *__restrict__ plan,
     else pick_top_k(l, V, p.k, p.temp, sh, out, stride);
 }
 
+/* grid rows, block PICK_THREADS. */
+__global__ void __launch_bounds__(PICK_THREADS)
+pick_kernel(float *logits, size_t ld, int V, const pick_row *__restrict__ plan,
+            const int32_t *__restrict__ pen, int stride, int32_t *__restrict__ rec) {
+    __shared__ pick_smem sh;
+    const int r = blockIdx.x;
+    const pick_row p = plan[r];
+    int32_t *out = rec + (size_t)r * PICK_REC_WORDS(stride);
+    if (p.mode != PICK_GREEDY && p.mode != PICK_TOP_K) {
+        if (threadIdx.x == 0) out[0] = out[1] = 0;
+        return;
+    }
+    pick_row_run(logits + (size_t)r * ld, V, p, pen, sh, out, stride);
+}
+
+/* A greedy row split over a cluster of PICK_SPLIT CTAs: CTA c owns the 1024-id chunks c,
+ * c + PICK_SPLIT, ... (the penalty on its own ids, then each thread's first best over its
+ * ids in ascending order, the CTA's best by the same warp reductions), CTA 0 takes the best
+ * of the CTAs' (distributed shared memory). (value desc, id asc) over the non-NaN logits is
+ * a total order (ids differ; -0 == +0 ties by id), so every grouping finds the same
+ * (id, value) as pick_kernel's one CTA. Other rows: CTA 0 alone, as pick_kernel.
+ * grid (PICK_SPLIT, rows), block PICK_THREADS. */
+#define PICK_SPLIT 8
+/* Up to this many rows (clusters of 8 CTAs of 1024 threads: about 16 fit an H100 at once;
+ * a top-k row keeps one CTA of its cluster busy and its cluster's SMs reserved, so many
+ * rows go one CTA a row, pick_kernel, as before). */
+#define PICK_SPLIT_ROWS 8
+/* CTA c of a row split over PICK_SPLIT CTAs: its best (bv, bi) on thread 0 (bi < 0: none)
+ * over its 1024-id chunks c, c + PICK_SPLIT, ...: each thread's first best number over its
+ * ids in ascending order (NaN skipped), then the warp and block reductions. */
+__device__ void pick_split_scan(const float *l, int V, int c, pick_smem &sh, float &bv, int &bi) {
+    constexpr int NC = PICK_SPLIT, U = 24; /* U: a thread's logits loaded at once (V <= 196608:
+                                              one round) */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    bv = 0.0f, bi = -1;
+    for (int i0 = c * PICK_THREADS + tid; i0 < V; i0 += U * NC * PICK_THREADS) {
+        float x[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + u * NC * PICK_THREADS;
+            x[u] = i < V ? l[i] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + u * NC * PICK_THREADS;
+            if (i < V && !isnan(x[u]) && (bi < 0 || x[u] > bv)) {
+                bv = x[u];
+                bi = i;
+            }
+        }
+    }
+    warp_best(bv, bi);
+    if (lane == 0) {
+        sh.bv[warp] = bv;
+        sh.bi[warp] = bi;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        bv = sh.bv[lane];
+        bi = sh.bi[lane];
+        warp_best(bv, bi);
+    }
+}
+
+__global__ void __cluster_dims__(PICK_SPLIT, 1, 1) __launch_bounds__(PICK_THREADS)
+pick_split_kernel(float *logits, size_t ld, int V, const pick_row *__restrict__ plan,
+                  const int32_t *__restrict__ pen, int stride, int32_t *__restrict__ rec) {
+    constexpr int NC = PICK_SPLIT;
+    __shared__ pick_smem sh;
+    __shared__ float cbv[NC];
+    __shared__ int cbi[NC];
+    namespace cg = cooperative_groups;
+    const int r = blockIdx.y, c = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
+    const pick_row p = plan[r];
+    int32_t *out = rec + (size_t)r * PICK_REC_WORDS(stride);
+    float *l = logits + (size_t)r * ld;
+    if (p.mode != PICK_GREEDY) { /* uniform over the cluster: no cluster barrier */
+        if (c != 0) return;
+        if (p.mode == PICK_TOP_K) pick_row_run(l, V, p, pen, sh, out, stride);
+        else if (tid == 0) out[0] = out[1] = 0;
+        return;
+    }
+    cg::cluster_group cl = cg::this_cluster();
+    cl.barrier_arrive(); /* this CTA has started (waited for before the shared writes below) */
+    for (int j = tid; j < p.pen_n; j += PICK_THREADS) {
+        const int32_t t = pen[p.pen_off + j];
+        if ((t / PICK_THREADS) % NC != c) continue;
+        const float x = l[t];
+        l[t] = x > 0.0f ? __fdiv_rn(x, p.penalty) : __fmul_rn(x, p.penalty);
+    }
+    __syncthreads(); /* the block's global writes are visible to it after the barrier */
+    float bv;
+    int bi;
+    pick_split_scan(l, V, c, sh, bv, bi);
+    cl.barrier_wait();   /* every CTA of the cluster has started: CTA 0's shared memory is there */
+    if (tid == 0) {
+        *cl.map_shared_rank(&cbv[c], 0) = bv;
+        *cl.map_shared_rank(&cbi[c], 0) = bi;
+    }
+    cl.sync();           /* the CTAs' bests are in CTA 0's cbv / cbi */
+    if (c != 0 || tid >= 32) return;
+    bv = lane < NC ? cbv[lane] : 0.0f;
+    bi = lane < NC ? cbi[lane] : -1;
+    warp_best(bv, bi);
+    if (lane == 0) {
+        out[0] = 0;
+        out[1] = bi >= 0 ? 1 : 0;
+        out[2] = bi;
+        out[2 + stride] = __float_as_int(bv);
+    }
+}
+
 // ---------------------------------------------------------------------------
 // public
 // ---------------------------------------------------------------------------
+
+/* Greedy rows over a cluster (pick_split_kernel): -1 until the first launch reads
+ * TQKV_PICK_SPLIT (0: pick_kernel, one CTA per row). */
+static int g_split = -1;
+
+extern "C" void pick_cuda_set_split(int on) { g_split = on ? 1 : 0; }
+
+static int split_on(void) {
+    if (g_split < 0) {
+        const char *e = getenv("TQKV_PICK_SPLIT");
+        g_split = !(e && !strcmp(e, "0"));
+    }
+    return g_split;
+}
 
 extern "C" tqkv_status pick_cuda_queue(float *logits, size_t ld, int rows, int V, const void *in,
                                        int stride, int32_t *rec, void *stream) {
@@ -282,8 +404,12 @@ extern "C" tqkv_status pick_cuda_queue(float *logits, size_t ld, int rows, int V
                          rows, V, stride);
     const pick_row *plan = (const pick_row *)in;
     const int32_t *pen = (const int32_t *)(plan + rows);
-    pick_kernel<<<(unsigned)rows, PICK_THREADS, 0, (cudaStream_t)stream>>>(logits, ld, V, plan, pen,
-                                                                            stride, rec);
+    if (split_on() && rows <= PICK_SPLIT_ROWS)
+        pick_split_kernel<<<dim3(PICK_SPLIT, (unsigned)rows), PICK_THREADS, 0, (cudaStream_t)stream>>>(
+            logits, ld, V, plan, pen, stride, rec);
+    else
+        pick_kernel<<<(unsigned)rows, PICK_THREADS, 0, (cudaStream_t)stream>>>(logits, ld, V, plan,
+                                                                                pen, stride, rec);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return tqkv_fail(TQKV_EUNSUPPORTED, "CUDA: device pick launch: %s", cudaGetErrorString(e));

@@ -25,9 +25,16 @@ extern "C" {
  * logits [rows, ld] device floats, V <= ld valid per row: the penalty is applied in place.
  * in: device copy of the upload, pick_row [rows] then the int32 penalty tokens (pick.h);
  * rec: device [rows, PICK_REC_WORDS(stride)] int32; stride >= every row's k, k <=
- * PICK_TOP_K_MAX and k < V for TOP_K rows. One 1024-thread CTA per row. */
+ * PICK_TOP_K_MAX and k < V for TOP_K rows. Up to 8 rows: one cluster of 8 1024-thread
+ * CTAs per row (a greedy row's argmax split over them, other rows in the first alone);
+ * more rows: one 1024-thread CTA per row. */
 tqkv_status pick_cuda_queue(float *logits, size_t ld, int rows, int V, const void *in,
                             int stride, int32_t *rec, void *stream);
+
+/* Greedy rows split over a cluster (1, the default unless the environment has
+ * TQKV_PICK_SPLIT=0) or one CTA per row (0): the same records and penalized logits. For
+ * tests and A/B runs; not while a pick is queued on another thread. */
+void        pick_cuda_set_split(int on);
 
 #ifdef __cplusplus
 }

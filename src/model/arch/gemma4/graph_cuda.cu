@@ -417,6 +417,164 @@ __global__ void g4_residual_kernel(float *__restrict__ x, const float *__restric
     }
 }
 
+/* g4_rmsnorm_kernel with a thread's NV values in registers (H <= 128 NV): x and w loaded
+ * before the first addition, the same operations in the same order. grid T, block 128. */
+template <int NV>
+__global__ void __launch_bounds__(128)
+g4_rmsnorm_regs_kernel(const float *__restrict__ x, const float *__restrict__ w, float eps, int H,
+                       float post, float *__restrict__ out, uint16_t *__restrict__ xf, int parts) {
+    mc_pdl_trigger(); /* the next GEMM (PDL) may start its weight stream */
+    __shared__ double sh[4];
+    const size_t t = blockIdx.x;
+    const int i0 = threadIdx.x;
+    float v[NV], g[NV];
+    mc_load_strided<NV>(v, x + t * H, i0, 128, H);
+    mc_load_strided<NV>(g, w, i0, 128, H);
+    double s = 0;
+#pragma unroll
+    for (int u = 0; u < NV; u++)
+        if (i0 + 128 * u < H) s += (double)v[u] * v[u];
+    s = mc_block_sum128(s, sh);
+    const float r = mc_rms_r(s, H, eps);
+#pragma unroll
+    for (int u = 0; u < NV; u++) {
+        const int i = i0 + 128 * u;
+        if (i >= H) break;
+        float o = __fmul_rn(g[u], __fmul_rn(v[u], r));
+        if (post != 1.0f) o = __fmul_rn(o, post);
+        out[t * H + i] = o;
+        if (xf) mc_split_store(xf, (size_t)gridDim.x * H, t * H + i, o, parts);
+    }
+}
+
+/* g4_residual_kernel with a thread's NV values in registers (H <= 128 NV): o, x, wpost and
+ * wnext (wpost's again without one) loaded before the first addition, x's new values kept
+ * for the last norm; the same operations in the same order. grid T, block 128. */
+template <int NV>
+__global__ void __launch_bounds__(128)
+g4_residual_regs_kernel(float *__restrict__ x, const float *__restrict__ o,
+                        const float *__restrict__ wpost, float eps, int H, float ls,
+                        const float *__restrict__ wnext, float *__restrict__ xn,
+                        uint16_t *__restrict__ xf, int parts) {
+    mc_pdl_trigger(); /* the next GEMM (PDL) may start its weight stream */
+    __shared__ double sh[4];
+    const size_t t = blockIdx.x;
+    const int i0 = threadIdx.x;
+    float *xr = x + t * H;
+    float a[NV], xv[NV], g[NV], gn[NV];
+    mc_load_strided<NV>(a, o + t * H, i0, 128, H);
+    mc_load_strided<NV>(xv, xr, i0, 128, H);
+    mc_load_strided<NV>(g, wpost, i0, 128, H);
+    mc_load_strided<NV>(gn, wnext ? wnext : wpost, i0, 128, H);
+    double s = 0;
+#pragma unroll
+    for (int u = 0; u < NV; u++)
+        if (i0 + 128 * u < H) s += (double)a[u] * a[u];
+    s = mc_block_sum128(s, sh);
+    const float r = mc_rms_r(s, H, eps);
+    double s2 = 0;
+#pragma unroll
+    for (int u = 0; u < NV; u++) {
+        const int i = i0 + 128 * u;
+        if (i >= H) break;
+        float v = __fadd_rn(xv[u], __fmul_rn(g[u], __fmul_rn(a[u], r)));
+        if (ls != 1.0f) v = __fmul_rn(v, ls);
+        xr[i] = xv[u] = v;
+        s2 += (double)v * v;
+    }
+    if (!wnext) return; /* uniform over the block */
+    s2 = mc_block_sum128(s2, sh);
+    const float r2 = mc_rms_r(s2, H, eps);
+#pragma unroll
+    for (int u = 0; u < NV; u++) {
+        const int i = i0 + 128 * u;
+        if (i >= H) break;
+        const float y = __fmul_rn(gn[u], __fmul_rn(xv[u], r2));
+        xn[t * H + i] = y;
+        if (xf) mc_split_store(xf, (size_t)gridDim.x * H, t * H + i, y, parts);
+    }
+}
+
+/* g4_moe_mix_kernel with a thread's NV values in registers (H <= 128 NV): o, h2, w1 and w2
+ * loaded before the first addition; the same operations in the same order. grid T,
+ * block 128. */
+template <int NV>
+__global__ void __launch_bounds__(128)
+g4_moe_mix_regs_kernel(float *__restrict__ o, const float *__restrict__ h2,
+                       const float *__restrict__ w1, const float *__restrict__ w2, float eps,
+                       int H) {
+    __shared__ double sh[4];
+    const size_t t = blockIdx.x;
+    const int i0 = threadIdx.x;
+    float *ot = o + t * H;
+    float a[NV], b[NV], g1[NV], g2[NV];
+    mc_load_strided<NV>(a, ot, i0, 128, H);
+    mc_load_strided<NV>(b, h2 + t * H, i0, 128, H);
+    mc_load_strided<NV>(g1, w1, i0, 128, H);
+    mc_load_strided<NV>(g2, w2, i0, 128, H);
+    double s1 = 0, s2 = 0;
+#pragma unroll
+    for (int u = 0; u < NV; u++) {
+        if (i0 + 128 * u >= H) break;
+        s1 += (double)a[u] * a[u];
+        s2 += (double)b[u] * b[u];
+    }
+    s1 = mc_block_sum128(s1, sh);
+    s2 = mc_block_sum128(s2, sh);
+    const float r1 = mc_rms_r(s1, H, eps), r2 = mc_rms_r(s2, H, eps);
+#pragma unroll
+    for (int u = 0; u < NV; u++) {
+        const int i = i0 + 128 * u;
+        if (i >= H) break;
+        ot[i] = __fadd_rn(__fmul_rn(g1[u], __fmul_rn(a[u], r1)), __fmul_rn(g2[u], __fmul_rn(b[u], r2)));
+    }
+}
+
+/* g4_moe_mix_kernel or its register twin (mc_norm_nv) over T rows on s. */
+static void g4_moe_mix_queue(float *o, const float *h2, const float *w1, const float *w2,
+                             float eps, int H, size_t T, cudaStream_t s) {
+    const unsigned b = (unsigned)T;
+    switch (mc_norm_nv(H, 32)) {
+    case 8: g4_moe_mix_regs_kernel<8><<<b, 128, 0, s>>>(o, h2, w1, w2, eps, H); break;
+    case 16: g4_moe_mix_regs_kernel<16><<<b, 128, 0, s>>>(o, h2, w1, w2, eps, H); break;
+    case 32: g4_moe_mix_regs_kernel<32><<<b, 128, 0, s>>>(o, h2, w1, w2, eps, H); break;
+    default: g4_moe_mix_kernel<<<b, 128, 0, s>>>(o, h2, w1, w2, eps, H); break;
+    }
+}
+
+/* g4_rmsnorm_kernel or its register twin (mc_norm_nv) over T rows on s. */
+static void g4_rmsnorm_queue(const float *x, const float *w, float eps, int H, float post,
+                             float *out, uint16_t *xf, int parts, size_t T, cudaStream_t s) {
+    const unsigned b = (unsigned)T;
+    switch (mc_norm_nv(H, 32)) {
+    case 8: g4_rmsnorm_regs_kernel<8><<<b, 128, 0, s>>>(x, w, eps, H, post, out, xf, parts); break;
+    case 16: g4_rmsnorm_regs_kernel<16><<<b, 128, 0, s>>>(x, w, eps, H, post, out, xf, parts); break;
+    case 32: g4_rmsnorm_regs_kernel<32><<<b, 128, 0, s>>>(x, w, eps, H, post, out, xf, parts); break;
+    default: g4_rmsnorm_kernel<<<b, 128, 0, s>>>(x, w, eps, H, post, out, xf, parts); break;
+    }
+}
+
+/* g4_residual_kernel or its register twin (mc_norm_nv) over T rows on s. */
+static void g4_residual_queue(float *x, const float *o, const float *wpost, float eps, int H,
+                              float ls, const float *wnext, float *xn, uint16_t *xf, int parts,
+                              size_t T, cudaStream_t s) {
+    const unsigned b = (unsigned)T;
+    switch (mc_norm_nv(H, 32)) {
+    case 8:
+        g4_residual_regs_kernel<8><<<b, 128, 0, s>>>(x, o, wpost, eps, H, ls, wnext, xn, xf, parts);
+        break;
+    case 16:
+        g4_residual_regs_kernel<16><<<b, 128, 0, s>>>(x, o, wpost, eps, H, ls, wnext, xn, xf, parts);
+        break;
+    case 32:
+        g4_residual_regs_kernel<32><<<b, 128, 0, s>>>(x, o, wpost, eps, H, ls, wnext, xn, xf, parts);
+        break;
+    default:
+        g4_residual_kernel<<<b, 128, 0, s>>>(x, o, wpost, eps, H, ls, wnext, xn, xf, parts);
+        break;
+    }
+}
+
 /* One warp per (token, head) of q | k | v at head dim HD (128 or 256; NPL = HD / 32 values
  * per lane): q and k RMSNorm with weight, then RoPE (pairs (d, d + HD / 2); rope: this
  * layer type's cos | sin [HD / 2] each, at rope + t RW); v RMSNorm without weight, from its
@@ -608,8 +766,8 @@ static tqkv_status g4_begin(model_cuda *g, int n) {
     }
     /* the kernels before a GEMM write its activation split where mc_split_xf says (none
      * with cuBLAS or TQKV_GEMM_PRESPLIT=0); mc_gemm_pre then skips the split launch */
-    g4_rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->w->layers[0].attn_norm, eps, H, 1.0f,
-                                                  g->xn, mc_split_xf(g), g->gemm_parts);
+    g4_rmsnorm_queue(g->x, g->w->layers[0].attn_norm, eps, H, 1.0f, g->xn, mc_split_xf(g),
+                     g->gemm_parts, T, s);
     return TQKV_OK;
 }
 
@@ -677,16 +835,15 @@ static tqkv_status g4_ffn(model_cuda *g, int l, int T) {
     /* xn's split for the MLP's first GEMM unless the MoE block runs between (its GEMMs may
      * use g->xf) */
     uint16_t *const xf_mlp = XL->moe ? NULL : xf;
-    g4_residual_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, XL->post_attn, eps, H, 1.0f,
-                                                   L->ffn_norm, g->xn, xf_mlp, g->gemm_parts);
+    g4_residual_queue(g->x, g->tmp, XL->post_attn, eps, H, 1.0f, L->ffn_norm, g->xn, xf_mlp,
+                      g->gemm_parts, T, s);
     tqkv_status st = TQKV_OK;
     if (XL->moe) { /* xr = rmsnorm(x) * router.scale * H^-1/2, x2 = rmsnorm_pre_ffn_2(x) */
         g4_cuda_state *GS = g4s(g);
         const moe_shape msh = g4_moe_shape(g->m);
-        g4_rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, XL->router_scale, eps, H,
-                                                      1.0f / sqrtf((float)H), GS->xr, NULL, 1);
-        g4_rmsnorm_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, XL->pre_ffn_2, eps, H, 1.0f, GS->x2,
-                                                      NULL, 1);
+        g4_rmsnorm_queue(g->x, XL->router_scale, eps, H, 1.0f / sqrtf((float)H), GS->xr, NULL, 1,
+                         T, s);
+        g4_rmsnorm_queue(g->x, XL->pre_ffn_2, eps, H, 1.0f, GS->x2, NULL, 1, T, s);
         st = mc_moe_queue(g, XL->moe, &msh, GS->moe, GS->xr, GS->x2, GS->h2, T);
         if (st) return st;
     }
@@ -717,24 +874,22 @@ static tqkv_status g4_end(model_cuda *g, int l, int T) {
     const int parts = g->gemm_parts;
     uint16_t *const xf = mc_split_xf(g);
     if (XL->moe)
-        g4_moe_mix_kernel<<<(unsigned)T, 128, 0, s>>>(g->tmp, g4s(g)->h2, XL->post_ffn_1,
-                                                      XL->post_ffn_2, eps, H);
+        g4_moe_mix_queue(g->tmp, g4s(g)->h2, XL->post_ffn_1, XL->post_ffn_2, eps, H, T, s);
     const float *nw = mc_next_norm(g, l);
     uint16_t *const xf_next = l + 1 < NL ? xf : NULL; /* the next qkv GEMM's (the lm_head splits) */
     if (!P) {
-        g4_residual_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, XL->post_ffn, eps, H,
-                                                       XL->layer_scalar, nw, g->xn, xf_next, parts);
+        g4_residual_queue(g->x, g->tmp, XL->post_ffn, eps, H, XL->layer_scalar, nw, g->xn,
+                          xf_next, parts, T, s);
         return TQKV_OK;
     }
-    g4_residual_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, XL->post_ffn, eps, H, 1.0f,
-                                                   NULL, NULL, NULL, 1);
+    g4_residual_queue(g->x, g->tmp, XL->post_ffn, eps, H, 1.0f, NULL, NULL, NULL, 1, T, s);
     tqkv_status st = mc_gemm(g, g->x, H, T, XL->ple_gate, P, H, NULL, g->pg, P);
     if (st) return st;
     g4_ple_gate_kernel<<<mc_grid_elems((size_t)T, P), 256, 0, s>>>(g->pg, g->ple, P, LP, l, xf, parts);
     st = mc_gemm_pre(g, g->pg, P, T, XL->ple_proj, H, P, NULL, g->tmp, H);
     if (st) return st;
-    g4_residual_kernel<<<(unsigned)T, 128, 0, s>>>(g->x, g->tmp, XL->post_ple, eps, H,
-                                                   XL->layer_scalar, nw, g->xn, xf_next, parts);
+    g4_residual_queue(g->x, g->tmp, XL->post_ple, eps, H, XL->layer_scalar, nw, g->xn, xf_next,
+                      parts, T, s);
     return TQKV_OK;
 }
 
