@@ -48,22 +48,72 @@ __global__ void qprep_kernel(const float *__restrict__ q, uint16_t *__restrict__
     __shared__ float s_q[4][D];
     const int wv = threadIdx.x >> 5, v = blockIdx.x * 4 + wv, lane = threadIdx.x & 31;
     if (v >= n) return;
-    uint16_t *const o = out + (size_t)v * D;
-    qprep_vec<F, D>(q + (size_t)v * D, sb, cinv, mul, lane, [&](int i) -> float & { return s_q[wv][i]; },
-                    [&](int i, uint16_t y) { o[i] = y; }); /* attn_cuda_split.cuh (the fused prep's code) */
+    const float4 in = reinterpret_cast<const float4 *>(q + (size_t)v * D)[lane];
+    float x[4] = {in.x, in.y, in.z, in.w};
+    if constexpr (F != F_BF16 && F != F_FP8) {   /* fp8 is not rotated */
+        float s[4];
+        cw_signs_n<4>(sb, lane, s);   /* K's signs (bits: no per-lane parameter reads) */
+        cw_rotate(x, s, cinv, lane);
+    }
+#pragma unroll
+    for (int k = 0; k < 4; k++) s_q[wv][4 * lane + k] = x[k];
+    __syncwarp();
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int o = 4 * lane + k;
+        const float y = s_q[wv][kdim<F>(o >> 5, (o & 31) >> 1, o & 1)] * mul;
+        out[(size_t)v * D + o] = F == F_BF16 ? __bfloat16_as_ushort(__float2bfloat16_rn(y))
+                                             : __half_as_ushort(__float2half_rn(y));
+    }
 }
 
-/* Per (row, q head) one warp: the row's splits merged (merge_vec128, attn_cuda_split.cuh: in
- * split order, divided by the sum, un-rotated once; unrotate 0: the bf16 / fp8 caches). The
- * split kernel's fused merge (P.out) runs the same code. */
+/* Per (row, q head) one warp (lane l: dims 4 l .. 4 l + 3): the row's splits' (max, sum,
+ * output) merged in split order, divided by the sum, un-rotated once (V's signs sb and
+ * 1 / sqrt(d) cinv; unrotate 0: the bf16 baseline). Lane s holds split s's (max, sum) (at
+ * most 32 splits: split_count) and its weight 2^(max - M); the partial outputs are loaded 16
+ * splits at a time, then added in split order as before. M is the max over the splits' maxima
+ * (fmaxf from -inf: a NaN max is dropped, as in the sequential loop). */
 __global__ void merge_kernel(const float *__restrict__ po, const float2 *__restrict__ pml,
                              const cuda_row *__restrict__ rows, float *__restrict__ out, cw_sbits sb,
                              float cinv, int unrotate, int qh, int nsmax, int n) {
+    constexpr int B = 16;             /* splits' loads in flight */
     const int v = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (v >= n) return;
-    const int ns = min(split_count(rows[v / qh].ntok), min(nsmax, 32));
-    RegStage<D> st;
-    merge_vec128(po, pml, out, (size_t)v, ns, nsmax, sb, cinv, unrotate, lane, st);
+    const int r = v / qh;
+    const int ns = min(split_count(rows[r].ntok), min(nsmax, 32));
+    const float2 ml = lane < ns ? pml[(size_t)v * nsmax + lane] : make_float2(-INFINITY, 0.0f);
+    float M = fmaxf(-INFINITY, ml.x);
+#pragma unroll
+    for (int m = 16; m; m >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, m));
+    const unsigned use = __ballot_sync(0xffffffffu, lane < ns && ml.x != -INFINITY);
+    const float fl = exp2f(ml.x - M);  /* split lane's weight (used where `use` has it) */
+    float o[4] = {0, 0, 0, 0}, L = 0.0f;
+    if (M != -INFINITY)
+        for (int s0 = 0; s0 < ns; s0 += B) {
+            float4 p[B];
+#pragma unroll
+            for (int j = 0; j < B; j++)
+                if (s0 + j < ns)
+                    p[j] = reinterpret_cast<const float4 *>(po + ((size_t)v * nsmax + s0 + j) * D)[lane];
+#pragma unroll
+            for (int j = 0; j < B; j++) {
+                const int s = s0 + j;
+                if (s >= ns) break;
+                const float f = __shfl_sync(0xffffffffu, fl, s), y = __shfl_sync(0xffffffffu, ml.y, s);
+                if (!((use >> s) & 1u)) continue;
+                o[0] += p[j].x * f; o[1] += p[j].y * f; o[2] += p[j].z * f; o[3] += p[j].w * f;
+                L += y * f;
+            }
+        }
+    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) o[k] *= inv;
+    if (unrotate) {
+        float s[4];
+        cw_signs_n<4>(sb, lane, s);
+        cw_unrotate(o, s, cinv, lane);
+    }
+    reinterpret_cast<float4 *>(out + (size_t)v * D)[lane] = make_float4(o[0], o[1], o[2], o[3]);
 }
 
 } // namespace
@@ -92,24 +142,6 @@ static_assert(F_TQ4 == 0 && F_TQ3 == 1 && F_BF16 == 2 && F_TQ42 == 3 && F_TQ2 ==
               "g_cfg is indexed by F");
 #undef SPLIT_CFG
 static unsigned g_setup_done; /* bit d: device d's setup ran (kernel attributes are per device) */
-/* 1: the split kernels merge their partials themselves (the fused merge, attn_cuda_split.cuh),
- * 0: the merge kernel's launch (TQKV_FUSED_MERGE=0 in the environment when the setup first
- * ran, or tqkv_cuda_attn_fused_merge) */
-static int g_fused_merge = 1;
-/* 1: the split kernels prepare their queries themselves (the fused prep), 0: the qprep
- * kernel's launch before them (TQKV_FUSED_QPREP=0, tqkv_cuda_attn_fused_qprep) */
-static int g_fused_qprep = 1;
-static int g_fused_read;      /* the environment was read */
-
-int cuda_fused_merge(void) { return __atomic_load_n(&g_fused_merge, __ATOMIC_RELAXED); }
-int cuda_fused_qprep(void) { return __atomic_load_n(&g_fused_qprep, __ATOMIC_RELAXED); }
-
-static int fused_set(int *flag, int on) {
-    if (tqkv_cuda_attn_setup()) return -1;
-    return on < 0 ? __atomic_load_n(flag, __ATOMIC_RELAXED) : __atomic_exchange_n(flag, on != 0, __ATOMIC_RELAXED);
-}
-extern "C" int tqkv_cuda_attn_fused_merge(int on) { return fused_set(&g_fused_merge, on); }
-extern "C" int tqkv_cuda_attn_fused_qprep(int on) { return fused_set(&g_fused_qprep, on); }
 
 __global__ void smem_probe_kernel(uint32_t *out) {
     extern __shared__ __align__(16) uint32_t s_dyn[];
@@ -128,13 +160,6 @@ extern "C" tqkv_status tqkv_cuda_attn_setup(void) {
     const unsigned bit = cuda_device_bit();
     if (__atomic_load_n(&g_setup_done, __ATOMIC_ACQUIRE) & bit) return TQKV_OK;
     pthread_mutex_lock(&g_setup_mu);
-    if (!g_fused_read) { /* once per process (an explicit tqkv_cuda_attn_fused_merge comes after) */
-        const char *env = getenv("TQKV_FUSED_MERGE");
-        if (env && *env) __atomic_store_n(&g_fused_merge, atoi(env) != 0, __ATOMIC_RELAXED);
-        env = getenv("TQKV_FUSED_QPREP");
-        if (env && *env) __atomic_store_n(&g_fused_qprep, atoi(env) != 0, __ATOMIC_RELAXED);
-        g_fused_read = 1;
-    }
     const tqkv_status st = (g_setup_done & bit) ? TQKV_OK : attn_cuda_setup_locked();
     pthread_mutex_unlock(&g_setup_mu);
     return st;
@@ -278,10 +303,7 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
     const float mul = scale * LOG2E;
     const unsigned qgrid = (unsigned)((nvi + 3) / 4);
     const cw_sbits ksb = cw_sbits_of(kv->kc.signs, D);
-    const int fprep = cuda_fused_qprep(); /* the split kernel prepares its queries (no qprep launch) */
-    if (fprep) {
-        /* nothing: split_prep below */
-    } else if (fmt == F_TQ4) qprep_kernel<F_TQ4><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
+    if (fmt == F_TQ4) qprep_kernel<F_TQ4><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
     else if (fmt == F_TQ3) qprep_kernel<F_TQ3><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
     else if (fmt == F_TQ42) qprep_kernel<F_TQ42><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
     else if (fmt == F_TQ2) qprep_kernel<F_TQ2><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
@@ -289,20 +311,15 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
     else if (fmt == F_TQ32) qprep_kernel<F_TQ32><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
     else if (fmt == F_FP8) qprep_kernel<F_FP8><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
     else qprep_kernel<F_BF16><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
-    Params<D> P = split_params<D>(kv, kv->kc, kv->vc, qp, po, pml, q_heads, nsmax);
-    const int unrotate = fmt != F_BF16 && fmt != F_FP8; /* tq: un-rotate */
-    const int fused = cuda_fused_merge();
-    if (fused) split_fuse<D>(&P, out, unrotate);
-    if (fprep) split_prep<D>(&P, q, mul);
+    const Params<D> P = split_params<D>(kv, kv->kc, kv->vc, qp, po, pml, q_heads, nsmax);
     /* persistent: the resident CTAs, at most one per possible work item (a CTA's groups
      * take items gridDim.x apart, so the first items land on different SMs) */
     const SplitCfg *k = &g_cfg[fmt];
     const long items_ub = (long)kv->rows * kv->kvh * nsmax;
     const unsigned grid = (unsigned)(items_ub < k->ctas ? items_ub : k->ctas);
     k->fn<<<grid, k->ng * NW * 32, k->smem, kv->stream>>>(P);
-    if (!fused)
-        merge_kernel<<<qgrid, 128, 0, kv->stream>>>(po, pml, kv->d_rows, out, cw_sbits_of(kv->vc.signs, D),
-                                                     kv->vc.inv, unrotate, q_heads, nsmax, nvi);
+    merge_kernel<<<qgrid, 128, 0, kv->stream>>>(po, pml, kv->d_rows, out, cw_sbits_of(kv->vc.signs, D), kv->vc.inv,
+                                                 fmt != F_BF16 && fmt != F_FP8, q_heads, nsmax, nvi); /* tq: un-rotate */
     return cuda_check(cudaGetLastError(), "attention kernel launch");
 }
 

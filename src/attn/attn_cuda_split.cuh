@@ -5,15 +5,11 @@
  * a K/V pair (d = 128 only, with the window: F_TQ42 = tq4 K with
  * tq2 V, F_TQ2 = tq2 both, F_TQ43 = tq4 K with tq3 V, F_TQ32 = tq3 K with tq2 V;
  * attn_cuda_tile.cuh), head dim D = 128 or 256. Instantiated by attn_cuda.cu (d = 128) and
- * attn_cuda_wide.cu (d = 256), which launch it (and, with TQKV_FUSED_QPREP=0 /
- * TQKV_FUSED_MERGE=0, prepare its queries / merge its partials in kernels of their own).
+ * attn_cuda_wide.cu (d = 256), which prepare its queries, launch it and merge its partials.
  * Owns: the kernel's parameters (Params<D>), its shared-memory layout, work items and their
  * claims, the stream of staged tiles and its mbarrier phases, the online softmax, the merge of
  * a group's warps and the partials' layout ([rows, q_heads, nsmax, D] unnormalized outputs in
- * the V domain, [rows, q_heads, nsmax] (max, sum) in base 2); the query prep of one vector
- * (qprep_vec) and the merge of one vector's splits (merge_vec128 / 256), which the separate
- * kernels and the fused ones share; the fused prep (prep_query) and merge (fused_merge, its
- * per-(row, kv head) split counters).
+ * the V domain, [rows, q_heads, nsmax] (max, sum) in base 2).
  * Must not: mutate the cache, or let a row's result depend on other rows: a row's split size
  * depends only on its own token count (attn_cuda_splits.h), every reduction runs in a fixed
  * order.
@@ -30,8 +26,7 @@
  * and that factor (q8_tok_factor) takes the scale's place.
  * Online softmax in base 2 per warp over scores plus log2 of the V factor, with a lazy
  * rescale (RESCALE_SLACK), merged across a group's warps in registers (two rounds through
- * exchange slots in shared memory), and across splits in split order by the group that
- * finishes a (row, kv head)'s last split (the fused merge; or by the merge kernel).
+ * exchange slots in shared memory), and across splits by the merge kernel in split order.
  * Staging runs on warp-uniform values (uni()): one elected lane issues a tile's bulk copies
  * from uniform registers.
  * d = 256: the same kernel with 16 k-steps (K decoded per head-dim half), 16 m-tiles
@@ -44,175 +39,8 @@
 
 #include "attn/attn_cuda_splits.h"
 #include "attn/attn_cuda_tile.cuh"
-#include "codec/codec_cuda.cuh"
 
 namespace {
-
-// ---------------------------------------------------------------------------
-// The merge of a (row, q head)'s split partials (one warp): the merge kernels of
-// attn_cuda.cu / attn_cuda_wide.cu and the split kernel's fused merge run this same code, so
-// both give the same bits. Where the partial outputs wait between their loads and their
-// additions is the caller's Stage:
-//   RegStage (the merge kernels): B splits' loads in registers;
-//   SmemStage (the fused merge, whose partials other CTAs of the same launch wrote): copied
-//     through L2 (cp.async.cg) into the group's exchange slots, 4 splits at a time, each lane
-//     reading back only its own bytes; few registers, so the split kernel's tile loop keeps
-//     its allocation (with 4 splits in registers ptxas spilled in the tile loop, tq3 / tq4).
-// ---------------------------------------------------------------------------
-template <int D> struct RegStage {
-    static constexpr int B = D == 128 ? 16 : 8;         /* splits' loads in flight */
-    static constexpr int NQ = D / 128;                  /* float4 per lane per split */
-    float4 p[B][NQ];
-    __device__ __forceinline__ void fetch(int j, const float4 *src) {
-#pragma unroll
-        for (int q = 0; q < NQ; q++) p[j][q] = src[q];
-    }
-    __device__ __forceinline__ void wait() {}
-    __device__ __forceinline__ float4 take(int j, int q) const { return p[j][q]; }
-    template <typename T> __device__ __forceinline__ T ld(const T *a) const { return *a; }
-};
-/* (SmemStage: after the split kernel's shared-memory layout, below.) */
-
-/* d = 128 (lane l: dims 4 l .. 4 l + 3): vector v's ns splits' (max, sum, output) of stride
- * nsmax merged in split order, divided by the sum, un-rotated once (V's signs sb and 1 /
- * sqrt(d) cinv; unrotate 0: the bf16 / fp8 caches), stored to out[v]. Lane s holds split s's
- * (max, sum) (ns <= 32: split_count) and its weight 2^(max - M); the partial outputs are loaded
- * B splits at a time (St), then added in split order (B changes no arithmetic). M is the max
- * over the splits' maxima (fmaxf from -inf: a NaN max is dropped, as in the sequential loop).
- * ns = 0 stores the zero vector (un-rotated). */
-template <class St>
-__device__ __forceinline__ void merge_vec128(const float *po, const float2 *pml, float *out, size_t v, int ns,
-                                             int nsmax, const cw_sbits &sb, float cinv, int unrotate, int lane,
-                                             St &st) {
-    constexpr int D = 128, B = St::B;
-    const float2 ml = lane < ns ? st.ld(pml + v * nsmax + lane) : make_float2(-INFINITY, 0.0f);
-    float M = fmaxf(-INFINITY, ml.x);
-#pragma unroll
-    for (int m = 16; m; m >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, m));
-    const unsigned use = __ballot_sync(0xffffffffu, lane < ns && ml.x != -INFINITY);
-    const float fl = exp2f(ml.x - M);  /* split lane's weight (used where `use` has it) */
-    float o[4] = {0, 0, 0, 0}, L = 0.0f;
-    if (M != -INFINITY)
-        for (int s0 = 0; s0 < ns; s0 += B) {
-#pragma unroll
-            for (int j = 0; j < B; j++)
-                if (s0 + j < ns) st.fetch(j, reinterpret_cast<const float4 *>(po + (v * nsmax + s0 + j) * D) + lane);
-            st.wait();
-#pragma unroll
-            for (int j = 0; j < B; j++) {
-                const int s = s0 + j;
-                if (s >= ns) break;
-                const float f = __shfl_sync(0xffffffffu, fl, s), y = __shfl_sync(0xffffffffu, ml.y, s);
-                if (!((use >> s) & 1u)) continue;
-                const float4 p = st.take(j, 0);
-                o[0] += p.x * f; o[1] += p.y * f; o[2] += p.z * f; o[3] += p.w * f;
-                L += y * f;
-            }
-        }
-    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
-#pragma unroll
-    for (int k = 0; k < 4; k++) o[k] *= inv;
-    if (unrotate) {
-        float s[4];
-        cw_signs_n<4>(sb, lane, s);
-        cw_unrotate(o, s, cinv, lane);
-    }
-    reinterpret_cast<float4 *>(out + v * D)[lane] = make_float4(o[0], o[1], o[2], o[3]);
-}
-
-/* d = 256 (lane l: dims 8 l .. 8 l + 7): as merge_vec128, the maxima read by every lane in
- * strides of 32 (ns <= wsplit_bound: up to 128 splits). A split whose max is -inf is skipped
- * (the tensor-core kernel's split that saw no finite score reports M_START with a sum of 0:
- * weighed 2^(M_START - M) = 0). */
-template <class St>
-__device__ __forceinline__ void merge_vec256(const float *po, const float2 *pml, float *out, size_t v, int ns,
-                                             int nsmax, const cw_sbits &sb, float cinv, int unrotate, int lane,
-                                             St &st) {
-    constexpr int D = 256, B = St::B;
-    const float2 *ml = pml + v * nsmax;
-    float M = -INFINITY;
-    for (int s = lane; s < ns; s += 32) M = fmaxf(M, st.ld(ml + s).x);
-#pragma unroll
-    for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-    float o8[8] = {0, 0, 0, 0, 0, 0, 0, 0}, L = 0.0f;
-    if (M != -INFINITY)
-        for (int s0 = 0; s0 < ns; s0 += B) {  /* B splits' loads in flight, added in order */
-            float2 mj[B];
-#pragma unroll
-            for (int j = 0; j < B; j++) {
-                mj[j] = make_float2(-INFINITY, 0.0f);
-                if (s0 + j < ns) {
-                    mj[j] = st.ld(ml + s0 + j);
-                    st.fetch(j, reinterpret_cast<const float4 *>(po + (v * nsmax + s0 + j) * D + 8 * lane));
-                }
-            }
-            st.wait();
-#pragma unroll
-            for (int j = 0; j < B; j++) {
-                if (mj[j].x == -INFINITY) continue;
-                const float f = exp2f(mj[j].x - M);
-                const float4 pa = st.take(j, 0), pb = st.take(j, 1);
-                o8[0] += pa.x * f; o8[1] += pa.y * f; o8[2] += pa.z * f; o8[3] += pa.w * f;
-                o8[4] += pb.x * f; o8[5] += pb.y * f; o8[6] += pb.z * f; o8[7] += pb.w * f;
-                L += mj[j].y * f;
-            }
-        }
-    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
-#pragma unroll
-    for (int c = 0; c < 8; c++) o8[c] *= inv;
-    if (unrotate) {
-        float sg[8];
-        cw_signs_n<8>(sb, lane, sg);
-        cw_unrotate_n<8>(o8, sg, cinv, lane);
-    }
-    float4 *op = reinterpret_cast<float4 *>(out + v * D + 8 * lane);
-    op[0] = make_float4(o8[0], o8[1], o8[2], o8[3]);
-    op[1] = make_float4(o8[4], o8[5], o8[6], o8[7]);
-}
-template <int D, class St>
-__device__ __forceinline__ void merge_vec(const float *po, const float2 *pml, float *out, size_t v, int ns,
-                                          int nsmax, const cw_sbits &sb, float cinv, int unrotate, int lane,
-                                          St &st) {
-    if constexpr (D == 128) merge_vec128(po, pml, out, v, ns, nsmax, sb, cinv, unrotate, lane, st);
-    else merge_vec256(po, pml, out, v, ns, nsmax, sb, cinv, unrotate, lane, st);
-}
-// ---------------------------------------------------------------------------
-// The query prep of one (row, q head) vector (one warp): the qprep kernels of attn_cuda.cu /
-// attn_cuda_wide.cu and the split kernel's fused prep run this same code (the same bits)
-// ---------------------------------------------------------------------------
-/* Lane l: dims E l .. E l + E - 1 of qv [D] (E = D / 32), rotated into K's domain (sb: K's
- * signs, cinv: 1 / sqrt(d); not for the bf16 and fp8 caches), through the warp's float scratch
- * (sq(i): element i's shared float) gathered into the split kernel's qdim<F, D> order, times
- * mul (softmax scale * log2(e)), rounded to fp16 (bf16 for the dense cache): put(o, bits) for
- * element o = E l + k. d = 128: qprep_kernel's operations, d = 256: wprep_kernel<F>'s. */
-template <int F, int D, class Sq, class Put>
-__device__ __forceinline__ void qprep_vec(const float *qv, const cw_sbits &sb, float cinv, float mul, int lane,
-                                          Sq sq, Put put) {
-    constexpr int E = D / 32;
-    float x[E];
-#pragma unroll
-    for (int j = 0; j < E / 4; j++) {
-        const float4 in = reinterpret_cast<const float4 *>(qv + E * lane)[j];
-        x[4 * j] = in.x; x[4 * j + 1] = in.y; x[4 * j + 2] = in.z; x[4 * j + 3] = in.w;
-    }
-    if constexpr (F != F_BF16 && F != F_FP8) {   /* fp8 is not rotated */
-        float sg[E];
-        cw_signs_n<E>(sb, lane, sg);   /* K's signs (bits: no per-lane parameter reads) */
-        if constexpr (D == 128) cw_rotate(x, sg, cinv, lane);
-        else cw_rotate_n<E>(x, sg, cinv, lane);
-    }
-#pragma unroll
-    for (int k = 0; k < E; k++) sq(E * lane + k) = x[k];
-    __syncwarp();
-#pragma unroll
-    for (int k = 0; k < E; k++) {
-        const int o = E * lane + k;
-        const float y = sq(qdim<F, D>(o)) * mul;
-        put(o, F == F_BF16 ? __bfloat16_as_ushort(__float2bfloat16_rn(y)) : __half_as_ushort(__float2half_rn(y)));
-    }
-    __syncwarp();                  /* the scratch is read before it is written again */
-}
-
 
 /* A row's split length and count at head dim D (attn_cuda_splits.h). */
 template <int D> __device__ __forceinline__ int dsplit_len(int ntok) {
@@ -250,20 +78,6 @@ template <int D> struct Params {
     int nrows, kvh, G, qh, cap;
     int nsmax;                /* split stride of po / pml: >= every row's split_count */
     int *work;                /* [2] counters (next item, groups done), zero between launches */
-    /* the fused merge (out != NULL; split_fuse): the group that finishes the last split of a
-     * (row, kv head) merges its G heads' partials into out, as the merge kernel would */
-    float *out;               /* [rows, qh, D] outputs; NULL: the merge kernel's launch merges */
-    int *done;                /* [rows, kvh] splits finished, zero between launches */
-    cw_sbits vsb;             /* V's signs and 1 / sqrt(d): the un-rotation */
-    float vinv;
-    int unrotate;             /* 0: the bf16 and fp8 caches (not rotated) */
-    /* the fused query prep (qraw != NULL; split_prep): each item prepares its G heads' queries
-     * from qraw in its group's exchange slots (prep_query), as the qprep kernel would, and
-     * does not read q */
-    const float *qraw;        /* [rows, qh, D] float queries */
-    cw_sbits ksb;             /* K's signs and 1 / sqrt(d): the rotation */
-    float kinv;
-    float qmul;               /* softmax scale * log2(e) */
     typename cuda_codec_of<D>::type kc, vc;  /* the kernel reads kc.cent (one format for K and V), and
                                               * vc.cent for the pairs of two formats */
 };
@@ -294,29 +108,7 @@ inline Params<D> split_params(const cuda_kv *kv, const typename cuda_codec_of<D>
     P.work = kv->d_work;
     P.kc = kc;
     P.vc = vc;
-    P.out = NULL;
-    P.done = kv->d_work + 2;  /* cache_cuda.cu: [2 + rows kvh] */
-    P.vsb = cw_sbits_of(vc.signs, D);
-    P.vinv = vc.inv;
-    P.unrotate = 0;
-    P.qraw = NULL;
-    P.ksb = cw_sbits_of(kc.signs, D);
-    P.kinv = kc.inv;
-    P.qmul = 0.0f;
     return P;
-}
-
-/* The merge folded into the split kernel (TQKV_FUSED_MERGE, attn_cuda.cu): outputs to out,
- * un-rotated unless unrotate is 0. */
-template <int D> inline void split_fuse(Params<D> *P, float *out, int unrotate) {
-    P->out = out;
-    P->unrotate = unrotate;
-}
-/* The query prep folded into the split kernel (TQKV_FUSED_QPREP, attn_cuda.cu): the float
- * queries q [rows, qh, D], mul = softmax scale * log2(e). */
-template <int D> inline void split_prep(Params<D> *P, const float *q, float mul) {
-    P->qraw = q;
-    P->qmul = mul;
 }
 
 constexpr int NW = 4;                         /* warps per group (one work item at a time) */
@@ -351,127 +143,9 @@ template <int F, int NG, int ST, int D> __host__ __device__ constexpr int smem_b
     return smem_xs<F, NG, ST, D>() + (xs_after<F>() ? NG * 2 * (D / 4) * 128 : 0);  /* D / 4 slot rows per lane */
 }
 
-/* Byte offset of row R (128 bytes: 32 lanes x 4) of group grp's exchange slots (2 slots of
- * 4 D / 16 rows: the split kernel's slot_off, R = slot x 4 NM + j). */
-template <int F, int NG, int ST, int D> __device__ __forceinline__ int xs_row(int grp, int R) {
-    constexpr int NR = 4 * (D / 16);          /* rows per slot */
-    if constexpr (F == F_BF16) return (grp * NW + R / NR) * warp_area<F, ST, D>() + (R % NR) * 128;
-    else if constexpr (xs_after<F>()) return smem_xs<F, NG, ST, D>() + (grp * 2 * NR + R) * 128;
-    else return (grp * 2 * NR + R) * 256 + 128;
-}
-
-/* The fused merge's Stage (merge_vec128 / 256): split j's float4 q of this lane (unit u = (j NQ
- * + q) 32 + lane, 16 bytes) in row w B NQ 4 + u / 8 of group grp's exchange slots (warp w's
- * B NQ 4 rows: all 2 x 4 D / 16 rows for the 4 warps), copied from global memory through L2
- * (cp.async.cg: the partials of other CTAs of this launch, never a stale L1 line); each lane
- * reads back only its own units, after its own wait. */
-template <int F, int NG, int ST, int D> struct SmemStage {
-    static constexpr int B = 4, NQ = D / 128;
-    static_assert(NW * B * NQ * 4 == 2 * 4 * (D / 16), "the warps' stages fill the group's exchange slots");
-    char *sb;                 /* dynamic shared memory */
-    int grp, w, lane;
-    __device__ __forceinline__ char *at(int j, int q) const {
-        const int u = (j * NQ + q) * 32 + lane;
-        return sb + xs_row<F, NG, ST, D>(grp, w * (B * NQ * 4) + (u >> 3)) + (u & 7) * 16;
-    }
-    __device__ __forceinline__ void fetch(int j, const float4 *src) {
-#pragma unroll
-        for (int q = 0; q < NQ; q++)
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(at(j, q))),
-                         "l"(src + q)
-                         : "memory");
-    }
-    __device__ __forceinline__ void wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-    __device__ __forceinline__ float4 take(int j, int q) const { return *reinterpret_cast<const float4 *>(at(j, q)); }
-    template <typename T> __device__ __forceinline__ T ld(const T *a) const { return __ldcg(a); }
-};
-
 /* Group barrier (ids 1..NG; 0 is __syncthreads). */
 __device__ __forceinline__ void grp_sync(int grp) {
     asm volatile("bar.sync %0, %1;" ::"r"(1 + grp), "n"(NW * 32) : "memory");
-}
-
-/* The fused query prep of item (r, h) for group grp (warp w, from the item's start): warp w
- * prepares heads w, w + NW, .. < G (qprep_vec: the qprep kernels' code, so the same fp16 bits)
- * into the group's exchange slots (free between the previous item's merge and this one's:
- * rows [0, QR) the fp16 queries [G, D], then D / 32 rows of float scratch per warp), then
- * every warp loads its B fragments qb (head g = lane / 4, as from the prepared queries in
- * global memory). Two group barriers: the queries written before they are read, and read by
- * every warp before the slots serve the item's merge. */
-template <int F, int NG, int ST, int D>
-__device__ __forceinline__ void prep_query(const Params<D> &P, char *sb, int r, int h, int grp, int w, int lane,
-                                           uint32_t (&qb)[D / 16][2]) {
-    constexpr int QR = CUDA_MAX_G * D / 64;   /* rows of the fp16 queries */
-    static_assert(QR + NW * (D / 32) <= 2 * 4 * (D / 16), "the prep fits the exchange slots");
-    const int G = P.G;
-    auto row = [&](int R) { return sb + xs_row<F, NG, ST, D>(grp, R); };
-    const size_t v0 = (size_t)r * P.qh + (size_t)h * G;
-    for (int hd = w; hd < G; hd += NW)
-        qprep_vec<F, D>(
-            P.qraw + (v0 + hd) * D, P.ksb, P.kinv, P.qmul, lane,
-            [&](int i) -> float & { return *reinterpret_cast<float *>(row(QR + w * (D / 32) + (i >> 5)) + (i & 31) * 4); },
-            [&](int o, uint16_t y) {
-                const int b = (hd * D + o) * 2;
-                *reinterpret_cast<uint16_t *>(row(b >> 7) + (b & 127)) = y;
-            });
-    grp_sync(grp);
-    const int g = lane >> 2, c = lane & 3;
-#pragma unroll
-    for (int k = 0; k < D / 32; k++) {       /* elements 32 c + 128 (k / 4) + 8 (k % 4) .. + 8 of head g */
-        uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (g < G) {
-            const int b = (g * D + 32 * c + 128 * (k >> 2) + 8 * (k & 3)) * 2;
-            v = *reinterpret_cast<const uint4 *>(row(b >> 7) + (b & 127));
-        }
-        qb[2 * k][0] = v.x; qb[2 * k][1] = v.y; qb[2 * k + 1][0] = v.z; qb[2 * k + 1][1] = v.w;
-    }
-    grp_sync(grp);
-}
-
-/* The fused merge of heads v0 + w, v0 + w + NW, .. below v0 + G (warp w of group grp), staged
- * through the group's exchange slots (SmemStage). */
-template <int F, int NG, int ST, int D>
-__device__ __noinline__ void merge_heads(const float *po, const float2 *pml, float *out, size_t v0, int G, int ns,
-                                         int nsmax, cw_sbits sb, float cinv, int unrotate, char *sbytes, int grp,
-                                         int w, int lane) {
-    SmemStage<F, NG, ST, D> st = {sbytes, grp, w, lane};
-    for (int hd = w; hd < G; hd += NW) merge_vec<D>(po, pml, out, v0 + hd, ns, nsmax, sb, cinv, unrotate, lane, st);
-}
-
-/* The fused merge after a group's item of (row r, kv head h), whose partials warp w = 0 has
- * just stored (ns: the row's splits). With ns > 1 each group counts its finished split in
- * P.done[r, h] (release: every storing lane's fence, then lane 0's fence and atomic); the one
- * that counts the last split (acquire: fences after the atomic; the partials read through L2)
- * merges the G heads (warp w: heads w, w + NW, ...; merge_vec: the merge kernel's code) and
- * resets the counter for the next launch (stream order publishes it). ns = 1: the group's own
- * split, merged after the group barrier. s_flag: the group's shared word (the count seen). */
-template <int F, int NG, int ST, int D>
-__device__ __forceinline__ void fused_merge(const Params<D> &P, int r, int h, int ns, volatile int *s_flag,
-                                            char *sbytes, int grp, int w, int lane) {
-    const size_t rh = (size_t)r * P.kvh + h;
-    bool last = true;
-    if (ns > 1) {
-        if (w == 0) {
-            __threadfence();
-            __syncwarp();
-            if (lane == 0) {
-                __threadfence();
-                const int old = atomicAdd(P.done + rh, 1);
-                __threadfence();
-                *s_flag = old;
-            }
-        }
-        grp_sync(grp);
-        last = *s_flag == ns - 1;   /* read before the item's next group barrier */
-    } else {
-        grp_sync(grp);              /* warp 0's stores seen by the group */
-    }
-    if (!last) return;
-    __threadfence();
-    merge_heads<F, NG, ST, D>(P.po, P.pml, P.out, (size_t)r * P.qh + (size_t)h * P.G, P.G, ns, P.nsmax, P.vsb,
-                              P.vinv, P.unrotate, sbytes, grp, w, lane);
-    if (ns > 1 && w == 0 && lane == 0) P.done[rh] = 0;
-    grp_sync(grp);            /* the slots are read before the next item's query prep writes them */
 }
 
 /* The online softmax's max step for a tile (heads 2c, 2c+1 of this lane; the D = 128 and 256
@@ -648,15 +322,6 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
     }
     const int total0 = s_pre0[P.nrows], total = total0 + s_pre[P.nrows];
     const int workers = (int)gridDim.x * NG;
-    if (P.out) { /* fused merge: rows without tokens have no items; their outputs as the merge kernel's (0 splits) */
-        for (int r = grp * (int)gridDim.x + (int)blockIdx.x; r < P.nrows; r += workers)
-            if (P.rows[r].ntok <= 0)
-                for (int qv = w; qv < P.qh; qv += NW) { /* (0 splits: nothing staged) */
-                    SmemStage<F, NG, ST, D> st = {sbytes, grp, w, lane};
-                    merge_vec<D>(P.po, P.pml, P.out, (size_t)r * P.qh + qv, 0, P.nsmax, P.vsb, P.vinv, P.unrotate,
-                                 lane, st);
-                }
-    }
     /* worker k's first two items are k and k + workers; with more items than that the rest
      * are claimed from the counter (items 2 workers, 2 workers + 1, ...), each claim made
      * an item ahead of its use, so its latency hides behind a whole item. With at most
@@ -732,16 +397,8 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
             nxt_col = nxt_nf > 0 ? uni((uint64_t)x.col) : 0;
             nxt_first = nxt_nf > 0 ? uni(x.first) : 0;
 #endif
-            /* its query (G heads, up to 2 / 4 KiB; the fused prep's float ones: 4 / 8 KiB) into L1
-             * now, so the next item starts without waiting */
-            if (P.qraw) {
-                if (x.nf > 0) {
-                    const char *const qr =
-                        reinterpret_cast<const char *>(P.qraw + ((size_t)x.r * P.qh + (size_t)x.h * G) * D);
-                    for (int o = 128 * lane; o < G * D * 4; o += 32 * 128)
-                        asm volatile("prefetch.global.L1 [%0];" ::"l"(qr + o));
-                }
-            } else if (x.nf > 0 && lane < CUDA_MAX_G * D / 64 && lane * 128 < G * D * 2)
+            /* its query (G heads, up to 2 / 4 KiB) into L1 now, so the next item starts without waiting */
+            if (x.nf > 0 && lane < CUDA_MAX_G * D / 64 && lane * 128 < G * D * 2)
                 asm volatile("prefetch.global.L1 [%0];" ::"l"(reinterpret_cast<const char *>(
                     P.q + ((size_t)x.r * P.qh + (size_t)x.h * G) * D) + 128 * lane));
         }
@@ -818,9 +475,7 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
         // ---- query fragments (B of QK^T): head g, pairs 2s / 2s+1 (stored in qdim order:
         //      d = 256 pairs 16 h .. of K's column c at 128 h + 32 c, four uint4 per half)
         uint32_t qb[NM][2];
-        if (P.qraw) {
-            prep_query<F, NG, ST, D>(P, sbytes, r, h, grp, w, lane, qb);
-        } else if (g < G) {
+        if (g < G) {
             const uint4 *q = reinterpret_cast<const uint4 *>(P.q + ((size_t)r * P.qh + (size_t)h * G + g) * D + 32 * c);
 #pragma unroll
             for (int k = 0; k < D / 32; k++) {
@@ -1258,7 +913,6 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
                 if (g == 0) P.pml[pi] = make_float2(m[k], l[k]);
             }
         }
-        if (P.out) fused_merge<F, NG, ST, D>(P, r, h, dsplit_count<D>(row.ntok), s_next + NG * NW + wc0, sbytes, grp, w, lane);
         item = nxt_item;
         nxt_item = claims ? claimed : total;
         cur = locate(item);

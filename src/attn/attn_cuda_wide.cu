@@ -56,27 +56,33 @@ __global__ void wprep_kernel(const float *__restrict__ q, void *__restrict__ out
     __shared__ float s_q[4][WD];
     const int wv = threadIdx.x >> 5, v = blockIdx.x * 4 + wv, lane = threadIdx.x & 31;
     if (v >= n) return;
-    if constexpr (OUT >= 0) { /* tq (rotate = 1): qprep_vec, attn_cuda_split.cuh (the fused prep's code) */
-        uint16_t *const o = reinterpret_cast<uint16_t *>(out) + (size_t)v * WD;
-        qprep_vec<OUT, WD>(q + (size_t)v * WD, sb, cinv, mul, lane, [&](int i) -> float & { return s_q[wv][i]; },
-                           [&](int i, uint16_t y) { o[i] = y; });
-    } else {
-        float x[E];
+    float x[E];
 #pragma unroll
-        for (int j = 0; j < E / 4; j++) {
-            const float4 in = reinterpret_cast<const float4 *>(q + (size_t)v * WD + E * lane)[j];
-            x[4 * j] = in.x; x[4 * j + 1] = in.y; x[4 * j + 2] = in.z; x[4 * j + 3] = in.w;
-        }
-        if (rotate) { /* cw_load_rotate's rotation, K's signs as bits (no per-lane parameter reads) */
-            float sg[E];
-            cw_signs_n<E>(sb, lane, sg);
-            cw_rotate_n<E>(x, sg, cinv, lane);
-        }
+    for (int j = 0; j < E / 4; j++) {
+        const float4 in = reinterpret_cast<const float4 *>(q + (size_t)v * WD + E * lane)[j];
+        x[4 * j] = in.x; x[4 * j + 1] = in.y; x[4 * j + 2] = in.z; x[4 * j + 3] = in.w;
+    }
+    if (rotate) { /* cw_load_rotate's rotation, K's signs as bits (no per-lane parameter reads) */
+        float sg[E];
+        cw_signs_n<E>(sb, lane, sg);
+        cw_rotate_n<E>(x, sg, cinv, lane);
+    }
+    if constexpr (OUT < 0) {
         float *const o = reinterpret_cast<float *>(out) + (size_t)v * WD + E * lane;
 #pragma unroll
         for (int j = 0; j < E / 4; j++)
             reinterpret_cast<float4 *>(o)[j] =
                 make_float4(x[4 * j] * mul, x[4 * j + 1] * mul, x[4 * j + 2] * mul, x[4 * j + 3] * mul);
+    } else {
+#pragma unroll
+        for (int k = 0; k < E; k++) s_q[wv][E * lane + k] = x[k];
+        __syncwarp();
+        uint16_t *const o = reinterpret_cast<uint16_t *>(out) + (size_t)v * WD;
+#pragma unroll
+        for (int k = 0; k < E; k++) {
+            const int i = E * lane + k;
+            o[i] = __half_as_ushort(__float2half_rn(s_q[wv][qdim<OUT, WD>(i)] * mul));
+        }
     }
 }
 
@@ -329,8 +335,7 @@ __global__ void __launch_bounds__(WNW * 32) wdec_kernel(const WParams P) {
 // ---------------------------------------------------------------------------
 // Merge
 // ---------------------------------------------------------------------------
-/* Per (row, q head) one warp (lane l: dims 8 l .. 8 l + 7; merge_vec256 of attn_cuda_split.cuh,
- * which the split kernel's fused merge also runs): the row's splits' (max, sum,
+/* Per (row, q head) one warp (lane l: dims 8 l .. 8 l + 7): the row's splits' (max, sum,
  * output) merged in split order, divided by the sum, un-rotated once (V codec; unrotate 0:
  * the bf16 baseline, stored unrotated). TC: the partials of the tensor-core kernel (its split
  * rule, tsplit_count), else the float32 kernel's (wsplit_count); both write natural dim order,
@@ -340,12 +345,52 @@ template <bool TC>
 __global__ void wmerge_kernel(const float *__restrict__ po, const float2 *__restrict__ pml,
                               const cuda_row *__restrict__ rows, float *__restrict__ out, cw_sbits sb,
                               float cinv, int unrotate, int qh, int nsmax, int n) {
+    constexpr int B = 8;      /* splits' loads in flight */
     const int v = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (v >= n) return;
     const int ntok = rows[v / qh].ntok;
     const int ns = min(TC ? tsplit_count(ntok) : wsplit_count(ntok), nsmax);
-    RegStage<WD> st;
-    merge_vec256(po, pml, out, (size_t)v, ns, nsmax, sb, cinv, unrotate, lane, st); /* attn_cuda_split.cuh */
+    const float2 *ml = pml + (size_t)v * nsmax;
+    float M = -INFINITY;
+    for (int s = lane; s < ns; s += 32) M = fmaxf(M, ml[s].x);
+#pragma unroll
+    for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    float o8[8] = {0, 0, 0, 0, 0, 0, 0, 0}, L = 0.0f;
+    if (M != -INFINITY)
+        for (int s0 = 0; s0 < ns; s0 += B) {  /* B splits' loads in flight, added in order */
+            float2 mj[B];
+            float4 pa[B], pb[B];
+#pragma unroll
+            for (int j = 0; j < B; j++) {
+                mj[j] = make_float2(-INFINITY, 0.0f);
+                pa[j] = pb[j] = make_float4(0, 0, 0, 0);
+                if (s0 + j < ns) {
+                    mj[j] = ml[s0 + j];
+                    const float4 *p = reinterpret_cast<const float4 *>(po + ((size_t)v * nsmax + s0 + j) * WD + 8 * lane);
+                    pa[j] = p[0];
+                    pb[j] = p[1];
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < B; j++) {
+                if (mj[j].x == -INFINITY) continue;
+                const float f = exp2f(mj[j].x - M);
+                o8[0] += pa[j].x * f; o8[1] += pa[j].y * f; o8[2] += pa[j].z * f; o8[3] += pa[j].w * f;
+                o8[4] += pb[j].x * f; o8[5] += pb[j].y * f; o8[6] += pb[j].z * f; o8[7] += pb[j].w * f;
+                L += mj[j].y * f;
+            }
+        }
+    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+#pragma unroll
+    for (int c = 0; c < 8; c++) o8[c] *= inv;
+    if (unrotate) {
+        float sg[8];
+        cw_signs_n<8>(sb, lane, sg);
+        cw_unrotate_n<8>(o8, sg, cinv, lane);
+    }
+    float4 *op = reinterpret_cast<float4 *>(out + (size_t)v * WD + 8 * lane);
+    op[0] = make_float4(o8[0], o8[1], o8[2], o8[3]);
+    op[1] = make_float4(o8[4], o8[5], o8[6], o8[7]);
 }
 
 template <int B>
@@ -409,19 +454,14 @@ extern "C" size_t tqkv_cuda_attend_ws_bytes_dim(int rows, int q_heads, int max_t
     return wide_ws(nv, wsplit_bound(max_tokens), &po_b, &pml_b);
 }
 
-/* The tensor-core kernel's partials of kv (F: its format) into po / pml, its queries in qp;
- * out != NULL: merged by the kernel itself into out (the fused merge). */
+/* The tensor-core kernel's partials of kv (F: its format) into po / pml, its queries in qp. */
 template <int F>
 static void tc_partials(const cuda_kv *kv, const float *q, int q_heads, float scale, float *po, float2 *pml,
-                        uint16_t *qp, int nsmax, float *out) {
+                        uint16_t *qp, int nsmax) {
     const int nvi = kv->rows * q_heads;
-    const int fprep = cuda_fused_qprep(); /* the split kernel prepares its queries (no wprep launch) */
-    if (!fprep)
-        wprep_kernel<F><<<(unsigned)((nvi + 3) / 4), 128, 0, kv->stream>>>(q, qp, cw_sbits_of(kv->kc256.signs, WD),
-                                                                          kv->kc256.inv, 1, scale * LOG2E, nvi);
-    Params<WD> P = split_params<WD>(kv, kv->kc256, kv->vc256, qp, po, pml, q_heads, nsmax);
-    if (out) split_fuse<WD>(&P, out, 1);
-    if (fprep) split_prep<WD>(&P, q, scale * LOG2E);
+    wprep_kernel<F><<<(unsigned)((nvi + 3) / 4), 128, 0, kv->stream>>>(q, qp, cw_sbits_of(kv->kc256.signs, WD),
+                                                                      kv->kc256.inv, 1, scale * LOG2E, nvi);
+    const Params<WD> P = split_params<WD>(kv, kv->kc256, kv->vc256, qp, po, pml, q_heads, nsmax);
     /* persistent: the resident CTAs, at most one per possible work item (a CTA's groups take
      * items gridDim.x apart, so the first items land on different SMs) */
     const WideCfg *k = &g_wcfg[F];
@@ -492,13 +532,10 @@ tqkv_status cuda_attend_decode_wide(cuda_kv *kv, const float *q, int q_heads, fl
     const int nvi = (int)nv;
     const unsigned qgrid = (unsigned)((nv + 3) / 4);
     if (tc) {
-        float *const fout = cuda_fused_merge() ? out : NULL; /* the kernel merges (attn_cuda_split.cuh) */
-        if (kv->kfmt == TQKV_TQ4) tc_partials<F_TQ4>(kv, q, q_heads, scale, po, pml, (uint16_t *)qp, nsmax, fout);
-        else tc_partials<F_TQ3>(kv, q, q_heads, scale, po, pml, (uint16_t *)qp, nsmax, fout);
-        if (!fout)
-            wmerge_kernel<true><<<qgrid, 128, 0, kv->stream>>>(po, pml, kv->d_rows, out,
-                                                               cw_sbits_of(kv->vc256.signs, WD), kv->vc256.inv, 1,
-                                                               q_heads, nsmax, nvi);
+        if (kv->kfmt == TQKV_TQ4) tc_partials<F_TQ4>(kv, q, q_heads, scale, po, pml, (uint16_t *)qp, nsmax);
+        else tc_partials<F_TQ3>(kv, q, q_heads, scale, po, pml, (uint16_t *)qp, nsmax);
+        wmerge_kernel<true><<<qgrid, 128, 0, kv->stream>>>(po, pml, kv->d_rows, out, cw_sbits_of(kv->vc256.signs, WD),
+                                                           kv->vc256.inv, 1, q_heads, nsmax, nvi);
         return cuda_check(cudaGetLastError(), "d 256 decode attention launch");
     }
     /* bf16: not rotated (stored as given), so the queries are only scaled */

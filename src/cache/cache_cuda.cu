@@ -331,10 +331,8 @@ tqkv_status cuda_kv_init_on(cuda_kv **out, const tqkv_cache_config *cfg, int bf1
         if (!st) st = tqkv_cuda_malloc((void **)&kv->vws, rh * kv->ring * (kv->d / 32) * 2);
     }
     if (!st) st = tqkv_cuda_malloc((void **)&kv->d_rows, sizeof(cuda_row) * nr);
-    /* the split kernel's two work counters, then the fused merge's per (row, kv head) */
-    const size_t nwork = (2 + rh) * sizeof(int);
-    if (!st) st = tqkv_cuda_malloc((void **)&kv->d_work, nwork);
-    if (!st) st = cuda_check(cudaMemsetAsync(kv->d_work, 0, nwork, kv->stream), "attention counters");
+    if (!st) st = tqkv_cuda_malloc((void **)&kv->d_work, 2 * sizeof(int));
+    if (!st) st = cuda_check(cudaMemsetAsync(kv->d_work, 0, 2 * sizeof(int), kv->stream), "attention counters");
     if (!st) st = cuda_kv_sync_rows(kv);
     if (st) {
         tqkv_cuda_kv_free(kv);

@@ -115,18 +115,6 @@ tqkv_status tqkv_cuda_attn_setup(void);
  * runs the float32 one (TQKV_WIDE_TC=0 in the environment when the setup ran, or a build with
  * -DTQKV_WIDE_TC=0); -1 when the setup fails. Runs the setup. */
 int tqkv_cuda_wide_tc(void);
-/* Decode attention's merge of the split partials on the tensor-core split kernels (d = 128, and
- * d = 256 tq): on = 1 folds it into the split kernel (the last group to finish a (row, kv head)
- * merges it; the default), 0 launches the merge kernel after it (the former three launches;
- * TQKV_FUSED_MERGE=0 in the environment when the setup first runs), both bitwise equal; on < 0
- * only reads the setting. Returns the setting before the call, -1 when the setup fails. Runs
- * the setup. Not to be changed while another thread attends or captures. */
-int tqkv_cuda_attn_fused_merge(int on);
-/* The query prep of those kernels: on = 1 folds it into the split kernel (each work item
- * prepares its G heads' queries in shared memory; the default), 0 launches the qprep kernel
- * before it (TQKV_FUSED_QPREP=0 in the environment when the setup first runs), both bitwise
- * equal; on < 0 only reads. Returns the setting before the call, -1 when the setup fails. */
-int tqkv_cuda_attn_fused_qprep(int on);
 
 /* GPU decode attention (one query per row). q: DEVICE [rows, q_heads, head_dim] float,
  * out: DEVICE [rows, q_heads, head_dim] float. Asynchronous on kv's stream: synchronize it

@@ -49,8 +49,7 @@ struct cuda_kv {
     void  *ws;                /* partials */
     size_t ws_bytes;
     cudaStream_t stream;      /* every kernel of this cache runs here (0: legacy default) */
-    int *d_work;              /* device [2 + rows kvh]: the decode attention's work counters, then
-                               * its fused merge's split counts (zero between launches) */
+    int *d_work;              /* device [2]: the attention's work counters (zero between launches) */
     /* the masked attention's visible ranges (attn_cuda_prefill.cu): pinned host and device
      * [2, rng_cap] ints, refilled once the copy recorded in rng_ev has run */
     int *h_rng, *d_rng;
@@ -113,14 +112,6 @@ tqkv_status cuda_attend_decode_fmt(cuda_kv *kv, const float *q, int q_heads, flo
  * persistent grids for `sms` SMs, the kernel choice from TQKV_WIDE_TC); tqkv_cuda_attn_setup
  * runs it under its lock. */
 tqkv_status cuda_wide_setup(int sms);
-/* attn_cuda.cu: 1 when the tensor-core split kernels (d = 128, and 256 tq) merge their
- * partials themselves (the fused merge), 0 when a merge kernel is launched after them
- * (TQKV_FUSED_MERGE=0, tqkv_cuda_attn_fused_merge). The float32 kernels always launch theirs. */
-int cuda_fused_merge(void);
-/* attn_cuda.cu: 1 when those split kernels prepare their queries themselves (the fused prep),
- * 0 when a qprep kernel is launched before them (TQKV_FUSED_QPREP=0,
- * tqkv_cuda_attn_fused_qprep). */
-int cuda_fused_qprep(void);
 /* attn_cuda_prefill.cu: the masked kernels' one-time setup (their dynamic shared-memory
  * limits); thread safe, idempotent; tqkv_cuda_attn_setup runs it. */
 tqkv_status cuda_prefill_setup(void);

@@ -283,11 +283,6 @@ static int bc_device(bc_run *R, char *gpu, size_t cap) {
     if (R->dim == 256)
         fprintf(stderr, "[bench cuda] head_dim 256: tq on the %s kernel, bf16 on the float32 one\n",
                 R->wide_tc ? "tensor-core" : "float32 (TQKV_WIDE_TC=0)");
-    /* the tensor-core split kernels' launches per call (TQKV_FUSED_QPREP / TQKV_FUSED_MERGE) */
-    const int fprep = tqkv_cuda_attn_fused_qprep(-1), fmerge = tqkv_cuda_attn_fused_merge(-1);
-    fprintf(stderr, "[bench cuda] decode attention: query prep %s, merge %s\n",
-            fprep ? "in the split kernel" : "its own kernel (TQKV_FUSED_QPREP=0)",
-            fmerge ? "in the split kernel" : "its own kernel (TQKV_FUSED_MERGE=0)");
     return 0;
 }
 
