@@ -72,7 +72,9 @@ TQKV_API void        tqkv_clear_error(void);
  *   q4   d/2 + 2*(d/32)           4.5   (32-value blocks, fp16 scale, ggml q4_0 rounding)
  *   tqB  B*d/8 + 2                B + 16/d  (packed B-bit Lloyd-Max indices + fp16 scale)
  *   fp8  d + 2                    8 + 16/d  (OCP e4m3 per value, one fp16 scale per vector)
- * At d=128: tq4 66 B (4.125 b/v), tq3 50 B (3.125), tq2 34 B (2.125).
+ * At d=128: tq4 66 B (4.125 b/v), tq3 50 B (3.125), tq2 34 B (2.125), tq1 18 B (1.125).
+ * tq1 (B = 1) is for the planes a calibrated policy finds nearly free (the CPU cache only:
+ * the CUDA cache refuses it).
  */
 typedef enum {
     TQKV_F32 = 0,
@@ -83,13 +85,14 @@ typedef enum {
     TQKV_TQ3,
     TQKV_TQ4,
     TQKV_FP8,      /* appended: format ids are stored in exported state */
+    TQKV_TQ1,      /* appended (session 11): 1-bit Lloyd-Max (the sign, one scale); CPU only */
     TQKV_FORMAT_COUNT
 } tqkv_format;
 
 TQKV_API tqkv_status tqkv_format_parse(const char *name, tqkv_format *out);
 TQKV_API const char *tqkv_format_name(tqkv_format f);
-TQKV_API int         tqkv_format_is_tq(tqkv_format f);            /* 1 for tq2/tq3/tq4 */
-TQKV_API int         tqkv_format_tq_bits(tqkv_format f);          /* 2..4, 0 otherwise */
+TQKV_API int         tqkv_format_is_tq(tqkv_format f);            /* 1 for tq1/tq2/tq3/tq4 */
+TQKV_API int         tqkv_format_tq_bits(tqkv_format f);          /* 1..4, 0 otherwise */
 /* Bytes of one encoded vector of `dim` values; 0 if dim or format is invalid. */
 TQKV_API size_t      tqkv_format_bytes(tqkv_format f, int dim);
 TQKV_API double      tqkv_format_bits_per_value(tqkv_format f, int dim);
@@ -126,8 +129,11 @@ typedef struct {
     uint64_t    seed;          /* rotation seed (tq formats) */
     int         window;        /* newest tokens held at q8 beside the main format (0 = off) */
     int         window_slack;  /* extra q8 slots so rollback/trim by up to this many stays exact */
+    /* 0: every tq plane keeps the q8 window; 1: the K plane only (values are always read
+     * from their own format: the ring costs half the bits). The CUDA cache refuses 1. */
+    int         window_keys_only;
     /* Reserved for channel groups (outlier split) and future fields: must be zero. */
-    int         reserved[8];
+    int         reserved[7];
 } tqkv_cache_config;
 
 /* kv_heads 1, head_dim 128, tq4/tq4, seed 0, window off, slack 32. */

@@ -224,6 +224,9 @@ typedef struct {
      * only for now (the ranks run one after another in this process; Llama-family graphs);
      * row operations (merge, filter, extract, spec rounds, export) refuse such a state. */
     int         tensor_parallel;
+    /* 1: the q8 window (window > 0) holds keys only, values read from their own format
+     * (tqkv_cache_config.window_keys_only; half the ring's bits). CPU states only. */
+    int         window_keys_only;
 } tqkv_model_state_params;
 
 #define TQKV_MAX_KV_LAYERS 64

@@ -77,8 +77,17 @@ static tqkv_batch *build_prefill(test_rng *rng, const tqkv_cache_config *cfg, in
 /* float64 attention on the cache's decoded K/V. out: [rows, qh, nq, dim]. Query i of a row
  * (token p = offset - nq + i) reads token t of a windowed plane from its q8 copy when
  * t >= max(p + 1 - window, batch_q8_lo), else from the main plane (batch.h). */
+static void ref_attend_v(const tqkv_batch *b, const tqkv_mask *m, const float *q, int nq, int qh,
+                         float scale, int v_main, double *out);
 static void ref_attend(const tqkv_batch *b, const tqkv_mask *m, const float *q, int nq, int qh,
                        float scale, double *out) {
+    ref_attend_v(b, m, q, nq, qh, scale, 0, out);
+}
+
+/* ref_attend, but v_main != 0 reads every value from the main plane (a keys-only window's
+ * rule, taken from the configuration rather than from the cache's planes). */
+static void ref_attend_v(const tqkv_batch *b, const tqkv_mask *m, const float *q, int nq, int qh,
+                         float scale, int v_main, double *out) {
     const tqkv_cache_config *cfg = tqkv_batch_get_config(b);
     const int rows = tqkv_batch_rows(b), kvh = cfg->kv_heads, d = cfg->head_dim;
     const int cols = tqkv_batch_columns(b), G = qh / kvh;
@@ -96,7 +105,7 @@ static void ref_attend(const tqkv_batch *b, const tqkv_mask *m, const float *q, 
                 batch_decode_token(b, &b->k, r, h, t, 0, k + (size_t)t * d);
                 batch_decode_token(b, &b->v, r, h, t, 0, v + (size_t)t * d);
                 batch_decode_token(b, &b->k, r, h, t, t >= q8lo, kw + (size_t)t * d);
-                batch_decode_token(b, &b->v, r, h, t, t >= q8lo, vw + (size_t)t * d);
+                batch_decode_token(b, &b->v, r, h, t, !v_main && t >= q8lo, vw + (size_t)t * d);
             }
             for (int g = 0; g < G; g++)
                 for (int i = 0; i < nq; i++) {
@@ -167,43 +176,51 @@ typedef struct {
     float scale;         /* 0: 1/sqrt(dim) */
     int maxlen;          /* row lengths drawn from [1, maxlen] */
     int longrow;         /* if > 0, row 0 has this many tokens */
+    int keys_only;       /* window_keys_only: the ring holds keys only */
 } agree_case;
 
 static const agree_case AGREE[] = {
-    {TQKV_F32, TQKV_F32, 2, 8, 128, 0, 0, 1, 0, 0, 200, 0},
-    {TQKV_F16, TQKV_F16, 2, 8, 128, 0, 0, 1, 0, 0, 200, 0},
-    {TQKV_Q8, TQKV_Q8, 2, 8, 128, 0, 0, 1, 0, 0, 200, 0},
-    {TQKV_Q4, TQKV_Q4, 2, 8, 128, 0, 0, 1, 0, 0, 200, 0},
-    {TQKV_TQ2, TQKV_TQ2, 2, 8, 128, 0, 0, 1, 0, 0, 200, 0},
-    {TQKV_TQ3, TQKV_TQ3, 2, 8, 128, 0, 0, 1, 0, 0, 200, 0},
-    {TQKV_TQ4, TQKV_TQ4, 2, 8, 128, 0, 0, 1, 0, 0, 200, 0},
-    {TQKV_F32, TQKV_F32, 2, 8, 128, 0, 0, 9, 0, 0, 150, 0},
-    {TQKV_F16, TQKV_F16, 2, 8, 128, 0, 0, 9, 0, 0.3f, 150, 0},
-    {TQKV_Q8, TQKV_Q8, 2, 8, 128, 0, 0, 9, 0, 0, 150, 0},
-    {TQKV_Q4, TQKV_Q4, 2, 8, 128, 0, 0, 9, 0, 0, 150, 0},
-    {TQKV_TQ2, TQKV_TQ2, 2, 8, 128, 0, 0, 9, 0, 0, 150, 0},
-    {TQKV_TQ3, TQKV_TQ3, 2, 8, 128, 0, 0, 9, 0, 0, 150, 0},
-    {TQKV_TQ4, TQKV_TQ4, 2, 8, 128, 0, 0, 9, 0, 0, 150, 0},
-    {TQKV_TQ4, TQKV_TQ3, 2, 2, 128, 8, 8, 1, 0, 0.2f, 150, 0},     /* GQA 1:1, window */
-    {TQKV_TQ4, TQKV_TQ3, 2, 2, 128, 8, 8, 21, 0, 0, 150, 0},
-    {TQKV_Q8, TQKV_TQ4, 2, 8, 128, 8, 4, 1, 0, 0, 150, 0},
-    {TQKV_Q8, TQKV_TQ4, 2, 8, 128, 8, 4, 6, 12, 0, 150, 0},
-    {TQKV_TQ4, TQKV_Q8, 1, 2, 128, 16, 8, 1, 24, 0, 150, 0},       /* mask window, nq 1 */
-    {TQKV_TQ3, TQKV_TQ3, 2, 8, 128, 8, 4, 17, 16, 0.5f, 150, 0},
-    {TQKV_TQ2, TQKV_TQ2, 1, 4, 128, 4, 4, 1, 0, 0.5f, 150, 0},
-    {TQKV_TQ4, TQKV_TQ4, 1, 8, 128, 0, 0, 1, 0, 0, 100, 0},        /* GQA 8:1 */
-    {TQKV_TQ3, TQKV_Q4, 2, 6, 128, 8, 8, 3, 0, 0, 100, 0},         /* GQA 3:1 */
-    {TQKV_TQ4, TQKV_TQ2, 1, 4, 64, 8, 8, 1, 0, 0, 150, 0},         /* dim 64 */
-    {TQKV_Q4, TQKV_TQ3, 1, 1, 32, 4, 4, 1, 0, 0, 150, 0},          /* dim 32, 1:1 */
-    {TQKV_Q4, TQKV_TQ3, 1, 1, 32, 4, 4, 5, 0, 0, 150, 0},
-    {TQKV_TQ4, TQKV_TQ4, 1, 4, 256, 8, 8, 2, 0, 0, 80, 0},         /* dim 256 */
-    {TQKV_TQ4, TQKV_TQ4, 2, 8, 128, 16, 8, 1, 0, 0, 100, 4500},    /* long: KV segments */
-    {TQKV_F16, TQKV_Q8, 1, 4, 128, 0, 0, 1, 1000, 0, 100, 2600},   /* long + mask window */
-    {TQKV_TQ3, TQKV_TQ3, 1, 4, 128, 8, 8, 70, 0, 0, 100, 700},     /* several tiles */
-    {TQKV_FP8, TQKV_FP8, 2, 8, 128, 0, 0, 1, 0, 0, 200, 0},        /* fp8 */
-    {TQKV_FP8, TQKV_FP8, 2, 8, 128, 0, 0, 9, 0, 0, 150, 0},
-    {TQKV_FP8, TQKV_TQ4, 2, 8, 128, 8, 4, 6, 12, 0, 150, 0},
-    {TQKV_TQ4, TQKV_FP8, 1, 4, 64, 8, 8, 1, 0, 0, 150, 0},
+    {TQKV_F32, TQKV_F32, 2, 8, 128, 0, 0, 1, 0, 0, 200, 0, 0},
+    {TQKV_F16, TQKV_F16, 2, 8, 128, 0, 0, 1, 0, 0, 200, 0, 0},
+    {TQKV_Q8, TQKV_Q8, 2, 8, 128, 0, 0, 1, 0, 0, 200, 0, 0},
+    {TQKV_Q4, TQKV_Q4, 2, 8, 128, 0, 0, 1, 0, 0, 200, 0, 0},
+    {TQKV_TQ2, TQKV_TQ2, 2, 8, 128, 0, 0, 1, 0, 0, 200, 0, 0},
+    {TQKV_TQ3, TQKV_TQ3, 2, 8, 128, 0, 0, 1, 0, 0, 200, 0, 0},
+    {TQKV_TQ4, TQKV_TQ4, 2, 8, 128, 0, 0, 1, 0, 0, 200, 0, 0},
+    {TQKV_F32, TQKV_F32, 2, 8, 128, 0, 0, 9, 0, 0, 150, 0, 0},
+    {TQKV_F16, TQKV_F16, 2, 8, 128, 0, 0, 9, 0, 0.3f, 150, 0, 0},
+    {TQKV_Q8, TQKV_Q8, 2, 8, 128, 0, 0, 9, 0, 0, 150, 0, 0},
+    {TQKV_Q4, TQKV_Q4, 2, 8, 128, 0, 0, 9, 0, 0, 150, 0, 0},
+    {TQKV_TQ2, TQKV_TQ2, 2, 8, 128, 0, 0, 9, 0, 0, 150, 0, 0},
+    {TQKV_TQ3, TQKV_TQ3, 2, 8, 128, 0, 0, 9, 0, 0, 150, 0, 0},
+    {TQKV_TQ4, TQKV_TQ4, 2, 8, 128, 0, 0, 9, 0, 0, 150, 0, 0},
+    {TQKV_TQ4, TQKV_TQ3, 2, 2, 128, 8, 8, 1, 0, 0.2f, 150, 0, 0},     /* GQA 1:1, window */
+    {TQKV_TQ4, TQKV_TQ3, 2, 2, 128, 8, 8, 21, 0, 0, 150, 0, 0},
+    {TQKV_Q8, TQKV_TQ4, 2, 8, 128, 8, 4, 1, 0, 0, 150, 0, 0},
+    {TQKV_Q8, TQKV_TQ4, 2, 8, 128, 8, 4, 6, 12, 0, 150, 0, 0},
+    {TQKV_TQ4, TQKV_Q8, 1, 2, 128, 16, 8, 1, 24, 0, 150, 0, 0},       /* mask window, nq 1 */
+    {TQKV_TQ3, TQKV_TQ3, 2, 8, 128, 8, 4, 17, 16, 0.5f, 150, 0, 0},
+    {TQKV_TQ2, TQKV_TQ2, 1, 4, 128, 4, 4, 1, 0, 0.5f, 150, 0, 0},
+    {TQKV_TQ4, TQKV_TQ4, 1, 8, 128, 0, 0, 1, 0, 0, 100, 0, 0},        /* GQA 8:1 */
+    {TQKV_TQ3, TQKV_Q4, 2, 6, 128, 8, 8, 3, 0, 0, 100, 0, 0},         /* GQA 3:1 */
+    {TQKV_TQ4, TQKV_TQ2, 1, 4, 64, 8, 8, 1, 0, 0, 150, 0, 0},         /* dim 64 */
+    {TQKV_Q4, TQKV_TQ3, 1, 1, 32, 4, 4, 1, 0, 0, 150, 0, 0},          /* dim 32, 1:1 */
+    {TQKV_Q4, TQKV_TQ3, 1, 1, 32, 4, 4, 5, 0, 0, 150, 0, 0},
+    {TQKV_TQ4, TQKV_TQ4, 1, 4, 256, 8, 8, 2, 0, 0, 80, 0, 0},         /* dim 256 */
+    {TQKV_TQ4, TQKV_TQ4, 2, 8, 128, 16, 8, 1, 0, 0, 100, 4500, 0},    /* long: KV segments */
+    {TQKV_F16, TQKV_Q8, 1, 4, 128, 0, 0, 1, 1000, 0, 100, 2600, 0},   /* long + mask window */
+    {TQKV_TQ3, TQKV_TQ3, 1, 4, 128, 8, 8, 70, 0, 0, 100, 700, 0},     /* several tiles */
+    {TQKV_FP8, TQKV_FP8, 2, 8, 128, 0, 0, 1, 0, 0, 200, 0, 0},        /* fp8 */
+    {TQKV_FP8, TQKV_FP8, 2, 8, 128, 0, 0, 9, 0, 0, 150, 0, 0},
+    {TQKV_FP8, TQKV_TQ4, 2, 8, 128, 8, 4, 6, 12, 0, 150, 0, 0},
+    {TQKV_TQ4, TQKV_FP8, 1, 4, 64, 8, 8, 1, 0, 0, 150, 0, 0},
+    {TQKV_TQ1, TQKV_TQ1, 2, 8, 128, 0, 0, 1, 0, 0, 200, 0, 0},        /* tq1 */
+    {TQKV_TQ1, TQKV_TQ1, 2, 8, 128, 0, 0, 9, 0, 0, 150, 0, 0},
+    {TQKV_TQ4, TQKV_TQ1, 1, 4, 256, 8, 8, 3, 0, 0, 80, 0, 0},
+    {TQKV_TQ1, TQKV_TQ2, 2, 2, 64, 8, 4, 17, 16, 0, 150, 0, 0},
+    {TQKV_TQ4, TQKV_TQ3, 2, 2, 128, 8, 8, 21, 0, 0, 150, 0, 1},    /* keys-only window */
+    {TQKV_TQ2, TQKV_TQ2, 2, 8, 128, 8, 4, 1, 0, 0, 150, 0, 1},
+    {TQKV_TQ3, TQKV_TQ3, 1, 4, 128, 8, 8, 70, 0, 0, 100, 700, 1},
 };
 
 static void run_agree_case(const agree_case *c, uint64_t seed) {
@@ -212,6 +229,7 @@ static void run_agree_case(const agree_case *c, uint64_t seed) {
     const int rows = 3, d = c->dim;
     const float scale = c->scale > 0 ? c->scale : 1.0f / sqrtf((float)d);
     tqkv_cache_config cfg = make_cfg(c->kf, c->vf, c->kvh, d, c->window, c->slack, rng_u64(&rng));
+    cfg.window_keys_only = c->keys_only;
     int len[3];
     for (int r = 0; r < rows; r++) len[r] = rng_int(&rng, 1, c->maxlen);
     if (c->longrow) len[0] = c->longrow;
@@ -693,6 +711,56 @@ static void test_avx512_tiles_bitwise(void **state) {
             }
 }
 
+/* A keys-only window: two caches fed the same tokens, one with a K and V window (B), one
+ * with the keys' window only (A). A reads the keys' q8 copies and every value from its tq
+ * plane: A's output is the float64 reference over B's bytes with V from the main plane, and
+ * differs from B's (whose newest values come from their q8 copies); A holds one ring. */
+static void test_keys_only_window(void **state) {
+    (void)state;
+    const int rows = 2, kvh = 2, qh = 4, d = 128, W = 16;
+    const int len[2] = {90, 40};
+    for (int nq = 1; nq <= 9; nq += 8) {
+        test_rng ra, rb;
+        const uint64_t seed = test_seed() + 31 * (uint64_t)nq;
+        rng_init(&ra, seed);
+        rng_init(&rb, seed);
+        tqkv_cache_config ca = make_cfg(TQKV_TQ4, TQKV_TQ2, kvh, d, W, 4, 77), cb = ca;
+        ca.window_keys_only = 1;
+        tqkv_batch *a = build_prefill(&ra, &ca, rows, len, NULL, NULL, NULL);
+        tqkv_batch *b = build_prefill(&rb, &cb, rows, len, NULL, NULL, NULL);
+        assert_true(a->k.has_window && !a->v.has_window && b->k.has_window && b->v.has_window);
+        float *k = rand_kv(&ra, rows, kvh, nq, d), *v = rand_kv(&ra, rows, kvh, nq, d);
+        assert_int_equal(tqkv_batch_append(a, k, v, nq), TQKV_OK);
+        assert_int_equal(tqkv_batch_append(b, k, v, nq), TQKV_OK);
+        const size_t n = (size_t)rows * qh * nq * d, q8 = tqkv_format_bytes(TQKV_Q8, d);
+        assert_int_equal(tqkv_batch_projected_bytes(b, 100) - tqkv_batch_projected_bytes(a, 100),
+                         (size_t)kvh * q8 * (size_t)(W + 4)); /* one ring (V's) less */
+        float *q = malloc(sizeof(float) * n), *oa = malloc(sizeof(float) * n);
+        float *ob = malloc(sizeof(float) * n);
+        double *ref = malloc(sizeof(double) * n);
+        assert_true(q && oa && ob && ref);
+        rng_fill_normal(&ra, q, n, 1.0f);
+        tqkv_mask_lease *lease = NULL;
+        const tqkv_mask *m = NULL; /* the rows are left-padded: a mask (the same for a and b) */
+        assert_int_equal(tqkv_mask_lease_init(&lease), TQKV_OK);
+        assert_int_equal(tqkv_batch_make_mask(a, lease, nq, 0, &m), TQKV_OK);
+        ref_attend_v(b, m, q, nq, qh, 0.1f, 1, ref);
+        for (int kern = 0; kern < TQKV_KERNEL_COUNT; kern++) {
+            attend(a, m, q, nq, qh, 0.1f, (tqkv_kernel)kern, 2, oa);
+            attend(b, m, q, nq, qh, 0.1f, (tqkv_kernel)kern, 2, ob);
+            const double ea = rel_l2_d(oa, ref, n), eab = rel_l2(oa, ob, n);
+            printf("  keys-only nq %d %s: vs reference %.2e, vs K and V window %.2e\n", nq,
+                   tqkv_kernel_name((tqkv_kernel)kern), ea, eab);
+            assert_true(ea < 1e-4);
+            assert_true(eab > 1e-3);
+        }
+        free(k); free(v); free(q); free(oa); free(ob); free(ref);
+        tqkv_mask_lease_free(lease);
+        tqkv_batch_free(a);
+        tqkv_batch_free(b);
+    }
+}
+
 /* Every kernel table has a decode, score and accumulate kernel for every format (a format
  * added to one table and not to another crashed on AVX-512 CPUs only). */
 static void test_isa_tables_complete(void **state) {
@@ -719,6 +787,7 @@ int main(void) {
         cmocka_unit_test(test_batched_vs_single),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_prefill_window),
+        cmocka_unit_test(test_keys_only_window),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -285,12 +285,14 @@ static void test_bytes(void **state) {
         int heads = rng_int(&r, 1, 4), dim = 32 << rng_int(&r, 0, 4);
         int window = rng_int(&r, 0, 1) * rng_int(&r, 1, 10), slack = rng_int(&r, 0, 5);
         tqkv_cache_config cfg = cfg_make(kf, vf, heads, dim, window, slack, 3);
+        const int ko = rng_int(&r, 0, 1); /* keys-only window: no V ring */
+        cfg.window_keys_only = ko;
         tqkv_cache *c = NULL;
         assert_int_equal(tqkv_cache_init(&c, &cfg), TQKV_OK);
         double main = (double)heads * (double)(tqkv_format_bytes(kf, dim) + tqkv_format_bytes(vf, dim));
         assert_true(tqkv_cache_bytes_per_token(c) == main);
-        int ring = window > 0 ? window + slack : 0;
-        int nwin = (window > 0) * (tqkv_format_is_tq(kf) + tqkv_format_is_tq(vf));
+        int nwin = (window > 0) * (tqkv_format_is_tq(kf) + !ko * tqkv_format_is_tq(vf));
+        int ring = nwin > 0 ? window + slack : 0;
         size_t q8 = tqkv_format_bytes(TQKV_Q8, dim);
         for (int tokens = 0; tokens < 40; tokens += 7) {
             size_t want = (size_t)tokens * (size_t)main +
@@ -321,7 +323,8 @@ static void test_config_default(void **state) {
     assert_int_equal(c.v_format, TQKV_TQ4);
     assert_int_equal(c.window, 0);
     assert_int_equal(c.window_slack, 32);
-    for (int i = 0; i < 8; i++) assert_int_equal(c.reserved[i], 0);
+    assert_int_equal(c.window_keys_only, 0);
+    for (int i = 0; i < 7; i++) assert_int_equal(c.reserved[i], 0);
     tqkv_cache *cc = NULL;
     assert_int_equal(tqkv_cache_init(&cc, &c), TQKV_OK);
     assert_int_equal(tqkv_cache_length(cc), 0);
@@ -336,8 +339,8 @@ static void test_config_default(void **state) {
 static void test_bad_config(void **state) {
     (void)state;
     tqkv_cache_config base = cfg_make(TQKV_TQ4, TQKV_TQ3, 2, 64, 8, 4, 1);
-    tqkv_cache_config bad[8];
-    for (int i = 0; i < 8; i++) bad[i] = base;
+    tqkv_cache_config bad[9];
+    for (int i = 0; i < 9; i++) bad[i] = base;
     bad[0].kv_heads = 0;
     bad[1].head_dim = 48;
     bad[2].head_dim = 1024;
@@ -346,7 +349,8 @@ static void test_bad_config(void **state) {
     bad[5].window = -1;
     bad[6].window_slack = -3;
     bad[7].reserved[3] = 1;
-    for (int i = 0; i < 8; i++) {
+    bad[8].window_keys_only = 2; /* 0 or 1 */
+    for (int i = 0; i < 9; i++) {
         tqkv_cache *c = (tqkv_cache *)0x1;
         tqkv_batch *b = (tqkv_batch *)0x1;
         tqkv_clear_error();

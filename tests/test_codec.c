@@ -13,7 +13,7 @@
 #include "testutil.h"
 #include "util/common.h"
 
-static const tqkv_format TQ_FORMATS[3] = {TQKV_TQ2, TQKV_TQ3, TQKV_TQ4};
+static const tqkv_format TQ_FORMATS[4] = {TQKV_TQ1, TQKV_TQ2, TQKV_TQ3, TQKV_TQ4};
 static const int DIMS[5] = {32, 64, 128, 256, 512};
 
 // ---------------------------------------------------------------------------
@@ -138,7 +138,7 @@ static void test_lloyd_max(void **state) {
     assert_null(codec_lloyd_max(5));
 
     /* codec tables: centroids / sqrt(d) and midpoint bounds */
-    for (int f = 0; f < 3; f++)
+    for (int f = 0; f < 4; f++)
         for (int k = 0; k < 5; k++) {
             struct tqkv_codec c;
             assert_int_equal(codec_setup(&c, TQ_FORMATS[f], DIMS[k], 1), TQKV_OK);
@@ -163,11 +163,15 @@ static void test_mse_d128(void **state) {
     rng_init(&r, test_seed() ^ 0x11);
     const int d = 128;
     const size_t N = 20000;
-    const double theory[3] = {0.1175, 0.0345, 0.0095};
+    /* plain norm: the Lloyd-Max distortion; norm-corrected (the stored form) is the same
+     * but for tq1, whose centroids all have one magnitude: the decoded vector is
+     * |x| sign(xr) / sqrt(d), so its error is 2 - 2 E|xr_i| sqrt(d) = 2 - 2 sqrt(2 / pi). */
+    const double theory[4] = {2.0 - 2.0 * sqrt(2.0 / M_PI), 0.1175, 0.0345, 0.0095};
+    const double theory_plain[4] = {0.3634, 0.1175, 0.0345, 0.0095};
     float *x = xmalloc(N * d * sizeof(float));
     float *y = xmalloc(N * d * sizeof(float));
     random_unit(&r, x, N, d);
-    for (int f = 0; f < 3; f++) {
+    for (int f = 0; f < 4; f++) {
         tqkv_codec *c;
         assert_int_equal(tqkv_codec_init(&c, TQ_FORMATS[f], d, rng_u64(&r)), TQKV_OK);
         const size_t B = tqkv_codec_bytes(c);
@@ -202,9 +206,9 @@ static void test_mse_d128(void **state) {
         fprintf(stderr, "[mse] %s d=128 N=%zu: norm-corrected %.6f, plain norm %.6f, "
                         "theory %.4f (stored %+.2f%%, plain %+.2f%%)\n",
                 tqkv_format_name(TQ_FORMATS[f]), N, mse, mse_plain, theory[f],
-                100 * (mse / theory[f] - 1), 100 * (mse_plain / theory[f] - 1));
+                100 * (mse / theory[f] - 1), 100 * (mse_plain / theory_plain[f] - 1));
         assert_true(fabs(mse / theory[f] - 1) < 0.05);
-        assert_true(fabs(mse_plain / theory[f] - 1) < 0.10);
+        assert_true(fabs(mse_plain / theory_plain[f] - 1) < 0.10);
         free(e);
         tqkv_codec_free(c);
     }
@@ -217,7 +221,7 @@ static void test_norm_and_zero(void **state) {
     (void)state;
     test_rng r;
     rng_init(&r, test_seed() ^ 0x22);
-    for (int f = 0; f < 3; f++)
+    for (int f = 0; f < 4; f++)
         for (int k = 0; k < 5; k++) {
             const int d = DIMS[k];
             tqkv_codec *c;
@@ -326,7 +330,7 @@ static void test_pack_roundtrip(void **state) {
     (void)state;
     test_rng r;
     rng_init(&r, test_seed() ^ 0x44);
-    for (int f = 0; f < 3; f++)
+    for (int f = 0; f < 4; f++)
         for (int k = 0; k < 5; k++) {
             struct tqkv_codec c;
             const int d = DIMS[k];
@@ -410,6 +414,30 @@ static void test_pack_layout(void **state) {
     uint8_t q[64];
     codec_pack_indices(&c, want, q);
     assert_memory_equal(q, p, c.payload);
+    codec_teardown(&c);
+
+    /* tq1, d = 64: one 1-bit plane, bit i of the LE uint32 at 4g = elem 32g + i */
+    assert_int_equal(codec_setup(&c, TQKV_TQ1, 64, 3), TQKV_OK);
+    assert_int_equal((int)c.payload, 8);
+    memset(p, 0, sizeof p);
+    memset(want, 0, sizeof want);
+    p[0] = 0x01;  /* elem 0 */
+    p[1] = 0x80;  /* bit 15: elem 15 */
+    p[4] = 0x06;  /* group 1 bits 1, 2: elems 33, 34 */
+    p[7] = 0x80;  /* group 1 bit 31: elem 63 */
+    want[0] = want[15] = want[33] = want[34] = want[63] = 1;
+    codec_unpack_indices(&c, p, idx);
+    assert_memory_equal(idx, want, 64);
+    for (int simd = 0; simd <= 1; simd++) {
+        set_simd(simd);
+        codec_decode_rotated(&c, p, &sc, 1, x);
+        for (int i = 0; i < 64; i++) assert_true(x[i] == 2.0f * c.centroids[want[i]]);
+    }
+    codec_pack_indices(&c, want, q);
+    assert_memory_equal(q, p, c.payload);
+    /* the two centroids are -+ sqrt(2 / pi) / sqrt(d) */
+    assert_true(fabs(c.centroids[1] * 8.0 - sqrt(2.0 / M_PI)) < 1e-6);
+    assert_true(c.centroids[0] == -c.centroids[1]);
     codec_teardown(&c);
     set_simd(1);
 }
@@ -889,9 +917,9 @@ static void test_simd_equal(void **state) {
 
 static void test_formats(void **state) {
     (void)state;
-    const size_t at128[TQKV_FORMAT_COUNT] = {512, 256, 136, 72, 34, 50, 66, 130};
-    const char *names[TQKV_FORMAT_COUNT] = {"f32", "f16", "q8",  "q4",
-                                            "tq2", "tq3", "tq4", "fp8"};
+    const size_t at128[TQKV_FORMAT_COUNT] = {512, 256, 136, 72, 34, 50, 66, 130, 18};
+    const char *names[TQKV_FORMAT_COUNT] = {"f32", "f16", "q8",  "q4", "tq2",
+                                            "tq3", "tq4", "fp8", "tq1"};
     for (int f = 0; f < TQKV_FORMAT_COUNT; f++) {
         assert_int_equal(tqkv_format_bytes((tqkv_format)f, 128), at128[f]);
         assert_string_equal(tqkv_format_name((tqkv_format)f), names[f]);
@@ -903,14 +931,17 @@ static void test_formats(void **state) {
             double bpv = tqkv_format_bits_per_value((tqkv_format)f, d);
             assert_true(fabs(bpv - 8.0 * (double)tqkv_format_bytes((tqkv_format)f, d) / d) < 1e-12);
         }
-        const int tq = f >= TQKV_TQ2 && f <= TQKV_TQ4;
+        const int tq = (f >= TQKV_TQ2 && f <= TQKV_TQ4) || f == TQKV_TQ1;
         assert_int_equal(tqkv_format_is_tq((tqkv_format)f), tq);
-        assert_int_equal(tqkv_format_tq_bits((tqkv_format)f), tq ? f - TQKV_TQ2 + 2 : 0);
+        assert_int_equal(tqkv_format_tq_bits((tqkv_format)f),
+                         f == TQKV_TQ1 ? 1 : tq ? f - TQKV_TQ2 + 2 : 0);
     }
     assert_true(fabs(tqkv_format_bits_per_value(TQKV_TQ4, 128) - 4.125) < 1e-12);
     assert_true(fabs(tqkv_format_bits_per_value(TQKV_Q4, 64) - 4.5) < 1e-12);
     assert_true(fabs(tqkv_format_bits_per_value(TQKV_Q8, 512) - 8.5) < 1e-12);
     assert_true(fabs(tqkv_format_bits_per_value(TQKV_FP8, 128) - 8.125) < 1e-12);
+    assert_true(fabs(tqkv_format_bits_per_value(TQKV_TQ1, 128) - 1.125) < 1e-12);
+    assert_true(fabs(tqkv_format_bits_per_value(TQKV_TQ1, 256) - 1.0625) < 1e-12);
     tqkv_format k, v;
     assert_int_equal(tqkv_kv_spec_parse("tq4/tq3", &k, &v), TQKV_OK);
     assert_int_equal(k, TQKV_TQ4);

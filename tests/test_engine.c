@@ -403,7 +403,8 @@ typedef struct {
     const tqkv_model *seen;
 } kv_probe;
 
-/* tq4/tq2 with a 10-token q8 window, layers 0 and 1 at q8 / tq4 (what a preset may choose). */
+/* tq4/tq2 with a 10-token keys-only q8 window, layers 0 and 1 at q8 / tq4 (what a preset or a
+ * policy may choose). */
 static tqkv_status probe_setup(const tqkv_model *m, tqkv_model_state_params *sp, void *user) {
     kv_probe *k = user;
     k->calls++;
@@ -412,6 +413,7 @@ static tqkv_status probe_setup(const tqkv_model *m, tqkv_model_state_params *sp,
     sp->k_format = TQKV_TQ4;
     sp->v_format = TQKV_TQ2;
     sp->window = 10;
+    sp->window_keys_only = 1; /* a policy's "window-planes k" reaches the engine's states */
     return tqkv_kv_layers_parse("0-1:q8/tq4", sp);
 }
 

@@ -9,7 +9,11 @@
  *   - a state made from a policy exports and imports with its per-layer formats, and its
  *     export is refused by a state without them;
  *   - `tqkv calibrate` writes a policy within its budget, and `tqkv ppl --kv-policy` gives
- *     the same ppl, KLD and bits as the explicit --kv / --kv-layers / --window it holds.
+ *     the same ppl, KLD and bits as the explicit --kv / --kv-layers / --window it holds;
+ *   - session 11: "window-planes k" (a keys-only window) parses, writes, applies (fewer
+ *     bits than the K and V window), and a state made with it (tq1 planes too) exports and
+ *     imports with it, refused by a state with a K and V window; ppl --kv-policy with it
+ *     equals ppl --window-keys-only.
  * Owns: temporary files under /tmp. Must not: depend on ../shared. Skips (77) when the
  * bundled model is absent.
  */
@@ -118,6 +122,67 @@ static void test_parse(void **state) {
     if (!strstr(err2, "line 4 is longer than")) fail_msg("long line: %s", err2);
 }
 
+static const char KONLY[] = "tqkv-kv-policy 1\nlayers 8\nkv tq4/tq2\n"
+                            "kv-layers 3:q8/tq2;5,6:tq3;2:tq1/tq1\nwindow 30\n"
+                            "window-planes k\nbudget 4.25\n";
+
+/* "window-planes k": parsed, written back, applied with fewer bits than the K and V ring. */
+static void test_keys_only(void **state) {
+    (void)state;
+    char md[1024], err[256], desc[256], buf[1024];
+    kv_policy p, q;
+    if (kvpol_parse(KONLY, &p, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(p.window_keys_only, 1);
+    assert_int_equal(kvpol_parse(GOOD, &q, err, sizeof err), 0);
+    assert_int_equal(q.window_keys_only, 0); /* files without the key: K and V */
+    FILE *f = fmemopen(buf, sizeof buf, "w");
+    assert_int_equal(kvpol_write(f, &p, NULL), 0);
+    fclose(f);
+    assert_non_null(strstr(buf, "window-planes k\n"));
+    if (kvpol_parse(buf, &q, err, sizeof err)) fail_msg("%s: %s", err, buf);
+    assert_memory_equal(&p, &q, sizeof p);
+    parse_bad("tqkv-kv-policy 1\nlayers 8\nkv tq4\nwindow-planes v\n");
+    parse_bad("tqkv-kv-policy 1\nlayers 8\nkv tq4\nwindow-planes k\nwindow-planes kv\n");
+    tqkv_model *m = load_model(md, sizeof md);
+    tqkv_model_state_params a = tqkv_model_state_params_default(), b = a;
+    assert_int_equal(kvpol_apply("test", m, &p, 2048, &a, desc, sizeof desc), 0);
+    assert_int_equal(a.window_keys_only, 1);
+    assert_non_null(strstr(desc, "keys only"));
+    p.window_keys_only = 0;
+    assert_int_equal(kvpol_apply("test", m, &p, 2048, &b, desc, sizeof desc), 0);
+    assert_int_equal(b.window_keys_only, 0);
+    /* the keys-only ring: the tq K planes' rings only, no V ring */
+    const double ba = kvpol_bits(m, &a, 2048), bb = kvpol_bits(m, &b, 2048);
+    fprintf(stderr, "keys-only policy %.4f bits, K and V window %.4f\n", ba, bb);
+    assert_true(ba > 0 && ba < bb - 0.05);
+    /* a state made from it exports and imports; a K and V window state refuses the export */
+    tqkv_model_state *s = NULL, *r = NULL;
+    a.threads = b.threads = 2;
+    assert_int_equal(tqkv_model_state_init(&s, m, &a), TQKV_OK);
+    int32_t tok[40];
+    for (int i = 0; i < 40; i++) tok[i] = 300 + 5 * i;
+    const int V = tqkv_model_get_config(m)->vocab_size;
+    float *la = malloc(sizeof(float) * (size_t)V), *lb = malloc(sizeof(float) * (size_t)V);
+    assert_int_equal(tqkv_model_prefill(m, s, tok, NULL, 39, TQKV_LOGITS_LAST, la), TQKV_OK);
+    uint8_t *st = NULL;
+    size_t len = 0;
+    assert_int_equal(tqkv_model_state_export(s, &st, &len), TQKV_OK);
+    assert_int_not_equal(tqkv_model_state_import(&r, m, &b, st, len), TQKV_OK);
+    assert_null(r);
+    assert_int_equal(tqkv_model_state_import(&r, m, &a, st, len), TQKV_OK);
+    const tqkv_cache_config *c2 = tqkv_batch_get_config(tqkv_model_state_layer(r, 2));
+    assert_true(c2->k_format == TQKV_TQ1 && c2->v_format == TQKV_TQ1 && c2->window_keys_only);
+    assert_int_equal(tqkv_model_extend(m, s, tok + 39, 1, TQKV_LOGITS_LAST, la), TQKV_OK);
+    assert_int_equal(tqkv_model_extend(m, r, tok + 39, 1, TQKV_LOGITS_LAST, lb), TQKV_OK);
+    assert_memory_equal(la, lb, sizeof(float) * (size_t)V);
+    free(st);
+    free(la);
+    free(lb);
+    tqkv_model_state_free(r);
+    tqkv_model_state_free(s);
+    tqkv_model_free(m);
+}
+
 static void test_apply(void **state) {
     (void)state;
     char md[1024], err[256], desc[256];
@@ -203,7 +268,8 @@ static void test_cli_calibrate(void **state) {
     if (stat(md, &st) != 0) skip();
     snprintf(pol_path, sizeof pol_path, "/tmp/tqkv_kv_policy_%d.txt", (int)getpid());
     snprintf(args, sizeof args, "calibrate --model '%s' --text '%s' --ctx 128 --max-windows 1 "
-             "--first-window 1 --window 8 --budget 3.5 --threads 2 --out '%s'", md, text, pol_path);
+             "--first-window 1 --window 8 --budget 3.5 --threads 2 --try-windows 16 "
+             "--try-keys-only --out '%s'", md, text, pol_path);
     assert_int_equal(run_cli(args, out, sizeof out), 0);
     char *ptext = NULL;
     FILE *f = fopen(pol_path, "r");
@@ -224,7 +290,8 @@ static void test_cli_calibrate(void **state) {
     cJSON *a = cJSON_Parse(out);
     if (!a) fail_msg("not JSON: %s", out);
     snprintf(args, sizeof args, "ppl --model '%s' --text '%s' %s --kv %s --kv-layers '%s' "
-             "--window %d --window-slack 0", md, text, common, pol.kv, pol.kv_layers, pol.window);
+             "--window %d --window-slack 0%s", md, text, common, pol.kv, pol.kv_layers, pol.window,
+             pol.window_keys_only ? " --window-keys-only" : "");
     assert_int_equal(run_cli(args, out, sizeof out), 0);
     cJSON *b = cJSON_Parse(out);
     if (!b) fail_msg("not JSON: %s", out);
@@ -313,6 +380,7 @@ static void test_cli_auto_policy(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse), cmocka_unit_test(test_apply),
+        cmocka_unit_test(test_keys_only),
         cmocka_unit_test(test_state_roundtrip), cmocka_unit_test(test_cli_calibrate),
         cmocka_unit_test(test_cli_auto_policy), cmocka_unit_test(test_cli_kld_reference)};
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -49,6 +49,9 @@ TQKV_AVX2 static AI luts luts_make(int fmt, const float *c) {
     } else if (fmt == TQKV_TQ2) {   // 4-entry in-lane table (perm4) in both 128-bit halves
         L.t0 = _mm256_setr_ps(c[0], c[1], c[2], c[3], c[0], c[1], c[2], c[3]);
         L.t1 = L.t0;
+    } else if (fmt == TQKV_TQ1) {   // c[0] and c[1] broadcast (a blend picks per lane)
+        L.t0 = _mm256_set1_ps(c[0]);
+        L.t1 = _mm256_set1_ps(c[1]);
     } else {
         L.t0 = L.t1 = _mm256_setzero_ps();
     }
@@ -96,6 +99,14 @@ TQKV_AVX2 static AI __m256 fp8x8(const uint8_t *p) {
 }
 TQKV_AVX2 static AI __m256 fp8_scale(const uint16_t *sc) {
     return _mm256_set1_ps(_cvtsh_ss(sc[0]) * 256.0f);
+}
+
+/* tq1: the 8 values of one byte of the 1-bit plane (bit j = lane j): c[bit]. */
+TQKV_AVX2 static AI __m256 tq1_chunk(luts L, uint8_t byte) {
+    const __m256i bit = _mm256_and_si256(_mm256_set1_epi32(byte),
+                                         _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128));
+    const __m256i zero = _mm256_cmpeq_epi32(bit, _mm256_setzero_si256());
+    return _mm256_blendv_ps(L.t1, L.t0, _mm256_castsi256_ps(zero));
 }
 
 TQKV_AVX2 static AI void dec_pair(int fmt, const uint8_t *pl, const uint16_t *sc, int dim, int g,
@@ -161,6 +172,10 @@ TQKV_AVX2 static AI void dec_pair(int fmt, const uint8_t *pl, const uint16_t *sc
         *b = lut16(L, x, _mm256_srli_epi32(x, 4), 7);
         break;
     }
+    case TQKV_TQ1:   // chunks 4g+2h, 4g+2h+1 are bytes 4g+2h, 4g+2h+1 of the 1-bit plane
+        *a = tq1_chunk(L, pl[4 * g + 2 * h]);
+        *b = tq1_chunk(L, pl[4 * g + 2 * h + 1]);
+        break;
     default:
         *a = *b = _mm256_setzero_ps();
         break;
@@ -241,12 +256,16 @@ TQKV_AVX2 static AI __m256 dec_chunk(int fmt, const uint8_t *pl, const uint16_t 
         const __m256i x = ldzx8(pl + 16 * g + 8 * (k & 1));
         return k < 2 ? lut16(L, x, x, 3) : lut16(L, x, _mm256_srli_epi32(x, 4), 7);
     }
+    case TQKV_TQ1:   // chunk c is byte c of the 1-bit plane
+        return tq1_chunk(L, pl[c]);
     default:
         return _mm256_setzero_ps();
     }
 }
 
-static AI int is_tq(int fmt) { return fmt == TQKV_TQ2 || fmt == TQKV_TQ3 || fmt == TQKV_TQ4; }
+static AI int is_tq(int fmt) {
+    return fmt == TQKV_TQ1 || fmt == TQKV_TQ2 || fmt == TQKV_TQ3 || fmt == TQKV_TQ4;
+}
 
 // ---------------------------------------------------------------------------
 // decode: n tokens -> floats [n, dim]
@@ -499,6 +518,7 @@ ATTN_FMT_FUNCS(tq2, TQKV_TQ2)
 ATTN_FMT_FUNCS(tq3, TQKV_TQ3)
 ATTN_FMT_FUNCS(tq4, TQKV_TQ4)
 ATTN_FMT_FUNCS(fp8, TQKV_FP8)
+ATTN_FMT_FUNCS(tq1, TQKV_TQ1)
 
 // ---------------------------------------------------------------------------
 // tq4 scores in byte planes: the 16 centroids' 4 bytes as four 16-entry vpshufb tables;
@@ -702,11 +722,11 @@ ATTN_BP_SCORE(score_tq3_bp, score_bp3_gen)
 /* Every member but the name and the prefill tiles: the AVX2 table and its AVX-512 twin
  * share them (one list, so a format added to one is in both). */
 #define AVX2_ISA_COMMON                                                                        \
-    .decode = {dec_f32, dec_f16, dec_q8, dec_q4, dec_tq2, dec_tq3, dec_tq4, dec_fp8},          \
+    .decode = {dec_f32, dec_f16, dec_q8, dec_q4, dec_tq2, dec_tq3, dec_tq4, dec_fp8, dec_tq1}, \
     .score = {score_f32, score_f16, score_q8, score_q4, score_tq2, score_tq3, score_tq4,        \
-              score_fp8},                                                                       \
+              score_fp8, score_tq1},                                                            \
     .accum = {accum_f32, accum_f16, accum_q8, accum_q4, accum_tq2, accum_tq3, accum_tq4,       \
-              accum_fp8},                                                                       \
+              accum_fp8, accum_tq1},                                                            \
     .prep_q = {[TQKV_TQ3] = prep_q_tq3, [TQKV_TQ4] = prep_q_tq4},                              \
     .score_prep = {[TQKV_TQ3] = score_tq3_bp, [TQKV_TQ4] = score_tq4_bp},                      \
     .token_scales = attn_avx2_token_scales, .rotate = attn_avx2_rotate,                        \

@@ -48,6 +48,7 @@ void attn_decode_token(const attn_src *s, const uint8_t *pl, const uint16_t *sc,
         for (int i = 0; i < d; i++) out[i] = tqkv_f16_to_f32(codec_fp8_half(pl[i])) * s256;
         break;
     }
+    case TQKV_TQ1:
     case TQKV_TQ2:
     case TQKV_TQ3:
     case TQKV_TQ4: {
@@ -239,9 +240,11 @@ static void sc_tile_pv(const float *v, size_t ldv, int n, int dim, const float *
 static const attn_isa SCALAR = {
     .name = "scalar",
     .decode = {sc_decode, sc_decode, sc_decode, sc_decode, sc_decode, sc_decode, sc_decode,
-               sc_decode},
-    .score = {sc_score, sc_score, sc_score, sc_score, sc_score, sc_score, sc_score, sc_score},
-    .accum = {sc_accum, sc_accum, sc_accum, sc_accum, sc_accum, sc_accum, sc_accum, sc_accum},
+               sc_decode, sc_decode},
+    .score = {sc_score, sc_score, sc_score, sc_score, sc_score, sc_score, sc_score, sc_score,
+              sc_score},
+    .accum = {sc_accum, sc_accum, sc_accum, sc_accum, sc_accum, sc_accum, sc_accum, sc_accum,
+              sc_accum},
     .token_scales = sc_token_scales,
     .rotate = sc_rotate,
     .unrotate = sc_unrotate,

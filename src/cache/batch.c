@@ -49,7 +49,10 @@ tqkv_status batch_check_config(const tqkv_cache_config *cfg) {
     if ((long long)cfg->window + cfg->window_slack > CACHE_MAX_RING)
         return tqkv_fail(TQKV_EINVAL, "window + window_slack must be <= %d, got %d + %d",
                          CACHE_MAX_RING, cfg->window, cfg->window_slack);
-    for (int i = 0; i < 8; i++)
+    if (cfg->window_keys_only != 0 && cfg->window_keys_only != 1)
+        return tqkv_fail(TQKV_EINVAL, "window_keys_only must be 0 or 1, got %d",
+                         cfg->window_keys_only);
+    for (int i = 0; i < 7; i++)
         if (cfg->reserved[i])
             return tqkv_fail(TQKV_EINVAL, "cache config reserved[%d] must be zero, got %d", i,
                              cfg->reserved[i]);
@@ -58,7 +61,8 @@ tqkv_status batch_check_config(const tqkv_cache_config *cfg) {
 
 int batch_ring_for(const tqkv_cache_config *cfg) {
     if (cfg->window <= 0) return 0;
-    if (!tqkv_format_is_tq(cfg->k_format) && !tqkv_format_is_tq(cfg->v_format)) return 0;
+    const int v_tq = !cfg->window_keys_only && tqkv_format_is_tq(cfg->v_format);
+    if (!tqkv_format_is_tq(cfg->k_format) && !v_tq) return 0;
     return cfg->window + cfg->window_slack;
 }
 
@@ -81,6 +85,9 @@ int cache_config_diff(const tqkv_cache_config *a, const tqkv_cache_config *b, ch
         return snprintf(what, cap, "window %d vs %d", a->window, b->window), 1;
     if (a->window_slack != b->window_slack)
         return snprintf(what, cap, "window_slack %d vs %d", a->window_slack, b->window_slack), 1;
+    if (a->window_keys_only != b->window_keys_only)
+        return snprintf(what, cap, "window_keys_only %d vs %d", a->window_keys_only,
+                        b->window_keys_only), 1;
     if (memcmp(a->reserved, b->reserved, sizeof a->reserved))
         return snprintf(what, cap, "reserved fields"), 1;
     return 0;
@@ -280,7 +287,7 @@ tqkv_status batch_create(struct tqkv_batch **out, const tqkv_cache_config *cfg, 
         return st ? st : tqkv_fail(TQKV_EINVAL, "codec setup failed");
     }
     b->k.has_window = b->ring > 0 && tqkv_format_is_tq(cfg->k_format);
-    b->v.has_window = b->ring > 0 && tqkv_format_is_tq(cfg->v_format);
+    b->v.has_window = b->ring > 0 && tqkv_format_is_tq(cfg->v_format) && !cfg->window_keys_only;
     batch_store s;
     if ((st = store_alloc(b, rows, cap, &s))) {
         batch_destroy(b);

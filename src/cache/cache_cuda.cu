@@ -255,6 +255,9 @@ tqkv_status cuda_kv_init_on(cuda_kv **out, const tqkv_cache_config *cfg, int bf1
     *out = NULL;
     tqkv_status st = batch_check_config(cfg);
     if (st) return st;
+    if (cfg->window_keys_only)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "CUDA cache: a keys-only q8 window "
+                         "(window_keys_only) runs on the CPU cache only");
     if (cfg->head_dim != CUDA_DIM && cfg->head_dim != CUDA_DIM_WIDE)
         return tqkv_fail(TQKV_EUNSUPPORTED, "CUDA cache: head_dim %d is not supported (the "
                          "device kernels are built for %d and %d)", cfg->head_dim, CUDA_DIM,

@@ -171,7 +171,8 @@ tqkv_status state_export(const struct tqkv_batch *b, int kind, uint8_t **out, si
     put_u64(&w, b->cfg.seed);
     put_i32(&w, b->cfg.window);
     put_i32(&w, b->cfg.window_slack);
-    for (int i = 0; i < 8; i++) put_i32(&w, b->cfg.reserved[i]);
+    put_i32(&w, b->cfg.window_keys_only); /* was reserved[0]: older states hold 0 */
+    for (int i = 0; i < 7; i++) put_i32(&w, b->cfg.reserved[i]);
     // ---- rows
     put_u32(&w, SEC_ROWS);
     put_u64(&w, rb);
@@ -325,7 +326,8 @@ static tqkv_status restore_config(const section *sc, int kind, const char *what,
     cfg->seed = get_u64(c + 20);
     cfg->window = get_i32(c + 28);
     cfg->window_slack = get_i32(c + 32);
-    for (int i = 0; i < 8; i++) cfg->reserved[i] = get_i32(c + 36 + 4 * i);
+    cfg->window_keys_only = get_i32(c + 36);
+    for (int i = 0; i < 7; i++) cfg->reserved[i] = get_i32(c + 40 + 4 * i);
     if (batch_check_config(cfg) != TQKV_OK) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", tqkv_last_error());

@@ -13,6 +13,11 @@
  * more bits) with the largest loss drop per bit that still fits B is taken until none fits
  * (bits counted as `tqkv ppl --json` kv_bits_per_value, at --ctx); then the window grows to
  * spend what is left, as the presets' windows do.
+ * Candidates (session 11): the choice is made once per ring in --try-windows (the q8 window
+ * the formats must leave room for; with --try-keys-only each also as a keys-only window),
+ * and the check measures every candidate and auto:B on the calibration windows and keeps
+ * the best: a longer window can be worth more than the plane upgrades it displaces, which
+ * the summed sensitivities (measured at one window) cannot tell.
  */
 #include <math.h>
 #include <stdio.h>
@@ -31,10 +36,18 @@ static const char *CMD = "calibrate";
 
 #define CAL_MAX_FMT 8
 #define CAL_MAX_BUDGETS 8
+#define CAL_MAX_RINGS 16 /* candidate rings: windows x (K and V, keys only) */
+
+/* A candidate q8 window: tokens, and whether it holds keys only. */
+typedef struct {
+    int window, keys_only;
+} cal_ring;
 
 typedef struct {
-    const char *model_arg, *text_path, *out, *out_dir, *budgets, *formats;
-    int ctx, max_windows, first_window, window, threads, json, no_check;
+    const char *model_arg, *text_path, *out, *out_dir, *budgets, *formats, *try_windows;
+    int ctx, max_windows, first_window, window, threads, json, no_check, try_keys_only;
+    int n_ring;
+    cal_ring ring[CAL_MAX_RINGS]; /* ring[0]: --window, K and V */
     char dir[4096];
     int n_budget;
     double budget[CAL_MAX_BUDGETS];
@@ -96,6 +109,35 @@ static int cal_parse_budgets(cal_opts *o) {
     return o->n_budget ? 0 : -1;
 }
 
+/* Add ring {w, k} to o->ring unless there already; 0 or -1 when full. */
+static int cal_add_ring(cal_opts *o, int w, int k) {
+    for (int i = 0; i < o->n_ring; i++)
+        if (o->ring[i].window == w && o->ring[i].keys_only == k) return 0;
+    if (o->n_ring == CAL_MAX_RINGS) return -1;
+    o->ring[o->n_ring++] = (cal_ring){w, k};
+    return 0;
+}
+
+/* The candidate rings: --window (K and V) first, then each of --try-windows, each also keys
+ * only with --try-keys-only; 0 or -1 (message). */
+static int cal_parse_rings(cal_opts *o) {
+    o->n_ring = 0;
+    int bad = cal_add_ring(o, o->window, 0) ||
+              (o->try_keys_only && o->window > 0 && cal_add_ring(o, o->window, 1));
+    for (const char *s = o->try_windows ? o->try_windows : ""; *s && !bad;) {
+        char *end;
+        long w = strtol(s, &end, 10);
+        bad = end == s || w < 1 || w > o->ctx || (*end && *end != ',') ||
+              cal_add_ring(o, (int)w, 0) || (o->try_keys_only && cal_add_ring(o, (int)w, 1));
+        s = *end ? end + 1 : end;
+    }
+    if (bad)
+        fprintf(stderr, "tqkv calibrate: --try-windows '%s': windows in [1, --ctx], e.g. "
+                "60,120 (at most %d candidates with --window and --try-keys-only)\n",
+                o->try_windows, CAL_MAX_RINGS);
+    return bad ? -1 : 0;
+}
+
 static int cal_parse_args(int argc, char **argv, cal_opts *o) {
     *o = (cal_opts){.model_arg = MCLI_DEFAULT_MODEL, .budgets = "4.25",
                     .formats = "q8,tq4,tq3,tq2", .ctx = 2048, .max_windows = 2,
@@ -112,7 +154,9 @@ static int cal_parse_args(int argc, char **argv, cal_opts *o) {
         {"--out", ARG_STR, &o->out, "policy file to write (one budget)"},
         {"--out-dir", ARG_STR, &o->out_dir, "write DIR/kv-policy-B.txt per budget B"},
         {"--threads", ARG_INT, &o->threads, "threads (default: all CPUs)"},
-        {"--no-check", ARG_FLAG, &o->no_check, "do not measure the choice against auto:B on the calibration windows"},
+        {"--try-windows", ARG_STR, &o->try_windows, "more q8 windows to choose formats around, e.g. 60,120,240 (each candidate is measured; the best is kept)"},
+        {"--try-keys-only", ARG_FLAG, &o->try_keys_only, "also try each window as a keys-only window (values from their format)"},
+        {"--no-check", ARG_FLAG, &o->no_check, "do not measure the choice against auto:B on the calibration windows (keeps the --window candidate)"},
         {"--json", ARG_FLAG, &o->json, "end with a JSON line: sensitivities and the choices"},
     };
     const int n_specs = (int)(sizeof specs / sizeof specs[0]);
@@ -127,7 +171,7 @@ static int cal_parse_args(int argc, char **argv, cal_opts *o) {
         fprintf(stderr, "tqkv calibrate: need --ctx >= 2, --max-windows >= 1, non-negative counts\n");
         return 2;
     }
-    if (cal_parse_formats(o) || cal_parse_budgets(o)) return 2;
+    if (cal_parse_formats(o) || cal_parse_budgets(o) || cal_parse_rings(o)) return 2;
     if (o->out && o->n_budget != 1) {
         fprintf(stderr, "tqkv calibrate: --out takes one budget; use --out-dir for several\n");
         return 2;
@@ -245,12 +289,15 @@ static int cal_layer_bytes(const cal_opts *o, const tqkv_model *m, const cal_tab
     return 0;
 }
 
-/* t->bytes of every (layer, plane, format): a plane at f with the other f32, less half the
- * all-f32 layer (what the layer costs beside its planes is split between them). 0 or -1. */
-static int cal_bytes(const cal_opts *o, const tqkv_model *m, cal_table *t) {
+/* t->bytes of every (layer, plane, format) with ring r: a plane at f with the other f32,
+ * less half the all-f32 layer (what the layer costs beside its planes is split between
+ * them). 0 or -1. */
+static int cal_bytes(const cal_opts *o, const tqkv_model *m, cal_table *t, const cal_ring *r) {
     double b0[TQKV_MAX_KV_LAYERS], b[TQKV_MAX_KV_LAYERS];
     tqkv_model_state_params p = cal_params(o, -1, 0, TQKV_F32);
     p.threads = 1;
+    p.window = r->window;
+    p.window_keys_only = r->window > 0 && r->keys_only;
     if (cal_layer_bytes(o, m, t, &p, b0, &t->vals)) return -1;
     for (int plane = 0; plane < 2; plane++)
         for (int f = 0; f < o->n_fmt; f++) {
@@ -304,7 +351,7 @@ static double cal_choose(const cal_opts *o, const cal_table *t, double B, int ch
 /* Policy of choice ch: the most common K/V pair as kv, the other layers grouped by pair in
  * kv-layers. */
 static void cal_policy(const cal_opts *o, const tqkv_model *m, const cal_table *t,
-                       int ch[][2], kv_policy *pol) {
+                       int ch[][2], const cal_ring *r, kv_policy *pol) {
     int cnt[CAL_MAX_FMT][CAL_MAX_FMT] = {{0}}, dk = 0, dv = 0;
     for (int i = 0; i < t->n_own; i++) cnt[ch[i][0]][ch[i][1]]++;
     for (int a = 0; a < o->n_fmt; a++)
@@ -329,7 +376,8 @@ static void cal_policy(const cal_opts *o, const tqkv_model *m, const cal_table *
             n += (size_t)snprintf(pol->kv_layers + n, sizeof pol->kv_layers - n, ":%s/%s",
                                   tqkv_format_name(o->fmt[a]), tqkv_format_name(o->fmt[b]));
         }
-    pol->window = o->window;
+    pol->window = r->window;
+    pol->window_keys_only = r->window > 0 && r->keys_only;
     pol->ctx = o->ctx;
 }
 
@@ -362,25 +410,25 @@ static int cal_grow_window(const cal_opts *o, const tqkv_model *m, kv_policy *po
 // Check: the choice against the ranked preset auto:B on the calibration windows
 // ---------------------------------------------------------------------------
 
-/* Mean KLD from the f32 cache of params a and b over the n_win calibration windows. 0/-1. */
+/* Mean KLD from the f32 cache of each of params a [n] over the n_win calibration windows
+ * into kld [n]. 0/-1. */
 static int cal_compare(const cal_opts *o, const tqkv_model *m, const int32_t *ids, int n_win,
-                       const tqkv_model_state_params *a, const tqkv_model_state_params *b,
-                       double *ka, double *kb) {
+                       const tqkv_model_state_params *a, int n, double *kld) {
     const int V = tqkv_model_get_config(m)->vocab_size, ctx = o->ctx;
     float *ref = malloc(sizeof(float) * (size_t)ctx * V); // [ctx, vocab]
     float *lg = malloc(sizeof(float) * (size_t)ctx * V);  // [ctx, vocab]
     const tqkv_model_state_params rp = cal_params(o, -1, 0, TQKV_F32);
     int rc = ref && lg ? 0 : -1;
-    *ka = *kb = 0;
+    for (int i = 0; i < n; i++) kld[i] = 0;
     for (int w = 0; w < n_win && !rc; w++) {
         const int32_t *tok = ids + (size_t)(o->first_window + w) * ctx;
         rc = cal_forward(m, &rp, tok, ctx, ref);
         if (!rc) cal_log_softmax(ref, ctx, V, o->threads);
-        for (int i = 0; i < 2 && !rc; i++) {
-            rc = cal_forward(m, i ? b : a, tok, ctx, lg);
+        for (int i = 0; i < n && !rc; i++) {
+            rc = cal_forward(m, &a[i], tok, ctx, lg);
             if (rc) break;
             cal_log_softmax(lg, ctx, V, o->threads);
-            *(i ? kb : ka) += cal_kld(ref, lg, ctx, V, o->threads) / n_win;
+            kld[i] += cal_kld(ref, lg, ctx, V, o->threads) / n_win;
         }
     }
     free(ref);
@@ -404,26 +452,43 @@ static void cal_policy_of(const tqkv_model *m, const tqkv_model_state_params *p,
                               n ? ";" : "", l, tqkv_format_name(k), tqkv_format_name(v));
     }
     pol->window = p->window;
+    pol->window_keys_only = p->window > 0 && p->window_keys_only;
 }
 
-/* Measure pol against auto:B on the calibration windows; when the preset measures better,
- * pol becomes the preset's configuration. *kp, *kr: the two KLDs. 0 or -1. */
+/* Measure the n candidates cand [n] and auto:B on the calibration windows; *pol becomes the
+ * best of them (the preset's configuration when it measures best). *kp: the kept
+ * candidate's KLD, *kr: the preset's; kc [n]: each candidate's. 0 or -1. */
 static int cal_check(const cal_opts *o, const tqkv_model *m, const int32_t *ids, int n_win,
-                     kv_policy *pol, double B, double *kp, double *kr) {
-    tqkv_model_state_params a = cal_params(o, -1, 0, TQKV_F32), b = a;
+                     const kv_policy *cand, int n, double B, kv_policy *pol, double *kp,
+                     double *kr, double *kc) {
+    tqkv_model_state_params a[CAL_MAX_RINGS + 1];
+    double kld[CAL_MAX_RINGS + 1];
     char desc[256], name[32];
     snprintf(name, sizeof name, "auto:%.6g", B);
-    memset(b.layer_k, 0, sizeof b.layer_k);
-    memset(b.layer_v, 0, sizeof b.layer_v);
-    if (kvpol_apply(CMD, m, pol, o->ctx, &a, desc, sizeof desc) ||
-        kvp_resolve(CMD, m, name, o->ctx, &b, desc, sizeof desc) ||
-        cal_compare(o, m, ids, n_win, &a, &b, kp, kr))
+    for (int i = 0; i <= n; i++) a[i] = cal_params(o, -1, 0, TQKV_F32);
+    memset(a[n].layer_k, 0, sizeof a[n].layer_k);
+    memset(a[n].layer_v, 0, sizeof a[n].layer_v);
+    for (int i = 0; i < n; i++)
+        if (kvpol_apply(CMD, m, &cand[i], o->ctx, &a[i], desc, sizeof desc)) return -1;
+    if (kvp_resolve(CMD, m, name, o->ctx, &a[n], desc, sizeof desc) ||
+        cal_compare(o, m, ids, n_win, a, n + 1, kld))
         return -1;
-    fprintf(stderr, "tqkv calibrate: %.4g bits: calibrated KLD %.5f, %s (%s) %.5f on the "
-            "calibration windows\n", B, *kp, name, desc, *kr);
+    int best = 0;
+    for (int i = 0; i < n; i++) {
+        kc[i] = kld[i];
+        fprintf(stderr, "tqkv calibrate: %.4g bits: candidate %d (window %d%s) KLD %.5f on the "
+                "calibration windows\n", B, i, cand[i].window,
+                cand[i].window_keys_only ? ", keys only" : "", kld[i]);
+        if (kld[i] < kld[best]) best = i;
+    }
+    *pol = cand[best];
+    *kp = kld[best];
+    *kr = kld[n];
+    fprintf(stderr, "tqkv calibrate: %.4g bits: calibrated KLD %.5f (candidate %d), %s (%s) "
+            "%.5f on the calibration windows\n", B, *kp, best, name, desc, *kr);
     if (*kr < *kp) {
-        cal_policy_of(m, &b, pol);
-        pol->bits = kvpol_bits(m, &b, o->ctx);
+        cal_policy_of(m, &a[n], pol);
+        pol->bits = kvpol_bits(m, &a[n], o->ctx);
         fprintf(stderr, "tqkv calibrate: %.4g bits: the preset measured better; the policy "
                 "holds its configuration\n", B);
     }
@@ -440,8 +505,8 @@ static int cal_write(const cal_opts *o, const kv_policy *pol, const char *path, 
     FILE *f = fopen(path, "w");
     char c[1024];
     int n = snprintf(c, sizeof c, "tqkv calibrate: %d window(s) from %d of %s, ctx %d, measured "
-                     "with window %d; predicted KLD %.5f", o->max_windows, o->first_window,
-                     o->text_path, o->ctx, o->window, loss);
+                     "with window %d, %d candidate ring(s); predicted KLD %.5f", o->max_windows,
+                     o->first_window, o->text_path, o->ctx, o->window, o->n_ring, loss);
     if (!o->no_check && n > 0 && (size_t)n < sizeof c)
         snprintf(c + n, sizeof c - (size_t)n, "; measured KLD %.5f against auto:%g's %.5f%s", kp,
                  pol->budget, kr, kr < kp ? " (so this is the preset's configuration)" : "");
@@ -450,8 +515,9 @@ static int cal_write(const cal_opts *o, const kv_policy *pol, const char *path, 
         fprintf(stderr, "tqkv calibrate: cannot write %s\n", path);
         return -1;
     }
-    fprintf(stderr, "tqkv calibrate: wrote %s (kv %s, layers '%s', window %d, %.4f bits)\n",
-            path, pol->kv, pol->kv_layers, pol->window, pol->bits);
+    fprintf(stderr, "tqkv calibrate: wrote %s (kv %s, layers '%s', window %d%s, %.4f bits)\n",
+            path, pol->kv, pol->kv_layers, pol->window,
+            pol->window_keys_only ? " keys only" : "", pol->bits);
     return 0;
 }
 
@@ -473,42 +539,93 @@ static cJSON *cal_json_table(const cal_opts *o, const cal_table *t) {
     return a;
 }
 
+/* One candidate policy per ring within budget B into cand [o->n_ring] (rings where even the
+ * cheapest formats do not fit are left out), their predicted losses into loss; the count,
+ * or -1 (message) when none fits or a window cannot be grown. */
+static int cal_candidates(const cal_opts *o, const tqkv_model *m, cal_table *t, double B,
+                          kv_policy *cand, double *loss) {
+    int n = 0;
+    for (int r = 0; r < o->n_ring; r++) {
+        int ch[TQKV_MAX_KV_LAYERS][2];
+        if (cal_bytes(o, m, t, &o->ring[r])) return -1;
+        const double l = cal_choose(o, t, B, ch);
+        if (l < 0) {
+            fprintf(stderr, "tqkv calibrate: window %d%s: the cheapest formats (%s) take %.4f "
+                    "bits per value, over %.4g\n", o->ring[r].window,
+                    o->ring[r].keys_only ? " (keys only)" : "",
+                    tqkv_format_name(o->fmt[o->n_fmt - 1]), cal_bits(t, ch), B);
+            continue;
+        }
+        cal_policy(o, m, t, ch, &o->ring[r], &cand[n]);
+        if (cal_grow_window(o, m, &cand[n], B)) return -1;
+        int dup = 0; /* grown windows may meet (window 30 keys only grows to 60) */
+        for (int i = 0; i < n; i++)
+            dup |= cand[i].window == cand[n].window && !strcmp(cand[i].kv, cand[n].kv) &&
+                   cand[i].window_keys_only == cand[n].window_keys_only &&
+                   !strcmp(cand[i].kv_layers, cand[n].kv_layers);
+        if (!dup) loss[n++] = l;
+    }
+    return n ? n : -1;
+}
+
+/* The JSON entry of the policy kept for budget B (kp, kr: checked KLDs, NaN with
+ * --no-check), with every candidate measured. */
+static cJSON *cal_json_policy(const kv_policy *pol, double B, double loss, double kp, double kr,
+                              const kv_policy *cand, const double *kc, int n) {
+    cJSON *e = cJSON_CreateObject(), *a = cJSON_CreateArray();
+    json_add_num(e, "budget", B, 4);
+    cJSON_AddStringToObject(e, "kv", pol->kv);
+    cJSON_AddStringToObject(e, "kv_layers", pol->kv_layers);
+    cJSON_AddNumberToObject(e, "window", pol->window);
+    cJSON_AddBoolToObject(e, "window_keys_only", pol->window_keys_only != 0);
+    json_add_num(e, "kv_bits_per_value", pol->bits, 4);
+    json_add_num(e, "predicted_kld", loss, 6);
+    json_add_num(e, "checked_kld", kp, 6); /* null with --no-check */
+    json_add_num(e, "checked_kld_preset", kr, 6);
+    for (int i = 0; a && i < n; i++) {
+        cJSON *c = cJSON_CreateObject();
+        if (!c) break;
+        cJSON_AddStringToObject(c, "kv", cand[i].kv);
+        cJSON_AddStringToObject(c, "kv_layers", cand[i].kv_layers);
+        cJSON_AddNumberToObject(c, "window", cand[i].window);
+        cJSON_AddBoolToObject(c, "window_keys_only", cand[i].window_keys_only != 0);
+        json_add_num(c, "kv_bits_per_value", cand[i].bits, 4);
+        json_add_num(c, "checked_kld", kc[i], 6);
+        cJSON_AddItemToArray(a, c);
+    }
+    cJSON_AddItemToObject(e, "candidates", a);
+    return e;
+}
+
 /* Choose, write and report a policy per budget; 0 or -1. */
-static int cal_emit(const cal_opts *o, const tqkv_model *m, const cal_table *t,
-                    const int32_t *ids, int n_win) {
+static int cal_emit(const cal_opts *o, const tqkv_model *m, cal_table *t, const int32_t *ids,
+                    int n_win) {
     cJSON *j = cJSON_CreateObject(), *pols = cJSON_CreateArray();
     int rc = 0;
     for (int b = 0; b < o->n_budget && !rc; b++) {
-        int ch[TQKV_MAX_KV_LAYERS][2];
-        kv_policy pol;
-        const double loss = cal_choose(o, t, o->budget[b], ch);
-        if (loss < 0) {
-            fprintf(stderr, "tqkv calibrate: the cheapest formats (%s) take %.4f bits per "
-                    "value, over %.4g\n", tqkv_format_name(o->fmt[o->n_fmt - 1]),
-                    cal_bits(t, ch), o->budget[b]);
+        kv_policy cand[CAL_MAX_RINGS], pol;
+        double loss[CAL_MAX_RINGS], kc[CAL_MAX_RINGS], kp = NAN, kr = NAN;
+        const int n = cal_candidates(o, m, t, o->budget[b], cand, loss);
+        if (n < 0) {
             rc = -1;
             break;
         }
-        cal_policy(o, m, t, ch, &pol);
-        if (cal_grow_window(o, m, &pol, o->budget[b])) rc = -1;
-        double kp = NAN, kr = NAN;
-        if (!rc && !o->no_check && cal_check(o, m, ids, n_win, &pol, o->budget[b], &kp, &kr))
+        pol = cand[0];
+        for (int i = 0; i < n; i++) kc[i] = NAN;
+        if (!o->no_check && cal_check(o, m, ids, n_win, cand, n, o->budget[b], &pol, &kp, &kr, kc))
             rc = -1;
+        double pl = loss[0];
+        for (int i = 0; i < n; i++)
+            if (cand[i].window == pol.window && cand[i].window_keys_only == pol.window_keys_only &&
+                !strcmp(cand[i].kv_layers, pol.kv_layers))
+                pl = loss[i];
         char path[4200];
         if (o->out_dir) snprintf(path, sizeof path, "%s/kv-policy-%g.txt", o->out_dir, o->budget[b]);
-        if (!rc && (o->out || o->out_dir)) rc = cal_write(o, &pol, o->out ? o->out : path, loss, kp, kr);
+        if (!rc && (o->out || o->out_dir)) rc = cal_write(o, &pol, o->out ? o->out : path, pl, kp, kr);
         if (!rc && !o->out && !o->out_dir && !o->json) kvpol_write(stdout, &pol, NULL);
-        cJSON *e = cJSON_CreateObject();
-        json_add_num(e, "budget", o->budget[b], 4);
-        cJSON_AddStringToObject(e, "kv", pol.kv);
-        cJSON_AddStringToObject(e, "kv_layers", pol.kv_layers);
-        cJSON_AddNumberToObject(e, "window", pol.window);
-        json_add_num(e, "kv_bits_per_value", pol.bits, 4);
-        json_add_num(e, "predicted_kld", loss, 6);
-        json_add_num(e, "checked_kld", kp, 6); /* null with --no-check */
-        json_add_num(e, "checked_kld_preset", kr, 6);
-        cJSON_AddItemToArray(pols, e);
+        cJSON_AddItemToArray(pols, cal_json_policy(&pol, o->budget[b], pl, kp, kr, cand, kc, n));
     }
+    if (!rc) rc = cal_bytes(o, m, t, &o->ring[0]); /* the table's plane bits: --window */
     if (o->json && !rc) {
         cJSON_AddNumberToObject(j, "windows", n_win);
         cJSON_AddNumberToObject(j, "first_window", o->first_window);
@@ -547,7 +664,7 @@ static int cal_scan(const cal_opts *o, const tqkv_model *m, const int32_t *ids, 
                              ref, lg, t, w, n_win);
     free(ref);
     free(lg);
-    return rc ? -1 : cal_bytes(o, m, t);
+    return rc;
 }
 
 int cmd_calibrate(int argc, char **argv) {

@@ -4,7 +4,8 @@
  * Must not: contain model, cache or tokenizer logic.
  *
  * Scoring matches shared/tools/kvq_reference.py: the whole file is tokenized with no BOS;
- * W = min(--max-windows, (N - 1) / ctx) windows; window i feeds tokens [ctx i, ctx (i+1))
+ * W = min(--max-windows, (N - 1) / ctx - F) windows (F = --first-window, default 0); window
+ * i (from F) feeds tokens [ctx i, ctx (i+1))
  * and position j predicts token ctx i + j + 1, for every j in [0, ctx) (the last position's
  * target is the first token of the next window), so tokens = W * ctx predictions.
  * --kld runs an f32-cache pass over the same window (always one prefill) and adds
@@ -66,6 +67,8 @@ typedef struct {
     kv_policy pol;               /* --kv-policy FILE, applied once the model is loaded */
     int ctx, max_windows, window, kld, threads, json, kv_seed;
     int chunk, blas, fast_gemm, slack, tp;
+    int window_k;                /* --window-keys-only */
+    int first_window;            /* --first-window: windows before it are skipped */
     int preset;                  /* --kv is a preset (auto:B), resolved once the model is loaded */
     tqkv_model_state_params sp;  /* formats, kernel, device from the options */
     char dir[4096];              /* the resolved model directory */
@@ -83,10 +86,12 @@ static int ppl_parse_args(int argc, char **argv, ppl_opts *o) {
         {"--text", ARG_STR, &o->text_path, "text file to score"},
         {"--ctx", ARG_INT, &o->ctx, "window length in tokens (default 2048)"},
         {"--max-windows", ARG_INT, &o->max_windows, "score at most N windows (default all)"},
+        {"--first-window", ARG_INT, &o->first_window, "skip the windows before this one (default 0; e.g. 64 scores the windows `tqkv calibrate` measures on)"},
         {"--kv", ARG_STR, &o->kv, "KV cache format (default f32)"},
         {"--kv-layers", ARG_STR, &o->kv_layers, "per-layer KV formats, e.g. '0,7:q8' or '0-1:q8;7:tq4/q8'"},
         {"--kv-policy", ARG_STR, &o->kv_policy, "KV policy file from `tqkv calibrate` (formats, per-layer formats, window; instead of --kv)"},
         {"--window", ARG_INT, &o->window, "newest tokens kept at q8 beside a tq cache (default 0)"},
+        {"--window-keys-only", ARG_FLAG, &o->window_k, "the --window ring holds keys only (values read from their format; half the ring's bits)"},
         {"--window-slack", ARG_INT, &o->slack, "extra q8 ring slots for trims (default 32; counted in kv_bits_per_value)"},
         {"--chunk", ARG_INT, &o->chunk, "feed each window in chunks of N tokens (default: whole)"},
         {"--kv-seed", ARG_INT, &o->kv_seed, "rotation seed of the KV cache (layer l: seed + l)"},
@@ -108,7 +113,7 @@ static int ppl_parse_args(int argc, char **argv, ppl_opts *o) {
         return 2;
     }
     if (o->ctx < 2 || o->max_windows < 0 || o->window < 0 || o->threads < 0 || o->chunk < 0 ||
-        o->slack < 0) {
+        o->slack < 0 || o->first_window < 0) {
         fprintf(stderr, "tqkv ppl: need --ctx >= 2 and non-negative counts\n");
         return 2;
     }
@@ -118,20 +123,22 @@ static int ppl_parse_args(int argc, char **argv, ppl_opts *o) {
     *sp = tqkv_model_state_params_default();
     sp->device_fast_gemm = o->fast_gemm;
     o->preset = kvp_is_preset(o->kv);
-    if (o->kv_policy && (o->preset || o->window || o->kv_layers[0] || strcmp(o->kv, "f32"))) {
+    if (o->kv_policy &&
+        (o->preset || o->window || o->window_k || o->kv_layers[0] || strcmp(o->kv, "f32"))) {
         fprintf(stderr, "tqkv ppl: --kv-policy sets the formats and the window; drop --kv, "
-                "--window and --kv-layers\n");
+                "--window, --window-keys-only and --kv-layers\n");
         return 2;
     }
     if (o->kv_policy && kvpol_load(CMD, o->kv_policy, &o->pol)) return 2;
-    if (o->preset && (o->window || o->kv_layers[0])) {
+    if (o->preset && (o->window || o->window_k || o->kv_layers[0])) {
         fprintf(stderr, "tqkv ppl: --kv %s chooses the window and per-layer formats itself; "
-                "drop --window / --kv-layers\n", o->kv);
+                "drop --window / --window-keys-only / --kv-layers\n", o->kv);
         return 2;
     }
     if ((!o->preset && (mcli_parse_kv(CMD, o->kv, &sp->k_format, &sp->v_format) ||
                         mcli_parse_kv_layers(CMD, o->kv_layers, sp) ||
-                        mcli_check_window(CMD, o->window, sp->k_format, sp->v_format))) ||
+                        mcli_check_window(CMD, o->window, sp->k_format, sp->v_format) ||
+                        mcli_check_window_k(CMD, o->window_k, o->window))) ||
         mcli_parse_kernel(CMD, o->prefill_kernel, &sp->prefill_kernel) ||
         mcli_parse_device(CMD, o->device, &sp->device) ||
         mcli_parse_tp(CMD, o->tp, sp->device, sp))
@@ -153,6 +160,7 @@ static int ppl_states_init(ppl_opts *o, const tqkv_model *m, tqkv_model_state **
     sp->rows = 1;
     sp->window = o->window;
     sp->window_slack = o->slack;
+    sp->window_keys_only = o->window_k;
     if (o->preset) {
         if (kvp_resolve_model(CMD, m, o->dir, o->kv, o->ctx, sp, resolved, 256)) return -1;
         o->window = sp->window;
@@ -161,6 +169,7 @@ static int ppl_states_init(ppl_opts *o, const tqkv_model *m, tqkv_model_state **
     if (o->kv_policy) {
         if (kvpol_apply(CMD, m, &o->pol, o->ctx, sp, resolved, 256)) return -1;
         o->window = sp->window;
+        o->window_k = sp->window_keys_only;
         o->kv = o->pol.kv;
         o->kv_layers = o->pol.kv_layers;
         fprintf(stderr, "tqkv ppl: --kv-policy %s -> %s\n", o->kv_policy, resolved);
@@ -185,6 +194,7 @@ static int ppl_states_init(ppl_opts *o, const tqkv_model *m, tqkv_model_state **
         memset(rp.layer_k, 0, sizeof rp.layer_k);
         memset(rp.layer_v, 0, sizeof rp.layer_v);
         rp.window = 0;
+        rp.window_keys_only = 0;
         if (tqkv_model_state_init(ref, m, &rp) != TQKV_OK) {
             fprintf(stderr, "tqkv ppl: %s\n", tqkv_last_error());
             return -1;
@@ -295,7 +305,7 @@ static int ppl_report(const ppl_opts *o, const tqkv_model *m, tqkv_model_state *
     const double kv_bits = mcli_kv_bits(m, s, ctx);
     printf("ppl %.4f over %zu tokens (%d windows x %d), kv %s", ppl, cnt, n_win, ctx, o->kv);
     if (o->kv_layers[0]) printf(" layers %s", o->kv_layers);
-    if (o->window) printf(" window %d", o->window);
+    if (o->window) printf(" window %d%s", o->window, o->window_k ? " (keys only)" : "");
     printf(" (%.4f bits/value)", kv_bits);
     if (do_kld) printf(", kld %.5f, top-1 agreement %.4f", r->kl / (double)cnt, (double)r->top1 / (double)cnt);
     printf("\n");
@@ -309,6 +319,7 @@ static int ppl_report(const ppl_opts *o, const tqkv_model *m, tqkv_model_state *
         if (do_kld) json_add_num(j, "top1_agreement", (double)r->top1 / (double)cnt, 6);
         else cJSON_AddNullToObject(j, "top1_agreement");
         cJSON_AddNumberToObject(j, "windows", n_win);
+        cJSON_AddNumberToObject(j, "first_window", o->first_window);
         cJSON_AddNumberToObject(j, "tokens", (double)cnt);
         cJSON_AddStringToObject(j, "device", sp->device ? "cuda" : "cpu");
         cJSON_AddNumberToObject(j, "tensor_parallel", tqkv_model_state_tensor_parallel(s));
@@ -325,6 +336,7 @@ static int ppl_report(const ppl_opts *o, const tqkv_model *m, tqkv_model_state *
         json_add_num(j, "kv_format_bits", tqkv_model_state_kv_bits_per_value(s), 4);
         cJSON_AddNumberToObject(j, "ctx", ctx);
         cJSON_AddNumberToObject(j, "window", o->window);
+        cJSON_AddBoolToObject(j, "window_keys_only", o->window_k != 0);
         cJSON_AddNumberToObject(j, "window_slack", sp->window_slack);
         cJSON_AddNumberToObject(j, "chunk", o->chunk);
         json_add_num(j, "forward_tokens_per_s",
@@ -364,17 +376,19 @@ int cmd_ppl(int argc, char **argv) {
         goto done;
     }
     int n_win = n_ids > 1 ? (int)((n_ids - 1) / (size_t)o.ctx) : 0;
+    n_win = n_win > o.first_window ? n_win - o.first_window : 0;
     if (o.max_windows > 0 && n_win > o.max_windows) n_win = o.max_windows;
     fprintf(stderr, "tqkv ppl: %zu tokens (tokenized in %.1f s), %d windows x %d, kv %s%s\n", n_ids,
             mcli_now() - t0, n_win, o.ctx, o.kv, o.kld ? ", with KLD" : "");
     if (n_win == 0) {
-        fprintf(stderr, "tqkv ppl: text too short for one window of %d tokens (+1)\n", o.ctx);
+        fprintf(stderr, "tqkv ppl: text too short for one window of %d tokens (+1) from window "
+                "%d\n", o.ctx, o.first_window);
         goto done;
     }
     char resolved[256] = "";
     ppl_sums sums;
     if (ppl_states_init(&o, m, &s, &ref, resolved) ||
-        ppl_score(&o, m, s, ref, ids, n_win, &sums) ||
+        ppl_score(&o, m, s, ref, ids + (size_t)o.first_window * o.ctx, n_win, &sums) ||
         ppl_report(&o, m, s, ref != NULL, n_win, &sums, resolved))
         goto done;
     rc = 0;

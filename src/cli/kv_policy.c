@@ -16,8 +16,9 @@
 // Parse
 // ---------------------------------------------------------------------------
 
-enum { K_LAYERS, K_KV, K_KVL, K_WINDOW, K_BUDGET, K_CTX, K_BITS, K_N };
-static const char *KEYS[K_N] = {"layers", "kv", "kv-layers", "window", "budget", "ctx", "bits"};
+enum { K_LAYERS, K_KV, K_KVL, K_WINDOW, K_WPLANES, K_BUDGET, K_CTX, K_BITS, K_N };
+static const char *KEYS[K_N] = {"layers",       "kv",     "kv-layers", "window",
+                                "window-planes", "budget", "ctx",       "bits"};
 
 /* An int in [lo, hi] from s (whole string); 1 on success. */
 static int read_int(const char *s, int lo, int hi, int *out) {
@@ -53,6 +54,10 @@ static int set_key(kv_policy *pol, int k, const char *val) {
         snprintf(pol->kv_layers, sizeof pol->kv_layers, "%s", val);
         return 1;
     case K_WINDOW: return read_int(val, 0, 1 << 20, &pol->window);
+    case K_WPLANES: /* which tq planes keep the q8 window: "kv" (both) or "k" (keys only) */
+        if (strcmp(val, "kv") && strcmp(val, "k")) return 0;
+        pol->window_keys_only = !strcmp(val, "k");
+        return 1;
     case K_BUDGET: return read_pos(val, &pol->budget);
     case K_CTX: return read_int(val, 1, 1 << 24, &pol->ctx);
     case K_BITS: return read_pos(val, &pol->bits);
@@ -136,6 +141,7 @@ int kvpol_write(FILE *f, const kv_policy *pol, const char *comment) {
     if (comment) fprintf(f, "# %s\n", comment);
     fprintf(f, "layers %d\nkv %s\nkv-layers %s\nwindow %d\n", pol->layers, pol->kv,
             pol->kv_layers, pol->window);
+    if (pol->window_keys_only) fprintf(f, "window-planes k\n"); /* older readers: K and V */
     if (pol->budget > 0) fprintf(f, "budget %.6g\n", pol->budget);
     if (pol->ctx > 0) fprintf(f, "ctx %d\n", pol->ctx);
     if (pol->bits > 0) fprintf(f, "bits %.4f\n", pol->bits);
@@ -168,6 +174,7 @@ int kvpol_apply(const char *cmd, const tqkv_model *m, const kv_policy *pol, int 
             return -1;
         }
     t.window = pol->window;
+    t.window_keys_only = pol->window > 0 && pol->window_keys_only;
     if (pol->window > 0) t.window_slack = 0; /* as the presets: run and ppl never trim */
     const double bits = kvpol_bits(m, &t, ctx);
     if (bits < 0) {
@@ -180,7 +187,8 @@ int kvpol_apply(const char *cmd, const tqkv_model *m, const kv_policy *pol, int 
         return -1;
     }
     *p = t;
-    snprintf(desc, cap, "%s%s%s window %d (%.4f bits/value at ctx %d)", pol->kv,
-             pol->kv_layers[0] ? " layers " : "", pol->kv_layers, pol->window, bits, ctx);
+    snprintf(desc, cap, "%s%s%s window %d%s (%.4f bits/value at ctx %d)", pol->kv,
+             pol->kv_layers[0] ? " layers " : "", pol->kv_layers, pol->window,
+             t.window_keys_only ? " (keys only)" : "", bits, ctx);
     return 0;
 }

@@ -9,6 +9,8 @@
  *     kv tq4/tq2                default K/V formats (the --kv syntax)
  *     kv-layers 3:q8/tq2;5:tq3  per-layer formats (the --kv-layers syntax; may be empty)
  *     window 30                 newest tokens kept at q8 beside the tq planes (0: none)
+ *     window-planes k           optional (session 11): "k" = the window holds keys only
+ *                               (values read from their format), "kv" (default) = both
  *     budget 3.25               optional: bits per value the policy must fit at the run's
  *                               context, counted as `tqkv ppl --json` kv_bits_per_value
  *     ctx 2048                  optional, informational: where it was calibrated
@@ -29,6 +31,7 @@ typedef struct {
     char   kv[32];       /* "tq4" or "tq4/tq2" */
     char   kv_layers[512];
     int    window;
+    int    window_keys_only; /* window-planes k */
     double budget;       /* 0: none */
     int    ctx;          /* 0: not given */
     double bits;         /* 0: not given */

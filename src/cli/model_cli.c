@@ -127,6 +127,15 @@ int mcli_parse_kernel(const char *cmd, const char *name, tqkv_kernel *out) {
 
 const char *mcli_default_kv(int own_window) { return own_window ? "tq4" : MCLI_DEFAULT_KV; }
 
+int mcli_check_window_k(const char *cmd, int keys_only, int window) {
+    if (keys_only && window <= 0) {
+        fprintf(stderr, "tqkv %s: --window-keys-only says which planes the q8 window holds: it "
+                "needs --window W > 0\n", cmd);
+        return -1;
+    }
+    return 0;
+}
+
 int mcli_check_window(const char *cmd, int window, tqkv_format k, tqkv_format v) {
     if (window > 0 && !tqkv_format_is_tq(k) && !tqkv_format_is_tq(v)) {
         fprintf(stderr, "tqkv %s: --window keeps a q8 copy beside a tq cache; --kv %s%s%s has "

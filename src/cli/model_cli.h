@@ -54,6 +54,9 @@ double mcli_params_bits(const tqkv_model *m, const tqkv_model_state_params *t, i
 /* --window W needs a tq K or V format (only tq planes keep a q8 window): 0, or -1 with a
  * message. */
 int  mcli_check_window(const char *cmd, int window, tqkv_format k, tqkv_format v);
+/* --window-keys-only (keys_only != 0) needs window > 0 (the ring is kept on tq K planes
+ * only, whatever the per-layer mix): 0, or -1 with a message. */
+int  mcli_check_window_k(const char *cmd, int keys_only, int window);
 /* --device: "cpu" -> 0, "cuda" -> 1 (tqkv_model_state_params.device); 0 or -1 (printed). */
 int  mcli_parse_device(const char *cmd, const char *name, int *out);
 /* --tensor-parallel N (docs/TP.md) into p->tensor_parallel: 0..8 (0, 1 = off); any device

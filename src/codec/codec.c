@@ -283,6 +283,7 @@ static void encode_one(const struct tqkv_codec *c, const float *x, int rot_in, u
         break;
     case TQKV_Q4: q4_encode_one(d, x, payload, scales); break;
     case TQKV_FP8: fp8_encode_one(d, x, payload, scales, simd); break;
+    case TQKV_TQ1:
     case TQKV_TQ2:
     case TQKV_TQ3:
     case TQKV_TQ4:
@@ -353,6 +354,7 @@ static void decode_one_scalar(const struct tqkv_codec *c, const uint8_t *payload
         for (int i = 0; i < d; i++) x[i] = tqkv_f16_to_f32(codec_fp8_half(payload[i])) * s256;
         break;
     }
+    case TQKV_TQ1:
     case TQKV_TQ2:
     case TQKV_TQ3:
     case TQKV_TQ4: {

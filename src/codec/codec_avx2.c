@@ -145,6 +145,21 @@ TQKV_AVX2 static void dec_fp8(int d, const uint8_t *p, uint16_t scale, float *x)
     for (int i = 0; i < d; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(fp8x8(p + i), s));
 }
 
+/* OR bit i of the LE uint32 at q (one 32-value group of a 1-bit plane), moved to bit
+ * `shift`, into lane i % 8 of idx[i / 8]. */
+TQKV_AVX2 static void plane1_or(const uint8_t *q, int shift, __m256i idx[4]) {
+    const uint32_t w = (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 |
+                       (uint32_t)q[3] << 24;
+    const __m256i wv = _mm256_set1_epi32((int)w);
+    const __m256i one = _mm256_set1_epi32(1);
+    const __m256i sh0 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int k = 0; k < 4; k++) {
+        __m256i sh = _mm256_add_epi32(sh0, _mm256_set1_epi32(8 * k));
+        __m256i hb = _mm256_and_si256(_mm256_srlv_epi32(wv, sh), one);
+        idx[k] = _mm256_or_si256(idx[k], _mm256_sllv_epi32(hb, _mm256_set1_epi32(shift)));
+    }
+}
+
 TQKV_AVX2 static void dec_tq(const struct tqkv_codec *c, const uint8_t *p, uint16_t scale,
                              float *x) {
     const int d = c->dim;
@@ -160,21 +175,12 @@ TQKV_AVX2 static void dec_tq(const struct tqkv_codec *c, const uint8_t *p, uint1
             idx[1] = u8hi(lo);
             idx[2] = u8lo(hi);
             idx[3] = u8hi(hi);
+        } else if (c->bits == 1) {
+            for (int k = 0; k < 4; k++) idx[k] = _mm256_setzero_si256();
+            plane1_or(p + 4 * g, 0, idx);
         } else {
             plane2(p + 8 * g, idx);
-            if (c->bits == 3) {
-                const uint8_t *q = p + d / 4 + 4 * g;
-                uint32_t w = (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 |
-                             (uint32_t)q[3] << 24;
-                const __m256i wv = _mm256_set1_epi32((int)w);
-                const __m256i one = _mm256_set1_epi32(1);
-                const __m256i sh0 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-                for (int k = 0; k < 4; k++) {
-                    __m256i sh = _mm256_add_epi32(sh0, _mm256_set1_epi32(8 * k));
-                    __m256i hb = _mm256_and_si256(_mm256_srlv_epi32(wv, sh), one);
-                    idx[k] = _mm256_or_si256(idx[k], _mm256_slli_epi32(hb, 2));
-                }
-            }
+            if (c->bits == 3) plane1_or(p + d / 4 + 4 * g, 2, idx);
         }
         for (int k = 0; k < 4; k++) {
             __m256 v = c->bits == 4 ? lut16(tlo, thi, idx[k]) : _mm256_permutevar8x32_ps(tlo, idx[k]);
@@ -191,6 +197,7 @@ TQKV_AVX2 void codec_decode_one_avx2(const struct tqkv_codec *c, const uint8_t *
     case TQKV_Q8: dec_q8(c->dim, payload, scales, x); break;
     case TQKV_Q4: dec_q4(c->dim, payload, scales, x); break;
     case TQKV_FP8: dec_fp8(c->dim, payload, scales[0], x); break;
+    case TQKV_TQ1:
     case TQKV_TQ2:
     case TQKV_TQ3:
     case TQKV_TQ4: dec_tq(c, payload, scales[0], x); break;

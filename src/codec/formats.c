@@ -17,7 +17,7 @@
 static const char *const FORMAT_NAMES[TQKV_FORMAT_COUNT] = {
     [TQKV_F32] = "f32", [TQKV_F16] = "f16", [TQKV_Q8] = "q8",  [TQKV_Q4] = "q4",
     [TQKV_TQ2] = "tq2", [TQKV_TQ3] = "tq3", [TQKV_TQ4] = "tq4",
-    [TQKV_FP8] = "fp8",
+    [TQKV_FP8] = "fp8", [TQKV_TQ1] = "tq1",
 };
 
 /* Parse one name from [s, s+len). Accepts the canonical names and the ggml
@@ -34,7 +34,7 @@ static int format_lookup(const char *s, size_t len, tqkv_format *out) {
     return 0;
 }
 
-#define FORMAT_LIST "f32, f16, q8, q4, tq2, tq3, tq4, fp8"
+#define FORMAT_LIST "f32, f16, q8, q4, tq1, tq2, tq3, tq4, fp8"
 
 tqkv_status tqkv_format_parse(const char *name, tqkv_format *out) {
     if (!name || !out) return tqkv_fail(TQKV_EINVAL, "tqkv_format_parse: NULL argument");
@@ -51,10 +51,13 @@ const char *tqkv_format_name(tqkv_format f) {
     return FORMAT_NAMES[f];
 }
 
-int tqkv_format_is_tq(tqkv_format f) { return f == TQKV_TQ2 || f == TQKV_TQ3 || f == TQKV_TQ4; }
+int tqkv_format_is_tq(tqkv_format f) {
+    return f == TQKV_TQ1 || f == TQKV_TQ2 || f == TQKV_TQ3 || f == TQKV_TQ4;
+}
 
 int tqkv_format_tq_bits(tqkv_format f) {
     switch (f) {
+    case TQKV_TQ1: return 1;
     case TQKV_TQ2: return 2;
     case TQKV_TQ3: return 3;
     case TQKV_TQ4: return 4;
@@ -87,6 +90,7 @@ void codec_format_layout(tqkv_format f, int dim, size_t *payload, int *n_scales)
         case TQKV_F16: p = 2 * d; s = 0; break;
         case TQKV_Q8: p = d; s = dim / 32; break;
         case TQKV_Q4: p = d / 2; s = dim / 32; break;
+        case TQKV_TQ1: p = d / 8; s = 1; break;
         case TQKV_TQ2: p = 2 * d / 8; s = 1; break;
         case TQKV_TQ3: p = 3 * d / 8; s = 1; break;
         case TQKV_TQ4: p = 4 * d / 8; s = 1; break;

@@ -7,8 +7,10 @@
  *   4-bit plane: 16 bytes; byte 16g+j: low nibble = elem 32g+j, high = elem 32g+16+j
  *   2-bit plane:  8 bytes; byte 8g+j bits [2k, 2k+2) = elem 32g+8k+j
  *   1-bit plane:  4 bytes; bit i of the LE uint32 at 4g = elem 32g+i
- * tq3 = 2-bit plane (dim/4 bytes) then 1-bit plane (dim/8 bytes).
+ * tq3 = 2-bit plane (dim/4 bytes) then 1-bit plane (dim/8 bytes); tq1 = one 1-bit plane.
  */
+#include <string.h>
+
 #include "codec/codec_impl.h"
 
 // ---------------------------------------------------------------------------
@@ -89,6 +91,7 @@ void codec_pack_indices(const struct tqkv_codec *c, const uint8_t *idx, uint8_t 
         pack1(idx, d, 2, payload + d / 4);
         break;
     case 2: pack2(idx, d, payload); break;
+    case 1: pack1(idx, d, 0, payload); break;
     default: break;
     }
 }
@@ -105,6 +108,10 @@ void codec_unpack_bits(int bits, int d, const uint8_t *payload, uint8_t *idx) {
         unpack1_or(payload + d / 4, d, 2, idx);
         break;
     case 2: unpack2(payload, d, idx); break;
+    case 1:
+        memset(idx, 0, (size_t)d);
+        unpack1_or(payload, d, 0, idx);
+        break;
     default: break;
     }
 }

@@ -194,6 +194,7 @@ static tqkv_status engine_state_params(tqkv_engine *e) {
         e->sp.v_format = t.v_format;
         e->sp.window = t.window;
         e->sp.window_slack = t.window_slack;
+        e->sp.window_keys_only = t.window_keys_only; /* a policy's "window-planes k" */
         memcpy(e->sp.layer_k, t.layer_k, sizeof t.layer_k);
         memcpy(e->sp.layer_v, t.layer_v, sizeof t.layer_v);
         e->p.k_format = t.k_format;

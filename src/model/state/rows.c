@@ -173,6 +173,7 @@ static tqkv_status install_layers(tqkv_model_state *s, tqkv_batch **layers, mode
 static int same_cache_params(const tqkv_model_state *a, const tqkv_model_state *b) {
     return a->p.k_format == b->p.k_format && a->p.v_format == b->p.v_format &&
            a->p.window == b->p.window && a->p.window_slack == b->p.window_slack &&
+           a->p.window_keys_only == b->p.window_keys_only &&
            a->p.kv_seed == b->p.kv_seed && a->p.device == b->p.device &&
            !memcmp(a->p.layer_k, b->p.layer_k, sizeof a->p.layer_k) &&
            !memcmp(a->p.layer_v, b->p.layer_v, sizeof a->p.layer_v);
@@ -886,6 +887,10 @@ tqkv_status tqkv_model_state_import(tqkv_model_state **out, const tqkv_model *m,
             rc = tqkv_fail(TQKV_EINVAL, "state import: KV format %s/%s, expected %s/%s",
                            tqkv_format_name(c->k_format), tqkv_format_name(c->v_format),
                            tqkv_format_name(e->k_format), tqkv_format_name(e->v_format));
+        else if (c->window_keys_only != e->window_keys_only)
+            rc = tqkv_fail(TQKV_EINVAL, "state import: %s q8 window at layer %d, expected %s",
+                           c->window_keys_only ? "a keys-only" : "a K and V", l,
+                           e->window_keys_only ? "keys only" : "K and V");
         else if (c->window != e->window || c->window_slack != e->window_slack || c->seed != e->seed)
             rc = tqkv_fail(TQKV_EINVAL, "state import: window %d slack %d seed %llu at layer %d, "
                            "expected %d, %d, %llu", c->window, c->window_slack,

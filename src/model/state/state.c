@@ -72,6 +72,7 @@ tqkv_status model_state_make_layers(const tqkv_model *m, const tqkv_model_state_
         cc.seed = p->kv_seed + (uint64_t)l;
         cc.window = p->window;
         cc.window_slack = p->window_slack;
+        cc.window_keys_only = p->window_keys_only;
         tqkv_status rc = tqkv_batch_init(&layers[l], &cc, rows);
         if (rc != TQKV_OK) {
             model_state_free_layers(layers, l);
@@ -108,6 +109,12 @@ tqkv_status tqkv_model_state_init(tqkv_model_state **out, const tqkv_model *m,
     if ((unsigned)p.prefill_kernel >= TQKV_KERNEL_COUNT ||
         (unsigned)p.decode_kernel >= TQKV_KERNEL_COUNT)
         return tqkv_fail(TQKV_EINVAL, "model state: invalid attention kernel");
+    if (p.window_keys_only != 0 && p.window_keys_only != 1)
+        return tqkv_fail(TQKV_EINVAL, "model state: window_keys_only must be 0 or 1, got %d",
+                         p.window_keys_only);
+    if (p.device && p.window_keys_only)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "model state: a keys-only q8 window runs on the CPU "
+                         "only (the device cache keeps K and V windows)");
     if (p.device_fast_gemm && p.device != 1)
         return tqkv_fail(TQKV_EINVAL, "model state: device_fast_gemm needs device 1 (CUDA)");
     for (int l = 0; l < TQKV_MAX_KV_LAYERS; l++) {
