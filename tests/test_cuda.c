@@ -15,7 +15,8 @@
  *     per-row rollback, trim, extract, merge, restore): the device state's canonical export
  *     equals the host batch's after the same operations, byte for byte;
  *   - several queries per row with masks (causal over left-padded rows, sliding window, the
- *     q8 window: each query's own newest W tokens from the copies) against the CPU prefill
+ *     q8 window: each query's own newest W tokens from the copies; at G 8 lower bounds that
+ *     fall and rise along the positions, prefill_mixed) against the CPU prefill
  *     engine (float32 both: rel. L2 < 1e-4); after appends on both sides, long ones that
  *     need the side buffer and short ones between them (test_cuda_prefill_long); each
  *     masked case on the three kernels (TQKV_PREFILL_TC 2, 1, 0: the 8-warp and 4-warp
@@ -439,15 +440,37 @@ static void prefill_same_tc(int tc, int same, const float *out, float *out2, siz
     if (!(e < 1e-5)) fail_msg("the 8-warp tensor-core kernel differs from the 4-warp one: %g", e);
 }
 
+/* mixed: the causal mask m with every even query's lower bound raised to 1-60 tokens below
+ * its upper one (into lo / hi, returned in mm): lower bounds that fall and rise along the
+ * positions, as test_cuda_prefill_bf16's every 7th query on a sliding range (make_mask's
+ * ranges never fall). At G = 8 a tensor-core warp's vector rows 0-7 are an even position,
+ * 8-15 the next odd (causal) one: the warp must still read the tiles below the even one's
+ * range (rows of 200+ tokens: at least 129 of them, two tiles). */
+static const tqkv_mask *prefill_mixed(test_rng *r, const tqkv_mask *m, int32_t *lo, int32_t *hi,
+                                      tqkv_mask *mm) {
+    for (int row = 0; row < m->rows; row++)
+        for (int i = 0; i < m->n_query; i++) {
+            const size_t j = (size_t)row * m->n_query + i;
+            const int a = m->hi[j] - rng_int(r, 1, 60);
+            lo[j] = i % 2 == 0 && a > m->lo[j] ? a : m->lo[j];
+            hi[j] = m->hi[j];
+        }
+    *mm = *m;
+    mm->lo = lo;
+    mm->hi = hi;
+    return mm;
+}
+
 /* One case: head dim D, K / V formats, G query heads per kv head, q8 window W, a sliding
- * window when swa_on: R = 3 rows, nq queries each, against the CPU prefill engine, the three
- * GPU kernels. */
-static void prefill_one(test_rng *r, int D, tqkv_format kf, tqkv_format vf, int G, int W, int swa_on) {
+ * window when swa_on, prefill_mixed's ranges when mixed: R = 3 rows, nq queries each,
+ * against the CPU prefill engine, the three GPU kernels. */
+static void prefill_one(test_rng *r, int D, tqkv_format kf, tqkv_format vf, int G, int W,
+                        int swa_on, int mixed) {
     const int H = 2, qh = H * G, R = 3;
     tqkv_cache_config cfg = mkcfg_d(kf, H, W, rng_u64(r), D);
     cfg.v_format = vf;
     tqkv_cache *rows[3];
-    tqkv_batch *b = merged_rows(r, &cfg, R, 12, 400, rows);
+    tqkv_batch *b = merged_rows(r, &cfg, R, mixed ? 200 : 12, 400, rows);
     int minlen = 1 << 30;
     for (int i = 0; i < R; i++) minlen = b->offset[i] < minlen ? b->offset[i] : minlen;
     const int nq = rng_int(r, 2, minlen < 11 ? minlen : 11), swa = swa_on ? rng_int(r, 1, 60) : 0;
@@ -456,6 +479,9 @@ static void prefill_one(test_rng *r, int D, tqkv_format kf, tqkv_format vf, int 
     assert_int_equal(tqkv_mask_lease_init(&lease), TQKV_OK);
     assert_int_equal(tqkv_batch_make_mask(b, lease, nq, swa, &mask), TQKV_OK);
     assert_non_null(mask);
+    int32_t mlo[3 * 11], mhi[3 * 11];
+    tqkv_mask mm;
+    if (mixed) mask = prefill_mixed(r, mask, mlo, mhi, &mm);
     const size_t n = (size_t)R * qh * nq * D;
     float *q = malloc(n * 4), *cpu = malloc(n * 4), *gpu = malloc(n * 4), *dout = NULL;
     rng_fill_normal(r, q, n, 1.0f);
@@ -472,10 +498,11 @@ static void prefill_one(test_rng *r, int D, tqkv_format kf, tqkv_format vf, int 
         assert_int_equal(tqkv_cuda_kv_attend_masked(kv, dq, nq, qh, 0.09f, mask->lo, mask->hi, dout), TQKV_OK);
         assert_int_equal(tqkv_cuda_d2h(gpu, dout, n * 4), TQKV_OK);
         const double e = rel_l2(gpu, cpu, n);
-        printf("prefill d %d %s/%s G %d window %d swa %d nq %d, %s kernel: rel L2 vs CPU %.3g\n", D,
-               tqkv_format_name(kf), tqkv_format_name(vf), G, W, swa, nq, prefill_kernel_name(tc), e);
+        printf("prefill d %d %s/%s G %d window %d swa %d%s nq %d, %s kernel: rel L2 vs CPU %.3g\n",
+               D, tqkv_format_name(kf), tqkv_format_name(vf), G, W, swa, mixed ? " mixed" : "", nq,
+               prefill_kernel_name(tc), e);
         if (!(e < prefill_tol(tc))) fail_msg("masked GPU attention differs from the CPU: %g", e);
-        prefill_same_tc(tc, W == 0 && swa == 0, gpu, gpu2, n);
+        prefill_same_tc(tc, W == 0 && swa == 0 && !mixed, gpu, gpu2, n);
         tqkv_cuda_free(dout);
     }
     tqkv_cuda_prefill_tc(2);
@@ -489,25 +516,27 @@ static void prefill_one(test_rng *r, int D, tqkv_format kf, tqkv_format vf, int 
 
 /* Head dim D; iterations: 0..3 G 8 / 4 (tq4 / tq3), the q8 window from 2 on, a sliding
  * window at 3; 4..5: G 2 at d 256, G 3 at d 128 (64 query vectors per block do not divide
- * into positions: the tensor-core kernel's last vector row is unused), window and swa. */
+ * into positions: the tensor-core kernel's last vector row is unused), window and swa;
+ * 6..7: G 8, prefill_mixed's ranges (tq4 without the q8 window, tq3 with it). */
 static void prefill_case(int D, int iters, uint64_t mix) {
     test_rng r;
     rng_init(&r, test_seed() ^ mix);
     for (int it = 0; it < iters; it++) {
-        const int G = it >= 4 ? (D == 128 ? 3 : 2) : it & 1 ? 4 : 8, W = it >= 2 ? 40 : 0;
+        const int G = it >= 6 ? 8 : it >= 4 ? (D == 128 ? 3 : 2) : it & 1 ? 4 : 8;
+        const int W = it >= 2 && it != 6 ? 40 : 0;
         const tqkv_format f = it & 1 ? TQKV_TQ3 : TQKV_TQ4;
-        prefill_one(&r, D, f, f, G, W, it == 3 || it == 5);
+        prefill_one(&r, D, f, f, G, W, it == 3 || it == 5, it >= 6);
     }
 }
 
 static void test_cuda_prefill(void **state) {
     (void)state;
-    prefill_case(128, 6, 0x9F11);
+    prefill_case(128, 8, 0x9F11);
 }
 
 static void test_cuda_prefill_d256(void **state) {
     (void)state;
-    prefill_case(256, 6, 0x9F11256);
+    prefill_case(256, 8, 0x9F11256);
 }
 
 /* Appends on both sides after an upload of rows of different lengths, the q8 window W 24
@@ -1797,8 +1826,8 @@ static void test_cuda_prefill_fmt(void **state) {
     for (int D = 128; D <= 256; D *= 2)
         for (int fi = 0; fi < N_FMT_KV; fi++) {
             const tqkv_format kf = FMT_KV[fi][0], vf = FMT_KV[fi][1];
-            prefill_one(&r, D, kf, vf, rng_int(&r, 0, 1) ? 4 : 8, 0, 0);
-            prefill_one(&r, D, kf, vf, D == 128 ? 3 : 2, kf == TQKV_FP8 ? 0 : 40, 1);
+            prefill_one(&r, D, kf, vf, rng_int(&r, 0, 1) ? 4 : 8, 0, 0, 0);
+            prefill_one(&r, D, kf, vf, D == 128 ? 3 : 2, kf == TQKV_FP8 ? 0 : 40, 1, 0);
         }
 }
 

@@ -99,7 +99,9 @@ __global__ void __launch_bounds__(TT, 1) prefill_tc_kernel(const PParams<D> P) {
         vhi[u] = ok ? (P.lo ? P.hi[(size_t)r * P.nq + q0 + i] : row.ntok) : 0;
         vc[u] = wn.on && ok ? max(row.ntok - P.nq + q0 + i + 1 - P.window, q8lo) : 1 << 30;
     }
-    const int wlo = __reduce_min_sync(0xffffffffu, vlo[0] < vhi[0] ? vlo[0] : (vlo[1] < vhi[1] ? vlo[1] : 1 << 30));
+    /* the warp's lowest visible token: the least lo of both non-empty vectors of the thread */
+    const int wlo = __reduce_min_sync(0xffffffffu, min(vlo[0] < vhi[0] ? vlo[0] : 1 << 30,
+                                                       vlo[1] < vhi[1] ? vlo[1] : 1 << 30));
     const int whi = __reduce_max_sync(0xffffffffu, max(vhi[0], vhi[1]));
     float o[D / 8][4];
 #pragma unroll

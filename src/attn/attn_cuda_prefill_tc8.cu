@@ -260,7 +260,11 @@ __global__ void __launch_bounds__(TT, 1) prefill_tc8_kernel(const PParams<D> P) 
         vv.c[u] = wn.on && ok ? max(row.ntok - P.nq + q0 + i + 1 - P.window, q8lo) : 1 << 30;
         if (ok) { flo = max(flo, vv.lo[u]); fhi = min(fhi, vv.hi[u]); }
     }
-    const int wlo = __reduce_min_sync(0xffffffffu, vv.lo[0] < vv.hi[0] ? vv.lo[0] : (vv.lo[1] < vv.hi[1] ? vv.lo[1] : 1 << 30));
+    /* the warp's lowest visible token: the least lo of both of the thread's non-empty vectors
+     * (not row lane / 4's alone: at G = 8 rows 0-7 are one position, 8-15 the next, and a
+     * lower lo on the second must not be dropped) */
+    const int wlo = __reduce_min_sync(0xffffffffu, min(vv.lo[0] < vv.hi[0] ? vv.lo[0] : 1 << 30,
+                                                       vv.lo[1] < vv.hi[1] ? vv.lo[1] : 1 << 30));
     const int whi = __reduce_max_sync(0xffffffffu, max(vv.hi[0], vv.hi[1]));
     /* a tile inside [wflo, wfhi) is visible to every valid vector of the warp (invalid ones
      * are never stored): no mask */
