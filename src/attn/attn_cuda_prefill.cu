@@ -12,9 +12,9 @@
  * Templated on the head_dim D (128, 256).
  * The float32 kernel here is the reference (TQKV_PREFILL_TC=0, or tqkv_cuda_prefill_tc(0)):
  * plain FMA, no tensor cores. The tensor-core kernels (fp16 / bf16 operands as the decode
- * kernels: attn_cuda.cu at d = 128, attn_cuda_wide.cu at d = 256): the default, 4 warps per
- * CTA (attn_cuda_prefill_tc.cu, TQKV_PREFILL_TC=1), and an 8-warp one with prefetched tiles
- * (attn_cuda_prefill_tc8.cu, TQKV_PREFILL_TC=2, opt in: faster, not yet right in every case).
+ * kernels: attn_cuda.cu at d = 128, attn_cuda_wide.cu at d = 256): the default, 8 warps per
+ * CTA with prefetched tiles (attn_cuda_prefill_tc8.cu, TQKV_PREFILL_TC=2), and the 4-warp one
+ * it replaced (attn_cuda_prefill_tc.cu, TQKV_PREFILL_TC=1), kept for A/B runs.
  */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -238,9 +238,8 @@ __global__ void pqprep_kernel(const float *__restrict__ q, float *__restrict__ o
             make_float4(x[4 * j] * mul, x[4 * j + 1] * mul, x[4 * j + 2] * mul, x[4 * j + 3] * mul);
 }
 
-/* 1: the 4-warp tensor-core kernel (the default), 2: the 8-warp one (opt in: it failed
- * test_cuda_prefill_bf16 at G = 8 with sliding ranges on an H100, session 11), 0: the float32 one */
-int g_tc = 1;
+/* 2: the 8-warp tensor-core kernel (the default), 1: the 4-warp one, 0: the float32 one */
+int g_tc = 2;
 
 /* The masked kernel tc (g_tc's values) on kv->stream; asynchronous. The tensor-core kernels
  * prepare the queries themselves; the float32 one reads them prepared into qp ([rows,

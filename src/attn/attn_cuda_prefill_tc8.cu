@@ -1,10 +1,9 @@
 /*
- * attn_cuda_prefill_tc8.cu - an 8-warp masked prefill attention on tensor cores (prefill,
+ * attn_cuda_prefill_tc8.cu - the default masked prefill attention on tensor cores (prefill,
  * chunked prefill, speculative verify): the contract, the float32 reference kernel and the
  * dispatch are attn_cuda_prefill.cu's; the arithmetic (fp16 / bf16 tiles with a float factor
  * per token, the V factor inside the softmax, PSHIFT, the q8 window's copy tile) is
- * attn_cuda_prefill_tc.cu's, whose 4-warp kernel is the default (TQKV_PREFILL_TC=2 selects this
- * one: on an H100 it failed test_cuda_prefill_bf16 at G = 8 with sliding ranges, session 11).
+ * attn_cuda_prefill_tc.cu's, whose 4-warp kernel stays for A/B runs (TQKV_PREFILL_TC=1).
  * Owns: one CTA of 8 warps per (row, kv head, block of BQ = 128 / G query positions), so
  * each decoded tile of 64 tokens serves 128 query vectors (twice the 4-warp kernel's); at
  * d = 128 the K / V tiles are double-buffered and the next tile's compressed bytes are

@@ -148,9 +148,8 @@ tqkv_status tqkv_cuda_kv_attend_ws(cuda_kv *kv, const float *q, int q_heads, flo
  * asynchronous on kv's stream (synchronize it before reading out on the host; the ranges
  * go through a pinned buffer of kv, so the caller's lo / hi may change on return). With
  * tqkv_cuda_prefill_tc(0) or TQKV_PREFILL_TC=0 the float32 kernel, synchronous. */
-/* Which masked kernel runs: 1 the 4-warp tensor-core one (the default), 2 the 8-warp
- * tensor-core one (TQKV_PREFILL_TC=2, opt in: not yet correct in every case, docs/CUDA.md),
- * 0 the float32 one, -1 leaves it.
+/* Which masked kernel runs: 2 the 8-warp tensor-core one (the default), 1 the 4-warp
+ * tensor-core one it replaced (TQKV_PREFILL_TC=1), 0 the float32 one, -1 leaves it.
  * Returns the choice now (-1 when the setup fails). For tests and A/B runs. */
 int tqkv_cuda_prefill_tc(int on);
 tqkv_status tqkv_cuda_kv_attend_masked(cuda_kv *kv, const float *q, int n_query, int q_heads,
