@@ -95,7 +95,8 @@ typedef struct {
                                      GPU r % visible GPUs, as the target's); -1 = the
                                      target's tensor_parallel. The draft's heads and MLP
                                      width must split over N (else tqkv_engine_init fails
-                                     naming the draft). Ignored without a draft model. */
+                                     naming the draft). Unused without a draft model (a value
+                                     outside -1..8 is refused all the same). */
 } tqkv_engine_params;
 
 TQKV_API tqkv_engine_params tqkv_engine_params_default(void);

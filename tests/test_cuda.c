@@ -491,6 +491,7 @@ static void prefill_one(test_rng *r, int D, tqkv_format kf, tqkv_format vf, int 
     assert_int_equal(tqkv_cuda_kv_init(&kv, &cfg, 0, R, b->cap), TQKV_OK);
     assert_int_equal(tqkv_cuda_kv_upload(kv, b), TQKV_OK);
     float *dq = dev_copy(q, n), *gpu2 = malloc(n * 4);
+    const int tc0 = tqkv_cuda_prefill_tc(-1); /* the kernel chosen before, put back after */
     for (int tc = 2; tc >= 0; tc--) {
         assert_int_equal(tqkv_cuda_prefill_tc(tc), tc);
         for (size_t i = 0; i < n; i++) gpu[i] = NAN;
@@ -505,7 +506,7 @@ static void prefill_one(test_rng *r, int D, tqkv_format kf, tqkv_format vf, int 
         prefill_same_tc(tc, W == 0 && swa == 0 && !mixed, gpu, gpu2, n);
         tqkv_cuda_free(dout);
     }
-    tqkv_cuda_prefill_tc(2);
+    tqkv_cuda_prefill_tc(tc0);
     free(q); free(cpu); free(gpu); free(gpu2);
     tqkv_cuda_free(dq);
     tqkv_cuda_kv_free(kv);
@@ -579,6 +580,7 @@ static void prefill_long_case(int D, uint64_t mix) {
             tqkv_attn_params p = {.q_heads = qh, .scale = 0.09f, .kernel = TQKV_KERNEL_DEFERRED, .threads = 2};
             assert_int_equal(tqkv_batch_attend(b, mask, q, nq, &p, cpu), TQKV_OK);
             float *dq = dev_copy(q, n), *gpu2 = malloc(n * 4);
+            const int tc0 = tqkv_cuda_prefill_tc(-1); /* put back after */
             for (int tc = 2; tc >= 0; tc--) {
                 assert_int_equal(tqkv_cuda_prefill_tc(tc), tc);
                 for (size_t i = 0; i < n; i++) gpu[i] = NAN;
@@ -595,7 +597,7 @@ static void prefill_long_case(int D, uint64_t mix) {
                 prefill_same_tc(tc, kfs[it] == TQKV_FP8 && swa == 0, gpu, gpu2, n);
                 tqkv_cuda_free(dout);
             }
-            tqkv_cuda_prefill_tc(2);
+            tqkv_cuda_prefill_tc(tc0);
             free(k); free(v); free(q); free(cpu); free(gpu); free(gpu2);
             tqkv_cuda_free(dk); tqkv_cuda_free(dv); tqkv_cuda_free(dq);
         }
@@ -1648,6 +1650,7 @@ static void prefill_bf16_case(int D, uint64_t mix) {
         float *q = malloc(n * 4), *out = malloc(n * 4), *out2 = malloc(n * 4);
         rng_fill_normal(&r, q, n, 1.0f);
         float *dq = dev_copy(q, n);
+        const int tc0 = tqkv_cuda_prefill_tc(-1); /* put back after */
         for (int tc = 2; tc >= 0; tc--) {
             assert_int_equal(tqkv_cuda_prefill_tc(tc), tc);
             for (size_t i = 0; i < n; i++) out[i] = NAN;
@@ -1663,7 +1666,7 @@ static void prefill_bf16_case(int D, uint64_t mix) {
             if (!(e < (tc ? 4e-2 : 1e-4))) fail_msg("masked bf16 attention differs from float64: %g", e);
             prefill_same_tc(tc, !swa, out, out2, n);
         }
-        tqkv_cuda_prefill_tc(2);
+        tqkv_cuda_prefill_tc(tc0);
         tqkv_cuda_free(dq);
         free(q); free(out); free(out2); free(tlo); free(thi); free(lo); free(hi);
         tqkv_cuda_kv_free(kv);

@@ -87,7 +87,8 @@ static void test_concurrent_equals_alone(void **state) {
     tqkv_engine_free(e);
 
     /* several chunks a step (prefill_step): more prompt tokens in the first step than one
-     * chunk, the same tokens as alone */
+     * chunk, less than the step's budget plus one chunk (whole chunks, the budget checked
+     * before each), the same tokens as alone */
     tqkv_engine_params p = tqkv_engine_params_default();
     p.model_dir = g_dir;
     p.threads = 2;
@@ -104,6 +105,7 @@ static void test_concurrent_equals_alone(void **state) {
     OK(tqkv_engine_step(e, &busy));
     OK(tqkv_engine_stats_get(e, &st));
     assert_true(st.prefill_tokens >= (uint64_t)(prompt_total < 3 * 64 ? prompt_total : 3 * 64));
+    assert_true(st.prefill_tokens < 4 * 64);
     run_until_idle(e);
     for (int i = 0; i < NJ; i++) assert_same_tokens(&together[i], &alone[i]);
     tqkv_engine_free(e);

@@ -28,6 +28,7 @@
  * side by side while rows are merged or filtered), so a request that would not fit waits
  * in the queue instead of failing the running batch with an allocation error.
  */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -213,10 +214,10 @@ static tqkv_status engine_state_params(tqkv_engine *e) {
     return TQKV_OK;
 }
 
-tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
-    if (!out || !pin || !pin->model_dir)
-        return tqkv_fail(TQKV_EINVAL, "engine_init: NULL argument or no model_dir");
-    tqkv_engine_params p = *pin;
+/* The engine's params: *pp with its defaults filled in (0 = the default) and checked. On
+ * an error (the message names the field) *pp is unchanged. */
+static tqkv_status engine_params_resolve(tqkv_engine_params *pp) {
+    tqkv_engine_params p = *pp;
     tqkv_engine_params d = tqkv_engine_params_default();
     if (p.draft_tokens == 0) p.draft_tokens = d.draft_tokens;
     if (p.parallel == 0) p.parallel = d.parallel;
@@ -225,7 +226,6 @@ tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
     if (p.prefill_chunk == 0) p.prefill_chunk = d.prefill_chunk;
     if (p.prefill_step < 0)
         return tqkv_fail(TQKV_EINVAL, "engine: prefill_step %d must be >= 0", p.prefill_step);
-    if (p.prefill_step == 0) p.prefill_step = p.device == 1 ? 16 * p.prefill_chunk : p.prefill_chunk;
     if (p.draft_tokens < 1 || p.draft_tokens > 16)
         return tqkv_fail(TQKV_EINVAL, "engine: draft_tokens %d not in [1, 16]", p.draft_tokens);
     if (p.draft_tensor_parallel < -1 || p.draft_tensor_parallel > 8)
@@ -235,6 +235,10 @@ tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
         p.window < 0)
         return tqkv_fail(TQKV_EINVAL, "engine: parallel, queue_max, threads, prefill_chunk must "
                          "be >= 1 and window >= 0");
+    if (p.prefill_step == 0) { /* one chunk on the CPU, 16 on the device */
+        const int k = p.device == 1 ? 16 : 1;
+        p.prefill_step = p.prefill_chunk > INT_MAX / k ? INT_MAX : k * p.prefill_chunk;
+    }
     if ((unsigned)p.k_format >= TQKV_FORMAT_COUNT || (unsigned)p.v_format >= TQKV_FORMAT_COUNT)
         return tqkv_fail(TQKV_EINVAL, "engine: invalid KV format");
     if (p.draft_dir && p.window > 0)
@@ -252,6 +256,45 @@ tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
                          "tq4 or tq3 KV (f32 KV runs on a dense bf16 device cache, which has no "
                          "state format); use the in-memory prefix cache");
     if (p.kv_budget == 0 && !p.device) p.kv_budget = default_budget();
+    *pp = p;
+    return TQKV_OK;
+}
+
+/* The states init makes once to check them: bytes per token of one row (for stats), from
+ * an empty 1-row state (device: uploads the weights); the draft's states must be possible
+ * too (device: its graph; an error says whose); on the device, kv_budget 0 = 80% of the
+ * memory then free. */
+static tqkv_status engine_probe_states(tqkv_engine *e) {
+    tqkv_model_state *tmp = NULL;
+    tqkv_status rc = tqkv_model_state_init(&tmp, e->m, &e->sp);
+    if (rc == TQKV_OK) e->st.kv_bytes_per_token = tqkv_model_state_kv_bytes_per_token(tmp);
+    tqkv_model_state_free(tmp);
+    if (rc == TQKV_OK && e->dm) {
+        tmp = NULL;
+        rc = tqkv_model_state_init(&tmp, e->dm, &e->dsp);
+        tqkv_model_state_free(tmp);
+        if (rc != TQKV_OK) { /* say whose states */
+            char why[512];
+            snprintf(why, sizeof why, "%s", tqkv_last_error());
+            rc = tqkv_fail(rc, "engine: the draft model's states: %s", why);
+        }
+    }
+#ifdef TQKV_HAVE_CUDA
+    if (rc == TQKV_OK && e->p.device && e->p.kv_budget == 0) {
+        size_t fr = 0, total = 0;
+        rc = tqkv_cuda_mem_info(&fr, &total);
+        e->p.kv_budget = fr / 10 * 8;
+    }
+#endif
+    return rc;
+}
+
+tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
+    if (!out || !pin || !pin->model_dir)
+        return tqkv_fail(TQKV_EINVAL, "engine_init: NULL argument or no model_dir");
+    tqkv_engine_params p = *pin;
+    tqkv_status rc = engine_params_resolve(&p);
+    if (rc != TQKV_OK) return rc;
     tqkv_engine *e = tqkv_calloc(1, sizeof *e);
     if (!e) return TQKV_ENOMEM;
     e->p = p;
@@ -280,7 +323,7 @@ tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
     lp.verbose = p.verbose;
     lp.no_pack = lp.no_f32_prefill = p.device; /* the device keeps its own bf16 copy */
     lp.bf16_act = p.bf16_act;
-    tqkv_status rc = tqkv_model_load(&e->m, p.model_dir, &lp);
+    rc = tqkv_model_load(&e->m, p.model_dir, &lp);
     if (rc == TQKV_OK) rc = tqkv_tokenizer_load(&e->tok, p.model_dir);
     /* every graph's verification window reproduces single decodes bit for bit
      * (extend_as_decode, CPU and device): a draft is fine for any target */
@@ -331,29 +374,7 @@ tqkv_status tqkv_engine_init(tqkv_engine **out, const tqkv_engine_params *pin) {
         }
         prefix_load_dir(&e->pc, e->m, &e->psp, p.verbose);
     }
-    /* bytes per token of one row (for stats), from an empty 1-row state */
-    tqkv_model_state *tmp = NULL;
-    rc = tqkv_model_state_init(&tmp, e->m, &e->sp); /* device: uploads the weights */
-    if (rc == TQKV_OK) e->st.kv_bytes_per_token = tqkv_model_state_kv_bytes_per_token(tmp);
-    tqkv_model_state_free(tmp);
-    if (rc == TQKV_OK && e->dm) { /* the draft's states must be possible too (device: its graph) */
-        tmp = NULL;
-        rc = tqkv_model_state_init(&tmp, e->dm, &e->dsp);
-        tqkv_model_state_free(tmp);
-        if (rc != TQKV_OK) { /* say whose states */
-            char why[512];
-            snprintf(why, sizeof why, "%s", tqkv_last_error());
-            rc = tqkv_fail(rc, "engine: the draft model's states: %s", why);
-        }
-    }
-#ifdef TQKV_HAVE_CUDA
-    if (rc == TQKV_OK && p.device && e->p.kv_budget == 0) {
-        size_t fr = 0, total = 0;
-        rc = tqkv_cuda_mem_info(&fr, &total);
-        e->p.kv_budget = fr / 10 * 8;
-    }
-#endif
-    if (rc != TQKV_OK) {
+    if ((rc = engine_probe_states(e)) != TQKV_OK) {
         engine_release(e);
         return rc;
     }
