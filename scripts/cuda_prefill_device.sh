@@ -5,7 +5,7 @@
 # folder is given; test_cuda_slide and test_cuda_gemma4 when packed), then the A/B of prefill
 # speed on the Llama-3.1-8B-shaped random checkpoint (cuda_make_llama8b.py, made here):
 # `tqkv bench model` at ctx 512 / 2048 / 8192, bf16 (--kv f32 on the device) and tq4 KV, one
-# row, under TQKV_PREFILL_TC=1 (the 4-warp kernel, the default) and 2 (the 8-warp one) in the
+# row, under TQKV_PREFILL_TC=1 (the 4-warp kernel) and 2 (the 8-warp one, the default) in the
 # same binary, interleaved 1, 2, 1, 2.
 # Runs in a scripts/cuda_pack.sh folder:
 #   cd PACK && OUT=$OUT ./cuda_prefill_device.sh [MODEL_DIR|-] [STEPS]

@@ -2,8 +2,8 @@
  * attn_cuda_prefill.cuh - what the masked prefill kernels share: their arguments
  * (PParams, make_params) and the tensor-core kernels' entry points.
  * attn_cuda_prefill.cu owns the contract, the float32 kernel and the dispatch;
- * attn_cuda_prefill_tc.cu the 4-warp tensor-core kernel (the default, TQKV_PREFILL_TC=1),
- * attn_cuda_prefill_tc8.cu the 8-warp one (opt in, TQKV_PREFILL_TC=2).
+ * attn_cuda_prefill_tc.cu the 4-warp tensor-core kernel (TQKV_PREFILL_TC=1, for A/B runs),
+ * attn_cuda_prefill_tc8.cu the 8-warp one (the default, TQKV_PREFILL_TC=2).
  * Must not: hold kernel code or state.
  */
 #ifndef TQKV_ATTN_CUDA_PREFILL_CUH
@@ -67,11 +67,11 @@ static inline PParams<D> make_params(const cuda_kv *kv, int q_heads, int n_query
 }
 
 
-/* The 4-warp tensor-core kernel (attn_cuda_prefill_tc.cu, the default) on P for caches of head dim D, bf16: the
+/* The 4-warp tensor-core kernel (attn_cuda_prefill_tc.cu) on P for caches of head dim D, bf16: the
  * dense bf16 baseline; asynchronous on `stream`. Its setup (shared-memory limits) once. */
 template <int D> tqkv_status prefill_tc_launch(const PParams<D> &P, int bf16, cudaStream_t stream);
 tqkv_status prefill_tc_setup(void);
-/* The same for the 8-warp kernel (attn_cuda_prefill_tc8.cu, opt in: TQKV_PREFILL_TC=2). */
+/* The same for the 8-warp kernel (attn_cuda_prefill_tc8.cu, the default). */
 template <int D> tqkv_status prefill_tc8_launch(const PParams<D> &P, int bf16, cudaStream_t stream);
 tqkv_status prefill_tc8_setup(void);
 
