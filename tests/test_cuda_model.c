@@ -396,7 +396,7 @@ static void norm_run(int on, const float *x0, const float *add, const float *w, 
     OK(tqkv_cuda_h2d(dw, w, sizeof(float) * (size_t)H));
     model_cuda_set_norm_regs(on);
     OK(model_cuda_rmsnorm(dx, with_add ? da : NULL, dw, 1e-6f, H, dout, dxf, 2, T));
-    model_cuda_set_norm_regs(1);
+    model_cuda_set_norm_regs(-1); /* as the environment says */
     OK(tqkv_cuda_sync());
     OK(tqkv_cuda_d2h(x, dx, sizeof(float) * n));
     OK(tqkv_cuda_d2h(out, dout, sizeof(float) * n));
@@ -472,7 +472,7 @@ static void test_norm_regs(void **st) {
 
 static int norm_teardown(void **st) { /* also after a failure */
     (void)st;
-    model_cuda_set_norm_regs(1);
+    model_cuda_set_norm_regs(-1);
     return 0;
 }
 
@@ -1454,7 +1454,7 @@ static void test_pick_kernel(void **st) {
             for (int rep = 0; rep < (vs[i] < 5000 ? 6 : 2); rep++) /* 6 rows: the split */
                 pick_kernel_case(vs[i], rep % 2 ? 6 : 12, &r, &n);
     }
-    pick_cuda_set_split(1);
+    pick_cuda_set_split(-1); /* as the environment says */
     /* a bad launch is refused */
     assert_int_equal(pick_cuda_queue(NULL, 10, 1, 10, NULL, 1, NULL, NULL), TQKV_EINVAL);
     printf("device pick kernel (greedy rows split over a cluster, and one CTA a row) == "
@@ -1463,7 +1463,7 @@ static void test_pick_kernel(void **st) {
 
 static int pick_teardown(void **st) { /* also after a failure */
     (void)st;
-    pick_cuda_set_split(1);
+    pick_cuda_set_split(-1);
     return 0;
 }
 

@@ -252,6 +252,9 @@ static int serve_engine_params(const serve_opts *o, char *mbuf, char *dbuf,
         if (!(ep->draft_dir = mcli_resolve_model(CMD, o->draft, dbuf, 4096))) return -1;
         ep->draft_tokens = o->draft_tokens;
         ep->draft_tensor_parallel = o->draft_tp; /* checked by tqkv_engine_init */
+    } else if (o->draft_tp) {
+        fprintf(stderr, "tqkv serve: --draft-tensor-parallel needs --draft\n");
+        return -1;
     }
     if (kvp_is_preset(o->kv)) {
         if (o->window || o->draft) {

@@ -132,15 +132,19 @@ rmsnorm_kernel(float *__restrict__ x, const float *__restrict__ add, const float
  * passes of 8 loads (0): the same bits. -1 until the first launch reads the variable. */
 static int g_norm_regs = -1;
 
-extern "C" void model_cuda_set_norm_regs(int on) { g_norm_regs = on ? 1 : 0; }
+extern "C" void model_cuda_set_norm_regs(int on) {
+    __atomic_store_n(&g_norm_regs, on < 0 ? -1 : on ? 1 : 0, __ATOMIC_RELAXED);
+}
 
 int mc_norm_nv(int H, int max_nv) {
-    if (g_norm_regs < 0) {
+    int on = __atomic_load_n(&g_norm_regs, __ATOMIC_RELAXED);
+    if (on < 0) {
         const char *e = getenv("TQKV_NORM_REGS");
-        g_norm_regs = !(e && !strcmp(e, "0"));
+        on = !(e && !strcmp(e, "0"));
+        __atomic_store_n(&g_norm_regs, on, __ATOMIC_RELAXED);
     }
     const int nv = (H + 127) / 128;
-    if (!g_norm_regs || nv > max_nv) return 0;
+    if (!on || nv > max_nv) return 0;
     return nv <= 8 ? 8 : nv <= 16 ? 16 : nv <= 32 ? 32 : 64;
 }
 

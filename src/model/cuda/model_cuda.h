@@ -126,8 +126,8 @@ tqkv_status model_cuda_decode_pick(model_cuda *g, const int32_t *tokens, const p
 
 /* The norm kernels (forward_cuda.cu's RMSNorm, Gemma 4's) keep a thread's values in
  * registers between their passes (1, the default unless the environment has
- * TQKV_NORM_REGS=0) or run passes of loads (0): the same bits. For tests and A/B runs; not
- * while a forward runs on another thread. */
+ * TQKV_NORM_REGS=0) or run passes of loads (0): the same bits; -1: as the environment says
+ * (what tests put back). For tests and A/B runs; not while a forward runs on another thread. */
 void        model_cuda_set_norm_regs(int on);
 /* The forward's RMSNorm alone, for its tests: on T rows of H (device pointers), x += add
  * (when add), out = w (x r) and with xf out's GEMM split (`parts`: 1 or 2, [parts, T, H]

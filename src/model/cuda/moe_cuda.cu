@@ -193,14 +193,18 @@ extern "C" void mc_moe_set_fused(int on) { g_fused = on ? 1 : 0; }
  * TQKV_MOE_ROUTE_FAST (0: off). */
 static int g_route_fast = -1;
 
-extern "C" void mc_moe_set_route_fast(int on) { g_route_fast = on ? 1 : 0; }
+extern "C" void mc_moe_set_route_fast(int on) {
+    __atomic_store_n(&g_route_fast, on < 0 ? -1 : on ? 1 : 0, __ATOMIC_RELAXED);
+}
 
 static int route_fast_on(void) {
-    if (g_route_fast < 0) {
+    int on = __atomic_load_n(&g_route_fast, __ATOMIC_RELAXED);
+    if (on < 0) {
         const char *e = getenv("TQKV_MOE_ROUTE_FAST");
-        g_route_fast = !(e && !strcmp(e, "0"));
+        on = !(e && !strcmp(e, "0"));
+        __atomic_store_n(&g_route_fast, on, __ATOMIC_RELAXED);
     }
-    return g_route_fast;
+    return on;
 }
 
 static int grouped_on(void) {

@@ -61,8 +61,9 @@ void        mc_moe_set_fused(int on);
 /* The routing's K picks by two warp reductions each (1, the default unless the environment
  * has TQKV_MOE_ROUTE_FAST=0; used while every probability is a non-negative number) or by
  * the xor butterfly of (value, index) pairs (0), and at one token the fused tail's direct
- * placement (1) or the block's counting (0): the same picks, weights and integers. For
- * tests and A/B runs; not while a forward runs on another thread. */
+ * placement (1) or the block's counting (0): the same picks, weights and integers; -1: as
+ * the environment says (what tests put back). For tests and A/B runs; not while a forward
+ * runs on another thread. */
 void        mc_moe_set_route_fast(int on);
 
 /* --- hooks for a `moe_layer` array behind the common device graph --------------------- */

@@ -386,14 +386,18 @@ pick_split_kernel(float *logits, size_t ld, int V, const pick_row *__restrict__ 
  * TQKV_PICK_SPLIT (0: pick_kernel, one CTA per row). */
 static int g_split = -1;
 
-extern "C" void pick_cuda_set_split(int on) { g_split = on ? 1 : 0; }
+extern "C" void pick_cuda_set_split(int on) {
+    __atomic_store_n(&g_split, on < 0 ? -1 : on ? 1 : 0, __ATOMIC_RELAXED);
+}
 
 static int split_on(void) {
-    if (g_split < 0) {
+    int on = __atomic_load_n(&g_split, __ATOMIC_RELAXED);
+    if (on < 0) {
         const char *e = getenv("TQKV_PICK_SPLIT");
-        g_split = !(e && !strcmp(e, "0"));
+        on = !(e && !strcmp(e, "0"));
+        __atomic_store_n(&g_split, on, __ATOMIC_RELAXED);
     }
-    return g_split;
+    return on;
 }
 
 extern "C" tqkv_status pick_cuda_queue(float *logits, size_t ld, int rows, int V, const void *in,

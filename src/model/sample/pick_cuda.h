@@ -32,8 +32,10 @@ tqkv_status pick_cuda_queue(float *logits, size_t ld, int rows, int V, const voi
                             int stride, int32_t *rec, void *stream);
 
 /* Greedy rows split over a cluster (1, the default unless the environment has
- * TQKV_PICK_SPLIT=0) or one CTA per row (0): the same records and penalized logits. For
- * tests and A/B runs; not while a pick is queued on another thread. */
+ * TQKV_PICK_SPLIT=0) or one CTA per row (0): the same records and penalized logits; -1: as
+ * the environment says (what tests put back). The split launches clusters of 8 CTAs (sm_90);
+ * TQKV_PICK_SPLIT=0 avoids them. For tests and A/B runs; not while a pick is queued on
+ * another thread. */
 void        pick_cuda_set_split(int on);
 
 #ifdef __cplusplus
