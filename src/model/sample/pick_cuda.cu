@@ -72,19 +72,21 @@ __device__ __forceinline__ void warp_best(float &bv, int &bi) {
     }
 }
 
-__device__ void pick_greedy(const float *l, int V, pick_smem &sh, int32_t *rec,
-                            int stride) {
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    constexpr int U = 16; /* a thread's logits loaded U at a time, then scanned in id order */
-    float bv = 0.0f;
-    int bi = -1;
-    for (int i0 = tid; i0 < V; i0 += U * PICK_THREADS) { /* ascending ids: the first best stays */
+/* The block's first best (value, id) over ids first, first + step, ... (< V): each thread
+ * loads U of its ids at a time and keeps its first best in ascending order (NaN skipped),
+ * then the warp and block reductions; the result is in warp 0 (lane 0 after its warp_best). */
+template <int U>
+__device__ __forceinline__ void block_best(const float *l, int V, int first, int step,
+                                           pick_smem &sh, float &bv, int &bi) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    bv = 0.0f, bi = -1;
+    for (int i0 = first; i0 < V; i0 += U * step) {
         float x[U];
 #pragma unroll
-        for (int u = 0; u < U; u++) x[u] = i0 + u * PICK_THREADS < V ? l[i0 + u * PICK_THREADS] : 0.0f;
+        for (int u = 0; u < U; u++) x[u] = i0 + u * step < V ? l[i0 + u * step] : 0.0f;
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const int i = i0 + u * PICK_THREADS;
+            const int i = i0 + u * step;
             if (i < V && !isnan(x[u]) && (bi < 0 || x[u] > bv)) {
                 bv = x[u];
                 bi = i;
@@ -101,12 +103,19 @@ __device__ void pick_greedy(const float *l, int V, pick_smem &sh, int32_t *rec,
         bv = sh.bv[lane];
         bi = sh.bi[lane];
         warp_best(bv, bi);
-        if (lane == 0) {
-            rec[0] = 0;
-            rec[1] = bi >= 0 ? 1 : 0;
-            rec[2] = bi;
-            rec[2 + stride] = __float_as_int(bv);
-        }
+    }
+}
+
+__device__ void pick_greedy(const float *l, int V, pick_smem &sh, int32_t *rec,
+                            int stride) {
+    float bv;
+    int bi;
+    block_best<16>(l, V, threadIdx.x, PICK_THREADS, sh, bv, bi);
+    if (threadIdx.x == 0) {
+        rec[0] = 0;
+        rec[1] = bi >= 0 ? 1 : 0;
+        rec[2] = bi;
+        rec[2 + stride] = __float_as_int(bv);
     }
 }
 
@@ -297,37 +306,8 @@ pick_kernel(float *logits, size_t ld, int V, const pick_row *__restrict__ plan,
  * over its 1024-id chunks c, c + PICK_SPLIT, ...: each thread's first best number over its
  * ids in ascending order (NaN skipped), then the warp and block reductions. */
 __device__ void pick_split_scan(const float *l, int V, int c, pick_smem &sh, float &bv, int &bi) {
-    constexpr int NC = PICK_SPLIT, U = 24; /* U: a thread's logits loaded at once (V <= 196608:
-                                              one round) */
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    bv = 0.0f, bi = -1;
-    for (int i0 = c * PICK_THREADS + tid; i0 < V; i0 += U * NC * PICK_THREADS) {
-        float x[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int i = i0 + u * NC * PICK_THREADS;
-            x[u] = i < V ? l[i] : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int i = i0 + u * NC * PICK_THREADS;
-            if (i < V && !isnan(x[u]) && (bi < 0 || x[u] > bv)) {
-                bv = x[u];
-                bi = i;
-            }
-        }
-    }
-    warp_best(bv, bi);
-    if (lane == 0) {
-        sh.bv[warp] = bv;
-        sh.bi[warp] = bi;
-    }
-    __syncthreads();
-    if (warp == 0) {
-        bv = sh.bv[lane];
-        bi = sh.bi[lane];
-        warp_best(bv, bi);
-    }
+    /* 24 of a thread's logits loaded at once (V <= 196608: one round) */
+    block_best<24>(l, V, c * PICK_THREADS + threadIdx.x, PICK_SPLIT * PICK_THREADS, sh, bv, bi);
 }
 
 __global__ void __cluster_dims__(PICK_SPLIT, 1, 1) __launch_bounds__(PICK_THREADS)
