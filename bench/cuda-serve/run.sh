@@ -10,6 +10,7 @@
 # SETS: "RATE:INPUT:OUTPUT:REQUESTS ..." (RATE inf = burst).
 # SEQ=1: one server at a time instead (each has the card to itself: its --kv-budget BUDGET is
 #   the only KV on the device), its sets run back to back, then the next format's server.
+# SERVE_ARGS: extra `tqkv serve` arguments for every server (e.g. "--prefill-chunk 2048").
 #   Usage: cd PACK && OUT=$OUT [KVS="f32 tq4"] [SETS=...] [BUDGET=40G] [PAR=128] [SEQ=1] \
 #          bash run.sh TOKSRC_MODEL_DIR
 set -u -o pipefail
@@ -28,7 +29,7 @@ declare -A PORT PID
 serve_up() {   # serve_up KV: start its server, wait for its port
   local kv=$1; rm -f /tmp/pf.$kv
   ./tqkv serve --device cuda --model $B --kv $kv --parallel $PAR --queue 4096 --kv-budget $BUDGET \
-    --prefix-cache 0 --port 0 --port-file /tmp/pf.$kv >"$OUT/serve_$kv.log" 2>&1 &
+    --prefix-cache 0 --port 0 --port-file /tmp/pf.$kv ${SERVE_ARGS:-} >"$OUT/serve_$kv.log" 2>&1 &
   PID[$kv]=$!
 }
 serve_wait() {
