@@ -433,6 +433,17 @@ static void test_apply_device(void **state) {
     }
     unlink(path);
     rmdir(dir);
+    /* the shipped policies (docs/QUALITY.md): 2.5 holds device pairs only; 3.25 has layer 0
+     * at tq2/tq3 (K bits < V bits) and 4.25 q8 keys, so device states fall back for them */
+    const char *budgets[3] = {"2.5", "3.25", "4.25"};
+    for (int i = 0; i < 3; i++) {
+        char kv[16];
+        snprintf(kv, sizeof kv, "auto:%s", budgets[i]);
+        tqkv_model_state_params q = p0;
+        assert_int_equal(kvp_resolve_model("test", m, md, kv, 2048, &q, desc, sizeof desc), 0);
+        printf("  device %s -> %s\n", kv, desc);
+        assert_int_equal(strstr(desc, "policy ") == desc, i == 0);
+    }
     tqkv_model_free(m);
 }
 
