@@ -214,7 +214,8 @@ typedef struct {
                                    state. */
     /* Per-layer KV formats (tqkv_kv_layers_parse, "0,7:q8"): entry l = 0 keeps k_format /
      * v_format for layer l, f + 1 selects format f. Layers >= TQKV_MAX_KV_LAYERS use the
-     * defaults. CPU states only. */
+     * defaults. A device state (device 1) takes them when every layer's pair is a device
+     * pair or f32/f32 (tqkv_kv_layers_device_check); not with tensor_parallel there. */
     uint8_t     layer_k[64];
     uint8_t     layer_v[64];
     /* Tensor parallelism (docs/TP.md): 0 or 1 = off; N in 2..8 shards the graph Megatron-style
@@ -238,6 +239,14 @@ TQKV_API tqkv_status tqkv_kv_layers_parse(const char *spec, tqkv_model_state_par
 /* The K/V formats layer l of a state with params p uses. */
 TQKV_API void        tqkv_kv_layer_formats(const tqkv_model_state_params *p, int layer,
                                            tqkv_format *k, tqkv_format *v);
+/* TQKV_OK when a device (CUDA) state of m can hold p's KV: every layer with a cache of its
+ * own (recurrent and KV-shared layers aside) has a pair the device cache holds (tq4/tq4,
+ * tq3/tq3, fp8/fp8, tq K and V with K bits >= V bits) or f32/f32, which runs on the dense
+ * bf16 device cache (no q8 window, no state format: such a state does not export). Else
+ * TQKV_EUNSUPPORTED naming the first other layer and its pair. Needs no device. *dense
+ * (may be NULL): 1 when some layer runs on the dense bf16 cache. */
+TQKV_API tqkv_status tqkv_kv_layers_device_check(const tqkv_model *m,
+                                                 const tqkv_model_state_params *p, int *dense);
 
 /* prefill_kernel / decode_kernel value meaning "the graph's kernel set" (the default):
  * resolved at tqkv_model_state_init from the table in src/model/kernel_set.c. Any other

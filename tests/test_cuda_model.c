@@ -24,7 +24,10 @@
  *    record for record, and its records finished on the host equal
  *    tqkv_sampler_sample; tqkv_model_decode_pick on device states equals the CPU sampler on
  *    the device's own logits for greedy, top-k and full-row rows with penalties, with
- *    graphs on and off.
+ *    graphs on and off;
+ *  - per-layer KV formats on device states (test_layers_*): each layer's own pair (tq4/tq2,
+ *    fp8, tq3 + window; an f32 layer on the dense bf16 cache) vs a CPU state with the same
+ *    spec, bytes per token, row operations, graphs on / off, export / import.
  * Exits 77 (skipped) when the build has no CUDA, no GPU is present or the model is absent.
  */
 #include <math.h>
@@ -52,6 +55,15 @@
 static tqkv_model *g_model;
 static uint64_t    g_seed;
 static int         g_fast_gemm; /* device states use the cuBLAS GEMM (test_parity_fast_gemm) */
+/* Per-layer KV formats (tqkv_kv_layers_parse) of the states new_state, device_state and
+ * export_params make; NULL: none. The per-layer tests set it (layers_teardown resets it). */
+static const char *g_layer_spec;
+
+/* g_layer_spec into p (when set). */
+static void apply_layer_spec(tqkv_model_state_params *p) {
+    if (g_layer_spec && tqkv_kv_layers_parse(g_layer_spec, p) != TQKV_OK)
+        fail_msg("per-layer spec '%s': %s", g_layer_spec, tqkv_last_error());
+}
 
 static tqkv_model_state *new_state(int rows, tqkv_format f, int window, int device) {
     tqkv_model_state_params p = tqkv_model_state_params_default();
@@ -61,6 +73,7 @@ static tqkv_model_state *new_state(int rows, tqkv_format f, int window, int devi
     p.threads = 4;
     p.device = device;
     p.device_fast_gemm = device ? g_fast_gemm : 0;
+    apply_layer_spec(&p);
     tqkv_model_state *s = NULL;
     if (tqkv_model_state_init(&s, g_model, &p) != TQKV_OK)
         fail_msg("state init (device %d): %s", device, tqkv_last_error());
@@ -121,8 +134,9 @@ static void parity(tqkv_format f, int window, double tol_med, double tol_worst) 
     int same = 0;
     double med = 0, wp = 0;
     rel_stats(lg, lc, n, V, &med, &wp, &same);
-    printf("%s window %d: prefill %d: rel L2 median %.3g worst %.3g, argmax equal %d/%d\n",
-           tqkv_format_name(f), window, n, med, wp, same, n);
+    printf("%s window %d%s%s: prefill %d: rel L2 median %.3g worst %.3g, argmax equal %d/%d\n",
+           tqkv_format_name(f), window, g_layer_spec ? " layers " : "",
+           g_layer_spec ? g_layer_spec : "", n, med, wp, same, n);
     if (!(med < tol_med) || !(wp < tol_worst) || same * 10 < 9 * n)
         fail_msg("prefill logits GPU vs CPU: median %g (< %g), worst %g (< %g), argmax %d/%d",
                  med, tol_med, wp, tol_worst, same, n);
@@ -525,8 +539,7 @@ static void decode1(tqkv_model_state *s, const int32_t *tok, float *lg) {
     assert_int_equal(tqkv_model_decode(g_model, s, tok, lg), TQKV_OK);
 }
 
-static void test_rows_device(void **st) {
-    (void)st;
+static void rows_case(tqkv_format f, int window) {
     const int V = tqkv_model_get_config(g_model)->vocab_size, N = 3, steps = 6;
     const int plen[3] = {20, 33, 47};
     test_rng r;
@@ -539,7 +552,7 @@ static void test_rows_device(void **st) {
     /* reference: each sequence alone, prefill + 6 decodes; logits of every decode */
     float *ref = malloc(sizeof(float) * (size_t)N * steps * V), *lg = malloc(sizeof(float) * 3 * (size_t)V);
     for (int i = 0; i < N; i++) {
-        tqkv_model_state *a = new_state(1, TQKV_TQ4, 0, 1);
+        tqkv_model_state *a = new_state(1, f, window, 1);
         assert_int_equal(tqkv_model_prefill(g_model, a, prompt[i], NULL, plen[i], TQKV_LOGITS_LAST, lg), TQKV_OK);
         for (int t = 0; t < steps; t++) decode1(a, &gen[i][t], ref + ((size_t)i * steps + t) * V);
         tqkv_model_state_free(a);
@@ -548,7 +561,7 @@ static void test_rows_device(void **st) {
      * batch filtered to [2, 0] for the last 2 */
     tqkv_model_state *s[3];
     for (int i = 0; i < N; i++) {
-        s[i] = new_state(1, TQKV_TQ4, 0, 1);
+        s[i] = new_state(1, f, window, 1);
         assert_int_equal(tqkv_model_prefill(g_model, s[i], prompt[i], NULL, plen[i], TQKV_LOGITS_LAST, lg), TQKV_OK);
         for (int t = 0; t < 2; t++) decode1(s[i], &gen[i][t], lg);
     }
@@ -583,12 +596,16 @@ static void test_rows_device(void **st) {
                 fail_msg("after extract/filter: sequence %d step %d differs from it alone", who[i], t);
     }
     assert_true(memcmp(ref, ref + (size_t)steps * V, sizeof(float) * V) != 0);
-    printf("device rows: merge, extract, filter mid-generation: bitwise equal to rows alone\n");
+    printf("device rows (%s window %d%s%s): merge, extract, filter mid-generation: bitwise "
+           "equal to rows alone\n", tqkv_format_name(f), window, g_layer_spec ? " layers " : "",
+           g_layer_spec ? g_layer_spec : "");
     for (int i = 0; i < N; i++) tqkv_model_state_free(s[i]);
     tqkv_model_state_free(x);
     free(ref);
     free(lg);
 }
+
+static void test_rows_device(void **st) { (void)st; rows_case(TQKV_TQ4, 0); }
 
 /* ---- the serving engine on the device: requests joining a running batch produce the
  * tokens and logprobs of each request run alone; a prefix-cache hit equals a cold run. */
@@ -697,6 +714,7 @@ static tqkv_model_state *device_state(tqkv_format f, int window, int as_decode, 
     p.device = 1;
     p.extend_as_decode = as_decode;
     p.device_graphs = graphs;
+    apply_layer_spec(&p);
     tqkv_model_state *s = NULL;
     if (tqkv_model_state_init(&s, g_model, &p) != TQKV_OK) fail_msg("state init: %s", tqkv_last_error());
     return s;
@@ -856,6 +874,7 @@ static tqkv_model_state_params export_params(int device, tqkv_format f, int rows
     p.k_format = p.v_format = f;
     p.threads = 4;
     p.device = device;
+    apply_layer_spec(&p);
     return p;
 }
 
@@ -1565,6 +1584,167 @@ static void test_pick_model_tq4(void **st) {
 }
 static void test_pick_model_f32(void **st) { (void)st; pick_model_case(TQKV_F32, 1); }
 
+/* ---- per-layer KV formats on device states: each layer's device cache holds its own pair
+ * (LAYERS_A: tq4/tq2 and fp8 over tq3 with the q8 window; LAYERS_B: layer 1 f32 = the dense
+ * bf16 cache without a window, over tq4). Against a CPU state with the same spec within
+ * parity()'s bounds (prefill + 12 decode steps); the device bytes per token are the sum of
+ * the layers' pairs'; row operations bitwise equal to rows alone; graphs on == off bitwise;
+ * export / import in the host format byte for byte both ways, f32 layers refused. Layers 0
+ * and 1: every fixture has them (the draft fixture has just these two). */
+#define LAYERS_A "0:tq4/tq2;1:fp8"
+#define LAYERS_B "1:f32"
+
+static int layers_teardown(void **st) { /* also after a failure */
+    (void)st;
+    g_layer_spec = NULL;
+    return 0;
+}
+
+/* Device bytes per token of a state of base pair f/f and per-layer spec (NULL: none). */
+static size_t token_bytes_of(tqkv_format f, const char *spec) {
+    g_layer_spec = spec;
+    tqkv_model_state *s = new_state(1, f, 0, 1);
+    const size_t b = model_cuda_kv_token_bytes(s->gpu);
+    tqkv_model_state_free(s);
+    return b;
+}
+
+/* 1 when every layer with its own KV has layer 0's heads and dim (a pair's bytes per token
+ * are then the same on every layer), else 0. */
+static int uniform_kv_layers(int *n_own) {
+    tqkv_layer_info a, b;
+    *n_own = 0;
+    OK(tqkv_model_layer_info(g_model, 0, &a));
+    for (int l = 0; l < tqkv_model_get_config(g_model)->n_layers; l++) {
+        OK(tqkv_model_layer_info(g_model, l, &b));
+        if (b.kv_from != l) continue;
+        if (b.kv_heads != a.kv_heads || b.head_dim != a.head_dim || a.kv_from != 0) return 0;
+        (*n_own)++;
+    }
+    return 1;
+}
+
+/* LAYERS_A's device caches: bytes per token = layer 0 at tq4/tq2 + layer 1 at fp8 + the
+ * others at tq3 (each uniform state's bytes / the layers), so no layer kept the base pair. */
+static void layers_bytes(void) {
+    int n = 0;
+    if (!uniform_kv_layers(&n)) {
+        printf("per-layer bytes per token: not checked (layers of other geometries)\n");
+        return;
+    }
+    const size_t k42 = token_bytes_of(TQKV_TQ4, "0-63:tq4/tq2") / (size_t)n;
+    const size_t f8 = token_bytes_of(TQKV_FP8, NULL) / (size_t)n;
+    const size_t t3 = token_bytes_of(TQKV_TQ3, NULL) / (size_t)n;
+    const size_t got = token_bytes_of(TQKV_TQ3, LAYERS_A), want = k42 + f8 + (size_t)(n - 2) * t3;
+    g_layer_spec = NULL;
+    printf("per-layer bytes per token (%s over tq3): %zu (tq4/tq2 %zu + fp8 %zu + %d x tq3 %zu)\n",
+           LAYERS_A, got, k42, f8, n - 2, t3);
+    assert_true(k42 != f8 && f8 != t3);
+    if (got != want) fail_msg("device bytes per token %zu, the layers' pairs sum to %zu", got, want);
+}
+
+static void test_layers_parity(void **st) {
+    (void)st;
+    layers_bytes();
+    g_layer_spec = LAYERS_A;
+    parity(TQKV_TQ3, 16, 1e-2, 1e-1);
+    g_layer_spec = LAYERS_B;
+    parity(TQKV_TQ4, 0, 1e-2, 1e-1);
+    g_layer_spec = NULL;
+}
+
+static void test_layers_rows(void **st) {
+    (void)st;
+    g_layer_spec = LAYERS_A;
+    rows_case(TQKV_TQ3, 16);
+    g_layer_spec = LAYERS_B;
+    rows_case(TQKV_TQ4, 0);
+    g_layer_spec = NULL;
+}
+
+static void test_layers_graphs(void **st) {
+    (void)st;
+    g_layer_spec = LAYERS_A;
+    graphs_case(TQKV_TQ3, 16);
+    g_layer_spec = LAYERS_B;
+    graphs_case(TQKV_TQ4, 0);
+    g_layer_spec = NULL;
+}
+
+/* Refusals of LAYERS_A's export d [dl]: into a device state without the per-layer formats
+ * (EINVAL, format), or with an f32 layer (EUNSUPPORTED); a device state with an f32 layer
+ * does not export (EUNSUPPORTED naming the layer). Nothing returned. */
+static void layers_refusals(const uint8_t *d, size_t dl, const int32_t *tok) {
+    tqkv_model_state *imp = NULL;
+    g_layer_spec = NULL;
+    tqkv_model_state_params plain = export_params(1, TQKV_TQ3, 1);
+    assert_int_equal(tqkv_model_state_import(&imp, g_model, &plain, d, dl), TQKV_EINVAL);
+    assert_non_null(strstr(tqkv_last_error(), "format"));
+    assert_null(imp);
+    g_layer_spec = LAYERS_B;
+    tqkv_model_state_params pb = export_params(1, TQKV_TQ3, 1);
+    assert_int_equal(tqkv_model_state_import(&imp, g_model, &pb, d, dl), TQKV_EUNSUPPORTED);
+    assert_non_null(strstr(tqkv_last_error(), "bf16"));
+    assert_null(imp);
+    tqkv_model_state *b = new_state(1, TQKV_TQ4, 0, 1);
+    OK(tqkv_model_prefill(g_model, b, tok, NULL, 5, TQKV_LOGITS_NONE, NULL));
+    uint8_t *fb = NULL;
+    size_t fl = 0;
+    assert_int_equal(tqkv_model_state_export(b, &fb, &fl), TQKV_EUNSUPPORTED);
+    assert_non_null(strstr(tqkv_last_error(), "layer 1"));
+    assert_null(fb);
+    tqkv_model_state_free(b);
+}
+
+static void test_layers_export(void **st) {
+    (void)st;
+    const int V = tqkv_model_get_config(g_model)->vocab_size, n = 70;
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x1a7e);
+    int32_t tok[80], more[6];
+    random_tokens(&r, tok, (size_t)n, V);
+    random_tokens(&r, more, 6, V);
+    float *la = malloc(sizeof(float) * (size_t)V), *lb = malloc(sizeof(float) * (size_t)V);
+    g_layer_spec = LAYERS_A;
+    tqkv_model_state_params pc = export_params(0, TQKV_TQ3, 1), pd = export_params(1, TQKV_TQ3, 1);
+    pc.window = pd.window = 16;
+    tqkv_model_state *dev = NULL, *imp = NULL, *cpu = NULL;
+    OK(tqkv_model_state_init(&dev, g_model, &pd));
+    OK(tqkv_model_prefill(g_model, dev, tok, NULL, n, TQKV_LOGITS_NONE, NULL));
+    size_t dl = 0, cl = 0;
+    uint8_t *d = export_of(dev, &dl);
+    /* on the device again: the same bytes, and decoding continues bitwise */
+    OK(tqkv_model_state_import(&imp, g_model, &pd, d, dl));
+    assert_export_equal(imp, d, dl, "per-layer device export imported on the device");
+    for (int i = 0; i < 6; i++) {
+        OK(tqkv_model_decode(g_model, dev, &more[i], la));
+        OK(tqkv_model_decode(g_model, imp, &more[i], lb));
+        if (memcmp(la, lb, sizeof(float) * (size_t)V))
+            fail_msg("decode step %d of the imported per-layer state differs", i);
+    }
+    tqkv_model_state_free(imp);
+    imp = NULL;
+    /* on the CPU: the same bytes, each layer in its own pair; a CPU run has the layout */
+    OK(tqkv_model_state_import(&imp, g_model, &pc, d, dl));
+    assert_export_equal(imp, d, dl, "per-layer device export imported on the CPU");
+    const tqkv_cache_config *c0 = tqkv_batch_get_config(tqkv_model_state_layer(imp, 0));
+    const tqkv_cache_config *c1 = tqkv_batch_get_config(tqkv_model_state_layer(imp, 1));
+    assert_true(c0->k_format == TQKV_TQ4 && c0->v_format == TQKV_TQ2 && c1->k_format == TQKV_FP8);
+    OK(tqkv_model_state_init(&cpu, g_model, &pc));
+    OK(tqkv_model_prefill(g_model, cpu, tok, NULL, n, TQKV_LOGITS_NONE, NULL));
+    uint8_t *h = export_of(cpu, &cl);
+    assert_int_equal(cl, dl);
+    assert_memory_equal(h, d, 16);
+    tqkv_model_state_free(imp);
+    layers_refusals(d, dl, tok);
+    printf("per-layer device export (%s over tq3, window 16): device <-> device and device -> "
+           "CPU byte for byte, decode after import bitwise; f32 layers refused\n", LAYERS_A);
+    tqkv_model_state_free(dev);
+    tqkv_model_state_free(cpu);
+    free(d); free(h); free(la); free(lb);
+    g_layer_spec = NULL;
+}
+
 int main(void) {
     if (!tqkv_cuda_available()) {
         printf("SKIPPED: no CUDA device\n");
@@ -1614,6 +1794,10 @@ int main(void) {
         cmocka_unit_test_teardown(test_pick_kernel, pick_teardown),
         cmocka_unit_test(test_pick_model_tq4),
         cmocka_unit_test(test_pick_model_f32),
+        cmocka_unit_test_teardown(test_layers_parity, layers_teardown),
+        cmocka_unit_test_teardown(test_layers_rows, layers_teardown),
+        cmocka_unit_test_teardown(test_layers_graphs, layers_teardown),
+        cmocka_unit_test_teardown(test_layers_export, layers_teardown),
     };
     const char *only = getenv("TQKV_TEST_FILTER"); /* e.g. 'test_graphs*' on another model */
     if (only) cmocka_set_test_filter(only);

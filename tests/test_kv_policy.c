@@ -14,6 +14,11 @@
  *     bits than the K and V window), and a state made with it (tq1 planes too) exports and
  *     imports with it, refused by a state with a K and V window; ppl --kv-policy with it
  *     equals ppl --window-keys-only.
+ *   - device states (checked without a device): kvpol_apply takes a policy of device pairs
+ *     and a K and V window and refuses others (params unchanged, the reason in desc);
+ *     `--kv auto:B` takes such a policy file and otherwise falls back to a device preset,
+ *     saying why; `tqkv calibrate --device-formats` writes only device pairs (the same run
+ *     without it does not), and refuses q8 candidates and --try-keys-only.
  * Owns: temporary files under /tmp. Must not: depend on ../shared. Skips (77) when the
  * bundled model is absent.
  */
@@ -29,6 +34,7 @@
 
 #include "testutil.h"
 #include "cli/kv_policy.h"
+#include "cli/kv_preset.h"
 #include "tqkv_model.h"
 
 static const char GOOD[] = "tqkv-kv-policy 1\n# a comment\nlayers 8\nkv tq4/tq2\n"
@@ -364,8 +370,9 @@ static void test_cli_auto_policy(void **state) {
     assert_int_equal(run_cli(args, out, sizeof out), 0);
     a = cJSON_Parse(out);
     if (!a) fail_msg("not JSON: %s", out);
-    r = cJSON_GetObjectItem(a, "kv_resolved");
-    assert_true(cJSON_IsString(r) && !strstr(r->valuestring, "policy"));
+    r = cJSON_GetObjectItem(a, "kv_resolved"); /* a preset, saying why the policy is not */
+    assert_true(cJSON_IsString(r) && strstr(r->valuestring, "policy ") != r->valuestring);
+    if (!strstr(r->valuestring, "not used: KV policy takes")) fail_msg("%s", r->valuestring);
     assert_true(jnum(a, "kv_bits_per_value") <= 3.5);
     cJSON_Delete(a);
     /* a file that does not parse is an error */
@@ -377,10 +384,121 @@ static void test_cli_auto_policy(void **state) {
     assert_int_equal(system(args), 0);
 }
 
+/* Device states: kvpol_apply with p.device = 1 takes only device pairs and K and V windows. */
+static void test_apply_device(void **state) {
+    (void)state;
+    char md[1024], err[256], desc[256];
+    tqkv_model *m = load_model(md, sizeof md);
+    const char *ok_text = "tqkv-kv-policy 1\nlayers 8\nkv tq4/tq2\nkv-layers 3:fp8;5,6:tq3\n"
+                          "window 30\n";
+    kv_policy good, pol, keys;
+    assert_int_equal(kvpol_parse(ok_text, &good, err, sizeof err), 0);
+    assert_int_equal(kvpol_parse(GOOD, &pol, err, sizeof err), 0); /* layer 3 q8/tq2 */
+    keys = good;
+    keys.window_keys_only = 1;
+    tqkv_model_state_params p = tqkv_model_state_params_default(), p0;
+    p.device = 1;
+    p0 = p;
+    assert_int_equal(kvpol_apply("test", m, &good, 2048, &p, desc, sizeof desc), 0);
+    tqkv_format k, v;
+    tqkv_kv_layer_formats(&p, 3, &k, &v);
+    assert_true(k == TQKV_FP8 && v == TQKV_FP8 && p.window == 30 && p.device == 1);
+    const kv_policy *bad[2] = {&pol, &keys};
+    const char *says[2] = {"layer 3 KV q8/tq2", "keys-only"};
+    for (int i = 0; i < 2; i++) {
+        tqkv_model_state_params q = p0;
+        desc[0] = 0;
+        assert_int_equal(kvpol_apply("test", m, bad[i], 2048, &q, desc, sizeof desc), -1);
+        assert_memory_equal(&q, &p0, sizeof q);
+        if (!strstr(desc, says[i])) fail_msg("%s", desc);
+    }
+    /* --kv auto:B with DIR/kv-policy-B.txt: taken when device-capable, else a device preset
+     * that says why the policy was not used */
+    char dir[256], path[300];
+    snprintf(dir, sizeof dir, "/tmp/tqkv_kv_policy_dev_%d", (int)getpid());
+    snprintf(path, sizeof path, "%s/kv-policy-6.txt", dir);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    const char *texts[2] = {ok_text, GOOD};
+    for (int i = 0; i < 2; i++) {
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fputs(texts[i], f);
+        fclose(f);
+        tqkv_model_state_params q = p0;
+        assert_int_equal(kvp_resolve_model("test", m, dir, "auto:6", 2048, &q, desc, sizeof desc), 0);
+        assert_int_equal(tqkv_kv_layers_device_check(m, &q, NULL), TQKV_OK);
+        if (i == 0 && strstr(desc, "policy ") != desc) fail_msg("%s", desc);
+        if (i == 1 && !strstr(desc, "not used: KV policy: --device cuda: layer 3 KV q8/tq2"))
+            fail_msg("%s", desc);
+    }
+    unlink(path);
+    rmdir(dir);
+    /* the shipped policies (docs/QUALITY.md): 2.5 holds device pairs only; 3.25 has layer 0
+     * at tq2/tq3 (K bits < V bits) and 4.25 q8 keys, so device states fall back for them */
+    const char *budgets[3] = {"2.5", "3.25", "4.25"};
+    for (int i = 0; i < 3; i++) {
+        char kv[16];
+        snprintf(kv, sizeof kv, "auto:%s", budgets[i]);
+        tqkv_model_state_params q = p0;
+        assert_int_equal(kvp_resolve_model("test", m, md, kv, 2048, &q, desc, sizeof desc), 0);
+        printf("  device %s -> %s\n", kv, desc);
+        assert_int_equal(strstr(desc, "policy ") == desc, i == 0);
+    }
+    tqkv_model_free(m);
+}
+
+/* The per-layer pairs of policy file path, applied to a device state: 0 when the device
+ * takes them, -1 when not; the policy text into pol. */
+static int policy_device_ok(const tqkv_model *m, const char *path, kv_policy *pol) {
+    char err[256], desc[256];
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char *text = calloc(1, 4096);
+    assert_true(fread(text, 1, 4095, f) > 0);
+    fclose(f);
+    if (kvpol_parse(text, pol, err, sizeof err)) fail_msg("%s: %s", err, text);
+    free(text);
+    tqkv_model_state_params p = tqkv_model_state_params_default();
+    p.device = 1;
+    return kvpol_apply("test", m, pol, 128, &p, desc, sizeof desc);
+}
+
+/* `tqkv calibrate --device-formats`: a policy of device pairs (fp8 for q8), where the same
+ * run without the flag chooses a pair the device lacks; q8 candidates and keys-only windows
+ * are refused with it. */
+static void test_cli_calibrate_device(void **state) {
+    (void)state;
+    char md[1024], text[1024], path[2][256], args[4096], out[1 << 16];
+    tqkv_model *m = load_model(md, sizeof md);
+    source_path("src/cli/cmd_ppl.c", text, sizeof text);
+    kv_policy pol[2];
+    for (int d = 0; d < 2; d++) {
+        snprintf(path[d], sizeof path[d], "/tmp/tqkv_kv_policy_cal%d_%d.txt", d, (int)getpid());
+        snprintf(args, sizeof args, "calibrate --model '%s' --text '%s' --ctx 128 --max-windows "
+                 "1 --first-window 1 --window 8 --budget 6 --threads 2 --no-check --out '%s'%s",
+                 md, text, path[d], d ? " --device-formats" : "");
+        assert_int_equal(run_cli(args, out, sizeof out), 0);
+    }
+    assert_int_equal(policy_device_ok(m, path[0], &pol[0]), -1); /* q8 planes: not on device */
+    assert_int_equal(policy_device_ok(m, path[1], &pol[1]), 0);
+    fprintf(stderr, "  calibrated: kv %s layers '%s'; --device-formats: kv %s layers '%s'\n",
+            pol[0].kv, pol[0].kv_layers, pol[1].kv, pol[1].kv_layers);
+    assert_true(pol[1].bits > 0 && pol[1].bits <= 6 && !strstr(pol[1].kv_layers, "q8"));
+    for (int d = 0; d < 2; d++) unlink(path[d]);
+    const char *refused[2] = {"--formats q8,tq4", "--try-keys-only"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "calibrate --model '%s' --text '%s' --ctx 128 --max-windows "
+                 "1 --device-formats %s", md, text, refused[i]);
+        assert_int_equal(run_cli(args, out, sizeof out), 2);
+    }
+    tqkv_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse), cmocka_unit_test(test_apply),
-        cmocka_unit_test(test_keys_only),
+        cmocka_unit_test(test_keys_only), cmocka_unit_test(test_apply_device),
+        cmocka_unit_test(test_cli_calibrate_device),
         cmocka_unit_test(test_state_roundtrip), cmocka_unit_test(test_cli_calibrate),
         cmocka_unit_test(test_cli_auto_policy), cmocka_unit_test(test_cli_kld_reference)};
     return cmocka_run_group_tests(tests, NULL, NULL);

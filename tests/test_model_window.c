@@ -6,7 +6,8 @@
  * q8 rounding in later layers); reading the windows as before (only the newest W tokens of
  * the whole prefill at q8) differs by about as much as no window at all.
  * Also the per-layer KV formats (--kv-layers): parser, the caches a state builds, bits per
- * value, state export / import.
+ * value, state export / import, and which specs a device state takes (checked without a
+ * device: tqkv_kv_layers_device_check and the refusals before one is asked for).
  * Must not: time anything. Skips (77) when the model is absent.
  */
 #include <math.h>
@@ -161,8 +162,80 @@ static void test_kv_layers(void **state) {
     tqkv_model_free(m);
 }
 
+/* layer_spec over base pair kv for m: tqkv_kv_layers_device_check's status, and its dense flag. */
+static tqkv_status device_check(const tqkv_model *m, const char *kv, const char *layer_spec,
+                                int *dense) {
+    tqkv_model_state_params p = tqkv_model_state_params_default();
+    assert_int_equal(tqkv_kv_spec_parse(kv, &p.k_format, &p.v_format), TQKV_OK);
+    assert_int_equal(tqkv_kv_layers_parse(layer_spec, &p), TQKV_OK);
+    *dense = -1;
+    tqkv_clear_error();
+    return tqkv_kv_layers_device_check(m, &p, dense);
+}
+
+/* Per-layer formats on a device state (needs no device): every layer's pair a device pair or
+ * f32/f32 (dense bf16), else TQKV_EUNSUPPORTED naming the layer and pair; a device state
+ * init with such a spec, with tensor_parallel, or an import into one with an f32 layer are
+ * refused before any device is asked for, *out untouched. A CPU state takes the same specs. */
+static void test_kv_layers_device(void **state) {
+    (void)state;
+    char md[1024];
+    source_path("models/qwen3-code-28m", md, sizeof md);
+    struct stat st;
+    if (stat(md, &st) != 0) skip();
+    tqkv_model *m = NULL;
+    assert_int_equal(tqkv_model_load(&m, md, NULL), TQKV_OK);
+    int dense;
+    assert_int_equal(device_check(m, "tq4", "0:tq4/tq2;1:fp8", &dense), TQKV_OK);
+    assert_int_equal(dense, 0);
+    assert_int_equal(device_check(m, "f32", "0-6:tq3", &dense), TQKV_OK); /* layer 7 f32 */
+    assert_int_equal(dense, 1);
+    assert_int_equal(device_check(m, "tq4/tq2", "", &dense), TQKV_OK);
+    const struct { const char *kv, *spec, *says; } bad[] = {
+        {"tq4", "3:q8/tq3", "layer 3 KV q8/tq3"},   {"tq4", "2:tq2/tq4", "layer 2 KV tq2/tq4"},
+        {"tq3", "5:f32/tq4", "layer 5 KV f32/tq4"}, {"tq4", "7:tq4/fp8", "layer 7 KV tq4/fp8"},
+        {"q8", "0-6:tq4", "layer 7 KV q8/q8"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(device_check(m, bad[i].kv, bad[i].spec, &dense), TQKV_EUNSUPPORTED);
+        if (!strstr(tqkv_last_error(), bad[i].says)) fail_msg("%s", tqkv_last_error());
+        assert_int_equal(dense, -1); /* untouched on failure */
+        /* a device state refuses it before asking for a device; a CPU state takes it */
+        tqkv_model_state_params p = tqkv_model_state_params_default();
+        assert_int_equal(tqkv_kv_spec_parse(bad[i].kv, &p.k_format, &p.v_format), TQKV_OK);
+        assert_int_equal(tqkv_kv_layers_parse(bad[i].spec, &p), TQKV_OK);
+        p.device = 1;
+        tqkv_model_state *s = (tqkv_model_state *)&dense; /* must stay */
+        assert_int_equal(tqkv_model_state_init(&s, m, &p), TQKV_EUNSUPPORTED);
+        if (!strstr(tqkv_last_error(), bad[i].says)) fail_msg("%s", tqkv_last_error());
+        assert_ptr_equal(s, (tqkv_model_state *)&dense);
+        p.device = 0;
+        s = NULL;
+        assert_int_equal(tqkv_model_state_init(&s, m, &p), TQKV_OK);
+        tqkv_model_state_free(s);
+    }
+    /* tensor_parallel with per-layer formats on the device: refused (CPU only) */
+    tqkv_model_state_params p = tqkv_model_state_params_default();
+    p.k_format = p.v_format = TQKV_TQ4;
+    assert_int_equal(tqkv_kv_layers_parse("1:fp8", &p), TQKV_OK);
+    p.device = 1;
+    p.tensor_parallel = 2;
+    tqkv_model_state *s = NULL;
+    assert_int_equal(tqkv_model_state_init(&s, m, &p), TQKV_EUNSUPPORTED);
+    if (!strstr(tqkv_last_error(), "tensor_parallel")) fail_msg("%s", tqkv_last_error());
+    assert_null(s);
+    /* an import into a device state with an f32/f32 layer: no state format there */
+    p.tensor_parallel = 0;
+    assert_int_equal(tqkv_kv_layers_parse("1:f32", &p), TQKV_OK);
+    const uint8_t junk[32] = {0};
+    assert_int_equal(tqkv_model_state_import(&s, m, &p, junk, sizeof junk), TQKV_EUNSUPPORTED);
+    if (!strstr(tqkv_last_error(), "dense bf16")) fail_msg("%s", tqkv_last_error());
+    assert_null(s);
+    tqkv_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_kv_layers),
+                                       cmocka_unit_test(test_kv_layers_device),
                                        cmocka_unit_test(test_window_paths)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,6 +13,10 @@
  * more bits) with the largest loss drop per bit that still fits B is taken until none fits
  * (bits counted as `tqkv ppl --json` kv_bits_per_value, at --ctx); then the window grows to
  * spend what is left, as the presets' windows do.
+ * --device-formats: only policies a --device cuda state takes: candidate formats fp8 (where
+ * q8 would be), tq4, tq3, tq2; an upgrade moves a layer to any pair the device cache holds
+ * (tq K bits >= V bits, fp8/fp8) with no fewer bits per plane; K and V windows only; the
+ * check measures the preset a device state resolves.
  * Candidates (session 11): the choice is made once per ring in --try-windows (the q8 window
  * the formats must leave room for; with --try-keys-only each also as a keys-only window),
  * and the check measures every candidate and auto:B on the calibration windows and keeps
@@ -24,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/cache_cuda.h" /* tqkv_cuda_kv_formats_ok (inline: no device code) */
 #include "cli.h"
 #include "json_out.h"
 #include "kv_policy.h"
@@ -46,6 +51,7 @@ typedef struct {
 typedef struct {
     const char *model_arg, *text_path, *out, *out_dir, *budgets, *formats, *try_windows;
     int ctx, max_windows, first_window, window, threads, json, no_check, try_keys_only;
+    int device_formats; /* only pairs a device state holds (tqkv_cuda_kv_formats_ok) */
     int n_ring;
     cal_ring ring[CAL_MAX_RINGS]; /* ring[0]: --window, K and V */
     char dir[4096];
@@ -68,9 +74,20 @@ typedef struct {
 // Options
 // ---------------------------------------------------------------------------
 
-/* "a,b,c" of formats into o->fmt, sorted by bits (most first); 0 or -1 (message). */
+/* With --device-formats: 1 when f is a format the device cache holds (fp8 or tq), else 0
+ * with a message. */
+static int cal_device_format(const cal_opts *o, tqkv_format f) {
+    if (!o->device_formats || tqkv_cuda_kv_formats_ok(f, f)) return 1;
+    fprintf(stderr, "tqkv calibrate: --device-formats: %s has no device cache (candidates: fp8, "
+            "tq4, tq3, tq2; fp8 stands in for q8)\n", tqkv_format_name(f));
+    return 0;
+}
+
+/* "a,b,c" of formats into o->fmt, sorted by bits (most first); 0 or -1 (message). The
+ * default list: q8,tq4,tq3,tq2, or with --device-formats fp8,tq4,tq3,tq2. */
 static int cal_parse_formats(cal_opts *o) {
     char buf[256];
+    if (!o->formats) o->formats = o->device_formats ? "fp8,tq4,tq3,tq2" : "q8,tq4,tq3,tq2";
     snprintf(buf, sizeof buf, "%s", o->formats);
     o->n_fmt = 0;
     for (char *t = strtok(buf, ","); t; t = strtok(NULL, ",")) {
@@ -80,6 +97,7 @@ static int cal_parse_formats(cal_opts *o) {
                     "q8,tq4,tq3,tq2\n", o->formats, CAL_MAX_FMT);
             return -1;
         }
+        if (!cal_device_format(o, k)) return -1;
         int i = o->n_fmt++;
         while (i > 0 && tqkv_format_bits_per_value(o->fmt[i - 1], 128) <
                             tqkv_format_bits_per_value(k, 128)) {
@@ -140,7 +158,7 @@ static int cal_parse_rings(cal_opts *o) {
 
 static int cal_parse_args(int argc, char **argv, cal_opts *o) {
     *o = (cal_opts){.model_arg = MCLI_DEFAULT_MODEL, .budgets = "4.25",
-                    .formats = "q8,tq4,tq3,tq2", .ctx = 2048, .max_windows = 2,
+                    .ctx = 2048, .max_windows = 2,
                     .first_window = 64, .window = 30};
     const arg_spec specs[] = {
         {"--model", ARG_STR, &o->model_arg, "model directory (default " MCLI_DEFAULT_MODEL ")"},
@@ -149,7 +167,8 @@ static int cal_parse_args(int argc, char **argv, cal_opts *o) {
         {"--max-windows", ARG_INT, &o->max_windows, "calibration windows (default 2)"},
         {"--first-window", ARG_INT, &o->first_window, "first window used (default 64: keep clear of the windows `tqkv ppl` scores first)"},
         {"--window", ARG_INT, &o->window, "q8 window on the tq planes while measuring, and the least the policy keeps (default 30)"},
-        {"--formats", ARG_STR, &o->formats, "candidate formats per plane (default q8,tq4,tq3,tq2)"},
+        {"--formats", ARG_STR, &o->formats, "candidate formats per plane (default q8,tq4,tq3,tq2; with --device-formats fp8,tq4,tq3,tq2)"},
+        {"--device-formats", ARG_FLAG, &o->device_formats, "only per-layer K/V pairs a --device cuda state holds (tq4/tq4, tq3/tq3, fp8/fp8, tq K bits >= V bits; fp8 for q8), a K and V window: a policy the device takes"},
         {"--budget", ARG_STR, &o->budgets, "bits per value, or a comma list (default 4.25)"},
         {"--out", ARG_STR, &o->out, "policy file to write (one budget)"},
         {"--out-dir", ARG_STR, &o->out_dir, "write DIR/kv-policy-B.txt per budget B"},
@@ -169,6 +188,11 @@ static int cal_parse_args(int argc, char **argv, cal_opts *o) {
     if (o->ctx < 2 || o->max_windows < 1 || o->first_window < 0 || o->window < 0 ||
         o->threads < 0) {
         fprintf(stderr, "tqkv calibrate: need --ctx >= 2, --max-windows >= 1, non-negative counts\n");
+        return 2;
+    }
+    if (o->device_formats && o->try_keys_only) {
+        fprintf(stderr, "tqkv calibrate: --device-formats: the device holds K and V windows "
+                "only; drop --try-keys-only\n");
         return 2;
     }
     if (cal_parse_formats(o) || cal_parse_budgets(o) || cal_parse_rings(o)) return 2;
@@ -321,27 +345,48 @@ static double cal_bits(const cal_table *t, int ch[][2]) {
     return 8.0 * by / t->vals;
 }
 
+/* 1 when a layer may hold K at format index fk with V at fv: any pair, or with
+ * --device-formats a pair the device cache holds. */
+static int cal_pair_ok(const cal_opts *o, int fk, int fv) {
+    return !o->device_formats || tqkv_cuda_kv_formats_ok(o->fmt[fk], o->fmt[fv]);
+}
+
+/* The upgrade of ch [n_own][2] with the largest loss drop per bit that fits B: layer *bi to
+ * formats (*bk, *bv) of no fewer bits per plane. One plane at a time, or with
+ * --device-formats any allowed pair (fp8/fp8 is no single step from tq4/tq4). *bi -1: none. */
+static void cal_best_move(const cal_opts *o, const cal_table *t, double B, int ch[][2],
+                          int *bi, int *bk, int *bv) {
+    double best = 0;
+    const double now = cal_bits(t, ch);
+    *bi = -1;
+    for (int i = 0; i < t->n_own; i++) {
+        const int k0 = ch[i][0], v0 = ch[i][1];
+        for (int fk = 0; fk <= k0; fk++)
+            for (int fv = 0; fv <= v0; fv++) {
+                if ((fk == k0 && fv == v0) || !cal_pair_ok(o, fk, fv)) continue;
+                if (!o->device_formats && fk != k0 && fv != v0) continue; /* one plane */
+                ch[i][0] = fk, ch[i][1] = fv;
+                const double nb = cal_bits(t, ch);
+                const double gain = t->kld[i][0][k0] - t->kld[i][0][fk] + t->kld[i][1][v0] -
+                                    t->kld[i][1][fv];
+                ch[i][0] = k0, ch[i][1] = v0;
+                if (nb > B + 1e-9 || gain <= 0 || nb <= now) continue;
+                if (gain / (nb - now) > best) best = gain / (nb - now), *bi = i, *bk = fk, *bv = fv;
+            }
+    }
+}
+
 /* Greedy choice within budget B into ch [n_own][2]; its predicted loss, or -1 when even the
  * cheapest formats do not fit. */
 static double cal_choose(const cal_opts *o, const cal_table *t, double B, int ch[][2]) {
     for (int i = 0; i < t->n_own; i++) ch[i][0] = ch[i][1] = o->n_fmt - 1;
     if (cal_bits(t, ch) > B + 1e-9) return -1;
     for (;;) {
-        double best = 0;
-        int bi = -1, bp = 0, bf = 0;
-        const double now = cal_bits(t, ch);
-        for (int i = 0; i < t->n_own; i++)
-            for (int p = 0; p < 2; p++)
-                for (int f = 0; f < ch[i][p]; f++) { /* formats of more bits */
-                    const int was = ch[i][p];
-                    ch[i][p] = f;
-                    const double nb = cal_bits(t, ch), gain = t->kld[i][p][was] - t->kld[i][p][f];
-                    ch[i][p] = was;
-                    if (nb > B + 1e-9 || gain <= 0 || nb <= now) continue;
-                    if (gain / (nb - now) > best) best = gain / (nb - now), bi = i, bp = p, bf = f;
-                }
+        int bi, bk = 0, bv = 0;
+        cal_best_move(o, t, B, ch, &bi, &bk, &bv);
         if (bi < 0) break;
-        ch[bi][bp] = bf;
+        ch[bi][0] = bk;
+        ch[bi][1] = bv;
     }
     double loss = 0;
     for (int i = 0; i < t->n_own; i++) loss += t->kld[i][0][ch[i][0]] + t->kld[i][1][ch[i][1]];
@@ -470,9 +515,10 @@ static int cal_check(const cal_opts *o, const tqkv_model *m, const int32_t *ids,
     memset(a[n].layer_v, 0, sizeof a[n].layer_v);
     for (int i = 0; i < n; i++)
         if (kvpol_apply(CMD, m, &cand[i], o->ctx, &a[i], desc, sizeof desc)) return -1;
-    if (kvp_resolve(CMD, m, name, o->ctx, &a[n], desc, sizeof desc) ||
-        cal_compare(o, m, ids, n_win, a, n + 1, kld))
-        return -1;
+    a[n].device = o->device_formats; /* the preset a device state would take (measured here) */
+    if (kvp_resolve(CMD, m, name, o->ctx, &a[n], desc, sizeof desc)) return -1;
+    a[n].device = 0;
+    if (cal_compare(o, m, ids, n_win, a, n + 1, kld)) return -1;
     int best = 0;
     for (int i = 0; i < n; i++) {
         kc[i] = kld[i];

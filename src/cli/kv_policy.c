@@ -6,6 +6,7 @@
 #include "kv_policy.h"
 
 #include <ctype.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,38 +155,53 @@ double kvpol_bits(const tqkv_model *m, const tqkv_model_state_params *t, int ctx
     return mcli_params_bits(m, &c, ctx);
 }
 
+/* A refusal of kvpol_apply: the message on stderr ("tqkv CMD: ...") and in desc [cap]; -1. */
+static int apply_fail(const char *cmd, char *desc, size_t cap, const char *fmt, ...) {
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "tqkv %s: %s\n", cmd, msg);
+    if (cap) snprintf(desc, cap, "%s", msg);
+    return -1;
+}
+
+/* A device state (t->device) takes the policy when every layer's pair is a device pair (or
+ * f32/f32) and its window holds K and V; 0, or -1 (apply_fail). */
+static int apply_device_check(const char *cmd, const tqkv_model *m,
+                              const tqkv_model_state_params *t, char *desc, size_t cap) {
+    if (!t->device) return 0;
+    if (t->window_keys_only)
+        return apply_fail(cmd, desc, cap, "KV policy: its keys-only q8 window (window-planes k) "
+                          "runs on the CPU only");
+    if (tqkv_kv_layers_device_check(m, t, NULL) != TQKV_OK)
+        return apply_fail(cmd, desc, cap, "KV policy: %s", tqkv_last_error());
+    return 0;
+}
+
 int kvpol_apply(const char *cmd, const tqkv_model *m, const kv_policy *pol, int ctx,
                 tqkv_model_state_params *p, char *desc, size_t cap) {
     const int L = tqkv_model_get_config(m)->n_layers;
-    if (pol->layers != L) {
-        fprintf(stderr, "tqkv %s: KV policy is for a model of %d layers, this one has %d\n", cmd,
-                pol->layers, L);
-        return -1;
-    }
+    if (pol->layers != L)
+        return apply_fail(cmd, desc, cap, "KV policy is for a model of %d layers, this one "
+                          "has %d", pol->layers, L);
     tqkv_model_state_params t = *p;
     if (tqkv_kv_spec_parse(pol->kv, &t.k_format, &t.v_format) != TQKV_OK ||
-        tqkv_kv_layers_parse(pol->kv_layers, &t) != TQKV_OK) {
-        fprintf(stderr, "tqkv %s: KV policy: %s\n", cmd, tqkv_last_error());
-        return -1;
-    }
+        tqkv_kv_layers_parse(pol->kv_layers, &t) != TQKV_OK)
+        return apply_fail(cmd, desc, cap, "KV policy: %s", tqkv_last_error());
     for (int l = L; l < TQKV_MAX_KV_LAYERS; l++)
-        if (t.layer_k[l] || t.layer_v[l]) {
-            fprintf(stderr, "tqkv %s: KV policy names layer %d, the model has %d\n", cmd, l, L);
-            return -1;
-        }
+        if (t.layer_k[l] || t.layer_v[l])
+            return apply_fail(cmd, desc, cap, "KV policy names layer %d, the model has %d", l, L);
     t.window = pol->window;
     t.window_keys_only = pol->window > 0 && pol->window_keys_only;
     if (pol->window > 0) t.window_slack = 0; /* as the presets: run and ppl never trim */
+    if (apply_device_check(cmd, m, &t, desc, cap)) return -1;
     const double bits = kvpol_bits(m, &t, ctx);
-    if (bits < 0) {
-        fprintf(stderr, "tqkv %s: KV policy: %s\n", cmd, tqkv_last_error());
-        return -1;
-    }
-    if (pol->budget > 0 && bits > pol->budget + 1e-9) {
-        fprintf(stderr, "tqkv %s: KV policy takes %.4f bits per value at ctx %d, over its "
-                "budget %.4g\n", cmd, bits, ctx, pol->budget);
-        return -1;
-    }
+    if (bits < 0) return apply_fail(cmd, desc, cap, "KV policy: %s", tqkv_last_error());
+    if (pol->budget > 0 && bits > pol->budget + 1e-9)
+        return apply_fail(cmd, desc, cap, "KV policy takes %.4f bits per value at ctx %d, over "
+                          "its budget %.4g", bits, ctx, pol->budget);
     *p = t;
     snprintf(desc, cap, "%s%s%s window %d%s (%.4f bits/value at ctx %d)", pol->kv,
              pol->kv_layers[0] ? " layers " : "", pol->kv_layers, pol->window,

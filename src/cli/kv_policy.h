@@ -45,8 +45,10 @@ int kvpol_load(const char *cmd, const char *path, kv_policy *out);
 /* Write pol as policy text to f (comment: a free text line, may be NULL); 0 or -1. */
 int kvpol_write(FILE *f, const kv_policy *pol, const char *comment);
 /* Apply pol to p for model m at ctx tokens: formats, per-layer formats, window (slack 0).
- * Checks the layer count, that per-layer formats name only layers of m, and the budget at
- * ctx. desc [cap]: the applied spec and its bits. -1 with a message (p unchanged). */
+ * Checks the layer count, that per-layer formats name only layers of m, the budget at ctx
+ * and, for a device state (p->device), that every layer's pair is a device pair (or f32/f32)
+ * and the window is not keys-only. desc [cap]: the applied spec and its bits. -1 with a
+ * message on stderr, also in desc (p unchanged). */
 int kvpol_apply(const char *cmd, const tqkv_model *m, const kv_policy *pol, int ctx,
                 tqkv_model_state_params *p, char *desc, size_t cap);
 /* Bits per value of params t at ctx tokens (a CPU state of one row, mcli_kv_bits); -1 when

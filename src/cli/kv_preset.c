@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/cache_cuda.h" /* tqkv_cuda_kv_formats_ok (inline: no device code) */
 #include "json_out.h"
 #include "kv_policy.h"
 #include "kv_preset.h"
@@ -137,10 +136,8 @@ int kvp_resolve(const char *cmd, const tqkv_model *m, const char *kv, int ctx,
         tqkv_model_state_params t = *p;
         char layers[64];
         if (apply(m, c, &t, layers, sizeof layers)) continue;
-        /* the device cache's formats (tq pairs with K bits >= V bits, fp8), without
-         * per-layer formats */
-        if (t.device && (layers[0] || !tqkv_cuda_kv_formats_ok(t.k_format, t.v_format)))
-            continue;
+        /* the device cache's pairs (tq with K bits >= V bits, fp8) on every layer */
+        if (t.device && tqkv_kv_layers_device_check(m, &t, NULL) != TQKV_OK) continue;
         double bits = 0;
         const int w = window_fit(m, &t, c->window, ctx, budget, &bits, &smallest);
         if (w < 0 && smallest > 1e8) { /* no state could be made: say why, not "too big" */
@@ -166,22 +163,26 @@ int kvp_resolve_model(const char *cmd, const tqkv_model *m, const char *dir, con
     FILE *f = NULL;
     snprintf(path, sizeof path, "%s/kv-policy-%s.txt", dir ? dir : "", kv + 5);
     const double budget = strtod(kv + 5, NULL);
-    if (!dir || p->device || p->tensor_parallel > 1 || !(budget > 0) || !(f = fopen(path, "r")))
+    if (!dir || p->tensor_parallel > 1 || !(budget > 0) || !(f = fopen(path, "r")))
         return kvp_resolve(cmd, m, kv, ctx, p, desc, cap);
     fclose(f);
     kv_policy pol;
     if (kvpol_load(cmd, path, &pol)) return -1;
     if (!(pol.budget > 0) || pol.budget > budget) pol.budget = budget;
-    char d[200];
+    char d[400], r[256];
     tqkv_model_state_params t = *p;
-    if (kvpol_apply(cmd, m, &pol, ctx, &t, d, sizeof d) == 0) {
+    if (kvpol_apply(cmd, m, &pol, ctx, &t, d, sizeof d) == 0) { /* device: device pairs only */
         *p = t;
         snprintf(desc, cap, "policy %s: %s", path, d);
         return 0;
     }
     fprintf(stderr, "tqkv %s: --kv %s: %s does not apply here; the ranked presets decide\n",
             cmd, kv, path);
-    return kvp_resolve(cmd, m, kv, ctx, p, desc, cap);
+    if (kvp_resolve(cmd, m, kv, ctx, p, r, sizeof r)) return -1;
+    char *why = strstr(d, " ("); /* kvpol_apply's reason, its explanation left on stderr */
+    if (why) *why = 0;
+    snprintf(desc, cap, "%s (policy %s not used: %s)", r, path, d);
+    return 0;
 }
 
 /* Bits of candidate c (its full window) on a uniform graph: L layers of head_dim dim, all with their own K/V,

@@ -202,6 +202,12 @@ static tqkv_status engine_state_params(tqkv_engine *e) {
         e->p.v_format = t.v_format;
         e->p.window = t.window;
     }
+    int dense = 0; /* a per-layer f32/f32 layer: the device's dense bf16 cache, no export */
+    if (e->p.device && e->p.prompt_cache_dir &&
+        tqkv_kv_layers_device_check(e->m, &e->sp, &dense) == TQKV_OK && dense)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "engine: a persisted prompt cache on the device needs "
+                         "tq or fp8 KV on every layer (f32 KV runs on a dense bf16 device cache, "
+                         "which has no state format); use the in-memory prefix cache");
     e->psp = e->sp;
     e->psp.extend_as_decode = 0;
     e->dsp = tqkv_model_state_params_default();

@@ -157,7 +157,6 @@ tqkv_status mc_install_caches(model_cuda *g, cuda_kv **kv, float *rec_state, int
 tqkv_status mc_make_caches(model_cuda *g, int rows) {
     const tqkv_model_config *c = &g->m->cfg;
     const tqkv_model_state_params *p = &g->p;
-    int bf = p->k_format == TQKV_F32 && p->v_format == TQKV_F32;
     cuda_kv **kv = (cuda_kv **)calloc((size_t)c->n_layers, sizeof *kv);
     if (!kv) return tqkv_fail(TQKV_ENOMEM, "out of memory");
     tqkv_status st = TQKV_OK;
@@ -169,8 +168,9 @@ tqkv_status mc_make_caches(model_cuda *g, int rows) {
         tqkv_cache_config cc = tqkv_cache_config_default();
         cc.kv_heads = li.kv_heads;
         cc.head_dim = li.head_dim;
-        cc.k_format = p->k_format;
-        cc.v_format = p->v_format;
+        tqkv_kv_layer_formats(p, l, &cc.k_format, &cc.v_format); /* layer l's own pair */
+        /* f32/f32: the dense bf16 cache, without a window (the CPU's f32 planes have none) */
+        const int bf = cc.k_format == TQKV_F32 && cc.v_format == TQKV_F32;
         cc.seed = p->kv_seed + (uint64_t)l;
         cc.window = bf ? 0 : p->window;
         cc.window_slack = p->window_slack;

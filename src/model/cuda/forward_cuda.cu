@@ -327,13 +327,9 @@ extern "C" tqkv_status model_cuda_init(model_cuda **out, const tqkv_model *m,
     if (c->n_heads % c->n_kv_heads || c->n_heads / c->n_kv_heads > CUDA_MAX_G)
         return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: %d query heads per KV head (at "
                          "most %d)", c->n_heads / c->n_kv_heads, CUDA_MAX_G);
-    int bf = p->k_format == TQKV_F32 && p->v_format == TQKV_F32;
-    int tq = tqkv_cuda_kv_formats_ok(p->k_format, p->v_format); /* tq pairs or fp8 */
-    if (!bf && !tq)
-        return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: KV %s/%s (the device cache holds "
-                         "tq4/tq4, tq3/tq3, fp8/fp8, tq K and V with K bits >= V bits or, "
-                         "for f32, dense bf16)",
-                         tqkv_format_name(p->k_format), tqkv_format_name(p->v_format));
+    /* every layer's pair (per-layer formats included): a device pair, or f32/f32 (bf16) */
+    const tqkv_status fst = tqkv_kv_layers_device_check(m, p, NULL);
+    if (fst) return fst;
     model_cuda *g = (model_cuda *)calloc(1, sizeof *g);
     if (!g) return tqkv_fail(TQKV_ENOMEM, "out of memory");
     g->m = m;

@@ -15,10 +15,11 @@
  * Supported: head_dim 128, q_heads / kv_heads <= 8, DeltaNet key dim 64 / 128 and value
  * dim a multiple of 32 up to 256, K/V tq4/tq4, tq3/tq3, tq2/tq2 or tq K and V with K bits
  * >= V bits (with or without the q8 window), fp8/fp8 (tqkv_cuda_kv_formats_ok), or f32/f32
- * which runs on the device's dense bf16 cache;
+ * which runs on the device's dense bf16 cache (no window), each layer its own such pair
+ * (per-layer formats: tqkv_kv_layers_device_check);
  * prefill without padding (every row's length == n), extend (with extend_as_decode: each
  * query attends as its single decode would), decode; spec rounds; export / upload of the
- * caches in the host state format (tq formats only: the bf16 cache has none).
+ * caches in the host state format (tq and fp8 layers only: the bf16 cache has none).
  */
 #ifndef TQKV_MODEL_CUDA_H
 #define TQKV_MODEL_CUDA_H

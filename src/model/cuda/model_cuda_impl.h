@@ -185,7 +185,8 @@ tqkv_status mc_rows_make(model_cuda *g, cuda_kv **kv, float *rec_state, int *rec
 tqkv_status mc_rec_alloc(const model_cuda *g, int rows, float **state, int **tokens);
 /* Free an array of L caches (entries may be NULL) and the array. */
 void        mc_free_cache_array(cuda_kv **kv, int L);
-/* (buffers_cuda.cu) g's caches of `rows` rows as its state parameters ask, installed. */
+/* (buffers_cuda.cu) g's caches of `rows` rows as its state parameters ask (each layer its
+ * own K/V pair, tqkv_kv_layer_formats; f32/f32: the dense bf16 cache, no window), installed. */
 tqkv_status mc_make_caches(model_cuda *g, int rows);
 /* Free g's caches and recurrent rows (waits for its stream); the twin is then unbroken. */
 void        mc_free_caches(model_cuda *g);

@@ -406,10 +406,12 @@ extern "C" tqkv_status model_cuda_export_layer(const model_cuda *g, int l, uint8
     *out = NULL;
     *len = 0;
     if (!g->kv[l]) return TQKV_OK; /* a recurrent layer: its rows go in model_cuda_export_rec */
-    if (g->p.k_format == TQKV_F32 || g->p.v_format == TQKV_F32)
-        return tqkv_fail(TQKV_EUNSUPPORTED, "state export: a device state with f32 KV holds a dense "
-                         "bf16 cache, which has no state format (export device states with tq4 or "
-                         "tq3 KV)");
+    tqkv_format k, v;
+    tqkv_kv_layer_formats(&g->p, l, &k, &v); /* f32/f32: the dense bf16 cache */
+    if (k == TQKV_F32 || v == TQKV_F32)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "state export: device layer %d has f32 KV, held as a "
+                         "dense bf16 cache, which has no state format (export device states with "
+                         "tq or fp8 KV on every layer)", l);
     return tqkv_cuda_kv_export(g->kv[l], out, len);
 }
 
@@ -443,14 +445,18 @@ extern "C" tqkv_status model_cuda_upload(model_cuda *g, tqkv_batch *const *layer
     if (rows > CUDA_MAX_ROWS)
         return tqkv_fail(TQKV_EUNSUPPORTED, "state import: %d rows (a device state holds at most %d)",
                          rows, CUDA_MAX_ROWS);
-    if (g->p.k_format == TQKV_F32 || g->p.v_format == TQKV_F32)
-        return tqkv_fail(TQKV_EUNSUPPORTED, "state import: a device state with f32 KV holds a dense "
-                         "bf16 cache, which has no state format (import into tq4 or tq3 KV)");
+    int dense = 0; /* a layer on the dense bf16 cache (f32/f32) */
+    tqkv_status st = tqkv_kv_layers_device_check(g->m, &g->p, &dense);
+    if (!st && dense)
+        st = tqkv_fail(TQKV_EUNSUPPORTED, "state import: a device state with f32 KV on a layer "
+                       "holds a dense bf16 cache there, which has no state format (import into "
+                       "tq or fp8 KV on every layer)");
+    if (st) return st;
     if (g->rec.n_lin && (!rec || rec->rows != rows || rec->row_floats != g->rec.row_floats))
         return tqkv_fail(TQKV_EINVAL, "state upload: recurrent rows missing or of another shape");
     cuda_kv **nk = (cuda_kv **)calloc((size_t)L, sizeof *nk);
     int *off = (int *)calloc((size_t)(rows ? 2 * rows : 2), sizeof(int)); /* [rows] offsets | left pads */
-    tqkv_status st = nk && off ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "out of memory");
+    st = nk && off ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "out of memory");
     for (int l = 0; l < L && !st; l++) {
         if (!mc_layer_has_kv(g->m, l)) continue; /* linear, or Gemma 4 KV-shared */
         if (!layers[l] || tqkv_batch_rows(layers[l]) != rows) {

@@ -2,13 +2,17 @@
  * kv_layers.c - per-layer KV formats of a model state (tqkv_model_state_params.layer_k /
  * layer_v): the "LAYERS:FMT[/VFMT];..." spec parser and the per-layer lookup the graphs use
  * when they create their caches.
- * Owns: tqkv_kv_layers_parse, tqkv_kv_layer_formats.
+ * Owns: tqkv_kv_layers_parse, tqkv_kv_layer_formats, tqkv_kv_layers_device_check (which
+ * layers' pairs a device state can hold: the rule of cache_cuda.h, no device needed).
  * Must not: create caches or know about graphs (the graphs call tqkv_kv_layer_formats).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/cache_cuda.h" /* tqkv_cuda_kv_formats_ok (inline: no device code) */
+#include "model/arch/arch.h"    /* MODEL_LAYER_KV, MODEL_LAYER_SLIDING */
+#include "model/model_impl.h"   /* model_layer_kind_of */
 #include "tqkv_model.h"
 #include "util/common.h"
 
@@ -75,5 +79,35 @@ tqkv_status tqkv_kv_layers_parse(const char *spec, tqkv_model_state_params *p) {
     }
     memcpy(p->layer_k, lk, sizeof lk);
     memcpy(p->layer_v, lv, sizeof lv);
+    return TQKV_OK;
+}
+
+// ---------------------------------------------------------------------------
+// Device states: every layer's pair is a device pair or f32/f32 (the dense bf16 cache)
+// ---------------------------------------------------------------------------
+
+tqkv_status tqkv_kv_layers_device_check(const tqkv_model *m, const tqkv_model_state_params *p,
+                                        int *dense) {
+    if (!m || !p) return tqkv_fail(TQKV_EINVAL, "tqkv_kv_layers_device_check: NULL argument");
+    int nd = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const int kind = model_layer_kind_of(m, l); /* recurrent and KV-shared: no cache */
+        if (kind != MODEL_LAYER_KV && kind != MODEL_LAYER_SLIDING) continue;
+        if (l < TQKV_MAX_KV_LAYERS &&
+            (p->layer_k[l] > TQKV_FORMAT_COUNT || p->layer_v[l] > TQKV_FORMAT_COUNT))
+            return tqkv_fail(TQKV_EINVAL, "model state: invalid per-layer KV format at layer %d", l);
+        tqkv_format k, v;
+        tqkv_kv_layer_formats(p, l, &k, &v);
+        if (k == TQKV_F32 && v == TQKV_F32) {
+            nd = 1;
+            continue;
+        }
+        if (!tqkv_cuda_kv_formats_ok(k, v))
+            return tqkv_fail(TQKV_EUNSUPPORTED, "--device cuda: layer %d KV %s/%s (the device "
+                             "cache holds, per layer, tq4/tq4, tq3/tq3, fp8/fp8, tq K and V with "
+                             "K bits >= V bits or, for f32/f32, dense bf16)", l,
+                             tqkv_format_name(k), tqkv_format_name(v));
+    }
+    if (dense) *dense = nd;
     return TQKV_OK;
 }

@@ -838,9 +838,15 @@ tqkv_status tqkv_model_state_import(tqkv_model_state **out, const tqkv_model *m,
     tqkv_model_state_params p = p_in ? *p_in : tqkv_model_state_params_default();
     if (model_tp_ranks(&p) || model_tp_is_export(buf, len)) /* sharded (tp_rows.c) */
         return model_tp_import(out, m, &p, buf, len);
-    if (p.device != 0 && (p.k_format == TQKV_F32 || p.v_format == TQKV_F32))
-        return tqkv_fail(TQKV_EUNSUPPORTED, "state import: a device state with f32 KV holds a "
-                         "dense bf16 cache, which has no state format (import into tq4 or tq3 KV)");
+    if (p.device != 0) { /* f32/f32 layers: the dense bf16 cache, which has no state format */
+        int dense = 0;
+        tqkv_status dc = tqkv_kv_layers_device_check(m, &p, &dense);
+        if (dc != TQKV_OK) return dc;
+        if (dense)
+            return tqkv_fail(TQKV_EUNSUPPORTED, "state import: a device state with f32 KV on a "
+                             "layer holds a dense bf16 cache there, which has no state format "
+                             "(import into tq or fp8 KV on every layer)");
+    }
     int v1 = len >= 16 && !memcmp(buf, STATE_MAGIC_V1, 8); /* no recurrent section */
     if (len < 16 || (!v1 && memcmp(buf, STATE_MAGIC, 8)))
         return tqkv_fail(TQKV_ECORRUPT, "state import: not a tqkv model state (bad magic)");

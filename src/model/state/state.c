@@ -96,6 +96,23 @@ void model_state_free_scratch(tqkv_model_state *s) {
     s->cap_t = s->cap_rn = 0;
 }
 
+/* Per-layer formats: valid values; on the device every layer's pair a device pair or f32/f32
+ * (tqkv_kv_layers_device_check), and none on a sharded device state (its ranks' import and
+ * export checks assume one format). */
+static tqkv_status state_check_layer_formats(const tqkv_model *m, const tqkv_model_state_params *p) {
+    int per_layer = 0;
+    for (int l = 0; l < TQKV_MAX_KV_LAYERS; l++) {
+        if (p->layer_k[l] > TQKV_FORMAT_COUNT || p->layer_v[l] > TQKV_FORMAT_COUNT)
+            return tqkv_fail(TQKV_EINVAL, "model state: invalid per-layer KV format at layer %d", l);
+        per_layer |= p->layer_k[l] | p->layer_v[l];
+    }
+    if (!p->device || !per_layer) return TQKV_OK; /* the whole-state pair: model_cuda_init */
+    if (model_tp_ranks(p))
+        return tqkv_fail(TQKV_EUNSUPPORTED, "model state: per-layer KV formats with "
+                         "tensor_parallel run on the CPU only");
+    return tqkv_kv_layers_device_check(m, p, NULL);
+}
+
 tqkv_status tqkv_model_state_init(tqkv_model_state **out, const tqkv_model *m,
                                   const tqkv_model_state_params *p_in) {
     if (!out || !m) return tqkv_fail(TQKV_EINVAL, "tqkv_model_state_init: NULL argument");
@@ -117,14 +134,9 @@ tqkv_status tqkv_model_state_init(tqkv_model_state **out, const tqkv_model *m,
                          "only (the device cache keeps K and V windows)");
     if (p.device_fast_gemm && p.device != 1)
         return tqkv_fail(TQKV_EINVAL, "model state: device_fast_gemm needs device 1 (CUDA)");
-    for (int l = 0; l < TQKV_MAX_KV_LAYERS; l++) {
-        if (p.layer_k[l] > TQKV_FORMAT_COUNT || p.layer_v[l] > TQKV_FORMAT_COUNT)
-            return tqkv_fail(TQKV_EINVAL, "model state: invalid per-layer KV format at layer %d", l);
-        if (p.device && (p.layer_k[l] || p.layer_v[l]))
-            return tqkv_fail(TQKV_EUNSUPPORTED, "model state: per-layer KV formats run on the "
-                             "CPU only (layer %d)", l);
-    }
-    tqkv_status rc = model_tp_check(m, &p); /* tensor_parallel (tp/tp_state.h) */
+    tqkv_status rc = state_check_layer_formats(m, &p);
+    if (rc != TQKV_OK) return rc;
+    rc = model_tp_check(m, &p); /* tensor_parallel (tp/tp_state.h) */
     if (rc != TQKV_OK) return rc;
     tqkv_model_state *s = tqkv_calloc(1, sizeof *s);
     if (!s) return TQKV_ENOMEM;
