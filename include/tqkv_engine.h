@@ -62,7 +62,10 @@ typedef struct {
                                      chunks, oldest newcomer first, before the running rows'
                                      decode step: bounds the step time of running rows
                                      (TPOT) against the newcomers' TTFT. It never changes a
-                                     token (the chunks are the same). 0 = the default: one
+                                     token (the chunks are the same). A draft model's
+                                     prompt goes in the same chunks, within the same
+                                     budget (its catch-up chunks after a prefix-cache
+                                     hit count too). 0 = the default: one
                                      chunk on the CPU, 16 chunks (4096 tokens at the
                                      default chunk) on the device, where a decode step of
                                      many rows costs about as much as 16 chunks */
@@ -248,6 +251,9 @@ typedef struct {
                                       device states: their device storage);
                                       admission also waits while this + a newcomer's
                                       projection exceeds kv_budget */
+    uint64_t draft_prefill_tokens; /* prompt tokens run through the draft model (its chunks
+                                      go with the target's, within prefill_step; after a
+                                      prefix-cache hit it also runs the reused tokens) */
 } tqkv_engine_stats;
 
 TQKV_API tqkv_status tqkv_engine_stats_get(tqkv_engine *e, tqkv_engine_stats *out);

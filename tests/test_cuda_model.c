@@ -21,6 +21,7 @@
  *  - the device pick: the kernel alone (pick_cuda_queue) on synthetic rows (ties, NaN,
  *    +-inf, -0.0, overflow, vocab sizes off the block size up to 200000), greedy rows
  *    split over a cluster of CTAs and in one CTA, equals the C reference (pick_ref.h)
+ *    (a refused split launch, forced, falls back to one CTA a row: bitwise the same)
  *    record for record, and its records finished on the host equal
  *    tqkv_sampler_sample; tqkv_model_decode_pick on device states equals the CPU sampler on
  *    the device's own logits for greedy, top-k and full-row rows with penalties, with
@@ -1482,8 +1483,105 @@ static void test_pick_kernel(void **st) {
 
 static int pick_teardown(void **st) { /* also after a failure */
     (void)st;
+    pick_cuda_split_force_refusal(0);
     pick_cuda_set_split(-1);
     return 0;
+}
+
+/* One pick_cuda_queue of the R rows raw [R, V] (uploaded afresh: the penalty is in place)
+ * into rec [R, PICK_REC_WORDS(stride)] (its words the kernel does not write keep rec's
+ * values: uploaded first) and the penalized logits out [R, V]. */
+static void pick_run(const float *raw, int R, int V, const void *in, size_t in_bytes, int stride,
+                     int32_t *rec, float *out) {
+    const size_t words = PICK_REC_WORDS(stride), lb = sizeof(float) * (size_t)R * V;
+    float *dl;
+    void *din;
+    int32_t *drec;
+    OK(tqkv_cuda_malloc((void **)&dl, lb));
+    OK(tqkv_cuda_malloc(&din, in_bytes));
+    OK(tqkv_cuda_malloc((void **)&drec, sizeof(int32_t) * words * R));
+    OK(tqkv_cuda_h2d(dl, raw, lb));
+    OK(tqkv_cuda_h2d(din, in, in_bytes));
+    OK(tqkv_cuda_h2d(drec, rec, sizeof(int32_t) * words * R));
+    OK(pick_cuda_queue(dl, (size_t)V, R, V, din, stride, drec, NULL));
+    OK(tqkv_cuda_sync());
+    OK(tqkv_cuda_d2h(rec, drec, sizeof(int32_t) * words * R));
+    OK(tqkv_cuda_d2h(out, dl, lb));
+    tqkv_cuda_free(dl);
+    tqkv_cuda_free(din);
+    tqkv_cuda_free(drec);
+}
+
+/* A refused split launch (forced: an impossible block size, a real launch error) falls back
+ * to one CTA a row: the same records and penalized logits, bit for bit, as the split path
+ * (greedy rows with ties, NaN, +-inf, -0.0 and penalties; one top-k row); the refusal is
+ * remembered (later calls go one CTA a row without trying) until pick_cuda_set_split, and
+ * the cleared error poisons nothing after it. */
+static void test_pick_split_refused(void **st) {
+    (void)st;
+    enum { R = 6, NPEN = 8, STRIDE = 8 };
+    const int vs[] = {1000, 8193, 151936};
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x5e7f);
+    for (size_t vi = 0; vi < sizeof vs / sizeof vs[0]; vi++) {
+        const int V = vs[vi];
+        const size_t words = PICK_REC_WORDS(STRIDE), n = (size_t)R * V;
+        pick_row plan[R];
+        int32_t pen[R * NPEN];
+        memset(plan, 0, sizeof plan);
+        float *raw = malloc(sizeof(float) * n);
+        for (int i = 0; i < R; i++) {
+            pick_ref_gen_row(&r, raw + (size_t)i * V, V, i % 6);
+            plan[i].mode = i == R - 1 ? PICK_TOP_K : PICK_GREEDY;
+            plan[i].k = i == R - 1 ? 7 : 0;
+            plan[i].temp = i == R - 1 ? 0.7f : 1.0f;
+            plan[i].pen_off = i * NPEN;
+            plan[i].pen_n = i % 2 ? NPEN : 0; /* distinct tokens, spread over the CTAs' chunks */
+            plan[i].penalty = i % 4 == 1 ? 1.3f : 0.7f;
+            for (int j = 0; j < NPEN; j++)
+                pen[i * NPEN + j] = (int32_t)(((size_t)j * 1031 + (size_t)i) % (size_t)V);
+        }
+        const size_t in_bytes = sizeof plan + sizeof pen;
+        uint8_t *in = malloc(in_bytes);
+        memcpy(in, plan, sizeof plan);
+        memcpy(in + sizeof plan, pen, sizeof pen);
+        int32_t *rec[3];
+        float *lg[3];
+        for (int k = 0; k < 3; k++) {
+            rec[k] = calloc(words * R, sizeof(int32_t));
+            lg[k] = malloc(sizeof(float) * n);
+        }
+        pick_cuda_set_split(1); /* the split path, nothing refused */
+        pick_run(raw, R, V, in, in_bytes, STRIDE, rec[0], lg[0]);
+        assert_int_equal(pick_cuda_split_refused(), 0);
+        pick_cuda_split_force_refusal(1); /* refused: the fallback in the same call */
+        pick_run(raw, R, V, in, in_bytes, STRIDE, rec[1], lg[1]);
+        assert_int_equal(pick_cuda_split_refused(), 1);
+        pick_cuda_split_force_refusal(0); /* remembered: one CTA a row without trying */
+        pick_run(raw, R, V, in, in_bytes, STRIDE, rec[2], lg[2]);
+        assert_int_equal(pick_cuda_split_refused(), 1);
+        for (int k = 1; k < 3; k++) {
+            assert_memory_equal(rec[k], rec[0], sizeof(int32_t) * words * R);
+            assert_memory_equal(lg[k], lg[0], sizeof(float) * n);
+        }
+        int found = 0; /* the greedy rows found their tokens (not a vacuous match) */
+        for (int i = 0; i < R - 1; i++)
+            if (rec[0][words * i + 1] == 1) {
+                assert_true(rec[0][words * i + 2] >= 0 && rec[0][words * i + 2] < V);
+                found++;
+            }
+        assert_true(found >= 1);
+        pick_cuda_set_split(-1); /* forgets the refusal */
+        assert_int_equal(pick_cuda_split_refused(), 0);
+        for (int k = 0; k < 3; k++) {
+            free(rec[k]);
+            free(lg[k]);
+        }
+        free(raw);
+        free(in);
+    }
+    printf("device pick: a refused split launch falls back to one CTA a row, records and "
+           "penalized logits bitwise the split path's\n");
 }
 
 /* tqkv_model_decode_pick on a device state against tqkv_model_decode on its twin (the same
@@ -1792,6 +1890,7 @@ int main(void) {
         cmocka_unit_test(test_engine_device_draft),
         cmocka_unit_test(test_engine_device_prompt_cache),
         cmocka_unit_test_teardown(test_pick_kernel, pick_teardown),
+        cmocka_unit_test_teardown(test_pick_split_refused, pick_teardown),
         cmocka_unit_test(test_pick_model_tq4),
         cmocka_unit_test(test_pick_model_f32),
         cmocka_unit_test_teardown(test_layers_parity, layers_teardown),

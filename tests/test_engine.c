@@ -5,7 +5,9 @@
  * stop strings cut the text, logprobs are log-softmax values, a full queue answers
  * TQKV_EBUSY, cancel ends a request, the context limit is refused, a prefix-cache hit
  * equals a miss and the prompt-cache directory survives a restart and refuses files of
- * another KV format. The draft-model tests are in test_engine_spec.c.
+ * another KV format; with the fixture draft model (SKIPPED without it) the draft's prompt
+ * prefill follows prefill_step, also after a prefix-cache hit, and changes no token. The
+ * other draft-model tests are in test_engine_spec.c.
  */
 #include <math.h>
 #include <pthread.h>
@@ -489,6 +491,119 @@ static void test_kv_setup(void **state) {
     assert_non_null(strstr(tqkv_last_error(), "window"));
 }
 
+// ---------------------------------------------------------------------------
+// A draft model's prefill within prefill_step
+// ---------------------------------------------------------------------------
+
+/* An engine with chunk C, prefill_step `step`, the draft model at `draft` (K = 3) and a
+ * prefix cache of prefix_bytes (0: off). */
+static tqkv_engine *engine_draft(int C, int step, const char *draft, size_t prefix_bytes) {
+    tqkv_engine_params p = tqkv_engine_params_default();
+    p.model_dir = g_dir;
+    p.draft_dir = draft;
+    p.draft_tokens = 3;
+    p.k_format = p.v_format = TQKV_TQ4;
+    p.threads = 2;
+    p.prefill_chunk = C;
+    p.prefill_step = step;
+    p.prefix_cache_bytes = prefix_bytes;
+    tqkv_engine *e = NULL;
+    OK(tqkv_engine_init(&e, &p));
+    return e;
+}
+
+/* Steps e until idle, checking each step's prompt tokens: the draft's (the tokens the step's
+ * budget counted: its chunks go with the target's, or catch up alone) in whole chunks within
+ * the budget (fewer than step + C), and with `alongside` the target's exactly as many.
+ * Returns the steps that prefilled. */
+static int step_draft_checked(tqkv_engine *e, int C, int step, int alongside) {
+    tqkv_engine_stats a, b;
+    OK(tqkv_engine_stats_get(e, &a));
+    int busy = 1, steps = 0, prefill_steps = 0;
+    while (busy) {
+        OK(tqkv_engine_step(e, &busy));
+        assert_true(++steps < 100000);
+        OK(tqkv_engine_stats_get(e, &b));
+        const uint64_t dt = b.prefill_tokens - a.prefill_tokens;
+        const uint64_t dd = b.draft_prefill_tokens - a.draft_prefill_tokens;
+        assert_true(dd < (uint64_t)(step + C));
+        if (alongside) assert_true(dd == dt);
+        prefill_steps += dd > 0;
+        a = b;
+    }
+    return prefill_steps;
+}
+
+/* With a draft model (fixture ../shared/models/qwen3-code-draft-4m; the test is SKIPPED
+ * without it) the draft's prompt prefill follows prefill_step: every step runs the same
+ * whole chunks through the draft as through the target, within the budget, and the tokens
+ * are those of the engine without a draft (alone, plain); after a prefix-cache hit the
+ * draft catches up on the reused tokens a chunk at a time, within the budget too. */
+static void test_draft_prefill_step(void **state) {
+    (void)state;
+    char draft[1024];
+    struct stat sb;
+    if (!shared_path("models/qwen3-code-draft-4m", draft, sizeof draft) || stat(draft, &sb)) {
+        fprintf(stderr, "test_draft_prefill_step: ../shared draft model absent: SKIPPED\n");
+        skip();
+    }
+    enum { C = 32, STEP = 2 * C, N = 4 };
+    test_rng r;
+    rng_init(&r, test_seed() ^ 7);
+    tqkv_engine *plain = engine_new(TQKV_TQ4, C, 0, NULL, 0);
+    const int V = tqkv_model_get_config(tqkv_engine_model(plain))->vocab_size;
+    job j[N], pa, pb;
+    make_jobs(&r, j, N, V);
+    int total = 0;
+    for (int i = 0; i < N; i++) { /* several chunks each, the last one partial */
+        j[i].n_prompt = 90 + 41 * i;
+        for (int t = 0; t < j[i].n_prompt; t++) j[i].prompt[t] = rng_int(&r, 1, V - 1);
+        j[i].max_tokens = rng_int(&r, 4, 16);
+        total += j[i].n_prompt;
+    }
+    make_prefix_pair(&r, V, 10, &pa, &pb); /* pb shares 100 of pa's tokens: a hit at 96 */
+    result ref[N], got[N], ra, rb, ga, gb;
+    for (int i = 0; i < N; i++) {
+        submit(plain, &j[i], &ref[i]);
+        run_until_idle(plain);
+    }
+    submit(plain, &pa, &ra);
+    run_until_idle(plain);
+    submit(plain, &pb, &rb);
+    run_until_idle(plain);
+    tqkv_engine_free(plain);
+
+    /* all at once: the budget is shared by several newcomers' chunks */
+    tqkv_engine *e = engine_draft(C, STEP, draft, 0);
+    for (int i = 0; i < N; i++) submit(e, &j[i], &got[i]);
+    const int steps = step_draft_checked(e, C, STEP, 1);
+    for (int i = 0; i < N; i++) assert_same_tokens(&got[i], &ref[i]);
+    tqkv_engine_stats st;
+    OK(tqkv_engine_stats_get(e, &st));
+    assert_int_equal(st.draft_prefill_tokens, total);
+    assert_int_equal(st.prefill_tokens, total);
+    assert_true(steps >= total / (STEP + C)); /* spread over steps, not one step */
+    assert_true(st.spec_rounds > 0);
+    tqkv_engine_free(e);
+
+    /* a prefix-cache hit: the target skips 96 tokens, the draft runs them within the budget */
+    e = engine_draft(C, STEP, draft, 64 << 20);
+    submit(e, &pa, &ga);
+    step_draft_checked(e, C, STEP, 1);
+    OK(tqkv_engine_stats_get(e, &st));
+    const tqkv_engine_stats before = st;
+    submit(e, &pb, &gb);
+    const int hit_steps = step_draft_checked(e, C, STEP, 0);
+    OK(tqkv_engine_stats_get(e, &st));
+    assert_int_equal(st.prefix_hits - before.prefix_hits, 1);
+    assert_int_equal(st.prefill_tokens - before.prefill_tokens, pb.n_prompt - 96);
+    assert_int_equal(st.draft_prefill_tokens - before.draft_prefill_tokens, pb.n_prompt);
+    assert_true(hit_steps >= 2); /* 140 draft tokens at most 64 + 31 a step */
+    assert_same_tokens(&ga, &ra);
+    assert_same_tokens(&gb, &rb);
+    tqkv_engine_free(e);
+}
+
 int main(void) {
     source_path("models/qwen3-code-28m", g_dir, sizeof g_dir);
     struct stat s;
@@ -503,6 +618,7 @@ int main(void) {
         cmocka_unit_test(test_budget_waits),
         cmocka_unit_test(test_prefix_cache),
         cmocka_unit_test(test_kv_setup),
+        cmocka_unit_test(test_draft_prefill_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -730,8 +730,28 @@ static void engine_pre_give(tqkv_engine *e, tqkv_model_state *s, int spare) {
     tqkv_model_state_free(s);
 }
 
-/* One prefill chunk of q: tokens [prefilled, prefilled + C) at fixed multiples of C.
- * On the last chunk, picks the first token. Returns tokens processed, or -1 on error
+/* The draft's prompt tokens [dprefilled, dprefilled + n) into q's 1-row draft state (made at
+ * its first chunk): a prefill, then extends, no logits. */
+static tqkv_status draft_chunk(tqkv_engine *e, eng_req *q, int n) {
+    tqkv_status rc = TQKV_OK;
+    if (!q->dpre) rc = tqkv_model_state_init(&q->dpre, e->dm, &e->dsp);
+    const int32_t *tk = q->prompt + q->dprefilled;
+    if (rc == TQKV_OK && q->dprefilled == 0)
+        rc = tqkv_model_prefill(e->dm, q->dpre, tk, NULL, n, TQKV_LOGITS_NONE, NULL);
+    else if (rc == TQKV_OK) rc = tqkv_model_extend(e->dm, q->dpre, tk, n, TQKV_LOGITS_NONE, NULL);
+    if (rc != TQKV_OK) return rc;
+    q->dprefilled += n;
+    pthread_mutex_lock(&e->mu);
+    e->st.draft_prefill_tokens += (uint64_t)n;
+    pthread_mutex_unlock(&e->mu);
+    return TQKV_OK;
+}
+
+/* One prefill chunk of q: tokens [prefilled, prefilled + C) at fixed multiples of C, and
+ * with a draft model the same tokens in the draft's state (so the draft's prefill follows
+ * prefill_step too); after a prefix-cache hit the draft first catches up on the reused
+ * tokens, a chunk a call, which counts as that chunk's tokens. On the target's last chunk
+ * (the draft's too), picks the first token. Returns tokens processed, or -1 on error
  * (request finished with an error event). */
 static int prefill_chunk(tqkv_engine *e, eng_req *q) {
     const int C = e->p.prefill_chunk, V = tqkv_model_get_config(e->m)->vocab_size;
@@ -754,6 +774,11 @@ static int prefill_chunk(tqkv_engine *e, eng_req *q) {
         else if (rc == TQKV_OK && (rc = engine_pre_take(e, &q->pre)) == TQKV_OK) q->pre_spare = 1;
         if (rc != TQKV_OK) goto fail;
     }
+    if (e->dm && q->dprefilled < q->prefilled) { /* the draft has no prefix cache */
+        const int dn = q->prefilled - q->dprefilled < C ? q->prefilled - q->dprefilled : C;
+        if ((rc = draft_chunk(e, q, dn)) != TQKV_OK) goto fail;
+        return dn;
+    }
     int n = q->n_prompt - q->prefilled < C ? q->n_prompt - q->prefilled : C;
     int last = q->prefilled + n == q->n_prompt;
     if (!engine_grow_floats(&e->logits, &e->cap_logits, (size_t)V)) {
@@ -764,6 +789,7 @@ static int prefill_chunk(tqkv_engine *e, eng_req *q) {
     tqkv_logits_mode mode = last ? TQKV_LOGITS_LAST : TQKV_LOGITS_NONE;
     if (q->prefilled == 0) rc = tqkv_model_prefill(e->m, q->pre, tk, NULL, n, mode, e->logits);
     else rc = tqkv_model_extend(e->m, q->pre, tk, n, mode, e->logits);
+    if (rc == TQKV_OK && e->dm) rc = draft_chunk(e, q, n); /* the same tokens */
     if (rc != TQKV_OK) goto fail;
     q->prefilled += n;
     pthread_mutex_lock(&e->mu);
@@ -776,13 +802,6 @@ static int prefill_chunk(tqkv_engine *e, eng_req *q) {
         pthread_mutex_unlock(&e->mu);
     }
     if (last) {
-        if (e->dm) {
-            rc = tqkv_model_state_init(&q->dpre, e->dm, &e->dsp);
-            if (rc == TQKV_OK)
-                rc = tqkv_model_prefill(e->dm, q->dpre, q->prompt, NULL, q->n_prompt,
-                                        TQKV_LOGITS_NONE, NULL);
-            if (rc != TQKV_OK) goto fail;
-        }
         int32_t tok;
         tok_info ti;
         if (q->n_choices > 1 && !q->forked) engine_fork_choices(e, q, e->logits);

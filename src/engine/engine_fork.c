@@ -62,6 +62,7 @@ static eng_req *choice_new(tqkv_engine *e, const eng_req *q, int index, tqkv_sta
     c->jst = q->jst;
     c->jv = q->jv;
     c->prefilled = q->prefilled;
+    c->dprefilled = q->dprefilled;
     c->cached = q->cached;
     c->last = -1;
     c->t_submit = q->t_submit;

@@ -91,6 +91,8 @@ typedef struct eng_req {
     tqkv_model_state     *dpre;         /* 1-row draft state */
     int                   pre_spare;    /* pre came from engine_pre_take (psp, recyclable) */
     int                   prefilled;    /* prompt tokens in pre */
+    int                   dprefilled;   /* prompt tokens in dpre (== prefilled, but behind
+                                           it after a prefix-cache hit until it catches up) */
     int                   cached;       /* prompt tokens from the prefix cache */
     /* generation */
     int                   n_gen;        /* tokens generated (emitted or not) */

@@ -19,7 +19,8 @@
  * reductions under (value desc, id asc); by default at up to 8 rows (pick_split_kernel) a
  * greedy row is split over a cluster of 8 CTAs and CTA 0 reduces their bests (the same
  * (id, value): the order is total), so the row is read by 8 SMs instead of one (18.8 ..
- * 21.7 us for one CTA on 128256 .. 151936 logits, Nsight Compute on an H100).
+ * 21.7 us for one CTA on 128256 .. 151936 logits, Nsight Compute on an H100); a device
+ * that refuses the cluster launch gets pick_kernel instead (split_launch).
  * The row is read with plain loads (no __restrict__ / read-only path): the same CTA wrote
  * its penalized logits at the start of the kernel.
  */
@@ -365,9 +366,23 @@ pick_split_kernel(float *logits, size_t ld, int V, const pick_row *__restrict__ 
 /* Greedy rows over a cluster (pick_split_kernel): -1 until the first launch reads
  * TQKV_PICK_SPLIT (0: pick_kernel, one CTA per row). */
 static int g_split = -1;
+/* 1 once the runtime refused a split launch (e.g. a device without clusters): every later
+ * call picks one CTA a row (pick_kernel), as gemm_cuda.cu's refused PDL launches go plain. */
+static int g_split_refused = 0;
+/* Tests: 1 launches the split with an impossible block size, a real launch error. */
+static int g_split_force_refusal = 0;
 
 extern "C" void pick_cuda_set_split(int on) {
     __atomic_store_n(&g_split, on < 0 ? -1 : on ? 1 : 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_split_refused, 0, __ATOMIC_RELAXED);
+}
+
+extern "C" void pick_cuda_split_force_refusal(int on) {
+    __atomic_store_n(&g_split_force_refusal, on ? 1 : 0, __ATOMIC_RELAXED);
+}
+
+extern "C" int pick_cuda_split_refused(void) {
+    return __atomic_load_n(&g_split_refused, __ATOMIC_RELAXED);
 }
 
 static int split_on(void) {
@@ -380,6 +395,26 @@ static int split_on(void) {
     return on;
 }
 
+/* The split launch (a cluster of PICK_SPLIT CTAs per row) on s: 1, or 0 when the runtime
+ * refused it (its error cleared, so nothing after is poisoned; remembered: later calls go
+ * one CTA a row). Nothing ran then: the caller's pick_kernel gives the same records and
+ * penalized logits (pick_split_kernel's comment). A refusal inside a decode step's capture
+ * may end that capture; the forward's failed-capture path then runs the step directly. */
+static int split_launch(float *logits, size_t ld, int rows, int V, const pick_row *plan,
+                        const int32_t *pen, int stride, int32_t *rec, cudaStream_t s) {
+    const int force = __atomic_load_n(&g_split_force_refusal, __ATOMIC_RELAXED);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(PICK_SPLIT, (unsigned)rows);
+    cfg.blockDim = dim3(force ? 2 * PICK_THREADS : PICK_THREADS); /* 2048: never launchable */
+    cfg.stream = s;
+    if (cudaLaunchKernelEx(&cfg, pick_split_kernel, logits, ld, V, plan, pen, stride, rec) ==
+        cudaSuccess)
+        return 1;
+    (void)cudaGetLastError();
+    __atomic_store_n(&g_split_refused, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
 extern "C" tqkv_status pick_cuda_queue(float *logits, size_t ld, int rows, int V, const void *in,
                                        int stride, int32_t *rec, void *stream) {
     if (!logits || !in || !rec || rows < 1 || V < 1 || (size_t)V > ld || stride < 1 ||
@@ -388,12 +423,10 @@ extern "C" tqkv_status pick_cuda_queue(float *logits, size_t ld, int rows, int V
                          rows, V, stride);
     const pick_row *plan = (const pick_row *)in;
     const int32_t *pen = (const int32_t *)(plan + rows);
-    if (split_on() && rows <= PICK_SPLIT_ROWS)
-        pick_split_kernel<<<dim3(PICK_SPLIT, (unsigned)rows), PICK_THREADS, 0, (cudaStream_t)stream>>>(
-            logits, ld, V, plan, pen, stride, rec);
-    else
-        pick_kernel<<<(unsigned)rows, PICK_THREADS, 0, (cudaStream_t)stream>>>(logits, ld, V, plan,
-                                                                                pen, stride, rec);
+    const cudaStream_t s = (cudaStream_t)stream;
+    const int split = split_on() && rows <= PICK_SPLIT_ROWS && !pick_cuda_split_refused();
+    if (!split || !split_launch(logits, ld, rows, V, plan, pen, stride, rec, s))
+        pick_kernel<<<(unsigned)rows, PICK_THREADS, 0, s>>>(logits, ld, V, plan, pen, stride, rec);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return tqkv_fail(TQKV_EUNSUPPORTED, "CUDA: device pick launch: %s", cudaGetErrorString(e));

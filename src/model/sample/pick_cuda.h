@@ -38,6 +38,14 @@ tqkv_status pick_cuda_queue(float *logits, size_t ld, int rows, int V, const voi
  * another thread. */
 void        pick_cuda_set_split(int on);
 
+/* A split launch the runtime refuses (clusters unsupported, its resources refused) falls
+ * back to one CTA per row for that call, clears the CUDA error and is remembered for the
+ * process: pick_cuda_split_refused() is 1 from then on (pick_cuda_set_split forgets it).
+ * pick_cuda_split_force_refusal(1), for tests: every split launch is made with an
+ * impossible block size, a real launch error the runtime refuses; 0: normal launches. */
+int         pick_cuda_split_refused(void);
+void        pick_cuda_split_force_refusal(int on);
+
 #ifdef __cplusplus
 }
 #endif

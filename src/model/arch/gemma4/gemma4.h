@@ -142,7 +142,7 @@ tqkv_status gemma4_forward_tp(const tqkv_model *m, tqkv_model_state *s, const in
                               const int *lengths, int n, int prefill, tqkv_logits_mode mode,
                               float *logits);
 
-/* graph_cuda.cu (CUDA builds): the device hooks of model_arch_gemma4 (arch.h). */
+/* graph_cuda*.cu (CUDA builds): the device hooks of model_arch_gemma4 (arch.h). */
 tqkv_status g4_cuda_check(const tqkv_model *m);
 tqkv_status g4_cuda_upload(const tqkv_model *m, struct model_cuda_weights *w);
 tqkv_status g4_cuda_prepare(struct model_cuda *g);

@@ -1,0 +1,539 @@
+/*
+ * src/model/cuda/moe_cuda_route.cu - the device experts' routing (part of moe_cuda.cu's
+ * sparse layer; the table there lists the steps).
+ * Owns: the router, route and place kernels (and the router's fused tail that routes and
+ * places at decode sizes), the host side of one call's routing (the grouped GEMMs' bounds,
+ * or the exact ones read back), the shared expert's gate launch, and the switches the
+ * routing and the GEMMs' form read (TQKV_MOE_GROUPED, the fused tail, TQKV_MOE_ROUTE_FAST).
+ * Must not: let a token's picks depend on the other tokens of the call (a warp per token,
+ * ties to the lower index: moe.c's moe_route_token).
+ */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "util/common.h"
+}
+#include "model/cuda/model_cuda_impl.h"
+#include "model/cuda/moe_cuda.h"
+#include "model/cuda/moe_cuda_impl.cuh"
+#include "model/ops/gemm_cuda.h"
+#include "model/ops/ops_cuda.cuh"
+
+// ---------------------------------------------------------------------------
+// switches
+// ---------------------------------------------------------------------------
+
+/* The grouped GEMMs: -1 until the first use reads TQKV_MOE_GROUPED (0: off). */
+static int g_grouped = -1;
+
+extern "C" void mc_moe_set_grouped(int on) { g_grouped = on ? 1 : 0; }
+
+/* The routing fused into the router's last block at decode sizes (mc_moe_set_fused). */
+static int g_fused = 1;
+
+extern "C" void mc_moe_set_fused(int on) { g_fused = on ? 1 : 0; }
+
+/* The routing's fast picks and one token's direct placement: -1 until the first use reads
+ * TQKV_MOE_ROUTE_FAST (0: off). */
+static int g_route_fast = -1;
+
+extern "C" void mc_moe_set_route_fast(int on) {
+    __atomic_store_n(&g_route_fast, on < 0 ? -1 : on ? 1 : 0, __ATOMIC_RELAXED);
+}
+
+static int route_fast_on(void) {
+    int on = __atomic_load_n(&g_route_fast, __ATOMIC_RELAXED);
+    if (on < 0) {
+        const char *e = getenv("TQKV_MOE_ROUTE_FAST");
+        on = !(e && !strcmp(e, "0"));
+        __atomic_store_n(&g_route_fast, on, __ATOMIC_RELAXED);
+    }
+    return on;
+}
+
+int mc_moe_grouped_on(void) {
+    if (g_grouped < 0) {
+        const char *e = getenv("TQKV_MOE_GROUPED");
+        g_grouped = !(e && !strcmp(e, "0"));
+    }
+    return g_grouped;
+}
+
+// ---------------------------------------------------------------------------
+// routing kernels
+// ---------------------------------------------------------------------------
+
+/* Where the routing writes (moe_route_token, moe_place_block) and, for the router's fused
+ * tail, the counter of its finished blocks (NULL: no tail; zero between launches). */
+struct moe_route_out {
+    int E, K, norm;
+    int fast;                   /* the picks by warp reductions, one token placed directly
+                                 * (mc_moe_set_route_fast) */
+    const float *scale;         /* [E] the weights' factors, or NULL */
+    int32_t *sel, *wbits;       /* [T, K] */
+};
+struct moe_place_out {
+    int P, K, E, G;
+    int32_t *groups, *tok, *pair, *count, *back;
+};
+struct moe_tail {
+    int *done;                  /* NULL: the router alone */
+    moe_route_out r;
+    moe_place_out p;
+};
+
+/* The router's fused tail: at most this many pairs (P = T K), and its block size. */
+#define MOE_FUSED_P 256
+constexpr int MOE_TAIL_THREADS = 128;
+constexpr int MOE_NJ = MOE_CUDA_E_MAX / 32; /* a lane's experts in the routing */
+
+/* (v, i) the better of two candidates: the larger value, ties to the lower index, i < 0 none. */
+__device__ __forceinline__ void route_better(float &v, int &i, float ov, int oi) {
+    if (oi >= 0 && (i < 0 || ov > v || (ov == v && oi < i))) v = ov, i = oi;
+}
+
+/* Lane 0: ps[0] + ps[1] + ... + ps[E - 1] in that order from 0 (float32). ps 16-byte aligned,
+ * [E_MAX]; the next 32 values are loaded (float4) before the current 32 are added. */
+__device__ __forceinline__ float route_sum(const float *ps, int E) {
+    const float4 *q = reinterpret_cast<const float4 *>(ps);
+    float4 c[8];
+#pragma unroll
+    for (int u = 0; u < 8; u++) c[u] = q[u];
+    float a = 0.0f;
+    for (int e0 = 0; e0 < E; e0 += 32) {
+        float4 n[8];
+        const bool more = e0 + 32 < E;
+#pragma unroll
+        for (int u = 0; u < 8; u++) n[u] = more ? q[(e0 + 32) / 4 + u] : c[u];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const float v[4] = {c[u].x, c[u].y, c[u].z, c[u].w};
+#pragma unroll
+            for (int w = 0; w < 4; w++)
+                if (e0 + 4 * u + w < E) a = __fadd_rn(a, v[w]);
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) c[u] = n[u];
+    }
+    return a;
+}
+
+/* One pick (every lane gets it): the largest p not taken, ties to the lower expert, (bv, bi)
+ * = (0, -1) when none is left. Lane l holds experts l + 32 j. The xor butterfly of (value,
+ * index) pairs, then lane 0's. */
+__device__ __forceinline__ void route_pick_pairs(const float (&p)[MOE_NJ], unsigned taken, int E,
+                                                 float &bv, int &bi) {
+    const int lane = threadIdx.x & 31;
+    bv = 0.0f, bi = -1;
+#pragma unroll
+    for (int j = 0; j < MOE_NJ; j++)
+        if (lane + 32 * j < E && !((taken >> j) & 1u)) route_better(bv, bi, p[j], lane + 32 * j);
+    for (int off = 16; off > 0; off >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+        route_better(bv, bi, ov, oi);
+    }
+    bv = __shfl_sync(0xffffffffu, bv, 0); /* lane 0's pick, as the shared-memory version took */
+    bi = __shfl_sync(0xffffffffu, bi, 0);
+}
+
+/* route_pick_pairs' pick while every p is a non-negative number (sign bit clear, not NaN:
+ * then the unsigned order of the bits is the float order, and equal bits are equal floats,
+ * so (value desc, index asc) is a total order and both give its first): the largest bits
+ * + 1 (0: none) by one warp reduction, the lowest expert with them by another. */
+__device__ __forceinline__ void route_pick_redux(const float (&p)[MOE_NJ], unsigned taken, int E,
+                                                 float &bv, int &bi) {
+    const int lane = threadIdx.x & 31;
+    unsigned best = 0;
+#pragma unroll
+    for (int j = 0; j < MOE_NJ; j++)
+        if (lane + 32 * j < E && !((taken >> j) & 1u)) best = max(best, __float_as_uint(p[j]) + 1u);
+    const unsigned m = __reduce_max_sync(0xffffffffu, best);
+    unsigned id = 0xffffffffu;
+#pragma unroll
+    for (int j = MOE_NJ - 1; j >= 0; j--) /* the lane's lowest with the best bits */
+        if (lane + 32 * j < E && !((taken >> j) & 1u) && __float_as_uint(p[j]) + 1u == m)
+            id = (unsigned)(lane + 32 * j);
+    const unsigned w = __reduce_min_sync(0xffffffffu, id);
+    bv = m ? __uint_as_float(m - 1u) : 0.0f;
+    bi = m ? (int)w : -1;
+}
+
+/* Token t's routing (one warp; l: its logits [E], read past L1 as the fused tail needs; ps:
+ * the warp's [E_MAX] floats of 16-byte aligned shared scratch), moe.c's moe_route_token step
+ * for step (float32; the softmax's sum in expert order on lane 0, exp rounded from double:
+ * within an ulp of glibc's expf (0.502 ulp), so a weight may differ from the CPU's in its
+ * last bit; each pick the largest probability not taken, ties to the lower index), then its
+ * K picks sorted by ascending expert (the combine's order): sel [T, K] and the weights' bits
+ * wbits [T, K]. Lane l holds experts l + 32 j (j < E_MAX / 32: logits, probabilities and
+ * taken flags in registers), pick k ends on lane k, which loads its scale at once and writes
+ * at its rank among the picks' experts: *ms, *rank (lane k < K; others -1, 0). Every lane
+ * sees each pick, so the renormalising sum runs in the loop (pick order, from 0: the same
+ * additions as summing lane 0 .. K - 1 after it). */
+__device__ void moe_route_token(const float *l, float *ps, const moe_route_out &o, size_t t,
+                                int *ms_out, int *rank_out) {
+    const int lane = threadIdx.x & 31, E = o.E, K = o.K;
+    float p[MOE_NJ];
+#pragma unroll
+    for (int j = 0; j < MOE_NJ; j++) p[j] = lane + 32 * j < E ? __ldcg(l + lane + 32 * j) : 0.0f;
+    float mx = __ldcg(l);
+#pragma unroll
+    for (int j = 0; j < MOE_NJ; j++)
+        if (lane + 32 * j < E) mx = p[j] > mx ? p[j] : mx;
+    for (int off = 16; off > 0; off >>= 1) {
+        const float v = __shfl_xor_sync(0xffffffffu, mx, off);
+        mx = v > mx ? v : mx;
+    }
+    /* exp and division four experts a lane at a time, unguarded inside a group (the
+     * independent chains overlap; values past E are never used), groups past E skipped */
+#pragma unroll
+    for (int j0 = 0; j0 < MOE_NJ; j0 += 4) {
+        if (32 * j0 >= E) break; /* uniform over the warp */
+#pragma unroll
+        for (int j = j0; j < j0 + 4; j++) p[j] = (float)exp((double)__fsub_rn(p[j], mx));
+    }
+#pragma unroll
+    for (int j = 0; j < MOE_NJ; j++)
+        if (lane + 32 * j < E) ps[lane + 32 * j] = p[j];
+    __syncwarp();
+    const float a = lane == 0 ? route_sum(ps, E) : 0.0f;
+    const float sum = __shfl_sync(0xffffffffu, a, 0);
+    bool num = true;          /* this lane's probabilities: non-negative numbers */
+#pragma unroll
+    for (int j0 = 0; j0 < MOE_NJ; j0 += 4) {
+        if (32 * j0 >= E) break;
+#pragma unroll
+        for (int j = j0; j < j0 + 4; j++) {
+            p[j] = __fdiv_rn(p[j], sum);
+            if (lane + 32 * j < E) num = num && __float_as_uint(p[j]) <= 0x7f800000u;
+        }
+    }
+    const bool redux = o.fast && __all_sync(0xffffffffu, num);
+    unsigned taken = 0;       /* bit j: expert lane + 32 j picked */
+    int ms = -1;              /* lane k < K: pick k's expert, weight, scale */
+    float mw = 0.0f, msc = 1.0f, tot = 0.0f;
+    for (int k = 0; k < K; k++) {
+        float bv;
+        int bi;
+        if (redux) route_pick_redux(p, taken, E, bv, bi);
+        else route_pick_pairs(p, taken, E, bv, bi);
+        tot = __fadd_rn(tot, bv);
+        if (bi >= 0 && lane == (bi & 31)) taken |= 1u << (bi >> 5);
+        if (lane == k) {
+            ms = bi, mw = bv;
+            if (o.scale) msc = o.scale[bi];
+        }
+    }
+    if (o.norm) mw = __fdiv_rn(mw, tot);
+    if (o.scale) mw = __fmul_rn(mw, msc);
+    int rank = 0;             /* picks with a lower expert (distinct experts) */
+#pragma unroll
+    for (int k = 0; k < MOE_CUDA_K_MAX; k++) {
+        const int e = __shfl_sync(0xffffffffu, ms, k);
+        rank += k < K && e < ms;
+    }
+    if (lane < K) {
+        o.sel[t * K + rank] = ms;
+        o.wbits[t * K + rank] = __float_as_int(mw);
+    }
+    *ms_out = ms, *rank_out = lane < K ? rank : 0;
+    __syncwarp();             /* ps is read before the warp's next token writes it */
+}
+
+/* moe_place_block's outputs for one token (P = K pairs; one warp, lane k < K holding a pick:
+ * its expert ms, valid and distinct, at rank `rank` among them): sel's K experts ascend,
+ * so pair i is expert sel[i]'s only one, at place i (offset = experts with pairs before it =
+ * i); group i = (i, 1, sel[i], 0); count 1 for the picked experts, else 0; K used groups of
+ * at most 1 row. The same integers without the block's counting. */
+__device__ void moe_place_one(int ms, int rank, const moe_place_out &o) {
+    __shared__ unsigned picked[MOE_CUDA_E_MAX / 32]; /* bit l of word w: expert 32 w + l */
+    const int lane = threadIdx.x & 31, K = o.K, E = o.E;
+    for (int w = lane; w < MOE_CUDA_E_MAX / 32; w += 32) picked[w] = 0;
+    __syncwarp();
+    if (lane < K) atomicOr(&picked[ms >> 5], 1u << (ms & 31));
+    __syncwarp();
+    for (int j = lane; j < E; j += 32) o.count[j] = (int32_t)((picked[j >> 5] >> (j & 31)) & 1u);
+    if (lane < K) {
+        o.tok[rank] = 0;
+        o.pair[rank] = rank;
+        int32_t *gr = o.groups + 4 * (size_t)rank;
+        gr[0] = rank, gr[1] = 1, gr[2] = ms, gr[3] = 0;
+    }
+    for (int j = K + lane; j < o.G; j += 32)
+        o.groups[4 * j] = o.groups[4 * j + 1] = o.groups[4 * j + 2] = o.groups[4 * j + 3] = 0;
+    if (lane == 0) o.back[0] = K, o.back[1] = K > 0 ? 1 : 0;
+}
+
+/* moe_place_kernel's outputs from one block of MOE_TAIL_THREADS (P <= MOE_FUSED_P pairs of
+ * sel [P], written by this block before a __syncthreads): the per-expert counts, their
+ * exclusive prefix sums over experts (pair offsets, group indices), each pair's place
+ * (offset + pairs of its expert before it), the groups, count, back: the same integers. */
+__device__ void moe_place_block(const int32_t *sel, const moe_place_out &o) {
+    constexpr int NT = MOE_TAIL_THREADS, NWP = NT / 32, C = MOE_CUDA_E_MAX / NT;
+    __shared__ int hist[MOE_CUDA_E_MAX], offs[MOE_CUDA_E_MAX], gix[MOE_CUDA_E_MAX];
+    __shared__ int ssel[MOE_FUSED_P], wpo[NWP], wpn[NWP], wpm[NWP];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, E = o.E, P = o.P;
+    for (int j = tid; j < E; j += NT) hist[j] = 0;
+    for (int i = tid; i < P; i += NT) ssel[i] = sel[i];
+    __syncthreads();
+    for (int i = tid; i < P; i += NT) atomicAdd(&hist[ssel[i]], 1);
+    __syncthreads();
+    int so = 0, sn = 0, mx = 0; /* this thread's experts C tid .. C tid + C - 1 */
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+        const int j = C * tid + c, h = j < E ? hist[j] : 0;
+        so += h, sn += h > 0, mx = max(mx, h);
+    }
+    int io = so, in = sn;       /* inclusive scans over the warp */
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const int a = __shfl_up_sync(0xffffffffu, io, d), b = __shfl_up_sync(0xffffffffu, in, d);
+        if (lane >= d) io += a, in += b;
+    }
+#pragma unroll
+    for (int m = 16; m; m >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, m));
+    if (lane == 31) wpo[warp] = io, wpn[warp] = in;
+    if (lane == 0) wpm[warp] = mx;
+    __syncthreads();
+    int ro = io - so, rn = in - sn, used = 0, most = 0;
+#pragma unroll
+    for (int w = 0; w < NWP; w++) {
+        if (w < warp) ro += wpo[w], rn += wpn[w];
+        used += wpn[w];
+        most = max(most, wpm[w]);
+    }
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+        const int j = C * tid + c;
+        if (j >= E) break;
+        offs[j] = ro, gix[j] = rn;
+        ro += hist[j], rn += hist[j] > 0;
+    }
+    __syncthreads();
+    for (int i = tid; i < P; i += NT) {
+        const int e = ssel[i];
+        int before = 0;           /* its expert's pairs before it (token ascending) */
+        for (int j = 0; j < i; j++) before += ssel[j] == e;
+        const int p = offs[e] + before;
+        o.tok[p] = i / o.K;
+        o.pair[i] = p;
+    }
+    for (int j = tid; j < E; j += NT) {
+        o.count[j] = hist[j];
+        if (hist[j] > 0) {
+            int32_t *gr = o.groups + 4 * (size_t)gix[j];
+            gr[0] = offs[j], gr[1] = hist[j], gr[2] = j, gr[3] = 0;
+        }
+    }
+    for (int j = used + tid; j < o.G; j += NT)
+        o.groups[4 * j] = o.groups[4 * j + 1] = o.groups[4 * j + 2] = o.groups[4 * j + 3] = 0;
+    if (tid == 0) o.back[0] = used, o.back[1] = most;
+}
+
+/* The router's last block (after every block's logits, which it reads past L1): each token's
+ * routing (a warp per token) and the pairs' placement (one token with fast routing:
+ * moe_place_one by its warp, else moe_place_block), then the counter back to 0. */
+__device__ void moe_tail_run(const float *logits, int T, const moe_tail &tl) {
+    __shared__ int last, one;
+    __shared__ __align__(16) float ps[MOE_TAIL_THREADS / 32][MOE_CUDA_E_MAX];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(tl.done, 1) == (int)gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int ms = -1, rank = 0;
+    for (int t = warp; t < T; t += MOE_TAIL_THREADS / 32)
+        moe_route_token(logits + (size_t)t * tl.r.E, ps[warp], tl.r, (size_t)t, &ms, &rank);
+    if (T == 1 && warp == 0) {  /* every pick valid (K <= E): the direct placement */
+        const bool ok = __all_sync(0xffffffffu, lane >= tl.r.K || ms >= 0);
+        if (lane == 0) one = tl.r.fast && ok;
+    }
+    __syncthreads();
+    if (T == 1 && one) {
+        if (warp == 0) moe_place_one(ms, rank, tl.p);
+    } else {
+        moe_place_block(tl.r.sel, tl.p);
+    }
+    if (threadIdx.x == 0) *tl.done = 0;  /* (stream order publishes it to the next launch) */
+}
+
+/* logits[t, e] = xr[t] . router[e]: one warp per (t, e); lane j sums k = j, j + 32, ... in
+ * order (double), then a fixed xor butterfly. bf16x: xr rounded to bf16 first (the model's
+ * bf16_act, as the CPU's product). With tail.done, the last block to finish also routes and
+ * places every token (moe_tail_run: route and place kernels in this launch, at P <=
+ * MOE_FUSED_P). A lane's k loaded U at a time, summed in order: U = 64 at decode sizes
+ * (H = 2048: one round of loads; 213 registers), U = 32 otherwise (114: twice the warps per
+ * SM for long prefills' DFMA chains); the same sums. grid ceil(T E / 4), block 128. */
+template <int U>
+__global__ void __launch_bounds__(MOE_TAIL_THREADS)
+moe_router_kernel(const float *__restrict__ xr, const float *__restrict__ rw, int T, int E, int H,
+                  int bf16x, float *__restrict__ logits, const moe_tail tail) {
+    const size_t gw = (size_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (gw < (size_t)T * E) {
+        const size_t t = gw / E, e = gw % E;
+        const float *a = xr + t * H, *b = rw + e * H;
+        double s = 0;
+        for (int k0 = lane; k0 < H; k0 += 32 * U) {
+            float va[U], vb[U];
+            mc_load_strided<U>(va, a, k0, 32, H);
+            mc_load_strided<U>(vb, b, k0, 32, H);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (k0 + 32 * u >= H) break;
+                const float v = bf16x ? __bfloat162float(__float2bfloat16_rn(va[u])) : va[u];
+                s += (double)v * vb[u];
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0) logits[gw] = (float)s;
+    }
+    if (tail.done) moe_tail_run(logits, T, tail); /* uniform over the grid */
+}
+
+/* Each token's routing (moe_route_token) as its own launch (P > MOE_FUSED_P). grid T, block 32. */
+__global__ void moe_route_kernel(const float *__restrict__ logits, const moe_route_out o) {
+    __shared__ __align__(16) float ps[MOE_CUDA_E_MAX];
+    int ms, rank;
+    moe_route_token(logits + (size_t)blockIdx.x * o.E, ps, o, blockIdx.x, &ms, &rank);
+}
+
+/* The sum of every thread's v over a block of 256 (part: 8 ints of shared memory), to all. */
+__device__ int block_sum256(int v, int *part) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads(); /* part may still be read from a previous call */
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    int a = 0;
+    for (int w = 0; w < 8; w++) a += part[w];
+    return a;
+}
+
+/* Expert e's pairs in pair order (token ascending): tok[p] = t and pair[t K + k] = p at
+ * p = its offset (the pairs of the experts before it) + rank; its group, if it has pairs,
+ * at the index of the experts with pairs before it. Every block counts all the pairs per
+ * expert in shared memory first (integer adds: the same counts in any order). Block E - 1
+ * also writes count [E], gives the groups from the used ones up to the bound G no rows,
+ * and back[0..1] = used groups, most rows. groups [G, 4]; grid E, block 256. */
+__global__ void moe_place_kernel(const int32_t *__restrict__ sel, int P, int K, int E, int G,
+                                 int32_t *__restrict__ groups, int32_t *__restrict__ tok,
+                                 int32_t *__restrict__ pair, int32_t *__restrict__ count,
+                                 int32_t *__restrict__ back) {
+    __shared__ int hist[MOE_CUDA_E_MAX], part[8];
+    const int e = blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    for (int j = threadIdx.x; j < E; j += blockDim.x) hist[j] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < P; i += blockDim.x) atomicAdd(&hist[sel[i]], 1);
+    __syncthreads();
+    int o = 0, n = 0; /* pairs and experts with pairs before e */
+    for (int j = threadIdx.x; j < e; j += blockDim.x) o += hist[j], n += hist[j] > 0;
+    const int off = block_sum256(o, part), gi = block_sum256(n, part), mine = hist[e];
+    int base = off;
+    for (int i0 = 0; i0 < P && mine; i0 += blockDim.x) {
+        const int i = i0 + threadIdx.x, f = i < P && sel[i] == e;
+        const unsigned b = __ballot_sync(0xffffffffu, f);
+        __syncthreads(); /* part is rewritten */
+        if (lane == 0) part[wid] = __popc(b);
+        __syncthreads();
+        int before = 0, all = 0;
+        for (int w = 0; w < 8; w++) {
+            before += w < wid ? part[w] : 0;
+            all += part[w];
+        }
+        if (f) {
+            const int p = base + before + __popc(b & ((1u << lane) - 1u));
+            tok[p] = i / K;
+            pair[i] = p;
+        }
+        base += all;
+    }
+    if (threadIdx.x == 0 && mine > 0) {
+        int32_t *gr = groups + 4 * (size_t)gi;
+        gr[0] = off, gr[1] = mine, gr[2] = e, gr[3] = 0;
+    }
+    if (e != E - 1) return;
+    const int used = gi + (mine > 0);
+    int most = 0;
+    for (int j = threadIdx.x; j < E; j += blockDim.x) {
+        count[j] = hist[j];
+        most = hist[j] > most ? hist[j] : most;
+    }
+    for (int j = used + (int)threadIdx.x; j < G; j += blockDim.x)
+        groups[4 * j] = groups[4 * j + 1] = groups[4 * j + 2] = groups[4 * j + 3] = 0;
+    for (int o2 = 16; o2 > 0; o2 >>= 1) most = max(most, __shfl_xor_sync(0xffffffffu, most, o2));
+    __syncthreads();
+    if (lane == 0) part[wid] = most;
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    for (int w = 1; w < 8; w++) most = max(most, part[w]);
+    back[0] = used, back[1] = most;
+}
+
+// ---------------------------------------------------------------------------
+// the routing of one call
+// ---------------------------------------------------------------------------
+
+/* The routing of T tokens on g's stream (three launches): router logits, each token's picks, the pairs
+ * grouped by expert (x->idx). r gets the grouped GEMMs' bounds (decode: min(E, P) groups of
+ * at most T rows, no wait) or, above GEMM_CUDA_SMALL_T tokens and for the per-expert path,
+ * the exact ones read back (one wait; r->count then points at the experts' counts). A step
+ * being captured (decode at any row count) always takes the bounds. */
+tqkv_status mc_moe_route_queue(model_cuda *g, const mc_moe_layer *D, const moe_shape *sh,
+                               mc_moe_state *x, const float *xr, int T, moe_routing *r) {
+    const int E = sh->n_experts, K = sh->top_k, H = sh->hidden;
+    const size_t P = (size_t)T * K;
+    const cudaStream_t s = g->stream;
+    int32_t *idx = x->idx;
+    r->E = E, r->P = (int)P, r->G = E < (int)P ? E : (int)P, r->most = T, r->count = NULL;
+    moe_tail tl;
+    tl.r = moe_route_out{E, K, sh->norm_topk, route_fast_on(), D->scale, idx + IDX_SEL(E, P),
+                         idx + IDX_WB(E, P)};
+    tl.p = moe_place_out{(int)P, K, E, r->G, idx, idx + IDX_TOK(E), idx + IDX_PAIR(E, P),
+                         idx + IDX_COUNT(E, P), idx + IDX_COUNT(E, P) + E};
+    /* up to MOE_FUSED_P pairs (decode) the router's last block routes and places too */
+    tl.done = g_fused && P <= MOE_FUSED_P ? x->done : NULL;
+    const unsigned nb = (unsigned)(((size_t)T * E + 3) / 4);
+    if (P <= MOE_FUSED_P)
+        moe_router_kernel<64><<<nb, MOE_TAIL_THREADS, 0, s>>>(xr, D->router, T, E, H,
+                                                              g->m->bf16_act, x->logits, tl);
+    else
+        moe_router_kernel<32><<<nb, MOE_TAIL_THREADS, 0, s>>>(xr, D->router, T, E, H,
+                                                              g->m->bf16_act, x->logits, tl);
+    if (!tl.done) {
+        moe_route_kernel<<<(unsigned)T, 32, 0, s>>>(x->logits, tl.r);
+        moe_place_kernel<<<(unsigned)E, 256, 0, s>>>(idx + IDX_SEL(E, P), (int)P, K, E, r->G, idx,
+                                                     idx + IDX_TOK(E), idx + IDX_PAIR(E, P),
+                                                     idx + IDX_COUNT(E, P), idx + IDX_COUNT(E, P) + E);
+    }
+    tqkv_status st = mc_ck(cudaGetLastError(), "experts routing");
+    const int per_expert = !mc_moe_grouped_on() || g->cublas;
+    if (st || (T <= GEMM_CUDA_SMALL_T && !per_expert)) return st;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    st = mc_ck(cudaStreamIsCapturing(s, &cs), "experts routing");
+    if (!st && cs != cudaStreamCaptureStatusNone) { /* a decode step of many rows: the bounds */
+        if (per_expert)
+            return tqkv_fail(TQKV_ESTATE, "cuda forward: the experts' per-expert GEMMs cannot "
+                             "be captured in a graph");
+        return TQKV_OK;
+    }
+    if (!st) st = mc_ck(cudaMemcpyAsync(x->h_back, idx + IDX_COUNT(E, P), ((size_t)E + 2) * 4,
+                                        cudaMemcpyDeviceToHost, s), "experts routing");
+    if (!st) st = mc_ck(cudaStreamSynchronize(s), "experts routing");
+    if (st) return st;
+    r->G = x->h_back[E], r->most = x->h_back[E + 1];
+    if (per_expert) r->count = x->h_back;
+    return TQKV_OK;
+}
+
+void mc_moe_gate_queue(model_cuda *g, const float *xn, const float *sh_gate, int T, int H,
+                       float *sg) {
+    moe_router_kernel<32><<<(unsigned)((T + 3) / 4), MOE_TAIL_THREADS, 0, g->stream>>>(
+        xn, sh_gate, T, 1, H, g->m->bf16_act, sg, moe_tail{});
+}
