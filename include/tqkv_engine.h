@@ -56,8 +56,10 @@ typedef struct {
                                      returns TQKV_EBUSY (default 256) */
     int         threads;          /* compute threads (default 1) */
     int         prefill_chunk;    /* a prompt is prefilled in chunks of this many tokens, at
-                                     fixed multiples of it (default 256; it is part of what
-                                     a request computes, so of the prefix cache's key) */
+                                     fixed multiples of it (0 = the default: 256 on the CPU,
+                                     2048 on the device, where each chunk is one GPU pass;
+                                     it is part of what a request computes, so of the
+                                     prefix cache's key) */
     int         prefill_step;     /* prompt tokens prefilled per scheduler step, in whole
                                      chunks, oldest newcomer first, before the running rows'
                                      decode step: bounds the step time of running rows
@@ -66,9 +68,10 @@ typedef struct {
                                      prompt goes in the same chunks, within the same
                                      budget (its catch-up chunks after a prefix-cache
                                      hit count too). 0 = the default: one
-                                     chunk on the CPU, 16 chunks (4096 tokens at the
-                                     default chunk) on the device, where a decode step of
-                                     many rows costs about as much as 16 chunks */
+                                     chunk on the CPU; on the device whole chunks of about
+                                     4096 tokens (2 of 2048, 16 of 256), at least one,
+                                     where a decode step of many rows costs about as much
+                                     as 4096 prompt tokens */
     size_t      prefix_cache_bytes; /* in-memory prefix cache budget; 0 = off */
     const char *prompt_cache_dir; /* persist prefix-cache entries here (state export
                                      format); NULL = memory only */

@@ -113,6 +113,24 @@ static void test_concurrent_equals_alone(void **state) {
     tqkv_engine_free(e);
     p.prefill_step = -1;
     assert_int_equal(tqkv_engine_init(&e, &p), TQKV_EINVAL);
+
+    /* the defaults (chunk 0, step 0) on the CPU: one 256-token chunk in the first step of a
+     * 600-token prompt (the device's 2048 / ~4096 are measured in bench/RESULTS.md) */
+    assert_int_equal(tqkv_engine_params_default().prefill_chunk, 0);
+    job big;
+    memset(&big, 0, sizeof big);
+    big.n_prompt = 600;
+    for (int t = 0; t < big.n_prompt; t++) big.prompt[t] = 1 + t % 97;
+    big.max_tokens = 1;
+    e = engine_new(TQKV_TQ4, 0, 0, NULL, 0);
+    result rb;
+    submit(e, &big, &rb);
+    OK(tqkv_engine_step(e, &busy));
+    OK(tqkv_engine_stats_get(e, &st));
+    assert_int_equal(st.prefill_tokens, 256);
+    run_until_idle(e);
+    assert_int_equal(rb.n_tok, 1);
+    tqkv_engine_free(e);
 }
 
 // ---------------------------------------------------------------------------

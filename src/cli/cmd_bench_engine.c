@@ -352,7 +352,7 @@ static int be_parse_args(int argc, char **argv, be_opts *o) {
         .model_arg = MCLI_DEFAULT_MODEL, .kv = "tq4",
         .conc_arg = "1,4,16", .device = "cpu",
         .prompt_tokens = 200, .max_tokens = 128, .threads = 1, .K = 4,
-        .chunk = 256, .reps = 1,
+        .chunk = 0, .reps = 1,
     };
     const arg_spec specs[] = {
         {"--model", ARG_STR, &o->model_arg, "model directory (default " MCLI_DEFAULT_MODEL ")"},
@@ -365,7 +365,7 @@ static int be_parse_args(int argc, char **argv, be_opts *o) {
         {"--text", ARG_STR, &o->text_path, "prompt source (default ../shared/data/heldout-code.txt)"},
         {"--threads", ARG_INT, &o->threads, "compute threads (default 1)"},
         {"--exact", ARG_FLAG, &mcli_exact, MCLI_EXACT_HELP},
-        {"--prefill-chunk", ARG_INT, &o->chunk, "prefill chunk (default 256)"},
+        {"--prefill-chunk", ARG_INT, &o->chunk, "prefill chunk (default 256 on the CPU, 2048 on the device)"},
         {"--prefill-step", ARG_INT, &o->step, "prompt tokens prefilled per step, whole chunks (default: the engine's)"},
         {"--kv-budget-mb", ARG_DOUBLE, &o->budget_mb, "KV budget in MiB (default: a quarter of RAM)"},
         {"--draft", ARG_STR, &o->draft, "draft model: every point also runs with it, side by side"},
@@ -397,7 +397,7 @@ static int be_parse_args(int argc, char **argv, be_opts *o) {
         p++;
     }
     if (o->prompt_tokens < 1 || o->max_tokens < 1 || o->threads < 1 || o->K < 1 || o->prefix < 0 ||
-        o->load < 0 || o->load > 64 || o->chunk < 1 || o->step < 0 || o->reps < 1 || o->reps > 16) {
+        o->load < 0 || o->load > 64 || o->chunk < 0 || o->step < 0 || o->reps < 1 || o->reps > 16) {
         fprintf(stderr, "tqkv %s: bad numeric option\n", CMD);
         return 2;
     }

@@ -115,7 +115,7 @@ static int serve_parse_args(int argc, char **argv, serve_opts *o) {
     *o = (serve_opts){
         .model = MCLI_DEFAULT_MODEL, .host = "127.0.0.1", .device = "cpu",
         .port = 8080, .parallel = 16, .draft_tokens = 4, .queue = 256,
-        .chunk = 256, .max_conns = 512,
+        .chunk = 0, .max_conns = 512,
         .idle_timeout = 600, .header_timeout = 20, .body_timeout = 60,
         .reserved_conns = -1,
     };
@@ -137,8 +137,8 @@ static int serve_parse_args(int argc, char **argv, serve_opts *o) {
         {"--exact", ARG_FLAG, &mcli_exact, MCLI_EXACT_HELP},
         {"--tensor-parallel", ARG_INT, &o->tp, MCLI_TP_HELP "; a --draft stays unsharded unless --draft-tensor-parallel"},
         {"--draft-tensor-parallel", ARG_INT, &o->draft_tp, "ranks of the --draft model's states: 0 or 1 = unsharded (default), N = N ranks (its heads and MLP width must split), -1 = --tensor-parallel's"},
-        {"--prefill-chunk", ARG_INT, &o->chunk, "a prompt is prefilled in chunks of this many tokens (default 256)"},
-        {"--prefill-step", ARG_INT, &o->step, "prompt tokens prefilled per scheduler step, whole chunks, before the running rows' decode step (default: 1 chunk on the CPU, 16 on the device)"},
+        {"--prefill-chunk", ARG_INT, &o->chunk, "a prompt is prefilled in chunks of this many tokens (default 256 on the CPU, 2048 on the device)"},
+        {"--prefill-step", ARG_INT, &o->step, "prompt tokens prefilled per scheduler step, whole chunks, before the running rows' decode step (default: 1 chunk on the CPU, about 4096 tokens on the device)"},
         {"--prefix-cache", ARG_STR, &o->prefix_bytes, "prefix cache bytes, e.g. 64M; 0 = off (default 1/16 of RAM, 64M..2G)"},
         {"--prompt-cache-dir", ARG_STR, &o->cache_dir, "persist the prefix cache in this directory"},
         {"--api-key", ARG_STR, &o->api_key, "require Authorization: Bearer KEY (or env TQKV_API_KEY)"},
@@ -199,9 +199,9 @@ static int serve_check_opts(serve_opts *o) {
     }
     if (!o->kv) o->kv = mcli_default_kv(o->window || o->kv_layers || o->draft || o->kv_policy);
     if (o->port < 0 || o->port > 65535 || o->parallel < 1 || o->draft_tokens < 1 ||
-        o->threads < 1 || o->queue < 0 || o->chunk < 1 || o->step < 0 || o->window < 0 || o->max_conns < 1) {
+        o->threads < 1 || o->queue < 0 || o->chunk < 0 || o->step < 0 || o->window < 0 || o->max_conns < 1) {
         fprintf(stderr, "tqkv serve: --port must be 0..65535; --parallel, --draft-tokens, --threads, "
-                        "--prefill-chunk, --max-conns >= 1; --queue, --window, --prefill-step >= 0\n");
+                        "--max-conns >= 1; --queue, --window, --prefill-chunk, --prefill-step >= 0 (0: the default)\n");
         return -1;
     }
     if (o->idle_timeout < 1 || o->header_timeout < 0 || o->body_timeout < 0 ||

@@ -103,7 +103,7 @@ tqkv_engine_params tqkv_engine_params_default(void) {
     p.parallel = 16;
     p.queue_max = 256;
     p.threads = 1;
-    p.prefill_chunk = 256;
+    p.prefill_chunk = 0; /* engine_params_resolve: 256 on the CPU, 2048 on the device */
     return p;
 }
 
@@ -229,7 +229,10 @@ static tqkv_status engine_params_resolve(tqkv_engine_params *pp) {
     if (p.parallel == 0) p.parallel = d.parallel;
     if (p.queue_max == 0) p.queue_max = d.queue_max;
     if (p.threads == 0) p.threads = d.threads;
-    if (p.prefill_chunk == 0) p.prefill_chunk = d.prefill_chunk;
+    /* the device's prefill forward is a GPU pass per chunk: 2048-token chunks run it near
+     * bench model's one-pass rate (bench/RESULTS.md, session 12: 256-token chunks held a
+     * served 8192-token burst to about half of it) */
+    if (p.prefill_chunk == 0) p.prefill_chunk = p.device == 1 ? 2048 : 256;
     if (p.prefill_step < 0)
         return tqkv_fail(TQKV_EINVAL, "engine: prefill_step %d must be >= 0", p.prefill_step);
     if (p.draft_tokens < 1 || p.draft_tokens > 16)
@@ -241,8 +244,9 @@ static tqkv_status engine_params_resolve(tqkv_engine_params *pp) {
         p.window < 0)
         return tqkv_fail(TQKV_EINVAL, "engine: parallel, queue_max, threads, prefill_chunk must "
                          "be >= 1 and window >= 0");
-    if (p.prefill_step == 0) { /* one chunk on the CPU, 16 on the device */
-        const int k = p.device == 1 ? 16 : 1;
+    if (p.prefill_step == 0) { /* one chunk on the CPU; on the device whole chunks of about
+                                 * 4096 tokens (16 of 256, 2 of 2048), at least one */
+        const int k = p.device == 1 && p.prefill_chunk < 4096 ? 4096 / p.prefill_chunk : 1;
         p.prefill_step = p.prefill_chunk > INT_MAX / k ? INT_MAX : k * p.prefill_chunk;
     }
     if ((unsigned)p.k_format >= TQKV_FORMAT_COUNT || (unsigned)p.v_format >= TQKV_FORMAT_COUNT)
