@@ -1751,22 +1751,23 @@ static void test_layers_parity(void **st) {
     g_layer_spec = NULL;
 }
 
+/* A (format, window) case under LAYERS_A (over tq3, window 16), then LAYERS_B (over tq4). */
+static void layers_each(void (*run_case)(tqkv_format, int)) {
+    g_layer_spec = LAYERS_A;
+    run_case(TQKV_TQ3, 16);
+    g_layer_spec = LAYERS_B;
+    run_case(TQKV_TQ4, 0);
+    g_layer_spec = NULL;
+}
+
 static void test_layers_rows(void **st) {
     (void)st;
-    g_layer_spec = LAYERS_A;
-    rows_case(TQKV_TQ3, 16);
-    g_layer_spec = LAYERS_B;
-    rows_case(TQKV_TQ4, 0);
-    g_layer_spec = NULL;
+    layers_each(rows_case);
 }
 
 static void test_layers_graphs(void **st) {
     (void)st;
-    g_layer_spec = LAYERS_A;
-    graphs_case(TQKV_TQ3, 16);
-    g_layer_spec = LAYERS_B;
-    graphs_case(TQKV_TQ4, 0);
-    g_layer_spec = NULL;
+    layers_each(graphs_case);
 }
 
 /* Refusals of LAYERS_A's export d [dl]: into a device state without the per-layer formats
