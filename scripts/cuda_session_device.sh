@@ -15,9 +15,11 @@
 #  - e2e: the full Llama-8B shape, new build: decode at one and 8 rows (depth 4096, synthetic
 #    fill), prefill 8 x 512 and 1 x 8192;
 #  - serve: the serving benchmark (bench/cuda-serve/run.sh, copied into the pack) with the new
-#    build, bf16 KV and tq4, one server at a time, bursts of 1024/512 and 8192/512 (SETS, BUDGET
-#    and KVS as run.sh takes them; defaults below; TOKSRC: the folder whose tokenizer the random
-#    checkpoint gets, default ../../models/qwen3-code-28m, the bundled model from build-dev/pN).
+#    build, bf16 KV and tq4, one server at a time, bursts of 1024/512 and 8192/512 (SETS, BUDGET,
+#    KVS and SERVE_ARGS as run.sh takes them; defaults below; TOKSRC: the folder whose tokenizer
+#    the random checkpoint gets, default ../../models/qwen3-code-28m, the bundled model from
+#    build-dev/pN). A 300 x 1024 and a 100 x 8192 set take about 60 + 75-130 s a format on an
+#    H100 with 2048-token chunks (session 12): give SERVE_S room, or split formats over calls.
 # Each part is a `step` with a time limit; W is packed after every step, so a call cut short
 # still returns what it did.
 set -u -o pipefail
@@ -26,9 +28,14 @@ STEPS=${3:-tests attn step prefill e2e serve}
 NAME=sess; . "$(dirname "$0")/cuda_run_common.sh"
 has() { case " $STEPS " in *" $1 "*) return 0;; esac; return 1; }
 head -2 "$LOG" | tail -1
+# the tests find ../shared fixtures through TQKV_SHARED: the folder holding DRAFT_DIR's models/
+export TQKV_SHARED=${TQKV_SHARED:-$(cd "$(dirname "$DRAFT")/.." && pwd)}
 if has tests; then
   step 200 test_cuda ./test_cuda >"$W/test_cuda.log" 2>&1
   TQKV_TEST_MODEL=$DRAFT step 150 test_cuda_model ./test_cuda_model >"$W/test_cuda_model.log" 2>&1
+  # the split pick's refused-cluster fallback beside the split path (d425bef), and without the split
+  TQKV_TEST_MODEL=$DRAFT TQKV_PICK_SPLIT=0 TQKV_TEST_FILTER='test_pick*' step 30 pick_nosplit \
+    ./test_cuda_model >"$W/test_pick_nosplit.log" 2>&1
   step 120 test_cuda_moe ./test_cuda_moe >"$W/test_cuda_moe.log" 2>&1
   grep -hE "^\[  (PASSED|FAILED)|^\[  SKIPPED" "$W"/test_cuda*.log
 fi
@@ -67,7 +74,7 @@ fi
 if has serve; then
   mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
   BUD=${BUDGET:-48G}; [ -z "${BUDGET:-}" ] && [ "$mem" -gt 100000 ] && BUD=100G
-  step ${SERVE_S:-400} serve env OUT="$W/serve" SEQ=1 KVS="${KVS:-f32 tq4}" PAR=${PAR:-300} BUDGET=$BUD \
+  step ${SERVE_S:-400} serve env OUT="$W/serve" SERVE_ARGS="${SERVE_ARGS:-}" SEQ=1 KVS="${KVS:-f32 tq4}" PAR=${PAR:-300} BUDGET=$BUD \
     SETS="${SETS:-inf:1024:512:300 inf:8192:512:100}" bash run.sh "${TOKSRC:-../../models/qwen3-code-28m}"
 fi
 cat "$LOG"
