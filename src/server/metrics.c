@@ -77,6 +77,9 @@ char *srv_metrics_text(const tqkv_engine_stats *st, const double *lat_buckets,
             (unsigned long long)st->requests_finished[f]);
     COUNTER("tqkv_prompt_tokens_total", "Prompt tokens of admitted requests.", st->prompt_tokens);
     COUNTER("tqkv_prefill_tokens_total", "Prompt tokens run through the model (prefix-cache hits and the shared prompt of n > 1 choices excluded).", st->prefill_tokens);
+    COUNTER("tqkv_draft_prefill_tokens_total", "Prompt tokens run through the draft model "
+            "(speculative decoding; its catch-up after prefix-cache hits included).",
+            st->draft_prefill_tokens);
     COUNTER("tqkv_generated_tokens_total", "Generated tokens.", st->generated_tokens);
     GAUGE("tqkv_requests_running", "Rows in the running batch.", "%d", st->running);
     GAUGE("tqkv_requests_queued", "Requests waiting for admission.", "%d", st->queued);
