@@ -18,6 +18,7 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
+#include "kv_shipped.h"
 #include "model_cli.h"
 #include "tqkv_model.h"
 
@@ -118,6 +119,25 @@ static int add_kv_costs(const tqkv_model *m, const char *kv_list, cJSON *root) {
 }
 
 /* The human-readable form of root. */
+/* "kv_policy_fingerprint" and "kv_policies" (budget -> the file `--kv auto:B` takes: beside
+ * the model, else shipped for its fingerprint, models/policies/README.md) of root. */
+static void add_policies(const char *dir, cJSON *root) {
+    char fp[32], sd[4200], path[4400];
+    if (kvship_fingerprint(dir, fp, sizeof fp) == 0)
+        cJSON_AddStringToObject(root, "kv_policy_fingerprint", fp);
+    cJSON *pol = cJSON_AddObjectToObject(root, "kv_policies");
+    static const char *const budgets[] = {"2.5", "3.25", "4.25"};
+    for (size_t i = 0; i < sizeof budgets / sizeof budgets[0]; i++) {
+        snprintf(path, sizeof path, "%s/kv-policy-%s.txt", dir, budgets[i]);
+        FILE *f = fopen(path, "r");
+        if (f) fclose(f);
+        else if (kvship_find(dir, budgets[i], sd, sizeof sd) == 0)
+            snprintf(path, sizeof path, "%s/kv-policy-%s.txt", sd, budgets[i]);
+        else continue;
+        cJSON_AddStringToObject(pol, budgets[i], path);
+    }
+}
+
 static void print_table(const tqkv_model *m, const char *dir, const cJSON *root,
                         const info_layers *il) {
     const tqkv_model_config *c = tqkv_model_get_config(m);
@@ -170,6 +190,8 @@ static void print_table(const tqkv_model *m, const char *dir, const cJSON *root,
     printf("kernel set   %s (prefill %s, decode %s)\n", kset,
            cJSON_GetObjectItem(ks, "prefill")->valuestring,
            cJSON_GetObjectItem(ks, "decode")->valuestring);
+    const cJSON *pol = cJSON_GetObjectItem(root, "kv_policies"), *pe;
+    cJSON_ArrayForEach(pe, pol) printf("kv policy    auto:%s -> %s\n", pe->string, pe->valuestring);
     printf("\n%-10s %10s %22s %22s\n", "kv", "bits/value", "KV bytes/token (all)",
            "fixed bytes/row");
     const cJSON *e;
@@ -215,6 +237,7 @@ int cmd_info(int argc, char **argv) {
     cJSON_AddNumberToObject(root, "hidden", c->hidden_size);
     cJSON_AddNumberToObject(root, "vocab", c->vocab_size);
     cJSON_AddNumberToObject(root, "rope_theta", c->rope_theta);
+    add_policies(dir, root);
     if (c->n_experts > 0) { /* active: all but the routed experts a token does not run (the
                                shared expert always runs) */
         cJSON *mo = cJSON_AddObjectToObject(root, "experts");
