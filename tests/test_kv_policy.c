@@ -18,7 +18,10 @@
  *     and a K and V window and refuses others (params unchanged, the reason in desc);
  *     `--kv auto:B` takes such a policy file and otherwise falls back to a device preset,
  *     saying why; `tqkv calibrate --device-formats` writes only device pairs (the same run
- *     without it does not), and refuses q8 candidates and --try-keys-only.
+ *     without it does not), and refuses q8 candidates and --try-keys-only;
+ *   - session 12: a device state takes DIR/kv-policy-B.device.txt before kv-policy-B.txt
+ *     (each file not used named in the resolved spec, with why), a CPU state never reads it,
+ *     and one that does not parse is an error on the device.
  * Owns: temporary files under /tmp. Must not: depend on ../shared. Skips (77) when the
  * bundled model is absent.
  */
@@ -447,6 +450,89 @@ static void test_apply_device(void **state) {
     tqkv_model_free(m);
 }
 
+/* Write text to DIR/name. */
+static void write_text(const char *dir, const char *name, const char *text) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* kvp_resolve_model on a device (device 1) or CPU state for auto:6 in dir: its status, the
+ * resolved spec in desc, layer 3's pair in *k / *v; params unchanged on failure. */
+static int resolve6(const tqkv_model *m, const char *dir, int device, char *desc, size_t cap,
+                    tqkv_format *k, tqkv_format *v) {
+    tqkv_model_state_params q = tqkv_model_state_params_default(), q0;
+    q.device = device;
+    q0 = q;
+    desc[0] = 0;
+    const int rc = kvp_resolve_model("test", m, dir, "auto:6", 2048, &q, desc, cap);
+    if (rc) assert_memory_equal(&q, &q0, sizeof q);
+    if (!rc && device) assert_int_equal(tqkv_kv_layers_device_check(m, &q, NULL), TQKV_OK);
+    tqkv_kv_layer_formats(&q, 3, k, v);
+    printf("  %s: %d %s\n", device ? "device" : "cpu", rc, desc);
+    return rc;
+}
+
+/* Session 12: kv-policy-B.device.txt beside kv-policy-B.txt. A device state takes the
+ * .device file first, then the plain one if device-capable, then the presets (each file
+ * not used is named, with why, in the resolved spec); a CPU state never reads the .device
+ * file; a .device file that does not parse is an error on the device. */
+static void test_device_policy_file(void **state) {
+    (void)state;
+    char md[1024], dir[256], desc[KVP_DESC], dev[300], plain[300];
+    tqkv_model *m = load_model(md, sizeof md);
+    static const char DEV[] = "tqkv-kv-policy 1\nlayers 8\nkv tq4/tq2\nkv-layers 3:fp8\n"
+                              "window 30\n";
+    static const char PLAIN_DEV[] = "tqkv-kv-policy 1\nlayers 8\nkv tq4\nkv-layers "
+                                    "3:tq3/tq3\nwindow 20\n";
+    snprintf(dir, sizeof dir, "/tmp/tqkv_kv_policy_devfile_%d", (int)getpid());
+    snprintf(dev, sizeof dev, "policy %s/kv-policy-6.device.txt: ", dir);
+    snprintf(plain, sizeof plain, "policy %s/kv-policy-6.txt: ", dir);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    tqkv_format k, v;
+    /* a CPU-only plain policy and a device one: each state takes its own */
+    write_text(dir, "kv-policy-6.txt", GOOD);
+    write_text(dir, "kv-policy-6.device.txt", DEV);
+    assert_int_equal(resolve6(m, dir, 1, desc, sizeof desc, &k, &v), 0);
+    if (strstr(desc, dev) != desc) fail_msg("%s", desc);
+    assert_true(k == TQKV_FP8 && v == TQKV_FP8);
+    assert_int_equal(resolve6(m, dir, 0, desc, sizeof desc, &k, &v), 0);
+    if (strstr(desc, plain) != desc) fail_msg("%s", desc);
+    assert_true(k == TQKV_Q8 && v == TQKV_TQ2);
+    /* a device-capable plain policy: the device still takes the .device one */
+    write_text(dir, "kv-policy-6.txt", PLAIN_DEV);
+    assert_int_equal(resolve6(m, dir, 1, desc, sizeof desc, &k, &v), 0);
+    if (strstr(desc, dev) != desc) fail_msg("%s", desc);
+    /* a .device file the device cannot take: the plain one, saying why */
+    write_text(dir, "kv-policy-6.device.txt", GOOD);
+    assert_int_equal(resolve6(m, dir, 1, desc, sizeof desc, &k, &v), 0);
+    if (strstr(desc, plain) != desc || !strstr(desc, "kv-policy-6.device.txt not used: KV "
+                                               "policy: --device cuda: layer 3 KV q8/tq2"))
+        fail_msg("%s", desc);
+    assert_true(k == TQKV_TQ3 && v == TQKV_TQ3);
+    /* neither applies: a device preset naming both */
+    write_text(dir, "kv-policy-6.txt", GOOD);
+    assert_int_equal(resolve6(m, dir, 1, desc, sizeof desc, &k, &v), 0);
+    if (strstr(desc, "policy ") == desc || !strstr(desc, "6.device.txt not used: ") ||
+        !strstr(desc, "6.txt not used: "))
+        fail_msg("%s", desc);
+    /* a .device file that does not parse: an error on the device, unread on the CPU */
+    write_text(dir, "kv-policy-6.device.txt", "junk\n");
+    assert_int_equal(resolve6(m, dir, 1, desc, sizeof desc, &k, &v), -1);
+    assert_int_equal(resolve6(m, dir, 0, desc, sizeof desc, &k, &v), 0);
+    if (strstr(desc, plain) != desc) fail_msg("%s", desc);
+    char path[300];
+    snprintf(path, sizeof path, "%s/kv-policy-6.device.txt", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/kv-policy-6.txt", dir);
+    unlink(path);
+    assert_int_equal(rmdir(dir), 0);
+    tqkv_model_free(m);
+}
+
 /* The per-layer pairs of policy file path, applied to a device state: 0 when the device
  * takes them, -1 when not; the policy text into pol. */
 static int policy_device_ok(const tqkv_model *m, const char *path, kv_policy *pol) {
@@ -498,6 +584,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse), cmocka_unit_test(test_apply),
         cmocka_unit_test(test_keys_only), cmocka_unit_test(test_apply_device),
+        cmocka_unit_test(test_device_policy_file),
         cmocka_unit_test(test_cli_calibrate_device),
         cmocka_unit_test(test_state_roundtrip), cmocka_unit_test(test_cli_calibrate),
         cmocka_unit_test(test_cli_auto_policy), cmocka_unit_test(test_cli_kld_reference)};

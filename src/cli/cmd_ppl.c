@@ -151,7 +151,7 @@ static int ppl_parse_args(int argc, char **argv, ppl_opts *o) {
 // States
 // ---------------------------------------------------------------------------
 
-/* The scored state *s (a preset resolved at ctx into resolved [256], o->window updated)
+/* The scored state *s (a preset resolved at ctx into resolved [KVP_DESC], o->window updated)
  * and, with --kld on a non-f32 cache, the f32 reference state *ref; 0 or -1 (message
  * printed; what was made is left for the caller to free). */
 static int ppl_states_init(ppl_opts *o, const tqkv_model *m, tqkv_model_state **s,
@@ -162,12 +162,13 @@ static int ppl_states_init(ppl_opts *o, const tqkv_model *m, tqkv_model_state **
     sp->window_slack = o->slack;
     sp->window_keys_only = o->window_k;
     if (o->preset) {
-        if (kvp_resolve_model(CMD, m, o->dir, o->kv, o->ctx, sp, resolved, 256)) return -1;
+        if (kvp_resolve_model(CMD, m, o->dir, o->kv, o->ctx, sp, resolved, KVP_DESC))
+            return -1;
         o->window = sp->window;
         fprintf(stderr, "tqkv ppl: --kv %s -> %s\n", o->kv, resolved);
     }
     if (o->kv_policy) {
-        if (kvpol_apply(CMD, m, &o->pol, o->ctx, sp, resolved, 256)) return -1;
+        if (kvpol_apply(CMD, m, &o->pol, o->ctx, sp, resolved, KVP_DESC)) return -1;
         o->window = sp->window;
         o->window_k = sp->window_keys_only;
         o->kv = o->pol.kv;
@@ -385,7 +386,7 @@ int cmd_ppl(int argc, char **argv) {
                 "%d\n", o.ctx, o.first_window);
         goto done;
     }
-    char resolved[256] = "";
+    char resolved[KVP_DESC] = "";
     ppl_sums sums;
     if (ppl_states_init(&o, m, &s, &ref, resolved) ||
         ppl_score(&o, m, s, ref, ids + (size_t)o.first_window * o.ctx, n_win, &sums) ||

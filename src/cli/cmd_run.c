@@ -44,7 +44,7 @@ typedef struct {
     int preset;                     /* --kv is a preset (auto:B), resolved once the model is loaded */
     tqkv_model_state_params sp;     /* formats, kernels, device from the options */
     char dir[4096];                 /* the resolved model directory */
-    char resolved[256];             /* the preset's resolved spec ("" when --kv is no preset) */
+    char resolved[KVP_DESC];        /* the preset's resolved spec ("" when --kv is no preset) */
 } run_opts;
 
 /* Out-of-range sampling options are refused here, never replaced by a default; 0 or -1

@@ -221,7 +221,7 @@ static int serve_check_opts(serve_opts *o) {
 typedef struct {
     const char *kv, *layers, *dir; /* dir: the model's, for a policy beside it (auto:B) */
     const kv_policy *pol;  /* NULL: none */
-    char        desc[256]; /* the resolved preset, for the start-up line */
+    char        desc[KVP_DESC]; /* the resolved preset, for the start-up line */
 } serve_kv;
 
 static tqkv_status serve_kv_setup(const tqkv_model *m, tqkv_model_state_params *sp, void *user) {

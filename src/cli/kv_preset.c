@@ -157,31 +157,59 @@ int kvp_resolve(const char *cmd, const tqkv_model *m, const char *kv, int ctx,
     return -1;
 }
 
-int kvp_resolve_model(const char *cmd, const tqkv_model *m, const char *dir, const char *kv,
-                      int ctx, tqkv_model_state_params *p, char *desc, size_t cap) {
+/* Policy file DIR/kv-policy-B<suffix>.txt applied to t within budget at ctx: 0 taken (desc
+ * "policy PATH: spec"), 1 absent or not applicable here (why [cap]: "policy PATH not used:
+ * REASON", "" when absent), -1 when it does not parse (message on stderr). */
+static int policy_try(const char *cmd, const tqkv_model *m, const char *dir, const char *kv,
+                      const char *suffix, double budget, int ctx, tqkv_model_state_params *p,
+                      char *desc, size_t cap, char *why, size_t wcap) {
     char path[4200];
-    FILE *f = NULL;
-    snprintf(path, sizeof path, "%s/kv-policy-%s.txt", dir ? dir : "", kv + 5);
-    const double budget = strtod(kv + 5, NULL);
-    if (!dir || p->tensor_parallel > 1 || !(budget > 0) || !(f = fopen(path, "r")))
-        return kvp_resolve(cmd, m, kv, ctx, p, desc, cap);
+    snprintf(path, sizeof path, "%s/kv-policy-%s%s.txt", dir, kv + 5, suffix);
+    why[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return 1;
     fclose(f);
     kv_policy pol;
     if (kvpol_load(cmd, path, &pol)) return -1;
     if (!(pol.budget > 0) || pol.budget > budget) pol.budget = budget;
-    char d[400], r[256];
+    char d[400];
     tqkv_model_state_params t = *p;
     if (kvpol_apply(cmd, m, &pol, ctx, &t, d, sizeof d) == 0) { /* device: device pairs only */
         *p = t;
         snprintf(desc, cap, "policy %s: %s", path, d);
         return 0;
     }
-    fprintf(stderr, "tqkv %s: --kv %s: %s does not apply here; the ranked presets decide\n",
-            cmd, kv, path);
+    fprintf(stderr, "tqkv %s: --kv %s: %s does not apply here; %sthe ranked presets decide\n",
+            cmd, kv, path, *suffix ? "the plain policy, then " : "");
+    char *r = strstr(d, " ("); /* kvpol_apply's reason, its explanation left on stderr */
+    if (r) *r = 0;
+    snprintf(why, wcap, "policy %s not used: %s", path, d);
+    return 1;
+}
+
+int kvp_resolve_model(const char *cmd, const tqkv_model *m, const char *dir, const char *kv,
+                      int ctx, tqkv_model_state_params *p, char *desc, size_t cap) {
+    const double budget = strtod(kv + 5, NULL);
+    if (!dir || p->tensor_parallel > 1 || !(budget > 0))
+        return kvp_resolve(cmd, m, kv, ctx, p, desc, cap);
+    /* a device state: the device policy kv-policy-B.device.txt first (CPU states never
+     * read it), then kv-policy-B.txt, then the presets */
+    const char *suffix[2] = {".device", ""};
+    char why[2][4700] = {"", ""}, r[256]; /* "policy PATH not used: REASON" */
+    for (int i = p->device ? 0 : 1; i < 2; i++) {
+        const int rc = policy_try(cmd, m, dir, kv, suffix[i], budget, ctx, p, desc, cap,
+                                  why[i], sizeof why[i]);
+        if (rc < 0) return rc;
+        if (rc == 0 && i == 1 && p->device && why[0][0]) { /* the .device file did not apply */
+            const size_t n = strlen(desc);
+            snprintf(desc + n, cap - n, " (%s)", why[0]);
+        }
+        if (rc == 0) return 0;
+    }
     if (kvp_resolve(cmd, m, kv, ctx, p, r, sizeof r)) return -1;
-    char *why = strstr(d, " ("); /* kvpol_apply's reason, its explanation left on stderr */
-    if (why) *why = 0;
-    snprintf(desc, cap, "%s (policy %s not used: %s)", r, path, d);
+    const int n0 = why[0][0] != 0, n1 = why[1][0] != 0;
+    snprintf(desc, cap, "%s%s%s%s%s%s", r, n0 || n1 ? " (" : "", why[0], n0 && n1 ? "; " : "",
+             why[1], n0 || n1 ? ")" : "");
     return 0;
 }
 
