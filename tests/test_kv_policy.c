@@ -38,6 +38,7 @@
 #include "testutil.h"
 #include "cli/kv_policy.h"
 #include "cli/kv_preset.h"
+#include "cli/kv_shipped.h"
 #include "tqkv_model.h"
 
 static const char GOOD[] = "tqkv-kv-policy 1\n# a comment\nlayers 8\nkv tq4/tq2\n"
@@ -580,6 +581,67 @@ static void test_cli_calibrate_device(void **state) {
     tqkv_model_free(m);
 }
 
+/* Shipped policies (kv_shipped.c): the fingerprint is FNV-1a 64 of config.json (the standard
+ * test vector of "a"); kvship_find takes $TQKV_POLICY_DIR/<fp>/kv-policy-B.txt; `--kv auto:B`
+ * reads that folder when the model's own holds no policy, and a policy beside the model wins. */
+static void test_shipped_policy(void **state) {
+    (void)state;
+    char md[1024], text[1024], dir[200], pol[256], args[4096], out[1 << 16], fp[32], sd[4200];
+    snprintf(dir, sizeof dir, "/tmp/tqkv_kv_shipped_%d", (int)getpid());
+    snprintf(pol, sizeof pol, "%s_pol", dir);
+    snprintf(args, sizeof args, "rm -rf '%s' '%s' && mkdir -p '%s/af63dc4c8601ec8c' '%s' && "
+             "printf a > '%s/config.json' && echo x > '%s/af63dc4c8601ec8c/kv-policy-4.25.txt'",
+             dir, pol, pol, dir, dir, pol);
+    assert_int_equal(system(args), 0);
+    assert_int_equal(kvship_fingerprint(dir, fp, sizeof fp), 0);
+    assert_string_equal(fp, "af63dc4c8601ec8c");
+    assert_int_equal(kvship_fingerprint("/nonexistent-tqkv", fp, sizeof fp), -1);
+    setenv("TQKV_POLICY_DIR", pol, 1);
+    assert_int_equal(kvship_find(dir, "4.25", sd, sizeof sd), 0);
+    snprintf(args, sizeof args, "%s/af63dc4c8601ec8c", pol);
+    assert_string_equal(sd, args);
+    assert_int_equal(kvship_find(dir, "3.25", sd, sizeof sd), 1);
+    /* the CLI: the bundled model's files without its policies, a 4.25 policy shipped */
+    source_path("models/qwen3-code-28m", md, sizeof md);
+    source_path("src/cli/cmd_ppl.c", text, sizeof text);
+    struct stat st;
+    if (stat(md, &st) == 0) {
+        snprintf(args, sizeof args, "rm -rf '%s' && mkdir -p '%s' && ln -sf '%s'/* '%s'/ && "
+                 "rm -f '%s'/kv-policy-*.txt", dir, dir, md, dir, dir);
+        assert_int_equal(system(args), 0);
+        assert_int_equal(kvship_fingerprint(dir, fp, sizeof fp), 0);
+        snprintf(args, sizeof args, "mkdir -p '%s/%s' && printf 'tqkv-kv-policy 1\\nlayers 8\\n"
+                 "kv tq4/tq2\\nwindow 4\\n' > '%s/%s/kv-policy-4.25.txt'", pol, fp, pol, fp);
+        assert_int_equal(system(args), 0);
+        const char *common = "--ctx 64 --max-windows 1 --threads 2 --json --kv auto:4.25";
+        snprintf(args, sizeof args, "ppl --model '%s' --text '%s' %s", dir, text, common);
+        assert_int_equal(run_cli(args, out, sizeof out), 0);
+        cJSON *a = cJSON_Parse(out);
+        if (!a) fail_msg("not JSON: %s", out);
+        const cJSON *r = cJSON_GetObjectItem(a, "kv_resolved");
+        snprintf(sd, sizeof sd, "policy %s/%s/kv-policy-4.25.txt: ", pol, fp);
+        if (!cJSON_IsString(r) || strstr(r->valuestring, sd) != r->valuestring)
+            fail_msg("%s", cJSON_IsString(r) ? r->valuestring : out);
+        cJSON_Delete(a);
+        /* a policy beside the model wins over the shipped one */
+        snprintf(args, sizeof args, "printf 'tqkv-kv-policy 1\\nlayers 8\\nkv tq4/tq3\\n"
+                 "window 4\\n' > '%s/kv-policy-4.25.txt'", dir);
+        assert_int_equal(system(args), 0);
+        snprintf(args, sizeof args, "ppl --model '%s' --text '%s' %s", dir, text, common);
+        assert_int_equal(run_cli(args, out, sizeof out), 0);
+        a = cJSON_Parse(out);
+        if (!a) fail_msg("not JSON: %s", out);
+        r = cJSON_GetObjectItem(a, "kv_resolved");
+        snprintf(sd, sizeof sd, "policy %s/kv-policy-4.25.txt: ", dir);
+        if (!cJSON_IsString(r) || strstr(r->valuestring, sd) != r->valuestring)
+            fail_msg("%s", cJSON_IsString(r) ? r->valuestring : out);
+        cJSON_Delete(a);
+    }
+    unsetenv("TQKV_POLICY_DIR");
+    snprintf(args, sizeof args, "rm -rf '%s' '%s'", dir, pol);
+    assert_int_equal(system(args), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse), cmocka_unit_test(test_apply),
@@ -587,6 +649,7 @@ int main(void) {
         cmocka_unit_test(test_device_policy_file),
         cmocka_unit_test(test_cli_calibrate_device),
         cmocka_unit_test(test_state_roundtrip), cmocka_unit_test(test_cli_calibrate),
-        cmocka_unit_test(test_cli_auto_policy), cmocka_unit_test(test_cli_kld_reference)};
+        cmocka_unit_test(test_cli_auto_policy), cmocka_unit_test(test_cli_kld_reference),
+        cmocka_unit_test(test_shipped_policy)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

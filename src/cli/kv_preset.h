@@ -26,7 +26,9 @@ int kvp_resolve(const char *cmd, const tqkv_model *m, const char *kv, int ctx,
  * (`tqkv calibrate --device-formats`); CPU states never read it. A file that does not parse
  * is an error; one that does not apply is skipped with a message on stderr and a note in
  * desc ("... (policy P not used: REASON)"), leaving the choice to the next file, then to
- * the ranked presets. desc names the file used ("policy P: spec"). */
+ * the ranked presets. desc names the file used ("policy P: spec"). When DIR holds no such
+ * file, the folder shipped for DIR's checkpoint is read instead (kv_shipped.h:
+ * models/policies/<config fingerprint>/). */
 int kvp_resolve_model(const char *cmd, const tqkv_model *m, const char *dir, const char *kv,
                       int ctx, tqkv_model_state_params *p, char *desc, size_t cap);
 /* Append the listed presets (auto:4.25, auto:3.25, auto:2.5) resolved on a generic graph. */

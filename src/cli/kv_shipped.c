@@ -29,7 +29,7 @@ int kvship_fingerprint(const char *model_dir, char *out, size_t cap) {
     snprintf(path, sizeof path, "%s/config.json", model_dir);
     FILE *f = fopen(path, "rb");
     if (!f) return -1;
-    uint64_t h = 1469598103934665603ull;
+    uint64_t h = 0xcbf29ce484222325ull; /* the FNV-1a 64 offset basis */
     int c;
     while ((c = fgetc(f)) != EOF) h = (h ^ (uint8_t)c) * 1099511628211ull;
     fclose(f);
@@ -49,7 +49,7 @@ int kvship_find(const char *model_dir, const char *budget, char *dir, size_t cap
         FILE *f = fopen(path, "r");
         if (!f) continue;
         fclose(f);
-        snprintf(dir, cap, "%s/%s", roots[i], fp);
+        if ((size_t)snprintf(dir, cap, "%s/%s", roots[i], fp) >= cap) continue; /* too long */
         return 0;
     }
     return 1;

@@ -11,7 +11,8 @@
 int kvship_fingerprint(const char *model_dir, char *out, size_t cap);
 /* The shipped folder holding kv-policy-<budget>.txt for model_dir's fingerprint, searched in
  * $TQKV_POLICY_DIR, the source tree's models/policies and the installed share/tqkv/policies,
- * in that order: 0 with the folder in dir [cap], 1 when there is none. budget as written
+ * in that order: 0 with the folder in dir [cap], 1 when there is none (or its name does
+ * not fit cap). budget as written
  * after "auto:" (e.g. "4.25"). */
 int kvship_find(const char *model_dir, const char *budget, char *dir, size_t cap);
 
