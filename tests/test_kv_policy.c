@@ -623,6 +623,21 @@ static void test_shipped_policy(void **state) {
         if (!cJSON_IsString(r) || strstr(r->valuestring, sd) != r->valuestring)
             fail_msg("%s", cJSON_IsString(r) ? r->valuestring : out);
         cJSON_Delete(a);
+        /* a device state reads the shipped folder's .device file first (no device needed) */
+        snprintf(args, sizeof args, "printf 'tqkv-kv-policy 1\\nlayers 8\\nkv tq4/tq3\\n"
+                 "window 4\\n' > '%s/%s/kv-policy-4.25.device.txt'", pol, fp);
+        assert_int_equal(system(args), 0);
+        tqkv_model *m = load_model(md, sizeof md);
+        tqkv_model_state_params p = tqkv_model_state_params_default();
+        p.device = 1;
+        char desc[1024];
+        assert_int_equal(kvp_resolve_model("test", m, dir, "auto:4.25", 2048, &p, desc,
+                                           sizeof desc), 0);
+        snprintf(sd, sizeof sd, "policy %s/%s/kv-policy-4.25.device.txt: ", pol, fp);
+        if (strstr(desc, sd) != desc) fail_msg("%s", desc);
+        assert_int_equal(p.k_format, TQKV_TQ4);
+        assert_int_equal(p.v_format, TQKV_TQ3);
+        tqkv_model_free(m);
         /* a policy beside the model wins over the shipped one */
         snprintf(args, sizeof args, "printf 'tqkv-kv-policy 1\\nlayers 8\\nkv tq4/tq3\\n"
                  "window 4\\n' > '%s/kv-policy-4.25.txt'", dir);
