@@ -17,7 +17,7 @@
  *   - device states (checked without a device): kvpol_apply takes a policy of device pairs
  *     and a K and V window and refuses others (params unchanged, the reason in desc);
  *     `--kv auto:B` takes such a policy file and otherwise falls back to a device preset,
- *     saying why; `tqkv calibrate --device-formats` writes only device pairs (the same run
+ *     saying why; the bundled model's policies resolve to device ones on a device state; `tqkv calibrate --device-formats` writes only device pairs (the same run
  *     without it does not), and refuses q8 candidates and --try-keys-only;
  *   - session 12: a device state takes DIR/kv-policy-B.device.txt before kv-policy-B.txt
  *     (each file not used named in the resolved spec, with why), a CPU state never reads it,
@@ -438,15 +438,23 @@ static void test_apply_device(void **state) {
     unlink(path);
     rmdir(dir);
     /* the shipped policies (docs/QUALITY.md): 2.5 holds device pairs only; 3.25 has layer 0
-     * at tq2/tq3 (K bits < V bits) and 4.25 q8 keys, so device states fall back for them */
+     * at tq2/tq3 (K bits < V bits) and 4.25 q8 keys, so device states take their .device
+     * files (session 12, `calibrate --device-formats`); CPU states the plain ones */
     const char *budgets[3] = {"2.5", "3.25", "4.25"};
     for (int i = 0; i < 3; i++) {
-        char kv[16];
+        char kv[16], want[1200], dlong[KVP_DESC];
         snprintf(kv, sizeof kv, "auto:%s", budgets[i]);
-        tqkv_model_state_params q = p0;
-        assert_int_equal(kvp_resolve_model("test", m, md, kv, 2048, &q, desc, sizeof desc), 0);
-        printf("  device %s -> %s\n", kv, desc);
-        assert_int_equal(strstr(desc, "policy ") == desc, i == 0);
+        for (int dev = 0; dev < 2; dev++) {
+            tqkv_model_state_params q = p0;
+            q.device = dev;
+            assert_int_equal(kvp_resolve_model("test", m, md, kv, 2048, &q, dlong,
+                                               sizeof dlong), 0);
+            printf("  %s %s -> %s\n", dev ? "device" : "cpu", kv, dlong);
+            snprintf(want, sizeof want, "policy %s/kv-policy-%s%s.txt: ", md, budgets[i],
+                     dev && i ? ".device" : "");
+            if (strstr(dlong, want) != dlong) fail_msg("%s", dlong);
+            if (dev) assert_int_equal(tqkv_kv_layers_device_check(m, &q, NULL), TQKV_OK);
+        }
     }
     tqkv_model_free(m);
 }

@@ -1,7 +1,8 @@
 /*
  * kv_policy.h - KV policy files (kv_policy.c): per-layer K/V formats and a window chosen by
  * `tqkv calibrate` from measured per-layer sensitivity, read back by `--kv-policy FILE`
- * (run, ppl, serve) and by `--kv auto:B` when the model directory holds kv-policy-B.txt.
+ * (run, ppl, serve) and by `--kv auto:B` when the model directory holds kv-policy-B.txt
+ * (device states: kv-policy-B.device.txt first, kv_preset.c).
  * Format (version 1, text, one "key value" a line, '#' starts a comment):
  *
  *     tqkv-kv-policy 1          first line: the format and its version
