@@ -119,21 +119,20 @@ static int add_kv_costs(const tqkv_model *m, const char *kv_list, cJSON *root) {
 }
 
 /* The human-readable form of root. */
-/* "kv_policy_fingerprint" and "kv_policies" (budget -> the file `--kv auto:B` takes: beside
- * the model, else shipped for its fingerprint, models/policies/README.md) of root. */
+/* "kv_policy_fingerprint" and "kv_policies" (budget -> the file `--kv auto:B` takes on a CPU
+ * state: kvship_policy_dir's folder, models/policies/README.md) of root. */
 static void add_policies(const char *dir, cJSON *root) {
-    char fp[32], sd[4200], path[4400];
+    char fp[32], sd[1024], path[4400];
     if (kvship_fingerprint(dir, fp, sizeof fp) == 0)
         cJSON_AddStringToObject(root, "kv_policy_fingerprint", fp);
     cJSON *pol = cJSON_AddObjectToObject(root, "kv_policies");
     static const char *const budgets[] = {"2.5", "3.25", "4.25"};
     for (size_t i = 0; i < sizeof budgets / sizeof budgets[0]; i++) {
-        snprintf(path, sizeof path, "%s/kv-policy-%s.txt", dir, budgets[i]);
+        const char *d = kvship_policy_dir(dir, budgets[i], 0, sd, sizeof sd); /* a CPU state's */
+        snprintf(path, sizeof path, "%s/kv-policy-%s.txt", d, budgets[i]);
         FILE *f = fopen(path, "r");
-        if (f) fclose(f);
-        else if (kvship_find(dir, budgets[i], sd, sizeof sd) == 0)
-            snprintf(path, sizeof path, "%s/kv-policy-%s.txt", sd, budgets[i]);
-        else continue;
+        if (!f) continue;
+        fclose(f);
         cJSON_AddStringToObject(pol, budgets[i], path);
     }
 }

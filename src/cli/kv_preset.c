@@ -188,22 +188,6 @@ static int policy_try(const char *cmd, const tqkv_model *m, const char *dir, con
     return 1;
 }
 
-/* The folder whose policy files `--kv auto:B` reads: dir when it holds kv-policy-B.txt (or,
- * for a device state, kv-policy-B.device.txt), else the folder shipped for dir's checkpoint
- * (kv_shipped.c, models/policies/README.md), else dir. */
-static const char *policy_dir(const char *dir, const char *b, int device, char *buf, size_t cap) {
-    char path[4300];
-    for (int i = device ? 0 : 1; i < 2; i++) {
-        snprintf(path, sizeof path, "%s/kv-policy-%s%s.txt", dir, b, i ? "" : ".device");
-        FILE *f = fopen(path, "r");
-        if (f) {
-            fclose(f);
-            return dir;
-        }
-    }
-    return kvship_find(dir, b, buf, cap) == 0 ? buf : dir;
-}
-
 int kvp_resolve_model(const char *cmd, const tqkv_model *m, const char *dir, const char *kv,
                       int ctx, tqkv_model_state_params *p, char *desc, size_t cap) {
     const double budget = strtod(kv + 5, NULL);
@@ -214,7 +198,7 @@ int kvp_resolve_model(const char *cmd, const tqkv_model *m, const char *dir, con
     const char *suffix[2] = {".device", ""};
     char why[2][4700] = {"", ""}, r[256]; /* "policy PATH not used: REASON" */
     char shipped[1024]; /* a longer shipped folder is not found (kvship_find) */
-    const char *pdir = policy_dir(dir, kv + 5, p->device, shipped, sizeof shipped);
+    const char *pdir = kvship_policy_dir(dir, kv + 5, p->device, shipped, sizeof shipped);
     for (int i = p->device ? 0 : 1; i < 2; i++) {
         const int rc = policy_try(cmd, m, pdir, kv, suffix[i], budget, ctx, p, desc, cap,
                                   why[i], sizeof why[i]);

@@ -1,8 +1,8 @@
 /*
  * kv_shipped.c - calibrated KV policies shipped with tqkv for known checkpoints
  * (models/policies/<fingerprint>/kv-policy-B.txt, installed to share/tqkv/policies).
- * Owns: the checkpoint fingerprint (FNV-1a 64 of its config.json bytes) and the search of
- * the shipped folders for DIR's policy at a budget.
+ * Owns: the checkpoint fingerprint (FNV-1a 64 of its config.json bytes), the search of the
+ * shipped folders for DIR's policy at a budget, and which folder `--kv auto:B` reads.
  * Must not: parse or apply policies (kv_policy.c), or rank presets (kv_preset.c): a policy
  * beside the model always wins over a shipped one (kvp_resolve_model).
  *
@@ -53,4 +53,18 @@ int kvship_find(const char *model_dir, const char *budget, char *dir, size_t cap
         return 0;
     }
     return 1;
+}
+
+const char *kvship_policy_dir(const char *dir, const char *budget, int device, char *buf,
+                              size_t cap) {
+    char path[4300];
+    for (int i = device ? 0 : 1; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/kv-policy-%s%s.txt", dir, budget, i ? "" : ".device");
+        FILE *f = fopen(path, "r");
+        if (f) {
+            fclose(f);
+            return dir;
+        }
+    }
+    return kvship_find(dir, budget, buf, cap) == 0 ? buf : dir;
 }

@@ -16,4 +16,10 @@ int kvship_fingerprint(const char *model_dir, char *out, size_t cap);
  * after "auto:" (e.g. "4.25"). */
 int kvship_find(const char *model_dir, const char *budget, char *dir, size_t cap);
 
+/* The folder whose policy files `--kv auto:B` reads: dir when it holds kv-policy-B.txt (or,
+ * for a device state, kv-policy-B.device.txt), else the folder shipped for dir's checkpoint
+ * (kvship_find, into buf [cap]), else dir. */
+const char *kvship_policy_dir(const char *dir, const char *budget, int device, char *buf,
+                              size_t cap);
+
 #endif
