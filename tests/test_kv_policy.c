@@ -72,6 +72,15 @@ static int run_cli(const char *args, char *out, size_t cap) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* Run `tqkv ARGS`, which must exit 0 and print JSON last; that JSON (the caller frees it). */
+static cJSON *run_cli_json(const char *args) {
+    static char out[1 << 16];
+    assert_int_equal(run_cli(args, out, sizeof out), 0);
+    cJSON *j = cJSON_Parse(out);
+    if (!j) fail_msg("not JSON: %s", out);
+    return j;
+}
+
 /* Parse pol text that must fail; checks the message and that out is unchanged. */
 static void parse_bad(const char *text) {
     kv_policy out, before;
@@ -296,15 +305,11 @@ static void test_cli_calibrate(void **state) {
     const char *common = "--ctx 128 --max-windows 2 --threads 2 --kld --json";
     snprintf(args, sizeof args, "ppl --model '%s' --text '%s' %s --kv-policy '%s'", md, text,
              common, pol_path);
-    assert_int_equal(run_cli(args, out, sizeof out), 0);
-    cJSON *a = cJSON_Parse(out);
-    if (!a) fail_msg("not JSON: %s", out);
+    cJSON *a = run_cli_json(args);
     snprintf(args, sizeof args, "ppl --model '%s' --text '%s' %s --kv %s --kv-layers '%s' "
              "--window %d --window-slack 0%s", md, text, common, pol.kv, pol.kv_layers, pol.window,
              pol.window_keys_only ? " --window-keys-only" : "");
-    assert_int_equal(run_cli(args, out, sizeof out), 0);
-    cJSON *b = cJSON_Parse(out);
-    if (!b) fail_msg("not JSON: %s", out);
+    cJSON *b = run_cli_json(args);
     assert_true(jnum(a, "ppl") == jnum(b, "ppl") && jnum(a, "kld") == jnum(b, "kld"));
     assert_true(jnum(a, "kv_bits_per_value") == jnum(b, "kv_bits_per_value"));
     assert_true(fabs(jnum(a, "kv_bits_per_value") - pol.bits) < 1e-4);
@@ -323,7 +328,7 @@ static void test_cli_calibrate(void **state) {
  * cache f32 by default but tq4 per layer is measured (it once had no reference: KLD 0). */
 static void test_cli_kld_reference(void **state) {
     (void)state;
-    char md[1024], text[1024], args[4096], out[1 << 16];
+    char md[1024], text[1024], args[4096];
     source_path("models/qwen3-code-28m", md, sizeof md);
     source_path("src/cli/cmd_ppl.c", text, sizeof text);
     struct stat st;
@@ -334,9 +339,7 @@ static void test_cli_kld_reference(void **state) {
     for (int i = 0; i < 3; i++) {
         snprintf(args, sizeof args, "ppl --model '%s' --text '%s' --ctx 128 --max-windows 1 "
                  "--threads 2 --kld --json --window-slack 0 %s", md, text, kv[i]);
-        assert_int_equal(run_cli(args, out, sizeof out), 0);
-        cJSON *a = cJSON_Parse(out);
-        if (!a) fail_msg("not JSON: %s", out);
+        cJSON *a = run_cli_json(args);
         kld[i] = jnum(a, "kld");
         ppl[i] = jnum(a, "ppl");
         cJSON_Delete(a);
@@ -360,9 +363,7 @@ static void test_cli_auto_policy(void **state) {
     assert_int_equal(system(args), 0);
     const char *common = "--ctx 64 --max-windows 1 --threads 2 --json";
     snprintf(args, sizeof args, "ppl --model '%s' --text '%s' %s --kv auto:4.5", dir, text, common);
-    assert_int_equal(run_cli(args, out, sizeof out), 0);
-    cJSON *a = cJSON_Parse(out);
-    if (!a) fail_msg("not JSON: %s", out);
+    cJSON *a = run_cli_json(args);
     const cJSON *r = cJSON_GetObjectItem(a, "kv_resolved");
     assert_true(cJSON_IsString(r) && strstr(r->valuestring, "policy ") == r->valuestring);
     assert_true(jnum(a, "kv_bits_per_value") <= 4.5 && jnum(a, "window") == 4);
@@ -371,9 +372,7 @@ static void test_cli_auto_policy(void **state) {
     snprintf(args, sizeof args, "mv '%s/kv-policy-4.5.txt' '%s/kv-policy-3.5.txt'", dir, dir);
     assert_int_equal(system(args), 0);
     snprintf(args, sizeof args, "ppl --model '%s' --text '%s' %s --kv auto:3.5", dir, text, common);
-    assert_int_equal(run_cli(args, out, sizeof out), 0);
-    a = cJSON_Parse(out);
-    if (!a) fail_msg("not JSON: %s", out);
+    a = run_cli_json(args);
     r = cJSON_GetObjectItem(a, "kv_resolved"); /* a preset, saying why the policy is not */
     assert_true(cJSON_IsString(r) && strstr(r->valuestring, "policy ") != r->valuestring);
     if (!strstr(r->valuestring, "not used: KV policy takes")) fail_msg("%s", r->valuestring);
@@ -594,7 +593,7 @@ static void test_cli_calibrate_device(void **state) {
  * reads that folder when the model's own holds no policy, and a policy beside the model wins. */
 static void test_shipped_policy(void **state) {
     (void)state;
-    char md[1024], text[1024], dir[200], pol[256], args[4096], out[1 << 16], fp[32], sd[4200];
+    char md[1024], text[1024], dir[200], pol[256], args[4096], fp[32], sd[4200];
     snprintf(dir, sizeof dir, "/tmp/tqkv_kv_shipped_%d", (int)getpid());
     snprintf(pol, sizeof pol, "%s_pol", dir);
     snprintf(args, sizeof args, "rm -rf '%s' '%s' && mkdir -p '%s/af63dc4c8601ec8c' '%s' && "
@@ -623,13 +622,11 @@ static void test_shipped_policy(void **state) {
         assert_int_equal(system(args), 0);
         const char *common = "--ctx 64 --max-windows 1 --threads 2 --json --kv auto:4.25";
         snprintf(args, sizeof args, "ppl --model '%s' --text '%s' %s", dir, text, common);
-        assert_int_equal(run_cli(args, out, sizeof out), 0);
-        cJSON *a = cJSON_Parse(out);
-        if (!a) fail_msg("not JSON: %s", out);
+        cJSON *a = run_cli_json(args);
         const cJSON *r = cJSON_GetObjectItem(a, "kv_resolved");
         snprintf(sd, sizeof sd, "policy %s/%s/kv-policy-4.25.txt: ", pol, fp);
         if (!cJSON_IsString(r) || strstr(r->valuestring, sd) != r->valuestring)
-            fail_msg("%s", cJSON_IsString(r) ? r->valuestring : out);
+            fail_msg("%s", cJSON_IsString(r) ? r->valuestring : "no kv_resolved");
         cJSON_Delete(a);
         /* a device state reads the shipped folder's .device file first (no device needed) */
         snprintf(args, sizeof args, "printf 'tqkv-kv-policy 1\\nlayers 8\\nkv tq4/tq3\\n"
@@ -651,13 +648,11 @@ static void test_shipped_policy(void **state) {
                  "window 4\\n' > '%s/kv-policy-4.25.txt'", dir);
         assert_int_equal(system(args), 0);
         snprintf(args, sizeof args, "ppl --model '%s' --text '%s' %s", dir, text, common);
-        assert_int_equal(run_cli(args, out, sizeof out), 0);
-        a = cJSON_Parse(out);
-        if (!a) fail_msg("not JSON: %s", out);
+        a = run_cli_json(args);
         r = cJSON_GetObjectItem(a, "kv_resolved");
         snprintf(sd, sizeof sd, "policy %s/kv-policy-4.25.txt: ", dir);
         if (!cJSON_IsString(r) || strstr(r->valuestring, sd) != r->valuestring)
-            fail_msg("%s", cJSON_IsString(r) ? r->valuestring : out);
+            fail_msg("%s", cJSON_IsString(r) ? r->valuestring : "no kv_resolved");
         cJSON_Delete(a);
     }
     unsetenv("TQKV_POLICY_DIR");
