@@ -368,6 +368,14 @@ static void test_cli_auto_policy(void **state) {
     assert_true(cJSON_IsString(r) && strstr(r->valuestring, "policy ") == r->valuestring);
     assert_true(jnum(a, "kv_bits_per_value") <= 4.5 && jnum(a, "window") == 4);
     cJSON_Delete(a);
+    /* bench model resolves presets as ppl does: the policy beside the model */
+    snprintf(args, sizeof args, "bench model --model '%s' --kv auto:4.5 --ctx 64 --gen 2 "
+             "--rows 1 --reps 1 --threads 2 --json", dir);
+    a = run_cli_json(args);
+    r = cJSON_GetObjectItem(cJSON_GetArrayItem(a, 0), "kv_resolved");
+    if (!cJSON_IsString(r) || strstr(r->valuestring, "policy ") != r->valuestring)
+        fail_msg("bench model: %s", cJSON_IsString(r) ? r->valuestring : "no kv_resolved");
+    cJSON_Delete(a);
     /* the same policy under a budget it does not fit: the ranked presets */
     snprintf(args, sizeof args, "mv '%s/kv-policy-4.5.txt' '%s/kv-policy-3.5.txt'", dir, dir);
     assert_int_equal(system(args), 0);
@@ -589,11 +597,10 @@ static void test_cli_calibrate_device(void **state) {
 }
 
 /* Shipped policies (kv_shipped.c): the fingerprint is FNV-1a 64 of config.json (the standard
- * test vector of "a"); kvship_find takes $TQKV_POLICY_DIR/<fp>/kv-policy-B.txt; `--kv auto:B`
- * reads that folder when the model's own holds no policy, and a policy beside the model wins. */
+ * test vector of "a"); kvship_find takes $TQKV_POLICY_DIR/<fp>/kv-policy-B.txt. */
 static void test_shipped_policy(void **state) {
     (void)state;
-    char md[1024], text[1024], dir[200], pol[256], args[4096], fp[32], sd[4200];
+    char dir[200], pol[256], args[4096], fp[32], sd[4200];
     snprintf(dir, sizeof dir, "/tmp/tqkv_kv_shipped_%d", (int)getpid());
     snprintf(pol, sizeof pol, "%s_pol", dir);
     snprintf(args, sizeof args, "rm -rf '%s' '%s' && mkdir -p '%s/af63dc4c8601ec8c' '%s' && "
@@ -608,53 +615,65 @@ static void test_shipped_policy(void **state) {
     snprintf(args, sizeof args, "%s/af63dc4c8601ec8c", pol);
     assert_string_equal(sd, args);
     assert_int_equal(kvship_find(dir, "3.25", sd, sizeof sd), 1);
-    /* the CLI: the bundled model's files without its policies, a 4.25 policy shipped */
+    unsetenv("TQKV_POLICY_DIR");
+    snprintf(args, sizeof args, "rm -rf '%s' '%s'", dir, pol);
+    assert_int_equal(system(args), 0);
+}
+
+/* `--kv auto:B` on the bundled model's files without its policies, a 4.25 policy shipped
+ * (TQKV_POLICY_DIR): ppl reads the shipped folder, a device state its .device file first,
+ * and a policy beside the model wins. Skipped without the bundled model. */
+static void test_shipped_policy_cli(void **state) {
+    (void)state;
+    char md[1024], text[1024], dir[200], pol[256], args[4096], fp[32], sd[4200];
     source_path("models/qwen3-code-28m", md, sizeof md);
     source_path("src/cli/cmd_ppl.c", text, sizeof text);
     struct stat st;
-    if (stat(md, &st) == 0) {
-        snprintf(args, sizeof args, "rm -rf '%s' && mkdir -p '%s' && ln -sf '%s'/* '%s'/ && "
-                 "rm -f '%s'/kv-policy-*.txt", dir, dir, md, dir, dir);
-        assert_int_equal(system(args), 0);
-        assert_int_equal(kvship_fingerprint(dir, fp, sizeof fp), 0);
-        snprintf(args, sizeof args, "mkdir -p '%s/%s' && printf 'tqkv-kv-policy 1\\nlayers 8\\n"
-                 "kv tq4/tq2\\nwindow 4\\n' > '%s/%s/kv-policy-4.25.txt'", pol, fp, pol, fp);
-        assert_int_equal(system(args), 0);
-        const char *common = "--ctx 64 --max-windows 1 --threads 2 --json --kv auto:4.25";
-        snprintf(args, sizeof args, "ppl --model '%s' --text '%s' %s", dir, text, common);
-        cJSON *a = run_cli_json(args);
-        const cJSON *r = cJSON_GetObjectItem(a, "kv_resolved");
-        snprintf(sd, sizeof sd, "policy %s/%s/kv-policy-4.25.txt: ", pol, fp);
-        if (!cJSON_IsString(r) || strstr(r->valuestring, sd) != r->valuestring)
-            fail_msg("%s", cJSON_IsString(r) ? r->valuestring : "no kv_resolved");
-        cJSON_Delete(a);
-        /* a device state reads the shipped folder's .device file first (no device needed) */
-        snprintf(args, sizeof args, "printf 'tqkv-kv-policy 1\\nlayers 8\\nkv tq4/tq3\\n"
-                 "window 4\\n' > '%s/%s/kv-policy-4.25.device.txt'", pol, fp);
-        assert_int_equal(system(args), 0);
-        tqkv_model *m = load_model(md, sizeof md);
-        tqkv_model_state_params p = tqkv_model_state_params_default();
-        p.device = 1;
-        char desc[1024];
-        assert_int_equal(kvp_resolve_model("test", m, dir, "auto:4.25", 2048, &p, desc,
-                                           sizeof desc), 0);
-        snprintf(sd, sizeof sd, "policy %s/%s/kv-policy-4.25.device.txt: ", pol, fp);
-        if (strstr(desc, sd) != desc) fail_msg("%s", desc);
-        assert_int_equal(p.k_format, TQKV_TQ4);
-        assert_int_equal(p.v_format, TQKV_TQ3);
-        tqkv_model_free(m);
-        /* a policy beside the model wins over the shipped one */
-        snprintf(args, sizeof args, "printf 'tqkv-kv-policy 1\\nlayers 8\\nkv tq4/tq3\\n"
-                 "window 4\\n' > '%s/kv-policy-4.25.txt'", dir);
-        assert_int_equal(system(args), 0);
-        snprintf(args, sizeof args, "ppl --model '%s' --text '%s' %s", dir, text, common);
-        a = run_cli_json(args);
-        r = cJSON_GetObjectItem(a, "kv_resolved");
-        snprintf(sd, sizeof sd, "policy %s/kv-policy-4.25.txt: ", dir);
-        if (!cJSON_IsString(r) || strstr(r->valuestring, sd) != r->valuestring)
-            fail_msg("%s", cJSON_IsString(r) ? r->valuestring : "no kv_resolved");
-        cJSON_Delete(a);
-    }
+    if (stat(md, &st) != 0) skip();
+    snprintf(dir, sizeof dir, "/tmp/tqkv_kv_shipped_cli_%d", (int)getpid());
+    snprintf(pol, sizeof pol, "%s_pol", dir);
+    setenv("TQKV_POLICY_DIR", pol, 1);
+    snprintf(args, sizeof args, "rm -rf '%s' && mkdir -p '%s' && ln -sf '%s'/* '%s'/ && "
+             "rm -f '%s'/kv-policy-*.txt", dir, dir, md, dir, dir);
+    assert_int_equal(system(args), 0);
+    assert_int_equal(kvship_fingerprint(dir, fp, sizeof fp), 0);
+    snprintf(args, sizeof args, "mkdir -p '%s/%s' && printf 'tqkv-kv-policy 1\\nlayers 8\\n"
+             "kv tq4/tq2\\nwindow 4\\n' > '%s/%s/kv-policy-4.25.txt'", pol, fp, pol, fp);
+    assert_int_equal(system(args), 0);
+    const char *common = "--ctx 64 --max-windows 1 --threads 2 --json --kv auto:4.25";
+    snprintf(args, sizeof args, "ppl --model '%s' --text '%s' %s", dir, text, common);
+    cJSON *a = run_cli_json(args);
+    const cJSON *r = cJSON_GetObjectItem(a, "kv_resolved");
+    snprintf(sd, sizeof sd, "policy %s/%s/kv-policy-4.25.txt: ", pol, fp);
+    if (!cJSON_IsString(r) || strstr(r->valuestring, sd) != r->valuestring)
+        fail_msg("%s", cJSON_IsString(r) ? r->valuestring : "no kv_resolved");
+    cJSON_Delete(a);
+    /* a device state reads the shipped folder's .device file first (no device needed) */
+    snprintf(args, sizeof args, "printf 'tqkv-kv-policy 1\\nlayers 8\\nkv tq4/tq3\\n"
+             "window 4\\n' > '%s/%s/kv-policy-4.25.device.txt'", pol, fp);
+    assert_int_equal(system(args), 0);
+    tqkv_model *m = load_model(md, sizeof md);
+    tqkv_model_state_params p = tqkv_model_state_params_default();
+    p.device = 1;
+    char desc[1024];
+    assert_int_equal(kvp_resolve_model("test", m, dir, "auto:4.25", 2048, &p, desc,
+                                       sizeof desc), 0);
+    snprintf(sd, sizeof sd, "policy %s/%s/kv-policy-4.25.device.txt: ", pol, fp);
+    if (strstr(desc, sd) != desc) fail_msg("%s", desc);
+    assert_int_equal(p.k_format, TQKV_TQ4);
+    assert_int_equal(p.v_format, TQKV_TQ3);
+    tqkv_model_free(m);
+    /* a policy beside the model wins over the shipped one */
+    snprintf(args, sizeof args, "printf 'tqkv-kv-policy 1\\nlayers 8\\nkv tq4/tq3\\n"
+             "window 4\\n' > '%s/kv-policy-4.25.txt'", dir);
+    assert_int_equal(system(args), 0);
+    snprintf(args, sizeof args, "ppl --model '%s' --text '%s' %s", dir, text, common);
+    a = run_cli_json(args);
+    r = cJSON_GetObjectItem(a, "kv_resolved");
+    snprintf(sd, sizeof sd, "policy %s/kv-policy-4.25.txt: ", dir);
+    if (!cJSON_IsString(r) || strstr(r->valuestring, sd) != r->valuestring)
+        fail_msg("%s", cJSON_IsString(r) ? r->valuestring : "no kv_resolved");
+    cJSON_Delete(a);
     unsetenv("TQKV_POLICY_DIR");
     snprintf(args, sizeof args, "rm -rf '%s' '%s'", dir, pol);
     assert_int_equal(system(args), 0);
@@ -668,6 +687,6 @@ int main(void) {
         cmocka_unit_test(test_cli_calibrate_device),
         cmocka_unit_test(test_state_roundtrip), cmocka_unit_test(test_cli_calibrate),
         cmocka_unit_test(test_cli_auto_policy), cmocka_unit_test(test_cli_kld_reference),
-        cmocka_unit_test(test_shipped_policy)};
+        cmocka_unit_test(test_shipped_policy), cmocka_unit_test(test_shipped_policy_cli)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

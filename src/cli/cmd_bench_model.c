@@ -180,7 +180,7 @@ typedef struct {
     tqkv_format kf[32], vf[32]; /* [n_kv] */
     int is_preset[32];         /* [n_kv] --kv item k is a preset (auto:B) */
     tqkv_model_state_params *pre; /* [n_ctx * 32 + k] presets resolved at ctx + gen + 1 */
-    char (*pre_desc)[160];     /* [n_ctx * 32 + k] their resolved specs */
+    char (*pre_desc)[KVP_DESC]; /* [n_ctx * 32 + k] their resolved specs */
 } bm_opts;
 
 /* --graphs into o->gv [o->n_gv]; 0 or -1 (message printed). */
@@ -433,9 +433,12 @@ static void bm_warm_up(const tqkv_model *m, const tqkv_model_state_params *base,
     tqkv_model_state_free(s);
 }
 
-/* The presets among --kv, resolved for m at each --ctx (the context run: ctx + gen + 1)
- * from base (so the device's own candidates); 0, or 1 (message printed). */
-static int bm_resolve_presets(bm_opts *o, const tqkv_model *m, const tqkv_model_state_params *base) {
+/* The presets among --kv, resolved for m (loaded from dir) at each --ctx (the context run:
+ * ctx + gen + 1) from base (so the device's own candidates), as run and ppl resolve them: a
+ * calibrated policy beside the model, else the shipped one, else the ranked presets
+ * (kvp_resolve_model); 0, or 1 (message printed). */
+static int bm_resolve_presets(bm_opts *o, const tqkv_model *m, const char *dir,
+                              const tqkv_model_state_params *base) {
     int any = 0;
     for (int k = 0; k < o->n_kv; k++) any |= o->is_preset[k];
     if (!any) return 0;
@@ -450,8 +453,8 @@ static int bm_resolve_presets(bm_opts *o, const tqkv_model *m, const tqkv_model_
             if (!o->is_preset[k]) continue;
             const int j = c * 32 + k;
             o->pre[j] = *base;
-            if (kvp_resolve(CMD, m, o->kv_items[k], o->ctxs[c] + o->gen + 1, &o->pre[j],
-                            o->pre_desc[j], sizeof o->pre_desc[j]))
+            if (kvp_resolve_model(CMD, m, dir, o->kv_items[k], o->ctxs[c] + o->gen + 1,
+                                  &o->pre[j], o->pre_desc[j], sizeof o->pre_desc[j]))
                 return 1;
             fprintf(stderr, "tqkv bench model: ctx %d: --kv %s -> %s\n", o->ctxs[c], o->kv_items[k],
                     o->pre_desc[j]);
@@ -693,7 +696,7 @@ int cmd_bench_model(int argc, char **argv) {
     /* the table is the progress display: on stderr when stdout carries JSON */
     FILE *tab = o.json ? stderr : stdout;
     const tqkv_model_state_params base = bm_prepare(&o, m, tab);
-    rc = bm_resolve_presets(&o, m, &base);
+    rc = bm_resolve_presets(&o, m, dir, &base);
     if (rc) goto done;
     bm_warm_up(m, &base, tok, max_ctx, logits);
     rc = bm_measure_all(&o, m, &base, tok, logits, res);
