@@ -257,6 +257,15 @@ typedef struct {
     uint64_t draft_prefill_tokens; /* prompt tokens run through the draft model (its chunks
                                       go with the target's, within prefill_step; after a
                                       prefix-cache hit it also runs the reused tokens) */
+    /* Where the scheduler's steps spend their time (wall clock; every forward waits for
+     * its device work, so each part holds its own): */
+    uint64_t steps;                /* tqkv_engine_step calls that found work */
+    uint64_t decode_steps;         /* steps that decoded (or ran a spec round on) the rows */
+    uint64_t decode_rows;          /* live rows summed over decode steps (mean batch =
+                                      decode_rows / decode_steps) */
+    double   prefill_seconds;      /* prompt chunks (target and draft) */
+    double   decode_seconds;       /* decode steps and spec rounds of the running rows */
+    double   merge_seconds;        /* joining prefilled rows to the running batch */
 } tqkv_engine_stats;
 
 TQKV_API tqkv_status tqkv_engine_stats_get(tqkv_engine *e, tqkv_engine_stats *out);

@@ -68,6 +68,12 @@ static void test_concurrent_equals_alone(void **state) {
     assert_int_equal(st.requests_finished[TQKV_FINISH_LENGTH], 2 * NJ);
     assert_true(st.ttft.count == 2 * NJ);
     assert_true(st.kv_bytes_per_token > 0);
+    /* step times: each request's first token comes from its prefill, every other from a
+     * decode step, which gives each live row one token (no draft here) */
+    assert_int_equal(st.generated_tokens, st.decode_rows + 2 * NJ);
+    assert_true(st.steps >= st.decode_steps && st.decode_steps > 0);
+    assert_true(st.decode_rows >= st.decode_steps);
+    assert_true(st.prefill_seconds > 0 && st.decode_seconds > 0 && st.merge_seconds >= 0);
     tqkv_engine_free(e);
 
     /* the threaded engine, all submitted at once from this thread */

@@ -966,6 +966,17 @@ static size_t engine_kv_allocated(tqkv_engine *e) {
     return total;
 }
 
+/* One step's share of the stats (e->mu held): `live` rows decoded, seconds spent in the
+ * prompt chunks, the rows' decode and the merge of newly prefilled rows. */
+static void step_times_add(tqkv_engine_stats *st, int live, double pre, double dec, double merge) {
+    st->steps++;
+    st->decode_steps += live > 0;
+    st->decode_rows += (uint64_t)live;
+    st->prefill_seconds += pre;
+    st->decode_seconds += dec;
+    st->merge_seconds += merge;
+}
+
 tqkv_status tqkv_engine_step(tqkv_engine *e, int *busy) {
     if (!e) return tqkv_fail(TQKV_EINVAL, "engine_step: NULL engine");
     enum { DROP_CAP = 64 };
@@ -985,6 +996,7 @@ tqkv_status tqkv_engine_step(tqkv_engine *e, int *busy) {
         req_free(q);
     }
     /* prefill: whole chunks, oldest newcomer first, about prefill_step tokens in all */
+    const double t0 = tqkv_now_s();
     int budget = e->p.prefill_step;
     for (int i = 0; i < e->n_pre && budget > 0; i++) {
         eng_req *q = e->pre[i];
@@ -1000,6 +1012,7 @@ tqkv_status tqkv_engine_step(tqkv_engine *e, int *busy) {
     int n_ready = 0;
     sweep_pre(e, ready, &n_ready);
     /* decode the running rows (newcomers join after this step) */
+    const double t1 = tqkv_now_s();
     tqkv_status rc = TQKV_OK;
     int live = 0;
     for (int i = 0; i < e->n_rows; i++) live += !e->rows[i]->finished && !e->rows[i]->cancel;
@@ -1017,7 +1030,9 @@ tqkv_status tqkv_engine_step(tqkv_engine *e, int *busy) {
                 req_finish_plain(e, e->rows[i], TQKV_FINISH_ERROR, msg);
         }
     }
+    const double t2 = tqkv_now_s();
     tqkv_status rc2 = sched_rows(e, ready, n_ready);
+    const double t3 = tqkv_now_s();
     if (rc2 != TQKV_OK) {
         char msg[256];
         snprintf(msg, sizeof msg, "%s", tqkv_last_error());
@@ -1029,6 +1044,7 @@ tqkv_status tqkv_engine_step(tqkv_engine *e, int *busy) {
     }
     free(ready);
     pthread_mutex_lock(&e->mu);
+    step_times_add(&e->st, live, t1 - t0, t2 - t1, t3 - t2);
     int b = e->n_queue + e->n_pre + e->n_rows > 0;
     e->st.running = e->n_rows;
     e->st.queued = e->n_queue;

@@ -57,6 +57,8 @@ static void histogram(mbuf *b, const char *name, const char *help, const tqkv_en
 #define COUNTER(name, help, value) \
     put(&b, "# HELP " name " " help "\n# TYPE " name " counter\n" name " %llu\n", \
         (unsigned long long)(value))
+#define SECONDS(name, help, value) \
+    put(&b, "# HELP " name " " help "\n# TYPE " name " counter\n" name " %.9g\n", (double)(value))
 #define GAUGE(name, help, fmt, value) \
     put(&b, "# HELP " name " " help "\n# TYPE " name " gauge\n" name " " fmt "\n", value)
 
@@ -81,6 +83,17 @@ char *srv_metrics_text(const tqkv_engine_stats *st, const double *lat_buckets,
             "(speculative decoding; its catch-up after prefix-cache hits included).",
             st->draft_prefill_tokens);
     COUNTER("tqkv_generated_tokens_total", "Generated tokens.", st->generated_tokens);
+    COUNTER("tqkv_engine_steps_total", "Scheduler steps that found work.", st->steps);
+    COUNTER("tqkv_engine_decode_steps_total", "Steps that decoded the running rows.",
+            st->decode_steps);
+    COUNTER("tqkv_engine_decode_rows_total", "Rows decoded, summed over decode steps.",
+            st->decode_rows);
+    SECONDS("tqkv_engine_prefill_seconds_total", "Wall time in prompt chunks.",
+            st->prefill_seconds);
+    SECONDS("tqkv_engine_decode_seconds_total", "Wall time decoding the running rows.",
+            st->decode_seconds);
+    SECONDS("tqkv_engine_merge_seconds_total", "Wall time joining prefilled rows to the batch.",
+            st->merge_seconds);
     GAUGE("tqkv_requests_running", "Rows in the running batch.", "%d", st->running);
     GAUGE("tqkv_requests_queued", "Requests waiting for admission.", "%d", st->queued);
     GAUGE("tqkv_http_open_requests", "Generation requests with an open HTTP response.", "%d",

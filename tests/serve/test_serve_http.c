@@ -352,6 +352,8 @@ static void test_api_key_models_metrics(void **state) {
     assert_non_null(strstr(r.body, "tqkv_http_requests_total{code=\"200\"} 3\n"));
     assert_non_null(strstr(r.body, "tqkv_generated_tokens_total 2\n"));
     assert_non_null(strstr(r.body, "tqkv_draft_prefill_tokens_total 0\n")); /* no draft */
+    assert_non_null(strstr(r.body, "# TYPE tqkv_engine_decode_seconds_total counter\n"));
+    assert_non_null(strstr(r.body, "\ntqkv_engine_prefill_seconds_total "));
     assert_non_null(strstr(r.body, "# TYPE tqkv_time_to_first_token_seconds histogram"));
     assert_non_null(strstr(r.body, "tqkv_inter_token_latency_seconds_bucket{le=\"+Inf\"}"));
     assert_non_null(strstr(r.body, "tqkv_kv_bytes_per_token"));
