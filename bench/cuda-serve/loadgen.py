@@ -12,7 +12,9 @@ TTFT = first streamed text chunk - send; TPOT = (end - first chunk) / (tokens - 
 
 Usage: loadgen.py --url http://127.0.0.1:8080 --requests 300 --rate 2|inf --input 1024
                   --output 512 [--seed 1] [--label NAME] [--timeout 1800]
-Prints one JSON object on stdout; progress on stderr every 10 s.
+Prints one JSON object on stdout; progress on stderr every 10 s. When the server is tqkv, the
+object also holds the engine's split of the run from /metrics before and after: steps, mean
+decode batch, seconds in prefill / decode / merge, and the served prefill rate.
 """
 import argparse, asyncio, json, random, sys, time
 from urllib.parse import urlparse
@@ -68,6 +70,46 @@ async def one(host, port, path, body, res):
     res["end"] = time.perf_counter()
 
 
+ENGINE_METRICS = ("tqkv_engine_steps_total", "tqkv_engine_decode_steps_total",
+                  "tqkv_engine_decode_rows_total", "tqkv_engine_prefill_seconds_total",
+                  "tqkv_engine_decode_seconds_total", "tqkv_engine_merge_seconds_total",
+                  "tqkv_prefill_tokens_total")
+
+
+async def metrics(host, port):
+    """The server's engine counters (ENGINE_METRICS) from GET /metrics; {} when absent."""
+    try:
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(f"GET /metrics HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+        await writer.drain()
+        text = (await reader.read()).decode(errors="replace")
+        writer.close()
+    except Exception:  # noqa: BLE001 - the figures are extra, not required
+        return {}
+    out = {}
+    for line in text.split("\n"):
+        f = line.split()
+        if len(f) == 2 and f[0] in ENGINE_METRICS:
+            out[f[0]] = float(f[1])
+    return out
+
+
+def engine_split(m0, m1):
+    """Where the server's time went between two scrapes: steps, mean decode batch, seconds
+    in prefill / decode / merge and the served prefill rate."""
+    if not all(k in m0 and k in m1 for k in ENGINE_METRICS):
+        return {}
+    d = {k: m1[k] - m0[k] for k in ENGINE_METRICS}
+    ds, pre = d["tqkv_engine_decode_steps_total"], d["tqkv_engine_prefill_seconds_total"]
+    return {"engine_steps": int(d["tqkv_engine_steps_total"]), "engine_decode_steps": int(ds),
+            "engine_mean_decode_rows": round(d["tqkv_engine_decode_rows_total"] / ds, 2) if ds else None,
+            "engine_prefill_s": round(pre, 3),
+            "engine_decode_s": round(d["tqkv_engine_decode_seconds_total"], 3),
+            "engine_merge_s": round(d["tqkv_engine_merge_seconds_total"], 3),
+            "engine_prefill_tokens_per_s":
+                round(d["tqkv_prefill_tokens_total"] / pre, 1) if pre > 0 else None}
+
+
 async def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--url", default="http://127.0.0.1:8080")
@@ -93,6 +135,7 @@ async def main():
             print(f"loadgen {a.label}: {done}/{a.requests} done, {time.perf_counter() - t0:.0f} s",
                   file=sys.stderr, flush=True)
 
+    m0 = await metrics(u.hostname, u.port or 80)
     prog = asyncio.ensure_future(progress())
     for i in range(a.requests):
         body = {"prompt": [rng.randrange(a.id_lo, a.id_hi) for _ in range(a.input)],
@@ -116,6 +159,7 @@ async def main():
            "request_per_s": round(len(ok) / span, 3) if span > 0 else None,
            "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
            "tpot_p50_s": percentile(tpot, 50), "tpot_p99_s": percentile(tpot, 99)}
+    out.update(engine_split(m0, await metrics(u.hostname, u.port or 80)))
     errs = [r.get("error") or r.get("status") for r in results if r not in ok]
     if errs:
         out["first_error"] = str(errs[0])
