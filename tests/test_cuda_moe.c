@@ -329,6 +329,17 @@ static void test_router_wide_models(void **st) {
     }
 }
 
+/* One token's gather in the router kernel (the default) == its own launch
+ * (mc_moe_set_fold_gather(0)) in whole models: decode at 1 row folds it, 3 rows never. */
+static void test_fold_gather_models(void **st) {
+    (void)st;
+    const int cks[] = {CK_A, CK_B, CK_Q35, CK_G4};
+    for (int i = 0; i < 4; i++)
+        for (int R = 3; R >= 1; R -= 2)
+            routing_ab(cks[i], i % 2 ? TQKV_TQ4 : TQKV_F32, R, mc_moe_set_fold_gather,
+                       "gather in the router kernel == gather launch");
+}
+
 /* The norm kernels with a thread's values in registers (the default) == their passes of
  * loads (model_cuda_set_norm_regs(0)): the common graph's RMSNorm and Gemma 4's norms. */
 static void test_norm_regs_models(void **st) {
@@ -793,6 +804,7 @@ static void test_router_wide(void **st) {
 static int router_wide_teardown(void **st) { /* also after a failure */
     (void)st;
     mc_moe_set_router_wide(-1);
+    mc_moe_set_fold_gather(-1);
     mc_moe_set_route_fast(-1);
     return 0;
 }
@@ -866,6 +878,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_norm_regs_models, fused_teardown),
         cmocka_unit_test_teardown(test_router_wide, router_wide_teardown),
         cmocka_unit_test_teardown(test_router_wide_models, router_wide_teardown),
+        cmocka_unit_test_teardown(test_fold_gather_models, router_wide_teardown),
         cmocka_unit_test(test_parity_a_f32),
         cmocka_unit_test(test_parity_a_tq4),
         cmocka_unit_test(test_parity_b_f32),

@@ -71,6 +71,12 @@ void        mc_moe_set_route_fast(int on);
  * (token, expert) (0): the same logits, picks, weights and integers; -1: as the environment
  * says. For tests and A/B runs; not while a forward runs on another thread. */
 void        mc_moe_set_router_wide(int on);
+/* At one token with the router as a block per expert and the grouped GEMMs, the gather of
+ * the token's row for every pick (and its GEMM split) by the router kernel's blocks (1, the
+ * default unless the environment has TQKV_MOE_FOLD_GATHER=0; the row does not depend on the
+ * picks) or by the gather launch (0): the same stores; -1: as the environment says. For
+ * tests and A/B runs; not while a forward runs on another thread. */
+void        mc_moe_set_fold_gather(int on);
 
 /* One routing of T tokens alone on the device with the current switches, for tests. */
 typedef struct {

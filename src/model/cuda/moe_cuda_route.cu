@@ -72,6 +72,24 @@ static int router_wide_on(void) {
     return on;
 }
 
+/* One token's gather folded into the router's block per expert: -1 until the first use reads
+ * TQKV_MOE_FOLD_GATHER (0: off). */
+static int g_fold_gather = -1;
+
+extern "C" void mc_moe_set_fold_gather(int on) {
+    __atomic_store_n(&g_fold_gather, on < 0 ? -1 : on ? 1 : 0, __ATOMIC_RELAXED);
+}
+
+static int fold_gather_on(void) {
+    int on = __atomic_load_n(&g_fold_gather, __ATOMIC_RELAXED);
+    if (on < 0) {
+        const char *e = getenv("TQKV_MOE_FOLD_GATHER");
+        on = !(e && !strcmp(e, "0"));
+        __atomic_store_n(&g_fold_gather, on, __ATOMIC_RELAXED);
+    }
+    return on;
+}
+
 int mc_moe_grouped_on(void) {
     if (g_grouped < 0) {
         const char *e = getenv("TQKV_MOE_GROUPED");
@@ -97,10 +115,19 @@ struct moe_place_out {
     int P, K, E, G;
     int32_t *groups, *tok, *pair, *count, *back;
 };
+/* One token's gather folded into the router (moe_router_wide_kernel; xg NULL: none): every
+ * pair's row is the token's, xg [K, H] = xn [0] and xf its GEMM split, as moe_gather_kernel. */
+struct moe_gather_one {
+    const float *xn;            /* [1, H] the experts' input */
+    float *xg;                  /* [K, H] */
+    uint16_t *xf;               /* [parts, K, H], or NULL */
+    int parts;
+};
 struct moe_tail {
     int *done;                  /* NULL: the router alone */
     moe_route_out r;
     moe_place_out p;
+    moe_gather_one g1;          /* moe_router_wide_kernel only */
 };
 
 /* The router's fused tail: at most this many pairs (P = T K), and its block size. */
@@ -438,12 +465,22 @@ moe_router_kernel(const float *__restrict__ xr, const float *__restrict__ rw, in
  * the others' loads of it hit L1/L2), so the E dot products spread over E SMs instead of
  * E / 4; the tail's routing holds NJ experts a lane (NJ = 4 up to 128 experts: a quarter of
  * the registers, code and guarded steps of MOE_NJ; the skipped ones were never used).
- * grid E, block 128. */
+ * With tail.g1.xg (one token) the blocks also write the experts' gathered rows first
+ * (moe_gather_kernel's stores: its launch is then left out). grid E, block 128. */
 template <int NJ>
 __global__ void __launch_bounds__(MOE_TAIL_THREADS)
 moe_router_wide_kernel(const float *__restrict__ xr, const float *__restrict__ rw, int T, int E,
                        int H, int bf16x, float *__restrict__ logits, const moe_tail tail) {
     const int e = blockIdx.x;
+    if (tail.g1.xg) { /* T = 1: tok [p] = 0 for every pair, whatever the picks */
+        const size_t n = (size_t)tail.r.K * H;
+        for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+             i += (size_t)gridDim.x * blockDim.x) {
+            const float v = tail.g1.xn[i % H];
+            tail.g1.xg[i] = v;
+            if (tail.g1.xf) mc_split_store(tail.g1.xf, n, i, v, tail.g1.parts);
+        }
+    }
     for (int t = threadIdx.x >> 5; t < T; t += MOE_TAIL_THREADS / 32) {
         const float s = router_dot<64>(xr + (size_t)t * H, rw + (size_t)e * H, H, bf16x);
         if ((threadIdx.x & 31) == 0) logits[(size_t)t * E + e] = s;
@@ -536,10 +573,12 @@ __global__ void moe_place_kernel(const int32_t *__restrict__ sel, int P, int K, 
 /* The routing's launches of T tokens xr [T, H] on stream s into logits [T, E] and idx
  * (IDX_*; G = min(E, T K) groups): the router with its fused tail (up to MOE_FUSED_P pairs,
  * done: the zeroed counter), a block per expert up to MOE_WIDE_T tokens (router_wide_on), or
- * the router, route and place launches. */
+ * the router, route and place launches. g1.xg: one token's gather, which the block per
+ * expert folds in (fold_gather_on): *gathered 1 when it did. */
 static tqkv_status route_launch(cudaStream_t s, const float *router, const float *scale,
                                 int bf16x, int E, int K, int H, int norm, int T, const float *xr,
-                                float *logits, int32_t *idx, int *done) {
+                                float *logits, int32_t *idx, int *done, int *gathered,
+                                const moe_gather_one &g1) {
     const size_t P = (size_t)T * K;
     const int G = E < (int)P ? E : (int)P;
     moe_tail tl;
@@ -549,8 +588,11 @@ static tqkv_status route_launch(cudaStream_t s, const float *router, const float
                          idx + IDX_COUNT(E, P), idx + IDX_COUNT(E, P) + E};
     /* up to MOE_FUSED_P pairs (decode) the router's last block routes and places too */
     tl.done = g_fused && P <= MOE_FUSED_P ? done : NULL;
+    tl.g1 = moe_gather_one{NULL, NULL, NULL, 0};
     const unsigned nb = (unsigned)(((size_t)T * E + 3) / 4);
+    *gathered = 0;
     if (tl.done && T <= MOE_WIDE_T && router_wide_on()) {
+        if (T == 1 && g1.xg && fold_gather_on()) tl.g1 = g1, *gathered = 1;
         if (E <= 128)
             moe_router_wide_kernel<4><<<(unsigned)E, MOE_TAIL_THREADS, 0, s>>>(xr, router, T, E, H,
                                                                                bf16x, logits, tl);
@@ -572,19 +614,23 @@ static tqkv_status route_launch(cudaStream_t s, const float *router, const float
 }
 
 /* The routing of T tokens on g's stream (route_launch): router logits, each token's picks, the pairs
- * grouped by expert (x->idx). r gets the grouped GEMMs' bounds (decode: min(E, P) groups of
+ * grouped by expert (x->idx), and at one token with the grouped GEMMs maybe the gather of xn
+ * into x->xg (and its split into xf, when not NULL; r->gathered says). r gets the grouped GEMMs' bounds (decode: min(E, P) groups of
  * at most T rows, no wait) or, above GEMM_CUDA_SMALL_T tokens and for the per-expert path,
  * the exact ones read back (one wait; r->count then points at the experts' counts). A step
  * being captured (decode at any row count) always takes the bounds. */
 tqkv_status mc_moe_route_queue(model_cuda *g, const mc_moe_layer *D, const moe_shape *sh,
-                               mc_moe_state *x, const float *xr, int T, moe_routing *r) {
+                               mc_moe_state *x, const float *xr, const float *xn, uint16_t *xf,
+                               int T, moe_routing *r) {
     const int E = sh->n_experts, K = sh->top_k, H = sh->hidden;
     const size_t P = (size_t)T * K;
     const cudaStream_t s = g->stream;
-    r->E = E, r->P = (int)P, r->G = E < (int)P ? E : (int)P, r->most = T, r->count = NULL;
-    tqkv_status st = route_launch(s, D->router, D->scale, g->m->bf16_act, E, K, H, sh->norm_topk,
-                                  T, xr, x->logits, x->idx, x->done);
     const int per_expert = !mc_moe_grouped_on() || g->cublas;
+    r->E = E, r->P = (int)P, r->G = E < (int)P ? E : (int)P, r->most = T, r->count = NULL;
+    /* one token's gather in the router, for the grouped GEMMs (the bounds: no read-back) */
+    const moe_gather_one g1{xn, per_expert ? NULL : x->xg, xf, g->gemm_parts};
+    tqkv_status st = route_launch(s, D->router, D->scale, g->m->bf16_act, E, K, H, sh->norm_topk,
+                                  T, xr, x->logits, x->idx, x->done, &r->gathered, g1);
     if (st || (T <= GEMM_CUDA_SMALL_T && !per_expert)) return st;
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     st = mc_ck(cudaStreamIsCapturing(s, &cs), "experts routing");
@@ -627,8 +673,10 @@ static tqkv_status probe_run(probe_bufs *b, cudaStream_t s, const mc_moe_probe *
     if (!st) st = mc_ck(cudaMemsetAsync(b->idx, 0, W * 4, s), "probe");
     if (!st) st = mc_ck(cudaMemsetAsync(b->logits, 0, T * E * 4, s), "probe");
     if (!st) st = mc_ck(cudaMemsetAsync(b->done, 0, sizeof(int), s), "probe");
+    int gathered;
     if (!st) st = route_launch(s, b->rw, b->sc, q->bf16x, q->E, q->K, q->H, q->norm, q->T, b->xr,
-                               b->logits, b->idx, b->done);
+                               b->logits, b->idx, b->done, &gathered,
+                               moe_gather_one{NULL, NULL, NULL, 0});
     if (!st) st = mc_ck(cudaMemcpyAsync(logits, b->logits, T * E * 4, cudaMemcpyDeviceToHost, s), "probe");
     if (!st) st = mc_ck(cudaMemcpyAsync(idx, b->idx, W * 4, cudaMemcpyDeviceToHost, s), "probe");
     if (!st) st = mc_ck(cudaStreamSynchronize(s), "probe");
