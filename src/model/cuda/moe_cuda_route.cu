@@ -281,11 +281,8 @@ __device__ void moe_route_token(const float *l, float *ps, const moe_route_out &
     if (o.norm) mw = __fdiv_rn(mw, tot);
     if (o.scale) mw = __fmul_rn(mw, msc);
     int rank = 0;             /* picks with a lower expert (distinct experts) */
-#pragma unroll
-    for (int k = 0; k < MOE_CUDA_K_MAX; k++) {
-        const int e = __shfl_sync(0xffffffffu, ms, k);
-        rank += k < K && e < ms;
-    }
+#pragma unroll 4
+    for (int k = 0; k < K; k++) rank += __shfl_sync(0xffffffffu, ms, k) < ms;
     if (lane < K) {
         o.sel[t * K + rank] = ms;
         o.wbits[t * K + rank] = __float_as_int(mw);
@@ -460,28 +457,29 @@ moe_router_kernel(const float *__restrict__ xr, const float *__restrict__ rw, in
 }
 
 /* moe_router_kernel with its tail at few tokens (T <= MOE_WIDE_T; mc_moe_set_router_wide):
- * a block per expert e, its warp w the logits [t, e] of t = w, w + 4, ... (the same
- * router_dot: the same bits; the expert's row is read from DRAM once, by the first warp,
- * the others' loads of it hit L1/L2), so the E dot products spread over E SMs instead of
- * E / 4; the tail's routing holds NJ experts a lane (NJ = 4 up to 128 experts: a quarter of
- * the registers, code and guarded steps of MOE_NJ; the skipped ones were never used).
- * With tail.g1.xg (one token) the blocks also write the experts' gathered rows first
- * (moe_gather_kernel's stores: its launch is then left out). grid E, block 128. */
+ * block b the logits [t, e] of expert e = b mod E for its 4 tokens t = 4 (b / E) + w, a warp
+ * w each (the same router_dot: the same bits). The E dot products of a token spread over E
+ * SMs instead of E / 4, and the expert's row goes from DRAM once to the block's warps (L1)
+ * instead of once a token. The tail's routing holds NJ experts a lane (NJ = 4 up to 128
+ * experts: a quarter of the registers, code and guarded steps of MOE_NJ; the ones it leaves
+ * out were never used). With tail.g1.xg (one token) the blocks also write the experts'
+ * gathered rows first (moe_gather_kernel's stores: its launch is then left out).
+ * grid E ceil(T / 4), block 128. */
 template <int NJ>
 __global__ void __launch_bounds__(MOE_TAIL_THREADS)
 moe_router_wide_kernel(const float *__restrict__ xr, const float *__restrict__ rw, int T, int E,
                        int H, int bf16x, float *__restrict__ logits, const moe_tail tail) {
-    const int e = blockIdx.x;
+    const int e = (int)(blockIdx.x % (unsigned)E);
+    const int t = (int)(blockIdx.x / (unsigned)E) * (MOE_TAIL_THREADS / 32) + (threadIdx.x >> 5);
     if (tail.g1.xg) { /* T = 1: tok [p] = 0 for every pair, whatever the picks */
-        const size_t n = (size_t)tail.r.K * H;
-        for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-             i += (size_t)gridDim.x * blockDim.x) {
-            const float v = tail.g1.xn[i % H];
+        const unsigned n = (unsigned)tail.r.K * (unsigned)H; /* K H < 2^32 (route_launch) */
+        for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+            const float v = tail.g1.xn[i % (unsigned)H];
             tail.g1.xg[i] = v;
             if (tail.g1.xf) mc_split_store(tail.g1.xf, n, i, v, tail.g1.parts);
         }
     }
-    for (int t = threadIdx.x >> 5; t < T; t += MOE_TAIL_THREADS / 32) {
+    if (t < T) { /* uniform over the warp */
         const float s = router_dot<64>(xr + (size_t)t * H, rw + (size_t)e * H, H, bf16x);
         if ((threadIdx.x & 31) == 0) logits[(size_t)t * E + e] = s;
     }
@@ -592,13 +590,15 @@ static tqkv_status route_launch(cudaStream_t s, const float *router, const float
     const unsigned nb = (unsigned)(((size_t)T * E + 3) / 4);
     *gathered = 0;
     if (tl.done && T <= MOE_WIDE_T && router_wide_on()) {
-        if (T == 1 && g1.xg && fold_gather_on()) tl.g1 = g1, *gathered = 1;
+        if (T == 1 && g1.xg && (size_t)K * H < (1u << 31) && fold_gather_on())
+            tl.g1 = g1, *gathered = 1;
+        const unsigned nw = (unsigned)E * (unsigned)((T + 3) / 4);
         if (E <= 128)
-            moe_router_wide_kernel<4><<<(unsigned)E, MOE_TAIL_THREADS, 0, s>>>(xr, router, T, E, H,
-                                                                               bf16x, logits, tl);
+            moe_router_wide_kernel<4><<<nw, MOE_TAIL_THREADS, 0, s>>>(xr, router, T, E, H, bf16x,
+                                                                      logits, tl);
         else
-            moe_router_wide_kernel<MOE_NJ><<<(unsigned)E, MOE_TAIL_THREADS, 0, s>>>(
-                xr, router, T, E, H, bf16x, logits, tl);
+            moe_router_wide_kernel<MOE_NJ><<<nw, MOE_TAIL_THREADS, 0, s>>>(xr, router, T, E, H,
+                                                                           bf16x, logits, tl);
     } else if (P <= MOE_FUSED_P) {
         moe_router_kernel<64><<<nb, MOE_TAIL_THREADS, 0, s>>>(xr, router, T, E, H, bf16x, logits, tl);
     } else {
