@@ -35,6 +35,12 @@
  *  - the routing fused into the router's last block gives the bits of its own route and
  *    place launches, and its fast picks (warp reductions) and one token's direct placement
  *    give those of the (value, index) butterfly and the block's counting (at 3 rows and 1);
+ *  - the router as a block per (expert, 4 tokens) at up to 8 tokens gives the bits of its
+ *    warp per (token, expert): mc_moe_route_probe at E 128 top 8 H 2048 (Qwen3-30B-A3B) and
+ *    four other shapes (16 experts a lane above 128, H past one round of loads, scaled and
+ *    not renormalised), T = 1, 2, 8, with a tie at token 0's top and an all-zero token 1:
+ *    logits equal a host emulation of the kernel's order, every index word equal; and whole
+ *    models' logits, as one token's gather folded into it against the gather launch;
  *  - the norm kernels with a thread's values in registers give the bits of their passes of
  *    loads (Qwen3-MoE, Qwen 3.5 and Gemma 4 checkpoints);
  *  - a device init of the head_dim 32 golden is refused with a message.

@@ -30,8 +30,12 @@
  *                   tokens; the unused groups up to the bound get no rows
  *                   (up to MOE_FUSED_P pairs, i.e. decode, the router kernel's last block
  *                   does route and place itself: one launch instead of three, same integers;
- *                   one token's pairs placed by its warp, moe_place_one)
- *   gather_kernel   xg [P, H] = xn [tok[p]]
+ *                   one token's pairs placed by its warp, moe_place_one; up to
+                   MOE_WIDE_T = 8 tokens the router with its tail is router_wide_kernel: a
+                   block per (expert, 4 tokens), the same dot products, so they spread over
+                   E SMs, and at one token its blocks also do the gather below)
+ *   gather_kernel   xg [P, H] = xn [tok[p]]           (not at one token with the grouped GEMMs:
+                                                     the router kernel wrote it, r.gathered)
  *   per expert e    gu = xg[o_e .. o_e + n_e) . wgu_e^T   [n_e, 2I]   (tqkv_cuda_gemm_grouped:
  *                                                                       every expert in one
  *                                                                       launch, bitwise the

@@ -4,7 +4,8 @@
  * Owns: the router, route and place kernels (and the router's fused tail that routes and
  * places at decode sizes), the host side of one call's routing (the grouped GEMMs' bounds,
  * or the exact ones read back), the shared expert's gate launch, and the switches the
- * routing and the GEMMs' form read (TQKV_MOE_GROUPED, the fused tail, TQKV_MOE_ROUTE_FAST).
+ * routing and the GEMMs' form read (TQKV_MOE_GROUPED, the fused tail, TQKV_MOE_ROUTE_FAST,
+ * TQKV_MOE_ROUTER_WIDE, TQKV_MOE_FOLD_GATHER), and mc_moe_route_probe (one routing, tests).
  * Must not: let a token's picks depend on the other tokens of the call (a warp per token,
  * ties to the lower index: moe.c's moe_route_token).
  */
@@ -613,12 +614,13 @@ static tqkv_status route_launch(cudaStream_t s, const float *router, const float
     return mc_ck(cudaGetLastError(), "experts routing");
 }
 
-/* The routing of T tokens on g's stream (route_launch): router logits, each token's picks, the pairs
- * grouped by expert (x->idx), and at one token with the grouped GEMMs maybe the gather of xn
- * into x->xg (and its split into xf, when not NULL; r->gathered says). r gets the grouped GEMMs' bounds (decode: min(E, P) groups of
- * at most T rows, no wait) or, above GEMM_CUDA_SMALL_T tokens and for the per-expert path,
- * the exact ones read back (one wait; r->count then points at the experts' counts). A step
- * being captured (decode at any row count) always takes the bounds. */
+/* The routing of T tokens on g's stream (route_launch): router logits, each token's picks,
+ * the pairs grouped by expert (x->idx), and at one token with the grouped GEMMs maybe the
+ * gather of xn into x->xg (and its split into xf, when not NULL; r->gathered says). r gets
+ * the grouped GEMMs' bounds (decode: min(E, P) groups of at most T rows, no wait) or, above
+ * GEMM_CUDA_SMALL_T tokens and for the per-expert path, the exact ones read back (one wait;
+ * r->count then points at the experts' counts). A step being captured (decode at any row
+ * count) always takes the bounds. */
 tqkv_status mc_moe_route_queue(model_cuda *g, const mc_moe_layer *D, const moe_shape *sh,
                                mc_moe_state *x, const float *xr, const float *xn, uint16_t *xf,
                                int T, moe_routing *r) {
