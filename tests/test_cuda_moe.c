@@ -761,8 +761,10 @@ static void router_wide_case(int T, int E, int K, int H, int norm, int bf16x, in
     for (int fast = 1; fast >= 0; fast--) {
         mc_moe_set_route_fast(fast);
         for (int i = 0; i < 2; i++) {
+            int wide = -1;
             mc_moe_set_router_wide(1 - i);
-            OK(mc_moe_route_probe(&q, lg[i], ix[i]));
+            OK(mc_moe_route_probe(&q, lg[i], ix[i], &wide));
+            assert_int_equal(wide, 1 - i); /* the switch picked the form */
         }
         for (int t = 0; t < T; t++)
             for (int e = 0; e < E; e++) {
@@ -798,6 +800,12 @@ static void router_wide_case(int T, int E, int K, int H, int norm, int bf16x, in
 static void test_router_wide(void **st) {
     (void)st;
     static const int Ts[] = {1, 2, 8};
+    float rw[4 * 8] = {0}, xr[8] = {0}, lg[4];
+    int32_t ix[64];
+    int wide = -1;
+    const mc_moe_probe bad = {rw, NULL, xr, 1, 4, 5, 8, 1, 0}; /* top 5 of 4 experts */
+    assert_int_equal(mc_moe_route_probe(&bad, lg, ix, &wide), TQKV_EINVAL);
+    assert_int_equal(wide, -1);
     for (int i = 0; i < 3; i++) {
         router_wide_case(Ts[i], 128, 8, 2048, 1, 1, 0); /* Qwen3-30B-A3B */
         router_wide_case(Ts[i], 8, 2, 64, 1, 0, 0);

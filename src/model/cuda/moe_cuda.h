@@ -89,8 +89,9 @@ typedef struct {
 } mc_moe_probe;
 /* Routes q on a stream of its own: logits [T, E] and idx, the routing's index words
  * [4 E + 4 P + E + 2] (P = T K): groups [E, 4] (zero past the used ones) | tok [P] | pair [P]
- * | weight bits [P] | sel [P] | count [E] | used groups, most rows. TQKV_EINVAL on a bad shape. */
-tqkv_status mc_moe_route_probe(const mc_moe_probe *q, float *logits, int32_t *idx);
+ * | weight bits [P] | sel [P] | count [E] | used groups, most rows; *wide 1 when the router
+ * ran as a block per expert. TQKV_EINVAL on a bad shape. */
+tqkv_status mc_moe_route_probe(const mc_moe_probe *q, float *logits, int32_t *idx, int *wide);
 
 /* --- hooks for a `moe_layer` array behind the common device graph --------------------- */
 

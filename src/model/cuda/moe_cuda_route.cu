@@ -573,7 +573,8 @@ __global__ void moe_place_kernel(const int32_t *__restrict__ sel, int P, int K, 
  * (IDX_*; G = min(E, T K) groups): the router with its fused tail (up to MOE_FUSED_P pairs,
  * done: the zeroed counter), a block per expert up to MOE_WIDE_T tokens (router_wide_on), or
  * the router, route and place launches. g1.xg: one token's gather, which the block per
- * expert folds in (fold_gather_on): *gathered 1 when it did. */
+ * expert folds in (fold_gather_on): *gathered 1 when it did (2: the block per expert ran
+ * without it, 0: another form). */
 static tqkv_status route_launch(cudaStream_t s, const float *router, const float *scale,
                                 int bf16x, int E, int K, int H, int norm, int T, const float *xr,
                                 float *logits, int32_t *idx, int *done, int *gathered,
@@ -591,6 +592,7 @@ static tqkv_status route_launch(cudaStream_t s, const float *router, const float
     const unsigned nb = (unsigned)(((size_t)T * E + 3) / 4);
     *gathered = 0;
     if (tl.done && T <= MOE_WIDE_T && router_wide_on()) {
+        *gathered = 2;
         if (T == 1 && g1.xg && (size_t)K * H < (1u << 31) && fold_gather_on())
             tl.g1 = g1, *gathered = 1;
         const unsigned nw = (unsigned)E * (unsigned)((T + 3) / 4);
@@ -633,6 +635,7 @@ tqkv_status mc_moe_route_queue(model_cuda *g, const mc_moe_layer *D, const moe_s
     const moe_gather_one g1{xn, per_expert ? NULL : x->xg, xf, g->gemm_parts};
     tqkv_status st = route_launch(s, D->router, D->scale, g->m->bf16_act, E, K, H, sh->norm_topk,
                                   T, xr, x->logits, x->idx, x->done, &r->gathered, g1);
+    r->gathered = r->gathered == 1;
     if (st || (T <= GEMM_CUDA_SMALL_T && !per_expert)) return st;
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     st = mc_ck(cudaStreamIsCapturing(s, &cs), "experts routing");
@@ -659,7 +662,7 @@ typedef struct {
 } probe_bufs;
 
 static tqkv_status probe_run(probe_bufs *b, cudaStream_t s, const mc_moe_probe *q, float *logits,
-                             int32_t *idx) {
+                             int32_t *idx, int *wide) {
     const size_t E = (size_t)q->E, H = (size_t)q->H, T = (size_t)q->T,
                  W = IDX_WORDS(E, T * (size_t)q->K);
     tqkv_status st = mc_dmalloc((void **)&b->rw, E * H * 4);
@@ -675,25 +678,27 @@ static tqkv_status probe_run(probe_bufs *b, cudaStream_t s, const mc_moe_probe *
     if (!st) st = mc_ck(cudaMemsetAsync(b->idx, 0, W * 4, s), "probe");
     if (!st) st = mc_ck(cudaMemsetAsync(b->logits, 0, T * E * 4, s), "probe");
     if (!st) st = mc_ck(cudaMemsetAsync(b->done, 0, sizeof(int), s), "probe");
-    int gathered;
+    int form = 0;
     if (!st) st = route_launch(s, b->rw, b->sc, q->bf16x, q->E, q->K, q->H, q->norm, q->T, b->xr,
-                               b->logits, b->idx, b->done, &gathered,
+                               b->logits, b->idx, b->done, &form,
                                moe_gather_one{NULL, NULL, NULL, 0});
+    *wide = form == 2;
     if (!st) st = mc_ck(cudaMemcpyAsync(logits, b->logits, T * E * 4, cudaMemcpyDeviceToHost, s), "probe");
     if (!st) st = mc_ck(cudaMemcpyAsync(idx, b->idx, W * 4, cudaMemcpyDeviceToHost, s), "probe");
     if (!st) st = mc_ck(cudaStreamSynchronize(s), "probe");
     return st;
 }
 
-extern "C" tqkv_status mc_moe_route_probe(const mc_moe_probe *q, float *logits, int32_t *idx) {
-    if (!q || !q->router || !q->xr || !logits || !idx || q->T < 1 || q->E < 1 || q->H < 1 ||
+extern "C" tqkv_status mc_moe_route_probe(const mc_moe_probe *q, float *logits, int32_t *idx,
+                                          int *wide) {
+    if (!q || !q->router || !q->xr || !logits || !idx || !wide || q->T < 1 || q->E < 1 || q->H < 1 ||
         q->K < 1 || q->K > q->E || q->E > MOE_CUDA_E_MAX || q->K > MOE_CUDA_K_MAX)
         return tqkv_fail(TQKV_EINVAL, "mc_moe_route_probe: bad shape");
     cudaStream_t s;
     tqkv_status st = mc_ck(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "probe");
     if (st) return st;
     probe_bufs b = {};
-    st = probe_run(&b, s, q, logits, idx);
+    st = probe_run(&b, s, q, logits, idx, wide);
     cudaStreamSynchronize(s);
     void *ps[] = {b.rw, b.sc, b.xr, b.logits, b.idx, b.done};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) cudaFree(ps[i]);
