@@ -12,7 +12,8 @@
 # The sum of the kernel times of one step against the graph's step time is the time between
 # kernels. `python3 scripts/ncu_step_table.py ncu_SHAPE.csv` folds it by kernel name.
 # AB=1 runs both again with the small kernels' earlier paths (TQKV_MOE_ROUTE_FAST=0
-# TQKV_NORM_REGS=0 TQKV_PICK_SPLIT=0: the same bits), into step_SHAPE_old.json and
+# TQKV_NORM_REGS=0 TQKV_PICK_SPLIT=0 TQKV_MOE_ROUTER_WIDE=0 TQKV_MOE_FOLD_GATHER=0: the same
+# bits), into step_SHAPE_old.json and
 # ncu_SHAPE_old.csv (the router's 64-value loads have no switch: main's build for those).
 set -u -o pipefail
 SHAPES=${1:-llama8b qwen3moe}
@@ -28,7 +29,8 @@ for s in $SHAPES; do
   step 200 "make_$s" python3 "$mk" "$M" 4 >"$W/make_$s.log" 2>&1
   for v in $VARIANTS; do
     x=$s; E=(env)
-    [ "$v" = old ] && x=${s}_old && E=(env TQKV_MOE_ROUTE_FAST=0 TQKV_NORM_REGS=0 TQKV_PICK_SPLIT=0)
+    [ "$v" = old ] && x=${s}_old && E=(env TQKV_MOE_ROUTE_FAST=0 TQKV_NORM_REGS=0 TQKV_PICK_SPLIT=0 \
+      TQKV_MOE_ROUTER_WIDE=0 TQKV_MOE_FOLD_GATHER=0)
     step 200 "step_$x" "${E[@]}" ./tqkv bench model --device cuda --model "$M" --rows 1 --ctx 4096 \
       --kv tq4 --gen 16 --reps 2 --graphs 0,1 --fill synthetic --json >"$W/step_$x.json" 2>"$W/step_$x.err"
     step 300 "ncu_$x" "${E[@]}" ncu --metrics gpu__time_duration.sum --csv --page raw \

@@ -35,6 +35,12 @@
  *  - the routing fused into the router's last block gives the bits of its own route and
  *    place launches, and its fast picks (warp reductions) and one token's direct placement
  *    give those of the (value, index) butterfly and the block's counting (at 3 rows and 1);
+ *  - the router as a block per (expert, 4 tokens) at up to 8 tokens gives the bits of its
+ *    warp per (token, expert): mc_moe_route_probe at E 128 top 8 H 2048 (Qwen3-30B-A3B) and
+ *    four other shapes (16 experts a lane above 128, H past one round of loads, scaled and
+ *    not renormalised), T = 1, 2, 8, with a tie at token 0's top and an all-zero token 1:
+ *    logits equal a host emulation of the kernel's order, every index word equal; and whole
+ *    models' logits, as one token's gather folded into it against the gather launch;
  *  - the norm kernels with a thread's values in registers give the bits of their passes of
  *    loads (Qwen3-MoE, Qwen 3.5 and Gemma 4 checkpoints);
  *  - a device init of the head_dim 32 golden is refused with a message.
@@ -43,6 +49,7 @@
  * the CPU (the device states mapped to CPU states, f16 KV standing in for the bf16 device
  * cache) while this file was written, to check the checkpoints and the bounds.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -311,6 +318,32 @@ static void test_route_fast(void **st) {
                               : "fast routing == butterfly routing (own launches)");
     }
     mc_moe_set_fused(1);
+}
+
+/* The router as a block per expert (the default at up to 8 tokens) == its warp per (token,
+ * expert) (mc_moe_set_router_wide(0)) in whole models, fast picks on and off. */
+static void test_router_wide_models(void **st) {
+    (void)st;
+    const int cks[] = {CK_A, CK_B, CK_Q35, CK_G4};
+    for (int fa = 1; fa >= 0; fa--) {
+        mc_moe_set_route_fast(fa);
+        for (int i = 0; i < 4; i++)
+            for (int R = 3; R >= 1; R -= 2)
+                routing_ab(cks[i], i % 2 ? TQKV_F32 : TQKV_TQ4, R, mc_moe_set_router_wide,
+                           fa ? "router block per expert == warp per pair (fast picks)"
+                              : "router block per expert == warp per pair (butterfly picks)");
+    }
+}
+
+/* One token's gather in the router kernel (the default) == its own launch
+ * (mc_moe_set_fold_gather(0)) in whole models: decode at 1 row folds it, 3 rows never. */
+static void test_fold_gather_models(void **st) {
+    (void)st;
+    const int cks[] = {CK_A, CK_B, CK_Q35, CK_G4};
+    for (int i = 0; i < 4; i++)
+        for (int R = 3; R >= 1; R -= 2)
+            routing_ab(cks[i], i % 2 ? TQKV_TQ4 : TQKV_F32, R, mc_moe_set_fold_gather,
+                       "gather in the router kernel == gather launch");
 }
 
 /* The norm kernels with a thread's values in registers (the default) == their passes of
@@ -650,6 +683,147 @@ static void test_rows_q35(void **st) { (void)st; rows_ops(CK_Q35); }
 static void test_rows_g4(void **st) { (void)st; rows_ops(CK_G4); }
 
 // ---------------------------------------------------------------------------
+// the router's block per expert == its warp per (token, expert), bitwise
+// ---------------------------------------------------------------------------
+
+/* v rounded to bf16 (nearest, ties to even; finite v) when on. */
+static float bf16_round(float v, int on) {
+    if (!on) return v;
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&v, &u, 4);
+    return v;
+}
+
+/* moe_router_kernel's logit a . b on the host: lane j's chain over k = j, j + 32, ... (fma in
+ * double from 0, in order), the xor butterfly 16, 8, 4, 2, 1, rounded to float. */
+static float router_ref(const float *a, const float *b, int H, int bf16x) {
+    double s[32], n[32];
+    for (int j = 0; j < 32; j++) {
+        s[j] = 0;
+        for (int k = j; k < H; k += 32) s[j] = fma((double)bf16_round(a[k], bf16x), (double)b[k], s[j]);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        for (int j = 0; j < 32; j++) n[j] = s[j] + s[j ^ o];
+        memcpy(s, n, sizeof s);
+    }
+    return (float)s[0];
+}
+
+/* Random router and tokens with ties: expert c's row is a copy of token 0's best expert b's
+ * (a tie at the top), token 1 (T >= 2) is zeros (every logit 0: the picks must be experts
+ * 0 .. K - 1, ties to the lower index). */
+static void probe_inputs(test_rng *r, mc_moe_probe *q, float *rw, float *xr, float *sc, int *b,
+                         int *c) {
+    const int E = q->E, H = q->H;
+    for (size_t i = 0; i < (size_t)E * H; i++) rw[i] = (float)rng_normal(r) * 0.05f;
+    for (size_t i = 0; i < (size_t)q->T * H; i++) xr[i] = (float)rng_normal(r);
+    if (q->T >= 2) memset(xr + H, 0, sizeof(float) * (size_t)H);
+    for (int e = 0; e < E; e++) sc[e] = 0.5f + (float)rng_uniform(r);
+    *b = 0;
+    float best = -1e30f;
+    for (int e = 0; e < E; e++) {
+        const float l = router_ref(xr, rw + (size_t)e * H, H, q->bf16x);
+        if (l > best) best = l, *b = e;
+    }
+    *c = (*b + 1 + E / 3) % E;
+    memcpy(rw + (size_t)*c * H, rw + (size_t)*b * H, sizeof(float) * (size_t)H);
+}
+
+/* Token t's picks (sel [T, K] of the probe's index words) hold expert e. */
+static int probe_picked(const int32_t *idx, const mc_moe_probe *q, int t, int e) {
+    const size_t P = (size_t)q->T * q->K, sel = 4 * (size_t)q->E + 3 * P;
+    for (int k = 0; k < q->K; k++)
+        if (idx[sel + (size_t)t * q->K + k] == e) return 1;
+    return 0;
+}
+
+/* One shape at T tokens: the routing with the router as a block per expert (mc_moe_set_router_wide
+ * 1) and as its warp per (token, expert) (0), fast picks on and off: logits equal the host's
+ * emulation of the kernel's order bit for bit, and the index words (picks, weights' bits,
+ * groups, places) are the same; the ties went to the lower index. */
+static void router_wide_case(int T, int E, int K, int H, int norm, int bf16x, int scaled) {
+    test_rng r;
+    rng_init(&r, g_seed ^ 0x0e13 ^ (uint64_t)T << 8 ^ (uint64_t)E << 16 ^ (uint64_t)H << 28);
+    const size_t P = (size_t)T * K, W = 4 * (size_t)E + 4 * P + (size_t)E + 2;
+    float *rw = malloc(sizeof(float) * (size_t)E * H), *xr = malloc(sizeof(float) * (size_t)T * H),
+          *sc = malloc(sizeof(float) * (size_t)E), *lg[2];
+    int32_t *ix[2];
+    mc_moe_probe q = {rw, NULL, xr, T, E, K, H, norm, bf16x};
+    if (scaled) q.scale = sc;
+    int b, c;
+    probe_inputs(&r, &q, rw, xr, sc, &b, &c);
+    for (int i = 0; i < 2; i++) {
+        lg[i] = malloc(sizeof(float) * (size_t)T * E);
+        ix[i] = malloc(sizeof(int32_t) * W);
+    }
+    for (int fast = 1; fast >= 0; fast--) {
+        mc_moe_set_route_fast(fast);
+        for (int i = 0; i < 2; i++) {
+            int wide = -1;
+            mc_moe_set_router_wide(1 - i);
+            OK(mc_moe_route_probe(&q, lg[i], ix[i], &wide));
+            assert_int_equal(wide, 1 - i); /* the switch picked the form */
+        }
+        for (int t = 0; t < T; t++)
+            for (int e = 0; e < E; e++) {
+                const float want = router_ref(xr + (size_t)t * H, rw + (size_t)e * H, H, bf16x);
+                for (int i = 0; i < 2; i++)
+                    if (memcmp(&lg[i][(size_t)t * E + e], &want, 4))
+                        fail_msg("router E %d H %d T %d (%s): logit [%d, %d] %.9g, the kernel's "
+                                 "order gives %.9g", E, H, T, i ? "warp per pair" : "block per "
+                                 "expert", t, e, (double)lg[i][(size_t)t * E + e], (double)want);
+            }
+        for (size_t w = 0; w < W; w++)
+            if (ix[0][w] != ix[1][w])
+                fail_msg("router E %d K %d T %d, fast %d: index word %zu %d (block per expert) vs "
+                         "%d (warp per pair)", E, K, T, fast, w, ix[0][w], ix[1][w]);
+        assert_true(lg[0][b] == lg[0][c] && probe_picked(ix[0], &q, 0, b) &&
+                    (K < 2 || probe_picked(ix[0], &q, 0, c)));
+        for (int k = 0; k < K && T >= 2; k++) assert_true(probe_picked(ix[0], &q, 1, k));
+    }
+    mc_moe_set_router_wide(-1);
+    mc_moe_set_route_fast(-1);
+    printf("router E %d top %d H %d, %d tokens%s%s: block per expert == warp per (token, expert), "
+           "bitwise (logits == the host's order; ties %d = %d)\n", E, K, H, T,
+           bf16x ? ", bf16 x" : "", scaled ? ", scaled" : "", b, c);
+    for (int i = 0; i < 2; i++) {
+        free(lg[i]);
+        free(ix[i]);
+    }
+    free(rw);
+    free(xr);
+    free(sc);
+}
+
+static void test_router_wide(void **st) {
+    (void)st;
+    static const int Ts[] = {1, 2, 8};
+    float rw[4 * 8] = {0}, xr[8] = {0}, lg[4];
+    int32_t ix[64];
+    int wide = -1;
+    const mc_moe_probe bad = {rw, NULL, xr, 1, 4, 5, 8, 1, 0}; /* top 5 of 4 experts */
+    assert_int_equal(mc_moe_route_probe(&bad, lg, ix, &wide), TQKV_EINVAL);
+    assert_int_equal(wide, -1);
+    for (int i = 0; i < 3; i++) {
+        router_wide_case(Ts[i], 128, 8, 2048, 1, 1, 0); /* Qwen3-30B-A3B */
+        router_wide_case(Ts[i], 8, 2, 64, 1, 0, 0);
+        router_wide_case(Ts[i], 6, 3, 48, 0, 0, 1);     /* not renormalised, scaled (Gemma 4) */
+        router_wide_case(Ts[i], 200, 8, 256, 1, 0, 0);  /* above 128 experts: 16 a lane */
+        router_wide_case(Ts[i], 64, 4, 2100, 1, 1, 0);  /* H > 2048: two rounds of loads */
+    }
+}
+
+static int router_wide_teardown(void **st) { /* also after a failure */
+    (void)st;
+    mc_moe_set_router_wide(-1);
+    mc_moe_set_fold_gather(-1);
+    mc_moe_set_route_fast(-1);
+    return 0;
+}
+
+// ---------------------------------------------------------------------------
 // refusals
 // ---------------------------------------------------------------------------
 
@@ -716,6 +890,9 @@ int main(void) {
         cmocka_unit_test_teardown(test_fused_routing, fused_teardown),
         cmocka_unit_test_teardown(test_route_fast, fused_teardown),
         cmocka_unit_test_teardown(test_norm_regs_models, fused_teardown),
+        cmocka_unit_test_teardown(test_router_wide, router_wide_teardown),
+        cmocka_unit_test_teardown(test_router_wide_models, router_wide_teardown),
+        cmocka_unit_test_teardown(test_fold_gather_models, router_wide_teardown),
         cmocka_unit_test(test_parity_a_f32),
         cmocka_unit_test(test_parity_a_tq4),
         cmocka_unit_test(test_parity_b_f32),

@@ -30,8 +30,12 @@
  *                   tokens; the unused groups up to the bound get no rows
  *                   (up to MOE_FUSED_P pairs, i.e. decode, the router kernel's last block
  *                   does route and place itself: one launch instead of three, same integers;
- *                   one token's pairs placed by its warp, moe_place_one)
- *   gather_kernel   xg [P, H] = xn [tok[p]]
+ *                   one token's pairs placed by its warp, moe_place_one; up to
+                   MOE_WIDE_T = 8 tokens the router with its tail is router_wide_kernel: a
+                   block per (expert, 4 tokens), the same dot products, so they spread over
+                   E SMs, and at one token its blocks also do the gather below)
+ *   gather_kernel   xg [P, H] = xn [tok[p]]           (not at one token with the grouped GEMMs:
+                                                     the router kernel wrote it, r.gathered)
  *   per expert e    gu = xg[o_e .. o_e + n_e) . wgu_e^T   [n_e, 2I]   (tqkv_cuda_gemm_grouped:
  *                                                                       every expert in one
  *                                                                       launch, bitwise the
@@ -166,14 +170,16 @@ extern "C" tqkv_status mc_moe_queue(model_cuda *g, const mc_moe_layer *D, const 
                          "experts top %d, not %d of %d top %d", x ? x->cap : 0, x ? x->e_cap : 0,
                          x ? x->k_cap : 0, T, E, K);
     // ---- routing on the device: x->idx's groups, tok, pair and weights
-    moe_routing r;
-    tqkv_status st = mc_moe_route_queue(g, D, sh, x, xr, T, &r);
-    const int32_t *tok = x->idx + IDX_TOK(E), *pair = x->idx + IDX_PAIR(E, P);
     /* the grouped GEMMs' activation splits written by the gather and the activation (into
-     * x->xf, read by the GEMM right after each; TQKV_GEMM_PRESPLIT=0: the split launches) */
-    const int pre = !st && !r.count && g->presplit && !g->cublas;
+     * x->xf, read by the GEMM right after each; TQKV_GEMM_PRESPLIT=0: the split launches);
+     * the per-expert path (r.count) takes the plain rows */
+    const int split = g->presplit && !g->cublas && mc_moe_grouped_on();
+    moe_routing r;
+    tqkv_status st = mc_moe_route_queue(g, D, sh, x, xr, xn, split ? (uint16_t *)x->xf : NULL, T, &r);
+    const int32_t *tok = x->idx + IDX_TOK(E), *pair = x->idx + IDX_PAIR(E, P);
+    const int pre = !st && !r.count && split;
     uint16_t *xf = pre ? (uint16_t *)x->xf : NULL;
-    if (!st)
+    if (!st && !r.gathered) /* (one token: maybe in the router kernel) */
         moe_gather_kernel<<<mc_grid_elems(P, (size_t)H), 256, 0, s>>>(xn, tok, H, x->xg, xf,
                                                                       g->gemm_parts);
     // ---- experts over their gathered rows: gate|up, activation, down

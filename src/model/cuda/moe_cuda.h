@@ -65,6 +65,33 @@ void        mc_moe_set_fused(int on);
  * the environment says (what tests put back). For tests and A/B runs; not while a forward
  * runs on another thread. */
 void        mc_moe_set_route_fast(int on);
+/* The router with its fused tail at up to 8 tokens as a block per expert (1, the default
+ * unless the environment has TQKV_MOE_ROUTER_WIDE=0: the E dot products over E SMs, the
+ * tail's routing with 4 experts a lane up to 128 experts) or as the router kernel's warp per
+ * (token, expert) (0): the same logits, picks, weights and integers; -1: as the environment
+ * says. For tests and A/B runs; not while a forward runs on another thread. */
+void        mc_moe_set_router_wide(int on);
+/* At one token with the router as a block per expert and the grouped GEMMs, the gather of
+ * the token's row for every pick (and its GEMM split) by the router kernel's blocks (1, the
+ * default unless the environment has TQKV_MOE_FOLD_GATHER=0; the row does not depend on the
+ * picks) or by the gather launch (0): the same stores; -1: as the environment says. For
+ * tests and A/B runs; not while a forward runs on another thread. */
+void        mc_moe_set_fold_gather(int on);
+
+/* One routing of T tokens alone on the device with the current switches, for tests. */
+typedef struct {
+    const float *router; /* host [E, H] float32 */
+    const float *scale;  /* host [E] the weights' factors, or NULL */
+    const float *xr;     /* host [T, H] the router's input */
+    int T, E, K, H;
+    int norm;            /* renormalise the K weights */
+    int bf16x;           /* xr rounded to bf16 in the product (a model's bf16_act) */
+} mc_moe_probe;
+/* Routes q on a stream of its own: logits [T, E] and idx, the routing's index words
+ * [4 E + 4 P + E + 2] (P = T K): groups [E, 4] (zero past the used ones) | tok [P] | pair [P]
+ * | weight bits [P] | sel [P] | count [E] | used groups, most rows; *wide 1 when the router
+ * ran as a block per expert. TQKV_EINVAL on a bad shape. */
+tqkv_status mc_moe_route_probe(const mc_moe_probe *q, float *logits, int32_t *idx, int *wide);
 
 /* --- hooks for a `moe_layer` array behind the common device graph --------------------- */
 

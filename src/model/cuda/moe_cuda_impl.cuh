@@ -57,14 +57,17 @@ typedef struct {
     int            G;     /* groups the grouped launch covers (a bound at decode) */
     int            most;  /* rows of its largest group (a bound at decode) */
     const int32_t *count; /* host [E] each expert's pairs (the per-expert path), or NULL */
+    int            gathered; /* the routing wrote the gathered rows x->xg (and xf) too */
 } moe_routing;
 
 /* The grouped GEMMs on (TQKV_MOE_GROUPED, mc_moe_set_grouped; moe_cuda_route.cu). */
 int mc_moe_grouped_on(void);
 
-/* The routing of T tokens into x->idx and r (moe_cuda_route.cu; documented there). */
+/* The routing of T tokens into x->idx and r, maybe the gather of xn into x->xg and xf
+ * (r->gathered; moe_cuda_route.cu documents it). */
 tqkv_status mc_moe_route_queue(model_cuda *g, const mc_moe_layer *D, const moe_shape *sh,
-                               mc_moe_state *x, const float *xr, int T, moe_routing *r);
+                               mc_moe_state *x, const float *xr, const float *xn, uint16_t *xf,
+                               int T, moe_routing *r);
 
 /* The shared expert's gate logits sg [T] = xn [T, H] . sh_gate [H] on g's stream (the router
  * kernel with one expert, no tail; moe_cuda_route.cu). */

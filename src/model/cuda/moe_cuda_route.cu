@@ -4,7 +4,8 @@
  * Owns: the router, route and place kernels (and the router's fused tail that routes and
  * places at decode sizes), the host side of one call's routing (the grouped GEMMs' bounds,
  * or the exact ones read back), the shared expert's gate launch, and the switches the
- * routing and the GEMMs' form read (TQKV_MOE_GROUPED, the fused tail, TQKV_MOE_ROUTE_FAST).
+ * routing and the GEMMs' form read (TQKV_MOE_GROUPED, the fused tail, TQKV_MOE_ROUTE_FAST,
+ * TQKV_MOE_ROUTER_WIDE, TQKV_MOE_FOLD_GATHER), and mc_moe_route_probe (one routing, tests).
  * Must not: let a token's picks depend on the other tokens of the call (a warp per token,
  * ties to the lower index: moe.c's moe_route_token).
  */
@@ -54,6 +55,42 @@ static int route_fast_on(void) {
     return on;
 }
 
+/* The router with its tail as a block per expert at few tokens: -1 until the first use
+ * reads TQKV_MOE_ROUTER_WIDE (0: off). */
+static int g_router_wide = -1;
+
+extern "C" void mc_moe_set_router_wide(int on) {
+    __atomic_store_n(&g_router_wide, on < 0 ? -1 : on ? 1 : 0, __ATOMIC_RELAXED);
+}
+
+static int router_wide_on(void) {
+    int on = __atomic_load_n(&g_router_wide, __ATOMIC_RELAXED);
+    if (on < 0) {
+        const char *e = getenv("TQKV_MOE_ROUTER_WIDE");
+        on = !(e && !strcmp(e, "0"));
+        __atomic_store_n(&g_router_wide, on, __ATOMIC_RELAXED);
+    }
+    return on;
+}
+
+/* One token's gather folded into the router's block per expert: -1 until the first use reads
+ * TQKV_MOE_FOLD_GATHER (0: off). */
+static int g_fold_gather = -1;
+
+extern "C" void mc_moe_set_fold_gather(int on) {
+    __atomic_store_n(&g_fold_gather, on < 0 ? -1 : on ? 1 : 0, __ATOMIC_RELAXED);
+}
+
+static int fold_gather_on(void) {
+    int on = __atomic_load_n(&g_fold_gather, __ATOMIC_RELAXED);
+    if (on < 0) {
+        const char *e = getenv("TQKV_MOE_FOLD_GATHER");
+        on = !(e && !strcmp(e, "0"));
+        __atomic_store_n(&g_fold_gather, on, __ATOMIC_RELAXED);
+    }
+    return on;
+}
+
 int mc_moe_grouped_on(void) {
     if (g_grouped < 0) {
         const char *e = getenv("TQKV_MOE_GROUPED");
@@ -79,14 +116,25 @@ struct moe_place_out {
     int P, K, E, G;
     int32_t *groups, *tok, *pair, *count, *back;
 };
+/* One token's gather folded into the router (moe_router_wide_kernel; xg NULL: none): every
+ * pair's row is the token's, xg [K, H] = xn [0] and xf its GEMM split, as moe_gather_kernel. */
+struct moe_gather_one {
+    const float *xn;            /* [1, H] the experts' input */
+    float *xg;                  /* [K, H] */
+    uint16_t *xf;               /* [parts, K, H], or NULL */
+    int parts;
+};
 struct moe_tail {
     int *done;                  /* NULL: the router alone */
     moe_route_out r;
     moe_place_out p;
+    moe_gather_one g1;          /* moe_router_wide_kernel only */
 };
 
 /* The router's fused tail: at most this many pairs (P = T K), and its block size. */
 #define MOE_FUSED_P 256
+/* The most tokens the router's block-per-expert form takes (moe_router_wide_kernel). */
+#define MOE_WIDE_T 8
 constexpr int MOE_TAIL_THREADS = 128;
 constexpr int MOE_NJ = MOE_CUDA_E_MAX / 32; /* a lane's experts in the routing */
 
@@ -124,12 +172,13 @@ __device__ __forceinline__ float route_sum(const float *ps, int E) {
 /* One pick (every lane gets it): the largest p not taken, ties to the lower expert, (bv, bi)
  * = (0, -1) when none is left. Lane l holds experts l + 32 j. The xor butterfly of (value,
  * index) pairs, then lane 0's. */
-__device__ __forceinline__ void route_pick_pairs(const float (&p)[MOE_NJ], unsigned taken, int E,
+template <int NJ>
+__device__ __forceinline__ void route_pick_pairs(const float (&p)[NJ], unsigned taken, int E,
                                                  float &bv, int &bi) {
     const int lane = threadIdx.x & 31;
     bv = 0.0f, bi = -1;
 #pragma unroll
-    for (int j = 0; j < MOE_NJ; j++)
+    for (int j = 0; j < NJ; j++)
         if (lane + 32 * j < E && !((taken >> j) & 1u)) route_better(bv, bi, p[j], lane + 32 * j);
     for (int off = 16; off > 0; off >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
@@ -144,17 +193,18 @@ __device__ __forceinline__ void route_pick_pairs(const float (&p)[MOE_NJ], unsig
  * then the unsigned order of the bits is the float order, and equal bits are equal floats,
  * so (value desc, index asc) is a total order and both give its first): the largest bits
  * + 1 (0: none) by one warp reduction, the lowest expert with them by another. */
-__device__ __forceinline__ void route_pick_redux(const float (&p)[MOE_NJ], unsigned taken, int E,
+template <int NJ>
+__device__ __forceinline__ void route_pick_redux(const float (&p)[NJ], unsigned taken, int E,
                                                  float &bv, int &bi) {
     const int lane = threadIdx.x & 31;
     unsigned best = 0;
 #pragma unroll
-    for (int j = 0; j < MOE_NJ; j++)
+    for (int j = 0; j < NJ; j++)
         if (lane + 32 * j < E && !((taken >> j) & 1u)) best = max(best, __float_as_uint(p[j]) + 1u);
     const unsigned m = __reduce_max_sync(0xffffffffu, best);
     unsigned id = 0xffffffffu;
 #pragma unroll
-    for (int j = MOE_NJ - 1; j >= 0; j--) /* the lane's lowest with the best bits */
+    for (int j = NJ - 1; j >= 0; j--) /* the lane's lowest with the best bits */
         if (lane + 32 * j < E && !((taken >> j) & 1u) && __float_as_uint(p[j]) + 1u == m)
             id = (unsigned)(lane + 32 * j);
     const unsigned w = __reduce_min_sync(0xffffffffu, id);
@@ -173,15 +223,17 @@ __device__ __forceinline__ void route_pick_redux(const float (&p)[MOE_NJ], unsig
  * at its rank among the picks' experts: *ms, *rank (lane k < K; others -1, 0). Every lane
  * sees each pick, so the renormalising sum runs in the loop (pick order, from 0: the same
  * additions as summing lane 0 .. K - 1 after it). */
+template <int NJ>
 __device__ void moe_route_token(const float *l, float *ps, const moe_route_out &o, size_t t,
                                 int *ms_out, int *rank_out) {
+    static_assert(NJ % 4 == 0 && 32 * NJ <= MOE_CUDA_E_MAX, "a lane's experts: groups of 4");
     const int lane = threadIdx.x & 31, E = o.E, K = o.K;
-    float p[MOE_NJ];
+    float p[NJ];
 #pragma unroll
-    for (int j = 0; j < MOE_NJ; j++) p[j] = lane + 32 * j < E ? __ldcg(l + lane + 32 * j) : 0.0f;
+    for (int j = 0; j < NJ; j++) p[j] = lane + 32 * j < E ? __ldcg(l + lane + 32 * j) : 0.0f;
     float mx = __ldcg(l);
 #pragma unroll
-    for (int j = 0; j < MOE_NJ; j++)
+    for (int j = 0; j < NJ; j++)
         if (lane + 32 * j < E) mx = p[j] > mx ? p[j] : mx;
     for (int off = 16; off > 0; off >>= 1) {
         const float v = __shfl_xor_sync(0xffffffffu, mx, off);
@@ -190,20 +242,20 @@ __device__ void moe_route_token(const float *l, float *ps, const moe_route_out &
     /* exp and division four experts a lane at a time, unguarded inside a group (the
      * independent chains overlap; values past E are never used), groups past E skipped */
 #pragma unroll
-    for (int j0 = 0; j0 < MOE_NJ; j0 += 4) {
+    for (int j0 = 0; j0 < NJ; j0 += 4) {
         if (32 * j0 >= E) break; /* uniform over the warp */
 #pragma unroll
         for (int j = j0; j < j0 + 4; j++) p[j] = (float)exp((double)__fsub_rn(p[j], mx));
     }
 #pragma unroll
-    for (int j = 0; j < MOE_NJ; j++)
+    for (int j = 0; j < NJ; j++)
         if (lane + 32 * j < E) ps[lane + 32 * j] = p[j];
     __syncwarp();
     const float a = lane == 0 ? route_sum(ps, E) : 0.0f;
     const float sum = __shfl_sync(0xffffffffu, a, 0);
     bool num = true;          /* this lane's probabilities: non-negative numbers */
 #pragma unroll
-    for (int j0 = 0; j0 < MOE_NJ; j0 += 4) {
+    for (int j0 = 0; j0 < NJ; j0 += 4) {
         if (32 * j0 >= E) break;
 #pragma unroll
         for (int j = j0; j < j0 + 4; j++) {
@@ -230,11 +282,8 @@ __device__ void moe_route_token(const float *l, float *ps, const moe_route_out &
     if (o.norm) mw = __fdiv_rn(mw, tot);
     if (o.scale) mw = __fmul_rn(mw, msc);
     int rank = 0;             /* picks with a lower expert (distinct experts) */
-#pragma unroll
-    for (int k = 0; k < MOE_CUDA_K_MAX; k++) {
-        const int e = __shfl_sync(0xffffffffu, ms, k);
-        rank += k < K && e < ms;
-    }
+#pragma unroll 4
+    for (int k = 0; k < K; k++) rank += __shfl_sync(0xffffffffu, ms, k) < ms;
     if (lane < K) {
         o.sel[t * K + rank] = ms;
         o.wbits[t * K + rank] = __float_as_int(mw);
@@ -334,8 +383,10 @@ __device__ void moe_place_block(const int32_t *sel, const moe_place_out &o) {
 }
 
 /* The router's last block (after every block's logits, which it reads past L1): each token's
- * routing (a warp per token) and the pairs' placement (one token with fast routing:
- * moe_place_one by its warp, else moe_place_block), then the counter back to 0. */
+ * routing (a warp per token; NJ: a lane's experts, E <= 32 NJ) and the pairs' placement (one
+ * token with fast routing: moe_place_one by its warp, else moe_place_block), then the
+ * counter back to 0. */
+template <int NJ>
 __device__ void moe_tail_run(const float *logits, int T, const moe_tail &tl) {
     __shared__ int last, one;
     __shared__ __align__(16) float ps[MOE_TAIL_THREADS / 32][MOE_CUDA_E_MAX];
@@ -350,7 +401,7 @@ __device__ void moe_tail_run(const float *logits, int T, const moe_tail &tl) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int ms = -1, rank = 0;
     for (int t = warp; t < T; t += MOE_TAIL_THREADS / 32)
-        moe_route_token(logits + (size_t)t * tl.r.E, ps[warp], tl.r, (size_t)t, &ms, &rank);
+        moe_route_token<NJ>(logits + (size_t)t * tl.r.E, ps[warp], tl.r, (size_t)t, &ms, &rank);
     if (T == 1 && warp == 0) {  /* every pick valid (K <= E): the direct placement */
         const bool ok = __all_sync(0xffffffffu, lane >= tl.r.K || ms >= 0);
         if (lane == 0) one = tl.r.fast && ok;
@@ -364,45 +415,83 @@ __device__ void moe_tail_run(const float *logits, int T, const moe_tail &tl) {
     if (threadIdx.x == 0) *tl.done = 0;  /* (stream order publishes it to the next launch) */
 }
 
-/* logits[t, e] = xr[t] . router[e]: one warp per (t, e); lane j sums k = j, j + 32, ... in
- * order (double), then a fixed xor butterfly. bf16x: xr rounded to bf16 first (the model's
- * bf16_act, as the CPU's product). With tail.done, the last block to finish also routes and
- * places every token (moe_tail_run: route and place kernels in this launch, at P <=
- * MOE_FUSED_P). A lane's k loaded U at a time, summed in order: U = 64 at decode sizes
- * (H = 2048: one round of loads; 213 registers), U = 32 otherwise (114: twice the warps per
- * SM for long prefills' DFMA chains); the same sums. grid ceil(T E / 4), block 128. */
+/* Lane 0: the logit a . b over H (every lane of the warp calls it): lane j sums k = j, j +
+ * 32, ... in order (double fma from 0), then a fixed xor butterfly (16, 8, 4, 2, 1), rounded
+ * to float. bf16x: a rounded to bf16 first (the model's bf16_act, as the CPU's product). A
+ * lane's k loaded U at a time, summed in order (the same sums for any U). */
+template <int U>
+__device__ __forceinline__ float router_dot(const float *__restrict__ a, const float *__restrict__ b,
+                                            int H, int bf16x) {
+    const int lane = threadIdx.x & 31;
+    double s = 0;
+    for (int k0 = lane; k0 < H; k0 += 32 * U) {
+        float va[U], vb[U];
+        mc_load_strided<U>(va, a, k0, 32, H);
+        mc_load_strided<U>(vb, b, k0, 32, H);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (k0 + 32 * u >= H) break;
+            const float v = bf16x ? __bfloat162float(__float2bfloat16_rn(va[u])) : va[u];
+            s += (double)v * vb[u]; /* one fma.rn.f64 (contracted, as always here) */
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    return (float)s;
+}
+
+/* logits[t, e] = xr[t] . router[e] (router_dot): one warp per (t, e). With tail.done, the
+ * last block to finish also routes and places every token (moe_tail_run: route and place
+ * kernels in this launch, at P <= MOE_FUSED_P). U = 64 at decode sizes (H = 2048: one round
+ * of loads; 213 registers), U = 32 otherwise (114: twice the warps per SM for long prefills'
+ * DFMA chains); the same sums. grid ceil(T E / 4), block 128. */
 template <int U>
 __global__ void __launch_bounds__(MOE_TAIL_THREADS)
 moe_router_kernel(const float *__restrict__ xr, const float *__restrict__ rw, int T, int E, int H,
                   int bf16x, float *__restrict__ logits, const moe_tail tail) {
     const size_t gw = (size_t)blockIdx.x * 4 + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
     if (gw < (size_t)T * E) {
         const size_t t = gw / E, e = gw % E;
-        const float *a = xr + t * H, *b = rw + e * H;
-        double s = 0;
-        for (int k0 = lane; k0 < H; k0 += 32 * U) {
-            float va[U], vb[U];
-            mc_load_strided<U>(va, a, k0, 32, H);
-            mc_load_strided<U>(vb, b, k0, 32, H);
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                if (k0 + 32 * u >= H) break;
-                const float v = bf16x ? __bfloat162float(__float2bfloat16_rn(va[u])) : va[u];
-                s += (double)v * vb[u];
-            }
-        }
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (lane == 0) logits[gw] = (float)s;
+        const float s = router_dot<U>(xr + t * H, rw + e * H, H, bf16x);
+        if ((threadIdx.x & 31) == 0) logits[gw] = s;
     }
-    if (tail.done) moe_tail_run(logits, T, tail); /* uniform over the grid */
+    if (tail.done) moe_tail_run<MOE_NJ>(logits, T, tail); /* uniform over the grid */
+}
+
+/* moe_router_kernel with its tail at few tokens (T <= MOE_WIDE_T; mc_moe_set_router_wide):
+ * block b the logits [t, e] of expert e = b mod E for its 4 tokens t = 4 (b / E) + w, a warp
+ * w each (the same router_dot: the same bits). The E dot products of a token spread over E
+ * SMs instead of E / 4, and the expert's row goes from DRAM once to the block's warps (L1)
+ * instead of once a token. The tail's routing holds NJ experts a lane (NJ = 4 up to 128
+ * experts: a quarter of the registers, code and guarded steps of MOE_NJ; the ones it leaves
+ * out were never used). With tail.g1.xg (one token) the blocks also write the experts'
+ * gathered rows first (moe_gather_kernel's stores: its launch is then left out).
+ * grid E ceil(T / 4), block 128. */
+template <int NJ>
+__global__ void __launch_bounds__(MOE_TAIL_THREADS)
+moe_router_wide_kernel(const float *__restrict__ xr, const float *__restrict__ rw, int T, int E,
+                       int H, int bf16x, float *__restrict__ logits, const moe_tail tail) {
+    const int e = (int)(blockIdx.x % (unsigned)E);
+    const int t = (int)(blockIdx.x / (unsigned)E) * (MOE_TAIL_THREADS / 32) + (threadIdx.x >> 5);
+    if (tail.g1.xg) { /* T = 1: tok [p] = 0 for every pair, whatever the picks */
+        const unsigned n = (unsigned)tail.r.K * (unsigned)H; /* K H < 2^32 (route_launch) */
+        for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+            const float v = tail.g1.xn[i % (unsigned)H];
+            tail.g1.xg[i] = v;
+            if (tail.g1.xf) mc_split_store(tail.g1.xf, n, i, v, tail.g1.parts);
+        }
+    }
+    if (t < T) { /* uniform over the warp */
+        const float s = router_dot<64>(xr + (size_t)t * H, rw + (size_t)e * H, H, bf16x);
+        if ((threadIdx.x & 31) == 0) logits[(size_t)t * E + e] = s;
+    }
+    moe_tail_run<NJ>(logits, T, tail);
 }
 
 /* Each token's routing (moe_route_token) as its own launch (P > MOE_FUSED_P). grid T, block 32. */
 __global__ void moe_route_kernel(const float *__restrict__ logits, const moe_route_out o) {
     __shared__ __align__(16) float ps[MOE_CUDA_E_MAX];
     int ms, rank;
-    moe_route_token(logits + (size_t)blockIdx.x * o.E, ps, o, blockIdx.x, &ms, &rank);
+    moe_route_token<MOE_NJ>(logits + (size_t)blockIdx.x * o.E, ps, o, blockIdx.x, &ms, &rank);
 }
 
 /* The sum of every thread's v over a block of 256 (part: 8 ints of shared memory), to all. */
@@ -480,40 +569,73 @@ __global__ void moe_place_kernel(const int32_t *__restrict__ sel, int P, int K, 
 // the routing of one call
 // ---------------------------------------------------------------------------
 
-/* The routing of T tokens on g's stream (three launches): router logits, each token's picks, the pairs
- * grouped by expert (x->idx). r gets the grouped GEMMs' bounds (decode: min(E, P) groups of
- * at most T rows, no wait) or, above GEMM_CUDA_SMALL_T tokens and for the per-expert path,
- * the exact ones read back (one wait; r->count then points at the experts' counts). A step
- * being captured (decode at any row count) always takes the bounds. */
-tqkv_status mc_moe_route_queue(model_cuda *g, const mc_moe_layer *D, const moe_shape *sh,
-                               mc_moe_state *x, const float *xr, int T, moe_routing *r) {
-    const int E = sh->n_experts, K = sh->top_k, H = sh->hidden;
+/* The routing's launches of T tokens xr [T, H] on stream s into logits [T, E] and idx
+ * (IDX_*; G = min(E, T K) groups): the router with its fused tail (up to MOE_FUSED_P pairs,
+ * done: the zeroed counter), a block per expert up to MOE_WIDE_T tokens (router_wide_on), or
+ * the router, route and place launches. g1.xg: one token's gather, which the block per
+ * expert folds in (fold_gather_on): *gathered 1 when it did (2: the block per expert ran
+ * without it, 0: another form). */
+static tqkv_status route_launch(cudaStream_t s, const float *router, const float *scale,
+                                int bf16x, int E, int K, int H, int norm, int T, const float *xr,
+                                float *logits, int32_t *idx, int *done, int *gathered,
+                                const moe_gather_one &g1) {
     const size_t P = (size_t)T * K;
-    const cudaStream_t s = g->stream;
-    int32_t *idx = x->idx;
-    r->E = E, r->P = (int)P, r->G = E < (int)P ? E : (int)P, r->most = T, r->count = NULL;
+    const int G = E < (int)P ? E : (int)P;
     moe_tail tl;
-    tl.r = moe_route_out{E, K, sh->norm_topk, route_fast_on(), D->scale, idx + IDX_SEL(E, P),
+    tl.r = moe_route_out{E, K, norm, route_fast_on(), scale, idx + IDX_SEL(E, P),
                          idx + IDX_WB(E, P)};
-    tl.p = moe_place_out{(int)P, K, E, r->G, idx, idx + IDX_TOK(E), idx + IDX_PAIR(E, P),
+    tl.p = moe_place_out{(int)P, K, E, G, idx, idx + IDX_TOK(E), idx + IDX_PAIR(E, P),
                          idx + IDX_COUNT(E, P), idx + IDX_COUNT(E, P) + E};
     /* up to MOE_FUSED_P pairs (decode) the router's last block routes and places too */
-    tl.done = g_fused && P <= MOE_FUSED_P ? x->done : NULL;
+    tl.done = g_fused && P <= MOE_FUSED_P ? done : NULL;
+    tl.g1 = moe_gather_one{NULL, NULL, NULL, 0};
     const unsigned nb = (unsigned)(((size_t)T * E + 3) / 4);
-    if (P <= MOE_FUSED_P)
-        moe_router_kernel<64><<<nb, MOE_TAIL_THREADS, 0, s>>>(xr, D->router, T, E, H,
-                                                              g->m->bf16_act, x->logits, tl);
-    else
-        moe_router_kernel<32><<<nb, MOE_TAIL_THREADS, 0, s>>>(xr, D->router, T, E, H,
-                                                              g->m->bf16_act, x->logits, tl);
+    *gathered = 0;
+    if (tl.done && T <= MOE_WIDE_T && router_wide_on()) {
+        *gathered = 2;
+        if (T == 1 && g1.xg && (size_t)K * H < (1u << 31) && fold_gather_on())
+            tl.g1 = g1, *gathered = 1;
+        const unsigned nw = (unsigned)E * (unsigned)((T + 3) / 4);
+        if (E <= 128)
+            moe_router_wide_kernel<4><<<nw, MOE_TAIL_THREADS, 0, s>>>(xr, router, T, E, H, bf16x,
+                                                                      logits, tl);
+        else
+            moe_router_wide_kernel<MOE_NJ><<<nw, MOE_TAIL_THREADS, 0, s>>>(xr, router, T, E, H,
+                                                                           bf16x, logits, tl);
+    } else if (P <= MOE_FUSED_P) {
+        moe_router_kernel<64><<<nb, MOE_TAIL_THREADS, 0, s>>>(xr, router, T, E, H, bf16x, logits, tl);
+    } else {
+        moe_router_kernel<32><<<nb, MOE_TAIL_THREADS, 0, s>>>(xr, router, T, E, H, bf16x, logits, tl);
+    }
     if (!tl.done) {
-        moe_route_kernel<<<(unsigned)T, 32, 0, s>>>(x->logits, tl.r);
-        moe_place_kernel<<<(unsigned)E, 256, 0, s>>>(idx + IDX_SEL(E, P), (int)P, K, E, r->G, idx,
+        moe_route_kernel<<<(unsigned)T, 32, 0, s>>>(logits, tl.r);
+        moe_place_kernel<<<(unsigned)E, 256, 0, s>>>(idx + IDX_SEL(E, P), (int)P, K, E, G, idx,
                                                      idx + IDX_TOK(E), idx + IDX_PAIR(E, P),
                                                      idx + IDX_COUNT(E, P), idx + IDX_COUNT(E, P) + E);
     }
-    tqkv_status st = mc_ck(cudaGetLastError(), "experts routing");
+    return mc_ck(cudaGetLastError(), "experts routing");
+}
+
+/* The routing of T tokens on g's stream (route_launch): router logits, each token's picks,
+ * the pairs grouped by expert (x->idx), and at one token with the grouped GEMMs maybe the
+ * gather of xn into x->xg (and its split into xf, when not NULL; r->gathered says). r gets
+ * the grouped GEMMs' bounds (decode: min(E, P) groups of at most T rows, no wait) or, above
+ * GEMM_CUDA_SMALL_T tokens and for the per-expert path, the exact ones read back (one wait;
+ * r->count then points at the experts' counts). A step being captured (decode at any row
+ * count) always takes the bounds. */
+tqkv_status mc_moe_route_queue(model_cuda *g, const mc_moe_layer *D, const moe_shape *sh,
+                               mc_moe_state *x, const float *xr, const float *xn, uint16_t *xf,
+                               int T, moe_routing *r) {
+    const int E = sh->n_experts, K = sh->top_k, H = sh->hidden;
+    const size_t P = (size_t)T * K;
+    const cudaStream_t s = g->stream;
     const int per_expert = !mc_moe_grouped_on() || g->cublas;
+    r->E = E, r->P = (int)P, r->G = E < (int)P ? E : (int)P, r->most = T, r->count = NULL;
+    /* one token's gather in the router, for the grouped GEMMs (the bounds: no read-back) */
+    const moe_gather_one g1{xn, per_expert ? NULL : x->xg, xf, g->gemm_parts};
+    tqkv_status st = route_launch(s, D->router, D->scale, g->m->bf16_act, E, K, H, sh->norm_topk,
+                                  T, xr, x->logits, x->idx, x->done, &r->gathered, g1);
+    r->gathered = r->gathered == 1;
     if (st || (T <= GEMM_CUDA_SMALL_T && !per_expert)) return st;
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     st = mc_ck(cudaStreamIsCapturing(s, &cs), "experts routing");
@@ -523,13 +645,65 @@ tqkv_status mc_moe_route_queue(model_cuda *g, const mc_moe_layer *D, const moe_s
                              "be captured in a graph");
         return TQKV_OK;
     }
-    if (!st) st = mc_ck(cudaMemcpyAsync(x->h_back, idx + IDX_COUNT(E, P), ((size_t)E + 2) * 4,
+    if (!st) st = mc_ck(cudaMemcpyAsync(x->h_back, x->idx + IDX_COUNT(E, P), ((size_t)E + 2) * 4,
                                         cudaMemcpyDeviceToHost, s), "experts routing");
     if (!st) st = mc_ck(cudaStreamSynchronize(s), "experts routing");
     if (st) return st;
     r->G = x->h_back[E], r->most = x->h_back[E + 1];
     if (per_expert) r->count = x->h_back;
     return TQKV_OK;
+}
+
+/* The device buffers of one probe call (probe_run). */
+typedef struct {
+    float   *rw, *sc, *xr, *logits;
+    int32_t *idx;
+    int     *done;
+} probe_bufs;
+
+static tqkv_status probe_run(probe_bufs *b, cudaStream_t s, const mc_moe_probe *q, float *logits,
+                             int32_t *idx, int *wide) {
+    const size_t E = (size_t)q->E, H = (size_t)q->H, T = (size_t)q->T,
+                 W = IDX_WORDS(E, T * (size_t)q->K);
+    tqkv_status st = mc_dmalloc((void **)&b->rw, E * H * 4);
+    if (!st) st = mc_dmalloc((void **)&b->xr, T * H * 4);
+    if (!st) st = mc_dmalloc((void **)&b->logits, T * E * 4);
+    if (!st) st = mc_dmalloc((void **)&b->idx, W * 4);
+    if (!st) st = mc_dmalloc((void **)&b->done, sizeof(int));
+    if (!st && q->scale) st = mc_dmalloc((void **)&b->sc, E * 4);
+    if (!st) st = mc_ck(cudaMemcpyAsync(b->rw, q->router, E * H * 4, cudaMemcpyHostToDevice, s), "probe");
+    if (!st) st = mc_ck(cudaMemcpyAsync(b->xr, q->xr, T * H * 4, cudaMemcpyHostToDevice, s), "probe");
+    if (!st && q->scale)
+        st = mc_ck(cudaMemcpyAsync(b->sc, q->scale, E * 4, cudaMemcpyHostToDevice, s), "probe");
+    if (!st) st = mc_ck(cudaMemsetAsync(b->idx, 0, W * 4, s), "probe");
+    if (!st) st = mc_ck(cudaMemsetAsync(b->logits, 0, T * E * 4, s), "probe");
+    if (!st) st = mc_ck(cudaMemsetAsync(b->done, 0, sizeof(int), s), "probe");
+    int form = 0;
+    if (!st) st = route_launch(s, b->rw, b->sc, q->bf16x, q->E, q->K, q->H, q->norm, q->T, b->xr,
+                               b->logits, b->idx, b->done, &form,
+                               moe_gather_one{NULL, NULL, NULL, 0});
+    *wide = form == 2;
+    if (!st) st = mc_ck(cudaMemcpyAsync(logits, b->logits, T * E * 4, cudaMemcpyDeviceToHost, s), "probe");
+    if (!st) st = mc_ck(cudaMemcpyAsync(idx, b->idx, W * 4, cudaMemcpyDeviceToHost, s), "probe");
+    if (!st) st = mc_ck(cudaStreamSynchronize(s), "probe");
+    return st;
+}
+
+extern "C" tqkv_status mc_moe_route_probe(const mc_moe_probe *q, float *logits, int32_t *idx,
+                                          int *wide) {
+    if (!q || !q->router || !q->xr || !logits || !idx || !wide || q->T < 1 || q->E < 1 || q->H < 1 ||
+        q->K < 1 || q->K > q->E || q->E > MOE_CUDA_E_MAX || q->K > MOE_CUDA_K_MAX)
+        return tqkv_fail(TQKV_EINVAL, "mc_moe_route_probe: bad shape");
+    cudaStream_t s;
+    tqkv_status st = mc_ck(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "probe");
+    if (st) return st;
+    probe_bufs b = {};
+    st = probe_run(&b, s, q, logits, idx, wide);
+    cudaStreamSynchronize(s);
+    void *ps[] = {b.rw, b.sc, b.xr, b.logits, b.idx, b.done};
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) cudaFree(ps[i]);
+    cudaStreamDestroy(s);
+    return st;
 }
 
 void mc_moe_gate_queue(model_cuda *g, const float *xn, const float *sh_gate, int T, int H,
