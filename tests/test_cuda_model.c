@@ -373,9 +373,9 @@ static void tma_check_samples(const float *x, const uint16_t *w, const float *b,
 /* Under every tile of `tiles` (NULL: the pick), the first T rows of y for each T of Ts equal
  * ya (the batch of Ts' last, under wl / wxl) bitwise. */
 static void tma_compare(const float *dx, const uint16_t *dw, const float *db, float *dy, void *xf,
-                        const float *ya, float *y, int K, int N, int parts, const int *Ts, int nT) {
-    const char *const tiles[] = {"tl", "txl", "wl", "wxl", "l", "s64", NULL};
-    for (size_t s = 0; s < sizeof tiles / sizeof tiles[0]; s++) {
+                        const float *ya, float *y, int K, int N, int parts, const int *Ts, int nT,
+                        const char *const *tiles, int ntiles) {
+    for (int s = 0; s < ntiles; s++) {
         assert_int_equal(tqkv_cuda_gemm_set_tile(tiles[s]), TQKV_OK);
         for (int i = 0; i < nT; i++) {
             run_gemm(dx, Ts[i], K, dw, N, db, dy, xf, parts, y);
@@ -388,8 +388,13 @@ static void tma_compare(const float *dx, const uint16_t *dw, const float *db, fl
 }
 
 /* One case: x [TB, K] (TB = Ts' last, the largest), W [N, K] at an aligned address and at
- * one 8 bytes off 16 (no tensor map: txl must fall back to wxl's launch, the same bits). */
-static void tma_case(int K, int N, int parts, const int *Ts, int nT) {
+ * one 8 bytes off 16 (no tensor map: tiles[0] must fall back to wl / wxl's launch, the same
+ * bits). cluster: tiles are {cxl} (opt-in, its own test), else tl, txl, wl, wxl, l, s64, the pick. */
+static void tma_case(int K, int N, int parts, const int *Ts, int nT, int cluster) {
+    const char *const plain[] = {parts == 1 ? "txl" : "tl", parts == 1 ? "tl" : "txl", "wl", "wxl", "l", "s64", NULL};
+    const char *const clus[] = {"cxl"};
+    const char *const *tiles = cluster ? clus : plain;
+    const int ntiles = cluster ? 1 : (int)(sizeof plain / sizeof plain[0]);
     const int TB = Ts[nT - 1];
     test_rng r;
     rng_init(&r, g_seed ^ (uint64_t)K * 977 ^ (uint64_t)N * 13 ^ (uint64_t)parts);
@@ -415,19 +420,18 @@ static void tma_case(int K, int N, int parts, const int *Ts, int nT) {
     OK(tqkv_cuda_gemm_set_tile(ref));
     run_gemm(dx, TB, K, dw, N, db, dy, xf, parts, ya);
     tma_check_samples(x, w, b, ya, TB, K, N, parts, &r);
-    tma_compare(dx, dw, db, dy, xf, ya, y, K, N, parts, Ts, nT);
-    /* W at dw + 4 (8 bytes off 16): txl / tl run as wxl / wl */
+    tma_compare(dx, dw, db, dy, xf, ya, y, K, N, parts, Ts, nT, tiles, ntiles);
+    /* W at dw + 4 (8 bytes off 16): tiles[0] runs as wxl / wl */
     OK(tqkv_cuda_gemm_set_tile(ref));
     run_gemm(dx, TB, K, dw + 4, N, db, dy, xf, parts, ya);
-    OK(tqkv_cuda_gemm_set_tile(parts == 1 ? "txl" : "tl"));
+    OK(tqkv_cuda_gemm_set_tile(tiles[0]));
     run_gemm(dx, TB, K, dw + 4, N, db, dy, xf, parts, y);
     OK(tqkv_cuda_gemm_set_tile(NULL));
     if (memcmp(y, ya, sizeof(float) * ny))
-        fail_msg("gemm K %d N %d parts %d: an unaligned W under %s differs from %s", K, N, parts,
-                 parts == 1 ? "txl" : "tl", ref);
-    printf("gemm K %d N %d parts %d: tl, txl, wl, wxl, l, s64 and the pick (%s at T %d) bitwise equal "
-           "at T %d .. %d; unaligned W equal to %s\n", K, N, parts, tqkv_cuda_gemm_tile(TB, N, parts), TB,
-           Ts[0], TB, ref);
+        fail_msg("gemm K %d N %d parts %d: an unaligned W under %s differs from %s", K, N, parts, tiles[0], ref);
+    printf("gemm K %d N %d parts %d: %s bitwise equal to %s at T %d .. %d (the pick at T %d: %s); "
+           "unaligned W equal\n", K, N, parts, cluster ? "cxl" : "tl, txl, wl, wxl, l, s64, the pick", ref,
+           Ts[0], TB, TB, tqkv_cuda_gemm_tile(TB, N, parts));
     tqkv_cuda_free(dx); tqkv_cuda_free(dy); tqkv_cuda_free(db); tqkv_cuda_free(dw);
     tqkv_cuda_free(xf);
     free(x); free(b); free(w); free(y); free(ya);
@@ -436,11 +440,23 @@ static void tma_case(int K, int N, int parts, const int *Ts, int nT) {
 static void test_gemm_tma(void **st) {
     (void)st;
     const int ta[] = {65, 513, 1000, 2049}, tb[] = {129, 513, 1000}, tc[] = {300, 513, 1000};
-    tma_case(4096, 4296, 1, ta, 4);  /* 34 weight tiles: at T 2049 306 txl tiles, > SMs */
-    tma_case(14336, 200, 1, tb, 3);  /* the down projection's K */
-    tma_case(200, 136, 1, tc, 3);    /* K: three stages and 8 of a fourth (half a k16 step) */
-    tma_case(200, 136, 2, tc, 3);    /* hi + lo */
-    tma_case(4096, 1000, 2, tb, 3);
+    tma_case(4096, 4296, 1, ta, 4, 0); /* 34 weight tiles: at T 2049 306 txl tiles, > SMs */
+    tma_case(14336, 200, 1, tb, 3, 0); /* the down projection's K */
+    tma_case(200, 136, 1, tc, 3, 0);   /* K: three stages and 8 of a fourth (half a k16 step) */
+    tma_case(200, 136, 2, tc, 3, 0);   /* hi + lo */
+    tma_case(4096, 1000, 2, tb, 3, 0);
+}
+
+/* cxl (clusters of two, the activation tile multicast; opt-in): the same cases, and an odd
+ * count of weight tiles (cxl refused: txl runs). Its own test, so a fault in it leaves
+ * test_gemm / test_gemm_tma's verdicts on tl / txl standing. */
+static void test_gemm_cxl(void **st) {
+    (void)st;
+    const int ta[] = {65, 513, 1000, 2049}, tb[] = {129, 513, 1000}, tc[] = {1, 300, 513, 1000};
+    tma_case(4096, 4296, 1, ta, 4, 1); /* 17 cluster units per token tile: more than fit */
+    tma_case(14336, 200, 1, tb, 3, 1);
+    tma_case(200, 136, 1, tc, 4, 1);
+    tma_case(2048, 4168, 1, tb, 3, 1); /* 33 weight tiles */
 }
 
 /* Row alone vs the same row at position 2 of a 3-row batch: bitwise equal logits. */
@@ -1964,6 +1980,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm),
         cmocka_unit_test(test_gemm_tma),
+        cmocka_unit_test(test_gemm_cxl),
         cmocka_unit_test_teardown(test_norm_regs, norm_teardown),
         cmocka_unit_test(test_parity_f32),
         cmocka_unit_test(test_parity_tq4),

@@ -281,20 +281,24 @@ gemm_grouped_kernel(const uint16_t *__restrict__ xb, int TS, int K, const uint16
  * picked where measured faster (shape_pick). */
 #define GEMM_WG_SHAPES(X) X(SH_WL, 128, 1, 6) X(SH_WL, 128, 2, 4) X(SH_WXL, 256, 1, 4)
 /* tl / txl: wl / wxl's arithmetic on warp-specialised TMA tiles (gemm_tma.cuh), the same
- * (id, BN, parts, stages); sm_90a only. Picked in place of wl / wxl unless TQKV_GEMM_TMA=0. */
-#define GEMM_TMA_SHAPES(X) X(SH_TL, 128, 1, 6) X(SH_TL, 128, 2, 4) X(SH_TXL, 256, 1, 4)
+ * (id, BN, parts, stages, + CTAs per cluster); sm_90a only. Picked in place of wl / wxl
+ * unless TQKV_GEMM_TMA=0. cxl: txl in clusters of two sharing the activation tile
+ * (multicast); picked for wxl with TQKV_GEMM_TMA=2 (opt-in: not yet measured). */
+#define GEMM_TMA_SHAPES(X) X(SH_TL, 128, 1, 6, 1) X(SH_TL, 128, 2, 4, 1) X(SH_TXL, 256, 1, 4, 1) X(SH_CXL, 256, 1, 4, 2)
 
 /* s8n: one token, 16 weight rows a CTA (one warp) with 16 stages in flight: twice the CTAs of
  * s8 where N / 32 CTAs leave SMs with one CTA of 28 KB in flight. (A 32-row 16-stage shape
  * was measured beside it and dropped: bench/RESULTS.md "GPU, session 8".) */
-enum { SH_S8, SH_S16, SH_S32, SH_S64, SH_M, SH_L, SH_XL, SH_S8N, SH_WL, SH_WXL, SH_TL, SH_TXL, SH_N };
-static const char *const g_shape_name[SH_N] = {"s8", "s16", "s32", "s64", "m", "l", "xl", "s8n", "wl", "wxl", "tl", "txl"};
+enum { SH_S8, SH_S16, SH_S32, SH_S64, SH_M, SH_L, SH_XL, SH_S8N, SH_WL, SH_WXL, SH_TL, SH_TXL, SH_CXL, SH_N };
+static const char *const g_shape_name[SH_N] = {"s8",  "s16", "s32", "s64", "m",  "l",  "xl",
+                                               "s8n", "wl",  "wxl", "tl",  "txl", "cxl"};
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT; /* TQKV_GEMM_TILE */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static unsigned g_done, g_bad; /* bit d: device d's tiles set up / refused (cuda_device.h) */
 static int g_sms = 132, g_force = -1;
-static int g_tma = 1; /* TQKV_GEMM_TMA (not 0): the pick takes tl / txl for wl / wxl */
+static int g_tma = 1; /* TQKV_GEMM_TMA: 0 wl / wxl, 1 (default) tl / txl, 2 tl / cxl */
+static int g_cxl_clusters; /* cxl's clusters resident at once (0: none, cxl runs as txl) */
 
 template <int BN, int P, int ST> static bool wg_shape_setup() {
     return cudaFuncSetAttribute(gemm_wg_kernel<BN, P, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -302,9 +306,36 @@ template <int BN, int P, int ST> static bool wg_shape_setup() {
 }
 
 #ifdef TQKV_CUDA_SM90A
-template <int BN, int P, int ST> static bool tma_shape_setup() {
-    return cudaFuncSetAttribute(gemm_tma_kernel<BN, P, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                TTile<BN, P, ST>::SMEM) == cudaSuccess;
+static cudaLaunchAttribute cluster_attr(int cl) {
+    cudaLaunchAttribute at = {};
+    at.id = cudaLaunchAttributeClusterDimension;
+    at.val.clusterDim.x = (unsigned)cl;
+    at.val.clusterDim.y = at.val.clusterDim.z = 1;
+    return at;
+}
+
+/* The kernel's shared memory; for clusters, how many fit at once (g_cxl_clusters: the
+ * persistent grid; a grid of more would leave clusters waiting for a whole other's run). */
+template <int BN, int P, int ST, int CL> static bool tma_shape_setup() {
+    using C = TTile<BN, P, ST, CL>;
+    if (cudaFuncSetAttribute(gemm_tma_kernel<BN, P, ST, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             C::SMEM) != cudaSuccess)
+        return false;
+    if (CL == 1) return true;
+    cudaLaunchAttribute at = cluster_attr(CL);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)(CL * g_sms));
+    cfg.blockDim = dim3(C::THREADS);
+    cfg.dynamicSmemBytes = C::SMEM;
+    cfg.attrs = &at;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, gemm_tma_kernel<BN, P, ST, CL>, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();
+        n = 0;
+    }
+    g_cxl_clusters = n;
+    return true;
 }
 
 /* cuTensorMapEncodeTiled (the driver's, through the runtime: no libcuda link) */
@@ -349,12 +380,12 @@ template <int WM, int WN, int MT, int NT, int P, int ST> static bool shape_setup
 }
 
 /* Once per process: TQKV_GEMM_TILE (a shape name: every T takes it, for benchmarks; the bits
- * are the same) and TQKV_GEMM_TMA (0: the pick keeps wl / wxl; same bits). */
+ * are the same) and TQKV_GEMM_TMA (0: the pick keeps wl / wxl; 2: cxl for wxl; same bits). */
 static void gemm_init(void) {
     const char *e = getenv("TQKV_GEMM_TILE"), *t = getenv("TQKV_GEMM_TMA");
     for (int i = 0; e && i < SH_N; i++)
         if (!strcmp(e, g_shape_name[i])) g_force = i;
-    g_tma = !(t && !strcmp(t, "0"));
+    g_tma = !t ? 1 : !strcmp(t, "0") ? 0 : !strcmp(t, "2") ? 2 : 1;
 }
 
 /* Once per device, before its first launch: the kernels' shared memory and the SM count
@@ -379,7 +410,7 @@ static int gemm_device_ready(void) {
 #define X(id, bn, p, st) ok = ok && wg_shape_setup<bn, p, st>();
         GEMM_WG_SHAPES(X)
 #undef X
-#define X(id, bn, p, st) ok = ok && tma_shape_setup<bn, p, st>();
+#define X(id, bn, p, st, cl) ok = ok && tma_shape_setup<bn, p, st, cl>();
         GEMM_TMA_SHAPES(X)
 #undef X
         if (!g_encode) g_encode = tmap_encoder();
@@ -429,15 +460,16 @@ static int shape_pick(int T, int N, int parts, int wg) {
 #ifdef TQKV_CUDA_SM90A
     else if (wg) {
         sh = pick_wg(T, N, parts);
-        if (g_tma) sh = sh == SH_WL ? SH_TL : sh == SH_WXL ? SH_TXL : sh; /* same bits, TMA-fed */
+        if (g_tma) sh = sh == SH_WL ? SH_TL : sh == SH_WXL ? (g_tma == 2 ? SH_CXL : SH_TXL) : sh; /* same bits */
     }
 #endif
     else sh = pick_mma(T, N, parts);
 #ifndef TQKV_CUDA_SM90A
     wg = 0; /* no warpgroup tiles in this build */
 #endif
-    if (!wg) sh = sh == SH_WL || sh == SH_TL ? SH_L : sh == SH_WXL || sh == SH_TXL ? SH_XL : sh;
-    if (parts != 1) sh = sh == SH_XL ? SH_L : sh == SH_WXL ? SH_WL : sh == SH_TXL ? SH_TL : sh; /* one part only */
+    if (!wg) sh = sh == SH_WL || sh == SH_TL ? SH_L : sh == SH_WXL || sh == SH_TXL || sh == SH_CXL ? SH_XL : sh;
+    if (parts != 1) /* one part only */
+        sh = sh == SH_XL ? SH_L : sh == SH_WXL ? SH_WL : sh == SH_TXL || sh == SH_CXL ? SH_TL : sh;
     return sh;
 }
 
@@ -493,26 +525,35 @@ static void launch_wg(cudaStream_t s, const uint16_t *xb, int T, int K, const ui
 
 #ifdef TQKV_CUDA_SM90A
 /* The TMA tiles' launch, as launch(): the weight and activation maps built per call (host
- * work only; captured into a graph as kernel parameters), a persistent grid of
- * min(tiles, SMs). false (nothing launched) when a map can't be made: the caller falls
- * back to wl / wxl, the same bits. */
-template <int BN, int P, int ST>
+ * work only; captured into a graph as kernel parameters), a persistent grid of CL x
+ * min(units, resident CTAs or clusters). false (nothing launched) when a map can't be made,
+ * cxl's weight tiles are odd in number or no cluster fits: the caller falls back (txl, then
+ * wl / wxl), the same bits. */
+template <int BN, int P, int ST, int CL>
 static bool launch_tma(cudaStream_t s, const uint16_t *xb, int T, int K, const uint16_t *w, int N,
                        const float *bias, float *y, size_t ldy, int pdl) {
-    using C = TTile<BN, P, ST>;
+    using C = TTile<BN, P, ST, CL>;
+    const long nn = (N + 127) / 128, units = (long)((T + BN - 1) / BN) * nn / CL;
+    const long slots = CL == 1 ? g_sms : g_cxl_clusters;
     CUtensorMap wm, xm;
-    if (!tmap_make(&wm, w, K, N, 1, 128, 2) || !tmap_make(&xm, xb, K, T, P, BN, 3)) return false;
-    const long tiles = (long)((T + BN - 1) / BN) * ((N + 127) / 128);
-    const dim3 grid((unsigned)(tiles < g_sms ? tiles : g_sms));
-    if (pdl) {
-        cudaLaunchAttribute at;
-        const cudaLaunchConfig_t cfg = pdl_config(grid, dim3(C::THREADS), C::SMEM, s, &at);
-        if (cudaLaunchKernelEx(&cfg, gemm_tma_kernel<BN, P, ST>, wm, xm, T, K, N, bias, y, ldy) == cudaSuccess)
-            return true;
-        (void)cudaGetLastError();
-    }
-    gemm_tma_kernel<BN, P, ST><<<grid, C::THREADS, C::SMEM, s>>>(wm, xm, T, K, N, bias, y, ldy);
-    return true;
+    if ((CL > 1 && (nn % CL || slots < 1)) || !tmap_make(&wm, w, K, N, 1, 128, 2) ||
+        !tmap_make(&xm, xb, K, T, P, C::XROWS, 3))
+        return false;
+    cudaLaunchAttribute at[2];
+    const dim3 grid((unsigned)(CL * (units < slots ? units : slots)));
+    cudaLaunchConfig_t cfg = pdl_config(grid, dim3(C::THREADS), C::SMEM, s, &at[1]); /* at[1]: PDL */
+    at[0] = cluster_attr(CL);
+    cfg.attrs = CL > 1 ? at : at + 1;
+    cfg.numAttrs = (CL > 1) + (pdl != 0);
+    if (cudaLaunchKernelEx(&cfg, gemm_tma_kernel<BN, P, ST, CL>, wm, xm, T, K, N, bias, y, ldy) == cudaSuccess)
+        return true;
+    (void)cudaGetLastError();
+    if (!pdl) return false;
+    cfg.numAttrs--; /* without PDL (the cluster attribute, if any, comes first) */
+    if (cudaLaunchKernelEx(&cfg, gemm_tma_kernel<BN, P, ST, CL>, wm, xm, T, K, N, bias, y, ldy) == cudaSuccess)
+        return true;
+    (void)cudaGetLastError();
+    return false;
 }
 #endif
 
@@ -563,7 +604,7 @@ extern "C" tqkv_status tqkv_cuda_gemm_set_tile(const char *name) {
             g_force = i;
             return TQKV_OK;
         }
-    return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm_set_tile: no tile shape '%s' (s8, s16, s32, s64, m, l, xl, s8n, wl, wxl, tl, txl)", name);
+    return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm_set_tile: no tile shape '%s' (s8, s16, s32, s64, m, l, xl, s8n, wl, wxl, tl, txl, cxl)", name);
 }
 
 /* Checks and the one-time setup; 0 or the failure. */
@@ -644,9 +685,13 @@ static tqkv_status gemm_launch(const uint16_t *xb, int T, const uint16_t *w, int
     int sh = shape_pick(T, N, parts, 1);
 #ifdef TQKV_CUDA_SM90A
     bool done = false;
-#define X(id, bn, p, st)                                                                           \
-    if (sh == id && parts == p) done = launch_tma<bn, p, st>(s, xb, T, K, w, N, bias, y, ldy, pdl);
+#define X(id, bn, p, st, cl)                                                                       \
+    if (!done && sh == id && parts == p) done = launch_tma<bn, p, st, cl>(s, xb, T, K, w, N, bias, y, ldy, pdl);
     GEMM_TMA_SHAPES(X)
+    if (!done && sh == SH_CXL) {
+        sh = SH_TXL; /* cxl refused (odd weight tiles, no cluster fits, no map): txl */
+        GEMM_TMA_SHAPES(X)
+    }
 #undef X
     if (done) return gemm_launched();
     sh = sh == SH_TL ? SH_WL : sh == SH_TXL ? SH_WXL : sh; /* no map (unaligned): the same bits */
