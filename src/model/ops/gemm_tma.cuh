@@ -225,6 +225,7 @@ __device__ __forceinline__ void tma_consume(int T, int N, const float *__restric
             wg_wait<1>();                                /* stage it - 1's wgmmas are done */
             if (kt > 0 && lead) tma_release<CL>(empty + 8 * ((it - 1) % ST)); /* ... its slot is free */
         }
+        __syncwarp(); /* converged after the lead's release, for the .aligned wait */
         wg_wait<0>();
         if (lead) tma_release<CL>(empty + 8 * ((it - 1) % ST));
         wg_store<C>(d, T, N, bias, y, ldy, sched_t0<BN, CL>(sc, u), sched_n0<BN, CL>(sc, u) + 64 * wg);
