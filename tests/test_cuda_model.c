@@ -370,15 +370,39 @@ static void tma_check_samples(const float *x, const uint16_t *w, const float *b,
     }
 }
 
+/* What one GEMM under `tile` (N rows, aligned pointers) must launch: 2 cxl, 1 another TMA
+ * tile (cxl with an odd count of weight tiles: txl), 0 none, -1 unknown (the pick). In a
+ * build without sm_90a (forcing "txl" names its "xl" stand-in) none. */
+static int tma_expect(const char *tile, int N) {
+    if (!tile) return -1;
+    OK(tqkv_cuda_gemm_set_tile("txl"));
+    const int built = !strcmp(tqkv_cuda_gemm_tile(1000, 256, 1), "txl");
+    OK(tqkv_cuda_gemm_set_tile(tile));
+    if (!built || (strcmp(tile, "tl") && strcmp(tile, "txl") && strcmp(tile, "cxl"))) return 0;
+    return !strcmp(tile, "cxl") && (N + 127) / 128 % 2 == 0 ? 2 : 1;
+}
+
+/* run_gemm, then: the TMA launches (tqkv_cuda_gemm_tma_runs) it made are `want`'s */
+static void tma_run(const float *dx, int T, int K, const uint16_t *dw, int N, const float *db, float *dy,
+                    void *xf, int parts, float *y, int want, const char *tile) {
+    unsigned long k0, k1, r0 = tqkv_cuda_gemm_tma_runs(&k0);
+    run_gemm(dx, T, K, dw, N, db, dy, xf, parts, y);
+    const unsigned long r1 = tqkv_cuda_gemm_tma_runs(&k1);
+    const int got = r1 == r0 ? 0 : k1 > k0 ? 2 : 1;
+    if (want >= 0 && got != want)
+        fail_msg("gemm K %d N %d T %d parts %d tile %s: launched %s, expected %s", K, N, T, parts, tile,
+                 got == 2 ? "cxl" : got ? "a TMA tile" : "no TMA tile", want == 2 ? "cxl" : want ? "a TMA tile" : "none");
+}
+
 /* Under every tile of `tiles` (NULL: the pick), the first T rows of y for each T of Ts equal
- * ya (the batch of Ts' last, under wl / wxl) bitwise. */
+ * ya (the batch of Ts' last, under wl / wxl) bitwise, each launching what tma_expect says. */
 static void tma_compare(const float *dx, const uint16_t *dw, const float *db, float *dy, void *xf,
                         const float *ya, float *y, int K, int N, int parts, const int *Ts, int nT,
                         const char *const *tiles, int ntiles) {
     for (int s = 0; s < ntiles; s++) {
-        assert_int_equal(tqkv_cuda_gemm_set_tile(tiles[s]), TQKV_OK);
+        const int want = tma_expect(tiles[s], N); /* (and forces tiles[s]) */
         for (int i = 0; i < nT; i++) {
-            run_gemm(dx, Ts[i], K, dw, N, db, dy, xf, parts, y);
+            tma_run(dx, Ts[i], K, dw, N, db, dy, xf, parts, y, want, tiles[s] ? tiles[s] : "picked");
             if (memcmp(y, ya, sizeof(float) * (size_t)Ts[i] * N))
                 fail_msg("gemm K %d N %d parts %d tile %s (%s): rows of a batch of %d differ from wl / wxl's",
                          K, N, parts, tiles[s] ? tiles[s] : "picked", tqkv_cuda_gemm_tile(Ts[i], N, parts), Ts[i]);
@@ -425,7 +449,7 @@ static void tma_case(int K, int N, int parts, const int *Ts, int nT, int cluster
     OK(tqkv_cuda_gemm_set_tile(ref));
     run_gemm(dx, TB, K, dw + 4, N, db, dy, xf, parts, ya);
     OK(tqkv_cuda_gemm_set_tile(tiles[0]));
-    run_gemm(dx, TB, K, dw + 4, N, db, dy, xf, parts, y);
+    tma_run(dx, TB, K, dw + 4, N, db, dy, xf, parts, y, 0, tiles[0]); /* no map: no TMA launch */
     OK(tqkv_cuda_gemm_set_tile(NULL));
     if (memcmp(y, ya, sizeof(float) * ny))
         fail_msg("gemm K %d N %d parts %d: an unaligned W under %s differs from %s", K, N, parts, tiles[0], ref);

@@ -299,6 +299,7 @@ static unsigned g_done, g_bad; /* bit d: device d's tiles set up / refused (cuda
 static int g_sms = 132, g_force = -1;
 static int g_tma = 1; /* TQKV_GEMM_TMA: 0 wl / wxl, 1 (default) tl / txl, 2 tl / cxl */
 static int g_cxl_clusters; /* cxl's clusters resident at once (0: none, cxl runs as txl) */
+static unsigned long g_tma_runs, g_cxl_runs; /* TMA tile launches, clustered ones (tests) */
 
 template <int BN, int P, int ST> static bool wg_shape_setup() {
     return cudaFuncSetAttribute(gemm_wg_kernel<BN, P, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -528,7 +529,7 @@ static void launch_wg(cudaStream_t s, const uint16_t *xb, int T, int K, const ui
  * work only; captured into a graph as kernel parameters), a persistent grid of CL x
  * min(units, resident CTAs or clusters). false (nothing launched) when a map can't be made,
  * cxl's weight tiles are odd in number or no cluster fits: the caller falls back (txl, then
- * wl / wxl), the same bits. */
+ * wl / wxl), the same bits. A refused launch is left to gemm_launched to report. */
 template <int BN, int P, int ST, int CL>
 static bool launch_tma(cudaStream_t s, const uint16_t *xb, int T, int K, const uint16_t *w, int N,
                        const float *bias, float *y, size_t ldy, int pdl) {
@@ -545,15 +546,14 @@ static bool launch_tma(cudaStream_t s, const uint16_t *xb, int T, int K, const u
     at[0] = cluster_attr(CL);
     cfg.attrs = CL > 1 ? at : at + 1;
     cfg.numAttrs = (CL > 1) + (pdl != 0);
-    if (cudaLaunchKernelEx(&cfg, gemm_tma_kernel<BN, P, ST, CL>, wm, xm, T, K, N, bias, y, ldy) == cudaSuccess)
-        return true;
-    (void)cudaGetLastError();
-    if (!pdl) return false;
-    cfg.numAttrs--; /* without PDL (the cluster attribute, if any, comes first) */
-    if (cudaLaunchKernelEx(&cfg, gemm_tma_kernel<BN, P, ST, CL>, wm, xm, T, K, N, bias, y, ldy) == cudaSuccess)
-        return true;
-    (void)cudaGetLastError();
-    return false;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, gemm_tma_kernel<BN, P, ST, CL>, wm, xm, T, K, N, bias, y, ldy);
+    if (e != cudaSuccess && pdl) { /* again without PDL (the cluster attribute, if any, is first) */
+        (void)cudaGetLastError();
+        cfg.numAttrs--;
+        e = cudaLaunchKernelEx(&cfg, gemm_tma_kernel<BN, P, ST, CL>, wm, xm, T, K, N, bias, y, ldy);
+    }
+    if (e == cudaSuccess) __atomic_fetch_add(CL > 1 ? &g_cxl_runs : &g_tma_runs, 1ul, __ATOMIC_RELAXED);
+    return true;
 }
 #endif
 
@@ -587,6 +587,11 @@ static void launch_grouped(cudaStream_t s, const uint16_t *xb, int TS, int K, co
 }
 
 extern "C" size_t tqkv_cuda_gemm_xf_bytes(size_t T, size_t kmax) { return 2 * T * kmax * 2; }
+
+extern "C" unsigned long tqkv_cuda_gemm_tma_runs(unsigned long *clustered) {
+    if (clustered) *clustered = __atomic_load_n(&g_cxl_runs, __ATOMIC_RELAXED);
+    return __atomic_load_n(&g_tma_runs, __ATOMIC_RELAXED) + __atomic_load_n(&g_cxl_runs, __ATOMIC_RELAXED);
+}
 
 extern "C" const char *tqkv_cuda_gemm_tile(int T, int N, int parts) {
     (void)gemm_device_ready();

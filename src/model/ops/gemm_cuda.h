@@ -86,6 +86,11 @@ tqkv_status tqkv_cuda_gemm_grouped(const float *x, size_t ldx, int T, const uint
  * count of 128-row weight tiles as txl (the same bits), under its own name here. */
 const char *tqkv_cuda_gemm_tile(int T, int N, int parts);
 
+/* The launches of a TMA tile (tl, txl, cxl) in this process so far, and in *clustered (when
+ * not NULL) those of cxl: for the tests, to tell a TMA tile that ran from one that fell back
+ * to wl / wxl (an unaligned pointer) or cxl to txl. 0 in a build without sm_90a. */
+unsigned long tqkv_cuda_gemm_tma_runs(unsigned long *clustered);
+
 /* Make every later call take the named tile shape (NULL: the pick by T and N again), as
  * TQKV_GEMM_TILE does: for the tests (every shape must give the same bits) and A/B
  * benchmarks. TQKV_EINVAL for an unknown name. Not for use while GEMMs run on other threads. */
