@@ -278,7 +278,7 @@ static double gemm_error(const float *x, const uint16_t *w, const float *b, cons
     return worst;
 }
 
-static const char *const g_tiles[] = {"s8", "s16", "s32", "s64", "m", "l", "xl", "s8n", "wl", "wxl"};
+static const char *const g_tiles[] = {"s8", "s16", "s32", "s64", "m", "l", "xl", "s8n", "wl", "wxl", "tl", "txl"};
 
 static void gemm_case(int K, int N, int parts) {
     /* every tile shape at every T: partial token tiles (3, 9, 17, 33, 70, 130), exact ones
@@ -331,7 +331,7 @@ static void gemm_case(int K, int N, int parts) {
     /* the two precisions are different arithmetic (parts 2 is not parts 1 in disguise) */
     run_gemm(dx, 8, K, dw, N, db, dy, xf, 3 - parts, y);
     assert_true(memcmp(y, ya, sizeof(float) * 8 * (size_t)N) != 0);
-    printf("gemm K %d N %d parts %d: tiles s8 .. wxl, batches of 1 .. 130 and single rows: bitwise "
+    printf("gemm K %d N %d parts %d: tiles s8 .. txl, batches of 1 .. 130 and single rows: bitwise "
            "equal to the batch of %d\n", K, N, parts, TB);
     tqkv_cuda_free(dx); tqkv_cuda_free(dy); tqkv_cuda_free(db); tqkv_cuda_free(dw);
     tqkv_cuda_free(xf);
@@ -346,6 +346,141 @@ static void test_gemm(void **st) {
         gemm_case(3 * 1024 + 96, 200, parts); /* long K, N past a 128-row tile */
         gemm_case(2 * 1024 + 40, 136, parts); /* K ends in a partial k16 step's chunk */
     }
+}
+
+/* ---- the TMA-fed tiles (tl / txl, gemm_tma.cuh) at prefill sizes: bitwise the cp.async
+ * tiles (wl / wxl), l and s64, at T tails, with more tiles than SMs (a CTA's ring of stages
+ * runs on from tile to tile), K long, short and not a multiple of 64, N not of 128. */
+
+/* 64 sampled outputs of y [T, N] vs float64 (parts 1: of the bf16-rounded activations):
+ * the reference the bitwise comparisons lean on is right. */
+static void tma_check_samples(const float *x, const uint16_t *w, const float *b, const float *y, int T,
+                              int K, int N, int parts, test_rng *r) {
+    for (int i = 0; i < 64; i++) {
+        const int t = (int)(rng_u64(r) % (uint64_t)T), n = (int)(rng_u64(r) % (uint64_t)N);
+        double ref = b[n], mag = fabs(b[n]);
+        for (int k = 0; k < K; k++) {
+            const float xv = x[(size_t)t * K + k];
+            const double p = (double)(parts == 1 ? bf16_float(bf16_bits(xv)) : xv) * bf16_float(w[(size_t)n * K + k]);
+            ref += p;
+            mag += fabs(p);
+        }
+        const double e = fabs(y[(size_t)t * N + n] - ref) / mag;
+        if (!(e < 2e-5)) fail_msg("gemm K %d N %d parts %d: y[%d][%d] error %g >= 2e-5 of sum |x w|", K, N, parts, t, n, e);
+    }
+}
+
+/* What one GEMM under `tile` (N rows, aligned pointers) must launch: 2 cxl, 1 another TMA
+ * tile (cxl with an odd count of weight tiles: txl), 0 none, -1 unknown (the pick). In a
+ * build without sm_90a (forcing "txl" names its "xl" stand-in) none. */
+static int tma_expect(const char *tile, int N) {
+    if (!tile) return -1;
+    OK(tqkv_cuda_gemm_set_tile("txl"));
+    const int built = !strcmp(tqkv_cuda_gemm_tile(1000, 256, 1), "txl");
+    OK(tqkv_cuda_gemm_set_tile(tile));
+    if (!built || (strcmp(tile, "tl") && strcmp(tile, "txl") && strcmp(tile, "cxl"))) return 0;
+    return !strcmp(tile, "cxl") && (N + 127) / 128 % 2 == 0 ? 2 : 1;
+}
+
+/* run_gemm, then: the TMA launches (tqkv_cuda_gemm_tma_runs) it made are `want`'s */
+static void tma_run(const float *dx, int T, int K, const uint16_t *dw, int N, const float *db, float *dy,
+                    void *xf, int parts, float *y, int want, const char *tile) {
+    unsigned long k0, k1, r0 = tqkv_cuda_gemm_tma_runs(&k0);
+    run_gemm(dx, T, K, dw, N, db, dy, xf, parts, y);
+    const unsigned long r1 = tqkv_cuda_gemm_tma_runs(&k1);
+    const int got = r1 == r0 ? 0 : k1 > k0 ? 2 : 1;
+    if (want >= 0 && got != want)
+        fail_msg("gemm K %d N %d T %d parts %d tile %s: launched %s, expected %s", K, N, T, parts, tile,
+                 got == 2 ? "cxl" : got ? "a TMA tile" : "no TMA tile", want == 2 ? "cxl" : want ? "a TMA tile" : "none");
+}
+
+/* Under every tile of `tiles` (NULL: the pick), the first T rows of y for each T of Ts equal
+ * ya (the batch of Ts' last, under wl / wxl) bitwise, each launching what tma_expect says. */
+static void tma_compare(const float *dx, const uint16_t *dw, const float *db, float *dy, void *xf,
+                        const float *ya, float *y, int K, int N, int parts, const int *Ts, int nT,
+                        const char *const *tiles, int ntiles) {
+    for (int s = 0; s < ntiles; s++) {
+        const int want = tma_expect(tiles[s], N); /* (and forces tiles[s]) */
+        for (int i = 0; i < nT; i++) {
+            tma_run(dx, Ts[i], K, dw, N, db, dy, xf, parts, y, want, tiles[s] ? tiles[s] : "picked");
+            if (memcmp(y, ya, sizeof(float) * (size_t)Ts[i] * N))
+                fail_msg("gemm K %d N %d parts %d tile %s (%s): rows of a batch of %d differ from wl / wxl's",
+                         K, N, parts, tiles[s] ? tiles[s] : "picked", tqkv_cuda_gemm_tile(Ts[i], N, parts), Ts[i]);
+        }
+    }
+    assert_int_equal(tqkv_cuda_gemm_set_tile(NULL), TQKV_OK);
+}
+
+/* One case: x [TB, K] (TB = Ts' last, the largest), W [N, K] at an aligned address and at
+ * one 8 bytes off 16 (no tensor map: tiles[0] must fall back to wl / wxl's launch, the same
+ * bits). cluster: tiles are {cxl} (opt-in, its own test), else tl, txl, wl, wxl, l, s64, the pick. */
+static void tma_case(int K, int N, int parts, const int *Ts, int nT, int cluster) {
+    const char *const plain[] = {parts == 1 ? "txl" : "tl", parts == 1 ? "tl" : "txl", "wl", "wxl", "l", "s64", NULL};
+    const char *const clus[] = {"cxl"};
+    const char *const *tiles = cluster ? clus : plain;
+    const int ntiles = cluster ? 1 : (int)(sizeof plain / sizeof plain[0]);
+    const int TB = Ts[nT - 1];
+    test_rng r;
+    rng_init(&r, g_seed ^ (uint64_t)K * 977 ^ (uint64_t)N * 13 ^ (uint64_t)parts);
+    const size_t nx = (size_t)TB * K, nw = (size_t)N * K + 4, ny = (size_t)TB * N;
+    float *x = malloc(sizeof(float) * nx), *b = malloc(sizeof(float) * (size_t)N);
+    uint16_t *w = malloc(sizeof(uint16_t) * nw);
+    float *y = malloc(sizeof(float) * ny), *ya = malloc(sizeof(float) * ny);
+    for (size_t i = 0; i < nx; i++) x[i] = (float)rng_normal(&r) * (i % 7 == 0 ? 30.f : 1.f);
+    for (size_t i = 0; i < nw; i++) w[i] = bf16_bits((float)rng_normal(&r) * 0.05f);
+    for (int i = 0; i < N; i++) b[i] = (float)rng_normal(&r);
+    float *dx, *dy, *db;
+    uint16_t *dw;
+    void *xf;
+    OK(tqkv_cuda_malloc((void **)&dx, sizeof(float) * nx));
+    OK(tqkv_cuda_malloc((void **)&dy, sizeof(float) * ny));
+    OK(tqkv_cuda_malloc((void **)&db, sizeof(float) * (size_t)N));
+    OK(tqkv_cuda_malloc((void **)&dw, sizeof(uint16_t) * nw));
+    OK(tqkv_cuda_malloc(&xf, tqkv_cuda_gemm_xf_bytes((size_t)TB, (size_t)K)));
+    OK(tqkv_cuda_h2d(dx, x, sizeof(float) * nx));
+    OK(tqkv_cuda_h2d(dw, w, sizeof(uint16_t) * nw));
+    OK(tqkv_cuda_h2d(db, b, sizeof(float) * (size_t)N));
+    const char *ref = parts == 1 ? "wxl" : "wl";
+    OK(tqkv_cuda_gemm_set_tile(ref));
+    run_gemm(dx, TB, K, dw, N, db, dy, xf, parts, ya);
+    tma_check_samples(x, w, b, ya, TB, K, N, parts, &r);
+    tma_compare(dx, dw, db, dy, xf, ya, y, K, N, parts, Ts, nT, tiles, ntiles);
+    /* W at dw + 4 (8 bytes off 16): tiles[0] runs as wxl / wl */
+    OK(tqkv_cuda_gemm_set_tile(ref));
+    run_gemm(dx, TB, K, dw + 4, N, db, dy, xf, parts, ya);
+    OK(tqkv_cuda_gemm_set_tile(tiles[0]));
+    tma_run(dx, TB, K, dw + 4, N, db, dy, xf, parts, y, 0, tiles[0]); /* no map: no TMA launch */
+    OK(tqkv_cuda_gemm_set_tile(NULL));
+    if (memcmp(y, ya, sizeof(float) * ny))
+        fail_msg("gemm K %d N %d parts %d: an unaligned W under %s differs from %s", K, N, parts, tiles[0], ref);
+    printf("gemm K %d N %d parts %d: %s bitwise equal to %s at T %d .. %d (the pick at T %d: %s); "
+           "unaligned W equal\n", K, N, parts, cluster ? "cxl" : "tl, txl, wl, wxl, l, s64, the pick", ref,
+           Ts[0], TB, TB, tqkv_cuda_gemm_tile(TB, N, parts));
+    tqkv_cuda_free(dx); tqkv_cuda_free(dy); tqkv_cuda_free(db); tqkv_cuda_free(dw);
+    tqkv_cuda_free(xf);
+    free(x); free(b); free(w); free(y); free(ya);
+}
+
+static void test_gemm_tma(void **st) {
+    (void)st;
+    const int ta[] = {65, 513, 1000, 2049}, tb[] = {129, 513, 1000}, tc[] = {300, 513, 1000};
+    tma_case(4096, 4296, 1, ta, 4, 0); /* 34 weight tiles: at T 2049 306 txl tiles, > SMs */
+    tma_case(14336, 200, 1, tb, 3, 0); /* the down projection's K */
+    tma_case(200, 136, 1, tc, 3, 0);   /* K: three stages and 8 of a fourth (half a k16 step) */
+    tma_case(200, 136, 2, tc, 3, 0);   /* hi + lo */
+    tma_case(4096, 1000, 2, tb, 3, 0);
+}
+
+/* cxl (clusters of two, the activation tile multicast; opt-in): the same cases, and an odd
+ * count of weight tiles (cxl refused: txl runs). Its own test, so a fault in it leaves
+ * test_gemm / test_gemm_tma's verdicts on tl / txl standing. */
+static void test_gemm_cxl(void **st) {
+    (void)st;
+    const int ta[] = {65, 513, 1000, 2049}, tb[] = {129, 513, 1000}, tc[] = {1, 300, 513, 1000};
+    tma_case(4096, 4296, 1, ta, 4, 1); /* 17 cluster units per token tile: more than fit */
+    tma_case(14336, 200, 1, tb, 3, 1);
+    tma_case(200, 136, 1, tc, 4, 1);
+    tma_case(2048, 4168, 1, tb, 3, 1); /* 33 weight tiles */
 }
 
 /* Row alone vs the same row at position 2 of a 3-row batch: bitwise equal logits. */
@@ -1868,6 +2003,8 @@ int main(void) {
     g_seed = test_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_gemm_tma),
+        cmocka_unit_test(test_gemm_cxl),
         cmocka_unit_test_teardown(test_norm_regs, norm_teardown),
         cmocka_unit_test(test_parity_f32),
         cmocka_unit_test(test_parity_tq4),

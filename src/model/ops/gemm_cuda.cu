@@ -261,6 +261,7 @@ gemm_grouped_kernel(const uint16_t *__restrict__ xb, int TS, int K, const uint16
 }
 
 #include "model/ops/gemm_wgmma.cuh"
+#include "model/ops/gemm_tma.cuh"
 
 // ---------------------------------------------------------------------------
 // host: the tile shapes and their pick
@@ -279,22 +280,97 @@ gemm_grouped_kernel(const uint16_t *__restrict__ xb, int TS, int K, const uint16
  * (id, BN, parts, stages). Built for sm_90a only (TQKV_CUDA_SM90A); forced by name, and
  * picked where measured faster (shape_pick). */
 #define GEMM_WG_SHAPES(X) X(SH_WL, 128, 1, 6) X(SH_WL, 128, 2, 4) X(SH_WXL, 256, 1, 4)
+/* tl / txl: wl / wxl's arithmetic on warp-specialised TMA tiles (gemm_tma.cuh), the same
+ * (id, BN, parts, stages, + CTAs per cluster); sm_90a only. Picked in place of wl / wxl
+ * unless TQKV_GEMM_TMA=0. cxl: txl in clusters of two sharing the activation tile
+ * (multicast); picked for wxl with TQKV_GEMM_TMA=2 (opt-in: not yet measured). */
+#define GEMM_TMA_SHAPES(X) X(SH_TL, 128, 1, 6, 1) X(SH_TL, 128, 2, 4, 1) X(SH_TXL, 256, 1, 4, 1) X(SH_CXL, 256, 1, 4, 2)
 
 /* s8n: one token, 16 weight rows a CTA (one warp) with 16 stages in flight: twice the CTAs of
  * s8 where N / 32 CTAs leave SMs with one CTA of 28 KB in flight. (A 32-row 16-stage shape
  * was measured beside it and dropped: bench/RESULTS.md "GPU, session 8".) */
-enum { SH_S8, SH_S16, SH_S32, SH_S64, SH_M, SH_L, SH_XL, SH_S8N, SH_WL, SH_WXL, SH_N };
-static const char *const g_shape_name[SH_N] = {"s8", "s16", "s32", "s64", "m", "l", "xl", "s8n", "wl", "wxl"};
+enum { SH_S8, SH_S16, SH_S32, SH_S64, SH_M, SH_L, SH_XL, SH_S8N, SH_WL, SH_WXL, SH_TL, SH_TXL, SH_CXL, SH_N };
+static const char *const g_shape_name[SH_N] = {"s8",  "s16", "s32", "s64", "m",  "l",  "xl",
+                                               "s8n", "wl",  "wxl", "tl",  "txl", "cxl"};
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT; /* TQKV_GEMM_TILE */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static unsigned g_done, g_bad; /* bit d: device d's tiles set up / refused (cuda_device.h) */
 static int g_sms = 132, g_force = -1;
+static int g_tma = 1; /* TQKV_GEMM_TMA: 0 wl / wxl, 1 (default) tl / txl, 2 tl / cxl */
+static int g_cxl_clusters; /* cxl's clusters resident at once (0: none, cxl runs as txl) */
+static unsigned long g_tma_runs, g_cxl_runs; /* TMA tile launches, clustered ones (tests) */
 
 template <int BN, int P, int ST> static bool wg_shape_setup() {
     return cudaFuncSetAttribute(gemm_wg_kernel<BN, P, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 WTile<BN, P, ST>::SMEM) == cudaSuccess;
 }
+
+#ifdef TQKV_CUDA_SM90A
+static cudaLaunchAttribute cluster_attr(int cl) {
+    cudaLaunchAttribute at = {};
+    at.id = cudaLaunchAttributeClusterDimension;
+    at.val.clusterDim.x = (unsigned)cl;
+    at.val.clusterDim.y = at.val.clusterDim.z = 1;
+    return at;
+}
+
+/* The kernel's shared memory; for clusters, how many fit at once (g_cxl_clusters: the
+ * persistent grid; a grid of more would leave clusters waiting for a whole other's run). */
+template <int BN, int P, int ST, int CL> static bool tma_shape_setup() {
+    using C = TTile<BN, P, ST, CL>;
+    if (cudaFuncSetAttribute(gemm_tma_kernel<BN, P, ST, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             C::SMEM) != cudaSuccess)
+        return false;
+    if (CL == 1) return true;
+    cudaLaunchAttribute at = cluster_attr(CL);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)(CL * g_sms));
+    cfg.blockDim = dim3(C::THREADS);
+    cfg.dynamicSmemBytes = C::SMEM;
+    cfg.attrs = &at;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, gemm_tma_kernel<BN, P, ST, CL>, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();
+        n = 0;
+    }
+    g_cxl_clusters = n;
+    return true;
+}
+
+/* cuTensorMapEncodeTiled (the driver's, through the runtime: no libcuda link) */
+typedef CUresult (*tmap_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                   const cuuint64_t *, const cuuint32_t *, const cuuint32_t *,
+                                   CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                   CUtensorMapFloatOOBfill);
+static tmap_encode_fn g_encode; /* set once under g_mu (gemm_device_ready); NULL: no TMA tiles */
+
+static tmap_encode_fn tmap_encoder(void) {
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess || q != cudaDriverEntryPointSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return (tmap_encode_fn)fn;
+}
+
+/* A bf16 map over `planes` planes of [rows][K] at base (planes rows K apart), rank 2 or 3,
+ * box 64 k x box_rows (x 1 plane), 128-byte swizzle, zero fill past the edges. 0 when the
+ * encoder is missing or refuses (base not 16-byte aligned, say). K % 8 == 0 (gemm_check):
+ * the row stride is a multiple of 16 bytes. */
+static bool tmap_make(CUtensorMap *m, const uint16_t *base, int K, int rows, int planes, int box_rows, int rank) {
+    if (!g_encode || ((uintptr_t)base & 15u)) return false;
+    const cuuint64_t dims[3] = {(cuuint64_t)K, (cuuint64_t)rows, (cuuint64_t)planes};
+    const cuuint64_t strides[2] = {(cuuint64_t)K * 2u, (cuuint64_t)K * 2u * (cuuint64_t)rows};
+    const cuuint32_t box[3] = {64u, (cuuint32_t)box_rows, 1u}, step[3] = {1u, 1u, 1u};
+    return g_encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (cuuint32_t)rank, (void *)base, dims, strides, box, step,
+                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+#endif
 
 template <int WM, int WN, int MT, int NT, int P, int ST> static bool shape_setup() {
     using C = Tile<WM, WN, MT, NT, P, ST>;
@@ -305,11 +381,12 @@ template <int WM, int WN, int MT, int NT, int P, int ST> static bool shape_setup
 }
 
 /* Once per process: TQKV_GEMM_TILE (a shape name: every T takes it, for benchmarks; the bits
- * are the same). */
+ * are the same) and TQKV_GEMM_TMA (0: the pick keeps wl / wxl; 2: cxl for wxl; same bits). */
 static void gemm_init(void) {
-    const char *e = getenv("TQKV_GEMM_TILE");
+    const char *e = getenv("TQKV_GEMM_TILE"), *t = getenv("TQKV_GEMM_TMA");
     for (int i = 0; e && i < SH_N; i++)
         if (!strcmp(e, g_shape_name[i])) g_force = i;
+    g_tma = !t ? 1 : !strcmp(t, "0") ? 0 : !strcmp(t, "2") ? 2 : 1;
 }
 
 /* Once per device, before its first launch: the kernels' shared memory and the SM count
@@ -334,6 +411,10 @@ static int gemm_device_ready(void) {
 #define X(id, bn, p, st) ok = ok && wg_shape_setup<bn, p, st>();
         GEMM_WG_SHAPES(X)
 #undef X
+#define X(id, bn, p, st, cl) ok = ok && tma_shape_setup<bn, p, st, cl>();
+        GEMM_TMA_SHAPES(X)
+#undef X
+        if (!g_encode) g_encode = tmap_encoder();
 #endif
         if (!ok) {
             (void)cudaGetLastError();
@@ -378,16 +459,18 @@ static int shape_pick(int T, int N, int parts, int wg) {
     else if (T <= GEMM_CUDA_SMALL_T)
         sh = T == 1 ? SH_S8N : T <= 8 ? SH_S8 : T <= 16 ? SH_S16 : T <= 32 ? SH_S32 : SH_S64;
 #ifdef TQKV_CUDA_SM90A
-    else if (wg) sh = pick_wg(T, N, parts);
+    else if (wg) {
+        sh = pick_wg(T, N, parts);
+        if (g_tma) sh = sh == SH_WL ? SH_TL : sh == SH_WXL ? (g_tma == 2 ? SH_CXL : SH_TXL) : sh; /* same bits */
+    }
 #endif
     else sh = pick_mma(T, N, parts);
-#ifdef TQKV_CUDA_SM90A
-    if (!wg) sh = sh == SH_WL ? SH_L : sh == SH_WXL ? SH_XL : sh;
-#else
-    (void)wg;
-    sh = sh == SH_WL ? SH_L : sh == SH_WXL ? SH_XL : sh; /* no warpgroup tiles in this build */
+#ifndef TQKV_CUDA_SM90A
+    wg = 0; /* no warpgroup tiles in this build */
 #endif
-    if (parts != 1) sh = sh == SH_XL ? SH_L : sh == SH_WXL ? SH_WL : sh; /* one part only */
+    if (!wg) sh = sh == SH_WL || sh == SH_TL ? SH_L : sh == SH_WXL || sh == SH_TXL || sh == SH_CXL ? SH_XL : sh;
+    if (parts != 1) /* one part only */
+        sh = sh == SH_XL ? SH_L : sh == SH_WXL ? SH_WL : sh == SH_TXL || sh == SH_CXL ? SH_TL : sh;
     return sh;
 }
 
@@ -441,6 +524,39 @@ static void launch_wg(cudaStream_t s, const uint16_t *xb, int T, int K, const ui
     gemm_wg_kernel<BN, P, ST><<<grid, C::THREADS, C::SMEM, s>>>(xb, T, K, w, N, bias, y, ldy);
 }
 
+#ifdef TQKV_CUDA_SM90A
+/* The TMA tiles' launch, as launch(): the weight and activation maps built per call (host
+ * work only; captured into a graph as kernel parameters), a persistent grid of CL x
+ * min(units, resident CTAs or clusters). false (nothing launched) when a map can't be made,
+ * cxl's weight tiles are odd in number or no cluster fits: the caller falls back (txl, then
+ * wl / wxl), the same bits. A refused launch is left to gemm_launched to report. */
+template <int BN, int P, int ST, int CL>
+static bool launch_tma(cudaStream_t s, const uint16_t *xb, int T, int K, const uint16_t *w, int N,
+                       const float *bias, float *y, size_t ldy, int pdl) {
+    using C = TTile<BN, P, ST, CL>;
+    const long nn = (N + 127) / 128, units = (long)((T + BN - 1) / BN) * nn / CL;
+    const long slots = CL == 1 ? g_sms : g_cxl_clusters;
+    CUtensorMap wm, xm;
+    if ((CL > 1 && (nn % CL || slots < 1)) || !tmap_make(&wm, w, K, N, 1, 128, 2) ||
+        !tmap_make(&xm, xb, K, T, P, C::XROWS, 3))
+        return false;
+    cudaLaunchAttribute at[2];
+    const dim3 grid((unsigned)(CL * (units < slots ? units : slots)));
+    cudaLaunchConfig_t cfg = pdl_config(grid, dim3(C::THREADS), C::SMEM, s, &at[1]); /* at[1]: PDL */
+    at[0] = cluster_attr(CL);
+    cfg.attrs = CL > 1 ? at : at + 1;
+    cfg.numAttrs = (CL > 1) + (pdl != 0);
+    cudaError_t e = cudaLaunchKernelEx(&cfg, gemm_tma_kernel<BN, P, ST, CL>, wm, xm, T, K, N, bias, y, ldy);
+    if (e != cudaSuccess && pdl) { /* again without PDL (the cluster attribute, if any, is first) */
+        (void)cudaGetLastError();
+        cfg.numAttrs--;
+        e = cudaLaunchKernelEx(&cfg, gemm_tma_kernel<BN, P, ST, CL>, wm, xm, T, K, N, bias, y, ldy);
+    }
+    if (e == cudaSuccess) __atomic_fetch_add(CL > 1 ? &g_cxl_runs : &g_tma_runs, 1ul, __ATOMIC_RELAXED);
+    return true;
+}
+#endif
+
 __global__ void pdl_probe_kernel(int unused) {
     (void)unused;
     mc_pdl_wait();
@@ -472,6 +588,11 @@ static void launch_grouped(cudaStream_t s, const uint16_t *xb, int TS, int K, co
 
 extern "C" size_t tqkv_cuda_gemm_xf_bytes(size_t T, size_t kmax) { return 2 * T * kmax * 2; }
 
+extern "C" unsigned long tqkv_cuda_gemm_tma_runs(unsigned long *clustered) {
+    if (clustered) *clustered = __atomic_load_n(&g_cxl_runs, __ATOMIC_RELAXED);
+    return __atomic_load_n(&g_tma_runs, __ATOMIC_RELAXED) + __atomic_load_n(&g_cxl_runs, __ATOMIC_RELAXED);
+}
+
 extern "C" const char *tqkv_cuda_gemm_tile(int T, int N, int parts) {
     (void)gemm_device_ready();
     return g_shape_name[shape_pick(T < 1 ? 1 : T, N < 1 ? 1 : N, parts, 1)];
@@ -488,7 +609,7 @@ extern "C" tqkv_status tqkv_cuda_gemm_set_tile(const char *name) {
             g_force = i;
             return TQKV_OK;
         }
-    return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm_set_tile: no tile shape '%s' (s8, s16, s32, s64, m, l, xl, s8n, wl, wxl)", name);
+    return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm_set_tile: no tile shape '%s' (s8, s16, s32, s64, m, l, xl, s8n, wl, wxl, tl, txl, cxl)", name);
 }
 
 /* Checks and the one-time setup; 0 or the failure. */
@@ -566,7 +687,20 @@ extern "C" tqkv_status tqkv_cuda_gemm_grouped_presplit(int T, const uint16_t *w,
 static tqkv_status gemm_launch(const uint16_t *xb, int T, const uint16_t *w, int N, int K,
                                const float *bias, float *y, size_t ldy, int parts, int pdl,
                                cudaStream_t s) {
-    const int sh = shape_pick(T, N, parts, 1);
+    int sh = shape_pick(T, N, parts, 1);
+#ifdef TQKV_CUDA_SM90A
+    bool done = false;
+#define X(id, bn, p, st, cl)                                                                       \
+    if (!done && sh == id && parts == p) done = launch_tma<bn, p, st, cl>(s, xb, T, K, w, N, bias, y, ldy, pdl);
+    GEMM_TMA_SHAPES(X)
+    if (!done && sh == SH_CXL) {
+        sh = SH_TXL; /* cxl refused (odd weight tiles, no cluster fits, no map): txl */
+        GEMM_TMA_SHAPES(X)
+    }
+#undef X
+    if (done) return gemm_launched();
+    sh = sh == SH_TL ? SH_WL : sh == SH_TXL ? SH_WXL : sh; /* no map (unaligned): the same bits */
+#endif
 #define X(id, wm, wn, mt, nt, p, st)                                                                \
     if (sh == id && parts == p) launch<wm, wn, mt, nt, p, st>(s, xb, T, K, w, N, bias, y, ldy, pdl);
     GEMM_SHAPES(X, 1)

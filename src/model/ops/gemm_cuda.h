@@ -78,9 +78,18 @@ tqkv_status tqkv_cuda_gemm_grouped(const float *x, size_t ldx, int T, const uint
                                    int parts, void *stream);
 
 /* The tile shape tqkv_cuda_gemm picks for T tokens, N outputs and `parts` ("s8n", "s8" ..
- * "s64", "m", "l", "xl", and on sm_90a the warpgroup tiles "wl", "wxl"; two parts take "l" /
- * "wl" for "xl" / "wxl"): for benchmarks and the tests' coverage. */
+ * "s64", "m", "l", "xl", and on sm_90a the warpgroup tiles "wl", "wxl" and their TMA-fed
+ * twins "tl", "txl", which the pick takes in their place unless TQKV_GEMM_TMA=0, and the
+ * clustered "cxl" (TQKV_GEMM_TMA=2 picks it for "wxl"); two parts take "l" / "wl" / "tl" for
+ * "xl" / "wxl" / "txl" / "cxl"): for benchmarks and the tests' coverage. A TMA tile whose
+ * weight or activation pointer is not 16-byte aligned runs as wl / wxl, and cxl with an odd
+ * count of 128-row weight tiles as txl (the same bits), under its own name here. */
 const char *tqkv_cuda_gemm_tile(int T, int N, int parts);
+
+/* The launches of a TMA tile (tl, txl, cxl) in this process so far, and in *clustered (when
+ * not NULL) those of cxl: for the tests, to tell a TMA tile that ran from one that fell back
+ * to wl / wxl (an unaligned pointer) or cxl to txl. 0 in a build without sm_90a. */
+unsigned long tqkv_cuda_gemm_tma_runs(unsigned long *clustered);
 
 /* Make every later call take the named tile shape (NULL: the pick by T and N again), as
  * TQKV_GEMM_TILE does: for the tests (every shape must give the same bits) and A/B
