@@ -1871,7 +1871,10 @@ static cuda_kv *pdl_cache(test_rng *r, tqkv_format f, int D, int H, int W, int R
             slice_d(v, 1, H, lens[i], t, c, vb, D);
             assert_int_equal(tqkv_cache_append(rows[i], kb, vb, c), TQKV_OK);
         }
-        free(k); free(v); free(kb); free(vb);
+        free(k);
+        free(v);
+        free(kb);
+        free(vb);
         refs[i].batch = NULL;
         refs[i].single = rows[i];
     }
@@ -1904,7 +1907,8 @@ static void pdl_attend(cuda_kv *kv, const pdl_bufs *B, int j, int on, int qh, fl
     for (size_t i = 0; i < B->n; i++) out[i] = NAN;
     assert_int_equal(tqkv_cuda_h2d(B->dout[j], out, B->n * 4), TQKV_OK);
     assert_int_equal(tqkv_cuda_sync(), TQKV_OK); /* landed before the stream's call */
-    assert_int_equal(tqkv_cuda_kv_attend_ws(kv, B->dq[j], qh, 0.0884f, B->dout[j], B->ws, B->wsb), TQKV_OK);
+    assert_int_equal(tqkv_cuda_kv_attend_ws(kv, B->dq[j], qh, 0.0884f, B->dout[j], B->ws, B->wsb),
+                     TQKV_OK);
     assert_int_equal(tqkv_cuda_stream_sync(B->stream), TQKV_OK);
     assert_int_equal(tqkv_cuda_d2h(out, B->dout[j], B->n * 4), TQKV_OK);
 }
@@ -1913,9 +1917,11 @@ static void pdl_attend(cuda_kv *kv, const pdl_bufs *B, int j, int on, int qh, fl
  * bitwise: the plain outputs of two queries (which must differ), then with PDL four calls
  * alternating the queries with no wait between them, then a graph captured with PDL of the
  * second query, replayed twice after a call of the first. what: the case's name. */
-static void pdl_compare(cuda_kv *kv, test_rng *r, int R, int qh, int D, int maxlen, const char *what) {
+static void pdl_compare(cuda_kv *kv, test_rng *r, int R, int qh, int D, int maxlen,
+                        const char *what) {
     pdl_bufs B = {.n = (size_t)R * qh * D};
-    float *q = malloc(B.n * 4), *ref[2] = {malloc(B.n * 4), malloc(B.n * 4)}, *out = malloc(B.n * 4);
+    float *q = malloc(B.n * 4), *ref[2] = {malloc(B.n * 4), malloc(B.n * 4)},
+          *out = malloc(B.n * 4);
     assert_true(q && ref[0] && ref[1] && out);
     for (int j = 0; j < 2; j++) {
         rng_fill_normal(r, q, B.n, 1.0f);
@@ -1931,31 +1937,37 @@ static void pdl_compare(cuda_kv *kv, test_rng *r, int R, int qh, int D, int maxl
     if (!memcmp(ref[0], ref[1], B.n * 4)) fail_msg("%s: two queries gave the same outputs", what);
     for (int j = 0; j < 2; j++) { /* PDL, each call alone */
         pdl_attend(kv, &B, j, 1, qh, out);
-        if (memcmp(out, ref[j], B.n * 4)) fail_msg("%s: PDL call (query %d) differs from the plain one", what, j);
+        if (memcmp(out, ref[j], B.n * 4))
+            fail_msg("%s: PDL call (query %d) differs from the plain one", what, j);
     }
     for (int rep = 0; rep < 4; rep++) /* back to back */
-        assert_int_equal(tqkv_cuda_kv_attend_ws(kv, B.dq[rep & 1], qh, 0.0884f, B.dout[rep & 1], B.ws, B.wsb), TQKV_OK);
+        assert_int_equal(
+            tqkv_cuda_kv_attend_ws(kv, B.dq[rep & 1], qh, 0.0884f, B.dout[rep & 1], B.ws, B.wsb),
+            TQKV_OK);
     assert_int_equal(tqkv_cuda_stream_sync(B.stream), TQKV_OK);
     for (int j = 0; j < 2; j++) {
         assert_int_equal(tqkv_cuda_d2h(out, B.dout[j], B.n * 4), TQKV_OK);
-        if (memcmp(out, ref[j], B.n * 4)) fail_msg("%s: back-to-back PDL calls (query %d) differ", what, j);
+        if (memcmp(out, ref[j], B.n * 4))
+            fail_msg("%s: back-to-back PDL calls (query %d) differ", what, j);
     }
     void *exec = NULL;
     assert_int_equal(tqkv_cuda_capture_begin(B.stream), TQKV_OK);
-    const tqkv_status cst = tqkv_cuda_kv_attend_ws(kv, B.dq[1], qh, 0.0884f, B.dout[1], B.ws, B.wsb);
+    const tqkv_status cst =
+        tqkv_cuda_kv_attend_ws(kv, B.dq[1], qh, 0.0884f, B.dout[1], B.ws, B.wsb);
     const tqkv_status est = tqkv_cuda_capture_end(B.stream, &exec);
     if (cst || est)
-        fail_msg("%s: PDL decode under capture: %s / %s (%s)", what, tqkv_status_name(cst), tqkv_status_name(est),
-                 tqkv_last_error());
+        fail_msg("%s: PDL decode under capture: %s / %s (%s)", what, tqkv_status_name(cst),
+                 tqkv_status_name(est), tqkv_last_error());
     for (int rep = 0; rep < 2; rep++) {
-        pdl_attend(kv, &B, 0, 1, qh, out);           /* the workspace now holds query 0's */
+        pdl_attend(kv, &B, 0, 1, qh, out); /* the workspace now holds query 0's */
         for (size_t i = 0; i < B.n; i++) out[i] = NAN;
         assert_int_equal(tqkv_cuda_h2d(B.dout[1], out, B.n * 4), TQKV_OK);
         assert_int_equal(tqkv_cuda_sync(), TQKV_OK);
         assert_int_equal(tqkv_cuda_graph_launch(exec, B.stream), TQKV_OK);
         assert_int_equal(tqkv_cuda_stream_sync(B.stream), TQKV_OK);
         assert_int_equal(tqkv_cuda_d2h(out, B.dout[1], B.n * 4), TQKV_OK);
-        if (memcmp(out, ref[1], B.n * 4)) fail_msg("%s: PDL graph replay %d differs from the plain call", what, rep);
+        if (memcmp(out, ref[1], B.n * 4))
+            fail_msg("%s: PDL graph replay %d differs from the plain call", what, rep);
     }
     tqkv_cuda_attn_pdl(was);
     tqkv_cuda_graph_free(exec);
@@ -1967,7 +1979,8 @@ static void pdl_compare(cuda_kv *kv, test_rng *r, int R, int qh, int D, int maxl
         free(ref[j]);
     }
     tqkv_cuda_free(B.ws);
-    free(q); free(out);
+    free(q);
+    free(out);
 }
 
 /* Programmatic launches (tqkv_cuda_attn_pdl) bitwise equal to plain ones (pdl_compare), tq4
@@ -1988,9 +2001,11 @@ static void test_cuda_decode_pdl(void **state) {
                 const int W = it == 1 || (many && fi == 1) ? rng_int(&r, 16, 200) : 0;
                 int lens[10], maxlen = 0;
                 for (int i = 0; i < R; i++) {
-                    lens[i] = many ? rng_int(&r, 4000, 9000) : i == 0 ? rng_int(&r, 1, 40)
-                              : i == 1 ? rng_int(&r, 100, 700) : i == 2 ? rng_int(&r, 2500, 4500)
-                                                                 : rng_int(&r, 9000, 12000);
+                    lens[i] = many     ? rng_int(&r, 4000, 9000)
+                              : i == 0 ? rng_int(&r, 1, 40)
+                              : i == 1 ? rng_int(&r, 100, 700)
+                              : i == 2 ? rng_int(&r, 2500, 4500)
+                                       : rng_int(&r, 9000, 12000);
                     maxlen = lens[i] > maxlen ? lens[i] : maxlen;
                 }
                 cuda_kv *kv = pdl_cache(&r, fm[fi], D, H, W, R, lens);
@@ -1998,7 +2013,9 @@ static void test_cuda_decode_pdl(void **state) {
                 snprintf(what, sizeof what, "d %d %s G %d window %d rows %d (lens %d %d ..)", D,
                          tqkv_format_name(fm[fi]), G, W, R, lens[0], lens[1]);
                 pdl_compare(kv, &r, R, H * G, D, maxlen, what);
-                printf("PDL decode %s: bitwise equal to plain launches (alone, back to back, graph)\n", what);
+                printf(
+                    "PDL decode %s: bitwise equal to plain launches (alone, back to back, graph)\n",
+                    what);
                 tqkv_cuda_kv_free(kv);
             }
 }

@@ -152,8 +152,8 @@ static int g_attn_pdl = -1;
 static void attn_pdl_default(void) { /* the environment's choice, unless one was made */
     const char *env = getenv("TQKV_ATTN_PDL");
     int unset = -1;
-    __atomic_compare_exchange_n(&g_attn_pdl, &unset, env && *env && atoi(env) == 1, false, __ATOMIC_ACQ_REL,
-                                __ATOMIC_ACQUIRE);
+    __atomic_compare_exchange_n(&g_attn_pdl, &unset, env && *env && atoi(env) == 1, false,
+                                __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
 }
 extern "C" int tqkv_cuda_attn_pdl(int on) {
     attn_pdl_default();
@@ -341,9 +341,10 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
     const long items_ub = (long)kv->rows * kv->kvh * nsmax;
     const unsigned grid = (unsigned)(items_ub < k->ctas ? items_ub : k->ctas);
     pdl_launch(P.pdl, k->fn, dim3(grid), dim3(k->ng * NW * 32), (size_t)k->smem, kv->stream, P);
-    pdl_launch(P.pdl, merge_kernel, dim3(qgrid), dim3(128), 0, kv->stream, (const float *)po, (const float2 *)pml,
-               (const cuda_row *)kv->d_rows, out, cw_sbits_of(kv->vc.signs, D), kv->vc.inv,
-               (int)(fmt != F_BF16 && fmt != F_FP8), q_heads, nsmax, nvi); /* tq: un-rotate */
+    pdl_launch(P.pdl, merge_kernel, dim3(qgrid), dim3(128), 0, kv->stream, (const float *)po,
+               (const float2 *)pml, (const cuda_row *)kv->d_rows, out, cw_sbits_of(kv->vc.signs, D),
+               kv->vc.inv, (int)(fmt != F_BF16 && fmt != F_FP8), q_heads, nsmax,
+               nvi); /* tq: un-rotate */
     return cuda_check(cudaGetLastError(), "attention kernel launch");
 }
 

@@ -38,6 +38,8 @@
 #ifndef TQKV_ATTN_CUDA_SPLIT_CUH
 #define TQKV_ATTN_CUDA_SPLIT_CUH
 
+#include <stdio.h>
+
 #include "attn/attn_cuda_splits.h"
 #include "attn/attn_cuda_tile.cuh"
 
@@ -124,21 +126,26 @@ inline Params<D> split_params(const cuda_kv *kv, const typename cuda_codec_of<D>
  * is launched programmatically, start now (a no-op otherwise). Neither changes a bit of any
  * result: they only move when a kernel may start. */
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
 /* A 16-byte load through the coherent path (a query written during this kernel's lifetime). */
 __device__ __forceinline__ uint4 ld_coherent(const uint4 *p) {
     uint4 v;
-    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
     return v;
 }
 
 /* Launch fn<<<grid, block, smem, s>>>(args...), programmatically (it may start while the
  * kernel before it on s runs; it must pdl_wait before reading what that one writes) when pdl
- * is set; a launch the runtime refuses so is made plainly. Inside a stream capture the graph
- * records a programmatic edge. */
+ * is set; a launch the runtime refuses so is made plainly (said once on stderr). Inside a
+ * stream capture the graph records a programmatic edge. */
 template <typename... E, typename... A>
-inline void pdl_launch(int pdl, void (*fn)(E...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                       A... args) {
+inline void pdl_launch(int pdl, void (*fn)(E...), dim3 grid, dim3 block, size_t smem,
+                       cudaStream_t s, A... args) {
     if (pdl) {
         cudaLaunchConfig_t cfg = {};
         cudaLaunchAttribute at[1];
@@ -150,8 +157,14 @@ inline void pdl_launch(int pdl, void (*fn)(E...), dim3 grid, dim3 block, size_t 
         cfg.stream = s;
         cfg.attrs = at;
         cfg.numAttrs = 1;
-        if (cudaLaunchKernelEx(&cfg, fn, args...) == cudaSuccess) return;
+        const cudaError_t e = cudaLaunchKernelEx(&cfg, fn, args...);
+        if (e == cudaSuccess) return;
         (void)cudaGetLastError();
+        static int told; /* once per process (per instantiation): the A/B must know */
+        if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
+            fprintf(stderr,
+                    "tqkv: a programmatic attention launch was refused (%s): plain launches\n",
+                    cudaGetErrorString(e));
     }
     fn<<<grid, block, smem, s>>>(args...);
 }
@@ -427,7 +440,7 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
     int nxt_item = claims && item + workers < total ? item + workers : total;
     Item cur = locate(item);
     while (item < total) {
-        const char *nq;                                        /* this lane's line of the next query */
+        const char *nq; /* this lane's line of the next query */
         /* the item after the next, published through the merge's barriers */
         int claim = total;
         if (claims && gt == 0) claim = 2 * workers + atomicAdd(P.work, 1);
@@ -449,9 +462,9 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
 #endif
             /* its query (G heads, up to 2 / 4 KiB) into L1 now, so the next item starts without
              * waiting (dep: once the prep has completed, below) */
-            nq = x.nf > 0 && lane < CUDA_MAX_G * D / 64 && lane * 128 < G * D * 2
-                     ? reinterpret_cast<const char *>(P.q + ((size_t)x.r * P.qh + (size_t)x.h * G) * D) + 128 * lane
-                     : nullptr;
+            const uint16_t *const xq = P.q + ((size_t)x.r * P.qh + (size_t)x.h * G) * D;
+            const bool pf = x.nf > 0 && lane < CUDA_MAX_G * D / 64 && lane * 128 < G * D * 2;
+            nq = pf ? reinterpret_cast<const char *>(xq) + 128 * lane : nullptr;
             if (!dep && nq) asm volatile("prefetch.global.L1 [%0];" ::"l"(nq));
         }
         const int r = cur.r, h = cur.h, sp = cur.sp, a = cur.a, z = cur.z, fast_end = cur.fast_end;
@@ -523,7 +536,7 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
         if constexpr (F != F_BF16) { /* the first stages' copies fly while the query loads */
             for (int k = pre; k < ST && k < avail; k++) issue(k, (seq + (uint32_t)k) % ST);
         }
-        if (dep) {            /* the first item (pdl): its copies fly, the query prep completes */
+        if (dep) { /* the first item (pdl): its copies fly, the query prep completes */
             pdl_wait();
             if (nq) asm volatile("prefetch.global.L1 [%0];" ::"l"(nq));
         }
@@ -547,14 +560,17 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
             }
 #pragma unroll
             for (int k = 0; k < D / 32; k++) {
-                qb[2 * k][0] = v[k].x; qb[2 * k][1] = v[k].y; qb[2 * k + 1][0] = v[k].z; qb[2 * k + 1][1] = v[k].w;
+                qb[2 * k][0] = v[k].x;
+                qb[2 * k][1] = v[k].y;
+                qb[2 * k + 1][0] = v[k].z;
+                qb[2 * k + 1][1] = v[k].w;
             }
         } else {
 #pragma unroll
             for (int s = 0; s < NM; s++) qb[s][0] = qb[s][1] = 0u;
         }
 
-        dep = false;          /* later items: their queries were written before pdl_wait */
+        dep = false; /* later items: their queries were written before pdl_wait */
         float acc[NM][4];
 #pragma unroll
         for (int i = 0; i < NM; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;

@@ -347,7 +347,7 @@ __global__ void wmerge_kernel(const float *__restrict__ po, const float2 *__rest
                               const cuda_row *__restrict__ rows, float *__restrict__ out, cw_sbits sb,
                               float cinv, int unrotate, int qh, int nsmax, int n) {
     constexpr int B = 8;      /* splits' loads in flight */
-    pdl_wait();               /* programmatic (TC, cuda_attend_decode_wide): the split kernel's partials */
+    pdl_wait();               /* programmatic (TC): the split kernel's partials */
     const int v = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (v >= n) return;
     const int ntok = rows[v / qh].ntok;
@@ -459,13 +459,13 @@ extern "C" size_t tqkv_cuda_attend_ws_bytes_dim(int rows, int q_heads, int max_t
 /* The tensor-core kernel's partials of kv (F: its format) into po / pml, its queries in qp;
  * pdl: the split kernel launched programmatically (cuda_attn_pdl_on). */
 template <int F>
-static void tc_partials(const cuda_kv *kv, const float *q, int q_heads, float scale, float *po, float2 *pml,
-                        uint16_t *qp, int nsmax, int pdl) {
+static void tc_partials(const cuda_kv *kv, const float *q, int q_heads, float scale, float *po,
+                        float2 *pml, uint16_t *qp, int nsmax, int pdl) {
     const int nvi = kv->rows * q_heads;
     wprep_kernel<F><<<(unsigned)((nvi + 3) / 4), 128, 0, kv->stream>>>(q, qp, cw_sbits_of(kv->kc256.signs, WD),
                                                                       kv->kc256.inv, 1, scale * LOG2E, nvi);
     Params<WD> P = split_params<WD>(kv, kv->kc256, kv->vc256, qp, po, pml, q_heads, nsmax);
-    P.pdl = pdl;                            /* as at d = 128 (attn_cuda.cu's attend) */
+    P.pdl = pdl;              /* as at d = 128 (attn_cuda.cu's attend) */
     /* persistent: the resident CTAs, at most one per possible work item (a CTA's groups take
      * items gridDim.x apart, so the first items land on different SMs) */
     const WideCfg *k = &g_wcfg[F];
@@ -537,11 +537,12 @@ tqkv_status cuda_attend_decode_wide(cuda_kv *kv, const float *q, int q_heads, fl
     const unsigned qgrid = (unsigned)((nv + 3) / 4);
     if (tc) {
         const int pdl = cuda_attn_pdl_on();
-        if (kv->kfmt == TQKV_TQ4) tc_partials<F_TQ4>(kv, q, q_heads, scale, po, pml, (uint16_t *)qp, nsmax, pdl);
+        if (kv->kfmt == TQKV_TQ4)
+            tc_partials<F_TQ4>(kv, q, q_heads, scale, po, pml, (uint16_t *)qp, nsmax, pdl);
         else tc_partials<F_TQ3>(kv, q, q_heads, scale, po, pml, (uint16_t *)qp, nsmax, pdl);
-        pdl_launch(pdl, wmerge_kernel<true>, dim3(qgrid), dim3(128), 0, kv->stream, (const float *)po,
-                   (const float2 *)pml, (const cuda_row *)kv->d_rows, out, cw_sbits_of(kv->vc256.signs, WD),
-                   kv->vc256.inv, 1, q_heads, nsmax, nvi);
+        pdl_launch(pdl, wmerge_kernel<true>, dim3(qgrid), dim3(128), 0, kv->stream,
+                   (const float *)po, (const float2 *)pml, (const cuda_row *)kv->d_rows, out,
+                   cw_sbits_of(kv->vc256.signs, WD), kv->vc256.inv, 1, q_heads, nsmax, nvi);
         return cuda_check(cudaGetLastError(), "d 256 decode attention launch");
     }
     /* bf16: not rotated (stored as given), so the queries are only scaled */
