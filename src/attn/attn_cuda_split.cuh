@@ -139,6 +139,8 @@ __device__ __forceinline__ uint4 ld_coherent(const uint4 *p) {
     return v;
 }
 
+int g_pdl_told; /* pdl_launch said a refusal (once per file: internal linkage, no exported symbol) */
+
 /* Launch fn<<<grid, block, smem, s>>>(args...), programmatically (it may start while the
  * kernel before it on s runs; it must pdl_wait before reading what that one writes) when pdl
  * is set; a launch the runtime refuses so is made plainly (said once on stderr). Inside a
@@ -160,8 +162,7 @@ inline void pdl_launch(int pdl, void (*fn)(E...), dim3 grid, dim3 block, size_t 
         const cudaError_t e = cudaLaunchKernelEx(&cfg, fn, args...);
         if (e == cudaSuccess) return;
         (void)cudaGetLastError();
-        static int told; /* once per process (per instantiation): the A/B must know */
-        if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
+        if (!__atomic_exchange_n(&g_pdl_told, 1, __ATOMIC_RELAXED))
             fprintf(stderr,
                     "tqkv: a programmatic attention launch was refused (%s): plain launches\n",
                     cudaGetErrorString(e));
