@@ -50,7 +50,11 @@
  *     each row alone bitwise, a caller's workspace of tqkv_cuda_attend_ws_bytes_dim bytes
  *     bitwise (one byte less refused); masked attention on both kernels (prefill_tol);
  *     row operations on fp8 / tq2 caches (exports byte for byte; tq2 and fp8 at d = 128 attend on
- *     the tensor-core kernel: 4e-3 as tq4 / tq3).
+ *     the tensor-core kernel: 4e-3 as tq4 / tq3);
+ *   - programmatic launches of the decode path (tqkv_cuda_attn_pdl, test_cuda_decode_pdl): tq4
+ *     and tq3 at head_dim 128 and 256, ragged rows (one shorter than a split, the q8 window,
+ *     more items than the persistent grid), alone, back to back and in a replayed graph, each
+ *     bitwise equal to plain launches of the same queries.
  * Exits 77 (skipped) when the build has no CUDA or no GPU is present.
  */
 #include <math.h>
@@ -1843,6 +1847,179 @@ static void test_cuda_rows_fmt(void **state) {
     rows_case(256, TQKV_FP8, 1e-4, 0x50F8256);
 }
 
+// ---------------------------------------------------------------------------
+// Programmatic launches of the decode path (tqkv_cuda_attn_pdl): the same bits as plain ones
+// ---------------------------------------------------------------------------
+/* R (<= 12) rows of lens[i] tokens of random K/V (H kv heads, head dim D, format f, q8 window
+ * W), appended in chunks to single caches, merged into one batch (left padding) and uploaded
+ * to a new device cache. */
+static cuda_kv *pdl_cache(test_rng *r, tqkv_format f, int D, int H, int W, int R, const int *lens) {
+    tqkv_cache_config cfg = mkcfg_d(f, H, W, rng_u64(r), D);
+    tqkv_cache *rows[12] = {0};
+    tqkv_cache_ref refs[12];
+    for (int i = 0; i < R; i++) {
+        const size_t n = (size_t)H * lens[i] * D;
+        float *k = malloc(n * 4), *v = malloc(n * 4), *kb = malloc(n * 4), *vb = malloc(n * 4);
+        assert_true(k && v && kb && vb);
+        rng_fill_normal(r, k, n, 1.0f);
+        rng_fill_normal(r, v, n, 1.0f);
+        assert_int_equal(tqkv_cache_init(&rows[i], &cfg), TQKV_OK);
+        for (int t = 0, c; t < lens[i]; t += c) { /* k, v are [H, T, d] */
+            c = rng_int(r, 1, 3000);
+            if (c > lens[i] - t) c = lens[i] - t;
+            slice_d(k, 1, H, lens[i], t, c, kb, D);
+            slice_d(v, 1, H, lens[i], t, c, vb, D);
+            assert_int_equal(tqkv_cache_append(rows[i], kb, vb, c), TQKV_OK);
+        }
+        free(k);
+        free(v);
+        free(kb);
+        free(vb);
+        refs[i].batch = NULL;
+        refs[i].single = rows[i];
+    }
+    tqkv_batch *b = NULL;
+    assert_int_equal(tqkv_batch_merge(&b, refs, R), TQKV_OK);
+    int cap = 1;
+    for (int i = 0; i < R; i++)
+        if (b->left_pad[i] + b->offset[i] > cap) cap = b->left_pad[i] + b->offset[i];
+    cuda_kv *kv = NULL;
+    assert_int_equal(tqkv_cuda_kv_init(&kv, &b->cfg, 0, R, cap), TQKV_OK);
+    assert_int_equal(tqkv_cuda_kv_upload(kv, b), TQKV_OK);
+    assert_int_equal(tqkv_cuda_sync(), TQKV_OK);
+    tqkv_batch_free(b);
+    for (int i = 0; i < R; i++) tqkv_cache_free(rows[i]);
+    return kv;
+}
+
+/* The device buffers of one case: queries dq[2] (two different ones), outputs dout[2], a
+ * caller's workspace (one for every call: a split kernel that read the queries before its
+ * prep completed would read the other query's), the stream kv runs on. */
+typedef struct {
+    float *dq[2], *dout[2];
+    void *ws, *stream;
+    size_t wsb, n;
+} pdl_bufs;
+
+/* Host out = attend_ws of kv with queries dq[j] into dout[j] (poisoned first), PDL on or off. */
+static void pdl_attend(cuda_kv *kv, const pdl_bufs *B, int j, int on, int qh, float *out) {
+    tqkv_cuda_attn_pdl(on);
+    for (size_t i = 0; i < B->n; i++) out[i] = NAN;
+    assert_int_equal(tqkv_cuda_h2d(B->dout[j], out, B->n * 4), TQKV_OK);
+    assert_int_equal(tqkv_cuda_sync(), TQKV_OK); /* landed before the stream's call */
+    assert_int_equal(tqkv_cuda_kv_attend_ws(kv, B->dq[j], qh, 0.0884f, B->dout[j], B->ws, B->wsb),
+                     TQKV_OK);
+    assert_int_equal(tqkv_cuda_stream_sync(B->stream), TQKV_OK);
+    assert_int_equal(tqkv_cuda_d2h(out, B->dout[j], B->n * 4), TQKV_OK);
+}
+
+/* kv's decode (G query heads per kv head) with programmatic launches against plain ones,
+ * bitwise: the plain outputs of two queries (which must differ), then with PDL four calls
+ * alternating the queries with no wait between them, then a graph captured with PDL of the
+ * second query, replayed twice after a call of the first. what: the case's name. */
+static void pdl_compare(cuda_kv *kv, test_rng *r, int R, int qh, int D, int maxlen,
+                        const char *what) {
+    pdl_bufs B = {.n = (size_t)R * qh * D};
+    float *q = malloc(B.n * 4), *ref[2] = {malloc(B.n * 4), malloc(B.n * 4)},
+          *out = malloc(B.n * 4);
+    assert_true(q && ref[0] && ref[1] && out);
+    for (int j = 0; j < 2; j++) {
+        rng_fill_normal(r, q, B.n, 1.0f);
+        B.dq[j] = dev_copy(q, B.n);
+        assert_int_equal(tqkv_cuda_malloc((void **)&B.dout[j], B.n * 4), TQKV_OK);
+    }
+    B.wsb = tqkv_cuda_attend_ws_bytes_dim(R, qh, maxlen, D);
+    assert_int_equal(tqkv_cuda_malloc(&B.ws, B.wsb), TQKV_OK);
+    assert_int_equal(tqkv_cuda_stream_create(&B.stream), TQKV_OK);
+    assert_int_equal(tqkv_cuda_kv_set_stream(kv, B.stream), TQKV_OK);
+    const int was = tqkv_cuda_attn_pdl(-1);
+    for (int j = 0; j < 2; j++) pdl_attend(kv, &B, j, 0, qh, ref[j]);
+    if (!memcmp(ref[0], ref[1], B.n * 4)) fail_msg("%s: two queries gave the same outputs", what);
+    for (int j = 0; j < 2; j++) { /* PDL, each call alone */
+        pdl_attend(kv, &B, j, 1, qh, out);
+        if (memcmp(out, ref[j], B.n * 4))
+            fail_msg("%s: PDL call (query %d) differs from the plain one", what, j);
+    }
+    for (int rep = 0; rep < 4; rep++) /* back to back */
+        assert_int_equal(
+            tqkv_cuda_kv_attend_ws(kv, B.dq[rep & 1], qh, 0.0884f, B.dout[rep & 1], B.ws, B.wsb),
+            TQKV_OK);
+    assert_int_equal(tqkv_cuda_stream_sync(B.stream), TQKV_OK);
+    for (int j = 0; j < 2; j++) {
+        assert_int_equal(tqkv_cuda_d2h(out, B.dout[j], B.n * 4), TQKV_OK);
+        if (memcmp(out, ref[j], B.n * 4))
+            fail_msg("%s: back-to-back PDL calls (query %d) differ", what, j);
+    }
+    void *exec = NULL;
+    assert_int_equal(tqkv_cuda_capture_begin(B.stream), TQKV_OK);
+    const tqkv_status cst =
+        tqkv_cuda_kv_attend_ws(kv, B.dq[1], qh, 0.0884f, B.dout[1], B.ws, B.wsb);
+    const tqkv_status est = tqkv_cuda_capture_end(B.stream, &exec);
+    if (cst || est)
+        fail_msg("%s: PDL decode under capture: %s / %s (%s)", what, tqkv_status_name(cst),
+                 tqkv_status_name(est), tqkv_last_error());
+    for (int rep = 0; rep < 2; rep++) {
+        pdl_attend(kv, &B, 0, 1, qh, out); /* the workspace now holds query 0's */
+        for (size_t i = 0; i < B.n; i++) out[i] = NAN;
+        assert_int_equal(tqkv_cuda_h2d(B.dout[1], out, B.n * 4), TQKV_OK);
+        assert_int_equal(tqkv_cuda_sync(), TQKV_OK);
+        assert_int_equal(tqkv_cuda_graph_launch(exec, B.stream), TQKV_OK);
+        assert_int_equal(tqkv_cuda_stream_sync(B.stream), TQKV_OK);
+        assert_int_equal(tqkv_cuda_d2h(out, B.dout[1], B.n * 4), TQKV_OK);
+        if (memcmp(out, ref[1], B.n * 4))
+            fail_msg("%s: PDL graph replay %d differs from the plain call", what, rep);
+    }
+    tqkv_cuda_attn_pdl(was);
+    tqkv_cuda_graph_free(exec);
+    assert_int_equal(tqkv_cuda_kv_set_stream(kv, NULL), TQKV_OK);
+    tqkv_cuda_stream_destroy(B.stream);
+    for (int j = 0; j < 2; j++) {
+        tqkv_cuda_free(B.dq[j]);
+        tqkv_cuda_free(B.dout[j]);
+        free(ref[j]);
+    }
+    tqkv_cuda_free(B.ws);
+    free(q);
+    free(out);
+}
+
+/* Programmatic launches (tqkv_cuda_attn_pdl) bitwise equal to plain ones (pdl_compare), tq4
+ * and tq3 at head dim 128 and 256 (the tensor-core kernel at 256 unless TQKV_WIDE_TC=0):
+ *   it 0, 1: 4 rows of very different lengths (1-40 tokens: shorter than one split; 100-700;
+ *     2500-4500; 9000-12000), 2 kv heads, G 4 / 1, the q8 window at it 1;
+ *   it 2: 10 rows of 4000-9000 tokens x 8 kv heads (more items than twice the persistent
+ *     grid's groups: claims from the counter), G 4, the window on for tq3. */
+static void test_cuda_decode_pdl(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() ^ 0x9D1);
+    const tqkv_format fm[2] = {TQKV_TQ4, TQKV_TQ3};
+    for (int D = 128; D <= 256; D *= 2)
+        for (int fi = 0; fi < 2; fi++)
+            for (int it = 0; it < 3; it++) {
+                const int many = it == 2, R = many ? 10 : 4, H = many ? 8 : 2, G = it == 1 ? 1 : 4;
+                const int W = it == 1 || (many && fi == 1) ? rng_int(&r, 16, 200) : 0;
+                int lens[10], maxlen = 0;
+                for (int i = 0; i < R; i++) {
+                    lens[i] = many     ? rng_int(&r, 4000, 9000)
+                              : i == 0 ? rng_int(&r, 1, 40)
+                              : i == 1 ? rng_int(&r, 100, 700)
+                              : i == 2 ? rng_int(&r, 2500, 4500)
+                                       : rng_int(&r, 9000, 12000);
+                    maxlen = lens[i] > maxlen ? lens[i] : maxlen;
+                }
+                cuda_kv *kv = pdl_cache(&r, fm[fi], D, H, W, R, lens);
+                char what[96];
+                snprintf(what, sizeof what, "d %d %s G %d window %d rows %d (lens %d %d ..)", D,
+                         tqkv_format_name(fm[fi]), G, W, R, lens[0], lens[1]);
+                pdl_compare(kv, &r, R, H * G, D, maxlen, what);
+                printf(
+                    "PDL decode %s: bitwise equal to plain launches (alone, back to back, graph)\n",
+                    what);
+                tqkv_cuda_kv_free(kv);
+            }
+}
+
 int main(void) {
     if (!tqkv_cuda_available()) {
         printf("SKIPPED: no CUDA device\n");
@@ -1858,7 +2035,7 @@ int main(void) {
         cmocka_unit_test(test_cuda_bf16_d256),         cmocka_unit_test(test_cuda_prefill_long),
         cmocka_unit_test(test_cuda_encode_fmt),        cmocka_unit_test(test_cuda_decode_fmt),
         cmocka_unit_test(test_cuda_prefill_fmt),       cmocka_unit_test(test_cuda_rows_fmt),
-        cmocka_unit_test(test_cuda_prefill_bf16),
+        cmocka_unit_test(test_cuda_prefill_bf16),      cmocka_unit_test(test_cuda_decode_pdl),
     };
     test_seed();
     const char *only = getenv("TQKV_TEST_FILTER"); /* e.g. test_cuda_attend_tq, for seed sweeps */

@@ -54,6 +54,7 @@ __global__ void wprep_kernel(const float *__restrict__ q, void *__restrict__ out
                              int rotate, float mul, int n) {
     constexpr int E = WD / 32;
     __shared__ float s_q[4][WD];
+    pdl_trigger(); /* a programmatic split kernel may start its prologue now (tc_partials) */
     const int wv = threadIdx.x >> 5, v = blockIdx.x * 4 + wv, lane = threadIdx.x & 31;
     if (v >= n) return;
     float x[E];
@@ -346,6 +347,7 @@ __global__ void wmerge_kernel(const float *__restrict__ po, const float2 *__rest
                               const cuda_row *__restrict__ rows, float *__restrict__ out, cw_sbits sb,
                               float cinv, int unrotate, int qh, int nsmax, int n) {
     constexpr int B = 8;      /* splits' loads in flight */
+    pdl_wait();               /* programmatic (TC): the split kernel's partials */
     const int v = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (v >= n) return;
     const int ntok = rows[v / qh].ntok;
@@ -454,20 +456,22 @@ extern "C" size_t tqkv_cuda_attend_ws_bytes_dim(int rows, int q_heads, int max_t
     return wide_ws(nv, wsplit_bound(max_tokens), &po_b, &pml_b);
 }
 
-/* The tensor-core kernel's partials of kv (F: its format) into po / pml, its queries in qp. */
+/* The tensor-core kernel's partials of kv (F: its format) into po / pml, its queries in qp;
+ * pdl: the split kernel launched programmatically (cuda_attn_pdl_on). */
 template <int F>
-static void tc_partials(const cuda_kv *kv, const float *q, int q_heads, float scale, float *po, float2 *pml,
-                        uint16_t *qp, int nsmax) {
+static void tc_partials(const cuda_kv *kv, const float *q, int q_heads, float scale, float *po,
+                        float2 *pml, uint16_t *qp, int nsmax, int pdl) {
     const int nvi = kv->rows * q_heads;
     wprep_kernel<F><<<(unsigned)((nvi + 3) / 4), 128, 0, kv->stream>>>(q, qp, cw_sbits_of(kv->kc256.signs, WD),
                                                                       kv->kc256.inv, 1, scale * LOG2E, nvi);
-    const Params<WD> P = split_params<WD>(kv, kv->kc256, kv->vc256, qp, po, pml, q_heads, nsmax);
+    Params<WD> P = split_params<WD>(kv, kv->kc256, kv->vc256, qp, po, pml, q_heads, nsmax);
+    P.pdl = pdl;              /* as at d = 128 (attn_cuda.cu's attend) */
     /* persistent: the resident CTAs, at most one per possible work item (a CTA's groups take
      * items gridDim.x apart, so the first items land on different SMs) */
     const WideCfg *k = &g_wcfg[F];
     const long items_ub = (long)kv->rows * kv->kvh * nsmax;
     const unsigned grid = (unsigned)(items_ub < k->ctas ? items_ub : k->ctas);
-    k->fn<<<grid, k->ng * NW * 32, k->smem, kv->stream>>>(P);
+    pdl_launch(P.pdl, k->fn, dim3(grid), dim3(k->ng * NW * 32), (size_t)k->smem, kv->stream, P);
 }
 
 /* Decode attention at d = 256 (attn_cuda.cu's entry points dispatch here): query prep, the
@@ -532,10 +536,13 @@ tqkv_status cuda_attend_decode_wide(cuda_kv *kv, const float *q, int q_heads, fl
     const int nvi = (int)nv;
     const unsigned qgrid = (unsigned)((nv + 3) / 4);
     if (tc) {
-        if (kv->kfmt == TQKV_TQ4) tc_partials<F_TQ4>(kv, q, q_heads, scale, po, pml, (uint16_t *)qp, nsmax);
-        else tc_partials<F_TQ3>(kv, q, q_heads, scale, po, pml, (uint16_t *)qp, nsmax);
-        wmerge_kernel<true><<<qgrid, 128, 0, kv->stream>>>(po, pml, kv->d_rows, out, cw_sbits_of(kv->vc256.signs, WD),
-                                                           kv->vc256.inv, 1, q_heads, nsmax, nvi);
+        const int pdl = cuda_attn_pdl_on();
+        if (kv->kfmt == TQKV_TQ4)
+            tc_partials<F_TQ4>(kv, q, q_heads, scale, po, pml, (uint16_t *)qp, nsmax, pdl);
+        else tc_partials<F_TQ3>(kv, q, q_heads, scale, po, pml, (uint16_t *)qp, nsmax, pdl);
+        pdl_launch(pdl, wmerge_kernel<true>, dim3(qgrid), dim3(128), 0, kv->stream,
+                   (const float *)po, (const float2 *)pml, (const cuda_row *)kv->d_rows, out,
+                   cw_sbits_of(kv->vc256.signs, WD), kv->vc256.inv, 1, q_heads, nsmax, nvi);
         return cuda_check(cudaGetLastError(), "d 256 decode attention launch");
     }
     /* bf16: not rotated (stored as given), so the queries are only scaled */
