@@ -327,9 +327,12 @@ static void test_sharded_vs_unsharded(void **state) {
     /* f32 KV: float32 reassociation only (measured ~1e-6), the bound that catches a
      * sharding error; tq4: the same, plus keys whose code flips on such a difference:
      * measured 2e-7 .. 1.5e-3 over random prompts (seed 1796509375660599 gives 1.5e-3 at
-     * tp 4), hence 1e-2; greedy tokens identical for f32, for tq4 up to a near-tie (seed
-     * 1796520847176353 parts at tp 4 where the tokens' top-2 gap was TIE_TQ4 or less) */
-    const double bound[] = {1e-5, 1e-2};
+     * tp 4) and on Gemma 4 (sliding and KV-shared layers carry a flipped code further) up to
+     * 1.41e-2 (seed 1796581084983142, tp 4; 9e-7 .. 1.2e-6 on six other seeds), hence 5e-2,
+     * still far below a sharding error's O(0.1 .. 1); greedy tokens identical for f32, for
+     * tq4 up to a near-tie (seed 1796520847176353 parts at tp 4 where the tokens' top-2 gap
+     * was TIE_TQ4 or less) */
+    const double bound[] = {1e-5, 5e-2};
     float *ref = malloc(sizeof(float) * N_PROMPT * (size_t)V), *got = malloc(sizeof(float) * N_PROMPT * (size_t)V);
     for (int k = 0; k < 2; k++) {
         int32_t tref[STEPS], tgot[STEPS];
