@@ -253,7 +253,8 @@ static float bf16_float(uint16_t h) {
 
 static void run_gemm(const float *dx, int T, int K, const uint16_t *dw, int N, const float *db,
                      float *dy, void *xf, int parts, float *hy) {
-    assert_int_equal(tqkv_cuda_gemm(dx, (size_t)K, T, dw, N, K, db, dy, (size_t)N, xf, parts, NULL), TQKV_OK);
+    const tqkv_status st = tqkv_cuda_gemm(dx, (size_t)K, T, dw, N, K, db, dy, (size_t)N, xf, parts, NULL);
+    if (st) fail_msg("gemm T %d N %d K %d parts %d: %s", T, N, K, parts, tqkv_last_error());
     assert_int_equal(tqkv_cuda_d2h(hy, dy, sizeof(float) * (size_t)T * N), TQKV_OK);
 }
 
