@@ -297,7 +297,7 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT; /* TQKV_GEMM_TILE */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static unsigned g_done, g_bad; /* bit d: device d's tiles set up / refused (cuda_device.h) */
 static int g_sms = 132, g_force = -1;
-static int g_tma = 1; /* TQKV_GEMM_TMA: 0 wl / wxl, 1 (default) tl / txl, 2 tl / cxl */
+static int g_tma = 0; /* TQKV_GEMM_TMA: 0 (default) wl / wxl, 1 tl / txl, 2 tl / cxl */
 static int g_cxl_clusters; /* cxl's clusters resident at once (0: none, cxl runs as txl) */
 static unsigned long g_tma_runs, g_cxl_runs; /* TMA tile launches, clustered ones (tests) */
 
@@ -386,7 +386,9 @@ static void gemm_init(void) {
     const char *e = getenv("TQKV_GEMM_TILE"), *t = getenv("TQKV_GEMM_TMA");
     for (int i = 0; e && i < SH_N; i++)
         if (!strcmp(e, g_shape_name[i])) g_force = i;
-    g_tma = !t ? 1 : !strcmp(t, "0") ? 0 : !strcmp(t, "2") ? 2 : 1;
+    /* off by default: the TMA tiles faulted on the GPU in test_gemm_tma's shapes (session 13,
+     * bench/RESULTS.md); TQKV_GEMM_TMA=1 opts in */
+    g_tma = !t ? 0 : !strcmp(t, "1") ? 1 : !strcmp(t, "2") ? 2 : 0;
 }
 
 /* Once per device, before its first launch: the kernels' shared memory and the SM count
@@ -541,7 +543,9 @@ static bool launch_tma(cudaStream_t s, const uint16_t *xb, int T, int K, const u
         !tmap_make(&xm, xb, K, T, P, C::XROWS, 3))
         return false;
     cudaLaunchAttribute at[2];
-    const dim3 grid((unsigned)(CL * (units < slots ? units : slots)));
+    /* txl / tl: one tile a CTA (grid = units), the form test_gemm passed bitwise on the GPU;
+     * the persistent grid (min(units, SMs), several tiles a CTA) faulted in test_gemm_tma */
+    const dim3 grid((unsigned)(CL == 1 ? units : CL * (units < slots ? units : slots)));
     cudaLaunchConfig_t cfg = pdl_config(grid, dim3(C::THREADS), C::SMEM, s, &at[1]); /* at[1]: PDL */
     at[0] = cluster_attr(CL);
     cfg.attrs = CL > 1 ? at : at + 1;
