@@ -425,7 +425,8 @@ static void tma_unaligned(const float *dx, int T, int K, const uint16_t *dw, int
 }
 
 /* One case: x [TB, K] (TB = Ts' last, the largest), W [N, K] at an aligned address, and at
- * one 8 bytes off 16 (refused: tma_unaligned). cluster: tiles are {cxl} (opt-in, its own test), else tl, txl, wl, wxl, l, s64, the pick. */
+ * one 8 bytes off 16 (refused: tma_unaligned). cluster: tiles are {cxl} (opt-in, its own
+ * test), else tl, txl, wl, wxl, l, s64, the pick. */
 static void tma_case(int K, int N, int parts, const int *Ts, int nT, int cluster) {
     const char *const plain[] = {parts == 1 ? "txl" : "tl", parts == 1 ? "tl" : "txl", "wl", "wxl", "l", "s64", NULL};
     const char *const clus[] = {"cxl"};
