@@ -412,9 +412,21 @@ static void tma_compare(const float *dx, const uint16_t *dw, const float *db, fl
     assert_int_equal(tqkv_cuda_gemm_set_tile(NULL), TQKV_OK);
 }
 
-/* One case: x [TB, K] (TB = Ts' last, the largest), W [N, K] at an aligned address and at
- * one 8 bytes off 16 (no tensor map: tiles[0] must fall back to wl / wxl's launch, the same
- * bits). cluster: tiles are {cxl} (opt-in, its own test), else tl, txl, wl, wxl, l, s64, the pick. */
+/* Under `tile`, W at dw + 4 (8 bytes off 16) is refused (TQKV_EINVAL) and launches nothing. */
+static void tma_unaligned(const float *dx, int T, int K, const uint16_t *dw, int N, const float *db, float *dy,
+                          void *xf, int parts, const char *tile) {
+    OK(tqkv_cuda_gemm_set_tile(tile));
+    unsigned long k0, k1;
+    const unsigned long r0 = tqkv_cuda_gemm_tma_runs(&k0);
+    const tqkv_status st = tqkv_cuda_gemm(dx, (size_t)K, T, dw + 4, N, K, db, dy, (size_t)N, xf, parts, NULL);
+    if (st != TQKV_EINVAL || tqkv_cuda_gemm_tma_runs(&k1) != r0)
+        fail_msg("gemm K %d N %d parts %d tile %s: W 8 bytes off 16 gave status %d (want EINVAL, no launch)",
+                 K, N, parts, tile, (int)st);
+}
+
+/* One case: x [TB, K] (TB = Ts' last, the largest), W [N, K] at an aligned address, and at
+ * one 8 bytes off 16 (refused: tma_unaligned). cluster: tiles are {cxl} (opt-in, its own
+ * test), else tl, txl, wl, wxl, l, s64, the pick. */
 static void tma_case(int K, int N, int parts, const int *Ts, int nT, int cluster) {
     const char *const plain[] = {parts == 1 ? "txl" : "tl", parts == 1 ? "tl" : "txl", "wl", "wxl", "l", "s64", NULL};
     const char *const clus[] = {"cxl"};
@@ -446,16 +458,17 @@ static void tma_case(int K, int N, int parts, const int *Ts, int nT, int cluster
     run_gemm(dx, TB, K, dw, N, db, dy, xf, parts, ya);
     tma_check_samples(x, w, b, ya, TB, K, N, parts, &r);
     tma_compare(dx, dw, db, dy, xf, ya, y, K, N, parts, Ts, nT, tiles, ntiles);
-    /* W at dw + 4 (8 bytes off 16): tiles[0] runs as wxl / wl */
-    OK(tqkv_cuda_gemm_set_tile(ref));
-    run_gemm(dx, TB, K, dw + 4, N, db, dy, xf, parts, ya);
-    OK(tqkv_cuda_gemm_set_tile(tiles[0]));
-    tma_run(dx, TB, K, dw + 4, N, db, dy, xf, parts, y, 0, tiles[0]); /* no map: no TMA launch */
-    OK(tqkv_cuda_gemm_set_tile(NULL));
+    /* W at dw + 4 (8 bytes off 16): refused before any launch (every tile, wl / wxl's cp.async
+     * included, copies W 16 bytes at a time: run, it faulted the context, session 13), under
+     * tiles[0] and the reference; no TMA launch, and the context still serves the next GEMM */
+    tma_unaligned(dx, TB, K, dw, N, db, dy, xf, parts, tiles[0]);
+    tma_unaligned(dx, TB, K, dw, N, db, dy, xf, parts, ref);
+    tma_run(dx, TB, K, dw, N, db, dy, xf, parts, y, -1, ref);
     if (memcmp(y, ya, sizeof(float) * ny))
-        fail_msg("gemm K %d N %d parts %d: an unaligned W under %s differs from %s", K, N, parts, tiles[0], ref);
+        fail_msg("gemm K %d N %d parts %d: after the refused unaligned W, %s differs", K, N, parts, ref);
+    OK(tqkv_cuda_gemm_set_tile(NULL));
     printf("gemm K %d N %d parts %d: %s bitwise equal to %s at T %d .. %d (the pick at T %d: %s); "
-           "unaligned W equal\n", K, N, parts, cluster ? "cxl" : "tl, txl, wl, wxl, l, s64, the pick", ref,
+           "unaligned W refused\n", K, N, parts, cluster ? "cxl" : "tl, txl, wl, wxl, l, s64, the pick", ref,
            Ts[0], TB, TB, tqkv_cuda_gemm_tile(TB, N, parts));
     tqkv_cuda_free(dx); tqkv_cuda_free(dy); tqkv_cuda_free(db); tqkv_cuda_free(dw);
     tqkv_cuda_free(xf);

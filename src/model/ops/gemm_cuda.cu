@@ -622,6 +622,10 @@ static tqkv_status gemm_check(const char *fn, int T, const void *w, int N, int K
     if (!w || !y || !xf || T < 1 || N < 1 || K < 8 || K % 8 || (parts != 1 && parts != 2))
         return tqkv_fail(TQKV_EINVAL, "%s: bad argument (T %d, N %d, K %d, parts %d)", fn, T, N,
                          K, parts);
+    /* every tile reads W and xf in 16-byte copies (cp.async 16 / TMA, the split's uint4
+     * stores): an address off 16 would fault the context (misaligned address), so refuse it */
+    if (((uintptr_t)w | (uintptr_t)xf) & 15u)
+        return tqkv_fail(TQKV_EINVAL, "%s: w (%p) and xf (%p) must be 16-byte aligned", fn, w, xf);
     if (!gemm_device_ready()) /* before any launch on this device */
         return tqkv_fail(TQKV_EUNSUPPORTED, "CUDA: gemm: the device refused the tiles' shared memory");
     return TQKV_OK;
@@ -659,9 +663,12 @@ static tqkv_status grouped_launch(const uint16_t *xb, int T, const uint16_t *w, 
     return gemm_launched();
 }
 
-static tqkv_status grouped_check(const char *fn, int T, const int32_t *groups, int G, int max_rows) {
+static tqkv_status grouped_check(const char *fn, int T, const int32_t *groups, int G, int max_rows,
+                                 size_t wstride) {
     if (!groups || G < 1 || max_rows < 1 || max_rows > T)
         return tqkv_fail(TQKV_EINVAL, "%s: bad groups (G %d, max rows %d of %d)", fn, G, max_rows, T);
+    if (wstride % 8) /* each matrix 16-byte aligned, as gemm_check wants of w */
+        return tqkv_fail(TQKV_EINVAL, "%s: wstride %zu is not a multiple of 8", fn, wstride);
     return TQKV_OK;
 }
 
@@ -670,7 +677,7 @@ extern "C" tqkv_status tqkv_cuda_gemm_grouped(const float *x, size_t ldx, int T,
                                               const int32_t *groups, int G, int max_rows, void *xf,
                                               int parts, void *stream) {
     const cudaStream_t s = (cudaStream_t)stream;
-    tqkv_status st = grouped_check("tqkv_cuda_gemm_grouped", T, groups, G, max_rows);
+    tqkv_status st = grouped_check("tqkv_cuda_gemm_grouped", T, groups, G, max_rows, wstride);
     if (!st) st = gemm_begin("tqkv_cuda_gemm_grouped", x, ldx, T, w, N, K, y, xf, parts, s);
     return st ? st : grouped_launch((const uint16_t *)xf, T, w, wstride, N, K, y, ldy, groups, G,
                                     max_rows, parts, s);
@@ -681,7 +688,7 @@ extern "C" tqkv_status tqkv_cuda_gemm_grouped_presplit(int T, const uint16_t *w,
                                                        const int32_t *groups, int G, int max_rows,
                                                        const void *xf, int parts, void *stream) {
     const char *fn = "tqkv_cuda_gemm_grouped_presplit";
-    tqkv_status st = grouped_check(fn, T, groups, G, max_rows);
+    tqkv_status st = grouped_check(fn, T, groups, G, max_rows, wstride);
     if (!st) st = gemm_check(fn, T, w, N, K, y, xf, parts);
     return st ? st : grouped_launch((const uint16_t *)xf, T, w, wstride, N, K, y, ldy, groups, G,
                                     max_rows, parts, (cudaStream_t)stream);
@@ -703,7 +710,7 @@ static tqkv_status gemm_launch(const uint16_t *xb, int T, const uint16_t *w, int
     }
 #undef X
     if (done) return gemm_launched();
-    sh = sh == SH_TL ? SH_WL : sh == SH_TXL ? SH_WXL : sh; /* no map (unaligned): the same bits */
+    sh = sh == SH_TL ? SH_WL : sh == SH_TXL ? SH_WXL : sh; /* no map (no encoder): the same bits */
 #endif
 #define X(id, wm, wn, mt, nt, p, st)                                                                \
     if (sh == id && parts == p) launch<wm, wn, mt, nt, p, st>(s, xb, T, K, w, N, bias, y, ldy, pdl);

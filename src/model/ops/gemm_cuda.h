@@ -38,7 +38,8 @@ extern "C" {
 size_t tqkv_cuda_gemm_xf_bytes(size_t T, size_t kmax);
 
 /* y[t * ldy + n] = sum_k x[t * ldx + k] w[n * K + k] (+ bias[n]) for t < T, n < N.
- * All pointers are device memory; K % 8 == 0; xf as sized above; parts 1 (bf16
+ * All pointers are device memory, w and xf 16-byte aligned (the tiles copy 16 bytes at a
+ * time; an address off 16 is refused with TQKV_EINVAL); K % 8 == 0; xf as sized above; parts 1 (bf16
  * activations) or 2 (hi + lo). Asynchronous on `stream` (a cudaStream_t; NULL: the legacy
  * default stream); allocates nothing and never waits, so it can be captured in a graph. */
 tqkv_status tqkv_cuda_gemm(const float *x, size_t ldx, int T, const uint16_t *w, int N,
@@ -69,7 +70,8 @@ tqkv_status tqkv_cuda_gemm_grouped_presplit(int T, const uint16_t *w, size_t wst
 /* G GEMMs over row groups of one x [T, K] (one split, one launch; the experts of a
  * mixture-of-experts layer): group g, groups[4 g ..] = {row0, rows, matrix, unused} (device
  * int32, 16-byte aligned), computes y[t * ldy + n] = sum_k x[t * ldx + k] w_g[n * K + k] for
- * row0 <= t < row0 + rows, with w_g = w + matrix * wstride ([N, K] each); no bias. Every
+ * row0 <= t < row0 + rows, with w_g = w + matrix * wstride ([N, K] each; wstride % 8 == 0,
+ * so every w_g is 16-byte aligned as tqkv_cuda_gemm wants of w); no bias. Every
  * output's arithmetic is tqkv_cuda_gemm's (bitwise what G separate calls on the groups' rows
  * give). max_rows: the most rows of a group (<= T, sizes the grid); xf sized for T rows. */
 tqkv_status tqkv_cuda_gemm_grouped(const float *x, size_t ldx, int T, const uint16_t *w,
@@ -82,13 +84,13 @@ tqkv_status tqkv_cuda_gemm_grouped(const float *x, size_t ldx, int T, const uint
  * twins "tl", "txl", which the pick takes in their place unless TQKV_GEMM_TMA=0, and the
  * clustered "cxl" (TQKV_GEMM_TMA=2 picks it for "wxl"); two parts take "l" / "wl" / "tl" for
  * "xl" / "wxl" / "txl" / "cxl"): for benchmarks and the tests' coverage. A TMA tile whose
- * weight or activation pointer is not 16-byte aligned runs as wl / wxl, and cxl with an odd
+ * tensor map can't be made (no encoder) runs as wl / wxl, and cxl with an odd
  * count of 128-row weight tiles as txl (the same bits), under its own name here. */
 const char *tqkv_cuda_gemm_tile(int T, int N, int parts);
 
 /* The launches of a TMA tile (tl, txl, cxl) in this process so far, and in *clustered (when
  * not NULL) those of cxl: for the tests, to tell a TMA tile that ran from one that fell back
- * to wl / wxl (an unaligned pointer) or cxl to txl. 0 in a build without sm_90a. */
+ * to wl / wxl (no tensor map) or cxl to txl. 0 in a build without sm_90a. */
 unsigned long tqkv_cuda_gemm_tma_runs(unsigned long *clustered);
 
 /* Make every later call take the named tile shape (NULL: the pick by T and N again), as
