@@ -481,7 +481,7 @@ static void tma_case(int K, int N, int parts, const int *Ts, int nT, int cluster
 static void tma_opt_in(const char *name) {
     const char *e = getenv("TQKV_TEST_TMA");
     if (e && !strcmp(e, "1")) return;
-    printf("%s: SKIPPED (the TMA tiles faulted here in session 13; TQKV_TEST_TMA=1 runs it)\n", name);
+    printf("%s: SKIPPED (it faulted the context in session 13; TQKV_TEST_TMA=1 runs it)\n", name);
     skip();
 }
 
