@@ -40,6 +40,7 @@ extern "C" {
 #include "model/ops/ops.h"
 #include "util/common.h"
 }
+#include "util/env_switch.h"
 #include "model/ops/gemm_cuda.h"
 #include "model/cuda/model_cuda_impl.h"
 #include "model/ops/ops_cuda.cuh"
@@ -129,20 +130,14 @@ rmsnorm_kernel(float *__restrict__ x, const float *__restrict__ add, const float
 }
 
 /* Registers between the norm's passes (1, the default unless TQKV_NORM_REGS=0) or the
- * passes of 8 loads (0): the same bits. -1 until the first launch reads the variable. */
-static int g_norm_regs = -1;
+ * passes of 8 loads (0): the same bits. Read at the first launch; the setter's -1 goes back
+ * to the environment. */
+static env_switch g_norm_regs = ENV_SWITCH("TQKV_NORM_REGS");
 
-extern "C" void model_cuda_set_norm_regs(int on) {
-    __atomic_store_n(&g_norm_regs, on < 0 ? -1 : on ? 1 : 0, __ATOMIC_RELAXED);
-}
+extern "C" void model_cuda_set_norm_regs(int on) { env_switch_set(&g_norm_regs, on); }
 
 int mc_norm_nv(int H, int max_nv) {
-    int on = __atomic_load_n(&g_norm_regs, __ATOMIC_RELAXED);
-    if (on < 0) {
-        const char *e = getenv("TQKV_NORM_REGS");
-        on = !(e && !strcmp(e, "0"));
-        __atomic_store_n(&g_norm_regs, on, __ATOMIC_RELAXED);
-    }
+    const int on = env_switch_get(&g_norm_regs);
     const int nv = (H + 127) / 128;
     if (!on || nv > max_nv) return 0;
     return nv <= 8 ? 8 : nv <= 16 ? 16 : nv <= 32 ? 32 : 64;

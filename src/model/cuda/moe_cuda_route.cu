@@ -11,12 +11,11 @@
  */
 #include <cuda_runtime.h>
 #include <math.h>
-#include <stdlib.h>
-#include <string.h>
 
 extern "C" {
 #include "util/common.h"
 }
+#include "util/env_switch.h"
 #include "model/cuda/model_cuda_impl.h"
 #include "model/cuda/moe_cuda.h"
 #include "model/cuda/moe_cuda_impl.cuh"
@@ -27,77 +26,42 @@ extern "C" {
 // switches
 // ---------------------------------------------------------------------------
 
-/* The grouped GEMMs: -1 until the first use reads TQKV_MOE_GROUPED (0: off). */
-static int g_grouped = -1;
+/* The grouped GEMMs: TQKV_MOE_GROUPED (0: off), read at the first use; the setter takes no
+ * -1 (any nonzero is on). */
+static env_switch g_grouped = ENV_SWITCH("TQKV_MOE_GROUPED");
 
-extern "C" void mc_moe_set_grouped(int on) { g_grouped = on ? 1 : 0; }
+extern "C" void mc_moe_set_grouped(int on) { env_switch_set(&g_grouped, on ? 1 : 0); }
+
+int mc_moe_grouped_on(void) { return env_switch_get(&g_grouped); }
 
 /* The routing fused into the router's last block at decode sizes (mc_moe_set_fused). */
 static int g_fused = 1;
 
 extern "C" void mc_moe_set_fused(int on) { g_fused = on ? 1 : 0; }
 
-/* The routing's fast picks and one token's direct placement: -1 until the first use reads
- * TQKV_MOE_ROUTE_FAST (0: off). */
-static int g_route_fast = -1;
+/* The routing's fast picks and one token's direct placement: TQKV_MOE_ROUTE_FAST (0: off),
+ * read at the first use; the setter's -1 goes back to the environment. */
+static env_switch g_route_fast = ENV_SWITCH("TQKV_MOE_ROUTE_FAST");
 
-extern "C" void mc_moe_set_route_fast(int on) {
-    __atomic_store_n(&g_route_fast, on < 0 ? -1 : on ? 1 : 0, __ATOMIC_RELAXED);
-}
+extern "C" void mc_moe_set_route_fast(int on) { env_switch_set(&g_route_fast, on); }
 
-static int route_fast_on(void) {
-    int on = __atomic_load_n(&g_route_fast, __ATOMIC_RELAXED);
-    if (on < 0) {
-        const char *e = getenv("TQKV_MOE_ROUTE_FAST");
-        on = !(e && !strcmp(e, "0"));
-        __atomic_store_n(&g_route_fast, on, __ATOMIC_RELAXED);
-    }
-    return on;
-}
+static int route_fast_on(void) { return env_switch_get(&g_route_fast); }
 
-/* The router with its tail as a block per expert at few tokens: -1 until the first use
- * reads TQKV_MOE_ROUTER_WIDE (0: off). */
-static int g_router_wide = -1;
+/* The router with its tail as a block per expert at few tokens: TQKV_MOE_ROUTER_WIDE (0: off),
+ * as g_route_fast. */
+static env_switch g_router_wide = ENV_SWITCH("TQKV_MOE_ROUTER_WIDE");
 
-extern "C" void mc_moe_set_router_wide(int on) {
-    __atomic_store_n(&g_router_wide, on < 0 ? -1 : on ? 1 : 0, __ATOMIC_RELAXED);
-}
+extern "C" void mc_moe_set_router_wide(int on) { env_switch_set(&g_router_wide, on); }
 
-static int router_wide_on(void) {
-    int on = __atomic_load_n(&g_router_wide, __ATOMIC_RELAXED);
-    if (on < 0) {
-        const char *e = getenv("TQKV_MOE_ROUTER_WIDE");
-        on = !(e && !strcmp(e, "0"));
-        __atomic_store_n(&g_router_wide, on, __ATOMIC_RELAXED);
-    }
-    return on;
-}
+static int router_wide_on(void) { return env_switch_get(&g_router_wide); }
 
-/* One token's gather folded into the router's block per expert: -1 until the first use reads
- * TQKV_MOE_FOLD_GATHER (0: off). */
-static int g_fold_gather = -1;
+/* One token's gather folded into the router's block per expert: TQKV_MOE_FOLD_GATHER (0: off),
+ * as g_route_fast. */
+static env_switch g_fold_gather = ENV_SWITCH("TQKV_MOE_FOLD_GATHER");
 
-extern "C" void mc_moe_set_fold_gather(int on) {
-    __atomic_store_n(&g_fold_gather, on < 0 ? -1 : on ? 1 : 0, __ATOMIC_RELAXED);
-}
+extern "C" void mc_moe_set_fold_gather(int on) { env_switch_set(&g_fold_gather, on); }
 
-static int fold_gather_on(void) {
-    int on = __atomic_load_n(&g_fold_gather, __ATOMIC_RELAXED);
-    if (on < 0) {
-        const char *e = getenv("TQKV_MOE_FOLD_GATHER");
-        on = !(e && !strcmp(e, "0"));
-        __atomic_store_n(&g_fold_gather, on, __ATOMIC_RELAXED);
-    }
-    return on;
-}
-
-int mc_moe_grouped_on(void) {
-    if (g_grouped < 0) {
-        const char *e = getenv("TQKV_MOE_GROUPED");
-        g_grouped = !(e && !strcmp(e, "0"));
-    }
-    return g_grouped;
-}
+static int fold_gather_on(void) { return env_switch_get(&g_fold_gather); }
 
 // ---------------------------------------------------------------------------
 // routing kernels

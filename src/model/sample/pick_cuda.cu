@@ -28,12 +28,11 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 
 extern "C" {
 #include "util/common.h"
 }
+#include "util/env_switch.h"
 #include "model/sample/pick_cuda.h"
 
 #define PICK_THREADS 1024
@@ -363,9 +362,9 @@ pick_split_kernel(float *logits, size_t ld, int V, const pick_row *__restrict__ 
 // public
 // ---------------------------------------------------------------------------
 
-/* Greedy rows over a cluster (pick_split_kernel): -1 until the first launch reads
- * TQKV_PICK_SPLIT (0: pick_kernel, one CTA per row). */
-static int g_split = -1;
+/* Greedy rows over a cluster (pick_split_kernel): TQKV_PICK_SPLIT (0: pick_kernel, one CTA
+ * per row), read at the first launch; pick_cuda_set_split's -1 goes back to the environment. */
+static env_switch g_split = ENV_SWITCH("TQKV_PICK_SPLIT");
 /* 1 once the runtime refused a split launch (e.g. a device without clusters): every later
  * call picks one CTA a row (pick_kernel), as gemm_cuda.cu's refused PDL launches go plain. */
 static int g_split_refused = 0;
@@ -373,7 +372,7 @@ static int g_split_refused = 0;
 static int g_split_force_refusal = 0;
 
 extern "C" void pick_cuda_set_split(int on) {
-    __atomic_store_n(&g_split, on < 0 ? -1 : on ? 1 : 0, __ATOMIC_RELAXED);
+    env_switch_set(&g_split, on);
     __atomic_store_n(&g_split_refused, 0, __ATOMIC_RELAXED);
 }
 
@@ -385,15 +384,7 @@ extern "C" int pick_cuda_split_refused(void) {
     return __atomic_load_n(&g_split_refused, __ATOMIC_RELAXED);
 }
 
-static int split_on(void) {
-    int on = __atomic_load_n(&g_split, __ATOMIC_RELAXED);
-    if (on < 0) {
-        const char *e = getenv("TQKV_PICK_SPLIT");
-        on = !(e && !strcmp(e, "0"));
-        __atomic_store_n(&g_split, on, __ATOMIC_RELAXED);
-    }
-    return on;
-}
+static int split_on(void) { return env_switch_get(&g_split); }
 
 /* The split launch (a cluster of PICK_SPLIT CTAs per row) on s: 1, or 0 when the runtime
  * refused it (its error cleared, so nothing after is poisoned; remembered: later calls go
