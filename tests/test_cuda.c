@@ -828,6 +828,35 @@ static void gpu_decode(cuda_kv *kv, const float *dq, int qh, float scale, float 
     assert_int_equal(tqkv_cuda_d2h(out, dout, n * 4), TQKV_OK);
 }
 
+/* *row = a new single cache (cfg; freed by the caller) of T tokens of random K/V, appended in
+ * random chunks of 1..max_chunk tokens; every 331st K value x spike (a few large scores; 1:
+ * none). *ref: *row as an input of tqkv_batch_merge. */
+static void chunked_row(test_rng *r, const tqkv_cache_config *cfg, int T, int max_chunk,
+                        float spike, tqkv_cache **row, tqkv_cache_ref *ref) {
+    const int H = cfg->kv_heads, D = cfg->head_dim;
+    const size_t n = (size_t)H * T * D;
+    float *k = malloc(n * 4), *v = malloc(n * 4), *kb = malloc(n * 4), *vb = malloc(n * 4);
+    assert_true(k && v && kb && vb);
+    rng_fill_normal(r, k, n, 1.0f);
+    rng_fill_normal(r, v, n, 1.0f);
+    if (spike != 1.0f)
+        for (size_t j = 0; j < n; j += 331) k[j] *= spike;
+    assert_int_equal(tqkv_cache_init(row, cfg), TQKV_OK);
+    for (int t = 0, c; t < T; t += c) { /* k, v are [H, T, d] */
+        c = rng_int(r, 1, max_chunk);
+        if (c > T - t) c = T - t;
+        slice_d(k, 1, H, T, t, c, kb, D);
+        slice_d(v, 1, H, T, t, c, vb, D);
+        assert_int_equal(tqkv_cache_append(*row, kb, vb, c), TQKV_OK);
+    }
+    free(k);
+    free(v);
+    free(kb);
+    free(vb);
+    ref->batch = NULL;
+    ref->single = *row;
+}
+
 /* Decode at d = 256 vs the CPU, its workspaces, rows alone, attend_back and a replayed graph.
  * longr = 0: 3 rows of 4-40 / 100-1500 tokens (1-12 splits; float32 kernel 1-24), 8
  * iterations (G 2 / 4 / 8).
@@ -860,25 +889,7 @@ static void decode_d256_case(int longr, uint64_t mix) {
                                    : rng_int(&r, 3000, 9000);
             else lens[i] = i == 0 ? rng_int(&r, 4, 40) : rng_int(&r, 100, 1500);
             if (lens[i] > maxlen) maxlen = lens[i];
-            const size_t n = (size_t)H * lens[i] * D;
-            float *k = malloc(n * 4), *v = malloc(n * 4), *kb = malloc(n * 4), *vb = malloc(n * 4);
-            rng_fill_normal(&r, k, n, 1.0f);
-            rng_fill_normal(&r, v, n, 1.0f);
-            for (size_t j = 0; j < n; j += 331) k[j] *= 12.0f; /* a few large scores */
-            assert_int_equal(tqkv_cache_init(&rows[i], &cfg), TQKV_OK);
-            for (int t = 0, c; t < lens[i]; t += c) {
-                c = rng_int(&r, 1, longr ? 2500 : 300);
-                if (c > lens[i] - t) c = lens[i] - t;
-                slice_d(k, 1, H, lens[i], t, c, kb, D);
-                slice_d(v, 1, H, lens[i], t, c, vb, D);
-                assert_int_equal(tqkv_cache_append(rows[i], kb, vb, c), TQKV_OK);
-            }
-            free(k);
-            free(v);
-            free(kb);
-            free(vb);
-            refs[i].batch = NULL;
-            refs[i].single = rows[i];
+            chunked_row(&r, &cfg, lens[i], longr ? 2500 : 300, 12.0f, &rows[i], &refs[i]);
         }
         tqkv_batch *b = NULL;
         assert_int_equal(tqkv_batch_merge(&b, refs, R), TQKV_OK);
@@ -1857,27 +1868,7 @@ static cuda_kv *pdl_cache(test_rng *r, tqkv_format f, int D, int H, int W, int R
     tqkv_cache_config cfg = mkcfg_d(f, H, W, rng_u64(r), D);
     tqkv_cache *rows[12] = {0};
     tqkv_cache_ref refs[12];
-    for (int i = 0; i < R; i++) {
-        const size_t n = (size_t)H * lens[i] * D;
-        float *k = malloc(n * 4), *v = malloc(n * 4), *kb = malloc(n * 4), *vb = malloc(n * 4);
-        assert_true(k && v && kb && vb);
-        rng_fill_normal(r, k, n, 1.0f);
-        rng_fill_normal(r, v, n, 1.0f);
-        assert_int_equal(tqkv_cache_init(&rows[i], &cfg), TQKV_OK);
-        for (int t = 0, c; t < lens[i]; t += c) { /* k, v are [H, T, d] */
-            c = rng_int(r, 1, 3000);
-            if (c > lens[i] - t) c = lens[i] - t;
-            slice_d(k, 1, H, lens[i], t, c, kb, D);
-            slice_d(v, 1, H, lens[i], t, c, vb, D);
-            assert_int_equal(tqkv_cache_append(rows[i], kb, vb, c), TQKV_OK);
-        }
-        free(k);
-        free(v);
-        free(kb);
-        free(vb);
-        refs[i].batch = NULL;
-        refs[i].single = rows[i];
-    }
+    for (int i = 0; i < R; i++) chunked_row(r, &cfg, lens[i], 3000, 1.0f, &rows[i], &refs[i]);
     tqkv_batch *b = NULL;
     assert_int_equal(tqkv_batch_merge(&b, refs, R), TQKV_OK);
     int cap = 1;
