@@ -49,16 +49,6 @@ static const char GOOD[] = "tqkv-kv-policy 1\n# a comment\nlayers 8\nkv tq4/tq2\
 // helpers
 // ---------------------------------------------------------------------------
 
-/* The bundled model, or skip. */
-static tqkv_model *load_model(char *md, size_t cap) {
-    source_path("models/qwen3-code-28m", md, cap);
-    struct stat st;
-    if (stat(md, &st) != 0) skip();
-    tqkv_model *m = NULL;
-    assert_int_equal(tqkv_model_load(&m, md, NULL), TQKV_OK);
-    return m;
-}
-
 /* Run `tqkv ARGS` (stderr discarded); the last stdout line in out; the exit status. */
 static int run_cli(const char *args, char *out, size_t cap) {
     char cmd[4096];
@@ -162,7 +152,7 @@ static void test_keys_only(void **state) {
     assert_memory_equal(&p, &q, sizeof p);
     parse_bad("tqkv-kv-policy 1\nlayers 8\nkv tq4\nwindow-planes v\n");
     parse_bad("tqkv-kv-policy 1\nlayers 8\nkv tq4\nwindow-planes k\nwindow-planes kv\n");
-    tqkv_model *m = load_model(md, sizeof md);
+    tqkv_model *m = test_load_bundled(md, sizeof md);
     tqkv_model_state_params a = tqkv_model_state_params_default(), b = a;
     assert_int_equal(kvpol_apply("test", m, &p, 2048, &a, desc, sizeof desc), 0);
     assert_int_equal(a.window_keys_only, 1);
@@ -205,7 +195,7 @@ static void test_keys_only(void **state) {
 static void test_apply(void **state) {
     (void)state;
     char md[1024], err[256], desc[256];
-    tqkv_model *m = load_model(md, sizeof md);
+    tqkv_model *m = test_load_bundled(md, sizeof md);
     kv_policy pol;
     assert_int_equal(kvpol_parse(GOOD, &pol, err, sizeof err), 0);
     tqkv_model_state_params p = tqkv_model_state_params_default(), want = p;
@@ -232,7 +222,7 @@ static void test_apply(void **state) {
 static void test_state_roundtrip(void **state) {
     (void)state;
     char md[1024], err[256], desc[256];
-    tqkv_model *m = load_model(md, sizeof md);
+    tqkv_model *m = test_load_bundled(md, sizeof md);
     kv_policy pol;
     assert_int_equal(kvpol_parse(GOOD, &pol, err, sizeof err), 0);
     tqkv_model_state_params p = tqkv_model_state_params_default();
@@ -281,10 +271,8 @@ static double jnum(const cJSON *o, const char *k) {
 static void test_cli_calibrate(void **state) {
     (void)state;
     char md[1024], text[1024], pol_path[256], args[4096], out[1 << 16], err[256];
-    source_path("models/qwen3-code-28m", md, sizeof md);
+    test_bundled_dir(md, sizeof md);
     source_path("src/cli/cmd_ppl.c", text, sizeof text);
-    struct stat st;
-    if (stat(md, &st) != 0) skip();
     snprintf(pol_path, sizeof pol_path, "/tmp/tqkv_kv_policy_%d.txt", (int)getpid());
     snprintf(args, sizeof args, "calibrate --model '%s' --text '%s' --ctx 128 --max-windows 1 "
              "--first-window 1 --window 8 --budget 3.5 --threads 2 --try-windows 16 "
@@ -329,10 +317,8 @@ static void test_cli_calibrate(void **state) {
 static void test_cli_kld_reference(void **state) {
     (void)state;
     char md[1024], text[1024], args[4096];
-    source_path("models/qwen3-code-28m", md, sizeof md);
+    test_bundled_dir(md, sizeof md);
     source_path("src/cli/cmd_ppl.c", text, sizeof text);
-    struct stat st;
-    if (stat(md, &st) != 0) skip();
     const char *kv[3] = {"--kv tq4 --window 8", "--kv q8/tq4 --kv-layers 0-7:tq4 --window 8",
                          "--kv f32 --kv-layers 0-7:tq4"};
     double kld[3], ppl[3];
@@ -352,10 +338,8 @@ static void test_cli_kld_reference(void **state) {
 static void test_cli_auto_policy(void **state) {
     (void)state;
     char md[1024], text[1024], dir[256], args[4096], out[1 << 16];
-    source_path("models/qwen3-code-28m", md, sizeof md);
+    test_bundled_dir(md, sizeof md);
     source_path("src/cli/cmd_ppl.c", text, sizeof text);
-    struct stat st;
-    if (stat(md, &st) != 0) skip();
     snprintf(dir, sizeof dir, "/tmp/tqkv_kv_policy_model_%d", (int)getpid());
     snprintf(args, sizeof args, "mkdir -p '%s' && ln -sf '%s'/* '%s'/ && printf "
              "'tqkv-kv-policy 1\\nlayers 8\\nkv tq4/tq3\\nkv-layers 0:q8/tq3\\n"
@@ -399,7 +383,7 @@ static void test_cli_auto_policy(void **state) {
 static void test_apply_device(void **state) {
     (void)state;
     char md[1024], err[256], desc[256];
-    tqkv_model *m = load_model(md, sizeof md);
+    tqkv_model *m = test_load_bundled(md, sizeof md);
     const char *ok_text = "tqkv-kv-policy 1\nlayers 8\nkv tq4/tq2\nkv-layers 3:fp8;5,6:tq3\n"
                           "window 30\n";
     kv_policy good, pol, keys;
@@ -499,7 +483,7 @@ static int resolve6(const tqkv_model *m, const char *dir, int device, char *desc
 static void test_device_policy_file(void **state) {
     (void)state;
     char md[1024], dir[256], desc[KVP_DESC], dev[300], plain[300];
-    tqkv_model *m = load_model(md, sizeof md);
+    tqkv_model *m = test_load_bundled(md, sizeof md);
     static const char DEV[] = "tqkv-kv-policy 1\nlayers 8\nkv tq4/tq2\nkv-layers 3:fp8\n"
                               "window 30\n";
     static const char PLAIN_DEV[] = "tqkv-kv-policy 1\nlayers 8\nkv tq4\nkv-layers "
@@ -571,7 +555,7 @@ static int policy_device_ok(const tqkv_model *m, const char *path, kv_policy *po
 static void test_cli_calibrate_device(void **state) {
     (void)state;
     char md[1024], text[1024], path[2][256], args[4096], out[1 << 16];
-    tqkv_model *m = load_model(md, sizeof md);
+    tqkv_model *m = test_load_bundled(md, sizeof md);
     source_path("src/cli/cmd_ppl.c", text, sizeof text);
     kv_policy pol[2];
     for (int d = 0; d < 2; d++) {
@@ -626,10 +610,8 @@ static void test_shipped_policy(void **state) {
 static void test_shipped_policy_cli(void **state) {
     (void)state;
     char md[1024], text[1024], dir[200], pol[256], args[4096], fp[32], sd[4200];
-    source_path("models/qwen3-code-28m", md, sizeof md);
+    test_bundled_dir(md, sizeof md);
     source_path("src/cli/cmd_ppl.c", text, sizeof text);
-    struct stat st;
-    if (stat(md, &st) != 0) skip();
     snprintf(dir, sizeof dir, "/tmp/tqkv_kv_shipped_cli_%d", (int)getpid());
     snprintf(pol, sizeof pol, "%s_pol", dir);
     setenv("TQKV_POLICY_DIR", pol, 1);
@@ -652,7 +634,7 @@ static void test_shipped_policy_cli(void **state) {
     snprintf(args, sizeof args, "printf 'tqkv-kv-policy 1\\nlayers 8\\nkv tq4/tq3\\n"
              "window 4\\n' > '%s/%s/kv-policy-4.25.device.txt'", pol, fp);
     assert_int_equal(system(args), 0);
-    tqkv_model *m = load_model(md, sizeof md);
+    tqkv_model *m = test_load_bundled(md, sizeof md);
     tqkv_model_state_params p = tqkv_model_state_params_default();
     p.device = 1;
     char desc[1024];

@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "testutil.h"
 #include "tqkv_model.h"
@@ -42,16 +41,6 @@ static void run_chunks(const tqkv_model *m, const char *kv, int window, const in
 }
 
 /* RMS of a - b (the max is too heavy-tailed a statistic for amplified rounding noise). */
-/* The bundled model (its folder in md [cap]), or skip. */
-static tqkv_model *load_bundled(char *md, size_t cap) {
-    source_path("models/qwen3-code-28m", md, cap);
-    struct stat st;
-    if (stat(md, &st) != 0) skip();
-    tqkv_model *m = NULL;
-    assert_int_equal(tqkv_model_load(&m, md, NULL), TQKV_OK);
-    return m;
-}
-
 static double max_diff(const float *a, const float *b, size_t n) {
     double w = 0;
     for (size_t i = 0; i < n; i++) w += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
@@ -61,7 +50,7 @@ static double max_diff(const float *a, const float *b, size_t n) {
 static void test_window_paths(void **state) {
     (void)state;
     char md[1024];
-    tqkv_model *m = load_bundled(md, sizeof md);
+    tqkv_model *m = test_load_bundled(md, sizeof md);
     const int V = tqkv_model_get_config(m)->vocab_size;
     test_rng r;
     rng_init(&r, test_seed());
@@ -131,7 +120,7 @@ static void test_kv_layers(void **state) {
     assert_true(k == p.k_format && v == p.v_format);
 
     char md[1024];
-    tqkv_model *m = load_bundled(md, sizeof md);
+    tqkv_model *m = test_load_bundled(md, sizeof md);
     p.k_format = p.v_format = TQKV_TQ4;
     assert_int_equal(tqkv_kv_layers_parse("0,7:q8", &p), TQKV_OK);
     tqkv_model_state *s = NULL;
@@ -182,7 +171,7 @@ static tqkv_status device_check(const tqkv_model *m, const char *kv, const char 
 static void test_kv_layers_device(void **state) {
     (void)state;
     char md[1024];
-    tqkv_model *m = load_bundled(md, sizeof md);
+    tqkv_model *m = test_load_bundled(md, sizeof md);
     int dense;
     assert_int_equal(device_check(m, "tq4", "0:tq4/tq2;1:fp8", &dense), TQKV_OK);
     assert_int_equal(dense, 0);

@@ -1,4 +1,5 @@
 #include "testutil.h"
+#include "tqkv_model.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -96,6 +97,8 @@ double rel_l2_d(const float *a, const double *b, size_t n) {
     return sqrt(num / den);
 }
 
+// ---- fixtures and the bundled model ----------------------------------------
+
 const char *shared_path(const char *rel, char *buf, size_t cap) {
     const char *root = getenv("TQKV_SHARED");
     if (!root) root = TQKV_SHARED_DIR;
@@ -108,4 +111,19 @@ const char *shared_path(const char *rel, char *buf, size_t cap) {
 const char *source_path(const char *rel, char *buf, size_t cap) {
     snprintf(buf, cap, "%s/%s", TQKV_SOURCE_DIR, rel);
     return buf;
+}
+
+const char *test_bundled_dir(char *md, size_t cap) {
+    source_path("models/qwen3-code-28m", md, cap);
+    struct stat st;
+    if (stat(md, &st) != 0) skip();
+    return md;
+}
+
+/* A model that is there but does not load fails the case. */
+tqkv_model *test_load_bundled(char *md, size_t cap) {
+    test_bundled_dir(md, cap);
+    tqkv_model *m = NULL;
+    assert_int_equal(tqkv_model_load(&m, md, NULL), TQKV_OK);
+    return m;
 }

@@ -1,7 +1,7 @@
 /*
  * testutil.h - helpers shared by the tests: cmocka includes, a seeded RNG that is fresh
  * per run (printed so a failure can be replayed with TQKV_TEST_SEED), float64 error
- * measures, and the location of ../shared fixtures.
+ * measures, the location of ../shared fixtures, and the bundled model.
  */
 #ifndef TQKV_TESTUTIL_H
 #define TQKV_TESTUTIL_H
@@ -50,5 +50,11 @@ double rel_l2_d(const float *a, const double *b, size_t n);
 const char *shared_path(const char *rel, char *buf, size_t cap);
 /* Path of a file in the source tree. */
 const char *source_path(const char *rel, char *buf, size_t cap);
+/* The bundled model's folder (models/qwen3-code-28m) in md [cap], or skip() when it is
+ * absent. */
+const char *test_bundled_dir(char *md, size_t cap);
+/* The bundled model loaded (its folder in md [cap]; the caller frees it with
+ * tqkv_model_free), or skip() when it is absent. */
+struct tqkv_model *test_load_bundled(char *md, size_t cap);
 
 #endif
