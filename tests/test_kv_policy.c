@@ -49,6 +49,31 @@ static const char GOOD[] = "tqkv-kv-policy 1\n# a comment\nlayers 8\nkv tq4/tq2\
 // helpers
 // ---------------------------------------------------------------------------
 
+/* Write text to DIR/name. */
+static void write_text(const char *dir, const char *name, const char *text) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* dir: a fresh folder (under /tmp) of links to the bundled model md's files, without the
+ * model's own kv-policy-*.txt unless keep_policies; with text as dir/name (name NULL: none). */
+static void link_model(const char *md, const char *dir, int keep_policies, const char *name,
+                       const char *text) {
+    char args[4096];
+    snprintf(args, sizeof args, "rm -rf '%s' && mkdir -p '%s' && ln -sf '%s'/* '%s'/", dir, dir, md,
+             dir);
+    assert_int_equal(system(args), 0);
+    if (!keep_policies) {
+        snprintf(args, sizeof args, "rm -f '%s'/kv-policy-*.txt", dir);
+        assert_int_equal(system(args), 0);
+    }
+    if (name) write_text(dir, name, text);
+}
+
 /* Run `tqkv ARGS` (stderr discarded); the last stdout line in out; the exit status. */
 static int run_cli(const char *args, char *out, size_t cap) {
     char cmd[4096];
@@ -341,10 +366,8 @@ static void test_cli_auto_policy(void **state) {
     test_bundled_dir(md, sizeof md);
     source_path("src/cli/cmd_ppl.c", text, sizeof text);
     snprintf(dir, sizeof dir, "/tmp/tqkv_kv_policy_model_%d", (int)getpid());
-    snprintf(args, sizeof args, "mkdir -p '%s' && ln -sf '%s'/* '%s'/ && printf "
-             "'tqkv-kv-policy 1\\nlayers 8\\nkv tq4/tq3\\nkv-layers 0:q8/tq3\\n"
-             "window 4\\n' > '%s/kv-policy-4.5.txt'", dir, md, dir, dir);
-    assert_int_equal(system(args), 0);
+    link_model(md, dir, 1, "kv-policy-4.5.txt",
+               "tqkv-kv-policy 1\nlayers 8\nkv tq4/tq3\nkv-layers 0:q8/tq3\nwindow 4\n");
     const char *common = "--ctx 64 --max-windows 1 --threads 2 --json";
     snprintf(args, sizeof args, "ppl --model '%s' --text '%s' %s --kv auto:4.5", dir, text, common);
     cJSON *a = run_cli_json(args);
@@ -448,16 +471,6 @@ static void test_apply_device(void **state) {
         }
     }
     tqkv_model_free(m);
-}
-
-/* Write text to DIR/name. */
-static void write_text(const char *dir, const char *name, const char *text) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
 }
 
 /* kvp_resolve_model on a device (device 1) or CPU state for auto:6 in dir: its status, the
@@ -609,19 +622,19 @@ static void test_shipped_policy(void **state) {
  * and a policy beside the model wins. Skipped without the bundled model. */
 static void test_shipped_policy_cli(void **state) {
     (void)state;
-    char md[1024], text[1024], dir[200], pol[256], args[4096], fp[32], sd[4200];
+    static const char TQ4_TQ3_W4[] = "tqkv-kv-policy 1\nlayers 8\nkv tq4/tq3\nwindow 4\n";
+    char md[1024], text[1024], dir[200], pol[256], shipped[300], args[4096], fp[32], sd[4200];
     test_bundled_dir(md, sizeof md);
     source_path("src/cli/cmd_ppl.c", text, sizeof text);
     snprintf(dir, sizeof dir, "/tmp/tqkv_kv_shipped_cli_%d", (int)getpid());
     snprintf(pol, sizeof pol, "%s_pol", dir);
     setenv("TQKV_POLICY_DIR", pol, 1);
-    snprintf(args, sizeof args, "rm -rf '%s' && mkdir -p '%s' && ln -sf '%s'/* '%s'/ && "
-             "rm -f '%s'/kv-policy-*.txt", dir, dir, md, dir, dir);
-    assert_int_equal(system(args), 0);
+    link_model(md, dir, 0, NULL, NULL);
     assert_int_equal(kvship_fingerprint(dir, fp, sizeof fp), 0);
-    snprintf(args, sizeof args, "mkdir -p '%s/%s' && printf 'tqkv-kv-policy 1\\nlayers 8\\n"
-             "kv tq4/tq2\\nwindow 4\\n' > '%s/%s/kv-policy-4.25.txt'", pol, fp, pol, fp);
+    snprintf(shipped, sizeof shipped, "%s/%s", pol, fp);
+    snprintf(args, sizeof args, "mkdir -p '%s'", shipped);
     assert_int_equal(system(args), 0);
+    write_text(shipped, "kv-policy-4.25.txt", "tqkv-kv-policy 1\nlayers 8\nkv tq4/tq2\nwindow 4\n");
     const char *common = "--ctx 64 --max-windows 1 --threads 2 --json --kv auto:4.25";
     snprintf(args, sizeof args, "ppl --model '%s' --text '%s' %s", dir, text, common);
     cJSON *a = run_cli_json(args);
@@ -631,9 +644,7 @@ static void test_shipped_policy_cli(void **state) {
         fail_msg("%s", cJSON_IsString(r) ? r->valuestring : "no kv_resolved");
     cJSON_Delete(a);
     /* a device state reads the shipped folder's .device file first (no device needed) */
-    snprintf(args, sizeof args, "printf 'tqkv-kv-policy 1\\nlayers 8\\nkv tq4/tq3\\n"
-             "window 4\\n' > '%s/%s/kv-policy-4.25.device.txt'", pol, fp);
-    assert_int_equal(system(args), 0);
+    write_text(shipped, "kv-policy-4.25.device.txt", TQ4_TQ3_W4);
     tqkv_model *m = test_load_bundled(md, sizeof md);
     tqkv_model_state_params p = tqkv_model_state_params_default();
     p.device = 1;
@@ -646,9 +657,7 @@ static void test_shipped_policy_cli(void **state) {
     assert_int_equal(p.v_format, TQKV_TQ3);
     tqkv_model_free(m);
     /* a policy beside the model wins over the shipped one */
-    snprintf(args, sizeof args, "printf 'tqkv-kv-policy 1\\nlayers 8\\nkv tq4/tq3\\n"
-             "window 4\\n' > '%s/kv-policy-4.25.txt'", dir);
-    assert_int_equal(system(args), 0);
+    write_text(dir, "kv-policy-4.25.txt", TQ4_TQ3_W4);
     snprintf(args, sizeof args, "ppl --model '%s' --text '%s' %s", dir, text, common);
     a = run_cli_json(args);
     r = cJSON_GetObjectItem(a, "kv_resolved");
