@@ -6,6 +6,7 @@
  * the failure contract (status + message + unchanged bytes). Attention: test_cache_attend.c.
  */
 #include "cache_helpers.h"
+#include "util/keep_order.h"
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -532,13 +533,23 @@ static void test_random_ops_mirror_singles(void **state) {
                     perm[i] = perm[j];
                     perm[j] = t;
                 }
-                if (rng_int(&r, 0, 1)) /* in order: the in-place compaction */
+                const int order = rng_int(&r, 0, 2);
+                if (order == 1) /* in order: the in-place compaction */
                     for (int i = 1; i < n_keep; i++)
                         for (int j = i; j > 0 && perm[j - 1] > perm[j]; j--) {
                             int t = perm[j];
                             perm[j] = perm[j - 1];
                             perm[j - 1] = t;
                         }
+                if (order == 2) { /* holes filled from the tail: in place, few rows moved */
+                    int kept[8] = {0}, t = n_keep;
+                    for (int i = 0; i < n_keep; i++) kept[perm[i]] = 1;
+                    for (int i = 0; i < n_keep; i++) {
+                        while (!kept[i] && !kept[t]) t++;
+                        perm[i] = kept[i] ? i : t++;
+                    }
+                    assert_true(keep_in_place(perm, n_keep, R) != 0); /* taken in place */
+                }
                 assert_int_equal(tqkv_batch_filter(b, perm, n_keep), TQKV_OK);
                 for (int i = 0; i < n_keep; i++) {
                     nm[i] = mir[perm[i]];
@@ -596,6 +607,24 @@ static void test_random_ops_mirror_singles(void **state) {
         for (int i = 0; i < R; i++) tqkv_cache_free(mir[i]);
         tqkv_batch_free(b);
     }
+}
+
+/* The in-place orders a filter accepts (util/keep_order.h): 1 increasing, 2 holes filled from
+ * the tail, 0 anything else (a move would read a row already overwritten, or run concurrently
+ * with another reading its destination) and indices out of range. */
+static void test_keep_in_place(void **state) {
+    (void)state;
+    const struct { int n, rows, keep[4], want; } c[] = {
+        {0, 0, {0}, 1},          {3, 3, {0, 1, 2}, 1},    {2, 3, {1, 2}, 1},
+        {3, 4, {0, 3, 2}, 2},    {2, 4, {3, 1}, 2},       {2, 5, {3, 4}, 1},
+        {2, 5, {4, 3}, 0},       {2, 3, {2, 0}, 0},       {2, 3, {0, 0}, 0},
+        {2, 4, {3, 2}, 0},       {2, 3, {0, 3}, 0},       {1, 3, {-1}, 0},
+        {3, 6, {5, 1, 4}, 0},    {3, 6, {4, 1, 5}, 2},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++)
+        if (keep_in_place(c[i].keep, c[i].n, c[i].rows) != c[i].want)
+            fail_msg("case %zu: keep_in_place = %d, want %d", i,
+                     keep_in_place(c[i].keep, c[i].n, c[i].rows), c[i].want);
 }
 
 /* Rows joining in place: the held rows keep their bytes, the storage keeps its room after
@@ -953,6 +982,7 @@ int main(void) {
         cmocka_unit_test(test_trim_batch),
         cmocka_unit_test(test_random_ops_mirror_singles),
         cmocka_unit_test(test_append_rows_inplace),
+        cmocka_unit_test(test_keep_in_place),
         cmocka_unit_test(test_masks_bruteforce),
         cmocka_unit_test(test_mask_lease),
         cmocka_unit_test(test_capture_equals_read),

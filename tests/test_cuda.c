@@ -51,6 +51,10 @@
  *     bitwise (one byte less refused); masked attention on both kernels (prefill_tol);
  *     row operations on fp8 / tq2 caches (exports byte for byte; tq2 and fp8 at d = 128 attend on
  *     the tensor-core kernel: 4e-3 as tq4 / tq3);
+ *   - rows joining and leaving in place (test_cuda_rows_inplace: tqkv_cuda_kv_append_rows and
+ *     tqkv_cuda_kv_filter with increasing and tail-filled keep lists, between decode appends):
+ *     exports byte-equal to tqkv_batch_append_rows / _filter's after each, the storage kept,
+ *     attention near the CPU's (6e-3 per (row, head));
  *   - programmatic launches of the decode path (tqkv_cuda_attn_pdl, test_cuda_decode_pdl): tq4
  *     and tq3 at head_dim 128 and 256, ragged rows (one shorter than a split, the q8 window,
  *     more items than the persistent grid), alone, back to back and in a replayed graph, each
@@ -69,6 +73,7 @@
 #include "cache/cache_cuda.h"
 #include "cache/cache_impl.h"
 #include "cuda_helpers.h"
+#include "util/keep_order.h"
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -749,6 +754,153 @@ static void test_cuda_rows_d256(void **state) {
     (void)state;
     rows_case(256, TQKV_TQ4, d256_tol(4e-3), 0x50775256);
     rows_case(256, TQKV_TQ3, d256_tol(4e-3), 0x50775257);
+}
+
+// ---------------------------------------------------------------------------
+// Rows joining and leaving in place (a server's running batch): tqkv_cuda_kv_append_rows and
+// tqkv_cuda_kv_filter in an in-place order against tqkv_batch_append_rows / _filter
+// ---------------------------------------------------------------------------
+
+/* A single cache of n random tokens (host) and its device copy (*dev, one row). */
+static tqkv_cache *single_pair(test_rng *r, const tqkv_cache_config *cfg, int n, cuda_kv **dev) {
+    const size_t m = (size_t)cfg->kv_heads * n * cfg->head_dim;
+    float *k = malloc(m * 4), *v = malloc(m * 4);
+    rng_fill_normal(r, k, m, 1.0f);
+    rng_fill_normal(r, v, m, 1.0f);
+    tqkv_cache *c = NULL;
+    assert_int_equal(tqkv_cache_init(&c, cfg), TQKV_OK);
+    assert_int_equal(tqkv_cache_append(c, k, v, n), TQKV_OK);
+    assert_int_equal(tqkv_cuda_kv_init(dev, cfg, 0, 1, n), TQKV_OK);
+    assert_int_equal(tqkv_cuda_kv_upload(*dev, c->b), TQKV_OK);
+    free(k);
+    free(v);
+    return c;
+}
+
+/* A keep list of the rows that stay (each leaves with probability 1/3), in an in-place
+ * order: increasing, or holes filled from the tail (the engine's). Returns its length. */
+static int inplace_keep(test_rng *r, int rows, int fill, int *keep) {
+    int kept[64], n = 0;
+    for (int i = 0; i < rows; i++) n += kept[i] = rng_int(r, 0, 2) != 0;
+    for (int i = 0, t = n, j = 0; i < (fill ? n : rows); i++) {
+        if (!fill) {
+            if (kept[i]) keep[j++] = i;
+            continue;
+        }
+        while (!kept[i] && !kept[t]) t++;
+        keep[i] = kept[i] ? i : t++;
+    }
+    assert_true(keep_in_place(keep, n, rows) != 0);
+    return n;
+}
+
+/* Appends n random tokens to every row of both. */
+static void append_both(test_rng *r, tqkv_batch *b, cuda_kv *kv, int n) {
+    const size_t m = (size_t)b->rows * b->cfg.kv_heads * n * b->cfg.head_dim;
+    if (!m) return;
+    float *k = malloc(m * 4), *v = malloc(m * 4);
+    rng_fill_normal(r, k, m, 1.0f);
+    rng_fill_normal(r, v, m, 1.0f);
+    float *dk = dev_copy(k, m), *dv = dev_copy(v, m);
+    assert_int_equal(tqkv_batch_append(b, k, v, n), TQKV_OK);
+    assert_int_equal(tqkv_cuda_kv_append(kv, dk, dv, n), TQKV_OK);
+    tqkv_cuda_free(dk);
+    tqkv_cuda_free(dv);
+    free(k);
+    free(v);
+}
+
+/* One join of 1-2 rows (some longer than the batch's end: left_pad 0), in place once
+ * reserved (the storage id stays). */
+static void join_both(test_rng *r, const tqkv_cache_config *cfg, tqkv_batch *b, cuda_kv *kv) {
+    const int n = rng_int(r, 1, 2);
+    tqkv_cache *c[2];
+    cuda_kv *d[2];
+    tqkv_cache_ref refs[2];
+    for (int i = 0; i < n; i++) {
+        c[i] = single_pair(r, cfg, rng_int(r, 1, rng_int(r, 0, 3) ? 200 : 400), &d[i]);
+        refs[i].batch = NULL;
+        refs[i].single = c[i];
+    }
+    assert_int_equal(tqkv_batch_append_rows(b, refs, n), TQKV_OK);
+    assert_int_equal(tqkv_cuda_kv_append_rows_reserve(kv, d, n), TQKV_OK);
+    const uint64_t id = tqkv_cuda_kv_storage_id(kv);
+    assert_int_equal(tqkv_cuda_kv_append_rows(kv, d, n), TQKV_OK);
+    assert_true(tqkv_cuda_kv_storage_id(kv) == id); /* nothing allocated after the reserve */
+    for (int i = 0; i < n; i++) {
+        tqkv_cuda_kv_free(d[i]);
+        tqkv_cache_free(c[i]);
+    }
+}
+
+/* Random joins, filters (both in-place orders, now and then every row) and decode appends on
+ * a host batch and its device copy: the same state after each (exports byte for byte), the
+ * filter in place (same storage id while the held bytes stay), attention at the end near the
+ * CPU's. */
+static void inplace_case(int D, double tol, uint64_t mix) {
+    test_rng r;
+    rng_init(&r, test_seed() ^ mix);
+    const tqkv_format f = rng_int(&r, 0, 1) ? TQKV_TQ4 : TQKV_TQ3;
+    tqkv_cache_config cfg = mkcfg_d(f, 2, 24, rng_u64(&r), D);
+    cfg.window_slack = 8;
+    tqkv_cache *rows[3];
+    tqkv_batch *b = merged_rows(&r, &cfg, 3, 20, 200, rows);
+    cuda_kv *kv = NULL;
+    assert_int_equal(tqkv_cuda_kv_init(&kv, &cfg, 0, b->rows, b->cap), TQKV_OK);
+    assert_int_equal(tqkv_cuda_kv_upload(kv, b), TQKV_OK);
+    int joins = 0, filters = 0, same = 0;
+    for (int round = 0; round < 24; round++) {
+        const int op = b->rows == 0 ? 0 : b->rows > 40 ? 1 : rng_int(&r, 0, 2);
+        if (op == 0) {
+            join_both(&r, &cfg, b, kv);
+            joins++;
+        } else if (op == 1) {
+            int keep[64];
+            const int n = round == 12 ? 0 : inplace_keep(&r, b->rows, rng_int(&r, 0, 1), keep);
+            const uint64_t id = tqkv_cuda_kv_storage_id(kv);
+            const size_t bytes = tqkv_cuda_kv_bytes(kv);
+            assert_int_equal(tqkv_batch_filter(b, keep, n), TQKV_OK);
+            assert_int_equal(tqkv_cuda_kv_filter(kv, keep, n), TQKV_OK);
+            if (tqkv_cuda_kv_bytes(kv) == bytes) { /* not shrunk: in place */
+                assert_true(tqkv_cuda_kv_storage_id(kv) == id);
+                same++;
+            }
+            filters++;
+        } else {
+            append_both(&r, b, kv, rng_int(&r, 1, 3));
+        }
+        assert_same_state(b, kv, op == 0 ? "join" : op == 1 ? "filter" : "append");
+    }
+    if (b->rows == 0) join_both(&r, &cfg, b, kv);
+    append_both(&r, b, kv, 1);
+    assert_same_state(b, kv, "final append");
+    const int qh = 4;
+    const size_t nq = (size_t)b->rows * qh * D;
+    float *q = malloc(nq * 4), *cpu = malloc(nq * 4), *gpu = malloc(nq * 4), *dout = NULL;
+    rng_fill_normal(&r, q, nq, 1.0f);
+    float *dq = dev_copy(q, nq);
+    assert_int_equal(tqkv_cuda_malloc((void **)&dout, nq * 4), TQKV_OK);
+    cpu_decode(b, q, qh, 0.088f, cpu);
+    assert_int_equal(tqkv_cuda_kv_attend(kv, dq, qh, 0.088f, dout), TQKV_OK);
+    assert_int_equal(tqkv_cuda_sync(), TQKV_OK);
+    assert_int_equal(tqkv_cuda_d2h(gpu, dout, nq * 4), TQKV_OK);
+    const double e = worst_rel(gpu, cpu, (size_t)b->rows * qh, D);
+    printf("in-place rows d %d %s: %d joins, %d filters (%d kept the storage), %d rows at the "
+           "end, states identical; attention worst rel L2 %.3g\n",
+           D, tqkv_format_name(f), joins, filters, same, b->rows, e);
+    if (!(e < tol)) fail_msg("attention after in-place row operations differs: %g", e);
+    assert_true(joins > 0 && filters > 0 && same > 0);
+    free(q); free(cpu); free(gpu);
+    tqkv_cuda_free(dq); tqkv_cuda_free(dout);
+    tqkv_cuda_kv_free(kv);
+    tqkv_batch_free(b);
+    for (int i = 0; i < 3; i++) tqkv_cache_free(rows[i]);
+}
+
+static void test_cuda_rows_inplace(void **state) {
+    (void)state;
+    inplace_case(128, 6e-3, 0x1A97ACE);
+    inplace_case(256, d256_tol(6e-3), 0x1A97ACE256);
 }
 
 // ---------------------------------------------------------------------------
@@ -2027,6 +2179,7 @@ int main(void) {
         cmocka_unit_test(test_cuda_encode_fmt),        cmocka_unit_test(test_cuda_decode_fmt),
         cmocka_unit_test(test_cuda_prefill_fmt),       cmocka_unit_test(test_cuda_rows_fmt),
         cmocka_unit_test(test_cuda_prefill_bf16),      cmocka_unit_test(test_cuda_decode_pdl),
+        cmocka_unit_test(test_cuda_rows_inplace),
     };
     test_seed();
     const char *only = getenv("TQKV_TEST_FILTER"); /* e.g. test_cuda_attend_tq, for seed sweeps */

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "cache/cache_impl.h"
+#include "util/keep_order.h"
 
 // ---------------------------------------------------------------------------
 // Merge
@@ -112,7 +113,7 @@ static void plane_move_row(struct tqkv_batch *b, tqkv_plane *p, int rs, int rd, 
     }
 }
 
-/* keep strictly increasing (so distinct, and row i comes from row keep[i] >= i): compact
+/* keep in an in-place order (keep_order.h: distinct, row i from row keep[i] >= i): compact
  * the rows in place, tokens moved left by the common pad; no allocation, cannot fail. The
  * storage keeps its room (rows_cap, cap) for the rows that join next. */
 static void batch_filter_inplace(struct tqkv_batch *b, const int *keep, int n_keep) {
@@ -135,12 +136,6 @@ static void batch_filter_inplace(struct tqkv_batch *b, const int *keep, int n_ke
     if (b->rows_cap > 2 * n_keep + 8) (void)batch_resize_rows(b, n_keep + n_keep / 4 + 4);
 }
 
-static int strictly_increasing(const int *keep, int n, int rows) {
-    for (int i = 0; i < n; i++)
-        if (keep[i] < 0 || keep[i] >= rows || (i > 0 && keep[i] <= keep[i - 1])) return 0;
-    return 1;
-}
-
 tqkv_status tqkv_batch_filter(tqkv_batch *b, const int *keep, int n_keep) {
     CACHE_CHECK(b, TQKV_EINVAL, "batch_filter: batch is NULL");
     CACHE_CHECK(n_keep >= 0, TQKV_EINVAL, "batch_filter: n_keep must be >= 0, got %d", n_keep);
@@ -149,7 +144,7 @@ tqkv_status tqkv_batch_filter(tqkv_batch *b, const int *keep, int n_keep) {
                 "batch_filter: n_keep = %d exceeds rows (%d) (indices must be distinct)", n_keep,
                 b->rows);
     CACHE_CHECK(!b->prefill_active, TQKV_ESTATE, "batch_filter: a prefill is in progress");
-    if (strictly_increasing(keep, n_keep, b->rows)) {
+    if (keep_in_place(keep, n_keep, b->rows)) {
         batch_filter_inplace(b, keep, n_keep);
         return TQKV_OK;
     }

@@ -235,7 +235,7 @@ extern "C" void tqkv_cuda_kv_free(cuda_kv *kv) {
 }
 
 extern "C" size_t tqkv_cuda_kv_bytes(const cuda_kv *kv) {
-    const size_t rh = (size_t)kv->rows * kv->kvh;
+    const size_t rh = (size_t)kv->row_cap * kv->kvh; /* spare rows included: they are held */
     size_t b = rh * kv->cap * (kv->kpay + kv->vpay + 2 * (size_t)(kv->kns + kv->vns));
     b += (size_t)(kv->kwin + kv->vwin) * rh * kv->ring * (kv->d + 2 * (kv->d / 32));
     return b;
@@ -274,7 +274,7 @@ tqkv_status cuda_kv_init_on(cuda_kv **out, const tqkv_cache_config *cfg, int bf1
     kv->bf16 = bf16 != 0;
     kv->stream = stream;
     kv->storage_id = ++g_storage_ids;
-    kv->rows = rows;
+    kv->rows = kv->row_cap = rows;
     kv->cap = cap;
     kv->d = cfg->head_dim;
     kv->kvh = cfg->kv_heads;

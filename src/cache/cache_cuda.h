@@ -167,7 +167,21 @@ tqkv_status tqkv_cuda_kv_attend_masked(cuda_kv *kv, const float *q, int n_query,
 // ---- row operations in device memory (cache_cuda_rows.cu; semantics of the tqkv_batch_*
 // calls of the same names: encoded bytes are copied, never decoded) ----------------------
 tqkv_status tqkv_cuda_kv_trim(cuda_kv *kv, int n);
+/* In place (no new storage, the same storage id) when keep is in an order util/keep_order.h
+ * accepts: rows that stay shift left by the kept rows' common pad on the device, the others
+ * move; with holes filled from the tail only the tail rows move. Any other order rebuilds
+ * (tqkv_cuda_kv_select, then installed). The row room (row_cap) stays for rows that join
+ * next, unless most rows left. */
 tqkv_status tqkv_cuda_kv_filter(cuda_kv *kv, const int *keep, int n_keep);
+/* tqkv_batch_append_rows on the device: the items' rows join kv's after its last row, in
+ * place, each ending at the rows' last end column (or, when longer, at its own length:
+ * left_pad 0); only the joining rows are copied. _reserve makes every allocation it needs
+ * first (room for the columns and rows: a regrow, with an eighth of the rows spare and a new
+ * storage id), so that an append_rows with the same items after it allocates nothing and
+ * fails only on a CUDA error. Items must differ from kv, share its config and be outside a
+ * spec round; returns once the copies are done (the caller may free the items). */
+tqkv_status tqkv_cuda_kv_append_rows_reserve(cuda_kv *kv, cuda_kv *const *items, int n_items);
+tqkv_status tqkv_cuda_kv_append_rows(cuda_kv *kv, cuda_kv *const *items, int n_items);
 /* A new cache holding rows keep[0..n_keep) of kv in that order (kv unchanged): the
  * storage tqkv_cuda_kv_filter installs. */
 tqkv_status tqkv_cuda_kv_select(const cuda_kv *kv, const int *keep, int n_keep, cuda_kv **out);

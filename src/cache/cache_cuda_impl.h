@@ -22,14 +22,16 @@ struct cuda_kv {
     tqkv_cache_config cfg;
     int bf16;
     int rows, cap, ring, d, kvh;
+    int row_cap;              /* rows the planes, ring, row table and host mirror hold room
+                               * for (>= rows): rows join and leave in place below it */
     tqkv_format kfmt, vfmt;
     size_t kpay, vpay;        /* payload bytes per vector (bf16: 2d) */
     int kns, vns;             /* fp16 scales per vector */
     int kwin, vwin;           /* plane has a q8 window */
-    uint8_t  *kd, *vd;        /* [rows, kvh, cap, pay] */
-    uint16_t *ks, *vs;        /* [rows, kvh, cap, ns] */
-    int8_t   *kw, *vw;        /* [rows, kvh, ring, d] */
-    uint16_t *kws, *vws;      /* [rows, kvh, ring, d / 32] */
+    uint8_t  *kd, *vd;        /* [row_cap, kvh, cap, pay] */
+    uint16_t *ks, *vs;        /* [row_cap, kvh, cap, ns] */
+    int8_t   *kw, *vw;        /* [row_cap, kvh, ring, d] */
+    uint16_t *kws, *vws;      /* [row_cap, kvh, ring, d / 32] */
     /* side buffer of the last append (the CPU's ext_*, batch.h): an append longer than
      * window_slack + 1 pushes q8 copies its own early queries need out of the ring; they
      * are kept here for the masked attention that follows (transient, never exported) */
@@ -39,10 +41,10 @@ struct cuda_kv {
     int       xcap, xrows;    /* token slots per row, rows allocated */
     int       x_valid;        /* the side buffer belongs to the last append */
     int      *h_x_off;        /* [rows] offset right after that append */
-    int *h_offset, *h_left_pad, *h_win_lo; /* host mirror [rows] */
-    int *h_spec_base;         /* [rows] offset at spec_begin */
+    int *h_offset, *h_left_pad, *h_win_lo; /* host mirror [row_cap] (rows in use) */
+    int *h_spec_base;         /* [row_cap] offset at spec_begin */
     int  spec_active;
-    cuda_row *d_rows;         /* device [rows] */
+    cuda_row *d_rows;         /* device [row_cap] */
     cuda_codec kc, vc;        /* d = 128 caches (zero otherwise) */
     cuda_codec256 kc256, vc256; /* d = 256 caches (zero otherwise) */
     /* attention workspace */

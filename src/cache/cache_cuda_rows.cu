@@ -7,8 +7,10 @@
  * column with a 2-D copy over the kv heads, the q8 ring slot for slot, since slots are
  * indexed by token, not column), with the semantics of src/cache/batch_rows.c and
  * batch_spec.c (tests/test_cuda.c compares exports after the same operations on both).
- * Every reshaping call builds the new storage completely, then installs it: a failure
- * leaves the object as it was.
+ * Filter (in an in-place order) and append_rows work inside the storage that holds the
+ * rows (a shift kernel moves kept rows' bytes left; joining rows are copied in); they
+ * allocate nothing, so they fail only on a CUDA error. Every other reshaping call builds the
+ * new storage completely, then installs it: a failure leaves the object as it was.
  * Must not: decode, rotate or requantize anything; launch attention kernels.
  */
 #include <cuda_runtime.h>
@@ -19,6 +21,7 @@
 extern "C" {
 #include "cache/cache_impl.h"
 #include "util/common.h"
+#include "util/keep_order.h"
 }
 #include "cache/cache_cuda_impl.h"
 
@@ -95,10 +98,12 @@ static tqkv_status check_keep(const cuda_kv *kv, const int *keep, int n_keep, co
 // ---------------------------------------------------------------------------
 // Capacity, trim, spec
 // ---------------------------------------------------------------------------
-/* Move every row into planes of exactly `cap` columns (cap >= every row's used columns). */
-static tqkv_status regrow(cuda_kv *kv, int cap) {
+/* Move every row into new storage of exactly `cap` columns and `row_cap` rows (cap >= every
+ * row's used columns, row_cap >= rows). */
+static tqkv_status regrow(cuda_kv *kv, int cap, int row_cap) {
     cuda_kv *t = NULL;
-    tqkv_status st = cuda_kv_init_on(&t, &kv->cfg, kv->bf16, kv->rows, cap, kv->stream);
+    tqkv_status st = cuda_kv_init_on(&t, &kv->cfg, kv->bf16, row_cap, cap, kv->stream);
+    if (!st) t->rows = kv->rows;
     for (int r = 0; !st && r < kv->rows; r++) st = move_row(t, r, kv->h_left_pad[r], kv, r);
     if (!st) st = cuda_kv_sync_rows(t);
     if (st) {
@@ -116,7 +121,7 @@ static tqkv_status regrow(cuda_kv *kv, int cap) {
 tqkv_status cuda_kv_reserve(cuda_kv *kv, int need) {
     if (need <= kv->cap) return TQKV_OK;
     const long grown = (long)kv->cap + (kv->cap / 4 > 256 ? kv->cap / 4 : 256);
-    return regrow(kv, grown > need ? (int)(grown < INT32_MAX ? grown : INT32_MAX) : need);
+    return regrow(kv, grown > need ? (int)(grown < INT32_MAX ? grown : INT32_MAX) : need, kv->row_cap);
 }
 
 extern "C" tqkv_status tqkv_cuda_kv_reserve(cuda_kv *kv, int tokens) {
@@ -124,7 +129,7 @@ extern "C" tqkv_status tqkv_cuda_kv_reserve(cuda_kv *kv, int tokens) {
     int need = 0;
     for (int r = 0; r < kv->rows; r++)
         if (kv->h_left_pad[r] + tokens > need) need = kv->h_left_pad[r] + tokens;
-    return need <= kv->cap ? TQKV_OK : regrow(kv, need);
+    return need <= kv->cap ? TQKV_OK : regrow(kv, need, kv->row_cap);
 }
 
 static void clamp_win_lo(cuda_kv *kv) {
@@ -220,12 +225,206 @@ extern "C" tqkv_status tqkv_cuda_kv_select(const cuda_kv *kv, const int *keep, i
     return TQKV_OK;
 }
 
+// ---------------------------------------------------------------------------
+// In place: rows leave (filter) and join (append_rows) inside the storage that holds them,
+// as batch_rows.c does on the host, so a server's running batch is not rebuilt (every row
+// copied, the storage allocated twice) each time a request joins or finishes
+// ---------------------------------------------------------------------------
+
+/* The planes a shift moves: base pointers [K data, V data, K scales, V scales] (NULL: none)
+ * and bytes per token of each. */
+struct shift_planes {
+    uint8_t *base[4];
+    int per[4];
+};
+
+/* One (row, kv head, plane) segment per block, moved left in tiles of blockDim x 4 elements
+ * of T: every thread loads its part of a tile, the block waits, then stores. Destinations lie
+ * left of their sources, so a tile's stores never reach a source byte of a later tile, and
+ * the one barrier per tile is all the order an overlapping move needs. */
+template <typename T>
+__device__ void shift_segment(const T *src, T *dst, size_t n) {
+    constexpr int U = 4;
+    const size_t tile = (size_t)blockDim.x * U;
+    for (size_t t0 = 0; t0 < n; t0 += tile) {
+        T v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const size_t i = t0 + (size_t)u * blockDim.x + threadIdx.x;
+            if (i < n) v[u] = src[i];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const size_t i = t0 + (size_t)u * blockDim.x + threadIdx.x;
+            if (i < n) dst[i] = v[u];
+        }
+    }
+}
+
+/* grid (rows, kvh, 4 planes): row r's tokens (the row table's left_pad and ntok) move
+ * `shift` columns left. A row whose padding is narrower (a row being dropped: the filter's
+ * shift is the kept rows' common pad) is left alone. */
+__global__ void rows_shift_kernel(const cuda_row *__restrict__ rows, int shift, shift_planes P, int kvh,
+                                  int cap) {
+    const cuda_row w = rows[blockIdx.x];
+    const int p = blockIdx.z;
+    if (!P.base[p] || w.ntok <= 0 || shift <= 0 || w.left_pad < shift) return;
+    const size_t per = (size_t)P.per[p];
+    const size_t seg = ((size_t)blockIdx.x * kvh + blockIdx.y) * cap;
+    const uint8_t *src = P.base[p] + (seg + w.left_pad) * per;
+    uint8_t *dst = P.base[p] + (seg + w.left_pad - shift) * per;
+    const size_t n = (size_t)w.ntok * per;
+    const uintptr_t a = (uintptr_t)src | (uintptr_t)dst | n;
+    if (!(a & 15)) shift_segment((const uint4 *)src, (uint4 *)dst, n / 16);
+    else if (!(a & 3)) shift_segment((const uint32_t *)src, (uint32_t *)dst, n / 4);
+    else if (!(a & 1)) shift_segment((const uint16_t *)src, (uint16_t *)dst, n / 2);
+    else shift_segment(src, dst, n);
+}
+
+/* Rows [0, n) of kv (as the device row table holds them) shifted `shift` columns left in
+ * place, in one launch; the row table is the caller's to update. */
+static tqkv_status shift_rows(cuda_kv *kv, int n, int shift) {
+    if (n == 0 || shift <= 0) return TQKV_OK;
+    shift_planes P = {{kv->kd, kv->vd, (uint8_t *)kv->ks, (uint8_t *)kv->vs},
+                      {(int)kv->kpay, (int)kv->vpay, 2 * kv->kns, 2 * kv->vns}};
+    rows_shift_kernel<<<dim3((unsigned)n, (unsigned)kv->kvh, 4), 256, 0, kv->stream>>>(kv->d_rows, shift, P,
+                                                                                        kv->kvh, kv->cap);
+    return cuda_check(cudaGetLastError(), "row shifts");
+}
+
+/* Filter with keep in an in-place order (util/keep_order.h; `order` its kind): rows that stay
+ * where they are shift left by the common pad in one launch (holes filled from the tail: over
+ * rows [0, n_keep), as a slot whose row leaves is overwritten after), the others move (few
+ * when holes are filled from the tail) in ascending order, each read before anything
+ * overwrites it. */
+static tqkv_status filter_inplace(cuda_kv *kv, const int *keep, int n_keep, int order) {
+    int min_pad = 0, n_shift = n_keep;
+    for (int i = 0; i < n_keep; i++)
+        if (i == 0 || kv->h_left_pad[keep[i]] < min_pad) min_pad = kv->h_left_pad[keep[i]];
+    /* an increasing list: rows past its first move are sources of later moves, so only the
+     * rows before it shift in place */
+    for (int i = 0; i < n_keep && order == 1; i++)
+        if (keep[i] != i) {
+            n_shift = i;
+            break;
+        }
+    tqkv_status st = shift_rows(kv, n_shift, min_pad);
+    for (int i = 0; i < n_keep && !st; i++) {
+        if (keep[i] == i) kv->h_left_pad[i] -= min_pad;
+        else st = move_row(kv, i, kv->h_left_pad[keep[i]] - min_pad, kv, keep[i]);
+    }
+    if (st) return st; /* a CUDA error: the context is lost anyway */
+    kv->rows = n_keep;
+    kv->x_valid = 0; /* rows moved: the side buffer no longer matches them */
+    return cuda_kv_sync_rows(kv);
+}
+
 extern "C" tqkv_status tqkv_cuda_kv_filter(cuda_kv *kv, const int *keep, int n_keep) {
+    if (!kv) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_filter: NULL cache");
+    tqkv_status st = check_keep(kv, keep, n_keep, "tqkv_cuda_kv_filter");
+    if (st) return st;
+    const int order = keep_in_place(keep, n_keep, kv->rows);
+    if (order) {
+        if ((st = filter_inplace(kv, keep, n_keep, order))) return st;
+        /* most rows gone (a server going idle): give the room back, a quarter spare */
+        if (kv->row_cap > 2 * n_keep + 8) (void)regrow(kv, kv->cap, n_keep + n_keep / 4 + 4);
+        return TQKV_OK;
+    }
     cuda_kv *t = NULL;
-    tqkv_status st = tqkv_cuda_kv_select(kv, keep, n_keep, &t);
+    st = tqkv_cuda_kv_select(kv, keep, n_keep, &t);
     if (st) return st;
     install(kv, t);
     return TQKV_OK;
+}
+
+/* Rows the items add and the longest of them, checked as tqkv_cuda_kv_merge checks (kv as
+ * item 0). */
+static tqkv_status join_check(const cuda_kv *kv, cuda_kv *const *items, int n_items, int *rows,
+                              int *maxlen) {
+    if (!kv || (n_items && !items) || n_items < 0)
+        return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_append_rows: bad arguments");
+    if (kv->spec_active) return tqkv_fail(TQKV_ESTATE, "tqkv_cuda_kv_append_rows: the cache is in a spec round");
+    char what[160] = "";
+    long total = kv->rows;
+    *maxlen = 0;
+    for (int i = 0; i < n_items; i++) {
+        const cuda_kv *it = items[i];
+        if (!it || it == kv) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_append_rows: item %d is NULL or the target", i);
+        if (it->spec_active) return tqkv_fail(TQKV_ESTATE, "tqkv_cuda_kv_append_rows: item %d is in a spec round", i);
+        if (cache_config_diff(&kv->cfg, &it->cfg, what, sizeof what) || it->bf16 != kv->bf16)
+            return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_append_rows: item %d differs from the cache (%s)", i, what);
+        total += it->rows;
+        for (int r = 0; r < it->rows; r++)
+            if (it->h_offset[r] > *maxlen) *maxlen = it->h_offset[r];
+    }
+    if (total > CUDA_MAX_ROWS)
+        return tqkv_fail(TQKV_EUNSUPPORTED, "tqkv_cuda_kv_append_rows: %ld rows (at most %d)", total, CUDA_MAX_ROWS);
+    *rows = (int)total;
+    return TQKV_OK;
+}
+
+/* The column a joining row of n tokens ends at: the rows' last end column when it fits (rows
+ * end together, as tqkv_cuda_kv_merge lays them out), else n (left_pad 0): batch_rows.c's
+ * append_end. */
+static int join_end(const cuda_kv *kv, int n) {
+    int end = 0;
+    for (int r = 0; r < kv->rows; r++)
+        if (kv->h_left_pad[r] + kv->h_offset[r] > end) end = kv->h_left_pad[r] + kv->h_offset[r];
+    return n <= end ? end : n;
+}
+
+extern "C" tqkv_status tqkv_cuda_kv_append_rows_reserve(cuda_kv *kv, cuda_kv *const *items, int n_items) {
+    int rows = 0, maxlen = 0;
+    tqkv_status st = join_check(kv, items, n_items, &rows, &maxlen);
+    if (st) return st;
+    const int need = join_end(kv, maxlen);
+    if (need <= kv->cap && rows <= kv->row_cap) return TQKV_OK;
+    long cap = kv->cap, row_cap = kv->row_cap;
+    if (need > cap) { /* cuda_kv_reserve's growth */
+        cap += cap / 4 > 256 ? cap / 4 : 256;
+        if (cap < need) cap = need;
+        if (cap > INT32_MAX) cap = need;
+    }
+    if (rows > row_cap) { /* an eighth spare: rows join and leave all the time */
+        row_cap += row_cap / 8 > 4 ? row_cap / 8 : 4;
+        if (row_cap < rows) row_cap = rows;
+        if (row_cap > CUDA_MAX_ROWS) row_cap = CUDA_MAX_ROWS;
+    }
+    return regrow(kv, (int)cap, (int)row_cap);
+}
+
+/* Zero row r's planes (its columns start as zeros, as in storage made by init). */
+static tqkv_status zero_row(cuda_kv *kv, int r) {
+    const size_t seg = (size_t)kv->kvh * kv->cap;
+    struct { void *p; size_t per; } pl[4] = {{kv->kd, kv->kpay}, {kv->vd, kv->vpay},
+                                             {kv->ks, 2 * (size_t)kv->kns}, {kv->vs, 2 * (size_t)kv->vns}};
+    tqkv_status st = TQKV_OK;
+    for (int i = 0; i < 4 && !st; i++)
+        if (pl[i].p && pl[i].per)
+            st = cuda_check(cudaMemsetAsync((uint8_t *)pl[i].p + (size_t)r * seg * pl[i].per, 0, seg * pl[i].per,
+                                            kv->stream), "join: zero a row");
+    return st;
+}
+
+extern "C" tqkv_status tqkv_cuda_kv_append_rows(cuda_kv *kv, cuda_kv *const *items, int n_items) {
+    tqkv_status st = tqkv_cuda_kv_append_rows_reserve(kv, items, n_items);
+    for (int i = 0; i < n_items && !st; i++) /* their queued work (appends) first */
+        if (items[i]->stream != kv->stream) st = cuda_check(cudaStreamSynchronize(items[i]->stream), "join");
+    if (st) return st;
+    const int end = join_end(kv, 0);
+    for (int i = 0; i < n_items && !st; i++)
+        for (int r = 0; r < items[i]->rows && !st; r++) {
+            const int n = items[i]->h_offset[r], dr = kv->rows;
+            st = zero_row(kv, dr);
+            if (!st) st = move_row(kv, dr, (n <= end ? end : n) - n, items[i], r);
+            if (!st) kv->rows++;
+        }
+    kv->x_valid = 0;
+    if (!st) st = cuda_kv_sync_rows(kv);
+    /* the copies read the items, which the caller frees next */
+    if (!st) st = cuda_check(cudaStreamSynchronize(kv->stream), "join");
+    return st;
 }
 
 extern "C" tqkv_status tqkv_cuda_kv_align(cuda_kv *kv, const int *left_pad) {

@@ -25,7 +25,7 @@
  * and releases it when it finishes, so running rows can never outgrow the budget.
  * On the device the budget also bounds the storage really allocated at its peak
  * (device_peak below: padded columns, growth slack, and the old and new running states
- * side by side while rows are merged or filtered), so a request that would not fit waits
+ * side by side while a join regrows them), so a request that would not fit waits
  * in the queue instead of failing the running batch with an allocation error.
  */
 #include <limits.h>
@@ -600,9 +600,10 @@ tqkv_status tqkv_engine_cancel(tqkv_engine *e, uint64_t id) {
 /* Device storage at its peak if q joins (the budget's second bound on the device). A
  * device state stores every row in as many columns (rows of unequal length padded to a
  * common end), grows by 1.25x (at least 256 columns) when an append needs room
- * (cuda_kv_reserve), and a merge
- * (newcomers joining) or filter (finished rows leaving) builds the new storage for every
- * layer before the old goes, while the newcomers' 1-row prefill states still exist. So:
+ * (cuda_kv_reserve), and a merge (newcomers joining) that needs more room than the storage
+ * holds regrows it, old and new side by side, while the newcomers' 1-row prefill states
+ * still exist (joins and filters that fit run in place, with no second copy, but the bound
+ * must hold for the regrow). So:
  *   c    = longest final length + (other rows ? longest max_tokens : 0)
  *          (a row joining late is padded by at most the others' remaining tokens)
  *   cols = c + max(c / 4, 256) (the growth step)
@@ -847,16 +848,34 @@ static void sweep_pre(tqkv_engine *e, eng_req **ready, int *n_ready) {
     free(gone);
 }
 
+/* The rows that stay, as a keep list whose holes are filled from the tail (util/keep_order.h):
+ * a finished row's slot takes one of the last running rows, so the states move one row per
+ * finished one, where an increasing list would slide every row after it. Returns how many. */
+static int keep_rows(const tqkv_engine *e, int *keep) {
+    const int R = e->n_rows;
+    int k = 0;
+    for (int i = 0; i < R; i++) k += !e->rows[i]->finished;
+    for (int i = 0, t = k; i < k; i++) {
+        if (!e->rows[i]->finished) {
+            keep[i] = i;
+            continue;
+        }
+        while (e->rows[t]->finished) t++; /* a running row past the new end: k - i remain */
+        keep[i] = t++;
+    }
+    return k;
+}
+
 /* Filter finished rows out of the running states; merge ready newcomers in. */
 static tqkv_status sched_rows(tqkv_engine *e, eng_req **ready, int n_ready) {
-    int R = e->n_rows, k = 0;
+    int R = e->n_rows;
     int *keep = malloc(sizeof(int) * (size_t)(R ? R : 1));
     if (!keep) return tqkv_fail(TQKV_ENOMEM, "engine: out of memory");
     for (int i = 0; i < R; i++) {
         eng_req *q = e->rows[i];
         if (q->cancel && !q->finished) req_finish_plain(e, q, TQKV_FINISH_CANCELLED, NULL);
-        if (!q->finished) keep[k++] = i;
     }
+    const int k = keep_rows(e, keep);
     tqkv_status rc = TQKV_OK;
     if (k < R) {
         rc = tqkv_model_state_filter(e->run, keep, k);
@@ -868,16 +887,10 @@ static tqkv_status sched_rows(tqkv_engine *e, eng_req **ready, int n_ready) {
         eng_req **gone = malloc(sizeof(eng_req *) * (size_t)(R - k));
         int ng = 0;
         pthread_mutex_lock(&e->mu);
-        int j = 0, kk = 0;
-        for (int i = 0; i < R; i++) {
-            if (kk < k && keep[kk] == i) {
-                e->rows[j++] = e->rows[i];
-                kk++;
-            } else if (gone) {
-                gone[ng++] = e->rows[i];
-            }
-        }
-        e->n_rows = j;
+        for (int i = 0; i < R; i++) /* the finished rows first, then the slots refilled */
+            if (e->rows[i]->finished && gone) gone[ng++] = e->rows[i];
+        for (int i = 0; i < k; i++) e->rows[i] = e->rows[keep[i]]; /* keep[i] >= i: read first */
+        e->n_rows = k;
         pthread_mutex_unlock(&e->mu);
         for (int i = 0; i < ng; i++) {
             release_budget(e, gone[i]);

@@ -20,12 +20,8 @@ extern "C" {
 #define ck      mc_ck
 #define dmalloc mc_dmalloc
 
-void mc_free_caches(model_cuda *g) {
-    if (g->kv) {
-        for (int l = 0; l < g->m->cfg.n_layers; l++) tqkv_cuda_kv_free(g->kv[l]);
-        free(g->kv);
-        g->kv = NULL;
-    }
+/* The recurrent rows (Qwen 3.5), after the work queued on them. */
+static void free_rec(model_cuda *g) {
     mc_rec *rc = &g->rec;
     if (g->stream) cudaStreamSynchronize(g->stream); /* nothing queued still reads the rows */
     cudaFree(rc->state);
@@ -35,6 +31,15 @@ void mc_free_caches(model_cuda *g) {
     rc->state = rc->snap = NULL;
     rc->tokens = rc->spec_steps = NULL;
     rc->spec_active = rc->spec_cap = 0;
+}
+
+void mc_free_caches(model_cuda *g) {
+    if (g->kv) {
+        for (int l = 0; l < g->m->cfg.n_layers; l++) tqkv_cuda_kv_free(g->kv[l]);
+        free(g->kv);
+        g->kv = NULL;
+    }
+    free_rec(g);
     g->broken = 0; /* new rows */
 }
 
@@ -120,7 +125,7 @@ tqkv_status mc_rows_make(model_cuda *g, cuda_kv **kv, float *rec_state, int *rec
     tqkv_status st = b->off && (b->steps || !g->rec.n_lin) ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "out of memory");
     if (!st && g->rec.n_lin && (!rec_state || !rec_tokens))
         st = tqkv_fail(TQKV_EINVAL, "device state: install without recurrent rows");
-    for (int l = 0; l < L && !st; l++)
+    for (int l = 0; l < L && !st && kv; l++)
         if (kv[l]) st = tqkv_cuda_kv_set_stream(kv[l], g->stream);
     if (st) {
         model_cuda_rows_free(b);
@@ -132,15 +137,22 @@ tqkv_status mc_rows_make(model_cuda *g, cuda_kv **kv, float *rec_state, int *rec
 
 extern "C" void model_cuda_rows_install(model_cuda *g, model_cuda_rows *b) {
     mc_graph_drop(g);
-    mc_free_caches(g);
-    g->kv = b->kv;
+    if (b->kv) {
+        mc_free_caches(g);
+        g->kv = b->kv;
+    } else {
+        free_rec(g); /* the caches changed their rows in place */
+    }
     g->rec.state = b->rec_state;
     g->rec.tokens = b->rec_tokens;
     g->rec.spec_steps = b->steps;
     free(g->off);
     g->off = b->off;
     if (b->rows != g->rows) {
-        mc_free_scratch(g); /* row-shaped buffers */
+        /* row-shaped buffers are sized by capacity (mc_ensure_scratch grows them), so a
+         * running batch whose rows come and go keeps them; one that holds 4x the tokens of
+         * the new rows (and more than 256) gives them back */
+        if (g->cap_t > 4 * (size_t)(b->rows > 64 ? b->rows : 64)) mc_free_scratch(g);
         g->rows = b->rows;
     }
     free(b);

@@ -177,7 +177,8 @@ struct model_cuda {
 tqkv_status mc_install_caches(model_cuda *g, cuda_kv **kv, float *rec_state, int *rec_tokens,
                               int rows);
 /* The fallible half of mc_install_caches: the same arguments, taken over also on failure,
- * into *out (model_cuda.h's model_cuda_rows; install with model_cuda_rows_install). */
+ * into *out (model_cuda.h's model_cuda_rows; install with model_cuda_rows_install). kv NULL:
+ * the caches keep their storage (their rows changed in place); the rest is installed. */
 tqkv_status mc_rows_make(model_cuda *g, cuda_kv **kv, float *rec_state, int *rec_tokens, int rows,
                          model_cuda_rows **out);
 /* Fresh zero recurrent rows for `rows` rows (*state device, zeroed on g's stream; *tokens

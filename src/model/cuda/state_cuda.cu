@@ -15,6 +15,8 @@ extern "C" {
 #include "model/model_impl.h"
 #include "model/state/recurrent.h"
 #include "util/common.h"
+#include "util/env_switch.h"
+#include "util/keep_order.h"
 }
 #include "model/cuda/model_cuda_impl.h"
 
@@ -145,7 +147,58 @@ extern "C" tqkv_status model_cuda_extract_build(const model_cuda *g, int row, mo
     return rows_ready(dst, st, nk, rs, rt, 1, out);
 }
 
+// ---------------------------------------------------------------------------
+// in place (the engine's running batch: rows join and leave every few steps): every layer's
+// cache changes its rows where they are (tqkv_cuda_kv_append_rows / _filter) instead of
+// being rebuilt. Every allocation first (each layer's room, the recurrent rows, the per-row
+// arrays), then the moves, which fail only on a CUDA error (the state is then marked broken).
+// TQKV_KV_INPLACE=0 rebuilds instead (the A/B).
+// ---------------------------------------------------------------------------
+
+static env_switch g_inplace = ENV_SWITCH("TQKV_KV_INPLACE");
+
+static tqkv_status merge_inplace(model_cuda *g, model_cuda *const *src, int n, int rows) {
+    const int L = g->m->cfg.n_layers;
+    cuda_kv **items = (cuda_kv **)calloc((size_t)n, sizeof *items);
+    tqkv_status st = items ? TQKV_OK : tqkv_fail(TQKV_ENOMEM, "out of memory");
+    for (int l = 0; l < L && !st; l++) {
+        if (!g->kv[l]) continue;
+        for (int i = 0; i < n; i++) items[i] = src[i]->kv[l];
+        st = tqkv_cuda_kv_append_rows_reserve(g->kv[l], items, n);
+    }
+    float *rs = NULL;
+    int *rt = NULL;
+    if (!st) st = rec_rows(g, g, src, n, NULL, rows, &rs, &rt);
+    model_cuda_rows *b = NULL;
+    if (!st) st = mc_rows_make(g, NULL, rs, rt, rows, &b);
+    for (int l = 0; l < L && !st; l++) {
+        if (!g->kv[l]) continue;
+        for (int i = 0; i < n; i++) items[i] = src[i]->kv[l];
+        if ((st = tqkv_cuda_kv_append_rows(g->kv[l], items, n))) g->broken = 1;
+    }
+    free(items);
+    if (st) model_cuda_rows_free(b);
+    else model_cuda_rows_install(g, b);
+    return st;
+}
+
+static tqkv_status filter_inplace(model_cuda *g, const int *keep, int n) {
+    float *rs = NULL;
+    int *rt = NULL;
+    tqkv_status st = rec_rows(g, g, NULL, 0, keep, n, &rs, &rt);
+    model_cuda_rows *b = NULL;
+    if (!st) st = mc_rows_make(g, NULL, rs, rt, n, &b);
+    for (int l = 0; l < g->m->cfg.n_layers && !st; l++)
+        if (g->kv[l] && (st = tqkv_cuda_kv_filter(g->kv[l], keep, n))) g->broken = 1;
+    if (st) model_cuda_rows_free(b);
+    else model_cuda_rows_install(g, b);
+    return st;
+}
+
 extern "C" tqkv_status model_cuda_merge(model_cuda *g, model_cuda *const *src, int n) {
+    int rows = g->rows;
+    for (int i = 0; i < n; i++) rows += src[i]->rows;
+    if (rows <= CUDA_MAX_ROWS && env_switch_get(&g_inplace)) return merge_inplace(g, src, n, rows);
     model_cuda_rows *b = NULL;
     const tqkv_status st = model_cuda_merge_build(g, src, n, &b);
     if (!st) model_cuda_rows_install(g, b);
@@ -153,6 +206,7 @@ extern "C" tqkv_status model_cuda_merge(model_cuda *g, model_cuda *const *src, i
 }
 
 extern "C" tqkv_status model_cuda_filter(model_cuda *g, const int *keep, int n) {
+    if (keep_in_place(keep, n, g->rows) && env_switch_get(&g_inplace)) return filter_inplace(g, keep, n);
     model_cuda_rows *b = NULL;
     const tqkv_status st = model_cuda_filter_build(g, keep, n, &b);
     if (!st) model_cuda_rows_install(g, b);

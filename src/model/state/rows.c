@@ -37,6 +37,7 @@
 #include "model/cuda/model_cuda.h"
 #endif
 #include "model/state/recurrent.h"
+#include "util/keep_order.h"
 #include "model/state/rows_impl.h"
 #include "model/tp/tp_state.h"
 #include "util/common.h"
@@ -396,11 +397,7 @@ static void set_rows(tqkv_model_state *s, int rows) {
     s->p.rows = rows;
 }
 
-int rows_keep_increasing(const int *keep, int n, int rows) {
-    for (int i = 0; i < n; i++)
-        if (keep[i] < 0 || keep[i] >= rows || (i > 0 && keep[i] <= keep[i - 1])) return 0;
-    return 1;
-}
+int rows_keep_in_place(const int *keep, int n, int rows) { return keep_in_place(keep, n, rows) != 0; }
 
 tqkv_status rows_filter_inplace(tqkv_model_state *s, const int *keep, int n) {
     model_recurrent *nr = NULL;
@@ -578,7 +575,7 @@ tqkv_status tqkv_model_state_filter(tqkv_model_state *s, const int *keep, int n_
     if (rc != TQKV_OK) return rc;
     if (spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "state filter: a spec round is active");
     if (s->tp) return model_tp_filter(s, keep, n_keep); /* every rank in lockstep */
-    if (!s->gpu && rows_keep_increasing(keep, n_keep, s->rows))
+    if (!s->gpu && rows_keep_in_place(keep, n_keep, s->rows))
         return rows_filter_inplace(s, keep, n_keep);
     tqkv_batch **nl = NULL;
     model_recurrent *nr = NULL;
