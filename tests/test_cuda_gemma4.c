@@ -26,7 +26,8 @@
  *    device import bitwise, from a CPU import within the parity tolerance; a CPU export of
  *    the same tokens has the device export's layout and imports on the device;
  *  - decode steps as CUDA graphs equal kernel by kernel, bitwise, across the sliding bound,
- *    a spec round and the sliding layers' compaction (a new storage: recaptured), and
+ *    a spec round and the sliding layers' compaction (in place: rows shift left under the same
+ *    storage, the graphs read the new row table), and
  *    replayed below the window, where the views grow every step;
  *  - misuse (rollback without a round, padded prefill, a second prefill, f32 export)
  *    refused, nothing changed.
@@ -570,8 +571,8 @@ static void test_export_import(void **st) {
 
 
 /* Twins from 530 tokens: 20 steps (the bound is crossed at 545), a spec round, then on to
- * 1100 tokens: past 2 x 544 the sliding layers' common padding is compacted (new storage,
- * a new capture). long_run 0: the first two phases only. */
+ * 1100 tokens: past 2 x 544 the sliding layers' common padding is compacted (in place; the
+ * split bound changes on the way: new captures). long_run 0: the first two phases only. */
 static void graphs_case(tqkv_format f, int window, int long_run) {
     enum { R = 2, N = 530 };
     test_rng r;

@@ -1285,7 +1285,7 @@ static void test_engine_device_prompt_cache(void **st) {
 /* ---- the decode step as a CUDA graph (params.device_graphs): two twins take the same
  * tokens and the same row operations, one launching kernel by kernel, one replaying
  * graphs. Their logits must be bitwise equal at every step: across a reserve (new
- * storage), a filter and a merge (new rows, new storage), a synthetic fill (offsets jump
+ * storage), a filter and a merge (new rows; in place, or new storage), a synthetic fill (offsets jump
  * while the graph's shape holds: it must keep replaying), the longest row's attention
  * split count changing (256 -> 257 tokens) and a jump past 8192 tokens (the split length
  * doubles, the caches regrow). After each change the graph twin must have captured again

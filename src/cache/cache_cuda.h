@@ -220,9 +220,9 @@ tqkv_status tqkv_cuda_slide_reserve(cuda_kv_slide *s, const cuda_kv *kv, int *mo
 tqkv_status tqkv_cuda_kv_window_view(cuda_kv *kv, cuda_kv_slide *s, int window, int back,
                                      cuda_kv **view);
 /* tqkv_batch_drop_oldest(kv, keep) on a device cache: each row's oldest tokens beyond keep
- * become left padding, its q8 ring rotates by the dropped count (slots are indexed by
  * token), win_lo follows; once every row's padding reaches keep the common padding goes (a
- * filter of every row, as the CPU's compaction: a new storage id). Refused in a spec round. */
+ * filter of every row, as the CPU's compaction: in place, the rows' tokens shifted left on
+ * the device, the same storage id). Refused in a spec round. */
 tqkv_status tqkv_cuda_kv_drop_oldest(cuda_kv *kv, cuda_kv_slide *s, int keep);
 /* Decode attention (tqkv_cuda_kv_attend_ws: q, out DEVICE [rows, q_heads, head_dim]) as the
  * cache stood `back` tokens ago: every row sees only its first offset - back tokens

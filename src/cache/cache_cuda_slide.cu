@@ -285,7 +285,7 @@ extern "C" tqkv_status tqkv_cuda_kv_drop_oldest(cuda_kv *kv, cuda_kv_slide *s, i
     int *all = (int *)malloc(sizeof(int) * (size_t)R);
     if (!all) return tqkv_fail(TQKV_ENOMEM, "out of memory");
     for (int r = 0; r < R; r++) all[r] = r;
-    st = tqkv_cuda_kv_filter(kv, all, R); /* the common padding goes: a new storage id */
+    st = tqkv_cuda_kv_filter(kv, all, R); /* the common padding goes (in place: rows shift left) */
     free(all);
     return st;
 }
