@@ -475,19 +475,8 @@ static void tma_case(int K, int N, int parts, const int *Ts, int nT, int cluster
     free(x); free(b); free(w); free(y); free(ya);
 }
 
-/* Opt-in (TQKV_TEST_TMA=1): in session 13 this test faulted the context on an H100 (every
- * later test of the process failed with it; most likely its unaligned-W step, now an
- * expected refusal), so it runs last and only when asked until it has passed there. */
-static void tma_opt_in(const char *name) {
-    const char *e = getenv("TQKV_TEST_TMA");
-    if (e && !strcmp(e, "1")) return;
-    printf("%s: SKIPPED (it faulted the context in session 13; TQKV_TEST_TMA=1 runs it)\n", name);
-    skip();
-}
-
 static void test_gemm_tma(void **st) {
     (void)st;
-    tma_opt_in("test_gemm_tma");
     const int ta[] = {65, 513, 1000, 2049}, tb[] = {129, 513, 1000}, tc[] = {300, 513, 1000};
     tma_case(4096, 4296, 1, ta, 4, 0); /* 34 weight tiles: at T 2049 306 txl tiles, > SMs */
     tma_case(14336, 200, 1, tb, 3, 0); /* the down projection's K */
@@ -501,7 +490,6 @@ static void test_gemm_tma(void **st) {
  * test_gemm / test_gemm_tma's verdicts on tl / txl standing. */
 static void test_gemm_cxl(void **st) {
     (void)st;
-    tma_opt_in("test_gemm_cxl");
     const int ta[] = {65, 513, 1000, 2049}, tb[] = {129, 513, 1000}, tc[] = {1, 300, 513, 1000};
     tma_case(4096, 4296, 1, ta, 4, 1); /* 17 cluster units per token tile: more than fit */
     tma_case(14336, 200, 1, tb, 3, 1);
@@ -2059,7 +2047,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_layers_rows, layers_teardown),
         cmocka_unit_test_teardown(test_layers_graphs, layers_teardown),
         cmocka_unit_test_teardown(test_layers_export, layers_teardown),
-        cmocka_unit_test(test_gemm_tma), /* last: opt-in, see tma_opt_in */
+        cmocka_unit_test(test_gemm_tma),
         cmocka_unit_test(test_gemm_cxl),
     };
     const char *only = getenv("TQKV_TEST_FILTER"); /* e.g. 'test_graphs*' on another model */

@@ -283,7 +283,7 @@ gemm_grouped_kernel(const uint16_t *__restrict__ xb, int TS, int K, const uint16
 /* tl / txl: wl / wxl's arithmetic on warp-specialised TMA tiles (gemm_tma.cuh), the same
  * (id, BN, parts, stages, + CTAs per cluster); sm_90a only. Picked in place of wl / wxl
  * unless TQKV_GEMM_TMA=0. cxl: txl in clusters of two sharing the activation tile
- * (multicast); picked for wxl with TQKV_GEMM_TMA=2 (opt-in: not yet measured). */
+ * (multicast); picked for wxl with TQKV_GEMM_TMA=2 (opt-in: 2x cuBLAS's time, session 13). */
 #define GEMM_TMA_SHAPES(X) X(SH_TL, 128, 1, 6, 1) X(SH_TL, 128, 2, 4, 1) X(SH_TXL, 256, 1, 4, 1) X(SH_CXL, 256, 1, 4, 2)
 
 /* s8n: one token, 16 weight rows a CTA (one warp) with 16 stages in flight: twice the CTAs of
@@ -297,7 +297,7 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT; /* TQKV_GEMM_TILE */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static unsigned g_done, g_bad; /* bit d: device d's tiles set up / refused (cuda_device.h) */
 static int g_sms = 132, g_force = -1;
-static int g_tma = 0; /* TQKV_GEMM_TMA: 0 (default) wl / wxl, 1 tl / txl, 2 tl / cxl */
+static int g_tma = 1; /* TQKV_GEMM_TMA: 0 wl / wxl, 1 (default) tl / txl, 2 tl / cxl */
 static int g_cxl_clusters; /* cxl's clusters resident at once (0: none, cxl runs as txl) */
 static unsigned long g_tma_runs, g_cxl_runs; /* TMA tile launches, clustered ones (tests) */
 
@@ -381,15 +381,16 @@ template <int WM, int WN, int MT, int NT, int P, int ST> static bool shape_setup
 }
 
 /* Once per process: TQKV_GEMM_TILE (a shape name: every T takes it, for benchmarks; the bits
- * are the same) and TQKV_GEMM_TMA (0: the pick keeps wl / wxl; 2: cxl for wxl; same bits). */
+ * are the same) and TQKV_GEMM_TMA (default 1: tl / txl for wl / wxl; 0: the pick keeps wl /
+ * wxl; 2: cxl for wxl; same bits). */
 static void gemm_init(void) {
     const char *e = getenv("TQKV_GEMM_TILE"), *t = getenv("TQKV_GEMM_TMA");
     for (int i = 0; e && i < SH_N; i++)
         if (!strcmp(e, g_shape_name[i])) g_force = i;
-    /* off by default until test_gemm_tma passes on the GPU (in session 13 it faulted, most
-     * likely in its unaligned-W step, not in these tiles: bench/RESULTS.md); TQKV_GEMM_TMA=1
-     * opts in */
-    g_tma = !t ? 0 : !strcmp(t, "1") ? 1 : !strcmp(t, "2") ? 2 : 0;
+    /* on by default since session 14 (test_gemm_tma / _cxl passed on an H100 once the GEMM
+     * refused unaligned W; the session-13 fault was that test step's, not the tiles');
+     * TQKV_GEMM_TMA=0 keeps wl / wxl (same bits) */
+    g_tma = !t ? 1 : !strcmp(t, "0") ? 0 : !strcmp(t, "2") ? 2 : 1;
 }
 
 /* Once per device, before its first launch: the kernels' shared memory and the SM count
