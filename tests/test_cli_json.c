@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -69,15 +68,7 @@ static void check_roundtrip(const char *s, size_t len) {
 
 /* Run `tqkv ARGS` (stderr discarded); the last stdout line in out; returns exit status. */
 static int run_cli(const char *args, char *out, size_t cap) {
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "'%s' %s 2>/dev/null", TQKV_CLI_PATH, args);
-    FILE *f = popen(cmd, "r");
-    assert_non_null(f);
-    char line[1 << 16];
-    out[0] = 0;
-    while (fgets(line, sizeof line, f)) snprintf(out, cap, "%s", line);
-    int st = pclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return test_run_last_line(TQKV_CLI_PATH, args, out, cap);
 }
 
 // ---------------------------------------------------------------------------

@@ -30,7 +30,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -76,15 +75,7 @@ static void link_model(const char *md, const char *dir, int keep_policies, const
 
 /* Run `tqkv ARGS` (stderr discarded); the last stdout line in out; the exit status. */
 static int run_cli(const char *args, char *out, size_t cap) {
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "'%s' %s 2>/dev/null", TQKV_CLI_PATH, args);
-    FILE *f = popen(cmd, "r");
-    assert_non_null(f);
-    char line[1 << 16];
-    out[0] = 0;
-    while (fgets(line, sizeof line, f)) snprintf(out, cap, "%s", line);
-    int st = pclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return test_run_last_line(TQKV_CLI_PATH, args, out, cap);
 }
 
 /* Run `tqkv ARGS`, which must exit 0 and print JSON last; that JSON (the caller frees it). */

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 
 // ---- skips ----------------------------------------------------------------
@@ -126,4 +127,16 @@ tqkv_model *test_load_bundled(char *md, size_t cap) {
     tqkv_model *m = NULL;
     assert_int_equal(tqkv_model_load(&m, md, NULL), TQKV_OK);
     return m;
+}
+
+int test_run_last_line(const char *exe, const char *args, char *out, size_t cap) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s' %s 2>/dev/null", exe, args);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    static char line[1 << 16];
+    out[0] = 0;
+    while (fgets(line, sizeof line, f)) snprintf(out, cap, "%s", line);
+    const int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }

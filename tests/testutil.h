@@ -56,5 +56,8 @@ const char *test_bundled_dir(char *md, size_t cap);
 /* The bundled model loaded (its folder in md [cap]; the caller frees it with
  * tqkv_model_free), or skip() when it is absent. */
 struct tqkv_model *test_load_bundled(char *md, size_t cap);
+/* Run `'exe' args` through the shell (stderr discarded): its last stdout line in out [cap]
+ * (empty if none), its exit status (-1 when it did not exit normally). */
+int test_run_last_line(const char *exe, const char *args, char *out, size_t cap);
 
 #endif
