@@ -542,12 +542,9 @@ static void test_random_ops_mirror_singles(void **state) {
                             perm[j - 1] = t;
                         }
                 if (order == 2) { /* holes filled from the tail: in place, few rows moved */
-                    int kept[8] = {0}, t = n_keep;
+                    unsigned char kept[8] = {0};
                     for (int i = 0; i < n_keep; i++) kept[perm[i]] = 1;
-                    for (int i = 0; i < n_keep; i++) {
-                        while (!kept[i] && !kept[t]) t++;
-                        perm[i] = kept[i] ? i : t++;
-                    }
+                    assert_int_equal(keep_fill_tail(kept, R, perm), n_keep);
                     assert_true(keep_in_place(perm, n_keep, R) != 0); /* taken in place */
                 }
                 assert_int_equal(tqkv_batch_filter(b, perm, n_keep), TQKV_OK);

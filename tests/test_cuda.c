@@ -780,16 +780,12 @@ static tqkv_cache *single_pair(test_rng *r, const tqkv_cache_config *cfg, int n,
 /* A keep list of the rows that stay (each leaves with probability 1/3), in an in-place
  * order: increasing, or holes filled from the tail (the engine's). Returns its length. */
 static int inplace_keep(test_rng *r, int rows, int fill, int *keep) {
-    int kept[64], n = 0;
+    unsigned char kept[64];
+    int n = 0;
     for (int i = 0; i < rows; i++) n += kept[i] = rng_int(r, 0, 2) != 0;
-    for (int i = 0, t = n, j = 0; i < (fill ? n : rows); i++) {
-        if (!fill) {
-            if (kept[i]) keep[j++] = i;
-            continue;
-        }
-        while (!kept[i] && !kept[t]) t++;
-        keep[i] = kept[i] ? i : t++;
-    }
+    if (fill) keep_fill_tail(kept, rows, keep);
+    for (int i = 0, j = 0; !fill && i < rows; i++)
+        if (kept[i]) keep[j++] = i;
     assert_true(keep_in_place(keep, n, rows) != 0);
     return n;
 }

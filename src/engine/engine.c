@@ -41,6 +41,7 @@
 #include "cache/cache_cuda.h"
 #endif
 #include "util/common.h"
+#include "util/keep_order.h"
 
 // ---------------------------------------------------------------------------
 // Small helpers
@@ -848,34 +849,26 @@ static void sweep_pre(tqkv_engine *e, eng_req **ready, int *n_ready) {
     free(gone);
 }
 
-/* The rows that stay, as a keep list whose holes are filled from the tail (util/keep_order.h):
- * a finished row's slot takes one of the last running rows, so the states move one row per
- * finished one, where an increasing list would slide every row after it. Returns how many. */
-static int keep_rows(const tqkv_engine *e, int *keep) {
-    const int R = e->n_rows;
-    int k = 0;
-    for (int i = 0; i < R; i++) k += !e->rows[i]->finished;
-    for (int i = 0, t = k; i < k; i++) {
-        if (!e->rows[i]->finished) {
-            keep[i] = i;
-            continue;
-        }
-        while (e->rows[t]->finished) t++; /* a running row past the new end: k - i remain */
-        keep[i] = t++;
-    }
-    return k;
-}
-
 /* Filter finished rows out of the running states; merge ready newcomers in. */
 static tqkv_status sched_rows(tqkv_engine *e, eng_req **ready, int n_ready) {
     int R = e->n_rows;
     int *keep = malloc(sizeof(int) * (size_t)(R ? R : 1));
-    if (!keep) return tqkv_fail(TQKV_ENOMEM, "engine: out of memory");
+    unsigned char *stay = malloc((size_t)(R ? R : 1));
+    if (!keep || !stay) {
+        free(keep);
+        free(stay);
+        return tqkv_fail(TQKV_ENOMEM, "engine: out of memory");
+    }
     for (int i = 0; i < R; i++) {
         eng_req *q = e->rows[i];
         if (q->cancel && !q->finished) req_finish_plain(e, q, TQKV_FINISH_CANCELLED, NULL);
+        stay[i] = !q->finished;
     }
-    const int k = keep_rows(e, keep);
+    /* holes filled from the tail: a finished row's slot takes one of the last running rows,
+     * so the states move one row per finished one (an increasing list would slide every row
+     * after it) */
+    const int k = keep_fill_tail(stay, R, keep);
+    free(stay);
     tqkv_status rc = TQKV_OK;
     if (k < R) {
         rc = tqkv_model_state_filter(e->run, keep, k);

@@ -2,7 +2,7 @@
  * keep_order.h - whether a row filter's keep list can run in place (rows moved inside the
  * storage that holds them), shared by the host cache (batch_rows.c), the device cache
  * (cache_cuda_rows.cu) and the model states that decide for all their layers (rows.c).
- * Owns: keep_in_place. Must not: allocate.
+ * Owns: keep_in_place, keep_fill_tail. Must not: allocate.
  *
  * Row i of the result is row keep[i]. Moving rows in ascending i reads every source before
  * anything overwrites it when keep[i] >= i for every i (distinct). Two orders are accepted
@@ -31,6 +31,23 @@ static inline int keep_in_place(const int *keep, int n, int rows) {
         }
     }
     return inc ? 1 : fill ? 2 : 0;
+}
+
+/* The keep list of the rows whose stay[i] is nonzero, holes filled from the tail: row i
+ * stays where it is, a leaving row's slot takes the next staying row past the new end.
+ * keep [rows]; returns its length. */
+static inline int keep_fill_tail(const unsigned char *stay, int rows, int *keep) {
+    int n = 0;
+    for (int i = 0; i < rows; i++) n += stay[i] != 0;
+    for (int i = 0, t = n; i < n; i++) {
+        if (stay[i]) {
+            keep[i] = i;
+            continue;
+        }
+        while (!stay[t]) t++; /* n - i staying rows remain past the new end */
+        keep[i] = t++;
+    }
+    return n;
 }
 
 #endif

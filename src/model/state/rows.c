@@ -397,8 +397,6 @@ static void set_rows(tqkv_model_state *s, int rows) {
     s->p.rows = rows;
 }
 
-int rows_keep_in_place(const int *keep, int n, int rows) { return keep_in_place(keep, n, rows) != 0; }
-
 tqkv_status rows_filter_inplace(tqkv_model_state *s, const int *keep, int n) {
     model_recurrent *nr = NULL;
     tqkv_status rc = s->rec ? rec_select(s->rec, keep, n, &nr) : TQKV_OK;
@@ -575,7 +573,7 @@ tqkv_status tqkv_model_state_filter(tqkv_model_state *s, const int *keep, int n_
     if (rc != TQKV_OK) return rc;
     if (spec_active_of(s)) return tqkv_fail(TQKV_ESTATE, "state filter: a spec round is active");
     if (s->tp) return model_tp_filter(s, keep, n_keep); /* every rank in lockstep */
-    if (!s->gpu && rows_keep_in_place(keep, n_keep, s->rows))
+    if (!s->gpu && keep_in_place(keep, n_keep, s->rows))
         return rows_filter_inplace(s, keep, n_keep);
     tqkv_batch **nl = NULL;
     model_recurrent *nr = NULL;

@@ -28,8 +28,6 @@ void        rows_install(tqkv_model_state *s, tqkv_batch **layers, model_recurre
 /* New layers and recurrent rows holding rows keep[0..n) of s (s unchanged). */
 tqkv_status rows_select_all(const tqkv_model_state *s, const int *keep, int n,
                             tqkv_batch ***layers, model_recurrent **rec);
-/* keep in an order tqkv_batch_filter runs in place (util/keep_order.h). */
-int         rows_keep_in_place(const int *keep, int n, int rows);
 /* In-place filter with an increasing keep: cannot fail on a state without recurrent rows. */
 tqkv_status rows_filter_inplace(tqkv_model_state *s, const int *keep, int n);
 /* In-place merge of src[0..n_src) after s's rows, to `rows` rows: reserve (fallible; room

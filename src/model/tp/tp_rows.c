@@ -27,6 +27,7 @@
 #include "model/state/rows_impl.h"
 #include "model/tp/tp_state.h"
 #include "util/common.h"
+#include "util/keep_order.h"
 
 struct model_cuda_rows; /* a device twin's built rows (model_cuda.h; CUDA builds only) */
 
@@ -217,7 +218,7 @@ tqkv_status model_tp_filter(tqkv_model_state *s, const int *keep, int n_keep) {
     }
     int has_rec = 0;
     for (int r = 0; r < N; r++) has_rec |= tp->rank[r]->rec != NULL;
-    if (!has_rec && rows_keep_in_place(keep, n_keep, s->rows)) {
+    if (!has_rec && keep_in_place(keep, n_keep, s->rows)) {
         dev_finish(tp, dev, 1);
         for (int r = 0; r < N; r++) /* in place: cannot fail without recurrent rows */
             rows_filter_inplace(tp->rank[r], keep, n_keep);
