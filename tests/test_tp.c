@@ -402,7 +402,9 @@ static void test_long_prompt(void **state) {
     }
     print_message("%s: %d-token prompt + %d decodes, tp 2, f32 KV: worst rel L2 %.3g\n", g_name,
                   N, STEPS, worst);
-    assert_true(worst <= 1e-5);
+    /* float32 reassociation through 600 tokens: 1.2e-6 .. 8.5e-6 over 24 seeds, 1.07e-5 at
+     * seed 1796601981987883 (the 1e-5 this had); a sharding error is O(0.1 .. 1) */
+    assert_true(worst <= 5e-5);
     assert_int_equal(tqkv_model_state_kv_bytes_rank(s2, 0), rank_bytes_want(s1, 2));
     tqkv_model_state_free(s1);
     tqkv_model_state_free(s2);
