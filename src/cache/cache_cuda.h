@@ -179,9 +179,12 @@ tqkv_status tqkv_cuda_kv_filter(cuda_kv *kv, const int *keep, int n_keep);
  * first (room for the columns and rows: a regrow, with an eighth of the rows spare and a new
  * storage id), so that an append_rows with the same items after it allocates nothing and
  * fails only on a CUDA error. Items must differ from kv, share its config and be outside a
- * spec round; returns once the copies are done (the caller may free the items). */
+ * spec round; returns once the copies are done (the caller may free the items). _queue: the
+ * same, but returns with the copies queued on kv's stream (the caller waits for that stream
+ * before it frees or changes the items: one wait for many caches on one stream). */
 tqkv_status tqkv_cuda_kv_append_rows_reserve(cuda_kv *kv, cuda_kv *const *items, int n_items);
 tqkv_status tqkv_cuda_kv_append_rows(cuda_kv *kv, cuda_kv *const *items, int n_items);
+tqkv_status tqkv_cuda_kv_append_rows_queue(cuda_kv *kv, cuda_kv *const *items, int n_items);
 /* A new cache holding rows keep[0..n_keep) of kv in that order (kv unchanged): the
  * storage tqkv_cuda_kv_filter installs. */
 tqkv_status tqkv_cuda_kv_select(const cuda_kv *kv, const int *keep, int n_keep, cuda_kv **out);

@@ -338,28 +338,39 @@ extern "C" tqkv_status tqkv_cuda_kv_filter(cuda_kv *kv, const int *keep, int n_k
     return TQKV_OK;
 }
 
-/* Rows the items add and the longest of them, checked as tqkv_cuda_kv_merge checks (kv as
- * item 0). */
-static tqkv_status join_check(const cuda_kv *kv, cuda_kv *const *items, int n_items, int *rows,
-                              int *maxlen) {
-    if (!kv || (n_items && !items) || n_items < 0)
-        return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_append_rows: bad arguments");
-    if (kv->spec_active) return tqkv_fail(TQKV_ESTATE, "tqkv_cuda_kv_append_rows: the cache is in a spec round");
+/* The checks a join makes of its items (tqkv_cuda_kv_merge's and tqkv_cuda_kv_append_rows'):
+ * none NULL, none the target `self` (NULL for a merge), none in a spec round, every one
+ * configured as ref (`ref_name` in the message); *rows = base + their rows, *maxlen = the
+ * longest of their rows (at least *maxlen's value on entry). */
+static tqkv_status items_check(const char *fn, const cuda_kv *ref, const char *ref_name, const cuda_kv *self,
+                               cuda_kv *const *items, int n_items, long base, long *rows, int *maxlen) {
     char what[160] = "";
-    long total = kv->rows;
-    *maxlen = 0;
+    long total = base;
     for (int i = 0; i < n_items; i++) {
         const cuda_kv *it = items[i];
-        if (!it || it == kv) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_append_rows: item %d is NULL or the target", i);
-        if (it->spec_active) return tqkv_fail(TQKV_ESTATE, "tqkv_cuda_kv_append_rows: item %d is in a spec round", i);
-        if (cache_config_diff(&kv->cfg, &it->cfg, what, sizeof what) || it->bf16 != kv->bf16)
-            return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_append_rows: item %d differs from the cache (%s)", i, what);
+        if (!it || it == self) return tqkv_fail(TQKV_EINVAL, "%s: item %d is NULL%s", fn, i, self ? " or the target" : "");
+        if (it->spec_active) return tqkv_fail(TQKV_ESTATE, "%s: item %d is in a spec round", fn, i);
+        if (cache_config_diff(&ref->cfg, &it->cfg, what, sizeof what) || it->bf16 != ref->bf16)
+            return tqkv_fail(TQKV_EINVAL, "%s: item %d differs from %s (%s)", fn, i, ref_name, what);
         total += it->rows;
         for (int r = 0; r < it->rows; r++)
             if (it->h_offset[r] > *maxlen) *maxlen = it->h_offset[r];
     }
-    if (total > CUDA_MAX_ROWS)
-        return tqkv_fail(TQKV_EUNSUPPORTED, "tqkv_cuda_kv_append_rows: %ld rows (at most %d)", total, CUDA_MAX_ROWS);
+    *rows = total;
+    return TQKV_OK;
+}
+
+/* Rows the items add to kv's and the longest of them (items_check, kv as the reference). */
+static tqkv_status join_check(const cuda_kv *kv, cuda_kv *const *items, int n_items, int *rows,
+                              int *maxlen) {
+    static const char fn[] = "tqkv_cuda_kv_append_rows";
+    if (!kv || (n_items && !items) || n_items < 0) return tqkv_fail(TQKV_EINVAL, "%s: bad arguments", fn);
+    if (kv->spec_active) return tqkv_fail(TQKV_ESTATE, "%s: the cache is in a spec round", fn);
+    *maxlen = 0;
+    long total = 0;
+    const tqkv_status st = items_check(fn, kv, "the cache", kv, items, n_items, kv->rows, &total, maxlen);
+    if (st) return st;
+    if (total > CUDA_MAX_ROWS) return tqkv_fail(TQKV_EUNSUPPORTED, "%s: %ld rows (at most %d)", fn, total, CUDA_MAX_ROWS);
     *rows = (int)total;
     return TQKV_OK;
 }
@@ -407,7 +418,7 @@ static tqkv_status zero_row(cuda_kv *kv, int r) {
     return st;
 }
 
-extern "C" tqkv_status tqkv_cuda_kv_append_rows(cuda_kv *kv, cuda_kv *const *items, int n_items) {
+extern "C" tqkv_status tqkv_cuda_kv_append_rows_queue(cuda_kv *kv, cuda_kv *const *items, int n_items) {
     tqkv_status st = tqkv_cuda_kv_append_rows_reserve(kv, items, n_items);
     for (int i = 0; i < n_items && !st; i++) /* their queued work (appends) first */
         if (items[i]->stream != kv->stream) st = cuda_check(cudaStreamSynchronize(items[i]->stream), "join");
@@ -421,7 +432,11 @@ extern "C" tqkv_status tqkv_cuda_kv_append_rows(cuda_kv *kv, cuda_kv *const *ite
             if (!st) kv->rows++;
         }
     kv->x_valid = 0;
-    if (!st) st = cuda_kv_sync_rows(kv);
+    return st ? st : cuda_kv_sync_rows(kv);
+}
+
+extern "C" tqkv_status tqkv_cuda_kv_append_rows(cuda_kv *kv, cuda_kv *const *items, int n_items) {
+    tqkv_status st = tqkv_cuda_kv_append_rows_queue(kv, items, n_items);
     /* the copies read the items, which the caller frees next */
     if (!st) st = cuda_check(cudaStreamSynchronize(kv->stream), "join");
     return st;
@@ -466,25 +481,17 @@ extern "C" tqkv_status tqkv_cuda_kv_extract(const cuda_kv *kv, int row, cuda_kv 
 
 extern "C" tqkv_status tqkv_cuda_kv_merge(cuda_kv **out, cuda_kv *const *items, int n_items) {
     if (!out || !items || n_items < 1) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_merge: bad arguments");
-    int rows = 0, maxlen = 1;
-    char what[160];
-    for (int i = 0; i < n_items; i++) {
-        if (!items[i]) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_merge: item %d is NULL", i);
-        if (items[i]->spec_active) return tqkv_fail(TQKV_ESTATE, "tqkv_cuda_kv_merge: item %d is in a spec round", i);
-        if (cache_config_diff(&items[0]->cfg, &items[i]->cfg, what, sizeof what) || items[i]->bf16 != items[0]->bf16)
-            return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_merge: item %d differs from item 0", i);
-        rows += items[i]->rows;
-        for (int r = 0; r < items[i]->rows; r++)
-            if (items[i]->h_offset[r] > maxlen) maxlen = items[i]->h_offset[r];
-    }
+    long rows = 0; /* (int: every item's rows fit one call's row table) */
+    int maxlen = 1;
+    tqkv_status st = items_check("tqkv_cuda_kv_merge", items[0], "item 0", NULL, items, n_items, 0, &rows, &maxlen);
+    if (st) return st;
     /* the new cache runs on item 0's stream; the other items' queued work finishes first,
      * and the copies finish before returning (the callers free the items) */
     cudaStream_t s0 = items[0]->stream;
-    tqkv_status st = TQKV_OK;
     for (int i = 1; i < n_items && !st; i++)
         if (items[i]->stream != s0) st = cuda_check(cudaStreamSynchronize(items[i]->stream), "merge");
     cuda_kv *t = NULL;
-    if (!st) st = cuda_kv_init_on(&t, &items[0]->cfg, items[0]->bf16, rows, maxlen, s0);
+    if (!st) st = cuda_kv_init_on(&t, &items[0]->cfg, items[0]->bf16, (int)rows, maxlen, s0);
     for (int i = 0, dr = 0; !st && i < n_items; i++)
         for (int r = 0; !st && r < items[i]->rows; r++, dr++)
             st = move_row(t, dr, maxlen - items[i]->h_offset[r], items[i], r);

@@ -171,11 +171,14 @@ static tqkv_status merge_inplace(model_cuda *g, model_cuda *const *src, int n, i
     if (!st) st = rec_rows(g, g, src, n, NULL, rows, &rs, &rt);
     model_cuda_rows *b = NULL;
     if (!st) st = mc_rows_make(g, NULL, rs, rt, rows, &b);
+    /* every layer's copies queued, then one wait: every installed cache runs on g's stream
+     * (mc_rows_make set it when they were installed), and the callers free src next */
     for (int l = 0; l < L && !st; l++) {
         if (!g->kv[l]) continue;
         for (int i = 0; i < n; i++) items[i] = src[i]->kv[l];
-        if ((st = tqkv_cuda_kv_append_rows(g->kv[l], items, n))) g->broken = 1;
+        if ((st = tqkv_cuda_kv_append_rows_queue(g->kv[l], items, n))) g->broken = 1;
     }
+    if (!st && (st = mc_ck(cudaStreamSynchronize(g->stream), "join"))) g->broken = 1;
     free(items);
     if (st) model_cuda_rows_free(b);
     else model_cuda_rows_install(g, b);
