@@ -481,7 +481,7 @@ extern "C" tqkv_status tqkv_cuda_kv_extract(const cuda_kv *kv, int row, cuda_kv 
 
 extern "C" tqkv_status tqkv_cuda_kv_merge(cuda_kv **out, cuda_kv *const *items, int n_items) {
     if (!out || !items || n_items < 1) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_merge: bad arguments");
-    long rows = 0; /* (int: every item's rows fit one call's row table) */
+    long rows = 0; /* the items' rows summed (items_check); the new cache takes it as an int */
     int maxlen = 1;
     tqkv_status st = items_check("tqkv_cuda_kv_merge", items[0], "item 0", NULL, items, n_items, 0, &rows, &maxlen);
     if (st) return st;
