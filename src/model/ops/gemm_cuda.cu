@@ -456,6 +456,14 @@ static int pick_wg(int T, int N, int parts) {
     return 177 * ((cx + sms - 1) / sms) < 100 * ((cl + sms - 1) / sms) ? SH_WXL : SH_WL;
 }
 
+/* T 33 .. 64: four warps a CTA (s64 / s32's two left SM sub-partitions idle where few CTAs
+ * share an SM). s32w (two CTAs along T, each weight row read twice, the second from L2) where
+ * s64w's ceil(N / 32) CTAs would fill the SMs less than four times, else s64w. Measured on an
+ * H100 at the Llama-8B matrices, T 48 and 64, parts 1 (bench/RESULTS.md "Session 16"): 4096 x
+ * 14336 0.0996 (s64) -> 0.0812 ms (s32w), 4096 x 4096 0.0389 -> 0.0307, 6144 x 4096 0.0418 ->
+ * 0.0357, 28672 x 4096 0.1281 -> 0.1216 (s64w; s32w 0.1300). */
+static int pick_s64(int N) { return (long)((N + 31) / 32) >= 4L * g_sms ? SH_S64W : SH_S32W; }
+
 /* The shape for T tokens, N outputs and `parts` (xl, wxl have one part: l, wl serve two);
  * `wg`: the warpgroup tiles may be picked (not for the grouped launch, which has none). */
 static int shape_pick(int T, int N, int parts, int wg) {
@@ -464,7 +472,7 @@ static int shape_pick(int T, int N, int parts, int wg) {
     /* one token: s8n (16 rows a CTA, 16 stages); H100, Llama-8B decode at 1 row, 1.05x s8's
      * tokens/s (bench/RESULTS.md "GPU, session 8"); T 2..8 keep s8 (not measured) */
     else if (T <= GEMM_CUDA_SMALL_T)
-        sh = T == 1 ? SH_S8N : T <= 8 ? SH_S8 : T <= 16 ? SH_S16 : T <= 32 ? SH_S32 : SH_S64;
+        sh = T == 1 ? SH_S8N : T <= 8 ? SH_S8 : T <= 16 ? SH_S16 : T <= 32 ? SH_S32 : pick_s64(N);
 #ifdef TQKV_CUDA_SM90A
     else if (wg) {
         sh = pick_wg(T, N, parts);
