@@ -274,7 +274,7 @@ gemm_grouped_kernel(const uint16_t *__restrict__ xb, int TS, int K, const uint16
 #define GEMM_SHAPES(X, P)                                                                          \
     X(SH_S8, 2, 1, 1, 1, P, 8) X(SH_S16, 2, 1, 1, 2, P, 8) X(SH_S32, 2, 1, 1, 4, P, 8)             \
     X(SH_S64, 2, 1, 1, 8, P, (P == 1 ? 6 : 4)) X(SH_M, 2, 2, 2, 4, P, 4) X(SH_L, 2, 4, 4, 4, P, 4)  \
-    X(SH_S8N, 1, 1, 1, 1, P, 16)
+    X(SH_S8N, 1, 1, 1, 1, P, 16) X(SH_S32W, 2, 2, 1, 2, P, 8) X(SH_S64W, 2, 2, 1, 4, P, (P == 1 ? 6 : 4))
 #define GEMM_SHAPES_P1(X) X(SH_XL, 2, 4, 4, 8, 1, 4)
 /* wl / wxl: the warpgroup (wgmma) tiles of gemm_wgmma.cuh, 128 weight rows x 128 / 256 tokens:
  * (id, BN, parts, stages). Built for sm_90a only (TQKV_CUDA_SM90A); forced by name, and
@@ -288,10 +288,13 @@ gemm_grouped_kernel(const uint16_t *__restrict__ xb, int TS, int K, const uint16
 
 /* s8n: one token, 16 weight rows a CTA (one warp) with 16 stages in flight: twice the CTAs of
  * s8 where N / 32 CTAs leave SMs with one CTA of 28 KB in flight. (A 32-row 16-stage shape
- * was measured beside it and dropped: bench/RESULTS.md "GPU, session 8".) */
-enum { SH_S8, SH_S16, SH_S32, SH_S64, SH_M, SH_L, SH_XL, SH_S8N, SH_WL, SH_WXL, SH_TL, SH_TXL, SH_CXL, SH_N };
-static const char *const g_shape_name[SH_N] = {"s8",  "s16", "s32", "s64", "m",  "l",  "xl",
-                                               "s8n", "wl",  "wxl", "tl",  "txl", "cxl"};
+ * was measured beside it and dropped: bench/RESULTS.md "GPU, session 8".)
+ * s32w / s64w: s32 / s64's CTA (32 weight rows x 32 / 64 tokens) on four warps of 16 x 16 / 32
+ * instead of two of 32 x 16 / 32: each SM sub-partition gets a warp where N / 32 CTAs leave one
+ * CTA an SM (Llama-8B's 4096-row matrices at T 33 .. 64: s64 took 1.49x cuBLAS's time). */
+enum { SH_S8, SH_S16, SH_S32, SH_S64, SH_M, SH_L, SH_XL, SH_S8N, SH_S32W, SH_S64W, SH_WL, SH_WXL, SH_TL, SH_TXL, SH_CXL, SH_N };
+static const char *const g_shape_name[SH_N] = {"s8",  "s16", "s32", "s64", "m",  "l",   "xl",  "s8n",
+                                               "s32w", "s64w", "wl", "wxl", "tl", "txl", "cxl"};
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT; /* TQKV_GEMM_TILE */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -453,6 +456,14 @@ static int pick_wg(int T, int N, int parts) {
     return 177 * ((cx + sms - 1) / sms) < 100 * ((cl + sms - 1) / sms) ? SH_WXL : SH_WL;
 }
 
+/* T 33 .. 64: four warps a CTA (s64 / s32's two left SM sub-partitions idle where few CTAs
+ * share an SM). s32w (two CTAs along T, each weight row read twice, the second from L2) where
+ * s64w's ceil(N / 32) CTAs would fill the SMs less than four times, else s64w. Measured on an
+ * H100 at the Llama-8B matrices, T 48 and 64, parts 1 (bench/RESULTS.md "Session 16"): 4096 x
+ * 14336 0.0996 (s64) -> 0.0812 ms (s32w), 4096 x 4096 0.0389 -> 0.0307, 6144 x 4096 0.0418 ->
+ * 0.0357, 28672 x 4096 0.1281 -> 0.1216 (s64w; s32w 0.1300). */
+static int pick_s64(int N) { return (long)((N + 31) / 32) >= 4L * g_sms ? SH_S64W : SH_S32W; }
+
 /* The shape for T tokens, N outputs and `parts` (xl, wxl have one part: l, wl serve two);
  * `wg`: the warpgroup tiles may be picked (not for the grouped launch, which has none). */
 static int shape_pick(int T, int N, int parts, int wg) {
@@ -461,7 +472,7 @@ static int shape_pick(int T, int N, int parts, int wg) {
     /* one token: s8n (16 rows a CTA, 16 stages); H100, Llama-8B decode at 1 row, 1.05x s8's
      * tokens/s (bench/RESULTS.md "GPU, session 8"); T 2..8 keep s8 (not measured) */
     else if (T <= GEMM_CUDA_SMALL_T)
-        sh = T == 1 ? SH_S8N : T <= 8 ? SH_S8 : T <= 16 ? SH_S16 : T <= 32 ? SH_S32 : SH_S64;
+        sh = T == 1 ? SH_S8N : T <= 8 ? SH_S8 : T <= 16 ? SH_S16 : T <= 32 ? SH_S32 : pick_s64(N);
 #ifdef TQKV_CUDA_SM90A
     else if (wg) {
         sh = pick_wg(T, N, parts);
@@ -613,7 +624,7 @@ extern "C" tqkv_status tqkv_cuda_gemm_set_tile(const char *name) {
             g_force = i;
             return TQKV_OK;
         }
-    return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm_set_tile: no tile shape '%s' (s8, s16, s32, s64, m, l, xl, s8n, wl, wxl, tl, txl, cxl)", name);
+    return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm_set_tile: no tile shape '%s' (s8, s16, s32, s64, m, l, xl, s8n, s32w, s64w, wl, wxl, tl, txl, cxl)", name);
 }
 
 /* Checks and the one-time setup; 0 or the failure. */
