@@ -274,7 +274,8 @@ gemm_grouped_kernel(const uint16_t *__restrict__ xb, int TS, int K, const uint16
 #define GEMM_SHAPES(X, P)                                                                          \
     X(SH_S8, 2, 1, 1, 1, P, 8) X(SH_S16, 2, 1, 1, 2, P, 8) X(SH_S32, 2, 1, 1, 4, P, 8)             \
     X(SH_S64, 2, 1, 1, 8, P, (P == 1 ? 6 : 4)) X(SH_M, 2, 2, 2, 4, P, 4) X(SH_L, 2, 4, 4, 4, P, 4)  \
-    X(SH_S8N, 1, 1, 1, 1, P, 16) X(SH_S32W, 2, 2, 1, 2, P, 8) X(SH_S64W, 2, 2, 1, 4, P, (P == 1 ? 6 : 4))
+    X(SH_S8N, 1, 1, 1, 1, P, 16) X(SH_S32W, 2, 2, 1, 2, P, 8)                                    \
+    X(SH_S64W, 2, 2, 1, 4, P, (P == 1 ? 6 : 4))
 #define GEMM_SHAPES_P1(X) X(SH_XL, 2, 4, 4, 8, 1, 4)
 /* wl / wxl: the warpgroup (wgmma) tiles of gemm_wgmma.cuh, 128 weight rows x 128 / 256 tokens:
  * (id, BN, parts, stages). Built for sm_90a only (TQKV_CUDA_SM90A); forced by name, and
@@ -292,7 +293,8 @@ gemm_grouped_kernel(const uint16_t *__restrict__ xb, int TS, int K, const uint16
  * s32w / s64w: s32 / s64's CTA (32 weight rows x 32 / 64 tokens) on four warps of 16 x 16 / 32
  * instead of two of 32 x 16 / 32: each SM sub-partition gets a warp where N / 32 CTAs leave one
  * CTA an SM (Llama-8B's 4096-row matrices at T 33 .. 64: s64 took 1.49x cuBLAS's time). */
-enum { SH_S8, SH_S16, SH_S32, SH_S64, SH_M, SH_L, SH_XL, SH_S8N, SH_S32W, SH_S64W, SH_WL, SH_WXL, SH_TL, SH_TXL, SH_CXL, SH_N };
+enum { SH_S8, SH_S16, SH_S32, SH_S64, SH_M, SH_L, SH_XL, SH_S8N, SH_S32W, SH_S64W,
+       SH_WL, SH_WXL, SH_TL, SH_TXL, SH_CXL, SH_N };
 static const char *const g_shape_name[SH_N] = {"s8",  "s16", "s32", "s64", "m",  "l",   "xl",  "s8n",
                                                "s32w", "s64w", "wl", "wxl", "tl", "txl", "cxl"};
 
@@ -624,7 +626,8 @@ extern "C" tqkv_status tqkv_cuda_gemm_set_tile(const char *name) {
             g_force = i;
             return TQKV_OK;
         }
-    return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm_set_tile: no tile shape '%s' (s8, s16, s32, s64, m, l, xl, s8n, s32w, s64w, wl, wxl, tl, txl, cxl)", name);
+    return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm_set_tile: no tile shape '%s' (s8, s16, s32, "
+                     "s64, m, l, xl, s8n, s32w, s64w, wl, wxl, tl, txl, cxl)", name);
 }
 
 /* Checks and the one-time setup; 0 or the failure. */
