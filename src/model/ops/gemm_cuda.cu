@@ -626,8 +626,12 @@ extern "C" tqkv_status tqkv_cuda_gemm_set_tile(const char *name) {
             g_force = i;
             return TQKV_OK;
         }
-    return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm_set_tile: no tile shape '%s' (s8, s16, s32, "
-                     "s64, m, l, xl, s8n, s32w, s64w, wl, wxl, tl, txl, cxl)", name);
+    char known[16 * SH_N] = "";  /* the names, from g_shape_name (a new tile lists itself) */
+    for (int i = 0; i < SH_N; i++) {
+        if (i) strcat(known, ", ");
+        strcat(known, g_shape_name[i]);
+    }
+    return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_gemm_set_tile: no tile shape '%s' (%s)", name, known);
 }
 
 /* Checks and the one-time setup; 0 or the failure. */
