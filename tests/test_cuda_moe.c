@@ -365,7 +365,8 @@ static void gemm_grouped_case(int parts) {
     /* the last group has no rows (the decode bound's padding): it must write nothing */
     static const int32_t grp[G * 4] = {0, 1, 3, 0, 1, 70, 0, 0, 71, 129, 4, 0, 200, 100, 1, 0,
                                        0, 0, 2, 0};
-    static const char *const tiles[] = {"s8", "s16", "s32", "s64", "m", "l", "xl", "s8n", "s32w", "s64w"};
+    static const char *const tiles[] = {"s8", "s16", "s32",  "s64",  "m",  "l",
+                                        "xl", "s8n", "s32w", "s64w", "s8t"};
     test_rng r;
     rng_init(&r, g_seed ^ 0x9e0 ^ (uint64_t)parts);
     float *x = malloc(sizeof(float) * P * K), *ya = malloc(sizeof(float) * P * N),

@@ -194,6 +194,25 @@ __device__ __forceinline__ void gemm_stage(float (&acc)[MT][NT][4], uint32_t st,
     }
 }
 
+/* The cp.async pipeline over K's stages: the prologue, then per stage kt: wait until it has
+ * landed, queue stage kt + ST - 1 into the slot stage kt - 1 left, and run `stage` (the
+ * tile's mma steps) on slot kt % ST. Every tile shape streams K through this one loop. */
+template <class C, int P, int ST, class F>
+__device__ __forceinline__ void gemm_mainloop(uint32_t sbase, const uint16_t *__restrict__ w, int N,
+                                              const uint16_t *__restrict__ xb, int T, int TS, int K,
+                                              int n0, int t0, int nk, F &&stage) {
+    gemm_prologue<C, P, ST>(sbase, w, N, xb, T, TS, K, n0, t0, nk);
+    for (int kt = 0; kt < nk; kt++) {
+        cp_async_wait<ST - 2>(); /* stage kt has landed (this thread's copies) */
+        __syncthreads();         /* ... everyone's, and stage kt - 1's slot is free */
+        const int nx = kt + ST - 1;
+        if (nx < nk) gemm_load<C, P>(sbase + (nx % ST) * C::STAGE, w, N, xb, T, TS, K, n0, t0, nx);
+        cp_async_commit();
+        stage(sbase + (kt % ST) * C::STAGE);
+    }
+    cp_async_wait<0>();
+}
+
 /* One CTA's tile: weight rows n0 .. n0 + BM, tokens t0 .. t0 + BN of T (parts TS rows apart),
  * y[t * ldy + n] = acc (+ bias[n]). */
 template <int WM, int WN, int MT, int NT, int P, int ST>
@@ -211,16 +230,8 @@ __device__ __forceinline__ void gemm_tile(const uint16_t *__restrict__ xb, int T
     for (int m = 0; m < MT; m++)
 #pragma unroll
         for (int j = 0; j < NT; j++) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.f;
-    gemm_prologue<C, P, ST>(sbase, w, N, xb, T, TS, K, n0, t0, nk);
-    for (int kt = 0; kt < nk; kt++) {
-        cp_async_wait<ST - 2>(); /* stage kt has landed (this thread's copies) */
-        __syncthreads();         /* ... everyone's, and stage kt - 1's slot is free */
-        const int nx = kt + ST - 1;
-        if (nx < nk) gemm_load<C, P>(sbase + (nx % ST) * C::STAGE, w, N, xb, T, TS, K, n0, t0, nx);
-        cp_async_commit();
-        gemm_stage<C, MT, NT, P>(acc, sbase + (kt % ST) * C::STAGE, wrow, wtok, lane);
-    }
-    cp_async_wait<0>();
+    gemm_mainloop<C, P, ST>(sbase, w, N, xb, T, TS, K, n0, t0, nk,
+                            [&](uint32_t st) { gemm_stage<C, MT, NT, P>(acc, st, wrow, wtok, lane); });
     const int g = lane >> 2, c = lane & 3;
 #pragma unroll
     for (int m = 0; m < MT; m++)
@@ -286,6 +297,10 @@ gemm_grouped_kernel(const uint16_t *__restrict__ xb, int TS, int K, const uint16
  * unless TQKV_GEMM_TMA=0. cxl: txl in clusters of two sharing the activation tile
  * (multicast); picked for wxl with TQKV_GEMM_TMA=2 (opt-in: 2x cuBLAS's time, session 13). */
 #define GEMM_TMA_SHAPES(X) X(SH_TL, 128, 1, 6, 1) X(SH_TL, 128, 2, 4, 1) X(SH_TXL, 256, 1, 4, 1) X(SH_CXL, 256, 1, 4, 2)
+/* s8t: s8n's arithmetic (16 weight rows a CTA, one consumer warp) fed by the copy engine
+ * (gemm_tma.cuh's STile): (id, consumer warps, parts, stages); sm_90a only, forced by name;
+ * s8n where a map can't be made, in the grouped launch and in other builds (the same bits). */
+#define GEMM_ST_SHAPES(X) X(SH_S8T, 1, 1, 16) X(SH_S8T, 1, 2, 16)
 
 /* s8n: one token, 16 weight rows a CTA (one warp) with 16 stages in flight: twice the CTAs of
  * s8 where N / 32 CTAs leave SMs with one CTA of 28 KB in flight. (A 32-row 16-stage shape
@@ -294,9 +309,10 @@ gemm_grouped_kernel(const uint16_t *__restrict__ xb, int TS, int K, const uint16
  * instead of two of 32 x 16 / 32: each SM sub-partition gets a warp where N / 32 CTAs leave one
  * CTA an SM (Llama-8B's 4096-row matrices at T 33 .. 64: s64 took 1.49x cuBLAS's time). */
 enum { SH_S8, SH_S16, SH_S32, SH_S64, SH_M, SH_L, SH_XL, SH_S8N, SH_S32W, SH_S64W,
-       SH_WL, SH_WXL, SH_TL, SH_TXL, SH_CXL, SH_N };
+       SH_S8T, SH_WL, SH_WXL, SH_TL, SH_TXL, SH_CXL, SH_N };
 static const char *const g_shape_name[SH_N] = {"s8",  "s16", "s32", "s64", "m",  "l",   "xl",  "s8n",
-                                               "s32w", "s64w", "wl", "wxl", "tl", "txl", "cxl"};
+                                               "s32w", "s64w", "s8t", "wl", "wxl", "tl", "txl",
+                                               "cxl"};
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT; /* TQKV_GEMM_TILE */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -322,6 +338,11 @@ static cudaLaunchAttribute cluster_attr(int cl) {
 
 /* The kernel's shared memory; for clusters, how many fit at once (g_cxl_clusters: the
  * persistent grid; a grid of more would leave clusters waiting for a whole other's run). */
+template <int NW, int P, int ST> static bool st_shape_setup() {
+    return cudaFuncSetAttribute(gemm_st_kernel<NW, P, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                STile<NW, P, ST>::SMEM) == cudaSuccess;
+}
+
 template <int BN, int P, int ST, int CL> static bool tma_shape_setup() {
     using C = TTile<BN, P, ST, CL>;
     if (cudaFuncSetAttribute(gemm_tma_kernel<BN, P, ST, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -385,6 +406,7 @@ template <int WM, int WN, int MT, int NT, int P, int ST> static bool shape_setup
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM) == cudaSuccess;
 }
 
+
 /* Once per process: TQKV_GEMM_TILE (a shape name: every T takes it, for benchmarks; the bits
  * are the same) and TQKV_GEMM_TMA (default 1: tl / txl for wl / wxl; 0: the pick keeps wl /
  * wxl; 2: cxl for wxl; same bits). */
@@ -422,6 +444,9 @@ static int gemm_device_ready(void) {
 #undef X
 #define X(id, bn, p, st, cl) ok = ok && tma_shape_setup<bn, p, st, cl>();
         GEMM_TMA_SHAPES(X)
+#undef X
+#define X(id, nw, p, st) ok = ok && st_shape_setup<nw, p, st>();
+        GEMM_ST_SHAPES(X)
 #undef X
         if (!g_encode) g_encode = tmap_encoder();
 #endif
@@ -472,7 +497,9 @@ static int shape_pick(int T, int N, int parts, int wg) {
     int sh;
     if (g_force >= 0) sh = g_force;
     /* one token: s8n (16 rows a CTA, 16 stages); H100, Llama-8B decode at 1 row, 1.05x s8's
-     * tokens/s (bench/RESULTS.md "GPU, session 8"); T 2..8 keep s8 (not measured) */
+     * tokens/s (bench/RESULTS.md "GPU, session 8"); T 2..8 keep s8 (not measured). s8t (the
+     * same bits) was 0.8-1.5% faster at one row in session 17 but has not run the model
+     * suites as the pick: forced by name until it has. */
     else if (T <= GEMM_CUDA_SMALL_T)
         sh = T == 1 ? SH_S8N : T <= 8 ? SH_S8 : T <= 16 ? SH_S16 : T <= 32 ? SH_S32 : pick_s64(N);
 #ifdef TQKV_CUDA_SM90A
@@ -485,7 +512,9 @@ static int shape_pick(int T, int N, int parts, int wg) {
 #ifndef TQKV_CUDA_SM90A
     wg = 0; /* no warpgroup tiles in this build */
 #endif
-    if (!wg) sh = sh == SH_WL || sh == SH_TL ? SH_L : sh == SH_WXL || sh == SH_TXL || sh == SH_CXL ? SH_XL : sh;
+    if (!wg) /* no warpgroup or copy-engine tile: the same bits from the cp.async ones */
+        sh = sh == SH_WL || sh == SH_TL ? SH_L : sh == SH_WXL || sh == SH_TXL || sh == SH_CXL ? SH_XL
+           : sh == SH_S8T ? SH_S8N : sh;
     if (parts != 1) /* one part only */
         sh = sh == SH_XL ? SH_L : sh == SH_WXL ? SH_WL : sh == SH_TXL || sh == SH_CXL ? SH_TL : sh;
     return sh;
@@ -508,37 +537,32 @@ static cudaLaunchConfig_t pdl_config(dim3 grid, dim3 block, size_t smem, cudaStr
     return cfg;
 }
 
-/* pdl: a programmatic launch (a plain one when the runtime refuses it). */
-template <int WM, int WN, int MT, int NT, int P, int ST>
-static void launch(cudaStream_t s, const uint16_t *xb, int T, int K, const uint16_t *w, int N,
-                   const float *bias, float *y, size_t ldy, int pdl) {
-    using C = Tile<WM, WN, MT, NT, P, ST>;
+/* One GEMM kernel's launch on C's tile sizes over T tokens and N weight rows; pdl: a
+ * programmatic launch (a plain one when the runtime refuses it). */
+template <class C, class... A>
+static void launch_tile(void (*kern)(A...), cudaStream_t s, int T, int N, int pdl, A... args) {
     const dim3 grid((unsigned)((T + C::BN - 1) / C::BN), (unsigned)((N + C::BM - 1) / C::BM));
     if (pdl) {
         cudaLaunchAttribute at;
         const cudaLaunchConfig_t cfg = pdl_config(grid, dim3(C::THREADS), C::SMEM, s, &at);
-        if (cudaLaunchKernelEx(&cfg, gemm_kernel<WM, WN, MT, NT, P, ST>, xb, T, K, w, N, bias, y,
-                               ldy) == cudaSuccess)
-            return;
+        if (cudaLaunchKernelEx(&cfg, kern, args...) == cudaSuccess) return;
         (void)cudaGetLastError();
     }
-    gemm_kernel<WM, WN, MT, NT, P, ST><<<grid, C::THREADS, C::SMEM, s>>>(xb, T, K, w, N, bias, y, ldy);
+    kern<<<grid, C::THREADS, C::SMEM, s>>>(args...);
+}
+
+template <int WM, int WN, int MT, int NT, int P, int ST>
+static void launch(cudaStream_t s, const uint16_t *xb, int T, int K, const uint16_t *w, int N,
+                   const float *bias, float *y, size_t ldy, int pdl) {
+    launch_tile<Tile<WM, WN, MT, NT, P, ST>>(gemm_kernel<WM, WN, MT, NT, P, ST>, s, T, N, pdl, xb, T, K, w,
+                                             N, bias, y, ldy);
 }
 
 /* The warpgroup tiles' launch, as launch(). */
 template <int BN, int P, int ST>
 static void launch_wg(cudaStream_t s, const uint16_t *xb, int T, int K, const uint16_t *w, int N,
                       const float *bias, float *y, size_t ldy, int pdl) {
-    using C = WTile<BN, P, ST>;
-    const dim3 grid((unsigned)((T + BN - 1) / BN), (unsigned)((N + C::BM - 1) / C::BM));
-    if (pdl) {
-        cudaLaunchAttribute at;
-        const cudaLaunchConfig_t cfg = pdl_config(grid, dim3(C::THREADS), C::SMEM, s, &at);
-        if (cudaLaunchKernelEx(&cfg, gemm_wg_kernel<BN, P, ST>, xb, T, K, w, N, bias, y, ldy) == cudaSuccess)
-            return;
-        (void)cudaGetLastError();
-    }
-    gemm_wg_kernel<BN, P, ST><<<grid, C::THREADS, C::SMEM, s>>>(xb, T, K, w, N, bias, y, ldy);
+    launch_tile<WTile<BN, P, ST>>(gemm_wg_kernel<BN, P, ST>, s, T, N, pdl, xb, T, K, w, N, bias, y, ldy);
 }
 
 #ifdef TQKV_CUDA_SM90A
@@ -572,6 +596,18 @@ static bool launch_tma(cudaStream_t s, const uint16_t *xb, int T, int K, const u
     if (e == cudaSuccess) __atomic_fetch_add(CL > 1 ? &g_cxl_runs : &g_tma_runs, 1ul, __ATOMIC_RELAXED);
     return true;
 }
+
+/* The copy-engine decode tiles' launch (grid as launch()'s): false (nothing launched) when a
+ * map can't be made; the caller falls back to s8n, the same bits. */
+template <int NW, int P, int ST>
+static bool launch_st(cudaStream_t s, const uint16_t *xb, int T, int K, const uint16_t *w, int N,
+                      const float *bias, float *y, size_t ldy, int pdl) {
+    using C = STile<NW, P, ST>;
+    CUtensorMap wm, xm;
+    if (!tmap_make(&wm, w, K, N, 1, C::BM, 2) || !tmap_make(&xm, xb, K, T, P, C::BN, 3)) return false;
+    launch_tile<C>(gemm_st_kernel<NW, P, ST>, s, T, N, pdl, wm, xm, T, K, N, bias, y, ldy);
+    return true;
+}
 #endif
 
 __global__ void pdl_probe_kernel(int unused) {
@@ -602,7 +638,6 @@ static void launch_grouped(cudaStream_t s, const uint16_t *xb, int TS, int K, co
     gemm_grouped_kernel<WM, WN, MT, NT, P, ST><<<grid, C::THREADS, C::SMEM, s>>>(xb, TS, K, w, wstride,
                                                                                N, y, ldy, groups);
 }
-
 extern "C" size_t tqkv_cuda_gemm_xf_bytes(size_t T, size_t kmax) { return 2 * T * kmax * 2; }
 
 extern "C" unsigned long tqkv_cuda_gemm_tma_runs(unsigned long *clustered) {
@@ -727,6 +762,11 @@ static tqkv_status gemm_launch(const uint16_t *xb, int T, const uint16_t *w, int
         GEMM_TMA_SHAPES(X)
     }
 #undef X
+#define X(id, nw, p, st)                                                                           \
+    if (!done && sh == id && parts == p) done = launch_st<nw, p, st>(s, xb, T, K, w, N, bias, y, ldy, pdl);
+    GEMM_ST_SHAPES(X)
+#undef X
+    if (!done && sh == SH_S8T) sh = SH_S8N; /* no map: the same bits */
     if (done) return gemm_launched();
     sh = sh == SH_TL ? SH_WL : sh == SH_TXL ? SH_WXL : sh; /* no map (no encoder): the same bits */
 #endif

@@ -269,3 +269,97 @@ gemm_tma_kernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant_
         tma_consume<BN, P, ST, CL>(T, N, bias, y, ldy, sbase, sc, (K + 63) / 64, (threadIdx.x >> 7) - 1);
     }
 }
+
+// ---------------------------------------------------------------------------
+// s8t: the decode tile (gemm_cuda.cu's gemm_tile at 16 weight rows a warp, 8 tokens)
+// fed by the copy engine
+// ---------------------------------------------------------------------------
+
+/* s8n (one warp, 16 stages of cp.async) issues an instruction every three cycles with one
+ * warp an SM (Nsight Compute, 2048 x 4096 at one token): the per-lane copies' addresses,
+ * predicates and zero-size token copies. Here a producer warp's one thread issues each
+ * stage's weight box [BM rows x 64 k] and token boxes [8 x 64 k] per part (rows past T or N
+ * zero-filled, as the cp.async tiles' zero-size copies) and NW consumer warps run gemm_stage
+ * on them unchanged: the same bytes in the same swizzled slots, the same mma steps in the
+ * same order, so the same bits. A slot is released (empty[s], one arrival per consumer warp)
+ * once the warp's mmas have their fragments, i.e. its ldmatrix reads are done. Measured on an
+ * H100 (bench/RESULTS.md "Session 17"): 37% fewer instructions, 20.2 -> 16.0 us at Nsight's
+ * locked clocks, 0.8-1.5% on a 1-row decode step: what is left is each output's chain of
+ * K / 16 dependent mmas (stall reason "wait"). */
+template <int NW, int P, int ST> struct STile {
+    static constexpr int THREADS = 32 * (NW + 1), BM = 16 * NW, BN = 8;
+    static constexpr int WBYTES = BM * 128, XBYTES = BN * 128, STAGE = WBYTES + P * XBYTES;
+    static constexpr int BARS = ST * STAGE, SMEM = ST * STAGE + 1024 + 16 * ST;
+    static_assert(STAGE % 1024 == 0 && SMEM <= 227 * 1024 && ST >= 2, "stages start on 1024 bytes");
+};
+
+/* The producer (one thread): the first ST stages' weight boxes before the grid dependency
+ * wait (no kernel writes W), their token boxes after it, then every later stage once its
+ * slot's last use is released. */
+template <int NW, int P, int ST>
+__device__ __forceinline__ void st_produce(const CUtensorMap *wmap, const CUtensorMap *xmap, uint32_t sbase,
+                                          int t0, int n0, int nk) {
+    using C = STile<NW, P, ST>;
+    const uint32_t full = sbase + C::BARS, empty = full + 8 * ST;
+    tma_prefetch_map(wmap);
+    tma_prefetch_map(xmap);
+    const int pre = nk < ST ? nk : ST;
+    for (int kt = 0; kt < pre; kt++) {
+        mb_expect_tx(full + 8 * kt, (uint32_t)C::STAGE); /* the boxes' bytes, zero fill included */
+        tma_load_2d(sbase + kt * C::STAGE, wmap, full + 8 * kt, 64 * kt, n0);
+    }
+    mc_pdl_wait(); /* a programmatic launch: the kernel that wrote xb has completed */
+    for (int kt = 0; kt < nk; kt++) {
+        const uint32_t s = kt % ST, st = sbase + s * C::STAGE, fb = full + 8 * s;
+        if (kt >= ST) {
+            mb_wait(empty + 8 * s, ((kt / ST) - 1) & 1);
+            mb_expect_tx(fb, (uint32_t)C::STAGE);
+            tma_load_2d(st, wmap, fb, 64 * kt, n0);
+        }
+#pragma unroll
+        for (int p = 0; p < P; p++) tma_load_3d(st + C::WBYTES + p * C::XBYTES, xmap, fb, 64 * kt, t0, p);
+    }
+}
+
+/* wmap: W [N rows][K] bf16, box 64 x BM; xmap: xb [P][T][K] bf16, box 64 x 8 x 1; both
+ * 128-byte swizzle, zero fill. grid (ceil(T / 8), ceil(N / BM)), block 32 (NW + 1), dynamic
+ * shared STile::SMEM. Warp NW produces; warps 0 .. NW - 1 take 16 weight rows each. */
+template <int NW, int P, int ST>
+__global__ void __launch_bounds__(32 * (NW + 1))
+gemm_st_kernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap, int T, int K,
+               int N, const float *__restrict__ bias, float *__restrict__ y, size_t ldy) {
+    GEMM_WG_TRAP();
+    using C = STile<NW, P, ST>;
+    extern __shared__ __align__(128) uint8_t sm[];
+    const uint32_t sbase = ((uint32_t)__cvta_generic_to_shared(sm) + 1023u) & ~1023u;
+    const uint32_t full = sbase + C::BARS, empty = full + 8 * ST;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nk = (K + 63) / 64;
+    const int t0 = blockIdx.x * C::BN, n0 = blockIdx.y * C::BM;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < ST; s++) {
+            mb_init(full + 8 * s, 1); /* the producer's expect_tx arrival (+ the bytes) */
+            mb_init(empty + 8 * s, NW);
+        }
+        mb_init_fence();
+    }
+    __syncthreads();
+    if (warp == NW) {
+        if (lane == 0) st_produce<NW, P, ST>(&wmap, &xmap, sbase, t0, n0, nk);
+        return;
+    }
+    float acc[1][1][4] = {{{0.f, 0.f, 0.f, 0.f}}};
+    for (int kt = 0; kt < nk; kt++) {
+        const uint32_t s = kt % ST;
+        mb_wait(full + 8 * s, (kt / ST) & 1);
+        gemm_stage<C, 1, 1, P>(acc, sbase + s * C::STAGE, 16 * warp, 0, lane);
+        __syncwarp();
+        if (lane == 0) mb_arrive(empty + 8 * s);
+    }
+    mc_pdl_wait(); /* y: a programmatic launch writes only after the kernel ahead completed */
+    const int g = lane >> 2, c = lane & 3;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const int n = n0 + 16 * warp + g + (q >> 1) * 8, t = t0 + 2 * c + (q & 1);
+        if (n < N && t < T) y[(size_t)t * ldy + n] = bias ? acc[0][0][q] + bias[n] : acc[0][0][q];
+    }
+}
