@@ -318,8 +318,8 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT; /* TQKV_GEMM_TILE */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static unsigned g_done, g_bad; /* bit d: device d's tiles set up / refused (cuda_device.h) */
 static int g_sms = 132, g_force = -1;
-static int g_tma = 1; /* TQKV_GEMM_TMA: 0 wl / wxl, 1 (default) tl / txl, 2 tl / cxl */
-static int g_cxl_clusters; /* cxl's clusters resident at once (0: none, cxl runs as txl) */
+[[maybe_unused]] static int g_tma = 1; /* TQKV_GEMM_TMA: 0 wl / wxl, 1 (default) tl / txl, 2 tl / cxl */
+[[maybe_unused]] static int g_cxl_clusters; /* cxl's clusters resident at once (0: none, cxl runs as txl) */
 static unsigned long g_tma_runs, g_cxl_runs; /* TMA tile launches, clustered ones (tests) */
 
 template <int BN, int P, int ST> static bool wg_shape_setup() {
@@ -475,7 +475,7 @@ static int pick_mma(int T, int N, int parts) {
  * busy); else whichever of wl / wxl needs fewer waves of CTAs, a wave of wxl costing 1.77
  * of wl's (its tiles are twice the work at 0.886 of the time per output). With hi + lo
  * activations wl everywhere (m at best ties it there). */
-static int pick_wg(int T, int N, int parts) {
+[[maybe_unused]] static int pick_wg(int T, int N, int parts) {
     const long sms = g_sms, cl = (long)((T + 127) / 128) * ((N + 127) / 128);
     const long cx = (long)((T + 255) / 256) * ((N + 127) / 128);
     if (parts != 1) return SH_WL;
