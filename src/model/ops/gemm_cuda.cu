@@ -230,8 +230,9 @@ __device__ __forceinline__ void gemm_tile(const uint16_t *__restrict__ xb, int T
     for (int m = 0; m < MT; m++)
 #pragma unroll
         for (int j = 0; j < NT; j++) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.f;
-    gemm_mainloop<C, P, ST>(sbase, w, N, xb, T, TS, K, n0, t0, nk,
-                            [&](uint32_t st) { gemm_stage<C, MT, NT, P>(acc, st, wrow, wtok, lane); });
+    gemm_mainloop<C, P, ST>(sbase, w, N, xb, T, TS, K, n0, t0, nk, [&](uint32_t st) {
+        gemm_stage<C, MT, NT, P>(acc, st, wrow, wtok, lane);
+    });
     const int g = lane >> 2, c = lane & 3;
 #pragma unroll
     for (int m = 0; m < MT; m++)
@@ -310,16 +311,17 @@ gemm_grouped_kernel(const uint16_t *__restrict__ xb, int TS, int K, const uint16
  * CTA an SM (Llama-8B's 4096-row matrices at T 33 .. 64: s64 took 1.49x cuBLAS's time). */
 enum { SH_S8, SH_S16, SH_S32, SH_S64, SH_M, SH_L, SH_XL, SH_S8N, SH_S32W, SH_S64W,
        SH_S8T, SH_WL, SH_WXL, SH_TL, SH_TXL, SH_CXL, SH_N };
-static const char *const g_shape_name[SH_N] = {"s8",  "s16", "s32", "s64", "m",  "l",   "xl",  "s8n",
-                                               "s32w", "s64w", "s8t", "wl", "wxl", "tl", "txl",
-                                               "cxl"};
+static const char *const g_shape_name[SH_N] = {"s8",  "s16", "s32",  "s64",  "m",   "l",
+                                               "xl",  "s8n", "s32w", "s64w", "s8t", "wl",
+                                               "wxl", "tl",  "txl",  "cxl"};
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT; /* TQKV_GEMM_TILE */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static unsigned g_done, g_bad; /* bit d: device d's tiles set up / refused (cuda_device.h) */
 static int g_sms = 132, g_force = -1;
-[[maybe_unused]] static int g_tma = 1; /* TQKV_GEMM_TMA: 0 wl / wxl, 1 (default) tl / txl, 2 tl / cxl */
-[[maybe_unused]] static int g_cxl_clusters; /* cxl's clusters resident at once (0: none, cxl runs as txl) */
+/* TQKV_GEMM_TMA: 0 wl / wxl, 1 (default) tl / txl, 2 tl / cxl; cxl's clusters resident at once
+ * (0: none, cxl runs as txl). Read by the sm_90a tiles only. */
+[[maybe_unused]] static int g_tma = 1, g_cxl_clusters;
 static unsigned long g_tma_runs, g_cxl_runs; /* TMA tile launches, clustered ones (tests) */
 
 template <int BN, int P, int ST> static bool wg_shape_setup() {
@@ -336,13 +338,14 @@ static cudaLaunchAttribute cluster_attr(int cl) {
     return at;
 }
 
-/* The kernel's shared memory; for clusters, how many fit at once (g_cxl_clusters: the
- * persistent grid; a grid of more would leave clusters waiting for a whole other's run). */
 template <int NW, int P, int ST> static bool st_shape_setup() {
-    return cudaFuncSetAttribute(gemm_st_kernel<NW, P, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    return cudaFuncSetAttribute(gemm_st_kernel<NW, P, ST>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 STile<NW, P, ST>::SMEM) == cudaSuccess;
 }
 
+/* The kernel's shared memory; for clusters, how many fit at once (g_cxl_clusters: the
+ * persistent grid; a grid of more would leave clusters waiting for a whole other's run). */
 template <int BN, int P, int ST, int CL> static bool tma_shape_setup() {
     using C = TTile<BN, P, ST, CL>;
     if (cudaFuncSetAttribute(gemm_tma_kernel<BN, P, ST, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -405,7 +408,6 @@ template <int WM, int WN, int MT, int NT, int P, int ST> static bool shape_setup
            cudaFuncSetAttribute(gemm_grouped_kernel<WM, WN, MT, NT, P, ST>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM) == cudaSuccess;
 }
-
 
 /* Once per process: TQKV_GEMM_TILE (a shape name: every T takes it, for benchmarks; the bits
  * are the same) and TQKV_GEMM_TMA (default 1: tl / txl for wl / wxl; 0: the pick keeps wl /
@@ -513,8 +515,10 @@ static int shape_pick(int T, int N, int parts, int wg) {
     wg = 0; /* no warpgroup tiles in this build */
 #endif
     if (!wg) /* no warpgroup or copy-engine tile: the same bits from the cp.async ones */
-        sh = sh == SH_WL || sh == SH_TL ? SH_L : sh == SH_WXL || sh == SH_TXL || sh == SH_CXL ? SH_XL
-           : sh == SH_S8T ? SH_S8N : sh;
+        sh = sh == SH_WL || sh == SH_TL                     ? SH_L
+             : sh == SH_WXL || sh == SH_TXL || sh == SH_CXL ? SH_XL
+             : sh == SH_S8T                                 ? SH_S8N
+                                                            : sh;
     if (parts != 1) /* one part only */
         sh = sh == SH_XL ? SH_L : sh == SH_WXL ? SH_WL : sh == SH_TXL || sh == SH_CXL ? SH_TL : sh;
     return sh;
@@ -554,15 +558,16 @@ static void launch_tile(void (*kern)(A...), cudaStream_t s, int T, int N, int pd
 template <int WM, int WN, int MT, int NT, int P, int ST>
 static void launch(cudaStream_t s, const uint16_t *xb, int T, int K, const uint16_t *w, int N,
                    const float *bias, float *y, size_t ldy, int pdl) {
-    launch_tile<Tile<WM, WN, MT, NT, P, ST>>(gemm_kernel<WM, WN, MT, NT, P, ST>, s, T, N, pdl, xb, T, K, w,
-                                             N, bias, y, ldy);
+    launch_tile<Tile<WM, WN, MT, NT, P, ST>>(gemm_kernel<WM, WN, MT, NT, P, ST>, s, T, N, pdl, xb,
+                                             T, K, w, N, bias, y, ldy);
 }
 
 /* The warpgroup tiles' launch, as launch(). */
 template <int BN, int P, int ST>
 static void launch_wg(cudaStream_t s, const uint16_t *xb, int T, int K, const uint16_t *w, int N,
                       const float *bias, float *y, size_t ldy, int pdl) {
-    launch_tile<WTile<BN, P, ST>>(gemm_wg_kernel<BN, P, ST>, s, T, N, pdl, xb, T, K, w, N, bias, y, ldy);
+    launch_tile<WTile<BN, P, ST>>(gemm_wg_kernel<BN, P, ST>, s, T, N, pdl, xb, T, K, w, N, bias, y,
+                                  ldy);
 }
 
 #ifdef TQKV_CUDA_SM90A
@@ -604,7 +609,8 @@ static bool launch_st(cudaStream_t s, const uint16_t *xb, int T, int K, const ui
                       const float *bias, float *y, size_t ldy, int pdl) {
     using C = STile<NW, P, ST>;
     CUtensorMap wm, xm;
-    if (!tmap_make(&wm, w, K, N, 1, C::BM, 2) || !tmap_make(&xm, xb, K, T, P, C::BN, 3)) return false;
+    if (!tmap_make(&wm, w, K, N, 1, C::BM, 2) || !tmap_make(&xm, xb, K, T, P, C::BN, 3))
+        return false;
     launch_tile<C>(gemm_st_kernel<NW, P, ST>, s, T, N, pdl, wm, xm, T, K, N, bias, y, ldy);
     return true;
 }
@@ -763,7 +769,8 @@ static tqkv_status gemm_launch(const uint16_t *xb, int T, const uint16_t *w, int
     }
 #undef X
 #define X(id, nw, p, st)                                                                           \
-    if (!done && sh == id && parts == p) done = launch_st<nw, p, st>(s, xb, T, K, w, N, bias, y, ldy, pdl);
+    if (!done && sh == id && parts == p)                                                           \
+        done = launch_st<nw, p, st>(s, xb, T, K, w, N, bias, y, ldy, pdl);
     GEMM_ST_SHAPES(X)
 #undef X
     if (!done && sh == SH_S8T) sh = SH_S8N; /* no map: the same bits */
