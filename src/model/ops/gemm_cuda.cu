@@ -644,6 +644,7 @@ static void launch_grouped(cudaStream_t s, const uint16_t *xb, int TS, int K, co
     gemm_grouped_kernel<WM, WN, MT, NT, P, ST><<<grid, C::THREADS, C::SMEM, s>>>(xb, TS, K, w, wstride,
                                                                                N, y, ldy, groups);
 }
+
 extern "C" size_t tqkv_cuda_gemm_xf_bytes(size_t T, size_t kmax) { return 2 * T * kmax * 2; }
 
 extern "C" unsigned long tqkv_cuda_gemm_tma_runs(unsigned long *clustered) {
