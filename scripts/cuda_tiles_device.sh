@@ -14,7 +14,7 @@ set -u -o pipefail
 M=${1:?model dir}
 NAME=tiles; . "$(dirname "$0")/cuda_run_common.sh"
 t() { local s=$1 n=$2; shift 2; step $s $n "$@" >"$W/$n.log" 2>&1; echo "== $n: $(grep -hE '^\[  (PASSED|FAILED)|SKIPPED' "$W/$n.log" | tr '\n' ' ')"; }
-[ -x ./kchunk_probe ] && { step 120 kchunk ./kchunk_probe 50 >"$W/kchunk.txt" 2>&1; cat "$W/kchunk.txt"; }
+[ -x ./kchunk_probe ] && { step 120 kchunk ./kchunk_probe 50 --json >"$W/kchunk.json" 2>"$W/kchunk.txt"; cat "$W/kchunk.txt"; }
 export TQKV_TEST_MODEL=$M
 for pdl in 0 1; do
   TQKV_GEMM_TILE=s8t TQKV_PDL=$pdl t 120 model_s8t_pdl$pdl ./test_cuda_model

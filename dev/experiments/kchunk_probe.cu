@@ -16,7 +16,8 @@
 // Each warp streams its chunk through its own 16-slot cp.async ring (64 k a slot). Inputs are
 // random bf16; every output is checked against a float64 sum (relative to sum |x w|).
 // Build: nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o kchunk_probe dev/experiments/kchunk_probe.cu
-// Run:   ./kchunk_probe [reps]   (one line per shape and variant: us, GB/s, worst error)
+// Run:   ./kchunk_probe [reps] [--json]   (a table on stderr, one line per shape and variant:
+//         us, GB/s, worst error; --json: the same rows as a JSON array on stdout)
 #include <cuda_bf16.h>
 #include <math.h>
 #include <stdint.h>
@@ -178,9 +179,18 @@ static double check(const float *y, const uint16_t *w, const uint16_t *x, int N,
 }
 
 int main(int argc, char **argv) {
-    const int reps = argc > 1 ? atoi(argv[1]) : 50;
+    int reps = 50, json = 0, first = 1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json")) json = 1;
+        else reps = atoi(argv[i]);
+    }
+    if (reps < 1) {
+        fprintf(stderr, "usage: kchunk_probe [reps >= 1] [--json]\n");
+        return 2;
+    }
+    if (json) printf("[");
     const int shapes[][2] = {{2048, 4096}, {5120, 2048}, {4096, 4096}, {6144, 4096}, {4096, 14336}, {28672, 4096}};
-    printf("%-12s %-8s %10s %10s %12s\n", "N x K", "variant", "us", "GB/s", "worst err");
+    fprintf(stderr, "%-12s %-8s %10s %10s %12s\n", "N x K", "variant", "us", "GB/s", "worst err");
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int N = shapes[s][0], K = shapes[s][1];
         uint16_t *w = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)N * K), *x = (uint16_t *)malloc(2 * (size_t)K);
@@ -209,8 +219,13 @@ int main(int argc, char **argv) {
             CK(cudaMemcpy(y, dy, sizeof(float) * N, cudaMemcpyDeviceToHost));
             char shape[32];
             snprintf(shape, sizeof shape, "%dx%d", N, K);
-            printf("%-12s %-8s %10.2f %10.1f %12.3g\n", shape, vs[v].name, us, 2.0 * N * K / (us * 1e3),
-                   check(y, w, x, N, K));
+            const double err = check(y, w, x, N, K), gbs = 2.0 * N * K / (us * 1e3);
+            fprintf(stderr, "%-12s %-8s %10.2f %10.1f %12.3g\n", shape, vs[v].name, us, gbs, err);
+            if (json)
+                printf("%s\n{\"n\": %d, \"k\": %d, \"variant\": \"%s\", \"warps\": %d, \"chunk\": %d, "
+                       "\"us\": %.3f, \"gbps\": %.1f, \"worst_err\": %.3g}",
+                       first ? "" : ",", N, K, vs[v].name, vs[v].cw, vs[v].kc, us, gbs, err);
+            first = 0;
         }
         CK(cudaFree(dw));
         CK(cudaFree(dx));
@@ -219,5 +234,6 @@ int main(int argc, char **argv) {
         free(x);
         free(y);
     }
+    if (json) printf("\n]\n");
     return 0;
 }
