@@ -25,14 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CK(x)                                                                                \
-    do {                                                                                     \
-        cudaError_t e_ = (x);                                                                \
-        if (e_ != cudaSuccess) {                                                             \
-            fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));       \
-            exit(2);                                                                         \
-        }                                                                                    \
-    } while (0)
+#include "probe_common.cuh"
+
 
 enum { SLOT = 16 * 128 + 8 * 128, MAXCH = 64 }; /* a slot: W [16][64 k], x [8][64 k] */
 

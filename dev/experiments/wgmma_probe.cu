@@ -20,16 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "probe_common.cuh"
+
 #define M 64
 #define N 8
-#define CK(x)                                                                                \
-    do {                                                                                     \
-        cudaError_t e_ = (x);                                                                \
-        if (e_ != cudaSuccess) {                                                             \
-            fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));       \
-            exit(2);                                                                         \
-        }                                                                                    \
-    } while (0)
 
 // ---- fragments (A row-major [M, K], B stored [N, K]: K contiguous per column n) ----------
 

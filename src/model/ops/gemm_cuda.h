@@ -84,9 +84,10 @@ tqkv_status tqkv_cuda_gemm_grouped(const float *x, size_t ldx, int T, const uint
  * warpgroup tiles "wl", "wxl" and their TMA-fed twins "tl", "txl", which the pick takes in
  * their place unless TQKV_GEMM_TMA=0, and the clustered "cxl" (TQKV_GEMM_TMA=2 picks it for
  * "wxl"); two parts take "l" / "wl" / "tl" for "xl" / "wxl" / "txl" / "cxl"): for benchmarks
- * and the tests' coverage. A TMA tile whose tensor map can't be made (no encoder) runs as wl /
- * wxl, and cxl with an odd count of 128-row weight tiles as txl (the same bits), under its
- * own name here. */
+ * and the tests' coverage. "s8t" (s8n fed by the copy engine, sm_90a) is taken by name only.
+ * A TMA tile whose tensor map can't be made (no encoder) runs as wl / wxl (s8t as s8n), and
+ * cxl with an odd count of 128-row weight tiles as txl (the same bits), under its own name
+ * here. */
 const char *tqkv_cuda_gemm_tile(int T, int N, int parts);
 
 /* The launches of a TMA tile (tl, txl, cxl) in this process so far, and in *clustered (when
