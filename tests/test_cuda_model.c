@@ -350,6 +350,56 @@ static void test_gemm(void **st) {
     }
 }
 
+/* ---- the reduction order itself (gemm_cuda.h: one running sum over K, k16 steps ascending,
+ * no split). Output j's only products are 2^24, 1, -2^24 at k b_j - 16, b_j, b_j + 16 (x 1
+ * there, w those values: every product exact, one in each k16 step). In that order from 0
+ * the 1 is lost beside 2^24 (2^24 + 1 rounds back) and y = 0; a sum split at b_j (partials
+ * folded: 2^24 + (1 - 2^24)) or run backwards gives 1. The b_j are stage (64), k-chunk (512,
+ * 1024, 2048) and CTA-shaped edges, and one near K's end. */
+static void test_gemm_order(void **st) {
+    (void)st;
+    enum { K = 4096 + 72, TB = 130 };
+    static const int b[] = {64, 512, 1024, 1536, 2048, 3072, 4096, 4096 + 48};
+    enum { N = sizeof b / sizeof b[0] };
+    const float wv[3] = {16777216.f, 1.f, -16777216.f};
+    float *x = calloc((size_t)TB * K, sizeof(float)), *y = malloc(sizeof(float) * TB * N);
+    uint16_t *w = calloc((size_t)N * K, sizeof(uint16_t));
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < 3; j++) {
+            const int k = b[n] + 16 * (j - 1);
+            w[(size_t)n * K + k] = bf16_bits(wv[j]);
+            for (int t = 0; t < TB; t++) x[(size_t)t * K + k] = 1.f;
+        }
+    float *dx, *dy;
+    void *dw, *xf;
+    OK(tqkv_cuda_malloc((void **)&dx, sizeof(float) * (size_t)TB * K));
+    OK(tqkv_cuda_malloc((void **)&dy, sizeof(float) * (size_t)TB * N));
+    OK(tqkv_cuda_malloc(&dw, sizeof(uint16_t) * (size_t)N * K));
+    OK(tqkv_cuda_malloc(&xf, tqkv_cuda_gemm_xf_bytes(TB, (size_t)K)));
+    OK(tqkv_cuda_h2d(dx, x, sizeof(float) * (size_t)TB * K));
+    OK(tqkv_cuda_h2d(dw, w, sizeof(uint16_t) * (size_t)N * K));
+    const int Ts[] = {1, 5, 9, 33, 70, 130};
+    for (int parts = 1; parts <= 2; parts++)
+        for (size_t s = 0; s <= sizeof g_tiles / sizeof g_tiles[0]; s++) {
+            const char *tile = s < sizeof g_tiles / sizeof g_tiles[0] ? g_tiles[s] : NULL; /* then the pick */
+            OK(tqkv_cuda_gemm_set_tile(tile));
+            for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+                run_gemm(dx, Ts[i], K, dw, N, NULL, dy, xf, parts, y);
+                for (int t = 0; t < Ts[i]; t++)
+                    for (int n = 0; n < N; n++)
+                        if (y[(size_t)t * N + n] != 0.f)
+                            fail_msg("gemm order: tile %s (%s) T %d parts %d: the sum is split or reordered at k "
+                                     "%d (%g, want 0)", tile ? tile : "picked", tqkv_cuda_gemm_tile(Ts[i], N, parts),
+                                     Ts[i], parts, b[n], (double)y[(size_t)t * N + n]);
+            }
+        }
+    OK(tqkv_cuda_gemm_set_tile(NULL));
+    printf("gemm order: one sum over K in ascending k16 steps (no split at k 64 .. %d) under every tile, T 1 .. %d\n",
+           b[N - 1], TB);
+    tqkv_cuda_free(dx); tqkv_cuda_free(dy); tqkv_cuda_free(dw); tqkv_cuda_free(xf);
+    free(x); free(y); free(w);
+}
+
 /* ---- the TMA-fed tiles (tl / txl, gemm_tma.cuh) at prefill sizes: bitwise the cp.async
  * tiles (wl / wxl), l and s64, at T tails, with more tiles than SMs (a CTA's ring of stages
  * runs on from tile to tile), K long, short and not a multiple of 64, N not of 128. */
@@ -2049,6 +2099,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_layers_graphs, layers_teardown),
         cmocka_unit_test_teardown(test_layers_export, layers_teardown),
         cmocka_unit_test(test_gemm_tma),
+        cmocka_unit_test(test_gemm_order),
         cmocka_unit_test(test_gemm_cxl),
     };
     const char *only = getenv("TQKV_TEST_FILTER"); /* e.g. 'test_graphs*' on another model */

@@ -16,6 +16,9 @@
 // Each warp streams its chunk through its own 16-slot cp.async ring (64 k a slot). Inputs are
 // random bf16; every output is checked against a float64 sum (relative to sum |x w|).
 // Build: nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o kchunk_probe dev/experiments/kchunk_probe.cu
+// Measured (session 18, bench/RESULTS.md "Session 18"): "base" here is slower than the production
+// s8n (78 against 58 us at 4096 x 14336), so the 2-4x it shows at small N overstated the gain;
+// the order built on it (tag s18-kchunk) did not move the one-row Llama-8B step.
 // Run:   ./kchunk_probe [reps] [--json]   (a table on stderr, one line per shape and variant:
 //         us, GB/s, worst error; --json: the same rows as a JSON array on stdout)
 #include <cuda_bf16.h>
