@@ -299,7 +299,8 @@ gemm_grouped_kernel(const uint16_t *__restrict__ xb, int TS, int K, const uint16
  * (multicast); picked for wxl with TQKV_GEMM_TMA=2 (opt-in: 2x cuBLAS's time, session 13). */
 #define GEMM_TMA_SHAPES(X) X(SH_TL, 128, 1, 6, 1) X(SH_TL, 128, 2, 4, 1) X(SH_TXL, 256, 1, 4, 1) X(SH_CXL, 256, 1, 4, 2)
 /* s8t: s8n's arithmetic (16 weight rows a CTA, one consumer warp) fed by the copy engine
- * (gemm_tma.cuh's STile): (id, consumer warps, parts, stages); sm_90a only, the one-token pick;
+ * (gemm_tma.cuh's STile): (id, consumer warps, parts, stages); sm_90a only, the one-token pick
+ * for narrow matrices (shape_pick);
  * s8n where a map can't be made, in the grouped launch and in other builds (the same bits). */
 #define GEMM_ST_SHAPES(X) X(SH_S8T, 1, 1, 16) X(SH_S8T, 1, 2, 16)
 
@@ -498,13 +499,15 @@ static int pick_s64(int N) { return (long)((N + 31) / 32) >= 4L * g_sms ? SH_S64
 static int shape_pick(int T, int N, int parts, int wg) {
     int sh;
     if (g_force >= 0) sh = g_force;
-    /* one token: s8t (s8n's 16 rows a CTA fed by the copy engine; s8n where no tensor map
-     * can be made, in the grouped launch and without sm_90a: the same bits). s8n was 1.05x
-     * s8's tokens/s (H100, Llama-8B decode at 1 row, bench/RESULTS.md "GPU, session 8"), s8t
-     * 0.1-1.7% above s8n (sessions 17, 18; the model suites passed with it forced at every
-     * T in session 18). T 2..8 keep s8 (not measured). */
+    /* one token: s8n (16 rows a CTA, 16 stages; 1.05x s8's tokens/s, H100, Llama-8B decode
+     * at 1 row, bench/RESULTS.md "GPU, session 8"), or s8t (s8n fed by the copy engine, the
+     * same bits; s8n where no map can be made, in the grouped launch and without sm_90a)
+     * where its N / 16 CTAs leave an SM one or none: on an H100 in one run (session 18)
+     * 2048x4096 took 0.0247 ms under s8t against 0.0285 under s8n, while 4096-row and wider
+     * matrices tied or lost up to 2% (4096x14336 0.0643 against 0.0629). T 2..8 keep s8. */
     else if (T <= GEMM_CUDA_SMALL_T)
-        sh = T == 1 ? SH_S8T : T <= 8 ? SH_S8 : T <= 16 ? SH_S16 : T <= 32 ? SH_S32 : pick_s64(N);
+        sh = T == 1 ? ((N + 15) / 16 <= g_sms ? SH_S8T : SH_S8N)
+             : T <= 8 ? SH_S8 : T <= 16 ? SH_S16 : T <= 32 ? SH_S32 : pick_s64(N);
 #ifdef TQKV_CUDA_SM90A
     else if (wg) {
         sh = pick_wg(T, N, parts);

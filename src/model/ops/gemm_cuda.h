@@ -79,13 +79,14 @@ tqkv_status tqkv_cuda_gemm_grouped(const float *x, size_t ldx, int T, const uint
                                    const int32_t *groups, int G, int max_rows, void *xf,
                                    int parts, void *stream);
 
-/* The tile shape tqkv_cuda_gemm picks for T tokens, N outputs and `parts` ("s8t", "s8" ..
+/* The tile shape tqkv_cuda_gemm picks for T tokens, N outputs and `parts` ("s8t" / "s8n", "s8" ..
  * "s32", "s32w" / "s64w" (T 33 .. 64; "s64" by name only), "m", "l", "xl", and on sm_90a the
  * warpgroup tiles "wl", "wxl" and their TMA-fed twins "tl", "txl", which the pick takes in
  * their place unless TQKV_GEMM_TMA=0, and the clustered "cxl" (TQKV_GEMM_TMA=2 picks it for
  * "wxl"); two parts take "l" / "wl" / "tl" for "xl" / "wxl" / "txl" / "cxl"): for benchmarks
- * and the tests' coverage. "s8t" (the one-token pick: s8n fed by the copy engine) is s8n in
- * a build without sm_90a and in the grouped launch ("s8n" by name only).
+ * and the tests' coverage. "s8t" (s8n fed by the copy engine: the one-token pick where N / 16
+ * CTAs leave an SM at most one, else s8n) is s8n in a build without sm_90a and in the
+ * grouped launch.
  * A TMA tile whose tensor map can't be made (no encoder) runs as wl / wxl (s8t as s8n), and
  * cxl with an odd count of 128-row weight tiles as txl (the same bits), under its own name
  * here. */
