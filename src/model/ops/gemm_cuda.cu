@@ -504,7 +504,9 @@ static int shape_pick(int T, int N, int parts, int wg) {
      * same bits; s8n where no map can be made, in the grouped launch and without sm_90a)
      * where its N / 16 CTAs leave an SM one or none: on an H100 in one run (session 18)
      * 2048x4096 took 0.0247 ms under s8t against 0.0285 under s8n, while 4096-row and wider
-     * matrices tied or lost up to 2% (4096x14336 0.0643 against 0.0629). T 2..8 keep s8. */
+     * matrices tied or lost up to 2% (4096x14336 0.0643 against 0.0629); the one-row
+     * Qwen3-30B-A3B step (o projection 2048 x 4096) +1.8%, Llama-8B's unchanged. T 2..8 keep
+     * s8. */
     else if (T <= GEMM_CUDA_SMALL_T)
         sh = T == 1 ? ((N + 15) / 16 <= g_sms ? SH_S8T : SH_S8N)
              : T <= 8 ? SH_S8 : T <= 16 ? SH_S16 : T <= 32 ? SH_S32 : pick_s64(N);
