@@ -4,13 +4,14 @@
 Reads the output of
     ncu --metrics gpu__time_duration.sum,dram__bytes_read.sum [--launch-skip S --launch-count C] \
         tqkv bench model --device cuda ...
-(scripts/cuda_step_profile.sh runs it), finds one decode step (the launches from one
-`embed_kernel` to the next: a step starts by embedding its tokens) and prints a table per
+(scripts/cuda_step_profile.sh runs it), finds the steps (the launches from one `embed_kernel`
+to the next: a step starts by embedding its tokens), takes one (--step: the last complete one
+by default, past any prefill and warm-up) and prints a table per
 kernel: grid, block, microseconds, megabytes read from DRAM, GB/s; then the step's sum and the
 same grouped by kernel name. Each kernel ran alone under ncu (serialized, caches flushed,
 clocks locked unless --clock-control none): the sum exceeds the step's time in a CUDA graph.
 
-Usage: ncu_step_table.py NCU.txt [--marker embed_kernel] [--json]
+Usage: ncu_step_table.py NCU.txt [--marker embed_kernel] [--step K] [--json]
 """
 import argparse
 import json
@@ -49,24 +50,26 @@ def base_name(name):
     return name
 
 
-def one_step(rows, marker):
+def steps(rows, marker):
+    """The complete steps: [rows from one marker launch to the next]."""
     idx = [i for i, r in enumerate(rows) if r[0].startswith(marker)]
-    if len(idx) < 2:
-        return None
-    return rows[idx[0]:idx[1]]
+    return [rows[a:b] for a, b in zip(idx, idx[1:])]
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("report")
     ap.add_argument("--marker", default="embed_kernel", help="the kernel that starts a step")
+    ap.add_argument("--step", type=int, default=-1, help="which complete step (0: the first; -1: the last)")
     ap.add_argument("--json", action="store_true", help="print a JSON object instead of tables")
     a = ap.parse_args()
     rows = parse(open(a.report, errors="replace").read())
-    step = one_step(rows, a.marker)
-    if step is None:
-        sys.exit(f"ncu_step_table: {len(rows)} kernels, fewer than two '{a.marker}' launches: "
-                 "profile more launches (--launch-count) or skip fewer (--launch-skip)")
+    all_steps = steps(rows, a.marker)
+    if not -len(all_steps) <= a.step < len(all_steps):
+        sys.exit(f"ncu_step_table: {len(rows)} kernels, {len(all_steps)} complete steps (from one "
+                 f"'{a.marker}' launch to the next): no step {a.step}; profile more launches "
+                 "(--launch-count) or skip fewer (--launch-skip)")
+    step = all_steps[a.step]
     total_us = sum(r[3] for r in step)
     total_b = sum(r[4] for r in step)
     by = {}
@@ -76,6 +79,7 @@ def main():
         by[n] = (c + 1, us + r[3], b + r[4])
     if a.json:
         print(json.dumps({
+            "steps_found": len(all_steps), "step": a.step,
             "kernels": [{"name": r[0], "grid": r[1], "block": r[2], "us": r[3], "dram_read_bytes": r[4]} for r in step],
             "step_us": total_us, "step_dram_read_bytes": total_b,
             "by_name": [{"name": n, "launches": v[0], "us": v[1], "dram_read_bytes": v[2]}
@@ -85,7 +89,7 @@ def main():
     for r in step:
         gbs = r[4] / r[3] / 1e3 if r[3] else 0.0
         print(f"{r[0][:44]:44} {r[1]:>12} {r[2]:>10} {r[3]:9.2f} {r[4] / 1e6:9.2f} {gbs:7.0f}")
-    print(f"\none step: {len(step)} kernels, {total_us:.1f} us, {total_b / 1e6:.1f} MB read "
+    print(f"\nstep {a.step} of {len(all_steps)} complete: {len(step)} kernels, {total_us:.1f} us, {total_b / 1e6:.1f} MB read "
           f"({total_b / total_us / 1e3 if total_us else 0:.0f} GB/s over the kernels' sum)\n")
     print(f"{'kernel (all launches of the step)':44} {'n':>4} {'us':>9} {'share':>6} {'MB':>9}")
     for n, (c, us, b) in sorted(by.items(), key=lambda kv: -kv[1][1]):
