@@ -1,30 +1,42 @@
 #!/bin/bash
-# cuda_step_profile.sh - where one decode step's time goes, kernel by kernel (Nsight Compute),
-# in a scripts/cuda_pack.sh folder on the device:
-#   ./cuda_step_profile.sh MODEL_DIR [SKIP [COUNT]] [-- extra `tqkv bench model` options]
-# Runs `tqkv bench model --device cuda --model MODEL_DIR --rows 1 --ctx 4096 --kv tq4 --gen 16
-# --fill synthetic` under ncu (gpu__time_duration.sum, dram__bytes_read.sum), then
-# ncu_step_table.py on the last complete step (from one embed_kernel to the next) as a table
-# and as JSON: $OUT/step.txt, $OUT/step.json, $OUT/ncu.txt.
-#  - no SKIP: the synthetic fill's kernels are left out by name (cf_fill_normal, ce_encode,
-#    advance_rows), so the step's own ce_encode and advance_rows launches are too (two small
-#    kernels a layer); COUNT (default 1000) launches of the rest: a short prefill, then decode
-#    steps (a Llama-8B step is ~390 of them, session 18);
-#  - SKIP: every kernel, COUNT (default 200) launches after the first SKIP (4400 was past the
-#    fill for a 4-layer Qwen3-30B-A3B at ctx 4096).
-# Each kernel runs alone under ncu (serialized, caches flushed, clocks locked): the sum is
-# more than the step takes in its CUDA graph; use it for shares, not for the step's time.
-set -u
-M=${1:?model dir}; shift
-SKIP=; COUNT=1000
-if [ $# -gt 0 ] && [ "$1" != "--" ]; then SKIP=$1; COUNT=200; shift; fi
-if [ $# -gt 0 ] && [ "$1" != "--" ]; then COUNT=$1; shift; fi
-[ "${1:-}" = "--" ] && shift
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PATH=$PATH:/usr/local/cuda/bin LD_LIBRARY_PATH=$PWD/lib:/usr/local/cuda/lib64
-if [ -z "$SKIP" ]; then SEL=(--kernel-name 'regex:^(?!cf_fill_normal|ce_encode|advance_rows)'); else SEL=(--launch-skip "$SKIP"); fi
-timeout 300 ncu "${SEL[@]}" --launch-count "$COUNT" --metrics gpu__time_duration.sum,dram__bytes_read.sum \
-  ./tqkv bench model --device cuda --model "$M" --rows 1 --ctx 4096 --kv tq4 --gen 16 --reps 1 \
-  --fill synthetic "$@" >"$OUT/ncu.txt" 2>&1
-python3 ncu_step_table.py "$OUT/ncu.txt" | tee "$OUT/step.txt"
-python3 ncu_step_table.py "$OUT/ncu.txt" --json >"$OUT/step.json"
+# cuda_step_profile.sh - where a 1-row decode step's time goes, kernel by kernel (issue 22's
+# batch-1 decode, issue 24's 1-row MoE bandwidth). Runs in a scripts/cuda_pack.sh folder:
+#   cd PACK && OUT=$OUT ./cuda_step_profile.sh [SHAPES]     (default "llama8b qwen3moe")
+# For each shape it makes a 4-layer checkpoint of the full shape (cuda_make_*.py OUT 4: the
+# matrices, and so every kernel's time, are the full model's; only the layer count differs),
+# then:
+#  - step time: `tqkv bench model --device cuda --rows 1 --ctx 4096 --kv tq4 --gen 16
+#    --graphs 0,1 --fill synthetic` (graphs replayed and kernel by kernel, one call);
+#  - per kernel: Nsight Compute, gpu__time_duration and dram__bytes_read (one pass each), on
+#    the same command kernel by kernel with --gen 3, as CSV (ncu_SHAPE.csv; launch order kept).
+# The sum of the kernel times of one step against the graph's step time is the time between
+# kernels. `python3 scripts/ncu_step_table.py ncu_SHAPE.csv` folds it by kernel name (with the
+# DRAM bytes read and GB/s; --json for a JSON object).
+# AB=1 runs both again with the small kernels' earlier paths (TQKV_MOE_ROUTE_FAST=0
+# TQKV_NORM_REGS=0 TQKV_PICK_SPLIT=0 TQKV_MOE_ROUTER_WIDE=0 TQKV_MOE_FOLD_GATHER=0: the same
+# bits), into step_SHAPE_old.json and
+# ncu_SHAPE_old.csv (the router's 64-value loads have no switch: main's build for those).
+set -u -o pipefail
+SHAPES=${1:-llama8b qwen3moe}
+VARIANTS=new; [ "${AB:-0}" = 1 ] && VARIANTS="new old"
+NAME=prof; . "$(dirname "$0")/cuda_run_common.sh"
+for s in $SHAPES; do
+  case $s in
+    llama8b) mk=cuda_make_llama8b.py ;;
+    qwen3moe) mk=cuda_make_qwen3moe30b.py ;;
+    *) echo "unknown shape $s" >>"$LOG"; continue ;;
+  esac
+  M=/tmp/prof_$s; rm -rf "$M"
+  step 200 "make_$s" python3 "$mk" "$M" 4 >"$W/make_$s.log" 2>&1
+  for v in $VARIANTS; do
+    x=$s; E=(env)
+    [ "$v" = old ] && x=${s}_old && E=(env TQKV_MOE_ROUTE_FAST=0 TQKV_NORM_REGS=0 TQKV_PICK_SPLIT=0 \
+      TQKV_MOE_ROUTER_WIDE=0 TQKV_MOE_FOLD_GATHER=0)
+    step 200 "step_$x" "${E[@]}" ./tqkv bench model --device cuda --model "$M" --rows 1 --ctx 4096 \
+      --kv tq4 --gen 16 --reps 2 --graphs 0,1 --fill synthetic --json >"$W/step_$x.json" 2>"$W/step_$x.err"
+    step 300 "ncu_$x" "${E[@]}" ncu --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --page raw \
+      ./tqkv bench model --device cuda --model "$M" --rows 1 --ctx 4096 --kv tq4 --gen 3 \
+      --reps 1 --graphs 0 --fill synthetic >"$W/ncu_$x.csv" 2>"$W/ncu_$x.err"
+  done
+  rm -rf "$M"
+done
