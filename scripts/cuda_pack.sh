@@ -14,11 +14,19 @@ cp "$BUILD/tqkv" "$BUILD/test_cuda" "$DEST/" && strip "$DEST/tqkv" "$DEST/test_c
 for t in test_cuda_model test_cuda_hybrid test_cuda_gemma4 test_cuda_slide test_cuda_moe test_cuda_tp; do
   if [ -f "$BUILD/$t" ]; then cp "$BUILD/$t" "$DEST/" && strip "$DEST/$t"; fi
 done
-cp scripts/cuda_tiles_device.sh scripts/cuda_step_profile.sh scripts/ncu_step_table.py scripts/cuda_anchor.py scripts/cuda_gemm_anchor.py scripts/cuda_run_common.sh scripts/cuda_device.sh scripts/cuda_seed_sweep.sh scripts/cuda_model_device.sh scripts/cuda_tp_device.sh scripts/cuda_hybrid_device.sh scripts/cuda_gemma4_device.sh scripts/cuda_d256_device.sh scripts/cuda_fp8_device.sh scripts/cuda_tq3_probe_device.sh scripts/cuda_gemm_device.sh scripts/cuda_e2e_device.sh scripts/cuda_make_llama8b.py scripts/cuda_prefill_device.sh scripts/cuda_session_device.sh scripts/cuda_moe_device.sh scripts/cuda_make_qwen3moe30b.py bench/cuda-serve/loadgen.py bench/cuda-serve/extend_tokenizer.py bench/cuda-serve/run.sh "$DEST/"
+cp scripts/cuda_tiles_device.sh scripts/cuda_step_profile.sh scripts/ncu_step_table.py scripts/cupti_step_table.py scripts/cuda_anchor.py scripts/cuda_gemm_anchor.py scripts/cuda_run_common.sh scripts/cuda_device.sh scripts/cuda_seed_sweep.sh scripts/cuda_model_device.sh scripts/cuda_tp_device.sh scripts/cuda_hybrid_device.sh scripts/cuda_gemma4_device.sh scripts/cuda_d256_device.sh scripts/cuda_fp8_device.sh scripts/cuda_tq3_probe_device.sh scripts/cuda_gemm_device.sh scripts/cuda_e2e_device.sh scripts/cuda_make_llama8b.py scripts/cuda_prefill_device.sh scripts/cuda_session_device.sh scripts/cuda_moe_device.sh scripts/cuda_make_qwen3moe30b.py bench/cuda-serve/loadgen.py bench/cuda-serve/extend_tokenizer.py bench/cuda-serve/run.sh "$DEST/"
 # the one-token GEMM probe (dev/experiments/kchunk_probe.cu), where this host has nvcc
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 if [ -x "$NVCC" ]; then
   "$NVCC" -O3 -gencode arch=compute_90a,code=sm_90a -o "$DEST/kchunk_probe" dev/experiments/kchunk_probe.cu
+fi
+# the kernel tracer (scripts/cupti_trace.c; cuda_step_profile.sh TRACE=1) and its libcupti,
+# where this host's toolkit has CUPTI
+CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}
+CUPTI_LIB=$(ls "$CUDA_HOME"/lib/libcupti.so.* "$CUDA_HOME"/lib64/libcupti.so.* "$CUDA_HOME"/extras/CUPTI/lib64/libcupti.so.* 2>/dev/null | head -1)
+if [ -f "$CUDA_HOME/include/cupti.h" ] && [ -n "$CUPTI_LIB" ]; then
+  gcc -shared -fPIC -O2 -I"$CUDA_HOME/include" -o "$DEST/cupti_trace.so" scripts/cupti_trace.c \
+    -L"$(dirname "$CUPTI_LIB")" -lcupti && cp -L "$CUPTI_LIB" "$DEST/lib/"
 fi
 LIBS="libcjson.so.1 libcmocka.so.0 libpcre2-8.so.0 libutf8proc.so.2 libgomp.so.1 libz.so.1 libmicrohttpd.so.12"
 [ "${LEAN:-0}" = 1 ] || LIBS="$LIBS libstdc++.so.6 libgcc_s.so.1"
