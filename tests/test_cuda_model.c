@@ -280,7 +280,7 @@ static double gemm_error(const float *x, const uint16_t *w, const float *b, cons
 }
 
 static const char *const g_tiles[] = {"s8",   "s16",  "s32", "s64", "m",   "l",  "xl", "s8n",
-                                      "s32w", "s64w", "s8t", "wl",  "wxl", "tl", "txl"};
+                                      "s32w", "s64w", "s8t", "wl",  "wxl", "tl", "txl", "s8td"};
 
 static void gemm_case(int K, int N, int parts) {
     /* every tile shape at every T: partial token tiles (3, 9, 17, 33, 70, 130), exact ones

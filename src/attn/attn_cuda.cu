@@ -7,8 +7,7 @@
  * and the mixed tq K/V tq4/tq2, tq4/tq3, tq3/tq2, with the q8 recent window, fp8/fp8, the
  * dense bf16 baseline), the merge of split partials (log-sum-exp) with the single un-rotation of each
  * output, the workspace of d = 128, the one-time setup of every decode kernel
- * (tqkv_cuda_attn_setup), the switch of the decode path's programmatic launches (tqkv_cuda_attn_pdl,
- * TQKV_ATTN_PDL; both head dims), the public entry points (d = 256 goes to cuda_attend_decode_wide,
+ * (tqkv_cuda_attn_setup), the public entry points (d = 256 goes to cuda_attend_decode_wide,
  * attn_cuda_wide.cu; fp8 at d = 256 (or at 128 with TQKV_FP8_TC=0), and tq2 and mixed tq
  * K/V at d = 256 to cuda_attend_decode_fmt, attn_cuda_fmt.cu), attention at an earlier length
  * (tqkv_cuda_kv_attend_back).
@@ -47,7 +46,8 @@ template <int F>
 __global__ void qprep_kernel(const float *__restrict__ q, uint16_t *__restrict__ out, cw_sbits sb,
                              float cinv, float mul, int n) {
     __shared__ float s_q[4][D];
-    pdl_trigger(); /* a programmatic split kernel may start its prologue now (attend) */
+    cuda_pdl_wait();    /* programmatic (attend, with the cache's switch): the append has completed */
+    cuda_pdl_trigger(); /* a programmatic split kernel may start its prologue now (attend) */
     const int wv = threadIdx.x >> 5, v = blockIdx.x * 4 + wv, lane = threadIdx.x & 31;
     if (v >= n) return;
     const float4 in = reinterpret_cast<const float4 *>(q + (size_t)v * D)[lane];
@@ -79,7 +79,8 @@ __global__ void merge_kernel(const float *__restrict__ po, const float2 *__restr
                              const cuda_row *__restrict__ rows, float *__restrict__ out, cw_sbits sb,
                              float cinv, int unrotate, int qh, int nsmax, int n) {
     constexpr int B = 16;             /* splits' loads in flight */
-    pdl_wait();                       /* programmatic (attend): the split kernel's partials */
+    cuda_pdl_wait();    /* programmatic (attend): the split kernel's partials */
+    cuda_pdl_trigger(); /* the kernel after (a programmatic one waits for this grid) */
     const int v = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (v >= n) return;
     const int r = v / qh;
@@ -145,22 +146,6 @@ static_assert(F_TQ4 == 0 && F_TQ3 == 1 && F_BF16 == 2 && F_TQ42 == 3 && F_TQ2 ==
               "g_cfg is indexed by F");
 #undef SPLIT_CFG
 static unsigned g_setup_done; /* bit d: device d's setup ran (kernel attributes are per device) */
-/* Programmatic launches of the split kernel and the merge (tq formats' tensor-core path, both
- * head dims): -1 until the first setup reads TQKV_ATTN_PDL (1: on; unset or anything else:
- * off) or tqkv_cuda_attn_pdl sets it. */
-static int g_attn_pdl = -1;
-static void attn_pdl_default(void) { /* the environment's choice, unless one was made */
-    const char *env = getenv("TQKV_ATTN_PDL");
-    int unset = -1;
-    __atomic_compare_exchange_n(&g_attn_pdl, &unset, env && *env && atoi(env) == 1, false,
-                                __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-}
-extern "C" int tqkv_cuda_attn_pdl(int on) {
-    attn_pdl_default();
-    if (on >= 0) return __atomic_exchange_n(&g_attn_pdl, on ? 1 : 0, __ATOMIC_ACQ_REL);
-    return __atomic_load_n(&g_attn_pdl, __ATOMIC_ACQUIRE);
-}
-int cuda_attn_pdl_on(void) { return __atomic_load_n(&g_attn_pdl, __ATOMIC_ACQUIRE) > 0; }
 
 __global__ void smem_probe_kernel(uint32_t *out) {
     extern __shared__ __align__(16) uint32_t s_dyn[];
@@ -189,7 +174,7 @@ static tqkv_status attn_cuda_setup_locked(void) {
     fprintf(stderr, "tqkv: built with the TQKV_TQ3_SOL=%d probe: tq3 decode attention is wrong "
             "(timing only)\n", TQKV_TQ3_SOL);
 #endif
-    attn_pdl_default();
+    (void)tqkv_cuda_attn_pdl(-1); /* the environment's choice, unless one was made */
     cudaError_t e = cudaSuccess;
     int dev = 0, sms = 0;
     if (e == cudaSuccess) e = cudaGetDevice(&dev);
@@ -323,14 +308,13 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
     const float mul = scale * LOG2E;
     const unsigned qgrid = (unsigned)((nvi + 3) / 4);
     const cw_sbits ksb = cw_sbits_of(kv->kc.signs, D);
-    if (fmt == F_TQ4) qprep_kernel<F_TQ4><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
-    else if (fmt == F_TQ3) qprep_kernel<F_TQ3><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
-    else if (fmt == F_TQ42) qprep_kernel<F_TQ42><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
-    else if (fmt == F_TQ2) qprep_kernel<F_TQ2><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
-    else if (fmt == F_TQ43) qprep_kernel<F_TQ43><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
-    else if (fmt == F_TQ32) qprep_kernel<F_TQ32><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
-    else if (fmt == F_FP8) qprep_kernel<F_FP8><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
-    else qprep_kernel<F_BF16><<<qgrid, 128, 0, kv->stream>>>(q, qp, ksb, kv->kc.inv, mul, nvi);
+    void (*prep)(const float *, uint16_t *, cw_sbits, float, float, int) =
+        fmt == F_TQ4 ? qprep_kernel<F_TQ4> : fmt == F_TQ3 ? qprep_kernel<F_TQ3>
+        : fmt == F_TQ42 ? qprep_kernel<F_TQ42> : fmt == F_TQ2 ? qprep_kernel<F_TQ2>
+        : fmt == F_TQ43 ? qprep_kernel<F_TQ43> : fmt == F_TQ32 ? qprep_kernel<F_TQ32>
+        : fmt == F_FP8 ? qprep_kernel<F_FP8> : qprep_kernel<F_BF16>;
+    cuda_pdl_launch(cuda_attn_pdl_on(), prep, dim3(qgrid), dim3(128), 0, kv->stream, q, qp, ksb,
+                    kv->kc.inv, mul, nvi);
     Params<D> P = split_params<D>(kv, kv->kc, kv->vc, qp, po, pml, q_heads, nsmax);
     P.pdl = cuda_attn_pdl_on();
     /* persistent: the resident CTAs, at most one per possible work item (a CTA's groups
@@ -340,8 +324,8 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
     const SplitCfg *k = &g_cfg[fmt];
     const long items_ub = (long)kv->rows * kv->kvh * nsmax;
     const unsigned grid = (unsigned)(items_ub < k->ctas ? items_ub : k->ctas);
-    pdl_launch(P.pdl, k->fn, dim3(grid), dim3(k->ng * NW * 32), (size_t)k->smem, kv->stream, P);
-    pdl_launch(P.pdl, merge_kernel, dim3(qgrid), dim3(128), 0, kv->stream, (const float *)po,
+    cuda_pdl_launch(P.pdl, k->fn, dim3(grid), dim3(k->ng * NW * 32), (size_t)k->smem, kv->stream, P);
+    cuda_pdl_launch(P.pdl, merge_kernel, dim3(qgrid), dim3(128), 0, kv->stream, (const float *)po,
                (const float2 *)pml, (const cuda_row *)kv->d_rows, out, cw_sbits_of(kv->vc.signs, D),
                kv->vc.inv, (int)(fmt != F_BF16 && fmt != F_FP8), q_heads, nsmax,
                nvi); /* tq: un-rotate */

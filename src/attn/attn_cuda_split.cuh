@@ -10,7 +10,7 @@
  * claims, the stream of staged tiles and its mbarrier phases, the online softmax, the merge of
  * a group's warps and the partials' layout ([rows, q_heads, nsmax, D] unnormalized outputs in
  * the V domain, [rows, q_heads, nsmax] (max, sum) in base 2), the programmatic launch helpers
- * of the decode path (pdl_launch, pdl_wait, pdl_trigger: P.pdl, docs/CUDA.md).
+ * of the decode path (cuda_pdl_launch, cuda_pdl_wait, cuda_pdl_trigger: util/cuda_pdl.cuh; P.pdl, docs/CUDA.md).
  * Must not: mutate the cache, or let a row's result depend on other rows: a row's split size
  * depends only on its own token count (attn_cuda_splits.h), every reduction runs in a fixed
  * order.
@@ -40,6 +40,7 @@
 
 #include <stdio.h>
 
+#include "util/cuda_pdl.cuh"
 #include "attn/attn_cuda_splits.h"
 #include "attn/attn_cuda_tile.cuh"
 
@@ -83,8 +84,8 @@ template <int D> struct Params {
     int *work;                /* [2] counters (next item, groups done), zero between launches */
     typename cuda_codec_of<D>::type kc, vc;  /* the kernel reads kc.cent (one format for K and V), and
                                               * vc.cent for the pairs of two formats */
-    int pdl;                  /* launched programmatically after the query prep (pdl_launch):
-                               * no query is read before pdl_wait */
+    int pdl;                  /* launched programmatically after the query prep (cuda_pdl_launch):
+                               * no query is read before cuda_pdl_wait */
 };
 
 /* The kernel's parameters for cache kv (both head dims' launchers): its planes, q8 ring and
@@ -121,14 +122,7 @@ inline Params<D> split_params(const cuda_kv *kv, const typename cuda_codec_of<D>
 // Programmatic Dependent Launch (PDL, sm_90) of the decode launches: query prep -> split
 // kernel -> merge (docs/CUDA.md "Decode attention: the launches overlap")
 // ---------------------------------------------------------------------------
-/* pdl_wait: this grid waits until the kernel before it on the stream has completed and its
- * writes are visible (a no-op for a plain launch). pdl_trigger: lets the next kernel, when it
- * is launched programmatically, start now (a no-op otherwise). Neither changes a bit of any
- * result: they only move when a kernel may start. */
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void pdl_trigger() {
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
+/* cuda_pdl_wait / cuda_pdl_trigger / cuda_pdl_launch: util/cuda_pdl.cuh */
 /* A 16-byte load through the coherent path (a query written during this kernel's lifetime). */
 __device__ __forceinline__ uint4 ld_coherent(const uint4 *p) {
     uint4 v;
@@ -137,37 +131,6 @@ __device__ __forceinline__ uint4 ld_coherent(const uint4 *p) {
                  : "l"(p)
                  : "memory");
     return v;
-}
-
-int g_pdl_told; /* pdl_launch said a refusal (once per file: internal linkage, no exported symbol) */
-
-/* Launch fn<<<grid, block, smem, s>>>(args...), programmatically (it may start while the
- * kernel before it on s runs; it must pdl_wait before reading what that one writes) when pdl
- * is set; a launch the runtime refuses so is made plainly (said once on stderr). Inside a
- * stream capture the graph records a programmatic edge. */
-template <typename... E, typename... A>
-inline void pdl_launch(int pdl, void (*fn)(E...), dim3 grid, dim3 block, size_t smem,
-                       cudaStream_t s, A... args) {
-    if (pdl) {
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.gridDim = grid;
-        cfg.blockDim = block;
-        cfg.dynamicSmemBytes = smem;
-        cfg.stream = s;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-        const cudaError_t e = cudaLaunchKernelEx(&cfg, fn, args...);
-        if (e == cudaSuccess) return;
-        (void)cudaGetLastError();
-        if (!__atomic_exchange_n(&g_pdl_told, 1, __ATOMIC_RELAXED))
-            fprintf(stderr,
-                    "tqkv: a programmatic attention launch was refused (%s): plain launches\n",
-                    cudaGetErrorString(e));
-    }
-    fn<<<grid, block, smem, s>>>(args...);
 }
 
 constexpr int NW = 4;                         /* warps per group (one work item at a time) */
@@ -309,9 +272,9 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
     const uint32_t wa_s = uni(win + smem_tab<F, NG, ST, D>() + wc * warp_area<F, ST, D>());
     const uint32_t bar_s = uni(win + smem_bar<F, NG, ST, D>() + wc * ST * 8);
     /* pdl: the merge may launch now (its CTAs take SMs as this grid's leave, then wait for
-     * this grid to complete); the query prep may still run: no query is read before pdl_wait */
+     * this grid to complete); the query prep may still run: no query is read before cuda_pdl_wait */
     bool dep = P.pdl != 0;
-    if (dep) pdl_trigger();
+    if (dep) cuda_pdl_trigger();
 
     if constexpr (F != F_BF16) {
         for (int i = threadIdx.x; F != F_FP8 && i < tab_count<F>() * 256 * 32; i += NG * NW * 32) {
@@ -538,7 +501,7 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
             for (int k = pre; k < ST && k < avail; k++) issue(k, (seq + (uint32_t)k) % ST);
         }
         if (dep) { /* the first item (pdl): its copies fly, the query prep completes */
-            pdl_wait();
+            cuda_pdl_wait();
             if (nq) asm volatile("prefetch.global.L1 [%0];" ::"l"(nq));
         }
 
@@ -549,7 +512,7 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
             const uint4 *q = reinterpret_cast<const uint4 *>(P.q + ((size_t)r * P.qh + (size_t)h * G + g) * D + 32 * c);
             uint4 v[D / 32];
             /* dep: the prep wrote the queries while this kernel ran, so not the read-only path
-             * (ld.global.nc wants data unchanged for the kernel's lifetime; pdl_wait makes the
+             * (ld.global.nc wants data unchanged for the kernel's lifetime; cuda_pdl_wait makes the
              * prep's writes visible to the grid, so this is caution, as cheap as it looks: four
              * loads per group and launch) */
             if (dep) {
@@ -571,7 +534,7 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
             for (int s = 0; s < NM; s++) qb[s][0] = qb[s][1] = 0u;
         }
 
-        dep = false; /* later items: their queries were written before pdl_wait */
+        dep = false; /* later items: their queries were written before cuda_pdl_wait */
         float acc[NM][4];
 #pragma unroll
         for (int i = 0; i < NM; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;

@@ -54,7 +54,7 @@ __global__ void wprep_kernel(const float *__restrict__ q, void *__restrict__ out
                              int rotate, float mul, int n) {
     constexpr int E = WD / 32;
     __shared__ float s_q[4][WD];
-    pdl_trigger(); /* a programmatic split kernel may start its prologue now (tc_partials) */
+    cuda_pdl_trigger(); /* a programmatic split kernel may start its prologue now (tc_partials) */
     const int wv = threadIdx.x >> 5, v = blockIdx.x * 4 + wv, lane = threadIdx.x & 31;
     if (v >= n) return;
     float x[E];
@@ -347,7 +347,7 @@ __global__ void wmerge_kernel(const float *__restrict__ po, const float2 *__rest
                               const cuda_row *__restrict__ rows, float *__restrict__ out, cw_sbits sb,
                               float cinv, int unrotate, int qh, int nsmax, int n) {
     constexpr int B = 8;      /* splits' loads in flight */
-    pdl_wait();               /* programmatic (TC): the split kernel's partials */
+    cuda_pdl_wait();               /* programmatic (TC): the split kernel's partials */
     const int v = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (v >= n) return;
     const int ntok = rows[v / qh].ntok;
@@ -471,7 +471,7 @@ static void tc_partials(const cuda_kv *kv, const float *q, int q_heads, float sc
     const WideCfg *k = &g_wcfg[F];
     const long items_ub = (long)kv->rows * kv->kvh * nsmax;
     const unsigned grid = (unsigned)(items_ub < k->ctas ? items_ub : k->ctas);
-    pdl_launch(P.pdl, k->fn, dim3(grid), dim3(k->ng * NW * 32), (size_t)k->smem, kv->stream, P);
+    cuda_pdl_launch(P.pdl, k->fn, dim3(grid), dim3(k->ng * NW * 32), (size_t)k->smem, kv->stream, P);
 }
 
 /* Decode attention at d = 256 (attn_cuda.cu's entry points dispatch here): query prep, the
@@ -540,7 +540,7 @@ tqkv_status cuda_attend_decode_wide(cuda_kv *kv, const float *q, int q_heads, fl
         if (kv->kfmt == TQKV_TQ4)
             tc_partials<F_TQ4>(kv, q, q_heads, scale, po, pml, (uint16_t *)qp, nsmax, pdl);
         else tc_partials<F_TQ3>(kv, q, q_heads, scale, po, pml, (uint16_t *)qp, nsmax, pdl);
-        pdl_launch(pdl, wmerge_kernel<true>, dim3(qgrid), dim3(128), 0, kv->stream,
+        cuda_pdl_launch(pdl, wmerge_kernel<true>, dim3(qgrid), dim3(128), 0, kv->stream,
                    (const float *)po, (const float2 *)pml, (const cuda_row *)kv->d_rows, out,
                    cw_sbits_of(kv->vc256.signs, WD), kv->vc256.inv, 1, q_heads, nsmax, nvi);
         return cuda_check(cudaGetLastError(), "d 256 decode attention launch");

@@ -3,7 +3,9 @@
  * Owns: cuda_kv init/free, upload of a host tqkv_batch (byte copies of its planes, rings
  * and row state), download, append (row state; the encode kernel is in codec_cuda.cu),
  * the device availability probe, timers, copy bandwidth and the random fill used by the
- * benchmark.
+ * benchmark, and the switch of the decode chain's programmatic launches (tqkv_cuda_attn_pdl:
+ * the append's encode and row advance here, the attention's query prep, split kernel and
+ * merge in attn_cuda.cu).
  * Must not: run attention (attn_cuda.cu) or encode (codec_cuda.cu); change the host batch.
  */
 #include <cuda_runtime.h>
@@ -21,6 +23,27 @@ extern "C" {
 #include "util/common.h"
 }
 #include "cache/cache_cuda_impl.h"
+#include "util/cuda_pdl.cuh"
+
+// ---------------------------------------------------------------------------
+// Programmatic launches of a decode step's cache kernels (util/cuda_pdl.cuh)
+// ---------------------------------------------------------------------------
+/* The append's encode and row advance and the attention's query prep, split kernel and merge
+ * (tensor-core path, both head dims): -1 until the first attention setup reads TQKV_ATTN_PDL
+ * (1: on; unset or anything else: off) or tqkv_cuda_attn_pdl sets it. */
+static int g_attn_pdl = -1;
+static void attn_pdl_default(void) { /* the environment's choice, unless one was made */
+    const char *env = getenv("TQKV_ATTN_PDL");
+    int unset = -1;
+    __atomic_compare_exchange_n(&g_attn_pdl, &unset, env && *env && atoi(env) == 1, false,
+                                __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+extern "C" int tqkv_cuda_attn_pdl(int on) {
+    attn_pdl_default();
+    if (on >= 0) return __atomic_exchange_n(&g_attn_pdl, on ? 1 : 0, __ATOMIC_ACQ_REL);
+    return __atomic_load_n(&g_attn_pdl, __ATOMIC_ACQUIRE);
+}
+int cuda_attn_pdl_on(void) { return __atomic_load_n(&g_attn_pdl, __ATOMIC_ACQUIRE) > 0; }
 
 // ---------------------------------------------------------------------------
 // Errors and availability
@@ -450,6 +473,8 @@ extern "C" tqkv_status tqkv_cuda_kv_download(const cuda_kv *kv, uint8_t *kd, uin
 
 /* The host rule of tqkv_cuda_kv_append + cuda_kv_sync_rows for one row, on the device. */
 __global__ void advance_rows_kernel(cuda_row *rows, int nrows, int n, int ring, int window) {
+    cuda_pdl_wait(); /* programmatic: the encode that read the rows has completed */
+    cuda_pdl_trigger();
     const int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= nrows) return;
     cuda_row w = rows[r];
@@ -467,8 +492,8 @@ __global__ void advance_rows_kernel(cuda_row *rows, int nrows, int n, int ring, 
 }
 
 tqkv_status cuda_kv_advance_rows(cuda_kv *kv, int n) {
-    advance_rows_kernel<<<(kv->rows + 127) / 128, 128, 0, kv->stream>>>(kv->d_rows, kv->rows, n,
-                                                                        kv->ring, kv->cfg.window);
+    cuda_pdl_launch(cuda_attn_pdl_on(), advance_rows_kernel, dim3((kv->rows + 127) / 128), dim3(128), 0,
+                    kv->stream, kv->d_rows, kv->rows, n, kv->ring, kv->cfg.window);
     return cuda_check(cudaGetLastError(), "advance rows");
 }
 
@@ -660,7 +685,7 @@ tqkv_status codec_cuda_append(cuda_kv *kv, const float *k, const float *v, int n
     }
     const cudaError_t e = codec_cuda_encode(k, v, P, kv->kc, kv->vc, kv->kc256, kv->vc256, kv->d,
                                             kv->d_rows, kv->rows, kv->kvh, n, kv->cap, kv->ring,
-                                            kv->stream);
+                                            cuda_attn_pdl_on(), kv->stream);
     /* queued on kv->stream: no wait (a decode step may be being captured) */
     return cuda_check(e, "encode kernel launch");
 }

@@ -114,8 +114,9 @@ tqkv_status cuda_attend_decode_fmt(cuda_kv *kv, const float *q, int q_heads, flo
  * persistent grids for `sms` SMs, the kernel choice from TQKV_WIDE_TC); tqkv_cuda_attn_setup
  * runs it under its lock. */
 tqkv_status cuda_wide_setup(int sms);
-/* attn_cuda.cu: 1 when the tensor-core decode path (both head dims) launches its split kernel
- * and merge programmatically (tqkv_cuda_attn_pdl, TQKV_ATTN_PDL), else 0. */
+/* cache_cuda.cu: 1 when a decode step's cache kernels launch programmatically (the append's
+ * encode and row advance; the tensor-core attention's query prep, split kernel and merge,
+ * both head dims: tqkv_cuda_attn_pdl, TQKV_ATTN_PDL), else 0. */
 int cuda_attn_pdl_on(void);
 /* attn_cuda_prefill.cu: the masked kernels' one-time setup (their dynamic shared-memory
  * limits); thread safe, idempotent; tqkv_cuda_attn_setup runs it. */

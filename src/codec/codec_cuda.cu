@@ -13,6 +13,7 @@
 
 #include "codec/codec_cuda.cuh"
 #include "codec/codec_cuda_params.h"
+#include "util/cuda_pdl.cuh"
 
 // ---------------------------------------------------------------------------
 // Scalar pieces (ports of src/codec/codec.c)
@@ -179,6 +180,8 @@ template <int D> __global__ void __launch_bounds__(32 * CE_WARPS) ce_encode_kern
     __shared__ double s_t[CE_WARPS][D];
     __shared__ uint8_t s_idx[CE_WARPS][D];
     const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
+    cuda_pdl_wait(); /* programmatic: the kernel that wrote k and v has completed */
+    cuda_pdl_trigger();
     const unsigned n = (unsigned)A.n, kvh = (unsigned)A.kvh, roles = (unsigned)A.roles;
     const unsigned vecs = (unsigned)A.nrows * kvh * n;  /* per plane (the launcher checks 2 vecs roles < 2^31) */
     const float cl0 = A.C[0].cent[lane & 15], cl1 = A.C[1].cent[lane & 15];
@@ -244,7 +247,7 @@ cudaError_t codec_cuda_encode(const float *k, const float *v, const ce_plane P[2
                               const cuda_codec &k128, const cuda_codec &v128,
                               const cuda_codec256 &k256, const cuda_codec256 &v256, int d,
                               const cuda_row *rows, int nrows, int kvh, int n, int cap, int ring,
-                              cudaStream_t stream) {
+                              int pdl, cudaStream_t stream) {
     ce_args A;
     A.x[0] = k;
     A.x[1] = v;
@@ -268,7 +271,7 @@ cudaError_t codec_cuda_encode(const float *k, const float *v, const ce_plane P[2
     if (warps >= (1ll << 31)) return cudaErrorInvalidValue;  /* (the kernel counts warps in 32 bits) */
     const long long want = (warps + CE_WARPS - 1) / CE_WARPS;
     const int blocks = (int)(want < 65536 * 4 ? want : 65536 * 4);
-    if (d == CUDA_DIM) ce_encode_kernel<CUDA_DIM><<<blocks, 32 * CE_WARPS, 0, stream>>>(A);
-    else ce_encode_kernel<CUDA_DIM_WIDE><<<blocks, 32 * CE_WARPS, 0, stream>>>(A);
+    if (d == CUDA_DIM) cuda_pdl_launch(pdl, ce_encode_kernel<CUDA_DIM>, dim3(blocks), dim3(32 * CE_WARPS), 0, stream, A);
+    else cuda_pdl_launch(pdl, ce_encode_kernel<CUDA_DIM_WIDE>, dim3(blocks), dim3(32 * CE_WARPS), 0, stream, A);
     return cudaGetLastError();
 }

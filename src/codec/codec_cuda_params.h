@@ -69,12 +69,13 @@ struct ce_plane {
 
 /* Encode k and v [rows, kvh, n, d] into planes P[0] (K) and P[1] (V) at each row's col0, in
  * one launch (d = CUDA_DIM with the K and V codecs k128, v128, or CUDA_DIM_WIDE with k256,
- * v256), queued on stream; the launch's error (no wait). */
+ * v256), queued on stream, programmatically when pdl is set (util/cuda_pdl.cuh: it waits for
+ * the kernel before it first); the launch's error (no wait). */
 cudaError_t codec_cuda_encode(const float *k, const float *v, const ce_plane P[2],
                               const cuda_codec &k128, const cuda_codec &v128,
                               const cuda_codec256 &k256, const cuda_codec256 &v256, int d,
                               const cuda_row *rows, int nrows, int kvh, int n, int cap, int ring,
-                              cudaStream_t stream);
+                              int pdl, cudaStream_t stream);
 
 /* The same for an fp8 plane (codec_cuda_fp8.cu): payload [d] e4m3 bytes and one fp16 scale
  * per vector; P.win is ignored (fp8 has no q8 window). */

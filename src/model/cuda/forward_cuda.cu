@@ -91,7 +91,8 @@ template <int NV>
 __global__ void __launch_bounds__(128)
 rmsnorm_kernel(float *__restrict__ x, const float *__restrict__ add, const float *__restrict__ w,
                float eps, int H, float *__restrict__ out, uint16_t *__restrict__ xf, int parts) {
-    mc_pdl_trigger(); /* the next GEMM (PDL) may start its weight stream */
+    cuda_pdl_wait();    /* programmatic (rmsnorm_queue's pdl): the kernel before has completed */
+    cuda_pdl_trigger(); /* the next GEMM (PDL) may start its weight stream */
     constexpr int U = NV > 0 ? NV : 8; /* a thread's values loaded U at a time */
     constexpr bool W_EARLY = NV > 0 && NV <= 32;
     __shared__ double sh[4];
@@ -145,15 +146,12 @@ int mc_norm_nv(int H, int max_nv) {
 
 /* rmsnorm_kernel over T rows of H on s (NV: mc_norm_nv). */
 static void rmsnorm_queue(float *x, const float *add, const float *w, float eps, int H,
-                          float *out, uint16_t *xf, int parts, size_t T, cudaStream_t s) {
-    const unsigned b = (unsigned)T;
-    switch (mc_norm_nv(H, 64)) {
-    case 8: rmsnorm_kernel<8><<<b, 128, 0, s>>>(x, add, w, eps, H, out, xf, parts); break;
-    case 16: rmsnorm_kernel<16><<<b, 128, 0, s>>>(x, add, w, eps, H, out, xf, parts); break;
-    case 32: rmsnorm_kernel<32><<<b, 128, 0, s>>>(x, add, w, eps, H, out, xf, parts); break;
-    case 64: rmsnorm_kernel<64><<<b, 128, 0, s>>>(x, add, w, eps, H, out, xf, parts); break;
-    default: rmsnorm_kernel<0><<<b, 128, 0, s>>>(x, add, w, eps, H, out, xf, parts); break;
-    }
+                          float *out, uint16_t *xf, int parts, size_t T, int pdl, cudaStream_t s) {
+    const int nv = mc_norm_nv(H, 64);
+    void (*k)(float *, const float *, const float *, float, int, float *, uint16_t *, int) =
+        nv == 8 ? rmsnorm_kernel<8> : nv == 16 ? rmsnorm_kernel<16> : nv == 32 ? rmsnorm_kernel<32>
+        : nv == 64 ? rmsnorm_kernel<64> : rmsnorm_kernel<0>;
+    cuda_pdl_launch(pdl, k, dim3((unsigned)T), dim3(128), 0, s, x, add, w, eps, H, out, xf, parts);
 }
 
 extern "C" tqkv_status model_cuda_rmsnorm(float *x, const float *add, const float *w, float eps,
@@ -161,7 +159,7 @@ extern "C" tqkv_status model_cuda_rmsnorm(float *x, const float *add, const floa
     if (!x || !w || !out || H < 1 || T < 1 || (parts != 1 && parts != 2))
         return tqkv_fail(TQKV_EINVAL, "device RMSNorm: bad arguments (H %d, T %d, parts %d)", H,
                          T, parts);
-    rmsnorm_queue(x, add, w, eps, H, out, xf, parts, (size_t)T, 0);
+    rmsnorm_queue(x, add, w, eps, H, out, xf, parts, (size_t)T, 0, 0);
     return ck(cudaGetLastError(), "RMSNorm launch");
 }
 
@@ -178,6 +176,8 @@ __global__ void qkv_post_kernel(const float *__restrict__ qkv, int QS, int qs, i
                                 const float *__restrict__ rope, int half, float *__restrict__ qb,
                                 float *__restrict__ kb, float *__restrict__ vb) {
     __shared__ float sv[4][128];
+    cuda_pdl_wait(); /* programmatic (g->pdl): the qkv GEMM has completed */
+    cuda_pdl_trigger();
     const int HT = NH + 2 * NKV;
     const size_t gw = (size_t)blockIdx.x * 4 + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
@@ -217,7 +217,8 @@ __global__ void qkv_post_kernel(const float *__restrict__ qkv, int QS, int qs, i
 __global__ void gather_kernel(const float *__restrict__ ob, const int32_t *__restrict__ tinfo,
                               int NH, int n, const float *__restrict__ gate, int QS,
                               float *__restrict__ att, uint16_t *__restrict__ xf, int parts) {
-    mc_pdl_trigger(); /* the next GEMM (PDL) may start its weight stream */
+    cuda_pdl_wait();    /* programmatic (g->pdl): the attention has completed */
+    cuda_pdl_trigger(); /* the next GEMM (PDL) may start its weight stream */
     const size_t t = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= NH * 128) return;
@@ -255,7 +256,8 @@ __device__ float exp_cpu(float x) {
  * split. grid mc_grid_elems(T, I), block 256. */
 __global__ void swiglu_kernel(const float *__restrict__ gu, int I, float *__restrict__ h,
                               uint16_t *__restrict__ xf, int parts) {
-    mc_pdl_trigger(); /* the next GEMM (PDL) may start its weight stream */
+    cuda_pdl_wait();    /* programmatic (pdl): the gate|up GEMM has completed */
+    cuda_pdl_trigger(); /* the next GEMM (PDL) may start its weight stream */
     const size_t t = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= I) return;
@@ -557,21 +559,23 @@ tqkv_status mc_pick_queue(model_cuda *g, int stride) {
 /* h [T, I] = SwiGLU of gu [T, 2I] (gate | up), the CPU's exp, on stream s; with xf also h's
  * GEMM split (`parts`). */
 static void swiglu_queue(const float *gu, int I, float *h, size_t T, uint16_t *xf, int parts,
-                         cudaStream_t s) {
+                         int pdl, cudaStream_t s) {
     if (T == 0) return;
-    swiglu_kernel<<<mc_grid_elems(T, (size_t)I), 256, 0, s>>>(gu, I, h, xf, parts);
+    cuda_pdl_launch(pdl, swiglu_kernel, mc_grid_elems(T, (size_t)I), dim3(256), 0, s, gu, I, h, xf,
+                    parts);
 }
 
-void mc_swiglu_queue(const float *gu, int I, float *h, size_t T, uint16_t *xf, int parts,
+void mc_swiglu_queue(const float *gu, int I, float *h, size_t T, uint16_t *xf, int parts, int pdl,
                      cudaStream_t s) {
-    swiglu_queue(gu, I, h, T, xf, parts, s);
+    swiglu_queue(gu, I, h, T, xf, parts, pdl, s);
 }
 
 /* h = gelu_tanh(g) * u, gu [T, 2I] = gate | up; with xf also h's GEMM split. grid (T,
  * ceil(I / 256)), block 256. */
 __global__ void geglu_kernel(const float *__restrict__ gu, int I, float *__restrict__ h,
                              uint16_t *__restrict__ xf, int parts) {
-    mc_pdl_trigger(); /* the next GEMM (PDL) may start its weight stream */
+    cuda_pdl_wait();    /* programmatic (pdl): the gate|up GEMM has completed */
+    cuda_pdl_trigger(); /* the next GEMM (PDL) may start its weight stream */
     const size_t t = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= I) return;
@@ -581,10 +585,11 @@ __global__ void geglu_kernel(const float *__restrict__ gu, int I, float *__restr
 }
 
 /* h [T, I] = GeGLU (GELU-tanh) of gu [T, 2I] (gate | up), on stream s (xf: h's split too). */
-void mc_geglu_queue(const float *gu, int I, float *h, size_t T, uint16_t *xf, int parts,
+void mc_geglu_queue(const float *gu, int I, float *h, size_t T, uint16_t *xf, int parts, int pdl,
                     cudaStream_t s) {
     if (T == 0) return;
-    geglu_kernel<<<dim3((unsigned)T, (unsigned)((I + 255) / 256)), 256, 0, s>>>(gu, I, h, xf, parts);
+    cuda_pdl_launch(pdl, geglu_kernel, dim3((unsigned)T, (unsigned)((I + 255) / 256)), dim3(256), 0, s,
+                    gu, I, h, xf, parts);
 }
 
 /* Layer l's dense MLP: tmp [T, H] = down(SwiGLU(gate|up xn [T, H])), through gu / hh. */
@@ -594,7 +599,7 @@ tqkv_status mc_ffn_dense(model_cuda *g, int l, int T) {
     /* xn's split: the RMSNorm before (forward_queue's) wrote it */
     tqkv_status st = mc_gemm_pre(g, g->xn, H, T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I);
     if (st) return st;
-    swiglu_queue(g->gu, I, g->hh, (size_t)T, mc_split_xf(g), g->gemm_parts, g->stream);
+    swiglu_queue(g->gu, I, g->hh, (size_t)T, mc_split_xf(g), g->gemm_parts, g->pdl, g->stream);
     return mc_gemm_pre(g, g->hh, I, T, L->wd, H, I, NULL, g->tmp, H);
 }
 
@@ -620,7 +625,7 @@ tqkv_status mc_queue_begin(model_cuda *g, int n) {
     if (st) return st;
     embed_kernel<<<mc_grid_elems(T, (size_t)H), 256, 0, s>>>(g->tinfo, g->w->embed, H, g->x);
     rmsnorm_queue(g->x, NULL, g->w->layers[0].attn_norm, c->rms_norm_eps, H, g->xn, mc_split_xf(g),
-                  g->gemm_parts, T, s);
+                  g->gemm_parts, T, g->pdl, s);
     return TQKV_OK;
 }
 
@@ -657,9 +662,9 @@ tqkv_status mc_layer_mixer(model_cuda *g, int l, int n, int as_decode, int *lin,
     st = mc_gemm_pre(g, g->xn, H, (int)T, L->wqkv, QS, H, L->bqkv, g->qkv, QS);
     if (st) return st;
     const size_t warps = T * (size_t)(NH + 2 * NKV);
-    qkv_post_kernel<<<(unsigned)((warps + 3) / 4), 128, 0, s>>>(
-        g->qkv, QS, qs, (int)T, NH, NKV, n, g->tinfo, L->q_norm, L->k_norm, eps, g->rope, half,
-        g->qb, g->kb, g->vb);
+    cuda_pdl_launch(g->pdl, qkv_post_kernel, dim3((unsigned)((warps + 3) / 4)), dim3(128), 0, s,
+                    g->qkv, QS, qs, (int)T, NH, NKV, n, g->tinfo, L->q_norm, L->k_norm, eps, g->rope,
+                    half, g->qb, g->kb, g->vb);
     st = tqkv_cuda_kv_append(kv, g->kb, g->vb, n);
     if (st) return st;
     *done = l + 1;
@@ -677,8 +682,8 @@ tqkv_status mc_layer_mixer(model_cuda *g, int l, int n, int as_decode, int *lin,
         st = tqkv_cuda_kv_attend_masked(kv, g->qb, n, NH, scale, g->h_lo, g->h_hi, g->ob);
     }
     if (st) return st;
-    gather_kernel<<<mc_grid_elems(T, (size_t)NH * 128), 256, 0, s>>>(
-        g->ob, g->tinfo, NH, n, gated ? g->qkv + hd : NULL, QS, g->att, xf, parts);
+    cuda_pdl_launch(g->pdl, gather_kernel, mc_grid_elems(T, (size_t)NH * 128), dim3(256), 0, s,
+                    g->ob, g->tinfo, NH, n, gated ? g->qkv + hd : NULL, QS, g->att, xf, parts);
     return mc_gemm_pre(g, g->att, QD, (int)T, L->wo, H, QD, L->bo, g->tmp, H);
 }
 
@@ -687,7 +692,7 @@ tqkv_status mc_layer_mixer(model_cuda *g, int l, int n, int as_decode, int *lin,
 void mc_residual_norm(model_cuda *g, const float *w, size_t T) {
     const tqkv_model_config *c = &g->m->cfg;
     rmsnorm_queue(g->x, g->tmp, w, c->rms_norm_eps, c->hidden_size, g->xn, mc_split_xf(g),
-                  g->gemm_parts, T, g->stream);
+                  g->gemm_parts, T, g->pdl, g->stream);
 }
 
 /* Layer l's feed-forward: xn [T, H] -> tmp [T, H] (the architecture's hook, e.g. routed

@@ -235,14 +235,15 @@ tqkv_status mc_gemm_pre(model_cuda *g, const float *x, size_t ldx, int T, const 
 /* Where a kernel before an mc_gemm_pre writes that GEMM's split: g->xf, or NULL (cuBLAS, which
  * splits itself, or presplit off: TQKV_GEMM_PRESPLIT=0). */
 uint16_t   *mc_split_xf(const model_cuda *g);
-/* h [T, I] = SwiGLU of gu [T, 2I] (gate | up) with the CPU's exp, queued on s; with xf also
- * h's GEMM split [parts, T, I] (mc_split_store), else NULL. */
+/* h [T, I] = SwiGLU of gu [T, 2I] (gate | up) with the CPU's exp, queued on s (pdl: a
+ * programmatic launch, util/cuda_pdl.cuh; g->pdl in a forward); with xf also h's GEMM split
+ * [parts, T, I] (mc_split_store), else NULL. */
 void        mc_swiglu_queue(const float *gu, int I, float *h, size_t T, uint16_t *xf, int parts,
-                            cudaStream_t s);
+                            int pdl, cudaStream_t s);
 /* h [T, I] = GeGLU (gelu_tanh(gate) * up) of gu [T, 2I], queued on s (Gemma 4, its experts);
- * xf, parts as for mc_swiglu_queue. */
+ * xf, parts, pdl as for mc_swiglu_queue. */
 void        mc_geglu_queue(const float *gu, int I, float *h, size_t T, uint16_t *xf, int parts,
-                           cudaStream_t s);
+                           int pdl, cudaStream_t s);
 /* Layer l's dense MLP of xn [T, H] into tmp [T, H] (gu, hh as scratch), on g's stream: the
  * common feed-forward, and an architecture's ffn hook's for the layers it does not own. */
 tqkv_status mc_ffn_dense(model_cuda *g, int l, int T);

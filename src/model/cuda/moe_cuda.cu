@@ -80,6 +80,8 @@ extern "C" {
  * grid mc_grid_elems(P, H), block 256. */
 __global__ void moe_gather_kernel(const float *__restrict__ xn, const int32_t *__restrict__ tok,
                                   int H, float *__restrict__ xg, uint16_t *__restrict__ xf, int parts) {
+    cuda_pdl_wait(); /* programmatic (g->pdl): the routing has completed */
+    cuda_pdl_trigger();
     const size_t p = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= H) return;
@@ -96,6 +98,8 @@ __global__ void moe_combine_kernel(const float *__restrict__ y, const int32_t *_
                                    const float *__restrict__ sy, const float *__restrict__ sg,
                                    float *__restrict__ out) {
     constexpr int U = 8;
+    cuda_pdl_wait(); /* programmatic (g->pdl): the experts' down GEMM has completed */
+    cuda_pdl_trigger();
     const size_t t = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= H) return;
@@ -126,7 +130,7 @@ static tqkv_status experts_gemm(model_cuda *g, mc_moe_state *x, const moe_routin
                                 const float *in, int K, const bf16 *w, int N, float *y) {
     if (!r->count && pre)
         return tqkv_cuda_gemm_grouped_presplit(r->P, (const uint16_t *)w, (size_t)N * K, N, K, y, N,
-                                               x->idx, r->G, r->most, x->xf, g->gemm_parts,
+                                               x->idx, r->G, r->most, x->xf, g->gemm_parts, g->pdl,
                                                g->stream);
     if (!r->count)
         return tqkv_cuda_gemm_grouped(in, K, r->P, (const uint16_t *)w, (size_t)N * K, N, K, y, N,
@@ -143,8 +147,8 @@ static tqkv_status experts_gemm(model_cuda *g, mc_moe_state *x, const moe_routin
 /* h [n, W] = act(gate) * up of gu [n, 2W] on g's stream; with xf also h's GEMM split. */
 static void act_queue(model_cuda *g, moe_act act, const float *gu, int W, float *h, size_t n,
                       uint16_t *xf) {
-    if (act == MOE_ACT_SILU) mc_swiglu_queue(gu, W, h, n, xf, g->gemm_parts, g->stream);
-    else mc_geglu_queue(gu, W, h, n, xf, g->gemm_parts, g->stream);
+    if (act == MOE_ACT_SILU) mc_swiglu_queue(gu, W, h, n, xf, g->gemm_parts, g->pdl, g->stream);
+    else mc_geglu_queue(gu, W, h, n, xf, g->gemm_parts, g->pdl, g->stream);
 }
 
 /* The shared expert of xn [T, H] into x->sy, its gate logits into x->sg. */
@@ -180,8 +184,8 @@ extern "C" tqkv_status mc_moe_queue(model_cuda *g, const mc_moe_layer *D, const 
     const int pre = !st && !r.count && split;
     uint16_t *xf = pre ? (uint16_t *)x->xf : NULL;
     if (!st && !r.gathered) /* (one token: maybe in the router kernel) */
-        moe_gather_kernel<<<mc_grid_elems(P, (size_t)H), 256, 0, s>>>(xn, tok, H, x->xg, xf,
-                                                                      g->gemm_parts);
+        cuda_pdl_launch(g->pdl, moe_gather_kernel, mc_grid_elems(P, (size_t)H), dim3(256), 0, s, xn,
+                        tok, H, x->xg, xf, g->gemm_parts);
     // ---- experts over their gathered rows: gate|up, activation, down
     if (!st) st = experts_gemm(g, x, &r, pre, x->xg, H, D->wgu, 2 * I, x->gu);
     if (!st) act_queue(g, sh->act, x->gu, I, x->h, P, xf);
@@ -190,8 +194,9 @@ extern "C" tqkv_status mc_moe_queue(model_cuda *g, const mc_moe_layer *D, const 
     const int shared = sh->shared_inter > 0;
     if (!st && shared) st = shared_queue(g, D, sh, x, xn, T);
     if (!st)
-        moe_combine_kernel<<<mc_grid_elems((size_t)T, (size_t)H), 256, 0, s>>>(
-            x->y, pair, x->idx + IDX_WB(E, P), K, H, shared ? x->sy : NULL, x->sg, out);
+        cuda_pdl_launch(g->pdl, moe_combine_kernel, mc_grid_elems((size_t)T, (size_t)H), dim3(256), 0,
+                        s, (const float *)x->y, pair, (const int32_t *)(x->idx + IDX_WB(E, P)), K, H,
+                        (const float *)(shared ? x->sy : NULL), (const float *)x->sg, out);
     if (!st) st = mc_ck(cudaGetLastError(), "experts kernels");
     return st;
 }

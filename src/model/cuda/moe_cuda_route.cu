@@ -412,6 +412,8 @@ template <int U>
 __global__ void __launch_bounds__(MOE_TAIL_THREADS)
 moe_router_kernel(const float *__restrict__ xr, const float *__restrict__ rw, int T, int E, int H,
                   int bf16x, float *__restrict__ logits, const moe_tail tail) {
+    cuda_pdl_wait(); /* programmatic (route_launch's pdl): the norm that wrote xr has completed */
+    cuda_pdl_trigger();
     const size_t gw = (size_t)blockIdx.x * 4 + (threadIdx.x >> 5);
     if (gw < (size_t)T * E) {
         const size_t t = gw / E, e = gw % E;
@@ -427,18 +429,24 @@ moe_router_kernel(const float *__restrict__ xr, const float *__restrict__ rw, in
  * SMs instead of E / 4, and the expert's row goes from DRAM once to the block's warps (L1)
  * instead of once a token. The tail's routing holds NJ experts a lane (NJ = 4 up to 128
  * experts: a quarter of the registers, code and guarded steps of MOE_NJ; the ones it leaves
- * out were never used). With tail.g1.xg (one token) the blocks also write the experts'
- * gathered rows first (moe_gather_kernel's stores: its launch is then left out).
+ * out were never used). With tail.g1.xg (one token) the blocks' warps 1 .. 3, idle in the
+ * dot, also write the experts' gathered rows (moe_gather_kernel's stores: its launch is then
+ * left out).
  * grid E ceil(T / 4), block 128. */
 template <int NJ>
 __global__ void __launch_bounds__(MOE_TAIL_THREADS)
 moe_router_wide_kernel(const float *__restrict__ xr, const float *__restrict__ rw, int T, int E,
                        int H, int bf16x, float *__restrict__ logits, const moe_tail tail) {
+    cuda_pdl_wait(); /* programmatic (route_launch's pdl): the norm that wrote xr has completed */
+    cuda_pdl_trigger();
     const int e = (int)(blockIdx.x % (unsigned)E);
     const int t = (int)(blockIdx.x / (unsigned)E) * (MOE_TAIL_THREADS / 32) + (threadIdx.x >> 5);
-    if (tail.g1.xg) { /* T = 1: tok [p] = 0 for every pair, whatever the picks */
+    if (tail.g1.xg && threadIdx.x >= 32) { /* T = 1: tok [p] = 0 for every pair, whatever the
+                                            * picks; warps 1 .. 3 (idle in the dot: t >= T), so
+                                            * warp 0's dot does not wait behind these loads */
+        constexpr unsigned NT = MOE_TAIL_THREADS - 32;
         const unsigned n = (unsigned)tail.r.K * (unsigned)H; /* K H < 2^32 (route_launch) */
-        for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        for (unsigned i = blockIdx.x * NT + threadIdx.x - 32; i < n; i += gridDim.x * NT) {
             const float v = tail.g1.xn[i % (unsigned)H];
             tail.g1.xg[i] = v;
             if (tail.g1.xf) mc_split_store(tail.g1.xf, n, i, v, tail.g1.parts);
@@ -538,11 +546,12 @@ __global__ void moe_place_kernel(const int32_t *__restrict__ sel, int P, int K, 
  * done: the zeroed counter), a block per expert up to MOE_WIDE_T tokens (router_wide_on), or
  * the router, route and place launches. g1.xg: one token's gather, which the block per
  * expert folds in (fold_gather_on): *gathered 1 when it did (2: the block per expert ran
- * without it, 0: another form). */
+ * without it, 0: another form). pdl: the router launched programmatically (its route and
+ * place launches, when separate, are plain). */
 static tqkv_status route_launch(cudaStream_t s, const float *router, const float *scale,
                                 int bf16x, int E, int K, int H, int norm, int T, const float *xr,
                                 float *logits, int32_t *idx, int *done, int *gathered,
-                                const moe_gather_one &g1) {
+                                const moe_gather_one &g1, int pdl) {
     const size_t P = (size_t)T * K;
     const int G = E < (int)P ? E : (int)P;
     moe_tail tl;
@@ -560,16 +569,11 @@ static tqkv_status route_launch(cudaStream_t s, const float *router, const float
         if (T == 1 && g1.xg && (size_t)K * H < (1u << 31) && fold_gather_on())
             tl.g1 = g1, *gathered = 1;
         const unsigned nw = (unsigned)E * (unsigned)((T + 3) / 4);
-        if (E <= 128)
-            moe_router_wide_kernel<4><<<nw, MOE_TAIL_THREADS, 0, s>>>(xr, router, T, E, H, bf16x,
-                                                                      logits, tl);
-        else
-            moe_router_wide_kernel<MOE_NJ><<<nw, MOE_TAIL_THREADS, 0, s>>>(xr, router, T, E, H,
-                                                                           bf16x, logits, tl);
-    } else if (P <= MOE_FUSED_P) {
-        moe_router_kernel<64><<<nb, MOE_TAIL_THREADS, 0, s>>>(xr, router, T, E, H, bf16x, logits, tl);
+        cuda_pdl_launch(pdl, E <= 128 ? moe_router_wide_kernel<4> : moe_router_wide_kernel<MOE_NJ>,
+                        dim3(nw), dim3(MOE_TAIL_THREADS), 0, s, xr, router, T, E, H, bf16x, logits, tl);
     } else {
-        moe_router_kernel<32><<<nb, MOE_TAIL_THREADS, 0, s>>>(xr, router, T, E, H, bf16x, logits, tl);
+        cuda_pdl_launch(pdl, P <= MOE_FUSED_P ? moe_router_kernel<64> : moe_router_kernel<32>,
+                        dim3(nb), dim3(MOE_TAIL_THREADS), 0, s, xr, router, T, E, H, bf16x, logits, tl);
     }
     if (!tl.done) {
         moe_route_kernel<<<(unsigned)T, 32, 0, s>>>(logits, tl.r);
@@ -598,7 +602,7 @@ tqkv_status mc_moe_route_queue(model_cuda *g, const mc_moe_layer *D, const moe_s
     /* one token's gather in the router, for the grouped GEMMs (the bounds: no read-back) */
     const moe_gather_one g1{xn, per_expert ? NULL : x->xg, xf, g->gemm_parts};
     tqkv_status st = route_launch(s, D->router, D->scale, g->m->bf16_act, E, K, H, sh->norm_topk,
-                                  T, xr, x->logits, x->idx, x->done, &r->gathered, g1);
+                                  T, xr, x->logits, x->idx, x->done, &r->gathered, g1, g->pdl);
     r->gathered = r->gathered == 1;
     if (st || (T <= GEMM_CUDA_SMALL_T && !per_expert)) return st;
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
@@ -645,7 +649,7 @@ static tqkv_status probe_run(probe_bufs *b, cudaStream_t s, const mc_moe_probe *
     int form = 0;
     if (!st) st = route_launch(s, b->rw, b->sc, q->bf16x, q->E, q->K, q->H, q->norm, q->T, b->xr,
                                b->logits, b->idx, b->done, &form,
-                               moe_gather_one{NULL, NULL, NULL, 0});
+                               moe_gather_one{NULL, NULL, NULL, 0}, 0);
     *wide = form == 2;
     if (!st) st = mc_ck(cudaMemcpyAsync(logits, b->logits, T * E * 4, cudaMemcpyDeviceToHost, s), "probe");
     if (!st) st = mc_ck(cudaMemcpyAsync(idx, b->idx, W * 4, cudaMemcpyDeviceToHost, s), "probe");

@@ -62,10 +62,12 @@ tqkv_status tqkv_cuda_gemm_presplit(int T, const uint16_t *w, int N, int K, cons
 int tqkv_cuda_gemm_pdl_probe(void *stream);
 
 /* tqkv_cuda_gemm_grouped whose activations are already in xf (x's split [parts, T, K], as
- * for tqkv_cuda_gemm_presplit): no split launch; the same bits. */
+ * for tqkv_cuda_gemm_presplit): no split launch; the same bits. pdl: a programmatic launch
+ * (util/cuda_pdl.cuh: every CTA waits before it reads the groups). */
 tqkv_status tqkv_cuda_gemm_grouped_presplit(int T, const uint16_t *w, size_t wstride, int N, int K,
                                             float *y, size_t ldy, const int32_t *groups, int G,
-                                            int max_rows, const void *xf, int parts, void *stream);
+                                            int max_rows, const void *xf, int parts, int pdl,
+                                            void *stream);
 
 /* G GEMMs over row groups of one x [T, K] (one split, one launch; the experts of a
  * mixture-of-experts layer): group g, groups[4 g ..] = {row0, rows, matrix, unused} (device

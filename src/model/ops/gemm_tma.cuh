@@ -180,7 +180,7 @@ __device__ __forceinline__ void tma_produce(const CUtensorMap *wmap, const CUten
     const uint32_t full = sbase + TTile<BN, P, ST, CL>::BARS, empty = full + 8 * ST;
     tma_prefetch_map(wmap);
     tma_prefetch_map(xmap);
-    mc_pdl_wait(); /* a programmatic launch: the kernel that wrote xb has completed */
+    cuda_pdl_wait(); /* a programmatic launch: the kernel that wrote xb has completed */
     uint32_t it = 0;
     for (int u = sc.first; u < sc.units; u += sc.step) {
         const int t0 = sched_t0<BN, CL>(sc, u), n0 = sched_n0<BN, CL>(sc, u);
@@ -211,7 +211,7 @@ __device__ __forceinline__ void tma_consume(int T, int N, const float *__restric
     using C = WTile<BN, P, ST>;
     const uint32_t full = sbase + TTile<BN, P, ST, CL>::BARS, empty = full + 8 * ST;
     const bool lead = (threadIdx.x & 31) == 0;
-    mc_pdl_wait(); /* y: a programmatic launch writes only after the kernel ahead completed */
+    cuda_pdl_wait(); /* y: a programmatic launch writes only after the kernel ahead completed */
     uint32_t it = 0;
     for (int u = sc.first; u < sc.units; u += sc.step) {
         float d[BN / 2];
@@ -308,7 +308,8 @@ __device__ __forceinline__ void st_produce(const CUtensorMap *wmap, const CUtens
         mb_expect_tx(full + 8 * kt, (uint32_t)C::STAGE); /* the boxes' bytes, zero fill included */
         tma_load_2d(sbase + kt * C::STAGE, wmap, full + 8 * kt, 64 * kt, n0);
     }
-    mc_pdl_wait(); /* a programmatic launch: the kernel that wrote xb has completed */
+    cuda_pdl_wait(); /* a programmatic launch: the kernel that wrote xb has completed */
+    cuda_pdl_trigger(); /* a programmatic kernel after this one may launch (and wait) */
     for (int kt = 0; kt < nk; kt++) {
         const uint32_t s = kt % ST, st = sbase + s * C::STAGE, fb = full + 8 * s;
         if (kt >= ST) {
@@ -355,7 +356,7 @@ gemm_st_kernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__
         __syncwarp();
         if (lane == 0) mb_arrive(empty + 8 * s);
     }
-    mc_pdl_wait(); /* y: a programmatic launch writes only after the kernel ahead completed */
+    cuda_pdl_wait(); /* y: a programmatic launch writes only after the kernel ahead completed */
     const int g = lane >> 2, c = lane & 3;
 #pragma unroll
     for (int q = 0; q < 4; q++) {

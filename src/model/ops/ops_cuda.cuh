@@ -14,22 +14,7 @@
 #include <math.h>
 #include <stdint.h>
 
-/* Programmatic Dependent Launch (PDL, sm_90; docs/CUDA.md "PDL"). mc_pdl_wait: this grid
- * waits until the kernel before it on the stream has completed and its writes are visible
- * (a no-op unless the kernel was launched with the programmatic serialization attribute: only
- * the decode GEMM is, gemm_cuda.cu). mc_pdl_trigger: a kernel lets the next one, when that
- * one is launched with the attribute, start early (its own wait still holds it back before
- * any dependent read); a no-op otherwise. Neither changes any arithmetic. */
-__device__ __forceinline__ void mc_pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void mc_pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
+#include "util/cuda_pdl.cuh" /* cuda_pdl_wait / _trigger / _launch */
 
 /* Block-wide double sum in a fixed order (blockDim 128): warp xor butterflies, then the
  * four warp sums as (w0 + w1) + (w2 + w3). sh: 4 doubles of shared memory. */

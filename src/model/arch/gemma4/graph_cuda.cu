@@ -211,7 +211,7 @@ static tqkv_status g4_ffn(model_cuda *g, int l, int T) {
     st = xf_mlp ? mc_gemm_pre(g, g->xn, H, T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I)
                 : mc_gemm(g, g->xn, H, T, L->wgu, 2 * I, H, NULL, g->gu, 2 * (size_t)I);
     if (st) return st;
-    mc_geglu_queue(g->gu, I, g->hh, (size_t)T, xf, g->gemm_parts, s);
+    mc_geglu_queue(g->gu, I, g->hh, (size_t)T, xf, g->gemm_parts, 0, s); /* (Gemma 4: plain launches) */
     return mc_gemm_pre(g, g->hh, I, T, L->wd, H, I, NULL, g->tmp, H);
 }
 

@@ -68,7 +68,7 @@ constexpr int G4_U = 8;
 __global__ void g4_rmsnorm_kernel(const float *__restrict__ x, const float *__restrict__ w,
                                   float eps, int H, float post, float *__restrict__ out,
                                   uint16_t *__restrict__ xf, int parts) {
-    mc_pdl_trigger(); /* the next GEMM (PDL) may start its weight stream */
+    cuda_pdl_trigger(); /* the next GEMM (PDL) may start its weight stream */
     constexpr int U = G4_U;
     __shared__ double sh[4];
     const size_t t = blockIdx.x;
@@ -146,7 +146,7 @@ __global__ void g4_residual_kernel(float *__restrict__ x, const float *__restric
                                    const float *__restrict__ wpost, float eps, int H, float ls,
                                    const float *__restrict__ wnext, float *__restrict__ xn,
                                    uint16_t *__restrict__ xf, int parts) {
-    mc_pdl_trigger(); /* the next GEMM (PDL) may start its weight stream */
+    cuda_pdl_trigger(); /* the next GEMM (PDL) may start its weight stream */
     constexpr int U = G4_U;
     __shared__ double sh[4];
     const size_t t = blockIdx.x;
@@ -202,7 +202,7 @@ template <int NV>
 __global__ void __launch_bounds__(128)
 g4_rmsnorm_regs_kernel(const float *__restrict__ x, const float *__restrict__ w, float eps, int H,
                        float post, float *__restrict__ out, uint16_t *__restrict__ xf, int parts) {
-    mc_pdl_trigger(); /* the next GEMM (PDL) may start its weight stream */
+    cuda_pdl_trigger(); /* the next GEMM (PDL) may start its weight stream */
     __shared__ double sh[4];
     const size_t t = blockIdx.x;
     const int i0 = threadIdx.x;
@@ -235,7 +235,7 @@ g4_residual_regs_kernel(float *__restrict__ x, const float *__restrict__ o,
                         const float *__restrict__ wpost, float eps, int H, float ls,
                         const float *__restrict__ wnext, float *__restrict__ xn,
                         uint16_t *__restrict__ xf, int parts) {
-    mc_pdl_trigger(); /* the next GEMM (PDL) may start its weight stream */
+    cuda_pdl_trigger(); /* the next GEMM (PDL) may start its weight stream */
     __shared__ double sh[4];
     const size_t t = blockIdx.x;
     const int i0 = threadIdx.x;
@@ -408,7 +408,7 @@ __global__ void g4_qkv_kernel(const float *__restrict__ qkv, int QS, int T, int 
 __global__ void g4_gather_kernel(const float *__restrict__ ob, const int32_t *__restrict__ tinfo,
                                  int NH, int n, int hd, float *__restrict__ att,
                                  uint16_t *__restrict__ xf, int parts) {
-    mc_pdl_trigger(); /* the next GEMM (PDL) may start its weight stream */
+    cuda_pdl_trigger(); /* the next GEMM (PDL) may start its weight stream */
     const size_t t = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x, QD = NH * hd;
     if (i >= QD) return;
@@ -423,7 +423,7 @@ __global__ void g4_gather_kernel(const float *__restrict__ ob, const int32_t *__
  * mc_grid_elems(T, P), block 256. */
 __global__ void g4_ple_gate_kernel(float *__restrict__ pg, const float *__restrict__ ple, int P,
                                    size_t LP, int l, uint16_t *__restrict__ xf, int parts) {
-    mc_pdl_trigger(); /* the next GEMM (PDL) may start its weight stream */
+    cuda_pdl_trigger(); /* the next GEMM (PDL) may start its weight stream */
     const size_t t = blockIdx.x;
     const int e = blockIdx.y * blockDim.x + threadIdx.x;
     if (e >= P) return;
