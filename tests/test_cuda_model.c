@@ -280,7 +280,7 @@ static double gemm_error(const float *x, const uint16_t *w, const float *b, cons
 }
 
 static const char *const g_tiles[] = {"s8",   "s16",  "s32", "s64", "m",   "l",  "xl", "s8n",
-                                      "s32w", "s64w", "s8t", "wl",  "wxl", "tl", "txl", "s8td"};
+                                      "s32w", "s64w", "s8t", "wl",  "wxl", "tl", "txl"};
 
 static void gemm_case(int K, int N, int parts) {
     /* every tile shape at every T: partial token tiles (3, 9, 17, 33, 70, 130), exact ones
@@ -1378,14 +1378,19 @@ static int graph_longest(const tqkv_model_state *s) {
     return m;
 }
 
-/* PDL (docs/CUDA.md "PDL"): the decode-size GEMMs' programmatic launches (TQKV_PDL=1; off by
- * default) change no bit. Two rows: a prefill of 29 tokens each (T = 58: decode-size GEMMs)
- * and 6 decode steps; run 0 with plain launches (TQKV_PDL=0) and graphs, run 1 with PDL and
- * graphs (the programmatic edges captured), run 2 with PDL kernel by kernel; every logit of
- * runs 1 and 2 must equal run 0's bitwise, and the graph runs must have replayed graphs. */
+/* PDL (docs/CUDA.md "PDL"): the forward's programmatic launches (TQKV_PDL, on by default:
+ * GEMMs, norms, q/k post, gather, activations, experts) and the cache's (tqkv_cuda_attn_pdl:
+ * encode, row advance, query prep, split kernel, merge) change no bit. Two rows: a prefill of
+ * 29 tokens each (T = 58: decode-size GEMMs) and 6 decode steps; run 0 with plain launches
+ * (TQKV_PDL=0, the cache's off) and graphs, run 1 with PDL and graphs (the programmatic edges
+ * captured), run 2 with PDL kernel by kernel; every logit of runs 1 and 2 must equal run 0's
+ * bitwise, and the graph runs must have replayed graphs. */
 static char *g_pdl_saved; /* TQKV_PDL as the test found it (NULL: unset) */
+static int g_attn_pdl_saved = -1; /* the cache's switch as the test found it */
 static int pdl_teardown(void **st) {
     (void)st;
+    if (g_attn_pdl_saved >= 0) tqkv_cuda_attn_pdl(g_attn_pdl_saved);
+    g_attn_pdl_saved = -1;
     if (g_pdl_saved) setenv("TQKV_PDL", g_pdl_saved, 1);
     else unsetenv("TQKV_PDL");
     free(g_pdl_saved);
@@ -1408,8 +1413,10 @@ static void test_pdl(void **st) {
     unsetenv("TQKV_CUDA_GRAPHS"); /* the graph runs must run as graphs */
     g_pdl_saved = getenv("TQKV_PDL") ? strdup(getenv("TQKV_PDL")) : NULL;
     const int probe = tqkv_cuda_gemm_pdl_probe(NULL);
+    g_attn_pdl_saved = tqkv_cuda_attn_pdl(-1);
     for (int run = 0; run < RUNS; run++) {
         setenv("TQKV_PDL", run ? "1" : "0", 1);
+        tqkv_cuda_attn_pdl(run ? 1 : 0);
         tqkv_model_state_params p = tqkv_model_state_params_default();
         p.rows = R;
         p.k_format = p.v_format = TQKV_TQ4;

@@ -30,12 +30,12 @@ extern "C" {
 // ---------------------------------------------------------------------------
 /* The append's encode and row advance and the attention's query prep, split kernel and merge
  * (tensor-core path, both head dims): -1 until the first attention setup reads TQKV_ATTN_PDL
- * (1: on; unset or anything else: off) or tqkv_cuda_attn_pdl sets it. */
+ * (0: off; unset or anything else: on) or tqkv_cuda_attn_pdl sets it. */
 static int g_attn_pdl = -1;
 static void attn_pdl_default(void) { /* the environment's choice, unless one was made */
     const char *env = getenv("TQKV_ATTN_PDL");
     int unset = -1;
-    __atomic_compare_exchange_n(&g_attn_pdl, &unset, env && *env && atoi(env) == 1, false,
+    __atomic_compare_exchange_n(&g_attn_pdl, &unset, !(env && !strcmp(env, "0")), false,
                                 __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
 }
 extern "C" int tqkv_cuda_attn_pdl(int on) {

@@ -117,11 +117,12 @@ tqkv_status tqkv_cuda_attn_setup(void);
 int tqkv_cuda_wide_tc(void);
 /* Whether decode attention's tensor-core path (tq formats, fp8 and the bf16 baseline at d =
  * 128; tq4 / tq3 at 256) launches its split kernel and merge with Programmatic Dependent
- * Launch (sm_90): the split kernel's prologue and first copies overlap the query prep, the
- * merge's launch the split kernel's end; every output bit is the same either way. on = 1 / 0
- * sets it, on < 0 only asks; returns the setting before the call (1 on, 0 off). Off unless
- * set here or TQKV_ATTN_PDL=1 is in the environment when the setup first runs. Not to be
- * changed while a call is being captured into a graph (the capture keeps the launches made). */
+ * Launch (sm_90), and so do the query prep and the append's encode and row advance (each
+ * waits for the kernel before it first): a kernel's launch overlaps the one before it; every
+ * output bit is the same either way. on = 1 / 0 sets it, on < 0 only asks; returns the setting
+ * before the call (1 on, 0 off). On unless set off here or TQKV_ATTN_PDL=0 is in the
+ * environment when the setup first runs. Not to be changed while a call is being captured into
+ * a graph (the capture keeps the launches made). */
 int tqkv_cuda_attn_pdl(int on);
 
 /* GPU decode attention (one query per row). q: DEVICE [rows, q_heads, head_dim] float,

@@ -356,10 +356,11 @@ extern "C" tqkv_status model_cuda_init(model_cuda **out, const tqkv_model *m,
     g->gemm_parts = m->bf16_act ? 1 : 2; /* the CPU's choice of activation precision */
     const char *pre = getenv("TQKV_GEMM_PRESPLIT"); /* "0": a split launch before each GEMM */
     g->presplit = !(pre && !strcmp(pre, "0"));
-    /* "1": the decode GEMMs' programmatic launches (off by default: measured 1.01-1.02x on the
-     * Llama-8B shape and tested bitwise on Qwen3 only; docs/CUDA.md "PDL") */
+    /* the decode chain's programmatic launches (docs/CUDA.md "PDL"): on unless TQKV_PDL=0
+     * (session 19: every kernel of a layer, 1.059x on the one-row Llama-8B step, 1.064x on
+     * Qwen3-30B-A3B's, H100) */
     const char *pdl = getenv("TQKV_PDL");
-    g->pdl = pdl && !strcmp(pdl, "1");
+    g->pdl = !(pdl && !strcmp(pdl, "0"));
     if (!st && g->pdl) g->pdl = tqkv_cuda_gemm_pdl_probe(g->stream); /* refused: plain */
     if (!st) st = mc_make_caches(g, rows);
     if (!st && p->device_fast_gemm) st = gemm_cublas_init(&g->cublas, g->stream);

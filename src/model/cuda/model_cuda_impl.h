@@ -142,8 +142,10 @@ struct model_cuda {
     int     gemm_parts;  /* 1: bf16 activations (the model's bf16_act); 2: hi + lo */
     int     presplit;    /* the kernel before a GEMM writes its activation split (default;
                             TQKV_GEMM_PRESPLIT=0: a split launch before every GEMM) */
-    int     pdl;         /* mc_gemm_pre's GEMMs at decode sizes launch with PDL (TQKV_PDL=1;
-                            by default, or when the device refused the attribute: plain) */
+    int     pdl;         /* the forward's kernels launch programmatically (PDL; util/cuda_pdl.cuh):
+                            the decode-size GEMMs, the norms, q/k post, gather, activations and
+                            the experts' kernels; on unless TQKV_PDL=0 or the device refused
+                            the attribute */
     float  *logits;      /* [cap_logits, V] (a tensor-parallel rank: [cap_logits, head_n]) */
     int     head_n;      /* lm_head rows: 0 = the vocabulary (a tensor-parallel rank: its
                           * vocabulary slice, tp_cuda.cu) */

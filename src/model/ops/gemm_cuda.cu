@@ -303,11 +303,8 @@ gemm_grouped_kernel(const uint16_t *__restrict__ xb, int TS, int K, const uint16
 /* s8t: s8n's arithmetic (16 weight rows a CTA, one consumer warp) fed by the copy engine
  * (gemm_tma.cuh's STile): (id, consumer warps, parts, stages); sm_90a only, the one-token pick
  * for narrow matrices (shape_pick);
- * s8n where a map can't be made, in the grouped launch and in other builds (the same bits).
- * s8td: s8t with 40 stages (120 / 160 KiB of shared memory: one CTA an SM) for matrices whose
- * N / 16 CTAs leave an SM one or none, so each SM keeps 80 KiB of weights in flight instead
- * of 32 (TQKV_GEMM_DEEP=1 picks it there; the same bits). */
-#define GEMM_ST_SHAPES(X) X(SH_S8T, 1, 1, 16) X(SH_S8T, 1, 2, 16) X(SH_S8TD, 1, 1, 40) X(SH_S8TD, 1, 2, 40)
+ * s8n where a map can't be made, in the grouped launch and in other builds (the same bits). */
+#define GEMM_ST_SHAPES(X) X(SH_S8T, 1, 1, 16) X(SH_S8T, 1, 2, 16)
 
 /* s8n: one token, 16 weight rows a CTA (one warp) with 16 stages in flight: twice the CTAs of
  * s8 where N / 32 CTAs leave SMs with one CTA of 28 KB in flight. (A 32-row 16-stage shape
@@ -316,16 +313,15 @@ gemm_grouped_kernel(const uint16_t *__restrict__ xb, int TS, int K, const uint16
  * instead of two of 32 x 16 / 32: each SM sub-partition gets a warp where N / 32 CTAs leave one
  * CTA an SM (Llama-8B's 4096-row matrices at T 33 .. 64: s64 took 1.49x cuBLAS's time). */
 enum { SH_S8, SH_S16, SH_S32, SH_S64, SH_M, SH_L, SH_XL, SH_S8N, SH_S32W, SH_S64W,
-       SH_S8T, SH_WL, SH_WXL, SH_TL, SH_TXL, SH_CXL, SH_S8TD, SH_N };
+       SH_S8T, SH_WL, SH_WXL, SH_TL, SH_TXL, SH_CXL, SH_N };
 static const char *const g_shape_name[SH_N] = {"s8",  "s16", "s32",  "s64",  "m",   "l",
                                                "xl",  "s8n", "s32w", "s64w", "s8t", "wl",
-                                               "wxl", "tl",  "txl",  "cxl",  "s8td"};
+                                               "wxl", "tl",  "txl",  "cxl"};
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT; /* TQKV_GEMM_TILE */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static unsigned g_done, g_bad; /* bit d: device d's tiles set up / refused (cuda_device.h) */
 static int g_sms = 132, g_force = -1;
-static int g_deep; /* TQKV_GEMM_DEEP=1: s8td in place of s8t (shape_pick) */
 /* TQKV_GEMM_TMA: 0 wl / wxl, 1 (default) tl / txl, 2 tl / cxl; cxl's clusters resident at once
  * (0: none, cxl runs as txl). Read by the sm_90a tiles only. */
 [[maybe_unused]] static int g_tma = 1, g_cxl_clusters;
@@ -427,8 +423,6 @@ static void gemm_init(void) {
      * refused unaligned W; the session-13 fault was that test step's, not the tiles');
      * TQKV_GEMM_TMA=0 keeps wl / wxl (same bits) */
     g_tma = !t ? 1 : !strcmp(t, "0") ? 0 : !strcmp(t, "2") ? 2 : 1;
-    const char *d = getenv("TQKV_GEMM_DEEP");
-    g_deep = d && !strcmp(d, "1");
 }
 
 /* Once per device, before its first launch: the kernels' shared memory and the SM count
@@ -516,7 +510,7 @@ static int shape_pick(int T, int N, int parts, int wg) {
      * Qwen3-30B-A3B step (o projection 2048 x 4096) +1.8%, Llama-8B's unchanged. T 2..8 keep
      * s8. */
     else if (T <= GEMM_CUDA_SMALL_T)
-        sh = T == 1 ? ((N + 15) / 16 <= g_sms ? (g_deep ? SH_S8TD : SH_S8T) : SH_S8N)
+        sh = T == 1 ? ((N + 15) / 16 <= g_sms ? SH_S8T : SH_S8N)
              : T <= 8 ? SH_S8 : T <= 16 ? SH_S16 : T <= 32 ? SH_S32 : pick_s64(N);
 #ifdef TQKV_CUDA_SM90A
     else if (wg) {
@@ -531,7 +525,7 @@ static int shape_pick(int T, int N, int parts, int wg) {
     if (!wg) /* no warpgroup or copy-engine tile: the same bits from the cp.async ones */
         sh = sh == SH_WL || sh == SH_TL                     ? SH_L
              : sh == SH_WXL || sh == SH_TXL || sh == SH_CXL ? SH_XL
-             : sh == SH_S8T || sh == SH_S8TD                ? SH_S8N
+             : sh == SH_S8T                                 ? SH_S8N
                                                             : sh;
     if (parts != 1) /* one part only */
         sh = sh == SH_XL ? SH_L : sh == SH_WXL ? SH_WL : sh == SH_TXL || sh == SH_CXL ? SH_TL : sh;
@@ -789,7 +783,7 @@ static tqkv_status gemm_launch(const uint16_t *xb, int T, const uint16_t *w, int
         done = launch_st<nw, p, st>(s, xb, T, K, w, N, bias, y, ldy, pdl);
     GEMM_ST_SHAPES(X)
 #undef X
-    if (!done && (sh == SH_S8T || sh == SH_S8TD)) sh = SH_S8N; /* no map: the same bits */
+    if (!done && sh == SH_S8T) sh = SH_S8N; /* no map: the same bits */
     if (done) return gemm_launched();
     sh = sh == SH_TL ? SH_WL : sh == SH_TXL ? SH_WXL : sh; /* no map (no encoder): the same bits */
 #endif
