@@ -34,10 +34,11 @@ __device__ __forceinline__ void cuda_pdl_trigger() {
 
 /* fn<<<grid, block, smem, s>>>(args...), programmatically when pdl is set (inside a stream
  * capture the graph records a programmatic edge); a launch the runtime refuses so is made
- * plainly (said once per kernel on stderr). The launch's error is left for
- * cudaGetLastError, as with <<<>>>. */
+ * plainly (said once per kernel and file on stderr). The launch's error is left for
+ * cudaGetLastError, as with <<<>>>. static: internal linkage, so its `told` flag is no symbol
+ * of the libraries. */
 template <typename... E, typename... A>
-inline void cuda_pdl_launch(int pdl, void (*fn)(E...), dim3 grid, dim3 block, size_t smem,
+static inline void cuda_pdl_launch(int pdl, void (*fn)(E...), dim3 grid, dim3 block, size_t smem,
                             cudaStream_t s, A... args) {
     static int told;
     if (pdl) {
