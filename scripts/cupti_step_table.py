@@ -3,9 +3,11 @@
 cupti_trace.so's CSV of `tqkv bench model` (graphs on): each forward starts at embed_kernel; the
 steps replayed from a CUDA graph (graph_id > 0) are the decode steps. Prints the median span of
 those steps, then, for the step nearest that median (the last such one), every kernel in start
-order with its start (us after the step's first), its duration and the gap since the kernel
-before it ended (negative: they overlapped, PDL), and the kernels folded by name: launches, busy
-us, gap us before them. With N only the first N kernels of the list. --json: one object."""
+order with its start (us after the step's first), its duration, the gap since the kernels before
+it ended (negative: they overlapped, PDL) and what it adds to the step (its end less the latest
+end before it: with PDL a kernel's duration includes its wait for the one before, so this is its
+share of the critical path), and the kernels folded by name: launches, busy us, gap us before
+them, us added. With N only the first N kernels of the list. --json: one object."""
 import collections, csv, json, re, statistics, subprocess, sys
 
 args = [a for a in sys.argv[1:] if a != "--json"]
@@ -49,15 +51,18 @@ t0 = step[0][0]
 listing, prev_end = [], None
 for st, en, g, grid, blk, n in step:
     gap = (st - prev_end) if prev_end is not None else 0
+    adds = max(0, en - prev_end) if prev_end is not None else en - st
     listing.append({"name": short(names[n]), "start_us": (st - t0) / 1e3, "us": (en - st) / 1e3,
-                    "gap_us": gap / 1e3, "grid": grid, "block": blk})
+                    "gap_us": gap / 1e3, "adds_us": adds / 1e3, "grid": grid, "block": blk})
     prev_end = en if prev_end is None else max(prev_end, en)
 fold = collections.OrderedDict()
 for k in listing:
-    a = fold.setdefault(k["name"], {"name": k["name"], "launches": 0, "us": 0.0, "gap_us": 0.0})
+    a = fold.setdefault(k["name"], {"name": k["name"], "launches": 0, "us": 0.0, "gap_us": 0.0,
+                                    "adds_us": 0.0})
     a["launches"] += 1
     a["us"] += k["us"]
     a["gap_us"] += k["gap_us"]
+    a["adds_us"] += k["adds_us"]
 busy = sum(k["us"] for k in listing)
 gaps = sum(max(0.0, k["gap_us"]) for k in listing)
 summary = {"forwards": len(steps), "graphed_steps": len(graphed), "step_span_us_median": med / 1e3,
@@ -70,10 +75,11 @@ if as_json:
 print(f"{len(graphed)} graphed steps of {len(steps)} forwards; span median {med / 1e3:.1f} us, "
       f"min {min(spans) / 1e3:.1f}; this step: {len(step)} kernels, busy {busy:.1f} us, idle gaps "
       f"{gaps:.1f} us")
-print(f"{'kernel':48} {'n':>4} {'busy us':>9} {'gap us':>8}")
+print(f"{'kernel':48} {'n':>4} {'busy us':>9} {'gap us':>8} {'adds us':>8}")
 for a in summary["by_name"]:
-    print(f"{a['name']:48} {a['launches']:4d} {a['us']:9.1f} {a['gap_us']:8.1f}")
+    print(f"{a['name']:48} {a['launches']:4d} {a['us']:9.1f} {a['gap_us']:8.1f} {a['adds_us']:8.1f}")
 print()
-print(f"{'kernel':48} {'start':>9} {'us':>7} {'gap':>6}  grid / block")
+print(f"{'kernel':48} {'start':>9} {'us':>7} {'gap':>6} {'adds':>6}  grid / block")
 for k in summary["kernels"]:
-    print(f"{k['name']:48} {k['start_us']:9.2f} {k['us']:7.2f} {k['gap_us']:6.2f}  {k['grid']} / {k['block']}")
+    print(f"{k['name']:48} {k['start_us']:9.2f} {k['us']:7.2f} {k['gap_us']:6.2f} {k['adds_us']:6.2f}  "
+          f"{k['grid']} / {k['block']}")
