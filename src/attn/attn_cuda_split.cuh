@@ -9,8 +9,8 @@
  * Owns: the kernel's parameters (Params<D>), its shared-memory layout, work items and their
  * claims, the stream of staged tiles and its mbarrier phases, the online softmax, the merge of
  * a group's warps and the partials' layout ([rows, q_heads, nsmax, D] unnormalized outputs in
- * the V domain, [rows, q_heads, nsmax] (max, sum) in base 2), the programmatic launch helpers
- * of the decode path (cuda_pdl_launch, cuda_pdl_wait, cuda_pdl_trigger: util/cuda_pdl.cuh; P.pdl, docs/CUDA.md).
+ * the V domain, [rows, q_heads, nsmax] (max, sum) in base 2), the coherent query load of a
+ * programmatic launch (ld_coherent; P.pdl; the launch helpers are util/cuda_pdl.cuh's).
  * Must not: mutate the cache, or let a row's result depend on other rows: a row's split size
  * depends only on its own token count (attn_cuda_splits.h), every reduction runs in a fixed
  * order.
@@ -120,9 +120,9 @@ inline Params<D> split_params(const cuda_kv *kv, const typename cuda_codec_of<D>
 
 // ---------------------------------------------------------------------------
 // Programmatic Dependent Launch (PDL, sm_90) of the decode launches: query prep -> split
-// kernel -> merge (docs/CUDA.md "Decode attention: the launches overlap")
+// kernel -> merge (docs/CUDA.md "Decode attention: the launches overlap"; cuda_pdl_wait /
+// cuda_pdl_trigger / cuda_pdl_launch: util/cuda_pdl.cuh)
 // ---------------------------------------------------------------------------
-/* cuda_pdl_wait / cuda_pdl_trigger / cuda_pdl_launch: util/cuda_pdl.cuh */
 /* A 16-byte load through the coherent path (a query written during this kernel's lifetime). */
 __device__ __forceinline__ uint4 ld_coherent(const uint4 *p) {
     uint4 v;
