@@ -195,8 +195,8 @@ extern "C" tqkv_status mc_moe_queue(model_cuda *g, const mc_moe_layer *D, const 
     if (!st && shared) st = shared_queue(g, D, sh, x, xn, T);
     if (!st)
         cuda_pdl_launch(g->pdl, moe_combine_kernel, mc_grid_elems((size_t)T, (size_t)H), dim3(256), 0,
-                        s, (const float *)x->y, pair, (const int32_t *)(x->idx + IDX_WB(E, P)), K, H,
-                        (const float *)(shared ? x->sy : NULL), (const float *)x->sg, out);
+                        s, x->y, pair, x->idx + IDX_WB(E, P), K, H, shared ? x->sy : NULL, x->sg,
+                        out);
     if (!st) st = mc_ck(cudaGetLastError(), "experts kernels");
     return st;
 }

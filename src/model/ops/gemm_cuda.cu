@@ -550,17 +550,11 @@ static cudaLaunchConfig_t pdl_config(dim3 grid, dim3 block, size_t smem, cudaStr
 }
 
 /* One GEMM kernel's launch on C's tile sizes over T tokens and N weight rows; pdl: a
- * programmatic launch (a plain one when the runtime refuses it). */
+ * programmatic launch (util/cuda_pdl.cuh: a plain one when the runtime refuses it). */
 template <class C, class... A>
 static void launch_tile(void (*kern)(A...), cudaStream_t s, int T, int N, int pdl, A... args) {
     const dim3 grid((unsigned)((T + C::BN - 1) / C::BN), (unsigned)((N + C::BM - 1) / C::BM));
-    if (pdl) {
-        cudaLaunchAttribute at;
-        const cudaLaunchConfig_t cfg = pdl_config(grid, dim3(C::THREADS), C::SMEM, s, &at);
-        if (cudaLaunchKernelEx(&cfg, kern, args...) == cudaSuccess) return;
-        (void)cudaGetLastError();
-    }
-    kern<<<grid, C::THREADS, C::SMEM, s>>>(args...);
+    cuda_pdl_launch(pdl, kern, grid, dim3(C::THREADS), C::SMEM, s, args...);
 }
 
 template <int WM, int WN, int MT, int NT, int P, int ST>
