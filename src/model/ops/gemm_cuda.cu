@@ -718,11 +718,12 @@ static int grouped_st8_on(void) {
     if (on < 0) {
         const char *e = getenv("TQKV_GROUPED_ST8");
         on = e && !strcmp(e, "1");
-        if (on) /* all of the SM's shared memory for the nine CTAs (a preference) */
-            (void)(cudaFuncSetAttribute(gemm_grouped_kernel<1, 1, 1, 1, 1, 8>,
-                                        cudaFuncAttributePreferredSharedMemoryCarveout, 100) ||
-                   cudaFuncSetAttribute(gemm_grouped_kernel<1, 1, 1, 1, 2, 8>,
-                                        cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+        if (on) { /* all of the SM's shared memory for the nine CTAs (a preference) */
+            (void)cudaFuncSetAttribute(gemm_grouped_kernel<1, 1, 1, 1, 1, 8>,
+                                       cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+            (void)cudaFuncSetAttribute(gemm_grouped_kernel<1, 1, 1, 1, 2, 8>,
+                                       cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+        }
     }
     return on;
 }
