@@ -74,8 +74,8 @@ __global__ void qprep_kernel(const float *__restrict__ q, uint16_t *__restrict__
  * output) merged in split order, divided by the sum, un-rotated once (V's signs sb and
  * 1 / sqrt(d) cinv; unrotate 0: the bf16 baseline). Lane s holds split s's (max, sum) (at
  * most 32 splits: split_count) and its weight 2^(max - M); the partial outputs are loaded 16
- * splits at a time (the first 16 with the row's length and the maxima), then added in split
- * order as before. M is the max over the splits' maxima
+ * splits at a time, then added in split order as before (only the row's own splits are
+ * read: a workspace slot past them may never have been written). M is the max over the splits' maxima
  * (fmaxf from -inf: a NaN max is dropped, as in the sequential loop). xf (or NULL): the
  * output's GEMM split too (util/cuda_split.cuh: hi at v d + i, lo at n d + v d + i when parts
  * = 2), the next GEMM's input without a kernel between. */
@@ -88,18 +88,10 @@ __global__ void merge_kernel(const float *__restrict__ po, const float2 *__restr
     cuda_pdl_trigger(); /* the kernel after (a programmatic one waits for this grid) */
     const int v = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (v >= n) return;
-    const int r = v / qh, nsl = min(nsmax, 32);
+    const int r = v / qh;
     const size_t base = (size_t)v * nsmax;
-    /* the row's length, the (max, sum) and the first B partials in one trip: every slot up to
-     * nsl is read (the workspace has them), the ones past the row's own splits left unused */
-    const int ntok = rows[r].ntok;
-    const float2 raw = lane < nsl ? pml[base + lane] : make_float2(-INFINITY, 0.0f);
-    float4 p0[B];
-#pragma unroll
-    for (int j = 0; j < B; j++)
-        if (j < nsl) p0[j] = reinterpret_cast<const float4 *>(po + (base + j) * D)[lane];
-    const int ns = min(split_count_m(ntok, smin), nsl);
-    const float2 ml = lane < ns ? raw : make_float2(-INFINITY, 0.0f);
+    const int ns = min(split_count_m(rows[r].ntok, smin), min(nsmax, 32));
+    const float2 ml = lane < ns ? pml[base + lane] : make_float2(-INFINITY, 0.0f);
     float M = fmaxf(-INFINITY, ml.x);
 #pragma unroll
     for (int m = 16; m; m >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, m));
@@ -111,8 +103,7 @@ __global__ void merge_kernel(const float *__restrict__ po, const float2 *__restr
             float4 p[B];
 #pragma unroll
             for (int j = 0; j < B; j++)
-                if (s0 == 0) p[j] = p0[j];
-                else if (s0 + j < ns) p[j] = reinterpret_cast<const float4 *>(po + (base + s0 + j) * D)[lane];
+                if (s0 + j < ns) p[j] = reinterpret_cast<const float4 *>(po + (base + s0 + j) * D)[lane];
 #pragma unroll
             for (int j = 0; j < B; j++) {
                 const int s = s0 + j;
@@ -242,7 +233,7 @@ static size_t ws_need(size_t nv, int nsmax, size_t *po_b, size_t *pml_b) {
 
 /* The d = 128 split kernel's shortest split (split_len_m): TQKV_SPLIT_MIN=128 (A/B), else
  * 256; read once, so the workspace size and every launch of the process agree. */
-static int split_min(void) {
+int attn_split_min(void) {
     static int smin = 0;
     if (!__atomic_load_n(&smin, __ATOMIC_RELAXED)) {
         const char *e = getenv("TQKV_SPLIT_MIN");
@@ -253,7 +244,7 @@ static int split_min(void) {
 
 extern "C" size_t tqkv_cuda_attend_ws_bytes(int rows, int q_heads, int max_tokens) {
     size_t a, b;
-    return ws_need((size_t)rows * q_heads, split_bound_m(max_tokens, split_min()), &a, &b);
+    return ws_need((size_t)rows * q_heads, split_bound_m(max_tokens, attn_split_min()), &a, &b);
 }
 
 static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale, float *out,
@@ -334,7 +325,7 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
 #endif
     int maxtok = 0;
     for (int r = 0; r < kv->rows; r++) maxtok = kv->h_offset[r] > maxtok ? kv->h_offset[r] : maxtok;
-    const int smin = split_min(), nsmax = split_bound_m(maxtok, smin);
+    const int smin = attn_split_min(), nsmax = split_bound_m(maxtok, smin);
     const size_t nv = (size_t)kv->rows * q_heads;
     size_t po_b, pml_b;
     const size_t need = ws_need(nv, nsmax, &po_b, &pml_b);

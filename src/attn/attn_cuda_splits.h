@@ -35,6 +35,8 @@ constexpr int split_bound_m(int n, int smin) {
     const int s = (n + smin - 1) / smin;
     return s < 1 ? 1 : s > 32 ? 32 : s;
 }
+/* The process's smin (attn_cuda.cu: TQKV_SPLIT_MIN=128, else 256, read once). */
+int attn_split_min(void);
 __host__ __device__ constexpr int split_len(int ntok) { return split_len_m(ntok, 256); }
 __host__ __device__ constexpr int split_count(int ntok) { return split_count_m(ntok, 256); }
 /* split_count(m) = ceil(m / 256) up to 8192 tokens, then at most 32 */

@@ -714,11 +714,14 @@ static tqkv_status gemm_launched(void) {
  * 16 (24 instead of 48 KB of shared memory: nine CTAs an SM instead of four, so a one-token
  * expert layer's CTAs fit one wave). The same copies and mmas: the same bits. */
 static int grouped_st8_on(void) {
-    static int on = -1;
+    static int flag = -1;     /* -1 until read; a race of two first reads stores the same */
+    int on = __atomic_load_n(&flag, __ATOMIC_RELAXED);
     if (on < 0) {
         const char *e = getenv("TQKV_GROUPED_ST8");
         on = e && !strcmp(e, "1");
-        if (on) { /* all of the SM's shared memory for the nine CTAs (a preference) */
+        __atomic_store_n(&flag, on, __ATOMIC_RELAXED);
+        if (on) { /* all of the SM's shared memory for the nine CTAs (a preference; the
+                   * device current at the first call) */
             (void)cudaFuncSetAttribute(gemm_grouped_kernel<1, 1, 1, 1, 1, 8>,
                                        cudaFuncAttributePreferredSharedMemoryCarveout, 100);
             (void)cudaFuncSetAttribute(gemm_grouped_kernel<1, 1, 1, 1, 2, 8>,
