@@ -2,7 +2,7 @@
  * cuda_pdl.cuh - Programmatic Dependent Launch (PDL, sm_90; docs/CUDA.md "PDL"), shared by
  * every layer's kernels (model, attn, cache, codec): the two grid-dependency instructions and
  * a launcher that asks for a programmatic launch.
- * Owns: cuda_pdl_wait, cuda_pdl_trigger, cuda_pdl_launch.
+ * Owns: cuda_pdl_wait, cuda_pdl_trigger, cuda_pdl_config, cuda_pdl_launch.
  * Must not: change any arithmetic (they only move when a kernel may start).
  *
  * A kernel launched programmatically (cuda_pdl_launch with pdl set) may start while the
@@ -32,6 +32,24 @@ __device__ __forceinline__ void cuda_pdl_trigger() {
 #endif
 }
 
+/* The launch configuration of a programmatic launch (the programmatic serialization
+ * attribute in *at, which must outlive the launch): the kernel may start before the one ahead
+ * of it on the stream has finished; its own cuda_pdl_wait orders its dependent reads. */
+static inline cudaLaunchConfig_t cuda_pdl_config(dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                                                 cudaLaunchAttribute *at) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    *at = cudaLaunchAttribute{};
+    at->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at->val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    return cfg;
+}
+
 /* fn<<<grid, block, smem, s>>>(args...), programmatically when pdl is set (inside a stream
  * capture the graph records a programmatic edge); a launch the runtime refuses so is made
  * plainly (said once per kernel and file on stderr). The launch's error is left for
@@ -42,16 +60,8 @@ static inline void cuda_pdl_launch(int pdl, void (*fn)(E...), dim3 grid, dim3 bl
                             cudaStream_t s, A... args) {
     static int told;
     if (pdl) {
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.gridDim = grid;
-        cfg.blockDim = block;
-        cfg.dynamicSmemBytes = smem;
-        cfg.stream = s;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
+        cudaLaunchAttribute at;
+        const cudaLaunchConfig_t cfg = cuda_pdl_config(grid, block, smem, s, &at);
         const cudaError_t e = cudaLaunchKernelEx(&cfg, fn, ((E)args)...);
         if (e == cudaSuccess) return;
         (void)cudaGetLastError();

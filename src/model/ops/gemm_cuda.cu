@@ -532,23 +532,6 @@ static int shape_pick(int T, int N, int parts, int wg) {
     return sh;
 }
 
-/* The programmatic serialization attribute (PDL): the kernel may start before the one
- * ahead of it on the stream has finished; its own cuda_pdl_wait orders its dependent reads. */
-static cudaLaunchConfig_t pdl_config(dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                                     cudaLaunchAttribute *at) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    *at = cudaLaunchAttribute{};
-    at->id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at->val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    return cfg;
-}
-
 /* One GEMM kernel's launch on C's tile sizes over T tokens and N weight rows; pdl: a
  * programmatic launch (util/cuda_pdl.cuh: a plain one when the runtime refuses it). */
 template <class C, class... A>
@@ -590,7 +573,7 @@ static bool launch_tma(cudaStream_t s, const uint16_t *xb, int T, int K, const u
         return false;
     cudaLaunchAttribute at[2];
     const dim3 grid((unsigned)(CL * (units < slots ? units : slots)));
-    cudaLaunchConfig_t cfg = pdl_config(grid, dim3(C::THREADS), C::SMEM, s, &at[1]); /* at[1]: PDL */
+    cudaLaunchConfig_t cfg = cuda_pdl_config(grid, dim3(C::THREADS), C::SMEM, s, &at[1]); /* at[1]: PDL */
     at[0] = cluster_attr(CL);
     cfg.attrs = CL > 1 ? at : at + 1;
     cfg.numAttrs = (CL > 1) + (pdl != 0);
@@ -628,7 +611,7 @@ __global__ void pdl_probe_kernel(int unused) {
 extern "C" int tqkv_cuda_gemm_pdl_probe(void *stream) {
     const cudaStream_t s = (cudaStream_t)stream;
     cudaLaunchAttribute at;
-    const cudaLaunchConfig_t cfg = pdl_config(dim3(1), dim3(32), 0, s, &at);
+    const cudaLaunchConfig_t cfg = cuda_pdl_config(dim3(1), dim3(32), 0, s, &at);
     if (cudaLaunchKernelEx(&cfg, pdl_probe_kernel, 0) != cudaSuccess || cudaStreamSynchronize(s) != cudaSuccess) {
         (void)cudaGetLastError();
         return 0;
