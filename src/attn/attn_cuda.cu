@@ -81,7 +81,7 @@ __global__ void qprep_kernel(const float *__restrict__ q, uint16_t *__restrict__
  * = 2), the next GEMM's input without a kernel between. */
 __global__ void merge_kernel(const float *__restrict__ po, const float2 *__restrict__ pml,
                              const cuda_row *__restrict__ rows, float *__restrict__ out, cw_sbits sb,
-                             float cinv, int unrotate, int qh, int nsmax, int smin, int n,
+                             float cinv, int unrotate, int qh, int nsmax, int n,
                              uint16_t *__restrict__ xf, int parts) {
     constexpr int B = 16;             /* splits' loads in flight */
     cuda_pdl_wait();    /* programmatic (attend): the split kernel's partials */
@@ -90,7 +90,7 @@ __global__ void merge_kernel(const float *__restrict__ po, const float2 *__restr
     if (v >= n) return;
     const int r = v / qh;
     const size_t base = (size_t)v * nsmax;
-    const int ns = min(split_count_m(rows[r].ntok, smin), min(nsmax, 32));
+    const int ns = min(split_count(rows[r].ntok), min(nsmax, 32));
     const float2 ml = lane < ns ? pml[base + lane] : make_float2(-INFINITY, 0.0f);
     float M = fmaxf(-INFINITY, ml.x);
 #pragma unroll
@@ -231,20 +231,9 @@ static size_t ws_need(size_t nv, int nsmax, size_t *po_b, size_t *pml_b) {
     return *po_b + *pml_b + nv * D * sizeof(float) + 256;
 }
 
-/* The d = 128 split kernel's shortest split (split_len_m): TQKV_SPLIT_MIN=128 (A/B), else
- * 256; read once, so the workspace size and every launch of the process agree. */
-int attn_split_min(void) {
-    static int smin = 0;
-    if (!__atomic_load_n(&smin, __ATOMIC_RELAXED)) {
-        const char *e = getenv("TQKV_SPLIT_MIN");
-        __atomic_store_n(&smin, e && !strcmp(e, "128") ? 128 : 256, __ATOMIC_RELAXED);
-    }
-    return __atomic_load_n(&smin, __ATOMIC_RELAXED);
-}
-
 extern "C" size_t tqkv_cuda_attend_ws_bytes(int rows, int q_heads, int max_tokens) {
     size_t a, b;
-    return ws_need((size_t)rows * q_heads, split_bound_m(max_tokens, attn_split_min()), &a, &b);
+    return ws_need((size_t)rows * q_heads, split_bound(max_tokens), &a, &b);
 }
 
 static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale, float *out,
@@ -325,7 +314,7 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
 #endif
     int maxtok = 0;
     for (int r = 0; r < kv->rows; r++) maxtok = kv->h_offset[r] > maxtok ? kv->h_offset[r] : maxtok;
-    const int smin = attn_split_min(), nsmax = split_bound_m(maxtok, smin);
+    const int nsmax = split_bound(maxtok);
     const size_t nv = (size_t)kv->rows * q_heads;
     size_t po_b, pml_b;
     const size_t need = ws_need(nv, nsmax, &po_b, &pml_b);
@@ -357,7 +346,6 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
                     kv->kc.inv, mul, nvi);
     Params<D> P = split_params<D>(kv, kv->kc, kv->vc, qp, po, pml, q_heads, nsmax);
     P.pdl = cuda_attn_pdl_on();
-    P.smin = smin;
     /* persistent: the resident CTAs, at most one per possible work item (a CTA's groups
      * take items gridDim.x apart, so the first items land on different SMs). pdl: the split
      * kernel's prologue (table, row scans, first copies) overlaps the query prep, the merge's
@@ -368,8 +356,8 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
     cuda_pdl_launch(P.pdl, k->fn, dim3(grid), dim3(k->ng * NW * 32), (size_t)k->smem, kv->stream, P);
     cuda_pdl_launch(P.pdl, merge_kernel, dim3(qgrid), dim3(128), 0, kv->stream, (const float *)po,
                (const float2 *)pml, (const cuda_row *)kv->d_rows, out, cw_sbits_of(kv->vc.signs, D),
-               kv->vc.inv, (int)(fmt != F_BF16 && fmt != F_FP8), q_heads, nsmax, smin,
-               nvi, xf, parts); /* tq: un-rotate */
+               kv->vc.inv, (int)(fmt != F_BF16 && fmt != F_FP8), q_heads, nsmax, nvi, xf,
+               parts); /* tq: un-rotate */
     return cuda_check(cudaGetLastError(), "attention kernel launch");
 }
 

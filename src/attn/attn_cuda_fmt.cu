@@ -8,9 +8,8 @@
  * the float32 split kernel fdec_kernel<D, KB, VB, MG> (attn_cuda_wide.cu's wdec_kernel with
  * the head dim, the K format and the V format as template arguments), the merge (split
  * order, divided by the sum, un-rotated once when V is tq) and the dispatch.
- * Splits: d = 128 by split_len / split_count (the tuned kernel's 256-token rule whatever
- * TQKV_SPLIT_MIN says: tqkv_cuda_attend_ws_bytes, sized for either rule, holds the
- * partials), d = 256 by wsplit_len / wsplit_count
+ * Splits: d = 128 by split_len / split_count (the tuned kernel's rule, so that
+ * tqkv_cuda_attend_ws_bytes holds the partials), d = 256 by wsplit_len / wsplit_count
  * (attn_cuda_splits.h); each row's from its own length on the device.
  * Must not: mutate the cache; let a row's result depend on other rows (per-row splits, fixed
  * reduction orders); allocate, free or wait when a workspace is passed.

@@ -46,14 +46,13 @@
 
 namespace {
 
-/* A row's split length and count at head dim D (attn_cuda_splits.h; smin: d = 128's shortest
- * split, Params::smin). */
-template <int D> __device__ __forceinline__ int dsplit_len(int ntok, int smin) {
-    if constexpr (D == 128) return split_len_m(ntok, smin);
+/* A row's split length and count at head dim D (attn_cuda_splits.h). */
+template <int D> __device__ __forceinline__ int dsplit_len(int ntok) {
+    if constexpr (D == 128) return split_len(ntok);
     else return tsplit_len(ntok);
 }
-template <int D> __device__ __forceinline__ int dsplit_count(int ntok, int smin) {
-    if constexpr (D == 128) return split_count_m(ntok, smin);
+template <int D> __device__ __forceinline__ int dsplit_count(int ntok) {
+    if constexpr (D == 128) return split_count(ntok);
     else return tsplit_count(ntok);
 }
 /* The row's splits that are numbered first (per kv head): those holding q8 window tokens (0
@@ -62,9 +61,9 @@ template <int D> __device__ __forceinline__ int dsplit_count(int ntok, int smin)
  * launch: with the window's splits numbered among the rest, the launch ended up to 80%
  * later than without the window (batch 8 / 64k, +0.18 ms at both batch 8 and 32). Only the
  * order in which items are taken changes, not what an item computes. */
-template <int D> __device__ __forceinline__ int dsplit_first(const cuda_row &row, int smin) {
+template <int D> __device__ __forceinline__ int dsplit_first(const cuda_row &row) {
     if (row.wstart >= row.ntok) return 0;                  /* no window (or an empty row) */
-    return dsplit_count<D>(row.ntok, smin) - row.wstart / dsplit_len<D>(row.ntok, smin);
+    return dsplit_count<D>(row.ntok) - row.wstart / dsplit_len<D>(row.ntok);
 }
 
 // ---------------------------------------------------------------------------
@@ -82,7 +81,6 @@ template <int D> struct Params {
     float2 *pml;              /* [rows, qh, nsmax] (max of s + log2 f, sum) in base 2 */
     int nrows, kvh, G, qh, cap;
     int nsmax;                /* split stride of po / pml: >= every row's split_count */
-    int smin;                 /* d = 128: the shortest split (split_len_m; split_params: 256) */
     int *work;                /* [2] counters (next item, groups done), zero between launches */
     typename cuda_codec_of<D>::type kc, vc;  /* the kernel reads kc.cent (one format for K and V), and
                                               * vc.cent for the pairs of two formats */
@@ -113,7 +111,6 @@ inline Params<D> split_params(const cuda_kv *kv, const typename cuda_codec_of<D>
     P.qh = q_heads;
     P.cap = kv->cap;
     P.nsmax = nsmax;
-    P.smin = 256;
     P.work = kv->d_work;
     P.kc = kc;
     P.vc = vc;
@@ -312,9 +309,9 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
         const int per = (P.nrows + NT - 1) / NT, r0 = threadIdx.x * per;
         int sum0 = 0, sum1 = 0;
         for (int r = r0; r < r0 + per && r < P.nrows; r++) {
-            const int f = dsplit_first<D>(P.rows[r], P.smin);
+            const int f = dsplit_first<D>(P.rows[r]);
             sum0 += P.kvh * f;
-            sum1 += P.kvh * (dsplit_count<D>(P.rows[r].ntok, P.smin) - f);
+            sum1 += P.kvh * (dsplit_count<D>(P.rows[r].ntok) - f);
         }
         int inc0 = sum0, inc1 = sum1;                          /* inclusive scans in the warp */
 #pragma unroll
@@ -337,11 +334,11 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
         }
         int run0 = base0 + inc0 - sum0, run1 = base1 + inc1 - sum1;
         for (int r = r0; r < r0 + per && r < P.nrows; r++) {
-            const int f = dsplit_first<D>(P.rows[r], P.smin);
+            const int f = dsplit_first<D>(P.rows[r]);
             s_pre0[r] = run0;
             s_pre[r] = run1;
             run0 += P.kvh * f;
-            run1 += P.kvh * (dsplit_count<D>(P.rows[r].ntok, P.smin) - f);
+            run1 += P.kvh * (dsplit_count<D>(P.rows[r].ntok) - f);
         }
         if (threadIdx.x == NT - 1) {
             s_pre0[P.nrows] = base0 + inc0;
@@ -383,11 +380,11 @@ __global__ void __launch_bounds__(NG * NW * 32, 1) split_kernel(const Params<D> 
         x.r = lo_r;
         x.row = P.rows[x.r];
         const int ntok = x.row.ntok;
-        const int nsr = dsplit_count<D>(ntok, P.smin), f = dsplit_first<D>(x.row, P.smin), local = it - pre[x.r];
+        const int nsr = dsplit_count<D>(ntok), f = dsplit_first<D>(x.row), local = it - pre[x.r];
         const int n = run0 ? f : nsr - f;                      /* > 0: the row holds item */
         x.h = local / n;
         x.sp = local - x.h * n + (run0 ? nsr - f : 0);
-        const int seg = dsplit_len<D>(ntok, P.smin);
+        const int seg = dsplit_len<D>(ntok);
         x.a = x.sp * seg;
         x.z = min(ntok, x.a + seg);
         x.rh = (size_t)x.r * P.kvh + x.h;

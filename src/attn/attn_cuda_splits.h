@@ -16,46 +16,21 @@
 // ---------------------------------------------------------------------------
 // d = 128, the tensor-core split kernel (attn_cuda.cu)
 // ---------------------------------------------------------------------------
-/* A row's split length with splits of at least (and multiples of) smin tokens: 256 (the
- * rule), or 128 where the split kernel's and merge's caller asks for it (TQKV_SPLIT_MIN=128,
- * attn_cuda.cu: an A/B of short rows' latency, one more CTA's worth of parallel work per
- * 128 tokens; a row's splits still depend on nothing but its own length). */
-__host__ __device__ constexpr int split_len_m(int ntok, int smin) {
-    const int s = ((ntok + 31) / 32 + smin - 1) / smin * smin; /* <= 32 splits per (row, head) */
-    return s < smin ? smin : s;
+__host__ __device__ inline int split_len(int ntok) {
+    int s = (ntok + 31) / 32;                 /* aim at <= 32 splits per (row, head) */
+    s = (s + 255) / 256 * 256;                /* multiple of 256 tokens */
+    return s < 256 ? 256 : s;
 }
-__host__ __device__ constexpr int split_count_m(int ntok, int smin) {
-    return ntok <= 0 ? 0 : (ntok + split_len_m(ntok, smin) - 1) / split_len_m(ntok, smin);
+__host__ __device__ inline int split_count(int ntok) {
+    return ntok <= 0 ? 0 : (ntok + split_len(ntok) - 1) / split_len(ntok);
 }
-/* The split stride for rows of at most n tokens: >= split_count_m(m, smin) for every m <= n
- * (a split is at least smin and at least ceil(m / 32) tokens, so at most min(32, ceil(m /
- * smin)) of them), and monotone in n, so the workspace and the launch only change when it
- * does (CUDA graphs key on it). */
-constexpr int split_bound_m(int n, int smin) {
-    const int s = (n + smin - 1) / smin;
+/* The split stride for rows of at most n tokens: >= split_count(m) for every m <= n
+ * (split_count(m) = ceil(m / 256) up to 8192 tokens, then at most 32), and monotone in n,
+ * so the workspace and the launch only change when it does (CUDA graphs key on it). */
+constexpr int split_bound(int n) {
+    const int s = (n + 255) / 256;
     return s < 1 ? 1 : s > 32 ? 32 : s;
 }
-/* The process's smin (attn_cuda.cu: TQKV_SPLIT_MIN=128, else 256, read once). */
-int attn_split_min(void);
-__host__ __device__ constexpr int split_len(int ntok) { return split_len_m(ntok, 256); }
-__host__ __device__ constexpr int split_count(int ntok) { return split_count_m(ntok, 256); }
-/* split_count(m) = ceil(m / 256) up to 8192 tokens, then at most 32 */
-constexpr int split_bound(int n) { return split_bound_m(n, 256); }
-
-/* Both rules against their bound, for every length up to 20000 and a sample beyond. */
-constexpr bool split_m_ok(int n, int smin) {
-    const int len = split_len_m(n, smin), cnt = split_count_m(n, smin);
-    return len % smin == 0 && cnt * len >= n && (cnt - 1) * len < n && cnt <= split_bound_m(n, smin) &&
-           split_bound_m(n, smin) <= split_bound_m(n + 1, smin);
-}
-constexpr bool split_m_all_ok(int smin) {
-    for (int n = 1; n <= 20000; n++)
-        if (!split_m_ok(n, smin)) return false;
-    for (int n = 20001; n < (1 << 24); n += 8191)
-        if (!split_m_ok(n, smin)) return false;
-    return true;
-}
-static_assert(split_m_all_ok(256) && split_m_all_ok(128), "the d = 128 splits fit the workspace bound");
 
 // ---------------------------------------------------------------------------
 // d = 256, the float32 split kernel (attn_cuda_wide.cu, wdec_kernel)

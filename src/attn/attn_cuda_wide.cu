@@ -453,11 +453,7 @@ extern "C" size_t tqkv_cuda_attend_ws_bytes_dim(int rows, int q_heads, int max_t
     if (head_dim == CUDA_DIM) return tqkv_cuda_attend_ws_bytes(rows, q_heads, max_tokens);
     size_t po_b, pml_b;
     const size_t nv = (size_t)(rows > 0 ? rows : 0) * (size_t)(q_heads > 0 ? q_heads : 0);
-    /* 4x the d = 128 bound of this process's rule (TQKV_SPLIT_MIN=128: >= wsplit_bound), so
-     * the figure stays a strictly increasing function of the d = 128 one: a graph key taking
-     * the larger of both changes wherever the d = 128 launch shape does */
-    const int b = 4 * split_bound_m(max_tokens, attn_split_min()), w = wsplit_bound(max_tokens);
-    return wide_ws(nv, b > w ? b : w, &po_b, &pml_b);
+    return wide_ws(nv, wsplit_bound(max_tokens), &po_b, &pml_b);
 }
 
 /* The tensor-core kernel's partials of kv (F: its format) into po / pml, its queries in qp;
