@@ -58,7 +58,10 @@
  *   - programmatic launches of the decode path (tqkv_cuda_attn_pdl, test_cuda_decode_pdl): tq4
  *     and tq3 at head_dim 128 and 256, ragged rows (one shorter than a split, the q8 window,
  *     more items than the persistent grid), alone, back to back and in a replayed graph, each
- *     bitwise equal to plain launches of the same queries.
+ *     bitwise equal to plain launches of the same queries;
+ *   - the merge writing the next GEMM's split (tqkv_cuda_kv_attend_ws_xf, test_cuda_attend_xf):
+ *     tq4 / tq3 at d 128: out bitwise attend_ws's, the split (bf16(out), bf16(out - hi)) for
+ *     parts 1 and 2; at d 256 not written (xf_done 0, xf untouched); bad arguments refused.
  * Exits 77 (skipped) when the build has no CUDA or no GPU is present.
  */
 #include <math.h>
@@ -2159,6 +2162,84 @@ static void test_cuda_decode_pdl(void **state) {
             }
 }
 
+// ---------------------------------------------------------------------------
+// The merge writing the next GEMM's split (tqkv_cuda_kv_attend_ws_xf)
+// ---------------------------------------------------------------------------
+/* One case of test_cuda_attend_xf: out bitwise equal to tqkv_cuda_kv_attend_ws's; at d = 128
+ * xf = (bf16(out), bf16(out - hi)) for every element (parts 1: hi only, the lo half left as
+ * poisoned), at d = 256 *xf_done = 0 and xf untouched. */
+static void xf_case(cuda_kv *kv, test_rng *r, int R, int qh, int D, int maxlen, const char *what) {
+    const size_t n = (size_t)R * qh * D;
+    float *q = malloc(n * 4), *ref = malloc(n * 4), *out = malloc(n * 4), *dq, *dout;
+    uint16_t *xf = malloc(2 * n * 2), *dxf;
+    assert_true(q && ref && out && xf);
+    rng_fill_normal(r, q, n, 1.0f);
+    dq = dev_copy(q, n);
+    const size_t wsb = tqkv_cuda_attend_ws_bytes_dim(R, qh, maxlen, D);
+    void *ws;
+    assert_int_equal(tqkv_cuda_malloc(&ws, wsb), TQKV_OK);
+    assert_int_equal(tqkv_cuda_malloc((void **)&dout, n * 4), TQKV_OK);
+    assert_int_equal(tqkv_cuda_malloc((void **)&dxf, 2 * n * 2), TQKV_OK);
+    assert_int_equal(tqkv_cuda_kv_attend_ws(kv, dq, qh, 0.0884f, dout, ws, wsb), TQKV_OK);
+    assert_int_equal(tqkv_cuda_sync(), TQKV_OK);
+    assert_int_equal(tqkv_cuda_d2h(ref, dout, n * 4), TQKV_OK);
+    int done = -1;
+    assert_int_equal(tqkv_cuda_kv_attend_ws_xf(kv, dq, qh, 0.0884f, dout, dxf, 3, ws, wsb, &done),
+                     TQKV_EINVAL);
+    assert_int_equal(tqkv_cuda_kv_attend_ws_xf(kv, dq, qh, 0.0884f, dout, dxf, 1, ws, wsb, NULL),
+                     TQKV_EINVAL);
+    for (int parts = 1; parts <= 2; parts++) {
+        memset(xf, 0xA5, 2 * n * 2);
+        assert_int_equal(tqkv_cuda_h2d(dxf, xf, 2 * n * 2), TQKV_OK);
+        assert_int_equal(tqkv_cuda_sync(), TQKV_OK);
+        assert_int_equal(tqkv_cuda_kv_attend_ws_xf(kv, dq, qh, 0.0884f, dout, dxf, parts, ws, wsb, &done),
+                         TQKV_OK);
+        assert_int_equal(tqkv_cuda_sync(), TQKV_OK);
+        assert_int_equal(tqkv_cuda_d2h(out, dout, n * 4), TQKV_OK);
+        assert_int_equal(tqkv_cuda_d2h(xf, dxf, 2 * n * 2), TQKV_OK);
+        if (memcmp(out, ref, n * 4)) fail_msg("%s: parts %d: out differs from attend_ws's", what, parts);
+        if (done != (D == 128)) fail_msg("%s: xf_done %d at d %d", what, done, D);
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++) {
+            const float hi = bf16_round(out[i]), lo = bf16_round(out[i] - hi);
+            uint32_t hb, lb;
+            memcpy(&hb, &hi, 4);
+            memcpy(&lb, &lo, 4);
+            const uint16_t want_hi = done ? (uint16_t)(hb >> 16) : 0xA5A5;
+            const uint16_t want_lo = done && parts == 2 ? (uint16_t)(lb >> 16) : 0xA5A5;
+            bad += xf[i] != want_hi || xf[n + i] != want_lo;
+        }
+        if (bad) fail_msg("%s: parts %d: %zu of %zu split elements wrong", what, parts, bad, n);
+    }
+    printf("attend_ws_xf %s: out bitwise attend_ws's, split %s\n", what,
+           D == 128 ? "exact (parts 1, 2)" : "left alone (d 256)");
+    tqkv_cuda_free(dq);
+    tqkv_cuda_free(dout);
+    tqkv_cuda_free(dxf);
+    tqkv_cuda_free(ws);
+    free(q), free(ref), free(out), free(xf);
+}
+
+/* tqkv_cuda_kv_attend_ws_xf on tq4 and tq3 caches at d 128 and 256 (xf_case), 3 rows of
+ * 30-5000 tokens, 2 kv heads x G 4, the q8 window on for tq3; bad parts and a NULL
+ * xf_done refused. */
+static void test_cuda_attend_xf(void **state) {
+    (void)state;
+    test_rng r;
+    rng_init(&r, test_seed() ^ 0xAF1);
+    const tqkv_format fm[2] = {TQKV_TQ4, TQKV_TQ3};
+    for (int D = 128; D <= 256; D *= 2)
+        for (int fi = 0; fi < 2; fi++) {
+            const int R = 3, H = 2, G = 4, W = fi ? 64 : 0;
+            int lens[3] = {rng_int(&r, 30, 200), rng_int(&r, 500, 2000), rng_int(&r, 3000, 5000)};
+            cuda_kv *kv = pdl_cache(&r, fm[fi], D, H, W, R, lens);
+            char what[80];
+            snprintf(what, sizeof what, "d %d %s window %d", D, tqkv_format_name(fm[fi]), W);
+            xf_case(kv, &r, R, H * G, D, lens[2], what);
+            tqkv_cuda_kv_free(kv);
+        }
+}
+
 int main(void) {
     if (!tqkv_cuda_available()) {
         printf("SKIPPED: no CUDA device\n");
@@ -2175,7 +2256,7 @@ int main(void) {
         cmocka_unit_test(test_cuda_encode_fmt),        cmocka_unit_test(test_cuda_decode_fmt),
         cmocka_unit_test(test_cuda_prefill_fmt),       cmocka_unit_test(test_cuda_rows_fmt),
         cmocka_unit_test(test_cuda_prefill_bf16),      cmocka_unit_test(test_cuda_decode_pdl),
-        cmocka_unit_test(test_cuda_rows_inplace),
+        cmocka_unit_test(test_cuda_rows_inplace),      cmocka_unit_test(test_cuda_attend_xf),
     };
     test_seed();
     const char *only = getenv("TQKV_TEST_FILTER"); /* e.g. test_cuda_attend_tq, for seed sweeps */

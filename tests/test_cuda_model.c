@@ -588,7 +588,8 @@ static void test_invariance_tq4(void **st) { (void)st; invariance(TQKV_TQ4, 0); 
 static void test_invariance_tq3_window(void **st) { (void)st; invariance(TQKV_TQ3, 16); }
 
 
-/* The GEMM activation splits that the norms, the attention gather and SwiGLU write
+/* The GEMM activation splits that the norms, the attention gather (at one token a row: the
+ * attention's merge, tqkv_cuda_kv_attend_ws_xf, with no gather) and SwiGLU write
  * (mc_split_store) are the split kernel's: the forward with them (default) equals the
  * forward with TQKV_GEMM_PRESPLIT=0 (a split launch before every GEMM) bit for bit, with
  * bf16 activations and with hi + lo, in prefill and decode. */

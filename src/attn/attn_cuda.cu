@@ -31,6 +31,7 @@ extern "C" {
 #include "attn/attn_cuda_split.cuh"
 #include "cache/cache_cuda_impl.h"
 #include "codec/codec_cuda.cuh"
+#include "util/cuda_split.cuh"
 
 namespace {
 
@@ -73,19 +74,24 @@ __global__ void qprep_kernel(const float *__restrict__ q, uint16_t *__restrict__
  * output) merged in split order, divided by the sum, un-rotated once (V's signs sb and
  * 1 / sqrt(d) cinv; unrotate 0: the bf16 baseline). Lane s holds split s's (max, sum) (at
  * most 32 splits: split_count) and its weight 2^(max - M); the partial outputs are loaded 16
- * splits at a time, then added in split order as before. M is the max over the splits' maxima
- * (fmaxf from -inf: a NaN max is dropped, as in the sequential loop). */
+ * splits at a time, then added in split order as before (only the row's own splits are
+ * read: a workspace slot past them may never have been written). M is the max over the splits' maxima
+ * (fmaxf from -inf: a NaN max is dropped, as in the sequential loop). xf (or NULL): the
+ * output's GEMM split too (util/cuda_split.cuh: hi at v d + i, lo at n d + v d + i when parts
+ * = 2), the next GEMM's input without a kernel between. */
 __global__ void merge_kernel(const float *__restrict__ po, const float2 *__restrict__ pml,
                              const cuda_row *__restrict__ rows, float *__restrict__ out, cw_sbits sb,
-                             float cinv, int unrotate, int qh, int nsmax, int n) {
+                             float cinv, int unrotate, int qh, int nsmax, int n,
+                             uint16_t *__restrict__ xf, int parts) {
     constexpr int B = 16;             /* splits' loads in flight */
     cuda_pdl_wait();    /* programmatic (attend): the split kernel's partials */
     cuda_pdl_trigger(); /* the kernel after (a programmatic one waits for this grid) */
     const int v = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (v >= n) return;
     const int r = v / qh;
+    const size_t base = (size_t)v * nsmax;
     const int ns = min(split_count(rows[r].ntok), min(nsmax, 32));
-    const float2 ml = lane < ns ? pml[(size_t)v * nsmax + lane] : make_float2(-INFINITY, 0.0f);
+    const float2 ml = lane < ns ? pml[base + lane] : make_float2(-INFINITY, 0.0f);
     float M = fmaxf(-INFINITY, ml.x);
 #pragma unroll
     for (int m = 16; m; m >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, m));
@@ -97,8 +103,7 @@ __global__ void merge_kernel(const float *__restrict__ po, const float2 *__restr
             float4 p[B];
 #pragma unroll
             for (int j = 0; j < B; j++)
-                if (s0 + j < ns)
-                    p[j] = reinterpret_cast<const float4 *>(po + ((size_t)v * nsmax + s0 + j) * D)[lane];
+                if (s0 + j < ns) p[j] = reinterpret_cast<const float4 *>(po + (base + s0 + j) * D)[lane];
 #pragma unroll
             for (int j = 0; j < B; j++) {
                 const int s = s0 + j;
@@ -118,6 +123,16 @@ __global__ void merge_kernel(const float *__restrict__ po, const float2 *__restr
         cw_unrotate(o, s, cinv, lane);
     }
     reinterpret_cast<float4 *>(out + (size_t)v * D)[lane] = make_float4(o[0], o[1], o[2], o[3]);
+    if (xf) {
+        uint16_t hi[4], lo[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) hi[k] = cuda_split_hi(o[k]), lo[k] = cuda_split_lo(o[k], hi[k]);
+        const size_t i = (size_t)v * D + 4 * lane;
+        *reinterpret_cast<uint2 *>(xf + i) = make_uint2(hi[0] | (uint32_t)hi[1] << 16, hi[2] | (uint32_t)hi[3] << 16);
+        if (parts == 2)
+            *reinterpret_cast<uint2 *>(xf + (size_t)n * D + i) =
+                make_uint2(lo[0] | (uint32_t)lo[1] << 16, lo[2] | (uint32_t)lo[3] << 16);
+    }
 }
 
 } // namespace
@@ -222,23 +237,36 @@ extern "C" size_t tqkv_cuda_attend_ws_bytes(int rows, int q_heads, int max_token
 }
 
 static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale, float *out,
-                          void *ws, size_t ws_bytes);
+                          uint16_t *xf, int parts, void *ws, size_t ws_bytes);
 
 extern "C" tqkv_status tqkv_cuda_kv_attend_ws(cuda_kv *kv, const float *q, int q_heads, float scale,
                                          float *out, void *ws, size_t ws_bytes) {
+    int xf_done;
+    return tqkv_cuda_kv_attend_ws_xf(kv, q, q_heads, scale, out, NULL, 1, ws, ws_bytes, &xf_done);
+}
+
+extern "C" tqkv_status tqkv_cuda_kv_attend_ws_xf(cuda_kv *kv, const float *q, int q_heads, float scale,
+                                            float *out, uint16_t *xf, int parts, void *ws,
+                                            size_t ws_bytes, int *xf_done) {
+    if (!xf_done) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_attend_ws_xf: NULL xf_done");
+    *xf_done = 0;
     if (!ws) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_attend_ws: NULL workspace");
+    if (xf && parts != 1 && parts != 2)
+        return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_attend_ws_xf: parts %d (1 or 2)", parts);
     /* fp8, tq2, mixed tq: the float32 kernel of attn_cuda_fmt.cu (both dims) */
     if (cuda_kv_fmt_generic(kv)) return cuda_attend_decode_fmt(kv, q, q_heads, scale, out, ws, ws_bytes);
     /* d = 256: attn_cuda_wide.cu (the tensor-core or the float32 split kernel, the merge) */
     if (kv && kv->d != D) return cuda_attend_decode_wide(kv, q, q_heads, scale, out, ws, ws_bytes);
-    return attend(kv, q, q_heads, scale, out, ws, ws_bytes);
+    const tqkv_status st = attend(kv, q, q_heads, scale, out, xf, parts, ws, ws_bytes);
+    *xf_done = !st && xf != NULL;
+    return st;
 }
 
 extern "C" tqkv_status tqkv_cuda_kv_attend(cuda_kv *kv, const float *q, int q_heads, float scale,
                                       float *out) {
     if (cuda_kv_fmt_generic(kv)) return cuda_attend_decode_fmt(kv, q, q_heads, scale, out, NULL, 0);
     if (kv && kv->d != D) return cuda_attend_decode_wide(kv, q, q_heads, scale, out, NULL, 0);
-    return attend(kv, q, q_heads, scale, out, NULL, 0);
+    return attend(kv, q, q_heads, scale, out, NULL, 1, NULL, 0);
 }
 
 /* The split kernel's format of cache kv (its K and V formats), -1 for none. */
@@ -259,9 +287,10 @@ static const size_t g_kpay[N_CFG] = {kpay<F_TQ4, D>(), kpay<F_TQ3, D>(),  kpay<F
 static const size_t g_vpay[N_CFG] = {vpay<F_TQ4, D>(), vpay<F_TQ3, D>(),  vpay<F_BF16, D>(), vpay<F_TQ42, D>(),
                                      vpay<F_TQ2, D>(), vpay<F_TQ43, D>(), vpay<F_TQ32, D>(), vpay<F_FP8, D>()};
 
-/* ws == NULL: the cache's own workspace, grown as needed. */
+/* ws == NULL: the cache's own workspace, grown as needed. xf: the merge also writes the
+ * output's GEMM split (parts 1 or 2), or NULL. */
 static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale, float *out,
-                          void *ws, size_t ws_bytes) {
+                          uint16_t *xf, int parts, void *ws, size_t ws_bytes) {
     if (!kv || !q || !out) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_attend: NULL argument");
     if (q_heads < 1 || q_heads % kv->kvh || q_heads / kv->kvh > CUDA_MAX_G)
         return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_attend: q_heads %d must be a multiple of kv_heads %d "
@@ -327,8 +356,8 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
     cuda_pdl_launch(P.pdl, k->fn, dim3(grid), dim3(k->ng * NW * 32), (size_t)k->smem, kv->stream, P);
     cuda_pdl_launch(P.pdl, merge_kernel, dim3(qgrid), dim3(128), 0, kv->stream, (const float *)po,
                (const float2 *)pml, (const cuda_row *)kv->d_rows, out, cw_sbits_of(kv->vc.signs, D),
-               kv->vc.inv, (int)(fmt != F_BF16 && fmt != F_FP8), q_heads, nsmax,
-               nvi); /* tq: un-rotate */
+               kv->vc.inv, (int)(fmt != F_BF16 && fmt != F_FP8), q_heads, nsmax, nvi, xf,
+               parts); /* tq: un-rotate */
     return cuda_check(cudaGetLastError(), "attention kernel launch");
 }
 

@@ -149,6 +149,14 @@ size_t      tqkv_cuda_attend_ws_bytes_dim(int rows, int q_heads, int max_tokens,
                                           int head_dim);
 tqkv_status tqkv_cuda_kv_attend_ws(cuda_kv *kv, const float *q, int q_heads, float scale,
                                    float *out, void *ws, size_t ws_bytes);
+/* tqkv_cuda_kv_attend_ws that also writes the output's GEMM split where it can (the
+ * head_dim-128 split kernels of tq and the dense bf16 cache: their merge), so the GEMM that
+ * reads it needs no kernel between: xf DEVICE [parts, rows q_heads head_dim] bf16 (16-byte
+ * aligned; util/cuda_split.cuh's hi, then lo when parts = 2), or NULL. *xf_done: 1 when xf
+ * was written, 0 when only out was (the caller splits out itself). */
+tqkv_status tqkv_cuda_kv_attend_ws_xf(cuda_kv *kv, const float *q, int q_heads, float scale,
+                                      float *out, uint16_t *xf, int parts, void *ws,
+                                      size_t ws_bytes, int *xf_done);
 
 /* GPU attention of n_query queries per row with visible ranges (prefill, windows):
  * q, out: DEVICE [rows, q_heads, n_query, head_dim] float; lo, hi: HOST [rows, n_query]

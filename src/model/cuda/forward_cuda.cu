@@ -669,8 +669,11 @@ tqkv_status mc_layer_mixer(model_cuda *g, int l, int n, int as_decode, int *lin,
     st = tqkv_cuda_kv_append(kv, g->kb, g->vb, n);
     if (st) return st;
     *done = l + 1;
+    int xf_done = 0; /* n = 1 without a gate: ob [R, NH, 1, hd] is att's layout, so the
+                      * attention's merge may write the o GEMM's split (no gather) */
     if (n == 1) {
-        st = tqkv_cuda_kv_attend_ws(kv, g->qb, NH, scale, g->ob, g->aws, g->aws_bytes);
+        st = tqkv_cuda_kv_attend_ws_xf(kv, g->qb, NH, scale, g->ob, gated ? NULL : xf, parts, g->aws,
+                                       g->aws_bytes, &xf_done);
     } else if (as_decode) {
         st = mc_attend_as_decode(g, kv, n, NH, hd, scale);
     } else {
@@ -683,6 +686,8 @@ tqkv_status mc_layer_mixer(model_cuda *g, int l, int n, int as_decode, int *lin,
         st = tqkv_cuda_kv_attend_masked(kv, g->qb, n, NH, scale, g->h_lo, g->h_hi, g->ob);
     }
     if (st) return st;
+    if (xf_done) /* the GEMM reads only xf (mc_gemm_pre with a split); ob is att */
+        return mc_gemm_pre(g, g->ob, QD, (int)T, L->wo, H, QD, L->bo, g->tmp, H);
     cuda_pdl_launch(g->pdl, gather_kernel, mc_grid_elems(T, (size_t)NH * 128), dim3(256), 0, s,
                     g->ob, g->tinfo, NH, n, gated ? g->qkv + hd : NULL, QS, g->att, xf, parts);
     return mc_gemm_pre(g, g->att, QD, (int)T, L->wo, H, QD, L->bo, g->tmp, H);

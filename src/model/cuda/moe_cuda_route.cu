@@ -379,19 +379,32 @@ __device__ void moe_tail_run(const float *logits, int T, const moe_tail &tl) {
     if (threadIdx.x == 0) *tl.done = 0;  /* (stream order publishes it to the next launch) */
 }
 
-/* Lane 0: the logit a . b over H (every lane of the warp calls it): lane j sums k = j, j +
- * 32, ... in order (double fma from 0), then a fixed xor butterfly (16, 8, 4, 2, 1), rounded
- * to float. bf16x: a rounded to bf16 first (the model's bf16_act, as the CPU's product). A
- * lane's k loaded U at a time, summed in order (the same sums for any U). */
+/* A lane's first U values of the weight row b (k = lane, lane + 32, ..., 0 past H), which a
+ * router loads before its grid dependency wait: no kernel writes the weights, so their trip
+ * from memory overlaps the kernel before. */
 template <int U>
-__device__ __forceinline__ float router_dot(const float *__restrict__ a, const float *__restrict__ b,
-                                            int H, int bf16x) {
+__device__ __forceinline__ void router_row_first(const float *__restrict__ b, int H, float (&b0)[U]) {
+    mc_load_strided<U>(b0, b, threadIdx.x & 31, 32, H);
+}
+/* Lane 0: the logit a . b over H (every lane of the warp calls it; b0: router_row_first of
+ * b): lane j sums k = j, j + 32, ... in order (double fma from 0), then a fixed xor butterfly
+ * (16, 8, 4, 2, 1), rounded to float. bf16x: a rounded to bf16 first (the model's bf16_act,
+ * as the CPU's product). A lane's k loaded U at a time, summed in order (the same sums for
+ * any U). */
+template <int U>
+__device__ __forceinline__ float router_dot_pre(const float *__restrict__ a, const float *__restrict__ b,
+                                                int H, int bf16x, const float (&b0)[U]) {
     const int lane = threadIdx.x & 31;
     double s = 0;
     for (int k0 = lane; k0 < H; k0 += 32 * U) {
         float va[U], vb[U];
         mc_load_strided<U>(va, a, k0, 32, H);
-        mc_load_strided<U>(vb, b, k0, 32, H);
+        if (k0 == lane) {
+#pragma unroll
+            for (int u = 0; u < U; u++) vb[u] = b0[u];
+        } else {
+            mc_load_strided<U>(vb, b, k0, 32, H);
+        }
 #pragma unroll
         for (int u = 0; u < U; u++) {
             if (k0 + 32 * u >= H) break;
@@ -403,7 +416,7 @@ __device__ __forceinline__ float router_dot(const float *__restrict__ a, const f
     return (float)s;
 }
 
-/* logits[t, e] = xr[t] . router[e] (router_dot): one warp per (t, e). With tail.done, the
+/* logits[t, e] = xr[t] . router[e] (router_dot_pre): one warp per (t, e). With tail.done, the
  * last block to finish also routes and places every token (moe_tail_run: route and place
  * kernels in this launch, at P <= MOE_FUSED_P). U = 64 at decode sizes (H = 2048: one round
  * of loads; 213 registers), U = 32 otherwise (114: twice the warps per SM for long prefills'
@@ -412,12 +425,14 @@ template <int U>
 __global__ void __launch_bounds__(MOE_TAIL_THREADS)
 moe_router_kernel(const float *__restrict__ xr, const float *__restrict__ rw, int T, int E, int H,
                   int bf16x, float *__restrict__ logits, const moe_tail tail) {
+    const size_t gw = (size_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+    const size_t t = gw / E, e = gw % E;
+    float b0[U];              /* the weights' first values: no kernel writes them */
+    if (gw < (size_t)T * E) router_row_first<U>(rw + e * H, H, b0);
     cuda_pdl_wait(); /* programmatic (route_launch's pdl): the norm that wrote xr has completed */
     cuda_pdl_trigger();
-    const size_t gw = (size_t)blockIdx.x * 4 + (threadIdx.x >> 5);
     if (gw < (size_t)T * E) {
-        const size_t t = gw / E, e = gw % E;
-        const float s = router_dot<U>(xr + t * H, rw + e * H, H, bf16x);
+        const float s = router_dot_pre<U>(xr + t * H, rw + e * H, H, bf16x, b0);
         if ((threadIdx.x & 31) == 0) logits[gw] = s;
     }
     if (tail.done) moe_tail_run<MOE_NJ>(logits, T, tail); /* uniform over the grid */
@@ -425,7 +440,7 @@ moe_router_kernel(const float *__restrict__ xr, const float *__restrict__ rw, in
 
 /* moe_router_kernel with its tail at few tokens (T <= MOE_WIDE_T; mc_moe_set_router_wide):
  * block b the logits [t, e] of expert e = b mod E for its 4 tokens t = 4 (b / E) + w, a warp
- * w each (the same router_dot: the same bits). The E dot products of a token spread over E
+ * w each (the same router_dot_pre: the same bits). The E dot products of a token spread over E
  * SMs instead of E / 4, and the expert's row goes from DRAM once to the block's warps (L1)
  * instead of once a token. The tail's routing holds NJ experts a lane (NJ = 4 up to 128
  * experts: a quarter of the registers, code and guarded steps of MOE_NJ; the ones it leaves
@@ -437,10 +452,12 @@ template <int NJ>
 __global__ void __launch_bounds__(MOE_TAIL_THREADS)
 moe_router_wide_kernel(const float *__restrict__ xr, const float *__restrict__ rw, int T, int E,
                        int H, int bf16x, float *__restrict__ logits, const moe_tail tail) {
-    cuda_pdl_wait(); /* programmatic (route_launch's pdl): the norm that wrote xr has completed */
-    cuda_pdl_trigger();
     const int e = (int)(blockIdx.x % (unsigned)E);
     const int t = (int)(blockIdx.x / (unsigned)E) * (MOE_TAIL_THREADS / 32) + (threadIdx.x >> 5);
+    float b0[64];             /* expert e's first weights: no kernel writes them */
+    if (t < T) router_row_first<64>(rw + (size_t)e * H, H, b0);
+    cuda_pdl_wait(); /* programmatic (route_launch's pdl): the norm that wrote xr has completed */
+    cuda_pdl_trigger();
     if (tail.g1.xg && threadIdx.x >= 32) { /* T = 1: tok [p] = 0 for every pair, whatever the
                                             * picks; warps 1 .. 3 (idle in the dot: t >= T), so
                                             * warp 0's dot does not wait behind these loads */
@@ -453,7 +470,7 @@ moe_router_wide_kernel(const float *__restrict__ xr, const float *__restrict__ r
         }
     }
     if (t < T) { /* uniform over the warp */
-        const float s = router_dot<64>(xr + (size_t)t * H, rw + (size_t)e * H, H, bf16x);
+        const float s = router_dot_pre<64>(xr + (size_t)t * H, rw + (size_t)e * H, H, bf16x, b0);
         if ((threadIdx.x & 31) == 0) logits[(size_t)t * E + e] = s;
     }
     moe_tail_run<NJ>(logits, T, tail);

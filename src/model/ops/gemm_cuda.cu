@@ -693,12 +693,40 @@ static tqkv_status gemm_launched(void) {
     return TQKV_OK;
 }
 
+/* The grouped GEMM's s8n with 8 stages instead of 16 (24 instead of 48 KB of shared memory:
+ * nine CTAs an SM instead of four, so a one-token expert layer's CTAs fit one wave). The same
+ * copies and mmas: the same bits. On an H100 (session 21) the one-row Qwen3-30B-A3B step took
+ * 576 us against 600 with 16 stages (traced), 1,636 / 1,638 against 1,584 / 1,554 tokens/s;
+ * 8 rows the same. TQKV_GROUPED_ST8=0 (A/B) keeps the 16 stages. */
+static int grouped_st8_on(void) {
+    static int flag = -1;     /* -1 until read; a race of two first reads stores the same */
+    int on = __atomic_load_n(&flag, __ATOMIC_RELAXED);
+    if (on < 0) {
+        const char *e = getenv("TQKV_GROUPED_ST8");
+        on = !(e && !strcmp(e, "0"));
+        __atomic_store_n(&flag, on, __ATOMIC_RELAXED);
+        if (on) { /* all of the SM's shared memory for the nine CTAs (a preference; the
+                   * device current at the first call) */
+            (void)cudaFuncSetAttribute(gemm_grouped_kernel<1, 1, 1, 1, 1, 8>,
+                                       cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+            (void)cudaFuncSetAttribute(gemm_grouped_kernel<1, 1, 1, 1, 2, 8>,
+                                       cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+        }
+    }
+    return on;
+}
+
 /* The grouped tile launch on split activations xb [parts, T, K]. */
 static tqkv_status grouped_launch(const uint16_t *xb, int T, const uint16_t *w, size_t wstride,
                                   int N, int K, float *y, size_t ldy, const int32_t *groups, int G,
                                   int max_rows, int parts, int pdl, cudaStream_t s) {
     const int4 *gr = (const int4 *)groups;
     const int sh = shape_pick(max_rows, N, parts, 0); /* no grouped warpgroup tile */
+    if (sh == SH_S8N && grouped_st8_on()) {
+        if (parts == 1) launch_grouped<1, 1, 1, 1, 1, 8>(s, xb, T, K, w, wstride, N, y, ldy, gr, G, max_rows, pdl);
+        else launch_grouped<1, 1, 1, 1, 2, 8>(s, xb, T, K, w, wstride, N, y, ldy, gr, G, max_rows, pdl);
+        return gemm_launched();
+    }
 #define X(id, wm, wn, mt, nt, p, st)                                                                \
     if (sh == id && parts == p) launch_grouped<wm, wn, mt, nt, p, st>(s, xb, T, K, w, wstride, N, y, ldy, gr, G, max_rows, pdl);
     GEMM_SHAPES(X, 1)

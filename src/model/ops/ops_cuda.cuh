@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "util/cuda_pdl.cuh" /* cuda_pdl_wait / _trigger / _launch */
+#include "util/cuda_split.cuh" /* cuda_split_hi / _lo */
 
 /* Block-wide double sum in a fixed order (blockDim 128): warp xor butterflies, then the
  * four warp sums as (w0 + w1) + (w2 + w3). sh: 4 doubles of shared memory. */
@@ -28,13 +29,10 @@ __device__ __forceinline__ double mc_block_sum128(double v, double *sh) {
 }
 
 /* The GEMM's two bf16 parts of an activation (gemm_cuda.h): hi = bf16(v) (nearest even),
- * lo = bf16(v - hi). The split kernel and every mc_split_store take them from here. */
-__device__ __forceinline__ uint16_t mc_split_hi(float v) {
-    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
-}
-__device__ __forceinline__ uint16_t mc_split_lo(float v, uint16_t hi) {
-    return __bfloat16_as_ushort(__float2bfloat16_rn(v - __bfloat162float(__ushort_as_bfloat16(hi))));
-}
+ * lo = bf16(v - hi), util/cuda_split.cuh's (the decode attention's merge writes them too).
+ * The split kernel and every mc_split_store take them from here. */
+__device__ __forceinline__ uint16_t mc_split_hi(float v) { return cuda_split_hi(v); }
+__device__ __forceinline__ uint16_t mc_split_lo(float v, uint16_t hi) { return cuda_split_lo(v, hi); }
 
 /* Element i of x's GEMM activation split, as gemm_cuda.cu's split kernel writes it:
  * xf [parts, T, K] bf16 (TK = T K), hi at i, lo at TK + i when parts = 2
