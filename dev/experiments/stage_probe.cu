@@ -19,6 +19,8 @@
 // Per variant: us a stage, and the bytes a stage moves over that time. R = 0 gives the bare
 // transition. The ideal at R > 0 is bytes / DRAM peak.
 // Build: nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o stage_probe dev/experiments/stage_probe.cu
+// Measured (session 21, H100, bench/RESULTS.md "Session 21"): a bare transition 0.76 us under
+// PDL, 1.02 in a plain graph, 1.46 through the grid barrier; the barrier slower at 4 and 17 MB too.
 // Run:   ./stage_probe [stages] [reps] [--json]   (a table on stderr; --json: rows on stdout)
 #include <stdint.h>
 #include <stdio.h>
