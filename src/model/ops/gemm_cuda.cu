@@ -25,6 +25,7 @@ extern "C" {
 #include "util/common.h"
 }
 #include "util/cuda_device.h"
+#include "util/env_switch.h"
 #include "model/ops/gemm_cuda.h"
 #include "model/ops/ops_cuda.cuh"
 
@@ -44,9 +45,9 @@ __global__ void gemm_split_kernel(const float *__restrict__ x, size_t ldx, int T
     uint32_t hi[4], lo[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        const uint16_t h0 = mc_split_hi(v[2 * j]), h1 = mc_split_hi(v[2 * j + 1]);
+        const uint16_t h0 = cuda_split_hi(v[2 * j]), h1 = cuda_split_hi(v[2 * j + 1]);
         hi[j] = (uint32_t)h0 | ((uint32_t)h1 << 16);
-        lo[j] = (uint32_t)mc_split_lo(v[2 * j], h0) | ((uint32_t)mc_split_lo(v[2 * j + 1], h1) << 16);
+        lo[j] = (uint32_t)cuda_split_lo(v[2 * j], h0) | ((uint32_t)cuda_split_lo(v[2 * j + 1], h1) << 16);
     }
     xb[i] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
     if (parts == 2) xb[(size_t)T * kc + i] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
@@ -443,6 +444,12 @@ static int gemm_device_ready(void) {
         GEMM_SHAPES(X, 2)
         GEMM_SHAPES_P1(X)
 #undef X
+        /* the grouped 8-stage s8n (g_grouped_st8): all of the SM's shared memory for its nine
+         * CTAs (a preference: no failure to report) */
+        (void)cudaFuncSetAttribute(gemm_grouped_kernel<1, 1, 1, 1, 1, 8>,
+                                   cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+        (void)cudaFuncSetAttribute(gemm_grouped_kernel<1, 1, 1, 1, 2, 8>,
+                                   cudaFuncAttributePreferredSharedMemoryCarveout, 100);
 #ifdef TQKV_CUDA_SM90A
 #define X(id, bn, p, st) ok = ok && wg_shape_setup<bn, p, st>();
         GEMM_WG_SHAPES(X)
@@ -698,23 +705,7 @@ static tqkv_status gemm_launched(void) {
  * copies and mmas: the same bits. On an H100 (session 21) the one-row Qwen3-30B-A3B step took
  * 576 us against 600 with 16 stages (traced), 1,636 / 1,638 against 1,584 / 1,554 tokens/s;
  * 8 rows the same. TQKV_GROUPED_ST8=0 (A/B) keeps the 16 stages. */
-static int grouped_st8_on(void) {
-    static int flag = -1;     /* -1 until read; a race of two first reads stores the same */
-    int on = __atomic_load_n(&flag, __ATOMIC_RELAXED);
-    if (on < 0) {
-        const char *e = getenv("TQKV_GROUPED_ST8");
-        on = !(e && !strcmp(e, "0"));
-        __atomic_store_n(&flag, on, __ATOMIC_RELAXED);
-        if (on) { /* all of the SM's shared memory for the nine CTAs (a preference; the
-                   * device current at the first call) */
-            (void)cudaFuncSetAttribute(gemm_grouped_kernel<1, 1, 1, 1, 1, 8>,
-                                       cudaFuncAttributePreferredSharedMemoryCarveout, 100);
-            (void)cudaFuncSetAttribute(gemm_grouped_kernel<1, 1, 1, 1, 2, 8>,
-                                       cudaFuncAttributePreferredSharedMemoryCarveout, 100);
-        }
-    }
-    return on;
-}
+static env_switch g_grouped_st8 = ENV_SWITCH("TQKV_GROUPED_ST8");
 
 /* The grouped tile launch on split activations xb [parts, T, K]. */
 static tqkv_status grouped_launch(const uint16_t *xb, int T, const uint16_t *w, size_t wstride,
@@ -722,7 +713,7 @@ static tqkv_status grouped_launch(const uint16_t *xb, int T, const uint16_t *w, 
                                   int max_rows, int parts, int pdl, cudaStream_t s) {
     const int4 *gr = (const int4 *)groups;
     const int sh = shape_pick(max_rows, N, parts, 0); /* no grouped warpgroup tile */
-    if (sh == SH_S8N && grouped_st8_on()) {
+    if (sh == SH_S8N && env_switch_get(&g_grouped_st8)) {
         if (parts == 1) launch_grouped<1, 1, 1, 1, 1, 8>(s, xb, T, K, w, wstride, N, y, ldy, gr, G, max_rows, pdl);
         else launch_grouped<1, 1, 1, 1, 2, 8>(s, xb, T, K, w, wstride, N, y, ldy, gr, G, max_rows, pdl);
         return gemm_launched();

@@ -28,20 +28,14 @@ __device__ __forceinline__ double mc_block_sum128(double v, double *sh) {
     return s;
 }
 
-/* The GEMM's two bf16 parts of an activation (gemm_cuda.h): hi = bf16(v) (nearest even),
- * lo = bf16(v - hi), util/cuda_split.cuh's (the decode attention's merge writes them too).
- * The split kernel and every mc_split_store take them from here. */
-__device__ __forceinline__ uint16_t mc_split_hi(float v) { return cuda_split_hi(v); }
-__device__ __forceinline__ uint16_t mc_split_lo(float v, uint16_t hi) { return cuda_split_lo(v, hi); }
-
 /* Element i of x's GEMM activation split, as gemm_cuda.cu's split kernel writes it:
  * xf [parts, T, K] bf16 (TK = T K), hi at i, lo at TK + i when parts = 2
  * (tqkv_cuda_gemm_presplit then skips its split launch). */
 __device__ __forceinline__ void mc_split_store(uint16_t *__restrict__ xf, size_t TK, size_t i,
                                                float v, int parts) {
-    const uint16_t hi = mc_split_hi(v);
+    const uint16_t hi = cuda_split_hi(v);
     xf[i] = hi;
-    if (parts == 2) xf[TK + i] = mc_split_lo(v, hi);
+    if (parts == 2) xf[TK + i] = cuda_split_lo(v, hi);
 }
 
 /* v[u] = p[i0 + stride u] for the indices below n, else 0: a thread's strided values loaded
