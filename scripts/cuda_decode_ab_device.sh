@@ -5,7 +5,8 @@
 # rounds, and kernel traces of the one-row MoE step per variant (cupti_trace.so).
 # VARIANTS (default "new old"): names, each optionally with environment settings after a
 # colon (comma-separated); a name starting with "old" runs tqkv_old, the others tqkv. MODELS
-# (default "moe l8") picks the shapes. Session 21 ran VARIANTS="new old st16:TQKV_GROUPED_ST8=0"
+# (default "moe l8") picks the shapes; SUITES (default test_cuda_moe test_cuda_model test_cuda) the
+# suites run whole, TC_FILTERS test_cuda name patterns run one group each. Session 21 ran VARIANTS="new old st16:TQKV_GROUPED_ST8=0"
 # (bench/RESULTS.md "Session 21"); session 22 "new old nofold:TQKV_MOE_FOLD_NORM=0".
 # Ordered by priority: each step packs its results (cuda_run_common.sh), so a call cut short
 # returns what it did. Runs in a scripts/cuda_pack.sh folder that also holds tqkv_old.xz (the
@@ -20,8 +21,12 @@ mkdir -p /tmp/m && xz -dc draft.tar.xz | tar xf - -C /tmp/m
 NAME=decode_ab; . ./cuda_run_common.sh
 export TQKV_TEST_MODEL=/tmp/m/qwen3-code-draft-4m
 sum() { echo "$1: $(grep -hE '^\[  (PASSED|FAILED)' $2 | tr '\n' ' ')"; }
-for t in test_cuda_moe test_cuda_model test_cuda; do
+for t in ${SUITES:-test_cuda_moe test_cuda_model test_cuda}; do
   [ -x ./$t ] && { step 120 $t ./$t >"$W/$t.log" 2>&1; sum $t $W/$t.log; }; done
+set -f  # (the patterns are for cmocka, not the shell)
+for f in ${TC_FILTERS:-}; do   # test_cuda groups alone (e.g. 'test_cuda_decode_*': the whole suite runs > 120 s)
+  n=${f//\*/}; step 120 tc_$n env TQKV_TEST_FILTER="$f" ./test_cuda >"$W/tc_$n.log" 2>&1; sum "test_cuda $f" "$W/tc_$n.log"; done
+set +f
 Q=/tmp/q4; step 60 make_moe python3 cuda_make_qwen3moe30b.py $Q 4 >"$W/make_moe.log" 2>&1
 L=/tmp/llama8b
 case " $MODELS " in *" l8 "*) step 90 make8b python3 cuda_make_llama8b.py $L >"$W/make8b.log" 2>&1;; esac
@@ -47,4 +52,5 @@ for v in $VARIANTS; do
   python3 cupti_step_table.py $W/tr_moe_$n.csv --json >$W/tr_moe_${n}_table.json 2>/dev/null
   rm -f $W/tr_moe_$n.csv; head -1 $W/tr_moe_$n.txt | sed "s/^/moe $n: /"
 done
+tar czf "$OUT/results.tgz" -C "$W" . # (the last trace's tables came after its step packed)
 cat "$LOG"

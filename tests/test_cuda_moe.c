@@ -348,8 +348,8 @@ static void test_fold_gather_models(void **st) {
 
 /* The norms around the common graph's sparse layers folded into the router (one token) and
  * the combine (the default) == their own launches (mc_moe_set_fold_norm(0)) in whole models:
- * at 1 row both folds, at 3 rows the combine's; then with the router's warp per pair (the
- * combine's only) and without the gather in the router (the router's norm feeds the gather
+ * at 1 row both folds, at 3 rows the combine's; then with the router's warp per pair or
+ * TQKV_MOE_FOLD_ROUTER_NORM=0 (the combine's only) and without the gather in the router (the router's norm feeds the gather
  * launch). Gemma 4 runs its own queue (no fold). */
 static void test_fold_norm_models(void **st) {
     (void)st;
@@ -368,6 +368,11 @@ static void test_fold_norm_models(void **st) {
     routing_ab(CK_Q35, TQKV_TQ4, 1, mc_moe_set_fold_norm,
                "norm folded into the combine (router warp per pair) == norm launches");
     mc_moe_set_router_wide(-1);
+    mc_moe_set_fold_router_norm(0);
+    assert_int_equal(mc_moe_fold_form(&sq, 1), 1);
+    routing_ab(CK_A, TQKV_F32, 1, mc_moe_set_fold_norm,
+               "norm folded into the combine (router norm launched) == norm launches");
+    mc_moe_set_fold_router_norm(-1);
     mc_moe_set_fold_gather(0);
     routing_ab(CK_A, TQKV_TQ4, 1, mc_moe_set_fold_norm,
                "norm folded into the router (gather launch) == norm launches");
@@ -850,6 +855,7 @@ static int router_wide_teardown(void **st) { /* also after a failure */
     mc_moe_set_fold_gather(-1);
     mc_moe_set_route_fast(-1);
     mc_moe_set_fold_norm(-1);
+    mc_moe_set_fold_router_norm(-1);
     return 0;
 }
 

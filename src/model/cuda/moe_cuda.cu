@@ -134,26 +134,31 @@ struct moe_resid_out {
     int parts;
 };
 
-constexpr int MOE_CN_THREADS = 512;
+constexpr int MOE_CN_THREADS = 512, MOE_CN_U = 4;
+/* passes of MOE_CN_U values a thread over the widest folded row */
+constexpr int MOE_CN_NP = (MOE_FOLD_H_MAX + MOE_CN_U * MOE_CN_THREADS - 1) / (MOE_CN_U * MOE_CN_THREADS);
 
 /* moe_combine_kernel and the residual RMSNorm after it (mc_residual_norm) in one block per
  * token: v = x[t] (+ att[t], o.att) + the combine's out[t, i] (its sum, in its order), x[t] =
  * v, xn[t] = RMSNorm(v) w (forward_cuda.cu's rmsnorm_kernel: mc_row_sumsq's sum, its
- * products) and xn's split: the same bits as the two launches. A thread's 4 values i, i +
- * 512, ... at a time, each value's K rows loaded before its sum. Dynamic shared memory 2 H
- * floats (v | the weights, loaded before the grid wait); grid T, block MOE_CN_THREADS. */
+ * products) and xn's split: the same bits as the two launches. A thread's values i = t + 512
+ * (4 p + u) stay in registers, with their weights (loaded before the grid wait: no kernel
+ * writes them) and each value's K rows (loaded before its sum); v goes to shared memory only
+ * for the sum of squares' order. H <= MOE_FOLD_H_MAX; dynamic shared memory H floats; grid
+ * T, block MOE_CN_THREADS. */
 __global__ void __launch_bounds__(MOE_CN_THREADS)
 moe_combine_norm_kernel(const float *__restrict__ y, const int32_t *__restrict__ pair,
                         const int32_t *__restrict__ wbits, int K, int H,
                         const float *__restrict__ sy, const float *__restrict__ sg,
                         const moe_resid_out o) {
-    constexpr int U = 4, NT = MOE_CN_THREADS;
-    extern __shared__ __align__(16) float vs[]; /* [H] v | [H] the weights */
+    constexpr int U = MOE_CN_U, NT = MOE_CN_THREADS, NP = MOE_CN_NP;
+    extern __shared__ __align__(16) float vs[]; /* [H] v */
     __shared__ int s_pair[MOE_CUDA_K_MAX];
     __shared__ float s_w[MOE_CUDA_K_MAX];
     __shared__ double sh[4];
-    float *ws = vs + H;
-    for (int i = threadIdx.x; i < H; i += NT) ws[i] = o.w[i]; /* no kernel writes them */
+    float wr[NP][U], vr[NP][U];
+#pragma unroll
+    for (int p = 0; p < NP; p++) mc_load_strided<U>(wr[p], o.w, threadIdx.x + p * U * NT, NT, H);
     cuda_pdl_wait(); /* programmatic (g->pdl): the experts' down GEMM has completed */
     cuda_pdl_trigger();
     const size_t t = blockIdx.x;
@@ -164,9 +169,12 @@ moe_combine_norm_kernel(const float *__restrict__ y, const int32_t *__restrict__
     const float gate = sy ? moe_shared_gate(sg[t]) : 0.0f;
     __syncthreads();
     float *xr = o.x + t * H;
-    for (int i0 = threadIdx.x; i0 < H; i0 += U * NT) {
-        float a[U], xv[U], av[U];
-        mc_load_strided<U>(xv, xr, i0, NT, H);
+#pragma unroll
+    for (int p = 0; p < NP; p++) {
+        const int i0 = threadIdx.x + p * U * NT;
+        if (p * U * NT >= H) break; /* uniform */
+        float a[U], av[U];
+        mc_load_strided<U>(vr[p], xr, i0, NT, H);
         if (o.att) mc_load_strided<U>(av, o.att + t * H, i0, NT, H);
 #pragma unroll
         for (int u = 0; u < U; u++) a[u] = 0.0f;
@@ -186,18 +194,23 @@ moe_combine_norm_kernel(const float *__restrict__ y, const int32_t *__restrict__
             const int i = i0 + NT * u;
             if (i >= H) break;
             if (sy) a[u] = __fadd_rn(a[u], __fmul_rn(gate, sy[t * H + i]));
-            float v = xv[u];
+            float v = vr[p][u];
             if (o.att) v = v + av[u];
             v = v + a[u];
-            xr[i] = vs[i] = v;
+            xr[i] = vs[i] = vr[p][u] = v;
         }
     }
     const float r = mc_rms_r(mc_row_sumsq(vs, H, sh), H, o.eps);
-    for (int i = threadIdx.x; i < H; i += NT) {
-        const float v = ws[i] * (vs[i] * r);
-        o.xn[t * H + i] = v;
-        if (o.xf) mc_split_store(o.xf, (size_t)gridDim.x * H, t * H + i, v, o.parts);
-    }
+#pragma unroll
+    for (int p = 0; p < NP; p++)
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = threadIdx.x + p * U * NT + NT * u;
+            if (i >= H) break;
+            const float v = wr[p][u] * (vr[p][u] * r);
+            o.xn[t * H + i] = v;
+            if (o.xf) mc_split_store(o.xf, (size_t)gridDim.x * H, t * H + i, v, o.parts);
+        }
 }
 
 // ---------------------------------------------------------------------------
@@ -318,7 +331,7 @@ extern "C" tqkv_status mc_moe_block_queue(model_cuda *g, const mc_moe_layer *D,
                              g->gemm_parts};
     if (!st)
         cuda_pdl_launch(g->pdl, moe_combine_norm_kernel, dim3((unsigned)T), dim3(MOE_CN_THREADS),
-                        2 * (size_t)H * 4, g->stream, x->y, x->idx + IDX_PAIR(E, P),
+                        (size_t)H * 4, g->stream, x->y, x->idx + IDX_PAIR(E, P),
                         x->idx + IDX_WB(E, P), K, H, sh->shared_inter > 0 ? x->sy : NULL, x->sg, o);
     if (!st) st = mc_ck(cudaGetLastError(), "experts kernels");
     return st;

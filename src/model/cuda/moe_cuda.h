@@ -90,6 +90,10 @@ void        mc_moe_set_fold_gather(int on);
  * before them in every router block; or their own launches (0): the same bits; -1: as the
  * environment says. For tests and A/B runs; not while a forward runs on another thread. */
 void        mc_moe_set_fold_norm(int on);
+/* The norm before the experts in the router (1, the default unless the environment has
+ * TQKV_MOE_FOLD_ROUTER_NORM=0) or its own launch (0) while mc_moe_set_fold_norm is on: the
+ * same bits; -1: as the environment says. */
+void        mc_moe_set_fold_router_norm(int on);
 /* What mc_moe_block_queue folds for T tokens of shape sh under the current switches: 2 both
  * norms, 1 the norm after the experts (into the combine), 0 neither. For tests. */
 int         mc_moe_fold_form(const moe_shape *sh, int T);

@@ -65,10 +65,13 @@ extern "C" void mc_moe_set_fold_gather(int on) { env_switch_set(&g_fold_gather, 
 static int fold_gather_on(void) { return env_switch_get(&g_fold_gather); }
 
 /* The RMSNorms around a sparse layer of the common graph folded into its kernels:
- * TQKV_MOE_FOLD_NORM (0: off), as g_route_fast. */
+ * TQKV_MOE_FOLD_NORM (0: off), as g_route_fast; the one before the experts into the router
+ * at one token only with TQKV_MOE_FOLD_ROUTER_NORM on too. */
 static env_switch g_fold_norm = ENV_SWITCH("TQKV_MOE_FOLD_NORM");
+static env_switch g_fold_router_norm = ENV_SWITCH("TQKV_MOE_FOLD_ROUTER_NORM");
 
 extern "C" void mc_moe_set_fold_norm(int on) { env_switch_set(&g_fold_norm, on); }
+extern "C" void mc_moe_set_fold_router_norm(int on) { env_switch_set(&g_fold_router_norm, on); }
 
 int mc_moe_fold_norm_on(int H) { return env_switch_get(&g_fold_norm) && H <= MOE_FOLD_H_MAX; }
 
@@ -455,7 +458,7 @@ moe_router_kernel(const float *__restrict__ xr, const float *__restrict__ rw, in
  * computes it (its adds, mc_row_sumsq's sum, its products: the same bits); block 0 also
  * stores it to n.xn. Every thread of the block (128) calls it. */
 __device__ void moe_norm_row(const mc_moe_norm &n, int H, const float *ws, float *xs) {
-    constexpr int U = 8;
+    constexpr int U = 16; /* H <= 2048: one memory round trip */
     __shared__ double sh[4];
     for (int i0 = threadIdx.x; i0 < H; i0 += U * MOE_TAIL_THREADS) {
         float v[U], a[U];
@@ -493,8 +496,15 @@ moe_router_wide_kernel(const float *__restrict__ xr, const float *__restrict__ r
     const int t = (int)(blockIdx.x / (unsigned)E) * (MOE_TAIL_THREADS / 32) + (threadIdx.x >> 5);
     float b0[64];             /* expert e's first weights: no kernel writes them */
     if (t < T) router_row_first<64>(rw + (size_t)e * H, H, b0);
-    if (NORM) /* the norm's weights, as the router's: no kernel writes them */
-        for (int i = threadIdx.x; i < H; i += MOE_TAIL_THREADS) xs[H + i] = tail.n1.w[i];
+    if (NORM) /* the norm's weights, as the router's: no kernel writes them (16 loads in
+               * flight a thread: H <= 2048 in one memory round trip) */
+        for (int i0 = threadIdx.x; i0 < H; i0 += 16 * MOE_TAIL_THREADS) {
+            float g[16];
+            mc_load_strided<16>(g, tail.n1.w, i0, MOE_TAIL_THREADS, H);
+#pragma unroll
+            for (int u = 0; u < 16; u++)
+                if (i0 + MOE_TAIL_THREADS * u < H) xs[H + i0 + MOE_TAIL_THREADS * u] = g[u];
+        }
     cuda_pdl_wait(); /* programmatic (route_launch's pdl): the kernel that wrote xr (NORM: x
                       * and att) has completed */
     cuda_pdl_trigger();
@@ -656,7 +666,7 @@ static tqkv_status route_launch(cudaStream_t s, const float *router, const float
 
 int mc_moe_route_folds_norm(const moe_shape *sh, int T) {
     return T == 1 && g_fused && sh->top_k <= MOE_FUSED_P && router_wide_on() &&
-           mc_moe_fold_norm_on(sh->hidden);
+           env_switch_get(&g_fold_router_norm) && mc_moe_fold_norm_on(sh->hidden);
 }
 
 extern "C" int mc_moe_fold_form(const moe_shape *sh, int T) {
