@@ -346,37 +346,24 @@ static void test_fold_gather_models(void **st) {
                        "gather in the router kernel == gather launch");
 }
 
-/* The norms around the common graph's sparse layers folded into the router (one token) and
- * the combine (the default) == their own launches (mc_moe_set_fold_norm(0)) in whole models:
- * at 1 row both folds, at 3 rows the combine's; then with the router's warp per pair or
- * TQKV_MOE_FOLD_ROUTER_NORM=0 (the combine's only) and without the gather in the router (the router's norm feeds the gather
- * launch). Gemma 4 runs its own queue (no fold). */
+/* The residual norm after the common graph's sparse layers folded into the combine (the
+ * default) == its own launch (mc_moe_set_fold_norm(0)) in whole models, prefill and decode at
+ * 3 rows and at one, the shared expert's gate in the combine's sum included (Qwen 3.5 MoE);
+ * at one row also with the router's warp per pair. Gemma 4 runs its own queue (no fold). */
 static void test_fold_norm_models(void **st) {
     (void)st;
     const int cks[] = {CK_A, CK_B, CK_Q35};
     for (int i = 0; i < 3; i++) {
         const moe_shape sh = moe_shape_of(tqkv_model_get_config(g_models[cks[i]]));
-        assert_int_equal(mc_moe_fold_form(&sh, 1), 2); /* the cases below run the folds */
-        assert_int_equal(mc_moe_fold_form(&sh, 3), 1);
+        assert_true(mc_moe_folds_norm(&sh)); /* the cases below run the fold */
         for (int R = 3; R >= 1; R -= 2)
             routing_ab(cks[i], i % 2 ? TQKV_TQ4 : TQKV_F32, R, mc_moe_set_fold_norm,
-                       "norms folded into router and combine == norm launches");
+                       "norm folded into the combine == norm launch");
     }
     mc_moe_set_router_wide(0);
-    const moe_shape sq = moe_shape_of(tqkv_model_get_config(g_models[CK_Q35]));
-    assert_int_equal(mc_moe_fold_form(&sq, 1), 1);
     routing_ab(CK_Q35, TQKV_TQ4, 1, mc_moe_set_fold_norm,
-               "norm folded into the combine (router warp per pair) == norm launches");
+               "norm folded into the combine (router warp per pair) == norm launch");
     mc_moe_set_router_wide(-1);
-    mc_moe_set_fold_router_norm(0);
-    assert_int_equal(mc_moe_fold_form(&sq, 1), 1);
-    routing_ab(CK_A, TQKV_F32, 1, mc_moe_set_fold_norm,
-               "norm folded into the combine (router norm launched) == norm launches");
-    mc_moe_set_fold_router_norm(-1);
-    mc_moe_set_fold_gather(0);
-    routing_ab(CK_A, TQKV_TQ4, 1, mc_moe_set_fold_norm,
-               "norm folded into the router (gather launch) == norm launches");
-    mc_moe_set_fold_gather(-1);
 }
 
 /* The norm kernels with a thread's values in registers (the default) == their passes of
@@ -855,7 +842,6 @@ static int router_wide_teardown(void **st) { /* also after a failure */
     mc_moe_set_fold_gather(-1);
     mc_moe_set_route_fast(-1);
     mc_moe_set_fold_norm(-1);
-    mc_moe_set_fold_router_norm(-1);
     return 0;
 }
 

@@ -125,8 +125,6 @@ __global__ void moe_combine_kernel(const float *__restrict__ y, const int32_t *_
 
 /* The residual stream after a sparse layer of the common graph (mc_moe_block_queue). */
 struct moe_resid_out {
-    const float *att; /* [T, H] the mixer's output still to add (the router's folded norm
-                       * left it out of x), or NULL */
     const float *w;   /* [H] the next norm's weight */
     float eps;
     float *x, *xn;    /* [T, H] */
@@ -139,8 +137,7 @@ constexpr int MOE_CN_THREADS = 512, MOE_CN_U = 4;
 constexpr int MOE_CN_NP = (MOE_FOLD_H_MAX + MOE_CN_U * MOE_CN_THREADS - 1) / (MOE_CN_U * MOE_CN_THREADS);
 
 /* moe_combine_kernel and the residual RMSNorm after it (mc_residual_norm) in one block per
- * token: v = x[t] (+ att[t], o.att) + the combine's out[t, i] (its sum, in its order), x[t] =
- * v, xn[t] = RMSNorm(v) w (forward_cuda.cu's rmsnorm_kernel: mc_row_sumsq's sum, its
+ * token: v = x[t] + the combine's out[t, i] (its sum, in its order), x[t] = v, xn[t] = RMSNorm(v) w (forward_cuda.cu's rmsnorm_kernel: mc_row_sumsq's sum, its
  * products) and xn's split: the same bits as the two launches. A thread's values i = t + 512
  * (4 p + u) stay in registers, with their weights (loaded before the grid wait: no kernel
  * writes them) and each value's K rows (loaded before its sum); v goes to shared memory only
@@ -173,9 +170,8 @@ moe_combine_norm_kernel(const float *__restrict__ y, const int32_t *__restrict__
     for (int p = 0; p < NP; p++) {
         const int i0 = threadIdx.x + p * U * NT;
         if (p * U * NT >= H) break; /* uniform */
-        float a[U], av[U];
+        float a[U];
         mc_load_strided<U>(vr[p], xr, i0, NT, H);
-        if (o.att) mc_load_strided<U>(av, o.att + t * H, i0, NT, H);
 #pragma unroll
         for (int u = 0; u < U; u++) a[u] = 0.0f;
         for (int k0 = 0; k0 < K; k0 += 8) {
@@ -194,9 +190,7 @@ moe_combine_norm_kernel(const float *__restrict__ y, const int32_t *__restrict__
             const int i = i0 + NT * u;
             if (i >= H) break;
             if (sy) a[u] = __fadd_rn(a[u], __fmul_rn(gate, sy[t * H + i]));
-            float v = vr[p][u];
-            if (o.att) v = v + av[u];
-            v = v + a[u];
+            const float v = vr[p][u] + a[u];
             xr[i] = vs[i] = vr[p][u] = v;
         }
     }
@@ -257,11 +251,10 @@ static tqkv_status shared_queue(model_cuda *g, const mc_moe_layer *D, const moe_
     return st;
 }
 
-/* The sparse layer's queue up to its combine (mc_moe_queue's steps): routing (with fold: the
- * feed-forward's norm in the router), gather, the experts' GEMMs, the shared expert. */
+/* The sparse layer's queue up to its combine (mc_moe_queue's steps): routing, gather, the
+ * experts' GEMMs, the shared expert. */
 static tqkv_status experts_queue(model_cuda *g, const mc_moe_layer *D, const moe_shape *sh,
-                                 mc_moe_state *x, const float *xr, const float *xn,
-                                 const mc_moe_norm *fold, int T) {
+                                 mc_moe_state *x, const float *xr, const float *xn, int T) {
     const int E = sh->n_experts, K = sh->top_k, H = sh->hidden, I = sh->inter;
     const size_t P = (size_t)T * K;
     const cudaStream_t s = g->stream;
@@ -276,8 +269,7 @@ static tqkv_status experts_queue(model_cuda *g, const mc_moe_layer *D, const moe
      * the per-expert path (r.count) takes the plain rows */
     const int split = g->presplit && !g->cublas && mc_moe_grouped_on();
     moe_routing r;
-    tqkv_status st = mc_moe_route_queue(g, D, sh, x, xr, xn, split ? (uint16_t *)x->xf : NULL,
-                                        fold, T, &r);
+    tqkv_status st = mc_moe_route_queue(g, D, sh, x, xr, xn, split ? (uint16_t *)x->xf : NULL, T, &r);
     const int32_t *tok = x->idx + IDX_TOK(E);
     const int pre = !st && !r.count && split;
     uint16_t *xf = pre ? (uint16_t *)x->xf : NULL;
@@ -298,7 +290,7 @@ extern "C" tqkv_status mc_moe_queue(model_cuda *g, const mc_moe_layer *D, const 
                                     float *out, int T) {
     const int E = sh->n_experts, K = sh->top_k, H = sh->hidden;
     const size_t P = (size_t)T * K;
-    tqkv_status st = experts_queue(g, D, sh, x, xr, xn, NULL, T);
+    tqkv_status st = experts_queue(g, D, sh, x, xr, xn, T);
     // ---- combine: out [T, H], each token's experts in ascending order
     const int shared = sh->shared_inter > 0;
     if (!st)
@@ -314,20 +306,15 @@ extern "C" tqkv_status mc_moe_block_queue(model_cuda *g, const mc_moe_layer *D,
                                           const float *w_out, int T) {
     const int E = sh->n_experts, K = sh->top_k, H = sh->hidden;
     const size_t P = (size_t)T * K;
-    const float eps = g->m->cfg.rms_norm_eps;
-    const int form = mc_moe_fold_form(sh, T), fold_out = form > 0, fold_in = form == 2;
-    if (!fold_out) { /* the launches the fold replaces */
-        mc_residual_norm(g, w_in, (size_t)T);
+    mc_residual_norm(g, w_in, (size_t)T);
+    if (!mc_moe_folds_norm(sh)) { /* the launch the fold replaces */
         tqkv_status st = mc_moe_queue(g, D, sh, x, g->xn, g->xn, g->tmp, T);
         if (!st) mc_residual_norm(g, w_out, (size_t)T);
         return st;
     }
-    // ---- x += tmp; xn = RMSNorm(x) w_in: its own launch, or in the router (x left as it is)
-    if (!fold_in) mc_residual_norm(g, w_in, (size_t)T);
-    const mc_moe_norm fold = {g->x, g->tmp, w_in, eps, g->xn};
-    tqkv_status st = experts_queue(g, D, sh, x, g->xn, g->xn, fold_in ? &fold : NULL, T);
-    // ---- combine, x += it (and tmp, when the router left it out), xn = RMSNorm(x) w_out
-    const moe_resid_out o = {fold_in ? g->tmp : NULL, w_out, eps, g->x, g->xn, mc_split_xf(g),
+    tqkv_status st = experts_queue(g, D, sh, x, g->xn, g->xn, T);
+    // ---- combine, x += it, xn = RMSNorm(x) w_out (and xn's split) in one kernel
+    const moe_resid_out o = {w_out, g->m->cfg.rms_norm_eps, g->x, g->xn, mc_split_xf(g),
                              g->gemm_parts};
     if (!st)
         cuda_pdl_launch(g->pdl, moe_combine_norm_kernel, dim3((unsigned)T), dim3(MOE_CN_THREADS),

@@ -52,8 +52,8 @@ tqkv_status mc_moe_queue(struct model_cuda *g, const mc_moe_layer *D, const moe_
 /* The common graph's whole block around the layer's experts on g's residual stream: x += tmp,
  * xn = RMSNorm(x) w_in, the experts of xn (mc_moe_queue), x += their output, xn =
  * RMSNorm(x) w_out (and xn's GEMM split): the same bits as mc_residual_norm, mc_moe_queue,
- * mc_residual_norm, with the norms folded into the router (one token) and the combine
- * (mc_moe_set_fold_norm). tmp is left undefined. */
+ * mc_residual_norm, with the last norm folded into the combine (mc_moe_set_fold_norm). tmp
+ * is left undefined. */
 tqkv_status mc_moe_block_queue(struct model_cuda *g, const mc_moe_layer *D, const moe_shape *sh,
                                mc_moe_state *x, const float *w_in, const float *w_out, int T);
 
@@ -84,19 +84,13 @@ void        mc_moe_set_router_wide(int on);
  * picks) or by the gather launch (0): the same stores; -1: as the environment says. For
  * tests and A/B runs; not while a forward runs on another thread. */
 void        mc_moe_set_fold_gather(int on);
-/* mc_moe_block_queue's norms folded (1, the default unless the environment has
- * TQKV_MOE_FOLD_NORM=0; hidden sizes up to 4096): the residual's norm after the experts in
- * the combine's kernel, and at one token with the router as a block per expert the norm
- * before them in every router block; or their own launches (0): the same bits; -1: as the
- * environment says. For tests and A/B runs; not while a forward runs on another thread. */
+/* mc_moe_block_queue's residual norm after the experts folded into the combine's kernel (1,
+ * the default unless the environment has TQKV_MOE_FOLD_NORM=0; hidden sizes up to 4096) or
+ * its own launch (0): the same bits; -1: as the environment says. For tests and A/B runs;
+ * not while a forward runs on another thread. */
 void        mc_moe_set_fold_norm(int on);
-/* The norm before the experts in the router (1, the default unless the environment has
- * TQKV_MOE_FOLD_ROUTER_NORM=0) or its own launch (0) while mc_moe_set_fold_norm is on: the
- * same bits; -1: as the environment says. */
-void        mc_moe_set_fold_router_norm(int on);
-/* What mc_moe_block_queue folds for T tokens of shape sh under the current switches: 2 both
- * norms, 1 the norm after the experts (into the combine), 0 neither. For tests. */
-int         mc_moe_fold_form(const moe_shape *sh, int T);
+/* Whether mc_moe_block_queue folds that norm for shape sh under the current switch. */
+int         mc_moe_folds_norm(const moe_shape *sh);
 
 /* One routing of T tokens alone on the device with the current switches, for tests. */
 typedef struct {

@@ -63,30 +63,15 @@ typedef struct {
 /* The grouped GEMMs on (TQKV_MOE_GROUPED, mc_moe_set_grouped; moe_cuda_route.cu). */
 int mc_moe_grouped_on(void);
 
-/* The widest hidden size the folded norms take (a block holds a row and its weights in
- * shared memory: 2 H floats). */
+/* The widest hidden size the combine's folded norm takes (mc_moe_folds_norm: its block holds
+ * a row in shared memory and its values in registers). */
 #define MOE_FOLD_H_MAX 4096
-/* The norms around a sparse layer folded into its kernels (TQKV_MOE_FOLD_NORM,
- * mc_moe_set_fold_norm) for rows of H. */
-int mc_moe_fold_norm_on(int H);
-/* One token's feed-forward RMSNorm xn = RMSNorm(x + att) w (eps) folded into the router
- * (the sum x + att left for the combine to store). */
-typedef struct {
-    const float *x, *att, *w; /* [H] */
-    float eps;
-    float *xn;                /* [H] */
-} mc_moe_norm;
-/* Whether the routing of T tokens of shape sh takes the norm (mc_moe_route_queue's fold):
- * one token, the router as a block per expert with its fused tail, the fold on. */
-int mc_moe_route_folds_norm(const moe_shape *sh, int T);
 
 /* The routing of T tokens into x->idx and r, maybe the gather of xn into x->xg and xf
- * (r->gathered; moe_cuda_route.cu documents it); with fold (only where
- * mc_moe_route_folds_norm is 1) the router makes xn itself from fold's rows first (xr,
- * xn then unread). */
+ * (r->gathered; moe_cuda_route.cu documents it). */
 tqkv_status mc_moe_route_queue(model_cuda *g, const mc_moe_layer *D, const moe_shape *sh,
                                mc_moe_state *x, const float *xr, const float *xn, uint16_t *xf,
-                               const mc_moe_norm *fold, int T, moe_routing *r);
+                               int T, moe_routing *r);
 
 /* The shared expert's gate logits sg [T] = xn [T, H] . sh_gate [H] on g's stream (the router
  * kernel with one expert, no tail; moe_cuda_route.cu). */

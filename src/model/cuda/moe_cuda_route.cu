@@ -64,16 +64,15 @@ extern "C" void mc_moe_set_fold_gather(int on) { env_switch_set(&g_fold_gather, 
 
 static int fold_gather_on(void) { return env_switch_get(&g_fold_gather); }
 
-/* The RMSNorms around a sparse layer of the common graph folded into its kernels:
- * TQKV_MOE_FOLD_NORM (0: off), as g_route_fast; the one before the experts into the router
- * at one token only with TQKV_MOE_FOLD_ROUTER_NORM on too. */
+/* The residual norm after a sparse layer of the common graph folded into its combine
+ * (moe_cuda.cu's mc_moe_block_queue): TQKV_MOE_FOLD_NORM (0: off), as g_route_fast. */
 static env_switch g_fold_norm = ENV_SWITCH("TQKV_MOE_FOLD_NORM");
-static env_switch g_fold_router_norm = ENV_SWITCH("TQKV_MOE_FOLD_ROUTER_NORM");
 
 extern "C" void mc_moe_set_fold_norm(int on) { env_switch_set(&g_fold_norm, on); }
-extern "C" void mc_moe_set_fold_router_norm(int on) { env_switch_set(&g_fold_router_norm, on); }
 
-int mc_moe_fold_norm_on(int H) { return env_switch_get(&g_fold_norm) && H <= MOE_FOLD_H_MAX; }
+extern "C" int mc_moe_folds_norm(const moe_shape *sh) {
+    return env_switch_get(&g_fold_norm) && sh->hidden <= MOE_FOLD_H_MAX;
+}
 
 // ---------------------------------------------------------------------------
 // routing kernels
@@ -105,9 +104,6 @@ struct moe_tail {
     moe_route_out r;
     moe_place_out p;
     moe_gather_one g1;          /* moe_router_wide_kernel only */
-    mc_moe_norm n1;             /* moe_router_wide_kernel<NJ, true> only: every block makes
-                                 * xn = RMSNorm(x + att) w itself (x + att not stored: the
-                                 * combine's norm kernel adds att again), block 0 stores it */
 };
 
 /* The router's fused tail: at most this many pairs (P = T K), and its block size. */
@@ -453,28 +449,6 @@ moe_router_kernel(const float *__restrict__ xr, const float *__restrict__ rw, in
     if (tail.done) moe_tail_run<MOE_NJ>(logits, T, tail); /* uniform over the grid */
 }
 
-/* The block's row xs = RMSNorm(x + att) w (n: mc_moe_norm, H values; ws: the weights, which
- * the block put in shared memory before its grid wait), as forward_cuda.cu's rmsnorm_kernel
- * computes it (its adds, mc_row_sumsq's sum, its products: the same bits); block 0 also
- * stores it to n.xn. Every thread of the block (128) calls it. */
-__device__ void moe_norm_row(const mc_moe_norm &n, int H, const float *ws, float *xs) {
-    constexpr int U = 16; /* H <= 2048: one memory round trip */
-    __shared__ double sh[4];
-    for (int i0 = threadIdx.x; i0 < H; i0 += U * MOE_TAIL_THREADS) {
-        float v[U], a[U];
-        mc_load_strided<U>(v, n.x, i0, MOE_TAIL_THREADS, H);
-        mc_load_strided<U>(a, n.att, i0, MOE_TAIL_THREADS, H);
-#pragma unroll
-        for (int u = 0; u < U; u++)
-            if (i0 + MOE_TAIL_THREADS * u < H) xs[i0 + MOE_TAIL_THREADS * u] = v[u] + a[u];
-    }
-    const float r = mc_rms_r(mc_row_sumsq(xs, H, sh), H, n.eps);
-    for (int i = threadIdx.x; i < H; i += MOE_TAIL_THREADS) xs[i] = ws[i] * (xs[i] * r);
-    __syncthreads();
-    if (blockIdx.x == 0)
-        for (int i = threadIdx.x; i < H; i += MOE_TAIL_THREADS) n.xn[i] = xs[i];
-}
-
 /* moe_router_kernel with its tail at few tokens (T <= MOE_WIDE_T; mc_moe_set_router_wide):
  * block b the logits [t, e] of expert e = b mod E for its 4 tokens t = 4 (b / E) + w, a warp
  * w each (the same router_dot_pre: the same bits). The E dot products of a token spread over E
@@ -483,43 +457,25 @@ __device__ void moe_norm_row(const mc_moe_norm &n, int H, const float *ws, float
  * experts: a quarter of the registers, code and guarded steps of MOE_NJ; the ones it leaves
  * out were never used). With tail.g1.xg (one token) the blocks' warps 1 .. 3, idle in the
  * dot, also write the experts' gathered rows (moe_gather_kernel's stores: its launch is then
- * left out). NORM (one token, tail.n1): the feed-forward's RMSNorm in every block first
- * (moe_norm_row; xr is then the block's row in shared memory, and the launch before was the
- * mixer's last kernel, not a norm). Dynamic shared memory: NORM 2 H floats, else none.
+ * left out).
  * grid E ceil(T / 4), block 128. */
-template <int NJ, bool NORM>
+template <int NJ>
 __global__ void __launch_bounds__(MOE_TAIL_THREADS)
 moe_router_wide_kernel(const float *__restrict__ xr, const float *__restrict__ rw, int T, int E,
                        int H, int bf16x, float *__restrict__ logits, const moe_tail tail) {
-    extern __shared__ __align__(16) float xs[]; /* NORM: [H] the normed row | [H] its weights */
     const int e = (int)(blockIdx.x % (unsigned)E);
     const int t = (int)(blockIdx.x / (unsigned)E) * (MOE_TAIL_THREADS / 32) + (threadIdx.x >> 5);
     float b0[64];             /* expert e's first weights: no kernel writes them */
     if (t < T) router_row_first<64>(rw + (size_t)e * H, H, b0);
-    if (NORM) /* the norm's weights, as the router's: no kernel writes them (16 loads in
-               * flight a thread: H <= 2048 in one memory round trip) */
-        for (int i0 = threadIdx.x; i0 < H; i0 += 16 * MOE_TAIL_THREADS) {
-            float g[16];
-            mc_load_strided<16>(g, tail.n1.w, i0, MOE_TAIL_THREADS, H);
-#pragma unroll
-            for (int u = 0; u < 16; u++)
-                if (i0 + MOE_TAIL_THREADS * u < H) xs[H + i0 + MOE_TAIL_THREADS * u] = g[u];
-        }
-    cuda_pdl_wait(); /* programmatic (route_launch's pdl): the kernel that wrote xr (NORM: x
-                      * and att) has completed */
+    cuda_pdl_wait(); /* programmatic (route_launch's pdl): the norm that wrote xr has completed */
     cuda_pdl_trigger();
-    if (NORM) {
-        moe_norm_row(tail.n1, H, xs + H, xs);
-        xr = xs;
-    }
-    const float *xg_src = NORM ? xs : tail.g1.xn;
     if (tail.g1.xg && threadIdx.x >= 32) { /* T = 1: tok [p] = 0 for every pair, whatever the
                                             * picks; warps 1 .. 3 (idle in the dot: t >= T), so
                                             * warp 0's dot does not wait behind these loads */
         constexpr unsigned NT = MOE_TAIL_THREADS - 32;
         const unsigned n = (unsigned)tail.r.K * (unsigned)H; /* K H < 2^32 (route_launch) */
         for (unsigned i = blockIdx.x * NT + threadIdx.x - 32; i < n; i += gridDim.x * NT) {
-            const float v = xg_src[i % (unsigned)H];
+            const float v = tail.g1.xn[i % (unsigned)H];
             tail.g1.xg[i] = v;
             if (tail.g1.xf) mc_split_store(tail.g1.xf, n, i, v, tail.g1.parts);
         }
@@ -618,13 +574,12 @@ __global__ void moe_place_kernel(const int32_t *__restrict__ sel, int P, int K, 
  * done: the zeroed counter), a block per expert up to MOE_WIDE_T tokens (router_wide_on), or
  * the router, route and place launches. g1.xg: one token's gather, which the block per
  * expert folds in (fold_gather_on): *gathered 1 when it did (2: the block per expert ran
- * without it, 0: another form). n1.x: the feed-forward's norm folded in (one token, only
- * where route_folds_norm said so; xr is then not read). pdl: the router launched
- * programmatically (its route and place launches, when separate, are plain). */
+ * without it, 0: another form). pdl: the router launched programmatically (its route and
+ * place launches, when separate, are plain). */
 static tqkv_status route_launch(cudaStream_t s, const float *router, const float *scale,
                                 int bf16x, int E, int K, int H, int norm, int T, const float *xr,
                                 float *logits, int32_t *idx, int *done, int *gathered,
-                                const moe_gather_one &g1, const mc_moe_norm &n1, int pdl) {
+                                const moe_gather_one &g1, int pdl) {
     const size_t P = (size_t)T * K;
     const int G = E < (int)P ? E : (int)P;
     moe_tail tl;
@@ -635,22 +590,15 @@ static tqkv_status route_launch(cudaStream_t s, const float *router, const float
     /* up to MOE_FUSED_P pairs (decode) the router's last block routes and places too */
     tl.done = g_fused && P <= MOE_FUSED_P ? done : NULL;
     tl.g1 = moe_gather_one{NULL, NULL, NULL, 0};
-    tl.n1 = n1;
     const unsigned nb = (unsigned)(((size_t)T * E + 3) / 4);
     *gathered = 0;
-    const int wide = tl.done && T <= MOE_WIDE_T && router_wide_on();
-    if (n1.x && !(wide && T == 1 && H <= MOE_FOLD_H_MAX))
-        return tqkv_fail(TQKV_ESTATE, "experts routing: the norm cannot fold into this router");
-    if (wide) {
+    if (tl.done && T <= MOE_WIDE_T && router_wide_on()) {
         *gathered = 2;
         if (T == 1 && g1.xg && (size_t)K * H < (1u << 31) && fold_gather_on())
             tl.g1 = g1, *gathered = 1;
         const unsigned nw = (unsigned)E * (unsigned)((T + 3) / 4);
-        void (*k)(const float *, const float *, int, int, int, int, float *, const moe_tail) =
-            n1.x ? (E <= 128 ? moe_router_wide_kernel<4, true> : moe_router_wide_kernel<MOE_NJ, true>)
-                 : (E <= 128 ? moe_router_wide_kernel<4, false> : moe_router_wide_kernel<MOE_NJ, false>);
-        cuda_pdl_launch(pdl, k, dim3(nw), dim3(MOE_TAIL_THREADS), n1.x ? 2 * (size_t)H * 4 : 0, s, xr,
-                        router, T, E, H, bf16x, logits, tl);
+        cuda_pdl_launch(pdl, E <= 128 ? moe_router_wide_kernel<4> : moe_router_wide_kernel<MOE_NJ>,
+                        dim3(nw), dim3(MOE_TAIL_THREADS), 0, s, xr, router, T, E, H, bf16x, logits, tl);
     } else {
         cuda_pdl_launch(pdl, P <= MOE_FUSED_P ? moe_router_kernel<64> : moe_router_kernel<32>,
                         dim3(nb), dim3(MOE_TAIL_THREADS), 0, s, xr, router, T, E, H, bf16x, logits, tl);
@@ -664,15 +612,6 @@ static tqkv_status route_launch(cudaStream_t s, const float *router, const float
     return mc_ck(cudaGetLastError(), "experts routing");
 }
 
-int mc_moe_route_folds_norm(const moe_shape *sh, int T) {
-    return T == 1 && g_fused && sh->top_k <= MOE_FUSED_P && router_wide_on() &&
-           env_switch_get(&g_fold_router_norm) && mc_moe_fold_norm_on(sh->hidden);
-}
-
-extern "C" int mc_moe_fold_form(const moe_shape *sh, int T) {
-    return !mc_moe_fold_norm_on(sh->hidden) ? 0 : mc_moe_route_folds_norm(sh, T) ? 2 : 1;
-}
-
 /* The routing of T tokens on g's stream (route_launch): router logits, each token's picks,
  * the pairs grouped by expert (x->idx), and at one token with the grouped GEMMs maybe the
  * gather of xn into x->xg (and its split into xf, when not NULL; r->gathered says). r gets
@@ -682,7 +621,7 @@ extern "C" int mc_moe_fold_form(const moe_shape *sh, int T) {
  * count) always takes the bounds. */
 tqkv_status mc_moe_route_queue(model_cuda *g, const mc_moe_layer *D, const moe_shape *sh,
                                mc_moe_state *x, const float *xr, const float *xn, uint16_t *xf,
-                               const mc_moe_norm *fold, int T, moe_routing *r) {
+                               int T, moe_routing *r) {
     const int E = sh->n_experts, K = sh->top_k, H = sh->hidden;
     const size_t P = (size_t)T * K;
     const cudaStream_t s = g->stream;
@@ -690,9 +629,8 @@ tqkv_status mc_moe_route_queue(model_cuda *g, const mc_moe_layer *D, const moe_s
     r->E = E, r->P = (int)P, r->G = E < (int)P ? E : (int)P, r->most = T, r->count = NULL;
     /* one token's gather in the router, for the grouped GEMMs (the bounds: no read-back) */
     const moe_gather_one g1{xn, per_expert ? NULL : x->xg, xf, g->gemm_parts};
-    const mc_moe_norm n1 = fold ? *fold : mc_moe_norm{NULL, NULL, NULL, 0.0f, NULL};
     tqkv_status st = route_launch(s, D->router, D->scale, g->m->bf16_act, E, K, H, sh->norm_topk,
-                                  T, xr, x->logits, x->idx, x->done, &r->gathered, g1, n1, g->pdl);
+                                  T, xr, x->logits, x->idx, x->done, &r->gathered, g1, g->pdl);
     r->gathered = r->gathered == 1;
     if (st || (T <= GEMM_CUDA_SMALL_T && !per_expert)) return st;
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
@@ -739,8 +677,7 @@ static tqkv_status probe_run(probe_bufs *b, cudaStream_t s, const mc_moe_probe *
     int form = 0;
     if (!st) st = route_launch(s, b->rw, b->sc, q->bf16x, q->E, q->K, q->H, q->norm, q->T, b->xr,
                                b->logits, b->idx, b->done, &form,
-                               moe_gather_one{NULL, NULL, NULL, 0},
-                               mc_moe_norm{NULL, NULL, NULL, 0.0f, NULL}, 0);
+                               moe_gather_one{NULL, NULL, NULL, 0}, 0);
     *wide = form == 2;
     if (!st) st = mc_ck(cudaMemcpyAsync(logits, b->logits, T * E * 4, cudaMemcpyDeviceToHost, s), "probe");
     if (!st) st = mc_ck(cudaMemcpyAsync(idx, b->idx, W * 4, cudaMemcpyDeviceToHost, s), "probe");
