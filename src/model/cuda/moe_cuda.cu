@@ -46,7 +46,9 @@
  *   shared (S > 0)  sy = down(act(gate xn) * up xn) [T, H]; sg = xn . sh_gate [T] (the
  *                   router kernel with one expert)
  *   combine_kernel  out [T, H] = sum over the token's K pairs, ascending expert, of
- *                   round(w y[p]), from 0, then + round(sigmoid(sg) sy) (moe.c's order).
+ *                   round(w y[p]), from 0, then + round(sigmoid(sg) sy) (moe.c's order)
+ *                   (in the common graph, mc_moe_block_queue: combine_norm_kernel, the same
+ *                   sums, x += them and the next norm in one block per token).
  * The routing stays on the device, so a step queues without waiting and decode steps are
  * captured as CUDA graphs: at T <= GEMM_CUDA_SMALL_T (decode) and in any step being captured
  * the grouped GEMMs are sized by bounds (min(E, P) groups of at most T rows: a token picks K
@@ -137,8 +139,9 @@ constexpr int MOE_CN_THREADS = 512, MOE_CN_U = 4;
 constexpr int MOE_CN_NP = (MOE_FOLD_H_MAX + MOE_CN_U * MOE_CN_THREADS - 1) / (MOE_CN_U * MOE_CN_THREADS);
 
 /* moe_combine_kernel and the residual RMSNorm after it (mc_residual_norm) in one block per
- * token: v = x[t] + the combine's out[t, i] (its sum, in its order), x[t] = v, xn[t] = RMSNorm(v) w (forward_cuda.cu's rmsnorm_kernel: mc_row_sumsq's sum, its
- * products) and xn's split: the same bits as the two launches. A thread's values i = t + 512
+ * token: v = x[t] + the combine's out[t, i] (its sum, in its order), x[t] = v, xn[t] =
+ * RMSNorm(v) w (forward_cuda.cu's rmsnorm_kernel: mc_row_sumsq's sum, its products) and
+ * xn's split: the same bits as the two launches. A thread's values i = t + 512
  * (4 p + u) stay in registers, with their weights (loaded before the grid wait: no kernel
  * writes them) and each value's K rows (loaded before its sum); v goes to shared memory only
  * for the sum of squares' order. H <= MOE_FOLD_H_MAX; dynamic shared memory H floats; grid
