@@ -346,6 +346,26 @@ static void test_fold_gather_models(void **st) {
                        "gather in the router kernel == gather launch");
 }
 
+/* The residual norm after the common graph's sparse layers folded into the combine (the
+ * default) == its own launch (mc_moe_set_fold_norm(0)) in whole models, prefill and decode at
+ * 3 rows and at one, the shared expert's gate in the combine's sum included (Qwen 3.5 MoE);
+ * at one row also with the router's warp per pair. Gemma 4 runs its own queue (no fold). */
+static void test_fold_norm_models(void **st) {
+    (void)st;
+    const int cks[] = {CK_A, CK_B, CK_Q35};
+    for (int i = 0; i < 3; i++) {
+        const moe_shape sh = moe_shape_of(tqkv_model_get_config(g_models[cks[i]]));
+        assert_true(mc_moe_folds_norm(&sh)); /* the cases below run the fold */
+        for (int R = 3; R >= 1; R -= 2)
+            routing_ab(cks[i], i % 2 ? TQKV_TQ4 : TQKV_F32, R, mc_moe_set_fold_norm,
+                       "norm folded into the combine == norm launch");
+    }
+    mc_moe_set_router_wide(0);
+    routing_ab(CK_Q35, TQKV_TQ4, 1, mc_moe_set_fold_norm,
+               "norm folded into the combine (router warp per pair) == norm launch");
+    mc_moe_set_router_wide(-1);
+}
+
 /* The norm kernels with a thread's values in registers (the default) == their passes of
  * loads (model_cuda_set_norm_regs(0)): the common graph's RMSNorm and Gemma 4's norms. */
 static void test_norm_regs_models(void **st) {
@@ -821,6 +841,7 @@ static int router_wide_teardown(void **st) { /* also after a failure */
     mc_moe_set_router_wide(-1);
     mc_moe_set_fold_gather(-1);
     mc_moe_set_route_fast(-1);
+    mc_moe_set_fold_norm(-1);
     return 0;
 }
 
@@ -894,6 +915,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_router_wide, router_wide_teardown),
         cmocka_unit_test_teardown(test_router_wide_models, router_wide_teardown),
         cmocka_unit_test_teardown(test_fold_gather_models, router_wide_teardown),
+        cmocka_unit_test_teardown(test_fold_norm_models, router_wide_teardown),
         cmocka_unit_test(test_parity_a_f32),
         cmocka_unit_test(test_parity_a_tq4),
         cmocka_unit_test(test_parity_b_f32),

@@ -74,8 +74,9 @@ __global__ void qprep_kernel(const float *__restrict__ q, uint16_t *__restrict__
  * output) merged in split order, divided by the sum, un-rotated once (V's signs sb and
  * 1 / sqrt(d) cinv; unrotate 0: the bf16 baseline). Lane s holds split s's (max, sum) (at
  * most 32 splits: split_count) and its weight 2^(max - M); the partial outputs are loaded 16
- * splits at a time, then added in split order as before (only the row's own splits are
- * read: a workspace slot past them may never have been written). M is the max over the splits' maxima
+ * splits at a time (the first 16 beside the (max, sum) pairs), then added in split order as
+ * before (only the row's own splits are read: a workspace slot past them may never have
+ * been written). M is the max over the splits' maxima
  * (fmaxf from -inf: a NaN max is dropped, as in the sequential loop). xf (or NULL): the
  * output's GEMM split too (util/cuda_split.cuh: hi at v d + i, lo at n d + v d + i when parts
  * = 2), the next GEMM's input without a kernel between. */
@@ -84,14 +85,22 @@ __global__ void merge_kernel(const float *__restrict__ po, const float2 *__restr
                              float cinv, int unrotate, int qh, int nsmax, int n,
                              uint16_t *__restrict__ xf, int parts) {
     constexpr int B = 16;             /* splits' loads in flight */
+    const int v = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    /* the row table before the wait: the append's launches that wrote it completed before
+     * the query prep's wait returned, so before the split kernel (which scans it before its
+     * own wait, too) and this grid started */
+    const int ns = v < n ? min(split_count(rows[v / qh].ntok), min(nsmax, 32)) : 0;
     cuda_pdl_wait();    /* programmatic (attend): the split kernel's partials */
     cuda_pdl_trigger(); /* the kernel after (a programmatic one waits for this grid) */
-    const int v = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (v >= n) return;
-    const int r = v / qh;
     const size_t base = (size_t)v * nsmax;
-    const int ns = min(split_count(rows[r].ntok), min(nsmax, 32));
+    /* the (max, sum) pairs and the first B partial outputs in one memory round trip (a split
+     * whose max is -inf adds nothing below, whatever its output holds) */
     const float2 ml = lane < ns ? pml[base + lane] : make_float2(-INFINITY, 0.0f);
+    float4 p[B];
+#pragma unroll
+    for (int j = 0; j < B; j++)
+        if (j < ns) p[j] = reinterpret_cast<const float4 *>(po + (base + j) * D)[lane];
     float M = fmaxf(-INFINITY, ml.x);
 #pragma unroll
     for (int m = 16; m; m >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, m));
@@ -100,10 +109,11 @@ __global__ void merge_kernel(const float *__restrict__ po, const float2 *__restr
     float o[4] = {0, 0, 0, 0}, L = 0.0f;
     if (M != -INFINITY)
         for (int s0 = 0; s0 < ns; s0 += B) {
-            float4 p[B];
+            if (s0) {
 #pragma unroll
-            for (int j = 0; j < B; j++)
-                if (s0 + j < ns) p[j] = reinterpret_cast<const float4 *>(po + (base + s0 + j) * D)[lane];
+                for (int j = 0; j < B; j++)
+                    if (s0 + j < ns) p[j] = reinterpret_cast<const float4 *>(po + (base + s0 + j) * D)[lane];
+            }
 #pragma unroll
             for (int j = 0; j < B; j++) {
                 const int s = s0 + j;

@@ -71,6 +71,10 @@ typedef struct model_arch_cuda_ops {
      * does not own: mc_ffn_dense, the common MLP) */
     tqkv_status (*ffn_upload)(const tqkv_model *m, struct model_cuda_weights *w);
     tqkv_status (*ffn)(struct model_cuda *g, int l, int T);
+    /* layer l's whole block after the mixer (NULL: the common steps, which use ffn): x +=
+     * tmp, xn = RMSNorm(x) ffn_norm, the feed-forward, x += its output, xn = RMSNorm(x) with
+     * the next norm (and xn's GEMM split), the same bits as those steps; tmp undefined after */
+    tqkv_status (*ffn_block)(struct model_cuda *g, int l, int T);
     /* queue recurrent layer j's mixer for R rows of n tokens (TQKV_LAYER_LINEAR layers) */
     tqkv_status (*linear)(const tqkv_model_config *c, const struct mc_layer *L,
                           struct mc_rec *rec, int j, int R, int n, const float *proj, float *cv,

@@ -713,6 +713,19 @@ const float *mc_next_norm(const model_cuda *g, int l) {
     return l + 1 < g->m->cfg.n_layers ? g->w->layers[l + 1].attn_norm : g->w->final_norm;
 }
 
+tqkv_status mc_ffn_block_steps(model_cuda *g, int l, int T) {
+    mc_residual_norm(g, g->w->layers[l].ffn_norm, (size_t)T);
+    const tqkv_status st = mc_layer_ffn(g, l, T);
+    /* residual x += tmp, then the next layer's attention norm (or the final norm) */
+    if (!st) mc_residual_norm(g, mc_next_norm(g, l), (size_t)T);
+    return st;
+}
+
+tqkv_status mc_layer_ffn_block(model_cuda *g, int l, int T) {
+    if (g->arch_ops && g->arch_ops->ffn_block) return g->arch_ops->ffn_block(g, l, T);
+    return mc_ffn_block_steps(g, l, T);
+}
+
 /* The head: lm_head rows [head_n, H] over xn (every token's final-normed state) into logits
  * [rows, head_n] (LAST: each row's last token, t = r n + n - 1) or [T, head_n] (ALL), their
  * copy to `out` (host; NULL: none) and, with pick > 0 (mode LAST), the device pick. */
@@ -754,12 +767,7 @@ static tqkv_status forward_queue(model_cuda *g, int n, int as_decode, tqkv_logit
     int lin = 0; /* linear layers so far */
     for (int l = 0; l < c->n_layers && !st; l++) {
         st = mc_layer_mixer(g, l, n, as_decode, &lin, done);
-        if (st) break;
-        mc_residual_norm(g, g->w->layers[l].ffn_norm, T);
-        st = mc_layer_ffn(g, l, (int)T);
-        if (st) break;
-        /* residual x += tmp, then the next layer's attention norm (or the final norm) */
-        mc_residual_norm(g, mc_next_norm(g, l), T);
+        if (!st) st = mc_layer_ffn_block(g, l, (int)T);
     }
     if (!st) st = ck(cudaGetLastError(), "forward kernels");
     if (st || mode == TQKV_LOGITS_NONE) return st;

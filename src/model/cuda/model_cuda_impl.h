@@ -276,6 +276,10 @@ void         mc_residual_norm(model_cuda *g, const float *w, size_t T);
 int          mc_norm_nv(int H, int max_nv);
 tqkv_status  mc_layer_ffn(model_cuda *g, int l, int T);
 const float *mc_next_norm(const model_cuda *g, int l);
+/* Layer l's block after its mixer: residual_norm (ffn_norm), ffn, residual_norm
+ * (mc_next_norm) as those steps (mc_ffn_block_steps) or the architecture's ffn_block hook. */
+tqkv_status  mc_layer_ffn_block(model_cuda *g, int l, int T);
+tqkv_status  mc_ffn_block_steps(model_cuda *g, int l, int T);
 /* lm_head (head_n rows, else V) over xn into logits, the copy to out (host, NULL: none),
  * the device pick when pick > 0. */
 tqkv_status  mc_head(model_cuda *g, int n, tqkv_logits_mode mode, float *out, int pick);

@@ -46,7 +46,9 @@
  *   shared (S > 0)  sy = down(act(gate xn) * up xn) [T, H]; sg = xn . sh_gate [T] (the
  *                   router kernel with one expert)
  *   combine_kernel  out [T, H] = sum over the token's K pairs, ascending expert, of
- *                   round(w y[p]), from 0, then + round(sigmoid(sg) sy) (moe.c's order).
+ *                   round(w y[p]), from 0, then + round(sigmoid(sg) sy) (moe.c's order)
+ *                   (in the common graph, mc_moe_block_queue: combine_norm_kernel, the same
+ *                   sums, x += them and the next norm in one block per token).
  * The routing stays on the device, so a step queues without waiting and decode steps are
  * captured as CUDA graphs: at T <= GEMM_CUDA_SMALL_T (decode) and in any step being captured
  * the grouped GEMMs are sized by bounds (min(E, P) groups of at most T rows: a token picks K
@@ -90,6 +92,11 @@ __global__ void moe_gather_kernel(const float *__restrict__ xn, const int32_t *_
     if (xf) mc_split_store(xf, (size_t)gridDim.x * H, p * H + i, v, parts);
 }
 
+/* The shared expert's gate sigmoid(sg) as the combine rounds it. */
+__device__ __forceinline__ float moe_shared_gate(float sg) {
+    return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(0.0f - sg)));
+}
+
 /* out[t, i] = sum over k < K (the token's pairs, ascending expert) of round(w y[pair, i]),
  * from 0; then, with sy, + round(sigmoid(sg[t]) sy[t, i]). pair, wbits [T, K]. grid
  * mc_grid_elems(T, H), block 256. The K rows are loaded before the sum (in its order). */
@@ -103,7 +110,7 @@ __global__ void moe_combine_kernel(const float *__restrict__ y, const int32_t *_
     const size_t t = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= H) return;
-    const float gate = sy ? __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(0.0f - sg[t]))) : 0.0f;
+    const float gate = sy ? moe_shared_gate(sg[t]) : 0.0f;
     float a = 0.0f;
     for (int k0 = 0; k0 < K; k0 += U) {
         float v[U];
@@ -116,6 +123,91 @@ __global__ void moe_combine_kernel(const float *__restrict__ y, const int32_t *_
     }
     if (sy) a = __fadd_rn(a, __fmul_rn(gate, sy[t * H + i]));
     out[t * H + i] = a;
+}
+
+/* The residual stream after a sparse layer of the common graph (mc_moe_block_queue). */
+struct moe_resid_out {
+    const float *w;   /* [H] the next norm's weight */
+    float eps;
+    float *x, *xn;    /* [T, H] */
+    uint16_t *xf;     /* xn's GEMM split (mc_split_store, parts), or NULL */
+    int parts;
+};
+
+constexpr int MOE_CN_THREADS = 512, MOE_CN_U = 4;
+/* passes of MOE_CN_U values a thread over the widest folded row */
+constexpr int MOE_CN_NP = (MOE_FOLD_H_MAX + MOE_CN_U * MOE_CN_THREADS - 1) / (MOE_CN_U * MOE_CN_THREADS);
+
+/* moe_combine_kernel and the residual RMSNorm after it (mc_residual_norm) in one block per
+ * token: v = x[t] + the combine's out[t, i] (its sum, in its order), x[t] = v, xn[t] =
+ * RMSNorm(v) w (forward_cuda.cu's rmsnorm_kernel: mc_row_sumsq's sum, its products) and
+ * xn's split: the same bits as the two launches. A thread's values i = t + 512
+ * (4 p + u) stay in registers, with their weights (loaded before the grid wait: no kernel
+ * writes them) and each value's K rows (loaded before its sum); v goes to shared memory only
+ * for the sum of squares' order. H <= MOE_FOLD_H_MAX; dynamic shared memory H floats; grid
+ * T, block MOE_CN_THREADS. */
+__global__ void __launch_bounds__(MOE_CN_THREADS)
+moe_combine_norm_kernel(const float *__restrict__ y, const int32_t *__restrict__ pair,
+                        const int32_t *__restrict__ wbits, int K, int H,
+                        const float *__restrict__ sy, const float *__restrict__ sg,
+                        const moe_resid_out o) {
+    constexpr int U = MOE_CN_U, NT = MOE_CN_THREADS, NP = MOE_CN_NP;
+    extern __shared__ __align__(16) float vs[]; /* [H] v */
+    __shared__ int s_pair[MOE_CUDA_K_MAX];
+    __shared__ float s_w[MOE_CUDA_K_MAX];
+    __shared__ double sh[4];
+    float wr[NP][U], vr[NP][U];
+#pragma unroll
+    for (int p = 0; p < NP; p++) mc_load_strided<U>(wr[p], o.w, threadIdx.x + p * U * NT, NT, H);
+    cuda_pdl_wait(); /* programmatic (g->pdl): the experts' down GEMM has completed */
+    cuda_pdl_trigger();
+    const size_t t = blockIdx.x;
+    if (threadIdx.x < K) {
+        s_pair[threadIdx.x] = pair[t * K + threadIdx.x];
+        s_w[threadIdx.x] = __int_as_float(wbits[t * K + threadIdx.x]);
+    }
+    const float gate = sy ? moe_shared_gate(sg[t]) : 0.0f;
+    __syncthreads();
+    float *xr = o.x + t * H;
+#pragma unroll
+    for (int p = 0; p < NP; p++) {
+        const int i0 = threadIdx.x + p * U * NT;
+        if (p * U * NT >= H) break; /* uniform */
+        float a[U];
+        mc_load_strided<U>(vr[p], xr, i0, NT, H);
+#pragma unroll
+        for (int u = 0; u < U; u++) a[u] = 0.0f;
+        for (int k0 = 0; k0 < K; k0 += 8) {
+            float v[8][U];
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                mc_load_strided<U>(v[k], y + (size_t)s_pair[k0 + k < K ? k0 + k : 0] * H, i0, NT, H);
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+#pragma unroll
+                for (int u = 0; u < U; u++)
+                    if (k0 + k < K) a[u] = __fadd_rn(a[u], __fmul_rn(v[k][u], s_w[k0 + k]));
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + NT * u;
+            if (i >= H) break;
+            if (sy) a[u] = __fadd_rn(a[u], __fmul_rn(gate, sy[t * H + i]));
+            const float v = vr[p][u] + a[u];
+            xr[i] = vs[i] = vr[p][u] = v;
+        }
+    }
+    const float r = mc_rms_r(mc_row_sumsq(vs, H, sh), H, o.eps);
+#pragma unroll
+    for (int p = 0; p < NP; p++)
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = threadIdx.x + p * U * NT + NT * u;
+            if (i >= H) break;
+            const float v = wr[p][u] * (vr[p][u] * r);
+            o.xn[t * H + i] = v;
+            if (o.xf) mc_split_store(o.xf, (size_t)gridDim.x * H, t * H + i, v, o.parts);
+        }
 }
 
 // ---------------------------------------------------------------------------
@@ -162,9 +254,10 @@ static tqkv_status shared_queue(model_cuda *g, const mc_moe_layer *D, const moe_
     return st;
 }
 
-extern "C" tqkv_status mc_moe_queue(model_cuda *g, const mc_moe_layer *D, const moe_shape *sh,
-                                    mc_moe_state *x, const float *xr, const float *xn,
-                                    float *out, int T) {
+/* The sparse layer's queue up to its combine (mc_moe_queue's steps): routing, gather, the
+ * experts' GEMMs, the shared expert. */
+static tqkv_status experts_queue(model_cuda *g, const mc_moe_layer *D, const moe_shape *sh,
+                                 mc_moe_state *x, const float *xr, const float *xn, int T) {
     const int E = sh->n_experts, K = sh->top_k, H = sh->hidden, I = sh->inter;
     const size_t P = (size_t)T * K;
     const cudaStream_t s = g->stream;
@@ -180,7 +273,7 @@ extern "C" tqkv_status mc_moe_queue(model_cuda *g, const mc_moe_layer *D, const 
     const int split = g->presplit && !g->cublas && mc_moe_grouped_on();
     moe_routing r;
     tqkv_status st = mc_moe_route_queue(g, D, sh, x, xr, xn, split ? (uint16_t *)x->xf : NULL, T, &r);
-    const int32_t *tok = x->idx + IDX_TOK(E), *pair = x->idx + IDX_PAIR(E, P);
+    const int32_t *tok = x->idx + IDX_TOK(E);
     const int pre = !st && !r.count && split;
     uint16_t *xf = pre ? (uint16_t *)x->xf : NULL;
     if (!st && !r.gathered) /* (one token: maybe in the router kernel) */
@@ -190,13 +283,46 @@ extern "C" tqkv_status mc_moe_queue(model_cuda *g, const mc_moe_layer *D, const 
     if (!st) st = experts_gemm(g, x, &r, pre, x->xg, H, D->wgu, 2 * I, x->gu);
     if (!st) act_queue(g, sh->act, x->gu, I, x->h, P, xf);
     if (!st) st = experts_gemm(g, x, &r, pre, x->h, I, D->wd, H, x->y);
-    // ---- the shared expert, then combine: out [T, H], each token's experts in ascending order
+    // ---- the shared expert
+    if (!st && sh->shared_inter > 0) st = shared_queue(g, D, sh, x, xn, T);
+    return st;
+}
+
+extern "C" tqkv_status mc_moe_queue(model_cuda *g, const mc_moe_layer *D, const moe_shape *sh,
+                                    mc_moe_state *x, const float *xr, const float *xn,
+                                    float *out, int T) {
+    const int E = sh->n_experts, K = sh->top_k, H = sh->hidden;
+    const size_t P = (size_t)T * K;
+    tqkv_status st = experts_queue(g, D, sh, x, xr, xn, T);
+    // ---- combine: out [T, H], each token's experts in ascending order
     const int shared = sh->shared_inter > 0;
-    if (!st && shared) st = shared_queue(g, D, sh, x, xn, T);
     if (!st)
         cuda_pdl_launch(g->pdl, moe_combine_kernel, mc_grid_elems((size_t)T, (size_t)H), dim3(256), 0,
-                        s, x->y, pair, x->idx + IDX_WB(E, P), K, H, shared ? x->sy : NULL, x->sg,
-                        out);
+                        g->stream, x->y, x->idx + IDX_PAIR(E, P), x->idx + IDX_WB(E, P), K, H,
+                        shared ? x->sy : NULL, x->sg, out);
+    if (!st) st = mc_ck(cudaGetLastError(), "experts kernels");
+    return st;
+}
+
+extern "C" tqkv_status mc_moe_block_queue(model_cuda *g, const mc_moe_layer *D,
+                                          const moe_shape *sh, mc_moe_state *x, const float *w_in,
+                                          const float *w_out, int T) {
+    const int E = sh->n_experts, K = sh->top_k, H = sh->hidden;
+    const size_t P = (size_t)T * K;
+    mc_residual_norm(g, w_in, (size_t)T);
+    if (!mc_moe_folds_norm(sh)) { /* the launch the fold replaces */
+        tqkv_status st = mc_moe_queue(g, D, sh, x, g->xn, g->xn, g->tmp, T);
+        if (!st) mc_residual_norm(g, w_out, (size_t)T);
+        return st;
+    }
+    tqkv_status st = experts_queue(g, D, sh, x, g->xn, g->xn, T);
+    // ---- combine, x += it, xn = RMSNorm(x) w_out (and xn's split) in one kernel
+    const moe_resid_out o = {w_out, g->m->cfg.rms_norm_eps, g->x, g->xn, mc_split_xf(g),
+                             g->gemm_parts};
+    if (!st)
+        cuda_pdl_launch(g->pdl, moe_combine_norm_kernel, dim3((unsigned)T), dim3(MOE_CN_THREADS),
+                        (size_t)H * 4, g->stream, x->y, x->idx + IDX_PAIR(E, P),
+                        x->idx + IDX_WB(E, P), K, H, sh->shared_inter > 0 ? x->sy : NULL, x->sg, o);
     if (!st) st = mc_ck(cudaGetLastError(), "experts kernels");
     return st;
 }

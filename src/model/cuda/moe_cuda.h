@@ -49,6 +49,13 @@ void        mc_moe_state_free(struct model_cuda *g, mc_moe_state **x);
  * one above it (the grid sizes come back). T <= the reserved tokens. */
 tqkv_status mc_moe_queue(struct model_cuda *g, const mc_moe_layer *D, const moe_shape *sh,
                          mc_moe_state *x, const float *xr, const float *xn, float *out, int T);
+/* The common graph's whole block around the layer's experts on g's residual stream: x += tmp,
+ * xn = RMSNorm(x) w_in, the experts of xn (mc_moe_queue), x += their output, xn =
+ * RMSNorm(x) w_out (and xn's GEMM split): the same bits as mc_residual_norm, mc_moe_queue,
+ * mc_residual_norm, with the last norm folded into the combine (mc_moe_set_fold_norm). tmp
+ * is left undefined. */
+tqkv_status mc_moe_block_queue(struct model_cuda *g, const mc_moe_layer *D, const moe_shape *sh,
+                               mc_moe_state *x, const float *w_in, const float *w_out, int T);
 
 /* The experts' GEMMs as one grouped launch per projection (1, the default unless the
  * environment has TQKV_MOE_GROUPED=0) or one tqkv_cuda_gemm per expert (0): the same bits.
@@ -77,6 +84,13 @@ void        mc_moe_set_router_wide(int on);
  * picks) or by the gather launch (0): the same stores; -1: as the environment says. For
  * tests and A/B runs; not while a forward runs on another thread. */
 void        mc_moe_set_fold_gather(int on);
+/* mc_moe_block_queue's residual norm after the experts folded into the combine's kernel (1,
+ * the default unless the environment has TQKV_MOE_FOLD_NORM=0; hidden sizes up to 4096) or
+ * its own launch (0): the same bits; -1: as the environment says. For tests and A/B runs;
+ * not while a forward runs on another thread. */
+void        mc_moe_set_fold_norm(int on);
+/* Whether mc_moe_block_queue folds that norm for shape sh under the current switch. */
+int         mc_moe_folds_norm(const moe_shape *sh);
 
 /* One routing of T tokens alone on the device with the current switches, for tests. */
 typedef struct {
@@ -105,6 +119,9 @@ void        mc_moe_free(struct model_cuda *g);
 /* ffn: layer l of g->xn [T, H] into g->tmp: the experts on a sparse layer, mc_ffn_dense
  * on the others */
 tqkv_status mc_moe_ffn(struct model_cuda *g, int l, int T);
+/* ffn_block: layer l's block after its mixer, mc_moe_block_queue on a sparse layer, the
+ * common steps (mc_ffn_block_steps) on the others */
+tqkv_status mc_moe_ffn_block(struct model_cuda *g, int l, int T);
 
 #ifdef __cplusplus
 }

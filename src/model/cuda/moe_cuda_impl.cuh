@@ -63,6 +63,10 @@ typedef struct {
 /* The grouped GEMMs on (TQKV_MOE_GROUPED, mc_moe_set_grouped; moe_cuda_route.cu). */
 int mc_moe_grouped_on(void);
 
+/* The widest hidden size the combine's folded norm takes (mc_moe_folds_norm: its block holds
+ * a row in shared memory and its values in registers). */
+#define MOE_FOLD_H_MAX 4096
+
 /* The routing of T tokens into x->idx and r, maybe the gather of xn into x->xg and xf
  * (r->gathered; moe_cuda_route.cu documents it). */
 tqkv_status mc_moe_route_queue(model_cuda *g, const mc_moe_layer *D, const moe_shape *sh,

@@ -5,7 +5,8 @@
  * places at decode sizes), the host side of one call's routing (the grouped GEMMs' bounds,
  * or the exact ones read back), the shared expert's gate launch, and the switches the
  * routing and the GEMMs' form read (TQKV_MOE_GROUPED, the fused tail, TQKV_MOE_ROUTE_FAST,
- * TQKV_MOE_ROUTER_WIDE, TQKV_MOE_FOLD_GATHER), and mc_moe_route_probe (one routing, tests).
+ * TQKV_MOE_ROUTER_WIDE, TQKV_MOE_FOLD_GATHER, TQKV_MOE_FOLD_NORM), and mc_moe_route_probe (one
+ * routing, tests).
  * Must not: let a token's picks depend on the other tokens of the call (a warp per token,
  * ties to the lower index: moe.c's moe_route_token).
  */
@@ -62,6 +63,16 @@ static env_switch g_fold_gather = ENV_SWITCH("TQKV_MOE_FOLD_GATHER");
 extern "C" void mc_moe_set_fold_gather(int on) { env_switch_set(&g_fold_gather, on); }
 
 static int fold_gather_on(void) { return env_switch_get(&g_fold_gather); }
+
+/* The residual norm after a sparse layer of the common graph folded into its combine
+ * (moe_cuda.cu's mc_moe_block_queue): TQKV_MOE_FOLD_NORM (0: off), as g_route_fast. */
+static env_switch g_fold_norm = ENV_SWITCH("TQKV_MOE_FOLD_NORM");
+
+extern "C" void mc_moe_set_fold_norm(int on) { env_switch_set(&g_fold_norm, on); }
+
+extern "C" int mc_moe_folds_norm(const moe_shape *sh) {
+    return env_switch_get(&g_fold_norm) && sh->hidden <= MOE_FOLD_H_MAX;
+}
 
 // ---------------------------------------------------------------------------
 // routing kernels

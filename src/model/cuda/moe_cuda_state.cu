@@ -189,3 +189,10 @@ extern "C" tqkv_status mc_moe_ffn(model_cuda *g, int l, int T) {
     const moe_dweights *d = (const moe_dweights *)g->w->arch;
     return mc_moe_queue(g, d->layers[l], &d->sh, (mc_moe_state *)g->arch, g->xn, g->xn, g->tmp, T);
 }
+
+extern "C" tqkv_status mc_moe_ffn_block(model_cuda *g, int l, int T) {
+    if (!g->m->cfg.layer_moe[l]) return mc_ffn_block_steps(g, l, T);
+    const moe_dweights *d = (const moe_dweights *)g->w->arch;
+    return mc_moe_block_queue(g, d->layers[l], &d->sh, (mc_moe_state *)g->arch,
+                              g->w->layers[l].ffn_norm, mc_next_norm(g, l), T);
+}

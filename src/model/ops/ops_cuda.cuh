@@ -28,6 +28,30 @@ __device__ __forceinline__ double mc_block_sum128(double v, double *sh) {
     return s;
 }
 
+/* mc_block_sum128 of the first 128 threads' v in a block of any multiple of 32 threads
+ * >= 128 (the other threads' v is not used; every thread calls it): the same sum. */
+__device__ __forceinline__ double mc_block_sum128_of(double v, double *sh) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0 && threadIdx.x < 128) sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    const double s = (sh[0] + sh[1]) + (sh[2] + sh[3]);
+    __syncthreads();
+    return s;
+}
+
+/* The RMSNorm factor's sum of squares over a row v [H] that a block holds in shared memory
+ * (any of its threads may have written it: a barrier first), in forward_cuda.cu's
+ * rmsnorm_kernel order (thread t < 128: v[t]^2 + v[t + 128]^2 + ... from 0 in double, then
+ * mc_block_sum128's order): the same bits as that kernel's s for the same row. Every thread
+ * of the block (>= 128) calls it; sh: 4 doubles. */
+__device__ __forceinline__ double mc_row_sumsq(const float *v, int H, double *sh) {
+    __syncthreads();
+    double s = 0;
+    if (threadIdx.x < 128)
+        for (int i = threadIdx.x; i < H; i += 128) s += (double)v[i] * v[i];
+    return mc_block_sum128_of(s, sh);
+}
+
 /* Element i of x's GEMM activation split, as gemm_cuda.cu's split kernel writes it:
  * xf [parts, T, K] bf16 (TK = T K), hi at i, lo at TK + i when parts = 2
  * (tqkv_cuda_gemm_presplit then skips its split launch). */

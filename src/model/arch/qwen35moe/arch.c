@@ -26,6 +26,7 @@ static const model_arch_cuda_ops cuda_ops = {
     .state_free = mc_moe_free,
     .ffn_upload = cuda_upload,
     .ffn = mc_moe_ffn,
+    .ffn_block = mc_moe_ffn_block,
     .linear = q35_cuda_linear,
 };
 #endif
