@@ -97,32 +97,45 @@ __device__ __forceinline__ float moe_shared_gate(float sg) {
     return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(0.0f - sg)));
 }
 
+/* a[u] = the combine's sum at i0 + stride u (below H) over one token's K pairs (pair, wbits
+ * [K]: its rows of y [P, H] and weight bits), ascending expert: round(w y[pair, i]) added
+ * from 0. The rows are loaded 8 at a time before they are added, in that order. */
+template <int U>
+__device__ __forceinline__ void moe_combine_sum(const float *__restrict__ y, const int32_t *pair,
+                                                const int32_t *wbits, int K, int H, int i0,
+                                                int stride, float (&a)[U]) {
+#pragma unroll
+    for (int u = 0; u < U; u++) a[u] = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += 8) {
+        float v[8][U];
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            mc_load_strided<U>(v[k], y + (size_t)pair[k0 + k < K ? k0 + k : 0] * H, i0, stride, H);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (k0 + k < K) a[u] = __fadd_rn(a[u], __fmul_rn(v[k][u], __int_as_float(wbits[k0 + k])));
+    }
+}
+
 /* out[t, i] = sum over k < K (the token's pairs, ascending expert) of round(w y[pair, i]),
- * from 0; then, with sy, + round(sigmoid(sg[t]) sy[t, i]). pair, wbits [T, K]. grid
- * mc_grid_elems(T, H), block 256. The K rows are loaded before the sum (in its order). */
+ * from 0 (moe_combine_sum); then, with sy, + round(sigmoid(sg[t]) sy[t, i]). pair, wbits
+ * [T, K]. grid mc_grid_elems(T, H), block 256. */
 __global__ void moe_combine_kernel(const float *__restrict__ y, const int32_t *__restrict__ pair,
                                    const int32_t *__restrict__ wbits, int K, int H,
                                    const float *__restrict__ sy, const float *__restrict__ sg,
                                    float *__restrict__ out) {
-    constexpr int U = 8;
     cuda_pdl_wait(); /* programmatic (g->pdl): the experts' down GEMM has completed */
     cuda_pdl_trigger();
     const size_t t = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= H) return;
     const float gate = sy ? moe_shared_gate(sg[t]) : 0.0f;
-    float a = 0.0f;
-    for (int k0 = 0; k0 < K; k0 += U) {
-        float v[U];
-#pragma unroll
-        for (int u = 0; u < U; u++)
-            v[u] = k0 + u < K ? y[(size_t)pair[t * K + k0 + u] * H + i] : 0.0f;
-#pragma unroll
-        for (int u = 0; u < U; u++)
-            if (k0 + u < K) a = __fadd_rn(a, __fmul_rn(v[u], __int_as_float(wbits[t * K + k0 + u])));
-    }
-    if (sy) a = __fadd_rn(a, __fmul_rn(gate, sy[t * H + i]));
-    out[t * H + i] = a;
+    float a[1];
+    moe_combine_sum<1>(y, pair + t * K, wbits + t * K, K, H, i, 0, a);
+    if (sy) a[0] = __fadd_rn(a[0], __fmul_rn(gate, sy[t * H + i]));
+    out[t * H + i] = a[0];
 }
 
 /* The residual stream after a sparse layer of the common graph (mc_moe_block_queue). */
@@ -153,8 +166,7 @@ moe_combine_norm_kernel(const float *__restrict__ y, const int32_t *__restrict__
                         const moe_resid_out o) {
     constexpr int U = MOE_CN_U, NT = MOE_CN_THREADS, NP = MOE_CN_NP;
     extern __shared__ __align__(16) float vs[]; /* [H] v */
-    __shared__ int s_pair[MOE_CUDA_K_MAX];
-    __shared__ float s_w[MOE_CUDA_K_MAX];
+    __shared__ int32_t s_pair[MOE_CUDA_K_MAX], s_wb[MOE_CUDA_K_MAX];
     __shared__ double sh[4];
     float wr[NP][U], vr[NP][U];
 #pragma unroll
@@ -164,7 +176,7 @@ moe_combine_norm_kernel(const float *__restrict__ y, const int32_t *__restrict__
     const size_t t = blockIdx.x;
     if (threadIdx.x < K) {
         s_pair[threadIdx.x] = pair[t * K + threadIdx.x];
-        s_w[threadIdx.x] = __int_as_float(wbits[t * K + threadIdx.x]);
+        s_wb[threadIdx.x] = wbits[t * K + threadIdx.x];
     }
     const float gate = sy ? moe_shared_gate(sg[t]) : 0.0f;
     __syncthreads();
@@ -175,19 +187,7 @@ moe_combine_norm_kernel(const float *__restrict__ y, const int32_t *__restrict__
         if (p * U * NT >= H) break; /* uniform */
         float a[U];
         mc_load_strided<U>(vr[p], xr, i0, NT, H);
-#pragma unroll
-        for (int u = 0; u < U; u++) a[u] = 0.0f;
-        for (int k0 = 0; k0 < K; k0 += 8) {
-            float v[8][U];
-#pragma unroll
-            for (int k = 0; k < 8; k++)
-                mc_load_strided<U>(v[k], y + (size_t)s_pair[k0 + k < K ? k0 + k : 0] * H, i0, NT, H);
-#pragma unroll
-            for (int k = 0; k < 8; k++)
-#pragma unroll
-                for (int u = 0; u < U; u++)
-                    if (k0 + k < K) a[u] = __fadd_rn(a[u], __fmul_rn(v[k][u], s_w[k0 + k]));
-        }
+        moe_combine_sum<U>(y, s_pair, s_wb, K, H, i0, NT, a);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int i = i0 + NT * u;

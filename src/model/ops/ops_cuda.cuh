@@ -17,20 +17,11 @@
 #include "util/cuda_pdl.cuh" /* cuda_pdl_wait / _trigger / _launch */
 #include "util/cuda_split.cuh" /* cuda_split_hi / _lo */
 
-/* Block-wide double sum in a fixed order (blockDim 128): warp xor butterflies, then the
- * four warp sums as (w0 + w1) + (w2 + w3). sh: 4 doubles of shared memory. */
+/* Block-wide double sum in a fixed order of the first 128 threads' v (blockDim 128, or any
+ * multiple of 32 above it, whose other threads' v is not used; every thread calls it): warp
+ * xor butterflies, then the four warp sums as (w0 + w1) + (w2 + w3). sh: 4 doubles of
+ * shared memory. */
 __device__ __forceinline__ double mc_block_sum128(double v, double *sh) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
-    __syncthreads();
-    const double s = (sh[0] + sh[1]) + (sh[2] + sh[3]);
-    __syncthreads();
-    return s;
-}
-
-/* mc_block_sum128 of the first 128 threads' v in a block of any multiple of 32 threads
- * >= 128 (the other threads' v is not used; every thread calls it): the same sum. */
-__device__ __forceinline__ double mc_block_sum128_of(double v, double *sh) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     if ((threadIdx.x & 31) == 0 && threadIdx.x < 128) sh[threadIdx.x >> 5] = v;
     __syncthreads();
@@ -49,7 +40,7 @@ __device__ __forceinline__ double mc_row_sumsq(const float *v, int H, double *sh
     double s = 0;
     if (threadIdx.x < 128)
         for (int i = threadIdx.x; i < H; i += 128) s += (double)v[i] * v[i];
-    return mc_block_sum128_of(s, sh);
+    return mc_block_sum128(s, sh);
 }
 
 /* Element i of x's GEMM activation split, as gemm_cuda.cu's split kernel writes it:
