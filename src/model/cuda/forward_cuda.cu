@@ -233,25 +233,6 @@ __global__ void gather_kernel(const float *__restrict__ ob, const int32_t *__res
     if (xf) mc_split_store(xf, (size_t)gridDim.x * NH * 128, t * NH * 128 + i, o, parts);
 }
 
-/* The CPU's exp_scalar (ops.c), operation for operation. */
-__device__ float exp_cpu(float x) {
-    x = x > 88.0f ? 88.0f : x;
-    x = x < -87.3365447504f ? -87.3365447504f : x;
-    const float nn = rintf(__fmul_rn(x, 1.44269504088896341f));
-    float r = fmaf(-nn, 0.693359375f, x);
-    r = fmaf(-nn, -2.12194440e-4f, r);
-    float p = 1.9875691500E-4f;
-    p = fmaf(p, r, 1.3981999507E-3f);
-    p = fmaf(p, r, 8.3334519073E-3f);
-    p = fmaf(p, r, 4.1665795894E-2f);
-    p = fmaf(p, r, 1.6666665459E-1f);
-    p = fmaf(p, r, 5.0000001201E-1f);
-    const float z = __fmul_rn(r, r);
-    const float yv = __fadd_rn(fmaf(p, z, r), 1.0f);
-    const float s = __int_as_float(((int)nn + 127) << 23);
-    return __fmul_rn(yv, s);
-}
-
 /* h[t, i] = g / (1 + exp(-g)) * u with gu [T, 2I] = gate | up; with xf also h's GEMM
  * split. grid mc_grid_elems(T, I), block 256. */
 __global__ void swiglu_kernel(const float *__restrict__ gu, int I, float *__restrict__ h,
@@ -262,7 +243,7 @@ __global__ void swiglu_kernel(const float *__restrict__ gu, int I, float *__rest
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= I) return;
     const float g = gu[t * 2 * I + i], u = gu[t * 2 * I + I + i];
-    const float o = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, exp_cpu(0.0f - g))), u);
+    const float o = mc_silu_mul(g, u);
     h[t * I + i] = o;
     if (xf) mc_split_store(xf, (size_t)gridDim.x * I, t * I + i, o, parts);
 }
@@ -580,7 +561,7 @@ __global__ void geglu_kernel(const float *__restrict__ gu, int I, float *__restr
     const size_t t = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= I) return;
-    const float o = __fmul_rn(mc_gelu_tanh(gu[t * 2 * I + i]), gu[t * 2 * I + I + i]);
+    const float o = mc_gelu_mul(gu[t * 2 * I + i], gu[t * 2 * I + I + i]);
     h[t * I + i] = o;
     if (xf) mc_split_store(xf, (size_t)gridDim.x * I, t * I + i, o, parts);
 }
