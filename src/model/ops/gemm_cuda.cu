@@ -319,8 +319,10 @@ gemm_grouped_kernel(const uint16_t *__restrict__ xb, int TS, int K, const uint16
     const int4 gr = groups[blockIdx.z];
     const int t0 = blockIdx.x * C::BN;
     if (t0 >= gr.y) return;
-    ep.h += (size_t)gr.x * ep.ldh;
-    ep.hrow0 = gr.x;
+    if (ep.act) {
+        ep.h += (size_t)gr.x * ep.ldh;
+        ep.hrow0 = gr.x;
+    }
     gemm_tile<WM, WN, MT, NT, P, ST>(xb + (size_t)gr.x * K, gr.y, TS, K, w + (size_t)gr.z * wstride,
                                      N, nullptr, y + (size_t)gr.x * ldy, ldy, t0, blockIdx.y * C::BM,
                                      ep);
