@@ -27,7 +27,6 @@
 extern "C" {
 #include "util/common.h"
 #include "util/cuda_device.h"
-#include "util/env_switch.h"
 }
 #include "attn/attn_cuda_split.cuh"
 #include "cache/cache_cuda_impl.h"
@@ -74,18 +73,18 @@ __global__ void qprep_kernel(const float *__restrict__ q, uint16_t *__restrict__
 /* Per (row, q head) one warp (lane l: dims 4 l .. 4 l + 3): the row's splits' (max, sum,
  * output) merged in split order, divided by the sum, un-rotated once (V's signs sb and
  * 1 / sqrt(d) cinv; unrotate 0: the bf16 baseline). Lane s holds split s's (max, sum) (at
- * most 32 splits: split_count) and its weight 2^(max - M); the partial outputs are loaded B
- * splits at a time (the first B beside the (max, sum) pairs), then added in split order as
+ * most 32 splits: split_count) and its weight 2^(max - M); the partial outputs are loaded 16
+ * splits at a time (the first 16 beside the (max, sum) pairs), then added in split order as
  * before (only the row's own splits are read: a workspace slot past them may never have
  * been written). M is the max over the splits' maxima
  * (fmaxf from -inf: a NaN max is dropped, as in the sequential loop). xf (or NULL): the
  * output's GEMM split too (util/cuda_split.cuh: hi at v d + i, lo at n d + v d + i when parts
  * = 2), the next GEMM's input without a kernel between. */
-template <int B> /* splits' loads in flight: 16, or 32 (every split in one round trip) */
 __global__ void merge_kernel(const float *__restrict__ po, const float2 *__restrict__ pml,
                              const cuda_row *__restrict__ rows, float *__restrict__ out, cw_sbits sb,
                              float cinv, int unrotate, int qh, int nsmax, int n,
                              uint16_t *__restrict__ xf, int parts) {
+    constexpr int B = 16;             /* splits' loads in flight */
     const int v = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     /* the row table before the wait: the append's launches that wrote it completed before
      * the query prep's wait returned, so before the split kernel (which scans it before its
@@ -298,10 +297,6 @@ static const size_t g_kpay[N_CFG] = {kpay<F_TQ4, D>(), kpay<F_TQ3, D>(),  kpay<F
 static const size_t g_vpay[N_CFG] = {vpay<F_TQ4, D>(), vpay<F_TQ3, D>(),  vpay<F_BF16, D>(), vpay<F_TQ42, D>(),
                                      vpay<F_TQ2, D>(), vpay<F_TQ43, D>(), vpay<F_TQ32, D>(), vpay<F_FP8, D>()};
 
-/* The merge of more than 16 splits with all their partials loaded in one round trip
- * (merge_kernel<32>; TQKV_MERGE_WIDE=0: 16 at a time). The same additions in the same order. */
-static env_switch g_merge_wide = ENV_SWITCH("TQKV_MERGE_WIDE");
-
 /* ws == NULL: the cache's own workspace, grown as needed. xf: the merge also writes the
  * output's GEMM split (parts 1 or 2), or NULL. */
 static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale, float *out,
@@ -369,11 +364,7 @@ static tqkv_status attend(cuda_kv *kv, const float *q, int q_heads, float scale,
     const long items_ub = (long)kv->rows * kv->kvh * nsmax;
     const unsigned grid = (unsigned)(items_ub < k->ctas ? items_ub : k->ctas);
     cuda_pdl_launch(P.pdl, k->fn, dim3(grid), dim3(k->ng * NW * 32), (size_t)k->smem, kv->stream, P);
-    /* more than 16 splits (rows past 4096 tokens): all of them in the first round trip */
-    void (*merge)(const float *, const float2 *, const cuda_row *, float *, cw_sbits, float, int,
-                  int, int, int, uint16_t *, int) =
-        nsmax > 16 && env_switch_get(&g_merge_wide) ? merge_kernel<32> : merge_kernel<16>;
-    cuda_pdl_launch(P.pdl, merge, dim3(qgrid), dim3(128), 0, kv->stream, (const float *)po,
+    cuda_pdl_launch(P.pdl, merge_kernel, dim3(qgrid), dim3(128), 0, kv->stream, (const float *)po,
                (const float2 *)pml, (const cuda_row *)kv->d_rows, out, cw_sbits_of(kv->vc.signs, D),
                kv->vc.inv, (int)(fmt != F_BF16 && fmt != F_FP8), q_heads, nsmax, nvi, xf,
                parts); /* tq: un-rotate */
