@@ -41,7 +41,10 @@
  *                                                                       launch, bitwise the
  *                                                                       per-expert calls')
  *                   h = act(gate) * up                     [P, I]      (SiLU: the dense MLP's
- *                                                                       kernel; GELU-tanh)
+ *                                                                       kernel; GELU-tanh;
+ *                                                                       grouped: the gate|up
+ *                                                                       GEMM's epilogue,
+ *                                                                       TQKV_MOE_FOLD_ACT)
  *                   y = h[o_e ..) . wd_e^T                [n_e, H]
  *   shared (S > 0)  sy = down(act(gate xn) * up xn) [T, H]; sg = xn . sh_gate [T] (the
  *                   router kernel with one expert)
