@@ -735,6 +735,70 @@ static void test_presplit(void **st) {
     free(lg[1]);
 }
 
+/* ---- the decode's K and V encoded by the kernel that rotates them == kb / vb and the
+ * cache's encode launch (model_cuda_set_qkv_encode(0)): logits and the cache's exported
+ * bytes, bit for bit, for a tq cache (the fused path), the dense bf16 cache (its bf16
+ * copy) and a tq3 cache with a q8 window (not fused: the launch either way), 3 rows, the
+ * decode steps captured as graphs (the default). */
+static uint8_t *export_of(const tqkv_model_state *s, size_t *len);
+
+static void qkv_encode_case(tqkv_format f, int window) {
+    enum { R = 3, N = 21, STEPS = 5 };
+    const int V = tqkv_model_get_config(g_model)->vocab_size;
+    test_rng r;
+    rng_init(&r, g_seed ^ 0xe4c ^ (uint64_t)f ^ (uint64_t)window << 8);
+    int32_t tok[R * (N + STEPS)];
+    random_tokens(&r, tok, sizeof tok / sizeof tok[0], V);
+    const size_t per = (size_t)R * (N + STEPS) * V;
+    float *lg[2] = {malloc(sizeof(float) * per), malloc(sizeof(float) * per)};
+    uint8_t *ex[2] = {NULL, NULL};
+    size_t exn[2] = {0, 0};
+    const int can_export = f != TQKV_F32; /* the dense bf16 cache has no state format */
+    for (int k = 0; k < 2; k++) {
+        model_cuda_set_qkv_encode(1 - k);
+        const unsigned long runs0 = model_cuda_qkv_encode_runs();
+        tqkv_model_state *s = new_state(R, f, window, 1);
+        OK(tqkv_model_prefill(g_model, s, tok, NULL, N, TQKV_LOGITS_ALL, lg[k]));
+        for (int i = 0; i < STEPS; i++)
+            OK(tqkv_model_decode(g_model, s, tok + R * N + R * i, lg[k] + (size_t)R * (N + i) * V));
+        if (can_export) ex[k] = export_of(s, &exn[k]);
+        tqkv_model_state_free(s);
+        /* the fused form ran (every decode step's layers) exactly where it should */
+        const int fused = k == 0 && window == 0;
+        if ((model_cuda_qkv_encode_runs() > runs0) != fused)
+            fail_msg("%s window %d, switch %d: the qkv kernel's encode ran %lu times",
+                     tqkv_format_name(f), window, 1 - k, model_cuda_qkv_encode_runs() - runs0);
+    }
+    model_cuda_set_qkv_encode(-1);
+    for (size_t i = 0; i < per; i++)
+        if (memcmp(&lg[0][i], &lg[1][i], sizeof(float)))
+            fail_msg("%s window %d: K and V encoded in the qkv kernel: logit %zu (%s) %.9g vs %.9g "
+                     "with the encode launch", tqkv_format_name(f), window, i % V,
+                     i < (size_t)R * N * V ? "prefill" : "decode", (double)lg[0][i], (double)lg[1][i]);
+    if (can_export && (exn[0] != exn[1] || memcmp(ex[0], ex[1], exn[0])))
+        fail_msg("%s window %d: the exported cache bytes differ with the encode launch",
+                 tqkv_format_name(f), window);
+    printf("%s window %d: K and V encoded in the qkv kernel == the encode launch, logits%s bitwise\n",
+           tqkv_format_name(f), window, can_export ? " and cache bytes" : "");
+    free(lg[0]);
+    free(lg[1]);
+    free(ex[0]);
+    free(ex[1]);
+}
+
+static void test_qkv_encode(void **st) {
+    (void)st;
+    qkv_encode_case(TQKV_TQ4, 0);
+    qkv_encode_case(TQKV_F32, 0);
+    qkv_encode_case(TQKV_TQ3, 16);
+}
+
+static int qkv_encode_teardown(void **st) { /* also after a failure */
+    (void)st;
+    model_cuda_set_qkv_encode(-1);
+    return 0;
+}
+
 /* ---- model-level row operations on device states: merge, extract, filter mid-generation
  * give each row the same logits, bit for bit, as the row decoded alone from the start. */
 static void decode1(tqkv_model_state *s, const int32_t *tok, float *lg) {
@@ -2087,6 +2151,7 @@ int main(void) {
         cmocka_unit_test(test_invariance_tq4),
         cmocka_unit_test(test_invariance_tq3_window),
         cmocka_unit_test_teardown(test_presplit, presplit_teardown),
+        cmocka_unit_test_teardown(test_qkv_encode, qkv_encode_teardown),
         cmocka_unit_test_teardown(test_pdl, pdl_teardown),
         cmocka_unit_test(test_padded_refused),
         cmocka_unit_test(test_graphs_tq4),

@@ -66,6 +66,7 @@
 #include "model/cuda/moe_cuda.h"
 #include "model/model_impl.h"
 #include "model/ops/gemm_cuda.h"
+#include "model/ops/ops.h"
 #include "moe_ckpt.h"
 #include "moe_derive.h"
 
@@ -366,6 +367,18 @@ static void test_fold_norm_models(void **st) {
     mc_moe_set_router_wide(-1);
 }
 
+/* The experts' activation in the grouped gate|up GEMM's epilogue (the default) == its own
+ * launch (mc_moe_set_fold_act(0)) in whole models, prefill and decode at 3 rows and at one:
+ * SwiGLU (Qwen3-MoE, Qwen 3.5 MoE) and GeGLU (Gemma 4). */
+static void test_fold_act_models(void **st) {
+    (void)st;
+    const int cks[] = {CK_A, CK_B, CK_Q35, CK_G4};
+    for (int i = 0; i < 4; i++)
+        for (int R = 3; R >= 1; R -= 2)
+            routing_ab(cks[i], i % 2 ? TQKV_TQ4 : TQKV_F32, R, mc_moe_set_fold_act,
+                       "activation in the gate|up GEMM == activation launch");
+}
+
 /* The norm kernels with a thread's values in registers (the default) == their passes of
  * loads (model_cuda_set_norm_regs(0)): the common graph's RMSNorm and Gemma 4's norms. */
 static void test_norm_regs_models(void **st) {
@@ -442,6 +455,88 @@ static void test_gemm_grouped(void **st) {
     (void)st;
     gemm_grouped_case(1);
     gemm_grouped_case(2);
+}
+
+/* bf16 of v, nearest even (the GEMM split's hi part; no NaN here). */
+static uint16_t bf16_rne(float v) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* tqkv_cuda_gemm_grouped_act (SwiGLU) on gemm_grouped_case's groups under every tile shape:
+ * h bitwise the CPU's ops_swiglu of the grouped GEMM's own gate | up rows, h's split its
+ * bf16 parts (hi, and lo = bf16(h - hi) at parts 2), the split form and the presplit form
+ * alike; bad shapes refused. */
+static void gemm_grouped_act_case(int parts) {
+    enum { P = 300, K = 256, N = 96, I = N / 2, E = 5, G = 5 };
+    static const int32_t grp[G * 4] = {0, 1, 3, 0, 1, 70, 0, 0, 71, 129, 4, 0, 200, 100, 1, 0,
+                                       0, 0, 2, 0};
+    static const char *const tiles[] = {"s8", "s16", "s32",  "s64",  "m",  "l",
+                                        "xl", "s8n", "s32w", "s64w", "s8t"};
+    test_rng r;
+    rng_init(&r, g_seed ^ 0xac7 ^ (uint64_t)parts);
+    float *x = malloc(sizeof(float) * P * K), *y = malloc(sizeof(float) * P * N),
+          *href = malloc(sizeof(float) * P * I), *h = malloc(sizeof(float) * P * I);
+    uint16_t *w = malloc(sizeof(uint16_t) * (size_t)E * N * K), *hf = malloc(4 * (size_t)P * I);
+    for (size_t i = 0; i < (size_t)P * K; i++) x[i] = (float)rng_normal(&r);
+    for (size_t i = 0; i < (size_t)E * N * K; i++) w[i] = bf16_rne((float)rng_normal(&r) * 0.05f);
+    float *dx, *dy, *dh;
+    void *dw, *xf, *dg, *dhf;
+    OK(tqkv_cuda_malloc((void **)&dx, sizeof(float) * P * K));
+    OK(tqkv_cuda_malloc((void **)&dy, sizeof(float) * P * N));
+    OK(tqkv_cuda_malloc((void **)&dh, sizeof(float) * P * I));
+    OK(tqkv_cuda_malloc(&dw, sizeof(uint16_t) * (size_t)E * N * K));
+    OK(tqkv_cuda_malloc(&xf, tqkv_cuda_gemm_xf_bytes(P, K)));
+    OK(tqkv_cuda_malloc(&dhf, tqkv_cuda_gemm_xf_bytes(P, I)));
+    OK(tqkv_cuda_malloc(&dg, sizeof grp));
+    OK(tqkv_cuda_h2d(dx, x, sizeof(float) * P * K));
+    OK(tqkv_cuda_h2d(dw, w, sizeof(uint16_t) * (size_t)E * N * K));
+    OK(tqkv_cuda_h2d(dg, grp, sizeof grp));
+    OK(tqkv_cuda_gemm_grouped(dx, K, P, dw, (size_t)N * K, N, K, dy, N, dg, G, 129, xf, parts, NULL));
+    OK(tqkv_cuda_d2h(y, dy, sizeof(float) * P * N));
+    for (int t = 0; t < P; t++) ops_swiglu(y + (size_t)t * N, y + (size_t)t * N + I, I, href + (size_t)t * I);
+    const tqkv_gemm_act a = {TQKV_GEMM_ACT_SILU, dh, I, dhf};
+    for (size_t s = 0; s <= sizeof tiles / sizeof tiles[0]; s++) {
+        const int pre = s == sizeof tiles / sizeof tiles[0]; /* last: the presplit form, default tile */
+        OK(tqkv_cuda_gemm_set_tile(pre ? NULL : tiles[s]));
+        memset(h, 0xff, sizeof(float) * P * I); /* NaN: a row the epilogue skipped shows */
+        OK(tqkv_cuda_h2d(dh, h, sizeof(float) * P * I));
+        OK(tqkv_cuda_gemm_grouped_act(pre ? NULL : dx, K, P, dw, (size_t)N * K, N, K, &a, dg, G,
+                                      129, xf, parts, 0, NULL));
+        OK(tqkv_cuda_d2h(h, dh, sizeof(float) * P * I));
+        OK(tqkv_cuda_d2h(hf, dhf, (size_t)parts * 2 * P * I));
+        for (size_t i = 0; i < (size_t)P * I; i++) {
+            const uint16_t hi = bf16_rne(h[i]);
+            float rest = h[i];
+            const uint32_t hb = (uint32_t)hi << 16;
+            float hv;
+            memcpy(&hv, &hb, 4);
+            rest -= hv;
+            if (memcmp(&h[i], &href[i], 4) || hf[i] != hi || (parts == 2 && hf[(size_t)P * I + i] != bf16_rne(rest)))
+                fail_msg("gemm grouped act, %s, parts %d: h[%zu, %zu] %.9g (split %04x) vs the CPU's "
+                         "swiglu of the GEMM's rows %.9g (split %04x)", pre ? "presplit" : tiles[s],
+                         parts, i / I, i % I, (double)h[i], hf[i], (double)href[i], bf16_rne(href[i]));
+        }
+    }
+    OK(tqkv_cuda_gemm_set_tile(NULL));
+    tqkv_gemm_act bad = a;
+    assert_int_equal(tqkv_cuda_gemm_grouped_act(dx, K, P, dw, (size_t)90 * K, 90, K, &bad, dg, G, 129,
+                                                xf, parts, 0, NULL), TQKV_EINVAL); /* N % 16 */
+    bad.act = 0;
+    assert_int_equal(tqkv_cuda_gemm_grouped_act(dx, K, P, dw, (size_t)N * K, N, K, &bad, dg, G, 129,
+                                                xf, parts, 0, NULL), TQKV_EINVAL);
+    printf("gemm grouped act, parts %d: tiles s8 .. s8t and presplit: SwiGLU in the epilogue == "
+           "the CPU's swiglu of the GEMM's rows, split included, bitwise\n", parts);
+    tqkv_cuda_free(dx); tqkv_cuda_free(dy); tqkv_cuda_free(dh); tqkv_cuda_free(dw);
+    tqkv_cuda_free(xf); tqkv_cuda_free(dhf); tqkv_cuda_free(dg);
+    free(x); free(y); free(href); free(h); free(w); free(hf);
+}
+
+static void test_gemm_grouped_act(void **st) {
+    (void)st;
+    gemm_grouped_act_case(1);
+    gemm_grouped_act_case(2);
 }
 
 static void test_grouped(void **st) {
@@ -842,6 +937,7 @@ static int router_wide_teardown(void **st) { /* also after a failure */
     mc_moe_set_fold_gather(-1);
     mc_moe_set_route_fast(-1);
     mc_moe_set_fold_norm(-1);
+    mc_moe_set_fold_act(-1);
     return 0;
 }
 
@@ -908,6 +1004,7 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_grouped),
+        cmocka_unit_test(test_gemm_grouped_act),
         cmocka_unit_test(test_grouped),
         cmocka_unit_test_teardown(test_fused_routing, fused_teardown),
         cmocka_unit_test_teardown(test_route_fast, fused_teardown),
@@ -916,6 +1013,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_router_wide_models, router_wide_teardown),
         cmocka_unit_test_teardown(test_fold_gather_models, router_wide_teardown),
         cmocka_unit_test_teardown(test_fold_norm_models, router_wide_teardown),
+        cmocka_unit_test_teardown(test_fold_act_models, router_wide_teardown),
         cmocka_unit_test(test_parity_a_f32),
         cmocka_unit_test(test_parity_a_tq4),
         cmocka_unit_test(test_parity_b_f32),

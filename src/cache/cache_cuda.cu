@@ -23,6 +23,7 @@ extern "C" {
 #include "util/common.h"
 }
 #include "cache/cache_cuda_impl.h"
+#include "codec/codec_cuda_encode.cuh"
 #include "util/cuda_pdl.cuh"
 
 // ---------------------------------------------------------------------------
@@ -659,8 +660,8 @@ extern "C" tqkv_status tqkv_cuda_kv_append(cuda_kv *kv, const float *k, const fl
 // Encode: both planes in one launch of the codec's kernel on kv->stream (fp8: its own
 // kernel per plane, codec_cuda_fp8.cu), asynchronous
 // ---------------------------------------------------------------------------
-tqkv_status codec_cuda_append(cuda_kv *kv, const float *k, const float *v, int n) {
-    ce_plane P[2];
+/* The encode kernel's view of kv's K and V planes. */
+static void append_planes(const cuda_kv *kv, ce_plane P[2]) {
     for (int p = 0; p < 2; p++) {
         P[p].data = p ? kv->vd : kv->kd;
         P[p].scales = p ? kv->vs : kv->ks;
@@ -673,6 +674,11 @@ tqkv_status codec_cuda_append(cuda_kv *kv, const float *k, const float *v, int n
         P[p].pay = (int)(p ? kv->vpay : kv->kpay);
         P[p].bf16 = kv->bf16;
     }
+}
+
+tqkv_status codec_cuda_append(cuda_kv *kv, const float *k, const float *v, int n) {
+    ce_plane P[2];
+    append_planes(kv, P);
     if (!kv->bf16 && kv->kfmt == TQKV_FP8) { /* fp8 K and V (tqkv_cuda_kv_formats_ok): no ring */
         for (int p = 0; p < 2; p++) {
             const tqkv_status st = cuda_check(
@@ -688,4 +694,29 @@ tqkv_status codec_cuda_append(cuda_kv *kv, const float *k, const float *v, int n
                                             cuda_attn_pdl_on(), kv->stream);
     /* queued on kv->stream: no wait (a decode step may be being captured) */
     return cuda_check(e, "encode kernel launch");
+}
+
+extern "C" tqkv_status tqkv_cuda_kv_append_begin(cuda_kv *kv, int n, ce_args *A, int *fused) {
+    if (!kv || !A || !fused || n < 1)
+        return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_append_begin: NULL argument or n < 1");
+    *fused = 0;
+    if (kv->rows == 0 || kv->d != CUDA_DIM || kv->ring || kv->kwin || kv->vwin ||
+        (!kv->bf16 && kv->kfmt == TQKV_FP8))
+        return TQKV_OK;
+    tqkv_status st = cuda_kv_reserve(kv, append_need(kv, n));
+    if (!st) st = x_begin(kv, n); /* (no window: nothing to save) */
+    if (st) return st;
+    ce_plane P[2];
+    append_planes(kv, P);
+    codec_cuda_encode_args(NULL, NULL, P, kv->kc, kv->vc, kv->kc256, kv->vc256, kv->d, kv->d_rows,
+                           kv->rows, kv->kvh, n, kv->cap, kv->ring, A);
+    *fused = 1;
+    return TQKV_OK;
+}
+
+extern "C" tqkv_status tqkv_cuda_kv_append_end(cuda_kv *kv, int n) {
+    if (!kv || n < 1) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_append_end: NULL cache or n < 1");
+    const tqkv_status st = cuda_kv_advance_rows(kv, n);
+    if (!st) advance_host(kv, n);
+    return st;
 }

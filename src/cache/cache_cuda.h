@@ -98,6 +98,17 @@ const int  *tqkv_cuda_kv_left_pads(const cuda_kv *kv);
  * kv's stream (k and v are read there); the host mirror (offsets) is updated at once.
  * Grows the storage first when a row lacks room (geometric growth: a new storage id). */
 tqkv_status tqkv_cuda_kv_append(cuda_kv *kv, const float *k, const float *v, int n);
+/* tqkv_cuda_kv_append around the caller's own encode: for a kernel that computes K and V
+ * itself and encodes them where it computes them (codec/codec_cuda_encode.cuh's
+ * ce_encode_vec on *A's planes and codecs, each vector at its row's A->rows[r].col0 +
+ * column; CUDA C++ only, *A a ce_args). _begin: *fused = 1 when the cache takes that form (a
+ * d = 128 tq or bf16 cache without a q8 window, rows > 0): the growth done and *A filled
+ * (k and v NULL); else *fused = 0 and nothing changed (use tqkv_cuda_kv_append). _end, after
+ * that kernel is queued on kv's stream: the rows advance by n (device and host mirror), as
+ * tqkv_cuda_kv_append's end; the same bytes. */
+struct ce_args;
+tqkv_status tqkv_cuda_kv_append_begin(cuda_kv *kv, int n, struct ce_args *A, int *fused);
+tqkv_status tqkv_cuda_kv_append_end(cuda_kv *kv, int n);
 /* The growth of tqkv_cuda_kv_append for an append of n tokens, alone (so an append that
  * follows allocates nothing: e.g. one captured into a CUDA graph). */
 tqkv_status tqkv_cuda_kv_reserve_append(cuda_kv *kv, int n);

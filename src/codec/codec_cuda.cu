@@ -5,6 +5,8 @@
  * norm-corrected fp16 scale, bit packing into the planes of docs/FORMATS.md, and the q8 copy
  * of the rotated vector into the recent-window ring; the bf16 baseline's plain conversion. Bytes equal codec_encode's (same float64 norm
  * order, same comparisons, same rounding): tests/test_cuda.c compares every byte.
+ * The per-vector encode (ce_encode_vec) is in codec_cuda_encode.cuh, shared with kernels
+ * that encode K and V where they compute them.
  * Must not: run attention, decide row state or know the cache's structs (cache_cuda.cu
  *   fills the kernel's parameters and calls codec_cuda_encode).
  */
@@ -12,138 +14,16 @@
 #include <math.h>
 
 #include "codec/codec_cuda.cuh"
+#include "codec/codec_cuda_encode.cuh"
 #include "codec/codec_cuda_params.h"
 #include "util/cuda_pdl.cuh"
 
-// ---------------------------------------------------------------------------
-// Scalar pieces (ports of src/codec/codec.c)
-// ---------------------------------------------------------------------------
-/* f64_to_f16_sat of codec.c: one RNE rounding through round-to-odd binary32. */
-__device__ static uint16_t ce_f64_to_f16_sat(double s) {
-    if (s != s) return 0x7e00u;
-    if (s >= 65504.0) return 0x7bffu;
-    float t = __double2float_rn(s);
-    if ((double)t > s) t = nextafterf(t, 0.0f);
-    if ((double)t != s) t = __uint_as_float(__float_as_uint(t) | 1u);
-    return cw_f32_to_f16(t);
-}
-
-__device__ static inline int ce_round_half_away(double v) {
-    const int r = (int)v;
-    const double f = v - (double)r;
-    return r + (f >= 0.5) - (f <= -0.5);
-}
-
-// ---------------------------------------------------------------------------
-// Encode kernel: K and V in one launch, one warp per vector
-// ---------------------------------------------------------------------------
-/* The encode kernel's form of a codec (a few hundred bytes of parameters, every read a
- * constant-bank operand or one uniform load): the signs as bits (bit i of word w set: sign of
- * element 32 w + i is -1), the rest as in cuda_codec. */
-struct ce_codec {
-    float cent[16];
-    float bounds[15];
-    uint32_t sbits[CUDA_DIM_WIDE / 32];
-    float inv;
-    int bits;
-};
-
-/* Both planes of one append: x[0] / P[0] / C[0] = K, x[1] / P[1] / C[1] = V. */
-struct ce_args {
-    const float *x[2];           /* [rows, kvh, n, D] each */
-    ce_plane P[2];
-    ce_codec C[2];
-    const cuda_row *rows;        /* [rows] */
-    int nrows, kvh, n, cap, ring;
-    int roles;                   /* warps per vector: 2 with a q8 window (its copy on a warp of its own), else 1 */
-};
-
 constexpr int CE_WARPS = 4;      /* warps (vectors in flight) per block */
 
-/* (a0 + a1) + (a2 + a3) of codec.c's four interleaved float64 accumulators over t [D]
- * (a_k = sequential sum of t[4 i + k], i ascending, from 0), on every lane: lane k < 4 runs
- * a_k's chain from shared memory, then lanes 0..3 combine through shuffles. t is written by
- * the whole warp before the call (this syncs the warp first). */
-template <int D> __device__ static double ce_sum4_smem(const double *t, int lane) {
-    __syncwarp();
-    double a = 0;
-    if (lane < 4) {
-#pragma unroll
-        for (int i = 0; i < D / 4; i++) a = __dadd_rn(a, t[4 * i + lane]);
-    }
-    const double b = __shfl_xor_sync(0xffffffffu, a, 1);  /* lane 0: a1, lane 2: a3 */
-    const double s = __dadd_rn(a, b);                     /* lane 0: a0 + a1, lane 2: a2 + a3 */
-    const double s23 = __shfl_sync(0xffffffffu, s, 2);
-    const double r = __shfl_sync(0xffffffffu, __dadd_rn(s, s23), 0);
-    __syncwarp();                                         /* t may be written again */
-    return r;
-}
-
-/* The tq part of one rotated vector xr (lane l holds elements E l .. E l + E - 1): the norm,
- * the indices, the norm-corrected fp16 scale, the index planes (out [pay], *scale). st, si:
- * the warp's shared scratch ([D] doubles, [D] bytes). */
-template <int D>
-__device__ static void ce_tq_store(const float (&xr)[D / 32], const ce_codec &C, float cl, double *st,
-                                   uint8_t *si, uint8_t *out, uint16_t *scale, int lane) {
-    constexpr int E = D / 32;
-    double t[E];
-#pragma unroll
-    for (int k = 0; k < E; k++) st[E * lane + k] = __dmul_rn((double)xr[k], (double)xr[k]);
-    const double n2 = ce_sum4_smem<D>(st, lane);
-    const double nn = sqrt(n2);
-    const float inv = nn > 0 && nn <= 1e300 ? __double2float_rn(1.0 / nn) : 0.0f;
-    const int L = 1 << C.bits;
-    uint8_t idx[E];
-#pragma unroll
-    for (int k = 0; k < E; k++) {
-        const float u = __fmul_rn(xr[k], inv);
-        int q = 0;             /* bounds below u (ascending: the CPU's binary search) */
-#pragma unroll
-        for (int b = 0; b < 15; b++) q += (b < L - 1) & (u > C.bounds[b]);
-        idx[k] = (uint8_t)q;
-        const double c = __shfl_sync(0xffffffffu, cl, q);     /* C.cent[q] */
-        t[k] = __dmul_rn(c, c);
-    }
-#pragma unroll
-    for (int k = 0; k < E; k++) st[E * lane + k] = t[k];
-    const double cn2 = ce_sum4_smem<D>(st, lane);
-    // ---- pack ------------------------------------------------------------------
-#pragma unroll
-    for (int k = 0; k < E; k++) si[E * lane + k] = idx[k];
-    __syncwarp();
-    if (C.bits == 4) {           /* byte 16g + j: lo elem 32g + j, hi elem 32g + 16 + j */
-#pragma unroll
-        for (int e = 0; e < E / 2; e++) {
-            const int B = (E / 2) * lane + e, g = B >> 4, j = B & 15;
-            out[B] = (uint8_t)(si[32 * g + j] | (si[32 * g + 16 + j] << 4));
-        }
-    } else {                     /* 2-bit plane: byte 8g + j bits 2k = elem 32g + 8k + j */
-#pragma unroll
-        for (int e = 0; e < E / 4; e++) {
-            const int B = (E / 4) * lane + e, g = B >> 3, j = B & 7;
-            uint8_t by = 0;
-#pragma unroll
-            for (int k = 0; k < 4; k++) by |= (uint8_t)((si[32 * g + 8 * k + j] & 3) << (2 * k));
-            out[B] = by;
-        }
-        if (C.bits == 3 && lane < E) { /* 1-bit plane: bit i of LE u32 at D / 4 + 4g */
-            uint32_t w = 0;
-            for (int b = 0; b < 32; b++) w |= (uint32_t)(si[32 * lane + b] >> 2) << b;
-            uint8_t *hp = out + D / 4 + 4 * lane;
-            hp[0] = (uint8_t)w; hp[1] = (uint8_t)(w >> 8);
-            hp[2] = (uint8_t)(w >> 16); hp[3] = (uint8_t)(w >> 24);
-        }
-    }
-    if (lane == 0) {
-        uint16_t sc;
-        if (!(nn > 0)) sc = nn == 0 ? 0 : 0x7e00u;
-        else if (!(nn <= 1e300)) sc = 0x7c00u;
-        else sc = ce_f64_to_f16_sat(nn / sqrt(cn2));
-        *scale = sc;
-    }
-    __syncwarp();                /* si is read before the next vector writes it */
-}
-
+// ---------------------------------------------------------------------------
+// Encode kernel: K and V in one launch, one warp per vector (codec_cuda_encode.cuh's
+// ce_encode_vec, and the q8 copy)
+// ---------------------------------------------------------------------------
 /* The q8 copy (ggml q8_0 on 32-value blocks) of the rotated vector xr into wq [D] and its
  * block scales ws [D / 32]. */
 template <int D>
@@ -207,27 +87,17 @@ template <int D> __global__ void __launch_bounds__(32 * CE_WARPS) ce_encode_kern
             xr[4 * j] = in.x; xr[4 * j + 1] = in.y; xr[4 * j + 2] = in.z; xr[4 * j + 3] = in.w;
         }
         const size_t slot = ((size_t)r * kvh + h) * A.cap + (size_t)(rw.col0 + i);
-        if (P.bf16) {
-            __nv_bfloat16 *o = reinterpret_cast<__nv_bfloat16 *>(P.data) + slot * D + E * lane;
-#pragma unroll
-            for (int k = 0; k < E; k++) o[k] = __float2bfloat16_rn(xr[k]);
+        if (role == 0) {
+            ce_encode_vec<D>(P, C, p ? cl1 : cl0, slot, xr, s_t[wib], s_idx[wib], lane);
             continue;
         }
-        const uint32_t sw = C.sbits[(E * lane) >> 5];
-        float s[E];
-#pragma unroll
-        for (int k = 0; k < E; k++) s[k] = (sw >> ((E * lane + k) & 31)) & 1u ? -1.0f : 1.0f;
-        cw_rotate_n<E>(xr, s, C.inv, lane);
-        if (role == 0) {
-            ce_tq_store<D>(xr, C, p ? cl1 : cl0, s_t[wib], s_idx[wib], P.data + slot * P.pay,
-                           P.scales + slot, lane);
-        }
-        if (role == 1) {            /* (roles = 1: no window, so no q8 copy) */
-            const size_t ws = to_ring ? ((size_t)r * kvh + h) * ring + (size_t)((rw.ntok + i) % ring)
-                                      : ((size_t)r * kvh + h) * P.xcap + (size_t)(rw.ntok + i - P.xlo[r]);
-            ce_q8_store<D>(xr, (to_ring ? P.win : P.ext) + ws * D, (to_ring ? P.wsc : P.exs) + ws * (D / 32),
-                           lane);
-        }
+        /* role 1, the q8 copy (roles = 2: a window; the bf16 baseline has none) */
+        if (P.bf16) continue;
+        ce_rotate<D>(C, xr, lane);
+        const size_t ws = to_ring ? ((size_t)r * kvh + h) * ring + (size_t)((rw.ntok + i) % ring)
+                                  : ((size_t)r * kvh + h) * P.xcap + (size_t)(rw.ntok + i - P.xlo[r]);
+        ce_q8_store<D>(xr, (to_ring ? P.win : P.ext) + ws * D, (to_ring ? P.wsc : P.exs) + ws * (D / 32),
+                       lane);
     }
 }
 
@@ -243,12 +113,12 @@ template <class CC> static void ce_codec_from(const CC &c, int d, ce_codec *o) {
     o->bits = c.bits;
 }
 
-cudaError_t codec_cuda_encode(const float *k, const float *v, const ce_plane P[2],
-                              const cuda_codec &k128, const cuda_codec &v128,
-                              const cuda_codec256 &k256, const cuda_codec256 &v256, int d,
-                              const cuda_row *rows, int nrows, int kvh, int n, int cap, int ring,
-                              int pdl, cudaStream_t stream) {
-    ce_args A;
+void codec_cuda_encode_args(const float *k, const float *v, const ce_plane P[2],
+                            const cuda_codec &k128, const cuda_codec &v128,
+                            const cuda_codec256 &k256, const cuda_codec256 &v256, int d,
+                            const cuda_row *rows, int nrows, int kvh, int n, int cap, int ring,
+                            ce_args *out) {
+    ce_args &A = *out;
     A.x[0] = k;
     A.x[1] = v;
     A.P[0] = P[0];
@@ -267,6 +137,15 @@ cudaError_t codec_cuda_encode(const float *k, const float *v, const ce_plane P[2
     A.cap = cap;
     A.ring = ring;
     A.roles = P[0].win || P[1].win ? 2 : 1;
+}
+
+cudaError_t codec_cuda_encode(const float *k, const float *v, const ce_plane P[2],
+                              const cuda_codec &k128, const cuda_codec &v128,
+                              const cuda_codec256 &k256, const cuda_codec256 &v256, int d,
+                              const cuda_row *rows, int nrows, int kvh, int n, int cap, int ring,
+                              int pdl, cudaStream_t stream) {
+    ce_args A;
+    codec_cuda_encode_args(k, v, P, k128, v128, k256, v256, d, rows, nrows, kvh, n, cap, ring, &A);
     const long long warps = 2 * (long long)nrows * kvh * n * A.roles;
     if (warps >= (1ll << 31)) return cudaErrorInvalidValue;  /* (the kernel counts warps in 32 bits) */
     const long long want = (warps + CE_WARPS - 1) / CE_WARPS;

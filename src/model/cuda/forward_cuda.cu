@@ -45,6 +45,7 @@ extern "C" {
 #include "model/cuda/model_cuda_impl.h"
 #include "model/ops/ops_cuda.cuh"
 #include "model/sample/pick_cuda.h"
+#include "codec/codec_cuda_encode.cuh"
 
 // ---------------------------------------------------------------------------
 // state: model_cuda_impl.h
@@ -163,52 +164,111 @@ extern "C" tqkv_status model_cuda_rmsnorm(float *x, const float *add, const floa
     return ck(cudaGetLastError(), "RMSNorm launch");
 }
 
-/* One warp per (token, head) of q | k | v: q/k RMSNorm (if qn), RoPE on q and k (pairs
- * (d, d + half), d < half: all of the head when half = 64, Qwen 3.5's partial RoPE when
- * less), scatter to qb [R, NH, n, hd], kb / vb [R, NKV, n, hd] at (row, head, column).
- * A token's projection row (width QS) holds query head h at h qs (qs = hd, or 2 hd when
- * each head's gate rows follow its query rows), then k, then v (QB = NH qs).
- * rope [T, hd]: cos [half] | sin [half]. hd == 128.
- * grid ceil(T * (NH + 2 NKV) / 4), block 128. */
-__global__ void qkv_post_kernel(const float *__restrict__ qkv, int QS, int qs, int T, int NH,
-                                int NKV, int n, const int32_t *__restrict__ tinfo,
-                                const float *__restrict__ qn, const float *__restrict__ kn, float eps,
-                                const float *__restrict__ rope, int half, float *__restrict__ qb,
-                                float *__restrict__ kb, float *__restrict__ vb) {
-    __shared__ float sv[4][128];
-    cuda_pdl_wait(); /* programmatic (g->pdl): the qkv GEMM has completed */
-    cuda_pdl_trigger();
-    const int HT = NH + 2 * NKV;
-    const size_t gw = (size_t)blockIdx.x * 4 + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
-    if (gw >= (size_t)T * HT) return;
-    const size_t t = gw / HT;
-    const int h = (int)(gw % HT);
-    const int row = tinfo[t * 3 + 1], j = tinfo[t * 3 + 2]; /* (loaded first: no wait at the end) */
-    const float *src = qkv + t * (size_t)QS + (h < NH ? (size_t)h * qs : (size_t)NH * qs + (size_t)(h - NH) * 128);
-    float v[4] = {src[lane], src[lane + 32], src[lane + 64], src[lane + 96]};
-    const int kind = h < NH ? 0 : h < NH + NKV ? 1 : 2; /* q, k, v */
-    if (kind < 2) {
-        const float *nw = kind == 0 ? qn : kn;
+/* qkv_post's parameters: the projection rows qkv [T, QS] (query head h at h qs, qs = hd,
+ * or 2 hd when each head's gate rows follow its query rows; then k, then v: QB = NH qs), the
+ * heads, the call's n, the token list, the q/k norm weights (NULL: none), RoPE rows
+ * [T, hd] (cos [half] | sin [half]) and the scatter targets qb [R, NH, n, hd], kb / vb
+ * [R, NKV, n, hd]. hd == 128. */
+struct qkv_post_args {
+    const float *qkv;
+    int QS, qs, T, NH, NKV, n;
+    const int32_t *tinfo;
+    const float *qn, *kn;
+    float eps;
+    const float *rope;
+    int half;
+    float *qb, *kb, *vb;
+};
+
+/* A warp's (token, head) of qkv_post_args after its q/k RMSNorm and RoPE: v[i] = dim lane +
+ * 32 i; kind 0 q, 1 k, 2 v; hk the head within its kind; (row, j) the token's row and column.
+ * sv: the warp's [128] floats of shared scratch (RoPE's pairs). */
+struct qkv_head {
+    int kind, hk, row, j;
+};
+__device__ __forceinline__ qkv_head qkv_post_head(const qkv_post_args &a, size_t t, int h,
+                                                  float (&v)[4], float *sv) {
+    const int lane = threadIdx.x & 31, NH = a.NH, NKV = a.NKV;
+    qkv_head o;
+    o.row = a.tinfo[t * 3 + 1], o.j = a.tinfo[t * 3 + 2];
+    const float *src = a.qkv + t * (size_t)a.QS +
+                       (h < NH ? (size_t)h * a.qs : (size_t)NH * a.qs + (size_t)(h - NH) * 128);
+#pragma unroll
+    for (int i = 0; i < 4; i++) v[i] = src[lane + 32 * i];
+    o.kind = h < NH ? 0 : h < NH + NKV ? 1 : 2; /* q, k, v */
+    o.hk = o.kind == 0 ? h : o.kind == 1 ? h - NH : h - NH - NKV;
+    if (o.kind < 2) {
+        const float *nw = o.kind == 0 ? a.qn : a.kn;
         float g[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) g[i] = nw ? nw[lane + 32 * i] : 0.0f;
         if (nw) {
             double s = (double)v[0] * v[0] + (double)v[1] * v[1] + (double)v[2] * v[2] +
                        (double)v[3] * v[3];
-            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-            const float r = mc_rms_r(s, 128, eps);
+            for (int m = 16; m > 0; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+            const float r = mc_rms_r(s, 128, a.eps);
 #pragma unroll
             for (int i = 0; i < 4; i++) v[i] = g[i] * (v[i] * r);
         }
-        mc_warp_rope<4>(v, sv[threadIdx.x >> 5], rope + t * 128, half);
+        mc_warp_rope<4>(v, sv, a.rope + t * 128, a.half);
     }
-    float *dst;
-    if (kind == 0) dst = qb + (((size_t)row * NH + h) * n + j) * 128;
-    else if (kind == 1) dst = kb + (((size_t)row * NKV + (h - NH)) * n + j) * 128;
-    else dst = vb + (((size_t)row * NKV + (h - NH - NKV)) * n + j) * 128;
+    return o;
+}
+
+/* The head's scatter: qb / kb / vb at (row, head, column). */
+__device__ __forceinline__ void qkv_post_store(const qkv_post_args &a, const qkv_head &o,
+                                               const float (&v)[4]) {
+    const int lane = threadIdx.x & 31, n = a.n;
+    float *dst = o.kind == 0 ? a.qb + (((size_t)o.row * a.NH + o.hk) * n + o.j) * 128
+               : (o.kind == 1 ? a.kb : a.vb) + (((size_t)o.row * a.NKV + o.hk) * n + o.j) * 128;
 #pragma unroll
     for (int i = 0; i < 4; i++) dst[lane + 32 * i] = v[i];
+}
+
+/* One warp per (token, head) of q | k | v: q/k RMSNorm (if qn), RoPE on q and k (pairs
+ * (d, d + half), d < half: all of the head when half = 64, Qwen 3.5's partial RoPE when
+ * less), scatter to qb, kb, vb (qkv_post_args). grid ceil(T * (NH + 2 NKV) / 4), block 128. */
+__global__ void qkv_post_kernel(const qkv_post_args a) {
+    __shared__ float sv[4][128];
+    cuda_pdl_wait(); /* programmatic (g->pdl): the qkv GEMM has completed */
+    cuda_pdl_trigger();
+    const int HT = a.NH + 2 * a.NKV;
+    const size_t gw = (size_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (gw >= (size_t)a.T * HT) return;
+    float v[4];
+    const qkv_head o = qkv_post_head(a, gw / HT, (int)(gw % HT), v, sv[threadIdx.x >> 5]);
+    qkv_post_store(a, o, v);
+}
+
+/* qkv_post_kernel whose K and V heads go straight into the cache (tqkv_cuda_kv_append_begin's
+ * A: codec_cuda_encode.cuh's ce_encode_vec at the row's col0 + column, the bytes the encode
+ * kernel writes from kb / vb) instead of kb / vb; the queries as qkv_post_kernel's. */
+__global__ void qkv_post_enc_kernel(const qkv_post_args a, const ce_args A) {
+    __shared__ float sv[4][128];
+    __shared__ double st[4][128];
+    __shared__ uint8_t si[4][128];
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const float cl0 = A.C[0].cent[lane & 15], cl1 = A.C[1].cent[lane & 15];
+    cuda_pdl_wait(); /* programmatic (g->pdl): the qkv GEMM has completed */
+    cuda_pdl_trigger();
+    const int HT = a.NH + 2 * a.NKV;
+    const size_t gw = (size_t)blockIdx.x * 4 + w;
+    if (gw >= (size_t)a.T * HT) return;
+    float v[4];
+    const qkv_head o = qkv_post_head(a, gw / HT, (int)(gw % HT), v, sv[w]);
+    if (o.kind == 0) {
+        qkv_post_store(a, o, v);
+        return;
+    }
+    float xr[4]; /* dims 4 lane .. 4 lane + 3: the encode's layout */
+#pragma unroll
+    for (int i = 0; i < 4; i++) sv[w][lane + 32 * i] = v[i];
+    __syncwarp();
+#pragma unroll
+    for (int k = 0; k < 4; k++) xr[k] = sv[w][4 * lane + k];
+    const int p = o.kind - 1;
+    const size_t slot = ((size_t)o.row * A.kvh + o.hk) * A.cap + (size_t)(A.rows[o.row].col0 + o.j);
+    ce_encode_vec<128>(A.P[p], A.C[p], p ? cl1 : cl0, slot, xr, st[w], si[w], lane);
 }
 
 /* att[t, h * hd + d] = ob[((row * NH + h) * n + col) * hd + d], times sigmoid(gate) when
@@ -233,25 +293,6 @@ __global__ void gather_kernel(const float *__restrict__ ob, const int32_t *__res
     if (xf) mc_split_store(xf, (size_t)gridDim.x * NH * 128, t * NH * 128 + i, o, parts);
 }
 
-/* The CPU's exp_scalar (ops.c), operation for operation. */
-__device__ float exp_cpu(float x) {
-    x = x > 88.0f ? 88.0f : x;
-    x = x < -87.3365447504f ? -87.3365447504f : x;
-    const float nn = rintf(__fmul_rn(x, 1.44269504088896341f));
-    float r = fmaf(-nn, 0.693359375f, x);
-    r = fmaf(-nn, -2.12194440e-4f, r);
-    float p = 1.9875691500E-4f;
-    p = fmaf(p, r, 1.3981999507E-3f);
-    p = fmaf(p, r, 8.3334519073E-3f);
-    p = fmaf(p, r, 4.1665795894E-2f);
-    p = fmaf(p, r, 1.6666665459E-1f);
-    p = fmaf(p, r, 5.0000001201E-1f);
-    const float z = __fmul_rn(r, r);
-    const float yv = __fadd_rn(fmaf(p, z, r), 1.0f);
-    const float s = __int_as_float(((int)nn + 127) << 23);
-    return __fmul_rn(yv, s);
-}
-
 /* h[t, i] = g / (1 + exp(-g)) * u with gu [T, 2I] = gate | up; with xf also h's GEMM
  * split. grid mc_grid_elems(T, I), block 256. */
 __global__ void swiglu_kernel(const float *__restrict__ gu, int I, float *__restrict__ h,
@@ -262,7 +303,7 @@ __global__ void swiglu_kernel(const float *__restrict__ gu, int I, float *__rest
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= I) return;
     const float g = gu[t * 2 * I + i], u = gu[t * 2 * I + I + i];
-    const float o = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, exp_cpu(0.0f - g))), u);
+    const float o = mc_silu_mul(g, u);
     h[t * I + i] = o;
     if (xf) mc_split_store(xf, (size_t)gridDim.x * I, t * I + i, o, parts);
 }
@@ -580,7 +621,7 @@ __global__ void geglu_kernel(const float *__restrict__ gu, int I, float *__restr
     const size_t t = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= I) return;
-    const float o = __fmul_rn(mc_gelu_tanh(gu[t * 2 * I + i]), gu[t * 2 * I + I + i]);
+    const float o = mc_gelu_mul(gu[t * 2 * I + i], gu[t * 2 * I + I + i]);
     h[t * I + i] = o;
     if (xf) mc_split_store(xf, (size_t)gridDim.x * I, t * I + i, o, parts);
 }
@@ -630,6 +671,44 @@ tqkv_status mc_queue_begin(model_cuda *g, int n) {
     return TQKV_OK;
 }
 
+/* The decode's K and V encoded where qkv_post computes them (qkv_post_enc_kernel): on unless
+ * the environment has TQKV_QKV_ENCODE=0 (then qkv_post_kernel and the cache's encode launch:
+ * the same bytes). */
+static env_switch g_qkv_encode = ENV_SWITCH("TQKV_QKV_ENCODE");
+
+extern "C" void model_cuda_set_qkv_encode(int on) { env_switch_set(&g_qkv_encode, on); }
+
+static unsigned long g_qkv_encode_runs; /* (tests) */
+
+extern "C" unsigned long model_cuda_qkv_encode_runs(void) {
+    return __atomic_load_n(&g_qkv_encode_runs, __ATOMIC_RELAXED);
+}
+
+/* The projection rows g->qkv of this call's n tokens a row: q/k norm, RoPE, the queries
+ * into qb, K and V appended to the layer's cache kv (at n = 1 encoded by the same kernel,
+ * when the cache takes it: tqkv_cuda_kv_append_begin). */
+static tqkv_status qkv_post_append(model_cuda *g, const mc_layer *L, cuda_kv *kv, int n, int QS,
+                                   int qs, int half) {
+    const tqkv_model_config *c = &g->m->cfg;
+    const int NH = c->n_heads, NKV = c->n_kv_heads, T = g->rows * n;
+    const qkv_post_args a = {g->qkv, QS, qs, T, NH, NKV, n, g->tinfo, L->q_norm, L->k_norm,
+                             c->rms_norm_eps, g->rope, half, g->qb, g->kb, g->vb};
+    const dim3 grid((unsigned)(((size_t)T * (NH + 2 * NKV) + 3) / 4));
+    int fused = 0;
+    ce_args A;
+    if (n == 1 && env_switch_get(&g_qkv_encode)) {
+        const tqkv_status st = tqkv_cuda_kv_append_begin(kv, n, &A, &fused);
+        if (st) return st;
+    }
+    if (!fused) {
+        cuda_pdl_launch(g->pdl, qkv_post_kernel, grid, dim3(128), 0, g->stream, a);
+        return tqkv_cuda_kv_append(kv, g->kb, g->vb, n);
+    }
+    cuda_pdl_launch(g->pdl, qkv_post_enc_kernel, grid, dim3(128), 0, g->stream, a, A);
+    __atomic_add_fetch(&g_qkv_encode_runs, 1, __ATOMIC_RELAXED);
+    return tqkv_cuda_kv_append_end(kv, n);
+}
+
 /* Layer l's token mixer: xn [T, H] -> tmp [T, H]. An attention layer: qkv GEMM, q/k norm +
  * RoPE + scatter, the cache append, attention (decode / verification window / masked
  * prefill), gather, o GEMM (+ its bias, when the layer has one); a linear layer (Qwen 3.5):
@@ -648,7 +727,7 @@ tqkv_status mc_layer_mixer(model_cuda *g, int l, int n, int as_decode, int *lin,
     const cudaStream_t s = g->stream;
     uint16_t *xf = mc_split_xf(g);
     const int parts = g->gemm_parts;
-    const float scale = 1.0f / sqrtf((float)hd), eps = c->rms_norm_eps;
+    const float scale = 1.0f / sqrtf((float)hd);
     const mc_layer *L = &g->w->layers[l];
     cuda_kv *kv = g->kv[l];
     tqkv_status st;
@@ -662,11 +741,7 @@ tqkv_status mc_layer_mixer(model_cuda *g, int l, int n, int as_decode, int *lin,
     }
     st = mc_gemm_pre(g, g->xn, H, (int)T, L->wqkv, QS, H, L->bqkv, g->qkv, QS);
     if (st) return st;
-    const size_t warps = T * (size_t)(NH + 2 * NKV);
-    cuda_pdl_launch(g->pdl, qkv_post_kernel, dim3((unsigned)((warps + 3) / 4)), dim3(128), 0, s,
-                    g->qkv, QS, qs, (int)T, NH, NKV, n, g->tinfo, L->q_norm, L->k_norm, eps, g->rope,
-                    half, g->qb, g->kb, g->vb);
-    st = tqkv_cuda_kv_append(kv, g->kb, g->vb, n);
+    st = qkv_post_append(g, L, kv, n, QS, qs, half);
     if (st) return st;
     *done = l + 1;
     int xf_done = 0; /* n = 1 without a gate: ob [R, NH, 1, hd] is att's layout, so the

@@ -130,6 +130,15 @@ tqkv_status model_cuda_decode_pick(model_cuda *g, const int32_t *tokens, const p
  * TQKV_NORM_REGS=0) or run passes of loads (0): the same bits; -1: as the environment says
  * (what tests put back). For tests and A/B runs; not while a forward runs on another thread. */
 void        model_cuda_set_norm_regs(int on);
+/* The common graph's decode writes each K and V head into the cache from the kernel that
+ * normalises and rotates it (1, the default unless the environment has TQKV_QKV_ENCODE=0;
+ * caches without a q8 window, not fp8: tqkv_cuda_kv_append_begin) or through kb / vb and the
+ * cache's encode launch (0): the same bytes; -1: as the environment says. For tests and A/B
+ * runs; not while a forward runs on another thread. */
+void        model_cuda_set_qkv_encode(int on);
+/* The queued launches of that fused form in this process so far (captured ones count once),
+ * for the tests. */
+unsigned long model_cuda_qkv_encode_runs(void);
 /* The forward's RMSNorm alone, for its tests: on T rows of H (device pointers), x += add
  * (when add), out = w (x r) and with xf out's GEMM split (`parts`: 1 or 2, [parts, T, H]
  * bf16), on the legacy stream. */

@@ -41,7 +41,10 @@
  *                                                                       launch, bitwise the
  *                                                                       per-expert calls')
  *                   h = act(gate) * up                     [P, I]      (SiLU: the dense MLP's
- *                                                                       kernel; GELU-tanh)
+ *                                                                       kernel; GELU-tanh;
+ *                                                                       grouped: the gate|up
+ *                                                                       GEMM's epilogue,
+ *                                                                       TQKV_MOE_FOLD_ACT)
  *                   y = h[o_e ..) . wd_e^T                [n_e, H]
  *   shared (S > 0)  sy = down(act(gate xn) * up xn) [T, H]; sg = xn . sh_gate [T] (the
  *                   router kernel with one expert)
@@ -216,17 +219,17 @@ moe_combine_norm_kernel(const float *__restrict__ y, const int32_t *__restrict__
 
 /* y [P, N] (rows of expert e at its group's rows) = x [P, K] . w_e^T, w_e = w + e N K: one
  * grouped launch over r's groups, or one tqkv_cuda_gemm per expert with tokens (grouped
- * off, or cuBLAS: r->count read back). pre: the kernel before wrote in's split into x->xf
- * (grouped only: experts_presplit). */
+ * off, or cuBLAS: r->count read back). pre: the kernel before wrote in's split into xf
+ * (grouped only). */
 static tqkv_status experts_gemm(model_cuda *g, mc_moe_state *x, const moe_routing *r, int pre,
-                                const float *in, int K, const bf16 *w, int N, float *y) {
+                                void *xf, const float *in, int K, const bf16 *w, int N, float *y) {
     if (!r->count && pre)
         return tqkv_cuda_gemm_grouped_presplit(r->P, (const uint16_t *)w, (size_t)N * K, N, K, y, N,
-                                               x->idx, r->G, r->most, x->xf, g->gemm_parts, g->pdl,
+                                               x->idx, r->G, r->most, xf, g->gemm_parts, g->pdl,
                                                g->stream);
     if (!r->count)
         return tqkv_cuda_gemm_grouped(in, K, r->P, (const uint16_t *)w, (size_t)N * K, N, K, y, N,
-                                      x->idx, r->G, r->most, x->xf, g->gemm_parts, g->stream);
+                                      x->idx, r->G, r->most, xf, g->gemm_parts, g->stream);
     tqkv_status st = TQKV_OK;
     size_t o = 0;
     for (int e = 0; e < r->E && !st; o += (size_t)r->count[e], e++)
@@ -280,9 +283,20 @@ static tqkv_status experts_queue(model_cuda *g, const mc_moe_layer *D, const moe
         cuda_pdl_launch(g->pdl, moe_gather_kernel, mc_grid_elems(P, (size_t)H), dim3(256), 0, s, xn,
                         tok, H, x->xg, xf, g->gemm_parts);
     // ---- experts over their gathered rows: gate|up, activation, down
-    if (!st) st = experts_gemm(g, x, &r, pre, x->xg, H, D->wgu, 2 * I, x->gu);
-    if (!st) act_queue(g, sh->act, x->gu, I, x->h, P, xf);
-    if (!st) st = experts_gemm(g, x, &r, pre, x->h, I, D->wd, H, x->y);
+    if (!st && !r.count && mc_moe_fold_act_on()) { /* the activation in gate|up's epilogue */
+        /* h's split for the down GEMM goes to x->gu (unused here): gate|up still reads xf */
+        void *hf = pre ? (void *)x->gu : NULL;
+        const tqkv_gemm_act a = {sh->act == MOE_ACT_SILU ? TQKV_GEMM_ACT_SILU : TQKV_GEMM_ACT_GELU,
+                                 x->h, (size_t)I, hf};
+        st = tqkv_cuda_gemm_grouped_act(pre ? NULL : x->xg, H, (int)P, (const uint16_t *)D->wgu,
+                                        (size_t)2 * I * H, 2 * I, H, &a, x->idx, r.G, r.most, x->xf,
+                                        g->gemm_parts, pre ? g->pdl : 0, g->stream);
+        if (!st) st = experts_gemm(g, x, &r, pre, hf ? hf : x->xf, x->h, I, D->wd, H, x->y);
+    } else {
+        if (!st) st = experts_gemm(g, x, &r, pre, x->xf, x->xg, H, D->wgu, 2 * I, x->gu);
+        if (!st) act_queue(g, sh->act, x->gu, I, x->h, P, xf);
+        if (!st) st = experts_gemm(g, x, &r, pre, x->xf, x->h, I, D->wd, H, x->y);
+    }
     // ---- the shared expert
     if (!st && sh->shared_inter > 0) st = shared_queue(g, D, sh, x, xn, T);
     return st;

@@ -89,6 +89,12 @@ void        mc_moe_set_fold_gather(int on);
  * its own launch (0): the same bits; -1: as the environment says. For tests and A/B runs;
  * not while a forward runs on another thread. */
 void        mc_moe_set_fold_norm(int on);
+/* The experts' activation (SwiGLU / GeGLU) computed in the grouped gate|up GEMM's epilogue
+ * (1, the default unless the environment has TQKV_MOE_FOLD_ACT=0; gemm_cuda.h's
+ * tqkv_cuda_gemm_grouped_act) or by its own launch after the GEMM (0): the same bits; the
+ * per-expert GEMMs (mc_moe_set_grouped(0), cuBLAS) always launch it. -1: as the environment
+ * says. For tests and A/B runs; not while a forward runs on another thread. */
+void        mc_moe_set_fold_act(int on);
 /* Whether mc_moe_block_queue folds that norm for shape sh under the current switch. */
 int         mc_moe_folds_norm(const moe_shape *sh);
 

@@ -33,7 +33,8 @@ struct mc_moe_state {
     int32_t *h_back;   /* pinned [E + 2]: count [E] | used groups | most rows */
     void    *xf;       /* device: the grouped GEMMs' activations, [parts, P, max(H, I)] bf16 */
     float   *xg;       /* device [P, H] */
-    float   *gu;       /* device [max(P 2I, T 2S)] */
+    float   *gu;       /* device [max(P 2I, T 2S)] (with the activation in the GEMM's
+                        * epilogue: h's split for the down GEMM, [parts, P, I] bf16) */
     float   *h;        /* device [max(P I, T S)] */
     float   *y;        /* device [P, H] */
     float   *sy;       /* device [T, H] the shared expert's output (S > 0) */
@@ -62,6 +63,10 @@ typedef struct {
 
 /* The grouped GEMMs on (TQKV_MOE_GROUPED, mc_moe_set_grouped; moe_cuda_route.cu). */
 int mc_moe_grouped_on(void);
+
+/* The experts' activation in the grouped gate|up GEMM's epilogue on (TQKV_MOE_FOLD_ACT,
+ * mc_moe_set_fold_act; moe_cuda_route.cu). */
+int mc_moe_fold_act_on(void);
 
 /* The widest hidden size the combine's folded norm takes (mc_moe_folds_norm: its block holds
  * a row in shared memory and its values in registers). */

@@ -74,6 +74,14 @@ extern "C" int mc_moe_folds_norm(const moe_shape *sh) {
     return env_switch_get(&g_fold_norm) && sh->hidden <= MOE_FOLD_H_MAX;
 }
 
+/* The experts' activation folded into the grouped gate|up GEMM's epilogue (moe_cuda.cu's
+ * experts_queue): TQKV_MOE_FOLD_ACT (0: off), as g_route_fast. */
+static env_switch g_fold_act = ENV_SWITCH("TQKV_MOE_FOLD_ACT");
+
+extern "C" void mc_moe_set_fold_act(int on) { env_switch_set(&g_fold_act, on); }
+
+int mc_moe_fold_act_on(void) { return env_switch_get(&g_fold_act); }
+
 // ---------------------------------------------------------------------------
 // routing kernels
 // ---------------------------------------------------------------------------

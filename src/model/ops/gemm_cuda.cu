@@ -99,15 +99,23 @@ template <int WM, int WN, int MT, int NT, int P, int ST> struct Tile {
  * (gemm_load_x) at k 64 kt .. 64 kt + 63 into slot `st` (zeros past N, T or K). Part p of
  * token t is at xb + (p TS + t) K (TS: the split's row count; a grouped GEMM's xb starts at
  * its group's first row). */
+/* The matrix row that a tile's row n reads: n, or with il (the gated epilogue, gemm_epi) and
+ * N = 2 I rows of gate then up, gate row 8 b + j at n = 16 b + j and up row I + 8 b + j at
+ * n = 16 b + 8 + j (j < 8): the mma puts rows n and n + 8 in the same thread. */
+__device__ __forceinline__ int gemm_wrow(int n, int N, int il) {
+    return il ? ((n & 8) ? N / 2 : 0) + ((n >> 4) << 3) + (n & 7) : n;
+}
+
 template <class C>
 __device__ __forceinline__ void gemm_load_w(uint32_t st, const uint16_t *__restrict__ w, int N, int K,
-                                            int n0, int kt) {
+                                            int n0, int kt, int il = 0) {
     const int kc = K / 8;
 #pragma unroll
     for (int h = 0; h < C::WCP; h++) {
         const int q = threadIdx.x + C::THREADS * h, r = q >> 3, c = q & 7, n = n0 + r, kq = kt * 8 + c;
         const bool ok = n < N && kq < kc;
-        cp_async16(st + swz(r, c), ok ? (const void *)(w + (size_t)n * K + 8 * kq) : (const void *)w,
+        const size_t wr = (size_t)gemm_wrow(n, N, il);
+        cp_async16(st + swz(r, c), ok ? (const void *)(w + wr * K + 8 * kq) : (const void *)w,
                    ok ? 16u : 0u);
     }
 }
@@ -129,8 +137,8 @@ __device__ __forceinline__ void gemm_load_x(uint32_t st, const uint16_t *__restr
 template <class C, int P>
 __device__ __forceinline__ void gemm_load(uint32_t st, const uint16_t *__restrict__ w, int N,
                                           const uint16_t *__restrict__ xb, int T, int TS, int K,
-                                          int n0, int t0, int kt) {
-    gemm_load_w<C>(st, w, N, K, n0, kt);
+                                          int n0, int t0, int kt, int il = 0) {
+    gemm_load_w<C>(st, w, N, K, n0, kt, il);
     gemm_load_x<C, P>(st, xb, T, TS, K, t0, kt);
 }
 
@@ -144,10 +152,10 @@ __device__ __forceinline__ void gemm_load(uint32_t st, const uint16_t *__restric
 template <class C, int P, int ST>
 __device__ __forceinline__ void gemm_prologue(uint32_t sbase, const uint16_t *__restrict__ w, int N,
                                               const uint16_t *__restrict__ xb, int T, int TS, int K,
-                                              int n0, int t0, int nk) {
+                                              int n0, int t0, int nk, int il = 0) {
 #pragma unroll
     for (int s = 0; s < ST - 1; s++)
-        if (s < nk) gemm_load_w<C>(sbase + s * C::STAGE, w, N, K, n0, s);
+        if (s < nk) gemm_load_w<C>(sbase + s * C::STAGE, w, N, K, n0, s, il);
     cuda_pdl_wait();
     cuda_pdl_trigger(); /* a programmatic kernel after this one may launch (and wait) */
 #pragma unroll
@@ -202,26 +210,61 @@ __device__ __forceinline__ void gemm_stage(float (&acc)[MT][NT][4], uint32_t st,
 template <class C, int P, int ST, class F>
 __device__ __forceinline__ void gemm_mainloop(uint32_t sbase, const uint16_t *__restrict__ w, int N,
                                               const uint16_t *__restrict__ xb, int T, int TS, int K,
-                                              int n0, int t0, int nk, F &&stage) {
-    gemm_prologue<C, P, ST>(sbase, w, N, xb, T, TS, K, n0, t0, nk);
+                                              int n0, int t0, int nk, int il, F &&stage) {
+    gemm_prologue<C, P, ST>(sbase, w, N, xb, T, TS, K, n0, t0, nk, il);
     for (int kt = 0; kt < nk; kt++) {
         cp_async_wait<ST - 2>(); /* stage kt has landed (this thread's copies) */
         __syncthreads();         /* ... everyone's, and stage kt - 1's slot is free */
         const int nx = kt + ST - 1;
-        if (nx < nk) gemm_load<C, P>(sbase + (nx % ST) * C::STAGE, w, N, xb, T, TS, K, n0, t0, nx);
+        if (nx < nk) gemm_load<C, P>(sbase + (nx % ST) * C::STAGE, w, N, xb, T, TS, K, n0, t0, nx, il);
         cp_async_commit();
         stage(sbase + (kt % ST) * C::STAGE);
     }
     cp_async_wait<0>();
 }
 
+/* A tile's epilogue: y[t * ldy + n] = acc (+ bias[n]) (act 0), or the gated activation of
+ * the row pairs that gemm_wrow's order puts in one thread: h[t * ldh + i] = act(gate_i) up_i
+ * (ops_cuda.cuh's mc_silu_mul / mc_gelu_mul, as the activation kernels compute it) and, with
+ * hf, h's GEMM split [parts, TS, N / 2] at row hrow0 + t. */
+struct gemm_epi {
+    int act;          /* 0, TQKV_GEMM_ACT_SILU or TQKV_GEMM_ACT_GELU */
+    float *h;         /* the tile's row 0 (the group's first) */
+    size_t ldh;
+    uint16_t *hf;     /* or NULL */
+    size_t hTK;       /* TS N / 2: the split's part stride */
+    int hrow0, parts;
+};
+
+/* The gated epilogue of one thread's accumulators (gemm_epi, act != 0). */
+template <int MT, int NT>
+__device__ __forceinline__ void gemm_store_act(const float (&acc)[MT][NT][4], const gemm_epi &ep,
+                                               int T, int N, int t0, int n0, int wrow, int wtok,
+                                               int lane) {
+    const int g = lane >> 2, c = lane & 3, I = N / 2;
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int q = 0; q < 2; q++) {
+                const int nb = n0 + wrow + 16 * m, i = (nb >> 1) + g;
+                const int t = t0 + wtok + 8 * j + 2 * c + q;
+                if (nb >= N || t >= T) continue;
+                const float gv = acc[m][j][q], uv = acc[m][j][q + 2];
+                const float o = ep.act == TQKV_GEMM_ACT_SILU ? mc_silu_mul(gv, uv) : mc_gelu_mul(gv, uv);
+                ep.h[(size_t)t * ep.ldh + i] = o;
+                if (ep.hf) mc_split_store(ep.hf, ep.hTK, (size_t)(ep.hrow0 + t) * I + i, o, ep.parts);
+            }
+}
+
 /* One CTA's tile: weight rows n0 .. n0 + BM, tokens t0 .. t0 + BN of T (parts TS rows apart),
- * y[t * ldy + n] = acc (+ bias[n]). */
+ * then the epilogue ep (gemm_epi: y (+ bias) when act is 0). */
 template <int WM, int WN, int MT, int NT, int P, int ST>
 __device__ __forceinline__ void gemm_tile(const uint16_t *__restrict__ xb, int T, int TS, int K,
                                           const uint16_t *__restrict__ w, int N,
                                           const float *__restrict__ bias, float *__restrict__ y,
-                                          size_t ldy, int t0, int n0) {
+                                          size_t ldy, int t0, int n0, const gemm_epi &ep) {
     using C = Tile<WM, WN, MT, NT, P, ST>;
     extern __shared__ __align__(128) uint8_t sm[];
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm);
@@ -232,9 +275,13 @@ __device__ __forceinline__ void gemm_tile(const uint16_t *__restrict__ xb, int T
     for (int m = 0; m < MT; m++)
 #pragma unroll
         for (int j = 0; j < NT; j++) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.f;
-    gemm_mainloop<C, P, ST>(sbase, w, N, xb, T, TS, K, n0, t0, nk, [&](uint32_t st) {
+    gemm_mainloop<C, P, ST>(sbase, w, N, xb, T, TS, K, n0, t0, nk, ep.act != 0, [&](uint32_t st) {
         gemm_stage<C, MT, NT, P>(acc, st, wrow, wtok, lane);
     });
+    if (ep.act) {
+        gemm_store_act<MT, NT>(acc, ep, T, N, t0, n0, wrow, wtok, lane);
+        return;
+    }
     const int g = lane >> 2, c = lane & 3;
 #pragma unroll
     for (int m = 0; m < MT; m++)
@@ -255,24 +302,30 @@ gemm_kernel(const uint16_t *__restrict__ xb, int T, int K, const uint16_t *__res
             const float *__restrict__ bias, float *__restrict__ y, size_t ldy) {
     using C = Tile<WM, WN, MT, NT, P, ST>;
     gemm_tile<WM, WN, MT, NT, P, ST>(xb, T, T, K, w, N, bias, y, ldy, blockIdx.x * C::BN,
-                                     blockIdx.y * C::BM);
+                                     blockIdx.y * C::BM, gemm_epi{});
 }
 
 /* Grouped: grid (ceil(max rows / BN), ceil(N / BM), G); CTA z computes group z = {row0,
  * rows, matrix, -}: y rows row0 .. row0 + rows from the split's same rows (TS rows per part)
- * and matrix w + matrix wstride. A CTA past its group's rows returns at once (whole block). */
+ * and matrix w + matrix wstride (ep.act: the gated epilogue into h's rows row0 ..). A CTA
+ * past its group's rows returns at once (whole block). */
 template <int WM, int WN, int MT, int NT, int P, int ST>
 __global__ void __launch_bounds__(32 * WM * WN)
 gemm_grouped_kernel(const uint16_t *__restrict__ xb, int TS, int K, const uint16_t *__restrict__ w,
                     size_t wstride, int N, float *__restrict__ y, size_t ldy,
-                    const int4 *__restrict__ groups) {
+                    const int4 *__restrict__ groups, gemm_epi ep) {
     using C = Tile<WM, WN, MT, NT, P, ST>;
     cuda_pdl_wait(); /* programmatic (pdl): the routing that wrote the groups has completed */
     const int4 gr = groups[blockIdx.z];
     const int t0 = blockIdx.x * C::BN;
     if (t0 >= gr.y) return;
+    if (ep.act) {
+        ep.h += (size_t)gr.x * ep.ldh;
+        ep.hrow0 = gr.x;
+    }
     gemm_tile<WM, WN, MT, NT, P, ST>(xb + (size_t)gr.x * K, gr.y, TS, K, w + (size_t)gr.z * wstride,
-                                     N, nullptr, y + (size_t)gr.x * ldy, ldy, t0, blockIdx.y * C::BM);
+                                     N, nullptr, y + (size_t)gr.x * ldy, ldy, t0, blockIdx.y * C::BM,
+                                     ep);
 }
 
 #include "model/ops/gemm_wgmma.cuh"
@@ -629,12 +682,12 @@ extern "C" int tqkv_cuda_gemm_pdl_probe(void *stream) {
 template <int WM, int WN, int MT, int NT, int P, int ST>
 static void launch_grouped(cudaStream_t s, const uint16_t *xb, int TS, int K, const uint16_t *w,
                            size_t wstride, int N, float *y, size_t ldy, const int4 *groups, int G,
-                           int max_rows, int pdl) {
+                           int max_rows, int pdl, const gemm_epi &ep) {
     using C = Tile<WM, WN, MT, NT, P, ST>;
     const dim3 grid((unsigned)((max_rows + C::BN - 1) / C::BN), (unsigned)((N + C::BM - 1) / C::BM),
                     (unsigned)G);
     cuda_pdl_launch(pdl, gemm_grouped_kernel<WM, WN, MT, NT, P, ST>, grid, dim3(C::THREADS), C::SMEM, s,
-                    xb, TS, K, w, wstride, N, y, ldy, groups);
+                    xb, TS, K, w, wstride, N, y, ldy, groups, ep);
 }
 
 extern "C" size_t tqkv_cuda_gemm_xf_bytes(size_t T, size_t kmax) { return 2 * T * kmax * 2; }
@@ -710,16 +763,17 @@ static env_switch g_grouped_st8 = ENV_SWITCH("TQKV_GROUPED_ST8");
 /* The grouped tile launch on split activations xb [parts, T, K]. */
 static tqkv_status grouped_launch(const uint16_t *xb, int T, const uint16_t *w, size_t wstride,
                                   int N, int K, float *y, size_t ldy, const int32_t *groups, int G,
-                                  int max_rows, int parts, int pdl, cudaStream_t s) {
+                                  int max_rows, int parts, int pdl, cudaStream_t s,
+                                  const gemm_epi &ep = gemm_epi{}) {
     const int4 *gr = (const int4 *)groups;
     const int sh = shape_pick(max_rows, N, parts, 0); /* no grouped warpgroup tile */
     if (sh == SH_S8N && env_switch_get(&g_grouped_st8)) {
-        if (parts == 1) launch_grouped<1, 1, 1, 1, 1, 8>(s, xb, T, K, w, wstride, N, y, ldy, gr, G, max_rows, pdl);
-        else launch_grouped<1, 1, 1, 1, 2, 8>(s, xb, T, K, w, wstride, N, y, ldy, gr, G, max_rows, pdl);
+        if (parts == 1) launch_grouped<1, 1, 1, 1, 1, 8>(s, xb, T, K, w, wstride, N, y, ldy, gr, G, max_rows, pdl, ep);
+        else launch_grouped<1, 1, 1, 1, 2, 8>(s, xb, T, K, w, wstride, N, y, ldy, gr, G, max_rows, pdl, ep);
         return gemm_launched();
     }
 #define X(id, wm, wn, mt, nt, p, st)                                                                \
-    if (sh == id && parts == p) launch_grouped<wm, wn, mt, nt, p, st>(s, xb, T, K, w, wstride, N, y, ldy, gr, G, max_rows, pdl);
+    if (sh == id && parts == p) launch_grouped<wm, wn, mt, nt, p, st>(s, xb, T, K, w, wstride, N, y, ldy, gr, G, max_rows, pdl, ep);
     GEMM_SHAPES(X, 1)
     GEMM_SHAPES(X, 2)
     GEMM_SHAPES_P1(X)
@@ -757,6 +811,25 @@ extern "C" tqkv_status tqkv_cuda_gemm_grouped_presplit(int T, const uint16_t *w,
     if (!st) st = gemm_check(fn, T, w, N, K, y, xf, parts);
     return st ? st : grouped_launch((const uint16_t *)xf, T, w, wstride, N, K, y, ldy, groups, G,
                                     max_rows, parts, pdl, (cudaStream_t)stream);
+}
+
+extern "C" tqkv_status tqkv_cuda_gemm_grouped_act(const float *x, size_t ldx, int T,
+                                                  const uint16_t *w, size_t wstride, int N, int K,
+                                                  const tqkv_gemm_act *a, const int32_t *groups,
+                                                  int G, int max_rows, void *xf, int parts, int pdl,
+                                                  void *stream) {
+    const char *fn = "tqkv_cuda_gemm_grouped_act";
+    const cudaStream_t s = (cudaStream_t)stream;
+    if (!a || !a->h || (a->act != TQKV_GEMM_ACT_SILU && a->act != TQKV_GEMM_ACT_GELU) || N % 16 ||
+        a->ldh < (size_t)N / 2 || (a->hf && a->ldh != (size_t)N / 2) || ((uintptr_t)a->hf & 15u))
+        return tqkv_fail(TQKV_EINVAL, "%s: bad activation (N %d must be a multiple of 16, ldh >= "
+                         "N / 2, == N / 2 with a 16-byte aligned split)", fn, N);
+    tqkv_status st = grouped_check(fn, T, groups, G, max_rows, wstride);
+    if (!st) st = x ? gemm_begin(fn, x, ldx, T, w, N, K, a->h, xf, parts, s)
+                    : gemm_check(fn, T, w, N, K, a->h, xf, parts);
+    const gemm_epi ep = {a->act, a->h, a->ldh, (uint16_t *)a->hf, (size_t)T * (N / 2), 0, parts};
+    return st ? st : grouped_launch((const uint16_t *)xf, T, w, wstride, N, K, nullptr, 0, groups,
+                                    G, max_rows, parts, pdl, s, ep);
 }
 
 /* The tile launch on split activations xb [parts, T, K]. */

@@ -81,6 +81,28 @@ tqkv_status tqkv_cuda_gemm_grouped(const float *x, size_t ldx, int T, const uint
                                    const int32_t *groups, int G, int max_rows, void *xf,
                                    int parts, void *stream);
 
+/* A gated MLP's activation in a grouped GEMM's epilogue (tqkv_cuda_gemm_grouped_act). */
+enum { TQKV_GEMM_ACT_SILU = 1, TQKV_GEMM_ACT_GELU = 2 };
+typedef struct {
+    int    act;  /* TQKV_GEMM_ACT_SILU: gate / (1 + exp(-gate)) up with the CPU's exp (ops.c);
+                  * TQKV_GEMM_ACT_GELU: gelu_tanh(gate) up (ops_cuda.cuh: mc_silu_mul, mc_gelu_mul) */
+    float *h;    /* [T, N / 2] the activation, row t at h + t ldh */
+    size_t ldh;
+    void  *hf;   /* h's GEMM split [parts, T, N / 2] (16-byte aligned; ldh == N / 2), or NULL */
+} tqkv_gemm_act;
+
+/* tqkv_cuda_gemm_grouped over gate | up matrices (w_g [N, K] = gate rows 0 .. N / 2, then up
+ * rows, as stored; N % 16 == 0) with the gated activation as the epilogue: h[t, i] =
+ * act(gate_i . x_t) * (up_i . x_t), each product's arithmetic tqkv_cuda_gemm's, so the same
+ * bits as the grouped GEMM into y [T, N] followed by the activation kernel. The tiles read
+ * the weight rows in an order that puts gate row i and up row i in one thread (gemm_cuda.cu's
+ * gemm_wrow): no second matrix layout. x NULL: xf already holds x's split (the presplit form,
+ * pdl as there); else x [T, ldx] is split into xf first. */
+tqkv_status tqkv_cuda_gemm_grouped_act(const float *x, size_t ldx, int T, const uint16_t *w,
+                                       size_t wstride, int N, int K, const tqkv_gemm_act *a,
+                                       const int32_t *groups, int G, int max_rows, void *xf,
+                                       int parts, int pdl, void *stream);
+
 /* The tile shape tqkv_cuda_gemm picks for T tokens, N outputs and `parts` ("s8t" / "s8n", "s8" ..
  * "s32", "s32w" / "s64w" (T 33 .. 64; "s64" by name only), "m", "l", "xl", and on sm_90a the
  * warpgroup tiles "wl", "wxl" and their TMA-fed twins "tl", "txl", which the pick takes in

@@ -119,4 +119,33 @@ __device__ __forceinline__ float mc_gelu_tanh(float x) {
     return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(inner)));
 }
 
+/* The CPU's exp_scalar (ops.c), operation for operation. */
+__device__ __forceinline__ float mc_exp_cpu(float x) {
+    x = x > 88.0f ? 88.0f : x;
+    x = x < -87.3365447504f ? -87.3365447504f : x;
+    const float nn = rintf(__fmul_rn(x, 1.44269504088896341f));
+    float r = fmaf(-nn, 0.693359375f, x);
+    r = fmaf(-nn, -2.12194440e-4f, r);
+    float p = 1.9875691500E-4f;
+    p = fmaf(p, r, 1.3981999507E-3f);
+    p = fmaf(p, r, 8.3334519073E-3f);
+    p = fmaf(p, r, 4.1665795894E-2f);
+    p = fmaf(p, r, 1.6666665459E-1f);
+    p = fmaf(p, r, 5.0000001201E-1f);
+    const float z = __fmul_rn(r, r);
+    const float yv = __fadd_rn(fmaf(p, z, r), 1.0f);
+    const float s = __int_as_float(((int)nn + 127) << 23);
+    return __fmul_rn(yv, s);
+}
+
+/* SwiGLU's g / (1 + exp(-g)) * u with the CPU's exp (the dense MLP's and the experts'). */
+__device__ __forceinline__ float mc_silu_mul(float g, float u) {
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, mc_exp_cpu(0.0f - g))), u);
+}
+
+/* GeGLU's gelu_tanh(g) * u (Gemma 4's MLPs and experts). */
+__device__ __forceinline__ float mc_gelu_mul(float g, float u) {
+    return __fmul_rn(mc_gelu_tanh(g), u);
+}
+
 #endif
