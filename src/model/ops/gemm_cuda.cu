@@ -95,10 +95,6 @@ template <int WM, int WN, int MT, int NT, int P, int ST> struct Tile {
     static_assert(NT == 1 || NT % 2 == 0, "token tiles load in pairs");
 };
 
-/* One stage: W rows n0 .. n0 + BM (gemm_load_w) and the tokens' parts t0 .. t0 + BN
- * (gemm_load_x) at k 64 kt .. 64 kt + 63 into slot `st` (zeros past N, T or K). Part p of
- * token t is at xb + (p TS + t) K (TS: the split's row count; a grouped GEMM's xb starts at
- * its group's first row). */
 /* The matrix row that a tile's row n reads: n, or with il (the gated epilogue, gemm_epi) and
  * N = 2 I rows of gate then up, gate row 8 b + j at n = 16 b + j and up row I + 8 b + j at
  * n = 16 b + 8 + j (j < 8): the mma puts rows n and n + 8 in the same thread. */
@@ -106,6 +102,10 @@ __device__ __forceinline__ int gemm_wrow(int n, int N, int il) {
     return il ? ((n & 8) ? N / 2 : 0) + ((n >> 4) << 3) + (n & 7) : n;
 }
 
+/* One stage: W rows n0 .. n0 + BM (gemm_load_w; il: in gemm_wrow's order) and the tokens'
+ * parts t0 .. t0 + BN (gemm_load_x) at k 64 kt .. 64 kt + 63 into slot `st` (zeros past N,
+ * T or K). Part p of token t is at xb + (p TS + t) K (TS: the split's row count; a grouped
+ * GEMM's xb starts at its group's first row). */
 template <class C>
 __device__ __forceinline__ void gemm_load_w(uint32_t st, const uint16_t *__restrict__ w, int N, int K,
                                             int n0, int kt, int il = 0) {
