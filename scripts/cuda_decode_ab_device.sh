@@ -7,7 +7,8 @@
 # colon (comma-separated); a name starting with "old" runs tqkv_old, the others tqkv. MODELS
 # (default "moe l8") picks the shapes; SUITES (default test_cuda_moe test_cuda_model test_cuda) the
 # suites run whole, TC_FILTERS test_cuda name patterns run one group each. Session 21 ran VARIANTS="new old st16:TQKV_GROUPED_ST8=0"
-# (bench/RESULTS.md "Session 21"); session 22 "new old nofold:TQKV_MOE_FOLD_NORM=0".
+# (bench/RESULTS.md "Session 21"); session 22 "new old nofold:TQKV_MOE_FOLD_NORM=0"; session 23
+# "new noact:TQKV_MOE_FOLD_ACT=0 nomw:TQKV_MERGE_WIDE=0 noenc:TQKV_QKV_ENCODE=0" with MODELS=moe.
 # Ordered by priority: each step packs its results (cuda_run_common.sh), so a call cut short
 # returns what it did. Runs in a scripts/cuda_pack.sh folder that also holds tqkv_old.xz (the
 # build to compare against), draft.tar.xz (../shared/models/qwen3-code-draft-4m, tar cJf) and
