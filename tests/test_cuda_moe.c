@@ -374,9 +374,14 @@ static void test_fold_act_models(void **st) {
     (void)st;
     const int cks[] = {CK_A, CK_B, CK_Q35, CK_G4};
     for (int i = 0; i < 4; i++)
-        for (int R = 3; R >= 1; R -= 2)
+        for (int R = 3; R >= 1; R -= 2) {
+            const unsigned long runs0 = mc_moe_fold_act_runs();
             routing_ab(cks[i], i % 2 ? TQKV_TQ4 : TQKV_F32, R, mc_moe_set_fold_act,
                        "activation in the gate|up GEMM == activation launch");
+            if (mc_moe_fold_act_runs() == runs0) /* the folded form ran (its half of the A/B) */
+                fail_msg("%s, %d rows: the activation was never folded into the gate|up GEMM",
+                         CK_NAME[cks[i]], R);
+        }
 }
 
 /* The norm kernels with a thread's values in registers (the default) == their passes of

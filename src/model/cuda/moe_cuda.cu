@@ -291,6 +291,7 @@ static tqkv_status experts_queue(model_cuda *g, const mc_moe_layer *D, const moe
         st = tqkv_cuda_gemm_grouped_act(pre ? NULL : x->xg, H, (int)P, (const uint16_t *)D->wgu,
                                         (size_t)2 * I * H, 2 * I, H, &a, x->idx, r.G, r.most, x->xf,
                                         g->gemm_parts, pre ? g->pdl : 0, g->stream);
+        if (!st) mc_moe_fold_act_count();
         if (!st) st = experts_gemm(g, x, &r, pre, hf ? hf : x->xf, x->h, I, D->wd, H, x->y);
     } else {
         if (!st) st = experts_gemm(g, x, &r, pre, x->xf, x->xg, H, D->wgu, 2 * I, x->gu);

@@ -95,6 +95,9 @@ void        mc_moe_set_fold_norm(int on);
  * per-expert GEMMs (mc_moe_set_grouped(0), cuBLAS) always launch it. -1: as the environment
  * says. For tests and A/B runs; not while a forward runs on another thread. */
 void        mc_moe_set_fold_act(int on);
+/* The grouped gate|up launches with the activation in their epilogue queued in this process
+ * so far (captured ones count once), for the tests. */
+unsigned long mc_moe_fold_act_runs(void);
 /* Whether mc_moe_block_queue folds that norm for shape sh under the current switch. */
 int         mc_moe_folds_norm(const moe_shape *sh);
 

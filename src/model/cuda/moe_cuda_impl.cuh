@@ -67,6 +67,8 @@ int mc_moe_grouped_on(void);
 /* The experts' activation in the grouped gate|up GEMM's epilogue on (TQKV_MOE_FOLD_ACT,
  * mc_moe_set_fold_act; moe_cuda_route.cu). */
 int mc_moe_fold_act_on(void);
+/* One more folded launch queued (mc_moe_fold_act_runs counts them). */
+void mc_moe_fold_act_count(void);
 
 /* The widest hidden size the combine's folded norm takes (mc_moe_folds_norm: its block holds
  * a row in shared memory and its values in registers). */

@@ -82,6 +82,14 @@ extern "C" void mc_moe_set_fold_act(int on) { env_switch_set(&g_fold_act, on); }
 
 int mc_moe_fold_act_on(void) { return env_switch_get(&g_fold_act); }
 
+static unsigned long g_fold_act_runs; /* the folded launches queued (tests) */
+
+void mc_moe_fold_act_count(void) { __atomic_add_fetch(&g_fold_act_runs, 1, __ATOMIC_RELAXED); }
+
+extern "C" unsigned long mc_moe_fold_act_runs(void) {
+    return __atomic_load_n(&g_fold_act_runs, __ATOMIC_RELAXED);
+}
+
 // ---------------------------------------------------------------------------
 // routing kernels
 // ---------------------------------------------------------------------------
