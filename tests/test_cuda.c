@@ -76,6 +76,7 @@
 #include "cache/cache_cuda.h"
 #include "cache/cache_impl.h"
 #include "cuda_helpers.h"
+#include "util/common.h"
 #include "util/keep_order.h"
 
 // ---------------------------------------------------------------------------
@@ -1337,13 +1338,7 @@ static void test_cuda_decode_d256_tc(void **state) {
 // ---------------------------------------------------------------------------
 // bf16 baseline
 // ---------------------------------------------------------------------------
-static float bf16_round(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u = (u + 0x7fffu + ((u >> 16) & 1)) & 0xffff0000u;
-    memcpy(&f, &u, 4);
-    return f;
-}
+static float bf16_round(float f) { return tqkv_bf16_to_f32(tqkv_f32_to_bf16(f)); }
 
 static void test_cuda_attend_bf16(void **state) {
     (void)state;

@@ -51,6 +51,7 @@
 #include "model/sample/pick.h"
 #include "model/sample/pick_cuda.h"
 #include "model/sample/sampler_impl.h"
+#include "util/common.h"
 #include "pick_ref.h"
 
 static tqkv_model *g_model;
@@ -237,20 +238,6 @@ static void test_parity_fast_gemm(void **st) {
 
 /* ---- the GEMM alone: tqkv_cuda_gemm vs a float64 reference, and bitwise invariance of
  * a row across T (direct and split-segment paths, tile positions). */
-static uint16_t bf16_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static float bf16_float(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 static void run_gemm(const float *dx, int T, int K, const uint16_t *dw, int N, const float *db,
                      float *dy, void *xf, int parts, float *hy) {
     const tqkv_status st = tqkv_cuda_gemm(dx, (size_t)K, T, dw, N, K, db, dy, (size_t)N, xf, parts, NULL);
@@ -268,8 +255,8 @@ static double gemm_error(const float *x, const uint16_t *w, const float *b, cons
             double ref = b[n], mag = fabs(b[n]);
             for (int k = 0; k < K; k++) {
                 const float xv = x[(size_t)t * K + k];
-                const double p = (double)(parts == 1 ? bf16_float(bf16_bits(xv)) : xv) *
-                                 bf16_float(w[(size_t)n * K + k]);
+                const double p = (double)(parts == 1 ? tqkv_bf16_to_f32(tqkv_f32_to_bf16(xv)) : xv) *
+                                 tqkv_bf16_to_f32(w[(size_t)n * K + k]);
                 ref += p;
                 mag += fabs(p);
             }
@@ -292,7 +279,7 @@ static void gemm_case(int K, int N, int parts) {
     uint16_t *w = malloc(sizeof(uint16_t) * (size_t)N * K);
     float *y = malloc(sizeof(float) * (size_t)TB * N), *ya = malloc(sizeof(float) * (size_t)TB * N);
     for (size_t i = 0; i < (size_t)TB * K; i++) x[i] = (float)rng_normal(&r) * (i % 7 == 0 ? 30.f : 1.f);
-    for (size_t i = 0; i < (size_t)N * K; i++) w[i] = bf16_bits((float)rng_normal(&r) * 0.05f);
+    for (size_t i = 0; i < (size_t)N * K; i++) w[i] = tqkv_f32_to_bf16((float)rng_normal(&r) * 0.05f);
     for (int i = 0; i < N; i++) b[i] = (float)rng_normal(&r);
     float *dx, *dy, *db;
     void *dw, *xf;
@@ -367,7 +354,7 @@ static void test_gemm_order(void **st) {
     for (int n = 0; n < N; n++)
         for (int j = 0; j < 3; j++) {
             const int k = b[n] + 16 * (j - 1);
-            w[(size_t)n * K + k] = bf16_bits(wv[j]);
+            w[(size_t)n * K + k] = tqkv_f32_to_bf16(wv[j]);
             for (int t = 0; t < TB; t++) x[(size_t)t * K + k] = 1.f;
         }
     float *dx, *dy;
@@ -413,7 +400,7 @@ static void tma_check_samples(const float *x, const uint16_t *w, const float *b,
         double ref = b[n], mag = fabs(b[n]);
         for (int k = 0; k < K; k++) {
             const float xv = x[(size_t)t * K + k];
-            const double p = (double)(parts == 1 ? bf16_float(bf16_bits(xv)) : xv) * bf16_float(w[(size_t)n * K + k]);
+            const double p = (double)(parts == 1 ? tqkv_bf16_to_f32(tqkv_f32_to_bf16(xv)) : xv) * tqkv_bf16_to_f32(w[(size_t)n * K + k]);
             ref += p;
             mag += fabs(p);
         }
@@ -491,7 +478,7 @@ static void tma_case(int K, int N, int parts, const int *Ts, int nT, int cluster
     uint16_t *w = malloc(sizeof(uint16_t) * nw);
     float *y = malloc(sizeof(float) * ny), *ya = malloc(sizeof(float) * ny);
     for (size_t i = 0; i < nx; i++) x[i] = (float)rng_normal(&r) * (i % 7 == 0 ? 30.f : 1.f);
-    for (size_t i = 0; i < nw; i++) w[i] = bf16_bits((float)rng_normal(&r) * 0.05f);
+    for (size_t i = 0; i < nw; i++) w[i] = tqkv_f32_to_bf16((float)rng_normal(&r) * 0.05f);
     for (int i = 0; i < N; i++) b[i] = (float)rng_normal(&r);
     float *dx, *dy, *db;
     uint16_t *dw;

@@ -69,6 +69,7 @@
 #include "model/ops/ops.h"
 #include "moe_ckpt.h"
 #include "moe_derive.h"
+#include "util/common.h"
 
 static tqkv_model *g_model; /* the checkpoint the current case runs */
 static uint64_t    g_seed;
@@ -462,13 +463,6 @@ static void test_gemm_grouped(void **st) {
     gemm_grouped_case(2);
 }
 
-/* bf16 of v, nearest even (the GEMM split's hi part; no NaN here). */
-static uint16_t bf16_rne(float v) {
-    uint32_t u;
-    memcpy(&u, &v, 4);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 /* tqkv_cuda_gemm_grouped_act (SwiGLU) on gemm_grouped_case's groups under every tile shape:
  * h bitwise the CPU's ops_swiglu of the grouped GEMM's own gate | up rows, h's split its
  * bf16 parts (hi, and lo = bf16(h - hi) at parts 2), the split form and the presplit form
@@ -485,7 +479,7 @@ static void gemm_grouped_act_case(int parts) {
           *href = malloc(sizeof(float) * P * I), *h = malloc(sizeof(float) * P * I);
     uint16_t *w = malloc(sizeof(uint16_t) * (size_t)E * N * K), *hf = malloc(4 * (size_t)P * I);
     for (size_t i = 0; i < (size_t)P * K; i++) x[i] = (float)rng_normal(&r);
-    for (size_t i = 0; i < (size_t)E * N * K; i++) w[i] = bf16_rne((float)rng_normal(&r) * 0.05f);
+    for (size_t i = 0; i < (size_t)E * N * K; i++) w[i] = tqkv_f32_to_bf16((float)rng_normal(&r) * 0.05f);
     float *dx, *dy, *dh;
     void *dw, *xf, *dg, *dhf;
     OK(tqkv_cuda_malloc((void **)&dx, sizeof(float) * P * K));
@@ -512,16 +506,12 @@ static void gemm_grouped_act_case(int parts) {
         OK(tqkv_cuda_d2h(h, dh, sizeof(float) * P * I));
         OK(tqkv_cuda_d2h(hf, dhf, (size_t)parts * 2 * P * I));
         for (size_t i = 0; i < (size_t)P * I; i++) {
-            const uint16_t hi = bf16_rne(h[i]);
-            float rest = h[i];
-            const uint32_t hb = (uint32_t)hi << 16;
-            float hv;
-            memcpy(&hv, &hb, 4);
-            rest -= hv;
-            if (memcmp(&h[i], &href[i], 4) || hf[i] != hi || (parts == 2 && hf[(size_t)P * I + i] != bf16_rne(rest)))
+            const uint16_t hi = tqkv_f32_to_bf16(h[i]);
+            const float rest = h[i] - tqkv_bf16_to_f32(hi);
+            if (memcmp(&h[i], &href[i], 4) || hf[i] != hi || (parts == 2 && hf[(size_t)P * I + i] != tqkv_f32_to_bf16(rest)))
                 fail_msg("gemm grouped act, %s, parts %d: h[%zu, %zu] %.9g (split %04x) vs the CPU's "
                          "swiglu of the GEMM's rows %.9g (split %04x)", pre ? "presplit" : tiles[s],
-                         parts, i / I, i % I, (double)h[i], hf[i], (double)href[i], bf16_rne(href[i]));
+                         parts, i / I, i % I, (double)h[i], hf[i], (double)href[i], tqkv_f32_to_bf16(href[i]));
         }
     }
     OK(tqkv_cuda_gemm_set_tile(NULL));
@@ -808,14 +798,7 @@ static void test_rows_g4(void **st) { (void)st; rows_ops(CK_G4); }
 // ---------------------------------------------------------------------------
 
 /* v rounded to bf16 (nearest, ties to even; finite v) when on. */
-static float bf16_round(float v, int on) {
-    if (!on) return v;
-    uint32_t u;
-    memcpy(&u, &v, 4);
-    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    memcpy(&v, &u, 4);
-    return v;
-}
+static float bf16_round(float v, int on) { return on ? tqkv_bf16_to_f32(tqkv_f32_to_bf16(v)) : v; }
 
 /* moe_router_kernel's logit a . b on the host: lane j's chain over k = j, j + 32, ... (fma in
  * double from 0, in order), the xor butterfly 16, 8, 4, 2, 1, rounded to float. */

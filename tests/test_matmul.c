@@ -17,13 +17,6 @@
 // fixtures
 // ---------------------------------------------------------------------------
 
-static uint16_t to_bf16(float f) { /* round to nearest even */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
 /* Random weights [n, k] of type t; returns storage (free it). */
 static void *make_weight(test_rng *r, mm_type t, int n, int k, mm_weight *w) {
     size_t cnt = (size_t)n * k;
@@ -32,7 +25,7 @@ static void *make_weight(test_rng *r, mm_type t, int n, int k, mm_weight *w) {
         float v = (float)(rng_normal(r) * 0.05);
         if (t == MM_F32) ((float *)buf)[i] = v;
         else if (t == MM_F16) ((uint16_t *)buf)[i] = tqkv_f32_to_f16(v);
-        else ((uint16_t *)buf)[i] = to_bf16(v);
+        else ((uint16_t *)buf)[i] = tqkv_f32_to_bf16(v);
     }
     w->data = buf;
     w->type = t;
@@ -278,7 +271,7 @@ static void test_bf16_act(void **state) {
         double *yr = malloc(sizeof(double) * m * n), *yx = malloc(sizeof(double) * m * n);
         rng_fill_normal(&r, x, (size_t)m * k, 1.0f);
         rng_fill_normal(&r, bias, (size_t)n, 0.1f);
-        for (size_t i = 0; i < (size_t)m * k; i++) xr[i] = tqkv_bf16_to_f32(to_bf16(x[i]));
+        for (size_t i = 0; i < (size_t)m * k; i++) xr[i] = tqkv_bf16_to_f32(tqkv_f32_to_bf16(x[i]));
         const float *bs = s % 2 ? bias : NULL;
         mm_matmul(x, m, &w, bs, e, 2, NULL); /* exact */
         w.bf16_act = 1;

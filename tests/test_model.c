@@ -393,13 +393,6 @@ typedef struct {
     int          n;
 } tiny_model;
 
-static uint16_t bf16_of(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
 static void tiny_add(tiny_model *m, test_rng *r, const char *name, int rows, int cols, double sd,
                      double mean) {
     m->t = realloc(m->t, sizeof(tiny_tensor) * (size_t)(m->n + 1));
@@ -412,7 +405,7 @@ static void tiny_add(tiny_model *m, test_rng *r, const char *name, int rows, int
     for (size_t i = 0; i < cnt; i++) {
         float f = (float)(mean + sd * rng_normal(r));
         if (m->s.dtype == 1) f = tqkv_f16_to_f32(tqkv_f32_to_f16(f));
-        if (m->s.dtype == 2) f = tqkv_bf16_to_f32(bf16_of(f));
+        if (m->s.dtype == 2) f = tqkv_bf16_to_f32(tqkv_f32_to_bf16(f));
         t->val[i] = f;
     }
 }
@@ -525,7 +518,7 @@ static void tiny_write(const tiny_model *m, const char *dir, const char *skip_na
             float f = (float)t->val[k];
             if (s->dtype == 0) memcpy(data + o, &f, 4);
             else {
-                uint16_t h = s->dtype == 1 ? tqkv_f32_to_f16(f) : bf16_of(f);
+                uint16_t h = s->dtype == 1 ? tqkv_f32_to_f16(f) : tqkv_f32_to_bf16(f);
                 memcpy(data + o, &h, 2);
             }
             o += esz;

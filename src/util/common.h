@@ -40,6 +40,14 @@ static inline int tqkv_grow_floats(float **p, size_t n) {
 /* ---- fp16 / bf16 (scalar, exact round-to-nearest-even) ---- */
 uint16_t tqkv_f32_to_f16(float f);
 float    tqkv_f16_to_f32(uint16_t h);
+/* bf16 of a finite f, nearest even (a NaN is not kept): the device weights' and the GEMM
+ * split's rounding. */
+static inline uint16_t tqkv_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
 static inline float tqkv_bf16_to_f32(uint16_t b) {
     uint32_t u = (uint32_t)b << 16;
     float f;

@@ -48,12 +48,8 @@ tqkv_status mc_upload_matrix(bf16 **out, const mm_weight *const *ws, int nw) {
                 continue;
             }
             mm_weight_row(ws[i], r, f);
-            for (int c = 0; c < k; c++) { /* round to nearest even (exact for bf16 sources) */
-                uint32_t u;
-                memcpy(&u, &f[c], 4);
-                u += 0x7fffu + ((u >> 16) & 1u);
-                h[at * k + c] = (uint16_t)(u >> 16);
-            }
+            for (int c = 0; c < k; c++) /* nearest even (exact for bf16 sources) */
+                h[at * k + c] = tqkv_f32_to_bf16(f[c]);
         }
     free(f);
     tqkv_status st = dmalloc((void **)out, rows * k * sizeof(uint16_t));
