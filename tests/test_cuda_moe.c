@@ -396,55 +396,78 @@ static void test_norm_regs_models(void **st) {
                        "norm kernels in registers == passes of loads");
 }
 
-/* tqkv_cuda_gemm_grouped alone: 4 groups of 1, 70, 129 and 100 rows of a split of 300 rows,
- * each with its own matrix of 5, under every tile shape and both activation precisions,
- * bitwise equal to one tqkv_cuda_gemm per group on the same rows and matrix. */
-static void gemm_grouped_case(int parts) {
-    enum { P = 300, K = 256, N = 96, E = 5, G = 5 };
-    /* the last group has no rows (the decode bound's padding): it must write nothing */
-    static const int32_t grp[G * 4] = {0, 1, 3, 0, 1, 70, 0, 0, 71, 129, 4, 0, 200, 100, 1, 0,
-                                       0, 0, 2, 0};
-    static const char *const tiles[] = {"s8", "s16", "s32",  "s64",  "m",  "l",
-                                        "xl", "s8n", "s32w", "s64w", "s8t"};
+// ---- the grouped GEMM alone: one fixture for the plain launch and the activation's
+/* A split of GP rows x [GP, GK] and GE matrices [GN, GK] (bf16 of N(0, 0.05^2), truncated)
+ * on the device, in GG groups of 1, 70, 129 and 100 rows, each with its own matrix, and an
+ * empty one (the decode bound's padding: it must write nothing); xf for GP rows. */
+enum { GP = 300, GK = 256, GN = 96, GE = 5, GG = 5, G_MOST = 129 };
+static const int32_t g_grp[GG * 4] = {0, 1, 3, 0, 1, 70, 0, 0, 71, 129, 4, 0, 200, 100, 1, 0,
+                                      0, 0, 2, 0};
+static const char *const g_tiles[] = {"s8", "s16", "s32",  "s64",  "m",  "l",
+                                      "xl", "s8n", "s32w", "s64w", "s8t"};
+enum { G_NTILES = sizeof g_tiles / sizeof g_tiles[0] };
+typedef struct {
+    float *dx;
+    void *dw, *xf, *dg;
+} grouped_fix;
+
+static void grouped_fix_init(grouped_fix *f, uint64_t seed) {
     test_rng r;
-    rng_init(&r, g_seed ^ 0x9e0 ^ (uint64_t)parts);
-    float *x = malloc(sizeof(float) * P * K), *ya = malloc(sizeof(float) * P * N),
-          *yb = malloc(sizeof(float) * P * N);
-    uint16_t *w = malloc(sizeof(uint16_t) * (size_t)E * N * K);
-    for (size_t i = 0; i < (size_t)P * K; i++) x[i] = (float)rng_normal(&r);
-    for (size_t i = 0; i < (size_t)E * N * K; i++) {
-        const float f = (float)rng_normal(&r) * 0.05f;
+    rng_init(&r, seed);
+    float *x = malloc(sizeof(float) * GP * GK);
+    uint16_t *w = malloc(sizeof(uint16_t) * (size_t)GE * GN * GK);
+    for (size_t i = 0; i < (size_t)GP * GK; i++) x[i] = (float)rng_normal(&r);
+    for (size_t i = 0; i < (size_t)GE * GN * GK; i++) {
+        const float v = (float)rng_normal(&r) * 0.05f;
         uint32_t u;
-        memcpy(&u, &f, 4);
+        memcpy(&u, &v, 4);
         w[i] = (uint16_t)(u >> 16);
     }
-    float *dx, *dy;
-    void *dw, *xf, *dg;
-    OK(tqkv_cuda_malloc((void **)&dx, sizeof(float) * P * K));
+    OK(tqkv_cuda_malloc((void **)&f->dx, sizeof(float) * GP * GK));
+    OK(tqkv_cuda_malloc(&f->dw, sizeof(uint16_t) * (size_t)GE * GN * GK));
+    OK(tqkv_cuda_malloc(&f->xf, tqkv_cuda_gemm_xf_bytes(GP, GK)));
+    OK(tqkv_cuda_malloc(&f->dg, sizeof g_grp));
+    OK(tqkv_cuda_h2d(f->dx, x, sizeof(float) * GP * GK));
+    OK(tqkv_cuda_h2d(f->dw, w, sizeof(uint16_t) * (size_t)GE * GN * GK));
+    OK(tqkv_cuda_h2d(f->dg, g_grp, sizeof g_grp));
+    free(x);
+    free(w);
+}
+
+static void grouped_fix_free(grouped_fix *f) {
+    tqkv_cuda_free(f->dx);
+    tqkv_cuda_free(f->dw);
+    tqkv_cuda_free(f->xf);
+    tqkv_cuda_free(f->dg);
+}
+
+/* tqkv_cuda_gemm_grouped alone on the fixture, under every tile shape and both activation
+ * precisions, bitwise equal to one tqkv_cuda_gemm per group on the same rows and matrix. */
+static void gemm_grouped_case(int parts) {
+    enum { P = GP, K = GK, N = GN, G = GG };
+    grouped_fix fx;
+    grouped_fix_init(&fx, g_seed ^ 0x9e0 ^ (uint64_t)parts);
+    float *ya = malloc(sizeof(float) * P * N), *yb = malloc(sizeof(float) * P * N), *dy;
     OK(tqkv_cuda_malloc((void **)&dy, sizeof(float) * P * N));
-    OK(tqkv_cuda_malloc(&dw, sizeof(uint16_t) * (size_t)E * N * K));
-    OK(tqkv_cuda_malloc(&xf, tqkv_cuda_gemm_xf_bytes(P, K)));
-    OK(tqkv_cuda_malloc(&dg, sizeof grp));
-    OK(tqkv_cuda_h2d(dx, x, sizeof(float) * P * K));
-    OK(tqkv_cuda_h2d(dw, w, sizeof(uint16_t) * (size_t)E * N * K));
-    OK(tqkv_cuda_h2d(dg, grp, sizeof grp));
-    for (size_t s = 0; s < sizeof tiles / sizeof tiles[0]; s++) {
-        OK(tqkv_cuda_gemm_set_tile(tiles[s]));
-        OK(tqkv_cuda_gemm_grouped(dx, K, P, dw, (size_t)N * K, N, K, dy, N, dg, G, 129, xf, parts, NULL));
+    for (size_t s = 0; s < G_NTILES; s++) {
+        OK(tqkv_cuda_gemm_set_tile(g_tiles[s]));
+        OK(tqkv_cuda_gemm_grouped(fx.dx, K, P, fx.dw, (size_t)N * K, N, K, dy, N, fx.dg, G, G_MOST,
+                                  fx.xf, parts, NULL));
         OK(tqkv_cuda_d2h(ya, dy, sizeof(float) * P * N));
         for (int gi = 0; gi < G; gi++) {
-            const int row0 = grp[4 * gi], rows = grp[4 * gi + 1], e = grp[4 * gi + 2];
+            const int row0 = g_grp[4 * gi], rows = g_grp[4 * gi + 1], e = g_grp[4 * gi + 2];
             if (rows == 0) continue;
-            OK(tqkv_cuda_gemm(dx + (size_t)row0 * K, K, rows, (const uint16_t *)dw + (size_t)e * N * K,
-                              N, K, NULL, dy + (size_t)row0 * N, N, xf, parts, NULL));
+            OK(tqkv_cuda_gemm(fx.dx + (size_t)row0 * K, K, rows,
+                              (const uint16_t *)fx.dw + (size_t)e * N * K, N, K, NULL,
+                              dy + (size_t)row0 * N, N, fx.xf, parts, NULL));
         }
         OK(tqkv_cuda_d2h(yb, dy, sizeof(float) * P * N));
         for (int gi = 0; gi < G; gi++) {
-            const int row0 = grp[4 * gi], rows = grp[4 * gi + 1];
+            const int row0 = g_grp[4 * gi], rows = g_grp[4 * gi + 1];
             for (int t = row0; t < row0 + rows; t++)
                 if (memcmp(ya + (size_t)t * N, yb + (size_t)t * N, sizeof(float) * N))
                     fail_msg("gemm grouped, tile %s, parts %d: group %d (rows %d .. %d) row %d "
-                             "differs from its own tqkv_cuda_gemm", tiles[s], parts, gi, row0,
+                             "differs from its own tqkv_cuda_gemm", g_tiles[s], parts, gi, row0,
                              row0 + rows - 1, t);
         }
     }
@@ -452,9 +475,10 @@ static void gemm_grouped_case(int parts) {
     assert_true(memcmp(ya, ya + N, sizeof(float) * N) != 0); /* rows do differ */
     printf("gemm grouped, parts %d: tiles s8 .. xl, 4 groups of 1 .. 129 rows and an empty one "
            "== one GEMM per group, bitwise\n", parts);
-    tqkv_cuda_free(dx); tqkv_cuda_free(dy); tqkv_cuda_free(dw); tqkv_cuda_free(xf);
-    tqkv_cuda_free(dg);
-    free(x); free(ya); free(yb); free(w);
+    tqkv_cuda_free(dy);
+    grouped_fix_free(&fx);
+    free(ya);
+    free(yb);
 }
 
 static void test_gemm_grouped(void **st) {
@@ -463,69 +487,60 @@ static void test_gemm_grouped(void **st) {
     gemm_grouped_case(2);
 }
 
-/* tqkv_cuda_gemm_grouped_act (SwiGLU) on gemm_grouped_case's groups under every tile shape:
- * h bitwise the CPU's ops_swiglu of the grouped GEMM's own gate | up rows, h's split its
- * bf16 parts (hi, and lo = bf16(h - hi) at parts 2), the split form and the presplit form
- * alike; bad shapes refused. */
+/* tqkv_cuda_gemm_grouped_act (SwiGLU) on the fixture under every tile shape: h bitwise the
+ * CPU's ops_swiglu of the grouped GEMM's own gate | up rows, h's split its bf16 parts (hi,
+ * and lo = bf16(h - hi) at parts 2), the split form and the presplit form alike; bad shapes
+ * refused. */
 static void gemm_grouped_act_case(int parts) {
-    enum { P = 300, K = 256, N = 96, I = N / 2, E = 5, G = 5 };
-    static const int32_t grp[G * 4] = {0, 1, 3, 0, 1, 70, 0, 0, 71, 129, 4, 0, 200, 100, 1, 0,
-                                       0, 0, 2, 0};
-    static const char *const tiles[] = {"s8", "s16", "s32",  "s64",  "m",  "l",
-                                        "xl", "s8n", "s32w", "s64w", "s8t"};
-    test_rng r;
-    rng_init(&r, g_seed ^ 0xac7 ^ (uint64_t)parts);
-    float *x = malloc(sizeof(float) * P * K), *y = malloc(sizeof(float) * P * N),
-          *href = malloc(sizeof(float) * P * I), *h = malloc(sizeof(float) * P * I);
-    uint16_t *w = malloc(sizeof(uint16_t) * (size_t)E * N * K), *hf = malloc(4 * (size_t)P * I);
-    for (size_t i = 0; i < (size_t)P * K; i++) x[i] = (float)rng_normal(&r);
-    for (size_t i = 0; i < (size_t)E * N * K; i++) w[i] = tqkv_f32_to_bf16((float)rng_normal(&r) * 0.05f);
-    float *dx, *dy, *dh;
-    void *dw, *xf, *dg, *dhf;
-    OK(tqkv_cuda_malloc((void **)&dx, sizeof(float) * P * K));
+    enum { P = GP, K = GK, N = GN, I = GN / 2, G = GG };
+    grouped_fix fx;
+    grouped_fix_init(&fx, g_seed ^ 0xac7 ^ (uint64_t)parts);
+    float *y = malloc(sizeof(float) * P * N), *href = malloc(sizeof(float) * P * I),
+          *h = malloc(sizeof(float) * P * I), *dy, *dh;
+    uint16_t *hf = malloc(4 * (size_t)P * I);
+    void *dhf;
     OK(tqkv_cuda_malloc((void **)&dy, sizeof(float) * P * N));
     OK(tqkv_cuda_malloc((void **)&dh, sizeof(float) * P * I));
-    OK(tqkv_cuda_malloc(&dw, sizeof(uint16_t) * (size_t)E * N * K));
-    OK(tqkv_cuda_malloc(&xf, tqkv_cuda_gemm_xf_bytes(P, K)));
     OK(tqkv_cuda_malloc(&dhf, tqkv_cuda_gemm_xf_bytes(P, I)));
-    OK(tqkv_cuda_malloc(&dg, sizeof grp));
-    OK(tqkv_cuda_h2d(dx, x, sizeof(float) * P * K));
-    OK(tqkv_cuda_h2d(dw, w, sizeof(uint16_t) * (size_t)E * N * K));
-    OK(tqkv_cuda_h2d(dg, grp, sizeof grp));
-    OK(tqkv_cuda_gemm_grouped(dx, K, P, dw, (size_t)N * K, N, K, dy, N, dg, G, 129, xf, parts, NULL));
+    OK(tqkv_cuda_gemm_grouped(fx.dx, K, P, fx.dw, (size_t)N * K, N, K, dy, N, fx.dg, G, G_MOST,
+                              fx.xf, parts, NULL));
     OK(tqkv_cuda_d2h(y, dy, sizeof(float) * P * N));
     for (int t = 0; t < P; t++) ops_swiglu(y + (size_t)t * N, y + (size_t)t * N + I, I, href + (size_t)t * I);
     const tqkv_gemm_act a = {TQKV_GEMM_ACT_SILU, dh, I, dhf};
-    for (size_t s = 0; s <= sizeof tiles / sizeof tiles[0]; s++) {
-        const int pre = s == sizeof tiles / sizeof tiles[0]; /* last: the presplit form, default tile */
-        OK(tqkv_cuda_gemm_set_tile(pre ? NULL : tiles[s]));
+    for (size_t s = 0; s <= G_NTILES; s++) {
+        const int pre = s == G_NTILES; /* last: the presplit form, default tile */
+        OK(tqkv_cuda_gemm_set_tile(pre ? NULL : g_tiles[s]));
         memset(h, 0xff, sizeof(float) * P * I); /* NaN: a row the epilogue skipped shows */
         OK(tqkv_cuda_h2d(dh, h, sizeof(float) * P * I));
-        OK(tqkv_cuda_gemm_grouped_act(pre ? NULL : dx, K, P, dw, (size_t)N * K, N, K, &a, dg, G,
-                                      129, xf, parts, 0, NULL));
+        OK(tqkv_cuda_gemm_grouped_act(pre ? NULL : fx.dx, K, P, fx.dw, (size_t)N * K, N, K, &a,
+                                      fx.dg, G, G_MOST, fx.xf, parts, 0, NULL));
         OK(tqkv_cuda_d2h(h, dh, sizeof(float) * P * I));
         OK(tqkv_cuda_d2h(hf, dhf, (size_t)parts * 2 * P * I));
         for (size_t i = 0; i < (size_t)P * I; i++) {
             const uint16_t hi = tqkv_f32_to_bf16(h[i]);
             const float rest = h[i] - tqkv_bf16_to_f32(hi);
-            if (memcmp(&h[i], &href[i], 4) || hf[i] != hi || (parts == 2 && hf[(size_t)P * I + i] != tqkv_f32_to_bf16(rest)))
+            if (memcmp(&h[i], &href[i], 4) || hf[i] != hi ||
+                (parts == 2 && hf[(size_t)P * I + i] != tqkv_f32_to_bf16(rest)))
                 fail_msg("gemm grouped act, %s, parts %d: h[%zu, %zu] %.9g (split %04x) vs the CPU's "
-                         "swiglu of the GEMM's rows %.9g (split %04x)", pre ? "presplit" : tiles[s],
-                         parts, i / I, i % I, (double)h[i], hf[i], (double)href[i], tqkv_f32_to_bf16(href[i]));
+                         "swiglu of the GEMM's rows %.9g (split %04x)", pre ? "presplit" : g_tiles[s],
+                         parts, i / I, i % I, (double)h[i], hf[i], (double)href[i],
+                         tqkv_f32_to_bf16(href[i]));
         }
     }
     OK(tqkv_cuda_gemm_set_tile(NULL));
     tqkv_gemm_act bad = a;
-    assert_int_equal(tqkv_cuda_gemm_grouped_act(dx, K, P, dw, (size_t)90 * K, 90, K, &bad, dg, G, 129,
-                                                xf, parts, 0, NULL), TQKV_EINVAL); /* N % 16 */
+    assert_int_equal(tqkv_cuda_gemm_grouped_act(fx.dx, K, P, fx.dw, (size_t)90 * K, 90, K, &bad,
+                                                fx.dg, G, G_MOST, fx.xf, parts, 0, NULL),
+                     TQKV_EINVAL); /* N % 16 */
     bad.act = 0;
-    assert_int_equal(tqkv_cuda_gemm_grouped_act(dx, K, P, dw, (size_t)N * K, N, K, &bad, dg, G, 129,
-                                                xf, parts, 0, NULL), TQKV_EINVAL);
+    assert_int_equal(tqkv_cuda_gemm_grouped_act(fx.dx, K, P, fx.dw, (size_t)N * K, N, K, &bad,
+                                                fx.dg, G, G_MOST, fx.xf, parts, 0, NULL),
+                     TQKV_EINVAL);
     printf("gemm grouped act, parts %d: tiles s8 .. s8t and presplit: SwiGLU in the epilogue == "
            "the CPU's swiglu of the GEMM's rows, split included, bitwise\n", parts);
-    tqkv_cuda_free(dx); tqkv_cuda_free(dy); tqkv_cuda_free(dh); tqkv_cuda_free(dw);
-    tqkv_cuda_free(xf); tqkv_cuda_free(dhf); tqkv_cuda_free(dg);
-    free(x); free(y); free(href); free(h); free(w); free(hf);
+    tqkv_cuda_free(dy); tqkv_cuda_free(dh); tqkv_cuda_free(dhf);
+    grouped_fix_free(&fx);
+    free(y); free(href); free(h); free(hf);
 }
 
 static void test_gemm_grouped_act(void **st) {
