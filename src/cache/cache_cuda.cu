@@ -642,18 +642,26 @@ extern "C" tqkv_status tqkv_cuda_kv_replayed_append(cuda_kv *kv, int n) {
     return TQKV_OK;
 }
 
+/* An append's steps before its encode (room for n more tokens, the window's side buffer)
+ * and after it (the rows advance by n, on the device and in the host mirror). d_rows is
+ * current: every row operation ends with cuda_kv_sync_rows. */
+static tqkv_status append_prepare(cuda_kv *kv, int n) {
+    const tqkv_status st = cuda_kv_reserve(kv, append_need(kv, n));
+    return st ? st : x_begin(kv, n);
+}
+static tqkv_status append_finish(cuda_kv *kv, int n) {
+    const tqkv_status st = cuda_kv_advance_rows(kv, n);
+    if (!st) advance_host(kv, n);
+    return st;
+}
+
 extern "C" tqkv_status tqkv_cuda_kv_append(cuda_kv *kv, const float *k, const float *v, int n) {
     if (!kv || !k || !v) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_append: NULL argument");
     if (n < 1) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_append: n must be >= 1, got %d", n);
     if (kv->rows == 0) return TQKV_OK;
-    /* d_rows is current: every row operation ends with cuda_kv_sync_rows */
-    tqkv_status st = cuda_kv_reserve(kv, append_need(kv, n));
-    if (!st) st = x_begin(kv, n);
+    tqkv_status st = append_prepare(kv, n);
     if (!st) st = codec_cuda_append(kv, k, v, n);
-    if (!st) st = cuda_kv_advance_rows(kv, n);
-    if (st) return st;
-    advance_host(kv, n);
-    return TQKV_OK;
+    return st ? st : append_finish(kv, n);
 }
 
 // ---------------------------------------------------------------------------
@@ -703,8 +711,7 @@ extern "C" tqkv_status tqkv_cuda_kv_append_begin(cuda_kv *kv, int n, ce_args *A,
     if (kv->rows == 0 || kv->d != CUDA_DIM || kv->ring || kv->kwin || kv->vwin ||
         (!kv->bf16 && kv->kfmt == TQKV_FP8))
         return TQKV_OK;
-    tqkv_status st = cuda_kv_reserve(kv, append_need(kv, n));
-    if (!st) st = x_begin(kv, n); /* (no window: nothing to save) */
+    const tqkv_status st = append_prepare(kv, n);
     if (st) return st;
     ce_plane P[2];
     append_planes(kv, P);
@@ -716,7 +723,5 @@ extern "C" tqkv_status tqkv_cuda_kv_append_begin(cuda_kv *kv, int n, ce_args *A,
 
 extern "C" tqkv_status tqkv_cuda_kv_append_end(cuda_kv *kv, int n) {
     if (!kv || n < 1) return tqkv_fail(TQKV_EINVAL, "tqkv_cuda_kv_append_end: NULL cache or n < 1");
-    const tqkv_status st = cuda_kv_advance_rows(kv, n);
-    if (!st) advance_host(kv, n);
-    return st;
+    return append_finish(kv, n);
 }
